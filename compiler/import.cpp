@@ -1,0 +1,330 @@
+#include "compiler/import.h"
+
+#include <onnx/checker.h>
+#include <onnx/defs/schema.h>
+#include <onnx/shape_inference/implementation.h>
+#include <sys/stat.h>
+
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <queue>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "compiler/ir/onnx_bridge.h"
+#include "compiler/ir/ops.h"
+#include "passes/pipeline.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft {
+namespace fs = std::filesystem;
+namespace {
+
+onnx::ModelProto read_model(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail(ErrorKind::kIo, "cannot open: {}", std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail(ErrorKind::kIo, "not a regular file");
+  if (st.st_size == 0) fail(ErrorKind::kFormat, "empty file (0 bytes); expected an ONNX model");
+  if (st.st_size > INT_MAX) {
+    fail(ErrorKind::kFormat,
+         "file is {:.2f} GiB; protobuf cannot parse a model over 2 GiB: save the weights as ONNX "
+         "external data",
+         static_cast<double>(st.st_size) / (1ull << 30));
+  }
+  auto file = ir::MappedFile::open(path);
+  onnx::ModelProto model;
+  if (!model.ParseFromArray(file->data(), static_cast<int>(file->size()))) {
+    fail(ErrorKind::kFormat,
+         "not a valid ONNX model: the protobuf does not parse ({} bytes; truncated or not ONNX)",
+         file->size());
+  }
+  if (!model.has_graph() || model.opset_import_size() == 0) {
+    fail(ErrorKind::kFormat, "not an ONNX model: it has no {} ({} bytes)",
+         model.has_graph() ? "opset_import" : "graph", file->size());
+  }
+  return model;
+}
+
+int64_t default_opset(const onnx::ModelProto& model) {
+  for (const auto& imp : model.opset_import()) {
+    if (imp.domain().empty() || imp.domain() == "ai.onnx") return imp.version();
+  }
+  return 0;
+}
+
+void check_versions(const onnx::ModelProto& model) {
+  int64_t opset = default_opset(model);
+  if (opset > kMaxOpset) {
+    fail(ErrorKind::kUnsupported,
+         "opset_import: default-domain opset {} is newer than {}, the newest stagecraft supports "
+         "(ONNX 1.12); export with opset_version={}",
+         opset, kMaxOpset, kMaxOpset);
+  }
+  if (model.ir_version() > onnx::IR_VERSION) {
+    fail(ErrorKind::kUnsupported, "ir_version {} is newer than {}, the newest stagecraft reads",
+         model.ir_version(), static_cast<int64_t>(onnx::IR_VERSION));
+  }
+}
+
+std::string node_label(const onnx::NodeProto& n) {
+  if (!n.name().empty()) return n.name();
+  return n.output_size() > 0 ? "producing " + n.output(0) : std::string("?");
+}
+
+void check_ops(const onnx::ModelProto& model) {
+  std::unordered_map<std::string, int64_t> opsets;
+  for (const auto& imp : model.opset_import()) opsets[imp.domain()] = imp.version();
+  for (const auto& n : model.graph().node()) {
+    check_supported_op(n.op_type(), n.domain(), node_label(n), opsets[n.domain()]);
+  }
+}
+
+/// Checks producers and consumers and puts the nodes in topological order (the ONNX checker
+/// insists on it); names the first node that reads something nobody writes or sits on a cycle.
+void check_structure(onnx::ModelProto& model) {
+  auto* graph = model.mutable_graph();
+  std::unordered_map<std::string, int> producer;  // -1: input or initializer
+  for (const auto& i : graph->input()) producer[i.name()] = -1;
+  for (const auto& i : graph->initializer()) producer[i.name()] = -1;
+  for (int k = 0; k < graph->node_size(); ++k) {
+    for (const auto& out : graph->node(k).output()) {
+      if (out.empty()) continue;
+      auto [it, inserted] = producer.emplace(out, k);
+      if (!inserted) {
+        fail(ErrorKind::kModel, "node '{}' ({}) writes tensor '{}', which already has a producer",
+             node_label(graph->node(k)), graph->node(k).op_type(), out);
+      }
+    }
+  }
+  std::vector<int> pending(graph->node_size(), 0);
+  std::vector<std::vector<int>> users(graph->node_size());
+  for (int k = 0; k < graph->node_size(); ++k) {
+    const auto& n = graph->node(k);
+    for (const auto& in : n.input()) {
+      if (in.empty()) continue;
+      auto it = producer.find(in);
+      if (it == producer.end()) {
+        fail(ErrorKind::kModel, "node '{}' ({}) reads tensor '{}', which no node, input or initializer produces",
+             node_label(n), n.op_type(), in);
+      }
+      if (it->second >= 0) {
+        ++pending[k];
+        users[it->second].push_back(k);
+      }
+    }
+  }
+  for (const auto& out : graph->output()) {
+    if (!producer.count(out.name())) {
+      fail(ErrorKind::kModel, "graph output '{}' is produced by no node, input or initializer", out.name());
+    }
+  }
+  std::priority_queue<int, std::vector<int>, std::greater<>> ready;
+  for (int k = 0; k < graph->node_size(); ++k) {
+    if (pending[k] == 0) ready.push(k);
+  }
+  std::vector<int> order;
+  while (!ready.empty()) {
+    int k = ready.top();
+    ready.pop();
+    order.push_back(k);
+    for (int u : users[k]) {
+      if (--pending[u] == 0) ready.push(u);
+    }
+  }
+  if (static_cast<int>(order.size()) != graph->node_size()) {
+    for (int k = 0; k < graph->node_size(); ++k) {
+      if (pending[k] > 0) {
+        fail(ErrorKind::kModel, "the graph has a cycle through node '{}' ({})", node_label(graph->node(k)),
+             graph->node(k).op_type());
+      }
+    }
+  }
+  bool sorted = true;
+  for (std::size_t i = 0; i < order.size(); ++i) sorted &= order[i] == static_cast<int>(i);
+  if (!sorted) {
+    google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+    for (int k : order) *nodes.Add() = graph->node(k);
+    graph->mutable_node()->Swap(&nodes);
+  }
+}
+
+void check_external_data(const onnx::ModelProto& model, const std::string& model_dir) {
+  for (const auto& t : model.graph().initializer()) {
+    if (t.data_location() != onnx::TensorProto::EXTERNAL) continue;
+    std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
+    int64_t n = ir::checked_numel(dims, "initializer '" + t.name() + "'");
+    auto dtype = dtype_from_onnx(t.data_type());
+    int64_t size = dtype ? dtype_size(*dtype) : 0;
+    if (size == 0) {
+      fail(ErrorKind::kUnsupported, "initializer '{}' has element type {} which stagecraft does not handle",
+           t.name(), t.data_type());
+    }
+    if (n > INT64_MAX / size) fail(ErrorKind::kShape, "initializer '{}': byte size overflows int64", t.name());
+    ir::resolve_external_data(t, model_dir, n * size);
+  }
+}
+
+std::vector<BoundDim> bind_dims(onnx::ModelProto& model, const ImportOptions& options) {
+  auto* graph = model.mutable_graph();
+  std::unordered_set<std::string> initializers;
+  for (const auto& t : graph->initializer()) initializers.insert(t.name());
+  std::vector<BoundDim> bound;
+  std::set<std::string> used_keys;
+  std::set<std::string> symbolic_names;
+  std::map<std::string, int64_t> by_name;  // what each symbolic name got bound to
+  std::string first_input_shape;
+
+  for (auto& input : *graph->mutable_input()) {
+    if (initializers.count(input.name())) continue;
+    auto* type = input.mutable_type();
+    if (!type->has_tensor_type()) {
+      fail(ErrorKind::kUnsupported, "input '{}' is not a plain tensor (sequence, map or optional)",
+           input.name());
+    }
+    if (!type->tensor_type().has_shape()) {
+      fail(ErrorKind::kShape, "input '{}' has no shape in the model; stagecraft needs its rank",
+           input.name());
+    }
+    auto* shape = type->mutable_tensor_type()->mutable_shape();
+    std::vector<int64_t> dims;
+    for (int i = 0; i < shape->dim_size(); ++i) {
+      auto* d = shape->mutable_dim(i);
+      if (d->has_dim_value()) {
+        if (d->dim_value() < 0) {
+          fail(ErrorKind::kShape, "input '{}' dim {} is negative ({})", input.name(), i, d->dim_value());
+        }
+        dims.push_back(d->dim_value());
+        continue;
+      }
+      std::string name = d->has_dim_param() ? d->dim_param() : "";
+      if (!name.empty()) symbolic_names.insert(name);
+      std::string anon_key = input.name() + ":" + std::to_string(i);
+      std::optional<int64_t> value;
+      std::string flag = "--dim";
+      if (!name.empty() && options.dims.count(name)) {
+        value = options.dims.at(name);
+        used_keys.insert(name);
+      } else if (options.dims.count(anon_key)) {
+        value = options.dims.at(anon_key);
+        used_keys.insert(anon_key);
+      } else if (i == 0 && options.batch) {
+        value = *options.batch;
+        flag = "--batch";
+      }
+      if (!value) {
+        if (!name.empty()) {
+          fail(ErrorKind::kShape, "input '{}' dim {} ('{}') is symbolic; bind it with --dim {}=N{}",
+               input.name(), i, name, name, i == 0 ? " or --batch N" : "");
+        }
+        fail(ErrorKind::kShape, "input '{}' dim {} has no size in the model; bind it with --dim {}=N{}",
+             input.name(), i, anon_key, i == 0 ? " or --batch N" : "");
+      }
+      if (!name.empty()) by_name[name] = *value;
+      bound.push_back(BoundDim{input.name(), i, name, *value, flag});
+      d->clear_dim_param();
+      d->set_dim_value(*value);
+      dims.push_back(*value);
+    }
+    ir::checked_numel(dims, "input '" + input.name() + "'");
+    if (first_input_shape.empty()) first_input_shape = "'" + input.name() + "' " + ir::shape_string(dims);
+  }
+  for (const auto& [key, value] : options.dims) {
+    if (used_keys.count(key)) continue;
+    std::string known;
+    for (const auto& s : symbolic_names) known += (known.empty() ? "" : ", ") + s;
+    fail(ErrorKind::kUsage, "--dim {}={} names no unbound dim of any input (symbolic dims: {})", key, value,
+         known.empty() ? "none" : known);
+  }
+  if (options.batch) {
+    bool used = std::any_of(bound.begin(), bound.end(), [](const BoundDim& b) { return b.flag == "--batch"; });
+    bool fixed_equal = false;
+    for (const auto& input : graph->input()) {
+      if (initializers.count(input.name())) continue;
+      const auto& shape = input.type().tensor_type().shape();
+      fixed_equal = shape.dim_size() > 0 && shape.dim(0).dim_value() == *options.batch;
+      break;
+    }
+    if (!used && !fixed_equal) {
+      fail(ErrorKind::kUsage,
+           "--batch {} binds nothing: no input has a symbolic first dim (input {}); re-export the "
+           "model with a dynamic batch axis or drop --batch",
+           *options.batch, first_input_shape.empty() ? "none" : first_input_shape);
+    }
+  }
+  // Outputs keep their declared types with the bound names substituted; intermediate
+  // value_info is dropped and recomputed by shape inference.
+  for (auto& output : *graph->mutable_output()) {
+    if (!output.type().has_tensor_type() || !output.type().tensor_type().has_shape()) continue;
+    for (auto& d : *output.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
+      if (!d.has_dim_param()) continue;
+      auto it = by_name.find(d.dim_param());
+      if (it != by_name.end()) {
+        d.set_dim_value(it->second);
+      } else {
+        d.clear_dim_param();
+      }
+    }
+  }
+  graph->clear_value_info();
+  return bound;
+}
+
+}  // namespace
+
+void parse_dim_binding(const std::string& text, ImportOptions& options) {
+  auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size()) {
+    fail(ErrorKind::kUsage, "--dim '{}' is not NAME=VALUE (e.g. --dim seq=512)", text);
+  }
+  std::string name = text.substr(0, eq);
+  std::string number = text.substr(eq + 1);
+  std::size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(number, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != number.size() || value <= 0) {
+    fail(ErrorKind::kUsage, "--dim {}: value '{}' is not a positive integer", name, number);
+  }
+  options.dims[name] = value;
+}
+
+ImportedModel import_model(const std::string& path, const ImportOptions& options) {
+  return with_context(path, ErrorKind::kModel, [&] {
+    if (options.batch && *options.batch <= 0) {
+      fail(ErrorKind::kUsage, "--batch {} must be a positive integer", *options.batch);
+    }
+    onnx::ModelProto model = read_model(path);
+    check_versions(model);
+    check_ops(model);
+    check_structure(model);
+    std::string model_dir = fs::path(path).parent_path().string();
+    check_external_data(model, model_dir.empty() ? "." : model_dir);
+
+    ImportedModel result;
+    result.nodes_in_file = model.graph().node_size();
+    result.bound_dims = bind_dims(model, options);
+    try {
+      onnx::checker::check_model(model);
+    } catch (const onnx::checker::ValidationError& e) {
+      fail(ErrorKind::kModel, "ONNX checker: {}", e.what());
+    }
+    try {
+      onnx::ShapeInferenceOptions strict(/*check_type=*/true, /*error_mode=*/1, /*data_prop=*/true);
+      onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), strict);
+    } catch (const std::exception& e) {
+      fail(ErrorKind::kShape, "ONNX shape inference: {}", e.what());
+    }
+    result.graph = ir::graph_from_model(model, path);
+    passes::PassContext context;
+    passes::run_import_pipeline(result.graph, context);
+    result.folded = context.counters;
+    return result;
+  });
+}
+
+}  // namespace stagecraft

@@ -1,0 +1,53 @@
+#pragma once
+/// \file
+/// ONNX import: file -> checked, shape-bound, folded IR.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compiler/ir/graph.h"
+
+namespace stagecraft {
+
+/// The newest default-domain opset stagecraft imports (ONNX 1.12's).
+inline constexpr int64_t kMaxOpset = 17;
+
+/// How the user binds the symbolic dims of the model's inputs.
+struct ImportOptions {
+  /// Binds the first dim of every input whose first dim is symbolic or unknown (`--batch`).
+  std::optional<int64_t> batch;
+  /// Binds dims by their symbolic name ("seq" -> 512), or an anonymous one by
+  /// "INPUT:INDEX" ("x:1" -> 3) (`--dim NAME=VALUE`).
+  std::map<std::string, int64_t> dims;
+};
+
+/// One dim of one input that had no fixed size in the model and was bound by the user.
+struct BoundDim {
+  std::string input;
+  int index = 0;
+  std::string name;  ///< The dim's symbolic name; "" for an anonymous dim.
+  int64_t value = 0;
+  std::string flag;  ///< "--batch" or "--dim".
+};
+
+/// The result of import.
+struct ImportedModel {
+  ir::Graph graph;
+  std::vector<BoundDim> bound_dims;
+  int64_t nodes_in_file = 0;               ///< Node count before folding.
+  std::map<std::string, int64_t> folded;   ///< Nodes removed or rewritten, by pass name.
+};
+
+/// Reads, checks and imports the model at `path`. Runs the ONNX checker and strict ONNX shape
+/// inference after binding dims, folds shape subgraphs, turns Constant nodes into initializers
+/// and drops Identity. Every failure is an `Error` whose message starts with `path`.
+ImportedModel import_model(const std::string& path, const ImportOptions& options);
+
+/// Parses a `--dim` argument "NAME=VALUE" into the options; throws `Error(kUsage)` when it is
+/// malformed or the value is not a positive integer.
+void parse_dim_binding(const std::string& text, ImportOptions& options);
+
+}  // namespace stagecraft

@@ -1,0 +1,416 @@
+#include "compiler/ir/onnx_bridge.h"
+
+#include <sys/stat.h>
+
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <unordered_set>
+
+#include "runtime/format/error.h"
+
+namespace stagecraft::ir {
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Appends `count` little-endian values of type T taken from a repeated field.
+template <typename T, typename Field>
+std::string pack(const Field& field) {
+  std::string out(static_cast<std::size_t>(field.size()) * sizeof(T), '\0');
+  for (int i = 0; i < field.size(); ++i) {
+    T v = static_cast<T>(field.Get(i));
+    std::memcpy(out.data() + static_cast<std::size_t>(i) * sizeof(T), &v, sizeof(T));
+  }
+  return out;
+}
+
+std::string typed_bytes(const onnx::TensorProto& t) {
+  using TP = onnx::TensorProto;
+  switch (t.data_type()) {
+    case TP::FLOAT: return pack<float>(t.float_data());
+    case TP::COMPLEX64: return pack<float>(t.float_data());
+    case TP::DOUBLE: return pack<double>(t.double_data());
+    case TP::COMPLEX128: return pack<double>(t.double_data());
+    case TP::INT64: return pack<int64_t>(t.int64_data());
+    case TP::UINT64: return pack<uint64_t>(t.uint64_data());
+    case TP::UINT32: return pack<uint32_t>(t.uint64_data());
+    case TP::INT32: return pack<int32_t>(t.int32_data());
+    case TP::INT16: return pack<int16_t>(t.int32_data());
+    case TP::UINT16: return pack<uint16_t>(t.int32_data());
+    case TP::FLOAT16: return pack<uint16_t>(t.int32_data());
+    case TP::BFLOAT16: return pack<uint16_t>(t.int32_data());
+    case TP::INT8: return pack<int8_t>(t.int32_data());
+    case TP::UINT8: return pack<uint8_t>(t.int32_data());
+    case TP::BOOL: return pack<uint8_t>(t.int32_data());
+    default:
+      fail(ErrorKind::kUnsupported, "tensor '{}' has element type {} which stagecraft does not handle",
+           t.name(), t.data_type());
+  }
+}
+
+int64_t tensor_expected_bytes(const onnx::TensorProto& t) {
+  std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
+  int64_t n = checked_numel(dims, "initializer '" + t.name() + "'");
+  auto dtype = dtype_from_onnx(t.data_type());
+  if (!dtype || dtype_size(*dtype) == 0) {
+    fail(ErrorKind::kUnsupported, "initializer '{}' has element type {} which stagecraft does not handle",
+         t.name(), t.data_type());
+  }
+  if (n > INT64_MAX / dtype_size(*dtype)) {
+    fail(ErrorKind::kShape, "initializer '{}': byte size overflows int64", t.name());
+  }
+  return n * dtype_size(*dtype);
+}
+
+/// Reads a static shape from a ValueInfo; false when the type has no shape or a dim is unknown.
+bool static_shape(const onnx::TypeProto& type, std::vector<int64_t>& shape) {
+  if (!type.has_tensor_type() || !type.tensor_type().has_shape()) return false;
+  shape.clear();
+  for (const auto& d : type.tensor_type().shape().dim()) {
+    if (!d.has_dim_value() || d.dim_value() < 0) return false;
+    shape.push_back(d.dim_value());
+  }
+  return true;
+}
+
+void fill_value_type(Value& v, const onnx::ValueInfoProto& info) {
+  const auto& type = info.type();
+  if (type.value_case() != onnx::TypeProto::kTensorType) {
+    fail(ErrorKind::kUnsupported, "tensor '{}' is not a plain tensor (sequence, map or optional)",
+         info.name());
+  }
+  if (type.tensor_type().elem_type() != 0) {
+    auto dtype = dtype_from_onnx(type.tensor_type().elem_type());
+    if (!dtype) {
+      fail(ErrorKind::kUnsupported, "tensor '{}' has unknown element type {}", info.name(),
+           type.tensor_type().elem_type());
+    }
+    v.dtype = *dtype;
+  }
+  v.shape_known = static_shape(type, v.shape);
+}
+
+}  // namespace
+
+ExternalRef resolve_external_data(const onnx::TensorProto& tensor, const std::string& model_dir,
+                                  int64_t expected_bytes) {
+  std::string location;
+  int64_t offset = 0;
+  int64_t length = -1;
+  auto bad = [&](const std::string& why) -> Error {
+    return Error(ErrorKind::kFormat,
+                 fmt::format("initializer '{}': external data '{}': {}", tensor.name(), location, why));
+  };
+  for (const auto& entry : tensor.external_data()) {
+    try {
+      if (entry.key() == "location") {
+        location = entry.value();
+      } else if (entry.key() == "offset") {
+        offset = std::stoll(entry.value());
+      } else if (entry.key() == "length") {
+        length = std::stoll(entry.value());
+      }
+    } catch (const std::exception&) {
+      throw bad(fmt::format("{} '{}' is not a number", entry.key(), entry.value()));
+    }
+  }
+  if (location.empty()) throw bad("no 'location' entry");
+  if (offset < 0) throw bad(fmt::format("offset {} is negative", offset));
+  if (length < -1) throw bad(fmt::format("length {} is negative", length));
+
+  fs::path rel(location);
+  if (rel.is_absolute()) throw bad("absolute paths are refused; weights must lie in the model's folder");
+  for (const auto& part : rel) {
+    if (part == "..") throw bad("'..' is refused; weights must lie in the model's folder");
+  }
+  // Walk the path one component at a time so that no symlink anywhere along it is followed.
+  fs::path dir = model_dir.empty() ? fs::path(".") : fs::path(model_dir);
+  fs::path current = dir;
+  for (const auto& part : rel) {
+    if (part.empty() || part == ".") continue;
+    current /= part;
+    struct stat st {};
+    if (::lstat(current.c_str(), &st) != 0) {
+      throw bad(fmt::format("file {} does not exist", current.string()));
+    }
+    if (S_ISLNK(st.st_mode)) throw bad(fmt::format("{} is a symlink; symlinks are refused", current.string()));
+  }
+  std::error_code ec;
+  auto canonical_dir = fs::weakly_canonical(dir, ec);
+  auto canonical_file = fs::weakly_canonical(current, ec);
+  auto [d, f] = std::mismatch(canonical_dir.begin(), canonical_dir.end(), canonical_file.begin(),
+                              canonical_file.end());
+  if (d != canonical_dir.end()) throw bad("the path leaves the model's folder");
+  if (!fs::is_regular_file(current, ec)) throw bad(fmt::format("{} is not a regular file", current.string()));
+  auto file_size = static_cast<int64_t>(fs::file_size(current, ec));
+  if (ec) throw bad(fmt::format("cannot read the size of {}: {}", current.string(), ec.message()));
+  if (length == -1) length = file_size > offset ? file_size - offset : 0;
+  if (offset > file_size || length > file_size - offset) {
+    throw bad(fmt::format("window offset {} + length {} = {} lies past the end of the file ({} bytes)",
+                          offset, length, offset + length, file_size));
+  }
+  if (length != expected_bytes) {
+    throw bad(fmt::format("length {} does not match the {} bytes its dtype and dims need", length,
+                          expected_bytes));
+  }
+  return ExternalRef{current.string(), location, offset, length};
+}
+
+std::shared_ptr<const WeightData> take_tensor_data(onnx::TensorProto& tensor,
+                                                   const std::string& model_dir) {
+  int64_t expected = tensor_expected_bytes(tensor);
+  if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
+    auto ref = resolve_external_data(tensor, model_dir, expected);
+    return WeightData::external(ref.path, ref.location, ref.offset, ref.length);
+  }
+  std::string bytes;
+  if (tensor.has_raw_data()) {
+    bytes = std::move(*tensor.mutable_raw_data());
+    tensor.clear_raw_data();
+  } else {
+    bytes = typed_bytes(tensor);
+  }
+  if (static_cast<int64_t>(bytes.size()) != expected) {
+    fail(ErrorKind::kFormat, "initializer '{}' holds {} bytes but its dtype and dims {} need {}",
+         tensor.name(), bytes.size(),
+         shape_string(std::vector<int64_t>(tensor.dims().begin(), tensor.dims().end())), expected);
+  }
+  return WeightData::owned(std::move(bytes));
+}
+
+Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
+  Graph g;
+  auto* proto = model.mutable_graph();
+  g.name = proto->name();
+  g.source_path = model_path;
+  g.producer_name = model.producer_name();
+  g.ir_version = model.ir_version();
+  for (const auto& imp : model.opset_import()) {
+    std::string domain = imp.domain() == "ai.onnx" ? "" : imp.domain();
+    g.opset_imports[domain] = imp.version();
+    if (domain.empty()) g.opset = imp.version();
+  }
+  std::string model_dir = fs::path(model_path).parent_path().string();
+
+  // Initializers first: they are weights even when an old exporter also lists them as inputs.
+  std::unordered_set<std::string> initializer_names;
+  for (auto& init : *proto->mutable_initializer()) {
+    Value v;
+    v.name = init.name();
+    auto dtype = dtype_from_onnx(init.data_type());
+    if (!dtype) {
+      fail(ErrorKind::kUnsupported, "initializer '{}' has element type {} which stagecraft does not handle",
+           init.name(), init.data_type());
+    }
+    v.dtype = *dtype;
+    v.shape.assign(init.dims().begin(), init.dims().end());
+    checked_numel(v.shape, "initializer '" + v.name + "'");
+    v.shape_known = true;
+    v.initializer = take_tensor_data(init, model_dir);
+    initializer_names.insert(v.name);
+    g.add_value(std::move(v));
+  }
+  if (proto->sparse_initializer_size() > 0) {
+    fail(ErrorKind::kUnsupported, "sparse initializers ('{}') are not supported",
+         proto->sparse_initializer(0).values().name());
+  }
+  for (const auto& info : proto->input()) {
+    if (initializer_names.count(info.name())) continue;
+    Value v;
+    v.name = info.name();
+    fill_value_type(v, info);
+    v.is_graph_input = true;
+    g.inputs.push_back(g.add_value(std::move(v)));
+  }
+  // Every node output becomes a value before any node is linked, so an input read before its
+  // producer appears (a model out of order, or a cycle) is told apart from one nobody writes.
+  for (const auto& n : proto->node()) {
+    for (const auto& out : n.output()) {
+      if (out.empty()) continue;
+      Value v;
+      v.name = out;
+      g.add_value(std::move(v));
+    }
+  }
+  auto set_info = [&](const onnx::ValueInfoProto& info) {
+    if (auto id = g.find_value(info.name())) {
+      Value& v = g.value(*id);
+      if (!v.is_initializer() && !v.is_graph_input) fill_value_type(v, info);
+    }
+  };
+  for (const auto& info : proto->value_info()) set_info(info);
+  for (const auto& info : proto->output()) set_info(info);
+
+  for (int i = 0; i < proto->node_size(); ++i) {
+    const auto& n = proto->node(i);
+    Node node;
+    node.name = n.name();
+    node.op_type = n.op_type();
+    node.domain = n.domain() == "ai.onnx" ? "" : n.domain();
+    for (const auto& a : n.attribute()) node.attributes.push_back(a);
+    for (const auto& in : n.input()) {
+      if (in.empty()) {
+        node.inputs.push_back(kNoId);
+        continue;
+      }
+      auto id = g.find_value(in);
+      if (!id) {
+        fail(ErrorKind::kModel, "node '{}' ({}) reads tensor '{}' that no node, input or initializer produces",
+             n.name(), n.op_type(), in);
+      }
+      node.inputs.push_back(*id);
+    }
+    for (const auto& out : n.output()) node.outputs.push_back(out.empty() ? kNoId : *g.find_value(out));
+    g.add_node(std::move(node));
+  }
+  for (const auto& info : proto->output()) {
+    auto id = g.find_value(info.name());
+    if (!id) fail(ErrorKind::kModel, "graph output '{}' is produced by nothing", info.name());
+    g.value(*id).is_graph_output = true;
+    g.outputs.push_back(*id);
+  }
+  return g;
+}
+
+namespace {
+
+void write_value_info(const Value& v, onnx::ValueInfoProto* info) {
+  info->set_name(v.name);
+  auto* tt = info->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(static_cast<int32_t>(v.dtype));
+  if (v.shape_known) {
+    auto* shape = tt->mutable_shape();
+    for (int64_t d : v.shape) shape->add_dim()->set_dim_value(d);
+  }
+}
+
+void write_initializer(const Value& v, WeightMode mode, onnx::TensorProto* t) {
+  t->set_name(v.name);
+  t->set_data_type(static_cast<int32_t>(v.dtype));
+  for (int64_t d : v.shape) t->add_dims(d);
+  const WeightData& w = *v.initializer;
+  if (mode == WeightMode::kKeepExternal && w.is_external()) {
+    t->set_data_location(onnx::TensorProto::EXTERNAL);
+    auto add = [&](const char* key, const std::string& value) {
+      auto* e = t->add_external_data();
+      e->set_key(key);
+      e->set_value(value);
+    };
+    add("location", w.external_location());
+    add("offset", std::to_string(w.external_offset()));
+    add("length", std::to_string(w.size()));
+    return;
+  }
+  auto bytes = w.bytes();
+  t->set_raw_data(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+}  // namespace
+
+onnx::ModelProto model_from_graph(const Graph& graph, const ExportOptions& options) {
+  onnx::ModelProto model;
+  // IR 4 and later let initializers be absent from the inputs, which export relies on.
+  model.set_ir_version(std::max<int64_t>(graph.ir_version, 8));
+  model.set_producer_name(graph.producer_name.empty() ? "stagecraft" : graph.producer_name);
+  for (const auto& [domain, version] : graph.opset_imports) {
+    auto* imp = model.add_opset_import();
+    imp->set_domain(domain);
+    imp->set_version(version);
+  }
+  if (graph.opset_imports.empty()) {
+    auto* imp = model.add_opset_import();
+    imp->set_domain("");
+    imp->set_version(graph.opset);
+  }
+  auto* proto = model.mutable_graph();
+  proto->set_name(graph.name.empty() ? "stagecraft" : graph.name);
+
+  std::vector<NodeId> nodes;
+  if (options.nodes) {
+    nodes = *options.nodes;
+    std::sort(nodes.begin(), nodes.end());
+  } else {
+    for (std::size_t i = 0; i < graph.num_nodes(); ++i) {
+      if (!graph.node(static_cast<NodeId>(i)).dead) nodes.push_back(static_cast<NodeId>(i));
+    }
+  }
+  std::vector<bool> in_set(graph.num_nodes(), false);
+  for (NodeId n : nodes) in_set[n] = true;
+
+  // Emit nodes in a topological order of the whole graph restricted to the subset.
+  std::vector<NodeId> order;
+  for (NodeId n : graph.topological_order()) {
+    if (in_set[n]) order.push_back(n);
+  }
+
+  std::vector<bool> seen(graph.num_values(), false);
+  std::vector<ValueId> reads;
+  if (!options.nodes) {
+    // The whole model keeps its inputs, used or not, in the user's order.
+    for (ValueId v : graph.inputs) {
+      seen[v] = true;
+      reads.push_back(v);
+    }
+  }
+  for (NodeId n : order) {
+    for (ValueId in : graph.node(n).inputs) {
+      if (in == kNoId || seen[in]) continue;
+      seen[in] = true;
+      reads.push_back(in);
+    }
+  }
+  // Inputs: values read here whose producer is elsewhere (or a graph input); initializers.
+  for (ValueId v : reads) {
+    const Value& val = graph.value(v);
+    if (val.producer != kNoId && in_set[val.producer]) continue;
+    if (val.is_initializer()) {
+      bool small = val.numel() <= options.small_constant_elements;
+      if (options.weights == WeightMode::kAsInputs && !small) {
+        write_value_info(val, proto->add_input());
+      } else {
+        write_initializer(val, options.weights, proto->add_initializer());
+      }
+    } else {
+      write_value_info(val, proto->add_input());
+    }
+  }
+  // Outputs: values produced here that a graph output or a node outside the subset reads.
+  std::unordered_set<ValueId> written_outputs;
+  if (!options.nodes) {
+    for (ValueId v : graph.outputs) {
+      if (written_outputs.insert(v).second) write_value_info(graph.value(v), proto->add_output());
+    }
+  }
+  for (NodeId n : order) {
+    for (ValueId out : graph.node(n).outputs) {
+      if (out == kNoId || written_outputs.count(out)) continue;
+      const Value& val = graph.value(out);
+      bool read_outside = val.is_graph_output;
+      for (NodeId user : val.consumers) read_outside |= !in_set[user];
+      if (read_outside && options.nodes) {
+        written_outputs.insert(out);
+        write_value_info(val, proto->add_output());
+      }
+    }
+  }
+  for (NodeId n : order) {
+    const Node& node = graph.node(n);
+    auto* np = proto->add_node();
+    np->set_name(node.name);
+    np->set_op_type(node.op_type);
+    np->set_domain(node.domain);
+    for (ValueId in : node.inputs) np->add_input(in == kNoId ? "" : graph.value(in).name);
+    for (ValueId out : node.outputs) np->add_output(out == kNoId ? "" : graph.value(out).name);
+    for (const auto& a : node.attributes) *np->add_attribute() = a;
+    if (!options.value_info) continue;
+    for (ValueId out : node.outputs) {
+      if (out == kNoId || written_outputs.count(out)) continue;
+      const Value& val = graph.value(out);
+      if (val.shape_known && val.dtype != DType::kUndefined) write_value_info(val, proto->add_value_info());
+    }
+  }
+  return model;
+}
+
+}  // namespace stagecraft::ir

@@ -1,0 +1,155 @@
+#include "compiler/model_info.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "cost_models/op_cost.h"
+
+namespace stagecraft {
+namespace {
+
+bool is_floating(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16 || d == DType::kFloat64;
+}
+
+std::string group_digits(int64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = static_cast<int>(s.size()) - 3; i > (n < 0 ? 1 : 0); i -= 3) s.insert(i, ",");
+  return s;
+}
+
+}  // namespace
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
+}
+
+std::string format_flops(double flops) {
+  const char* units[] = {"FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"};
+  int u = 0;
+  while (flops >= 1000.0 && u < 5) {
+    flops /= 1000.0;
+    ++u;
+  }
+  return fmt::format("{:.3g} {}", flops, units[u]);
+}
+
+ModelInfo describe_model(const ImportedModel& model) {
+  const ir::Graph& g = model.graph;
+  ModelInfo info;
+  info.path = g.source_path;
+  info.producer = g.producer_name;
+  info.opset = g.opset;
+  info.ir_version = g.ir_version;
+  for (ir::ValueId v : g.inputs) {
+    info.inputs.push_back({g.value(v).name, std::string(dtype_name(g.value(v).dtype)), g.value(v).shape});
+  }
+  for (ir::ValueId v : g.outputs) {
+    info.outputs.push_back({g.value(v).name, std::string(dtype_name(g.value(v).dtype)), g.value(v).shape});
+  }
+  info.bound_dims = model.bound_dims;
+  info.nodes_in_file = model.nodes_in_file;
+  info.folded = model.folded;
+  for (const auto& node : g.nodes()) {
+    if (node.dead) continue;
+    ++info.nodes;
+    ++info.op_counts[node.op_type];
+    info.forward_flops += cost::forward_work(g, node).flops;
+  }
+  for (const auto& v : g.values()) {
+    if (!v.is_initializer()) continue;
+    if (is_floating(v.dtype)) {
+      info.parameters += v.numel();
+      info.parameter_bytes += v.bytes();
+    } else {
+      info.constants += v.numel();
+      info.constant_bytes += v.bytes();
+    }
+    if (v.initializer->is_external()) info.external_bytes += v.initializer->size();
+  }
+  return info;
+}
+
+std::string render_text(const ModelInfo& info) {
+  std::string out;
+  auto line = [&](std::string_view label, const std::string& text) {
+    out += fmt::format("{:<12}{}\n", label, text);
+  };
+  line("model", fmt::format("{} (opset {}, ir {}, producer {})", info.path, info.opset, info.ir_version,
+                            info.producer.empty() ? "unknown" : info.producer));
+  if (info.bound_dims.empty()) {
+    line("bound dims", "none (every input dim is fixed in the model)");
+  } else {
+    std::string dims;
+    for (const auto& b : info.bound_dims) {
+      dims += fmt::format("{}{}={} ({} dim {}, {})", dims.empty() ? "" : "; ",
+                          b.name.empty() ? "<unnamed>" : b.name, b.value, b.input, b.index, b.flag);
+    }
+    line("bound dims", dims);
+  }
+  for (std::size_t i = 0; i < info.inputs.size(); ++i) {
+    const auto& t = info.inputs[i];
+    line(i == 0 ? "inputs" : "", fmt::format("{} {}{}", t.name, t.dtype, ir::shape_string(t.shape)));
+  }
+  for (std::size_t i = 0; i < info.outputs.size(); ++i) {
+    const auto& t = info.outputs[i];
+    line(i == 0 ? "outputs" : "", fmt::format("{} {}{}", t.name, t.dtype, ir::shape_string(t.shape)));
+  }
+  std::string folded;
+  for (const auto& [pass, count] : info.folded) folded += fmt::format("{}{} {}", folded.empty() ? "" : ", ", pass, count);
+  line("nodes", fmt::format("{} after import ({} in the file{}{})", info.nodes, info.nodes_in_file,
+                            folded.empty() ? "" : "; ", folded));
+  std::vector<std::pair<std::string, int64_t>> ops(info.op_counts.begin(), info.op_counts.end());
+  std::stable_sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string op_line;
+  for (const auto& [op, count] : ops) op_line += fmt::format("{}{} {}", op_line.empty() ? "" : ", ", op, count);
+  line("ops", op_line);
+  line("parameters", fmt::format("{} ({}){}", group_digits(info.parameters), format_bytes(info.parameter_bytes),
+                                 info.external_bytes > 0
+                                     ? fmt::format(", {} in external data", format_bytes(info.external_bytes))
+                                     : ""));
+  line("constants", fmt::format("{} elements ({})", group_digits(info.constants), format_bytes(info.constant_bytes)));
+  line("forward", fmt::format("{} per batch at the bound shapes", format_flops(info.forward_flops)));
+  return out;
+}
+
+nlohmann::json to_json(const ModelInfo& info) {
+  using nlohmann::json;
+  auto tensors = [](const std::vector<ModelInfo::Tensor>& ts) {
+    json a = json::array();
+    for (const auto& t : ts) a.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}});
+    return a;
+  };
+  json bound = json::array();
+  for (const auto& b : info.bound_dims) {
+    bound.push_back({{"input", b.input}, {"index", b.index}, {"name", b.name}, {"value", b.value}, {"flag", b.flag}});
+  }
+  return {
+      {"model", info.path},
+      {"producer", info.producer},
+      {"opset", info.opset},
+      {"ir_version", info.ir_version},
+      {"inputs", tensors(info.inputs)},
+      {"outputs", tensors(info.outputs)},
+      {"bound_dims", bound},
+      {"nodes_in_file", info.nodes_in_file},
+      {"nodes", info.nodes},
+      {"folded", info.folded},
+      {"op_counts", info.op_counts},
+      {"parameters", info.parameters},
+      {"parameter_bytes", info.parameter_bytes},
+      {"constants", info.constants},
+      {"constant_bytes", info.constant_bytes},
+      {"external_bytes", info.external_bytes},
+      {"forward_flops", info.forward_flops},
+  };
+}
+
+}  // namespace stagecraft

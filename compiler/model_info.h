@@ -1,0 +1,54 @@
+#pragma once
+/// \file
+/// What a user wants to know about a model before planning (`stagec --info`).
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compiler/import.h"
+
+namespace stagecraft {
+
+struct ModelInfo {
+  struct Tensor {
+    std::string name;
+    std::string dtype;
+    std::vector<int64_t> shape;
+  };
+  std::string path;
+  std::string producer;
+  int64_t opset = 0;
+  int64_t ir_version = 0;
+  std::vector<Tensor> inputs;
+  std::vector<Tensor> outputs;
+  std::vector<BoundDim> bound_dims;
+  int64_t nodes_in_file = 0;
+  int64_t nodes = 0;                        ///< After folding.
+  std::map<std::string, int64_t> folded;    ///< Nodes removed by each import pass.
+  std::map<std::string, int64_t> op_counts;
+  int64_t parameters = 0;                   ///< Elements of floating-point initializers.
+  int64_t parameter_bytes = 0;
+  int64_t constants = 0;                    ///< Non-floating initializers (indices, shapes).
+  int64_t constant_bytes = 0;
+  int64_t external_bytes = 0;               ///< Initializer bytes held in external data files.
+  double forward_flops = 0;
+};
+
+/// Gathers the facts of an imported model.
+ModelInfo describe_model(const ImportedModel& model);
+
+/// A human-readable report, several lines.
+std::string render_text(const ModelInfo& info);
+
+/// The same facts as JSON (schema documented in README.md).
+nlohmann::json to_json(const ModelInfo& info);
+
+/// "1.23 GiB", "512 B".
+std::string format_bytes(double bytes);
+/// "1.23 GFLOP".
+std::string format_flops(double flops);
+
+}  // namespace stagecraft

@@ -1,0 +1,96 @@
+// Small structural passes: Constant nodes to initializers, Identity removal, dead code.
+#include <algorithm>
+
+#include "compiler/ir/onnx_bridge.h"
+#include "passes/passes.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::passes {
+namespace {
+
+/// The tensor a Constant node holds, as an ONNX TensorProto (whichever attribute carries it).
+onnx::TensorProto constant_tensor(const ir::Graph& graph, const ir::Node& node) {
+  onnx::TensorProto t;
+  if (const auto* a = node.attribute("value")) return a->t();
+  if (const auto* a = node.attribute("value_float")) {
+    t.set_data_type(onnx::TensorProto::FLOAT);
+    t.add_float_data(a->f());
+  } else if (const auto* a = node.attribute("value_floats")) {
+    t.set_data_type(onnx::TensorProto::FLOAT);
+    t.add_dims(a->floats_size());
+    for (float f : a->floats()) t.add_float_data(f);
+  } else if (const auto* a = node.attribute("value_int")) {
+    t.set_data_type(onnx::TensorProto::INT64);
+    t.add_int64_data(a->i());
+  } else if (const auto* a = node.attribute("value_ints")) {
+    t.set_data_type(onnx::TensorProto::INT64);
+    t.add_dims(a->ints_size());
+    for (int64_t i : a->ints()) t.add_int64_data(i);
+  } else {
+    fail(ErrorKind::kUnsupported, "{} holds a string or sparse constant, which is not supported",
+         node.describe(graph));
+  }
+  return t;
+}
+
+}  // namespace
+
+bool ConstantToInitializer::run(ir::Graph& graph, PassContext& context) const {
+  bool changed = false;
+  for (std::size_t i = 0; i < graph.num_nodes(); ++i) {
+    auto id = static_cast<ir::NodeId>(i);
+    const ir::Node& node = graph.node(id);
+    if (node.dead || node.op_type != "Constant" || !node.domain.empty()) continue;
+    if (node.outputs.empty() || node.outputs[0] == ir::kNoId) continue;
+    onnx::TensorProto t = constant_tensor(graph, node);
+    ir::ValueId out = node.outputs[0];
+    with_context(node.describe(graph), ErrorKind::kModel, [&] {
+      auto dtype = dtype_from_onnx(t.data_type());
+      if (!dtype) fail(ErrorKind::kUnsupported, "constant of element type {}", t.data_type());
+      ir::Value& v = graph.value(out);
+      v.dtype = *dtype;
+      v.shape.assign(t.dims().begin(), t.dims().end());
+      v.shape_known = true;
+      v.initializer = ir::take_tensor_data(t, "");
+    });
+    graph.remove_node(id);
+    context.counters[std::string(name())]++;
+    changed = true;
+  }
+  return changed;
+}
+
+bool DropIdentity::run(ir::Graph& graph, PassContext& context) const {
+  bool changed = false;
+  for (std::size_t i = 0; i < graph.num_nodes(); ++i) {
+    auto id = static_cast<ir::NodeId>(i);
+    const ir::Node& node = graph.node(id);
+    if (node.dead || node.op_type != "Identity" || node.inputs.empty() || node.outputs.empty()) continue;
+    ir::ValueId in = node.inputs[0], out = node.outputs[0];
+    // A graph output keeps its name: the user's interface does not change under them.
+    if (in == ir::kNoId || out == ir::kNoId || graph.value(out).is_graph_output) continue;
+    graph.remove_node(id);
+    graph.replace_all_uses(out, in);
+    context.counters[std::string(name())]++;
+    changed = true;
+  }
+  return changed;
+}
+
+bool DeadCode::run(ir::Graph& graph, PassContext& context) const {
+  bool changed = false;
+  auto order = graph.topological_order();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const ir::Node& node = graph.node(*it);
+    bool used = std::any_of(node.outputs.begin(), node.outputs.end(), [&](ir::ValueId v) {
+      return v != ir::kNoId && (!graph.value(v).consumers.empty() || graph.value(v).is_graph_output);
+    });
+    if (used) continue;
+    graph.remove_node(*it);
+    context.counters[std::string(name())]++;
+    changed = true;
+  }
+  return changed;
+}
+
+}  // namespace stagecraft::passes

@@ -1,0 +1,42 @@
+#pragma once
+/// \file
+/// The pass interface. A pass has a command-line name and one entry point that reports whether
+/// it changed the graph. All passes are listed in passes.def; the pipelines that run them are
+/// in pipeline.cpp, one line per step.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "compiler/ir/graph.h"
+
+namespace stagecraft::passes {
+
+/// Settings and counters shared by the passes of one pipeline run.
+struct PassContext {
+  /// Folding evaluates a node only when every input and output has at most this many elements:
+  /// shape arithmetic is folded, real compute on weights is left alone.
+  int64_t fold_max_elements = 1 << 16;
+  /// How many nodes each pass removed or rewrote, by pass name (for `stagec --info`).
+  std::map<std::string, int64_t> counters;
+};
+
+class Pass {
+ public:
+  virtual ~Pass() = default;
+  /// The pass's command-line name, e.g. "fold-constants".
+  virtual std::string_view name() const = 0;
+  /// Runs once over the graph; returns true when it changed anything.
+  virtual bool run(ir::Graph& graph, PassContext& context) const = 0;
+};
+
+/// A new instance of the pass called `name`, or nullptr.
+std::unique_ptr<Pass> make_pass(std::string_view name);
+
+/// The names of all passes, in passes.def order.
+std::vector<std::string_view> pass_names();
+
+}  // namespace stagecraft::passes
