@@ -150,11 +150,20 @@ void check_structure(onnx::ModelProto& model) {
   }
 }
 
-void check_external_data(const onnx::ModelProto& model, const std::string& model_dir) {
+bool has_external_data(const onnx::ModelProto& model) {
+  const auto& inits = model.graph().initializer();
+  return std::any_of(inits.begin(), inits.end(), [](const onnx::TensorProto& t) {
+    return t.data_location() == onnx::TensorProto::EXTERNAL;
+  });
+}
+
+/// Checks every initializer's dims (the ONNX checker's own element count wraps around on
+/// overflow) and resolves external data before anything reads it.
+void check_initializers(const onnx::ModelProto& model, const std::string& model_dir) {
   for (const auto& t : model.graph().initializer()) {
-    if (t.data_location() != onnx::TensorProto::EXTERNAL) continue;
     std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
     int64_t n = ir::checked_numel(dims, "initializer '" + t.name() + "'");
+    if (t.data_location() != onnx::TensorProto::EXTERNAL) continue;
     auto dtype = dtype_from_onnx(t.data_type());
     int64_t size = dtype ? dtype_size(*dtype) : 0;
     if (size == 0) {
@@ -303,13 +312,19 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     check_ops(model);
     check_structure(model);
     std::string model_dir = fs::path(path).parent_path().string();
-    check_external_data(model, model_dir.empty() ? "." : model_dir);
+    check_initializers(model, model_dir.empty() ? "." : model_dir);
 
     ImportedModel result;
     result.nodes_in_file = model.graph().node_size();
     result.bound_dims = bind_dims(model, options);
     try {
-      onnx::checker::check_model(model);
+      // The checker resolves external data against the model's folder only when given the
+      // path; the file itself is small when weights are external, so reading it again is cheap.
+      if (has_external_data(model)) {
+        onnx::checker::check_model(path);
+      } else {
+        onnx::checker::check_model(model);
+      }
     } catch (const onnx::checker::ValidationError& e) {
       fail(ErrorKind::kModel, "ONNX checker: {}", e.what());
     }

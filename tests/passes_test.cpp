@@ -1,0 +1,182 @@
+// Import passes on tiny graphs built in code: folding, Constant, Identity, dead code.
+#include <doctest/doctest.h>
+#include <onnx/checker.h>
+
+#include <cstring>
+
+#include "compiler/import.h"
+#include "compiler/ir/onnx_bridge.h"
+#include "passes/host_tensor.h"
+#include "runtime/format/error.h"
+#include "tests/test_util.h"
+
+namespace stagecraft {
+namespace {
+
+using testing::add_node;
+
+/// x [batch, seq, 8] reshaped to [batch, seq, 2, 4] through the shape subgraph exporters emit.
+onnx::ModelProto exporter_style_reshape() {
+  onnx::ModelProto m = testing::relu_model();
+  auto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_input();
+  g->clear_output();
+  testing::add_tensor_info(g->add_input(), "x", onnx::TensorProto::FLOAT, {-1, -1, 8}, {"batch", "seq"});
+  testing::add_tensor_info(g->add_output(), "y", onnx::TensorProto::FLOAT, {-1, -1, 2, 4}, {"batch", "seq"});
+  testing::add_int64_initializer(g, "zero", {0}, true);
+  testing::add_int64_initializer(g, "one", {1}, true);
+  testing::add_int64_initializer(g, "axes0", {0});
+  add_node(g, "Shape", {"x"}, {"s"});
+  add_node(g, "Gather", {"s", "zero"}, {"b"});
+  add_node(g, "Gather", {"s", "one"}, {"t"});
+  add_node(g, "Unsqueeze", {"b", "axes0"}, {"b1"});
+  add_node(g, "Unsqueeze", {"t", "axes0"}, {"t1"});
+  auto* c = add_node(g, "Constant", {}, {"c"});
+  auto* attr = c->add_attribute();
+  attr->set_name("value");
+  attr->set_type(onnx::AttributeProto::TENSOR);
+  attr->mutable_t()->set_data_type(onnx::TensorProto::INT64);
+  attr->mutable_t()->add_dims(2);
+  attr->mutable_t()->add_int64_data(2);
+  attr->mutable_t()->add_int64_data(4);
+  auto* cat = add_node(g, "Concat", {"b1", "t1", "c"}, {"shape4"});
+  auto* axis = cat->add_attribute();
+  axis->set_name("axis");
+  axis->set_type(onnx::AttributeProto::INT);
+  axis->set_i(0);
+  add_node(g, "Reshape", {"x", "shape4"}, {"r"}, "/attn/Reshape");
+  add_node(g, "Identity", {"r"}, {"r2"});
+  add_node(g, "Relu", {"r2"}, {"y"}, "/act/Relu");
+  return m;
+}
+
+std::vector<int64_t> int64_values(const ir::Value& v) {
+  auto bytes = v.initializer->bytes();
+  std::vector<int64_t> out(bytes.size() / 8);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+TEST_CASE("the shape subgraph of an exporter folds into one constant after binding") {
+  testing::TempDir dir;
+  testing::write_model(exporter_style_reshape(), dir.file("m.onnx"));
+  ImportOptions options;
+  options.batch = 2;
+  options.dims["seq"] = 5;
+  auto model = import_model(dir.file("m.onnx"), options);
+  const auto& g = model.graph;
+  CHECK(model.nodes_in_file == 10);
+  REQUIRE(g.live_nodes() == 2);
+  const auto& reshape = g.node(g.topological_order()[0]);
+  CHECK(reshape.op_type == "Reshape");
+  const auto& target = g.value(reshape.inputs[1]);
+  REQUIRE(target.is_initializer());
+  CHECK(int64_values(target) == std::vector<int64_t>{2, 5, 2, 4});
+  const auto& relu = g.node(g.topological_order()[1]);
+  CHECK(relu.op_type == "Relu");
+  CHECK(g.value(relu.inputs[0]).name == "r");  // the Identity is gone
+  CHECK(g.value(g.outputs[0]).shape == std::vector<int64_t>{2, 5, 2, 4});
+  CHECK(model.folded.at("constant-to-initializer") == 1);
+  CHECK(model.folded.at("drop-identity") == 1);
+  CHECK(model.folded.at("fold-constants") == 6);
+  REQUIRE(model.bound_dims.size() == 2);
+  CHECK(model.bound_dims[1].name == "seq");
+  CHECK(model.bound_dims[1].value == 5);
+}
+
+TEST_CASE("different bindings give different folded constants") {
+  testing::TempDir dir;
+  testing::write_model(exporter_style_reshape(), dir.file("m.onnx"));
+  ImportOptions options;
+  options.batch = 7;
+  options.dims["seq"] = 3;
+  auto model = import_model(dir.file("m.onnx"), options);
+  const auto& g = model.graph;
+  const auto& reshape = g.node(g.topological_order()[0]);
+  CHECK(int64_values(g.value(reshape.inputs[1])) == std::vector<int64_t>{7, 3, 2, 4});
+}
+
+TEST_CASE("a folded graph exports back to a model the ONNX checker accepts, whole or in part") {
+  testing::TempDir dir;
+  testing::write_model(exporter_style_reshape(), dir.file("m.onnx"));
+  ImportOptions options;
+  options.batch = 2;
+  options.dims["seq"] = 5;
+  auto model = import_model(dir.file("m.onnx"), options);
+  auto whole = ir::model_from_graph(model.graph);
+  CHECK_NOTHROW(onnx::checker::check_model(whole));
+  CHECK(whole.graph().input_size() == 1);
+  CHECK(whole.graph().initializer_size() == 1);
+
+  ir::ExportOptions second_half;
+  second_half.nodes = std::vector<ir::NodeId>{model.graph.topological_order()[1]};
+  auto part = ir::model_from_graph(model.graph, second_half);
+  CHECK_NOTHROW(onnx::checker::check_model(part));
+  REQUIRE(part.graph().input_size() == 1);
+  CHECK(part.graph().input(0).name() == "r");
+  REQUIRE(part.graph().output_size() == 1);
+  CHECK(part.graph().output(0).name() == "y");
+}
+
+TEST_CASE("host evaluation: Slice with INT64_MAX end, negative Gather index, Range, Where") {
+  ir::Node slice;
+  slice.op_type = "Slice";
+  passes::HostTensor data{DType::kInt64, {5}, {10, 11, 12, 13, 14}, {}};
+  passes::HostTensor starts{DType::kInt64, {1}, {-3}, {}};
+  passes::HostTensor ends{DType::kInt64, {1}, {INT64_MAX}, {}};
+  auto r = passes::evaluate_on_host(slice, {data, starts, ends}, {}, 17);
+  REQUIRE(r);
+  CHECK((*r)[0].ints == std::vector<int64_t>{12, 13, 14});
+
+  ir::Node gather;
+  gather.op_type = "Gather";
+  passes::HostTensor idx{DType::kInt64, {}, {-1}, {}};
+  r = passes::evaluate_on_host(gather, {data, idx}, {}, 17);
+  REQUIRE(r);
+  CHECK((*r)[0].shape.empty());
+  CHECK((*r)[0].ints == std::vector<int64_t>{14});
+  passes::HostTensor bad{DType::kInt64, {}, {5}, {}};
+  CHECK_THROWS_AS(passes::evaluate_on_host(gather, {data, bad}, {}, 17), Error);
+
+  ir::Node range;
+  range.op_type = "Range";
+  passes::HostTensor s{DType::kInt64, {}, {2}, {}}, l{DType::kInt64, {}, {9}, {}}, d{DType::kInt64, {}, {3}, {}};
+  r = passes::evaluate_on_host(range, {s, l, d}, {}, 17);
+  REQUIRE(r);
+  CHECK((*r)[0].ints == std::vector<int64_t>{2, 5, 8});
+
+  ir::Node where;
+  where.op_type = "Where";
+  passes::HostTensor cond{DType::kBool, {2}, {1, 0}, {}};
+  passes::HostTensor a{DType::kFloat32, {1}, {}, {1.5}}, b{DType::kFloat32, {2}, {}, {-1, -2}};
+  r = passes::evaluate_on_host(where, {cond, a, b}, {}, 17);
+  REQUIRE(r);
+  CHECK((*r)[0].reals == std::vector<double>{1.5, -2});
+}
+
+TEST_CASE("a tensor whose shape stays unknown is named") {
+  testing::TempDir dir;
+  auto m = testing::relu_model();
+  auto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_output();
+  testing::add_tensor_info(g->add_input(), "target", onnx::TensorProto::INT64, {2});
+  add_node(g, "Reshape", {"x", "target"}, {"y"}, "/data/Reshape");
+  testing::add_tensor_info(g->add_output(), "y", onnx::TensorProto::FLOAT, {-1, -1});
+  testing::write_model(m, dir.file("m.onnx"));
+  ImportOptions options;
+  options.batch = 2;
+  try {
+    import_model(dir.file("m.onnx"), options);
+    FAIL("a data-dependent shape imported");
+  } catch (const Error& e) {
+    INFO(std::string(e.what()));
+    CHECK(e.kind() == ErrorKind::kShape);
+    CHECK(std::string(e.what()).find("tensor 'y' written by node '/data/Reshape' (Reshape) has no static shape") !=
+          std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace stagecraft

@@ -1,0 +1,56 @@
+#pragma once
+/// \file
+/// Helpers for tests: temporary folders and tiny ONNX models built in code.
+
+#include <onnx/onnx_pb.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace stagecraft::testing {
+
+/// A fresh folder under the system temp dir, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Adds a float tensor input/output declaration; a dim < 0 becomes the symbolic `names[i]`.
+void add_tensor_info(onnx::ValueInfoProto* info, const std::string& name, int32_t elem_type,
+                     const std::vector<int64_t>& dims, const std::vector<std::string>& names = {});
+
+/// Adds a node to `graph`.
+onnx::NodeProto* add_node(onnx::GraphProto* graph, const std::string& op, const std::vector<std::string>& inputs,
+                          const std::vector<std::string>& outputs, const std::string& name = "");
+
+/// Adds a float initializer filled with 0.01 * index.
+onnx::TensorProto* add_float_initializer(onnx::GraphProto* graph, const std::string& name,
+                                         const std::vector<int64_t>& dims);
+
+/// Adds an int64 initializer holding `values` as a 1-D tensor (or a scalar when `scalar`).
+onnx::TensorProto* add_int64_initializer(onnx::GraphProto* graph, const std::string& name,
+                                         const std::vector<int64_t>& values, bool scalar = false);
+
+/// A model at `opset`: x float[batch,4] -> Relu -> y, with the batch dim symbolic ("batch").
+onnx::ModelProto relu_model(int64_t opset = 17);
+
+/// A linear layer y = x W + b with x [batch, in], W [in, out]: MatMul + Add.
+onnx::ModelProto linear_model(int64_t in = 4, int64_t out = 3);
+
+/// Writes `model` to `path` in protobuf binary form.
+void write_model(const onnx::ModelProto& model, const std::string& path);
+
+/// Writes raw bytes to `path`.
+void write_bytes(const std::string& path, const std::string& bytes);
+
+}  // namespace stagecraft::testing
