@@ -120,8 +120,8 @@ std::string render_text(const ModelInfo& info) {
   return out;
 }
 
-nlohmann::json to_json(const ModelInfo& info) {
-  using nlohmann::json;
+nlohmann::ordered_json to_json(const ModelInfo& info) {
+  using json = nlohmann::ordered_json;
   auto tensors = [](const std::vector<ModelInfo::Tensor>& ts) {
     json a = json::array();
     for (const auto& t : ts) a.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}});

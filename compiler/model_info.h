@@ -44,7 +44,7 @@ ModelInfo describe_model(const ImportedModel& model);
 std::string render_text(const ModelInfo& info);
 
 /// The same facts as JSON (schema documented in README.md).
-nlohmann::json to_json(const ModelInfo& info);
+nlohmann::ordered_json to_json(const ModelInfo& info);
 
 /// "1.23 GiB", "512 B".
 std::string format_bytes(double bytes);

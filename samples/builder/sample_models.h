@@ -1,0 +1,73 @@
+// Recipes for the sample models. Each returns a ModelBuilder ready to write(); tests can call
+// them with small options to get a realistic graph without reading a file. The defaults are
+// the models checked in under samples/models/.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "samples/builder/model_builder.h"
+
+namespace stagecraft::samples {
+
+/// Options shared by every recipe.
+struct CommonOptions {
+  /// Fixed batch size, or 0 for a symbolic dimension named "batch".
+  int64_t batch = 0;
+  /// Seed of the pseudo-random initializer values.
+  uint64_t seed = 0x5eed5a3b1e5ull;
+};
+
+/// A two-layer perceptron: x [batch,10] -> Gemm 10->10 -> Relu -> Gemm 10->5 -> y [batch,5].
+ModelBuilder build_toy(const CommonOptions& common = {});
+
+/// An MNIST-size CNN: x [batch,1,28,28] -> Conv (channels, 3x3, no padding) -> Relu
+/// -> MaxPool (pool x pool, stride pool; left out when pool is 1) -> Flatten -> Gemm -> Relu
+/// -> Gemm -> logits [batch,10].
+struct MnistOptions {
+  int64_t channels = 32;
+  /// Pooling window after the convolution; 1 means no pooling layer.
+  int64_t pool = 2;
+  int64_t hidden = 32;
+  int64_t classes = 10;
+};
+/// Builds the MNIST-size CNN.
+ModelBuilder build_mnist(const MnistOptions& options = {}, const CommonOptions& common = {});
+
+/// A ResNet with basic blocks (two 3x3 convolutions and a residual Add per block), named as
+/// torchvision's ResNet exports: stem Conv+BatchNormalization+Relu+MaxPool, one stage per
+/// width (stride 2 and a 1x1 projection where the shape changes), GlobalAveragePool, Flatten,
+/// Gemm -> logits [batch,classes].
+struct ResNetOptions {
+  std::vector<int64_t> widths = {16, 32, 64};
+  int64_t blocks_per_stage = 2;
+  int64_t in_channels = 3;
+  int64_t image_size = 32;
+  int64_t classes = 10;
+};
+/// Builds the ResNet.
+ModelBuilder build_resnet(const ResNetOptions& options = {}, const CommonOptions& common = {});
+
+/// A GPT-2-style decoder written the way the PyTorch exporter writes one: Reshape targets
+/// computed by Shape/Gather/Unsqueeze/Concat subgraphs when dims are symbolic, Constant nodes
+/// for small constants, dropout as Identity, GELU as Div/Erf/Add/Mul/Mul, and a causal mask
+/// (a Slice of a bool [seq,seq] buffer and Where when seq is symbolic; an Add of a float
+/// [seq,seq] buffer when seq is fixed). input_ids int64 [batch,seq] -> logits [batch,seq,vocab].
+struct GptOptions {
+  int64_t layers = 2;
+  /// Model width (d_model); must be divisible by heads.
+  int64_t width = 64;
+  int64_t heads = 4;
+  /// Context length: the size of the position table and the causal mask, and the input's
+  /// sequence length when fixed_seq is set.
+  int64_t seq = 64;
+  int64_t vocab = 256;
+  /// Hidden width of the MLP; 0 means 4 * width.
+  int64_t ffn = 0;
+  /// Make the input's sequence dimension the number `seq` instead of the symbol "seq".
+  bool fixed_seq = false;
+};
+/// Builds the GPT decoder.
+ModelBuilder build_gpt(const GptOptions& options = {}, const CommonOptions& common = {});
+
+}  // namespace stagecraft::samples
