@@ -1,8 +1,8 @@
 #include "compiler/import.h"
 
 #include <onnx/checker.h>
-#include <onnx/defs/schema.h>
-#include <onnx/shape_inference/implementation.h>
+#include <fcntl.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <sys/stat.h>
 
 #include <climits>
@@ -33,16 +33,25 @@ onnx::ModelProto read_model(const std::string& path) {
          "external data",
          static_cast<double>(st.st_size) / (1ull << 30));
   }
-  auto file = ir::MappedFile::open(path);
+  // Stream the file through a small buffer: the weights then exist once, in the protobuf's
+  // strings, from where import moves them into the IR.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(ErrorKind::kIo, "cannot open: {}", std::strerror(errno));
   onnx::ModelProto model;
-  if (!model.ParseFromArray(file->data(), static_cast<int>(file->size()))) {
+  bool parsed = false;
+  {
+    google::protobuf::io::FileInputStream stream(fd);
+    stream.SetCloseOnDelete(true);
+    parsed = model.ParseFromZeroCopyStream(&stream);
+  }
+  if (!parsed) {
     fail(ErrorKind::kFormat,
          "not a valid ONNX model: the protobuf does not parse ({} bytes; truncated or not ONNX)",
-         file->size());
+         st.st_size);
   }
   if (!model.has_graph() || model.opset_import_size() == 0) {
     fail(ErrorKind::kFormat, "not an ONNX model: it has no {} ({} bytes)",
-         model.has_graph() ? "opset_import" : "graph", file->size());
+         model.has_graph() ? "opset_import" : "graph", st.st_size);
   }
   return model;
 }
@@ -73,11 +82,27 @@ std::string node_label(const onnx::NodeProto& n) {
   return n.output_size() > 0 ? "producing " + n.output(0) : std::string("?");
 }
 
-void check_ops(const onnx::ModelProto& model) {
+/// Refuses nodes outside the default domain before ONNX's checker and shape inference, which
+/// know no schemas for them.
+void check_domains(const onnx::ModelProto& model) {
   std::unordered_map<std::string, int64_t> opsets;
   for (const auto& imp : model.opset_import()) opsets[imp.domain()] = imp.version();
   for (const auto& n : model.graph().node()) {
+    if (n.domain().empty() || n.domain() == "ai.onnx") continue;
     check_supported_op(n.op_type(), n.domain(), node_label(n), opsets[n.domain()]);
+  }
+}
+
+/// Refuses the ops that are left after folding and are outside the supported list. Checked
+/// after folding, so shape arithmetic in ops we do not execute (Trilu on a constant mask,
+/// say) is no obstacle.
+void check_ops(const ir::Graph& graph) {
+  for (const auto& node : graph.nodes()) {
+    if (node.dead) continue;
+    std::string label = node.name.empty() && !node.outputs.empty() && node.outputs[0] != ir::kNoId
+                            ? "producing " + graph.value(node.outputs[0]).name
+                            : node.name;
+    check_supported_op(node.op_type, node.domain, label, graph.opset);
   }
 }
 
@@ -309,7 +334,7 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     }
     onnx::ModelProto model = read_model(path);
     check_versions(model);
-    check_ops(model);
+    check_domains(model);
     check_structure(model);
     std::string model_dir = fs::path(path).parent_path().string();
     check_initializers(model, model_dir.empty() ? "." : model_dir);
@@ -328,15 +353,12 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     } catch (const onnx::checker::ValidationError& e) {
       fail(ErrorKind::kModel, "ONNX checker: {}", e.what());
     }
-    try {
-      onnx::ShapeInferenceOptions strict(/*check_type=*/true, /*error_mode=*/1, /*data_prop=*/true);
-      onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), strict);
-    } catch (const std::exception& e) {
-      fail(ErrorKind::kShape, "ONNX shape inference: {}", e.what());
-    }
+    ir::infer_onnx_shapes(model);
     result.graph = ir::graph_from_model(model, path);
     passes::PassContext context;
     passes::run_import_pipeline(result.graph, context);
+    check_ops(result.graph);
+    passes::require_static_shapes(result.graph);
     result.folded = context.counters;
     return result;
   });

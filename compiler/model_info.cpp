@@ -9,10 +9,6 @@
 namespace stagecraft {
 namespace {
 
-bool is_floating(DType d) {
-  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16 || d == DType::kFloat64;
-}
-
 std::string group_digits(int64_t n) {
   std::string s = std::to_string(n);
   for (int i = static_cast<int>(s.size()) - 3; i > (n < 0 ? 1 : 0); i -= 3) s.insert(i, ",");
@@ -63,9 +59,18 @@ ModelInfo describe_model(const ImportedModel& model) {
     ++info.op_counts[node.op_type];
     info.forward_flops += cost::forward_work(g, node).flops;
   }
-  for (const auto& v : g.values()) {
+  // BatchNormalization's running mean and variance are weights of the file but not trained.
+  std::vector<bool> running_stat(g.num_values(), false);
+  for (const auto& node : g.nodes()) {
+    if (node.dead || node.op_type != "BatchNormalization") continue;
+    for (std::size_t i = 3; i < node.inputs.size() && i < 5; ++i) {
+      if (node.inputs[i] != ir::kNoId) running_stat[node.inputs[i]] = true;
+    }
+  }
+  for (std::size_t id = 0; id < g.num_values(); ++id) {
+    const ir::Value& v = g.value(static_cast<ir::ValueId>(id));
     if (!v.is_initializer()) continue;
-    if (is_floating(v.dtype)) {
+    if (v.is_weight && !running_stat[id]) {
       info.parameters += v.numel();
       info.parameter_bytes += v.bytes();
     } else {

@@ -29,9 +29,9 @@ struct ModelInfo {
   int64_t nodes = 0;                        ///< After folding.
   std::map<std::string, int64_t> folded;    ///< Nodes removed by each import pass.
   std::map<std::string, int64_t> op_counts;
-  int64_t parameters = 0;                   ///< Elements of floating-point initializers.
+  int64_t parameters = 0;  ///< Elements of the file's float weights, less BatchNorm running stats.
   int64_t parameter_bytes = 0;
-  int64_t constants = 0;                    ///< Non-floating initializers (indices, shapes).
+  int64_t constants = 0;   ///< Every other initializer: folded shapes, masks, running stats.
   int64_t constant_bytes = 0;
   int64_t external_bytes = 0;               ///< Initializer bytes held in external data files.
   double forward_flops = 0;

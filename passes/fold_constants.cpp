@@ -27,7 +27,7 @@ bool FoldConstants::run(ir::Graph& graph, PassContext& context) const {
           continue;
         }
         const ir::Value& v = graph.value(in);
-        if (!v.is_initializer() || !v.shape_known || v.numel() > context.fold_max_elements) {
+        if (!v.is_initializer() || v.is_weight || !v.shape_known || v.numel() > context.fold_max_elements) {
           foldable = false;
           break;
         }
@@ -39,8 +39,8 @@ bool FoldConstants::run(ir::Graph& graph, PassContext& context) const {
       }
     }
     if (!foldable) continue;
-    auto result = with_context(node.describe(graph), ErrorKind::kModel,
-                               [&] { return evaluate_on_host(node, inputs, shape_input, graph.opset); });
+    // The evaluator's errors already name the node.
+    auto result = evaluate_on_host(node, inputs, shape_input, graph.opset);
     if (!result || result->size() != node.outputs.size()) continue;
     bool small = true;
     for (const auto& t : *result) small &= t.numel() <= context.fold_max_elements;

@@ -324,7 +324,7 @@ bool host_evaluable(std::string_view op) {
   static constexpr std::string_view kOps[] = {
       "Shape", "ConstantOfShape", "Range", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice",
       "Cast",  "Add",             "Sub",   "Mul",    "Div",       "Equal",   "Where",  "Reshape",
-      "Expand", "Identity"};
+      "Expand", "Identity", "Trilu"};
   return std::find(std::begin(kOps), std::end(kOps), op) != std::end(kOps);
 }
 
@@ -493,6 +493,20 @@ std::optional<std::vector<HostTensor>> evaluate_on_host(
     }
     HostTensor t = x;
     t.shape = target;
+    return one(t);
+  }
+  if (op == "Trilu") {
+    if (x.shape.size() < 2) return std::nullopt;
+    if (node.inputs.size() > 1 && node.inputs[1] != ir::kNoId && !input(1)) return std::nullopt;
+    int64_t k = input(1) ? input(1)->int_at(0) : 0;
+    bool upper = node.attr_int("upper", 1) != 0;
+    int64_t rows = x.shape[x.shape.size() - 2], cols = x.shape.back();
+    HostTensor t = x;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      int64_t c = i % cols, r = (i / cols) % rows;
+      bool keep = upper ? c - r >= k : c - r <= k;
+      if (!keep) set(t, i, 0, 0.0);
+    }
     return one(t);
   }
   if (op == "Expand") {

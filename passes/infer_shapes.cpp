@@ -1,8 +1,5 @@
 // Runs ONNX's own shape inference (strict, with data propagation) over the IR. Weights are not
 // copied: large initializers are declared as typed inputs, only small constants travel.
-#include <onnx/defs/schema.h>
-#include <onnx/shape_inference/implementation.h>
-
 #include "compiler/ir/onnx_bridge.h"
 #include "passes/passes.h"
 #include "runtime/format/error.h"
@@ -15,12 +12,7 @@ bool InferShapes::run(ir::Graph& graph, PassContext& context) const {
   options.small_constant_elements = context.fold_max_elements;
   options.value_info = false;
   onnx::ModelProto model = ir::model_from_graph(graph, options);
-  try {
-    onnx::ShapeInferenceOptions strict(/*check_type=*/true, /*error_mode=*/1, /*data_prop=*/true);
-    onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), strict);
-  } catch (const std::exception& e) {
-    fail(ErrorKind::kShape, "ONNX shape inference failed: {}", e.what());
-  }
+  ir::infer_onnx_shapes(model);
   bool changed = false;
   auto absorb = [&](const onnx::ValueInfoProto& info) {
     auto id = graph.find_value(info.name());

@@ -16,6 +16,8 @@ void run_until_fixed_point(ir::Graph& graph, PassContext& context,
   }
 }
 
+}  // namespace
+
 void require_static_shapes(const ir::Graph& graph) {
   for (ir::NodeId id : graph.topological_order()) {
     const ir::Node& node = graph.node(id);
@@ -32,8 +34,6 @@ void require_static_shapes(const ir::Graph& graph) {
     }
   }
 }
-
-}  // namespace
 
 void run_import_pipeline(ir::Graph& graph, PassContext& context) {
   const ConstantToInitializer constant_to_initializer;
@@ -52,7 +52,6 @@ void run_import_pipeline(ir::Graph& graph, PassContext& context) {
   // Shape subgraphs whose results were folded are now unread.
   dead_code.run(graph, context);
   graph.compact();
-  require_static_shapes(graph);
 }
 
 }  // namespace stagecraft::passes

@@ -43,6 +43,9 @@ struct Value {
   NodeId producer = kNoId;     ///< The node that writes it; kNoId for inputs and initializers.
   std::vector<NodeId> consumers;  ///< Nodes that read it (a node reading it twice appears twice).
   std::shared_ptr<const WeightData> initializer;  ///< Set for weights and folded constants.
+  /// A floating-point initializer of the model file: a weight that training may update. Folding
+  /// never consumes weights, so they stay in the graph as the user's exporter wrote them.
+  bool is_weight = false;
   bool is_graph_input = false;
   bool is_graph_output = false;
 

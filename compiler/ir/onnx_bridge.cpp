@@ -1,6 +1,10 @@
 #include "compiler/ir/onnx_bridge.h"
 
+#include <onnx/defs/schema.h>
+#include <onnx/shape_inference/implementation.h>
 #include <sys/stat.h>
+
+#include <regex>
 
 #include <cstring>
 #include <filesystem>
@@ -208,6 +212,8 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
     checked_numel(v.shape, "initializer '" + v.name + "'");
     v.shape_known = true;
     v.initializer = take_tensor_data(init, model_dir);
+    v.is_weight = v.dtype == DType::kFloat32 || v.dtype == DType::kFloat16 ||
+                  v.dtype == DType::kBFloat16 || v.dtype == DType::kFloat64;
     initializer_names.insert(v.name);
     g.add_value(std::move(v));
   }
@@ -271,6 +277,32 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
     g.outputs.push_back(*id);
   }
   return g;
+}
+
+void infer_onnx_shapes(onnx::ModelProto& model) {
+  try {
+    onnx::ShapeInferenceOptions strict(/*check_type=*/true, /*error_mode=*/1, /*data_prop=*/true);
+    onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), strict);
+  } catch (const std::exception& e) {
+    // ONNX lists one line per failing node; the first is the cause, the rest follow from it.
+    std::string text = e.what();
+    std::vector<std::string> lines;
+    std::size_t start = 0;
+    while (start < text.size()) {
+      std::size_t end = text.find('\n', start);
+      if (end == std::string::npos) end = text.size();
+      if (end > start) lines.push_back(text.substr(start, end - start));
+      start = end + 1;
+    }
+    std::string first = lines.empty() ? text : lines.front();
+    static const std::regex node_error(R"(\(op_type:([^,]*), node name: ([^)]*)\): (\[\w+\] )?(.*))");
+    std::smatch m;
+    if (std::regex_search(first, m, node_error)) {
+      first = fmt::format("node '{}' ({}): {}", m[2].str(), m[1].str(), m[4].str());
+    }
+    std::string more = lines.size() > 1 ? fmt::format(" ({} more errors follow from it)", lines.size() - 1) : "";
+    fail(ErrorKind::kShape, "ONNX shape inference: {}{}", first, more);
+  }
 }
 
 namespace {

@@ -61,6 +61,11 @@ struct ExportOptions {
   bool value_info = true;
 };
 
+/// Runs ONNX shape inference on `model` in strict mode (type checks, node errors raised, data
+/// propagation on). A failure becomes one `Error(kShape)` line naming the first failing node;
+/// the errors that only follow from it are counted, not listed.
+void infer_onnx_shapes(onnx::ModelProto& model);
+
 /// A valid ONNX model for `graph` (or the subset in `options.nodes`): inputs are the values the
 /// subset reads but does not produce, outputs the values it produces that the rest of the graph
 /// or the graph's outputs read.
