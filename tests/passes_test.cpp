@@ -58,13 +58,18 @@ std::vector<int64_t> int64_values(const ir::Value& v) {
   return out;
 }
 
-TEST_CASE("the shape subgraph of an exporter folds into one constant after binding") {
+/// Writes the exporter-style model and imports it with batch and seq bound.
+ImportedModel import_reshape_model(int64_t batch, int64_t seq) {
   testing::TempDir dir;
   testing::write_model(exporter_style_reshape(), dir.file("m.onnx"));
   ImportOptions options;
-  options.batch = 2;
-  options.dims["seq"] = 5;
-  auto model = import_model(dir.file("m.onnx"), options);
+  options.batch = batch;
+  options.dims["seq"] = seq;
+  return import_model(dir.file("m.onnx"), options);
+}
+
+TEST_CASE("the shape subgraph of an exporter folds into one constant after binding") {
+  auto model = import_reshape_model(2, 5);
   const auto& g = model.graph;
   CHECK(model.nodes_in_file == 10);
   REQUIRE(g.live_nodes() == 2);
@@ -86,24 +91,14 @@ TEST_CASE("the shape subgraph of an exporter folds into one constant after bindi
 }
 
 TEST_CASE("different bindings give different folded constants") {
-  testing::TempDir dir;
-  testing::write_model(exporter_style_reshape(), dir.file("m.onnx"));
-  ImportOptions options;
-  options.batch = 7;
-  options.dims["seq"] = 3;
-  auto model = import_model(dir.file("m.onnx"), options);
+  auto model = import_reshape_model(7, 3);
   const auto& g = model.graph;
   const auto& reshape = g.node(g.topological_order()[0]);
   CHECK(int64_values(g.value(reshape.inputs[1])) == std::vector<int64_t>{7, 3, 2, 4});
 }
 
 TEST_CASE("a folded graph exports back to a model the ONNX checker accepts, whole or in part") {
-  testing::TempDir dir;
-  testing::write_model(exporter_style_reshape(), dir.file("m.onnx"));
-  ImportOptions options;
-  options.batch = 2;
-  options.dims["seq"] = 5;
-  auto model = import_model(dir.file("m.onnx"), options);
+  auto model = import_reshape_model(2, 5);
   auto whole = ir::model_from_graph(model.graph);
   CHECK_NOTHROW(onnx::checker::check_model(whole));
   CHECK(whole.graph().input_size() == 1);
