@@ -1,0 +1,87 @@
+#pragma once
+/// \file
+/// The partition solver: splits a topological order of the graph into S contiguous stages.
+///
+/// Any contiguous run of a topological order is a convex set of nodes (a path that leaves the
+/// run and comes back would need a node between two of its members, which lies inside it), and
+/// the stages form a chain, so every solution is a valid pipeline: every tensor has one
+/// producer stage and flows forward. Any set of tensors may cross a cut; all of them are
+/// counted. The solver is exact over the partitions into runs of the given order: dynamic
+/// programming over (stage, prefix) with the memory limit as a hard constraint. Graphs with
+/// parallel branches also have convex partitions that are not runs of one order; those are not
+/// searched (tests compare against brute force over the same family).
+///
+/// The solver knows nothing of ONNX or devices: the caller turns costs into per-position
+/// numbers, so the same solver serves speed and memory objectives and every schedule.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace stagecraft::partition {
+
+/// What the partitioner minimises.
+enum class Objective {
+  kSpeed,   ///< The slowest stage's time (compute + sending its outputs), then the peak memory.
+  kMemory,  ///< The largest stage's memory, then the slowest stage's time.
+};
+
+/// Costs of one position of the order (one node).
+struct PositionCost {
+  double time_s = 0;            ///< Compute time per microbatch (forward + backward in training).
+  double static_bytes = 0;      ///< Bytes held for the whole step: weights, gradients, optimizer.
+  double activation_bytes = 0;  ///< Bytes kept per microbatch in flight until its backward.
+};
+
+/// The problem for the solver.
+struct Problem {
+  std::vector<PositionCost> positions;  ///< In topological order; size N.
+  /// cut_bytes[i]: bytes per microbatch of every tensor produced at positions <= i and read at
+  /// positions > i (what a cut after position i sends). Size N - 1.
+  std::vector<double> cut_bytes;
+  int stages = 1;
+  /// Time to send `bytes` from stage k to stage k + 1 (per microbatch).
+  std::function<double(int stage, double bytes)> send_time = [](int, double) { return 0.0; };
+  /// Microbatches whose activations stage k keeps at once under the schedule.
+  std::function<double(int stage)> in_flight = [](int) { return 1.0; };
+  /// Memory available to stage k.
+  std::function<double(int stage)> capacity_bytes = [](int) { return 1e300; };
+  Objective objective = Objective::kSpeed;
+  /// Positions after which a cut is allowed (empty: all). `--split-after` and coarsening of
+  /// very large graphs restrict it.
+  std::vector<int> allowed_cuts;
+};
+
+/// One stage of a solution: positions [first, last].
+struct StageSpan {
+  int first = 0;
+  int last = 0;
+  double time_s = 0;        ///< Compute plus sending its outputs to the next stage.
+  double compute_s = 0;
+  double send_s = 0;
+  double memory_bytes = 0;  ///< static + activations x in-flight + send/receive buffers.
+};
+
+struct Solution {
+  bool feasible = false;
+  std::vector<StageSpan> stages;
+  double bottleneck_s = 0;     ///< The slowest stage's time.
+  double peak_memory_bytes = 0;
+  /// When infeasible: the stage that is over its memory in the least-memory split, so the
+  /// refusal can name the constraint and the numbers.
+  int over_stage = -1;
+};
+
+/// Time and memory of stage k spanning [first, last] under `problem`.
+StageSpan evaluate_span(const Problem& problem, int stage, int first, int last);
+
+/// Solves `problem` exactly over the partitions of the order into `problem.stages` non-empty
+/// runs cut only at allowed positions. Infeasible (memory) problems come back with
+/// `feasible = false` and the least-memory split filled in.
+Solution solve(const Problem& problem);
+
+/// The stages for cuts after the given positions (manual split points), evaluated.
+Solution evaluate_cuts(const Problem& problem, const std::vector<int>& cut_after);
+
+}  // namespace stagecraft::partition

@@ -1,0 +1,137 @@
+// The partition solver against brute force over every placement of the cuts.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "compiler/partition/partitioner.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::partition {
+namespace {
+
+/// Every way to cut positions [0, n) into `stages` non-empty runs, as cut-after lists.
+void all_cuts(int n, int stages, int from, std::vector<int>& cur, std::vector<std::vector<int>>& out) {
+  if (static_cast<int>(cur.size()) == stages - 1) {
+    out.push_back(cur);
+    return;
+  }
+  for (int c = from; c < n - 1; ++c) {
+    cur.push_back(c);
+    all_cuts(n, stages, c + 1, cur, out);
+    cur.pop_back();
+  }
+}
+
+Problem random_problem(std::mt19937& rng, int n, int stages, Objective objective) {
+  std::uniform_real_distribution<double> time(0.1, 5.0), bytes(0, 100), cut(0, 50);
+  Problem p;
+  p.stages = stages;
+  p.objective = objective;
+  for (int i = 0; i < n; ++i) p.positions.push_back({time(rng), bytes(rng), bytes(rng)});
+  for (int i = 0; i + 1 < n; ++i) p.cut_bytes.push_back(cut(rng));
+  p.send_time = [](int, double b) { return 0.02 * b; };
+  p.in_flight = [stages](int k) { return static_cast<double>(stages - k); };  // 1F1B-like
+  double cap = std::uniform_real_distribution<double>(150, 900)(rng);
+  p.capacity_bytes = [cap](int) { return cap; };
+  return p;
+}
+
+double primary(const Problem& p, const Solution& s) {
+  return p.objective == Objective::kSpeed ? s.bottleneck_s : s.peak_memory_bytes;
+}
+
+TEST_CASE("the solver finds the brute-force optimum over all cut placements") {
+  std::mt19937 rng(1234);
+  int compared = 0, infeasible = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    int n = 1 + static_cast<int>(rng() % 10);
+    int stages = 1 + static_cast<int>(rng() % std::min(n, 4));
+    Objective objective = trial % 2 ? Objective::kSpeed : Objective::kMemory;
+    Problem p = random_problem(rng, n, stages, objective);
+    std::vector<std::vector<int>> cuts;
+    std::vector<int> cur;
+    all_cuts(n, stages, 0, cur, cuts);
+    double best = 1e300;
+    bool any = false;
+    for (const auto& c : cuts) {
+      Solution s = evaluate_cuts(p, c);
+      if (!s.feasible) continue;
+      any = true;
+      best = std::min(best, primary(p, s));
+    }
+    Solution got = solve(p);
+    CAPTURE(trial);
+    CHECK(got.feasible == any);
+    if (any) {
+      CHECK(primary(p, got) == doctest::Approx(best).epsilon(1e-12));
+      ++compared;
+    } else {
+      ++infeasible;
+      CHECK(got.over_stage >= 0);
+      CHECK(got.stages[got.over_stage].memory_bytes > p.capacity_bytes(got.over_stage));
+    }
+    REQUIRE(static_cast<int>(got.stages.size()) == stages);
+    CHECK(got.stages.front().first == 0);
+    CHECK(got.stages.back().last == n - 1);
+    for (int k = 0; k + 1 < stages; ++k) CHECK(got.stages[k].last + 1 == got.stages[k + 1].first);
+  }
+  MESSAGE(compared << " problems matched brute force, " << infeasible << " infeasible ones refused");
+  CHECK(compared > 200);
+  CHECK(infeasible > 0);
+}
+
+TEST_CASE("allowed cuts are the only cuts, and the optimum over them is found") {
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 100; ++trial) {
+    Problem p = random_problem(rng, 9, 3, Objective::kSpeed);
+    p.capacity_bytes = [](int) { return 1e300; };
+    p.allowed_cuts = {1, 3, 4, 6};
+    std::vector<std::vector<int>> cuts;
+    std::vector<int> cur;
+    all_cuts(9, 3, 0, cur, cuts);
+    double best = 1e300;
+    for (const auto& c : cuts) {
+      bool ok = std::all_of(c.begin(), c.end(), [&](int x) {
+        return std::find(p.allowed_cuts.begin(), p.allowed_cuts.end(), x) != p.allowed_cuts.end();
+      });
+      if (ok) best = std::min(best, evaluate_cuts(p, c).bottleneck_s);
+    }
+    Solution got = solve(p);
+    CHECK(got.bottleneck_s == doctest::Approx(best).epsilon(1e-12));
+    for (std::size_t k = 0; k + 1 < got.stages.size(); ++k) {
+      int c = got.stages[k].last;
+      CHECK(std::find(p.allowed_cuts.begin(), p.allowed_cuts.end(), c) != p.allowed_cuts.end());
+    }
+  }
+}
+
+TEST_CASE("equal positions balance evenly; communication moves the cut to a narrow point") {
+  Problem p;
+  p.stages = 2;
+  for (int i = 0; i < 8; ++i) p.positions.push_back({1.0, 0, 0});
+  p.cut_bytes.assign(7, 100.0);
+  p.cut_bytes[2] = 1.0;  // a narrow point after position 2
+  Solution even = solve(p);
+  CHECK(even.stages[0].last == 3);
+  CHECK(even.bottleneck_s == doctest::Approx(4.0));
+  p.send_time = [](int, double b) { return 0.05 * b; };  // a wide cut costs 5 s, a narrow one 0.05 s
+  Solution narrow = solve(p);
+  CHECK(narrow.stages[0].last == 2);
+  CHECK(narrow.bottleneck_s == doctest::Approx(5.0));
+}
+
+TEST_CASE("bad problems are refused with the numbers") {
+  Problem p;
+  p.positions.assign(3, PositionCost{1, 0, 0});
+  p.cut_bytes.assign(2, 0);
+  p.stages = 4;
+  CHECK_THROWS_WITH_AS(solve(p), doctest::Contains("4 stages for a graph of 3 ops"), Error);
+  p.stages = 0;
+  CHECK_THROWS_AS(solve(p), Error);
+  p.stages = 2;
+  CHECK_THROWS_WITH_AS(evaluate_cuts(p, {0, 1}), doctest::Contains("2 split points give 3 stages"), Error);
+}
+
+}  // namespace
+}  // namespace stagecraft::partition
