@@ -1,0 +1,72 @@
+#include "compiler/partition/graph_problem.h"
+
+#include <algorithm>
+
+#include "runtime/format/error.h"
+
+namespace stagecraft::partition {
+
+GraphProblem make_graph_problem(const ir::Graph& graph, const NodeCostFn& node_cost) {
+  GraphProblem gp;
+  gp.order = graph.topological_order();
+  gp.position_of.assign(graph.num_nodes(), -1);
+  for (std::size_t i = 0; i < gp.order.size(); ++i) gp.position_of[gp.order[i]] = static_cast<int>(i);
+  const auto n = static_cast<int>(gp.order.size());
+  for (ir::NodeId id : gp.order) gp.problem.positions.push_back(node_cost(graph, graph.node(id)));
+
+  // A difference array: +bytes at the producer's position, -bytes at the last reader's.
+  std::vector<double> delta(n + 1, 0.0);
+  for (const ir::Value& v : graph.values()) {
+    if (v.producer == ir::kNoId || v.is_initializer() || v.is_graph_input) continue;
+    int from = gp.position_of[v.producer];
+    int last = from;
+    for (ir::NodeId user : v.consumers) last = std::max(last, gp.position_of[user]);
+    if (last == from) continue;
+    auto bytes = static_cast<double>(v.bytes());
+    delta[from] += bytes;
+    delta[last] -= bytes;
+  }
+  gp.problem.cut_bytes.assign(std::max(0, n - 1), 0.0);
+  double running = 0;
+  for (int i = 0; i + 1 < n; ++i) {
+    running += delta[i];
+    gp.problem.cut_bytes[i] = running;
+  }
+  return gp;
+}
+
+std::vector<int> stage_of_nodes(const GraphProblem& gp, const Solution& solution, std::size_t num_nodes) {
+  std::vector<int> stage(num_nodes, -1);
+  for (std::size_t k = 0; k < solution.stages.size(); ++k) {
+    for (int pos = solution.stages[k].first; pos <= solution.stages[k].last; ++pos) {
+      stage[gp.order[pos]] = static_cast<int>(k);
+    }
+  }
+  return stage;
+}
+
+void validate_assignment(const ir::Graph& graph, const std::vector<int>& stage_of, int stages) {
+  std::vector<int> count(stages, 0);
+  for (std::size_t i = 0; i < graph.num_nodes(); ++i) {
+    const ir::Node& node = graph.node(static_cast<ir::NodeId>(i));
+    if (node.dead) continue;
+    int s = i < stage_of.size() ? stage_of[i] : -1;
+    if (s < 0 || s >= stages) {
+      fail(ErrorKind::kPlan, "{} is in no stage (stage {} of {})", node.describe(graph), s, stages);
+    }
+    ++count[s];
+    for (ir::ValueId in : node.inputs) {
+      if (in == ir::kNoId || graph.value(in).producer == ir::kNoId) continue;
+      int from = stage_of[graph.value(in).producer];
+      if (from > s) {
+        fail(ErrorKind::kPlan, "{} in stage {} reads tensor '{}' written in later stage {}", node.describe(graph), s,
+             graph.value(in).name, from);
+      }
+    }
+  }
+  for (int k = 0; k < stages; ++k) {
+    if (count[k] == 0) fail(ErrorKind::kPlan, "stage {} of {} has no ops", k, stages);
+  }
+}
+
+}  // namespace stagecraft::partition
