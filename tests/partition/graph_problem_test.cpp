@@ -84,3 +84,43 @@ TEST_CASE("the validator names a backwards edge and an empty stage") {
 
 }  // namespace
 }  // namespace stagecraft::partition
+
+#include <onnx/checker.h>
+
+#include <set>
+
+#include "compiler/plan/stage_files.h"
+
+namespace stagecraft::partition {
+namespace {
+
+TEST_CASE("stage files are valid ONNX models that together hold every node once") {
+  for (const auto& [name, dims] : std::vector<std::pair<std::string, std::map<std::string, int64_t>>>{
+           {"resnet_small.onnx", {}}, {"gpt_tiny.onnx", {{"seq", 8}}}, {"mnist_cnn.onnx", {}}}) {
+    CAPTURE(name);
+    auto model = load(name, 2, dims);
+    auto gp = make_graph_problem(model.graph, flops_cost);
+    gp.problem.stages = 3;
+    auto stage_of = stage_of_nodes(gp, solve(gp.problem), model.graph.num_nodes());
+    auto interfaces = plan::stage_interfaces(model.graph, stage_of);
+    std::multiset<std::string> nodes_seen;
+    for (int k = 0; k < 3; ++k) {
+      auto stage = plan::stage_model(model.graph, stage_of, k);
+      CHECK_NOTHROW(onnx::checker::check_model(stage));
+      for (const auto& n : stage.graph().node()) nodes_seen.insert(n.name());
+      std::set<std::string> inputs, outputs;
+      for (const auto& i : stage.graph().input()) inputs.insert(i.name());
+      for (const auto& o : stage.graph().output()) outputs.insert(o.name());
+      for (const auto& cut : interfaces.cut_tensors) {
+        bool reads = std::count(cut.consumer_stages.begin(), cut.consumer_stages.end(), k) > 0;
+        CHECK(inputs.count(cut.name) == (reads ? 1u : 0u));
+        CHECK(outputs.count(cut.name) == (cut.producer_stage == k ? 1u : 0u));
+      }
+    }
+    CHECK(nodes_seen.size() == model.graph.live_nodes());
+    for (const auto& n : model.graph.nodes()) CHECK(nodes_seen.count(n.name) == 1);
+  }
+}
+
+}  // namespace
+}  // namespace stagecraft::partition
