@@ -1,0 +1,54 @@
+#pragma once
+/// \file
+/// How devices are connected: nodes of `devices_per_node` devices joined by a fast link
+/// (NVLink, shared memory), and nodes joined by a network. Devices are numbered 0..N-1 and
+/// filled node by node, so devices d and e share a node when d / devices_per_node equals
+/// e / devices_per_node.
+
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+
+namespace stagecraft::cost {
+
+/// One point-to-point link in one direction.
+struct LinkSpec {
+  double bandwidth = 0;  ///< Bytes/s in one direction, as one transfer sees it.
+  double latency_s = 0;  ///< Fixed cost of one message, seconds.
+};
+
+/// The topology. Every number is positive.
+struct ClusterSpec {
+  int devices_per_node = 1;
+  LinkSpec intra_node;  ///< Between two devices of one node.
+  LinkSpec inter_node;  ///< Between devices of different nodes (one NIC per device).
+};
+
+/// The usual topology of the device preset `device_name` (an 8-GPU HGX/DGX node for the GPUs,
+/// shared memory for cpu), or a generic PCIe Gen4 node with a 100 Gb/s network for any other
+/// name. The sources are cited in cluster.cpp.
+ClusterSpec default_cluster(std::string_view device_name);
+
+/// Reads a topology from a JSON object {devices_per_node, intra_node: {bandwidth, latency_s},
+/// inter_node: {bandwidth, latency_s}}. Every field is required and positive; unknown fields
+/// are refused. Errors are `Error(kFormat)` naming `source` and the field
+/// ("c.json: field 'intra_node.bandwidth' is missing").
+ClusterSpec cluster_spec_from_json(const nlohmann::json& object, const std::string& source);
+
+/// The JSON object `cluster_spec_from_json` reads.
+nlohmann::json to_json(const ClusterSpec& spec);
+
+/// A device preset name (its default topology), or else the path of a JSON topology file.
+/// Throws `Error(kUsage)` listing the presets when `text` is neither.
+ClusterSpec cluster_spec_from_name_or_file(const std::string& text);
+
+/// The node that holds `device`.
+int node_of(const ClusterSpec& spec, int device);
+
+/// Seconds to move `bytes` from `src_device` to `dst_device`: 0 on one device, otherwise the
+/// link's latency plus bytes / bandwidth, over the intra-node link when both devices share a
+/// node and the inter-node link otherwise. Throws `Error(kInternal)` on a negative device or
+/// byte count.
+double transfer_seconds(const ClusterSpec& spec, int src_device, int dst_device, double bytes);
+
+}  // namespace stagecraft::cost

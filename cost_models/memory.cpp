@@ -1,0 +1,193 @@
+#include "cost_models/memory.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "runtime/format/error.h"
+
+namespace stagecraft::cost {
+namespace {
+
+constexpr Optimizer kOptimizers[] = {Optimizer::kNone, Optimizer::kSgd,   Optimizer::kMomentum,
+                                     Optimizer::kAdam, Optimizer::kAdamW, Optimizer::kAdam8bit};
+constexpr Schedule kSchedules[] = {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved,
+                                   Schedule::kZBH1, Schedule::kInference};
+
+/// Exact while the bytes stay below 2^53 (8 PiB), far beyond any device.
+int64_t bytes_for(int64_t count, double bytes_per_item) {
+  double bytes = static_cast<double>(count) * bytes_per_item;
+  if (bytes >= 9223372036854775808.0) {
+    fail(ErrorKind::kPlan, "{} items of {} bytes do not fit in int64", count, bytes_per_item);
+  }
+  return static_cast<int64_t>(std::llround(bytes));
+}
+
+int64_t checked_add(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) fail(ErrorKind::kPlan, "memory total overflows int64");
+  return sum;
+}
+
+int64_t checked_mul(int64_t a, int64_t b) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product)) {
+    fail(ErrorKind::kPlan, "{} microbatches of {} activation bytes overflow int64", a, b);
+  }
+  return product;
+}
+
+}  // namespace
+
+std::string_view to_string(Optimizer optimizer) {
+  switch (optimizer) {
+    case Optimizer::kNone: return "none";
+    case Optimizer::kSgd: return "sgd";
+    case Optimizer::kMomentum: return "momentum";
+    case Optimizer::kAdam: return "adam";
+    case Optimizer::kAdamW: return "adamw";
+    case Optimizer::kAdam8bit: return "adam8bit";
+  }
+  return "unknown";
+}
+
+Optimizer parse_optimizer(std::string_view name) {
+  std::vector<std::string_view> names;
+  for (Optimizer o : kOptimizers) {
+    if (name == to_string(o)) return o;
+    names.push_back(to_string(o));
+  }
+  fail(ErrorKind::kUsage, "unknown optimizer '{}'; valid: {}", name, fmt::join(names, ", "));
+}
+
+std::string_view to_string(Schedule schedule) {
+  switch (schedule) {
+    case Schedule::kGPipe: return "gpipe";
+    case Schedule::k1F1B: return "1f1b";
+    case Schedule::kInterleaved: return "interleaved";
+    case Schedule::kZBH1: return "zb-h1";
+    case Schedule::kInference: return "inference";
+  }
+  return "unknown";
+}
+
+Schedule parse_schedule(std::string_view name) {
+  std::vector<std::string_view> names;
+  for (Schedule s : kSchedules) {
+    if (name == to_string(s)) return s;
+    names.push_back(to_string(s));
+  }
+  fail(ErrorKind::kUsage, "unknown schedule '{}'; valid: {}", name, fmt::join(names, ", "));
+}
+
+double optimizer_state_bytes_per_param(Optimizer optimizer, Precision) {
+  switch (optimizer) {
+    case Optimizer::kNone:
+    case Optimizer::kSgd: return 0;
+    case Optimizer::kMomentum: return 4;
+    case Optimizer::kAdam:
+    case Optimizer::kAdamW: return 8;
+    case Optimizer::kAdam8bit: return 2;
+  }
+  return 0;
+}
+
+double weight_bytes_per_param(Precision precision, bool training) {
+  if (precision == Precision::kFp32) return 4;
+  return training ? 6 : 2;
+}
+
+double gradient_bytes_per_param(Precision) { return 4; }
+
+int64_t microbatches_in_flight(Schedule schedule, int stages, int stage_index, int microbatches,
+                               int chunks) {
+  if (stages < 1 || stage_index < 0 || stage_index >= stages || microbatches < 1 || chunks < 1) {
+    fail(ErrorKind::kUsage,
+         "microbatches in flight: need stages >= 1, 0 <= stage < stages, microbatches >= 1 and "
+         "chunks >= 1; got stages {}, stage {}, microbatches {}, chunks {}",
+         stages, stage_index, microbatches, chunks);
+  }
+  const int64_t p = stages, i = stage_index, m = microbatches, v = chunks;
+  switch (schedule) {
+    case Schedule::kGPipe: return m;
+    case Schedule::k1F1B:
+    case Schedule::kZBH1: return std::min(p - i, m);
+    case Schedule::kInterleaved:
+      if (v == 1) return std::min(p - i, m);
+      return std::min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1);
+    case Schedule::kInference: return 1;
+  }
+  return m;
+}
+
+int64_t MemoryAnatomy::total() const {
+  int64_t sum = 0;
+  for (int64_t part : {weights, gradients, optimizer, activations, temporary, communication}) {
+    sum = checked_add(sum, part);
+  }
+  return sum;
+}
+
+MemoryAnatomy stage_memory(int64_t params, int64_t activation_bytes_per_microbatch,
+                           int64_t temporary_peak_bytes, int64_t comm_buffer_bytes,
+                           int64_t in_flight, Optimizer optimizer, Precision precision,
+                           bool training, bool recompute,
+                           int64_t stage_input_bytes_per_microbatch) {
+  if (params < 0 || activation_bytes_per_microbatch < 0 || temporary_peak_bytes < 0 ||
+      comm_buffer_bytes < 0 || in_flight < 0 || stage_input_bytes_per_microbatch < 0) {
+    fail(ErrorKind::kInternal,
+         "stage_memory: negative argument (params {}, activations {}, temporary {}, "
+         "communication {}, in flight {}, stage input {})",
+         params, activation_bytes_per_microbatch, temporary_peak_bytes, comm_buffer_bytes,
+         in_flight, stage_input_bytes_per_microbatch);
+  }
+  MemoryAnatomy anatomy;
+  anatomy.weights = bytes_for(params, weight_bytes_per_param(precision, training));
+  if (training) {
+    anatomy.gradients = bytes_for(params, gradient_bytes_per_param(precision));
+    anatomy.optimizer = bytes_for(params, optimizer_state_bytes_per_param(optimizer, precision));
+  }
+  if (training && recompute) {
+    anatomy.activations = checked_add(checked_mul(in_flight, stage_input_bytes_per_microbatch),
+                                      activation_bytes_per_microbatch);
+  } else {
+    anatomy.activations = checked_mul(in_flight, activation_bytes_per_microbatch);
+  }
+  anatomy.temporary = temporary_peak_bytes;
+  anatomy.communication = comm_buffer_bytes;
+  anatomy.total();  // Refuses a total past int64 here rather than in a caller.
+  return anatomy;
+}
+
+std::string describe(const MemoryAnatomy& anatomy, int64_t in_flight) {
+  const int64_t total = anatomy.total();
+  if (total == 0) return "0 B";
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int unit = 0;
+  double scale = 1;
+  while (unit + 1 < static_cast<int>(std::size(kUnits)) &&
+         static_cast<double>(total) >= scale * 1024) {
+    scale *= 1024;
+    ++unit;
+  }
+  auto amount = [&](int64_t bytes) {
+    return unit == 0 ? fmt::format("{}", bytes)
+                     : fmt::format("{:.1f}", static_cast<double>(bytes) / scale);
+  };
+  std::vector<std::string> parts;
+  auto add = [&](const char* what, int64_t bytes, std::string suffix = "") {
+    if (bytes != 0) parts.push_back(fmt::format("{} {}{}", what, amount(bytes), suffix));
+  };
+  add("weights", anatomy.weights);
+  add("gradients", anatomy.gradients);
+  add("optimizer", anatomy.optimizer);
+  add("activations", anatomy.activations,
+      fmt::format(" for {} microbatch{} in flight", in_flight, in_flight == 1 ? "" : "es"));
+  add("temporary", anatomy.temporary);
+  add("communication", anatomy.communication);
+  return fmt::format("{} {}: {}", amount(total), kUnits[unit], fmt::join(parts, ", "));
+}
+
+}  // namespace stagecraft::cost

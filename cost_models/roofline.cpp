@@ -1,0 +1,127 @@
+#include "cost_models/roofline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "compiler/ir/ops.h"
+#include "cost_models/op_cost.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::cost {
+namespace {
+
+/// What a node's input contributes to its backward.
+enum class InputRole { kNone, kActivation, kWeight };
+
+bool is_floating(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16 ||
+         dtype == DType::kFloat64;
+}
+
+InputRole input_role(const ir::Graph& graph, ir::ValueId id) {
+  if (id == ir::kNoId) return InputRole::kNone;
+  const ir::Value& value = graph.value(id);
+  if (!is_floating(value.dtype)) return InputRole::kNone;
+  if (value.is_weight) return InputRole::kWeight;
+  if (value.is_initializer()) return InputRole::kNone;  // A constant: no gradient.
+  return InputRole::kActivation;
+}
+
+/// Ops that reinterpret their input's buffer with a new shape: no data moves.
+bool is_view(const std::string& op) {
+  return op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze" ||
+         op == "Identity";
+}
+
+}  // namespace
+
+OpCostModel::~OpCostModel() = default;
+
+RooflineCostModel::RooflineCostModel(DeviceSpec device, Precision precision)
+    : device_(std::move(device)), precision_(precision) {
+  validate(device_);
+}
+
+std::string RooflineCostModel::name() const {
+  return fmt::format("roofline({}, {})", device_.name, to_string(precision_));
+}
+
+double RooflineCostModel::roofline_seconds(double flops, double bytes, bool tensor_op) const {
+  bool sixteen_bit = tensor_op && precision_ == Precision::kMixed;
+  double peak = sixteen_bit ? device_.peak_flops_fp16 : device_.peak_flops_fp32;
+  double efficiency = tensor_op ? device_.efficiency : 1.0;
+  return std::max(flops / (peak * efficiency), bytes / device_.memory_bandwidth);
+}
+
+double RooflineCostModel::stored_bytes(const ir::Graph& graph, ir::ValueId id) const {
+  if (id == ir::kNoId) return 0;
+  const ir::Value& value = graph.value(id);
+  double bytes = static_cast<double>(value.bytes());
+  return precision_ == Precision::kMixed && value.dtype == DType::kFloat32 ? bytes / 2 : bytes;
+}
+
+OpTime RooflineCostModel::op_time(const ir::Graph& graph, const ir::Node& node) const {
+  auto family = op_family(node.op_type);
+  if (!family) fail(ErrorKind::kUnsupported, "{}: no cost model for this op", node.describe(graph));
+  const bool tensor_op = *family == OpFamily::kMatMul || *family == OpFamily::kConv;
+  const bool view = is_view(node.op_type);
+  const double launch = device_.launch_overhead_s;
+  const OpWork work = forward_work(graph, node);
+
+  double written = 0;
+  bool float_output = false;
+  for (ir::ValueId out : node.outputs) {
+    written += stored_bytes(graph, out);
+    float_output = float_output || (out != ir::kNoId && is_floating(graph.value(out).dtype));
+  }
+  double bytes = 0;
+  if (*family == OpFamily::kShape) {
+    bytes = written;
+  } else if (*family == OpFamily::kData) {
+    bytes = view ? 0 : 2 * written;
+    if (node.op_type == "Gather" && node.inputs.size() > 1)
+      bytes += stored_bytes(graph, node.inputs[1]);
+  } else {
+    for (ir::ValueId in : node.inputs) bytes += stored_bytes(graph, in);
+    bytes += written;
+  }
+
+  OpTime time;
+  time.forward_s = launch + (view ? 0.0 : roofline_seconds(work.flops, bytes, tensor_op));
+  if (!float_output) return time;
+
+  if (tensor_op) {
+    // One product per differentiable operand (A and B of MatMul/Gemm, X and W of Conv), each
+    // as costly as the forward; a bias gradient is a reduction of the output gradient.
+    for (std::size_t i = 0; i < std::min<std::size_t>(node.inputs.size(), 2); ++i) {
+      InputRole role = input_role(graph, node.inputs[i]);
+      if (role == InputRole::kActivation) time.backward_input_s += time.forward_s;
+      if (role == InputRole::kWeight) time.backward_weight_s += time.forward_s;
+    }
+    if (node.inputs.size() > 2 && input_role(graph, node.inputs[2]) == InputRole::kWeight) {
+      if (time.backward_weight_s == 0) time.backward_weight_s = launch;
+      time.backward_weight_s += written / device_.memory_bandwidth;
+    }
+  } else {
+    bool has_activation = false, has_weight = false;
+    for (ir::ValueId in : node.inputs) {
+      InputRole role = input_role(graph, in);
+      has_activation = has_activation || role == InputRole::kActivation;
+      has_weight = has_weight || role == InputRole::kWeight;
+    }
+    double gradient =
+        launch + (view ? 0.0 : roofline_seconds(2 * work.flops, bytes + written, false));
+    if (has_activation) {
+      time.backward_input_s = gradient;
+      if (has_weight)
+        time.backward_weight_s = launch + (view ? 0.0 : written / device_.memory_bandwidth);
+    } else if (has_weight) {
+      time.backward_weight_s = gradient;
+    }
+  }
+  time.backward_s = time.backward_input_s + time.backward_weight_s;
+  return time;
+}
+
+}  // namespace stagecraft::cost

@@ -1,0 +1,196 @@
+// The roofline op-time model on single nodes built in code: compute-bound products,
+// memory-bound element-wise ops, views, and the split of backward into B and W.
+#include "cost_models/roofline.h"
+
+#include <doctest/doctest.h>
+
+#include "cost_models/op_cost.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::cost {
+namespace {
+
+/// A graph of hand-made values and one node at a time.
+class GraphBuilder {
+ public:
+  /// An activation (a non-initializer value).
+  ir::ValueId tensor(const std::string& name, std::vector<int64_t> shape,
+                     DType dtype = DType::kFloat32) {
+    ir::Value v;
+    v.name = name;
+    v.dtype = dtype;
+    v.shape = std::move(shape);
+    v.shape_known = true;
+    return graph.add_value(std::move(v));
+  }
+
+  /// A trainable weight. Its bytes are never read by the cost model, so it holds none.
+  ir::ValueId weight(const std::string& name, std::vector<int64_t> shape) {
+    ir::ValueId id = tensor(name, std::move(shape));
+    graph.value(id).initializer = ir::WeightData::owned("");
+    graph.value(id).is_weight = true;
+    return id;
+  }
+
+  const ir::Node& node(const std::string& op, std::vector<ir::ValueId> inputs,
+                       std::vector<ir::ValueId> outputs) {
+    ir::Node n;
+    n.name = op + std::to_string(graph.num_nodes());
+    n.op_type = op;
+    n.inputs = std::move(inputs);
+    n.outputs = std::move(outputs);
+    return graph.node(graph.add_node(std::move(n)));
+  }
+
+  ir::Graph graph;
+};
+
+const DeviceSpec kH100 = *device_preset("h100");
+
+TEST_CASE("a big MatMul is compute-bound, backward is twice the forward") {
+  GraphBuilder b;
+  const int64_t n = 4096;
+  auto x = b.tensor("x", {n, n});
+  auto w = b.weight("w", {n, n});
+  auto y = b.tensor("y", {n, n});
+  const ir::Node& matmul = b.node("MatMul", {x, w}, {y});
+  const double flops = 2.0 * n * n * n;
+  REQUIRE(forward_work(b.graph, matmul).flops == flops);
+
+  RooflineCostModel fp32(kH100, Precision::kFp32);
+  OpTime t = fp32.op_time(b.graph, matmul);
+  CHECK(t.forward_s ==
+        doctest::Approx(kH100.launch_overhead_s + flops / (67e12 * kH100.efficiency)));
+  CHECK(t.backward_input_s == doctest::Approx(t.forward_s));
+  CHECK(t.backward_weight_s == doctest::Approx(t.forward_s));
+  CHECK(t.backward_s == doctest::Approx(2 * t.forward_s));
+
+  RooflineCostModel mixed(kH100, Precision::kMixed);
+  OpTime m = mixed.op_time(b.graph, matmul);
+  CHECK(m.forward_s ==
+        doctest::Approx(kH100.launch_overhead_s + flops / (989e12 * kH100.efficiency)));
+  CHECK(m.backward_s == doctest::Approx(2 * m.forward_s));
+  CHECK(mixed.name() == "roofline(h100, mixed)");
+}
+
+TEST_CASE("a product of two activations has only input gradients") {
+  GraphBuilder b;
+  auto q = b.tensor("q", {8, 12, 128, 64});
+  auto k = b.tensor("k", {8, 12, 64, 128});
+  auto s = b.tensor("s", {8, 12, 128, 128});
+  RooflineCostModel model(kH100, Precision::kMixed);
+  OpTime t = model.op_time(b.graph, b.node("MatMul", {q, k}, {s}));
+  CHECK(t.backward_weight_s == 0);
+  CHECK(t.backward_input_s == doctest::Approx(2 * t.forward_s));
+}
+
+TEST_CASE("Gemm with a bias: the bias gradient reads the output gradient once more") {
+  GraphBuilder b;
+  auto x = b.tensor("x", {256, 1024});
+  auto w = b.weight("w", {1024, 1024});
+  auto bias = b.weight("bias", {1024});
+  auto y = b.tensor("y", {256, 1024});
+  RooflineCostModel model(kH100, Precision::kFp32);
+  OpTime t = model.op_time(b.graph, b.node("Gemm", {x, w, bias}, {y}));
+  CHECK(t.backward_input_s == doctest::Approx(t.forward_s));
+  CHECK(t.backward_weight_s ==
+        doctest::Approx(t.forward_s + 256.0 * 1024 * 4 / kH100.memory_bandwidth));
+}
+
+TEST_CASE("an Add is memory-bound, mixed precision halves its bytes") {
+  GraphBuilder b;
+  std::vector<int64_t> shape{1024, 1024, 16};
+  auto x = b.tensor("x", shape), y = b.tensor("y", shape), z = b.tensor("z", shape);
+  const ir::Node& add = b.node("Add", {x, y}, {z});
+  const double bytes = 3.0 * 1024 * 1024 * 16 * 4;
+
+  OpTime t = RooflineCostModel(kH100, Precision::kFp32).op_time(b.graph, add);
+  CHECK(t.forward_s == doctest::Approx(kH100.launch_overhead_s + bytes / kH100.memory_bandwidth));
+  // Backward reads the output gradient besides the forward's traffic; no weights.
+  CHECK(t.backward_input_s ==
+        doctest::Approx(kH100.launch_overhead_s + (bytes * 4 / 3) / kH100.memory_bandwidth));
+  CHECK(t.backward_weight_s == 0);
+  CHECK(t.backward_s > t.forward_s);
+  CHECK(t.backward_s < 2 * t.forward_s);
+
+  OpTime m = RooflineCostModel(kH100, Precision::kMixed).op_time(b.graph, add);
+  CHECK(m.forward_s ==
+        doctest::Approx(kH100.launch_overhead_s + bytes / 2 / kH100.memory_bandwidth));
+}
+
+TEST_CASE("views cost the launch alone") {
+  GraphBuilder b;
+  auto x = b.tensor("x", {64, 1024, 768});
+  auto shape = b.tensor("shape", {4}, DType::kInt64);
+  auto y = b.tensor("y", {64, 1024, 12, 64});
+  RooflineCostModel model(kH100, Precision::kFp32);
+  OpTime reshape = model.op_time(b.graph, b.node("Reshape", {x, shape}, {y}));
+  CHECK(reshape.forward_s == kH100.launch_overhead_s);
+  CHECK(reshape.backward_input_s == kH100.launch_overhead_s);
+  CHECK(reshape.backward_weight_s == 0);
+
+  // A Transpose moves its data: it reads and writes the output's bytes.
+  auto t = b.tensor("t", {64, 12, 1024, 64});
+  OpTime transpose = model.op_time(b.graph, b.node("Transpose", {y}, {t}));
+  CHECK(transpose.forward_s == doctest::Approx(kH100.launch_overhead_s +
+                                               2.0 * 64 * 1024 * 768 * 4 / kH100.memory_bandwidth));
+}
+
+TEST_CASE("an embedding Gather reads the rows it gathers and has a weight gradient only") {
+  GraphBuilder b;
+  auto table = b.weight("table", {50257, 768});
+  auto ids = b.tensor("ids", {8, 512}, DType::kInt64);
+  auto out = b.tensor("emb", {8, 512, 768});
+  RooflineCostModel model(kH100, Precision::kFp32);
+  OpTime t = model.op_time(b.graph, b.node("Gather", {table, ids}, {out}));
+  const double out_bytes = 8.0 * 512 * 768 * 4, id_bytes = 8.0 * 512 * 8;
+  CHECK(t.forward_s == doctest::Approx(kH100.launch_overhead_s +
+                                       (2 * out_bytes + id_bytes) / kH100.memory_bandwidth));
+  CHECK(t.backward_input_s == 0);
+  CHECK(t.backward_weight_s > t.forward_s);
+}
+
+TEST_CASE("LayerNorm splits its backward into input and weight parts") {
+  GraphBuilder b;
+  auto x = b.tensor("x", {8, 512, 768});
+  auto scale = b.weight("scale", {768});
+  auto bias = b.weight("bias", {768});
+  auto y = b.tensor("y", {8, 512, 768});
+  RooflineCostModel model(kH100, Precision::kMixed);
+  OpTime t = model.op_time(b.graph, b.node("LayerNormalization", {x, scale, bias}, {y}));
+  CHECK(t.backward_input_s > t.forward_s);
+  CHECK(t.backward_weight_s ==
+        doctest::Approx(kH100.launch_overhead_s + 8.0 * 512 * 768 * 2 / kH100.memory_bandwidth));
+  CHECK(t.backward_s == doctest::Approx(t.backward_input_s + t.backward_weight_s));
+}
+
+TEST_CASE("ops without a floating-point result or gradient have no backward") {
+  GraphBuilder b;
+  auto x = b.tensor("x", {1024});
+  auto y = b.tensor("y", {1024});
+  auto eq = b.tensor("eq", {1024}, DType::kBool);
+  RooflineCostModel model(*device_preset("cpu"), Precision::kFp32);
+  OpTime equal = model.op_time(b.graph, b.node("Equal", {x, y}, {eq}));
+  CHECK(equal.forward_s > 0);
+  CHECK(equal.backward_s == 0);
+
+  ir::Value constant;
+  constant.name = "c";
+  constant.dtype = DType::kFloat32;
+  constant.shape = {1024};
+  constant.shape_known = true;
+  constant.initializer = ir::WeightData::owned("");
+  auto c = b.graph.add_value(std::move(constant));
+  auto r = b.tensor("r", {1024});
+  CHECK(model.op_time(b.graph, b.node("Relu", {c}, {r})).backward_s == 0);
+}
+
+TEST_CASE("an invalid device spec is refused when the model is made") {
+  DeviceSpec spec = kH100;
+  spec.efficiency = 0;
+  CHECK_THROWS_WITH_AS(RooflineCostModel(spec, Precision::kFp32),
+                       "device 'h100': efficiency must be positive, not 0", Error);
+}
+
+}  // namespace
+}  // namespace stagecraft::cost
