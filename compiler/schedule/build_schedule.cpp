@@ -1,0 +1,216 @@
+// The five schedule builders. Each writes one device's program from the order of its compute
+// ops; `ProgramWriter` adds the receives before and the sends after each of them, so the
+// builders read like the schedules' published pseudo-code.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "compiler/schedule/instruction.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::schedule {
+namespace {
+
+/// Appends one device's instructions, with the transfers around each compute op.
+class ProgramWriter {
+ public:
+  ProgramWriter(const PipelineShape& shape, int device) : shape_(shape), device_(device) {}
+
+  /// Receives the activations (unless first stage), runs the forward, sends them on (unless
+  /// last stage).
+  void forward(int stage, int microbatch) {
+    if (stage > 0) program_.push_back({Op::kRecvAct, stage, microbatch, stage - 1});
+    program_.push_back({Op::kForward, stage, microbatch});
+    if (stage < last_stage()) program_.push_back({Op::kSendAct, stage, microbatch, stage + 1});
+  }
+
+  /// A full backward (input and weight gradients together).
+  void backward(int stage, int microbatch) { input_gradient(Op::kBackward, stage, microbatch); }
+
+  /// ZB's B: the input gradient, with its transfers.
+  void backward_input(int stage, int microbatch) {
+    input_gradient(Op::kBackwardInput, stage, microbatch);
+  }
+
+  /// ZB's W: the weight gradient, which needs no transfer.
+  void backward_weight(int stage, int microbatch) {
+    program_.push_back({Op::kBackwardWeight, stage, microbatch});
+  }
+
+  /// The end of a training step: all-reduce (with data parallelism) and optimizer step of
+  /// every stage of the device.
+  void finish_step() {
+    if (shape_.data_parallel > 1) {
+      for (int chunk = 0; chunk < shape_.chunks; ++chunk) {
+        program_.push_back({Op::kAllReduce, stage_of_chunk(chunk), -1});
+      }
+    }
+    for (int chunk = 0; chunk < shape_.chunks; ++chunk) {
+      program_.push_back({Op::kOptimizerStep, stage_of_chunk(chunk), -1});
+    }
+  }
+
+  /// The stage that is chunk `chunk` of this device.
+  int stage_of_chunk(int chunk) const { return chunk * shape_.devices + device_; }
+
+  std::vector<Instruction> take() { return std::move(program_); }
+
+ private:
+  int last_stage() const { return stage_count(shape_) - 1; }
+
+  void input_gradient(Op op, int stage, int microbatch) {
+    if (stage < last_stage()) program_.push_back({Op::kRecvGrad, stage, microbatch, stage + 1});
+    program_.push_back({op, stage, microbatch});
+    if (stage > 0) program_.push_back({Op::kSendGrad, stage, microbatch, stage - 1});
+  }
+
+  const PipelineShape& shape_;
+  int device_;
+  std::vector<Instruction> program_;
+};
+
+/// GPipe: every forward, then every backward in reverse microbatch order (the order autograd
+/// walks a concatenated batch; any order gives the same bubble).
+std::vector<Instruction> gpipe(const PipelineShape& shape, int device) {
+  ProgramWriter writer(shape, device);
+  for (int mb = 0; mb < shape.microbatches; ++mb) writer.forward(device, mb);
+  for (int mb = shape.microbatches - 1; mb >= 0; --mb) writer.backward(device, mb);
+  writer.finish_step();
+  return writer.take();
+}
+
+/// 1F1B (PipeDream-Flush, Megatron-LM's non-interleaved schedule): P - i - 1 warm-up forwards
+/// on device i, then one forward and one backward in turn, then the remaining backwards. At
+/// most P - i microbatches are in flight on device i.
+std::vector<Instruction> one_f_one_b(const PipelineShape& shape, int device) {
+  ProgramWriter writer(shape, device);
+  int microbatches = shape.microbatches;
+  int warmup = std::min(shape.devices - device - 1, microbatches);
+  for (int mb = 0; mb < warmup; ++mb) writer.forward(device, mb);
+  for (int mb = 0; mb < microbatches; ++mb) {
+    if (warmup + mb < microbatches) writer.forward(device, warmup + mb);
+    writer.backward(device, mb);
+  }
+  writer.finish_step();
+  return writer.take();
+}
+
+/// ZB-H1 (Qi et al. 2023, section 3.1; the hand-crafted schedule of their repository): the
+/// warm-up and the F/B order of 1F1B, with the backward split into B and W. Device i runs the
+/// W of microbatch k right after the B of microbatch k + i, so i weight gradients are always
+/// pending; those W fill the cool-down, where 1F1B waits for gradients. A device holds at most
+/// P microbatches of activations, the peak of 1F1B's first device.
+std::vector<Instruction> zb_h1(const PipelineShape& shape, int device) {
+  ProgramWriter writer(shape, device);
+  int microbatches = shape.microbatches;
+  int warmup = std::min(shape.devices - device - 1, microbatches);
+  int lag = device;
+  for (int mb = 0; mb < warmup; ++mb) writer.forward(device, mb);
+  int next_weight = 0;
+  for (int mb = 0; mb < microbatches; ++mb) {
+    if (warmup + mb < microbatches) writer.forward(device, warmup + mb);
+    writer.backward_input(device, mb);
+    if (mb >= lag) writer.backward_weight(device, next_weight++);
+  }
+  while (next_weight < microbatches) writer.backward_weight(device, next_weight++);
+  writer.finish_step();
+  return writer.take();
+}
+
+/// Megatron-LM's interleaved 1F1B (Narayanan et al. 2021; forward_backward_pipelining_with_
+/// interleaving). Microbatches go through the chunks in groups of P: virtual microbatch k is
+/// microbatch (k / PV) * P + k % P on chunk (k % PV) / P (backwards walk the chunks in
+/// reverse). Device i warms up with 2 (P - i - 1) + (V - 1) P forwards, then alternates.
+std::vector<Instruction> interleaved(const PipelineShape& shape, int device) {
+  int devices = shape.devices;
+  int chunks = shape.chunks;
+  int group = devices * chunks;
+  int total = shape.microbatches * chunks;
+  ProgramWriter writer(shape, device);
+  auto microbatch_of = [&](int k) { return (k / group) * devices + k % devices; };
+  auto forward = [&](int k) {
+    writer.forward(writer.stage_of_chunk((k % group) / devices), microbatch_of(k));
+  };
+  auto backward = [&](int k) {
+    writer.backward(writer.stage_of_chunk(chunks - 1 - (k % group) / devices), microbatch_of(k));
+  };
+  int warmup = std::min(2 * (devices - device - 1) + (chunks - 1) * devices, total);
+  for (int k = 0; k < warmup; ++k) forward(k);
+  for (int k = 0; k < total; ++k) {
+    if (warmup + k < total) forward(warmup + k);
+    backward(k);
+  }
+  writer.finish_step();
+  return writer.take();
+}
+
+/// Inference: each device forwards the microbatches in order as they arrive.
+std::vector<Instruction> inference(const PipelineShape& shape, int device) {
+  ProgramWriter writer(shape, device);
+  for (int mb = 0; mb < shape.microbatches; ++mb) writer.forward(device, mb);
+  return writer.take();
+}
+
+/// Refuses a shape `kind` cannot serve, with the numbers.
+void check_shape(ScheduleKind kind, const PipelineShape& shape) {
+  std::string name = to_string(kind);
+  auto at_least_one = [](int value, const char* what) {
+    if (value < 1) fail(ErrorKind::kUsage, "pipeline needs at least 1 {}, not {}", what, value);
+  };
+  at_least_one(shape.devices, "device");
+  at_least_one(shape.chunks, "chunk per device");
+  at_least_one(shape.microbatches, "microbatch");
+  at_least_one(shape.data_parallel, "data-parallel replica");
+  if (kind != ScheduleKind::kInterleaved && shape.chunks != 1) {
+    fail(ErrorKind::kUsage, "schedule '{}' runs 1 chunk per device, not {}; use 'interleaved'",
+         name, shape.chunks);
+  }
+  if (kind == ScheduleKind::kInterleaved && shape.microbatches % shape.devices != 0) {
+    fail(ErrorKind::kUsage,
+         "schedule 'interleaved' needs the microbatches (M={}) to be a multiple of the devices "
+         "(P={})",
+         shape.microbatches, shape.devices);
+  }
+  if (kind == ScheduleKind::kInference && shape.training) {
+    fail(ErrorKind::kUsage,
+         "schedule 'inference' runs forwards only; a training plan needs {}, {}, {} or {}",
+         to_string(ScheduleKind::kGPipe), to_string(ScheduleKind::k1F1B),
+         to_string(ScheduleKind::kInterleaved), to_string(ScheduleKind::kZBH1));
+  }
+  if (kind != ScheduleKind::kInference && !shape.training) {
+    fail(ErrorKind::kUsage, "schedule '{}' is for training; an inference plan uses 'inference'",
+         name);
+  }
+}
+
+}  // namespace
+
+Schedule build_schedule(ScheduleKind kind, const PipelineShape& shape) {
+  check_shape(kind, shape);
+  Schedule schedule;
+  for (int device = 0; device < shape.devices; ++device) {
+    switch (kind) {
+      case ScheduleKind::kGPipe:
+        schedule.push_back(gpipe(shape, device));
+        break;
+      case ScheduleKind::k1F1B:
+        schedule.push_back(one_f_one_b(shape, device));
+        break;
+      case ScheduleKind::kInterleaved:
+        // With one chunk per device the interleaved schedule is 1F1B (Megatron-LM picks the
+        // non-interleaved code for it); its warm-up formula would hold more in flight.
+        schedule.push_back(shape.chunks == 1 ? one_f_one_b(shape, device)
+                                             : interleaved(shape, device));
+        break;
+      case ScheduleKind::kZBH1:
+        schedule.push_back(zb_h1(shape, device));
+        break;
+      case ScheduleKind::kInference:
+        schedule.push_back(inference(shape, device));
+        break;
+    }
+  }
+  return schedule;
+}
+
+}  // namespace stagecraft::schedule

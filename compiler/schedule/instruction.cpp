@@ -1,0 +1,164 @@
+#include "compiler/schedule/instruction.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <optional>
+#include <utility>
+
+#include "runtime/format/error.h"
+
+namespace stagecraft::schedule {
+namespace {
+
+constexpr std::array<std::pair<Op, std::string_view>, 10> kOpNames = {{
+    {Op::kRecvAct, "RECV_ACT"},
+    {Op::kForward, "FWD"},
+    {Op::kSendAct, "SEND_ACT"},
+    {Op::kRecvGrad, "RECV_GRAD"},
+    {Op::kBackward, "BWD"},
+    {Op::kBackwardInput, "BWD_INPUT"},
+    {Op::kBackwardWeight, "BWD_WEIGHT"},
+    {Op::kSendGrad, "SEND_GRAD"},
+    {Op::kAllReduce, "ALLREDUCE"},
+    {Op::kOptimizerStep, "OPT_STEP"},
+}};
+
+constexpr std::array<std::pair<ScheduleKind, std::string_view>, 5> kScheduleNames = {{
+    {ScheduleKind::kGPipe, "gpipe"},
+    {ScheduleKind::k1F1B, "1f1b"},
+    {ScheduleKind::kInterleaved, "interleaved"},
+    {ScheduleKind::kZBH1, "zb-h1"},
+    {ScheduleKind::kInference, "inference"},
+}};
+
+[[noreturn]] void json_error(const std::string& field, const std::string& problem) {
+  fail(ErrorKind::kFormat, "schedule.json: field '{}' {}", field, problem);
+}
+
+/// The integer field `name` of `object` (at `path`), or `fallback` when it is absent.
+int int_field(const nlohmann::json& object, const char* name, const std::string& path,
+              std::optional<int> fallback) {
+  auto it = object.find(name);
+  if (it == object.end()) {
+    if (!fallback) json_error(path + name, "is missing");
+    return *fallback;
+  }
+  if (!it->is_number_integer()) {
+    json_error(path + name, fmt::format("must be an integer, not {}", it->dump()));
+  }
+  return it->get<int>();
+}
+
+/// The op named `name`, or a format error naming the field `field`.
+Op op_named(const std::string& name, const std::string& field) {
+  for (const auto& [value, known] : kOpNames) {
+    if (known == name) return value;
+  }
+  json_error(field, fmt::format("is not a known op: '{}'", name));
+}
+
+}  // namespace
+
+bool is_transfer(Op op) {
+  return op == Op::kRecvAct || op == Op::kSendAct || op == Op::kRecvGrad || op == Op::kSendGrad;
+}
+
+bool is_step_level(Op op) { return op == Op::kAllReduce || op == Op::kOptimizerStep; }
+
+int stage_count(const PipelineShape& shape) { return shape.devices * shape.chunks; }
+
+int device_of_stage(int stage, const PipelineShape& shape) { return stage % shape.devices; }
+
+std::string to_string(Op op) {
+  for (const auto& [value, name] : kOpNames) {
+    if (value == op) return std::string(name);
+  }
+  return "UNKNOWN_OP";
+}
+
+Op parse_op(std::string_view name) {
+  for (const auto& [value, known] : kOpNames) {
+    if (known == name) return value;
+  }
+  fail(ErrorKind::kFormat, "unknown schedule op '{}'", name);
+}
+
+std::string to_string(const Instruction& instruction) {
+  std::string text = fmt::format("{} stage {}", to_string(instruction.op), instruction.stage);
+  if (!is_step_level(instruction.op)) text += fmt::format(" mb {}", instruction.microbatch);
+  if (instruction.op == Op::kRecvAct || instruction.op == Op::kRecvGrad) {
+    text += fmt::format(" from stage {}", instruction.peer_stage);
+  } else if (instruction.op == Op::kSendAct || instruction.op == Op::kSendGrad) {
+    text += fmt::format(" to stage {}", instruction.peer_stage);
+  }
+  return text;
+}
+
+std::string to_string(ScheduleKind kind) {
+  for (const auto& [value, name] : kScheduleNames) {
+    if (value == kind) return std::string(name);
+  }
+  return "unknown";
+}
+
+ScheduleKind parse_schedule(std::string_view name) {
+  std::string valid;
+  for (const auto& [value, known] : kScheduleNames) {
+    if (known == name) return value;
+    valid += valid.empty() ? "" : ", ";
+    valid += known;
+  }
+  fail(ErrorKind::kUsage, "unknown schedule '{}'; valid schedules: {}", name, valid);
+}
+
+nlohmann::json to_json(const Schedule& schedule) {
+  nlohmann::json devices = nlohmann::json::array();
+  for (size_t device = 0; device < schedule.size(); ++device) {
+    nlohmann::json instructions = nlohmann::json::array();
+    for (const Instruction& instruction : schedule[device]) {
+      nlohmann::json entry = {{"op", to_string(instruction.op)}, {"stage", instruction.stage}};
+      if (!is_step_level(instruction.op)) entry["mb"] = instruction.microbatch;
+      if (is_transfer(instruction.op)) entry["peer"] = instruction.peer_stage;
+      instructions.push_back(std::move(entry));
+    }
+    devices.push_back({{"device", device}, {"instructions", std::move(instructions)}});
+  }
+  return {{"devices", std::move(devices)}};
+}
+
+Schedule schedule_from_json(const nlohmann::json& body) {
+  auto devices = body.find("devices");
+  if (!body.is_object() || devices == body.end() || !devices->is_array()) {
+    json_error("devices", "must be an array of devices");
+  }
+  Schedule schedule(devices->size());
+  for (size_t index = 0; index < devices->size(); ++index) {
+    const nlohmann::json& device = (*devices)[index];
+    std::string path = fmt::format("devices[{}].", index);
+    if (!device.is_object()) json_error(path, "must be an object");
+    if (int_field(device, "device", path, std::nullopt) != static_cast<int>(index)) {
+      json_error(path + "device", fmt::format("must be {} (devices are listed in order)", index));
+    }
+    auto instructions = device.find("instructions");
+    if (instructions == device.end() || !instructions->is_array()) {
+      json_error(path + "instructions", "must be an array");
+    }
+    for (size_t position = 0; position < instructions->size(); ++position) {
+      const nlohmann::json& entry = (*instructions)[position];
+      std::string at = fmt::format("{}instructions[{}].", path, position);
+      auto op = entry.is_object() ? entry.find("op") : entry.end();
+      if (op == entry.end() || !op->is_string()) json_error(at + "op", "must be a string");
+      Instruction instruction{op_named(op->get<std::string>(), at + "op"),
+                              int_field(entry, "stage", at, std::nullopt), -1, -1};
+      instruction.microbatch = int_field(
+          entry, "mb", at, is_step_level(instruction.op) ? std::optional(-1) : std::nullopt);
+      instruction.peer_stage = int_field(
+          entry, "peer", at, is_transfer(instruction.op) ? std::nullopt : std::optional(-1));
+      schedule[index].push_back(instruction);
+    }
+  }
+  return schedule;
+}
+
+}  // namespace stagecraft::schedule

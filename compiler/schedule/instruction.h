@@ -1,0 +1,121 @@
+#pragma once
+/// \file
+/// Pipeline schedules: the ordered instruction stream each device runs in one training or
+/// inference step. A schedule depends only on the shape of the pipeline (devices, chunks per
+/// device, microbatches), never on the model, so the partitioner, the plan validator and the
+/// runtime's tests all share it. `simulator.h` gives a schedule times and memory.
+///
+/// Stages are global: with P devices and V chunks per device there are S = P*V stages, and
+/// stage s lives on device s % P (Megatron-LM's virtual stages, chunk c of device d is stage
+/// c*P + d). Every instruction names a stage of the device that runs it; sends and receives
+/// also name the peer stage.
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace stagecraft::schedule {
+
+/// The schedules stagecraft can build.
+enum class ScheduleKind {
+  kGPipe,        ///< All forwards, then all backwards (Huang et al. 2019).
+  k1F1B,         ///< PipeDream-Flush / Megatron-LM non-interleaved one-forward-one-backward.
+  kInterleaved,  ///< Megatron-LM interleaved 1F1B with V chunks (virtual stages) per device.
+  kZBH1,         ///< ZB-H1 of "Zero Bubble Pipeline Parallelism" (Qi et al. 2023).
+  kInference,    ///< Forwards only, pipelined over the microbatches.
+};
+
+/// One kind of instruction. Sends are asynchronous; receives wait for the data.
+enum class Op {
+  kRecvAct,        ///< Receive the activations of `microbatch` from `peer_stage` (= stage - 1).
+  kForward,        ///< Forward of `stage` on `microbatch`.
+  kSendAct,        ///< Send the forward's outputs to `peer_stage` (= stage + 1).
+  kRecvGrad,       ///< Receive the gradient of the stage's outputs from `peer_stage` (= stage + 1).
+  kBackward,       ///< Full backward: input and weight gradients, then the activations are freed.
+  kBackwardInput,  ///< ZB's B: the gradient of the stage's inputs only (on the critical path).
+  kBackwardWeight,  ///< ZB's W: the weight gradients, deferred to fill bubbles; frees activations.
+  kSendGrad,        ///< Send the gradient of the stage's inputs to `peer_stage` (= stage - 1).
+  kAllReduce,       ///< All-reduce of the stage's gradients across data-parallel replicas.
+  kOptimizerStep,   ///< Optimizer update of the stage's weights, once per step.
+};
+
+/// One step of a device's program.
+struct Instruction {
+  Op op;
+  int stage;            ///< Global stage (chunk) index; always a stage of the running device.
+  int microbatch;       ///< 0..M-1, or -1 for the step-level ops (all-reduce, optimizer step).
+  int peer_stage = -1;  ///< The other end of a send or receive; -1 for everything else.
+
+  friend bool operator==(const Instruction&, const Instruction&) = default;
+};
+
+/// The instructions of every device, indexed by device, each list in execution order.
+using Schedule = std::vector<std::vector<Instruction>>;
+
+/// The shape a schedule is built for.
+struct PipelineShape {
+  int devices;            ///< P, the pipeline depth in devices.
+  int chunks;             ///< V, stages per device; 1 unless the schedule is interleaved.
+  int microbatches;       ///< M, microbatches per step.
+  bool training;          ///< Training (forward, backward, optimizer) or inference (forward).
+  int data_parallel = 1;  ///< Replicas of the whole pipeline; AllReduce is emitted when > 1.
+};
+
+/// Number of global stages, P * V.
+int stage_count(const PipelineShape& shape);
+
+/// The device that holds `stage`: stage % P (chunks are dealt round-robin). Needs P >= 1 and
+/// 0 <= stage < P * V.
+int device_of_stage(int stage, const PipelineShape& shape);
+
+/// Builds the per-device instruction streams of `kind` for `shape`. Throws `Error(kUsage)` for
+/// a shape the kind cannot serve, naming the numbers: P, V or M below 1, V != 1 for a schedule
+/// without chunks, M not a multiple of P for the interleaved schedule, a training schedule
+/// asked for inference or the inference schedule asked for training.
+Schedule build_schedule(ScheduleKind kind, const PipelineShape& shape);
+
+/// Checks the structure of a schedule and throws `Error(kPlan)` naming the device, the
+/// position and the instruction at the first fault: one list per device; every instruction on
+/// the device of its stage with valid stage, microbatch and peer; every (stage, microbatch) with
+/// exactly one forward and, in training, one full backward or one B and one W, each after its
+/// forward (W after B); every receive before the compute that uses it and every send after the
+/// compute that produces it, each receive matched by one send; in training one optimizer step
+/// per stage after all its backwards (an all-reduce, required when data_parallel > 1, between
+/// them); and finally that the devices can run their lists to the end without deadlock.
+void validate_schedule(const Schedule& schedule, const PipelineShape& shape);
+
+/// True for the ops that move data between stages (RECV_ACT, SEND_ACT, RECV_GRAD, SEND_GRAD),
+/// the only ones that name a peer stage.
+bool is_transfer(Op op);
+
+/// True for the ops that run once per stage and step (ALLREDUCE, OPT_STEP), not per microbatch.
+bool is_step_level(Op op);
+
+/// The plan-file name of an op: "RECV_ACT", "FWD", "SEND_ACT", "RECV_GRAD", "BWD",
+/// "BWD_INPUT", "BWD_WEIGHT", "SEND_GRAD", "ALLREDUCE", "OPT_STEP".
+std::string to_string(Op op);
+
+/// The op named `name` (as `to_string(Op)` writes it); throws `Error(kFormat)` otherwise.
+Op parse_op(std::string_view name);
+
+/// One instruction for messages and listings: "FWD stage 2 mb 5", "RECV_ACT stage 2 mb 5 from
+/// stage 1", "OPT_STEP stage 2".
+std::string to_string(const Instruction& instruction);
+
+/// The command-line name of a kind: "gpipe", "1f1b", "interleaved", "zb-h1", "inference".
+std::string to_string(ScheduleKind kind);
+
+/// The kind named `name`; throws `Error(kUsage)` listing the valid names otherwise.
+ScheduleKind parse_schedule(std::string_view name);
+
+/// The body of schedule.json: {"devices":[{"device":0,"instructions":[{"op":"FWD","stage":0,
+/// "mb":0}, {"op":"SEND_ACT","stage":0,"mb":0,"peer":1}, ...]}]}. "mb" is left out of
+/// step-level ops and "peer" out of everything but sends and receives.
+nlohmann::json to_json(const Schedule& schedule);
+
+/// Reads what `to_json` writes; throws `Error(kFormat)` naming the field that is wrong. The
+/// result still needs `validate_schedule`.
+Schedule schedule_from_json(const nlohmann::json& body);
+
+}  // namespace stagecraft::schedule

@@ -1,0 +1,346 @@
+#include "compiler/schedule/simulator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "runtime/format/error.h"
+
+namespace stagecraft::schedule {
+namespace {
+
+/// Marks a time that is not known yet (every real time is >= 0).
+constexpr double kNotYet = -1;
+
+/// Refuses costs that do not fit `stages` stages. `allowed` lists the sizes a vector may have.
+void check_costs(const std::vector<double>& values, const char* name,
+                 const std::vector<size_t>& allowed, int stages) {
+  if (std::find(allowed.begin(), allowed.end(), values.size()) == allowed.end()) {
+    fail(ErrorKind::kUsage, "stage costs: {} has {} entries; the pipeline has {} stages", name,
+         values.size(), stages);
+  }
+  for (size_t stage = 0; stage < values.size(); ++stage) {
+    if (!std::isfinite(values[stage]) || values[stage] < 0) {
+      fail(ErrorKind::kUsage, "stage costs: {}[{}] is {}; it must be finite and >= 0", name, stage,
+           values[stage]);
+    }
+  }
+}
+
+/// One run of the simulation. Times of finished work are kept per (stage, microbatch); a device
+/// advances while its next instruction's inputs are known, and the run repeats over the devices
+/// until none can move. Every instruction's times depend only on its inputs, so the order in
+/// which devices are visited does not change the result.
+class Simulation {
+ public:
+  Simulation(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs)
+      : schedule_(schedule),
+        shape_(shape),
+        costs_(costs),
+        stages_(stage_count(shape)),
+        microbatches_(shape.microbatches),
+        forward_end_(pair_times()),
+        input_grad_end_(pair_times()),
+        act_arrival_(pair_times()),
+        act_received_(pair_times()),
+        grad_arrival_(pair_times()),
+        grad_received_(pair_times()),
+        weight_grads_done_(stages_, 0),
+        next_(shape.devices, 0),
+        free_at_(shape.devices, 0),
+        memory_(shape.devices, 0),
+        events_(shape.devices) {
+    result_.device_busy_s.assign(shape.devices, 0);
+    result_.device_peak_bytes.assign(shape.devices, 0);
+    result_.memory_timeline.resize(shape.devices);
+    if (!costs.static_bytes.empty()) {
+      for (int stage = 0; stage < stages_; ++stage) {
+        memory_[device_of_stage(stage, shape)] += costs.static_bytes[stage];
+      }
+    }
+    for (int device = 0; device < shape.devices; ++device) record_memory(device, 0);
+  }
+
+  SimResult run() {
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int device = 0; device < shape_.devices; ++device) {
+        while (next_[device] < schedule_[device].size() && try_run(device)) {
+          ++next_[device];
+          moved = true;
+        }
+      }
+    }
+    report_deadlock();
+    return finish();
+  }
+
+ private:
+  /// One kNotYet per (stage, microbatch).
+  std::vector<double> pair_times() const {
+    return std::vector<double>(static_cast<size_t>(stages_) * microbatches_, kNotYet);
+  }
+
+  size_t key(int stage, int microbatch) const {
+    return static_cast<size_t>(stage) * microbatches_ + microbatch;
+  }
+
+  double send_time(int from_stage) const {
+    return costs_.send_s.empty() ? 0 : costs_.send_s[from_stage];
+  }
+
+  double activation(int stage) const {
+    return costs_.activation_bytes.empty() ? 0 : costs_.activation_bytes[stage];
+  }
+
+  /// Runs the device's next instruction if its inputs are known; false when it must wait.
+  bool try_run(int device) {
+    const Instruction& in = schedule_[device][next_[device]];
+    double start = free_at_[device];
+    switch (in.op) {
+      case Op::kRecvAct:
+      case Op::kRecvGrad: {
+        bool act = in.op == Op::kRecvAct;
+        double arrival = (act ? act_arrival_ : grad_arrival_)[key(in.stage, in.microbatch)];
+        if (arrival == kNotYet) return false;
+        double end = std::max(start, arrival);
+        (act ? act_received_ : grad_received_)[key(in.stage, in.microbatch)] = end;
+        return wait(device, in, start, end);
+      }
+      case Op::kSendAct:
+      case Op::kSendGrad: {
+        bool act = in.op == Op::kSendAct;
+        double produced = (act ? forward_end_ : input_grad_end_)[key(in.stage, in.microbatch)];
+        if (produced == kNotYet) return false;
+        int peer = act ? in.stage + 1 : in.stage - 1;
+        transfer(device, in, peer, std::max(start, produced), send_time(act ? in.stage : peer),
+                 (act ? act_arrival_ : grad_arrival_)[key(peer, in.microbatch)]);
+        return true;
+      }
+      case Op::kForward: {
+        size_t k = key(in.stage, in.microbatch);
+        if (in.stage > 0 && act_received_[k] == kNotYet) return false;
+        add_memory(device, start, activation(in.stage));
+        forward_end_[k] = compute(device, in, start, costs_.forward_s[in.stage]);
+        return true;
+      }
+      case Op::kBackward:
+      case Op::kBackwardInput: {
+        size_t k = key(in.stage, in.microbatch);
+        if (forward_end_[k] == kNotYet) return false;
+        if (in.stage < stages_ - 1 && grad_received_[k] == kNotYet) return false;
+        bool full = in.op == Op::kBackward;
+        double duration =
+            costs_.backward_input_s[in.stage] + (full ? costs_.backward_weight_s[in.stage] : 0);
+        input_grad_end_[k] = compute(device, in, start, duration);
+        if (full) weight_gradient_done(device, in.stage, input_grad_end_[k]);
+        return true;
+      }
+      case Op::kBackwardWeight: {
+        if (input_grad_end_[key(in.stage, in.microbatch)] == kNotYet) return false;
+        double end = compute(device, in, start, costs_.backward_weight_s[in.stage]);
+        weight_gradient_done(device, in.stage, end);
+        return true;
+      }
+      case Op::kAllReduce:
+        if (weight_grads_done_[in.stage] < microbatches_) return false;
+        return wait(device, in, start,
+                    start + (costs_.allreduce_s.empty() ? 0 : costs_.allreduce_s[in.stage]));
+      case Op::kOptimizerStep:
+        if (weight_grads_done_[in.stage] < microbatches_) return false;
+        compute(device, in, start, costs_.optimizer_s);
+        return true;
+    }
+    return false;
+  }
+
+  /// Busy time on the device; returns the end.
+  double compute(int device, const Instruction& in, double start, double duration) {
+    double end = start + duration;
+    free_at_[device] = end;
+    result_.device_busy_s[device] += duration;
+    events_[device].push_back({device, in.op, in.stage, in.microbatch, start, end});
+    return end;
+  }
+
+  /// Time the device spends not computing (a receive, an all-reduce).
+  bool wait(int device, const Instruction& in, double start, double end) {
+    free_at_[device] = end;
+    events_[device].push_back({device, in.op, in.stage, in.microbatch, start, end});
+    return true;
+  }
+
+  /// Queues a transfer issued at `issue` on the link to the peer's device; sets `arrival`.
+  void transfer(int device, const Instruction& in, int peer, double issue, double duration,
+                double& arrival) {
+    int peer_device = device_of_stage(peer, shape_);
+    double start = issue;
+    double end = issue;
+    if (peer_device != device) {
+      double& link_free = link_free_[{device, peer_device}];
+      start = std::max(issue, link_free);
+      end = start + duration;
+      link_free = end;
+    }
+    arrival = end;
+    last_transfer_end_ = std::max(last_transfer_end_, end);
+    events_[device].push_back({device, in.op, in.stage, in.microbatch, start, end});
+  }
+
+  void weight_gradient_done(int device, int stage, double end) {
+    ++weight_grads_done_[stage];
+    add_memory(device, end, -activation(stage));
+  }
+
+  void add_memory(int device, double time, double bytes) {
+    if (bytes == 0) return;
+    memory_[device] += bytes;
+    record_memory(device, time);
+  }
+
+  void record_memory(int device, double time) {
+    result_.memory_timeline[device].emplace_back(time, memory_[device]);
+    result_.device_peak_bytes[device] =
+        std::max(result_.device_peak_bytes[device], memory_[device]);
+  }
+
+  /// What a stuck instruction waits for, for the deadlock message.
+  std::string missing_input(const Instruction& in) const {
+    switch (in.op) {
+      case Op::kRecvAct:
+        return fmt::format("no SEND_ACT from stage {} has run", in.stage - 1);
+      case Op::kRecvGrad:
+        return fmt::format("no SEND_GRAD from stage {} has run", in.stage + 1);
+      case Op::kForward:
+        return "its RECV_ACT has not run";
+      case Op::kSendAct:
+        return "its forward has not run";
+      case Op::kSendGrad:
+        return "its backward has not run";
+      case Op::kBackward:
+      case Op::kBackwardInput:
+        if (forward_end_[key(in.stage, in.microbatch)] == kNotYet) return "its forward has not run";
+        return "its RECV_GRAD has not run";
+      case Op::kBackwardWeight:
+        return "its BWD_INPUT has not run";
+      case Op::kAllReduce:
+      case Op::kOptimizerStep:
+        return fmt::format("{} of {} weight gradients are done", weight_grads_done_[in.stage],
+                           microbatches_);
+    }
+    return "unknown";
+  }
+
+  void report_deadlock() const {
+    std::string stuck;
+    for (int device = 0; device < shape_.devices; ++device) {
+      size_t position = next_[device];
+      if (position == schedule_[device].size()) continue;
+      const Instruction& in = schedule_[device][position];
+      stuck += fmt::format("{}device {} at instruction {} ({}): {}", stuck.empty() ? "" : "; ",
+                           device, position, to_string(in), missing_input(in));
+    }
+    if (!stuck.empty()) fail(ErrorKind::kPlan, "schedule deadlocks: {}", stuck);
+  }
+
+  SimResult finish() {
+    double step = last_transfer_end_;
+    for (double end : free_at_) step = std::max(step, end);
+    result_.step_s = step;
+    double idle_total = 0;
+    for (int device = 0; device < shape_.devices; ++device) {
+      double idle = step - result_.device_busy_s[device];
+      result_.device_idle_s.push_back(idle);
+      idle_total += idle;
+      result_.events.insert(result_.events.end(), events_[device].begin(), events_[device].end());
+    }
+    result_.bubble_fraction = step > 0 ? idle_total / (shape_.devices * step) : 0;
+    return std::move(result_);
+  }
+
+  const Schedule& schedule_;
+  const PipelineShape& shape_;
+  const StageCosts& costs_;
+  int stages_;
+  int microbatches_;
+  // Per (stage, microbatch), when each piece of work ended or each transfer arrived.
+  std::vector<double> forward_end_, input_grad_end_;
+  std::vector<double> act_arrival_, act_received_, grad_arrival_, grad_received_;
+  std::vector<int> weight_grads_done_;               ///< Per stage.
+  std::vector<size_t> next_;                         ///< Per device, the next position in its list.
+  std::vector<double> free_at_;                      ///< Per device.
+  std::vector<double> memory_;                       ///< Per device, bytes now.
+  std::map<std::pair<int, int>, double> link_free_;  ///< (source, destination) device.
+  double last_transfer_end_ = 0;
+  std::vector<std::vector<TimelineEvent>> events_;  ///< Per device.
+  SimResult result_;
+};
+
+/// Refuses instructions the simulation cannot index: a stage outside the pipeline or of
+/// another device, a microbatch out of range, a send past either end.
+void check_instructions(const Schedule& schedule, const PipelineShape& shape) {
+  int stages = stage_count(shape);
+  for (int device = 0; device < shape.devices; ++device) {
+    for (size_t position = 0; position < schedule[device].size(); ++position) {
+      const Instruction& in = schedule[device][position];
+      bool step_level = is_step_level(in.op);
+      bool fits = in.stage >= 0 && in.stage < stages &&
+                  device_of_stage(in.stage, shape) == device &&
+                  (step_level ? in.microbatch == -1
+                              : in.microbatch >= 0 && in.microbatch < shape.microbatches) &&
+                  !((in.op == Op::kSendAct || in.op == Op::kRecvGrad) && in.stage == stages - 1) &&
+                  !((in.op == Op::kSendGrad || in.op == Op::kRecvAct) && in.stage == 0);
+      if (!fits) {
+        fail(ErrorKind::kPlan,
+             "device {} instruction {} ({}) is outside a pipeline of {} stages and {} microbatches",
+             device, position, to_string(in), stages, shape.microbatches);
+      }
+      bool training_only = in.op == Op::kRecvGrad || in.op == Op::kSendGrad ||
+                           in.op == Op::kBackward || in.op == Op::kBackwardInput ||
+                           in.op == Op::kBackwardWeight || step_level;
+      if (training_only && !shape.training) {
+        fail(ErrorKind::kPlan,
+             "device {} instruction {} ({}) is a training op in an inference schedule", device,
+             position, to_string(in));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+double SimResult::samples_per_s(int batch) const { return step_s > 0 ? batch / step_s : 0; }
+
+SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs) {
+  if (shape.devices < 1 || shape.chunks < 1 || shape.microbatches < 1) {
+    fail(ErrorKind::kUsage, "pipeline shape needs P, V, M >= 1, not P={} V={} M={}", shape.devices,
+         shape.chunks, shape.microbatches);
+  }
+  if (schedule.size() != static_cast<size_t>(shape.devices)) {
+    fail(ErrorKind::kPlan, "schedule has {} device lists; the pipeline has {} devices",
+         schedule.size(), shape.devices);
+  }
+  size_t stages = stage_count(shape);
+  int count = static_cast<int>(stages);
+  check_costs(costs.forward_s, "forward_s", {stages}, count);
+  // Inference needs no backward times.
+  std::vector<size_t> backward_sizes =
+      shape.training ? std::vector<size_t>{stages} : std::vector<size_t>{0, stages};
+  check_costs(costs.backward_input_s, "backward_input_s", backward_sizes, count);
+  check_costs(costs.backward_weight_s, "backward_weight_s", backward_sizes, count);
+  check_costs(costs.send_s, "send_s", {0, stages - 1, stages}, count);
+  check_costs(costs.allreduce_s, "allreduce_s", {0, stages}, count);
+  check_costs(costs.activation_bytes, "activation_bytes", {0, stages}, count);
+  check_costs(costs.static_bytes, "static_bytes", {0, stages}, count);
+  if (!std::isfinite(costs.optimizer_s) || costs.optimizer_s < 0) {
+    fail(ErrorKind::kUsage, "stage costs: optimizer_s is {}; it must be finite and >= 0",
+         costs.optimizer_s);
+  }
+  check_instructions(schedule, shape);
+  return Simulation(schedule, shape, costs).run();
+}
+
+}  // namespace stagecraft::schedule

@@ -1,0 +1,82 @@
+#pragma once
+/// \file
+/// An event simulator for pipeline schedules: given each stage's compute times, transfer times
+/// and memory, it plays every device's instruction list and reports the step time, the bubble,
+/// the busy and idle time and the memory of each device over time.
+///
+/// The model:
+/// - A device runs its list in order. An instruction starts when the device is free and what
+///   it needs is there: a forward of stage s > 0 needs its RECV_ACT done, a backward (or B) of
+///   stage s < S-1 needs its RECV_GRAD done and its own forward, a W needs its B, an all-reduce
+///   or optimizer step needs every weight gradient of its stage.
+/// - A send takes no device time: it queues the transfer on the link (source device,
+///   destination device), one link per ordered pair, which carries one transfer at a time for
+///   send_s of the boundary. A receive waits (idle) until its transfer has arrived. Transfers
+///   between two stages of the same device (interleaving on one device) are instantaneous.
+/// - Compute (forward, backward, B, W, optimizer step) is busy time; waiting and all-reduce are
+///   not. The bubble is idle time over devices * step time.
+/// - Memory of a device: the static bytes of its stages from the start, plus activation_bytes of
+///   a stage from the start of each forward to the end of the full backward or of the W that
+///   consumes it. (ZB's B frees part of the activations in reality; keeping all of them until W
+///   is the upper bound, and is what makes ZB-H1's peak equal 1F1B's.)
+///
+/// The simulator checks only what it needs to index safely and to terminate; call
+/// `validate_schedule` for the structure. A list that cannot run to the end is a deadlock and
+/// throws `Error(kPlan)` naming each stuck device and instruction.
+
+#include <utility>
+#include <vector>
+
+#include "compiler/schedule/instruction.h"
+
+namespace stagecraft::schedule {
+
+/// Times (seconds) and bytes of each global stage. Vectors marked optional may be empty
+/// (meaning zero); the others have one entry per stage (backward_input_s and
+/// backward_weight_s may be empty for inference).
+struct StageCosts {
+  std::vector<double> forward_s;          ///< Forward of one microbatch.
+  std::vector<double> backward_input_s;   ///< B: input gradient of one microbatch.
+  std::vector<double> backward_weight_s;  ///< W: weight gradient; a full backward costs B + W.
+  /// Optional: time to move one microbatch's activations from stage s to s + 1, and the
+  /// same for its gradient back. S - 1 entries (an S-th is ignored).
+  std::vector<double> send_s;
+  double optimizer_s = 0;                ///< One stage's optimizer step.
+  std::vector<double> allreduce_s;       ///< Optional: one stage's gradient all-reduce.
+  std::vector<double> activation_bytes;  ///< Optional: kept per microbatch in flight.
+  std::vector<double> static_bytes;      ///< Optional: weights + gradients + optimizer state.
+};
+
+/// One instruction as it ran. For a send, the interval is the transfer on its link; for a
+/// receive, the wait from the device being free to the data's arrival.
+struct TimelineEvent {
+  int device;
+  Op op;
+  int stage;
+  int microbatch;  ///< -1 for step-level ops.
+  double start_s;
+  double end_s;
+};
+
+/// What one simulated step gives.
+struct SimResult {
+  double step_s = 0;                  ///< From the start to the last instruction or transfer.
+  double bubble_fraction = 0;         ///< Sum of idle / (devices * step), compute counted as busy.
+  std::vector<double> device_busy_s;  ///< Compute time per device.
+  std::vector<double> device_idle_s;  ///< step_s - busy per device.
+  std::vector<double> device_peak_bytes;  ///< Static plus activations at their highest.
+  /// Per device, (time, bytes) at the start and after every change, in time order.
+  std::vector<std::vector<std::pair<double, double>>> memory_timeline;
+  std::vector<TimelineEvent> events;  ///< Every instruction, per device in list order.
+
+  /// Throughput for a step of `batch` samples (all microbatches together); 0 for a step that
+  /// takes no time.
+  double samples_per_s(int batch) const;
+};
+
+/// Plays `schedule` on a pipeline of `shape` with `costs`. Throws `Error(kUsage)` when the
+/// costs do not match the stages (wrong count, negative or non-finite value) and
+/// `Error(kPlan)` on a deadlock or an instruction outside the pipeline.
+SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs);
+
+}  // namespace stagecraft::schedule

@@ -1,0 +1,259 @@
+// The event simulator: the textbook bubbles of each schedule, ZB-H1 against 1F1B, memory in
+// flight, transfers on links, deadlocks and bad costs.
+#include "compiler/schedule/simulator.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "runtime/format/error.h"
+
+namespace stagecraft::schedule {
+namespace {
+
+/// Equal stages: forward, B and W times per stage, free communication unless `send` is given,
+/// one byte of activations per microbatch and stage.
+StageCosts equal_stages(const PipelineShape& shape, double forward, double input, double weight,
+                        double send = 0) {
+  int stages = stage_count(shape);
+  StageCosts costs;
+  costs.forward_s.assign(stages, forward);
+  costs.backward_input_s.assign(stages, input);
+  costs.backward_weight_s.assign(stages, weight);
+  costs.send_s.assign(stages - 1, send);
+  costs.activation_bytes.assign(stages, 1);
+  return costs;
+}
+
+SimResult run(ScheduleKind kind, const PipelineShape& shape, const StageCosts& costs) {
+  return simulate(build_schedule(kind, shape), shape, costs);
+}
+
+double total(const std::vector<double>& values) {
+  return std::accumulate(values.begin(), values.end(), 0.0);
+}
+
+/// The bubble as the tests define it: idle compute time over devices * step.
+double idle_over_step(const SimResult& result, int devices) {
+  return total(result.device_idle_s) / (devices * result.step_s);
+}
+
+TEST_CASE("GPipe and 1F1B bubbles are (P-1)/(M+P-1) with forward 1, backward 2") {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+    for (int devices : {1, 2, 3, 4, 8}) {
+      for (int microbatches : {1, 2, 4, 7, 8, 16}) {
+        PipelineShape shape{devices, 1, microbatches, true};
+        SimResult result = run(kind, shape, equal_stages(shape, 1, 1, 1));
+        double expected = (devices - 1.0) / (microbatches + devices - 1.0);
+        INFO(to_string(kind), " P=", devices, " M=", microbatches);
+        CHECK(result.step_s == doctest::Approx(3.0 * (microbatches + devices - 1)).epsilon(1e-12));
+        CHECK(std::abs(idle_over_step(result, devices) - expected) < 1e-9);
+        CHECK(std::abs(result.bubble_fraction - expected) < 1e-9);
+      }
+    }
+  }
+}
+
+TEST_CASE("interleaved bubble is (P-1)/(V*M+P-1) with M a multiple of P") {
+  for (int devices : {1, 2, 3, 4, 8}) {
+    for (int chunks : {1, 2, 3}) {
+      for (int multiple : {1, 2, 4}) {
+        int microbatches = multiple * devices;
+        PipelineShape shape{devices, chunks, microbatches, true};
+        SimResult result = run(ScheduleKind::kInterleaved, shape, equal_stages(shape, 1, 1, 1));
+        double expected = (devices - 1.0) / (chunks * microbatches + devices - 1.0);
+        INFO("P=", devices, " V=", chunks, " M=", microbatches);
+        CHECK(std::abs(idle_over_step(result, devices) - expected) < 1e-9);
+        CHECK(std::abs(result.bubble_fraction - expected) < 1e-9);
+      }
+    }
+  }
+}
+
+TEST_CASE("ZB-H1 idles a third of 1F1B's time with F = B = W") {
+  // Qi et al. 2023: 1F1B idles (P-1)(F+B+W) per device, ZB-H1 (P-1)(F+B-W), once M >= P.
+  for (int devices : {2, 3, 4, 8}) {
+    for (int microbatches : {devices, 2 * devices, 16}) {
+      PipelineShape shape{devices, 1, microbatches, true};
+      StageCosts costs = equal_stages(shape, 1, 1, 1);
+      SimResult one_f_one_b = run(ScheduleKind::k1F1B, shape, costs);
+      SimResult zero_bubble = run(ScheduleKind::kZBH1, shape, costs);
+      INFO("P=", devices, " M=", microbatches);
+      CHECK(total(zero_bubble.device_idle_s) * 3 ==
+            doctest::Approx(total(one_f_one_b.device_idle_s)));
+      CHECK(zero_bubble.step_s == 3.0 * microbatches + devices - 1);
+      CHECK(std::abs(zero_bubble.bubble_fraction -
+                     (devices - 1.0) / (3.0 * microbatches + devices - 1)) < 1e-9);
+      CHECK(zero_bubble.bubble_fraction < one_f_one_b.bubble_fraction);
+      // Same peak activations as 1F1B's first device, which is 1F1B's peak.
+      CHECK(*std::max_element(zero_bubble.device_peak_bytes.begin(),
+                              zero_bubble.device_peak_bytes.end()) ==
+            *std::max_element(one_f_one_b.device_peak_bytes.begin(),
+                              one_f_one_b.device_peak_bytes.end()));
+    }
+  }
+  // The figures quoted in the report: P=4, M=8.
+  PipelineShape shape{4, 1, 8, true};
+  StageCosts costs = equal_stages(shape, 1, 1, 1);
+  SimResult one_f_one_b = run(ScheduleKind::k1F1B, shape, costs);
+  SimResult zero_bubble = run(ScheduleKind::kZBH1, shape, costs);
+  CHECK(std::abs(one_f_one_b.bubble_fraction - 3.0 / 11) < 1e-9);
+  CHECK(std::abs(zero_bubble.bubble_fraction - 3.0 / 27) < 1e-9);
+  CHECK(zero_bubble.bubble_fraction < 0.5 * one_f_one_b.bubble_fraction);
+}
+
+TEST_CASE("ZB-H1 idles (P-1)(F+B-W) per device for unequal F, B, W") {
+  PipelineShape shape{4, 1, 8, true};
+  struct Case {
+    double forward, input, weight;
+  };
+  for (Case c : {Case{1, 2, 1}, Case{2, 2, 1}, Case{1, 1, 0.5}}) {
+    SimResult result =
+        run(ScheduleKind::kZBH1, shape, equal_stages(shape, c.forward, c.input, c.weight));
+    INFO("F=", c.forward, " B=", c.input, " W=", c.weight);
+    CHECK(total(result.device_idle_s) / 4 == doctest::Approx(3 * (c.forward + c.input - c.weight)));
+  }
+}
+
+TEST_CASE("activations in flight: 1F1B holds min(P-i, M) on device i, GPipe M") {
+  for (int devices : {1, 2, 4, 8}) {
+    for (int microbatches : {1, 3, 8, 16}) {
+      PipelineShape shape{devices, 1, microbatches, true};
+      StageCosts costs = equal_stages(shape, 1, 1, 1);
+      costs.static_bytes.assign(devices, 100);
+      SimResult one_f_one_b = run(ScheduleKind::k1F1B, shape, costs);
+      SimResult gpipe = run(ScheduleKind::kGPipe, shape, costs);
+      for (int device = 0; device < devices; ++device) {
+        INFO("P=", devices, " M=", microbatches, " device ", device);
+        CHECK(one_f_one_b.device_peak_bytes[device] ==
+              100 + std::min(devices - device, microbatches));
+        CHECK(gpipe.device_peak_bytes[device] == 100 + microbatches);
+        // Everything is freed by the end of the step.
+        CHECK(one_f_one_b.memory_timeline[device].front() == std::pair(0.0, 100.0));
+        CHECK(one_f_one_b.memory_timeline[device].back().second == 100);
+      }
+    }
+  }
+}
+
+TEST_CASE("memory timeline is in time order and peaks where the schedule says") {
+  PipelineShape shape{3, 2, 6, true};
+  SimResult result = run(ScheduleKind::kInterleaved, shape, equal_stages(shape, 1, 1, 1, 0.25));
+  for (const auto& timeline : result.memory_timeline) {
+    CHECK(std::is_sorted(timeline.begin(), timeline.end(),
+                         [](auto& a, auto& b) { return a.first < b.first; }));
+    double peak = 0;
+    for (auto& point : timeline) peak = std::max(peak, point.second);
+    CHECK(peak == result.device_peak_bytes[&timeline - &result.memory_timeline[0]]);
+  }
+}
+
+TEST_CASE("transfers take send_s on their link, one at a time, and overlap compute") {
+  // GPipe, P=2, M=2, forward 1, backward 2, sends of 2: device 0's second send waits for the
+  // link, so device 1's second forward starts at 5, not 4.
+  PipelineShape shape{2, 1, 2, true};
+  SimResult result = run(ScheduleKind::kGPipe, shape, equal_stages(shape, 1, 2, 0, 2));
+  auto event = [&](int device, Op op, int microbatch) {
+    for (const TimelineEvent& e : result.events) {
+      if (e.device == device && e.op == op && e.microbatch == microbatch) return e;
+    }
+    FAIL("no such event");
+    return result.events.front();
+  };
+  CHECK(event(0, Op::kForward, 1).start_s == 1);  // the first send did not hold device 0
+  CHECK(event(0, Op::kSendAct, 0).start_s == 1);
+  CHECK(event(0, Op::kSendAct, 1).start_s == 3);
+  CHECK(event(0, Op::kSendAct, 1).end_s == 5);
+  CHECK(event(1, Op::kForward, 1).start_s == 5);
+  // Device 1: F0 3-4, F1 5-6, B1 6-8, B0 8-10; its gradients arrive at 10 and 12 (link busy).
+  CHECK(event(1, Op::kBackward, 0).end_s == 10);
+  CHECK(event(0, Op::kRecvGrad, 0).end_s == 12);
+  CHECK(result.step_s == 14);
+  CHECK(result.device_busy_s == std::vector<double>{6, 6});
+  CHECK(result.samples_per_s(28) == 2);
+}
+
+TEST_CASE("stages on one device pass data without a link") {
+  PipelineShape shape{1, 3, 4, true};
+  SimResult result = run(ScheduleKind::kInterleaved, shape, equal_stages(shape, 1, 1, 1, 10));
+  CHECK(result.step_s == 3 * 4 * 3);
+  CHECK(result.bubble_fraction == 0);
+}
+
+TEST_CASE("optimizer steps are busy time, all-reduces are not") {
+  PipelineShape shape{1, 1, 2, true, 2};
+  StageCosts costs = equal_stages(shape, 1, 1, 1);
+  costs.optimizer_s = 1;
+  costs.allreduce_s = {3};
+  SimResult result = run(ScheduleKind::k1F1B, shape, costs);
+  CHECK(result.step_s == 2 * 3 + 3 + 1);
+  CHECK(result.device_busy_s[0] == 7);
+  CHECK(result.bubble_fraction == doctest::Approx(0.3));
+}
+
+TEST_CASE("inference needs no backward costs") {
+  PipelineShape shape{4, 1, 8, false};
+  StageCosts costs;
+  costs.forward_s.assign(4, 1);
+  SimResult result = run(ScheduleKind::kInference, shape, costs);
+  CHECK(result.step_s == 8 + 3);
+  CHECK(std::abs(result.bubble_fraction - 3.0 / 11) < 1e-9);
+}
+
+TEST_CASE("a deadlocked schedule fails naming each stuck device and instruction") {
+  // 1F1B for P=2, M=1 with device 0 waiting for its gradient before it runs the forward.
+  PipelineShape shape{2, 1, 1, true};
+  Schedule schedule = build_schedule(ScheduleKind::k1F1B, shape);
+  std::rotate(schedule[0].begin(), schedule[0].begin() + 2, schedule[0].begin() + 3);
+  REQUIRE(schedule[0][0] == Instruction{Op::kRecvGrad, 0, 0, 1});
+  try {
+    simulate(schedule, shape, equal_stages(shape, 1, 1, 1));
+    FAIL("expected a deadlock");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kPlan);
+    CHECK(std::string(e.what()) ==
+          "schedule deadlocks: device 0 at instruction 0 (RECV_GRAD stage 0 mb 0 from stage 1): "
+          "no SEND_GRAD from stage 1 has run; device 1 at instruction 0 (RECV_ACT stage 1 mb 0 "
+          "from stage 0): no SEND_ACT from stage 0 has run");
+  }
+}
+
+TEST_CASE("a receive nobody sends to is a deadlock, not a hang") {
+  PipelineShape shape{3, 1, 2, false};
+  Schedule schedule = build_schedule(ScheduleKind::kInference, shape);
+  schedule[1].erase(schedule[1].begin() + 2);  // device 1's first SEND_ACT
+  StageCosts costs;
+  costs.forward_s.assign(3, 1);
+  CHECK_THROWS_WITH_AS(simulate(schedule, shape, costs),
+                       "schedule deadlocks: device 2 at instruction 0 (RECV_ACT stage 2 mb 0 from "
+                       "stage 1): no SEND_ACT from stage 1 has run",
+                       Error);
+}
+
+TEST_CASE("costs that do not fit the pipeline are refused") {
+  PipelineShape shape{2, 2, 2, true};
+  Schedule schedule = build_schedule(ScheduleKind::kInterleaved, shape);
+  StageCosts costs = equal_stages(shape, 1, 1, 1);
+  SUBCASE("too few stages") {
+    costs.forward_s.pop_back();
+    CHECK_THROWS_WITH_AS(simulate(schedule, shape, costs),
+                         "stage costs: forward_s has 3 entries; the pipeline has 4 stages", Error);
+  }
+  SUBCASE("a negative time") {
+    costs.send_s[1] = -1;
+    CHECK_THROWS_WITH_AS(simulate(schedule, shape, costs),
+                         "stage costs: send_s[1] is -1; it must be finite and >= 0", Error);
+  }
+  SUBCASE("an instruction outside the pipeline") {
+    schedule[0].push_back({Op::kForward, 0, 2});
+    CHECK_THROWS_WITH_AS(simulate(schedule, shape, costs),
+                         "device 0 instruction 22 (FWD stage 0 mb 2) is outside a pipeline of 4 "
+                         "stages and 2 microbatches",
+                         Error);
+  }
+}
+
+}  // namespace
+}  // namespace stagecraft::schedule
