@@ -1,0 +1,128 @@
+#pragma once
+/// \file
+/// The plan format: what `stagec` writes into a plan directory and what `stagedump` and
+/// `stagerun` read. The runtime's only input; versioned, and validated before use.
+///
+///   PLAN_DIR/plan.json      this structure (to_json / plan_from_json)
+///   PLAN_DIR/schedule.json  per-device instruction streams (compiler/schedule to_json)
+///   PLAN_DIR/stage_K.onnx   stage K's forward graph with its weights (a valid ONNX model)
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace stagecraft::plan {
+
+/// Bumped whenever a reader of an older plan would misread a newer one.
+inline constexpr int kPlanFormatVersion = 1;
+
+/// A tensor at a stage boundary. For a stage input, `peer_stage` is the stage that produces it
+/// (-1: a graph input, fed by the user); for an output, `peer_stages` are the stages that read
+/// it (empty when it is only a graph output).
+struct StageTensor {
+  std::string name;
+  std::string dtype;            ///< "float32", "int64", ... (runtime/format/dtype.h names).
+  std::vector<int64_t> shape;   ///< Per microbatch.
+  int peer_stage = -1;          ///< Inputs only.
+  std::vector<int> peer_stages; ///< Outputs only.
+  bool graph_output = false;    ///< Outputs only.
+  int64_t bytes = 0;
+};
+
+/// Memory anatomy in bytes.
+struct MemoryBytes {
+  int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0, temporary = 0, communication = 0;
+  int64_t total() const { return weights + gradients + optimizer + activations + temporary + communication; }
+};
+
+struct Stage {
+  int index = 0;
+  int device = 0;
+  int chunk = 0;                 ///< Which of the device's V chunks (interleaved), else 0.
+  std::string file;              ///< "stage_0.onnx", relative to the plan directory.
+  std::string file_hash;         ///< "fnv1a64:<16 hex digits>" of the stage file's bytes ("" in dry runs).
+  std::vector<std::string> nodes;  ///< Node names in execution order.
+  int64_t params = 0;
+  std::vector<StageTensor> inputs;
+  std::vector<StageTensor> outputs;
+  double fwd_ms = 0;             ///< Per microbatch.
+  double bwd_ms = 0;             ///< Per microbatch (0 for inference).
+  double send_ms = 0;            ///< Sending its outputs to the next stage, per microbatch.
+  int64_t in_flight = 1;         ///< Microbatches whose activations it holds at its peak.
+  MemoryBytes memory;
+  std::string why;               ///< Why the stage ends where it does.
+};
+
+/// One op's predictions.
+struct OpRecord {
+  std::string name;
+  std::string op_type;
+  int stage = 0;
+  double fwd_ms = 0;
+  double bwd_ms = 0;
+  double flops = 0;
+  int64_t param_bytes = 0;
+  int64_t output_bytes = 0;
+};
+
+/// Predicted figures of a whole step, for a split (ours or a baseline).
+struct Prediction {
+  double step_ms = 0;
+  double bubble_fraction = 0;
+  double samples_per_s = 0;
+  int64_t peak_memory_bytes = 0;          ///< Largest device peak.
+  std::vector<double> device_busy_ms;
+  std::vector<int64_t> device_peak_bytes;
+  std::vector<std::string> split_after;   ///< Node names after which each cut falls.
+  bool fits = true;                       ///< Every device within its memory.
+};
+
+struct Plan {
+  int format_version = kPlanFormatVersion;
+  std::string generator;          ///< "stagec 0.1.0".
+  std::string model_path;
+  std::string model_hash;         ///< "fnv1a64:<16 hex digits>" of the model file's bytes.
+  std::string objective;          ///< "speed" | "memory".
+  std::string schedule;           ///< "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "inference".
+  int devices = 1;
+  int chunks = 1;                 ///< V.
+  int microbatches = 1;           ///< M.
+  int64_t batch = 1;              ///< Global batch B = M x microbatch_size.
+  int64_t microbatch_size = 1;
+  bool training = false;
+  std::string optimizer;          ///< "none" | "sgd" | ...
+  std::string precision;          ///< "fp32" | "mixed".
+  std::string cost_model;         ///< e.g. "roofline(h100, fp32)".
+  nlohmann::json device_spec;     ///< As cost_models writes it.
+  nlohmann::json cluster;
+  std::vector<Stage> stages;
+  std::vector<OpRecord> ops;
+  Prediction predicted;
+  Prediction baseline_parameters; ///< DeepSpeed's 'parameters' method: balance parameter counts.
+  Prediction baseline_uniform;    ///< DeepSpeed's 'uniform' method: balance op counts.
+};
+
+nlohmann::ordered_json to_json(const Plan& plan);
+
+/// Reads a plan; throws `Error(kFormat)` naming `source` and the field ("plan.json: field
+/// 'stages[2].device' is missing") for anything missing or of the wrong type, and
+/// `Error(kUnsupported)` for another format version.
+Plan plan_from_json(const nlohmann::json& json, const std::string& source);
+
+/// Checks every cross reference of a plan: stage indices dense and in order, devices in
+/// range, each stage input's producer stage exists, lists it as an output with the same
+/// dtype and shape and names this stage among its readers, every node in exactly one stage,
+/// no empty stage, ops referring to existing stages. Throws `Error(kPlan)` naming `source` and
+/// the field.
+void validate_plan(const Plan& plan, const std::string& source);
+
+/// Reads and validates PLAN_DIR/plan.json, and checks that every stage file exists and (when
+/// a hash is recorded) matches it.
+Plan load_plan(const std::string& plan_dir);
+
+/// "fnv1a64:<16 hex digits>" of a file's bytes (streamed). Throws `Error(kIo)`.
+std::string file_hash(const std::string& path);
+
+}  // namespace stagecraft::plan
