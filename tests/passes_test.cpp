@@ -175,3 +175,29 @@ TEST_CASE("a tensor whose shape stays unknown is named") {
 
 }  // namespace
 }  // namespace stagecraft
+
+namespace stagecraft {
+namespace {
+
+TEST_CASE("unnamed and repeated node names become unique names a plan can refer to") {
+  testing::TempDir dir;
+  auto m = testing::relu_model();
+  auto* g = m.mutable_graph();
+  g->mutable_node(0)->set_name("");
+  g->mutable_node(0)->set_output(0, "h");
+  testing::add_node(g, "Relu", {"h"}, {"y"}, "");
+  g->mutable_node(1)->set_name("");
+  testing::add_node(g, "Relu", {"y"}, {"z"}, "dup");
+  testing::add_node(g, "Relu", {"z"}, {"w"}, "dup");
+  g->mutable_output(0)->set_name("w");
+  testing::write_model(m, dir.file("m.onnx"));
+  ImportOptions options;
+  options.batch = 2;
+  auto model = import_model(dir.file("m.onnx"), options);
+  std::vector<std::string> names;
+  for (ir::NodeId id : model.graph.topological_order()) names.push_back(model.graph.node(id).name);
+  CHECK(names == std::vector<std::string>{"Relu(h)", "Relu(y)", "dup", "dup#2"});
+}
+
+}  // namespace
+}  // namespace stagecraft

@@ -248,10 +248,17 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
   for (const auto& info : proto->value_info()) set_info(info);
   for (const auto& info : proto->output()) set_info(info);
 
+  // Plans name nodes: give unnamed ones the name of their first output, and make repeats unique.
+  std::unordered_set<std::string> node_names;
   for (int i = 0; i < proto->node_size(); ++i) {
     const auto& n = proto->node(i);
     Node node;
     node.name = n.name();
+    if (node.name.empty()) {
+      node.name = n.op_type() + "(" + (n.output_size() > 0 ? n.output(0) : std::to_string(i)) + ")";
+    }
+    const std::string base = node.name;
+    for (int k = 2; !node_names.insert(node.name).second; ++k) node.name = base + "#" + std::to_string(k);
     node.op_type = n.op_type();
     node.domain = n.domain() == "ai.onnx" ? "" : n.domain();
     for (const auto& a : n.attribute()) node.attributes.push_back(a);
@@ -397,8 +404,9 @@ onnx::ModelProto model_from_graph(const Graph& graph, const ExportOptions& optio
     const Value& val = graph.value(v);
     if (val.producer != kNoId && in_set[val.producer]) continue;
     if (val.is_initializer()) {
-      bool small = val.numel() <= options.small_constant_elements;
-      if (options.weights == WeightMode::kAsInputs && !small) {
+      // Shape inference reads constants (Reshape targets, Slice bounds), never weights.
+      bool needed = !val.is_weight && val.numel() <= options.small_constant_elements;
+      if (options.weights == WeightMode::kAsInputs && !needed) {
         write_value_info(val, proto->add_input());
       } else {
         write_initializer(val, options.weights, proto->add_initializer());

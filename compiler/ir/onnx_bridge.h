@@ -46,8 +46,8 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path);
 enum class WeightMode {
   kEmbed,         ///< Bytes inside the protobuf (raw_data).
   kKeepExternal,  ///< External initializers keep pointing at their original file.
-  kAsInputs,      ///< Only small constants are written; other weights become typed graph
-                  ///< inputs without data (for shape inference, which needs no weight bytes).
+  kAsInputs,      ///< Only small non-weight constants are written; weights and large constants
+                  ///< become typed graph inputs without data (for shape inference).
 };
 
 struct ExportOptions {

@@ -13,6 +13,12 @@
 namespace stagecraft::ir {
 
 std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail(ErrorKind::kIo, "{}: cannot stat: {}", path, std::strerror(errno));
+  return open_window(path, 0, static_cast<int64_t>(st.st_size));
+}
+
+std::shared_ptr<const MappedFile> MappedFile::open_window(const std::string& path, int64_t offset, int64_t length) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(ErrorKind::kIo, "{}: cannot open: {}", path, std::strerror(errno));
   struct stat st {};
@@ -21,24 +27,33 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path) {
     ::close(fd);
     fail(ErrorKind::kIo, "{}: cannot stat: {}", path, std::strerror(err));
   }
+  if (offset < 0 || length < 0 || offset > st.st_size || length > st.st_size - offset) {
+    ::close(fd);
+    fail(ErrorKind::kIo, "{}: window [{}, {}) lies outside the file ({} bytes)", path, offset, offset + length,
+         static_cast<int64_t>(st.st_size));
+  }
   std::shared_ptr<MappedFile> file(new MappedFile());
   file->path_ = path;
-  file->size_ = static_cast<std::size_t>(st.st_size);
-  if (file->size_ > 0) {
-    void* p = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  file->size_ = static_cast<std::size_t>(length);
+  if (length > 0) {
+    const auto page = static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+    int64_t aligned = offset / page * page;
+    file->map_length_ = static_cast<std::size_t>(length + (offset - aligned));
+    void* p = ::mmap(nullptr, file->map_length_, PROT_READ, MAP_PRIVATE, fd, aligned);
     if (p == MAP_FAILED) {
       int err = errno;
       ::close(fd);
-      fail(ErrorKind::kIo, "{}: cannot map {} bytes: {}", path, file->size_, std::strerror(err));
+      fail(ErrorKind::kIo, "{}: cannot map {} bytes at offset {}: {}", path, length, offset, std::strerror(err));
     }
-    file->data_ = static_cast<const std::byte*>(p);
+    file->map_base_ = p;
+    file->data_ = static_cast<const std::byte*>(p) + (offset - aligned);
   }
   ::close(fd);
   return file;
 }
 
 MappedFile::~MappedFile() {
-  if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+  if (map_base_ != nullptr) ::munmap(map_base_, map_length_);
 }
 
 std::shared_ptr<const WeightData> WeightData::owned(std::string bytes) {
@@ -62,12 +77,8 @@ std::span<const std::byte> WeightData::bytes() const {
   if (!is_external()) {
     return {reinterpret_cast<const std::byte*>(owned_.data()), owned_.size()};
   }
-  std::call_once(map_once_, [this] { mapping_ = MappedFile::open(external_path_); });
-  if (static_cast<uint64_t>(offset_) + static_cast<uint64_t>(size_) > mapping_->size()) {
-    fail(ErrorKind::kFormat, "{}: external data window [{}, {}) lies past the end of the file ({} bytes)",
-         external_path_, offset_, offset_ + size_, mapping_->size());
-  }
-  return {mapping_->data() + offset_, static_cast<std::size_t>(size_)};
+  std::call_once(map_once_, [this] { mapping_ = MappedFile::open_window(external_path_, offset_, size_); });
+  return {mapping_->data(), mapping_->size()};
 }
 
 }  // namespace stagecraft::ir

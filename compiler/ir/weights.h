@@ -13,11 +13,15 @@
 
 namespace stagecraft::ir {
 
-/// A read-only memory mapping of a whole file, unmapped when the last user lets go.
+/// A read-only memory mapping of a file (or of a window of it), unmapped when the last user
+/// lets go.
 class MappedFile {
  public:
   /// Maps `path` read-only. Throws `Error(kIo)` naming the path when it cannot.
   static std::shared_ptr<const MappedFile> open(const std::string& path);
+  /// Maps `length` bytes at `offset` of `path` (so one tensor of a 600 GiB weight file costs
+  /// only its own pages of address space). Throws `Error(kIo)` when the window is not in the file.
+  static std::shared_ptr<const MappedFile> open_window(const std::string& path, int64_t offset, int64_t length);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
@@ -29,8 +33,10 @@ class MappedFile {
  private:
   MappedFile() = default;
   std::string path_;
-  const std::byte* data_ = nullptr;
-  std::size_t size_ = 0;
+  const std::byte* data_ = nullptr;   ///< The first byte asked for.
+  std::size_t size_ = 0;              ///< Bytes asked for.
+  void* map_base_ = nullptr;          ///< What mmap returned (page-aligned).
+  std::size_t map_length_ = 0;
 };
 
 /// Immutable bytes of one initializer.

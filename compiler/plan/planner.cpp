@@ -1,0 +1,428 @@
+#include "compiler/plan/planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "compiler/model_info.h"
+#include "compiler/partition/graph_problem.h"
+#include "compiler/plan/stage_files.h"
+#include "compiler/schedule/simulator.h"
+#include "cost_models/cluster.h"
+#include "cost_models/device_spec.h"
+#include "cost_models/memory.h"
+#include "cost_models/op_cost.h"
+#include "cost_models/roofline.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::plan {
+namespace {
+
+/// Everything the planner derives from the options once.
+struct Setup {
+  schedule::ScheduleKind kind;
+  cost::Schedule memory_schedule;
+  schedule::PipelineShape shape;
+  cost::Optimizer optimizer;
+  cost::Precision precision;
+  cost::DeviceSpec device;
+  cost::ClusterSpec cluster;
+  int64_t microbatch_size = 1;
+};
+
+/// Per-node numbers in topological position order.
+struct NodeFacts {
+  std::vector<cost::OpTime> time;
+  std::vector<int64_t> params;        ///< Weights first read by this node.
+  std::vector<int64_t> output_bytes;  ///< Floating outputs: kept for backward.
+  std::vector<double> flops;
+};
+
+Setup make_setup(const PlanOptions& o) {
+  Setup s;
+  if (o.devices < 1) fail(ErrorKind::kUsage, "--devices {} must be at least 1", o.devices);
+  if (o.objective != "speed" && o.objective != "memory") {
+    fail(ErrorKind::kUsage, "--objective '{}' is not one of: speed, memory", o.objective);
+  }
+  std::string sched = o.schedule.empty() ? (o.training ? "1f1b" : "inference") : o.schedule;
+  s.kind = schedule::parse_schedule(sched);
+  s.memory_schedule = cost::parse_schedule(sched);
+  if (o.training && s.kind == schedule::ScheduleKind::kInference) {
+    fail(ErrorKind::kUsage, "--schedule inference runs forward only; training needs gpipe, 1f1b, interleaved or zb-h1");
+  }
+  if (!o.training && s.kind != schedule::ScheduleKind::kInference) {
+    fail(ErrorKind::kUsage, "--schedule {} is a training schedule; add --train, or use --schedule inference", sched);
+  }
+  int chunks = o.chunks > 0 ? o.chunks : (s.kind == schedule::ScheduleKind::kInterleaved ? 2 : 1);
+  if (o.chunks < 0) fail(ErrorKind::kUsage, "--chunks {} must be at least 1", o.chunks);
+  if (chunks != 1 && s.kind != schedule::ScheduleKind::kInterleaved) {
+    fail(ErrorKind::kUsage, "--chunks {} needs --schedule interleaved", chunks);
+  }
+  int m = o.microbatches > 0 ? o.microbatches : o.devices;
+  if (o.microbatches < 0) fail(ErrorKind::kUsage, "--microbatches {} must be at least 1", o.microbatches);
+  s.shape = schedule::PipelineShape{o.devices, chunks, m, o.training};
+  if (o.batch) {
+    if (*o.batch < 1) fail(ErrorKind::kUsage, "--batch {} must be at least 1", *o.batch);
+    if (*o.batch % m != 0) {
+      fail(ErrorKind::kUsage, "--batch {} is not divisible by --microbatches {}: each microbatch must be the same size",
+           *o.batch, m);
+    }
+    s.microbatch_size = *o.batch / m;
+  }
+  s.optimizer = o.training ? cost::parse_optimizer(o.optimizer) : cost::Optimizer::kNone;
+  s.precision = cost::parse_precision(o.precision);
+  s.device = cost::device_spec_from_name_or_file(o.device_spec);
+  s.cluster = o.cluster.empty() ? cost::default_cluster(s.device.name) : cost::cluster_spec_from_name_or_file(o.cluster);
+  return s;
+}
+
+NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order, const cost::OpCostModel& costs) {
+  NodeFacts f;
+  std::vector<bool> counted(g.num_values(), false);
+  for (ir::NodeId id : order) {
+    const ir::Node& node = g.node(id);
+    f.time.push_back(costs.op_time(g, node));
+    int64_t params = 0;
+    for (ir::ValueId in : node.inputs) {
+      if (in == ir::kNoId || !g.value(in).is_weight || counted[in]) continue;
+      counted[in] = true;
+      params += g.value(in).numel();
+    }
+    f.params.push_back(params);
+    int64_t out = 0;
+    for (ir::ValueId v : node.outputs) {
+      if (v == ir::kNoId) continue;
+      DType d = g.value(v).dtype;
+      if (d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16 || d == DType::kFloat64) {
+        out += g.value(v).bytes();
+      }
+    }
+    f.output_bytes.push_back(out);
+    f.flops.push_back(cost::forward_work(g, node).flops);
+  }
+  return f;
+}
+
+double bytes_per_param(const Setup& s) {
+  bool training = s.shape.training;
+  return cost::weight_bytes_per_param(s.precision, training) +
+         (training ? cost::gradient_bytes_per_param(s.precision) : 0.0) +
+         cost::optimizer_state_bytes_per_param(s.optimizer, s.precision);
+}
+
+/// Microbatches whose activations global stage `k` keeps: per device for the schedule, spread
+/// over the device's chunks for interleaved.
+double in_flight(const Setup& s, int k) {
+  int p = s.shape.devices;
+  int device = k % p;
+  auto n = static_cast<double>(
+      cost::microbatches_in_flight(s.memory_schedule, p, device, s.shape.microbatches, s.shape.chunks));
+  return s.shape.chunks > 1 ? std::ceil(n / s.shape.chunks) : n;
+}
+
+partition::GraphProblem build_problem(const ir::Graph& g, const Setup& s, const NodeFacts& facts,
+                                      const PlanOptions& o) {
+  double per_param = bytes_per_param(s);
+  bool training = s.shape.training;
+  std::size_t position = 0;
+  auto gp = partition::make_graph_problem(g, [&](const ir::Graph&, const ir::Node&) {
+    std::size_t i = position++;
+    const auto& t = facts.time[i];
+    return partition::PositionCost{t.forward_s + (training ? t.backward_s : 0.0),
+                                   static_cast<double>(facts.params[i]) * per_param,
+                                   training ? static_cast<double>(facts.output_bytes[i]) : 0.0};
+  });
+  auto& p = gp.problem;
+  p.stages = schedule::stage_count(s.shape);
+  p.objective = o.objective == "memory" ? partition::Objective::kMemory : partition::Objective::kSpeed;
+  const int devices = s.shape.devices;
+  const cost::ClusterSpec cluster = s.cluster;
+  // A stage sends activations forward and, in training, receives as many gradient bytes back.
+  p.send_time = [cluster, devices, training](int k, double bytes) {
+    double t = cost::transfer_seconds(cluster, k % devices, (k + 1) % devices, bytes);
+    return training ? 2 * t : t;
+  };
+  p.in_flight = [s](int k) { return in_flight(s, k); };
+  const double capacity = static_cast<double>(s.device.memory_bytes) / s.shape.chunks;
+  p.capacity_bytes = [capacity](int) { return capacity; };
+  return gp;
+}
+
+/// Positions after which the named nodes end a stage (manual split points).
+std::vector<int> split_positions(const ir::Graph& g, const partition::GraphProblem& gp,
+                                 const std::vector<std::string>& names) {
+  std::vector<int> cuts;
+  for (const auto& name : names) {
+    int pos = -1;
+    for (std::size_t i = 0; i < gp.order.size(); ++i) {
+      if (g.node(gp.order[i]).name == name) pos = static_cast<int>(i);
+    }
+    if (pos < 0) fail(ErrorKind::kUsage, "--split-after '{}' names no node of the model", name);
+    if (pos + 1 >= static_cast<int>(gp.order.size())) {
+      fail(ErrorKind::kUsage, "--split-after '{}' is the last op: the stage after it would be empty", name);
+    }
+    if (std::find(cuts.begin(), cuts.end(), pos) != cuts.end()) {
+      fail(ErrorKind::kUsage, "--split-after '{}' is given twice", name);
+    }
+    cuts.push_back(pos);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  return cuts;
+}
+
+/// Cuts that balance a per-position weight (parameters, or 1 per op) over the stages: the
+/// baselines DeepSpeed calls 'parameters' and 'uniform'.
+std::vector<int> balanced_cuts(const std::vector<double>& weight, int stages) {
+  const auto n = static_cast<int>(weight.size());
+  double total = 0;
+  for (double w : weight) total += w;
+  std::vector<int> cuts;
+  double acc = 0;
+  int pos = 0;
+  for (int k = 1; k < stages; ++k) {
+    double target = total * k / stages;
+    while (pos < n && acc + weight[pos] <= target) acc += weight[pos++];
+    // Each remaining stage needs an op of its own.
+    int cut = std::clamp(pos - 1, cuts.empty() ? 0 : cuts.back() + 1, n - 1 - (stages - k));
+    cuts.push_back(cut);
+    while (pos <= cut) acc += weight[pos++];
+  }
+  return cuts;
+}
+
+schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol, const NodeFacts& f) {
+  schedule::StageCosts c;
+  double per_param = bytes_per_param(s);
+  double optimizer_bytes = 0;
+  for (const auto& st : sol.stages) {
+    double fwd = 0, b = 0, w = 0, act = 0, stat = 0;
+    for (int i = st.first; i <= st.last; ++i) {
+      fwd += f.time[i].forward_s;
+      b += f.time[i].backward_input_s;
+      w += f.time[i].backward_weight_s;
+      act += static_cast<double>(f.output_bytes[i]);
+      stat += static_cast<double>(f.params[i]) * per_param;
+    }
+    c.forward_s.push_back(fwd);
+    c.backward_input_s.push_back(s.shape.training ? b : 0.0);
+    c.backward_weight_s.push_back(s.shape.training ? w : 0.0);
+    c.send_s.push_back(s.shape.training ? st.send_s / 2 : st.send_s);
+    c.activation_bytes.push_back(s.shape.training ? act : 0.0);
+    c.static_bytes.push_back(stat);
+    optimizer_bytes = std::max(optimizer_bytes, stat);
+  }
+  // The optimizer streams every weight, gradient and state once: memory-bound.
+  c.optimizer_s = s.shape.training ? optimizer_bytes / s.device.memory_bandwidth : 0.0;
+  return c;
+}
+
+Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
+                   const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order, int64_t batch) {
+  auto sim = schedule::simulate(sched, s.shape, stage_costs(s, sol, f));
+  Prediction p;
+  p.step_ms = sim.step_s * 1e3;
+  p.bubble_fraction = sim.bubble_fraction;
+  p.samples_per_s = sim.samples_per_s(static_cast<int>(batch));
+  for (double b : sim.device_busy_s) p.device_busy_ms.push_back(b * 1e3);
+  for (double b : sim.device_peak_bytes) p.device_peak_bytes.push_back(static_cast<int64_t>(b));
+  p.peak_memory_bytes = p.device_peak_bytes.empty()
+                            ? 0
+                            : *std::max_element(p.device_peak_bytes.begin(), p.device_peak_bytes.end());
+  for (std::size_t k = 0; k + 1 < sol.stages.size(); ++k) p.split_after.push_back(g.node(order[sol.stages[k].last]).name);
+  p.fits = sol.feasible;
+  return p;
+}
+
+std::string why(const partition::Solution& sol, std::size_t k, const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                const partition::Problem& problem, bool manual) {
+  const auto& st = sol.stages[k];
+  if (k + 1 == sol.stages.size()) return "last stage: takes the remaining ops";
+  std::string base = manual ? fmt::format("cut after '{}' as --split-after asked", g.node(order[st.last]).name)
+                            : fmt::format("cut after '{}'", g.node(order[st.last]).name);
+  double cap = problem.capacity_bytes(static_cast<int>(k));
+  std::string bound = problem.objective == partition::Objective::kSpeed
+                          ? fmt::format("stage time {:.3f} ms against a bottleneck of {:.3f} ms", st.time_s * 1e3,
+                                        sol.bottleneck_s * 1e3)
+                          : fmt::format("stage memory {} against a largest stage of {}", format_bytes(st.memory_bytes),
+                                        format_bytes(sol.peak_memory_bytes));
+  std::string memory = st.memory_bytes > 0.9 * cap
+                           ? fmt::format("; memory {} of {} is near the limit", format_bytes(st.memory_bytes), format_bytes(cap))
+                           : "";
+  return fmt::format("{}: {}; sends {} per microbatch{}", base, bound, format_bytes(problem.cut_bytes[st.last]), memory);
+}
+
+[[noreturn]] void refuse(const Setup& s, const partition::Solution& sol, const NodeFacts& f, double capacity) {
+  const auto& st = sol.stages[sol.over_stage];
+  int64_t params = 0, acts = 0;
+  for (int i = st.first; i <= st.last; ++i) {
+    params += f.params[i];
+    acts += s.shape.training ? f.output_bytes[i] : 0;
+  }
+  auto in = static_cast<int64_t>(in_flight(s, sol.over_stage));
+  auto anatomy = cost::stage_memory(params, acts, 0, 0, in, s.optimizer, s.precision, s.shape.training, false, 0);
+  fail(ErrorKind::kPlan,
+       "no split into {} stages fits: even the split that needs least memory has stage {} needing {}; device has {} "
+       "(use more devices, --precision mixed, a lighter --optimizer, or fewer --microbatches)",
+       sol.stages.size(), sol.over_stage, cost::describe(anatomy, in), format_bytes(capacity));
+}
+
+Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, const NodeFacts& f, const ir::Graph& g,
+                 const std::vector<ir::NodeId>& order, const StageInterfaces& io, const std::vector<int>& stage_of) {
+  const auto& st = sol.stages[k];
+  Stage out;
+  out.index = static_cast<int>(k);
+  out.device = static_cast<int>(k) % s.shape.devices;
+  out.chunk = static_cast<int>(k) / s.shape.devices;
+  out.file = fmt::format("stage_{}.onnx", k);
+  int64_t acts = 0;
+  for (int i = st.first; i <= st.last; ++i) {
+    out.nodes.push_back(g.node(order[i]).name);
+    out.params += f.params[i];
+    out.fwd_ms += f.time[i].forward_s * 1e3;
+    out.bwd_ms += s.shape.training ? f.time[i].backward_s * 1e3 : 0.0;
+    acts += s.shape.training ? f.output_bytes[i] : 0;
+  }
+  // The solver's send time covers activations forward and, in training, gradients back; the
+  // plan records one direction.
+  out.send_ms = (s.shape.training ? st.send_s / 2 : st.send_s) * 1e3;
+  out.in_flight = static_cast<int64_t>(in_flight(s, static_cast<int>(k)));
+  for (const auto& cut : io.cut_tensors) {
+    bool reads = std::find(cut.consumer_stages.begin(), cut.consumer_stages.end(), static_cast<int>(k)) !=
+                 cut.consumer_stages.end();
+    StageTensor t{cut.name, std::string(dtype_name(cut.dtype)), cut.shape, -1, {}, false, cut.bytes};
+    if (reads) {
+      t.peer_stage = cut.producer_stage;
+      out.inputs.push_back(t);
+    }
+    if (cut.producer_stage == static_cast<int>(k)) {
+      t.peer_stages = cut.consumer_stages;
+      t.graph_output = g.value(*g.find_value(cut.name)).is_graph_output;
+      out.outputs.push_back(t);
+    }
+  }
+  for (std::size_t i = 0; i < g.inputs.size(); ++i) {
+    const auto& readers = io.input_stages[i];
+    if (std::find(readers.begin(), readers.end(), static_cast<int>(k)) == readers.end()) continue;
+    const ir::Value& v = g.value(g.inputs[i]);
+    out.inputs.push_back(StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {}, false, v.bytes()});
+  }
+  for (ir::ValueId o : g.outputs) {
+    const ir::Value& v = g.value(o);
+    bool mine = v.producer != ir::kNoId && stage_of[v.producer] == static_cast<int>(k);
+    bool listed = std::any_of(out.outputs.begin(), out.outputs.end(), [&](const StageTensor& t) { return t.name == v.name; });
+    if (mine && !listed) out.outputs.push_back(StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {}, true, v.bytes()});
+  }
+  int64_t comm = 0;
+  for (const auto& t : out.inputs) comm += t.peer_stage >= 0 ? t.bytes : 0;
+  for (const auto& t : out.outputs) comm += t.peer_stages.empty() ? 0 : t.bytes;
+  auto anatomy = cost::stage_memory(out.params, acts, 0, comm, out.in_flight, s.optimizer, s.precision, s.shape.training,
+                                    false, 0);
+  out.memory = MemoryBytes{anatomy.weights, anatomy.gradients, anatomy.optimizer, anatomy.activations, anatomy.temporary,
+                           anatomy.communication};
+  return out;
+}
+
+}  // namespace
+
+PlannedModel make_plan(const PlanOptions& o) {
+  Setup s = make_setup(o);
+  ImportOptions import;
+  if (o.batch) import.batch = s.microbatch_size;
+  import.dims = o.dims;
+  PlannedModel out{import_model(o.model_path, import), {}, {}, {}};
+  const ir::Graph& g = out.model.graph;
+  if (!o.batch) {
+    // A model with a fixed batch: each microbatch is that batch.
+    const auto& first = g.value(g.inputs.at(0)).shape;
+    s.microbatch_size = first.empty() ? 1 : first[0];
+  }
+  cost::RooflineCostModel costs(s.device, s.precision);
+  auto order = g.topological_order();
+  NodeFacts facts = node_facts(g, order, costs);
+  auto gp = build_problem(g, s, facts, o);
+  const int stages = gp.problem.stages;
+  if (stages > static_cast<int>(order.size())) {
+    fail(ErrorKind::kUsage, "{} stages ({} devices x {} chunks) for a model of {} ops after import: every stage needs an op",
+         stages, s.shape.devices, s.shape.chunks, order.size());
+  }
+
+  bool manual = !o.split_after.empty();
+  partition::Solution sol;
+  if (manual) {
+    sol = partition::evaluate_cuts(gp.problem, split_positions(g, gp, o.split_after));
+  } else {
+    sol = partition::solve(gp.problem);
+  }
+  if (!sol.feasible) refuse(s, sol, facts, gp.problem.capacity_bytes(0));
+
+  out.stage_of = partition::stage_of_nodes(gp, sol, g.num_nodes());
+  partition::validate_assignment(g, out.stage_of, stages);
+  out.schedule = schedule::build_schedule(s.kind, s.shape);
+  schedule::validate_schedule(out.schedule, s.shape);
+  auto io = stage_interfaces(g, out.stage_of);
+
+  Plan& p = out.plan;
+  p.generator = "stagec 0.1.0";
+  p.model_path = o.model_path;
+  p.model_hash = file_hash(o.model_path);
+  p.objective = o.objective;
+  p.schedule = schedule::to_string(s.kind);
+  p.devices = s.shape.devices;
+  p.chunks = s.shape.chunks;
+  p.microbatches = s.shape.microbatches;
+  p.microbatch_size = s.microbatch_size;
+  p.batch = s.microbatch_size * s.shape.microbatches;
+  p.training = s.shape.training;
+  p.optimizer = std::string(cost::to_string(s.optimizer));
+  p.precision = std::string(cost::to_string(s.precision));
+  p.cost_model = costs.name();
+  p.device_spec = cost::to_json(s.device);
+  p.cluster = cost::to_json(s.cluster);
+  for (std::size_t k = 0; k < sol.stages.size(); ++k) {
+    p.stages.push_back(make_stage(s, sol, k, facts, g, order, io, out.stage_of));
+    p.stages.back().why = why(sol, k, g, order, gp.problem, manual);
+  }
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const ir::Node& node = g.node(order[i]);
+    int64_t param_bytes = static_cast<int64_t>(static_cast<double>(facts.params[i]) * bytes_per_param(s));
+    p.ops.push_back(OpRecord{node.name, node.op_type, out.stage_of[order[i]], facts.time[i].forward_s * 1e3,
+                             s.shape.training ? facts.time[i].backward_s * 1e3 : 0.0, facts.flops[i], param_bytes,
+                             facts.output_bytes[i]});
+  }
+  p.predicted = predict(s, out.schedule, sol, facts, g, order, p.batch);
+
+  std::vector<double> param_weight, op_weight;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    param_weight.push_back(static_cast<double>(facts.params[i]));
+    op_weight.push_back(1.0);
+  }
+  auto baseline = [&](const std::vector<double>& weight) {
+    auto b = partition::evaluate_cuts(gp.problem, balanced_cuts(weight, stages));
+    return predict(s, out.schedule, b, facts, g, order, p.batch);
+  };
+  p.baseline_parameters = baseline(param_weight);
+  p.baseline_uniform = baseline(op_weight);
+  return out;
+}
+
+std::string summarize(const Plan& p) {
+  std::string out = fmt::format("{} stages on {} devices ({} schedule, {} microbatches of {}; {}):\n", p.stages.size(),
+                                p.devices, p.schedule, p.microbatches, p.microbatch_size, p.cost_model);
+  for (const auto& st : p.stages) {
+    out += fmt::format("  stage {} on device {}: {} ops, {} params, fwd {:.3f} ms, bwd {:.3f} ms, memory {}\n", st.index,
+                       st.device, st.nodes.size(), st.params, st.fwd_ms, st.bwd_ms,
+                       format_bytes(static_cast<double>(st.memory.total())));
+  }
+  auto line = [](const char* label, const Prediction& pr) {
+    return fmt::format("  {:<22} step {:.3f} ms, bubble {:.1f}%, {:.1f} samples/s, peak {}{}\n", label, pr.step_ms,
+                       100 * pr.bubble_fraction, pr.samples_per_s, format_bytes(static_cast<double>(pr.peak_memory_bytes)),
+                       pr.fits ? "" : " (does not fit)");
+  };
+  out += line("predicted:", p.predicted);
+  out += line("parameter-balanced:", p.baseline_parameters);
+  out += line("op-count-balanced:", p.baseline_uniform);
+  return out;
+}
+
+}  // namespace stagecraft::plan

@@ -1,0 +1,54 @@
+#pragma once
+/// \file
+/// The planning driver: model -> costs -> partition -> schedule -> simulation -> plan.
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compiler/import.h"
+#include "compiler/schedule/instruction.h"
+#include "runtime/format/plan.h"
+
+namespace stagecraft::plan {
+
+/// What `stagec MODEL -o PLAN_DIR ...` asks for.
+struct PlanOptions {
+  std::string model_path;
+  int devices = 1;
+  std::string objective = "speed";       ///< "speed" | "memory".
+  std::string schedule;                  ///< Default: "1f1b" for training, "inference" otherwise.
+  int chunks = 0;                        ///< V; default 2 for interleaved, else 1.
+  int microbatches = 0;                  ///< M; default: the device count.
+  std::optional<int64_t> batch;          ///< Global batch B; split into M microbatches.
+  std::map<std::string, int64_t> dims;   ///< Other symbolic dims (--dim).
+  bool training = false;
+  std::string optimizer = "adamw";       ///< With --train.
+  std::string precision = "fp32";
+  std::string device_spec = "h100";      ///< Preset name or JSON file.
+  std::string cluster;                   ///< JSON file; default: the device kind's.
+  std::vector<std::string> split_after;  ///< Manual split points (node names).
+};
+
+/// A computed plan: the plan file's content, the schedule, and the graph the stages come from.
+struct PlannedModel {
+  ImportedModel model;        ///< Imported at the microbatch size.
+  Plan plan;
+  schedule::Schedule schedule;
+  std::vector<int> stage_of;  ///< Node id -> stage.
+};
+
+/// Plans the model. Refuses (Error) bad options with the flag named, and a model that fits in
+/// no split with the stage, its memory anatomy and the device's capacity.
+PlannedModel make_plan(const PlanOptions& options);
+
+/// Writes PLAN_DIR/{plan.json, schedule.json, stage_K.onnx}. The directory is built beside the
+/// target and renamed into place, so a failed write leaves the old plan as it was; an existing
+/// directory that holds no plan.json is never replaced.
+void write_plan(PlannedModel& planned, const std::string& plan_dir);
+
+/// A few lines for the terminal: stages, predicted step, bubble, baselines.
+std::string summarize(const Plan& plan);
+
+}  // namespace stagecraft::plan

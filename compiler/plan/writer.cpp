@@ -1,0 +1,78 @@
+// Writes a plan directory: stage files, plan.json and schedule.json, replaced atomically.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "compiler/plan/planner.h"
+#include "compiler/plan/stage_files.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::plan {
+namespace fs = std::filesystem;
+namespace {
+
+void write_file(const fs::path& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  f.flush();
+  if (!f) fail(ErrorKind::kIo, "{}: cannot write {} bytes", path.string(), bytes.size());
+}
+
+/// Flushes a file or folder to disk so a rename after it is durable.
+void sync_path(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+void write_plan(PlannedModel& planned, const std::string& plan_dir) {
+  fs::path target = fs::absolute(plan_dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  std::error_code ec;
+  if (fs::exists(target, ec)) {
+    if (!fs::is_directory(target, ec)) fail(ErrorKind::kIo, "{}: exists and is not a directory", plan_dir);
+    if (!fs::is_empty(target, ec) && !fs::exists(target / "plan.json", ec)) {
+      fail(ErrorKind::kIo, "{}: is a non-empty directory without plan.json; refusing to replace it", plan_dir);
+    }
+  }
+  fs::create_directories(target.parent_path(), ec);
+  fs::path staging = target.parent_path() / (target.filename().string() + ".partial-" + std::to_string(::getpid()));
+  fs::remove_all(staging, ec);
+  if (!fs::create_directory(staging, ec)) {
+    fail(ErrorKind::kIo, "{}: cannot create: {}", staging.string(), ec.message());
+  }
+  try {
+    Plan& p = planned.plan;
+    for (auto& stage : p.stages) {
+      auto model = stage_model(planned.model.graph, planned.stage_of, stage.index);
+      fs::path file = staging / stage.file;
+      write_file(file, model.SerializeAsString());
+      sync_path(file);
+      stage.file_hash = file_hash(file.string());
+    }
+    write_file(staging / "plan.json", to_json(p).dump(1) + "\n");
+    write_file(staging / "schedule.json", schedule::to_json(planned.schedule).dump(1) + "\n");
+    sync_path(staging / "plan.json");
+    sync_path(staging / "schedule.json");
+    sync_path(staging);
+    // Swap in: the old plan (if any) moves aside first, so a crash leaves one complete plan.
+    fs::path old = target.parent_path() / (target.filename().string() + ".old-" + std::to_string(::getpid()));
+    bool had_old = fs::exists(target, ec);
+    if (had_old) fs::rename(target, old);
+    fs::rename(staging, target);
+    if (had_old) fs::remove_all(old, ec);
+    sync_path(target.parent_path());
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
+}
+
+}  // namespace stagecraft::plan

@@ -1,0 +1,164 @@
+// The planning driver on the checked-in samples: every schedule and objective, baselines,
+// refusals with the numbers, manual split points, and the plan directory on disk.
+#include <doctest/doctest.h>
+#include <onnx/checker.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "compiler/plan/planner.h"
+#include "runtime/format/error.h"
+#include "tests/test_util.h"
+
+namespace stagecraft::plan {
+namespace {
+
+std::string sample(const std::string& name) { return std::string(STAGECRAFT_SAMPLES) + "/" + name; }
+
+PlanOptions gpt_options(int devices, const std::string& schedule, bool training) {
+  PlanOptions o;
+  o.model_path = sample("gpt_tiny.onnx");
+  o.devices = devices;
+  o.schedule = schedule;
+  o.training = training;
+  o.microbatches = 2 * devices;
+  o.batch = 4 * devices;
+  o.dims["seq"] = 16;
+  return o;
+}
+
+TEST_CASE("the GPT sample plans for 1, 2 and 4 devices under every schedule and objective") {
+  for (int devices : {1, 2, 4}) {
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1", "inference"}) {
+      for (const char* objective : {"speed", "memory"}) {
+        CAPTURE(devices);
+        CAPTURE(schedule);
+        CAPTURE(objective);
+        bool training = std::string(schedule) != "inference";
+        PlanOptions o = gpt_options(devices, schedule, training);
+        o.objective = objective;
+        PlannedModel planned = make_plan(o);
+        const Plan& p = planned.plan;
+        int chunks = std::string(schedule) == "interleaved" ? 2 : 1;
+        REQUIRE(static_cast<int>(p.stages.size()) == devices * chunks);
+        CHECK_NOTHROW(validate_plan(p, "plan.json"));
+        std::size_t nodes = 0;
+        for (const auto& st : p.stages) {
+          CHECK(!st.nodes.empty());
+          CHECK(st.device == st.index % devices);
+          nodes += st.nodes.size();
+        }
+        CHECK(nodes == planned.model.graph.live_nodes());
+        CHECK(p.predicted.step_ms > 0);
+        CHECK(p.predicted.samples_per_s > 0);
+        CHECK(p.predicted.bubble_fraction >= 0);
+        CHECK(p.predicted.bubble_fraction < 1);
+        if (devices == 1) CHECK(p.predicted.bubble_fraction == doctest::Approx(0).epsilon(1e-9));
+        if (training) CHECK(p.stages[0].bwd_ms > 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("time-balanced splits are at least as fast as the parameter- and op-count-balanced ones") {
+  for (const char* model : {"gpt_tiny.onnx", "resnet_small.onnx"}) {
+    CAPTURE(model);
+    PlanOptions o = gpt_options(4, "1f1b", true);
+    o.model_path = sample(model);
+    if (std::string(model) != "gpt_tiny.onnx") o.dims.clear();
+    Plan p = make_plan(o).plan;
+    MESSAGE(std::string(model) << ": ours " << p.predicted.step_ms << " ms, parameters " << p.baseline_parameters.step_ms
+                  << " ms, uniform " << p.baseline_uniform.step_ms << " ms");
+    CHECK(p.predicted.step_ms <= p.baseline_parameters.step_ms * (1 + 1e-9));
+    CHECK(p.predicted.step_ms <= p.baseline_uniform.step_ms * (1 + 1e-9));
+    CHECK(p.baseline_parameters.split_after.size() == 3);
+  }
+}
+
+TEST_CASE("a model that fits on no split is refused with the stage, its anatomy and the capacity") {
+  testing::TempDir dir;
+  std::ofstream(dir.file("tiny.json"))
+      << R"({"name":"tiny","peak_flops_fp32":1e12,"peak_flops_fp16":2e12,"memory_bandwidth":1e11,)"
+      << R"("memory_bytes":100000,"launch_overhead_s":1e-6,"efficiency":0.5})";
+  PlanOptions o = gpt_options(2, "1f1b", true);
+  o.device_spec = dir.file("tiny.json");
+  try {
+    make_plan(o);
+    FAIL("a 100 kB device fit the model");
+  } catch (const Error& e) {
+    std::string what = e.what();
+    INFO(what);
+    CHECK(e.kind() == ErrorKind::kPlan);
+    CHECK(what.find("no split into 2 stages fits") != std::string::npos);
+    CHECK(what.find("weights") != std::string::npos);
+    CHECK(what.find("microbatches in flight; device has 97.66 KiB") != std::string::npos);
+  }
+}
+
+TEST_CASE("bad planning options are refused with the flag named") {
+  auto refused = [](PlanOptions o, const std::string& needle) {
+    try {
+      make_plan(o);
+      FAIL("accepted: " << needle);
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()).find(needle) != std::string::npos);
+    }
+  };
+  PlanOptions o = gpt_options(2, "1f1b", true);
+  o.batch = 7;
+  refused(o, "--batch 7 is not divisible by --microbatches 4");
+  o = gpt_options(2, "warp", true);
+  refused(o, "warp");
+  o = gpt_options(2, "1f1b", false);
+  refused(o, "add --train");
+  o = gpt_options(2, "1f1b", true);
+  o.chunks = 3;
+  refused(o, "--chunks 3 needs --schedule interleaved");
+  o = gpt_options(2, "1f1b", true);
+  o.split_after = {"no-such-node"};
+  refused(o, "--split-after 'no-such-node' names no node");
+  o = gpt_options(200, "inference", false);
+  o.microbatches = 1;
+  o.batch = 1;
+  refused(o, "200 stages (200 devices x 1 chunks) for a model of");
+  o = gpt_options(2, "1f1b", true);
+  o.objective = "cheap";
+  refused(o, "--objective 'cheap'");
+}
+
+TEST_CASE("manual split points are honoured and still predicted") {
+  PlanOptions o;
+  o.model_path = sample("toy.onnx");
+  o.devices = 2;
+  o.batch = 8;
+  o.microbatches = 2;
+  PlannedModel auto_plan = make_plan(o);
+  o.split_after = {auto_plan.plan.stages[0].nodes.front()};
+  PlannedModel manual = make_plan(o);
+  CHECK(manual.plan.stages[0].nodes.size() == 1);
+  CHECK(manual.plan.stages[0].why.find("as --split-after asked") != std::string::npos);
+  CHECK(manual.plan.predicted.step_ms > 0);
+}
+
+TEST_CASE("the plan directory holds valid stage models and a loadable plan") {
+  testing::TempDir dir;
+  PlannedModel planned = make_plan(gpt_options(2, "1f1b", true));
+  std::string out = dir.file("plan");
+  write_plan(planned, out);
+  Plan loaded = load_plan(out);
+  CHECK(loaded.stages.size() == 2);
+  for (const auto& st : loaded.stages) {
+    CHECK_NOTHROW(onnx::checker::check_model(out + "/" + st.file));
+    CHECK(st.file_hash.rfind("fnv1a64:", 0) == 0);
+  }
+  CHECK(std::filesystem::exists(out + "/schedule.json"));
+  // Re-planning into the same directory replaces it; a foreign directory is never replaced.
+  write_plan(planned, out);
+  std::filesystem::create_directory(dir.file("mine"));
+  std::ofstream(dir.file("mine/notes.txt")) << "keep me";
+  CHECK_THROWS_WITH_AS(write_plan(planned, dir.file("mine")), doctest::Contains("refusing to replace it"), Error);
+  CHECK(std::filesystem::exists(dir.file("mine/notes.txt")));
+}
+
+}  // namespace
+}  // namespace stagecraft::plan

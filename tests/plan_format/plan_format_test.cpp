@@ -1,0 +1,304 @@
+// The plan format: JSON round trip, strict reading, the validator's refusals (each naming the
+// field), file hashes and load_plan's checks of the stage files.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "runtime/format/error.h"
+#include "runtime/format/plan.h"
+#include "tests/plan_format/sample_plan.h"
+#include "tests/test_util.h"
+
+namespace stagecraft::plan {
+namespace {
+
+using testing::sample_plan;
+
+/// Runs `body`, which must throw an Error of `kind` whose message contains `expected`.
+template <typename Body>
+void check_error(Body&& body, ErrorKind kind, const std::string& expected) {
+  try {
+    body();
+    FAIL("no error; expected: ", expected);
+  } catch (const Error& e) {
+    INFO(e.what());
+    CHECK(e.kind() == kind);
+    CHECK(std::string(e.what()).find(expected) != std::string::npos);
+  }
+}
+
+/// validate_plan must refuse `plan` with a kPlan error containing `expected`.
+void check_refused(const Plan& plan, const std::string& expected) {
+  check_error([&] { validate_plan(plan, "p/plan.json"); }, ErrorKind::kPlan,
+              "p/plan.json: field '" + expected);
+}
+
+nlohmann::json json_of(const Plan& plan) { return nlohmann::json::parse(to_json(plan).dump()); }
+
+TEST_CASE("to_json then plan_from_json gives the same plan") {
+  for (const char* schedule : {"1f1b", "interleaved", "inference"}) {
+    Plan plan = sample_plan(schedule, 2, std::string(schedule) == "interleaved" ? 2 : 1, 4);
+    plan.stages[1].file_hash = "fnv1a64:00000000000000ff";
+    validate_plan(plan, "sample");
+    Plan back = plan_from_json(json_of(plan), "sample");
+    CHECK(to_json(back) == to_json(plan));
+    CHECK(back.stages[1].inputs[0].peer_stage == 0);
+    CHECK(back.stages[0].outputs[0].peer_stages == std::vector<int>{1});
+    CHECK(back.stages.back().outputs.back().graph_output);
+    CHECK(back.device_spec == plan.device_spec);
+    CHECK(back.predicted.split_after == plan.predicted.split_after);
+    CHECK(back.stages[1].memory.total() == plan.stages[1].memory.total());
+  }
+}
+
+TEST_CASE("plan.json lists memory with its total and fields in struct order") {
+  nlohmann::ordered_json json = to_json(sample_plan());
+  CHECK(json.begin().key() == "format_version");
+  const auto& memory = json["stages"][0]["memory"];
+  CHECK(memory["total"] == sample_plan().stages[0].memory.total());
+  std::vector<std::string> keys;
+  for (const auto& item : memory.items()) keys.push_back(item.key());
+  CHECK(keys == std::vector<std::string>{"weights", "gradients", "optimizer", "activations",
+                                         "temporary", "communication", "total"});
+}
+
+TEST_CASE("plan_from_json names a missing or mistyped field") {
+  nlohmann::json json = json_of(sample_plan());
+  auto refused = [](nlohmann::json changed, const std::string& expected) {
+    check_error([&] { plan_from_json(changed, "plan.json"); }, ErrorKind::kFormat, expected);
+  };
+  nlohmann::json missing = json;
+  missing["stages"][1].erase("device");
+  refused(missing, "plan.json: field 'stages[1].device' is missing");
+  nlohmann::json mistyped = json;
+  mistyped["stages"][1]["device"] = "one";
+  refused(mistyped, "plan.json: field 'stages[1].device' is not an integer (it is \"one\")");
+  nlohmann::json fractional = json;
+  fractional["devices"] = 2.5;
+  refused(fractional, "field 'devices' is not an integer");
+  nlohmann::json shape = json;
+  shape["stages"][1]["inputs"][0]["shape"][1] = "16";
+  refused(shape, "field 'stages[1].inputs[0].shape[1]' is not an integer");
+  nlohmann::json unknown = json;
+  unknown["stages"][0]["memory"]["weigths"] = 1;
+  refused(unknown, "field 'stages[0].memory.weigths' is not a field of the plan format");
+  nlohmann::json total = json;
+  total["stages"][0]["memory"]["total"] = 1;
+  refused(total, "field 'stages[0].memory.total' is 1, but the parts add up to");
+  nlohmann::json not_bool = json;
+  not_bool["training"] = 1;
+  refused(not_bool, "field 'training' is not a boolean");
+  refused(nlohmann::json::array(), "plan.json: is not a JSON object");
+}
+
+TEST_CASE("another format version is unsupported and names both versions") {
+  nlohmann::json json = json_of(sample_plan());
+  json["format_version"] = kPlanFormatVersion + 1;
+  json["stages"] = "whatever a newer version keeps here";
+  std::string expected = "plan.json: field 'format_version' is " +
+                         std::to_string(kPlanFormatVersion + 1) + "; this build reads version " +
+                         std::to_string(kPlanFormatVersion);
+  check_error([&] { plan_from_json(json, "plan.json"); }, ErrorKind::kUnsupported, expected);
+  Plan plan = sample_plan();
+  plan.format_version = 0;
+  check_error([&] { validate_plan(plan, "plan.json"); }, ErrorKind::kUnsupported,
+              "field 'format_version' is 0");
+}
+
+TEST_CASE("validate_plan refuses broken cross references naming the field") {
+  Plan plan = sample_plan();
+  SUBCASE("input whose producer lacks that output") {
+    plan.stages[0].outputs.erase(plan.stages[0].outputs.begin());
+    check_refused(
+        plan, "stages[1].inputs[0]' reads 'act0' from stage 0, whose outputs do not include it");
+  }
+  SUBCASE("shape mismatch") {
+    plan.stages[1].inputs[0].shape = {2, 8};
+    check_refused(plan, "stages[1].inputs[0].shape' is [2,8], but stage 0 writes 'act0' as [2,16]");
+  }
+  SUBCASE("dtype mismatch") {
+    plan.stages[1].inputs[0].dtype = "float16";
+    check_refused(plan,
+                  "stages[1].inputs[0].dtype' is float16, but stage 0 writes 'act0' as float32");
+  }
+  SUBCASE("producer does not list the reader") {
+    plan.stages[0].outputs[0].peer_stages.clear();
+    plan.stages[0].outputs[0].graph_output = true;
+    check_refused(
+        plan, "stages[1].inputs[0]' reads 'act0' from stage 0, whose output does not list stage 1");
+  }
+  SUBCASE("reader lacks the input") {
+    plan.stages[1].inputs.erase(plan.stages[1].inputs.begin());
+    check_refused(
+        plan,
+        "stages[0].outputs[0].peer_stages[0]' names stage 1, but stage 1 has no input 'act0'");
+  }
+  SUBCASE("output read by nobody") {
+    plan.stages[1].outputs[0].graph_output = false;
+    check_refused(plan,
+                  "stages[1].outputs[0]' ('loss') is read by no stage and is not a graph output");
+  }
+  SUBCASE("input from a later stage") {
+    plan.stages[0].inputs[0].peer_stage = 1;
+    check_refused(plan, "stages[0].inputs[0].peer_stage' is 1");
+  }
+  SUBCASE("node in two stages") {
+    plan.stages[1].nodes.push_back("s0_a");
+    check_refused(
+        plan,
+        "stages[1].nodes[2]' names node 's0_a', which is already in stage 0 (stages[0].nodes[0])");
+  }
+  SUBCASE("empty stage") {
+    plan.stages[1].nodes.clear();
+    check_refused(plan, "stages[1].nodes' is empty");
+  }
+  SUBCASE("device out of range") {
+    plan.stages[1].device = 5;
+    check_refused(plan, "stages[1].device' is 5, but the plan has 2 devices (0..1)");
+  }
+  SUBCASE("stages not round-robin") {
+    plan.devices = 1;
+    plan.chunks = 2;
+    plan.schedule = "interleaved";
+    plan.stages[1].chunk = 1;
+    check_refused(plan, "stages[1].device' is 1, but the plan has 1 device (0..0)");
+    plan.stages[1].device = 0;
+    plan.stages[0].chunk = 1;
+    check_refused(plan, "stages[0].chunk' is 1, but stage 0 is chunk 0");
+  }
+  SUBCASE("batch is not microbatches x microbatch_size") {
+    plan.batch = 10;
+    check_refused(plan, "batch' is 10, but microbatches x microbatch_size is 4 x 2 = 8");
+  }
+  SUBCASE("stage count is not devices x chunks") {
+    plan.stages.pop_back();
+    check_refused(plan, "stages' has 1 stage, but devices x chunks is 2 x 1 = 2");
+  }
+  SUBCASE("stage index out of order") {
+    plan.stages[1].index = 3;
+    check_refused(plan, "stages[1].index' is 3");
+  }
+  SUBCASE("pipeline counts below one") {
+    plan.microbatches = 0;
+    check_refused(plan, "microbatches' is 0; it must be >= 1");
+  }
+  SUBCASE("chunks without the interleaved schedule") {
+    plan.chunks = 2;
+    check_refused(plan, "chunks' is 2, but only the interleaved schedule");
+  }
+  SUBCASE("names") {
+    plan.schedule = "pipedream";
+    check_refused(plan,
+                  "schedule' is 'pipedream'; valid: gpipe, 1f1b, interleaved, zb-h1, inference");
+    plan.schedule = "1f1b";
+    plan.objective = "fast";
+    check_refused(plan, "objective' is 'fast'; valid: speed, memory");
+    plan.objective = "speed";
+    plan.precision = "fp8";
+    check_refused(plan, "precision' is 'fp8'");
+    plan.precision = "fp32";
+    plan.optimizer = "lion";
+    check_refused(plan, "optimizer' is 'lion'");
+  }
+  SUBCASE("inference schedule with training") {
+    plan.schedule = "inference";
+    check_refused(plan, "training' is true, but the schedule is 'inference'");
+  }
+  SUBCASE("negative numbers") {
+    plan.stages[0].fwd_ms = -1;
+    check_refused(plan, "stages[0].fwd_ms' is -1; it must be >= 0");
+    plan.stages[0].fwd_ms = 1;
+    plan.stages[1].memory.activations = -4;
+    check_refused(plan, "stages[1].memory.activations' is -4");
+    plan.stages[1].memory.activations = 4;
+    plan.predicted.bubble_fraction = 1.5;
+    check_refused(plan, "predicted.bubble_fraction' is 1.5");
+  }
+  SUBCASE("stage file outside the plan directory") {
+    plan.stages[0].file = "../stage_0.onnx";
+    check_refused(plan, "stages[0].file' is '../stage_0.onnx'");
+  }
+  SUBCASE("malformed hash") {
+    plan.stages[0].file_hash = "md5:abc";
+    check_refused(plan, "stages[0].file_hash' is 'md5:abc'");
+  }
+  SUBCASE("op in an unknown stage or node") {
+    plan.ops[0].stage = 7;
+    check_refused(plan, "ops[0].stage' is 7, but the plan has 2 stages");
+    plan.ops[0].stage = 1;
+    check_refused(plan, "ops[0].stage' is 1, but node 's0_a' is in stage 0");
+    plan.ops[0].name = "nobody";
+    check_refused(plan, "ops[0].name' is 'nobody', a node no stage lists");
+  }
+  SUBCASE("prediction per device") {
+    plan.baseline_uniform.device_peak_bytes = {1, 2, 3};
+    check_refused(plan,
+                  "baseline_uniform.device_peak_bytes' has 3 entries, but the plan has 2 devices");
+  }
+}
+
+TEST_CASE("file_hash is FNV-1a 64 over the bytes") {
+  testing::TempDir dir;
+  testing::write_bytes(dir.file("empty"), "");
+  testing::write_bytes(dir.file("a"), "a");
+  CHECK(file_hash(dir.file("empty")) == "fnv1a64:cbf29ce484222325");
+  CHECK(file_hash(dir.file("a")) == "fnv1a64:af63dc4c8601ec8c");
+  // Past one read chunk (1 MiB) the hash goes on where the last chunk ended.
+  std::string big(3 << 20, 'x');
+  testing::write_bytes(dir.file("big"), big);
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (unsigned char c : big) hash = (hash ^ c) * 0x100000001b3ULL;
+  CHECK(file_hash(dir.file("big")) == fmt::format("fnv1a64:{:016x}", hash));
+  check_error([&] { file_hash(dir.file("none")); }, ErrorKind::kIo, "none: cannot open");
+}
+
+TEST_CASE("load_plan reads a plan directory and checks its stage files") {
+  testing::TempDir dir;
+  Plan written = testing::write_plan_dir(sample_plan(), dir.file("plan"));
+  Plan loaded = load_plan(dir.file("plan"));
+  CHECK(to_json(loaded) == to_json(written));
+  CHECK(loaded.stages[1].file_hash.starts_with("fnv1a64:"));
+
+  SUBCASE("hash mismatch") {
+    testing::write_bytes(dir.file("plan/stage_1.onnx"), "edited");
+    check_error([&] { load_plan(dir.file("plan")); }, ErrorKind::kPlan,
+                "plan/stage_1.onnx: hash " + file_hash(dir.file("plan/stage_1.onnx")) +
+                    " does not match plan.json's " + written.stages[1].file_hash);
+  }
+  SUBCASE("missing stage file") {
+    std::filesystem::remove(dir.file("plan/stage_0.onnx"));
+    check_error([&] { load_plan(dir.file("plan")); }, ErrorKind::kIo,
+                "plan/stage_0.onnx: is missing (named by plan.json's stages[0].file)");
+  }
+  SUBCASE("no hash recorded: only existence is checked") {
+    Plan dry = sample_plan();
+    testing::write_plan_dir(dry, dir.file("dry"));
+    dry.stages[0].file_hash.clear();
+    testing::write_bytes(dir.file("dry/plan.json"), to_json(dry).dump());
+    testing::write_bytes(dir.file("dry/stage_0.onnx"), "anything");
+    CHECK(load_plan(dir.file("dry")).stages[0].file_hash.empty());
+  }
+  SUBCASE("missing plan.json") {
+    std::filesystem::remove(dir.file("plan/plan.json"));
+    check_error([&] { load_plan(dir.file("plan")); }, ErrorKind::kIo,
+                "plan/plan.json: cannot open (No such file or directory)");
+  }
+  SUBCASE("not a directory") {
+    check_error([&] { load_plan(dir.file("nowhere")); }, ErrorKind::kIo,
+                "nowhere: no such plan directory");
+  }
+  SUBCASE("bad JSON gives the position") {
+    testing::write_bytes(dir.file("plan/plan.json"), "{\n  \"format_version\": 1,\n  oops\n}");
+    check_error([&] { load_plan(dir.file("plan")); }, ErrorKind::kFormat,
+                "plan/plan.json: not valid JSON: parse error at line 3, column 3");
+  }
+  SUBCASE("validation names the file") {
+    testing::edit_file(dir.file("plan/plan.json"), "\"batch\": 8", "\"batch\": 9");
+    check_error([&] { load_plan(dir.file("plan")); }, ErrorKind::kPlan,
+                "plan/plan.json: field 'batch' is 9");
+  }
+}
+
+}  // namespace
+}  // namespace stagecraft::plan

@@ -1,0 +1,117 @@
+// The --json view of stagedump (schema at the top of tools/stagedump.cpp).
+#include "tools/dump/render.h"
+
+namespace stagecraft::dump {
+namespace {
+
+using ordered = nlohmann::ordered_json;
+
+ordered memory_json(const plan::MemoryBytes& m) {
+  return {{"weights", m.weights},     {"gradients", m.gradients},
+          {"optimizer", m.optimizer}, {"activations", m.activations},
+          {"temporary", m.temporary}, {"communication", m.communication},
+          {"total", m.total()}};
+}
+
+ordered stage_json(const plan::Stage& stage) {
+  return {{"index", stage.index},
+          {"device", stage.device},
+          {"chunk", stage.chunk},
+          {"nodes", stage.nodes.size()},
+          {"first_node", stage.nodes.front()},
+          {"last_node", stage.nodes.back()},
+          {"params", stage.params},
+          {"fwd_ms", stage.fwd_ms},
+          {"bwd_ms", stage.bwd_ms},
+          {"send_ms", stage.send_ms},
+          {"in_flight", stage.in_flight},
+          {"memory_bytes", memory_json(stage.memory)},
+          {"why", stage.why}};
+}
+
+ordered cuts_json(const plan::Plan& plan) {
+  ordered cuts = ordered::array();
+  for (int cut = 0; cut + 1 < static_cast<int>(plan.stages.size()); ++cut) {
+    ordered tensors = ordered::array();
+    int64_t total = 0;
+    for (const CutTensor& c : tensors_crossing(plan, cut)) {
+      tensors.push_back({{"name", c.tensor->name},
+                         {"dtype", c.tensor->dtype},
+                         {"shape", c.tensor->shape},
+                         {"from", c.from},
+                         {"to", c.tensor->peer_stages},
+                         {"bytes", c.tensor->bytes}});
+      total += c.tensor->bytes;
+    }
+    cuts.push_back({{"after_stage", cut}, {"bytes", total}, {"tensors", std::move(tensors)}});
+  }
+  return cuts;
+}
+
+ordered prediction_json(const plan::Prediction& p) {
+  return {{"step_ms", p.step_ms},
+          {"bubble_fraction", p.bubble_fraction},
+          {"samples_per_s", p.samples_per_s},
+          {"peak_memory_bytes", p.peak_memory_bytes},
+          {"fits", p.fits}};
+}
+
+ordered baseline_json(const plan::Prediction& baseline, const plan::Prediction& ours) {
+  ordered json = prediction_json(baseline);
+  json["step_ratio"] = baseline.step_ms > 0 ? ordered(ours.step_ms / baseline.step_ms) : ordered();
+  return json;
+}
+
+ordered simulated_json(const PlanView& view) {
+  const schedule::SimResult& sim = view.simulated;
+  ordered busy = ordered::array();
+  for (double seconds : sim.device_busy_s) busy.push_back(seconds * 1e3);
+  return {{"step_ms", sim.step_s * 1e3},
+          {"bubble_fraction", sim.bubble_fraction},
+          {"samples_per_s", sim.samples_per_s(static_cast<int>(view.plan.batch))},
+          {"device_busy_ms", std::move(busy)},
+          {"device_peak_bytes", sim.device_peak_bytes}};
+}
+
+}  // namespace
+
+nlohmann::ordered_json render_json(const PlanView& view) {
+  const plan::Plan& plan = view.plan;
+  ordered stages = ordered::array();
+  for (const plan::Stage& stage : plan.stages) stages.push_back(stage_json(stage));
+  ordered ops = ordered::array();
+  for (const plan::OpRecord& op : plan.ops) {
+    ops.push_back({{"name", op.name},
+                   {"op_type", op.op_type},
+                   {"stage", op.stage},
+                   {"fwd_ms", op.fwd_ms},
+                   {"bwd_ms", op.bwd_ms},
+                   {"flops", op.flops}});
+  }
+  return {{"plan",
+           {{"dir", view.plan_dir},
+            {"format_version", plan.format_version},
+            {"generator", plan.generator},
+            {"model_path", plan.model_path},
+            {"objective", plan.objective},
+            {"schedule", plan.schedule},
+            {"devices", plan.devices},
+            {"chunks", plan.chunks},
+            {"microbatches", plan.microbatches},
+            {"microbatch_size", plan.microbatch_size},
+            {"batch", plan.batch},
+            {"training", plan.training},
+            {"optimizer", plan.optimizer},
+            {"precision", plan.precision},
+            {"cost_model", plan.cost_model}}},
+          {"stages", std::move(stages)},
+          {"cuts", cuts_json(plan)},
+          {"predicted", prediction_json(plan.predicted)},
+          {"simulated", simulated_json(view)},
+          {"baselines",
+           {{"parameters", baseline_json(plan.baseline_parameters, plan.predicted)},
+            {"uniform", baseline_json(plan.baseline_uniform, plan.predicted)}}},
+          {"ops", std::move(ops)}};
+}
+
+}  // namespace stagecraft::dump

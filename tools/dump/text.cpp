@@ -1,0 +1,206 @@
+// The default text report of stagedump.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "tools/dump/render.h"
+
+namespace stagecraft::dump {
+namespace {
+
+/// A plain text table: a header row, then rows; the first `left` columns align left, the rest
+/// (numbers) right. Columns are separated by two spaces, every line indented by two.
+class Table {
+ public:
+  Table(std::vector<std::string> header, size_t left) : left_(left) {
+    rows_.push_back(std::move(header));
+  }
+
+  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+
+  std::string render() const {
+    std::vector<size_t> widths;
+    for (const auto& row : rows_) {
+      widths.resize(std::max(widths.size(), row.size()), 0);
+      for (size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+    }
+    std::string text;
+    for (const auto& row : rows_) {
+      std::string line = " ";
+      for (size_t c = 0; c < row.size(); ++c) {
+        line += c < left_ ? fmt::format(" {:<{}}", row[c], widths[c])
+                          : fmt::format(" {:>{}}", row[c], widths[c]);
+        line += " ";
+      }
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      text += line + "\n";
+    }
+    return text;
+  }
+
+ private:
+  size_t left_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string ms(double value) { return fmt::format("{:.3f}", value); }
+
+std::string percent(double fraction) { return fmt::format("{:.1f}%", 100 * fraction); }
+
+std::string shape_text(const plan::StageTensor& tensor) {
+  return fmt::format("{}[{}]", tensor.dtype, fmt::join(tensor.shape, ","));
+}
+
+std::string header(const PlanView& view) {
+  const plan::Plan& plan = view.plan;
+  std::string text;
+  auto line = [&](std::string_view key, const std::string& value) {
+    text += fmt::format("{:<12}{}\n", key, value);
+  };
+  line("plan", fmt::format("{} (format {}, written by {})", view.plan_dir, plan.format_version,
+                           plan.generator));
+  line("model", plan.model_hash.empty() ? plan.model_path
+                                        : fmt::format("{} ({})", plan.model_path, plan.model_hash));
+  line("schedule", fmt::format("{}: {} x {} = {}", plan.schedule, plural(plan.devices, "device"),
+                               plural(plan.chunks, "chunk"), plural(plan.stages.size(), "stage")));
+  line("batch",
+       fmt::format("{} = {} x {}", plan.batch,
+                   plural(plan.microbatches, "microbatch", "microbatches"), plan.microbatch_size));
+  line(plan.training ? "training" : "inference",
+       plan.training ? fmt::format("optimizer {}, precision {}", plan.optimizer, plan.precision)
+                     : fmt::format("precision {}", plan.precision));
+  line("objective", plan.objective);
+  line("cost model", plan.cost_model);
+  return text;
+}
+
+std::string stage_table(const plan::Plan& plan) {
+  Table table(
+      {"stage", "device", "first op", "last op", "ops", "params", "fwd ms", "bwd ms", "send ms"},
+      4);
+  for (const plan::Stage& stage : plan.stages) {
+    table.add({std::to_string(stage.index), std::to_string(stage.device), stage.nodes.front(),
+               stage.nodes.back(), with_commas(stage.nodes.size()), with_commas(stage.params),
+               ms(stage.fwd_ms), ms(stage.bwd_ms), ms(stage.send_ms)});
+  }
+  return "\nstages\n" + table.render();
+}
+
+std::string memory_table(const plan::Plan& plan) {
+  Table table({"stage", "weights", "gradients", "optimizer", "activations", "in flight",
+               "temporary", "comm", "total"},
+              1);
+  for (const plan::Stage& stage : plan.stages) {
+    const plan::MemoryBytes& m = stage.memory;
+    table.add({std::to_string(stage.index), format_bytes(m.weights), format_bytes(m.gradients),
+               format_bytes(m.optimizer), format_bytes(m.activations), with_commas(stage.in_flight),
+               format_bytes(m.temporary), format_bytes(m.communication), format_bytes(m.total())});
+  }
+  std::string text =
+      "\nmemory per stage at its peak (activations kept for the microbatches in flight)\n";
+  text += table.render();
+  text += "\nwhy each stage ends where it does\n";
+  for (const plan::Stage& stage : plan.stages) {
+    text += fmt::format("  stage {}: {}\n", stage.index, stage.why.empty() ? "-" : stage.why);
+  }
+  return text;
+}
+
+std::string cut_list(const plan::Plan& plan) {
+  if (plan.stages.size() < 2) return "";
+  std::string text = "\ntensors crossing each cut (per microbatch)\n";
+  for (int cut = 0; cut + 1 < static_cast<int>(plan.stages.size()); ++cut) {
+    std::vector<CutTensor> crossing = tensors_crossing(plan, cut);
+    int64_t total = 0;
+    for (const CutTensor& c : crossing) total += c.tensor->bytes;
+    text +=
+        fmt::format("  stage {} | {}: {}, {}\n", cut, cut + 1, plural(crossing.size(), "tensor"),
+                    format_bytes(static_cast<double>(total)));
+    for (const CutTensor& c : crossing) {
+      text += fmt::format("    {} {} {} (stage {} -> {})\n", c.tensor->name, shape_text(*c.tensor),
+                          format_bytes(static_cast<double>(c.tensor->bytes)), c.from,
+                          fmt::join(c.tensor->peer_stages, ", "));
+    }
+  }
+  return text;
+}
+
+std::string predictions(const PlanView& view) {
+  const plan::Plan& plan = view.plan;
+  const plan::Prediction& ours = plan.predicted;
+  std::string text = fmt::format(
+      "\npredicted   step {} ms, {} samples/s, bubble {}, peak memory {}{}\n", ms(ours.step_ms),
+      with_commas(std::llround(ours.samples_per_s)), percent(ours.bubble_fraction),
+      format_bytes(static_cast<double>(ours.peak_memory_bytes)),
+      ours.fits ? "" : " (does NOT fit)");
+  Table table({"split", "step ms", "bubble", "peak memory", "fits", "ours / baseline step"}, 1);
+  auto row = [&](const std::string& name, const plan::Prediction& p) {
+    std::string ratio = p.step_ms > 0 ? fmt::format("{:.2f}", ours.step_ms / p.step_ms) : "-";
+    table.add({name, ms(p.step_ms), percent(p.bubble_fraction),
+               format_bytes(static_cast<double>(p.peak_memory_bytes)), p.fits ? "yes" : "no",
+               ratio});
+  };
+  row("ours (" + plan.objective + ")", ours);
+  row("parameters", plan.baseline_parameters);
+  row("uniform", plan.baseline_uniform);
+  text +=
+      "baselines   DeepSpeed's partition methods (balance parameters / op counts), same schedule\n";
+  text += table.render();
+  return text;
+}
+
+}  // namespace
+
+std::string render_ascii_timeline(const PlanView& view, int columns) {
+  const schedule::SimResult& sim = view.simulated;
+  int devices = view.plan.devices;
+  std::vector<std::string> rows(devices, std::string(columns, '.'));
+  double scale = sim.step_s > 0 ? sim.step_s / columns : 1;
+  for (const schedule::TimelineEvent& event : compute_events(sim)) {
+    std::string& row = rows[event.device];
+    int begin = std::clamp(static_cast<int>(std::lround(event.start_s / scale)), 0, columns);
+    int end = std::clamp(static_cast<int>(std::lround(event.end_s / scale)), 0, columns);
+    if (end <= begin) {
+      if (begin < columns && row[begin] == '.') end = begin + 1;
+      if (begin == columns && row[columns - 1] == '.') begin = columns - 1, end = columns;
+    }
+    if (end <= begin) continue;
+    std::string label = event_letter(event, devices) +
+                        (event.microbatch >= 0 ? std::to_string(event.microbatch) : "");
+    if (static_cast<int>(label.size()) > end - begin) label.resize(1);
+    for (int c = begin; c < end; ++c) {
+      size_t offset = c - begin;
+      row[c] = offset < label.size() ? label[offset] : '-';
+    }
+  }
+  // The replay uses only what the plan records per stage, so it may differ a little from the
+  // compiler's own prediction; say so rather than show two step times without comment.
+  double predicted_ms = view.plan.predicted.step_ms;
+  std::string differs;
+  if (std::abs(sim.step_s * 1e3 - predicted_ms) > 1e-3 * std::max(predicted_ms, 1e-9)) {
+    differs = fmt::format(" (plan.json predicts {} ms)", ms(predicted_ms));
+  }
+  std::string text = fmt::format(
+      "\ntimeline    {} re-simulated from schedule.json: step {} ms{}, bubble {}; one column = "
+      "{:.3g} us\n",
+      view.plan.schedule, ms(sim.step_s * 1e3), differs, percent(sim.bubble_fraction), scale * 1e6);
+  for (int device = 0; device < devices; ++device) {
+    text += fmt::format("  device {:<3}|{}|\n", device, rows[device]);
+  }
+  std::string end_label = fmt::format("{} ms", ms(sim.step_s * 1e3));
+  text +=
+      fmt::format("  {:<11}0{:>{}}\n", "", end_label, std::max<int>(columns - 1, end_label.size()));
+  text +=
+      "  F forward, B backward (its input-gradient half under zb-h1), W weight gradient, digits "
+      "the\n"
+      "  microbatch, '-' its duration, '.' idle; lower case for a device's later chunks\n";
+  return text;
+}
+
+std::string render_text(const PlanView& view) {
+  return header(view) + stage_table(view.plan) + memory_table(view.plan) + cut_list(view.plan) +
+         predictions(view) + render_ascii_timeline(view);
+}
+
+}  // namespace stagecraft::dump

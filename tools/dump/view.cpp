@@ -1,0 +1,170 @@
+#include "tools/dump/view.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/format/error.h"
+
+namespace stagecraft::dump {
+namespace {
+
+namespace fs = std::filesystem;
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw Error(ErrorKind::kIo, fmt::format("cannot open ({})", std::strerror(errno))).in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(ErrorKind::kFormat, fmt::format("not valid JSON: {}", e.what())).in(path);
+  }
+}
+
+}  // namespace
+
+PlanView load_view(const std::string& plan_dir) {
+  PlanView view;
+  view.plan_dir = plan_dir;
+  view.plan = plan::load_plan(plan_dir);
+  const plan::Plan& plan = view.plan;
+  view.shape = {plan.devices, plan.chunks, plan.microbatches, plan.training};
+
+  std::string path = (fs::path(plan_dir) / "schedule.json").string();
+  nlohmann::json body = read_json(path);
+  // schedule_from_json names "schedule.json" itself; the plan directory goes in front.
+  view.schedule = with_context(plan_dir, ErrorKind::kFormat,
+                               [&] { return schedule::schedule_from_json(body); });
+  with_context(path, ErrorKind::kPlan, [&] {
+    schedule::validate_schedule(view.schedule, view.shape);
+    view.simulated = schedule::simulate(view.schedule, view.shape, stage_costs(plan));
+  });
+  return view;
+}
+
+schedule::StageCosts stage_costs(const plan::Plan& plan) {
+  schedule::StageCosts costs;
+  for (const plan::Stage& stage : plan.stages) {
+    costs.forward_s.push_back(stage.fwd_ms / 1e3);
+    if (plan.training) {
+      costs.backward_input_s.push_back(stage.bwd_ms / 2e3);
+      costs.backward_weight_s.push_back(stage.bwd_ms / 2e3);
+    }
+    costs.send_s.push_back(stage.send_ms / 1e3);
+    const plan::MemoryBytes& memory = stage.memory;
+    costs.activation_bytes.push_back(static_cast<double>(memory.activations) /
+                                     static_cast<double>(stage.in_flight));
+    costs.static_bytes.push_back(static_cast<double>(memory.total() - memory.activations));
+  }
+  return costs;
+}
+
+std::vector<CutTensor> tensors_crossing(const plan::Plan& plan, int cut) {
+  std::vector<CutTensor> crossing;
+  for (int from = 0; from <= cut && from < static_cast<int>(plan.stages.size()); ++from) {
+    for (const plan::StageTensor& output : plan.stages[from].outputs) {
+      bool read_later = std::any_of(output.peer_stages.begin(), output.peer_stages.end(),
+                                    [&](int peer) { return peer > cut; });
+      if (read_later) crossing.push_back({&output, from});
+    }
+  }
+  return crossing;
+}
+
+std::vector<schedule::TimelineEvent> compute_events(const schedule::SimResult& result) {
+  std::vector<schedule::TimelineEvent> events;
+  for (const schedule::TimelineEvent& event : result.events) {
+    bool compute = event.op == schedule::Op::kForward || event.op == schedule::Op::kBackward ||
+                   event.op == schedule::Op::kBackwardInput ||
+                   event.op == schedule::Op::kBackwardWeight ||
+                   event.op == schedule::Op::kOptimizerStep;
+    if (compute && event.end_s > event.start_s) events.push_back(event);
+  }
+  std::stable_sort(events.begin(), events.end(), [](const auto& a, const auto& b) {
+    return a.device != b.device ? a.device < b.device : a.start_s < b.start_s;
+  });
+  return events;
+}
+
+char event_letter(const schedule::TimelineEvent& event, int devices) {
+  char letter = 'O';
+  switch (event.op) {
+    case schedule::Op::kForward:
+      letter = 'F';
+      break;
+    case schedule::Op::kBackward:
+    case schedule::Op::kBackwardInput:
+      letter = 'B';
+      break;
+    case schedule::Op::kBackwardWeight:
+      letter = 'W';
+      break;
+    default:
+      break;
+  }
+  bool later_chunk = devices > 0 && event.stage >= devices;
+  return later_chunk ? static_cast<char>(letter - 'A' + 'a') : letter;
+}
+
+std::string_view event_category(schedule::Op op) {
+  switch (op) {
+    case schedule::Op::kForward:
+      return "forward";
+    case schedule::Op::kBackward:
+      return "backward";
+    case schedule::Op::kBackwardInput:
+      return "backward_input";
+    case schedule::Op::kBackwardWeight:
+      return "backward_weight";
+    case schedule::Op::kOptimizerStep:
+      return "optimizer";
+    default:
+      return "communication";
+  }
+}
+
+std::string format_bytes(double bytes) {
+  constexpr std::array<std::string_view, 4> kUnits = {"KiB", "MiB", "GiB", "TiB"};
+  if (std::abs(bytes) < 1024) return fmt::format("{:.0f} B", bytes);
+  double value = bytes;
+  size_t unit = 0;
+  for (value /= 1024; std::abs(value) >= 1024 && unit + 1 < kUnits.size(); value /= 1024) ++unit;
+  int decimals = std::abs(value) < 10 ? 2 : std::abs(value) < 100 ? 1 : 0;
+  return fmt::format("{:.{}f} {}", value, decimals, kUnits[unit]);
+}
+
+std::string with_commas(int64_t value) {
+  std::string digits = std::to_string(value < 0 ? -value : value);
+  std::string text;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) text += ',';
+    text += digits[i];
+  }
+  return value < 0 ? "-" + text : text;
+}
+
+std::string_view stage_colour(int stage) {
+  // ColorBrewer's Set3: twelve light colours that black text reads well on.
+  constexpr std::array<std::string_view, 12> kColours = {
+      "#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
+      "#b3de69", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"};
+  return kColours[static_cast<size_t>(stage) % kColours.size()];
+}
+
+std::string plural(int64_t count, std::string_view noun, std::string_view plural_noun) {
+  if (count == 1) return fmt::format("1 {}", noun);
+  if (plural_noun.empty()) return fmt::format("{} {}s", with_commas(count), noun);
+  return fmt::format("{} {}", with_commas(count), plural_noun);
+}
+
+}  // namespace stagecraft::dump

@@ -1,0 +1,126 @@
+// stagedump: inspect a plan directory, read the way the runtime reads it.
+//
+// Views (the text report goes to stdout unless another view is written to "-"):
+//   (default)    header, stage table, memory anatomy, why, cut tensors, prediction beside the
+//                baselines, ASCII timeline of the re-simulated schedule
+//   --json       the JSON document below instead of the text
+//   --dot FILE   Graphviz digraph of the ops in stage clusters ("-": stdout)
+//   --trace FILE Chrome trace (Trace Event Format) of the predicted schedule ("-": stdout)
+//   --html FILE  one self-contained HTML page ("-": stdout)
+//
+// The timeline is the plan's schedule.json played by compiler/schedule's event simulator with
+// the plan's per-stage times; each stage's bwd_ms is split half and half into B and W (only
+// ZB-H1 runs them apart). See tools/dump/view.h.
+//
+// --json schema (stable: keys are only ever added; times in ms, memory in bytes):
+//   {
+//     "plan":      {dir, format_version, generator, model_path, objective, schedule, devices,
+//                   chunks, microbatches, microbatch_size, batch, training, optimizer,
+//                   precision, cost_model},
+//     "stages":    [{index, device, chunk, nodes (count), first_node, last_node, params,
+//                    fwd_ms, bwd_ms, send_ms, in_flight,
+//                    memory_bytes {weights, gradients, optimizer, activations, temporary,
+//                                  communication, total},
+//                    why}],
+//     "cuts":      [{after_stage, bytes, tensors [{name, dtype, shape, from, to [], bytes}]}],
+//     "predicted": {step_ms, bubble_fraction, samples_per_s, peak_memory_bytes, fits},
+//     "simulated": {step_ms, bubble_fraction, samples_per_s, device_busy_ms [],
+//                   device_peak_bytes []},
+//     "baselines": {"parameters": {step_ms, bubble_fraction, samples_per_s, peak_memory_bytes,
+//                                  fits, step_ratio (ours / baseline; null if baseline is 0)},
+//                   "uniform":    {same}},
+//     "ops":       [{name, op_type, stage, fwd_ms, bwd_ms, flops}]
+//   }
+// "cuts"[c] lists the tensors crossing between stage c and c + 1 (a skip connection appears
+// under every cut it crosses); "predicted" is the compiler's figure, "simulated" the replay.
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <optional>
+
+#include "runtime/format/error.h"
+#include "tools/dump/render.h"
+
+namespace {
+
+using stagecraft::ErrorKind;
+
+/// Writes `text` to `path`, or to stdout for "-".
+void write_output(const std::string& path, const std::string& text) {
+  if (path == "-") {
+    fmt::print("{}", text);
+    return;
+  }
+  std::ofstream out(path, std::ios::binary);
+  if (out) out << text;
+  if (!out) {
+    throw stagecraft::Error(ErrorKind::kIo, fmt::format("cannot write ({})", std::strerror(errno)))
+        .in(path);
+  }
+}
+
+int run(int argc, char** argv) {
+  using namespace stagecraft;
+  CLI::App app{
+      "stagedump - inspect a pipeline plan written by stagec.\n\n"
+      "Reads PLAN_DIR/plan.json and schedule.json as the runtime does: the plan is validated\n"
+      "(versions, stage indices, devices, tensors crossing stages, node lists) and each stage\n"
+      "file is checked against its recorded hash; a bad plan is refused with the file and the\n"
+      "field. The schedule is re-simulated with the plan's stage times for the timelines (each\n"
+      "stage's backward split half and half into ZB-H1's B and W).\n"
+      "Prints a text report on stdout unless another view is written to '-'.",
+      "stagedump"};
+  std::string plan_dir;
+  bool json = false;
+  std::optional<std::string> dot, trace, html;
+  app.add_option("plan_dir", plan_dir, "plan directory (plan.json, schedule.json, stage_K.onnx)")
+      ->required();
+  app.add_flag("--json", json,
+               "print the plan as one JSON document instead of the text report (stages, cuts, "
+               "predicted, simulated, baselines, ops; schema in the README)");
+  app.add_option("--dot", dot,
+                 "write a Graphviz digraph of the ops, one coloured cluster per stage with the "
+                 "tensors crossing between stages, to FILE ('-': stdout)")
+      ->type_name("FILE");
+  app.add_option("--trace", trace,
+                 "write the predicted timeline as a Chrome trace (Trace Event Format; open in "
+                 "chrome://tracing or ui.perfetto.dev) to FILE ('-': stdout)")
+      ->type_name("FILE");
+  app.add_option("--html", html,
+                 "write one self-contained HTML page (stage table, memory per device, timeline) "
+                 "to FILE ('-': stdout)")
+      ->type_name("FILE");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  std::vector<std::string> to_stdout;
+  if (dot == "-") to_stdout.push_back("--dot -");
+  if (trace == "-") to_stdout.push_back("--trace -");
+  if (html == "-") to_stdout.push_back("--html -");
+  if (json && !to_stdout.empty()) to_stdout.insert(to_stdout.begin(), "--json");
+  if (to_stdout.size() > 1) {
+    fail(ErrorKind::kUsage, "{} all write to stdout; give all but one of them a FILE",
+         fmt::join(to_stdout, ", "));
+  }
+
+  dump::PlanView view = dump::load_view(plan_dir);
+  if (dot) write_output(*dot, dump::render_dot(view));
+  if (trace) write_output(*trace, dump::render_trace(view).dump(1) + "\n");
+  if (html) write_output(*html, dump::render_html(view));
+  if (to_stdout.empty()) {
+    fmt::print("{}", json ? dump::render_json(view).dump(2) + "\n" : dump::render_text(view));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return stagecraft::run_main("stagedump", [&] { return run(argc, argv); });
+}
