@@ -77,7 +77,10 @@ Setup make_setup(const PlanOptions& o) {
   return s;
 }
 
-NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order, const cost::OpCostModel& costs) {
+NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order, const cost::OpCostModel& costs,
+                     cost::Precision precision) {
+  // Mixed precision keeps activations in 16 bits whatever dtype the exporter wrote.
+  const int64_t float_bytes_divisor = precision == cost::Precision::kMixed ? 2 : 1;
   NodeFacts f;
   std::vector<bool> counted(g.num_values(), false);
   for (ir::NodeId id : order) {
@@ -94,7 +97,9 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order, c
     for (ir::ValueId v : node.outputs) {
       if (v == ir::kNoId) continue;
       DType d = g.value(v).dtype;
-      if (d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16 || d == DType::kFloat64) {
+      if (d == DType::kFloat32 || d == DType::kFloat64) {
+        out += g.value(v).bytes() / float_bytes_divisor;
+      } else if (d == DType::kFloat16 || d == DType::kBFloat16) {
         out += g.value(v).bytes();
       }
     }
@@ -339,7 +344,7 @@ PlannedModel make_plan(const PlanOptions& o) {
   }
   cost::RooflineCostModel costs(s.device, s.precision);
   auto order = g.topological_order();
-  NodeFacts facts = node_facts(g, order, costs);
+  NodeFacts facts = node_facts(g, order, costs, s.precision);
   auto gp = build_problem(g, s, facts, o);
   const int stages = gp.problem.stages;
   if (stages > static_cast<int>(order.size())) {

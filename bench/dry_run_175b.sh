@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Dry-run planning of a GPT-3-175B-shaped decoder (96 layers, width 12288, 96 heads,
+# sequence 2048, vocabulary 50257) for 64 devices. The model is written by the project's own
+# builder with a sparse weight file (no weight bytes on disk); stagec reads no weight bytes.
+# Usage: bash bench/dry_run_175b.sh [RUNS]   (after tools/build.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-5}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+build/samples/stagecraft-make-samples gpt -o "$dir/model.onnx" --layers 96 --width 12288 --heads 96 \
+  --seq 2048 --vocab 50257 --no-weight-bytes
+# Training: mixed-precision AdamW, 1F1B, 2 microbatches (more do not fit in 80 GB per device
+# without recomputation: stagec refuses them and says which stage needs how much).
+echo "== training, 1f1b, 64 devices, 2 microbatches"
+for i in $(seq "$runs"); do
+  /usr/bin/time -f "run $i: %e s wall, %M KiB peak RSS" \
+    build/tools/stagec "$dir/model.onnx" --dry-run --devices 64 --train --schedule 1f1b \
+    --batch 2 --microbatches 2 --dim seq=2048 --precision mixed --optimizer adamw --device-spec h100 \
+    > "$dir/train.txt"
+done
+grep -E "stages on|predicted:|parameter-balanced:|op-count-balanced:|planned in" "$dir/train.txt"
+echo "== inference, 64 devices, 64 microbatches"
+for i in $(seq "$runs"); do
+  /usr/bin/time -f "run $i: %e s wall, %M KiB peak RSS" \
+    build/tools/stagec "$dir/model.onnx" --dry-run --devices 64 --batch 64 --microbatches 64 \
+    --dim seq=2048 --precision mixed --device-spec h100 > "$dir/infer.txt"
+done
+grep -E "stages on|predicted:|parameter-balanced:|op-count-balanced:|planned in" "$dir/infer.txt"
