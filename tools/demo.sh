@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Quick start, first command: set up, build, and run the main job on a bundled sample.
+# Quick start, first command: set up, build, and run the main job on a bundled sample:
+# look at the model, compile it into a 2-device training plan, and inspect the plan.
+# (stagerun, which executes plans, is being built.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/build.sh
-echo
-echo "== stagec --info samples/models/gpt_tiny.onnx --batch 8 --dim seq=32"
-build/tools/stagec --info samples/models/gpt_tiny.onnx --batch 8 --dim seq=32
+model=samples/models/gpt_tiny.onnx
+run() { echo; echo "== $*"; "$@"; }
+run build/tools/stagec "$model" --info --batch 8 --dim seq=32
+run build/tools/stagec "$model" -o build/demo_plan --devices 2 --train --batch 8 --microbatches 4 \
+  --dim seq=32 --device-spec cpu
+run build/tools/stagedump build/demo_plan
