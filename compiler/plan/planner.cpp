@@ -272,6 +272,36 @@ std::string why(const partition::Solution& sol, std::size_t k, const ir::Graph& 
        sol.stages.size(), sol.over_stage, cost::describe(anatomy, in), format_bytes(capacity));
 }
 
+/// Working memory of one microbatch through the stage beyond what the anatomy already holds.
+/// Inference: the peak of the stage's own liveness (a tensor lives from its producer to its
+/// last reader in the stage; tensors leaving the stage live to its end). Training keeps every
+/// activation anyway, so the extra is one gradient buffer of the largest tensor.
+int64_t stage_temporary_bytes(const ir::Graph& g, const std::vector<ir::NodeId>& order, int first, int last,
+                              const std::vector<int>& stage_of, bool training) {
+  std::vector<int> position(g.num_nodes(), -1);
+  for (int i = first; i <= last; ++i) position[order[i]] = i;
+  int64_t live = 0, peak = 0, largest = 0;
+  std::vector<std::vector<int64_t>> free_after(last - first + 1);
+  for (int i = first; i <= last; ++i) {
+    for (ir::ValueId v : g.node(order[i]).outputs) {
+      if (v == ir::kNoId) continue;
+      int64_t bytes = g.value(v).bytes();
+      largest = std::max(largest, bytes);
+      int end = i;
+      bool leaves = g.value(v).is_graph_output;
+      for (ir::NodeId u : g.value(v).consumers) {
+        if (stage_of[u] != stage_of[order[i]]) leaves = true;
+        if (position[u] >= 0) end = std::max(end, position[u]);
+      }
+      live += bytes;
+      free_after[(leaves ? last : end) - first].push_back(bytes);
+    }
+    peak = std::max(peak, live);
+    for (int64_t bytes : free_after[i - first]) live -= bytes;
+  }
+  return training ? largest : peak;
+}
+
 Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, const NodeFacts& f, const ir::Graph& g,
                  const std::vector<ir::NodeId>& order, const StageInterfaces& io, const std::vector<int>& stage_of) {
   const auto& st = sol.stages[k];
@@ -320,9 +350,10 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   }
   int64_t comm = 0;
   for (const auto& t : out.inputs) comm += t.peer_stage >= 0 ? t.bytes : 0;
+  int64_t temporary = stage_temporary_bytes(g, order, st.first, st.last, stage_of, s.shape.training);
   for (const auto& t : out.outputs) comm += t.peer_stages.empty() ? 0 : t.bytes;
-  auto anatomy = cost::stage_memory(out.params, acts, 0, comm, out.in_flight, s.optimizer, s.precision, s.shape.training,
-                                    false, 0);
+  auto anatomy = cost::stage_memory(out.params, acts, temporary, comm, out.in_flight, s.optimizer, s.precision,
+                                    s.shape.training, false, 0);
   out.memory = MemoryBytes{anatomy.weights, anatomy.gradients, anatomy.optimizer, anatomy.activations, anatomy.temporary,
                            anatomy.communication};
   return out;
@@ -387,6 +418,14 @@ PlannedModel make_plan(const PlanOptions& o) {
   for (std::size_t k = 0; k < sol.stages.size(); ++k) {
     p.stages.push_back(make_stage(s, sol, k, facts, g, order, io, out.stage_of));
     p.stages.back().why = why(sol, k, g, order, gp.problem, manual);
+    // The solver leaves temporaries out; the full anatomy must still fit.
+    const auto& m = p.stages.back().memory;
+    double capacity = gp.problem.capacity_bytes(static_cast<int>(k));
+    if (static_cast<double>(m.total()) > capacity) {
+      cost::MemoryAnatomy a{m.weights, m.gradients, m.optimizer, m.activations, m.temporary, m.communication};
+      fail(ErrorKind::kPlan, "stage {} needs {}; device has {}", k, cost::describe(a, p.stages.back().in_flight),
+           format_bytes(capacity));
+    }
   }
   for (std::size_t i = 0; i < order.size(); ++i) {
     const ir::Node& node = g.node(order[i]);

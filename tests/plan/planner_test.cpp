@@ -162,3 +162,25 @@ TEST_CASE("the plan directory holds valid stage models and a loadable plan") {
 
 }  // namespace
 }  // namespace stagecraft::plan
+
+namespace stagecraft::plan {
+namespace {
+
+TEST_CASE("temporary memory is the peak of the stage's own liveness at inference") {
+  PlanOptions o;
+  o.model_path = sample("toy.onnx");
+  o.devices = 1;
+  o.batch = 8;
+  o.microbatches = 2;
+  Plan p = make_plan(o).plan;
+  // Gemm [4,10] and Relu [4,10] are live together (2 x 160 B); then the Gemm output dies.
+  REQUIRE(p.stages.size() == 1);
+  CHECK(p.stages[0].memory.temporary == 320);
+  o.training = true;
+  o.schedule = "1f1b";
+  p = make_plan(o).plan;
+  CHECK(p.stages[0].memory.temporary == 160);  // one gradient buffer of the largest tensor
+}
+
+}  // namespace
+}  // namespace stagecraft::plan
