@@ -77,19 +77,16 @@ void check_versions(const onnx::ModelProto& model) {
   }
 }
 
-std::string node_label(const onnx::NodeProto& n) {
-  if (!n.name().empty()) return n.name();
-  return n.output_size() > 0 ? "producing " + n.output(0) : std::string("?");
-}
 
 /// Refuses nodes outside the default domain before ONNX's checker and shape inference, which
 /// know no schemas for them.
 void check_domains(const onnx::ModelProto& model) {
   std::unordered_map<std::string, int64_t> opsets;
   for (const auto& imp : model.opset_import()) opsets[imp.domain()] = imp.version();
-  for (const auto& n : model.graph().node()) {
+  for (int k = 0; k < model.graph().node_size(); ++k) {
+    const auto& n = model.graph().node(k);
     if (n.domain().empty() || n.domain() == "ai.onnx") continue;
-    check_supported_op(n.op_type(), n.domain(), node_label(n), opsets[n.domain()]);
+    check_supported_op(n.op_type(), n.domain(), ir::node_name_or_default(n, k), opsets[n.domain()]);
   }
 }
 
@@ -99,10 +96,7 @@ void check_domains(const onnx::ModelProto& model) {
 void check_ops(const ir::Graph& graph) {
   for (const auto& node : graph.nodes()) {
     if (node.dead) continue;
-    std::string label = node.name.empty() && !node.outputs.empty() && node.outputs[0] != ir::kNoId
-                            ? "producing " + graph.value(node.outputs[0]).name
-                            : node.name;
-    check_supported_op(node.op_type, node.domain, label, graph.opset);
+    check_supported_op(node.op_type, node.domain, node.name, graph.opset);
   }
 }
 
@@ -119,7 +113,7 @@ void check_structure(onnx::ModelProto& model) {
       auto [it, inserted] = producer.emplace(out, k);
       if (!inserted) {
         fail(ErrorKind::kModel, "node '{}' ({}) writes tensor '{}', which already has a producer",
-             node_label(graph->node(k)), graph->node(k).op_type(), out);
+             ir::node_name_or_default(graph->node(k), k), graph->node(k).op_type(), out);
       }
     }
   }
@@ -132,7 +126,7 @@ void check_structure(onnx::ModelProto& model) {
       auto it = producer.find(in);
       if (it == producer.end()) {
         fail(ErrorKind::kModel, "node '{}' ({}) reads tensor '{}', which no node, input or initializer produces",
-             node_label(n), n.op_type(), in);
+             ir::node_name_or_default(n, k), n.op_type(), in);
       }
       if (it->second >= 0) {
         ++pending[k];
@@ -161,7 +155,7 @@ void check_structure(onnx::ModelProto& model) {
   if (static_cast<int>(order.size()) != graph->node_size()) {
     for (int k = 0; k < graph->node_size(); ++k) {
       if (pending[k] > 0) {
-        fail(ErrorKind::kModel, "the graph has a cycle through node '{}' ({})", node_label(graph->node(k)),
+        fail(ErrorKind::kModel, "the graph has a cycle through node '{}' ({})", ir::node_name_or_default(graph->node(k), k),
              graph->node(k).op_type());
       }
     }

@@ -14,11 +14,6 @@ namespace {
 /// What a node's input contributes to its backward.
 enum class InputRole { kNone, kActivation, kWeight };
 
-bool is_floating(DType dtype) {
-  return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16 ||
-         dtype == DType::kFloat64;
-}
-
 InputRole input_role(const ir::Graph& graph, ir::ValueId id) {
   if (id == ir::kNoId) return InputRole::kNone;
   const ir::Value& value = graph.value(id);

@@ -183,6 +183,11 @@ std::shared_ptr<const WeightData> take_tensor_data(onnx::TensorProto& tensor,
   return WeightData::owned(std::move(bytes));
 }
 
+std::string node_name_or_default(const onnx::NodeProto& node, int index) {
+  if (!node.name().empty()) return node.name();
+  return node.op_type() + "(" + (node.output_size() > 0 ? node.output(0) : std::to_string(index)) + ")";
+}
+
 Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
   Graph g;
   auto* proto = model.mutable_graph();
@@ -212,8 +217,7 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
     checked_numel(v.shape, "initializer '" + v.name + "'");
     v.shape_known = true;
     v.initializer = take_tensor_data(init, model_dir);
-    v.is_weight = v.dtype == DType::kFloat32 || v.dtype == DType::kFloat16 ||
-                  v.dtype == DType::kBFloat16 || v.dtype == DType::kFloat64;
+    v.is_weight = is_floating(v.dtype);
     initializer_names.insert(v.name);
     g.add_value(std::move(v));
   }
@@ -253,10 +257,7 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
   for (int i = 0; i < proto->node_size(); ++i) {
     const auto& n = proto->node(i);
     Node node;
-    node.name = n.name();
-    if (node.name.empty()) {
-      node.name = n.op_type() + "(" + (n.output_size() > 0 ? n.output(0) : std::to_string(i)) + ")";
-    }
+    node.name = node_name_or_default(n, i);
     const std::string base = node.name;
     for (int k = 2; !node_names.insert(node.name).second; ++k) node.name = base + "#" + std::to_string(k);
     node.op_type = n.op_type();

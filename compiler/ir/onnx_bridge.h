@@ -37,6 +37,11 @@ ExternalRef resolve_external_data(const onnx::TensorProto& tensor, const std::st
 std::shared_ptr<const WeightData> take_tensor_data(onnx::TensorProto& tensor,
                                                    const std::string& model_dir);
 
+/// The name a node goes by: its own, or for an unnamed node "Op(first output)" (index `i` when
+/// it has no output). Import names unnamed nodes this way, and messages about the model file
+/// use the same name before import.
+std::string node_name_or_default(const onnx::NodeProto& node, int index);
+
 /// Builds the IR from a model whose graph inputs have static shapes and on which ONNX shape
 /// inference has run. Weight bytes are moved out of `model`. Values whose shape inference
 /// could not determine stay `shape_known = false`; a later pass decides whether that is fatal.

@@ -6,13 +6,17 @@
 
 namespace stagecraft::partition {
 
-GraphProblem make_graph_problem(const ir::Graph& graph, const NodeCostFn& node_cost) {
+GraphProblem make_graph_problem(const ir::Graph& graph, std::vector<ir::NodeId> order,
+                                std::vector<PositionCost> costs) {
+  if (costs.size() != order.size()) {
+    fail(ErrorKind::kInternal, "{} costs for {} positions", costs.size(), order.size());
+  }
   GraphProblem gp;
-  gp.order = graph.topological_order();
+  gp.order = std::move(order);
   gp.position_of.assign(graph.num_nodes(), -1);
   for (std::size_t i = 0; i < gp.order.size(); ++i) gp.position_of[gp.order[i]] = static_cast<int>(i);
   const auto n = static_cast<int>(gp.order.size());
-  for (ir::NodeId id : gp.order) gp.problem.positions.push_back(node_cost(graph, graph.node(id)));
+  gp.problem.positions = std::move(costs);
 
   // A difference array: +bytes at the producer's position, -bytes at the last reader's.
   std::vector<double> delta(n + 1, 0.0);

@@ -3,16 +3,12 @@
 /// Turns an imported graph into the numbers the partition solver works on: a topological
 /// order of the nodes, per-node costs, and the bytes a cut after each position must send.
 
-#include <functional>
 #include <vector>
 
 #include "compiler/ir/graph.h"
 #include "compiler/partition/partitioner.h"
 
 namespace stagecraft::partition {
-
-/// Per-node costs supplied by the cost models.
-using NodeCostFn = std::function<PositionCost(const ir::Graph&, const ir::Node&)>;
 
 /// The graph in the solver's terms. The graph's shapes are per microbatch (import binds the
 /// batch dim to the microbatch size), so every byte count is per microbatch.
@@ -22,10 +18,12 @@ struct GraphProblem {
   Problem problem;                ///< positions and cut_bytes filled; the caller sets the rest.
 };
 
-/// Builds the problem. A tensor crosses every cut between its producer's position and its last
-/// reader's; graph inputs are routed straight to the stages that read them and weights live
-/// with their readers, so neither is ever sent between stages.
-GraphProblem make_graph_problem(const ir::Graph& graph, const NodeCostFn& node_cost);
+/// Builds the problem for the live nodes in `order` (a topological order) with their costs
+/// (`costs[i]` for `order[i]`). A tensor crosses every cut between its producer's position and
+/// its last reader's; graph inputs are routed straight to the stages that read them and weights
+/// live with their readers, so neither is ever sent between stages.
+GraphProblem make_graph_problem(const ir::Graph& graph, std::vector<ir::NodeId> order,
+                                std::vector<PositionCost> costs);
 
 /// The stage (0-based) of each node for a solution (indexed by node id; -1 for dead nodes).
 std::vector<int> stage_of_nodes(const GraphProblem& gp, const Solution& solution, std::size_t num_nodes);

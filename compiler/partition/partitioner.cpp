@@ -127,11 +127,6 @@ void check_problem(const Problem& p) {
 
 }  // namespace
 
-StageSpan evaluate_span(const Problem& problem, int stage, int first, int last) {
-  Prefix pre(problem);
-  return span(problem, pre, stage, first, last);
-}
-
 Solution solve(const Problem& problem) {
   check_problem(problem);
   Prefix pre(problem);

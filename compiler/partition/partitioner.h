@@ -73,9 +73,6 @@ struct Solution {
   int over_stage = -1;
 };
 
-/// Time and memory of stage k spanning [first, last] under `problem`.
-StageSpan evaluate_span(const Problem& problem, int stage, int first, int last);
-
 /// Solves `problem` exactly over the partitions of the order into `problem.stages` non-empty
 /// runs cut only at allowed positions. Infeasible (memory) problems come back with
 /// `feasible = false` and the least-memory split filled in.

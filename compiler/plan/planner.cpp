@@ -97,11 +97,9 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order, c
     for (ir::ValueId v : node.outputs) {
       if (v == ir::kNoId) continue;
       DType d = g.value(v).dtype;
-      if (d == DType::kFloat32 || d == DType::kFloat64) {
-        out += g.value(v).bytes() / float_bytes_divisor;
-      } else if (d == DType::kFloat16 || d == DType::kBFloat16) {
-        out += g.value(v).bytes();
-      }
+      if (!is_floating(d)) continue;
+      bool wide = d == DType::kFloat32 || d == DType::kFloat64;
+      out += wide ? g.value(v).bytes() / float_bytes_divisor : g.value(v).bytes();
     }
     f.output_bytes.push_back(out);
     f.flops.push_back(cost::forward_work(g, node).flops);
@@ -126,18 +124,17 @@ double in_flight(const Setup& s, int k) {
   return s.shape.chunks > 1 ? std::ceil(n / s.shape.chunks) : n;
 }
 
-partition::GraphProblem build_problem(const ir::Graph& g, const Setup& s, const NodeFacts& facts,
-                                      const PlanOptions& o) {
+partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::NodeId>& order, const Setup& s,
+                                      const NodeFacts& facts, const PlanOptions& o) {
   double per_param = bytes_per_param(s);
   bool training = s.shape.training;
-  std::size_t position = 0;
-  auto gp = partition::make_graph_problem(g, [&](const ir::Graph&, const ir::Node&) {
-    std::size_t i = position++;
+  std::vector<partition::PositionCost> costs;
+  for (std::size_t i = 0; i < order.size(); ++i) {
     const auto& t = facts.time[i];
-    return partition::PositionCost{t.forward_s + (training ? t.backward_s : 0.0),
-                                   static_cast<double>(facts.params[i]) * per_param,
-                                   training ? static_cast<double>(facts.output_bytes[i]) : 0.0};
-  });
+    costs.push_back({t.forward_s + (training ? t.backward_s : 0.0), static_cast<double>(facts.params[i]) * per_param,
+                     training ? static_cast<double>(facts.output_bytes[i]) : 0.0});
+  }
+  auto gp = partition::make_graph_problem(g, order, std::move(costs));
   auto& p = gp.problem;
   p.stages = schedule::stage_count(s.shape);
   p.objective = o.objective == "memory" ? partition::Objective::kMemory : partition::Objective::kSpeed;
@@ -376,7 +373,7 @@ PlannedModel make_plan(const PlanOptions& o) {
   cost::RooflineCostModel costs(s.device, s.precision);
   auto order = g.topological_order();
   NodeFacts facts = node_facts(g, order, costs, s.precision);
-  auto gp = build_problem(g, s, facts, o);
+  auto gp = build_problem(g, order, s, facts, o);
   const int stages = gp.problem.stages;
   if (stages > static_cast<int>(order.size())) {
     fail(ErrorKind::kUsage, "{} stages ({} devices x {} chunks) for a model of {} ops after import: every stage needs an op",

@@ -37,6 +37,11 @@ int64_t dtype_size(DType dtype) {
   return info ? info->size : 0;
 }
 
+bool is_floating(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16 ||
+         dtype == DType::kFloat64;
+}
+
 std::string_view dtype_name(DType dtype) {
   const auto* info = find(dtype);
   return info ? info->name : "unknown";

@@ -32,6 +32,9 @@ enum class DType : int32_t {
 /// Bytes per element; 0 for types without a fixed size (string, undefined).
 int64_t dtype_size(DType dtype);
 
+/// True for the floating-point element types (float16, bfloat16, float32, float64).
+bool is_floating(DType dtype);
+
 /// Lower-case name as in ONNX ("float32", "int64", "bfloat16").
 std::string_view dtype_name(DType dtype);
 

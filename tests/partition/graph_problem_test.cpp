@@ -24,6 +24,13 @@ PositionCost flops_cost(const ir::Graph& g, const ir::Node& n) {
   return {work.flops * 1e-9 + 1e-6, 0, out};
 }
 
+GraphProblem flops_problem(const ir::Graph& g) {
+  auto order = g.topological_order();
+  std::vector<PositionCost> costs;
+  for (ir::NodeId id : order) costs.push_back(flops_cost(g, g.node(id)));
+  return make_graph_problem(g, order, std::move(costs));
+}
+
 /// Bytes crossing a cut after `pos`, computed the slow way: every tensor written at or before
 /// `pos` and read after it.
 double slow_cut_bytes(const ir::Graph& g, const GraphProblem& gp, int pos) {
@@ -43,7 +50,7 @@ TEST_CASE("cut bytes count every crossing tensor, residual streams included") {
            {"resnet_small.onnx", {}}, {"gpt_tiny.onnx", {{"seq", 16}}}}) {
     CAPTURE(name);
     auto model = load(name, 2, dims);
-    auto gp = make_graph_problem(model.graph, flops_cost);
+    auto gp = flops_problem(model.graph);
     REQUIRE(gp.problem.positions.size() == model.graph.live_nodes());
     int wider = 0;
     for (int pos = 0; pos + 1 < static_cast<int>(gp.order.size()); ++pos) {
@@ -60,7 +67,7 @@ TEST_CASE("cut bytes count every crossing tensor, residual streams included") {
 
 TEST_CASE("solutions on real graphs are valid pipelines for 1 to 8 stages") {
   auto model = load("gpt_tiny.onnx", 2, {{"seq", 16}});
-  auto gp = make_graph_problem(model.graph, flops_cost);
+  auto gp = flops_problem(model.graph);
   for (int stages : {1, 2, 4, 8}) {
     gp.problem.stages = stages;
     Solution s = solve(gp.problem);
@@ -99,7 +106,7 @@ TEST_CASE("stage files are valid ONNX models that together hold every node once"
            {"resnet_small.onnx", {}}, {"gpt_tiny.onnx", {{"seq", 8}}}, {"mnist_cnn.onnx", {}}}) {
     CAPTURE(name);
     auto model = load(name, 2, dims);
-    auto gp = make_graph_problem(model.graph, flops_cost);
+    auto gp = flops_problem(model.graph);
     gp.problem.stages = 3;
     auto stage_of = stage_of_nodes(gp, solve(gp.problem), model.graph.num_nodes());
     auto interfaces = plan::stage_interfaces(model.graph, stage_of);

@@ -15,6 +15,16 @@ namespace {
 
 std::string sample(const std::string& name) { return std::string(STAGECRAFT_SAMPLES) + "/" + name; }
 
+/// The ToyModel at global batch 8 in 2 microbatches, inference on `devices` devices.
+PlanOptions toy_options(int devices) {
+  PlanOptions o;
+  o.model_path = sample("toy.onnx");
+  o.devices = devices;
+  o.batch = 8;
+  o.microbatches = 2;
+  return o;
+}
+
 PlanOptions gpt_options(int devices, const std::string& schedule, bool training) {
   PlanOptions o;
   o.model_path = sample("gpt_tiny.onnx");
@@ -127,11 +137,7 @@ TEST_CASE("bad planning options are refused with the flag named") {
 }
 
 TEST_CASE("manual split points are honoured and still predicted") {
-  PlanOptions o;
-  o.model_path = sample("toy.onnx");
-  o.devices = 2;
-  o.batch = 8;
-  o.microbatches = 2;
+  PlanOptions o = toy_options(2);
   PlannedModel auto_plan = make_plan(o);
   o.split_after = {auto_plan.plan.stages[0].nodes.front()};
   PlannedModel manual = make_plan(o);
@@ -160,18 +166,8 @@ TEST_CASE("the plan directory holds valid stage models and a loadable plan") {
   CHECK(std::filesystem::exists(dir.file("mine/notes.txt")));
 }
 
-}  // namespace
-}  // namespace stagecraft::plan
-
-namespace stagecraft::plan {
-namespace {
-
 TEST_CASE("temporary memory is the peak of the stage's own liveness at inference") {
-  PlanOptions o;
-  o.model_path = sample("toy.onnx");
-  o.devices = 1;
-  o.batch = 8;
-  o.microbatches = 2;
+  PlanOptions o = toy_options(1);
   Plan p = make_plan(o).plan;
   // Gemm [4,10] and Relu [4,10] are live together (2 x 160 B); then the Gemm output dies.
   REQUIRE(p.stages.size() == 1);
