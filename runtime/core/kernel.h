@@ -1,0 +1,96 @@
+#pragma once
+/// \file
+/// What a backend kernel sees: one node of a stage program with its attributes, its input
+/// tensors and its output tensors. Output shapes and dtypes are static (the compiler writes them
+/// into every stage file), so the program allocates outputs before the kernel runs: a kernel
+/// fills `out[k]`, whose shape it may check but never changes.
+
+#include <onnx/onnx_pb.h>
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/core/tensor.h"
+
+namespace stagecraft::rt {
+
+/// A node's attributes, read with defaults. Type mismatches and missing required attributes
+/// throw `Error(kModel)` naming the attribute.
+class Attrs {
+ public:
+  Attrs() = default;
+  explicit Attrs(const onnx::NodeProto& node) : node_(&node) {}
+
+  bool has(std::string_view name) const { return find(name) != nullptr; }
+  int64_t i(std::string_view name, int64_t fallback) const;
+  int64_t required_i(std::string_view name) const;
+  float f(std::string_view name, float fallback) const;
+  std::string s(std::string_view name, std::string_view fallback) const;
+  /// Empty when absent.
+  std::vector<int64_t> ints(std::string_view name) const;
+  std::vector<float> floats(std::string_view name) const;
+  /// Null when absent.
+  const onnx::TensorProto* t(std::string_view name) const;
+
+ private:
+  const onnx::AttributeProto* find(std::string_view name) const;
+  const onnx::AttributeProto& typed(std::string_view name, onnx::AttributeProto::AttributeType type) const;
+  const onnx::NodeProto* node_ = nullptr;
+};
+
+/// The per-device state a backend keeps (engines, streams, thread counts); each backend
+/// derives its own.
+class DeviceContext {
+ public:
+  virtual ~DeviceContext() = default;
+  int threads = 1;
+};
+
+/// One node of a stage program, as its kernel is called.
+struct KernelArgs {
+  std::string_view name;                ///< Node name (for messages).
+  std::string_view op_type;
+  const Attrs& attrs;
+  std::span<const Tensor* const> in;    ///< One per node input; null for an omitted optional input.
+  std::span<Tensor* const> out;         ///< One per node output; allocated, shape and dtype set;
+                                        ///< null for an omitted optional output.
+  DeviceContext& device;
+
+  /// Input k; throws `Error(kModel)` when it is omitted or out of range.
+  const Tensor& input(size_t k) const;
+  bool has_input(size_t k) const { return k < in.size() && in[k] != nullptr; }
+  size_t num_inputs() const { return in.size(); }
+};
+
+using KernelFn = void (*)(const KernelArgs& args);
+
+/// What the backend is asked before a program is accepted: the op and the dtypes of its inputs
+/// and outputs (kUndefined for an omitted optional input), and its attributes.
+struct OpSignature {
+  std::string_view op_type;
+  std::span<const DType> inputs;
+  std::span<const DType> outputs;
+  const Attrs& attrs;
+};
+
+/// "" when a kernel handles the signature, else why not ("Conv on int64 inputs is not
+/// supported; the cpu backend runs Conv on float32").
+using CheckFn = std::string (*)(const OpSignature& signature);
+
+/// One line of a backend's dispatch table.
+struct KernelEntry {
+  std::string_view op_type;
+  KernelFn run;
+  CheckFn check;
+};
+
+/// A check for ops whose every input and output is float32.
+std::string all_float32(const OpSignature& signature);
+
+/// Throws `Error(kShape)` naming the op when `actual` is not `expected` (a kernel's own check of
+/// the output shape the compiler recorded).
+void expect_shape(const KernelArgs& args, size_t output, const Shape& expected);
+
+}  // namespace stagecraft::rt

@@ -1,0 +1,207 @@
+#include "runtime/core/program.h"
+
+#include <fstream>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "runtime/core/tensor_io.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::rt {
+
+namespace {
+
+// The static type of a value from a ValueInfoProto; every dim must be a known number.
+ValueInfo static_info(const onnx::ValueInfoProto& proto) {
+  ValueInfo info;
+  info.name = proto.name();
+  if (!proto.type().has_tensor_type())
+    fail(ErrorKind::kUnsupported, "tensor '{}' is not a plain tensor (sequences and maps are not supported)", proto.name());
+  const auto& tt = proto.type().tensor_type();
+  auto dtype = dtype_from_onnx(tt.elem_type());
+  if (!dtype || dtype_size(*dtype) <= 0)
+    fail(ErrorKind::kUnsupported, "tensor '{}' has element type {}, which the runtime does not handle",
+         proto.name(), tt.elem_type());
+  info.dtype = *dtype;
+  if (!tt.has_shape()) fail(ErrorKind::kShape, "tensor '{}' has no static shape", proto.name());
+  for (const auto& dim : tt.shape().dim()) {
+    if (!dim.has_dim_value() || dim.dim_value() < 0)
+      fail(ErrorKind::kShape, "tensor '{}' has no static shape (dim '{}')", proto.name(),
+           dim.has_dim_param() ? dim.dim_param() : std::string("?"));
+    info.shape.push_back(dim.dim_value());
+  }
+  return info;
+}
+
+}  // namespace
+
+Program Program::load_file(const std::string& path, const Backend& backend) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorKind::kIo, "{}: cannot open", path);
+  onnx::ModelProto model;
+  if (!model.ParseFromIstream(&in)) fail(ErrorKind::kFormat, "{}: not an ONNX model (protobuf parse failed)", path);
+  return from_model(model, backend, path);
+}
+
+Program Program::from_model(const onnx::ModelProto& model_in, const Backend& backend, const std::string& source) {
+  return with_context(source, ErrorKind::kInternal, [&] {
+    Program p;
+    p.source_ = source;
+    p.model_ = std::make_shared<onnx::ModelProto>(model_in);
+    const onnx::GraphProto& graph = p.model_->graph();
+    std::map<std::string, int, std::less<>> slot_of;
+    auto add_slot = [&](Slot slot) {
+      if (slot_of.count(slot.info.name))
+        fail(ErrorKind::kModel, "tensor '{}' is defined twice", slot.info.name);
+      slot_of[slot.info.name] = static_cast<int>(p.slots_.size());
+      p.slots_.push_back(std::move(slot));
+      return static_cast<int>(p.slots_.size()) - 1;
+    };
+
+    // Weights first (old models also list them among the inputs; those are not inputs).
+    for (const onnx::TensorProto& init : graph.initializer()) {
+      Slot slot;
+      slot.kind = Slot::kWeight;
+      slot.weight = tensor_from_proto(init, fmt::format("initializer '{}'", init.name()));
+      slot.info = {init.name(), slot.weight.dtype, slot.weight.shape};
+      p.weight_bytes_ += slot.weight.bytes();
+      add_slot(std::move(slot));
+    }
+    for (const onnx::ValueInfoProto& input : graph.input()) {
+      if (slot_of.count(input.name())) continue;
+      Slot slot;
+      slot.kind = Slot::kInput;
+      slot.info = static_info(input);
+      p.inputs_.push_back(slot.info);
+      p.input_slots_.push_back(add_slot(std::move(slot)));
+    }
+    std::map<std::string, ValueInfo, std::less<>> declared;
+    for (const auto& vi : graph.value_info()) declared[vi.name()] = static_info(vi);
+    for (const auto& vi : graph.output()) declared[vi.name()] = static_info(vi);
+
+    std::vector<plan::Lifetime> lifetimes;
+    std::vector<int> lifetime_slot;
+    for (int n = 0; n < graph.node_size(); ++n) {
+      const onnx::NodeProto& node = graph.node(n);
+      std::string node_name = node.name().empty() ? fmt::format("#{} ({})", n, node.op_type()) : node.name();
+      with_context(fmt::format("node '{}'", node_name), ErrorKind::kInternal, [&] {
+        if (!node.domain().empty() && node.domain() != "ai.onnx")
+          fail(ErrorKind::kUnsupported, "op '{}' of domain '{}' has no {} kernel", node.op_type(), node.domain(),
+               backend.name());
+        Step step;
+        step.name = node_name;
+        step.op_type = node.op_type();
+        step.attrs = Attrs(node);
+        std::vector<DType> in_types, out_types;
+        for (const std::string& name : node.input()) {
+          if (name.empty()) {
+            step.inputs.push_back(-1);
+            in_types.push_back(DType::kUndefined);
+            continue;
+          }
+          auto it = slot_of.find(name);
+          if (it == slot_of.end()) fail(ErrorKind::kModel, "input '{}' is not defined before it is used", name);
+          step.inputs.push_back(it->second);
+          in_types.push_back(p.slots_[it->second].info.dtype);
+          if (p.slots_[it->second].memory_index >= 0) lifetimes[p.slots_[it->second].memory_index].last = n;
+        }
+        for (const std::string& name : node.output()) {
+          if (name.empty()) {
+            step.outputs.push_back(-1);
+            out_types.push_back(DType::kUndefined);
+            continue;
+          }
+          auto it = declared.find(name);
+          if (it == declared.end()) fail(ErrorKind::kShape, "output '{}' has no recorded type and static shape", name);
+          Slot slot;
+          slot.info = it->second;
+          bool is_output = false;
+          for (const auto& out : graph.output()) is_output |= out.name() == name;
+          if (is_output) {
+            slot.kind = Slot::kOutput;
+          } else {
+            slot.kind = Slot::kIntermediate;
+            slot.memory_index = static_cast<int>(lifetimes.size());
+            lifetimes.push_back({slot.info.numel_bytes(), n, n});
+          }
+          int index = add_slot(std::move(slot));
+          if (p.slots_[index].memory_index >= 0) lifetime_slot.push_back(index);
+          step.outputs.push_back(index);
+          out_types.push_back(p.slots_[index].info.dtype);
+        }
+        std::string why = backend.check(OpSignature{step.op_type, in_types, out_types, step.attrs});
+        if (!why.empty()) fail(ErrorKind::kUnsupported, "{}", why);
+        step.kernel = backend.kernel(step.op_type);
+        p.nodes_.push_back(std::move(step));
+      });
+    }
+    for (const auto& out : graph.output()) {
+      auto it = slot_of.find(out.name());
+      if (it == slot_of.end()) fail(ErrorKind::kModel, "graph output '{}' is produced by no node", out.name());
+      p.output_slots_.push_back(it->second);
+      p.outputs_.push_back(p.slots_[it->second].info);
+    }
+    p.memory_ = plan::plan_memory(lifetimes);
+    plan::check_memory_plan(lifetimes, p.memory_, source);
+    return p;
+  });
+}
+
+int64_t Program::output_bytes() const {
+  int64_t total = 0;
+  for (const ValueInfo& out : outputs_) total += shape_numel(out.shape) * dtype_size(out.dtype);
+  return total;
+}
+
+std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
+                                 const NodeHook* hook) const {
+  if (inputs.size() != input_slots_.size())
+    fail(ErrorKind::kInternal, "{}: {} inputs given, the program takes {}", source_, inputs.size(), input_slots_.size());
+  std::vector<Tensor> values(slots_.size());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const ValueInfo& info = inputs_[k];
+    if (inputs[k].dtype != info.dtype || inputs[k].shape != info.shape)
+      fail(ErrorKind::kShape, "{}: input '{}' is {} but the program takes {}{}", source_, info.name,
+           inputs[k].describe(), dtype_name(info.dtype), shape_string(info.shape));
+    values[input_slots_[k]] = inputs[k];
+  }
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    const Slot& slot = slots_[s];
+    if (slot.kind == Slot::kWeight) {
+      values[s] = slot.weight;
+    } else if (slot.kind == Slot::kIntermediate) {
+      values[s] = Tensor::view(slot.info.dtype, slot.info.shape, arena + memory_.offsets[slot.memory_index]);
+    } else if (slot.kind == Slot::kOutput) {
+      values[s] = Tensor::owned(slot.info.dtype, slot.info.shape);
+    }
+  }
+  std::vector<const Tensor*> in_ptrs;
+  std::vector<Tensor*> out_ptrs;
+  for (const Step& step : nodes_) {
+    in_ptrs.clear();
+    out_ptrs.clear();
+    for (int s : step.inputs) in_ptrs.push_back(s < 0 ? nullptr : &values[s]);
+    // An omitted optional output gets a scratch tensor-less null; kernels skip null outputs.
+    for (int s : step.outputs) out_ptrs.push_back(s < 0 ? nullptr : &values[s]);
+    try {
+      if (hook && hook->before) hook->before(step.name, step.op_type);
+      KernelArgs args{step.name, step.op_type, step.attrs, in_ptrs, out_ptrs, device};
+      step.kernel(args);
+    } catch (Error& e) {
+      e.in(fmt::format("node '{}' ({})", step.name, step.op_type)).in(source_);
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(ErrorKind::kInternal, e.what()).in(fmt::format("node '{}' ({})", step.name, step.op_type)).in(source_);
+    }
+  }
+  std::vector<Tensor> outputs;
+  outputs.reserve(output_slots_.size());
+  for (int s : output_slots_) {
+    const Slot& slot = slots_[s];
+    outputs.push_back(slot.kind == Slot::kOutput ? values[s] : clone(values[s]));
+  }
+  return outputs;
+}
+
+}  // namespace stagecraft::rt

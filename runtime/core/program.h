@@ -1,0 +1,85 @@
+#pragma once
+/// \file
+/// A stage program: one stage file (a valid ONNX model with static shapes) bound to a backend's
+/// kernels, with its weights loaded and its intermediate tensors placed in one arena by the
+/// static memory plan. Loading checks everything a run relies on, so running never meets a
+/// missing kernel, an unknown shape or a dangling tensor.
+
+#include <onnx/onnx_pb.h>
+
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/core/backend.h"
+#include "runtime/core/kernel.h"
+#include "runtime/core/tensor.h"
+#include "runtime/format/memory_plan.h"
+
+namespace stagecraft::rt {
+
+struct ValueInfo {
+  std::string name;
+  DType dtype = DType::kUndefined;
+  Shape shape;
+  int64_t numel_bytes() const { return shape_numel(shape) * dtype_size(dtype); }
+};
+
+/// Called around every node a program runs (tracing, fault injection); may throw.
+struct NodeHook {
+  std::function<void(std::string_view node_name, std::string_view op_type)> before;
+};
+
+class Program {
+ public:
+  /// Reads and binds a stage file. Errors name the file and, where one is at fault, the node.
+  static Program load_file(const std::string& path, const Backend& backend);
+
+  /// Binds a model already in memory; `source` names it in errors.
+  static Program from_model(const onnx::ModelProto& model, const Backend& backend, const std::string& source);
+
+  const std::vector<ValueInfo>& inputs() const { return inputs_; }
+  const std::vector<ValueInfo>& outputs() const { return outputs_; }
+  const std::string& source() const { return source_; }
+  size_t node_count() const { return nodes_.size(); }
+
+  /// Bytes of the arena the intermediates need (`memory_plan().arena_bytes`).
+  int64_t arena_bytes() const { return memory_.arena_bytes; }
+  /// Bytes of the loaded weights and constants.
+  int64_t weight_bytes() const { return weight_bytes_; }
+  /// Bytes of one run's outputs.
+  int64_t output_bytes() const;
+
+  /// Runs the program once. `inputs` follow `inputs()` and are checked for dtype and shape;
+  /// `arena` holds at least `arena_bytes()`. Returns the outputs (owned tensors) in the order
+  /// of `outputs()`. A kernel's error is returned with the file and node named.
+  std::vector<Tensor> run(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
+                          const NodeHook* hook = nullptr) const;
+
+ private:
+  struct Slot {
+    ValueInfo info;
+    enum Kind { kInput, kWeight, kIntermediate, kOutput } kind = kIntermediate;
+    Tensor weight;        // kWeight
+    int memory_index = -1;  // kIntermediate: index into memory_.offsets
+  };
+  struct Step {
+    std::string name, op_type;
+    Attrs attrs;
+    KernelFn kernel = nullptr;
+    std::vector<int> inputs;   // slot index, -1 for an omitted optional input
+    std::vector<int> outputs;  // slot index
+  };
+
+  std::string source_;
+  std::shared_ptr<onnx::ModelProto> model_;  // owns the NodeProtos the Attrs point into
+  std::vector<Slot> slots_;
+  std::vector<Step> nodes_;
+  std::vector<int> input_slots_, output_slots_;
+  std::vector<ValueInfo> inputs_, outputs_;
+  plan::MemoryPlan memory_;
+  int64_t weight_bytes_ = 0;
+};
+
+}  // namespace stagecraft::rt

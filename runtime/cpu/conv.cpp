@@ -1,0 +1,10 @@
+// Kernels of the conv family (see families.h).
+#include "runtime/cpu/cpu_context.h"
+#include "runtime/cpu/families.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::rt::cpu {
+
+std::span<const KernelEntry> conv_kernels() { return {}; }
+
+}  // namespace stagecraft::rt::cpu

@@ -1,0 +1,21 @@
+#pragma once
+/// \file
+/// The CPU backend's kernels by op family, one file each; dispatch.cpp joins their tables
+/// into the backend's one dispatch table.
+
+#include <span>
+
+#include "runtime/core/kernel.h"
+
+namespace stagecraft::rt::cpu {
+
+std::span<const KernelEntry> conv_kernels();         // conv.cpp: Conv (oneDNN)
+std::span<const KernelEntry> pool_kernels();         // pool.cpp: MaxPool, AveragePool, GlobalAveragePool (oneDNN)
+std::span<const KernelEntry> matmul_kernels();       // matmul.cpp: MatMul, Gemm (oneDNN)
+std::span<const KernelEntry> norm_kernels();         // norm.cpp: BatchNormalization, LayerNormalization (oneDNN)
+std::span<const KernelEntry> reduce_kernels();       // reduce.cpp: Softmax (oneDNN), ReduceMean
+std::span<const KernelEntry> elementwise_kernels();  // elementwise.cpp: unary, binary with broadcasting, Where, Cast
+std::span<const KernelEntry> data_kernels();         // data.cpp: layout and indexing (Reshape, Gather, ...)
+std::span<const KernelEntry> shape_kernels();        // shape_ops.cpp: Shape, Constant, ConstantOfShape, Range
+
+}  // namespace stagecraft::rt::cpu

@@ -1,0 +1,261 @@
+// Runs ONNX's own backend conformance cases (Debian package libonnx-testdata) on a runtime
+// backend and compares every output with the reference at rtol 1e-3 / atol 1e-5.
+//
+//   stagecraft-conformance [--data DIR] [--skips FILE] [--filter TEXT] [--verbose]
+//                          [--write-skips FILE]
+//
+// Each case is a folder with model.onnx and test_data_set_N/{input,output}_K.pb. The model goes
+// through the compiler's import (checker, strict shape inference with the test data's dims
+// bound), is written back with every shape recorded, as stagec writes a stage file, and runs
+// as one program. Cases listed in the skip file (one per line: "suite/case  reason") are not
+// run; every other case must pass, and a listed case that passes is reported so the list stays
+// honest. Exit status 0 only when nothing failed.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "compiler/import.h"
+#include "compiler/ir/onnx_bridge.h"
+#include "runtime/core/backend.h"
+#include "runtime/core/program.h"
+#include "runtime/core/tensor_io.h"
+#include "runtime/format/error.h"
+
+namespace fs = std::filesystem;
+using namespace stagecraft;
+
+namespace {
+
+struct Outcome {
+  enum Kind { kPass, kFail, kRefused } kind = kPass;
+  std::string detail;
+};
+
+// Compares one output; "" when equal within tolerance.
+std::string compare(const rt::Tensor& got, const rt::Tensor& want, double rtol, double atol) {
+  if (got.dtype != want.dtype)
+    return fmt::format("dtype {} vs reference {}", dtype_name(got.dtype), dtype_name(want.dtype));
+  if (got.shape != want.shape)
+    return fmt::format("shape {} vs reference {}", rt::shape_string(got.shape), rt::shape_string(want.shape));
+  int64_t n = got.numel();
+  auto as_double = [](const rt::Tensor& t, int64_t i) -> double {
+    switch (t.dtype) {
+      case DType::kFloat32: return t.as<float>()[i];
+      case DType::kFloat64: return t.as<double>()[i];
+      case DType::kInt64: return static_cast<double>(t.as<int64_t>()[i]);
+      case DType::kInt32: return t.as<int32_t>()[i];
+      case DType::kInt16: return t.as<int16_t>()[i];
+      case DType::kInt8: return t.as<int8_t>()[i];
+      case DType::kUInt8: case DType::kBool: return t.as<uint8_t>()[i];
+      case DType::kUInt16: return t.as<uint16_t>()[i];
+      case DType::kUInt32: return t.as<uint32_t>()[i];
+      case DType::kUInt64: return static_cast<double>(t.as<uint64_t>()[i]);
+      default: return NAN;
+    }
+  };
+  bool exact = !is_floating(got.dtype);
+  int64_t bad = 0, first = -1;
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double a = as_double(got, i), b = as_double(want, i);
+    bool ok;
+    if (exact) ok = a == b;
+    else if (std::isnan(b)) ok = std::isnan(a);
+    else if (std::isinf(b)) ok = a == b;
+    else ok = std::fabs(a - b) <= atol + rtol * std::fabs(b);
+    if (!ok) {
+      if (first < 0) first = i;
+      ++bad;
+      worst = std::max(worst, std::fabs(a - b));
+    }
+  }
+  if (bad == 0) return "";
+  return fmt::format("{} of {} values differ (first at {}: {} vs {}; largest difference {:.3g})", bad, n, first,
+                     as_double(got, first), as_double(want, first), worst);
+}
+
+Outcome run_case(const fs::path& dir, const rt::Backend& backend) {
+  fs::path model_path = dir / "model.onnx";
+  onnx::ModelProto original;
+  {
+    std::ifstream in(model_path, std::ios::binary);
+    if (!in || !original.ParseFromIstream(&in)) return {Outcome::kRefused, "model.onnx does not parse"};
+  }
+  std::set<std::string> initializers;
+  for (const auto& init : original.graph().initializer()) initializers.insert(init.name());
+  std::vector<const onnx::ValueInfoProto*> inputs;
+  for (const auto& in : original.graph().input())
+    if (!initializers.count(in.name())) inputs.push_back(&in);
+
+  std::vector<fs::path> sets;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.is_directory() && entry.path().filename().string().rfind("test_data_set_", 0) == 0)
+      sets.push_back(entry.path());
+  std::sort(sets.begin(), sets.end());
+  if (sets.empty()) return {Outcome::kRefused, "no test_data_set_N folder"};
+
+  for (const fs::path& set : sets) {
+    // Reference inputs; their dims bind whatever the model leaves symbolic.
+    std::map<std::string, rt::Tensor> feeds;
+    ImportOptions options;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      fs::path pb = set / fmt::format("input_{}.pb", k);
+      if (!fs::exists(pb)) continue;  // an optional input the case leaves out
+      rt::Tensor t;
+      try {
+        t = rt::read_tensor_pb(pb.string());
+      } catch (const Error& e) {
+        return {Outcome::kRefused, e.what()};
+      }
+      const auto& type = inputs[k]->type().tensor_type();
+      for (int d = 0; d < type.shape().dim_size() && d < t.rank(); ++d) {
+        const auto& dim = type.shape().dim(d);
+        if (dim.has_dim_value()) continue;
+        if (dim.has_dim_param() && !dim.dim_param().empty()) options.dims[dim.dim_param()] = t.shape[d];
+        else options.dims[fmt::format("{}:{}", inputs[k]->name(), d)] = t.shape[d];
+      }
+      feeds[inputs[k]->name()] = std::move(t);
+    }
+    rt::Program program;
+    try {
+      ImportedModel imported = import_model(model_path.string(), options);
+      program = rt::Program::from_model(ir::model_from_graph(imported.graph), backend, model_path.string());
+    } catch (const Error& e) {
+      return {Outcome::kRefused, e.what()};
+    }
+    std::vector<rt::Tensor> args;
+    for (const rt::ValueInfo& in : program.inputs()) {
+      auto it = feeds.find(in.name);
+      if (it == feeds.end()) return {Outcome::kFail, fmt::format("no reference data for input '{}'", in.name)};
+      args.push_back(it->second);
+    }
+    auto device = backend.make_device(0, 1);
+    std::vector<std::byte> arena(static_cast<size_t>(program.arena_bytes()) + 64);
+    std::vector<rt::Tensor> outputs;
+    try {
+      outputs = program.run(*device, args, arena.data());
+    } catch (const Error& e) {
+      return {Outcome::kFail, e.what()};
+    }
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      fs::path pb = set / fmt::format("output_{}.pb", k);
+      if (!fs::exists(pb)) continue;
+      rt::Tensor want = rt::read_tensor_pb(pb.string());
+      std::string diff = compare(outputs[k], want, 1e-3, 1e-5);
+      if (!diff.empty())
+        return {Outcome::kFail, fmt::format("{}: output {} ('{}'): {}", set.filename().string(), k,
+                                            program.outputs()[k].name, diff)};
+    }
+  }
+  return {Outcome::kPass, ""};
+}
+
+// Reduces a refusal to a reason for the skip list.
+std::string skip_reason(const std::string& detail) {
+  for (const char* key : {"unsupported op", "has no cpu kernel", "is not supported", "not handle",
+                          "element type", "opset", "domain"}) {
+    if (detail.find(key) != std::string::npos) {
+      auto colon = detail.find(": ");
+      return colon == std::string::npos ? detail : detail.substr(colon + 2);
+    }
+  }
+  auto colon = detail.find(": ");
+  return colon == std::string::npos ? detail : detail.substr(colon + 2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main("stagecraft-conformance", [&] {
+    CLI::App app{"Runs ONNX's backend conformance cases on a stagecraft backend."};
+    std::string data = "/usr/share/libonnx-testdata/data", skips_file, filter, write_skips, backend_name = "cpu";
+    bool verbose = false;
+    app.add_option("--data", data, "Folder of suites (node, pytorch-converted, pytorch-operator, simple)");
+    app.add_option("--skips", skips_file, "Versioned skip list: 'suite/case  reason' per line");
+    app.add_option("--filter", filter, "Only cases whose name contains this text");
+    app.add_option("--backend", backend_name, "Backend to run on (cpu)");
+    app.add_option("--write-skips", write_skips, "Write every case that does not pass as a skip list (for review)");
+    app.add_flag("-v,--verbose", verbose, "Print every case");
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
+    const rt::Backend& backend = rt::backend_by_name(backend_name);
+
+    std::map<std::string, std::string> skips;
+    if (!skips_file.empty()) {
+      std::ifstream in(skips_file);
+      if (!in) fail(ErrorKind::kIo, "{}: cannot open", skips_file);
+      std::string line;
+      int number = 0;
+      while (std::getline(in, line)) {
+        ++number;
+        if (line.empty() || line[0] == '#') continue;
+        std::istringstream ss(line);
+        std::string name, reason;
+        ss >> name;
+        std::getline(ss, reason);
+        auto first = reason.find_first_not_of(" \t");
+        if (first == std::string::npos)
+          fail(ErrorKind::kFormat, "{}:{}: skip of '{}' gives no reason", skips_file, number, name);
+        skips[name] = reason.substr(first);
+      }
+    }
+
+    std::vector<std::pair<std::string, fs::path>> cases;
+    for (const char* suite : {"node", "pytorch-converted", "pytorch-operator", "simple"}) {
+      fs::path dir = fs::path(data) / suite;
+      if (!fs::exists(dir)) continue;
+      for (const auto& entry : fs::directory_iterator(dir))
+        if (fs::exists(entry.path() / "model.onnx"))
+          cases.push_back({fmt::format("{}/{}", suite, entry.path().filename().string()), entry.path()});
+    }
+    std::sort(cases.begin(), cases.end());
+    if (cases.empty()) fail(ErrorKind::kIo, "{}: no conformance cases (install libonnx-testdata)", data);
+
+    int passed = 0, failed = 0, skipped = 0, unexpected = 0;
+    std::vector<std::string> failures;
+    std::ofstream skip_out;
+    if (!write_skips.empty()) {
+      skip_out.open(write_skips);
+      skip_out << "# ONNX conformance cases the cpu backend does not run, with the reason.\n";
+    }
+    for (const auto& [name, dir] : cases) {
+      if (!filter.empty() && name.find(filter) == std::string::npos) continue;
+      auto skip = skips.find(name);
+      if (verbose) fmt::print("run  {}\n", name), std::fflush(stdout);
+      Outcome outcome = run_case(dir, backend);
+      if (skip != skips.end()) {
+        if (outcome.kind == Outcome::kPass) {
+          ++unexpected;
+          failures.push_back(fmt::format("{}: passes but is listed as skipped ({})", name, skip->second));
+        } else {
+          ++skipped;
+          if (verbose) fmt::print("skip {}: {}\n", name, skip->second);
+        }
+        if (skip_out.is_open() && outcome.kind != Outcome::kPass) skip_out << name << "  " << skip->second << "\n";
+        continue;
+      }
+      if (outcome.kind == Outcome::kPass) {
+        ++passed;
+        if (verbose) fmt::print("pass {}\n", name);
+      } else {
+        ++failed;
+        failures.push_back(fmt::format("{}: {}{}", name, outcome.kind == Outcome::kRefused ? "refused: " : "",
+                                       outcome.detail));
+        if (skip_out.is_open()) skip_out << name << "  " << skip_reason(outcome.detail) << "\n";
+      }
+    }
+    for (const std::string& f : failures) fmt::print("FAIL {}\n", f);
+    fmt::print("conformance ({}): passed {}, failed {}, skipped {}{}\n", backend.name(), passed, failed + unexpected,
+               skipped, unexpected ? fmt::format(" ({} listed as skipped pass)", unexpected) : "");
+    return failed + unexpected == 0 ? 0 : 1;
+  });
+}
