@@ -1,10 +1,231 @@
-// Kernels of the conv family (see families.h).
+// Kernels of the conv family (see families.h): Conv on float32 with oneDNN, 1-D to 3-D.
+//
+// Tensors stay dense row-major between kernels, so a convolution lets oneDNN choose the
+// layouts it runs fastest on ("any") and reorders the source, the weights and the result to and
+// from them. The primitives of one geometry are built once per thread and kept; the blocked
+// copies live in per-thread scratch buffers that grow to the largest convolution seen.
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
 
-std::span<const KernelEntry> conv_kernels() { return {}; }
+namespace {
+
+using dnnl::memory;
+
+// One Conv node resolved into oneDNN terms.
+struct ConvGeometry {
+  memory::dims src, weights, dst;    // weights are [group, M/group, C/group, k...] when grouped
+  int64_t bias = 0;                  // number of bias values; 0 without a bias input
+  memory::dims strides, dilates;     // dilates as oneDNN counts them: 0 is a dense kernel
+  memory::dims pad_l, pad_r;
+};
+
+// Attribute `name` with one value per spatial dim, or `fallback` for each when absent.
+std::vector<int64_t> per_dim(const KernelArgs& a, std::string_view name, size_t count, int64_t fallback) {
+  std::vector<int64_t> v = a.attrs.ints(name);
+  if (v.empty()) return std::vector<int64_t>(count, fallback);
+  if (v.size() != count)
+    fail(ErrorKind::kModel, "Conv attribute '{}' has {} values, the input has {} spatial dims", name, v.size(), count);
+  return v;
+}
+
+// Resolves the node's shapes and attributes (ONNX Conv semantics) and checks the output shape.
+ConvGeometry conv_geometry(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  const Tensor& w = a.input(1);
+  if (x.rank() < 3 || x.rank() > 5)
+    fail(ErrorKind::kUnsupported, "Conv on a rank-{} input is not supported (1-D to 3-D convolutions only)", x.rank());
+  if (w.rank() != x.rank())
+    fail(ErrorKind::kModel, "Conv weights {} do not match the input {}", shape_string(w.shape), shape_string(x.shape));
+  const size_t spatial = static_cast<size_t>(x.rank() - 2);
+  const int64_t n = x.shape[0], c = x.shape[1], m = w.shape[0];
+  const int64_t group = a.attrs.i("group", 1);
+  if (group < 1 || c % group != 0 || m % group != 0 || w.shape[1] * group != c)
+    fail(ErrorKind::kModel, "Conv with group {} cannot take input {} and weights {}", group, shape_string(x.shape),
+         shape_string(w.shape));
+  const std::vector<int64_t> kernel(w.shape.begin() + 2, w.shape.end());
+  if (a.attrs.has("kernel_shape") && a.attrs.ints("kernel_shape") != kernel)
+    fail(ErrorKind::kModel, "Conv kernel_shape does not match the weights {}", shape_string(w.shape));
+  const std::vector<int64_t> strides = per_dim(a, "strides", spatial, 1);
+  const std::vector<int64_t> dilations = per_dim(a, "dilations", spatial, 1);
+  std::vector<int64_t> pads = per_dim(a, "pads", 2 * spatial, 0);
+  const std::string auto_pad = a.attrs.s("auto_pad", "NOTSET");
+
+  ConvGeometry g;
+  g.src = x.shape;
+  g.dst = {n, m};
+  for (size_t i = 0; i < spatial; ++i) {
+    const int64_t in = x.shape[2 + i], s = strides[i], d = dilations[i];
+    if (s < 1 || d < 1 || kernel[i] < 1) fail(ErrorKind::kModel, "Conv strides, dilations and kernel must be positive");
+    const int64_t reach = (kernel[i] - 1) * d + 1;  // the span of one window
+    int64_t begin = pads[i], end = pads[spatial + i];
+    if (auto_pad == "VALID") {
+      begin = end = 0;
+    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      const int64_t total = std::max<int64_t>(0, ((in + s - 1) / s - 1) * s + reach - in);
+      begin = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      end = total - begin;
+    } else if (auto_pad != "NOTSET") {
+      fail(ErrorKind::kModel, "Conv auto_pad '{}' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID", auto_pad);
+    }
+    if (begin < 0 || end < 0) fail(ErrorKind::kUnsupported, "Conv with negative pads is not supported");
+    const int64_t out = (in + begin + end - reach) / s + 1;
+    if (in + begin + end < reach) fail(ErrorKind::kShape, "Conv window {} is larger than the padded input", reach);
+    g.dst.push_back(out);
+    g.strides.push_back(s);
+    g.dilates.push_back(d - 1);
+    g.pad_l.push_back(begin);
+    g.pad_r.push_back(end);
+  }
+  expect_shape(a, 0, g.dst);
+  g.weights = w.shape;
+  if (group > 1) {
+    g.weights[0] = m / group;
+    g.weights.insert(g.weights.begin(), group);
+  }
+  if (a.has_input(2)) {
+    const Tensor& b = a.input(2);
+    if (b.shape != Shape{m}) fail(ErrorKind::kModel, "Conv bias {} should be [{}]", shape_string(b.shape), m);
+    g.bias = m;
+  }
+  return g;
+}
+
+// What one geometry runs: the convolution and, for each operand whose chosen layout is not
+// plain, the reorder to or from it.
+struct ConvPlan {
+  dnnl::engine engine;  // kept alive: the plan is only valid with the engine it was built for
+  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward conv;
+  memory::desc src_plain, weights_plain, dst_plain;
+  std::optional<dnnl::reorder> src_in, weights_in, dst_out;
+};
+
+// The reorder from `from` to `to`, or none when the layouts agree.
+std::optional<dnnl::reorder> reorder_between(const memory::desc& from, const memory::desc& to,
+                                             const dnnl::engine& engine) {
+  if (from == to) return std::nullopt;
+  return dnnl::reorder(dnnl::reorder::primitive_desc(engine, from, engine, to));
+}
+
+ConvPlan make_plan(const ConvGeometry& g, const dnnl::engine& engine) {
+  const auto f32 = memory::data_type::f32;
+  const auto any = memory::format_tag::any;
+  ConvPlan p;
+  p.engine = engine;
+  p.src_plain = plain_desc(g.src);
+  p.weights_plain = plain_desc(g.weights);
+  p.dst_plain = plain_desc(g.dst);
+  const memory::desc bias = g.bias > 0 ? plain_desc({g.bias}) : memory::desc();
+  dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                       memory::desc(g.src, f32, any), memory::desc(g.weights, f32, any), bias,
+                                       memory::desc(g.dst, f32, any), g.strides, g.dilates, g.pad_l, g.pad_r);
+  p.pd = dnnl::convolution_forward::primitive_desc(desc, engine);
+  p.conv = dnnl::convolution_forward(p.pd);
+  p.src_in = reorder_between(p.src_plain, p.pd.src_desc(), engine);
+  p.weights_in = reorder_between(p.weights_plain, p.pd.weights_desc(), engine);
+  p.dst_out = reorder_between(p.pd.dst_desc(), p.dst_plain, engine);
+  return p;
+}
+
+// The plan for `g` on `engine`, built on first use by this thread.
+const ConvPlan& plan_for(const ConvGeometry& g, const dnnl::engine& engine) {
+  thread_local std::map<std::vector<int64_t>, ConvPlan> plans;
+  std::vector<int64_t> key{reinterpret_cast<int64_t>(engine.get()), g.bias};
+  for (const memory::dims* dims : {&g.src, &g.weights, &g.dst, &g.strides, &g.dilates, &g.pad_l, &g.pad_r}) {
+    key.push_back(static_cast<int64_t>(dims->size()));
+    key.insert(key.end(), dims->begin(), dims->end());
+  }
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  if (plans.size() >= 512) plans.clear();  // bounds the cache when many models pass through
+  return plans.emplace(std::move(key), make_plan(g, engine)).first->second;
+}
+
+// A growable 64-byte aligned buffer for one blocked operand of this thread's convolutions.
+class Scratch {
+ public:
+  void* get(size_t bytes) {
+    if (bytes > size_) {
+      size_ = (bytes + 63) / 64 * 64;
+      data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, size_)));
+      if (!data_) throw std::bad_alloc();
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> data_;
+  size_t size_ = 0;
+};
+
+// The operand in the layout the convolution wants: the user's memory itself, or its reordered
+// copy in `scratch`.
+memory operand(const std::optional<dnnl::reorder>& reorder, memory user, const memory::desc& wanted, Scratch& scratch,
+               CpuContext& ctx) {
+  if (!reorder) return user;
+  memory blocked(wanted, ctx.engine, scratch.get(wanted.get_size()));
+  reorder->execute(ctx.stream, user, blocked);
+  return blocked;
+}
+
+void conv(const KernelArgs& a) {
+  const ConvGeometry g = conv_geometry(a);
+  Tensor& y = *a.out[0];
+  if (y.numel() == 0) return;
+  CpuContext& ctx = context(a);
+  thread_local Scratch src_scratch, weights_scratch, dst_scratch;
+  try {
+    const ConvPlan& p = plan_for(g, ctx.engine);
+    memory src = operand(p.src_in, memory(p.src_plain, ctx.engine, a.input(0).data), p.pd.src_desc(), src_scratch, ctx);
+    memory weights = operand(p.weights_in, memory(p.weights_plain, ctx.engine, a.input(1).data), p.pd.weights_desc(),
+                             weights_scratch, ctx);
+    memory dst_user(p.dst_plain, ctx.engine, y.data);
+    memory dst = p.dst_out ? memory(p.pd.dst_desc(), ctx.engine, dst_scratch.get(p.pd.dst_desc().get_size()))
+                           : dst_user;
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}};
+    if (g.bias > 0) args.emplace(DNNL_ARG_BIAS, memory(plain_desc({g.bias}), ctx.engine, a.input(2).data));
+    p.conv.execute(ctx.stream, args);
+    if (p.dst_out) p.dst_out->execute(ctx.stream, dst, dst_user);
+    ctx.stream.wait();
+  } catch (const dnnl::error& e) {
+    fail(ErrorKind::kUnsupported, "oneDNN cannot run this Conv ({}): {}", shape_string(a.input(0).shape), e.what());
+  }
+}
+
+std::string check_conv(const OpSignature& sig) {
+  if (std::string why = all_float32(sig); !why.empty()) return why;
+  if (sig.inputs.size() < 2 || sig.inputs.size() > 3 || sig.inputs[0] == DType::kUndefined ||
+      sig.inputs[1] == DType::kUndefined)
+    return "Conv needs inputs X and W and at most a bias B";
+  const std::string auto_pad = sig.attrs.s("auto_pad", "NOTSET");
+  if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" && auto_pad != "VALID")
+    return "Conv auto_pad '" + auto_pad + "' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID";
+  if (sig.attrs.i("group", 1) < 1) return "Conv group must be at least 1";
+  const size_t spatial = sig.attrs.ints("kernel_shape").size();
+  if (spatial > 3) return "Conv with more than 3 spatial dims is not supported";
+  return "";
+}
+
+constexpr KernelEntry kConvKernels[] = {
+    {"Conv", conv, check_conv},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> conv_kernels() { return kConvKernels; }
 
 }  // namespace stagecraft::rt::cpu

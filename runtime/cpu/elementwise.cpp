@@ -1,10 +1,596 @@
-// Kernels of the elementwise family (see families.h).
+// Kernels of the elementwise family (see families.h): unary maths (Relu, Sigmoid, Tanh, Sqrt,
+// Erf, HardSigmoid, HardSwish, Clip), Dropout at inference, Cast, the binary ops with numpy
+// broadcasting (Add, Sub, Mul, Div, Pow, Equal) and Where.
+//
+// Loops are plain C++ over typed pointers, vectorised with `omp simd` and split among the
+// worker's threads for large tensors; float32 Sigmoid, Tanh and Sqrt run as oneDNN eltwise
+// primitives (JIT-vectorised transcendentals). Integer arithmetic wraps (two's complement)
+// instead of overflowing, integer Div truncates toward zero and refuses a zero divisor, and
+// float-to-integer conversions saturate (NaN gives 0), so no input makes a kernel undefined.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
 
-std::span<const KernelEntry> elementwise_kernels() { return {}; }
+namespace {
+
+// Unary loops over at least this many elements use all of the worker's threads.
+constexpr int64_t kParallelElements = int64_t{1} << 15;
+
+// ---------------------------------------------------------------------------------------------
+// Element types
+
+// A bool element as stored: one byte, nonzero for true.
+struct BoolByte {
+  uint8_t value;
+};
+
+template <class T>
+struct Type {};
+
+// Calls `body(Type<T>{})` with the C++ type of a numeric dtype (float32, float64 and the
+// signed and unsigned integers of 8 to 64 bits), or of bool when `with_bool`.
+template <class Body>
+void visit(DType dtype, Body&& body, bool with_bool = false) {
+  switch (dtype) {
+    case DType::kFloat32: body(Type<float>{}); return;
+    case DType::kFloat64: body(Type<double>{}); return;
+    case DType::kInt8: body(Type<int8_t>{}); return;
+    case DType::kInt16: body(Type<int16_t>{}); return;
+    case DType::kInt32: body(Type<int32_t>{}); return;
+    case DType::kInt64: body(Type<int64_t>{}); return;
+    case DType::kUInt8: body(Type<uint8_t>{}); return;
+    case DType::kUInt16: body(Type<uint16_t>{}); return;
+    case DType::kUInt32: body(Type<uint32_t>{}); return;
+    case DType::kUInt64: body(Type<uint64_t>{}); return;
+    case DType::kBool:
+      if (with_bool) {
+        body(Type<BoolByte>{});
+        return;
+      }
+      break;
+    default: break;
+  }
+  fail(ErrorKind::kInternal, "an elementwise kernel was called on {}, which its check refuses", dtype_name(dtype));
+}
+
+bool is_numeric(DType d) {
+  switch (d) {
+    case DType::kFloat32: case DType::kFloat64:
+    case DType::kInt8: case DType::kInt16: case DType::kInt32: case DType::kInt64:
+    case DType::kUInt8: case DType::kUInt16: case DType::kUInt32: case DType::kUInt64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_float(DType d) { return d == DType::kFloat32 || d == DType::kFloat64; }
+
+// Converts one element as Cast does: to bool is "nonzero", floating to integer truncates and
+// saturates (NaN gives 0), everything else is C++'s conversion (integers wrap).
+template <class To, class From>
+To convert(From v) {
+  if constexpr (std::is_same_v<From, BoolByte>) {
+    return convert<To>(static_cast<uint8_t>(v.value != 0));
+  } else if constexpr (std::is_same_v<To, BoolByte>) {
+    return BoolByte{static_cast<uint8_t>(v != From(0))};
+  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    if (std::isnan(v)) return 0;
+    if (v <= static_cast<From>(std::numeric_limits<To>::lowest())) return std::numeric_limits<To>::lowest();
+    if (v >= static_cast<From>(std::numeric_limits<To>::max())) return std::numeric_limits<To>::max();
+    return static_cast<To>(v);
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+// Integer arithmetic in an unsigned type at least as wide as int, so it wraps instead of
+// overflowing (also for 8- and 16-bit types, which C++ would promote to a signed int).
+template <class T>
+using Wrap = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+
+// ---------------------------------------------------------------------------------------------
+// Unary ops
+
+// y[i] = f(x[i]) for n elements.
+template <class In, class Out, class F>
+void map(const In* x, Out* y, int64_t n, F f) {
+#pragma omp parallel for simd if (n >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+}
+
+// The unary op's input, with the output checked to have its shape.
+const Tensor& unary_input(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  expect_shape(a, 0, x.shape);
+  return x;
+}
+
+// A float32 tensor through a oneDNN eltwise primitive (viewed as one flat dim).
+void dnnl_eltwise(const KernelArgs& a, const Tensor& x, dnnl::algorithm algorithm, float alpha = 0, float beta = 0) {
+  int64_t n = x.numel();
+  if (n == 0) return;
+  CpuContext& ctx = context(a);
+  dnnl::memory::desc md = plain_desc({n});
+  dnnl::eltwise_forward::primitive_desc pd(
+      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, algorithm, md, alpha, beta), ctx.engine);
+  dnnl::memory src(md, ctx.engine, const_cast<std::byte*>(x.data));
+  dnnl::memory dst(md, ctx.engine, a.out[0]->data);
+  dnnl::eltwise_forward(pd).execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}});
+  ctx.stream.wait();
+}
+
+// A unary float op: float32 through oneDNN's `algorithm`, float64 through `f`.
+template <dnnl::algorithm algorithm, class F>
+void float_unary(const KernelArgs& a, F f) {
+  const Tensor& x = unary_input(a);
+  if (x.dtype == DType::kFloat32) return dnnl_eltwise(a, x, algorithm);
+  map(x.as<double>(), a.out[0]->as<double>(), x.numel(), f);
+}
+
+void run_sigmoid(const KernelArgs& a) {
+  float_unary<dnnl::algorithm::eltwise_logistic>(a, [](double v) { return 1 / (1 + std::exp(-v)); });
+}
+
+void run_tanh(const KernelArgs& a) {
+  float_unary<dnnl::algorithm::eltwise_tanh>(a, [](double v) { return std::tanh(v); });
+}
+
+void run_sqrt(const KernelArgs& a) {
+  float_unary<dnnl::algorithm::eltwise_sqrt>(a, [](double v) { return std::sqrt(v); });
+}
+
+void run_erf(const KernelArgs& a) {
+  const Tensor& x = unary_input(a);
+  visit(x.dtype, [&]<class T>(Type<T>) {
+    if constexpr (std::is_floating_point_v<T>) map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [](T v) { return std::erf(v); });
+  });
+}
+
+// max(0, min(1, alpha * x + beta)), written so that NaN propagates.
+template <class T>
+T hard_sigmoid(T x, T alpha, T beta) {
+  T v = alpha * x + beta;
+  v = v < T(0) ? T(0) : v;
+  return v > T(1) ? T(1) : v;
+}
+
+void run_hard_sigmoid(const KernelArgs& a) {
+  const Tensor& x = unary_input(a);
+  float alpha = a.attrs.f("alpha", 0.2f), beta = a.attrs.f("beta", 0.5f);
+  visit(x.dtype, [&]<class T>(Type<T>) {
+    if constexpr (std::is_floating_point_v<T>)
+      map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [=](T v) { return hard_sigmoid<T>(v, alpha, beta); });
+  });
+}
+
+void run_hard_swish(const KernelArgs& a) {
+  const Tensor& x = unary_input(a);
+  visit(x.dtype, [&]<class T>(Type<T>) {
+    if constexpr (std::is_floating_point_v<T>)
+      map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [](T v) { return v * hard_sigmoid<T>(v, T(1) / T(6), T(0.5)); });
+  });
+}
+
+void run_relu(const KernelArgs& a) {
+  const Tensor& x = unary_input(a);
+  visit(x.dtype, [&]<class T>(Type<T>) {
+    if constexpr (!std::is_same_v<T, BoolByte>)
+      map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [](T v) { return v < T(0) ? T(0) : v; });
+  });
+}
+
+// The one value of Clip's optional bound input k, or `fallback` when it is omitted.
+template <class T>
+T clip_bound(const KernelArgs& a, size_t k, T fallback) {
+  if (!a.has_input(k)) return fallback;
+  const Tensor& t = a.input(k);
+  if (t.numel() != 1)
+    fail(ErrorKind::kShape, "Clip's {} must be a scalar, not {}", k == 1 ? "min" : "max", shape_string(t.shape));
+  return t.as<T>()[0];
+}
+
+// Clip: min and max are attributes up to opset 6 and optional inputs from opset 11.
+void run_clip(const KernelArgs& a) {
+  const Tensor& x = unary_input(a);
+  visit(x.dtype, [&]<class T>(Type<T>) {
+    if constexpr (!std::is_same_v<T, BoolByte>) {
+      T lo = a.attrs.has("min") ? convert<T>(a.attrs.f("min", 0)) : clip_bound<T>(a, 1, std::numeric_limits<T>::lowest());
+      T hi = a.attrs.has("max") ? convert<T>(a.attrs.f("max", 0)) : clip_bound<T>(a, 2, std::numeric_limits<T>::max());
+      // min(max(x, lo), hi): NaN stays NaN, and lo > hi gives hi everywhere, as numpy.clip.
+      map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [=](T v) {
+        v = v < lo ? lo : v;
+        return v > hi ? hi : v;
+      });
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropout and Cast
+
+// True when the scalar tensor (float32, float64 or bool) is nonzero.
+bool scalar_is_nonzero(const Tensor& t, std::string_view what) {
+  if (t.numel() != 1) fail(ErrorKind::kShape, "Dropout's {} must be a scalar, not {}", what, shape_string(t.shape));
+  switch (t.dtype) {
+    case DType::kFloat32: return t.as<float>()[0] != 0;
+    case DType::kFloat64: return t.as<double>()[0] != 0;
+    case DType::kBool: return t.as<uint8_t>()[0] != 0;
+    default: fail(ErrorKind::kUnsupported, "Dropout's {} of type {} is not supported", what, dtype_name(t.dtype));
+  }
+}
+
+// Dropout at inference: the output is the input and the optional mask keeps everything. In
+// training mode (opset 12+ input 2) only a ratio of 0 is accepted, which is the same thing.
+void run_dropout(const KernelArgs& a) {
+  const Tensor& x = unary_input(a);
+  if (a.has_input(2) && scalar_is_nonzero(a.input(2), "training_mode") &&
+      (!a.has_input(1) || scalar_is_nonzero(a.input(1), "ratio")))
+    fail(ErrorKind::kUnsupported, "Dropout in training mode (training_mode=true with a nonzero ratio) is not supported");
+  if (x.data != a.out[0]->data) std::memcpy(a.out[0]->data, x.data, static_cast<size_t>(x.bytes()));
+  if (a.out.size() > 1 && a.out[1] != nullptr) {
+    Tensor& mask = *a.out[1];
+    expect_shape(a, 1, x.shape);
+    int64_t n = mask.numel();
+    switch (mask.dtype) {
+      case DType::kBool: std::fill_n(mask.as<uint8_t>(), n, uint8_t{1}); break;
+      case DType::kFloat32: std::fill_n(mask.as<float>(), n, 1.0f); break;
+      case DType::kFloat64: std::fill_n(mask.as<double>(), n, 1.0); break;
+      default: fail(ErrorKind::kInternal, "Dropout mask of type {} reached the kernel", dtype_name(mask.dtype));
+    }
+  }
+}
+
+void run_cast(const KernelArgs& a) {
+  const Tensor& x = unary_input(a);
+  Tensor& y = *a.out[0];
+  if (x.dtype == y.dtype) {
+    if (x.data != y.data) std::memcpy(y.data, x.data, static_cast<size_t>(x.bytes()));
+    return;
+  }
+  visit(x.dtype, [&]<class From>(Type<From>) {
+    visit(y.dtype, [&]<class To>(Type<To>) {
+      map(x.as<From>(), y.as<To>(), x.numel(), [](From v) { return convert<To>(v); });
+    }, true);
+  }, true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binary ops with broadcasting
+
+// The output of a broadcasting op over `inputs`, checked to have their broadcast shape.
+template <size_t N>
+Broadcast<N> broadcast_output(const KernelArgs& a) {
+  std::array<Shape, N> shapes;
+  Shape out;
+  for (size_t k = 0; k < N; ++k) {
+    shapes[k] = a.input(k).shape;
+    out = k == 0 ? shapes[k] : broadcast_shape(out, shapes[k]);
+  }
+  expect_shape(a, 0, out);
+  return Broadcast<N>(shapes, out);
+}
+
+// z = f(x, y) elementwise with broadcasting; runs are specialised on which side repeats so the
+// inner loops vectorise.
+template <class A, class B, class Out, class F>
+void binary_loop(const Broadcast<2>& plan, const A* x, const B* y, Out* z, F f) {
+  const bool along_x = plan.step(0) != 0, along_y = plan.step(1) != 0;
+  plan.for_each_run([&](int64_t o, const std::array<int64_t, 2>& in, int64_t n) {
+    const A* xs = x + in[0];
+    const B* ys = y + in[1];
+    Out* zs = z + o;
+    if (along_x && along_y) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) zs[i] = f(xs[i], ys[i]);
+    } else if (along_x) {
+      const B v = *ys;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) zs[i] = f(xs[i], v);
+    } else if (along_y) {
+      const A u = *xs;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) zs[i] = f(u, ys[i]);
+    } else {
+      std::fill_n(zs, n, f(*xs, *ys));
+    }
+  });
+}
+
+enum class Arith { kAdd, kSub, kMul, kDiv };
+
+// One element of Add, Sub, Mul or Div. Integers wrap; integer Div truncates toward zero (the
+// kernel has refused zero divisors) and x / -1 is the wrapped negation (no INT_MIN / -1 trap).
+template <Arith op, class T>
+T arith(T x, T y) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (op == Arith::kAdd) return x + y;
+    else if constexpr (op == Arith::kSub) return x - y;
+    else if constexpr (op == Arith::kMul) return x * y;
+    else return x / y;
+  } else {
+    using U = Wrap<T>;
+    if constexpr (op == Arith::kAdd) return static_cast<T>(U(x) + U(y));
+    else if constexpr (op == Arith::kSub) return static_cast<T>(U(x) - U(y));
+    else if constexpr (op == Arith::kMul) return static_cast<T>(U(x) * U(y));
+    else if constexpr (std::is_signed_v<T>) return y == T(-1) ? static_cast<T>(U(0) - U(x)) : static_cast<T>(x / y);
+    else return x / y;
+  }
+}
+
+template <Arith op>
+void run_arith(const KernelArgs& a) {
+  Broadcast<2> plan = broadcast_output<2>(a);
+  const Tensor &x = a.input(0), &y = a.input(1);
+  visit(x.dtype, [&]<class T>(Type<T>) {
+    if constexpr (!std::is_same_v<T, BoolByte>) {
+      if constexpr (op == Arith::kDiv && std::is_integral_v<T>) {
+        const T* d = y.as<T>();
+        if (std::find(d, d + y.numel(), T(0)) != d + y.numel())
+          fail(ErrorKind::kModel, "integer division by zero ({} divisor)", dtype_name(y.dtype));
+      }
+      binary_loop(plan, x.as<T>(), y.as<T>(), a.out[0]->as<T>(), [](T u, T v) { return arith<op, T>(u, v); });
+    }
+  });
+}
+
+// x to the power e for integers, by repeated squaring (wrapping). A negative exponent gives
+// the truncated 1 / x^-e: 1 or -1 for a base of 1 or -1, else 0.
+template <class T, class E>
+T int_pow(T x, E e) {
+  using U = Wrap<T>;
+  if constexpr (std::is_signed_v<E>) {
+    if (e < 0) {
+      if (x == T(1)) return T(1);
+      if constexpr (std::is_signed_v<T>)
+        if (x == T(-1)) return (e & 1) ? T(-1) : T(1);
+      return T(0);
+    }
+  }
+  U result = 1, base = U(x);
+  for (auto n = static_cast<std::make_unsigned_t<E>>(e); n != 0; n >>= 1) {
+    if (n & 1) result *= base;
+    base *= base;
+  }
+  return static_cast<T>(result);
+}
+
+// One element of Pow (opset 12+ lets base and exponent differ in type; the output is the
+// base's type). Float bases use pow (float32 with float32 in single precision, every other
+// mix in double); integer bases with integer exponents are exact.
+template <class T, class E>
+T power(T x, E e) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<E, float>) return std::pow(x, e);
+  else if constexpr (std::is_floating_point_v<T>) return static_cast<T>(std::pow(double(x), double(e)));
+  else if constexpr (std::is_floating_point_v<E>) return convert<T>(std::pow(double(x), double(e)));
+  else return int_pow(x, e);
+}
+
+void run_pow(const KernelArgs& a) {
+  Broadcast<2> plan = broadcast_output<2>(a);
+  const Tensor &x = a.input(0), &y = a.input(1);
+  Tensor& z = *a.out[0];
+  // x^2 and x^3 with a float32 scalar exponent (layer norms and GELU) as products.
+  if (x.dtype == DType::kFloat32 && y.dtype == DType::kFloat32 && y.numel() == 1 &&
+      (y.as<float>()[0] == 2.0f || y.as<float>()[0] == 3.0f)) {
+    if (y.as<float>()[0] == 2.0f)
+      binary_loop(plan, x.as<float>(), y.as<float>(), z.as<float>(), [](float u, float) { return u * u; });
+    else
+      binary_loop(plan, x.as<float>(), y.as<float>(), z.as<float>(), [](float u, float) { return u * u * u; });
+    return;
+  }
+  visit(x.dtype, [&]<class T>(Type<T>) {
+    constexpr bool base_ok = std::is_floating_point_v<T> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>;
+    if constexpr (base_ok) visit(y.dtype, [&]<class E>(Type<E>) {
+      if constexpr (!std::is_same_v<E, BoolByte>)
+        binary_loop(plan, x.as<T>(), y.as<E>(), z.as<T>(), [](T u, E v) { return power<T, E>(u, v); });
+    });
+  });
+}
+
+void run_equal(const KernelArgs& a) {
+  Broadcast<2> plan = broadcast_output<2>(a);
+  const Tensor &x = a.input(0), &y = a.input(1);
+  uint8_t* z = a.out[0]->as<uint8_t>();
+  visit(x.dtype, [&]<class T>(Type<T>) {
+    if constexpr (std::is_same_v<T, BoolByte>)
+      binary_loop(plan, x.as<uint8_t>(), y.as<uint8_t>(), z,
+                  [](uint8_t u, uint8_t v) { return uint8_t((u != 0) == (v != 0)); });
+    else
+      binary_loop(plan, x.as<T>(), y.as<T>(), z, [](T u, T v) { return uint8_t(u == v); });
+  }, true);
+}
+
+// Where: out = condition ? x : y, broadcasting all three; elements are copied as opaque
+// words of the element's size, so every fixed-size dtype works.
+template <class W>
+void where_loop(const Broadcast<3>& plan, const uint8_t* c, const W* x, const W* y, W* z) {
+  const int64_t sc = plan.step(0), sx = plan.step(1), sy = plan.step(2);
+  plan.for_each_run([&](int64_t o, const std::array<int64_t, 3>& in, int64_t n) {
+    const uint8_t* cs = c + in[0];
+    const W* xs = x + in[1];
+    const W* ys = y + in[2];
+    W* zs = z + o;
+    if (sc && sx && sy) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) zs[i] = cs[i] ? xs[i] : ys[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i) zs[i] = cs[i * sc] ? xs[i * sx] : ys[i * sy];
+    }
+  });
+}
+
+void run_where(const KernelArgs& a) {
+  Broadcast<3> plan = broadcast_output<3>(a);
+  const uint8_t* c = a.input(0).as<uint8_t>();
+  const Tensor &x = a.input(1), &y = a.input(2);
+  Tensor& z = *a.out[0];
+  switch (dtype_size(x.dtype)) {
+    case 1: return where_loop(plan, c, x.as<uint8_t>(), y.as<uint8_t>(), z.as<uint8_t>());
+    case 2: return where_loop(plan, c, x.as<uint16_t>(), y.as<uint16_t>(), z.as<uint16_t>());
+    case 4: return where_loop(plan, c, x.as<uint32_t>(), y.as<uint32_t>(), z.as<uint32_t>());
+    case 8: return where_loop(plan, c, x.as<uint64_t>(), y.as<uint64_t>(), z.as<uint64_t>());
+    default: fail(ErrorKind::kInternal, "Where on {} reached the kernel", dtype_name(x.dtype));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks
+
+// "" when the signature has `inputs` inputs (at least `required`) and `outputs` outputs.
+std::string arity(const OpSignature& s, size_t required, size_t inputs, size_t outputs) {
+  if (s.inputs.size() < required || s.inputs.size() > inputs || s.outputs.size() != outputs)
+    return fmt::format("{} with {} inputs and {} outputs is not a valid signature", s.op_type, s.inputs.size(),
+                       s.outputs.size());
+  for (size_t k = 0; k < required; ++k)
+    if (s.inputs[k] == DType::kUndefined) return fmt::format("{} needs input {}", s.op_type, k);
+  if (s.outputs[0] == DType::kUndefined) return fmt::format("{} needs its output", s.op_type);
+  return "";
+}
+
+// "" when the output has the type of input 0.
+std::string same_output(const OpSignature& s) {
+  if (s.outputs[0] != s.inputs[0])
+    return fmt::format("{} from {} to {} is not a valid signature", s.op_type, dtype_name(s.inputs[0]),
+                       dtype_name(s.outputs[0]));
+  return "";
+}
+
+std::string check_float_unary(const OpSignature& s) {
+  if (auto why = arity(s, 1, 1, 1); !why.empty()) return why;
+  if (!is_float(s.inputs[0]))
+    return fmt::format("{} on {} is not supported (float32 and float64 only)", s.op_type, dtype_name(s.inputs[0]));
+  return same_output(s);
+}
+
+std::string check_relu(const OpSignature& s) {
+  if (auto why = arity(s, 1, 1, 1); !why.empty()) return why;
+  DType d = s.inputs[0];
+  if (!is_float(d) && d != DType::kInt8 && d != DType::kInt16 && d != DType::kInt32 && d != DType::kInt64)
+    return fmt::format("Relu on {} is not supported (float32, float64 and signed integers only)", dtype_name(d));
+  return same_output(s);
+}
+
+std::string check_clip(const OpSignature& s) {
+  if (auto why = arity(s, 1, 3, 1); !why.empty()) return why;
+  if (!is_numeric(s.inputs[0]))
+    return fmt::format("Clip on {} is not supported (float32, float64 and integers only)", dtype_name(s.inputs[0]));
+  for (size_t k = 1; k < s.inputs.size(); ++k)
+    if (s.inputs[k] != DType::kUndefined && s.inputs[k] != s.inputs[0])
+      return fmt::format("Clip of {} with a {} bound is not a valid signature", dtype_name(s.inputs[0]),
+                         dtype_name(s.inputs[k]));
+  if ((s.attrs.has("min") || s.attrs.has("max")) && !is_float(s.inputs[0]))
+    return fmt::format("Clip with min/max attributes on {} is not supported", dtype_name(s.inputs[0]));
+  return same_output(s);
+}
+
+std::string check_dropout(const OpSignature& s) {
+  if (s.inputs.empty() || s.inputs.size() > 3 || s.outputs.empty() || s.outputs.size() > 2)
+    return "Dropout with this many inputs or outputs is not a valid signature";
+  if (dtype_size(s.inputs[0]) <= 0) return fmt::format("Dropout on {} is not supported", dtype_name(s.inputs[0]));
+  if (auto why = same_output(s); !why.empty()) return why;
+  if (s.attrs.i("is_test", 1) == 0) return "Dropout with is_test=0 (training) is not supported";
+  if (s.outputs.size() == 2 && s.outputs[1] != DType::kUndefined && s.outputs[1] != DType::kBool &&
+      !is_float(s.outputs[1]))
+    return fmt::format("Dropout with a {} mask is not supported", dtype_name(s.outputs[1]));
+  return "";
+}
+
+std::string check_cast(const OpSignature& s) {
+  if (auto why = arity(s, 1, 1, 1); !why.empty()) return why;
+  if (!s.attrs.has("to")) return "Cast needs attribute 'to'";
+  auto to = dtype_from_onnx(static_cast<int32_t>(s.attrs.i("to", 0)));
+  for (DType d : {s.inputs[0], to.value_or(DType::kUndefined)})
+    if (!is_numeric(d) && d != DType::kBool)
+      return fmt::format("Cast from {} to {} is not supported (numeric types and bool only)", dtype_name(s.inputs[0]),
+                         to ? dtype_name(*to) : "an unknown type");
+  if (s.outputs[0] != *to)
+    return fmt::format("Cast to {} with a {} output is not a valid signature", dtype_name(*to),
+                       dtype_name(s.outputs[0]));
+  return "";
+}
+
+// Add, Sub, Mul, Div: two inputs and the output of one numeric type.
+std::string check_arith(const OpSignature& s) {
+  if (auto why = arity(s, 2, 2, 1); !why.empty()) return why;
+  if (!is_numeric(s.inputs[0]))
+    return fmt::format("{} on {} is not supported (float32, float64 and integers only)", s.op_type,
+                       dtype_name(s.inputs[0]));
+  if (s.inputs[1] != s.inputs[0])
+    return fmt::format("{} of {} and {} is not a valid signature", s.op_type, dtype_name(s.inputs[0]),
+                       dtype_name(s.inputs[1]));
+  return same_output(s);
+}
+
+std::string check_pow(const OpSignature& s) {
+  if (auto why = arity(s, 2, 2, 1); !why.empty()) return why;
+  DType base = s.inputs[0];
+  if (!is_float(base) && base != DType::kInt32 && base != DType::kInt64)
+    return fmt::format("Pow with a {} base is not supported (float32, float64, int32 and int64 only)",
+                       dtype_name(base));
+  if (!is_numeric(s.inputs[1]))
+    return fmt::format("Pow with a {} exponent is not supported", dtype_name(s.inputs[1]));
+  return same_output(s);
+}
+
+std::string check_equal(const OpSignature& s) {
+  if (auto why = arity(s, 2, 2, 1); !why.empty()) return why;
+  if (!is_numeric(s.inputs[0]) && s.inputs[0] != DType::kBool)
+    return fmt::format("Equal on {} is not supported (numeric types and bool only)", dtype_name(s.inputs[0]));
+  if (s.inputs[1] != s.inputs[0] || s.outputs[0] != DType::kBool)
+    return fmt::format("Equal of {} and {} giving {} is not a valid signature", dtype_name(s.inputs[0]),
+                       dtype_name(s.inputs[1]), dtype_name(s.outputs[0]));
+  return "";
+}
+
+std::string check_where(const OpSignature& s) {
+  if (auto why = arity(s, 3, 3, 1); !why.empty()) return why;
+  if (s.inputs[0] != DType::kBool)
+    return fmt::format("Where with a {} condition is not a valid signature", dtype_name(s.inputs[0]));
+  DType d = s.inputs[1];
+  int64_t size = dtype_size(d);
+  if (size != 1 && size != 2 && size != 4 && size != 8)
+    return fmt::format("Where on {} is not supported", dtype_name(d));
+  if (s.inputs[2] != d || s.outputs[0] != d)
+    return fmt::format("Where choosing between {} and {} giving {} is not a valid signature", dtype_name(d),
+                       dtype_name(s.inputs[2]), dtype_name(s.outputs[0]));
+  return "";
+}
+
+constexpr KernelEntry kKernels[] = {
+    {"Relu", run_relu, check_relu},
+    {"Sigmoid", run_sigmoid, check_float_unary},
+    {"Tanh", run_tanh, check_float_unary},
+    {"Sqrt", run_sqrt, check_float_unary},
+    {"Erf", run_erf, check_float_unary},
+    {"HardSigmoid", run_hard_sigmoid, check_float_unary},
+    {"HardSwish", run_hard_swish, check_float_unary},
+    {"Clip", run_clip, check_clip},
+    {"Dropout", run_dropout, check_dropout},
+    {"Cast", run_cast, check_cast},
+    {"Add", run_arith<Arith::kAdd>, check_arith},
+    {"Sub", run_arith<Arith::kSub>, check_arith},
+    {"Mul", run_arith<Arith::kMul>, check_arith},
+    {"Div", run_arith<Arith::kDiv>, check_arith},
+    {"Pow", run_pow, check_pow},
+    {"Equal", run_equal, check_equal},
+    {"Where", run_where, check_where},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> elementwise_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cpu

@@ -1,10 +1,333 @@
-// Kernels of the pool family (see families.h).
+// Kernels of the pool family (see families.h): MaxPool, AveragePool and GlobalAveragePool.
+//
+// MaxPool and AveragePool run on oneDNN's dilated pooling (pooling_v2). ceil_mode becomes
+// extra right padding, which neither a max nor an exclude-padding average sees. What oneDNN
+// cannot express (MaxPool's Indices output, an include-padding average whose windows reach
+// into that extra padding, a geometry oneDNN refuses) runs on a plain loop nest with ONNX's
+// semantics. GlobalAveragePool is a plain mean per channel.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
 
-std::span<const KernelEntry> pool_kernels() { return {}; }
+namespace {
+
+using dnnl::memory;
+
+enum class PoolKind { kMax, kAverageExcludePad, kAverageIncludePad };
+
+// One pooling node resolved. Spatial sizes are front-filled to three dims (depth, height,
+// width) with size-one dims, so one loop nest serves 1-D to 3-D pooling.
+struct PoolGeometry {
+  int64_t planes = 0;  // N * C
+  size_t spatial = 0;  // 1 to 3
+  Shape in_shape, out_shape;
+  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, kernel{1, 1, 1}, stride{1, 1, 1}, dilation{1, 1, 1};
+  std::array<int64_t, 3> pad_l{0, 0, 0}, pad_r{0, 0, 0};  // pad_r without the ceil_mode extension
+  bool ceil_extends = false;  // some window reaches past the right padding (ceil_mode)
+
+  int64_t in_plane() const { return in[0] * in[1] * in[2]; }
+  int64_t out_plane() const { return out[0] * out[1] * out[2]; }
+  // The right padding that makes exactly `out` windows, which ceil_mode may make larger than pad_r.
+  int64_t reached_pad_r(size_t d) const {
+    return std::max(pad_r[d], (out[d] - 1) * stride[d] + (kernel[d] - 1) * dilation[d] + 1 - in[d] - pad_l[d]);
+  }
+};
+
+// Attribute `name` with `count` values, or `fallback` for each when absent.
+std::vector<int64_t> per_dim(const KernelArgs& a, std::string_view name, size_t count, int64_t fallback) {
+  std::vector<int64_t> v = a.attrs.ints(name);
+  if (v.empty()) return std::vector<int64_t>(count, fallback);
+  if (v.size() != count)
+    fail(ErrorKind::kModel, "{} attribute '{}' has {} values, the input has {} spatial dims", a.op_type, name,
+         v.size(), count);
+  return v;
+}
+
+// The kernel indices [first, last) of output position `o`'s window along dim `d` that land
+// inside the input, and how many land inside the padded input (pad_l and pad_r).
+struct Window {
+  int64_t start, first, last, padded;
+};
+
+Window window(const PoolGeometry& g, size_t d, int64_t o) {
+  const int64_t start = o * g.stride[d] - g.pad_l[d], step = g.dilation[d], k = g.kernel[d];
+  // Index j lies at start + j * step; count the j below a bound.
+  auto below = [&](int64_t bound) { return std::clamp<int64_t>((bound - start + step - 1) / step, 0, k); };
+  const int64_t first = start >= 0 ? 0 : std::min(k, (-start + step - 1) / step);
+  return {start, first, std::max(first, below(g.in[d])), below(g.in[d] + g.pad_r[d])};
+}
+
+// Resolves the node's shapes and attributes (ONNX MaxPool and AveragePool semantics up to
+// opset 17) and checks the output shapes.
+PoolGeometry pool_geometry(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  if (x.rank() < 3 || x.rank() > 5)
+    fail(ErrorKind::kUnsupported, "{} on a rank-{} input is not supported (1-D to 3-D pooling only)", a.op_type,
+         x.rank());
+  PoolGeometry g;
+  g.spatial = static_cast<size_t>(x.rank() - 2);
+  g.planes = x.shape[0] * x.shape[1];
+  g.in_shape = x.shape;
+  g.out_shape = {x.shape[0], x.shape[1]};
+  const std::vector<int64_t> kernel = a.attrs.ints("kernel_shape");
+  if (kernel.size() != g.spatial)
+    fail(ErrorKind::kModel, "{} kernel_shape has {} values, the input has {} spatial dims", a.op_type, kernel.size(),
+         g.spatial);
+  const std::vector<int64_t> strides = per_dim(a, "strides", g.spatial, 1);
+  const std::vector<int64_t> dilations = per_dim(a, "dilations", g.spatial, 1);
+  const std::vector<int64_t> pads = per_dim(a, "pads", 2 * g.spatial, 0);
+  const std::string auto_pad = a.attrs.s("auto_pad", "NOTSET");
+  const bool ceil_mode = a.attrs.i("ceil_mode", 0) != 0;
+  for (size_t i = 0; i < g.spatial; ++i) {
+    const size_t d = 3 - g.spatial + i;
+    const int64_t in = x.shape[2 + i], k = kernel[i], s = strides[i], step = dilations[i];
+    if (k < 1 || s < 1 || step < 1)
+      fail(ErrorKind::kModel, "{} kernel_shape, strides and dilations must be positive", a.op_type);
+    const int64_t reach = (k - 1) * step + 1;  // the span of one window
+    int64_t begin = pads[i], end = pads[g.spatial + i];
+    if (auto_pad == "VALID") {
+      begin = end = 0;
+    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      const int64_t total = std::max<int64_t>(0, ((in + s - 1) / s - 1) * s + reach - in);
+      begin = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      end = total - begin;
+    } else if (auto_pad != "NOTSET") {
+      fail(ErrorKind::kModel, "{} auto_pad '{}' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID", a.op_type,
+           auto_pad);
+    }
+    if (begin < 0 || end < 0) fail(ErrorKind::kUnsupported, "{} with negative pads is not supported", a.op_type);
+    const int64_t positions = in + begin + end - reach;
+    if (positions < 0) fail(ErrorKind::kShape, "{} window {} is larger than the padded input", a.op_type, reach);
+    g.in[d] = in;
+    g.out[d] = (ceil_mode ? (positions + s - 1) / s : positions / s) + 1;
+    g.kernel[d] = k;
+    g.stride[d] = s;
+    g.dilation[d] = step;
+    g.pad_l[d] = begin;
+    g.pad_r[d] = end;
+    g.out_shape.push_back(g.out[d]);
+    g.ceil_extends |= g.reached_pad_r(d) > end;
+    // A window over padding alone has no value (ONNX opset 19 drops such ceil_mode windows).
+    for (int64_t o = 0; o < g.out[d]; ++o)
+      if (const Window w = window(g, d, o); w.first >= w.last)
+        fail(ErrorKind::kUnsupported, "{} window {} of spatial dim {} covers only padding", a.op_type, o, i);
+  }
+  expect_shape(a, 0, g.out_shape);
+  if (a.out.size() > 1 && a.out[1] != nullptr) expect_shape(a, 1, g.out_shape);
+  return g;
+}
+
+// Runs the pooling on oneDNN; false when oneDNN has no implementation for it.
+bool pool_onednn(const KernelArgs& a, const PoolGeometry& g, PoolKind kind) {
+  memory::dims strides, kernel, dilation, pad_l, pad_r;
+  for (size_t d = 3 - g.spatial; d < 3; ++d) {
+    strides.push_back(g.stride[d]);
+    kernel.push_back(g.kernel[d]);
+    dilation.push_back(g.dilation[d] - 1);  // oneDNN counts a dense window as dilation 0
+    pad_l.push_back(g.pad_l[d]);
+    pad_r.push_back(g.reached_pad_r(d));
+  }
+  const dnnl::algorithm algorithm = kind == PoolKind::kMax                ? dnnl::algorithm::pooling_max
+                                    : kind == PoolKind::kAverageIncludePad ? dnnl::algorithm::pooling_avg_include_padding
+                                                                           : dnnl::algorithm::pooling_avg_exclude_padding;
+  CpuContext& ctx = context(a);
+  memory src = wrap(a.input(0), ctx);
+  memory dst = wrap(*a.out[0], ctx);
+  dnnl::pooling_v2_forward::primitive_desc pd;
+  try {
+    dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, algorithm, src.get_desc(), dst.get_desc(),
+                                        strides, kernel, dilation, pad_l, pad_r);
+    pd = dnnl::pooling_v2_forward::primitive_desc(desc, ctx.engine);
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  dnnl::pooling_v2_forward(pd).execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}});
+  ctx.stream.wait();
+  return true;
+}
+
+// The windows of every output position along each dim.
+std::array<std::vector<Window>, 3> windows(const PoolGeometry& g) {
+  std::array<std::vector<Window>, 3> w;
+  for (size_t d = 0; d < 3; ++d)
+    for (int64_t o = 0; o < g.out[d]; ++o) w[d].push_back(window(g, d, o));
+  return w;
+}
+
+// Max pooling as a loop nest; fills `indices` (when not null) with each maximum's flat index
+// into the input, its spatial part row-major or, with `column_major`, column-major.
+template <class T>
+void max_pool_loops(const PoolGeometry& g, const T* x, T* y, int64_t* indices, bool column_major) {
+  const auto w = windows(g);
+  const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
+  const int64_t D = g.in[0], H = g.in[1], W = g.in[2];
+#pragma omp parallel for if (g.planes * out_plane > 4096)
+  for (int64_t p = 0; p < g.planes; ++p) {
+    const T* xp = x + p * in_plane;
+    int64_t o = p * out_plane;
+    for (const Window& wd : w[0])
+      for (const Window& wh : w[1])
+        for (const Window& ww : w[2]) {
+          T best = std::numeric_limits<T>::lowest();
+          int64_t bd = 0, bh = 0, bw = 0;
+          bool found = false;
+          for (int64_t jd = wd.first; jd < wd.last; ++jd) {
+            const int64_t id = wd.start + jd * g.dilation[0];
+            for (int64_t jh = wh.first; jh < wh.last; ++jh) {
+              const int64_t ih = wh.start + jh * g.dilation[1];
+              for (int64_t jw = ww.first; jw < ww.last; ++jw) {
+                const int64_t iw = ww.start + jw * g.dilation[2];
+                const T v = xp[(id * H + ih) * W + iw];
+                if (!found || v > best) {
+                  best = v;
+                  bd = id;
+                  bh = ih;
+                  bw = iw;
+                  found = true;
+                }
+              }
+            }
+          }
+          y[o] = best;
+          if (indices != nullptr)
+            indices[o] = p * in_plane + (column_major ? bd + bh * D + bw * D * H : (bd * H + bh) * W + bw);
+          ++o;
+        }
+  }
+}
+
+// Average pooling as a loop nest: the divisor counts the window's positions inside the input,
+// or with include-padding those inside the explicitly padded input (never the ceil_mode extension).
+void average_pool_loops(const PoolGeometry& g, const float* x, float* y, bool include_pad) {
+  const auto w = windows(g);
+  const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
+  const int64_t H = g.in[1], W = g.in[2];
+#pragma omp parallel for if (g.planes * out_plane > 4096)
+  for (int64_t p = 0; p < g.planes; ++p) {
+    const float* xp = x + p * in_plane;
+    int64_t o = p * out_plane;
+    for (const Window& wd : w[0])
+      for (const Window& wh : w[1])
+        for (const Window& ww : w[2]) {
+          float sum = 0;
+          for (int64_t jd = wd.first; jd < wd.last; ++jd) {
+            const int64_t id = wd.start + jd * g.dilation[0];
+            for (int64_t jh = wh.first; jh < wh.last; ++jh) {
+              const int64_t ih = wh.start + jh * g.dilation[1];
+              for (int64_t jw = ww.first; jw < ww.last; ++jw) sum += xp[(id * H + ih) * W + ww.start + jw * g.dilation[2]];
+            }
+          }
+          const int64_t count = include_pad ? wd.padded * wh.padded * ww.padded
+                                            : (wd.last - wd.first) * (wh.last - wh.first) * (ww.last - ww.first);
+          y[o++] = sum / static_cast<float>(count);
+        }
+  }
+}
+
+void max_pool(const KernelArgs& a) {
+  const PoolGeometry g = pool_geometry(a);
+  if (a.out[0]->numel() == 0) return;
+  const bool want_indices = a.out.size() > 1 && a.out[1] != nullptr;
+  if (!want_indices && pool_onednn(a, g, PoolKind::kMax)) return;
+  int64_t* indices = want_indices ? a.out[1]->as<int64_t>() : nullptr;
+  const bool column_major = a.attrs.i("storage_order", 0) == 1;
+  const Tensor& x = a.input(0);
+  switch (x.dtype) {
+    case DType::kFloat32: max_pool_loops(g, x.as<float>(), a.out[0]->as<float>(), indices, column_major); break;
+    case DType::kInt8: max_pool_loops(g, x.as<int8_t>(), a.out[0]->as<int8_t>(), indices, column_major); break;
+    case DType::kUInt8: max_pool_loops(g, x.as<uint8_t>(), a.out[0]->as<uint8_t>(), indices, column_major); break;
+    default: fail(ErrorKind::kUnsupported, "MaxPool on {} is not supported", dtype_name(x.dtype));
+  }
+}
+
+void average_pool(const KernelArgs& a) {
+  const PoolGeometry g = pool_geometry(a);
+  if (a.out[0]->numel() == 0) return;
+  const bool include_pad = a.attrs.i("count_include_pad", 0) != 0;
+  // oneDNN's include-padding divisor would count the ceil_mode extension as padding.
+  if (!(include_pad && g.ceil_extends) &&
+      pool_onednn(a, g, include_pad ? PoolKind::kAverageIncludePad : PoolKind::kAverageExcludePad))
+    return;
+  average_pool_loops(g, a.input(0).as<float>(), a.out[0]->as<float>(), include_pad);
+}
+
+void global_average_pool(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  if (x.rank() < 2) fail(ErrorKind::kModel, "GlobalAveragePool needs an input of rank 2 or more, not {}", x.rank());
+  Shape out_shape(x.shape.size(), 1);
+  out_shape[0] = x.shape[0];
+  out_shape[1] = x.shape[1];
+  expect_shape(a, 0, out_shape);
+  const int64_t planes = x.shape[0] * x.shape[1];
+  if (planes == 0) return;
+  const int64_t size = x.numel() / planes;
+  const float* xp = x.as<float>();
+  float* y = a.out[0]->as<float>();
+#pragma omp parallel for if (planes * size > 32768)
+  for (int64_t p = 0; p < planes; ++p) {
+    double sum = 0;
+    for (int64_t i = 0; i < size; ++i) sum += xp[p * size + i];
+    y[p] = static_cast<float>(sum / static_cast<double>(size));
+  }
+}
+
+// The reason a MaxPool or AveragePool attribute set is refused, or "".
+std::string check_pool_attrs(const OpSignature& sig) {
+  const std::string auto_pad = sig.attrs.s("auto_pad", "NOTSET");
+  if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" && auto_pad != "VALID")
+    return fmt::format("{} auto_pad '{}' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID", sig.op_type, auto_pad);
+  const size_t spatial = sig.attrs.ints("kernel_shape").size();
+  if (spatial < 1 || spatial > 3)
+    return fmt::format("{} needs kernel_shape with 1 to 3 values (1-D to 3-D pooling only)", sig.op_type);
+  const int64_t ceil_mode = sig.attrs.i("ceil_mode", 0);
+  if (ceil_mode != 0 && ceil_mode != 1) return fmt::format("{} ceil_mode must be 0 or 1", sig.op_type);
+  return "";
+}
+
+std::string check_max_pool(const OpSignature& sig) {
+  if (sig.inputs.size() != 1 || sig.outputs.empty() || sig.outputs.size() > 2) return "MaxPool takes one input";
+  const DType t = sig.inputs[0];
+  if (t != DType::kFloat32 && t != DType::kInt8 && t != DType::kUInt8)
+    return fmt::format("MaxPool on {} is not supported (float32, int8 and uint8 only)", dtype_name(t));
+  if (sig.outputs[0] != t) return "MaxPool output Y must have the input's dtype";
+  if (sig.outputs.size() == 2 && sig.outputs[1] != DType::kUndefined && sig.outputs[1] != DType::kInt64)
+    return "MaxPool output Indices must be int64";
+  const int64_t storage_order = sig.attrs.i("storage_order", 0);
+  if (storage_order != 0 && storage_order != 1) return "MaxPool storage_order must be 0 or 1";
+  return check_pool_attrs(sig);
+}
+
+std::string check_average_pool(const OpSignature& sig) {
+  if (std::string why = all_float32(sig); !why.empty()) return why;
+  if (sig.inputs.size() != 1 || sig.outputs.size() != 1) return "AveragePool takes one input and gives one output";
+  const int64_t include = sig.attrs.i("count_include_pad", 0);
+  if (include != 0 && include != 1) return "AveragePool count_include_pad must be 0 or 1";
+  return check_pool_attrs(sig);
+}
+
+std::string check_global_average_pool(const OpSignature& sig) {
+  if (std::string why = all_float32(sig); !why.empty()) return why;
+  if (sig.inputs.size() != 1 || sig.outputs.size() != 1) return "GlobalAveragePool takes one input and gives one output";
+  return "";
+}
+
+constexpr KernelEntry kPoolKernels[] = {
+    {"MaxPool", max_pool, check_max_pool},
+    {"AveragePool", average_pool, check_average_pool},
+    {"GlobalAveragePool", global_average_pool, check_global_average_pool},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> pool_kernels() { return kPoolKernels; }
 
 }  // namespace stagecraft::rt::cpu

@@ -1,0 +1,174 @@
+#pragma once
+/// \file
+/// numpy's multidirectional broadcasting for CPU kernels (header-only).
+///
+/// `broadcast_shape` gives the shape that broadcast inputs produce. `Broadcast<N>` plans reading N
+/// inputs along a dense row-major output: it drops dims of size 1, merges neighbouring dims that
+/// every input reads the same way (all along, or all repeated), and then walks the output as runs
+/// of consecutive elements in which each input either advances by one element or repeats one
+/// element. A kernel supplies the loop over one run:
+///
+///   Broadcast<2> plan({a.shape, b.shape}, out.shape);
+///   plan.for_each_run([&](int64_t o, const std::array<int64_t, 2>& in, int64_t count) {
+///     for (int64_t i = 0; i < count; ++i)
+///       y[o + i] = x0[in[0] + i * plan.step(0)] + x1[in[1] + i * plan.step(1)];
+///   });
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "runtime/core/tensor.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::rt::cpu {
+
+/// The shape that `a` and `b` broadcast to (trailing dims aligned; a dim of 1 stretches).
+/// Throws `Error(kShape)` when they do not broadcast.
+inline Shape broadcast_shape(const Shape& a, const Shape& b) {
+  Shape out(std::max(a.size(), b.size()));
+  for (size_t k = 0; k < out.size(); ++k) {
+    size_t from_end = out.size() - 1 - k;
+    int64_t da = from_end < a.size() ? a[a.size() - 1 - from_end] : 1;
+    int64_t db = from_end < b.size() ? b[b.size() - 1 - from_end] : 1;
+    if (da != db && da != 1 && db != 1)
+      fail(ErrorKind::kShape, "shapes {} and {} do not broadcast (dim {} is {} and {})", shape_string(a),
+           shape_string(b), k, da, db);
+    out[k] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+/// How N inputs, each broadcastable to an output shape, are read along the dense output.
+template <size_t N>
+class Broadcast {
+ public:
+  /// Outputs of at least this many elements are walked by all of the worker's threads.
+  static constexpr int64_t kParallelElements = int64_t{1} << 15;
+
+  /// Plans reading `inputs` along `out`. Throws `Error(kShape)` when an input does not broadcast
+  /// to `out` (out itself must be the full broadcast shape, not merely compatible).
+  Broadcast(const std::array<Shape, N>& inputs, const Shape& out) {
+    const size_t rank = out.size();
+    // Per output axis: each input's dim, and which inputs repeat along it (bit k for input k).
+    std::vector<std::array<int64_t, N>> in_dims;
+    std::vector<uint32_t> masks;
+    std::vector<int64_t> kept;
+    for (size_t axis = 0; axis < rank; ++axis) {
+      std::array<int64_t, N> dims{};
+      uint32_t mask = 0;
+      for (size_t k = 0; k < N; ++k) {
+        const Shape& s = inputs[k];
+        if (s.size() > rank)
+          fail(ErrorKind::kShape, "input {} of shape {} does not broadcast to {}", k, shape_string(s),
+               shape_string(out));
+        size_t lead = rank - s.size();
+        dims[k] = axis < lead ? 1 : s[axis - lead];
+        if (dims[k] != out[axis] && dims[k] != 1)
+          fail(ErrorKind::kShape, "input {} of shape {} does not broadcast to {}", k, shape_string(s),
+               shape_string(out));
+        if (dims[k] != out[axis]) mask |= 1u << k;
+      }
+      if (out[axis] == 1) continue;  // size-1 axes move nothing
+      if (!kept.empty() && masks.back() == mask) {
+        kept.back() *= out[axis];  // merge with the previous axis: every input reads both alike
+        continue;
+      }
+      kept.push_back(out[axis]);
+      masks.push_back(mask);
+    }
+    if (kept.empty()) {
+      kept.push_back(1);
+      masks.push_back(0);
+    }
+    dims_ = kept;
+    const size_t m = dims_.size();
+    for (size_t k = 0; k < N; ++k) {
+      strides_[k].assign(m, 0);
+      int64_t running = 1;
+      for (size_t a = m; a-- > 0;) {
+        if (masks[a] & (1u << k)) continue;
+        strides_[k][a] = running;
+        running *= dims_[a];
+      }
+    }
+  }
+
+  /// The output's dims after dropping 1s and merging (at least one dim).
+  const Shape& dims() const { return dims_; }
+
+  /// Input k's dims aligned with `dims()`: equal where it is read along, 1 where it repeats
+  /// (the form oneDNN's binary primitive takes for a broadcast source).
+  Shape input_dims(size_t k) const {
+    Shape d(dims_.size());
+    for (size_t a = 0; a < d.size(); ++a) d[a] = strides_[k][a] == 0 ? 1 : dims_[a];
+    return d;
+  }
+
+  /// True when input k is not broadcast at all (it has as many elements as the output).
+  bool is_full(size_t k) const {
+    for (size_t a = 0; a < dims_.size(); ++a)
+      if (strides_[k][a] == 0 && dims_[a] != 1) return false;
+    return true;
+  }
+
+  /// 1 when input k advances along a run, 0 when it repeats one element.
+  int64_t step(size_t k) const { return strides_[k].back(); }
+
+  /// Calls `body(out_offset, in_offsets, count)` for runs that together cover the output once:
+  /// output elements [out_offset, out_offset + count) read input k at in_offsets[k] + i * step(k).
+  /// Large outputs are split among the worker's OpenMP threads, so `body` must be safe to call
+  /// concurrently on disjoint runs (and must not throw).
+  template <class Body>
+  void for_each_run(Body&& body) const {
+    const int64_t len = dims_.back();
+    int64_t total = len;
+    for (size_t a = 0; a + 1 < dims_.size(); ++a) total *= dims_[a];
+    if (total == 0) return;
+#pragma omp parallel if (total >= kParallelElements)
+    {
+      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+      walk(total * t / threads, total * (t + 1) / threads, body);
+    }
+  }
+
+ private:
+  // Covers output elements [begin, end) as runs: a first partial row, whole rows, a last
+  // partial row. The row index is decomposed once, then advanced like an odometer.
+  template <class Body>
+  void walk(int64_t begin, int64_t end, Body& body) const {
+    if (begin >= end) return;
+    const int64_t len = dims_.back();
+    const size_t outer = dims_.size() - 1;
+    std::vector<int64_t> index(outer);
+    std::array<int64_t, N> row{};
+    int64_t r = begin / len;
+    for (size_t a = outer; a-- > 0;) {
+      index[a] = r % dims_[a];
+      r /= dims_[a];
+      for (size_t k = 0; k < N; ++k) row[k] += index[a] * strides_[k][a];
+    }
+    int64_t col = begin % len;
+    for (int64_t o = begin; o < end;) {
+      int64_t count = std::min(len - col, end - o);
+      std::array<int64_t, N> at;
+      for (size_t k = 0; k < N; ++k) at[k] = row[k] + col * strides_[k][outer];
+      body(o, at, count);
+      o += count;
+      col = 0;
+      for (size_t a = outer; a-- > 0;) {  // next row
+        for (size_t k = 0; k < N; ++k) row[k] += strides_[k][a];
+        if (++index[a] < dims_[a]) break;
+        for (size_t k = 0; k < N; ++k) row[k] -= strides_[k][a] * dims_[a];
+        index[a] = 0;
+      }
+    }
+  }
+
+  Shape dims_;
+  std::array<std::vector<int64_t>, N> strides_;  // per input, per merged axis; 0 where it repeats
+};
+
+}  // namespace stagecraft::rt::cpu

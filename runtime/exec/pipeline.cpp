@@ -1,0 +1,378 @@
+#include "runtime/exec/pipeline.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "runtime/format/error.h"
+
+namespace stagecraft::rt {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+/// One stage as the runtime holds it.
+struct Pipeline::StageRuntime {
+  const plan::Stage* stage = nullptr;
+  Program program;
+  std::vector<int> producers;                ///< Stages this one receives from, ascending.
+  std::map<int, std::vector<size_t>> sends;  ///< Consumer stage -> indices into program outputs.
+  std::vector<size_t> graph_outputs;         ///< Indices into program outputs.
+};
+
+namespace {
+
+std::string describe(DType dtype, const Shape& shape) { return fmt::format("{}{}", dtype_name(dtype), shape_string(shape)); }
+
+DType plan_dtype(const plan::StageTensor& t, const std::string& where) {
+  auto dtype = dtype_from_name(t.dtype);
+  if (!dtype) fail(ErrorKind::kPlan, "{}: dtype '{}' is unknown", where, t.dtype);
+  return *dtype;
+}
+
+// Checks that a stage file's inputs or outputs are the ones plan.json lists.
+void match_interface(const std::vector<ValueInfo>& in_file, const std::vector<plan::StageTensor>& in_plan,
+                     const std::string& file, const std::string& field) {
+  for (size_t k = 0; k < in_plan.size(); ++k) {
+    const plan::StageTensor& t = in_plan[k];
+    std::string where = fmt::format("plan.json: {}[{}] ('{}')", field, k, t.name);
+    auto it = std::find_if(in_file.begin(), in_file.end(), [&](const ValueInfo& v) { return v.name == t.name; });
+    if (it == in_file.end()) fail(ErrorKind::kPlan, "{} is not among the {} of {}", where, field.substr(field.rfind('.') + 1), file);
+    DType dtype = plan_dtype(t, where);
+    if (it->dtype != dtype || it->shape != Shape(t.shape.begin(), t.shape.end()))
+      fail(ErrorKind::kPlan, "{} is {} but {} has {}", where, describe(dtype, Shape(t.shape.begin(), t.shape.end())),
+           file, describe(it->dtype, it->shape));
+  }
+  if (in_file.size() != in_plan.size())
+    fail(ErrorKind::kPlan, "{} has {} {} but plan.json's {} lists {}", file, in_file.size(),
+         field.substr(field.rfind('.') + 1), field, in_plan.size());
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(ErrorKind::kIo, "{}: cannot open", path);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail(ErrorKind::kFormat, "{}: not valid JSON ({})", path, e.what());
+  }
+}
+
+// Bytes held by one device, at the highest.
+struct MemoryMeter {
+  std::atomic<int64_t> current{0}, peak{0};
+  void add(int64_t bytes) {
+    int64_t now = current.fetch_add(bytes) + bytes;
+    int64_t seen = peak.load();
+    while (now > seen && !peak.compare_exchange_weak(seen, now)) {}
+  }
+  void sub(int64_t bytes) { current.fetch_sub(bytes); }
+};
+
+int64_t bytes_of(const std::vector<NamedTensor>& tensors) {
+  int64_t total = 0;
+  for (const NamedTensor& t : tensors) total += t.tensor.bytes();
+  return total;
+}
+
+}  // namespace
+
+std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Backend& backend,
+                                         int threads_per_device) {
+  if (threads_per_device < 1) fail(ErrorKind::kUsage, "--threads-per-device must be at least 1 (got {})", threads_per_device);
+  std::unique_ptr<Pipeline> p(new Pipeline());
+  p->plan_dir_ = plan_dir;
+  p->backend_ = &backend;
+  p->threads_per_device_ = threads_per_device;
+  p->plan_ = plan::load_plan(plan_dir);
+  const plan::Plan& plan = p->plan_;
+  std::string plan_json = (fs::path(plan_dir) / "plan.json").string();
+  if (plan.training)
+    fail(ErrorKind::kUnsupported, "{}: this is a training plan (optimizer {}); this runtime executes inference plans "
+         "only so far: compile without --train", plan_json, plan.optimizer);
+  for (const plan::Stage& stage : plan.stages)
+    if (stage.file.empty() || stage.file_hash.empty())
+      fail(ErrorKind::kPlan, "{}: stages[{}] has no stage file (a --dry-run plan cannot run)", plan_json, stage.index);
+
+  p->shape_ = {plan.devices, plan.chunks, plan.microbatches, plan.training};
+  std::string schedule_path = (fs::path(plan_dir) / "schedule.json").string();
+  nlohmann::json body = read_json_file(schedule_path);
+  p->schedule_ = with_context(plan_dir, ErrorKind::kFormat, [&] { return schedule::schedule_from_json(body); });
+  with_context(schedule_path, ErrorKind::kPlan, [&] { schedule::validate_schedule(p->schedule_, p->shape_); });
+
+  std::map<std::string, ModelTensor> model_inputs;
+  for (const plan::Stage& stage : plan.stages) {
+    auto rt = std::make_shared<StageRuntime>();
+    rt->stage = &stage;
+    std::string file = (fs::path(plan_dir) / stage.file).string();
+    rt->program = Program::load_file(file, backend);
+    std::string field = fmt::format("stages[{}]", stage.index);
+    match_interface(rt->program.inputs(), stage.inputs, file, field + ".inputs");
+    match_interface(rt->program.outputs(), stage.outputs, file, field + ".outputs");
+    std::set<int> producers;
+    for (const plan::StageTensor& in : stage.inputs) {
+      if (in.peer_stage >= 0) {
+        producers.insert(in.peer_stage);
+        continue;
+      }
+      ModelTensor t{in.name, plan_dtype(in, field), Shape(in.shape.begin(), in.shape.end())};
+      auto [it, fresh] = model_inputs.emplace(in.name, t);
+      if (!fresh && (it->second.dtype != t.dtype || it->second.shape != t.shape))
+        fail(ErrorKind::kPlan, "{}: graph input '{}' has different types in two stages", plan_json, in.name);
+    }
+    rt->producers.assign(producers.begin(), producers.end());
+    const auto& outs = rt->program.outputs();
+    for (const plan::StageTensor& out : stage.outputs) {
+      size_t index = static_cast<size_t>(
+          std::find_if(outs.begin(), outs.end(), [&](const ValueInfo& v) { return v.name == out.name; }) - outs.begin());
+      for (int peer : out.peer_stages) {
+        rt->sends[peer].push_back(index);
+        p->links_.push_back({stage.index, peer, false});
+      }
+      if (out.graph_output) {
+        rt->graph_outputs.push_back(index);
+        p->outputs_.push_back({out.name, plan_dtype(out, field), Shape(out.shape.begin(), out.shape.end())});
+      }
+    }
+    p->stages_.push_back(std::move(rt));
+  }
+  for (auto& [name, t] : model_inputs) p->inputs_.push_back(t);
+  std::sort(p->links_.begin(), p->links_.end());
+  p->links_.erase(std::unique(p->links_.begin(), p->links_.end()), p->links_.end());
+  return p;
+}
+
+void Pipeline::check_inputs(const std::map<std::string, Tensor>& inputs) const {
+  for (const ModelTensor& in : inputs_) {
+    auto it = inputs.find(in.name);
+    if (it == inputs.end()) fail(ErrorKind::kUsage, "input '{}' ({}) is not given", in.name, describe(in.dtype, in.shape));
+    const Tensor& t = it->second;
+    Shape batch = in.shape;
+    if (!batch.empty()) batch[0] *= plan_.microbatches;
+    if (t.dtype != in.dtype || (t.shape != batch && t.shape != in.shape))
+      fail(ErrorKind::kShape, "input '{}' is {} but the plan takes {} (the batch of {} microbatches) or {} (one microbatch, given to each)",
+           in.name, t.describe(), describe(in.dtype, batch), plan_.microbatches, describe(in.dtype, in.shape));
+  }
+  for (const auto& [name, t] : inputs)
+    if (std::none_of(inputs_.begin(), inputs_.end(), [&](const ModelTensor& m) { return m.name == name; }))
+      fail(ErrorKind::kUsage, "input '{}' is not an input of the model (its inputs: {})", name,
+           fmt::join([&] {
+             std::vector<std::string> names;
+             for (const ModelTensor& m : inputs_) names.push_back(m.name);
+             return names;
+           }(), ", "));
+}
+
+std::map<std::string, Tensor> Pipeline::synthetic_inputs() const {
+  std::map<std::string, Tensor> out;
+  std::mt19937 rng(20261121);
+  for (const ModelTensor& in : inputs_) {
+    Shape batch = in.shape;
+    if (!batch.empty()) batch[0] *= plan_.microbatches;
+    Tensor t = Tensor::owned(in.dtype, batch);
+    int64_t n = t.numel();
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      switch (in.dtype) {
+        case DType::kFloat32: t.as<float>()[i] = uniform(rng); break;
+        case DType::kFloat64: t.as<double>()[i] = uniform(rng); break;
+        case DType::kInt64: t.as<int64_t>()[i] = static_cast<int64_t>(rng() & 1); break;
+        case DType::kInt32: t.as<int32_t>()[i] = static_cast<int32_t>(rng() & 1); break;
+        case DType::kBool: case DType::kUInt8: t.as<uint8_t>()[i] = static_cast<uint8_t>(i & 1); break;
+        default: break;  // left at zero
+      }
+    }
+    out[in.name] = std::move(t);
+  }
+  return out;
+}
+
+RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOptions& options) {
+  check_inputs(inputs);
+  if (options.steps < 1) fail(ErrorKind::kUsage, "--steps must be at least 1 (got {})", options.steps);
+  const int devices = plan_.devices, M = plan_.microbatches, steps = options.steps;
+
+  // Microbatch views of the inputs (no copies).
+  std::map<std::string, std::vector<Tensor>> feeds;
+  for (const ModelTensor& in : inputs_) {
+    const Tensor& whole = inputs.at(in.name);
+    for (int mb = 0; mb < M; ++mb)
+      feeds[in.name].push_back(whole.shape == in.shape ? whole
+                                                       : slice_rows(whole, mb * in.shape[0], (mb + 1) * in.shape[0]));
+  }
+  std::map<std::string, std::vector<Tensor>> results;
+  for (const ModelTensor& out : outputs_) results[out.name].resize(M);
+
+  InProcessTransport transport(links_, M);
+  StepBarrier barrier(devices);
+  std::mutex error_mutex;
+  std::optional<Error> first_error;
+  std::vector<MemoryMeter> meters(devices);
+  std::vector<DeviceReport> reports(devices);
+  std::vector<std::vector<double>> busy(devices, std::vector<double>(steps, 0.0));
+  std::vector<std::vector<schedule::TimelineEvent>> events(devices);
+  std::vector<double> step_start(steps, 0), step_end(steps, 0);
+  const Clock::time_point t0 = Clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+
+  auto stop_all = [&](Error error) {
+    {
+      std::lock_guard lock(error_mutex);
+      if (!first_error) first_error = std::move(error);
+    }
+    transport.abort();
+    barrier.abort();
+  };
+
+  NodeHook hook;
+  if (!options.inject_fault.empty())
+    hook.before = [&](std::string_view node, std::string_view) {
+      if (node == options.inject_fault) fail(ErrorKind::kInternal, "fault injected at node '{}' (test hook)", node);
+    };
+
+  auto worker = [&](int device) {
+    std::string where = fmt::format("device {}", device);
+    try {
+      omp_set_num_threads(threads_per_device_);
+      auto context = backend_->make_device(device, threads_per_device_);
+      int64_t arena_bytes = 0, weight_bytes = 0;
+      for (const auto& st : stages_)
+        if (st->stage->device == device) {
+          arena_bytes = std::max(arena_bytes, st->program.arena_bytes());
+          weight_bytes += st->program.weight_bytes();
+        }
+      // One arena per device: its stages run one at a time, so the largest plan serves all.
+      std::unique_ptr<std::byte[], void (*)(std::byte*)> arena(
+          static_cast<std::byte*>(std::aligned_alloc(plan::kArenaAlignment,
+                                                     static_cast<size_t>((arena_bytes + 63) / 64 * 64 + 64))),
+          [](std::byte* b) { std::free(b); });
+      if (!arena) fail(ErrorKind::kIo, "cannot allocate the {}-byte arena", arena_bytes);
+      reports[device].arena_bytes = arena_bytes;
+      reports[device].weight_bytes = weight_bytes;
+      meters[device].add(arena_bytes + weight_bytes);
+
+      // Per (stage, microbatch): received tensors waiting for FWD, outputs waiting for SEND.
+      std::map<std::pair<int, int>, std::vector<NamedTensor>> received;
+      std::map<std::pair<int, int>, std::vector<Tensor>> produced;
+      for (int step = 0; step < steps; ++step) {
+        barrier.arrive_and_wait();
+        if (device == 0) step_start[step] = seconds();
+        for (const schedule::Instruction& ins : schedule_[device]) {
+          StageRuntime& st = *stages_[ins.stage];
+          std::string what = fmt::format("step {}: {}", step, schedule::to_string(ins));
+          with_context(where, ErrorKind::kInternal, [&] {
+            with_context(what, ErrorKind::kInternal, [&] {
+              switch (ins.op) {
+                case schedule::Op::kRecvAct: {
+                  auto& slot = received[{ins.stage, ins.microbatch}];
+                  for (int from : st.producers) {
+                    Message m = transport.recv({from, ins.stage, false}, ins.microbatch);
+                    for (NamedTensor& t : m.tensors) slot.push_back(std::move(t));
+                  }
+                  break;
+                }
+                case schedule::Op::kForward: {
+                  auto key = std::make_pair(ins.stage, ins.microbatch);
+                  std::vector<NamedTensor> got = std::move(received[key]);
+                  received.erase(key);
+                  std::vector<Tensor> args;
+                  for (const ValueInfo& in : st.program.inputs()) {
+                    auto it = std::find_if(got.begin(), got.end(), [&](const NamedTensor& t) { return t.name == in.name; });
+                    if (it != got.end()) args.push_back(it->tensor);
+                    else if (auto f = feeds.find(in.name); f != feeds.end()) args.push_back(f->second[ins.microbatch]);
+                    else fail(ErrorKind::kPlan, "input '{}' of stage {} was never received", in.name, ins.stage);
+                  }
+                  double start = seconds();
+                  std::vector<Tensor> outs = st.program.run(*context, args, arena.get(), &hook);
+                  double end = seconds();
+                  busy[device][step] += end - start;
+                  events[device].push_back({device, schedule::Op::kForward, ins.stage, ins.microbatch, start, end});
+                  meters[device].sub(bytes_of(got));
+                  for (size_t k : st.graph_outputs) results[st.program.outputs()[k].name][ins.microbatch] = outs[k];
+                  if (!st.sends.empty()) {
+                    int64_t held = 0;
+                    for (const Tensor& t : outs) held += t.bytes();
+                    meters[device].add(held);
+                    produced[key] = std::move(outs);
+                  }
+                  break;
+                }
+                case schedule::Op::kSendAct: {
+                  auto key = std::make_pair(ins.stage, ins.microbatch);
+                  auto it = produced.find(key);
+                  if (it == produced.end() && !st.sends.empty())
+                    fail(ErrorKind::kPlan, "nothing to send: the forward has not run");
+                  if (it == produced.end()) break;
+                  const auto& outs = it->second;
+                  for (const auto& [to, indices] : st.sends) {
+                    Message m{ins.microbatch, {}};
+                    for (size_t k : indices) m.tensors.push_back({st.program.outputs()[k].name, outs[k]});
+                    // The bytes now wait in the receiver's buffer.
+                    meters[stages_[to]->stage->device].add(bytes_of(m.tensors));
+                    transport.send({ins.stage, to, false}, std::move(m));
+                  }
+                  int64_t held = 0;
+                  for (const Tensor& t : outs) held += t.bytes();
+                  meters[device].sub(held);
+                  produced.erase(it);
+                  break;
+                }
+                default:
+                  fail(ErrorKind::kUnsupported, "{} is a training instruction; this runtime runs inference plans",
+                       schedule::to_string(ins.op));
+              }
+            });
+          });
+        }
+        barrier.arrive_and_wait();
+        if (device == 0) {
+          step_end[step] = seconds();
+          if (options.progress) options.progress(step + 1, steps, step_end[step]);
+        }
+      }
+    } catch (const Aborted&) {
+      // Another worker failed first; its error is the one reported.
+    } catch (Error& e) {
+      stop_all(std::move(e));
+    } catch (const std::exception& e) {
+      stop_all(Error(ErrorKind::kInternal, e.what()).in(where));
+    }
+  };
+
+  std::vector<std::thread> threads;
+  for (int d = 0; d < devices; ++d) threads.emplace_back(worker, d);
+  for (std::thread& t : threads) t.join();
+  if (first_error) throw *first_error;
+
+  RunReport report;
+  for (int s = 0; s < steps; ++s) report.step_s.push_back(step_end[s] - step_start[s]);
+  std::vector<int> order(steps);
+  for (int s = 0; s < steps; ++s) order[s] = s;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return report.step_s[a] < report.step_s[b]; });
+  report.reported_step = order[steps / 2];
+  double step = report.step_s[report.reported_step], total_busy = 0;
+  for (int d = 0; d < devices; ++d) {
+    reports[d].busy_s = busy[d][report.reported_step];
+    reports[d].peak_bytes = meters[d].peak.load();
+    if (d < static_cast<int>(plan_.predicted.device_peak_bytes.size()))
+      reports[d].predicted_peak_bytes = plan_.predicted.device_peak_bytes[d];
+    total_busy += reports[d].busy_s;
+  }
+  report.bubble_fraction = step > 0 ? std::max(0.0, 1.0 - total_busy / (devices * step)) : 0.0;
+  report.devices = std::move(reports);
+  for (auto& list : events) report.events.insert(report.events.end(), list.begin(), list.end());
+  for (auto& [name, parts] : results) report.outputs[name] = concat_rows(parts);
+  return report;
+}
+
+}  // namespace stagecraft::rt

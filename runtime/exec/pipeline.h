@@ -1,0 +1,95 @@
+#pragma once
+/// \file
+/// Executes a plan: one worker thread per device runs that device's instruction stream from
+/// schedule.json; stage programs exchange tensors through a `Transport`. Everything is loaded
+/// and checked before anything runs, so a plan the runtime cannot trust is refused up front.
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler/schedule/instruction.h"
+#include "compiler/schedule/simulator.h"
+#include "runtime/core/backend.h"
+#include "runtime/core/program.h"
+#include "runtime/core/tensor.h"
+#include "runtime/exec/transport.h"
+#include "runtime/format/plan.h"
+
+namespace stagecraft::rt {
+
+/// A graph input or output of the whole model, per microbatch.
+struct ModelTensor {
+  std::string name;
+  DType dtype = DType::kUndefined;
+  Shape shape;  ///< Per microbatch.
+};
+
+struct RunOptions {
+  int steps = 1;
+  /// Called after each step with (step done, steps, seconds so far).
+  std::function<void(int, int, double)> progress;
+  /// Test hook: the node of this name fails when it runs (proves a failing worker stops all).
+  std::string inject_fault;
+};
+
+struct DeviceReport {
+  double busy_s = 0;           ///< Compute time in the reported step.
+  int64_t peak_bytes = 0;      ///< Weights + arena + tensors held, at the highest.
+  int64_t weight_bytes = 0;
+  int64_t arena_bytes = 0;
+  int64_t predicted_peak_bytes = 0;  ///< plan.json's prediction for the device.
+};
+
+struct RunReport {
+  std::vector<double> step_s;           ///< Wall time of every step.
+  int reported_step = 0;                ///< The step the figures below describe (the median).
+  double bubble_fraction = 0;           ///< 1 - busy / (devices x step), of the reported step.
+  std::vector<DeviceReport> devices;
+  std::vector<schedule::TimelineEvent> events;  ///< Compute of every step; seconds from the start.
+  std::map<std::string, Tensor> outputs;        ///< The last step's graph outputs, whole batch.
+};
+
+class Pipeline {
+ public:
+  /// Loads PLAN_DIR: plan.json (validated, stage hashes checked), schedule.json (validated
+  /// against the plan's shape) and every stage file, bound to `backend`, checked against
+  /// plan.json (names, dtypes, shapes of every stage input and output).
+  static std::unique_ptr<Pipeline> load(const std::string& plan_dir, const Backend& backend,
+                                        int threads_per_device);
+
+  const plan::Plan& plan() const { return plan_; }
+  const schedule::Schedule& schedule() const { return schedule_; }
+  const std::vector<ModelTensor>& inputs() const { return inputs_; }
+  const std::vector<ModelTensor>& outputs() const { return outputs_; }
+
+  /// Checks whole-batch inputs (by name) against the plan: each is the batch ([M x b, ...] for a
+  /// per-microbatch [b, ...]) or one microbatch's shape, given to every microbatch. Throws
+  /// `Error(kShape)` naming the input, the dtypes and shapes.
+  void check_inputs(const std::map<std::string, Tensor>& inputs) const;
+
+  /// Deterministic inputs: floats uniform in [-1, 1), integers 0 or 1, bools alternating.
+  std::map<std::string, Tensor> synthetic_inputs() const;
+
+  /// Runs `options.steps` steps on the same inputs. The first worker error stops every worker
+  /// and is rethrown (never a hang).
+  RunReport run(const std::map<std::string, Tensor>& inputs, const RunOptions& options);
+
+ private:
+  struct StageRuntime;
+  Pipeline() = default;
+
+  std::string plan_dir_;
+  plan::Plan plan_;
+  schedule::Schedule schedule_;
+  schedule::PipelineShape shape_;
+  const Backend* backend_ = nullptr;
+  int threads_per_device_ = 1;
+  std::vector<std::shared_ptr<StageRuntime>> stages_;
+  std::vector<ModelTensor> inputs_, outputs_;
+  std::vector<Link> links_;
+};
+
+}  // namespace stagecraft::rt

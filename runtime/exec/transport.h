@@ -1,0 +1,94 @@
+#pragma once
+/// \file
+/// How tensors cross between stages. A `Transport` carries messages along links (stage ->
+/// stage, activations forward or gradients backward); the in-process one here joins the worker
+/// threads of one process with bounded channels, and the MPI and NCCL transports of the
+/// multi-process runtime implement the same interface.
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/core/tensor.h"
+
+namespace stagecraft::rt {
+
+/// One direction between two stages.
+struct Link {
+  int from_stage = 0;
+  int to_stage = 0;
+  bool gradient = false;  ///< Gradients travel from a later stage to an earlier one.
+  friend auto operator<=>(const Link&, const Link&) = default;
+};
+
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;
+};
+
+/// What one stage sends another for one microbatch.
+struct Message {
+  int microbatch = 0;
+  std::vector<NamedTensor> tensors;
+};
+
+/// Thrown into workers blocked in a transport when the run stops because another failed.
+struct Aborted {};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  /// Hands `message` to `link`. Returns once the transport holds it (the sender keeps
+  /// computing while it travels); blocks only while the link is full. Throws `Aborted`.
+  virtual void send(const Link& link, Message message) = 0;
+  /// The message of `microbatch` on `link`, waiting for it. Messages on one link arrive in the
+  /// order they were sent; a different microbatch at the head is a plan fault (Error kPlan).
+  /// Throws `Aborted`.
+  virtual Message recv(const Link& link, int microbatch) = 0;
+  /// Stops the run: every blocked and later send and receive throws `Aborted`.
+  virtual void abort() = 0;
+};
+
+/// Bounded in-process channels (mutex and condition variables), one per link, made up front.
+class InProcessTransport final : public Transport {
+ public:
+  /// `capacity`: messages a link holds before a send waits (at least 1).
+  InProcessTransport(const std::vector<Link>& links, int capacity);
+  void send(const Link& link, Message message) override;
+  Message recv(const Link& link, int microbatch) override;
+  void abort() override;
+
+ private:
+  struct Channel {
+    std::deque<Message> queue;
+  };
+  Channel& channel(const Link& link);
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<Link, Channel> channels_;
+  size_t capacity_;
+  bool aborted_ = false;
+};
+
+/// A barrier that `abort()` opens for good (waiters throw `Aborted`), so a failed worker never
+/// leaves the others waiting at the end of a step.
+class StepBarrier {
+ public:
+  explicit StepBarrier(int parties) : parties_(parties) {}
+  void arrive_and_wait();
+  void abort();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int parties_, waiting_ = 0;
+  long generation_ = 0;
+  bool aborted_ = false;
+};
+
+}  // namespace stagecraft::rt

@@ -1,0 +1,173 @@
+// The runtime's pieces on their own: tensors, .npy and TensorProto files, the static memory
+// plan, channels and the step barrier, stage programs and their refusals.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "runtime/core/backend.h"
+#include "runtime/core/program.h"
+#include "runtime/core/tensor_io.h"
+#include "runtime/exec/transport.h"
+#include "runtime/format/error.h"
+#include "runtime/format/memory_plan.h"
+#include "tests/test_util.h"
+
+namespace stagecraft::rt {
+namespace {
+
+TEST_CASE("rows of a tensor are views and join back to the same bytes") {
+  Tensor t = Tensor::owned(DType::kFloat32, {4, 3});
+  for (int i = 0; i < 12; ++i) t.as<float>()[i] = static_cast<float>(i);
+  Tensor mid = slice_rows(t, 1, 3);
+  CHECK(mid.shape == Shape{2, 3});
+  CHECK(mid.as<float>()[0] == 3.0f);
+  CHECK(mid.data == t.data + 12);  // no copy
+  Tensor joined = concat_rows({slice_rows(t, 0, 1), slice_rows(t, 1, 4)});
+  CHECK(joined.shape == t.shape);
+  CHECK(std::equal(joined.as<float>(), joined.as<float>() + 12, t.as<float>()));
+  CHECK_THROWS_AS(slice_rows(t, 2, 5), Error);
+  Tensor scalar = Tensor::owned(DType::kFloat32, {});
+  CHECK(concat_rows({scalar, scalar}).shape == Shape{2});
+}
+
+TEST_CASE(".npy files round-trip and bad ones are refused with the file named") {
+  testing::TempDir dir;
+  for (DType dtype : {DType::kFloat32, DType::kInt64, DType::kBool, DType::kFloat64}) {
+    Tensor t = Tensor::owned(dtype, {2, 3, 1});
+    for (int64_t i = 0; i < t.bytes(); ++i) t.data[i] = static_cast<std::byte>(dtype == DType::kBool ? i % 2 : i);
+    std::string path = dir.file("t.npy");
+    write_npy(path, t);
+    Tensor back = read_npy(path);
+    CHECK(back.dtype == dtype);
+    CHECK(back.shape == t.shape);
+    CHECK(std::equal(back.data, back.data + back.bytes(), t.data));
+  }
+  Tensor scalar = Tensor::owned(DType::kFloat32, {});
+  write_npy(dir.file("s.npy"), scalar);
+  CHECK(read_npy(dir.file("s.npy")).shape.empty());
+
+  std::ofstream(dir.file("bad.npy")) << "not numpy";
+  CHECK_THROWS_WITH_AS(read_npy(dir.file("bad.npy")), doctest::Contains("bad.npy: not a .npy file"), Error);
+  // A header that promises more data than the file holds.
+  Tensor big = Tensor::owned(DType::kFloat32, {100});
+  write_npy(dir.file("short.npy"), big);
+  std::filesystem::resize_file(dir.file("short.npy"), 200);
+  CHECK_THROWS_WITH_AS(read_npy(dir.file("short.npy")), doctest::Contains("the file is shorter"), Error);
+  CHECK_THROWS_WITH_AS(read_npy(dir.file("missing.npy")), doctest::Contains("missing.npy: cannot open"), Error);
+}
+
+TEST_CASE("a TensorProto whose data does not match its dims is refused before allocating") {
+  onnx::TensorProto proto;
+  proto.set_data_type(onnx::TensorProto::FLOAT);
+  proto.add_dims(1LL << 40);
+  proto.add_float_data(1.0f);
+  CHECK_THROWS_WITH_AS(tensor_from_proto(proto, "initializer 'w'"), doctest::Contains("initializer 'w' holds 1 values"),
+                       Error);
+}
+
+TEST_CASE("the memory plan never overlaps tensors alive together and reuses dead ones") {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<plan::Lifetime> lifetimes;
+    int n = 1 + static_cast<int>(rng() % 40);
+    for (int i = 0; i < n; ++i) {
+      int first = static_cast<int>(rng() % 30);
+      lifetimes.push_back({static_cast<int64_t>(1 + rng() % 5000), first, first + static_cast<int>(rng() % 6)});
+    }
+    plan::MemoryPlan mp = plan::plan_memory(lifetimes);
+    CHECK_NOTHROW(plan::check_memory_plan(lifetimes, mp, "random"));
+    // Never more than everything side by side, never less than the busiest step.
+    int64_t sum = 0, busiest = 0;
+    for (const auto& l : lifetimes) sum += (l.bytes + 63) / 64 * 64;
+    for (int step = 0; step < 40; ++step) {
+      int64_t live = 0;
+      for (const auto& l : lifetimes)
+        if (l.first <= step && step <= l.last) live += l.bytes;
+      busiest = std::max(busiest, live);
+    }
+    CHECK(mp.arena_bytes <= sum);
+    CHECK(mp.arena_bytes >= busiest);
+  }
+  // A chain a -> b -> c: a and c never live together, so they share bytes.
+  std::vector<plan::Lifetime> chain = {{1000, 0, 1}, {1000, 1, 2}, {1000, 2, 3}};
+  CHECK(plan::plan_memory(chain).arena_bytes == 2 * 1024);
+  plan::MemoryPlan bad{{0, 0, 0}, 1024};
+  CHECK_THROWS_WITH_AS(plan::check_memory_plan(chain, bad, "stage_0.onnx"),
+                       doctest::Contains("stage_0.onnx: tensors 0 and 1 are alive together but overlap"), Error);
+}
+
+TEST_CASE("channels deliver in order, bound the sender, and abort wakes every waiter") {
+  Link link{0, 1, false};
+  InProcessTransport transport({link}, 2);
+  transport.send(link, {0, {}});
+  transport.send(link, {1, {}});
+  CHECK(transport.recv(link, 0).microbatch == 0);
+  CHECK_THROWS_WITH_AS(transport.recv(link, 5), doctest::Contains("expected microbatch 5"), Error);
+  CHECK_THROWS_AS(transport.recv({1, 2, false}, 0), Error);  // no such link
+
+  InProcessTransport idle({link}, 1);
+  StepBarrier barrier(2);
+  std::atomic<int> woken{0};
+  std::thread waiter([&] {
+    try {
+      idle.recv(link, 0);
+    } catch (const Aborted&) {
+      ++woken;
+    }
+  });
+  std::thread at_barrier([&] {
+    try {
+      barrier.arrive_and_wait();
+    } catch (const Aborted&) {
+      ++woken;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  idle.abort();
+  barrier.abort();
+  waiter.join();
+  at_barrier.join();
+  CHECK(woken == 2);
+}
+
+// A one-node model: y = OP(x) with x float32[2, 3].
+onnx::ModelProto one_node_model(const std::string& op) {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(17);
+  auto* g = model.mutable_graph();
+  testing::add_tensor_info(g->add_input(), "x", onnx::TensorProto::FLOAT, {2, 3});
+  testing::add_tensor_info(g->add_output(), "y", onnx::TensorProto::FLOAT, {2, 3});
+  testing::add_node(g, op, {"x"}, {"y"}, "the_node");
+  return model;
+}
+
+TEST_CASE("a program refuses an op the backend lacks, naming the file and the node") {
+  CHECK_THROWS_WITH_AS(Program::from_model(one_node_model("NoSuchOp"), cpu_backend(), "stage_3.onnx"),
+                       "stage_3.onnx: node 'the_node': op 'NoSuchOp' has no cpu kernel", Error);
+  onnx::ModelProto unknown_shape = one_node_model("Identity");
+  unknown_shape.mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type()->mutable_shape()
+      ->mutable_dim(0)->set_dim_param("batch");
+  CHECK_THROWS_WITH_AS(Program::from_model(unknown_shape, cpu_backend(), "s.onnx"),
+                       doctest::Contains("tensor 'y' has no static shape (dim 'batch')"), Error);
+}
+
+TEST_CASE("a program checks the dtype and shape of what it is given") {
+  Program program = Program::from_model(one_node_model("Relu"), cpu_backend(), "relu.onnx");
+  auto device = cpu_backend().make_device(0, 1);
+  Tensor wrong = Tensor::owned(DType::kFloat32, {3, 2});
+  CHECK_THROWS_WITH_AS(program.run(*device, {&wrong, 1}, nullptr),
+                       "relu.onnx: input 'x' is float32[3, 2] but the program takes float32[2, 3]", Error);
+  Tensor x = Tensor::owned(DType::kFloat32, {2, 3});
+  for (int i = 0; i < 6; ++i) x.as<float>()[i] = static_cast<float>(i - 3);
+  std::vector<std::byte> arena(program.arena_bytes() + 64);
+  std::vector<Tensor> y = program.run(*device, {&x, 1}, arena.data());
+  REQUIRE(y.size() == 1);
+  CHECK(y[0].as<float>()[0] == 0.0f);
+  CHECK(y[0].as<float>()[5] == 2.0f);
+}
+
+}  // namespace
+}  // namespace stagecraft::rt

@@ -1,0 +1,209 @@
+// stagerun: execute a plan directory with microbatch pipelining.
+//
+//   stagerun PLAN_DIR [--backend cpu] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
+//            [--outputs DIR] [--threads-per-device T] [--trace FILE] [--json]
+//
+// One worker thread per device runs the device's instruction stream from schedule.json; stages
+// exchange tensors through bounded in-process channels. Inputs are the whole batch: stagerun
+// cuts them into the plan's microbatches along the first axis (an input shaped like one
+// microbatch is given to every microbatch). Without --inputs, deterministic synthetic data is
+// used. Outputs (--outputs DIR) are the last step's graph outputs, DIR/NAME.npy each, the
+// microbatches joined along the first axis.
+//
+// --json schema (stable: keys are only ever added; times in ms, memory in bytes):
+//   {plan, backend, threads_per_device, devices, microbatches, batch, steps, inputs,
+//    step_ms [every step], median_step_ms, samples_per_s,
+//    bubble {measured, predicted}, predicted_step_ms, cost_model,
+//    device [{device, busy_fraction, peak_bytes, predicted_peak_bytes, arena_bytes, weight_bytes}],
+//    outputs [{name, dtype, shape, file}]}
+// The measured figures describe the median step. --trace writes a Chrome trace of the compute
+// that ran, in the format of `stagedump --trace` (one row per device), every step.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include "runtime/core/tensor_io.h"
+#include "runtime/exec/pipeline.h"
+#include "runtime/format/error.h"
+#include "tools/dump/render.h"
+#include "tools/dump/view.h"
+
+namespace fs = std::filesystem;
+using namespace stagecraft;
+
+namespace {
+
+// A tensor name as a file name: characters other than letters, digits, '.', '-' and '_' become '_'.
+std::string file_stem(const std::string& name) {
+  std::string out = name;
+  for (char& c : out)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  return out;
+}
+
+std::map<std::string, rt::Tensor> read_inputs(const std::string& path, const rt::Pipeline& pipeline) {
+  std::map<std::string, rt::Tensor> inputs;
+  const auto& wanted = pipeline.inputs();
+  if (!fs::exists(path)) fail(ErrorKind::kIo, "--inputs {}: no such file or directory", path);
+  if (!fs::is_directory(path)) {
+    if (wanted.size() != 1)
+      fail(ErrorKind::kUsage, "--inputs {}: the model has {} inputs; give a directory with one NAME.npy per input",
+           path, wanted.size());
+    inputs[wanted[0].name] = with_context("--inputs " + path, ErrorKind::kFormat, [&] {
+      return path.ends_with(".pb") ? rt::read_tensor_pb(path) : rt::read_npy(path);
+    });
+    return inputs;
+  }
+  for (const rt::ModelTensor& in : wanted) {
+    bool found = false;
+    for (const std::string& stem : {in.name, file_stem(in.name)}) {
+      for (const char* ext : {".npy", ".pb"}) {
+        fs::path file = fs::path(path) / (stem + ext);
+        if (found || !fs::exists(file)) continue;
+        inputs[in.name] = std::string(ext) == ".npy" ? rt::read_npy(file.string()) : rt::read_tensor_pb(file.string());
+        found = true;
+      }
+    }
+    if (!found)
+      fail(ErrorKind::kUsage, "--inputs {}: no {}.npy or {}.pb for input '{}' ({}{})", path, file_stem(in.name),
+           file_stem(in.name), in.name, dtype_name(in.dtype), rt::shape_string(in.shape));
+  }
+  return inputs;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main("stagerun", [&] {
+    CLI::App app{"stagerun: execute a stagecraft plan with microbatch pipelining (one thread per device)."};
+    app.set_help_flag("-h,--help", "Print this help and exit");
+    std::string plan_dir, backend_name = "cpu", inputs_path, outputs_dir, trace_path, inject_fault;
+    int steps = 1, threads = 1;
+    bool synthetic = false, json = false, quiet = false;
+    app.add_option("plan", plan_dir, "Plan directory written by stagec")->required();
+    app.add_option("--backend", backend_name, "Backend: cpu (default) or cuda")->capture_default_str();
+    app.add_option("--steps", steps, "Steps to run over the same batch; figures are of the median step")
+        ->capture_default_str();
+    app.add_option("--inputs", inputs_path,
+                   "The whole batch: FILE.npy (one-input models) or DIR with NAME.npy or NAME.pb per graph input");
+    app.add_flag("--synthetic", synthetic, "Deterministic synthetic inputs (the default without --inputs)");
+    app.add_option("--outputs", outputs_dir, "Write the last step's graph outputs as DIR/NAME.npy");
+    app.add_option("--threads-per-device", threads, "CPU threads each device's kernels use")->capture_default_str();
+    app.add_option("--trace", trace_path, "Chrome trace of what ran (format of stagedump --trace; '-': stdout)");
+    app.add_flag("--json", json, "Print the figures as one JSON object instead of text");
+    app.add_flag("-q,--quiet", quiet, "No progress line");
+    app.add_option("--inject-fault", inject_fault, "Testing: make the node of this name fail")->group("");
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
+    if (synthetic && !inputs_path.empty()) fail(ErrorKind::kUsage, "--synthetic and --inputs exclude each other");
+    if (steps < 1) fail(ErrorKind::kUsage, "--steps must be at least 1 (got {})", steps);
+
+    const rt::Backend& backend = rt::backend_by_name(backend_name);
+    auto pipeline = rt::Pipeline::load(plan_dir, backend, threads);
+    const plan::Plan& plan = pipeline->plan();
+    std::map<std::string, rt::Tensor> inputs =
+        inputs_path.empty() ? pipeline->synthetic_inputs() : read_inputs(inputs_path, *pipeline);
+    pipeline->check_inputs(inputs);
+    if (!outputs_dir.empty()) {
+      std::error_code ec;
+      fs::create_directories(outputs_dir, ec);
+      if (ec) fail(ErrorKind::kIo, "--outputs {}: cannot create ({})", outputs_dir, ec.message());
+    }
+
+    rt::RunOptions options;
+    options.steps = steps;
+    options.inject_fault = inject_fault;
+    bool tty = isatty(STDERR_FILENO);
+    double last_shown = 0;
+    if (!quiet)
+      options.progress = [&](int done, int total, double elapsed) {
+        if (elapsed < 2.0 || (elapsed - last_shown < 1.0 && done < total)) return;
+        last_shown = elapsed;
+        fmt::print(stderr, "{}stagerun: step {}/{}, {:.1f} s{}", tty ? "\r" : "", done, total, elapsed,
+                   tty && done < total ? "" : "\n");
+      };
+    rt::RunReport report = pipeline->run(inputs, options);
+
+    nlohmann::ordered_json outputs = nlohmann::ordered_json::array();
+    if (!outputs_dir.empty()) {
+      for (const auto& [name, tensor] : report.outputs) {
+        std::string file = (fs::path(outputs_dir) / (file_stem(name) + ".npy")).string();
+        rt::write_npy(file, tensor);
+        outputs.push_back({{"name", name}, {"dtype", dtype_name(tensor.dtype)}, {"shape", tensor.shape}, {"file", file}});
+      }
+    }
+    if (!trace_path.empty()) {
+      std::string name = "measured: " + fs::path(plan_dir).lexically_normal().string();
+      std::string text = dump::trace_json(report.events, plan.devices, name).dump(1) + "\n";
+      if (trace_path == "-") {
+        fmt::print("{}", text);
+      } else {
+        std::ofstream out(trace_path, std::ios::binary);
+        if (out) out << text;
+        if (!out) fail(ErrorKind::kIo, "--trace {}: cannot write", trace_path);
+      }
+    }
+
+    double step_s = report.step_s[report.reported_step];
+    double samples_per_s = step_s > 0 ? static_cast<double>(plan.batch) / step_s : 0;
+    std::vector<double> sorted = report.step_s;
+    std::sort(sorted.begin(), sorted.end());
+    if (json) {
+      nlohmann::ordered_json j;
+      j["plan"] = plan_dir;
+      j["backend"] = std::string(backend.name());
+      j["threads_per_device"] = threads;
+      j["devices"] = plan.devices;
+      j["microbatches"] = plan.microbatches;
+      j["batch"] = plan.batch;
+      j["steps"] = steps;
+      j["inputs"] = inputs_path.empty() ? "synthetic" : inputs_path;
+      nlohmann::ordered_json ms = nlohmann::ordered_json::array();
+      for (double s : report.step_s) ms.push_back(s * 1e3);
+      j["step_ms"] = ms;
+      j["median_step_ms"] = step_s * 1e3;
+      j["samples_per_s"] = samples_per_s;
+      j["bubble"] = {{"measured", report.bubble_fraction}, {"predicted", plan.predicted.bubble_fraction}};
+      j["predicted_step_ms"] = plan.predicted.step_ms;
+      j["cost_model"] = plan.cost_model;
+      nlohmann::ordered_json devs = nlohmann::ordered_json::array();
+      for (size_t d = 0; d < report.devices.size(); ++d) {
+        const rt::DeviceReport& r = report.devices[d];
+        devs.push_back({{"device", d}, {"busy_fraction", step_s > 0 ? r.busy_s / step_s : 0.0},
+                        {"peak_bytes", r.peak_bytes}, {"predicted_peak_bytes", r.predicted_peak_bytes},
+                        {"arena_bytes", r.arena_bytes}, {"weight_bytes", r.weight_bytes}});
+      }
+      j["device"] = devs;
+      j["outputs"] = outputs;
+      if (trace_path != "-") fmt::print("{}\n", j.dump(2));
+      return 0;
+    }
+    if (trace_path == "-") return 0;
+    fmt::print("plan {}: {} on {} device{}, {} microbatches of {} (batch {}); backend {}, {} thread{} per device\n",
+               plan_dir, plan.schedule, plan.devices, plan.devices == 1 ? "" : "s", plan.microbatches,
+               plan.microbatch_size, plan.batch, backend.name(), threads, threads == 1 ? "" : "s");
+    fmt::print("inputs: {}\n", inputs_path.empty() ? "synthetic (deterministic)" : inputs_path);
+    fmt::print("step {:.3f} ms (median of {}; min {:.3f}, max {:.3f}), {:.1f} samples/s\n", step_s * 1e3, steps,
+               sorted.front() * 1e3, sorted.back() * 1e3, samples_per_s);
+    fmt::print("bubble {:.1f}% measured, {:.1f}% predicted (predicted step {:.3f} ms by {})\n",
+               report.bubble_fraction * 100, plan.predicted.bubble_fraction * 100, plan.predicted.step_ms,
+               plan.cost_model);
+    fmt::print("{:>6}  {:>6}  {:>12}  {:>12}\n", "device", "busy", "peak memory", "predicted");
+    for (size_t d = 0; d < report.devices.size(); ++d) {
+      const rt::DeviceReport& r = report.devices[d];
+      fmt::print("{:>6}  {:>5.1f}%  {:>12}  {:>12}\n", d, step_s > 0 ? 100 * r.busy_s / step_s : 0.0,
+                 dump::format_bytes(static_cast<double>(r.peak_bytes)),
+                 dump::format_bytes(static_cast<double>(r.predicted_peak_bytes)));
+    }
+    for (const auto& o : outputs) fmt::print("wrote {}\n", o["file"].get<std::string>());
+    return 0;
+  });
+}
