@@ -392,6 +392,12 @@ onnx::ModelProto model_from_graph(const Graph& graph, const ExportOptions& optio
       seen[v] = true;
       reads.push_back(v);
     }
+    // A graph output that folding turned into a constant is written as an initializer.
+    for (ValueId v : graph.outputs) {
+      if (seen[v] || !graph.value(v).is_initializer()) continue;
+      seen[v] = true;
+      reads.push_back(v);
+    }
   }
   for (NodeId n : order) {
     for (ValueId in : graph.node(n).inputs) {

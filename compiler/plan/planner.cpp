@@ -1,4 +1,5 @@
 #include "compiler/plan/planner.h"
+#include "runtime/format/memory_plan.h"
 
 #include <fmt/format.h>
 
@@ -299,6 +300,35 @@ int64_t stage_temporary_bytes(const ir::Graph& g, const std::vector<ir::NodeId>&
   return training ? largest : peak;
 }
 
+/// The static memory plan of the stage's forward program: every tensor a node of the stage
+/// produces and only the stage reads gets an offset in one arena (runtime/format/memory_plan.h);
+/// the runtime allocates that arena and places the tensors where the plan says.
+void plan_stage_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, int first, int last,
+                      const std::vector<int>& stage_of, Stage& out) {
+  std::vector<int> position(g.num_nodes(), -1);
+  for (int i = first; i <= last; ++i) position[order[i]] = i;
+  std::vector<plan::Lifetime> lifetimes;
+  std::vector<std::string> names;
+  for (int i = first; i <= last; ++i) {
+    for (ir::ValueId v : g.node(order[i]).outputs) {
+      if (v == ir::kNoId) continue;
+      const ir::Value& value = g.value(v);
+      bool leaves = value.is_graph_output;
+      int end = i;
+      for (ir::NodeId u : value.consumers) {
+        if (stage_of[u] != stage_of[order[i]]) leaves = true;
+        if (position[u] >= 0) end = std::max(end, position[u]);
+      }
+      if (leaves) continue;  // a stage output: the runtime hands it on, outside the arena
+      lifetimes.push_back({value.bytes(), i - first, end - first});
+      names.push_back(value.name);
+    }
+  }
+  plan::MemoryPlan mp = plan::plan_memory(lifetimes);
+  out.arena_bytes = mp.arena_bytes;
+  for (size_t t = 0; t < names.size(); ++t) out.arena.push_back({names[t], mp.offsets[t], lifetimes[t].bytes});
+}
+
 Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, const NodeFacts& f, const ir::Graph& g,
                  const std::vector<ir::NodeId>& order, const StageInterfaces& io, const std::vector<int>& stage_of) {
   const auto& st = sol.stages[k];
@@ -347,7 +377,11 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   }
   int64_t comm = 0;
   for (const auto& t : out.inputs) comm += t.peer_stage >= 0 ? t.bytes : 0;
-  int64_t temporary = stage_temporary_bytes(g, order, st.first, st.last, stage_of, s.shape.training);
+  plan_stage_arena(g, order, st.first, st.last, stage_of, out);
+  // Inference: the arena is the working memory. Training keeps every activation anyway, so the
+  // extra is one gradient buffer of the largest tensor.
+  int64_t temporary = s.shape.training ? stage_temporary_bytes(g, order, st.first, st.last, stage_of, true)
+                                       : out.arena_bytes;
   for (const auto& t : out.outputs) comm += t.peer_stages.empty() ? 0 : t.bytes;
   auto anatomy = cost::stage_memory(out.params, acts, temporary, comm, out.in_flight, s.optimizer, s.precision,
                                     s.shape.training, false, 0);

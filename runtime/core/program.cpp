@@ -36,15 +36,17 @@ ValueInfo static_info(const onnx::ValueInfoProto& proto) {
 
 }  // namespace
 
-Program Program::load_file(const std::string& path, const Backend& backend) {
+Program Program::load_file(const std::string& path, const Backend& backend,
+                           const std::optional<RecordedArena>& arena) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(ErrorKind::kIo, "{}: cannot open", path);
   onnx::ModelProto model;
   if (!model.ParseFromIstream(&in)) fail(ErrorKind::kFormat, "{}: not an ONNX model (protobuf parse failed)", path);
-  return from_model(model, backend, path);
+  return from_model(model, backend, path, arena);
 }
 
-Program Program::from_model(const onnx::ModelProto& model_in, const Backend& backend, const std::string& source) {
+Program Program::from_model(const onnx::ModelProto& model_in, const Backend& backend, const std::string& source,
+                            const std::optional<RecordedArena>& arena) {
   return with_context(source, ErrorKind::kInternal, [&] {
     Program p;
     p.source_ = source;
@@ -142,8 +144,27 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
       p.output_slots_.push_back(it->second);
       p.outputs_.push_back(p.slots_[it->second].info);
     }
-    p.memory_ = plan::plan_memory(lifetimes);
-    plan::check_memory_plan(lifetimes, p.memory_, source);
+    if (!arena) {
+      p.memory_ = plan::plan_memory(lifetimes);
+    } else {
+      // The compiler's plan: every intermediate placed, with the size the file gives it.
+      std::map<std::string, const plan::ArenaTensor*, std::less<>> placed;
+      for (const plan::ArenaTensor& t : arena->stage->arena) placed[t.name] = &t;
+      if (placed.size() != lifetimes.size())
+        fail(ErrorKind::kPlan, "{} places {} tensors but the stage file has {} intermediates", arena->field,
+             placed.size(), lifetimes.size());
+      p.memory_.arena_bytes = arena->stage->arena_bytes;
+      for (size_t t = 0; t < lifetimes.size(); ++t) {
+        const std::string& name = p.slots_[lifetime_slot[t]].info.name;
+        auto it = placed.find(name);
+        if (it == placed.end()) fail(ErrorKind::kPlan, "{} has no place for intermediate '{}'", arena->field, name);
+        if (it->second->bytes != lifetimes[t].bytes)
+          fail(ErrorKind::kPlan, "{} gives '{}' {} bytes; the stage file's tensor has {}", arena->field, name,
+               it->second->bytes, lifetimes[t].bytes);
+        p.memory_.offsets.push_back(it->second->offset);
+      }
+    }
+    plan::check_memory_plan(lifetimes, p.memory_, arena ? arena->field : source);
     return p;
   });
 }

@@ -8,6 +8,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "runtime/core/kernel.h"
 #include "runtime/core/tensor.h"
 #include "runtime/format/memory_plan.h"
+#include "runtime/format/plan.h"
 
 namespace stagecraft::rt {
 
@@ -33,11 +35,22 @@ struct NodeHook {
 
 class Program {
  public:
+  /// The compiler's arena for a stage (plan.json's stages[k].arena): offsets by tensor name.
+  struct RecordedArena {
+    const plan::Stage* stage;
+    std::string field;  ///< "plan.json: stages[2].arena", for messages.
+  };
+
   /// Reads and binds a stage file. Errors name the file and, where one is at fault, the node.
-  static Program load_file(const std::string& path, const Backend& backend);
+  /// With `arena`, intermediates go where the plan put them, after checking that the plan
+  /// places every one, with its size, and overlaps no two alive together; without, the
+  /// program plans its own arena the same way.
+  static Program load_file(const std::string& path, const Backend& backend,
+                           const std::optional<RecordedArena>& arena = std::nullopt);
 
   /// Binds a model already in memory; `source` names it in errors.
-  static Program from_model(const onnx::ModelProto& model, const Backend& backend, const std::string& source);
+  static Program from_model(const onnx::ModelProto& model, const Backend& backend, const std::string& source,
+                            const std::optional<RecordedArena>& arena = std::nullopt);
 
   const std::vector<ValueInfo>& inputs() const { return inputs_; }
   const std::vector<ValueInfo>& outputs() const { return outputs_; }

@@ -1,10 +1,218 @@
-// Kernels of the norm family (see families.h).
+// Kernels of the norm family (see families.h): BatchNormalization and LayerNormalization on
+// float32 through oneDNN's normalisation primitives.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
+namespace {
 
-std::span<const KernelEntry> norm_kernels() { return {}; }
+using dnnl::memory;
+using dnnl::normalization_flags;
+
+// A oneDNN memory over `data` (not owned) viewed as a dense row-major float32 tensor of `shape`.
+memory f32_memory(const Shape& shape, const void* data, const CpuContext& ctx) {
+  return memory(plain_desc(shape), ctx.engine, const_cast<void*>(data));
+}
+
+// "" when every present input and output is float32.
+std::string present_float32(const OpSignature& s) {
+  for (DType d : s.inputs)
+    if (d != DType::kUndefined && d != DType::kFloat32)
+      return fmt::format("{} on {} is not supported (float32 only)", s.op_type, dtype_name(d));
+  for (DType d : s.outputs)
+    if (d != DType::kUndefined && d != DType::kFloat32)
+      return fmt::format("{} producing {} is not supported (float32 only)", s.op_type,
+                         dtype_name(d));
+  return "";
+}
+
+// Number of outputs a node really produces (omitted trailing or empty-named ones excluded).
+size_t present_outputs(const OpSignature& s) {
+  size_t count = 0;
+  for (DType d : s.outputs) count += d != DType::kUndefined;
+  return count;
+}
+
+// A per-channel input of BatchNormalization must be a vector of C values.
+const Tensor& channel_input(const KernelArgs& a, size_t k, const char* what, int64_t channels) {
+  const Tensor& t = a.input(k);
+  if (t.numel() != channels || t.rank() != 1)
+    fail(ErrorKind::kShape, "BatchNormalization: {} is {}, expected [{}]", what, t.describe(),
+         channels);
+  return t;
+}
+
+std::string check_batch_norm(const OpSignature& s) {
+  if (std::string why = present_float32(s); !why.empty()) return why;
+  if (s.attrs.i("spatial", 1) == 0)
+    return "BatchNormalization with spatial=0 (opset < 9) is not supported";
+  bool training = s.attrs.i("training_mode", 0) != 0;
+  if (!training && present_outputs(s) > 1)
+    return "BatchNormalization's training outputs without training_mode=1 (opsets < 14: mean, var, "
+           "saved_mean, "
+           "saved_var) are not supported";
+  if (training && s.outputs.size() > 3)
+    return "BatchNormalization with training_mode=1 has at most 3 outputs";
+  return "";
+}
+
+// BatchNormalization. Inference (the default, and opsets < 14 with one output, as ONNX Runtime
+// reads them whatever is_test says) normalises with the given mean and var. training_mode=1
+// (opset 14+) normalises with the batch's own mean and (biased) variance and writes the running
+// statistics input * momentum + batch * (1 - momentum) to the optional outputs 1 and 2.
+// X [N, C, D1, ...] is seen by oneDNN as [N, C, D1 * ...].
+void batch_norm(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  if (x.rank() < 2)
+    fail(ErrorKind::kShape, "BatchNormalization: X is {}, expected [N, C, ...]", x.describe());
+  const int64_t n = x.shape[0], c = x.shape[1], spatial = x.numel() / std::max<int64_t>(n * c, 1);
+  const Tensor& scale = channel_input(a, 1, "scale", c);
+  const Tensor& bias = channel_input(a, 2, "B", c);
+  const Tensor& mean = channel_input(a, 3, "input_mean", c);
+  const Tensor& var = channel_input(a, 4, "input_var", c);
+  expect_shape(a, 0, x.shape);
+  const bool training = a.attrs.i("training_mode", 0) != 0;
+  if (x.numel() == 0) {
+    if (training)
+      fail(ErrorKind::kUnsupported, "BatchNormalization: training_mode=1 on an empty batch");
+    return;
+  }
+
+  const CpuContext& ctx = context(a);
+  const Shape data_shape{n, c, spatial};
+  auto flags = normalization_flags::use_scale | normalization_flags::use_shift;
+  if (!training) flags |= normalization_flags::use_global_stats;
+  dnnl::batch_normalization_forward::desc desc(
+      training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
+      plain_desc(data_shape), a.attrs.f("epsilon", 1e-5f), flags);
+  dnnl::batch_normalization_forward::primitive_desc pd(desc, ctx.engine);
+
+  // Inference reads the given statistics; training writes the batch's into these.
+  std::vector<float> batch_mean(training ? c : 0), batch_var(training ? c : 0);
+  memory mean_mem =
+      f32_memory({c}, training ? static_cast<void*>(batch_mean.data()) : mean.data, ctx);
+  memory var_mem = f32_memory({c}, training ? static_cast<void*>(batch_var.data()) : var.data, ctx);
+  dnnl::stream stream = ctx.stream;
+  dnnl::batch_normalization_forward(pd).execute(
+      stream, {{DNNL_ARG_SRC, f32_memory(data_shape, x.data, ctx)},
+               {DNNL_ARG_DST, f32_memory(data_shape, a.out[0]->data, ctx)},
+               {DNNL_ARG_SCALE, f32_memory({c}, scale.data, ctx)},
+               {DNNL_ARG_SHIFT, f32_memory({c}, bias.data, ctx)},
+               {DNNL_ARG_MEAN, mean_mem},
+               {DNNL_ARG_VARIANCE, var_mem}});
+  stream.wait();
+  if (!training) return;
+
+  const float momentum = a.attrs.f("momentum", 0.9f);
+  auto running = [&](size_t k, const Tensor& given, const std::vector<float>& batch) {
+    if (k >= a.out.size() || !a.out[k]) return;
+    expect_shape(a, k, {c});
+    float* dst = a.out[k]->as<float>();
+    for (int64_t i = 0; i < c; ++i)
+      dst[i] = given.as<float>()[i] * momentum + batch[i] * (1.0f - momentum);
+  };
+  running(1, mean, batch_mean);
+  running(2, var, batch_var);
+}
+
+std::string check_layer_norm(const OpSignature& s) {
+  if (std::string why = present_float32(s); !why.empty()) return why;
+  if (s.attrs.i("stash_type", 1) != 1)
+    return fmt::format("LayerNormalization with stash_type={} is not supported (1, float32, only)",
+                       s.attrs.i("stash_type", 1));
+  return "";
+}
+
+// Drops leading unit dims ([1, 1, 5] -> [5]).
+Shape without_leading_ones(const Shape& shape) {
+  size_t k = 0;
+  while (k < shape.size() && shape[k] == 1) ++k;
+  return Shape(shape.begin() + static_cast<std::ptrdiff_t>(k), shape.end());
+}
+
+// LayerNormalization (opset 17): normalises X over its dims from `axis` on, i.e. as the 2-D
+// [prod(dims before axis), prod(dims from axis)] that oneDNN normalises over its last dim, then
+// applies Scale and the optional B (each of the normalised shape). The optional outputs Mean
+// and InvStdDev ([dims before axis, 1, ...]) come from the training-mode statistics.
+void layer_norm(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  int64_t axis = a.attrs.i("axis", -1);
+  if (axis < -x.rank() || axis >= x.rank())
+    fail(ErrorKind::kModel, "LayerNormalization: axis {} is out of range for {}", axis,
+         x.describe());
+  if (axis < 0) axis += x.rank();
+  const Shape normalized(x.shape.begin() + axis, x.shape.end());
+  const int64_t inner = shape_numel(normalized), outer = x.numel() / std::max<int64_t>(inner, 1);
+  auto per_row = [&](size_t k, const char* what) {
+    const Tensor& t = a.input(k);
+    if (without_leading_ones(t.shape) != without_leading_ones(normalized))
+      fail(ErrorKind::kUnsupported,
+           "LayerNormalization: {} is {}, expected the normalised shape {}", what, t.describe(),
+           shape_string(normalized));
+    return &t;
+  };
+  const Tensor* scale = per_row(1, "Scale");
+  const Tensor* bias = a.has_input(2) ? per_row(2, "B") : nullptr;
+  expect_shape(a, 0, x.shape);
+  Tensor* mean_out = a.out.size() > 1 ? a.out[1] : nullptr;
+  Tensor* inv_std_out = a.out.size() > 2 ? a.out[2] : nullptr;
+  Shape stat_shape(x.shape.begin(), x.shape.begin() + axis);
+  stat_shape.resize(x.shape.size(), 1);
+  if (mean_out) expect_shape(a, 1, stat_shape);
+  if (inv_std_out) expect_shape(a, 2, stat_shape);
+  if (outer == 0) return;
+  if (inner == 0)
+    fail(ErrorKind::kShape, "LayerNormalization of {} over an empty normalised shape",
+         x.describe());
+
+  const CpuContext& ctx = context(a);
+  const float epsilon = a.attrs.f("epsilon", 1e-5f);
+  const bool stats = mean_out || inv_std_out;
+  const Shape data_shape{outer, inner};
+  auto flags = normalization_flags::use_scale;
+  if (bias) flags |= normalization_flags::use_shift;
+  dnnl::layer_normalization_forward::desc desc(
+      stats ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
+      plain_desc(data_shape), plain_desc({outer}), epsilon, flags);
+  dnnl::layer_normalization_forward::primitive_desc pd(desc, ctx.engine);
+
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, f32_memory(data_shape, x.data, ctx)},
+                                       {DNNL_ARG_DST, f32_memory(data_shape, a.out[0]->data, ctx)},
+                                       {DNNL_ARG_SCALE, f32_memory({inner}, scale->data, ctx)}};
+  if (bias) args[DNNL_ARG_SHIFT] = f32_memory({inner}, bias->data, ctx);
+  // The mean goes straight to its output; the variance to InvStdDev, inverted in place below.
+  std::vector<float> scratch_mean, scratch_var;
+  if (stats) {
+    if (!mean_out) scratch_mean.resize(outer);
+    if (!inv_std_out) scratch_var.resize(outer);
+    args[DNNL_ARG_MEAN] = f32_memory(
+        {outer}, mean_out ? mean_out->data : static_cast<void*>(scratch_mean.data()), ctx);
+    args[DNNL_ARG_VARIANCE] = f32_memory(
+        {outer}, inv_std_out ? inv_std_out->data : static_cast<void*>(scratch_var.data()), ctx);
+  }
+  dnnl::stream stream = ctx.stream;
+  dnnl::layer_normalization_forward(pd).execute(stream, args);
+  stream.wait();
+  if (inv_std_out) {
+    float* v = inv_std_out->as<float>();
+    for (int64_t i = 0; i < outer; ++i) v[i] = 1.0f / std::sqrt(v[i] + epsilon);
+  }
+}
+
+const KernelEntry kKernels[] = {
+    {"BatchNormalization", batch_norm, check_batch_norm},
+    {"LayerNormalization", layer_norm, check_layer_norm},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> norm_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cpu

@@ -29,7 +29,7 @@ enum class PoolKind { kMax, kAverageExcludePad, kAverageIncludePad };
 struct PoolGeometry {
   int64_t planes = 0;  // N * C
   size_t spatial = 0;  // 1 to 3
-  Shape in_shape, out_shape;
+  Shape out_shape;
   std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, kernel{1, 1, 1}, stride{1, 1, 1}, dilation{1, 1, 1};
   std::array<int64_t, 3> pad_l{0, 0, 0}, pad_r{0, 0, 0};  // pad_r without the ceil_mode extension
   bool ceil_extends = false;  // some window reaches past the right padding (ceil_mode)
@@ -52,8 +52,8 @@ std::vector<int64_t> per_dim(const KernelArgs& a, std::string_view name, size_t 
   return v;
 }
 
-// The kernel indices [first, last) of output position `o`'s window along dim `d` that land
-// inside the input, and how many land inside the padded input (pad_l and pad_r).
+// Output position `o`'s window along dim `d`: the input position of kernel index 0, the kernel
+// indices [first, last) that land inside the input, and how many land inside the padded input.
 struct Window {
   int64_t start, first, last, padded;
 };
@@ -76,7 +76,6 @@ PoolGeometry pool_geometry(const KernelArgs& a) {
   PoolGeometry g;
   g.spatial = static_cast<size_t>(x.rank() - 2);
   g.planes = x.shape[0] * x.shape[1];
-  g.in_shape = x.shape;
   g.out_shape = {x.shape[0], x.shape[1]};
   const std::vector<int64_t> kernel = a.attrs.ints("kernel_shape");
   if (kernel.size() != g.spatial)

@@ -115,8 +115,8 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
     auto rt = std::make_shared<StageRuntime>();
     rt->stage = &stage;
     std::string file = (fs::path(plan_dir) / stage.file).string();
-    rt->program = Program::load_file(file, backend);
     std::string field = fmt::format("stages[{}]", stage.index);
+    rt->program = Program::load_file(file, backend, Program::RecordedArena{&stage, "plan.json: " + field + ".arena"});
     match_interface(rt->program.inputs(), stage.inputs, file, field + ".inputs");
     match_interface(rt->program.outputs(), stage.outputs, file, field + ".outputs");
     std::set<int> producers;

@@ -92,6 +92,13 @@ ordered tensors_json(const std::vector<StageTensor>& tensors, bool is_input) {
   return list;
 }
 
+ordered arena_json(const Stage& stage) {
+  ordered tensors = ordered::array();
+  for (const ArenaTensor& t : stage.arena)
+    tensors.push_back({{"name", t.name}, {"offset", t.offset}, {"bytes", t.bytes}});
+  return {{"bytes", stage.arena_bytes}, {"tensors", tensors}};
+}
+
 ordered stage_json(const Stage& stage) {
   return {{"index", stage.index},
           {"device", stage.device},
@@ -107,6 +114,7 @@ ordered stage_json(const Stage& stage) {
           {"send_ms", stage.send_ms},
           {"in_flight", stage.in_flight},
           {"memory", memory_json(stage.memory)},
+          {"arena", arena_json(stage)},
           {"why", stage.why}};
 }
 
@@ -279,7 +287,7 @@ StageTensor read_tensor(const nlohmann::json& value, const std::string& name, co
 Stage read_stage(const nlohmann::json& value, const std::string& name, const Where& at) {
   Fields f(value, at, name,
            {"index", "device", "chunk", "file", "file_hash", "nodes", "params", "inputs", "outputs",
-            "fwd_ms", "bwd_ms", "send_ms", "in_flight", "memory", "why"});
+            "fwd_ms", "bwd_ms", "send_ms", "in_flight", "memory", "arena", "why"});
   Stage stage;
   stage.index = f.integer("index");
   stage.device = f.integer("device");
@@ -299,6 +307,14 @@ Stage read_stage(const nlohmann::json& value, const std::string& name, const Whe
   stage.send_ms = f.number("send_ms");
   stage.in_flight = f.int64("in_flight");
   stage.memory = read_memory(f);
+  {
+    Fields arena(f.raw("arena"), f.where(), "arena", {"bytes", "tensors"});
+    stage.arena_bytes = arena.int64("bytes");
+    stage.arena = arena.array("tensors", [](const auto& v, const std::string& n, const Where& w) {
+      Fields t(v, w, n, {"name", "offset", "bytes"});
+      return ArenaTensor{t.string("name"), t.int64("offset"), t.int64("bytes")};
+    });
+  }
   stage.why = f.string("why");
   return stage;
 }
@@ -464,6 +480,14 @@ class Validator {
     non_negative(at + "bwd_ms", stage.bwd_ms);
     non_negative(at + "send_ms", stage.send_ms);
     at_least_one(at + "in_flight", stage.in_flight);
+    non_negative(at + "arena.bytes", static_cast<double>(stage.arena_bytes));
+    for (size_t t = 0; t < stage.arena.size(); ++t) {
+      const ArenaTensor& a = stage.arena[t];
+      if (a.offset < 0 || a.bytes < 0 || a.offset + a.bytes > stage.arena_bytes)
+        fault(fmt::format("{}arena.tensors[{}]", at, t),
+              fmt::format("places '{}' at [{}, {}), outside the {}-byte arena", a.name, a.offset, a.offset + a.bytes,
+                          stage.arena_bytes));
+    }
     const MemoryBytes& m = stage.memory;
     for (auto [name, bytes] : {std::pair{"weights", m.weights},
                                {"gradients", m.gradients},

@@ -16,7 +16,7 @@
 namespace stagecraft::plan {
 
 /// Bumped whenever a reader of an older plan would misread a newer one.
-inline constexpr int kPlanFormatVersion = 1;
+inline constexpr int kPlanFormatVersion = 2;
 
 /// A tensor at a stage boundary. For a stage input, `peer_stage` is the stage that produces it
 /// (-1: a graph input, fed by the user); for an output, `peer_stages` are the stages that read
@@ -28,6 +28,14 @@ struct StageTensor {
   int peer_stage = -1;          ///< Inputs only.
   std::vector<int> peer_stages; ///< Outputs only.
   bool graph_output = false;    ///< Outputs only.
+  int64_t bytes = 0;
+};
+
+/// One intermediate tensor of a stage's forward program in the stage's arena (the static
+/// memory plan of runtime/format/memory_plan.h).
+struct ArenaTensor {
+  std::string name;
+  int64_t offset = 0;
   int64_t bytes = 0;
 };
 
@@ -52,6 +60,8 @@ struct Stage {
   double send_ms = 0;            ///< Sending its outputs to the next stage, per microbatch.
   int64_t in_flight = 1;         ///< Microbatches whose activations it holds at its peak.
   MemoryBytes memory;
+  int64_t arena_bytes = 0;           ///< The forward program's arena (one microbatch).
+  std::vector<ArenaTensor> arena;    ///< Where each intermediate lives in it.
   std::string why;               ///< Why the stage ends where it does.
 };
 

@@ -1,0 +1,156 @@
+// stagerun as a user meets it: files in, files out, one-line errors with a non-zero exit, a
+// Chrome trace and JSON figures, and a failing worker that ends the run instead of hanging it.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "compiler/plan/planner.h"
+#include "runtime/core/backend.h"
+#include "runtime/core/tensor_io.h"
+#include "runtime/exec/pipeline.h"
+#include "tests/test_util.h"
+
+namespace stagecraft::rt {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = 0;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs stagerun with `args` (a shell-quoted string); captures stdout, stderr and the exit code.
+Result stagerun(const testing::TempDir& dir, const std::string& args) {
+  std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
+  std::string command = fmt::format("{} {} >{} 2>{}", STAGECRAFT_STAGERUN, args, out, err);
+  int status = std::system(command.c_str());
+  REQUIRE(WIFEXITED(status));
+  return {WEXITSTATUS(status), slurp(out), slurp(err)};
+}
+
+// An error as the tools promise it: non-zero exit, exactly one line on stderr, matching `regex`.
+void check_one_line_error(const Result& r, const std::string& regex) {
+  CAPTURE(r.err);
+  CHECK(r.code != 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(std::regex_search(r.err, std::regex(regex)));
+}
+
+std::string toy_plan(const testing::TempDir& dir, int devices) {
+  plan::PlanOptions o;
+  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
+  o.devices = devices;
+  o.batch = 8;
+  o.microbatches = 4;
+  o.device_spec = "cpu";
+  plan::PlannedModel planned = plan::make_plan(o);
+  std::string path = dir.file(fmt::format("toy{}", devices));
+  plan::write_plan(planned, path);
+  return path;
+}
+
+TEST_CASE("stagerun reads .npy inputs and writes the outputs the in-process run gives") {
+  testing::TempDir dir;
+  std::string plan_dir = toy_plan(dir, 2);
+  auto pipeline = Pipeline::load(plan_dir, cpu_backend(), 1);
+  auto inputs = pipeline->synthetic_inputs();
+  write_npy(dir.file("x.npy"), inputs.at("x"));
+  RunReport want = pipeline->run(inputs, RunOptions{});
+
+  Result r = stagerun(dir, fmt::format("{} --inputs {} --outputs {} --steps 3", plan_dir, dir.file("x.npy"), dir.file("out")));
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("bubble") != std::string::npos);
+  Tensor y = read_npy(dir.file("out/y.npy"));
+  const Tensor& expected = want.outputs.at("y");
+  REQUIRE(y.shape == expected.shape);
+  CHECK(std::equal(y.as<float>(), y.as<float>() + y.numel(), expected.as<float>()));
+
+  // The same through a directory of NAME.npy files.
+  fs::create_directories(dir.file("in"));
+  write_npy(dir.file("in/x.npy"), inputs.at("x"));
+  CHECK(stagerun(dir, fmt::format("{} --inputs {} -q", plan_dir, dir.file("in"))).code == 0);
+}
+
+TEST_CASE("stagerun --json and --trace describe the run") {
+  testing::TempDir dir;
+  std::string plan_dir = toy_plan(dir, 2);
+  Result r = stagerun(dir, fmt::format("{} --steps 4 --json --trace {}", plan_dir, dir.file("trace.json")));
+  REQUIRE(r.code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["steps"] == 4);
+  CHECK(j["step_ms"].size() == 4);
+  CHECK(j["device"].size() == 2);
+  CHECK(j["samples_per_s"].get<double>() > 0);
+  for (const auto& d : j["device"]) CHECK(d["peak_bytes"].get<int64_t>() > 0);
+  auto trace = nlohmann::json::parse(slurp(dir.file("trace.json")));
+  // Metadata, then one complete event per forward: 2 devices x 4 microbatches x 4 steps.
+  int complete = 0;
+  for (const auto& e : trace["traceEvents"]) complete += e["ph"] == "X";
+  CHECK(complete == 2 * 4 * 4);
+}
+
+TEST_CASE("stagerun refuses bad input with one line and a non-zero exit") {
+  testing::TempDir dir;
+  std::string plan_dir = toy_plan(dir, 2);
+  Tensor wrong = Tensor::owned(DType::kFloat64, {8, 10});
+  write_npy(dir.file("wrong.npy"), wrong);
+  check_one_line_error(stagerun(dir, fmt::format("{} --inputs {}", plan_dir, dir.file("wrong.npy"))),
+                       R"(^stagerun: shape error: input 'x' is float64\[8, 10\] but the plan takes float32\[8, 10\])");
+  Tensor short_batch = Tensor::owned(DType::kFloat32, {6, 10});
+  write_npy(dir.file("short.npy"), short_batch);
+  check_one_line_error(stagerun(dir, fmt::format("{} --inputs {}", plan_dir, dir.file("short.npy"))),
+                       R"(input 'x' is float32\[6, 10\] but the plan takes float32\[8, 10\] \(the batch of 4 microbatches\))");
+  testing::write_bytes(dir.file("junk.npy"), "junk");
+  check_one_line_error(stagerun(dir, fmt::format("{} --inputs {}", plan_dir, dir.file("junk.npy"))),
+                       R"(junk.npy: not a .npy file)");
+  check_one_line_error(stagerun(dir, dir.file("nowhere")), R"(^stagerun: i/o error: .*nowhere: no such plan directory)");
+  check_one_line_error(stagerun(dir, fmt::format("{} --steps 0", plan_dir)), R"(^stagerun: usage error: --steps)");
+  check_one_line_error(stagerun(dir, fmt::format("{} --backend tpu", plan_dir)), R"(unknown backend 'tpu')");
+
+  // A stage file changed after compiling: its hash no longer matches.
+  std::ofstream(plan_dir + "/stage_0.onnx", std::ios::app) << "tampered";
+  check_one_line_error(stagerun(dir, plan_dir), R"(stage_0.onnx)");
+}
+
+TEST_CASE("a training plan is refused with a clear reason") {
+  testing::TempDir dir;
+  plan::PlanOptions o;
+  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
+  o.devices = 2;
+  o.batch = 8;
+  o.microbatches = 2;
+  o.training = true;
+  o.device_spec = "cpu";
+  plan::PlannedModel planned = plan::make_plan(o);
+  plan::write_plan(planned, dir.file("train"));
+  check_one_line_error(stagerun(dir, dir.file("train")), R"(training plan .*compile without --train)");
+}
+
+TEST_CASE("a worker that fails ends the run with its error instead of a hang") {
+  testing::TempDir dir;
+  std::string plan_dir = toy_plan(dir, 3);
+  auto pipeline = Pipeline::load(plan_dir, cpu_backend(), 1);
+  std::string node = pipeline->plan().stages[1].nodes.front();
+  check_one_line_error(stagerun(dir, fmt::format("{} --steps 5 --inject-fault '{}'", plan_dir, node)),
+                       fmt::format(R"(^stagerun: internal error: device 1: step 0: FWD stage 1 mb 0: .*fault injected at node)"));
+}
+
+}  // namespace
+}  // namespace stagecraft::rt
