@@ -64,7 +64,7 @@ std::string all_float32(const OpSignature& signature) {
     if (d != DType::kUndefined && d != DType::kFloat32)
       return fmt::format("{} on {} is not supported (float32 only)", signature.op_type, dtype_name(d));
   for (DType d : signature.outputs)
-    if (d != DType::kFloat32)
+    if (d != DType::kUndefined && d != DType::kFloat32)
       return fmt::format("{} producing {} is not supported (float32 only)", signature.op_type, dtype_name(d));
   return "";
 }

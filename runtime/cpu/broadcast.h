@@ -34,8 +34,8 @@ inline Shape broadcast_shape(const Shape& a, const Shape& b) {
     int64_t da = from_end < a.size() ? a[a.size() - 1 - from_end] : 1;
     int64_t db = from_end < b.size() ? b[b.size() - 1 - from_end] : 1;
     if (da != db && da != 1 && db != 1)
-      fail(ErrorKind::kShape, "shapes {} and {} do not broadcast (dim {} is {} and {})", shape_string(a),
-           shape_string(b), k, da, db);
+      fail(ErrorKind::kShape, "shapes {} and {} do not broadcast (dim {} is {} and {})",
+           shape_string(a), shape_string(b), k, da, db);
     out[k] = da == 1 ? db : da;
   }
   return out;
@@ -44,6 +44,8 @@ inline Shape broadcast_shape(const Shape& a, const Shape& b) {
 /// How N inputs, each broadcastable to an output shape, are read along the dense output.
 template <size_t N>
 class Broadcast {
+  static_assert(N >= 1 && N <= 32, "inputs are tracked as bits of a 32-bit mask");
+
  public:
   /// Outputs of at least this many elements are walked by all of the worker's threads.
   static constexpr int64_t kParallelElements = int64_t{1} << 15;
@@ -52,38 +54,34 @@ class Broadcast {
   /// to `out` (out itself must be the full broadcast shape, not merely compatible).
   Broadcast(const std::array<Shape, N>& inputs, const Shape& out) {
     const size_t rank = out.size();
-    // Per output axis: each input's dim, and which inputs repeat along it (bit k for input k).
-    std::vector<std::array<int64_t, N>> in_dims;
+    auto refuse = [&](size_t k) {
+      fail(ErrorKind::kShape, "input {} of shape {} does not broadcast to {}", k,
+           shape_string(inputs[k]), shape_string(out));
+    };
+    for (size_t k = 0; k < N; ++k)
+      if (inputs[k].size() > rank) refuse(k);
+    // Kept axes, each with the set of inputs that repeat along it (bit k for input k).
     std::vector<uint32_t> masks;
-    std::vector<int64_t> kept;
     for (size_t axis = 0; axis < rank; ++axis) {
-      std::array<int64_t, N> dims{};
       uint32_t mask = 0;
       for (size_t k = 0; k < N; ++k) {
-        const Shape& s = inputs[k];
-        if (s.size() > rank)
-          fail(ErrorKind::kShape, "input {} of shape {} does not broadcast to {}", k, shape_string(s),
-               shape_string(out));
-        size_t lead = rank - s.size();
-        dims[k] = axis < lead ? 1 : s[axis - lead];
-        if (dims[k] != out[axis] && dims[k] != 1)
-          fail(ErrorKind::kShape, "input {} of shape {} does not broadcast to {}", k, shape_string(s),
-               shape_string(out));
-        if (dims[k] != out[axis]) mask |= 1u << k;
+        const size_t lead = rank - inputs[k].size();
+        const int64_t dim = axis < lead ? 1 : inputs[k][axis - lead];
+        if (dim != out[axis] && dim != 1) refuse(k);
+        if (dim != out[axis]) mask |= 1u << k;
       }
       if (out[axis] == 1) continue;  // size-1 axes move nothing
-      if (!kept.empty() && masks.back() == mask) {
-        kept.back() *= out[axis];  // merge with the previous axis: every input reads both alike
+      if (!dims_.empty() && masks.back() == mask) {
+        dims_.back() *= out[axis];  // merge with the previous axis: every input reads both alike
         continue;
       }
-      kept.push_back(out[axis]);
+      dims_.push_back(out[axis]);
       masks.push_back(mask);
     }
-    if (kept.empty()) {
-      kept.push_back(1);
+    if (dims_.empty()) {
+      dims_.push_back(1);
       masks.push_back(0);
     }
-    dims_ = kept;
     const size_t m = dims_.size();
     for (size_t k = 0; k < N; ++k) {
       strides_[k].assign(m, 0);
@@ -94,24 +92,6 @@ class Broadcast {
         running *= dims_[a];
       }
     }
-  }
-
-  /// The output's dims after dropping 1s and merging (at least one dim).
-  const Shape& dims() const { return dims_; }
-
-  /// Input k's dims aligned with `dims()`: equal where it is read along, 1 where it repeats
-  /// (the form oneDNN's binary primitive takes for a broadcast source).
-  Shape input_dims(size_t k) const {
-    Shape d(dims_.size());
-    for (size_t a = 0; a < d.size(); ++a) d[a] = strides_[k][a] == 0 ? 1 : dims_[a];
-    return d;
-  }
-
-  /// True when input k is not broadcast at all (it has as many elements as the output).
-  bool is_full(size_t k) const {
-    for (size_t a = 0; a < dims_.size(); ++a)
-      if (strides_[k][a] == 0 && dims_[a] != 1) return false;
-    return true;
   }
 
   /// 1 when input k advances along a run, 0 when it repeats one element.
@@ -167,7 +147,7 @@ class Broadcast {
     }
   }
 
-  Shape dims_;
+  Shape dims_;  // the output's dims, size-1 dims dropped and alike neighbours merged
   std::array<std::vector<int64_t>, N> strides_;  // per input, per merged axis; 0 where it repeats
 };
 

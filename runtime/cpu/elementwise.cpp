@@ -3,18 +3,23 @@
 // broadcasting (Add, Sub, Mul, Div, Pow, Equal) and Where.
 //
 // Loops are plain C++ over typed pointers, vectorised with `omp simd` and split among the
-// worker's threads for large tensors; float32 Sigmoid, Tanh and Sqrt run as oneDNN eltwise
-// primitives (JIT-vectorised transcendentals). Integer arithmetic wraps (two's complement)
-// instead of overflowing, integer Div truncates toward zero and refuses a zero divisor, and
-// float-to-integer conversions saturate (NaN gives 0), so no input makes a kernel undefined.
+// worker's threads for large tensors: on these memory-bound ops that is as fast as oneDNN's
+// binary primitive, and it broadcasts any way and takes every dtype. Float32 Sigmoid, Tanh, Sqrt
+// and HardSwish run as oneDNN eltwise primitives (JIT-vectorised), float32 Erf as a rational
+// approximation. Integer arithmetic wraps (two's complement) instead of overflowing, integer Div
+// truncates toward zero and refuses a zero divisor, and float-to-integer conversions saturate
+// (NaN gives 0), so no input makes a kernel undefined. Cast also converts float16 and bfloat16
+// (rounding to nearest even); the other ops take float32, float64 and, where ONNX allows them,
+// integers.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
-
-#include <fmt/format.h>
 
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
@@ -36,40 +41,74 @@ struct BoolByte {
   uint8_t value;
 };
 
+// 16-bit floats as stored (IEEE half, and bfloat16: the top half of a float32). Only Cast
+// computes with them, through float32.
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
 template <class T>
 struct Type {};
 
 // Calls `body(Type<T>{})` with the C++ type of a numeric dtype (float32, float64 and the
-// signed and unsigned integers of 8 to 64 bits), or of bool when `with_bool`.
-template <class Body>
-void visit(DType dtype, Body&& body, bool with_bool = false) {
+// signed and unsigned integers of 8 to 64 bits); with `kAll` also of bool, float16 and bfloat16.
+template <bool kAll = false, class Body>
+void visit(DType dtype, Body&& body) {
   switch (dtype) {
-    case DType::kFloat32: body(Type<float>{}); return;
-    case DType::kFloat64: body(Type<double>{}); return;
-    case DType::kInt8: body(Type<int8_t>{}); return;
-    case DType::kInt16: body(Type<int16_t>{}); return;
-    case DType::kInt32: body(Type<int32_t>{}); return;
-    case DType::kInt64: body(Type<int64_t>{}); return;
-    case DType::kUInt8: body(Type<uint8_t>{}); return;
-    case DType::kUInt16: body(Type<uint16_t>{}); return;
-    case DType::kUInt32: body(Type<uint32_t>{}); return;
-    case DType::kUInt64: body(Type<uint64_t>{}); return;
-    case DType::kBool:
-      if (with_bool) {
-        body(Type<BoolByte>{});
-        return;
-      }
+    case DType::kFloat32:
+      return body(Type<float>{});
+    case DType::kFloat64:
+      return body(Type<double>{});
+    case DType::kInt8:
+      return body(Type<int8_t>{});
+    case DType::kInt16:
+      return body(Type<int16_t>{});
+    case DType::kInt32:
+      return body(Type<int32_t>{});
+    case DType::kInt64:
+      return body(Type<int64_t>{});
+    case DType::kUInt8:
+      return body(Type<uint8_t>{});
+    case DType::kUInt16:
+      return body(Type<uint16_t>{});
+    case DType::kUInt32:
+      return body(Type<uint32_t>{});
+    case DType::kUInt64:
+      return body(Type<uint64_t>{});
+    default:
       break;
-    default: break;
   }
-  fail(ErrorKind::kInternal, "an elementwise kernel was called on {}, which its check refuses", dtype_name(dtype));
+  if constexpr (kAll) {
+    switch (dtype) {
+      case DType::kBool:
+        return body(Type<BoolByte>{});
+      case DType::kFloat16:
+        return body(Type<Half>{});
+      case DType::kBFloat16:
+        return body(Type<BFloat16>{});
+      default:
+        break;
+    }
+  }
+  fail(ErrorKind::kInternal, "an elementwise kernel was called on {}, which its check refuses",
+       dtype_name(dtype));
 }
 
 bool is_numeric(DType d) {
   switch (d) {
-    case DType::kFloat32: case DType::kFloat64:
-    case DType::kInt8: case DType::kInt16: case DType::kInt32: case DType::kInt64:
-    case DType::kUInt8: case DType::kUInt16: case DType::kUInt32: case DType::kUInt64:
+    case DType::kFloat32:
+    case DType::kFloat64:
+    case DType::kInt8:
+    case DType::kInt16:
+    case DType::kInt32:
+    case DType::kInt64:
+    case DType::kUInt8:
+    case DType::kUInt16:
+    case DType::kUInt32:
+    case DType::kUInt64:
       return true;
     default:
       return false;
@@ -78,18 +117,82 @@ bool is_numeric(DType d) {
 
 bool is_float(DType d) { return d == DType::kFloat32 || d == DType::kFloat64; }
 
+float to_float(Half h) {
+  const uint32_t sign = uint32_t{h.bits & 0x8000u} << 16, exponent = (h.bits >> 10) & 0x1fu,
+                 mantissa = h.bits & 0x3ffu;
+  if (exponent == 0x1f)
+    return std::bit_cast<float>(sign | 0x7f800000u | mantissa << 13);  // inf, NaN
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24
+    float v = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | (exponent + 112) << 23 | mantissa << 13);
+}
+
+float to_float(BFloat16 b) { return std::bit_cast<float>(uint32_t{b.bits} << 16); }
+
+// float32 to half, rounding to nearest even (beyond the largest half gives inf, NaN stays NaN).
+Half to_half(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f), magnitude = x & 0x7fffffffu;
+  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  if (magnitude > 0x7f800000u) return {static_cast<uint16_t>(sign | 0x7e00u)};
+  if (magnitude >= 0x477ff000u)
+    return {static_cast<uint16_t>(sign | 0x7c00u)};  // 65520 and up round to inf
+  if (magnitude <
+      0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24 (1024 is 2^-14)
+    float units = std::nearbyint(std::bit_cast<float>(magnitude) * 0x1p24f);
+    return {static_cast<uint16_t>(sign | static_cast<uint16_t>(units))};
+  }
+  const uint32_t rebiased = magnitude - (112u << 23);  // exponent bias 127 to 15
+  return {static_cast<uint16_t>(sign | ((rebiased + 0xfffu + ((rebiased >> 13) & 1u)) >> 13))};
+}
+
+// float32 to bfloat16, rounding to nearest even (NaN stays NaN).
+BFloat16 to_bfloat16(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((x >> 16) | 0x40u)};
+  return {static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16)};
+}
+
+// double to float rounding to odd (truncate, then set the last bit when inexact): a later
+// round-to-nearest to a 16-bit float then gives the same result as rounding the double directly.
+float to_float_odd(double d) {
+  float f = static_cast<float>(d);
+  if (std::isnan(d) || std::isinf(f) || static_cast<double>(f) == d) return f;
+  uint32_t bits = std::bit_cast<uint32_t>(f);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d))
+    --bits;  // rounded away from zero: step back
+  return std::bit_cast<float>(bits | 1u);
+}
+
+template <class T>
+constexpr bool kIs16BitFloat = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
 // Converts one element as Cast does: to bool is "nonzero", floating to integer truncates and
-// saturates (NaN gives 0), everything else is C++'s conversion (integers wrap).
+// saturates (NaN gives 0), 16-bit floats round to nearest even, everything else is C++'s
+// conversion (integers wrap).
 template <class To, class From>
 To convert(From v) {
   if constexpr (std::is_same_v<From, BoolByte>) {
     return convert<To>(static_cast<uint8_t>(v.value != 0));
+  } else if constexpr (kIs16BitFloat<From>) {
+    return convert<To>(to_float(v));
   } else if constexpr (std::is_same_v<To, BoolByte>) {
     return BoolByte{static_cast<uint8_t>(v != From(0))};
+  } else if constexpr (kIs16BitFloat<To>) {
+    // Through float32, exactly (float32 and small integers) or rounded to odd (the rest).
+    float f =
+        std::is_same_v<From, float> ? static_cast<float>(v) : to_float_odd(static_cast<double>(v));
+    if constexpr (std::is_same_v<To, Half>)
+      return to_half(f);
+    else
+      return to_bfloat16(f);
   } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
     if (std::isnan(v)) return 0;
-    if (v <= static_cast<From>(std::numeric_limits<To>::lowest())) return std::numeric_limits<To>::lowest();
-    if (v >= static_cast<From>(std::numeric_limits<To>::max())) return std::numeric_limits<To>::max();
+    if (v <= static_cast<From>(std::numeric_limits<To>::lowest()))
+      return std::numeric_limits<To>::lowest();
+    if (v >= static_cast<From>(std::numeric_limits<To>::max()))
+      return std::numeric_limits<To>::max();
     return static_cast<To>(v);
   } else {
     return static_cast<To>(v);
@@ -119,13 +222,13 @@ const Tensor& unary_input(const KernelArgs& a) {
 }
 
 // A float32 tensor through a oneDNN eltwise primitive (viewed as one flat dim).
-void dnnl_eltwise(const KernelArgs& a, const Tensor& x, dnnl::algorithm algorithm, float alpha = 0, float beta = 0) {
+void dnnl_eltwise(const KernelArgs& a, const Tensor& x, dnnl::algorithm algorithm) {
   int64_t n = x.numel();
   if (n == 0) return;
   CpuContext& ctx = context(a);
   dnnl::memory::desc md = plain_desc({n});
   dnnl::eltwise_forward::primitive_desc pd(
-      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, algorithm, md, alpha, beta), ctx.engine);
+      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, algorithm, md), ctx.engine);
   dnnl::memory src(md, ctx.engine, const_cast<std::byte*>(x.data));
   dnnl::memory dst(md, ctx.engine, a.out[0]->data);
   dnnl::eltwise_forward(pd).execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}});
@@ -141,7 +244,8 @@ void float_unary(const KernelArgs& a, F f) {
 }
 
 void run_sigmoid(const KernelArgs& a) {
-  float_unary<dnnl::algorithm::eltwise_logistic>(a, [](double v) { return 1 / (1 + std::exp(-v)); });
+  float_unary<dnnl::algorithm::eltwise_logistic>(a,
+                                                 [](double v) { return 1 / (1 + std::exp(-v)); });
 }
 
 void run_tanh(const KernelArgs& a) {
@@ -152,11 +256,35 @@ void run_sqrt(const KernelArgs& a) {
   float_unary<dnnl::algorithm::eltwise_sqrt>(a, [](double v) { return std::sqrt(v); });
 }
 
+// erf in float32 as a rational approximation on [-4, 4] (beyond, erf is +-1 in float32): odd
+// degree-13 numerator over even degree-8 denominator, the coefficients of Eigen's and XLA's
+// float erf; within 5e-7 of erf everywhere. The clamp to [-4, 4] works on the bits (an integer
+// select, which GCC vectorises where a float compare that may trap is not) and keeps NaN.
+float erf_float(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x), four = 0x40800000u, inf = 0x7f800000u;
+  uint32_t magnitude = bits & 0x7fffffffu;
+  magnitude = magnitude > four && magnitude <= inf ? four : magnitude;
+  x = std::bit_cast<float>(magnitude | (bits & 0x80000000u));
+  const float x2 = x * x;
+  float p = x2 * -2.72614225801306e-10f + 2.77068142495902e-08f;
+  p = p * x2 - 2.10102402082508e-06f;
+  p = p * x2 - 5.69250639462346e-05f;
+  p = p * x2 - 7.34990630326855e-04f;
+  p = p * x2 - 2.95459980854025e-03f;
+  p = p * x2 - 1.60960333262415e-02f;
+  float q = x2 * -1.45660718464996e-05f - 2.13374055278905e-04f;
+  q = q * x2 - 1.68282697438203e-03f;
+  q = q * x2 - 7.37332916720468e-03f;
+  q = q * x2 - 1.42647390514189e-02f;
+  return x * p / q;
+}
+
 void run_erf(const KernelArgs& a) {
   const Tensor& x = unary_input(a);
-  visit(x.dtype, [&]<class T>(Type<T>) {
-    if constexpr (std::is_floating_point_v<T>) map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [](T v) { return std::erf(v); });
-  });
+  if (x.dtype == DType::kFloat32)
+    return map(x.as<float>(), a.out[0]->as<float>(), x.numel(),
+               [](float v) { return erf_float(v); });
+  map(x.as<double>(), a.out[0]->as<double>(), x.numel(), [](double v) { return std::erf(v); });
 }
 
 // max(0, min(1, alpha * x + beta)), written so that NaN propagates.
@@ -169,26 +297,24 @@ T hard_sigmoid(T x, T alpha, T beta) {
 
 void run_hard_sigmoid(const KernelArgs& a) {
   const Tensor& x = unary_input(a);
-  float alpha = a.attrs.f("alpha", 0.2f), beta = a.attrs.f("beta", 0.5f);
-  visit(x.dtype, [&]<class T>(Type<T>) {
-    if constexpr (std::is_floating_point_v<T>)
-      map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [=](T v) { return hard_sigmoid<T>(v, alpha, beta); });
-  });
+  const float alpha = a.attrs.f("alpha", 0.2f), beta = a.attrs.f("beta", 0.5f);
+  if (x.dtype == DType::kFloat32)
+    return map(x.as<float>(), a.out[0]->as<float>(), x.numel(),
+               [=](float v) { return hard_sigmoid(v, alpha, beta); });
+  map(x.as<double>(), a.out[0]->as<double>(), x.numel(),
+      [=](double v) { return hard_sigmoid<double>(v, alpha, beta); });
 }
 
+// x * HardSigmoid(x) with alpha 1/6 and beta 1/2 (oneDNN's hardswish is the same function).
 void run_hard_swish(const KernelArgs& a) {
-  const Tensor& x = unary_input(a);
-  visit(x.dtype, [&]<class T>(Type<T>) {
-    if constexpr (std::is_floating_point_v<T>)
-      map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [](T v) { return v * hard_sigmoid<T>(v, T(1) / T(6), T(0.5)); });
-  });
+  float_unary<dnnl::algorithm::eltwise_hardswish>(
+      a, [](double v) { return v * hard_sigmoid(v, 1.0 / 6, 0.5); });
 }
 
 void run_relu(const KernelArgs& a) {
   const Tensor& x = unary_input(a);
   visit(x.dtype, [&]<class T>(Type<T>) {
-    if constexpr (!std::is_same_v<T, BoolByte>)
-      map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [](T v) { return v < T(0) ? T(0) : v; });
+    map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [](T v) { return v < T(0) ? T(0) : v; });
   });
 }
 
@@ -198,7 +324,8 @@ T clip_bound(const KernelArgs& a, size_t k, T fallback) {
   if (!a.has_input(k)) return fallback;
   const Tensor& t = a.input(k);
   if (t.numel() != 1)
-    fail(ErrorKind::kShape, "Clip's {} must be a scalar, not {}", k == 1 ? "min" : "max", shape_string(t.shape));
+    fail(ErrorKind::kShape, "Clip's {} must be a scalar, not {}", k == 1 ? "min" : "max",
+         shape_string(t.shape));
   return t.as<T>()[0];
 }
 
@@ -206,15 +333,15 @@ T clip_bound(const KernelArgs& a, size_t k, T fallback) {
 void run_clip(const KernelArgs& a) {
   const Tensor& x = unary_input(a);
   visit(x.dtype, [&]<class T>(Type<T>) {
-    if constexpr (!std::is_same_v<T, BoolByte>) {
-      T lo = a.attrs.has("min") ? convert<T>(a.attrs.f("min", 0)) : clip_bound<T>(a, 1, std::numeric_limits<T>::lowest());
-      T hi = a.attrs.has("max") ? convert<T>(a.attrs.f("max", 0)) : clip_bound<T>(a, 2, std::numeric_limits<T>::max());
-      // min(max(x, lo), hi): NaN stays NaN, and lo > hi gives hi everywhere, as numpy.clip.
-      map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [=](T v) {
-        v = v < lo ? lo : v;
-        return v > hi ? hi : v;
-      });
-    }
+    T lo = a.attrs.has("min") ? convert<T>(a.attrs.f("min", 0))
+                              : clip_bound<T>(a, 1, std::numeric_limits<T>::lowest());
+    T hi = a.attrs.has("max") ? convert<T>(a.attrs.f("max", 0))
+                              : clip_bound<T>(a, 2, std::numeric_limits<T>::max());
+    // min(max(x, lo), hi): NaN stays NaN, and lo > hi gives hi everywhere, as numpy.clip.
+    map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [=](T v) {
+      v = v < lo ? lo : v;
+      return v > hi ? hi : v;
+    });
   });
 }
 
@@ -223,12 +350,18 @@ void run_clip(const KernelArgs& a) {
 
 // True when the scalar tensor (float32, float64 or bool) is nonzero.
 bool scalar_is_nonzero(const Tensor& t, std::string_view what) {
-  if (t.numel() != 1) fail(ErrorKind::kShape, "Dropout's {} must be a scalar, not {}", what, shape_string(t.shape));
+  if (t.numel() != 1)
+    fail(ErrorKind::kShape, "Dropout's {} must be a scalar, not {}", what, shape_string(t.shape));
   switch (t.dtype) {
-    case DType::kFloat32: return t.as<float>()[0] != 0;
-    case DType::kFloat64: return t.as<double>()[0] != 0;
-    case DType::kBool: return t.as<uint8_t>()[0] != 0;
-    default: fail(ErrorKind::kUnsupported, "Dropout's {} of type {} is not supported", what, dtype_name(t.dtype));
+    case DType::kFloat32:
+      return t.as<float>()[0] != 0;
+    case DType::kFloat64:
+      return t.as<double>()[0] != 0;
+    case DType::kBool:
+      return t.as<uint8_t>()[0] != 0;
+    default:
+      fail(ErrorKind::kUnsupported, "Dropout's {} of type {} is not supported", what,
+           dtype_name(t.dtype));
   }
 }
 
@@ -238,17 +371,26 @@ void run_dropout(const KernelArgs& a) {
   const Tensor& x = unary_input(a);
   if (a.has_input(2) && scalar_is_nonzero(a.input(2), "training_mode") &&
       (!a.has_input(1) || scalar_is_nonzero(a.input(1), "ratio")))
-    fail(ErrorKind::kUnsupported, "Dropout in training mode (training_mode=true with a nonzero ratio) is not supported");
+    fail(ErrorKind::kUnsupported,
+         "Dropout in training mode (training_mode=true with a nonzero ratio) is not supported");
   if (x.data != a.out[0]->data) std::memcpy(a.out[0]->data, x.data, static_cast<size_t>(x.bytes()));
   if (a.out.size() > 1 && a.out[1] != nullptr) {
     Tensor& mask = *a.out[1];
     expect_shape(a, 1, x.shape);
     int64_t n = mask.numel();
     switch (mask.dtype) {
-      case DType::kBool: std::fill_n(mask.as<uint8_t>(), n, uint8_t{1}); break;
-      case DType::kFloat32: std::fill_n(mask.as<float>(), n, 1.0f); break;
-      case DType::kFloat64: std::fill_n(mask.as<double>(), n, 1.0); break;
-      default: fail(ErrorKind::kInternal, "Dropout mask of type {} reached the kernel", dtype_name(mask.dtype));
+      case DType::kBool:
+        std::fill_n(mask.as<uint8_t>(), n, uint8_t{1});
+        break;
+      case DType::kFloat32:
+        std::fill_n(mask.as<float>(), n, 1.0f);
+        break;
+      case DType::kFloat64:
+        std::fill_n(mask.as<double>(), n, 1.0);
+        break;
+      default:
+        fail(ErrorKind::kInternal, "Dropout mask of type {} reached the kernel",
+             dtype_name(mask.dtype));
     }
   }
 }
@@ -260,11 +402,11 @@ void run_cast(const KernelArgs& a) {
     if (x.data != y.data) std::memcpy(y.data, x.data, static_cast<size_t>(x.bytes()));
     return;
   }
-  visit(x.dtype, [&]<class From>(Type<From>) {
-    visit(y.dtype, [&]<class To>(Type<To>) {
+  visit<true>(x.dtype, [&]<class From>(Type<From>) {
+    visit<true>(y.dtype, [&]<class To>(Type<To>) {
       map(x.as<From>(), y.as<To>(), x.numel(), [](From v) { return convert<To>(v); });
-    }, true);
-  }, true);
+    });
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -316,17 +458,26 @@ enum class Arith { kAdd, kSub, kMul, kDiv };
 template <Arith op, class T>
 T arith(T x, T y) {
   if constexpr (std::is_floating_point_v<T>) {
-    if constexpr (op == Arith::kAdd) return x + y;
-    else if constexpr (op == Arith::kSub) return x - y;
-    else if constexpr (op == Arith::kMul) return x * y;
-    else return x / y;
+    if constexpr (op == Arith::kAdd)
+      return x + y;
+    else if constexpr (op == Arith::kSub)
+      return x - y;
+    else if constexpr (op == Arith::kMul)
+      return x * y;
+    else
+      return x / y;
   } else {
     using U = Wrap<T>;
-    if constexpr (op == Arith::kAdd) return static_cast<T>(U(x) + U(y));
-    else if constexpr (op == Arith::kSub) return static_cast<T>(U(x) - U(y));
-    else if constexpr (op == Arith::kMul) return static_cast<T>(U(x) * U(y));
-    else if constexpr (std::is_signed_v<T>) return y == T(-1) ? static_cast<T>(U(0) - U(x)) : static_cast<T>(x / y);
-    else return x / y;
+    if constexpr (op == Arith::kAdd)
+      return static_cast<T>(U(x) + U(y));
+    else if constexpr (op == Arith::kSub)
+      return static_cast<T>(U(x) - U(y));
+    else if constexpr (op == Arith::kMul)
+      return static_cast<T>(U(x) * U(y));
+    else if constexpr (std::is_signed_v<T>)
+      return y == T(-1) ? static_cast<T>(U(0) - U(x)) : static_cast<T>(x / y);
+    else
+      return x / y;
   }
 }
 
@@ -335,14 +486,13 @@ void run_arith(const KernelArgs& a) {
   Broadcast<2> plan = broadcast_output<2>(a);
   const Tensor &x = a.input(0), &y = a.input(1);
   visit(x.dtype, [&]<class T>(Type<T>) {
-    if constexpr (!std::is_same_v<T, BoolByte>) {
-      if constexpr (op == Arith::kDiv && std::is_integral_v<T>) {
-        const T* d = y.as<T>();
-        if (std::find(d, d + y.numel(), T(0)) != d + y.numel())
-          fail(ErrorKind::kModel, "integer division by zero ({} divisor)", dtype_name(y.dtype));
-      }
-      binary_loop(plan, x.as<T>(), y.as<T>(), a.out[0]->as<T>(), [](T u, T v) { return arith<op, T>(u, v); });
+    if constexpr (op == Arith::kDiv && std::is_integral_v<T>) {
+      const T* d = y.as<T>();
+      if (std::find(d, d + y.numel(), T(0)) != d + y.numel())
+        fail(ErrorKind::kModel, "integer division by zero ({} divisor)", dtype_name(y.dtype));
     }
+    binary_loop(plan, x.as<T>(), y.as<T>(), a.out[0]->as<T>(),
+                [](T u, T v) { return arith<op, T>(u, v); });
   });
 }
 
@@ -372,10 +522,14 @@ T int_pow(T x, E e) {
 // mix in double); integer bases with integer exponents are exact.
 template <class T, class E>
 T power(T x, E e) {
-  if constexpr (std::is_same_v<T, float> && std::is_same_v<E, float>) return std::pow(x, e);
-  else if constexpr (std::is_floating_point_v<T>) return static_cast<T>(std::pow(double(x), double(e)));
-  else if constexpr (std::is_floating_point_v<E>) return convert<T>(std::pow(double(x), double(e)));
-  else return int_pow(x, e);
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<E, float>)
+    return std::pow(x, e);
+  else if constexpr (std::is_floating_point_v<T>)
+    return static_cast<T>(std::pow(double(x), double(e)));
+  else if constexpr (std::is_floating_point_v<E>)
+    return convert<T>(std::pow(double(x), double(e)));
+  else
+    return int_pow(x, e);
 }
 
 void run_pow(const KernelArgs& a) {
@@ -386,17 +540,21 @@ void run_pow(const KernelArgs& a) {
   if (x.dtype == DType::kFloat32 && y.dtype == DType::kFloat32 && y.numel() == 1 &&
       (y.as<float>()[0] == 2.0f || y.as<float>()[0] == 3.0f)) {
     if (y.as<float>()[0] == 2.0f)
-      binary_loop(plan, x.as<float>(), y.as<float>(), z.as<float>(), [](float u, float) { return u * u; });
+      binary_loop(plan, x.as<float>(), y.as<float>(), z.as<float>(),
+                  [](float u, float) { return u * u; });
     else
-      binary_loop(plan, x.as<float>(), y.as<float>(), z.as<float>(), [](float u, float) { return u * u * u; });
+      binary_loop(plan, x.as<float>(), y.as<float>(), z.as<float>(),
+                  [](float u, float) { return u * u * u; });
     return;
   }
   visit(x.dtype, [&]<class T>(Type<T>) {
-    constexpr bool base_ok = std::is_floating_point_v<T> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>;
-    if constexpr (base_ok) visit(y.dtype, [&]<class E>(Type<E>) {
-      if constexpr (!std::is_same_v<E, BoolByte>)
-        binary_loop(plan, x.as<T>(), y.as<E>(), z.as<T>(), [](T u, E v) { return power<T, E>(u, v); });
-    });
+    constexpr bool base_ok =
+        std::is_floating_point_v<T> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>;
+    if constexpr (base_ok)
+      visit(y.dtype, [&]<class E>(Type<E>) {
+        binary_loop(plan, x.as<T>(), y.as<E>(), z.as<T>(),
+                    [](T u, E v) { return power<T, E>(u, v); });
+      });
   });
 }
 
@@ -404,13 +562,13 @@ void run_equal(const KernelArgs& a) {
   Broadcast<2> plan = broadcast_output<2>(a);
   const Tensor &x = a.input(0), &y = a.input(1);
   uint8_t* z = a.out[0]->as<uint8_t>();
-  visit(x.dtype, [&]<class T>(Type<T>) {
+  visit<true>(x.dtype, [&]<class T>(Type<T>) {
     if constexpr (std::is_same_v<T, BoolByte>)
       binary_loop(plan, x.as<uint8_t>(), y.as<uint8_t>(), z,
                   [](uint8_t u, uint8_t v) { return uint8_t((u != 0) == (v != 0)); });
-    else
+    else if constexpr (std::is_arithmetic_v<T>)
       binary_loop(plan, x.as<T>(), y.as<T>(), z, [](T u, T v) { return uint8_t(u == v); });
-  }, true);
+  });
 }
 
 // Where: out = condition ? x : y, broadcasting all three; elements are copied as opaque
@@ -438,11 +596,16 @@ void run_where(const KernelArgs& a) {
   const Tensor &x = a.input(1), &y = a.input(2);
   Tensor& z = *a.out[0];
   switch (dtype_size(x.dtype)) {
-    case 1: return where_loop(plan, c, x.as<uint8_t>(), y.as<uint8_t>(), z.as<uint8_t>());
-    case 2: return where_loop(plan, c, x.as<uint16_t>(), y.as<uint16_t>(), z.as<uint16_t>());
-    case 4: return where_loop(plan, c, x.as<uint32_t>(), y.as<uint32_t>(), z.as<uint32_t>());
-    case 8: return where_loop(plan, c, x.as<uint64_t>(), y.as<uint64_t>(), z.as<uint64_t>());
-    default: fail(ErrorKind::kInternal, "Where on {} reached the kernel", dtype_name(x.dtype));
+    case 1:
+      return where_loop(plan, c, x.as<uint8_t>(), y.as<uint8_t>(), z.as<uint8_t>());
+    case 2:
+      return where_loop(plan, c, x.as<uint16_t>(), y.as<uint16_t>(), z.as<uint16_t>());
+    case 4:
+      return where_loop(plan, c, x.as<uint32_t>(), y.as<uint32_t>(), z.as<uint32_t>());
+    case 8:
+      return where_loop(plan, c, x.as<uint64_t>(), y.as<uint64_t>(), z.as<uint64_t>());
+    default:
+      fail(ErrorKind::kInternal, "Where on {} reached the kernel", dtype_name(x.dtype));
   }
 }
 
@@ -452,8 +615,8 @@ void run_where(const KernelArgs& a) {
 // "" when the signature has `inputs` inputs (at least `required`) and `outputs` outputs.
 std::string arity(const OpSignature& s, size_t required, size_t inputs, size_t outputs) {
   if (s.inputs.size() < required || s.inputs.size() > inputs || s.outputs.size() != outputs)
-    return fmt::format("{} with {} inputs and {} outputs is not a valid signature", s.op_type, s.inputs.size(),
-                       s.outputs.size());
+    return fmt::format("{} with {} inputs and {} outputs is not a valid signature", s.op_type,
+                       s.inputs.size(), s.outputs.size());
   for (size_t k = 0; k < required; ++k)
     if (s.inputs[k] == DType::kUndefined) return fmt::format("{} needs input {}", s.op_type, k);
   if (s.outputs[0] == DType::kUndefined) return fmt::format("{} needs its output", s.op_type);
@@ -463,43 +626,49 @@ std::string arity(const OpSignature& s, size_t required, size_t inputs, size_t o
 // "" when the output has the type of input 0.
 std::string same_output(const OpSignature& s) {
   if (s.outputs[0] != s.inputs[0])
-    return fmt::format("{} from {} to {} is not a valid signature", s.op_type, dtype_name(s.inputs[0]),
-                       dtype_name(s.outputs[0]));
+    return fmt::format("{} from {} to {} is not a valid signature", s.op_type,
+                       dtype_name(s.inputs[0]), dtype_name(s.outputs[0]));
   return "";
 }
 
 std::string check_float_unary(const OpSignature& s) {
   if (auto why = arity(s, 1, 1, 1); !why.empty()) return why;
   if (!is_float(s.inputs[0]))
-    return fmt::format("{} on {} is not supported (float32 and float64 only)", s.op_type, dtype_name(s.inputs[0]));
+    return fmt::format("{} on {} is not supported (float32 and float64 only)", s.op_type,
+                       dtype_name(s.inputs[0]));
   return same_output(s);
 }
 
 std::string check_relu(const OpSignature& s) {
   if (auto why = arity(s, 1, 1, 1); !why.empty()) return why;
   DType d = s.inputs[0];
-  if (!is_float(d) && d != DType::kInt8 && d != DType::kInt16 && d != DType::kInt32 && d != DType::kInt64)
-    return fmt::format("Relu on {} is not supported (float32, float64 and signed integers only)", dtype_name(d));
+  if (!is_float(d) && d != DType::kInt8 && d != DType::kInt16 && d != DType::kInt32 &&
+      d != DType::kInt64)
+    return fmt::format("Relu on {} is not supported (float32, float64 and signed integers only)",
+                       dtype_name(d));
   return same_output(s);
 }
 
 std::string check_clip(const OpSignature& s) {
   if (auto why = arity(s, 1, 3, 1); !why.empty()) return why;
   if (!is_numeric(s.inputs[0]))
-    return fmt::format("Clip on {} is not supported (float32, float64 and integers only)", dtype_name(s.inputs[0]));
+    return fmt::format("Clip on {} is not supported (float32, float64 and integers only)",
+                       dtype_name(s.inputs[0]));
   for (size_t k = 1; k < s.inputs.size(); ++k)
     if (s.inputs[k] != DType::kUndefined && s.inputs[k] != s.inputs[0])
-      return fmt::format("Clip of {} with a {} bound is not a valid signature", dtype_name(s.inputs[0]),
-                         dtype_name(s.inputs[k]));
+      return fmt::format("Clip of {} with a {} bound is not a valid signature",
+                         dtype_name(s.inputs[0]), dtype_name(s.inputs[k]));
   if ((s.attrs.has("min") || s.attrs.has("max")) && !is_float(s.inputs[0]))
-    return fmt::format("Clip with min/max attributes on {} is not supported", dtype_name(s.inputs[0]));
+    return fmt::format("Clip with min/max attributes on {} is not supported",
+                       dtype_name(s.inputs[0]));
   return same_output(s);
 }
 
 std::string check_dropout(const OpSignature& s) {
   if (s.inputs.empty() || s.inputs.size() > 3 || s.outputs.empty() || s.outputs.size() > 2)
     return "Dropout with this many inputs or outputs is not a valid signature";
-  if (dtype_size(s.inputs[0]) <= 0) return fmt::format("Dropout on {} is not supported", dtype_name(s.inputs[0]));
+  if (dtype_size(s.inputs[0]) <= 0)
+    return fmt::format("Dropout on {} is not supported", dtype_name(s.inputs[0]));
   if (auto why = same_output(s); !why.empty()) return why;
   if (s.attrs.i("is_test", 1) == 0) return "Dropout with is_test=0 (training) is not supported";
   if (s.outputs.size() == 2 && s.outputs[1] != DType::kUndefined && s.outputs[1] != DType::kBool &&
@@ -513,9 +682,10 @@ std::string check_cast(const OpSignature& s) {
   if (!s.attrs.has("to")) return "Cast needs attribute 'to'";
   auto to = dtype_from_onnx(static_cast<int32_t>(s.attrs.i("to", 0)));
   for (DType d : {s.inputs[0], to.value_or(DType::kUndefined)})
-    if (!is_numeric(d) && d != DType::kBool)
-      return fmt::format("Cast from {} to {} is not supported (numeric types and bool only)", dtype_name(s.inputs[0]),
-                         to ? dtype_name(*to) : "an unknown type");
+    if (!is_numeric(d) && d != DType::kBool && d != DType::kFloat16 && d != DType::kBFloat16)
+      return fmt::format(
+          "Cast from {} to {} is not supported (numeric types, bool, float16 and bfloat16 only)",
+          dtype_name(s.inputs[0]), to ? dtype_name(*to) : "an unknown type");
   if (s.outputs[0] != *to)
     return fmt::format("Cast to {} with a {} output is not a valid signature", dtype_name(*to),
                        dtype_name(s.outputs[0]));
@@ -529,8 +699,8 @@ std::string check_arith(const OpSignature& s) {
     return fmt::format("{} on {} is not supported (float32, float64 and integers only)", s.op_type,
                        dtype_name(s.inputs[0]));
   if (s.inputs[1] != s.inputs[0])
-    return fmt::format("{} of {} and {} is not a valid signature", s.op_type, dtype_name(s.inputs[0]),
-                       dtype_name(s.inputs[1]));
+    return fmt::format("{} of {} and {} is not a valid signature", s.op_type,
+                       dtype_name(s.inputs[0]), dtype_name(s.inputs[1]));
   return same_output(s);
 }
 
@@ -538,8 +708,9 @@ std::string check_pow(const OpSignature& s) {
   if (auto why = arity(s, 2, 2, 1); !why.empty()) return why;
   DType base = s.inputs[0];
   if (!is_float(base) && base != DType::kInt32 && base != DType::kInt64)
-    return fmt::format("Pow with a {} base is not supported (float32, float64, int32 and int64 only)",
-                       dtype_name(base));
+    return fmt::format(
+        "Pow with a {} base is not supported (float32, float64, int32 and int64 only)",
+        dtype_name(base));
   if (!is_numeric(s.inputs[1]))
     return fmt::format("Pow with a {} exponent is not supported", dtype_name(s.inputs[1]));
   return same_output(s);
@@ -548,24 +719,26 @@ std::string check_pow(const OpSignature& s) {
 std::string check_equal(const OpSignature& s) {
   if (auto why = arity(s, 2, 2, 1); !why.empty()) return why;
   if (!is_numeric(s.inputs[0]) && s.inputs[0] != DType::kBool)
-    return fmt::format("Equal on {} is not supported (numeric types and bool only)", dtype_name(s.inputs[0]));
+    return fmt::format("Equal on {} is not supported (numeric types and bool only)",
+                       dtype_name(s.inputs[0]));
   if (s.inputs[1] != s.inputs[0] || s.outputs[0] != DType::kBool)
-    return fmt::format("Equal of {} and {} giving {} is not a valid signature", dtype_name(s.inputs[0]),
-                       dtype_name(s.inputs[1]), dtype_name(s.outputs[0]));
+    return fmt::format("Equal of {} and {} giving {} is not a valid signature",
+                       dtype_name(s.inputs[0]), dtype_name(s.inputs[1]), dtype_name(s.outputs[0]));
   return "";
 }
 
 std::string check_where(const OpSignature& s) {
   if (auto why = arity(s, 3, 3, 1); !why.empty()) return why;
   if (s.inputs[0] != DType::kBool)
-    return fmt::format("Where with a {} condition is not a valid signature", dtype_name(s.inputs[0]));
+    return fmt::format("Where with a {} condition is not a valid signature",
+                       dtype_name(s.inputs[0]));
   DType d = s.inputs[1];
   int64_t size = dtype_size(d);
   if (size != 1 && size != 2 && size != 4 && size != 8)
     return fmt::format("Where on {} is not supported", dtype_name(d));
   if (s.inputs[2] != d || s.outputs[0] != d)
-    return fmt::format("Where choosing between {} and {} giving {} is not a valid signature", dtype_name(d),
-                       dtype_name(s.inputs[2]), dtype_name(s.outputs[0]));
+    return fmt::format("Where choosing between {} and {} giving {} is not a valid signature",
+                       dtype_name(d), dtype_name(s.inputs[2]), dtype_name(s.outputs[0]));
   return "";
 }
 

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -38,6 +39,15 @@ struct Outcome {
   std::string detail;
 };
 
+// IEEE half precision to double (exact).
+double half_to_double(uint16_t h) {
+  int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
+  if (exponent == 31) return mantissa ? NAN : sign * INFINITY;
+  return sign * std::ldexp(mantissa + 1024, exponent - 25);
+}
+
 // Compares one output; "" when equal within tolerance.
 std::string compare(const rt::Tensor& got, const rt::Tensor& want, double rtol, double atol) {
   if (got.dtype != want.dtype)
@@ -57,7 +67,14 @@ std::string compare(const rt::Tensor& got, const rt::Tensor& want, double rtol, 
       case DType::kUInt16: return t.as<uint16_t>()[i];
       case DType::kUInt32: return t.as<uint32_t>()[i];
       case DType::kUInt64: return static_cast<double>(t.as<uint64_t>()[i]);
-      default: return NAN;
+      case DType::kFloat16: return half_to_double(t.as<uint16_t>()[i]);
+      case DType::kBFloat16: {
+        uint32_t bits = static_cast<uint32_t>(t.as<uint16_t>()[i]) << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+      }
+      default: fail(ErrorKind::kUnsupported, "cannot compare {} tensors", dtype_name(t.dtype));
     }
   };
   bool exact = !is_floating(got.dtype);
