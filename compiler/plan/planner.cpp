@@ -404,7 +404,10 @@ PlannedModel make_plan(const PlanOptions& o) {
     const auto& first = g.value(g.inputs.at(0)).shape;
     s.microbatch_size = first.empty() ? 1 : first[0];
   }
-  cost::RooflineCostModel costs(s.device, s.precision);
+  cost::RooflineCostModel roofline(s.device, s.precision);
+  std::unique_ptr<cost::OpCostModel> custom_costs = o.cost_model ? o.cost_model(g, roofline) : nullptr;
+  if (o.cost_model && !custom_costs) fail(ErrorKind::kInternal, "the cost model factory returned no model");
+  const cost::OpCostModel& costs = custom_costs ? *custom_costs : roofline;
   auto order = g.topological_order();
   NodeFacts facts = node_facts(g, order, costs, s.precision);
   auto gp = build_problem(g, order, s, facts, o);
@@ -466,6 +469,20 @@ PlannedModel make_plan(const PlanOptions& o) {
                              facts.output_bytes[i]});
   }
   p.predicted = predict(s, out.schedule, sol, facts, g, order, p.batch);
+  // The simulator tracks weights, optimizer state and activations; each device also holds its
+  // working arena (one, shared by its stages, which run one at a time) and one microbatch of
+  // every tensor it receives or sends.
+  {
+    std::vector<int64_t> arena(p.devices, 0), comm(p.devices, 0);
+    for (const Stage& st : p.stages) {
+      arena[st.device] = std::max(arena[st.device], st.memory.temporary);
+      comm[st.device] += st.memory.communication;
+    }
+    for (int d = 0; d < p.devices && d < static_cast<int>(p.predicted.device_peak_bytes.size()); ++d)
+      p.predicted.device_peak_bytes[d] += arena[d] + comm[d];
+    p.predicted.peak_memory_bytes =
+        *std::max_element(p.predicted.device_peak_bytes.begin(), p.predicted.device_peak_bytes.end());
+  }
 
   std::vector<double> param_weight, op_weight;
   for (std::size_t i = 0; i < order.size(); ++i) {

@@ -166,12 +166,18 @@ TEST_CASE("the plan directory holds valid stage models and a loadable plan") {
   CHECK(std::filesystem::exists(dir.file("mine/notes.txt")));
 }
 
-TEST_CASE("temporary memory is the peak of the stage's own liveness at inference") {
+TEST_CASE("inference working memory is the stage's arena, planned by liveness") {
   PlanOptions o = toy_options(1);
   Plan p = make_plan(o).plan;
-  // Gemm [4,10] and Relu [4,10] are live together (2 x 160 B); then the Gemm output dies.
+  // Gemm [4,10] and Relu [4,10] are live together (2 x 160 B, each rounded up to 192 for
+  // alignment); the final Gemm output is a stage output, outside the arena.
   REQUIRE(p.stages.size() == 1);
-  CHECK(p.stages[0].memory.temporary == 320);
+  const Stage& stage = p.stages[0];
+  CHECK(stage.arena_bytes == 384);
+  CHECK(stage.memory.temporary == stage.arena_bytes);
+  REQUIRE(stage.arena.size() == 2);
+  CHECK(stage.arena[0].offset != stage.arena[1].offset);
+  for (const ArenaTensor& t : stage.arena) CHECK(t.bytes == 160);
   o.training = true;
   o.schedule = "1f1b";
   p = make_plan(o).plan;
