@@ -3,13 +3,64 @@
 #include <fmt/core.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 
 #include "compiler/import.h"
 #include "compiler/model_info.h"
 #include "compiler/plan/planner.h"
+#include "cost_models/profile_db.h"
 #include "runtime/format/error.h"
+#include "tools/backend_check.h"
+#include "tools/profile/profiler.h"
 
 namespace {
+
+/// Where --profile keeps its database when --profile-db is not given: the XDG cache folder
+/// ($XDG_CACHE_HOME, else ~/.cache), else the current folder.
+std::string default_profile_db(int threads) {
+  namespace fs = std::filesystem;
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  fs::path dir = xdg && *xdg ? fs::path(xdg) / "stagecraft"
+                 : home && *home ? fs::path(home) / ".cache" / "stagecraft"
+                                 : fs::path(".");
+  return (dir / fmt::format("profile-cpu-{}threads.json", threads)).string();
+}
+
+/// The measured cost model of --profile cpu: profiles the signatures of the planner's graph that
+/// the database at `db_path` lacks, saves it, prints a summary line, and reads times from it.
+std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(const stagecraft::ir::Graph& graph,
+                                                              const stagecraft::cost::RooflineCostModel& roofline,
+                                                              const std::string& db_path, int threads) {
+  using namespace stagecraft;
+  using Clock = std::chrono::steady_clock;
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(db_path, ec);
+  cost::ProfileDb db = cost::ProfileDb::open(db_path, "cpu", threads);
+  const std::size_t before = db.size();
+  const auto start = Clock::now();
+  double last_shown = 0;
+  auto progress = [&](int done, int total) {
+    // Quiet for short runs; a line a second once it takes longer than two.
+    double t = std::chrono::duration<double>(Clock::now() - start).count();
+    if (t < 2.0 || (t - last_shown < 1.0 && done != total)) return;
+    last_shown = t;
+    fmt::print(stderr, "profiling: {}/{} signatures\n", done, total);
+  };
+  profile::ProfileStats stats;
+  try {
+    stats = profile::profile_graph(graph, db, threads, progress);
+  } catch (...) {
+    // Keep what was measured before the failure.
+    if (db.size() > before) db.save(db_path);
+    throw;
+  }
+  if (stats.measured > 0 || !existed) db.save(db_path);
+  fmt::print("profiled {} signatures ({} cached) in {:.2f} s; db {}\n", stats.signatures, stats.cached, stats.seconds,
+             db_path);
+  return std::make_unique<cost::MeasuredCostModel>(db, roofline);
+}
 
 int run(int argc, char** argv) {
   using namespace stagecraft;
@@ -19,7 +70,8 @@ int run(int argc, char** argv) {
       "  stagec MODEL -o PLAN_DIR --devices N [options]          plan it\n\n"
       "Import checks the model (ONNX checker, strict shape inference), binds symbolic input dims\n"
       "from --batch and --dim, and folds the shape arithmetic exporters emit into constants.\n"
-      "Planning costs every op on the device (analytic roofline), splits the graph into\n"
+      "Planning costs every op on the device (analytic roofline, or with --profile cpu the times the\n"
+      "CPU backend's kernels take, cached in a profile database), splits the graph into\n"
       "devices x chunks stages (exact over cuts of a topological order, memory a hard limit),\n"
       "builds the schedule, simulates it, and writes PLAN_DIR/{plan.json,schedule.json,stage_K.onnx}.\n"
       "Inspect a plan with stagedump PLAN_DIR.",
@@ -62,7 +114,20 @@ int run(int argc, char** argv) {
                  "(default: the device kind's NVLink/InfiniBand figures)");
   app.add_option("--split-after", po.split_after, "manual split points: node names, comma separated")
       ->delimiter(',');
-  app.add_flag("--dry-run", dry_run, "plan and print, writing nothing");
+  app.add_flag("--dry-run", dry_run, "plan and print, writing no plan (--profile still caches what it measures)");
+  std::string profile_backend, profile_db;
+  int profile_threads = 1;
+  app.add_option("--profile", profile_backend,
+                 "cpu: measure each distinct op signature with the CPU backend's kernels and plan with those "
+                 "times instead of the roofline (backward: measured forward x the roofline's backward/forward "
+                 "ratio); device spec defaults to cpu");
+  app.add_option("--profile-db", profile_db,
+                 "with --profile: the profile database (JSON) to read and extend (default: "
+                 "$XDG_CACHE_HOME/stagecraft/profile-cpu-<T>threads.json, ~/.cache/stagecraft/... without "
+                 "XDG_CACHE_HOME)");
+  app.add_option("--profile-threads", profile_threads,
+                 "with --profile: CPU threads each op is measured with (default 1, as stagerun --threads-per-device)")
+      ->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -82,6 +147,24 @@ int run(int argc, char** argv) {
   if (out_dir.empty() && !dry_run) {
     fail(ErrorKind::kUsage, "nothing to do: give --info, -o PLAN_DIR to write a plan, or --dry-run");
   }
+  if (profile_backend.empty() && (app.count("--profile-db") > 0 || app.count("--profile-threads") > 0)) {
+    fail(ErrorKind::kUsage, "--profile-db and --profile-threads need --profile cpu");
+  }
+  if (profile_backend == "cuda") {
+    fail(ErrorKind::kUnsupported,
+         "--profile cuda: only the cpu backend can be profiled so far (there is no CUDA runtime yet); use --profile cpu");
+  }
+  if (!profile_backend.empty() && profile_backend != "cpu") {
+    fail(ErrorKind::kUsage, "--profile '{}' is not a backend; use --profile cpu", profile_backend);
+  }
+  if (!profile_backend.empty()) {
+    // Measured CPU times: the device's memory and links are the CPU's unless told otherwise.
+    if (app.count("--device-spec") == 0) po.device_spec = "cpu";
+    std::string db_path = profile_db.empty() ? default_profile_db(profile_threads) : profile_db;
+    po.cost_model = [db_path, profile_threads](const ir::Graph& graph, const cost::RooflineCostModel& roofline) {
+      return profiled_costs(graph, roofline, db_path, profile_threads);
+    };
+  }
   po.model_path = model_path;
   po.batch = batch;
   po.dims = options.dims;
@@ -93,6 +176,8 @@ int run(int argc, char** argv) {
     fmt::print("planned in {:.2f} s (dry run: nothing written)\n", plan_s);
     return 0;
   }
+  // stagerun must be able to run every op of the stage files it is given.
+  check_backend_supports(planned.model.graph, rt::cpu_backend());
   plan::write_plan(planned, out_dir);
   fmt::print("planned in {:.2f} s; wrote {} (inspect with: stagedump {})\n", plan_s, out_dir, out_dir);
   return 0;

@@ -18,14 +18,13 @@
 //    outputs [{name, dtype, shape, file}]}
 // The measured figures describe the median step. --trace writes a Chrome trace of the compute
 // that ran, in the format of `stagedump --trace` (one row per device), every step.
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-
-#include <fmt/format.h>
 
 #include "runtime/core/tensor_io.h"
 #include "runtime/exec/pipeline.h"
@@ -46,13 +45,15 @@ std::string file_stem(const std::string& name) {
   return out;
 }
 
-std::map<std::string, rt::Tensor> read_inputs(const std::string& path, const rt::Pipeline& pipeline) {
+std::map<std::string, rt::Tensor> read_inputs(const std::string& path,
+                                              const rt::Pipeline& pipeline) {
   std::map<std::string, rt::Tensor> inputs;
   const auto& wanted = pipeline.inputs();
   if (!fs::exists(path)) fail(ErrorKind::kIo, "--inputs {}: no such file or directory", path);
   if (!fs::is_directory(path)) {
     if (wanted.size() != 1)
-      fail(ErrorKind::kUsage, "--inputs {}: the model has {} inputs; give a directory with one NAME.npy per input",
+      fail(ErrorKind::kUsage,
+           "--inputs {}: the model has {} inputs; give a directory with one NAME.npy per input",
            path, wanted.size());
     inputs[wanted[0].name] = with_context("--inputs " + path, ErrorKind::kFormat, [&] {
       return path.ends_with(".pb") ? rt::read_tensor_pb(path) : rt::read_npy(path);
@@ -65,13 +66,15 @@ std::map<std::string, rt::Tensor> read_inputs(const std::string& path, const rt:
       for (const char* ext : {".npy", ".pb"}) {
         fs::path file = fs::path(path) / (stem + ext);
         if (found || !fs::exists(file)) continue;
-        inputs[in.name] = std::string(ext) == ".npy" ? rt::read_npy(file.string()) : rt::read_tensor_pb(file.string());
+        inputs[in.name] = std::string(ext) == ".npy" ? rt::read_npy(file.string())
+                                                     : rt::read_tensor_pb(file.string());
         found = true;
       }
     }
     if (!found)
-      fail(ErrorKind::kUsage, "--inputs {}: no {}.npy or {}.pb for input '{}' ({}{})", path, file_stem(in.name),
-           file_stem(in.name), in.name, dtype_name(in.dtype), rt::shape_string(in.shape));
+      fail(ErrorKind::kUsage, "--inputs {}: no {}.npy or {}.pb for input '{}' ({}{})", path,
+           file_stem(in.name), file_stem(in.name), in.name, dtype_name(in.dtype),
+           rt::shape_string(in.shape));
   }
   return inputs;
 }
@@ -80,30 +83,39 @@ std::map<std::string, rt::Tensor> read_inputs(const std::string& path, const rt:
 
 int main(int argc, char** argv) {
   return run_main("stagerun", [&] {
-    CLI::App app{"stagerun: execute a stagecraft plan with microbatch pipelining (one thread per device)."};
+    CLI::App app{
+        "stagerun: execute a stagecraft plan with microbatch pipelining (one thread per device)."};
     app.set_help_flag("-h,--help", "Print this help and exit");
     std::string plan_dir, backend_name = "cpu", inputs_path, outputs_dir, trace_path, inject_fault;
     int steps = 1, threads = 1;
     bool synthetic = false, json = false, quiet = false;
     app.add_option("plan", plan_dir, "Plan directory written by stagec")->required();
-    app.add_option("--backend", backend_name, "Backend: cpu (default) or cuda")->capture_default_str();
-    app.add_option("--steps", steps, "Steps to run over the same batch; figures are of the median step")
+    app.add_option("--backend", backend_name, "Backend: cpu (default) or cuda")
+        ->capture_default_str();
+    app.add_option("--steps", steps,
+                   "Steps to run over the same batch; figures are of the median step")
         ->capture_default_str();
     app.add_option("--inputs", inputs_path,
-                   "The whole batch: FILE.npy (one-input models) or DIR with NAME.npy or NAME.pb per graph input");
-    app.add_flag("--synthetic", synthetic, "Deterministic synthetic inputs (the default without --inputs)");
+                   "The whole batch: FILE.npy (one-input models) or DIR with NAME.npy or NAME.pb "
+                   "per graph input");
+    app.add_flag("--synthetic", synthetic,
+                 "Deterministic synthetic inputs (the default without --inputs)");
     app.add_option("--outputs", outputs_dir, "Write the last step's graph outputs as DIR/NAME.npy");
-    app.add_option("--threads-per-device", threads, "CPU threads each device's kernels use")->capture_default_str();
-    app.add_option("--trace", trace_path, "Chrome trace of what ran (format of stagedump --trace; '-': stdout)");
+    app.add_option("--threads-per-device", threads, "CPU threads each device's kernels use")
+        ->capture_default_str();
+    app.add_option("--trace", trace_path,
+                   "Chrome trace of what ran (format of stagedump --trace; '-': stdout)");
     app.add_flag("--json", json, "Print the figures as one JSON object instead of text");
     app.add_flag("-q,--quiet", quiet, "No progress line");
-    app.add_option("--inject-fault", inject_fault, "Testing: make the node of this name fail")->group("");
+    app.add_option("--inject-fault", inject_fault, "Testing: make the node of this name fail")
+        ->group("");
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
       return app.exit(e);
     }
-    if (synthetic && !inputs_path.empty()) fail(ErrorKind::kUsage, "--synthetic and --inputs exclude each other");
+    if (synthetic && !inputs_path.empty())
+      fail(ErrorKind::kUsage, "--synthetic and --inputs exclude each other");
     if (steps < 1) fail(ErrorKind::kUsage, "--steps must be at least 1 (got {})", steps);
 
     const rt::Backend& backend = rt::backend_by_name(backend_name);
@@ -127,8 +139,8 @@ int main(int argc, char** argv) {
       options.progress = [&](int done, int total, double elapsed) {
         if (elapsed < 2.0 || (elapsed - last_shown < 1.0 && done < total)) return;
         last_shown = elapsed;
-        fmt::print(stderr, "{}stagerun: step {}/{}, {:.1f} s{}", tty ? "\r" : "", done, total, elapsed,
-                   tty && done < total ? "" : "\n");
+        fmt::print(stderr, "{}stagerun: step {}/{}, {:.1f} s{}", tty ? "\r" : "", done, total,
+                   elapsed, tty && done < total ? "" : "\n");
       };
     rt::RunReport report = pipeline->run(inputs, options);
 
@@ -137,7 +149,10 @@ int main(int argc, char** argv) {
       for (const auto& [name, tensor] : report.outputs) {
         std::string file = (fs::path(outputs_dir) / (file_stem(name) + ".npy")).string();
         rt::write_npy(file, tensor);
-        outputs.push_back({{"name", name}, {"dtype", dtype_name(tensor.dtype)}, {"shape", tensor.shape}, {"file", file}});
+        outputs.push_back({{"name", name},
+                           {"dtype", dtype_name(tensor.dtype)},
+                           {"shape", tensor.shape},
+                           {"file", file}});
       }
     }
     if (!trace_path.empty()) {
@@ -171,15 +186,19 @@ int main(int argc, char** argv) {
       j["step_ms"] = ms;
       j["median_step_ms"] = step_s * 1e3;
       j["samples_per_s"] = samples_per_s;
-      j["bubble"] = {{"measured", report.bubble_fraction}, {"predicted", plan.predicted.bubble_fraction}};
+      j["bubble"] = {{"measured", report.bubble_fraction},
+                     {"predicted", plan.predicted.bubble_fraction}};
       j["predicted_step_ms"] = plan.predicted.step_ms;
       j["cost_model"] = plan.cost_model;
       nlohmann::ordered_json devs = nlohmann::ordered_json::array();
       for (size_t d = 0; d < report.devices.size(); ++d) {
         const rt::DeviceReport& r = report.devices[d];
-        devs.push_back({{"device", d}, {"busy_fraction", step_s > 0 ? r.busy_s / step_s : 0.0},
-                        {"peak_bytes", r.peak_bytes}, {"predicted_peak_bytes", r.predicted_peak_bytes},
-                        {"arena_bytes", r.arena_bytes}, {"weight_bytes", r.weight_bytes}});
+        devs.push_back({{"device", d},
+                        {"busy_fraction", step_s > 0 ? r.busy_s / step_s : 0.0},
+                        {"peak_bytes", r.peak_bytes},
+                        {"predicted_peak_bytes", r.predicted_peak_bytes},
+                        {"arena_bytes", r.arena_bytes},
+                        {"weight_bytes", r.weight_bytes}});
       }
       j["device"] = devs;
       j["outputs"] = outputs;
@@ -187,19 +206,22 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (trace_path == "-") return 0;
-    fmt::print("plan {}: {} on {} device{}, {} microbatches of {} (batch {}); backend {}, {} thread{} per device\n",
-               plan_dir, plan.schedule, plan.devices, plan.devices == 1 ? "" : "s", plan.microbatches,
-               plan.microbatch_size, plan.batch, backend.name(), threads, threads == 1 ? "" : "s");
+    fmt::print(
+        "plan {}: {} on {} device{}, {} microbatches of {} (batch {}); backend {}, {} thread{} per "
+        "device\n",
+        plan_dir, plan.schedule, plan.devices, plan.devices == 1 ? "" : "s", plan.microbatches,
+        plan.microbatch_size, plan.batch, backend.name(), threads, threads == 1 ? "" : "s");
     fmt::print("inputs: {}\n", inputs_path.empty() ? "synthetic (deterministic)" : inputs_path);
-    fmt::print("step {:.3f} ms (median of {}; min {:.3f}, max {:.3f}), {:.1f} samples/s\n", step_s * 1e3, steps,
-               sorted.front() * 1e3, sorted.back() * 1e3, samples_per_s);
+    fmt::print("step {:.3f} ms (median of {}; min {:.3f}, max {:.3f}), {:.1f} samples/s\n",
+               step_s * 1e3, steps, sorted.front() * 1e3, sorted.back() * 1e3, samples_per_s);
     fmt::print("bubble {:.1f}% measured, {:.1f}% predicted (predicted step {:.3f} ms by {})\n",
-               report.bubble_fraction * 100, plan.predicted.bubble_fraction * 100, plan.predicted.step_ms,
-               plan.cost_model);
+               report.bubble_fraction * 100, plan.predicted.bubble_fraction * 100,
+               plan.predicted.step_ms, plan.cost_model);
     fmt::print("{:>6}  {:>6}  {:>12}  {:>12}\n", "device", "busy", "peak memory", "predicted");
     for (size_t d = 0; d < report.devices.size(); ++d) {
       const rt::DeviceReport& r = report.devices[d];
-      fmt::print("{:>6}  {:>5.1f}%  {:>12}  {:>12}\n", d, step_s > 0 ? 100 * r.busy_s / step_s : 0.0,
+      fmt::print("{:>6}  {:>5.1f}%  {:>12}  {:>12}\n", d,
+                 step_s > 0 ? 100 * r.busy_s / step_s : 0.0,
                  dump::format_bytes(static_cast<double>(r.peak_bytes)),
                  dump::format_bytes(static_cast<double>(r.predicted_peak_bytes)));
     }

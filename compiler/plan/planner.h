@@ -2,13 +2,16 @@
 /// \file
 /// The planning driver: model -> costs -> partition -> schedule -> simulation -> plan.
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "compiler/import.h"
 #include "compiler/schedule/instruction.h"
+#include "cost_models/roofline.h"
 #include "runtime/format/plan.h"
 
 namespace stagecraft::plan {
@@ -29,6 +32,11 @@ struct PlanOptions {
   std::string device_spec = "h100";      ///< Preset name or JSON file.
   std::string cluster;                   ///< JSON file; default: the device kind's.
   std::vector<std::string> split_after;  ///< Manual split points (node names).
+  /// The op-time model, when not the analytic roofline (e.g. measured profiles: stagec
+  /// --profile). Called once with the graph imported at the microbatch size and the roofline
+  /// of the device spec and precision; plan.json's cost_model records the model's name().
+  std::function<std::unique_ptr<cost::OpCostModel>(const ir::Graph& graph, const cost::RooflineCostModel& roofline)>
+      cost_model;
 };
 
 /// A computed plan: the plan file's content, the schedule, and the graph the stages come from.

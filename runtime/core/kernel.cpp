@@ -20,7 +20,8 @@ const onnx::AttributeProto& Attrs::typed(std::string_view name,
   // Old exporters leave `type` unset; accept the field that is present then.
   if (a->type() != type && a->type() != onnx::AttributeProto::UNDEFINED)
     fail(ErrorKind::kModel, "attribute '{}' has type {}, expected {}", name,
-         onnx::AttributeProto::AttributeType_Name(a->type()), onnx::AttributeProto::AttributeType_Name(type));
+         onnx::AttributeProto::AttributeType_Name(a->type()),
+         onnx::AttributeProto::AttributeType_Name(type));
   return *a;
 }
 
@@ -28,7 +29,9 @@ int64_t Attrs::i(std::string_view name, int64_t fallback) const {
   return has(name) ? typed(name, onnx::AttributeProto::INT).i() : fallback;
 }
 
-int64_t Attrs::required_i(std::string_view name) const { return typed(name, onnx::AttributeProto::INT).i(); }
+int64_t Attrs::required_i(std::string_view name) const {
+  return typed(name, onnx::AttributeProto::INT).i();
+}
 
 float Attrs::f(std::string_view name, float fallback) const {
   return has(name) ? typed(name, onnx::AttributeProto::FLOAT).f() : fallback;
@@ -62,18 +65,20 @@ const Tensor& KernelArgs::input(size_t k) const {
 std::string all_float32(const OpSignature& signature) {
   for (DType d : signature.inputs)
     if (d != DType::kUndefined && d != DType::kFloat32)
-      return fmt::format("{} on {} is not supported (float32 only)", signature.op_type, dtype_name(d));
+      return fmt::format("{} on {} is not supported (float32 only)", signature.op_type,
+                         dtype_name(d));
   for (DType d : signature.outputs)
     if (d != DType::kUndefined && d != DType::kFloat32)
-      return fmt::format("{} producing {} is not supported (float32 only)", signature.op_type, dtype_name(d));
+      return fmt::format("{} producing {} is not supported (float32 only)", signature.op_type,
+                         dtype_name(d));
   return "";
 }
 
 void expect_shape(const KernelArgs& args, size_t output, const Shape& expected) {
   const Tensor& out = *args.out[output];
   if (out.shape != expected)
-    fail(ErrorKind::kShape, "{} output {} should have shape {} but the program gives it {}", args.op_type,
-         output, shape_string(expected), shape_string(out.shape));
+    fail(ErrorKind::kShape, "{} output {} should have shape {} but the program gives it {}",
+         args.op_type, output, shape_string(expected), shape_string(out.shape));
 }
 
 }  // namespace stagecraft::rt

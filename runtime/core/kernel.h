@@ -36,7 +36,8 @@ class Attrs {
 
  private:
   const onnx::AttributeProto* find(std::string_view name) const;
-  const onnx::AttributeProto& typed(std::string_view name, onnx::AttributeProto::AttributeType type) const;
+  const onnx::AttributeProto& typed(std::string_view name,
+                                    onnx::AttributeProto::AttributeType type) const;
   const onnx::NodeProto* node_ = nullptr;
 };
 
@@ -50,12 +51,12 @@ class DeviceContext {
 
 /// One node of a stage program, as its kernel is called.
 struct KernelArgs {
-  std::string_view name;                ///< Node name (for messages).
+  std::string_view name;  ///< Node name (for messages).
   std::string_view op_type;
   const Attrs& attrs;
-  std::span<const Tensor* const> in;    ///< One per node input; null for an omitted optional input.
-  std::span<Tensor* const> out;         ///< One per node output; allocated, shape and dtype set;
-                                        ///< null for an omitted optional output.
+  std::span<const Tensor* const> in;  ///< One per node input; null for an omitted optional input.
+  std::span<Tensor* const> out;       ///< One per node output; allocated, shape and dtype set;
+                                      ///< null for an omitted optional output.
   DeviceContext& device;
 
   /// Input k; throws `Error(kModel)` when it is omitted or out of range.

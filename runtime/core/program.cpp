@@ -1,9 +1,9 @@
 #include "runtime/core/program.h"
 
+#include <fmt/format.h>
+
 #include <fstream>
 #include <map>
-
-#include <fmt/format.h>
 
 #include "runtime/core/tensor_io.h"
 #include "runtime/format/error.h"
@@ -17,12 +17,14 @@ ValueInfo static_info(const onnx::ValueInfoProto& proto) {
   ValueInfo info;
   info.name = proto.name();
   if (!proto.type().has_tensor_type())
-    fail(ErrorKind::kUnsupported, "tensor '{}' is not a plain tensor (sequences and maps are not supported)", proto.name());
+    fail(ErrorKind::kUnsupported,
+         "tensor '{}' is not a plain tensor (sequences and maps are not supported)", proto.name());
   const auto& tt = proto.type().tensor_type();
   auto dtype = dtype_from_onnx(tt.elem_type());
   if (!dtype || dtype_size(*dtype) <= 0)
-    fail(ErrorKind::kUnsupported, "tensor '{}' has element type {}, which the runtime does not handle",
-         proto.name(), tt.elem_type());
+    fail(ErrorKind::kUnsupported,
+         "tensor '{}' has element type {}, which the runtime does not handle", proto.name(),
+         tt.elem_type());
   info.dtype = *dtype;
   if (!tt.has_shape()) fail(ErrorKind::kShape, "tensor '{}' has no static shape", proto.name());
   for (const auto& dim : tt.shape().dim()) {
@@ -41,12 +43,13 @@ Program Program::load_file(const std::string& path, const Backend& backend,
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(ErrorKind::kIo, "{}: cannot open", path);
   onnx::ModelProto model;
-  if (!model.ParseFromIstream(&in)) fail(ErrorKind::kFormat, "{}: not an ONNX model (protobuf parse failed)", path);
+  if (!model.ParseFromIstream(&in))
+    fail(ErrorKind::kFormat, "{}: not an ONNX model (protobuf parse failed)", path);
   return from_model(model, backend, path, arena);
 }
 
-Program Program::from_model(const onnx::ModelProto& model_in, const Backend& backend, const std::string& source,
-                            const std::optional<RecordedArena>& arena) {
+Program Program::from_model(const onnx::ModelProto& model_in, const Backend& backend,
+                            const std::string& source, const std::optional<RecordedArena>& arena) {
   return with_context(source, ErrorKind::kInternal, [&] {
     Program p;
     p.source_ = source;
@@ -86,11 +89,12 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
     std::vector<int> lifetime_slot;
     for (int n = 0; n < graph.node_size(); ++n) {
       const onnx::NodeProto& node = graph.node(n);
-      std::string node_name = node.name().empty() ? fmt::format("#{} ({})", n, node.op_type()) : node.name();
+      std::string node_name =
+          node.name().empty() ? fmt::format("#{} ({})", n, node.op_type()) : node.name();
       with_context(fmt::format("node '{}'", node_name), ErrorKind::kInternal, [&] {
         if (!node.domain().empty() && node.domain() != "ai.onnx")
-          fail(ErrorKind::kUnsupported, "op '{}' of domain '{}' has no {} kernel", node.op_type(), node.domain(),
-               backend.name());
+          fail(ErrorKind::kUnsupported, "op '{}' of domain '{}' has no {} kernel", node.op_type(),
+               node.domain(), backend.name());
         Step step;
         step.name = node_name;
         step.op_type = node.op_type();
@@ -103,10 +107,12 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
             continue;
           }
           auto it = slot_of.find(name);
-          if (it == slot_of.end()) fail(ErrorKind::kModel, "input '{}' is not defined before it is used", name);
+          if (it == slot_of.end())
+            fail(ErrorKind::kModel, "input '{}' is not defined before it is used", name);
           step.inputs.push_back(it->second);
           in_types.push_back(p.slots_[it->second].info.dtype);
-          if (p.slots_[it->second].memory_index >= 0) lifetimes[p.slots_[it->second].memory_index].last = n;
+          if (p.slots_[it->second].memory_index >= 0)
+            lifetimes[p.slots_[it->second].memory_index].last = n;
         }
         for (const std::string& name : node.output()) {
           if (name.empty()) {
@@ -115,7 +121,8 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
             continue;
           }
           auto it = declared.find(name);
-          if (it == declared.end()) fail(ErrorKind::kShape, "output '{}' has no recorded type and static shape", name);
+          if (it == declared.end())
+            fail(ErrorKind::kShape, "output '{}' has no recorded type and static shape", name);
           Slot slot;
           slot.info = it->second;
           bool is_output = false;
@@ -140,7 +147,8 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
     }
     for (const auto& out : graph.output()) {
       auto it = slot_of.find(out.name());
-      if (it == slot_of.end()) fail(ErrorKind::kModel, "graph output '{}' is produced by no node", out.name());
+      if (it == slot_of.end())
+        fail(ErrorKind::kModel, "graph output '{}' is produced by no node", out.name());
       p.output_slots_.push_back(it->second);
       p.outputs_.push_back(p.slots_[it->second].info);
     }
@@ -151,16 +159,17 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
       std::map<std::string, const plan::ArenaTensor*, std::less<>> placed;
       for (const plan::ArenaTensor& t : arena->stage->arena) placed[t.name] = &t;
       if (placed.size() != lifetimes.size())
-        fail(ErrorKind::kPlan, "{} places {} tensors but the stage file has {} intermediates", arena->field,
-             placed.size(), lifetimes.size());
+        fail(ErrorKind::kPlan, "{} places {} tensors but the stage file has {} intermediates",
+             arena->field, placed.size(), lifetimes.size());
       p.memory_.arena_bytes = arena->stage->arena_bytes;
       for (size_t t = 0; t < lifetimes.size(); ++t) {
         const std::string& name = p.slots_[lifetime_slot[t]].info.name;
         auto it = placed.find(name);
-        if (it == placed.end()) fail(ErrorKind::kPlan, "{} has no place for intermediate '{}'", arena->field, name);
+        if (it == placed.end())
+          fail(ErrorKind::kPlan, "{} has no place for intermediate '{}'", arena->field, name);
         if (it->second->bytes != lifetimes[t].bytes)
-          fail(ErrorKind::kPlan, "{} gives '{}' {} bytes; the stage file's tensor has {}", arena->field, name,
-               it->second->bytes, lifetimes[t].bytes);
+          fail(ErrorKind::kPlan, "{} gives '{}' {} bytes; the stage file's tensor has {}",
+               arena->field, name, it->second->bytes, lifetimes[t].bytes);
         p.memory_.offsets.push_back(it->second->offset);
       }
     }
@@ -175,10 +184,11 @@ int64_t Program::output_bytes() const {
   return total;
 }
 
-std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
-                                 const NodeHook* hook) const {
+std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> inputs,
+                                 std::byte* arena, const NodeHook* hook) const {
   if (inputs.size() != input_slots_.size())
-    fail(ErrorKind::kInternal, "{}: {} inputs given, the program takes {}", source_, inputs.size(), input_slots_.size());
+    fail(ErrorKind::kInternal, "{}: {} inputs given, the program takes {}", source_, inputs.size(),
+         input_slots_.size());
   std::vector<Tensor> values(slots_.size());
   for (size_t k = 0; k < inputs.size(); ++k) {
     const ValueInfo& info = inputs_[k];
@@ -192,7 +202,8 @@ std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> 
     if (slot.kind == Slot::kWeight) {
       values[s] = slot.weight;
     } else if (slot.kind == Slot::kIntermediate) {
-      values[s] = Tensor::view(slot.info.dtype, slot.info.shape, arena + memory_.offsets[slot.memory_index]);
+      values[s] = Tensor::view(slot.info.dtype, slot.info.shape,
+                               arena + memory_.offsets[slot.memory_index]);
     } else if (slot.kind == Slot::kOutput) {
       values[s] = Tensor::owned(slot.info.dtype, slot.info.shape);
     }
@@ -213,7 +224,9 @@ std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> 
       e.in(fmt::format("node '{}' ({})", step.name, step.op_type)).in(source_);
       throw;
     } catch (const std::exception& e) {
-      throw Error(ErrorKind::kInternal, e.what()).in(fmt::format("node '{}' ({})", step.name, step.op_type)).in(source_);
+      throw Error(ErrorKind::kInternal, e.what())
+          .in(fmt::format("node '{}' ({})", step.name, step.op_type))
+          .in(source_);
     }
   }
   std::vector<Tensor> outputs;

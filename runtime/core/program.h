@@ -49,7 +49,8 @@ class Program {
                            const std::optional<RecordedArena>& arena = std::nullopt);
 
   /// Binds a model already in memory; `source` names it in errors.
-  static Program from_model(const onnx::ModelProto& model, const Backend& backend, const std::string& source,
+  static Program from_model(const onnx::ModelProto& model, const Backend& backend,
+                            const std::string& source,
                             const std::optional<RecordedArena>& arena = std::nullopt);
 
   const std::vector<ValueInfo>& inputs() const { return inputs_; }
@@ -74,7 +75,7 @@ class Program {
   struct Slot {
     ValueInfo info;
     enum Kind { kInput, kWeight, kIntermediate, kOutput } kind = kIntermediate;
-    Tensor weight;        // kWeight
+    Tensor weight;          // kWeight
     int memory_index = -1;  // kIntermediate: index into memory_.offsets
   };
   struct Step {

@@ -1,9 +1,9 @@
 #include "runtime/core/tensor.h"
 
-#include <cstring>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <cstring>
 
 #include "runtime/format/error.h"
 
@@ -13,7 +13,8 @@ int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0) fail(ErrorKind::kShape, "shape {} has a negative dim", shape_string(shape));
-    if (d != 0 && n > INT64_MAX / d) fail(ErrorKind::kShape, "shape {} overflows int64", shape_string(shape));
+    if (d != 0 && n > INT64_MAX / d)
+      fail(ErrorKind::kShape, "shape {} overflows int64", shape_string(shape));
     n *= d;
   }
   return n;
@@ -42,7 +43,9 @@ Tensor Tensor::view(DType dtype, Shape shape, std::byte* bytes) {
   return t;
 }
 
-std::string Tensor::describe() const { return fmt::format("{}{}", dtype_name(dtype), shape_string(shape)); }
+std::string Tensor::describe() const {
+  return fmt::format("{}{}", dtype_name(dtype), shape_string(shape));
+}
 
 Tensor clone(const Tensor& tensor) {
   Tensor copy = Tensor::owned(tensor.dtype, tensor.shape);
@@ -74,7 +77,8 @@ Tensor concat_rows(const std::vector<Tensor>& parts) {
     for (const Tensor& p : parts) {
       if (p.dtype != first.dtype || p.rank() != first.rank() ||
           !std::equal(p.shape.begin() + 1, p.shape.end(), first.shape.begin() + 1))
-        fail(ErrorKind::kShape, "cannot join {} and {} along the first axis", first.describe(), p.describe());
+        fail(ErrorKind::kShape, "cannot join {} and {} along the first axis", first.describe(),
+             p.describe());
       shape[0] += p.shape[0];
     }
   }

@@ -67,7 +67,7 @@ std::string check_batch_norm(const OpSignature& s) {
 // reads them whatever is_test says) normalises with the given mean and var. training_mode=1
 // (opset 14+) normalises with the batch's own mean and (biased) variance and writes the running
 // statistics input * momentum + batch * (1 - momentum) to the optional outputs 1 and 2.
-// X [N, C, D1, ...] is seen by oneDNN as [N, C, D1 * ...].
+// X [N, C, D1, ...] is seen by oneDNN as [N, C, D1 * ..., 1].
 void batch_norm(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   if (x.rank() < 2)
@@ -86,7 +86,8 @@ void batch_norm(const KernelArgs& a) {
   }
 
   const CpuContext& ctx = context(a);
-  const Shape data_shape{n, c, spatial};
+  // 4-D [N, C, D, 1]: oneDNN has optimised batch norm for nchw but only a reference one for 3-D.
+  const Shape data_shape{n, c, spatial, 1};
   auto flags = normalization_flags::use_scale | normalization_flags::use_shift;
   if (!training) flags |= normalization_flags::use_global_stats;
   dnnl::batch_normalization_forward::desc desc(

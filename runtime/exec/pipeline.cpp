@@ -1,5 +1,6 @@
 #include "runtime/exec/pipeline.h"
 
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -11,8 +12,6 @@
 #include <random>
 #include <set>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "runtime/format/error.h"
 
@@ -32,7 +31,9 @@ struct Pipeline::StageRuntime {
 
 namespace {
 
-std::string describe(DType dtype, const Shape& shape) { return fmt::format("{}{}", dtype_name(dtype), shape_string(shape)); }
+std::string describe(DType dtype, const Shape& shape) {
+  return fmt::format("{}{}", dtype_name(dtype), shape_string(shape));
+}
 
 DType plan_dtype(const plan::StageTensor& t, const std::string& where) {
   auto dtype = dtype_from_name(t.dtype);
@@ -41,17 +42,22 @@ DType plan_dtype(const plan::StageTensor& t, const std::string& where) {
 }
 
 // Checks that a stage file's inputs or outputs are the ones plan.json lists.
-void match_interface(const std::vector<ValueInfo>& in_file, const std::vector<plan::StageTensor>& in_plan,
-                     const std::string& file, const std::string& field) {
+void match_interface(const std::vector<ValueInfo>& in_file,
+                     const std::vector<plan::StageTensor>& in_plan, const std::string& file,
+                     const std::string& field) {
   for (size_t k = 0; k < in_plan.size(); ++k) {
     const plan::StageTensor& t = in_plan[k];
     std::string where = fmt::format("plan.json: {}[{}] ('{}')", field, k, t.name);
-    auto it = std::find_if(in_file.begin(), in_file.end(), [&](const ValueInfo& v) { return v.name == t.name; });
-    if (it == in_file.end()) fail(ErrorKind::kPlan, "{} is not among the {} of {}", where, field.substr(field.rfind('.') + 1), file);
+    auto it = std::find_if(in_file.begin(), in_file.end(),
+                           [&](const ValueInfo& v) { return v.name == t.name; });
+    if (it == in_file.end())
+      fail(ErrorKind::kPlan, "{} is not among the {} of {}", where,
+           field.substr(field.rfind('.') + 1), file);
     DType dtype = plan_dtype(t, where);
     if (it->dtype != dtype || it->shape != Shape(t.shape.begin(), t.shape.end()))
-      fail(ErrorKind::kPlan, "{} is {} but {} has {}", where, describe(dtype, Shape(t.shape.begin(), t.shape.end())),
-           file, describe(it->dtype, it->shape));
+      fail(ErrorKind::kPlan, "{} is {} but {} has {}", where,
+           describe(dtype, Shape(t.shape.begin(), t.shape.end())), file,
+           describe(it->dtype, it->shape));
   }
   if (in_file.size() != in_plan.size())
     fail(ErrorKind::kPlan, "{} has {} {} but plan.json's {} lists {}", file, in_file.size(),
@@ -74,7 +80,8 @@ struct MemoryMeter {
   void add(int64_t bytes) {
     int64_t now = current.fetch_add(bytes) + bytes;
     int64_t seen = peak.load();
-    while (now > seen && !peak.compare_exchange_weak(seen, now)) {}
+    while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+    }
   }
   void sub(int64_t bytes) { current.fetch_sub(bytes); }
 };
@@ -89,7 +96,8 @@ int64_t bytes_of(const std::vector<NamedTensor>& tensors) {
 
 std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Backend& backend,
                                          int threads_per_device) {
-  if (threads_per_device < 1) fail(ErrorKind::kUsage, "--threads-per-device must be at least 1 (got {})", threads_per_device);
+  if (threads_per_device < 1)
+    fail(ErrorKind::kUsage, "--threads-per-device must be at least 1 (got {})", threads_per_device);
   std::unique_ptr<Pipeline> p(new Pipeline());
   p->plan_dir_ = plan_dir;
   p->backend_ = &backend;
@@ -98,17 +106,22 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
   const plan::Plan& plan = p->plan_;
   std::string plan_json = (fs::path(plan_dir) / "plan.json").string();
   if (plan.training)
-    fail(ErrorKind::kUnsupported, "{}: this is a training plan (optimizer {}); this runtime executes inference plans "
-         "only so far: compile without --train", plan_json, plan.optimizer);
+    fail(ErrorKind::kUnsupported,
+         "{}: this is a training plan (optimizer {}); this runtime executes inference plans "
+         "only so far: compile without --train",
+         plan_json, plan.optimizer);
   for (const plan::Stage& stage : plan.stages)
     if (stage.file.empty() || stage.file_hash.empty())
-      fail(ErrorKind::kPlan, "{}: stages[{}] has no stage file (a --dry-run plan cannot run)", plan_json, stage.index);
+      fail(ErrorKind::kPlan, "{}: stages[{}] has no stage file (a --dry-run plan cannot run)",
+           plan_json, stage.index);
 
   p->shape_ = {plan.devices, plan.chunks, plan.microbatches, plan.training};
   std::string schedule_path = (fs::path(plan_dir) / "schedule.json").string();
   nlohmann::json body = read_json_file(schedule_path);
-  p->schedule_ = with_context(plan_dir, ErrorKind::kFormat, [&] { return schedule::schedule_from_json(body); });
-  with_context(schedule_path, ErrorKind::kPlan, [&] { schedule::validate_schedule(p->schedule_, p->shape_); });
+  p->schedule_ = with_context(plan_dir, ErrorKind::kFormat,
+                              [&] { return schedule::schedule_from_json(body); });
+  with_context(schedule_path, ErrorKind::kPlan,
+               [&] { schedule::validate_schedule(p->schedule_, p->shape_); });
 
   std::map<std::string, ModelTensor> model_inputs;
   for (const plan::Stage& stage : plan.stages) {
@@ -116,7 +129,8 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
     rt->stage = &stage;
     std::string file = (fs::path(plan_dir) / stage.file).string();
     std::string field = fmt::format("stages[{}]", stage.index);
-    rt->program = Program::load_file(file, backend, Program::RecordedArena{&stage, "plan.json: " + field + ".arena"});
+    rt->program = Program::load_file(
+        file, backend, Program::RecordedArena{&stage, "plan.json: " + field + ".arena"});
     match_interface(rt->program.inputs(), stage.inputs, file, field + ".inputs");
     match_interface(rt->program.outputs(), stage.outputs, file, field + ".outputs");
     std::set<int> producers;
@@ -128,20 +142,24 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
       ModelTensor t{in.name, plan_dtype(in, field), Shape(in.shape.begin(), in.shape.end())};
       auto [it, fresh] = model_inputs.emplace(in.name, t);
       if (!fresh && (it->second.dtype != t.dtype || it->second.shape != t.shape))
-        fail(ErrorKind::kPlan, "{}: graph input '{}' has different types in two stages", plan_json, in.name);
+        fail(ErrorKind::kPlan, "{}: graph input '{}' has different types in two stages", plan_json,
+             in.name);
     }
     rt->producers.assign(producers.begin(), producers.end());
     const auto& outs = rt->program.outputs();
     for (const plan::StageTensor& out : stage.outputs) {
-      size_t index = static_cast<size_t>(
-          std::find_if(outs.begin(), outs.end(), [&](const ValueInfo& v) { return v.name == out.name; }) - outs.begin());
+      size_t index =
+          static_cast<size_t>(std::find_if(outs.begin(), outs.end(),
+                                           [&](const ValueInfo& v) { return v.name == out.name; }) -
+                              outs.begin());
       for (int peer : out.peer_stages) {
         rt->sends[peer].push_back(index);
         p->links_.push_back({stage.index, peer, false});
       }
       if (out.graph_output) {
         rt->graph_outputs.push_back(index);
-        p->outputs_.push_back({out.name, plan_dtype(out, field), Shape(out.shape.begin(), out.shape.end())});
+        p->outputs_.push_back(
+            {out.name, plan_dtype(out, field), Shape(out.shape.begin(), out.shape.end())});
       }
     }
     p->stages_.push_back(std::move(rt));
@@ -155,22 +173,30 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
 void Pipeline::check_inputs(const std::map<std::string, Tensor>& inputs) const {
   for (const ModelTensor& in : inputs_) {
     auto it = inputs.find(in.name);
-    if (it == inputs.end()) fail(ErrorKind::kUsage, "input '{}' ({}) is not given", in.name, describe(in.dtype, in.shape));
+    if (it == inputs.end())
+      fail(ErrorKind::kUsage, "input '{}' ({}) is not given", in.name,
+           describe(in.dtype, in.shape));
     const Tensor& t = it->second;
     Shape batch = in.shape;
     if (!batch.empty()) batch[0] *= plan_.microbatches;
     if (t.dtype != in.dtype || (t.shape != batch && t.shape != in.shape))
-      fail(ErrorKind::kShape, "input '{}' is {} but the plan takes {} (the batch of {} microbatches) or {} (one microbatch, given to each)",
-           in.name, t.describe(), describe(in.dtype, batch), plan_.microbatches, describe(in.dtype, in.shape));
+      fail(ErrorKind::kShape,
+           "input '{}' is {} but the plan takes {} (the batch of {} microbatches) or {} (one "
+           "microbatch, given to each)",
+           in.name, t.describe(), describe(in.dtype, batch), plan_.microbatches,
+           describe(in.dtype, in.shape));
   }
   for (const auto& [name, t] : inputs)
-    if (std::none_of(inputs_.begin(), inputs_.end(), [&](const ModelTensor& m) { return m.name == name; }))
+    if (std::none_of(inputs_.begin(), inputs_.end(),
+                     [&](const ModelTensor& m) { return m.name == name; }))
       fail(ErrorKind::kUsage, "input '{}' is not an input of the model (its inputs: {})", name,
-           fmt::join([&] {
-             std::vector<std::string> names;
-             for (const ModelTensor& m : inputs_) names.push_back(m.name);
-             return names;
-           }(), ", "));
+           fmt::join(
+               [&] {
+                 std::vector<std::string> names;
+                 for (const ModelTensor& m : inputs_) names.push_back(m.name);
+                 return names;
+               }(),
+               ", "));
 }
 
 std::map<std::string, Tensor> Pipeline::synthetic_inputs() const {
@@ -184,12 +210,24 @@ std::map<std::string, Tensor> Pipeline::synthetic_inputs() const {
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     for (int64_t i = 0; i < n; ++i) {
       switch (in.dtype) {
-        case DType::kFloat32: t.as<float>()[i] = uniform(rng); break;
-        case DType::kFloat64: t.as<double>()[i] = uniform(rng); break;
-        case DType::kInt64: t.as<int64_t>()[i] = static_cast<int64_t>(rng() & 1); break;
-        case DType::kInt32: t.as<int32_t>()[i] = static_cast<int32_t>(rng() & 1); break;
-        case DType::kBool: case DType::kUInt8: t.as<uint8_t>()[i] = static_cast<uint8_t>(i & 1); break;
-        default: break;  // left at zero
+        case DType::kFloat32:
+          t.as<float>()[i] = uniform(rng);
+          break;
+        case DType::kFloat64:
+          t.as<double>()[i] = uniform(rng);
+          break;
+        case DType::kInt64:
+          t.as<int64_t>()[i] = static_cast<int64_t>(rng() & 1);
+          break;
+        case DType::kInt32:
+          t.as<int32_t>()[i] = static_cast<int32_t>(rng() & 1);
+          break;
+        case DType::kBool:
+        case DType::kUInt8:
+          t.as<uint8_t>()[i] = static_cast<uint8_t>(i & 1);
+          break;
+        default:
+          break;  // left at zero
       }
     }
     out[in.name] = std::move(t);
@@ -199,7 +237,8 @@ std::map<std::string, Tensor> Pipeline::synthetic_inputs() const {
 
 RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOptions& options) {
   check_inputs(inputs);
-  if (options.steps < 1) fail(ErrorKind::kUsage, "--steps must be at least 1 (got {})", options.steps);
+  if (options.steps < 1)
+    fail(ErrorKind::kUsage, "--steps must be at least 1 (got {})", options.steps);
   const int devices = plan_.devices, M = plan_.microbatches, steps = options.steps;
 
   // Microbatch views of the inputs (no copies).
@@ -207,8 +246,9 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
   for (const ModelTensor& in : inputs_) {
     const Tensor& whole = inputs.at(in.name);
     for (int mb = 0; mb < M; ++mb)
-      feeds[in.name].push_back(whole.shape == in.shape ? whole
-                                                       : slice_rows(whole, mb * in.shape[0], (mb + 1) * in.shape[0]));
+      feeds[in.name].push_back(whole.shape == in.shape
+                                   ? whole
+                                   : slice_rows(whole, mb * in.shape[0], (mb + 1) * in.shape[0]));
   }
   std::map<std::string, std::vector<Tensor>> results;
   for (const ModelTensor& out : outputs_) results[out.name].resize(M);
@@ -237,7 +277,8 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
   NodeHook hook;
   if (!options.inject_fault.empty())
     hook.before = [&](std::string_view node, std::string_view) {
-      if (node == options.inject_fault) fail(ErrorKind::kInternal, "fault injected at node '{}' (test hook)", node);
+      if (node == options.inject_fault)
+        fail(ErrorKind::kInternal, "fault injected at node '{}' (test hook)", node);
     };
 
   auto worker = [&](int device) {
@@ -253,8 +294,8 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
         }
       // One arena per device: its stages run one at a time, so the largest plan serves all.
       std::unique_ptr<std::byte[], void (*)(std::byte*)> arena(
-          static_cast<std::byte*>(std::aligned_alloc(plan::kArenaAlignment,
-                                                     static_cast<size_t>((arena_bytes + 63) / 64 * 64 + 64))),
+          static_cast<std::byte*>(std::aligned_alloc(
+              plan::kArenaAlignment, static_cast<size_t>((arena_bytes + 63) / 64 * 64 + 64))),
           [](std::byte* b) { std::free(b); });
       if (!arena) fail(ErrorKind::kIo, "cannot allocate the {}-byte arena", arena_bytes);
       reports[device].arena_bytes = arena_bytes;
@@ -269,70 +310,86 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
         if (device == 0) step_start[step] = seconds();
         for (const schedule::Instruction& ins : schedule_[device]) {
           StageRuntime& st = *stages_[ins.stage];
-          std::string what = fmt::format("step {}: {}", step, schedule::to_string(ins));
-          with_context(where, ErrorKind::kInternal, [&] {
-            with_context(what, ErrorKind::kInternal, [&] {
-              switch (ins.op) {
-                case schedule::Op::kRecvAct: {
-                  auto& slot = received[{ins.stage, ins.microbatch}];
-                  for (int from : st.producers) {
-                    Message m = transport.recv({from, ins.stage, false}, ins.microbatch);
-                    for (NamedTensor& t : m.tensors) slot.push_back(std::move(t));
-                  }
-                  break;
+          // The context (device, step, instruction) is built only when something fails.
+          try {
+            switch (ins.op) {
+              case schedule::Op::kRecvAct: {
+                auto& slot = received[{ins.stage, ins.microbatch}];
+                for (int from : st.producers) {
+                  Message m = transport.recv({from, ins.stage, false}, ins.microbatch);
+                  for (NamedTensor& t : m.tensors) slot.push_back(std::move(t));
                 }
-                case schedule::Op::kForward: {
-                  auto key = std::make_pair(ins.stage, ins.microbatch);
-                  std::vector<NamedTensor> got = std::move(received[key]);
-                  received.erase(key);
-                  std::vector<Tensor> args;
-                  for (const ValueInfo& in : st.program.inputs()) {
-                    auto it = std::find_if(got.begin(), got.end(), [&](const NamedTensor& t) { return t.name == in.name; });
-                    if (it != got.end()) args.push_back(it->tensor);
-                    else if (auto f = feeds.find(in.name); f != feeds.end()) args.push_back(f->second[ins.microbatch]);
-                    else fail(ErrorKind::kPlan, "input '{}' of stage {} was never received", in.name, ins.stage);
-                  }
-                  double start = seconds();
-                  std::vector<Tensor> outs = st.program.run(*context, args, arena.get(), &hook);
-                  double end = seconds();
-                  busy[device][step] += end - start;
-                  events[device].push_back({device, schedule::Op::kForward, ins.stage, ins.microbatch, start, end});
-                  meters[device].sub(bytes_of(got));
-                  for (size_t k : st.graph_outputs) results[st.program.outputs()[k].name][ins.microbatch] = outs[k];
-                  if (!st.sends.empty()) {
-                    int64_t held = 0;
-                    for (const Tensor& t : outs) held += t.bytes();
-                    meters[device].add(held);
-                    produced[key] = std::move(outs);
-                  }
-                  break;
+                break;
+              }
+              case schedule::Op::kForward: {
+                auto key = std::make_pair(ins.stage, ins.microbatch);
+                std::vector<NamedTensor> got = std::move(received[key]);
+                received.erase(key);
+                std::vector<Tensor> args;
+                for (const ValueInfo& in : st.program.inputs()) {
+                  auto it = std::find_if(got.begin(), got.end(),
+                                         [&](const NamedTensor& t) { return t.name == in.name; });
+                  if (it != got.end())
+                    args.push_back(it->tensor);
+                  else if (auto f = feeds.find(in.name); f != feeds.end())
+                    args.push_back(f->second[ins.microbatch]);
+                  else
+                    fail(ErrorKind::kPlan, "input '{}' of stage {} was never received", in.name,
+                         ins.stage);
                 }
-                case schedule::Op::kSendAct: {
-                  auto key = std::make_pair(ins.stage, ins.microbatch);
-                  auto it = produced.find(key);
-                  if (it == produced.end() && !st.sends.empty())
-                    fail(ErrorKind::kPlan, "nothing to send: the forward has not run");
-                  if (it == produced.end()) break;
-                  const auto& outs = it->second;
-                  for (const auto& [to, indices] : st.sends) {
-                    Message m{ins.microbatch, {}};
-                    for (size_t k : indices) m.tensors.push_back({st.program.outputs()[k].name, outs[k]});
-                    // The bytes now wait in the receiver's buffer.
-                    meters[stages_[to]->stage->device].add(bytes_of(m.tensors));
-                    transport.send({ins.stage, to, false}, std::move(m));
-                  }
+                double start = seconds();
+                std::vector<Tensor> outs = st.program.run(*context, args, arena.get(), &hook);
+                double end = seconds();
+                busy[device][step] += end - start;
+                events[device].push_back(
+                    {device, schedule::Op::kForward, ins.stage, ins.microbatch, start, end});
+                meters[device].sub(bytes_of(got));
+                for (size_t k : st.graph_outputs)
+                  results[st.program.outputs()[k].name][ins.microbatch] = outs[k];
+                if (!st.sends.empty()) {
                   int64_t held = 0;
                   for (const Tensor& t : outs) held += t.bytes();
-                  meters[device].sub(held);
-                  produced.erase(it);
-                  break;
+                  meters[device].add(held);
+                  produced[key] = std::move(outs);
                 }
-                default:
-                  fail(ErrorKind::kUnsupported, "{} is a training instruction; this runtime runs inference plans",
-                       schedule::to_string(ins.op));
+                break;
               }
-            });
-          });
+              case schedule::Op::kSendAct: {
+                auto key = std::make_pair(ins.stage, ins.microbatch);
+                auto it = produced.find(key);
+                if (it == produced.end() && !st.sends.empty())
+                  fail(ErrorKind::kPlan, "nothing to send: the forward has not run");
+                if (it == produced.end()) break;
+                const auto& outs = it->second;
+                for (const auto& [to, indices] : st.sends) {
+                  Message m{ins.microbatch, {}};
+                  for (size_t k : indices)
+                    m.tensors.push_back({st.program.outputs()[k].name, outs[k]});
+                  // The bytes now wait in the receiver's buffer.
+                  meters[stages_[to]->stage->device].add(bytes_of(m.tensors));
+                  transport.send({ins.stage, to, false}, std::move(m));
+                }
+                int64_t held = 0;
+                for (const Tensor& t : outs) held += t.bytes();
+                meters[device].sub(held);
+                produced.erase(it);
+                break;
+              }
+              default:
+                fail(ErrorKind::kUnsupported,
+                     "{} is a training instruction; this runtime runs inference plans",
+                     schedule::to_string(ins.op));
+            }
+          } catch (Error& e) {
+            e.in(fmt::format("step {}: {}", step, schedule::to_string(ins))).in(where);
+            throw;
+          } catch (const Aborted&) {
+            throw;
+          } catch (const std::exception& e) {
+            throw Error(ErrorKind::kInternal, e.what())
+                .in(fmt::format("step {}: {}", step, schedule::to_string(ins)))
+                .in(where);
+          }
         }
         barrier.arrive_and_wait();
         if (device == 0) {
@@ -343,6 +400,7 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
     } catch (const Aborted&) {
       // Another worker failed first; its error is the one reported.
     } catch (Error& e) {
+      if (e.context().empty() || e.context().front() != where) e.in(where);
       stop_all(std::move(e));
     } catch (const std::exception& e) {
       stop_all(Error(ErrorKind::kInternal, e.what()).in(where));
@@ -358,7 +416,8 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
   for (int s = 0; s < steps; ++s) report.step_s.push_back(step_end[s] - step_start[s]);
   std::vector<int> order(steps);
   for (int s = 0; s < steps; ++s) order[s] = s;
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return report.step_s[a] < report.step_s[b]; });
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return report.step_s[a] < report.step_s[b]; });
   report.reported_step = order[steps / 2];
   double step = report.step_s[report.reported_step], total_busy = 0;
   for (int d = 0; d < devices; ++d) {

@@ -36,17 +36,17 @@ struct RunOptions {
 };
 
 struct DeviceReport {
-  double busy_s = 0;           ///< Compute time in the reported step.
-  int64_t peak_bytes = 0;      ///< Weights + arena + tensors held, at the highest.
+  double busy_s = 0;       ///< Compute time in the reported step.
+  int64_t peak_bytes = 0;  ///< Weights + arena + tensors held, at the highest.
   int64_t weight_bytes = 0;
   int64_t arena_bytes = 0;
   int64_t predicted_peak_bytes = 0;  ///< plan.json's prediction for the device.
 };
 
 struct RunReport {
-  std::vector<double> step_s;           ///< Wall time of every step.
-  int reported_step = 0;                ///< The step the figures below describe (the median).
-  double bubble_fraction = 0;           ///< 1 - busy / (devices x step), of the reported step.
+  std::vector<double> step_s;  ///< Wall time of every step.
+  int reported_step = 0;       ///< The step the figures below describe (the median).
+  double bubble_fraction = 0;  ///< 1 - busy / (devices x step), of the reported step.
   std::vector<DeviceReport> devices;
   std::vector<schedule::TimelineEvent> events;  ///< Compute of every step; seconds from the start.
   std::map<std::string, Tensor> outputs;        ///< The last step's graph outputs, whole batch.

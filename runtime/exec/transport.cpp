@@ -12,8 +12,8 @@ InProcessTransport::InProcessTransport(const std::vector<Link>& links, int capac
 InProcessTransport::Channel& InProcessTransport::channel(const Link& link) {
   auto it = channels_.find(link);
   if (it == channels_.end())
-    fail(ErrorKind::kPlan, "no link from stage {} to stage {} ({}) in the plan", link.from_stage, link.to_stage,
-         link.gradient ? "gradients" : "activations");
+    fail(ErrorKind::kPlan, "no link from stage {} to stage {} ({}) in the plan", link.from_stage,
+         link.to_stage, link.gradient ? "gradients" : "activations");
   return it->second;
 }
 
@@ -32,7 +32,8 @@ Message InProcessTransport::recv(const Link& link, int microbatch) {
   changed_.wait(lock, [&] { return aborted_ || !ch.queue.empty(); });
   if (aborted_) throw Aborted{};
   if (ch.queue.front().microbatch != microbatch)
-    fail(ErrorKind::kPlan, "stage {} expected microbatch {} from stage {} but microbatch {} arrived first",
+    fail(ErrorKind::kPlan,
+         "stage {} expected microbatch {} from stage {} but microbatch {} arrived first",
          link.to_stage, microbatch, link.from_stage, ch.queue.front().microbatch);
   Message message = std::move(ch.queue.front());
   ch.queue.pop_front();

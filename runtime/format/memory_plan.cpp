@@ -8,7 +8,9 @@
 namespace stagecraft::plan {
 
 namespace {
-int64_t align_up(int64_t v) { return (v + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
+int64_t align_up(int64_t v) {
+  return (v + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+}
 bool meet(const Lifetime& a, const Lifetime& b) { return a.first <= b.last && b.first <= a.last; }
 }  // namespace
 
@@ -27,7 +29,8 @@ MemoryPlan plan_memory(const std::vector<Lifetime>& lifetimes) {
     std::vector<std::pair<int64_t, int64_t>> busy;
     for (size_t j : placed)
       if (meet(t, lifetimes[j]))
-        busy.push_back({plan.offsets[j], plan.offsets[j] + align_up(std::max<int64_t>(lifetimes[j].bytes, 1))});
+        busy.push_back({plan.offsets[j],
+                        plan.offsets[j] + align_up(std::max<int64_t>(lifetimes[j].bytes, 1))});
     std::sort(busy.begin(), busy.end());
     int64_t best = -1, best_gap = INT64_MAX, cursor = 0;
     for (auto [begin, end] : busy) {
@@ -44,18 +47,22 @@ MemoryPlan plan_memory(const std::vector<Lifetime>& lifetimes) {
   return plan;
 }
 
-void check_memory_plan(const std::vector<Lifetime>& lifetimes, const MemoryPlan& plan, const std::string& what) {
+void check_memory_plan(const std::vector<Lifetime>& lifetimes, const MemoryPlan& plan,
+                       const std::string& what) {
   if (plan.offsets.size() != lifetimes.size())
-    fail(ErrorKind::kPlan, "{}: memory plan has {} offsets for {} tensors", what, plan.offsets.size(), lifetimes.size());
+    fail(ErrorKind::kPlan, "{}: memory plan has {} offsets for {} tensors", what,
+         plan.offsets.size(), lifetimes.size());
   for (size_t i = 0; i < lifetimes.size(); ++i) {
     int64_t end = plan.offsets[i] + lifetimes[i].bytes;
     if (plan.offsets[i] < 0 || plan.offsets[i] % kArenaAlignment != 0 || end > plan.arena_bytes)
-      fail(ErrorKind::kPlan, "{}: tensor {} at offset {} ({} bytes) lies outside the {}-byte arena or is misaligned",
+      fail(ErrorKind::kPlan,
+           "{}: tensor {} at offset {} ({} bytes) lies outside the {}-byte arena or is misaligned",
            what, i, plan.offsets[i], lifetimes[i].bytes, plan.arena_bytes);
     for (size_t j = 0; j < i; ++j)
       if (meet(lifetimes[i], lifetimes[j]) && lifetimes[i].bytes > 0 && lifetimes[j].bytes > 0 &&
           plan.offsets[i] < plan.offsets[j] + lifetimes[j].bytes && plan.offsets[j] < end)
-        fail(ErrorKind::kPlan, "{}: tensors {} and {} are alive together but overlap in the arena", what, j, i);
+        fail(ErrorKind::kPlan, "{}: tensors {} and {} are alive together but overlap in the arena",
+             what, j, i);
   }
 }
 

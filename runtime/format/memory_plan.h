@@ -33,6 +33,7 @@ MemoryPlan plan_memory(const std::vector<Lifetime>& lifetimes);
 
 /// Throws `Error(kPlan)` naming `what` and the two tensors when two tensors alive at the same
 /// step overlap, or one reaches past `plan.arena_bytes`.
-void check_memory_plan(const std::vector<Lifetime>& lifetimes, const MemoryPlan& plan, const std::string& what);
+void check_memory_plan(const std::vector<Lifetime>& lifetimes, const MemoryPlan& plan,
+                       const std::string& what);
 
 }  // namespace stagecraft::plan

@@ -10,9 +10,9 @@
 // as one program. Cases listed in the skip file (one per line: "suite/case  reason") are not
 // run; every other case must pass, and a listed case that passes is reported so the list stays
 // honest. Exit status 0 only when nothing failed.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -53,28 +53,42 @@ std::string compare(const rt::Tensor& got, const rt::Tensor& want, double rtol, 
   if (got.dtype != want.dtype)
     return fmt::format("dtype {} vs reference {}", dtype_name(got.dtype), dtype_name(want.dtype));
   if (got.shape != want.shape)
-    return fmt::format("shape {} vs reference {}", rt::shape_string(got.shape), rt::shape_string(want.shape));
+    return fmt::format("shape {} vs reference {}", rt::shape_string(got.shape),
+                       rt::shape_string(want.shape));
   int64_t n = got.numel();
   auto as_double = [](const rt::Tensor& t, int64_t i) -> double {
     switch (t.dtype) {
-      case DType::kFloat32: return t.as<float>()[i];
-      case DType::kFloat64: return t.as<double>()[i];
-      case DType::kInt64: return static_cast<double>(t.as<int64_t>()[i]);
-      case DType::kInt32: return t.as<int32_t>()[i];
-      case DType::kInt16: return t.as<int16_t>()[i];
-      case DType::kInt8: return t.as<int8_t>()[i];
-      case DType::kUInt8: case DType::kBool: return t.as<uint8_t>()[i];
-      case DType::kUInt16: return t.as<uint16_t>()[i];
-      case DType::kUInt32: return t.as<uint32_t>()[i];
-      case DType::kUInt64: return static_cast<double>(t.as<uint64_t>()[i]);
-      case DType::kFloat16: return half_to_double(t.as<uint16_t>()[i]);
+      case DType::kFloat32:
+        return t.as<float>()[i];
+      case DType::kFloat64:
+        return t.as<double>()[i];
+      case DType::kInt64:
+        return static_cast<double>(t.as<int64_t>()[i]);
+      case DType::kInt32:
+        return t.as<int32_t>()[i];
+      case DType::kInt16:
+        return t.as<int16_t>()[i];
+      case DType::kInt8:
+        return t.as<int8_t>()[i];
+      case DType::kUInt8:
+      case DType::kBool:
+        return t.as<uint8_t>()[i];
+      case DType::kUInt16:
+        return t.as<uint16_t>()[i];
+      case DType::kUInt32:
+        return t.as<uint32_t>()[i];
+      case DType::kUInt64:
+        return static_cast<double>(t.as<uint64_t>()[i]);
+      case DType::kFloat16:
+        return half_to_double(t.as<uint16_t>()[i]);
       case DType::kBFloat16: {
         uint32_t bits = static_cast<uint32_t>(t.as<uint16_t>()[i]) << 16;
         float f;
         std::memcpy(&f, &bits, 4);
         return f;
       }
-      default: fail(ErrorKind::kUnsupported, "cannot compare {} tensors", dtype_name(t.dtype));
+      default:
+        fail(ErrorKind::kUnsupported, "cannot compare {} tensors", dtype_name(t.dtype));
     }
   };
   bool exact = !is_floating(got.dtype);
@@ -83,10 +97,14 @@ std::string compare(const rt::Tensor& got, const rt::Tensor& want, double rtol, 
   for (int64_t i = 0; i < n; ++i) {
     double a = as_double(got, i), b = as_double(want, i);
     bool ok;
-    if (exact) ok = a == b;
-    else if (std::isnan(b)) ok = std::isnan(a);
-    else if (std::isinf(b)) ok = a == b;
-    else ok = std::fabs(a - b) <= atol + rtol * std::fabs(b);
+    if (exact)
+      ok = a == b;
+    else if (std::isnan(b))
+      ok = std::isnan(a);
+    else if (std::isinf(b))
+      ok = a == b;
+    else
+      ok = std::fabs(a - b) <= atol + rtol * std::fabs(b);
     if (!ok) {
       if (first < 0) first = i;
       ++bad;
@@ -94,8 +112,8 @@ std::string compare(const rt::Tensor& got, const rt::Tensor& want, double rtol, 
     }
   }
   if (bad == 0) return "";
-  return fmt::format("{} of {} values differ (first at {}: {} vs {}; largest difference {:.3g})", bad, n, first,
-                     as_double(got, first), as_double(want, first), worst);
+  return fmt::format("{} of {} values differ (first at {}: {} vs {}; largest difference {:.3g})",
+                     bad, n, first, as_double(got, first), as_double(want, first), worst);
 }
 
 Outcome run_case(const fs::path& dir, const rt::Backend& backend) {
@@ -103,7 +121,8 @@ Outcome run_case(const fs::path& dir, const rt::Backend& backend) {
   onnx::ModelProto original;
   {
     std::ifstream in(model_path, std::ios::binary);
-    if (!in || !original.ParseFromIstream(&in)) return {Outcome::kRefused, "model.onnx does not parse"};
+    if (!in || !original.ParseFromIstream(&in))
+      return {Outcome::kRefused, "model.onnx does not parse"};
   }
   std::set<std::string> initializers;
   for (const auto& init : original.graph().initializer()) initializers.insert(init.name());
@@ -114,7 +133,9 @@ Outcome run_case(const fs::path& dir, const rt::Backend& backend) {
   for (const auto* list : {&original.graph().input(), &original.graph().output()})
     for (const auto& v : *list)
       if (!v.type().has_tensor_type())
-        return {Outcome::kRefused, fmt::format("'{}' is a sequence, map or optional; the runtime runs tensors only", v.name())};
+        return {Outcome::kRefused,
+                fmt::format("'{}' is a sequence, map or optional; the runtime runs tensors only",
+                            v.name())};
 
   std::vector<fs::path> sets;
   for (const auto& entry : fs::directory_iterator(dir))
@@ -140,22 +161,26 @@ Outcome run_case(const fs::path& dir, const rt::Backend& backend) {
       for (int d = 0; d < type.shape().dim_size() && d < t.rank(); ++d) {
         const auto& dim = type.shape().dim(d);
         if (dim.has_dim_value()) continue;
-        if (dim.has_dim_param() && !dim.dim_param().empty()) options.dims[dim.dim_param()] = t.shape[d];
-        else options.dims[fmt::format("{}:{}", inputs[k]->name(), d)] = t.shape[d];
+        if (dim.has_dim_param() && !dim.dim_param().empty())
+          options.dims[dim.dim_param()] = t.shape[d];
+        else
+          options.dims[fmt::format("{}:{}", inputs[k]->name(), d)] = t.shape[d];
       }
       feeds[inputs[k]->name()] = std::move(t);
     }
     rt::Program program;
     try {
       ImportedModel imported = import_model(model_path.string(), options);
-      program = rt::Program::from_model(ir::model_from_graph(imported.graph), backend, model_path.string());
+      program = rt::Program::from_model(ir::model_from_graph(imported.graph), backend,
+                                        model_path.string());
     } catch (const Error& e) {
       return {Outcome::kRefused, e.what()};
     }
     std::vector<rt::Tensor> args;
     for (const rt::ValueInfo& in : program.inputs()) {
       auto it = feeds.find(in.name);
-      if (it == feeds.end()) return {Outcome::kFail, fmt::format("no reference data for input '{}'", in.name)};
+      if (it == feeds.end())
+        return {Outcome::kFail, fmt::format("no reference data for input '{}'", in.name)};
       args.push_back(it->second);
     }
     auto device = backend.make_device(0, 1);
@@ -182,17 +207,22 @@ Outcome run_case(const fs::path& dir, const rt::Backend& backend) {
 // Reduces a refusal to a short reason for the skip list: the error without the file names.
 std::string skip_reason(const std::string& detail) {
   std::smatch m;
-  static const std::regex op_re(R"(op (\w+) \(node .*, domain '?([\w.]*)'?, opset \d+\) is not supported)");
+  static const std::regex op_re(
+      R"(op (\w+) \(node .*, domain '?([\w.]*)'?, opset \d+\) is not supported)");
   if (std::regex_search(detail, m, op_re)) {
     std::string domain = m[2];
-    if (domain == "ai.onnx.preview.training") return fmt::format("training-domain op {} (ai.onnx.preview.training)", std::string(m[1]));
-    if (domain != "ai.onnx" && !domain.empty()) return fmt::format("op {} of domain {}", std::string(m[1]), domain);
+    if (domain == "ai.onnx.preview.training")
+      return fmt::format("training-domain op {} (ai.onnx.preview.training)", std::string(m[1]));
+    if (domain != "ai.onnx" && !domain.empty())
+      return fmt::format("op {} of domain {}", std::string(m[1]), domain);
     return fmt::format("unsupported op {}", std::string(m[1]));
   }
   if (detail.find("element type 8") != std::string::npos) return "string tensors";
-  if (detail.find("sequence, map or optional") != std::string::npos) return "sequence, map or optional values";
+  if (detail.find("sequence, map or optional") != std::string::npos)
+    return "sequence, map or optional values";
   if (detail.find("ONNX shape inference") != std::string::npos)
-    return "ONNX 1.12 shape inference refuses the model: " + detail.substr(detail.find("ONNX shape inference") + 22);
+    return "ONNX 1.12 shape inference refuses the model: " +
+           detail.substr(detail.find("ONNX shape inference") + 22);
   // Otherwise the message after the last file name.
   auto at = detail.rfind(".onnx: ");
   if (at == std::string::npos) at = detail.rfind(".pb: ");
@@ -205,13 +235,16 @@ std::string skip_reason(const std::string& detail) {
 int main(int argc, char** argv) {
   return run_main("stagecraft-conformance", [&] {
     CLI::App app{"Runs ONNX's backend conformance cases on a stagecraft backend."};
-    std::string data = "/usr/share/libonnx-testdata/data", skips_file, filter, write_skips, backend_name = "cpu";
+    std::string data = "/usr/share/libonnx-testdata/data", skips_file, filter, write_skips,
+                backend_name = "cpu";
     bool verbose = false;
-    app.add_option("--data", data, "Folder of suites (node, pytorch-converted, pytorch-operator, simple)");
+    app.add_option("--data", data,
+                   "Folder of suites (node, pytorch-converted, pytorch-operator, simple)");
     app.add_option("--skips", skips_file, "Versioned skip list: 'suite/case  reason' per line");
     app.add_option("--filter", filter, "Only cases whose name contains this text");
     app.add_option("--backend", backend_name, "Backend to run on (cpu)");
-    app.add_option("--write-skips", write_skips, "Write every case that does not pass as a skip list (for review)");
+    app.add_option("--write-skips", write_skips,
+                   "Write every case that does not pass as a skip list (for review)");
     app.add_flag("-v,--verbose", verbose, "Print every case");
     try {
       app.parse(argc, argv);
@@ -246,10 +279,12 @@ int main(int argc, char** argv) {
       if (!fs::exists(dir)) continue;
       for (const auto& entry : fs::directory_iterator(dir))
         if (fs::exists(entry.path() / "model.onnx"))
-          cases.push_back({fmt::format("{}/{}", suite, entry.path().filename().string()), entry.path()});
+          cases.push_back(
+              {fmt::format("{}/{}", suite, entry.path().filename().string()), entry.path()});
     }
     std::sort(cases.begin(), cases.end());
-    if (cases.empty()) fail(ErrorKind::kIo, "{}: no conformance cases (install libonnx-testdata)", data);
+    if (cases.empty())
+      fail(ErrorKind::kIo, "{}: no conformance cases (install libonnx-testdata)", data);
 
     int passed = 0, failed = 0, skipped = 0, unexpected = 0;
     std::vector<std::string> failures;
@@ -266,12 +301,14 @@ int main(int argc, char** argv) {
       if (skip != skips.end()) {
         if (outcome.kind == Outcome::kPass) {
           ++unexpected;
-          failures.push_back(fmt::format("{}: passes but is listed as skipped ({})", name, skip->second));
+          failures.push_back(
+              fmt::format("{}: passes but is listed as skipped ({})", name, skip->second));
         } else {
           ++skipped;
           if (verbose) fmt::print("skip {}: {}\n", name, skip->second);
         }
-        if (skip_out.is_open() && outcome.kind != Outcome::kPass) skip_out << name << "  " << skip->second << "\n";
+        if (skip_out.is_open() && outcome.kind != Outcome::kPass)
+          skip_out << name << "  " << skip->second << "\n";
         continue;
       }
       if (outcome.kind == Outcome::kPass) {
@@ -279,14 +316,16 @@ int main(int argc, char** argv) {
         if (verbose) fmt::print("pass {}\n", name);
       } else {
         ++failed;
-        failures.push_back(fmt::format("{}: {}{}", name, outcome.kind == Outcome::kRefused ? "refused: " : "",
+        failures.push_back(fmt::format("{}: {}{}", name,
+                                       outcome.kind == Outcome::kRefused ? "refused: " : "",
                                        outcome.detail));
         if (skip_out.is_open()) skip_out << name << "  " << skip_reason(outcome.detail) << "\n";
       }
     }
     for (const std::string& f : failures) fmt::print("FAIL {}\n", f);
-    fmt::print("conformance ({}): passed {}, failed {}, skipped {}{}\n", backend.name(), passed, failed + unexpected,
-               skipped, unexpected ? fmt::format(" ({} listed as skipped pass)", unexpected) : "");
+    fmt::print("conformance ({}): passed {}, failed {}, skipped {}{}\n", backend.name(), passed,
+               failed + unexpected, skipped,
+               unexpected ? fmt::format(" ({} listed as skipped pass)", unexpected) : "");
     return failed + unexpected == 0 ? 0 : 1;
   });
 }

@@ -1,6 +1,8 @@
 // Plans run end to end: for every sample and 1, 2 and 4 devices, the pipelined run's outputs
 // equal those of the unpartitioned model run on one device, microbatch by microbatch; a plan
 // the runtime cannot trust is refused before anything runs; a failing worker stops them all.
+#include "runtime/exec/pipeline.h"
+
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -12,7 +14,6 @@
 #include "compiler/plan/planner.h"
 #include "runtime/core/backend.h"
 #include "runtime/core/program.h"
-#include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
 #include "tests/test_util.h"
 
@@ -68,7 +69,8 @@ TEST_CASE("pipelined runs equal the unpartitioned model, microbatch by microbatc
       RunReport report = pipeline->run(inputs, RunOptions{});
 
       // The reference: the whole model (imported at the microbatch size) as one program.
-      Program whole = Program::from_model(ir::model_from_graph(planned.model.graph), cpu_backend(), c.model);
+      Program whole =
+          Program::from_model(ir::model_from_graph(planned.model.graph), cpu_backend(), c.model);
       auto device = cpu_backend().make_device(0, 1);
       std::vector<std::byte> arena(static_cast<size_t>(whole.arena_bytes()) + 64);
       const int M = planned.plan.microbatches;
@@ -122,21 +124,24 @@ TEST_CASE("a plan the runtime cannot trust is refused before anything runs") {
 
   SUBCASE("a stage file that does not match its hash") {
     std::ofstream(plan_dir + "/stage_1.onnx", std::ios::app) << "x";
-    CHECK_THROWS_WITH_AS(Pipeline::load(plan_dir, cpu_backend(), 1), doctest::Contains("stage_1.onnx"), Error);
+    CHECK_THROWS_WITH_AS(Pipeline::load(plan_dir, cpu_backend(), 1),
+                         doctest::Contains("stage_1.onnx"), Error);
   }
   SUBCASE("a missing schedule") {
     fs::remove(plan_dir + "/schedule.json");
-    CHECK_THROWS_WITH_AS(Pipeline::load(plan_dir, cpu_backend(), 1), doctest::Contains("schedule.json: cannot open"),
-                         Error);
+    CHECK_THROWS_WITH_AS(Pipeline::load(plan_dir, cpu_backend(), 1),
+                         doctest::Contains("schedule.json: cannot open"), Error);
   }
   SUBCASE("inputs of the wrong shape or dtype") {
     auto pipeline = Pipeline::load(plan_dir, cpu_backend(), 1);
     std::map<std::string, Tensor> inputs = pipeline->synthetic_inputs();
     const ModelTensor& in = pipeline->inputs().front();
     inputs[in.name] = Tensor::owned(DType::kFloat32, {3, 1, 28, 28});
-    CHECK_THROWS_WITH_AS(pipeline->check_inputs(inputs),
-                         doctest::Contains(fmt::format("input '{}' is float32[3, 1, 28, 28] but the plan takes", in.name).c_str()),
-                         Error);
+    CHECK_THROWS_WITH_AS(
+        pipeline->check_inputs(inputs),
+        doctest::Contains(
+            fmt::format("input '{}' is float32[3, 1, 28, 28] but the plan takes", in.name).c_str()),
+        Error);
     inputs[in.name] = Tensor::owned(DType::kInt64, {8, 1, 28, 28});
     CHECK_THROWS_AS(pipeline->check_inputs(inputs), Error);
     inputs.erase(in.name);

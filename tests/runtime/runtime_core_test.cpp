@@ -36,7 +36,8 @@ TEST_CASE(".npy files round-trip and bad ones are refused with the file named") 
   testing::TempDir dir;
   for (DType dtype : {DType::kFloat32, DType::kInt64, DType::kBool, DType::kFloat64}) {
     Tensor t = Tensor::owned(dtype, {2, 3, 1});
-    for (int64_t i = 0; i < t.bytes(); ++i) t.data[i] = static_cast<std::byte>(dtype == DType::kBool ? i % 2 : i);
+    for (int64_t i = 0; i < t.bytes(); ++i)
+      t.data[i] = static_cast<std::byte>(dtype == DType::kBool ? i % 2 : i);
     std::string path = dir.file("t.npy");
     write_npy(path, t);
     Tensor back = read_npy(path);
@@ -49,13 +50,16 @@ TEST_CASE(".npy files round-trip and bad ones are refused with the file named") 
   CHECK(read_npy(dir.file("s.npy")).shape.empty());
 
   std::ofstream(dir.file("bad.npy")) << "not numpy";
-  CHECK_THROWS_WITH_AS(read_npy(dir.file("bad.npy")), doctest::Contains("bad.npy: not a .npy file"), Error);
+  CHECK_THROWS_WITH_AS(read_npy(dir.file("bad.npy")), doctest::Contains("bad.npy: not a .npy file"),
+                       Error);
   // A header that promises more data than the file holds.
   Tensor big = Tensor::owned(DType::kFloat32, {100});
   write_npy(dir.file("short.npy"), big);
   std::filesystem::resize_file(dir.file("short.npy"), 200);
-  CHECK_THROWS_WITH_AS(read_npy(dir.file("short.npy")), doctest::Contains("the file is shorter"), Error);
-  CHECK_THROWS_WITH_AS(read_npy(dir.file("missing.npy")), doctest::Contains("missing.npy: cannot open"), Error);
+  CHECK_THROWS_WITH_AS(read_npy(dir.file("short.npy")), doctest::Contains("the file is shorter"),
+                       Error);
+  CHECK_THROWS_WITH_AS(read_npy(dir.file("missing.npy")),
+                       doctest::Contains("missing.npy: cannot open"), Error);
 }
 
 TEST_CASE("a TensorProto whose data does not match its dims is refused before allocating") {
@@ -63,8 +67,8 @@ TEST_CASE("a TensorProto whose data does not match its dims is refused before al
   proto.set_data_type(onnx::TensorProto::FLOAT);
   proto.add_dims(1LL << 40);
   proto.add_float_data(1.0f);
-  CHECK_THROWS_WITH_AS(tensor_from_proto(proto, "initializer 'w'"), doctest::Contains("initializer 'w' holds 1 values"),
-                       Error);
+  CHECK_THROWS_WITH_AS(tensor_from_proto(proto, "initializer 'w'"),
+                       doctest::Contains("initializer 'w' holds 1 values"), Error);
 }
 
 TEST_CASE("the memory plan never overlaps tensors alive together and reuses dead ones") {
@@ -74,7 +78,8 @@ TEST_CASE("the memory plan never overlaps tensors alive together and reuses dead
     int n = 1 + static_cast<int>(rng() % 40);
     for (int i = 0; i < n; ++i) {
       int first = static_cast<int>(rng() % 30);
-      lifetimes.push_back({static_cast<int64_t>(1 + rng() % 5000), first, first + static_cast<int>(rng() % 6)});
+      lifetimes.push_back(
+          {static_cast<int64_t>(1 + rng() % 5000), first, first + static_cast<int>(rng() % 6)});
     }
     plan::MemoryPlan mp = plan::plan_memory(lifetimes);
     CHECK_NOTHROW(plan::check_memory_plan(lifetimes, mp, "random"));
@@ -94,8 +99,9 @@ TEST_CASE("the memory plan never overlaps tensors alive together and reuses dead
   std::vector<plan::Lifetime> chain = {{1000, 0, 1}, {1000, 1, 2}, {1000, 2, 3}};
   CHECK(plan::plan_memory(chain).arena_bytes == 2 * 1024);
   plan::MemoryPlan bad{{0, 0, 0}, 1024};
-  CHECK_THROWS_WITH_AS(plan::check_memory_plan(chain, bad, "stage_0.onnx"),
-                       doctest::Contains("stage_0.onnx: tensors 0 and 1 are alive together but overlap"), Error);
+  CHECK_THROWS_WITH_AS(
+      plan::check_memory_plan(chain, bad, "stage_0.onnx"),
+      doctest::Contains("stage_0.onnx: tensors 0 and 1 are alive together but overlap"), Error);
 }
 
 TEST_CASE("channels deliver in order, bound the sender, and abort wakes every waiter") {
@@ -145,11 +151,17 @@ onnx::ModelProto one_node_model(const std::string& op) {
 }
 
 TEST_CASE("a program refuses an op the backend lacks, naming the file and the node") {
-  CHECK_THROWS_WITH_AS(Program::from_model(one_node_model("NoSuchOp"), cpu_backend(), "stage_3.onnx"),
-                       "stage_3.onnx: node 'the_node': op 'NoSuchOp' has no cpu kernel", Error);
+  CHECK_THROWS_WITH_AS(
+      Program::from_model(one_node_model("NoSuchOp"), cpu_backend(), "stage_3.onnx"),
+      "stage_3.onnx: node 'the_node': op 'NoSuchOp' has no cpu kernel", Error);
   onnx::ModelProto unknown_shape = one_node_model("Identity");
-  unknown_shape.mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type()->mutable_shape()
-      ->mutable_dim(0)->set_dim_param("batch");
+  unknown_shape.mutable_graph()
+      ->mutable_output(0)
+      ->mutable_type()
+      ->mutable_tensor_type()
+      ->mutable_shape()
+      ->mutable_dim(0)
+      ->set_dim_param("batch");
   CHECK_THROWS_WITH_AS(Program::from_model(unknown_shape, cpu_backend(), "s.onnx"),
                        doctest::Contains("tensor 'y' has no static shape (dim 'batch')"), Error);
 }
@@ -159,7 +171,8 @@ TEST_CASE("a program checks the dtype and shape of what it is given") {
   auto device = cpu_backend().make_device(0, 1);
   Tensor wrong = Tensor::owned(DType::kFloat32, {3, 2});
   CHECK_THROWS_WITH_AS(program.run(*device, {&wrong, 1}, nullptr),
-                       "relu.onnx: input 'x' is float32[3, 2] but the program takes float32[2, 3]", Error);
+                       "relu.onnx: input 'x' is float32[3, 2] but the program takes float32[2, 3]",
+                       Error);
   Tensor x = Tensor::owned(DType::kFloat32, {2, 3});
   for (int i = 0; i < 6; ++i) x.as<float>()[i] = static_cast<float>(i - 3);
   std::vector<std::byte> arena(program.arena_bytes() + 64);

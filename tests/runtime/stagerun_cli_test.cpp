@@ -2,7 +2,6 @@
 // Chrome trace and JSON figures, and a failing worker that ends the run instead of hanging it.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
-
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -73,7 +72,8 @@ TEST_CASE("stagerun reads .npy inputs and writes the outputs the in-process run 
   write_npy(dir.file("x.npy"), inputs.at("x"));
   RunReport want = pipeline->run(inputs, RunOptions{});
 
-  Result r = stagerun(dir, fmt::format("{} --inputs {} --outputs {} --steps 3", plan_dir, dir.file("x.npy"), dir.file("out")));
+  Result r = stagerun(dir, fmt::format("{} --inputs {} --outputs {} --steps 3", plan_dir,
+                                       dir.file("x.npy"), dir.file("out")));
   CAPTURE(r.err);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("bubble") != std::string::npos);
@@ -91,7 +91,8 @@ TEST_CASE("stagerun reads .npy inputs and writes the outputs the in-process run 
 TEST_CASE("stagerun --json and --trace describe the run") {
   testing::TempDir dir;
   std::string plan_dir = toy_plan(dir, 2);
-  Result r = stagerun(dir, fmt::format("{} --steps 4 --json --trace {}", plan_dir, dir.file("trace.json")));
+  Result r = stagerun(
+      dir, fmt::format("{} --steps 4 --json --trace {}", plan_dir, dir.file("trace.json")));
   REQUIRE(r.code == 0);
   auto j = nlohmann::json::parse(r.out);
   CHECK(j["steps"] == 4);
@@ -111,18 +112,23 @@ TEST_CASE("stagerun refuses bad input with one line and a non-zero exit") {
   std::string plan_dir = toy_plan(dir, 2);
   Tensor wrong = Tensor::owned(DType::kFloat64, {8, 10});
   write_npy(dir.file("wrong.npy"), wrong);
-  check_one_line_error(stagerun(dir, fmt::format("{} --inputs {}", plan_dir, dir.file("wrong.npy"))),
-                       R"(^stagerun: shape error: input 'x' is float64\[8, 10\] but the plan takes float32\[8, 10\])");
+  check_one_line_error(
+      stagerun(dir, fmt::format("{} --inputs {}", plan_dir, dir.file("wrong.npy"))),
+      R"(^stagerun: shape error: input 'x' is float64\[8, 10\] but the plan takes float32\[8, 10\])");
   Tensor short_batch = Tensor::owned(DType::kFloat32, {6, 10});
   write_npy(dir.file("short.npy"), short_batch);
-  check_one_line_error(stagerun(dir, fmt::format("{} --inputs {}", plan_dir, dir.file("short.npy"))),
-                       R"(input 'x' is float32\[6, 10\] but the plan takes float32\[8, 10\] \(the batch of 4 microbatches\))");
+  check_one_line_error(
+      stagerun(dir, fmt::format("{} --inputs {}", plan_dir, dir.file("short.npy"))),
+      R"(input 'x' is float32\[6, 10\] but the plan takes float32\[8, 10\] \(the batch of 4 microbatches\))");
   testing::write_bytes(dir.file("junk.npy"), "junk");
   check_one_line_error(stagerun(dir, fmt::format("{} --inputs {}", plan_dir, dir.file("junk.npy"))),
                        R"(junk.npy: not a .npy file)");
-  check_one_line_error(stagerun(dir, dir.file("nowhere")), R"(^stagerun: i/o error: .*nowhere: no such plan directory)");
-  check_one_line_error(stagerun(dir, fmt::format("{} --steps 0", plan_dir)), R"(^stagerun: usage error: --steps)");
-  check_one_line_error(stagerun(dir, fmt::format("{} --backend tpu", plan_dir)), R"(unknown backend 'tpu')");
+  check_one_line_error(stagerun(dir, dir.file("nowhere")),
+                       R"(^stagerun: i/o error: .*nowhere: no such plan directory)");
+  check_one_line_error(stagerun(dir, fmt::format("{} --steps 0", plan_dir)),
+                       R"(^stagerun: usage error: --steps)");
+  check_one_line_error(stagerun(dir, fmt::format("{} --backend tpu", plan_dir)),
+                       R"(unknown backend 'tpu')");
 
   // A stage file changed after compiling: its hash no longer matches.
   std::ofstream(plan_dir + "/stage_0.onnx", std::ios::app) << "tampered";
@@ -140,7 +146,8 @@ TEST_CASE("a training plan is refused with a clear reason") {
   o.device_spec = "cpu";
   plan::PlannedModel planned = plan::make_plan(o);
   plan::write_plan(planned, dir.file("train"));
-  check_one_line_error(stagerun(dir, dir.file("train")), R"(training plan .*compile without --train)");
+  check_one_line_error(stagerun(dir, dir.file("train")),
+                       R"(training plan .*compile without --train)");
 }
 
 TEST_CASE("a worker that fails ends the run with its error instead of a hang") {
@@ -148,8 +155,40 @@ TEST_CASE("a worker that fails ends the run with its error instead of a hang") {
   std::string plan_dir = toy_plan(dir, 3);
   auto pipeline = Pipeline::load(plan_dir, cpu_backend(), 1);
   std::string node = pipeline->plan().stages[1].nodes.front();
-  check_one_line_error(stagerun(dir, fmt::format("{} --steps 5 --inject-fault '{}'", plan_dir, node)),
-                       fmt::format(R"(^stagerun: internal error: device 1: step 0: FWD stage 1 mb 0: .*fault injected at node)"));
+  check_one_line_error(
+      stagerun(dir, fmt::format("{} --steps 5 --inject-fault '{}'", plan_dir, node)),
+      fmt::format(
+          R"(^stagerun: internal error: device 1: step 0: FWD stage 1 mb 0: .*fault injected at node)"));
+}
+
+}  // namespace
+}  // namespace stagecraft::rt
+
+namespace stagecraft::rt {
+namespace {
+
+TEST_CASE("stagec refuses to write a plan with an op the backend cannot run") {
+  testing::TempDir dir;
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(17);
+  auto* g = model.mutable_graph();
+  g->set_name("int_matmul");
+  testing::add_tensor_info(g->add_input(), "a", onnx::TensorProto::INT64, {2, 3});
+  testing::add_tensor_info(g->add_input(), "b", onnx::TensorProto::INT64, {3, 2});
+  testing::add_tensor_info(g->add_output(), "c", onnx::TensorProto::INT64, {2, 2});
+  testing::add_node(g, "MatMul", {"a", "b"}, {"c"}, "int_product");
+  testing::write_model(model, dir.file("m.onnx"));
+  std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
+  int status = std::system(fmt::format("{} {} -o {} >{} 2>{}", STAGECRAFT_STAGEC,
+                                       dir.file("m.onnx"), dir.file("plan"), out, err)
+                               .c_str());
+  REQUIRE(WIFEXITED(status));
+  Result r{WEXITSTATUS(status), slurp(out), slurp(err)};
+  check_one_line_error(
+      r,
+      R"(^stagec: unsupported error: node 'int_product' \(MatMul\): MatMul on int64 .*\(cpu backend\))");
+  CHECK_FALSE(fs::exists(dir.file("plan")));
 }
 
 }  // namespace

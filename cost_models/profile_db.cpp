@@ -1,0 +1,225 @@
+#include "cost_models/profile_db.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "cost_models/json_fields.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::cost {
+namespace {
+
+constexpr const char* kFormatName = "stagecraft-profile";
+/// Integer constant inputs up to this many elements enter a signature's hash.
+constexpr int64_t kSmallConstantElements = 64;
+
+struct Fnv1a {
+  uint64_t h = 14695981039346656037ull;
+  void add(const void* data, std::size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) {
+      h ^= p[i];
+      h *= 1099511628211ull;
+    }
+  }
+  void add(std::string_view s) {
+    add(s.data(), s.size());
+    add("\0", 1);
+  }
+};
+
+bool is_integer(DType d) {
+  switch (d) {
+    case DType::kInt8: case DType::kInt16: case DType::kInt32: case DType::kInt64:
+    case DType::kUInt8: case DType::kUInt16: case DType::kUInt32: case DType::kUInt64: case DType::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string tensor_type(const ir::Value& v) {
+  return fmt::format("{}{}", dtype_name(v.dtype), v.shape_known ? ir::shape_string(v.shape) : std::string("[?]"));
+}
+
+}  // namespace
+
+ProfileDb::ProfileDb(std::string backend, int threads) : backend_(std::move(backend)), threads_(threads) {}
+
+ProfileDb ProfileDb::load(const std::string& path) {
+  using namespace detail;
+  nlohmann::json j = read_json_file(path);
+  FieldSource top{path, ""};
+  check_object(j, {"format", "version", "backend", "threads", "entries"}, top);
+  std::string format = nonempty_string(j, "format", top);
+  if (format != kFormatName) {
+    throw Error(ErrorKind::kFormat,
+                fmt::format("field 'format' is \"{}\", not \"{}\": not a stagecraft profile database", format, kFormatName))
+        .in(path);
+  }
+  const nlohmann::json& version = required_field(j, "version", top);
+  if (!version.is_number_integer() || version.get<int64_t>() != kVersion) {
+    throw Error(ErrorKind::kFormat,
+                fmt::format("field 'version' is {}; this stagec reads version {} (delete the file to profile again)",
+                            version.dump(), kVersion))
+        .in(path);
+  }
+  std::string backend = nonempty_string(j, "backend", top);
+  int64_t threads = positive_integer(j, "threads", top);
+  if (threads > 1 << 16) {
+    throw Error(ErrorKind::kFormat, fmt::format("field 'threads' is {}, more than any machine has", threads)).in(path);
+  }
+  ProfileDb db(backend, static_cast<int>(threads));
+  const nlohmann::json& entries = required_field(j, "entries", top);
+  if (!entries.is_object()) {
+    throw Error(ErrorKind::kFormat, fmt::format("field 'entries' must be a JSON object, not {}", entries.type_name()))
+        .in(path);
+  }
+  for (const auto& [key, value] : entries.items()) {
+    FieldSource src{path, fmt::format("entries[\"{}\"].", key)};
+    check_object(value, {"op", "fwd_ms", "runs"}, src);
+    ProfileEntry e;
+    e.op = nonempty_string(value, "op", src);
+    e.fwd_ms = positive_number(value, "fwd_ms", src);
+    e.runs = positive_integer(value, "runs", src);
+    db.entries_[key] = std::move(e);
+  }
+  return db;
+}
+
+ProfileDb ProfileDb::open(const std::string& path, const std::string& backend, int threads) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return ProfileDb(backend, threads);
+  ProfileDb db = load(path);
+  if (db.backend() != backend) {
+    throw Error(ErrorKind::kUsage, fmt::format("field 'backend' is \"{}\": the database was measured on another "
+                                               "backend than {} (give another --profile-db)",
+                                               db.backend(), backend))
+        .in(path);
+  }
+  if (db.threads() != threads) {
+    throw Error(ErrorKind::kUsage,
+                fmt::format("field 'threads' is {}: the database was measured with {} thread{}, not the {} asked for "
+                            "(give --profile-threads {} or another --profile-db)",
+                            db.threads(), db.threads(), db.threads() == 1 ? "" : "s", threads, db.threads()))
+        .in(path);
+  }
+  return db;
+}
+
+void ProfileDb::save(const std::string& path) const {
+  namespace fs = std::filesystem;
+  nlohmann::ordered_json j;
+  j["format"] = kFormatName;
+  j["version"] = kVersion;
+  j["backend"] = backend_;
+  j["threads"] = threads_;
+  nlohmann::ordered_json entries = nlohmann::ordered_json::object();
+  for (const auto& [key, e] : entries_) entries[key] = {{"op", e.op}, {"fwd_ms", e.fwd_ms}, {"runs", e.runs}};
+  j["entries"] = std::move(entries);
+  std::string text = j.dump(1) + "\n";
+
+  fs::path target(path);
+  std::error_code ec;
+  if (target.has_parent_path()) {
+    fs::create_directories(target.parent_path(), ec);
+    if (ec) throw Error(ErrorKind::kIo, fmt::format("cannot create its folder: {}", ec.message())).in(path);
+  }
+  // The temporary file sits beside the target so the rename never crosses file systems.
+  std::string temp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) {
+      fs::remove(temp, ec);
+      throw Error(ErrorKind::kIo, "cannot be written").in(temp);
+    }
+  }
+  fs::rename(temp, target, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(temp, ignored);
+    throw Error(ErrorKind::kIo, fmt::format("cannot be replaced: {}", ec.message())).in(path);
+  }
+}
+
+const ProfileEntry* ProfileDb::find(const std::string& key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+void ProfileDb::put(const std::string& key, ProfileEntry entry) { entries_[key] = std::move(entry); }
+
+std::string signature_key(const ir::Graph& graph, const ir::Node& node) {
+  std::string key = node.domain.empty() || node.domain == "ai.onnx" ? node.op_type : node.domain + "." + node.op_type;
+  std::vector<std::string> ins, outs;
+  Fnv1a hash;
+  for (ir::ValueId v : node.inputs) {
+    if (v == ir::kNoId) {
+      ins.emplace_back("-");
+      hash.add("-");
+      continue;
+    }
+    const ir::Value& value = graph.value(v);
+    ins.push_back(tensor_type(value));
+    // Small integer constants (axes, pads, Slice bounds, Reshape targets) steer the kernel.
+    bool steering = value.is_initializer() && !value.is_weight && is_integer(value.dtype) && value.shape_known &&
+                    value.numel() <= kSmallConstantElements;
+    if (steering) {
+      auto bytes = value.initializer->bytes();
+      hash.add("c");
+      hash.add(bytes.data(), bytes.size());
+    } else {
+      hash.add("t");
+    }
+  }
+  for (ir::ValueId v : node.outputs) outs.push_back(v == ir::kNoId ? std::string("-") : tensor_type(graph.value(v)));
+  std::vector<const onnx::AttributeProto*> attrs;
+  for (const auto& a : node.attributes) attrs.push_back(&a);
+  std::sort(attrs.begin(), attrs.end(), [](const auto* a, const auto* b) { return a->name() < b->name(); });
+  for (const auto* a : attrs) {
+    onnx::AttributeProto copy = *a;
+    copy.clear_doc_string();
+    hash.add(copy.name());
+    hash.add(copy.SerializeAsString());
+  }
+  return fmt::format("{}({})->({})#{:016x}", key, fmt::join(ins, ","), fmt::join(outs, ","), hash.h);
+}
+
+MeasuredCostModel::MeasuredCostModel(const ProfileDb& db, const RooflineCostModel& roofline)
+    : backend_(db.backend()), threads_(db.threads()), roofline_(roofline) {
+  for (const auto& [key, e] : db.entries()) forward_s_[key] = e.fwd_ms * 1e-3;
+}
+
+OpTime MeasuredCostModel::op_time(const ir::Graph& graph, const ir::Node& node) const {
+  std::string key = signature_key(graph, node);
+  auto it = forward_s_.find(key);
+  if (it == forward_s_.end()) {
+    fail(ErrorKind::kPlan, "{} has no measurement in the profile database (signature {}); profile the graph first",
+         node.describe(graph), key);
+  }
+  OpTime r = roofline_.op_time(graph, node);
+  OpTime t;
+  t.forward_s = it->second;
+  if (r.forward_s > 0 && r.backward_s > 0) {
+    double scale = t.forward_s / r.forward_s;
+    t.backward_input_s = r.backward_input_s * scale;
+    t.backward_weight_s = r.backward_weight_s * scale;
+    t.backward_s = t.backward_input_s + t.backward_weight_s;
+  }
+  return t;
+}
+
+std::string MeasuredCostModel::name() const {
+  return fmt::format("measured({}, {} thread{}) + roofline ratios for backward", backend_, threads_,
+                     threads_ == 1 ? "" : "s");
+}
+
+}  // namespace stagecraft::cost

@@ -1,0 +1,44 @@
+#pragma once
+/// \file
+/// Measured profiling: times each distinct op signature of a graph with a backend's own kernels
+/// and records the results in a profile database (cost_models/profile_db.h), which
+/// `cost::MeasuredCostModel` then reads. This library links both the compiler's IR and the
+/// runtime, so it lives with the tools; the compiler and the cost models never link the runtime.
+///
+/// How one signature is measured: the node is exported as a one-node ONNX model (static shapes,
+/// weights embedded), its outputs made arena intermediates (so a run times the kernel, not the
+/// allocation of owned output tensors), bound with `rt::Program::from_model` on the CPU
+/// backend and fed deterministic inputs (floats uniform in [-1, 1), integers 0, bools false).
+/// One warm-up run, then timed runs until they add up to 10 ms or 100 runs, whichever comes
+/// first, and never fewer than 3; the median is recorded. Inputs stay the same between runs,
+/// so the caches are as warm as they can be: the times are lower bounds for an op whose inputs
+/// arrive from DRAM.
+
+#include <functional>
+
+#include "compiler/ir/graph.h"
+#include "cost_models/profile_db.h"
+
+namespace stagecraft::profile {
+
+/// What `profile_graph` did.
+struct ProfileStats {
+  int signatures = 0;  ///< Distinct signatures in the graph.
+  int cached = 0;      ///< Of those, already in the database.
+  int measured = 0;    ///< Of those, measured now (signatures - cached).
+  double seconds = 0;  ///< Wall time of the whole call.
+};
+
+/// Called after each signature measured: (done, to measure).
+using Progress = std::function<void(int done, int total)>;
+
+/// Measures one node of `graph` on the CPU backend with `threads` OpenMP threads (the caller's
+/// thread count is set for the call and restored after). Throws `Error(kUnsupported)` naming
+/// the node and the reason when the backend cannot run it.
+cost::ProfileEntry measure_node(const ir::Graph& graph, ir::NodeId node, int threads);
+
+/// Measures every live node of `graph` whose signature is not in `db` yet (nodes with the same
+/// signature once) and adds the results to `db`. `threads` must be the database's thread count.
+ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int threads, const Progress& progress = {});
+
+}  // namespace stagecraft::profile
