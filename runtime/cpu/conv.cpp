@@ -15,6 +15,7 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/window.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
@@ -30,15 +31,6 @@ struct ConvGeometry {
   memory::dims strides, dilates;     // dilates as oneDNN counts them: 0 is a dense kernel
   memory::dims pad_l, pad_r;
 };
-
-// Attribute `name` with one value per spatial dim, or `fallback` for each when absent.
-std::vector<int64_t> per_dim(const KernelArgs& a, std::string_view name, size_t count, int64_t fallback) {
-  std::vector<int64_t> v = a.attrs.ints(name);
-  if (v.empty()) return std::vector<int64_t>(count, fallback);
-  if (v.size() != count)
-    fail(ErrorKind::kModel, "Conv attribute '{}' has {} values, the input has {} spatial dims", name, v.size(), count);
-  return v;
-}
 
 // Resolves the node's shapes and attributes (ONNX Conv semantics) and checks the output shape.
 ConvGeometry conv_geometry(const KernelArgs& a) {
@@ -69,17 +61,7 @@ ConvGeometry conv_geometry(const KernelArgs& a) {
     const int64_t in = x.shape[2 + i], s = strides[i], d = dilations[i];
     if (s < 1 || d < 1 || kernel[i] < 1) fail(ErrorKind::kModel, "Conv strides, dilations and kernel must be positive");
     const int64_t reach = (kernel[i] - 1) * d + 1;  // the span of one window
-    int64_t begin = pads[i], end = pads[spatial + i];
-    if (auto_pad == "VALID") {
-      begin = end = 0;
-    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-      const int64_t total = std::max<int64_t>(0, ((in + s - 1) / s - 1) * s + reach - in);
-      begin = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
-      end = total - begin;
-    } else if (auto_pad != "NOTSET") {
-      fail(ErrorKind::kModel, "Conv auto_pad '{}' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID", auto_pad);
-    }
-    if (begin < 0 || end < 0) fail(ErrorKind::kUnsupported, "Conv with negative pads is not supported");
+    const auto [begin, end] = resolve_padding(a, auto_pad, in, s, reach, pads[i], pads[spatial + i]);
     const int64_t out = (in + begin + end - reach) / s + 1;
     if (in + begin + end < reach) fail(ErrorKind::kShape, "Conv window {} is larger than the padded input", reach);
     g.dst.push_back(out);

@@ -14,6 +14,7 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/window.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
@@ -41,16 +42,6 @@ struct PoolGeometry {
     return std::max(pad_r[d], (out[d] - 1) * stride[d] + (kernel[d] - 1) * dilation[d] + 1 - in[d] - pad_l[d]);
   }
 };
-
-// Attribute `name` with `count` values, or `fallback` for each when absent.
-std::vector<int64_t> per_dim(const KernelArgs& a, std::string_view name, size_t count, int64_t fallback) {
-  std::vector<int64_t> v = a.attrs.ints(name);
-  if (v.empty()) return std::vector<int64_t>(count, fallback);
-  if (v.size() != count)
-    fail(ErrorKind::kModel, "{} attribute '{}' has {} values, the input has {} spatial dims", a.op_type, name,
-         v.size(), count);
-  return v;
-}
 
 // Output position `o`'s window along dim `d`: the input position of kernel index 0, the kernel
 // indices [first, last) that land inside the input, and how many land inside the padded input.
@@ -92,18 +83,7 @@ PoolGeometry pool_geometry(const KernelArgs& a) {
     if (k < 1 || s < 1 || step < 1)
       fail(ErrorKind::kModel, "{} kernel_shape, strides and dilations must be positive", a.op_type);
     const int64_t reach = (k - 1) * step + 1;  // the span of one window
-    int64_t begin = pads[i], end = pads[g.spatial + i];
-    if (auto_pad == "VALID") {
-      begin = end = 0;
-    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-      const int64_t total = std::max<int64_t>(0, ((in + s - 1) / s - 1) * s + reach - in);
-      begin = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
-      end = total - begin;
-    } else if (auto_pad != "NOTSET") {
-      fail(ErrorKind::kModel, "{} auto_pad '{}' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID", a.op_type,
-           auto_pad);
-    }
-    if (begin < 0 || end < 0) fail(ErrorKind::kUnsupported, "{} with negative pads is not supported", a.op_type);
+    const auto [begin, end] = resolve_padding(a, auto_pad, in, s, reach, pads[i], pads[g.spatial + i]);
     const int64_t positions = in + begin + end - reach;
     if (positions < 0) fail(ErrorKind::kShape, "{} window {} is larger than the padded input", a.op_type, reach);
     g.in[d] = in;
