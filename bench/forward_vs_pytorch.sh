@@ -20,12 +20,14 @@
 #                                 alternative, on a stock system the netlib reference BLAS; and
 #                                 at 1 thread it sends 1x1 convolutions with batch < 16 to its
 #                                 im2col + BLAS path, not to oneDNN. The BLAS column says which.
-#                 eager+openblas  the same with OpenBLAS (pthread build, OPENBLAS_NUM_THREADS=T)
-#                                 put first on LD_LIBRARY_PATH as libblas.so.3: a fair baseline
-#                                 for matmuls. Runs when $OPENBLAS_DIR (a folder holding
-#                                 libblas.so.3 of OpenBLAS) exists; FETCH_OPENBLAS=1 fills the
-#                                 default one with `apt-get download libopenblas0-pthread` and
-#                                 `dpkg -x` (nothing installed system-wide).
+#                 eager+openblas  the same with OpenBLAS (Debian's OpenMP build, which shares
+#                                 torch's libgomp thread pool; OPENBLAS_NUM_THREADS=T) put first
+#                                 on LD_LIBRARY_PATH as libblas.so.3: a fair baseline for
+#                                 matmuls. Runs when $OPENBLAS_DIR (a folder holding OpenBLAS's
+#                                 libblas.so.3) exists; FETCH_OPENBLAS=1 fills the default one
+#                                 with `apt-get download libopenblas0-openmp` and `dpkg -x`
+#                                 (nothing installed system-wide). Not the pthread build: its
+#                                 own threads fight torch's OpenMP threads (2-3x slower at T=2).
 #                 mkldnn          (ResNet-50 only) torch.utils.mkldnn.to_mkldnn(model): PyTorch's
 #                                 own oneDNN inference path, weights packed once.
 #   Ratio       stagecraft samples/s / PyTorch samples/s (above 1: stagecraft is faster).
@@ -88,9 +90,9 @@ done
 # OpenBLAS for the eager+openblas rows.
 if [[ ! -e $OPENBLAS_DIR/libblas.so.3 && $FETCH_OPENBLAS == 1 ]]; then
   mkdir -p "$CACHE/openblas"
-  (cd "$CACHE/openblas" && apt-get download libopenblas0-pthread >/dev/null 2>&1 &&
-    dpkg -x libopenblas0-pthread_*.deb root &&
-    ln -sfn "$PWD/root/usr/lib/x86_64-linux-gnu/openblas-pthread" lib) ||
+  (cd "$CACHE/openblas" && apt-get download libopenblas0-openmp >/dev/null 2>&1 &&
+    dpkg -x libopenblas0-openmp_*.deb root &&
+    ln -sfn "$PWD/root/usr/lib/x86_64-linux-gnu/openblas-openmp" lib) ||
     echo "note: could not fetch OpenBLAS; eager+openblas rows skipped"
 fi
 have_openblas=0
@@ -154,7 +156,7 @@ echo "|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
 echo "- load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-(( have_openblas )) || echo "- eager+openblas rows skipped: no $OPENBLAS_DIR/libblas.so.3 (FETCH_OPENBLAS=1 fetches it)"
+(( have_openblas || ! have_torch )) || echo "- eager+openblas rows skipped: no $OPENBLAS_DIR/libblas.so.3 (FETCH_OPENBLAS=1 fetches it)"
 
 if (( ! have_torch )) || [[ $CHECK != 1 ]]; then
   (( have_torch )) || echo "- cross-check skipped: PyTorch not available"

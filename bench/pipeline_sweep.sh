@@ -20,6 +20,10 @@
 #                  measured and predicted
 #   bubble         of the 2-device run: measured by stagerun (idle share of the devices' time
 #                  in the median step) and predicted by the simulator
+#   cores obtained (user + system CPU time) / wall time of each stagerun process (loading
+#                  included): about 1 for the 1-device runs and up to 2 for the 2-device runs
+#                  on an idle machine; a 2-device figure near 1 means other processes held the
+#                  second core, and the measured speed-up says nothing about the pipeline then
 # Models: resnet50 (torchvision ResNet-50, batch 16, 3x224x224) and gpt (the export script's
 # GPT-style decoder, batch 16, --dim seq=128); ONNX files from $MODELS (exported there by
 # samples/scripts/export_torch_models.py when missing and PyTorch is available).
@@ -50,6 +54,7 @@ for t in "$stagec" "$stagerun"; do
   [[ -x $t ]] || { echo "pipeline_sweep.sh: $t not built (bash tools/build.sh, or set BUILD)" >&2; exit 1; }
 done
 (( STEPS >= 2 )) || { echo "pipeline_sweep.sh: STEPS must be at least 2" >&2; exit 2; }
+exec 3>&2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 PROFILE_DB=${PROFILE_DB:-$work/profile-cpu-1threads.json}
@@ -98,8 +103,11 @@ for m in $SWEEP_MODELS; do
     if (( BATCH % mb != 0 )); then echo "note: M=$mb does not divide batch $BATCH: skipped"; continue; fi
     for d in 1 2; do
       "$stagec" "$model" -o "$work/$m.$mb.$d" --devices $d --microbatches "$mb" --batch $BATCH "${dims[@]}" \
-        "${cost[@]}" > "$work/$m.$mb.$d.stagec.txt"
-      "$stagerun" "$work/$m.$mb.$d" --steps "$STEPS" --json --threads-per-device 1 -q > "$work/$m.$mb.$d.json"
+        "${cost[@]}" > "$work/$m.$mb.$d.stagec.txt" 2> "$work/stagec.err" || { cat "$work/stagec.err" >&2; exit 1; }
+      TIMEFORMAT='%R %U %S'
+      { time "$stagerun" "$work/$m.$mb.$d" --steps "$STEPS" --json --threads-per-device 1 -q \
+          > "$work/$m.$mb.$d.json" 2> "$work/stagerun.err" || { cat "$work/stagerun.err" >&3; exit 1; }; } \
+        2> "$work/$m.$mb.$d.time"
     done
     meas1=$(median_after_first < "$work/$m.$mb.1.json")
     meas2=$(median_after_first < "$work/$m.$mb.2.json")
@@ -107,16 +115,18 @@ for m in $SWEEP_MODELS; do
     pred2=$(jq .predicted_step_ms "$work/$m.$mb.2.json")
     if [[ -z $base_meas ]]; then base_meas=$meas1 base_pred=$pred1 base_mb=$mb; fi
     cut=$("$BUILD/tools/stagedump" "$work/$m.$mb.2" --json | jq -r '.stages | map("\(.nodes)") | join("+")')
+    cores1=$(awk '{printf "%.2f", ($2 + $3) / $1}' "$work/$m.$mb.1.time")
+    cores2=$(awk '{printf "%.2f", ($2 + $3) / $1}' "$work/$m.$mb.2.time")
     bub_m=$(jq .bubble.measured "$work/$m.$mb.2.json")
     bub_p=$(jq .bubble.predicted "$work/$m.$mb.2.json")
     rows+=("| $shape | $mb | $((BATCH / mb)) | $cut | $(f1 "$meas1") / $(f1 "$pred1") | $(f1 "$meas2") / $(f1 "$pred2") |"\
 " $(f2 "$(echo "$meas1 / $meas2" | bc -l)") / $(f2 "$(echo "$pred1 / $pred2" | bc -l)") |"\
 " $(f2 "$(echo "$base_meas / $meas2" | bc -l)") / $(f2 "$(echo "$base_pred / $pred2" | bc -l)") |"\
-" $(pct "$bub_m") / $(pct "$bub_p") |")
+" $(pct "$bub_m") / $(pct "$bub_p") | $cores1 / $cores2 |")
   done
 done
-echo "| model | M | microbatch | ops per stage | 1 device step ms, measured / predicted | 2 devices step ms, measured / predicted | speed-up, same M, measured / predicted | speed-up vs 1 device at M=${base_mb:-1}, measured / predicted | bubble (2 devices), measured / predicted |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| model | M | microbatch | ops per stage | 1 device step ms, measured / predicted | 2 devices step ms, measured / predicted | speed-up, same M, measured / predicted | speed-up vs 1 device at M=${base_mb:-1}, measured / predicted | bubble (2 devices), measured / predicted | cores obtained, 1 / 2 devices |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
 echo "- load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -376,7 +376,9 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
     if (mine && !listed) out.outputs.push_back(StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {}, true, v.bytes()});
   }
   int64_t comm = 0;
-  for (const auto& t : out.inputs) comm += t.peer_stage >= 0 ? t.bytes : 0;
+  // Inference double-buffers what it receives (one microbatch computing, the next arriving:
+  // the runtime's channels hold one message); training keeps one of each.
+  for (const auto& t : out.inputs) comm += t.peer_stage >= 0 ? (s.shape.training ? 1 : 2) * t.bytes : 0;
   plan_stage_arena(g, order, st.first, st.last, stage_of, out);
   // Inference: the arena is the working memory. Training keeps every activation anyway, so the
   // extra is one gradient buffer of the largest tensor.

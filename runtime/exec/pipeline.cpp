@@ -253,11 +253,17 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
   std::map<std::string, std::vector<Tensor>> results;
   for (const ModelTensor& out : outputs_) results[out.name].resize(M);
 
-  InProcessTransport transport(links_, M);
+  // Inference: a link holds one message, so a stage that runs ahead waits instead of queueing
+  // microbatches on the next device (whose memory the plan counts with two receive buffers:
+  // the one computing and the one arriving). Training schedules send up to M ahead.
+  std::vector<MemoryMeter> meters(devices);
+  InProcessTransport transport(
+      links_, plan_.training ? M : 1, [&](const Link& link, const Message& m) {
+        meters[stages_[link.to_stage]->stage->device].add(bytes_of(m.tensors));
+      });
   StepBarrier barrier(devices);
   std::mutex error_mutex;
   std::optional<Error> first_error;
-  std::vector<MemoryMeter> meters(devices);
   std::vector<DeviceReport> reports(devices);
   std::vector<std::vector<double>> busy(devices, std::vector<double>(steps, 0.0));
   std::vector<std::vector<schedule::TimelineEvent>> events(devices);
@@ -365,8 +371,7 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                   Message m{ins.microbatch, {}};
                   for (size_t k : indices)
                     m.tensors.push_back({st.program.outputs()[k].name, outs[k]});
-                  // The bytes now wait in the receiver's buffer.
-                  meters[stages_[to]->stage->device].add(bytes_of(m.tensors));
+                  // In the link's buffer the bytes are the receiver's (see on_delivered above).
                   transport.send({ins.stage, to, false}, std::move(m));
                 }
                 int64_t held = 0;

@@ -4,8 +4,10 @@
 
 namespace stagecraft::rt {
 
-InProcessTransport::InProcessTransport(const std::vector<Link>& links, int capacity)
-    : capacity_(static_cast<size_t>(std::max(capacity, 1))) {
+InProcessTransport::InProcessTransport(const std::vector<Link>& links, int capacity,
+                                       OnDelivered on_delivered)
+    : capacity_(static_cast<size_t>(std::max(capacity, 1))),
+      on_delivered_(std::move(on_delivered)) {
   for (const Link& link : links) channels_[link];
 }
 
@@ -22,6 +24,7 @@ void InProcessTransport::send(const Link& link, Message message) {
   Channel& ch = channel(link);
   changed_.wait(lock, [&] { return aborted_ || ch.queue.size() < capacity_; });
   if (aborted_) throw Aborted{};
+  if (on_delivered_) on_delivered_(link, message);
   ch.queue.push_back(std::move(message));
   changed_.notify_all();
 }

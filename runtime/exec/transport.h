@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -56,8 +57,12 @@ class Transport {
 /// Bounded in-process channels (mutex and condition variables), one per link, made up front.
 class InProcessTransport final : public Transport {
  public:
+  /// Called when a message enters a link's buffer (under the transport's lock): the moment its
+  /// bytes become the receiving device's.
+  using OnDelivered = std::function<void(const Link&, const Message&)>;
+
   /// `capacity`: messages a link holds before a send waits (at least 1).
-  InProcessTransport(const std::vector<Link>& links, int capacity);
+  InProcessTransport(const std::vector<Link>& links, int capacity, OnDelivered on_delivered = {});
   void send(const Link& link, Message message) override;
   Message recv(const Link& link, int microbatch) override;
   void abort() override;
@@ -72,6 +77,7 @@ class InProcessTransport final : public Transport {
   std::condition_variable changed_;
   std::map<Link, Channel> channels_;
   size_t capacity_;
+  OnDelivered on_delivered_;
   bool aborted_ = false;
 };
 
