@@ -6,6 +6,7 @@
 #include <map>
 
 #include "runtime/core/tensor_io.h"
+#include "runtime/format/grad_ops.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt {
@@ -92,7 +93,7 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
       std::string node_name =
           node.name().empty() ? fmt::format("#{} ({})", n, node.op_type()) : node.name();
       with_context(fmt::format("node '{}'", node_name), ErrorKind::kInternal, [&] {
-        if (!node.domain().empty() && node.domain() != "ai.onnx")
+        if (!node.domain().empty() && node.domain() != "ai.onnx" && node.domain() != grad::kGradDomain)
           fail(ErrorKind::kUnsupported, "op '{}' of domain '{}' has no {} kernel", node.op_type(),
                node.domain(), backend.name());
         Step step;
@@ -184,8 +185,25 @@ int64_t Program::output_bytes() const {
   return total;
 }
 
-std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> inputs,
-                                 std::byte* arena, const NodeHook* hook) const {
+std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
+                                 const NodeHook* hook) const {
+  return execute(device, inputs, arena, nullptr, hook);
+}
+
+std::vector<Tensor> Program::run_keeping(DeviceContext& device, std::span<const Tensor> inputs,
+                                         std::map<std::string, Tensor>& kept, const NodeHook* hook) const {
+  return execute(device, inputs, nullptr, &kept, hook);
+}
+
+std::map<std::string, Tensor> Program::weights() const {
+  std::map<std::string, Tensor> out;
+  for (const Slot& slot : slots_)
+    if (slot.kind == Slot::kWeight) out[slot.info.name] = slot.weight;
+  return out;
+}
+
+std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
+                                     std::map<std::string, Tensor>* kept, const NodeHook* hook) const {
   if (inputs.size() != input_slots_.size())
     fail(ErrorKind::kInternal, "{}: {} inputs given, the program takes {}", source_, inputs.size(),
          input_slots_.size());
@@ -202,8 +220,8 @@ std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> 
     if (slot.kind == Slot::kWeight) {
       values[s] = slot.weight;
     } else if (slot.kind == Slot::kIntermediate) {
-      values[s] = Tensor::view(slot.info.dtype, slot.info.shape,
-                               arena + memory_.offsets[slot.memory_index]);
+      values[s] = kept ? Tensor::owned(slot.info.dtype, slot.info.shape)
+                       : Tensor::view(slot.info.dtype, slot.info.shape, arena + memory_.offsets[slot.memory_index]);
     } else if (slot.kind == Slot::kOutput) {
       values[s] = Tensor::owned(slot.info.dtype, slot.info.shape);
     }
@@ -229,6 +247,8 @@ std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> 
           .in(source_);
     }
   }
+  if (kept)
+    for (size_t s = 0; s < slots_.size(); ++s) (*kept)[slots_[s].info.name] = values[s];
   std::vector<Tensor> outputs;
   outputs.reserve(output_slots_.size());
   for (int s : output_slots_) {

@@ -8,6 +8,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -71,6 +72,15 @@ class Program {
   std::vector<Tensor> run(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
                           const NodeHook* hook = nullptr) const;
 
+  /// Training's forward: as `run`, but every value (inputs, weights, intermediates, outputs)
+  /// is kept, by name, in `kept` for the backward; intermediates get their own bytes instead
+  /// of the arena. Returns the outputs like `run`.
+  std::vector<Tensor> run_keeping(DeviceContext& device, std::span<const Tensor> inputs,
+                                  std::map<std::string, Tensor>& kept, const NodeHook* hook = nullptr) const;
+
+  /// The weights by name (shared bytes: an optimizer updates them in place).
+  std::map<std::string, Tensor> weights() const;
+
  private:
   struct Slot {
     ValueInfo info;
@@ -94,6 +104,9 @@ class Program {
   std::vector<ValueInfo> inputs_, outputs_;
   plan::MemoryPlan memory_;
   int64_t weight_bytes_ = 0;
+
+  std::vector<Tensor> execute(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
+                              std::map<std::string, Tensor>* kept, const NodeHook* hook) const;
 };
 
 }  // namespace stagecraft::rt

@@ -92,6 +92,13 @@ ordered tensors_json(const std::vector<StageTensor>& tensors, bool is_input) {
   return list;
 }
 
+ordered training_json(const TrainingConfig& c) {
+  return {{"loss", c.loss},         {"loss_output", c.loss_output}, {"labels", c.labels},
+          {"lr", c.lr},             {"weight_decay", c.weight_decay}, {"momentum", c.momentum},
+          {"beta1", c.beta1},       {"beta2", c.beta2},             {"epsilon", c.epsilon},
+          {"lr_schedule", c.lr_schedule}, {"warmup_steps", c.warmup_steps}, {"total_steps", c.total_steps}};
+}
+
 ordered arena_json(const Stage& stage) {
   ordered tensors = ordered::array();
   for (const ArenaTensor& t : stage.arena)
@@ -105,6 +112,8 @@ ordered stage_json(const Stage& stage) {
           {"chunk", stage.chunk},
           {"file", stage.file},
           {"file_hash", stage.file_hash},
+          {"backward_file", stage.backward_file},
+          {"backward_file_hash", stage.backward_file_hash},
           {"nodes", stage.nodes},
           {"params", stage.params},
           {"inputs", tensors_json(stage.inputs, true)},
@@ -286,7 +295,7 @@ StageTensor read_tensor(const nlohmann::json& value, const std::string& name, co
 
 Stage read_stage(const nlohmann::json& value, const std::string& name, const Where& at) {
   Fields f(value, at, name,
-           {"index", "device", "chunk", "file", "file_hash", "nodes", "params", "inputs", "outputs",
+           {"index", "device", "chunk", "file", "file_hash", "backward_file", "backward_file_hash", "nodes", "params", "inputs", "outputs",
             "fwd_ms", "bwd_ms", "send_ms", "in_flight", "memory", "arena", "why"});
   Stage stage;
   stage.index = f.integer("index");
@@ -294,6 +303,8 @@ Stage read_stage(const nlohmann::json& value, const std::string& name, const Whe
   stage.chunk = f.integer("chunk");
   stage.file = f.string("file");
   stage.file_hash = f.string("file_hash");
+  stage.backward_file = f.string("backward_file");
+  stage.backward_file_hash = f.string("backward_file_hash");
   stage.nodes = f.array("nodes", as_string);
   stage.params = f.int64("params");
   stage.inputs = f.array("inputs", [](const auto& v, const std::string& n, const Where& w) {
@@ -703,6 +714,7 @@ nlohmann::ordered_json to_json(const Plan& plan) {
           {"microbatch_size", plan.microbatch_size},
           {"training", plan.training},
           {"optimizer", plan.optimizer},
+          {"training_config", training_json(plan.training_config)},
           {"precision", plan.precision},
           {"cost_model", plan.cost_model},
           {"device_spec", ordered::parse(plan.device_spec.dump())},
@@ -729,7 +741,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   Fields f(json, top, "",
            {"format_version",  "generator", "model_path", "model_hash",          "objective",
             "schedule",        "devices",   "chunks",     "microbatches",        "batch",
-            "microbatch_size", "training",  "optimizer",  "precision",           "cost_model",
+            "microbatch_size", "training",  "optimizer",  "training_config", "precision",           "cost_model",
             "device_spec",     "cluster",   "predicted",  "baseline_parameters", "baseline_uniform",
             "stages",          "ops"});
   plan.generator = f.string("generator");
@@ -744,6 +756,24 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.microbatch_size = f.int64("microbatch_size");
   plan.training = f.boolean("training");
   plan.optimizer = f.string("optimizer");
+  {
+    Fields t(f.raw("training_config"), f.where(), "training_config",
+             {"loss", "loss_output", "labels", "lr", "weight_decay", "momentum", "beta1", "beta2", "epsilon",
+              "lr_schedule", "warmup_steps", "total_steps"});
+    TrainingConfig& c = plan.training_config;
+    c.loss = t.string("loss");
+    c.loss_output = t.string("loss_output");
+    c.labels = t.string("labels");
+    c.lr = t.number("lr");
+    c.weight_decay = t.number("weight_decay");
+    c.momentum = t.number("momentum");
+    c.beta1 = t.number("beta1");
+    c.beta2 = t.number("beta2");
+    c.epsilon = t.number("epsilon");
+    c.lr_schedule = t.string("lr_schedule");
+    c.warmup_steps = t.int64("warmup_steps");
+    c.total_steps = t.int64("total_steps");
+  }
   plan.precision = f.string("precision");
   plan.cost_model = f.string("cost_model");
   plan.device_spec = f.raw("device_spec");
@@ -797,13 +827,23 @@ Plan load_plan(const std::string& plan_dir) {
                       fs::exists(file, ec) ? "is not a regular file" : "is missing", stage.index))
           .in(file);
     }
-    if (stage.file_hash.empty()) continue;
-    std::string actual = file_hash(file);
-    if (actual != stage.file_hash) {
-      throw Error(ErrorKind::kPlan,
-                  fmt::format("hash {} does not match plan.json's {}", actual, stage.file_hash))
-          .in(file);
+    if (!stage.file_hash.empty()) {
+      std::string actual = file_hash(file);
+      if (actual != stage.file_hash) {
+        throw Error(ErrorKind::kPlan,
+                    fmt::format("hash {} does not match plan.json's {}", actual, stage.file_hash))
+            .in(file);
+      }
     }
+    if (stage.backward_file.empty()) continue;
+    std::string bwd = (dir / stage.backward_file).string();
+    if (!fs::is_regular_file(bwd, ec))
+      throw Error(ErrorKind::kIo, fmt::format("is missing (named by plan.json's stages[{}].backward_file)", stage.index))
+          .in(bwd);
+    if (file_hash(bwd) != stage.backward_file_hash)
+      throw Error(ErrorKind::kPlan,
+                  fmt::format("hash {} does not match plan.json's {}", file_hash(bwd), stage.backward_file_hash))
+          .in(bwd);
   }
   return plan;
 }

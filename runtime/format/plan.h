@@ -51,6 +51,10 @@ struct Stage {
   int chunk = 0;                 ///< Which of the device's V chunks (interleaved), else 0.
   std::string file;              ///< "stage_0.onnx", relative to the plan directory.
   std::string file_hash;         ///< "fnv1a64:<16 hex digits>" of the stage file's bytes ("" in dry runs).
+  /// Training: the stage's backward program ("stage_0_bwd.onnx", gradient ops of
+  /// runtime/format/grad_ops.h) and its hash; "" for inference plans and dry runs.
+  std::string backward_file;
+  std::string backward_file_hash;
   std::vector<std::string> nodes;  ///< Node names in execution order.
   int64_t params = 0;
   std::vector<StageTensor> inputs;
@@ -89,6 +93,20 @@ struct Prediction {
   bool fits = true;                       ///< Every device within its memory.
 };
 
+/// How a training plan trains (ignored by inference plans).
+struct TrainingConfig {
+  std::string loss;          ///< "mse" | "cross-entropy" | "model" (the model's own scalar output).
+  std::string loss_output;   ///< The loss value's name.
+  std::string labels;        ///< The labels input ("" for "model").
+  double lr = 1e-3;
+  double weight_decay = 0;
+  double momentum = 0.9;     ///< momentum and nesterov.
+  double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;  ///< adam and adamw.
+  std::string lr_schedule = "constant";  ///< "constant" | "warmup-linear" | "cosine".
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 0;   ///< Where warmup-linear and cosine reach 0 (0: constant after warm-up).
+};
+
 struct Plan {
   int format_version = kPlanFormatVersion;
   std::string generator;          ///< "stagec 0.1.0".
@@ -103,6 +121,7 @@ struct Plan {
   int64_t microbatch_size = 1;
   bool training = false;
   std::string optimizer;          ///< "none" | "sgd" | ...
+  TrainingConfig training_config;
   std::string precision;          ///< "fp32" | "mixed".
   std::string cost_model;         ///< e.g. "roofline(h100, fp32)".
   nlohmann::json device_spec;     ///< As cost_models writes it.
