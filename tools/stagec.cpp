@@ -104,7 +104,22 @@ int run(int argc, char** argv) {
   app.add_option("--chunks", po.chunks, "V model chunks per device for --schedule interleaved (default 2)");
   app.add_option("--microbatches", po.microbatches, "M microbatches per step (default: the device count)");
   app.add_flag("--train", po.training, "plan training: forward, backward and optimizer step");
-  app.add_option("--optimizer", po.optimizer, "with --train: sgd | momentum | adam | adamw | adam8bit (default adamw)");
+  app.add_option("--optimizer", po.optimizer,
+                 "with --train: sgd | momentum | nesterov | adam | adamw | adagrad (default adamw; adam8bit: memory "
+                 "planning only)");
+  app.add_option("--loss", po.loss.kind,
+                 "with --train: mse | cross-entropy, appended to the model's output (default: the model's own "
+                 "scalar output is the loss)");
+  app.add_option("--labels", po.loss.labels, "with --loss: the labels input (default 'labels'; added when the model "
+                 "has none)");
+  app.add_option("--lr", po.training_config.lr, "with --train: learning rate (default 0.001)");
+  app.add_option("--weight-decay", po.training_config.weight_decay, "with --train: weight decay (default 0)");
+  app.add_option("--momentum", po.training_config.momentum, "with --optimizer momentum|nesterov (default 0.9)");
+  app.add_option("--lr-schedule", po.training_config.lr_schedule,
+                 "with --train: constant | warmup-linear | cosine (default constant)");
+  app.add_option("--warmup-steps", po.training_config.warmup_steps, "with --lr-schedule: linear warm-up steps");
+  app.add_option("--total-steps", po.training_config.total_steps,
+                 "with --lr-schedule warmup-linear|cosine: the step where the rate reaches 0");
   app.add_option("--precision", po.precision, "fp32 | mixed (16-bit compute, fp32 master weights)");
   app.add_option("--device-spec", po.device_spec,
                  "h100 | h200 | a100-80g | a100-40g | v100-16g | cpu, or a JSON file with peak_flops_fp32, "

@@ -172,6 +172,11 @@ int main(int argc, char** argv) {
     std::vector<double> sorted = report.step_s;
     std::sort(sorted.begin(), sorted.end());
     if (json) {
+      // Training: one JSON object per step first (JSON Lines), then the summary.
+      for (size_t k = 0; k < report.losses.size(); ++k)
+        fmt::print("{}\n", nlohmann::ordered_json{{"step", k + 1}, {"loss", report.losses[k]},
+                                                   {"step_ms", report.step_s[k] * 1e3}}
+                                .dump());
       nlohmann::ordered_json j;
       j["plan"] = plan_dir;
       j["backend"] = std::string(backend.name());
@@ -190,6 +195,7 @@ int main(int argc, char** argv) {
                      {"predicted", plan.predicted.bubble_fraction}};
       j["predicted_step_ms"] = plan.predicted.step_ms;
       j["cost_model"] = plan.cost_model;
+      if (!report.losses.empty()) j["final_loss"] = report.losses.back();
       nlohmann::ordered_json devs = nlohmann::ordered_json::array();
       for (size_t d = 0; d < report.devices.size(); ++d) {
         const rt::DeviceReport& r = report.devices[d];
@@ -212,6 +218,8 @@ int main(int argc, char** argv) {
         plan_dir, plan.schedule, plan.devices, plan.devices == 1 ? "" : "s", plan.microbatches,
         plan.microbatch_size, plan.batch, backend.name(), threads, threads == 1 ? "" : "s");
     fmt::print("inputs: {}\n", inputs_path.empty() ? "synthetic (deterministic)" : inputs_path);
+    for (size_t k = 0; k < report.losses.size(); ++k)
+      fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms\n", k + 1, report.losses[k], report.step_s[k] * 1e3);
     fmt::print("step {:.3f} ms (median of {}; min {:.3f}, max {:.3f}), {:.1f} samples/s\n",
                step_s * 1e3, steps, sorted.front() * 1e3, sorted.back() * 1e3, samples_per_s);
     fmt::print("bubble {:.1f}% measured, {:.1f}% predicted (predicted step {:.3f} ms by {})\n",

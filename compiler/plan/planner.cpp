@@ -71,7 +71,11 @@ Setup make_setup(const PlanOptions& o) {
     }
     s.microbatch_size = *o.batch / m;
   }
-  s.optimizer = o.training ? cost::parse_optimizer(o.optimizer) : cost::Optimizer::kNone;
+  // Memory per parameter: nesterov keeps what momentum keeps, adagrad one sum like momentum.
+  s.optimizer = o.training ? cost::parse_optimizer(o.optimizer == "nesterov" || o.optimizer == "adagrad"
+                                                       ? std::string("momentum")
+                                                       : o.optimizer)
+                           : cost::Optimizer::kNone;
   s.precision = cost::parse_precision(o.precision);
   s.device = cost::device_spec_from_name_or_file(o.device_spec);
   s.cluster = o.cluster.empty() ? cost::default_cluster(s.device.name) : cost::cluster_spec_from_name_or_file(o.cluster);
@@ -400,6 +404,13 @@ PlannedModel make_plan(const PlanOptions& o) {
   if (o.batch) import.batch = s.microbatch_size;
   import.dims = o.dims;
   PlannedModel out{import_model(o.model_path, import), {}, {}, {}};
+  if (o.training) {
+    ir::ValueId loss = passes::append_loss(out.model.graph, o.loss);
+    out.plan.training_config = o.training_config;
+    out.plan.training_config.loss = o.loss.kind.empty() ? "model" : o.loss.kind;
+    out.plan.training_config.loss_output = out.model.graph.value(loss).name;
+    out.plan.training_config.labels = o.loss.kind.empty() ? "" : o.loss.labels;
+  }
   const ir::Graph& g = out.model.graph;
   if (!o.batch) {
     // A model with a fixed batch: each microbatch is that batch.
@@ -446,7 +457,7 @@ PlannedModel make_plan(const PlanOptions& o) {
   p.microbatch_size = s.microbatch_size;
   p.batch = s.microbatch_size * s.shape.microbatches;
   p.training = s.shape.training;
-  p.optimizer = std::string(cost::to_string(s.optimizer));
+  p.optimizer = s.shape.training ? o.optimizer : std::string(cost::to_string(s.optimizer));
   p.precision = std::string(cost::to_string(s.precision));
   p.cost_model = costs.name();
   p.device_spec = cost::to_json(s.device);

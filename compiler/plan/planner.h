@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "compiler/import.h"
+#include "passes/loss.h"
 #include "compiler/schedule/instruction.h"
 #include "cost_models/roofline.h"
 #include "runtime/format/plan.h"
@@ -28,6 +29,8 @@ struct PlanOptions {
   std::map<std::string, int64_t> dims;   ///< Other symbolic dims (--dim).
   bool training = false;
   std::string optimizer = "adamw";       ///< With --train.
+  passes::LossOptions loss;              ///< With --train: --loss, --labels.
+  TrainingConfig training_config;        ///< With --train: lr, weight decay, schedule (loss fields are filled in).
   std::string precision = "fp32";
   std::string device_spec = "h100";      ///< Preset name or JSON file.
   std::string cluster;                   ///< JSON file; default: the device kind's.

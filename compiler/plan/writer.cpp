@@ -7,6 +7,7 @@
 #include <random>
 
 #include "compiler/plan/planner.h"
+#include "passes/autodiff.h"
 #include "compiler/plan/stage_files.h"
 #include "runtime/format/error.h"
 
@@ -28,6 +29,28 @@ void sync_path(const fs::path& path) {
     ::fsync(fd);
     ::close(fd);
   }
+}
+
+/// The backward program of `stage` (passes/autodiff.h): seeded by the gradients of its outputs
+/// that later stages read and, on the loss stage, by the loss; producing the gradients of its
+/// float inputs from other stages and of its trainable weights.
+onnx::ModelProto backward_model(const PlannedModel& planned, const Stage& stage) {
+  const ir::Graph& g = planned.model.graph;
+  passes::BackwardSpec spec;
+  for (ir::NodeId n : g.topological_order())
+    if (planned.stage_of[n] == stage.index) spec.nodes.push_back(n);
+  for (const StageTensor& out : stage.outputs) {
+    ir::ValueId v = *g.find_value(out.name);
+    if (out.name == planned.plan.training_config.loss_output) spec.loss = v;
+    else if (!out.peer_stages.empty() && is_floating(g.value(v).dtype)) spec.output_grads.push_back(v);
+  }
+  for (const StageTensor& in : stage.inputs) {
+    ir::ValueId v = *g.find_value(in.name);
+    if (in.peer_stage >= 0 && is_floating(g.value(v).dtype)) spec.wanted.push_back(v);
+  }
+  for (ir::ValueId w : passes::trainable_weights(g, spec.nodes)) spec.wanted.push_back(w);
+  return with_context(fmt::format("stage {} backward", stage.index), ErrorKind::kInternal,
+                      [&] { return passes::build_backward(g, spec); });
 }
 
 }  // namespace
@@ -56,6 +79,13 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir) {
       write_file(file, model.SerializeAsString());
       sync_path(file);
       stage.file_hash = file_hash(file.string());
+      if (p.training) {
+        stage.backward_file = fmt::format("stage_{}_bwd.onnx", stage.index);
+        fs::path bwd = staging / stage.backward_file;
+        write_file(bwd, backward_model(planned, stage).SerializeAsString());
+        sync_path(bwd);
+        stage.backward_file_hash = file_hash(bwd.string());
+      }
     }
     write_file(staging / "plan.json", to_json(p).dump(1) + "\n");
     write_file(staging / "schedule.json", schedule::to_json(planned.schedule).dump(1) + "\n");

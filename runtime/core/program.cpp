@@ -100,6 +100,7 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
         step.name = node_name;
         step.op_type = node.op_type();
         step.attrs = Attrs(node);
+        step.weight_gradients = step.attrs.i(grad::kWeightGradAttr, 0) != 0;
         std::vector<DType> in_types, out_types;
         for (const std::string& name : node.input()) {
           if (name.empty()) {
@@ -202,8 +203,44 @@ std::map<std::string, Tensor> Program::weights() const {
   return out;
 }
 
+std::vector<Tensor> Program::run_subset(DeviceContext& device, std::span<const Tensor> inputs,
+                                        std::map<std::string, Tensor>& kept, const std::vector<bool>& mask,
+                                        const NodeHook* hook) const {
+  return execute(device, inputs, nullptr, &kept, hook, &mask);
+}
+
+std::vector<bool> Program::weight_gradient_nodes() const {
+  std::vector<int> producer(slots_.size(), -1);
+  for (size_t n = 0; n < nodes_.size(); ++n)
+    for (int s : nodes_[n].outputs)
+      if (s >= 0) producer[s] = static_cast<int>(n);
+  std::vector<bool> w(nodes_.size(), false);
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    const Step& step = nodes_[n];
+    if (step.weight_gradients) {
+      w[n] = true;
+      continue;
+    }
+    // An Add of weight-gradient parts is part of W too.
+    bool any = false, all = true;
+    for (int s : step.inputs) {
+      if (s < 0) continue;
+      bool from_w = producer[s] >= 0 && w[producer[s]];
+      any |= from_w;
+      all &= from_w;
+    }
+    w[n] = step.op_type == "Add" && any && all;
+  }
+  for (size_t n = 0; n < nodes_.size(); ++n)
+    if (!w[n])
+      for (int s : nodes_[n].inputs)
+        if (s >= 0 && producer[s] >= 0 && w[producer[s]]) return std::vector<bool>(nodes_.size(), false);
+  return w;
+}
+
 std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
-                                     std::map<std::string, Tensor>* kept, const NodeHook* hook) const {
+                                     std::map<std::string, Tensor>* kept, const NodeHook* hook,
+                                     const std::vector<bool>* mask) const {
   if (inputs.size() != input_slots_.size())
     fail(ErrorKind::kInternal, "{}: {} inputs given, the program takes {}", source_, inputs.size(),
          input_slots_.size());
@@ -226,9 +263,22 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
       values[s] = Tensor::owned(slot.info.dtype, slot.info.shape);
     }
   }
+  if (mask) {
+    // Values of the nodes left out come from the earlier part.
+    for (size_t n = 0; n < nodes_.size(); ++n) {
+      if ((*mask)[n]) continue;
+      for (int s : nodes_[n].outputs) {
+        if (s < 0) continue;
+        auto it = kept->find(slots_[s].info.name);
+        values[s] = it == kept->end() ? Tensor{} : it->second;
+      }
+    }
+  }
   std::vector<const Tensor*> in_ptrs;
   std::vector<Tensor*> out_ptrs;
-  for (const Step& step : nodes_) {
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    const Step& step = nodes_[n];
+    if (mask && !(*mask)[n]) continue;
     in_ptrs.clear();
     out_ptrs.clear();
     for (int s : step.inputs) in_ptrs.push_back(s < 0 ? nullptr : &values[s]);
@@ -248,12 +298,13 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
     }
   }
   if (kept)
-    for (size_t s = 0; s < slots_.size(); ++s) (*kept)[slots_[s].info.name] = values[s];
+    for (size_t s = 0; s < slots_.size(); ++s)
+      if (values[s].dtype != DType::kUndefined) (*kept)[slots_[s].info.name] = values[s];
   std::vector<Tensor> outputs;
   outputs.reserve(output_slots_.size());
   for (int s : output_slots_) {
     const Slot& slot = slots_[s];
-    outputs.push_back(slot.kind == Slot::kOutput ? values[s] : clone(values[s]));
+    outputs.push_back(slot.kind == Slot::kOutput || values[s].dtype == DType::kUndefined ? values[s] : clone(values[s]));
   }
   return outputs;
 }

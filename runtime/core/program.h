@@ -81,6 +81,18 @@ class Program {
   /// The weights by name (shared bytes: an optimizer updates them in place).
   std::map<std::string, Tensor> weights() const;
 
+  /// Runs only the nodes where `mask` is true, keeping every value in `kept`; values of the
+  /// other nodes are taken from `kept` (a backward's W part after its B part). Outputs no node
+  /// of the mask produced and `kept` lacks come back empty (dtype kUndefined).
+  std::vector<Tensor> run_subset(DeviceContext& device, std::span<const Tensor> inputs,
+                                 std::map<std::string, Tensor>& kept, const std::vector<bool>& mask,
+                                 const NodeHook* hook = nullptr) const;
+
+  /// Per node, whether it belongs to a backward program's weight-gradient part (W): nodes marked
+  /// `weight_gradients` = 1 (runtime/format/grad_ops.h) and the Adds that only sum their
+  /// results. All false when some other node reads a W result (then W cannot be deferred).
+  std::vector<bool> weight_gradient_nodes() const;
+
  private:
   struct Slot {
     ValueInfo info;
@@ -94,6 +106,7 @@ class Program {
     KernelFn kernel = nullptr;
     std::vector<int> inputs;   // slot index, -1 for an omitted optional input
     std::vector<int> outputs;  // slot index
+    bool weight_gradients = false;
   };
 
   std::string source_;
@@ -106,7 +119,8 @@ class Program {
   int64_t weight_bytes_ = 0;
 
   std::vector<Tensor> execute(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
-                              std::map<std::string, Tensor>* kept, const NodeHook* hook) const;
+                              std::map<std::string, Tensor>* kept, const NodeHook* hook,
+                              const std::vector<bool>* mask = nullptr) const;
 };
 
 }  // namespace stagecraft::rt

@@ -14,6 +14,9 @@
 #include <thread>
 
 #include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
+#include "runtime/optim/lr_schedule.h"
+#include "runtime/optim/optimizer.h"
 
 namespace stagecraft::rt {
 
@@ -27,6 +30,11 @@ struct Pipeline::StageRuntime {
   std::vector<int> producers;                ///< Stages this one receives from, ascending.
   std::map<int, std::vector<size_t>> sends;  ///< Consumer stage -> indices into program outputs.
   std::vector<size_t> graph_outputs;         ///< Indices into program outputs.
+  // Training.
+  std::optional<Program> backward;           ///< The stage's backward program.
+  std::vector<bool> weight_part;             ///< Per backward node: part of W (zero-bubble).
+  std::map<std::string, Tensor> weights;     ///< The forward program's weights (shared bytes).
+  std::string loss;                          ///< The loss output's name when this stage computes it.
 };
 
 namespace {
@@ -86,6 +94,14 @@ struct MemoryMeter {
   void sub(int64_t bytes) { current.fetch_sub(bytes); }
 };
 
+// Bytes of a stash, less the weights it refers to (counted once, as the device's weights).
+int64_t bytes_of_map(const std::map<std::string, Tensor>& values, const std::map<std::string, Tensor>& weights) {
+  int64_t total = 0;
+  for (const auto& [name, t] : values)
+    if (!weights.count(name)) total += t.bytes();
+  return total;
+}
+
 int64_t bytes_of(const std::vector<NamedTensor>& tensors) {
   int64_t total = 0;
   for (const NamedTensor& t : tensors) total += t.tensor.bytes();
@@ -106,10 +122,9 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
   const plan::Plan& plan = p->plan_;
   std::string plan_json = (fs::path(plan_dir) / "plan.json").string();
   if (plan.training)
-    fail(ErrorKind::kUnsupported,
-         "{}: this is a training plan (optimizer {}); this runtime executes inference plans "
-         "only so far: compile without --train",
-         plan_json, plan.optimizer);
+    for (const plan::Stage& stage : plan.stages)
+      if (stage.backward_file.empty())
+        fail(ErrorKind::kPlan, "{}: stages[{}] of a training plan has no backward_file", plan_json, stage.index);
   for (const plan::Stage& stage : plan.stages)
     if (stage.file.empty() || stage.file_hash.empty())
       fail(ErrorKind::kPlan, "{}: stages[{}] has no stage file (a --dry-run plan cannot run)",
@@ -133,6 +148,14 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
         file, backend, Program::RecordedArena{&stage, "plan.json: " + field + ".arena"});
     match_interface(rt->program.inputs(), stage.inputs, file, field + ".inputs");
     match_interface(rt->program.outputs(), stage.outputs, file, field + ".outputs");
+    if (plan.training) {
+      std::string bwd = (fs::path(plan_dir) / stage.backward_file).string();
+      rt->backward.emplace(Program::load_file(bwd, backend));
+      rt->weight_part = rt->backward->weight_gradient_nodes();
+      rt->weights = rt->program.weights();
+      for (const ValueInfo& out : rt->program.outputs())
+        if (out.name == plan.training_config.loss_output) rt->loss = out.name;
+    }
     std::set<int> producers;
     for (const plan::StageTensor& in : stage.inputs) {
       if (in.peer_stage >= 0) {
@@ -155,6 +178,7 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
       for (int peer : out.peer_stages) {
         rt->sends[peer].push_back(index);
         p->links_.push_back({stage.index, peer, false});
+        if (plan.training) p->links_.push_back({peer, stage.index, true});
       }
       if (out.graph_output) {
         rt->graph_outputs.push_back(index);
@@ -253,6 +277,29 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
   std::map<std::string, std::vector<Tensor>> results;
   for (const ModelTensor& out : outputs_) results[out.name].resize(M);
 
+  const bool training = plan_.training;
+  const plan::TrainingConfig& tc = plan_.training_config;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  optim::LrSchedule lr_schedule;
+  if (training) {
+    optim::OptimizerConfig oc;
+    oc.kind = plan_.optimizer;
+    oc.lr = static_cast<float>(tc.lr);
+    oc.weight_decay = static_cast<float>(tc.weight_decay);
+    oc.momentum = static_cast<float>(tc.momentum);
+    oc.beta1 = static_cast<float>(tc.beta1);
+    oc.beta2 = static_cast<float>(tc.beta2);
+    oc.epsilon = static_cast<float>(tc.epsilon);
+    optimizer = optim::Optimizer::make(oc);
+    lr_schedule.kind = optim::parse_lr_schedule(tc.lr_schedule);
+    lr_schedule.base_lr = tc.lr;
+    lr_schedule.warmup_steps = tc.warmup_steps;
+    lr_schedule.total_steps = tc.total_steps;
+    optim::validate(lr_schedule);
+  }
+  const int64_t global_step = steps_done_;
+  std::vector<std::vector<double>> step_loss(steps, std::vector<double>(M, NAN));
+
   // Inference: a link holds one message, so a stage that runs ahead waits instead of queueing
   // microbatches on the next device (whose memory the plan counts with two receive buffers:
   // the one computing and the one arriving). Training schedules send up to M ahead.
@@ -311,6 +358,13 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
       // Per (stage, microbatch): received tensors waiting for FWD, outputs waiting for SEND.
       std::map<std::pair<int, int>, std::vector<NamedTensor>> received;
       std::map<std::pair<int, int>, std::vector<Tensor>> produced;
+      // Training: forward values per microbatch until its backward, received output gradients,
+      // the backward's own values (B kept for W), input gradients waiting to be sent, weight
+      // gradients summed over the step, optimizer state.
+      std::map<std::pair<int, int>, std::map<std::string, Tensor>> stash, bwd_kept;
+      std::map<std::pair<int, int>, std::vector<NamedTensor>> grads_in, grads_out;
+      std::map<int, std::map<std::string, Tensor>> grad_acc;
+      std::map<int, std::map<std::string, optim::OptimizerState>> opt_state;
       for (int step = 0; step < steps; ++step) {
         barrier.arrive_and_wait();
         if (device == 0) step_start[step] = seconds();
@@ -344,7 +398,15 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                          ins.stage);
                 }
                 double start = seconds();
-                std::vector<Tensor> outs = st.program.run(*context, args, arena.get(), &hook);
+                std::vector<Tensor> outs;
+                if (training) {
+                  auto& keep = stash[key];
+                  outs = st.program.run_keeping(*context, args, keep, &hook);
+                  meters[device].add(bytes_of_map(keep, st.weights));
+                  if (!st.loss.empty()) step_loss[step][ins.microbatch] = keep.at(st.loss).as<float>()[0];
+                } else {
+                  outs = st.program.run(*context, args, arena.get(), &hook);
+                }
                 double end = seconds();
                 busy[device][step] += end - start;
                 events[device].push_back(
@@ -378,6 +440,116 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 for (const Tensor& t : outs) held += t.bytes();
                 meters[device].sub(held);
                 produced.erase(it);
+                break;
+              }
+              case schedule::Op::kRecvGrad: {
+                auto& slot = grads_in[{ins.stage, ins.microbatch}];
+                for (const auto& [from, indices] : st.sends) {
+                  Message m = transport.recv({from, ins.stage, true}, ins.microbatch);
+                  for (NamedTensor& t : m.tensors) {
+                    // A tensor read by several later stages: its gradient is the sum of theirs.
+                    auto same = std::find_if(slot.begin(), slot.end(), [&](const NamedTensor& x) { return x.name == t.name; });
+                    if (same == slot.end()) {
+                      slot.push_back(std::move(t));
+                      continue;
+                    }
+                    Tensor sum = clone(same->tensor);
+                    for (int64_t i = 0; i < sum.numel(); ++i) sum.as<float>()[i] += t.tensor.as<float>()[i];
+                    same->tensor = sum;
+                  }
+                }
+                break;
+              }
+              case schedule::Op::kBackward:
+              case schedule::Op::kBackwardInput:
+              case schedule::Op::kBackwardWeight: {
+                auto key = std::make_pair(ins.stage, ins.microbatch);
+                const Program& bwd = *st.backward;
+                bool weight_part = ins.op == schedule::Op::kBackwardWeight;
+                // Inputs: forward values and weights (the stash), received gradients, the loss seed.
+                auto& keep = stash.at(key);
+                std::vector<NamedTensor>& got = grads_in[key];
+                std::vector<Tensor> args;
+                for (const ValueInfo& in : bwd.inputs()) {
+                  if (in.name == grad::kLossGradName) {
+                    Tensor seed = Tensor::owned(DType::kFloat32, {});
+                    seed.as<float>()[0] = 1.0f / static_cast<float>(M);
+                    args.push_back(seed);
+                  } else if (auto k = keep.find(in.name); k != keep.end()) {
+                    args.push_back(k->second);
+                  } else if (auto g = std::find_if(got.begin(), got.end(), [&](const NamedTensor& t) { return t.name == in.name; });
+                             g != got.end()) {
+                    args.push_back(g->tensor);
+                  } else {
+                    fail(ErrorKind::kPlan, "backward input '{}' of stage {} is neither a forward value nor a received gradient",
+                         in.name, ins.stage);
+                  }
+                }
+                double start = seconds();
+                auto& bkeep = bwd_kept[key];
+                std::vector<Tensor> outs;
+                if (ins.op == schedule::Op::kBackward) {
+                  outs = bwd.run_keeping(*context, args, bkeep, &hook);
+                } else {
+                  std::vector<bool> mask = st.weight_part;
+                  if (!weight_part) mask.flip();
+                  outs = bwd.run_subset(*context, args, bkeep, mask, &hook);
+                }
+                double end = seconds();
+                busy[device][step] += end - start;
+                events[device].push_back({device, ins.op, ins.stage, ins.microbatch, start, end});
+                // Weight gradients add up over the step's microbatches; input gradients go back.
+                for (size_t k = 0; k < outs.size(); ++k) {
+                  const std::string& name = bwd.outputs()[k].name;
+                  if (outs[k].dtype == DType::kUndefined) continue;
+                  std::string weight = name.substr(0, name.size() - 5);  // drop "@grad"
+                  if (st.weights.count(weight)) {
+                    if (ins.op == schedule::Op::kBackwardInput) continue;  // W's, not B's
+                    Tensor& acc = grad_acc[ins.stage][weight];
+                    if (acc.dtype == DType::kUndefined) acc = Tensor::owned(outs[k].dtype, outs[k].shape);
+                    float* a = acc.as<float>();
+                    const float* g = outs[k].as<float>();
+                    for (int64_t i = 0; i < acc.numel(); ++i) a[i] += g[i];
+                  } else if (ins.op != schedule::Op::kBackwardWeight) {
+                    grads_out[key].push_back({weight, outs[k]});
+                  }
+                }
+                if (ins.op != schedule::Op::kBackwardInput) {
+                  meters[device].sub(bytes_of_map(keep, st.weights));
+                  stash.erase(key);
+                  bwd_kept.erase(key);
+                  grads_in.erase(key);
+                }
+                break;
+              }
+              case schedule::Op::kSendGrad: {
+                auto key = std::make_pair(ins.stage, ins.microbatch);
+                std::vector<NamedTensor> grads = std::move(grads_out[key]);
+                grads_out.erase(key);
+                // One message to every producer stage: the gradients of the tensors it sent.
+                for (int to : st.producers) {
+                  Message m{ins.microbatch, {}};
+                  for (const plan::StageTensor& in : st.stage->inputs) {
+                    if (in.peer_stage != to) continue;
+                    for (const NamedTensor& g : grads)
+                      if (g.name == in.name) m.tensors.push_back({grad::grad_name(in.name), g.tensor});
+                  }
+                  transport.send({ins.stage, to, true}, std::move(m));
+                }
+                break;
+              }
+              case schedule::Op::kOptimizerStep: {
+                double start = seconds();
+                float lr = static_cast<float>(optim::lr_at(lr_schedule, global_step + step + 1));
+                for (auto& [name, weight] : st.weights) {
+                  auto g = grad_acc[ins.stage].find(name);
+                  if (g == grad_acc[ins.stage].end()) continue;  // not trainable or no gradient
+                  optimizer->step(weight, g->second, opt_state[ins.stage][name], lr, global_step + step + 1);
+                  std::fill(g->second.as<float>(), g->second.as<float>() + g->second.numel(), 0.0f);
+                }
+                double end = seconds();
+                busy[device][step] += end - start;
+                events[device].push_back({device, ins.op, ins.stage, -1, start, end});
                 break;
               }
               default:
@@ -418,7 +590,14 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
   if (first_error) throw *first_error;
 
   RunReport report;
+  steps_done_ += steps;
   for (int s = 0; s < steps; ++s) report.step_s.push_back(step_end[s] - step_start[s]);
+  if (training)
+    for (int s = 0; s < steps; ++s) {
+      double sum = 0;
+      for (double l : step_loss[s]) sum += l;
+      report.losses.push_back(sum / M);
+    }
   std::vector<int> order(steps);
   for (int s = 0; s < steps; ++s) order[s] = s;
   std::sort(order.begin(), order.end(),

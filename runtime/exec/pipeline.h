@@ -50,6 +50,7 @@ struct RunReport {
   std::vector<DeviceReport> devices;
   std::vector<schedule::TimelineEvent> events;  ///< Compute of every step; seconds from the start.
   std::map<std::string, Tensor> outputs;        ///< The last step's graph outputs, whole batch.
+  std::vector<double> losses;                   ///< Training: each step's loss (mean over microbatches).
 };
 
 class Pipeline {
@@ -90,6 +91,7 @@ class Pipeline {
   std::vector<std::shared_ptr<StageRuntime>> stages_;
   std::vector<ModelTensor> inputs_, outputs_;
   std::vector<Link> links_;
+  int64_t steps_done_ = 0;  ///< Optimizer steps taken by earlier runs (the lr schedule goes on).
 };
 
 }  // namespace stagecraft::rt

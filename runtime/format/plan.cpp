@@ -39,8 +39,8 @@ constexpr std::array<std::string_view, 2> kObjectives = {"speed", "memory"};
 constexpr std::array<std::string_view, 5> kSchedules = {"gpipe", "1f1b", "interleaved", "zb-h1",
                                                         "inference"};
 constexpr std::array<std::string_view, 2> kPrecisions = {"fp32", "mixed"};
-constexpr std::array<std::string_view, 6> kOptimizers = {"none", "sgd",   "momentum",
-                                                         "adam", "adamw", "adam8bit"};
+constexpr std::array<std::string_view, 8> kOptimizers = {"none", "sgd",   "momentum", "nesterov",
+                                                         "adam", "adamw", "adam8bit", "adagrad"};
 constexpr std::string_view kHashPrefix = "fnv1a64:";
 
 /// "1 device", "2 devices"; `plural` when adding an "s" will not do.
