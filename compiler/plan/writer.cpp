@@ -71,6 +71,10 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir) {
   if (!fs::create_directory(staging, ec)) {
     fail(ErrorKind::kIo, "{}: cannot create: {}", staging.string(), ec.message());
   }
+  if (planned.plan.training && planned.plan.training_config.loss_output.empty())
+    fail(ErrorKind::kUsage,
+         "{}: a training plan needs a loss: the model has no scalar float32 output; give --loss mse|cross-entropy "
+         "(and --labels NAME)", planned.plan.model_path);
   try {
     Plan& p = planned.plan;
     for (auto& stage : p.stages) {

@@ -227,7 +227,7 @@ std::vector<bool> Program::weight_gradient_nodes() const {
       if (s < 0) continue;
       bool from_w = producer[s] >= 0 && w[producer[s]];
       any |= from_w;
-      all &= from_w;
+      all &= from_w || producer[s] < 0;  // program inputs (received gradients) are neutral
     }
     w[n] = step.op_type == "Add" && any && all;
   }

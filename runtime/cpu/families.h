@@ -17,5 +17,13 @@ std::span<const KernelEntry> reduce_kernels();       // reduce.cpp: Softmax (one
 std::span<const KernelEntry> elementwise_kernels();  // elementwise.cpp: unary, binary with broadcasting, Where, Cast
 std::span<const KernelEntry> data_kernels();         // data.cpp: layout and indexing (Reshape, Gather, ...)
 std::span<const KernelEntry> shape_kernels();        // shape_ops.cpp: Shape, Constant, ConstantOfShape, Range
+std::span<const KernelEntry> loss_kernels();         // loss.cpp: SoftmaxCrossEntropyLoss and its gradient
+
+// Gradient ops (domain ai.stagecraft, contract in runtime/format/grad_ops.h): "<Op>Grad".
+std::span<const KernelEntry> grad_matmul_kernels();   // grad_matmul.cpp: MatMul, Gemm; SoftmaxCrossEntropyLoss
+std::span<const KernelEntry> grad_conv_kernels();     // grad_conv.cpp: Conv, MaxPool, AveragePool, GlobalAveragePool
+std::span<const KernelEntry> grad_norm_kernels();     // grad_norm.cpp: BatchNormalization, LayerNormalization, Softmax
+std::span<const KernelEntry> grad_eltwise_kernels();  // grad_eltwise.cpp: elementwise ops
+std::span<const KernelEntry> grad_data_kernels();     // grad_data.cpp: data ops, ReduceMean
 
 }  // namespace stagecraft::rt::cpu

@@ -15,6 +15,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/core/tensor_io.h"
 #include "runtime/exec/pipeline.h"
+#include "runtime/format/error.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -135,7 +136,7 @@ TEST_CASE("stagerun refuses bad input with one line and a non-zero exit") {
   check_one_line_error(stagerun(dir, plan_dir), R"(stage_0.onnx)");
 }
 
-TEST_CASE("a training plan is refused with a clear reason") {
+TEST_CASE("a training plan runs and prints the loss of every step; without a loss stagec refuses it") {
   testing::TempDir dir;
   plan::PlanOptions o;
   o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
@@ -143,11 +144,25 @@ TEST_CASE("a training plan is refused with a clear reason") {
   o.batch = 8;
   o.microbatches = 2;
   o.training = true;
+  o.optimizer = "sgd";
   o.device_spec = "cpu";
+  plan::PlannedModel no_loss = plan::make_plan(o);
+  CHECK_THROWS_WITH_AS(plan::write_plan(no_loss, dir.file("train")), doctest::Contains("needs a loss"), Error);
+  o.loss.kind = "mse";
   plan::PlannedModel planned = plan::make_plan(o);
   plan::write_plan(planned, dir.file("train"));
-  check_one_line_error(stagerun(dir, dir.file("train")),
-                       R"(training plan .*compile without --train)");
+  Result r = stagerun(dir, dir.file("train") + " --steps 3 --json");
+  REQUIRE(r.code == 0);
+  std::istringstream lines(r.out);
+  std::string line;
+  std::vector<double> losses;
+  while (std::getline(lines, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("loss")) losses.push_back(j["loss"].get<double>());
+    if (j.is_discarded()) break;  // the summary object spans several lines
+  }
+  REQUIRE(losses.size() == 3);
+  CHECK(losses[2] < losses[0]);
 }
 
 TEST_CASE("a worker that fails ends the run with its error instead of a hang") {

@@ -1,0 +1,515 @@
+// Gradients of the data and reduce ops (Reshape, Transpose, Gather, Slice, Concat, ...,
+// ReduceMean). The contract every gradient kernel follows is runtime/format/grad_ops.h: inputs
+// x0..x{n-1}, y0..y{m-1}, dy0..dy{m-1}, outputs dx0..dx{n-1}, n in attribute forward_inputs.
+//
+// Each kernel reads its forward attributes exactly as the forward kernel in data.cpp (or
+// reduce.cpp for ReduceMean) does, and moves dy back: shape-only ops copy bytes, Transpose
+// applies the inverse permutation, Slice and Gather scatter into zeros, Concat and Split split
+// and join, Expand sums over the broadcast dims, ReduceMean spreads dy / count. Float32 only
+// (index and shape inputs get no gradient).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "runtime/cpu/broadcast.h"
+#include "runtime/cpu/cpu_context.h"
+#include "runtime/cpu/families.h"
+#include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
+
+namespace stagecraft::rt::cpu {
+
+// Defined in grad_eltwise.cpp: sums `full` over the dims along which `shape` broadcasts to
+// `full_shape`, into the dense `out` of `shape` (overwritten).
+void sum_to_shape(const float* full, const Shape& full_shape, float* out, const Shape& shape);
+
+namespace {
+
+constexpr int64_t kParallelElements = int64_t{1} << 15;
+
+// Where the gradient op's operands are: n forward inputs, m forward outputs.
+struct GradIo {
+  const KernelArgs& a;
+  size_t n, m;
+
+  explicit GradIo(const KernelArgs& args) : a(args) {
+    const int64_t fi = args.attrs.i(grad::kForwardInputsAttr, -1);
+    if (fi < 0 || static_cast<size_t>(fi) > args.num_inputs() ||
+        (args.num_inputs() - static_cast<size_t>(fi)) % 2 != 0 ||
+        args.out.size() != static_cast<size_t>(fi))
+      fail(ErrorKind::kModel,
+           "{} with {} inputs, {} outputs and forward_inputs={} breaks the gradient-op contract",
+           args.op_type, args.num_inputs(), args.out.size(), fi);
+    n = static_cast<size_t>(fi);
+    m = (args.num_inputs() - n) / 2;
+  }
+  const Tensor* x(size_t k) const { return k < n ? a.in[k] : nullptr; }
+  const Tensor* y(size_t j) const { return j < m ? a.in[n + j] : nullptr; }
+  const Tensor* dy(size_t j) const { return j < m ? a.in[n + m + j] : nullptr; }
+  Tensor* dx(size_t k) const { return k < n ? a.out[k] : nullptr; }
+  const Tensor& need_x(size_t k) const {
+    if (x(k) == nullptr) fail(ErrorKind::kModel, "{} needs forward input {}", a.op_type, k);
+    return *x(k);
+  }
+};
+
+void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) {
+  if (dy.shape != shape)
+    fail(ErrorKind::kShape, "{}: the output gradient is {} but the output is {}", a.op_type,
+         dy.describe(), shape_string(shape));
+}
+
+// The values of an int32 or int64 tensor.
+std::vector<int64_t> read_ints(const KernelArgs& a, const Tensor& t, size_t k) {
+  const int64_t n = t.numel();
+  std::vector<int64_t> values(static_cast<size_t>(n));
+  if (t.dtype == DType::kInt64) {
+    for (int64_t i = 0; i < n; ++i) values[i] = t.as<int64_t>()[i];
+  } else if (t.dtype == DType::kInt32) {
+    for (int64_t i = 0; i < n; ++i) values[i] = t.as<int32_t>()[i];
+  } else {
+    fail(ErrorKind::kModel, "{} forward input {} is {}, expected int32 or int64", a.op_type, k,
+         dtype_name(t.dtype));
+  }
+  return values;
+}
+
+int64_t normalize_axis(const KernelArgs& a, int64_t axis, int64_t rank) {
+  if (axis < -rank || axis >= rank)
+    fail(ErrorKind::kModel, "{} axis {} is out of range for rank {}", a.op_type, axis, rank);
+  return axis < 0 ? axis + rank : axis;
+}
+
+// Row-major element strides of `shape`.
+std::vector<int64_t> dense_strides(const Shape& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
+    strides[d] = strides[d + 1] * shape[d + 1];
+  return strides;
+}
+
+// Walks the dense index space of `shape`; element c corresponds to `strided[base + sum(c[d] *
+// strides[d])]`. With `scatter`, copies dense -> strided, else strided -> dense. The strided
+// positions must be distinct (they are for Transpose and Slice).
+void strided_move(float* dense, float* strided, const Shape& shape,
+                  const std::vector<int64_t>& strides, int64_t base, bool scatter) {
+  if (shape_numel(shape) == 0) return;
+  Shape dims;
+  std::vector<int64_t> steps;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    if (!dims.empty() && steps.back() == strides[d] * shape[d]) {
+      dims.back() *= shape[d];
+      steps.back() = strides[d];
+    } else {
+      dims.push_back(shape[d]);
+      steps.push_back(strides[d]);
+    }
+  }
+  if (dims.empty()) {
+    dims.push_back(1);
+    steps.push_back(1);
+  }
+  const int64_t rank = static_cast<int64_t>(dims.size());
+  const int64_t inner = dims.back(), step = steps.back();
+  const int64_t rows = shape_numel(dims) / inner;
+  float* s = strided + base;
+#pragma omp parallel for if (rows * inner >= kParallelElements)
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t offset = 0, rest = r;
+    for (int64_t d = rank - 2; d >= 0; --d) {
+      offset += (rest % dims[d]) * steps[d];
+      rest /= dims[d];
+    }
+    float* row = dense + r * inner;
+    float* at = s + offset;
+    if (scatter) {
+      for (int64_t i = 0; i < inner; ++i) at[i * step] = row[i];
+    } else {
+      for (int64_t i = 0; i < inner; ++i) row[i] = at[i * step];
+    }
+  }
+}
+
+void zero(Tensor& t) {
+  if (t.bytes() > 0) std::memset(t.data, 0, static_cast<size_t>(t.bytes()));
+}
+
+// Zeroes every requested output: all gradients are zero when dy is omitted (outputs that are a
+// program's intermediates live in its arena and are not zeroed for the kernel).
+void zero_outputs(const KernelArgs& a) {
+  for (Tensor* t : a.out)
+    if (t != nullptr) zero(*t);
+}
+
+// --- Shape-only ops: dx = dy with x's shape ----------------------------------------------------
+
+void copy_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) zero_outputs(a);
+  if (dx == nullptr || dy == nullptr) return;
+  expect_shape(a, 0, io.need_x(0).shape);
+  if (dy->bytes() != dx->bytes())
+    fail(ErrorKind::kShape, "{} maps the gradient {} onto {}: the element counts differ", a.op_type,
+         dy->describe(), dx->describe());
+  if (dx->data != dy->data) std::memmove(dx->data, dy->data, static_cast<size_t>(dx->bytes()));
+}
+
+// --- Transpose: the inverse permutation ---------------------------------------------------------
+
+void transpose_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) zero_outputs(a);
+  if (dx == nullptr || dy == nullptr) return;
+  const Tensor& x = io.need_x(0);
+  expect_shape(a, 0, x.shape);
+  std::vector<int64_t> perm = a.attrs.ints("perm");
+  if (perm.empty()) {
+    perm.resize(x.shape.size());
+    std::iota(perm.rbegin(), perm.rend(), 0);
+  }
+  if (static_cast<int64_t>(perm.size()) != x.rank())
+    fail(ErrorKind::kModel, "Transpose perm has {} entries for a rank-{} input", perm.size(),
+         x.rank());
+  Shape y_shape;
+  std::vector<int64_t> inverse(perm.size(), -1);
+  for (size_t d = 0; d < perm.size(); ++d) {
+    const int64_t p = normalize_axis(a, perm[d], x.rank());
+    if (inverse[p] >= 0) fail(ErrorKind::kModel, "Transpose perm lists axis {} twice", perm[d]);
+    inverse[p] = static_cast<int64_t>(d);
+    y_shape.push_back(x.shape[p]);
+  }
+  expect_dy_shape(a, *dy, y_shape);
+  // dx at x-coordinate c is dy at the coordinate whose dim d is c[perm[d]].
+  const std::vector<int64_t> dy_strides = dense_strides(y_shape);
+  std::vector<int64_t> strides(perm.size());
+  for (size_t e = 0; e < perm.size(); ++e) strides[e] = dy_strides[inverse[e]];
+  strided_move(dx->as<float>(), const_cast<float*>(dy->as<float>()), x.shape, strides, 0,
+               /*scatter=*/false);
+}
+
+// --- Concat and Split ---------------------------------------------------------------------------
+
+// Copies between a joined tensor (`rows` rows of `row` elements) and its pieces: piece k holds
+// `sizes[k]` elements of each row, starting at `starts[k]`. With `to_pieces`, joined -> pieces.
+void move_pieces(float* joined, int64_t rows, int64_t row, const std::vector<float*>& pieces,
+                 const std::vector<int64_t>& starts, const std::vector<int64_t>& sizes,
+                 bool to_pieces) {
+  const int64_t parts = static_cast<int64_t>(pieces.size());
+#pragma omp parallel for if (rows * row >= kParallelElements)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < parts; ++k) {
+      if (pieces[k] == nullptr || sizes[k] == 0) continue;
+      float* j = joined + r * row + starts[k];
+      float* p = pieces[k] + r * sizes[k];
+      if (to_pieces)
+        std::memcpy(p, j, static_cast<size_t>(sizes[k]) * sizeof(float));
+      else
+        std::memcpy(j, p, static_cast<size_t>(sizes[k]) * sizeof(float));
+    }
+}
+
+void concat_grad(const KernelArgs& a) {
+  GradIo io(a);
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) return zero_outputs(a);
+  const Tensor& first = io.need_x(0);
+  const int64_t axis = normalize_axis(a, a.attrs.required_i("axis"), first.rank());
+  Shape y_shape = first.shape;
+  y_shape[axis] = 0;
+  int64_t rows = 1;
+  for (int64_t d = 0; d < axis; ++d) rows *= first.shape[d];
+  int64_t inner = 1;
+  for (int64_t d = axis + 1; d < first.rank(); ++d) inner *= first.shape[d];
+  std::vector<float*> pieces;
+  std::vector<int64_t> starts, sizes;
+  for (size_t k = 0; k < io.n; ++k) {
+    const Tensor& x = io.need_x(k);
+    if (x.rank() != first.rank())
+      fail(ErrorKind::kShape, "Concat of {} and {}: the ranks differ", first.describe(),
+           x.describe());
+    starts.push_back(y_shape[axis] * inner);
+    sizes.push_back(x.shape[axis] * inner);
+    y_shape[axis] += x.shape[axis];
+    Tensor* dx = io.dx(k);
+    if (dx != nullptr) expect_shape(a, k, x.shape);
+    pieces.push_back(dx != nullptr ? dx->as<float>() : nullptr);
+  }
+  expect_dy_shape(a, *dy, y_shape);
+  move_pieces(const_cast<float*>(dy->as<float>()), rows, y_shape[axis] * inner, pieces, starts,
+              sizes,
+              /*to_pieces=*/true);
+}
+
+// Split: dx is the dys joined along the axis; an omitted dy contributes zeros.
+void split_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Tensor* dx = io.dx(0);
+  if (dx == nullptr) return;
+  const Tensor& x = io.need_x(0);
+  expect_shape(a, 0, x.shape);
+  zero(*dx);
+  const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), x.rank());
+  const int64_t n = static_cast<int64_t>(io.m), dim = x.shape[axis];
+  std::vector<int64_t> sizes;
+  if (a.attrs.has("split"))
+    sizes = a.attrs.ints("split");
+  else if (io.x(1) != nullptr)
+    sizes = read_ints(a, *io.x(1), 1);
+  if (sizes.empty()) {
+    const int64_t piece = (dim + n - 1) / n;
+    for (int64_t k = 0; k < n; ++k)
+      sizes.push_back(std::max<int64_t>(0, std::min(piece, dim - k * piece)));
+  }
+  if (static_cast<int64_t>(sizes.size()) != n)
+    fail(ErrorKind::kModel, "Split lists {} sizes for {} outputs", sizes.size(), n);
+  if (std::accumulate(sizes.begin(), sizes.end(), int64_t{0}) != dim)
+    fail(ErrorKind::kModel, "Split sizes do not add up to axis {}'s {}", axis, dim);
+  int64_t rows = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) rows *= x.shape[d];
+  for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.shape[d];
+  std::vector<float*> pieces;
+  std::vector<int64_t> starts, piece_sizes;
+  int64_t start = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const Tensor* dy = io.dy(static_cast<size_t>(k));
+    if (dy != nullptr) {
+      Shape expected = x.shape;
+      expected[axis] = sizes[k];
+      expect_dy_shape(a, *dy, expected);
+    }
+    pieces.push_back(dy != nullptr ? const_cast<float*>(dy->as<float>()) : nullptr);
+    starts.push_back(start * inner);
+    piece_sizes.push_back(sizes[k] * inner);
+    start += sizes[k];
+  }
+  move_pieces(dx->as<float>(), rows, dim * inner, pieces, starts, piece_sizes, /*to_pieces=*/false);
+}
+
+// --- Slice: dy scattered into zeros --------------------------------------------------------------
+
+void slice_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Tensor* dx = io.dx(0);
+  if (dx == nullptr) return;
+  const Tensor& x = io.need_x(0);
+  expect_shape(a, 0, x.shape);
+  zero(*dx);
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) return;
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (io.n > 1) {
+    starts = read_ints(a, io.need_x(1), 1);
+    ends = read_ints(a, io.need_x(2), 2);
+    if (io.x(3) != nullptr) axes = read_ints(a, *io.x(3), 3);
+    if (io.x(4) != nullptr) steps = read_ints(a, *io.x(4), 4);
+  } else {
+    starts = a.attrs.ints("starts");
+    ends = a.attrs.ints("ends");
+    axes = a.attrs.ints("axes");
+  }
+  if (axes.empty())
+    for (size_t d = 0; d < starts.size(); ++d) axes.push_back(static_cast<int64_t>(d));
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+    fail(ErrorKind::kModel, "Slice has {} starts, {} ends, {} axes and {} steps", starts.size(),
+         ends.size(), axes.size(), steps.size());
+  Shape shape = x.shape;
+  const std::vector<int64_t> x_strides = dense_strides(x.shape);
+  std::vector<int64_t> strides = x_strides;
+  std::vector<bool> seen(x.shape.size(), false);
+  int64_t base = 0;
+  for (size_t k = 0; k < starts.size(); ++k) {
+    const int64_t d = normalize_axis(a, axes[k], x.rank());
+    if (seen[d]) fail(ErrorKind::kModel, "Slice lists axis {} twice", axes[k]);
+    seen[d] = true;
+    const int64_t dim = x.shape[d], step = steps[k];
+    if (step == 0) fail(ErrorKind::kModel, "Slice step is 0 on axis {}", axes[k]);
+    int64_t start = std::clamp<int64_t>(starts[k], -dim - 1, dim + 1);
+    int64_t end = std::clamp<int64_t>(ends[k], -dim - 1, dim + 1);
+    if (start < 0) start += dim;
+    if (end < 0) end += dim;
+    int64_t count;
+    if (step > 0) {
+      start = std::clamp<int64_t>(start, 0, dim);
+      end = std::clamp<int64_t>(end, 0, dim);
+      count = end > start ? (end - start + step - 1) / step : 0;
+    } else {
+      start = std::clamp<int64_t>(start, 0, dim - 1);
+      end = std::clamp<int64_t>(end, -1, dim - 1);
+      count = start > end ? (start - end - step - 1) / -step : 0;
+    }
+    shape[d] = count;
+    if (count > 0) base += start * x_strides[d];
+    strides[d] = step * x_strides[d];
+  }
+  expect_dy_shape(a, *dy, shape);
+  strided_move(const_cast<float*>(dy->as<float>()), dx->as<float>(), shape, strides, base,
+               /*scatter=*/true);
+}
+
+// --- Gather: dy rows added into zeros at the indices
+// ----------------------------------------------
+
+void gather_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Tensor* dx = io.dx(0);
+  if (dx == nullptr) return;
+  const Tensor& data = io.need_x(0);
+  expect_shape(a, 0, data.shape);
+  zero(*dx);
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) return;
+  const Tensor& index_tensor = io.need_x(1);
+  const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), data.rank());
+  Shape y_shape(data.shape.begin(), data.shape.begin() + axis);
+  y_shape.insert(y_shape.end(), index_tensor.shape.begin(), index_tensor.shape.end());
+  y_shape.insert(y_shape.end(), data.shape.begin() + axis + 1, data.shape.end());
+  expect_dy_shape(a, *dy, y_shape);
+  const int64_t dim = data.shape[axis];
+  std::vector<int64_t> indices = read_ints(a, index_tensor, 1);
+  for (int64_t& index : indices) {
+    if (index < -dim || index >= dim)
+      fail(ErrorKind::kModel, "Gather index {} is out of range for axis {} of size {}", index, axis,
+           dim);
+    if (index < 0) index += dim;
+  }
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= data.shape[d];
+  for (int64_t d = axis + 1; d < data.rank(); ++d) inner *= data.shape[d];
+  const int64_t count = static_cast<int64_t>(indices.size());
+  if (outer * count * inner == 0) return;
+  // Jobs own disjoint parts of dx: one outer row and one block of columns each, so repeated
+  // indices add up without races.
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (inner + kBlock - 1) / kBlock;
+  const float* src = dy->as<float>();
+  float* dst = dx->as<float>();
+#pragma omp parallel for if (outer * count * inner >= kParallelElements)
+  for (int64_t job = 0; job < outer * blocks; ++job) {
+    const int64_t o = job / blocks, begin = (job % blocks) * kBlock,
+                  end = std::min(inner, begin + kBlock);
+    for (int64_t i = 0; i < count; ++i) {
+      const float* from = src + (o * count + i) * inner;
+      float* to = dst + (o * dim + indices[i]) * inner;
+#pragma omp simd
+      for (int64_t j = begin; j < end; ++j) to[j] += from[j];
+    }
+  }
+}
+
+// --- Expand: dy summed over the broadcast dims
+// ------------------------------------------------------
+
+void expand_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) zero_outputs(a);
+  if (dx == nullptr || dy == nullptr) return;
+  const Tensor& x = io.need_x(0);
+  expect_shape(a, 0, x.shape);
+  sum_to_shape(dy->as<float>(), dy->shape, dx->as<float>(), x.shape);
+}
+
+// --- ReduceMean: dy / count spread over the reduced dims ---------------------------------------
+
+void reduce_mean_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) zero_outputs(a);
+  if (dx == nullptr || dy == nullptr) return;
+  const Tensor& x = io.need_x(0);
+  expect_shape(a, 0, x.shape);
+  std::vector<int64_t> axes = a.attrs.ints("axes");
+  if (!a.attrs.has("axes") && io.x(1) != nullptr) axes = read_ints(a, *io.x(1), 1);
+  std::vector<bool> reduced(x.shape.size(), axes.empty());
+  if (axes.empty() && a.attrs.i("noop_with_empty_axes", 0) != 0)
+    reduced.assign(x.shape.size(), false);
+  std::vector<bool> listed(x.shape.size(), false);
+  for (int64_t axis : axes) {
+    const int64_t d = normalize_axis(a, axis, x.rank());
+    if (listed[d]) fail(ErrorKind::kModel, "ReduceMean: axis {} is given twice", axis);
+    listed[d] = reduced[d] = true;
+  }
+  const bool keepdims = a.attrs.i("keepdims", 1) != 0;
+  Shape y_shape, kept_shape;
+  int64_t count = 1;
+  for (size_t i = 0; i < x.shape.size(); ++i) {
+    if (reduced[i]) count *= x.shape[i];
+    kept_shape.push_back(reduced[i] ? 1 : x.shape[i]);
+    if (!reduced[i] || keepdims) y_shape.push_back(kept_shape.back());
+  }
+  expect_dy_shape(a, *dy, y_shape);
+  if (x.numel() == 0) return;
+  const float scale = 1.0f / static_cast<float>(count);
+  Broadcast<1> plan({kept_shape}, x.shape);
+  const float* src = dy->as<float>();
+  float* dst = dx->as<float>();
+  const int64_t step = plan.step(0);
+  plan.for_each_run([&](int64_t o, const std::array<int64_t, 1>& in, int64_t n) {
+    const float* s = src + in[0];
+    if (step == 0) {
+      std::fill_n(dst + o, n, s[0] * scale);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[o + i] = s[i] * scale;
+    }
+  });
+}
+
+// --- Checks -------------------------------------------------------------------------------------
+
+// "" when the signature is n + 2m inputs and n outputs (n = forward_inputs), every named output
+// and output gradient is float32 and so is the forward input of every named output.
+std::string check_data_grad(const OpSignature& s) {
+  const int64_t fi = s.attrs.i(grad::kForwardInputsAttr, -1);
+  if (fi < 1 || static_cast<size_t>(fi) > s.inputs.size() ||
+      (s.inputs.size() - static_cast<size_t>(fi)) % 2 != 0 ||
+      s.outputs.size() != static_cast<size_t>(fi))
+    return fmt::format(
+        "{} with {} inputs, {} outputs and forward_inputs={} is not a gradient-op signature",
+        s.op_type, s.inputs.size(), s.outputs.size(), fi);
+  const size_t n = static_cast<size_t>(fi), m = (s.inputs.size() - n) / 2;
+  for (size_t j = 0; j < m; ++j) {
+    const DType d = s.inputs[n + m + j];
+    if (d != DType::kUndefined && d != DType::kFloat32)
+      return fmt::format("{} with a {} output gradient is not supported (float32 only)", s.op_type,
+                         dtype_name(d));
+  }
+  for (size_t k = 0; k < n; ++k) {
+    if (s.outputs[k] == DType::kUndefined) continue;
+    if (s.outputs[k] != DType::kFloat32 || s.inputs[k] != DType::kFloat32)
+      return fmt::format("{} of a {} input is not supported (float32 only)", s.op_type,
+                         dtype_name(s.inputs[k]));
+  }
+  return "";
+}
+
+constexpr KernelEntry kKernels[] = {
+    {"IdentityGrad", copy_grad, check_data_grad},
+    {"ReshapeGrad", copy_grad, check_data_grad},
+    {"FlattenGrad", copy_grad, check_data_grad},
+    {"SqueezeGrad", copy_grad, check_data_grad},
+    {"UnsqueezeGrad", copy_grad, check_data_grad},
+    {"TransposeGrad", transpose_grad, check_data_grad},
+    {"ConcatGrad", concat_grad, check_data_grad},
+    {"SplitGrad", split_grad, check_data_grad},
+    {"SliceGrad", slice_grad, check_data_grad},
+    {"GatherGrad", gather_grad, check_data_grad},
+    {"ExpandGrad", expand_grad, check_data_grad},
+    {"ReduceMeanGrad", reduce_mean_grad, check_data_grad},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> grad_data_kernels() { return kKernels; }
+
+}  // namespace stagecraft::rt::cpu

@@ -1,0 +1,680 @@
+// Gradients of the elementwise ops (unary, binary with broadcasting undone, Where, Cast). The
+// contract every gradient kernel follows is runtime/format/grad_ops.h: inputs x0..x{n-1},
+// y0..y{m-1}, dy0..dy{m-1}, outputs dx0..dx{n-1}, n in attribute forward_inputs.
+//
+// Kernels run on float32 in plain C++ (split among the worker's threads for large tensors). A
+// binary op's gradient is computed per output element and, where an input was broadcast, summed
+// back to the input's shape (`sum_to_shape`, also used by grad_data.cpp's Expand).
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numbers>
+#include <utility>
+#include <vector>
+
+#include "runtime/cpu/broadcast.h"
+#include "runtime/cpu/cpu_context.h"
+#include "runtime/cpu/families.h"
+#include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
+
+namespace stagecraft::rt::cpu {
+
+/// Sums the dense float32 `full` (shape `full_shape`) over the dims along which `shape`
+/// broadcasts to it (numpy rules: leading dims and dims of size 1), into the dense `out` of
+/// `shape`. Overwrites `out`. Also used by grad_data.cpp.
+void sum_to_shape(const float* full, const Shape& full_shape, float* out, const Shape& shape);
+
+void sum_to_shape(const float* full, const Shape& full_shape, float* out, const Shape& shape) {
+  const size_t rank = full_shape.size();
+  if (shape.size() > rank)
+    fail(ErrorKind::kShape, "cannot sum {} to the larger-rank {}", shape_string(full_shape),
+         shape_string(shape));
+  const size_t lead = rank - shape.size();
+  // Groups of neighbouring dims (innermost first, size-1 dims dropped), each kept or reduced.
+  std::vector<std::pair<int64_t, bool>> groups;
+  for (size_t i = rank; i-- > 0;) {
+    const int64_t d = full_shape[i];
+    const int64_t s = i < lead ? 1 : shape[i - lead];
+    if (s != d && s != 1)
+      fail(ErrorKind::kShape, "{} does not broadcast to {}", shape_string(shape),
+           shape_string(full_shape));
+    if (d == 1) continue;
+    const bool reduced = s != d;
+    if (!groups.empty() && groups.back().second == reduced)
+      groups.back().first *= d;
+    else
+      groups.emplace_back(d, reduced);
+  }
+  const int64_t n_out = shape_numel(shape);
+  if (n_out == 0) return;
+  if (shape_numel(full_shape) == 0) {
+    std::fill_n(out, n_out, 0.0f);
+    return;
+  }
+  std::vector<int64_t> kept_dims, kept_strides, red_dims, red_strides;
+  int64_t stride = 1;
+  for (const auto& [size, reduced] : groups) {
+    (reduced ? red_dims : kept_dims).push_back(size);
+    (reduced ? red_strides : kept_strides).push_back(stride);
+    stride *= size;
+  }
+  // Offsets of every reduced element relative to a base.
+  std::vector<int64_t> offsets{0};
+  for (size_t g = 0; g < red_dims.size(); ++g) {
+    std::vector<int64_t> next;
+    next.reserve(offsets.size() * red_dims[g]);
+    for (int64_t j = 0; j < red_dims[g]; ++j)
+      for (int64_t o : offsets) next.push_back(o + j * red_strides[g]);
+    offsets = std::move(next);
+  }
+  const int64_t count = static_cast<int64_t>(offsets.size());
+  // When the innermost group is kept, output elements come in contiguous rows of `inner` that
+  // read contiguous input: add whole rows per reduced offset.
+  const bool inner_kept = !groups.empty() && !groups.front().second;
+  const int64_t inner = inner_kept ? kept_dims.front() : 1;
+  const size_t first_outer = inner_kept ? 1 : 0;
+  const int64_t rows = n_out / inner;
+  const int64_t total = shape_numel(full_shape);
+  constexpr int64_t kParallel = int64_t{1} << 15;
+  if (rows == 1 && total >= kParallel && omp_get_max_threads() > 1) {
+    // One output row (a bias's gradient, a full sum): the threads split the reduced offsets,
+    // each summing into its own row, and the rows are added at the end.
+    const int64_t slots = omp_get_max_threads();
+    std::vector<double> partial(static_cast<size_t>(slots * inner), 0.0);
+#pragma omp parallel
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      double* acc = partial.data() + t * inner;
+      for (int64_t k = count * t / nt; k < count * (t + 1) / nt; ++k) {
+        const float* src = full + offsets[k];
+#pragma omp simd
+        for (int64_t j = 0; j < inner; ++j) acc[j] += src[j];
+      }
+    }
+    for (int64_t j = 0; j < inner; ++j) {
+      double sum = 0;
+      for (int64_t t = 0; t < slots; ++t) sum += partial[t * inner + j];
+      out[j] = static_cast<float>(sum);
+    }
+    return;
+  }
+#pragma omp parallel for if (rows > 1 && total >= kParallel)
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t base = 0, rest = r;
+    for (size_t g = first_outer; g < kept_dims.size(); ++g) {
+      base += (rest % kept_dims[g]) * kept_strides[g];
+      rest /= kept_dims[g];
+    }
+    float* dst = out + r * inner;
+    if (inner_kept) {
+      std::fill_n(dst, inner, 0.0f);
+      for (int64_t k = 0; k < count; ++k) {
+        const float* src = full + base + offsets[k];
+#pragma omp simd
+        for (int64_t j = 0; j < inner; ++j) dst[j] += src[j];
+      }
+    } else {
+      double sum = 0;
+      for (int64_t k = 0; k < count; ++k) sum += full[base + offsets[k]];
+      dst[0] = static_cast<float>(sum);
+    }
+  }
+}
+
+namespace {
+
+constexpr int64_t kParallelElements = int64_t{1} << 15;
+
+// ---------------------------------------------------------------------------------------------
+// The gradient op's operands
+
+// Where the gradient op's operands are: n forward inputs, m forward outputs.
+struct GradIo {
+  const KernelArgs& a;
+  size_t n, m;
+
+  explicit GradIo(const KernelArgs& args) : a(args) {
+    const int64_t fi = args.attrs.i(grad::kForwardInputsAttr, -1);
+    if (fi < 0 || static_cast<size_t>(fi) > args.num_inputs() ||
+        (args.num_inputs() - static_cast<size_t>(fi)) % 2 != 0 ||
+        args.out.size() != static_cast<size_t>(fi))
+      fail(ErrorKind::kModel,
+           "{} with {} inputs, {} outputs and forward_inputs={} breaks the gradient-op contract",
+           args.op_type, args.num_inputs(), args.out.size(), fi);
+    n = static_cast<size_t>(fi);
+    m = (args.num_inputs() - n) / 2;
+  }
+  const Tensor* x(size_t k) const { return k < n ? a.in[k] : nullptr; }
+  const Tensor* y(size_t j) const { return j < m ? a.in[n + j] : nullptr; }
+  const Tensor* dy(size_t j) const { return j < m ? a.in[n + m + j] : nullptr; }
+  Tensor* dx(size_t k) const { return k < n ? a.out[k] : nullptr; }
+  const Tensor& need_x(size_t k) const {
+    if (x(k) == nullptr) fail(ErrorKind::kModel, "{} needs forward input {}", a.op_type, k);
+    return *x(k);
+  }
+};
+
+// Zeroes every requested output (all gradients are zero when dy is omitted). Outputs that are
+// intermediates of a program live in its arena and are not zeroed for the kernel.
+void zero_outputs(const KernelArgs& a) {
+  for (Tensor* t : a.out)
+    if (t != nullptr && t->bytes() > 0) std::memset(t->data, 0, static_cast<size_t>(t->bytes()));
+}
+
+void zero_output(const KernelArgs& a, size_t k) {
+  Tensor* t = k < a.out.size() ? a.out[k] : nullptr;
+  if (t != nullptr && t->bytes() > 0) std::memset(t->data, 0, static_cast<size_t>(t->bytes()));
+}
+
+// Fails unless `dx` has `shape` (the forward input's).
+void expect_dx_shape(const KernelArgs& a, size_t k, const Shape& shape) {
+  expect_shape(a, k, shape);
+}
+
+// Fails unless `dy` has `shape`.
+void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) {
+  if (dy.shape != shape)
+    fail(ErrorKind::kShape, "{}: the output gradient is {} but the output is {}", a.op_type,
+         dy.describe(), shape_string(shape));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unary ops
+
+// dx = g(x, y, dy) elementwise; y is the forward output, recomputed by `fwd(x)` when omitted.
+template <class Fwd, class G>
+void unary_grad(const KernelArgs& a, Fwd fwd, G g) {
+  GradIo io(a);
+  for (size_t k = 1; k < io.n; ++k) zero_output(a, k);  // Clip's bounds get none
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dx == nullptr) return;
+  if (dy == nullptr) return zero_output(a, 0);
+  const Tensor& x = io.need_x(0);
+  expect_dx_shape(a, 0, x.shape);
+  expect_dy_shape(a, *dy, x.shape);
+  const float* xs = x.as<float>();
+  const float* dys = dy->as<float>();
+  float* dxs = dx->as<float>();
+  const int64_t n = x.numel();
+  const Tensor* y = io.y(0);
+  if (y != nullptr && y->shape == x.shape) {
+    const float* ys = y->as<float>();
+#pragma omp parallel for simd if (n >= kParallelElements)
+    for (int64_t i = 0; i < n; ++i) dxs[i] = g(xs[i], ys[i], dys[i]);
+  } else {
+#pragma omp parallel for if (n >= kParallelElements)
+    for (int64_t i = 0; i < n; ++i) dxs[i] = g(xs[i], fwd(xs[i]), dys[i]);
+  }
+}
+
+void relu_grad(const KernelArgs& a) {
+  unary_grad(
+      a, [](float x) { return x > 0 ? x : 0.0f; },
+      [](float x, float, float dy) { return x > 0 ? dy : 0.0f; });
+}
+
+void sigmoid_grad(const KernelArgs& a) {
+  unary_grad(
+      a, [](float x) { return 1 / (1 + std::exp(-x)); },
+      [](float, float y, float dy) { return dy * y * (1 - y); });
+}
+
+void tanh_grad(const KernelArgs& a) {
+  unary_grad(
+      a, [](float x) { return std::tanh(x); },
+      [](float, float y, float dy) { return dy * (1 - y * y); });
+}
+
+void sqrt_grad(const KernelArgs& a) {
+  unary_grad(
+      a, [](float x) { return std::sqrt(x); },
+      [](float, float y, float dy) { return dy * 0.5f / y; });
+}
+
+// d erf(x) / dx = 2 / sqrt(pi) * exp(-x^2).
+void erf_grad(const KernelArgs& a) {
+  constexpr float k = 2 * std::numbers::inv_sqrtpi_v<float>;
+  unary_grad(
+      a, [](float x) { return std::erf(x); },
+      [](float x, float, float dy) { return dy * k * std::exp(-x * x); });
+}
+
+void hard_sigmoid_grad(const KernelArgs& a) {
+  const float alpha = a.attrs.f("alpha", 0.2f), beta = a.attrs.f("beta", 0.5f);
+  unary_grad(
+      a, [](float x) { return x; },
+      [=](float x, float, float dy) {
+        const float v = alpha * x + beta;
+        return v > 0 && v < 1 ? alpha * dy : 0.0f;
+      });
+}
+
+// HardSwish(x) = x * clamp(x / 6 + 1/2, 0, 1): the slope is 0 below -3, 1 above 3 and
+// x / 3 + 1/2 between.
+void hard_swish_grad(const KernelArgs& a) {
+  unary_grad(
+      a, [](float x) { return x; },
+      [](float x, float, float dy) {
+        if (x <= -3) return 0.0f;
+        if (x >= 3) return dy;
+        return dy * (x / 3 + 0.5f);
+      });
+}
+
+// The one value of Clip's optional bound input k, or `fallback` when it is omitted.
+float clip_bound(const GradIo& io, size_t k, float fallback) {
+  const Tensor* t = io.x(k);
+  if (t == nullptr) return fallback;
+  if (t->numel() != 1)
+    fail(ErrorKind::kShape, "Clip's {} must be a scalar, not {}", k == 1 ? "min" : "max",
+         shape_string(t->shape));
+  return t->as<float>()[0];
+}
+
+// Clip: the gradient passes where min < x < max (bounds as the forward kernel reads them:
+// attributes up to opset 6, inputs from opset 11). The bounds get no gradient.
+void clip_grad(const KernelArgs& a) {
+  GradIo io(a);
+  const float lo = a.attrs.has("min") ? a.attrs.f("min", 0)
+                                      : clip_bound(io, 1, -std::numeric_limits<float>::infinity());
+  const float hi = a.attrs.has("max") ? a.attrs.f("max", 0)
+                                      : clip_bound(io, 2, std::numeric_limits<float>::infinity());
+  unary_grad(
+      a, [](float x) { return x; },
+      [=](float x, float, float dy) { return x > lo && x < hi ? dy : 0.0f; });
+}
+
+// True when the scalar tensor (float32, float64 or bool) is nonzero.
+bool scalar_is_nonzero(const Tensor& t, std::string_view what) {
+  if (t.numel() != 1)
+    fail(ErrorKind::kShape, "Dropout's {} must be a scalar, not {}", what, shape_string(t.shape));
+  switch (t.dtype) {
+    case DType::kFloat32:
+      return t.as<float>()[0] != 0;
+    case DType::kFloat64:
+      return t.as<double>()[0] != 0;
+    case DType::kBool:
+      return t.as<uint8_t>()[0] != 0;
+    default:
+      fail(ErrorKind::kUnsupported, "Dropout's {} of type {} is not supported", what,
+           dtype_name(t.dtype));
+  }
+}
+
+// Dropout as the forward kernel runs it (inference: identity), so dx = dy; the mask gets none.
+void dropout_grad(const KernelArgs& a) {
+  GradIo io(a);
+  const Tensor* training = io.x(2);
+  const Tensor* ratio = io.x(1);
+  if (training != nullptr && scalar_is_nonzero(*training, "training_mode") &&
+      (ratio == nullptr || scalar_is_nonzero(*ratio, "ratio")))
+    fail(ErrorKind::kUnsupported,
+         "DropoutGrad in training mode (training_mode=true with a nonzero ratio) is not supported: "
+         "the cpu "
+         "backend runs Dropout as the identity");
+  if (a.attrs.i("is_test", 1) == 0)
+    fail(ErrorKind::kUnsupported, "DropoutGrad with is_test=0 (training) is not supported");
+  for (size_t k = 1; k < io.n; ++k) zero_output(a, k);  // ratio and training_mode get none
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dx == nullptr) return;
+  if (dy == nullptr) return zero_output(a, 0);
+  expect_dx_shape(a, 0, io.need_x(0).shape);
+  expect_dy_shape(a, *dy, dx->shape);
+  if (dx->data != dy->data) std::memmove(dx->data, dy->data, static_cast<size_t>(dx->bytes()));
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16, exponent = (h >> 10) & 0x1fu,
+                 mantissa = h & 0x3ffu;
+  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | mantissa << 13);
+  if (exponent == 0) {
+    float v = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | (exponent + 112) << 23 | mantissa << 13);
+}
+
+// Cast: the gradient of a float32 input is dy cast back to float32 (from float32, float64,
+// float16 or bfloat16); other inputs get none.
+void cast_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dx == nullptr) return;
+  if (dy == nullptr) return zero_output(a, 0);
+  const Tensor& x = io.need_x(0);
+  expect_dx_shape(a, 0, x.shape);
+  expect_dy_shape(a, *dy, x.shape);
+  const int64_t n = x.numel();
+  float* out = dx->as<float>();
+  switch (dy->dtype) {
+    case DType::kFloat32:
+      if (dx->data != dy->data) std::memmove(out, dy->data, static_cast<size_t>(dx->bytes()));
+      return;
+    case DType::kFloat64: {
+      const double* in = dy->as<double>();
+#pragma omp parallel for simd if (n >= kParallelElements)
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]);
+      return;
+    }
+    case DType::kFloat16: {
+      const uint16_t* in = dy->as<uint16_t>();
+#pragma omp parallel for if (n >= kParallelElements)
+      for (int64_t i = 0; i < n; ++i) out[i] = half_to_float(in[i]);
+      return;
+    }
+    case DType::kBFloat16: {
+      const uint16_t* in = dy->as<uint16_t>();
+#pragma omp parallel for simd if (n >= kParallelElements)
+      for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{in[i]} << 16);
+      return;
+    }
+    default:
+      fail(ErrorKind::kUnsupported, "CastGrad with a {} output gradient is not supported",
+           dtype_name(dy->dtype));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binary ops with broadcasting undone
+
+// dx_k = sum over broadcast dims of f(a, b, y, dy) evaluated at every output element, where a
+// and b are the forward inputs read with broadcasting and y, dy have the output's shape.
+// `y` may be null (then f gets 0 for it).
+template <class F>
+void binary_part(const KernelArgs& a, size_t k, const Tensor& lhs, const Tensor& rhs,
+                 const Tensor* y, const Tensor& dy, F f) {
+  Tensor& dx = *a.out[k];
+  const Shape& out_shape = dy.shape;
+  const Tensor& xk = k == 0 ? lhs : rhs;
+  expect_dx_shape(a, k, xk.shape);
+  Broadcast<2> plan({lhs.shape, rhs.shape}, out_shape);
+  const bool direct = xk.shape == out_shape;
+  std::vector<float> full;
+  float* dst = dx.as<float>();
+  if (!direct) {
+    full.resize(static_cast<size_t>(shape_numel(out_shape)));
+    dst = full.data();
+  }
+  const float *ls = lhs.as<float>(), *rs = rhs.as<float>(), *dys = dy.as<float>();
+  const float* ys = y != nullptr ? y->as<float>() : nullptr;
+  const int64_t s0 = plan.step(0), s1 = plan.step(1);
+  plan.for_each_run([&](int64_t o, const std::array<int64_t, 2>& in, int64_t count) {
+    const float* l = ls + in[0];
+    const float* r = rs + in[1];
+    for (int64_t i = 0; i < count; ++i)
+      dst[o + i] = f(l[i * s0], r[i * s1], ys != nullptr ? ys[o + i] : 0.0f, dys[o + i]);
+  });
+  if (!direct) sum_to_shape(full.data(), out_shape, dx.as<float>(), xk.shape);
+}
+
+// The binary op's operands, checked: returns false when no gradient is to be computed.
+struct Binary {
+  const Tensor* lhs = nullptr;
+  const Tensor* rhs = nullptr;
+  const Tensor* y = nullptr;
+  const Tensor* dy = nullptr;
+};
+
+bool binary_operands(const KernelArgs& a, const GradIo& io, Binary& b) {
+  b.dy = io.dy(0);
+  if (b.dy == nullptr) zero_outputs(a);
+  if (b.dy == nullptr || (io.dx(0) == nullptr && io.dx(1) == nullptr)) return false;
+  b.lhs = &io.need_x(0);
+  b.rhs = &io.need_x(1);
+  b.y = io.y(0);
+  Shape out = broadcast_shape(b.lhs->shape, b.rhs->shape);
+  expect_dy_shape(a, *b.dy, out);
+  if (b.y != nullptr && b.y->shape != out) b.y = nullptr;
+  return true;
+}
+
+enum class Arith { kAdd, kSub, kMul, kDiv };
+
+template <Arith op>
+void arith_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Binary b;
+  if (!binary_operands(a, io, b)) return;
+  if (io.dx(0) != nullptr) {
+    binary_part(a, 0, *b.lhs, *b.rhs, nullptr, *b.dy, [](float, float v, float, float d) {
+      if constexpr (op == Arith::kMul)
+        return d * v;
+      else if constexpr (op == Arith::kDiv)
+        return d / v;
+      else
+        return d;
+    });
+  }
+  if (io.dx(1) != nullptr) {
+    binary_part(a, 1, *b.lhs, *b.rhs, nullptr, *b.dy, [](float u, float v, float, float d) {
+      if constexpr (op == Arith::kAdd)
+        return d;
+      else if constexpr (op == Arith::kSub)
+        return -d;
+      else if constexpr (op == Arith::kMul)
+        return d * u;
+      else
+        return -d * u / (v * v);
+    });
+  }
+}
+
+// Pow: d/dbase = e * base^(e-1), d/dexp = y * ln(base) where base > 0 (else 0). An int32 or
+// int64 exponent is read as float32 for the base's gradient (it gets none itself).
+void pow_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Binary b;
+  if (!binary_operands(a, io, b)) return;
+  Tensor exponent = *b.rhs;
+  if (b.rhs->dtype != DType::kFloat32) {
+    exponent = Tensor::owned(DType::kFloat32, b.rhs->shape);
+    const int64_t n = b.rhs->numel();
+    for (int64_t i = 0; i < n; ++i)
+      exponent.as<float>()[i] = b.rhs->dtype == DType::kInt64
+                                    ? static_cast<float>(b.rhs->as<int64_t>()[i])
+                                    : static_cast<float>(b.rhs->as<int32_t>()[i]);
+  }
+  if (io.dx(0) != nullptr)
+    binary_part(a, 0, *b.lhs, exponent, nullptr, *b.dy, [](float u, float e, float, float d) {
+      if (e == 0) return 0.0f;
+      if (e == 1) return d;
+      if (e == 2) return d * 2 * u;
+      return d * e * std::pow(u, e - 1);
+    });
+  if (io.dx(1) != nullptr) {
+    if (b.rhs->dtype != DType::kFloat32)
+      fail(ErrorKind::kUnsupported, "PowGrad: an integer exponent has no gradient");
+    if (b.y != nullptr)
+      binary_part(a, 1, *b.lhs, exponent, b.y, *b.dy, [](float u, float, float y, float d) {
+        return u > 0 ? d * y * std::log(u) : 0.0f;
+      });
+    else
+      binary_part(a, 1, *b.lhs, exponent, nullptr, *b.dy, [](float u, float e, float, float d) {
+        return u > 0 ? d * std::pow(u, e) * std::log(u) : 0.0f;
+      });
+  }
+}
+
+// Where: dy goes to x where the condition holds and to y elsewhere; the condition gets none.
+void where_grad(const KernelArgs& a) {
+  GradIo io(a);
+  const Tensor* dy = io.dy(0);
+  zero_output(a, 0);  // the condition gets none
+  if (dy == nullptr) zero_outputs(a);
+  if (dy == nullptr || (io.dx(1) == nullptr && io.dx(2) == nullptr)) return;
+  const Tensor &cond = io.need_x(0), &x = io.need_x(1), &y = io.need_x(2);
+  Shape out = broadcast_shape(broadcast_shape(cond.shape, x.shape), y.shape);
+  expect_dy_shape(a, *dy, out);
+  Broadcast<1> plan({cond.shape}, out);
+  const uint8_t* c = cond.as<uint8_t>();
+  const float* d = dy->as<float>();
+  const int64_t sc = plan.step(0);
+  for (size_t k = 1; k <= 2; ++k) {
+    Tensor* dx = io.dx(k);
+    if (dx == nullptr) continue;
+    const Shape& shape = io.x(k)->shape;
+    expect_dx_shape(a, k, shape);
+    const bool direct = shape == out;
+    std::vector<float> full;
+    float* dst = dx->as<float>();
+    if (!direct) {
+      full.resize(static_cast<size_t>(shape_numel(out)));
+      dst = full.data();
+    }
+    const bool take_true = k == 1;
+    plan.for_each_run([&](int64_t o, const std::array<int64_t, 1>& in, int64_t count) {
+      const uint8_t* cs = c + in[0];
+      for (int64_t i = 0; i < count; ++i)
+        dst[o + i] = (cs[i * sc] != 0) == take_true ? d[o + i] : 0.0f;
+    });
+    if (!direct) sum_to_shape(full.data(), out, dx->as<float>(), shape);
+  }
+}
+
+// Equal has no gradient: its outputs are never requested (and are zeros if they are).
+void equal_grad(const KernelArgs& a) { zero_outputs(a); }
+
+// ---------------------------------------------------------------------------------------------
+// Checks
+
+// "" when the signature is n + 2m inputs and n outputs with n = forward_inputs.
+std::string grad_arity(const OpSignature& s, size_t& n, size_t& m) {
+  const int64_t fi = s.attrs.i(grad::kForwardInputsAttr, -1);
+  if (fi < 0 || static_cast<size_t>(fi) > s.inputs.size() ||
+      (s.inputs.size() - static_cast<size_t>(fi)) % 2 != 0 ||
+      s.outputs.size() != static_cast<size_t>(fi))
+    return fmt::format(
+        "{} with {} inputs, {} outputs and forward_inputs={} is not a gradient-op signature",
+        s.op_type, s.inputs.size(), s.outputs.size(), fi);
+  n = static_cast<size_t>(fi);
+  m = (s.inputs.size() - n) / 2;
+  return "";
+}
+
+bool float_or_absent(DType d) { return d == DType::kUndefined || d == DType::kFloat32; }
+
+// Every input and output float32 (or absent), with `n` forward inputs of which at least `required`.
+std::string check_float_grad(const OpSignature& s, size_t n_min, size_t n_max) {
+  size_t n = 0, m = 0;
+  if (auto why = grad_arity(s, n, m); !why.empty()) return why;
+  if (n < n_min || n > n_max || m != 1)
+    return fmt::format("{} with {} forward inputs and {} outputs is not a valid signature",
+                       s.op_type, n, m);
+  for (DType d : s.inputs)
+    if (!float_or_absent(d))
+      return fmt::format("{} on {} is not supported (the cpu backend differentiates float32 only)",
+                         s.op_type, dtype_name(d));
+  for (DType d : s.outputs)
+    if (!float_or_absent(d))
+      return fmt::format("{} producing {} is not supported (float32 only)", s.op_type,
+                         dtype_name(d));
+  return "";
+}
+
+std::string check_unary(const OpSignature& s) { return check_float_grad(s, 1, 1); }
+std::string check_binary(const OpSignature& s) { return check_float_grad(s, 2, 2); }
+std::string check_clip(const OpSignature& s) { return check_float_grad(s, 1, 3); }
+
+std::string check_pow(const OpSignature& s) {
+  size_t n = 0, m = 0;
+  if (auto why = grad_arity(s, n, m); !why.empty()) return why;
+  if (n != 2 || m != 1) return "PowGrad needs 2 forward inputs and 1 output";
+  const DType e = s.inputs[1];
+  if (e == DType::kInt32 || e == DType::kInt64) {
+    if (s.outputs[1] != DType::kUndefined) return "PowGrad: an integer exponent has no gradient";
+    std::vector<DType> rest(s.inputs.begin(), s.inputs.end());
+    rest[1] = DType::kFloat32;
+    return check_float_grad({s.op_type, rest, s.outputs, s.attrs}, 2, 2);
+  }
+  return check_float_grad(s, 2, 2);
+}
+
+std::string check_where(const OpSignature& s) {
+  size_t n = 0, m = 0;
+  if (auto why = grad_arity(s, n, m); !why.empty()) return why;
+  if (n != 3 || m != 1) return "WhereGrad needs 3 forward inputs and 1 output";
+  if (s.inputs[0] != DType::kBool)
+    return fmt::format("WhereGrad with a {} condition is not valid", dtype_name(s.inputs[0]));
+  if (s.outputs[0] != DType::kUndefined) return "WhereGrad: the condition has no gradient";
+  for (size_t k = 1; k < s.inputs.size(); ++k)
+    if (!float_or_absent(s.inputs[k]))
+      return fmt::format("WhereGrad on {} is not supported (float32 only)",
+                         dtype_name(s.inputs[k]));
+  for (DType d : s.outputs)
+    if (!float_or_absent(d))
+      return fmt::format("WhereGrad producing {} is not supported", dtype_name(d));
+  return "";
+}
+
+std::string check_dropout(const OpSignature& s) {
+  size_t n = 0, m = 0;
+  if (auto why = grad_arity(s, n, m); !why.empty()) return why;
+  if (n < 1 || n > 3 || m < 1 || m > 2)
+    return "DropoutGrad needs 1 to 3 forward inputs and 1 or 2 outputs";
+  if (s.inputs[0] != DType::kFloat32)
+    return fmt::format("DropoutGrad on {} is not supported (float32 only)",
+                       dtype_name(s.inputs[0]));
+  if (!float_or_absent(s.inputs[n + m])) return "DropoutGrad needs a float32 output gradient";
+  if (!float_or_absent(s.outputs[0])) return "DropoutGrad produces float32";
+  for (size_t k = 1; k < n; ++k)
+    if (s.outputs[k] != DType::kUndefined)
+      return "DropoutGrad: ratio and training_mode have no gradient";
+  if (s.attrs.i("is_test", 1) == 0) return "DropoutGrad with is_test=0 (training) is not supported";
+  return "";
+}
+
+std::string check_cast(const OpSignature& s) {
+  size_t n = 0, m = 0;
+  if (auto why = grad_arity(s, n, m); !why.empty()) return why;
+  if (n != 1 || m != 1) return "CastGrad needs 1 forward input and 1 output";
+  if (s.outputs[0] == DType::kUndefined) return "";
+  if (s.inputs[0] != DType::kFloat32 || s.outputs[0] != DType::kFloat32)
+    return fmt::format("CastGrad to a {} input is not supported (float32 only)",
+                       dtype_name(s.inputs[0]));
+  const DType dy = s.inputs[2];
+  if (dy != DType::kUndefined && dy != DType::kFloat32 && dy != DType::kFloat64 &&
+      dy != DType::kFloat16 && dy != DType::kBFloat16)
+    return fmt::format("CastGrad from a {} output gradient is not supported", dtype_name(dy));
+  return "";
+}
+
+std::string check_equal(const OpSignature& s) {
+  size_t n = 0, m = 0;
+  return grad_arity(s, n, m);
+}
+
+constexpr KernelEntry kKernels[] = {
+    {"ReluGrad", relu_grad, check_unary},
+    {"SigmoidGrad", sigmoid_grad, check_unary},
+    {"TanhGrad", tanh_grad, check_unary},
+    {"SqrtGrad", sqrt_grad, check_unary},
+    {"ErfGrad", erf_grad, check_unary},
+    {"HardSigmoidGrad", hard_sigmoid_grad, check_unary},
+    {"HardSwishGrad", hard_swish_grad, check_unary},
+    {"ClipGrad", clip_grad, check_clip},
+    {"DropoutGrad", dropout_grad, check_dropout},
+    {"CastGrad", cast_grad, check_cast},
+    {"AddGrad", arith_grad<Arith::kAdd>, check_binary},
+    {"SubGrad", arith_grad<Arith::kSub>, check_binary},
+    {"MulGrad", arith_grad<Arith::kMul>, check_binary},
+    {"DivGrad", arith_grad<Arith::kDiv>, check_binary},
+    {"PowGrad", pow_grad, check_pow},
+    {"WhereGrad", where_grad, check_where},
+    {"EqualGrad", equal_grad, check_equal},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> grad_eltwise_kernels() { return kKernels; }
+
+}  // namespace stagecraft::rt::cpu

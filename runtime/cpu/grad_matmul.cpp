@@ -1,0 +1,295 @@
+// Gradients of MatMul and Gemm (oneDNN matmul on strided views). The contract every gradient
+// kernel follows is runtime/format/grad_ops.h: inputs x0..x{n-1}, y0, dy0; outputs dx0..dx{n-1}.
+// (SoftmaxCrossEntropyLoss's gradient lives with its forward kernel in loss.cpp.)
+//
+// MatMul: dA = dY x B^T and dB = A^T x dY per batch, summed over the batch dims along which the
+// operand was broadcast. Where one operand has no batch dims at all (a layer's weights), its
+// gradient is one 2-D product over the other's rows; otherwise the full-batch product is made
+// in a scratch buffer and summed down.
+// Gemm: with A' = op(A), B' = op(B): dA' = alpha dY B'^T, dB' = alpha A'^T dY, dC = beta dY summed
+// to C's shape; transposes are strided views.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "runtime/cpu/cpu_context.h"
+#include "runtime/cpu/families.h"
+#include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
+
+namespace stagecraft::rt::cpu {
+namespace {
+
+using dnnl::memory;
+
+// A matrix operand of a product: dims [batch..., rows, cols] over `data`, possibly transposed
+// (the stored tensor is [batch..., cols, rows]).
+struct Operand {
+  memory::dims dims;
+  memory::dims strides;
+  const void* data;
+};
+
+// Dense row-major [batch..., r, c]; with `transposed`, the stored [batch..., c, r] seen as [.., r,
+// c].
+Operand view(memory::dims batch, int64_t r, int64_t c, const void* data, bool transposed) {
+  Operand o;
+  o.dims = batch;
+  o.dims.push_back(r);
+  o.dims.push_back(c);
+  o.strides.assign(o.dims.size(), 0);
+  const int64_t matrix = r * c;
+  int64_t s = matrix;
+  for (size_t i = batch.size(); i-- > 0;) {
+    o.strides[i] = s;
+    s *= batch[i];
+  }
+  if (transposed) {
+    o.strides[batch.size()] = 1;
+    o.strides[batch.size() + 1] = r;
+  } else {
+    o.strides[batch.size()] = c;
+    o.strides[batch.size() + 1] = 1;
+  }
+  o.data = data;
+  return o;
+}
+
+// [batch..., r, c].
+memory::dims with_matrix(memory::dims batch, int64_t r, int64_t c) {
+  batch.push_back(r);
+  batch.push_back(c);
+  return batch;
+}
+
+// dst = alpha * src x weights. dst is dense row-major.
+void product(const CpuContext& ctx, const Operand& src, const Operand& weights,
+             memory::dims dst_dims, void* dst, float alpha) {
+  const auto f32 = memory::data_type::f32;
+  memory::desc sd(src.dims, f32, src.strides), wd(weights.dims, f32, weights.strides);
+  memory::desc dd = plain_desc(Shape(dst_dims.begin(), dst_dims.end()));
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(sd, wd, dd), attr, ctx.engine);
+    dnnl::stream stream = ctx.stream;
+    dnnl::matmul(pd).execute(
+        stream, {{DNNL_ARG_SRC, memory(sd, ctx.engine, const_cast<void*>(src.data))},
+                 {DNNL_ARG_WEIGHTS, memory(wd, ctx.engine, const_cast<void*>(weights.data))},
+                 {DNNL_ARG_DST, memory(dd, ctx.engine, dst)}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    fail(ErrorKind::kUnsupported, "oneDNN cannot run a gradient matmul: {}", e.what());
+  }
+}
+
+// Sums `full` [batch..., r, c] over the batch dims where `target` [tbatch..., r, c] (same rank,
+// dims 1 where broadcast) is 1, into `out` (overwritten).
+void sum_batches(const float* full, const memory::dims& batch, const memory::dims& tbatch,
+                 int64_t matrix, float* out) {
+  int64_t full_count = 1, out_count = 1;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    full_count *= batch[i];
+    out_count *= tbatch[i];
+  }
+  std::fill_n(out, out_count * matrix, 0.0f);
+  // Each full batch index maps to one target batch index.
+  std::vector<int64_t> target(static_cast<size_t>(full_count));
+  for (int64_t b = 0; b < full_count; ++b) {
+    int64_t rest = b, t = 0, tstride = 1;
+    for (size_t i = batch.size(); i-- > 0;) {
+      const int64_t idx = rest % batch[i];
+      rest /= batch[i];
+      if (tbatch[i] != 1) t += idx * tstride;
+      tstride *= tbatch[i];
+    }
+    target[b] = t;
+  }
+#pragma omp parallel for if (out_count * matrix *                                  \
+                                 (full_count / std::max <int64_t>(out_count, 1)) > \
+                             32768)
+  for (int64_t e = 0; e < matrix; ++e)
+    for (int64_t b = 0; b < full_count; ++b) out[target[b] * matrix + e] += full[b * matrix + e];
+}
+
+// The gradient op's forward_inputs count (n) and checks that inputs hold x.., y0, dy0.
+int64_t single_output_layout(const KernelArgs& a, int64_t lo, int64_t hi) {
+  const int64_t n = a.attrs.i(grad::kForwardInputsAttr, -1);
+  if (n < lo || n > hi || a.num_inputs() != static_cast<size_t>(n + 2))
+    fail(ErrorKind::kModel,
+         "{}: expected {} to {} forward inputs, the output and its gradient; got {} inputs",
+         a.op_type, lo, hi, a.num_inputs());
+  return n;
+}
+
+bool wants(const KernelArgs& a, size_t k) { return k < a.out.size() && a.out[k] != nullptr; }
+
+void matmul_grad(const KernelArgs& a) {
+  single_output_layout(a, 2, 2);
+  const bool want_a = wants(a, 0), want_b = wants(a, 1);
+  if (!want_a && !want_b) return;
+  const Tensor& x = a.input(0);
+  const Tensor& y = a.input(1);
+  if (x.rank() == 0 || y.rank() == 0)
+    fail(ErrorKind::kShape, "MatMulGrad of {} and {}: operands must have rank 1 or more",
+         x.describe(), y.describe());
+  if (!a.has_input(3)) return;  // no output gradient: zeros
+  const Tensor& dy = a.input(3);
+  Shape sa = x.rank() == 1 ? Shape{1, x.shape[0]} : x.shape;
+  Shape sb = y.rank() == 1 ? Shape{y.shape[0], 1} : y.shape;
+  const size_t rank = std::max(sa.size(), sb.size());
+  sa.insert(sa.begin(), rank - sa.size(), 1);
+  sb.insert(sb.begin(), rank - sb.size(), 1);
+  const int64_t m = sa[rank - 2], k = sa[rank - 1], n = sb[rank - 1];
+  if (sb[rank - 2] != k)
+    fail(ErrorKind::kShape, "MatMulGrad of {} and {}: inner dims {} and {} differ", x.describe(),
+         y.describe(), k, sb[rank - 2]);
+  // Batch dims, merged where both operands broadcast alike (as the forward kernel does).
+  memory::dims ba, bb, bf;
+  for (size_t i = 0; i + 2 < rank; ++i) {
+    if (sa[i] != sb[i] && sa[i] != 1 && sb[i] != 1)
+      fail(ErrorKind::kShape, "MatMulGrad of {} and {}: batch dims do not broadcast", x.describe(),
+           y.describe());
+    const int64_t d = std::max(sa[i], sb[i]);
+    if (d == 1) continue;
+    if (!bf.empty() && (ba.back() == 1) == (sa[i] == 1) && (bb.back() == 1) == (sb[i] == 1)) {
+      ba.back() *= sa[i];
+      bb.back() *= sb[i];
+      bf.back() *= d;
+    } else {
+      ba.push_back(sa[i]);
+      bb.push_back(sb[i]);
+      bf.push_back(d);
+    }
+  }
+  if (bf.size() + 2 > DNNL_MAX_NDIMS)
+    fail(ErrorKind::kUnsupported, "MatMulGrad of {} and {}: too many batch dims for oneDNN",
+         x.describe(), y.describe());
+  int64_t full = 1;
+  for (int64_t d : bf) full *= d;
+  if (dy.numel() != full * m * n)
+    fail(ErrorKind::kShape, "MatMulGrad: dY {} does not match the product of {} and {}",
+         dy.describe(), x.describe(), y.describe());
+  if (want_a) expect_shape(a, 0, x.shape);
+  if (want_b) expect_shape(a, 1, y.shape);
+  if (full * m * n == 0 || k == 0) return;  // gradients are all zero (outputs are zero-filled)
+  const CpuContext& ctx = context(a);
+  const bool a_full = ba == bf, b_full = bb == bf;
+  const bool b_unbatched = std::all_of(bb.begin(), bb.end(), [](int64_t d) { return d == 1; });
+
+  if (want_a) {
+    float* out = a.out[0]->as<float>();
+    if (a_full) {
+      // dA [bf, m, k] = dY [bf, m, n] x B^T [bb, n, k]
+      product(ctx, view(bf, m, n, dy.data, false), view(bb, n, k, y.data, true),
+              with_matrix(bf, m, k), out, 1.0f);
+    } else {
+      std::vector<float> tmp(static_cast<size_t>(full * m * k));
+      product(ctx, view(bf, m, n, dy.data, false), view(bb, n, k, y.data, true),
+              with_matrix(bf, m, k), tmp.data(), 1.0f);
+      sum_batches(tmp.data(), bf, ba, m * k, out);
+    }
+  }
+  if (want_b) {
+    float* out = a.out[1]->as<float>();
+    if (b_unbatched && a_full) {
+      // No batch dims on B: dB [k, n] = A^T [k, P*m] x dY [P*m, n] over all rows at once.
+      product(ctx, view({}, k, full * m, x.data, true), view({}, full * m, n, dy.data, false),
+              {k, n}, out, 1.0f);
+    } else if (b_full) {
+      product(ctx, view(ba, k, m, x.data, true), view(bf, m, n, dy.data, false),
+              with_matrix(bf, k, n), out, 1.0f);
+    } else {
+      std::vector<float> tmp(static_cast<size_t>(full * k * n));
+      product(ctx, view(ba, k, m, x.data, true), view(bf, m, n, dy.data, false),
+              with_matrix(bf, k, n), tmp.data(), 1.0f);
+      sum_batches(tmp.data(), bf, bb, k * n, out);
+    }
+  }
+}
+
+void gemm_grad(const KernelArgs& a) {
+  single_output_layout(a, 2, 3);
+  const Tensor& x = a.input(0);
+  const Tensor& y = a.input(1);
+  if (x.rank() != 2 || y.rank() != 2)
+    fail(ErrorKind::kShape, "GemmGrad of {} and {}: A and B must be matrices", x.describe(),
+         y.describe());
+  const bool trans_a = a.attrs.i("transA", 0) != 0, trans_b = a.attrs.i("transB", 0) != 0;
+  const float alpha = a.attrs.f("alpha", 1.0f), beta = a.attrs.f("beta", 1.0f);
+  const int64_t m = trans_a ? x.shape[1] : x.shape[0], k = trans_a ? x.shape[0] : x.shape[1];
+  const int64_t n = trans_b ? y.shape[0] : y.shape[1], kb = trans_b ? y.shape[1] : y.shape[0];
+  if (k != kb)
+    fail(ErrorKind::kShape,
+         "GemmGrad of {} and {} (transA={}, transB={}): inner dims {} and {} differ", x.describe(),
+         y.describe(), int(trans_a), int(trans_b), k, kb);
+  const size_t dy_at = a.num_inputs() - 1;
+  if (!a.has_input(dy_at)) return;
+  const Tensor& dy = a.input(dy_at);
+  if (dy.shape != Shape{m, n})
+    fail(ErrorKind::kShape, "GemmGrad: dY {} should be [{}, {}]", dy.describe(), m, n);
+  const CpuContext& ctx = context(a);
+  const bool work = m * n > 0 && k > 0;
+  if (wants(a, 0)) {
+    expect_shape(a, 0, x.shape);
+    if (work) {
+      if (!trans_a)  // dA [m, k] = alpha dY [m, n] x B'^T [n, k]
+        product(ctx, view({}, m, n, dy.data, false), view({}, n, k, y.data, !trans_b), {m, k},
+                a.out[0]->data, alpha);
+      else  // dA [k, m] = alpha B' [k, n] x dY^T [n, m]
+        product(ctx, view({}, k, n, y.data, trans_b), view({}, n, m, dy.data, true), {k, m},
+                a.out[0]->data, alpha);
+    }
+  }
+  if (wants(a, 1)) {
+    expect_shape(a, 1, y.shape);
+    if (work) {
+      if (!trans_b)  // dB [k, n] = alpha A'^T [k, m] x dY [m, n]
+        product(ctx, view({}, k, m, x.data, !trans_a), view({}, m, n, dy.data, false), {k, n},
+                a.out[1]->data, alpha);
+      else  // dB [n, k] = alpha dY^T [n, m] x A' [m, k]
+        product(ctx, view({}, n, m, dy.data, true), view({}, m, k, x.data, trans_a), {n, k},
+                a.out[1]->data, alpha);
+    }
+  }
+  if (wants(a, 2)) {
+    const Tensor& c = a.input(2);
+    expect_shape(a, 2, c.shape);
+    const Shape& sc = c.shape;
+    const int64_t cm = sc.size() == 2 ? sc[0] : 1, cn = sc.empty() ? 1 : sc.back();
+    if (sc.size() > 2 || (cm != 1 && cm != m) || (cn != 1 && cn != n))
+      fail(ErrorKind::kShape, "GemmGrad: C {} does not broadcast to [{}, {}]", c.describe(), m, n);
+    float* dc = a.out[2]->as<float>();
+    const float* g = dy.as<float>();
+    if (beta == 0.0f) return;
+    if (cm == m && cn == n) {
+      for (int64_t i = 0; i < m * n; ++i) dc[i] = beta * g[i];
+    } else if (cm == 1 && cn == n) {
+      std::vector<double> acc(static_cast<size_t>(n), 0.0);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) acc[j] += g[i * n + j];
+      for (int64_t j = 0; j < n; ++j) dc[j] = static_cast<float>(beta * acc[j]);
+    } else if (cn == 1 && cm == m) {
+      for (int64_t i = 0; i < m; ++i) {
+        double s = 0;
+        for (int64_t j = 0; j < n; ++j) s += g[i * n + j];
+        dc[i] = static_cast<float>(beta * s);
+      }
+    } else {
+      double s = 0;
+      for (int64_t i = 0; i < m * n; ++i) s += g[i];
+      dc[0] = static_cast<float>(beta * s);
+    }
+  }
+}
+
+const KernelEntry kKernels[] = {
+    {"MatMulGrad", matmul_grad, all_float32},
+    {"GemmGrad", gemm_grad, all_float32},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> grad_matmul_kernels() { return kKernels; }
+
+}  // namespace stagecraft::rt::cpu

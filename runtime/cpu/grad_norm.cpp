@@ -1,0 +1,305 @@
+// Gradients of BatchNormalization, LayerNormalization and Softmax, in plain C++ on float32
+// (statistics in double). The contract every gradient kernel follows is
+// runtime/format/grad_ops.h: inputs x0..x{n-1}, y0..y{m-1}, dy0..dy{m-1}; outputs dx0..dx{n-1}.
+//
+// Statistics are recomputed from X (the forward's optional statistic outputs may be absent).
+// Gradients reaching the forward's optional outputs (BatchNormalization's running mean and
+// variance, LayerNormalization's Mean and InvStdDev) are included when given.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "runtime/cpu/cpu_context.h"
+#include "runtime/cpu/families.h"
+#include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
+
+namespace stagecraft::rt::cpu {
+namespace {
+
+bool wants(const KernelArgs& a, size_t k) { return k < a.out.size() && a.out[k] != nullptr; }
+
+// Where a gradient node's parts are: n forward inputs, m forward outputs.
+struct Layout {
+  size_t n = 0, m = 0;
+  // dy_j, or null when omitted.
+  const Tensor* dy(const KernelArgs& a, size_t j) const {
+    return j < m && a.has_input(n + m + j) ? &a.input(n + m + j) : nullptr;
+  }
+};
+
+Layout layout(const KernelArgs& a, int64_t n_lo, int64_t n_hi, size_t m_hi) {
+  const int64_t n = a.attrs.i(grad::kForwardInputsAttr, -1);
+  if (n < n_lo || n > n_hi || a.num_inputs() < static_cast<size_t>(n) + 2 ||
+      (a.num_inputs() - static_cast<size_t>(n)) % 2 != 0 ||
+      (a.num_inputs() - static_cast<size_t>(n)) / 2 > m_hi)
+    fail(ErrorKind::kModel,
+         "{}: expected {} to {} forward inputs, the outputs and their gradients; got {} inputs",
+         a.op_type, n_lo, n_hi, a.num_inputs());
+  return {static_cast<size_t>(n), (a.num_inputs() - static_cast<size_t>(n)) / 2};
+}
+
+// "" when every present input and output is float32.
+std::string present_float32(const OpSignature& s) { return all_float32(s); }
+
+// ---------------------------------------------------------------------------------------------
+// BatchNormalizationGrad: X [N, C, ...] read as [N, C, S].
+
+void batch_norm_grad(const KernelArgs& a) {
+  const Layout l = layout(a, 5, 5, 3);
+  const Tensor& x = a.input(0);
+  if (x.rank() < 2)
+    fail(ErrorKind::kShape, "BatchNormalizationGrad: X is {}, expected [N, C, ...]", x.describe());
+  const int64_t N = x.shape[0], C = x.shape[1], S = x.numel() / std::max<int64_t>(N * C, 1);
+  for (size_t k = 1; k < 5; ++k)
+    if (a.input(k).shape != Shape{C})
+      fail(ErrorKind::kShape, "BatchNormalizationGrad: input {} is {}, expected [{}]", k,
+           a.input(k).describe(), C);
+  for (size_t k = 0; k < 5; ++k)
+    if (wants(a, k)) expect_shape(a, k, a.input(k).shape);
+  const Tensor* dy = l.dy(a, 0);
+  const Tensor* drm = l.dy(a, 1);  // running mean
+  const Tensor* drv = l.dy(a, 2);  // running var
+  if (dy && dy->shape != x.shape)
+    fail(ErrorKind::kShape, "BatchNormalizationGrad: dY {} should be {}", dy->describe(),
+         shape_string(x.shape));
+  const bool training = a.attrs.i("training_mode", 0) != 0;
+  const float eps = a.attrs.f("epsilon", 1e-5f), momentum = a.attrs.f("momentum", 0.9f);
+  const float* xp = x.as<float>();
+  const float* scale = a.input(1).as<float>();
+  const float* in_mean = a.input(3).as<float>();
+  const float* in_var = a.input(4).as<float>();
+  const float* g = dy ? dy->as<float>() : nullptr;
+  float* dx = wants(a, 0) ? a.out[0]->as<float>() : nullptr;
+  float* dscale = wants(a, 1) ? a.out[1]->as<float>() : nullptr;
+  float* dbias = wants(a, 2) ? a.out[2]->as<float>() : nullptr;
+  float* dmean = wants(a, 3) ? a.out[3]->as<float>() : nullptr;
+  float* dvar = wants(a, 4) ? a.out[4]->as<float>() : nullptr;
+  const int64_t count = N * S;
+  if (count == 0) return;
+#pragma omp parallel for if (x.numel() > 32768)
+  for (int64_t c = 0; c < C; ++c) {
+    auto at = [&](int64_t b, int64_t s) { return (b * C + c) * S + s; };
+    double mu, var;
+    if (training) {
+      double sum = 0;
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t s = 0; s < S; ++s) sum += xp[at(b, s)];
+      mu = sum / static_cast<double>(count);
+      double sq = 0;
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t s = 0; s < S; ++s) {
+          const double d = xp[at(b, s)] - mu;
+          sq += d * d;
+        }
+      var = sq / static_cast<double>(count);
+    } else {
+      mu = in_mean[c];
+      var = in_var[c];
+    }
+    const double istd = 1.0 / std::sqrt(var + static_cast<double>(eps));
+    double sum_dy = 0, sum_dy_xhat = 0;
+    if (g)
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t s = 0; s < S; ++s) {
+          const int64_t i = at(b, s);
+          sum_dy += g[i];
+          sum_dy_xhat += g[i] * (xp[i] - mu) * istd;
+        }
+    if (dbias) dbias[c] = static_cast<float>(sum_dy);
+    if (dscale) dscale[c] = static_cast<float>(sum_dy_xhat);
+    const double k = scale[c] * istd;
+    if (training) {
+      // Running statistics: input * momentum + batch * (1 - momentum).
+      const double rm = drm ? drm->as<float>()[c] : 0.0, rv = drv ? drv->as<float>()[c] : 0.0;
+      if (dmean) dmean[c] = static_cast<float>(momentum * rm);
+      if (dvar) dvar[c] = static_cast<float>(momentum * rv);
+      if (dx) {
+        const double inv = 1.0 / static_cast<double>(count), keep = 1.0 - momentum;
+        for (int64_t b = 0; b < N; ++b)
+          for (int64_t s = 0; s < S; ++s) {
+            const int64_t i = at(b, s);
+            const double xc = xp[i] - mu;
+            double v = keep * inv * (rm + 2.0 * rv * xc);
+            if (g) v += k * (g[i] - sum_dy * inv - xc * istd * sum_dy_xhat * inv);
+            dx[i] = static_cast<float>(v);
+          }
+      }
+    } else {
+      if (dx && g)
+        for (int64_t b = 0; b < N; ++b)
+          for (int64_t s = 0; s < S; ++s) dx[at(b, s)] = static_cast<float>(g[at(b, s)] * k);
+      if (dmean) dmean[c] = static_cast<float>(-k * sum_dy);
+      if (dvar) dvar[c] = static_cast<float>(-0.5 * scale[c] * istd * istd * sum_dy_xhat);
+    }
+  }
+}
+
+std::string check_batch_norm_grad(const OpSignature& s) {
+  if (std::string why = present_float32(s); !why.empty()) return why;
+  if (s.attrs.i("spatial", 1) == 0)
+    return "BatchNormalization with spatial=0 (opset < 9) is not supported";
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNormalizationGrad: X read as [outer, inner] (inner: the dims from axis on).
+
+void layer_norm_grad(const KernelArgs& a) {
+  const Layout l = layout(a, 2, 3, 3);
+  const Tensor& x = a.input(0);
+  int64_t axis = a.attrs.i("axis", -1);
+  if (axis < -x.rank() || axis >= x.rank())
+    fail(ErrorKind::kModel, "LayerNormalizationGrad: axis {} is out of range for {}", axis,
+         x.describe());
+  if (axis < 0) axis += x.rank();
+  int64_t inner = 1;
+  for (int64_t i = axis; i < x.rank(); ++i) inner *= x.shape[i];
+  const int64_t outer = inner == 0 ? 0 : x.numel() / inner;
+  const Tensor& scale = a.input(1);
+  const bool has_bias = l.n > 2 && a.has_input(2);
+  if (scale.numel() != inner || (has_bias && a.input(2).numel() != inner))
+    fail(ErrorKind::kShape,
+         "LayerNormalizationGrad: Scale {} and B must have the normalised size {}",
+         scale.describe(), inner);
+  if (wants(a, 0)) expect_shape(a, 0, x.shape);
+  if (wants(a, 1)) expect_shape(a, 1, scale.shape);
+  if (wants(a, 2)) {
+    if (!has_bias)
+      fail(ErrorKind::kModel, "LayerNormalizationGrad: a B gradient without a B input");
+    expect_shape(a, 2, a.input(2).shape);
+  }
+  const Tensor* dy = l.dy(a, 0);
+  const Tensor* dmean = l.dy(a, 1);
+  const Tensor* dinv = l.dy(a, 2);
+  if (dy && dy->shape != x.shape)
+    fail(ErrorKind::kShape, "LayerNormalizationGrad: dY {} should be {}", dy->describe(),
+         shape_string(x.shape));
+  if ((dmean && dmean->numel() != outer) || (dinv && dinv->numel() != outer))
+    fail(ErrorKind::kShape,
+         "LayerNormalizationGrad: Mean and InvStdDev gradients must have {} values", outer);
+  if (outer == 0 || inner == 0) return;
+  const double eps = a.attrs.f("epsilon", 1e-5f);
+  const float* xp = x.as<float>();
+  const float* sc = scale.as<float>();
+  const float* g = dy ? dy->as<float>() : nullptr;
+  float* dx = wants(a, 0) ? a.out[0]->as<float>() : nullptr;
+  float* dscale = wants(a, 1) ? a.out[1]->as<float>() : nullptr;
+  float* dbias = wants(a, 2) ? a.out[2]->as<float>() : nullptr;
+  std::vector<double> mean(static_cast<size_t>(outer)), istd(static_cast<size_t>(outer));
+  const bool parallel = x.numel() > 32768;
+#pragma omp parallel for if (parallel)
+  for (int64_t r = 0; r < outer; ++r) {
+    const float* row = xp + r * inner;
+    double s = 0;
+    for (int64_t j = 0; j < inner; ++j) s += row[j];
+    const double mu = s / static_cast<double>(inner);
+    double sq = 0;
+    for (int64_t j = 0; j < inner; ++j) sq += (row[j] - mu) * (row[j] - mu);
+    mean[r] = mu;
+    istd[r] = 1.0 / std::sqrt(sq / static_cast<double>(inner) + eps);
+    if (!dx) continue;
+    float* out = dx + r * inner;
+    const double inv = 1.0 / static_cast<double>(inner), is = istd[r];
+    double mg = 0, mgx = 0;  // mean(dy * scale), mean(dy * scale * xhat)
+    if (g)
+      for (int64_t j = 0; j < inner; ++j) {
+        const double gj = static_cast<double>(g[r * inner + j]) * sc[j];
+        mg += gj;
+        mgx += gj * (row[j] - mu) * is;
+      }
+    mg *= inv;
+    mgx *= inv;
+    const double dm = dmean ? dmean->as<float>()[r] : 0.0, di = dinv ? dinv->as<float>()[r] : 0.0;
+    for (int64_t j = 0; j < inner; ++j) {
+      const double xc = row[j] - mu;
+      double v = dm * inv - di * is * is * is * xc * inv;
+      if (g) v += is * (static_cast<double>(g[r * inner + j]) * sc[j] - mg - xc * is * mgx);
+      out[j] = static_cast<float>(v);
+    }
+  }
+  if ((dscale || dbias) && g) {
+    // Column sums over rows: each thread sums its rows, then the partial sums are added up.
+    std::vector<double> total(static_cast<size_t>(2 * inner), 0.0);
+#pragma omp parallel if (parallel)
+    {
+      std::vector<double> part(static_cast<size_t>(2 * inner), 0.0);
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < outer; ++r) {
+        const float* row = xp + r * inner;
+        const float* gr = g + r * inner;
+        for (int64_t j = 0; j < inner; ++j) {
+          part[j] += gr[j] * (row[j] - mean[r]) * istd[r];
+          part[inner + j] += gr[j];
+        }
+      }
+#pragma omp critical
+      for (int64_t j = 0; j < 2 * inner; ++j) total[j] += part[j];
+    }
+    for (int64_t j = 0; j < inner; ++j) {
+      if (dscale) dscale[j] = static_cast<float>(total[j]);
+      if (dbias) dbias[j] = static_cast<float>(total[inner + j]);
+    }
+  }
+}
+
+std::string check_layer_norm_grad(const OpSignature& s) {
+  if (std::string why = present_float32(s); !why.empty()) return why;
+  if (s.attrs.i("stash_type", 1) != 1)
+    return "LayerNormalization with stash_type other than 1 is not supported";
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// SoftmaxGrad (opset 13, one axis): dx = y * (dy - sum(dy * y, axis)).
+
+void softmax_grad(const KernelArgs& a) {
+  const Layout l = layout(a, 1, 1, 1);
+  const Tensor& x = a.input(0);
+  const Tensor& y = a.input(1);
+  const Tensor* dy = l.dy(a, 0);
+  if (!wants(a, 0) || !dy) return;
+  int64_t axis = a.attrs.i("axis", -1);
+  if (x.rank() == 0 || axis < -x.rank() || axis >= x.rank())
+    fail(ErrorKind::kModel, "SoftmaxGrad: axis {} is out of range for {}", axis, x.describe());
+  if (axis < 0) axis += x.rank();
+  expect_shape(a, 0, x.shape);
+  if (y.shape != x.shape || dy->shape != x.shape)
+    fail(ErrorKind::kShape, "SoftmaxGrad: Y {} and dY {} should be {}", y.describe(),
+         dy->describe(), shape_string(x.shape));
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= x.shape[i];
+  for (int64_t i = axis + 1; i < x.rank(); ++i) inner *= x.shape[i];
+  const int64_t len = x.shape[axis];
+  const float* yp = y.as<float>();
+  const float* g = dy->as<float>();
+  float* dx = a.out[0]->as<float>();
+#pragma omp parallel for if (x.numel() > 32768)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      const int64_t base = o * len * inner + i;
+      double s = 0;
+      for (int64_t k = 0; k < len; ++k)
+        s += static_cast<double>(g[base + k * inner]) * yp[base + k * inner];
+      const float sf = static_cast<float>(s);
+      for (int64_t k = 0; k < len; ++k) {
+        const int64_t e = base + k * inner;
+        dx[e] = yp[e] * (g[e] - sf);
+      }
+    }
+}
+
+const KernelEntry kKernels[] = {
+    {"BatchNormalizationGrad", batch_norm_grad, check_batch_norm_grad},
+    {"LayerNormalizationGrad", layer_norm_grad, check_layer_norm_grad},
+    {"SoftmaxGrad", softmax_grad, all_float32},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> grad_norm_kernels() { return kKernels; }
+
+}  // namespace stagecraft::rt::cpu

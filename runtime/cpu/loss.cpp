@@ -1,0 +1,232 @@
+// Losses: SoftmaxCrossEntropyLoss (opset 13 semantics) and its gradient
+// SoftmaxCrossEntropyLossGrad (contract: runtime/format/grad_ops.h), in plain C++ on float32.
+//
+// Scores [N, C, D1, ...] are read as [N, C, D] (D = D1 * ...), labels [N, D1, ...] as [N, D].
+// Each position (n, d) has the log-softmax over C, a label t and a weight w: weights[t] (1
+// without weights), 0 where t == ignore_index. Its loss is -w * log_prob[n, t, d]; "none"
+// returns these, "sum" their sum, "mean" their sum divided by the sum of the weights (the
+// number of positions without weights and without ignore_index). A mean over no weight at all
+// (every position ignored) is 0 here, with a zero gradient, rather than ONNX's 0/0.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/cpu/cpu_context.h"
+#include "runtime/cpu/families.h"
+#include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
+
+namespace stagecraft::rt::cpu {
+namespace {
+
+enum class Reduction { kNone, kSum, kMean };
+
+// One SoftmaxCrossEntropyLoss node resolved: sizes, labels and per-position weights.
+struct SceProblem {
+  int64_t n = 0, c = 0, d = 0;
+  Reduction reduction = Reduction::kMean;
+  std::vector<int64_t> labels;  // [N * D]
+  std::vector<float> weights;   // [N * D]: 0 where ignored
+  double weight_sum = 0;        // the mean's divisor
+};
+
+Reduction reduction_of(const Attrs& attrs, std::string_view op) {
+  const std::string r = attrs.s("reduction", "mean");
+  if (r == "mean") return Reduction::kMean;
+  if (r == "sum") return Reduction::kSum;
+  if (r == "none") return Reduction::kNone;
+  fail(ErrorKind::kModel, "{} reduction '{}' is not one of mean, sum, none", op, r);
+}
+
+// Reads the node's scores, labels and optional weights (inputs 0, 1, 2 of `in`).
+SceProblem sce_problem(const KernelArgs& a, const Tensor& scores, const Tensor& labels,
+                       const Tensor* weights) {
+  SceProblem p;
+  p.reduction = reduction_of(a.attrs, a.op_type);
+  if (scores.rank() < 2)
+    fail(ErrorKind::kShape, "{}: scores {} must be [N, C, ...]", a.op_type, scores.describe());
+  p.n = scores.shape[0];
+  p.c = scores.shape[1];
+  p.d = 1;
+  for (int64_t i = 2; i < scores.rank(); ++i) p.d *= scores.shape[i];
+  Shape want_labels{scores.shape[0]};
+  want_labels.insert(want_labels.end(), scores.shape.begin() + 2, scores.shape.end());
+  if (labels.shape != want_labels)
+    fail(ErrorKind::kShape, "{}: labels {} do not match scores {} (expected {})", a.op_type,
+         labels.describe(), scores.describe(), shape_string(want_labels));
+  if (weights && weights->shape != Shape{p.c})
+    fail(ErrorKind::kShape, "{}: weights {} should be [{}]", a.op_type, weights->describe(), p.c);
+  const bool has_ignore = a.attrs.has("ignore_index");
+  const int64_t ignore = a.attrs.i("ignore_index", 0);
+  const int64_t positions = p.n * p.d;
+  p.labels.resize(static_cast<size_t>(positions));
+  p.weights.resize(static_cast<size_t>(positions));
+  for (int64_t i = 0; i < positions; ++i) {
+    int64_t t = 0;
+    if (labels.dtype == DType::kInt64)
+      t = labels.as<int64_t>()[i];
+    else if (labels.dtype == DType::kInt32)
+      t = labels.as<int32_t>()[i];
+    else
+      fail(ErrorKind::kUnsupported, "{}: labels of {} are not supported (int32, int64)", a.op_type,
+           dtype_name(labels.dtype));
+    p.labels[i] = t;
+    if (has_ignore && t == ignore) {
+      p.weights[i] = 0.0f;
+      continue;
+    }
+    if (t < 0 || t >= p.c)
+      fail(ErrorKind::kModel, "{}: label {} at position {} is outside [0, {})", a.op_type, t, i,
+           p.c);
+    p.weights[i] = weights ? weights->as<float>()[t] : 1.0f;
+    p.weight_sum += p.weights[i];
+  }
+  return p;
+}
+
+// log(sum(exp(x))) over the C values x[k * stride], computed as max + log(sum(exp(x - max))).
+inline float log_normalizer(const float* x, int64_t c, int64_t stride) {
+  float mx = x[0];
+  for (int64_t k = 1; k < c; ++k) mx = std::max(mx, x[k * stride]);
+  double s = 0;
+  for (int64_t k = 0; k < c; ++k) s += std::exp(static_cast<double>(x[k * stride] - mx));
+  return mx + static_cast<float>(std::log(s));
+}
+
+Shape loss_shape(const SceProblem& p, const Tensor& labels) {
+  return p.reduction == Reduction::kNone ? labels.shape : Shape{};
+}
+
+void sce(const KernelArgs& a) {
+  const Tensor& scores = a.input(0);
+  const Tensor& labels = a.input(1);
+  const Tensor* weights = a.has_input(2) ? &a.input(2) : nullptr;
+  const SceProblem p = sce_problem(a, scores, labels, weights);
+  expect_shape(a, 0, loss_shape(p, labels));
+  Tensor* log_prob = a.out.size() > 1 ? a.out[1] : nullptr;
+  if (log_prob) expect_shape(a, 1, scores.shape);
+  const float* x = scores.as<float>();
+  float* loss = a.out[0]->as<float>();
+  float* lp = log_prob ? log_prob->as<float>() : nullptr;
+  const int64_t positions = p.n * p.d, C = p.c, D = p.d;
+  if (C == 0 && positions > 0)
+    fail(ErrorKind::kShape, "{}: scores {} have no classes", a.op_type, scores.describe());
+  double total = 0;
+#pragma omp parallel for reduction(+ : total) if (positions * C > 32768)
+  for (int64_t i = 0; i < positions; ++i) {
+    const int64_t n = i / D, d = i % D;
+    const float* xi = x + n * C * D + d;
+    const float norm = log_normalizer(xi, C, D);
+    if (lp)
+      for (int64_t k = 0; k < C; ++k) lp[n * C * D + k * D + d] = xi[k * D] - norm;
+    float l = 0.0f;
+    if (p.weights[i] != 0.0f) l = -p.weights[i] * (xi[p.labels[i] * D] - norm);
+    if (p.reduction == Reduction::kNone) loss[i] = l;
+    total += l;
+  }
+  if (p.reduction == Reduction::kSum) loss[0] = static_cast<float>(total);
+  if (p.reduction == Reduction::kMean)
+    loss[0] = p.weight_sum != 0 ? static_cast<float>(total / p.weight_sum) : 0.0f;
+}
+
+// Gradient: inputs scores, labels, weights ("" when omitted), loss, [log_prob], dloss,
+// [dlog_prob]; output dscores (labels and weights get none). With p = softmax(scores):
+//   dscores[n, c, d] = g[n, d] * w[n, d] * (p - [c == t]) + dlp - p * sum_c dlp
+// where g is dloss (sum), dloss / sum(w) (mean), or dloss[n, d] (none).
+void sce_grad(const KernelArgs& a) {
+  const int64_t n_in = a.attrs.i(grad::kForwardInputsAttr, 3);
+  if (n_in < 2 || n_in > 3 || a.num_inputs() < static_cast<size_t>(n_in) + 2 ||
+      (a.num_inputs() - static_cast<size_t>(n_in)) % 2 != 0)
+    fail(ErrorKind::kModel,
+         "{}: expected scores, labels, [weights], the outputs and their gradients; got {} inputs",
+         a.op_type, a.num_inputs());
+  const size_t m = (a.num_inputs() - static_cast<size_t>(n_in)) / 2;
+  if (a.out.size() > 1 && a.out[1])
+    fail(ErrorKind::kUnsupported, "{}: labels have no gradient", a.op_type);
+  if (a.out.size() > 2 && a.out[2])
+    fail(ErrorKind::kUnsupported, "{}: the gradient of the class weights is not supported",
+         a.op_type);
+  if (a.out.empty() || !a.out[0]) return;
+  const Tensor& scores = a.input(0);
+  const Tensor& labels = a.input(1);
+  const Tensor* weights = n_in > 2 && a.has_input(2) ? &a.input(2) : nullptr;
+  const SceProblem p = sce_problem(a, scores, labels, weights);
+  expect_shape(a, 0, scores.shape);
+  const size_t dloss_at = static_cast<size_t>(n_in) + m;
+  const Tensor* dloss = a.has_input(dloss_at) ? &a.input(dloss_at) : nullptr;
+  const Tensor* dlog_prob = m > 1 && a.has_input(dloss_at + 1) ? &a.input(dloss_at + 1) : nullptr;
+  const Shape ls = loss_shape(p, labels);
+  if (dloss && shape_numel(dloss->shape) != shape_numel(ls))
+    fail(ErrorKind::kShape, "{}: the loss gradient {} should be {}", a.op_type, dloss->describe(),
+         shape_string(ls));
+  if (dlog_prob && dlog_prob->shape != scores.shape)
+    fail(ErrorKind::kShape, "{}: the log_prob gradient {} should be {}", a.op_type,
+         dlog_prob->describe(), shape_string(scores.shape));
+  const float* x = scores.as<float>();
+  const float* dl = dloss ? dloss->as<float>() : nullptr;
+  const float* dlp = dlog_prob ? dlog_prob->as<float>() : nullptr;
+  float* dx = a.out[0]->as<float>();
+  const int64_t positions = p.n * p.d, C = p.c, D = p.d;
+  float scale = 0.0f;  // g for sum and mean
+  if (dl && p.reduction == Reduction::kSum) scale = dl[0];
+  if (dl && p.reduction == Reduction::kMean && p.weight_sum != 0)
+    scale = static_cast<float>(dl[0] / p.weight_sum);
+#pragma omp parallel for if (positions * C > 32768)
+  for (int64_t i = 0; i < positions; ++i) {
+    const int64_t n = i / D, d = i % D, base = n * C * D + d;
+    const float* xi = x + base;
+    float* dxi = dx + base;
+    const float g = (dl ? (p.reduction == Reduction::kNone ? dl[i] : scale) : 0.0f) * p.weights[i];
+    if (g == 0.0f && !dlp) continue;
+    const float norm = log_normalizer(xi, C, D);
+    double dlp_sum = 0;
+    if (dlp)
+      for (int64_t k = 0; k < C; ++k) dlp_sum += dlp[base + k * D];
+    const float coef = g - static_cast<float>(dlp_sum);
+    for (int64_t k = 0; k < C; ++k) {
+      const float prob = std::exp(xi[k * D] - norm);
+      dxi[k * D] = coef * prob + (dlp ? dlp[base + k * D] : 0.0f);
+    }
+    if (g != 0.0f) dxi[p.labels[i] * D] -= g;
+  }
+}
+
+std::string check_sce(const OpSignature& s) {
+  const bool grad = s.op_type.ends_with(grad::kGradSuffix);
+  if (s.inputs.size() < 2) return fmt::format("{} needs scores and labels", s.op_type);
+  if (s.inputs[0] != DType::kFloat32)
+    return fmt::format("{} on {} scores is not supported (float32 only)", s.op_type,
+                       dtype_name(s.inputs[0]));
+  if (s.inputs[1] != DType::kInt64 && s.inputs[1] != DType::kInt32)
+    return fmt::format("{} with {} labels is not supported (int32 and int64 only)", s.op_type,
+                       dtype_name(s.inputs[1]));
+  for (size_t k = 2; k < s.inputs.size(); ++k)
+    if (s.inputs[k] != DType::kUndefined && s.inputs[k] != DType::kFloat32)
+      return fmt::format("{} input {} of {} is not supported (float32 only)", s.op_type, k,
+                         dtype_name(s.inputs[k]));
+  for (size_t k = 0; k < s.outputs.size(); ++k)
+    if (s.outputs[k] != DType::kUndefined && s.outputs[k] != DType::kFloat32)
+      return fmt::format("{} output {} of {} is not supported (float32 only)", s.op_type, k,
+                         dtype_name(s.outputs[k]));
+  if (grad && s.outputs.size() > 1 && s.outputs[1] != DType::kUndefined)
+    return "labels have no gradient";
+  if (grad && s.outputs.size() > 2 && s.outputs[2] != DType::kUndefined)
+    return "the gradient of SoftmaxCrossEntropyLoss's class weights is not supported";
+  const std::string r = s.attrs.s("reduction", "mean");
+  if (r != "mean" && r != "sum" && r != "none")
+    return fmt::format("{} reduction '{}' is not one of mean, sum, none", s.op_type, r);
+  return "";
+}
+
+const KernelEntry kKernels[] = {
+    {"SoftmaxCrossEntropyLoss", sce, check_sce},
+    {"SoftmaxCrossEntropyLossGrad", sce_grad, check_sce},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> loss_kernels() { return kKernels; }
+
+}  // namespace stagecraft::rt::cpu

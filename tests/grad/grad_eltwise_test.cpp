@@ -1,0 +1,325 @@
+// Finite-difference checks of the eltwise family's gradient kernels (runtime/cpu/grad_eltwise.cpp).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+
+#include "runtime/core/backend.h"
+#include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
+#include "tests/grad/gradcheck.h"
+
+namespace stagecraft::testing {
+namespace {
+
+using rt::Shape;
+using rt::Tensor;
+
+// Moves every element within `margin` of a kink to `margin` past it, so central differences
+// with a small step stay on one side.
+Tensor avoid(Tensor t, std::initializer_list<float> kinks, float margin = 0.05f) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    float& v = t.as<float>()[i];
+    for (float k : kinks)
+      if (std::fabs(v - k) < margin) v = v < k ? k - margin : k + margin;
+  }
+  return t;
+}
+
+Tensor scalar(float v, Shape shape = {}) {
+  Tensor t = Tensor::owned(DType::kFloat32, shape);
+  t.as<float>()[0] = v;
+  return t;
+}
+
+Tensor bool_tensor(const Shape& shape, unsigned seed) {
+  Tensor t = Tensor::owned(DType::kBool, shape);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.as<uint8_t>()[i] = static_cast<uint8_t>(((i * 7 + seed) * 2654435761u >> 7) & 1);
+  return t;
+}
+
+Tensor omitted() { return Tensor{}; }
+
+GradCase make_case(const std::string& op, std::vector<Tensor> inputs, std::vector<bool> check,
+                   int outputs = 1, std::function<void(onnx::NodeProto&)> attrs = {}) {
+  GradCase c;
+  c.op = op;
+  c.inputs = std::move(inputs);
+  c.check = std::move(check);
+  c.outputs = outputs;
+  c.attrs = std::move(attrs);
+  return c;
+}
+
+void unary(const std::string& op, Tensor x, std::function<void(onnx::NodeProto&)> attrs = {},
+           int opset = 17) {
+  GradCase c;
+  c.op = op;
+  c.inputs = {std::move(x)};
+  c.attrs = std::move(attrs);
+  c.check = {true};
+  c.opset = opset;
+  gradcheck(c);
+}
+
+void set_float(onnx::NodeProto& n, const std::string& name, float v) {
+  auto* a = n.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::FLOAT);
+  a->set_f(v);
+}
+
+void set_int(onnx::NodeProto& n, const std::string& name, int64_t v) {
+  auto* a = n.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(v);
+}
+
+void binary(const std::string& op, Tensor a, Tensor b, std::vector<bool> check = {true, true},
+            int samples = 24) {
+  GradCase c;
+  c.samples = samples;
+  c.op = op;
+  c.inputs = {std::move(a), std::move(b)};
+  c.check = std::move(check);
+  gradcheck(c);
+}
+
+const rt::KernelEntry* find_kernel(const std::string& op) {
+  for (const rt::KernelEntry& e : rt::cpu_backend().table())
+    if (e.op_type == op) return &e;
+  return nullptr;
+}
+
+// Calls the gradient kernel `op` directly (n forward inputs, m outputs): inputs x..., y...,
+// dy... (null where omitted), outputs dx... (null where not wanted).
+void call_grad(const std::string& op, size_t n, std::vector<const Tensor*> in,
+               std::vector<Tensor*> out, std::function<void(onnx::NodeProto&)> attrs = {}) {
+  onnx::NodeProto node;
+  node.set_op_type(op);
+  set_int(node, std::string(grad::kForwardInputsAttr), static_cast<int64_t>(n));
+  if (attrs) attrs(node);
+  rt::Attrs a(node);
+  const rt::KernelEntry* entry = find_kernel(op);
+  REQUIRE(entry != nullptr);
+  auto device = rt::cpu_backend().make_device(0, 1);
+  rt::KernelArgs args{"g", op, a, in, out, *device};
+  entry->run(args);
+}
+
+std::string check_grad(const std::string& op, size_t n, std::vector<DType> in,
+                       std::vector<DType> out) {
+  onnx::NodeProto node;
+  set_int(node, std::string(grad::kForwardInputsAttr), static_cast<int64_t>(n));
+  rt::Attrs a(node);
+  const rt::KernelEntry* entry = find_kernel(op);
+  REQUIRE(entry != nullptr);
+  return entry->check(rt::OpSignature{op, in, out, a});
+}
+
+Tensor filled(const Shape& shape, float v) {
+  Tensor t = Tensor::owned(DType::kFloat32, shape);
+  std::fill_n(t.as<float>(), t.numel(), v);
+  return t;
+}
+
+bool all_zero(const Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (t.as<float>()[i] != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("grad eltwise: checks") {
+  const DType f = DType::kFloat32, u = DType::kUndefined;
+  CHECK(check_grad("ReluGrad", 1, {f, f, f}, {f}) == "");
+  CHECK(check_grad("ReluGrad", 1, {DType::kFloat64, DType::kFloat64, DType::kFloat64},
+                   {DType::kFloat64}) != "");
+  CHECK(check_grad("ReluGrad", 1, {f, f}, {f}) != "");
+  CHECK(check_grad("AddGrad", 2, {f, f, f, f}, {f, u}) == "");
+  CHECK(check_grad("AddGrad", 2, {DType::kInt64, DType::kInt64, DType::kInt64, u}, {u, u}) != "");
+  CHECK(check_grad("ClipGrad", 3, {f, f, u, f, f}, {f, u, u}) == "");
+  CHECK(check_grad("PowGrad", 2, {f, DType::kInt64, f, f}, {f, u}) == "");
+  CHECK(check_grad("PowGrad", 2, {f, DType::kInt64, f, f}, {f, DType::kInt64}) != "");
+  CHECK(check_grad("WhereGrad", 3, {DType::kBool, f, f, f, f}, {u, f, f}) == "");
+  CHECK(check_grad("CastGrad", 1, {DType::kInt64, f, f}, {u}) == "");
+  CHECK(check_grad("CastGrad", 1, {f, DType::kFloat16, DType::kFloat16}, {f}) == "");
+  CHECK(check_grad("EqualGrad", 2, {DType::kInt64, DType::kInt64, DType::kBool, u}, {u, u}) == "");
+  CHECK(check_grad("DropoutGrad", 3, {f, f, DType::kBool, f, DType::kBool, f, u}, {f, u, u}) == "");
+}
+
+TEST_CASE("grad eltwise: an omitted dy gives zeros") {
+  Tensor x = random_tensor({2, 3}), b = random_tensor({3}), dx = filled({2, 3}, NAN),
+         db = filled({3}, NAN);
+  call_grad("ReluGrad", 1, {&x, &x, nullptr}, {&dx});
+  CHECK(all_zero(dx));
+  dx = filled({2, 3}, NAN);
+  call_grad("MulGrad", 2, {&x, &b, &x, nullptr}, {&dx, &db});
+  CHECK(all_zero(dx));
+  CHECK(all_zero(db));
+}
+
+TEST_CASE("grad Dropout: training mode is refused") {
+  Tensor x = random_tensor({2, 3}), dx = filled({2, 3}, 0), ratio = scalar(0.5f);
+  Tensor training = Tensor::owned(DType::kBool, {});
+  training.as<uint8_t>()[0] = 1;
+  CHECK_THROWS_AS(call_grad("DropoutGrad", 3, {&x, &ratio, &training, &x, nullptr, &x, nullptr},
+                            {&dx, nullptr, nullptr}),
+                  Error);
+  ratio.as<float>()[0] = 0;  // a ratio of 0 is the identity
+  call_grad("DropoutGrad", 3, {&x, &ratio, &training, &x, nullptr, &x, nullptr},
+            {&dx, nullptr, nullptr});
+  CHECK(dx.as<float>()[4] == x.as<float>()[4]);
+}
+
+TEST_CASE("grad Relu") {
+  unary("Relu", avoid(random_tensor({3, 4, 5}), {0}));
+  unary("Relu", avoid(random_tensor({7}, -1, 1, 3), {0}));
+}
+
+TEST_CASE("grad Sigmoid") { unary("Sigmoid", random_tensor({3, 4}, -4, 4)); }
+TEST_CASE("grad Tanh") { unary("Tanh", random_tensor({3, 4}, -2, 2)); }
+TEST_CASE("grad Sqrt") { unary("Sqrt", random_tensor({3, 4}, 0.5f, 3)); }
+TEST_CASE("grad Erf") { unary("Erf", random_tensor({2, 3, 4}, -2, 2)); }
+
+TEST_CASE("grad HardSigmoid") {
+  unary("HardSigmoid", avoid(random_tensor({4, 6}, -4, 4), {-2.5f, 2.5f}));  // defaults 0.2, 0.5
+  unary("HardSigmoid", avoid(random_tensor({4, 6}, -3, 3, 5), {-1.2f, 0.8f}),
+        [](onnx::NodeProto& n) {
+          set_float(n, "alpha", 0.5f);
+          set_float(n, "beta", 0.6f);
+        });
+}
+
+TEST_CASE("grad HardSwish") { unary("HardSwish", avoid(random_tensor({3, 5}, -5, 5), {-3, 3})); }
+
+TEST_CASE("grad Clip") {
+  Tensor x = avoid(random_tensor({3, 5}, -2, 2), {-0.5f, 0.7f});
+  SUBCASE("min and max inputs") {
+    gradcheck(make_case("Clip", {x, scalar(-0.5f), scalar(0.7f)}, {true, false, false}));
+  }
+  SUBCASE("min input only") { gradcheck(make_case("Clip", {x, scalar(-0.5f)}, {true, false})); }
+  SUBCASE("max input only") {
+    gradcheck(make_case("Clip", {x, omitted(), scalar(0.7f)}, {true, false, false}));
+  }
+  SUBCASE("no bounds") { unary("Clip", x); }
+  SUBCASE("opset 6 attributes") {
+    unary(
+        "Clip", x,
+        [](onnx::NodeProto& n) {
+          set_float(n, "min", -0.5f);
+          set_float(n, "max", 0.7f);
+        },
+        6);
+  }
+}
+
+TEST_CASE("grad Dropout") {
+  Tensor x = random_tensor({3, 4});
+  SUBCASE("x only") { unary("Dropout", x); }
+  SUBCASE("with mask output") { gradcheck(make_case("Dropout", {x}, {true}, 2)); }
+  SUBCASE("ratio and training_mode false") {
+    Tensor training = Tensor::owned(DType::kBool, {});
+    gradcheck(make_case("Dropout", {x, scalar(0.3f), training}, {true, false, false}, 2));
+  }
+  SUBCASE("opset 7, is_test default") { unary("Dropout", x, {}, 7); }
+}
+
+TEST_CASE("grad Cast") {
+  SUBCASE("float32 to float32") {
+    unary("Cast", random_tensor({2, 5}), [](onnx::NodeProto& n) { set_int(n, "to", 1); });
+  }
+  SUBCASE("float32 to float64 (no float32 output gradient)") {
+    unary("Cast", random_tensor({2, 5}), [](onnx::NodeProto& n) { set_int(n, "to", 11); });
+  }
+  SUBCASE("int64 to float32 (no input gradient)") {
+    gradcheck(make_case("Cast", {int64_tensor({3}, {1, 2, 3})}, {false}, 1,
+                        [](onnx::NodeProto& n) { set_int(n, "to", 1); }));
+  }
+}
+
+TEST_CASE("grad Add") {
+  binary("Add", random_tensor({2, 3, 4}, -1, 1, 1), random_tensor({2, 3, 4}, -1, 1, 2));
+  binary("Add", random_tensor({2, 3, 4}, -1, 1, 1), random_tensor({4}, -1, 1, 2));
+  binary("Add", random_tensor({3, 1}, -1, 1, 1), random_tensor({2, 1, 4}, -1, 1, 2));
+  binary("Add", random_tensor({}, -1, 1, 1), random_tensor({2, 3}, -1, 1, 2));
+  binary("Add", random_tensor({2, 3}, -1, 1, 1), random_tensor({1, 1}, -1, 1, 2), {true, false});
+}
+
+TEST_CASE("grad Add: large (threaded paths)") {
+  binary("Add", random_tensor({48, 32, 24}, -1, 1, 1), random_tensor({32, 1}, -1, 1, 2),
+         {true, true}, 8);
+}
+
+TEST_CASE("grad Mul: large (threaded paths)") {
+  binary("Mul", random_tensor({64, 1, 300}, -1, 1, 1), random_tensor({2, 300}, -1, 1, 2),
+         {true, true}, 8);
+}
+
+TEST_CASE("grad Add: large, summed to one row and to a scalar") {
+  binary("Add", random_tensor({120, 300}, -1, 1, 1), random_tensor({300}, -1, 1, 2), {false, true},
+         8);
+  binary("Add", random_tensor({120, 300}, -1, 1, 1), random_tensor({}, -1, 1, 2), {false, true}, 8);
+}
+
+TEST_CASE("grad Sub") {
+  binary("Sub", random_tensor({2, 3, 4}, -1, 1, 1), random_tensor({2, 3, 4}, -1, 1, 2));
+  binary("Sub", random_tensor({4}, -1, 1, 1), random_tensor({2, 3, 4}, -1, 1, 2));
+  binary("Sub", random_tensor({2, 1, 4}, -1, 1, 1), random_tensor({3, 1}, -1, 1, 2));
+  binary("Sub", random_tensor({2, 3}, -1, 1, 1), random_tensor({}, -1, 1, 2), {false, true});
+}
+
+TEST_CASE("grad Mul") {
+  binary("Mul", random_tensor({2, 3, 4}, -1, 1, 1), random_tensor({2, 3, 4}, -1, 1, 2));
+  binary("Mul", random_tensor({2, 3, 4}, -1, 1, 1), random_tensor({3, 1}, -1, 1, 2));
+  binary("Mul", random_tensor({1, 4}, -1, 1, 1), random_tensor({5, 2, 1, 1}, -1, 1, 2));
+  binary("Mul", random_tensor({}, -1, 1, 1), random_tensor({6}, -1, 1, 2));
+}
+
+TEST_CASE("grad Div") {
+  binary("Div", random_tensor({2, 3, 4}, -1, 1, 1), random_tensor({2, 3, 4}, 0.5f, 2, 2));
+  binary("Div", random_tensor({2, 3, 4}, -1, 1, 1), random_tensor({4}, 0.5f, 2, 2));
+  binary("Div", random_tensor({3, 1}, -1, 1, 1), random_tensor({2, 1, 4}, -2, -0.5f, 2));
+  binary("Div", random_tensor({}, -1, 1, 1), random_tensor({2, 3}, 0.5f, 2, 2));
+}
+
+TEST_CASE("grad Pow") {
+  binary("Pow", random_tensor({2, 3, 4}, 0.5f, 2, 1), random_tensor({2, 3, 4}, -2, 2, 2));
+  binary("Pow", random_tensor({2, 3, 4}, 0.5f, 2, 1), random_tensor({4}, -2, 2, 2));
+  binary("Pow", random_tensor({3}, 0.5f, 2, 1), random_tensor({2, 3}, -2, 2, 2));
+  binary("Pow", random_tensor({2, 3}, -2, 2, 1), scalar(2.0f), {true, false});
+  binary("Pow", random_tensor({2, 3}, -2, 2, 1), scalar(3.0f), {true, false});
+  binary("Pow", random_tensor({2, 3}, 0.5f, 2, 1), scalar(3.0f), {true, true});
+  binary("Pow", random_tensor({2, 3}, -2, 2, 1), int64_tensor({}, {3}), {true, false});
+}
+
+TEST_CASE("grad Where") {
+  SUBCASE("same shapes") {
+    gradcheck(make_case("Where",
+                        {bool_tensor({2, 3, 4}, 1), random_tensor({2, 3, 4}, -1, 1, 1),
+                         random_tensor({2, 3, 4}, -1, 1, 2)},
+                        {false, true, true}));
+  }
+  SUBCASE("broadcast") {
+    gradcheck(make_case("Where",
+                        {bool_tensor({2, 3, 4}, 3), random_tensor({3, 4}, -1, 1, 1),
+                         random_tensor({2, 1, 4}, -1, 1, 2)},
+                        {false, true, true}));
+  }
+  SUBCASE("broadcast condition and scalar") {
+    gradcheck(make_case(
+        "Where",
+        {bool_tensor({3, 1}, 5), random_tensor({2, 3, 4}, -1, 1, 1), random_tensor({}, -1, 1, 2)},
+        {false, true, true}));
+  }
+}
+
+TEST_CASE("grad Equal") {
+  gradcheck(make_case("Equal", {random_tensor({2, 3}), random_tensor({3})}, {false, false}));
+}
+
+}  // namespace stagecraft::testing
