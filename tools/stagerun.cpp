@@ -107,6 +107,8 @@ int main(int argc, char** argv) {
                    "Chrome trace of what ran (format of stagedump --trace; '-': stdout)");
     app.add_flag("--json", json, "Print the figures as one JSON object instead of text");
     app.add_flag("-q,--quiet", quiet, "No progress line");
+    bool skip_nonfinite = false;
+    app.add_flag("--skip-nonfinite", skip_nonfinite, "Training: go on when the loss is NaN or infinite");
     app.add_option("--inject-fault", inject_fault, "Testing: make the node of this name fail")
         ->group("");
     try {
@@ -133,6 +135,7 @@ int main(int argc, char** argv) {
     rt::RunOptions options;
     options.steps = steps;
     options.inject_fault = inject_fault;
+    options.skip_nonfinite = skip_nonfinite;
     bool tty = isatty(STDERR_FILENO);
     double last_shown = 0;
     if (!quiet)

@@ -20,7 +20,7 @@ std::span<const KernelEntry> shape_kernels();        // shape_ops.cpp: Shape, Co
 std::span<const KernelEntry> loss_kernels();         // loss.cpp: SoftmaxCrossEntropyLoss and its gradient
 
 // Gradient ops (domain ai.stagecraft, contract in runtime/format/grad_ops.h): "<Op>Grad".
-std::span<const KernelEntry> grad_matmul_kernels();   // grad_matmul.cpp: MatMul, Gemm; SoftmaxCrossEntropyLoss
+std::span<const KernelEntry> grad_matmul_kernels();   // grad_matmul.cpp: MatMul, Gemm
 std::span<const KernelEntry> grad_conv_kernels();     // grad_conv.cpp: Conv, MaxPool, AveragePool, GlobalAveragePool
 std::span<const KernelEntry> grad_norm_kernels();     // grad_norm.cpp: BatchNormalization, LayerNormalization, Softmax
 std::span<const KernelEntry> grad_eltwise_kernels();  // grad_eltwise.cpp: elementwise ops

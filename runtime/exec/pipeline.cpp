@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -403,7 +404,14 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                   auto& keep = stash[key];
                   outs = st.program.run_keeping(*context, args, keep, &hook);
                   meters[device].add(bytes_of_map(keep, st.weights));
-                  if (!st.loss.empty()) step_loss[step][ins.microbatch] = keep.at(st.loss).as<float>()[0];
+                  if (!st.loss.empty()) {
+                    float loss = keep.at(st.loss).as<float>()[0];
+                    if (!std::isfinite(loss) && !options.skip_nonfinite)
+                      fail(ErrorKind::kModel,
+                           "the loss is {} at step {}, microbatch {} (stage {}); stopping (--skip-nonfinite goes on)",
+                           loss, global_step + step + 1, ins.microbatch, ins.stage);
+                    step_loss[step][ins.microbatch] = loss;
+                  }
                 } else {
                   outs = st.program.run(*context, args, arena.get(), &hook);
                 }

@@ -33,6 +33,8 @@ struct RunOptions {
   std::function<void(int, int, double)> progress;
   /// Test hook: the node of this name fails when it runs (proves a failing worker stops all).
   std::string inject_fault;
+  /// Training: go on when the loss is NaN or infinite (otherwise the run stops, naming the step).
+  bool skip_nonfinite = false;
 };
 
 struct DeviceReport {
