@@ -2,6 +2,7 @@
 //
 //   stagerun PLAN_DIR [--backend cpu] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE] [--json]
+//            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
 //
 // One worker thread per device runs the device's instruction stream from schedule.json; stages
 // exchange tensors through bounded in-process channels. Inputs are the whole batch: stagerun
@@ -18,6 +19,11 @@
 //    outputs [{name, dtype, shape, file}]}
 // The measured figures describe the median step. --trace writes a Chrome trace of the compute
 // that ran, in the format of `stagedump --trace` (one row per device), every step.
+//
+// Training: --checkpoint DIR saves weights, optimizer state and the step count every K steps
+// (--save-every) and after the last step, atomically (runtime/exec/checkpoint.h); --resume DIR
+// restores them before the run (refusing a checkpoint of another plan); --export FILE writes the
+// original model with the trained weights after the run (--steps 0: export without running).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -27,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/tensor_io.h"
+#include "runtime/exec/checkpoint.h"
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
 #include "tools/dump/render.h"
@@ -109,6 +116,14 @@ int main(int argc, char** argv) {
     app.add_flag("-q,--quiet", quiet, "No progress line");
     bool skip_nonfinite = false;
     app.add_flag("--skip-nonfinite", skip_nonfinite, "Training: go on when the loss is NaN or infinite");
+    std::string checkpoint_dir, resume_dir, export_path;
+    int save_every = 0;
+    app.add_option("--checkpoint", checkpoint_dir,
+                   "Training: save weights and optimizer state into DIR (after the last step, and every --save-every steps)");
+    app.add_option("--save-every", save_every, "Training: save a checkpoint every K optimizer steps (needs --checkpoint)");
+    app.add_option("--resume", resume_dir, "Training: restore weights, optimizer state and step count from DIR first");
+    app.add_option("--export", export_path,
+                   "Write the original model with the trained weights to FILE.onnx after the run (--steps 0: no run)");
     app.add_option("--inject-fault", inject_fault, "Testing: make the node of this name fail")
         ->group("");
     try {
@@ -118,7 +133,11 @@ int main(int argc, char** argv) {
     }
     if (synthetic && !inputs_path.empty())
       fail(ErrorKind::kUsage, "--synthetic and --inputs exclude each other");
-    if (steps < 1) fail(ErrorKind::kUsage, "--steps must be at least 1 (got {})", steps);
+    if (steps < 0 || (steps == 0 && export_path.empty()))
+      fail(ErrorKind::kUsage, "--steps must be at least 1 (got {}; 0 only with --export)", steps);
+    if (save_every < 0) fail(ErrorKind::kUsage, "--save-every must be at least 1 (got {})", save_every);
+    if (save_every > 0 && checkpoint_dir.empty())
+      fail(ErrorKind::kUsage, "--save-every needs --checkpoint DIR");
 
     const rt::Backend& backend = rt::backend_by_name(backend_name);
     auto pipeline = rt::Pipeline::load(plan_dir, backend, threads);
@@ -126,6 +145,9 @@ int main(int argc, char** argv) {
     std::map<std::string, rt::Tensor> inputs =
         inputs_path.empty() ? pipeline->synthetic_inputs() : read_inputs(inputs_path, *pipeline);
     pipeline->check_inputs(inputs);
+    if ((!checkpoint_dir.empty() || !resume_dir.empty()) && !plan.training)
+      fail(ErrorKind::kUsage, "--checkpoint and --resume need a training plan ({} is an inference plan)", plan_dir);
+    if (!resume_dir.empty()) rt::load_checkpoint(*pipeline, resume_dir);
     if (!outputs_dir.empty()) {
       std::error_code ec;
       fs::create_directories(outputs_dir, ec);
@@ -145,7 +167,21 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "{}stagerun: step {}/{}, {:.1f} s{}", tty ? "\r" : "", done, total,
                    elapsed, tty && done < total ? "" : "\n");
       };
+    if (!checkpoint_dir.empty()) {
+      options.checkpoint = [&](int64_t) { rt::save_checkpoint(*pipeline, checkpoint_dir); };
+      options.checkpoint_every = save_every;
+    }
+    if (steps == 0) {
+      int replaced = rt::export_model(*pipeline, export_path);
+      if (!quiet) fmt::print(stderr, "stagerun: wrote {} ({} trained initializers)\n", export_path, replaced);
+      return 0;
+    }
+    const int64_t first_step = pipeline->steps_done();  // > 0 after --resume
     rt::RunReport report = pipeline->run(inputs, options);
+    if (!export_path.empty()) {
+      int replaced = rt::export_model(*pipeline, export_path);
+      if (!quiet) fmt::print(stderr, "stagerun: wrote {} ({} trained initializers)\n", export_path, replaced);
+    }
 
     nlohmann::ordered_json outputs = nlohmann::ordered_json::array();
     if (!outputs_dir.empty()) {
@@ -177,7 +213,7 @@ int main(int argc, char** argv) {
     if (json) {
       // Training: one JSON object per step first (JSON Lines), then the summary.
       for (size_t k = 0; k < report.losses.size(); ++k)
-        fmt::print("{}\n", nlohmann::ordered_json{{"step", k + 1}, {"loss", report.losses[k]},
+        fmt::print("{}\n", nlohmann::ordered_json{{"step", first_step + static_cast<int64_t>(k) + 1}, {"loss", report.losses[k]},
                                                    {"step_ms", report.step_s[k] * 1e3}}
                                 .dump());
       nlohmann::ordered_json j;
@@ -222,7 +258,7 @@ int main(int argc, char** argv) {
         plan.microbatch_size, plan.batch, backend.name(), threads, threads == 1 ? "" : "s");
     fmt::print("inputs: {}\n", inputs_path.empty() ? "synthetic (deterministic)" : inputs_path);
     for (size_t k = 0; k < report.losses.size(); ++k)
-      fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms\n", k + 1, report.losses[k], report.step_s[k] * 1e3);
+      fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms\n", first_step + static_cast<int64_t>(k) + 1, report.losses[k], report.step_s[k] * 1e3);
     fmt::print("step {:.3f} ms (median of {}; min {:.3f}, max {:.3f}), {:.1f} samples/s\n",
                step_s * 1e3, steps, sorted.front() * 1e3, sorted.back() * 1e3, samples_per_s);
     fmt::print("bubble {:.1f}% measured, {:.1f}% predicted (predicted step {:.3f} ms by {})\n",

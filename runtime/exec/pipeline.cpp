@@ -36,6 +36,7 @@ struct Pipeline::StageRuntime {
   std::vector<bool> weight_part;             ///< Per backward node: part of W (zero-bubble).
   std::map<std::string, Tensor> weights;     ///< The forward program's weights (shared bytes).
   std::string loss;                          ///< The loss output's name when this stage computes it.
+  std::map<std::string, optim::OptimizerState> opt_state;  ///< Per weight; only its device's worker.
 };
 
 namespace {
@@ -153,10 +154,10 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
       std::string bwd = (fs::path(plan_dir) / stage.backward_file).string();
       rt->backward.emplace(Program::load_file(bwd, backend));
       rt->weight_part = rt->backward->weight_gradient_nodes();
-      rt->weights = rt->program.weights();
       for (const ValueInfo& out : rt->program.outputs())
         if (out.name == plan.training_config.loss_output) rt->loss = out.name;
     }
+    rt->weights = rt->program.weights();
     std::set<int> producers;
     for (const plan::StageTensor& in : stage.inputs) {
       if (in.peer_stage >= 0) {
@@ -365,7 +366,6 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
       std::map<std::pair<int, int>, std::map<std::string, Tensor>> stash, bwd_kept;
       std::map<std::pair<int, int>, std::vector<NamedTensor>> grads_in, grads_out;
       std::map<int, std::map<std::string, Tensor>> grad_acc;
-      std::map<int, std::map<std::string, optim::OptimizerState>> opt_state;
       for (int step = 0; step < steps; ++step) {
         barrier.arrive_and_wait();
         if (device == 0) step_start[step] = seconds();
@@ -552,7 +552,7 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 for (auto& [name, weight] : st.weights) {
                   auto g = grad_acc[ins.stage].find(name);
                   if (g == grad_acc[ins.stage].end()) continue;  // not trainable or no gradient
-                  optimizer->step(weight, g->second, opt_state[ins.stage][name], lr, global_step + step + 1);
+                  optimizer->step(weight, g->second, st.opt_state[name], lr, global_step + step + 1);
                   std::fill(g->second.as<float>(), g->second.as<float>() + g->second.numel(), 0.0f);
                 }
                 double end = seconds();
@@ -581,6 +581,22 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
           step_end[step] = seconds();
           if (options.progress) options.progress(step + 1, steps, step_end[step]);
         }
+        bool checkpoint = training && options.checkpoint &&
+                          (step + 1 == steps || (options.checkpoint_every > 0 &&
+                                                 (global_step + step + 1) % options.checkpoint_every == 0));
+        if (checkpoint) {
+          // Device 0 saves while the others wait at the barrier (nothing changes the weights).
+          if (device == 0) {
+            steps_done_ = global_step + step + 1;
+            try {
+              options.checkpoint(steps_done_);
+            } catch (Error& e) {
+              stop_all(std::move(e));
+              throw Aborted();
+            }
+          }
+          barrier.arrive_and_wait();
+        }
       }
     } catch (const Aborted&) {
       // Another worker failed first; its error is the one reported.
@@ -595,10 +611,19 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
   std::vector<std::thread> threads;
   for (int d = 0; d < devices; ++d) threads.emplace_back(worker, d);
   for (std::thread& t : threads) t.join();
-  if (first_error) throw *first_error;
+  if (first_error) {
+    if (training) {
+      // Steps that did not finish leave no optimizer step behind in the count (a checkpoint
+      // taken during the run recorded its own); keep the count at the last finished step.
+      int finished = 0;
+      while (finished < steps && step_end[finished] > 0) ++finished;
+      steps_done_ = global_step + finished;
+    }
+    throw *first_error;
+  }
 
   RunReport report;
-  steps_done_ += steps;
+  steps_done_ = global_step + steps;
   for (int s = 0; s < steps; ++s) report.step_s.push_back(step_end[s] - step_start[s]);
   if (training)
     for (int s = 0; s < steps; ++s) {
@@ -624,6 +649,22 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
   for (auto& list : events) report.events.insert(report.events.end(), list.begin(), list.end());
   for (auto& [name, parts] : results) report.outputs[name] = concat_rows(parts);
   return report;
+}
+
+const std::map<std::string, Tensor>& Pipeline::stage_weights(int stage) const {
+  if (stage < 0 || stage >= static_cast<int>(stages_.size()))
+    fail(ErrorKind::kInternal, "stage {} is out of range (the plan has {})", stage, stages_.size());
+  return stages_[stage]->weights;
+}
+
+std::map<std::string, optim::OptimizerState>& Pipeline::optimizer_state(int stage) {
+  if (stage < 0 || stage >= static_cast<int>(stages_.size()))
+    fail(ErrorKind::kInternal, "stage {} is out of range (the plan has {})", stage, stages_.size());
+  return stages_[stage]->opt_state;
+}
+
+const std::map<std::string, optim::OptimizerState>& Pipeline::optimizer_state(int stage) const {
+  return const_cast<Pipeline*>(this)->optimizer_state(stage);
 }
 
 }  // namespace stagecraft::rt

@@ -17,6 +17,7 @@
 #include "runtime/core/tensor.h"
 #include "runtime/exec/transport.h"
 #include "runtime/format/plan.h"
+#include "runtime/optim/optimizer.h"
 
 namespace stagecraft::rt {
 
@@ -35,6 +36,11 @@ struct RunOptions {
   std::string inject_fault;
   /// Training: go on when the loss is NaN or infinite (otherwise the run stops, naming the step).
   bool skip_nonfinite = false;
+  /// Training: called every `checkpoint_every` optimizer steps and after the last step, with
+  /// the optimizer steps done so far, while every worker waits (weights and optimizer state
+  /// are quiet: a checkpoint may be saved). An `Error` it throws stops the run, unchanged.
+  std::function<void(int64_t)> checkpoint;
+  int checkpoint_every = 0;  ///< 0: only after the last step.
 };
 
 struct DeviceReport {
@@ -79,6 +85,20 @@ class Pipeline {
   /// Runs `options.steps` steps on the same inputs. The first worker error stops every worker
   /// and is rethrown (never a hang).
   RunReport run(const std::map<std::string, Tensor>& inputs, const RunOptions& options);
+
+  // Training state (checkpoints, export: runtime/exec/checkpoint.h). Not to be used while
+  // run() is running (except from `RunOptions::checkpoint`, when the workers wait).
+
+  /// Optimizer steps taken so far (the lr schedule's position).
+  int64_t steps_done() const { return steps_done_; }
+  void set_steps_done(int64_t steps) { steps_done_ = steps; }
+  /// Stage `stage`'s weights by name: tensors sharing bytes with its forward program (write
+  /// into them to change the weights; never replace them).
+  const std::map<std::string, Tensor>& stage_weights(int stage) const;
+  /// Stage `stage`'s optimizer state per weight (empty before its first step). Owned by the
+  /// pipeline, so it persists across run() calls; only the stage's device worker touches it.
+  std::map<std::string, optim::OptimizerState>& optimizer_state(int stage);
+  const std::map<std::string, optim::OptimizerState>& optimizer_state(int stage) const;
 
  private:
   struct StageRuntime;

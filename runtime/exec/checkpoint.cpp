@@ -1,0 +1,355 @@
+#include "runtime/exec/checkpoint.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <onnx/onnx_pb.h>
+
+#include "runtime/core/tensor_io.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::rt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormatName = "stagecraft-checkpoint";
+constexpr uint64_t kProtobufLimit = (uint64_t{1} << 31) - 1;
+
+// `dir` without trailing separators ("ckpt/" and "ckpt" name the same checkpoint).
+std::string clean(const std::string& dir) {
+  std::string out = dir;
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), O_RDONLY | (directory ? O_DIRECTORY : 0));
+  if (fd < 0) fail(ErrorKind::kIo, "{}: cannot open to sync ({})", path, std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) fail(ErrorKind::kIo, "{}: fsync failed ({})", path, std::strerror(err));
+}
+
+std::string parent_of(const std::string& path) {
+  fs::path parent = fs::path(path).parent_path();
+  return parent.empty() ? "." : parent.string();
+}
+
+void rename_or_fail(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  if (ec) fail(ErrorKind::kIo, "{}: cannot rename to {} ({})", from, to, ec.message());
+}
+
+// Reads a manifest field, or fails naming the file and the field.
+template <class T>
+T field(const nlohmann::json& j, const std::string& key, const std::string& where,
+        const std::string& file) {
+  std::string name = where.empty() ? key : where + "." + key;
+  if (!j.is_object() || !j.contains(key))
+    fail(ErrorKind::kFormat, "{}: field '{}' is missing", file, name);
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    fail(ErrorKind::kFormat, "{}: field '{}' has the wrong type", file, name);
+  }
+}
+
+}  // namespace
+
+void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in, const SaveOptions& options) {
+  const plan::Plan& plan = pipeline.plan();
+  const std::string dir = clean(dir_in);
+  if (!plan.training)
+    fail(ErrorKind::kUsage, "checkpoint {}: the plan is not a training plan (nothing to save)", dir);
+  const std::string tmp = fmt::format("{}.tmp-{}", dir, ::getpid()), old = dir + ".old";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  int files_written = 0;
+  try {
+    fs::create_directories(tmp, ec);
+    if (ec) fail(ErrorKind::kIo, "{}: cannot create ({})", tmp, ec.message());
+    nlohmann::ordered_json manifest;
+    manifest["format"] = kFormatName;
+    manifest["version"] = kCheckpointVersion;
+    manifest["model_hash"] = plan.model_hash;
+    manifest["plan"] = {{"schedule", plan.schedule},
+                        {"devices", plan.devices},
+                        {"microbatches", plan.microbatches}};
+    manifest["step"] = pipeline.steps_done();
+    manifest["optimizer"] = plan.optimizer;
+    nlohmann::ordered_json stages = nlohmann::ordered_json::array();
+    auto write = [&](const std::string& stage_dir, const std::string& file, const Tensor& t) {
+      std::string path = (fs::path(tmp) / stage_dir / file).string();
+      write_npy(path, t);
+      fsync_path(path, false);
+      if (++files_written == options.fail_after_files)
+        throw Error(ErrorKind::kIo, fmt::format("{}: save failed after {} files (test hook)", tmp,
+                                                files_written));
+    };
+    for (const plan::Stage& stage : plan.stages) {
+      std::string stage_dir = fmt::format("stage_{}", stage.index);
+      fs::create_directories(fs::path(tmp) / stage_dir, ec);
+      if (ec) fail(ErrorKind::kIo, "{}/{}: cannot create ({})", tmp, stage_dir, ec.message());
+      nlohmann::ordered_json weights = nlohmann::ordered_json::array(), state = weights;
+      int n = 0;
+      for (const auto& [name, t] : pipeline.stage_weights(stage.index)) {
+        if (t.dtype != DType::kFloat32) continue;  // constants: training never changes them
+        std::string file = fmt::format("w{:04}.npy", n++);
+        write(stage_dir, file, t);
+        weights.push_back({{"name", name},
+                           {"file", stage_dir + "/" + file},
+                           {"dtype", dtype_name(t.dtype)},
+                           {"shape", t.shape}});
+      }
+      n = 0;
+      for (const auto& [name, st] : pipeline.optimizer_state(stage.index))
+        for (const auto& [key, t] : st.tensors) {
+          std::string file = fmt::format("o{:04}.npy", n++);
+          write(stage_dir, file, t);
+          state.push_back({{"weight", name}, {"state", key}, {"file", stage_dir + "/" + file}});
+        }
+      fsync_path((fs::path(tmp) / stage_dir).string(), true);
+      stages.push_back({{"index", stage.index},
+                        {"file", stage.file},
+                        {"file_hash", stage.file_hash},
+                        {"weights", weights},
+                        {"optimizer", state}});
+    }
+    manifest["stages"] = stages;
+    std::string manifest_path = (fs::path(tmp) / "manifest.json").string();
+    {
+      std::ofstream out(manifest_path, std::ios::binary | std::ios::trunc);
+      out << manifest.dump(1) << "\n";
+      if (!out.flush()) fail(ErrorKind::kIo, "{}: cannot write", manifest_path);
+    }
+    fsync_path(manifest_path, false);
+    fsync_path(tmp, true);
+  } catch (const Error&) {
+    if (options.fail_after_files < 0) fs::remove_all(tmp, ec);  // a crash would leave it
+    throw;
+  }
+  // Keep the last good checkpoint until the new one is in place.
+  if (fs::exists(dir)) {
+    fs::remove_all(old, ec);
+    rename_or_fail(dir, old);
+  }
+  rename_or_fail(tmp, dir);
+  fsync_path(parent_of(dir), true);
+  fs::remove_all(old, ec);
+}
+
+std::string checkpoint_to_load(const std::string& dir_in) {
+  const std::string dir = clean(dir_in);
+  if (fs::exists(fs::path(dir) / "manifest.json")) return dir;
+  if (!fs::exists(dir) && fs::exists(fs::path(dir + ".old") / "manifest.json")) return dir + ".old";
+  fail(ErrorKind::kIo, "checkpoint {}: no such checkpoint ({}/manifest.json is missing)", dir, dir);
+}
+
+int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
+  const std::string dir = checkpoint_to_load(dir_in);
+  const std::string file = (fs::path(dir) / "manifest.json").string();
+  const plan::Plan& plan = pipeline.plan();
+  if (!plan.training)
+    fail(ErrorKind::kUsage, "checkpoint {}: the plan is not a training plan (nothing to resume)", dir);
+  nlohmann::json manifest;
+  {
+    std::ifstream in(file);
+    if (!in) fail(ErrorKind::kIo, "{}: cannot open", file);
+    try {
+      manifest = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      fail(ErrorKind::kFormat, "{}: not valid JSON ({})", file, e.what());
+    }
+  }
+  if (field<std::string>(manifest, "format", "", file) != kFormatName)
+    fail(ErrorKind::kFormat, "{}: field 'format' is not '{}'", file, kFormatName);
+  int version = field<int>(manifest, "version", "", file);
+  if (version != kCheckpointVersion)
+    fail(ErrorKind::kUnsupported, "{}: field 'version' is {}; this stagerun reads version {}", file,
+         version, kCheckpointVersion);
+  // The plan's identity.
+  auto other = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
+    fail(ErrorKind::kPlan, "checkpoint {} was written for another plan: {} {}, this plan has {}", dir,
+         what, theirs, ours);
+  };
+  std::string model_hash = field<std::string>(manifest, "model_hash", "", file);
+  if (model_hash != plan.model_hash) other("model hash", model_hash, plan.model_hash);
+  std::string optimizer = field<std::string>(manifest, "optimizer", "", file);
+  if (optimizer != plan.optimizer) other("optimizer", optimizer, plan.optimizer);
+  if (!manifest.contains("stages") || !manifest["stages"].is_array())
+    fail(ErrorKind::kFormat, "{}: field 'stages' is missing or not an array", file);
+  const nlohmann::json& stages = manifest["stages"];
+  if (stages.size() != plan.stages.size())
+    other("stage count", std::to_string(stages.size()), std::to_string(plan.stages.size()));
+  for (size_t k = 0; k < stages.size(); ++k) {
+    std::string hash = field<std::string>(stages[k], "file_hash", fmt::format("stages[{}]", k), file);
+    if (hash != plan.stages[k].file_hash)
+      other(fmt::format("stage {} file hash", k), hash, plan.stages[k].file_hash);
+  }
+  int64_t step = field<int64_t>(manifest, "step", "", file);
+  if (step < 0) fail(ErrorKind::kFormat, "{}: field 'step' is negative ({})", file, step);
+
+  // Read everything first: a damaged checkpoint changes nothing.
+  std::vector<std::vector<std::pair<Tensor, Tensor>>> weights(stages.size());  // (target, value)
+  std::vector<std::map<std::string, optim::OptimizerState>> states(stages.size());
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const auto& have = pipeline.stage_weights(static_cast<int>(k));
+    std::string where = fmt::format("stages[{}]", k);
+    auto read = [&](const nlohmann::json& entry, const std::string& at) {
+      std::string path = (fs::path(dir) / field<std::string>(entry, "file", at, file)).string();
+      return with_context(file + ": " + at, ErrorKind::kFormat, [&] { return read_npy(path); });
+    };
+    auto list = [&](const char* key) -> const nlohmann::json& {
+      if (!stages[k].contains(key) || !stages[k][key].is_array())
+        fail(ErrorKind::kFormat, "{}: field '{}.{}' is missing or not an array", file, where, key);
+      return stages[k][key];
+    };
+    const nlohmann::json& ws = list("weights");
+    for (size_t i = 0; i < ws.size(); ++i) {
+      std::string at = fmt::format("{}.weights[{}]", where, i);
+      std::string name = field<std::string>(ws[i], "name", at, file);
+      auto it = have.find(name);
+      if (it == have.end())
+        other(fmt::format("stage {} weight", k), "'" + name + "'", "no such weight");
+      Tensor value = read(ws[i], at);
+      if (value.dtype != it->second.dtype || value.shape != it->second.shape)
+        fail(ErrorKind::kShape, "{}: field '{}' ('{}') is {} but the plan's weight is {}", file, at,
+             name, value.describe(), it->second.describe());
+      weights[k].emplace_back(it->second, value);
+    }
+    const nlohmann::json& os = list("optimizer");
+    for (size_t i = 0; i < os.size(); ++i) {
+      std::string at = fmt::format("{}.optimizer[{}]", where, i);
+      std::string name = field<std::string>(os[i], "weight", at, file);
+      std::string key = field<std::string>(os[i], "state", at, file);
+      auto it = have.find(name);
+      if (it == have.end())
+        other(fmt::format("stage {} weight", k), "'" + name + "'", "no such weight");
+      Tensor value = read(os[i], at);
+      if (value.dtype != DType::kFloat32 || value.shape != it->second.shape)
+        fail(ErrorKind::kShape, "{}: field '{}' ('{}' of '{}') is {} but the weight is {}", file, at,
+             key, name, value.describe(), it->second.describe());
+      states[k][name].tensors[key] = value;
+    }
+  }
+  for (size_t k = 0; k < stages.size(); ++k) {
+    for (auto& [target, value] : weights[k])
+      std::memcpy(target.data, value.data, static_cast<size_t>(value.bytes()));
+    pipeline.optimizer_state(static_cast<int>(k)) = std::move(states[k]);
+  }
+  pipeline.set_steps_done(step);
+  return step;
+}
+
+int export_model(const Pipeline& pipeline, const std::string& out_path) {
+  const plan::Plan& plan = pipeline.plan();
+  const std::string& model = plan.model_path;
+  if (model.empty() || !fs::exists(model))
+    fail(ErrorKind::kIo, "--export: the plan's model_path {} is missing", model.empty() ? "''" : model);
+  std::string hash = plan::file_hash(model);
+  if (hash != plan.model_hash)
+    fail(ErrorKind::kPlan, "--export: {} hashes to {} but plan.json's model_hash is {} (the model changed)",
+         model, hash, plan.model_hash);
+  onnx::ModelProto proto;
+  {
+    std::ifstream in(model, std::ios::binary);
+    if (!in || !proto.ParseFromIstream(&in))
+      fail(ErrorKind::kFormat, "--export: {} is not an ONNX model", model);
+  }
+  // The trained values by name (a weight in several stages: the first stage's).
+  std::map<std::string, Tensor> trained;
+  for (const plan::Stage& stage : plan.stages)
+    for (const auto& [name, t] : pipeline.stage_weights(stage.index))
+      if (t.dtype == DType::kFloat32) trained.emplace(name, t);
+
+  // Size check before reading any external data.
+  onnx::GraphProto* graph = proto.mutable_graph();
+  uint64_t size = proto.ByteSizeLong();
+  auto external = [](const onnx::TensorProto& t) {
+    return t.data_location() == onnx::TensorProto::EXTERNAL;
+  };
+  auto entry = [](const onnx::TensorProto& t, const std::string& key) -> std::string {
+    for (const auto& kv : t.external_data())
+      if (kv.key() == key) return kv.value();
+    return "";
+  };
+  const fs::path base = fs::path(model).parent_path();
+  for (const onnx::TensorProto& t : graph->initializer()) {
+    if (!external(t)) continue;
+    std::string length = entry(t, "length");
+    if (!length.empty()) {
+      size += std::stoull(length);
+    } else {
+      std::error_code ec;
+      auto bytes = fs::file_size(base / entry(t, "location"), ec);
+      size += ec ? 0 : bytes;
+    }
+  }
+  if (size > kProtobufLimit)
+    fail(ErrorKind::kUnsupported,
+         "--export {}: the model with its weights embedded would be {:.2f} GiB, above protobuf's 2 GiB "
+         "limit; exporting external-data models that large is not supported",
+         out_path, static_cast<double>(size) / (1 << 30));
+
+  int replaced = 0;
+  for (onnx::TensorProto& t : *graph->mutable_initializer()) {
+    auto it = trained.find(t.name());
+    std::string where = fmt::format("{}: initializer '{}'", model, t.name());
+    if (it != trained.end() && t.data_type() == onnx::TensorProto::FLOAT &&
+        Shape(t.dims().begin(), t.dims().end()) == it->second.shape) {
+      t.clear_float_data();
+      t.clear_external_data();
+      t.set_data_location(onnx::TensorProto::DEFAULT);
+      t.set_raw_data(std::string(reinterpret_cast<const char*>(it->second.data),
+                                 static_cast<size_t>(it->second.bytes())));
+      ++replaced;
+      continue;
+    }
+    if (!external(t)) continue;
+    std::string location = entry(t, "location");
+    if (location.empty()) fail(ErrorKind::kFormat, "{}: external_data has no 'location'", where);
+    std::string path = (base / location).string();
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(ErrorKind::kIo, "{}: external data file {} cannot be opened", where, path);
+    std::string offset = entry(t, "offset"), length = entry(t, "length");
+    uint64_t off = offset.empty() ? 0 : std::stoull(offset);
+    uint64_t len = length.empty() ? fs::file_size(path) - off : std::stoull(length);
+    std::string bytes(len, '\0');
+    in.seekg(static_cast<std::streamoff>(off));
+    if (!in.read(bytes.data(), static_cast<std::streamsize>(len)))
+      fail(ErrorKind::kIo, "{}: external data file {} is shorter than offset {} + length {}", where,
+           path, off, len);
+    t.clear_external_data();
+    t.set_data_location(onnx::TensorProto::DEFAULT);
+    t.set_raw_data(std::move(bytes));
+  }
+  if (proto.ByteSizeLong() > kProtobufLimit)
+    fail(ErrorKind::kUnsupported, "--export {}: the model would be above protobuf's 2 GiB limit", out_path);
+
+  std::string tmp = fmt::format("{}.tmp-{}", out_path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail(ErrorKind::kIo, "--export {}: cannot write {}", out_path, tmp);
+    if (!proto.SerializeToOstream(&out) || !out.flush()) {
+      out.close();
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      fail(ErrorKind::kIo, "--export {}: write failed (disk full?)", out_path);
+    }
+  }
+  fsync_path(tmp, false);
+  rename_or_fail(tmp, out_path);
+  fsync_path(parent_of(out_path), true);
+  return replaced;
+}
+
+}  // namespace stagecraft::rt

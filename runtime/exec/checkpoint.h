@@ -1,0 +1,57 @@
+#pragma once
+/// \file
+/// Training checkpoints and the export of trained weights into the original model.
+///
+/// A checkpoint is a directory:
+///
+///   DIR/manifest.json          {format: "stagecraft-checkpoint", version: 1, model_hash,
+///                               plan {schedule, devices, microbatches}, step, optimizer,
+///                               stages [{index, file, file_hash, weights [{name, file, dtype,
+///                               shape}], optimizer [{weight, state, file}]}]}
+///   DIR/stage_K/wNNNN.npy      stage K's weights (one .npy per tensor, numbered: names map to
+///   DIR/stage_K/oNNNN.npy      files only through the manifest), its optimizer state tensors
+///
+/// `step` is the number of optimizer steps done (the lr schedule resumes from it).
+///
+/// Saving is atomic: everything goes into DIR.tmp-<pid>, every file and folder is fsynced,
+/// then DIR (if any) is renamed to DIR.old, DIR.tmp-<pid> to DIR, and DIR.old removed. A crash
+/// at any point leaves either DIR or (between the two renames) DIR.old holding the last
+/// complete checkpoint; loading falls back to DIR.old when DIR is missing.
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/exec/pipeline.h"
+
+namespace stagecraft::rt {
+
+inline constexpr int kCheckpointVersion = 1;
+
+struct SaveOptions {
+  /// Test hook: fail (as a crash would, without cleaning up) after writing this many tensor
+  /// files into the temporary folder; < 0: never.
+  int fail_after_files = -1;
+};
+
+/// Saves `pipeline`'s weights, optimizer state and step count into `dir` (see above). Training
+/// plans only (`Error(kUsage)` otherwise); I/O failures are `Error(kIo)` naming the file.
+void save_checkpoint(const Pipeline& pipeline, const std::string& dir, const SaveOptions& options = {});
+
+/// The directory a load of `dir` would read: `dir`, or `dir`.old when `dir` is missing and a
+/// save was interrupted between its renames; `Error(kIo)` when neither exists.
+std::string checkpoint_to_load(const std::string& dir);
+
+/// Restores weights, optimizer state and step count from `dir` (or `dir`.old, see above).
+/// Refuses, changing nothing, a checkpoint of another plan (`Error(kPlan)`, one line naming
+/// what differs: model hash, stage count, a stage's file hash, the optimizer) or a damaged
+/// one (`Error(kFormat)` naming the file and field). Returns the step restored.
+int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir);
+
+/// Writes the plan's original model (plan.model_path, which must exist and hash to
+/// plan.model_hash) to `out_path` with every initializer named like a stage weight replaced by
+/// the pipeline's values (raw_data) and every external-data initializer embedded; through a
+/// temporary file renamed into place. Refuses a result above 2 GiB (protobuf's limit).
+/// Returns the number of initializers replaced.
+int export_model(const Pipeline& pipeline, const std::string& out_path);
+
+}  // namespace stagecraft::rt
