@@ -208,3 +208,58 @@ TEST_CASE("stagec refuses to write a plan with an op the backend cannot run") {
 
 }  // namespace
 }  // namespace stagecraft::rt
+
+namespace stagecraft::rt {
+namespace {
+
+// The loss of every step from `stagerun --json` output (JSON Lines, then the summary).
+std::vector<double> json_losses(const std::string& out) {
+  std::vector<double> losses;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) break;
+    if (j.is_object() && j.contains("loss")) losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+
+TEST_CASE("stagerun --checkpoint then --resume continues the loss curve bit for bit; --export writes the model") {
+  testing::TempDir dir;
+  plan::PlanOptions o;
+  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
+  o.devices = 2;
+  o.batch = 8;
+  o.microbatches = 2;
+  o.training = true;
+  o.optimizer = "adam";
+  o.loss.kind = "mse";
+  o.device_spec = "cpu";
+  plan::PlannedModel planned = plan::make_plan(o);
+  std::string plan_dir = dir.file("train");
+  plan::write_plan(planned, plan_dir);
+
+  Result straight = stagerun(dir, plan_dir + " --steps 4 --json -q");
+  REQUIRE(straight.code == 0);
+  Result first = stagerun(dir, fmt::format("{} --steps 2 --json -q --checkpoint {}", plan_dir, dir.file("ck")));
+  REQUIRE(first.code == 0);
+  Result second = stagerun(dir, fmt::format("{} --steps 2 --json -q --resume {} --export {}", plan_dir, dir.file("ck"),
+                                            dir.file("trained.onnx")));
+  CAPTURE(second.err);
+  REQUIRE(second.code == 0);
+  std::vector<double> all = json_losses(first.out), rest = json_losses(second.out);
+  all.insert(all.end(), rest.begin(), rest.end());
+  CHECK(all == json_losses(straight.out));  // bit for bit
+  CHECK(fs::file_size(dir.file("trained.onnx")) > 0);
+
+  // A checkpoint of another plan is refused in one line.
+  o.devices = 3;
+  plan::PlannedModel other = plan::make_plan(o);
+  plan::write_plan(other, dir.file("other"));
+  check_one_line_error(stagerun(dir, fmt::format("{} --resume {}", dir.file("other"), dir.file("ck"))),
+                       "written for another plan");
+}
+
+}  // namespace
+}  // namespace stagecraft::rt
