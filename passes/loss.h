@@ -20,7 +20,7 @@
 namespace stagecraft::passes {
 
 struct LossOptions {
-  std::string kind;              ///< "mse", "cross-entropy", or "" (the model's own output).
+  std::string kind;  ///< "mse", "cross-entropy", or "" (the model's own output).
   std::string labels = "labels";
 };
 

@@ -4,9 +4,9 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -32,11 +32,12 @@ struct Pipeline::StageRuntime {
   std::map<int, std::vector<size_t>> sends;  ///< Consumer stage -> indices into program outputs.
   std::vector<size_t> graph_outputs;         ///< Indices into program outputs.
   // Training.
-  std::optional<Program> backward;           ///< The stage's backward program.
-  std::vector<bool> weight_part;             ///< Per backward node: part of W (zero-bubble).
-  std::map<std::string, Tensor> weights;     ///< The forward program's weights (shared bytes).
-  std::string loss;                          ///< The loss output's name when this stage computes it.
-  std::map<std::string, optim::OptimizerState> opt_state;  ///< Per weight; only its device's worker.
+  std::optional<Program> backward;        ///< The stage's backward program.
+  std::vector<bool> weight_part;          ///< Per backward node: part of W (zero-bubble).
+  std::map<std::string, Tensor> weights;  ///< The forward program's weights (shared bytes).
+  std::string loss;                       ///< The loss output's name when this stage computes it.
+  std::map<std::string, optim::OptimizerState>
+      opt_state;  ///< Per weight; only its device's worker.
 };
 
 namespace {
@@ -97,7 +98,8 @@ struct MemoryMeter {
 };
 
 // Bytes of a stash, less the weights it refers to (counted once, as the device's weights).
-int64_t bytes_of_map(const std::map<std::string, Tensor>& values, const std::map<std::string, Tensor>& weights) {
+int64_t bytes_of_map(const std::map<std::string, Tensor>& values,
+                     const std::map<std::string, Tensor>& weights) {
   int64_t total = 0;
   for (const auto& [name, t] : values)
     if (!weights.count(name)) total += t.bytes();
@@ -126,7 +128,8 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
   if (plan.training)
     for (const plan::Stage& stage : plan.stages)
       if (stage.backward_file.empty())
-        fail(ErrorKind::kPlan, "{}: stages[{}] of a training plan has no backward_file", plan_json, stage.index);
+        fail(ErrorKind::kPlan, "{}: stages[{}] of a training plan has no backward_file", plan_json,
+             stage.index);
   for (const plan::Stage& stage : plan.stages)
     if (stage.file.empty() || stage.file_hash.empty())
       fail(ErrorKind::kPlan, "{}: stages[{}] has no stage file (a --dry-run plan cannot run)",
@@ -344,7 +347,8 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
       int64_t arena_bytes = 0, weight_bytes = 0;
       for (const auto& st : stages_)
         if (st->stage->device == device) {
-          arena_bytes = std::max(arena_bytes, st->program.arena_bytes());
+          // Training keeps every forward value for the backward: no arena reuse.
+          if (!training) arena_bytes = std::max(arena_bytes, st->program.arena_bytes());
           weight_bytes += st->program.weight_bytes();
         }
       // One arena per device: its stages run one at a time, so the largest plan serves all.
@@ -356,6 +360,9 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
       reports[device].arena_bytes = arena_bytes;
       reports[device].weight_bytes = weight_bytes;
       meters[device].add(arena_bytes + weight_bytes);
+      for (const auto& st : stages_)  // optimizer state kept from earlier runs or a checkpoint
+        if (st->stage->device == device)
+          for (const auto& [name, state] : st->opt_state) meters[device].add(state.bytes());
 
       // Per (stage, microbatch): received tensors waiting for FWD, outputs waiting for SEND.
       std::map<std::pair<int, int>, std::vector<NamedTensor>> received;
@@ -408,7 +415,8 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                     float loss = keep.at(st.loss).as<float>()[0];
                     if (!std::isfinite(loss) && !options.skip_nonfinite)
                       fail(ErrorKind::kModel,
-                           "the loss is {} at step {}, microbatch {} (stage {}); stopping (--skip-nonfinite goes on)",
+                           "the loss is {} at step {}, microbatch {} (stage {}); stopping "
+                           "(--skip-nonfinite goes on)",
                            loss, global_step + step + 1, ins.microbatch, ins.stage);
                     step_loss[step][ins.microbatch] = loss;
                   }
@@ -425,7 +433,7 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 if (!st.sends.empty()) {
                   int64_t held = 0;
                   for (const Tensor& t : outs) held += t.bytes();
-                  meters[device].add(held);
+                  if (!training) meters[device].add(held);  // training: already in the stash
                   produced[key] = std::move(outs);
                 }
                 break;
@@ -446,7 +454,7 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 }
                 int64_t held = 0;
                 for (const Tensor& t : outs) held += t.bytes();
-                meters[device].sub(held);
+                if (!training) meters[device].sub(held);
                 produced.erase(it);
                 break;
               }
@@ -456,13 +464,16 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                   Message m = transport.recv({from, ins.stage, true}, ins.microbatch);
                   for (NamedTensor& t : m.tensors) {
                     // A tensor read by several later stages: its gradient is the sum of theirs.
-                    auto same = std::find_if(slot.begin(), slot.end(), [&](const NamedTensor& x) { return x.name == t.name; });
+                    auto same = std::find_if(slot.begin(), slot.end(), [&](const NamedTensor& x) {
+                      return x.name == t.name;
+                    });
                     if (same == slot.end()) {
                       slot.push_back(std::move(t));
                       continue;
                     }
                     Tensor sum = clone(same->tensor);
-                    for (int64_t i = 0; i < sum.numel(); ++i) sum.as<float>()[i] += t.tensor.as<float>()[i];
+                    for (int64_t i = 0; i < sum.numel(); ++i)
+                      sum.as<float>()[i] += t.tensor.as<float>()[i];
                     same->tensor = sum;
                   }
                 }
@@ -474,7 +485,8 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 auto key = std::make_pair(ins.stage, ins.microbatch);
                 const Program& bwd = *st.backward;
                 bool weight_part = ins.op == schedule::Op::kBackwardWeight;
-                // Inputs: forward values and weights (the stash), received gradients, the loss seed.
+                // Inputs: forward values and weights (the stash), received gradients, the loss
+                // seed.
                 auto& keep = stash.at(key);
                 std::vector<NamedTensor>& got = grads_in[key];
                 std::vector<Tensor> args;
@@ -485,11 +497,15 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                     args.push_back(seed);
                   } else if (auto k = keep.find(in.name); k != keep.end()) {
                     args.push_back(k->second);
-                  } else if (auto g = std::find_if(got.begin(), got.end(), [&](const NamedTensor& t) { return t.name == in.name; });
+                  } else if (auto g = std::find_if(
+                                 got.begin(), got.end(),
+                                 [&](const NamedTensor& t) { return t.name == in.name; });
                              g != got.end()) {
                     args.push_back(g->tensor);
                   } else {
-                    fail(ErrorKind::kPlan, "backward input '{}' of stage {} is neither a forward value nor a received gradient",
+                    fail(ErrorKind::kPlan,
+                         "backward input '{}' of stage {} is neither a forward value nor a "
+                         "received gradient",
                          in.name, ins.stage);
                   }
                 }
@@ -514,7 +530,10 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                   if (st.weights.count(weight)) {
                     if (ins.op == schedule::Op::kBackwardInput) continue;  // W's, not B's
                     Tensor& acc = grad_acc[ins.stage][weight];
-                    if (acc.dtype == DType::kUndefined) acc = Tensor::owned(outs[k].dtype, outs[k].shape);
+                    if (acc.dtype == DType::kUndefined) {
+                      acc = Tensor::owned(outs[k].dtype, outs[k].shape);
+                      meters[device].add(acc.bytes());  // the gradient buffer lives for the run
+                    }
                     float* a = acc.as<float>();
                     const float* g = outs[k].as<float>();
                     for (int64_t i = 0; i < acc.numel(); ++i) a[i] += g[i];
@@ -526,6 +545,7 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                   meters[device].sub(bytes_of_map(keep, st.weights));
                   stash.erase(key);
                   bwd_kept.erase(key);
+                  meters[device].sub(bytes_of(grads_in[key]));  // received output gradients
                   grads_in.erase(key);
                 }
                 break;
@@ -540,7 +560,8 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                   for (const plan::StageTensor& in : st.stage->inputs) {
                     if (in.peer_stage != to) continue;
                     for (const NamedTensor& g : grads)
-                      if (g.name == in.name) m.tensors.push_back({grad::grad_name(in.name), g.tensor});
+                      if (g.name == in.name)
+                        m.tensors.push_back({grad::grad_name(in.name), g.tensor});
                   }
                   transport.send({ins.stage, to, true}, std::move(m));
                 }
@@ -552,7 +573,11 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 for (auto& [name, weight] : st.weights) {
                   auto g = grad_acc[ins.stage].find(name);
                   if (g == grad_acc[ins.stage].end()) continue;  // not trainable or no gradient
-                  optimizer->step(weight, g->second, st.opt_state[name], lr, global_step + step + 1);
+                  int64_t state_before = st.opt_state[name].bytes();
+                  optimizer->step(weight, g->second, st.opt_state[name], lr,
+                                  global_step + step + 1);
+                  meters[device].add(st.opt_state[name].bytes() -
+                                     state_before);  // created on first use
                   std::fill(g->second.as<float>(), g->second.as<float>() + g->second.numel(), 0.0f);
                 }
                 double end = seconds();
@@ -581,9 +606,10 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
           step_end[step] = seconds();
           if (options.progress) options.progress(step + 1, steps, step_end[step]);
         }
-        bool checkpoint = training && options.checkpoint &&
-                          (step + 1 == steps || (options.checkpoint_every > 0 &&
-                                                 (global_step + step + 1) % options.checkpoint_every == 0));
+        bool checkpoint =
+            training && options.checkpoint &&
+            (step + 1 == steps || (options.checkpoint_every > 0 &&
+                                   (global_step + step + 1) % options.checkpoint_every == 0));
         if (checkpoint) {
           // Device 0 saves while the others wait at the barrier (nothing changes the weights).
           if (device == 0) {

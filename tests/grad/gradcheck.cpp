@@ -15,7 +15,8 @@ namespace stagecraft::testing {
 
 namespace {
 
-void set_type(onnx::ValueInfoProto* info, const std::string& name, DType dtype, const rt::Shape& shape) {
+void set_type(onnx::ValueInfoProto* info, const std::string& name, DType dtype,
+              const rt::Shape& shape) {
   info->set_name(name);
   auto* tt = info->mutable_type()->mutable_tensor_type();
   tt->set_elem_type(static_cast<int32_t>(dtype));
@@ -83,18 +84,21 @@ void gradcheck(const GradCase& c) {
   if (c.attrs) c.attrs(*node);
   for (int j = 0; j < c.outputs; ++j) g->add_output()->set_name(fmt::format("y{}", j));
   onnx::shape_inference::InferShapes(fwd);
-  for (int j = 0; j < c.outputs; ++j) REQUIRE_MESSAGE(g->output(j).type().has_tensor_type(), "no inferred type for y", j);
+  for (int j = 0; j < c.outputs; ++j)
+    REQUIRE_MESSAGE(g->output(j).type().has_tensor_type(), "no inferred type for y", j);
 
   std::vector<rt::Tensor> ys = run(fwd, present);
   std::vector<rt::Tensor> rs;
   for (int j = 0; j < c.outputs; ++j)
-    rs.push_back(ys[j].dtype == DType::kFloat32 ? random_tensor(ys[j].shape, -1, 1, 100 + j) : rt::Tensor{});
+    rs.push_back(ys[j].dtype == DType::kFloat32 ? random_tensor(ys[j].shape, -1, 1, 100 + j)
+                                                : rt::Tensor{});
   auto loss = [&](const std::vector<rt::Tensor>& inputs) {
     std::vector<rt::Tensor> out = run(fwd, inputs);
     double l = 0;
     for (int j = 0; j < c.outputs; ++j)
       if (rs[j].dtype == DType::kFloat32)
-        for (int64_t i = 0; i < out[j].numel(); ++i) l += static_cast<double>(out[j].as<float>()[i]) * rs[j].as<float>()[i];
+        for (int64_t i = 0; i < out[j].numel(); ++i)
+          l += static_cast<double>(out[j].as<float>()[i]) * rs[j].as<float>()[i];
     return l;
   };
 
@@ -117,13 +121,17 @@ void gradcheck(const GradCase& c) {
     bwd_inputs.push_back(t);
   };
   for (int k = 0; k < n; ++k) {
-    if (c.inputs[k].dtype == DType::kUndefined) gn->add_input("");
-    else add_input(fmt::format("x{}", k), c.inputs[k]);
+    if (c.inputs[k].dtype == DType::kUndefined)
+      gn->add_input("");
+    else
+      add_input(fmt::format("x{}", k), c.inputs[k]);
   }
   for (int j = 0; j < c.outputs; ++j) add_input(fmt::format("y{}", j), ys[j]);
   for (int j = 0; j < c.outputs; ++j) {
-    if (rs[j].dtype == DType::kFloat32) add_input(fmt::format("dy{}", j), rs[j]);
-    else gn->add_input("");
+    if (rs[j].dtype == DType::kFloat32)
+      add_input(fmt::format("dy{}", j), rs[j]);
+    else
+      gn->add_input("");
   }
   std::vector<int> checked;
   for (int k = 0; k < n; ++k) {

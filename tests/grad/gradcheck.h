@@ -16,21 +16,22 @@
 namespace stagecraft::testing {
 
 struct GradCase {
-  std::string op;                                  ///< Forward op type (default domain).
-  std::vector<rt::Tensor> inputs;                  ///< dtype kUndefined: an omitted optional input.
-  std::function<void(onnx::NodeProto&)> attrs;     ///< Sets the forward node's attributes.
-  std::vector<bool> check;                         ///< Per input: compare its gradient (float32 only).
-  int outputs = 1;                                 ///< How many outputs the forward node has.
+  std::string op;                               ///< Forward op type (default domain).
+  std::vector<rt::Tensor> inputs;               ///< dtype kUndefined: an omitted optional input.
+  std::function<void(onnx::NodeProto&)> attrs;  ///< Sets the forward node's attributes.
+  std::vector<bool> check;                      ///< Per input: compare its gradient (float32 only).
+  int outputs = 1;                              ///< How many outputs the forward node has.
   int opset = 17;
   double eps = 1e-3;
   double rtol = 2e-2, atol = 2e-3;
-  int samples = 24;                                ///< Elements checked per input.
+  int samples = 24;  ///< Elements checked per input.
   /// Optional: perturbations must keep the op smooth (e.g. Relu at 0, MaxPool ties); the case
   /// may fix inputs to avoid kinks instead.
 };
 
 /// Random float32 tensor, uniform in [lo, hi), from a fixed seed.
-rt::Tensor random_tensor(const rt::Shape& shape, float lo = -1.0f, float hi = 1.0f, unsigned seed = 1);
+rt::Tensor random_tensor(const rt::Shape& shape, float lo = -1.0f, float hi = 1.0f,
+                         unsigned seed = 1);
 
 /// An int64 tensor holding `values` with `shape`.
 rt::Tensor int64_tensor(const rt::Shape& shape, const std::vector<int64_t>& values);

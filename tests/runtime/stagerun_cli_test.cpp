@@ -136,7 +136,8 @@ TEST_CASE("stagerun refuses bad input with one line and a non-zero exit") {
   check_one_line_error(stagerun(dir, plan_dir), R"(stage_0.onnx)");
 }
 
-TEST_CASE("a training plan runs and prints the loss of every step; without a loss stagec refuses it") {
+TEST_CASE(
+    "a training plan runs and prints the loss of every step; without a loss stagec refuses it") {
   testing::TempDir dir;
   plan::PlanOptions o;
   o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
@@ -147,7 +148,8 @@ TEST_CASE("a training plan runs and prints the loss of every step; without a los
   o.optimizer = "sgd";
   o.device_spec = "cpu";
   plan::PlannedModel no_loss = plan::make_plan(o);
-  CHECK_THROWS_WITH_AS(plan::write_plan(no_loss, dir.file("train")), doctest::Contains("needs a loss"), Error);
+  CHECK_THROWS_WITH_AS(plan::write_plan(no_loss, dir.file("train")),
+                       doctest::Contains("needs a loss"), Error);
   o.loss.kind = "mse";
   plan::PlannedModel planned = plan::make_plan(o);
   plan::write_plan(planned, dir.file("train"));
@@ -225,7 +227,9 @@ std::vector<double> json_losses(const std::string& out) {
   return losses;
 }
 
-TEST_CASE("stagerun --checkpoint then --resume continues the loss curve bit for bit; --export writes the model") {
+TEST_CASE(
+    "stagerun --checkpoint then --resume continues the loss curve bit for bit; --export writes the "
+    "model") {
   testing::TempDir dir;
   plan::PlanOptions o;
   o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
@@ -242,10 +246,11 @@ TEST_CASE("stagerun --checkpoint then --resume continues the loss curve bit for 
 
   Result straight = stagerun(dir, plan_dir + " --steps 4 --json -q");
   REQUIRE(straight.code == 0);
-  Result first = stagerun(dir, fmt::format("{} --steps 2 --json -q --checkpoint {}", plan_dir, dir.file("ck")));
+  Result first = stagerun(
+      dir, fmt::format("{} --steps 2 --json -q --checkpoint {}", plan_dir, dir.file("ck")));
   REQUIRE(first.code == 0);
-  Result second = stagerun(dir, fmt::format("{} --steps 2 --json -q --resume {} --export {}", plan_dir, dir.file("ck"),
-                                            dir.file("trained.onnx")));
+  Result second = stagerun(dir, fmt::format("{} --steps 2 --json -q --resume {} --export {}",
+                                            plan_dir, dir.file("ck"), dir.file("trained.onnx")));
   CAPTURE(second.err);
   REQUIRE(second.code == 0);
   std::vector<double> all = json_losses(first.out), rest = json_losses(second.out);
@@ -257,8 +262,9 @@ TEST_CASE("stagerun --checkpoint then --resume continues the loss curve bit for 
   o.devices = 3;
   plan::PlannedModel other = plan::make_plan(o);
   plan::write_plan(other, dir.file("other"));
-  check_one_line_error(stagerun(dir, fmt::format("{} --resume {}", dir.file("other"), dir.file("ck"))),
-                       "written for another plan");
+  check_one_line_error(
+      stagerun(dir, fmt::format("{} --resume {}", dir.file("other"), dir.file("ck"))),
+      "written for another plan");
 }
 
 }  // namespace
