@@ -86,6 +86,39 @@ std::map<std::string, rt::Tensor> read_inputs(const std::string& path,
   return inputs;
 }
 
+// --data: each input's file holds K batches along the first axis; cut them into K input maps.
+std::vector<std::map<std::string, rt::Tensor>> cut_batches(const std::map<std::string, rt::Tensor>& data,
+                                                           const rt::Pipeline& pipeline, const std::string& dir) {
+  int64_t batches = -1;
+  const int64_t m = pipeline.plan().microbatches;
+  for (const rt::ModelTensor& in : pipeline.inputs()) {
+    const rt::Tensor& t = data.at(in.name);
+    int64_t rows = in.shape.empty() ? 1 : in.shape[0] * m;
+    bool fits = !in.shape.empty() && t.dtype == in.dtype && t.rank() == static_cast<int64_t>(in.shape.size()) &&
+                std::equal(in.shape.begin() + 1, in.shape.end(), t.shape.begin() + 1) && t.shape[0] % rows == 0 &&
+                t.shape[0] > 0;
+    if (!fits)
+      fail(ErrorKind::kShape, "--data {}: input '{}' is {} but should be K batches of {}{} along the first axis",
+           dir, in.name, t.describe(), dtype_name(in.dtype),
+           rt::shape_string([&] {
+             rt::Shape b = in.shape;
+             if (!b.empty()) b[0] = rows;
+             return b;
+           }()));
+    int64_t k = t.shape[0] / rows;
+    if (batches >= 0 && k != batches)
+      fail(ErrorKind::kShape, "--data {}: input '{}' holds {} batches, another input {}", dir, in.name, k, batches);
+    batches = k;
+  }
+  std::vector<std::map<std::string, rt::Tensor>> out(static_cast<size_t>(batches));
+  for (int64_t k = 0; k < batches; ++k)
+    for (const rt::ModelTensor& in : pipeline.inputs()) {
+      int64_t rows = in.shape[0] * m;
+      out[k][in.name] = rt::slice_rows(data.at(in.name), k * rows, (k + 1) * rows);
+    }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,6 +138,10 @@ int main(int argc, char** argv) {
     app.add_option("--inputs", inputs_path,
                    "The whole batch: FILE.npy (one-input models) or DIR with NAME.npy or NAME.pb "
                    "per graph input");
+    std::string data_dir;
+    app.add_option("--data", data_dir,
+                   "DIR with NAME.npy per graph input holding K whole batches along the first axis; step s "
+                   "trains on batch s mod K");
     app.add_flag("--synthetic", synthetic,
                  "Deterministic synthetic inputs (the default without --inputs)");
     app.add_option("--outputs", outputs_dir, "Write the last step's graph outputs as DIR/NAME.npy");
@@ -142,9 +179,16 @@ int main(int argc, char** argv) {
     const rt::Backend& backend = rt::backend_by_name(backend_name);
     auto pipeline = rt::Pipeline::load(plan_dir, backend, threads);
     const plan::Plan& plan = pipeline->plan();
-    std::map<std::string, rt::Tensor> inputs =
-        inputs_path.empty() ? pipeline->synthetic_inputs() : read_inputs(inputs_path, *pipeline);
-    pipeline->check_inputs(inputs);
+    if (!data_dir.empty() && (!inputs_path.empty() || synthetic))
+      fail(ErrorKind::kUsage, "--data excludes --inputs and --synthetic");
+    std::map<std::string, rt::Tensor> inputs, data;
+    if (!data_dir.empty()) {
+      if (!fs::is_directory(data_dir)) fail(ErrorKind::kIo, "--data {}: no such directory", data_dir);
+      data = read_inputs(data_dir, *pipeline);
+    } else {
+      inputs = inputs_path.empty() ? pipeline->synthetic_inputs() : read_inputs(inputs_path, *pipeline);
+      pipeline->check_inputs(inputs);
+    }
     if ((!checkpoint_dir.empty() || !resume_dir.empty()) && !plan.training)
       fail(ErrorKind::kUsage, "--checkpoint and --resume need a training plan ({} is an inference plan)", plan_dir);
     if (!resume_dir.empty()) rt::load_checkpoint(*pipeline, resume_dir);
@@ -177,7 +221,37 @@ int main(int argc, char** argv) {
       return 0;
     }
     const int64_t first_step = pipeline->steps_done();  // > 0 after --resume
-    rt::RunReport report = pipeline->run(inputs, options);
+    rt::RunReport report;
+    if (data_dir.empty()) {
+      report = pipeline->run(inputs, options);
+    } else {
+      // --data: batch k of K for step k mod K, one step per run; the optimizer state, the step
+      // count and the lr schedule carry over between runs.
+      std::vector<std::map<std::string, rt::Tensor>> batches = cut_batches(data, *pipeline, data_dir);
+      std::vector<rt::RunReport> runs;
+      double offset = 0;
+      options.steps = 1;
+      for (int s = 0; s < steps; ++s) {
+        runs.push_back(pipeline->run(batches[static_cast<size_t>(s) % batches.size()], options));
+        rt::RunReport& r = runs.back();
+        report.step_s.push_back(r.step_s.front());
+        report.losses.insert(report.losses.end(), r.losses.begin(), r.losses.end());
+        for (auto e : r.events) {
+          e.start_s += offset;
+          e.end_s += offset;
+          report.events.push_back(e);
+        }
+        offset = report.events.empty() ? offset : report.events.back().end_s;
+        if (options.progress) options.progress(s + 1, steps, offset);
+      }
+      std::vector<int> order(runs.size());
+      for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(k);
+      std::sort(order.begin(), order.end(), [&](int a, int b) { return report.step_s[a] < report.step_s[b]; });
+      report.reported_step = order[order.size() / 2];
+      report.bubble_fraction = runs[report.reported_step].bubble_fraction;
+      report.devices = runs[report.reported_step].devices;
+      report.outputs = runs.back().outputs;
+    }
     if (!export_path.empty()) {
       int replaced = rt::export_model(*pipeline, export_path);
       if (!quiet) fmt::print(stderr, "stagerun: wrote {} ({} trained initializers)\n", export_path, replaced);

@@ -269,3 +269,57 @@ TEST_CASE(
 
 }  // namespace
 }  // namespace stagecraft::rt
+
+namespace stagecraft::rt {
+namespace {
+
+TEST_CASE("stagerun --data trains on K batches in order; a file that is not whole batches is refused") {
+  testing::TempDir dir;
+  plan::PlanOptions o;
+  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
+  o.devices = 2;
+  o.batch = 8;
+  o.microbatches = 2;
+  o.training = true;
+  o.optimizer = "sgd";
+  o.loss.kind = "mse";
+  o.device_spec = "cpu";
+  plan::PlannedModel planned = plan::make_plan(o);
+  std::string plan_dir = dir.file("train");
+  plan::write_plan(planned, plan_dir);
+  auto pipeline = Pipeline::load(plan_dir, cpu_backend(), 1);
+  std::map<std::string, Tensor> one = pipeline->synthetic_inputs();
+
+  // One batch in --data is the same as --inputs of that batch, step for step.
+  fs::create_directories(dir.file("one"));
+  for (const auto& [name, t] : one) write_npy(dir.file("one/" + name + ".npy"), t);
+  Result with_inputs = stagerun(dir, fmt::format("{} --steps 3 --json -q --inputs {}", plan_dir, dir.file("one")));
+  Result with_data = stagerun(dir, fmt::format("{} --steps 3 --json -q --data {}", plan_dir, dir.file("one")));
+  REQUIRE(with_inputs.code == 0);
+  REQUIRE(with_data.code == 0);
+  CHECK(json_losses(with_data.out) == json_losses(with_inputs.out));
+
+  // Two batches: the second differs (x doubled), so step 2's loss differs from the one-batch run.
+  fs::create_directories(dir.file("two"));
+  for (const auto& [name, t] : one) {
+    Tensor second = clone(t);
+    if (name == "x")
+      for (int64_t i = 0; i < second.numel(); ++i) second.as<float>()[i] *= 2;
+    write_npy(dir.file("two/" + name + ".npy"), concat_rows({t, second}));
+  }
+  Result two = stagerun(dir, fmt::format("{} --steps 3 --json -q --data {}", plan_dir, dir.file("two")));
+  REQUIRE(two.code == 0);
+  std::vector<double> l2 = json_losses(two.out), l1 = json_losses(with_inputs.out);
+  REQUIRE(l2.size() == 3);
+  CHECK(l2[0] == l1[0]);
+  CHECK(l2[1] != l1[1]);
+
+  // 12 rows is not a whole number of batches of 8.
+  fs::create_directories(dir.file("bad"));
+  for (const auto& [name, t] : one) write_npy(dir.file("bad/" + name + ".npy"), concat_rows({t, slice_rows(t, 0, 4)}));
+  check_one_line_error(stagerun(dir, fmt::format("{} --data {}", plan_dir, dir.file("bad"))),
+                       R"(--data .*: input '.*' is float32\[12, .*\] but should be K batches of float32\[8, )");
+}
+
+}  // namespace
+}  // namespace stagecraft::rt
