@@ -127,6 +127,12 @@ int run(int argc, char** argv) {
   app.add_option("--cluster", po.cluster,
                  "JSON file: devices_per_node and the intra/inter-node link bandwidth and latency "
                  "(default: the device kind's NVLink/InfiniBand figures)");
+  app.add_option("--recompute", po.recompute,
+                 "with --train: activation recomputation. none (default); all: every stage keeps only its "
+                 "inputs per microbatch and re-runs its forward before the backward; auto: only the stages "
+                 "that would not fit the device's memory without it (the split is the usual one when that "
+                 "fits, else the fastest one)")
+      ->check(CLI::IsMember({"none", "all", "auto"}));
   app.add_option("--split-after", po.split_after, "manual split points: node names, comma separated")
       ->delimiter(',');
   app.add_flag("--dry-run", dry_run, "plan and print, writing no plan (--profile still caches what it measures)");

@@ -77,6 +77,12 @@ Setup make_setup(const PlanOptions& o) {
                                                        : o.optimizer)
                            : cost::Optimizer::kNone;
   s.precision = cost::parse_precision(o.precision);
+  if (o.recompute != "none" && o.recompute != "all" && o.recompute != "auto") {
+    fail(ErrorKind::kUsage, "--recompute '{}' is not one of: none, all, auto", o.recompute);
+  }
+  if (o.recompute != "none" && !o.training) {
+    fail(ErrorKind::kUsage, "--recompute {} needs --train: inference keeps no activations", o.recompute);
+  }
   s.device = cost::device_spec_from_name_or_file(o.device_spec);
   s.cluster = o.cluster.empty() ? cost::default_cluster(s.device.name) : cost::cluster_spec_from_name_or_file(o.cluster);
   return s;
@@ -198,7 +204,16 @@ std::vector<int> balanced_cuts(const std::vector<double>& weight, int stages) {
   return cuts;
 }
 
-schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol, const NodeFacts& f) {
+/// Per stage of the plan: whether it recomputes, and the bytes of its inputs per microbatch
+/// (what it keeps per microbatch in flight when it does). Empty: no stage recomputes.
+struct Recompute {
+  std::vector<bool> on;
+  std::vector<double> input_bytes;
+  bool at(std::size_t k) const { return k < on.size() && on[k]; }
+};
+
+schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
+                                 const Recompute& rc = {}) {
   schedule::StageCosts c;
   double per_param = bytes_per_param(s);
   double optimizer_bytes = 0;
@@ -211,12 +226,19 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
       act += static_cast<double>(f.output_bytes[i]);
       stat += static_cast<double>(f.params[i]) * per_param;
     }
+    const std::size_t k = c.forward_s.size();
+    const bool recompute = s.shape.training && rc.at(k);
     c.forward_s.push_back(fwd);
-    c.backward_input_s.push_back(s.shape.training ? b : 0.0);
-    c.backward_weight_s.push_back(s.shape.training ? w : 0.0);
+    // Recomputation re-runs the forward just before the backward (B, which comes first); ZB-H1
+    // runs W apart from B, and re-runs it before W too (one microbatch's values at a time).
+    const bool split = s.kind == schedule::ScheduleKind::kZBH1;
+    c.backward_input_s.push_back(s.shape.training ? b + (recompute ? fwd : 0.0) : 0.0);
+    c.backward_weight_s.push_back(s.shape.training ? w + (recompute && split ? fwd : 0.0) : 0.0);
     c.send_s.push_back(s.shape.training ? st.send_s / 2 : st.send_s);
-    c.activation_bytes.push_back(s.shape.training ? act : 0.0);
-    c.static_bytes.push_back(stat);
+    // Recomputation keeps the stage inputs per microbatch in flight, and one microbatch's full
+    // activations (the one being recomputed) for as long as the stage lives.
+    c.activation_bytes.push_back(s.shape.training ? (recompute ? rc.input_bytes[k] : act) : 0.0);
+    c.static_bytes.push_back(stat + (recompute ? act : 0.0));
     optimizer_bytes = std::max(optimizer_bytes, stat);
   }
   // The optimizer streams every weight, gradient and state once: memory-bound.
@@ -225,8 +247,9 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
 }
 
 Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
-                   const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order, int64_t batch) {
-  auto sim = schedule::simulate(sched, s.shape, stage_costs(s, sol, f));
+                   const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order, int64_t batch,
+                   const Recompute& rc = {}) {
+  auto sim = schedule::simulate(sched, s.shape, stage_costs(s, sol, f, rc));
   Prediction p;
   p.step_ms = sim.step_s * 1e3;
   p.bubble_fraction = sim.bubble_fraction;
@@ -334,7 +357,8 @@ void plan_stage_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, 
 }
 
 Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, const NodeFacts& f, const ir::Graph& g,
-                 const std::vector<ir::NodeId>& order, const StageInterfaces& io, const std::vector<int>& stage_of) {
+                 const std::vector<ir::NodeId>& order, const StageInterfaces& io, const std::vector<int>& stage_of,
+                 bool recompute) {
   const auto& st = sol.stages[k];
   Stage out;
   out.index = static_cast<int>(k);
@@ -389,8 +413,18 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   int64_t temporary = s.shape.training ? stage_temporary_bytes(g, order, st.first, st.last, stage_of, true)
                                        : out.arena_bytes;
   for (const auto& t : out.outputs) comm += t.peer_stages.empty() ? 0 : t.bytes;
+  // Recomputation: the first forward runs in the arena (kept for the run), keeping only the
+  // stage inputs; the backward's forward re-run rebuilds one microbatch's activations.
+  out.recompute = recompute && s.shape.training;
+  int64_t input_bytes = 0;
+  for (const auto& t : out.inputs) input_bytes += t.bytes;
+  if (out.recompute) {
+    temporary += out.arena_bytes;
+    // ZB-H1 runs B and W apart and re-runs the forward before each.
+    out.bwd_ms += (s.kind == schedule::ScheduleKind::kZBH1 ? 2 : 1) * out.fwd_ms;
+  }
   auto anatomy = cost::stage_memory(out.params, acts, temporary, comm, out.in_flight, s.optimizer, s.precision,
-                                    s.shape.training, false, 0);
+                                    s.shape.training, out.recompute, out.recompute ? input_bytes : 0);
   out.memory = MemoryBytes{anatomy.weights, anatomy.gradients, anatomy.optimizer, anatomy.activations, anatomy.temporary,
                            anatomy.communication};
   return out;
@@ -445,6 +479,13 @@ PlannedModel make_plan(const PlanOptions& o) {
   } else {
     sol = partition::solve(gp.problem);
   }
+  if (!sol.feasible && o.recompute != "none") {
+    // The solver counts every activation; recomputation keeps fewer. Split by time alone and
+    // check each stage's memory (with recomputation where it is on) below.
+    partition::Problem relaxed = gp.problem;
+    relaxed.capacity_bytes = [](int) { return 1e300; };
+    sol = manual ? partition::evaluate_cuts(relaxed, split_positions(g, gp, o.split_after)) : partition::solve(relaxed);
+  }
   if (!sol.feasible) refuse(s, sol, facts, gp.problem.capacity_bytes(0));
 
   out.stage_of = partition::stage_of_nodes(gp, sol, g.num_nodes());
@@ -470,12 +511,24 @@ PlannedModel make_plan(const PlanOptions& o) {
   p.cost_model = costs.name();
   p.device_spec = cost::to_json(s.device);
   p.cluster = cost::to_json(s.cluster);
+  Recompute rc;
   for (std::size_t k = 0; k < sol.stages.size(); ++k) {
-    p.stages.push_back(make_stage(s, sol, k, facts, g, order, io, out.stage_of));
+    double capacity = gp.problem.capacity_bytes(static_cast<int>(k));
+    bool recompute = o.recompute == "all";
+    if (o.recompute == "auto") {
+      // The simplest correct rule: recompute exactly the stages that do not fit without it.
+      Stage plain = make_stage(s, sol, k, facts, g, order, io, out.stage_of, false);
+      recompute = static_cast<double>(plain.memory.total()) > capacity;
+    }
+    p.stages.push_back(make_stage(s, sol, k, facts, g, order, io, out.stage_of, recompute));
     p.stages.back().why = why(sol, k, g, order, gp.problem, manual);
+    if (p.stages.back().recompute) p.stages.back().why += "; recomputes its activations before the backward";
+    rc.on.push_back(p.stages.back().recompute);
+    int64_t input_bytes = 0;
+    for (const auto& t : p.stages.back().inputs) input_bytes += t.bytes;
+    rc.input_bytes.push_back(static_cast<double>(input_bytes));
     // The solver leaves temporaries out; the full anatomy must still fit.
     const auto& m = p.stages.back().memory;
-    double capacity = gp.problem.capacity_bytes(static_cast<int>(k));
     if (static_cast<double>(m.total()) > capacity) {
       cost::MemoryAnatomy a{m.weights, m.gradients, m.optimizer, m.activations, m.temporary, m.communication};
       fail(ErrorKind::kPlan, "stage {} needs {}; device has {}", k, cost::describe(a, p.stages.back().in_flight),
@@ -489,7 +542,7 @@ PlannedModel make_plan(const PlanOptions& o) {
                              s.shape.training ? facts.time[i].backward_s * 1e3 : 0.0, facts.flops[i], param_bytes,
                              facts.output_bytes[i]});
   }
-  p.predicted = predict(s, out.schedule, sol, facts, g, order, p.batch);
+  p.predicted = predict(s, out.schedule, sol, facts, g, order, p.batch, rc);
   // The simulator tracks weights, optimizer state and activations; each device also holds its
   // working arena (one, shared by its stages, which run one at a time) and one microbatch of
   // every tensor it receives or sends.
@@ -523,9 +576,9 @@ std::string summarize(const Plan& p) {
   std::string out = fmt::format("{} stages on {} devices ({} schedule, {} microbatches of {}; {}):\n", p.stages.size(),
                                 p.devices, p.schedule, p.microbatches, p.microbatch_size, p.cost_model);
   for (const auto& st : p.stages) {
-    out += fmt::format("  stage {} on device {}: {} ops, {} params, fwd {:.3f} ms, bwd {:.3f} ms, memory {}\n", st.index,
+    out += fmt::format("  stage {} on device {}: {} ops, {} params, fwd {:.3f} ms, bwd {:.3f} ms, memory {}{}\n", st.index,
                        st.device, st.nodes.size(), st.params, st.fwd_ms, st.bwd_ms,
-                       format_bytes(static_cast<double>(st.memory.total())));
+                       format_bytes(static_cast<double>(st.memory.total())), st.recompute ? " (recompute)" : "");
   }
   auto line = [](const char* label, const Prediction& pr) {
     return fmt::format("  {:<22} step {:.3f} ms, bubble {:.1f}%, {:.1f} samples/s, peak {}{}\n", label, pr.step_ms,

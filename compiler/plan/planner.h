@@ -35,6 +35,10 @@ struct PlanOptions {
   std::string device_spec = "h100";      ///< Preset name or JSON file.
   std::string cluster;                   ///< JSON file; default: the device kind's.
   std::vector<std::string> split_after;  ///< Manual split points (node names).
+  /// Activation recomputation (training): "none", "all" (every stage), or "auto" (only the
+  /// stages whose memory without it exceeds the device's; the split is chosen as without
+  /// recomputation when that fits, else by time alone).
+  std::string recompute = "none";
   /// The op-time model, when not the analytic roofline (e.g. measured profiles: stagec
   /// --profile). Called once with the graph imported at the microbatch size and the roofline
   /// of the device spec and precision; plan.json's cost_model records the model's name().

@@ -347,8 +347,10 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
       int64_t arena_bytes = 0, weight_bytes = 0;
       for (const auto& st : stages_)
         if (st->stage->device == device) {
-          // Training keeps every forward value for the backward: no arena reuse.
-          if (!training) arena_bytes = std::max(arena_bytes, st->program.arena_bytes());
+          // Training keeps every forward value for the backward: no arena reuse, except for a
+          // stage that recomputes (its first forward keeps nothing but its inputs).
+          if (!training || st->stage->recompute)
+            arena_bytes = std::max(arena_bytes, st->program.arena_bytes());
           weight_bytes += st->program.weight_bytes();
         }
       // One arena per device: its stages run one at a time, so the largest plan serves all.
@@ -371,6 +373,13 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
       // the backward's own values (B kept for W), input gradients waiting to be sent, weight
       // gradients summed over the step, optimizer state.
       std::map<std::pair<int, int>, std::map<std::string, Tensor>> stash, bwd_kept;
+      // Recomputing stages: per microbatch in flight, the forward's arguments (its inputs) and
+      // the metered bytes of them (the received ones) and of the rebuilt stash.
+      struct Recompute {
+        std::vector<Tensor> args;
+        int64_t input_bytes = 0, stash_bytes = 0;
+      };
+      std::map<std::pair<int, int>, Recompute> recompute;
       std::map<std::pair<int, int>, std::vector<NamedTensor>> grads_in, grads_out;
       std::map<int, std::map<std::string, Tensor>> grad_acc;
       for (int step = 0; step < steps; ++step) {
@@ -407,7 +416,26 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 }
                 double start = seconds();
                 std::vector<Tensor> outs;
-                if (training) {
+                if (training && st.stage->recompute) {
+                  // Keep the inputs only (the received ones stay metered); the backward
+                  // re-runs the forward from them.
+                  outs = st.program.run(*context, args, arena.get(), &hook);
+                  if (!st.loss.empty()) {
+                    const auto& names = st.program.outputs();
+                    size_t at = static_cast<size_t>(
+                        std::find_if(names.begin(), names.end(),
+                                     [&](const ValueInfo& v) { return v.name == st.loss; }) -
+                        names.begin());
+                    float loss = outs.at(at).as<float>()[0];
+                    if (!std::isfinite(loss) && !options.skip_nonfinite)
+                      fail(ErrorKind::kModel,
+                           "the loss is {} at step {}, microbatch {} (stage {}); stopping "
+                           "(--skip-nonfinite goes on)",
+                           loss, global_step + step + 1, ins.microbatch, ins.stage);
+                    step_loss[step][ins.microbatch] = loss;
+                  }
+                  recompute[key] = Recompute{args, bytes_of(got), 0};
+                } else if (training) {
                   auto& keep = stash[key];
                   outs = st.program.run_keeping(*context, args, keep, &hook);
                   meters[device].add(bytes_of_map(keep, st.weights));
@@ -427,13 +455,14 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 busy[device][step] += end - start;
                 events[device].push_back(
                     {device, schedule::Op::kForward, ins.stage, ins.microbatch, start, end});
-                meters[device].sub(bytes_of(got));
+                if (!(training && st.stage->recompute)) meters[device].sub(bytes_of(got));
                 for (size_t k : st.graph_outputs)
                   results[st.program.outputs()[k].name][ins.microbatch] = outs[k];
                 if (!st.sends.empty()) {
                   int64_t held = 0;
                   for (const Tensor& t : outs) held += t.bytes();
-                  if (!training) meters[device].add(held);  // training: already in the stash
+                  // Training: already in the stash, unless the stage recomputes.
+                  if (!training || st.stage->recompute) meters[device].add(held);
                   produced[key] = std::move(outs);
                 }
                 break;
@@ -454,7 +483,7 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 }
                 int64_t held = 0;
                 for (const Tensor& t : outs) held += t.bytes();
-                if (!training) meters[device].sub(held);
+                if (!training || st.stage->recompute) meters[device].sub(held);
                 produced.erase(it);
                 break;
               }
@@ -485,6 +514,23 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 auto key = std::make_pair(ins.stage, ins.microbatch);
                 const Program& bwd = *st.backward;
                 bool weight_part = ins.op == schedule::Op::kBackwardWeight;
+                if (st.stage->recompute && !stash.count(key)) {
+                  // Rebuild the stash: the forward again, from the inputs kept for it.
+                  Recompute& rc = recompute.at(key);
+                  double start = seconds();
+                  auto& keep = stash[key];
+                  st.program.run_keeping(*context, rc.args, keep, &hook);
+                  // The inputs are metered already (as received).
+                  rc.stash_bytes = bytes_of_map(keep, st.weights);
+                  for (const ValueInfo& in : st.program.inputs())
+                    if (auto k = keep.find(in.name); k != keep.end() && !st.weights.count(in.name))
+                      rc.stash_bytes -= k->second.bytes();
+                  meters[device].add(rc.stash_bytes);
+                  double end = seconds();
+                  busy[device][step] += end - start;
+                  events[device].push_back(
+                      {device, schedule::Op::kForward, ins.stage, ins.microbatch, start, end});
+                }
                 // Inputs: forward values and weights (the stash), received gradients, the loss
                 // seed.
                 auto& keep = stash.at(key);
@@ -522,6 +568,14 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 double end = seconds();
                 busy[device][step] += end - start;
                 events[device].push_back({device, ins.op, ins.stage, ins.microbatch, start, end});
+                if (ins.op == schedule::Op::kBackwardInput && st.stage->recompute) {
+                  // Zero-bubble schedules run W later, after other microbatches' B: drop the
+                  // rebuilt values (W rebuilds them again) so one microbatch's stay at most.
+                  Recompute& rc = recompute.at(key);
+                  meters[device].sub(rc.stash_bytes);
+                  rc.stash_bytes = 0;
+                  stash.erase(key);
+                }
                 // Weight gradients add up over the step's microbatches; input gradients go back.
                 for (size_t k = 0; k < outs.size(); ++k) {
                   const std::string& name = bwd.outputs()[k].name;
@@ -542,7 +596,12 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                   }
                 }
                 if (ins.op != schedule::Op::kBackwardInput) {
-                  meters[device].sub(bytes_of_map(keep, st.weights));
+                  if (auto rc = recompute.find(key); rc != recompute.end()) {
+                    meters[device].sub(rc->second.stash_bytes + rc->second.input_bytes);
+                    recompute.erase(rc);
+                  } else {
+                    meters[device].sub(bytes_of_map(keep, st.weights));
+                  }
                   stash.erase(key);
                   bwd_kept.erase(key);
                   meters[device].sub(bytes_of(grads_in[key]));  // received output gradients

@@ -122,6 +122,7 @@ ordered stage_json(const Stage& stage) {
           {"bwd_ms", stage.bwd_ms},
           {"send_ms", stage.send_ms},
           {"in_flight", stage.in_flight},
+          {"recompute", stage.recompute},
           {"memory", memory_json(stage.memory)},
           {"arena", arena_json(stage)},
           {"why", stage.why}};
@@ -234,6 +235,7 @@ class Fields {
     if (it == object_.end()) format_error(in_, name, "is missing");
     return *it;
   }
+  bool has(std::string_view name) const { return object_.find(name) != object_.end(); }
   int64_t int64(std::string_view name) const { return as_int64(raw(name), name, in_); }
   int integer(std::string_view name) const { return as_int(raw(name), name, in_); }
   double number(std::string_view name) const { return as_number(raw(name), name, in_); }
@@ -296,7 +298,7 @@ StageTensor read_tensor(const nlohmann::json& value, const std::string& name, co
 Stage read_stage(const nlohmann::json& value, const std::string& name, const Where& at) {
   Fields f(value, at, name,
            {"index", "device", "chunk", "file", "file_hash", "backward_file", "backward_file_hash", "nodes", "params", "inputs", "outputs",
-            "fwd_ms", "bwd_ms", "send_ms", "in_flight", "memory", "arena", "why"});
+            "fwd_ms", "bwd_ms", "send_ms", "in_flight", "recompute", "memory", "arena", "why"});
   Stage stage;
   stage.index = f.integer("index");
   stage.device = f.integer("device");
@@ -317,6 +319,7 @@ Stage read_stage(const nlohmann::json& value, const std::string& name, const Whe
   stage.bwd_ms = f.number("bwd_ms");
   stage.send_ms = f.number("send_ms");
   stage.in_flight = f.int64("in_flight");
+  stage.recompute = f.has("recompute") && f.boolean("recompute");
   stage.memory = read_memory(f);
   {
     Fields arena(f.raw("arena"), f.where(), "arena", {"bytes", "tensors"});

@@ -63,6 +63,10 @@ struct Stage {
   double bwd_ms = 0;             ///< Per microbatch (0 for inference).
   double send_ms = 0;            ///< Sending its outputs to the next stage, per microbatch.
   int64_t in_flight = 1;         ///< Microbatches whose activations it holds at its peak.
+  /// Training: activation recomputation. The stage keeps only its inputs per microbatch in
+  /// flight and re-runs its forward just before the backward (bwd_ms includes that forward).
+  /// Read as false when absent (plans written before the field).
+  bool recompute = false;
   MemoryBytes memory;
   int64_t arena_bytes = 0;           ///< The forward program's arena (one microbatch).
   std::vector<ArenaTensor> arena;    ///< Where each intermediate lives in it.

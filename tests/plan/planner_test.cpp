@@ -186,5 +186,64 @@ TEST_CASE("inference working memory is the stage's arena, planned by liveness") 
   CHECK(p.stages[0].memory.temporary == 160);  // one gradient buffer of the largest tensor
 }
 
+TEST_CASE("recomputation keeps fewer activations and costs a forward; auto picks the stages that need it") {
+  PlanOptions o = gpt_options(2, "1f1b", true);
+  o.dims["seq"] = 32;
+  o.device_spec = "cpu";
+  Plan none = make_plan(o).plan;
+  o.recompute = "all";
+  Plan all = make_plan(o).plan;
+  REQUIRE(none.stages.size() == 2);
+  REQUIRE(all.stages.size() == 2);
+  for (std::size_t k = 0; k < 2; ++k) {
+    CAPTURE(k);
+    CHECK(!none.stages[k].recompute);
+    CHECK(all.stages[k].recompute);
+    CHECK(all.stages[k].nodes == none.stages[k].nodes);  // the same split
+    // Lower where more than one microbatch is in flight; 1F1B's last stage holds one, so there
+    // it only adds its inputs.
+    if (none.stages[k].in_flight > 1) {
+      CHECK(all.stages[k].memory.activations < none.stages[k].memory.activations);
+    } else {
+      CHECK(all.stages[k].memory.activations > none.stages[k].memory.activations);
+    }
+    CHECK(all.stages[k].bwd_ms == doctest::Approx(none.stages[k].bwd_ms + none.stages[k].fwd_ms));
+    CHECK_NOTHROW(validate_plan(all, "plan.json"));
+  }
+  CHECK(all.predicted.step_ms > none.predicted.step_ms);
+  CHECK(all.predicted.device_peak_bytes[0] < none.predicted.device_peak_bytes[0]);
+  // The field goes through plan.json.
+  Plan back = plan_from_json(nlohmann::json::parse(to_json(all).dump()), "plan.json");
+  CHECK(back.stages[0].recompute);
+
+  // A device between the first stage's needs with recomputation and without (and above the
+  // second stage's without): auto recomputes the first stage only.
+  int64_t t0 = none.stages[0].memory.total(), t1 = none.stages[1].memory.total();
+  int64_t r0 = all.stages[0].memory.total();
+  CAPTURE(t0);
+  CAPTURE(t1);
+  CAPTURE(r0);
+  REQUIRE(std::max(t1, r0) < t0);
+  int64_t capacity = (std::max(t1, r0) + t0) / 2;
+  testing::TempDir dir;
+  std::ofstream(dir.file("small.json"))
+      << R"({"name":"small","peak_flops_fp32":100e9,"peak_flops_fp16":100e9,"memory_bandwidth":20e9,)"
+      << R"("memory_bytes":)" << capacity << R"(,"launch_overhead_s":2e-6,"efficiency":0.5})";
+  o.device_spec = dir.file("small.json");
+  o.split_after = none.predicted.split_after;
+  o.recompute = "none";
+  CHECK_THROWS_AS(make_plan(o), Error);
+  o.recompute = "auto";
+  Plan picked = make_plan(o).plan;
+  REQUIRE(picked.stages.size() == 2);
+  CHECK(picked.stages[0].recompute);
+  CHECK(!picked.stages[1].recompute);
+  for (const Stage& st : picked.stages) CHECK(st.memory.total() <= capacity);
+  // A device that holds everything: auto recomputes nothing.
+  o.device_spec = "cpu";
+  o.split_after.clear();
+  for (const Stage& st : make_plan(o).plan.stages) CHECK(!st.recompute);
+}
+
 }  // namespace
 }  // namespace stagecraft::plan
