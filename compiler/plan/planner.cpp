@@ -1,5 +1,4 @@
 #include "compiler/plan/planner.h"
-#include "runtime/format/memory_plan.h"
 
 #include <fmt/format.h>
 
@@ -15,7 +14,9 @@
 #include "cost_models/memory.h"
 #include "cost_models/op_cost.h"
 #include "cost_models/roofline.h"
+#include "passes/autodiff.h"
 #include "runtime/format/error.h"
+#include "runtime/format/memory_plan.h"
 
 namespace stagecraft::plan {
 namespace {
@@ -50,10 +51,13 @@ Setup make_setup(const PlanOptions& o) {
   s.kind = schedule::parse_schedule(sched);
   s.memory_schedule = cost::parse_schedule(sched);
   if (o.training && s.kind == schedule::ScheduleKind::kInference) {
-    fail(ErrorKind::kUsage, "--schedule inference runs forward only; training needs gpipe, 1f1b, interleaved or zb-h1");
+    fail(
+        ErrorKind::kUsage,
+        "--schedule inference runs forward only; training needs gpipe, 1f1b, interleaved or zb-h1");
   }
   if (!o.training && s.kind != schedule::ScheduleKind::kInference) {
-    fail(ErrorKind::kUsage, "--schedule {} is a training schedule; add --train, or use --schedule inference", sched);
+    fail(ErrorKind::kUsage,
+         "--schedule {} is a training schedule; add --train, or use --schedule inference", sched);
   }
   int chunks = o.chunks > 0 ? o.chunks : (s.kind == schedule::ScheduleKind::kInterleaved ? 2 : 1);
   if (o.chunks < 0) fail(ErrorKind::kUsage, "--chunks {} must be at least 1", o.chunks);
@@ -61,35 +65,41 @@ Setup make_setup(const PlanOptions& o) {
     fail(ErrorKind::kUsage, "--chunks {} needs --schedule interleaved", chunks);
   }
   int m = o.microbatches > 0 ? o.microbatches : o.devices;
-  if (o.microbatches < 0) fail(ErrorKind::kUsage, "--microbatches {} must be at least 1", o.microbatches);
+  if (o.microbatches < 0)
+    fail(ErrorKind::kUsage, "--microbatches {} must be at least 1", o.microbatches);
   s.shape = schedule::PipelineShape{o.devices, chunks, m, o.training};
   if (o.batch) {
     if (*o.batch < 1) fail(ErrorKind::kUsage, "--batch {} must be at least 1", *o.batch);
     if (*o.batch % m != 0) {
-      fail(ErrorKind::kUsage, "--batch {} is not divisible by --microbatches {}: each microbatch must be the same size",
-           *o.batch, m);
+      fail(
+          ErrorKind::kUsage,
+          "--batch {} is not divisible by --microbatches {}: each microbatch must be the same size",
+          *o.batch, m);
     }
     s.microbatch_size = *o.batch / m;
   }
   // Memory per parameter: nesterov keeps what momentum keeps, adagrad one sum like momentum.
-  s.optimizer = o.training ? cost::parse_optimizer(o.optimizer == "nesterov" || o.optimizer == "adagrad"
-                                                       ? std::string("momentum")
-                                                       : o.optimizer)
-                           : cost::Optimizer::kNone;
+  s.optimizer = o.training
+                    ? cost::parse_optimizer(o.optimizer == "nesterov" || o.optimizer == "adagrad"
+                                                ? std::string("momentum")
+                                                : o.optimizer)
+                    : cost::Optimizer::kNone;
   s.precision = cost::parse_precision(o.precision);
   if (o.recompute != "none" && o.recompute != "all" && o.recompute != "auto") {
     fail(ErrorKind::kUsage, "--recompute '{}' is not one of: none, all, auto", o.recompute);
   }
   if (o.recompute != "none" && !o.training) {
-    fail(ErrorKind::kUsage, "--recompute {} needs --train: inference keeps no activations", o.recompute);
+    fail(ErrorKind::kUsage, "--recompute {} needs --train: inference keeps no activations",
+         o.recompute);
   }
   s.device = cost::device_spec_from_name_or_file(o.device_spec);
-  s.cluster = o.cluster.empty() ? cost::default_cluster(s.device.name) : cost::cluster_spec_from_name_or_file(o.cluster);
+  s.cluster = o.cluster.empty() ? cost::default_cluster(s.device.name)
+                                : cost::cluster_spec_from_name_or_file(o.cluster);
   return s;
 }
 
-NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order, const cost::OpCostModel& costs,
-                     cost::Precision precision) {
+NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                     const cost::OpCostModel& costs, cost::Precision precision) {
   // Mixed precision keeps activations in 16 bits whatever dtype the exporter wrote.
   const int64_t float_bytes_divisor = precision == cost::Precision::kMixed ? 2 : 1;
   NodeFacts f;
@@ -130,25 +140,28 @@ double bytes_per_param(const Setup& s) {
 double in_flight(const Setup& s, int k) {
   int p = s.shape.devices;
   int device = k % p;
-  auto n = static_cast<double>(
-      cost::microbatches_in_flight(s.memory_schedule, p, device, s.shape.microbatches, s.shape.chunks));
+  auto n = static_cast<double>(cost::microbatches_in_flight(s.memory_schedule, p, device,
+                                                            s.shape.microbatches, s.shape.chunks));
   return s.shape.chunks > 1 ? std::ceil(n / s.shape.chunks) : n;
 }
 
-partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::NodeId>& order, const Setup& s,
-                                      const NodeFacts& facts, const PlanOptions& o) {
+partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                                      const Setup& s, const NodeFacts& facts,
+                                      const PlanOptions& o) {
   double per_param = bytes_per_param(s);
   bool training = s.shape.training;
   std::vector<partition::PositionCost> costs;
   for (std::size_t i = 0; i < order.size(); ++i) {
     const auto& t = facts.time[i];
-    costs.push_back({t.forward_s + (training ? t.backward_s : 0.0), static_cast<double>(facts.params[i]) * per_param,
+    costs.push_back({t.forward_s + (training ? t.backward_s : 0.0),
+                     static_cast<double>(facts.params[i]) * per_param,
                      training ? static_cast<double>(facts.output_bytes[i]) : 0.0});
   }
   auto gp = partition::make_graph_problem(g, order, std::move(costs));
   auto& p = gp.problem;
   p.stages = schedule::stage_count(s.shape);
-  p.objective = o.objective == "memory" ? partition::Objective::kMemory : partition::Objective::kSpeed;
+  p.objective =
+      o.objective == "memory" ? partition::Objective::kMemory : partition::Objective::kSpeed;
   const int devices = s.shape.devices;
   const cost::ClusterSpec cluster = s.cluster;
   // A stage sends activations forward and, in training, receives as many gradient bytes back.
@@ -173,7 +186,8 @@ std::vector<int> split_positions(const ir::Graph& g, const partition::GraphProbl
     }
     if (pos < 0) fail(ErrorKind::kUsage, "--split-after '{}' names no node of the model", name);
     if (pos + 1 >= static_cast<int>(gp.order.size())) {
-      fail(ErrorKind::kUsage, "--split-after '{}' is the last op: the stage after it would be empty", name);
+      fail(ErrorKind::kUsage,
+           "--split-after '{}' is the last op: the stage after it would be empty", name);
     }
     if (std::find(cuts.begin(), cuts.end(), pos) != cuts.end()) {
       fail(ErrorKind::kUsage, "--split-after '{}' is given twice", name);
@@ -247,8 +261,8 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
 }
 
 Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
-                   const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order, int64_t batch,
-                   const Recompute& rc = {}) {
+                   const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                   int64_t batch, const Recompute& rc = {}) {
   auto sim = schedule::simulate(sched, s.shape, stage_costs(s, sol, f, rc));
   Prediction p;
   p.step_ms = sim.step_s * 1e3;
@@ -256,33 +270,40 @@ Prediction predict(const Setup& s, const schedule::Schedule& sched, const partit
   p.samples_per_s = sim.samples_per_s(static_cast<int>(batch));
   for (double b : sim.device_busy_s) p.device_busy_ms.push_back(b * 1e3);
   for (double b : sim.device_peak_bytes) p.device_peak_bytes.push_back(static_cast<int64_t>(b));
-  p.peak_memory_bytes = p.device_peak_bytes.empty()
-                            ? 0
-                            : *std::max_element(p.device_peak_bytes.begin(), p.device_peak_bytes.end());
-  for (std::size_t k = 0; k + 1 < sol.stages.size(); ++k) p.split_after.push_back(g.node(order[sol.stages[k].last]).name);
+  p.peak_memory_bytes = p.device_peak_bytes.empty() ? 0
+                                                    : *std::max_element(p.device_peak_bytes.begin(),
+                                                                        p.device_peak_bytes.end());
+  for (std::size_t k = 0; k + 1 < sol.stages.size(); ++k)
+    p.split_after.push_back(g.node(order[sol.stages[k].last]).name);
   p.fits = sol.feasible;
   return p;
 }
 
-std::string why(const partition::Solution& sol, std::size_t k, const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                const partition::Problem& problem, bool manual) {
+std::string why(const partition::Solution& sol, std::size_t k, const ir::Graph& g,
+                const std::vector<ir::NodeId>& order, const partition::Problem& problem,
+                bool manual) {
   const auto& st = sol.stages[k];
   if (k + 1 == sol.stages.size()) return "last stage: takes the remaining ops";
-  std::string base = manual ? fmt::format("cut after '{}' as --split-after asked", g.node(order[st.last]).name)
-                            : fmt::format("cut after '{}'", g.node(order[st.last]).name);
+  std::string base =
+      manual ? fmt::format("cut after '{}' as --split-after asked", g.node(order[st.last]).name)
+             : fmt::format("cut after '{}'", g.node(order[st.last]).name);
   double cap = problem.capacity_bytes(static_cast<int>(k));
-  std::string bound = problem.objective == partition::Objective::kSpeed
-                          ? fmt::format("stage time {:.3f} ms against a bottleneck of {:.3f} ms", st.time_s * 1e3,
-                                        sol.bottleneck_s * 1e3)
-                          : fmt::format("stage memory {} against a largest stage of {}", format_bytes(st.memory_bytes),
-                                        format_bytes(sol.peak_memory_bytes));
+  std::string bound =
+      problem.objective == partition::Objective::kSpeed
+          ? fmt::format("stage time {:.3f} ms against a bottleneck of {:.3f} ms", st.time_s * 1e3,
+                        sol.bottleneck_s * 1e3)
+          : fmt::format("stage memory {} against a largest stage of {}",
+                        format_bytes(st.memory_bytes), format_bytes(sol.peak_memory_bytes));
   std::string memory = st.memory_bytes > 0.9 * cap
-                           ? fmt::format("; memory {} of {} is near the limit", format_bytes(st.memory_bytes), format_bytes(cap))
+                           ? fmt::format("; memory {} of {} is near the limit",
+                                         format_bytes(st.memory_bytes), format_bytes(cap))
                            : "";
-  return fmt::format("{}: {}; sends {} per microbatch{}", base, bound, format_bytes(problem.cut_bytes[st.last]), memory);
+  return fmt::format("{}: {}; sends {} per microbatch{}", base, bound,
+                     format_bytes(problem.cut_bytes[st.last]), memory);
 }
 
-[[noreturn]] void refuse(const Setup& s, const partition::Solution& sol, const NodeFacts& f, double capacity) {
+[[noreturn]] void refuse(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
+                         double capacity) {
   const auto& st = sol.stages[sol.over_stage];
   int64_t params = 0, acts = 0;
   for (int i = st.first; i <= st.last; ++i) {
@@ -290,9 +311,11 @@ std::string why(const partition::Solution& sol, std::size_t k, const ir::Graph& 
     acts += s.shape.training ? f.output_bytes[i] : 0;
   }
   auto in = static_cast<int64_t>(in_flight(s, sol.over_stage));
-  auto anatomy = cost::stage_memory(params, acts, 0, 0, in, s.optimizer, s.precision, s.shape.training, false, 0);
+  auto anatomy = cost::stage_memory(params, acts, 0, 0, in, s.optimizer, s.precision,
+                                    s.shape.training, false, 0);
   fail(ErrorKind::kPlan,
-       "no split into {} stages fits: even the split that needs least memory has stage {} needing {}; device has {} "
+       "no split into {} stages fits: even the split that needs least memory has stage {} needing "
+       "{}; device has {} "
        "(use more devices, --precision mixed, a lighter --optimizer, or fewer --microbatches)",
        sol.stages.size(), sol.over_stage, cost::describe(anatomy, in), format_bytes(capacity));
 }
@@ -301,8 +324,8 @@ std::string why(const partition::Solution& sol, std::size_t k, const ir::Graph& 
 /// Inference: the peak of the stage's own liveness (a tensor lives from its producer to its
 /// last reader in the stage; tensors leaving the stage live to its end). Training keeps every
 /// activation anyway, so the extra is one gradient buffer of the largest tensor.
-int64_t stage_temporary_bytes(const ir::Graph& g, const std::vector<ir::NodeId>& order, int first, int last,
-                              const std::vector<int>& stage_of, bool training) {
+int64_t stage_temporary_bytes(const ir::Graph& g, const std::vector<ir::NodeId>& order, int first,
+                              int last, const std::vector<int>& stage_of, bool training) {
   std::vector<int> position(g.num_nodes(), -1);
   for (int i = first; i <= last; ++i) position[order[i]] = i;
   int64_t live = 0, peak = 0, largest = 0;
@@ -353,12 +376,13 @@ void plan_stage_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, 
   }
   plan::MemoryPlan mp = plan::plan_memory(lifetimes);
   out.arena_bytes = mp.arena_bytes;
-  for (size_t t = 0; t < names.size(); ++t) out.arena.push_back({names[t], mp.offsets[t], lifetimes[t].bytes});
+  for (size_t t = 0; t < names.size(); ++t)
+    out.arena.push_back({names[t], mp.offsets[t], lifetimes[t].bytes});
 }
 
-Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, const NodeFacts& f, const ir::Graph& g,
-                 const std::vector<ir::NodeId>& order, const StageInterfaces& io, const std::vector<int>& stage_of,
-                 bool recompute) {
+Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, const NodeFacts& f,
+                 const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                 const StageInterfaces& io, const std::vector<int>& stage_of, bool recompute) {
   const auto& st = sol.stages[k];
   Stage out;
   out.index = static_cast<int>(k);
@@ -378,9 +402,10 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   out.send_ms = (s.shape.training ? st.send_s / 2 : st.send_s) * 1e3;
   out.in_flight = static_cast<int64_t>(in_flight(s, static_cast<int>(k)));
   for (const auto& cut : io.cut_tensors) {
-    bool reads = std::find(cut.consumer_stages.begin(), cut.consumer_stages.end(), static_cast<int>(k)) !=
-                 cut.consumer_stages.end();
-    StageTensor t{cut.name, std::string(dtype_name(cut.dtype)), cut.shape, -1, {}, false, cut.bytes};
+    bool reads = std::find(cut.consumer_stages.begin(), cut.consumer_stages.end(),
+                           static_cast<int>(k)) != cut.consumer_stages.end();
+    StageTensor t{cut.name, std::string(dtype_name(cut.dtype)), cut.shape, -1, {}, false,
+                  cut.bytes};
     if (reads) {
       t.peer_stage = cut.producer_stage;
       out.inputs.push_back(t);
@@ -395,23 +420,29 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
     const auto& readers = io.input_stages[i];
     if (std::find(readers.begin(), readers.end(), static_cast<int>(k)) == readers.end()) continue;
     const ir::Value& v = g.value(g.inputs[i]);
-    out.inputs.push_back(StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {}, false, v.bytes()});
+    out.inputs.push_back(
+        StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {}, false, v.bytes()});
   }
   for (ir::ValueId o : g.outputs) {
     const ir::Value& v = g.value(o);
     bool mine = v.producer != ir::kNoId && stage_of[v.producer] == static_cast<int>(k);
-    bool listed = std::any_of(out.outputs.begin(), out.outputs.end(), [&](const StageTensor& t) { return t.name == v.name; });
-    if (mine && !listed) out.outputs.push_back(StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {}, true, v.bytes()});
+    bool listed = std::any_of(out.outputs.begin(), out.outputs.end(),
+                              [&](const StageTensor& t) { return t.name == v.name; });
+    if (mine && !listed)
+      out.outputs.push_back(
+          StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {}, true, v.bytes()});
   }
   int64_t comm = 0;
   // Inference double-buffers what it receives (one microbatch computing, the next arriving:
   // the runtime's channels hold one message); training keeps one of each.
-  for (const auto& t : out.inputs) comm += t.peer_stage >= 0 ? (s.shape.training ? 1 : 2) * t.bytes : 0;
+  for (const auto& t : out.inputs)
+    comm += t.peer_stage >= 0 ? (s.shape.training ? 1 : 2) * t.bytes : 0;
   plan_stage_arena(g, order, st.first, st.last, stage_of, out);
   // Inference: the arena is the working memory. Training keeps every activation anyway, so the
   // extra is one gradient buffer of the largest tensor.
-  int64_t temporary = s.shape.training ? stage_temporary_bytes(g, order, st.first, st.last, stage_of, true)
-                                       : out.arena_bytes;
+  int64_t temporary = s.shape.training
+                          ? stage_temporary_bytes(g, order, st.first, st.last, stage_of, true)
+                          : out.arena_bytes;
   for (const auto& t : out.outputs) comm += t.peer_stages.empty() ? 0 : t.bytes;
   // Recomputation: the first forward runs in the arena (kept for the run), keeping only the
   // stage inputs; the backward's forward re-run rebuilds one microbatch's activations.
@@ -423,10 +454,11 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
     // ZB-H1 runs B and W apart and re-runs the forward before each.
     out.bwd_ms += (s.kind == schedule::ScheduleKind::kZBH1 ? 2 : 1) * out.fwd_ms;
   }
-  auto anatomy = cost::stage_memory(out.params, acts, temporary, comm, out.in_flight, s.optimizer, s.precision,
-                                    s.shape.training, out.recompute, out.recompute ? input_bytes : 0);
-  out.memory = MemoryBytes{anatomy.weights, anatomy.gradients, anatomy.optimizer, anatomy.activations, anatomy.temporary,
-                           anatomy.communication};
+  auto anatomy =
+      cost::stage_memory(out.params, acts, temporary, comm, out.in_flight, s.optimizer, s.precision,
+                         s.shape.training, out.recompute, out.recompute ? input_bytes : 0);
+  out.memory = MemoryBytes{anatomy.weights,     anatomy.gradients, anatomy.optimizer,
+                           anatomy.activations, anatomy.temporary, anatomy.communication};
   return out;
 }
 
@@ -453,6 +485,15 @@ PlannedModel make_plan(const PlanOptions& o) {
     out.plan.training_config.loss_output = out.model.graph.value(loss).name;
     out.plan.training_config.labels = o.loss.kind.empty() ? "" : o.loss.labels;
   }
+  if (o.training) {
+    std::vector<ir::NodeId> all = out.model.graph.topological_order();
+    if (passes::trainable_weights(out.model.graph, all).empty())
+      fail(ErrorKind::kModel,
+           "{}: --train asked for a model with no trainable weights (no float32 initializer feeds "
+           "a differentiable "
+           "input)",
+           o.model_path);
+  }
   const ir::Graph& g = out.model.graph;
   if (!o.batch) {
     // A model with a fixed batch: each microbatch is that batch.
@@ -460,15 +501,19 @@ PlannedModel make_plan(const PlanOptions& o) {
     s.microbatch_size = first.empty() ? 1 : first[0];
   }
   cost::RooflineCostModel roofline(s.device, s.precision);
-  std::unique_ptr<cost::OpCostModel> custom_costs = o.cost_model ? o.cost_model(g, roofline) : nullptr;
-  if (o.cost_model && !custom_costs) fail(ErrorKind::kInternal, "the cost model factory returned no model");
+  std::unique_ptr<cost::OpCostModel> custom_costs =
+      o.cost_model ? o.cost_model(g, roofline) : nullptr;
+  if (o.cost_model && !custom_costs)
+    fail(ErrorKind::kInternal, "the cost model factory returned no model");
   const cost::OpCostModel& costs = custom_costs ? *custom_costs : roofline;
   auto order = g.topological_order();
   NodeFacts facts = node_facts(g, order, costs, s.precision);
   auto gp = build_problem(g, order, s, facts, o);
   const int stages = gp.problem.stages;
   if (stages > static_cast<int>(order.size())) {
-    fail(ErrorKind::kUsage, "{} stages ({} devices x {} chunks) for a model of {} ops after import: every stage needs an op",
+    fail(ErrorKind::kUsage,
+         "{} stages ({} devices x {} chunks) for a model of {} ops after import: every stage needs "
+         "an op",
          stages, s.shape.devices, s.shape.chunks, order.size());
   }
 
@@ -484,7 +529,8 @@ PlannedModel make_plan(const PlanOptions& o) {
     // check each stage's memory (with recomputation where it is on) below.
     partition::Problem relaxed = gp.problem;
     relaxed.capacity_bytes = [](int) { return 1e300; };
-    sol = manual ? partition::evaluate_cuts(relaxed, split_positions(g, gp, o.split_after)) : partition::solve(relaxed);
+    sol = manual ? partition::evaluate_cuts(relaxed, split_positions(g, gp, o.split_after))
+                 : partition::solve(relaxed);
   }
   if (!sol.feasible) refuse(s, sol, facts, gp.problem.capacity_bytes(0));
 
@@ -522,7 +568,8 @@ PlannedModel make_plan(const PlanOptions& o) {
     }
     p.stages.push_back(make_stage(s, sol, k, facts, g, order, io, out.stage_of, recompute));
     p.stages.back().why = why(sol, k, g, order, gp.problem, manual);
-    if (p.stages.back().recompute) p.stages.back().why += "; recomputes its activations before the backward";
+    if (p.stages.back().recompute)
+      p.stages.back().why += "; recomputes its activations before the backward";
     rc.on.push_back(p.stages.back().recompute);
     int64_t input_bytes = 0;
     for (const auto& t : p.stages.back().inputs) input_bytes += t.bytes;
@@ -530,17 +577,20 @@ PlannedModel make_plan(const PlanOptions& o) {
     // The solver leaves temporaries out; the full anatomy must still fit.
     const auto& m = p.stages.back().memory;
     if (static_cast<double>(m.total()) > capacity) {
-      cost::MemoryAnatomy a{m.weights, m.gradients, m.optimizer, m.activations, m.temporary, m.communication};
-      fail(ErrorKind::kPlan, "stage {} needs {}; device has {}", k, cost::describe(a, p.stages.back().in_flight),
-           format_bytes(capacity));
+      cost::MemoryAnatomy a{m.weights,     m.gradients, m.optimizer,
+                            m.activations, m.temporary, m.communication};
+      fail(ErrorKind::kPlan, "stage {} needs {}; device has {}", k,
+           cost::describe(a, p.stages.back().in_flight), format_bytes(capacity));
     }
   }
   for (std::size_t i = 0; i < order.size(); ++i) {
     const ir::Node& node = g.node(order[i]);
-    int64_t param_bytes = static_cast<int64_t>(static_cast<double>(facts.params[i]) * bytes_per_param(s));
-    p.ops.push_back(OpRecord{node.name, node.op_type, out.stage_of[order[i]], facts.time[i].forward_s * 1e3,
-                             s.shape.training ? facts.time[i].backward_s * 1e3 : 0.0, facts.flops[i], param_bytes,
-                             facts.output_bytes[i]});
+    int64_t param_bytes =
+        static_cast<int64_t>(static_cast<double>(facts.params[i]) * bytes_per_param(s));
+    p.ops.push_back(OpRecord{node.name, node.op_type, out.stage_of[order[i]],
+                             facts.time[i].forward_s * 1e3,
+                             s.shape.training ? facts.time[i].backward_s * 1e3 : 0.0,
+                             facts.flops[i], param_bytes, facts.output_bytes[i]});
   }
   p.predicted = predict(s, out.schedule, sol, facts, g, order, p.batch, rc);
   // The simulator tracks weights, optimizer state and activations; each device also holds its
@@ -552,10 +602,11 @@ PlannedModel make_plan(const PlanOptions& o) {
       arena[st.device] = std::max(arena[st.device], st.memory.temporary);
       comm[st.device] += st.memory.communication;
     }
-    for (int d = 0; d < p.devices && d < static_cast<int>(p.predicted.device_peak_bytes.size()); ++d)
+    for (int d = 0; d < p.devices && d < static_cast<int>(p.predicted.device_peak_bytes.size());
+         ++d)
       p.predicted.device_peak_bytes[d] += arena[d] + comm[d];
-    p.predicted.peak_memory_bytes =
-        *std::max_element(p.predicted.device_peak_bytes.begin(), p.predicted.device_peak_bytes.end());
+    p.predicted.peak_memory_bytes = *std::max_element(p.predicted.device_peak_bytes.begin(),
+                                                      p.predicted.device_peak_bytes.end());
   }
 
   std::vector<double> param_weight, op_weight;
@@ -573,16 +624,19 @@ PlannedModel make_plan(const PlanOptions& o) {
 }
 
 std::string summarize(const Plan& p) {
-  std::string out = fmt::format("{} stages on {} devices ({} schedule, {} microbatches of {}; {}):\n", p.stages.size(),
-                                p.devices, p.schedule, p.microbatches, p.microbatch_size, p.cost_model);
+  std::string out = fmt::format(
+      "{} stages on {} devices ({} schedule, {} microbatches of {}; {}):\n", p.stages.size(),
+      p.devices, p.schedule, p.microbatches, p.microbatch_size, p.cost_model);
   for (const auto& st : p.stages) {
-    out += fmt::format("  stage {} on device {}: {} ops, {} params, fwd {:.3f} ms, bwd {:.3f} ms, memory {}{}\n", st.index,
-                       st.device, st.nodes.size(), st.params, st.fwd_ms, st.bwd_ms,
-                       format_bytes(static_cast<double>(st.memory.total())), st.recompute ? " (recompute)" : "");
+    out += fmt::format(
+        "  stage {} on device {}: {} ops, {} params, fwd {:.3f} ms, bwd {:.3f} ms, memory {}{}\n",
+        st.index, st.device, st.nodes.size(), st.params, st.fwd_ms, st.bwd_ms,
+        format_bytes(static_cast<double>(st.memory.total())), st.recompute ? " (recompute)" : "");
   }
   auto line = [](const char* label, const Prediction& pr) {
-    return fmt::format("  {:<22} step {:.3f} ms, bubble {:.1f}%, {:.1f} samples/s, peak {}{}\n", label, pr.step_ms,
-                       100 * pr.bubble_fraction, pr.samples_per_s, format_bytes(static_cast<double>(pr.peak_memory_bytes)),
+    return fmt::format("  {:<22} step {:.3f} ms, bubble {:.1f}%, {:.1f} samples/s, peak {}{}\n",
+                       label, pr.step_ms, 100 * pr.bubble_fraction, pr.samples_per_s,
+                       format_bytes(static_cast<double>(pr.peak_memory_bytes)),
                        pr.fits ? "" : " (does not fit)");
   };
   out += line("predicted:", p.predicted);

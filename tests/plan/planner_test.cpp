@@ -1,12 +1,13 @@
 // The planning driver on the checked-in samples: every schedule and objective, baselines,
 // refusals with the numbers, manual split points, and the plan directory on disk.
+#include "compiler/plan/planner.h"
+
 #include <doctest/doctest.h>
 #include <onnx/checker.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "compiler/plan/planner.h"
 #include "runtime/format/error.h"
 #include "tests/test_util.h"
 
@@ -70,15 +71,17 @@ TEST_CASE("the GPT sample plans for 1, 2 and 4 devices under every schedule and 
   }
 }
 
-TEST_CASE("time-balanced splits are at least as fast as the parameter- and op-count-balanced ones") {
+TEST_CASE(
+    "time-balanced splits are at least as fast as the parameter- and op-count-balanced ones") {
   for (const char* model : {"gpt_tiny.onnx", "resnet_small.onnx"}) {
     CAPTURE(model);
     PlanOptions o = gpt_options(4, "1f1b", true);
     o.model_path = sample(model);
     if (std::string(model) != "gpt_tiny.onnx") o.dims.clear();
     Plan p = make_plan(o).plan;
-    MESSAGE(std::string(model) << ": ours " << p.predicted.step_ms << " ms, parameters " << p.baseline_parameters.step_ms
-                  << " ms, uniform " << p.baseline_uniform.step_ms << " ms");
+    MESSAGE(std::string(model) << ": ours " << p.predicted.step_ms << " ms, parameters "
+                               << p.baseline_parameters.step_ms << " ms, uniform "
+                               << p.baseline_uniform.step_ms << " ms");
     CHECK(p.predicted.step_ms <= p.baseline_parameters.step_ms * (1 + 1e-9));
     CHECK(p.predicted.step_ms <= p.baseline_uniform.step_ms * (1 + 1e-9));
     CHECK(p.baseline_parameters.split_after.size() == 3);
@@ -164,7 +167,8 @@ TEST_CASE("the plan directory holds valid stage models and a loadable plan") {
   write_plan(planned, out);
   std::filesystem::create_directory(dir.file("mine"));
   std::ofstream(dir.file("mine/notes.txt")) << "keep me";
-  CHECK_THROWS_WITH_AS(write_plan(planned, dir.file("mine")), doctest::Contains("refusing to replace it"), Error);
+  CHECK_THROWS_WITH_AS(write_plan(planned, dir.file("mine")),
+                       doctest::Contains("refusing to replace it"), Error);
   CHECK(std::filesystem::exists(dir.file("mine/notes.txt")));
 }
 
@@ -186,7 +190,9 @@ TEST_CASE("inference working memory is the stage's arena, planned by liveness") 
   CHECK(p.stages[0].memory.temporary == 160);  // one gradient buffer of the largest tensor
 }
 
-TEST_CASE("recomputation keeps fewer activations and costs a forward; auto picks the stages that need it") {
+TEST_CASE(
+    "recomputation keeps fewer activations and costs a forward; auto picks the stages that need "
+    "it") {
   PlanOptions o = gpt_options(2, "1f1b", true);
   o.dims["seq"] = 32;
   o.device_spec = "cpu";
@@ -243,6 +249,32 @@ TEST_CASE("recomputation keeps fewer activations and costs a forward; auto picks
   o.device_spec = "cpu";
   o.split_after.clear();
   for (const Stage& st : make_plan(o).plan.stages) CHECK(!st.recompute);
+}
+
+}  // namespace
+}  // namespace stagecraft::plan
+
+namespace stagecraft::plan {
+namespace {
+
+TEST_CASE("training a model with no trainable weights is refused") {
+  testing::TempDir dir;
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(17);
+  auto* g = model.mutable_graph();
+  g->set_name("no_weights");
+  testing::add_tensor_info(g->add_input(), "x", onnx::TensorProto::FLOAT, {4, 3});
+  testing::add_tensor_info(g->add_output(), "y", onnx::TensorProto::FLOAT, {4, 3});
+  testing::add_node(g, "Relu", {"x"}, {"y"}, "relu");
+  testing::write_model(model, dir.file("m.onnx"));
+  PlanOptions o;
+  o.model_path = dir.file("m.onnx");
+  o.devices = 1;
+  o.training = true;
+  o.loss.kind = "mse";
+  o.device_spec = "cpu";
+  CHECK_THROWS_WITH_AS(make_plan(o), doctest::Contains("no trainable weights"), Error);
 }
 
 }  // namespace
