@@ -151,4 +151,9 @@ class Broadcast {
   std::array<std::vector<int64_t>, N> strides_;  // per input, per merged axis; 0 where it repeats
 };
 
+/// Undoes broadcasting for gradients: sums the dense float32 `full` (shape `full_shape`) over
+/// the dims along which `shape` broadcasts to it (numpy rules: leading dims and dims of size
+/// 1), into the dense `out` of `shape`, which it overwrites. Defined in grad_eltwise.cpp.
+void sum_to_shape(const float* full, const Shape& full_shape, float* out, const Shape& shape);
+
 }  // namespace stagecraft::rt::cpu

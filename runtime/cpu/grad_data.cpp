@@ -22,10 +22,6 @@
 
 namespace stagecraft::rt::cpu {
 
-// Defined in grad_eltwise.cpp: sums `full` over the dims along which `shape` broadcasts to
-// `full_shape`, into the dense `out` of `shape` (overwritten).
-void sum_to_shape(const float* full, const Shape& full_shape, float* out, const Shape& shape);
-
 namespace {
 
 constexpr int64_t kParallelElements = int64_t{1} << 15;

@@ -26,11 +26,6 @@
 
 namespace stagecraft::rt::cpu {
 
-/// Sums the dense float32 `full` (shape `full_shape`) over the dims along which `shape`
-/// broadcasts to it (numpy rules: leading dims and dims of size 1), into the dense `out` of
-/// `shape`. Overwrites `out`. Also used by grad_data.cpp.
-void sum_to_shape(const float* full, const Shape& full_shape, float* out, const Shape& shape);
-
 void sum_to_shape(const float* full, const Shape& full_shape, float* out, const Shape& shape) {
   const size_t rank = full_shape.size();
   if (shape.size() > rank)
