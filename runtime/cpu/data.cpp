@@ -14,6 +14,7 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
@@ -56,13 +57,6 @@ void copy_bytes(std::byte* dst, const std::byte* src, int64_t bytes) {
     int64_t begin = b * kBlock;
     std::memcpy(dst + begin, src + begin, static_cast<size_t>(std::min(kBlock, bytes - begin)));
   }
-}
-
-// Row-major element strides of `shape`.
-std::vector<int64_t> dense_strides(const Shape& shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * shape[d + 1];
-  return strides;
 }
 
 // Fills the dense `out` (shape `shape`) with input elements: the element at coordinate c is
@@ -112,27 +106,8 @@ void strided_copy(const Tensor& in, Tensor& out, Shape shape, std::vector<int64_
   });
 }
 
-// The values of an int32 or int64 tensor.
-std::vector<int64_t> read_ints(const KernelArgs& a, size_t k) {
-  const Tensor& t = a.input(k);
-  int64_t n = t.numel();
-  std::vector<int64_t> values(static_cast<size_t>(n));
-  if (t.dtype == DType::kInt64) {
-    for (int64_t i = 0; i < n; ++i) values[i] = t.as<int64_t>()[i];
-  } else if (t.dtype == DType::kInt32) {
-    for (int64_t i = 0; i < n; ++i) values[i] = t.as<int32_t>()[i];
-  } else {
-    fail(ErrorKind::kModel, "{} input {} is {}, expected int32 or int64", a.op_type, k, dtype_name(t.dtype));
-  }
-  return values;
-}
-
-// `axis` in [-rank, rank) (or [-rank, rank] with `inclusive`) made non-negative.
-int64_t normalize_axis(const KernelArgs& a, int64_t axis, int64_t rank, bool inclusive = false) {
-  if (axis < -rank || axis > (inclusive ? rank : rank - 1))
-    fail(ErrorKind::kModel, "{} axis {} is out of range for rank {}", a.op_type, axis, rank);
-  return axis < 0 ? axis + rank : axis;
-}
+// The values of input `k`, which must be int32 or int64.
+std::vector<int64_t> read_ints(const KernelArgs& a, size_t k) { return cpu::read_ints(a, a.input(k), k); }
 
 // An axis list from attribute `name` or, when the attribute is absent, from input `k` (the
 // form opset 13 moved it to); empty when neither is given.
@@ -332,54 +307,10 @@ void split(const KernelArgs& a) {
 // ends clamp to the dim, negative values count from the end, steps may be negative.
 void slice(const KernelArgs& a) {
   const Tensor& in = a.input(0);
-  std::vector<int64_t> starts, ends, axes, steps;
-  if (a.num_inputs() > 1) {
-    starts = read_ints(a, 1);
-    ends = read_ints(a, 2);
-    if (a.has_input(3)) axes = read_ints(a, 3);
-    if (a.has_input(4)) steps = read_ints(a, 4);
-  } else {
-    starts = a.attrs.ints("starts");
-    ends = a.attrs.ints("ends");
-    axes = a.attrs.ints("axes");
-  }
-  if (axes.empty())
-    for (size_t d = 0; d < starts.size(); ++d) axes.push_back(static_cast<int64_t>(d));
-  if (steps.empty()) steps.assign(starts.size(), 1);
-  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
-    fail(ErrorKind::kModel, "Slice has {} starts, {} ends, {} axes and {} steps", starts.size(), ends.size(),
-         axes.size(), steps.size());
-  Shape shape = in.shape;
-  std::vector<int64_t> in_strides = dense_strides(in.shape), strides = in_strides;
-  std::vector<bool> seen(in.shape.size(), false);
-  int64_t base = 0;
-  for (size_t k = 0; k < starts.size(); ++k) {
-    int64_t d = normalize_axis(a, axes[k], in.rank());
-    if (seen[d]) fail(ErrorKind::kModel, "Slice lists axis {} twice", axes[k]);
-    seen[d] = true;
-    int64_t dim = in.shape[d], step = steps[k];
-    if (step == 0) fail(ErrorKind::kModel, "Slice step is 0 on axis {}", axes[k]);
-    // Clamp before adding dim so INT64_MIN/INT64_MAX sentinels cannot overflow.
-    int64_t start = std::clamp<int64_t>(starts[k], -dim - 1, dim + 1);
-    int64_t end = std::clamp<int64_t>(ends[k], -dim - 1, dim + 1);
-    if (start < 0) start += dim;
-    if (end < 0) end += dim;
-    int64_t count;
-    if (step > 0) {
-      start = std::clamp<int64_t>(start, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      count = end > start ? (end - start + step - 1) / step : 0;
-    } else {
-      start = std::clamp<int64_t>(start, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      count = start > end ? (start - end - step - 1) / -step : 0;
-    }
-    shape[d] = count;
-    if (count > 0) base += start * in_strides[d];
-    strides[d] = step * in_strides[d];
-  }
-  expect_shape(a, 0, shape);
-  strided_copy(in, *a.out[0], shape, strides, base);
+  const SliceView view =
+      slice_view(a, in.shape, a.num_inputs(), [&](size_t k) { return a.has_input(k) ? a.in[k] : nullptr; });
+  expect_shape(a, 0, view.shape);
+  strided_copy(in, *a.out[0], view.shape, view.strides, view.base);
 }
 
 // Gather: out[o, i..., r] = data[o, indices[i...], r] along `axis`; negative indices count from

@@ -17,6 +17,8 @@
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/grad_io.h"
+#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
 
@@ -26,65 +28,10 @@ namespace {
 
 constexpr int64_t kParallelElements = int64_t{1} << 15;
 
-// Where the gradient op's operands are: n forward inputs, m forward outputs.
-struct GradIo {
-  const KernelArgs& a;
-  size_t n, m;
-
-  explicit GradIo(const KernelArgs& args) : a(args) {
-    const int64_t fi = args.attrs.i(grad::kForwardInputsAttr, -1);
-    if (fi < 0 || static_cast<size_t>(fi) > args.num_inputs() ||
-        (args.num_inputs() - static_cast<size_t>(fi)) % 2 != 0 ||
-        args.out.size() != static_cast<size_t>(fi))
-      fail(ErrorKind::kModel,
-           "{} with {} inputs, {} outputs and forward_inputs={} breaks the gradient-op contract",
-           args.op_type, args.num_inputs(), args.out.size(), fi);
-    n = static_cast<size_t>(fi);
-    m = (args.num_inputs() - n) / 2;
-  }
-  const Tensor* x(size_t k) const { return k < n ? a.in[k] : nullptr; }
-  const Tensor* y(size_t j) const { return j < m ? a.in[n + j] : nullptr; }
-  const Tensor* dy(size_t j) const { return j < m ? a.in[n + m + j] : nullptr; }
-  Tensor* dx(size_t k) const { return k < n ? a.out[k] : nullptr; }
-  const Tensor& need_x(size_t k) const {
-    if (x(k) == nullptr) fail(ErrorKind::kModel, "{} needs forward input {}", a.op_type, k);
-    return *x(k);
-  }
-};
-
 void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) {
   if (dy.shape != shape)
     fail(ErrorKind::kShape, "{}: the output gradient is {} but the output is {}", a.op_type,
          dy.describe(), shape_string(shape));
-}
-
-// The values of an int32 or int64 tensor.
-std::vector<int64_t> read_ints(const KernelArgs& a, const Tensor& t, size_t k) {
-  const int64_t n = t.numel();
-  std::vector<int64_t> values(static_cast<size_t>(n));
-  if (t.dtype == DType::kInt64) {
-    for (int64_t i = 0; i < n; ++i) values[i] = t.as<int64_t>()[i];
-  } else if (t.dtype == DType::kInt32) {
-    for (int64_t i = 0; i < n; ++i) values[i] = t.as<int32_t>()[i];
-  } else {
-    fail(ErrorKind::kModel, "{} forward input {} is {}, expected int32 or int64", a.op_type, k,
-         dtype_name(t.dtype));
-  }
-  return values;
-}
-
-int64_t normalize_axis(const KernelArgs& a, int64_t axis, int64_t rank) {
-  if (axis < -rank || axis >= rank)
-    fail(ErrorKind::kModel, "{} axis {} is out of range for rank {}", a.op_type, axis, rank);
-  return axis < 0 ? axis + rank : axis;
-}
-
-// Row-major element strides of `shape`.
-std::vector<int64_t> dense_strides(const Shape& shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
-    strides[d] = strides[d + 1] * shape[d + 1];
-  return strides;
 }
 
 // Walks the dense index space of `shape`; element c corresponds to `strided[base + sum(c[d] *
@@ -128,17 +75,6 @@ void strided_move(float* dense, float* strided, const Shape& shape,
       for (int64_t i = 0; i < inner; ++i) row[i] = at[i * step];
     }
   }
-}
-
-void zero(Tensor& t) {
-  if (t.bytes() > 0) std::memset(t.data, 0, static_cast<size_t>(t.bytes()));
-}
-
-// Zeroes every requested output: all gradients are zero when dy is omitted (outputs that are a
-// program's intermediates live in its arena and are not zeroed for the kernel).
-void zero_outputs(const KernelArgs& a) {
-  for (Tensor* t : a.out)
-    if (t != nullptr) zero(*t);
 }
 
 // --- Shape-only ops: dx = dy with x's shape ----------------------------------------------------
@@ -300,54 +236,9 @@ void slice_grad(const KernelArgs& a) {
   zero(*dx);
   const Tensor* dy = io.dy(0);
   if (dy == nullptr) return;
-  std::vector<int64_t> starts, ends, axes, steps;
-  if (io.n > 1) {
-    starts = read_ints(a, io.need_x(1), 1);
-    ends = read_ints(a, io.need_x(2), 2);
-    if (io.x(3) != nullptr) axes = read_ints(a, *io.x(3), 3);
-    if (io.x(4) != nullptr) steps = read_ints(a, *io.x(4), 4);
-  } else {
-    starts = a.attrs.ints("starts");
-    ends = a.attrs.ints("ends");
-    axes = a.attrs.ints("axes");
-  }
-  if (axes.empty())
-    for (size_t d = 0; d < starts.size(); ++d) axes.push_back(static_cast<int64_t>(d));
-  if (steps.empty()) steps.assign(starts.size(), 1);
-  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
-    fail(ErrorKind::kModel, "Slice has {} starts, {} ends, {} axes and {} steps", starts.size(),
-         ends.size(), axes.size(), steps.size());
-  Shape shape = x.shape;
-  const std::vector<int64_t> x_strides = dense_strides(x.shape);
-  std::vector<int64_t> strides = x_strides;
-  std::vector<bool> seen(x.shape.size(), false);
-  int64_t base = 0;
-  for (size_t k = 0; k < starts.size(); ++k) {
-    const int64_t d = normalize_axis(a, axes[k], x.rank());
-    if (seen[d]) fail(ErrorKind::kModel, "Slice lists axis {} twice", axes[k]);
-    seen[d] = true;
-    const int64_t dim = x.shape[d], step = steps[k];
-    if (step == 0) fail(ErrorKind::kModel, "Slice step is 0 on axis {}", axes[k]);
-    int64_t start = std::clamp<int64_t>(starts[k], -dim - 1, dim + 1);
-    int64_t end = std::clamp<int64_t>(ends[k], -dim - 1, dim + 1);
-    if (start < 0) start += dim;
-    if (end < 0) end += dim;
-    int64_t count;
-    if (step > 0) {
-      start = std::clamp<int64_t>(start, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      count = end > start ? (end - start + step - 1) / step : 0;
-    } else {
-      start = std::clamp<int64_t>(start, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      count = start > end ? (start - end - step - 1) / -step : 0;
-    }
-    shape[d] = count;
-    if (count > 0) base += start * x_strides[d];
-    strides[d] = step * x_strides[d];
-  }
-  expect_dy_shape(a, *dy, shape);
-  strided_move(const_cast<float*>(dy->as<float>()), dx->as<float>(), shape, strides, base,
+  const SliceView view = slice_view(a, x.shape, io.n, [&](size_t k) { return io.x(k); });
+  expect_dy_shape(a, *dy, view.shape);
+  strided_move(const_cast<float*>(dy->as<float>()), dx->as<float>(), view.shape, view.strides, view.base,
                /*scatter=*/true);
 }
 

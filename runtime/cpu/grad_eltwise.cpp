@@ -21,6 +21,7 @@
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/grad_io.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
 
@@ -129,39 +130,6 @@ constexpr int64_t kParallelElements = int64_t{1} << 15;
 
 // ---------------------------------------------------------------------------------------------
 // The gradient op's operands
-
-// Where the gradient op's operands are: n forward inputs, m forward outputs.
-struct GradIo {
-  const KernelArgs& a;
-  size_t n, m;
-
-  explicit GradIo(const KernelArgs& args) : a(args) {
-    const int64_t fi = args.attrs.i(grad::kForwardInputsAttr, -1);
-    if (fi < 0 || static_cast<size_t>(fi) > args.num_inputs() ||
-        (args.num_inputs() - static_cast<size_t>(fi)) % 2 != 0 ||
-        args.out.size() != static_cast<size_t>(fi))
-      fail(ErrorKind::kModel,
-           "{} with {} inputs, {} outputs and forward_inputs={} breaks the gradient-op contract",
-           args.op_type, args.num_inputs(), args.out.size(), fi);
-    n = static_cast<size_t>(fi);
-    m = (args.num_inputs() - n) / 2;
-  }
-  const Tensor* x(size_t k) const { return k < n ? a.in[k] : nullptr; }
-  const Tensor* y(size_t j) const { return j < m ? a.in[n + j] : nullptr; }
-  const Tensor* dy(size_t j) const { return j < m ? a.in[n + m + j] : nullptr; }
-  Tensor* dx(size_t k) const { return k < n ? a.out[k] : nullptr; }
-  const Tensor& need_x(size_t k) const {
-    if (x(k) == nullptr) fail(ErrorKind::kModel, "{} needs forward input {}", a.op_type, k);
-    return *x(k);
-  }
-};
-
-// Zeroes every requested output (all gradients are zero when dy is omitted). Outputs that are
-// intermediates of a program live in its arena and are not zeroed for the kernel.
-void zero_outputs(const KernelArgs& a) {
-  for (Tensor* t : a.out)
-    if (t != nullptr && t->bytes() > 0) std::memset(t->data, 0, static_cast<size_t>(t->bytes()));
-}
 
 void zero_output(const KernelArgs& a, size_t k) {
   Tensor* t = k < a.out.size() ? a.out[k] : nullptr;

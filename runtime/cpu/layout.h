@@ -1,0 +1,112 @@
+#pragma once
+/// \file
+/// Index arithmetic the layout ops and their gradients share: row-major strides, axis
+/// normalisation, integer operand reading, and the strided view a Slice selects.
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "runtime/core/kernel.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::rt::cpu {
+
+/// Row-major element strides of `shape`.
+inline std::vector<int64_t> dense_strides(const Shape& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
+    strides[d] = strides[d + 1] * shape[d + 1];
+  return strides;
+}
+
+/// `axis` in [-rank, rank) (or [-rank, rank] with `inclusive`) made non-negative.
+inline int64_t normalize_axis(const KernelArgs& a, int64_t axis, int64_t rank,
+                              bool inclusive = false) {
+  if (axis < -rank || axis > (inclusive ? rank : rank - 1))
+    fail(ErrorKind::kModel, "{} axis {} is out of range for rank {}", a.op_type, axis, rank);
+  return axis < 0 ? axis + rank : axis;
+}
+
+/// The values of `t`, operand `k` of the op, which must be int32 or int64.
+inline std::vector<int64_t> read_ints(const KernelArgs& a, const Tensor& t, size_t k) {
+  const int64_t n = t.numel();
+  std::vector<int64_t> values(static_cast<size_t>(n));
+  if (t.dtype == DType::kInt64) {
+    for (int64_t i = 0; i < n; ++i) values[i] = t.as<int64_t>()[i];
+  } else if (t.dtype == DType::kInt32) {
+    for (int64_t i = 0; i < n; ++i) values[i] = t.as<int32_t>()[i];
+  } else {
+    fail(ErrorKind::kModel, "{} input {} is {}, expected int32 or int64", a.op_type, k,
+         dtype_name(t.dtype));
+  }
+  return values;
+}
+
+/// The elements a Slice selects from a dense tensor: element c of the result (shape `shape`)
+/// is `x[base + sum(c[d] * strides[d])]`.
+struct SliceView {
+  Shape shape;
+  std::vector<int64_t> strides;
+  int64_t base = 0;
+};
+
+/// The view of a Slice of X (shape `x_shape`) with `forward_inputs` operands, `input(k)`
+/// giving operand k (null when omitted): starts/ends/axes/steps as inputs 1-4 (opset 10+) or,
+/// with one operand, as attributes (opset 1). Negative and out-of-range bounds are clamped as
+/// ONNX says; a zero step or a repeated axis is an error.
+inline SliceView slice_view(const KernelArgs& a, const Shape& x_shape, size_t forward_inputs,
+                            const std::function<const Tensor*(size_t)>& input) {
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (forward_inputs > 1) {
+    auto operand = [&](size_t k) -> const Tensor& {
+      if (input(k) == nullptr) fail(ErrorKind::kModel, "{} needs input {}", a.op_type, k);
+      return *input(k);
+    };
+    starts = read_ints(a, operand(1), 1);
+    ends = read_ints(a, operand(2), 2);
+    if (input(3) != nullptr) axes = read_ints(a, *input(3), 3);
+    if (input(4) != nullptr) steps = read_ints(a, *input(4), 4);
+  } else {
+    starts = a.attrs.ints("starts");
+    ends = a.attrs.ints("ends");
+    axes = a.attrs.ints("axes");
+  }
+  if (axes.empty())
+    for (size_t d = 0; d < starts.size(); ++d) axes.push_back(static_cast<int64_t>(d));
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+    fail(ErrorKind::kModel, "Slice has {} starts, {} ends, {} axes and {} steps", starts.size(),
+         ends.size(), axes.size(), steps.size());
+  SliceView view{x_shape, dense_strides(x_shape), 0};
+  const std::vector<int64_t> x_strides = view.strides;
+  std::vector<bool> seen(x_shape.size(), false);
+  for (size_t k = 0; k < starts.size(); ++k) {
+    const int64_t d = normalize_axis(a, axes[k], static_cast<int64_t>(x_shape.size()));
+    if (seen[d]) fail(ErrorKind::kModel, "Slice lists axis {} twice", axes[k]);
+    seen[d] = true;
+    const int64_t dim = x_shape[d], step = steps[k];
+    if (step == 0) fail(ErrorKind::kModel, "Slice step is 0 on axis {}", axes[k]);
+    // Clamp before adding dim so INT64_MIN/INT64_MAX sentinels cannot overflow.
+    int64_t start = std::clamp<int64_t>(starts[k], -dim - 1, dim + 1);
+    int64_t end = std::clamp<int64_t>(ends[k], -dim - 1, dim + 1);
+    if (start < 0) start += dim;
+    if (end < 0) end += dim;
+    int64_t count;
+    if (step > 0) {
+      start = std::clamp<int64_t>(start, 0, dim);
+      end = std::clamp<int64_t>(end, 0, dim);
+      count = end > start ? (end - start + step - 1) / step : 0;
+    } else {
+      start = std::clamp<int64_t>(start, 0, dim - 1);
+      end = std::clamp<int64_t>(end, -1, dim - 1);
+      count = start > end ? (start - end - step - 1) / -step : 0;
+    }
+    view.shape[d] = count;
+    if (count > 0) view.base += start * x_strides[d];
+    view.strides[d] = step * x_strides[d];
+  }
+  return view;
+}
+
+}  // namespace stagecraft::rt::cpu
