@@ -24,59 +24,12 @@ namespace {
 
 using dnnl::memory;
 
-// One Conv node resolved into oneDNN terms.
-struct ConvGeometry {
-  memory::dims src, weights, dst;    // weights are [group, M/group, C/group, k...] when grouped
-  int64_t bias = 0;                  // number of bias values; 0 without a bias input
-  memory::dims strides, dilates;     // dilates as oneDNN counts them: 0 is a dense kernel
-  memory::dims pad_l, pad_r;
-};
-
-// Resolves the node's shapes and attributes (ONNX Conv semantics) and checks the output shape.
-ConvGeometry conv_geometry(const KernelArgs& a) {
-  const Tensor& x = a.input(0);
-  const Tensor& w = a.input(1);
-  if (x.rank() < 3 || x.rank() > 5)
-    fail(ErrorKind::kUnsupported, "Conv on a rank-{} input is not supported (1-D to 3-D convolutions only)", x.rank());
-  if (w.rank() != x.rank())
-    fail(ErrorKind::kModel, "Conv weights {} do not match the input {}", shape_string(w.shape), shape_string(x.shape));
-  const size_t spatial = static_cast<size_t>(x.rank() - 2);
-  const int64_t n = x.shape[0], c = x.shape[1], m = w.shape[0];
-  const int64_t group = a.attrs.i("group", 1);
-  if (group < 1 || c % group != 0 || m % group != 0 || w.shape[1] * group != c)
-    fail(ErrorKind::kModel, "Conv with group {} cannot take input {} and weights {}", group, shape_string(x.shape),
-         shape_string(w.shape));
-  const std::vector<int64_t> kernel(w.shape.begin() + 2, w.shape.end());
-  if (a.attrs.has("kernel_shape") && a.attrs.ints("kernel_shape") != kernel)
-    fail(ErrorKind::kModel, "Conv kernel_shape does not match the weights {}", shape_string(w.shape));
-  const std::vector<int64_t> strides = per_dim(a, "strides", spatial, 1);
-  const std::vector<int64_t> dilations = per_dim(a, "dilations", spatial, 1);
-  std::vector<int64_t> pads = per_dim(a, "pads", 2 * spatial, 0);
-  const std::string auto_pad = a.attrs.s("auto_pad", "NOTSET");
-
-  ConvGeometry g;
-  g.src = x.shape;
-  g.dst = {n, m};
-  for (size_t i = 0; i < spatial; ++i) {
-    const int64_t in = x.shape[2 + i], s = strides[i], d = dilations[i];
-    if (s < 1 || d < 1 || kernel[i] < 1) fail(ErrorKind::kModel, "Conv strides, dilations and kernel must be positive");
-    const int64_t reach = (kernel[i] - 1) * d + 1;  // the span of one window
-    const auto [begin, end] = resolve_padding(a, auto_pad, in, s, reach, pads[i], pads[spatial + i]);
-    const int64_t out = (in + begin + end - reach) / s + 1;
-    if (in + begin + end < reach) fail(ErrorKind::kShape, "Conv window {} is larger than the padded input", reach);
-    g.dst.push_back(out);
-    g.strides.push_back(s);
-    g.dilates.push_back(d - 1);
-    g.pad_l.push_back(begin);
-    g.pad_r.push_back(end);
-  }
-  expect_shape(a, 0, g.dst);
-  g.weights = w.shape;
-  if (group > 1) {
-    g.weights[0] = m / group;
-    g.weights.insert(g.weights.begin(), group);
-  }
+// Conv's geometry (window.h) with the output shape and the bias checked.
+ConvGeometry forward_geometry(const KernelArgs& a) {
+  ConvGeometry g = conv_geometry(a, a.input(0), a.input(1));
+  expect_shape(a, 0, Shape(g.dst.begin(), g.dst.end()));
   if (a.has_input(2)) {
+    const int64_t m = a.input(1).shape[0];
     const Tensor& b = a.input(2);
     if (b.shape != Shape{m}) fail(ErrorKind::kModel, "Conv bias {} should be [{}]", shape_string(b.shape), m);
     g.bias = m;
@@ -181,7 +134,7 @@ memory operand(const std::optional<dnnl::reorder>& reorder, memory user, const m
 }
 
 void conv(const KernelArgs& a) {
-  const ConvGeometry g = conv_geometry(a);
+  const ConvGeometry g = forward_geometry(a);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
   CpuContext& ctx = context(a);

@@ -63,24 +63,7 @@ void copy_bytes(std::byte* dst, const std::byte* src, int64_t bytes) {
 // `in[base + sum(c[d] * strides[d])]` (strides in elements, possibly zero or negative).
 void strided_copy(const Tensor& in, Tensor& out, Shape shape, std::vector<int64_t> strides, int64_t base) {
   if (shape_numel(shape) == 0) return;
-  // Drop size-1 dims and merge a dim into the next one when they are contiguous in the input,
-  // so the inner loop runs as long as possible.
-  Shape dims;
-  std::vector<int64_t> steps;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    if (!dims.empty() && steps.back() == strides[d] * shape[d]) {
-      dims.back() *= shape[d];
-      steps.back() = strides[d];
-    } else {
-      dims.push_back(shape[d]);
-      steps.push_back(strides[d]);
-    }
-  }
-  if (dims.empty()) {
-    dims.push_back(1);
-    steps.push_back(1);
-  }
+  const auto [dims, steps] = merge_strided_dims(shape, strides);
   by_element_size(dtype_size(in.dtype), [&](auto tag) {
     using T = decltype(tag);
     const T* src = in.as<T>() + base;

@@ -63,61 +63,11 @@ std::string float32_except(const OpSignature& s, std::initializer_list<size_t> i
 // ---------------------------------------------------------------------------------------------
 // ConvGrad
 
-struct ConvGeometry {
-  memory::dims src, weights, dst;  // weights are [group, M/group, C/group, k...] when grouped
-  memory::dims strides, dilates;   // dilates as oneDNN counts them: 0 is a dense kernel
-  memory::dims pad_l, pad_r;
-};
-
-// Conv's attributes resolved exactly as conv.cpp does; dY must have the forward output's shape.
-ConvGeometry conv_geometry(const KernelArgs& a, const Tensor& x, const Tensor& w,
-                           const Tensor& dy) {
-  if (x.rank() < 3 || x.rank() > 5)
-    fail(ErrorKind::kUnsupported,
-         "ConvGrad on a rank-{} input is not supported (1-D to 3-D convolutions only)", x.rank());
-  if (w.rank() != x.rank())
-    fail(ErrorKind::kModel, "ConvGrad weights {} do not match the input {}", shape_string(w.shape),
-         shape_string(x.shape));
-  const size_t spatial = static_cast<size_t>(x.rank() - 2);
-  const int64_t n = x.shape[0], c = x.shape[1], m = w.shape[0];
-  const int64_t group = a.attrs.i("group", 1);
-  if (group < 1 || c % group != 0 || m % group != 0 || w.shape[1] * group != c)
-    fail(ErrorKind::kModel, "ConvGrad with group {} cannot take input {} and weights {}", group,
-         shape_string(x.shape), shape_string(w.shape));
-  const std::vector<int64_t> kernel(w.shape.begin() + 2, w.shape.end());
-  if (a.attrs.has("kernel_shape") && a.attrs.ints("kernel_shape") != kernel)
-    fail(ErrorKind::kModel, "ConvGrad kernel_shape does not match the weights {}",
-         shape_string(w.shape));
-  const std::vector<int64_t> strides = per_dim(a, "strides", spatial, 1);
-  const std::vector<int64_t> dilations = per_dim(a, "dilations", spatial, 1);
-  std::vector<int64_t> pads = per_dim(a, "pads", 2 * spatial, 0);
-  const std::string auto_pad = a.attrs.s("auto_pad", "NOTSET");
-  ConvGeometry g;
-  g.src = x.shape;
-  g.dst = {n, m};
-  for (size_t i = 0; i < spatial; ++i) {
-    const int64_t in = x.shape[2 + i], s = strides[i], d = dilations[i];
-    if (s < 1 || d < 1 || kernel[i] < 1)
-      fail(ErrorKind::kModel, "ConvGrad strides, dilations and kernel must be positive");
-    const int64_t reach = (kernel[i] - 1) * d + 1;
-    const auto [begin, end] =
-        resolve_padding(a, auto_pad, in, s, reach, pads[i], pads[spatial + i]);
-    if (in + begin + end < reach)
-      fail(ErrorKind::kShape, "ConvGrad window {} is larger than the padded input", reach);
-    g.dst.push_back((in + begin + end - reach) / s + 1);
-    g.strides.push_back(s);
-    g.dilates.push_back(d - 1);
-    g.pad_l.push_back(begin);
-    g.pad_r.push_back(end);
-  }
+// Conv's geometry (window.h); dY must have the forward output's shape.
+ConvGeometry grad_geometry(const KernelArgs& a, const Tensor& x, const Tensor& w, const Tensor& dy) {
+  ConvGeometry g = conv_geometry(a, x, w);
   if (dy.shape != Shape(g.dst.begin(), g.dst.end()))
-    fail(ErrorKind::kShape, "ConvGrad: dY {} should be {}", dy.describe(),
-         shape_string(Shape(g.dst.begin(), g.dst.end())));
-  g.weights = w.shape;
-  if (group > 1) {
-    g.weights[0] = m / group;
-    g.weights.insert(g.weights.begin(), group);
-  }
+    fail(ErrorKind::kShape, "ConvGrad: dY {} should be {}", dy.describe(), shape_string(Shape(g.dst.begin(), g.dst.end())));
   return g;
 }
 
@@ -128,7 +78,7 @@ void conv_grad(const KernelArgs& a) {
   const size_t dy_at = static_cast<size_t>(n_in) + 1;
   if (!a.has_input(dy_at)) return;  // no output gradient: all zeros
   const Tensor& dy = a.input(dy_at);
-  const ConvGeometry g = conv_geometry(a, x, w, dy);
+  const ConvGeometry g = grad_geometry(a, x, w, dy);
   if (wants(a, 0)) expect_shape(a, 0, x.shape);
   if (wants(a, 1)) expect_shape(a, 1, w.shape);
   if (wants(a, 2)) {
@@ -205,82 +155,7 @@ std::string check_conv_grad(const OpSignature& s) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pooling gradients (geometry as in pool.cpp)
-
-struct PoolGeometry {
-  int64_t planes = 0;
-  size_t spatial = 0;
-  Shape out_shape;
-  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, kernel{1, 1, 1}, stride{1, 1, 1},
-      dilation{1, 1, 1};
-  std::array<int64_t, 3> pad_l{0, 0, 0}, pad_r{0, 0, 0};
-  int64_t in_plane() const { return in[0] * in[1] * in[2]; }
-  int64_t out_plane() const { return out[0] * out[1] * out[2]; }
-};
-
-struct Window {
-  int64_t start, first, last, padded;
-};
-
-Window window(const PoolGeometry& g, size_t d, int64_t o) {
-  const int64_t start = o * g.stride[d] - g.pad_l[d], step = g.dilation[d], k = g.kernel[d];
-  auto below = [&](int64_t bound) {
-    return std::clamp<int64_t>((bound - start + step - 1) / step, 0, k);
-  };
-  const int64_t first = start >= 0 ? 0 : std::min(k, (-start + step - 1) / step);
-  return {start, first, std::max(first, below(g.in[d])), below(g.in[d] + g.pad_r[d])};
-}
-
-PoolGeometry pool_geometry(const KernelArgs& a, const Tensor& x) {
-  if (x.rank() < 3 || x.rank() > 5)
-    fail(ErrorKind::kUnsupported,
-         "{} on a rank-{} input is not supported (1-D to 3-D pooling only)", a.op_type, x.rank());
-  PoolGeometry g;
-  g.spatial = static_cast<size_t>(x.rank() - 2);
-  g.planes = x.shape[0] * x.shape[1];
-  g.out_shape = {x.shape[0], x.shape[1]};
-  const std::vector<int64_t> kernel = a.attrs.ints("kernel_shape");
-  if (kernel.size() != g.spatial)
-    fail(ErrorKind::kModel, "{} kernel_shape has {} values, the input has {} spatial dims",
-         a.op_type, kernel.size(), g.spatial);
-  const std::vector<int64_t> strides = per_dim(a, "strides", g.spatial, 1);
-  const std::vector<int64_t> dilations = per_dim(a, "dilations", g.spatial, 1);
-  const std::vector<int64_t> pads = per_dim(a, "pads", 2 * g.spatial, 0);
-  const std::string auto_pad = a.attrs.s("auto_pad", "NOTSET");
-  const bool ceil_mode = a.attrs.i("ceil_mode", 0) != 0;
-  for (size_t i = 0; i < g.spatial; ++i) {
-    const size_t d = 3 - g.spatial + i;
-    const int64_t in = x.shape[2 + i], k = kernel[i], s = strides[i], step = dilations[i];
-    if (k < 1 || s < 1 || step < 1)
-      fail(ErrorKind::kModel, "{} kernel_shape, strides and dilations must be positive", a.op_type);
-    const int64_t reach = (k - 1) * step + 1;
-    const auto [begin, end] =
-        resolve_padding(a, auto_pad, in, s, reach, pads[i], pads[g.spatial + i]);
-    const int64_t positions = in + begin + end - reach;
-    if (positions < 0)
-      fail(ErrorKind::kShape, "{} window {} is larger than the padded input", a.op_type, reach);
-    g.in[d] = in;
-    g.out[d] = (ceil_mode ? (positions + s - 1) / s : positions / s) + 1;
-    g.kernel[d] = k;
-    g.stride[d] = s;
-    g.dilation[d] = step;
-    g.pad_l[d] = begin;
-    g.pad_r[d] = end;
-    g.out_shape.push_back(g.out[d]);
-    for (int64_t o = 0; o < g.out[d]; ++o)
-      if (const Window w = window(g, d, o); w.first >= w.last)
-        fail(ErrorKind::kUnsupported, "{} window {} of spatial dim {} covers only padding",
-             a.op_type, o, i);
-  }
-  return g;
-}
-
-std::array<std::vector<Window>, 3> windows(const PoolGeometry& g) {
-  std::array<std::vector<Window>, 3> w;
-  for (size_t d = 0; d < 3; ++d)
-    for (int64_t o = 0; o < g.out[d]; ++o) w[d].push_back(window(g, d, o));
-  return w;
-}
+// Pooling gradients (geometry: window.h, as the forward)
 
 // Reads X and dY (the last input) of a single-output pooling gradient; checks shapes.
 struct PoolArgs {

@@ -40,22 +40,7 @@ void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) 
 void strided_move(float* dense, float* strided, const Shape& shape,
                   const std::vector<int64_t>& strides, int64_t base, bool scatter) {
   if (shape_numel(shape) == 0) return;
-  Shape dims;
-  std::vector<int64_t> steps;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    if (!dims.empty() && steps.back() == strides[d] * shape[d]) {
-      dims.back() *= shape[d];
-      steps.back() = strides[d];
-    } else {
-      dims.push_back(shape[d]);
-      steps.push_back(strides[d]);
-    }
-  }
-  if (dims.empty()) {
-    dims.push_back(1);
-    steps.push_back(1);
-  }
+  const auto [dims, steps] = merge_strided_dims(shape, strides);
   const int64_t rank = static_cast<int64_t>(dims.size());
   const int64_t inner = dims.back(), step = steps.back();
   const int64_t rows = shape_numel(dims) / inner;

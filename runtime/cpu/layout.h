@@ -43,6 +43,33 @@ inline std::vector<int64_t> read_ints(const KernelArgs& a, const Tensor& t, size
   return values;
 }
 
+/// A strided walk over `shape` (element c at `sum(c[d] * strides[d])`) with size-1 dims
+/// dropped and each dim merged into the next where the two are contiguous, so the inner loop
+/// runs as long as possible. Never empty: a walk of one element is {1} with step 1.
+struct StridedWalk {
+  Shape dims;
+  std::vector<int64_t> steps;
+};
+
+inline StridedWalk merge_strided_dims(const Shape& shape, const std::vector<int64_t>& strides) {
+  StridedWalk walk;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    if (!walk.dims.empty() && walk.steps.back() == strides[d] * shape[d]) {
+      walk.dims.back() *= shape[d];
+      walk.steps.back() = strides[d];
+    } else {
+      walk.dims.push_back(shape[d]);
+      walk.steps.push_back(strides[d]);
+    }
+  }
+  if (walk.dims.empty()) {
+    walk.dims.push_back(1);
+    walk.steps.push_back(1);
+  }
+  return walk;
+}
+
 /// The elements a Slice selects from a dense tensor: element c of the result (shape `shape`)
 /// is `x[base + sum(c[d] * strides[d])]`.
 struct SliceView {

@@ -25,81 +25,9 @@ using dnnl::memory;
 
 enum class PoolKind { kMax, kAverageExcludePad, kAverageIncludePad };
 
-// One pooling node resolved. Spatial sizes are front-filled to three dims (depth, height,
-// width) with size-one dims, so one loop nest serves 1-D to 3-D pooling.
-struct PoolGeometry {
-  int64_t planes = 0;  // N * C
-  size_t spatial = 0;  // 1 to 3
-  Shape out_shape;
-  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, kernel{1, 1, 1}, stride{1, 1, 1}, dilation{1, 1, 1};
-  std::array<int64_t, 3> pad_l{0, 0, 0}, pad_r{0, 0, 0};  // pad_r without the ceil_mode extension
-  bool ceil_extends = false;  // some window reaches past the right padding (ceil_mode)
-
-  int64_t in_plane() const { return in[0] * in[1] * in[2]; }
-  int64_t out_plane() const { return out[0] * out[1] * out[2]; }
-  // The right padding that makes exactly `out` windows, which ceil_mode may make larger than pad_r.
-  int64_t reached_pad_r(size_t d) const {
-    return std::max(pad_r[d], (out[d] - 1) * stride[d] + (kernel[d] - 1) * dilation[d] + 1 - in[d] - pad_l[d]);
-  }
-};
-
-// Output position `o`'s window along dim `d`: the input position of kernel index 0, the kernel
-// indices [first, last) that land inside the input, and how many land inside the padded input.
-struct Window {
-  int64_t start, first, last, padded;
-};
-
-Window window(const PoolGeometry& g, size_t d, int64_t o) {
-  const int64_t start = o * g.stride[d] - g.pad_l[d], step = g.dilation[d], k = g.kernel[d];
-  // Index j lies at start + j * step; count the j below a bound.
-  auto below = [&](int64_t bound) { return std::clamp<int64_t>((bound - start + step - 1) / step, 0, k); };
-  const int64_t first = start >= 0 ? 0 : std::min(k, (-start + step - 1) / step);
-  return {start, first, std::max(first, below(g.in[d])), below(g.in[d] + g.pad_r[d])};
-}
-
-// Resolves the node's shapes and attributes (ONNX MaxPool and AveragePool semantics up to
-// opset 17) and checks the output shapes.
-PoolGeometry pool_geometry(const KernelArgs& a) {
-  const Tensor& x = a.input(0);
-  if (x.rank() < 3 || x.rank() > 5)
-    fail(ErrorKind::kUnsupported, "{} on a rank-{} input is not supported (1-D to 3-D pooling only)", a.op_type,
-         x.rank());
-  PoolGeometry g;
-  g.spatial = static_cast<size_t>(x.rank() - 2);
-  g.planes = x.shape[0] * x.shape[1];
-  g.out_shape = {x.shape[0], x.shape[1]};
-  const std::vector<int64_t> kernel = a.attrs.ints("kernel_shape");
-  if (kernel.size() != g.spatial)
-    fail(ErrorKind::kModel, "{} kernel_shape has {} values, the input has {} spatial dims", a.op_type, kernel.size(),
-         g.spatial);
-  const std::vector<int64_t> strides = per_dim(a, "strides", g.spatial, 1);
-  const std::vector<int64_t> dilations = per_dim(a, "dilations", g.spatial, 1);
-  const std::vector<int64_t> pads = per_dim(a, "pads", 2 * g.spatial, 0);
-  const std::string auto_pad = a.attrs.s("auto_pad", "NOTSET");
-  const bool ceil_mode = a.attrs.i("ceil_mode", 0) != 0;
-  for (size_t i = 0; i < g.spatial; ++i) {
-    const size_t d = 3 - g.spatial + i;
-    const int64_t in = x.shape[2 + i], k = kernel[i], s = strides[i], step = dilations[i];
-    if (k < 1 || s < 1 || step < 1)
-      fail(ErrorKind::kModel, "{} kernel_shape, strides and dilations must be positive", a.op_type);
-    const int64_t reach = (k - 1) * step + 1;  // the span of one window
-    const auto [begin, end] = resolve_padding(a, auto_pad, in, s, reach, pads[i], pads[g.spatial + i]);
-    const int64_t positions = in + begin + end - reach;
-    if (positions < 0) fail(ErrorKind::kShape, "{} window {} is larger than the padded input", a.op_type, reach);
-    g.in[d] = in;
-    g.out[d] = (ceil_mode ? (positions + s - 1) / s : positions / s) + 1;
-    g.kernel[d] = k;
-    g.stride[d] = s;
-    g.dilation[d] = step;
-    g.pad_l[d] = begin;
-    g.pad_r[d] = end;
-    g.out_shape.push_back(g.out[d]);
-    g.ceil_extends |= g.reached_pad_r(d) > end;
-    // A window over padding alone has no value (ONNX opset 19 drops such ceil_mode windows).
-    for (int64_t o = 0; o < g.out[d]; ++o)
-      if (const Window w = window(g, d, o); w.first >= w.last)
-        fail(ErrorKind::kUnsupported, "{} window {} of spatial dim {} covers only padding", a.op_type, o, i);
-  }
+// The node's geometry (window.h) with its outputs' shapes checked.
+PoolGeometry forward_geometry(const KernelArgs& a) {
+  const PoolGeometry g = pool_geometry(a, a.input(0));
   expect_shape(a, 0, g.out_shape);
   if (a.out.size() > 1 && a.out[1] != nullptr) expect_shape(a, 1, g.out_shape);
   return g;
@@ -134,13 +62,6 @@ bool pool_onednn(const KernelArgs& a, const PoolGeometry& g, PoolKind kind) {
   return true;
 }
 
-// The windows of every output position along each dim.
-std::array<std::vector<Window>, 3> windows(const PoolGeometry& g) {
-  std::array<std::vector<Window>, 3> w;
-  for (size_t d = 0; d < 3; ++d)
-    for (int64_t o = 0; o < g.out[d]; ++o) w[d].push_back(window(g, d, o));
-  return w;
-}
 
 // Max pooling as a loop nest; fills `indices` (when not null) with each maximum's flat index
 // into the input, its spatial part row-major or, with `column_major`, column-major.
@@ -213,7 +134,7 @@ void average_pool_loops(const PoolGeometry& g, const float* x, float* y, bool in
 }
 
 void max_pool(const KernelArgs& a) {
-  const PoolGeometry g = pool_geometry(a);
+  const PoolGeometry g = forward_geometry(a);
   if (a.out[0]->numel() == 0) return;
   const bool want_indices = a.out.size() > 1 && a.out[1] != nullptr;
   if (!want_indices && pool_onednn(a, g, PoolKind::kMax)) return;
@@ -229,7 +150,7 @@ void max_pool(const KernelArgs& a) {
 }
 
 void average_pool(const KernelArgs& a) {
-  const PoolGeometry g = pool_geometry(a);
+  const PoolGeometry g = forward_geometry(a);
   if (a.out[0]->numel() == 0) return;
   const bool include_pad = a.attrs.i("count_include_pad", 0) != 0;
   // oneDNN's include-padding divisor would count the ceil_mode extension as padding.
