@@ -1,14 +1,6 @@
 // Finite-difference checks of the data family's gradient kernels (runtime/cpu/grad_data.cpp).
 #include <doctest/doctest.h>
-#include <fmt/format.h>
-#include <onnx/shape_inference/implementation.h>
 
-#include <cmath>
-#include <random>
-
-#include "runtime/core/backend.h"
-#include "runtime/core/program.h"
-#include "runtime/format/grad_ops.h"
 #include "tests/grad/gradcheck.h"
 
 namespace stagecraft::testing {
@@ -44,154 +36,12 @@ GradCase make_case(const std::string& op, std::vector<Tensor> inputs, std::vecto
   return c;
 }
 
-// --- gradcheck with constant int64 inputs
-// ---------------------------------------------------------- gradcheck (tests/grad/gradcheck.cpp)
-// feeds every forward input as a graph input, so ONNX shape inference cannot give static output
-// shapes for ops whose shape comes from an input's values (Reshape, Expand, Slice from opset 10).
-// This variant makes the int64 inputs initializers of the forward model, and can leave output
-// gradients out (`no_dy`: dy_j is "" and y_j is left out of the loss); otherwise it is the same
-// check.
-
-void set_type(onnx::ValueInfoProto* info, const std::string& name, DType dtype,
-              const Shape& shape) {
-  info->set_name(name);
-  auto* tt = info->mutable_type()->mutable_tensor_type();
-  tt->set_elem_type(static_cast<int32_t>(dtype));
-  auto* s = tt->mutable_shape();
-  for (int64_t d : shape) s->add_dim()->set_dim_value(d);
-}
-
-onnx::ModelProto new_model(int opset) {
-  onnx::ModelProto model;
-  model.set_ir_version(8);
-  auto* def = model.add_opset_import();
-  def->set_domain("");
-  def->set_version(opset);
-  auto* g = model.add_opset_import();
-  g->set_domain(std::string(grad::kGradDomain));
-  g->set_version(grad::kGradDomainVersion);
-  model.mutable_graph()->set_name("gradcheck_const");
-  return model;
-}
-
-std::vector<Tensor> run(const onnx::ModelProto& model, const std::vector<Tensor>& inputs) {
-  rt::Program p = rt::Program::from_model(model, rt::cpu_backend(), "gradcheck_const");
-  auto device = rt::cpu_backend().make_device(0, 1);
-  std::vector<std::byte> arena(static_cast<size_t>(p.arena_bytes()) + 64);
-  return p.run(*device, inputs, arena.data());
-}
-
-void gradcheck_const(const GradCase& c, const std::vector<bool>& no_dy = {}) {
-  CAPTURE(c.op);
-  const int n = static_cast<int>(c.inputs.size());
-  auto is_const = [&](int k) { return c.inputs[k].dtype == DType::kInt64; };
-  onnx::ModelProto fwd = new_model(c.opset);
-  auto* g = fwd.mutable_graph();
-  onnx::NodeProto* node = g->add_node();
-  node->set_op_type(c.op);
-  node->set_name("f");
-  std::vector<Tensor> present;  // graph inputs of the forward model
-  for (int k = 0; k < n; ++k) {
-    if (c.inputs[k].dtype == DType::kUndefined) {
-      node->add_input("");
-      continue;
-    }
-    const std::string name = fmt::format("x{}", k);
-    node->add_input(name);
-    if (is_const(k)) {
-      onnx::TensorProto* init = g->add_initializer();
-      init->set_name(name);
-      init->set_data_type(static_cast<int32_t>(DType::kInt64));
-      for (int64_t d : c.inputs[k].shape) init->add_dims(d);
-      for (int64_t i = 0; i < c.inputs[k].numel(); ++i)
-        init->add_int64_data(c.inputs[k].as<int64_t>()[i]);
-      continue;
-    }
-    set_type(g->add_input(), name, c.inputs[k].dtype, c.inputs[k].shape);
-    present.push_back(c.inputs[k]);
-  }
-  for (int j = 0; j < c.outputs; ++j) node->add_output(fmt::format("y{}", j));
-  if (c.attrs) c.attrs(*node);
-  for (int j = 0; j < c.outputs; ++j) g->add_output()->set_name(fmt::format("y{}", j));
-  onnx::shape_inference::InferShapes(fwd);
-
-  std::vector<Tensor> ys = run(fwd, present);
-  std::vector<Tensor> rs;
-  auto skipped = [&](int j) { return j < static_cast<int>(no_dy.size()) && no_dy[j]; };
-  for (int j = 0; j < c.outputs; ++j) rs.push_back(random_tensor(ys[j].shape, -1, 1, 100 + j));
-  auto loss = [&](const std::vector<Tensor>& inputs) {
-    std::vector<Tensor> out = run(fwd, inputs);
-    double l = 0;
-    for (int j = 0; j < c.outputs; ++j)
-      if (!skipped(j))
-        for (int64_t i = 0; i < out[j].numel(); ++i)
-          l += static_cast<double>(out[j].as<float>()[i]) * rs[j].as<float>()[i];
-    return l;
-  };
-
-  onnx::ModelProto bwd = new_model(c.opset);
-  auto* gb = bwd.mutable_graph();
-  onnx::NodeProto* gn = gb->add_node();
-  gn->set_op_type(c.op + std::string(grad::kGradSuffix));
-  gn->set_domain(std::string(grad::kGradDomain));
-  gn->set_name("f_grad");
-  for (const auto& a : node->attribute()) *gn->add_attribute() = a;
-  set_int(*gn, std::string(grad::kForwardInputsAttr), n);
-  std::vector<Tensor> bwd_inputs;
-  auto add_input = [&](const std::string& name, const Tensor& t) {
-    gn->add_input(name);
-    set_type(gb->add_input(), name, t.dtype, t.shape);
-    bwd_inputs.push_back(t);
-  };
-  for (int k = 0; k < n; ++k) {
-    if (c.inputs[k].dtype == DType::kUndefined)
-      gn->add_input("");
-    else
-      add_input(fmt::format("x{}", k), c.inputs[k]);
-  }
-  for (int j = 0; j < c.outputs; ++j) add_input(fmt::format("y{}", j), ys[j]);
-  for (int j = 0; j < c.outputs; ++j) {
-    if (skipped(j))
-      gn->add_input("");
-    else
-      add_input(fmt::format("dy{}", j), rs[j]);
-  }
-  std::vector<int> checked;
-  for (int k = 0; k < n; ++k) {
-    const bool want = k < static_cast<int>(c.check.size()) && c.check[k];
-    gn->add_output(want ? fmt::format("dx{}", k) : "");
-    if (want) {
-      set_type(gb->add_output(), fmt::format("dx{}", k), c.inputs[k].dtype, c.inputs[k].shape);
-      checked.push_back(k);
-    }
-  }
-  std::vector<Tensor> dxs = run(bwd, bwd_inputs);
-  REQUIRE(dxs.size() == checked.size());
-  std::mt19937 rng(7);
-  for (size_t idx = 0; idx < checked.size(); ++idx) {
-    const int k = checked[idx];
-    CAPTURE(k);
-    int present_index = 0;
-    for (int i = 0; i < k; ++i)
-      present_index += c.inputs[i].dtype != DType::kUndefined && !is_const(i);
-    const Tensor& x = c.inputs[k];
-    const int64_t count = x.numel();
-    const int samples = static_cast<int>(std::min<int64_t>(count, c.samples));
-    for (int s = 0; s < samples; ++s) {
-      const int64_t e = samples == count ? s : static_cast<int64_t>(rng() % count);
-      std::vector<Tensor> plus = present, minus = present;
-      plus[present_index] = rt::clone(x);
-      minus[present_index] = rt::clone(x);
-      plus[present_index].as<float>()[e] += static_cast<float>(c.eps);
-      minus[present_index].as<float>()[e] -= static_cast<float>(c.eps);
-      const double numeric = (loss(plus) - loss(minus)) / (2 * c.eps);
-      const double analytic = dxs[idx].as<float>()[e];
-      CAPTURE(e);
-      CAPTURE(numeric);
-      CAPTURE(analytic);
-      CHECK(std::fabs(numeric - analytic) <= c.atol + c.rtol * std::fabs(numeric));
-    }
-  }
+// gradcheck with the int64 inputs as constants (so shape inference sees shapes that come from
+// their values) and, with `no_dy`, some output gradients left out.
+void gradcheck_const(GradCase c, std::vector<bool> no_dy = {}) {
+  c.int64_as_constants = true;
+  c.no_dy = std::move(no_dy);
+  gradcheck(c);
 }
 
 }  // namespace

@@ -70,14 +70,25 @@ void gradcheck(const GradCase& c) {
   onnx::NodeProto* node = g->add_node();
   node->set_op_type(c.op);
   node->set_name("f");
-  std::vector<rt::Tensor> present;
+  auto is_const = [&](int k) { return c.int64_as_constants && c.inputs[k].dtype == DType::kInt64; };
+  std::vector<rt::Tensor> present;  // graph inputs of the forward model
   for (int k = 0; k < n; ++k) {
     if (c.inputs[k].dtype == DType::kUndefined) {
       node->add_input("");
       continue;
     }
-    node->add_input(fmt::format("x{}", k));
-    set_type(g->add_input(), fmt::format("x{}", k), c.inputs[k].dtype, c.inputs[k].shape);
+    const std::string name = fmt::format("x{}", k);
+    node->add_input(name);
+    if (is_const(k)) {
+      onnx::TensorProto* init = g->add_initializer();
+      init->set_name(name);
+      init->set_data_type(static_cast<int32_t>(DType::kInt64));
+      for (int64_t d : c.inputs[k].shape) init->add_dims(d);
+      for (int64_t i = 0; i < c.inputs[k].numel(); ++i)
+        init->add_int64_data(c.inputs[k].as<int64_t>()[i]);
+      continue;
+    }
+    set_type(g->add_input(), name, c.inputs[k].dtype, c.inputs[k].shape);
     present.push_back(c.inputs[k]);
   }
   for (int j = 0; j < c.outputs; ++j) node->add_output(fmt::format("y{}", j));
@@ -89,9 +100,11 @@ void gradcheck(const GradCase& c) {
 
   std::vector<rt::Tensor> ys = run(fwd, present);
   std::vector<rt::Tensor> rs;
+  auto wanted_dy = [&](int j) {
+    return ys[j].dtype == DType::kFloat32 && !(j < static_cast<int>(c.no_dy.size()) && c.no_dy[j]);
+  };
   for (int j = 0; j < c.outputs; ++j)
-    rs.push_back(ys[j].dtype == DType::kFloat32 ? random_tensor(ys[j].shape, -1, 1, 100 + j)
-                                                : rt::Tensor{});
+    rs.push_back(wanted_dy(j) ? random_tensor(ys[j].shape, -1, 1, 100 + j) : rt::Tensor{});
   auto loss = [&](const std::vector<rt::Tensor>& inputs) {
     std::vector<rt::Tensor> out = run(fwd, inputs);
     double l = 0;
@@ -150,7 +163,8 @@ void gradcheck(const GradCase& c) {
     int k = checked[idx];
     CAPTURE(k);
     int present_index = 0;
-    for (int i = 0; i < k; ++i) present_index += c.inputs[i].dtype != DType::kUndefined;
+    for (int i = 0; i < k; ++i)
+      present_index += c.inputs[i].dtype != DType::kUndefined && !is_const(i);
     const rt::Tensor& x = c.inputs[k];
     int64_t count = x.numel();
     int samples = static_cast<int>(std::min<int64_t>(count, c.samples));

@@ -25,6 +25,11 @@ struct GradCase {
   double eps = 1e-3;
   double rtol = 2e-2, atol = 2e-3;
   int samples = 24;  ///< Elements checked per input.
+  /// Make int64 inputs initializers of the forward model, so shape inference sees their values
+  /// (Reshape, Expand, Slice from opset 10 take their output shape from an input's values).
+  bool int64_as_constants = false;
+  /// Per output: leave its gradient out (dy_j is "" and y_j is not in the loss).
+  std::vector<bool> no_dy;
   /// Optional: perturbations must keep the op smooth (e.g. Relu at 0, MaxPool ties); the case
   /// may fix inputs to avoid kinks instead.
 };
