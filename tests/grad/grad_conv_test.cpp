@@ -12,26 +12,9 @@ namespace {
 using rt::Shape;
 using rt::Tensor;
 
-void set_int(onnx::NodeProto& n, const std::string& name, int64_t v) {
-  auto* a = n.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(v);
-}
-
-void set_ints(onnx::NodeProto& n, const std::string& name, const std::vector<int64_t>& v) {
-  if (v.empty()) return;
-  auto* a = n.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INTS);
-  for (int64_t x : v) a->add_ints(x);
-}
-
-void set_string(onnx::NodeProto& n, const std::string& name, const std::string& v) {
-  auto* a = n.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::STRING);
-  a->set_s(v);
+// Window attributes left empty are not written (the op's defaults apply).
+void set_ints_if_any(onnx::NodeProto& n, const std::string& name, const std::vector<int64_t>& v) {
+  if (!v.empty()) set_ints(n, name, v);
 }
 
 struct Window {
@@ -54,9 +37,9 @@ void conv(const Shape& x, const Shape& w, const Window& win, bool bias = true) {
     c.check.push_back(true);
   }
   c.attrs = [=](onnx::NodeProto& n) {
-    set_ints(n, "strides", win.strides);
-    set_ints(n, "pads", win.pads);
-    set_ints(n, "dilations", win.dilations);
+    set_ints_if_any(n, "strides", win.strides);
+    set_ints_if_any(n, "pads", win.pads);
+    set_ints_if_any(n, "dilations", win.dilations);
     if (!win.auto_pad.empty()) set_string(n, "auto_pad", win.auto_pad);
     if (win.group != 1) set_int(n, "group", win.group);
   };
@@ -109,10 +92,10 @@ void pool(const std::string& op, const Shape& x, const std::vector<int64_t>& ker
   c.check = {true};
   c.outputs = outputs;
   c.attrs = [=](onnx::NodeProto& n) {
-    set_ints(n, "kernel_shape", kernel);
-    set_ints(n, "strides", win.strides);
-    set_ints(n, "pads", win.pads);
-    set_ints(n, "dilations", win.dilations);
+    set_ints_if_any(n, "kernel_shape", kernel);
+    set_ints_if_any(n, "strides", win.strides);
+    set_ints_if_any(n, "pads", win.pads);
+    set_ints_if_any(n, "dilations", win.dilations);
     if (!win.auto_pad.empty()) set_string(n, "auto_pad", win.auto_pad);
     for (const auto& [name, v] : ints) set_int(n, name, v);
   };

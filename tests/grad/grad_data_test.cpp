@@ -9,20 +9,6 @@ namespace {
 using rt::Shape;
 using rt::Tensor;
 
-void set_int(onnx::NodeProto& n, const std::string& name, int64_t v) {
-  auto* a = n.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(v);
-}
-
-void set_ints(onnx::NodeProto& n, const std::string& name, const std::vector<int64_t>& v) {
-  auto* a = n.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INTS);
-  for (int64_t i : v) a->add_ints(i);
-}
-
 GradCase make_case(const std::string& op, std::vector<Tensor> inputs, std::vector<bool> check,
                    std::function<void(onnx::NodeProto&)> attrs = {}, int opset = 17,
                    int outputs = 1) {

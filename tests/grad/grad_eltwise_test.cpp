@@ -64,20 +64,6 @@ void unary(const std::string& op, Tensor x, std::function<void(onnx::NodeProto&)
   gradcheck(c);
 }
 
-void set_float(onnx::NodeProto& n, const std::string& name, float v) {
-  auto* a = n.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::FLOAT);
-  a->set_f(v);
-}
-
-void set_int(onnx::NodeProto& n, const std::string& name, int64_t v) {
-  auto* a = n.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(v);
-}
-
 void binary(const std::string& op, Tensor a, Tensor b, std::vector<bool> check = {true, true},
             int samples = 24) {
   GradCase c;

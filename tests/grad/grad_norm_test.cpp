@@ -12,20 +12,6 @@ namespace {
 using rt::Shape;
 using rt::Tensor;
 
-void set_int(onnx::NodeProto& n, const std::string& name, int64_t v) {
-  auto* a = n.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(v);
-}
-
-void set_float(onnx::NodeProto& n, const std::string& name, float v) {
-  auto* a = n.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::FLOAT);
-  a->set_f(v);
-}
-
 void batch_norm(const Shape& x, bool training, int outputs, int samples = 24) {
   CAPTURE(rt::shape_string(x));
   CAPTURE(training);

@@ -61,6 +61,33 @@ rt::Tensor int64_tensor(const rt::Shape& shape, const std::vector<int64_t>& valu
   return t;
 }
 
+namespace {
+onnx::AttributeProto* new_attribute(onnx::NodeProto& node, const std::string& name,
+                                    onnx::AttributeProto::AttributeType type) {
+  auto* a = node.add_attribute();
+  a->set_name(name);
+  a->set_type(type);
+  return a;
+}
+}  // namespace
+
+void set_int(onnx::NodeProto& node, const std::string& name, int64_t value) {
+  new_attribute(node, name, onnx::AttributeProto::INT)->set_i(value);
+}
+
+void set_ints(onnx::NodeProto& node, const std::string& name, const std::vector<int64_t>& values) {
+  auto* a = new_attribute(node, name, onnx::AttributeProto::INTS);
+  for (int64_t v : values) a->add_ints(v);
+}
+
+void set_float(onnx::NodeProto& node, const std::string& name, float value) {
+  new_attribute(node, name, onnx::AttributeProto::FLOAT)->set_f(value);
+}
+
+void set_string(onnx::NodeProto& node, const std::string& name, const std::string& value) {
+  new_attribute(node, name, onnx::AttributeProto::STRING)->set_s(value);
+}
+
 void gradcheck(const GradCase& c) {
   CAPTURE(c.op);
   const int n = static_cast<int>(c.inputs.size());

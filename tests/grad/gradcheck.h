@@ -41,6 +41,12 @@ rt::Tensor random_tensor(const rt::Shape& shape, float lo = -1.0f, float hi = 1.
 /// An int64 tensor holding `values` with `shape`.
 rt::Tensor int64_tensor(const rt::Shape& shape, const std::vector<int64_t>& values);
 
+/// Attribute setters for the forward node of a case.
+void set_int(onnx::NodeProto& node, const std::string& name, int64_t value);
+void set_ints(onnx::NodeProto& node, const std::string& name, const std::vector<int64_t>& values);
+void set_float(onnx::NodeProto& node, const std::string& name, float value);
+void set_string(onnx::NodeProto& node, const std::string& name, const std::string& value);
+
 /// Runs the check; reports failures through doctest CHECKs naming the op, input and element.
 void gradcheck(const GradCase& c);
 
