@@ -65,6 +65,33 @@ std::string toy_plan(const testing::TempDir& dir, int devices) {
   return path;
 }
 
+// The loss of every step from `stagerun --json` output (JSON Lines, then the summary).
+std::vector<double> json_losses(const std::string& out) {
+  std::vector<double> losses;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) break;
+    if (j.is_object() && j.contains("loss")) losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+
+// A 2-device training plan's options for toy.onnx: batch 8 in 2 microbatches, MSE loss.
+plan::PlanOptions toy_training_options(const std::string& optimizer) {
+  plan::PlanOptions o;
+  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
+  o.devices = 2;
+  o.batch = 8;
+  o.microbatches = 2;
+  o.training = true;
+  o.optimizer = optimizer;
+  o.loss.kind = "mse";
+  o.device_spec = "cpu";
+  return o;
+}
+
 TEST_CASE("stagerun reads .npy inputs and writes the outputs the in-process run gives") {
   testing::TempDir dir;
   std::string plan_dir = toy_plan(dir, 2);
@@ -139,14 +166,8 @@ TEST_CASE("stagerun refuses bad input with one line and a non-zero exit") {
 TEST_CASE(
     "a training plan runs and prints the loss of every step; without a loss stagec refuses it") {
   testing::TempDir dir;
-  plan::PlanOptions o;
-  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
-  o.devices = 2;
-  o.batch = 8;
-  o.microbatches = 2;
-  o.training = true;
-  o.optimizer = "sgd";
-  o.device_spec = "cpu";
+  plan::PlanOptions o = toy_training_options("sgd");
+  o.loss.kind = "";
   plan::PlannedModel no_loss = plan::make_plan(o);
   CHECK_THROWS_WITH_AS(plan::write_plan(no_loss, dir.file("train")),
                        doctest::Contains("needs a loss"), Error);
@@ -155,14 +176,7 @@ TEST_CASE(
   plan::write_plan(planned, dir.file("train"));
   Result r = stagerun(dir, dir.file("train") + " --steps 3 --json");
   REQUIRE(r.code == 0);
-  std::istringstream lines(r.out);
-  std::string line;
-  std::vector<double> losses;
-  while (std::getline(lines, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("loss")) losses.push_back(j["loss"].get<double>());
-    if (j.is_discarded()) break;  // the summary object spans several lines
-  }
+  std::vector<double> losses = json_losses(r.out);
   REQUIRE(losses.size() == 3);
   CHECK(losses[2] < losses[0]);
 }
@@ -214,32 +228,11 @@ TEST_CASE("stagec refuses to write a plan with an op the backend cannot run") {
 namespace stagecraft::rt {
 namespace {
 
-// The loss of every step from `stagerun --json` output (JSON Lines, then the summary).
-std::vector<double> json_losses(const std::string& out) {
-  std::vector<double> losses;
-  std::istringstream lines(out);
-  std::string line;
-  while (std::getline(lines, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded()) break;
-    if (j.is_object() && j.contains("loss")) losses.push_back(j["loss"].get<double>());
-  }
-  return losses;
-}
-
 TEST_CASE(
     "stagerun --checkpoint then --resume continues the loss curve bit for bit; --export writes the "
     "model") {
   testing::TempDir dir;
-  plan::PlanOptions o;
-  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
-  o.devices = 2;
-  o.batch = 8;
-  o.microbatches = 2;
-  o.training = true;
-  o.optimizer = "adam";
-  o.loss.kind = "mse";
-  o.device_spec = "cpu";
+  plan::PlanOptions o = toy_training_options("adam");
   plan::PlannedModel planned = plan::make_plan(o);
   std::string plan_dir = dir.file("train");
   plan::write_plan(planned, plan_dir);
@@ -273,17 +266,10 @@ TEST_CASE(
 namespace stagecraft::rt {
 namespace {
 
-TEST_CASE("stagerun --data trains on K batches in order; a file that is not whole batches is refused") {
+TEST_CASE(
+    "stagerun --data trains on K batches in order; a file that is not whole batches is refused") {
   testing::TempDir dir;
-  plan::PlanOptions o;
-  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
-  o.devices = 2;
-  o.batch = 8;
-  o.microbatches = 2;
-  o.training = true;
-  o.optimizer = "sgd";
-  o.loss.kind = "mse";
-  o.device_spec = "cpu";
+  plan::PlanOptions o = toy_training_options("sgd");
   plan::PlannedModel planned = plan::make_plan(o);
   std::string plan_dir = dir.file("train");
   plan::write_plan(planned, plan_dir);
@@ -293,8 +279,10 @@ TEST_CASE("stagerun --data trains on K batches in order; a file that is not whol
   // One batch in --data is the same as --inputs of that batch, step for step.
   fs::create_directories(dir.file("one"));
   for (const auto& [name, t] : one) write_npy(dir.file("one/" + name + ".npy"), t);
-  Result with_inputs = stagerun(dir, fmt::format("{} --steps 3 --json -q --inputs {}", plan_dir, dir.file("one")));
-  Result with_data = stagerun(dir, fmt::format("{} --steps 3 --json -q --data {}", plan_dir, dir.file("one")));
+  Result with_inputs =
+      stagerun(dir, fmt::format("{} --steps 3 --json -q --inputs {}", plan_dir, dir.file("one")));
+  Result with_data =
+      stagerun(dir, fmt::format("{} --steps 3 --json -q --data {}", plan_dir, dir.file("one")));
   REQUIRE(with_inputs.code == 0);
   REQUIRE(with_data.code == 0);
   CHECK(json_losses(with_data.out) == json_losses(with_inputs.out));
@@ -307,7 +295,8 @@ TEST_CASE("stagerun --data trains on K batches in order; a file that is not whol
       for (int64_t i = 0; i < second.numel(); ++i) second.as<float>()[i] *= 2;
     write_npy(dir.file("two/" + name + ".npy"), concat_rows({t, second}));
   }
-  Result two = stagerun(dir, fmt::format("{} --steps 3 --json -q --data {}", plan_dir, dir.file("two")));
+  Result two =
+      stagerun(dir, fmt::format("{} --steps 3 --json -q --data {}", plan_dir, dir.file("two")));
   REQUIRE(two.code == 0);
   std::vector<double> l2 = json_losses(two.out), l1 = json_losses(with_inputs.out);
   REQUIRE(l2.size() == 3);
@@ -316,9 +305,11 @@ TEST_CASE("stagerun --data trains on K batches in order; a file that is not whol
 
   // 12 rows is not a whole number of batches of 8.
   fs::create_directories(dir.file("bad"));
-  for (const auto& [name, t] : one) write_npy(dir.file("bad/" + name + ".npy"), concat_rows({t, slice_rows(t, 0, 4)}));
-  check_one_line_error(stagerun(dir, fmt::format("{} --data {}", plan_dir, dir.file("bad"))),
-                       R"(--data .*: input '.*' is float32\[12, .*\] but should be K batches of float32\[8, )");
+  for (const auto& [name, t] : one)
+    write_npy(dir.file("bad/" + name + ".npy"), concat_rows({t, slice_rows(t, 0, 4)}));
+  check_one_line_error(
+      stagerun(dir, fmt::format("{} --data {}", plan_dir, dir.file("bad"))),
+      R"(--data .*: input '.*' is float32\[12, .*\] but should be K batches of float32\[8, )");
 }
 
 }  // namespace
