@@ -72,18 +72,23 @@ ir::ValueId labels_input(ir::Graph& g, const std::string& name, DType dtype,
 
 }  // namespace
 
+std::optional<ir::ValueId> scalar_output(const ir::Graph& g) {
+  for (ir::ValueId v : g.outputs) {
+    const ir::Value& out = g.value(v);
+    if (out.dtype == DType::kFloat32 && out.shape_known && out.shape.empty()) return v;
+  }
+  return std::nullopt;
+}
+
 ir::ValueId append_loss(ir::Graph& g, const LossOptions& o) {
   if (o.kind != "" && o.kind != "mse" && o.kind != "cross-entropy")
     fail(ErrorKind::kUsage, "--loss '{}' is not a loss (valid: mse, cross-entropy)", o.kind);
   std::vector<std::string> names;
   for (ir::ValueId v : g.outputs) names.push_back(g.value(v).name);
   if (o.kind.empty()) {
-    for (ir::ValueId v : g.outputs) {
-      const ir::Value& out = g.value(v);
-      if (out.dtype == DType::kFloat32 && out.shape_known && out.shape.empty()) {
-        g.outputs = {v};
-        return v;
-      }
+    if (std::optional<ir::ValueId> v = scalar_output(g)) {
+      g.outputs = {*v};
+      return *v;
     }
     fail(ErrorKind::kModel,
          "training needs a loss: the model has no scalar float32 output (outputs: {}); give --loss "

@@ -13,6 +13,7 @@
 /// "loss" (float32 []), and labels, like every graph input, go straight to the stage that reads
 /// them.
 
+#include <optional>
 #include <string>
 
 #include "compiler/ir/graph.h"
@@ -23,6 +24,9 @@ struct LossOptions {
   std::string kind;  ///< "mse", "cross-entropy", or "" (the model's own output).
   std::string labels = "labels";
 };
+
+/// The model's own loss: its first scalar float32 output, if it has one.
+std::optional<ir::ValueId> scalar_output(const ir::Graph& graph);
 
 /// Appends the loss (or checks the model's own) and returns its value. Throws `Error(kUsage)`
 /// for an unknown kind, `Error(kModel)` for a model whose outputs do not fit, `Error(kShape)`

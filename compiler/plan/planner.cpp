@@ -472,13 +472,7 @@ PlannedModel make_plan(const PlanOptions& o) {
   PlannedModel out{import_model(o.model_path, import), {}, {}, {}};
   // Training needs a loss to write a plan (write_plan says so); planning alone (--dry-run, the
   // memory and time of a model without one) goes ahead without.
-  auto has_scalar_output = [](const ir::Graph& graph) {
-    return std::any_of(graph.outputs.begin(), graph.outputs.end(), [&](ir::ValueId v) {
-      const ir::Value& value = graph.value(v);
-      return value.dtype == DType::kFloat32 && value.shape_known && value.shape.empty();
-    });
-  };
-  if (o.training && (!o.loss.kind.empty() || has_scalar_output(out.model.graph))) {
+  if (o.training && (!o.loss.kind.empty() || passes::scalar_output(out.model.graph))) {
     ir::ValueId loss = passes::append_loss(out.model.graph, o.loss);
     out.plan.training_config = o.training_config;
     out.plan.training_config.loss = o.loss.kind.empty() ? "model" : o.loss.kind;
