@@ -53,4 +53,7 @@ void write_model(const onnx::ModelProto& model, const std::string& path);
 /// Writes raw bytes to `path`.
 void write_bytes(const std::string& path, const std::string& bytes);
 
+/// The whole file at `path` ("" when it cannot be read).
+std::string read_bytes(const std::string& path);
+
 }  // namespace stagecraft::testing

@@ -16,6 +16,7 @@
 //    step_ms [every step], median_step_ms, samples_per_s,
 //    bubble {measured, predicted}, predicted_step_ms, cost_model,
 //    device [{device, busy_fraction, peak_bytes, predicted_peak_bytes, arena_bytes, weight_bytes}],
+//    process_peak_rss_bytes,
 //    outputs [{name, dtype, shape, file}]}
 // The measured figures describe the median step. --trace writes a Chrome trace of the compute
 // that ran, in the format of `stagedump --trace` (one row per device), every step.
@@ -24,6 +25,8 @@
 // (--save-every) and after the last step, atomically (runtime/exec/checkpoint.h); --resume DIR
 // restores them before the run (refusing a checkpoint of another plan); --export FILE writes the
 // original model with the trained weights after the run (--steps 0: export without running).
+#include <sys/resource.h>
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -43,6 +46,14 @@ namespace fs = std::filesystem;
 using namespace stagecraft;
 
 namespace {
+
+/// The process's peak resident set (getrusage), in bytes.
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
 
 // A tensor name as a file name: characters other than letters, digits, '.', '-' and '_' become '_'.
 std::string file_stem(const std::string& name) {
@@ -320,6 +331,7 @@ int main(int argc, char** argv) {
                         {"weight_bytes", r.weight_bytes}});
       }
       j["device"] = devs;
+      j["process_peak_rss_bytes"] = peak_rss_bytes();
       j["outputs"] = outputs;
       if (trace_path != "-") fmt::print("{}\n", j.dump(2));
       return 0;
@@ -346,6 +358,10 @@ int main(int argc, char** argv) {
                  dump::format_bytes(static_cast<double>(r.peak_bytes)),
                  dump::format_bytes(static_cast<double>(r.predicted_peak_bytes)));
     }
+    // The meter counts tensors; the process also holds the program, oneDNN's scratch and
+    // buffers kept for reuse.
+    fmt::print("process peak RSS {} (all devices, with the loaded programs)\n",
+               dump::format_bytes(static_cast<double>(peak_rss_bytes())));
     for (const auto& o : outputs) fmt::print("wrote {}\n", o["file"].get<std::string>());
     return 0;
   });

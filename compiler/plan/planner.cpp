@@ -223,6 +223,8 @@ std::vector<int> balanced_cuts(const std::vector<double>& weight, int stages) {
 struct Recompute {
   std::vector<bool> on;
   std::vector<double> input_bytes;
+  /// Per stage: what a split backward holds from B to W (stage_files.h deferred_bytes).
+  std::vector<double> deferred_bytes;
   bool at(std::size_t k) const { return k < on.size() && on[k]; }
 };
 
@@ -253,6 +255,7 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     // activations (the one being recomputed) for as long as the stage lives.
     c.activation_bytes.push_back(s.shape.training ? (recompute ? rc.input_bytes[k] : act) : 0.0);
     c.static_bytes.push_back(stat + (recompute ? act : 0.0));
+    c.deferred_bytes.push_back(split && k < rc.deferred_bytes.size() ? rc.deferred_bytes[k] : 0.0);
     optimizer_bytes = std::max(optimizer_bytes, stat);
   }
   // The optimizer streams every weight, gradient and state once: memory-bound.
@@ -382,7 +385,8 @@ void plan_stage_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, 
 
 Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, const NodeFacts& f,
                  const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                 const StageInterfaces& io, const std::vector<int>& stage_of, bool recompute) {
+                 const StageInterfaces& io, const std::vector<int>& stage_of, bool recompute,
+                 int64_t backward_arena = 0) {
   const auto& st = sol.stages[k];
   Stage out;
   out.index = static_cast<int>(k);
@@ -438,11 +442,11 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   for (const auto& t : out.inputs)
     comm += t.peer_stage >= 0 ? (s.shape.training ? 1 : 2) * t.bytes : 0;
   plan_stage_arena(g, order, st.first, st.last, stage_of, out);
-  // Inference: the arena is the working memory. Training keeps every activation anyway, so the
-  // extra is one gradient buffer of the largest tensor.
-  int64_t temporary = s.shape.training
-                          ? stage_temporary_bytes(g, order, st.first, st.last, stage_of, true)
-                          : out.arena_bytes;
+  // The device's working arena: inference runs the forward in it; training keeps every
+  // forward value (the activations) and runs the backward in it; a recomputing stage runs its
+  // first forward there too (never at the same time as a backward).
+  out.backward_arena_bytes = s.shape.training ? backward_arena : 0;
+  int64_t temporary = s.shape.training ? backward_arena : out.arena_bytes;
   for (const auto& t : out.outputs) comm += t.peer_stages.empty() ? 0 : t.bytes;
   // Recomputation: the first forward runs in the arena (kept for the run), keeping only the
   // stage inputs; the backward's forward re-run rebuilds one microbatch's activations.
@@ -450,7 +454,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   int64_t input_bytes = 0;
   for (const auto& t : out.inputs) input_bytes += t.bytes;
   if (out.recompute) {
-    temporary += out.arena_bytes;
+    temporary = std::max(temporary, out.arena_bytes);
     // ZB-H1 runs B and W apart and re-runs the forward before each.
     out.bwd_ms += (s.kind == schedule::ScheduleKind::kZBH1 ? 2 : 1) * out.fwd_ms;
   }
@@ -554,17 +558,35 @@ PlannedModel make_plan(const PlanOptions& o) {
   Recompute rc;
   for (std::size_t k = 0; k < sol.stages.size(); ++k) {
     double capacity = gp.problem.capacity_bytes(static_cast<int>(k));
+    int64_t backward_arena = 0;
+    double deferred = 0;
+    if (s.shape.training) {
+      Stage shape = make_stage(s, sol, k, facts, g, order, io, out.stage_of, false);
+      if (!p.training_config.loss_output.empty()) {
+        // The backward program the writer will emit, and the arena the runtime runs it in.
+        onnx::ModelProto bwd =
+            backward_stage_model(g, out.stage_of, shape, p.training_config.loss_output);
+        backward_arena = program_arena_bytes(bwd);
+        deferred = static_cast<double>(deferred_bytes(bwd));
+      } else {
+        // No loss yet (a dry run): one gradient buffer of the largest tensor, at least.
+        backward_arena = stage_temporary_bytes(g, order, sol.stages[k].first, sol.stages[k].last,
+                                               out.stage_of, true);
+      }
+    }
     bool recompute = o.recompute == "all";
     if (o.recompute == "auto") {
       // The simplest correct rule: recompute exactly the stages that do not fit without it.
-      Stage plain = make_stage(s, sol, k, facts, g, order, io, out.stage_of, false);
+      Stage plain = make_stage(s, sol, k, facts, g, order, io, out.stage_of, false, backward_arena);
       recompute = static_cast<double>(plain.memory.total()) > capacity;
     }
-    p.stages.push_back(make_stage(s, sol, k, facts, g, order, io, out.stage_of, recompute));
+    p.stages.push_back(
+        make_stage(s, sol, k, facts, g, order, io, out.stage_of, recompute, backward_arena));
     p.stages.back().why = why(sol, k, g, order, gp.problem, manual);
     if (p.stages.back().recompute)
       p.stages.back().why += "; recomputes its activations before the backward";
     rc.on.push_back(p.stages.back().recompute);
+    rc.deferred_bytes.push_back(deferred);
     int64_t input_bytes = 0;
     for (const auto& t : p.stages.back().inputs) input_bytes += t.bytes;
     rc.input_bytes.push_back(static_cast<double>(input_bytes));

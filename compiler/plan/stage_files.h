@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "compiler/ir/graph.h"
+#include "runtime/format/plan.h"
 
 namespace stagecraft::plan {
 
@@ -35,5 +36,23 @@ StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>&
 /// Stage `k` as an ONNX model: its nodes, the initializers they read (embedded), inputs = cut
 /// tensors and graph inputs it reads, outputs = cut tensors it writes and graph outputs.
 onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& stage_of, int stage);
+
+/// The backward program of `stage` (passes/autodiff.h): seeded by the gradients of its outputs
+/// that later stages read and, on the loss stage (the one producing `loss_output`), by the
+/// loss; producing the gradients of its float inputs from other stages and of its trainable
+/// weights. `stage` needs its inputs and outputs filled in.
+onnx::ModelProto backward_stage_model(const ir::Graph& graph, const std::vector<int>& stage_of,
+                                      const Stage& stage, const std::string& loss_output);
+
+/// Bytes of the arena a program's intermediates need when the runtime runs it (every node
+/// output that is not a graph output, alive from its node to its last reader in file order,
+/// placed by plan_memory): what runtime/core/program.cpp plans for a file it loads.
+int64_t program_arena_bytes(const onnx::ModelProto& model);
+
+/// Bytes a split backward (zero-bubble B then W) holds from B to W: the values its B part
+/// computes that its W part reads. The W part is what the runtime defers
+/// (Program::weight_gradient_nodes): nodes with weight_gradients = 1 and the Adds that only sum
+/// their results; 0 when a B node reads a W result (nothing can be deferred then).
+int64_t deferred_bytes(const onnx::ModelProto& model);
 
 }  // namespace stagecraft::plan

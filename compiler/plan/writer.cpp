@@ -31,28 +31,6 @@ void sync_path(const fs::path& path) {
   }
 }
 
-/// The backward program of `stage` (passes/autodiff.h): seeded by the gradients of its outputs
-/// that later stages read and, on the loss stage, by the loss; producing the gradients of its
-/// float inputs from other stages and of its trainable weights.
-onnx::ModelProto backward_model(const PlannedModel& planned, const Stage& stage) {
-  const ir::Graph& g = planned.model.graph;
-  passes::BackwardSpec spec;
-  for (ir::NodeId n : g.topological_order())
-    if (planned.stage_of[n] == stage.index) spec.nodes.push_back(n);
-  for (const StageTensor& out : stage.outputs) {
-    ir::ValueId v = *g.find_value(out.name);
-    if (out.name == planned.plan.training_config.loss_output) spec.loss = v;
-    else if (!out.peer_stages.empty() && is_floating(g.value(v).dtype)) spec.output_grads.push_back(v);
-  }
-  for (const StageTensor& in : stage.inputs) {
-    ir::ValueId v = *g.find_value(in.name);
-    if (in.peer_stage >= 0 && is_floating(g.value(v).dtype)) spec.wanted.push_back(v);
-  }
-  for (ir::ValueId w : passes::trainable_weights(g, spec.nodes)) spec.wanted.push_back(w);
-  return with_context(fmt::format("stage {} backward", stage.index), ErrorKind::kInternal,
-                      [&] { return passes::build_backward(g, spec); });
-}
-
 }  // namespace
 
 void write_plan(PlannedModel& planned, const std::string& plan_dir) {
@@ -86,7 +64,9 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir) {
       if (p.training) {
         stage.backward_file = fmt::format("stage_{}_bwd.onnx", stage.index);
         fs::path bwd = staging / stage.backward_file;
-        write_file(bwd, backward_model(planned, stage).SerializeAsString());
+        write_file(bwd, backward_stage_model(planned.model.graph, planned.stage_of, stage,
+                                             p.training_config.loss_output)
+                            .SerializeAsString());
         sync_path(bwd);
         stage.backward_file_hash = file_hash(bwd.string());
       }

@@ -92,6 +92,10 @@ class Simulation {
     return costs_.send_s.empty() ? 0 : costs_.send_s[from_stage];
   }
 
+  double deferred(int stage) const {
+    return costs_.deferred_bytes.empty() ? 0 : costs_.deferred_bytes[stage];
+  }
+
   double activation(int stage) const {
     return costs_.activation_bytes.empty() ? 0 : costs_.activation_bytes[stage];
   }
@@ -136,12 +140,16 @@ class Simulation {
         double duration =
             costs_.backward_input_s[in.stage] + (full ? costs_.backward_weight_s[in.stage] : 0);
         input_grad_end_[k] = compute(device, in, start, duration);
-        if (full) weight_gradient_done(device, in.stage, input_grad_end_[k]);
+        if (full)
+          weight_gradient_done(device, in.stage, input_grad_end_[k]);
+        else
+          add_memory(device, input_grad_end_[k], deferred(in.stage));
         return true;
       }
       case Op::kBackwardWeight: {
         if (input_grad_end_[key(in.stage, in.microbatch)] == kNotYet) return false;
         double end = compute(device, in, start, costs_.backward_weight_s[in.stage]);
+        add_memory(device, end, -deferred(in.stage));
         weight_gradient_done(device, in.stage, end);
         return true;
       }
@@ -335,6 +343,7 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
   check_costs(costs.allreduce_s, "allreduce_s", {0, stages}, count);
   check_costs(costs.activation_bytes, "activation_bytes", {0, stages}, count);
   check_costs(costs.static_bytes, "static_bytes", {0, stages}, count);
+  check_costs(costs.deferred_bytes, "deferred_bytes", {0, stages}, count);
   if (!std::isfinite(costs.optimizer_s) || costs.optimizer_s < 0) {
     fail(ErrorKind::kUsage, "stage costs: optimizer_s is {}; it must be finite and >= 0",
          costs.optimizer_s);

@@ -18,7 +18,8 @@
 /// - Memory of a device: the static bytes of its stages from the start, plus activation_bytes of
 ///   a stage from the start of each forward to the end of the full backward or of the W that
 ///   consumes it. (ZB's B frees part of the activations in reality; keeping all of them until W
-///   is the upper bound, and is what makes ZB-H1's peak equal 1F1B's.)
+///   is the upper bound, and is what makes ZB-H1's peak equal 1F1B's), plus deferred_bytes of
+///   a stage from the end of each B to the end of its W.
 ///
 /// The simulator checks only what it needs to index safely and to terminate; call
 /// `validate_schedule` for the structure. A list that cannot run to the end is a deadlock and
@@ -45,6 +46,9 @@ struct StageCosts {
   std::vector<double> allreduce_s;       ///< Optional: one stage's gradient all-reduce.
   std::vector<double> activation_bytes;  ///< Optional: kept per microbatch in flight.
   std::vector<double> static_bytes;      ///< Optional: weights + gradients + optimizer state.
+  /// Optional: held from the end of a split backward's B to the end of its W (the values B
+  /// computes that W reads, e.g. the output gradients of weighted ops).
+  std::vector<double> deferred_bytes;
 };
 
 /// One instruction as it ran. For a send, the interval is the transfer on its link; for a

@@ -18,11 +18,13 @@ std::string Backend::check(const OpSignature& signature) const {
   return entry->check(signature);
 }
 
-KernelFn Backend::kernel(std::string_view op_type) const {
+const KernelEntry& Backend::entry(std::string_view op_type) const {
   const KernelEntry* entry = find(op_type);
   if (entry == nullptr) fail(ErrorKind::kUnsupported, "op '{}' has no {} kernel", op_type, name());
-  return entry->run;
+  return *entry;
 }
+
+KernelFn Backend::kernel(std::string_view op_type) const { return entry(op_type).run; }
 
 const Backend& backend_by_name(std::string_view name) {
   if (name == "cpu") return cpu_backend();

@@ -24,6 +24,9 @@ class Backend {
   /// The kernel for `op_type`; throws `Error(kUnsupported)` when there is none.
   KernelFn kernel(std::string_view op_type) const;
 
+  /// The table entry for `op_type`; throws `Error(kUnsupported)` when there is none.
+  const KernelEntry& entry(std::string_view op_type) const;
+
   /// The ops the backend has kernels for, in table order.
   virtual std::span<const KernelEntry> table() const = 0;
 

@@ -85,6 +85,10 @@ struct KernelEntry {
   std::string_view op_type;
   KernelFn run;
   CheckFn check;
+  /// Gradient kernels (domain ai.stagecraft) may scatter or add into their outputs, so the
+  /// runtime zero-fills a gradient node's outputs before the call unless its entry says it
+  /// writes every element itself. Forward kernels always write every element.
+  bool writes_every_output = false;
 };
 
 /// A check for ops whose every input and output is float32.

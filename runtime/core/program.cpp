@@ -1,5 +1,7 @@
 #include "runtime/core/program.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include <fstream>
@@ -143,7 +145,9 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
         }
         std::string why = backend.check(OpSignature{step.op_type, in_types, out_types, step.attrs});
         if (!why.empty()) fail(ErrorKind::kUnsupported, "{}", why);
-        step.kernel = backend.kernel(step.op_type);
+        const KernelEntry& entry = backend.entry(step.op_type);
+        step.kernel = entry.run;
+        step.zero_outputs = node.domain() == grad::kGradDomain && !entry.writes_every_output;
         p.nodes_.push_back(std::move(step));
       });
     }
@@ -205,8 +209,8 @@ std::map<std::string, Tensor> Program::weights() const {
 
 std::vector<Tensor> Program::run_subset(DeviceContext& device, std::span<const Tensor> inputs,
                                         std::map<std::string, Tensor>& kept, const std::vector<bool>& mask,
-                                        const NodeHook* hook) const {
-  return execute(device, inputs, nullptr, &kept, hook, &mask);
+                                        std::byte* arena, const NodeHook* hook) const {
+  return execute(device, inputs, arena, &kept, hook, &mask);
 }
 
 std::vector<bool> Program::weight_gradient_nodes() const {
@@ -252,14 +256,26 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
            inputs[k].describe(), dtype_name(info.dtype), shape_string(info.shape));
     values[input_slots_[k]] = inputs[k];
   }
+  // A part of the program (mask): the intermediates that nodes outside it read cross to the
+  // other part, so they get their own bytes and are kept; the rest live in the arena.
+  std::vector<bool> crossing, mine;
+  if (mask) {
+    crossing.assign(slots_.size(), false);
+    mine.assign(slots_.size(), false);
+    for (size_t n = 0; n < nodes_.size(); ++n)
+      for (int s : (*mask)[n] ? nodes_[n].outputs : nodes_[n].inputs)
+        if (s >= 0) ((*mask)[n] ? mine : crossing)[s] = true;
+    for (size_t s = 0; s < slots_.size(); ++s) crossing[s] = crossing[s] && mine[s];
+  }
   for (size_t s = 0; s < slots_.size(); ++s) {
     const Slot& slot = slots_[s];
     if (slot.kind == Slot::kWeight) {
       values[s] = slot.weight;
     } else if (slot.kind == Slot::kIntermediate) {
-      values[s] = kept ? Tensor::owned(slot.info.dtype, slot.info.shape)
-                       : Tensor::view(slot.info.dtype, slot.info.shape, arena + memory_.offsets[slot.memory_index]);
-    } else if (slot.kind == Slot::kOutput) {
+      bool own = mask ? crossing[s] : kept != nullptr;
+      values[s] = own ? Tensor::owned(slot.info.dtype, slot.info.shape)
+                      : Tensor::view(slot.info.dtype, slot.info.shape, arena + memory_.offsets[slot.memory_index]);
+    } else if (slot.kind == Slot::kOutput && (!mask || mine[s])) {
       values[s] = Tensor::owned(slot.info.dtype, slot.info.shape);
     }
   }
@@ -284,6 +300,9 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
     for (int s : step.inputs) in_ptrs.push_back(s < 0 ? nullptr : &values[s]);
     // An omitted optional output gets a scratch tensor-less null; kernels skip null outputs.
     for (int s : step.outputs) out_ptrs.push_back(s < 0 ? nullptr : &values[s]);
+    if (step.zero_outputs)
+      for (Tensor* t : out_ptrs)  // owned tensors start at zero; arena views do not
+        if (t && !t->storage && t->bytes() > 0) std::memset(t->data, 0, static_cast<size_t>(t->bytes()));
     try {
       if (hook && hook->before) hook->before(step.name, step.op_type);
       KernelArgs args{step.name, step.op_type, step.attrs, in_ptrs, out_ptrs, device};
@@ -297,9 +316,17 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
           .in(source_);
     }
   }
-  if (kept)
+  if (mask) {
+    // Keep what the other part reads and this part made.
+    for (size_t n = 0; n < nodes_.size(); ++n)
+      if ((*mask)[n])
+        for (int s : nodes_[n].outputs)
+          if (s >= 0 && crossing[s])
+            (*kept)[slots_[s].info.name] = values[s];
+  } else if (kept) {
     for (size_t s = 0; s < slots_.size(); ++s)
       if (values[s].dtype != DType::kUndefined) (*kept)[slots_[s].info.name] = values[s];
+  }
   std::vector<Tensor> outputs;
   outputs.reserve(output_slots_.size());
   for (int s : output_slots_) {

@@ -81,12 +81,15 @@ class Program {
   /// The weights by name (shared bytes: an optimizer updates them in place).
   std::map<std::string, Tensor> weights() const;
 
-  /// Runs only the nodes where `mask` is true, keeping every value in `kept`; values of the
-  /// other nodes are taken from `kept` (a backward's W part after its B part). Outputs no node
-  /// of the mask produced and `kept` lacks come back empty (dtype kUndefined).
+  /// Runs only the nodes where `mask` is true (a backward's B part, later its W part), with
+  /// intermediates in `arena` (at least `arena_bytes()`), except the values a node outside the
+  /// mask reads: those get their own bytes and are kept, by name, in `kept`. Values the other
+  /// nodes produce are taken from `kept`. Outputs no node of the mask produced and `kept`
+  /// lacks come back empty (dtype kUndefined). The arena's contents need not survive between
+  /// the parts: each part only reads its own arena values.
   std::vector<Tensor> run_subset(DeviceContext& device, std::span<const Tensor> inputs,
                                  std::map<std::string, Tensor>& kept, const std::vector<bool>& mask,
-                                 const NodeHook* hook = nullptr) const;
+                                 std::byte* arena, const NodeHook* hook = nullptr) const;
 
   /// Per node, whether it belongs to a backward program's weight-gradient part (W): nodes marked
   /// `weight_gradients` = 1 (runtime/format/grad_ops.h) and the Adds that only sum their
@@ -107,6 +110,7 @@ class Program {
     std::vector<int> inputs;   // slot index, -1 for an omitted optional input
     std::vector<int> outputs;  // slot index
     bool weight_gradients = false;
+    bool zero_outputs = false;  // a gradient kernel that needs zero-filled outputs
   };
 
   std::string source_;

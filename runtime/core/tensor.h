@@ -52,6 +52,19 @@ struct Tensor {
   std::string describe() const;
 };
 
+/// Owned tensors of at least `kPooledBytes` come from a process-wide pool of freed buffers kept
+/// by exact size: a training step allocates the same activations and gradients every step, and
+/// reusing their pages instead of returning them to the system saves the page faults of fresh
+/// memory (measured: more than half of a ResNet-50 training step on CPU). The pool holds only
+/// buffers no tensor uses; `release_pooled_buffers` returns them to the system.
+inline constexpr size_t kPooledBytes = size_t{1} << 16;
+
+/// Bytes the pool holds for reuse now (no tensor uses them).
+size_t pooled_bytes();
+
+/// Frees every buffer the pool holds.
+void release_pooled_buffers();
+
 /// A deep copy that owns its bytes.
 Tensor clone(const Tensor& tensor);
 

@@ -156,6 +156,11 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
     if (plan.training) {
       std::string bwd = (fs::path(plan_dir) / stage.backward_file).string();
       rt->backward.emplace(Program::load_file(bwd, backend));
+      // The plan's memory prediction counts the backward's arena: it must be the one we run.
+      if (stage.backward_arena_bytes > 0 && rt->backward->arena_bytes() != stage.backward_arena_bytes)
+        fail(ErrorKind::kPlan,
+             "{}: {}.backward_arena_bytes is {} but the backward file needs an arena of {} bytes",
+             plan_json, field, stage.backward_arena_bytes, rt->backward->arena_bytes());
       rt->weight_part = rt->backward->weight_gradient_nodes();
       for (const ValueInfo& out : rt->program.outputs())
         if (out.name == plan.training_config.loss_output) rt->loss = out.name;
@@ -348,9 +353,11 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
       for (const auto& st : stages_)
         if (st->stage->device == device) {
           // Training keeps every forward value for the backward: no arena reuse, except for a
-          // stage that recomputes (its first forward keeps nothing but its inputs).
+          // stage that recomputes (its first forward keeps nothing but its inputs). The
+          // backward runs in the arena (never at the same time as a forward).
           if (!training || st->stage->recompute)
             arena_bytes = std::max(arena_bytes, st->program.arena_bytes());
+          if (training) arena_bytes = std::max(arena_bytes, st->backward->arena_bytes());
           weight_bytes += st->program.weight_bytes();
         }
       // One arena per device: its stages run one at a time, so the largest plan serves all.
@@ -559,11 +566,13 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 auto& bkeep = bwd_kept[key];
                 std::vector<Tensor> outs;
                 if (ins.op == schedule::Op::kBackward) {
-                  outs = bwd.run_keeping(*context, args, bkeep, &hook);
+                  outs = bwd.run(*context, args, arena.get(), &hook);
                 } else {
                   std::vector<bool> mask = st.weight_part;
                   if (!weight_part) mask.flip();
-                  outs = bwd.run_subset(*context, args, bkeep, mask, &hook);
+                  outs = bwd.run_subset(*context, args, bkeep, mask, arena.get(), &hook);
+                  // B's values that W reads wait for it.
+                  if (!weight_part) meters[device].add(bytes_of_map(bkeep, st.weights));
                 }
                 double end = seconds();
                 busy[device][step] += end - start;
@@ -603,6 +612,7 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                     meters[device].sub(bytes_of_map(keep, st.weights));
                   }
                   stash.erase(key);
+                  meters[device].sub(bytes_of_map(bkeep, st.weights));
                   bwd_kept.erase(key);
                   meters[device].sub(bytes_of(grads_in[key]));  // received output gradients
                   grads_in.erase(key);

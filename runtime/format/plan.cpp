@@ -125,6 +125,7 @@ ordered stage_json(const Stage& stage) {
           {"recompute", stage.recompute},
           {"memory", memory_json(stage.memory)},
           {"arena", arena_json(stage)},
+          {"backward_arena_bytes", stage.backward_arena_bytes},
           {"why", stage.why}};
 }
 
@@ -298,7 +299,7 @@ StageTensor read_tensor(const nlohmann::json& value, const std::string& name, co
 Stage read_stage(const nlohmann::json& value, const std::string& name, const Where& at) {
   Fields f(value, at, name,
            {"index", "device", "chunk", "file", "file_hash", "backward_file", "backward_file_hash", "nodes", "params", "inputs", "outputs",
-            "fwd_ms", "bwd_ms", "send_ms", "in_flight", "recompute", "memory", "arena", "why"});
+            "fwd_ms", "bwd_ms", "send_ms", "in_flight", "recompute", "memory", "arena", "backward_arena_bytes", "why"});
   Stage stage;
   stage.index = f.integer("index");
   stage.device = f.integer("device");
@@ -329,6 +330,7 @@ Stage read_stage(const nlohmann::json& value, const std::string& name, const Whe
       return ArenaTensor{t.string("name"), t.int64("offset"), t.int64("bytes")};
     });
   }
+  stage.backward_arena_bytes = f.has("backward_arena_bytes") ? f.int64("backward_arena_bytes") : 0;
   stage.why = f.string("why");
   return stage;
 }
@@ -495,6 +497,7 @@ class Validator {
     non_negative(at + "send_ms", stage.send_ms);
     at_least_one(at + "in_flight", stage.in_flight);
     non_negative(at + "arena.bytes", static_cast<double>(stage.arena_bytes));
+    non_negative(at + "backward_arena_bytes", static_cast<double>(stage.backward_arena_bytes));
     for (size_t t = 0; t < stage.arena.size(); ++t) {
       const ArenaTensor& a = stage.arena[t];
       if (a.offset < 0 || a.bytes < 0 || a.offset + a.bytes > stage.arena_bytes)

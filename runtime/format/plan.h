@@ -70,6 +70,10 @@ struct Stage {
   MemoryBytes memory;
   int64_t arena_bytes = 0;           ///< The forward program's arena (one microbatch).
   std::vector<ArenaTensor> arena;    ///< Where each intermediate lives in it.
+  /// Training: the backward program's arena (one microbatch's gradients in flight inside the
+  /// backward, placed by runtime/format/memory_plan.h over the backward file's node order); the
+  /// runtime checks its own plan of the backward file against it. 0 when absent.
+  int64_t backward_arena_bytes = 0;
   std::string why;               ///< Why the stage ends where it does.
 };
 

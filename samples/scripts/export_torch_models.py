@@ -5,6 +5,7 @@ Uses Debian's python3-torch and python3-torchvision (not needed by the tests):
     apt-get install python3-torch python3-torchvision
     /usr/bin/python3 samples/scripts/export_torch_models.py OUT_DIR [resnet50 mobilenet_v3 vit_b_16 gpt]
 
+resnet50_128 is ResNet-50 at 3x128x128 (bench/resnet50_training.sh); it is not in the default set.
 Weights are random (no download); batch (and sequence for gpt) are exported as symbolic dims,
 so bind them with stagec's --batch and --dim seq=N.
 """
@@ -70,6 +71,11 @@ def main():
     image = torch.randn(1, 3, 224, 224)
     if "resnet50" in wanted:
         export("resnet50", torchvision.models.resnet50(), image, out_dir, {0: "batch"})
+    if "resnet50_128" in wanted:
+        # The classic model-parallel experiment's input: 3x128x128 images, 1000 classes.
+        torch.manual_seed(0)
+        export("resnet50_128", torchvision.models.resnet50(), torch.randn(1, 3, 128, 128), out_dir,
+               {0: "batch"})
     if "mobilenet_v3" in wanted:
         export("mobilenet_v3", torchvision.models.mobilenet_v3_large(), image, out_dir, {0: "batch"})
     if "vit_b_16" in wanted:

@@ -2,6 +2,7 @@
 // plan, channels and the step barrier, stage programs and their refusals.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -30,6 +31,33 @@ TEST_CASE("rows of a tensor are views and join back to the same bytes") {
   CHECK_THROWS_AS(slice_rows(t, 2, 5), Error);
   Tensor scalar = Tensor::owned(DType::kFloat32, {});
   CHECK(concat_rows({scalar, scalar}).shape == Shape{2});
+}
+
+TEST_CASE("large owned tensors reuse freed buffers of their size and still start at zero") {
+  release_pooled_buffers();
+  const Shape big{256, 1024};  // 1 MiB of float32: pooled
+  std::byte* first = nullptr;
+  {
+    Tensor t = Tensor::owned(DType::kFloat32, big);
+    first = t.data;
+    std::fill_n(t.as<float>(), t.numel(), 7.0f);
+    CHECK(pooled_bytes() == 0);
+  }
+  CHECK(pooled_bytes() == 1 << 20);  // freed into the pool, not to the system
+  Tensor again = Tensor::owned(DType::kFloat32, big);
+  CHECK(again.data == first);  // the same pages
+  CHECK(pooled_bytes() == 0);
+  CHECK(std::all_of(again.as<float>(), again.as<float>() + again.numel(),
+                    [](float v) { return v == 0.0f; }));
+  Tensor other = Tensor::owned(DType::kFloat32, {128, 1024});  // another size: a new buffer
+  CHECK(other.data != first);
+  Tensor small = Tensor::owned(DType::kFloat32, {4});  // below kPooledBytes: not pooled
+  small = Tensor{};
+  CHECK(pooled_bytes() == 0);
+  other = Tensor{};
+  CHECK(pooled_bytes() == 1 << 19);
+  release_pooled_buffers();
+  CHECK(pooled_bytes() == 0);
 }
 
 TEST_CASE(".npy files round-trip and bad ones are refused with the file named") {

@@ -28,12 +28,6 @@ struct Result {
   std::string out, err;
 };
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Runs stagerun with `args` (a shell-quoted string); captures stdout, stderr and the exit code.
 Result stagerun(const testing::TempDir& dir, const std::string& args) {
@@ -41,7 +35,7 @@ Result stagerun(const testing::TempDir& dir, const std::string& args) {
   std::string command = fmt::format("{} {} >{} 2>{}", STAGECRAFT_STAGERUN, args, out, err);
   int status = std::system(command.c_str());
   REQUIRE(WIFEXITED(status));
-  return {WEXITSTATUS(status), slurp(out), slurp(err)};
+  return {WEXITSTATUS(status), testing::read_bytes(out), testing::read_bytes(err)};
 }
 
 // An error as the tools promise it: non-zero exit, exactly one line on stderr, matching `regex`.
@@ -128,7 +122,7 @@ TEST_CASE("stagerun --json and --trace describe the run") {
   CHECK(j["device"].size() == 2);
   CHECK(j["samples_per_s"].get<double>() > 0);
   for (const auto& d : j["device"]) CHECK(d["peak_bytes"].get<int64_t>() > 0);
-  auto trace = nlohmann::json::parse(slurp(dir.file("trace.json")));
+  auto trace = nlohmann::json::parse(testing::read_bytes(dir.file("trace.json")));
   // Metadata, then one complete event per forward: 2 devices x 4 microbatches x 4 steps.
   int complete = 0;
   for (const auto& e : trace["traceEvents"]) complete += e["ph"] == "X";
@@ -215,7 +209,7 @@ TEST_CASE("stagec refuses to write a plan with an op the backend cannot run") {
                                        dir.file("m.onnx"), dir.file("plan"), out, err)
                                .c_str());
   REQUIRE(WIFEXITED(status));
-  Result r{WEXITSTATUS(status), slurp(out), slurp(err)};
+  Result r{WEXITSTATUS(status), testing::read_bytes(out), testing::read_bytes(err)};
   check_one_line_error(
       r,
       R"(^stagec: unsupported error: node 'int_product' \(MatMul\): MatMul on int64 .*\(cpu backend\))");

@@ -178,3 +178,39 @@ TEST_CASE(
 
 }  // namespace
 }  // namespace stagecraft::rt
+
+namespace stagecraft::rt {
+namespace {
+
+TEST_CASE("the backward runs in the arena the plan counted; a plan that counts another is refused") {
+  const Model gpt{"gpt_tiny.onnx", "cross-entropy", 1, {2}};
+  testing::TempDir dir;
+  plan::PlannedModel planned = plan::make_plan(training_options(gpt, 2, "1f1b"));
+  for (const plan::Stage& st : planned.plan.stages) {
+    CAPTURE(st.index);
+    CHECK(st.backward_arena_bytes > 0);
+    // The working memory the plan predicts is that arena (no recomputation here).
+    CHECK(st.memory.temporary == st.backward_arena_bytes);
+  }
+  plan::write_plan(planned, dir.file("plan"));
+  CHECK_NOTHROW(Pipeline::load(dir.file("plan"), cpu_backend(), 1));
+  std::string text = testing::read_bytes(dir.file("plan/plan.json"));
+  std::string field = fmt::format("\"backward_arena_bytes\": {}", planned.plan.stages[0].backward_arena_bytes);
+  auto at = text.find(field);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, field.size(), "\"backward_arena_bytes\": 64");
+  testing::write_bytes(dir.file("plan/plan.json"), text);
+  try {
+    Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+    FAIL("a plan whose backward arena differs from its backward file loaded");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    CAPTURE(msg);
+    CHECK(msg.find("stages[0].backward_arena_bytes is 64") != std::string::npos);
+    CHECK(msg.find(fmt::format("needs an arena of {} bytes", planned.plan.stages[0].backward_arena_bytes)) !=
+          std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace stagecraft::rt

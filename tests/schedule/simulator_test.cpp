@@ -117,6 +117,27 @@ TEST_CASE("ZB-H1 idles (P-1)(F+B-W) per device for unequal F, B, W") {
   }
 }
 
+TEST_CASE("ZB-H1 holds deferred bytes from each B to its W; a full backward holds none") {
+  PipelineShape shape{2, 1, 4, true};
+  StageCosts costs = equal_stages(shape, 1, 1, 1);
+  SimResult plain = run(ScheduleKind::kZBH1, shape, costs);
+  costs.deferred_bytes.assign(2, 1000);
+  SimResult deferred = run(ScheduleKind::kZBH1, shape, costs);
+  for (int device = 0; device < 2; ++device) {
+    INFO("device ", device);
+    // At least one microbatch sits between its B and its W at the peak, and all are released.
+    CHECK(deferred.device_peak_bytes[device] >= plain.device_peak_bytes[device] + 1000);
+    CHECK(deferred.memory_timeline[device].back().second ==
+          plain.memory_timeline[device].back().second);
+  }
+  // The last device runs W late (filling its bubble): more than one microbatch waits there.
+  CHECK(deferred.device_peak_bytes[1] >= plain.device_peak_bytes[1] + 2000);
+  SimResult one_f_one_b = run(ScheduleKind::k1F1B, shape, costs);
+  costs.deferred_bytes.clear();
+  SimResult without = run(ScheduleKind::k1F1B, shape, costs);
+  CHECK(one_f_one_b.device_peak_bytes == without.device_peak_bytes);
+}
+
 TEST_CASE("activations in flight: 1F1B holds min(P-i, M) on device i, GPipe M") {
   for (int devices : {1, 2, 4, 8}) {
     for (int microbatches : {1, 3, 8, 16}) {
