@@ -252,9 +252,10 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     c.backward_weight_s.push_back(s.shape.training ? w + (recompute && split ? fwd : 0.0) : 0.0);
     c.send_s.push_back(s.shape.training ? st.send_s / 2 : st.send_s);
     // Recomputation keeps the stage inputs per microbatch in flight, and one microbatch's full
-    // activations (the one being recomputed) for as long as the stage lives.
+    // activations (the one being recomputed) while its backward runs.
     c.activation_bytes.push_back(s.shape.training ? (recompute ? rc.input_bytes[k] : act) : 0.0);
-    c.static_bytes.push_back(stat + (recompute ? act : 0.0));
+    c.static_bytes.push_back(stat);
+    c.backward_bytes.push_back(recompute ? act : 0.0);
     c.deferred_bytes.push_back(split && k < rc.deferred_bytes.size() ? rc.deferred_bytes[k] : 0.0);
     optimizer_bytes = std::max(optimizer_bytes, stat);
   }

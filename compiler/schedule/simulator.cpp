@@ -92,6 +92,13 @@ class Simulation {
     return costs_.send_s.empty() ? 0 : costs_.send_s[from_stage];
   }
 
+  /// backward_bytes of `stage`, held from `start` to `end`.
+  void transient(int device, int stage, double start, double end) {
+    double bytes = costs_.backward_bytes.empty() ? 0 : costs_.backward_bytes[stage];
+    add_memory(device, start, bytes);
+    add_memory(device, end, -bytes);
+  }
+
   double deferred(int stage) const {
     return costs_.deferred_bytes.empty() ? 0 : costs_.deferred_bytes[stage];
   }
@@ -140,6 +147,7 @@ class Simulation {
         double duration =
             costs_.backward_input_s[in.stage] + (full ? costs_.backward_weight_s[in.stage] : 0);
         input_grad_end_[k] = compute(device, in, start, duration);
+        transient(device, in.stage, start, input_grad_end_[k]);
         if (full)
           weight_gradient_done(device, in.stage, input_grad_end_[k]);
         else
@@ -149,6 +157,7 @@ class Simulation {
       case Op::kBackwardWeight: {
         if (input_grad_end_[key(in.stage, in.microbatch)] == kNotYet) return false;
         double end = compute(device, in, start, costs_.backward_weight_s[in.stage]);
+        transient(device, in.stage, start, end);
         add_memory(device, end, -deferred(in.stage));
         weight_gradient_done(device, in.stage, end);
         return true;
@@ -344,6 +353,7 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
   check_costs(costs.activation_bytes, "activation_bytes", {0, stages}, count);
   check_costs(costs.static_bytes, "static_bytes", {0, stages}, count);
   check_costs(costs.deferred_bytes, "deferred_bytes", {0, stages}, count);
+  check_costs(costs.backward_bytes, "backward_bytes", {0, stages}, count);
   if (!std::isfinite(costs.optimizer_s) || costs.optimizer_s < 0) {
     fail(ErrorKind::kUsage, "stage costs: optimizer_s is {}; it must be finite and >= 0",
          costs.optimizer_s);

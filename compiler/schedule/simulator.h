@@ -19,7 +19,8 @@
 ///   a stage from the start of each forward to the end of the full backward or of the W that
 ///   consumes it. (ZB's B frees part of the activations in reality; keeping all of them until W
 ///   is the upper bound, and is what makes ZB-H1's peak equal 1F1B's), plus deferred_bytes of
-///   a stage from the end of each B to the end of its W.
+///   a stage from the end of each B to the end of its W, plus backward_bytes of a stage while
+///   one of its backward instructions runs.
 ///
 /// The simulator checks only what it needs to index safely and to terminate; call
 /// `validate_schedule` for the structure. A list that cannot run to the end is a deadlock and
@@ -49,6 +50,9 @@ struct StageCosts {
   /// Optional: held from the end of a split backward's B to the end of its W (the values B
   /// computes that W reads, e.g. the output gradients of weighted ops).
   std::vector<double> deferred_bytes;
+  /// Optional: held only while one of the stage's backward instructions (full, B or W) runs,
+  /// e.g. the activations recomputation rebuilds for it.
+  std::vector<double> backward_bytes;
 };
 
 /// One instruction as it ran. For a send, the interval is the transfer on its link; for a

@@ -138,6 +138,23 @@ TEST_CASE("ZB-H1 holds deferred bytes from each B to its W; a full backward hold
   CHECK(one_f_one_b.device_peak_bytes == without.device_peak_bytes);
 }
 
+TEST_CASE("backward bytes are held only while a backward runs, one at a time per device") {
+  // GPipe on 2 devices, 4 microbatches: device 0 holds 4 activations at its peak; bytes held
+  // during a backward add once (backwards of one device never overlap), not once per
+  // microbatch or per stage.
+  PipelineShape shape{2, 1, 4, true};
+  StageCosts costs = equal_stages(shape, 1, 1, 1);
+  SimResult plain = run(ScheduleKind::kGPipe, shape, costs);
+  costs.backward_bytes.assign(2, 100);
+  SimResult held = run(ScheduleKind::kGPipe, shape, costs);
+  for (int device = 0; device < 2; ++device) {
+    INFO("device ", device);
+    CHECK(plain.device_peak_bytes[device] == 4);
+    CHECK(held.device_peak_bytes[device] == 4 + 100);
+    CHECK(held.memory_timeline[device].back().second == 0);
+  }
+}
+
 TEST_CASE("activations in flight: 1F1B holds min(P-i, M) on device i, GPipe M") {
   for (int devices : {1, 2, 4, 8}) {
     for (int microbatches : {1, 3, 8, 16}) {
