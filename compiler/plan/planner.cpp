@@ -576,10 +576,13 @@ PlannedModel make_plan(const PlanOptions& o) {
       }
     }
     bool recompute = o.recompute == "all";
-    if (o.recompute == "auto") {
-      // The simplest correct rule: recompute exactly the stages that do not fit without it.
+    if (o.recompute == "auto" && s.shape.training) {
+      // Speed: recompute exactly the stages that do not fit without it. Memory: every stage
+      // whose memory recomputation lowers (the extra forward is the price of a smaller peak).
       Stage plain = make_stage(s, sol, k, facts, g, order, io, out.stage_of, false, backward_arena);
-      recompute = static_cast<double>(plain.memory.total()) > capacity;
+      Stage with = make_stage(s, sol, k, facts, g, order, io, out.stage_of, true, backward_arena);
+      recompute = o.objective == "memory" ? with.memory.total() < plain.memory.total()
+                                          : static_cast<double>(plain.memory.total()) > capacity;
     }
     p.stages.push_back(
         make_stage(s, sol, k, facts, g, order, io, out.stage_of, recompute, backward_arena));

@@ -249,6 +249,15 @@ TEST_CASE(
   o.device_spec = "cpu";
   o.split_after.clear();
   for (const Stage& st : make_plan(o).plan.stages) CHECK(!st.recompute);
+  // The memory objective recomputes wherever that lowers the stage's memory: 1F1B's first stage
+  // (several microbatches in flight), not its last (one in flight: recomputing only adds).
+  o.objective = "memory";
+  o.split_after = none.predicted.split_after;
+  Plan smallest = make_plan(o).plan;
+  REQUIRE(smallest.stages.size() == 2);
+  CHECK(smallest.stages[0].recompute);
+  CHECK(!smallest.stages[1].recompute);
+  CHECK(smallest.predicted.peak_memory_bytes < none.predicted.peak_memory_bytes);
 }
 
 }  // namespace
