@@ -467,6 +467,58 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   return out;
 }
 
+/// A stage's backward as the runtime will run it: its arena and what a split backward holds
+/// from B to W.
+struct BackwardFacts {
+  int64_t arena = 0;
+  double deferred = 0;
+};
+
+BackwardFacts backward_facts(const Setup& s, const partition::Solution& sol, std::size_t k,
+                             const NodeFacts& f, const ir::Graph& g,
+                             const std::vector<ir::NodeId>& order, const StageInterfaces& io,
+                             const std::vector<int>& stage_of, const std::string& loss_output) {
+  BackwardFacts out;
+  if (!s.shape.training) return out;
+  if (loss_output.empty()) {
+    // No loss yet (a dry run): one gradient buffer of the largest tensor, at least.
+    out.arena = stage_temporary_bytes(g, order, sol.stages[k].first, sol.stages[k].last, stage_of,
+                                      true);
+    return out;
+  }
+  // The backward program the writer will emit, and the arena the runtime runs it in.
+  Stage shape = make_stage(s, sol, k, f, g, order, io, stage_of, false);
+  onnx::ModelProto bwd = backward_stage_model(g, stage_of, shape, loss_output);
+  out.arena = program_arena_bytes(bwd);
+  out.deferred = static_cast<double>(deferred_bytes(bwd));
+  return out;
+}
+
+/// What the simulator leaves to the stages: each device holds its working arena (one, shared
+/// by its stages, which run one at a time) and one microbatch of every tensor it receives or
+/// sends.
+void add_working_memory(Prediction& pr, const std::vector<Stage>& stages, int devices) {
+  std::vector<int64_t> arena(devices, 0), comm(devices, 0);
+  for (const Stage& st : stages) {
+    arena[st.device] = std::max(arena[st.device], st.memory.temporary);
+    comm[st.device] += st.memory.communication;
+  }
+  for (int d = 0; d < devices && d < static_cast<int>(pr.device_peak_bytes.size()); ++d)
+    pr.device_peak_bytes[d] += arena[d] + comm[d];
+  if (!pr.device_peak_bytes.empty())
+    pr.peak_memory_bytes =
+        *std::max_element(pr.device_peak_bytes.begin(), pr.device_peak_bytes.end());
+}
+
+/// The stage's entries of the simulator's per-stage extras.
+void note_stage(Recompute& rc, const Stage& st, const BackwardFacts& b) {
+  rc.on.push_back(st.recompute);
+  rc.deferred_bytes.push_back(b.deferred);
+  int64_t input_bytes = 0;
+  for (const auto& t : st.inputs) input_bytes += t.bytes;
+  rc.input_bytes.push_back(static_cast<double>(input_bytes));
+}
+
 }  // namespace
 
 PlannedModel make_plan(const PlanOptions& o) {
@@ -559,22 +611,9 @@ PlannedModel make_plan(const PlanOptions& o) {
   Recompute rc;
   for (std::size_t k = 0; k < sol.stages.size(); ++k) {
     double capacity = gp.problem.capacity_bytes(static_cast<int>(k));
-    int64_t backward_arena = 0;
-    double deferred = 0;
-    if (s.shape.training) {
-      Stage shape = make_stage(s, sol, k, facts, g, order, io, out.stage_of, false);
-      if (!p.training_config.loss_output.empty()) {
-        // The backward program the writer will emit, and the arena the runtime runs it in.
-        onnx::ModelProto bwd =
-            backward_stage_model(g, out.stage_of, shape, p.training_config.loss_output);
-        backward_arena = program_arena_bytes(bwd);
-        deferred = static_cast<double>(deferred_bytes(bwd));
-      } else {
-        // No loss yet (a dry run): one gradient buffer of the largest tensor, at least.
-        backward_arena = stage_temporary_bytes(g, order, sol.stages[k].first, sol.stages[k].last,
-                                               out.stage_of, true);
-      }
-    }
+    const BackwardFacts bwd = backward_facts(s, sol, k, facts, g, order, io, out.stage_of,
+                                             p.training_config.loss_output);
+    const int64_t backward_arena = bwd.arena;
     bool recompute = o.recompute == "all";
     if (o.recompute == "auto" && s.shape.training) {
       // Speed: recompute exactly the stages that do not fit without it. Memory: every stage
@@ -589,11 +628,7 @@ PlannedModel make_plan(const PlanOptions& o) {
     p.stages.back().why = why(sol, k, g, order, gp.problem, manual);
     if (p.stages.back().recompute)
       p.stages.back().why += "; recomputes its activations before the backward";
-    rc.on.push_back(p.stages.back().recompute);
-    rc.deferred_bytes.push_back(deferred);
-    int64_t input_bytes = 0;
-    for (const auto& t : p.stages.back().inputs) input_bytes += t.bytes;
-    rc.input_bytes.push_back(static_cast<double>(input_bytes));
+    note_stage(rc, p.stages.back(), bwd);
     // The solver leaves temporaries out; the full anatomy must still fit.
     const auto& m = p.stages.back().memory;
     if (static_cast<double>(m.total()) > capacity) {
@@ -613,30 +648,31 @@ PlannedModel make_plan(const PlanOptions& o) {
                              facts.flops[i], param_bytes, facts.output_bytes[i]});
   }
   p.predicted = predict(s, out.schedule, sol, facts, g, order, p.batch, rc);
-  // The simulator tracks weights, optimizer state and activations; each device also holds its
-  // working arena (one, shared by its stages, which run one at a time) and one microbatch of
-  // every tensor it receives or sends.
-  {
-    std::vector<int64_t> arena(p.devices, 0), comm(p.devices, 0);
-    for (const Stage& st : p.stages) {
-      arena[st.device] = std::max(arena[st.device], st.memory.temporary);
-      comm[st.device] += st.memory.communication;
-    }
-    for (int d = 0; d < p.devices && d < static_cast<int>(p.predicted.device_peak_bytes.size());
-         ++d)
-      p.predicted.device_peak_bytes[d] += arena[d] + comm[d];
-    p.predicted.peak_memory_bytes = *std::max_element(p.predicted.device_peak_bytes.begin(),
-                                                      p.predicted.device_peak_bytes.end());
-  }
+  add_working_memory(p.predicted, p.stages, p.devices);
 
   std::vector<double> param_weight, op_weight;
   for (std::size_t i = 0; i < order.size(); ++i) {
     param_weight.push_back(static_cast<double>(facts.params[i]));
     op_weight.push_back(1.0);
   }
+  // The baselines' stages are costed like ours (recomputing where ours would with "all"), so
+  // their peaks compare like for like.
   auto baseline = [&](const std::vector<double>& weight) {
     auto b = partition::evaluate_cuts(gp.problem, balanced_cuts(weight, stages));
-    return predict(s, out.schedule, b, facts, g, order, p.batch);
+    std::vector<int> b_stage_of = partition::stage_of_nodes(gp, b, g.num_nodes());
+    auto b_io = stage_interfaces(g, b_stage_of);
+    Recompute b_rc;
+    std::vector<Stage> b_stages;
+    for (std::size_t k = 0; k < b.stages.size(); ++k) {
+      BackwardFacts bwd = backward_facts(s, b, k, facts, g, order, b_io, b_stage_of,
+                                         p.training_config.loss_output);
+      b_stages.push_back(make_stage(s, b, k, facts, g, order, b_io, b_stage_of,
+                                    o.recompute == "all", bwd.arena));
+      note_stage(b_rc, b_stages.back(), bwd);
+    }
+    Prediction pr = predict(s, out.schedule, b, facts, g, order, p.batch, b_rc);
+    add_working_memory(pr, b_stages, p.devices);
+    return pr;
   };
   p.baseline_parameters = baseline(param_weight);
   p.baseline_uniform = baseline(op_weight);

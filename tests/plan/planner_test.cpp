@@ -288,3 +288,23 @@ TEST_CASE("training a model with no trainable weights is refused") {
 
 }  // namespace
 }  // namespace stagecraft::plan
+
+namespace stagecraft::plan {
+namespace {
+
+TEST_CASE("baselines are costed like the plan: one device, one split, the same peak and step") {
+  for (bool training : {false, true}) {
+    CAPTURE(training);
+    PlanOptions o = gpt_options(1, training ? "1f1b" : "inference", training);
+    o.device_spec = "cpu";
+    Plan p = make_plan(o).plan;
+    CHECK(p.predicted.peak_memory_bytes > 0);
+    for (const Prediction* b : {&p.baseline_parameters, &p.baseline_uniform}) {
+      CHECK(b->peak_memory_bytes == p.predicted.peak_memory_bytes);
+      CHECK(b->step_ms == doctest::Approx(p.predicted.step_ms));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace stagecraft::plan
