@@ -52,6 +52,23 @@ onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& sta
   return model;
 }
 
+namespace {
+
+/// Bytes of every value the graph records a type and static shape for (value_info).
+std::map<std::string, int64_t, std::less<>> value_info_bytes(const onnx::GraphProto& graph) {
+  std::map<std::string, int64_t, std::less<>> bytes_of;
+  for (const auto& vi : graph.value_info()) {
+    const auto& tt = vi.type().tensor_type();
+    auto dtype = dtype_from_onnx(tt.elem_type());
+    int64_t n = dtype ? dtype_size(*dtype) : 0;
+    for (const auto& d : tt.shape().dim()) n *= d.has_dim_value() ? d.dim_value() : 0;
+    bytes_of[vi.name()] = n;
+  }
+  return bytes_of;
+}
+
+}  // namespace
+
 onnx::ModelProto backward_stage_model(const ir::Graph& graph, const std::vector<int>& stage_of,
                                       const Stage& stage, const std::string& loss_output) {
   passes::BackwardSpec spec;
@@ -75,15 +92,7 @@ onnx::ModelProto backward_stage_model(const ir::Graph& graph, const std::vector<
 
 int64_t program_arena_bytes(const onnx::ModelProto& model) {
   const onnx::GraphProto& graph = model.graph();
-  std::map<std::string, int64_t, std::less<>> bytes_of;
-  auto record = [&](const onnx::ValueInfoProto& vi) {
-    const auto& tt = vi.type().tensor_type();
-    auto dtype = dtype_from_onnx(tt.elem_type());
-    int64_t n = dtype ? dtype_size(*dtype) : 0;
-    for (const auto& d : tt.shape().dim()) n *= d.has_dim_value() ? d.dim_value() : 0;
-    bytes_of[vi.name()] = n;
-  };
-  for (const auto& vi : graph.value_info()) record(vi);
+  const auto bytes_of = value_info_bytes(graph);
   std::set<std::string, std::less<>> outputs;
   for (const auto& vi : graph.output()) outputs.insert(vi.name());
   std::vector<Lifetime> lifetimes;
@@ -125,14 +134,7 @@ int64_t deferred_bytes(const onnx::ModelProto& model) {
     }
     w[n] = any && all;
   }
-  std::map<std::string, int64_t, std::less<>> bytes_of;
-  for (const auto& vi : graph.value_info()) {
-    const auto& tt = vi.type().tensor_type();
-    auto dtype = dtype_from_onnx(tt.elem_type());
-    int64_t n = dtype ? dtype_size(*dtype) : 0;
-    for (const auto& d : tt.shape().dim()) n *= d.has_dim_value() ? d.dim_value() : 0;
-    bytes_of[vi.name()] = n;
-  }
+  const auto bytes_of = value_info_bytes(graph);
   std::set<std::string, std::less<>> crossing;
   for (int n = 0; n < graph.node_size(); ++n)
     for (const std::string& in : graph.node(n).input()) {
