@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Pipelined training of a GPT-style model on 2 CPU devices (1 thread each): each schedule's
 # measured step and bubble (stagerun, median of the steps after the first) beside the
-# simulator's prediction (plan.json, from --profile cpu op times; backward = measured forward x
-# the roofline's backward/forward ratio).
+# simulator's prediction (plan.json, from --profile cpu op times: forward and, with --train, the
+# gradient ops autodiff writes, input- and weight-gradient parts timed apart; the roofline's
+# backward/forward ratio only for a gradient op the backend lacks, which stagec reports).
 #
 # Usage (repo root, after bash tools/build.sh):  bash bench/training_schedules.sh
 # Environment: BUILD=build, MODEL=samples/models/gpt_tiny.onnx, SEQ=64, BATCH=16, M=8, STEPS=8.

@@ -48,6 +48,50 @@ std::string tensor_type(const ir::Value& v) {
   return fmt::format("{}{}", dtype_name(v.dtype), v.shape_known ? ir::shape_string(v.shape) : std::string("[?]"));
 }
 
+/// The oldest file version `load` still reads (forward entries only).
+constexpr int kOldestVersion = 1;
+
+/// A backward entry's key: one of 'a', 'w', '-' per input, at least one 'a' or 'w'.
+bool valid_kinds(const std::string& kinds) {
+  return kinds.find_first_not_of("aw-") == std::string::npos && kinds.find_first_of("aw") != std::string::npos;
+}
+
+/// One part (B or W) of a backward entry: `<part>_ms` and `<part>_runs`, both or neither.
+void read_part(const nlohmann::json& object, const std::string& part, const detail::FieldSource& src, double& ms,
+               int64_t& runs) {
+  const std::string ms_field = part + "_ms", runs_field = part + "_runs";
+  const bool has_ms = object.contains(ms_field), has_runs = object.contains(runs_field);
+  if (has_ms != has_runs) {
+    throw Error(ErrorKind::kFormat, fmt::format("field '{}{}' is given without '{}'", src.prefix,
+                                                has_ms ? ms_field : runs_field, has_ms ? runs_field : ms_field))
+        .in(src.file);
+  }
+  if (!has_ms) return;
+  ms = detail::positive_number(object, ms_field, src);
+  runs = detail::positive_integer(object, runs_field, src);
+}
+
+BackwardEntry read_backward(const nlohmann::json& value, const detail::FieldSource& src) {
+  detail::check_object(value, {"input_ms", "input_runs", "weight_ms", "weight_runs"}, src);
+  BackwardEntry b;
+  read_part(value, "input", src, b.input_ms, b.input_runs);
+  read_part(value, "weight", src, b.weight_ms, b.weight_runs);
+  return b;
+}
+
+nlohmann::ordered_json backward_json(const BackwardEntry& b) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  if (b.input_runs > 0) {
+    j["input_ms"] = b.input_ms;
+    j["input_runs"] = b.input_runs;
+  }
+  if (b.weight_runs > 0) {
+    j["weight_ms"] = b.weight_ms;
+    j["weight_runs"] = b.weight_runs;
+  }
+  return j;
+}
+
 }  // namespace
 
 ProfileDb::ProfileDb(std::string backend, int threads) : backend_(std::move(backend)), threads_(threads) {}
@@ -64,12 +108,14 @@ ProfileDb ProfileDb::load(const std::string& path) {
         .in(path);
   }
   const nlohmann::json& version = required_field(j, "version", top);
-  if (!version.is_number_integer() || version.get<int64_t>() != kVersion) {
+  if (!version.is_number_integer() || version.get<int64_t>() < kOldestVersion || version.get<int64_t>() > kVersion) {
     throw Error(ErrorKind::kFormat,
-                fmt::format("field 'version' is {}; this stagec reads version {} (delete the file to profile again)",
-                            version.dump(), kVersion))
+                fmt::format("field 'version' is {}; this stagec reads versions {} to {} (delete the file to profile "
+                            "again)",
+                            version.dump(), kOldestVersion, kVersion))
         .in(path);
   }
+  const bool has_backward = version.get<int64_t>() >= 2;
   std::string backend = nonempty_string(j, "backend", top);
   int64_t threads = positive_integer(j, "threads", top);
   if (threads > 1 << 16) {
@@ -83,11 +129,34 @@ ProfileDb ProfileDb::load(const std::string& path) {
   }
   for (const auto& [key, value] : entries.items()) {
     FieldSource src{path, fmt::format("entries[\"{}\"].", key)};
-    check_object(value, {"op", "fwd_ms", "runs"}, src);
+    if (has_backward) {
+      check_object(value, {"op", "fwd_ms", "runs", "backward"}, src);
+    } else {
+      check_object(value, {"op", "fwd_ms", "runs"}, src);
+    }
     ProfileEntry e;
     e.op = nonempty_string(value, "op", src);
     e.fwd_ms = positive_number(value, "fwd_ms", src);
     e.runs = positive_integer(value, "runs", src);
+    if (auto b = value.find("backward"); b != value.end()) {
+      FieldSource bsrc{path, src.prefix + "backward."};
+      if (!b->is_object()) {
+        throw Error(ErrorKind::kFormat,
+                    fmt::format("field '{}backward' must be a JSON object, not {}", src.prefix, b->type_name()))
+            .in(path);
+      }
+      for (const auto& [kinds, part] : b->items()) {
+        if (!valid_kinds(kinds)) {
+          throw Error(ErrorKind::kFormat,
+                      fmt::format("field '{}backward' has the key \"{}\": input kinds are one of a, w, - per input, "
+                                  "at least one a or w",
+                                  src.prefix, kinds))
+              .in(path);
+        }
+        FieldSource part_src{path, fmt::format("{}backward[\"{}\"].", src.prefix, kinds)};
+        e.backward[kinds] = read_backward(part, part_src);
+      }
+    }
     db.entries_[key] = std::move(e);
   }
   return db;
@@ -121,7 +190,15 @@ void ProfileDb::save(const std::string& path) const {
   j["backend"] = backend_;
   j["threads"] = threads_;
   nlohmann::ordered_json entries = nlohmann::ordered_json::object();
-  for (const auto& [key, e] : entries_) entries[key] = {{"op", e.op}, {"fwd_ms", e.fwd_ms}, {"runs", e.runs}};
+  for (const auto& [key, e] : entries_) {
+    nlohmann::ordered_json entry = {{"op", e.op}, {"fwd_ms", e.fwd_ms}, {"runs", e.runs}};
+    if (!e.backward.empty()) {
+      nlohmann::ordered_json backward = nlohmann::ordered_json::object();
+      for (const auto& [kinds, b] : e.backward) backward[kinds] = backward_json(b);
+      entry["backward"] = std::move(backward);
+    }
+    entries[key] = std::move(entry);
+  }
   j["entries"] = std::move(entries);
   std::string text = j.dump(1) + "\n";
 
@@ -156,6 +233,21 @@ const ProfileEntry* ProfileDb::find(const std::string& key) const {
 }
 
 void ProfileDb::put(const std::string& key, ProfileEntry entry) { entries_[key] = std::move(entry); }
+
+const BackwardEntry* ProfileDb::find_backward(const std::string& key, const std::string& kinds) const {
+  const ProfileEntry* e = find(key);
+  if (e == nullptr) return nullptr;
+  auto it = e->backward.find(kinds);
+  return it == e->backward.end() ? nullptr : &it->second;
+}
+
+void ProfileDb::put_backward(const std::string& key, const std::string& kinds, BackwardEntry entry) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    fail(ErrorKind::kInternal, "profile database: backward of {} (inputs {}) recorded before its forward", key, kinds);
+  }
+  it->second.backward[kinds] = entry;
+}
 
 std::string signature_key(const ir::Graph& graph, const ir::Node& node) {
   std::string key = node.domain.empty() || node.domain == "ai.onnx" ? node.op_type : node.domain + "." + node.op_type;
@@ -193,21 +285,60 @@ std::string signature_key(const ir::Graph& graph, const ir::Node& node) {
   return fmt::format("{}({})->({})#{:016x}", key, fmt::join(ins, ","), fmt::join(outs, ","), hash.h);
 }
 
-MeasuredCostModel::MeasuredCostModel(const ProfileDb& db, const RooflineCostModel& roofline)
-    : backend_(db.backend()), threads_(db.threads()), roofline_(roofline) {
-  for (const auto& [key, e] : db.entries()) forward_s_[key] = e.fwd_ms * 1e-3;
+std::string input_kinds(const ir::Graph& graph, const ir::Node& node) {
+  std::string kinds;
+  for (ir::ValueId v : node.inputs) {
+    if (v == ir::kNoId) {
+      kinds += '-';
+      continue;
+    }
+    const ir::Value& value = graph.value(v);
+    if (!value.is_initializer() && is_floating(value.dtype)) {
+      kinds += 'a';
+    } else if (value.is_initializer() && value.is_weight && value.dtype == DType::kFloat32) {
+      kinds += 'w';
+    } else {
+      kinds += '-';
+    }
+  }
+  return kinds;
 }
+
+bool may_have_backward(const ir::Graph& graph, const ir::Node& node) {
+  bool float_output = false;
+  for (ir::ValueId out : node.outputs) {
+    float_output = float_output || (out != ir::kNoId && is_floating(graph.value(out).dtype));
+  }
+  return float_output && input_kinds(graph, node).find_first_of("aw") != std::string::npos;
+}
+
+MeasuredCostModel::MeasuredCostModel(const ProfileDb& db, const RooflineCostModel& roofline, BackwardTimes backward)
+    : entries_(db.entries()),
+      backend_(db.backend()),
+      threads_(db.threads()),
+      backward_(backward),
+      roofline_(roofline) {}
 
 OpTime MeasuredCostModel::op_time(const ir::Graph& graph, const ir::Node& node) const {
   std::string key = signature_key(graph, node);
-  auto it = forward_s_.find(key);
-  if (it == forward_s_.end()) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
     fail(ErrorKind::kPlan, "{} has no measurement in the profile database (signature {}); profile the graph first",
          node.describe(graph), key);
   }
-  OpTime r = roofline_.op_time(graph, node);
   OpTime t;
-  t.forward_s = it->second;
+  t.forward_s = it->second.fwd_ms * 1e-3;
+  if (backward_ == BackwardTimes::kMeasured) {
+    if (!may_have_backward(graph, node)) return t;
+    auto b = it->second.backward.find(input_kinds(graph, node));
+    if (b != it->second.backward.end()) {
+      t.backward_input_s = b->second.input_ms * 1e-3;
+      t.backward_weight_s = b->second.weight_ms * 1e-3;
+      t.backward_s = t.backward_input_s + t.backward_weight_s;
+      return t;
+    }
+  }
+  OpTime r = roofline_.op_time(graph, node);
   if (r.forward_s > 0 && r.backward_s > 0) {
     double scale = t.forward_s / r.forward_s;
     t.backward_input_s = r.backward_input_s * scale;
@@ -218,8 +349,9 @@ OpTime MeasuredCostModel::op_time(const ir::Graph& graph, const ir::Node& node) 
 }
 
 std::string MeasuredCostModel::name() const {
-  return fmt::format("measured({}, {} thread{}) + roofline ratios for backward", backend_, threads_,
-                     threads_ == 1 ? "" : "s");
+  const char* backward =
+      backward_ == BackwardTimes::kMeasured ? ", forward and backward" : " + roofline ratios for backward";
+  return fmt::format("measured({}, {} thread{}){}", backend_, threads_, threads_ == 1 ? "" : "s", backward);
 }
 
 }  // namespace stagecraft::cost

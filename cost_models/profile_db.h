@@ -4,13 +4,23 @@
 ///
 /// The database maps an op *signature* (op type, input dtypes and shapes, output shapes, and a
 /// hash of the attributes and small constant inputs) to the forward time the backend's own
-/// kernels took for it. Filling it is the profiler's job (tools/profile, which links the
-/// runtime; this library never does): cost_models only reads, writes and looks up entries.
+/// kernels took for it and, for training plans, to the time of the gradient ops autodiff writes
+/// for it. Filling it is the profiler's job (tools/profile, which links the runtime; this
+/// library never does): cost_models only reads, writes and looks up entries.
 ///
 /// File format (JSON, written atomically: a temporary file beside it, then a rename):
 ///
-///     {"format": "stagecraft-profile", "version": 1, "backend": "cpu", "threads": 1,
-///      "entries": {KEY: {"op": "MatMul", "fwd_ms": 0.0123, "runs": 100}, ...}}
+///     {"format": "stagecraft-profile", "version": 2, "backend": "cpu", "threads": 1,
+///      "entries": {KEY: {"op": "MatMul", "fwd_ms": 0.0123, "runs": 100,
+///                        "backward": {"aw": {"input_ms": 0.0131, "input_runs": 100,
+///                                            "weight_ms": 0.0142, "weight_runs": 100}}}, ...}}
+///
+/// `backward` (optional) is keyed by the node's input kinds (`input_kinds`: the same signature
+/// has another backward when other inputs are weights); `input_*` is the input-gradient part
+/// (B), `weight_*` the weight-gradient part (W), each present only when autodiff writes that
+/// part, so `{}` records a node whose inputs get no gradient op. Version 1 files (forward times
+/// only) are still read; their backward entries are measured and added when a training plan
+/// is profiled, and the file is written back as version 2.
 ///
 /// A file that is not JSON, has another format or version, or has a malformed entry is
 /// refused with one line naming the file and the field; it is never silently replaced.
@@ -24,22 +34,36 @@
 
 namespace stagecraft::cost {
 
+/// The measured backward of one signature with one assignment of input kinds: the gradient
+/// ops autodiff writes for the node, timed as the runtime runs them. A part with 0 runs is not
+/// written by autodiff for this node (no activation, or no weight, takes a gradient) and
+/// costs nothing.
+struct BackwardEntry {
+  double input_ms = 0;      ///< Median time of the input-gradient part (B), milliseconds.
+  int64_t input_runs = 0;   ///< Timed runs the B median is over; 0 when there is no B part.
+  double weight_ms = 0;     ///< Median time of the weight-gradient part (W), milliseconds.
+  int64_t weight_runs = 0;  ///< Timed runs the W median is over; 0 when there is no W part.
+};
+
 /// One measured signature.
 struct ProfileEntry {
   std::string op;     ///< Op type, for people reading the file.
   double fwd_ms = 0;  ///< Median forward time of one run, milliseconds.
   int64_t runs = 0;   ///< Timed runs the median is over.
+  /// Measured backwards by input kinds (`input_kinds`); empty until a training plan is profiled.
+  std::map<std::string, BackwardEntry> backward;
 };
 
 class ProfileDb {
  public:
-  static constexpr int kVersion = 1;
+  /// The version `save` writes. Version 1 (no backward entries) is read as well.
+  static constexpr int kVersion = 2;
 
   /// An empty database for `backend` measured with `threads` threads.
   explicit ProfileDb(std::string backend = "cpu", int threads = 1);
 
   /// Reads `path`. Throws `Error(kIo)` when it cannot be read and `Error(kFormat)` naming the
-  /// file and the field when it is not a version-1 stagecraft profile.
+  /// file and the field when it is not a version-1 or version-2 stagecraft profile.
   static ProfileDb load(const std::string& path);
 
   /// `load(path)` when the file exists, else an empty database. Throws `Error(kUsage)` naming
@@ -57,8 +81,13 @@ class ProfileDb {
 
   /// The entry for `key`, or null.
   const ProfileEntry* find(const std::string& key) const;
-  /// Adds or replaces the entry for `key`.
+  /// Adds or replaces the entry for `key` (its backward entries included).
   void put(const std::string& key, ProfileEntry entry);
+  /// The backward of `key` with input kinds `kinds`, or null.
+  const BackwardEntry* find_backward(const std::string& key, const std::string& kinds) const;
+  /// Adds or replaces the backward of `key` with input kinds `kinds`. Throws `Error(kInternal)`
+  /// when `key` has no entry (the forward is measured first).
+  void put_backward(const std::string& key, const std::string& kinds, BackwardEntry entry);
 
  private:
   std::string backend_;
@@ -75,26 +104,52 @@ class ProfileDb {
 /// weight values, tensor names and node names do not enter it.
 std::string signature_key(const ir::Graph& graph, const ir::Node& node);
 
+/// What each input of `node` is to its backward, one letter per input in order: 'a' a
+/// floating-point value that is not an initializer (an activation or graph input: its gradient
+/// is wanted), 'w' a trainable weight (a float32 initializer marked `is_weight`), '-' anything
+/// else (an omitted input, an integer or bool value, a constant). With the signature it fixes
+/// the gradient ops autodiff writes, so it keys the backward entries. Graph inputs count as
+/// activations, as in the roofline: the same signature is one entry wherever it stands, which
+/// overstates only the first layer's B.
+std::string input_kinds(const ir::Graph& graph, const ir::Node& node);
+
+/// Whether `node` can have a backward at all: a floating-point output and an input of kind 'a'
+/// or 'w'. Other nodes (shape arithmetic, comparisons, integer ops) cost 0 backward and are not
+/// measured.
+bool may_have_backward(const ir::Graph& graph, const ir::Node& node);
+
+/// Where `MeasuredCostModel` takes backward times from.
+enum class BackwardTimes {
+  /// Measured forward x the roofline's backward/forward ratio for the same node, split into B
+  /// and W in the roofline's proportions (inference plans, databases profiled for inference).
+  kRooflineRatio,
+  /// The database's backward entries (measured gradient ops); the roofline ratio only for a
+  /// signature without one, which the profiler leaves out, and reports, when the backend has
+  /// no gradient kernel for it.
+  kMeasured,
+};
+
 /// Op times from a profile database.
 ///
-/// Forward is the measured median. The backend has no backward kernels yet (the CPU runtime
-/// runs inference plans only), so backward is *estimated*: the measured forward times the
-/// roofline's backward/forward ratio for the same node, split into backward_input (B) and
-/// backward_weight (W) in the roofline's proportions. A node whose signature is not in the
-/// database is a `Error(kPlan)` naming the node (profile the graph first).
+/// Forward is the measured median; backward as `BackwardTimes` says (with kMeasured, 0 for a
+/// node that cannot have one, `may_have_backward`). A node whose signature is not in the
+/// database is an `Error(kPlan)` naming the node (profile the graph first).
 class MeasuredCostModel final : public OpCostModel {
  public:
   /// Copies what it needs from `db` and `roofline`: both may go away afterwards.
-  MeasuredCostModel(const ProfileDb& db, const RooflineCostModel& roofline);
+  MeasuredCostModel(const ProfileDb& db, const RooflineCostModel& roofline,
+                    BackwardTimes backward = BackwardTimes::kRooflineRatio);
 
   OpTime op_time(const ir::Graph& graph, const ir::Node& node) const override;
-  /// "measured(cpu, 1 thread) + roofline ratios for backward".
+  /// "measured(cpu, 1 thread), forward and backward" (kMeasured) or
+  /// "measured(cpu, 1 thread) + roofline ratios for backward" (kRooflineRatio).
   std::string name() const override;
 
  private:
-  std::map<std::string, double> forward_s_;
+  std::map<std::string, ProfileEntry> entries_;
   std::string backend_;
   int threads_;
+  BackwardTimes backward_;
   RooflineCostModel roofline_;
 };
 

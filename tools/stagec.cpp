@@ -29,10 +29,11 @@ std::string default_profile_db(int threads) {
 }
 
 /// The measured cost model of --profile cpu: profiles the signatures of the planner's graph that
-/// the database at `db_path` lacks, saves it, prints a summary line, and reads times from it.
+/// the database at `db_path` lacks (with `training`, their gradient ops too), saves it, prints a
+/// summary line (and one line per backward left to the roofline ratio), and reads times from it.
 std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(const stagecraft::ir::Graph& graph,
                                                               const stagecraft::cost::RooflineCostModel& roofline,
-                                                              const std::string& db_path, int threads) {
+                                                              const std::string& db_path, int threads, bool training) {
   using namespace stagecraft;
   using Clock = std::chrono::steady_clock;
   std::error_code ec;
@@ -41,25 +42,38 @@ std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(const stagecraft::
   const std::size_t before = db.size();
   const auto start = Clock::now();
   double last_shown = 0;
+  int attempted = 0;  // forward and backward measurements tried so far
   auto progress = [&](int done, int total) {
+    attempted = done;
     // Quiet for short runs; a line a second once it takes longer than two.
     double t = std::chrono::duration<double>(Clock::now() - start).count();
     if (t < 2.0 || (t - last_shown < 1.0 && done != total)) return;
     last_shown = t;
     fmt::print(stderr, "profiling: {}/{} signatures\n", done, total);
   };
+  const auto direction = training ? profile::Direction::kForwardAndBackward : profile::Direction::kForward;
   profile::ProfileStats stats;
   try {
-    stats = profile::profile_graph(graph, db, threads, progress);
+    stats = profile::profile_graph(graph, db, threads, direction, progress);
   } catch (...) {
     // Keep what was measured before the failure.
-    if (db.size() > before) db.save(db_path);
+    if (db.size() > before || attempted > 0) db.save(db_path);
     throw;
   }
-  if (stats.measured > 0 || !existed) db.save(db_path);
-  fmt::print("profiled {} signatures ({} cached) in {:.2f} s; db {}\n", stats.signatures, stats.cached, stats.seconds,
-             db_path);
-  return std::make_unique<cost::MeasuredCostModel>(db, roofline);
+  // A version-1 file is written back as the current version once anything is added to it.
+  if (stats.measured > 0 || stats.backward_measured > 0 || !existed) db.save(db_path);
+  std::string backward;
+  if (training) {
+    backward = fmt::format(", backward of {} ({} cached, {} by roofline ratio)", stats.backward_signatures,
+                           stats.backward_cached, stats.backward_by_ratio.size());
+  }
+  fmt::print("profiled {} signatures ({} cached){} in {:.2f} s; db {}\n", stats.signatures, stats.cached, backward,
+             stats.seconds, db_path);
+  for (const std::string& why : stats.backward_by_ratio) {
+    fmt::print("backward by the roofline's backward/forward ratio: {}\n", why);
+  }
+  return std::make_unique<cost::MeasuredCostModel>(
+      db, roofline, training ? cost::BackwardTimes::kMeasured : cost::BackwardTimes::kRooflineRatio);
 }
 
 int run(int argc, char** argv) {
@@ -129,9 +143,10 @@ int run(int argc, char** argv) {
                  "(default: the device kind's NVLink/InfiniBand figures)");
   app.add_option("--recompute", po.recompute,
                  "with --train: activation recomputation. none (default); all: every stage keeps only its "
-                 "inputs per microbatch and re-runs its forward before the backward; auto: only the stages "
-                 "that would not fit the device's memory without it (the split is the usual one when that "
-                 "fits, else the fastest one)")
+                 "inputs per microbatch and re-runs its forward before the backward; auto: with --objective speed, "
+                 "only the stages that would not fit the device's memory without it (the split is the usual "
+                 "one when that fits, else the fastest one); with --objective memory, every stage whose "
+                 "memory it lowers")
       ->check(CLI::IsMember({"none", "all", "auto"}));
   app.add_option("--split-after", po.split_after, "manual split points: node names, comma separated")
       ->delimiter(',');
@@ -140,8 +155,9 @@ int run(int argc, char** argv) {
   int profile_threads = 1;
   app.add_option("--profile", profile_backend,
                  "cpu: measure each distinct op signature with the CPU backend's kernels and plan with those "
-                 "times instead of the roofline (backward: measured forward x the roofline's backward/forward "
-                 "ratio); device spec defaults to cpu");
+                 "times instead of the roofline; with --train also its gradient ops as autodiff writes them "
+                 "(input- and weight-gradient parts apart; the roofline's backward/forward ratio only where "
+                 "the backend has no gradient kernel, each such op reported); device spec defaults to cpu");
   app.add_option("--profile-db", profile_db,
                  "with --profile: the profile database (JSON) to read and extend (default: "
                  "$XDG_CACHE_HOME/stagecraft/profile-cpu-<T>threads.json, ~/.cache/stagecraft/... without "
@@ -182,8 +198,9 @@ int run(int argc, char** argv) {
     // Measured CPU times: the device's memory and links are the CPU's unless told otherwise.
     if (app.count("--device-spec") == 0) po.device_spec = "cpu";
     std::string db_path = profile_db.empty() ? default_profile_db(profile_threads) : profile_db;
-    po.cost_model = [db_path, profile_threads](const ir::Graph& graph, const cost::RooflineCostModel& roofline) {
-      return profiled_costs(graph, roofline, db_path, profile_threads);
+    po.cost_model = [db_path, profile_threads, training = po.training](const ir::Graph& graph,
+                                                                        const cost::RooflineCostModel& roofline) {
+      return profiled_costs(graph, roofline, db_path, profile_threads, training);
     };
   }
   po.model_path = model_path;

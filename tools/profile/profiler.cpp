@@ -9,12 +9,15 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "compiler/ir/onnx_bridge.h"
+#include "passes/autodiff.h"
 #include "runtime/core/backend.h"
 #include "runtime/core/program.h"
 #include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
 #include "runtime/format/memory_plan.h"
 
 namespace stagecraft::profile {
@@ -56,26 +59,22 @@ std::vector<rt::Tensor> make_inputs(const rt::Program& program) {
   return inputs;
 }
 
-}  // namespace
+/// The median time of one run of a model and the runs it is over.
+struct Timing {
+  double ms = 0;
+  int64_t runs = 0;
+};
 
-cost::ProfileEntry measure_node(const ir::Graph& graph, ir::NodeId id, int threads) {
-  const ir::Node& node = graph.node(id);
-  if (threads < 1) fail(ErrorKind::kUsage, "--profile-threads must be at least 1 (got {})", threads);
+/// Binds `model` on the CPU backend with its outputs made arena intermediates (a run then
+/// times the kernels, not the allocation and zero-fill of owned output tensors) and times it
+/// as the file comment says. `what` names it in errors.
+Timing time_model(onnx::ModelProto model, const std::string& what, int threads) {
   OmpThreads omp_scope(threads);
   const rt::Backend& backend = rt::cpu_backend();
-
-  ir::ExportOptions options;
-  options.nodes = std::vector<ir::NodeId>{id};
-  options.weights = ir::WeightMode::kEmbed;
-  options.value_info = true;
-  onnx::ModelProto model = ir::model_from_graph(graph, options);
-  // The node's outputs become arena intermediates: a run then times the kernel, not the
-  // allocation and zero-fill of owned output tensors.
   auto* g = model.mutable_graph();
   for (const auto& out : g->output()) *g->add_value_info() = out;
   g->clear_output();
 
-  std::string what = node.describe(graph);
   auto program = [&] {
     try {
       return rt::Program::from_model(model, backend, what);
@@ -113,10 +112,72 @@ cost::ProfileEntry measure_node(const ir::Graph& graph, ir::NodeId id, int threa
   const size_t n = samples.size();
   double median = n % 2 ? samples[n / 2] : (samples[n / 2 - 1] + samples[n / 2]) / 2;
   // A positive time even for an op below the clock's resolution (the database refuses 0).
-  return cost::ProfileEntry{node.op_type, std::max(median * 1e3, 1e-6), static_cast<int64_t>(n)};
+  return Timing{std::max(median * 1e3, 1e-6), static_cast<int64_t>(n)};
 }
 
-ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int threads, const Progress& progress) {
+void check_threads(int threads) {
+  if (threads < 1) fail(ErrorKind::kUsage, "--profile-threads must be at least 1 (got {})", threads);
+}
+
+}  // namespace
+
+cost::ProfileEntry measure_node(const ir::Graph& graph, ir::NodeId id, int threads) {
+  check_threads(threads);
+  const ir::Node& node = graph.node(id);
+  ir::ExportOptions options;
+  options.nodes = std::vector<ir::NodeId>{id};
+  options.weights = ir::WeightMode::kEmbed;
+  options.value_info = true;
+  Timing t = time_model(ir::model_from_graph(graph, options), node.describe(graph), threads);
+  return cost::ProfileEntry{node.op_type, t.ms, t.runs, {}};
+}
+
+cost::BackwardEntry measure_backward(const ir::Graph& graph, ir::NodeId id, int threads) {
+  check_threads(threads);
+  const ir::Node& node = graph.node(id);
+  // The node alone as a stage: every floating-point output receives a gradient.
+  passes::BackwardSpec spec;
+  spec.nodes = {id};
+  for (ir::ValueId out : node.outputs) {
+    if (out != ir::kNoId && is_floating(graph.value(out).dtype)) spec.output_grads.push_back(out);
+  }
+  // B: the activations at differentiable positions (graph inputs included, see
+  // cost::input_kinds); W: the trainable weights, by the pass's own rule.
+  std::vector<ir::ValueId> activations;
+  for (std::size_t k = 0; k < node.inputs.size(); ++k) {
+    ir::ValueId v = node.inputs[k];
+    if (v == ir::kNoId) continue;
+    const ir::Value& value = graph.value(v);
+    if (value.is_initializer() || !is_floating(value.dtype) || !passes::differentiable_input(node.op_type, k)) continue;
+    if (std::find(activations.begin(), activations.end(), v) == activations.end()) activations.push_back(v);
+  }
+  std::vector<ir::ValueId> weights = passes::trainable_weights(graph, spec.nodes);
+
+  const std::string grad_op = node.op_type + std::string(grad::kGradSuffix);
+  auto time_part = [&](std::vector<ir::ValueId> wanted, const char* part) {
+    spec.wanted = std::move(wanted);
+    std::string what = fmt::format("{} backward ({}, {} gradients)", node.describe(graph), grad_op, part);
+    onnx::ModelProto model =
+        with_context(what, ErrorKind::kInternal, [&] { return passes::build_backward(graph, spec); });
+    return time_model(std::move(model), what, threads);
+  };
+  cost::BackwardEntry entry;
+  if (spec.output_grads.empty()) return entry;
+  if (!activations.empty()) {
+    Timing t = time_part(activations, "input");
+    entry.input_ms = t.ms;
+    entry.input_runs = t.runs;
+  }
+  if (!weights.empty()) {
+    Timing t = time_part(weights, "weight");
+    entry.weight_ms = t.ms;
+    entry.weight_runs = t.runs;
+  }
+  return entry;
+}
+
+ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int threads, Direction direction,
+                           const Progress& progress) {
   auto start = Clock::now();
   if (threads != db.threads()) {
     fail(ErrorKind::kUsage, "profiling with {} threads into a database measured with {}", threads, db.threads());
@@ -124,26 +185,56 @@ ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int thre
   if (db.backend() != "cpu") {
     fail(ErrorKind::kUnsupported, "only the cpu backend can be profiled, not '{}'", db.backend());
   }
+  struct BackwardTodo {
+    std::string key, kinds;
+    ir::NodeId id;
+  };
   ProfileStats stats;
-  std::map<std::string, bool> seen;  // signature -> already in the database
+  std::map<std::string, bool> seen;          // signature -> already in the database
+  std::set<std::string> seen_backward;       // signature + "|" + input kinds
   std::vector<std::pair<std::string, ir::NodeId>> todo;
+  std::vector<BackwardTodo> backward_todo;
   for (ir::NodeId id : graph.topological_order()) {
-    std::string key = cost::signature_key(graph, graph.node(id));
-    if (seen.count(key)) continue;
-    bool cached = db.find(key) != nullptr;
-    seen[key] = cached;
-    if (cached) {
-      ++stats.cached;
+    const ir::Node& node = graph.node(id);
+    std::string key = cost::signature_key(graph, node);
+    if (!seen.count(key)) {
+      bool cached = db.find(key) != nullptr;
+      seen[key] = cached;
+      if (cached) {
+        ++stats.cached;
+      } else {
+        todo.emplace_back(key, id);
+      }
+    }
+    if (direction != Direction::kForwardAndBackward || !cost::may_have_backward(graph, node)) continue;
+    std::string kinds = cost::input_kinds(graph, node);
+    if (!seen_backward.insert(key + "|" + kinds).second) continue;
+    ++stats.backward_signatures;
+    if (db.find_backward(key, kinds) != nullptr) {
+      ++stats.backward_cached;
     } else {
-      todo.emplace_back(std::move(key), id);
+      backward_todo.push_back({std::move(key), std::move(kinds), id});
     }
   }
   stats.signatures = static_cast<int>(seen.size());
-  const int total = static_cast<int>(todo.size());
+  const int total = static_cast<int>(todo.size() + backward_todo.size());
+  int done = 0;
   for (const auto& [key, id] : todo) {
     db.put(key, measure_node(graph, id, threads));
     ++stats.measured;
-    if (progress) progress(stats.measured, total);
+    if (progress) progress(++done, total);
+  }
+  for (const auto& [key, kinds, id] : backward_todo) {
+    try {
+      db.put_backward(key, kinds, measure_backward(graph, id, threads));
+      ++stats.backward_measured;
+    } catch (const Error& e) {
+      // A gradient op the backend lacks (or refuses for these dtypes): the roofline ratio
+      // stands in, and the next profile tries again.
+      if (e.kind() != ErrorKind::kUnsupported) throw;
+      stats.backward_by_ratio.push_back(e.what());
+    }
+    if (progress) progress(++done, total);
   }
   stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return stats;

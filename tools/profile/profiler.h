@@ -13,23 +13,48 @@
 /// first, and never fewer than 3; the median is recorded. Inputs stay the same between runs,
 /// so the caches are as warm as they can be: the times are lower bounds for an op whose inputs
 /// arrive from DRAM.
+///
+/// How its backward is measured (training plans): the autodiff pass itself
+/// (`passes::build_backward`) writes the backward program of the node alone, seeded at every
+/// floating-point output, once wanting the gradients of its activation inputs (the B part: the
+/// "<node>@grad" op) and once those of its trainable weights (the W part: the "<node>@grad_w"
+/// op with `weight_gradients = 1`), so the gradient ops timed are the ones a stage's backward
+/// file holds. Each part is bound and timed like a forward node (its outputs arena
+/// intermediates, the forward values and output gradients it reads as deterministic inputs).
 
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "compiler/ir/graph.h"
 #include "cost_models/profile_db.h"
 
 namespace stagecraft::profile {
 
+/// What `profile_graph` measures.
+enum class Direction {
+  kForward,             ///< Forward ops only (inference plans).
+  kForwardAndBackward,  ///< Also the gradient ops of every node that may have them (training plans).
+};
+
 /// What `profile_graph` did.
 struct ProfileStats {
   int signatures = 0;  ///< Distinct signatures in the graph.
   int cached = 0;      ///< Of those, already in the database.
   int measured = 0;    ///< Of those, measured now (signatures - cached).
+  /// Distinct (signature, input kinds) that may have a backward (`cost::may_have_backward`);
+  /// 0 with `Direction::kForward`.
+  int backward_signatures = 0;
+  int backward_cached = 0;    ///< Of those, already in the database.
+  int backward_measured = 0;  ///< Of those, measured now.
+  /// Of those, one line each for the ones whose gradient ops the backend cannot run (the node
+  /// and the reason): not recorded, so `MeasuredCostModel` takes the roofline ratio for them,
+  /// and tried again the next time.
+  std::vector<std::string> backward_by_ratio;
   double seconds = 0;  ///< Wall time of the whole call.
 };
 
-/// Called after each signature measured: (done, to measure).
+/// Called after each forward or backward measured: (done, to measure).
 using Progress = std::function<void(int done, int total)>;
 
 /// Measures one node of `graph` on the CPU backend with `threads` OpenMP threads (the caller's
@@ -37,8 +62,17 @@ using Progress = std::function<void(int done, int total)>;
 /// the node and the reason when the backend cannot run it.
 cost::ProfileEntry measure_node(const ir::Graph& graph, ir::NodeId node, int threads);
 
+/// Measures the backward of one node of `graph` (see the file comment) on the CPU backend with
+/// `threads` OpenMP threads. A node none of whose inputs takes a gradient gets an entry with
+/// no parts. Throws `Error(kUnsupported)` naming the node and the gradient op when the backend
+/// cannot run a gradient op.
+cost::BackwardEntry measure_backward(const ir::Graph& graph, ir::NodeId node, int threads);
+
 /// Measures every live node of `graph` whose signature is not in `db` yet (nodes with the same
-/// signature once) and adds the results to `db`. `threads` must be the database's thread count.
-ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int threads, const Progress& progress = {});
+/// signature once) and adds the results to `db`; with `Direction::kForwardAndBackward` also the
+/// backward of every node that may have one and whose (signature, input kinds) has no backward
+/// entry yet. `threads` must be the database's thread count.
+ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int threads,
+                           Direction direction = Direction::kForward, const Progress& progress = {});
 
 }  // namespace stagecraft::profile
