@@ -273,10 +273,11 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
       values[s] = slot.weight;
     } else if (slot.kind == Slot::kIntermediate) {
       bool own = mask ? crossing[s] : kept != nullptr;
-      values[s] = own ? Tensor::owned(slot.info.dtype, slot.info.shape)
+      // Kernels write their outputs (gradient kernels that need zeros get them below).
+      values[s] = own ? Tensor::uninitialized(slot.info.dtype, slot.info.shape)
                       : Tensor::view(slot.info.dtype, slot.info.shape, arena + memory_.offsets[slot.memory_index]);
     } else if (slot.kind == Slot::kOutput && (!mask || mine[s])) {
-      values[s] = Tensor::owned(slot.info.dtype, slot.info.shape);
+      values[s] = Tensor::uninitialized(slot.info.dtype, slot.info.shape);
     }
   }
   if (mask) {
@@ -301,8 +302,8 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
     // An omitted optional output gets a scratch tensor-less null; kernels skip null outputs.
     for (int s : step.outputs) out_ptrs.push_back(s < 0 ? nullptr : &values[s]);
     if (step.zero_outputs)
-      for (Tensor* t : out_ptrs)  // owned tensors start at zero; arena views do not
-        if (t && !t->storage && t->bytes() > 0) std::memset(t->data, 0, static_cast<size_t>(t->bytes()));
+      for (Tensor* t : out_ptrs)
+        if (t && t->data && t->bytes() > 0) std::memset(t->data, 0, static_cast<size_t>(t->bytes()));
     try {
       if (hook && hook->before) hook->before(step.name, step.op_type);
       KernelArgs args{step.name, step.op_type, step.attrs, in_ptrs, out_ptrs, device};

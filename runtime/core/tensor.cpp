@@ -82,7 +82,13 @@ size_t pooled_bytes() { return pool().held(); }
 
 void release_pooled_buffers() { pool().release(); }
 
-Tensor Tensor::owned(DType dtype, Shape shape) {
+Tensor Tensor::owned(DType dtype, Shape shape) { return allocate(dtype, std::move(shape), true); }
+
+Tensor Tensor::uninitialized(DType dtype, Shape shape) {
+  return allocate(dtype, std::move(shape), false);
+}
+
+Tensor Tensor::allocate(DType dtype, Shape shape, bool zeroed) {
   int64_t size = dtype_size(dtype);
   if (size <= 0) fail(ErrorKind::kShape, "cannot allocate a tensor of dtype {}", dtype_name(dtype));
   Tensor t;
@@ -93,11 +99,12 @@ Tensor Tensor::owned(DType dtype, Shape shape) {
     size_t size = (static_cast<size_t>(bytes) + BufferPool::kAlign - 1) / BufferPool::kAlign *
                   BufferPool::kAlign;
     std::byte* p = pool().take(size);
-    std::memset(p, 0, size);
+    if (zeroed) std::memset(p, 0, size);
     t.storage = std::shared_ptr<std::byte[]>(p, [size](std::byte* q) { pool().give(q, size); });
   } else {
     // make_shared<T[]> value-initialises: the bytes start at zero.
-    t.storage = std::make_shared<std::byte[]>(static_cast<size_t>(bytes > 0 ? bytes : 1));
+    const auto n = static_cast<size_t>(bytes > 0 ? bytes : 1);
+    t.storage = zeroed ? std::make_shared<std::byte[]>(n) : std::make_shared_for_overwrite<std::byte[]>(n);
   }
   t.data = t.storage.get();
   return t;

@@ -32,6 +32,10 @@ struct Tensor {
   /// fixed size.
   static Tensor owned(DType dtype, Shape shape);
 
+  /// As `owned`, but the bytes are left as they are (for a kernel's output, which the kernel
+  /// overwrites: no pass to zero them first).
+  static Tensor uninitialized(DType dtype, Shape shape);
+
   /// A view of `bytes` (not owned) with this dtype and shape.
   static Tensor view(DType dtype, Shape shape, std::byte* bytes);
 
@@ -50,6 +54,9 @@ struct Tensor {
 
   /// "float32[2, 3]".
   std::string describe() const;
+
+ private:
+  static Tensor allocate(DType dtype, Shape shape, bool zeroed);
 };
 
 /// Owned tensors of at least `kPooledBytes` come from a process-wide pool of freed buffers kept
