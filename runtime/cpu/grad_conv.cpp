@@ -12,14 +12,13 @@
 #include <cstdint>
 #include <limits>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/grad_io.h"
 #include "runtime/cpu/window.h"
 #include "runtime/format/error.h"
-#include "runtime/format/grad_ops.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -27,20 +26,10 @@ namespace {
 
 using dnnl::memory;
 
-bool wants(const KernelArgs& a, size_t k) { return k < a.out.size() && a.out[k] != nullptr; }
-
-// The gradient op's forward input count n; checks that the node has n + 2m inputs.
-int64_t forward_inputs(const KernelArgs& a, int64_t lo, int64_t hi, size_t m_lo, size_t m_hi) {
-  const int64_t n = a.attrs.i(grad::kForwardInputsAttr, -1);
-  const size_t rest = a.num_inputs() >= static_cast<size_t>(std::max<int64_t>(n, 0))
-                          ? a.num_inputs() - static_cast<size_t>(std::max<int64_t>(n, 0))
-                          : 0;
-  if (n < lo || n > hi || rest % 2 != 0 || rest / 2 < m_lo || rest / 2 > m_hi)
-    fail(ErrorKind::kModel,
-         "{}: expected {} to {} forward inputs, the outputs and their gradients; got {} inputs",
-         a.op_type, lo, hi, a.num_inputs());
-  return n;
-}
+// The gradient ops' operand counts: n forward inputs, m forward outputs.
+constexpr GradArity kConvArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
+constexpr GradArity kMaxPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 2};  // Y, [Indices]
+constexpr GradArity kPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
 
 // "" when every present input and output is float32 except inputs listed in `int_inputs`
 // (which may be int64).
@@ -64,51 +53,54 @@ std::string float32_except(const OpSignature& s, std::initializer_list<size_t> i
 // ConvGrad
 
 // Conv's geometry (window.h); dY must have the forward output's shape.
-ConvGeometry grad_geometry(const KernelArgs& a, const Tensor& x, const Tensor& w, const Tensor& dy) {
+ConvGeometry grad_geometry(const KernelArgs& a, const Tensor& x, const Tensor& w,
+                           const Tensor& dy) {
   ConvGeometry g = conv_geometry(a, x, w);
   if (dy.shape != Shape(g.dst.begin(), g.dst.end()))
-    fail(ErrorKind::kShape, "ConvGrad: dY {} should be {}", dy.describe(), shape_string(Shape(g.dst.begin(), g.dst.end())));
+    fail(ErrorKind::kShape, "ConvGrad: dY {} should be {}", dy.describe(),
+         shape_string(Shape(g.dst.begin(), g.dst.end())));
   return g;
 }
 
+// Writes every element of every requested output: oneDNN's backward primitives overwrite dX
+// (zeros where no window reads an input) and dW, and dB is one sum per channel.
 void conv_grad(const KernelArgs& a) {
-  const int64_t n_in = forward_inputs(a, 2, 3, 1, 1);
-  const Tensor& x = a.input(0);
-  const Tensor& w = a.input(1);
-  const size_t dy_at = static_cast<size_t>(n_in) + 1;
-  if (!a.has_input(dy_at)) return;  // no output gradient: all zeros
-  const Tensor& dy = a.input(dy_at);
+  const GradIo io(a, kConvArity);
+  const Tensor& x = io.need_x(0);
+  const Tensor& w = io.need_x(1);
+  if (io.dy(0) == nullptr) return zero_outputs(a);
+  const Tensor& dy = *io.dy(0);
   const ConvGeometry g = grad_geometry(a, x, w, dy);
-  if (wants(a, 0)) expect_shape(a, 0, x.shape);
-  if (wants(a, 1)) expect_shape(a, 1, w.shape);
-  if (wants(a, 2)) {
-    if (n_in < 3 || !a.has_input(2))
-      fail(ErrorKind::kModel, "ConvGrad: a bias gradient without a bias input");
-    expect_shape(a, 2, a.input(2).shape);
-    if (a.input(2).shape != Shape{w.shape[0]})
-      fail(ErrorKind::kModel, "ConvGrad bias {} should be [{}]", a.input(2).describe(), w.shape[0]);
+  if (io.wants(0)) expect_shape(a, 0, x.shape);
+  if (io.wants(1)) expect_shape(a, 1, w.shape);
+  if (io.wants(2)) {
+    const Tensor* bias = io.x(2);
+    if (bias == nullptr) fail(ErrorKind::kModel, "ConvGrad: a bias gradient without a bias input");
+    expect_shape(a, 2, bias->shape);
+    if (bias->shape != Shape{w.shape[0]})
+      fail(ErrorKind::kModel, "ConvGrad bias {} should be [{}]", bias->describe(), w.shape[0]);
   }
-  if (dy.numel() == 0 || x.numel() == 0) return;
+  if (dy.numel() == 0 || x.numel() == 0) return zero_outputs(a);
   CpuContext& ctx = context(a);
   const memory::desc src_d = plain_desc(g.src), w_d = plain_desc(g.weights),
                      dst_d = plain_desc(g.dst);
   try {
-    if (wants(a, 0) || wants(a, 1)) {
+    if (io.wants(0) || io.wants(1)) {
       dnnl::convolution_forward::desc fwd(dnnl::prop_kind::forward_training,
                                           dnnl::algorithm::convolution_direct, src_d, w_d, dst_d,
                                           g.strides, g.dilates, g.pad_l, g.pad_r);
       dnnl::convolution_forward::primitive_desc hint(fwd, ctx.engine);
       memory diff_dst(dst_d, ctx.engine, dy.data);
-      if (wants(a, 0)) {
+      if (io.wants(0)) {
         dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, src_d, w_d,
                                                    dst_d, g.strides, g.dilates, g.pad_l, g.pad_r);
         dnnl::convolution_backward_data::primitive_desc pd(desc, ctx.engine, hint);
         dnnl::convolution_backward_data(pd).execute(
             ctx.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
                          {DNNL_ARG_WEIGHTS, memory(w_d, ctx.engine, w.data)},
-                         {DNNL_ARG_DIFF_SRC, memory(src_d, ctx.engine, a.out[0]->data)}});
+                         {DNNL_ARG_DIFF_SRC, memory(src_d, ctx.engine, io.dx(0)->data)}});
       }
-      if (wants(a, 1)) {
+      if (io.wants(1)) {
         dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, src_d,
                                                       w_d, dst_d, g.strides, g.dilates, g.pad_l,
                                                       g.pad_r);
@@ -116,7 +108,7 @@ void conv_grad(const KernelArgs& a) {
         dnnl::convolution_backward_weights(pd).execute(
             ctx.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
                          {DNNL_ARG_SRC, memory(src_d, ctx.engine, x.data)},
-                         {DNNL_ARG_DIFF_WEIGHTS, memory(w_d, ctx.engine, a.out[1]->data)}});
+                         {DNNL_ARG_DIFF_WEIGHTS, memory(w_d, ctx.engine, io.dx(1)->data)}});
       }
       ctx.stream.wait();
     }
@@ -124,11 +116,11 @@ void conv_grad(const KernelArgs& a) {
     fail(ErrorKind::kUnsupported, "oneDNN cannot run this ConvGrad ({}): {}", shape_string(x.shape),
          e.what());
   }
-  if (wants(a, 2)) {
+  if (io.wants(2)) {
     const int64_t batch = g.dst[0], m = g.dst[1],
                   size = dy.numel() / std::max<int64_t>(batch * m, 1);
     const float* d = dy.as<float>();
-    float* db = a.out[2]->as<float>();
+    float* db = io.dx(2)->as<float>();
 #pragma omp parallel for if (dy.numel() > 32768)
     for (int64_t c = 0; c < m; ++c) {
       double s = 0;
@@ -142,6 +134,7 @@ void conv_grad(const KernelArgs& a) {
 }
 
 std::string check_conv_grad(const OpSignature& s) {
+  if (std::string why = grad_arity_error(s, kConvArity); !why.empty()) return why;
   if (std::string why = all_float32(s); !why.empty()) return why;
   const std::string auto_pad = s.attrs.s("auto_pad", "NOTSET");
   if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" &&
@@ -157,26 +150,28 @@ std::string check_conv_grad(const OpSignature& s) {
 // ---------------------------------------------------------------------------------------------
 // Pooling gradients (geometry: window.h, as the forward)
 
-// Reads X and dY (the last input) of a single-output pooling gradient; checks shapes.
+// A pooling gradient's X, dY (the gradient of Y; null when omitted) and dX (null when not
+// wanted, else checked to have X's shape).
 struct PoolArgs {
   const Tensor* x = nullptr;
   const Tensor* dy = nullptr;
+  Tensor* dx = nullptr;
 };
 
-PoolArgs pool_args(const KernelArgs& a, size_t m_hi) {
-  const int64_t n = forward_inputs(a, 1, 1, 1, m_hi);
-  const size_t m = (a.num_inputs() - static_cast<size_t>(n)) / 2;
-  PoolArgs p;
-  p.x = &a.input(0);
-  const size_t dy_at = static_cast<size_t>(n) + m;
-  p.dy = a.has_input(dy_at) ? &a.input(dy_at) : nullptr;
-  if (wants(a, 0)) expect_shape(a, 0, p.x->shape);
+PoolArgs pool_args(const KernelArgs& a, const GradArity& arity) {
+  const GradIo io(a, arity);
+  PoolArgs p{&io.need_x(0), io.dy(0), io.dx(0)};
+  if (p.dx != nullptr) expect_shape(a, 0, p.x->shape);
   return p;
 }
 
+// MaxPool and AveragePool add into dX, so each zeroes one plane of dX just before it adds into
+// it (while the plane is in cache) instead of the runtime zeroing all of dX first: the kernels
+// write every element.
 void max_pool_grad(const KernelArgs& a) {
-  const PoolArgs p = pool_args(a, 2);
-  if (!wants(a, 0) || !p.dy) return;
+  const PoolArgs p = pool_args(a, kMaxPoolArity);
+  if (p.dx == nullptr) return;
+  if (p.dy == nullptr) return zero(*p.dx);
   const PoolGeometry g = pool_geometry(a, *p.x);
   if (p.dy->shape != g.out_shape)
     fail(ErrorKind::kShape, "MaxPoolGrad: dY {} should be {}", p.dy->describe(),
@@ -186,11 +181,12 @@ void max_pool_grad(const KernelArgs& a) {
   const int64_t H = g.in[1], W = g.in[2];
   const float* x = p.x->as<float>();
   const float* dy = p.dy->as<float>();
-  float* dx = a.out[0]->as<float>();
+  float* dx = p.dx->as<float>();
 #pragma omp parallel for if (g.planes * out_plane > 4096)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
     const float* xp = x + pl * in_plane;
     float* dxp = dx + pl * in_plane;
+    std::fill_n(dxp, in_plane, 0.0f);
     int64_t o = pl * out_plane;
     for (const Window& wd : w[0])
       for (const Window& wh : w[1])
@@ -217,8 +213,9 @@ void max_pool_grad(const KernelArgs& a) {
 }
 
 void average_pool_grad(const KernelArgs& a) {
-  const PoolArgs p = pool_args(a, 1);
-  if (!wants(a, 0) || !p.dy) return;
+  const PoolArgs p = pool_args(a, kPoolArity);
+  if (p.dx == nullptr) return;
+  if (p.dy == nullptr) return zero(*p.dx);
   const PoolGeometry g = pool_geometry(a, *p.x);
   if (p.dy->shape != g.out_shape)
     fail(ErrorKind::kShape, "AveragePoolGrad: dY {} should be {}", p.dy->describe(),
@@ -228,10 +225,11 @@ void average_pool_grad(const KernelArgs& a) {
   const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
   const int64_t H = g.in[1], W = g.in[2];
   const float* dy = p.dy->as<float>();
-  float* dx = a.out[0]->as<float>();
+  float* dx = p.dx->as<float>();
 #pragma omp parallel for if (g.planes * out_plane > 4096)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
     float* dxp = dx + pl * in_plane;
+    std::fill_n(dxp, in_plane, 0.0f);
     int64_t o = pl * out_plane;
     for (const Window& wd : w[0])
       for (const Window& wh : w[1])
@@ -253,8 +251,9 @@ void average_pool_grad(const KernelArgs& a) {
 }
 
 void global_average_pool_grad(const KernelArgs& a) {
-  const PoolArgs p = pool_args(a, 1);
-  if (!wants(a, 0) || !p.dy) return;
+  const PoolArgs p = pool_args(a, kPoolArity);
+  if (p.dx == nullptr) return;
+  if (p.dy == nullptr) return zero(*p.dx);
   const Tensor& x = *p.x;
   if (x.rank() < 2)
     fail(ErrorKind::kModel, "GlobalAveragePoolGrad needs an input of rank 2 or more, not {}",
@@ -266,7 +265,7 @@ void global_average_pool_grad(const KernelArgs& a) {
          planes);
   const int64_t size = x.numel() / planes;
   const float* dy = p.dy->as<float>();
-  float* dx = a.out[0]->as<float>();
+  float* dx = p.dx->as<float>();
 #pragma omp parallel for if (planes * size > 32768)
   for (int64_t pl = 0; pl < planes; ++pl) {
     const float v = dy[pl] / static_cast<float>(size);
@@ -289,20 +288,29 @@ std::string check_pool_grad_attrs(const OpSignature& s) {
 
 std::string check_max_pool_grad(const OpSignature& s) {
   // Inputs: X, Y, [Indices (int64)], dY, [dIndices].
+  if (std::string why = grad_arity_error(s, kMaxPoolArity); !why.empty()) return why;
   if (std::string why = float32_except(s, {2}); !why.empty()) return why;
   return check_pool_grad_attrs(s);
 }
 
 std::string check_average_pool_grad(const OpSignature& s) {
+  if (std::string why = grad_arity_error(s, kPoolArity); !why.empty()) return why;
   if (std::string why = all_float32(s); !why.empty()) return why;
   return check_pool_grad_attrs(s);
 }
 
+std::string check_global_average_pool_grad(const OpSignature& s) {
+  if (std::string why = grad_arity_error(s, kPoolArity); !why.empty()) return why;
+  return all_float32(s);
+}
+
+// Every kernel here writes every element of the outputs it is given (see each kernel).
 constexpr KernelEntry kKernels[] = {
-    {"ConvGrad", conv_grad, check_conv_grad},
-    {"MaxPoolGrad", max_pool_grad, check_max_pool_grad},
-    {"AveragePoolGrad", average_pool_grad, check_average_pool_grad},
-    {"GlobalAveragePoolGrad", global_average_pool_grad, all_float32},
+    {"ConvGrad", conv_grad, check_conv_grad, /*writes_every_output=*/true},
+    {"MaxPoolGrad", max_pool_grad, check_max_pool_grad, /*writes_every_output=*/true},
+    {"AveragePoolGrad", average_pool_grad, check_average_pool_grad, /*writes_every_output=*/true},
+    {"GlobalAveragePoolGrad", global_average_pool_grad, check_global_average_pool_grad,
+     /*writes_every_output=*/true},
 };
 
 }  // namespace

@@ -20,7 +20,6 @@
 #include "runtime/cpu/grad_io.h"
 #include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
-#include "runtime/format/grad_ops.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -115,7 +114,8 @@ void transpose_grad(const KernelArgs& a) {
 // --- Concat and Split ---------------------------------------------------------------------------
 
 // Copies between a joined tensor (`rows` rows of `row` elements) and its pieces: piece k holds
-// `sizes[k]` elements of each row, starting at `starts[k]`. With `to_pieces`, joined -> pieces.
+// `sizes[k]` elements of each row, starting at `starts[k]`. With `to_pieces`, joined -> pieces
+// (a null piece is skipped); else pieces -> joined (a null piece gives zeros there).
 void move_pieces(float* joined, int64_t rows, int64_t row, const std::vector<float*>& pieces,
                  const std::vector<int64_t>& starts, const std::vector<int64_t>& sizes,
                  bool to_pieces) {
@@ -123,8 +123,12 @@ void move_pieces(float* joined, int64_t rows, int64_t row, const std::vector<flo
 #pragma omp parallel for if (rows * row >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t k = 0; k < parts; ++k) {
-      if (pieces[k] == nullptr || sizes[k] == 0) continue;
+      if (sizes[k] == 0) continue;
       float* j = joined + r * row + starts[k];
+      if (pieces[k] == nullptr) {
+        if (!to_pieces) std::fill_n(j, sizes[k], 0.0f);
+        continue;
+      }
       float* p = pieces[k] + r * sizes[k];
       if (to_pieces)
         std::memcpy(p, j, static_cast<size_t>(sizes[k]) * sizeof(float));
@@ -172,7 +176,6 @@ void split_grad(const KernelArgs& a) {
   if (dx == nullptr) return;
   const Tensor& x = io.need_x(0);
   expect_shape(a, 0, x.shape);
-  zero(*dx);
   const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), x.rank());
   const int64_t n = static_cast<int64_t>(io.m), dim = x.shape[axis];
   std::vector<int64_t> sizes;
@@ -223,7 +226,8 @@ void slice_grad(const KernelArgs& a) {
   if (dy == nullptr) return;
   const SliceView view = slice_view(a, x.shape, io.n, [&](size_t k) { return io.x(k); });
   expect_dy_shape(a, *dy, view.shape);
-  strided_move(const_cast<float*>(dy->as<float>()), dx->as<float>(), view.shape, view.strides, view.base,
+  strided_move(const_cast<float*>(dy->as<float>()), dx->as<float>(), view.shape, view.strides,
+               view.base,
                /*scatter=*/true);
 }
 
@@ -339,17 +343,13 @@ void reduce_mean_grad(const KernelArgs& a) {
 
 // --- Checks -------------------------------------------------------------------------------------
 
-// "" when the signature is n + 2m inputs and n outputs (n = forward_inputs), every named output
-// and output gradient is float32 and so is the forward input of every named output.
+// "" when the signature is n + 2m inputs and n outputs (n = forward_inputs, at least 1), every
+// named output and output gradient is float32 and so is the forward input of every named output.
 std::string check_data_grad(const OpSignature& s) {
-  const int64_t fi = s.attrs.i(grad::kForwardInputsAttr, -1);
-  if (fi < 1 || static_cast<size_t>(fi) > s.inputs.size() ||
-      (s.inputs.size() - static_cast<size_t>(fi)) % 2 != 0 ||
-      s.outputs.size() != static_cast<size_t>(fi))
-    return fmt::format(
-        "{} with {} inputs, {} outputs and forward_inputs={} is not a gradient-op signature",
-        s.op_type, s.inputs.size(), s.outputs.size(), fi);
-  const size_t n = static_cast<size_t>(fi), m = (s.inputs.size() - n) / 2;
+  const GradCounts c =
+      grad_counts(s.op_type, s.attrs, s.inputs.size(), s.outputs.size(), {.n_min = 1});
+  if (!c.error.empty()) return c.error;
+  const size_t n = c.n, m = c.m;
   for (size_t j = 0; j < m; ++j) {
     const DType d = s.inputs[n + m + j];
     if (d != DType::kUndefined && d != DType::kFloat32)
@@ -365,19 +365,22 @@ std::string check_data_grad(const OpSignature& s) {
   return "";
 }
 
+// Every kernel here writes every element of the outputs it is given: copies and gathers
+// overwrite, Split joins (zeros for an omitted dy), Slice and Gather zero dX themselves before
+// they scatter or add into it, and every kernel gives zeros where dy is omitted.
 constexpr KernelEntry kKernels[] = {
-    {"IdentityGrad", copy_grad, check_data_grad},
-    {"ReshapeGrad", copy_grad, check_data_grad},
-    {"FlattenGrad", copy_grad, check_data_grad},
-    {"SqueezeGrad", copy_grad, check_data_grad},
-    {"UnsqueezeGrad", copy_grad, check_data_grad},
-    {"TransposeGrad", transpose_grad, check_data_grad},
-    {"ConcatGrad", concat_grad, check_data_grad},
-    {"SplitGrad", split_grad, check_data_grad},
-    {"SliceGrad", slice_grad, check_data_grad},
-    {"GatherGrad", gather_grad, check_data_grad},
-    {"ExpandGrad", expand_grad, check_data_grad},
-    {"ReduceMeanGrad", reduce_mean_grad, check_data_grad},
+    {"IdentityGrad", copy_grad, check_data_grad, /*writes_every_output=*/true},
+    {"ReshapeGrad", copy_grad, check_data_grad, /*writes_every_output=*/true},
+    {"FlattenGrad", copy_grad, check_data_grad, /*writes_every_output=*/true},
+    {"SqueezeGrad", copy_grad, check_data_grad, /*writes_every_output=*/true},
+    {"UnsqueezeGrad", copy_grad, check_data_grad, /*writes_every_output=*/true},
+    {"TransposeGrad", transpose_grad, check_data_grad, /*writes_every_output=*/true},
+    {"ConcatGrad", concat_grad, check_data_grad, /*writes_every_output=*/true},
+    {"SplitGrad", split_grad, check_data_grad, /*writes_every_output=*/true},
+    {"SliceGrad", slice_grad, check_data_grad, /*writes_every_output=*/true},
+    {"GatherGrad", gather_grad, check_data_grad, /*writes_every_output=*/true},
+    {"ExpandGrad", expand_grad, check_data_grad, /*writes_every_output=*/true},
+    {"ReduceMeanGrad", reduce_mean_grad, check_data_grad, /*writes_every_output=*/true},
 };
 
 }  // namespace

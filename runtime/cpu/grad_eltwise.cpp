@@ -23,7 +23,6 @@
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/grad_io.h"
 #include "runtime/format/error.h"
-#include "runtime/format/grad_ops.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -131,9 +130,9 @@ constexpr int64_t kParallelElements = int64_t{1} << 15;
 // ---------------------------------------------------------------------------------------------
 // The gradient op's operands
 
-void zero_output(const KernelArgs& a, size_t k) {
-  Tensor* t = k < a.out.size() ? a.out[k] : nullptr;
-  if (t != nullptr && t->bytes() > 0) std::memset(t->data, 0, static_cast<size_t>(t->bytes()));
+// Zeroes dx_k where it is wanted.
+void zero_output(const GradIo& io, size_t k) {
+  if (Tensor* t = io.dx(k)) zero(*t);
 }
 
 // Fails unless `dx` has `shape` (the forward input's).
@@ -155,11 +154,11 @@ void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) 
 template <class Fwd, class G>
 void unary_grad(const KernelArgs& a, Fwd fwd, G g) {
   GradIo io(a);
-  for (size_t k = 1; k < io.n; ++k) zero_output(a, k);  // Clip's bounds get none
+  for (size_t k = 1; k < io.n; ++k) zero_output(io, k);  // Clip's bounds get none
   Tensor* dx = io.dx(0);
   const Tensor* dy = io.dy(0);
   if (dx == nullptr) return;
-  if (dy == nullptr) return zero_output(a, 0);
+  if (dy == nullptr) return zero(*dx);
   const Tensor& x = io.need_x(0);
   expect_dx_shape(a, 0, x.shape);
   expect_dy_shape(a, *dy, x.shape);
@@ -285,11 +284,11 @@ void dropout_grad(const KernelArgs& a) {
          "backend runs Dropout as the identity");
   if (a.attrs.i("is_test", 1) == 0)
     fail(ErrorKind::kUnsupported, "DropoutGrad with is_test=0 (training) is not supported");
-  for (size_t k = 1; k < io.n; ++k) zero_output(a, k);  // ratio and training_mode get none
+  for (size_t k = 1; k < io.n; ++k) zero_output(io, k);  // ratio and training_mode get none
   Tensor* dx = io.dx(0);
   const Tensor* dy = io.dy(0);
   if (dx == nullptr) return;
-  if (dy == nullptr) return zero_output(a, 0);
+  if (dy == nullptr) return zero(*dx);
   expect_dx_shape(a, 0, io.need_x(0).shape);
   expect_dy_shape(a, *dy, dx->shape);
   if (dx->data != dy->data) std::memmove(dx->data, dy->data, static_cast<size_t>(dx->bytes()));
@@ -313,7 +312,7 @@ void cast_grad(const KernelArgs& a) {
   Tensor* dx = io.dx(0);
   const Tensor* dy = io.dy(0);
   if (dx == nullptr) return;
-  if (dy == nullptr) return zero_output(a, 0);
+  if (dy == nullptr) return zero(*dx);
   const Tensor& x = io.need_x(0);
   expect_dx_shape(a, 0, x.shape);
   expect_dy_shape(a, *dy, x.shape);
@@ -472,7 +471,7 @@ void pow_grad(const KernelArgs& a) {
 void where_grad(const KernelArgs& a) {
   GradIo io(a);
   const Tensor* dy = io.dy(0);
-  zero_output(a, 0);  // the condition gets none
+  zero_output(io, 0);  // the condition gets none
   if (dy == nullptr) zero_outputs(a);
   if (dy == nullptr || (io.dx(1) == nullptr && io.dx(2) == nullptr)) return;
   const Tensor &cond = io.need_x(0), &x = io.need_x(1), &y = io.need_x(2);
@@ -510,29 +509,15 @@ void equal_grad(const KernelArgs& a) { zero_outputs(a); }
 // ---------------------------------------------------------------------------------------------
 // Checks
 
-// "" when the signature is n + 2m inputs and n outputs with n = forward_inputs.
-std::string grad_arity(const OpSignature& s, size_t& n, size_t& m) {
-  const int64_t fi = s.attrs.i(grad::kForwardInputsAttr, -1);
-  if (fi < 0 || static_cast<size_t>(fi) > s.inputs.size() ||
-      (s.inputs.size() - static_cast<size_t>(fi)) % 2 != 0 ||
-      s.outputs.size() != static_cast<size_t>(fi))
-    return fmt::format(
-        "{} with {} inputs, {} outputs and forward_inputs={} is not a gradient-op signature",
-        s.op_type, s.inputs.size(), s.outputs.size(), fi);
-  n = static_cast<size_t>(fi);
-  m = (s.inputs.size() - n) / 2;
-  return "";
-}
-
 bool float_or_absent(DType d) { return d == DType::kUndefined || d == DType::kFloat32; }
 
-// Every input and output float32 (or absent), with `n` forward inputs of which at least `required`.
-std::string check_float_grad(const OpSignature& s, size_t n_min, size_t n_max) {
-  size_t n = 0, m = 0;
-  if (auto why = grad_arity(s, n, m); !why.empty()) return why;
-  if (n < n_min || n > n_max || m != 1)
-    return fmt::format("{} with {} forward inputs and {} outputs is not a valid signature",
-                       s.op_type, n, m);
+constexpr GradArity kUnaryArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
+constexpr GradArity kBinaryArity{.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1};
+constexpr GradArity kClipArity{.n_min = 1, .n_max = 3, .m_min = 1, .m_max = 1};  // x, [min], [max]
+
+// Every input and output float32 (or absent), with the counts `arity` allows.
+std::string check_float_grad(const OpSignature& s, const GradArity& arity) {
+  if (auto why = grad_arity_error(s, arity); !why.empty()) return why;
   for (DType d : s.inputs)
     if (!float_or_absent(d))
       return fmt::format("{} on {} is not supported (the cpu backend differentiates float32 only)",
@@ -544,28 +529,26 @@ std::string check_float_grad(const OpSignature& s, size_t n_min, size_t n_max) {
   return "";
 }
 
-std::string check_unary(const OpSignature& s) { return check_float_grad(s, 1, 1); }
-std::string check_binary(const OpSignature& s) { return check_float_grad(s, 2, 2); }
-std::string check_clip(const OpSignature& s) { return check_float_grad(s, 1, 3); }
+std::string check_unary(const OpSignature& s) { return check_float_grad(s, kUnaryArity); }
+std::string check_binary(const OpSignature& s) { return check_float_grad(s, kBinaryArity); }
+std::string check_clip(const OpSignature& s) { return check_float_grad(s, kClipArity); }
 
 std::string check_pow(const OpSignature& s) {
-  size_t n = 0, m = 0;
-  if (auto why = grad_arity(s, n, m); !why.empty()) return why;
-  if (n != 2 || m != 1) return "PowGrad needs 2 forward inputs and 1 output";
+  if (auto why = grad_arity_error(s, kBinaryArity); !why.empty()) return why;
   const DType e = s.inputs[1];
   if (e == DType::kInt32 || e == DType::kInt64) {
     if (s.outputs[1] != DType::kUndefined) return "PowGrad: an integer exponent has no gradient";
     std::vector<DType> rest(s.inputs.begin(), s.inputs.end());
     rest[1] = DType::kFloat32;
-    return check_float_grad({s.op_type, rest, s.outputs, s.attrs}, 2, 2);
+    return check_float_grad({s.op_type, rest, s.outputs, s.attrs}, kBinaryArity);
   }
-  return check_float_grad(s, 2, 2);
+  return check_float_grad(s, kBinaryArity);
 }
 
 std::string check_where(const OpSignature& s) {
-  size_t n = 0, m = 0;
-  if (auto why = grad_arity(s, n, m); !why.empty()) return why;
-  if (n != 3 || m != 1) return "WhereGrad needs 3 forward inputs and 1 output";
+  if (auto why = grad_arity_error(s, {.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1});
+      !why.empty())
+    return why;
   if (s.inputs[0] != DType::kBool)
     return fmt::format("WhereGrad with a {} condition is not valid", dtype_name(s.inputs[0]));
   if (s.outputs[0] != DType::kUndefined) return "WhereGrad: the condition has no gradient";
@@ -580,10 +563,11 @@ std::string check_where(const OpSignature& s) {
 }
 
 std::string check_dropout(const OpSignature& s) {
-  size_t n = 0, m = 0;
-  if (auto why = grad_arity(s, n, m); !why.empty()) return why;
-  if (n < 1 || n > 3 || m < 1 || m > 2)
-    return "DropoutGrad needs 1 to 3 forward inputs and 1 or 2 outputs";
+  // Inputs data, [ratio], [training_mode]; outputs Y, [mask].
+  const GradCounts c = grad_counts(s.op_type, s.attrs, s.inputs.size(), s.outputs.size(),
+                                   {.n_min = 1, .n_max = 3, .m_min = 1, .m_max = 2});
+  if (!c.error.empty()) return c.error;
+  const size_t n = c.n, m = c.m;
   if (s.inputs[0] != DType::kFloat32)
     return fmt::format("DropoutGrad on {} is not supported (float32 only)",
                        dtype_name(s.inputs[0]));
@@ -597,9 +581,7 @@ std::string check_dropout(const OpSignature& s) {
 }
 
 std::string check_cast(const OpSignature& s) {
-  size_t n = 0, m = 0;
-  if (auto why = grad_arity(s, n, m); !why.empty()) return why;
-  if (n != 1 || m != 1) return "CastGrad needs 1 forward input and 1 output";
+  if (auto why = grad_arity_error(s, kUnaryArity); !why.empty()) return why;
   if (s.outputs[0] == DType::kUndefined) return "";
   if (s.inputs[0] != DType::kFloat32 || s.outputs[0] != DType::kFloat32)
     return fmt::format("CastGrad to a {} input is not supported (float32 only)",
@@ -611,29 +593,30 @@ std::string check_cast(const OpSignature& s) {
   return "";
 }
 
-std::string check_equal(const OpSignature& s) {
-  size_t n = 0, m = 0;
-  return grad_arity(s, n, m);
-}
+std::string check_equal(const OpSignature& s) { return grad_arity_error(s); }
+
+// Every kernel here writes every element of the outputs it is given: an elementwise result per
+// element (summed back where the input was broadcast, sum_to_shape overwriting its output), or
+// zeros for inputs that get no gradient and where dy is omitted.
 
 constexpr KernelEntry kKernels[] = {
-    {"ReluGrad", relu_grad, check_unary},
-    {"SigmoidGrad", sigmoid_grad, check_unary},
-    {"TanhGrad", tanh_grad, check_unary},
-    {"SqrtGrad", sqrt_grad, check_unary},
-    {"ErfGrad", erf_grad, check_unary},
-    {"HardSigmoidGrad", hard_sigmoid_grad, check_unary},
-    {"HardSwishGrad", hard_swish_grad, check_unary},
-    {"ClipGrad", clip_grad, check_clip},
-    {"DropoutGrad", dropout_grad, check_dropout},
-    {"CastGrad", cast_grad, check_cast},
-    {"AddGrad", arith_grad<Arith::kAdd>, check_binary},
-    {"SubGrad", arith_grad<Arith::kSub>, check_binary},
-    {"MulGrad", arith_grad<Arith::kMul>, check_binary},
-    {"DivGrad", arith_grad<Arith::kDiv>, check_binary},
-    {"PowGrad", pow_grad, check_pow},
-    {"WhereGrad", where_grad, check_where},
-    {"EqualGrad", equal_grad, check_equal},
+    {"ReluGrad", relu_grad, check_unary, /*writes_every_output=*/true},
+    {"SigmoidGrad", sigmoid_grad, check_unary, /*writes_every_output=*/true},
+    {"TanhGrad", tanh_grad, check_unary, /*writes_every_output=*/true},
+    {"SqrtGrad", sqrt_grad, check_unary, /*writes_every_output=*/true},
+    {"ErfGrad", erf_grad, check_unary, /*writes_every_output=*/true},
+    {"HardSigmoidGrad", hard_sigmoid_grad, check_unary, /*writes_every_output=*/true},
+    {"HardSwishGrad", hard_swish_grad, check_unary, /*writes_every_output=*/true},
+    {"ClipGrad", clip_grad, check_clip, /*writes_every_output=*/true},
+    {"DropoutGrad", dropout_grad, check_dropout, /*writes_every_output=*/true},
+    {"CastGrad", cast_grad, check_cast, /*writes_every_output=*/true},
+    {"AddGrad", arith_grad<Arith::kAdd>, check_binary, /*writes_every_output=*/true},
+    {"SubGrad", arith_grad<Arith::kSub>, check_binary, /*writes_every_output=*/true},
+    {"MulGrad", arith_grad<Arith::kMul>, check_binary, /*writes_every_output=*/true},
+    {"DivGrad", arith_grad<Arith::kDiv>, check_binary, /*writes_every_output=*/true},
+    {"PowGrad", pow_grad, check_pow, /*writes_every_output=*/true},
+    {"WhereGrad", where_grad, check_where, /*writes_every_output=*/true},
+    {"EqualGrad", equal_grad, check_equal, /*writes_every_output=*/true},
 };
 
 }  // namespace

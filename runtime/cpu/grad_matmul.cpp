@@ -14,8 +14,8 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/grad_io.h"
 #include "runtime/format/error.h"
-#include "runtime/format/grad_ops.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
@@ -112,29 +112,23 @@ void sum_batches(const float* full, const memory::dims& batch, const memory::dim
     for (int64_t b = 0; b < full_count; ++b) out[target[b] * matrix + e] += full[b * matrix + e];
 }
 
-// The gradient op's forward_inputs count (n) and checks that inputs hold x.., y0, dy0.
-int64_t single_output_layout(const KernelArgs& a, int64_t lo, int64_t hi) {
-  const int64_t n = a.attrs.i(grad::kForwardInputsAttr, -1);
-  if (n < lo || n > hi || a.num_inputs() != static_cast<size_t>(n + 2))
-    fail(ErrorKind::kModel,
-         "{}: expected {} to {} forward inputs, the output and its gradient; got {} inputs",
-         a.op_type, lo, hi, a.num_inputs());
-  return n;
-}
+// The gradient ops' operand counts: n forward inputs, one forward output.
+constexpr GradArity kMatMulArity{.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1};
+constexpr GradArity kGemmArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
 
-bool wants(const KernelArgs& a, size_t k) { return k < a.out.size() && a.out[k] != nullptr; }
-
+// Writes every element of the outputs it is given: each is one product (oneDNN overwrites its
+// destination) or a sum of products into zeros, and zeros where an operand is empty.
 void matmul_grad(const KernelArgs& a) {
-  single_output_layout(a, 2, 2);
-  const bool want_a = wants(a, 0), want_b = wants(a, 1);
+  const GradIo io(a, kMatMulArity);
+  const bool want_a = io.wants(0), want_b = io.wants(1);
   if (!want_a && !want_b) return;
-  const Tensor& x = a.input(0);
-  const Tensor& y = a.input(1);
+  const Tensor& x = io.need_x(0);
+  const Tensor& y = io.need_x(1);
   if (x.rank() == 0 || y.rank() == 0)
     fail(ErrorKind::kShape, "MatMulGrad of {} and {}: operands must have rank 1 or more",
          x.describe(), y.describe());
-  if (!a.has_input(3)) return;  // no output gradient: zeros
-  const Tensor& dy = a.input(3);
+  if (io.dy(0) == nullptr) return zero_outputs(a);  // no output gradient: zeros
+  const Tensor& dy = *io.dy(0);
   Shape sa = x.rank() == 1 ? Shape{1, x.shape[0]} : x.shape;
   Shape sb = y.rank() == 1 ? Shape{y.shape[0], 1} : y.shape;
   const size_t rank = std::max(sa.size(), sb.size());
@@ -172,13 +166,13 @@ void matmul_grad(const KernelArgs& a) {
          dy.describe(), x.describe(), y.describe());
   if (want_a) expect_shape(a, 0, x.shape);
   if (want_b) expect_shape(a, 1, y.shape);
-  if (full * m * n == 0 || k == 0) return;  // gradients are all zero (outputs are zero-filled)
+  if (full * m * n == 0 || k == 0) return zero_outputs(a);  // gradients are all zero
   const CpuContext& ctx = context(a);
   const bool a_full = ba == bf, b_full = bb == bf;
   const bool b_unbatched = std::all_of(bb.begin(), bb.end(), [](int64_t d) { return d == 1; });
 
   if (want_a) {
-    float* out = a.out[0]->as<float>();
+    float* out = io.dx(0)->as<float>();
     if (a_full) {
       // dA [bf, m, k] = dY [bf, m, n] x B^T [bb, n, k]
       product(ctx, view(bf, m, n, dy.data, false), view(bb, n, k, y.data, true),
@@ -191,7 +185,7 @@ void matmul_grad(const KernelArgs& a) {
     }
   }
   if (want_b) {
-    float* out = a.out[1]->as<float>();
+    float* out = io.dx(1)->as<float>();
     if (b_unbatched && a_full) {
       // No batch dims on B: dB [k, n] = A^T [k, P*m] x dY [P*m, n] over all rows at once.
       product(ctx, view({}, k, full * m, x.data, true), view({}, full * m, n, dy.data, false),
@@ -208,10 +202,11 @@ void matmul_grad(const KernelArgs& a) {
   }
 }
 
+// Writes every element of the outputs it is given, as MatMulGrad; dC is a sum per element.
 void gemm_grad(const KernelArgs& a) {
-  single_output_layout(a, 2, 3);
-  const Tensor& x = a.input(0);
-  const Tensor& y = a.input(1);
+  const GradIo io(a, kGemmArity);
+  const Tensor& x = io.need_x(0);
+  const Tensor& y = io.need_x(1);
   if (x.rank() != 2 || y.rank() != 2)
     fail(ErrorKind::kShape, "GemmGrad of {} and {}: A and B must be matrices", x.describe(),
          y.describe());
@@ -223,45 +218,44 @@ void gemm_grad(const KernelArgs& a) {
     fail(ErrorKind::kShape,
          "GemmGrad of {} and {} (transA={}, transB={}): inner dims {} and {} differ", x.describe(),
          y.describe(), int(trans_a), int(trans_b), k, kb);
-  const size_t dy_at = a.num_inputs() - 1;
-  if (!a.has_input(dy_at)) return;
-  const Tensor& dy = a.input(dy_at);
+  if (io.dy(0) == nullptr) return zero_outputs(a);
+  const Tensor& dy = *io.dy(0);
   if (dy.shape != Shape{m, n})
     fail(ErrorKind::kShape, "GemmGrad: dY {} should be [{}, {}]", dy.describe(), m, n);
   const CpuContext& ctx = context(a);
-  const bool work = m * n > 0 && k > 0;
-  if (wants(a, 0)) {
+  const bool work = m * n > 0 && k > 0;  // else dA and dB are zeros
+  if (io.wants(0)) {
     expect_shape(a, 0, x.shape);
-    if (work) {
-      if (!trans_a)  // dA [m, k] = alpha dY [m, n] x B'^T [n, k]
-        product(ctx, view({}, m, n, dy.data, false), view({}, n, k, y.data, !trans_b), {m, k},
-                a.out[0]->data, alpha);
-      else  // dA [k, m] = alpha B' [k, n] x dY^T [n, m]
-        product(ctx, view({}, k, n, y.data, trans_b), view({}, n, m, dy.data, true), {k, m},
-                a.out[0]->data, alpha);
-    }
+    if (!work)
+      zero(*io.dx(0));
+    else if (!trans_a)  // dA [m, k] = alpha dY [m, n] x B'^T [n, k]
+      product(ctx, view({}, m, n, dy.data, false), view({}, n, k, y.data, !trans_b), {m, k},
+              io.dx(0)->data, alpha);
+    else  // dA [k, m] = alpha B' [k, n] x dY^T [n, m]
+      product(ctx, view({}, k, n, y.data, trans_b), view({}, n, m, dy.data, true), {k, m},
+              io.dx(0)->data, alpha);
   }
-  if (wants(a, 1)) {
+  if (io.wants(1)) {
     expect_shape(a, 1, y.shape);
-    if (work) {
-      if (!trans_b)  // dB [k, n] = alpha A'^T [k, m] x dY [m, n]
-        product(ctx, view({}, k, m, x.data, !trans_a), view({}, m, n, dy.data, false), {k, n},
-                a.out[1]->data, alpha);
-      else  // dB [n, k] = alpha dY^T [n, m] x A' [m, k]
-        product(ctx, view({}, n, m, dy.data, true), view({}, m, k, x.data, trans_a), {n, k},
-                a.out[1]->data, alpha);
-    }
+    if (!work)
+      zero(*io.dx(1));
+    else if (!trans_b)  // dB [k, n] = alpha A'^T [k, m] x dY [m, n]
+      product(ctx, view({}, k, m, x.data, !trans_a), view({}, m, n, dy.data, false), {k, n},
+              io.dx(1)->data, alpha);
+    else  // dB [n, k] = alpha dY^T [n, m] x A' [m, k]
+      product(ctx, view({}, n, m, dy.data, true), view({}, m, k, x.data, trans_a), {n, k},
+              io.dx(1)->data, alpha);
   }
-  if (wants(a, 2)) {
-    const Tensor& c = a.input(2);
+  if (io.wants(2)) {
+    const Tensor& c = io.need_x(2);
     expect_shape(a, 2, c.shape);
     const Shape& sc = c.shape;
     const int64_t cm = sc.size() == 2 ? sc[0] : 1, cn = sc.empty() ? 1 : sc.back();
     if (sc.size() > 2 || (cm != 1 && cm != m) || (cn != 1 && cn != n))
       fail(ErrorKind::kShape, "GemmGrad: C {} does not broadcast to [{}, {}]", c.describe(), m, n);
-    float* dc = a.out[2]->as<float>();
+    float* dc = io.dx(2)->as<float>();
     const float* g = dy.as<float>();
-    if (beta == 0.0f) return;
+    if (beta == 0.0f) return zero(*io.dx(2));
     if (cm == m && cn == n) {
       for (int64_t i = 0; i < m * n; ++i) dc[i] = beta * g[i];
     } else if (cm == 1 && cn == n) {
@@ -283,9 +277,19 @@ void gemm_grad(const KernelArgs& a) {
   }
 }
 
+std::string check_matmul_grad(const OpSignature& s) {
+  if (std::string why = grad_arity_error(s, kMatMulArity); !why.empty()) return why;
+  return all_float32(s);
+}
+
+std::string check_gemm_grad(const OpSignature& s) {
+  if (std::string why = grad_arity_error(s, kGemmArity); !why.empty()) return why;
+  return all_float32(s);
+}
+
 const KernelEntry kKernels[] = {
-    {"MatMulGrad", matmul_grad, all_float32},
-    {"GemmGrad", gemm_grad, all_float32},
+    {"MatMulGrad", matmul_grad, check_matmul_grad, /*writes_every_output=*/true},
+    {"GemmGrad", gemm_grad, check_gemm_grad, /*writes_every_output=*/true},
 };
 
 }  // namespace

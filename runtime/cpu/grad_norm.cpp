@@ -14,43 +14,26 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/grad_io.h"
 #include "runtime/format/error.h"
-#include "runtime/format/grad_ops.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
 
-bool wants(const KernelArgs& a, size_t k) { return k < a.out.size() && a.out[k] != nullptr; }
-
-// Where a gradient node's parts are: n forward inputs, m forward outputs.
-struct Layout {
-  size_t n = 0, m = 0;
-  // dy_j, or null when omitted.
-  const Tensor* dy(const KernelArgs& a, size_t j) const {
-    return j < m && a.has_input(n + m + j) ? &a.input(n + m + j) : nullptr;
-  }
-};
-
-Layout layout(const KernelArgs& a, int64_t n_lo, int64_t n_hi, size_t m_hi) {
-  const int64_t n = a.attrs.i(grad::kForwardInputsAttr, -1);
-  if (n < n_lo || n > n_hi || a.num_inputs() < static_cast<size_t>(n) + 2 ||
-      (a.num_inputs() - static_cast<size_t>(n)) % 2 != 0 ||
-      (a.num_inputs() - static_cast<size_t>(n)) / 2 > m_hi)
-    fail(ErrorKind::kModel,
-         "{}: expected {} to {} forward inputs, the outputs and their gradients; got {} inputs",
-         a.op_type, n_lo, n_hi, a.num_inputs());
-  return {static_cast<size_t>(n), (a.num_inputs() - static_cast<size_t>(n)) / 2};
-}
-
-// "" when every present input and output is float32.
-std::string present_float32(const OpSignature& s) { return all_float32(s); }
+// The gradient ops' operand counts: n forward inputs, m forward outputs (BatchNormalization's Y,
+// running mean and running variance; LayerNormalization's Y, Mean and InvStdDev).
+constexpr GradArity kBatchNormArity{.n_min = 5, .n_max = 5, .m_min = 1, .m_max = 3};
+constexpr GradArity kLayerNormArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 3};
+constexpr GradArity kSoftmaxArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
 
 // ---------------------------------------------------------------------------------------------
 // BatchNormalizationGrad: X [N, C, ...] read as [N, C, S].
 
+// Writes every element of the outputs it is given: one value per channel for the [C] gradients
+// and, per channel, every element of dX (zeros in inference without dY).
 void batch_norm_grad(const KernelArgs& a) {
-  const Layout l = layout(a, 5, 5, 3);
-  const Tensor& x = a.input(0);
+  const GradIo io(a, kBatchNormArity);
+  const Tensor& x = io.need_x(0);
   if (x.rank() < 2)
     fail(ErrorKind::kShape, "BatchNormalizationGrad: X is {}, expected [N, C, ...]", x.describe());
   const int64_t N = x.shape[0], C = x.shape[1], S = x.numel() / std::max<int64_t>(N * C, 1);
@@ -59,10 +42,10 @@ void batch_norm_grad(const KernelArgs& a) {
       fail(ErrorKind::kShape, "BatchNormalizationGrad: input {} is {}, expected [{}]", k,
            a.input(k).describe(), C);
   for (size_t k = 0; k < 5; ++k)
-    if (wants(a, k)) expect_shape(a, k, a.input(k).shape);
-  const Tensor* dy = l.dy(a, 0);
-  const Tensor* drm = l.dy(a, 1);  // running mean
-  const Tensor* drv = l.dy(a, 2);  // running var
+    if (io.wants(k)) expect_shape(a, k, a.input(k).shape);
+  const Tensor* dy = io.dy(0);
+  const Tensor* drm = io.dy(1);  // running mean
+  const Tensor* drv = io.dy(2);  // running var
   if (dy && dy->shape != x.shape)
     fail(ErrorKind::kShape, "BatchNormalizationGrad: dY {} should be {}", dy->describe(),
          shape_string(x.shape));
@@ -73,13 +56,13 @@ void batch_norm_grad(const KernelArgs& a) {
   const float* in_mean = a.input(3).as<float>();
   const float* in_var = a.input(4).as<float>();
   const float* g = dy ? dy->as<float>() : nullptr;
-  float* dx = wants(a, 0) ? a.out[0]->as<float>() : nullptr;
-  float* dscale = wants(a, 1) ? a.out[1]->as<float>() : nullptr;
-  float* dbias = wants(a, 2) ? a.out[2]->as<float>() : nullptr;
-  float* dmean = wants(a, 3) ? a.out[3]->as<float>() : nullptr;
-  float* dvar = wants(a, 4) ? a.out[4]->as<float>() : nullptr;
+  float* dx = io.wants(0) ? io.dx(0)->as<float>() : nullptr;
+  float* dscale = io.wants(1) ? io.dx(1)->as<float>() : nullptr;
+  float* dbias = io.wants(2) ? io.dx(2)->as<float>() : nullptr;
+  float* dmean = io.wants(3) ? io.dx(3)->as<float>() : nullptr;
+  float* dvar = io.wants(4) ? io.dx(4)->as<float>() : nullptr;
   const int64_t count = N * S;
-  if (count == 0) return;
+  if (count == 0) return zero_outputs(a);
 #pragma omp parallel for if (x.numel() > 32768)
   for (int64_t c = 0; c < C; ++c) {
     auto at = [&](int64_t b, int64_t s) { return (b * C + c) * S + s; };
@@ -129,9 +112,10 @@ void batch_norm_grad(const KernelArgs& a) {
           }
       }
     } else {
-      if (dx && g)
+      if (dx)
         for (int64_t b = 0; b < N; ++b)
-          for (int64_t s = 0; s < S; ++s) dx[at(b, s)] = static_cast<float>(g[at(b, s)] * k);
+          for (int64_t s = 0; s < S; ++s)
+            dx[at(b, s)] = g ? static_cast<float>(g[at(b, s)] * k) : 0.0f;
       if (dmean) dmean[c] = static_cast<float>(-k * sum_dy);
       if (dvar) dvar[c] = static_cast<float>(-0.5 * scale[c] * istd * istd * sum_dy_xhat);
     }
@@ -139,7 +123,8 @@ void batch_norm_grad(const KernelArgs& a) {
 }
 
 std::string check_batch_norm_grad(const OpSignature& s) {
-  if (std::string why = present_float32(s); !why.empty()) return why;
+  if (std::string why = grad_arity_error(s, kBatchNormArity); !why.empty()) return why;
+  if (std::string why = all_float32(s); !why.empty()) return why;
   if (s.attrs.i("spatial", 1) == 0)
     return "BatchNormalization with spatial=0 (opset < 9) is not supported";
   return "";
@@ -148,9 +133,11 @@ std::string check_batch_norm_grad(const OpSignature& s) {
 // ---------------------------------------------------------------------------------------------
 // LayerNormalizationGrad: X read as [outer, inner] (inner: the dims from axis on).
 
+// Writes every element of the outputs it is given: every row of dX, and every column sum of
+// dScale and dB (zeros without dY).
 void layer_norm_grad(const KernelArgs& a) {
-  const Layout l = layout(a, 2, 3, 3);
-  const Tensor& x = a.input(0);
+  const GradIo io(a, kLayerNormArity);
+  const Tensor& x = io.need_x(0);
   int64_t axis = a.attrs.i("axis", -1);
   if (axis < -x.rank() || axis >= x.rank())
     fail(ErrorKind::kModel, "LayerNormalizationGrad: axis {} is out of range for {}", axis,
@@ -159,36 +146,35 @@ void layer_norm_grad(const KernelArgs& a) {
   int64_t inner = 1;
   for (int64_t i = axis; i < x.rank(); ++i) inner *= x.shape[i];
   const int64_t outer = inner == 0 ? 0 : x.numel() / inner;
-  const Tensor& scale = a.input(1);
-  const bool has_bias = l.n > 2 && a.has_input(2);
-  if (scale.numel() != inner || (has_bias && a.input(2).numel() != inner))
+  const Tensor& scale = io.need_x(1);
+  const Tensor* bias = io.x(2);
+  if (scale.numel() != inner || (bias && bias->numel() != inner))
     fail(ErrorKind::kShape,
          "LayerNormalizationGrad: Scale {} and B must have the normalised size {}",
          scale.describe(), inner);
-  if (wants(a, 0)) expect_shape(a, 0, x.shape);
-  if (wants(a, 1)) expect_shape(a, 1, scale.shape);
-  if (wants(a, 2)) {
-    if (!has_bias)
-      fail(ErrorKind::kModel, "LayerNormalizationGrad: a B gradient without a B input");
-    expect_shape(a, 2, a.input(2).shape);
+  if (io.wants(0)) expect_shape(a, 0, x.shape);
+  if (io.wants(1)) expect_shape(a, 1, scale.shape);
+  if (io.wants(2)) {
+    if (!bias) fail(ErrorKind::kModel, "LayerNormalizationGrad: a B gradient without a B input");
+    expect_shape(a, 2, bias->shape);
   }
-  const Tensor* dy = l.dy(a, 0);
-  const Tensor* dmean = l.dy(a, 1);
-  const Tensor* dinv = l.dy(a, 2);
+  const Tensor* dy = io.dy(0);
+  const Tensor* dmean = io.dy(1);
+  const Tensor* dinv = io.dy(2);
   if (dy && dy->shape != x.shape)
     fail(ErrorKind::kShape, "LayerNormalizationGrad: dY {} should be {}", dy->describe(),
          shape_string(x.shape));
   if ((dmean && dmean->numel() != outer) || (dinv && dinv->numel() != outer))
     fail(ErrorKind::kShape,
          "LayerNormalizationGrad: Mean and InvStdDev gradients must have {} values", outer);
-  if (outer == 0 || inner == 0) return;
+  if (outer == 0 || inner == 0) return zero_outputs(a);
   const double eps = a.attrs.f("epsilon", 1e-5f);
   const float* xp = x.as<float>();
   const float* sc = scale.as<float>();
   const float* g = dy ? dy->as<float>() : nullptr;
-  float* dx = wants(a, 0) ? a.out[0]->as<float>() : nullptr;
-  float* dscale = wants(a, 1) ? a.out[1]->as<float>() : nullptr;
-  float* dbias = wants(a, 2) ? a.out[2]->as<float>() : nullptr;
+  float* dx = io.wants(0) ? io.dx(0)->as<float>() : nullptr;
+  float* dscale = io.wants(1) ? io.dx(1)->as<float>() : nullptr;
+  float* dbias = io.wants(2) ? io.dx(2)->as<float>() : nullptr;
   std::vector<double> mean(static_cast<size_t>(outer)), istd(static_cast<size_t>(outer));
   const bool parallel = x.numel() > 32768;
 #pragma omp parallel for if (parallel)
@@ -221,24 +207,31 @@ void layer_norm_grad(const KernelArgs& a) {
       out[j] = static_cast<float>(v);
     }
   }
-  if ((dscale || dbias) && g) {
-    // Column sums over rows: each thread sums its rows, then the partial sums are added up.
+  if (dscale || dbias) {
+    // Column sums over rows (zeros without dY): each thread sums its rows into its own partial
+    // sums, which are then added in thread order, so a run's sums do not depend on timing.
     std::vector<double> total(static_cast<size_t>(2 * inner), 0.0);
+    std::vector<std::vector<double>> parts;
+    if (g) {
 #pragma omp parallel if (parallel)
-    {
-      std::vector<double> part(static_cast<size_t>(2 * inner), 0.0);
+      {
+#pragma omp single
+        parts.resize(static_cast<size_t>(omp_get_num_threads()));
+        std::vector<double>& part = parts[static_cast<size_t>(omp_get_thread_num())];
+        part.assign(static_cast<size_t>(2 * inner), 0.0);
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < outer; ++r) {
-        const float* row = xp + r * inner;
-        const float* gr = g + r * inner;
-        for (int64_t j = 0; j < inner; ++j) {
-          part[j] += gr[j] * (row[j] - mean[r]) * istd[r];
-          part[inner + j] += gr[j];
+        for (int64_t r = 0; r < outer; ++r) {
+          const float* row = xp + r * inner;
+          const float* gr = g + r * inner;
+          for (int64_t j = 0; j < inner; ++j) {
+            part[j] += gr[j] * (row[j] - mean[r]) * istd[r];
+            part[inner + j] += gr[j];
+          }
         }
       }
-#pragma omp critical
-      for (int64_t j = 0; j < 2 * inner; ++j) total[j] += part[j];
     }
+    for (const std::vector<double>& part : parts)
+      for (int64_t j = 0; j < 2 * inner; ++j) total[j] += part[j];
     for (int64_t j = 0; j < inner; ++j) {
       if (dscale) dscale[j] = static_cast<float>(total[j]);
       if (dbias) dbias[j] = static_cast<float>(total[inner + j]);
@@ -247,7 +240,8 @@ void layer_norm_grad(const KernelArgs& a) {
 }
 
 std::string check_layer_norm_grad(const OpSignature& s) {
-  if (std::string why = present_float32(s); !why.empty()) return why;
+  if (std::string why = grad_arity_error(s, kLayerNormArity); !why.empty()) return why;
+  if (std::string why = all_float32(s); !why.empty()) return why;
   if (s.attrs.i("stash_type", 1) != 1)
     return "LayerNormalization with stash_type other than 1 is not supported";
   return "";
@@ -256,12 +250,14 @@ std::string check_layer_norm_grad(const OpSignature& s) {
 // ---------------------------------------------------------------------------------------------
 // SoftmaxGrad (opset 13, one axis): dx = y * (dy - sum(dy * y, axis)).
 
+// Writes every element of dX.
 void softmax_grad(const KernelArgs& a) {
-  const Layout l = layout(a, 1, 1, 1);
-  const Tensor& x = a.input(0);
-  const Tensor& y = a.input(1);
-  const Tensor* dy = l.dy(a, 0);
-  if (!wants(a, 0) || !dy) return;
+  const GradIo io(a, kSoftmaxArity);
+  const Tensor& x = io.need_x(0);
+  const Tensor& y = io.need_y(0);
+  const Tensor* dy = io.dy(0);
+  if (!io.wants(0)) return;
+  if (dy == nullptr) return zero(*io.dx(0));
   int64_t axis = a.attrs.i("axis", -1);
   if (x.rank() == 0 || axis < -x.rank() || axis >= x.rank())
     fail(ErrorKind::kModel, "SoftmaxGrad: axis {} is out of range for {}", axis, x.describe());
@@ -276,7 +272,7 @@ void softmax_grad(const KernelArgs& a) {
   const int64_t len = x.shape[axis];
   const float* yp = y.as<float>();
   const float* g = dy->as<float>();
-  float* dx = a.out[0]->as<float>();
+  float* dx = io.dx(0)->as<float>();
 #pragma omp parallel for if (x.numel() > 32768)
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < inner; ++i) {
@@ -292,10 +288,17 @@ void softmax_grad(const KernelArgs& a) {
     }
 }
 
+std::string check_softmax_grad(const OpSignature& s) {
+  if (std::string why = grad_arity_error(s, kSoftmaxArity); !why.empty()) return why;
+  return all_float32(s);
+}
+
 const KernelEntry kKernels[] = {
-    {"BatchNormalizationGrad", batch_norm_grad, check_batch_norm_grad},
-    {"LayerNormalizationGrad", layer_norm_grad, check_layer_norm_grad},
-    {"SoftmaxGrad", softmax_grad, all_float32},
+    {"BatchNormalizationGrad", batch_norm_grad, check_batch_norm_grad,
+     /*writes_every_output=*/true},
+    {"LayerNormalizationGrad", layer_norm_grad, check_layer_norm_grad,
+     /*writes_every_output=*/true},
+    {"SoftmaxGrad", softmax_grad, check_softmax_grad, /*writes_every_output=*/true},
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/grad_io.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
 
@@ -131,32 +132,28 @@ void sce(const KernelArgs& a) {
     loss[0] = p.weight_sum != 0 ? static_cast<float>(total / p.weight_sum) : 0.0f;
 }
 
+// The gradient's operand counts: scores, labels, [weights]; loss, [log_prob].
+constexpr GradArity kSceGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 2};
+
 // Gradient: inputs scores, labels, weights ("" when omitted), loss, [log_prob], dloss,
 // [dlog_prob]; output dscores (labels and weights get none). With p = softmax(scores):
 //   dscores[n, c, d] = g[n, d] * w[n, d] * (p - [c == t]) + dlp - p * sum_c dlp
 // where g is dloss (sum), dloss / sum(w) (mean), or dloss[n, d] (none).
+// Writes every element of dscores: positions with no gradient get zeros.
 void sce_grad(const KernelArgs& a) {
-  const int64_t n_in = a.attrs.i(grad::kForwardInputsAttr, 3);
-  if (n_in < 2 || n_in > 3 || a.num_inputs() < static_cast<size_t>(n_in) + 2 ||
-      (a.num_inputs() - static_cast<size_t>(n_in)) % 2 != 0)
-    fail(ErrorKind::kModel,
-         "{}: expected scores, labels, [weights], the outputs and their gradients; got {} inputs",
-         a.op_type, a.num_inputs());
-  const size_t m = (a.num_inputs() - static_cast<size_t>(n_in)) / 2;
-  if (a.out.size() > 1 && a.out[1])
-    fail(ErrorKind::kUnsupported, "{}: labels have no gradient", a.op_type);
-  if (a.out.size() > 2 && a.out[2])
+  const GradIo io(a, kSceGradArity);
+  if (io.wants(1)) fail(ErrorKind::kUnsupported, "{}: labels have no gradient", a.op_type);
+  if (io.wants(2))
     fail(ErrorKind::kUnsupported, "{}: the gradient of the class weights is not supported",
          a.op_type);
-  if (a.out.empty() || !a.out[0]) return;
-  const Tensor& scores = a.input(0);
-  const Tensor& labels = a.input(1);
-  const Tensor* weights = n_in > 2 && a.has_input(2) ? &a.input(2) : nullptr;
+  if (!io.wants(0)) return;
+  const Tensor& scores = io.need_x(0);
+  const Tensor& labels = io.need_x(1);
+  const Tensor* weights = io.x(2);
   const SceProblem p = sce_problem(a, scores, labels, weights);
   expect_shape(a, 0, scores.shape);
-  const size_t dloss_at = static_cast<size_t>(n_in) + m;
-  const Tensor* dloss = a.has_input(dloss_at) ? &a.input(dloss_at) : nullptr;
-  const Tensor* dlog_prob = m > 1 && a.has_input(dloss_at + 1) ? &a.input(dloss_at + 1) : nullptr;
+  const Tensor* dloss = io.dy(0);
+  const Tensor* dlog_prob = io.dy(1);
   const Shape ls = loss_shape(p, labels);
   if (dloss && shape_numel(dloss->shape) != shape_numel(ls))
     fail(ErrorKind::kShape, "{}: the loss gradient {} should be {}", a.op_type, dloss->describe(),
@@ -167,7 +164,7 @@ void sce_grad(const KernelArgs& a) {
   const float* x = scores.as<float>();
   const float* dl = dloss ? dloss->as<float>() : nullptr;
   const float* dlp = dlog_prob ? dlog_prob->as<float>() : nullptr;
-  float* dx = a.out[0]->as<float>();
+  float* dx = io.dx(0)->as<float>();
   const int64_t positions = p.n * p.d, C = p.c, D = p.d;
   float scale = 0.0f;  // g for sum and mean
   if (dl && p.reduction == Reduction::kSum) scale = dl[0];
@@ -179,7 +176,10 @@ void sce_grad(const KernelArgs& a) {
     const float* xi = x + base;
     float* dxi = dx + base;
     const float g = (dl ? (p.reduction == Reduction::kNone ? dl[i] : scale) : 0.0f) * p.weights[i];
-    if (g == 0.0f && !dlp) continue;
+    if (g == 0.0f && !dlp) {
+      for (int64_t k = 0; k < C; ++k) dxi[k * D] = 0.0f;
+      continue;
+    }
     const float norm = log_normalizer(xi, C, D);
     double dlp_sum = 0;
     if (dlp)
@@ -195,6 +195,8 @@ void sce_grad(const KernelArgs& a) {
 
 std::string check_sce(const OpSignature& s) {
   const bool grad = s.op_type.ends_with(grad::kGradSuffix);
+  if (grad)
+    if (std::string why = grad_arity_error(s, kSceGradArity); !why.empty()) return why;
   if (s.inputs.size() < 2) return fmt::format("{} needs scores and labels", s.op_type);
   if (s.inputs[0] != DType::kFloat32)
     return fmt::format("{} on {} scores is not supported (float32 only)", s.op_type,
@@ -222,7 +224,7 @@ std::string check_sce(const OpSignature& s) {
 
 const KernelEntry kKernels[] = {
     {"SoftmaxCrossEntropyLoss", sce, check_sce},
-    {"SoftmaxCrossEntropyLossGrad", sce_grad, check_sce},
+    {"SoftmaxCrossEntropyLossGrad", sce_grad, check_sce, /*writes_every_output=*/true},
 };
 
 }  // namespace

@@ -138,6 +138,49 @@ TEST_CASE("grad eltwise: checks") {
   CHECK(check_grad("DropoutGrad", 3, {f, f, DType::kBool, f, DType::kBool, f, u}, {f, u, u}) == "");
 }
 
+// The message a call of `op` throws (empty when it throws none).
+template <class Call>
+std::string error_of(Call call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Every gradient family checks its operand counts with one rule (runtime/cpu/grad_io.h), both
+// when a program is loaded and when its kernel runs, and says the same thing when they are off.
+TEST_CASE("grad ops: one arity rule, one message naming the node and the counts") {
+  const DType f = DType::kFloat32, u = DType::kUndefined;
+  Tensor x = random_tensor({1, 1, 3, 3}), w = random_tensor({1, 1, 1, 1}),
+         dx = filled({1, 1, 3, 3}, 0);
+  // ConvGrad with forward_inputs=3 and 4 inputs: an odd number left for y and dy.
+  const std::string conv = error_of([&] {
+    call_grad("ConvGrad", 3, {&x, &w, &x, &x}, {&dx, nullptr, nullptr});
+  });
+  CHECK(conv.find("ConvGrad 'g' with 4 inputs, 3 outputs and forward_inputs=3") !=
+        std::string::npos);
+  CHECK(conv.find("n = 2 to 3 forward inputs and m = 1 forward outputs") != std::string::npos);
+  // MatMulGrad with 3 forward inputs; ReluGrad with fewer outputs than forward inputs.
+  CHECK(error_of([&] {
+          call_grad("MatMulGrad", 3, {&x, &x, &x, &x, &x}, {&dx, nullptr, nullptr});
+        }).find("n = 2 forward inputs") != std::string::npos);
+  CHECK(error_of([&] {
+          call_grad("ReluGrad", 1, {&x, &x, &x}, {});
+        }).find("ReluGrad 'g' with 3 inputs, 0 outputs") != std::string::npos);
+  // The same rule when a program is loaded (no node name there: the program adds it).
+  CHECK(check_grad("BatchNormalizationGrad", 5, {f, f, f, f, f, f}, {f, u, u, u, u}) ==
+        "BatchNormalizationGrad with 6 inputs, 5 outputs and forward_inputs=5 breaks the "
+        "gradient-op contract: expected n = 5 forward inputs and m = 1 to 3 forward outputs, so "
+        "n + 2m inputs and n outputs");
+  CHECK(check_grad("SoftmaxCrossEntropyLossGrad", 3, {f, DType::kInt64, u, f, f}, {f, u, u}) == "");
+  CHECK(check_grad("SoftmaxCrossEntropyLossGrad", 4, {f, DType::kInt64, u, u, f, f}, {f, u, u, u})
+            .find("n = 2 to 3 forward inputs") != std::string::npos);
+  CHECK(check_grad("GemmGrad", 3, {f, f, f, f, f}, {f, f, f}) == "");
+  CHECK(check_grad("SplitGrad", 1, {f, f, f, f, f}, {f}) == "");
+}
+
 TEST_CASE("grad eltwise: an omitted dy gives zeros") {
   Tensor x = random_tensor({2, 3}), b = random_tensor({3}), dx = filled({2, 3}, NAN),
          db = filled({3}, NAN);

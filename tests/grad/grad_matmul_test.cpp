@@ -83,6 +83,7 @@ TEST_CASE("grad Gemm alpha beta and C broadcast") {
        {Shape{5}, Shape{1, 5}, Shape{3, 1}, Shape{1}, Shape{}, Shape{1, 1}, Shape{3, 5}})
     gemm(a, b, cs, 0, 0, 0.5f, 2.0f);
   gemm({4, 3}, {5, 4}, {5}, 1, 1, -1.5f, 0.25f);
+  gemm(a, b, {3, 5}, 0, 0, 1.0f, 0.0f);  // beta 0: C's gradient is zeros
 }
 
 namespace {

@@ -48,6 +48,11 @@ void set_float(onnx::NodeProto& node, const std::string& name, float value);
 void set_string(onnx::NodeProto& node, const std::string& name, const std::string& value);
 
 /// Runs the check; reports failures through doctest CHECKs naming the op, input and element.
+/// Every case also checks the runtime's contract for gradient outputs (rt::KernelEntry's
+/// `writes_every_output`): a kernel whose entry says so gives, called on outputs of NaN, bit
+/// for bit what it gives on zeros, and zeros with every dy omitted; and a kernel that adds into
+/// its outputs (every gradient kernel, wrapped to do so and left unmarked) gets zero-filled
+/// outputs from the runtime even where they lie in an arena full of garbage.
 void gradcheck(const GradCase& c);
 
 }  // namespace stagecraft::testing
