@@ -19,14 +19,15 @@
 # processes); the table gives the median and the spread (min-max) of the run times, the
 # predicted run time (3 x the plan's predicted step), the measured and predicted bubble, and
 # each device's measured peak memory (stagerun's meter) beside the plan's.
-# Predictions use --profile cpu when PROFILE=1 (each op, forward and backward, measured at each
-# microbatch shape first: slow), else the analytic --device-spec cpu roofline.
+# Predictions use --profile cpu (PROFILE=1, the default: each op's forward and gradient nodes
+# measured at each microbatch shape first, ~2 min in all), or with PROFILE=0 the analytic
+# --device-spec cpu roofline.
 #
 # Usage (repo root, after bash tools/build.sh; needs python3-torch, python3-torchvision and
 # python3-matplotlib from Debian for the model export, the PyTorch rows and the plot):
 #   bash bench/resnet50_training.sh            # ~25 min on 2 cores
 # Environment: BUILD=build MODELS=/tmp/stagecraft-models REPEAT=2 SPLITS="1 3 5 8 10 12 20 40 60"
-#   PLANNER_SPLIT=20 PROFILE=0 OUT=bench (where resnet50_training.{json,svg} go).
+#   PLANNER_SPLIT=20 PROFILE=1 OUT=bench (where resnet50_training.{json,svg} go).
 # Run it on an otherwise idle machine: the 2-device rows need both cores.
 set -euo pipefail
 BUILD=${BUILD:-build}
@@ -34,7 +35,7 @@ MODELS=${MODELS:-/tmp/stagecraft-models}
 REPEAT=${REPEAT:-2}
 SPLITS=${SPLITS:-"1 3 5 8 10 12 20 40 60"}
 PLANNER_SPLIT=${PLANNER_SPLIT:-20}
-PROFILE=${PROFILE:-0}
+PROFILE=${PROFILE:-1}
 OUT=${OUT:-bench}
 BATCH=120
 STEPS=3
