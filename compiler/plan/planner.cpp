@@ -228,20 +228,28 @@ struct Recompute {
   bool at(std::size_t k) const { return k < on.size() && on[k]; }
 };
 
+/// Adding one microbatch's weight gradients into the step's sums: read both, write one (fp32),
+/// memory-bound. Part of every backward's W.
+double accumulate_s(const Setup& s, double params) {
+  return s.shape.training ? 3.0 * 4.0 * params / s.device.memory_bandwidth : 0.0;
+}
+
 schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
                                  const Recompute& rc = {}) {
   schedule::StageCosts c;
   double per_param = bytes_per_param(s);
   double optimizer_bytes = 0;
   for (const auto& st : sol.stages) {
-    double fwd = 0, b = 0, w = 0, act = 0, stat = 0;
+    double fwd = 0, b = 0, w = 0, act = 0, stat = 0, params = 0;
     for (int i = st.first; i <= st.last; ++i) {
       fwd += f.time[i].forward_s;
       b += f.time[i].backward_input_s;
       w += f.time[i].backward_weight_s;
       act += static_cast<double>(f.output_bytes[i]);
       stat += static_cast<double>(f.params[i]) * per_param;
+      params += static_cast<double>(f.params[i]);
     }
+    w += accumulate_s(s, params);
     const std::size_t k = c.forward_s.size();
     const bool recompute = s.shape.training && rc.at(k);
     c.forward_s.push_back(fwd);
@@ -402,6 +410,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
     out.bwd_ms += s.shape.training ? f.time[i].backward_s * 1e3 : 0.0;
     acts += s.shape.training ? f.output_bytes[i] : 0;
   }
+  out.bwd_ms += accumulate_s(s, static_cast<double>(out.params)) * 1e3;
   // The solver's send time covers activations forward and, in training, gradients back; the
   // plan records one direction.
   out.send_ms = (s.shape.training ? st.send_s / 2 : st.send_s) * 1e3;

@@ -508,8 +508,9 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                       continue;
                     }
                     Tensor sum = clone(same->tensor);
-                    for (int64_t i = 0; i < sum.numel(); ++i)
-                      sum.as<float>()[i] += t.tensor.as<float>()[i];
+                    float* out = sum.as<float>();
+                    const float* add = t.tensor.as<float>();
+                    for (int64_t i = 0, n = sum.numel(); i < n; ++i) out[i] += add[i];
                     same->tensor = sum;
                   }
                 }
@@ -599,7 +600,8 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                     }
                     float* a = acc.as<float>();
                     const float* g = outs[k].as<float>();
-                    for (int64_t i = 0; i < acc.numel(); ++i) a[i] += g[i];
+                    // numel() walks the shape: once, not per element.
+                    for (int64_t i = 0, n = acc.numel(); i < n; ++i) a[i] += g[i];
                   } else if (ins.op != schedule::Op::kBackwardWeight) {
                     grads_out[key].push_back({weight, outs[k]});
                   }
