@@ -49,9 +49,13 @@ std::vector<double> train(const plan::PlanOptions& o, int steps) {
 
 TEST_CASE("pipelined training gives the single-device loss curve for every schedule") {
   const Model models[] = {{"toy.onnx", "mse", 50, {2, 3}},
-                          {"mnist_cnn.onnx", "cross-entropy", 20, {2, 4}},
+                          {"mnist_cnn.onnx", "cross-entropy", 50, {2, 4}},
+                          // 10 steps: over 50 its pipelined losses drift from one device's by
+                          // up to 2.8e-5 (from step 17; Adam at lr 0.01 grows last-bit
+                          // differences, probably the cross-stage residual gradient sums,
+                          // which add in another order than one device's Add).
                           {"resnet_small.onnx", "mse", 10, {2, 4}},
-                          {"gpt_tiny.onnx", "cross-entropy", 20, {2, 4}}};
+                          {"gpt_tiny.onnx", "cross-entropy", 50, {2, 4}}};
   for (const Model& m : models) {
     CAPTURE(m.file);
     std::vector<double> reference = train(training_options(m, 1, "gpipe"), m.steps);
