@@ -165,6 +165,15 @@ PoolArgs pool_args(const KernelArgs& a, const GradArity& arity) {
   return p;
 }
 
+// The pooling geometry of x, with dY checked to have its output shape.
+PoolGeometry pool_dy_geometry(const KernelArgs& a, const PoolArgs& p) {
+  PoolGeometry g = pool_geometry(a, *p.x);
+  if (p.dy->shape != g.out_shape)
+    fail(ErrorKind::kShape, "{}: dY {} should be {}", a.op_type, p.dy->describe(),
+         shape_string(g.out_shape));
+  return g;
+}
+
 // MaxPool and AveragePool add into dX, so each zeroes one plane of dX just before it adds into
 // it (while the plane is in cache) instead of the runtime zeroing all of dX first: the kernels
 // write every element.
@@ -172,10 +181,7 @@ void max_pool_grad(const KernelArgs& a) {
   const PoolArgs p = pool_args(a, kMaxPoolArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return zero(*p.dx);
-  const PoolGeometry g = pool_geometry(a, *p.x);
-  if (p.dy->shape != g.out_shape)
-    fail(ErrorKind::kShape, "MaxPoolGrad: dY {} should be {}", p.dy->describe(),
-         shape_string(g.out_shape));
+  const PoolGeometry g = pool_dy_geometry(a, p);
   const auto w = windows(g);
   const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
   const int64_t H = g.in[1], W = g.in[2];
@@ -216,10 +222,7 @@ void average_pool_grad(const KernelArgs& a) {
   const PoolArgs p = pool_args(a, kPoolArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return zero(*p.dx);
-  const PoolGeometry g = pool_geometry(a, *p.x);
-  if (p.dy->shape != g.out_shape)
-    fail(ErrorKind::kShape, "AveragePoolGrad: dY {} should be {}", p.dy->describe(),
-         shape_string(g.out_shape));
+  const PoolGeometry g = pool_dy_geometry(a, p);
   const bool include_pad = a.attrs.i("count_include_pad", 0) != 0;
   const auto w = windows(g);
   const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();

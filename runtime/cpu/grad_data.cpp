@@ -65,11 +65,9 @@ void strided_move(float* dense, float* strided, const Shape& shape,
 
 void copy_grad(const KernelArgs& a) {
   GradIo io(a);
-  Tensor* dx = io.dx(0);
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(a);
-  if (dx == nullptr || dy == nullptr) return;
-  expect_shape(a, 0, io.need_x(0).shape);
+  Tensor* dx;
+  const Tensor *dy, *x;
+  if (!io.input0(dx, dy, x)) return;
   if (dy->bytes() != dx->bytes())
     fail(ErrorKind::kShape, "{} maps the gradient {} onto {}: the element counts differ", a.op_type,
          dy->describe(), dx->describe());
@@ -80,12 +78,10 @@ void copy_grad(const KernelArgs& a) {
 
 void transpose_grad(const KernelArgs& a) {
   GradIo io(a);
-  Tensor* dx = io.dx(0);
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(a);
-  if (dx == nullptr || dy == nullptr) return;
-  const Tensor& x = io.need_x(0);
-  expect_shape(a, 0, x.shape);
+  Tensor* dx;
+  const Tensor *dy, *px;
+  if (!io.input0(dx, dy, px)) return;
+  const Tensor& x = *px;
   std::vector<int64_t> perm = a.attrs.ints("perm");
   if (perm.empty()) {
     perm.resize(x.shape.size());
@@ -286,12 +282,10 @@ void gather_grad(const KernelArgs& a) {
 
 void expand_grad(const KernelArgs& a) {
   GradIo io(a);
-  Tensor* dx = io.dx(0);
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(a);
-  if (dx == nullptr || dy == nullptr) return;
-  const Tensor& x = io.need_x(0);
-  expect_shape(a, 0, x.shape);
+  Tensor* dx;
+  const Tensor *dy, *px;
+  if (!io.input0(dx, dy, px)) return;
+  const Tensor& x = *px;
   sum_to_shape(dy->as<float>(), dy->shape, dx->as<float>(), x.shape);
 }
 
@@ -299,12 +293,10 @@ void expand_grad(const KernelArgs& a) {
 
 void reduce_mean_grad(const KernelArgs& a) {
   GradIo io(a);
-  Tensor* dx = io.dx(0);
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(a);
-  if (dx == nullptr || dy == nullptr) return;
-  const Tensor& x = io.need_x(0);
-  expect_shape(a, 0, x.shape);
+  Tensor* dx;
+  const Tensor *dy, *px;
+  if (!io.input0(dx, dy, px)) return;
+  const Tensor& x = *px;
   std::vector<int64_t> axes = a.attrs.ints("axes");
   if (!a.attrs.has("axes") && io.x(1) != nullptr) axes = read_ints(a, *io.x(1), 1);
   std::vector<bool> reduced(x.shape.size(), axes.empty());

@@ -69,6 +69,19 @@ inline std::string grad_arity_error(const OpSignature& s, const GradArity& arity
   return grad_counts(s.op_type, s.attrs, s.inputs.size(), s.outputs.size(), arity).error;
 }
 
+/// Zeroes `t`.
+inline void zero(Tensor& t) {
+  if (t.bytes() > 0) std::memset(t.data, 0, static_cast<size_t>(t.bytes()));
+}
+
+/// Zeroes every requested output. A kernel whose table entry says `writes_every_output` calls
+/// this where the gradients are all zero (dy omitted, an empty operand), since the runtime then
+/// hands it outputs with whatever bytes the arena held.
+inline void zero_outputs(const KernelArgs& a) {
+  for (Tensor* t : a.out)
+    if (t != nullptr) zero(*t);
+}
+
 /// Where the gradient op's operands are: n forward inputs, m forward outputs. Throws
 /// `Error(kModel)` naming the node and the counts when the node breaks the contract's arity or
 /// `arity`.
@@ -94,23 +107,22 @@ struct GradIo {
     if (x(k) == nullptr) fail(ErrorKind::kModel, "{} needs forward input {}", a.op_type, k);
     return *x(k);
   }
+  /// The start of a gradient whose one wanted result is dx of input 0: sets dx, dy (of output
+  /// 0) and x (checking dx has x's shape). False when there is nothing to compute: dx is not
+  /// wanted, or dy is omitted (then every output is zeroed).
+  bool input0(Tensor*& dx_out, const Tensor*& dy_out, const Tensor*& x_out) const {
+    dx_out = dx(0);
+    dy_out = dy(0);
+    if (dy_out == nullptr) zero_outputs(a);
+    if (dx_out == nullptr || dy_out == nullptr) return false;
+    x_out = &need_x(0);
+    expect_shape(a, 0, x_out->shape);
+    return true;
+  }
   const Tensor& need_y(size_t j) const {
     if (y(j) == nullptr) fail(ErrorKind::kModel, "{} needs forward output {}", a.op_type, j);
     return *y(j);
   }
 };
-
-/// Zeroes `t`.
-inline void zero(Tensor& t) {
-  if (t.bytes() > 0) std::memset(t.data, 0, static_cast<size_t>(t.bytes()));
-}
-
-/// Zeroes every requested output. A kernel whose table entry says `writes_every_output` calls
-/// this where the gradients are all zero (dy omitted, an empty operand), since the runtime then
-/// hands it outputs with whatever bytes the arena held.
-inline void zero_outputs(const KernelArgs& a) {
-  for (Tensor* t : a.out)
-    if (t != nullptr) zero(*t);
-}
 
 }  // namespace stagecraft::rt::cpu

@@ -421,6 +421,16 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                     fail(ErrorKind::kPlan, "input '{}' of stage {} was never received", in.name,
                          ins.stage);
                 }
+                // A microbatch's loss: kept for the step's mean; NaN or Inf stops the run unless
+                // told to skip.
+                auto record_loss = [&](float loss) {
+                  if (!std::isfinite(loss) && !options.skip_nonfinite)
+                    fail(ErrorKind::kModel,
+                         "the loss is {} at step {}, microbatch {} (stage {}); stopping "
+                         "(--skip-nonfinite goes on)",
+                         loss, global_step + step + 1, ins.microbatch, ins.stage);
+                  step_loss[step][ins.microbatch] = loss;
+                };
                 double start = seconds();
                 std::vector<Tensor> outs;
                 if (training && st.stage->recompute) {
@@ -434,12 +444,7 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                                      [&](const ValueInfo& v) { return v.name == st.loss; }) -
                         names.begin());
                     float loss = outs.at(at).as<float>()[0];
-                    if (!std::isfinite(loss) && !options.skip_nonfinite)
-                      fail(ErrorKind::kModel,
-                           "the loss is {} at step {}, microbatch {} (stage {}); stopping "
-                           "(--skip-nonfinite goes on)",
-                           loss, global_step + step + 1, ins.microbatch, ins.stage);
-                    step_loss[step][ins.microbatch] = loss;
+                    record_loss(loss);
                   }
                   recompute[key] = Recompute{args, bytes_of(got), 0};
                 } else if (training) {
@@ -448,12 +453,7 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                   meters[device].add(bytes_of_map(keep, st.weights));
                   if (!st.loss.empty()) {
                     float loss = keep.at(st.loss).as<float>()[0];
-                    if (!std::isfinite(loss) && !options.skip_nonfinite)
-                      fail(ErrorKind::kModel,
-                           "the loss is {} at step {}, microbatch {} (stage {}); stopping "
-                           "(--skip-nonfinite goes on)",
-                           loss, global_step + step + 1, ins.microbatch, ins.stage);
-                    step_loss[step][ins.microbatch] = loss;
+                    record_loss(loss);
                   }
                 } else {
                   outs = st.program.run(*context, args, arena.get(), &hook);
