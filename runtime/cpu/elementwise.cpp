@@ -24,6 +24,7 @@
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
@@ -347,23 +348,6 @@ void run_clip(const KernelArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // Dropout and Cast
-
-// True when the scalar tensor (float32, float64 or bool) is nonzero.
-bool scalar_is_nonzero(const Tensor& t, std::string_view what) {
-  if (t.numel() != 1)
-    fail(ErrorKind::kShape, "Dropout's {} must be a scalar, not {}", what, shape_string(t.shape));
-  switch (t.dtype) {
-    case DType::kFloat32:
-      return t.as<float>()[0] != 0;
-    case DType::kFloat64:
-      return t.as<double>()[0] != 0;
-    case DType::kBool:
-      return t.as<uint8_t>()[0] != 0;
-    default:
-      fail(ErrorKind::kUnsupported, "Dropout's {} of type {} is not supported", what,
-           dtype_name(t.dtype));
-  }
-}
 
 // Dropout at inference: the output is the input and the optional mask keeps everything. In
 // training mode (opset 12+ input 2) only a ratio of 0 is accepted, which is the same thing.

@@ -21,6 +21,7 @@
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/layout.h"
 #include "runtime/cpu/grad_io.h"
 #include "runtime/format/error.h"
 
@@ -53,22 +54,8 @@ void sum_to_shape(const float* full, const Shape& full_shape, float* out, const 
     std::fill_n(out, n_out, 0.0f);
     return;
   }
-  std::vector<int64_t> kept_dims, kept_strides, red_dims, red_strides;
-  int64_t stride = 1;
-  for (const auto& [size, reduced] : groups) {
-    (reduced ? red_dims : kept_dims).push_back(size);
-    (reduced ? red_strides : kept_strides).push_back(stride);
-    stride *= size;
-  }
-  // Offsets of every reduced element relative to a base.
-  std::vector<int64_t> offsets{0};
-  for (size_t g = 0; g < red_dims.size(); ++g) {
-    std::vector<int64_t> next;
-    next.reserve(offsets.size() * red_dims[g]);
-    for (int64_t j = 0; j < red_dims[g]; ++j)
-      for (int64_t o : offsets) next.push_back(o + j * red_strides[g]);
-    offsets = std::move(next);
-  }
+  const ReductionLayout layout(groups);
+  const auto& [kept_dims, kept_strides, red_dims, red_strides, offsets] = layout;
   const int64_t count = static_cast<int64_t>(offsets.size());
   // When the innermost group is kept, output elements come in contiguous rows of `inner` that
   // read contiguous input: add whole rows per reduced offset.
@@ -252,23 +239,6 @@ void clip_grad(const KernelArgs& a) {
   unary_grad(
       a, [](float x) { return x; },
       [=](float x, float, float dy) { return x > lo && x < hi ? dy : 0.0f; });
-}
-
-// True when the scalar tensor (float32, float64 or bool) is nonzero.
-bool scalar_is_nonzero(const Tensor& t, std::string_view what) {
-  if (t.numel() != 1)
-    fail(ErrorKind::kShape, "Dropout's {} must be a scalar, not {}", what, shape_string(t.shape));
-  switch (t.dtype) {
-    case DType::kFloat32:
-      return t.as<float>()[0] != 0;
-    case DType::kFloat64:
-      return t.as<double>()[0] != 0;
-    case DType::kBool:
-      return t.as<uint8_t>()[0] != 0;
-    default:
-      fail(ErrorKind::kUnsupported, "Dropout's {} of type {} is not supported", what,
-           dtype_name(t.dtype));
-  }
 }
 
 // Dropout as the forward kernel runs it (inference: identity), so dx = dy; the mask gets none.

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/kernel.h"
@@ -27,6 +29,47 @@ inline int64_t normalize_axis(const KernelArgs& a, int64_t axis, int64_t rank,
     fail(ErrorKind::kModel, "{} axis {} is out of range for rank {}", a.op_type, axis, rank);
   return axis < 0 ? axis + rank : axis;
 }
+
+/// True when Dropout's scalar input `what` (ratio or training_mode: float32, float64 or bool) is
+/// nonzero; the forward kernel and its gradient read them alike.
+inline bool scalar_is_nonzero(const Tensor& t, std::string_view what) {
+  if (t.numel() != 1)
+    fail(ErrorKind::kShape, "Dropout's {} must be a scalar, not {}", what, shape_string(t.shape));
+  switch (t.dtype) {
+    case DType::kFloat32:
+      return t.as<float>()[0] != 0;
+    case DType::kFloat64:
+      return t.as<double>()[0] != 0;
+    case DType::kBool:
+      return t.as<uint8_t>()[0] != 0;
+    default:
+      fail(ErrorKind::kUnsupported, "Dropout's {} of type {} is not supported", what,
+           dtype_name(t.dtype));
+  }
+}
+
+/// A reduction over merged dims: `groups` are (size, reduced) innermost first, neighbours of the
+/// same kind merged, size-1 dims dropped. Kept and reduced groups with their strides in the
+/// dense input, and the offset of every reduced element relative to a base, ascending.
+struct ReductionLayout {
+  std::vector<int64_t> kept_dims, kept_strides, red_dims, red_strides, offsets{0};
+
+  explicit ReductionLayout(const std::vector<std::pair<int64_t, bool>>& groups) {
+    int64_t stride = 1;
+    for (const auto& [size, reduced] : groups) {
+      (reduced ? red_dims : kept_dims).push_back(size);
+      (reduced ? red_strides : kept_strides).push_back(stride);
+      stride *= size;
+    }
+    for (size_t g = 0; g < red_dims.size(); ++g) {
+      std::vector<int64_t> next;
+      next.reserve(offsets.size() * red_dims[g]);
+      for (int64_t j = 0; j < red_dims[g]; ++j)
+        for (int64_t o : offsets) next.push_back(o + j * red_strides[g]);
+      offsets = std::move(next);
+    }
+  }
+};
 
 /// The values of `t`, operand `k` of the op, which must be int32 or int64.
 inline std::vector<int64_t> read_ints(const KernelArgs& a, const Tensor& t, size_t k) {

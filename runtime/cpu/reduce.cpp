@@ -8,6 +8,7 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
@@ -57,8 +58,6 @@ std::string check_reduce_mean(const OpSignature& s) {
 // Integer means truncate toward zero, as ONNX's reference does.
 template <class T>
 void reduce_mean_typed(const Tensor& in, const std::vector<bool>& reduced, Tensor& out) {
-  std::vector<int64_t> kept_dims, kept_strides, red_dims, red_strides;
-  int64_t stride = 1;
   std::vector<std::pair<int64_t, bool>> groups;  // (size, reduced), innermost first
   for (int64_t i = in.rank() - 1; i >= 0; --i) {
     int64_t d = in.shape[i];
@@ -68,22 +67,8 @@ void reduce_mean_typed(const Tensor& in, const std::vector<bool>& reduced, Tenso
     else
       groups.emplace_back(d, reduced[i]);
   }
-  for (const auto& [size, is_reduced] : groups) {
-    (is_reduced ? red_dims : kept_dims).push_back(size);
-    (is_reduced ? red_strides : kept_strides).push_back(stride);
-    stride *= size;
-  }
-
-  // Offsets of every reduced element relative to a base, ascending (each group added is
-  // outside the ones before it).
-  std::vector<int64_t> offsets{0};
-  for (size_t g = 0; g < red_dims.size(); ++g) {
-    std::vector<int64_t> next;
-    next.reserve(offsets.size() * red_dims[g]);
-    for (int64_t j = 0; j < red_dims[g]; ++j)
-      for (int64_t o : offsets) next.push_back(o + j * red_strides[g]);
-    offsets = std::move(next);
-  }
+  const ReductionLayout layout(groups);
+  const auto& [kept_dims, kept_strides, red_dims, red_strides, offsets] = layout;
   const int64_t count = static_cast<int64_t>(offsets.size());
   const bool contiguous = red_dims.size() == 1 && red_strides[0] == 1;
 
