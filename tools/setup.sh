@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libonnx-dev libprotobuf-dev protobuf-compiler
   libboost-graph-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev
-  libdnnl-dev
+  libdnnl-dev ocl-icd-opencl-dev   # dnnl-config.cmake looks for OpenCL (only a Recommends of libdnnl-dev)
   libonnx-testdata
 )
 

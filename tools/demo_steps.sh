@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The main job on a bundled sample, run on an already built tree: look at the model, compile
+# it into a 2-device pipelined plan, inspect the plan, and run it on the CPU backend (one
+# thread per device), comparing measured with predicted figures; then compile and run a
+# 2-device training plan of the same model (loss per step).
+#
+#   bash tools/demo_steps.sh [BUILD_DIR] [OUT_DIR]    (defaults: build, BUILD_DIR)
+#
+# tools/demo.sh (Quick start 1) runs it after setting up and building; the ctest `demo`
+# (label demo) runs it on the test build, so a broken demo fails CI.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+out=${2:-$build}
+mkdir -p "$out"
+model=$root/samples/models/gpt_tiny.onnx
+tools=$build/tools
+run() { echo; echo "== $*"; "$@"; }
+run "$tools/stagec" "$model" --info --batch 8 --dim seq=32
+run "$tools/stagec" "$model" -o "$out/demo_plan" --devices 2 --batch 8 --microbatches 4 \
+  --dim seq=32 --device-spec cpu
+run "$tools/stagedump" "$out/demo_plan"
+run "$tools/stagerun" "$out/demo_plan" --steps 20 --outputs "$out/demo_outputs" \
+  --trace "$out/demo_trace.json"
+# Training: the same model with a cross-entropy loss appended, 1F1B on 2 devices, Adam.
+run "$tools/stagec" "$model" -o "$out/demo_train_plan" --devices 2 --train --loss cross-entropy \
+  --optimizer adam --lr 0.01 --batch 8 --microbatches 4 --dim seq=32 --device-spec cpu
+run "$tools/stagerun" "$out/demo_train_plan" --steps 10
