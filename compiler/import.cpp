@@ -330,6 +330,9 @@ void parse_dim_binding(const std::string& text, ImportOptions& options) {
   if (used != number.size() || value <= 0) {
     fail(ErrorKind::kUsage, "--dim {}: value '{}' is not a positive integer", name, number);
   }
+  if (auto it = options.dims.find(name); it != options.dims.end()) {
+    fail(ErrorKind::kUsage, "--dim {} is given twice ({} and {}); give each dim once", name, it->second, value);
+  }
   options.dims[name] = value;
 }
 

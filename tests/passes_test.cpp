@@ -170,6 +170,7 @@ TEST_CASE("a tensor whose shape stays unknown is named") {
     CHECK(e.kind() == ErrorKind::kShape);
     CHECK(std::string(e.what()).find("tensor 'y' written by node '/data/Reshape' (Reshape) has no static shape") !=
           std::string::npos);
+    CHECK(std::string(e.what()).find("its shape depends on the values of input 'target'") != std::string::npos);
   }
 }
 
@@ -197,6 +198,85 @@ TEST_CASE("unnamed and repeated node names become unique names a plan can refer 
   std::vector<std::string> names;
   for (ir::NodeId id : model.graph.topological_order()) names.push_back(model.graph.node(id).name);
   CHECK(names == std::vector<std::string>{"Relu(h)", "Relu(y)", "dup", "dup#2"});
+}
+
+}  // namespace
+}  // namespace stagecraft
+
+namespace stagecraft {
+namespace {
+
+/// Adds an int64 attribute-free helper: a 1-element int64 initializer named `name`.
+void int64_const(onnx::GraphProto* g, const std::string& name, int64_t v, bool scalar = false) {
+  testing::add_int64_initializer(g, name, {v}, scalar);
+}
+
+/// x float[batch, 8, 4] through `blocks` ShuffleNet-style channel shuffles (groups 2), each
+/// reshape target computed from the shape of the tensor before it, with a Div that ONNX's
+/// data propagation does not see through: every block's shapes are known only after the
+/// block before it was folded.
+onnx::ModelProto channel_shuffle_chain(int blocks) {
+  onnx::ModelProto m = testing::relu_model();
+  auto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_input();
+  g->clear_output();
+  testing::add_tensor_info(g->add_input(), "x0", onnx::TensorProto::FLOAT, {-1, 8, 4}, {"batch"});
+  int64_const(g, "i0", 0, true);
+  int64_const(g, "i1", 1, true);
+  int64_const(g, "i2", 2, true);
+  int64_const(g, "two", 2, true);
+  int64_const(g, "groups", 2);
+  int64_const(g, "minus1", -1);
+  int64_const(g, "axes0", 0);
+  auto concat0 = [&](const std::vector<std::string>& in, const std::string& out) {
+    auto* n = add_node(g, "Concat", in, {out});
+    auto* a = n->add_attribute();
+    a->set_name("axis");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(0);
+  };
+  for (int k = 0; k < blocks; ++k) {
+    const std::string p = "b" + std::to_string(k) + "_", x = "x" + std::to_string(k);
+    add_node(g, "Shape", {x}, {p + "s"});
+    add_node(g, "Gather", {p + "s", "i0"}, {p + "n"});
+    add_node(g, "Gather", {p + "s", "i1"}, {p + "c"});
+    add_node(g, "Gather", {p + "s", "i2"}, {p + "l"});
+    add_node(g, "Div", {p + "c", "two"}, {p + "half"});
+    for (const char* v : {"n", "half", "l"}) add_node(g, "Unsqueeze", {p + v, "axes0"}, {p + v + "1"});
+    concat0({p + "n1", "groups", p + "half1", p + "l1"}, p + "target4");
+    add_node(g, "Reshape", {x, p + "target4"}, {p + "r"});
+    auto* t = add_node(g, "Transpose", {p + "r"}, {p + "t"});
+    auto* perm = t->add_attribute();
+    perm->set_name("perm");
+    perm->set_type(onnx::AttributeProto::INTS);
+    for (int64_t d : {0, 2, 1, 3}) perm->add_ints(d);
+    add_node(g, "Shape", {p + "t"}, {p + "s2"});
+    add_node(g, "Gather", {p + "s2", "i0"}, {p + "n2"});
+    add_node(g, "Unsqueeze", {p + "n2", "axes0"}, {p + "n21"});
+    concat0({p + "n21", "minus1", p + "l1"}, p + "target3");
+    add_node(g, "Reshape", {p + "t", p + "target3"}, {"x" + std::to_string(k + 1)});
+  }
+  add_node(g, "Relu", {"x" + std::to_string(blocks)}, {"y"});
+  testing::add_tensor_info(g->add_output(), "y", onnx::TensorProto::FLOAT, {-1, 8, 4}, {"batch"});
+  return m;
+}
+
+TEST_CASE("shape folding runs to a fixed point: 16 chained channel shuffles import with static shapes") {
+  testing::TempDir dir;
+  testing::write_model(channel_shuffle_chain(16), dir.file("m.onnx"));
+  ImportOptions options;
+  options.batch = 3;
+  ImportedModel model = import_model(dir.file("m.onnx"), options);
+  const auto& g = model.graph;
+  // What is left is the data path: two Reshapes and a Transpose per block, then the Relu.
+  CHECK(g.live_nodes() == 16 * 3 + 1);
+  for (ir::NodeId id : g.topological_order()) {
+    const ir::Node& n = g.node(id);
+    for (ir::ValueId out : n.outputs) CHECK(g.value(out).shape_known);
+    if (n.op_type == "Reshape") CHECK(g.value(n.inputs[1]).is_initializer());
+  }
+  CHECK(g.value(g.outputs[0]).shape == std::vector<int64_t>{3, 8, 4});
 }
 
 }  // namespace

@@ -215,12 +215,15 @@ int main(int argc, char** argv) {
     options.skip_nonfinite = skip_nonfinite;
     bool tty = isatty(STDERR_FILENO);
     double last_shown = 0;
+    // Steps are counted from 1 and, after --resume, go on from the checkpoint's count, as the
+    // loss lines and error messages number them.
+    const int64_t first_step = pipeline->steps_done();  // > 0 after --resume
     if (!quiet)
       options.progress = [&](int done, int total, double elapsed) {
         if (elapsed < 2.0 || (elapsed - last_shown < 1.0 && done < total)) return;
         last_shown = elapsed;
-        fmt::print(stderr, "{}stagerun: step {}/{}, {:.1f} s{}", tty ? "\r" : "", done, total,
-                   elapsed, tty && done < total ? "" : "\n");
+        fmt::print(stderr, "{}stagerun: step {}/{}, {:.1f} s{}", tty ? "\r" : "", first_step + done,
+                   first_step + total, elapsed, tty && done < total ? "" : "\n");
       };
     if (!checkpoint_dir.empty()) {
       options.checkpoint = [&](int64_t) { rt::save_checkpoint(*pipeline, checkpoint_dir); };
@@ -231,7 +234,6 @@ int main(int argc, char** argv) {
       if (!quiet) fmt::print(stderr, "stagerun: wrote {} ({} trained initializers)\n", export_path, replaced);
       return 0;
     }
-    const int64_t first_step = pipeline->steps_done();  // > 0 after --resume
     rt::RunReport report;
     if (data_dir.empty()) {
       report = pipeline->run(inputs, options);
@@ -241,9 +243,11 @@ int main(int argc, char** argv) {
       std::vector<std::map<std::string, rt::Tensor>> batches = cut_batches(data, *pipeline, data_dir);
       std::vector<rt::RunReport> runs;
       double offset = 0;
-      options.steps = 1;
+      rt::RunOptions one_step = options;  // progress is shown over all the steps, below
+      one_step.steps = 1;
+      one_step.progress = nullptr;
       for (int s = 0; s < steps; ++s) {
-        runs.push_back(pipeline->run(batches[static_cast<size_t>(s) % batches.size()], options));
+        runs.push_back(pipeline->run(batches[static_cast<size_t>(s) % batches.size()], one_step));
         rt::RunReport& r = runs.back();
         report.step_s.push_back(r.step_s.front());
         report.losses.insert(report.losses.end(), r.losses.begin(), r.losses.end());

@@ -1,5 +1,7 @@
 // Writes a plan directory: stage files, plan.json and schedule.json, replaced atomically.
 #include <fcntl.h>
+#include <signal.h>
+#include <cerrno>
 #include <unistd.h>
 
 #include <filesystem>
@@ -31,11 +33,31 @@ void sync_path(const fs::path& path) {
   }
 }
 
+/// The staging folder of a plan being written is named PLAN + this + the writer's pid.
+constexpr const char* kStagingInfix = ".partial-";
+
+/// Removes staging folders of `target` left by writers that died (killed mid-write): those
+/// whose pid no longer runs. A live writer's folder is left alone.
+void remove_stale_staging(const fs::path& target) {
+  std::error_code ec;
+  const std::string prefix = target.filename().string() + kStagingInfix;
+  for (fs::directory_iterator it(target.parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9)
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid == ::getpid() || (::kill(pid, 0) != 0 && errno == ESRCH)) fs::remove_all(it->path(), ec);
+  }
+}
+
 }  // namespace
 
 void write_plan(PlannedModel& planned, const std::string& plan_dir) {
   fs::path target = fs::absolute(plan_dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();
+  remove_stale_staging(target);
   std::error_code ec;
   if (fs::exists(target, ec)) {
     if (!fs::is_directory(target, ec)) fail(ErrorKind::kIo, "{}: exists and is not a directory", plan_dir);
@@ -43,16 +65,18 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir) {
       fail(ErrorKind::kIo, "{}: is a non-empty directory without plan.json; refusing to replace it", plan_dir);
     }
   }
-  fs::create_directories(target.parent_path(), ec);
-  fs::path staging = target.parent_path() / (target.filename().string() + ".partial-" + std::to_string(::getpid()));
-  fs::remove_all(staging, ec);
-  if (!fs::create_directory(staging, ec)) {
-    fail(ErrorKind::kIo, "{}: cannot create: {}", staging.string(), ec.message());
-  }
   if (planned.plan.training && planned.plan.training_config.loss_output.empty())
     fail(ErrorKind::kUsage,
          "{}: a training plan needs a loss: the model has no scalar float32 output; give --loss mse|cross-entropy "
          "(and --labels NAME)", planned.plan.model_path);
+  // Every refusal above comes before anything is written; from here on the staging folder is
+  // removed on every way out but the final rename, so no PLAN.partial-* stays behind.
+  fs::create_directories(target.parent_path(), ec);
+  fs::path staging = target.parent_path() / (target.filename().string() + kStagingInfix + std::to_string(::getpid()));
+  fs::remove_all(staging, ec);
+  if (!fs::create_directory(staging, ec)) {
+    fail(ErrorKind::kIo, "{}: cannot create: {}", staging.string(), ec.message());
+  }
   try {
     Plan& p = planned.plan;
     for (auto& stage : p.stages) {

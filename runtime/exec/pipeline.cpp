@@ -662,13 +662,13 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                      schedule::to_string(ins.op));
             }
           } catch (Error& e) {
-            e.in(fmt::format("step {}: {}", step, schedule::to_string(ins))).in(where);
+            e.in(fmt::format("step {}: {}", global_step + step + 1, schedule::to_string(ins))).in(where);
             throw;
           } catch (const Aborted&) {
             throw;
           } catch (const std::exception& e) {
             throw Error(ErrorKind::kInternal, e.what())
-                .in(fmt::format("step {}: {}", step, schedule::to_string(ins)))
+                .in(fmt::format("step {}: {}", global_step + step + 1, schedule::to_string(ins)))
                 .in(where);
           }
         }

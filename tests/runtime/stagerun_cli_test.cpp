@@ -163,8 +163,13 @@ TEST_CASE(
   plan::PlanOptions o = toy_training_options("sgd");
   o.loss.kind = "";
   plan::PlannedModel no_loss = plan::make_plan(o);
+  // A writer killed mid-write left its staging folder (pid 999999999 is past any pid_max).
+  std::filesystem::create_directory(dir.file("train.partial-999999999"));
   CHECK_THROWS_WITH_AS(plan::write_plan(no_loss, dir.file("train")),
                        doctest::Contains("needs a loss"), Error);
+  // A refused plan leaves nothing behind: no partial folder, no target.
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    CHECK_MESSAGE(entry.path().filename().string().find("train") == std::string::npos, entry.path().string());
   o.loss.kind = "mse";
   plan::PlannedModel planned = plan::make_plan(o);
   plan::write_plan(planned, dir.file("train"));
@@ -175,6 +180,17 @@ TEST_CASE(
   CHECK(losses[2] < losses[0]);
 }
 
+TEST_CASE("a diverging run stops naming one step number, counted from 1 as the loss lines count") {
+  testing::TempDir dir;
+  plan::PlanOptions o = toy_training_options("sgd");
+  o.training_config.lr = 1e19;  // the loss overflows within a few steps
+  plan::PlannedModel planned = plan::make_plan(o);
+  plan::write_plan(planned, dir.file("train"));
+  Result r = stagerun(dir, dir.file("train") + " --steps 20");
+  CAPTURE(r.out);
+  check_one_line_error(r, R"(: step ([1-9][0-9]*): FWD stage [0-9]+ mb [0-9]+: .*the loss is \S+ at step \1, microbatch)");
+}
+
 TEST_CASE("a worker that fails ends the run with its error instead of a hang") {
   testing::TempDir dir;
   std::string plan_dir = toy_plan(dir, 3);
@@ -183,7 +199,7 @@ TEST_CASE("a worker that fails ends the run with its error instead of a hang") {
   check_one_line_error(
       stagerun(dir, fmt::format("{} --steps 5 --inject-fault '{}'", plan_dir, node)),
       fmt::format(
-          R"(^stagerun: internal error: device 1: step 0: FWD stage 1 mb 0: .*fault injected at node)"));
+          R"(^stagerun: internal error: device 1: step 1: FWD stage 1 mb 0: .*fault injected at node)"));
 }
 
 }  // namespace
