@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job on a bundled sample, run on an already built tree: look at the model, compile
 # it into a 2-device pipelined plan, inspect the plan, and run it on the CPU backend (one
-# thread per device), comparing measured with predicted figures; then compile and run a
-# 2-device training plan of the same model (loss per step).
+# thread per device), comparing measured with predicted figures; then train the same model on
+# 2 devices as a language model on next-token labels (loss per step).
 #
 #   bash tools/demo_steps.sh [BUILD_DIR] [OUT_DIR]    (defaults: build, BUILD_DIR)
 #
@@ -22,7 +22,12 @@ run "$tools/stagec" "$model" -o "$out/demo_plan" --devices 2 --batch 8 --microba
 run "$tools/stagedump" "$out/demo_plan"
 run "$tools/stagerun" "$out/demo_plan" --steps 20 --outputs "$out/demo_outputs" \
   --trace "$out/demo_trace.json"
-# Training: the same model with a cross-entropy loss appended, 1F1B on 2 devices, Adam.
+# Training: the same model as a byte-level language model on this repository's README: a
+# cross-entropy over the vocabulary (logits [B,T,256], token labels [B,T]: the input shifted by
+# one, the last position of each row -100, left out) appended, 1F1B on 2 devices, Adam; 10
+# batches of next-token data, one per step.
+run "$tools/stagecraft-lm-data" --out "$out/demo_data" --text "$root/README.md" --batches 10 \
+  --batch 8 --seq 32
 run "$tools/stagec" "$model" -o "$out/demo_train_plan" --devices 2 --train --loss cross-entropy \
   --optimizer adam --lr 0.01 --batch 8 --microbatches 4 --dim seq=32 --device-spec cpu
-run "$tools/stagerun" "$out/demo_train_plan" --steps 10
+run "$tools/stagerun" "$out/demo_train_plan" --steps 10 --data "$out/demo_data"

@@ -126,6 +126,14 @@ int run(int argc, char** argv) {
                  "scalar output is the loss)");
   app.add_option("--labels", po.loss.labels, "with --loss: the labels input (default 'labels'; added when the model "
                  "has none)");
+  app.add_option("--loss-axis", po.loss.axis,
+                 "with --loss cross-entropy: the output's class axis K (negative counts from the end). Default: "
+                 "from the labels input's shape (the output without its last axis: the last axis, language "
+                 "models' [B,T,V] with [B,T]; without axis 1: axis 1, ONNX's [N,C,...]; both or neither: an error); "
+                 "labels stagec adds: axis 1 for [N,C], the last axis for rank 3 and more");
+  app.add_option("--ignore-index", po.loss.ignore_index,
+                 "with --loss cross-entropy: the label value of padding, left out of the loss and of the mean's "
+                 "count (default -100, PyTorch's)");
   app.add_option("--lr", po.training_config.lr, "with --train: learning rate (default 0.001)");
   app.add_option("--weight-decay", po.training_config.weight_decay, "with --train: weight decay (default 0)");
   app.add_option("--momentum", po.training_config.momentum, "with --optimizer momentum|nesterov (default 0.9)");
@@ -203,12 +211,17 @@ int run(int argc, char** argv) {
       return profiled_costs(graph, roofline, db_path, profile_threads, training);
     };
   }
+  if ((po.loss.axis || po.loss.ignore_index) && (!po.training || po.loss.kind != "cross-entropy")) {
+    fail(ErrorKind::kUsage, "{} only for --train --loss cross-entropy",
+         po.loss.axis ? "--loss-axis is" : "--ignore-index is");
+  }
   po.model_path = model_path;
   po.batch = batch;
   po.dims = options.dims;
   auto start = std::chrono::steady_clock::now();
   plan::PlannedModel planned = plan::make_plan(po);
   double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!planned.loss_summary.empty()) fmt::print("{}\n", planned.loss_summary);
   fmt::print("{}", plan::summarize(planned.plan));
   if (dry_run) {
     fmt::print("planned in {:.2f} s (dry run: nothing written)\n", plan_s);

@@ -313,7 +313,7 @@ int main(int argc, char** argv) {
       j["microbatches"] = plan.microbatches;
       j["batch"] = plan.batch;
       j["steps"] = steps;
-      j["inputs"] = inputs_path.empty() ? "synthetic" : inputs_path;
+      j["inputs"] = !data_dir.empty() ? data_dir : inputs_path.empty() ? "synthetic" : inputs_path;
       nlohmann::ordered_json ms = nlohmann::ordered_json::array();
       for (double s : report.step_s) ms.push_back(s * 1e3);
       j["step_ms"] = ms;
@@ -346,7 +346,9 @@ int main(int argc, char** argv) {
         "device\n",
         plan_dir, plan.schedule, plan.devices, plan.devices == 1 ? "" : "s", plan.microbatches,
         plan.microbatch_size, plan.batch, backend.name(), threads, threads == 1 ? "" : "s");
-    fmt::print("inputs: {}\n", inputs_path.empty() ? "synthetic (deterministic)" : inputs_path);
+    fmt::print("inputs: {}\n", !data_dir.empty()      ? "--data " + data_dir + " (step s: batch s mod K)"
+                                : inputs_path.empty() ? std::string("synthetic (deterministic)")
+                                                      : inputs_path);
     for (size_t k = 0; k < report.losses.size(); ++k)
       fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms\n", first_step + static_cast<int64_t>(k) + 1, report.losses[k], report.step_s[k] * 1e3);
     fmt::print("step {:.3f} ms (median of {}; min {:.3f}, max {:.3f}), {:.1f} samples/s\n",

@@ -535,14 +535,15 @@ PlannedModel make_plan(const PlanOptions& o) {
   ImportOptions import;
   if (o.batch) import.batch = s.microbatch_size;
   import.dims = o.dims;
-  PlannedModel out{import_model(o.model_path, import), {}, {}, {}};
+  PlannedModel out{import_model(o.model_path, import), {}, {}, {}, {}};
   // Training needs a loss to write a plan (write_plan says so); planning alone (--dry-run, the
   // memory and time of a model without one) goes ahead without.
   if (o.training && (!o.loss.kind.empty() || passes::scalar_output(out.model.graph))) {
-    ir::ValueId loss = passes::append_loss(out.model.graph, o.loss);
+    passes::AppendedLoss loss = passes::append_loss(out.model.graph, o.loss);
+    out.loss_summary = loss.summary;
     out.plan.training_config = o.training_config;
     out.plan.training_config.loss = o.loss.kind.empty() ? "model" : o.loss.kind;
-    out.plan.training_config.loss_output = out.model.graph.value(loss).name;
+    out.plan.training_config.loss_output = out.model.graph.value(loss.value).name;
     out.plan.training_config.labels = o.loss.kind.empty() ? "" : o.loss.labels;
   }
   if (o.training) {

@@ -29,7 +29,7 @@ struct PlanOptions {
   std::map<std::string, int64_t> dims;   ///< Other symbolic dims (--dim).
   bool training = false;
   std::string optimizer = "adamw";       ///< With --train.
-  passes::LossOptions loss;              ///< With --train: --loss, --labels.
+  passes::LossOptions loss;              ///< With --train: --loss, --labels, --loss-axis, --ignore-index.
   TrainingConfig training_config;        ///< With --train: lr, weight decay, schedule (loss fields are filled in).
   std::string precision = "fp32";
   std::string device_spec = "h100";      ///< Preset name or JSON file.
@@ -52,6 +52,9 @@ struct PlannedModel {
   Plan plan;
   schedule::Schedule schedule;
   std::vector<int> stage_of;  ///< Node id -> stage.
+  /// Training: one line saying which loss was appended (for cross-entropy: the class axis and
+  /// why, the labels' shape per microbatch, the ignore index); "" otherwise.
+  std::string loss_summary;
 };
 
 /// Plans the model. Refuses (Error) bad options with the flag named, and a model that fits in

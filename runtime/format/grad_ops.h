@@ -25,7 +25,9 @@
 /// - Where a value feeds several nodes, its gradient is the sum of theirs: plain ONNX `Add`.
 /// - The loss: the stage that computes it receives dloss = 1 / microbatches (a float32 scalar
 ///   named `kLossGradName`), so gradients accumulated over a step's microbatches equal those of
-///   the whole batch for a loss that is a mean over samples.
+///   the whole batch for a loss that is a mean over samples. A loss that is a mean over the
+///   microbatch's counted positions (cross-entropy with an ignore index) makes the step's
+///   gradient the mean of the microbatch means, as PyTorch's accumulation of `loss / M` does.
 ///
 /// The gradient of the value named V is named `grad_name(V)` = "V@grad".
 

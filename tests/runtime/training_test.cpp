@@ -55,7 +55,12 @@ TEST_CASE("pipelined training gives the single-device loss curve for every sched
                           // differences, probably the cross-stage residual gradient sums,
                           // which add in another order than one device's Add).
                           {"resnet_small.onnx", "mse", 10, {2, 4}},
-                          {"gpt_tiny.onnx", "cross-entropy", 50, {2, 4}}};
+                          // 30 steps: its cross-entropy over the vocabulary memorises the
+                          // synthetic batch and Adam at lr 0.01 turns unstable from step 34
+                          // (loss 0.46 -> 0.62 on one device); from there the last-bit
+                          // difference of one device's gradient sums (every pipelined run
+                          // agrees with the others) grows to 1.8e-4 by step 50.
+                          {"gpt_tiny.onnx", "cross-entropy", 30, {2, 4}}};
   for (const Model& m : models) {
     CAPTURE(m.file);
     std::vector<double> reference = train(training_options(m, 1, "gpipe"), m.steps);
