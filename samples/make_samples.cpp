@@ -141,6 +141,17 @@ int run(int argc, char** argv) {
   gpt->add_option("--ffn", gpt_options.ffn, "MLP hidden width (0: 4*width)")->capture_default_str();
   gpt->add_flag("--fixed-seq", gpt_options.fixed_seq,
                 "Make the input's sequence dimension --seq instead of symbolic \"seq\"");
+  gpt->add_flag("--tied", gpt_options.tied,
+                "Tie the output head to the token embedding (logits = hidden x wte^T, as GPT-2)");
+
+  stagecraft::samples::SharedChainOptions chain_options;
+  CLI::App* chain = app.add_subcommand(
+      "shared-chain", "Dense chain x[batch,width] -> y whose first and last layers share a weight");
+  OutputSettings chain_settings{.output = "shared_chain.onnx"};
+  add_common_options(chain, common, chain_settings);
+  chain->add_option("--layers", chain_options.layers, "Dense layers (at least 2)")
+      ->capture_default_str();
+  chain->add_option("--width", chain_options.width, "Width of every layer")->capture_default_str();
 
   std::string all_directory;
   uint64_t all_seed = common.seed;
@@ -168,6 +179,9 @@ int run(int argc, char** argv) {
   } else if (gpt->parsed()) {
     write_model(stagecraft::samples::build_gpt(gpt_options, common), gpt_settings.output,
                 write_options(gpt_settings));
+  } else if (chain->parsed()) {
+    write_model(stagecraft::samples::build_shared_chain(chain_options, common),
+                chain_settings.output, write_options(chain_settings));
   }
   return 0;
 }

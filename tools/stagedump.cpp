@@ -1,8 +1,9 @@
 // stagedump: inspect a plan directory, read the way the runtime reads it.
 //
 // Views (the text report goes to stdout unless another view is written to "-"):
-//   (default)    header, stage table, memory anatomy, why, cut tensors, prediction beside the
-//                baselines, ASCII timeline of the re-simulated schedule
+//   (default)    header, stage table, memory anatomy, why, cut tensors, shared weights per
+//                stage, prediction beside the baselines, ASCII timeline of the re-simulated
+//                schedule
 //   --json       the JSON document below instead of the text
 //   --dot FILE   Graphviz digraph of the ops in stage clusters ("-": stdout)
 //   --trace FILE Chrome trace (Trace Event Format) of the predicted schedule ("-": stdout)
@@ -21,6 +22,7 @@
 //                    fwd_ms, bwd_ms, send_ms, in_flight,
 //                    memory_bytes {weights, gradients, optimizer, activations, temporary,
 //                                  communication, total},
+//                    shared_weights [{name, dtype, shape, stages []}], shared_exchange_ms,
 //                    why}],
 //     "cuts":      [{after_stage, bytes, tensors [{name, dtype, shape, from, to [], bytes}]}],
 //     "predicted": {step_ms, bubble_fraction, samples_per_s, peak_memory_bytes, fits},

@@ -37,6 +37,9 @@ struct Setup {
 struct NodeFacts {
   std::vector<cost::OpTime> time;
   std::vector<int64_t> params;        ///< Weights first read by this node.
+  /// Every weight this node reads (value, elements): a stage holds each weight its nodes read,
+  /// so a weight read in several stages counts in each (span_params).
+  std::vector<std::vector<std::pair<ir::ValueId, int64_t>>> weights_read;
   std::vector<int64_t> output_bytes;  ///< Floating outputs: kept for backward.
   std::vector<double> flops;
 };
@@ -108,8 +111,11 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
     const ir::Node& node = g.node(id);
     f.time.push_back(costs.op_time(g, node));
     int64_t params = 0;
+    f.weights_read.emplace_back();
     for (ir::ValueId in : node.inputs) {
-      if (in == ir::kNoId || !g.value(in).is_weight || counted[in]) continue;
+      if (in == ir::kNoId || !g.value(in).is_weight) continue;
+      f.weights_read.back().emplace_back(in, g.value(in).numel());
+      if (counted[in]) continue;
       counted[in] = true;
       params += g.value(in).numel();
     }
@@ -126,6 +132,20 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
     f.flops.push_back(cost::forward_work(g, node).flops);
   }
   return f;
+}
+
+/// Parameters a stage of positions [first, last] holds: every weight its nodes read, once
+/// (a weight shared with other stages counts in each of them).
+int64_t span_params(const NodeFacts& f, int first, int last) {
+  std::vector<ir::ValueId> seen;
+  int64_t params = 0;
+  for (int i = first; i <= last; ++i)
+    for (const auto& [weight, elements] : f.weights_read[i]) {
+      if (std::find(seen.begin(), seen.end(), weight) != seen.end()) continue;
+      seen.push_back(weight);
+      params += elements;
+    }
+  return params;
 }
 
 double bytes_per_param(const Setup& s) {
@@ -225,6 +245,8 @@ struct Recompute {
   std::vector<double> input_bytes;
   /// Per stage: what a split backward holds from B to W (stage_files.h deferred_bytes).
   std::vector<double> deferred_bytes;
+  /// Per stage: the step's exchange of its shared weights' gradients (Stage::shared_exchange_ms).
+  std::vector<double> shared_exchange_s;
   bool at(std::size_t k) const { return k < on.size() && on[k]; }
 };
 
@@ -240,15 +262,15 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
   double per_param = bytes_per_param(s);
   double optimizer_bytes = 0;
   for (const auto& st : sol.stages) {
-    double fwd = 0, b = 0, w = 0, act = 0, stat = 0, params = 0;
+    double fwd = 0, b = 0, w = 0, act = 0;
     for (int i = st.first; i <= st.last; ++i) {
       fwd += f.time[i].forward_s;
       b += f.time[i].backward_input_s;
       w += f.time[i].backward_weight_s;
       act += static_cast<double>(f.output_bytes[i]);
-      stat += static_cast<double>(f.params[i]) * per_param;
-      params += static_cast<double>(f.params[i]);
     }
+    const auto params = static_cast<double>(span_params(f, st.first, st.last));
+    const double stat = params * per_param;
     w += accumulate_s(s, params);
     const std::size_t k = c.forward_s.size();
     const bool recompute = s.shape.training && rc.at(k);
@@ -265,6 +287,7 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     c.static_bytes.push_back(stat);
     c.backward_bytes.push_back(recompute ? act : 0.0);
     c.deferred_bytes.push_back(split && k < rc.deferred_bytes.size() ? rc.deferred_bytes[k] : 0.0);
+    c.shared_allreduce_s.push_back(k < rc.shared_exchange_s.size() ? rc.shared_exchange_s[k] : 0.0);
     optimizer_bytes = std::max(optimizer_bytes, stat);
   }
   // The optimizer streams every weight, gradient and state once: memory-bound.
@@ -317,11 +340,8 @@ std::string why(const partition::Solution& sol, std::size_t k, const ir::Graph& 
 [[noreturn]] void refuse(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
                          double capacity) {
   const auto& st = sol.stages[sol.over_stage];
-  int64_t params = 0, acts = 0;
-  for (int i = st.first; i <= st.last; ++i) {
-    params += f.params[i];
-    acts += s.shape.training ? f.output_bytes[i] : 0;
-  }
+  int64_t params = span_params(f, st.first, st.last), acts = 0;
+  for (int i = st.first; i <= st.last; ++i) acts += s.shape.training ? f.output_bytes[i] : 0;
   auto in = static_cast<int64_t>(in_flight(s, sol.over_stage));
   auto anatomy = cost::stage_memory(params, acts, 0, 0, in, s.optimizer, s.precision,
                                     s.shape.training, false, 0);
@@ -330,6 +350,23 @@ std::string why(const partition::Solution& sol, std::size_t k, const ir::Graph& 
        "{}; device has {} "
        "(use more devices, --precision mixed, a lighter --optimizer, or fewer --microbatches)",
        sol.stages.size(), sol.over_stage, cost::describe(anatomy, in), format_bytes(capacity));
+}
+
+/// Time to sum `bytes` of gradient over the devices of the holder stages `stages`: a ring
+/// all-reduce, 2 (n - 1) steps of bytes / n over the slowest link of the ring of the n distinct
+/// devices (0 when they are all one device).
+double shared_exchange_s(const Setup& s, const std::vector<int>& stages, double bytes) {
+  std::vector<int> devices;
+  for (int stage : stages) devices.push_back(stage % s.shape.devices);
+  std::sort(devices.begin(), devices.end());
+  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+  const auto n = static_cast<int>(devices.size());
+  if (n < 2) return 0;
+  double slowest = 0;
+  for (int i = 0; i < n; ++i)
+    slowest = std::max(slowest, cost::transfer_seconds(s.cluster, devices[i],
+                                                       devices[(i + 1) % n], bytes / n));
+  return 2.0 * (n - 1) * slowest;
 }
 
 /// Working memory of one microbatch through the stage beyond what the anatomy already holds.
@@ -403,9 +440,9 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   out.chunk = static_cast<int>(k) / s.shape.devices;
   out.file = fmt::format("stage_{}.onnx", k);
   int64_t acts = 0;
+  out.params = span_params(f, st.first, st.last);
   for (int i = st.first; i <= st.last; ++i) {
     out.nodes.push_back(g.node(order[i]).name);
-    out.params += f.params[i];
     out.fwd_ms += f.time[i].forward_s * 1e3;
     out.bwd_ms += s.shape.training ? f.time[i].backward_s * 1e3 : 0.0;
     acts += s.shape.training ? f.output_bytes[i] : 0;
@@ -458,6 +495,18 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   out.backward_arena_bytes = s.shape.training ? backward_arena : 0;
   int64_t temporary = s.shape.training ? backward_arena : out.arena_bytes;
   for (const auto& t : out.outputs) comm += t.peer_stages.empty() ? 0 : t.bytes;
+  // Shared weights: the stage holds its own copy (in params already, with its gradient and
+  // optimizer state); training sums the copies' float32 gradients across the holders before
+  // the optimizer step, through one more buffer per weight.
+  for (const SharedWeight& w : io.shared_weights) {
+    if (std::find(w.stages.begin(), w.stages.end(), out.index) == w.stages.end()) continue;
+    out.shared_weights.push_back(w);
+    if (!s.shape.training) continue;
+    int64_t elements = 1;
+    for (int64_t d : w.shape) elements *= d;
+    comm += 4 * elements;
+    out.shared_exchange_ms += shared_exchange_s(s, w.stages, 4.0 * elements) * 1e3;
+  }
   // Recomputation: the first forward runs in the arena (kept for the run), keeping only the
   // stage inputs; the backward's forward re-run rebuilds one microbatch's activations.
   out.recompute = recompute && s.shape.training;
@@ -523,6 +572,7 @@ void add_working_memory(Prediction& pr, const std::vector<Stage>& stages, int de
 void note_stage(Recompute& rc, const Stage& st, const BackwardFacts& b) {
   rc.on.push_back(st.recompute);
   rc.deferred_bytes.push_back(b.deferred);
+  rc.shared_exchange_s.push_back(st.shared_exchange_ms / 1e3);
   int64_t input_bytes = 0;
   for (const auto& t : st.inputs) input_bytes += t.bytes;
   rc.input_bytes.push_back(static_cast<double>(input_bytes));
@@ -597,9 +647,11 @@ PlannedModel make_plan(const PlanOptions& o) {
 
   out.stage_of = partition::stage_of_nodes(gp, sol, g.num_nodes());
   partition::validate_assignment(g, out.stage_of, stages);
+  auto io = stage_interfaces(g, out.stage_of);
+  // Stages holding a common weight exchange its gradients before their optimizer steps.
+  s.shape.shared_groups = shared_weight_groups(io.shared_weights);
   out.schedule = schedule::build_schedule(s.kind, s.shape);
   schedule::validate_schedule(out.schedule, s.shape);
-  auto io = stage_interfaces(g, out.stage_of);
 
   Plan& p = out.plan;
   p.generator = "stagec 0.1.0";
@@ -680,7 +732,11 @@ PlannedModel make_plan(const PlanOptions& o) {
                                     o.recompute == "all", bwd.arena));
       note_stage(b_rc, b_stages.back(), bwd);
     }
-    Prediction pr = predict(s, out.schedule, b, facts, g, order, p.batch, b_rc);
+    // Its own shared weights' exchanges (the holders may differ from ours).
+    Setup b_setup = s;
+    b_setup.shape.shared_groups = shared_weight_groups(b_io.shared_weights);
+    schedule::Schedule b_schedule = schedule::build_schedule(b_setup.kind, b_setup.shape);
+    Prediction pr = predict(b_setup, b_schedule, b, facts, g, order, p.batch, b_rc);
     add_working_memory(pr, b_stages, p.devices);
     return pr;
   };

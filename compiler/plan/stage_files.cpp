@@ -33,6 +33,25 @@ StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>&
     for (ir::NodeId u : graph.value(in).consumers) readers.insert(stage_of[u]);
     out.input_stages.emplace_back(readers.begin(), readers.end());
   }
+  out.shared_weights = shared_weights(graph, stage_of);
+  return out;
+}
+
+std::vector<SharedWeight> shared_weights(const ir::Graph& graph,
+                                         const std::vector<int>& stage_of) {
+  std::set<ir::ValueId> trainable;
+  for (ir::ValueId w : passes::trainable_weights(graph, graph.topological_order()))
+    trainable.insert(w);
+  std::vector<SharedWeight> out;
+  for (ir::ValueId w : trainable) {
+    const ir::Value& v = graph.value(w);
+    std::set<int> holders;
+    for (ir::NodeId u : v.consumers)
+      if (!graph.node(u).dead) holders.insert(stage_of[u]);
+    if (holders.size() < 2) continue;
+    out.push_back(SharedWeight{v.name, std::string(dtype_name(v.dtype)), v.shape,
+                               std::vector<int>(holders.begin(), holders.end())});
+  }
   return out;
 }
 

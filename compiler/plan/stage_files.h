@@ -28,10 +28,17 @@ struct StageInterfaces {
   std::vector<CutTensor> cut_tensors;
   /// Per graph input (in graph order): the stages that read it (labels go straight there).
   std::vector<std::vector<int>> input_stages;
+  /// The weights several stages read (`shared_weights`).
+  std::vector<SharedWeight> shared_weights;
 };
 
 /// The tensors crossing between stages under `stage_of` (node id -> stage).
 StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>& stage_of);
+
+/// The trainable weights (passes/autodiff.h `trainable_weights` of the whole graph) that nodes
+/// of two or more stages read under `stage_of`, in graph value order, each with its holders
+/// (ascending). Every holder's stage file embeds its own copy (`stage_model`).
+std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vector<int>& stage_of);
 
 /// Stage `k` as an ONNX model: its nodes, the initializers they read (embedded), inputs = cut
 /// tensors and graph inputs it reads, outputs = cut tensors it writes and graph outputs.

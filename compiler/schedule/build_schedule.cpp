@@ -37,13 +37,18 @@ class ProgramWriter {
     program_.push_back({Op::kBackwardWeight, stage, microbatch});
   }
 
-  /// The end of a training step: all-reduce (with data parallelism) and optimizer step of
-  /// every stage of the device.
+  /// The end of a training step: all-reduce (with data parallelism), the start of the shared
+  /// weights' exchange, and optimizer step of every stage of the device. Every exchange of the
+  /// device starts before any of its optimizer steps waits for one.
   void finish_step() {
     if (shape_.data_parallel > 1) {
       for (int chunk = 0; chunk < shape_.chunks; ++chunk) {
         program_.push_back({Op::kAllReduce, stage_of_chunk(chunk), -1});
       }
+    }
+    for (int chunk = 0; chunk < shape_.chunks; ++chunk) {
+      if (holds_shared(shape_, stage_of_chunk(chunk)))
+        program_.push_back({Op::kAllReduceShared, stage_of_chunk(chunk), -1});
     }
     for (int chunk = 0; chunk < shape_.chunks; ++chunk) {
       program_.push_back({Op::kOptimizerStep, stage_of_chunk(chunk), -1});
@@ -181,6 +186,7 @@ void check_shape(ScheduleKind kind, const PipelineShape& shape) {
     fail(ErrorKind::kUsage, "schedule '{}' is for training; an inference plan uses 'inference'",
          name);
   }
+  check_shared_groups(shape, ErrorKind::kUsage);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <optional>
 #include <utility>
@@ -11,7 +12,7 @@
 namespace stagecraft::schedule {
 namespace {
 
-constexpr std::array<std::pair<Op, std::string_view>, 10> kOpNames = {{
+constexpr std::array<std::pair<Op, std::string_view>, 11> kOpNames = {{
     {Op::kRecvAct, "RECV_ACT"},
     {Op::kForward, "FWD"},
     {Op::kSendAct, "SEND_ACT"},
@@ -21,6 +22,7 @@ constexpr std::array<std::pair<Op, std::string_view>, 10> kOpNames = {{
     {Op::kBackwardWeight, "BWD_WEIGHT"},
     {Op::kSendGrad, "SEND_GRAD"},
     {Op::kAllReduce, "ALLREDUCE"},
+    {Op::kAllReduceShared, "ALLREDUCE_SHARED"},
     {Op::kOptimizerStep, "OPT_STEP"},
 }};
 
@@ -64,7 +66,38 @@ bool is_transfer(Op op) {
   return op == Op::kRecvAct || op == Op::kSendAct || op == Op::kRecvGrad || op == Op::kSendGrad;
 }
 
-bool is_step_level(Op op) { return op == Op::kAllReduce || op == Op::kOptimizerStep; }
+bool is_step_level(Op op) {
+  return op == Op::kAllReduce || op == Op::kAllReduceShared || op == Op::kOptimizerStep;
+}
+
+bool holds_shared(const PipelineShape& shape, int stage) {
+  for (const std::vector<int>& group : shape.shared_groups)
+    if (std::find(group.begin(), group.end(), stage) != group.end()) return true;
+  return false;
+}
+
+void check_shared_groups(const PipelineShape& shape, ErrorKind kind) {
+  int stages = stage_count(shape);
+  for (size_t g = 0; g < shape.shared_groups.size(); ++g) {
+    const std::vector<int>& group = shape.shared_groups[g];
+    bool ordered = group.size() >= 2 && group.front() >= 0 && group.back() < stages;
+    for (size_t i = 1; i < group.size(); ++i) ordered &= group[i - 1] < group[i];
+    if (!ordered)
+      fail(kind,
+           "shared weight group {} is [{}]; it needs two or more stages of 0..{}, ascending",
+           g, fmt::join(group, ","), stages - 1);
+  }
+}
+
+std::vector<int> shared_partners(const PipelineShape& shape, int stage) {
+  std::vector<int> partners;
+  for (const std::vector<int>& group : shape.shared_groups)
+    if (std::find(group.begin(), group.end(), stage) != group.end())
+      partners.insert(partners.end(), group.begin(), group.end());
+  std::sort(partners.begin(), partners.end());
+  partners.erase(std::unique(partners.begin(), partners.end()), partners.end());
+  return partners;
+}
 
 int stage_count(const PipelineShape& shape) { return shape.devices * shape.chunks; }
 

@@ -11,6 +11,8 @@
 /// also name the peer stage.
 
 #include <nlohmann/json.hpp>
+
+#include "runtime/format/error.h"
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +39,11 @@ enum class Op {
   kBackwardWeight,  ///< ZB's W: the weight gradients, deferred to fill bubbles; frees activations.
   kSendGrad,        ///< Send the gradient of the stage's inputs to `peer_stage` (= stage - 1).
   kAllReduce,       ///< All-reduce of the stage's gradients across data-parallel replicas.
+  /// Starts the sum of the stage's shared weights' gradients with the other stages that hold
+  /// them (PipelineShape::shared_groups); takes no device time. The stage's OPT_STEP waits for
+  /// the sum of every holder, so each must come after the ALLREDUCE_SHARED of every partner on
+  /// the same device.
+  kAllReduceShared,
   kOptimizerStep,   ///< Optimizer update of the stage's weights, once per step.
 };
 
@@ -60,7 +67,21 @@ struct PipelineShape {
   int microbatches;       ///< M, microbatches per step.
   bool training;          ///< Training (forward, backward, optimizer) or inference (forward).
   int data_parallel = 1;  ///< Replicas of the whole pipeline; AllReduce is emitted when > 1.
+  /// Sets of stages (each ascending, two or more) that hold a common weight; in training every
+  /// stage in one gets an ALLREDUCE_SHARED. Empty for most models.
+  std::vector<std::vector<int>> shared_groups = {};
 };
+
+/// True when `stage` is in one of `shape.shared_groups`.
+bool holds_shared(const PipelineShape& shape, int stage);
+
+/// Refuses shared groups that do not fit the shape (`Error(kind)` naming the group): a stage out
+/// of range, fewer than two stages, stages not ascending.
+void check_shared_groups(const PipelineShape& shape, ErrorKind kind);
+
+/// The stages that share a weight with `stage` (itself included when it shares any),
+/// ascending: those whose ALLREDUCE_SHARED its OPT_STEP waits for.
+std::vector<int> shared_partners(const PipelineShape& shape, int stage);
 
 /// Number of global stages, P * V.
 int stage_count(const PipelineShape& shape);
@@ -82,18 +103,20 @@ Schedule build_schedule(ScheduleKind kind, const PipelineShape& shape);
 /// forward (W after B); every receive before the compute that uses it and every send after the
 /// compute that produces it, each receive matched by one send; in training one optimizer step
 /// per stage after all its backwards (an all-reduce, required when data_parallel > 1, between
-/// them); and finally that the devices can run their lists to the end without deadlock.
+/// them; one ALLREDUCE_SHARED between them exactly for the stages of shape.shared_groups); and
+/// finally that the devices can run their lists to the end without deadlock.
 void validate_schedule(const Schedule& schedule, const PipelineShape& shape);
 
 /// True for the ops that move data between stages (RECV_ACT, SEND_ACT, RECV_GRAD, SEND_GRAD),
 /// the only ones that name a peer stage.
 bool is_transfer(Op op);
 
-/// True for the ops that run once per stage and step (ALLREDUCE, OPT_STEP), not per microbatch.
+/// True for the ops that run once per stage and step (ALLREDUCE, ALLREDUCE_SHARED, OPT_STEP),
+/// not per microbatch.
 bool is_step_level(Op op);
 
 /// The plan-file name of an op: "RECV_ACT", "FWD", "SEND_ACT", "RECV_GRAD", "BWD",
-/// "BWD_INPUT", "BWD_WEIGHT", "SEND_GRAD", "ALLREDUCE", "OPT_STEP".
+/// "BWD_INPUT", "BWD_WEIGHT", "SEND_GRAD", "ALLREDUCE", "ALLREDUCE_SHARED", "OPT_STEP".
 std::string to_string(Op op);
 
 /// The op named `name` (as `to_string(Op)` writes it); throws `Error(kFormat)` otherwise.

@@ -49,6 +49,7 @@ class Simulation {
         grad_arrival_(pair_times()),
         grad_received_(pair_times()),
         weight_grads_done_(stages_, 0),
+        shared_issued_(stages_, kNotYet),
         next_(shape.devices, 0),
         free_at_(shape.devices, 0),
         memory_(shape.devices, 0),
@@ -166,10 +167,24 @@ class Simulation {
         if (weight_grads_done_[in.stage] < microbatches_) return false;
         return wait(device, in, start,
                     start + (costs_.allreduce_s.empty() ? 0 : costs_.allreduce_s[in.stage]));
-      case Op::kOptimizerStep:
+      case Op::kAllReduceShared:
         if (weight_grads_done_[in.stage] < microbatches_) return false;
-        compute(device, in, start, costs_.optimizer_s);
+        shared_issued_[in.stage] = start;
+        return wait(device, in, start, start);
+      case Op::kOptimizerStep: {
+        if (weight_grads_done_[in.stage] < microbatches_) return false;
+        // A stage holding shared weights updates them with the sum of every holder's gradient.
+        double summed = start;
+        for (int partner : shared_partners(shape_, in.stage)) {
+          if (shared_issued_[partner] == kNotYet) return false;
+          summed = std::max(summed, shared_issued_[partner] +
+                                        (costs_.shared_allreduce_s.empty()
+                                             ? 0
+                                             : costs_.shared_allreduce_s[in.stage]));
+        }
+        compute(device, in, summed, costs_.optimizer_s);
         return true;
+      }
     }
     return false;
   }
@@ -244,9 +259,17 @@ class Simulation {
       case Op::kBackwardWeight:
         return "its BWD_INPUT has not run";
       case Op::kAllReduce:
-      case Op::kOptimizerStep:
+      case Op::kAllReduceShared:
         return fmt::format("{} of {} weight gradients are done", weight_grads_done_[in.stage],
                            microbatches_);
+      case Op::kOptimizerStep:
+        if (weight_grads_done_[in.stage] < microbatches_)
+          return fmt::format("{} of {} weight gradients are done", weight_grads_done_[in.stage],
+                             microbatches_);
+        for (int partner : shared_partners(shape_, in.stage))
+          if (shared_issued_[partner] == kNotYet)
+            return fmt::format("the ALLREDUCE_SHARED of stage {} has not run", partner);
+        return "unknown";
     }
     return "unknown";
   }
@@ -287,6 +310,7 @@ class Simulation {
   std::vector<double> forward_end_, input_grad_end_;
   std::vector<double> act_arrival_, act_received_, grad_arrival_, grad_received_;
   std::vector<int> weight_grads_done_;               ///< Per stage.
+  std::vector<double> shared_issued_;                ///< Per stage, its ALLREDUCE_SHARED.
   std::vector<size_t> next_;                         ///< Per device, the next position in its list.
   std::vector<double> free_at_;                      ///< Per device.
   std::vector<double> memory_;                       ///< Per device, bytes now.
@@ -350,6 +374,7 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
   check_costs(costs.backward_weight_s, "backward_weight_s", backward_sizes, count);
   check_costs(costs.send_s, "send_s", {0, stages - 1, stages}, count);
   check_costs(costs.allreduce_s, "allreduce_s", {0, stages}, count);
+  check_costs(costs.shared_allreduce_s, "shared_allreduce_s", {0, stages}, count);
   check_costs(costs.activation_bytes, "activation_bytes", {0, stages}, count);
   check_costs(costs.static_bytes, "static_bytes", {0, stages}, count);
   check_costs(costs.deferred_bytes, "deferred_bytes", {0, stages}, count);
@@ -359,6 +384,7 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
          costs.optimizer_s);
   }
   check_instructions(schedule, shape);
+  check_shared_groups(shape, ErrorKind::kPlan);
   return Simulation(schedule, shape, costs).run();
 }
 

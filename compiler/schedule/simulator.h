@@ -8,7 +8,9 @@
 /// - A device runs its list in order. An instruction starts when the device is free and what
 ///   it needs is there: a forward of stage s > 0 needs its RECV_ACT done, a backward (or B) of
 ///   stage s < S-1 needs its RECV_GRAD done and its own forward, a W needs its B, an all-reduce
-///   or optimizer step needs every weight gradient of its stage.
+///   or optimizer step needs every weight gradient of its stage. ALLREDUCE_SHARED takes no device
+///   time; the OPT_STEP of a stage holding shared weights waits (idle) until every partner
+///   stage has issued its ALLREDUCE_SHARED, plus shared_allreduce_s of the stage.
 /// - A send takes no device time: it queues the transfer on the link (source device,
 ///   destination device), one link per ordered pair, which carries one transfer at a time for
 ///   send_s of the boundary. A receive waits (idle) until its transfer has arrived. Transfers
@@ -45,6 +47,9 @@ struct StageCosts {
   std::vector<double> send_s;
   double optimizer_s = 0;                ///< One stage's optimizer step.
   std::vector<double> allreduce_s;       ///< Optional: one stage's gradient all-reduce.
+  /// Optional: the exchange of one stage's shared weights' gradients with their other holders,
+  /// from the last holder's ALLREDUCE_SHARED to the sum being there for its OPT_STEP.
+  std::vector<double> shared_allreduce_s;
   std::vector<double> activation_bytes;  ///< Optional: kept per microbatch in flight.
   std::vector<double> static_bytes;      ///< Optional: weights + gradients + optimizer state.
   /// Optional: held from the end of a split backward's B to the end of its W (the values B

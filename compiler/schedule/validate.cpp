@@ -171,6 +171,22 @@ void check_step(Positions& positions, const PipelineShape& shape, int stage) {
   if (optimizer < last_gradient) {
     positions.fault(device, optimizer, "comes before the stage's last weight gradient");
   }
+  // The shared weights' exchange: exactly for their holders, after the last weight gradient
+  // and before the optimizer step (which waits for every partner's; the dry run checks that).
+  int shared = positions.at(Op::kAllReduceShared, stage, 0);
+  if (shared == kAbsent && holds_shared(shape, stage)) {
+    fail(ErrorKind::kPlan, "device {}: stage {} holds shared weights but has no ALLREDUCE_SHARED",
+         device, stage);
+  }
+  if (shared != kAbsent) {
+    if (!holds_shared(shape, stage)) {
+      positions.fault(device, shared, "the stage holds no shared weight");
+    }
+    if (shared < last_gradient) {
+      positions.fault(device, shared, "comes before the stage's last weight gradient");
+    }
+    if (optimizer < shared) positions.fault(device, optimizer, "comes before its ALLREDUCE_SHARED");
+  }
   if (all_reduce == kAbsent) {
     if (shape.data_parallel > 1) {
       fail(ErrorKind::kPlan, "device {}: stage {} has no ALLREDUCE with {} data-parallel replicas",
@@ -195,6 +211,7 @@ void validate_schedule(const Schedule& schedule, const PipelineShape& shape) {
     fail(ErrorKind::kPlan, "schedule has {} device lists; the pipeline has {} devices",
          schedule.size(), shape.devices);
   }
+  check_shared_groups(shape, ErrorKind::kPlan);
   Positions positions(schedule, shape);
   positions.collect();
   int stages = stage_count(shape);

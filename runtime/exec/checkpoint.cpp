@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,14 @@ namespace {
 
 constexpr const char* kFormatName = "stagecraft-checkpoint";
 constexpr uint64_t kProtobufLimit = (uint64_t{1} << 31) - 1;
+
+/// The stage whose copy of `weight` a checkpoint holds: the lowest holder of a shared weight,
+/// `stage` itself for any other.
+int saving_stage(const plan::Stage& stage, const std::string& weight) {
+  for (const plan::SharedWeight& w : stage.shared_weights)
+    if (w.name == weight) return w.stages.front();
+  return stage.index;
+}
 
 // `dir` without trailing separators ("ckpt/" and "ckpt" name the same checkpoint).
 std::string clean(const std::string& dir) {
@@ -103,6 +112,7 @@ void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in, const 
       int n = 0;
       for (const auto& [name, t] : pipeline.stage_weights(stage.index)) {
         if (t.dtype != DType::kFloat32) continue;  // constants: training never changes them
+        if (saving_stage(stage, name) != stage.index) continue;  // saved by its lowest holder
         std::string file = fmt::format("w{:04}.npy", n++);
         write(stage_dir, file, t);
         weights.push_back({{"name", name},
@@ -111,12 +121,14 @@ void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in, const 
                            {"shape", t.shape}});
       }
       n = 0;
-      for (const auto& [name, st] : pipeline.optimizer_state(stage.index))
+      for (const auto& [name, st] : pipeline.optimizer_state(stage.index)) {
+        if (saving_stage(stage, name) != stage.index) continue;
         for (const auto& [key, t] : st.tensors) {
           std::string file = fmt::format("o{:04}.npy", n++);
           write(stage_dir, file, t);
           state.push_back({{"weight", name}, {"state", key}, {"file", stage_dir + "/" + file}});
         }
+      }
       fsync_path((fs::path(tmp) / stage_dir).string(), true);
       stages.push_back({{"index", stage.index},
                         {"file", stage.file},
@@ -173,9 +185,9 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
   if (field<std::string>(manifest, "format", "", file) != kFormatName)
     fail(ErrorKind::kFormat, "{}: field 'format' is not '{}'", file, kFormatName);
   int version = field<int>(manifest, "version", "", file);
-  if (version != kCheckpointVersion)
-    fail(ErrorKind::kUnsupported, "{}: field 'version' is {}; this stagerun reads version {}", file,
-         version, kCheckpointVersion);
+  if (version != kCheckpointVersion && version != 1)
+    fail(ErrorKind::kUnsupported, "{}: field 'version' is {}; this stagerun reads versions 1 to {}",
+         file, version, kCheckpointVersion);
   // The plan's identity.
   auto other = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
     fail(ErrorKind::kPlan, "checkpoint {} was written for another plan: {} {}, this plan has {}", dir,
@@ -241,6 +253,28 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
       states[k][name].tensors[key] = value;
     }
   }
+  // Shared weights: every holder gets the lowest holder's weight and optimizer state (a
+  // version-1 checkpoint's other copies are replaced by it).
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const plan::Stage& stage = plan.stages[k];
+    for (const plan::SharedWeight& w : stage.shared_weights) {
+      int owner = w.stages.front();
+      if (owner == stage.index) continue;
+      const std::byte* owner_copy = pipeline.stage_weights(owner).at(w.name).data;
+      auto saved = std::find_if(weights[owner].begin(), weights[owner].end(),
+                                [&](const auto& entry) { return entry.first.data == owner_copy; });
+      if (saved == weights[owner].end())
+        fail(ErrorKind::kFormat,
+             "{}: field 'stages[{}].weights' lacks shared weight '{}' (held by stages {})", file,
+             owner, w.name, fmt::join(w.stages, ", "));
+      Tensor target = pipeline.stage_weights(stage.index).at(w.name);
+      std::erase_if(weights[k], [&](const auto& entry) { return entry.first.data == target.data; });
+      weights[k].emplace_back(target, saved->second);
+      states[k].erase(w.name);
+      if (auto st = states[owner].find(w.name); st != states[owner].end())
+        for (const auto& [key, t] : st->second.tensors) states[k][w.name].tensors[key] = clone(t);
+    }
+  }
   for (size_t k = 0; k < stages.size(); ++k) {
     for (auto& [target, value] : weights[k])
       std::memcpy(target.data, value.data, static_cast<size_t>(value.bytes()));
@@ -265,7 +299,7 @@ int export_model(const Pipeline& pipeline, const std::string& out_path) {
     if (!in || !proto.ParseFromIstream(&in))
       fail(ErrorKind::kFormat, "--export: {} is not an ONNX model", model);
   }
-  // The trained values by name (a weight in several stages: the first stage's).
+  // The trained values by name (a shared weight: the lowest holder's; its copies are equal).
   std::map<std::string, Tensor> trained;
   for (const plan::Stage& stage : plan.stages)
     for (const auto& [name, t] : pipeline.stage_weights(stage.index))

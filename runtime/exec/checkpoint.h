@@ -13,6 +13,11 @@
 ///
 /// `step` is the number of optimizer steps done (the lr schedule resumes from it).
 ///
+/// A weight several stages hold (plan.json's shared_weights) is saved once, with its optimizer
+/// state, by the lowest stage that holds it; loading restores it to every holder. Version 1
+/// (before shared weights were summed) saved every stage's copy; it still loads, each shared
+/// weight taken from its lowest holder.
+///
 /// Saving is atomic: everything goes into DIR.tmp-<pid>, every file and folder is fsynced,
 /// then DIR (if any) is renamed to DIR.old, DIR.tmp-<pid> to DIR, and DIR.old removed. A crash
 /// at any point leaves either DIR or (between the two renames) DIR.old holding the last
@@ -25,7 +30,7 @@
 
 namespace stagecraft::rt {
 
-inline constexpr int kCheckpointVersion = 1;
+inline constexpr int kCheckpointVersion = 2;
 
 struct SaveOptions {
   /// Test hook: fail (as a crash would, without cleaning up) after writing this many tensor
@@ -49,7 +54,7 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir);
 
 /// Writes the plan's original model (plan.model_path, which must exist and hash to
 /// plan.model_hash) to `out_path` with every initializer named like a stage weight replaced by
-/// the pipeline's values (raw_data) and every external-data initializer embedded; through a
+/// the pipeline's values (a shared weight once, from its lowest holder) (raw_data) and every external-data initializer embedded; through a
 /// temporary file renamed into place. Refuses a result above 2 GiB (protobuf's limit).
 /// Returns the number of initializers replaced.
 int export_model(const Pipeline& pipeline, const std::string& out_path);

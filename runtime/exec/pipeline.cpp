@@ -114,6 +114,45 @@ int64_t bytes_of(const std::vector<NamedTensor>& tensors) {
 
 }  // namespace
 
+void Pipeline::check_shared_weights(const Pipeline& p, const std::string& plan_json) {
+  // Every holder's stage file holds the weight as plan.json says.
+  for (const auto& rt : p.stages_) {
+    const plan::Stage& stage = *rt->stage;
+    for (size_t i = 0; i < stage.shared_weights.size(); ++i) {
+      const plan::SharedWeight& w = stage.shared_weights[i];
+      std::string field = fmt::format("stages[{}].shared_weights[{}]", stage.index, i);
+      auto it = rt->weights.find(w.name);
+      if (it == rt->weights.end())
+        fail(ErrorKind::kPlan, "{}: {} names weight '{}', which {} does not hold", plan_json, field,
+             w.name, stage.file);
+      Shape shape(w.shape.begin(), w.shape.end());
+      DType dtype = dtype_from_name(w.dtype).value_or(DType::kUndefined);
+      if (it->second.dtype != dtype || it->second.shape != shape)
+        fail(ErrorKind::kPlan, "{}: {} ('{}') is {} but {} holds {}", plan_json, field, w.name,
+             describe(dtype, shape), stage.file, it->second.describe());
+    }
+  }
+  if (!p.plan_.training) return;
+  // A weight that two stages train must be summed across them, or their copies drift apart.
+  std::map<std::string, int> trained_by;
+  for (const auto& rt : p.stages_) {
+    for (const ValueInfo& out : rt->backward->outputs()) {
+      if (!out.name.ends_with("@grad")) continue;
+      std::string weight = out.name.substr(0, out.name.size() - 5);
+      if (!rt->weights.count(weight)) continue;
+      auto [first, fresh] = trained_by.emplace(weight, rt->stage->index);
+      if (fresh) continue;
+      const auto& shared = rt->stage->shared_weights;
+      if (std::none_of(shared.begin(), shared.end(),
+                       [&](const plan::SharedWeight& w) { return w.name == weight; }))
+        fail(ErrorKind::kPlan,
+             "{}: stages[{}] and stages[{}] both train weight '{}', but stages[{}].shared_weights "
+             "does not list it (their copies would drift apart)",
+             plan_json, first->second, rt->stage->index, weight, rt->stage->index);
+    }
+  }
+}
+
 std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Backend& backend,
                                          int threads_per_device) {
   if (threads_per_device < 1)
@@ -136,6 +175,7 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
            plan_json, stage.index);
 
   p->shape_ = {plan.devices, plan.chunks, plan.microbatches, plan.training};
+  p->shape_.shared_groups = plan::shared_weight_groups(plan);
   std::string schedule_path = (fs::path(plan_dir) / "schedule.json").string();
   nlohmann::json body = read_json_file(schedule_path);
   p->schedule_ = with_context(plan_dir, ErrorKind::kFormat,
@@ -199,6 +239,7 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
     p->stages_.push_back(std::move(rt));
   }
   for (auto& [name, t] : model_inputs) p->inputs_.push_back(t);
+  check_shared_weights(*p, plan_json);
   std::sort(p->links_.begin(), p->links_.end());
   p->links_.erase(std::unique(p->links_.begin(), p->links_.end()), p->links_.end());
   return p;
@@ -638,7 +679,28 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                 }
                 break;
               }
+              case schedule::Op::kAllReduceShared: {
+                // The stage's part of each shared weight's gradient (zeros where it computes
+                // none: its copy must take the same update as the others).
+                for (const plan::SharedWeight& w : st.stage->shared_weights) {
+                  Tensor& acc = grad_acc[ins.stage][w.name];
+                  if (acc.dtype == DType::kUndefined) {
+                    const Tensor& weight = st.weights.at(w.name);
+                    acc = Tensor::owned(weight.dtype, weight.shape);
+                    meters[device].add(acc.bytes());  // the gradient buffer lives for the run
+                  }
+                  transport.start_shared_sum(w.name, w.stages, ins.stage, acc);
+                  meters[device].add(acc.bytes());  // the transport's copy, until the sum
+                }
+                break;
+              }
               case schedule::Op::kOptimizerStep: {
+                // Shared weights: every holder's gradient summed, the same bytes on each.
+                for (const plan::SharedWeight& w : st.stage->shared_weights) {
+                  Tensor& acc = grad_acc[ins.stage].at(w.name);
+                  transport.finish_shared_sum(w.name, ins.stage, acc);
+                  meters[device].sub(acc.bytes());
+                }
                 double start = seconds();
                 float lr = static_cast<float>(optim::lr_at(lr_schedule, global_step + step + 1));
                 for (auto& [name, weight] : st.weights) {

@@ -104,6 +104,11 @@ class Pipeline {
   struct StageRuntime;
   Pipeline() = default;
 
+  /// Refuses (Error kPlan, naming plan.json's field) a shared weight missing from a holder's
+  /// stage file or held there with another dtype or shape, and, in training, a weight that two
+  /// stages train but plan.json does not list as shared.
+  static void check_shared_weights(const Pipeline& p, const std::string& plan_json);
+
   std::string plan_dir_;
   plan::Plan plan_;
   schedule::Schedule schedule_;

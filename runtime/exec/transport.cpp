@@ -1,5 +1,7 @@
 #include "runtime/exec/transport.h"
 
+#include <algorithm>
+
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt {
@@ -42,6 +44,60 @@ Message InProcessTransport::recv(const Link& link, int microbatch) {
   ch.queue.pop_front();
   changed_.notify_all();
   return message;
+}
+
+void InProcessTransport::start_shared_sum(const std::string& weight,
+                                          const std::vector<int>& holders, int stage,
+                                          const Tensor& gradient) {
+  if (gradient.dtype != DType::kFloat32)
+    fail(ErrorKind::kUnsupported, "shared weight '{}': stage {} sums a {} gradient (float32 only)",
+         weight, stage, dtype_name(gradient.dtype));
+  Tensor part = clone(gradient);  // outside the lock: the copy is the stage's own work
+  std::lock_guard lock(mutex_);
+  if (aborted_) throw Aborted{};
+  SharedSum& sum = sums_[weight];
+  if (sum.parts.empty()) sum.holders = holders;
+  if (sum.holders != holders)
+    fail(ErrorKind::kPlan, "shared weight '{}': stage {} names holders [{}], another [{}]", weight,
+         stage, fmt::join(holders, ","), fmt::join(sum.holders, ","));
+  if (std::find(holders.begin(), holders.end(), stage) == holders.end() || sum.parts.count(stage))
+    fail(ErrorKind::kPlan, "shared weight '{}': stage {} is not a holder ([{}]) or started twice",
+         weight, stage, fmt::join(holders, ","));
+  if (!sum.parts.empty() && sum.parts.begin()->second.shape != part.shape)
+    fail(ErrorKind::kPlan, "shared weight '{}': stage {}'s gradient is {} but stage {}'s is {}",
+         weight, stage, part.describe(), sum.parts.begin()->first,
+         sum.parts.begin()->second.describe());
+  sum.parts.emplace(stage, std::move(part));
+  changed_.notify_all();
+}
+
+void InProcessTransport::finish_shared_sum(const std::string& weight, int stage,
+                                           Tensor& gradient) {
+  std::unique_lock lock(mutex_);
+  auto it = sums_.find(weight);
+  if (it == sums_.end() || !it->second.parts.count(stage))
+    fail(ErrorKind::kPlan, "shared weight '{}': stage {} finishes a sum it did not start", weight,
+         stage);
+  SharedSum& sum = it->second;
+  changed_.wait(lock, [&] { return aborted_ || sum.parts.size() == sum.holders.size(); });
+  if (aborted_) throw Aborted{};
+  // The parts stay unchanged until every holder has read them: each adds them itself, in the
+  // same order, so every copy gets the same bytes.
+  lock.unlock();
+  const Tensor& first = sum.parts.at(sum.holders.front());
+  if (gradient.shape != first.shape || gradient.dtype != DType::kFloat32)
+    fail(ErrorKind::kPlan, "shared weight '{}': stage {}'s gradient buffer is {}, the sum {}",
+         weight, stage, gradient.describe(), first.describe());
+  float* out = gradient.as<float>();
+  const int64_t n = first.numel();
+  std::copy(first.as<float>(), first.as<float>() + n, out);
+  for (size_t h = 1; h < sum.holders.size(); ++h) {
+    const float* add = sum.parts.at(sum.holders[h]).as<float>();
+    for (int64_t i = 0; i < n; ++i) out[i] += add[i];
+  }
+  lock.lock();
+  if (++sum.finished == sum.holders.size()) sums_.erase(it);
+  changed_.notify_all();
 }
 
 void InProcessTransport::abort() {

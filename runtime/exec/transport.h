@@ -50,7 +50,19 @@ class Transport {
   /// order they were sent; a different microbatch at the head is a plan fault (Error kPlan).
   /// Throws `Aborted`.
   virtual Message recv(const Link& link, int microbatch) = 0;
-  /// Stops the run: every blocked and later send and receive throws `Aborted`.
+  /// Starts the step's sum of the gradient of `weight`, a weight that the stages `holders`
+  /// (ascending) each hold a copy of, with `stage`'s part (float32). Returns at once: the
+  /// transport keeps its own copy of the part, so the caller may go on using `gradient`.
+  /// Throws `Aborted`.
+  virtual void start_shared_sum(const std::string& weight, const std::vector<int>& holders,
+                                int stage, const Tensor& gradient) = 0;
+  /// Waits until every holder of `weight` has started the sum, then overwrites `gradient`
+  /// (`stage`'s part, as started) with the sum of all parts. The sum adds the parts in
+  /// ascending stage order, so every holder gets the same bytes and the copies of the weight
+  /// stay identical. Once every holder has finished, the next step may start again. Throws
+  /// `Aborted`, or `Error(kPlan)` when the holders or the parts' shapes disagree.
+  virtual void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient) = 0;
+  /// Stops the run: every blocked and later send, receive and sum throws `Aborted`.
   virtual void abort() = 0;
 };
 
@@ -65,17 +77,27 @@ class InProcessTransport final : public Transport {
   InProcessTransport(const std::vector<Link>& links, int capacity, OnDelivered on_delivered = {});
   void send(const Link& link, Message message) override;
   Message recv(const Link& link, int microbatch) override;
+  void start_shared_sum(const std::string& weight, const std::vector<int>& holders, int stage,
+                        const Tensor& gradient) override;
+  void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient) override;
   void abort() override;
 
  private:
   struct Channel {
     std::deque<Message> queue;
   };
+  /// One shared weight's sum in progress: each holder's part, and the holders done with it.
+  struct SharedSum {
+    std::vector<int> holders;
+    std::map<int, Tensor> parts;
+    size_t finished = 0;
+  };
   Channel& channel(const Link& link);
 
   std::mutex mutex_;
   std::condition_variable changed_;
   std::map<Link, Channel> channels_;
+  std::map<std::string, SharedSum> sums_;
   size_t capacity_;
   OnDelivered on_delivered_;
   bool aborted_ = false;

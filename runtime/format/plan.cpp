@@ -106,6 +106,14 @@ ordered arena_json(const Stage& stage) {
   return {{"bytes", stage.arena_bytes}, {"tensors", tensors}};
 }
 
+ordered shared_json(const std::vector<SharedWeight>& shared) {
+  ordered list = ordered::array();
+  for (const SharedWeight& w : shared)
+    list.push_back(
+        {{"name", w.name}, {"dtype", w.dtype}, {"shape", w.shape}, {"stages", w.stages}});
+  return list;
+}
+
 ordered stage_json(const Stage& stage) {
   return {{"index", stage.index},
           {"device", stage.device},
@@ -126,6 +134,8 @@ ordered stage_json(const Stage& stage) {
           {"memory", memory_json(stage.memory)},
           {"arena", arena_json(stage)},
           {"backward_arena_bytes", stage.backward_arena_bytes},
+          {"shared_weights", shared_json(stage.shared_weights)},
+          {"shared_exchange_ms", stage.shared_exchange_ms},
           {"why", stage.why}};
 }
 
@@ -299,7 +309,8 @@ StageTensor read_tensor(const nlohmann::json& value, const std::string& name, co
 Stage read_stage(const nlohmann::json& value, const std::string& name, const Where& at) {
   Fields f(value, at, name,
            {"index", "device", "chunk", "file", "file_hash", "backward_file", "backward_file_hash", "nodes", "params", "inputs", "outputs",
-            "fwd_ms", "bwd_ms", "send_ms", "in_flight", "recompute", "memory", "arena", "backward_arena_bytes", "why"});
+            "fwd_ms", "bwd_ms", "send_ms", "in_flight", "recompute", "memory", "arena", "backward_arena_bytes",
+            "shared_weights", "shared_exchange_ms", "why"});
   Stage stage;
   stage.index = f.integer("index");
   stage.device = f.integer("device");
@@ -331,6 +342,13 @@ Stage read_stage(const nlohmann::json& value, const std::string& name, const Whe
     });
   }
   stage.backward_arena_bytes = f.has("backward_arena_bytes") ? f.int64("backward_arena_bytes") : 0;
+  stage.shared_weights =
+      f.array("shared_weights", [](const auto& v, const std::string& n, const Where& w) {
+        Fields s(v, w, n, {"name", "dtype", "shape", "stages"});
+        return SharedWeight{s.string("name"), s.string("dtype"), s.array("shape", as_int64),
+                            s.array("stages", as_int)};
+      });
+  stage.shared_exchange_ms = f.number("shared_exchange_ms");
   stage.why = f.string("why");
   return stage;
 }
@@ -372,6 +390,7 @@ class Validator {
     check_stage_list();
     for (const Stage& stage : plan_.stages) check_stage(stage);
     for (const Stage& stage : plan_.stages) check_interfaces(stage);
+    for (const Stage& stage : plan_.stages) check_shared(stage);
     check_ops();
     check_prediction(plan_.predicted, "predicted");
     check_prediction(plan_.baseline_parameters, "baseline_parameters");
@@ -619,6 +638,68 @@ class Validator {
     }
   }
 
+  /// Every shared weight: a known dtype, dims >= 0, two or more holders in range and ascending,
+  /// this stage among them, and each other holder listing it with the same dtype, shape and
+  /// holders.
+  void check_shared(const Stage& stage) const {
+    int k = stage.index;
+    int stages = static_cast<int>(plan_.stages.size());
+    non_negative(fmt::format("stages[{}].shared_exchange_ms", k), stage.shared_exchange_ms);
+    for (size_t i = 0; i < stage.shared_weights.size(); ++i) {
+      const SharedWeight& w = stage.shared_weights[i];
+      std::string field = fmt::format("stages[{}].shared_weights[{}]", k, i);
+      if (w.name.empty()) fault(field + ".name", "is empty");
+      for (size_t j = 0; j < i; ++j)
+        if (stage.shared_weights[j].name == w.name)
+          fault(field + ".name", fmt::format("is '{}', listed already as shared_weights[{}]",
+                                             w.name, j));
+      if (!dtype_from_name(w.dtype) || dtype_size(*dtype_from_name(w.dtype)) == 0)
+        fault(field + ".dtype", fmt::format("is '{}', not a tensor dtype", w.dtype));
+      for (size_t d = 0; d < w.shape.size(); ++d)
+        if (w.shape[d] < 0)
+          fault(fmt::format("{}.shape[{}]", field, d),
+                fmt::format("is {}; dims are >= 0", w.shape[d]));
+      if (w.stages.size() < 2)
+        fault(field + ".stages", fmt::format("lists {} for '{}'; a shared weight has two or more",
+                                             count(w.stages.size(), "stage"), w.name));
+      for (size_t p = 0; p < w.stages.size(); ++p) {
+        std::string at = fmt::format("{}.stages[{}]", field, p);
+        if (w.stages[p] < 0 || w.stages[p] >= stages)
+          fault(at, fmt::format("is {}, but the plan has {} (0..{})", w.stages[p],
+                                count(stages, "stage"), stages - 1));
+        if (p > 0 && w.stages[p] <= w.stages[p - 1])
+          fault(at, fmt::format("is {}; holders are listed in ascending order, once each",
+                                w.stages[p]));
+      }
+      if (std::find(w.stages.begin(), w.stages.end(), k) == w.stages.end())
+        fault(field + ".stages", fmt::format("are [{}] for '{}', without stage {} that lists it",
+                                             fmt::join(w.stages, ","), w.name, k));
+      for (int holder : w.stages) {
+        if (holder == k) continue;
+        const std::vector<SharedWeight>& theirs = plan_.stages[holder].shared_weights;
+        auto other = std::find_if(theirs.begin(), theirs.end(),
+                                  [&](const SharedWeight& x) { return x.name == w.name; });
+        if (other == theirs.end())
+          fault(field + ".stages",
+                fmt::format("name stage {} as a holder of '{}', but stages[{}].shared_weights "
+                            "does not list it",
+                            holder, w.name, holder));
+        if (other->dtype != w.dtype)
+          fault(field + ".dtype", fmt::format("is {}, but stage {} holds '{}' as {}", w.dtype,
+                                              holder, w.name, other->dtype));
+        if (other->shape != w.shape)
+          fault(field + ".shape",
+                fmt::format("is [{}], but stage {} holds '{}' as [{}]", fmt::join(w.shape, ","),
+                            holder, w.name, fmt::join(other->shape, ",")));
+        if (other->stages != w.stages)
+          fault(field + ".stages",
+                fmt::format("are [{}], but stage {} lists the holders of '{}' as [{}]",
+                            fmt::join(w.stages, ","), holder, w.name,
+                            fmt::join(other->stages, ",")));
+      }
+    }
+  }
+
   void check_ops() const {
     int stages = static_cast<int>(plan_.stages.size());
     std::unordered_map<std::string, size_t> seen;
@@ -793,6 +874,22 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
 }
 
 void validate_plan(const Plan& plan, const std::string& source) { Validator(plan, source).run(); }
+
+std::vector<std::vector<int>> shared_weight_groups(const std::vector<SharedWeight>& weights) {
+  std::vector<std::vector<int>> groups;
+  for (const SharedWeight& w : weights)
+    if (std::find(groups.begin(), groups.end(), w.stages) == groups.end())
+      groups.push_back(w.stages);
+  std::sort(groups.begin(), groups.end());
+  return groups;
+}
+
+std::vector<std::vector<int>> shared_weight_groups(const Plan& plan) {
+  std::vector<SharedWeight> all;
+  for (const Stage& stage : plan.stages)
+    all.insert(all.end(), stage.shared_weights.begin(), stage.shared_weights.end());
+  return shared_weight_groups(all);
+}
 
 Plan load_plan(const std::string& plan_dir) {
   fs::path dir(plan_dir);

@@ -15,8 +15,9 @@
 
 namespace stagecraft::plan {
 
-/// Bumped whenever a reader of an older plan would misread a newer one.
-inline constexpr int kPlanFormatVersion = 2;
+/// Bumped whenever a reader of an older plan would misread a newer one. Version 3: every stage
+/// lists its shared weights (`shared_weights`, `shared_exchange_ms`).
+inline constexpr int kPlanFormatVersion = 3;
 
 /// A tensor at a stage boundary. For a stage input, `peer_stage` is the stage that produces it
 /// (-1: a graph input, fed by the user); for an output, `peer_stages` are the stages that read
@@ -37,6 +38,18 @@ struct ArenaTensor {
   std::string name;
   int64_t offset = 0;
   int64_t bytes = 0;
+};
+
+/// A weight that several stages read (a GPT's tied input embedding and output head, layers an
+/// exporter deduplicated). Every stage that reads it holds a copy in its stage file; training
+/// sums the copies' gradients across those stages before any optimizer step (the schedule's
+/// ALLREDUCE_SHARED), so every copy takes the same update and stays bit-identical. A checkpoint
+/// and an export hold it once, from the lowest holder. Each holder lists it alike.
+struct SharedWeight {
+  std::string name;
+  std::string dtype;           ///< runtime/format/dtype.h names.
+  std::vector<int64_t> shape;
+  std::vector<int> stages;     ///< Every holder, ascending, at least two; this stage among them.
 };
 
 /// Memory anatomy in bytes.
@@ -74,6 +87,11 @@ struct Stage {
   /// backward, placed by runtime/format/memory_plan.h over the backward file's node order); the
   /// runtime checks its own plan of the backward file against it. 0 when absent.
   int64_t backward_arena_bytes = 0;
+  /// Weights this stage holds that other stages hold too, by name (ascending).
+  std::vector<SharedWeight> shared_weights;
+  /// Training: predicted time of the step's exchange of the shared weights' gradients (0 when
+  /// none); the optimizer step of the stage waits for it.
+  double shared_exchange_ms = 0;
   std::string why;               ///< Why the stage ends where it does.
 };
 
@@ -151,9 +169,17 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source);
 /// Checks every cross reference of a plan: stage indices dense and in order, devices in
 /// range, each stage input's producer stage exists, lists it as an output with the same
 /// dtype and shape and names this stage among its readers, every node in exactly one stage,
-/// no empty stage, ops referring to existing stages. Throws `Error(kPlan)` naming `source` and
+/// no empty stage, ops referring to existing stages, every shared weight listed alike (dtype,
+/// shape, holders) by each of its holders. Throws `Error(kPlan)` naming `source` and
 /// the field.
 void validate_plan(const Plan& plan, const std::string& source);
+
+/// The distinct holder sets of `weights` (each ascending, the sets in ascending order): the
+/// groups whose weight gradients ALLREDUCE_SHARED sums (schedule::PipelineShape::shared_groups).
+std::vector<std::vector<int>> shared_weight_groups(const std::vector<SharedWeight>& weights);
+
+/// The same for every stage's shared weights.
+std::vector<std::vector<int>> shared_weight_groups(const Plan& plan);
 
 /// Reads and validates PLAN_DIR/plan.json, and checks that every stage file exists and (when
 /// a hash is recorded) matches it.

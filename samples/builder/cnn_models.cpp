@@ -176,4 +176,38 @@ ModelBuilder build_resnet(const ResNetOptions& options, const CommonOptions& com
   return builder;
 }
 
+ModelBuilder build_shared_chain(const SharedChainOptions& options, const CommonOptions& common) {
+  if (options.layers < 2)
+    throw std::invalid_argument("shared chain needs at least 2 layers, got " +
+                                std::to_string(options.layers));
+  require_positive(options.width, "shared chain width");
+  const Dim batch = batch_dim(common);
+  ModelBuilder builder("shared_chain", common.seed);
+  builder.add_input("x", kFloat, {batch, options.width});
+  const std::string shared =
+      builder.add_parameter("shared.weight", {options.width, options.width}, options.width);
+  std::string hidden = "x";
+  for (int64_t layer = 0; layer < options.layers; ++layer) {
+    const std::string scope = "/layers." + std::to_string(layer);
+    const std::string module = "layers." + std::to_string(layer);
+    const bool last = layer + 1 == options.layers;
+    // The first and the last layer multiply by the same matrix.
+    const std::string weight =
+        layer == 0 || last ? shared
+                           : builder.add_parameter(module + ".weight",
+                                                   {options.width, options.width}, options.width);
+    const std::string bias =
+        builder.add_parameter(module + ".bias", {options.width}, options.width);
+    hidden = builder.add_op("MatMul", scope + "/MatMul", {hidden, weight});
+    if (last) {
+      builder.add_node("Add", scope + "/Add", {hidden, bias}, {"y"});
+    } else {
+      hidden = builder.add_op("Add", scope + "/Add", {hidden, bias});
+      hidden = builder.add_op("Tanh", scope + "/Tanh", {hidden});
+    }
+  }
+  builder.add_output("y", kFloat, {batch, options.width});
+  return builder;
+}
+
 }  // namespace stagecraft::samples

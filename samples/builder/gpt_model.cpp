@@ -279,8 +279,12 @@ ModelBuilder build_gpt(const GptOptions& options, const CommonOptions& common) {
   }
 
   hidden = layer_norm(builder, "/transformer/ln_f", "transformer.ln_f", hidden, options.width);
+  // GPT-2 ties the head to the token embedding: logits = hidden x wte^T.
   const std::string head =
-      builder.add_parameter("lm_head.weight", {options.width, options.vocab}, options.width);
+      options.tied
+          ? builder.add_op("Transpose", "/lm_head/Transpose", {token_table},
+                           {attr_ints("perm", {1, 0})})
+          : builder.add_parameter("lm_head.weight", {options.width, options.vocab}, options.width);
   builder.add_node("MatMul", "/lm_head/MatMul", {hidden, head}, {"logits"});
   builder.add_output("logits", kFloat, {batch, seq, options.vocab});
   return builder;

@@ -66,8 +66,23 @@ struct GptOptions {
   int64_t ffn = 0;
   /// Make the input's sequence dimension the number `seq` instead of the symbol "seq".
   bool fixed_seq = false;
+  /// Tie the output head to the token embedding, as GPT-2 does: logits = hidden x wte^T
+  /// (a Transpose of transformer.wte.weight), with no lm_head.weight of its own.
+  bool tied = false;
 };
 /// Builds the GPT decoder.
 ModelBuilder build_gpt(const GptOptions& options = {}, const CommonOptions& common = {});
+
+/// A chain of `layers` dense layers x [batch,width] -> MatMul -> Add(bias) -> Tanh -> ... ->
+/// y [batch,width] whose first and last layers multiply by the same matrix
+/// (`shared.weight`, [width,width]), as a model an exporter deduplicated: once split, that one
+/// weight is read by the first and the last stage.
+struct SharedChainOptions {
+  int64_t layers = 6;  ///< At least 2.
+  int64_t width = 16;
+};
+/// Builds the chain.
+ModelBuilder build_shared_chain(const SharedChainOptions& options = {},
+                                const CommonOptions& common = {});
 
 }  // namespace stagecraft::samples

@@ -13,6 +13,14 @@ ordered memory_json(const plan::MemoryBytes& m) {
           {"total", m.total()}};
 }
 
+ordered shared_json(const plan::Stage& stage) {
+  ordered list = ordered::array();
+  for (const plan::SharedWeight& w : stage.shared_weights)
+    list.push_back(
+        {{"name", w.name}, {"dtype", w.dtype}, {"shape", w.shape}, {"stages", w.stages}});
+  return list;
+}
+
 ordered stage_json(const plan::Stage& stage) {
   return {{"index", stage.index},
           {"device", stage.device},
@@ -26,6 +34,8 @@ ordered stage_json(const plan::Stage& stage) {
           {"send_ms", stage.send_ms},
           {"in_flight", stage.in_flight},
           {"memory_bytes", memory_json(stage.memory)},
+          {"shared_weights", shared_json(stage)},
+          {"shared_exchange_ms", stage.shared_exchange_ms},
           {"why", stage.why}};
 }
 

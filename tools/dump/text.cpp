@@ -126,6 +126,32 @@ std::string cut_list(const plan::Plan& plan) {
   return text;
 }
 
+/// The weights several stages hold, per stage: each copy is counted in that stage's memory,
+/// and training sums their gradients across the holders before the optimizer step.
+std::string shared_list(const plan::Plan& plan) {
+  bool any = std::any_of(plan.stages.begin(), plan.stages.end(),
+                         [](const plan::Stage& stage) { return !stage.shared_weights.empty(); });
+  if (!any) return "";
+  std::string text = plan.training
+                         ? "\nshared weights per stage (a copy in each holder; gradients summed "
+                           "across the holders before the optimizer step)\n"
+                         : "\nshared weights per stage (a copy in each holder)\n";
+  for (const plan::Stage& stage : plan.stages) {
+    if (stage.shared_weights.empty()) continue;
+    text += fmt::format("  stage {}:", stage.index);
+    if (plan.training) text += fmt::format(" exchange {} ms", ms(stage.shared_exchange_ms));
+    text += "\n";
+    for (const plan::SharedWeight& w : stage.shared_weights) {
+      int64_t elements = 1;
+      for (int64_t d : w.shape) elements *= d;
+      text += fmt::format("    {} {}[{}] {} params (held by stages {})\n", w.name, w.dtype,
+                          fmt::join(w.shape, ","), with_commas(elements),
+                          fmt::join(w.stages, ", "));
+    }
+  }
+  return text;
+}
+
 std::string predictions(const PlanView& view) {
   const plan::Plan& plan = view.plan;
   const plan::Prediction& ours = plan.predicted;
@@ -200,7 +226,7 @@ std::string render_ascii_timeline(const PlanView& view, int columns) {
 
 std::string render_text(const PlanView& view) {
   return header(view) + stage_table(view.plan) + memory_table(view.plan) + cut_list(view.plan) +
-         predictions(view) + render_ascii_timeline(view);
+         shared_list(view.plan) + predictions(view) + render_ascii_timeline(view);
 }
 
 }  // namespace stagecraft::dump

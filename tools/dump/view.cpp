@@ -39,6 +39,7 @@ PlanView load_view(const std::string& plan_dir) {
   view.plan = plan::load_plan(plan_dir);
   const plan::Plan& plan = view.plan;
   view.shape = {plan.devices, plan.chunks, plan.microbatches, plan.training};
+  view.shape.shared_groups = plan::shared_weight_groups(plan);
 
   std::string path = (fs::path(plan_dir) / "schedule.json").string();
   nlohmann::json body = read_json(path);
@@ -61,6 +62,7 @@ schedule::StageCosts stage_costs(const plan::Plan& plan) {
       costs.backward_weight_s.push_back(stage.bwd_ms / 2e3);
     }
     costs.send_s.push_back(stage.send_ms / 1e3);
+    costs.shared_allreduce_s.push_back(stage.shared_exchange_ms / 1e3);
     const plan::MemoryBytes& memory = stage.memory;
     costs.activation_bytes.push_back(static_cast<double>(memory.activations) /
                                      static_cast<double>(stage.in_flight));

@@ -22,7 +22,7 @@ struct PlanView {
   std::string plan_dir;
   plan::Plan plan;
   schedule::Schedule schedule;    ///< As read from PLAN_DIR/schedule.json.
-  schedule::PipelineShape shape;  ///< The plan's devices, chunks, microbatches, training.
+  schedule::PipelineShape shape;  ///< The plan's devices, chunks, microbatches, training, shared groups.
   schedule::SimResult simulated;  ///< The schedule played with `stage_costs(plan)`.
 };
 
@@ -32,7 +32,7 @@ PlanView load_view(const std::string& plan_dir);
 
 /// The simulator's costs from a plan's per-stage predictions: forward = fwd_ms, send = send_ms,
 /// static memory = everything but activations, activations per microbatch = activations /
-/// in_flight. The plan records one backward time per stage, so it is split half and half into
+/// in_flight, shared weights' exchange = shared_exchange_ms. The plan records one backward time per stage, so it is split half and half into
 /// the input gradient (B) and the weight gradient (W): only ZB-H1 runs them apart, and a full
 /// backward costs B + W = bwd_ms whatever the split.
 schedule::StageCosts stage_costs(const plan::Plan& plan);
