@@ -111,7 +111,7 @@ TEST_CASE("a failing worker stops every worker and its error is the one reported
   options.steps = 3;
   options.inject_fault = victim;
   CHECK_THROWS_WITH_AS(pipeline->run(pipeline->synthetic_inputs(), options),
-                       doctest::Contains("device 2: step 0: FWD stage 2 mb 0: "), Error);
+                       doctest::Contains("device 2: step 1: FWD stage 2 mb 0: "), Error);
   CHECK_THROWS_WITH_AS(pipeline->run(pipeline->synthetic_inputs(), options),
                        doctest::Contains(fmt::format("node '{}'", victim).c_str()), Error);
 }
