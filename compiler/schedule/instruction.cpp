@@ -83,8 +83,7 @@ void check_shared_groups(const PipelineShape& shape, ErrorKind kind) {
     bool ordered = group.size() >= 2 && group.front() >= 0 && group.back() < stages;
     for (size_t i = 1; i < group.size(); ++i) ordered &= group[i - 1] < group[i];
     if (!ordered)
-      fail(kind,
-           "shared weight group {} is [{}]; it needs two or more stages of 0..{}, ascending",
+      fail(kind, "shared weight group {} is [{}]; it needs two or more stages of 0..{}, ascending",
            g, fmt::join(group, ","), stages - 1);
   }
 }

@@ -71,8 +71,7 @@ void InProcessTransport::start_shared_sum(const std::string& weight,
   changed_.notify_all();
 }
 
-void InProcessTransport::finish_shared_sum(const std::string& weight, int stage,
-                                           Tensor& gradient) {
+void InProcessTransport::finish_shared_sum(const std::string& weight, int stage, Tensor& gradient) {
   std::unique_lock lock(mutex_);
   auto it = sums_.find(weight);
   if (it == sums_.end() || !it->second.parts.count(stage))

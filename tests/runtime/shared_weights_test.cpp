@@ -157,16 +157,14 @@ TEST_CASE(
     int steps;
     std::vector<std::string> readers;  ///< The nodes that read the weight.
   };
-  const Model all[] = {
-      {models().gpt, kWte, 6, {"/transformer/wte/Gather", "/lm_head/Transpose"}},
-      {models().chain, kShared, 20, {"/layers.0/MatMul", "/layers.5/MatMul"}}};
+  const Model all[] = {{models().gpt, kWte, 6, {"/transformer/wte/Gather", "/lm_head/Transpose"}},
+                       {models().chain, kShared, 20, {"/layers.0/MatMul", "/layers.5/MatMul"}}};
   for (const Model& m : all) {
     int widest = 0;  // the most stages between two holders of the weight in any run
     for (std::string optimizer : {"sgd", "adam"}) {
       CAPTURE(m.path);
       CAPTURE(optimizer);
-      Trained reference =
-          train(options_for(m.path, 1, "gpipe", optimizer), m.steps, m.readers);
+      Trained reference = train(options_for(m.path, 1, "gpipe", optimizer), m.steps, m.readers);
       CHECK(reference.shared.empty());  // one stage holds everything
       REQUIRE(reference.losses.size() == static_cast<size_t>(m.steps));
       CHECK(reference.losses.back() < reference.losses.front());  // it learns
@@ -202,7 +200,8 @@ TEST_CASE(
             for (int64_t i = 0; i < ref.numel(); ++i) {
               double diff = std::fabs(static_cast<double>(got.as<float>()[i]) - ref.as<float>()[i]);
               worst = std::max(worst, diff);
-              bad += diff > 1e-5 * std::max(1.0, std::fabs(static_cast<double>(ref.as<float>()[i])));
+              bad +=
+                  diff > 1e-5 * std::max(1.0, std::fabs(static_cast<double>(ref.as<float>()[i])));
             }
           }
           CAPTURE(worst);
@@ -354,8 +353,7 @@ TEST_CASE(
 /// returns the one-line error loading it gives ("" when it loads).
 std::string load_error(const std::function<void(nlohmann::json&, nlohmann::json&)>& edit) {
   testing::TempDir dir;
-  std::string plan_dir =
-      write(options_for(models().chain, 4, "1f1b", "sgd"), dir.file("plan"));
+  std::string plan_dir = write(options_for(models().chain, 4, "1f1b", "sgd"), dir.file("plan"));
   nlohmann::json plan = read_json(dir.file("plan/plan.json"));
   nlohmann::json schedule = read_json(dir.file("plan/schedule.json"));
   edit(plan, schedule);

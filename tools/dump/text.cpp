@@ -144,9 +144,9 @@ std::string shared_list(const plan::Plan& plan) {
     for (const plan::SharedWeight& w : stage.shared_weights) {
       int64_t elements = 1;
       for (int64_t d : w.shape) elements *= d;
-      text += fmt::format("    {} {}[{}] {} params (held by stages {})\n", w.name, w.dtype,
-                          fmt::join(w.shape, ","), with_commas(elements),
-                          fmt::join(w.stages, ", "));
+      text +=
+          fmt::format("    {} {}[{}] {} params (held by stages {})\n", w.name, w.dtype,
+                      fmt::join(w.shape, ","), with_commas(elements), fmt::join(w.stages, ", "));
     }
   }
   return text;
