@@ -14,7 +14,8 @@ GraphProblem make_graph_problem(const ir::Graph& graph, std::vector<ir::NodeId> 
   GraphProblem gp;
   gp.order = std::move(order);
   gp.position_of.assign(graph.num_nodes(), -1);
-  for (std::size_t i = 0; i < gp.order.size(); ++i) gp.position_of[gp.order[i]] = static_cast<int>(i);
+  for (std::size_t i = 0; i < gp.order.size(); ++i)
+    gp.position_of[gp.order[i]] = static_cast<int>(i);
   const auto n = static_cast<int>(gp.order.size());
   gp.problem.positions = std::move(costs);
 
@@ -23,12 +24,17 @@ GraphProblem make_graph_problem(const ir::Graph& graph, std::vector<ir::NodeId> 
   for (const ir::Value& v : graph.values()) {
     if (v.producer == ir::kNoId || v.is_initializer() || v.is_graph_input) continue;
     int from = gp.position_of[v.producer];
-    int last = from;
-    for (ir::NodeId user : v.consumers) last = std::max(last, gp.position_of[user]);
-    if (last == from) continue;
-    auto bytes = static_cast<double>(v.bytes());
-    delta[from] += bytes;
-    delta[last] -= bytes;
+    if (from < 0) continue;
+    Tensor tensor{from, {}, static_cast<double>(v.bytes())};
+    for (ir::NodeId user : v.consumers)
+      if (gp.position_of[user] > from) tensor.readers.push_back(gp.position_of[user]);
+    if (tensor.readers.empty()) continue;
+    std::sort(tensor.readers.begin(), tensor.readers.end());
+    tensor.readers.erase(std::unique(tensor.readers.begin(), tensor.readers.end()),
+                         tensor.readers.end());
+    delta[from] += tensor.bytes;
+    delta[tensor.readers.back()] -= tensor.bytes;
+    gp.problem.tensors.push_back(std::move(tensor));
   }
   gp.problem.cut_bytes.assign(std::max(0, n - 1), 0.0);
   double running = 0;
@@ -39,7 +45,8 @@ GraphProblem make_graph_problem(const ir::Graph& graph, std::vector<ir::NodeId> 
   return gp;
 }
 
-std::vector<int> stage_of_nodes(const GraphProblem& gp, const Solution& solution, std::size_t num_nodes) {
+std::vector<int> stage_of_nodes(const GraphProblem& gp, const Solution& solution,
+                                std::size_t num_nodes) {
   std::vector<int> stage(num_nodes, -1);
   for (std::size_t k = 0; k < solution.stages.size(); ++k) {
     for (int pos = solution.stages[k].first; pos <= solution.stages[k].last; ++pos) {
@@ -63,8 +70,8 @@ void validate_assignment(const ir::Graph& graph, const std::vector<int>& stage_o
       if (in == ir::kNoId || graph.value(in).producer == ir::kNoId) continue;
       int from = stage_of[graph.value(in).producer];
       if (from > s) {
-        fail(ErrorKind::kPlan, "{} in stage {} reads tensor '{}' written in later stage {}", node.describe(graph), s,
-             graph.value(in).name, from);
+        fail(ErrorKind::kPlan, "{} in stage {} reads tensor '{}' written in later stage {}",
+             node.describe(graph), s, graph.value(in).name, from);
       }
     }
   }

@@ -15,7 +15,7 @@ namespace stagecraft::partition {
 struct GraphProblem {
   std::vector<ir::NodeId> order;  ///< Live nodes in topological order; position -> node.
   std::vector<int> position_of;   ///< node -> position (-1 for dead nodes).
-  Problem problem;                ///< positions and cut_bytes filled; the caller sets the rest.
+  Problem problem;                ///< positions, cut_bytes and tensors filled; the caller sets the rest.
 };
 
 /// Builds the problem for the live nodes in `order` (a topological order) with their costs

@@ -26,20 +26,146 @@ struct Prefix {
   }
 };
 
-StageSpan span(const Problem& p, const Prefix& pre, int stage, int first, int last) {
+/// The per-stage numbers the DP's inner loop would otherwise ask the callbacks for again.
+struct StageParams {
+  double in_flight = 1;
+  double capacity = 0;
+};
+
+StageParams stage_params(const Problem& p, int stage) {
+  return {p.in_flight(stage), p.capacity_bytes(stage)};
+}
+
+/// Static bytes plus what the stage keeps per microbatch (see StageSpan::memory_bytes).
+double span_memory(const Problem& p, const StageParams& sp, double static_bytes, double activations,
+                   double inputs) {
+  double keep_all = activations * sp.in_flight;
+  if (!p.recompute) return static_bytes + keep_all;
+  return static_bytes + std::min(keep_all, inputs * sp.in_flight + activations);
+}
+
+/// A lower bound of span_memory that only grows as the span starts earlier (inputs left out),
+/// so the DP may stop extending a span once it is past a limit.
+double span_memory_floor(const Problem& p, const StageParams& sp, double static_bytes,
+                         double activations) {
+  return static_bytes + activations * (p.recompute ? std::min(1.0, sp.in_flight) : sp.in_flight);
+}
+
+/// The stage of positions [first, last] with its outgoing send time and input bytes known.
+StageSpan span(const Problem& p, const Prefix& pre, const StageParams& sp, int first, int last,
+               double send_s, double input_bytes) {
   StageSpan s;
   s.first = first;
   s.last = last;
   s.compute_s = pre.time[last + 1] - pre.time[first];
-  double out_bytes = last + 1 < static_cast<int>(p.positions.size()) ? p.cut_bytes[last] : 0.0;
-  double in_bytes = first > 0 ? p.cut_bytes[first - 1] : 0.0;
-  s.send_s = out_bytes > 0 ? p.send_time(stage, out_bytes) : 0.0;
+  s.send_s = send_s;
   s.time_s = s.compute_s + s.send_s;
+  s.input_bytes = std::max(0.0, input_bytes);
   double activations = pre.activation_bytes[last + 1] - pre.activation_bytes[first];
-  // One receive and one send buffer per microbatch in flight.
-  s.memory_bytes = pre.static_bytes[last + 1] - pre.static_bytes[first] +
-                   (activations + in_bytes + out_bytes) * p.in_flight(stage);
+  double static_bytes = pre.static_bytes[last + 1] - pre.static_bytes[first];
+  s.memory_bytes = span_memory(p, sp, static_bytes, activations, s.input_bytes);
   return s;
+}
+
+/// Time for stage `stage` ending at `last` to send what crosses the cut after it.
+double send_after(const Problem& p, int stage, int last) {
+  double out_bytes = last + 1 < static_cast<int>(p.positions.size()) ? p.cut_bytes[last] : 0.0;
+  return out_bytes > 0 ? p.send_time(stage, out_bytes) : 0.0;
+}
+
+/// The input bytes of a span ending at a fixed position, kept up to date as the span grows at
+/// its front one position at a time (the DP's inner loop): O(degree) per position.
+class SpanInputs {
+ public:
+  explicit SpanInputs(const Problem& p) : tensors_(p.tensors) {
+    const auto n = p.positions.size();
+    produced_.resize(n);
+    read_.resize(n);
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      const Tensor& tensor = tensors_[t];
+      if (tensor.producer >= 0 && tensor.producer < static_cast<int>(n))
+        produced_[tensor.producer].push_back(static_cast<int>(t));
+      int previous = -1;
+      for (int r : tensor.readers) {
+        if (r < 0 || r >= static_cast<int>(n) || r == previous) continue;
+        read_[r].push_back(static_cast<int>(t));
+        previous = r;
+      }
+    }
+  }
+
+  /// Starts the empty span that ends at `last`.
+  void reset(int last) {
+    last_ = last;
+    first_ = last + 1;
+    bytes_ = 0;
+  }
+
+  /// Grows the span to start at `first` (<= its start now).
+  void extend_to(int first) {
+    while (first_ > first) add(--first_);
+  }
+
+  double bytes() const { return bytes_; }
+
+ private:
+  /// Whether `tensor` has a reader in [from, last].
+  bool read_in(const Tensor& tensor, int from) const {
+    auto it = std::lower_bound(tensor.readers.begin(), tensor.readers.end(), from);
+    return it != tensor.readers.end() && *it <= last_;
+  }
+
+  void add(int position) {
+    // What `position` writes and the span reads is no longer an input; what it reads from
+    // before becomes one, unless the span read it already.
+    for (int t : produced_[position])
+      if (read_in(tensors_[t], position + 1)) bytes_ -= tensors_[t].bytes;
+    for (int t : read_[position])
+      if (tensors_[t].producer < position && !read_in(tensors_[t], position + 1))
+        bytes_ += tensors_[t].bytes;
+  }
+
+  const std::vector<Tensor>& tensors_;
+  std::vector<std::vector<int>> produced_, read_;
+  int first_ = 0, last_ = -1;
+  double bytes_ = 0;
+};
+
+/// Input bytes of each stage of a split given by the last position of each stage, in one pass
+/// over the tensors.
+std::vector<double> stage_input_bytes(const Problem& p, const std::vector<int>& stage_last) {
+  std::vector<double> bytes(stage_last.size(), 0.0);
+  auto stage_at = [&](int position) {
+    return static_cast<int>(std::lower_bound(stage_last.begin(), stage_last.end(), position) -
+                            stage_last.begin());
+  };
+  for (const Tensor& t : p.tensors) {
+    int from = stage_at(t.producer);
+    int counted = from;
+    for (int r : t.readers) {
+      int k = stage_at(r);
+      if (k > counted && k < static_cast<int>(bytes.size())) {
+        bytes[k] += t.bytes;
+        counted = k;
+      }
+    }
+  }
+  return bytes;
+}
+
+/// The stages of a split given by each stage's last position.
+std::vector<StageSpan> spans(const Problem& p, const Prefix& pre,
+                             const std::vector<int>& stage_last) {
+  std::vector<double> inputs =
+      p.recompute ? stage_input_bytes(p, stage_last) : std::vector<double>(stage_last.size(), 0.0);
+  std::vector<StageSpan> out;
+  for (std::size_t k = 0; k < stage_last.size(); ++k) {
+    const int stage = static_cast<int>(k);
+    const int first = k == 0 ? 0 : stage_last[k - 1] + 1;
+    out.push_back(span(p, pre, stage_params(p, stage), first, stage_last[k],
+                       send_after(p, stage, stage_last[k]), inputs[k]));
+  }
+  return out;
 }
 
 /// (primary, secondary) cost of a span under the objective, for lexicographic comparison.
@@ -89,15 +215,33 @@ Solution run_dp(const Problem& p, const Prefix& pre, bool respect_capacity) {
   std::vector<std::vector<Key>> best(s + 1, std::vector<Key>(b, worst));
   std::vector<std::vector<int>> from(s + 1, std::vector<int>(b, -1));
   best[0][0] = {0, 0};
+  SpanInputs inputs(p);
   for (int k = 1; k <= s; ++k) {
+    const StageParams sp = stage_params(p, k - 1);
     for (int i = k; i < b; ++i) {
-      for (int j = k - 1; j < i; ++j) {
+      const int last = bounds[i] - 1;
+      const double send_s = send_after(p, k - 1, last);
+      if (p.recompute) inputs.reset(last);
+      // Longest last stage first is the old tie order; walking j down and keeping the later of
+      // equal keys keeps it. A stage's time, and its memory without its inputs, only grow as it
+      // starts earlier (costs are >= 0), so once either is past the best (or the memory past
+      // the capacity), no earlier start can win.
+      for (int j = i - 1; j >= k - 1; --j) {
+        const int first = bounds[j];
+        const double floor =
+            span_memory_floor(p, sp, pre.static_bytes[last + 1] - pre.static_bytes[first],
+                              pre.activation_bytes[last + 1] - pre.activation_bytes[first]);
+        if (respect_capacity && floor > sp.capacity) break;
+        const double time_s = pre.time[last + 1] - pre.time[first] + send_s;
+        if ((p.objective == Objective::kSpeed ? time_s : floor) > best[k][i].first) break;
         if (best[k - 1][j] == worst) continue;
-        StageSpan st = span(p, pre, k - 1, bounds[j], bounds[i] - 1);
-        if (respect_capacity && st.memory_bytes > p.capacity_bytes(k - 1)) continue;
+        if (p.recompute) inputs.extend_to(first);
+        StageSpan st = span(p, pre, sp, first, last, send_s, p.recompute ? inputs.bytes() : 0.0);
+        if (respect_capacity && st.memory_bytes > sp.capacity) continue;
         Key here = key(p, st);
-        Key cand{std::max(best[k - 1][j].first, here.first), std::max(best[k - 1][j].second, here.second)};
-        if (cand < best[k][i]) {
+        Key cand{std::max(best[k - 1][j].first, here.first),
+                 std::max(best[k - 1][j].second, here.second)};
+        if (!(best[k][i] < cand)) {
           best[k][i] = cand;
           from[k][i] = j;
         }
@@ -105,20 +249,21 @@ Solution run_dp(const Problem& p, const Prefix& pre, bool respect_capacity) {
     }
   }
   if (best[s][b - 1] == worst) return Solution{};
-  std::vector<StageSpan> stages(s);
+  std::vector<int> stage_last(s);
   for (int k = s, i = b - 1; k >= 1; --k) {
-    int j = from[k][i];
-    stages[k - 1] = span(p, pre, k - 1, bounds[j], bounds[i] - 1);
-    i = j;
+    stage_last[k - 1] = bounds[i] - 1;
+    i = from[k][i];
   }
-  return finish(p, std::move(stages));
+  return finish(p, spans(p, pre, stage_last));
 }
 
 void check_problem(const Problem& p) {
   const auto n = static_cast<int>(p.positions.size());
-  if (p.stages < 1) fail(ErrorKind::kUsage, "the number of stages must be at least 1 (got {})", p.stages);
+  if (p.stages < 1)
+    fail(ErrorKind::kUsage, "the number of stages must be at least 1 (got {})", p.stages);
   if (p.stages > n) {
-    fail(ErrorKind::kUsage, "{} stages for a graph of {} ops: every stage needs at least one op", p.stages, n);
+    fail(ErrorKind::kUsage, "{} stages for a graph of {} ops: every stage needs at least one op",
+         p.stages, n);
   }
   if (static_cast<int>(p.cut_bytes.size()) != std::max(0, n - 1)) {
     fail(ErrorKind::kInternal, "cut_bytes has {} entries for {} positions", p.cut_bytes.size(), n);
@@ -137,7 +282,8 @@ Solution solve(const Problem& problem) {
   least_memory.objective = Objective::kMemory;
   Solution lm = run_dp(least_memory, pre, /*respect_capacity=*/false);
   if (lm.stages.empty()) {
-    fail(ErrorKind::kPlan, "no split into {} stages is possible with the allowed cut points", problem.stages);
+    fail(ErrorKind::kPlan, "no split into {} stages is possible with the allowed cut points",
+         problem.stages);
   }
   lm.feasible = false;
   if (lm.over_stage < 0) lm.over_stage = 0;
@@ -150,21 +296,21 @@ Solution evaluate_cuts(const Problem& problem, const std::vector<int>& cut_after
   std::vector<int> cuts = cut_after;
   std::sort(cuts.begin(), cuts.end());
   if (static_cast<int>(cuts.size()) != problem.stages - 1) {
-    fail(ErrorKind::kUsage, "{} split points give {} stages, but {} stages were asked for", cuts.size(),
-         cuts.size() + 1, problem.stages);
+    fail(ErrorKind::kUsage, "{} split points give {} stages, but {} stages were asked for",
+         cuts.size(), cuts.size() + 1, problem.stages);
   }
-  Prefix pre(problem);
-  std::vector<StageSpan> stages;
+  std::vector<int> stage_last;
   int first = 0;
   for (std::size_t k = 0; k <= cuts.size(); ++k) {
     int last = k < cuts.size() ? cuts[k] : n - 1;
     if (last < first || last >= n) {
-      fail(ErrorKind::kUsage, "split point {} leaves stage {} empty", k < cuts.size() ? cuts[k] : last, k);
+      fail(ErrorKind::kUsage, "split point {} leaves stage {} empty",
+           k < cuts.size() ? cuts[k] : last, k);
     }
-    stages.push_back(span(problem, pre, static_cast<int>(k), first, last));
+    stage_last.push_back(last);
     first = last + 1;
   }
-  return finish(problem, std::move(stages));
+  return finish(problem, spans(problem, Prefix(problem), stage_last));
 }
 
 }  // namespace stagecraft::partition

@@ -34,6 +34,14 @@ struct PositionCost {
   double activation_bytes = 0;  ///< Bytes kept per microbatch in flight until its backward.
 };
 
+/// A tensor produced at one position and read at later ones (graph inputs and weights are not
+/// listed: they are never sent between stages).
+struct Tensor {
+  int producer = 0;
+  std::vector<int> readers;  ///< Positions, ascending, each after the producer.
+  double bytes = 0;          ///< Per microbatch.
+};
+
 /// The problem for the solver.
 struct Problem {
   std::vector<PositionCost> positions;  ///< In topological order; size N.
@@ -47,6 +55,13 @@ struct Problem {
   std::function<double(int stage)> in_flight = [](int) { return 1.0; };
   /// Memory available to stage k.
   std::function<double(int stage)> capacity_bytes = [](int) { return 1e300; };
+  /// Whether a stage may recompute its activations: keep only its inputs per microbatch in
+  /// flight and rebuild one microbatch's activations before each backward. A stage then counts
+  /// the less of activations x in-flight and inputs x in-flight + one microbatch's activations.
+  bool recompute = false;
+  /// The tensors between positions: a stage's inputs are those produced before it and read in
+  /// it. Needed with `recompute` (without them a stage's inputs count as 0, a lower bound).
+  std::vector<Tensor> tensors;
   Objective objective = Objective::kSpeed;
   /// Positions after which a cut is allowed (empty: all). `--split-after` and coarsening of
   /// very large graphs restrict it.
@@ -57,16 +72,21 @@ struct Problem {
 struct StageSpan {
   int first = 0;
   int last = 0;
-  double time_s = 0;        ///< Compute plus sending its outputs to the next stage.
+  double time_s = 0;  ///< Compute plus sending its outputs to the next stage.
   double compute_s = 0;
   double send_s = 0;
-  double memory_bytes = 0;  ///< static + activations x in-flight + send/receive buffers.
+  /// static + activations x in-flight (with `Problem::recompute`, the less of that and static +
+  /// inputs x in-flight + one microbatch's activations): a lower bound of the stage's full
+  /// memory anatomy (temporaries, communication buffers and graph inputs are left to the
+  /// caller's check of the split), so that the solver never rules out a split that fits.
+  double memory_bytes = 0;
+  double input_bytes = 0;  ///< Per microbatch: tensors produced before the stage and read in it.
 };
 
 struct Solution {
   bool feasible = false;
   std::vector<StageSpan> stages;
-  double bottleneck_s = 0;     ///< The slowest stage's time.
+  double bottleneck_s = 0;  ///< The slowest stage's time.
   double peak_memory_bytes = 0;
   /// When infeasible: the stage that is over its memory in the least-memory split, so the
   /// refusal can name the constraint and the numbers.

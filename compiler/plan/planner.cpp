@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "compiler/model_info.h"
 #include "compiler/partition/graph_problem.h"
+#include "compiler/partition/search.h"
+#include "compiler/plan/device_memory.h"
 #include "compiler/plan/stage_files.h"
 #include "compiler/schedule/simulator.h"
 #include "cost_models/cluster.h"
@@ -31,6 +34,9 @@ struct Setup {
   cost::DeviceSpec device;
   cost::ClusterSpec cluster;
   int64_t microbatch_size = 1;
+  /// Per stage: the most microbatches whose activations it holds at once under the schedule
+  /// (schedule::stage_in_flight_peaks; an interleaved device's chunks differ).
+  std::vector<int64_t> in_flight;
 };
 
 /// Per-node numbers in topological position order.
@@ -95,6 +101,11 @@ Setup make_setup(const PlanOptions& o) {
     fail(ErrorKind::kUsage, "--recompute {} needs --train: inference keeps no activations",
          o.recompute);
   }
+  // The schedule's own counts: the order of its forwards and backwards does not depend on the
+  // split (shared weights add only step-level exchanges).
+  if (s.shape.training)
+    s.in_flight =
+        schedule::stage_in_flight_peaks(schedule::build_schedule(s.kind, s.shape), s.shape);
   s.device = cost::device_spec_from_name_or_file(o.device_spec);
   s.cluster = o.cluster.empty() ? cost::default_cluster(s.device.name)
                                 : cost::cluster_spec_from_name_or_file(o.cluster);
@@ -155,14 +166,11 @@ double bytes_per_param(const Setup& s) {
          cost::optimizer_state_bytes_per_param(s.optimizer, s.precision);
 }
 
-/// Microbatches whose activations global stage `k` keeps: per device for the schedule, spread
-/// over the device's chunks for interleaved.
+/// Microbatches whose activations global stage `k` keeps at once (1 for inference, which keeps
+/// none for a backward).
 double in_flight(const Setup& s, int k) {
-  int p = s.shape.devices;
-  int device = k % p;
-  auto n = static_cast<double>(cost::microbatches_in_flight(s.memory_schedule, p, device,
-                                                            s.shape.microbatches, s.shape.chunks));
-  return s.shape.chunks > 1 ? std::ceil(n / s.shape.chunks) : n;
+  if (!s.shape.training) return 1;
+  return static_cast<double>(std::max<int64_t>(1, s.in_flight.at(k)));
 }
 
 partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::NodeId>& order,
@@ -190,8 +198,11 @@ partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::
     return training ? 2 * t : t;
   };
   p.in_flight = [s](int k) { return in_flight(s, k); };
-  const double capacity = static_cast<double>(s.device.memory_bytes) / s.shape.chunks;
+  // Each stage alone within the whole device: not stricter than the check of the device's
+  // stages together, which every candidate split gets (SplitEvaluator).
+  const auto capacity = static_cast<double>(s.device.memory_bytes);
   p.capacity_bytes = [capacity](int) { return capacity; };
+  p.recompute = training && o.recompute != "none";
   return gp;
 }
 
@@ -578,6 +589,267 @@ void note_stage(Recompute& rc, const Stage& st, const BackwardFacts& b) {
   rc.input_bytes.push_back(static_cast<double>(input_bytes));
 }
 
+/// One split as the plan would have it: its stages (recomputation decided), its schedule, the
+/// prediction and the memory of every device.
+struct Candidate {
+  partition::Solution sol;
+  std::vector<int> stage_of;
+  Setup setup;  ///< With the split's shared-weight groups.
+  schedule::Schedule schedule;
+  std::vector<Stage> stages;
+  Recompute rc;
+  Prediction predicted;  ///< `fits`: every device within its memory.
+  std::vector<DeviceMemory> devices;
+  int worst_device = 0;       ///< The device with the least room (or the most over).
+  double overflow_bytes = 0;  ///< Bytes over capacity, summed over devices.
+};
+
+/// Builds and checks splits the way the plan is built, so that every split the search compares
+/// passes the plan's own memory check: the full anatomy of every stage and each device's stages
+/// together under the schedule's in-flight counts, with recomputation where it is chosen.
+/// Backward programs (the arena a training stage needs) are built once per span of positions.
+class SplitEvaluator {
+ public:
+  SplitEvaluator(const Setup& s, const PlanOptions& o, const NodeFacts& f, const ir::Graph& g,
+                 const std::vector<ir::NodeId>& order, const partition::GraphProblem& gp,
+                 std::string loss_output, int64_t batch)
+      : s_(s),
+        o_(o),
+        f_(f),
+        g_(g),
+        order_(order),
+        gp_(gp),
+        loss_output_(std::move(loss_output)),
+        batch_(batch) {}
+
+  double capacity() const { return static_cast<double>(s_.device.memory_bytes); }
+
+  Candidate evaluate(const std::vector<int>& cuts) {
+    Candidate c;
+    c.sol = partition::evaluate_cuts(gp_.problem, cuts);
+    c.stage_of = partition::stage_of_nodes(gp_, c.sol, g_.num_nodes());
+    const auto stages = c.sol.stages.size();
+    partition::validate_assignment(g_, c.stage_of, static_cast<int>(stages));
+    const StageInterfaces io = stage_interfaces(g_, c.stage_of);
+    // Stages holding a common weight exchange its gradients before their optimizer steps.
+    c.setup = s_;
+    c.setup.shape.shared_groups = shared_weight_groups(io.shared_weights);
+    c.schedule = schedule::build_schedule(c.setup.kind, c.setup.shape);
+    const bool training = s_.shape.training;
+    const bool may_recompute = training && o_.recompute != "none";
+    std::vector<Stage> plain, with;
+    std::vector<BackwardFacts> bwd;
+    std::vector<bool> on(stages, may_recompute && o_.recompute == "all");
+    for (std::size_t k = 0; k < stages; ++k) {
+      bwd.push_back(backward(c.sol, k, io, c.stage_of));
+      plain.push_back(
+          make_stage(c.setup, c.sol, k, f_, g_, order_, io, c.stage_of, false, bwd.back().arena));
+      if (!may_recompute) continue;
+      with.push_back(
+          make_stage(c.setup, c.sol, k, f_, g_, order_, io, c.stage_of, true, bwd.back().arena));
+      // Memory: every stage whose memory recomputation lowers (the extra forward is the price
+      // of a smaller peak).
+      if (o_.recompute == "auto" && o_.objective == "memory")
+        on[k] = with[k].memory.total() < plain[k].memory.total();
+    }
+    std::vector<const Stage*> picked(stages);
+    for (std::size_t k = 0; k < stages; ++k) picked[k] = on[k] ? &with[k] : &plain[k];
+    if (may_recompute && o_.recompute == "auto" && o_.objective != "memory") {
+      // Speed: recompute only on the devices that do not fit without it, the stage that saves
+      // the most first, until the device fits.
+      for (int d = 0; d < c.setup.shape.devices; ++d) {
+        for (DeviceMemory dm = device_memory(d, picked, c.schedule, c.setup.shape);
+             static_cast<double>(dm.total()) > capacity();
+             dm = device_memory(d, picked, c.schedule, c.setup.shape)) {
+          int pick = -1;
+          int64_t most = 0;
+          for (int k : dm.stages) {
+            int64_t saves = plain[k].memory.total() - with[k].memory.total();
+            if (!on[k] && saves > most) {
+              most = saves;
+              pick = k;
+            }
+          }
+          if (pick < 0) break;
+          on[pick] = true;
+          picked[pick] = &with[pick];
+        }
+      }
+    }
+    for (std::size_t k = 0; k < stages; ++k)
+      c.stages.push_back(std::move(on[k] ? with[k] : plain[k]));
+    c.devices = device_memory(c.stages, c.schedule, c.setup.shape);
+    for (std::size_t k = 0; k < stages; ++k) note_stage(c.rc, c.stages[k], bwd[k]);
+    c.predicted = predict(c.setup, c.schedule, c.sol, f_, g_, order_, batch_, c.rc);
+    add_working_memory(c.predicted, c.stages, c.setup.shape.devices);
+    double least_room = std::numeric_limits<double>::infinity();
+    for (const DeviceMemory& d : c.devices) {
+      double room = capacity() - static_cast<double>(d.total());
+      if (room < 0) c.overflow_bytes -= room;
+      if (room < least_room) {
+        least_room = room;
+        c.worst_device = d.device;
+      }
+    }
+    c.predicted.fits = c.overflow_bytes == 0;
+    return c;
+  }
+
+  /// The search's key: the simulated step under the speed objective, the largest device peak
+  /// under the memory objective, the other as the tie-breaker.
+  partition::SplitScore score(const Candidate& c) const {
+    const auto step = c.predicted.step_ms;
+    const auto peak = static_cast<double>(c.predicted.peak_memory_bytes);
+    const bool speed = o_.objective != "memory";
+    return {c.predicted.fits, c.overflow_bytes, speed ? step : peak, speed ? peak : step};
+  }
+
+ private:
+  BackwardFacts backward(const partition::Solution& sol, std::size_t k, const StageInterfaces& io,
+                         const std::vector<int>& stage_of) {
+    // The backward program of a span does not depend on the rest of the split.
+    const std::pair<int, int> span{sol.stages[k].first, sol.stages[k].last};
+    auto it = backward_cache_.find(span);
+    if (it != backward_cache_.end()) return it->second;
+    BackwardFacts facts = backward_facts(s_, sol, k, f_, g_, order_, io, stage_of, loss_output_);
+    backward_cache_.emplace(span, facts);
+    return facts;
+  }
+
+  const Setup& s_;
+  const PlanOptions& o_;
+  const NodeFacts& f_;
+  const ir::Graph& g_;
+  const std::vector<ir::NodeId>& order_;
+  const partition::GraphProblem& gp_;
+  std::string loss_output_;
+  int64_t batch_;
+  std::map<std::pair<int, int>, BackwardFacts> backward_cache_;
+};
+
+/// The cut-after positions of a solution.
+std::vector<int> cuts_of(const partition::Solution& sol) {
+  std::vector<int> cuts;
+  for (std::size_t k = 0; k + 1 < sol.stages.size(); ++k) cuts.push_back(sol.stages[k].last);
+  return cuts;
+}
+
+/// How the split was chosen.
+struct SplitChoice {
+  std::vector<int> cuts;
+  std::vector<int> bottleneck_cuts;  ///< The exact solve's split; empty for a manual one.
+  Prediction bottleneck;             ///< Its prediction.
+  Prediction baseline_parameters, baseline_uniform;
+  int64_t candidates = 0;  ///< Distinct splits simulated.
+};
+
+/// Candidate splits the search may simulate: enough for a few sweeps of single-cut moves, fewer
+/// as one simulation grows (stages x microbatches instructions, plus the stage interfaces of the
+/// whole graph), so that the search costs about what the exact solve does.
+int candidate_budget(int stages, int microbatches, std::size_t nodes) {
+  const double per_candidate = 6.0 * stages * microbatches + static_cast<double>(nodes);
+  const double work = 2e7;
+  const int sweeps = 4 * 2 * std::max(1, stages - 1);
+  return std::clamp(static_cast<int>(work / per_candidate), 16, std::max(16, sweeps));
+}
+
+/// Most re-solves with tighter per-stage limits when the bottleneck-optimal split leaves a device
+/// over its memory (the chunks of an interleaved device, checked together).
+constexpr int kRepairRounds = 12;
+
+/// Chooses the split: the manual one, or the exact bottleneck solve (under a per-stage limit that
+/// is never stricter than the device check), re-solved with tighter limits when a device does
+/// not fit, then the search by simulation from the best of those and the baselines. Every
+/// candidate is built and checked by `evaluator`.
+SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFacts& facts,
+                         const partition::GraphProblem& gp, const std::vector<int>& manual_cuts) {
+  struct Evaluated {
+    partition::SplitScore score;
+    Prediction predicted;
+    std::vector<int64_t> device_bytes;
+  };
+  std::map<std::vector<int>, Evaluated> seen;
+  auto evaluate = [&](const std::vector<int>& cuts) -> const Evaluated& {
+    auto it = seen.find(cuts);
+    if (it != seen.end()) return it->second;
+    Candidate c = evaluator.evaluate(cuts);
+    Evaluated e{evaluator.score(c), c.predicted, {}};
+    for (const DeviceMemory& d : c.devices) e.device_bytes.push_back(d.total());
+    return seen.emplace(cuts, std::move(e)).first->second;
+  };
+  const int stages = gp.problem.stages;
+  std::vector<double> param_weight, op_weight;
+  for (int64_t params : facts.params) {
+    param_weight.push_back(static_cast<double>(params));
+    op_weight.push_back(1.0);
+  }
+  const std::vector<int> parameter_cuts = balanced_cuts(param_weight, stages);
+  const std::vector<int> uniform_cuts = balanced_cuts(op_weight, stages);
+  SplitChoice choice;
+  if (!manual_cuts.empty()) {
+    choice.cuts = manual_cuts;
+  } else {
+    std::vector<double> limits(stages, evaluator.capacity());
+    partition::Problem problem = gp.problem;
+    problem.capacity_bytes = [&limits](int k) { return limits[k]; };
+    partition::Solution sol = partition::solve(problem);
+    if (!sol.feasible) refuse(s, sol, facts, evaluator.capacity());
+    choice.bottleneck_cuts = cuts_of(sol);
+    std::vector<std::vector<int>> seeds{choice.bottleneck_cuts};
+    if (!evaluate(seeds.back()).score.fits) {
+      // A device over its memory (the chunks of an interleaved device together, or what the
+      // solver leaves out: temporaries, buffers): solve again with each stage limited to a
+      // share of what its device has beyond what the solver does not count, the device's
+      // chunks sharing it evenly or one taking more (a wide chunk beside a narrow one); where
+      // that still leaves a device over, less by its excess.
+      const Evaluated& first = evaluate(seeds.back());
+      double uncounted = 0;
+      for (std::size_t d = 0; d < first.device_bytes.size(); ++d) {
+        double counted = 0;
+        for (int k = static_cast<int>(d); k < stages; k += s.shape.devices)
+          counted += sol.stages[k].memory_bytes;
+        uncounted = std::max(uncounted, static_cast<double>(first.device_bytes[d]) - counted);
+      }
+      const int chunks = s.shape.chunks;
+      int rounds = 0;
+      bool fits = false;
+      for (double tilt : {0.0, 0.05, -0.05, 0.1, -0.1, 0.15, -0.15, 0.2, -0.2, 0.3, -0.3}) {
+        if (fits || rounds >= kRepairRounds || (chunks == 1 && tilt != 0)) break;
+        double budget = evaluator.capacity() - uncounted;
+        for (int shrink = 0; shrink < 3 && !fits && rounds < kRepairRounds; ++shrink, ++rounds) {
+          for (int k = 0; k < stages; ++k) {
+            const int chunk = k / s.shape.devices;
+            const double share =
+                1.0 / chunks + (chunk == 0 ? tilt : -tilt / std::max(1, chunks - 1));
+            limits[k] = std::clamp(share, 0.0, 1.0) * budget;
+          }
+          partition::Solution tighter = partition::solve(problem);
+          if (!tighter.feasible) break;
+          seeds.push_back(cuts_of(tighter));
+          const Evaluated& e = evaluate(seeds.back());
+          fits = e.score.fits;
+          const double worst =
+              static_cast<double>(*std::max_element(e.device_bytes.begin(), e.device_bytes.end()));
+          budget -= std::max(worst - evaluator.capacity(), 0.01 * budget);
+        }
+      }
+    }
+    seeds.push_back(parameter_cuts);
+    seeds.push_back(uniform_cuts);
+    partition::SearchLimits search_limits;
+    search_limits.allowed_cuts = gp.problem.allowed_cuts;
+    search_limits.max_candidates = candidate_budget(stages, s.shape.microbatches, gp.order.size());
+    partition::SearchResult found = partition::search_cuts(
+        static_cast<int>(gp.order.size()), stages, seeds,
+        [&](const std::vector<int>& cuts) { return evaluate(cuts).score; }, search_limits);
+    choice.cuts = found.cuts;
+    choice.bottleneck = evaluate(choice.bottleneck_cuts).predicted;
+  }
+  choice.baseline_parameters = evaluate(parameter_cuts).predicted;
+  choice.baseline_uniform = evaluate(uniform_cuts).predicted;
+  choice.candidates = static_cast<int64_t>(seen.size());
+  return choice;
+}
 }  // namespace
 
 PlannedModel make_plan(const PlanOptions& o) {
@@ -629,28 +901,27 @@ PlannedModel make_plan(const PlanOptions& o) {
   }
 
   bool manual = !o.split_after.empty();
-  partition::Solution sol;
-  if (manual) {
-    sol = partition::evaluate_cuts(gp.problem, split_positions(g, gp, o.split_after));
-  } else {
-    sol = partition::solve(gp.problem);
+  SplitEvaluator evaluator(s, o, facts, g, order, gp, out.plan.training_config.loss_output,
+                           s.microbatch_size * s.shape.microbatches);
+  const SplitChoice choice = choose_split(
+      evaluator, s, facts, gp, manual ? split_positions(g, gp, o.split_after) : std::vector<int>{});
+  Candidate chosen = evaluator.evaluate(choice.cuts);
+  if (!chosen.predicted.fits) {
+    const DeviceMemory& worst = chosen.devices[chosen.worst_device];
+    if (manual)
+      fail(ErrorKind::kPlan, "{}; device has {}", describe(worst, chosen.stages),
+           format_bytes(evaluator.capacity()));
+    fail(ErrorKind::kPlan,
+         "no split into {} stages fits: the best of {} simulated has {}; device has {} (use more "
+         "devices, --recompute auto, --precision mixed, a lighter --optimizer, or fewer "
+         "--microbatches)",
+         stages, choice.candidates, describe(worst, chosen.stages),
+         format_bytes(evaluator.capacity()));
   }
-  if (!sol.feasible && o.recompute != "none") {
-    // The solver counts every activation; recomputation keeps fewer. Split by time alone and
-    // check each stage's memory (with recomputation where it is on) below.
-    partition::Problem relaxed = gp.problem;
-    relaxed.capacity_bytes = [](int) { return 1e300; };
-    sol = manual ? partition::evaluate_cuts(relaxed, split_positions(g, gp, o.split_after))
-                 : partition::solve(relaxed);
-  }
-  if (!sol.feasible) refuse(s, sol, facts, gp.problem.capacity_bytes(0));
-
-  out.stage_of = partition::stage_of_nodes(gp, sol, g.num_nodes());
-  partition::validate_assignment(g, out.stage_of, stages);
-  auto io = stage_interfaces(g, out.stage_of);
-  // Stages holding a common weight exchange its gradients before their optimizer steps.
-  s.shape.shared_groups = shared_weight_groups(io.shared_weights);
-  out.schedule = schedule::build_schedule(s.kind, s.shape);
+  const partition::Solution& sol = chosen.sol;
+  out.stage_of = chosen.stage_of;
+  s.shape.shared_groups = chosen.setup.shape.shared_groups;
+  out.schedule = chosen.schedule;
   schedule::validate_schedule(out.schedule, s.shape);
 
   Plan& p = out.plan;
@@ -670,35 +941,16 @@ PlannedModel make_plan(const PlanOptions& o) {
   p.cost_model = costs.name();
   p.device_spec = cost::to_json(s.device);
   p.cluster = cost::to_json(s.cluster);
-  Recompute rc;
-  for (std::size_t k = 0; k < sol.stages.size(); ++k) {
-    double capacity = gp.problem.capacity_bytes(static_cast<int>(k));
-    const BackwardFacts bwd = backward_facts(s, sol, k, facts, g, order, io, out.stage_of,
-                                             p.training_config.loss_output);
-    const int64_t backward_arena = bwd.arena;
-    bool recompute = o.recompute == "all";
-    if (o.recompute == "auto" && s.shape.training) {
-      // Speed: recompute exactly the stages that do not fit without it. Memory: every stage
-      // whose memory recomputation lowers (the extra forward is the price of a smaller peak).
-      Stage plain = make_stage(s, sol, k, facts, g, order, io, out.stage_of, false, backward_arena);
-      Stage with = make_stage(s, sol, k, facts, g, order, io, out.stage_of, true, backward_arena);
-      recompute = o.objective == "memory" ? with.memory.total() < plain.memory.total()
-                                          : static_cast<double>(plain.memory.total()) > capacity;
-    }
-    p.stages.push_back(
-        make_stage(s, sol, k, facts, g, order, io, out.stage_of, recompute, backward_arena));
-    p.stages.back().why = why(sol, k, g, order, gp.problem, manual);
-    if (p.stages.back().recompute)
-      p.stages.back().why += "; recomputes its activations before the backward";
-    note_stage(rc, p.stages.back(), bwd);
-    // The solver leaves temporaries out; the full anatomy must still fit.
-    const auto& m = p.stages.back().memory;
-    if (static_cast<double>(m.total()) > capacity) {
-      cost::MemoryAnatomy a{m.weights,     m.gradients, m.optimizer,
-                            m.activations, m.temporary, m.communication};
-      fail(ErrorKind::kPlan, "stage {} needs {}; device has {}", k,
-           cost::describe(a, p.stages.back().in_flight), format_bytes(capacity));
-    }
+  p.stages = std::move(chosen.stages);
+  for (std::size_t k = 0; k < p.stages.size(); ++k) {
+    Stage& st = p.stages[k];
+    st.why = why(sol, k, g, order, gp.problem, manual);
+    if (k < choice.bottleneck_cuts.size() && k + 1 < p.stages.size() &&
+        choice.bottleneck_cuts[k] != sol.stages[k].last)
+      st.why += fmt::format(
+          "; the slowest-stage optimum cuts after '{}', this cut simulates a shorter step",
+          g.node(order[choice.bottleneck_cuts[k]]).name);
+    if (st.recompute) st.why += "; recomputes its activations before the backward";
   }
   for (std::size_t i = 0; i < order.size(); ++i) {
     const ir::Node& node = g.node(order[i]);
@@ -709,41 +961,35 @@ PlannedModel make_plan(const PlanOptions& o) {
                              s.shape.training ? facts.time[i].backward_s * 1e3 : 0.0,
                              facts.flops[i], param_bytes, facts.output_bytes[i]});
   }
-  p.predicted = predict(s, out.schedule, sol, facts, g, order, p.batch, rc);
-  add_working_memory(p.predicted, p.stages, p.devices);
-
-  std::vector<double> param_weight, op_weight;
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    param_weight.push_back(static_cast<double>(facts.params[i]));
-    op_weight.push_back(1.0);
-  }
-  // The baselines' stages are costed like ours (recomputing where ours would with "all"), so
-  // their peaks compare like for like.
-  auto baseline = [&](const std::vector<double>& weight) {
-    auto b = partition::evaluate_cuts(gp.problem, balanced_cuts(weight, stages));
-    std::vector<int> b_stage_of = partition::stage_of_nodes(gp, b, g.num_nodes());
-    auto b_io = stage_interfaces(g, b_stage_of);
-    Recompute b_rc;
-    std::vector<Stage> b_stages;
-    for (std::size_t k = 0; k < b.stages.size(); ++k) {
-      BackwardFacts bwd = backward_facts(s, b, k, facts, g, order, b_io, b_stage_of,
-                                         p.training_config.loss_output);
-      b_stages.push_back(make_stage(s, b, k, facts, g, order, b_io, b_stage_of,
-                                    o.recompute == "all", bwd.arena));
-      note_stage(b_rc, b_stages.back(), bwd);
-    }
-    // Its own shared weights' exchanges (the holders may differ from ours).
-    Setup b_setup = s;
-    b_setup.shape.shared_groups = shared_weight_groups(b_io.shared_weights);
-    schedule::Schedule b_schedule = schedule::build_schedule(b_setup.kind, b_setup.shape);
-    Prediction pr = predict(b_setup, b_schedule, b, facts, g, order, p.batch, b_rc);
-    add_working_memory(pr, b_stages, p.devices);
-    return pr;
-  };
-  p.baseline_parameters = baseline(param_weight);
-  p.baseline_uniform = baseline(op_weight);
+  p.predicted = chosen.predicted;
+  p.baseline_parameters = choice.baseline_parameters;
+  p.baseline_uniform = choice.baseline_uniform;
+  p.search.candidates = choice.candidates;
+  p.search.bottleneck_step_ms = choice.bottleneck.step_ms;
+  p.search.bottleneck_fits = choice.bottleneck.fits;
+  p.search.bottleneck_split_after = choice.bottleneck.split_after;
   return out;
 }
+
+namespace {
+
+/// How the split search went, in one line.
+std::string search_line(const Plan& p) {
+  const SplitSearch& search = p.search;
+  if (search.bottleneck_split_after.empty() && search.bottleneck_step_ms == 0)
+    return fmt::format("  split search: {} candidates simulated (manual split or one stage)",
+                       search.candidates);
+  const double gain =
+      search.bottleneck_step_ms > 0 ? 1 - p.predicted.step_ms / search.bottleneck_step_ms : 0;
+  std::string against = gain >= 0 ? fmt::format("{:.1f}% shorter than", 100 * gain)
+                                  : fmt::format("{:.1f}% longer than", -100 * gain);
+  return fmt::format(
+      "  split search: {} candidates simulated; step {} the slowest-stage optimum's {:.3f} ms{}",
+      search.candidates, against, search.bottleneck_step_ms,
+      search.bottleneck_fits ? "" : " (which does not fit)");
+}
+
+}  // namespace
 
 std::string summarize(const Plan& p) {
   std::string out = fmt::format(
@@ -764,6 +1010,7 @@ std::string summarize(const Plan& p) {
   out += line("predicted:", p.predicted);
   out += line("parameter-balanced:", p.baseline_parameters);
   out += line("op-count-balanced:", p.baseline_uniform);
+  out += search_line(p) + "\n";
   return out;
 }
 

@@ -35,9 +35,9 @@ struct PlanOptions {
   std::string device_spec = "h100";      ///< Preset name or JSON file.
   std::string cluster;                   ///< JSON file; default: the device kind's.
   std::vector<std::string> split_after;  ///< Manual split points (node names).
-  /// Activation recomputation (training): "none", "all" (every stage), or "auto" (only the
-  /// stages whose memory without it exceeds the device's; the split is chosen as without
-  /// recomputation when that fits, else by time alone).
+  /// Activation recomputation (training): "none", "all" (every stage), or "auto" (speed: on
+  /// the devices that do not fit without it, the stages that save most first; memory: every
+  /// stage whose memory it lowers). The split is chosen with it counted where it is on.
   std::string recompute = "none";
   /// The op-time model, when not the analytic roofline (e.g. measured profiles: stagec
   /// --profile). Called once with the graph imported at the microbatch size and the roofline

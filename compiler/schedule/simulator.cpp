@@ -388,4 +388,75 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
   return Simulation(schedule, shape, costs).run();
 }
 
+namespace {
+
+/// Walks the lists of devices [first, last) in order: `held(device, stage, delta)` at each
+/// forward (+1) and at the end of each backward or B (-1), `running(device, stage)` while a
+/// backward, B or W runs.
+template <typename Held, typename Running>
+void walk_activations(const Schedule& schedule, const PipelineShape& shape, int first, int last,
+                      Held held, Running running) {
+  const int stages = stage_count(shape);
+  for (int device = first; device < last && device < static_cast<int>(schedule.size()); ++device) {
+    for (const Instruction& in : schedule[device]) {
+      if (in.stage < 0 || in.stage >= stages) continue;
+      switch (in.op) {
+        case Op::kForward:
+          held(device, in.stage, +1);
+          break;
+        case Op::kBackward:
+        case Op::kBackwardInput:
+          running(device, in.stage);
+          held(device, in.stage, -1);
+          break;
+        case Op::kBackwardWeight:
+          running(device, in.stage);
+          break;
+        default:
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> stage_in_flight_peaks(const Schedule& schedule, const PipelineShape& shape) {
+  const int stages = stage_count(shape);
+  std::vector<int64_t> now(stages, 0), peak(stages, 0);
+  walk_activations(
+      schedule, shape, 0, shape.devices,
+      [&](int, int stage, int delta) {
+        now[stage] += delta;
+        peak[stage] = std::max(peak[stage], now[stage]);
+      },
+      [](int, int) {});
+  return peak;
+}
+
+std::vector<double> activation_peaks(const Schedule& schedule, const PipelineShape& shape,
+                                     const std::vector<double>& kept_bytes,
+                                     const std::vector<double>& backward_bytes, int only_device) {
+  const auto stages = static_cast<size_t>(stage_count(shape));
+  check_costs(kept_bytes, "kept_bytes", {0, stages}, static_cast<int>(stages));
+  check_costs(backward_bytes, "backward_bytes", {0, stages}, static_cast<int>(stages));
+  if (only_device >= shape.devices) {
+    fail(ErrorKind::kUsage, "activation peaks: device {} of a pipeline of {}", only_device,
+         shape.devices);
+  }
+  auto at = [](const std::vector<double>& v, int stage) { return v.empty() ? 0.0 : v[stage]; };
+  std::vector<double> now(shape.devices, 0), peak(shape.devices, 0);
+  walk_activations(
+      schedule, shape, only_device < 0 ? 0 : only_device,
+      only_device < 0 ? shape.devices : only_device + 1,
+      [&](int device, int stage, int delta) {
+        now[device] += delta * at(kept_bytes, stage);
+        peak[device] = std::max(peak[device], now[device]);
+      },
+      [&](int device, int stage) {
+        peak[device] = std::max(peak[device], now[device] + at(backward_bytes, stage));
+      });
+  return peak;
+}
+
 }  // namespace stagecraft::schedule

@@ -92,4 +92,24 @@ struct SimResult {
 /// `Error(kPlan)` on a deadlock or an instruction outside the pipeline.
 SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs);
 
+/// Per stage, the most microbatches whose activations it holds at once under `schedule`, counted
+/// from each forward to the end of that microbatch's backward (its B when the backward is split:
+/// what W still reads after B is the stage's deferred_bytes). Only the order of each device's
+/// list matters, not the times: GPipe gives M, 1F1B and ZB-H1 min(P - i, M) on device i, and
+/// the interleaved schedule each chunk's own count (chunk 0 holds more than the others).
+std::vector<int64_t> stage_in_flight_peaks(const Schedule& schedule, const PipelineShape& shape);
+
+/// Per device, the most activation bytes its stages hold together at any point of its list:
+/// `kept_bytes[s]` per microbatch of stage s in flight (counted as in stage_in_flight_peaks), plus
+/// `backward_bytes[s]` while a backward (full, B or W) of stage s runs (the activations
+/// recomputation rebuilds for it). Summing each stage's own peak instead over-counts an
+/// interleaved device by up to half, since its chunks peak at different times. Either vector may
+/// be empty (zero); otherwise one entry per stage. The simulator holds a split backward's
+/// activations until its W, an upper bound of this. With `only_device` >= 0 only that device is
+/// walked (the others' entries are 0).
+std::vector<double> activation_peaks(const Schedule& schedule, const PipelineShape& shape,
+                                     const std::vector<double>& kept_bytes,
+                                     const std::vector<double>& backward_bytes,
+                                     int only_device = -1);
+
 }  // namespace stagecraft::schedule

@@ -161,6 +161,13 @@ ordered prediction_json(const Prediction& prediction) {
           {"fits", prediction.fits}};
 }
 
+ordered search_json(const SplitSearch& search) {
+  return {{"candidates", search.candidates},
+          {"bottleneck_step_ms", search.bottleneck_step_ms},
+          {"bottleneck_fits", search.bottleneck_fits},
+          {"bottleneck_split_after", search.bottleneck_split_after}};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reading
 
@@ -377,6 +384,18 @@ Prediction read_prediction(const Fields& top, std::string_view name) {
   return prediction;
 }
 
+SplitSearch read_search(const Fields& top) {
+  SplitSearch search;
+  if (!top.has("search")) return search;
+  Fields f(top.raw("search"), top.where(), "search",
+           {"candidates", "bottleneck_step_ms", "bottleneck_fits", "bottleneck_split_after"});
+  search.candidates = f.int64("candidates");
+  search.bottleneck_step_ms = f.number("bottleneck_step_ms");
+  search.bottleneck_fits = f.boolean("bottleneck_fits");
+  search.bottleneck_split_after = f.array("bottleneck_split_after", as_string);
+  return search;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Validation
 
@@ -395,6 +414,7 @@ class Validator {
     check_prediction(plan_.predicted, "predicted");
     check_prediction(plan_.baseline_parameters, "baseline_parameters");
     check_prediction(plan_.baseline_uniform, "baseline_uniform");
+    check_search();
   }
 
  private:
@@ -775,6 +795,25 @@ class Validator {
     }
   }
 
+  void check_search() const {
+    const SplitSearch& search = plan_.search;
+    non_negative("search.candidates", static_cast<double>(search.candidates));
+    non_negative("search.bottleneck_step_ms", search.bottleneck_step_ms);
+    size_t cuts = plan_.stages.size() - 1;
+    if (!search.bottleneck_split_after.empty() && search.bottleneck_split_after.size() != cuts) {
+      fault("search.bottleneck_split_after",
+            fmt::format("has {}, but {} have {}",
+                        count(search.bottleneck_split_after.size(), "entry", "entries"),
+                        count(plan_.stages.size(), "stage"), count(cuts, "cut")));
+    }
+    for (size_t c = 0; c < search.bottleneck_split_after.size(); ++c) {
+      if (!node_stage_.contains(search.bottleneck_split_after[c])) {
+        fault(fmt::format("search.bottleneck_split_after[{}]", c),
+              fmt::format("is '{}', a node no stage lists", search.bottleneck_split_after[c]));
+      }
+    }
+  }
+
   const Plan& plan_;
   const std::string& source_;
   /// Node name -> (stage, position in its node list), filled by check_stage.
@@ -809,6 +848,7 @@ nlohmann::ordered_json to_json(const Plan& plan) {
           {"predicted", prediction_json(plan.predicted)},
           {"baseline_parameters", prediction_json(plan.baseline_parameters)},
           {"baseline_uniform", prediction_json(plan.baseline_uniform)},
+          {"search", search_json(plan.search)},
           {"stages", std::move(stages)},
           {"ops", std::move(ops)}};
 }
@@ -826,11 +866,12 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.format_version = as_int(*version, "format_version", top);
   check_version(plan.format_version, source);
   Fields f(json, top, "",
-           {"format_version",  "generator", "model_path", "model_hash",          "objective",
-            "schedule",        "devices",   "chunks",     "microbatches",        "batch",
-            "microbatch_size", "training",  "optimizer",  "training_config", "precision",           "cost_model",
-            "device_spec",     "cluster",   "predicted",  "baseline_parameters", "baseline_uniform",
-            "stages",          "ops"});
+           {"format_version",   "generator",       "model_path",      "model_hash",
+            "objective",        "schedule",        "devices",         "chunks",
+            "microbatches",     "batch",           "microbatch_size", "training",
+            "optimizer",        "training_config", "precision",       "cost_model",
+            "device_spec",      "cluster",         "predicted",       "baseline_parameters",
+            "baseline_uniform", "search",          "stages",          "ops"});
   plan.generator = f.string("generator");
   plan.model_path = f.string("model_path");
   plan.model_hash = f.string("model_hash");
@@ -868,6 +909,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.predicted = read_prediction(f, "predicted");
   plan.baseline_parameters = read_prediction(f, "baseline_parameters");
   plan.baseline_uniform = read_prediction(f, "baseline_uniform");
+  plan.search = read_search(f);
   plan.stages = f.array("stages", read_stage);
   plan.ops = f.array("ops", read_op);
   return plan;

@@ -119,6 +119,18 @@ struct Prediction {
   bool fits = true;                       ///< Every device within its memory.
 };
 
+/// How the split was chosen: the exact solve that minimises the slowest stage, then a search by
+/// simulation (plan.json "search"; absent from plans written before it, read as zeros).
+struct SplitSearch {
+  /// Distinct splits built, checked for memory and simulated: the slowest-stage optimum, its
+  /// re-solves for devices over their memory, the baselines, and local moves of each cut.
+  int64_t candidates = 0;
+  /// The slowest-stage optimum's predicted step (0 for a manual split, which has none).
+  double bottleneck_step_ms = 0;
+  bool bottleneck_fits = true;  ///< Whether that split fits every device.
+  std::vector<std::string> bottleneck_split_after;
+};
+
 /// How a training plan trains (ignored by inference plans).
 struct TrainingConfig {
   std::string loss;          ///< "mse" | "cross-entropy" | "model" (the model's own scalar output).
@@ -157,6 +169,7 @@ struct Plan {
   Prediction predicted;
   Prediction baseline_parameters; ///< DeepSpeed's 'parameters' method: balance parameter counts.
   Prediction baseline_uniform;    ///< DeepSpeed's 'uniform' method: balance op counts.
+  SplitSearch search;
 };
 
 nlohmann::ordered_json to_json(const Plan& plan);

@@ -32,6 +32,15 @@ Problem random_problem(std::mt19937& rng, int n, int stages, Objective objective
   for (int i = 0; i + 1 < n; ++i) p.cut_bytes.push_back(cut(rng));
   p.send_time = [](int, double b) { return 0.02 * b; };
   p.in_flight = [stages](int k) { return static_cast<double>(stages - k); };  // 1F1B-like
+  // Recomputation counts a stage's inputs per microbatch in flight: random tensors between
+  // positions, so the DP's running input count meets the direct one of evaluate_cuts.
+  p.recompute = rng() % 3 == 0;
+  for (int t = 0; p.recompute && n > 1 && t < n; ++t) {
+    Tensor tensor{static_cast<int>(rng() % (n - 1)), {}, bytes(rng) / 4};
+    for (int r = tensor.producer + 1; r < n; ++r)
+      if (rng() % 3 == 0 || r == tensor.producer + 1) tensor.readers.push_back(r);
+    p.tensors.push_back(tensor);
+  }
   double cap = std::uniform_real_distribution<double>(150, 900)(rng);
   p.capacity_bytes = [cap](int) { return cap; };
   return p;

@@ -72,6 +72,19 @@ ordered baseline_json(const plan::Prediction& baseline, const plan::Prediction& 
   return json;
 }
 
+/// plan.json's search record, with the chosen split's step gain over the slowest-stage optimum
+/// (1 - ours / theirs; null when there is none to compare, as for a manual split).
+ordered search_json(const plan::Plan& plan) {
+  const plan::SplitSearch& search = plan.search;
+  const bool compared = search.bottleneck_step_ms > 0;
+  return {{"candidates", search.candidates},
+          {"bottleneck_step_ms", compared ? ordered(search.bottleneck_step_ms) : ordered()},
+          {"bottleneck_fits", search.bottleneck_fits},
+          {"bottleneck_split_after", search.bottleneck_split_after},
+          {"step_gain",
+           compared ? ordered(1 - plan.predicted.step_ms / search.bottleneck_step_ms) : ordered()}};
+}
+
 ordered simulated_json(const PlanView& view) {
   const schedule::SimResult& sim = view.simulated;
   ordered busy = ordered::array();
@@ -121,6 +134,7 @@ nlohmann::ordered_json render_json(const PlanView& view) {
           {"baselines",
            {{"parameters", baseline_json(plan.baseline_parameters, plan.predicted)},
             {"uniform", baseline_json(plan.baseline_uniform, plan.predicted)}}},
+          {"search", search_json(plan)},
           {"ops", std::move(ops)}};
 }
 

@@ -152,6 +152,20 @@ std::string shared_list(const plan::Plan& plan) {
   return text;
 }
 
+/// How the split was chosen: candidates simulated and the gain over the slowest-stage optimum.
+std::string search_text(const plan::Plan& plan) {
+  const plan::SplitSearch& search = plan.search;
+  if (search.candidates == 0) return "";  // a plan written before the search was recorded
+  std::string simulated = plural(search.candidates, "candidate split") + " simulated";
+  if (search.bottleneck_step_ms <= 0)
+    return fmt::format("search      {} (a manual split, checked and simulated)\n", simulated);
+  const double gain = 1 - plan.predicted.step_ms / search.bottleneck_step_ms;
+  return fmt::format(
+      "search      {}; step {} ms is {} {} than the slowest-stage optimum's {} ms{}\n", simulated,
+      ms(plan.predicted.step_ms), percent(std::abs(gain)), gain >= 0 ? "shorter" : "longer",
+      ms(search.bottleneck_step_ms), search.bottleneck_fits ? "" : " (which does not fit)");
+}
+
 std::string predictions(const PlanView& view) {
   const plan::Plan& plan = view.plan;
   const plan::Prediction& ours = plan.predicted;
@@ -173,7 +187,7 @@ std::string predictions(const PlanView& view) {
   text +=
       "baselines   DeepSpeed's partition methods (balance parameters / op counts), same schedule\n";
   text += table.render();
-  return text;
+  return text + search_text(plan);
 }
 
 }  // namespace

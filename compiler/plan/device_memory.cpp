@@ -1,0 +1,116 @@
+#include "compiler/plan/device_memory.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "compiler/model_info.h"
+#include "compiler/schedule/simulator.h"
+#include "cost_models/memory.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::plan {
+namespace {
+
+/// The bytes a recomputing stage keeps per microbatch in flight: its inputs.
+int64_t input_bytes(const Stage& stage) {
+  int64_t bytes = 0;
+  for (const StageTensor& t : stage.inputs) bytes += t.bytes;
+  return bytes;
+}
+
+cost::MemoryAnatomy anatomy(const Stage& stage) {
+  const MemoryBytes& m = stage.memory;
+  return {m.weights, m.gradients, m.optimizer, m.activations, m.temporary, m.communication};
+}
+
+}  // namespace
+
+int64_t DeviceMemory::total() const {
+  return weights + gradients + optimizer + communication + temporary + activations;
+}
+
+namespace {
+
+/// Devices [first, last) of `stages` (one pointer per stage of the pipeline).
+std::vector<DeviceMemory> devices_of(const std::vector<const Stage*>& stages,
+                                     const schedule::Schedule& schedule,
+                                     const schedule::PipelineShape& shape, int only_device) {
+  if (static_cast<int>(stages.size()) != schedule::stage_count(shape)) {
+    fail(ErrorKind::kInternal, "device memory: {} stages for a pipeline of {}", stages.size(),
+         schedule::stage_count(shape));
+  }
+  std::vector<DeviceMemory> devices(shape.devices);
+  std::vector<double> kept(stages.size(), 0.0), rebuilt(stages.size(), 0.0);
+  for (int d = 0; d < shape.devices; ++d) devices[d].device = d;
+  for (std::size_t k = 0; k < stages.size(); ++k) {
+    const int device = schedule::device_of_stage(static_cast<int>(k), shape);
+    if (only_device >= 0 && device != only_device) continue;
+    const Stage& st = *stages[k];
+    DeviceMemory& dm = devices[device];
+    dm.stages.push_back(static_cast<int>(k));
+    dm.weights += st.memory.weights;
+    dm.gradients += st.memory.gradients;
+    dm.optimizer += st.memory.optimizer;
+    dm.communication += st.memory.communication;
+    dm.temporary = std::max(dm.temporary, st.memory.temporary);
+    // The anatomy's activations are in_flight x kept (+ one microbatch rebuilt when it
+    // recomputes, cost::stage_memory); take them apart again.
+    const auto in_flight = static_cast<double>(std::max<int64_t>(st.in_flight, 1));
+    const auto activations = static_cast<double>(st.memory.activations);
+    if (st.recompute) {
+      kept[k] = static_cast<double>(input_bytes(st));
+      rebuilt[k] = std::max(0.0, activations - in_flight * kept[k]);
+    } else {
+      kept[k] = activations / in_flight;
+    }
+  }
+  std::vector<double> peaks =
+      schedule::activation_peaks(schedule, shape, kept, rebuilt, only_device);
+  for (DeviceMemory& dm : devices) dm.activations = std::llround(std::ceil(peaks[dm.device]));
+  return devices;
+}
+
+}  // namespace
+
+std::vector<DeviceMemory> device_memory(const std::vector<Stage>& stages,
+                                        const schedule::Schedule& schedule,
+                                        const schedule::PipelineShape& shape) {
+  std::vector<const Stage*> pointers;
+  for (const Stage& st : stages) pointers.push_back(&st);
+  return devices_of(pointers, schedule, shape, -1);
+}
+
+DeviceMemory device_memory(int device, const std::vector<const Stage*>& stages,
+                           const schedule::Schedule& schedule,
+                           const schedule::PipelineShape& shape) {
+  if (device < 0 || device >= shape.devices) {
+    fail(ErrorKind::kInternal, "device memory: device {} of a pipeline of {}", device,
+         shape.devices);
+  }
+  return devices_of(stages, schedule, shape, device)[device];
+}
+
+std::string describe(const DeviceMemory& device, const std::vector<Stage>& stages) {
+  if (device.stages.size() == 1) {
+    const Stage& st = stages.at(device.stages[0]);
+    return fmt::format("stage {}{} needs {}", st.index, st.recompute ? " (recomputing)" : "",
+                       cost::describe(anatomy(st), st.in_flight));
+  }
+  std::vector<std::string> parts;
+  for (int k : device.stages) {
+    const Stage& st = stages.at(k);
+    parts.push_back(fmt::format("stage {}{} {}", k, st.recompute ? " (recomputing)" : "",
+                                cost::describe(anatomy(st), st.in_flight)));
+  }
+  return fmt::format(
+      "device {} (stages {}) needs {} together (activations {} at their joint peak, one shared "
+      "arena of {}): {}",
+      device.device, fmt::join(device.stages, ", "),
+      format_bytes(static_cast<double>(device.total())),
+      format_bytes(static_cast<double>(device.activations)),
+      format_bytes(static_cast<double>(device.temporary)), fmt::join(parts, "; "));
+}
+
+}  // namespace stagecraft::plan

@@ -1,0 +1,54 @@
+#pragma once
+/// \file
+/// Memory of one device: all of its stages (the chunks of an interleaved schedule) together,
+/// with the activations they really hold at once under the schedule. This is the check every
+/// split must pass, the plan's and every candidate's of the split search alike.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/schedule/instruction.h"
+#include "runtime/format/plan.h"
+
+namespace stagecraft::plan {
+
+/// What one device holds at its peak, by what holds it.
+struct DeviceMemory {
+  int device = 0;
+  std::vector<int> stages;  ///< Its stages, ascending.
+  int64_t weights = 0;      ///< Sums over its stages (each holds its own).
+  int64_t gradients = 0;
+  int64_t optimizer = 0;
+  int64_t communication = 0;
+  /// The largest of its stages' working arenas: the stages of a device run one at a time and
+  /// share one arena (what the runtime allocates).
+  int64_t temporary = 0;
+  /// Its stages' activations at their highest together (schedule::activation_peaks): per
+  /// microbatch in flight each stage keeps its activations (its inputs when it recomputes), and
+  /// a recomputing stage rebuilds one microbatch's activations while its backward runs.
+  int64_t activations = 0;
+
+  int64_t total() const;
+};
+
+/// The memory of every device of `stages` (plan stages with their anatomies, recomputation and
+/// inputs filled in) under `schedule` on `shape`. For one stage per device it is the stage's own
+/// anatomy; for an interleaved device it is less than the sum of its chunks' anatomies, whose
+/// activation peaks fall at different times.
+std::vector<DeviceMemory> device_memory(const std::vector<Stage>& stages,
+                                        const schedule::Schedule& schedule,
+                                        const schedule::PipelineShape& shape);
+
+/// The memory of `device` alone. `stages` has one pointer per stage of the pipeline (only the
+/// device's own are read), so a caller weighing choices per stage (recomputation) copies none.
+DeviceMemory device_memory(int device, const std::vector<const Stage*>& stages,
+                           const schedule::Schedule& schedule,
+                           const schedule::PipelineShape& shape);
+
+/// One line for refusals: "stage 3 needs 41.2 GiB: weights 12.0, ..." for a device of one
+/// stage; "device 0 (stages 0, 64) needs 80.1 GiB together (activations 9.1 GiB at their joint
+/// peak, one shared arena of 3.2 GiB): stage 0 39.3 GiB: ...; stage 64 ..." for several.
+std::string describe(const DeviceMemory& device, const std::vector<Stage>& stages);
+
+}  // namespace stagecraft::plan

@@ -1,0 +1,195 @@
+// The planner's split: the slowest-stage optimum refined by simulating candidates (never slower
+// than the baselines it prints), and memory checked per device with all of its chunks together.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include "compiler/plan/device_memory.h"
+#include "compiler/plan/planner.h"
+#include "compiler/schedule/simulator.h"
+#include "runtime/format/error.h"
+#include "tests/test_util.h"
+
+namespace stagecraft::plan {
+namespace {
+
+std::string sample(const std::string& name) { return std::string(STAGECRAFT_SAMPLES) + "/" + name; }
+
+/// `model` on `devices` devices under `schedule` (training with an MSE loss unless inference),
+/// 2 microbatches per device of 2 samples each.
+PlanOptions options(const std::string& model, int devices, const std::string& schedule) {
+  PlanOptions o;
+  o.model_path = sample(model);
+  o.devices = devices;
+  o.schedule = schedule;
+  o.training = schedule != "inference";
+  if (o.training) o.loss.kind = "mse";
+  o.microbatches = 2 * devices;
+  o.batch = 4 * devices;
+  if (model == "gpt_tiny.onnx") o.dims["seq"] = 16;
+  return o;
+}
+
+/// A device spec like the CPU's with `bytes` of memory, written into `dir`.
+std::string device_with(testing::TempDir& dir, int64_t bytes) {
+  std::string path = dir.file("device_" + std::to_string(bytes) + ".json");
+  std::ofstream(path)
+      << R"({"name":"small","peak_flops_fp32":100e9,"peak_flops_fp16":100e9,"memory_bandwidth":20e9,)"
+      << R"("memory_bytes":)" << bytes << R"(,"launch_overhead_s":2e-6,"efficiency":0.5})";
+  return path;
+}
+
+schedule::PipelineShape shape_of(const Plan& p) {
+  return {p.devices, p.chunks, p.microbatches, p.training};
+}
+
+TEST_CASE("the chosen split's step is never longer than a baseline's that fits, on every sample") {
+  int plans = 0, shorter_than_bottleneck = 0;
+  for (std::string model : {"toy.onnx", "mnist_cnn.onnx", "resnet_small.onnx", "gpt_tiny.onnx"}) {
+    for (std::string schedule : {"gpipe", "1f1b", "interleaved", "zb-h1", "inference"}) {
+      for (int devices : {1, 2, 4}) {
+        CAPTURE(model);
+        CAPTURE(schedule);
+        CAPTURE(devices);
+        PlannedModel planned;
+        try {
+          planned = make_plan(options(model, devices, schedule));
+        } catch (const Error& e) {
+          // Only a model with fewer ops than stages may be refused.
+          CHECK_MESSAGE(std::string(e.what()).find("every stage needs an op") != std::string::npos,
+                        e.what());
+          continue;
+        }
+        const Plan& p = planned.plan;
+        ++plans;
+        CHECK(p.predicted.fits);
+        CHECK(p.search.candidates >= 1);
+        for (const Prediction* baseline : {&p.baseline_parameters, &p.baseline_uniform}) {
+          if (!baseline->fits) continue;
+          CHECK(p.predicted.step_ms <= baseline->step_ms * (1 + 1e-9));
+        }
+        REQUIRE(p.search.bottleneck_step_ms > 0);
+        if (p.search.bottleneck_fits)
+          CHECK(p.predicted.step_ms <= p.search.bottleneck_step_ms * (1 + 1e-9));
+        if (p.predicted.step_ms < p.search.bottleneck_step_ms * (1 - 1e-9))
+          ++shorter_than_bottleneck;
+        CHECK(p.search.bottleneck_split_after.size() == p.stages.size() - 1);
+        CHECK_NOTHROW(validate_plan(p, "plan.json"));
+      }
+    }
+  }
+  MESSAGE(plans << " plans; the search beat the slowest-stage optimum in "
+                << shorter_than_bottleneck);
+  CHECK(plans >= 50);
+  CHECK(shorter_than_bottleneck > 0);
+}
+
+TEST_CASE("the search record goes through plan.json, and plans without one read as zeros") {
+  Plan p = make_plan(options("toy.onnx", 2, "1f1b")).plan;
+  CHECK(p.search.candidates > 1);
+  nlohmann::json json = nlohmann::json::parse(to_json(p).dump());
+  Plan back = plan_from_json(json, "plan.json");
+  CHECK(back.search.candidates == p.search.candidates);
+  CHECK(back.search.bottleneck_step_ms == doctest::Approx(p.search.bottleneck_step_ms));
+  CHECK(back.search.bottleneck_split_after == p.search.bottleneck_split_after);
+  json.erase("search");
+  CHECK(plan_from_json(json, "plan.json").search.candidates == 0);
+  json = nlohmann::json::parse(to_json(p).dump());
+  json["search"]["bottleneck_split_after"] = {"no-such-node"};
+  CHECK_THROWS_WITH_AS(validate_plan(plan_from_json(json, "plan.json"), "plan.json"),
+                       doctest::Contains("search.bottleneck_split_after"), Error);
+  // A manual split is checked and simulated, and has no slowest-stage optimum to beat.
+  PlanOptions manual = options("toy.onnx", 2, "1f1b");
+  manual.split_after = p.predicted.split_after;
+  Plan pinned = make_plan(manual).plan;
+  CHECK(pinned.search.bottleneck_step_ms == 0);
+  CHECK(pinned.search.bottleneck_split_after.empty());
+  CHECK(pinned.predicted.step_ms == doctest::Approx(p.predicted.step_ms));
+}
+
+TEST_CASE(
+    "interleaved memory per device: the schedule's counts, at least the event peak, within 10%") {
+  int devices_checked = 0;
+  for (std::string model : {"mnist_cnn.onnx", "resnet_small.onnx", "gpt_tiny.onnx"}) {
+    for (int devices : {1, 2, 4}) {
+      for (std::string recompute : {"none", "all"}) {
+        CAPTURE(model);
+        CAPTURE(devices);
+        CAPTURE(recompute);
+        PlanOptions o = options(model, devices, "interleaved");
+        o.microbatches = 4 * devices;
+        o.batch = 8 * devices;
+        o.recompute = recompute;
+        PlannedModel planned;
+        try {
+          planned = make_plan(o);
+        } catch (const Error& e) {
+          CHECK_MESSAGE(std::string(e.what()).find("every stage needs an op") != std::string::npos,
+                        e.what());
+          continue;
+        }
+        const Plan& p = planned.plan;
+        schedule::PipelineShape shape = shape_of(p);
+        // Each chunk's anatomy counts what the schedule really holds for that chunk.
+        std::vector<int64_t> counts = schedule::stage_in_flight_peaks(planned.schedule, shape);
+        for (const Stage& st : p.stages) CHECK(st.in_flight == counts[st.index]);
+        // The device check (its chunks together) against the simulator's peak by events, which
+        // plan.json records with each device's working arena and buffers added.
+        std::vector<DeviceMemory> checked = device_memory(p.stages, planned.schedule, shape);
+        REQUIRE(checked.size() == p.predicted.device_peak_bytes.size());
+        for (const DeviceMemory& d : checked) {
+          const auto simulated = static_cast<double>(p.predicted.device_peak_bytes[d.device]);
+          CAPTURE(d.device);
+          CHECK(static_cast<double>(d.total()) >= simulated - 16);
+          CHECK(static_cast<double>(d.total()) <= 1.10 * simulated);
+          int64_t chunks_alone = 0;
+          for (int k : d.stages) chunks_alone += p.stages[k].memory.total();
+          CHECK(d.total() <= chunks_alone);
+          ++devices_checked;
+        }
+      }
+    }
+  }
+  CHECK(devices_checked >= 20);
+}
+
+TEST_CASE("an interleaved device is checked with its chunks together, not each in 1/V of it") {
+  // The toy's first Gemm holds most of the parameters: a device that holds its chunk beside a
+  // small one has room, though that chunk alone needs more than half the device.
+  PlanOptions o = options("toy.onnx", 2, "interleaved");
+  o.device_spec = "cpu";
+  PlannedModel roomy = make_plan(o);
+  std::vector<DeviceMemory> need =
+      device_memory(roomy.plan.stages, roomy.schedule, shape_of(roomy.plan));
+  int64_t device_need = 0, largest_stage = 0;
+  for (const DeviceMemory& d : need) device_need = std::max(device_need, d.total());
+  for (const Stage& st : roomy.plan.stages)
+    largest_stage = std::max(largest_stage, st.memory.total());
+  const int64_t capacity = device_need + device_need / 20;
+  CAPTURE(device_need);
+  CAPTURE(largest_stage);
+  REQUIRE(2 * largest_stage > capacity);  // 1/V of the device would not hold that stage
+  testing::TempDir dir;
+  o.device_spec = device_with(dir, capacity);
+  PlannedModel tight = make_plan(o);
+  CHECK(tight.plan.predicted.fits);
+  for (const DeviceMemory& d :
+       device_memory(tight.plan.stages, tight.schedule, shape_of(tight.plan)))
+    CHECK(d.total() <= capacity);
+  // Below what any split needs, the refusal names the device, its stages and the numbers.
+  o.device_spec = device_with(dir, largest_stage / 2);
+  try {
+    make_plan(o);
+    FAIL("a device of half the largest stage held the plan");
+  } catch (const Error& e) {
+    std::string what = e.what();
+    INFO(what);
+    CHECK(what.find("no split into 4 stages fits") != std::string::npos);
+    CHECK(what.find("device has") != std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace stagecraft::plan
