@@ -19,11 +19,25 @@ for i in $(seq "$runs"); do
     --batch 2 --microbatches 2 --dim seq=2048 --precision mixed --optimizer adamw --device-spec h100 \
     > "$dir/train.txt"
 done
-grep -E "stages on|predicted:|parameter-balanced:|op-count-balanced:|planned in" "$dir/train.txt"
+grep -E "stages on|predicted:|parameter-balanced:|op-count-balanced:|split search:|planned in" "$dir/train.txt"
 echo "== inference, 64 devices, 64 microbatches"
 for i in $(seq "$runs"); do
   /usr/bin/time -f "run $i: %e s wall, %M KiB peak RSS" \
     build/tools/stagec "$dir/model.onnx" --dry-run --devices 64 --batch 64 --microbatches 64 \
     --dim seq=2048 --precision mixed --device-spec h100 > "$dir/infer.txt"
 done
-grep -E "stages on|predicted:|parameter-balanced:|op-count-balanced:|planned in" "$dir/infer.txt"
+grep -E "stages on|predicted:|parameter-balanced:|op-count-balanced:|split search:|planned in" "$dir/infer.txt"
+# Training with 64 microbatches, which needs recomputation: 1F1B, and the interleaved schedule
+# (2 chunks per device, checked together against the whole device).
+for schedule in 1f1b "interleaved --chunks 2"; do
+  echo "== training, $schedule, 64 devices, 64 microbatches, --recompute auto"
+  for i in $(seq "$runs"); do
+    # shellcheck disable=SC2086  # the schedule's words are separate flags
+    /usr/bin/time -f "run $i: %e s wall, %M KiB peak RSS" \
+      build/tools/stagec "$dir/model.onnx" --dry-run --devices 64 --train --schedule $schedule \
+      --batch 64 --microbatches 64 --dim seq=2048 --precision mixed --optimizer adamw \
+      --device-spec h100 --recompute auto > "$dir/train64.txt" || true
+  done
+  grep -E "stages on|predicted:|parameter-balanced:|op-count-balanced:|split search:|planned in" \
+    "$dir/train64.txt" || true
+done

@@ -152,9 +152,9 @@ int run(int argc, char** argv) {
   app.add_option("--recompute", po.recompute,
                  "with --train: activation recomputation. none (default); all: every stage keeps only its "
                  "inputs per microbatch and re-runs its forward before the backward; auto: with --objective speed, "
-                 "only the stages that would not fit the device's memory without it (the split is the usual "
-                 "one when that fits, else the fastest one); with --objective memory, every stage whose "
-                 "memory it lowers")
+                 "only on the devices that would not fit without it, the stages it saves most on first "
+                 "(the split search counts it); with --objective memory, every stage whose memory it "
+                 "lowers")
       ->check(CLI::IsMember({"none", "all", "auto"}));
   app.add_option("--split-after", po.split_after, "manual split points: node names, comma separated")
       ->delimiter(',');

@@ -119,13 +119,14 @@ struct Prediction {
   bool fits = true;                       ///< Every device within its memory.
 };
 
-/// How the split was chosen: the exact solve that minimises the slowest stage, then a search by
-/// simulation (plan.json "search"; absent from plans written before it, read as zeros).
+/// How the split was chosen: the exact solve (that minimises the slowest stage's time, or for
+/// the memory objective the largest stage's memory), then a search by simulation (plan.json
+/// "search"; absent from plans written before it, read as zeros).
 struct SplitSearch {
-  /// Distinct splits built, checked for memory and simulated: the slowest-stage optimum, its
+  /// Distinct splits built, checked for memory and simulated: the solver's optimum, its
   /// re-solves for devices over their memory, the baselines, and local moves of each cut.
   int64_t candidates = 0;
-  /// The slowest-stage optimum's predicted step (0 for a manual split, which has none).
+  /// The solver's optimum's predicted step (0 for a manual split, which has none).
   double bottleneck_step_ms = 0;
   bool bottleneck_fits = true;  ///< Whether that split fits every device.
   std::vector<std::string> bottleneck_split_after;

@@ -161,9 +161,10 @@ std::string search_text(const plan::Plan& plan) {
     return fmt::format("search      {} (a manual split, checked and simulated)\n", simulated);
   const double gain = 1 - plan.predicted.step_ms / search.bottleneck_step_ms;
   return fmt::format(
-      "search      {}; step {} ms is {} {} than the slowest-stage optimum's {} ms{}\n", simulated,
+      "search      {}; step {} ms is {} {} than the {}-stage optimum's {} ms{}\n", simulated,
       ms(plan.predicted.step_ms), percent(std::abs(gain)), gain >= 0 ? "shorter" : "longer",
-      ms(search.bottleneck_step_ms), search.bottleneck_fits ? "" : " (which does not fit)");
+      plan.objective == "memory" ? "largest" : "slowest", ms(search.bottleneck_step_ms),
+      search.bottleneck_fits ? "" : " (which does not fit)");
 }
 
 std::string predictions(const PlanView& view) {
