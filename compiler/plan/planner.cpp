@@ -949,9 +949,10 @@ PlannedModel make_plan(const PlanOptions& o) {
     st.why = why(sol, k, g, order, gp.problem, manual);
     if (k < choice.bottleneck_cuts.size() && k + 1 < p.stages.size() &&
         choice.bottleneck_cuts[k] != sol.stages[k].last)
-      st.why += fmt::format(
-          "; the slowest-stage optimum cuts after '{}', this cut simulates a shorter step",
-          g.node(order[choice.bottleneck_cuts[k]]).name);
+      st.why += fmt::format("; the solver's optimum cuts after '{}', but {}",
+                            g.node(order[choice.bottleneck_cuts[k]]).name,
+                            choice.bottleneck.fits ? "this split simulates a shorter step"
+                                                   : "that split leaves a device over its memory");
     if (st.recompute) st.why += "; recomputes its activations before the backward";
   }
   for (std::size_t i = 0; i < order.size(); ++i) {
