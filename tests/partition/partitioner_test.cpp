@@ -6,22 +6,12 @@
 
 #include "compiler/partition/partitioner.h"
 #include "runtime/format/error.h"
+#include "tests/partition/all_cuts.h"
 
 namespace stagecraft::partition {
 namespace {
 
-/// Every way to cut positions [0, n) into `stages` non-empty runs, as cut-after lists.
-void all_cuts(int n, int stages, int from, std::vector<int>& cur, std::vector<std::vector<int>>& out) {
-  if (static_cast<int>(cur.size()) == stages - 1) {
-    out.push_back(cur);
-    return;
-  }
-  for (int c = from; c < n - 1; ++c) {
-    cur.push_back(c);
-    all_cuts(n, stages, c + 1, cur, out);
-    cur.pop_back();
-  }
-}
+using testing::all_cuts;
 
 Problem random_problem(std::mt19937& rng, int n, int stages, Objective objective) {
   std::uniform_real_distribution<double> time(0.1, 5.0), bytes(0, 100), cut(0, 50);

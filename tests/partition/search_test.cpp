@@ -9,6 +9,7 @@
 #include <set>
 
 #include "runtime/format/error.h"
+#include "tests/partition/all_cuts.h"
 
 namespace stagecraft::partition {
 namespace {
@@ -48,19 +49,7 @@ struct MadeUp {
   }
 };
 
-/// Every split of n positions into `stages` runs.
-void all_cuts(int n, int stages, int from, std::vector<int>& cur,
-              std::vector<std::vector<int>>& out) {
-  if (static_cast<int>(cur.size()) == stages - 1) {
-    out.push_back(cur);
-    return;
-  }
-  for (int c = from; c < n - 1; ++c) {
-    cur.push_back(c);
-    all_cuts(n, stages, c + 1, cur, out);
-    cur.pop_back();
-  }
-}
+using testing::all_cuts;
 
 TEST_CASE("the search is never worse than a seed, scores each split once and keeps its budget") {
   std::mt19937 rng(2024);
