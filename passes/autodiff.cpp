@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "compiler/ir/ops.h"
+#include "passes/attributes.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
 
@@ -47,14 +48,6 @@ std::string node_label(const ir::Graph& graph, const ir::Node& node) {
     if (out != ir::kNoId) return node.op_type + "(" + graph.value(out).name + ")";
   }
   return node.op_type;
-}
-
-onnx::AttributeProto int_attribute(std::string_view name, int64_t value) {
-  onnx::AttributeProto a;
-  a.set_name(std::string(name));
-  a.set_type(onnx::AttributeProto::INT);
-  a.set_i(value);
-  return a;
 }
 
 void write_type(onnx::ValueInfoProto* info, const std::string& name, const ir::Value& like) {

@@ -3,27 +3,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "passes/attributes.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::passes {
 
 namespace {
-
-onnx::AttributeProto int_attr(const std::string& name, int64_t v) {
-  onnx::AttributeProto a;
-  a.set_name(name);
-  a.set_type(onnx::AttributeProto::INT);
-  a.set_i(v);
-  return a;
-}
-
-onnx::AttributeProto string_attr(const std::string& name, const std::string& v) {
-  onnx::AttributeProto a;
-  a.set_name(name);
-  a.set_type(onnx::AttributeProto::STRING);
-  a.set_s(v);
-  return a;
-}
 
 ir::ValueId new_value(ir::Graph& g, const std::string& name, DType dtype,
                       std::vector<int64_t> shape) {
@@ -48,14 +33,6 @@ ir::ValueId add(ir::Graph& g, const std::string& op, std::vector<ir::ValueId> in
   n.attributes = std::move(attrs);
   g.add_node(std::move(n));
   return output;
-}
-
-onnx::AttributeProto ints_attr(const std::string& name, const std::vector<int64_t>& v) {
-  onnx::AttributeProto a;
-  a.set_name(name);
-  a.set_type(onnx::AttributeProto::INTS);
-  for (int64_t x : v) a.add_ints(x);
-  return a;
 }
 
 // The labels input: the model's own input of that name (checked) or a new one. `loss` says
@@ -128,10 +105,10 @@ void cross_entropy(ir::Graph& g, ir::ValueId y, ir::ValueId labels, int64_t k, i
       if (a != k) perm.push_back(a);
     for (int64_t a : perm) moved.push_back(shape[a]);
     scores = add(g, "Transpose", {y}, new_value(g, "loss/scores", DType::kFloat32, moved),
-                 {ints_attr("perm", perm)});
+                 {ints_attribute("perm", perm)});
   }
   add(g, "SoftmaxCrossEntropyLoss", {scores, targets}, loss,
-      {string_attr("reduction", "mean"), int_attr("ignore_index", ignore_index)});
+      {string_attribute("reduction", "mean"), int_attribute("ignore_index", ignore_index)});
 }
 
 }  // namespace
@@ -223,7 +200,7 @@ AppendedLoss append_loss(ir::Graph& g, const LossOptions& o) {
         add(g, "Sub", {y, labels}, new_value(g, "loss/diff", DType::kFloat32, yv.shape));
     ir::ValueId sq =
         add(g, "Mul", {diff, diff}, new_value(g, "loss/squared", DType::kFloat32, yv.shape));
-    add(g, "ReduceMean", {sq}, out.value, {int_attr("keepdims", 0)});
+    add(g, "ReduceMean", {sq}, out.value, {int_attribute("keepdims", 0)});
     out.summary = fmt::format(
         "loss: mse of '{}' float32[{}] against labels '{}' float32[{}] per microbatch{}", yv.name,
         fmt::join(yv.shape, ","), o.labels, fmt::join(yv.shape, ","),
