@@ -21,7 +21,8 @@ inline onnx::AttributeProto int_attribute(std::string_view name, int64_t value) 
 }
 
 /// An INTS attribute `name` = `values`.
-inline onnx::AttributeProto ints_attribute(std::string_view name, const std::vector<int64_t>& values) {
+inline onnx::AttributeProto ints_attribute(std::string_view name,
+                                           const std::vector<int64_t>& values) {
   onnx::AttributeProto a;
   a.set_name(std::string(name));
   a.set_type(onnx::AttributeProto::INTS);
