@@ -9,6 +9,7 @@ PACKAGES=(
   libboost-graph-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev
   libdnnl-dev ocl-icd-opencl-dev   # dnnl-config.cmake looks for OpenCL (only a Recommends of libdnnl-dev)
   libonnx-testdata
+  universal-ctags   # tools/check_layout.sh: function lengths
 )
 
 missing=()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Proves tools/check_layout.sh can fail: a small tree breaking each rule once is refused with
+# one line per offence, and the same tree mended passes.
+set -euo pipefail
+checker=$1
+tree=$(mktemp -d)
+trap 'rm -rf "$tree"' EXIT
+mkdir -p "$tree/runtime/core" "$tree/compiler"
+
+# A runtime file that includes a compiler header, and a function of 151 lines.
+{
+  echo '#include "compiler/schedule/simulator.h"'
+  echo 'int long_function() {'
+  for i in $(seq 1 149); do echo "  int v$i = $i;"; done
+  echo '}'
+} >"$tree/runtime/core/bad.cpp"
+# A file of 801 lines.
+for i in $(seq 1 801); do echo "// line $i"; done >"$tree/compiler/big.h"
+
+set +e
+out=$(bash "$checker" all "$tree" 2>&1)
+rc=$?
+set -e
+echo "$out"
+[ "$rc" -eq 1 ] || { echo "FAIL: expected exit 1, got $rc"; exit 1; }
+grep -q 'compiler/big.h has 801 lines' <<<"$out" || { echo "FAIL: big file not reported"; exit 1; }
+grep -q 'long_function has 151 lines' <<<"$out" || { echo "FAIL: long function not reported"; exit 1; }
+grep -q 'runtime/core/bad.cpp:1:#include "compiler/schedule/simulator.h"' <<<"$out" ||
+  { echo "FAIL: compiler include not reported"; exit 1; }
+
+# Mended: 800 lines, 150-line function, no compiler include.
+sed -i '1d;3d' "$tree/runtime/core/bad.cpp"
+sed -i '1d' "$tree/compiler/big.h"
+bash "$checker" all "$tree"
+echo "check_layout self-test passed"

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The tree's structural rules (issue 12), checked on the sources, not the build:
+#   sizes    no source file over 800 lines, no function (lambdas included) over 150 lines;
+#   layering the runtime includes no header of the compiler, the passes, the cost models or
+#            the tools (it reads only the plan format). That the runtime library links none of
+#            their libraries is checked when CMake configures (runtime/CMakeLists.txt).
+# Usage: tools/check_layout.sh [sizes|layering|all] [ROOT]. Prints one line per offence and
+# exits 1 when there is any; exits 2 when a tool it needs is missing.
+set -euo pipefail
+
+what=${1:-all}
+root=${2:-$(cd "$(dirname "$0")/.." && pwd)}
+cd "$root"
+
+max_file_lines=800
+max_function_lines=150
+dirs=(compiler runtime passes cost_models tools tests samples bench)
+bad=0
+
+check_sizes() {
+  if ! command -v ctags >/dev/null || ! ctags --version 2>/dev/null | grep -q 'Universal Ctags'; then
+    echo "check_layout: Universal Ctags is needed for the function-length rule (Debian package universal-ctags; tools/setup.sh installs it)" >&2
+    exit 2
+  fi
+  local files
+  mapfile -t files < <(find "${dirs[@]}" -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' \
+    -o -name '*.cuh' -o -name '*.def' \) 2>/dev/null | sort)
+  local f n
+  for f in "${files[@]}"; do
+    n=$(wc -l <"$f")
+    if [ "$n" -gt "$max_file_lines" ]; then
+      echo "sizes: $f has $n lines (at most $max_file_lines)"
+      bad=1
+    fi
+  done
+  # One line per function: start, end, file, scope, name. ctags reports lambdas as functions
+  # named __anon...; their scope names the function that holds them.
+  local report
+  report=$(ctags -x --_xformat='%{line} %{end} %F %{scope} %N' --fields=+ne --c++-kinds=f \
+    --languages=C++ --langmap=C++:+.cu.cuh -o - "${files[@]}" 2>/dev/null |
+    awk -v max="$max_function_lines" '$2 ~ /^[0-9]+$/ && $2 - $1 + 1 > max {
+      if (NF < 5) name = $4
+      else name = ($5 ~ /^__anon/) ? "a lambda in " $4 : $4 "::" $5
+      gsub(/__anon[0-9a-f]+/, "(anonymous)", name)
+      printf "sizes: %s:%d: %s has %d lines (at most %d)\n", $3, $1, name, $2 - $1 + 1, max
+    }')
+  if [ -n "$report" ]; then
+    echo "$report"
+    bad=1
+  fi
+}
+
+check_layering() {
+  local hits
+  hits=$(grep -rnE '^\s*#\s*include\s*"(compiler|passes|cost_models|tools|samples)/' runtime \
+    --include='*.h' --include='*.cpp' --include='*.cu' --include='*.cuh' || true)
+  if [ -n "$hits" ]; then
+    echo "$hits" | sed 's/^/layering: the runtime reads only the plan format, but /'
+    bad=1
+  fi
+}
+
+case "$what" in
+  sizes) check_sizes ;;
+  layering) check_layering ;;
+  all)
+    check_sizes
+    check_layering
+    ;;
+  *)
+    echo "check_layout: unknown check '$what' (sizes, layering or all)" >&2
+    exit 2
+    ;;
+esac
+
+if [ "$bad" -ne 0 ]; then exit 1; fi
+echo "check_layout: $what ok"
