@@ -43,7 +43,7 @@ std::vector<DeviceSpec> make_presets() {
       // (two 8-wide AVX2 FMA units) = 160 GFLOP/s peak, of which oneDNN sustains about 100;
       // no faster 16-bit path without AMX; one DDR4-3200 channel is 25.6 GB/s, about 20
       // achievable; 16 GiB of RAM; about 2 us to dispatch a primitive.
-      {"cpu", 100e9, 100e9, 20e9, static_cast<int64_t>(16 * kGiB), 2e-6, 0.5},
+      {"cpu", 100e9, 100e9, 20e9, static_cast<int64_t>(16 * kGiB), 2e-6, 0.5, "cpu"},
   };
 }
 
@@ -85,9 +85,10 @@ void validate(const DeviceSpec& spec) {
 }
 
 DeviceSpec device_spec_from_json(const nlohmann::json& object, const std::string& source) {
-  JsonObject f = JsonValue(object, source)
-                     .object({"name", "peak_flops_fp32", "peak_flops_fp16", "memory_bandwidth",
-                              "memory_bytes", "launch_overhead_s", "efficiency"});
+  JsonObject f =
+      JsonValue(object, source)
+          .object({"name", "kind", "peak_flops_fp32", "peak_flops_fp16", "memory_bandwidth",
+                   "memory_bytes", "launch_overhead_s", "efficiency"});
   DeviceSpec spec;
   spec.name = f.nonempty_string("name");
   spec.peak_flops_fp32 = f.positive_number("peak_flops_fp32");
@@ -96,11 +97,17 @@ DeviceSpec device_spec_from_json(const nlohmann::json& object, const std::string
   spec.memory_bytes = f.positive_int64("memory_bytes");
   spec.launch_overhead_s = f.positive_number("launch_overhead_s");
   spec.efficiency = f.positive_number("efficiency", 1.0);
+  if (auto kind = f.find("kind")) {
+    spec.kind = kind->string();
+    if (spec.kind != "cpu" && spec.kind != "gpu")
+      kind->fail(fmt::format("is \"{}\"; it is \"cpu\" or \"gpu\"", spec.kind));
+  }
   return spec;
 }
 
 nlohmann::json to_json(const DeviceSpec& spec) {
   return {{"name", spec.name},
+          {"kind", spec.kind},
           {"peak_flops_fp32", spec.peak_flops_fp32},
           {"peak_flops_fp16", spec.peak_flops_fp16},
           {"memory_bandwidth", spec.memory_bandwidth},

@@ -941,9 +941,16 @@ PlannedModel make_plan(const PlanOptions& o) {
   p.optimizer = s.shape.training ? o.optimizer : std::string(cost::to_string(s.optimizer));
   p.precision = std::string(cost::to_string(s.precision));
   p.cost_model = costs.name();
-  p.device_spec = cost::to_json(s.device);
-  p.cluster = cost::to_json(s.cluster);
+  p.device = {s.device.name, s.device.kind, s.device.memory_bytes};
+  p.cluster = s.cluster;
   p.stages = std::move(chosen.stages);
+  // The stage times the simulation of the chosen split played, B and W apart.
+  const schedule::StageCosts times = stage_costs(chosen.setup, sol, facts, chosen.rc);
+  for (std::size_t k = 0; k < p.stages.size(); ++k) {
+    p.stages[k].backward_input_ms = times.backward_input_s[k] * 1e3;
+    p.stages[k].backward_weight_ms = times.backward_weight_s[k] * 1e3;
+    p.stages[k].optimizer_ms = times.optimizer_s * 1e3;
+  }
   for (std::size_t k = 0; k < p.stages.size(); ++k) {
     Stage& st = p.stages[k];
     st.why = why(sol, k, g, order, gp.problem, manual);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <set>
@@ -74,6 +76,13 @@ void match_interface(const std::vector<ValueInfo>& in_file,
   if (in_file.size() != in_plan.size())
     fail(ErrorKind::kPlan, "{} has {} {} but plan.json's {} lists {}", file, in_file.size(),
          field.substr(field.rfind('.') + 1), field, in_plan.size());
+}
+
+/// The machine's physical memory in bytes (sysconf), or the largest int64 when unknown.
+int64_t physical_memory_bytes() {
+  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(pages) * static_cast<int64_t>(page);
 }
 
 // Bytes held by one device, at the highest.
@@ -155,6 +164,12 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
   p->plan_ = plan::load_plan(plan_dir);
   const plan::Plan& plan = p->plan_;
   std::string plan_json = (fs::path(plan_dir) / "plan.json").string();
+  // Every device of the CPU backend is a set of threads of this process: its memory is the
+  // machine's.
+  plan::check_fits(
+      plan, physical_memory_bytes(),
+      fmt::format("this machine's physical memory (the {} backend's device)", backend.name()),
+      plan_json);
   if (plan.training)
     for (const plan::Stage& stage : plan.stages)
       if (stage.backward_file.empty())

@@ -3,8 +3,7 @@
 //
 // Reading is strict (runtime/format/json_reader.h): every field of plan.h is required, an
 // unknown field is refused (a misspelt one would otherwise read as a default), and each error
-// names the file and the field path ("stages[2].inputs[0].shape[1]"). The free-form `device_spec`
-// and `cluster` objects are kept as they are; cost_models owns their schema.
+// names the file and the field path ("stages[2].inputs[0].shape[1]").
 #include "runtime/format/plan.h"
 
 #include <fmt/format.h>
@@ -75,6 +74,19 @@ ordered shared_json(const std::vector<SharedWeight>& shared) {
   return list;
 }
 
+ordered device_json(const DeviceSpec& device) {
+  return {{"name", device.name}, {"kind", device.kind}, {"memory_bytes", device.memory_bytes}};
+}
+
+ordered cluster_json(const ClusterSpec& cluster) {
+  auto link = [](const LinkSpec& l) {
+    return ordered{{"bandwidth", l.bandwidth}, {"latency_s", l.latency_s}};
+  };
+  return {{"devices_per_node", cluster.devices_per_node},
+          {"intra_node", link(cluster.intra_node)},
+          {"inter_node", link(cluster.inter_node)}};
+}
+
 ordered stage_json(const Stage& stage) {
   return {{"index", stage.index},
           {"device", stage.device},
@@ -89,6 +101,9 @@ ordered stage_json(const Stage& stage) {
           {"outputs", tensors_json(stage.outputs, false)},
           {"fwd_ms", stage.fwd_ms},
           {"bwd_ms", stage.bwd_ms},
+          {"backward_input_ms", stage.backward_input_ms},
+          {"backward_weight_ms", stage.backward_weight_ms},
+          {"optimizer_ms", stage.optimizer_ms},
           {"send_ms", stage.send_ms},
           {"in_flight", stage.in_flight},
           {"recompute", stage.recompute},
@@ -181,6 +196,9 @@ Stage read_stage(const JsonValue& value) {
                                "outputs",
                                "fwd_ms",
                                "bwd_ms",
+                               "backward_input_ms",
+                               "backward_weight_ms",
+                               "optimizer_ms",
                                "send_ms",
                                "in_flight",
                                "recompute",
@@ -204,9 +222,12 @@ Stage read_stage(const JsonValue& value) {
   stage.outputs = f.array("outputs", [](const JsonValue& v) { return read_tensor(v, false); });
   stage.fwd_ms = f.number("fwd_ms");
   stage.bwd_ms = f.number("bwd_ms");
+  stage.backward_input_ms = f.number("backward_input_ms");
+  stage.backward_weight_ms = f.number("backward_weight_ms");
+  stage.optimizer_ms = f.number("optimizer_ms");
   stage.send_ms = f.number("send_ms");
   stage.in_flight = f.int64("in_flight");
-  stage.recompute = f.has("recompute") && f.boolean("recompute");
+  stage.recompute = f.boolean("recompute");
   stage.memory = read_memory(f);
   JsonObject arena = f.object("arena", {"bytes", "tensors"});
   stage.arena_bytes = arena.int64("bytes");
@@ -214,7 +235,7 @@ Stage read_stage(const JsonValue& value) {
     JsonObject t = v.object({"name", "offset", "bytes"});
     return ArenaTensor{t.string("name"), t.int64("offset"), t.int64("bytes")};
   });
-  stage.backward_arena_bytes = f.has("backward_arena_bytes") ? f.int64("backward_arena_bytes") : 0;
+  stage.backward_arena_bytes = f.int64("backward_arena_bytes");
   stage.shared_weights = f.array("shared_weights", read_shared);
   stage.shared_exchange_ms = f.number("shared_exchange_ms");
   stage.why = f.string("why");
@@ -246,7 +267,6 @@ Prediction read_prediction(const JsonObject& top, std::string_view name) {
 
 SplitSearch read_search(const JsonObject& top) {
   SplitSearch search;
-  if (!top.has("search")) return search;
   JsonObject f = top.object(
       "search", {"candidates", "bottleneck_step_ms", "bottleneck_fits", "bottleneck_split_after"});
   search.candidates = f.int64("candidates");
@@ -254,6 +274,20 @@ SplitSearch read_search(const JsonObject& top) {
   search.bottleneck_fits = f.boolean("bottleneck_fits");
   search.bottleneck_split_after = f.at("bottleneck_split_after").strings();
   return search;
+}
+
+DeviceSpec read_device(const JsonObject& top) {
+  JsonObject f = top.object("device", {"name", "kind", "memory_bytes"});
+  return {f.string("name"), f.string("kind"), f.int64("memory_bytes")};
+}
+
+ClusterSpec read_cluster(const JsonObject& top) {
+  JsonObject f = top.object("cluster", {"devices_per_node", "intra_node", "inter_node"});
+  auto link = [&](std::string_view name) {
+    JsonObject l = f.object(name, {"bandwidth", "latency_s"});
+    return LinkSpec{l.number("bandwidth"), l.number("latency_s")};
+  };
+  return {f.int32("devices_per_node"), link("intra_node"), link("inter_node")};
 }
 
 TrainingConfig read_training(const JsonObject& top) {
@@ -300,8 +334,8 @@ nlohmann::ordered_json to_json(const Plan& plan) {
           {"training_config", training_json(plan.training_config)},
           {"precision", plan.precision},
           {"cost_model", plan.cost_model},
-          {"device_spec", ordered::parse(plan.device_spec.dump())},
-          {"cluster", ordered::parse(plan.cluster.dump())},
+          {"device", device_json(plan.device)},
+          {"cluster", cluster_json(plan.cluster)},
           {"predicted", prediction_json(plan.predicted)},
           {"baseline_parameters", prediction_json(plan.baseline_parameters)},
           {"baseline_uniform", prediction_json(plan.baseline_uniform)},
@@ -320,7 +354,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
           "objective",        "schedule",        "devices",         "chunks",
           "microbatches",     "batch",           "microbatch_size", "training",
           "optimizer",        "training_config", "precision",       "cost_model",
-          "device_spec",      "cluster",         "predicted",       "baseline_parameters",
+          "device",           "cluster",         "predicted",       "baseline_parameters",
           "baseline_uniform", "search",          "stages",          "ops"});
   plan.generator = f.string("generator");
   plan.model_path = f.string("model_path");
@@ -337,8 +371,8 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.training_config = read_training(f);
   plan.precision = f.string("precision");
   plan.cost_model = f.string("cost_model");
-  plan.device_spec = f.at("device_spec").raw();
-  plan.cluster = f.at("cluster").raw();
+  plan.device = read_device(f);
+  plan.cluster = read_cluster(f);
   plan.predicted = read_prediction(f, "predicted");
   plan.baseline_parameters = read_prediction(f, "baseline_parameters");
   plan.baseline_uniform = read_prediction(f, "baseline_uniform");
@@ -350,9 +384,13 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
 
 void check_format_version(int version, const std::string& source) {
   if (version == kPlanFormatVersion) return;
-  throw Error(ErrorKind::kUnsupported,
-              fmt::format("field 'format_version' is {}; this build reads version {}", version,
-                          kPlanFormatVersion))
+  // An older plan lacks what this runtime checks (its device, the predicted timeline): the
+  // model and the flags that made it make it again.
+  throw Error(
+      ErrorKind::kUnsupported,
+      fmt::format("field 'format_version' is {}; this build reads version {}{}", version,
+                  kPlanFormatVersion,
+                  version < kPlanFormatVersion ? " (re-run stagec to write the plan again)" : ""))
       .in(source);
 }
 

@@ -21,6 +21,7 @@ namespace {
 constexpr std::array<std::string_view, 2> kObjectives = {"speed", "memory"};
 constexpr std::array<std::string_view, 5> kSchedules = {"gpipe", "1f1b", "interleaved", "zb-h1",
                                                         "inference"};
+constexpr std::array<std::string_view, 2> kDeviceKinds = {"cpu", "gpu"};
 constexpr std::array<std::string_view, 2> kPrecisions = {"fp32", "mixed"};
 constexpr std::array<std::string_view, 8> kOptimizers = {"none", "sgd",   "momentum", "nesterov",
                                                          "adam", "adamw", "adam8bit", "adagrad"};
@@ -38,6 +39,7 @@ class Validator {
 
   void run() {
     check_header();
+    check_device();
     check_stage_list();
     for (const Stage& stage : plan_.stages) check_stage(stage);
     for (const Stage& stage : plan_.stages) check_interfaces(stage);
@@ -75,6 +77,11 @@ class Validator {
     fault(field, fmt::format("is {}; it must be >= 0", value));
   }
 
+  void positive(const std::string& field, double value) const {
+    if (std::isfinite(value) && value > 0) return;
+    fault(field, fmt::format("is {}; it must be > 0", value));
+  }
+
   void at_least_one(const std::string& field, int64_t value) const {
     if (value < 1) fault(field, fmt::format("is {}; it must be >= 1", value));
   }
@@ -108,6 +115,40 @@ class Validator {
     if (plan_.training == (plan_.schedule == "inference")) {
       fault("training",
             fmt::format("is {}, but the schedule is '{}'", plan_.training, plan_.schedule));
+    }
+  }
+
+  /// The device: named, a known kind, a capacity; the cluster's numbers positive.
+  void check_device() const {
+    const DeviceSpec& device = plan_.device;
+    if (device.name.empty()) fault("device.name", "is empty");
+    check_name("device.kind", device.kind, kDeviceKinds);
+    at_least_one("device.memory_bytes", device.memory_bytes);
+    const ClusterSpec& cluster = plan_.cluster;
+    at_least_one("cluster.devices_per_node", cluster.devices_per_node);
+    for (auto [name, link] : {std::pair{"intra_node", cluster.intra_node},
+                              std::pair{"inter_node", cluster.inter_node}}) {
+      positive(fmt::format("cluster.{}.bandwidth", name), link.bandwidth);
+      non_negative(fmt::format("cluster.{}.latency_s", name), link.latency_s);
+    }
+  }
+
+  /// A training stage's B and W add up to its backward; an inference stage has neither, nor an
+  /// optimizer step.
+  void check_stage_times(const Stage& stage, const std::string& at) const {
+    non_negative(at + "backward_input_ms", stage.backward_input_ms);
+    non_negative(at + "backward_weight_ms", stage.backward_weight_ms);
+    non_negative(at + "optimizer_ms", stage.optimizer_ms);
+    double parts = stage.backward_input_ms + stage.backward_weight_ms;
+    if (std::abs(parts - stage.bwd_ms) > 1e-6 * std::max(1.0, stage.bwd_ms)) {
+      fault(at + "bwd_ms",
+            fmt::format("is {}, but backward_input_ms + backward_weight_ms is {} + "
+                        "{} = {}",
+                        stage.bwd_ms, stage.backward_input_ms, stage.backward_weight_ms, parts));
+    }
+    if (!plan_.training && stage.optimizer_ms != 0) {
+      fault(at + "optimizer_ms",
+            fmt::format("is {}, but an inference plan has no optimizer step", stage.optimizer_ms));
     }
   }
 
@@ -165,6 +206,7 @@ class Validator {
     non_negative(at + "params", static_cast<double>(stage.params));
     non_negative(at + "fwd_ms", stage.fwd_ms);
     non_negative(at + "bwd_ms", stage.bwd_ms);
+    check_stage_times(stage, at);
     non_negative(at + "send_ms", stage.send_ms);
     at_least_one(at + "in_flight", stage.in_flight);
     non_negative(at + "arena.bytes", static_cast<double>(stage.arena_bytes));
@@ -455,6 +497,20 @@ class Validator {
 }  // namespace
 
 void validate_plan(const Plan& plan, const std::string& source) { Validator(plan, source).run(); }
+
+void check_fits(const Plan& plan, int64_t capacity_bytes, std::string_view capacity_name,
+                const std::string& source) {
+  const std::vector<int64_t>& peaks = plan.predicted.device_peak_bytes;
+  for (size_t d = 0; d < peaks.size(); ++d) {
+    if (peaks[d] <= capacity_bytes) continue;
+    throw Error(ErrorKind::kPlan,
+                fmt::format("device {} is predicted to peak at {} bytes, more than the {} bytes of "
+                            "{} (the plan was made for {} with {} bytes per device)",
+                            d, peaks[d], capacity_bytes, capacity_name, plan.device.name,
+                            plan.device.memory_bytes))
+        .in(source);
+  }
+}
 
 std::vector<std::vector<int>> shared_weight_groups(const std::vector<SharedWeight>& weights) {
   std::vector<std::vector<int>> groups;

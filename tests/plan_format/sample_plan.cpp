@@ -58,8 +58,8 @@ plan::Plan sample_plan(const std::string& schedule, int devices, int chunks, int
   p.optimizer = p.training ? "adamw" : "none";
   p.precision = "fp32";
   p.cost_model = "roofline(test, fp32)";
-  p.device_spec = {{"name", "test"}};
-  p.cluster = {{"devices", devices}};
+  p.device = {"test", "gpu", 1'000'000'000};
+  p.cluster = {8, {100e9, 1e-6}, {10e9, 1e-5}};
 
   int stages = devices * chunks;
   for (int k = 0; k < stages; ++k) {
@@ -90,6 +90,8 @@ plan::Plan sample_plan(const std::string& schedule, int devices, int chunks, int
     }
     s.fwd_ms = 1;
     s.bwd_ms = p.training ? 2 : 0;
+    s.backward_input_ms = s.bwd_ms / 2;
+    s.backward_weight_ms = s.bwd_ms / 2;
     s.in_flight = std::min(stages - k, microbatches);
     s.memory = {4000 * (k + 1),
                 p.training ? 4000 * (k + 1) : 0,

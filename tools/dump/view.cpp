@@ -38,8 +38,9 @@ schedule::StageCosts stage_costs(const plan::Plan& plan) {
   for (const plan::Stage& stage : plan.stages) {
     costs.forward_s.push_back(stage.fwd_ms / 1e3);
     if (plan.training) {
-      costs.backward_input_s.push_back(stage.bwd_ms / 2e3);
-      costs.backward_weight_s.push_back(stage.bwd_ms / 2e3);
+      costs.backward_input_s.push_back(stage.backward_input_ms / 1e3);
+      costs.backward_weight_s.push_back(stage.backward_weight_ms / 1e3);
+      costs.optimizer_s = std::max(costs.optimizer_s, stage.optimizer_ms / 1e3);
     }
     costs.send_s.push_back(stage.send_ms / 1e3);
     costs.shared_allreduce_s.push_back(stage.shared_exchange_ms / 1e3);
