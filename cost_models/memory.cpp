@@ -85,19 +85,10 @@ int64_t microbatches_in_flight(ScheduleKind schedule, int stages, int stage_inde
   return m;
 }
 
-int64_t MemoryAnatomy::total() const {
-  int64_t sum = 0;
-  for (int64_t part : {weights, gradients, optimizer, activations, temporary, communication}) {
-    sum = checked_add(sum, part);
-  }
-  return sum;
-}
-
-MemoryAnatomy stage_memory(int64_t params, int64_t activation_bytes_per_microbatch,
-                           int64_t temporary_peak_bytes, int64_t comm_buffer_bytes,
-                           int64_t in_flight, OptimizerKind optimizer, Precision precision,
-                           bool training, bool recompute,
-                           int64_t stage_input_bytes_per_microbatch) {
+MemoryBytes stage_memory(int64_t params, int64_t activation_bytes_per_microbatch,
+                         int64_t temporary_peak_bytes, int64_t comm_buffer_bytes, int64_t in_flight,
+                         OptimizerKind optimizer, Precision precision, bool training,
+                         bool recompute, int64_t stage_input_bytes_per_microbatch) {
   if (params < 0 || activation_bytes_per_microbatch < 0 || temporary_peak_bytes < 0 ||
       comm_buffer_bytes < 0 || in_flight < 0 || stage_input_bytes_per_microbatch < 0) {
     fail(ErrorKind::kInternal,
@@ -106,7 +97,7 @@ MemoryAnatomy stage_memory(int64_t params, int64_t activation_bytes_per_microbat
          params, activation_bytes_per_microbatch, temporary_peak_bytes, comm_buffer_bytes,
          in_flight, stage_input_bytes_per_microbatch);
   }
-  MemoryAnatomy anatomy;
+  MemoryBytes anatomy;
   anatomy.weights = bytes_for(params, weight_bytes_per_param(precision, training));
   if (training) {
     anatomy.gradients = bytes_for(params, gradient_bytes_per_param(precision));
@@ -124,7 +115,7 @@ MemoryAnatomy stage_memory(int64_t params, int64_t activation_bytes_per_microbat
   return anatomy;
 }
 
-std::string describe(const MemoryAnatomy& anatomy, int64_t in_flight) {
+std::string describe(const MemoryBytes& anatomy, int64_t in_flight) {
   const int64_t total = anatomy.total();
   if (total == 0) return "0 B";
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};

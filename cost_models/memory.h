@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "runtime/format/plan.h"
 #include "runtime/format/vocabulary.h"
 
 namespace stagecraft::cost {
@@ -41,17 +42,9 @@ double gradient_bytes_per_param(Precision precision);
 int64_t microbatches_in_flight(ScheduleKind schedule, int stages, int stage_index, int microbatches,
                                int chunks);
 
-/// Bytes one stage holds at its peak, by what holds them.
-struct MemoryAnatomy {
-  int64_t weights = 0;
-  int64_t gradients = 0;
-  int64_t optimizer = 0;
-  int64_t activations = 0;    ///< Kept for backward across the microbatches in flight.
-  int64_t temporary = 0;      ///< Peak of short-lived buffers and workspace.
-  int64_t communication = 0;  ///< Send and receive buffers.
-
-  int64_t total() const;
-};
+/// A stage's memory anatomy is the plan format's type: what the cost model computes is what the
+/// plan records.
+using plan::MemoryBytes;
 
 /// The anatomy of a stage with `params` parameters.
 /// - Weights, gradients and optimizer states follow the per-parameter functions above;
@@ -63,14 +56,14 @@ struct MemoryAnatomy {
 /// - Temporary and communication bytes are taken as given.
 /// Throws `Error(kInternal)` on a negative argument and `Error(kPlan)` when the total does not
 /// fit in int64.
-MemoryAnatomy stage_memory(int64_t params, int64_t activation_bytes_per_microbatch,
-                           int64_t temporary_peak_bytes, int64_t comm_buffer_bytes,
-                           int64_t in_flight, OptimizerKind optimizer, Precision precision,
-                           bool training, bool recompute, int64_t stage_input_bytes_per_microbatch);
+MemoryBytes stage_memory(int64_t params, int64_t activation_bytes_per_microbatch,
+                         int64_t temporary_peak_bytes, int64_t comm_buffer_bytes, int64_t in_flight,
+                         OptimizerKind optimizer, Precision precision, bool training,
+                         bool recompute, int64_t stage_input_bytes_per_microbatch);
 
 /// One line for plans and memory errors, in the unit of the total and with the parts that are
 /// not zero: "41.2 GiB: weights 12.0, gradients 6.0, optimizer 24.0, activations 5.2 for 4
 /// microbatches in flight".
-std::string describe(const MemoryAnatomy& anatomy, int64_t in_flight);
+std::string describe(const MemoryBytes& anatomy, int64_t in_flight);
 
 }  // namespace stagecraft::cost

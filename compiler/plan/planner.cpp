@@ -301,8 +301,10 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
 
 Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
                    const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                   int64_t batch, const Recompute& rc = {}) {
+                   int64_t batch, const Recompute& rc = {},
+                   std::vector<schedule::TimelineEvent>* timeline = nullptr) {
   auto sim = schedule::simulate(sched, s.shape, stage_costs(s, sol, f, rc));
+  if (timeline) *timeline = std::move(sim.events);
   Prediction p;
   p.step_ms = sim.step_s * 1e3;
   p.bubble_fraction = sim.bubble_fraction;
@@ -524,8 +526,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   auto anatomy =
       cost::stage_memory(out.params, acts, temporary, comm, out.in_flight, s.optimizer, s.precision,
                          s.shape.training, out.recompute, out.recompute ? input_bytes : 0);
-  out.memory = MemoryBytes{anatomy.weights,     anatomy.gradients, anatomy.optimizer,
-                           anatomy.activations, anatomy.temporary, anatomy.communication};
+  out.memory = anatomy;
   return out;
 }
 
@@ -592,6 +593,7 @@ struct Candidate {
   std::vector<Stage> stages;
   Recompute rc;
   Prediction predicted;  ///< `fits`: every device within its memory.
+  std::vector<schedule::TimelineEvent> timeline;  ///< What the simulation of `predicted` played.
   std::vector<DeviceMemory> devices;
   int worst_device = 0;       ///< The device with the least room (or the most over).
   double overflow_bytes = 0;  ///< Bytes over capacity, summed over devices.
@@ -673,7 +675,7 @@ class SplitEvaluator {
       c.stages.push_back(std::move(on[k] ? with[k] : plain[k]));
     c.devices = device_memory(c.stages, c.schedule, c.setup.shape);
     for (std::size_t k = 0; k < stages; ++k) note_stage(c.rc, c.stages[k], bwd[k]);
-    c.predicted = predict(c.setup, c.schedule, c.sol, f_, g_, order_, batch_, c.rc);
+    c.predicted = predict(c.setup, c.schedule, c.sol, f_, g_, order_, batch_, c.rc, &c.timeline);
     add_working_memory(c.predicted, c.stages, c.setup.shape.devices);
     double least_room = std::numeric_limits<double>::infinity();
     for (const DeviceMemory& d : c.devices) {
@@ -965,6 +967,7 @@ PlannedModel make_plan(const PlanOptions& o) {
                              facts.flops[i], param_bytes, facts.output_bytes[i]});
   }
   p.predicted = chosen.predicted;
+  p.timeline = std::move(chosen.timeline);
   p.baseline_parameters = choice.baseline_parameters;
   p.baseline_uniform = choice.baseline_uniform;
   p.search.candidates = choice.candidates;

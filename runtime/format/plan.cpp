@@ -87,6 +87,19 @@ ordered cluster_json(const ClusterSpec& cluster) {
           {"inter_node", link(cluster.inter_node)}};
 }
 
+ordered timeline_json(const std::vector<schedule::TimelineEvent>& events) {
+  ordered list = ordered::array();
+  for (const schedule::TimelineEvent& e : events) {
+    list.push_back({{"device", e.device},
+                    {"op", schedule::to_string(e.op)},
+                    {"stage", e.stage},
+                    {"microbatch", e.microbatch},
+                    {"start_ms", e.start_s * 1e3},
+                    {"end_ms", e.end_s * 1e3}});
+  }
+  return list;
+}
+
 ordered stage_json(const Stage& stage) {
   return {{"index", stage.index},
           {"device", stage.device},
@@ -276,6 +289,21 @@ SplitSearch read_search(const JsonObject& top) {
   return search;
 }
 
+schedule::TimelineEvent read_event(const JsonValue& value) {
+  JsonObject f = value.object({"device", "op", "stage", "microbatch", "start_ms", "end_ms"});
+  JsonValue op = f.at("op");
+  const std::string name = op.string();
+  schedule::Op parsed{};
+  try {
+    parsed = schedule::parse_op(name);
+  } catch (const Error&) {
+    op.fail(fmt::format("is '{}', not a schedule op", name));
+  }
+  return {f.int32("device"),          parsed,
+          f.int32("stage"),           f.int32("microbatch"),
+          f.number("start_ms") / 1e3, f.number("end_ms") / 1e3};
+}
+
 DeviceSpec read_device(const JsonObject& top) {
   JsonObject f = top.object("device", {"name", "kind", "memory_bytes"});
   return {f.string("name"), f.string("kind"), f.int64("memory_bytes")};
@@ -313,6 +341,16 @@ TrainingConfig read_training(const JsonObject& top) {
 
 }  // namespace
 
+int64_t MemoryBytes::total() const {
+  int64_t sum = 0;
+  for (int64_t part : {weights, gradients, optimizer, activations, temporary, communication}) {
+    if (__builtin_add_overflow(sum, part, &sum)) {
+      fail(ErrorKind::kPlan, "memory total overflows int64");
+    }
+  }
+  return sum;
+}
+
 nlohmann::ordered_json to_json(const Plan& plan) {
   ordered stages = ordered::array();
   for (const Stage& stage : plan.stages) stages.push_back(stage_json(stage));
@@ -341,7 +379,8 @@ nlohmann::ordered_json to_json(const Plan& plan) {
           {"baseline_uniform", prediction_json(plan.baseline_uniform)},
           {"search", search_json(plan.search)},
           {"stages", std::move(stages)},
-          {"ops", std::move(ops)}};
+          {"ops", std::move(ops)},
+          {"timeline", timeline_json(plan.timeline)}};
 }
 
 Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
@@ -355,7 +394,8 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
           "microbatches",     "batch",           "microbatch_size", "training",
           "optimizer",        "training_config", "precision",       "cost_model",
           "device",           "cluster",         "predicted",       "baseline_parameters",
-          "baseline_uniform", "search",          "stages",          "ops"});
+          "baseline_uniform", "search",          "stages",          "ops",
+          "timeline"});
   plan.generator = f.string("generator");
   plan.model_path = f.string("model_path");
   plan.model_hash = f.string("model_hash");
@@ -379,6 +419,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.search = read_search(f);
   plan.stages = f.array("stages", read_stage);
   plan.ops = f.array("ops", read_op);
+  plan.timeline = f.array("timeline", read_event);
   return plan;
 }
 

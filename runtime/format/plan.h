@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/format/schedule.h"
+
 namespace stagecraft::plan {
 
 /// Bumped whenever a reader of an older plan would misread a newer one. Version 3: every stage
@@ -58,10 +60,18 @@ struct SharedWeight {
   std::vector<int> stages;     ///< Every holder, ascending, at least two; this stage among them.
 };
 
-/// Memory anatomy in bytes.
+/// Bytes one stage holds at its peak, by what holds them: the cost model's memory anatomy
+/// (cost_models/memory.h computes it) and plan.json's `memory`.
 struct MemoryBytes {
-  int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0, temporary = 0, communication = 0;
-  int64_t total() const { return weights + gradients + optimizer + activations + temporary + communication; }
+  int64_t weights = 0;
+  int64_t gradients = 0;
+  int64_t optimizer = 0;
+  int64_t activations = 0;    ///< Kept for backward across the microbatches in flight.
+  int64_t temporary = 0;      ///< Peak of short-lived buffers and workspace.
+  int64_t communication = 0;  ///< Send and receive buffers.
+
+  /// The sum; throws `Error(kPlan)` when it does not fit in int64.
+  int64_t total() const;
 };
 
 /// The device a plan was made for: what the runtime checks the machine that runs it against.
@@ -203,6 +213,10 @@ struct Plan {
   Prediction baseline_parameters; ///< DeepSpeed's 'parameters' method: balance parameter counts.
   Prediction baseline_uniform;    ///< DeepSpeed's 'uniform' method: balance op counts.
   SplitSearch search;
+  /// What the planner's simulation of `predicted` played, every instruction of every device
+  /// (per device in list order): stagedump draws it and stagerun sets its measured run beside
+  /// it. plan.json writes the times in milliseconds ("start_ms", "end_ms").
+  std::vector<schedule::TimelineEvent> timeline;
 };
 
 nlohmann::ordered_json to_json(const Plan& plan);

@@ -49,6 +49,7 @@ class Validator {
     check_prediction(plan_.baseline_parameters, "baseline_parameters");
     check_prediction(plan_.baseline_uniform, "baseline_uniform");
     check_search();
+    check_timeline();
   }
 
  private:
@@ -485,6 +486,39 @@ class Validator {
         fault(fmt::format("search.bottleneck_split_after[{}]", c),
               fmt::format("is '{}', a node no stage lists", search.bottleneck_split_after[c]));
       }
+    }
+  }
+
+  /// Every event on a device and stage of the plan, in time order within itself, and the last
+  /// one ending when the predicted step does.
+  void check_timeline() const {
+    if (plan_.timeline.empty()) fault("timeline", "is empty; it lists the predicted step");
+    const int stages = static_cast<int>(plan_.stages.size());
+    double last_end = 0;
+    for (size_t i = 0; i < plan_.timeline.size(); ++i) {
+      const schedule::TimelineEvent& e = plan_.timeline[i];
+      std::string at = fmt::format("timeline[{}].", i);
+      if (e.device < 0 || e.device >= plan_.devices) {
+        fault(at + "device", fmt::format("is {}, but the plan has {} (0..{})", e.device,
+                                         count(plan_.devices, "device"), plan_.devices - 1));
+      }
+      if (e.stage < 0 || e.stage >= stages || e.stage % plan_.devices != e.device) {
+        fault(at + "stage", fmt::format("is {}, not a stage of device {}", e.stage, e.device));
+      }
+      if (e.microbatch < -1 || e.microbatch >= plan_.microbatches) {
+        fault(at + "microbatch",
+              fmt::format("is {}; it lies in -1..{}", e.microbatch, plan_.microbatches - 1));
+      }
+      non_negative(at + "start_ms", e.start_s);
+      if (!(e.end_s >= e.start_s)) {
+        fault(at + "end_ms",
+              fmt::format("is {}, before its start_ms {}", e.end_s * 1e3, e.start_s * 1e3));
+      }
+      last_end = std::max(last_end, e.end_s * 1e3);
+    }
+    const double step = plan_.predicted.step_ms;
+    if (std::abs(last_end - step) > 1e-6 * std::max(1.0, step)) {
+      fault("timeline", fmt::format("ends at {} ms, but predicted.step_ms is {}", last_end, step));
     }
   }
 

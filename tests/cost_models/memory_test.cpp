@@ -114,7 +114,7 @@ TEST_CASE("bad pipeline shapes are usage errors") {
 }
 
 TEST_CASE("describe prints the total and the parts in one unit") {
-  MemoryAnatomy m;
+  MemoryBytes m;
   m.weights = 12 * kGiB;
   m.gradients = 6 * kGiB;
   m.optimizer = 24 * kGiB;
@@ -122,14 +122,14 @@ TEST_CASE("describe prints the total and the parts in one unit") {
   CHECK(describe(m, 4) ==
         "47.2 GiB: weights 12.0, gradients 6.0, optimizer 24.0, activations 5.2 for 4 microbatches "
         "in flight");
-  MemoryAnatomy small;
+  MemoryBytes small;
   small.weights = int64_t{512} * 1024;
   small.activations = 1024;
   small.temporary = 512;
   CHECK(describe(small, 1) ==
         "513.5 KiB: weights 512.0, activations 1.0 for 1 microbatch in flight, temporary 0.5");
-  CHECK(describe(MemoryAnatomy{}, 1) == "0 B");
-  MemoryAnatomy tiny;
+  CHECK(describe(MemoryBytes{}, 1) == "0 B");
+  MemoryBytes tiny;
   tiny.communication = 100;
   CHECK(describe(tiny, 1) == "100 B: communication 100");
 }
