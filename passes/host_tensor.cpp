@@ -320,14 +320,6 @@ std::string HostTensor::to_bytes() const {
   return out;
 }
 
-bool host_evaluable(std::string_view op) {
-  static constexpr std::string_view kOps[] = {
-      "Shape", "ConstantOfShape", "Range", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice",
-      "Cast",  "Add",             "Sub",   "Mul",    "Div",       "Equal",   "Where",  "Reshape",
-      "Expand", "Identity", "Trilu"};
-  return std::find(std::begin(kOps), std::end(kOps), op) != std::end(kOps);
-}
-
 std::optional<std::vector<HostTensor>> evaluate_on_host(
     const ir::Node& node, const std::vector<std::optional<HostTensor>>& in,
     const std::vector<int64_t>& shape_input, int64_t opset) {

@@ -34,15 +34,13 @@ struct HostTensor {
 /// True when `dtype` is one the evaluator handles (float32/64, int32/64, bool).
 bool host_dtype(DType dtype);
 
-/// Evaluates `node` on constant inputs (kNoId inputs are passed as nullopt). Shape nodes get
+/// Evaluates `node`, an op ops.def marks kHostFolds, on constant inputs (kNoId inputs are passed
+/// as nullopt). Shape nodes get
 /// the input's shape through `shape_input`. Returns nullopt when the op is not one the host
 /// evaluator knows, or the attributes are outside what it handles; throws `Error(kModel)` for
 /// inputs that make no sense (an index out of range, shapes that do not broadcast).
 std::optional<std::vector<HostTensor>> evaluate_on_host(
     const ir::Node& node, const std::vector<std::optional<HostTensor>>& inputs,
     const std::vector<int64_t>& shape_input, int64_t opset);
-
-/// True for the op types `evaluate_on_host` knows.
-bool host_evaluable(std::string_view op_type);
 
 }  // namespace stagecraft::passes

@@ -11,6 +11,7 @@
 
 #include "runtime/exec/device_worker.h"
 #include "runtime/format/error.h"
+#include "runtime/format/json_reader.h"
 
 namespace stagecraft::rt {
 
@@ -49,16 +50,6 @@ void match_interface(const std::vector<ValueInfo>& in_file,
   if (in_file.size() != in_plan.size())
     fail(ErrorKind::kPlan, "{} has {} {} but plan.json's {} lists {}", file, in_file.size(),
          field.substr(field.rfind('.') + 1), field, in_plan.size());
-}
-
-nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail(ErrorKind::kIo, "{}: cannot open", path);
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail(ErrorKind::kFormat, "{}: not valid JSON ({})", path, e.what());
-  }
 }
 
 }  // namespace

@@ -7,10 +7,10 @@
 ///   PLAN_DIR/schedule.json  per-device instruction streams (compiler/schedule to_json)
 ///   PLAN_DIR/stage_K.onnx   stage K's forward graph with its weights (a valid ONNX model)
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace stagecraft::plan {
@@ -18,6 +18,9 @@ namespace stagecraft::plan {
 /// Bumped whenever a reader of an older plan would misread a newer one. Version 3: every stage
 /// lists its shared weights (`shared_weights`, `shared_exchange_ms`).
 inline constexpr int kPlanFormatVersion = 3;
+
+/// What a recorded file hash starts with: "fnv1a64:<16 hex digits>".
+inline constexpr std::string_view kHashPrefix = "fnv1a64:";
 
 /// A tensor at a stage boundary. For a stage input, `peer_stage` is the stage that produces it
 /// (-1: a graph input, fed by the user); for an output, `peer_stages` are the stages that read
@@ -179,6 +182,10 @@ nlohmann::ordered_json to_json(const Plan& plan);
 /// 'stages[2].device' is missing") for anything missing or of the wrong type, and
 /// `Error(kUnsupported)` for another format version.
 Plan plan_from_json(const nlohmann::json& json, const std::string& source);
+
+/// Throws `Error(kUnsupported)` naming `source` and both versions unless `version` is
+/// `kPlanFormatVersion`.
+void check_format_version(int version, const std::string& source);
 
 /// Checks every cross reference of a plan: stage indices dense and in order, devices in
 /// range, each stage input's producer stage exists, lists it as an output with the same

@@ -73,23 +73,23 @@ TEST_CASE("plan_from_json names a missing or mistyped field") {
   refused(missing, "plan.json: field 'stages[1].device' is missing");
   nlohmann::json mistyped = json;
   mistyped["stages"][1]["device"] = "one";
-  refused(mistyped, "plan.json: field 'stages[1].device' is not an integer (it is \"one\")");
+  refused(mistyped, "plan.json: field 'stages[1].device' must be a number, not string");
   nlohmann::json fractional = json;
   fractional["devices"] = 2.5;
-  refused(fractional, "field 'devices' is not an integer");
+  refused(fractional, "field 'devices' must be a whole number that fits in int32, not 2.5");
   nlohmann::json shape = json;
   shape["stages"][1]["inputs"][0]["shape"][1] = "16";
-  refused(shape, "field 'stages[1].inputs[0].shape[1]' is not an integer");
+  refused(shape, "field 'stages[1].inputs[0].shape[1]' must be a number, not string");
   nlohmann::json unknown = json;
   unknown["stages"][0]["memory"]["weigths"] = 1;
-  refused(unknown, "field 'stages[0].memory.weigths' is not a field of the plan format");
+  refused(unknown, "unknown field 'stages[0].memory.weigths'; expected: weights, gradients, ");
   nlohmann::json total = json;
   total["stages"][0]["memory"]["total"] = 1;
   refused(total, "field 'stages[0].memory.total' is 1, but the parts add up to");
   nlohmann::json not_bool = json;
   not_bool["training"] = 1;
-  refused(not_bool, "field 'training' is not a boolean");
-  refused(nlohmann::json::array(), "plan.json: is not a JSON object");
+  refused(not_bool, "field 'training' must be a boolean, not number");
+  refused(nlohmann::json::array(), "plan.json: the file must be a JSON object, not array");
 }
 
 TEST_CASE("another format version is unsupported and names both versions") {

@@ -4,34 +4,14 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "runtime/format/error.h"
+#include "runtime/format/json_reader.h"
 
 namespace stagecraft::dump {
-namespace {
-
 namespace fs = std::filesystem;
-
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw Error(ErrorKind::kIo, fmt::format("cannot open ({})", std::strerror(errno))).in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    return nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(ErrorKind::kFormat, fmt::format("not valid JSON: {}", e.what())).in(path);
-  }
-}
-
-}  // namespace
 
 PlanView load_view(const std::string& plan_dir) {
   PlanView view;
@@ -42,7 +22,7 @@ PlanView load_view(const std::string& plan_dir) {
   view.shape.shared_groups = plan::shared_weight_groups(plan);
 
   std::string path = (fs::path(plan_dir) / "schedule.json").string();
-  nlohmann::json body = read_json(path);
+  nlohmann::json body = read_json_file(path);
   // schedule_from_json names "schedule.json" itself; the plan directory goes in front.
   view.schedule = with_context(plan_dir, ErrorKind::kFormat,
                                [&] { return schedule::schedule_from_json(body); });
