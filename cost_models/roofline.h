@@ -37,7 +37,7 @@
 
 #include "compiler/ir/graph.h"
 #include "cost_models/device_spec.h"
-#include "cost_models/precision.h"
+#include "runtime/format/vocabulary.h"
 
 namespace stagecraft::cost {
 

@@ -11,6 +11,7 @@
 #include "compiler/partition/search.h"
 #include "compiler/plan/device_memory.h"
 #include "compiler/plan/stage_files.h"
+#include "compiler/schedule/build_schedule.h"
 #include "compiler/schedule/simulator.h"
 #include "cost_models/cluster.h"
 #include "cost_models/device_spec.h"
@@ -26,11 +27,10 @@ namespace {
 
 /// Everything the planner derives from the options once.
 struct Setup {
-  schedule::ScheduleKind kind;
-  cost::Schedule memory_schedule;
+  ScheduleKind kind;
   schedule::PipelineShape shape;
-  cost::Optimizer optimizer;
-  cost::Precision precision;
+  OptimizerKind optimizer;
+  Precision precision;
   cost::DeviceSpec device;
   cost::ClusterSpec cluster;
   int64_t microbatch_size = 1;
@@ -57,20 +57,19 @@ Setup make_setup(const PlanOptions& o) {
     fail(ErrorKind::kUsage, "--objective '{}' is not one of: speed, memory", o.objective);
   }
   std::string sched = o.schedule.empty() ? (o.training ? "1f1b" : "inference") : o.schedule;
-  s.kind = schedule::parse_schedule(sched);
-  s.memory_schedule = cost::parse_schedule(sched);
-  if (o.training && s.kind == schedule::ScheduleKind::kInference) {
+  s.kind = parse_schedule(sched);
+  if (o.training && s.kind == ScheduleKind::kInference) {
     fail(
         ErrorKind::kUsage,
         "--schedule inference runs forward only; training needs gpipe, 1f1b, interleaved or zb-h1");
   }
-  if (!o.training && s.kind != schedule::ScheduleKind::kInference) {
+  if (!o.training && s.kind != ScheduleKind::kInference) {
     fail(ErrorKind::kUsage,
          "--schedule {} is a training schedule; add --train, or use --schedule inference", sched);
   }
-  int chunks = o.chunks > 0 ? o.chunks : (s.kind == schedule::ScheduleKind::kInterleaved ? 2 : 1);
+  int chunks = o.chunks > 0 ? o.chunks : (s.kind == ScheduleKind::kInterleaved ? 2 : 1);
   if (o.chunks < 0) fail(ErrorKind::kUsage, "--chunks {} must be at least 1", o.chunks);
-  if (chunks != 1 && s.kind != schedule::ScheduleKind::kInterleaved) {
+  if (chunks != 1 && s.kind != ScheduleKind::kInterleaved) {
     fail(ErrorKind::kUsage, "--chunks {} needs --schedule interleaved", chunks);
   }
   int m = o.microbatches > 0 ? o.microbatches : o.devices;
@@ -87,13 +86,8 @@ Setup make_setup(const PlanOptions& o) {
     }
     s.microbatch_size = *o.batch / m;
   }
-  // Memory per parameter: nesterov keeps what momentum keeps, adagrad one sum like momentum.
-  s.optimizer = o.training
-                    ? cost::parse_optimizer(o.optimizer == "nesterov" || o.optimizer == "adagrad"
-                                                ? std::string("momentum")
-                                                : o.optimizer)
-                    : cost::Optimizer::kNone;
-  s.precision = cost::parse_precision(o.precision);
+  s.optimizer = o.training ? parse_optimizer(o.optimizer) : OptimizerKind::kNone;
+  s.precision = parse_precision(o.precision);
   if (o.recompute != "none" && o.recompute != "all" && o.recompute != "auto") {
     fail(ErrorKind::kUsage, "--recompute '{}' is not one of: none, all, auto", o.recompute);
   }
@@ -113,9 +107,9 @@ Setup make_setup(const PlanOptions& o) {
 }
 
 NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                     const cost::OpCostModel& costs, cost::Precision precision) {
+                     const cost::OpCostModel& costs, Precision precision) {
   // Mixed precision keeps activations in 16 bits whatever dtype the exporter wrote.
-  const int64_t float_bytes_divisor = precision == cost::Precision::kMixed ? 2 : 1;
+  const int64_t float_bytes_divisor = precision == Precision::kMixed ? 2 : 1;
   NodeFacts f;
   std::vector<bool> counted(g.num_values(), false);
   for (ir::NodeId id : order) {
@@ -188,8 +182,7 @@ partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::
   auto gp = partition::make_graph_problem(g, order, std::move(costs));
   auto& p = gp.problem;
   p.stages = schedule::stage_count(s.shape);
-  p.objective =
-      o.objective == "memory" ? partition::Objective::kMemory : partition::Objective::kSpeed;
+  p.objective = o.objective == "memory" ? Objective::kMemory : Objective::kSpeed;
   const int devices = s.shape.devices;
   const cost::ClusterSpec cluster = s.cluster;
   // A stage sends activations forward and, in training, receives as many gradient bytes back.
@@ -288,7 +281,7 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     c.forward_s.push_back(fwd);
     // Recomputation re-runs the forward just before the backward (B, which comes first); ZB-H1
     // runs W apart from B, and re-runs it before W too (one microbatch's values at a time).
-    const bool split = s.kind == schedule::ScheduleKind::kZBH1;
+    const bool split = s.kind == ScheduleKind::kZBH1;
     c.backward_input_s.push_back(s.shape.training ? b + (recompute ? fwd : 0.0) : 0.0);
     c.backward_weight_s.push_back(s.shape.training ? w + (recompute && split ? fwd : 0.0) : 0.0);
     c.send_s.push_back(s.shape.training ? st.send_s / 2 : st.send_s);
@@ -335,7 +328,7 @@ std::string why(const partition::Solution& sol, std::size_t k, const ir::Graph& 
              : fmt::format("cut after '{}'", g.node(order[st.last]).name);
   double cap = problem.capacity_bytes(static_cast<int>(k));
   std::string bound =
-      problem.objective == partition::Objective::kSpeed
+      problem.objective == Objective::kSpeed
           ? fmt::format("stage time {:.3f} ms against a bottleneck of {:.3f} ms", st.time_s * 1e3,
                         sol.bottleneck_s * 1e3)
           : fmt::format("stage memory {} against a largest stage of {}",
@@ -526,7 +519,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   if (out.recompute) {
     temporary = std::max(temporary, out.arena_bytes);
     // ZB-H1 runs B and W apart and re-runs the forward before each.
-    out.bwd_ms += (s.kind == schedule::ScheduleKind::kZBH1 ? 2 : 1) * out.fwd_ms;
+    out.bwd_ms += (s.kind == ScheduleKind::kZBH1 ? 2 : 1) * out.fwd_ms;
   }
   auto anatomy =
       cost::stage_memory(out.params, acts, temporary, comm, out.in_flight, s.optimizer, s.precision,
@@ -931,15 +924,15 @@ PlannedModel make_plan(const PlanOptions& o) {
   p.model_path = o.model_path;
   p.model_hash = file_hash(o.model_path);
   p.objective = o.objective;
-  p.schedule = schedule::to_string(s.kind);
+  p.schedule = std::string(to_string(s.kind));
   p.devices = s.shape.devices;
   p.chunks = s.shape.chunks;
   p.microbatches = s.shape.microbatches;
   p.microbatch_size = s.microbatch_size;
   p.batch = s.microbatch_size * s.shape.microbatches;
   p.training = s.shape.training;
-  p.optimizer = s.shape.training ? o.optimizer : std::string(cost::to_string(s.optimizer));
-  p.precision = std::string(cost::to_string(s.precision));
+  p.optimizer = std::string(to_string(s.optimizer));
+  p.precision = std::string(to_string(s.precision));
   p.cost_model = costs.name();
   p.device_spec = cost::to_json(s.device);
   p.cluster = cost::to_json(s.cluster);

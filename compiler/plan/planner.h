@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "compiler/import.h"
-#include "passes/loss.h"
-#include "compiler/schedule/instruction.h"
 #include "cost_models/roofline.h"
+#include "passes/loss.h"
 #include "runtime/format/plan.h"
+#include "runtime/format/schedule.h"
 
 namespace stagecraft::plan {
 

@@ -1,11 +1,12 @@
 // The five schedule builders. Each writes one device's program from the order of its compute
 // ops; `ProgramWriter` adds the receives before and the sends after each of them, so the
 // builders read like the schedules' published pseudo-code.
+#include "compiler/schedule/build_schedule.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "compiler/schedule/instruction.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::schedule {
@@ -158,7 +159,7 @@ std::vector<Instruction> inference(const PipelineShape& shape, int device) {
 
 /// Refuses a shape `kind` cannot serve, with the numbers.
 void check_shape(ScheduleKind kind, const PipelineShape& shape) {
-  std::string name = to_string(kind);
+  std::string name(to_string(kind));
   auto at_least_one = [](int value, const char* what) {
     if (value < 1) fail(ErrorKind::kUsage, "pipeline needs at least 1 {}, not {}", what, value);
   };

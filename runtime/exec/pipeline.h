@@ -10,13 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "compiler/schedule/instruction.h"
-#include "compiler/schedule/simulator.h"
 #include "runtime/core/backend.h"
 #include "runtime/core/program.h"
 #include "runtime/core/tensor.h"
 #include "runtime/exec/transport.h"
 #include "runtime/format/plan.h"
+#include "runtime/format/schedule.h"
 #include "runtime/optim/optimizer.h"
 
 namespace stagecraft::rt {

@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "runtime/format/error.h"
+#include "runtime/format/vocabulary.h"
 
 namespace stagecraft::rt::optim {
 
@@ -169,29 +171,47 @@ class Adagrad final : public Optimizer {
 
 }  // namespace
 
+namespace {
+
+/// The optimizers the runtime implements (of the plan's vocabulary: not "none" nor "adam8bit").
+constexpr OptimizerKind kRuntimeKinds[] = {OptimizerKind::kSgd,      OptimizerKind::kMomentum,
+                                           OptimizerKind::kNesterov, OptimizerKind::kAdam,
+                                           OptimizerKind::kAdamW,    OptimizerKind::kAdagrad};
+
+}  // namespace
+
 const std::vector<std::string_view>& optimizer_kinds() {
-  static const std::vector<std::string_view> kinds = {"sgd",  "momentum", "nesterov",
-                                                      "adam", "adamw",    "adagrad"};
+  static const std::vector<std::string_view> kinds = [] {
+    std::vector<std::string_view> names;
+    for (OptimizerKind kind : kRuntimeKinds) names.push_back(to_string(kind));
+    return names;
+  }();
   return kinds;
 }
 
 std::unique_ptr<Optimizer> Optimizer::make(const OptimizerConfig& c) {
   check_range(c.lr >= 0, "learning rate", c.lr, ">= 0");
   check_range(c.weight_decay >= 0, "weight decay", c.weight_decay, ">= 0");
-  if (c.kind == "sgd") return std::unique_ptr<Optimizer>(new Sgd(c));
-  if (c.kind == "momentum" || c.kind == "nesterov") {
-    check_range(c.momentum >= 0, "momentum", c.momentum, ">= 0");
-    return std::unique_ptr<Optimizer>(new Momentum(c, c.kind == "nesterov"));
-  }
-  if (c.kind == "adam" || c.kind == "adamw") {
-    check_range(c.beta1 >= 0 && c.beta1 < 1, "beta1", c.beta1, "in [0, 1)");
-    check_range(c.beta2 >= 0 && c.beta2 < 1, "beta2", c.beta2, "in [0, 1)");
-    check_range(c.epsilon >= 0, "epsilon", c.epsilon, ">= 0");
-    return std::unique_ptr<Optimizer>(new Adam(c, c.kind == "adamw"));
-  }
-  if (c.kind == "adagrad") {
-    check_range(c.epsilon >= 0, "epsilon", c.epsilon, ">= 0");
-    return std::unique_ptr<Optimizer>(new Adagrad(c));
+  std::optional<OptimizerKind> kind = find_optimizer(c.kind);
+  switch (kind.value_or(OptimizerKind::kNone)) {
+    case OptimizerKind::kSgd:
+      return std::unique_ptr<Optimizer>(new Sgd(c));
+    case OptimizerKind::kMomentum:
+    case OptimizerKind::kNesterov:
+      check_range(c.momentum >= 0, "momentum", c.momentum, ">= 0");
+      return std::unique_ptr<Optimizer>(new Momentum(c, kind == OptimizerKind::kNesterov));
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      check_range(c.beta1 >= 0 && c.beta1 < 1, "beta1", c.beta1, "in [0, 1)");
+      check_range(c.beta2 >= 0 && c.beta2 < 1, "beta2", c.beta2, "in [0, 1)");
+      check_range(c.epsilon >= 0, "epsilon", c.epsilon, ">= 0");
+      return std::unique_ptr<Optimizer>(new Adam(c, kind == OptimizerKind::kAdamW));
+    case OptimizerKind::kAdagrad:
+      check_range(c.epsilon >= 0, "epsilon", c.epsilon, ">= 0");
+      return std::unique_ptr<Optimizer>(new Adagrad(c));
+    case OptimizerKind::kNone:
+    case OptimizerKind::kAdam8bit:
+      break;
   }
   fail(ErrorKind::kUsage, "unknown optimizer '{}' (expected one of: {})", c.kind,
        fmt::join(optimizer_kinds(), ", "));

@@ -68,7 +68,8 @@ namespace stagecraft::rt::optim {
 // ---------------------------------------------------------------------------------------------
 // PyTorch-style optimizers
 
-/// Hyper-parameters. `kind` is one of `optimizer_kinds()`; fields a kind does not use are
+/// Hyper-parameters. `kind` is one of `optimizer_kinds()` (names of the plan's vocabulary,
+/// runtime/format/vocabulary.h); fields a kind does not use are
 /// ignored (momentum by sgd/adam, betas by sgd/momentum, epsilon by sgd/momentum/nesterov).
 struct OptimizerConfig {
   std::string kind = "sgd";  ///< sgd | momentum | nesterov | adam | adamw | adagrad
@@ -80,7 +81,8 @@ struct OptimizerConfig {
   float epsilon = 1e-8f;
 };
 
-/// The optimizer names `Optimizer::make` accepts, in the order the usage error lists them.
+/// The optimizer names `Optimizer::make` accepts (the vocabulary's optimizers the runtime
+/// implements), in the order the usage error lists them.
 const std::vector<std::string_view>& optimizer_kinds();
 
 /// The per-weight state: named float32 tensors of the weight's shape. Names by kind:

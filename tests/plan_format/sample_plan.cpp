@@ -7,7 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "compiler/schedule/instruction.h"
+#include "compiler/schedule/build_schedule.h"
 
 namespace stagecraft::testing {
 namespace {
@@ -130,8 +130,7 @@ plan::Plan write_plan_dir(plan::Plan plan, const std::string& dir) {
   }
   write_text((fs::path(dir) / "plan.json").string(), plan::to_json(plan).dump(2) + "\n");
   schedule::PipelineShape shape{plan.devices, plan.chunks, plan.microbatches, plan.training};
-  schedule::Schedule steps =
-      schedule::build_schedule(schedule::parse_schedule(plan.schedule), shape);
+  schedule::Schedule steps = schedule::build_schedule(parse_schedule(plan.schedule), shape);
   write_text((fs::path(dir) / "schedule.json").string(), schedule::to_json(steps).dump(1) + "\n");
   return plan;
 }

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "compiler/plan/planner.h"
-#include "compiler/schedule/instruction.h"
+#include "compiler/schedule/build_schedule.h"
 #include "compiler/schedule/simulator.h"
 #include "runtime/core/backend.h"
 #include "runtime/exec/checkpoint.h"
@@ -435,7 +435,7 @@ TEST_CASE("a plan whose holders disagree about a shared weight is refused, namin
 TEST_CASE("schedules exchange shared gradients before the optimizer step, without deadlock") {
   schedule::PipelineShape shape{2, 2, 4, true};
   shape.shared_groups = {{0, 2}, {1, 2}};  // stages 0 and 2 share device 0
-  schedule::Schedule built = schedule::build_schedule(schedule::ScheduleKind::kInterleaved, shape);
+  schedule::Schedule built = schedule::build_schedule(ScheduleKind::kInterleaved, shape);
   CHECK_NOTHROW(schedule::validate_schedule(built, shape));
   // Device 0: its two exchanges, then its two optimizer steps.
   const auto& device0 = built[0];
@@ -464,7 +464,7 @@ TEST_CASE("schedules exchange shared gradients before the optimizer step, withou
   CHECK(schedule::simulate(built, shape, costs).step_s == doctest::Approx(plain + 5.0));
   // Groups outside the pipeline are refused.
   shape.shared_groups = {{0, 4}};
-  CHECK_THROWS_WITH_AS(schedule::build_schedule(schedule::ScheduleKind::kInterleaved, shape),
+  CHECK_THROWS_WITH_AS(schedule::build_schedule(ScheduleKind::kInterleaved, shape),
                        doctest::Contains("shared weight group 0 is [0,4]"), Error);
 }
 

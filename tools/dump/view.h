@@ -1,9 +1,10 @@
 #pragma once
 /// \file
 /// What stagedump shows, and the helpers its views share. A `PlanView` is a plan read the way
-/// the runtime reads it (runtime/format's `load_plan`, the schedule format of compiler/schedule)
-/// with its schedule re-played by the event simulator; every view (text, JSON, Graphviz, Chrome
-/// trace, HTML) is a pure function of it. Nothing here links the compiler's IR.
+/// the runtime reads it (runtime/format's `load_plan`, the schedule format of
+/// runtime/format/schedule.h) with its schedule re-played by the event simulator; every view (text,
+/// JSON, Graphviz, Chrome trace, HTML) is a pure function of it. Nothing here links the compiler's
+/// IR.
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -11,9 +12,9 @@
 #include <string_view>
 #include <vector>
 
-#include "compiler/schedule/instruction.h"
 #include "compiler/schedule/simulator.h"
 #include "runtime/format/plan.h"
+#include "runtime/format/schedule.h"
 
 namespace stagecraft::dump {
 

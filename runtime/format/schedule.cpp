@@ -1,4 +1,4 @@
-#include "compiler/schedule/instruction.h"
+#include "runtime/format/schedule.h"
 
 #include <fmt/format.h>
 
@@ -24,14 +24,6 @@ constexpr std::array<std::pair<Op, std::string_view>, 11> kOpNames = {{
     {Op::kAllReduce, "ALLREDUCE"},
     {Op::kAllReduceShared, "ALLREDUCE_SHARED"},
     {Op::kOptimizerStep, "OPT_STEP"},
-}};
-
-constexpr std::array<std::pair<ScheduleKind, std::string_view>, 5> kScheduleNames = {{
-    {ScheduleKind::kGPipe, "gpipe"},
-    {ScheduleKind::k1F1B, "1f1b"},
-    {ScheduleKind::kInterleaved, "interleaved"},
-    {ScheduleKind::kZBH1, "zb-h1"},
-    {ScheduleKind::kInference, "inference"},
 }};
 
 [[noreturn]] void json_error(const std::string& field, const std::string& problem) {
@@ -125,23 +117,6 @@ std::string to_string(const Instruction& instruction) {
     text += fmt::format(" to stage {}", instruction.peer_stage);
   }
   return text;
-}
-
-std::string to_string(ScheduleKind kind) {
-  for (const auto& [value, name] : kScheduleNames) {
-    if (value == kind) return std::string(name);
-  }
-  return "unknown";
-}
-
-ScheduleKind parse_schedule(std::string_view name) {
-  std::string valid;
-  for (const auto& [value, known] : kScheduleNames) {
-    if (known == name) return value;
-    valid += valid.empty() ? "" : ", ";
-    valid += known;
-  }
-  fail(ErrorKind::kUsage, "unknown schedule '{}'; valid schedules: {}", name, valid);
 }
 
 nlohmann::json to_json(const Schedule& schedule) {
