@@ -12,19 +12,14 @@
 #include "runtime/format/dtype.h"
 #include "runtime/format/error.h"
 #include "runtime/format/plan.h"
+#include "runtime/format/vocabulary.h"
 
 namespace stagecraft::plan {
 namespace {
 
-// The names a plan may use. The compiler's enums (cost_models, compiler/schedule) spell them the
-// same way; they are repeated here because the format must not depend on the compiler.
-constexpr std::array<std::string_view, 2> kObjectives = {"speed", "memory"};
-constexpr std::array<std::string_view, 5> kSchedules = {"gpipe", "1f1b", "interleaved", "zb-h1",
-                                                        "inference"};
+/// The kinds of device a plan may be made for (its names of the other concepts are
+/// runtime/format/vocabulary.h's).
 constexpr std::array<std::string_view, 2> kDeviceKinds = {"cpu", "gpu"};
-constexpr std::array<std::string_view, 2> kPrecisions = {"fp32", "mixed"};
-constexpr std::array<std::string_view, 8> kOptimizers = {"none", "sgd",   "momentum", "nesterov",
-                                                         "adam", "adamw", "adam8bit", "adagrad"};
 
 /// "1 device", "2 devices"; `plural` when adding an "s" will not do.
 std::string count(size_t n, std::string_view noun, std::string_view plural = "") {
@@ -57,9 +52,8 @@ class Validator {
     throw Error(ErrorKind::kPlan, fmt::format("field '{}' {}", field, problem)).in(source_);
   }
 
-  template <size_t N>
-  void check_name(const std::string& field, const std::string& value,
-                  const std::array<std::string_view, N>& valid) const {
+  template <typename Names>
+  void check_name(const std::string& field, const std::string& value, const Names& valid) const {
     for (std::string_view name : valid) {
       if (name == value) return;
     }
@@ -90,10 +84,10 @@ class Validator {
   void check_header() const {
     check_format_version(plan_.format_version, source_);
     check_hash("model_hash", plan_.model_hash);
-    check_name("objective", plan_.objective, kObjectives);
-    check_name("schedule", plan_.schedule, kSchedules);
-    check_name("precision", plan_.precision, kPrecisions);
-    check_name("optimizer", plan_.optimizer, kOptimizers);
+    check_name("objective", plan_.objective, objective_names());
+    check_name("schedule", plan_.schedule, schedule_names());
+    check_name("precision", plan_.precision, precision_names());
+    check_name("optimizer", plan_.optimizer, optimizer_names());
     at_least_one("devices", plan_.devices);
     at_least_one("chunks", plan_.chunks);
     at_least_one("microbatches", plan_.microbatches);
