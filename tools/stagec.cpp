@@ -291,7 +291,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   // stagerun must be able to run every op of the stage files it is given.
-  check_backend_supports(planned.model.graph, rt::cpu_backend());
+  check_backend_supports(planned.model.graph, rt::backend_by_name("cpu"));
   plan::write_plan(planned, out_dir);
   fmt::print("planned in {:.2f} s; wrote {} (inspect with: stagedump {})\n", plan_s, out_dir,
              out_dir);

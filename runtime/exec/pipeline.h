@@ -20,6 +20,10 @@
 
 namespace stagecraft::rt {
 
+struct StageRuntime;
+struct RunState;
+class DeviceWorker;
+
 /// A graph input or output of the whole model, per microbatch.
 struct ModelTensor {
   std::string name;
@@ -57,7 +61,7 @@ struct RunReport {
   std::vector<DeviceReport> devices;
   std::vector<schedule::TimelineEvent> events;  ///< Compute of every step; seconds from the start.
   std::map<std::string, Tensor> outputs;        ///< The last step's graph outputs, whole batch.
-  std::vector<double> losses;                   ///< Training: each step's loss (mean over microbatches).
+  std::vector<double> losses;  ///< Training: each step's loss (mean over microbatches).
 };
 
 class Pipeline {
@@ -100,7 +104,8 @@ class Pipeline {
   const std::map<std::string, optim::OptimizerState>& optimizer_state(int stage) const;
 
  private:
-  struct StageRuntime;
+  friend struct RunState;
+  friend class DeviceWorker;
   Pipeline() = default;
 
   /// Refuses (Error kPlan, naming plan.json's field) a shared weight missing from a holder's

@@ -477,11 +477,12 @@ TEST_CASE("the in-process transport sums shared gradients in stage order, alike 
   std::vector<std::thread> threads;
   for (int h = 2; h >= 0; --h)
     threads.emplace_back([&, h] {
+      auto device = cpu_backend().make_device(h, 1);
       Tensor g = Tensor::owned(DType::kFloat32, {2});
       g.as<float>()[0] = parts[h];
       g.as<float>()[1] = static_cast<float>(h);
-      transport.start_shared_sum("w", holders, holders[h], g);
-      transport.finish_shared_sum("w", holders[h], g);
+      transport.start_shared_sum("w", holders, holders[h], g, *device);
+      transport.finish_shared_sum("w", holders[h], g, *device);
       sums[h] = g;
     });
   for (std::thread& t : threads) t.join();
@@ -490,14 +491,15 @@ TEST_CASE("the in-process transport sums shared gradients in stage order, alike 
     CHECK(s.as<float>()[1] == 3.0f);
   }
   // The next step sums afresh.
+  auto device = cpu_backend().make_device(0, 1);
   Tensor g = Tensor::owned(DType::kFloat32, {2});
-  CHECK_THROWS_WITH_AS(transport.finish_shared_sum("w", 1, g), doctest::Contains("did not start"),
-                       Error);
-  transport.start_shared_sum("w", holders, 1, g);
-  CHECK_THROWS_WITH_AS(transport.start_shared_sum("w", {1, 4}, 4, g),
+  CHECK_THROWS_WITH_AS(transport.finish_shared_sum("w", 1, g, *device),
+                       doctest::Contains("did not start"), Error);
+  transport.start_shared_sum("w", holders, 1, g, *device);
+  CHECK_THROWS_WITH_AS(transport.start_shared_sum("w", {1, 4}, 4, g, *device),
                        doctest::Contains("names holders [1,4], another [1,4,6]"), Error);
   transport.abort();
-  CHECK_THROWS_AS(transport.finish_shared_sum("w", 1, g), Aborted);
+  CHECK_THROWS_AS(transport.finish_shared_sum("w", 1, g, *device), Aborted);
 }
 
 }  // namespace
