@@ -77,6 +77,13 @@ void check_shared_groups(const PipelineShape& shape, ErrorKind kind);
 /// ascending: those whose ALLREDUCE_SHARED its OPT_STEP waits for.
 std::vector<int> shared_partners(const PipelineShape& shape, int stage);
 
+/// The schedule rules, checked once for the planner, the builders and the plan reader: throws
+/// `Error(error)` naming the numbers when `kind` cannot serve `shape`: P, V, M or DP below 1,
+/// V != 1 for a schedule without chunks, M not a multiple of P for the interleaved schedule, a
+/// training schedule for inference or the inference schedule for training, shared groups that do
+/// not fit (check_shared_groups).
+void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKind error);
+
 /// Number of global stages, P * V.
 int stage_count(const PipelineShape& shape);
 

@@ -23,7 +23,7 @@ PlanOptions options(const std::string& model, int devices, const std::string& sc
   PlanOptions o;
   o.model_path = sample(model);
   o.devices = devices;
-  o.schedule = schedule;
+  o.schedule = stagecraft::parse_schedule(schedule);
   o.training = schedule != "inference";
   if (o.training) o.loss.kind = "mse";
   o.microbatches = 2 * devices;
@@ -122,7 +122,7 @@ TEST_CASE(
         PlanOptions o = options(model, devices, "interleaved");
         o.microbatches = 4 * devices;
         o.batch = 8 * devices;
-        o.recompute = recompute;
+        o.recompute = stagecraft::parse_recompute(recompute);
         PlannedModel planned;
         try {
           planned = make_plan(o);

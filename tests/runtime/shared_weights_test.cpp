@@ -63,9 +63,9 @@ plan::PlanOptions options_for(const std::string& model, int devices, const std::
   o.batch = 8;
   o.microbatches = 4;
   o.training = true;
-  o.schedule = schedule;
+  o.schedule = stagecraft::parse_schedule(schedule);
   if (schedule == "interleaved") o.chunks = 2;
-  o.optimizer = optimizer;
+  o.optimizer = stagecraft::parse_optimizer(optimizer);
   o.training_config.lr = optimizer == "sgd" ? 0.1 : 0.01;
   // Adam's default epsilon (1e-8) turns last-bit differences in near-zero gradients into
   // updates of up to lr: on one device, 1F1B's weights already differ from GPipe's by 7e-4 after
