@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cost_models/device_spec.h"
-#include "cost_models/json_fields.h"
 #include "runtime/format/error.h"
+#include "runtime/format/json_reader.h"
 
 namespace stagecraft::cost {
 namespace {
@@ -40,12 +40,9 @@ constexpr ClusterSpec kCpuNode{8, {10e9, 5e-6}, {1.25e9, 50e-6}};
 // 100 Gb/s network (12.5 GB/s).
 constexpr ClusterSpec kPcieNode{8, {25e9, 10e-6}, {12.5e9, 10e-6}};
 
-LinkSpec link_from_json(const nlohmann::json& object, const std::string& name,
-                        const std::string& source) {
-  detail::FieldSource where{source, name + "."};
-  detail::check_object(object, {"bandwidth", "latency_s"}, where);
-  return {detail::positive_number(object, "bandwidth", where),
-          detail::positive_number(object, "latency_s", where)};
+LinkSpec link_from_json(const JsonObject& top, std::string_view name) {
+  JsonObject f = top.object(name, {"bandwidth", "latency_s"});
+  return {f.positive_number("bandwidth"), f.positive_number("latency_s")};
 }
 
 }  // namespace
@@ -59,20 +56,15 @@ ClusterSpec default_cluster(std::string_view device_name) {
 }
 
 ClusterSpec cluster_spec_from_json(const nlohmann::json& object, const std::string& source) {
-  detail::FieldSource where{source, ""};
-  detail::check_object(object, {"devices_per_node", "intra_node", "inter_node"}, where);
+  JsonObject f = JsonValue(object, source).object({"devices_per_node", "intra_node", "inter_node"});
   ClusterSpec spec;
-  int64_t per_node = detail::positive_integer(object, "devices_per_node", where);
-  if (per_node > std::numeric_limits<int>::max()) {
-    throw Error(ErrorKind::kFormat,
-                fmt::format("field 'devices_per_node' is too large: {}", per_node))
-        .in(source);
+  JsonValue per_node = f.at("devices_per_node");
+  if (per_node.positive_int64() > std::numeric_limits<int>::max()) {
+    per_node.fail(fmt::format("is too large: {}", per_node.positive_int64()));
   }
-  spec.devices_per_node = static_cast<int>(per_node);
-  spec.intra_node =
-      link_from_json(detail::required_field(object, "intra_node", where), "intra_node", source);
-  spec.inter_node =
-      link_from_json(detail::required_field(object, "inter_node", where), "inter_node", source);
+  spec.devices_per_node = per_node.int32();
+  spec.intra_node = link_from_json(f, "intra_node");
+  spec.inter_node = link_from_json(f, "inter_node");
   return spec;
 }
 
@@ -92,7 +84,7 @@ ClusterSpec cluster_spec_from_name_or_file(const std::string& text) {
     fail(ErrorKind::kUsage, "unknown cluster '{}': not a device preset ({}) and no such file", text,
          device_preset_names());
   }
-  return cluster_spec_from_json(detail::read_json_file(text), text);
+  return cluster_spec_from_json(read_json_file(text), text);
 }
 
 int node_of(const ClusterSpec& spec, int device) {

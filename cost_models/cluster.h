@@ -9,20 +9,14 @@
 #include <string>
 #include <string_view>
 
+#include "runtime/format/plan.h"
+
 namespace stagecraft::cost {
 
-/// One point-to-point link in one direction.
-struct LinkSpec {
-  double bandwidth = 0;  ///< Bytes/s in one direction, as one transfer sees it.
-  double latency_s = 0;  ///< Fixed cost of one message, seconds.
-};
-
-/// The topology. Every number is positive.
-struct ClusterSpec {
-  int devices_per_node = 1;
-  LinkSpec intra_node;  ///< Between two devices of one node.
-  LinkSpec inter_node;  ///< Between devices of different nodes (one NIC per device).
-};
+/// One link and the topology are the plan format's types: the plan records the cluster it was
+/// made for as the cost model saw it.
+using LinkSpec = plan::LinkSpec;
+using ClusterSpec = plan::ClusterSpec;
 
 /// The usual topology of the device preset `device_name` (an 8-GPU HGX/DGX node for the GPUs,
 /// shared memory for cpu), or a generic PCIe Gen4 node with a 100 Gb/s network for any other

@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "cost_models/json_fields.h"
 #include "runtime/format/error.h"
+#include "runtime/format/json_reader.h"
 
 namespace stagecraft::cost {
 namespace {
@@ -43,7 +43,7 @@ std::vector<DeviceSpec> make_presets() {
       // (two 8-wide AVX2 FMA units) = 160 GFLOP/s peak, of which oneDNN sustains about 100;
       // no faster 16-bit path without AMX; one DDR4-3200 channel is 25.6 GB/s, about 20
       // achievable; 16 GiB of RAM; about 2 us to dispatch a primitive.
-      {"cpu", 100e9, 100e9, 20e9, static_cast<int64_t>(16 * kGiB), 2e-6, 0.5},
+      {"cpu", 100e9, 100e9, 20e9, static_cast<int64_t>(16 * kGiB), 2e-6, 0.5, "cpu"},
   };
 }
 
@@ -85,24 +85,29 @@ void validate(const DeviceSpec& spec) {
 }
 
 DeviceSpec device_spec_from_json(const nlohmann::json& object, const std::string& source) {
-  detail::FieldSource where{source, ""};
-  detail::check_object(object,
-                       {"name", "peak_flops_fp32", "peak_flops_fp16", "memory_bandwidth",
-                        "memory_bytes", "launch_overhead_s", "efficiency"},
-                       where);
+  JsonObject f =
+      JsonValue(object, source)
+          .object({"name", "kind", "peak_flops_fp32", "peak_flops_fp16", "memory_bandwidth",
+                   "memory_bytes", "launch_overhead_s", "efficiency"});
   DeviceSpec spec;
-  spec.name = detail::nonempty_string(object, "name", where);
-  spec.peak_flops_fp32 = detail::positive_number(object, "peak_flops_fp32", where);
-  spec.peak_flops_fp16 = detail::positive_number(object, "peak_flops_fp16", where);
-  spec.memory_bandwidth = detail::positive_number(object, "memory_bandwidth", where);
-  spec.memory_bytes = detail::positive_integer(object, "memory_bytes", where);
-  spec.launch_overhead_s = detail::positive_number(object, "launch_overhead_s", where);
-  spec.efficiency = detail::positive_number(object, "efficiency", where, 1.0);
+  spec.name = f.nonempty_string("name");
+  spec.peak_flops_fp32 = f.positive_number("peak_flops_fp32");
+  spec.peak_flops_fp16 = f.positive_number("peak_flops_fp16");
+  spec.memory_bandwidth = f.positive_number("memory_bandwidth");
+  spec.memory_bytes = f.positive_int64("memory_bytes");
+  spec.launch_overhead_s = f.positive_number("launch_overhead_s");
+  spec.efficiency = f.positive_number("efficiency", 1.0);
+  if (auto kind = f.find("kind")) {
+    spec.kind = kind->string();
+    if (spec.kind != "cpu" && spec.kind != "gpu")
+      kind->fail(fmt::format("is \"{}\"; it is \"cpu\" or \"gpu\"", spec.kind));
+  }
   return spec;
 }
 
 nlohmann::json to_json(const DeviceSpec& spec) {
   return {{"name", spec.name},
+          {"kind", spec.kind},
           {"peak_flops_fp32", spec.peak_flops_fp32},
           {"peak_flops_fp16", spec.peak_flops_fp16},
           {"memory_bandwidth", spec.memory_bandwidth},
@@ -118,7 +123,7 @@ DeviceSpec device_spec_from_name_or_file(const std::string& text) {
     fail(ErrorKind::kUsage, "unknown device '{}': not a preset ({}) and no such file", text,
          device_preset_names());
   }
-  return device_spec_from_json(detail::read_json_file(text), text);
+  return device_spec_from_json(read_json_file(text), text);
 }
 
 }  // namespace stagecraft::cost

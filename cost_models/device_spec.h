@@ -24,6 +24,7 @@ struct DeviceSpec {
   /// Achievable fraction of peak for matrix products and convolutions (large GEMMs reach
   /// 60-80% of the datasheet peak). A calibration knob until measured profiles replace it.
   double efficiency = 0;
+  std::string kind = "gpu";  ///< "cpu" | "gpu": the kind of backend that runs it.
 };
 
 /// The built-in presets, in a fixed order: h100, h200, a100-80g, a100-40g, v100-16g, cpu.
@@ -39,10 +40,11 @@ std::optional<DeviceSpec> device_preset(std::string_view name);
 /// `efficiency` is above 1): a zero bandwidth would turn every time into infinity.
 void validate(const DeviceSpec& spec);
 
-/// Reads a device from a JSON object {name, peak_flops_fp32, peak_flops_fp16, memory_bandwidth,
-/// memory_bytes, launch_overhead_s, efficiency}. Every field is required and every number
-/// positive; unknown fields are refused. Errors are `Error(kFormat)` naming `source` (the file)
-/// and the field: "h.json: field 'memory_bandwidth' is missing".
+/// Reads a device from a JSON object {name, kind, peak_flops_fp32, peak_flops_fp16,
+/// memory_bandwidth, memory_bytes, launch_overhead_s, efficiency}. Every field but `kind` ("cpu"
+/// or "gpu", default "gpu") is required and every number positive; unknown fields are refused.
+/// Errors are `Error(kFormat)` naming `source` (the file) and the field: "h.json: field
+/// 'memory_bandwidth' is missing".
 DeviceSpec device_spec_from_json(const nlohmann::json& object, const std::string& source);
 
 /// The JSON object `device_spec_from_json` reads.

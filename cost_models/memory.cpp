@@ -11,11 +11,6 @@
 namespace stagecraft::cost {
 namespace {
 
-constexpr Optimizer kOptimizers[] = {Optimizer::kNone, Optimizer::kSgd,   Optimizer::kMomentum,
-                                     Optimizer::kAdam, Optimizer::kAdamW, Optimizer::kAdam8bit};
-constexpr Schedule kSchedules[] = {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved,
-                                   Schedule::kZBH1, Schedule::kInference};
-
 /// Exact while the bytes stay below 2^53 (8 PiB), far beyond any device.
 int64_t bytes_for(int64_t count, double bytes_per_item) {
   double bytes = static_cast<double>(count) * bytes_per_item;
@@ -41,55 +36,20 @@ int64_t checked_mul(int64_t a, int64_t b) {
 
 }  // namespace
 
-std::string_view to_string(Optimizer optimizer) {
+double optimizer_state_bytes_per_param(OptimizerKind optimizer, Precision) {
   switch (optimizer) {
-    case Optimizer::kNone: return "none";
-    case Optimizer::kSgd: return "sgd";
-    case Optimizer::kMomentum: return "momentum";
-    case Optimizer::kAdam: return "adam";
-    case Optimizer::kAdamW: return "adamw";
-    case Optimizer::kAdam8bit: return "adam8bit";
-  }
-  return "unknown";
-}
-
-Optimizer parse_optimizer(std::string_view name) {
-  std::vector<std::string_view> names;
-  for (Optimizer o : kOptimizers) {
-    if (name == to_string(o)) return o;
-    names.push_back(to_string(o));
-  }
-  fail(ErrorKind::kUsage, "unknown optimizer '{}'; valid: {}", name, fmt::join(names, ", "));
-}
-
-std::string_view to_string(Schedule schedule) {
-  switch (schedule) {
-    case Schedule::kGPipe: return "gpipe";
-    case Schedule::k1F1B: return "1f1b";
-    case Schedule::kInterleaved: return "interleaved";
-    case Schedule::kZBH1: return "zb-h1";
-    case Schedule::kInference: return "inference";
-  }
-  return "unknown";
-}
-
-Schedule parse_schedule(std::string_view name) {
-  std::vector<std::string_view> names;
-  for (Schedule s : kSchedules) {
-    if (name == to_string(s)) return s;
-    names.push_back(to_string(s));
-  }
-  fail(ErrorKind::kUsage, "unknown schedule '{}'; valid: {}", name, fmt::join(names, ", "));
-}
-
-double optimizer_state_bytes_per_param(Optimizer optimizer, Precision) {
-  switch (optimizer) {
-    case Optimizer::kNone:
-    case Optimizer::kSgd: return 0;
-    case Optimizer::kMomentum: return 4;
-    case Optimizer::kAdam:
-    case Optimizer::kAdamW: return 8;
-    case Optimizer::kAdam8bit: return 2;
+    case OptimizerKind::kNone:
+    case OptimizerKind::kSgd:
+      return 0;
+    case OptimizerKind::kMomentum:
+    case OptimizerKind::kNesterov:
+    case OptimizerKind::kAdagrad:
+      return 4;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      return 8;
+    case OptimizerKind::kAdam8bit:
+      return 2;
   }
   return 0;
 }
@@ -101,7 +61,7 @@ double weight_bytes_per_param(Precision precision, bool training) {
 
 double gradient_bytes_per_param(Precision) { return 4; }
 
-int64_t microbatches_in_flight(Schedule schedule, int stages, int stage_index, int microbatches,
+int64_t microbatches_in_flight(ScheduleKind schedule, int stages, int stage_index, int microbatches,
                                int chunks) {
   if (stages < 1 || stage_index < 0 || stage_index >= stages || microbatches < 1 || chunks < 1) {
     fail(ErrorKind::kUsage,
@@ -111,30 +71,24 @@ int64_t microbatches_in_flight(Schedule schedule, int stages, int stage_index, i
   }
   const int64_t p = stages, i = stage_index, m = microbatches, v = chunks;
   switch (schedule) {
-    case Schedule::kGPipe: return m;
-    case Schedule::k1F1B:
-    case Schedule::kZBH1: return std::min(p - i, m);
-    case Schedule::kInterleaved:
+    case ScheduleKind::kGPipe:
+      return m;
+    case ScheduleKind::k1F1B:
+    case ScheduleKind::kZBH1:
+      return std::min(p - i, m);
+    case ScheduleKind::kInterleaved:
       if (v == 1) return std::min(p - i, m);
       return std::min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1);
-    case Schedule::kInference: return 1;
+    case ScheduleKind::kInference:
+      return 1;
   }
   return m;
 }
 
-int64_t MemoryAnatomy::total() const {
-  int64_t sum = 0;
-  for (int64_t part : {weights, gradients, optimizer, activations, temporary, communication}) {
-    sum = checked_add(sum, part);
-  }
-  return sum;
-}
-
-MemoryAnatomy stage_memory(int64_t params, int64_t activation_bytes_per_microbatch,
-                           int64_t temporary_peak_bytes, int64_t comm_buffer_bytes,
-                           int64_t in_flight, Optimizer optimizer, Precision precision,
-                           bool training, bool recompute,
-                           int64_t stage_input_bytes_per_microbatch) {
+MemoryBytes stage_memory(int64_t params, int64_t activation_bytes_per_microbatch,
+                         int64_t temporary_peak_bytes, int64_t comm_buffer_bytes, int64_t in_flight,
+                         OptimizerKind optimizer, Precision precision, bool training,
+                         bool recompute, int64_t stage_input_bytes_per_microbatch) {
   if (params < 0 || activation_bytes_per_microbatch < 0 || temporary_peak_bytes < 0 ||
       comm_buffer_bytes < 0 || in_flight < 0 || stage_input_bytes_per_microbatch < 0) {
     fail(ErrorKind::kInternal,
@@ -143,7 +97,7 @@ MemoryAnatomy stage_memory(int64_t params, int64_t activation_bytes_per_microbat
          params, activation_bytes_per_microbatch, temporary_peak_bytes, comm_buffer_bytes,
          in_flight, stage_input_bytes_per_microbatch);
   }
-  MemoryAnatomy anatomy;
+  MemoryBytes anatomy;
   anatomy.weights = bytes_for(params, weight_bytes_per_param(precision, training));
   if (training) {
     anatomy.gradients = bytes_for(params, gradient_bytes_per_param(precision));
@@ -161,7 +115,7 @@ MemoryAnatomy stage_memory(int64_t params, int64_t activation_bytes_per_microbat
   return anatomy;
 }
 
-std::string describe(const MemoryAnatomy& anatomy, int64_t in_flight) {
+std::string describe(const MemoryBytes& anatomy, int64_t in_flight) {
   const int64_t total = anatomy.total();
   if (total == 0) return "0 B";
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};

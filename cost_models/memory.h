@@ -9,42 +9,15 @@
 #include <string>
 #include <string_view>
 
-#include "cost_models/precision.h"
+#include "runtime/format/plan.h"
+#include "runtime/format/vocabulary.h"
 
 namespace stagecraft::cost {
 
-/// The optimizer whose states live next to the weights.
-enum class Optimizer {
-  kNone,      ///< Inference: no gradients, no states.
-  kSgd,       ///< Plain SGD: no state.
-  kMomentum,  ///< SGD with momentum: one fp32 buffer.
-  kAdam,      ///< Adam: two fp32 moments.
-  kAdamW,     ///< AdamW: two fp32 moments.
-  kAdam8bit,  ///< 8-bit Adam (bitsandbytes): two 8-bit moments.
-};
-
-/// The order in which a device runs the forward and backward passes of its microbatches.
-enum class Schedule {
-  kGPipe,        ///< All forwards, then all backwards.
-  k1F1B,         ///< PipeDream-flush: warm-up forwards, then one forward, one backward.
-  kInterleaved,  ///< Megatron's interleaved 1F1B: V model chunks per device.
-  kZBH1,         ///< Zero-bubble ZB-H1: 1F1B with backward split into B and W.
-  kInference,    ///< Forwards only.
-};
-
-/// "none", "sgd", "momentum", "adam", "adamw", "adam8bit".
-std::string_view to_string(Optimizer optimizer);
-/// The optimizer called `name`; throws `Error(kUsage)` listing the valid names otherwise.
-Optimizer parse_optimizer(std::string_view name);
-
-/// "gpipe", "1f1b", "interleaved", "zb-h1", "inference".
-std::string_view to_string(Schedule schedule);
-/// The schedule called `name`; throws `Error(kUsage)` listing the valid names otherwise.
-Schedule parse_schedule(std::string_view name);
-
-/// Optimizer state bytes per parameter: none and SGD 0, momentum 4, Adam and AdamW 8, 8-bit
-/// Adam 2. States are kept in fp32 (8-bit Adam in 8 bits) in both precisions.
-double optimizer_state_bytes_per_param(Optimizer optimizer, Precision precision);
+/// Optimizer state bytes per parameter: none and SGD 0, momentum, Nesterov and Adagrad 4 (one
+/// buffer), Adam and AdamW 8, 8-bit Adam 2. States are kept in fp32 (8-bit Adam in 8 bits) in both
+/// precisions.
+double optimizer_state_bytes_per_param(OptimizerKind optimizer, Precision precision);
 
 /// Weight bytes per parameter: fp32 4; mixed 6 when training (fp32 master weights and their
 /// 16-bit copy), 2 for inference (the 16-bit copy alone).
@@ -66,24 +39,16 @@ double gradient_bytes_per_param(Precision precision);
 ///   Recomputation in Large Transformer Models"). V = 1 is 1F1B.
 /// - kInference: 1 (forward only, nothing kept for a backward).
 /// Throws `Error(kUsage)` unless P >= 1, 0 <= i < P, M >= 1 and V >= 1.
-int64_t microbatches_in_flight(Schedule schedule, int stages, int stage_index, int microbatches,
+int64_t microbatches_in_flight(ScheduleKind schedule, int stages, int stage_index, int microbatches,
                                int chunks);
 
-/// Bytes one stage holds at its peak, by what holds them.
-struct MemoryAnatomy {
-  int64_t weights = 0;
-  int64_t gradients = 0;
-  int64_t optimizer = 0;
-  int64_t activations = 0;    ///< Kept for backward across the microbatches in flight.
-  int64_t temporary = 0;      ///< Peak of short-lived buffers and workspace.
-  int64_t communication = 0;  ///< Send and receive buffers.
-
-  int64_t total() const;
-};
+/// A stage's memory anatomy is the plan format's type: what the cost model computes is what the
+/// plan records.
+using plan::MemoryBytes;
 
 /// The anatomy of a stage with `params` parameters.
 /// - Weights, gradients and optimizer states follow the per-parameter functions above;
-///   gradients and states are 0 when not `training` (and states with `Optimizer::kNone`).
+///   gradients and states are 0 when not `training` (and states with `OptimizerKind::kNone`).
 /// - Activations: `in_flight` * `activation_bytes_per_microbatch`. With `recompute` (training
 ///   only) each microbatch in flight keeps only its stage input, and one microbatch at a time
 ///   is re-run to its full activations before its backward:
@@ -91,14 +56,14 @@ struct MemoryAnatomy {
 /// - Temporary and communication bytes are taken as given.
 /// Throws `Error(kInternal)` on a negative argument and `Error(kPlan)` when the total does not
 /// fit in int64.
-MemoryAnatomy stage_memory(int64_t params, int64_t activation_bytes_per_microbatch,
-                           int64_t temporary_peak_bytes, int64_t comm_buffer_bytes,
-                           int64_t in_flight, Optimizer optimizer, Precision precision,
-                           bool training, bool recompute, int64_t stage_input_bytes_per_microbatch);
+MemoryBytes stage_memory(int64_t params, int64_t activation_bytes_per_microbatch,
+                         int64_t temporary_peak_bytes, int64_t comm_buffer_bytes, int64_t in_flight,
+                         OptimizerKind optimizer, Precision precision, bool training,
+                         bool recompute, int64_t stage_input_bytes_per_microbatch);
 
 /// One line for plans and memory errors, in the unit of the total and with the parts that are
 /// not zero: "41.2 GiB: weights 12.0, gradients 6.0, optimizer 24.0, activations 5.2 for 4
 /// microbatches in flight".
-std::string describe(const MemoryAnatomy& anatomy, int64_t in_flight);
+std::string describe(const MemoryBytes& anatomy, int64_t in_flight);
 
 }  // namespace stagecraft::cost

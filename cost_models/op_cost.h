@@ -11,14 +11,16 @@ namespace stagecraft::cost {
 
 /// Forward work of one node.
 struct OpWork {
-  double flops = 0;        ///< Floating-point operations (a multiply-add counts as 2).
-  double bytes_read = 0;   ///< Bytes of every input (weights included).
+  double flops = 0;       ///< Floating-point operations (a multiply-add counts as 2).
+  double bytes_read = 0;  ///< Bytes of every input (weights included).
   double bytes_written = 0;
 };
 
-/// The forward work of `node` (shapes must be static). Conventions: MatMul, Gemm and Conv
-/// count 2 per multiply-add plus bias adds; element-wise ops 1 per output element; norms and
-/// softmax a small constant per element; layout ops (Reshape, Transpose, Gather...) 0 FLOPs.
+/// The forward work of `node` (shapes must be static), by the FLOP rule of its ops.def line.
+/// Conventions: MatMul, Gemm and Conv count 2 per multiply-add plus bias adds; element-wise ops
+/// a small constant per output element (1 for arithmetic, more for transcendental ones); norms
+/// and softmax a small constant per element; layout ops (Reshape, Transpose, Gather...) 0 FLOPs.
+/// An op outside the table has 0 FLOPs.
 OpWork forward_work(const ir::Graph& graph, const ir::Node& node);
 
 }  // namespace stagecraft::cost

@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "cost_models/json_fields.h"
 #include "runtime/format/error.h"
+#include "runtime/format/json_reader.h"
 
 namespace stagecraft::cost {
 namespace {
@@ -57,26 +57,46 @@ bool valid_kinds(const std::string& kinds) {
 }
 
 /// One part (B or W) of a backward entry: `<part>_ms` and `<part>_runs`, both or neither.
-void read_part(const nlohmann::json& object, const std::string& part, const detail::FieldSource& src, double& ms,
-               int64_t& runs) {
+void read_part(const JsonObject& object, const std::string& part, double& ms, int64_t& runs) {
   const std::string ms_field = part + "_ms", runs_field = part + "_runs";
-  const bool has_ms = object.contains(ms_field), has_runs = object.contains(runs_field);
+  const bool has_ms = object.has(ms_field), has_runs = object.has(runs_field);
   if (has_ms != has_runs) {
-    throw Error(ErrorKind::kFormat, fmt::format("field '{}{}' is given without '{}'", src.prefix,
-                                                has_ms ? ms_field : runs_field, has_ms ? runs_field : ms_field))
-        .in(src.file);
+    object.fail(has_ms ? ms_field : runs_field,
+                fmt::format("is given without '{}'", has_ms ? runs_field : ms_field));
   }
   if (!has_ms) return;
-  ms = detail::positive_number(object, ms_field, src);
-  runs = detail::positive_integer(object, runs_field, src);
+  ms = object.positive_number(ms_field);
+  runs = object.positive_int64(runs_field);
 }
 
-BackwardEntry read_backward(const nlohmann::json& value, const detail::FieldSource& src) {
-  detail::check_object(value, {"input_ms", "input_runs", "weight_ms", "weight_runs"}, src);
+BackwardEntry read_backward(const JsonValue& value) {
+  JsonObject f = value.object({"input_ms", "input_runs", "weight_ms", "weight_runs"});
   BackwardEntry b;
-  read_part(value, "input", src, b.input_ms, b.input_runs);
-  read_part(value, "weight", src, b.weight_ms, b.weight_runs);
+  read_part(f, "input", b.input_ms, b.input_runs);
+  read_part(f, "weight", b.weight_ms, b.weight_runs);
   return b;
+}
+
+/// One entry of the database; `has_backward` from version 2 on.
+ProfileEntry read_entry(const JsonValue& value, bool has_backward) {
+  JsonObject f = has_backward ? value.object({"op", "fwd_ms", "runs", "backward"})
+                              : value.object({"op", "fwd_ms", "runs"});
+  ProfileEntry e;
+  e.op = f.nonempty_string("op");
+  e.fwd_ms = f.positive_number("fwd_ms");
+  e.runs = f.positive_int64("runs");
+  if (auto backward = f.find("backward")) {
+    for (const auto& [kinds, part] : backward->object().entries()) {
+      if (!valid_kinds(kinds)) {
+        backward->fail(
+            fmt::format("has the key \"{}\": input kinds are one of a, w, - per input, "
+                        "at least one a or w",
+                        kinds));
+      }
+      e.backward[kinds] = read_backward(part);
+    }
+  }
+  return e;
 }
 
 nlohmann::ordered_json backward_json(const BackwardEntry& b) {
@@ -97,67 +117,30 @@ nlohmann::ordered_json backward_json(const BackwardEntry& b) {
 ProfileDb::ProfileDb(std::string backend, int threads) : backend_(std::move(backend)), threads_(threads) {}
 
 ProfileDb ProfileDb::load(const std::string& path) {
-  using namespace detail;
   nlohmann::json j = read_json_file(path);
-  FieldSource top{path, ""};
-  check_object(j, {"format", "version", "backend", "threads", "entries"}, top);
-  std::string format = nonempty_string(j, "format", top);
+  JsonObject top =
+      JsonValue(j, path).object({"format", "version", "backend", "threads", "entries"});
+  std::string format = top.nonempty_string("format");
   if (format != kFormatName) {
-    throw Error(ErrorKind::kFormat,
-                fmt::format("field 'format' is \"{}\", not \"{}\": not a stagecraft profile database", format, kFormatName))
-        .in(path);
+    top.fail("format", fmt::format("is \"{}\", not \"{}\": not a stagecraft profile database",
+                                   format, kFormatName));
   }
-  const nlohmann::json& version = required_field(j, "version", top);
-  if (!version.is_number_integer() || version.get<int64_t>() < kOldestVersion || version.get<int64_t>() > kVersion) {
-    throw Error(ErrorKind::kFormat,
-                fmt::format("field 'version' is {}; this stagec reads versions {} to {} (delete the file to profile "
-                            "again)",
-                            version.dump(), kOldestVersion, kVersion))
-        .in(path);
+  const nlohmann::json& version = top.at("version").raw();
+  if (!version.is_number_integer() || version.get<int64_t>() < kOldestVersion ||
+      version.get<int64_t>() > kVersion) {
+    top.fail("version", fmt::format("is {}; this stagec reads versions {} to {} (delete the file "
+                                    "to profile again)",
+                                    version.dump(), kOldestVersion, kVersion));
   }
   const bool has_backward = version.get<int64_t>() >= 2;
-  std::string backend = nonempty_string(j, "backend", top);
-  int64_t threads = positive_integer(j, "threads", top);
+  std::string backend = top.nonempty_string("backend");
+  int64_t threads = top.positive_int64("threads");
   if (threads > 1 << 16) {
-    throw Error(ErrorKind::kFormat, fmt::format("field 'threads' is {}, more than any machine has", threads)).in(path);
+    top.fail("threads", fmt::format("is {}, more than any machine has", threads));
   }
   ProfileDb db(backend, static_cast<int>(threads));
-  const nlohmann::json& entries = required_field(j, "entries", top);
-  if (!entries.is_object()) {
-    throw Error(ErrorKind::kFormat, fmt::format("field 'entries' must be a JSON object, not {}", entries.type_name()))
-        .in(path);
-  }
-  for (const auto& [key, value] : entries.items()) {
-    FieldSource src{path, fmt::format("entries[\"{}\"].", key)};
-    if (has_backward) {
-      check_object(value, {"op", "fwd_ms", "runs", "backward"}, src);
-    } else {
-      check_object(value, {"op", "fwd_ms", "runs"}, src);
-    }
-    ProfileEntry e;
-    e.op = nonempty_string(value, "op", src);
-    e.fwd_ms = positive_number(value, "fwd_ms", src);
-    e.runs = positive_integer(value, "runs", src);
-    if (auto b = value.find("backward"); b != value.end()) {
-      FieldSource bsrc{path, src.prefix + "backward."};
-      if (!b->is_object()) {
-        throw Error(ErrorKind::kFormat,
-                    fmt::format("field '{}backward' must be a JSON object, not {}", src.prefix, b->type_name()))
-            .in(path);
-      }
-      for (const auto& [kinds, part] : b->items()) {
-        if (!valid_kinds(kinds)) {
-          throw Error(ErrorKind::kFormat,
-                      fmt::format("field '{}backward' has the key \"{}\": input kinds are one of a, w, - per input, "
-                                  "at least one a or w",
-                                  src.prefix, kinds))
-              .in(path);
-        }
-        FieldSource part_src{path, fmt::format("{}backward[\"{}\"].", src.prefix, kinds)};
-        e.backward[kinds] = read_backward(part, part_src);
-      }
-    }
-    db.entries_[key] = std::move(e);
+  for (const auto& [key, value] : top.at("entries").object().entries()) {
+    db.entries_[key] = read_entry(value, has_backward);
   }
   return db;
 }

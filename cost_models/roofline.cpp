@@ -23,12 +23,6 @@ InputRole input_role(const ir::Graph& graph, ir::ValueId id) {
   return InputRole::kActivation;
 }
 
-/// Ops that reinterpret their input's buffer with a new shape: no data moves.
-bool is_view(const std::string& op) {
-  return op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze" ||
-         op == "Identity";
-}
-
 }  // namespace
 
 OpCostModel::~OpCostModel() = default;
@@ -57,10 +51,12 @@ double RooflineCostModel::stored_bytes(const ir::Graph& graph, ir::ValueId id) c
 }
 
 OpTime RooflineCostModel::op_time(const ir::Graph& graph, const ir::Node& node) const {
-  auto family = op_family(node.op_type);
-  if (!family) fail(ErrorKind::kUnsupported, "{}: no cost model for this op", node.describe(graph));
-  const bool tensor_op = *family == OpFamily::kMatMul || *family == OpFamily::kConv;
-  const bool view = is_view(node.op_type);
+  const OpInfo* info = op_info(node.op_type);
+  if (info == nullptr || !info->supported)
+    fail(ErrorKind::kUnsupported, "{}: no cost model for this op", node.describe(graph));
+  const OpFamily family = info->family;
+  const bool tensor_op = family == OpFamily::kMatMul || family == OpFamily::kConv;
+  const bool view = info->view();
   const double launch = device_.launch_overhead_s;
   const OpWork work = forward_work(graph, node);
 
@@ -71,9 +67,9 @@ OpTime RooflineCostModel::op_time(const ir::Graph& graph, const ir::Node& node) 
     float_output = float_output || (out != ir::kNoId && is_floating(graph.value(out).dtype));
   }
   double bytes = 0;
-  if (*family == OpFamily::kShape) {
+  if (family == OpFamily::kShape) {
     bytes = written;
-  } else if (*family == OpFamily::kData) {
+  } else if (family == OpFamily::kData) {
     bytes = view ? 0 : 2 * written;
     if (node.op_type == "Gather" && node.inputs.size() > 1)
       bytes += stored_bytes(graph, node.inputs[1]);

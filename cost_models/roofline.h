@@ -12,7 +12,7 @@
 ///   at any realistic size, so their compute term is only a bound). Memory runs at the
 ///   datasheet bandwidth.
 /// - Bytes are every input read and every output written (`forward_work`), except:
-///   views (Reshape, Flatten, Squeeze, Unsqueeze, Identity) move nothing and cost the launch
+///   views (ops.def's kView: Reshape, Flatten, Squeeze, Unsqueeze, Identity) move nothing and cost the launch
 ///   alone; other layout ops (Gather, Slice, Split, Concat, Transpose, Expand) read what they
 ///   write (twice the output bytes, plus Gather's indices), not their whole input; shape ops
 ///   write only their output. In mixed precision, floating-point tensors (activations and the
@@ -37,7 +37,7 @@
 
 #include "compiler/ir/graph.h"
 #include "cost_models/device_spec.h"
-#include "cost_models/precision.h"
+#include "runtime/format/vocabulary.h"
 
 namespace stagecraft::cost {
 

@@ -2,10 +2,8 @@
 #include "passes/autodiff.h"
 
 #include <algorithm>
-#include <array>
 #include <map>
 #include <optional>
-#include <span>
 #include <string>
 #include <unordered_set>
 
@@ -16,26 +14,6 @@
 
 namespace stagecraft::passes {
 namespace {
-
-constexpr std::array<std::string_view, 5> kNoGradientOps = {"Shape", "ConstantOfShape", "Range",
-                                                            "Equal", "Constant"};
-/// Ops whose only differentiable input is the first (the rest are shapes, axes, bounds,
-/// indices, labels, a ratio).
-constexpr std::array<std::string_view, 11> kFirstInputOnly = {"Clip",
-                                                              "Dropout",
-                                                              "Reshape",
-                                                              "Expand",
-                                                              "Slice",
-                                                              "Squeeze",
-                                                              "Unsqueeze",
-                                                              "Split",
-                                                              "ReduceMean",
-                                                              "Gather",
-                                                              "SoftmaxCrossEntropyLoss"};
-
-bool contains(std::span<const std::string_view> list, std::string_view op) {
-  return std::find(list.begin(), list.end(), op) != list.end();
-}
 
 /// A known default-domain op (ops.def).
 bool known_op(const ir::Node& node) {
@@ -436,15 +414,13 @@ onnx::ModelProto BackwardBuilder::build(std::vector<ir::ValueId>* no_gradient) {
 }  // namespace
 
 bool has_gradient(std::string_view op_type) {
-  return op_family(op_type).has_value() && !contains(kNoGradientOps, op_type);
+  const OpInfo* info = op_info(op_type);
+  return info != nullptr && info->has_gradient();
 }
 
 bool differentiable_input(std::string_view op_type, std::size_t index) {
-  if (!has_gradient(op_type)) return false;
-  if (op_type == "BatchNormalization") return index <= 2;
-  if (op_type == "Where") return index == 1 || index == 2;
-  if (contains(kFirstInputOnly, op_type)) return index == 0;
-  return true;
+  const OpInfo* info = op_info(op_type);
+  return info != nullptr && info->differentiable_input(index);
 }
 
 std::vector<ir::ValueId> trainable_weights(const ir::Graph& graph,

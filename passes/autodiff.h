@@ -60,16 +60,17 @@ struct BackwardSpec {
   std::vector<ir::ValueId> wanted;
 };
 
-/// False for ops whose outputs carry no gradient (Shape, ConstantOfShape, Range, Equal,
-/// Constant) and for ops stagecraft does not know; true for the other supported ops.
+/// False for ops whose outputs carry no gradient (ops.def's kNoGradient: Shape, ConstantOfShape,
+/// Range, Equal, Constant) and for ops stagecraft does not know; true for the other supported ops.
 bool has_gradient(std::string_view op_type);
 
-/// Whether input `index` of an `op_type` node is differentiable, by position (dtypes aside):
-/// BatchNormalization: X, scale, B (not input_mean, input_var); Clip, Dropout: the data only;
-/// Reshape, Expand, Slice, Squeeze, Unsqueeze, Split, ReduceMean: the first input only (not
-/// shapes, axes, starts, splits); Gather: data only; Where: X and Y (not the condition);
-/// SoftmaxCrossEntropyLoss: scores only (not labels, weights); every input of the other ops with
-/// a gradient (Pow: base and exponent). False for every input of an op without a gradient.
+/// Whether input `index` of an `op_type` node is differentiable, by position (dtypes aside), as
+/// ops.def's Differentiable column says: BatchNormalization: X, scale, B (not input_mean,
+/// input_var); Clip, Dropout: the data only; Reshape, Expand, Slice, Squeeze, Unsqueeze, Split,
+/// ReduceMean: the first input only (not shapes, axes, starts, splits); Gather: data only; Where:
+/// X and Y (not the condition); SoftmaxCrossEntropyLoss: scores only (not labels, weights); every
+/// input of the other ops with a gradient (Pow: base and exponent). False for every input of an
+/// op without a gradient.
 bool differentiable_input(std::string_view op_type, std::size_t index);
 
 /// The stage's trainable weights: the float32 initializers marked `is_weight` that a node of

@@ -1,4 +1,5 @@
 // Folds the shape arithmetic that exporters emit into constants once every dim is bound.
+#include "compiler/ir/ops.h"
 #include "passes/host_tensor.h"
 #include "passes/passes.h"
 #include "runtime/format/error.h"
@@ -9,7 +10,8 @@ bool FoldConstants::run(ir::Graph& graph, PassContext& context) const {
   bool changed = false;
   for (ir::NodeId id : graph.topological_order()) {
     const ir::Node& node = graph.node(id);
-    if (!node.domain.empty() || !host_evaluable(node.op_type)) continue;
+    const OpInfo* info = op_info(node.op_type);
+    if (!node.domain.empty() || info == nullptr || !info->host_folds()) continue;
     // Identity is left to drop-identity; folding it would copy a weight.
     if (node.op_type == "Identity") continue;
 
@@ -27,7 +29,8 @@ bool FoldConstants::run(ir::Graph& graph, PassContext& context) const {
           continue;
         }
         const ir::Value& v = graph.value(in);
-        if (!v.is_initializer() || v.is_weight || !v.shape_known || v.numel() > context.fold_max_elements) {
+        if (!v.is_initializer() || v.is_weight || !v.shape_known ||
+            v.numel() > context.fold_max_elements) {
           foldable = false;
           break;
         }

@@ -1,8 +1,11 @@
 #pragma once
 /// \file
 /// Small tensors evaluated on the host at compile time: the shape arithmetic that exporters
-/// emit (Shape -> Gather -> Unsqueeze -> Concat -> Reshape and friends). Integers are held as
-/// int64 and reals as double, so INT64_MAX in a Slice end survives exactly.
+/// emit (Shape -> Gather -> Unsqueeze -> Concat -> Reshape and friends). The host works out each
+/// node's output type (the int64 shape arithmetic); the values come from the CPU backend's own
+/// kernels, as the runtime would compute them (Shape and Trilu, which have no kernel that
+/// serves, are evaluated here). Integers are held as int64 and reals as double, so INT64_MAX in
+/// a Slice end survives exactly.
 
 #include <cstdint>
 #include <optional>
@@ -16,8 +19,8 @@ namespace stagecraft::passes {
 struct HostTensor {
   DType dtype = DType::kUndefined;
   std::vector<int64_t> shape;
-  std::vector<int64_t> ints;   ///< Used for integer and bool dtypes.
-  std::vector<double> reals;   ///< Used for floating dtypes.
+  std::vector<int64_t> ints;  ///< Used for integer and bool dtypes.
+  std::vector<double> reals;  ///< Used for floating dtypes.
 
   bool is_real() const { return dtype == DType::kFloat32 || dtype == DType::kFloat64; }
   int64_t numel() const;
@@ -34,15 +37,13 @@ struct HostTensor {
 /// True when `dtype` is one the evaluator handles (float32/64, int32/64, bool).
 bool host_dtype(DType dtype);
 
-/// Evaluates `node` on constant inputs (kNoId inputs are passed as nullopt). Shape nodes get
-/// the input's shape through `shape_input`. Returns nullopt when the op is not one the host
-/// evaluator knows, or the attributes are outside what it handles; throws `Error(kModel)` for
-/// inputs that make no sense (an index out of range, shapes that do not broadcast).
+/// Evaluates `node`, an op ops.def marks kHostFolds, on constant inputs (kNoId inputs are passed
+/// as nullopt). Shape nodes get the input's shape through `shape_input`. Returns nullopt when the
+/// op is not one the host evaluator knows, an input it needs is not constant, or the CPU
+/// backend's check refuses the dtypes or attributes; throws `Error` naming the node for inputs
+/// that make no sense (an index out of range, shapes that do not broadcast).
 std::optional<std::vector<HostTensor>> evaluate_on_host(
     const ir::Node& node, const std::vector<std::optional<HostTensor>>& inputs,
     const std::vector<int64_t>& shape_input, int64_t opset);
-
-/// True for the op types `evaluate_on_host` knows.
-bool host_evaluable(std::string_view op_type);
 
 }  // namespace stagecraft::passes

@@ -6,6 +6,7 @@
 
 #include "compiler/import.h"
 #include "compiler/ir/onnx_bridge.h"
+#include "passes/attributes.h"
 #include "passes/host_tensor.h"
 #include "runtime/format/error.h"
 #include "tests/test_util.h"
@@ -148,6 +149,56 @@ TEST_CASE("host evaluation: Slice with INT64_MAX end, negative Gather index, Ran
   r = passes::evaluate_on_host(where, {cond, a, b}, {}, 17);
   REQUIRE(r);
   CHECK((*r)[0].reals == std::vector<double>{1.5, -2});
+}
+
+TEST_CASE("host evaluation runs the CPU backend's kernels: Cast, Concat, Equal, Div, Expand") {
+  ir::Node cast;
+  cast.op_type = "Cast";
+  cast.attributes.push_back(passes::int_attribute("to", onnx::TensorProto::INT64));
+  passes::HostTensor reals{DType::kFloat32, {3}, {}, {2.75, -1.5, 7}};
+  auto r = passes::evaluate_on_host(cast, {reals}, {}, 17);
+  REQUIRE(r);
+  CHECK((*r)[0].dtype == DType::kInt64);
+  CHECK((*r)[0].ints == std::vector<int64_t>{2, -1, 7});
+
+  ir::Node concat;
+  concat.op_type = "Concat";
+  concat.attributes.push_back(passes::int_attribute("axis", 0));
+  passes::HostTensor a{DType::kInt64, {2}, {1, 2}, {}}, b{DType::kInt64, {1}, {-1}, {}};
+  r = passes::evaluate_on_host(concat, {a, b, a}, {}, 17);
+  REQUIRE(r);
+  CHECK((*r)[0].shape == std::vector<int64_t>{5});
+  CHECK((*r)[0].ints == std::vector<int64_t>{1, 2, -1, 1, 2});
+
+  ir::Node equal;
+  equal.op_type = "Equal";
+  r = passes::evaluate_on_host(equal, {a, passes::HostTensor{DType::kInt64, {}, {2}, {}}}, {}, 17);
+  REQUIRE(r);
+  CHECK((*r)[0].dtype == DType::kBool);
+  CHECK((*r)[0].ints == std::vector<int64_t>{0, 1});
+
+  ir::Node div;
+  div.op_type = "Div";
+  passes::HostTensor num{DType::kInt64, {2}, {7, -7}, {}}, den{DType::kInt64, {}, {2}, {}};
+  r = passes::evaluate_on_host(div, {num, den}, {}, 17);
+  REQUIRE(r);
+  CHECK((*r)[0].ints == std::vector<int64_t>{3, -3});  // truncated toward zero
+  // Mixed dtypes: no kernel signature, so no fold (not an error).
+  CHECK_FALSE(passes::evaluate_on_host(div, {num, reals}, {}, 17));
+  // A kernel's error names the node.
+  div.name = "/attn/Div";
+  passes::HostTensor zero{DType::kInt64, {}, {0}, {}};
+  CHECK_THROWS_WITH_AS(passes::evaluate_on_host(div, {num, zero}, {}, 17),
+                       doctest::Contains("/attn/Div"), Error);
+
+  ir::Node expand;
+  expand.op_type = "Expand";
+  passes::HostTensor shape{DType::kInt64, {2}, {2, 3}, {}};
+  passes::HostTensor row{DType::kFloat32, {3}, {}, {0.5, 1, 2}};
+  r = passes::evaluate_on_host(expand, {row, shape}, {}, 17);
+  REQUIRE(r);
+  CHECK((*r)[0].shape == std::vector<int64_t>{2, 3});
+  CHECK((*r)[0].reals == std::vector<double>{0.5, 1, 2, 0.5, 1, 2});
 }
 
 TEST_CASE("a tensor whose shape stays unknown is named") {

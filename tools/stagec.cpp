@@ -1,7 +1,7 @@
 // stagec: the offline compiler's command line.
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -22,7 +22,7 @@ std::string default_profile_db(int threads) {
   namespace fs = std::filesystem;
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
-  fs::path dir = xdg && *xdg ? fs::path(xdg) / "stagecraft"
+  fs::path dir = xdg && *xdg     ? fs::path(xdg) / "stagecraft"
                  : home && *home ? fs::path(home) / ".cache" / "stagecraft"
                                  : fs::path(".");
   return (dir / fmt::format("profile-cpu-{}threads.json", threads)).string();
@@ -31,9 +31,9 @@ std::string default_profile_db(int threads) {
 /// The measured cost model of --profile cpu: profiles the signatures of the planner's graph that
 /// the database at `db_path` lacks (with `training`, their gradient ops too), saves it, prints a
 /// summary line (and one line per backward left to the roofline ratio), and reads times from it.
-std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(const stagecraft::ir::Graph& graph,
-                                                              const stagecraft::cost::RooflineCostModel& roofline,
-                                                              const std::string& db_path, int threads, bool training) {
+std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(
+    const stagecraft::ir::Graph& graph, const stagecraft::cost::RooflineCostModel& roofline,
+    const std::string& db_path, int threads, bool training) {
   using namespace stagecraft;
   using Clock = std::chrono::steady_clock;
   std::error_code ec;
@@ -51,7 +51,8 @@ std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(const stagecraft::
     last_shown = t;
     fmt::print(stderr, "profiling: {}/{} signatures\n", done, total);
   };
-  const auto direction = training ? profile::Direction::kForwardAndBackward : profile::Direction::kForward;
+  const auto direction =
+      training ? profile::Direction::kForwardAndBackward : profile::Direction::kForward;
   profile::ProfileStats stats;
   try {
     stats = profile::profile_graph(graph, db, threads, direction, progress);
@@ -64,16 +65,107 @@ std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(const stagecraft::
   if (stats.measured > 0 || stats.backward_measured > 0 || !existed) db.save(db_path);
   std::string backward;
   if (training) {
-    backward = fmt::format(", backward of {} ({} cached, {} by roofline ratio)", stats.backward_signatures,
-                           stats.backward_cached, stats.backward_by_ratio.size());
+    backward =
+        fmt::format(", backward of {} ({} cached, {} by roofline ratio)", stats.backward_signatures,
+                    stats.backward_cached, stats.backward_by_ratio.size());
   }
-  fmt::print("profiled {} signatures ({} cached){} in {:.2f} s; db {}\n", stats.signatures, stats.cached, backward,
-             stats.seconds, db_path);
+  fmt::print("profiled {} signatures ({} cached){} in {:.2f} s; db {}\n", stats.signatures,
+             stats.cached, backward, stats.seconds, db_path);
   for (const std::string& why : stats.backward_by_ratio) {
     fmt::print("backward by the roofline's backward/forward ratio: {}\n", why);
   }
   return std::make_unique<cost::MeasuredCostModel>(
-      db, roofline, training ? cost::BackwardTimes::kMeasured : cost::BackwardTimes::kRooflineRatio);
+      db, roofline,
+      training ? cost::BackwardTimes::kMeasured : cost::BackwardTimes::kRooflineRatio);
+}
+
+/// The planning choices as the command line spells them; parsed once, into the plan's
+/// vocabulary (runtime/format/vocabulary.h), by `parse_choices`.
+struct ChoiceNames {
+  std::string objective = "speed", schedule, optimizer = "adamw", precision = "fp32",
+              recompute = "none";
+};
+
+/// Registers the planning flags: numbers straight into `po`, the named choices into `names`.
+void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNames& names) {
+  app.add_option("--devices", po.devices, "pipeline devices P")->check(CLI::PositiveNumber);
+  app.add_option("--objective", names.objective,
+                 "speed: shortest predicted step; memory: smallest peak per device");
+  app.add_option(
+      "--schedule", names.schedule,
+      "gpipe (SageMaker's 'simple') | 1f1b (SageMaker's 'interleaved') | interleaved (Megatron "
+      "virtual stages) | zb-h1 | inference; default 1f1b with --train, else inference");
+  app.add_option("--chunks", po.chunks,
+                 "V model chunks per device for --schedule interleaved (default 2)");
+  app.add_option("--microbatches", po.microbatches,
+                 "M microbatches per step (default: the device count)");
+  app.add_flag("--train", po.training, "plan training: forward, backward and optimizer step");
+  app.add_option("--optimizer", names.optimizer,
+                 "with --train: sgd | momentum | nesterov | adam | adamw | adagrad (default adamw; "
+                 "adam8bit: memory "
+                 "planning only)");
+  app.add_option(
+      "--loss", po.loss.kind,
+      "with --train: mse | cross-entropy, appended to the model's output (default: the model's own "
+      "scalar output is the loss)");
+  app.add_option("--labels", po.loss.labels,
+                 "with --loss: the labels input (default 'labels'; added when the model "
+                 "has none)");
+  app.add_option(
+      "--loss-axis", po.loss.axis,
+      "with --loss cross-entropy: the output's class axis K (negative counts from the end). "
+      "Default: "
+      "from the labels input's shape (the output without its last axis: the last axis, language "
+      "models' [B,T,V] with [B,T]; without axis 1: axis 1, ONNX's [N,C,...]; both or neither: an "
+      "error); "
+      "labels stagec adds: axis 1 for [N,C], the last axis for rank 3 and more");
+  app.add_option("--ignore-index", po.loss.ignore_index,
+                 "with --loss cross-entropy: the label value of padding, left out of the loss and "
+                 "of the mean's "
+                 "count (default -100, PyTorch's)");
+  app.add_option("--lr", po.training_config.lr, "with --train: learning rate (default 0.001)");
+  app.add_option("--weight-decay", po.training_config.weight_decay,
+                 "with --train: weight decay (default 0)");
+  app.add_option("--momentum", po.training_config.momentum,
+                 "with --optimizer momentum|nesterov (default 0.9)");
+  app.add_option("--lr-schedule", po.training_config.lr_schedule,
+                 "with --train: constant | warmup-linear | cosine (default constant)");
+  app.add_option("--warmup-steps", po.training_config.warmup_steps,
+                 "with --lr-schedule: linear warm-up steps");
+  app.add_option("--total-steps", po.training_config.total_steps,
+                 "with --lr-schedule warmup-linear|cosine: the step where the rate reaches 0");
+  app.add_option("--precision", names.precision,
+                 "fp32 | mixed (16-bit compute, fp32 master weights)");
+  app.add_option(
+      "--device-spec", po.device_spec,
+      "h100 | h200 | a100-80g | a100-40g | v100-16g | cpu, or a JSON file with peak_flops_fp32, "
+      "peak_flops_fp16, memory_bandwidth, memory_bytes, launch_overhead_s, efficiency");
+  app.add_option("--cluster", po.cluster,
+                 "JSON file: devices_per_node and the intra/inter-node link bandwidth and latency "
+                 "(default: the device kind's NVLink/InfiniBand figures)");
+  app.add_option(
+      "--recompute", names.recompute,
+      "with --train: activation recomputation. none (default); all: every stage keeps only its "
+      "inputs per microbatch and re-runs its forward before the backward; auto: with --objective "
+      "speed, "
+      "only on the devices that would not fit without it, the stages it saves most on first "
+      "(the split search counts it); with --objective memory, every stage whose memory it "
+      "lowers");
+}
+
+/// Parses the named choices into `po`; a bad name is a usage error naming the flag and listing
+/// the valid names ("--objective: unknown objective 'fast'; valid: speed, memory").
+void parse_choices(const ChoiceNames& names, stagecraft::plan::PlanOptions& po) {
+  using namespace stagecraft;
+  auto flag = [](const char* name, auto parse) {
+    return with_context(name, ErrorKind::kUsage, parse);
+  };
+  po.objective = flag("--objective", [&] { return parse_objective(names.objective); });
+  if (!names.schedule.empty())
+    po.schedule = flag("--schedule", [&] { return parse_schedule(names.schedule); });
+  po.optimizer = flag("--optimizer", [&] { return parse_optimizer(names.optimizer); });
+  po.precision = flag("--precision", [&] { return parse_precision(names.precision); });
+  po.recompute = flag("--recompute", [&] { return parse_recompute(names.recompute); });
 }
 
 int run(int argc, char** argv) {
@@ -84,10 +176,12 @@ int run(int argc, char** argv) {
       "  stagec MODEL -o PLAN_DIR --devices N [options]          plan it\n\n"
       "Import checks the model (ONNX checker, strict shape inference), binds symbolic input dims\n"
       "from --batch and --dim, and folds the shape arithmetic exporters emit into constants.\n"
-      "Planning costs every op on the device (analytic roofline, or with --profile cpu the times the\n"
+      "Planning costs every op on the device (analytic roofline, or with --profile cpu the times "
+      "the\n"
       "CPU backend's kernels take, cached in a profile database), splits the graph into\n"
       "devices x chunks stages (exact over cuts of a topological order, memory a hard limit),\n"
-      "builds the schedule, simulates it, and writes PLAN_DIR/{plan.json,schedule.json,stage_K.onnx}.\n"
+      "builds the schedule, simulates it, and writes "
+      "PLAN_DIR/{plan.json,schedule.json,stage_K.onnx}.\n"
       "Inspect a plan with stagedump PLAN_DIR.",
       "stagec"};
   std::string model_path;
@@ -96,82 +190,46 @@ int run(int argc, char** argv) {
   std::vector<std::string> dims;
   std::string out_dir;
   plan::PlanOptions po;
-  app.add_option("model", model_path, "ONNX model file (.onnx); external weight files must sit in its folder")
+  app.add_option("model", model_path,
+                 "ONNX model file (.onnx); external weight files must sit in its folder")
       ->required();
-  app.add_flag("--info", info,
-               "print what the model is: opset, inputs/outputs with bound shapes, node count by op, "
-               "parameters, forward FLOPs, which dims were bound");
+  app.add_flag(
+      "--info", info,
+      "print what the model is: opset, inputs/outputs with bound shapes, node count by op, "
+      "parameters, forward FLOPs, which dims were bound");
   app.add_flag("--json", json, "with --info: print the same facts as one JSON object");
-  app.add_option("--batch", batch,
-                 "global batch: binds the first dim of every input whose first dim is symbolic (when "
-                 "planning, each microbatch gets batch/microbatches)");
+  app.add_option(
+      "--batch", batch,
+      "global batch: binds the first dim of every input whose first dim is symbolic (when "
+      "planning, each microbatch gets batch/microbatches)");
   app.add_option("--dim", dims,
                  "bind a symbolic dim by name, NAME=VALUE (e.g. --dim seq=512), or an unnamed one "
                  "as INPUT:INDEX=VALUE; repeatable");
-  app.add_option("-o,--output", out_dir, "plan directory to write (replaced atomically if it holds a plan)");
-  app.add_option("--devices", po.devices, "pipeline devices P")->check(CLI::PositiveNumber);
-  app.add_option("--objective", po.objective, "speed: shortest predicted step; memory: smallest peak per device")
-      ->check(CLI::IsMember({"speed", "memory"}));
-  app.add_option("--schedule", po.schedule,
-                 "gpipe (SageMaker's 'simple') | 1f1b (SageMaker's 'interleaved') | interleaved (Megatron "
-                 "virtual stages) | zb-h1 | inference; default 1f1b with --train, else inference");
-  app.add_option("--chunks", po.chunks, "V model chunks per device for --schedule interleaved (default 2)");
-  app.add_option("--microbatches", po.microbatches, "M microbatches per step (default: the device count)");
-  app.add_flag("--train", po.training, "plan training: forward, backward and optimizer step");
-  app.add_option("--optimizer", po.optimizer,
-                 "with --train: sgd | momentum | nesterov | adam | adamw | adagrad (default adamw; adam8bit: memory "
-                 "planning only)");
-  app.add_option("--loss", po.loss.kind,
-                 "with --train: mse | cross-entropy, appended to the model's output (default: the model's own "
-                 "scalar output is the loss)");
-  app.add_option("--labels", po.loss.labels, "with --loss: the labels input (default 'labels'; added when the model "
-                 "has none)");
-  app.add_option("--loss-axis", po.loss.axis,
-                 "with --loss cross-entropy: the output's class axis K (negative counts from the end). Default: "
-                 "from the labels input's shape (the output without its last axis: the last axis, language "
-                 "models' [B,T,V] with [B,T]; without axis 1: axis 1, ONNX's [N,C,...]; both or neither: an error); "
-                 "labels stagec adds: axis 1 for [N,C], the last axis for rank 3 and more");
-  app.add_option("--ignore-index", po.loss.ignore_index,
-                 "with --loss cross-entropy: the label value of padding, left out of the loss and of the mean's "
-                 "count (default -100, PyTorch's)");
-  app.add_option("--lr", po.training_config.lr, "with --train: learning rate (default 0.001)");
-  app.add_option("--weight-decay", po.training_config.weight_decay, "with --train: weight decay (default 0)");
-  app.add_option("--momentum", po.training_config.momentum, "with --optimizer momentum|nesterov (default 0.9)");
-  app.add_option("--lr-schedule", po.training_config.lr_schedule,
-                 "with --train: constant | warmup-linear | cosine (default constant)");
-  app.add_option("--warmup-steps", po.training_config.warmup_steps, "with --lr-schedule: linear warm-up steps");
-  app.add_option("--total-steps", po.training_config.total_steps,
-                 "with --lr-schedule warmup-linear|cosine: the step where the rate reaches 0");
-  app.add_option("--precision", po.precision, "fp32 | mixed (16-bit compute, fp32 master weights)");
-  app.add_option("--device-spec", po.device_spec,
-                 "h100 | h200 | a100-80g | a100-40g | v100-16g | cpu, or a JSON file with peak_flops_fp32, "
-                 "peak_flops_fp16, memory_bandwidth, memory_bytes, launch_overhead_s, efficiency");
-  app.add_option("--cluster", po.cluster,
-                 "JSON file: devices_per_node and the intra/inter-node link bandwidth and latency "
-                 "(default: the device kind's NVLink/InfiniBand figures)");
-  app.add_option("--recompute", po.recompute,
-                 "with --train: activation recomputation. none (default); all: every stage keeps only its "
-                 "inputs per microbatch and re-runs its forward before the backward; auto: with --objective speed, "
-                 "only on the devices that would not fit without it, the stages it saves most on first "
-                 "(the split search counts it); with --objective memory, every stage whose memory it "
-                 "lowers")
-      ->check(CLI::IsMember({"none", "all", "auto"}));
-  app.add_option("--split-after", po.split_after, "manual split points: node names, comma separated")
+  app.add_option("-o,--output", out_dir,
+                 "plan directory to write (replaced atomically if it holds a plan)");
+  ChoiceNames choice_names;
+  add_plan_options(app, po, choice_names);
+  app.add_option("--split-after", po.split_after,
+                 "manual split points: node names, comma separated")
       ->delimiter(',');
-  app.add_flag("--dry-run", dry_run, "plan and print, writing no plan (--profile still caches what it measures)");
+  app.add_flag("--dry-run", dry_run,
+               "plan and print, writing no plan (--profile still caches what it measures)");
   std::string profile_backend, profile_db;
   int profile_threads = 1;
-  app.add_option("--profile", profile_backend,
-                 "cpu: measure each distinct op signature with the CPU backend's kernels and plan with those "
-                 "times instead of the roofline; with --train also its gradient ops as autodiff writes them "
-                 "(input- and weight-gradient parts apart; the roofline's backward/forward ratio only where "
-                 "the backend has no gradient kernel, each such op reported); device spec defaults to cpu");
-  app.add_option("--profile-db", profile_db,
-                 "with --profile: the profile database (JSON) to read and extend (default: "
-                 "$XDG_CACHE_HOME/stagecraft/profile-cpu-<T>threads.json, ~/.cache/stagecraft/... without "
-                 "XDG_CACHE_HOME)");
+  app.add_option(
+      "--profile", profile_backend,
+      "cpu: measure each distinct op signature with the CPU backend's kernels and plan with those "
+      "times instead of the roofline; with --train also its gradient ops as autodiff writes them "
+      "(input- and weight-gradient parts apart; the roofline's backward/forward ratio only where "
+      "the backend has no gradient kernel, each such op reported); device spec defaults to cpu");
+  app.add_option(
+      "--profile-db", profile_db,
+      "with --profile: the profile database (JSON) to read and extend (default: "
+      "$XDG_CACHE_HOME/stagecraft/profile-cpu-<T>threads.json, ~/.cache/stagecraft/... without "
+      "XDG_CACHE_HOME)");
   app.add_option("--profile-threads", profile_threads,
-                 "with --profile: CPU threads each op is measured with (default 1, as stagerun --threads-per-device)")
+                 "with --profile: CPU threads each op is measured with (default 1, as stagerun "
+                 "--threads-per-device)")
       ->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
@@ -179,10 +237,12 @@ int run(int argc, char** argv) {
     return app.exit(e);
   }
 
+  parse_choices(choice_names, po);
   ImportOptions options;
   options.batch = batch;
   for (const auto& d : dims) parse_dim_binding(d, options);
-  if (json && !info) fail(ErrorKind::kUsage, "--json needs --info (stagedump PLAN_DIR --json shows a plan)");
+  if (json && !info)
+    fail(ErrorKind::kUsage, "--json needs --info (stagedump PLAN_DIR --json shows a plan)");
   if (info) {
     ImportedModel model = import_model(model_path, options);
     ModelInfo facts = describe_model(model);
@@ -190,14 +250,17 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (out_dir.empty() && !dry_run) {
-    fail(ErrorKind::kUsage, "nothing to do: give --info, -o PLAN_DIR to write a plan, or --dry-run");
+    fail(ErrorKind::kUsage,
+         "nothing to do: give --info, -o PLAN_DIR to write a plan, or --dry-run");
   }
-  if (profile_backend.empty() && (app.count("--profile-db") > 0 || app.count("--profile-threads") > 0)) {
+  if (profile_backend.empty() &&
+      (app.count("--profile-db") > 0 || app.count("--profile-threads") > 0)) {
     fail(ErrorKind::kUsage, "--profile-db and --profile-threads need --profile cpu");
   }
   if (profile_backend == "cuda") {
     fail(ErrorKind::kUnsupported,
-         "--profile cuda: only the cpu backend can be profiled so far (there is no CUDA runtime yet); use --profile cpu");
+         "--profile cuda: only the cpu backend can be profiled so far (there is no CUDA runtime "
+         "yet); use --profile cpu");
   }
   if (!profile_backend.empty() && profile_backend != "cpu") {
     fail(ErrorKind::kUsage, "--profile '{}' is not a backend; use --profile cpu", profile_backend);
@@ -206,8 +269,8 @@ int run(int argc, char** argv) {
     // Measured CPU times: the device's memory and links are the CPU's unless told otherwise.
     if (app.count("--device-spec") == 0) po.device_spec = "cpu";
     std::string db_path = profile_db.empty() ? default_profile_db(profile_threads) : profile_db;
-    po.cost_model = [db_path, profile_threads, training = po.training](const ir::Graph& graph,
-                                                                        const cost::RooflineCostModel& roofline) {
+    po.cost_model = [db_path, profile_threads, training = po.training](
+                        const ir::Graph& graph, const cost::RooflineCostModel& roofline) {
       return profiled_costs(graph, roofline, db_path, profile_threads, training);
     };
   }
@@ -228,9 +291,10 @@ int run(int argc, char** argv) {
     return 0;
   }
   // stagerun must be able to run every op of the stage files it is given.
-  check_backend_supports(planned.model.graph, rt::cpu_backend());
+  check_backend_supports(planned.model.graph, rt::backend_by_name("cpu"));
   plan::write_plan(planned, out_dir);
-  fmt::print("planned in {:.2f} s; wrote {} (inspect with: stagedump {})\n", plan_s, out_dir, out_dir);
+  fmt::print("planned in {:.2f} s; wrote {} (inspect with: stagedump {})\n", plan_s, out_dir,
+             out_dir);
   return 0;
 }
 

@@ -2,16 +2,16 @@
 //
 // Views (the text report goes to stdout unless another view is written to "-"):
 //   (default)    header, stage table, memory anatomy, why, cut tensors, shared weights per
-//                stage, prediction beside the baselines, ASCII timeline of the re-simulated
+//                stage, prediction beside the baselines, ASCII timeline of the predicted
 //                schedule
 //   --json       the JSON document below instead of the text
 //   --dot FILE   Graphviz digraph of the ops in stage clusters ("-": stdout)
 //   --trace FILE Chrome trace (Trace Event Format) of the predicted schedule ("-": stdout)
 //   --html FILE  one self-contained HTML page ("-": stdout)
 //
-// The timeline is the plan's schedule.json played by compiler/schedule's event simulator with
-// the plan's per-stage times; each stage's bwd_ms is split half and half into B and W (only
-// ZB-H1 runs them apart). See tools/dump/view.h.
+// The timeline is the plan's own `timeline`: what the planner's simulation predicted, drawn as it
+// is (stagedump simulates nothing, so the dump and the plan cannot disagree). See
+// tools/dump/view.h.
 //
 // --json schema (stable: keys are only ever added; times in ms, memory in bytes):
 //   {
@@ -27,14 +27,16 @@
 //     "cuts":      [{after_stage, bytes, tensors [{name, dtype, shape, from, to [], bytes}]}],
 //     "predicted": {step_ms, bubble_fraction, samples_per_s, peak_memory_bytes, fits},
 //     "simulated": {step_ms, bubble_fraction, samples_per_s, device_busy_ms [],
-//                   device_peak_bytes []},
+//                   device_peak_bytes []}  (the timeline's figures: the prediction's),
+//     "timeline":  [{device, op (forward|backward|backward_input|backward_weight|optimizer),
+//                    stage, microbatch, start_ms, end_ms}]  (compute events),
 //     "baselines": {"parameters": {step_ms, bubble_fraction, samples_per_s, peak_memory_bytes,
 //                                  fits, step_ratio (ours / baseline; null if baseline is 0)},
 //                   "uniform":    {same}},
 //     "ops":       [{name, op_type, stage, fwd_ms, bwd_ms, flops}]
 //   }
 // "cuts"[c] lists the tensors crossing between stage c and c + 1 (a skip connection appears
-// under every cut it crosses); "predicted" is the compiler's figure, "simulated" the replay.
+// under every cut it crosses); "predicted" is the compiler's figure.
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
@@ -71,8 +73,7 @@ int run(int argc, char** argv) {
       "Reads PLAN_DIR/plan.json and schedule.json as the runtime does: the plan is validated\n"
       "(versions, stage indices, devices, tensors crossing stages, node lists) and each stage\n"
       "file is checked against its recorded hash; a bad plan is refused with the file and the\n"
-      "field. The schedule is re-simulated with the plan's stage times for the timelines (each\n"
-      "stage's backward split half and half into ZB-H1's B and W).\n"
+      "field. The timelines draw the plan's predicted timeline as the planner simulated it.\n"
       "Prints a text report on stdout unless another view is written to '-'.",
       "stagedump"};
   std::string plan_dir;
@@ -82,7 +83,7 @@ int run(int argc, char** argv) {
       ->required();
   app.add_flag("--json", json,
                "print the plan as one JSON document instead of the text report (stages, cuts, "
-               "predicted, simulated, baselines, ops; schema in the README)");
+               "predicted, simulated, timeline, baselines, ops; schema in the README)");
   app.add_option("--dot", dot,
                  "write a Graphviz digraph of the ops, one coloured cluster per stage with the "
                  "tensors crossing between stages, to FILE ('-': stdout)")

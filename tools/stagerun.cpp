@@ -25,9 +25,8 @@
 // (--save-every) and after the last step, atomically (runtime/exec/checkpoint.h); --resume DIR
 // restores them before the run (refusing a checkpoint of another plan); --export FILE writes the
 // original model with the trained weights after the run (--steps 0: export without running).
-#include <sys/resource.h>
-
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -53,7 +52,6 @@ int64_t peak_rss_bytes() {
   if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
-
 
 // A tensor name as a file name: characters other than letters, digits, '.', '-' and '_' become '_'.
 std::string file_stem(const std::string& name) {
@@ -98,27 +96,30 @@ std::map<std::string, rt::Tensor> read_inputs(const std::string& path,
 }
 
 // --data: each input's file holds K batches along the first axis; cut them into K input maps.
-std::vector<std::map<std::string, rt::Tensor>> cut_batches(const std::map<std::string, rt::Tensor>& data,
-                                                           const rt::Pipeline& pipeline, const std::string& dir) {
+std::vector<std::map<std::string, rt::Tensor>> cut_batches(
+    const std::map<std::string, rt::Tensor>& data, const rt::Pipeline& pipeline,
+    const std::string& dir) {
   int64_t batches = -1;
   const int64_t m = pipeline.plan().microbatches;
   for (const rt::ModelTensor& in : pipeline.inputs()) {
     const rt::Tensor& t = data.at(in.name);
     int64_t rows = in.shape.empty() ? 1 : in.shape[0] * m;
-    bool fits = !in.shape.empty() && t.dtype == in.dtype && t.rank() == static_cast<int64_t>(in.shape.size()) &&
-                std::equal(in.shape.begin() + 1, in.shape.end(), t.shape.begin() + 1) && t.shape[0] % rows == 0 &&
-                t.shape[0] > 0;
+    bool fits = !in.shape.empty() && t.dtype == in.dtype &&
+                t.rank() == static_cast<int64_t>(in.shape.size()) &&
+                std::equal(in.shape.begin() + 1, in.shape.end(), t.shape.begin() + 1) &&
+                t.shape[0] % rows == 0 && t.shape[0] > 0;
     if (!fits)
-      fail(ErrorKind::kShape, "--data {}: input '{}' is {} but should be K batches of {}{} along the first axis",
-           dir, in.name, t.describe(), dtype_name(in.dtype),
-           rt::shape_string([&] {
+      fail(ErrorKind::kShape,
+           "--data {}: input '{}' is {} but should be K batches of {}{} along the first axis", dir,
+           in.name, t.describe(), dtype_name(in.dtype), rt::shape_string([&] {
              rt::Shape b = in.shape;
              if (!b.empty()) b[0] = rows;
              return b;
            }()));
     int64_t k = t.shape[0] / rows;
     if (batches >= 0 && k != batches)
-      fail(ErrorKind::kShape, "--data {}: input '{}' holds {} batches, another input {}", dir, in.name, k, batches);
+      fail(ErrorKind::kShape, "--data {}: input '{}' holds {} batches, another input {}", dir,
+           in.name, k, batches);
     batches = k;
   }
   std::vector<std::map<std::string, rt::Tensor>> out(static_cast<size_t>(batches));
@@ -130,245 +131,314 @@ std::vector<std::map<std::string, rt::Tensor>> cut_batches(const std::map<std::s
   return out;
 }
 
+// The command line.
+struct Args {
+  std::string plan_dir, backend_name = "cpu", inputs_path, outputs_dir, trace_path, inject_fault;
+  std::string data_dir, checkpoint_dir, resume_dir, export_path;
+  int steps = 1, threads = 1, save_every = 0;
+  bool synthetic = false, json = false, quiet = false, skip_nonfinite = false;
+};
+
+// Declares every option of `args` on `app`.
+void add_options(CLI::App& app, Args& args) {
+  app.set_help_flag("-h,--help", "Print this help and exit");
+  app.add_option("plan", args.plan_dir, "Plan directory written by stagec")->required();
+  app.add_option("--backend", args.backend_name, "Backend: cpu (default) or cuda")
+      ->capture_default_str();
+  app.add_option("--steps", args.steps,
+                 "Steps to run over the same batch; figures are of the median step")
+      ->capture_default_str();
+  app.add_option("--inputs", args.inputs_path,
+                 "The whole batch: FILE.npy (one-input models) or DIR with NAME.npy or NAME.pb "
+                 "per graph input");
+  app.add_option(
+      "--data", args.data_dir,
+      "DIR with NAME.npy per graph input holding K whole batches along the first axis; step s "
+      "trains on batch s mod K");
+  app.add_flag("--synthetic", args.synthetic,
+               "Deterministic synthetic inputs (the default without --inputs)");
+  app.add_option("--outputs", args.outputs_dir,
+                 "Write the last step's graph outputs as DIR/NAME.npy");
+  app.add_option("--threads-per-device", args.threads, "CPU threads each device's kernels use")
+      ->capture_default_str();
+  app.add_option("--trace", args.trace_path,
+                 "Chrome trace of what ran (format of stagedump --trace; '-': stdout)");
+  app.add_flag("--json", args.json, "Print the figures as one JSON object instead of text");
+  app.add_flag("-q,--quiet", args.quiet, "No progress line");
+  app.add_flag("--skip-nonfinite", args.skip_nonfinite,
+               "Training: go on when the loss is NaN or infinite");
+  app.add_option("--checkpoint", args.checkpoint_dir,
+                 "Training: save weights and optimizer state into DIR (after the last step, and "
+                 "every --save-every steps)");
+  app.add_option("--save-every", args.save_every,
+                 "Training: save a checkpoint every K optimizer steps (needs --checkpoint)");
+  app.add_option("--resume", args.resume_dir,
+                 "Training: restore weights, optimizer state and step count from DIR first");
+  app.add_option("--export", args.export_path,
+                 "Write the original model with the trained weights to FILE.onnx after the run "
+                 "(--steps 0: no run)");
+  app.add_option("--inject-fault", args.inject_fault, "Testing: make the node of this name fail")
+      ->group("");
+}
+
+// The checks of the options among themselves (before the plan is read).
+void check_args(const Args& args) {
+  if (args.synthetic && !args.inputs_path.empty())
+    fail(ErrorKind::kUsage, "--synthetic and --inputs exclude each other");
+  if (args.steps < 0 || (args.steps == 0 && args.export_path.empty()))
+    fail(ErrorKind::kUsage, "--steps must be at least 1 (got {}; 0 only with --export)",
+         args.steps);
+  if (args.save_every < 0)
+    fail(ErrorKind::kUsage, "--save-every must be at least 1 (got {})", args.save_every);
+  if (args.save_every > 0 && args.checkpoint_dir.empty())
+    fail(ErrorKind::kUsage, "--save-every needs --checkpoint DIR");
+}
+
+// --data: batch k of K for step k mod K, one step per run; the optimizer state, the step count
+// and the lr schedule carry over between runs. One report over all the steps.
+rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt::Tensor>& data,
+                          const Args& args, const rt::RunOptions& options) {
+  rt::RunReport report;
+  std::vector<std::map<std::string, rt::Tensor>> batches =
+      cut_batches(data, pipeline, args.data_dir);
+  std::vector<rt::RunReport> runs;
+  double offset = 0;
+  rt::RunOptions one_step = options;  // progress is shown over all the steps, below
+  one_step.steps = 1;
+  one_step.progress = nullptr;
+  for (int s = 0; s < args.steps; ++s) {
+    runs.push_back(pipeline.run(batches[static_cast<size_t>(s) % batches.size()], one_step));
+    rt::RunReport& r = runs.back();
+    report.step_s.push_back(r.step_s.front());
+    report.losses.insert(report.losses.end(), r.losses.begin(), r.losses.end());
+    for (auto e : r.events) {
+      e.start_s += offset;
+      e.end_s += offset;
+      report.events.push_back(e);
+    }
+    offset = report.events.empty() ? offset : report.events.back().end_s;
+    if (options.progress) options.progress(s + 1, args.steps, offset);
+  }
+  std::vector<int> order(runs.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(k);
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return report.step_s[a] < report.step_s[b]; });
+  report.reported_step = order[order.size() / 2];
+  report.bubble_fraction = runs[report.reported_step].bubble_fraction;
+  report.devices = runs[report.reported_step].devices;
+  report.outputs = runs.back().outputs;
+  return report;
+}
+
+// --outputs: the last step's graph outputs as DIR/NAME.npy; the files written, for the report.
+nlohmann::ordered_json write_outputs(const rt::RunReport& report, const std::string& outputs_dir) {
+  nlohmann::ordered_json outputs = nlohmann::ordered_json::array();
+  if (outputs_dir.empty()) return outputs;
+  for (const auto& [name, tensor] : report.outputs) {
+    std::string file = (fs::path(outputs_dir) / (file_stem(name) + ".npy")).string();
+    rt::write_npy(file, tensor);
+    outputs.push_back({{"name", name},
+                       {"dtype", dtype_name(tensor.dtype)},
+                       {"shape", tensor.shape},
+                       {"file", file}});
+  }
+  return outputs;
+}
+
+// --trace: the measured compute as a Chrome trace ('-': stdout).
+void write_trace(const rt::RunReport& report, const Args& args, int devices) {
+  if (args.trace_path.empty()) return;
+  std::string name = "measured: " + fs::path(args.plan_dir).lexically_normal().string();
+  std::string text = dump::trace_json(report.events, devices, name).dump(1) + "\n";
+  if (args.trace_path == "-") {
+    fmt::print("{}", text);
+    return;
+  }
+  std::ofstream out(args.trace_path, std::ios::binary);
+  if (out) out << text;
+  if (!out) fail(ErrorKind::kIo, "--trace {}: cannot write", args.trace_path);
+}
+
+// The inputs as the report names them.
+std::string inputs_label(const Args& args, bool json) {
+  if (!args.data_dir.empty())
+    return json ? args.data_dir : "--data " + args.data_dir + " (step s: batch s mod K)";
+  if (args.inputs_path.empty()) return json ? "synthetic" : "synthetic (deterministic)";
+  return args.inputs_path;
+}
+
+// --json: one object per training step (JSON Lines), then the summary (schema: file comment).
+void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args& args,
+                std::string_view backend, int64_t first_step,
+                const nlohmann::ordered_json& outputs) {
+  double step_s = report.step_s[report.reported_step];
+  for (size_t k = 0; k < report.losses.size(); ++k)
+    fmt::print("{}\n", nlohmann::ordered_json{{"step", first_step + static_cast<int64_t>(k) + 1},
+                                              {"loss", report.losses[k]},
+                                              {"step_ms", report.step_s[k] * 1e3}}
+                           .dump());
+  nlohmann::ordered_json j;
+  j["plan"] = args.plan_dir;
+  j["backend"] = std::string(backend);
+  j["threads_per_device"] = args.threads;
+  j["devices"] = plan.devices;
+  j["microbatches"] = plan.microbatches;
+  j["batch"] = plan.batch;
+  j["steps"] = args.steps;
+  j["inputs"] = inputs_label(args, true);
+  nlohmann::ordered_json ms = nlohmann::ordered_json::array();
+  for (double s : report.step_s) ms.push_back(s * 1e3);
+  j["step_ms"] = ms;
+  j["median_step_ms"] = step_s * 1e3;
+  j["samples_per_s"] = step_s > 0 ? static_cast<double>(plan.batch) / step_s : 0;
+  j["bubble"] = {{"measured", report.bubble_fraction},
+                 {"predicted", plan.predicted.bubble_fraction}};
+  j["predicted_step_ms"] = plan.predicted.step_ms;
+  j["cost_model"] = plan.cost_model;
+  if (!report.losses.empty()) j["final_loss"] = report.losses.back();
+  nlohmann::ordered_json devs = nlohmann::ordered_json::array();
+  for (size_t d = 0; d < report.devices.size(); ++d) {
+    const rt::DeviceReport& r = report.devices[d];
+    devs.push_back({{"device", d},
+                    {"busy_fraction", step_s > 0 ? r.busy_s / step_s : 0.0},
+                    {"peak_bytes", r.peak_bytes},
+                    {"predicted_peak_bytes", r.predicted_peak_bytes},
+                    {"arena_bytes", r.arena_bytes},
+                    {"weight_bytes", r.weight_bytes}});
+  }
+  j["device"] = devs;
+  j["process_peak_rss_bytes"] = peak_rss_bytes();
+  j["outputs"] = outputs;
+  if (args.trace_path != "-") fmt::print("{}\n", j.dump(2));
+}
+
+// The figures as text.
+void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args& args,
+                std::string_view backend, int64_t first_step,
+                const nlohmann::ordered_json& outputs) {
+  const int threads = args.threads;
+  double step_s = report.step_s[report.reported_step];
+  double samples_per_s = step_s > 0 ? static_cast<double>(plan.batch) / step_s : 0;
+  std::vector<double> sorted = report.step_s;
+  std::sort(sorted.begin(), sorted.end());
+  fmt::print(
+      "plan {}: {} on {} device{}, {} microbatches of {} (batch {}); backend {}, {} thread{} per "
+      "device\n",
+      args.plan_dir, plan.schedule, plan.devices, plan.devices == 1 ? "" : "s", plan.microbatches,
+      plan.microbatch_size, plan.batch, backend, threads, threads == 1 ? "" : "s");
+  fmt::print("inputs: {}\n", inputs_label(args, false));
+  for (size_t k = 0; k < report.losses.size(); ++k)
+    fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms\n", first_step + static_cast<int64_t>(k) + 1,
+               report.losses[k], report.step_s[k] * 1e3);
+  fmt::print("step {:.3f} ms (median of {}; min {:.3f}, max {:.3f}), {:.1f} samples/s\n",
+             step_s * 1e3, args.steps, sorted.front() * 1e3, sorted.back() * 1e3, samples_per_s);
+  fmt::print("bubble {:.1f}% measured, {:.1f}% predicted (predicted step {:.3f} ms by {})\n",
+             report.bubble_fraction * 100, plan.predicted.bubble_fraction * 100,
+             plan.predicted.step_ms, plan.cost_model);
+  fmt::print("{:>6}  {:>6}  {:>12}  {:>12}\n", "device", "busy", "peak memory", "predicted");
+  for (size_t d = 0; d < report.devices.size(); ++d) {
+    const rt::DeviceReport& r = report.devices[d];
+    fmt::print("{:>6}  {:>5.1f}%  {:>12}  {:>12}\n", d, step_s > 0 ? 100 * r.busy_s / step_s : 0.0,
+               dump::format_bytes(static_cast<double>(r.peak_bytes)),
+               dump::format_bytes(static_cast<double>(r.predicted_peak_bytes)));
+  }
+  // The meter counts tensors; the process also holds the program, oneDNN's scratch and
+  // buffers kept for reuse.
+  fmt::print("process peak RSS {} (all devices, with the loaded programs)\n",
+             dump::format_bytes(static_cast<double>(peak_rss_bytes())));
+  for (const auto& o : outputs) fmt::print("wrote {}\n", o["file"].get<std::string>());
+}
+
+// The run's options: progress line, fault hook, checkpoints.
+rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t first_step) {
+  rt::RunOptions options;
+  options.steps = args.steps;
+  options.inject_fault = args.inject_fault;
+  options.skip_nonfinite = args.skip_nonfinite;
+  bool tty = isatty(STDERR_FILENO);
+  if (!args.quiet)
+    options.progress = [tty, first_step, last_shown = 0.0](int done, int total,
+                                                           double elapsed) mutable {
+      if (elapsed < 2.0 || (elapsed - last_shown < 1.0 && done < total)) return;
+      last_shown = elapsed;
+      fmt::print(stderr, "{}stagerun: step {}/{}, {:.1f} s{}", tty ? "\r" : "", first_step + done,
+                 first_step + total, elapsed, tty && done < total ? "" : "\n");
+    };
+  if (!args.checkpoint_dir.empty()) {
+    options.checkpoint = [&pipeline, dir = args.checkpoint_dir](int64_t) {
+      rt::save_checkpoint(pipeline, dir);
+    };
+    options.checkpoint_every = args.save_every;
+  }
+  return options;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   return run_main("stagerun", [&] {
     CLI::App app{
         "stagerun: execute a stagecraft plan with microbatch pipelining (one thread per device)."};
-    app.set_help_flag("-h,--help", "Print this help and exit");
-    std::string plan_dir, backend_name = "cpu", inputs_path, outputs_dir, trace_path, inject_fault;
-    int steps = 1, threads = 1;
-    bool synthetic = false, json = false, quiet = false;
-    app.add_option("plan", plan_dir, "Plan directory written by stagec")->required();
-    app.add_option("--backend", backend_name, "Backend: cpu (default) or cuda")
-        ->capture_default_str();
-    app.add_option("--steps", steps,
-                   "Steps to run over the same batch; figures are of the median step")
-        ->capture_default_str();
-    app.add_option("--inputs", inputs_path,
-                   "The whole batch: FILE.npy (one-input models) or DIR with NAME.npy or NAME.pb "
-                   "per graph input");
-    std::string data_dir;
-    app.add_option("--data", data_dir,
-                   "DIR with NAME.npy per graph input holding K whole batches along the first axis; step s "
-                   "trains on batch s mod K");
-    app.add_flag("--synthetic", synthetic,
-                 "Deterministic synthetic inputs (the default without --inputs)");
-    app.add_option("--outputs", outputs_dir, "Write the last step's graph outputs as DIR/NAME.npy");
-    app.add_option("--threads-per-device", threads, "CPU threads each device's kernels use")
-        ->capture_default_str();
-    app.add_option("--trace", trace_path,
-                   "Chrome trace of what ran (format of stagedump --trace; '-': stdout)");
-    app.add_flag("--json", json, "Print the figures as one JSON object instead of text");
-    app.add_flag("-q,--quiet", quiet, "No progress line");
-    bool skip_nonfinite = false;
-    app.add_flag("--skip-nonfinite", skip_nonfinite, "Training: go on when the loss is NaN or infinite");
-    std::string checkpoint_dir, resume_dir, export_path;
-    int save_every = 0;
-    app.add_option("--checkpoint", checkpoint_dir,
-                   "Training: save weights and optimizer state into DIR (after the last step, and every --save-every steps)");
-    app.add_option("--save-every", save_every, "Training: save a checkpoint every K optimizer steps (needs --checkpoint)");
-    app.add_option("--resume", resume_dir, "Training: restore weights, optimizer state and step count from DIR first");
-    app.add_option("--export", export_path,
-                   "Write the original model with the trained weights to FILE.onnx after the run (--steps 0: no run)");
-    app.add_option("--inject-fault", inject_fault, "Testing: make the node of this name fail")
-        ->group("");
+    Args args;
+    add_options(app, args);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
       return app.exit(e);
     }
-    if (synthetic && !inputs_path.empty())
-      fail(ErrorKind::kUsage, "--synthetic and --inputs exclude each other");
-    if (steps < 0 || (steps == 0 && export_path.empty()))
-      fail(ErrorKind::kUsage, "--steps must be at least 1 (got {}; 0 only with --export)", steps);
-    if (save_every < 0) fail(ErrorKind::kUsage, "--save-every must be at least 1 (got {})", save_every);
-    if (save_every > 0 && checkpoint_dir.empty())
-      fail(ErrorKind::kUsage, "--save-every needs --checkpoint DIR");
+    check_args(args);
 
-    const rt::Backend& backend = rt::backend_by_name(backend_name);
-    auto pipeline = rt::Pipeline::load(plan_dir, backend, threads);
+    const rt::Backend& backend = rt::backend_by_name(args.backend_name);
+    auto pipeline = rt::Pipeline::load(args.plan_dir, backend, args.threads);
     const plan::Plan& plan = pipeline->plan();
-    if (!data_dir.empty() && (!inputs_path.empty() || synthetic))
+    if (!args.data_dir.empty() && (!args.inputs_path.empty() || args.synthetic))
       fail(ErrorKind::kUsage, "--data excludes --inputs and --synthetic");
     std::map<std::string, rt::Tensor> inputs, data;
-    if (!data_dir.empty()) {
-      if (!fs::is_directory(data_dir)) fail(ErrorKind::kIo, "--data {}: no such directory", data_dir);
-      data = read_inputs(data_dir, *pipeline);
+    if (!args.data_dir.empty()) {
+      if (!fs::is_directory(args.data_dir))
+        fail(ErrorKind::kIo, "--data {}: no such directory", args.data_dir);
+      data = read_inputs(args.data_dir, *pipeline);
     } else {
-      inputs = inputs_path.empty() ? pipeline->synthetic_inputs() : read_inputs(inputs_path, *pipeline);
+      inputs = args.inputs_path.empty() ? pipeline->synthetic_inputs()
+                                        : read_inputs(args.inputs_path, *pipeline);
       pipeline->check_inputs(inputs);
     }
-    if ((!checkpoint_dir.empty() || !resume_dir.empty()) && !plan.training)
-      fail(ErrorKind::kUsage, "--checkpoint and --resume need a training plan ({} is an inference plan)", plan_dir);
-    if (!resume_dir.empty()) rt::load_checkpoint(*pipeline, resume_dir);
-    if (!outputs_dir.empty()) {
+    if ((!args.checkpoint_dir.empty() || !args.resume_dir.empty()) && !plan.training)
+      fail(ErrorKind::kUsage,
+           "--checkpoint and --resume need a training plan ({} is an inference plan)",
+           args.plan_dir);
+    if (!args.resume_dir.empty()) rt::load_checkpoint(*pipeline, args.resume_dir);
+    if (!args.outputs_dir.empty()) {
       std::error_code ec;
-      fs::create_directories(outputs_dir, ec);
-      if (ec) fail(ErrorKind::kIo, "--outputs {}: cannot create ({})", outputs_dir, ec.message());
+      fs::create_directories(args.outputs_dir, ec);
+      if (ec)
+        fail(ErrorKind::kIo, "--outputs {}: cannot create ({})", args.outputs_dir, ec.message());
     }
 
-    rt::RunOptions options;
-    options.steps = steps;
-    options.inject_fault = inject_fault;
-    options.skip_nonfinite = skip_nonfinite;
-    bool tty = isatty(STDERR_FILENO);
-    double last_shown = 0;
     // Steps are counted from 1 and, after --resume, go on from the checkpoint's count, as the
     // loss lines and error messages number them.
     const int64_t first_step = pipeline->steps_done();  // > 0 after --resume
-    if (!quiet)
-      options.progress = [&](int done, int total, double elapsed) {
-        if (elapsed < 2.0 || (elapsed - last_shown < 1.0 && done < total)) return;
-        last_shown = elapsed;
-        fmt::print(stderr, "{}stagerun: step {}/{}, {:.1f} s{}", tty ? "\r" : "", first_step + done,
-                   first_step + total, elapsed, tty && done < total ? "" : "\n");
-      };
-    if (!checkpoint_dir.empty()) {
-      options.checkpoint = [&](int64_t) { rt::save_checkpoint(*pipeline, checkpoint_dir); };
-      options.checkpoint_every = save_every;
-    }
-    if (steps == 0) {
-      int replaced = rt::export_model(*pipeline, export_path);
-      if (!quiet) fmt::print(stderr, "stagerun: wrote {} ({} trained initializers)\n", export_path, replaced);
+    rt::RunOptions options = run_options(*pipeline, args, first_step);
+    auto export_model = [&] {
+      int replaced = rt::export_model(*pipeline, args.export_path);
+      if (!args.quiet)
+        fmt::print(stderr, "stagerun: wrote {} ({} trained initializers)\n", args.export_path,
+                   replaced);
+    };
+    if (args.steps == 0) {
+      export_model();
       return 0;
     }
-    rt::RunReport report;
-    if (data_dir.empty()) {
-      report = pipeline->run(inputs, options);
-    } else {
-      // --data: batch k of K for step k mod K, one step per run; the optimizer state, the step
-      // count and the lr schedule carry over between runs.
-      std::vector<std::map<std::string, rt::Tensor>> batches = cut_batches(data, *pipeline, data_dir);
-      std::vector<rt::RunReport> runs;
-      double offset = 0;
-      rt::RunOptions one_step = options;  // progress is shown over all the steps, below
-      one_step.steps = 1;
-      one_step.progress = nullptr;
-      for (int s = 0; s < steps; ++s) {
-        runs.push_back(pipeline->run(batches[static_cast<size_t>(s) % batches.size()], one_step));
-        rt::RunReport& r = runs.back();
-        report.step_s.push_back(r.step_s.front());
-        report.losses.insert(report.losses.end(), r.losses.begin(), r.losses.end());
-        for (auto e : r.events) {
-          e.start_s += offset;
-          e.end_s += offset;
-          report.events.push_back(e);
-        }
-        offset = report.events.empty() ? offset : report.events.back().end_s;
-        if (options.progress) options.progress(s + 1, steps, offset);
-      }
-      std::vector<int> order(runs.size());
-      for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(k);
-      std::sort(order.begin(), order.end(), [&](int a, int b) { return report.step_s[a] < report.step_s[b]; });
-      report.reported_step = order[order.size() / 2];
-      report.bubble_fraction = runs[report.reported_step].bubble_fraction;
-      report.devices = runs[report.reported_step].devices;
-      report.outputs = runs.back().outputs;
-    }
-    if (!export_path.empty()) {
-      int replaced = rt::export_model(*pipeline, export_path);
-      if (!quiet) fmt::print(stderr, "stagerun: wrote {} ({} trained initializers)\n", export_path, replaced);
-    }
+    rt::RunReport report = args.data_dir.empty() ? pipeline->run(inputs, options)
+                                                 : run_batches(*pipeline, data, args, options);
+    if (!args.export_path.empty()) export_model();
 
-    nlohmann::ordered_json outputs = nlohmann::ordered_json::array();
-    if (!outputs_dir.empty()) {
-      for (const auto& [name, tensor] : report.outputs) {
-        std::string file = (fs::path(outputs_dir) / (file_stem(name) + ".npy")).string();
-        rt::write_npy(file, tensor);
-        outputs.push_back({{"name", name},
-                           {"dtype", dtype_name(tensor.dtype)},
-                           {"shape", tensor.shape},
-                           {"file", file}});
-      }
-    }
-    if (!trace_path.empty()) {
-      std::string name = "measured: " + fs::path(plan_dir).lexically_normal().string();
-      std::string text = dump::trace_json(report.events, plan.devices, name).dump(1) + "\n";
-      if (trace_path == "-") {
-        fmt::print("{}", text);
-      } else {
-        std::ofstream out(trace_path, std::ios::binary);
-        if (out) out << text;
-        if (!out) fail(ErrorKind::kIo, "--trace {}: cannot write", trace_path);
-      }
-    }
-
-    double step_s = report.step_s[report.reported_step];
-    double samples_per_s = step_s > 0 ? static_cast<double>(plan.batch) / step_s : 0;
-    std::vector<double> sorted = report.step_s;
-    std::sort(sorted.begin(), sorted.end());
-    if (json) {
-      // Training: one JSON object per step first (JSON Lines), then the summary.
-      for (size_t k = 0; k < report.losses.size(); ++k)
-        fmt::print("{}\n", nlohmann::ordered_json{{"step", first_step + static_cast<int64_t>(k) + 1}, {"loss", report.losses[k]},
-                                                   {"step_ms", report.step_s[k] * 1e3}}
-                                .dump());
-      nlohmann::ordered_json j;
-      j["plan"] = plan_dir;
-      j["backend"] = std::string(backend.name());
-      j["threads_per_device"] = threads;
-      j["devices"] = plan.devices;
-      j["microbatches"] = plan.microbatches;
-      j["batch"] = plan.batch;
-      j["steps"] = steps;
-      j["inputs"] = !data_dir.empty() ? data_dir : inputs_path.empty() ? "synthetic" : inputs_path;
-      nlohmann::ordered_json ms = nlohmann::ordered_json::array();
-      for (double s : report.step_s) ms.push_back(s * 1e3);
-      j["step_ms"] = ms;
-      j["median_step_ms"] = step_s * 1e3;
-      j["samples_per_s"] = samples_per_s;
-      j["bubble"] = {{"measured", report.bubble_fraction},
-                     {"predicted", plan.predicted.bubble_fraction}};
-      j["predicted_step_ms"] = plan.predicted.step_ms;
-      j["cost_model"] = plan.cost_model;
-      if (!report.losses.empty()) j["final_loss"] = report.losses.back();
-      nlohmann::ordered_json devs = nlohmann::ordered_json::array();
-      for (size_t d = 0; d < report.devices.size(); ++d) {
-        const rt::DeviceReport& r = report.devices[d];
-        devs.push_back({{"device", d},
-                        {"busy_fraction", step_s > 0 ? r.busy_s / step_s : 0.0},
-                        {"peak_bytes", r.peak_bytes},
-                        {"predicted_peak_bytes", r.predicted_peak_bytes},
-                        {"arena_bytes", r.arena_bytes},
-                        {"weight_bytes", r.weight_bytes}});
-      }
-      j["device"] = devs;
-      j["process_peak_rss_bytes"] = peak_rss_bytes();
-      j["outputs"] = outputs;
-      if (trace_path != "-") fmt::print("{}\n", j.dump(2));
-      return 0;
-    }
-    if (trace_path == "-") return 0;
-    fmt::print(
-        "plan {}: {} on {} device{}, {} microbatches of {} (batch {}); backend {}, {} thread{} per "
-        "device\n",
-        plan_dir, plan.schedule, plan.devices, plan.devices == 1 ? "" : "s", plan.microbatches,
-        plan.microbatch_size, plan.batch, backend.name(), threads, threads == 1 ? "" : "s");
-    fmt::print("inputs: {}\n", !data_dir.empty()      ? "--data " + data_dir + " (step s: batch s mod K)"
-                                : inputs_path.empty() ? std::string("synthetic (deterministic)")
-                                                      : inputs_path);
-    for (size_t k = 0; k < report.losses.size(); ++k)
-      fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms\n", first_step + static_cast<int64_t>(k) + 1, report.losses[k], report.step_s[k] * 1e3);
-    fmt::print("step {:.3f} ms (median of {}; min {:.3f}, max {:.3f}), {:.1f} samples/s\n",
-               step_s * 1e3, steps, sorted.front() * 1e3, sorted.back() * 1e3, samples_per_s);
-    fmt::print("bubble {:.1f}% measured, {:.1f}% predicted (predicted step {:.3f} ms by {})\n",
-               report.bubble_fraction * 100, plan.predicted.bubble_fraction * 100,
-               plan.predicted.step_ms, plan.cost_model);
-    fmt::print("{:>6}  {:>6}  {:>12}  {:>12}\n", "device", "busy", "peak memory", "predicted");
-    for (size_t d = 0; d < report.devices.size(); ++d) {
-      const rt::DeviceReport& r = report.devices[d];
-      fmt::print("{:>6}  {:>5.1f}%  {:>12}  {:>12}\n", d,
-                 step_s > 0 ? 100 * r.busy_s / step_s : 0.0,
-                 dump::format_bytes(static_cast<double>(r.peak_bytes)),
-                 dump::format_bytes(static_cast<double>(r.predicted_peak_bytes)));
-    }
-    // The meter counts tensors; the process also holds the program, oneDNN's scratch and
-    // buffers kept for reuse.
-    fmt::print("process peak RSS {} (all devices, with the loaded programs)\n",
-               dump::format_bytes(static_cast<double>(peak_rss_bytes())));
-    for (const auto& o : outputs) fmt::print("wrote {}\n", o["file"].get<std::string>());
+    nlohmann::ordered_json outputs = write_outputs(report, args.outputs_dir);
+    write_trace(report, args, plan.devices);
+    if (args.json)
+      print_json(report, plan, args, backend.name(), first_step, outputs);
+    else if (args.trace_path != "-")
+      print_text(report, plan, args, backend.name(), first_step, outputs);
     return 0;
   });
 }

@@ -1,34 +1,57 @@
 #include "compiler/ir/ops.h"
 
+#include <algorithm>
+
 #include "runtime/format/error.h"
 
 namespace stagecraft {
 namespace {
 
-struct OpEntry {
-  std::string_view op_type;
-  OpFamily family;
-};
+// The vocabulary of ops.def's columns.
+constexpr InputMask kAllInputs = ~InputMask{0};
+constexpr InputMask kNoGradient = 0;
+template <class... K>
+constexpr InputMask inputs(K... k) {
+  return ((InputMask{1} << k) | ...);
+}
+constexpr FlopRule kNoFlops{FlopKind::kNone, 0};
+constexpr FlopRule kMatMulFlops{FlopKind::kMatMul, 0};
+constexpr FlopRule kConvFlops{FlopKind::kConv, 0};
+constexpr FlopRule kPoolFlops{FlopKind::kPool, 0};
+constexpr FlopRule per_output(double n) { return {FlopKind::kPerOutput, n}; }
+constexpr FlopRule per_input(double n) { return {FlopKind::kPerInput, n}; }
 
-constexpr OpEntry kOps[] = {
-#define STAGECRAFT_OP(name, family) {#name, OpFamily::family},
+constexpr OpInfo kOps[] = {
+#define STAGECRAFT_OP(name, family, differentiable, flops, flags) \
+  {#name, OpFamily::family, differentiable, flops, flags, true},
+#define STAGECRAFT_FOLD_ONLY_OP(name) \
+  {#name, OpFamily::kData, kNoGradient, kNoFlops, kHostFolds, false},
 #include "compiler/ir/ops.def"
+#undef STAGECRAFT_FOLD_ONLY_OP
 #undef STAGECRAFT_OP
 };
 
 }  // namespace
 
-std::optional<OpFamily> op_family(std::string_view op_type) {
+const OpInfo* op_info(std::string_view op_type) {
   for (const auto& e : kOps) {
-    if (e.op_type == op_type) return e.family;
+    if (e.op_type == op_type) return &e;
   }
-  return std::nullopt;
+  return nullptr;
+}
+
+std::optional<OpFamily> op_family(std::string_view op_type) {
+  const OpInfo* info = op_info(op_type);
+  if (info == nullptr || !info->supported) return std::nullopt;
+  return info->family;
 }
 
 const std::vector<std::string_view>& supported_ops() {
   static const std::vector<std::string_view> names = [] {
     std::vector<std::string_view> v;
-    for (const auto& e : kOps) v.push_back(e.op_type);
+    for (const auto& e : kOps) {
+      if (e.supported) v.push_back(e.op_type);
+    }
     return v;
   }();
   return names;

@@ -19,13 +19,9 @@
 #include <string>
 #include <vector>
 
-namespace stagecraft::partition {
+#include "runtime/format/vocabulary.h"
 
-/// What the partitioner minimises.
-enum class Objective {
-  kSpeed,   ///< The slowest stage's time (compute + sending its outputs), then the peak memory.
-  kMemory,  ///< The largest stage's memory, then the slowest stage's time.
-};
+namespace stagecraft::partition {
 
 /// Costs of one position of the order (one node).
 struct PositionCost {

@@ -20,11 +20,6 @@ int64_t input_bytes(const Stage& stage) {
   return bytes;
 }
 
-cost::MemoryAnatomy anatomy(const Stage& stage) {
-  const MemoryBytes& m = stage.memory;
-  return {m.weights, m.gradients, m.optimizer, m.activations, m.temporary, m.communication};
-}
-
 }  // namespace
 
 int64_t DeviceMemory::total() const {
@@ -96,13 +91,13 @@ std::string describe(const DeviceMemory& device, const std::vector<Stage>& stage
   if (device.stages.size() == 1) {
     const Stage& st = stages.at(device.stages[0]);
     return fmt::format("stage {}{} needs {}", st.index, st.recompute ? " (recomputing)" : "",
-                       cost::describe(anatomy(st), st.in_flight));
+                       cost::describe(st.memory, st.in_flight));
   }
   std::vector<std::string> parts;
   for (int k : device.stages) {
     const Stage& st = stages.at(k);
     parts.push_back(fmt::format("stage {}{} {}", k, st.recompute ? " (recomputing)" : "",
-                                cost::describe(anatomy(st), st.in_flight)));
+                                cost::describe(st.memory, st.in_flight)));
   }
   return fmt::format(
       "device {} (stages {}) needs {} together (activations {} at their joint peak, one shared "

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "compiler/schedule/instruction.h"
 #include "runtime/format/plan.h"
+#include "runtime/format/schedule.h"
 
 namespace stagecraft::plan {
 

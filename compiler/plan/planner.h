@@ -10,45 +10,49 @@
 #include <vector>
 
 #include "compiler/import.h"
-#include "passes/loss.h"
-#include "compiler/schedule/instruction.h"
 #include "cost_models/roofline.h"
+#include "passes/loss.h"
 #include "runtime/format/plan.h"
+#include "runtime/format/schedule.h"
+#include "runtime/format/vocabulary.h"
 
 namespace stagecraft::plan {
 
-/// What `stagec MODEL -o PLAN_DIR ...` asks for.
+/// What `stagec MODEL -o PLAN_DIR ...` asks for. The choices are the plan's vocabulary, parsed
+/// once where the command line is read.
 struct PlanOptions {
   std::string model_path;
   int devices = 1;
-  std::string objective = "speed";       ///< "speed" | "memory".
-  std::string schedule;                  ///< Default: "1f1b" for training, "inference" otherwise.
+  Objective objective = Objective::kSpeed;
+  std::optional<ScheduleKind> schedule;  ///< Default: 1f1b for training, inference otherwise.
   int chunks = 0;                        ///< V; default 2 for interleaved, else 1.
   int microbatches = 0;                  ///< M; default: the device count.
   std::optional<int64_t> batch;          ///< Global batch B; split into M microbatches.
   std::map<std::string, int64_t> dims;   ///< Other symbolic dims (--dim).
   bool training = false;
-  std::string optimizer = "adamw";       ///< With --train.
-  passes::LossOptions loss;              ///< With --train: --loss, --labels, --loss-axis, --ignore-index.
-  TrainingConfig training_config;        ///< With --train: lr, weight decay, schedule (loss fields are filled in).
-  std::string precision = "fp32";
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  ///< With --train.
+  passes::LossOptions loss;  ///< With --train: --loss, --labels, --loss-axis, --ignore-index.
+  TrainingConfig
+      training_config;  ///< With --train: lr, weight decay, schedule (loss fields are filled in).
+  Precision precision = Precision::kFp32;
   std::string device_spec = "h100";      ///< Preset name or JSON file.
   std::string cluster;                   ///< JSON file; default: the device kind's.
   std::vector<std::string> split_after;  ///< Manual split points (node names).
-  /// Activation recomputation (training): "none", "all" (every stage), or "auto" (speed: on
-  /// the devices that do not fit without it, the stages that save most first; memory: every
-  /// stage whose memory it lowers). The split is chosen with it counted where it is on.
-  std::string recompute = "none";
+  /// Activation recomputation (training): none, all (every stage), or auto (speed: on the
+  /// devices that do not fit without it, the stages that save most first; memory: every stage
+  /// whose memory it lowers). The split is chosen with it counted where it is on.
+  Recompute recompute = Recompute::kNone;
   /// The op-time model, when not the analytic roofline (e.g. measured profiles: stagec
   /// --profile). Called once with the graph imported at the microbatch size and the roofline
   /// of the device spec and precision; plan.json's cost_model records the model's name().
-  std::function<std::unique_ptr<cost::OpCostModel>(const ir::Graph& graph, const cost::RooflineCostModel& roofline)>
+  std::function<std::unique_ptr<cost::OpCostModel>(const ir::Graph& graph,
+                                                   const cost::RooflineCostModel& roofline)>
       cost_model;
 };
 
 /// A computed plan: the plan file's content, the schedule, and the graph the stages come from.
 struct PlannedModel {
-  ImportedModel model;        ///< Imported at the microbatch size.
+  ImportedModel model;  ///< Imported at the microbatch size.
   Plan plan;
   schedule::Schedule schedule;
   std::vector<int> stage_of;  ///< Node id -> stage.

@@ -1,16 +1,16 @@
 #include "compiler/plan/stage_files.h"
 
-#include <algorithm>
-#include <set>
-
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
+#include <set>
 
 #include "compiler/ir/onnx_bridge.h"
 #include "passes/autodiff.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/format/lifetimes.h"
 #include "runtime/format/memory_plan.h"
 
 namespace stagecraft::plan {
@@ -25,8 +25,9 @@ StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>&
       if (stage_of[u] != from) readers.insert(stage_of[u]);
     }
     if (readers.empty()) continue;
-    out.cut_tensors.push_back(
-        CutTensor{v.name, v.dtype, v.shape, from, std::vector<int>(readers.begin(), readers.end()), v.bytes()});
+    out.cut_tensors.push_back(CutTensor{v.name, v.dtype, v.shape, from,
+                                        std::vector<int>(readers.begin(), readers.end()),
+                                        v.bytes()});
   }
   for (ir::ValueId in : graph.inputs) {
     std::set<int> readers;
@@ -37,8 +38,7 @@ StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>&
   return out;
 }
 
-std::vector<SharedWeight> shared_weights(const ir::Graph& graph,
-                                         const std::vector<int>& stage_of) {
+std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vector<int>& stage_of) {
   std::set<ir::ValueId> trainable;
   for (ir::ValueId w : passes::trainable_weights(graph, graph.topological_order()))
     trainable.insert(w);
@@ -66,24 +66,58 @@ onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& sta
   options.nodes = std::move(nodes);
   options.weights = ir::WeightMode::kEmbed;
   onnx::ModelProto model = ir::model_from_graph(graph, options);
-  model.mutable_graph()->set_name(graph.name.empty() ? "stage_" + std::to_string(stage)
-                                                     : graph.name + "_stage_" + std::to_string(stage));
+  model.mutable_graph()->set_name(graph.name.empty()
+                                      ? "stage_" + std::to_string(stage)
+                                      : graph.name + "_stage_" + std::to_string(stage));
   return model;
 }
 
 namespace {
 
-/// Bytes of every value the graph records a type and static shape for (value_info).
-std::map<std::string, int64_t, std::less<>> value_info_bytes(const onnx::GraphProto& graph) {
-  std::map<std::string, int64_t, std::less<>> bytes_of;
+/// A stage file's graph as runtime/format/lifetimes.h reads it, with each value's name, its
+/// bytes from value_info (0 when it has none recorded) and whether it is a graph output.
+struct NamedProgram {
+  ProgramGraph graph;
+  std::vector<std::string> names;
+  std::vector<int64_t> bytes;
+  std::vector<bool> recorded, is_output;
+};
+
+NamedProgram named_program(const onnx::GraphProto& graph) {
+  NamedProgram p;
+  std::map<std::string, int, std::less<>> index;
+  auto value = [&](const std::string& name) {
+    if (name.empty()) return -1;
+    auto [it, fresh] = index.emplace(name, static_cast<int>(p.names.size()));
+    if (fresh) p.names.push_back(name);
+    return it->second;
+  };
+  for (const onnx::NodeProto& node : graph.node()) {
+    ProgramNode n;
+    n.op_type = node.op_type();
+    for (const std::string& in : node.input()) n.inputs.push_back(value(in));
+    for (const std::string& out : node.output()) n.outputs.push_back(value(out));
+    for (const auto& attr : node.attribute())
+      if (attr.name() == grad::kWeightGradAttr && attr.i() != 0) n.weight_gradients = true;
+    p.graph.nodes.push_back(std::move(n));
+  }
+  p.graph.values = static_cast<int>(p.names.size());
+  p.bytes.assign(p.names.size(), 0);
+  p.recorded.assign(p.names.size(), false);
+  p.is_output.assign(p.names.size(), false);
   for (const auto& vi : graph.value_info()) {
+    auto it = index.find(vi.name());
+    if (it == index.end()) continue;
     const auto& tt = vi.type().tensor_type();
     auto dtype = dtype_from_onnx(tt.elem_type());
     int64_t n = dtype ? dtype_size(*dtype) : 0;
     for (const auto& d : tt.shape().dim()) n *= d.has_dim_value() ? d.dim_value() : 0;
-    bytes_of[vi.name()] = n;
+    p.bytes[it->second] = n;
+    p.recorded[it->second] = true;
   }
-  return bytes_of;
+  for (const auto& vi : graph.output())
+    if (auto it = index.find(vi.name()); it != index.end()) p.is_output[it->second] = true;
+  return p;
 }
 
 }  // namespace
@@ -110,62 +144,17 @@ onnx::ModelProto backward_stage_model(const ir::Graph& graph, const std::vector<
 }
 
 int64_t program_arena_bytes(const onnx::ModelProto& model) {
-  const onnx::GraphProto& graph = model.graph();
-  const auto bytes_of = value_info_bytes(graph);
-  std::set<std::string, std::less<>> outputs;
-  for (const auto& vi : graph.output()) outputs.insert(vi.name());
-  std::vector<Lifetime> lifetimes;
-  std::map<std::string, size_t, std::less<>> index;
-  for (int n = 0; n < graph.node_size(); ++n) {
-    const onnx::NodeProto& node = graph.node(n);
-    for (const std::string& in : node.input())
-      if (auto it = index.find(in); it != index.end()) lifetimes[it->second].last = n;
-    for (const std::string& out : node.output()) {
-      if (out.empty() || outputs.count(out)) continue;
-      auto b = bytes_of.find(out);
-      if (b == bytes_of.end())
-        fail(ErrorKind::kInternal, "backward value '{}' has no recorded type and shape", out);
-      index[out] = lifetimes.size();
-      lifetimes.push_back({b->second, n, n});
-    }
-  }
-  return plan_memory(lifetimes).arena_bytes;
+  const NamedProgram p = named_program(model.graph());
+  const Intermediates in = intermediate_lifetimes(p.graph, p.bytes, p.is_output);
+  for (int v : in.values)
+    if (!p.recorded[v])
+      fail(ErrorKind::kInternal, "backward value '{}' has no recorded type and shape", p.names[v]);
+  return plan_memory(in.lifetimes).arena_bytes;
 }
 
 int64_t deferred_bytes(const onnx::ModelProto& model) {
-  const onnx::GraphProto& graph = model.graph();
-  std::map<std::string, int, std::less<>> producer;  // value -> node index
-  for (int n = 0; n < graph.node_size(); ++n)
-    for (const std::string& out : graph.node(n).output())
-      if (!out.empty()) producer[out] = n;
-  std::vector<bool> w(graph.node_size(), false);
-  for (int n = 0; n < graph.node_size(); ++n) {
-    const onnx::NodeProto& node = graph.node(n);
-    for (const auto& attr : node.attribute())
-      if (attr.name() == grad::kWeightGradAttr && attr.i() != 0) w[n] = true;
-    if (w[n] || node.op_type() != "Add") continue;
-    bool any = false, all = true;
-    for (const std::string& in : node.input()) {
-      auto p = producer.find(in);
-      bool from_w = p != producer.end() && w[p->second];
-      any |= from_w;
-      all &= from_w || p == producer.end();
-    }
-    w[n] = any && all;
-  }
-  const auto bytes_of = value_info_bytes(graph);
-  std::set<std::string, std::less<>> crossing;
-  for (int n = 0; n < graph.node_size(); ++n)
-    for (const std::string& in : graph.node(n).input()) {
-      auto p = producer.find(in);
-      if (p == producer.end()) continue;
-      if (!w[n] && w[p->second]) return 0;  // B reads a W result: no split
-      if (w[n] && !w[p->second]) crossing.insert(in);
-    }
-  int64_t total = 0;
-  for (const std::string& v : crossing)
-    if (auto b = bytes_of.find(v); b != bytes_of.end()) total += b->second;
-  return total;
+  const NamedProgram p = named_program(model.graph());
+  return plan::deferred_bytes(p.graph, p.bytes);
 }
 
 }  // namespace stagecraft::plan

@@ -51,15 +51,14 @@ onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& sta
 onnx::ModelProto backward_stage_model(const ir::Graph& graph, const std::vector<int>& stage_of,
                                       const Stage& stage, const std::string& loss_output);
 
-/// Bytes of the arena a program's intermediates need when the runtime runs it (every node
-/// output that is not a graph output, alive from its node to its last reader in file order,
-/// placed by plan_memory): what runtime/core/program.cpp plans for a file it loads.
+/// Bytes of the arena a program's intermediates need when the runtime runs it
+/// (runtime/format/lifetimes.h `intermediate_lifetimes`, placed by plan_memory): what
+/// runtime/core/program.cpp plans for a file it loads.
 int64_t program_arena_bytes(const onnx::ModelProto& model);
 
 /// Bytes a split backward (zero-bubble B then W) holds from B to W: the values its B part
-/// computes that its W part reads. The W part is what the runtime defers
-/// (Program::weight_gradient_nodes): nodes with weight_gradients = 1 and the Adds that only sum
-/// their results; 0 when a B node reads a W result (nothing can be deferred then).
+/// computes that its W part reads (runtime/format/lifetimes.h `deferred_bytes`, the W rule the
+/// runtime defers by); 0 when a B node reads a W result (nothing can be deferred then).
 int64_t deferred_bytes(const onnx::ModelProto& model);
 
 }  // namespace stagecraft::plan

@@ -52,6 +52,16 @@ void remove_stale_staging(const fs::path& target) {
   }
 }
 
+/// Reads `text` back the way the runtime reads plan.json (plan_from_json, validate_plan), so a
+/// plan stagec writes is one stagerun accepts. A refusal here is a bug in the planner.
+void check_readable(const std::string& text, const std::string& path) {
+  try {
+    validate_plan(plan_from_json(nlohmann::json::parse(text), path), path);
+  } catch (const Error& e) {
+    fail(ErrorKind::kInternal, "the plan about to be written does not read back: {}", e.what());
+  }
+}
+
 }  // namespace
 
 void write_plan(PlannedModel& planned, const std::string& plan_dir) {
@@ -95,7 +105,9 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir) {
         stage.backward_file_hash = file_hash(bwd.string());
       }
     }
-    write_file(staging / "plan.json", to_json(p).dump(1) + "\n");
+    const std::string text = to_json(p).dump(1) + "\n";
+    check_readable(text, (target / "plan.json").string());
+    write_file(staging / "plan.json", text);
     write_file(staging / "schedule.json", schedule::to_json(planned.schedule).dump(1) + "\n");
     sync_path(staging / "plan.json");
     sync_path(staging / "schedule.json");

@@ -1,11 +1,12 @@
 // The five schedule builders. Each writes one device's program from the order of its compute
 // ops; `ProgramWriter` adds the receives before and the sends after each of them, so the
 // builders read like the schedules' published pseudo-code.
+#include "compiler/schedule/build_schedule.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "compiler/schedule/instruction.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::schedule {
@@ -156,43 +157,10 @@ std::vector<Instruction> inference(const PipelineShape& shape, int device) {
   return writer.take();
 }
 
-/// Refuses a shape `kind` cannot serve, with the numbers.
-void check_shape(ScheduleKind kind, const PipelineShape& shape) {
-  std::string name = to_string(kind);
-  auto at_least_one = [](int value, const char* what) {
-    if (value < 1) fail(ErrorKind::kUsage, "pipeline needs at least 1 {}, not {}", what, value);
-  };
-  at_least_one(shape.devices, "device");
-  at_least_one(shape.chunks, "chunk per device");
-  at_least_one(shape.microbatches, "microbatch");
-  at_least_one(shape.data_parallel, "data-parallel replica");
-  if (kind != ScheduleKind::kInterleaved && shape.chunks != 1) {
-    fail(ErrorKind::kUsage, "schedule '{}' runs 1 chunk per device, not {}; use 'interleaved'",
-         name, shape.chunks);
-  }
-  if (kind == ScheduleKind::kInterleaved && shape.microbatches % shape.devices != 0) {
-    fail(ErrorKind::kUsage,
-         "schedule 'interleaved' needs the microbatches (M={}) to be a multiple of the devices "
-         "(P={})",
-         shape.microbatches, shape.devices);
-  }
-  if (kind == ScheduleKind::kInference && shape.training) {
-    fail(ErrorKind::kUsage,
-         "schedule 'inference' runs forwards only; a training plan needs {}, {}, {} or {}",
-         to_string(ScheduleKind::kGPipe), to_string(ScheduleKind::k1F1B),
-         to_string(ScheduleKind::kInterleaved), to_string(ScheduleKind::kZBH1));
-  }
-  if (kind != ScheduleKind::kInference && !shape.training) {
-    fail(ErrorKind::kUsage, "schedule '{}' is for training; an inference plan uses 'inference'",
-         name);
-  }
-  check_shared_groups(shape, ErrorKind::kUsage);
-}
-
 }  // namespace
 
 Schedule build_schedule(ScheduleKind kind, const PipelineShape& shape) {
-  check_shape(kind, shape);
+  check_schedule_shape(kind, shape, ErrorKind::kUsage);
   Schedule schedule;
   for (int device = 0; device < shape.devices; ++device) {
     switch (kind) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "runtime/format/error.h"
+#include "runtime/format/readiness.h"
 
 namespace stagecraft::schedule {
 namespace {
@@ -30,10 +31,11 @@ void check_costs(const std::vector<double>& values, const char* name,
   }
 }
 
-/// One run of the simulation. Times of finished work are kept per (stage, microbatch); a device
-/// advances while its next instruction's inputs are known, and the run repeats over the devices
-/// until none can move. Every instruction's times depend only on its inputs, so the order in
-/// which devices are visited does not change the result.
+/// One run of the simulation. The devices' lists are played in order by the dependency rules of
+/// runtime/format/readiness.h (an instruction runs once what it waits for has run); this class
+/// gives each instruction its times. Times of finished work are kept per (stage, microbatch).
+/// Every instruction's times depend only on its inputs, so the order in which devices are
+/// visited does not change the result.
 class Simulation {
  public:
   Simulation(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs)
@@ -48,9 +50,7 @@ class Simulation {
         act_received_(pair_times()),
         grad_arrival_(pair_times()),
         grad_received_(pair_times()),
-        weight_grads_done_(stages_, 0),
         shared_issued_(stages_, kNotYet),
-        next_(shape.devices, 0),
         free_at_(shape.devices, 0),
         memory_(shape.devices, 0),
         events_(shape.devices) {
@@ -66,16 +66,10 @@ class Simulation {
   }
 
   SimResult run() {
-    for (bool moved = true; moved;) {
-      moved = false;
-      for (int device = 0; device < shape_.devices; ++device) {
-        while (next_[device] < schedule_[device].size() && try_run(device)) {
-          ++next_[device];
-          moved = true;
-        }
-      }
-    }
-    report_deadlock();
+    Readiness readiness(shape_);
+    std::vector<size_t> next =
+        play(schedule_, readiness, [this](int device, const Instruction& in) { time(device, in); });
+    check_finished(schedule_, next, readiness);
     return finish();
   }
 
@@ -108,42 +102,37 @@ class Simulation {
     return costs_.activation_bytes.empty() ? 0 : costs_.activation_bytes[stage];
   }
 
-  /// Runs the device's next instruction if its inputs are known; false when it must wait.
-  bool try_run(int device) {
-    const Instruction& in = schedule_[device][next_[device]];
+  /// Gives `in`, which may run now (everything it waits for has run), its times on `device`.
+  void time(int device, const Instruction& in) {
     double start = free_at_[device];
     switch (in.op) {
       case Op::kRecvAct:
       case Op::kRecvGrad: {
         bool act = in.op == Op::kRecvAct;
         double arrival = (act ? act_arrival_ : grad_arrival_)[key(in.stage, in.microbatch)];
-        if (arrival == kNotYet) return false;
         double end = std::max(start, arrival);
         (act ? act_received_ : grad_received_)[key(in.stage, in.microbatch)] = end;
-        return wait(device, in, start, end);
+        wait(device, in, start, end);
+        return;
       }
       case Op::kSendAct:
       case Op::kSendGrad: {
         bool act = in.op == Op::kSendAct;
         double produced = (act ? forward_end_ : input_grad_end_)[key(in.stage, in.microbatch)];
-        if (produced == kNotYet) return false;
         int peer = act ? in.stage + 1 : in.stage - 1;
         transfer(device, in, peer, std::max(start, produced), send_time(act ? in.stage : peer),
                  (act ? act_arrival_ : grad_arrival_)[key(peer, in.microbatch)]);
-        return true;
+        return;
       }
       case Op::kForward: {
-        size_t k = key(in.stage, in.microbatch);
-        if (in.stage > 0 && act_received_[k] == kNotYet) return false;
         add_memory(device, start, activation(in.stage));
-        forward_end_[k] = compute(device, in, start, costs_.forward_s[in.stage]);
-        return true;
+        forward_end_[key(in.stage, in.microbatch)] =
+            compute(device, in, start, costs_.forward_s[in.stage]);
+        return;
       }
       case Op::kBackward:
       case Op::kBackwardInput: {
         size_t k = key(in.stage, in.microbatch);
-        if (forward_end_[k] == kNotYet) return false;
-        if (in.stage < stages_ - 1 && grad_received_[k] == kNotYet) return false;
         bool full = in.op == Op::kBackward;
         double duration =
             costs_.backward_input_s[in.stage] + (full ? costs_.backward_weight_s[in.stage] : 0);
@@ -153,40 +142,36 @@ class Simulation {
           weight_gradient_done(device, in.stage, input_grad_end_[k]);
         else
           add_memory(device, input_grad_end_[k], deferred(in.stage));
-        return true;
+        return;
       }
       case Op::kBackwardWeight: {
-        if (input_grad_end_[key(in.stage, in.microbatch)] == kNotYet) return false;
         double end = compute(device, in, start, costs_.backward_weight_s[in.stage]);
         transient(device, in.stage, start, end);
         add_memory(device, end, -deferred(in.stage));
         weight_gradient_done(device, in.stage, end);
-        return true;
+        return;
       }
       case Op::kAllReduce:
-        if (weight_grads_done_[in.stage] < microbatches_) return false;
-        return wait(device, in, start,
-                    start + (costs_.allreduce_s.empty() ? 0 : costs_.allreduce_s[in.stage]));
+        wait(device, in, start,
+             start + (costs_.allreduce_s.empty() ? 0 : costs_.allreduce_s[in.stage]));
+        return;
       case Op::kAllReduceShared:
-        if (weight_grads_done_[in.stage] < microbatches_) return false;
         shared_issued_[in.stage] = start;
-        return wait(device, in, start, start);
+        wait(device, in, start, start);
+        return;
       case Op::kOptimizerStep: {
-        if (weight_grads_done_[in.stage] < microbatches_) return false;
         // A stage holding shared weights updates them with the sum of every holder's gradient.
         double summed = start;
         for (int partner : shared_partners(shape_, in.stage)) {
-          if (shared_issued_[partner] == kNotYet) return false;
-          summed = std::max(summed, shared_issued_[partner] +
-                                        (costs_.shared_allreduce_s.empty()
-                                             ? 0
-                                             : costs_.shared_allreduce_s[in.stage]));
+          summed = std::max(
+              summed,
+              shared_issued_[partner] +
+                  (costs_.shared_allreduce_s.empty() ? 0 : costs_.shared_allreduce_s[in.stage]));
         }
         compute(device, in, summed, costs_.optimizer_s);
-        return true;
+        return;
       }
     }
-    return false;
   }
 
   /// Busy time on the device; returns the end.
@@ -199,10 +184,9 @@ class Simulation {
   }
 
   /// Time the device spends not computing (a receive, an all-reduce).
-  bool wait(int device, const Instruction& in, double start, double end) {
+  void wait(int device, const Instruction& in, double start, double end) {
     free_at_[device] = end;
     events_[device].push_back({device, in.op, in.stage, in.microbatch, start, end});
-    return true;
   }
 
   /// Queues a transfer issued at `issue` on the link to the peer's device; sets `arrival`.
@@ -223,7 +207,6 @@ class Simulation {
   }
 
   void weight_gradient_done(int device, int stage, double end) {
-    ++weight_grads_done_[stage];
     add_memory(device, end, -activation(stage));
   }
 
@@ -237,53 +220,6 @@ class Simulation {
     result_.memory_timeline[device].emplace_back(time, memory_[device]);
     result_.device_peak_bytes[device] =
         std::max(result_.device_peak_bytes[device], memory_[device]);
-  }
-
-  /// What a stuck instruction waits for, for the deadlock message.
-  std::string missing_input(const Instruction& in) const {
-    switch (in.op) {
-      case Op::kRecvAct:
-        return fmt::format("no SEND_ACT from stage {} has run", in.stage - 1);
-      case Op::kRecvGrad:
-        return fmt::format("no SEND_GRAD from stage {} has run", in.stage + 1);
-      case Op::kForward:
-        return "its RECV_ACT has not run";
-      case Op::kSendAct:
-        return "its forward has not run";
-      case Op::kSendGrad:
-        return "its backward has not run";
-      case Op::kBackward:
-      case Op::kBackwardInput:
-        if (forward_end_[key(in.stage, in.microbatch)] == kNotYet) return "its forward has not run";
-        return "its RECV_GRAD has not run";
-      case Op::kBackwardWeight:
-        return "its BWD_INPUT has not run";
-      case Op::kAllReduce:
-      case Op::kAllReduceShared:
-        return fmt::format("{} of {} weight gradients are done", weight_grads_done_[in.stage],
-                           microbatches_);
-      case Op::kOptimizerStep:
-        if (weight_grads_done_[in.stage] < microbatches_)
-          return fmt::format("{} of {} weight gradients are done", weight_grads_done_[in.stage],
-                             microbatches_);
-        for (int partner : shared_partners(shape_, in.stage))
-          if (shared_issued_[partner] == kNotYet)
-            return fmt::format("the ALLREDUCE_SHARED of stage {} has not run", partner);
-        return "unknown";
-    }
-    return "unknown";
-  }
-
-  void report_deadlock() const {
-    std::string stuck;
-    for (int device = 0; device < shape_.devices; ++device) {
-      size_t position = next_[device];
-      if (position == schedule_[device].size()) continue;
-      const Instruction& in = schedule_[device][position];
-      stuck += fmt::format("{}device {} at instruction {} ({}): {}", stuck.empty() ? "" : "; ",
-                           device, position, to_string(in), missing_input(in));
-    }
-    if (!stuck.empty()) fail(ErrorKind::kPlan, "schedule deadlocks: {}", stuck);
   }
 
   SimResult finish() {
@@ -309,9 +245,7 @@ class Simulation {
   // Per (stage, microbatch), when each piece of work ended or each transfer arrived.
   std::vector<double> forward_end_, input_grad_end_;
   std::vector<double> act_arrival_, act_received_, grad_arrival_, grad_received_;
-  std::vector<int> weight_grads_done_;               ///< Per stage.
   std::vector<double> shared_issued_;                ///< Per stage, its ALLREDUCE_SHARED.
-  std::vector<size_t> next_;                         ///< Per device, the next position in its list.
   std::vector<double> free_at_;                      ///< Per device.
   std::vector<double> memory_;                       ///< Per device, bytes now.
   std::map<std::pair<int, int>, double> link_free_;  ///< (source, destination) device.

@@ -6,11 +6,12 @@
 ///
 /// The model:
 /// - A device runs its list in order. An instruction starts when the device is free and what
-///   it needs is there: a forward of stage s > 0 needs its RECV_ACT done, a backward (or B) of
-///   stage s < S-1 needs its RECV_GRAD done and its own forward, a W needs its B, an all-reduce
-///   or optimizer step needs every weight gradient of its stage. ALLREDUCE_SHARED takes no device
-///   time; the OPT_STEP of a stage holding shared weights waits (idle) until every partner
-///   stage has issued its ALLREDUCE_SHARED, plus shared_allreduce_s of the stage.
+///   it waits for has run, by the rules of runtime/format/readiness.h (the validator's): a
+///   forward of stage s > 0 needs its RECV_ACT done, a backward (or B) of stage s < S-1 needs
+///   its RECV_GRAD done and its own forward, a W needs its B, an all-reduce or optimizer step
+///   needs every weight gradient of its stage. ALLREDUCE_SHARED takes no device time; the OPT_STEP
+///   of a stage holding shared weights waits (idle) until every partner stage has issued its
+///   ALLREDUCE_SHARED, plus shared_allreduce_s of the stage.
 /// - A send takes no device time: it queues the transfer on the link (source device,
 ///   destination device), one link per ordered pair, which carries one transfer at a time for
 ///   send_s of the boundary. A receive waits (idle) until its transfer has arrived. Transfers
@@ -31,7 +32,7 @@
 #include <utility>
 #include <vector>
 
-#include "compiler/schedule/instruction.h"
+#include "runtime/format/schedule.h"
 
 namespace stagecraft::schedule {
 
@@ -45,8 +46,8 @@ struct StageCosts {
   /// Optional: time to move one microbatch's activations from stage s to s + 1, and the
   /// same for its gradient back. S - 1 entries (an S-th is ignored).
   std::vector<double> send_s;
-  double optimizer_s = 0;                ///< One stage's optimizer step.
-  std::vector<double> allreduce_s;       ///< Optional: one stage's gradient all-reduce.
+  double optimizer_s = 0;           ///< One stage's optimizer step.
+  std::vector<double> allreduce_s;  ///< Optional: one stage's gradient all-reduce.
   /// Optional: the exchange of one stage's shared weights' gradients with their other holders,
   /// from the last holder's ALLREDUCE_SHARED to the sum being there for its OPT_STEP.
   std::vector<double> shared_allreduce_s;
@@ -58,17 +59,6 @@ struct StageCosts {
   /// Optional: held only while one of the stage's backward instructions (full, B or W) runs,
   /// e.g. the activations recomputation rebuilds for it.
   std::vector<double> backward_bytes;
-};
-
-/// One instruction as it ran. For a send, the interval is the transfer on its link; for a
-/// receive, the wait from the device being free to the data's arrival.
-struct TimelineEvent {
-  int device;
-  Op op;
-  int stage;
-  int microbatch;  ///< -1 for step-level ops.
-  double start_s;
-  double end_s;
 };
 
 /// What one simulated step gives.

@@ -1,13 +1,16 @@
 #pragma once
 /// \file
-/// A backend: the kernels of one kind of device, behind one dispatch table. The compiler asks
-/// it which ops and dtypes it runs (`check`); the runtime asks it for kernels and per-device
-/// contexts.
+/// A backend: one kind of device, behind one dispatch table. Its op kernels are the table
+/// (`table`, `kernel`); its devices (`make_device`, runtime/core/device.h) own their memory,
+/// copies, fill, accumulate and optimizer updates. The compiler asks it which ops and dtypes
+/// it runs (`check`); the runtime asks it for kernels and devices. Backends are found by name
+/// (`backend_by_name`): adding one is one line of the registry in backend.cpp.
 
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runtime/core/kernel.h"
 
@@ -30,7 +33,8 @@ class Backend {
   /// The ops the backend has kernels for, in table order.
   virtual std::span<const KernelEntry> table() const = 0;
 
-  /// A context for one device using `threads` CPU threads for its kernels.
+  /// A context for device `device` using `threads` CPU threads for its kernels: the device's
+  /// memory, copies and update kernels (runtime/core/device.h).
   virtual std::unique_ptr<DeviceContext> make_device(int device, int threads) const = 0;
 
  protected:
@@ -40,8 +44,11 @@ class Backend {
 /// The CPU backend (oneDNN and plain C++; runtime/cpu).
 const Backend& cpu_backend();
 
-/// The backend named `name` ("cpu"); throws `Error(kUsage)` listing the names otherwise, and
-/// `Error(kUnsupported)` for "cuda" in a build without it.
+/// The names of the backends this build knows, in registry order ("cpu", "cuda").
+std::vector<std::string_view> backend_names();
+
+/// The backend named `name`; throws `Error(kUsage)` listing the known names for an unknown one,
+/// and `Error(kUnsupported)` for a known one this build lacks ("cuda" without CUDA).
 const Backend& backend_by_name(std::string_view name);
 
 }  // namespace stagecraft::rt

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/core/device.h"
 #include "runtime/core/tensor.h"
 
 namespace stagecraft::rt {
@@ -39,14 +40,6 @@ class Attrs {
   const onnx::AttributeProto& typed(std::string_view name,
                                     onnx::AttributeProto::AttributeType type) const;
   const onnx::NodeProto* node_ = nullptr;
-};
-
-/// The per-device state a backend keeps (engines, streams, thread counts); each backend
-/// derives its own.
-class DeviceContext {
- public:
-  virtual ~DeviceContext() = default;
-  int threads = 1;
 };
 
 /// One node of a stage program, as its kernel is called.

@@ -1,15 +1,15 @@
 #include "runtime/core/program.h"
 
-#include <cstring>
-
 #include <fmt/format.h>
 
+#include <cstring>
 #include <fstream>
 #include <map>
 
 #include "runtime/core/tensor_io.h"
-#include "runtime/format/grad_ops.h"
 #include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
+#include "runtime/format/lifetimes.h"
 
 namespace stagecraft::rt {
 
@@ -88,14 +88,13 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
     for (const auto& vi : graph.value_info()) declared[vi.name()] = static_info(vi);
     for (const auto& vi : graph.output()) declared[vi.name()] = static_info(vi);
 
-    std::vector<plan::Lifetime> lifetimes;
-    std::vector<int> lifetime_slot;
     for (int n = 0; n < graph.node_size(); ++n) {
       const onnx::NodeProto& node = graph.node(n);
       std::string node_name =
           node.name().empty() ? fmt::format("#{} ({})", n, node.op_type()) : node.name();
       with_context(fmt::format("node '{}'", node_name), ErrorKind::kInternal, [&] {
-        if (!node.domain().empty() && node.domain() != "ai.onnx" && node.domain() != grad::kGradDomain)
+        if (!node.domain().empty() && node.domain() != "ai.onnx" &&
+            node.domain() != grad::kGradDomain)
           fail(ErrorKind::kUnsupported, "op '{}' of domain '{}' has no {} kernel", node.op_type(),
                node.domain(), backend.name());
         Step step;
@@ -115,8 +114,6 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
             fail(ErrorKind::kModel, "input '{}' is not defined before it is used", name);
           step.inputs.push_back(it->second);
           in_types.push_back(p.slots_[it->second].info.dtype);
-          if (p.slots_[it->second].memory_index >= 0)
-            lifetimes[p.slots_[it->second].memory_index].last = n;
         }
         for (const std::string& name : node.output()) {
           if (name.empty()) {
@@ -131,15 +128,8 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
           slot.info = it->second;
           bool is_output = false;
           for (const auto& out : graph.output()) is_output |= out.name() == name;
-          if (is_output) {
-            slot.kind = Slot::kOutput;
-          } else {
-            slot.kind = Slot::kIntermediate;
-            slot.memory_index = static_cast<int>(lifetimes.size());
-            lifetimes.push_back({slot.info.numel_bytes(), n, n});
-          }
+          slot.kind = is_output ? Slot::kOutput : Slot::kIntermediate;
           int index = add_slot(std::move(slot));
-          if (p.slots_[index].memory_index >= 0) lifetime_slot.push_back(index);
           step.outputs.push_back(index);
           out_types.push_back(p.slots_[index].info.dtype);
         }
@@ -158,6 +148,21 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
       p.output_slots_.push_back(it->second);
       p.outputs_.push_back(p.slots_[it->second].info);
     }
+    // The arena: every intermediate alive from its node to its last reader (lifetimes.h).
+    p.graph_.values = static_cast<int>(p.slots_.size());
+    for (const Step& step : p.nodes_)
+      p.graph_.nodes.push_back({step.op_type, step.inputs, step.outputs, step.weight_gradients});
+    std::vector<int64_t> bytes;
+    std::vector<bool> is_output;
+    for (const Slot& slot : p.slots_) {
+      bytes.push_back(slot.info.numel_bytes());
+      is_output.push_back(slot.kind != Slot::kIntermediate);
+    }
+    const plan::Intermediates intermediates =
+        plan::intermediate_lifetimes(p.graph_, bytes, is_output);
+    const std::vector<plan::Lifetime>& lifetimes = intermediates.lifetimes;
+    for (size_t t = 0; t < intermediates.values.size(); ++t)
+      p.slots_[intermediates.values[t]].memory_index = static_cast<int>(t);
     if (!arena) {
       p.memory_ = plan::plan_memory(lifetimes);
     } else {
@@ -169,7 +174,7 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
              arena->field, placed.size(), lifetimes.size());
       p.memory_.arena_bytes = arena->stage->arena_bytes;
       for (size_t t = 0; t < lifetimes.size(); ++t) {
-        const std::string& name = p.slots_[lifetime_slot[t]].info.name;
+        const std::string& name = p.slots_[intermediates.values[t]].info.name;
         auto it = placed.find(name);
         if (it == placed.end())
           fail(ErrorKind::kPlan, "{} has no place for intermediate '{}'", arena->field, name);
@@ -190,13 +195,14 @@ int64_t Program::output_bytes() const {
   return total;
 }
 
-std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
-                                 const NodeHook* hook) const {
+std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> inputs,
+                                 std::byte* arena, const NodeHook* hook) const {
   return execute(device, inputs, arena, nullptr, hook);
 }
 
 std::vector<Tensor> Program::run_keeping(DeviceContext& device, std::span<const Tensor> inputs,
-                                         std::map<std::string, Tensor>& kept, const NodeHook* hook) const {
+                                         std::map<std::string, Tensor>& kept,
+                                         const NodeHook* hook) const {
   return execute(device, inputs, nullptr, &kept, hook);
 }
 
@@ -208,43 +214,19 @@ std::map<std::string, Tensor> Program::weights() const {
 }
 
 std::vector<Tensor> Program::run_subset(DeviceContext& device, std::span<const Tensor> inputs,
-                                        std::map<std::string, Tensor>& kept, const std::vector<bool>& mask,
-                                        std::byte* arena, const NodeHook* hook) const {
+                                        std::map<std::string, Tensor>& kept,
+                                        const std::vector<bool>& mask, std::byte* arena,
+                                        const NodeHook* hook) const {
   return execute(device, inputs, arena, &kept, hook, &mask);
 }
 
 std::vector<bool> Program::weight_gradient_nodes() const {
-  std::vector<int> producer(slots_.size(), -1);
-  for (size_t n = 0; n < nodes_.size(); ++n)
-    for (int s : nodes_[n].outputs)
-      if (s >= 0) producer[s] = static_cast<int>(n);
-  std::vector<bool> w(nodes_.size(), false);
-  for (size_t n = 0; n < nodes_.size(); ++n) {
-    const Step& step = nodes_[n];
-    if (step.weight_gradients) {
-      w[n] = true;
-      continue;
-    }
-    // An Add of weight-gradient parts is part of W too.
-    bool any = false, all = true;
-    for (int s : step.inputs) {
-      if (s < 0) continue;
-      bool from_w = producer[s] >= 0 && w[producer[s]];
-      any |= from_w;
-      all &= from_w || producer[s] < 0;  // program inputs (received gradients) are neutral
-    }
-    w[n] = step.op_type == "Add" && any && all;
-  }
-  for (size_t n = 0; n < nodes_.size(); ++n)
-    if (!w[n])
-      for (int s : nodes_[n].inputs)
-        if (s >= 0 && producer[s] >= 0 && w[producer[s]]) return std::vector<bool>(nodes_.size(), false);
-  return w;
+  return plan::weight_gradient_nodes(graph_);
 }
 
-std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
-                                     std::map<std::string, Tensor>* kept, const NodeHook* hook,
-                                     const std::vector<bool>* mask) const {
+std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tensor> inputs,
+                                     std::byte* arena, std::map<std::string, Tensor>* kept,
+                                     const NodeHook* hook, const std::vector<bool>* mask) const {
   if (inputs.size() != input_slots_.size())
     fail(ErrorKind::kInternal, "{}: {} inputs given, the program takes {}", source_, inputs.size(),
          input_slots_.size());
@@ -260,12 +242,12 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
   // other part, so they get their own bytes and are kept; the rest live in the arena.
   std::vector<bool> crossing, mine;
   if (mask) {
-    crossing.assign(slots_.size(), false);
+    crossing = plan::crossing_values(graph_, *mask);
     mine.assign(slots_.size(), false);
     for (size_t n = 0; n < nodes_.size(); ++n)
-      for (int s : (*mask)[n] ? nodes_[n].outputs : nodes_[n].inputs)
-        if (s >= 0) ((*mask)[n] ? mine : crossing)[s] = true;
-    for (size_t s = 0; s < slots_.size(); ++s) crossing[s] = crossing[s] && mine[s];
+      if ((*mask)[n])
+        for (int s : nodes_[n].outputs)
+          if (s >= 0) mine[s] = true;
   }
   for (size_t s = 0; s < slots_.size(); ++s) {
     const Slot& slot = slots_[s];
@@ -274,10 +256,11 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
     } else if (slot.kind == Slot::kIntermediate) {
       bool own = mask ? crossing[s] : kept != nullptr;
       // Kernels write their outputs (gradient kernels that need zeros get them below).
-      values[s] = own ? Tensor::uninitialized(slot.info.dtype, slot.info.shape)
-                      : Tensor::view(slot.info.dtype, slot.info.shape, arena + memory_.offsets[slot.memory_index]);
+      values[s] = own ? device.new_tensor(slot.info.dtype, slot.info.shape, false)
+                      : Tensor::view(slot.info.dtype, slot.info.shape,
+                                     arena + memory_.offsets[slot.memory_index]);
     } else if (slot.kind == Slot::kOutput && (!mask || mine[s])) {
-      values[s] = Tensor::uninitialized(slot.info.dtype, slot.info.shape);
+      values[s] = device.new_tensor(slot.info.dtype, slot.info.shape, false);
     }
   }
   if (mask) {
@@ -303,7 +286,7 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
     for (int s : step.outputs) out_ptrs.push_back(s < 0 ? nullptr : &values[s]);
     if (step.zero_outputs)
       for (Tensor* t : out_ptrs)
-        if (t && t->data && t->bytes() > 0) std::memset(t->data, 0, static_cast<size_t>(t->bytes()));
+        if (t) device.fill_zero(*t);
     try {
       if (hook && hook->before) hook->before(step.name, step.op_type);
       KernelArgs args{step.name, step.op_type, step.attrs, in_ptrs, out_ptrs, device};
@@ -322,8 +305,7 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
     for (size_t n = 0; n < nodes_.size(); ++n)
       if ((*mask)[n])
         for (int s : nodes_[n].outputs)
-          if (s >= 0 && crossing[s])
-            (*kept)[slots_[s].info.name] = values[s];
+          if (s >= 0 && crossing[s]) (*kept)[slots_[s].info.name] = values[s];
   } else if (kept) {
     for (size_t s = 0; s < slots_.size(); ++s)
       if (values[s].dtype != DType::kUndefined) (*kept)[slots_[s].info.name] = values[s];
@@ -332,7 +314,9 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
   outputs.reserve(output_slots_.size());
   for (int s : output_slots_) {
     const Slot& slot = slots_[s];
-    outputs.push_back(slot.kind == Slot::kOutput || values[s].dtype == DType::kUndefined ? values[s] : clone(values[s]));
+    outputs.push_back(slot.kind == Slot::kOutput || values[s].dtype == DType::kUndefined
+                          ? values[s]
+                          : clone_on(device, values[s]));
   }
   return outputs;
 }

@@ -17,6 +17,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/core/kernel.h"
 #include "runtime/core/tensor.h"
+#include "runtime/format/lifetimes.h"
 #include "runtime/format/memory_plan.h"
 #include "runtime/format/plan.h"
 
@@ -76,7 +77,8 @@ class Program {
   /// is kept, by name, in `kept` for the backward; intermediates get their own bytes instead
   /// of the arena. Returns the outputs like `run`.
   std::vector<Tensor> run_keeping(DeviceContext& device, std::span<const Tensor> inputs,
-                                  std::map<std::string, Tensor>& kept, const NodeHook* hook = nullptr) const;
+                                  std::map<std::string, Tensor>& kept,
+                                  const NodeHook* hook = nullptr) const;
 
   /// The weights by name (shared bytes: an optimizer updates them in place).
   std::map<std::string, Tensor> weights() const;
@@ -91,9 +93,9 @@ class Program {
                                  std::map<std::string, Tensor>& kept, const std::vector<bool>& mask,
                                  std::byte* arena, const NodeHook* hook = nullptr) const;
 
-  /// Per node, whether it belongs to a backward program's weight-gradient part (W): nodes marked
-  /// `weight_gradients` = 1 (runtime/format/grad_ops.h) and the Adds that only sum their
-  /// results. All false when some other node reads a W result (then W cannot be deferred).
+  /// Per node, whether it belongs to a backward program's weight-gradient part (W): the rule of
+  /// runtime/format/lifetimes.h `weight_gradient_nodes`, which the compiler sizes B-to-W memory
+  /// by. All false when some other node reads a W result (then W cannot be deferred).
   std::vector<bool> weight_gradient_nodes() const;
 
  private:
@@ -119,12 +121,13 @@ class Program {
   std::vector<Step> nodes_;
   std::vector<int> input_slots_, output_slots_;
   std::vector<ValueInfo> inputs_, outputs_;
+  plan::ProgramGraph graph_;  // nodes over slot indices (lifetimes.h)
   plan::MemoryPlan memory_;
   int64_t weight_bytes_ = 0;
 
-  std::vector<Tensor> execute(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
-                              std::map<std::string, Tensor>* kept, const NodeHook* hook,
-                              const std::vector<bool>* mask = nullptr) const;
+  std::vector<Tensor> execute(DeviceContext& device, std::span<const Tensor> inputs,
+                              std::byte* arena, std::map<std::string, Tensor>* kept,
+                              const NodeHook* hook, const std::vector<bool>* mask = nullptr) const;
 };
 
 }  // namespace stagecraft::rt

@@ -5,9 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <new>
-#include <unordered_map>
 
 #include "runtime/format/error.h"
 
@@ -27,60 +25,9 @@ int64_t shape_numel(const Shape& shape) {
 std::string shape_string(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 namespace {
-
-// Freed buffers by exact byte size (rounded up to the alignment). Steps repeat the same shapes,
-// so exact sizes are hit every time after the first step.
-class BufferPool {
- public:
-  std::byte* take(size_t bytes) {
-    {
-      std::lock_guard lock(mutex_);
-      auto it = free_.find(bytes);
-      if (it != free_.end() && !it->second.empty()) {
-        std::byte* p = it->second.back();
-        it->second.pop_back();
-        held_ -= bytes;
-        return p;
-      }
-    }
-    auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, bytes));
-    if (!p) throw std::bad_alloc();
-    return p;
-  }
-  void give(std::byte* p, size_t bytes) {
-    std::lock_guard lock(mutex_);
-    free_[bytes].push_back(p);
-    held_ += bytes;
-  }
-  size_t held() {
-    std::lock_guard lock(mutex_);
-    return held_;
-  }
-  void release() {
-    std::lock_guard lock(mutex_);
-    for (auto& [bytes, list] : free_)
-      for (std::byte* p : list) std::free(p);
-    free_.clear();
-    held_ = 0;
-  }
-  static constexpr size_t kAlign = 64;
-
- private:
-  std::mutex mutex_;
-  std::unordered_map<size_t, std::vector<std::byte*>> free_;
-  size_t held_ = 0;
-};
-
-BufferPool& pool() {
-  static BufferPool* p = new BufferPool;  // never destroyed: tensors may outlive main's statics
-  return *p;
-}
-
+constexpr size_t kAlign = 64;              // bytes of a big tensor's alignment (cache lines, SIMD)
+constexpr size_t kAlignedBytes = 1 << 16;  // tensors from this size on are aligned
 }  // namespace
-
-size_t pooled_bytes() { return pool().held(); }
-
-void release_pooled_buffers() { pool().release(); }
 
 Tensor Tensor::owned(DType dtype, Shape shape) { return allocate(dtype, std::move(shape), true); }
 
@@ -95,16 +42,17 @@ Tensor Tensor::allocate(DType dtype, Shape shape, bool zeroed) {
   t.dtype = dtype;
   t.shape = std::move(shape);
   int64_t bytes = t.numel() * size;
-  if (static_cast<size_t>(bytes) >= kPooledBytes) {
-    size_t size = (static_cast<size_t>(bytes) + BufferPool::kAlign - 1) / BufferPool::kAlign *
-                  BufferPool::kAlign;
-    std::byte* p = pool().take(size);
+  if (static_cast<size_t>(bytes) >= kAlignedBytes) {
+    size_t size = (static_cast<size_t>(bytes) + kAlign - 1) / kAlign * kAlign;
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, size));
+    if (!p) throw std::bad_alloc();
     if (zeroed) std::memset(p, 0, size);
-    t.storage = std::shared_ptr<std::byte[]>(p, [size](std::byte* q) { pool().give(q, size); });
+    t.storage = std::shared_ptr<std::byte[]>(p, [](std::byte* q) { std::free(q); });
   } else {
     // make_shared<T[]> value-initialises: the bytes start at zero.
     const auto n = static_cast<size_t>(bytes > 0 ? bytes : 1);
-    t.storage = zeroed ? std::make_shared<std::byte[]>(n) : std::make_shared_for_overwrite<std::byte[]>(n);
+    t.storage =
+        zeroed ? std::make_shared<std::byte[]>(n) : std::make_shared_for_overwrite<std::byte[]>(n);
   }
   t.data = t.storage.get();
   return t;

@@ -28,8 +28,9 @@ struct Tensor {
   std::byte* data = nullptr;
   std::shared_ptr<std::byte[]> storage;  ///< Set when the tensor owns its bytes.
 
-  /// A zero-filled tensor that owns its bytes. Throws `Error(kShape)` for a dtype without a
-  /// fixed size.
+  /// A zero-filled tensor that owns its host bytes (64-byte aligned from 64 KiB on). Throws
+  /// `Error(kShape)` for a dtype without a fixed size. A device's own tensors, pooled, come from
+  /// `DeviceContext::new_tensor` (runtime/core/device.h).
   static Tensor owned(DType dtype, Shape shape);
 
   /// As `owned`, but the bytes are left as they are (for a kernel's output, which the kernel
@@ -58,19 +59,6 @@ struct Tensor {
  private:
   static Tensor allocate(DType dtype, Shape shape, bool zeroed);
 };
-
-/// Owned tensors of at least `kPooledBytes` come from a process-wide pool of freed buffers kept
-/// by exact size: a training step allocates the same activations and gradients every step, and
-/// reusing their pages instead of returning them to the system saves the page faults of fresh
-/// memory (measured: more than half of a ResNet-50 training step on CPU). The pool holds only
-/// buffers no tensor uses; `release_pooled_buffers` returns them to the system.
-inline constexpr size_t kPooledBytes = size_t{1} << 16;
-
-/// Bytes the pool holds for reuse now (no tensor uses them).
-size_t pooled_bytes();
-
-/// Frees every buffer the pool holds.
-void release_pooled_buffers();
 
 /// A deep copy that owns its bytes.
 Tensor clone(const Tensor& tensor);

@@ -3,8 +3,8 @@
 // Tensors stay dense row-major between kernels. A convolution either runs on them as they are
 // (oneDNN then uses a GEMM) or lets oneDNN choose the layouts it runs fastest on ("any") and
 // reorders the source, the weights and the result to and from them (see prefers_blocked). The
-// primitives of one geometry are built once per thread and kept; the blocked copies live in
-// per-thread scratch buffers that grow to the largest convolution seen.
+// primitives of one geometry are built once per device context and kept; the blocked copies
+// live in the context's scratch buffers, which grow to the largest convolution seen.
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -31,7 +31,8 @@ ConvGeometry forward_geometry(const KernelArgs& a) {
   if (a.has_input(2)) {
     const int64_t m = a.input(1).shape[0];
     const Tensor& b = a.input(2);
-    if (b.shape != Shape{m}) fail(ErrorKind::kModel, "Conv bias {} should be [{}]", shape_string(b.shape), m);
+    if (b.shape != Shape{m})
+      fail(ErrorKind::kModel, "Conv bias {} should be [{}]", shape_string(b.shape), m);
     g.bias = m;
   }
   return g;
@@ -79,8 +80,10 @@ ConvPlan make_plan(const ConvGeometry& g, const dnnl::engine& engine) {
   const bool blocked = prefers_blocked(g);
   dnnl::convolution_forward::desc desc(
       dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-      blocked ? memory::desc(g.src, f32, any) : p.src_plain, blocked ? memory::desc(g.weights, f32, any) : p.weights_plain,
-      bias, blocked ? memory::desc(g.dst, f32, any) : p.dst_plain, g.strides, g.dilates, g.pad_l, g.pad_r);
+      blocked ? memory::desc(g.src, f32, any) : p.src_plain,
+      blocked ? memory::desc(g.weights, f32, any) : p.weights_plain, bias,
+      blocked ? memory::desc(g.dst, f32, any) : p.dst_plain, g.strides, g.dilates, g.pad_l,
+      g.pad_r);
   p.pd = dnnl::convolution_forward::primitive_desc(desc, engine);
   p.conv = dnnl::convolution_forward(p.pd);
   p.src_in = reorder_between(p.src_plain, p.pd.src_desc(), engine);
@@ -89,21 +92,7 @@ ConvPlan make_plan(const ConvGeometry& g, const dnnl::engine& engine) {
   return p;
 }
 
-// The plan for `g` on `engine`, built on first use by this thread.
-const ConvPlan& plan_for(const ConvGeometry& g, const dnnl::engine& engine) {
-  thread_local std::map<std::vector<int64_t>, ConvPlan> plans;
-  std::vector<int64_t> key{reinterpret_cast<int64_t>(engine.get()), g.bias};
-  for (const memory::dims* dims : {&g.src, &g.weights, &g.dst, &g.strides, &g.dilates, &g.pad_l, &g.pad_r}) {
-    key.push_back(static_cast<int64_t>(dims->size()));
-    key.insert(key.end(), dims->begin(), dims->end());
-  }
-  auto it = plans.find(key);
-  if (it != plans.end()) return it->second;
-  if (plans.size() >= 512) plans.clear();  // bounds the cache when many models pass through
-  return plans.emplace(std::move(key), make_plan(g, engine)).first->second;
-}
-
-// A growable 64-byte aligned buffer for one blocked operand of this thread's convolutions.
+// A growable 64-byte aligned buffer for one blocked operand of a context's convolutions.
 class Scratch {
  public:
   void* get(size_t bytes) {
@@ -123,10 +112,42 @@ class Scratch {
   size_t size_ = 0;
 };
 
+}  // namespace
+
+// One device context's convolution plans by geometry and its scratch buffers.
+struct ConvCache {
+  std::map<std::vector<int64_t>, ConvPlan> plans;
+  Scratch src_scratch, weights_scratch, dst_scratch;
+};
+
+void delete_conv_cache(ConvCache* cache) { delete cache; }
+
+ConvCache& CpuContext::conv_cache() {
+  if (!conv_cache_) conv_cache_.reset(new ConvCache);
+  return *conv_cache_;
+}
+
+namespace {
+
+// The plan for `g` on `engine`, built on first use in this context.
+const ConvPlan& plan_for(const ConvGeometry& g, const dnnl::engine& engine, ConvCache& cache) {
+  auto& plans = cache.plans;
+  std::vector<int64_t> key{reinterpret_cast<int64_t>(engine.get()), g.bias};
+  for (const memory::dims* dims :
+       {&g.src, &g.weights, &g.dst, &g.strides, &g.dilates, &g.pad_l, &g.pad_r}) {
+    key.push_back(static_cast<int64_t>(dims->size()));
+    key.insert(key.end(), dims->begin(), dims->end());
+  }
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  if (plans.size() >= 512) plans.clear();  // bounds the cache when many models pass through
+  return plans.emplace(std::move(key), make_plan(g, engine)).first->second;
+}
+
 // The operand in the layout the convolution wants: the user's memory itself, or its reordered
 // copy in `scratch`.
-memory operand(const std::optional<dnnl::reorder>& reorder, memory user, const memory::desc& wanted, Scratch& scratch,
-               CpuContext& ctx) {
+memory operand(const std::optional<dnnl::reorder>& reorder, memory user, const memory::desc& wanted,
+               Scratch& scratch, CpuContext& ctx) {
   if (!reorder) return user;
   memory blocked(wanted, ctx.engine, scratch.get(wanted.get_size()));
   reorder->execute(ctx.stream, user, blocked);
@@ -138,22 +159,29 @@ void conv(const KernelArgs& a) {
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
   CpuContext& ctx = context(a);
-  thread_local Scratch src_scratch, weights_scratch, dst_scratch;
+  ConvCache& cache = ctx.conv_cache();
+  Scratch &src_scratch = cache.src_scratch, &weights_scratch = cache.weights_scratch,
+          &dst_scratch = cache.dst_scratch;
   try {
-    const ConvPlan& p = plan_for(g, ctx.engine);
-    memory src = operand(p.src_in, memory(p.src_plain, ctx.engine, a.input(0).data), p.pd.src_desc(), src_scratch, ctx);
-    memory weights = operand(p.weights_in, memory(p.weights_plain, ctx.engine, a.input(1).data), p.pd.weights_desc(),
-                             weights_scratch, ctx);
+    const ConvPlan& p = plan_for(g, ctx.engine, cache);
+    memory src = operand(p.src_in, memory(p.src_plain, ctx.engine, a.input(0).data),
+                         p.pd.src_desc(), src_scratch, ctx);
+    memory weights = operand(p.weights_in, memory(p.weights_plain, ctx.engine, a.input(1).data),
+                             p.pd.weights_desc(), weights_scratch, ctx);
     memory dst_user(p.dst_plain, ctx.engine, y.data);
-    memory dst = p.dst_out ? memory(p.pd.dst_desc(), ctx.engine, dst_scratch.get(p.pd.dst_desc().get_size()))
-                           : dst_user;
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}};
-    if (g.bias > 0) args.emplace(DNNL_ARG_BIAS, memory(plain_desc({g.bias}), ctx.engine, a.input(2).data));
+    memory dst =
+        p.dst_out ? memory(p.pd.dst_desc(), ctx.engine, dst_scratch.get(p.pd.dst_desc().get_size()))
+                  : dst_user;
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}};
+    if (g.bias > 0)
+      args.emplace(DNNL_ARG_BIAS, memory(plain_desc({g.bias}), ctx.engine, a.input(2).data));
     p.conv.execute(ctx.stream, args);
     if (p.dst_out) p.dst_out->execute(ctx.stream, dst, dst_user);
     ctx.stream.wait();
   } catch (const dnnl::error& e) {
-    fail(ErrorKind::kUnsupported, "oneDNN cannot run this Conv ({}): {}", shape_string(a.input(0).shape), e.what());
+    fail(ErrorKind::kUnsupported, "oneDNN cannot run this Conv ({}): {}",
+         shape_string(a.input(0).shape), e.what());
   }
 }
 
@@ -163,7 +191,8 @@ std::string check_conv(const OpSignature& sig) {
       sig.inputs[1] == DType::kUndefined)
     return "Conv needs inputs X and W and at most a bias B";
   const std::string auto_pad = sig.attrs.s("auto_pad", "NOTSET");
-  if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" && auto_pad != "VALID")
+  if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" &&
+      auto_pad != "VALID")
     return "Conv auto_pad '" + auto_pad + "' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID";
   if (sig.attrs.i("group", 1) < 1) return "Conv group must be at least 1";
   const size_t spatial = sig.attrs.ints("kernel_shape").size();

@@ -10,28 +10,34 @@
 
 namespace stagecraft::rt::cpu {
 
-CpuContext::CpuContext(int threads_)
-    : engine(dnnl::engine::kind::cpu, 0), stream(engine) {
-  threads = threads_;
-}
-
 CpuContext& context(const KernelArgs& args) { return static_cast<CpuContext&>(args.device); }
 
 dnnl::memory::desc plain_desc(const Shape& shape, dnnl::memory::data_type type) {
-  dnnl::memory::dims dims = shape.empty() ? dnnl::memory::dims(1, 1) : dnnl::memory::dims(shape.begin(), shape.end());
+  dnnl::memory::dims dims =
+      shape.empty() ? dnnl::memory::dims(1, 1) : dnnl::memory::dims(shape.begin(), shape.end());
   dnnl::memory::dims strides(dims.size(), 1);
-  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i)
+    strides[i] = strides[i + 1] * dims[i + 1];
   return dnnl::memory::desc(dims, type, strides);
 }
 
 dnnl::memory wrap(const Tensor& tensor, const CpuContext& ctx) {
   dnnl::memory::data_type type = dnnl::memory::data_type::f32;
   switch (tensor.dtype) {
-    case DType::kFloat32: type = dnnl::memory::data_type::f32; break;
-    case DType::kInt32: type = dnnl::memory::data_type::s32; break;
-    case DType::kInt8: type = dnnl::memory::data_type::s8; break;
-    case DType::kUInt8: type = dnnl::memory::data_type::u8; break;
-    default: fail(ErrorKind::kUnsupported, "oneDNN has no {} tensors", dtype_name(tensor.dtype));
+    case DType::kFloat32:
+      type = dnnl::memory::data_type::f32;
+      break;
+    case DType::kInt32:
+      type = dnnl::memory::data_type::s32;
+      break;
+    case DType::kInt8:
+      type = dnnl::memory::data_type::s8;
+      break;
+    case DType::kUInt8:
+      type = dnnl::memory::data_type::u8;
+      break;
+    default:
+      fail(ErrorKind::kUnsupported, "oneDNN has no {} tensors", dtype_name(tensor.dtype));
   }
   return dnnl::memory(plain_desc(tensor.shape, type), ctx.engine, tensor.data);
 }
@@ -41,11 +47,11 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   CpuBackend() {
-    const std::span<const KernelEntry> families[] = {conv_kernels(),   pool_kernels(),        matmul_kernels(),
-                                                     norm_kernels(),   reduce_kernels(),      elementwise_kernels(),
-                                                     data_kernels(),   shape_kernels(),       loss_kernels(),
-                                                     grad_matmul_kernels(), grad_conv_kernels(), grad_norm_kernels(),
-                                                     grad_eltwise_kernels(), grad_data_kernels()};
+    const std::span<const KernelEntry> families[] = {
+        conv_kernels(),      pool_kernels(),         matmul_kernels(),      norm_kernels(),
+        reduce_kernels(),    elementwise_kernels(),  data_kernels(),        shape_kernels(),
+        loss_kernels(),      leaky_relu_kernels(),   grad_matmul_kernels(), grad_conv_kernels(),
+        grad_norm_kernels(), grad_eltwise_kernels(), grad_data_kernels()};
     size_t total = 0;
     for (const auto& family : families) total += family.size();
     table_.reserve(total);

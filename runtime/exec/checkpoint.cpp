@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <onnx/onnx_pb.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,10 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <onnx/onnx_pb.h>
 
 #include "runtime/core/tensor_io.h"
 #include "runtime/format/error.h"
+#include "runtime/format/json_reader.h"
 
 namespace stagecraft::rt {
 
@@ -58,18 +59,63 @@ void rename_or_fail(const std::string& from, const std::string& to) {
   if (ec) fail(ErrorKind::kIo, "{}: cannot rename to {} ({})", from, to, ec.message());
 }
 
-// Reads a manifest field, or fails naming the file and the field.
-template <class T>
-T field(const nlohmann::json& j, const std::string& key, const std::string& where,
-        const std::string& file) {
-  std::string name = where.empty() ? key : where + "." + key;
-  if (!j.is_object() || !j.contains(key))
-    fail(ErrorKind::kFormat, "{}: field '{}' is missing", file, name);
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    fail(ErrorKind::kFormat, "{}: field '{}' has the wrong type", file, name);
-  }
+/// A weight and its file in a manifest (`dtype` and `shape` are checked against the file's).
+struct SavedWeight {
+  std::string name, file;
+};
+
+/// One optimizer state tensor of a weight.
+struct SavedState {
+  std::string weight, state, file;
+};
+
+struct SavedStage {
+  std::string file_hash;
+  std::vector<SavedWeight> weights;
+  std::vector<SavedState> optimizer;
+};
+
+/// What load_checkpoint needs of manifest.json.
+struct Manifest {
+  std::string model_hash, optimizer;
+  int64_t step = 0;
+  std::vector<SavedStage> stages;
+};
+
+/// Reads `file` (a manifest.json) strictly: every field required, unknown ones refused, each
+/// error naming the file and the field.
+Manifest read_manifest(const std::string& file) {
+  nlohmann::json json = read_json_file(file);
+  JsonObject top =
+      JsonValue(json, file)
+          .object({"format", "version", "model_hash", "plan", "step", "optimizer", "stages"});
+  if (top.string("format") != kFormatName)
+    top.fail("format", fmt::format("is not '{}'", kFormatName));
+  int version = top.int32("version");
+  if (version != kCheckpointVersion && version != 1)
+    fail(ErrorKind::kUnsupported, "{}: field 'version' is {}; this stagerun reads versions 1 to {}",
+         file, version, kCheckpointVersion);
+  top.object("plan", {"schedule", "devices", "microbatches"});
+  Manifest m;
+  m.model_hash = top.string("model_hash");
+  m.optimizer = top.string("optimizer");
+  m.step = top.int64("step");
+  if (m.step < 0) top.fail("step", fmt::format("is negative ({})", m.step));
+  m.stages = top.array("stages", [](const JsonValue& v) {
+    JsonObject f = v.object({"index", "file", "file_hash", "weights", "optimizer"});
+    SavedStage stage;
+    stage.file_hash = f.string("file_hash");
+    stage.weights = f.array("weights", [](const JsonValue& w) {
+      JsonObject o = w.object({"name", "file", "dtype", "shape"});
+      return SavedWeight{o.string("name"), o.string("file")};
+    });
+    stage.optimizer = f.array("optimizer", [](const JsonValue& w) {
+      JsonObject o = w.object({"weight", "state", "file"});
+      return SavedState{o.string("weight"), o.string("state"), o.string("file")};
+    });
+    return stage;
+  });
+  return m;
 }
 
 }  // namespace
@@ -172,43 +218,23 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
   const plan::Plan& plan = pipeline.plan();
   if (!plan.training)
     fail(ErrorKind::kUsage, "checkpoint {}: the plan is not a training plan (nothing to resume)", dir);
-  nlohmann::json manifest;
-  {
-    std::ifstream in(file);
-    if (!in) fail(ErrorKind::kIo, "{}: cannot open", file);
-    try {
-      manifest = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      fail(ErrorKind::kFormat, "{}: not valid JSON ({})", file, e.what());
-    }
-  }
-  if (field<std::string>(manifest, "format", "", file) != kFormatName)
-    fail(ErrorKind::kFormat, "{}: field 'format' is not '{}'", file, kFormatName);
-  int version = field<int>(manifest, "version", "", file);
-  if (version != kCheckpointVersion && version != 1)
-    fail(ErrorKind::kUnsupported, "{}: field 'version' is {}; this stagerun reads versions 1 to {}",
-         file, version, kCheckpointVersion);
+  const Manifest manifest = read_manifest(file);
   // The plan's identity.
   auto other = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
     fail(ErrorKind::kPlan, "checkpoint {} was written for another plan: {} {}, this plan has {}", dir,
          what, theirs, ours);
   };
-  std::string model_hash = field<std::string>(manifest, "model_hash", "", file);
-  if (model_hash != plan.model_hash) other("model hash", model_hash, plan.model_hash);
-  std::string optimizer = field<std::string>(manifest, "optimizer", "", file);
-  if (optimizer != plan.optimizer) other("optimizer", optimizer, plan.optimizer);
-  if (!manifest.contains("stages") || !manifest["stages"].is_array())
-    fail(ErrorKind::kFormat, "{}: field 'stages' is missing or not an array", file);
-  const nlohmann::json& stages = manifest["stages"];
+  if (manifest.model_hash != plan.model_hash)
+    other("model hash", manifest.model_hash, plan.model_hash);
+  if (manifest.optimizer != plan.optimizer) other("optimizer", manifest.optimizer, plan.optimizer);
+  const std::vector<SavedStage>& stages = manifest.stages;
   if (stages.size() != plan.stages.size())
     other("stage count", std::to_string(stages.size()), std::to_string(plan.stages.size()));
   for (size_t k = 0; k < stages.size(); ++k) {
-    std::string hash = field<std::string>(stages[k], "file_hash", fmt::format("stages[{}]", k), file);
-    if (hash != plan.stages[k].file_hash)
-      other(fmt::format("stage {} file hash", k), hash, plan.stages[k].file_hash);
+    if (stages[k].file_hash != plan.stages[k].file_hash)
+      other(fmt::format("stage {} file hash", k), stages[k].file_hash, plan.stages[k].file_hash);
   }
-  int64_t step = field<int64_t>(manifest, "step", "", file);
-  if (step < 0) fail(ErrorKind::kFormat, "{}: field 'step' is negative ({})", file, step);
+  const int64_t step = manifest.step;
 
   // Read everything first: a damaged checkpoint changes nothing.
   std::vector<std::vector<std::pair<Tensor, Tensor>>> weights(stages.size());  // (target, value)
@@ -216,41 +242,33 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
   for (size_t k = 0; k < stages.size(); ++k) {
     const auto& have = pipeline.stage_weights(static_cast<int>(k));
     std::string where = fmt::format("stages[{}]", k);
-    auto read = [&](const nlohmann::json& entry, const std::string& at) {
-      std::string path = (fs::path(dir) / field<std::string>(entry, "file", at, file)).string();
+    auto read = [&](const std::string& saved, const std::string& at) {
+      std::string path = (fs::path(dir) / saved).string();
       return with_context(file + ": " + at, ErrorKind::kFormat, [&] { return read_npy(path); });
     };
-    auto list = [&](const char* key) -> const nlohmann::json& {
-      if (!stages[k].contains(key) || !stages[k][key].is_array())
-        fail(ErrorKind::kFormat, "{}: field '{}.{}' is missing or not an array", file, where, key);
-      return stages[k][key];
-    };
-    const nlohmann::json& ws = list("weights");
-    for (size_t i = 0; i < ws.size(); ++i) {
+    for (size_t i = 0; i < stages[k].weights.size(); ++i) {
+      const SavedWeight& w = stages[k].weights[i];
       std::string at = fmt::format("{}.weights[{}]", where, i);
-      std::string name = field<std::string>(ws[i], "name", at, file);
-      auto it = have.find(name);
+      auto it = have.find(w.name);
       if (it == have.end())
-        other(fmt::format("stage {} weight", k), "'" + name + "'", "no such weight");
-      Tensor value = read(ws[i], at);
+        other(fmt::format("stage {} weight", k), "'" + w.name + "'", "no such weight");
+      Tensor value = read(w.file, at);
       if (value.dtype != it->second.dtype || value.shape != it->second.shape)
         fail(ErrorKind::kShape, "{}: field '{}' ('{}') is {} but the plan's weight is {}", file, at,
-             name, value.describe(), it->second.describe());
+             w.name, value.describe(), it->second.describe());
       weights[k].emplace_back(it->second, value);
     }
-    const nlohmann::json& os = list("optimizer");
-    for (size_t i = 0; i < os.size(); ++i) {
+    for (size_t i = 0; i < stages[k].optimizer.size(); ++i) {
+      const SavedState& o = stages[k].optimizer[i];
       std::string at = fmt::format("{}.optimizer[{}]", where, i);
-      std::string name = field<std::string>(os[i], "weight", at, file);
-      std::string key = field<std::string>(os[i], "state", at, file);
-      auto it = have.find(name);
+      auto it = have.find(o.weight);
       if (it == have.end())
-        other(fmt::format("stage {} weight", k), "'" + name + "'", "no such weight");
-      Tensor value = read(os[i], at);
+        other(fmt::format("stage {} weight", k), "'" + o.weight + "'", "no such weight");
+      Tensor value = read(o.file, at);
       if (value.dtype != DType::kFloat32 || value.shape != it->second.shape)
-        fail(ErrorKind::kShape, "{}: field '{}' ('{}' of '{}') is {} but the weight is {}", file, at,
-             key, name, value.describe(), it->second.describe());
-      states[k][name].tensors[key] = value;
+        fail(ErrorKind::kShape, "{}: field '{}' ('{}' of '{}') is {} but the weight is {}", file,
+             at, o.state, o.weight, value.describe(), it->second.describe());
+      states[k][o.weight].tensors[o.state] = value;
     }
   }
   // Shared weights: every holder gets the lowest holder's weight and optimizer state (a

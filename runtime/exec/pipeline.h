@@ -10,16 +10,19 @@
 #include <string>
 #include <vector>
 
-#include "compiler/schedule/instruction.h"
-#include "compiler/schedule/simulator.h"
 #include "runtime/core/backend.h"
 #include "runtime/core/program.h"
 #include "runtime/core/tensor.h"
 #include "runtime/exec/transport.h"
 #include "runtime/format/plan.h"
+#include "runtime/format/schedule.h"
 #include "runtime/optim/optimizer.h"
 
 namespace stagecraft::rt {
+
+struct StageRuntime;
+struct RunState;
+class DeviceWorker;
 
 /// A graph input or output of the whole model, per microbatch.
 struct ModelTensor {
@@ -58,7 +61,7 @@ struct RunReport {
   std::vector<DeviceReport> devices;
   std::vector<schedule::TimelineEvent> events;  ///< Compute of every step; seconds from the start.
   std::map<std::string, Tensor> outputs;        ///< The last step's graph outputs, whole batch.
-  std::vector<double> losses;                   ///< Training: each step's loss (mean over microbatches).
+  std::vector<double> losses;  ///< Training: each step's loss (mean over microbatches).
 };
 
 class Pipeline {
@@ -101,7 +104,8 @@ class Pipeline {
   const std::map<std::string, optim::OptimizerState>& optimizer_state(int stage) const;
 
  private:
-  struct StageRuntime;
+  friend struct RunState;
+  friend class DeviceWorker;
   Pipeline() = default;
 
   /// Refuses (Error kPlan, naming plan.json's field) a shared weight missing from a holder's

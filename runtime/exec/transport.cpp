@@ -48,11 +48,11 @@ Message InProcessTransport::recv(const Link& link, int microbatch) {
 
 void InProcessTransport::start_shared_sum(const std::string& weight,
                                           const std::vector<int>& holders, int stage,
-                                          const Tensor& gradient) {
+                                          const Tensor& gradient, DeviceContext& device) {
   if (gradient.dtype != DType::kFloat32)
     fail(ErrorKind::kUnsupported, "shared weight '{}': stage {} sums a {} gradient (float32 only)",
          weight, stage, dtype_name(gradient.dtype));
-  Tensor part = clone(gradient);  // outside the lock: the copy is the stage's own work
+  Tensor part = clone_on(device, gradient);  // outside the lock: the copy is the stage's own work
   std::lock_guard lock(mutex_);
   if (aborted_) throw Aborted{};
   SharedSum& sum = sums_[weight];
@@ -71,7 +71,8 @@ void InProcessTransport::start_shared_sum(const std::string& weight,
   changed_.notify_all();
 }
 
-void InProcessTransport::finish_shared_sum(const std::string& weight, int stage, Tensor& gradient) {
+void InProcessTransport::finish_shared_sum(const std::string& weight, int stage, Tensor& gradient,
+                                           DeviceContext& device) {
   std::unique_lock lock(mutex_);
   auto it = sums_.find(weight);
   if (it == sums_.end() || !it->second.parts.count(stage))
@@ -87,13 +88,9 @@ void InProcessTransport::finish_shared_sum(const std::string& weight, int stage,
   if (gradient.shape != first.shape || gradient.dtype != DType::kFloat32)
     fail(ErrorKind::kPlan, "shared weight '{}': stage {}'s gradient buffer is {}, the sum {}",
          weight, stage, gradient.describe(), first.describe());
-  float* out = gradient.as<float>();
-  const int64_t n = first.numel();
-  std::copy(first.as<float>(), first.as<float>() + n, out);
-  for (size_t h = 1; h < sum.holders.size(); ++h) {
-    const float* add = sum.parts.at(sum.holders[h]).as<float>();
-    for (int64_t i = 0; i < n; ++i) out[i] += add[i];
-  }
+  device.copy(first, gradient);
+  for (size_t h = 1; h < sum.holders.size(); ++h)
+    device.accumulate(gradient, sum.parts.at(sum.holders[h]));
   lock.lock();
   if (++sum.finished == sum.holders.size()) sums_.erase(it);
   changed_.notify_all();

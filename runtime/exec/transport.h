@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/device.h"
 #include "runtime/core/tensor.h"
 
 namespace stagecraft::rt {
@@ -51,17 +52,19 @@ class Transport {
   /// Throws `Aborted`.
   virtual Message recv(const Link& link, int microbatch) = 0;
   /// Starts the step's sum of the gradient of `weight`, a weight that the stages `holders`
-  /// (ascending) each hold a copy of, with `stage`'s part (float32). Returns at once: the
-  /// transport keeps its own copy of the part, so the caller may go on using `gradient`.
-  /// Throws `Aborted`.
+  /// (ascending) each hold a copy of, with `stage`'s part (float32) on `device`. Returns at
+  /// once: the transport keeps its own copy of the part, so the caller may go on using
+  /// `gradient`. Throws `Aborted`.
   virtual void start_shared_sum(const std::string& weight, const std::vector<int>& holders,
-                                int stage, const Tensor& gradient) = 0;
+                                int stage, const Tensor& gradient, DeviceContext& device) = 0;
   /// Waits until every holder of `weight` has started the sum, then overwrites `gradient`
   /// (`stage`'s part, as started) with the sum of all parts. The sum adds the parts in
   /// ascending stage order, so every holder gets the same bytes and the copies of the weight
   /// stay identical. Once every holder has finished, the next step may start again. Throws
-  /// `Aborted`, or `Error(kPlan)` when the holders or the parts' shapes disagree.
-  virtual void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient) = 0;
+  /// `Aborted`, or `Error(kPlan)` when the holders or the parts' shapes disagree. `device`
+  /// (the caller's) copies and adds.
+  virtual void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient,
+                                 DeviceContext& device) = 0;
   /// Stops the run: every blocked and later send, receive and sum throws `Aborted`.
   virtual void abort() = 0;
 };
@@ -78,8 +81,9 @@ class InProcessTransport final : public Transport {
   void send(const Link& link, Message message) override;
   Message recv(const Link& link, int microbatch) override;
   void start_shared_sum(const std::string& weight, const std::vector<int>& holders, int stage,
-                        const Tensor& gradient) override;
-  void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient) override;
+                        const Tensor& gradient, DeviceContext& device) override;
+  void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient,
+                         DeviceContext& device) override;
   void abort() override;
 
  private:

@@ -7,17 +7,25 @@
 ///   PLAN_DIR/schedule.json  per-device instruction streams (compiler/schedule to_json)
 ///   PLAN_DIR/stage_K.onnx   stage K's forward graph with its weights (a valid ONNX model)
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "runtime/format/schedule.h"
 
 namespace stagecraft::plan {
 
 /// Bumped whenever a reader of an older plan would misread a newer one. Version 3: every stage
-/// lists its shared weights (`shared_weights`, `shared_exchange_ms`).
-inline constexpr int kPlanFormatVersion = 3;
+/// lists its shared weights (`shared_weights`, `shared_exchange_ms`). Version 4: a typed
+/// `device` (name, kind, capacity) instead of the cost model's free-form spec; per stage the
+/// backward's B and W parts and the optimizer step (`backward_input_ms`, `backward_weight_ms`,
+/// `optimizer_ms`); the planner's predicted `timeline`. Older plans are refused ("re-run stagec").
+inline constexpr int kPlanFormatVersion = 4;
+
+/// What a recorded file hash starts with: "fnv1a64:<16 hex digits>".
+inline constexpr std::string_view kHashPrefix = "fnv1a64:";
 
 /// A tensor at a stage boundary. For a stage input, `peer_stage` is the stage that produces it
 /// (-1: a graph input, fed by the user); for an output, `peer_stages` are the stages that read
@@ -52,10 +60,39 @@ struct SharedWeight {
   std::vector<int> stages;     ///< Every holder, ascending, at least two; this stage among them.
 };
 
-/// Memory anatomy in bytes.
+/// Bytes one stage holds at its peak, by what holds them: the cost model's memory anatomy
+/// (cost_models/memory.h computes it) and plan.json's `memory`.
 struct MemoryBytes {
-  int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0, temporary = 0, communication = 0;
-  int64_t total() const { return weights + gradients + optimizer + activations + temporary + communication; }
+  int64_t weights = 0;
+  int64_t gradients = 0;
+  int64_t optimizer = 0;
+  int64_t activations = 0;    ///< Kept for backward across the microbatches in flight.
+  int64_t temporary = 0;      ///< Peak of short-lived buffers and workspace.
+  int64_t communication = 0;  ///< Send and receive buffers.
+
+  /// The sum; throws `Error(kPlan)` when it does not fit in int64.
+  int64_t total() const;
+};
+
+/// The device a plan was made for: what the runtime checks the machine that runs it against.
+struct DeviceSpec {
+  std::string name;          ///< The cost model's device: "h100", "cpu", a device file's name.
+  std::string kind;          ///< "cpu" | "gpu": the kind of backend that runs it.
+  int64_t memory_bytes = 0;  ///< One device's memory capacity.
+};
+
+/// One point-to-point link in one direction.
+struct LinkSpec {
+  double bandwidth = 0;  ///< Bytes/s in one direction, as one transfer sees it.
+  double latency_s = 0;  ///< Fixed cost of one message, seconds.
+};
+
+/// How the devices are connected: nodes of `devices_per_node` devices joined by a fast link,
+/// nodes joined by a network (cost_models/cluster.h has the presets and reads cluster files).
+struct ClusterSpec {
+  int devices_per_node = 1;
+  LinkSpec intra_node;  ///< Between two devices of one node.
+  LinkSpec inter_node;  ///< Between devices of different nodes (one NIC per device).
 };
 
 struct Stage {
@@ -74,18 +111,23 @@ struct Stage {
   std::vector<StageTensor> outputs;
   double fwd_ms = 0;             ///< Per microbatch.
   double bwd_ms = 0;             ///< Per microbatch (0 for inference).
+  /// Training: the two parts of bwd_ms (B + W = bwd_ms) as the planner simulated them: B, the
+  /// input gradient (with the forward re-run under recomputation), and W, the weight gradients
+  /// (with their accumulation into the step's sums). Only ZB-H1 runs them apart. 0 for inference.
+  double backward_input_ms = 0;
+  double backward_weight_ms = 0;
+  double optimizer_ms = 0;       ///< Training: the stage's optimizer step, once per step.
   double send_ms = 0;            ///< Sending its outputs to the next stage, per microbatch.
   int64_t in_flight = 1;         ///< Microbatches whose activations it holds at its peak.
   /// Training: activation recomputation. The stage keeps only its inputs per microbatch in
   /// flight and re-runs its forward just before the backward (bwd_ms includes that forward).
-  /// Read as false when absent (plans written before the field).
   bool recompute = false;
   MemoryBytes memory;
   int64_t arena_bytes = 0;           ///< The forward program's arena (one microbatch).
   std::vector<ArenaTensor> arena;    ///< Where each intermediate lives in it.
   /// Training: the backward program's arena (one microbatch's gradients in flight inside the
   /// backward, placed by runtime/format/memory_plan.h over the backward file's node order); the
-  /// runtime checks its own plan of the backward file against it. 0 when absent.
+  /// runtime checks its own plan of the backward file against it. 0 for inference.
   int64_t backward_arena_bytes = 0;
   /// Weights this stage holds that other stages hold too, by name (ascending).
   std::vector<SharedWeight> shared_weights;
@@ -121,7 +163,7 @@ struct Prediction {
 
 /// How the split was chosen: the exact solve (that minimises the slowest stage's time, or for
 /// the memory objective the largest stage's memory), then a search by simulation (plan.json
-/// "search"; absent from plans written before it, read as zeros).
+/// "search").
 struct SplitSearch {
   /// Distinct splits built, checked for memory and simulated: the solver's optimum, its
   /// re-solves for devices over their memory, the baselines, and local moves of each cut.
@@ -163,14 +205,18 @@ struct Plan {
   TrainingConfig training_config;
   std::string precision;          ///< "fp32" | "mixed".
   std::string cost_model;         ///< e.g. "roofline(h100, fp32)".
-  nlohmann::json device_spec;     ///< As cost_models writes it.
-  nlohmann::json cluster;
+  DeviceSpec device;
+  ClusterSpec cluster;
   std::vector<Stage> stages;
   std::vector<OpRecord> ops;
   Prediction predicted;
   Prediction baseline_parameters; ///< DeepSpeed's 'parameters' method: balance parameter counts.
   Prediction baseline_uniform;    ///< DeepSpeed's 'uniform' method: balance op counts.
   SplitSearch search;
+  /// What the planner's simulation of `predicted` played, every instruction of every device
+  /// (per device in list order): stagedump draws it and stagerun sets its measured run beside
+  /// it. plan.json writes the times in milliseconds ("start_ms", "end_ms").
+  std::vector<schedule::TimelineEvent> timeline;
 };
 
 nlohmann::ordered_json to_json(const Plan& plan);
@@ -179,6 +225,10 @@ nlohmann::ordered_json to_json(const Plan& plan);
 /// 'stages[2].device' is missing") for anything missing or of the wrong type, and
 /// `Error(kUnsupported)` for another format version.
 Plan plan_from_json(const nlohmann::json& json, const std::string& source);
+
+/// Throws `Error(kUnsupported)` naming `source` and both versions unless `version` is
+/// `kPlanFormatVersion`.
+void check_format_version(int version, const std::string& source);
 
 /// Checks every cross reference of a plan: stage indices dense and in order, devices in
 /// range, each stage input's producer stage exists, lists it as an output with the same
@@ -194,6 +244,13 @@ std::vector<std::vector<int>> shared_weight_groups(const std::vector<SharedWeigh
 
 /// The same for every stage's shared weights.
 std::vector<std::vector<int>> shared_weight_groups(const Plan& plan);
+
+/// Refuses a plan that does not fit the machine that is to run it: `Error(kPlan)` naming
+/// `source`, the device and both numbers when a device's predicted peak
+/// (`predicted.device_peak_bytes`) exceeds `capacity_bytes`, the memory of one of the machine's
+/// devices (`capacity_name` says which, e.g. "this machine's physical memory").
+void check_fits(const Plan& plan, int64_t capacity_bytes, std::string_view capacity_name,
+                const std::string& source);
 
 /// Reads and validates PLAN_DIR/plan.json, and checks that every stage file exists and (when
 /// a hash is recorded) matches it.

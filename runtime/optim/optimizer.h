@@ -1,12 +1,12 @@
 #pragma once
 /// \file
 /// The training runtime's optimizers: the per-weight update applied after the backward pass.
-/// All float32; each update is one pass over the weight, its gradient and its state: loops
-/// vectorised with `omp simd` (square roots with the SIMD instruction, block by block) and split
-/// among the calling thread's OpenMP threads on big tensors. The update is elementwise, so the
-/// result does not depend on the thread count.
+/// All float32; each update is one pass over the weight, its gradient and its state, run by the
+/// device's update kernels (runtime/core/device.h: SgdUpdate, MomentumUpdate, AdamUpdate,
+/// AdagradUpdate; on the CPU, loops vectorised with `omp simd` and split among the calling
+/// thread's OpenMP threads on big tensors). The rules here only derive the kernels' scalars.
 ///
-/// Two faces share the same inner loops (namespace `kernels`):
+/// Two faces share the same kernels:
 ///
 ///  * `Optimizer`, with PyTorch's `torch.optim` semantics so that a user gets what they expect
 ///    from the same hyper-parameters. `step` (1-based, counting this update) and the learning
@@ -60,6 +60,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/core/device.h"
 #include "runtime/core/tensor.h"
 
 namespace stagecraft::rt::optim {
@@ -67,7 +68,8 @@ namespace stagecraft::rt::optim {
 // ---------------------------------------------------------------------------------------------
 // PyTorch-style optimizers
 
-/// Hyper-parameters. `kind` is one of `optimizer_kinds()`; fields a kind does not use are
+/// Hyper-parameters. `kind` is one of `optimizer_kinds()` (names of the plan's vocabulary,
+/// runtime/format/vocabulary.h); fields a kind does not use are
 /// ignored (momentum by sgd/adam, betas by sgd/momentum, epsilon by sgd/momentum/nesterov).
 struct OptimizerConfig {
   std::string kind = "sgd";  ///< sgd | momentum | nesterov | adam | adamw | adagrad
@@ -79,7 +81,8 @@ struct OptimizerConfig {
   float epsilon = 1e-8f;
 };
 
-/// The optimizer names `Optimizer::make` accepts, in the order the usage error lists them.
+/// The optimizer names `Optimizer::make` accepts (the vocabulary's optimizers the runtime
+/// implements), in the order the usage error lists them.
 const std::vector<std::string_view>& optimizer_kinds();
 
 /// The per-weight state: named float32 tensors of the weight's shape. Names by kind:
@@ -114,19 +117,21 @@ class Optimizer {
   /// Bytes of state per parameter: 0 (sgd), 4 (momentum, nesterov, adagrad), 8 (adam, adamw).
   int64_t state_bytes_per_param() const { return 4 * static_cast<int64_t>(state_names().size()); }
 
-  /// A zero-filled state for `weight` (what a fresh run starts from).
-  OptimizerState init_state(const Tensor& weight) const;
+  /// A zero-filled state for `weight` on `device` (what a fresh run starts from).
+  OptimizerState init_state(DeviceContext& device, const Tensor& weight) const;
 
   /// Updates `weight` in place from `grad` with learning rate `lr` at update number `step`
-  /// (1-based: the first update is step 1; Adam's bias correction uses it). State tensors that
-  /// `state` lacks are created zero-filled; present ones must match the weight's shape.
-  virtual void step(Tensor& weight, const Tensor& grad, OptimizerState& state, float lr,
-                    int64_t step) const = 0;
+  /// (1-based: the first update is step 1; Adam's bias correction uses it), with `device`'s
+  /// update kernel. State tensors that `state` lacks are created zero-filled on `device`;
+  /// present ones must match the weight's shape.
+  virtual void step(DeviceContext& device, Tensor& weight, const Tensor& grad,
+                    OptimizerState& state, float lr, int64_t step) const = 0;
 
  protected:
   explicit Optimizer(OptimizerConfig config) : config_(std::move(config)) {}
   /// Checks dtypes and shapes and returns the state tensor `name`, creating it when absent.
-  Tensor& state_tensor(OptimizerState& state, const std::string& name, const Tensor& weight) const;
+  Tensor& state_tensor(DeviceContext& device, OptimizerState& state, const std::string& name,
+                       const Tensor& weight) const;
   static void check_step(const Tensor& weight, const Tensor& grad, int64_t step);
 
   OptimizerConfig config_;
@@ -164,54 +169,16 @@ struct OnnxAdagradAttrs {
 bool parse_onnx_momentum_mode(std::string_view mode);
 
 /// One ONNX Adam update of the tuple (x, g, v, h) with learning rate `r` and update count `t`,
-/// in place: x <- X_final, v <- V_new, h <- H_new.
-void onnx_adam(const OnnxAdamAttrs& attrs, double r, int64_t t, Tensor& x, const Tensor& g,
-               Tensor& v, Tensor& h);
+/// in place on `device`: x <- X_final, v <- V_new, h <- H_new.
+void onnx_adam(DeviceContext& device, const OnnxAdamAttrs& attrs, double r, int64_t t, Tensor& x,
+               const Tensor& g, Tensor& v, Tensor& h);
 
-/// One ONNX Momentum update of (x, g, v), in place: x <- X_new, v <- V_new.
-void onnx_momentum(const OnnxMomentumAttrs& attrs, double r, int64_t t, Tensor& x, const Tensor& g,
-                   Tensor& v);
+/// One ONNX Momentum update of (x, g, v), in place on `device`: x <- X_new, v <- V_new.
+void onnx_momentum(DeviceContext& device, const OnnxMomentumAttrs& attrs, double r, int64_t t,
+                   Tensor& x, const Tensor& g, Tensor& v);
 
-/// One ONNX Adagrad update of (x, g, h), in place: x <- X_new, h <- H_new.
-void onnx_adagrad(const OnnxAdagradAttrs& attrs, double r, int64_t t, Tensor& x, const Tensor& g,
-                  Tensor& h);
-
-// ---------------------------------------------------------------------------------------------
-// The inner loops both faces share: n contiguous float32 elements, updated in place. `l2` is
-// the coupled decay added to the gradient (g' = g + l2*w).
-
-namespace kernels {
-
-/// w -= lr * g'.
-void sgd(float* w, const float* g, int64_t n, float lr, float l2);
-
-struct MomentumParams {
-  float lr = 0;
-  float l2 = 0;
-  float alpha = 0;  ///< Decay of the previous velocity.
-  float beta = 1;   ///< Scale of the current gradient.
-  bool nesterov = false;
-};
-/// v = alpha*v + beta*g';  w -= lr * (nesterov ? g' + alpha*v : v).
-void momentum(float* w, const float* g, float* v, int64_t n, const MomentumParams& p);
-
-struct AdamParams {
-  float l2 = 0;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float step_size = 0;    ///< Multiplies m / denom.
-  float denom_scale = 1;  ///< denom = sqrt(v)*denom_scale + eps.
-  float eps = 0;
-  float pre_scale = 1;   ///< w is scaled by this before the update (AdamW's decay).
-  float post_scale = 1;  ///< and by this after it (ONNX's norm_coefficient_post).
-};
-/// m = b1*m + (1-b1)*g';  v = b2*v + (1-b2)*g'^2;
-/// w = post_scale * (pre_scale*w - step_size * m / (sqrt(v)*denom_scale + eps)).
-void adam(float* w, const float* g, float* m, float* v, int64_t n, const AdamParams& p);
-
-/// h += g'^2;  w -= lr * g' / (sqrt(h) + eps).
-void adagrad(float* w, const float* g, float* h, int64_t n, float lr, float l2, float eps);
-
-}  // namespace kernels
+/// One ONNX Adagrad update of (x, g, h), in place on `device`: x <- X_new, h <- H_new.
+void onnx_adagrad(DeviceContext& device, const OnnxAdagradAttrs& attrs, double r, int64_t t,
+                  Tensor& x, const Tensor& g, Tensor& h);
 
 }  // namespace stagecraft::rt::optim

@@ -1,5 +1,7 @@
 // Runs ONNX's own backend conformance cases (Debian package libonnx-testdata) on a runtime
-// backend and compares every output with the reference at rtol 1e-3 / atol 1e-5.
+// backend (--backend NAME, default cpu) and compares every output with the reference at rtol
+// 1e-3 / atol 1e-5, and with the CPU backend's result on the same inputs (the reference every
+// backend is held to; bit for bit on the CPU itself). Adding a backend is adding its name.
 //
 //   stagecraft-conformance [--data DIR] [--skips FILE] [--filter TEXT] [--verbose]
 //                          [--write-skips FILE]
@@ -116,6 +118,35 @@ std::string compare(const rt::Tensor& got, const rt::Tensor& want, double rtol, 
                      bad, n, first, as_double(got, first), as_double(want, first), worst);
 }
 
+// Runs `program` once on a fresh device of `backend`, its intermediates in the device's arena.
+std::vector<rt::Tensor> run_program(const rt::Program& program, const rt::Backend& backend,
+                                    const std::vector<rt::Tensor>& args) {
+  auto device = backend.make_device(0, 1);
+  auto arena = device->allocate(program.arena_bytes());
+  return program.run(*device, args, arena->base());
+}
+
+// The backend under test against the CPU backend, the reference every backend is held to: ""
+// when every output agrees (bit for bit when the backend under test is the CPU's, else at
+// rtol 1e-4 / atol 1e-6), else the first difference.
+std::string against_cpu(const onnx::ModelProto& model, const rt::Backend& backend,
+                        const std::vector<rt::Tensor>& args, const std::vector<rt::Tensor>& got,
+                        const fs::path& model_path) {
+  const rt::Backend& cpu = rt::cpu_backend();
+  std::vector<rt::Tensor> want;
+  try {
+    want = run_program(rt::Program::from_model(model, cpu, model_path.string()), cpu, args);
+  } catch (const Error& e) {
+    return fmt::format("the cpu reference fails: {}", e.what());
+  }
+  const bool exact = &backend == &cpu;
+  for (size_t k = 0; k < got.size(); ++k)
+    if (std::string diff = compare(got[k], want[k], exact ? 0 : 1e-4, exact ? 0 : 1e-6);
+        !diff.empty())
+      return fmt::format("output {} differs from the cpu backend's: {}", k, diff);
+  return "";
+}
+
 Outcome run_case(const fs::path& dir, const rt::Backend& backend) {
   fs::path model_path = dir / "model.onnx";
   onnx::ModelProto original;
@@ -168,11 +199,12 @@ Outcome run_case(const fs::path& dir, const rt::Backend& backend) {
       }
       feeds[inputs[k]->name()] = std::move(t);
     }
+    onnx::ModelProto model;
     rt::Program program;
     try {
       ImportedModel imported = import_model(model_path.string(), options);
-      program = rt::Program::from_model(ir::model_from_graph(imported.graph), backend,
-                                        model_path.string());
+      model = ir::model_from_graph(imported.graph);
+      program = rt::Program::from_model(model, backend, model_path.string());
     } catch (const Error& e) {
       return {Outcome::kRefused, e.what()};
     }
@@ -183,11 +215,9 @@ Outcome run_case(const fs::path& dir, const rt::Backend& backend) {
         return {Outcome::kFail, fmt::format("no reference data for input '{}'", in.name)};
       args.push_back(it->second);
     }
-    auto device = backend.make_device(0, 1);
-    std::vector<std::byte> arena(static_cast<size_t>(program.arena_bytes()) + 64);
     std::vector<rt::Tensor> outputs;
     try {
-      outputs = program.run(*device, args, arena.data());
+      outputs = run_program(program, backend, args);
     } catch (const Error& e) {
       return {Outcome::kFail, e.what()};
     }
@@ -200,6 +230,8 @@ Outcome run_case(const fs::path& dir, const rt::Backend& backend) {
         return {Outcome::kFail, fmt::format("{}: output {} ('{}'): {}", set.filename().string(), k,
                                             program.outputs()[k].name, diff)};
     }
+    if (std::string diff = against_cpu(model, backend, args, outputs, model_path); !diff.empty())
+      return {Outcome::kFail, fmt::format("{}: {}", set.filename().string(), diff)};
   }
   return {Outcome::kPass, ""};
 }
@@ -242,7 +274,8 @@ int main(int argc, char** argv) {
                    "Folder of suites (node, pytorch-converted, pytorch-operator, simple)");
     app.add_option("--skips", skips_file, "Versioned skip list: 'suite/case  reason' per line");
     app.add_option("--filter", filter, "Only cases whose name contains this text");
-    app.add_option("--backend", backend_name, "Backend to run on (cpu)");
+    app.add_option("--backend", backend_name,
+                   "Backend to run on and compare with the cpu backend (default cpu)");
     app.add_option("--write-skips", write_skips,
                    "Write every case that does not pass as a skip list (for review)");
     app.add_flag("-v,--verbose", verbose, "Print every case");

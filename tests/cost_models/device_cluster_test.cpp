@@ -67,12 +67,15 @@ TEST_CASE("presets carry the datasheet numbers") {
   CHECK(cpu.memory_bandwidth == 20e9);
   CHECK(cpu.memory_bytes == int64_t{16} << 30);
   CHECK(cpu.launch_overhead_s == 2e-6);
+  CHECK(cpu.kind == "cpu");
+  CHECK(v100.kind == "gpu");
   CHECK(device_preset_names() == "h100, h200, a100-80g, a100-40g, v100-16g, cpu");
   for (const DeviceSpec& spec : device_presets()) {
     CAPTURE(spec.name);
     CHECK_NOTHROW(validate(spec));
     CHECK(spec.efficiency <= 1);
     CHECK(device_spec_from_json(to_json(spec), "round trip").memory_bytes == spec.memory_bytes);
+    CHECK(device_spec_from_json(to_json(spec), "round trip").kind == spec.kind);
   }
 }
 
@@ -83,6 +86,13 @@ TEST_CASE("a device file is read field by field") {
   CHECK(spec.peak_flops_fp16 == 240e12);
   CHECK(spec.memory_bytes == 24'000'000'000);
   CHECK(spec.efficiency == 0.7);
+  CHECK(spec.kind == "gpu");  // the default when a file says nothing
+  nlohmann::json cpu_file = kValidDevice;
+  cpu_file["kind"] = "cpu";
+  CHECK(device_spec_from_json(cpu_file, "c.json").kind == "cpu");
+  cpu_file["kind"] = "tpu";
+  CHECK_THROWS_WITH_AS(device_spec_from_json(cpu_file, "c.json"),
+                       "c.json: field 'kind' is \"tpu\"; it is \"cpu\" or \"gpu\"", Error);
   nlohmann::json written_as_float = kValidDevice;
   written_as_float["memory_bytes"] = 2.4e10;
   CHECK(device_spec_from_json(written_as_float, "f.json").memory_bytes == 24'000'000'000);
@@ -117,9 +127,10 @@ TEST_CASE("a bad device file is refused naming the file and the field") {
           "field 'memory_bytes' must be a whole number that fits in int64, not 1500.25");
   refused(with("memory_bytes", true), "field 'memory_bytes' must be a number, not boolean");
   refused(with("name", ""), "field 'name' must not be empty");
-  refused(with("memory_bandwith", 1e12),
-          "unknown field 'memory_bandwith'; expected: name, peak_flops_fp32, peak_flops_fp16, "
-          "memory_bandwidth, memory_bytes, launch_overhead_s, efficiency");
+  refused(
+      with("memory_bandwith", 1e12),
+      "unknown field 'memory_bandwith'; expected: name, kind, peak_flops_fp32, peak_flops_fp16, "
+      "memory_bandwidth, memory_bytes, launch_overhead_s, efficiency");
   refused(nlohmann::json::array({1, 2}), "the file must be a JSON object, not array");
 
   std::string bad = write_file(dir, "bad.json", "{\"name\": \"x\",");

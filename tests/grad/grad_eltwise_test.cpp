@@ -226,6 +226,11 @@ TEST_CASE("grad HardSigmoid") {
 
 TEST_CASE("grad HardSwish") { unary("HardSwish", avoid(random_tensor({3, 5}, -5, 5), {-3, 3})); }
 
+TEST_CASE("grad LeakyRelu") {
+  unary("LeakyRelu", avoid(random_tensor({3, 5}, -2, 2), {0}),
+        [](onnx::NodeProto& n) { set_float(n, "alpha", 0.1f); });
+}
+
 TEST_CASE("grad Clip") {
   Tensor x = avoid(random_tensor({3, 5}, -2, 2), {-0.5f, 0.7f});
   SUBCASE("min and max inputs") {

@@ -5,7 +5,9 @@
 #include <onnx/shape_inference/implementation.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 
@@ -91,11 +93,11 @@ class AccumulatingBackend : public rt::Backend {
 
 // Calls the gradient node's kernel directly: `in` per node input (null where omitted), `out`
 // per node output (null where not wanted).
-void call_kernel(const onnx::NodeProto& node, const std::vector<const rt::Tensor*>& in,
-                 const std::vector<rt::Tensor*>& out) {
+void call_kernel(const rt::Backend& backend, const onnx::NodeProto& node,
+                 const std::vector<const rt::Tensor*>& in, const std::vector<rt::Tensor*>& out) {
   rt::Attrs attrs(node);
-  auto device = rt::cpu_backend().make_device(0, 1);
-  rt::cpu_backend().kernel(node.op_type())({node.name(), node.op_type(), attrs, in, out, *device});
+  auto device = backend.make_device(0, 1);
+  backend.kernel(node.op_type())({node.name(), node.op_type(), attrs, in, out, *device});
 }
 
 void fill(std::vector<rt::Tensor*>& out, std::byte value) {
@@ -116,17 +118,17 @@ int64_t first_bad(const rt::Tensor& t, Bad bad) {
 // outputs holding whatever the arena held): its outputs do not depend on their starting bytes.
 // Run on outputs of NaN, it gives bit for bit what it gives on zeros; with every dy omitted,
 // it gives zeros. `in` and `out` as `call_kernel`'s, with `m` forward outputs.
-void check_writes_every_output(const onnx::NodeProto& node, size_t m,
+void check_writes_every_output(const rt::Backend& backend, const onnx::NodeProto& node, size_t m,
                                std::vector<const rt::Tensor*> in, std::vector<rt::Tensor*> out) {
-  const rt::KernelEntry& entry = rt::cpu_backend().entry(node.op_type());
+  const rt::KernelEntry& entry = backend.entry(node.op_type());
   if (!entry.writes_every_output) return;
   CAPTURE(node.op_type());
   fill(out, std::byte{0});
-  call_kernel(node, in, out);
+  call_kernel(backend, node, in, out);
   std::vector<rt::Tensor> on_zeros;
   for (rt::Tensor* t : out) on_zeros.push_back(t ? rt::clone(*t) : rt::Tensor{});
   fill(out, kGarbage);
-  call_kernel(node, in, out);
+  call_kernel(backend, node, in, out);
   for (size_t k = 0; k < out.size(); ++k) {
     if (out[k] == nullptr) continue;
     CAPTURE(k);
@@ -141,7 +143,7 @@ void check_writes_every_output(const onnx::NodeProto& node, size_t m,
   const size_t n = out.size();
   for (size_t j = 0; j < m; ++j) in[n + m + j] = nullptr;
   fill(out, kGarbage);
-  call_kernel(node, in, out);
+  call_kernel(backend, node, in, out);
   for (size_t k = 0; k < out.size(); ++k) {
     if (out[k] == nullptr) continue;
     CAPTURE(k);
@@ -215,17 +217,26 @@ void set_string(onnx::NodeProto& node, const std::string& name, const std::strin
   new_attribute(node, name, onnx::AttributeProto::STRING)->set_s(value);
 }
 
-void gradcheck(const GradCase& c) {
-  CAPTURE(c.op);
+namespace {
+
+// The forward model of a case: present inputs are graph inputs "x0".., outputs "y0"..; shapes
+// inferred. `present` are the graph inputs' values.
+struct Forward {
+  onnx::ModelProto model;
+  std::vector<rt::Tensor> present;
+};
+
+bool is_const(const GradCase& c, int k) {
+  return c.int64_as_constants && c.inputs[k].dtype == DType::kInt64;
+}
+
+Forward forward_model(const GradCase& c) {
   const int n = static_cast<int>(c.inputs.size());
-  // Forward model: present inputs are graph inputs "x0".., outputs "y0"..; shapes inferred.
-  onnx::ModelProto fwd = new_model(c.opset);
-  auto* g = fwd.mutable_graph();
+  Forward f{new_model(c.opset), {}};
+  auto* g = f.model.mutable_graph();
   onnx::NodeProto* node = g->add_node();
   node->set_op_type(c.op);
   node->set_name("f");
-  auto is_const = [&](int k) { return c.int64_as_constants && c.inputs[k].dtype == DType::kInt64; };
-  std::vector<rt::Tensor> present;  // graph inputs of the forward model
   for (int k = 0; k < n; ++k) {
     if (c.inputs[k].dtype == DType::kUndefined) {
       node->add_input("");
@@ -233,7 +244,7 @@ void gradcheck(const GradCase& c) {
     }
     const std::string name = fmt::format("x{}", k);
     node->add_input(name);
-    if (is_const(k)) {
+    if (is_const(c, k)) {
       onnx::TensorProto* init = g->add_initializer();
       init->set_name(name);
       init->set_data_type(static_cast<int32_t>(DType::kInt64));
@@ -243,55 +254,51 @@ void gradcheck(const GradCase& c) {
       continue;
     }
     set_type(g->add_input(), name, c.inputs[k].dtype, c.inputs[k].shape);
-    present.push_back(c.inputs[k]);
+    f.present.push_back(c.inputs[k]);
   }
   for (int j = 0; j < c.outputs; ++j) node->add_output(fmt::format("y{}", j));
   if (c.attrs) c.attrs(*node);
   for (int j = 0; j < c.outputs; ++j) g->add_output()->set_name(fmt::format("y{}", j));
-  onnx::shape_inference::InferShapes(fwd);
+  onnx::shape_inference::InferShapes(f.model);
   for (int j = 0; j < c.outputs; ++j)
     REQUIRE_MESSAGE(g->output(j).type().has_tensor_type(), "no inferred type for y", j);
+  return f;
+}
 
-  std::vector<rt::Tensor> ys = run(fwd, present);
-  std::vector<rt::Tensor> rs;
-  auto wanted_dy = [&](int j) {
-    return ys[j].dtype == DType::kFloat32 && !(j < static_cast<int>(c.no_dy.size()) && c.no_dy[j]);
-  };
-  for (int j = 0; j < c.outputs; ++j)
-    rs.push_back(wanted_dy(j) ? random_tensor(ys[j].shape, -1, 1, 100 + j) : rt::Tensor{});
-  auto loss = [&](const std::vector<rt::Tensor>& inputs) {
-    std::vector<rt::Tensor> out = run(fwd, inputs);
-    double l = 0;
-    for (int j = 0; j < c.outputs; ++j)
-      if (rs[j].dtype == DType::kFloat32)
-        for (int64_t i = 0; i < out[j].numel(); ++i)
-          l += static_cast<double>(out[j].as<float>()[i]) * rs[j].as<float>()[i];
-    return l;
-  };
+// The gradient model TGrad(x..., y..., dy...) -> dx for the checked inputs, its inputs, and
+// the gradient node's arguments for direct kernel calls (pointing into `c`, `ys` and `rs`).
+struct Gradient {
+  onnx::ModelProto model;
+  std::vector<rt::Tensor> inputs;
+  std::vector<int> checked;                  ///< The inputs whose dx the model outputs.
+  std::vector<const rt::Tensor*> kernel_in;  ///< Per gradient-node input.
+  std::vector<rt::Tensor> kernel_out_tensors;
+  std::vector<rt::Tensor*> kernel_out;  ///< Per gradient-node output.
+};
 
-  // Gradient model: TGrad(x..., y..., dy...) -> dx for the checked inputs.
-  onnx::ModelProto bwd = new_model(c.opset);
-  auto* gb = bwd.mutable_graph();
+Gradient gradient_model(const GradCase& c, const onnx::NodeProto& node,
+                        const std::vector<rt::Tensor>& ys, const std::vector<rt::Tensor>& rs) {
+  const int n = static_cast<int>(c.inputs.size());
+  Gradient out{new_model(c.opset), {}, {}, {}, std::vector<rt::Tensor>(static_cast<size_t>(n)), {}};
+  auto* gb = out.model.mutable_graph();
   onnx::NodeProto* gn = gb->add_node();
   gn->set_op_type(c.op + std::string(grad::kGradSuffix));
   gn->set_domain(std::string(grad::kGradDomain));
   gn->set_name("f_grad");
-  for (const auto& a : node->attribute()) *gn->add_attribute() = a;
+  for (const auto& a : node.attribute()) *gn->add_attribute() = a;
   auto* fi = gn->add_attribute();
   fi->set_name(std::string(grad::kForwardInputsAttr));
   fi->set_type(onnx::AttributeProto::INT);
   fi->set_i(n);
-  std::vector<rt::Tensor> bwd_inputs;
-  std::vector<const rt::Tensor*> kernel_in;  // per gradient-node input, for direct calls
   auto add_input = [&](const std::string& name, const rt::Tensor& t) {
     gn->add_input(name);
     set_type(gb->add_input(), name, t.dtype, t.shape);
-    bwd_inputs.push_back(t);
-    kernel_in.push_back(&t);
+    out.inputs.push_back(t);
+    out.kernel_in.push_back(&t);
   };
   auto omit_input = [&] {
     gn->add_input("");
-    kernel_in.push_back(nullptr);
+    out.kernel_in.push_back(nullptr);
   };
   for (int k = 0; k < n; ++k) {
     if (c.inputs[k].dtype == DType::kUndefined)
@@ -306,50 +313,72 @@ void gradcheck(const GradCase& c) {
     else
       omit_input();
   }
-  std::vector<int> checked;
-  std::vector<rt::Tensor> kernel_out_tensors(static_cast<size_t>(n));
-  std::vector<rt::Tensor*> kernel_out;  // per gradient-node output, for direct calls
   for (int k = 0; k < n; ++k) {
     bool want = k < static_cast<int>(c.check.size()) && c.check[k];
     gn->add_output(want ? fmt::format("dx{}", k) : "");
-    kernel_out.push_back(nullptr);
+    out.kernel_out.push_back(nullptr);
     if (want) {
       set_type(gb->add_output(), fmt::format("dx{}", k), c.inputs[k].dtype, c.inputs[k].shape);
-      checked.push_back(k);
-      kernel_out_tensors[k] = rt::Tensor::owned(c.inputs[k].dtype, c.inputs[k].shape);
-      kernel_out.back() = &kernel_out_tensors[k];
+      out.checked.push_back(k);
+      out.kernel_out_tensors[k] = rt::Tensor::owned(c.inputs[k].dtype, c.inputs[k].shape);
+      out.kernel_out.back() = &out.kernel_out_tensors[k];
     }
   }
-  std::vector<rt::Tensor> dxs = run(bwd, bwd_inputs);
-  REQUIRE(dxs.size() == checked.size());
+  return out;
+}
 
-  check_writes_every_output(*gn, static_cast<size_t>(c.outputs), kernel_in, kernel_out);
-  {
-    // A kernel that leaves writes_every_output false gets outputs the runtime zero-filled, even
-    // where they lie in an arena of garbage: the same gradients as outputs of their own.
-    const AccumulatingBackend accumulating;
-    std::vector<rt::Tensor> in_arena =
-        run(with_outputs_in_arena(bwd), bwd_inputs, accumulating, kGarbage);
-    REQUIRE(in_arena.size() == dxs.size());
-    for (size_t i = 0; i < dxs.size(); ++i) {
-      CAPTURE(checked[i]);
-      const float* want = dxs[i].as<float>();
-      const int64_t first_diff =
-          first_bad(in_arena[i], [&](int64_t e, float got) { return !(got == want[e]); });
-      CHECK_MESSAGE(first_diff < 0,
-                    "an accumulating gradient kernel with outputs in the arena "
-                    "differs at element ",
-                    first_diff);
-    }
+// A kernel that leaves writes_every_output false gets outputs the runtime zero-filled, even
+// where they lie in an arena of garbage: the same gradients as outputs of their own.
+void check_zeroed_in_arena(const Gradient& grad, const std::vector<rt::Tensor>& dxs) {
+  const AccumulatingBackend accumulating;
+  std::vector<rt::Tensor> in_arena =
+      run(with_outputs_in_arena(grad.model), grad.inputs, accumulating, kGarbage);
+  REQUIRE(in_arena.size() == dxs.size());
+  for (size_t i = 0; i < dxs.size(); ++i) {
+    CAPTURE(grad.checked[i]);
+    const float* want = dxs[i].as<float>();
+    const int64_t first_diff =
+        first_bad(in_arena[i], [&](int64_t e, float got) { return !(got == want[e]); });
+    CHECK_MESSAGE(first_diff < 0,
+                  "an accumulating gradient kernel with outputs in the arena differs at element ",
+                  first_diff);
   }
+}
 
+// The backend under test against the CPU reference: the same outputs within the case's
+// tolerance (bit for bit when the backend under test is the CPU's).
+void check_against_cpu(const rt::Backend& backend, const onnx::ModelProto& model,
+                       const std::vector<rt::Tensor>& inputs, const std::vector<rt::Tensor>& got,
+                       const GradCase& c, const char* what) {
+  std::vector<rt::Tensor> want = run(model, inputs, rt::cpu_backend());
+  REQUIRE(want.size() == got.size());
+  const bool exact = &backend == &rt::cpu_backend();
+  for (size_t k = 0; k < got.size(); ++k) {
+    CAPTURE(what);
+    CAPTURE(k);
+    REQUIRE(got[k].dtype == want[k].dtype);
+    REQUIRE(got[k].shape == want[k].shape);
+    if (got[k].dtype != DType::kFloat32) continue;
+    const float* w = want[k].as<float>();
+    const int64_t bad = first_bad(got[k], [&](int64_t e, float v) {
+      return exact ? std::memcmp(&v, w + e, sizeof v) != 0
+                   : !(std::fabs(v - w[e]) <= c.atol + c.rtol * std::fabs(w[e]));
+    });
+    CHECK_MESSAGE(bad < 0, backend.name(), " differs from the cpu reference at element ", bad);
+  }
+}
+
+// dx against the central difference of the loss at sampled elements of each checked input.
+void check_numeric(const GradCase& c, const std::vector<int>& checked,
+                   const std::vector<rt::Tensor>& present, const std::vector<rt::Tensor>& dxs,
+                   const std::function<double(const std::vector<rt::Tensor>&)>& loss) {
   std::mt19937 rng(7);
   for (size_t idx = 0; idx < checked.size(); ++idx) {
     int k = checked[idx];
     CAPTURE(k);
     int present_index = 0;
     for (int i = 0; i < k; ++i)
-      present_index += c.inputs[i].dtype != DType::kUndefined && !is_const(i);
+      present_index += c.inputs[i].dtype != DType::kUndefined && !is_const(c, i);
     const rt::Tensor& x = c.inputs[k];
     int64_t count = x.numel();
     int samples = static_cast<int>(std::min<int64_t>(count, c.samples));
@@ -368,6 +397,46 @@ void gradcheck(const GradCase& c) {
       CHECK(std::fabs(numeric - analytic) <= c.atol + c.rtol * std::fabs(numeric));
     }
   }
+}
+
+}  // namespace
+
+std::string test_backend() {
+  const char* name = std::getenv("STAGECRAFT_TEST_BACKEND");
+  return name != nullptr && *name != '\0' ? name : "cpu";
+}
+
+void gradcheck(const GradCase& c, const std::string& backend_name) {
+  CAPTURE(c.op);
+  CAPTURE(backend_name);
+  const rt::Backend& backend = rt::backend_by_name(backend_name);
+  Forward fwd = forward_model(c);
+  std::vector<rt::Tensor> ys = run(fwd.model, fwd.present, backend);
+  check_against_cpu(backend, fwd.model, fwd.present, ys, c, "forward");
+  std::vector<rt::Tensor> rs;
+  auto wanted_dy = [&](int j) {
+    return ys[j].dtype == DType::kFloat32 && !(j < static_cast<int>(c.no_dy.size()) && c.no_dy[j]);
+  };
+  for (int j = 0; j < c.outputs; ++j)
+    rs.push_back(wanted_dy(j) ? random_tensor(ys[j].shape, -1, 1, 100 + j) : rt::Tensor{});
+  auto loss = [&](const std::vector<rt::Tensor>& inputs) {
+    std::vector<rt::Tensor> out = run(fwd.model, inputs, backend);
+    double l = 0;
+    for (int j = 0; j < c.outputs; ++j)
+      if (rs[j].dtype == DType::kFloat32)
+        for (int64_t i = 0; i < out[j].numel(); ++i)
+          l += static_cast<double>(out[j].as<float>()[i]) * rs[j].as<float>()[i];
+    return l;
+  };
+
+  Gradient grad = gradient_model(c, fwd.model.graph().node(0), ys, rs);
+  std::vector<rt::Tensor> dxs = run(grad.model, grad.inputs, backend);
+  REQUIRE(dxs.size() == grad.checked.size());
+  check_against_cpu(backend, grad.model, grad.inputs, dxs, c, "gradient");
+  check_writes_every_output(backend, grad.model.graph().node(0), static_cast<size_t>(c.outputs),
+                            grad.kernel_in, grad.kernel_out);
+  check_zeroed_in_arena(grad, dxs);
+  check_numeric(c, grad.checked, fwd.present, dxs, loss);
 }
 
 }  // namespace stagecraft::testing

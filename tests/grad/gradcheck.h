@@ -47,12 +47,20 @@ void set_ints(onnx::NodeProto& node, const std::string& name, const std::vector<
 void set_float(onnx::NodeProto& node, const std::string& name, float value);
 void set_string(onnx::NodeProto& node, const std::string& name, const std::string& value);
 
+/// The backend the gradient checks run on: $STAGECRAFT_TEST_BACKEND, else "cpu".
+std::string test_backend();
+
 /// Runs the check; reports failures through doctest CHECKs naming the op, input and element.
 /// Every case also checks the runtime's contract for gradient outputs (rt::KernelEntry's
 /// `writes_every_output`): a kernel whose entry says so gives, called on outputs of NaN, bit
 /// for bit what it gives on zeros, and zeros with every dy omitted; and a kernel that adds into
 /// its outputs (every gradient kernel, wrapped to do so and left unmarked) gets zero-filled
 /// outputs from the runtime even where they lie in an arena full of garbage.
-void gradcheck(const GradCase& c);
+///
+/// The case runs on the backend named `backend` (runtime/core/backend.h) and, as the
+/// reference, on the CPU backend: the backend's forward outputs and gradients must match the
+/// CPU's (within the case's tolerance; bit for bit on the CPU itself). Adding a backend to the
+/// checks is adding its name.
+void gradcheck(const GradCase& c, const std::string& backend = test_backend());
 
 }  // namespace stagecraft::testing

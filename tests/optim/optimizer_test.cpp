@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/backend.h"
 #include "runtime/core/tensor_io.h"
 #include "runtime/format/error.h"
 #include "runtime/optim/lr_schedule.h"
@@ -25,6 +26,12 @@ using namespace stagecraft::rt;
 using namespace stagecraft::rt::optim;
 
 namespace {
+
+// The device the updates run on: the CPU backend's (the kernels under test).
+DeviceContext& dev() {
+  static std::unique_ptr<DeviceContext> device = cpu_backend().make_device(0, 1);
+  return *device;
+}
 
 Tensor floats(const std::vector<float>& values, Shape shape = {}) {
   if (shape.empty()) shape = {static_cast<int64_t>(values.size())};
@@ -64,10 +71,10 @@ std::vector<Tensor> trajectory(const OptimizerConfig& config,
                                OptimizerState* final_state = nullptr) {
   auto opt = Optimizer::make(config);
   Tensor w = floats({1.0f, -2.0f});
-  OptimizerState state = opt->init_state(w);
+  OptimizerState state = opt->init_state(dev(), w);
   std::vector<Tensor> out;
   for (size_t s = 0; s < kGrads.size(); ++s) {
-    opt->step(w, floats(kGrads[s]), state, config.lr, static_cast<int64_t>(s) + 1);
+    opt->step(dev(), w, floats(kGrads[s]), state, config.lr, static_cast<int64_t>(s) + 1);
     out.push_back(clone(w));
   }
   if (final_state) *final_state = state;
@@ -177,7 +184,7 @@ TEST_CASE("optimizer: names, state and errors") {
   for (std::string_view kind : optimizer_kinds()) {
     auto opt = Optimizer::make(config(std::string(kind), 0.01f));
     Tensor w = floats({1, 2, 3, 4, 5, 6}, {2, 3});
-    OptimizerState state = opt->init_state(w);
+    OptimizerState state = opt->init_state(dev(), w);
     CHECK(static_cast<int64_t>(state.tensors.size()) * 4 == opt->state_bytes_per_param());
     CHECK(state.bytes() == opt->state_bytes_per_param() * 6);
     for (const auto& [name, t] : state.tensors) {
@@ -187,8 +194,8 @@ TEST_CASE("optimizer: names, state and errors") {
     // A missing state is created on first use, like a fresh init_state.
     OptimizerState lazy;
     Tensor w2 = clone(w);
-    opt->step(w, floats({1, 1, 1, 1, 1, 1}, {2, 3}), state, 0.01f, 1);
-    opt->step(w2, floats({1, 1, 1, 1, 1, 1}, {2, 3}), lazy, 0.01f, 1);
+    opt->step(dev(), w, floats({1, 1, 1, 1, 1, 1}, {2, 3}), state, 0.01f, 1);
+    opt->step(dev(), w2, floats({1, 1, 1, 1, 1, 1}, {2, 3}), lazy, 0.01f, 1);
     CHECK(values(w) == values(w2));
     CHECK(lazy.tensors.size() == state.tensors.size());
   }
@@ -211,21 +218,21 @@ TEST_CASE("optimizer: names, state and errors") {
   Tensor w = floats({1, 2});
   OptimizerState state;
   try {
-    adam->step(w, floats({1, 2, 3}), state, 0.1f, 1);
+    adam->step(dev(), w, floats({1, 2, 3}), state, 0.1f, 1);
     FAIL("expected an error");
   } catch (const Error& e) {
     CHECK(e.kind() == ErrorKind::kShape);
   }
   Tensor w64 = Tensor::owned(DType::kFloat64, {2});
   try {
-    adam->step(w64, w64, state, 0.1f, 1);
+    adam->step(dev(), w64, w64, state, 0.1f, 1);
     FAIL("expected an error");
   } catch (const Error& e) {
     CHECK(e.kind() == ErrorKind::kUnsupported);
   }
   state.tensors["m"] = Tensor::owned(DType::kFloat32, {3});
-  CHECK_THROWS_AS(adam->step(w, floats({1, 2}), state, 0.1f, 1), Error);
-  CHECK_THROWS_AS(adam->step(w, floats({1, 2}), state, 0.1f, 0), Error);
+  CHECK_THROWS_AS(adam->step(dev(), w, floats({1, 2}), state, 0.1f, 1), Error);
+  CHECK_THROWS_AS(adam->step(dev(), w, floats({1, 2}), state, 0.1f, 0), Error);
 }
 
 TEST_CASE("optimizer: a tensor big enough to run in parallel updates like a small one") {
@@ -242,11 +249,11 @@ TEST_CASE("optimizer: a tensor big enough to run in parallel updates like a smal
     }
     Tensor w0 = clone(w);
     OptimizerState state;
-    for (int64_t s = 1; s <= 2; ++s) opt->step(w, g, state, 0.05f, s);
+    for (int64_t s = 1; s <= 2; ++s) opt->step(dev(), w, g, state, 0.05f, s);
     for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{777}, n / 2, n - 1}) {
       Tensor one = floats({w0.as<float>()[i]}), g1 = floats({g.as<float>()[i]});
       OptimizerState st;
-      for (int64_t s = 1; s <= 2; ++s) opt->step(one, g1, st, 0.05f, s);
+      for (int64_t s = 1; s <= 2; ++s) opt->step(dev(), one, g1, st, 0.05f, s);
       CHECK(w.as<float>()[i] == doctest::Approx(one.as<float>()[0]).epsilon(1e-6));
     }
   }
@@ -346,7 +353,7 @@ void run_adam_case(const std::string& name) {
     }
     a.norm_coefficient = float_attr(c.node, "norm_coefficient", a.norm_coefficient);
     a.norm_coefficient_post = float_attr(c.node, "norm_coefficient_post", a.norm_coefficient_post);
-    onnx_adam(a, scalar_r(c), scalar_t(c), x, g, s[0], s[1]);
+    onnx_adam(dev(), a, scalar_r(c), scalar_t(c), x, g, s[0], s[1]);
   });
 }
 
@@ -359,7 +366,7 @@ void run_momentum_case(const std::string& name) {
     a.beta = float_attr(c.node, "beta", 0);
     a.norm_coefficient = float_attr(c.node, "norm_coefficient", 0);
     a.nesterov = parse_onnx_momentum_mode(attribute(c.node, "mode")->s());
-    onnx_momentum(a, scalar_r(c), scalar_t(c), x, g, s[0]);
+    onnx_momentum(dev(), a, scalar_r(c), scalar_t(c), x, g, s[0]);
   });
 }
 
@@ -369,7 +376,7 @@ void run_adagrad_case(const std::string& name) {
     a.epsilon = float_attr(c.node, "epsilon", a.epsilon);
     a.decay_factor = float_attr(c.node, "decay_factor", a.decay_factor);
     a.norm_coefficient = float_attr(c.node, "norm_coefficient", a.norm_coefficient);
-    onnx_adagrad(a, scalar_r(c), scalar_t(c), x, g, s[0]);
+    onnx_adagrad(dev(), a, scalar_r(c), scalar_t(c), x, g, s[0]);
   });
 }
 
@@ -416,10 +423,10 @@ TEST_CASE("onnx: the operators' building blocks match the spec's corner cases") 
   // Momentum at T = 0 takes the gradient with coefficient 1 whatever beta is; after that, beta.
   OnnxMomentumAttrs m{0.5f, 0.25f, 0.0f, false};
   Tensor x = floats({1.0f}), v = floats({0.0f});
-  onnx_momentum(m, 0.1, 0, x, floats({2.0f}), v);  // v = 2, x = 0.8
+  onnx_momentum(dev(), m, 0.1, 0, x, floats({2.0f}), v);  // v = 2, x = 0.8
   check_values(v, {2.0});
   check_values(x, {0.8});
-  onnx_momentum(m, 0.1, 1, x, floats({2.0f}), v);  // v = 1 + 0.5, x = 0.65
+  onnx_momentum(dev(), m, 0.1, 1, x, floats({2.0f}), v);  // v = 1 + 0.5, x = 0.65
   check_values(v, {1.5});
   check_values(x, {0.65});
   // Adam at T = 0 has no bias correction; norm_coefficient_post scales the result.
@@ -427,7 +434,7 @@ TEST_CASE("onnx: the operators' building blocks match the spec's corner cases") 
   a.epsilon = 0.0f;
   a.norm_coefficient_post = 0.5f;
   Tensor xa = floats({1.0f}), va = floats({0.0f}), ha = floats({0.0f});
-  onnx_adam(a, 0.1, 0, xa, floats({4.0f}), va,
+  onnx_adam(dev(), a, 0.1, 0, xa, floats({4.0f}), va,
             ha);  // v = 0.4, h = 0.016, x = 0.5*(1 - 0.1*0.4/0.126491)
   check_values(va, {0.4});
   check_values(ha, {0.016});
@@ -437,7 +444,7 @@ TEST_CASE("onnx: the operators' building blocks match the spec's corner cases") 
   d.epsilon = 0.0f;
   d.decay_factor = 1.0f;
   Tensor xd = floats({1.0f}), hd = floats({0.0f});
-  onnx_adagrad(d, 0.1, 3, xd, floats({3.0f}), hd);  // x = 1 - 0.025 * 3/3
+  onnx_adagrad(dev(), d, 0.1, 3, xd, floats({3.0f}), hd);  // x = 1 - 0.025 * 3/3
   check_values(xd, {0.975});
   CHECK_THROWS_AS(parse_onnx_momentum_mode("heavy-ball"), Error);
 }
@@ -455,8 +462,8 @@ TEST_CASE("onnx vs PyTorch-style: the relations the header states") {
     Tensor w = floats(w0), x = floats(w0), v = floats({0, 0, 0});
     OptimizerState state;
     for (size_t s = 0; s < grads.size(); ++s) {
-      opt->step(w, floats(grads[s]), state, lr, static_cast<int64_t>(s) + 1);
-      onnx_momentum(a, lr, static_cast<int64_t>(s), x, floats(grads[s]), v);
+      opt->step(dev(), w, floats(grads[s]), state, lr, static_cast<int64_t>(s) + 1);
+      onnx_momentum(dev(), a, lr, static_cast<int64_t>(s), x, floats(grads[s]), v);
       CHECK(values(w) == values(x));
       CHECK(values(state.at("velocity")) == values(v));
     }
@@ -470,14 +477,14 @@ TEST_CASE("onnx vs PyTorch-style: the relations the header states") {
     OptimizerState state;
     for (size_t s = 0; s < grads.size(); ++s) {
       const int64_t t = static_cast<int64_t>(s) + 1;
-      opt->step(w, floats(grads[s]), state, lr, t);
+      opt->step(dev(), w, floats(grads[s]), state, lr, t);
       OnnxAdamAttrs a;
       a.alpha = c.beta1;
       a.beta = c.beta2;
       a.norm_coefficient = wd;
       a.epsilon =
           static_cast<float>(c.epsilon * std::sqrt(1.0 - std::pow(double{c.beta2}, double(t))));
-      onnx_adam(a, lr, t, x, floats(grads[s]), m, h);
+      onnx_adam(dev(), a, lr, t, x, floats(grads[s]), m, h);
       check_close(w, x, "adam step " + std::to_string(t), 1e-6, 1e-7);
       check_close(state.at("m"), m, "m", 1e-6, 0);
       check_close(state.at("v"), h, "v", 1e-6, 0);
@@ -493,8 +500,8 @@ TEST_CASE("onnx vs PyTorch-style: the relations the header states") {
     Tensor w = floats(w0), x = floats(w0), h = floats({0, 0, 0});
     OptimizerState state;
     for (size_t s = 0; s < grads.size(); ++s) {
-      opt->step(w, floats(grads[s]), state, lr, static_cast<int64_t>(s) + 1);
-      onnx_adagrad(a, lr, static_cast<int64_t>(s), x, floats(grads[s]), h);
+      opt->step(dev(), w, floats(grads[s]), state, lr, static_cast<int64_t>(s) + 1);
+      onnx_adagrad(dev(), a, lr, static_cast<int64_t>(s), x, floats(grads[s]), h);
       CHECK(values(w) == values(x));
     }
   }

@@ -30,7 +30,7 @@ PlanOptions gpt_options(int devices, const std::string& schedule, bool training)
   PlanOptions o;
   o.model_path = sample("gpt_tiny.onnx");
   o.devices = devices;
-  o.schedule = schedule;
+  o.schedule = stagecraft::parse_schedule(schedule);
   o.training = training;
   o.microbatches = 2 * devices;
   o.batch = 4 * devices;
@@ -47,7 +47,7 @@ TEST_CASE("the GPT sample plans for 1, 2 and 4 devices under every schedule and 
         CAPTURE(objective);
         bool training = std::string(schedule) != "inference";
         PlanOptions o = gpt_options(devices, schedule, training);
-        o.objective = objective;
+        o.objective = stagecraft::parse_objective(objective);
         PlannedModel planned = make_plan(o);
         const Plan& p = planned.plan;
         int chunks = std::string(schedule) == "interleaved" ? 2 : 1;
@@ -120,13 +120,18 @@ TEST_CASE("bad planning options are refused with the flag named") {
   PlanOptions o = gpt_options(2, "1f1b", true);
   o.batch = 7;
   refused(o, "--batch 7 is not divisible by --microbatches 4");
-  o = gpt_options(2, "warp", true);
-  refused(o, "warp");
   o = gpt_options(2, "1f1b", false);
-  refused(o, "add --train");
+  refused(o,
+          "--schedule 1f1b: schedule '1f1b' is for training; an inference plan uses 'inference'");
+  o = gpt_options(2, "inference", true);
+  refused(o, "--schedule inference: schedule 'inference' runs forwards only");
   o = gpt_options(2, "1f1b", true);
   o.chunks = 3;
-  refused(o, "--chunks 3 needs --schedule interleaved");
+  refused(o, "--schedule 1f1b: schedule '1f1b' runs 1 chunk per device, not 3; use 'interleaved'");
+  o = gpt_options(2, "interleaved", true);
+  o.microbatches = 3;
+  o.batch = 6;
+  refused(o, "needs the microbatches (M=3) to be a multiple of the devices (P=2)");
   o = gpt_options(2, "1f1b", true);
   o.split_after = {"no-such-node"};
   refused(o, "--split-after 'no-such-node' names no node");
@@ -134,9 +139,9 @@ TEST_CASE("bad planning options are refused with the flag named") {
   o.microbatches = 1;
   o.batch = 1;
   refused(o, "200 stages (200 devices x 1 chunks) for a model of");
-  o = gpt_options(2, "1f1b", true);
-  o.objective = "cheap";
-  refused(o, "--objective 'cheap'");
+  o = gpt_options(2, "inference", false);
+  o.recompute = Recompute::kAll;
+  refused(o, "--recompute all needs --train");
 }
 
 TEST_CASE("manual split points are honoured and still predicted") {
@@ -185,7 +190,7 @@ TEST_CASE("inference working memory is the stage's arena, planned by liveness") 
   CHECK(stage.arena[0].offset != stage.arena[1].offset);
   for (const ArenaTensor& t : stage.arena) CHECK(t.bytes == 160);
   o.training = true;
-  o.schedule = "1f1b";
+  o.schedule = stagecraft::ScheduleKind::k1F1B;
   p = make_plan(o).plan;
   CHECK(p.stages[0].memory.temporary == 160);  // one gradient buffer of the largest tensor
 }
@@ -197,7 +202,7 @@ TEST_CASE(
   o.dims["seq"] = 32;
   o.device_spec = "cpu";
   Plan none = make_plan(o).plan;
-  o.recompute = "all";
+  o.recompute = stagecraft::Recompute::kAll;
   Plan all = make_plan(o).plan;
   REQUIRE(none.stages.size() == 2);
   REQUIRE(all.stages.size() == 2);
@@ -237,9 +242,9 @@ TEST_CASE(
       << R"("memory_bytes":)" << capacity << R"(,"launch_overhead_s":2e-6,"efficiency":0.5})";
   o.device_spec = dir.file("small.json");
   o.split_after = none.predicted.split_after;
-  o.recompute = "none";
+  o.recompute = stagecraft::Recompute::kNone;
   CHECK_THROWS_AS(make_plan(o), Error);
-  o.recompute = "auto";
+  o.recompute = stagecraft::Recompute::kAuto;
   Plan picked = make_plan(o).plan;
   REQUIRE(picked.stages.size() == 2);
   CHECK(picked.stages[0].recompute);
@@ -251,7 +256,7 @@ TEST_CASE(
   for (const Stage& st : make_plan(o).plan.stages) CHECK(!st.recompute);
   // The memory objective recomputes wherever that lowers the stage's memory: 1F1B's first stage
   // (several microbatches in flight), not its last (one in flight: recomputing only adds).
-  o.objective = "memory";
+  o.objective = stagecraft::Objective::kMemory;
   o.split_after = none.predicted.split_after;
   Plan smallest = make_plan(o).plan;
   REQUIRE(smallest.stages.size() == 2);

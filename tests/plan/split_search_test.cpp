@@ -23,7 +23,7 @@ PlanOptions options(const std::string& model, int devices, const std::string& sc
   PlanOptions o;
   o.model_path = sample(model);
   o.devices = devices;
-  o.schedule = schedule;
+  o.schedule = stagecraft::parse_schedule(schedule);
   o.training = schedule != "inference";
   if (o.training) o.loss.kind = "mse";
   o.microbatches = 2 * devices;
@@ -86,7 +86,7 @@ TEST_CASE("the chosen split's step is never longer than a baseline's that fits, 
   CHECK(shorter_than_bottleneck > 0);
 }
 
-TEST_CASE("the search record goes through plan.json, and plans without one read as zeros") {
+TEST_CASE("the search record goes through plan.json, which must have one") {
   Plan p = make_plan(options("toy.onnx", 2, "1f1b")).plan;
   CHECK(p.search.candidates > 1);
   nlohmann::json json = nlohmann::json::parse(to_json(p).dump());
@@ -94,8 +94,9 @@ TEST_CASE("the search record goes through plan.json, and plans without one read 
   CHECK(back.search.candidates == p.search.candidates);
   CHECK(back.search.bottleneck_step_ms == doctest::Approx(p.search.bottleneck_step_ms));
   CHECK(back.search.bottleneck_split_after == p.search.bottleneck_split_after);
-  json.erase("search");
-  CHECK(plan_from_json(json, "plan.json").search.candidates == 0);
+  json.erase("search");  // every format-4 plan has one
+  CHECK_THROWS_WITH_AS(plan_from_json(json, "plan.json"),
+                       doctest::Contains("plan.json: field 'search' is missing"), Error);
   json = nlohmann::json::parse(to_json(p).dump());
   json["search"]["bottleneck_split_after"] = {"no-such-node"};
   CHECK_THROWS_WITH_AS(validate_plan(plan_from_json(json, "plan.json"), "plan.json"),
@@ -121,7 +122,7 @@ TEST_CASE(
         PlanOptions o = options(model, devices, "interleaved");
         o.microbatches = 4 * devices;
         o.batch = 8 * devices;
-        o.recompute = recompute;
+        o.recompute = stagecraft::parse_recompute(recompute);
         PlannedModel planned;
         try {
           planned = make_plan(o);

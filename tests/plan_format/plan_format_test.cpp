@@ -1,6 +1,7 @@
 // The plan format: JSON round trip, strict reading, the validator's refusals (each naming the
 // field), file hashes and load_plan's checks of the stage files.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <string>
@@ -46,7 +47,9 @@ TEST_CASE("to_json then plan_from_json gives the same plan") {
     CHECK(back.stages[1].inputs[0].peer_stage == 0);
     CHECK(back.stages[0].outputs[0].peer_stages == std::vector<int>{1});
     CHECK(back.stages.back().outputs.back().graph_output);
-    CHECK(back.device_spec == plan.device_spec);
+    CHECK(back.device.memory_bytes == plan.device.memory_bytes);
+    CHECK(back.cluster.inter_node.latency_s == plan.cluster.inter_node.latency_s);
+    CHECK(back.stages[0].backward_weight_ms == plan.stages[0].backward_weight_ms);
     CHECK(back.predicted.split_after == plan.predicted.split_after);
     CHECK(back.stages[1].memory.total() == plan.stages[1].memory.total());
   }
@@ -73,23 +76,23 @@ TEST_CASE("plan_from_json names a missing or mistyped field") {
   refused(missing, "plan.json: field 'stages[1].device' is missing");
   nlohmann::json mistyped = json;
   mistyped["stages"][1]["device"] = "one";
-  refused(mistyped, "plan.json: field 'stages[1].device' is not an integer (it is \"one\")");
+  refused(mistyped, "plan.json: field 'stages[1].device' must be a number, not string");
   nlohmann::json fractional = json;
   fractional["devices"] = 2.5;
-  refused(fractional, "field 'devices' is not an integer");
+  refused(fractional, "field 'devices' must be a whole number that fits in int32, not 2.5");
   nlohmann::json shape = json;
   shape["stages"][1]["inputs"][0]["shape"][1] = "16";
-  refused(shape, "field 'stages[1].inputs[0].shape[1]' is not an integer");
+  refused(shape, "field 'stages[1].inputs[0].shape[1]' must be a number, not string");
   nlohmann::json unknown = json;
   unknown["stages"][0]["memory"]["weigths"] = 1;
-  refused(unknown, "field 'stages[0].memory.weigths' is not a field of the plan format");
+  refused(unknown, "unknown field 'stages[0].memory.weigths'; expected: weights, gradients, ");
   nlohmann::json total = json;
   total["stages"][0]["memory"]["total"] = 1;
   refused(total, "field 'stages[0].memory.total' is 1, but the parts add up to");
   nlohmann::json not_bool = json;
   not_bool["training"] = 1;
-  refused(not_bool, "field 'training' is not a boolean");
-  refused(nlohmann::json::array(), "plan.json: is not a JSON object");
+  refused(not_bool, "field 'training' must be a boolean, not number");
+  refused(nlohmann::json::array(), "plan.json: the file must be a JSON object, not array");
 }
 
 TEST_CASE("another format version is unsupported and names both versions") {
@@ -104,6 +107,58 @@ TEST_CASE("another format version is unsupported and names both versions") {
   plan.format_version = 0;
   check_error([&] { validate_plan(plan, "plan.json"); }, ErrorKind::kUnsupported,
               "field 'format_version' is 0");
+}
+
+TEST_CASE("a plan of format 3 or older is refused with one line that says to re-run stagec") {
+  for (int version : {1, 2, 3}) {
+    nlohmann::json json = json_of(sample_plan());
+    json["format_version"] = version;
+    json["stages"][0].erase("backward_input_ms");  // what an older stagec did not write
+    json["device_spec"] = {{"name", "h100"}};
+    check_error([&] { plan_from_json(json, "old/plan.json"); }, ErrorKind::kUnsupported,
+                fmt::format("old/plan.json: field 'format_version' is {}; this build reads "
+                            "version {} (re-run stagec to write the plan again)",
+                            version, kPlanFormatVersion));
+  }
+}
+
+TEST_CASE("check_fits refuses a plan whose predicted peak exceeds the machine's memory") {
+  Plan plan = sample_plan();
+  plan.predicted.device_peak_bytes = {1000, 5000};
+  CHECK_NOTHROW(check_fits(plan, 5000, "this machine", "p/plan.json"));
+  check_error([&] { check_fits(plan, 4999, "this machine's physical memory", "p/plan.json"); },
+              ErrorKind::kPlan,
+              "p/plan.json: device 1 is predicted to peak at 5000 bytes, more than the 4999 bytes "
+              "of this machine's physical memory (the plan was made for test with 1000000000 "
+              "bytes per device)");
+}
+
+TEST_CASE("validate_plan checks the device, the cluster and each stage's B, W and optimizer") {
+  Plan plan = sample_plan();
+  SUBCASE("device kind") {
+    plan.device.kind = "tpu";
+    check_refused(plan, "device.kind' is 'tpu'; valid: cpu, gpu");
+  }
+  SUBCASE("device capacity") {
+    plan.device.memory_bytes = 0;
+    check_refused(plan, "device.memory_bytes' is 0; it must be >= 1");
+  }
+  SUBCASE("cluster bandwidth") {
+    plan.cluster.inter_node.bandwidth = 0;
+    check_refused(plan, "cluster.inter_node.bandwidth' is 0; it must be > 0");
+  }
+  SUBCASE("B + W is the backward") {
+    plan.stages[1].backward_weight_ms = 3;
+    check_refused(plan,
+                  "stages[1].bwd_ms' is 2, but backward_input_ms + backward_weight_ms is 1 "
+                  "+ 3 = 4");
+  }
+  SUBCASE("no optimizer step in inference") {
+    Plan inference = sample_plan("inference");
+    inference.stages[0].optimizer_ms = 1;
+    check_refused(inference,
+                  "stages[0].optimizer_ms' is 1, but an inference plan has no optimizer");
+  }
 }
 
 TEST_CASE("validate_plan refuses broken cross references naming the field") {

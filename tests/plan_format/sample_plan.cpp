@@ -2,12 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 
-#include "compiler/schedule/instruction.h"
+#include "compiler/schedule/build_schedule.h"
+#include "compiler/schedule/simulator.h"
 
 namespace stagecraft::testing {
 namespace {
@@ -58,8 +60,8 @@ plan::Plan sample_plan(const std::string& schedule, int devices, int chunks, int
   p.optimizer = p.training ? "adamw" : "none";
   p.precision = "fp32";
   p.cost_model = "roofline(test, fp32)";
-  p.device_spec = {{"name", "test"}};
-  p.cluster = {{"devices", devices}};
+  p.device = {"test", "gpu", 1'000'000'000};
+  p.cluster = {8, {100e9, 1e-6}, {10e9, 1e-5}};
 
   int stages = devices * chunks;
   for (int k = 0; k < stages; ++k) {
@@ -90,6 +92,8 @@ plan::Plan sample_plan(const std::string& schedule, int devices, int chunks, int
     }
     s.fwd_ms = 1;
     s.bwd_ms = p.training ? 2 : 0;
+    s.backward_input_ms = s.bwd_ms / 2;
+    s.backward_weight_ms = s.bwd_ms / 2;
     s.in_flight = std::min(stages - k, microbatches);
     s.memory = {4000 * (k + 1),
                 p.training ? 4000 * (k + 1) : 0,
@@ -111,13 +115,35 @@ plan::Plan sample_plan(const std::string& schedule, int devices, int chunks, int
                        p.training ? 1.0 : 0.0, 1e6, 4000, 128});
     }
   }
-  double step = 3.0 * (microbatches + devices - 1);
-  p.predicted =
-      prediction(devices, stages, step, (devices - 1.0) / (microbatches + devices - 1), 30000);
+  // The prediction and its timeline as the planner makes them: the schedule simulated with the
+  // stage times (1F1B: (M + P - 1) * 3 ms, bubble (P - 1) / (M + P - 1)).
+  schedule::PipelineShape shape{devices, chunks, microbatches, p.training};
+  schedule::SimResult sim = schedule::simulate(
+      schedule::build_schedule(parse_schedule(schedule), shape), shape, stage_costs(p));
+  double step = sim.step_s * 1e3;
+  p.predicted = prediction(devices, stages, step, sim.bubble_fraction, 30000);
+  p.timeline = std::move(sim.events);
   p.baseline_parameters = prediction(devices, stages, step * 1.25, 0.3, 32000);
   p.baseline_uniform = prediction(devices, stages, step * 1.1, 0.25, 31000);
   p.baseline_uniform.fits = false;
   return p;
+}
+
+schedule::StageCosts stage_costs(const plan::Plan& plan) {
+  schedule::StageCosts costs;
+  for (const plan::Stage& stage : plan.stages) {
+    costs.forward_s.push_back(stage.fwd_ms / 1e3);
+    costs.backward_input_s.push_back(stage.backward_input_ms / 1e3);
+    costs.backward_weight_s.push_back(stage.backward_weight_ms / 1e3);
+    costs.optimizer_s = std::max(costs.optimizer_s, stage.optimizer_ms / 1e3);
+    costs.send_s.push_back(stage.send_ms / 1e3);
+    costs.shared_allreduce_s.push_back(stage.shared_exchange_ms / 1e3);
+    costs.activation_bytes.push_back(static_cast<double>(stage.memory.activations) /
+                                     static_cast<double>(stage.in_flight));
+    costs.static_bytes.push_back(
+        static_cast<double>(stage.memory.total() - stage.memory.activations));
+  }
+  return costs;
 }
 
 plan::Plan write_plan_dir(plan::Plan plan, const std::string& dir) {
@@ -130,8 +156,7 @@ plan::Plan write_plan_dir(plan::Plan plan, const std::string& dir) {
   }
   write_text((fs::path(dir) / "plan.json").string(), plan::to_json(plan).dump(2) + "\n");
   schedule::PipelineShape shape{plan.devices, plan.chunks, plan.microbatches, plan.training};
-  schedule::Schedule steps =
-      schedule::build_schedule(schedule::parse_schedule(plan.schedule), shape);
+  schedule::Schedule steps = schedule::build_schedule(parse_schedule(plan.schedule), shape);
   write_text((fs::path(dir) / "schedule.json").string(), schedule::to_json(steps).dump(1) + "\n");
   return plan;
 }

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "compiler/schedule/simulator.h"
 #include "runtime/format/plan.h"
 
 namespace stagecraft::testing {
@@ -15,9 +16,14 @@ namespace stagecraft::testing {
 /// "s<k>_a", "s<k>_b"; stage 0 reads the graph input "x", the last stage the graph input
 /// "labels"; "act<k>" goes from stage k to k + 1, a skip tensor "skip" from stage 0 to the last
 /// stage, and the last stage writes the graph output "loss". Forward 1 ms and backward 2 ms per
-/// stage, no send time; predictions made up but valid.
+/// stage (B 1 ms, W 1 ms), no send time, no optimizer time; the predicted step, bubble and
+/// timeline simulated from them, the other predictions made up but valid.
 plan::Plan sample_plan(const std::string& schedule = "1f1b", int devices = 2, int chunks = 1,
                        int microbatches = 4);
+
+/// The simulator's costs from a plan's per-stage figures (forward, B, W, optimizer, send, shared
+/// exchange, static and per-microbatch activation memory): how the planner's simulation saw it.
+schedule::StageCosts stage_costs(const plan::Plan& plan);
 
 /// Writes `plan` into `dir` (created): stage files with a few bytes each (their hashes recorded
 /// in the plan first), plan.json, and schedule.json as compiler/schedule builds it for the

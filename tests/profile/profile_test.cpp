@@ -291,7 +291,7 @@ TEST_CASE("the measured cost model: measured forward, backward in the roofline's
   const ir::Graph& g = model.graph;
   cost::ProfileDb db("cpu", 1);
   profile::profile_graph(g, db, 1);
-  cost::RooflineCostModel roofline(cost::device_spec_from_name_or_file("cpu"), cost::Precision::kFp32);
+  cost::RooflineCostModel roofline(cost::device_spec_from_name_or_file("cpu"), Precision::kFp32);
   cost::MeasuredCostModel measured(db, roofline);
   CHECK(measured.name() == "measured(cpu, 1 thread) + roofline ratios for backward");
   int matmuls = 0;
@@ -458,7 +458,7 @@ TEST_CASE("an op without a gradient kernel falls back to the roofline ratio, rep
   const ir::Node& n = g.node(0);
   CHECK(db.find_backward(cost::signature_key(g, n), cost::input_kinds(g, n)) == nullptr);
 
-  cost::RooflineCostModel roofline(cost::device_spec_from_name_or_file("cpu"), cost::Precision::kFp32);
+  cost::RooflineCostModel roofline(cost::device_spec_from_name_or_file("cpu"), Precision::kFp32);
   cost::MeasuredCostModel measured(db, roofline, cost::BackwardTimes::kMeasured);
   cost::OpTime t = measured.op_time(g, n);
   cost::OpTime r = roofline.op_time(g, n);

@@ -31,8 +31,8 @@ plan::PlanOptions options_for(const std::string& file, const std::string& loss, 
   o.batch = 8;
   o.microbatches = 4;
   o.training = true;
-  o.schedule = "1f1b";
-  o.optimizer = "adam";
+  o.schedule = stagecraft::ScheduleKind::k1F1B;
+  o.optimizer = stagecraft::OptimizerKind::kAdam;
   o.training_config.lr = 0.01;
   o.training_config.lr_schedule = "cosine";  // the step count matters
   o.training_config.total_steps = 20;

@@ -30,9 +30,9 @@ plan::PlanOptions gpt_options(bool training, int devices = 1,
   o.device_spec = "cpu";
   o.training = training;
   if (training) {
-    o.schedule = schedule;
+    o.schedule = stagecraft::parse_schedule(schedule);
     o.loss.kind = "cross-entropy";  // no --loss-axis: the labels are added, rank 3 -> last axis
-    o.optimizer = "adam";
+    o.optimizer = stagecraft::OptimizerKind::kAdam;
     o.training_config.lr = 0.01;
   }
   return o;
@@ -137,7 +137,7 @@ TEST_CASE("a step whose every label is ignored has loss 0 and leaves the weights
   Tokens d = next_token_data();
   for (int64_t i = 0; i < kBatch * kSeq; ++i) d.labels.as<int64_t>()[i] = kIgnore;
   plan::PlanOptions o = gpt_options(true);
-  o.optimizer = "sgd";
+  o.optimizer = stagecraft::OptimizerKind::kSgd;
   o.training_config.lr = 1.0;
   testing::TempDir dir;
   auto pipeline = load(o, dir);

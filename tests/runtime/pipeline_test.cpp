@@ -127,6 +127,16 @@ TEST_CASE("a plan the runtime cannot trust is refused before anything runs") {
     CHECK_THROWS_WITH_AS(Pipeline::load(plan_dir, cpu_backend(), 1),
                          doctest::Contains("stage_1.onnx"), Error);
   }
+  SUBCASE("a plan whose predicted peak exceeds this machine's memory") {
+    nlohmann::json json = nlohmann::json::parse(std::ifstream(plan_dir + "/plan.json"));
+    json["predicted"]["device_peak_bytes"][1] = int64_t{1} << 62;
+    std::ofstream(plan_dir + "/plan.json") << json.dump(1);
+    CHECK_THROWS_WITH_AS(
+        Pipeline::load(plan_dir, cpu_backend(), 1),
+        doctest::Contains("plan.json: device 1 is predicted to peak at 4611686018427387904 bytes, "
+                          "more than the "),
+        Error);
+  }
   SUBCASE("a missing schedule") {
     fs::remove(plan_dir + "/schedule.json");
     CHECK_THROWS_WITH_AS(Pipeline::load(plan_dir, cpu_backend(), 1),

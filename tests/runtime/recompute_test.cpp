@@ -23,13 +23,13 @@ plan::PlanOptions gpt_training(const std::string& schedule, const std::string& r
   o.batch = 8;
   o.microbatches = 4;
   o.training = true;
-  o.schedule = schedule;
-  o.optimizer = "adam";
+  o.schedule = stagecraft::parse_schedule(schedule);
+  o.optimizer = stagecraft::OptimizerKind::kAdam;
   o.training_config.lr = 0.01;
   o.loss.kind = "cross-entropy";
   o.device_spec = "cpu";
   o.dims["seq"] = seq;
-  o.recompute = recompute;
+  o.recompute = stagecraft::parse_recompute(recompute);
   return o;
 }
 

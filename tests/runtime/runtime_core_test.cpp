@@ -10,6 +10,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/core/program.h"
 #include "runtime/core/tensor_io.h"
+#include "runtime/cpu/cpu_context.h"
 #include "runtime/exec/transport.h"
 #include "runtime/format/error.h"
 #include "runtime/format/memory_plan.h"
@@ -33,31 +34,64 @@ TEST_CASE("rows of a tensor are views and join back to the same bytes") {
   CHECK(concat_rows({scalar, scalar}).shape == Shape{2});
 }
 
-TEST_CASE("large owned tensors reuse freed buffers of their size and still start at zero") {
-  release_pooled_buffers();
+TEST_CASE(
+    "a cpu device's large tensors reuse freed buffers of their size and still start at zero") {
+  auto device = cpu_backend().make_device(0, 1);
+  auto& cpu = static_cast<cpu::CpuContext&>(*device);
   const Shape big{256, 1024};  // 1 MiB of float32: pooled
   std::byte* first = nullptr;
   {
-    Tensor t = Tensor::owned(DType::kFloat32, big);
+    Tensor t = cpu.new_tensor(DType::kFloat32, big, true);
     first = t.data;
     std::fill_n(t.as<float>(), t.numel(), 7.0f);
-    CHECK(pooled_bytes() == 0);
+    CHECK(cpu.pooled_bytes() == 0);
   }
-  CHECK(pooled_bytes() == 1 << 20);  // freed into the pool, not to the system
-  Tensor again = Tensor::owned(DType::kFloat32, big);
+  CHECK(cpu.pooled_bytes() == 1 << 20);  // freed into the pool, not to the system
+  Tensor again = cpu.new_tensor(DType::kFloat32, big, true);
   CHECK(again.data == first);  // the same pages
-  CHECK(pooled_bytes() == 0);
+  CHECK(cpu.pooled_bytes() == 0);
   CHECK(std::all_of(again.as<float>(), again.as<float>() + again.numel(),
                     [](float v) { return v == 0.0f; }));
-  Tensor other = Tensor::owned(DType::kFloat32, {128, 1024});  // another size: a new buffer
+  Tensor other = cpu.new_tensor(DType::kFloat32, {128, 1024}, false);  // another size: new buffer
   CHECK(other.data != first);
-  Tensor small = Tensor::owned(DType::kFloat32, {4});  // below kPooledBytes: not pooled
+  Tensor small = cpu.new_tensor(DType::kFloat32, {4}, true);  // below kPooledBytes: not pooled
   small = Tensor{};
-  CHECK(pooled_bytes() == 0);
+  CHECK(cpu.pooled_bytes() == 0);
   other = Tensor{};
-  CHECK(pooled_bytes() == 1 << 19);
-  release_pooled_buffers();
-  CHECK(pooled_bytes() == 0);
+  CHECK(cpu.pooled_bytes() == 1 << 19);
+  cpu.release_pooled_buffers();
+  CHECK(cpu.pooled_bytes() == 0);
+  // A pooled tensor outlives its device: the pool stays until the tensor goes.
+  Tensor kept = cpu.new_tensor(DType::kFloat32, big, false);
+  device.reset();
+  kept.as<float>()[0] = 1.0f;
+  kept = Tensor{};
+  // Every other device op of the cpu backend on host memory.
+  auto second = cpu_backend().make_device(1, 1);
+  Tensor a = second->new_tensor(DType::kFloat32, {3}, true), b = scalar_on(*second, 2.0f);
+  const float host[3] = {1, 2, 3};
+  second->write(a, host, sizeof host);
+  Tensor c = clone_on(*second, a);
+  second->accumulate(c, a);
+  float back[3] = {};
+  second->read(c, back, sizeof back);
+  CHECK(back[2] == 6.0f);
+  CHECK(read_float(*second, b) == 2.0f);
+  second->fill_zero(c);
+  CHECK(c.as<float>()[1] == 0.0f);
+  CHECK_THROWS_AS(second->write(a, host, 8), Error);
+  CHECK_THROWS_AS(second->accumulate(c, b), Error);
+  auto arena = second->allocate(100);
+  CHECK(arena->size() == 100);
+  CHECK(reinterpret_cast<uintptr_t>(arena->base()) % plan::kArenaAlignment == 0);
+}
+
+TEST_CASE("backends are asked for by name, and an unknown name lists the known ones") {
+  CHECK(&backend_by_name("cpu") == &cpu_backend());
+  CHECK(backend_names() == std::vector<std::string_view>{"cpu", "cuda"});
+  CHECK_THROWS_WITH_AS(backend_by_name("tpu"),
+                       doctest::Contains("unknown backend 'tpu' (valid: cpu, cuda)"), Error);
+  CHECK_THROWS_WITH_AS(backend_by_name("cuda"), doctest::Contains("not built"), Error);
 }
 
 TEST_CASE(".npy files round-trip and bad ones are refused with the file named") {

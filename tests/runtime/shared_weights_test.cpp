@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "compiler/plan/planner.h"
-#include "compiler/schedule/instruction.h"
+#include "compiler/schedule/build_schedule.h"
 #include "compiler/schedule/simulator.h"
 #include "runtime/core/backend.h"
 #include "runtime/exec/checkpoint.h"
@@ -63,9 +63,9 @@ plan::PlanOptions options_for(const std::string& model, int devices, const std::
   o.batch = 8;
   o.microbatches = 4;
   o.training = true;
-  o.schedule = schedule;
+  o.schedule = stagecraft::parse_schedule(schedule);
   if (schedule == "interleaved") o.chunks = 2;
-  o.optimizer = optimizer;
+  o.optimizer = stagecraft::parse_optimizer(optimizer);
   o.training_config.lr = optimizer == "sgd" ? 0.1 : 0.01;
   // Adam's default epsilon (1e-8) turns last-bit differences in near-zero gradients into
   // updates of up to lr: on one device, 1F1B's weights already differ from GPipe's by 7e-4 after
@@ -327,7 +327,17 @@ TEST_CASE(
   }
   // The exchange is in the predicted step: without it the same schedule is faster.
   dump::PlanView view = dump::load_view(plan_dir);
-  schedule::StageCosts costs = dump::stage_costs(plan);
+  schedule::StageCosts costs;  // the plan's own stage times, as the planner simulated them
+  for (const plan::Stage& stage : plan.stages) {
+    costs.forward_s.push_back(stage.fwd_ms / 1e3);
+    costs.backward_input_s.push_back(stage.backward_input_ms / 1e3);
+    costs.backward_weight_s.push_back(stage.backward_weight_ms / 1e3);
+    costs.optimizer_s = std::max(costs.optimizer_s, stage.optimizer_ms / 1e3);
+    costs.send_s.push_back(stage.send_ms / 1e3);
+    costs.shared_allreduce_s.push_back(stage.shared_exchange_ms / 1e3);
+  }
+  CHECK(schedule::simulate(view.schedule, view.shape, costs).step_s * 1e3 ==
+        doctest::Approx(plan.predicted.step_ms));
   double with = schedule::simulate(view.schedule, view.shape, costs).step_s;
   costs.shared_allreduce_s.assign(costs.shared_allreduce_s.size(), 0.0);
   double without = schedule::simulate(view.schedule, view.shape, costs).step_s;
@@ -435,7 +445,7 @@ TEST_CASE("a plan whose holders disagree about a shared weight is refused, namin
 TEST_CASE("schedules exchange shared gradients before the optimizer step, without deadlock") {
   schedule::PipelineShape shape{2, 2, 4, true};
   shape.shared_groups = {{0, 2}, {1, 2}};  // stages 0 and 2 share device 0
-  schedule::Schedule built = schedule::build_schedule(schedule::ScheduleKind::kInterleaved, shape);
+  schedule::Schedule built = schedule::build_schedule(ScheduleKind::kInterleaved, shape);
   CHECK_NOTHROW(schedule::validate_schedule(built, shape));
   // Device 0: its two exchanges, then its two optimizer steps.
   const auto& device0 = built[0];
@@ -464,7 +474,7 @@ TEST_CASE("schedules exchange shared gradients before the optimizer step, withou
   CHECK(schedule::simulate(built, shape, costs).step_s == doctest::Approx(plain + 5.0));
   // Groups outside the pipeline are refused.
   shape.shared_groups = {{0, 4}};
-  CHECK_THROWS_WITH_AS(schedule::build_schedule(schedule::ScheduleKind::kInterleaved, shape),
+  CHECK_THROWS_WITH_AS(schedule::build_schedule(ScheduleKind::kInterleaved, shape),
                        doctest::Contains("shared weight group 0 is [0,4]"), Error);
 }
 
@@ -477,11 +487,12 @@ TEST_CASE("the in-process transport sums shared gradients in stage order, alike 
   std::vector<std::thread> threads;
   for (int h = 2; h >= 0; --h)
     threads.emplace_back([&, h] {
+      auto device = cpu_backend().make_device(h, 1);
       Tensor g = Tensor::owned(DType::kFloat32, {2});
       g.as<float>()[0] = parts[h];
       g.as<float>()[1] = static_cast<float>(h);
-      transport.start_shared_sum("w", holders, holders[h], g);
-      transport.finish_shared_sum("w", holders[h], g);
+      transport.start_shared_sum("w", holders, holders[h], g, *device);
+      transport.finish_shared_sum("w", holders[h], g, *device);
       sums[h] = g;
     });
   for (std::thread& t : threads) t.join();
@@ -490,14 +501,15 @@ TEST_CASE("the in-process transport sums shared gradients in stage order, alike 
     CHECK(s.as<float>()[1] == 3.0f);
   }
   // The next step sums afresh.
+  auto device = cpu_backend().make_device(0, 1);
   Tensor g = Tensor::owned(DType::kFloat32, {2});
-  CHECK_THROWS_WITH_AS(transport.finish_shared_sum("w", 1, g), doctest::Contains("did not start"),
-                       Error);
-  transport.start_shared_sum("w", holders, 1, g);
-  CHECK_THROWS_WITH_AS(transport.start_shared_sum("w", {1, 4}, 4, g),
+  CHECK_THROWS_WITH_AS(transport.finish_shared_sum("w", 1, g, *device),
+                       doctest::Contains("did not start"), Error);
+  transport.start_shared_sum("w", holders, 1, g, *device);
+  CHECK_THROWS_WITH_AS(transport.start_shared_sum("w", {1, 4}, 4, g, *device),
                        doctest::Contains("names holders [1,4], another [1,4,6]"), Error);
   transport.abort();
-  CHECK_THROWS_AS(transport.finish_shared_sum("w", 1, g), Aborted);
+  CHECK_THROWS_AS(transport.finish_shared_sum("w", 1, g, *device), Aborted);
 }
 
 }  // namespace

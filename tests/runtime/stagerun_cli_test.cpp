@@ -80,7 +80,7 @@ plan::PlanOptions toy_training_options(const std::string& optimizer) {
   o.batch = 8;
   o.microbatches = 2;
   o.training = true;
-  o.optimizer = optimizer;
+  o.optimizer = stagecraft::parse_optimizer(optimizer);
   o.loss.kind = "mse";
   o.device_spec = "cpu";
   return o;

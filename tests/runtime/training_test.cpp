@@ -28,8 +28,8 @@ plan::PlanOptions training_options(const Model& m, int devices, const std::strin
   o.batch = 8;
   o.microbatches = 4;
   o.training = true;
-  o.schedule = schedule;
-  o.optimizer = "adam";
+  o.schedule = stagecraft::parse_schedule(schedule);
+  o.optimizer = stagecraft::OptimizerKind::kAdam;
   o.training_config.lr = 0.01;
   o.loss.kind = m.loss;
   o.device_spec = "cpu";
@@ -157,7 +157,7 @@ TEST_CASE(
     CAPTURE(m.file);
     auto sgd = [&](int devices, const char* schedule) {
       plan::PlanOptions o = training_options(m, devices, schedule);
-      o.optimizer = "sgd";
+      o.optimizer = stagecraft::OptimizerKind::kSgd;
       o.training_config.lr = 1.0;
       if (std::string(schedule) == "interleaved") o.chunks = 2;
       return one_step_gradients(o);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <random>
 
+#include "compiler/schedule/build_schedule.h"
 #include "compiler/schedule/simulator.h"
 
 namespace stagecraft::schedule {

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "compiler/schedule/instruction.h"
+#include "compiler/schedule/build_schedule.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::schedule {
@@ -148,9 +148,8 @@ TEST_CASE("bad shapes and names are refused with the numbers") {
 
   e = error_from([] { parse_schedule("pipedream"); });
   CHECK(e.kind() == ErrorKind::kUsage);
-  CHECK(
-      std::string(e.what()) ==
-      "unknown schedule 'pipedream'; valid schedules: gpipe, 1f1b, interleaved, zb-h1, inference");
+  CHECK(std::string(e.what()) ==
+        "unknown schedule 'pipedream'; valid: gpipe, 1f1b, interleaved, zb-h1, inference");
 
   e = error_from([] { build_schedule(ScheduleKind::k1F1B, {0, 1, 4, true}); });
   CHECK(e.kind() == ErrorKind::kUsage);

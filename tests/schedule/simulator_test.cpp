@@ -8,6 +8,7 @@
 #include <numeric>
 #include <string>
 
+#include "compiler/schedule/build_schedule.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::schedule {

@@ -144,9 +144,9 @@ std::string memory_svg(const plan::Plan& plan) {
 /// One row per device; each compute event a rectangle in its stage's colour, W events faded.
 std::string timeline_svg(const PlanView& view) {
   constexpr int kLeft = 80, kWidth = 1000, kRow = 28;
-  const schedule::SimResult& sim = view.simulated;
+  const double step_s = view.plan.predicted.step_ms / 1e3;
   int devices = view.plan.devices;
-  double scale = sim.step_s > 0 ? kWidth / sim.step_s : 0;
+  double scale = step_s > 0 ? kWidth / step_s : 0;
   std::string svg =
       fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\">\n",
                   kLeft + kWidth + 10, devices * kRow + 24);
@@ -155,7 +155,7 @@ std::string timeline_svg(const PlanView& view) {
     svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"22\" fill=\"#f4f4f4\"/>\n",
                        kLeft, device * kRow + 2, kWidth);
   }
-  for (const schedule::TimelineEvent& event : compute_events(sim)) {
+  for (const schedule::TimelineEvent& event : compute_events(view.plan.timeline)) {
     double x = kLeft + event.start_s * scale;
     double w = std::max(0.5, (event.end_s - event.start_s) * scale);
     int y = event.device * kRow + 2;
@@ -177,7 +177,7 @@ std::string timeline_svg(const PlanView& view) {
   svg += fmt::format(
       "<text x=\"{}\" y=\"{}\">0</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.3f} "
       "ms</text>\n",
-      kLeft, devices * kRow + 18, kLeft + kWidth, devices * kRow + 18, sim.step_s * 1e3);
+      kLeft, devices * kRow + 18, kLeft + kWidth, devices * kRow + 18, step_s * 1e3);
   return svg + "</svg>\n";
 }
 
@@ -205,11 +205,11 @@ std::string render_html(const PlanView& view) {
       "peaks, added up (an upper bound for interleaved chunks).</p>\n" +
       memory_svg(view.plan);
   html += fmt::format(
-      "<h2>Timeline</h2>\n<p>{} re-simulated from schedule.json: step {:.3f} ms, "
+      "<h2>Timeline</h2>\n<p>{} as the planner predicted it: step {:.3f} ms, "
       "bubble {:.1f}%. F forward, B backward (input gradient under zb-h1), W "
       "weight gradient (faded), with the microbatch; lower case for later chunks.</p>\n",
-      escaped(view.plan.schedule), view.simulated.step_s * 1e3,
-      100 * view.simulated.bubble_fraction);
+      escaped(view.plan.schedule), view.plan.predicted.step_ms,
+      100 * view.plan.predicted.bubble_fraction);
   html += timeline_svg(view);
   return html + "</body>\n</html>\n";
 }

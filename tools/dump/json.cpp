@@ -85,15 +85,29 @@ ordered search_json(const plan::Plan& plan) {
            compared ? ordered(1 - plan.predicted.step_ms / search.bottleneck_step_ms) : ordered()}};
 }
 
+/// The figures of the timeline drawn: since plan format 4 the planner's own (kept under this
+/// key for readers of the schema from when stagedump re-simulated the schedule).
 ordered simulated_json(const PlanView& view) {
-  const schedule::SimResult& sim = view.simulated;
-  ordered busy = ordered::array();
-  for (double seconds : sim.device_busy_s) busy.push_back(seconds * 1e3);
-  return {{"step_ms", sim.step_s * 1e3},
-          {"bubble_fraction", sim.bubble_fraction},
-          {"samples_per_s", sim.samples_per_s(static_cast<int>(view.plan.batch))},
-          {"device_busy_ms", std::move(busy)},
-          {"device_peak_bytes", sim.device_peak_bytes}};
+  const plan::Prediction& p = view.plan.predicted;
+  return {{"step_ms", p.step_ms},
+          {"bubble_fraction", p.bubble_fraction},
+          {"samples_per_s", p.samples_per_s},
+          {"device_busy_ms", p.device_busy_ms},
+          {"device_peak_bytes", p.device_peak_bytes}};
+}
+
+/// The compute events of the predicted timeline, in device then time order.
+ordered timeline_json(const PlanView& view) {
+  ordered events = ordered::array();
+  for (const schedule::TimelineEvent& e : compute_events(view.plan.timeline)) {
+    events.push_back({{"device", e.device},
+                      {"op", event_category(e.op)},
+                      {"stage", e.stage},
+                      {"microbatch", e.microbatch},
+                      {"start_ms", e.start_s * 1e3},
+                      {"end_ms", e.end_s * 1e3}});
+  }
+  return events;
 }
 
 }  // namespace
@@ -131,6 +145,7 @@ nlohmann::ordered_json render_json(const PlanView& view) {
           {"cuts", cuts_json(plan)},
           {"predicted", prediction_json(plan.predicted)},
           {"simulated", simulated_json(view)},
+          {"timeline", timeline_json(view)},
           {"baselines",
            {{"parameters", baseline_json(plan.baseline_parameters, plan.predicted)},
             {"uniform", baseline_json(plan.baseline_uniform, plan.predicted)}}},

@@ -194,11 +194,11 @@ std::string predictions(const PlanView& view) {
 }  // namespace
 
 std::string render_ascii_timeline(const PlanView& view, int columns) {
-  const schedule::SimResult& sim = view.simulated;
+  const double step_s = view.plan.predicted.step_ms / 1e3;
   int devices = view.plan.devices;
   std::vector<std::string> rows(devices, std::string(columns, '.'));
-  double scale = sim.step_s > 0 ? sim.step_s / columns : 1;
-  for (const schedule::TimelineEvent& event : compute_events(sim)) {
+  double scale = step_s > 0 ? step_s / columns : 1;
+  for (const schedule::TimelineEvent& event : compute_events(view.plan.timeline)) {
     std::string& row = rows[event.device];
     int begin = std::clamp(static_cast<int>(std::lround(event.start_s / scale)), 0, columns);
     int end = std::clamp(static_cast<int>(std::lround(event.end_s / scale)), 0, columns);
@@ -215,27 +215,22 @@ std::string render_ascii_timeline(const PlanView& view, int columns) {
       row[c] = offset < label.size() ? label[offset] : '-';
     }
   }
-  // The replay uses only what the plan records per stage, so it may differ a little from the
-  // compiler's own prediction; say so rather than show two step times without comment.
-  double predicted_ms = view.plan.predicted.step_ms;
-  std::string differs;
-  if (std::abs(sim.step_s * 1e3 - predicted_ms) > 1e-3 * std::max(predicted_ms, 1e-9)) {
-    differs = fmt::format(" (plan.json predicts {} ms)", ms(predicted_ms));
-  }
   std::string text = fmt::format(
-      "\ntimeline    {} re-simulated from schedule.json: step {} ms{}, bubble {}; one column = "
+      "\ntimeline    {} as the planner predicted it: step {} ms, bubble {}; one column = "
       "{:.3g} us\n",
-      view.plan.schedule, ms(sim.step_s * 1e3), differs, percent(sim.bubble_fraction), scale * 1e6);
+      view.plan.schedule, ms(view.plan.predicted.step_ms),
+      percent(view.plan.predicted.bubble_fraction), scale * 1e6);
   for (int device = 0; device < devices; ++device) {
     text += fmt::format("  device {:<3}|{}|\n", device, rows[device]);
   }
-  std::string end_label = fmt::format("{} ms", ms(sim.step_s * 1e3));
+  std::string end_label = fmt::format("{} ms", ms(view.plan.predicted.step_ms));
   text +=
       fmt::format("  {:<11}0{:>{}}\n", "", end_label, std::max<int>(columns - 1, end_label.size()));
   text +=
-      "  F forward, B backward (its input-gradient half under zb-h1), W weight gradient, digits "
-      "the\n"
-      "  microbatch, '-' its duration, '.' idle; lower case for a device's later chunks\n";
+      "  F forward, B backward (its input-gradient half under zb-h1), W weight gradient, O "
+      "optimizer\n"
+      "  step, digits the microbatch, '-' its duration, '.' idle; lower case for a device's later "
+      "chunks\n";
   return text;
 }
 

@@ -45,7 +45,7 @@ nlohmann::ordered_json trace_json(const std::vector<schedule::TimelineEvent>& ev
 nlohmann::ordered_json render_trace(const PlanView& view) {
   std::string name =
       "predicted: " + std::filesystem::path(view.plan_dir).lexically_normal().string();
-  return trace_json(compute_events(view.simulated), view.plan.devices, name);
+  return trace_json(compute_events(view.plan.timeline), view.plan.devices, name);
 }
 
 }  // namespace stagecraft::dump

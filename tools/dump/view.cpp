@@ -4,34 +4,14 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "runtime/format/error.h"
+#include "runtime/format/json_reader.h"
 
 namespace stagecraft::dump {
-namespace {
-
 namespace fs = std::filesystem;
-
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw Error(ErrorKind::kIo, fmt::format("cannot open ({})", std::strerror(errno))).in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    return nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(ErrorKind::kFormat, fmt::format("not valid JSON: {}", e.what())).in(path);
-  }
-}
-
-}  // namespace
 
 PlanView load_view(const std::string& plan_dir) {
   PlanView view;
@@ -42,33 +22,13 @@ PlanView load_view(const std::string& plan_dir) {
   view.shape.shared_groups = plan::shared_weight_groups(plan);
 
   std::string path = (fs::path(plan_dir) / "schedule.json").string();
-  nlohmann::json body = read_json(path);
+  nlohmann::json body = read_json_file(path);
   // schedule_from_json names "schedule.json" itself; the plan directory goes in front.
   view.schedule = with_context(plan_dir, ErrorKind::kFormat,
                                [&] { return schedule::schedule_from_json(body); });
-  with_context(path, ErrorKind::kPlan, [&] {
-    schedule::validate_schedule(view.schedule, view.shape);
-    view.simulated = schedule::simulate(view.schedule, view.shape, stage_costs(plan));
-  });
+  with_context(path, ErrorKind::kPlan,
+               [&] { schedule::validate_schedule(view.schedule, view.shape); });
   return view;
-}
-
-schedule::StageCosts stage_costs(const plan::Plan& plan) {
-  schedule::StageCosts costs;
-  for (const plan::Stage& stage : plan.stages) {
-    costs.forward_s.push_back(stage.fwd_ms / 1e3);
-    if (plan.training) {
-      costs.backward_input_s.push_back(stage.bwd_ms / 2e3);
-      costs.backward_weight_s.push_back(stage.bwd_ms / 2e3);
-    }
-    costs.send_s.push_back(stage.send_ms / 1e3);
-    costs.shared_allreduce_s.push_back(stage.shared_exchange_ms / 1e3);
-    const plan::MemoryBytes& memory = stage.memory;
-    costs.activation_bytes.push_back(static_cast<double>(memory.activations) /
-                                     static_cast<double>(stage.in_flight));
-    costs.static_bytes.push_back(static_cast<double>(memory.total() - memory.activations));
-  }
-  return costs;
 }
 
 std::vector<CutTensor> tensors_crossing(const plan::Plan& plan, int cut) {
@@ -83,9 +43,10 @@ std::vector<CutTensor> tensors_crossing(const plan::Plan& plan, int cut) {
   return crossing;
 }
 
-std::vector<schedule::TimelineEvent> compute_events(const schedule::SimResult& result) {
+std::vector<schedule::TimelineEvent> compute_events(
+    const std::vector<schedule::TimelineEvent>& timeline) {
   std::vector<schedule::TimelineEvent> events;
-  for (const schedule::TimelineEvent& event : result.events) {
+  for (const schedule::TimelineEvent& event : timeline) {
     bool compute = event.op == schedule::Op::kForward || event.op == schedule::Op::kBackward ||
                    event.op == schedule::Op::kBackwardInput ||
                    event.op == schedule::Op::kBackwardWeight ||

@@ -1,9 +1,10 @@
 #pragma once
 /// \file
 /// What stagedump shows, and the helpers its views share. A `PlanView` is a plan read the way
-/// the runtime reads it (runtime/format's `load_plan`, the schedule format of compiler/schedule)
-/// with its schedule re-played by the event simulator; every view (text, JSON, Graphviz, Chrome
-/// trace, HTML) is a pure function of it. Nothing here links the compiler's IR.
+/// the runtime reads it (runtime/format's `load_plan` and schedule format); every view (text,
+/// JSON, Graphviz, Chrome trace, HTML) is a pure function of it. The timelines draw the plan's
+/// own `timeline`, what the planner's simulation predicted: nothing here simulates, and nothing
+/// links the compiler.
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -11,31 +12,23 @@
 #include <string_view>
 #include <vector>
 
-#include "compiler/schedule/instruction.h"
-#include "compiler/schedule/simulator.h"
 #include "runtime/format/plan.h"
+#include "runtime/format/schedule.h"
 
 namespace stagecraft::dump {
 
-/// A loaded plan and its re-simulated schedule.
+/// A loaded plan and its schedule.
 struct PlanView {
   std::string plan_dir;
   plan::Plan plan;
   schedule::Schedule schedule;    ///< As read from PLAN_DIR/schedule.json.
-  schedule::PipelineShape shape;  ///< The plan's devices, chunks, microbatches, training, shared groups.
-  schedule::SimResult simulated;  ///< The schedule played with `stage_costs(plan)`.
+  /// The plan's devices, chunks, microbatches, training, shared groups.
+  schedule::PipelineShape shape;
 };
 
 /// Loads PLAN_DIR: `plan::load_plan` (validation, stage files and hashes), then schedule.json,
-/// checked with `validate_schedule` against the plan's shape and simulated. Errors name the file.
+/// checked with `validate_schedule` against the plan's shape. Errors name the file.
 PlanView load_view(const std::string& plan_dir);
-
-/// The simulator's costs from a plan's per-stage predictions: forward = fwd_ms, send = send_ms,
-/// static memory = everything but activations, activations per microbatch = activations /
-/// in_flight, shared weights' exchange = shared_exchange_ms. The plan records one backward time per stage, so it is split half and half into
-/// the input gradient (B) and the weight gradient (W): only ZB-H1 runs them apart, and a full
-/// backward costs B + W = bwd_ms whatever the split.
-schedule::StageCosts stage_costs(const plan::Plan& plan);
 
 /// A tensor produced by one stage and read by later ones (a stage output with peer stages).
 struct CutTensor {
@@ -47,9 +40,10 @@ struct CutTensor {
 /// `cut` and read after it (a skip connection crosses several cuts).
 std::vector<CutTensor> tensors_crossing(const plan::Plan& plan, int cut);
 
-/// The compute events of a simulation (forward, backward, B, W, optimizer step) with a
-/// duration, in device then time order: what the timelines draw.
-std::vector<schedule::TimelineEvent> compute_events(const schedule::SimResult& result);
+/// The compute events of a timeline (forward, backward, B, W, optimizer step) with a duration,
+/// in device then time order: what the timelines draw.
+std::vector<schedule::TimelineEvent> compute_events(
+    const std::vector<schedule::TimelineEvent>& timeline);
 
 /// 'F' forward, 'B' backward or its input-gradient half, 'W' weight gradient, 'O' optimizer
 /// step; lower case for chunks after the first of a device (interleaved schedules).

@@ -68,9 +68,10 @@ struct Timing {
 /// Binds `model` on the CPU backend with its outputs made arena intermediates (a run then
 /// times the kernels, not the allocation and zero-fill of owned output tensors) and times it
 /// as the file comment says. `what` names it in errors.
-Timing time_model(onnx::ModelProto model, const std::string& what, int threads) {
+Timing time_model(onnx::ModelProto model, const std::string& what, int threads,
+                  std::string_view backend_name) {
   OmpThreads omp_scope(threads);
-  const rt::Backend& backend = rt::cpu_backend();
+  const rt::Backend& backend = rt::backend_by_name(backend_name);
   auto* g = model.mutable_graph();
   for (const auto& out : g->output()) *g->add_value_info() = out;
   g->clear_output();
@@ -79,22 +80,22 @@ Timing time_model(onnx::ModelProto model, const std::string& what, int threads) 
     try {
       return rt::Program::from_model(model, backend, what);
     } catch (const Error& e) {
-      throw Error(e.kind(), fmt::format("{} cannot be profiled on the {} backend: {}", what, backend.name(), e.message()));
+      throw Error(e.kind(), fmt::format("{} cannot be profiled on the {} backend: {}", what,
+                                        backend.name(), e.message()));
     }
   }();
   std::vector<rt::Tensor> inputs = make_inputs(program);
   auto context = backend.make_device(0, threads);
-  const auto arena_size = static_cast<size_t>((program.arena_bytes() + plan::kArenaAlignment - 1) /
-                                              plan::kArenaAlignment * plan::kArenaAlignment + plan::kArenaAlignment);
-  std::unique_ptr<std::byte[], void (*)(std::byte*)> arena(
-      static_cast<std::byte*>(std::aligned_alloc(plan::kArenaAlignment, arena_size)), [](std::byte* b) { std::free(b); });
-  if (!arena) fail(ErrorKind::kIo, "{}: cannot allocate a {}-byte arena to profile it", what, arena_size);
+  // The device's own arena (its first touch is the warm-up run's).
+  auto arena = with_context(what + ": profiling", ErrorKind::kIo,
+                            [&] { return context->allocate(program.arena_bytes()); });
 
   auto run_once = [&] {
     try {
-      program.run(*context, inputs, arena.get());
+      program.run(*context, inputs, arena->base());
     } catch (const Error& e) {
-      throw Error(e.kind(), fmt::format("{} cannot be profiled on the {} backend: {}", what, backend.name(), e.message()));
+      throw Error(e.kind(), fmt::format("{} cannot be profiled on the {} backend: {}", what,
+                                        backend.name(), e.message()));
     }
   };
   run_once();  // warm-up: first-touch of the arena, oneDNN primitive creation, caches
@@ -116,23 +117,27 @@ Timing time_model(onnx::ModelProto model, const std::string& what, int threads) 
 }
 
 void check_threads(int threads) {
-  if (threads < 1) fail(ErrorKind::kUsage, "--profile-threads must be at least 1 (got {})", threads);
+  if (threads < 1)
+    fail(ErrorKind::kUsage, "--profile-threads must be at least 1 (got {})", threads);
 }
 
 }  // namespace
 
-cost::ProfileEntry measure_node(const ir::Graph& graph, ir::NodeId id, int threads) {
+cost::ProfileEntry measure_node(const ir::Graph& graph, ir::NodeId id, int threads,
+                                std::string_view backend) {
   check_threads(threads);
   const ir::Node& node = graph.node(id);
   ir::ExportOptions options;
   options.nodes = std::vector<ir::NodeId>{id};
   options.weights = ir::WeightMode::kEmbed;
   options.value_info = true;
-  Timing t = time_model(ir::model_from_graph(graph, options), node.describe(graph), threads);
+  Timing t =
+      time_model(ir::model_from_graph(graph, options), node.describe(graph), threads, backend);
   return cost::ProfileEntry{node.op_type, t.ms, t.runs, {}};
 }
 
-cost::BackwardEntry measure_backward(const ir::Graph& graph, ir::NodeId id, int threads) {
+cost::BackwardEntry measure_backward(const ir::Graph& graph, ir::NodeId id, int threads,
+                                     std::string_view backend) {
   check_threads(threads);
   const ir::Node& node = graph.node(id);
   // The node alone as a stage: every floating-point output receives a gradient.
@@ -148,18 +153,22 @@ cost::BackwardEntry measure_backward(const ir::Graph& graph, ir::NodeId id, int 
     ir::ValueId v = node.inputs[k];
     if (v == ir::kNoId) continue;
     const ir::Value& value = graph.value(v);
-    if (value.is_initializer() || !is_floating(value.dtype) || !passes::differentiable_input(node.op_type, k)) continue;
-    if (std::find(activations.begin(), activations.end(), v) == activations.end()) activations.push_back(v);
+    if (value.is_initializer() || !is_floating(value.dtype) ||
+        !passes::differentiable_input(node.op_type, k))
+      continue;
+    if (std::find(activations.begin(), activations.end(), v) == activations.end())
+      activations.push_back(v);
   }
   std::vector<ir::ValueId> weights = passes::trainable_weights(graph, spec.nodes);
 
   const std::string grad_op = node.op_type + std::string(grad::kGradSuffix);
   auto time_part = [&](std::vector<ir::ValueId> wanted, const char* part) {
     spec.wanted = std::move(wanted);
-    std::string what = fmt::format("{} backward ({}, {} gradients)", node.describe(graph), grad_op, part);
-    onnx::ModelProto model =
-        with_context(what, ErrorKind::kInternal, [&] { return passes::build_backward(graph, spec); });
-    return time_model(std::move(model), what, threads);
+    std::string what =
+        fmt::format("{} backward ({}, {} gradients)", node.describe(graph), grad_op, part);
+    onnx::ModelProto model = with_context(what, ErrorKind::kInternal,
+                                          [&] { return passes::build_backward(graph, spec); });
+    return time_model(std::move(model), what, threads, backend);
   };
   cost::BackwardEntry entry;
   if (spec.output_grads.empty()) return entry;
@@ -176,11 +185,12 @@ cost::BackwardEntry measure_backward(const ir::Graph& graph, ir::NodeId id, int 
   return entry;
 }
 
-ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int threads, Direction direction,
-                           const Progress& progress) {
+ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int threads,
+                           Direction direction, const Progress& progress) {
   auto start = Clock::now();
   if (threads != db.threads()) {
-    fail(ErrorKind::kUsage, "profiling with {} threads into a database measured with {}", threads, db.threads());
+    fail(ErrorKind::kUsage, "profiling with {} threads into a database measured with {}", threads,
+         db.threads());
   }
   if (db.backend() != "cpu") {
     fail(ErrorKind::kUnsupported, "only the cpu backend can be profiled, not '{}'", db.backend());
@@ -190,8 +200,8 @@ ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int thre
     ir::NodeId id;
   };
   ProfileStats stats;
-  std::map<std::string, bool> seen;          // signature -> already in the database
-  std::set<std::string> seen_backward;       // signature + "|" + input kinds
+  std::map<std::string, bool> seen;     // signature -> already in the database
+  std::set<std::string> seen_backward;  // signature + "|" + input kinds
   std::vector<std::pair<std::string, ir::NodeId>> todo;
   std::vector<BackwardTodo> backward_todo;
   for (ir::NodeId id : graph.topological_order()) {
@@ -206,7 +216,8 @@ ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int thre
         todo.emplace_back(key, id);
       }
     }
-    if (direction != Direction::kForwardAndBackward || !cost::may_have_backward(graph, node)) continue;
+    if (direction != Direction::kForwardAndBackward || !cost::may_have_backward(graph, node))
+      continue;
     std::string kinds = cost::input_kinds(graph, node);
     if (!seen_backward.insert(key + "|" + kinds).second) continue;
     ++stats.backward_signatures;
@@ -220,13 +231,13 @@ ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int thre
   const int total = static_cast<int>(todo.size() + backward_todo.size());
   int done = 0;
   for (const auto& [key, id] : todo) {
-    db.put(key, measure_node(graph, id, threads));
+    db.put(key, measure_node(graph, id, threads, db.backend()));
     ++stats.measured;
     if (progress) progress(++done, total);
   }
   for (const auto& [key, kinds, id] : backward_todo) {
     try {
-      db.put_backward(key, kinds, measure_backward(graph, id, threads));
+      db.put_backward(key, kinds, measure_backward(graph, id, threads, db.backend()));
       ++stats.backward_measured;
     } catch (const Error& e) {
       // A gradient op the backend lacks (or refuses for these dtypes): the roofline ratio

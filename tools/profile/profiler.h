@@ -24,6 +24,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compiler/ir/graph.h"
@@ -34,7 +35,8 @@ namespace stagecraft::profile {
 /// What `profile_graph` measures.
 enum class Direction {
   kForward,             ///< Forward ops only (inference plans).
-  kForwardAndBackward,  ///< Also the gradient ops of every node that may have them (training plans).
+  kForwardAndBackward,  ///< Also the gradient ops of every node that may have them (training
+                        ///< plans).
 };
 
 /// What `profile_graph` did.
@@ -57,22 +59,26 @@ struct ProfileStats {
 /// Called after each forward or backward measured: (done, to measure).
 using Progress = std::function<void(int done, int total)>;
 
-/// Measures one node of `graph` on the CPU backend with `threads` OpenMP threads (the caller's
-/// thread count is set for the call and restored after). Throws `Error(kUnsupported)` naming
-/// the node and the reason when the backend cannot run it.
-cost::ProfileEntry measure_node(const ir::Graph& graph, ir::NodeId node, int threads);
+/// Measures one node of `graph` on the backend named `backend` (runtime/core/backend.h) with
+/// `threads` OpenMP threads (the caller's thread count is set for the call and restored after).
+/// Throws `Error(kUnsupported)` naming the node and the reason when the backend cannot run it.
+cost::ProfileEntry measure_node(const ir::Graph& graph, ir::NodeId node, int threads,
+                                std::string_view backend = "cpu");
 
-/// Measures the backward of one node of `graph` (see the file comment) on the CPU backend with
-/// `threads` OpenMP threads. A node none of whose inputs takes a gradient gets an entry with
-/// no parts. Throws `Error(kUnsupported)` naming the node and the gradient op when the backend
-/// cannot run a gradient op.
-cost::BackwardEntry measure_backward(const ir::Graph& graph, ir::NodeId node, int threads);
+/// Measures the backward of one node of `graph` (see the file comment) on the backend named
+/// `backend` with `threads` OpenMP threads. A node none of whose inputs takes a gradient gets
+/// an entry with no parts. Throws `Error(kUnsupported)` naming the node and the gradient op
+/// when the backend cannot run a gradient op.
+cost::BackwardEntry measure_backward(const ir::Graph& graph, ir::NodeId node, int threads,
+                                     std::string_view backend = "cpu");
 
 /// Measures every live node of `graph` whose signature is not in `db` yet (nodes with the same
 /// signature once) and adds the results to `db`; with `Direction::kForwardAndBackward` also the
 /// backward of every node that may have one and whose (signature, input kinds) has no backward
-/// entry yet. `threads` must be the database's thread count.
+/// entry yet, all on the database's backend (by name). `threads` must be the database's thread
+/// count.
 ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int threads,
-                           Direction direction = Direction::kForward, const Progress& progress = {});
+                           Direction direction = Direction::kForward,
+                           const Progress& progress = {});
 
 }  // namespace stagecraft::profile

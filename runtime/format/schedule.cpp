@@ -1,4 +1,4 @@
-#include "compiler/schedule/instruction.h"
+#include "runtime/format/schedule.h"
 
 #include <fmt/format.h>
 
@@ -24,14 +24,6 @@ constexpr std::array<std::pair<Op, std::string_view>, 11> kOpNames = {{
     {Op::kAllReduce, "ALLREDUCE"},
     {Op::kAllReduceShared, "ALLREDUCE_SHARED"},
     {Op::kOptimizerStep, "OPT_STEP"},
-}};
-
-constexpr std::array<std::pair<ScheduleKind, std::string_view>, 5> kScheduleNames = {{
-    {ScheduleKind::kGPipe, "gpipe"},
-    {ScheduleKind::k1F1B, "1f1b"},
-    {ScheduleKind::kInterleaved, "interleaved"},
-    {ScheduleKind::kZBH1, "zb-h1"},
-    {ScheduleKind::kInference, "inference"},
 }};
 
 [[noreturn]] void json_error(const std::string& field, const std::string& problem) {
@@ -98,6 +90,36 @@ std::vector<int> shared_partners(const PipelineShape& shape, int stage) {
   return partners;
 }
 
+void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKind error) {
+  std::string_view name = to_string(kind);
+  auto at_least_one = [error](int value, const char* what) {
+    if (value < 1) fail(error, "pipeline needs at least 1 {}, not {}", what, value);
+  };
+  at_least_one(shape.devices, "device");
+  at_least_one(shape.chunks, "chunk per device");
+  at_least_one(shape.microbatches, "microbatch");
+  at_least_one(shape.data_parallel, "data-parallel replica");
+  if (kind != ScheduleKind::kInterleaved && shape.chunks != 1) {
+    fail(error, "schedule '{}' runs 1 chunk per device, not {}; use 'interleaved'", name,
+         shape.chunks);
+  }
+  if (kind == ScheduleKind::kInterleaved && shape.microbatches % shape.devices != 0) {
+    fail(error,
+         "schedule 'interleaved' needs the microbatches (M={}) to be a multiple of the devices "
+         "(P={})",
+         shape.microbatches, shape.devices);
+  }
+  if (kind == ScheduleKind::kInference && shape.training) {
+    fail(error, "schedule 'inference' runs forwards only; a training plan needs {}, {}, {} or {}",
+         to_string(ScheduleKind::kGPipe), to_string(ScheduleKind::k1F1B),
+         to_string(ScheduleKind::kInterleaved), to_string(ScheduleKind::kZBH1));
+  }
+  if (kind != ScheduleKind::kInference && !shape.training) {
+    fail(error, "schedule '{}' is for training; an inference plan uses 'inference'", name);
+  }
+  check_shared_groups(shape, error);
+}
+
 int stage_count(const PipelineShape& shape) { return shape.devices * shape.chunks; }
 
 int device_of_stage(int stage, const PipelineShape& shape) { return stage % shape.devices; }
@@ -125,23 +147,6 @@ std::string to_string(const Instruction& instruction) {
     text += fmt::format(" to stage {}", instruction.peer_stage);
   }
   return text;
-}
-
-std::string to_string(ScheduleKind kind) {
-  for (const auto& [value, name] : kScheduleNames) {
-    if (value == kind) return std::string(name);
-  }
-  return "unknown";
-}
-
-ScheduleKind parse_schedule(std::string_view name) {
-  std::string valid;
-  for (const auto& [value, known] : kScheduleNames) {
-    if (known == name) return value;
-    valid += valid.empty() ? "" : ", ";
-    valid += known;
-  }
-  fail(ErrorKind::kUsage, "unknown schedule '{}'; valid schedules: {}", name, valid);
 }
 
 nlohmann::json to_json(const Schedule& schedule) {

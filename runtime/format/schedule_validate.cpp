@@ -1,13 +1,13 @@
-// validate_schedule: the structural rules every schedule obeys, whoever built it (a builder
-// here, a person editing schedule.json, a future search), then a dry run for deadlocks.
+// validate_schedule: the structural rules every schedule obeys, whoever built it (a compiler
+// builder, a person editing schedule.json, a future search), then a play in order for deadlocks.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <string>
 
-#include "compiler/schedule/instruction.h"
-#include "compiler/schedule/simulator.h"
 #include "runtime/format/error.h"
+#include "runtime/format/readiness.h"
+#include "runtime/format/schedule.h"
 
 namespace stagecraft::schedule {
 namespace {
@@ -172,7 +172,7 @@ void check_step(Positions& positions, const PipelineShape& shape, int stage) {
     positions.fault(device, optimizer, "comes before the stage's last weight gradient");
   }
   // The shared weights' exchange: exactly for their holders, after the last weight gradient
-  // and before the optimizer step (which waits for every partner's; the dry run checks that).
+  // and before the optimizer step (which waits for every partner's; the play in order checks that).
   int shared = positions.at(Op::kAllReduceShared, stage, 0);
   if (shared == kAbsent && holds_shared(shape, stage)) {
     fail(ErrorKind::kPlan, "device {}: stage {} holds shared weights but has no ALLREDUCE_SHARED",
@@ -219,13 +219,10 @@ void validate_schedule(const Schedule& schedule, const PipelineShape& shape) {
     for (int mb = 0; mb < shape.microbatches; ++mb) check_pair(positions, shape, stage, mb);
     if (shape.training) check_step(positions, shape, stage);
   }
-  // The rules above hold for a list that waits on itself across devices; a dry run with free
-  // work finds that.
-  StageCosts free_work;
-  free_work.forward_s.assign(stages, 0);
-  free_work.backward_input_s.assign(stages, 0);
-  free_work.backward_weight_s.assign(stages, 0);
-  simulate(schedule, shape, free_work);
+  // The rules above hold for a list that waits on itself across devices; playing the lists in
+  // order by the dependency rules finds that.
+  Readiness readiness(shape);
+  check_finished(schedule, play(schedule, readiness, [](int, const Instruction&) {}), readiness);
 }
 
 }  // namespace stagecraft::schedule

@@ -1,9 +1,11 @@
 #pragma once
 /// \file
-/// Pipeline schedules: the ordered instruction stream each device runs in one training or
-/// inference step. A schedule depends only on the shape of the pipeline (devices, chunks per
-/// device, microbatches), never on the model, so the partitioner, the plan validator and the
-/// runtime's tests all share it. `simulator.h` gives a schedule times and memory.
+/// The schedule file format: the ordered instruction stream each device runs in one training or
+/// inference step (schedule.json), its pipeline shape, its validation and the timeline events a
+/// run of it gives. A schedule depends only on the shape of the pipeline (devices, chunks per
+/// device, microbatches), never on the model. The compiler builds schedules
+/// (compiler/schedule/build_schedule.h) and simulates them (compiler/schedule/simulator.h); the
+/// runtime reads, validates and runs them with this header alone.
 ///
 /// Stages are global: with P devices and V chunks per device there are S = P*V stages, and
 /// stage s lives on device s % P (Megatron-LM's virtual stages, chunk c of device d is stage
@@ -11,22 +13,14 @@
 /// also name the peer stage.
 
 #include <nlohmann/json.hpp>
-
-#include "runtime/format/error.h"
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace stagecraft::schedule {
+#include "runtime/format/error.h"
+#include "runtime/format/vocabulary.h"
 
-/// The schedules stagecraft can build.
-enum class ScheduleKind {
-  kGPipe,        ///< All forwards, then all backwards (Huang et al. 2019).
-  k1F1B,         ///< PipeDream-Flush / Megatron-LM non-interleaved one-forward-one-backward.
-  kInterleaved,  ///< Megatron-LM interleaved 1F1B with V chunks (virtual stages) per device.
-  kZBH1,         ///< ZB-H1 of "Zero Bubble Pipeline Parallelism" (Qi et al. 2023).
-  kInference,    ///< Forwards only, pipelined over the microbatches.
-};
+namespace stagecraft::schedule {
 
 /// One kind of instruction. Sends are asynchronous; receives wait for the data.
 enum class Op {
@@ -44,7 +38,7 @@ enum class Op {
   /// the sum of every holder, so each must come after the ALLREDUCE_SHARED of every partner on
   /// the same device.
   kAllReduceShared,
-  kOptimizerStep,   ///< Optimizer update of the stage's weights, once per step.
+  kOptimizerStep,  ///< Optimizer update of the stage's weights, once per step.
 };
 
 /// One step of a device's program.
@@ -83,18 +77,19 @@ void check_shared_groups(const PipelineShape& shape, ErrorKind kind);
 /// ascending: those whose ALLREDUCE_SHARED its OPT_STEP waits for.
 std::vector<int> shared_partners(const PipelineShape& shape, int stage);
 
+/// The schedule rules, checked once for the planner, the builders and the plan reader: throws
+/// `Error(error)` naming the numbers when `kind` cannot serve `shape`: P, V, M or DP below 1,
+/// V != 1 for a schedule without chunks, M not a multiple of P for the interleaved schedule, a
+/// training schedule for inference or the inference schedule for training, shared groups that do
+/// not fit (check_shared_groups).
+void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKind error);
+
 /// Number of global stages, P * V.
 int stage_count(const PipelineShape& shape);
 
 /// The device that holds `stage`: stage % P (chunks are dealt round-robin). Needs P >= 1 and
 /// 0 <= stage < P * V.
 int device_of_stage(int stage, const PipelineShape& shape);
-
-/// Builds the per-device instruction streams of `kind` for `shape`. Throws `Error(kUsage)` for
-/// a shape the kind cannot serve, naming the numbers: P, V or M below 1, V != 1 for a schedule
-/// without chunks, M not a multiple of P for the interleaved schedule, a training schedule
-/// asked for inference or the inference schedule asked for training.
-Schedule build_schedule(ScheduleKind kind, const PipelineShape& shape);
 
 /// Checks the structure of a schedule and throws `Error(kPlan)` naming the device, the
 /// position and the instruction at the first fault: one list per device; every instruction on
@@ -104,7 +99,8 @@ Schedule build_schedule(ScheduleKind kind, const PipelineShape& shape);
 /// compute that produces it, each receive matched by one send; in training one optimizer step
 /// per stage after all its backwards (an all-reduce, required when data_parallel > 1, between
 /// them; one ALLREDUCE_SHARED between them exactly for the stages of shape.shared_groups); and
-/// finally that the devices can run their lists to the end without deadlock.
+/// finally that the devices can run their lists to the end without deadlock (played in order by
+/// the readiness rules of readiness.h, the same rules the simulator times).
 void validate_schedule(const Schedule& schedule, const PipelineShape& shape);
 
 /// True for the ops that move data between stages (RECV_ACT, SEND_ACT, RECV_GRAD, SEND_GRAD),
@@ -126,11 +122,17 @@ Op parse_op(std::string_view name);
 /// stage 1", "OPT_STEP stage 2".
 std::string to_string(const Instruction& instruction);
 
-/// The command-line name of a kind: "gpipe", "1f1b", "interleaved", "zb-h1", "inference".
-std::string to_string(ScheduleKind kind);
-
-/// The kind named `name`; throws `Error(kUsage)` listing the valid names otherwise.
-ScheduleKind parse_schedule(std::string_view name);
+/// One instruction as it ran (in the simulator's prediction or a measured run). For a send, the
+/// interval is the transfer on its link; for a receive, the wait from the device being free to
+/// the data's arrival.
+struct TimelineEvent {
+  int device;
+  Op op;
+  int stage;
+  int microbatch;  ///< -1 for step-level ops.
+  double start_s;
+  double end_s;
+};
 
 /// The body of schedule.json: {"devices":[{"device":0,"instructions":[{"op":"FWD","stage":0,
 /// "mb":0}, {"op":"SEND_ACT","stage":0,"mb":0,"peer":1}, ...]}]}. "mb" is left out of

@@ -1,0 +1,328 @@
+// Candidate splits as the plan would build them: each stage's files-to-be (interfaces, arena,
+// backward, memory anatomy, recomputation), the schedule, the prediction and every device's
+// memory (planning.h SplitEvaluator).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "compiler/model_info.h"
+#include "compiler/plan/planning.h"
+#include "compiler/schedule/build_schedule.h"
+#include "cost_models/memory.h"
+#include "runtime/format/error.h"
+#include "runtime/format/memory_plan.h"
+
+namespace stagecraft::plan::planning {
+namespace {
+
+/// Time to sum `bytes` of gradient over the devices of the holder stages `stages`: a ring
+/// all-reduce, 2 (n - 1) steps of bytes / n over the slowest link of the ring of the n distinct
+/// devices (0 when they are all one device).
+double shared_exchange_s(const Setup& s, const std::vector<int>& stages, double bytes) {
+  std::vector<int> devices;
+  for (int stage : stages) devices.push_back(stage % s.shape.devices);
+  std::sort(devices.begin(), devices.end());
+  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+  const auto n = static_cast<int>(devices.size());
+  if (n < 2) return 0;
+  double slowest = 0;
+  for (int i = 0; i < n; ++i)
+    slowest = std::max(
+        slowest, cost::transfer_seconds(s.cluster, devices[i], devices[(i + 1) % n], bytes / n));
+  return 2.0 * (n - 1) * slowest;
+}
+
+/// Working memory of one microbatch through the stage beyond what the anatomy already holds.
+/// Inference: the peak of the stage's own liveness (a tensor lives from its producer to its
+/// last reader in the stage; tensors leaving the stage live to its end). Training keeps every
+/// activation anyway, so the extra is one gradient buffer of the largest tensor.
+int64_t stage_temporary_bytes(const ir::Graph& g, const std::vector<ir::NodeId>& order, int first,
+                              int last, const std::vector<int>& stage_of, bool training) {
+  std::vector<int> position(g.num_nodes(), -1);
+  for (int i = first; i <= last; ++i) position[order[i]] = i;
+  int64_t live = 0, peak = 0, largest = 0;
+  std::vector<std::vector<int64_t>> free_after(last - first + 1);
+  for (int i = first; i <= last; ++i) {
+    for (ir::ValueId v : g.node(order[i]).outputs) {
+      if (v == ir::kNoId) continue;
+      int64_t bytes = g.value(v).bytes();
+      largest = std::max(largest, bytes);
+      int end = i;
+      bool leaves = g.value(v).is_graph_output;
+      for (ir::NodeId u : g.value(v).consumers) {
+        if (stage_of[u] != stage_of[order[i]]) leaves = true;
+        if (position[u] >= 0) end = std::max(end, position[u]);
+      }
+      live += bytes;
+      free_after[(leaves ? last : end) - first].push_back(bytes);
+    }
+    peak = std::max(peak, live);
+    for (int64_t bytes : free_after[i - first]) live -= bytes;
+  }
+  return training ? largest : peak;
+}
+
+/// The static memory plan of the stage's forward program: every tensor a node of the stage
+/// produces and only the stage reads gets an offset in one arena (runtime/format/memory_plan.h);
+/// the runtime allocates that arena and places the tensors where the plan says.
+void plan_stage_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, int first, int last,
+                      const std::vector<int>& stage_of, Stage& out) {
+  std::vector<int> position(g.num_nodes(), -1);
+  for (int i = first; i <= last; ++i) position[order[i]] = i;
+  std::vector<plan::Lifetime> lifetimes;
+  std::vector<std::string> names;
+  for (int i = first; i <= last; ++i) {
+    for (ir::ValueId v : g.node(order[i]).outputs) {
+      if (v == ir::kNoId) continue;
+      const ir::Value& value = g.value(v);
+      bool leaves = value.is_graph_output;
+      int end = i;
+      for (ir::NodeId u : value.consumers) {
+        if (stage_of[u] != stage_of[order[i]]) leaves = true;
+        if (position[u] >= 0) end = std::max(end, position[u]);
+      }
+      if (leaves) continue;  // a stage output: the runtime hands it on, outside the arena
+      lifetimes.push_back({value.bytes(), i - first, end - first});
+      names.push_back(value.name);
+    }
+  }
+  plan::MemoryPlan mp = plan::plan_memory(lifetimes);
+  out.arena_bytes = mp.arena_bytes;
+  for (size_t t = 0; t < names.size(); ++t)
+    out.arena.push_back({names[t], mp.offsets[t], lifetimes[t].bytes});
+}
+
+Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, const NodeFacts& f,
+                 const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                 const StageInterfaces& io, const std::vector<int>& stage_of, bool recompute,
+                 int64_t backward_arena = 0) {
+  const auto& st = sol.stages[k];
+  Stage out;
+  out.index = static_cast<int>(k);
+  out.device = static_cast<int>(k) % s.shape.devices;
+  out.chunk = static_cast<int>(k) / s.shape.devices;
+  out.file = fmt::format("stage_{}.onnx", k);
+  int64_t acts = 0;
+  out.params = span_params(f, st.first, st.last);
+  for (int i = st.first; i <= st.last; ++i) {
+    out.nodes.push_back(g.node(order[i]).name);
+    out.fwd_ms += f.time[i].forward_s * 1e3;
+    out.bwd_ms += s.shape.training ? f.time[i].backward_s * 1e3 : 0.0;
+    acts += s.shape.training ? f.output_bytes[i] : 0;
+  }
+  out.bwd_ms += accumulate_s(s, static_cast<double>(out.params)) * 1e3;
+  // The solver's send time covers activations forward and, in training, gradients back; the
+  // plan records one direction.
+  out.send_ms = (s.shape.training ? st.send_s / 2 : st.send_s) * 1e3;
+  out.in_flight = static_cast<int64_t>(in_flight(s, static_cast<int>(k)));
+  for (const auto& cut : io.cut_tensors) {
+    bool reads = std::find(cut.consumer_stages.begin(), cut.consumer_stages.end(),
+                           static_cast<int>(k)) != cut.consumer_stages.end();
+    StageTensor t{cut.name, std::string(dtype_name(cut.dtype)), cut.shape, -1, {}, false,
+                  cut.bytes};
+    if (reads) {
+      t.peer_stage = cut.producer_stage;
+      out.inputs.push_back(t);
+    }
+    if (cut.producer_stage == static_cast<int>(k)) {
+      t.peer_stages = cut.consumer_stages;
+      t.graph_output = g.value(*g.find_value(cut.name)).is_graph_output;
+      out.outputs.push_back(t);
+    }
+  }
+  for (std::size_t i = 0; i < g.inputs.size(); ++i) {
+    const auto& readers = io.input_stages[i];
+    if (std::find(readers.begin(), readers.end(), static_cast<int>(k)) == readers.end()) continue;
+    const ir::Value& v = g.value(g.inputs[i]);
+    out.inputs.push_back(
+        StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {}, false, v.bytes()});
+  }
+  for (ir::ValueId o : g.outputs) {
+    const ir::Value& v = g.value(o);
+    bool mine = v.producer != ir::kNoId && stage_of[v.producer] == static_cast<int>(k);
+    bool listed = std::any_of(out.outputs.begin(), out.outputs.end(),
+                              [&](const StageTensor& t) { return t.name == v.name; });
+    if (mine && !listed)
+      out.outputs.push_back(
+          StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {}, true, v.bytes()});
+  }
+  int64_t comm = 0;
+  // Inference double-buffers what it receives (one microbatch computing, the next arriving:
+  // the runtime's channels hold one message); training keeps one of each.
+  for (const auto& t : out.inputs)
+    comm += t.peer_stage >= 0 ? (s.shape.training ? 1 : 2) * t.bytes : 0;
+  plan_stage_arena(g, order, st.first, st.last, stage_of, out);
+  // The device's working arena: inference runs the forward in it; training keeps every
+  // forward value (the activations) and runs the backward in it; a recomputing stage runs its
+  // first forward there too (never at the same time as a backward).
+  out.backward_arena_bytes = s.shape.training ? backward_arena : 0;
+  int64_t temporary = s.shape.training ? backward_arena : out.arena_bytes;
+  for (const auto& t : out.outputs) comm += t.peer_stages.empty() ? 0 : t.bytes;
+  // Shared weights: the stage holds its own copy (in params already, with its gradient and
+  // optimizer state); training sums the copies' float32 gradients across the holders before
+  // the optimizer step, through one more buffer per weight.
+  for (const SharedWeight& w : io.shared_weights) {
+    if (std::find(w.stages.begin(), w.stages.end(), out.index) == w.stages.end()) continue;
+    out.shared_weights.push_back(w);
+    if (!s.shape.training) continue;
+    int64_t elements = 1;
+    for (int64_t d : w.shape) elements *= d;
+    comm += 4 * elements;
+    out.shared_exchange_ms += shared_exchange_s(s, w.stages, 4.0 * elements) * 1e3;
+  }
+  // Recomputation: the first forward runs in the arena (kept for the run), keeping only the
+  // stage inputs; the backward's forward re-run rebuilds one microbatch's activations.
+  out.recompute = recompute && s.shape.training;
+  int64_t input_bytes = 0;
+  for (const auto& t : out.inputs) input_bytes += t.bytes;
+  if (out.recompute) {
+    temporary = std::max(temporary, out.arena_bytes);
+    // ZB-H1 runs B and W apart and re-runs the forward before each.
+    out.bwd_ms += (s.kind == ScheduleKind::kZBH1 ? 2 : 1) * out.fwd_ms;
+  }
+  auto anatomy =
+      cost::stage_memory(out.params, acts, temporary, comm, out.in_flight, s.optimizer, s.precision,
+                         s.shape.training, out.recompute, out.recompute ? input_bytes : 0);
+  out.memory = anatomy;
+  return out;
+}
+
+BackwardFacts backward_facts(const Setup& s, const partition::Solution& sol, std::size_t k,
+                             const NodeFacts& f, const ir::Graph& g,
+                             const std::vector<ir::NodeId>& order, const StageInterfaces& io,
+                             const std::vector<int>& stage_of, const std::string& loss_output) {
+  BackwardFacts out;
+  if (!s.shape.training) return out;
+  if (loss_output.empty()) {
+    // No loss yet (a dry run): one gradient buffer of the largest tensor, at least.
+    out.arena =
+        stage_temporary_bytes(g, order, sol.stages[k].first, sol.stages[k].last, stage_of, true);
+    return out;
+  }
+  // The backward program the writer will emit, and the arena the runtime runs it in.
+  Stage shape = make_stage(s, sol, k, f, g, order, io, stage_of, false);
+  onnx::ModelProto bwd = backward_stage_model(g, stage_of, shape, loss_output);
+  out.arena = program_arena_bytes(bwd);
+  out.deferred = static_cast<double>(deferred_bytes(bwd));
+  return out;
+}
+
+/// What the simulator leaves to the stages: each device holds its working arena (one, shared
+/// by its stages, which run one at a time) and one microbatch of every tensor it receives or
+/// sends.
+void add_working_memory(Prediction& pr, const std::vector<Stage>& stages, int devices) {
+  std::vector<int64_t> arena(devices, 0), comm(devices, 0);
+  for (const Stage& st : stages) {
+    arena[st.device] = std::max(arena[st.device], st.memory.temporary);
+    comm[st.device] += st.memory.communication;
+  }
+  for (int d = 0; d < devices && d < static_cast<int>(pr.device_peak_bytes.size()); ++d)
+    pr.device_peak_bytes[d] += arena[d] + comm[d];
+  if (!pr.device_peak_bytes.empty())
+    pr.peak_memory_bytes =
+        *std::max_element(pr.device_peak_bytes.begin(), pr.device_peak_bytes.end());
+}
+
+/// The stage's entries of the simulator's per-stage extras.
+void note_stage(SimExtras& rc, const Stage& st, const BackwardFacts& b) {
+  rc.on.push_back(st.recompute);
+  rc.deferred_bytes.push_back(b.deferred);
+  rc.shared_exchange_s.push_back(st.shared_exchange_ms / 1e3);
+  int64_t input_bytes = 0;
+  for (const auto& t : st.inputs) input_bytes += t.bytes;
+  rc.input_bytes.push_back(static_cast<double>(input_bytes));
+}
+
+}  // namespace
+
+Candidate SplitEvaluator::evaluate(const std::vector<int>& cuts) {
+  Candidate c;
+  c.sol = partition::evaluate_cuts(gp_.problem, cuts);
+  c.stage_of = partition::stage_of_nodes(gp_, c.sol, g_.num_nodes());
+  const auto stages = c.sol.stages.size();
+  partition::validate_assignment(g_, c.stage_of, static_cast<int>(stages));
+  const StageInterfaces io = stage_interfaces(g_, c.stage_of);
+  // Stages holding a common weight exchange its gradients before their optimizer steps.
+  c.setup = s_;
+  c.setup.shape.shared_groups = shared_weight_groups(io.shared_weights);
+  c.schedule = schedule::build_schedule(c.setup.kind, c.setup.shape);
+  const bool may_recompute = s_.recompute != Recompute::kNone;
+  std::vector<Stage> plain, with;
+  std::vector<BackwardFacts> bwd;
+  std::vector<bool> on(stages, s_.recompute == Recompute::kAll);
+  for (std::size_t k = 0; k < stages; ++k) {
+    bwd.push_back(backward(c.sol, k, io, c.stage_of));
+    plain.push_back(
+        make_stage(c.setup, c.sol, k, f_, g_, order_, io, c.stage_of, false, bwd.back().arena));
+    if (!may_recompute) continue;
+    with.push_back(
+        make_stage(c.setup, c.sol, k, f_, g_, order_, io, c.stage_of, true, bwd.back().arena));
+    // Memory: every stage whose memory recomputation lowers (the extra forward is the price
+    // of a smaller peak).
+    if (s_.recompute == Recompute::kAuto && s_.objective == Objective::kMemory)
+      on[k] = with[k].memory.total() < plain[k].memory.total();
+  }
+  std::vector<const Stage*> picked(stages);
+  for (std::size_t k = 0; k < stages; ++k) picked[k] = on[k] ? &with[k] : &plain[k];
+  if (s_.recompute == Recompute::kAuto && s_.objective != Objective::kMemory) {
+    // Speed: recompute only on the devices that do not fit without it, the stage that saves
+    // the most first, until the device fits.
+    for (int d = 0; d < c.setup.shape.devices; ++d) {
+      for (DeviceMemory dm = device_memory(d, picked, c.schedule, c.setup.shape);
+           static_cast<double>(dm.total()) > capacity();
+           dm = device_memory(d, picked, c.schedule, c.setup.shape)) {
+        int pick = -1;
+        int64_t most = 0;
+        for (int k : dm.stages) {
+          int64_t saves = plain[k].memory.total() - with[k].memory.total();
+          if (!on[k] && saves > most) {
+            most = saves;
+            pick = k;
+          }
+        }
+        if (pick < 0) break;
+        on[pick] = true;
+        picked[pick] = &with[pick];
+      }
+    }
+  }
+  for (std::size_t k = 0; k < stages; ++k)
+    c.stages.push_back(std::move(on[k] ? with[k] : plain[k]));
+  c.devices = device_memory(c.stages, c.schedule, c.setup.shape);
+  for (std::size_t k = 0; k < stages; ++k) note_stage(c.rc, c.stages[k], bwd[k]);
+  c.predicted = predict(c.setup, c.schedule, c.sol, f_, g_, order_, batch_, c.rc, &c.timeline);
+  add_working_memory(c.predicted, c.stages, c.setup.shape.devices);
+  double least_room = std::numeric_limits<double>::infinity();
+  for (const DeviceMemory& d : c.devices) {
+    double room = capacity() - static_cast<double>(d.total());
+    if (room < 0) c.overflow_bytes -= room;
+    if (room < least_room) {
+      least_room = room;
+      c.worst_device = d.device;
+    }
+  }
+  c.predicted.fits = c.overflow_bytes == 0;
+  return c;
+}
+
+partition::SplitScore SplitEvaluator::score(const Candidate& c) const {
+  const auto step = c.predicted.step_ms;
+  const auto peak = static_cast<double>(c.predicted.peak_memory_bytes);
+  const bool speed = s_.objective != Objective::kMemory;
+  return {c.predicted.fits, c.overflow_bytes, speed ? step : peak, speed ? peak : step};
+}
+
+BackwardFacts SplitEvaluator::backward(const partition::Solution& sol, std::size_t k,
+                                       const StageInterfaces& io,
+                                       const std::vector<int>& stage_of) {
+  // The backward program of a span does not depend on the rest of the split.
+  const std::pair<int, int> span{sol.stages[k].first, sol.stages[k].last};
+  auto it = backward_cache_.find(span);
+  if (it != backward_cache_.end()) return it->second;
+  BackwardFacts facts = backward_facts(s_, sol, k, f_, g_, order_, io, stage_of, loss_output_);
+  backward_cache_.emplace(span, facts);
+  return facts;
+}
+
+}  // namespace stagecraft::plan::planning

@@ -1,0 +1,216 @@
+// The planner's view of the model and the device: the setup derived from the options, per-node
+// facts, the solver's problem and the simulated prediction of a split (planning.h).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "compiler/plan/planning.h"
+#include "compiler/schedule/build_schedule.h"
+#include "cost_models/memory.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::plan::planning {
+schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
+                                 const SimExtras& rc) {
+  schedule::StageCosts c;
+  double per_param = bytes_per_param(s);
+  double optimizer_bytes = 0;
+  for (const auto& st : sol.stages) {
+    double fwd = 0, b = 0, w = 0, act = 0;
+    for (int i = st.first; i <= st.last; ++i) {
+      fwd += f.time[i].forward_s;
+      b += f.time[i].backward_input_s;
+      w += f.time[i].backward_weight_s;
+      act += static_cast<double>(f.output_bytes[i]);
+    }
+    const auto params = static_cast<double>(span_params(f, st.first, st.last));
+    const double stat = params * per_param;
+    w += accumulate_s(s, params);
+    const std::size_t k = c.forward_s.size();
+    const bool recompute = s.shape.training && rc.at(k);
+    c.forward_s.push_back(fwd);
+    // Recomputation re-runs the forward just before the backward (B, which comes first); ZB-H1
+    // runs W apart from B, and re-runs it before W too (one microbatch's values at a time).
+    const bool split = s.kind == ScheduleKind::kZBH1;
+    c.backward_input_s.push_back(s.shape.training ? b + (recompute ? fwd : 0.0) : 0.0);
+    c.backward_weight_s.push_back(s.shape.training ? w + (recompute && split ? fwd : 0.0) : 0.0);
+    c.send_s.push_back(s.shape.training ? st.send_s / 2 : st.send_s);
+    // Recomputation keeps the stage inputs per microbatch in flight, and one microbatch's full
+    // activations (the one being recomputed) while its backward runs.
+    c.activation_bytes.push_back(s.shape.training ? (recompute ? rc.input_bytes[k] : act) : 0.0);
+    c.static_bytes.push_back(stat);
+    c.backward_bytes.push_back(recompute ? act : 0.0);
+    c.deferred_bytes.push_back(split && k < rc.deferred_bytes.size() ? rc.deferred_bytes[k] : 0.0);
+    c.shared_allreduce_s.push_back(k < rc.shared_exchange_s.size() ? rc.shared_exchange_s[k] : 0.0);
+    optimizer_bytes = std::max(optimizer_bytes, stat);
+  }
+  // The optimizer streams every weight, gradient and state once: memory-bound.
+  c.optimizer_s = s.shape.training ? optimizer_bytes / s.device.memory_bandwidth : 0.0;
+  return c;
+}
+
+namespace {}  // namespace
+
+Setup make_setup(const PlanOptions& o) {
+  Setup s;
+  s.objective = o.objective;
+  if (o.devices < 1) fail(ErrorKind::kUsage, "--devices {} must be at least 1", o.devices);
+  s.kind = o.schedule.value_or(o.training ? ScheduleKind::k1F1B : ScheduleKind::kInference);
+  int chunks = o.chunks > 0 ? o.chunks : (s.kind == ScheduleKind::kInterleaved ? 2 : 1);
+  if (o.chunks < 0) fail(ErrorKind::kUsage, "--chunks {} must be at least 1", o.chunks);
+  int m = o.microbatches > 0 ? o.microbatches : o.devices;
+  if (o.microbatches < 0)
+    fail(ErrorKind::kUsage, "--microbatches {} must be at least 1", o.microbatches);
+  s.shape = schedule::PipelineShape{o.devices, chunks, m, o.training};
+  if (o.batch) {
+    if (*o.batch < 1) fail(ErrorKind::kUsage, "--batch {} must be at least 1", *o.batch);
+    if (*o.batch % m != 0) {
+      fail(
+          ErrorKind::kUsage,
+          "--batch {} is not divisible by --microbatches {}: each microbatch must be the same size",
+          *o.batch, m);
+    }
+    s.microbatch_size = *o.batch / m;
+  }
+  // The schedule rules (runtime/format/schedule.h), with the flag named.
+  with_context(fmt::format("--schedule {}", to_string(s.kind)), ErrorKind::kUsage,
+               [&] { check_schedule_shape(s.kind, s.shape, ErrorKind::kUsage); });
+  s.optimizer = o.training ? o.optimizer : OptimizerKind::kNone;
+  s.precision = o.precision;
+  s.recompute = o.training ? o.recompute : Recompute::kNone;
+  if (o.recompute != Recompute::kNone && !o.training) {
+    fail(ErrorKind::kUsage, "--recompute {} needs --train: inference keeps no activations",
+         to_string(o.recompute));
+  }
+  // The schedule's own counts: the order of its forwards and backwards does not depend on the
+  // split (shared weights add only step-level exchanges).
+  if (s.shape.training)
+    s.in_flight =
+        schedule::stage_in_flight_peaks(schedule::build_schedule(s.kind, s.shape), s.shape);
+  s.device = cost::device_spec_from_name_or_file(o.device_spec);
+  s.cluster = o.cluster.empty() ? cost::default_cluster(s.device.name)
+                                : cost::cluster_spec_from_name_or_file(o.cluster);
+  return s;
+}
+
+NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                     const cost::OpCostModel& costs, Precision precision) {
+  // Mixed precision keeps activations in 16 bits whatever dtype the exporter wrote.
+  const int64_t float_bytes_divisor = precision == Precision::kMixed ? 2 : 1;
+  NodeFacts f;
+  std::vector<bool> counted(g.num_values(), false);
+  for (ir::NodeId id : order) {
+    const ir::Node& node = g.node(id);
+    f.time.push_back(costs.op_time(g, node));
+    int64_t params = 0;
+    f.weights_read.emplace_back();
+    for (ir::ValueId in : node.inputs) {
+      if (in == ir::kNoId || !g.value(in).is_weight) continue;
+      f.weights_read.back().emplace_back(in, g.value(in).numel());
+      if (counted[in]) continue;
+      counted[in] = true;
+      params += g.value(in).numel();
+    }
+    f.params.push_back(params);
+    int64_t out = 0;
+    for (ir::ValueId v : node.outputs) {
+      if (v == ir::kNoId) continue;
+      DType d = g.value(v).dtype;
+      if (!is_floating(d)) continue;
+      bool wide = d == DType::kFloat32 || d == DType::kFloat64;
+      out += wide ? g.value(v).bytes() / float_bytes_divisor : g.value(v).bytes();
+    }
+    f.output_bytes.push_back(out);
+    f.flops.push_back(cost::forward_work(g, node).flops);
+  }
+  return f;
+}
+
+/// Parameters a stage of positions [first, last] holds: every weight its nodes read, once
+/// (a weight shared with other stages counts in each of them).
+int64_t span_params(const NodeFacts& f, int first, int last) {
+  std::vector<ir::ValueId> seen;
+  int64_t params = 0;
+  for (int i = first; i <= last; ++i)
+    for (const auto& [weight, elements] : f.weights_read[i]) {
+      if (std::find(seen.begin(), seen.end(), weight) != seen.end()) continue;
+      seen.push_back(weight);
+      params += elements;
+    }
+  return params;
+}
+
+double bytes_per_param(const Setup& s) {
+  bool training = s.shape.training;
+  return cost::weight_bytes_per_param(s.precision, training) +
+         (training ? cost::gradient_bytes_per_param(s.precision) : 0.0) +
+         cost::optimizer_state_bytes_per_param(s.optimizer, s.precision);
+}
+
+/// Microbatches whose activations global stage `k` keeps at once (1 for inference, which keeps
+/// none for a backward).
+double in_flight(const Setup& s, int k) {
+  if (!s.shape.training) return 1;
+  return static_cast<double>(std::max<int64_t>(1, s.in_flight.at(k)));
+}
+
+partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                                      const Setup& s, const NodeFacts& facts) {
+  double per_param = bytes_per_param(s);
+  bool training = s.shape.training;
+  std::vector<partition::PositionCost> costs;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const auto& t = facts.time[i];
+    costs.push_back({t.forward_s + (training ? t.backward_s : 0.0),
+                     static_cast<double>(facts.params[i]) * per_param,
+                     training ? static_cast<double>(facts.output_bytes[i]) : 0.0});
+  }
+  auto gp = partition::make_graph_problem(g, order, std::move(costs));
+  auto& p = gp.problem;
+  p.stages = schedule::stage_count(s.shape);
+  p.objective = s.objective;
+  const int devices = s.shape.devices;
+  const cost::ClusterSpec cluster = s.cluster;
+  // A stage sends activations forward and, in training, receives as many gradient bytes back.
+  p.send_time = [cluster, devices, training](int k, double bytes) {
+    double t = cost::transfer_seconds(cluster, k % devices, (k + 1) % devices, bytes);
+    return training ? 2 * t : t;
+  };
+  p.in_flight = [s](int k) { return in_flight(s, k); };
+  // Each stage alone within the whole device: not stricter than the check of the device's
+  // stages together, which every candidate split gets (SplitEvaluator).
+  const auto capacity = static_cast<double>(s.device.memory_bytes);
+  p.capacity_bytes = [capacity](int) { return capacity; };
+  p.recompute = s.recompute != Recompute::kNone;
+  return gp;
+}
+
+/// Adding one microbatch's weight gradients into the step's sums: read both, write one (fp32),
+/// memory-bound. Part of every backward's W.
+double accumulate_s(const Setup& s, double params) {
+  return s.shape.training ? 3.0 * 4.0 * params / s.device.memory_bandwidth : 0.0;
+}
+
+Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
+                   const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                   int64_t batch, const SimExtras& rc,
+                   std::vector<schedule::TimelineEvent>* timeline) {
+  auto sim = schedule::simulate(sched, s.shape, stage_costs(s, sol, f, rc));
+  if (timeline) *timeline = std::move(sim.events);
+  Prediction p;
+  p.step_ms = sim.step_s * 1e3;
+  p.bubble_fraction = sim.bubble_fraction;
+  p.samples_per_s = sim.samples_per_s(static_cast<int>(batch));
+  for (double b : sim.device_busy_s) p.device_busy_ms.push_back(b * 1e3);
+  for (double b : sim.device_peak_bytes) p.device_peak_bytes.push_back(static_cast<int64_t>(b));
+  p.peak_memory_bytes = p.device_peak_bytes.empty() ? 0
+                                                    : *std::max_element(p.device_peak_bytes.begin(),
+                                                                        p.device_peak_bytes.end());
+  for (std::size_t k = 0; k + 1 < sol.stages.size(); ++k)
+    p.split_after.push_back(g.node(order[sol.stages[k].last]).name);
+  p.fits = sol.feasible;
+  return p;
+}
+
+}  // namespace stagecraft::plan::planning

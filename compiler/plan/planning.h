@@ -1,0 +1,190 @@
+#pragma once
+/// \file
+/// The planner's parts, shared by its files (not an interface): what it derives from the options
+/// (planner_costs.cpp: the setup, per-node facts, the solver's problem, the simulated
+/// prediction), the candidate splits as the plan would build them (candidates.cpp) and the choice
+/// of the split (split_choice.cpp). planner.cpp assembles the plan from them.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compiler/partition/graph_problem.h"
+#include "compiler/partition/search.h"
+#include "compiler/plan/device_memory.h"
+#include "compiler/plan/planner.h"
+#include "compiler/plan/stage_files.h"
+#include "compiler/schedule/simulator.h"
+#include "cost_models/cluster.h"
+#include "cost_models/device_spec.h"
+#include "cost_models/op_cost.h"
+
+namespace stagecraft::plan::planning {
+
+/// Everything the planner derives from the options once.
+struct Setup {
+  ScheduleKind kind;
+  Objective objective;
+  Recompute recompute;  ///< kNone unless training.
+  schedule::PipelineShape shape;
+  OptimizerKind optimizer;
+  Precision precision;
+  cost::DeviceSpec device;
+  cost::ClusterSpec cluster;
+  int64_t microbatch_size = 1;
+  /// Per stage: the most microbatches whose activations it holds at once under the schedule
+  /// (schedule::stage_in_flight_peaks; an interleaved device's chunks differ).
+  std::vector<int64_t> in_flight;
+};
+
+/// Per-node numbers in topological position order.
+struct NodeFacts {
+  std::vector<cost::OpTime> time;
+  std::vector<int64_t> params;  ///< Weights first read by this node.
+  /// Every weight this node reads (value, elements): a stage holds each weight its nodes read,
+  /// so a weight read in several stages counts in each (span_params).
+  std::vector<std::vector<std::pair<ir::ValueId, int64_t>>> weights_read;
+  std::vector<int64_t> output_bytes;  ///< Floating outputs: kept for backward.
+  std::vector<double> flops;
+};
+
+/// Per stage of the plan: whether it recomputes, and the bytes of its inputs per microbatch
+/// (what it keeps per microbatch in flight when it does). Empty: no stage recomputes.
+struct SimExtras {
+  std::vector<bool> on;
+  std::vector<double> input_bytes;
+  /// Per stage: what a split backward holds from B to W (stage_files.h deferred_bytes).
+  std::vector<double> deferred_bytes;
+  /// Per stage: the step's exchange of its shared weights' gradients (Stage::shared_exchange_ms).
+  std::vector<double> shared_exchange_s;
+  bool at(std::size_t k) const { return k < on.size() && on[k]; }
+};
+
+/// A stage's backward as the runtime will run it: its arena and what a split backward holds
+/// from B to W.
+struct BackwardFacts {
+  int64_t arena = 0;
+  double deferred = 0;
+};
+
+/// One split as the plan would have it: its stages (recomputation decided), its schedule, the
+/// prediction and the memory of every device.
+struct Candidate {
+  partition::Solution sol;
+  std::vector<int> stage_of;
+  Setup setup;  ///< With the split's shared-weight groups.
+  schedule::Schedule schedule;
+  std::vector<Stage> stages;
+  SimExtras rc;
+  Prediction predicted;                           ///< `fits`: every device within its memory.
+  std::vector<schedule::TimelineEvent> timeline;  ///< What the simulation of `predicted` played.
+  std::vector<DeviceMemory> devices;
+  int worst_device = 0;       ///< The device with the least room (or the most over).
+  double overflow_bytes = 0;  ///< Bytes over capacity, summed over devices.
+};
+
+/// How the split was chosen.
+struct SplitChoice {
+  std::vector<int> cuts;
+  std::vector<int> bottleneck_cuts;  ///< The exact solve's split; empty for a manual one.
+  Prediction bottleneck;             ///< Its prediction.
+  Prediction baseline_parameters, baseline_uniform;
+  int64_t candidates = 0;  ///< Distinct splits simulated.
+};
+
+/// The setup of `o`: parsed shape, schedule rules checked (with the flag named), device and
+/// cluster read, the schedule's in-flight counts.
+Setup make_setup(const PlanOptions& o);
+
+/// The cost, parameters, weights read, kept bytes and FLOPs of every node of `order`.
+NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                     const cost::OpCostModel& costs, Precision precision);
+
+/// Parameters a stage of positions [first, last] holds: every weight its nodes read, once
+/// (a weight shared with other stages counts in each of them).
+int64_t span_params(const NodeFacts& f, int first, int last);
+
+/// Bytes per parameter: weights, gradients (training) and optimizer states.
+double bytes_per_param(const Setup& s);
+
+/// Microbatches whose activations global stage `k` keeps at once (1 for inference, which keeps
+/// none for a backward).
+double in_flight(const Setup& s, int k);
+
+/// The solver's problem: per-position costs, cut bytes, send times, in-flight counts, capacity.
+partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                                      const Setup& s, const NodeFacts& facts);
+
+/// Adding one microbatch's weight gradients into the step's sums: read both, write one (fp32),
+/// memory-bound. Part of every backward's W.
+double accumulate_s(const Setup& s, double params);
+
+/// The simulator's per-stage costs of the split `sol` (B and W apart, the optimizer step), with
+/// `rc`'s per-stage extras: what `predict` plays.
+schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
+                                 const SimExtras& rc);
+
+/// The simulated step of `sched` for the split `sol`, with `rc`'s per-stage extras.
+Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
+                   const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                   int64_t batch, const SimExtras& rc = {},
+                   std::vector<schedule::TimelineEvent>* timeline = nullptr);
+
+/// Builds and checks splits the way the plan is built, so that every split the search compares
+/// passes the plan's own memory check: the full anatomy of every stage and each device's stages
+/// together under the schedule's in-flight counts, with recomputation where it is chosen.
+/// Backward programs (the arena a training stage needs) are built once per span of positions.
+class SplitEvaluator {
+ public:
+  /// Evaluates splits of `order` (the problem `gp`) under `s`; `loss_output` is the training
+  /// loss ("" before one is appended), `batch` the samples of one step.
+  SplitEvaluator(const Setup& s, const NodeFacts& f, const ir::Graph& g,
+                 const std::vector<ir::NodeId>& order, const partition::GraphProblem& gp,
+                 std::string loss_output, int64_t batch)
+      : s_(s),
+        f_(f),
+        g_(g),
+        order_(order),
+        gp_(gp),
+        loss_output_(std::move(loss_output)),
+        batch_(batch) {}
+
+  /// The device's memory, bytes.
+  double capacity() const { return static_cast<double>(s_.device.memory_bytes); }
+
+  /// Builds the split with stages ending after `cuts` and checks it.
+  Candidate evaluate(const std::vector<int>& cuts);
+
+  /// The search's key: the simulated step under the speed objective, the largest device peak
+  /// under the memory objective, the other as the tie-breaker.
+  partition::SplitScore score(const Candidate& c) const;
+
+ private:
+  /// The backward facts of stage `k`, built once per span of positions.
+  BackwardFacts backward(const partition::Solution& sol, std::size_t k, const StageInterfaces& io,
+                         const std::vector<int>& stage_of);
+
+  const Setup& s_;
+  const NodeFacts& f_;
+  const ir::Graph& g_;
+  const std::vector<ir::NodeId>& order_;
+  const partition::GraphProblem& gp_;
+  std::string loss_output_;
+  int64_t batch_;
+  std::map<std::pair<int, int>, BackwardFacts> backward_cache_;
+};
+
+/// Positions after which the named nodes end a stage (manual split points).
+std::vector<int> split_positions(const ir::Graph& g, const partition::GraphProblem& gp,
+                                 const std::vector<std::string>& names);
+
+/// Chooses the split: the manual one, or the exact bottleneck solve (under a per-stage limit that
+/// is never stricter than the device check), re-solved with tighter limits when a device does
+/// not fit, then the search by simulation from the best of those and the baselines. Every
+/// candidate is built and checked by `evaluator`.
+SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFacts& facts,
+                         const partition::GraphProblem& gp, const std::vector<int>& manual_cuts);
+
+}  // namespace stagecraft::plan::planning

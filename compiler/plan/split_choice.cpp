@@ -1,0 +1,194 @@
+// The choice of the split: manual split points, the exact bottleneck solve (re-solved with
+// tighter limits when a device does not fit), the baselines, and the search by simulation
+// (planning.h choose_split).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+#include "compiler/model_info.h"
+#include "compiler/plan/planning.h"
+#include "cost_models/memory.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::plan::planning {
+namespace {
+
+/// Cuts that balance a per-position weight (parameters, or 1 per op) over the stages: the
+/// baselines DeepSpeed calls 'parameters' and 'uniform'.
+std::vector<int> balanced_cuts(const std::vector<double>& weight, int stages) {
+  const auto n = static_cast<int>(weight.size());
+  double total = 0;
+  for (double w : weight) total += w;
+  std::vector<int> cuts;
+  double acc = 0;
+  int pos = 0;
+  for (int k = 1; k < stages; ++k) {
+    double target = total * k / stages;
+    while (pos < n && acc + weight[pos] <= target) acc += weight[pos++];
+    // Each remaining stage needs an op of its own.
+    int cut = std::clamp(pos - 1, cuts.empty() ? 0 : cuts.back() + 1, n - 1 - (stages - k));
+    cuts.push_back(cut);
+    while (pos <= cut) acc += weight[pos++];
+  }
+  return cuts;
+}
+
+[[noreturn]] void refuse(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
+                         double capacity) {
+  const auto& st = sol.stages[sol.over_stage];
+  int64_t params = span_params(f, st.first, st.last), acts = 0;
+  for (int i = st.first; i <= st.last; ++i) acts += s.shape.training ? f.output_bytes[i] : 0;
+  auto in = static_cast<int64_t>(in_flight(s, sol.over_stage));
+  auto anatomy = cost::stage_memory(params, acts, 0, 0, in, s.optimizer, s.precision,
+                                    s.shape.training, false, 0);
+  fail(ErrorKind::kPlan,
+       "no split into {} stages fits: even the split that needs least memory has stage {} needing "
+       "{}; device has {} "
+       "(use more devices, --precision mixed, a lighter --optimizer, or fewer --microbatches)",
+       sol.stages.size(), sol.over_stage, cost::describe(anatomy, in), format_bytes(capacity));
+}
+
+/// The cut-after positions of a solution.
+std::vector<int> cuts_of(const partition::Solution& sol) {
+  std::vector<int> cuts;
+  for (std::size_t k = 0; k + 1 < sol.stages.size(); ++k) cuts.push_back(sol.stages[k].last);
+  return cuts;
+}
+
+/// Candidate splits the search may simulate. One candidate costs about a simulation of its
+/// schedule (some 8 instructions per stage and microbatch) and the stage interfaces of the
+/// graph (its nodes); the budget is a fixed amount of that work (a few seconds: 1,700 candidates
+/// for a 4,812-node model on 64 stages and 2 microbatches, 140 with 128 stages and 64), and at
+/// most 16 sweeps of single-cut moves, which small models reach.
+int candidate_budget(int stages, int microbatches, std::size_t nodes) {
+  const double per_candidate = 8.0 * stages * microbatches + static_cast<double>(nodes);
+  const double work = 1e7;
+  const int sweeps = 16 * 2 * std::max(1, stages - 1);
+  return std::clamp(static_cast<int>(work / per_candidate), 16, std::max(16, sweeps));
+}
+
+/// Most re-solves with tighter per-stage limits when the bottleneck-optimal split leaves a device
+/// over its memory (the chunks of an interleaved device, checked together).
+constexpr int kRepairRounds = 12;
+
+}  // namespace
+
+/// Positions after which the named nodes end a stage (manual split points).
+std::vector<int> split_positions(const ir::Graph& g, const partition::GraphProblem& gp,
+                                 const std::vector<std::string>& names) {
+  std::vector<int> cuts;
+  for (const auto& name : names) {
+    int pos = -1;
+    for (std::size_t i = 0; i < gp.order.size(); ++i) {
+      if (g.node(gp.order[i]).name == name) pos = static_cast<int>(i);
+    }
+    if (pos < 0) fail(ErrorKind::kUsage, "--split-after '{}' names no node of the model", name);
+    if (pos + 1 >= static_cast<int>(gp.order.size())) {
+      fail(ErrorKind::kUsage,
+           "--split-after '{}' is the last op: the stage after it would be empty", name);
+    }
+    if (std::find(cuts.begin(), cuts.end(), pos) != cuts.end()) {
+      fail(ErrorKind::kUsage, "--split-after '{}' is given twice", name);
+    }
+    cuts.push_back(pos);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  return cuts;
+}
+
+/// Chooses the split: the manual one, or the exact bottleneck solve (under a per-stage limit that
+/// is never stricter than the device check), re-solved with tighter limits when a device does
+/// not fit, then the search by simulation from the best of those and the baselines. Every
+/// candidate is built and checked by `evaluator`.
+SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFacts& facts,
+                         const partition::GraphProblem& gp, const std::vector<int>& manual_cuts) {
+  struct Evaluated {
+    partition::SplitScore score;
+    Prediction predicted;
+    std::vector<int64_t> device_bytes;
+  };
+  std::map<std::vector<int>, Evaluated> seen;
+  auto evaluate = [&](const std::vector<int>& cuts) -> const Evaluated& {
+    auto it = seen.find(cuts);
+    if (it != seen.end()) return it->second;
+    Candidate c = evaluator.evaluate(cuts);
+    Evaluated e{evaluator.score(c), c.predicted, {}};
+    for (const DeviceMemory& d : c.devices) e.device_bytes.push_back(d.total());
+    return seen.emplace(cuts, std::move(e)).first->second;
+  };
+  const int stages = gp.problem.stages;
+  std::vector<double> param_weight, op_weight;
+  for (int64_t params : facts.params) {
+    param_weight.push_back(static_cast<double>(params));
+    op_weight.push_back(1.0);
+  }
+  const std::vector<int> parameter_cuts = balanced_cuts(param_weight, stages);
+  const std::vector<int> uniform_cuts = balanced_cuts(op_weight, stages);
+  SplitChoice choice;
+  if (!manual_cuts.empty()) {
+    choice.cuts = manual_cuts;
+  } else {
+    std::vector<double> limits(stages, evaluator.capacity());
+    partition::Problem problem = gp.problem;
+    problem.capacity_bytes = [&limits](int k) { return limits[k]; };
+    partition::Solution sol = partition::solve(problem);
+    if (!sol.feasible) refuse(s, sol, facts, evaluator.capacity());
+    choice.bottleneck_cuts = cuts_of(sol);
+    std::vector<std::vector<int>> seeds{choice.bottleneck_cuts};
+    if (!evaluate(seeds.back()).score.fits) {
+      // A device over its memory (the chunks of an interleaved device together, or what the
+      // solver leaves out: temporaries, buffers): solve again with each stage limited to a
+      // share of what its device has beyond what the solver does not count, the device's
+      // chunks sharing it evenly or one taking more (a wide chunk beside a narrow one); where
+      // that still leaves a device over, less by its excess.
+      const Evaluated& first = evaluate(seeds.back());
+      double uncounted = 0;
+      for (std::size_t d = 0; d < first.device_bytes.size(); ++d) {
+        double counted = 0;
+        for (int k = static_cast<int>(d); k < stages; k += s.shape.devices)
+          counted += sol.stages[k].memory_bytes;
+        uncounted = std::max(uncounted, static_cast<double>(first.device_bytes[d]) - counted);
+      }
+      const int chunks = s.shape.chunks;
+      int rounds = 0;
+      bool fits = false;
+      for (double tilt : {0.0, 0.05, -0.05, 0.1, -0.1, 0.15, -0.15, 0.2, -0.2, 0.3, -0.3}) {
+        if (fits || rounds >= kRepairRounds || (chunks == 1 && tilt != 0)) break;
+        double budget = evaluator.capacity() - uncounted;
+        for (int shrink = 0; shrink < 3 && !fits && rounds < kRepairRounds; ++shrink, ++rounds) {
+          for (int k = 0; k < stages; ++k) {
+            const int chunk = k / s.shape.devices;
+            const double share =
+                1.0 / chunks + (chunk == 0 ? tilt : -tilt / std::max(1, chunks - 1));
+            limits[k] = std::clamp(share, 0.0, 1.0) * budget;
+          }
+          partition::Solution tighter = partition::solve(problem);
+          if (!tighter.feasible) break;
+          seeds.push_back(cuts_of(tighter));
+          const Evaluated& e = evaluate(seeds.back());
+          fits = e.score.fits;
+          const double worst =
+              static_cast<double>(*std::max_element(e.device_bytes.begin(), e.device_bytes.end()));
+          budget -= std::max(worst - evaluator.capacity(), 0.01 * budget);
+        }
+      }
+    }
+    seeds.push_back(parameter_cuts);
+    seeds.push_back(uniform_cuts);
+    partition::SearchLimits search_limits;
+    search_limits.allowed_cuts = gp.problem.allowed_cuts;
+    search_limits.max_candidates = candidate_budget(stages, s.shape.microbatches, gp.order.size());
+    partition::SearchResult found = partition::search_cuts(
+        static_cast<int>(gp.order.size()), stages, seeds,
+        [&](const std::vector<int>& cuts) { return evaluate(cuts).score; }, search_limits);
+    choice.cuts = found.cuts;
+    choice.bottleneck = evaluate(choice.bottleneck_cuts).predicted;
+  }
+  choice.baseline_parameters = evaluate(parameter_cuts).predicted;
+  choice.baseline_uniform = evaluate(uniform_cuts).predicted;
+  choice.candidates = static_cast<int64_t>(seen.size());
+  return choice;
+}
+
+}  // namespace stagecraft::plan::planning

@@ -1,0 +1,114 @@
+#pragma once
+/// \file
+/// One device as its backend runs it (ggml's backend instance and buffer interface are the
+/// model): memory (buffers for an arena, tensors the device owns), copies to and from the host
+/// and between buffers, fill, accumulate and the optimizer updates, beside the op kernels of
+/// the backend's table. The executor moves and changes every byte through these, so a second
+/// kind of device plugs in without touching it. The CPU backend implements them on host memory
+/// (runtime/cpu/device_ops.cpp).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "runtime/core/tensor.h"
+
+namespace stagecraft::rt {
+
+/// One block of device memory (an arena); frees itself when destroyed.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  /// The first byte (device address), aligned to plan::kArenaAlignment.
+  virtual std::byte* base() const = 0;
+  /// Bytes usable from `base()`.
+  virtual int64_t size() const = 0;
+};
+
+/// The scalars of one plain SGD update: w -= lr * (g + l2*w).
+struct SgdUpdate {
+  float lr = 0;
+  float l2 = 0;
+};
+
+/// v = alpha*v + beta*g' (g' = g + l2*w);  w -= lr * (nesterov ? g' + alpha*v : v).
+struct MomentumUpdate {
+  float lr = 0;
+  float l2 = 0;
+  float alpha = 0;  ///< Decay of the previous velocity.
+  float beta = 1;   ///< Scale of the current gradient.
+  bool nesterov = false;
+};
+
+/// m = b1*m + (1-b1)*g';  v = b2*v + (1-b2)*g'^2;
+/// w = post_scale * (pre_scale*w - step_size * m / (sqrt(v)*denom_scale + eps)).
+struct AdamUpdate {
+  float l2 = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float step_size = 0;    ///< Multiplies m / denom.
+  float denom_scale = 1;  ///< denom = sqrt(v)*denom_scale + eps.
+  float eps = 0;
+  float pre_scale = 1;   ///< w is scaled by this before the update (AdamW's decay).
+  float post_scale = 1;  ///< and by this after it (ONNX's norm_coefficient_post).
+};
+
+/// h += g'^2;  w -= lr * g' / (sqrt(h) + eps).
+struct AdagradUpdate {
+  float lr = 0;
+  float l2 = 0;
+  float eps = 0;
+};
+
+/// The per-device state and operations of a backend (engines, streams, pools, caches); each
+/// backend derives its own. One thread at a time uses a context.
+class DeviceContext {
+ public:
+  virtual ~DeviceContext() = default;
+  int threads = 1;  ///< CPU threads its kernels use.
+
+  // Memory.
+
+  /// A buffer of at least `bytes` bytes (an arena). Throws `Error(kIo)` naming the size when
+  /// the device has no room.
+  virtual std::unique_ptr<Buffer> allocate(int64_t bytes) = 0;
+  /// A tensor whose bytes the device owns and frees when the last copy of the tensor goes,
+  /// zero-filled when `zeroed` (else left as they are: for a kernel's output).
+  virtual Tensor new_tensor(DType dtype, Shape shape, bool zeroed) = 0;
+
+  // Copies (sizes must agree: `Error(kInternal)` otherwise).
+
+  /// Host bytes into the device tensor `dst`.
+  virtual void write(Tensor& dst, const void* host, int64_t bytes) = 0;
+  /// The device tensor `src` into host bytes.
+  virtual void read(const Tensor& src, void* host, int64_t bytes) = 0;
+  /// dst = src, both on this device (or a peer it can read).
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+
+  // Fill and accumulate.
+
+  /// Every byte of `t` set to zero.
+  virtual void fill_zero(Tensor& t) = 0;
+  /// sum += add, float32, elementwise in index order (gradient sums: every device gets the
+  /// same bytes for the same parts in the same order).
+  virtual void accumulate(Tensor& sum, const Tensor& add) = 0;
+
+  // Optimizer updates of float32 tensors of one shape, in place (runtime/optim derives the
+  // scalars per rule; optimizer.h gives the formulas).
+
+  virtual void sgd(Tensor& w, const Tensor& g, const SgdUpdate& u) = 0;
+  virtual void momentum(Tensor& w, const Tensor& g, Tensor& v, const MomentumUpdate& u) = 0;
+  virtual void adam(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& u) = 0;
+  virtual void adagrad(Tensor& w, const Tensor& g, Tensor& h, const AdagradUpdate& u) = 0;
+};
+
+/// A copy of `t` the device owns.
+Tensor clone_on(DeviceContext& device, const Tensor& t);
+
+/// The one float32 element of `t` (a loss), read back to the host.
+float read_float(DeviceContext& device, const Tensor& t);
+
+/// A float32 scalar tensor on the device holding `value` (a loss seed).
+Tensor scalar_on(DeviceContext& device, float value);
+
+}  // namespace stagecraft::rt

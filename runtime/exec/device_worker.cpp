@@ -1,0 +1,432 @@
+// One device's worker (device_worker.h): one method per schedule instruction.
+#include "runtime/exec/device_worker.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
+
+namespace stagecraft::rt {
+
+DeviceWorker::DeviceWorker(int device, RunState& run)
+    : device_(device), run_(run), where_(fmt::format("device {}", device)) {}
+
+void DeviceWorker::run() {
+  try {
+    setup();
+    for (step_ = 0; step_ < run_.steps; ++step_) {
+      run_step();
+      after_step();
+    }
+  } catch (const Aborted&) {
+    // Another worker failed first; its error is the one reported.
+  } catch (Error& e) {
+    if (e.context().empty() || e.context().front() != where_) e.in(where_);
+    run_.stop_all(std::move(e));
+  } catch (const std::exception& e) {
+    run_.stop_all(Error(ErrorKind::kInternal, e.what()).in(where_));
+  }
+}
+
+void DeviceWorker::setup() {
+  const Pipeline& p = run_.pipeline;
+  omp_set_num_threads(p.threads_per_device_);
+  context_ = p.backend_->make_device(device_, p.threads_per_device_);
+  int64_t arena_bytes = 0, weight_bytes = 0;
+  for (const auto& st : p.stages_)
+    if (st->stage->device == device_) {
+      // Training keeps every forward value for the backward: no arena reuse, except for a
+      // stage that recomputes (its first forward keeps nothing but its inputs). The backward
+      // runs in the arena (never at the same time as a forward).
+      if (!run_.training || st->stage->recompute)
+        arena_bytes = std::max(arena_bytes, st->program.arena_bytes());
+      if (run_.training) arena_bytes = std::max(arena_bytes, st->backward->arena_bytes());
+      weight_bytes += st->program.weight_bytes();
+    }
+  // One arena per device: its stages run one at a time, so the largest plan serves all.
+  arena_ = context_->allocate(arena_bytes);
+  MemoryMeter& meter = run_.meters[device_];
+  run_.reports[device_].arena_bytes = arena_bytes;
+  run_.reports[device_].weight_bytes = weight_bytes;
+  meter.add(arena_bytes + weight_bytes);
+  for (const auto& st : p.stages_)  // optimizer state kept from earlier runs or a checkpoint
+    if (st->stage->device == device_)
+      for (const auto& [name, state] : st->opt_state) meter.add(state.bytes());
+}
+
+void DeviceWorker::run_step() {
+  run_.barrier.arrive_and_wait();
+  if (device_ == 0) run_.step_start[step_] = run_.seconds();
+  for (const schedule::Instruction& ins : run_.pipeline.schedule_[device_]) {
+    // The context (device, step, instruction) is built only when something fails.
+    auto context = [&] {
+      return fmt::format("step {}: {}", run_.global_step + step_ + 1, schedule::to_string(ins));
+    };
+    try {
+      execute(ins);
+    } catch (Error& e) {
+      e.in(context()).in(where_);
+      throw;
+    } catch (const Aborted&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(ErrorKind::kInternal, e.what()).in(context()).in(where_);
+    }
+  }
+}
+
+void DeviceWorker::after_step() {
+  run_.barrier.arrive_and_wait();
+  const RunOptions& options = run_.options;
+  const int64_t done = run_.global_step + step_ + 1;
+  if (device_ == 0) {
+    run_.step_end[step_] = run_.seconds();
+    if (options.progress) options.progress(step_ + 1, run_.steps, run_.step_end[step_]);
+  }
+  bool checkpoint = run_.training && options.checkpoint &&
+                    (step_ + 1 == run_.steps ||
+                     (options.checkpoint_every > 0 && done % options.checkpoint_every == 0));
+  if (!checkpoint) return;
+  // Device 0 saves while the others wait at the barrier (nothing changes the weights).
+  if (device_ == 0) {
+    run_.pipeline.steps_done_ = done;
+    try {
+      options.checkpoint(done);
+    } catch (Error& e) {
+      run_.stop_all(std::move(e));
+      throw Aborted();
+    }
+  }
+  run_.barrier.arrive_and_wait();
+}
+
+void DeviceWorker::execute(const schedule::Instruction& ins) {
+  switch (ins.op) {
+    case schedule::Op::kRecvAct:
+      return recv_act(ins);
+    case schedule::Op::kForward:
+      return forward(ins);
+    case schedule::Op::kSendAct:
+      return send_act(ins);
+    case schedule::Op::kRecvGrad:
+      return recv_grad(ins);
+    case schedule::Op::kBackward:
+      return backward(ins);
+    case schedule::Op::kBackwardInput:
+      return backward_input(ins);
+    case schedule::Op::kBackwardWeight:
+      return backward_weight(ins);
+    case schedule::Op::kSendGrad:
+      return send_grad(ins);
+    case schedule::Op::kAllReduce:
+      return allreduce(ins);
+    case schedule::Op::kAllReduceShared:
+      return allreduce_shared(ins);
+    case schedule::Op::kOptimizerStep:
+      return optimizer_step(ins);
+  }
+  fail(ErrorKind::kInternal, "instruction op {} is unknown", static_cast<int>(ins.op));
+}
+
+void DeviceWorker::timed(schedule::Op op, int stage, int microbatch, double start) {
+  double end = run_.seconds();
+  run_.busy[device_][step_] += end - start;
+  run_.events[device_].push_back({device_, op, stage, microbatch, start, end});
+}
+
+void DeviceWorker::recv_act(const schedule::Instruction& ins) {
+  auto& slot = received_[{ins.stage, ins.microbatch}];
+  for (int from : stage(ins.stage).producers) {
+    Message m = run_.transport->recv({from, ins.stage, false}, ins.microbatch);
+    for (NamedTensor& t : m.tensors) slot.push_back(std::move(t));
+  }
+}
+
+// A microbatch's loss: kept for the step's mean; NaN or Inf stops the run unless told to skip.
+void DeviceWorker::record_loss(const schedule::Instruction& ins, float loss) {
+  if (!std::isfinite(loss) && !run_.options.skip_nonfinite)
+    fail(ErrorKind::kModel,
+         "the loss is {} at step {}, microbatch {} (stage {}); stopping "
+         "(--skip-nonfinite goes on)",
+         loss, run_.global_step + step_ + 1, ins.microbatch, ins.stage);
+  run_.step_loss[step_][ins.microbatch] = loss;
+}
+
+void DeviceWorker::forward(const schedule::Instruction& ins) {
+  StageRuntime& st = stage(ins.stage);
+  const bool training = run_.training;
+  MemoryMeter& meter = run_.meters[device_];
+  const Key key{ins.stage, ins.microbatch};
+  std::vector<NamedTensor> got = std::move(received_[key]);
+  received_.erase(key);
+  std::vector<Tensor> args;
+  for (const ValueInfo& in : st.program.inputs()) {
+    auto it = std::find_if(got.begin(), got.end(),
+                           [&](const NamedTensor& t) { return t.name == in.name; });
+    if (it != got.end())
+      args.push_back(it->tensor);
+    else if (auto f = run_.feeds.find(in.name); f != run_.feeds.end())
+      args.push_back(f->second[ins.microbatch]);
+    else
+      fail(ErrorKind::kPlan, "input '{}' of stage {} was never received", in.name, ins.stage);
+  }
+  double start = run_.seconds();
+  std::vector<Tensor> outs;
+  if (training && st.stage->recompute) {
+    // Keep the inputs only (the received ones stay metered); the backward re-runs the
+    // forward from them.
+    outs = st.program.run(*context_, args, arena_->base(), &run_.hook);
+    if (!st.loss.empty()) {
+      const auto& names = st.program.outputs();
+      size_t at =
+          static_cast<size_t>(std::find_if(names.begin(), names.end(),
+                                           [&](const ValueInfo& v) { return v.name == st.loss; }) -
+                              names.begin());
+      record_loss(ins, read_float(*context_, outs.at(at)));
+    }
+    recompute_[key] = Recompute{args, bytes_of(got), 0};
+  } else if (training) {
+    auto& keep = stash_[key];
+    outs = st.program.run_keeping(*context_, args, keep, &run_.hook);
+    meter.add(bytes_of_map(keep, st.weights));
+    if (!st.loss.empty()) record_loss(ins, read_float(*context_, keep.at(st.loss)));
+  } else {
+    outs = st.program.run(*context_, args, arena_->base(), &run_.hook);
+  }
+  timed(schedule::Op::kForward, ins.stage, ins.microbatch, start);
+  if (!(training && st.stage->recompute)) meter.sub(bytes_of(got));
+  for (size_t k : st.graph_outputs)
+    run_.results[st.program.outputs()[k].name][ins.microbatch] = outs[k];
+  if (!st.sends.empty()) {
+    int64_t held = 0;
+    for (const Tensor& t : outs) held += t.bytes();
+    // Training: already in the stash, unless the stage recomputes.
+    if (!training || st.stage->recompute) meter.add(held);
+    produced_[key] = std::move(outs);
+  }
+}
+
+void DeviceWorker::send_act(const schedule::Instruction& ins) {
+  StageRuntime& st = stage(ins.stage);
+  auto it = produced_.find({ins.stage, ins.microbatch});
+  if (it == produced_.end() && !st.sends.empty())
+    fail(ErrorKind::kPlan, "nothing to send: the forward has not run");
+  if (it == produced_.end()) return;
+  const auto& outs = it->second;
+  for (const auto& [to, indices] : st.sends) {
+    Message m{ins.microbatch, {}};
+    for (size_t k : indices) m.tensors.push_back({st.program.outputs()[k].name, outs[k]});
+    // In the link's buffer the bytes are the receiver's (see the transport's on_delivered).
+    run_.transport->send({ins.stage, to, false}, std::move(m));
+  }
+  int64_t held = 0;
+  for (const Tensor& t : outs) held += t.bytes();
+  if (!run_.training || st.stage->recompute) run_.meters[device_].sub(held);
+  produced_.erase(it);
+}
+
+void DeviceWorker::recv_grad(const schedule::Instruction& ins) {
+  auto& slot = grads_in_[{ins.stage, ins.microbatch}];
+  for (const auto& [from, indices] : stage(ins.stage).sends) {
+    Message m = run_.transport->recv({from, ins.stage, true}, ins.microbatch);
+    for (NamedTensor& t : m.tensors) {
+      // A tensor read by several later stages: its gradient is the sum of theirs.
+      auto same = std::find_if(slot.begin(), slot.end(),
+                               [&](const NamedTensor& x) { return x.name == t.name; });
+      if (same == slot.end()) {
+        slot.push_back(std::move(t));
+        continue;
+      }
+      Tensor sum = clone_on(*context_, same->tensor);
+      context_->accumulate(sum, t.tensor);
+      same->tensor = sum;
+    }
+  }
+}
+
+void DeviceWorker::backward(const schedule::Instruction& ins) { run_backward(ins); }
+
+void DeviceWorker::backward_input(const schedule::Instruction& ins) { run_backward(ins); }
+
+void DeviceWorker::backward_weight(const schedule::Instruction& ins) { run_backward(ins); }
+
+// Rebuilds a recomputing stage's stash: the forward again, from the inputs kept for it.
+void DeviceWorker::rebuild_stash(const schedule::Instruction& ins, StageRuntime& st) {
+  const Key key{ins.stage, ins.microbatch};
+  Recompute& rc = recompute_.at(key);
+  double start = run_.seconds();
+  auto& keep = stash_[key];
+  st.program.run_keeping(*context_, rc.args, keep, &run_.hook);
+  // The inputs are metered already (as received).
+  rc.stash_bytes = bytes_of_map(keep, st.weights);
+  for (const ValueInfo& in : st.program.inputs())
+    if (auto k = keep.find(in.name); k != keep.end() && !st.weights.count(in.name))
+      rc.stash_bytes -= k->second.bytes();
+  run_.meters[device_].add(rc.stash_bytes);
+  timed(schedule::Op::kForward, ins.stage, ins.microbatch, start);
+}
+
+// The backward's inputs: forward values and weights (the stash), received gradients, the loss
+// seed.
+std::vector<Tensor> DeviceWorker::backward_args(const schedule::Instruction& ins,
+                                                const StageRuntime& st) {
+  const Key key{ins.stage, ins.microbatch};
+  auto& keep = stash_.at(key);
+  std::vector<NamedTensor>& got = grads_in_[key];
+  std::vector<Tensor> args;
+  for (const ValueInfo& in : st.backward->inputs()) {
+    if (in.name == grad::kLossGradName) {
+      args.push_back(scalar_on(*context_, 1.0f / static_cast<float>(run_.microbatches)));
+    } else if (auto k = keep.find(in.name); k != keep.end()) {
+      args.push_back(k->second);
+    } else if (auto g = std::find_if(got.begin(), got.end(),
+                                     [&](const NamedTensor& t) { return t.name == in.name; });
+               g != got.end()) {
+      args.push_back(g->tensor);
+    } else {
+      fail(ErrorKind::kPlan,
+           "backward input '{}' of stage {} is neither a forward value nor a received gradient",
+           in.name, ins.stage);
+    }
+  }
+  return args;
+}
+
+void DeviceWorker::run_backward(const schedule::Instruction& ins) {
+  StageRuntime& st = stage(ins.stage);
+  const Key key{ins.stage, ins.microbatch};
+  const Program& bwd = *st.backward;
+  if (st.stage->recompute && !stash_.count(key)) rebuild_stash(ins, st);
+  std::vector<Tensor> args = backward_args(ins, st);
+  double start = run_.seconds();
+  auto& bkeep = bwd_kept_[key];
+  std::vector<Tensor> outs;
+  if (ins.op == schedule::Op::kBackward) {
+    outs = bwd.run(*context_, args, arena_->base(), &run_.hook);
+  } else {
+    const bool weight_part = ins.op == schedule::Op::kBackwardWeight;
+    std::vector<bool> mask = st.weight_part;
+    if (!weight_part) mask.flip();
+    outs = bwd.run_subset(*context_, args, bkeep, mask, arena_->base(), &run_.hook);
+    // B's values that W reads wait for it.
+    if (!weight_part) run_.meters[device_].add(bytes_of_map(bkeep, st.weights));
+  }
+  timed(ins.op, ins.stage, ins.microbatch, start);
+  if (ins.op == schedule::Op::kBackwardInput && st.stage->recompute) {
+    // Zero-bubble schedules run W later, after other microbatches' B: drop the rebuilt values
+    // (W rebuilds them again) so one microbatch's stay at most.
+    Recompute& rc = recompute_.at(key);
+    run_.meters[device_].sub(rc.stash_bytes);
+    rc.stash_bytes = 0;
+    stash_.erase(key);
+  }
+  take_backward_outputs(ins, st, outs);
+  if (ins.op != schedule::Op::kBackwardInput) free_microbatch(key, st);
+}
+
+// Weight gradients add up over the step's microbatches; input gradients go back.
+void DeviceWorker::take_backward_outputs(const schedule::Instruction& ins, StageRuntime& st,
+                                         std::vector<Tensor>& outs) {
+  const Program& bwd = *st.backward;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const std::string& name = bwd.outputs()[k].name;
+    if (outs[k].dtype == DType::kUndefined) continue;
+    std::string weight = name.substr(0, name.size() - 5);  // drop "@grad"
+    if (st.weights.count(weight)) {
+      if (ins.op == schedule::Op::kBackwardInput) continue;  // W's, not B's
+      Tensor& acc = grad_acc_[ins.stage][weight];
+      if (acc.dtype == DType::kUndefined) {
+        acc = context_->new_tensor(outs[k].dtype, outs[k].shape, true);
+        run_.meters[device_].add(acc.bytes());  // the gradient buffer lives for the run
+      }
+      context_->accumulate(acc, outs[k]);
+    } else if (ins.op != schedule::Op::kBackwardWeight) {
+      grads_out_[{ins.stage, ins.microbatch}].push_back({weight, outs[k]});
+    }
+  }
+}
+
+// The microbatch's backward is done: its forward values, B's kept values and the received
+// output gradients go.
+void DeviceWorker::free_microbatch(const Key& key, const StageRuntime& st) {
+  MemoryMeter& meter = run_.meters[device_];
+  if (auto rc = recompute_.find(key); rc != recompute_.end()) {
+    meter.sub(rc->second.stash_bytes + rc->second.input_bytes);
+    recompute_.erase(rc);
+  } else {
+    meter.sub(bytes_of_map(stash_.at(key), st.weights));
+  }
+  stash_.erase(key);
+  meter.sub(bytes_of_map(bwd_kept_[key], st.weights));
+  bwd_kept_.erase(key);
+  meter.sub(bytes_of(grads_in_[key]));  // received output gradients
+  grads_in_.erase(key);
+}
+
+void DeviceWorker::send_grad(const schedule::Instruction& ins) {
+  const StageRuntime& st = stage(ins.stage);
+  const Key key{ins.stage, ins.microbatch};
+  std::vector<NamedTensor> grads = std::move(grads_out_[key]);
+  grads_out_.erase(key);
+  // One message to every producer stage: the gradients of the tensors it sent.
+  for (int to : st.producers) {
+    Message m{ins.microbatch, {}};
+    for (const plan::StageTensor& in : st.stage->inputs) {
+      if (in.peer_stage != to) continue;
+      for (const NamedTensor& g : grads)
+        if (g.name == in.name) m.tensors.push_back({grad::grad_name(in.name), g.tensor});
+    }
+    run_.transport->send({ins.stage, to, true}, std::move(m));
+  }
+}
+
+void DeviceWorker::allreduce(const schedule::Instruction& ins) {
+  fail(ErrorKind::kUnsupported, "{} is a training instruction; this runtime runs inference plans",
+       schedule::to_string(ins.op));
+}
+
+void DeviceWorker::allreduce_shared(const schedule::Instruction& ins) {
+  const StageRuntime& st = stage(ins.stage);
+  // The stage's part of each shared weight's gradient (zeros where it computes none: its copy
+  // must take the same update as the others).
+  for (const plan::SharedWeight& w : st.stage->shared_weights) {
+    Tensor& acc = grad_acc_[ins.stage][w.name];
+    if (acc.dtype == DType::kUndefined) {
+      const Tensor& weight = st.weights.at(w.name);
+      acc = context_->new_tensor(weight.dtype, weight.shape, true);
+      run_.meters[device_].add(acc.bytes());  // the gradient buffer lives for the run
+    }
+    run_.transport->start_shared_sum(w.name, w.stages, ins.stage, acc, *context_);
+    run_.meters[device_].add(acc.bytes());  // the transport's copy, until the sum
+  }
+}
+
+void DeviceWorker::optimizer_step(const schedule::Instruction& ins) {
+  StageRuntime& st = stage(ins.stage);
+  MemoryMeter& meter = run_.meters[device_];
+  auto& grads = grad_acc_[ins.stage];
+  // Shared weights: every holder's gradient summed, the same bytes on each.
+  for (const plan::SharedWeight& w : st.stage->shared_weights) {
+    Tensor& acc = grads.at(w.name);
+    run_.transport->finish_shared_sum(w.name, ins.stage, acc, *context_);
+    meter.sub(acc.bytes());
+  }
+  double start = run_.seconds();
+  const int64_t update = run_.global_step + step_ + 1;
+  float lr = static_cast<float>(optim::lr_at(run_.lr_schedule, update));
+  for (auto& [name, weight] : st.weights) {
+    auto g = grads.find(name);
+    if (g == grads.end()) continue;  // not trainable or no gradient
+    int64_t state_before = st.opt_state[name].bytes();
+    run_.optimizer->step(*context_, weight, g->second, st.opt_state[name], lr, update);
+    meter.add(st.opt_state[name].bytes() - state_before);  // created on first use
+    context_->fill_zero(g->second);
+  }
+  timed(ins.op, ins.stage, -1, start);
+}
+
+}  // namespace stagecraft::rt

@@ -1,0 +1,158 @@
+#pragma once
+/// \file
+/// What one device does in a run: a `DeviceWorker` with one method per schedule instruction,
+/// working through its device context (runtime/core/device.h) for every byte it allocates,
+/// moves or changes. `RunState` is what the workers of one run share (transport, barrier,
+/// meters, timings); `StageRuntime` is one stage as a loaded pipeline holds it. Internal to
+/// runtime/exec (pipeline.cpp loads, pipeline_run.cpp runs).
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/exec/pipeline.h"
+#include "runtime/optim/lr_schedule.h"
+
+namespace stagecraft::rt {
+
+/// One stage as the runtime holds it.
+struct StageRuntime {
+  const plan::Stage* stage = nullptr;
+  Program program;
+  std::vector<int> producers;                ///< Stages this one receives from, ascending.
+  std::map<int, std::vector<size_t>> sends;  ///< Consumer stage -> indices into program outputs.
+  std::vector<size_t> graph_outputs;         ///< Indices into program outputs.
+  // Training.
+  std::optional<Program> backward;        ///< The stage's backward program.
+  std::vector<bool> weight_part;          ///< Per backward node: part of W (zero-bubble).
+  std::map<std::string, Tensor> weights;  ///< The forward program's weights (shared bytes).
+  std::string loss;                       ///< The loss output's name when this stage computes it.
+  std::map<std::string, optim::OptimizerState>
+      opt_state;  ///< Per weight; only its device's worker.
+};
+
+/// Bytes held by one device, at the highest.
+struct MemoryMeter {
+  std::atomic<int64_t> current{0}, peak{0};
+  void add(int64_t bytes);
+  void sub(int64_t bytes) { current.fetch_sub(bytes); }
+};
+
+/// Bytes of a stash, less the weights it refers to (counted once, as the device's weights).
+int64_t bytes_of_map(const std::map<std::string, Tensor>& values,
+                     const std::map<std::string, Tensor>& weights);
+
+/// Bytes of the tensors of a message.
+int64_t bytes_of(const std::vector<NamedTensor>& tensors);
+
+/// What the device workers of one run share. Per-device vectors are indexed by device and
+/// written only by that device's worker.
+struct RunState {
+  /// The state of a run of `pipeline` (inputs checked) before any worker starts.
+  RunState(Pipeline& pipeline, const std::map<std::string, Tensor>& inputs,
+           const RunOptions& options);
+
+  Pipeline& pipeline;  ///< The loaded plan, schedule and stages; steps_done at the end.
+  const RunOptions& options;
+  const int devices, microbatches, steps;
+  const bool training;
+  const int64_t global_step;  ///< Optimizer steps taken by earlier runs.
+  /// Per graph input: the microbatch views of the run's inputs (no copies).
+  std::map<std::string, std::vector<Tensor>> feeds;
+  /// Per graph output: each microbatch's value (last step).
+  std::map<std::string, std::vector<Tensor>> results;
+  std::unique_ptr<optim::Optimizer> optimizer;  ///< Training.
+  optim::LrSchedule lr_schedule;                ///< Training.
+  std::vector<std::vector<double>> step_loss;   ///< Per step, per microbatch (NaN until known).
+  std::vector<MemoryMeter> meters;
+  std::unique_ptr<InProcessTransport> transport;
+  StepBarrier barrier;
+  std::vector<DeviceReport> reports;
+  std::vector<std::vector<double>> busy;  ///< Per device, per step: compute seconds.
+  std::vector<std::vector<schedule::TimelineEvent>> events;
+  std::vector<double> step_start, step_end;
+  NodeHook hook;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  std::mutex error_mutex;
+  std::optional<Error> first_error;
+
+  /// Seconds since the run started.
+  double seconds() const;
+  /// Keeps the first error and stops every worker (transport and barrier throw `Aborted`).
+  void stop_all(Error error);
+};
+
+/// One device's worker for one run: its context, arena and the tensors in flight.
+class DeviceWorker {
+ public:
+  DeviceWorker(int device, RunState& run);
+
+  /// Runs every step of the device's instruction stream; the first error stops all workers
+  /// (`RunState::stop_all`), never a hang.
+  void run();
+
+  void recv_act(const schedule::Instruction& ins);
+  void forward(const schedule::Instruction& ins);
+  void send_act(const schedule::Instruction& ins);
+  void recv_grad(const schedule::Instruction& ins);
+  /// Full backward: weight gradients summed, input gradients kept for send_grad, stash freed.
+  void backward(const schedule::Instruction& ins);
+  /// Zero-bubble B: input gradients only; what W reads is kept.
+  void backward_input(const schedule::Instruction& ins);
+  /// Zero-bubble W: the weight gradients; frees the microbatch's values.
+  void backward_weight(const schedule::Instruction& ins);
+  void send_grad(const schedule::Instruction& ins);
+  /// Data-parallel all-reduce: not supported by this runtime.
+  void allreduce(const schedule::Instruction& ins);
+  void allreduce_shared(const schedule::Instruction& ins);
+  void optimizer_step(const schedule::Instruction& ins);
+
+ private:
+  using Key = std::pair<int, int>;  ///< (stage, microbatch)
+  /// A recomputing stage's microbatch in flight: the forward's arguments (its inputs) and the
+  /// metered bytes of them (the received ones) and of the rebuilt stash.
+  struct Recompute {
+    std::vector<Tensor> args;
+    int64_t input_bytes = 0, stash_bytes = 0;
+  };
+
+  void setup();
+  void execute(const schedule::Instruction& ins);
+  void run_step();
+  void after_step();
+  /// The three backward kinds share this: rebuild (recompute), run, sum or keep the results.
+  void run_backward(const schedule::Instruction& ins);
+  void rebuild_stash(const schedule::Instruction& ins, StageRuntime& st);
+  std::vector<Tensor> backward_args(const schedule::Instruction& ins, const StageRuntime& st);
+  void take_backward_outputs(const schedule::Instruction& ins, StageRuntime& st,
+                             std::vector<Tensor>& outs);
+  void free_microbatch(const Key& key, const StageRuntime& st);
+  void record_loss(const schedule::Instruction& ins, float loss);
+  void timed(schedule::Op op, int stage, int microbatch, double start);
+
+  const int device_;
+  RunState& run_;
+  StageRuntime& stage(int index) const { return *run_.pipeline.stages_[index]; }
+  int step_ = 0;
+  std::string where_;
+  std::unique_ptr<DeviceContext> context_;
+  std::unique_ptr<Buffer> arena_;
+  // Per (stage, microbatch): received tensors waiting for FWD, outputs waiting for SEND.
+  std::map<Key, std::vector<NamedTensor>> received_;
+  std::map<Key, std::vector<Tensor>> produced_;
+  // Training: forward values per microbatch until its backward, the backward's own values (B
+  // kept for W), received output gradients, input gradients waiting to be sent, weight
+  // gradients summed over the step (per stage).
+  std::map<Key, std::map<std::string, Tensor>> stash_, bwd_kept_;
+  std::map<Key, Recompute> recompute_;
+  std::map<Key, std::vector<NamedTensor>> grads_in_, grads_out_;
+  std::map<int, std::map<std::string, Tensor>> grad_acc_;
+};
+
+}  // namespace stagecraft::rt

@@ -1,0 +1,176 @@
+// Pipeline::run: the state a run's device workers share, the workers' threads and the report.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "runtime/exec/device_worker.h"
+#include "runtime/exec/pipeline.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::rt {
+
+void MemoryMeter::add(int64_t bytes) {
+  int64_t now = current.fetch_add(bytes) + bytes;
+  int64_t seen = peak.load();
+  while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+  }
+}
+
+int64_t bytes_of_map(const std::map<std::string, Tensor>& values,
+                     const std::map<std::string, Tensor>& weights) {
+  int64_t total = 0;
+  for (const auto& [name, t] : values)
+    if (!weights.count(name)) total += t.bytes();
+  return total;
+}
+
+int64_t bytes_of(const std::vector<NamedTensor>& tensors) {
+  int64_t total = 0;
+  for (const NamedTensor& t : tensors) total += t.tensor.bytes();
+  return total;
+}
+
+namespace {
+
+// The plan's optimizer and its learning-rate schedule.
+std::unique_ptr<optim::Optimizer> make_optimizer(const plan::Plan& plan,
+                                                 optim::LrSchedule& lr_schedule) {
+  const plan::TrainingConfig& tc = plan.training_config;
+  optim::OptimizerConfig oc;
+  oc.kind = plan.optimizer;
+  oc.lr = static_cast<float>(tc.lr);
+  oc.weight_decay = static_cast<float>(tc.weight_decay);
+  oc.momentum = static_cast<float>(tc.momentum);
+  oc.beta1 = static_cast<float>(tc.beta1);
+  oc.beta2 = static_cast<float>(tc.beta2);
+  oc.epsilon = static_cast<float>(tc.epsilon);
+  auto optimizer = optim::Optimizer::make(oc);
+  lr_schedule.kind = optim::parse_lr_schedule(tc.lr_schedule);
+  lr_schedule.base_lr = tc.lr;
+  lr_schedule.warmup_steps = tc.warmup_steps;
+  lr_schedule.total_steps = tc.total_steps;
+  optim::validate(lr_schedule);
+  return optimizer;
+}
+
+}  // namespace
+
+RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inputs,
+                   const RunOptions& options_)
+    : pipeline(pipeline_),
+      options(options_),
+      devices(pipeline_.plan_.devices),
+      microbatches(pipeline_.plan_.microbatches),
+      steps(options_.steps),
+      training(pipeline_.plan_.training),
+      global_step(pipeline_.steps_done_),
+      step_loss(steps, std::vector<double>(microbatches, NAN)),
+      meters(devices),
+      barrier(devices),
+      reports(devices),
+      busy(devices, std::vector<double>(steps, 0.0)),
+      events(devices),
+      step_start(steps, 0),
+      step_end(steps, 0) {
+  const int M = microbatches;
+  // Microbatch views of the inputs (no copies).
+  for (const ModelTensor& in : pipeline.inputs_) {
+    const Tensor& whole = inputs.at(in.name);
+    for (int mb = 0; mb < M; ++mb)
+      feeds[in.name].push_back(whole.shape == in.shape
+                                   ? whole
+                                   : slice_rows(whole, mb * in.shape[0], (mb + 1) * in.shape[0]));
+  }
+  for (const ModelTensor& out : pipeline.outputs_) results[out.name].resize(M);
+  if (training) optimizer = make_optimizer(pipeline.plan_, lr_schedule);
+
+  // Inference: a link holds one message, so a stage that runs ahead waits instead of queueing
+  // microbatches on the next device (whose memory the plan counts with two receive buffers:
+  // the one computing and the one arriving). Training schedules send up to M ahead.
+  transport = std::make_unique<InProcessTransport>(
+      pipeline.links_, training ? M : 1, [this](const Link& link, const Message& m) {
+        meters[pipeline.stages_[link.to_stage]->stage->device].add(bytes_of(m.tensors));
+      });
+  if (!options.inject_fault.empty())
+    hook.before = [this](std::string_view node, std::string_view) {
+      if (node == options.inject_fault)
+        fail(ErrorKind::kInternal, "fault injected at node '{}' (test hook)", node);
+    };
+}
+
+double RunState::seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void RunState::stop_all(Error error) {
+  {
+    std::lock_guard lock(error_mutex);
+    if (!first_error) first_error = std::move(error);
+  }
+  transport->abort();
+  barrier.abort();
+}
+
+namespace {
+
+// The report of a finished run: step times, the median step's busy time and memory, events,
+// losses and the last step's outputs.
+RunReport make_report(RunState& run, const plan::Plan& plan) {
+  const int steps = run.steps, devices = run.devices;
+  RunReport report;
+  for (int s = 0; s < steps; ++s) report.step_s.push_back(run.step_end[s] - run.step_start[s]);
+  if (run.training)
+    for (int s = 0; s < steps; ++s) {
+      double sum = 0;
+      for (double l : run.step_loss[s]) sum += l;
+      report.losses.push_back(sum / run.microbatches);
+    }
+  std::vector<int> order(steps);
+  for (int s = 0; s < steps; ++s) order[s] = s;
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return report.step_s[a] < report.step_s[b]; });
+  report.reported_step = order[steps / 2];
+  double step = report.step_s[report.reported_step], total_busy = 0;
+  for (int d = 0; d < devices; ++d) {
+    DeviceReport& r = run.reports[d];
+    r.busy_s = run.busy[d][report.reported_step];
+    r.peak_bytes = run.meters[d].peak.load();
+    if (d < static_cast<int>(plan.predicted.device_peak_bytes.size()))
+      r.predicted_peak_bytes = plan.predicted.device_peak_bytes[d];
+    total_busy += r.busy_s;
+  }
+  report.bubble_fraction = step > 0 ? std::max(0.0, 1.0 - total_busy / (devices * step)) : 0.0;
+  report.devices = std::move(run.reports);
+  for (auto& list : run.events) report.events.insert(report.events.end(), list.begin(), list.end());
+  for (auto& [name, parts] : run.results) report.outputs[name] = concat_rows(parts);
+  return report;
+}
+
+}  // namespace
+
+RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOptions& options) {
+  check_inputs(inputs);
+  if (options.steps < 1)
+    fail(ErrorKind::kUsage, "--steps must be at least 1 (got {})", options.steps);
+  RunState run(*this, inputs, options);
+  std::vector<std::thread> threads;
+  for (int d = 0; d < run.devices; ++d)
+    threads.emplace_back([&run, d] { DeviceWorker(d, run).run(); });
+  for (std::thread& t : threads) t.join();
+  if (run.first_error) {
+    if (run.training) {
+      // Steps that did not finish leave no optimizer step behind in the count (a checkpoint
+      // taken during the run recorded its own); keep the count at the last finished step.
+      int finished = 0;
+      while (finished < run.steps && run.step_end[finished] > 0) ++finished;
+      steps_done_ = run.global_step + finished;
+    }
+    throw *run.first_error;
+  }
+  steps_done_ = run.global_step + run.steps;
+  return make_report(run, plan_);
+}
+
+}  // namespace stagecraft::rt

@@ -1,0 +1,101 @@
+#pragma once
+/// \file
+/// The dependency rules of a schedule, in one place: which instructions must have run before an
+/// instruction may run. The validator plays a schedule in order with them to prove it has no
+/// deadlock, and the compiler's simulator times a schedule with them (compiler/schedule/
+/// simulator.h), so the two cannot disagree.
+///
+/// The rules: a RECV_ACT waits for the SEND_ACT of the stage before, a RECV_GRAD for the
+/// SEND_GRAD of the stage after; a forward of stage s > 0 for its RECV_ACT; a backward (or B) for
+/// its forward and, below the last stage, its RECV_GRAD; a W for its B; a SEND_ACT for its
+/// forward and a SEND_GRAD for its backward (or B); an ALLREDUCE or ALLREDUCE_SHARED for every
+/// weight gradient of its stage (a full backward or a W per microbatch); an OPT_STEP for those
+/// and for the ALLREDUCE_SHARED of every stage it shares a weight with. Sends never wait for the
+/// receiver: a device's list runs in order, each instruction once its inputs have run.
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "runtime/format/schedule.h"
+
+namespace stagecraft::schedule {
+
+/// What has run of one step, and whether an instruction may run now. Instructions must be
+/// within the shape (the validator and the simulator check that first).
+class Readiness {
+ public:
+  /// Nothing has run yet.
+  explicit Readiness(const PipelineShape& shape);
+
+  /// True when every instruction `in` waits for has run.
+  bool ready(const Instruction& in) const;
+
+  /// Records that `in` has run.
+  void mark_done(const Instruction& in);
+
+  /// What `in` still waits for, for a deadlock message: "its RECV_ACT has not run", "3 of 4
+  /// weight gradients are done", ...; "" when it is ready.
+  std::string waiting_for(const Instruction& in) const;
+
+ private:
+  /// What an instruction waits for first.
+  enum class Wait {
+    kNothing,
+    kSendAct,          ///< The SEND_ACT of `stage` (the one before).
+    kSendGrad,         ///< The SEND_GRAD of `stage` (the one after).
+    kRecvAct,          ///< Its own RECV_ACT.
+    kRecvGrad,         ///< Its own RECV_GRAD.
+    kForward,          ///< Its own forward.
+    kBackward,         ///< Its own backward (full or B).
+    kBackwardInput,    ///< Its own B.
+    kWeightGradients,  ///< Every weight gradient of its stage.
+    kSharedExchange,   ///< The ALLREDUCE_SHARED of `stage`.
+    kUnknownOp,
+  };
+  /// The first thing an instruction waits for, with the stage it names where it names one.
+  struct Blocker {
+    Wait what = Wait::kNothing;
+    int stage = -1;
+  };
+
+  Blocker blocker(const Instruction& in) const;
+  size_t key(int stage, int microbatch) const;
+  bool done(Op op, int stage, int microbatch) const;
+
+  PipelineShape shape_;
+  int stages_;
+  /// Per (op, stage, microbatch), whether it has run; step-level ops use microbatch 0.
+  std::vector<bool> done_;
+  std::vector<int> weight_gradients_;  ///< Per stage, weight gradients done (of M).
+};
+
+/// Per device, the position of the first instruction that has not run, after playing every
+/// device's list in order as far as `readiness` lets it (times are ignored), from the start of
+/// every list; updates `readiness`. `on_run(device, in)` is called for each instruction as it
+/// runs, before it is marked done, in an order that keeps every rule.
+template <typename OnRun>
+std::vector<size_t> play(const Schedule& schedule, Readiness& readiness, OnRun on_run) {
+  std::vector<size_t> next(schedule.size(), 0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t device = 0; device < schedule.size(); ++device) {
+      while (next[device] < schedule[device].size() &&
+             readiness.ready(schedule[device][next[device]])) {
+        const Instruction& in = schedule[device][next[device]];
+        on_run(static_cast<int>(device), in);
+        readiness.mark_done(in);
+        ++next[device];
+        moved = true;
+      }
+    }
+  }
+  return next;
+}
+
+/// Throws `Error(kPlan)` "schedule deadlocks: device D at instruction I (FWD stage 2 mb 5): its
+/// RECV_ACT has not run; ..." naming every device whose list `next` (from `play`) did not finish.
+void check_finished(const Schedule& schedule, const std::vector<size_t>& next,
+                    const Readiness& readiness);
+
+}  // namespace stagecraft::schedule

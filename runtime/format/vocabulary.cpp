@@ -1,0 +1,141 @@
+#include "runtime/format/vocabulary.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <utility>
+
+#include "runtime/format/error.h"
+
+namespace stagecraft {
+namespace {
+
+/// One enum's name table: every value with its name, in declaration order.
+template <typename Enum, size_t N>
+using Table = std::array<std::pair<Enum, std::string_view>, N>;
+
+constexpr Table<ScheduleKind, 5> kSchedules = {{
+    {ScheduleKind::kGPipe, "gpipe"},
+    {ScheduleKind::k1F1B, "1f1b"},
+    {ScheduleKind::kInterleaved, "interleaved"},
+    {ScheduleKind::kZBH1, "zb-h1"},
+    {ScheduleKind::kInference, "inference"},
+}};
+
+constexpr Table<OptimizerKind, 8> kOptimizers = {{
+    {OptimizerKind::kNone, "none"},
+    {OptimizerKind::kSgd, "sgd"},
+    {OptimizerKind::kMomentum, "momentum"},
+    {OptimizerKind::kNesterov, "nesterov"},
+    {OptimizerKind::kAdam, "adam"},
+    {OptimizerKind::kAdamW, "adamw"},
+    {OptimizerKind::kAdam8bit, "adam8bit"},
+    {OptimizerKind::kAdagrad, "adagrad"},
+}};
+
+constexpr Table<Precision, 2> kPrecisions = {{
+    {Precision::kFp32, "fp32"},
+    {Precision::kMixed, "mixed"},
+}};
+
+constexpr Table<Objective, 2> kObjectives = {{
+    {Objective::kSpeed, "speed"},
+    {Objective::kMemory, "memory"},
+}};
+
+constexpr Table<Recompute, 3> kRecomputes = {{
+    {Recompute::kNone, "none"},
+    {Recompute::kAll, "all"},
+    {Recompute::kAuto, "auto"},
+}};
+
+template <typename Enum, size_t N>
+std::string_view name_in(const Table<Enum, N>& table, Enum value) {
+  for (const auto& [known, name] : table)
+    if (known == value) return name;
+  return "unknown";
+}
+
+template <typename Enum, size_t N>
+std::vector<std::string_view> names_in(const Table<Enum, N>& table) {
+  std::vector<std::string_view> names;
+  for (const auto& entry : table) names.push_back(entry.second);
+  return names;
+}
+
+template <typename Enum, size_t N>
+std::optional<Enum> find_in(const Table<Enum, N>& table, std::string_view name) {
+  for (const auto& [value, known] : table)
+    if (known == name) return value;
+  return std::nullopt;
+}
+
+template <typename Enum, size_t N>
+Enum parse_in(const Table<Enum, N>& table, std::string_view what, std::string_view name) {
+  if (std::optional<Enum> value = find_in(table, name)) return *value;
+  fail(ErrorKind::kUsage, "unknown {} '{}'; valid: {}", what, name,
+       fmt::join(names_in(table), ", "));
+}
+
+}  // namespace
+
+std::string_view to_string(ScheduleKind kind) { return name_in(kSchedules, kind); }
+std::string_view to_string(OptimizerKind kind) { return name_in(kOptimizers, kind); }
+std::string_view to_string(Precision precision) { return name_in(kPrecisions, precision); }
+std::string_view to_string(Objective objective) { return name_in(kObjectives, objective); }
+std::string_view to_string(Recompute recompute) { return name_in(kRecomputes, recompute); }
+
+const std::vector<std::string_view>& schedule_names() {
+  static const std::vector<std::string_view> names = names_in(kSchedules);
+  return names;
+}
+const std::vector<std::string_view>& optimizer_names() {
+  static const std::vector<std::string_view> names = names_in(kOptimizers);
+  return names;
+}
+const std::vector<std::string_view>& precision_names() {
+  static const std::vector<std::string_view> names = names_in(kPrecisions);
+  return names;
+}
+const std::vector<std::string_view>& objective_names() {
+  static const std::vector<std::string_view> names = names_in(kObjectives);
+  return names;
+}
+const std::vector<std::string_view>& recompute_names() {
+  static const std::vector<std::string_view> names = names_in(kRecomputes);
+  return names;
+}
+
+std::optional<ScheduleKind> find_schedule(std::string_view name) {
+  return find_in(kSchedules, name);
+}
+std::optional<OptimizerKind> find_optimizer(std::string_view name) {
+  return find_in(kOptimizers, name);
+}
+std::optional<Precision> find_precision(std::string_view name) {
+  return find_in(kPrecisions, name);
+}
+std::optional<Objective> find_objective(std::string_view name) {
+  return find_in(kObjectives, name);
+}
+std::optional<Recompute> find_recompute(std::string_view name) {
+  return find_in(kRecomputes, name);
+}
+
+ScheduleKind parse_schedule(std::string_view name) {
+  return parse_in(kSchedules, "schedule", name);
+}
+OptimizerKind parse_optimizer(std::string_view name) {
+  return parse_in(kOptimizers, "optimizer", name);
+}
+Precision parse_precision(std::string_view name) {
+  return parse_in(kPrecisions, "precision", name);
+}
+Objective parse_objective(std::string_view name) {
+  return parse_in(kObjectives, "objective", name);
+}
+Recompute parse_recompute(std::string_view name) {
+  return parse_in(kRecomputes, "recompute", name);
+}
+
+}  // namespace stagecraft

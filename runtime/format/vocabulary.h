@@ -1,0 +1,86 @@
+#pragma once
+/// \file
+/// The plan's vocabulary: one enum and one name table for each choice a plan records (schedule
+/// kind, optimizer, precision, objective, recompute). The compiler parses the command line with
+/// these, the plan writer writes their names and the runtime reads them back; nothing else
+/// spells the names. Every `parse_*` throws `Error(kUsage)` naming the bad value and listing the
+/// valid names ("unknown schedule 'pipedream'; valid: gpipe, 1f1b, interleaved, zb-h1,
+/// inference"); every `find_*` returns nullopt instead.
+
+#include <optional>
+#include <string_view>
+#include <vector>
+
+namespace stagecraft {
+
+/// The order in which the devices run the forwards and backwards of their microbatches.
+enum class ScheduleKind {
+  kGPipe,        ///< "gpipe": all forwards, then all backwards (Huang et al. 2019).
+  k1F1B,         ///< "1f1b": PipeDream-Flush / Megatron-LM one-forward-one-backward.
+  kInterleaved,  ///< "interleaved": Megatron-LM interleaved 1F1B, V chunks per device.
+  kZBH1,         ///< "zb-h1": ZB-H1 of "Zero Bubble Pipeline Parallelism" (Qi et al. 2023).
+  kInference,    ///< "inference": forwards only, pipelined over the microbatches.
+};
+
+/// The optimizer that updates the weights (and whose states live next to them).
+enum class OptimizerKind {
+  kNone,      ///< "none": inference; no gradients, no states.
+  kSgd,       ///< "sgd": plain SGD, no state.
+  kMomentum,  ///< "momentum": SGD with momentum, one fp32 buffer.
+  kNesterov,  ///< "nesterov": SGD with Nesterov momentum, one fp32 buffer.
+  kAdam,      ///< "adam": two fp32 moments.
+  kAdamW,     ///< "adamw": Adam with decoupled weight decay, two fp32 moments.
+  kAdam8bit,  ///< "adam8bit": 8-bit Adam (bitsandbytes), two 8-bit moments; planning only.
+  kAdagrad,   ///< "adagrad": one fp32 sum of squared gradients.
+};
+
+/// How tensors are stored and multiplied.
+enum class Precision {
+  kFp32,   ///< "fp32": everything in fp32.
+  kMixed,  ///< "mixed": 16-bit (bf16/fp16) activations and matrix products; fp32 master
+           ///< weights, gradients and optimizer states when training.
+};
+
+/// What the partitioner minimises.
+enum class Objective {
+  kSpeed,   ///< "speed": the slowest stage's time (compute + sends), then the peak memory.
+  kMemory,  ///< "memory": the largest stage's memory, then the slowest stage's time.
+};
+
+/// Activation recomputation when training.
+enum class Recompute {
+  kNone,  ///< "none": every stage keeps its activations for the backward.
+  kAll,   ///< "all": every stage keeps only its inputs and re-runs its forward.
+  kAuto,  ///< "auto": the planner chooses the stages (see compiler/plan/planner.h).
+};
+
+/// The name of each value, as plans and command lines spell it.
+std::string_view to_string(ScheduleKind kind);
+std::string_view to_string(OptimizerKind kind);
+std::string_view to_string(Precision precision);
+std::string_view to_string(Objective objective);
+std::string_view to_string(Recompute recompute);
+
+/// Every valid name of each enum, in declaration order (for usage text and checks).
+const std::vector<std::string_view>& schedule_names();
+const std::vector<std::string_view>& optimizer_names();
+const std::vector<std::string_view>& precision_names();
+const std::vector<std::string_view>& objective_names();
+const std::vector<std::string_view>& recompute_names();
+
+/// The value called `name`, or nullopt.
+std::optional<ScheduleKind> find_schedule(std::string_view name);
+std::optional<OptimizerKind> find_optimizer(std::string_view name);
+std::optional<Precision> find_precision(std::string_view name);
+std::optional<Objective> find_objective(std::string_view name);
+std::optional<Recompute> find_recompute(std::string_view name);
+
+/// The value called `name`; throws `Error(kUsage)` "unknown <what> '<name>'; valid: <names>"
+/// otherwise.
+ScheduleKind parse_schedule(std::string_view name);
+OptimizerKind parse_optimizer(std::string_view name);
+Precision parse_precision(std::string_view name);
+Objective parse_objective(std::string_view name);
+Recompute parse_recompute(std::string_view name);
+
+}  // namespace stagecraft
