@@ -324,8 +324,9 @@ void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args&
   fmt::print(
       "plan {}: {} on {} device{}, {} microbatches of {} (batch {}); backend {}, {} thread{} per "
       "device\n",
-      args.plan_dir, plan.schedule, plan.devices, plan.devices == 1 ? "" : "s", plan.microbatches,
-      plan.microbatch_size, plan.batch, backend, threads, threads == 1 ? "" : "s");
+      args.plan_dir, to_string(plan.schedule), plan.devices, plan.devices == 1 ? "" : "s",
+      plan.microbatches, plan.microbatch_size, plan.batch, backend, threads,
+      threads == 1 ? "" : "s");
   fmt::print("inputs: {}\n", inputs_label(args, false));
   for (size_t k = 0; k < report.losses.size(); ++k)
     fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms\n", first_step + static_cast<int64_t>(k) + 1,

@@ -120,16 +120,16 @@ PlannedModel make_plan(const PlanOptions& o) {
   p.generator = "stagec 0.1.0";
   p.model_path = o.model_path;
   p.model_hash = file_hash(o.model_path);
-  p.objective = std::string(to_string(s.objective));
-  p.schedule = std::string(to_string(s.kind));
+  p.objective = s.objective;
+  p.schedule = s.kind;
   p.devices = s.shape.devices;
   p.chunks = s.shape.chunks;
   p.microbatches = s.shape.microbatches;
   p.microbatch_size = s.microbatch_size;
   p.batch = s.microbatch_size * s.shape.microbatches;
   p.training = s.shape.training;
-  p.optimizer = std::string(to_string(s.optimizer));
-  p.precision = std::string(to_string(s.precision));
+  p.optimizer = s.optimizer;
+  p.precision = s.precision;
   p.cost_model = costs.name();
   p.device = {s.device.name, s.device.kind, s.device.memory_bytes};
   p.cluster = s.cluster;
@@ -186,8 +186,7 @@ std::string search_line(const Plan& p) {
                                   : fmt::format("{:.1f}% longer than", -100 * gain);
   return fmt::format(
       "  split search: {} candidates simulated; step {} the {}-stage optimum's {:.3f} ms{}",
-      search.candidates, against,
-      p.objective == to_string(Objective::kMemory) ? "largest" : "slowest",
+      search.candidates, against, p.objective == Objective::kMemory ? "largest" : "slowest",
       search.bottleneck_step_ms, search.bottleneck_fits ? "" : " (which does not fit)");
 }
 
@@ -196,7 +195,7 @@ std::string search_line(const Plan& p) {
 std::string summarize(const Plan& p) {
   std::string out = fmt::format(
       "{} stages on {} devices ({} schedule, {} microbatches of {}; {}):\n", p.stages.size(),
-      p.devices, p.schedule, p.microbatches, p.microbatch_size, p.cost_model);
+      p.devices, to_string(p.schedule), p.microbatches, p.microbatch_size, p.cost_model);
   for (const auto& st : p.stages) {
     out += fmt::format(
         "  stage {} on device {}: {} ops, {} params, fwd {:.3f} ms, bwd {:.3f} ms, memory {}{}\n",

@@ -120,11 +120,13 @@ Manifest read_manifest(const std::string& file) {
 
 }  // namespace
 
-void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in, const SaveOptions& options) {
+void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in,
+                     const SaveOptions& options) {
   const plan::Plan& plan = pipeline.plan();
   const std::string dir = clean(dir_in);
   if (!plan.training)
-    fail(ErrorKind::kUsage, "checkpoint {}: the plan is not a training plan (nothing to save)", dir);
+    fail(ErrorKind::kUsage, "checkpoint {}: the plan is not a training plan (nothing to save)",
+         dir);
   const std::string tmp = fmt::format("{}.tmp-{}", dir, ::getpid()), old = dir + ".old";
   std::error_code ec;
   fs::remove_all(tmp, ec);
@@ -136,19 +138,19 @@ void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in, const 
     manifest["format"] = kFormatName;
     manifest["version"] = kCheckpointVersion;
     manifest["model_hash"] = plan.model_hash;
-    manifest["plan"] = {{"schedule", plan.schedule},
+    manifest["plan"] = {{"schedule", std::string(to_string(plan.schedule))},
                         {"devices", plan.devices},
                         {"microbatches", plan.microbatches}};
     manifest["step"] = pipeline.steps_done();
-    manifest["optimizer"] = plan.optimizer;
+    manifest["optimizer"] = std::string(to_string(plan.optimizer));
     nlohmann::ordered_json stages = nlohmann::ordered_json::array();
     auto write = [&](const std::string& stage_dir, const std::string& file, const Tensor& t) {
       std::string path = (fs::path(tmp) / stage_dir / file).string();
       write_npy(path, t);
       fsync_path(path, false);
       if (++files_written == options.fail_after_files)
-        throw Error(ErrorKind::kIo, fmt::format("{}: save failed after {} files (test hook)", tmp,
-                                                files_written));
+        throw Error(ErrorKind::kIo,
+                    fmt::format("{}: save failed after {} files (test hook)", tmp, files_written));
     };
     for (const plan::Stage& stage : plan.stages) {
       std::string stage_dir = fmt::format("stage_{}", stage.index);
@@ -217,16 +219,18 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
   const std::string file = (fs::path(dir) / "manifest.json").string();
   const plan::Plan& plan = pipeline.plan();
   if (!plan.training)
-    fail(ErrorKind::kUsage, "checkpoint {}: the plan is not a training plan (nothing to resume)", dir);
+    fail(ErrorKind::kUsage, "checkpoint {}: the plan is not a training plan (nothing to resume)",
+         dir);
   const Manifest manifest = read_manifest(file);
   // The plan's identity.
   auto other = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
-    fail(ErrorKind::kPlan, "checkpoint {} was written for another plan: {} {}, this plan has {}", dir,
-         what, theirs, ours);
+    fail(ErrorKind::kPlan, "checkpoint {} was written for another plan: {} {}, this plan has {}",
+         dir, what, theirs, ours);
   };
   if (manifest.model_hash != plan.model_hash)
     other("model hash", manifest.model_hash, plan.model_hash);
-  if (manifest.optimizer != plan.optimizer) other("optimizer", manifest.optimizer, plan.optimizer);
+  if (manifest.optimizer != to_string(plan.optimizer))
+    other("optimizer", manifest.optimizer, std::string(to_string(plan.optimizer)));
   const std::vector<SavedStage>& stages = manifest.stages;
   if (stages.size() != plan.stages.size())
     other("stage count", std::to_string(stages.size()), std::to_string(plan.stages.size()));
@@ -306,11 +310,13 @@ int export_model(const Pipeline& pipeline, const std::string& out_path) {
   const plan::Plan& plan = pipeline.plan();
   const std::string& model = plan.model_path;
   if (model.empty() || !fs::exists(model))
-    fail(ErrorKind::kIo, "--export: the plan's model_path {} is missing", model.empty() ? "''" : model);
+    fail(ErrorKind::kIo, "--export: the plan's model_path {} is missing",
+         model.empty() ? "''" : model);
   std::string hash = plan::file_hash(model);
   if (hash != plan.model_hash)
-    fail(ErrorKind::kPlan, "--export: {} hashes to {} but plan.json's model_hash is {} (the model changed)",
-         model, hash, plan.model_hash);
+    fail(ErrorKind::kPlan,
+         "--export: {} hashes to {} but plan.json's model_hash is {} (the model changed)", model,
+         hash, plan.model_hash);
   onnx::ModelProto proto;
   {
     std::ifstream in(model, std::ios::binary);
@@ -348,7 +354,8 @@ int export_model(const Pipeline& pipeline, const std::string& out_path) {
   }
   if (size > kProtobufLimit)
     fail(ErrorKind::kUnsupported,
-         "--export {}: the model with its weights embedded would be {:.2f} GiB, above protobuf's 2 GiB "
+         "--export {}: the model with its weights embedded would be {:.2f} GiB, above protobuf's 2 "
+         "GiB "
          "limit; exporting external-data models that large is not supported",
          out_path, static_cast<double>(size) / (1 << 30));
 
@@ -385,7 +392,8 @@ int export_model(const Pipeline& pipeline, const std::string& out_path) {
     t.set_raw_data(std::move(bytes));
   }
   if (proto.ByteSizeLong() > kProtobufLimit)
-    fail(ErrorKind::kUnsupported, "--export {}: the model would be above protobuf's 2 GiB limit", out_path);
+    fail(ErrorKind::kUnsupported, "--export {}: the model would be above protobuf's 2 GiB limit",
+         out_path);
 
   std::string tmp = fmt::format("{}.tmp-{}", out_path, ::getpid());
   {

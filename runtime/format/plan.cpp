@@ -7,12 +7,14 @@
 #include "runtime/format/plan.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "runtime/format/error.h"
 #include "runtime/format/json_reader.h"
@@ -21,6 +23,17 @@ namespace stagecraft::plan {
 namespace {
 
 namespace fs = std::filesystem;
+
+/// The vocabulary value `field` names ("field 'schedule' is 'pipedream'; valid: gpipe, ...").
+template <typename Kind>
+Kind read_name(const JsonObject& f, std::string_view field,
+               std::optional<Kind> (*find)(std::string_view),
+               const std::vector<std::string_view>& valid) {
+  std::string name = f.string(field);
+  std::optional<Kind> kind = find(name);
+  if (!kind) f.fail(field, fmt::format("is '{}'; valid: {}", name, fmt::join(valid, ", ")));
+  return *kind;
+}
 using ordered = nlohmann::ordered_json;
 
 // ---------------------------------------------------------------------------------------------
@@ -53,10 +66,18 @@ ordered tensors_json(const std::vector<StageTensor>& tensors, bool is_input) {
 }
 
 ordered training_json(const TrainingConfig& c) {
-  return {{"loss", c.loss},         {"loss_output", c.loss_output}, {"labels", c.labels},
-          {"lr", c.lr},             {"weight_decay", c.weight_decay}, {"momentum", c.momentum},
-          {"beta1", c.beta1},       {"beta2", c.beta2},             {"epsilon", c.epsilon},
-          {"lr_schedule", c.lr_schedule}, {"warmup_steps", c.warmup_steps}, {"total_steps", c.total_steps}};
+  return {{"loss", c.loss},
+          {"loss_output", c.loss_output},
+          {"labels", c.labels},
+          {"lr", c.lr},
+          {"weight_decay", c.weight_decay},
+          {"momentum", c.momentum},
+          {"beta1", c.beta1},
+          {"beta2", c.beta2},
+          {"epsilon", c.epsilon},
+          {"lr_schedule", c.lr_schedule},
+          {"warmup_steps", c.warmup_steps},
+          {"total_steps", c.total_steps}};
 }
 
 ordered arena_json(const Stage& stage) {
@@ -360,17 +381,17 @@ nlohmann::ordered_json to_json(const Plan& plan) {
           {"generator", plan.generator},
           {"model_path", plan.model_path},
           {"model_hash", plan.model_hash},
-          {"objective", plan.objective},
-          {"schedule", plan.schedule},
+          {"objective", std::string(to_string(plan.objective))},
+          {"schedule", std::string(to_string(plan.schedule))},
           {"devices", plan.devices},
           {"chunks", plan.chunks},
           {"microbatches", plan.microbatches},
           {"batch", plan.batch},
           {"microbatch_size", plan.microbatch_size},
           {"training", plan.training},
-          {"optimizer", plan.optimizer},
+          {"optimizer", std::string(to_string(plan.optimizer))},
           {"training_config", training_json(plan.training_config)},
-          {"precision", plan.precision},
+          {"precision", std::string(to_string(plan.precision))},
           {"cost_model", plan.cost_model},
           {"device", device_json(plan.device)},
           {"cluster", cluster_json(plan.cluster)},
@@ -399,17 +420,17 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.generator = f.string("generator");
   plan.model_path = f.string("model_path");
   plan.model_hash = f.string("model_hash");
-  plan.objective = f.string("objective");
-  plan.schedule = f.string("schedule");
+  plan.objective = read_name(f, "objective", find_objective, objective_names());
+  plan.schedule = read_name(f, "schedule", find_schedule, schedule_names());
   plan.devices = f.int32("devices");
   plan.chunks = f.int32("chunks");
   plan.microbatches = f.int32("microbatches");
   plan.batch = f.int64("batch");
   plan.microbatch_size = f.int64("microbatch_size");
   plan.training = f.boolean("training");
-  plan.optimizer = f.string("optimizer");
+  plan.optimizer = read_name(f, "optimizer", find_optimizer, optimizer_names());
   plan.training_config = read_training(f);
-  plan.precision = f.string("precision");
+  plan.precision = read_name(f, "precision", find_precision, precision_names());
   plan.cost_model = f.string("cost_model");
   plan.device = read_device(f);
   plan.cluster = read_cluster(f);
@@ -468,11 +489,13 @@ Plan load_plan(const std::string& plan_dir) {
     if (stage.backward_file.empty()) continue;
     std::string bwd = (dir / stage.backward_file).string();
     if (!fs::is_regular_file(bwd, ec))
-      throw Error(ErrorKind::kIo, fmt::format("is missing (named by plan.json's stages[{}].backward_file)", stage.index))
+      throw Error(
+          ErrorKind::kIo,
+          fmt::format("is missing (named by plan.json's stages[{}].backward_file)", stage.index))
           .in(bwd);
     if (file_hash(bwd) != stage.backward_file_hash)
-      throw Error(ErrorKind::kPlan,
-                  fmt::format("hash {} does not match plan.json's {}", file_hash(bwd), stage.backward_file_hash))
+      throw Error(ErrorKind::kPlan, fmt::format("hash {} does not match plan.json's {}",
+                                                file_hash(bwd), stage.backward_file_hash))
           .in(bwd);
   }
   return plan;

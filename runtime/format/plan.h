@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/format/schedule.h"
+#include "runtime/format/vocabulary.h"
 
 namespace stagecraft::plan {
 
@@ -32,11 +33,11 @@ inline constexpr std::string_view kHashPrefix = "fnv1a64:";
 /// it (empty when it is only a graph output).
 struct StageTensor {
   std::string name;
-  std::string dtype;            ///< "float32", "int64", ... (runtime/format/dtype.h names).
-  std::vector<int64_t> shape;   ///< Per microbatch.
-  int peer_stage = -1;          ///< Inputs only.
-  std::vector<int> peer_stages; ///< Outputs only.
-  bool graph_output = false;    ///< Outputs only.
+  std::string dtype;             ///< "float32", "int64", ... (runtime/format/dtype.h names).
+  std::vector<int64_t> shape;    ///< Per microbatch.
+  int peer_stage = -1;           ///< Inputs only.
+  std::vector<int> peer_stages;  ///< Outputs only.
+  bool graph_output = false;     ///< Outputs only.
   int64_t bytes = 0;
 };
 
@@ -55,9 +56,9 @@ struct ArenaTensor {
 /// and an export hold it once, from the lowest holder. Each holder lists it alike.
 struct SharedWeight {
   std::string name;
-  std::string dtype;           ///< runtime/format/dtype.h names.
+  std::string dtype;  ///< runtime/format/dtype.h names.
   std::vector<int64_t> shape;
-  std::vector<int> stages;     ///< Every holder, ascending, at least two; this stage among them.
+  std::vector<int> stages;  ///< Every holder, ascending, at least two; this stage among them.
 };
 
 /// Bytes one stage holds at its peak, by what holds them: the cost model's memory anatomy
@@ -98,9 +99,9 @@ struct ClusterSpec {
 struct Stage {
   int index = 0;
   int device = 0;
-  int chunk = 0;                 ///< Which of the device's V chunks (interleaved), else 0.
-  std::string file;              ///< "stage_0.onnx", relative to the plan directory.
-  std::string file_hash;         ///< "fnv1a64:<16 hex digits>" of the stage file's bytes ("" in dry runs).
+  int chunk = 0;          ///< Which of the device's V chunks (interleaved), else 0.
+  std::string file;       ///< "stage_0.onnx", relative to the plan directory.
+  std::string file_hash;  ///< "fnv1a64:<16 hex digits>" of the stage file's bytes ("" in dry runs).
   /// Training: the stage's backward program ("stage_0_bwd.onnx", gradient ops of
   /// runtime/format/grad_ops.h) and its hash; "" for inference plans and dry runs.
   std::string backward_file;
@@ -109,22 +110,22 @@ struct Stage {
   int64_t params = 0;
   std::vector<StageTensor> inputs;
   std::vector<StageTensor> outputs;
-  double fwd_ms = 0;             ///< Per microbatch.
-  double bwd_ms = 0;             ///< Per microbatch (0 for inference).
+  double fwd_ms = 0;  ///< Per microbatch.
+  double bwd_ms = 0;  ///< Per microbatch (0 for inference).
   /// Training: the two parts of bwd_ms (B + W = bwd_ms) as the planner simulated them: B, the
   /// input gradient (with the forward re-run under recomputation), and W, the weight gradients
   /// (with their accumulation into the step's sums). Only ZB-H1 runs them apart. 0 for inference.
   double backward_input_ms = 0;
   double backward_weight_ms = 0;
-  double optimizer_ms = 0;       ///< Training: the stage's optimizer step, once per step.
-  double send_ms = 0;            ///< Sending its outputs to the next stage, per microbatch.
-  int64_t in_flight = 1;         ///< Microbatches whose activations it holds at its peak.
+  double optimizer_ms = 0;  ///< Training: the stage's optimizer step, once per step.
+  double send_ms = 0;       ///< Sending its outputs to the next stage, per microbatch.
+  int64_t in_flight = 1;    ///< Microbatches whose activations it holds at its peak.
   /// Training: activation recomputation. The stage keeps only its inputs per microbatch in
   /// flight and re-runs its forward just before the backward (bwd_ms includes that forward).
   bool recompute = false;
   MemoryBytes memory;
-  int64_t arena_bytes = 0;           ///< The forward program's arena (one microbatch).
-  std::vector<ArenaTensor> arena;    ///< Where each intermediate lives in it.
+  int64_t arena_bytes = 0;         ///< The forward program's arena (one microbatch).
+  std::vector<ArenaTensor> arena;  ///< Where each intermediate lives in it.
   /// Training: the backward program's arena (one microbatch's gradients in flight inside the
   /// backward, placed by runtime/format/memory_plan.h over the backward file's node order); the
   /// runtime checks its own plan of the backward file against it. 0 for inference.
@@ -134,7 +135,7 @@ struct Stage {
   /// Training: predicted time of the step's exchange of the shared weights' gradients (0 when
   /// none); the optimizer step of the stage waits for it.
   double shared_exchange_ms = 0;
-  std::string why;               ///< Why the stage ends where it does.
+  std::string why;  ///< Why the stage ends where it does.
 };
 
 /// One op's predictions.
@@ -154,11 +155,11 @@ struct Prediction {
   double step_ms = 0;
   double bubble_fraction = 0;
   double samples_per_s = 0;
-  int64_t peak_memory_bytes = 0;          ///< Largest device peak.
+  int64_t peak_memory_bytes = 0;  ///< Largest device peak.
   std::vector<double> device_busy_ms;
   std::vector<int64_t> device_peak_bytes;
-  std::vector<std::string> split_after;   ///< Node names after which each cut falls.
-  bool fits = true;                       ///< Every device within its memory.
+  std::vector<std::string> split_after;  ///< Node names after which each cut falls.
+  bool fits = true;                      ///< Every device within its memory.
 };
 
 /// How the split was chosen: the exact solve (that minimises the slowest stage's time, or for
@@ -176,42 +177,42 @@ struct SplitSearch {
 
 /// How a training plan trains (ignored by inference plans).
 struct TrainingConfig {
-  std::string loss;          ///< "mse" | "cross-entropy" | "model" (the model's own scalar output).
-  std::string loss_output;   ///< The loss value's name.
-  std::string labels;        ///< The labels input ("" for "model").
+  std::string loss;         ///< "mse" | "cross-entropy" | "model" (the model's own scalar output).
+  std::string loss_output;  ///< The loss value's name.
+  std::string labels;       ///< The labels input ("" for "model").
   double lr = 1e-3;
   double weight_decay = 0;
-  double momentum = 0.9;     ///< momentum and nesterov.
+  double momentum = 0.9;                              ///< momentum and nesterov.
   double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;  ///< adam and adamw.
-  std::string lr_schedule = "constant";  ///< "constant" | "warmup-linear" | "cosine".
+  std::string lr_schedule = "constant";               ///< "constant" | "warmup-linear" | "cosine".
   int64_t warmup_steps = 0;
-  int64_t total_steps = 0;   ///< Where warmup-linear and cosine reach 0 (0: constant after warm-up).
+  int64_t total_steps = 0;  ///< Where warmup-linear and cosine reach 0 (0: constant after warm-up).
 };
 
 struct Plan {
   int format_version = kPlanFormatVersion;
-  std::string generator;          ///< "stagec 0.1.0".
+  std::string generator;  ///< "stagec 0.1.0".
   std::string model_path;
-  std::string model_hash;         ///< "fnv1a64:<16 hex digits>" of the model file's bytes.
-  std::string objective;          ///< "speed" | "memory".
-  std::string schedule;           ///< "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "inference".
+  std::string model_hash;  ///< "fnv1a64:<16 hex digits>" of the model file's bytes.
+  Objective objective = Objective::kSpeed;
+  ScheduleKind schedule = ScheduleKind::k1F1B;
   int devices = 1;
-  int chunks = 1;                 ///< V.
-  int microbatches = 1;           ///< M.
-  int64_t batch = 1;              ///< Global batch B = M x microbatch_size.
+  int chunks = 1;        ///< V.
+  int microbatches = 1;  ///< M.
+  int64_t batch = 1;     ///< Global batch B = M x microbatch_size.
   int64_t microbatch_size = 1;
   bool training = false;
-  std::string optimizer;          ///< "none" | "sgd" | ...
+  OptimizerKind optimizer = OptimizerKind::kNone;
   TrainingConfig training_config;
-  std::string precision;          ///< "fp32" | "mixed".
-  std::string cost_model;         ///< e.g. "roofline(h100, fp32)".
+  Precision precision = Precision::kFp32;
+  std::string cost_model;  ///< e.g. "roofline(h100, fp32)".
   DeviceSpec device;
   ClusterSpec cluster;
   std::vector<Stage> stages;
   std::vector<OpRecord> ops;
   Prediction predicted;
-  Prediction baseline_parameters; ///< DeepSpeed's 'parameters' method: balance parameter counts.
-  Prediction baseline_uniform;    ///< DeepSpeed's 'uniform' method: balance op counts.
+  Prediction baseline_parameters;  ///< DeepSpeed's 'parameters' method: balance parameter counts.
+  Prediction baseline_uniform;     ///< DeepSpeed's 'uniform' method: balance op counts.
   SplitSearch search;
   /// What the planner's simulation of `predicted` played, every instruction of every device
   /// (per device in list order): stagedump draws it and stagerun sets its measured run beside

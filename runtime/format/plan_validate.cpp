@@ -84,10 +84,6 @@ class Validator {
   void check_header() const {
     check_format_version(plan_.format_version, source_);
     check_hash("model_hash", plan_.model_hash);
-    check_name("objective", plan_.objective, objective_names());
-    check_name("schedule", plan_.schedule, schedule_names());
-    check_name("precision", plan_.precision, precision_names());
-    check_name("optimizer", plan_.optimizer, optimizer_names());
     at_least_one("devices", plan_.devices);
     at_least_one("chunks", plan_.chunks);
     at_least_one("microbatches", plan_.microbatches);
@@ -97,19 +93,19 @@ class Validator {
                                  plan_.batch, plan_.microbatches, plan_.microbatch_size,
                                  plan_.microbatches * plan_.microbatch_size));
     }
-    if (plan_.chunks != 1 && plan_.schedule != "interleaved") {
+    if (plan_.chunks != 1 && plan_.schedule != ScheduleKind::kInterleaved) {
       fault("chunks", fmt::format("is {}, but only the interleaved schedule has more than one "
                                   "chunk per device (schedule is '{}')",
-                                  plan_.chunks, plan_.schedule));
+                                  plan_.chunks, to_string(plan_.schedule)));
     }
-    if (plan_.schedule == "interleaved" && plan_.microbatches % plan_.devices != 0) {
+    if (plan_.schedule == ScheduleKind::kInterleaved && plan_.microbatches % plan_.devices != 0) {
       fault("microbatches", fmt::format("is {}, but the interleaved schedule needs a multiple of "
                                         "the {} devices",
                                         plan_.microbatches, plan_.devices));
     }
-    if (plan_.training == (plan_.schedule == "inference")) {
-      fault("training",
-            fmt::format("is {}, but the schedule is '{}'", plan_.training, plan_.schedule));
+    if (plan_.training == (plan_.schedule == ScheduleKind::kInference)) {
+      fault("training", fmt::format("is {}, but the schedule is '{}'", plan_.training,
+                                    to_string(plan_.schedule)));
     }
   }
 

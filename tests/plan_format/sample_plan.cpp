@@ -49,16 +49,16 @@ plan::Plan sample_plan(const std::string& schedule, int devices, int chunks, int
   p.generator = "stagecraft tests";
   p.model_path = "model.onnx";
   p.model_hash = "fnv1a64:0123456789abcdef";
-  p.objective = "speed";
-  p.schedule = schedule;
+  p.objective = Objective::kSpeed;
+  p.schedule = parse_schedule(schedule);
   p.devices = devices;
   p.chunks = chunks;
   p.microbatches = microbatches;
   p.microbatch_size = 2;
   p.batch = microbatches * 2;
   p.training = schedule != "inference";
-  p.optimizer = p.training ? "adamw" : "none";
-  p.precision = "fp32";
+  p.optimizer = p.training ? OptimizerKind::kAdamW : OptimizerKind::kNone;
+  p.precision = Precision::kFp32;
   p.cost_model = "roofline(test, fp32)";
   p.device = {"test", "gpu", 1'000'000'000};
   p.cluster = {8, {100e9, 1e-6}, {10e9, 1e-5}};
@@ -156,7 +156,7 @@ plan::Plan write_plan_dir(plan::Plan plan, const std::string& dir) {
   }
   write_text((fs::path(dir) / "plan.json").string(), plan::to_json(plan).dump(2) + "\n");
   schedule::PipelineShape shape{plan.devices, plan.chunks, plan.microbatches, plan.training};
-  schedule::Schedule steps = schedule::build_schedule(parse_schedule(plan.schedule), shape);
+  schedule::Schedule steps = schedule::build_schedule(plan.schedule, shape);
   write_text((fs::path(dir) / "schedule.json").string(), schedule::to_json(steps).dump(1) + "\n");
   return plan;
 }

@@ -46,14 +46,15 @@ std::string facts(const PlanView& view) {
     html += row({std::string(key), escaped(value)});
   };
   fact("model", plan.model_path);
-  fact("schedule", fmt::format("{}: {} x {}", plan.schedule, plural(plan.devices, "device"),
-                               plural(plan.chunks, "chunk")));
+  fact("schedule", fmt::format("{}: {} x {}", to_string(plan.schedule),
+                               plural(plan.devices, "device"), plural(plan.chunks, "chunk")));
   fact("batch",
        fmt::format("{} = {} x {}", plan.batch,
                    plural(plan.microbatches, "microbatch", "microbatches"), plan.microbatch_size));
   fact(plan.training ? "training" : "inference",
-       fmt::format("optimizer {}, precision {}", plan.optimizer, plan.precision));
-  fact("objective", plan.objective);
+       fmt::format("optimizer {}, precision {}", to_string(plan.optimizer),
+                   to_string(plan.precision)));
+  fact("objective", std::string(to_string(plan.objective)));
   fact("cost model", plan.cost_model);
   fact("predicted", fmt::format("step {:.3f} ms, {:.0f} samples/s, bubble {:.1f}%, peak {}",
                                 p.step_ms, p.samples_per_s, 100 * p.bubble_fraction,
@@ -208,7 +209,7 @@ std::string render_html(const PlanView& view) {
       "<h2>Timeline</h2>\n<p>{} as the planner predicted it: step {:.3f} ms, "
       "bubble {:.1f}%. F forward, B backward (input gradient under zb-h1), W "
       "weight gradient (faded), with the microbatch; lower case for later chunks.</p>\n",
-      escaped(view.plan.schedule), view.plan.predicted.step_ms,
+      escaped(std::string(to_string(view.plan.schedule))), view.plan.predicted.step_ms,
       100 * view.plan.predicted.bubble_fraction);
   html += timeline_svg(view);
   return html + "</body>\n</html>\n";

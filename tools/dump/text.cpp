@@ -62,15 +62,17 @@ std::string header(const PlanView& view) {
                            plan.generator));
   line("model", plan.model_hash.empty() ? plan.model_path
                                         : fmt::format("{} ({})", plan.model_path, plan.model_hash));
-  line("schedule", fmt::format("{}: {} x {} = {}", plan.schedule, plural(plan.devices, "device"),
-                               plural(plan.chunks, "chunk"), plural(plan.stages.size(), "stage")));
+  line("schedule",
+       fmt::format("{}: {} x {} = {}", to_string(plan.schedule), plural(plan.devices, "device"),
+                   plural(plan.chunks, "chunk"), plural(plan.stages.size(), "stage")));
   line("batch",
        fmt::format("{} = {} x {}", plan.batch,
                    plural(plan.microbatches, "microbatch", "microbatches"), plan.microbatch_size));
   line(plan.training ? "training" : "inference",
-       plan.training ? fmt::format("optimizer {}, precision {}", plan.optimizer, plan.precision)
-                     : fmt::format("precision {}", plan.precision));
-  line("objective", plan.objective);
+       plan.training ? fmt::format("optimizer {}, precision {}", to_string(plan.optimizer),
+                                   to_string(plan.precision))
+                     : fmt::format("precision {}", to_string(plan.precision)));
+  line("objective", std::string(to_string(plan.objective)));
   line("cost model", plan.cost_model);
   return text;
 }
@@ -163,7 +165,7 @@ std::string search_text(const plan::Plan& plan) {
   return fmt::format(
       "search      {}; step {} ms is {} {} than the {}-stage optimum's {} ms{}\n", simulated,
       ms(plan.predicted.step_ms), percent(std::abs(gain)), gain >= 0 ? "shorter" : "longer",
-      plan.objective == "memory" ? "largest" : "slowest", ms(search.bottleneck_step_ms),
+      plan.objective == Objective::kMemory ? "largest" : "slowest", ms(search.bottleneck_step_ms),
       search.bottleneck_fits ? "" : " (which does not fit)");
 }
 
@@ -182,7 +184,7 @@ std::string predictions(const PlanView& view) {
                format_bytes(static_cast<double>(p.peak_memory_bytes)), p.fits ? "yes" : "no",
                ratio});
   };
-  row("ours (" + plan.objective + ")", ours);
+  row(fmt::format("ours ({})", to_string(plan.objective)), ours);
   row("parameters", plan.baseline_parameters);
   row("uniform", plan.baseline_uniform);
   text +=
@@ -218,7 +220,7 @@ std::string render_ascii_timeline(const PlanView& view, int columns) {
   std::string text = fmt::format(
       "\ntimeline    {} as the planner predicted it: step {} ms, bubble {}; one column = "
       "{:.3g} us\n",
-      view.plan.schedule, ms(view.plan.predicted.step_ms),
+      to_string(view.plan.schedule), ms(view.plan.predicted.step_ms),
       percent(view.plan.predicted.bubble_fraction), scale * 1e6);
   for (int device = 0; device < devices; ++device) {
     text += fmt::format("  device {:<3}|{}|\n", device, rows[device]);
