@@ -204,16 +204,7 @@ TEST_CASE("accumulation: a value read several times gets its partial gradients s
 }
 
 TEST_CASE("a loss stage: loss@grad seeds SoftmaxCrossEntropyLoss - labels get no gradient") {
-  onnx::ModelProto model = empty_model();
-  auto* gp = model.mutable_graph();
-  testing::add_tensor_info(gp->add_input(), "x", kFloat, {4, 6});
-  testing::add_tensor_info(gp->add_input(), "labels", kInt64, {4});
-  testing::add_float_initializer(gp, "W", {6, 5});
-  testing::add_float_initializer(gp, "b", {5});
-  add_node(gp, "Gemm", {"x", "W", "b"}, {"scores"}, "fc");
-  add_node(gp, "SoftmaxCrossEntropyLoss", {"scores", "labels"}, {"loss"}, "sce");
-  testing::add_tensor_info(gp->add_output(), "loss", kFloat, {});
-  ir::Graph g = import_proto(model);
+  ir::Graph g = import_proto(loss_stage_model());
   BackwardSpec spec = whole_graph_spec(g);
   spec.wanted.push_back(value(g, "x"));
   spec.loss = value(g, "loss");

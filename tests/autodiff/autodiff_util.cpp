@@ -30,6 +30,19 @@ onnx::ModelProto empty_model() {
   return m;
 }
 
+onnx::ModelProto loss_stage_model() {
+  onnx::ModelProto model = empty_model();
+  auto* gp = model.mutable_graph();
+  testing::add_tensor_info(gp->add_input(), "x", kFloat, {4, 6});
+  testing::add_tensor_info(gp->add_input(), "labels", kInt64, {4});
+  testing::add_float_initializer(gp, "W", {6, 5});
+  testing::add_float_initializer(gp, "b", {5});
+  testing::add_node(gp, "Gemm", {"x", "W", "b"}, {"scores"}, "fc");
+  testing::add_node(gp, "SoftmaxCrossEntropyLoss", {"scores", "labels"}, {"loss"}, "sce");
+  testing::add_tensor_info(gp->add_output(), "loss", kFloat, {});
+  return model;
+}
+
 ir::Graph import_proto(const onnx::ModelProto& model) {
   testing::TempDir dir;
   testing::write_model(model, dir.file("m.onnx"));

@@ -23,6 +23,10 @@ std::string sample(const std::string& name);
 /// An empty opset-17 model to build graphs in.
 onnx::ModelProto empty_model();
 
+/// A loss stage: x [4,6] -> Gemm (W [6,5], b [5]) -> scores -> SoftmaxCrossEntropyLoss with int64
+/// labels [4] -> scalar loss.
+onnx::ModelProto loss_stage_model();
+
 /// `model` imported as stagec would (written to a temporary file first).
 ir::Graph import_proto(const onnx::ModelProto& model);
 

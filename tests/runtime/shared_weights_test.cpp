@@ -21,6 +21,7 @@
 #include "runtime/exec/transport.h"
 #include "runtime/format/error.h"
 #include "samples/builder/sample_models.h"
+#include "tests/plan_format/sample_plan.h"
 #include "tests/test_util.h"
 #include "tools/dump/render.h"
 #include "tools/dump/view.h"
@@ -327,15 +328,8 @@ TEST_CASE(
   }
   // The exchange is in the predicted step: without it the same schedule is faster.
   dump::PlanView view = dump::load_view(plan_dir);
-  schedule::StageCosts costs;  // the plan's own stage times, as the planner simulated them
-  for (const plan::Stage& stage : plan.stages) {
-    costs.forward_s.push_back(stage.fwd_ms / 1e3);
-    costs.backward_input_s.push_back(stage.backward_input_ms / 1e3);
-    costs.backward_weight_s.push_back(stage.backward_weight_ms / 1e3);
-    costs.optimizer_s = std::max(costs.optimizer_s, stage.optimizer_ms / 1e3);
-    costs.send_s.push_back(stage.send_ms / 1e3);
-    costs.shared_allreduce_s.push_back(stage.shared_exchange_ms / 1e3);
-  }
+  // The plan's own stage times, as the planner simulated them.
+  schedule::StageCosts costs = testing::stage_costs(plan);
   CHECK(schedule::simulate(view.schedule, view.shape, costs).step_s * 1e3 ==
         doctest::Approx(plan.predicted.step_ms));
   double with = schedule::simulate(view.schedule, view.shape, costs).step_s;
