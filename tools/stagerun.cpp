@@ -1,6 +1,6 @@
 // stagerun: execute a plan directory with microbatch pipelining.
 //
-//   stagerun PLAN_DIR [--backend cpu] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
+//   stagerun PLAN_DIR [--backend auto|cpu|cuda] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE] [--json]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
 //
@@ -12,7 +12,8 @@
 // microbatches joined along the first axis.
 //
 // --json schema (stable: keys are only ever added; times in ms, memory in bytes):
-//   {plan, backend, threads_per_device, devices, microbatches, batch, steps, inputs,
+//   {plan, backend, [backend_auto], threads_per_device, devices, microbatches, batch, steps,
+//   inputs,
 //    step_ms [every step], median_step_ms, samples_per_s,
 //    bubble {measured, predicted}, predicted_step_ms, cost_model,
 //    device [{device, busy_fraction, peak_bytes, predicted_peak_bytes, arena_bytes, weight_bytes}],
@@ -133,7 +134,7 @@ std::vector<std::map<std::string, rt::Tensor>> cut_batches(
 
 // The command line.
 struct Args {
-  std::string plan_dir, backend_name = "cpu", inputs_path, outputs_dir, trace_path, inject_fault;
+  std::string plan_dir, backend_name = "auto", inputs_path, outputs_dir, trace_path, inject_fault;
   std::string data_dir, checkpoint_dir, resume_dir, export_path;
   int steps = 1, threads = 1, save_every = 0;
   bool synthetic = false, json = false, quiet = false, skip_nonfinite = false;
@@ -143,7 +144,8 @@ struct Args {
 void add_options(CLI::App& app, Args& args) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   app.add_option("plan", args.plan_dir, "Plan directory written by stagec")->required();
-  app.add_option("--backend", args.backend_name, "Backend: cpu (default) or cuda")
+  app.add_option("--backend", args.backend_name,
+                 "Backend: auto (cuda where a GPU is visible, else cpu; says which), cpu or cuda")
       ->capture_default_str();
   app.add_option("--steps", args.steps,
                  "Steps to run over the same batch; figures are of the median step")
@@ -269,7 +271,7 @@ std::string inputs_label(const Args& args, bool json) {
 
 // --json: one object per training step (JSON Lines), then the summary (schema: file comment).
 void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args& args,
-                std::string_view backend, int64_t first_step,
+                std::string_view backend, const std::string& auto_reason, int64_t first_step,
                 const nlohmann::ordered_json& outputs) {
   double step_s = report.step_s[report.reported_step];
   for (size_t k = 0; k < report.losses.size(); ++k)
@@ -280,6 +282,7 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
   nlohmann::ordered_json j;
   j["plan"] = args.plan_dir;
   j["backend"] = std::string(backend);
+  if (!auto_reason.empty()) j["backend_auto"] = auto_reason;  // why --backend auto chose it
   j["threads_per_device"] = args.threads;
   j["devices"] = plan.devices;
   j["microbatches"] = plan.microbatches;
@@ -389,7 +392,10 @@ int main(int argc, char** argv) {
     }
     check_args(args);
 
-    const rt::Backend& backend = rt::backend_by_name(args.backend_name);
+    std::string chosen;
+    const rt::Backend& backend = args.backend_name == "auto"
+                                     ? rt::auto_backend(&chosen)
+                                     : rt::backend_by_name(args.backend_name);
     auto pipeline = rt::Pipeline::load(args.plan_dir, backend, args.threads);
     const plan::Plan& plan = pipeline->plan();
     if (!args.data_dir.empty() && (!args.inputs_path.empty() || args.synthetic))
@@ -437,9 +443,12 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json outputs = write_outputs(report, args.outputs_dir);
     write_trace(report, args, plan.devices);
     if (args.json)
-      print_json(report, plan, args, backend.name(), first_step, outputs);
+      print_json(report, plan, args, backend.name(), chosen, first_step, outputs);
     else if (args.trace_path != "-")
-      print_text(report, plan, args, backend.name(), first_step, outputs);
+      print_text(report, plan, args,
+                 chosen.empty() ? std::string(backend.name())
+                                : fmt::format("{} (auto: {})", backend.name(), chosen),
+                 first_step, outputs);
     return 0;
   });
 }

@@ -5,6 +5,13 @@
 
 #include "runtime/format/error.h"
 
+#ifdef STAGECRAFT_WITH_CUDA
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <filesystem>
+#endif
+
 namespace stagecraft::rt {
 
 const KernelEntry* Backend::find(std::string_view op_type) const {
@@ -29,16 +36,103 @@ KernelFn Backend::kernel(std::string_view op_type) const { return entry(op_type)
 
 namespace {
 
-// The registry: every backend by name; `get` is null for one this build lacks.
+const Backend* cpu_backend_ptr() { return &cpu_backend(); }
+
+// The registry: every backend by name; `get` gives null for one this build lacks.
 struct Registered {
   std::string_view name;
-  const Backend& (*get)();
+  const Backend* (*get)();
 };
 constexpr Registered kBackends[] = {
-    {"cpu", cpu_backend}, {"cuda", nullptr},  // runtime/cuda, not built yet
+    {"cpu", cpu_backend_ptr},
+    {"cuda", cuda_backend},
 };
 
 }  // namespace
+
+#ifdef STAGECRAFT_WITH_CUDA
+namespace {
+
+// The CUDA plugin, loaded once: the backend, or why there is none.
+struct CudaPlugin {
+  const Backend* backend = nullptr;
+  std::string why;
+};
+
+// Where the plugin may be: $STAGECRAFT_CUDA_PLUGIN, beside the executable, in ../lib from it
+// (an installed prefix), and where this build made it.
+std::vector<std::string> plugin_candidates() {
+  std::vector<std::string> out;
+  if (const char* env = std::getenv("STAGECRAFT_CUDA_PLUGIN"); env != nullptr && *env != '\0')
+    return {env};
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    out.push_back((exe.parent_path() / "libstagecraft_cuda.so").string());
+    out.push_back((exe.parent_path().parent_path() / "lib" / "libstagecraft_cuda.so").string());
+  }
+  out.push_back(STAGECRAFT_CUDA_PLUGIN_BUILT);
+  return out;
+}
+
+const CudaPlugin& cuda_plugin() {
+  static const CudaPlugin plugin = [] {
+    CudaPlugin p;
+    std::vector<std::string> tried;
+    for (const std::string& path : plugin_candidates()) {
+      if (!std::filesystem::exists(path)) {
+        tried.push_back(path);
+        continue;
+      }
+      void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);  // never closed
+      if (handle == nullptr) {
+        p.why = fmt::format("the CUDA backend {} cannot be loaded: {}", path, ::dlerror());
+        return p;
+      }
+      using Entry = const Backend* (*)();
+      auto entry = reinterpret_cast<Entry>(::dlsym(handle, "stagecraft_cuda_backend"));
+      if (entry == nullptr) {
+        p.why =
+            fmt::format("{} is not a stagecraft CUDA backend (no stagecraft_cuda_backend)", path);
+        return p;
+      }
+      p.backend = entry();
+      return p;
+    }
+    p.why =
+        fmt::format("the CUDA backend plugin is missing (looked for {})", fmt::join(tried, ", "));
+    return p;
+  }();
+  return plugin;
+}
+
+}  // namespace
+
+const Backend* cuda_backend() { return cuda_plugin().backend; }
+
+std::string cuda_backend_missing() { return cuda_plugin().why; }
+#else
+const Backend* cuda_backend() { return nullptr; }
+
+std::string cuda_backend_missing() {
+  return "this build has no CUDA backend (CMake found no CUDA compiler)";
+}
+#endif
+
+const Backend& auto_backend(std::string* why) {
+  const Backend* cuda = cuda_backend();
+  std::string reason;
+  if (cuda == nullptr)
+    reason = cuda_backend_missing();
+  else
+    reason = cuda->unavailable();
+  if (cuda != nullptr && reason.empty()) {
+    if (why != nullptr) *why = "a GPU is visible";
+    return *cuda;
+  }
+  if (why != nullptr) *why = reason;
+  return cpu_backend();
+}
 
 std::vector<std::string_view> backend_names() {
   std::vector<std::string_view> names;
@@ -47,13 +141,18 @@ std::vector<std::string_view> backend_names() {
 }
 
 const Backend& backend_by_name(std::string_view name) {
+  if (name == "auto") return auto_backend();
   for (const Registered& r : kBackends) {
     if (r.name != name) continue;
-    if (r.get == nullptr)
-      fail(ErrorKind::kUnsupported, "the {} backend is not built yet; use --backend cpu", name);
-    return r.get();
+    const Backend* backend = r.get();
+    if (backend == nullptr)
+      fail(ErrorKind::kUnsupported, "--backend {}: {}; use --backend cpu", name,
+           cuda_backend_missing());
+    if (std::string why = backend->unavailable(); !why.empty())
+      fail(ErrorKind::kUnsupported, "--backend {}: {}; use --backend cpu", name, why);
+    return *backend;
   }
-  fail(ErrorKind::kUsage, "unknown backend '{}' (valid: {})", name,
+  fail(ErrorKind::kUsage, "unknown backend '{}' (valid: auto, {})", name,
        fmt::join(backend_names(), ", "));
 }
 
@@ -61,6 +160,20 @@ Tensor clone_on(DeviceContext& device, const Tensor& t) {
   Tensor copy = device.new_tensor(t.dtype, t.shape, false);
   device.copy(t, copy);
   return copy;
+}
+
+Tensor to_device(DeviceContext& device, const Tensor& host) {
+  if (device.host_visible() || host.dtype == DType::kUndefined) return host;
+  Tensor t = device.new_tensor(host.dtype, host.shape, false);
+  if (host.bytes() > 0) device.write(t, host.data, host.bytes());
+  return t;
+}
+
+Tensor to_host(DeviceContext& device, const Tensor& t) {
+  if (device.host_visible() || t.dtype == DType::kUndefined) return t;
+  Tensor host = Tensor::uninitialized(t.dtype, t.shape);
+  if (t.bytes() > 0) device.read(t, host.data, t.bytes());
+  return host;
 }
 
 float read_float(DeviceContext& device, const Tensor& t) {

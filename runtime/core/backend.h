@@ -37,6 +37,20 @@ class Backend {
   /// memory, copies and update kernels (runtime/core/device.h).
   virtual std::unique_ptr<DeviceContext> make_device(int device, int threads) const = 0;
 
+  /// "" when this process can use the backend's devices, else why not, in one line ("no CUDA
+  /// GPU is visible: cudaGetDeviceCount says ..."). Asked before anything is allocated.
+  virtual std::string unavailable() const { return ""; }
+
+  /// The physical device that a plan's device `device` runs on, and its memory: several plan
+  /// devices may share one (the CPU backend's devices are all this machine; on one GPU, a
+  /// plan's devices all share it).
+  struct Physical {
+    int index = 0;
+    int64_t memory_bytes = 0;
+    std::string name;  ///< For messages: "this machine's physical memory", "GPU 0 (NVIDIA H100)".
+  };
+  virtual Physical physical_device(int device) const = 0;
+
  protected:
   const KernelEntry* find(std::string_view op_type) const;
 };
@@ -44,11 +58,22 @@ class Backend {
 /// The CPU backend (oneDNN and plain C++; runtime/cpu).
 const Backend& cpu_backend();
 
+/// The CUDA backend (runtime/cuda), loaded from its plugin (libstagecraft_cuda.so) on first
+/// use; null in a build without CUDA or when the plugin cannot be loaded (`cuda_backend_missing`
+/// says why).
+const Backend* cuda_backend();
+std::string cuda_backend_missing();
+
 /// The names of the backends this build knows, in registry order ("cpu", "cuda").
 std::vector<std::string_view> backend_names();
 
-/// The backend named `name`; throws `Error(kUsage)` listing the known names for an unknown one,
-/// and `Error(kUnsupported)` for a known one this build lacks ("cuda" without CUDA).
+/// `--backend auto`: the CUDA backend where it is built and a GPU is visible, else the CPU
+/// backend; `why` (when given) gets the reason ("a GPU is visible", or why the CPU's).
+const Backend& auto_backend(std::string* why = nullptr);
+
+/// The backend named `name` ("auto" too: `auto_backend`); throws `Error(kUsage)` listing the
+/// known names for an unknown one, and `Error(kUnsupported)` for a known one this build lacks
+/// ("cuda" without CUDA) or this process cannot use (no GPU: `unavailable`).
 const Backend& backend_by_name(std::string_view name);
 
 }  // namespace stagecraft::rt

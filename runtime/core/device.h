@@ -67,6 +67,16 @@ class DeviceContext {
   virtual ~DeviceContext() = default;
   int threads = 1;  ///< CPU threads its kernels use.
 
+  /// Whether the device's tensors are host memory (the CPU backend): then host tensors are used
+  /// as they are, with no copy (`to_device`, `to_host`).
+  virtual bool host_visible() const { return true; }
+  /// Waits until everything the device was asked to do is done (a kernel's output may then be
+  /// read by another device's worker). Nothing to wait for where kernels run synchronously.
+  virtual void synchronize() {}
+  /// `t` as this device can read it: `t` itself where it can (host memory, this device's own
+  /// memory), else a copy on this device (a tensor another GPU made).
+  virtual Tensor adopt(const Tensor& t) { return t; }
+
   // Memory.
 
   /// A buffer of at least `bytes` bytes (an arena). Throws `Error(kIo)` naming the size when
@@ -104,6 +114,12 @@ class DeviceContext {
 
 /// A copy of `t` the device owns.
 Tensor clone_on(DeviceContext& device, const Tensor& t);
+
+/// The host tensor `host` on the device: `host` itself on a host-visible device, else a copy.
+Tensor to_device(DeviceContext& device, const Tensor& host);
+
+/// The device tensor `t` in host memory: `t` itself on a host-visible device, else a copy.
+Tensor to_host(DeviceContext& device, const Tensor& t);
 
 /// The one float32 element of `t` (a loss), read back to the host.
 float read_float(DeviceContext& device, const Tensor& t);

@@ -213,6 +213,19 @@ std::map<std::string, Tensor> Program::weights() const {
   return out;
 }
 
+void Program::rebind_weights(const std::map<std::string, Tensor>& weights) {
+  for (Slot& slot : slots_) {
+    if (slot.kind != Slot::kWeight) continue;
+    auto it = weights.find(slot.info.name);
+    if (it == weights.end())
+      fail(ErrorKind::kInternal, "{}: rebinding weights: '{}' is missing", source_, slot.info.name);
+    if (it->second.dtype != slot.weight.dtype || it->second.shape != slot.weight.shape)
+      fail(ErrorKind::kInternal, "{}: rebinding weight '{}' ({}) to {}", source_, slot.info.name,
+           slot.weight.describe(), it->second.describe());
+    slot.weight = it->second;
+  }
+}
+
 std::vector<Tensor> Program::run_subset(DeviceContext& device, std::span<const Tensor> inputs,
                                         std::map<std::string, Tensor>& kept,
                                         const std::vector<bool>& mask, std::byte* arena,

@@ -83,6 +83,10 @@ class Program {
   /// The weights by name (shared bytes: an optimizer updates them in place).
   std::map<std::string, Tensor> weights() const;
 
+  /// Runs with these tensors (same names, dtypes and shapes) as its weights from now on: a
+  /// device whose memory is not the host's runs with its own copies (runtime/exec).
+  void rebind_weights(const std::map<std::string, Tensor>& weights);
+
   /// Runs only the nodes where `mask` is true (a backward's B part, later its W part), with
   /// intermediates in `arena` (at least `arena_bytes()`), except the values a node outside the
   /// mask reads: those get their own bytes and are kept, by name, in `kept`. Values the other

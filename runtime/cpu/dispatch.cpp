@@ -1,6 +1,8 @@
 // The CPU backend: one dispatch table built from the op families' tables.
 #include <omp.h>
+#include <unistd.h>
 
+#include <limits>
 #include <vector>
 
 #include "runtime/core/backend.h"
@@ -61,6 +63,15 @@ class CpuBackend final : public Backend {
   std::span<const KernelEntry> table() const override { return table_; }
   std::unique_ptr<DeviceContext> make_device(int /*device*/, int threads) const override {
     return std::make_unique<CpuContext>(threads);
+  }
+  // Every device of the CPU backend is a set of threads of this process: they share the
+  // machine's memory.
+  Physical physical_device(int /*device*/) const override {
+    long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    int64_t bytes = pages <= 0 || page <= 0
+                        ? std::numeric_limits<int64_t>::max()
+                        : static_cast<int64_t>(pages) * static_cast<int64_t>(page);
+    return {0, bytes, "this machine's physical memory (the cpu backend's devices share it)"};
   }
 
  private:

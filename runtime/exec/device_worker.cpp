@@ -16,26 +16,33 @@ DeviceWorker::DeviceWorker(int device, RunState& run)
     : device_(device), run_(run), where_(fmt::format("device {}", device)) {}
 
 void DeviceWorker::run() {
-  try {
+  auto guarded = [&](auto&& body) {
+    try {
+      body();
+    } catch (const Aborted&) {
+      // Another worker failed first; its error is the one reported.
+    } catch (Error& e) {
+      if (e.context().empty() || e.context().front() != where_) e.in(where_);
+      run_.stop_all(std::move(e));
+    } catch (const std::exception& e) {
+      run_.stop_all(Error(ErrorKind::kInternal, e.what()).in(where_));
+    }
+  };
+  guarded([&] {
     setup();
     for (step_ = 0; step_ < run_.steps; ++step_) {
       run_step();
       after_step();
     }
-  } catch (const Aborted&) {
-    // Another worker failed first; its error is the one reported.
-  } catch (Error& e) {
-    if (e.context().empty() || e.context().front() != where_) e.in(where_);
-    run_.stop_all(std::move(e));
-  } catch (const std::exception& e) {
-    run_.stop_all(Error(ErrorKind::kInternal, e.what()).in(where_));
-  }
+  });
+  guarded([&] { release_device_copies(); });
 }
 
 void DeviceWorker::setup() {
   const Pipeline& p = run_.pipeline;
   omp_set_num_threads(p.threads_per_device_);
   context_ = p.backend_->make_device(device_, p.threads_per_device_);
+  if (!context_->host_visible()) upload_stages();
   int64_t arena_bytes = 0, weight_bytes = 0;
   for (const auto& st : p.stages_)
     if (st->stage->device == device_) {
@@ -56,6 +63,63 @@ void DeviceWorker::setup() {
   for (const auto& st : p.stages_)  // optimizer state kept from earlier runs or a checkpoint
     if (st->stage->device == device_)
       for (const auto& [name, state] : st->opt_state) meter.add(state.bytes());
+}
+
+void DeviceWorker::upload_stages() {
+  for (const auto& st : run_.pipeline.stages_) {
+    if (st->stage->device != device_) continue;
+    st->host_weights = st->weights;
+    std::map<std::string, Tensor> on_device;
+    for (const auto& [name, w] : st->weights) on_device[name] = to_device(*context_, w);
+    st->program.rebind_weights(on_device);
+    st->weights = std::move(on_device);
+    if (st->backward) {
+      st->host_backward_weights = st->backward->weights();
+      std::map<std::string, Tensor> constants;
+      for (const auto& [name, w] : st->host_backward_weights)
+        constants[name] = to_device(*context_, w);
+      st->backward->rebind_weights(constants);
+    }
+    st->host_opt_state = st->opt_state;
+    for (auto& [name, state] : st->opt_state)
+      for (auto& [key, t] : state.tensors) t = to_device(*context_, t);
+    st->on_device = true;
+  }
+}
+
+void DeviceWorker::download() {
+  for (const auto& st : run_.pipeline.stages_) {
+    if (st->stage->device != device_ || !st->on_device) continue;
+    for (const auto& [name, w] : st->weights) {
+      Tensor& host = st->host_weights.at(name);  // the program's own bytes: updated in place
+      if (w.bytes() > 0) context_->read(w, host.data, w.bytes());
+    }
+    for (const auto& [name, state] : st->opt_state)
+      for (const auto& [key, t] : state.tensors) {
+        Tensor& host = st->host_opt_state[name].tensors[key];
+        if (host.dtype != t.dtype || host.shape != t.shape)
+          host = Tensor::uninitialized(t.dtype, t.shape);  // made by the optimizer on the device
+        if (t.bytes() > 0) context_->read(t, host.data, t.bytes());
+      }
+  }
+}
+
+void DeviceWorker::release_device_copies() {
+  if (context_ == nullptr || context_->host_visible()) return;
+  // The host gets the device's values unless the device is in an unknown state: an error
+  // mid-step leaves the host with the last values it had.
+  if (!run_.failed()) download();
+  for (const auto& st : run_.pipeline.stages_) {
+    if (st->stage->device != device_ || !st->on_device) continue;
+    st->program.rebind_weights(st->host_weights);
+    if (st->backward) st->backward->rebind_weights(st->host_backward_weights);
+    st->weights = std::move(st->host_weights);
+    st->opt_state = std::move(st->host_opt_state);
+    st->host_weights.clear();
+    st->host_opt_state.clear();
+    st->host_backward_weights.clear();
+    st->on_device = false;
+  }
 }
 
 void DeviceWorker::run_step() {
@@ -91,6 +155,11 @@ void DeviceWorker::after_step() {
                     (step_ + 1 == run_.steps ||
                      (options.checkpoint_every > 0 && done % options.checkpoint_every == 0));
   if (!checkpoint) return;
+  // A device of its own memory first gives the host its weights and optimizer state.
+  if (!context_->host_visible()) {
+    download();
+    run_.barrier.arrive_and_wait();
+  }
   // Device 0 saves while the others wait at the barrier (nothing changes the weights).
   if (device_ == 0) {
     run_.pipeline.steps_done_ = done;
@@ -142,7 +211,7 @@ void DeviceWorker::recv_act(const schedule::Instruction& ins) {
   auto& slot = received_[{ins.stage, ins.microbatch}];
   for (int from : stage(ins.stage).producers) {
     Message m = run_.transport->recv({from, ins.stage, false}, ins.microbatch);
-    for (NamedTensor& t : m.tensors) slot.push_back(std::move(t));
+    for (NamedTensor& t : m.tensors) slot.push_back({t.name, context_->adopt(t.tensor)});
   }
 }
 
@@ -170,7 +239,7 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
     if (it != got.end())
       args.push_back(it->tensor);
     else if (auto f = run_.feeds.find(in.name); f != run_.feeds.end())
-      args.push_back(f->second[ins.microbatch]);
+      args.push_back(to_device(*context_, f->second[ins.microbatch]));
     else
       fail(ErrorKind::kPlan, "input '{}' of stage {} was never received", in.name, ins.stage);
   }
@@ -200,7 +269,7 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
   timed(schedule::Op::kForward, ins.stage, ins.microbatch, start);
   if (!(training && st.stage->recompute)) meter.sub(bytes_of(got));
   for (size_t k : st.graph_outputs)
-    run_.results[st.program.outputs()[k].name][ins.microbatch] = outs[k];
+    run_.results[st.program.outputs()[k].name][ins.microbatch] = to_host(*context_, outs[k]);
   if (!st.sends.empty()) {
     int64_t held = 0;
     for (const Tensor& t : outs) held += t.bytes();
@@ -217,6 +286,7 @@ void DeviceWorker::send_act(const schedule::Instruction& ins) {
     fail(ErrorKind::kPlan, "nothing to send: the forward has not run");
   if (it == produced_.end()) return;
   const auto& outs = it->second;
+  context_->synchronize();  // the receivers read what the forward wrote
   for (const auto& [to, indices] : st.sends) {
     Message m{ins.microbatch, {}};
     for (size_t k : indices) m.tensors.push_back({st.program.outputs()[k].name, outs[k]});
@@ -234,6 +304,7 @@ void DeviceWorker::recv_grad(const schedule::Instruction& ins) {
   for (const auto& [from, indices] : stage(ins.stage).sends) {
     Message m = run_.transport->recv({from, ins.stage, true}, ins.microbatch);
     for (NamedTensor& t : m.tensors) {
+      t.tensor = context_->adopt(t.tensor);
       // A tensor read by several later stages: its gradient is the sum of theirs.
       auto same = std::find_if(slot.begin(), slot.end(),
                                [&](const NamedTensor& x) { return x.name == t.name; });
@@ -372,6 +443,7 @@ void DeviceWorker::send_grad(const schedule::Instruction& ins) {
   const Key key{ins.stage, ins.microbatch};
   std::vector<NamedTensor> grads = std::move(grads_out_[key]);
   grads_out_.erase(key);
+  context_->synchronize();  // the receivers read what the backward wrote
   // One message to every producer stage: the gradients of the tensors it sent.
   for (int to : st.producers) {
     Message m{ins.microbatch, {}};

@@ -35,6 +35,14 @@ struct StageRuntime {
   std::string loss;                       ///< The loss output's name when this stage computes it.
   std::map<std::string, optim::OptimizerState>
       opt_state;  ///< Per weight; only its device's worker.
+  // A device whose memory is not the host's (CUDA) runs with its own copies of the weights and
+  // optimizer state for the length of a run: `weights` and `opt_state` are then those copies,
+  // and the host tensors wait here, getting the device's values back before every checkpoint
+  // and at the end of the run (device_worker.cpp). The pipeline's accessors give the host ones.
+  bool on_device = false;
+  std::map<std::string, Tensor> host_weights;
+  std::map<std::string, optim::OptimizerState> host_opt_state;
+  std::map<std::string, Tensor> host_backward_weights;
 };
 
 /// Bytes held by one device, at the highest.
@@ -86,6 +94,8 @@ struct RunState {
   double seconds() const;
   /// Keeps the first error and stops every worker (transport and barrier throw `Aborted`).
   void stop_all(Error error);
+  /// Whether some worker has failed (`stop_all` was called).
+  bool failed();
 };
 
 /// One device's worker for one run: its context, arena and the tensors in flight.
@@ -123,6 +133,12 @@ class DeviceWorker {
   };
 
   void setup();
+  /// A device whose memory is not the host's: the stages' weights and optimizer state copied
+  /// to it (`StageRuntime::on_device`), and back (`download`), and the host's bound again
+  /// (`release_device_copies`, at the end of every run, failed or not).
+  void upload_stages();
+  void download();
+  void release_device_copies();
   void execute(const schedule::Instruction& ins);
   void run_step();
   void after_step();

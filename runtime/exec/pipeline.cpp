@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -52,13 +51,6 @@ void match_interface(const std::vector<ValueInfo>& in_file,
   if (in_file.size() != in_plan.size())
     fail(ErrorKind::kPlan, "{} has {} {} but plan.json's {} lists {}", file, in_file.size(),
          field.substr(field.rfind('.') + 1), field, in_plan.size());
-}
-
-/// The machine's physical memory in bytes (sysconf), or the largest int64 when unknown.
-int64_t physical_memory_bytes() {
-  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return std::numeric_limits<int64_t>::max();
-  return static_cast<int64_t>(pages) * static_cast<int64_t>(page);
 }
 
 }  // namespace
@@ -113,11 +105,16 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
   p->plan_ = plan::load_plan(plan_dir);
   const plan::Plan& plan = p->plan_;
   std::string plan_json = (fs::path(plan_dir) / "plan.json").string();
-  // Every device of the CPU backend is a set of threads of this process: its memory is the
-  // machine's.
+  // Before anything is allocated: the backend can run here, and the plan fits the physical
+  // devices its devices run on (summed where several share one).
+  if (std::string why = backend.unavailable(); !why.empty())
+    fail(ErrorKind::kUnsupported, "the {} backend cannot run here: {}", backend.name(), why);
   plan::check_fits(
-      plan, physical_memory_bytes(),
-      fmt::format("this machine's physical memory (the {} backend's device)", backend.name()),
+      plan,
+      [&](int device) {
+        Backend::Physical d = backend.physical_device(device);
+        return plan::Capacity{d.index, d.memory_bytes, d.name};
+      },
       plan_json);
   if (plan.training)
     for (const plan::Stage& stage : plan.stages)
@@ -269,13 +266,15 @@ std::map<std::string, Tensor> Pipeline::synthetic_inputs() const {
 const std::map<std::string, Tensor>& Pipeline::stage_weights(int stage) const {
   if (stage < 0 || stage >= static_cast<int>(stages_.size()))
     fail(ErrorKind::kInternal, "stage {} is out of range (the plan has {})", stage, stages_.size());
-  return stages_[stage]->weights;
+  const StageRuntime& st = *stages_[stage];
+  return st.on_device ? st.host_weights : st.weights;  // the host's, also mid-run
 }
 
 std::map<std::string, optim::OptimizerState>& Pipeline::optimizer_state(int stage) {
   if (stage < 0 || stage >= static_cast<int>(stages_.size()))
     fail(ErrorKind::kInternal, "stage {} is out of range (the plan has {})", stage, stages_.size());
-  return stages_[stage]->opt_state;
+  StageRuntime& st = *stages_[stage];
+  return st.on_device ? st.host_opt_state : st.opt_state;
 }
 
 const std::map<std::string, optim::OptimizerState>& Pipeline::optimizer_state(int stage) const {

@@ -104,6 +104,11 @@ double RunState::seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+bool RunState::failed() {
+  std::lock_guard lock(error_mutex);
+  return first_error.has_value();
+}
+
 void RunState::stop_all(Error error) {
   {
     std::lock_guard lock(error_mutex);

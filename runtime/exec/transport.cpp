@@ -53,6 +53,7 @@ void InProcessTransport::start_shared_sum(const std::string& weight,
     fail(ErrorKind::kUnsupported, "shared weight '{}': stage {} sums a {} gradient (float32 only)",
          weight, stage, dtype_name(gradient.dtype));
   Tensor part = clone_on(device, gradient);  // outside the lock: the copy is the stage's own work
+  device.synchronize();                      // other devices read it
   std::lock_guard lock(mutex_);
   if (aborted_) throw Aborted{};
   SharedSum& sum = sums_[weight];
@@ -91,6 +92,7 @@ void InProcessTransport::finish_shared_sum(const std::string& weight, int stage,
   device.copy(first, gradient);
   for (size_t h = 1; h < sum.holders.size(); ++h)
     device.accumulate(gradient, sum.parts.at(sum.holders[h]));
+  device.synchronize();  // the parts go once every holder is done with them
   lock.lock();
   if (++sum.finished == sum.holders.size()) sums_.erase(it);
   changed_.notify_all();

@@ -8,6 +8,7 @@
 ///   PLAN_DIR/stage_K.onnx   stage K's forward graph with its weights (a valid ONNX model)
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -251,6 +252,19 @@ std::vector<std::vector<int>> shared_weight_groups(const Plan& plan);
 /// (`predicted.device_peak_bytes`) exceeds `capacity_bytes`, the memory of one of the machine's
 /// devices (`capacity_name` says which, e.g. "this machine's physical memory").
 void check_fits(const Plan& plan, int64_t capacity_bytes, std::string_view capacity_name,
+                const std::string& source);
+
+/// The physical device a plan device runs on (several may share one: all the CPU backend's
+/// devices share the machine, a plan's devices may share one GPU).
+struct Capacity {
+  int index = 0;  ///< The physical device.
+  int64_t bytes = 0;
+  std::string name;  ///< "GPU 0 (NVIDIA H100 80GB HBM3)".
+};
+
+/// As above, with the plan devices that share a physical device summed: `Error(kPlan)` naming
+/// the devices, their summed peak and the capacity when it does not fit.
+void check_fits(const Plan& plan, const std::function<Capacity(int device)>& capacity_of,
                 const std::string& source);
 
 /// Reads and validates PLAN_DIR/plan.json, and checks that every stage file exists and (when

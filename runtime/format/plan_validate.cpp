@@ -2,10 +2,13 @@
 // shared weights, ops, predictions) checked after reading and before writing, each fault one
 // line naming the field and the numbers.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
+#include <map>
 #include <string_view>
 #include <unordered_map>
 
@@ -524,13 +527,44 @@ void validate_plan(const Plan& plan, const std::string& source) { Validator(plan
 
 void check_fits(const Plan& plan, int64_t capacity_bytes, std::string_view capacity_name,
                 const std::string& source) {
+  check_fits(
+      plan,
+      [&](int device) {
+        return Capacity{device, capacity_bytes, std::string(capacity_name)};
+      },
+      source);
+}
+
+void check_fits(const Plan& plan, const std::function<Capacity(int device)>& capacity_of,
+                const std::string& source) {
+  struct Use {
+    Capacity capacity;
+    int64_t bytes = 0;
+    std::vector<int> devices;
+  };
+  std::map<int, Use> uses;  // by physical device
   const std::vector<int64_t>& peaks = plan.predicted.device_peak_bytes;
   for (size_t d = 0; d < peaks.size(); ++d) {
-    if (peaks[d] <= capacity_bytes) continue;
+    Capacity c = capacity_of(static_cast<int>(d));
+    Use& use = uses[c.index];
+    use.capacity = c;
+    // Saturating: a hostile peak must not wrap the sum below the capacity.
+    use.bytes = peaks[d] > std::numeric_limits<int64_t>::max() - use.bytes
+                    ? std::numeric_limits<int64_t>::max()
+                    : use.bytes + peaks[d];
+    use.devices.push_back(static_cast<int>(d));
+  }
+  for (const auto& [index, use] : uses) {
+    if (use.bytes <= use.capacity.bytes) continue;
+    std::string who =
+        use.devices.size() == 1
+            ? fmt::format("device {} is predicted to peak at {} bytes", use.devices[0], use.bytes)
+            : fmt::format("devices {} share it and are predicted to peak at {} bytes together",
+                          fmt::join(use.devices, ", "), use.bytes);
     throw Error(ErrorKind::kPlan,
-                fmt::format("device {} is predicted to peak at {} bytes, more than the {} bytes of "
-                            "{} (the plan was made for {} with {} bytes per device)",
-                            d, peaks[d], capacity_bytes, capacity_name, plan.device.name,
+                fmt::format("{}, more than the {} bytes of {} (the plan was made for {} with {} "
+                            "bytes per device)",
+                            who, use.capacity.bytes, use.capacity.name, plan.device.name,
                             plan.device.memory_bytes))
         .in(source);
   }

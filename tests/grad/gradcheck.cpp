@@ -48,7 +48,21 @@ std::vector<rt::Tensor> run(const onnx::ModelProto& model, const std::vector<rt:
   rt::Program p = rt::Program::from_model(model, backend, "gradcheck");
   auto device = backend.make_device(0, 1);
   std::vector<std::byte> arena(static_cast<size_t>(p.arena_bytes()) + 64, arena_byte);
-  return p.run(*device, inputs, arena.data());
+  if (device->host_visible()) return p.run(*device, inputs, arena.data());
+  // A device of its own memory (CUDA): the arena's starting bytes, the inputs and the weights
+  // copied to it, the outputs back.
+  auto buffer = device->allocate(static_cast<int64_t>(arena.size()));
+  rt::Tensor bytes =
+      rt::Tensor::view(DType::kUInt8, {static_cast<int64_t>(arena.size())}, buffer->base());
+  device->write(bytes, arena.data(), static_cast<int64_t>(arena.size()));
+  std::map<std::string, rt::Tensor> weights;
+  for (const auto& [name, w] : p.weights()) weights[name] = rt::to_device(*device, w);
+  p.rebind_weights(weights);
+  std::vector<rt::Tensor> on_device;
+  for (const rt::Tensor& t : inputs) on_device.push_back(rt::to_device(*device, t));
+  std::vector<rt::Tensor> outputs = p.run(*device, on_device, buffer->base());
+  for (rt::Tensor& t : outputs) t = rt::to_host(*device, t);
+  return outputs;
 }
 
 // Every byte 0xff: a float32 NaN, which no arithmetic turns into a number.
@@ -72,6 +86,9 @@ class AccumulatingBackend : public rt::Backend {
   std::span<const rt::KernelEntry> table() const override { return table_; }
   std::unique_ptr<rt::DeviceContext> make_device(int device, int threads) const override {
     return rt::cpu_backend().make_device(device, threads);
+  }
+  Physical physical_device(int device) const override {
+    return rt::cpu_backend().physical_device(device);
   }
 
  private:
@@ -97,7 +114,24 @@ void call_kernel(const rt::Backend& backend, const onnx::NodeProto& node,
                  const std::vector<const rt::Tensor*>& in, const std::vector<rt::Tensor*>& out) {
   rt::Attrs attrs(node);
   auto device = backend.make_device(0, 1);
-  backend.kernel(node.op_type())({node.name(), node.op_type(), attrs, in, out, *device});
+  if (device->host_visible()) {
+    backend.kernel(node.op_type())({node.name(), node.op_type(), attrs, in, out, *device});
+    return;
+  }
+  // A device of its own memory: the inputs and the outputs' starting bytes copied to it, the
+  // outputs back.
+  std::vector<rt::Tensor> din, dout;
+  din.reserve(in.size());
+  dout.reserve(out.size());
+  std::vector<const rt::Tensor*> pin;
+  std::vector<rt::Tensor*> pout;
+  for (const rt::Tensor* t : in)
+    pin.push_back(t ? &din.emplace_back(rt::to_device(*device, *t)) : nullptr);
+  for (rt::Tensor* t : out)
+    pout.push_back(t ? &dout.emplace_back(rt::to_device(*device, *t)) : nullptr);
+  backend.kernel(node.op_type())({node.name(), node.op_type(), attrs, pin, pout, *device});
+  for (size_t k = 0; k < out.size(); ++k)
+    if (out[k] != nullptr) device->read(*pout[k], out[k]->data, out[k]->bytes());
 }
 
 void fill(std::vector<rt::Tensor*>& out, std::byte value) {

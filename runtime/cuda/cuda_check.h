@@ -1,0 +1,21 @@
+#pragma once
+/// \file
+/// CUDA, cuBLAS and cuDNN status codes turned into the runtime's errors: every call of theirs
+/// goes through one of these, so a failure is one line naming the call and the library's own
+/// words ("cudaMallocAsync(4294967296 bytes): out of memory").
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <string_view>
+
+namespace stagecraft::rt::cuda {
+
+/// Throws `Error(kIo)` for an allocation that failed and `Error(kInternal)` otherwise, naming
+/// `what` and CUDA's message, when `status` is not cudaSuccess.
+void check(cudaError_t status, std::string_view what);
+void check(cublasStatus_t status, std::string_view what);
+void check(cudnnStatus_t status, std::string_view what);
+
+}  // namespace stagecraft::rt::cuda

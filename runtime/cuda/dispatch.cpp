@@ -1,0 +1,56 @@
+// The CUDA backend: one dispatch table built from the op families' tables, devices dealt over
+// the GPUs this process sees (cuda_context.h).
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "runtime/core/backend.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_context.h"
+#include "runtime/cuda/families.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::rt::cuda {
+
+std::string same_as_cpu(const OpSignature& signature) { return cpu_backend().check(signature); }
+
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() {
+    const std::span<const KernelEntry> families[] = {
+        matmul_kernels(),    conv_kernels(),         norm_kernels(),        elementwise_kernels(),
+        data_kernels(),      loss_kernels(),         grad_matmul_kernels(), grad_conv_kernels(),
+        grad_norm_kernels(), grad_eltwise_kernels(), grad_data_kernels()};
+    for (const auto& family : families) table_.insert(table_.end(), family.begin(), family.end());
+  }
+  std::string_view name() const override { return "cuda"; }
+  std::span<const KernelEntry> table() const override { return table_; }
+  std::unique_ptr<DeviceContext> make_device(int device, int /*threads*/) const override {
+    return std::make_unique<CudaContext>(device);
+  }
+  std::string unavailable() const override { return unavailable_reason(); }
+  Physical physical_device(int device) const override {
+    if (gpu_count() == 0) fail(ErrorKind::kUnsupported, "{}", unavailable_reason());
+    int gpu = gpu_of(device);
+    cudaDeviceProp prop{};
+    cuda::check(cudaGetDeviceProperties(&prop, gpu),
+                fmt::format("cudaGetDeviceProperties({})", gpu));
+    return {gpu, static_cast<int64_t>(prop.totalGlobalMem),
+            fmt::format("GPU {} ({})", gpu, prop.name)};
+  }
+
+ private:
+  std::vector<KernelEntry> table_;
+};
+
+}  // namespace
+}  // namespace stagecraft::rt::cuda
+
+// The plugin's one entry point (runtime/core/backend.cpp loads it).
+extern "C" __attribute__((visibility("default"))) const stagecraft::rt::Backend*
+stagecraft_cuda_backend() {
+  static const stagecraft::rt::cuda::CudaBackend backend;
+  return &backend;
+}

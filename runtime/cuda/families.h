@@ -1,0 +1,35 @@
+#pragma once
+/// \file
+/// The CUDA backend's kernels by op family, one .cpp each (attributes, shapes, library calls)
+/// with its own device kernels in a .cu beside it; dispatch.cpp joins their tables into the
+/// backend's one dispatch table. A family covers the same ops as the CPU backend's family of
+/// the same name (runtime/cpu/families.h), forward and gradient, and accepts the same
+/// signatures (`same_as_cpu`), so a plan checked for one runs on the other.
+
+#include <span>
+#include <string>
+
+#include "runtime/core/kernel.h"
+
+namespace stagecraft::rt::cuda {
+
+std::span<const KernelEntry> matmul_kernels();  // matmul.cpp: MatMul, Gemm (cuBLAS)
+std::span<const KernelEntry> conv_kernels();    // conv.cpp: Conv, pooling (cuDNN)
+std::span<const KernelEntry>
+norm_kernels();  // norm.cpp: BatchNormalization, LayerNormalization, Softmax
+std::span<const KernelEntry>
+elementwise_kernels();  // elementwise.cpp: unary, binary with broadcasting, Where, Cast, LeakyRelu
+std::span<const KernelEntry> data_kernels();  // data.cpp: layout, indexing, shape ops, ReduceMean
+std::span<const KernelEntry> loss_kernels();  // loss.cpp: SoftmaxCrossEntropyLoss and its gradient
+
+// Gradient ops (domain ai.stagecraft, runtime/format/grad_ops.h): "<Op>Grad".
+std::span<const KernelEntry> grad_matmul_kernels();   // grad_matmul.cpp
+std::span<const KernelEntry> grad_conv_kernels();     // grad_conv.cpp: Conv and pooling
+std::span<const KernelEntry> grad_norm_kernels();     // grad_norm.cpp
+std::span<const KernelEntry> grad_eltwise_kernels();  // grad_eltwise.cpp
+std::span<const KernelEntry> grad_data_kernels();     // grad_data.cpp
+
+/// The CPU backend's answer for the same signature: a CUDA kernel takes what the CPU's takes.
+std::string same_as_cpu(const OpSignature& signature);
+
+}  // namespace stagecraft::rt::cuda

@@ -1,0 +1,80 @@
+// The CUDA backend's update kernels (update_kernels.h): grid-stride loops, one thread per
+// element, the same formulas as the CPU backend's loops (runtime/cpu/update_kernels.cpp).
+#include "runtime/cuda/update_kernels.h"
+
+namespace stagecraft::rt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void accumulate_kernel(float* sum, const float* add, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x)
+    sum[i] += add[i];
+}
+
+__global__ void sgd_kernel(float* w, const float* g, int64_t n, float lr, float l2) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x)
+    w[i] -= lr * (g[i] + l2 * w[i]);
+}
+
+__global__ void momentum_kernel(float* w, const float* g, float* v, int64_t n, MomentumUpdate p) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    const float gr = g[i] + p.l2 * w[i];
+    const float vi = p.alpha * v[i] + p.beta * gr;
+    v[i] = vi;
+    w[i] -= p.lr * (p.nesterov ? gr + p.alpha * vi : vi);
+  }
+}
+
+__global__ void adam_kernel(float* w, const float* g, float* m, float* v, int64_t n, AdamUpdate p) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    const float gr = g[i] + p.l2 * w[i];
+    const float mi = p.beta1 * m[i] + (1.0f - p.beta1) * gr;
+    const float vi = p.beta2 * v[i] + (1.0f - p.beta2) * (gr * gr);
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = p.post_scale *
+           (p.pre_scale * w[i] - p.step_size * (mi / (sqrtf(vi) * p.denom_scale + p.eps)));
+  }
+}
+
+__global__ void adagrad_kernel(float* w, const float* g, float* h, int64_t n, AdagradUpdate p) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    const float gr = g[i] + p.l2 * w[i];
+    const float hi = h[i] + gr * gr;
+    h[i] = hi;
+    w[i] -= p.lr * gr / (sqrtf(hi) + p.eps);
+  }
+}
+
+}  // namespace
+
+void launch_accumulate(float* sum, const float* add, int64_t n, cudaStream_t stream) {
+  if (n > 0) accumulate_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(sum, add, n);
+}
+
+void launch_sgd(float* w, const float* g, int64_t n, const SgdUpdate& u, cudaStream_t stream) {
+  if (n > 0) sgd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(w, g, n, u.lr, u.l2);
+}
+
+void launch_momentum(float* w, const float* g, float* v, int64_t n, const MomentumUpdate& u,
+                     cudaStream_t stream) {
+  if (n > 0) momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(w, g, v, n, u);
+}
+
+void launch_adam(float* w, const float* g, float* m, float* v, int64_t n, const AdamUpdate& u,
+                 cudaStream_t stream) {
+  if (n > 0) adam_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(w, g, m, v, n, u);
+}
+
+void launch_adagrad(float* w, const float* g, float* h, int64_t n, const AdagradUpdate& u,
+                    cudaStream_t stream) {
+  if (n > 0) adagrad_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(w, g, h, n, u);
+}
+
+}  // namespace stagecraft::rt::cuda

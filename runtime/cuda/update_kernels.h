@@ -1,0 +1,32 @@
+#pragma once
+/// \file
+/// The device's own update kernels (update_kernels.cu): gradient sums and the optimizer rules
+/// of runtime/core/device.h, one fused elementwise kernel each over n contiguous float32
+/// elements, queued on `stream`. Elementwise, so every device gets the same bytes for the same
+/// inputs whatever the launch shape.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "runtime/core/device.h"
+
+namespace stagecraft::rt::cuda {
+
+void launch_accumulate(float* sum, const float* add, int64_t n, cudaStream_t stream);
+void launch_sgd(float* w, const float* g, int64_t n, const SgdUpdate& u, cudaStream_t stream);
+void launch_momentum(float* w, const float* g, float* v, int64_t n, const MomentumUpdate& u,
+                     cudaStream_t stream);
+void launch_adam(float* w, const float* g, float* m, float* v, int64_t n, const AdamUpdate& u,
+                 cudaStream_t stream);
+void launch_adagrad(float* w, const float* g, float* h, int64_t n, const AdagradUpdate& u,
+                    cudaStream_t stream);
+
+/// Blocks for a grid-stride loop over n elements (at most 65535 x 8 blocks of 256 threads).
+inline unsigned grid_for(int64_t n, int threads = 256) {
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks > 65535 * 8) blocks = 65535 * 8;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+}  // namespace stagecraft::rt::cuda

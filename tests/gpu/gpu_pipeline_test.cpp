@@ -1,0 +1,99 @@
+// The CUDA backend against the CPU backend on whole plans: inference outputs and the training
+// loss curve of every sample, pipelined over 1, 2 and 4 devices that share the one GPU (several
+// GPUs where there are), under every schedule; fp32 within 1e-4.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "compiler/plan/planner.h"
+#include "runtime/core/backend.h"
+#include "runtime/exec/pipeline.h"
+#include "tests/test_util.h"
+
+namespace stagecraft::rt {
+namespace {
+
+struct Sample {
+  std::string file, loss;
+  int steps;
+};
+
+plan::PlanOptions options_for(const Sample& s, int devices, const std::string& schedule,
+                              bool training) {
+  plan::PlanOptions o;
+  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/" + s.file;
+  o.devices = devices;
+  o.batch = 8;
+  o.microbatches = 4;
+  o.training = training;
+  o.schedule = stagecraft::parse_schedule(schedule);
+  if (training) {
+    o.optimizer = stagecraft::OptimizerKind::kAdam;
+    o.training_config.lr = 0.01;
+    o.loss.kind = s.loss;
+  }
+  o.device_spec = "cpu";
+  if (s.file == "gpt_tiny.onnx") o.dims["seq"] = 8;
+  if (schedule == "interleaved") o.chunks = 2;
+  return o;
+}
+
+RunReport run_on(const Backend& backend, const plan::PlanOptions& o, int steps) {
+  testing::TempDir dir;
+  plan::PlannedModel planned = plan::make_plan(o);
+  plan::write_plan(planned, dir.file("plan"));
+  auto pipeline = Pipeline::load(dir.file("plan"), backend, 1);
+  RunOptions options;
+  options.steps = steps;
+  return pipeline->run(pipeline->synthetic_inputs(), options);
+}
+
+const Backend& cuda() { return *cuda_backend(); }
+
+const Sample kSamples[] = {{"toy.onnx", "mse", 20},
+                           {"mnist_cnn.onnx", "cross-entropy", 20},
+                           {"resnet_small.onnx", "mse", 10},
+                           {"gpt_tiny.onnx", "cross-entropy", 20}};
+
+TEST_CASE("inference on the GPU gives the CPU backend's outputs") {
+  for (const Sample& s : kSamples)
+    for (int devices : {1, 2, 4}) {
+      CAPTURE(s.file);
+      CAPTURE(devices);
+      plan::PlanOptions o = options_for(s, devices, "gpipe", false);
+      RunReport want = run_on(cpu_backend(), o, 1), got = run_on(cuda(), o, 1);
+      REQUIRE(got.outputs.size() == want.outputs.size());
+      for (const auto& [name, w] : want.outputs) {
+        const Tensor& g = got.outputs.at(name);
+        REQUIRE(g.shape == w.shape);
+        if (w.dtype != DType::kFloat32) continue;
+        for (int64_t i = 0; i < w.numel(); ++i)
+          REQUIRE(std::fabs(g.as<float>()[i] - w.as<float>()[i]) <=
+                  1e-5 + 1e-4 * std::fabs(w.as<float>()[i]));
+      }
+    }
+}
+
+TEST_CASE("pipelined training on the GPU gives the CPU backend's loss curve") {
+  for (const Sample& s : kSamples)
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"})
+      for (int devices : {1, 2, 4}) {
+        if (std::string(schedule) == "interleaved" && (devices == 1 || s.file == "toy.onnx"))
+          continue;
+        CAPTURE(s.file);
+        CAPTURE(schedule);
+        CAPTURE(devices);
+        plan::PlanOptions o = options_for(s, devices, schedule, true);
+        std::vector<double> want = run_on(cpu_backend(), o, s.steps).losses;
+        std::vector<double> got = run_on(cuda(), o, s.steps).losses;
+        REQUIRE(got.size() == want.size());
+        for (size_t k = 0; k < got.size(); ++k) {
+          CAPTURE(k);
+          CHECK(std::fabs(got[k] - want[k]) <= 1e-4 * std::max(1.0, std::fabs(want[k])));
+        }
+      }
+}
+
+}  // namespace
+}  // namespace stagecraft::rt
