@@ -18,14 +18,16 @@ namespace {
 
 /// Where --profile keeps its database when --profile-db is not given: the XDG cache folder
 /// ($XDG_CACHE_HOME, else ~/.cache), else the current folder.
-std::string default_profile_db(int threads) {
+std::string default_profile_db(const std::string& backend, int threads) {
   namespace fs = std::filesystem;
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
   fs::path dir = xdg && *xdg     ? fs::path(xdg) / "stagecraft"
                  : home && *home ? fs::path(home) / ".cache" / "stagecraft"
                                  : fs::path(".");
-  return (dir / fmt::format("profile-cpu-{}threads.json", threads)).string();
+  return (dir / (backend == "cpu" ? fmt::format("profile-cpu-{}threads.json", threads)
+                                  : fmt::format("profile-{}.json", backend)))
+      .string();
 }
 
 /// The measured cost model of --profile cpu: profiles the signatures of the planner's graph that
@@ -33,12 +35,12 @@ std::string default_profile_db(int threads) {
 /// summary line (and one line per backward left to the roofline ratio), and reads times from it.
 std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(
     const stagecraft::ir::Graph& graph, const stagecraft::cost::RooflineCostModel& roofline,
-    const std::string& db_path, int threads, bool training) {
+    const std::string& db_path, const std::string& backend, int threads, bool training) {
   using namespace stagecraft;
   using Clock = std::chrono::steady_clock;
   std::error_code ec;
   const bool existed = std::filesystem::exists(db_path, ec);
-  cost::ProfileDb db = cost::ProfileDb::open(db_path, "cpu", threads);
+  cost::ProfileDb db = cost::ProfileDb::open(db_path, backend, threads);
   const std::size_t before = db.size();
   const auto start = Clock::now();
   double last_shown = 0;
@@ -218,15 +220,15 @@ int run(int argc, char** argv) {
   int profile_threads = 1;
   app.add_option(
       "--profile", profile_backend,
-      "cpu: measure each distinct op signature with the CPU backend's kernels and plan with those "
-      "times instead of the roofline; with --train also its gradient ops as autodiff writes them "
-      "(input- and weight-gradient parts apart; the roofline's backward/forward ratio only where "
-      "the backend has no gradient kernel, each such op reported); device spec defaults to cpu");
-  app.add_option(
-      "--profile-db", profile_db,
-      "with --profile: the profile database (JSON) to read and extend (default: "
-      "$XDG_CACHE_HOME/stagecraft/profile-cpu-<T>threads.json, ~/.cache/stagecraft/... without "
-      "XDG_CACHE_HOME)");
+      "cpu or cuda: measure each distinct op signature with that backend's kernels (cuda: timed "
+      "with CUDA events on the GPU) and plan with those times instead of the roofline; with "
+      "--train also its gradient ops as autodiff writes them (input- and weight-gradient parts "
+      "apart; the roofline's backward/forward ratio only where the backend has no gradient "
+      "kernel, each such op reported); with cpu the device spec defaults to cpu");
+  app.add_option("--profile-db", profile_db,
+                 "with --profile: the profile database (JSON) to read and extend (default: "
+                 "$XDG_CACHE_HOME/stagecraft/profile-cpu-<T>threads.json or profile-cuda.json, "
+                 "~/.cache/stagecraft/... without XDG_CACHE_HOME)");
   app.add_option("--profile-threads", profile_threads,
                  "with --profile: CPU threads each op is measured with (default 1, as stagerun "
                  "--threads-per-device)")
@@ -255,23 +257,26 @@ int run(int argc, char** argv) {
   }
   if (profile_backend.empty() &&
       (app.count("--profile-db") > 0 || app.count("--profile-threads") > 0)) {
-    fail(ErrorKind::kUsage, "--profile-db and --profile-threads need --profile cpu");
+    fail(ErrorKind::kUsage, "--profile-db and --profile-threads need --profile cpu or cuda");
   }
-  if (profile_backend == "cuda") {
-    fail(ErrorKind::kUnsupported,
-         "--profile cuda: only the cpu backend can be profiled so far (there is no CUDA runtime "
-         "yet); use --profile cpu");
-  }
-  if (!profile_backend.empty() && profile_backend != "cpu") {
-    fail(ErrorKind::kUsage, "--profile '{}' is not a backend; use --profile cpu", profile_backend);
+  if (!profile_backend.empty() && profile_backend != "cpu" && profile_backend != "cuda") {
+    fail(ErrorKind::kUsage, "--profile '{}' is not a backend; use --profile cpu or cuda",
+         profile_backend);
   }
   if (!profile_backend.empty()) {
+    // Before any planning: the backend must run here (cuda: a GPU is visible).
+    const rt::Backend* backend =
+        profile_backend == "cuda" ? rt::cuda_backend() : &rt::cpu_backend();
+    std::string why = backend == nullptr ? rt::cuda_backend_missing() : backend->unavailable();
+    if (!why.empty())
+      fail(ErrorKind::kUnsupported, "--profile {}: {}; use --profile cpu", profile_backend, why);
     // Measured CPU times: the device's memory and links are the CPU's unless told otherwise.
-    if (app.count("--device-spec") == 0) po.device_spec = "cpu";
-    std::string db_path = profile_db.empty() ? default_profile_db(profile_threads) : profile_db;
-    po.cost_model = [db_path, profile_threads, training = po.training](
+    if (app.count("--device-spec") == 0 && profile_backend == "cpu") po.device_spec = "cpu";
+    std::string db_path =
+        profile_db.empty() ? default_profile_db(profile_backend, profile_threads) : profile_db;
+    po.cost_model = [db_path, profile_backend, profile_threads, training = po.training](
                         const ir::Graph& graph, const cost::RooflineCostModel& roofline) {
-      return profiled_costs(graph, roofline, db_path, profile_threads, training);
+      return profiled_costs(graph, roofline, db_path, profile_backend, profile_threads, training);
     };
   }
   if ((po.loss.axis || po.loss.ignore_index) && (!po.training || po.loss.kind != "cross-entropy")) {

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <chrono>
+
 #include "runtime/format/error.h"
 
 #ifdef STAGECRAFT_WITH_CUDA
@@ -160,6 +162,14 @@ Tensor clone_on(DeviceContext& device, const Tensor& t) {
   Tensor copy = device.new_tensor(t.dtype, t.shape, false);
   device.copy(t, copy);
   return copy;
+}
+
+double DeviceContext::time_ms(const std::function<void()>& body) {
+  auto start = std::chrono::steady_clock::now();
+  body();
+  synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 Tensor to_device(DeviceContext& device, const Tensor& host) {

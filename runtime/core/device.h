@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "runtime/core/tensor.h"
@@ -76,6 +77,9 @@ class DeviceContext {
   /// `t` as this device can read it: `t` itself where it can (host memory, this device's own
   /// memory), else a copy on this device (a tensor another GPU made).
   virtual Tensor adopt(const Tensor& t) { return t; }
+  /// Milliseconds `body` keeps the device busy: wall time where kernels run synchronously (the
+  /// CPU), elapsed time between events queued around it on the device's stream (CUDA).
+  virtual double time_ms(const std::function<void()>& body);
 
   // Memory.
 

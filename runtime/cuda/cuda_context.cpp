@@ -182,6 +182,27 @@ Tensor CudaContext::adopt(const Tensor& t) {
   return mine;
 }
 
+double CudaContext::time_ms(const std::function<void()>& body) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  float ms = 0;
+  try {
+    check(cudaEventRecord(start, stream_), "cudaEventRecord");
+    body();
+    check(cudaEventRecord(stop, stream_), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  } catch (...) {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    throw;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
 std::unique_ptr<Buffer> CudaContext::allocate(int64_t bytes) {
   void* p = nullptr;
   int64_t size = std::max<int64_t>(bytes, plan::kArenaAlignment);

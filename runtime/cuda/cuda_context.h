@@ -61,6 +61,7 @@ class CudaContext : public DeviceContext {
   bool host_visible() const override { return false; }
   void synchronize() override;
   Tensor adopt(const Tensor& t) override;
+  double time_ms(const std::function<void()>& body) override;
 
   std::unique_ptr<Buffer> allocate(int64_t bytes) override;
   Tensor new_tensor(DType dtype, Shape shape, bool zeroed) override;
