@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "compiler/plan/planner.h"
 #include "runtime/core/backend.h"
@@ -19,10 +20,16 @@ struct Sample {
   int steps;
 };
 
+// $STAGECRAFT_SAMPLES (a bundle on a GPU machine, tools/gpu/run.sh), else the source tree's.
+std::string samples_dir() {
+  const char* env = std::getenv("STAGECRAFT_SAMPLES");
+  return env != nullptr && *env != '\0' ? env : STAGECRAFT_SAMPLES;
+}
+
 plan::PlanOptions options_for(const Sample& s, int devices, const std::string& schedule,
                               bool training) {
   plan::PlanOptions o;
-  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/" + s.file;
+  o.model_path = samples_dir() + "/" + s.file;
   o.devices = devices;
   o.batch = 8;
   o.microbatches = 4;
