@@ -16,7 +16,8 @@
 //   inputs,
 //    step_ms [every step], median_step_ms, samples_per_s,
 //    bubble {measured, predicted}, predicted_step_ms, cost_model,
-//    device [{device, busy_fraction, peak_bytes, predicted_peak_bytes, arena_bytes, weight_bytes}],
+//    device [{device, busy_fraction, peak_bytes, predicted_peak_bytes, arena_bytes, weight_bytes,
+//             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use)}],
 //    process_peak_rss_bytes,
 //    outputs [{name, dtype, shape, file}]}
 // The measured figures describe the median step. --trace writes a Chrome trace of the compute
@@ -308,6 +309,8 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
                     {"predicted_peak_bytes", r.predicted_peak_bytes},
                     {"arena_bytes", r.arena_bytes},
                     {"weight_bytes", r.weight_bytes}});
+    if (r.device_peak_bytes >= 0) devs.back()["device_peak_bytes"] = r.device_peak_bytes;
+    if (r.device_used_bytes >= 0) devs.back()["device_used_bytes"] = r.device_used_bytes;
   }
   j["device"] = devs;
   j["process_peak_rss_bytes"] = peak_rss_bytes();
@@ -345,6 +348,11 @@ void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args&
     fmt::print("{:>6}  {:>5.1f}%  {:>12}  {:>12}\n", d, step_s > 0 ? 100 * r.busy_s / step_s : 0.0,
                dump::format_bytes(static_cast<double>(r.peak_bytes)),
                dump::format_bytes(static_cast<double>(r.predicted_peak_bytes)));
+    if (r.device_peak_bytes >= 0)
+      fmt::print(
+          "        the GPU it is on: pool peak {} with the arena, {} in use (driver)\n",
+          dump::format_bytes(static_cast<double>(r.device_peak_bytes)),
+          dump::format_bytes(static_cast<double>(std::max<int64_t>(0, r.device_used_bytes))));
   }
   // The meter counts tensors; the process also holds the program, oneDNN's scratch and
   // buffers kept for reuse.

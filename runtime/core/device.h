@@ -80,6 +80,15 @@ class DeviceContext {
   /// Milliseconds `body` keeps the device busy: wall time where kernels run synchronously (the
   /// CPU), elapsed time between events queued around it on the device's stream (CUDA).
   virtual double time_ms(const std::function<void()>& body);
+  /// What the device itself says of its memory, where it keeps count (CUDA): the highest it held
+  /// for tensors and arena, and what the driver reports in use now (cudaMemGetInfo), both for
+  /// the physical device (shared by the plan devices on it); -1 where unknown (the CPU: the
+  /// executor's own meter is the figure).
+  struct MemoryUse {
+    int64_t peak_bytes = -1;
+    int64_t used_bytes = -1;
+  };
+  virtual MemoryUse memory_use() const { return {}; }
 
   // Memory.
 

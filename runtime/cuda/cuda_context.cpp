@@ -162,6 +162,17 @@ int64_t CudaContext::pool_peak_bytes() const {
   return static_cast<int64_t>(high) + arena_bytes_;
 }
 
+DeviceContext::MemoryUse CudaContext::memory_use() const {
+  MemoryUse use;
+  use.peak_bytes = pool_peak_bytes();
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) == cudaSuccess)
+    use.used_bytes = static_cast<int64_t>(total - free);
+  else
+    cudaGetLastError();
+  return use;
+}
+
 void CudaContext::synchronize() { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
 Tensor CudaContext::adopt(const Tensor& t) {

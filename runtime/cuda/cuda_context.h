@@ -62,6 +62,7 @@ class CudaContext : public DeviceContext {
   void synchronize() override;
   Tensor adopt(const Tensor& t) override;
   double time_ms(const std::function<void()>& body) override;
+  MemoryUse memory_use() const override;
 
   std::unique_ptr<Buffer> allocate(int64_t bytes) override;
   Tensor new_tensor(DType dtype, Shape shape, bool zeroed) override;

@@ -34,6 +34,9 @@ void DeviceWorker::run() {
       run_step();
       after_step();
     }
+    DeviceContext::MemoryUse use = context_->memory_use();
+    run_.reports[device_].device_peak_bytes = use.peak_bytes;
+    run_.reports[device_].device_used_bytes = use.used_bytes;
   });
   guarded([&] { release_device_copies(); });
 }

@@ -52,6 +52,10 @@ struct DeviceReport {
   int64_t weight_bytes = 0;
   int64_t arena_bytes = 0;
   int64_t predicted_peak_bytes = 0;  ///< plan.json's prediction for the device.
+  /// The device's own count where it keeps one (CUDA, for the whole GPU the device is on: its
+  /// pool's high-water mark with the arena, and the driver's bytes in use at the end); -1 else.
+  int64_t device_peak_bytes = -1;
+  int64_t device_used_bytes = -1;
 };
 
 struct RunReport {
