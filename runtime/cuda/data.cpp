@@ -1,9 +1,362 @@
-// The CUDA backend's data family (families.h): not written yet, so the table is empty and
-// every op of the family is refused by the backend's check ("op 'X' has no cuda kernel").
+// The CUDA backend's data family (families.h): layout and indexing ops, the shape ops
+// (data_shape.cpp) and ReduceMean, over the same ops, attributes and dtypes as the CPU
+// backend's data.cpp, shape_ops.cpp and reduce.cpp. Each kernel recomputes its output shape
+// as the CPU's does and checks it against the recorded one; small integer operands (shapes,
+// axes, slice bounds, gather indices) are read to the host first.
+//
+// Shape-only ops are device-to-device copies; Concat and Split are 2-D copies (one row per
+// index of the dims before the axis); Transpose, Slice and Expand are one strided gather on
+// raw bytes (data_kernels.cu), so every fixed-size dtype works.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "runtime/cuda/data_common.h"
+#include "runtime/cuda/data_shape.h"
 #include "runtime/cuda/families.h"
 
 namespace stagecraft::rt::cuda {
+namespace {
 
-std::span<const KernelEntry> data_kernels() { return {}; }
+using cpu::dense_strides;
+using cpu::normalize_axis;
+
+// An axis list from attribute `name` or, when absent, from input `k`; empty when neither.
+std::vector<int64_t> axes_from(const KernelArgs& a, std::string_view name, size_t k) {
+  if (a.attrs.has(name)) return a.attrs.ints(name);
+  if (a.has_input(k)) return read_ints(context(a), a.input(k));
+  return {};
+}
+
+// Output 0 takes input 0's bytes unchanged (ops that only change the shape).
+void copy_through(const KernelArgs& a) {
+  const Tensor& in = a.input(0);
+  Tensor& out = *a.out[0];
+  if (in.bytes() != out.bytes())
+    fail(ErrorKind::kShape, "{} maps {} onto {}: the element counts differ", a.op_type,
+         in.describe(), out.describe());
+  device_copy(context(a), out.data, in.data, out.bytes());
+}
+
+// Fills the dense output 0 from input 0 through per-dim strides from `base` (elements).
+void strided_copy(const KernelArgs& a, const Shape& shape, const std::vector<int64_t>& strides,
+                  int64_t base) {
+  const Tensor& in = a.input(0);
+  Tensor& out = *a.out[0];
+  const int64_t n = shape_numel(shape);
+  if (n == 0) return;
+  const int64_t size = movable_size(a, in.dtype);
+  CudaContext& ctx = context(a);
+  launch_strided_gather(out.data, in.data + base * size, size, n, index_map(a, shape, strides),
+                        ctx.stream());
+  check_launch(a);
+}
+
+void identity(const KernelArgs& a) {
+  expect_shape(a, 0, a.input(0).shape);
+  copy_through(a);
+}
+
+void reshape(const KernelArgs& a) {
+  const Tensor& in = a.input(0);
+  Shape target = read_ints(context(a), a.input(1));
+  const bool allow_zero = a.attrs.i("allowzero", 0) != 0;
+  int64_t inferred = -1, known = 1;
+  for (size_t d = 0; d < target.size(); ++d) {
+    if (target[d] == 0 && !allow_zero) {
+      if (d >= in.shape.size())
+        fail(ErrorKind::kModel, "Reshape copies dim {} of a rank-{} input", d, in.rank());
+      target[d] = in.shape[d];
+    }
+    if (target[d] == -1) {
+      if (inferred >= 0)
+        fail(ErrorKind::kModel, "Reshape shape {} has two -1 dims", shape_string(target));
+      inferred = static_cast<int64_t>(d);
+    } else if (target[d] < 0) {
+      fail(ErrorKind::kModel, "Reshape shape has the negative dim {}", target[d]);
+    } else {
+      known *= target[d];
+    }
+  }
+  if (inferred >= 0) target[inferred] = known == 0 ? 0 : in.numel() / known;
+  expect_shape(a, 0, target);
+  copy_through(a);
+}
+
+void flatten(const KernelArgs& a) {
+  const Tensor& in = a.input(0);
+  const int64_t axis = normalize_axis(a, a.attrs.i("axis", 1), in.rank(), /*inclusive=*/true);
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= in.shape[d];
+  for (int64_t d = axis; d < in.rank(); ++d) inner *= in.shape[d];
+  expect_shape(a, 0, {outer, inner});
+  copy_through(a);
+}
+
+void squeeze(const KernelArgs& a) {
+  const Tensor& in = a.input(0);
+  const std::vector<int64_t> axes = axes_from(a, "axes", 1);
+  std::vector<bool> drop(in.shape.size(), axes.empty());
+  for (int64_t axis : axes) {
+    const int64_t d = normalize_axis(a, axis, in.rank());
+    if (in.shape[d] != 1)
+      fail(ErrorKind::kModel, "Squeeze axis {} has size {}, not 1", axis, in.shape[d]);
+    drop[d] = true;
+  }
+  Shape expected;
+  for (size_t d = 0; d < in.shape.size(); ++d)
+    if (!drop[d] || in.shape[d] != 1) expected.push_back(in.shape[d]);
+  expect_shape(a, 0, expected);
+  copy_through(a);
+}
+
+void unsqueeze(const KernelArgs& a) {
+  const Tensor& in = a.input(0);
+  const std::vector<int64_t> axes = axes_from(a, "axes", 1);
+  const int64_t rank = in.rank() + static_cast<int64_t>(axes.size());
+  std::vector<bool> inserted(static_cast<size_t>(rank), false);
+  for (int64_t axis : axes) {
+    const int64_t d = normalize_axis(a, axis, rank);
+    if (inserted[d]) fail(ErrorKind::kModel, "Unsqueeze axis {} is listed twice", axis);
+    inserted[d] = true;
+  }
+  Shape expected;
+  size_t next = 0;
+  for (int64_t d = 0; d < rank; ++d) expected.push_back(inserted[d] ? 1 : in.shape[next++]);
+  expect_shape(a, 0, expected);
+  copy_through(a);
+}
+
+void transpose(const KernelArgs& a) {
+  const Tensor& in = a.input(0);
+  std::vector<int64_t> perm = a.attrs.ints("perm");
+  if (perm.empty()) {
+    perm.resize(in.shape.size());
+    std::iota(perm.rbegin(), perm.rend(), 0);
+  }
+  if (static_cast<int64_t>(perm.size()) != in.rank())
+    fail(ErrorKind::kModel, "Transpose perm has {} entries for a rank-{} input", perm.size(),
+         in.rank());
+  const std::vector<int64_t> in_strides = dense_strides(in.shape);
+  std::vector<int64_t> strides;
+  std::vector<bool> seen(perm.size(), false);
+  Shape expected;
+  for (int64_t p : perm) {
+    const int64_t d = normalize_axis(a, p, in.rank());
+    if (seen[d]) fail(ErrorKind::kModel, "Transpose perm lists axis {} twice", p);
+    seen[d] = true;
+    expected.push_back(in.shape[d]);
+    strides.push_back(in_strides[d]);
+  }
+  expect_shape(a, 0, expected);
+  strided_copy(a, expected, strides, 0);
+}
+
+// Concat: each output row (the dims before `axis`) is the inputs' rows one after another.
+void concat(const KernelArgs& a) {
+  Tensor& out = *a.out[0];
+  const Tensor& first = a.input(0);
+  const int64_t axis = normalize_axis(a, a.attrs.required_i("axis"), first.rank());
+  Shape expected = first.shape;
+  expected[axis] = 0;
+  for (size_t k = 0; k < a.num_inputs(); ++k) {
+    const Tensor& in = a.input(k);
+    bool same = in.rank() == first.rank();
+    for (int64_t d = 0; same && d < in.rank(); ++d)
+      same = d == axis || in.shape[d] == first.shape[d];
+    if (!same)
+      fail(ErrorKind::kShape, "Concat along axis {} of {} and {}: the other dims differ", axis,
+           first.describe(), in.describe());
+    expected[axis] += in.shape[axis];
+  }
+  expect_shape(a, 0, expected);
+  if (out.bytes() == 0) return;
+  int64_t rows = 1;
+  for (int64_t d = 0; d < axis; ++d) rows *= expected[d];
+  const int64_t row_bytes = out.bytes() / rows;
+  CudaContext& ctx = context(a);
+  int64_t start = 0;
+  for (size_t k = 0; k < a.num_inputs(); ++k) {
+    const int64_t size = a.input(k).bytes() / rows;
+    copy_rows(ctx, out.data + start, row_bytes, a.input(k).data, size, size, rows);
+    start += size;
+  }
+}
+
+void split(const KernelArgs& a) {
+  const Tensor& in = a.input(0);
+  const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), in.rank());
+  const int64_t n = static_cast<int64_t>(a.out.size()), dim = in.shape[axis];
+  std::vector<int64_t> sizes = axes_from(a, "split", 1);
+  if (sizes.empty()) {
+    const int64_t piece = (dim + n - 1) / n;
+    for (int64_t k = 0; k < n; ++k)
+      sizes.push_back(std::max<int64_t>(0, std::min(piece, dim - k * piece)));
+  }
+  if (static_cast<int64_t>(sizes.size()) != n)
+    fail(ErrorKind::kModel, "Split lists {} sizes for {} outputs", sizes.size(), n);
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    if (s < 0) fail(ErrorKind::kModel, "Split size {} is negative", s);
+    total += s;
+  }
+  if (total != dim)
+    fail(ErrorKind::kModel, "Split sizes add up to {} but axis {} has {}", total, axis, dim);
+  int64_t rows = 1;
+  for (int64_t d = 0; d < axis; ++d) rows *= in.shape[d];
+  const int64_t in_row = rows == 0 ? 0 : in.bytes() / rows;
+  const int64_t unit = dim == 0 ? 0 : in_row / dim;  // bytes of one step along the axis
+  CudaContext& ctx = context(a);
+  int64_t offset = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    if (Tensor* out = a.out[k]; out != nullptr) {
+      Shape expected = in.shape;
+      expected[axis] = sizes[k];
+      expect_shape(a, k, expected);
+      const int64_t piece = sizes[k] * unit;
+      copy_rows(ctx, out->data, piece, in.data + offset, in_row, piece, rows);
+    }
+    offset += sizes[k] * unit;
+  }
+}
+
+void slice(const KernelArgs& a) {
+  const Tensor& in = a.input(0);
+  const cpu::SliceView view = slice_view(a, context(a), in.shape, a.num_inputs(), [&](size_t k) {
+    return a.has_input(k) ? a.in[k] : nullptr;
+  });
+  expect_shape(a, 0, view.shape);
+  strided_copy(a, view.shape, view.strides, view.base);
+}
+
+// The largest unit (16, 8, 4, 2 or 1 bytes) that divides `bytes` and the alignment of `ptrs`.
+int64_t widest_unit(int64_t bytes, std::initializer_list<const void*> ptrs) {
+  for (int64_t unit = 16; unit > 1; unit /= 2) {
+    bool fits = bytes % unit == 0;
+    for (const void* p : ptrs) fits = fits && reinterpret_cast<uintptr_t>(p) % unit == 0;
+    if (fits) return unit;
+  }
+  return 1;
+}
+
+void gather(const KernelArgs& a) {
+  const Tensor& data = a.input(0);
+  const Tensor& index_tensor = a.input(1);
+  Tensor& out = *a.out[0];
+  const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), data.rank());
+  Shape expected(data.shape.begin(), data.shape.begin() + axis);
+  expected.insert(expected.end(), index_tensor.shape.begin(), index_tensor.shape.end());
+  expected.insert(expected.end(), data.shape.begin() + axis + 1, data.shape.end());
+  expect_shape(a, 0, expected);
+  CudaContext& ctx = context(a);
+  const int64_t dim = data.shape[axis];
+  const std::vector<int64_t> indices = gather_indices(ctx, index_tensor, axis, dim);
+  if (out.bytes() == 0) return;
+  int64_t outer = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= data.shape[d];
+  const int64_t count = static_cast<int64_t>(indices.size());
+  const int64_t piece = out.bytes() / (outer * count);  // bytes of one gathered slice
+  movable_size(a, data.dtype);
+  const int64_t unit = widest_unit(piece, {out.data, data.data});
+  const Tensor device_indices = upload_ints(ctx, indices);
+  launch_gather(out.data, data.data, device_indices.as<int64_t>(), outer, count, dim, piece / unit,
+                unit, ctx.stream());
+  check_launch(a);
+}
+
+void expand(const KernelArgs& a) {
+  const Tensor& in = a.input(0);
+  Tensor& out = *a.out[0];
+  const Shape requested = read_ints(context(a), a.input(1));
+  const size_t rank = std::max(in.shape.size(), requested.size());
+  Shape expected(rank, 1);
+  for (size_t d = 0; d < rank; ++d) {
+    const int64_t x = d + in.shape.size() >= rank ? in.shape[d + in.shape.size() - rank] : 1;
+    const int64_t y = d + requested.size() >= rank ? requested[d + requested.size() - rank] : 1;
+    if (x != y && x != 1 && y != 1)
+      fail(ErrorKind::kShape, "Expand cannot broadcast {} to {}", in.describe(),
+           shape_string(requested));
+    expected[d] = x == 1 ? y : x;
+  }
+  expect_shape(a, 0, expected);
+  const std::vector<int64_t> in_strides = dense_strides(in.shape);
+  std::vector<int64_t> strides(rank, 0);
+  for (size_t d = 0; d < in.shape.size(); ++d)
+    strides[d + rank - in.shape.size()] = in.shape[d] == 1 ? 0 : in_strides[d];
+  strided_copy(a, out.shape, strides, 0);
+}
+
+// ReduceMean (opsets <= 17): the mean over `axes` (every dim when absent), keepdims default 1.
+void reduce_mean(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  std::vector<bool> reduced(x.shape.size(), false);
+  const std::vector<int64_t> axes = a.attrs.ints("axes");
+  if (axes.empty()) reduced.assign(x.shape.size(), true);
+  for (int64_t axis : axes) {
+    if (axis < -x.rank() || axis >= x.rank())
+      fail(ErrorKind::kModel, "ReduceMean: axis {} is out of range for {}", axis, x.describe());
+    if (axis < 0) axis += x.rank();
+    if (reduced[axis]) fail(ErrorKind::kModel, "ReduceMean: axis {} is given twice", axis);
+    reduced[axis] = true;
+  }
+  const bool keepdims = a.attrs.i("keepdims", 1) != 0;
+  Shape expected;
+  int64_t count = 1;
+  for (size_t i = 0; i < x.shape.size(); ++i) {
+    if (reduced[i]) count *= x.shape[i];
+    if (!reduced[i])
+      expected.push_back(x.shape[i]);
+    else if (keepdims)
+      expected.push_back(1);
+  }
+  expect_shape(a, 0, expected);
+  Tensor& out = *a.out[0];
+  if (out.numel() == 0) return;
+  if (count == 0) fail(ErrorKind::kUnsupported, "ReduceMean of {} over an empty dim", x.describe());
+  const ReduceMap map = reduce_map(a, x.shape, reduced);
+  cudaStream_t stream = context(a).stream();
+  switch (x.dtype) {
+    case DType::kFloat32:
+      launch_reduce_mean_f32(out.as<float>(), x.as<float>(), out.numel(), map, stream);
+      break;
+    case DType::kFloat64:
+      launch_reduce_mean_f64(out.as<double>(), x.as<double>(), out.numel(), map, stream);
+      break;
+    case DType::kInt32:
+      launch_reduce_mean_i32(out.as<int32_t>(), x.as<int32_t>(), out.numel(), map, stream);
+      break;
+    case DType::kInt64:
+      launch_reduce_mean_i64(out.as<int64_t>(), x.as<int64_t>(), out.numel(), map, stream);
+      break;
+    default:
+      fail(ErrorKind::kUnsupported, "ReduceMean on {} is not supported", dtype_name(x.dtype));
+  }
+  check_launch(a);
+}
+
+// Every op takes what the CPU backend's takes (every fixed-size dtype for the moves).
+constexpr KernelEntry kKernels[] = {
+    {"Identity", identity, same_as_cpu},   {"Reshape", reshape, same_as_cpu},
+    {"Flatten", flatten, same_as_cpu},     {"Squeeze", squeeze, same_as_cpu},
+    {"Unsqueeze", unsqueeze, same_as_cpu}, {"Transpose", transpose, same_as_cpu},
+    {"Concat", concat, same_as_cpu},       {"Split", split, same_as_cpu},
+    {"Slice", slice, same_as_cpu},         {"Gather", gather, same_as_cpu},
+    {"Expand", expand, same_as_cpu},       {"ReduceMean", reduce_mean, same_as_cpu},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> data_kernels() {
+  static const std::vector<KernelEntry> table = [] {
+    std::vector<KernelEntry> all(std::begin(kKernels), std::end(kKernels));
+    const std::span<const KernelEntry> shape = data_shape_kernels();
+    all.insert(all.end(), shape.begin(), shape.end());
+    return all;
+  }();
+  return table;
+}
 
 }  // namespace stagecraft::rt::cuda

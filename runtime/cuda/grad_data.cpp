@@ -1,9 +1,306 @@
-// The CUDA backend's grad data family (families.h): not written yet, so the table is empty and
-// every op of the family is refused by the backend's check ("op 'X' has no cuda kernel").
+// The CUDA backend's gradients of the data ops and ReduceMean (families.h), float32, following
+// the contract of runtime/format/grad_ops.h and the CPU backend's grad_data.cpp: shape-only ops
+// copy dy, Transpose gathers through the inverse permutation, Slice scatters into zeros,
+// Concat and Split split and join with 2-D copies, Gather adds rows with one thread per dX
+// element over its indices' positions (no atomics, so a run is reproducible), Expand sums
+// over the broadcast dims and ReduceMean spreads dy / count.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "runtime/cpu/grad_io.h"
+#include "runtime/cuda/data_common.h"
 #include "runtime/cuda/families.h"
 
 namespace stagecraft::rt::cuda {
+namespace {
 
-std::span<const KernelEntry> grad_data_kernels() { return {}; }
+using cpu::dense_strides;
+using cpu::GradIo;
+using cpu::normalize_axis;
+
+void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) {
+  if (dy.shape != shape)
+    fail(ErrorKind::kShape, "{}: the output gradient is {} but the output is {}", a.op_type,
+         dy.describe(), shape_string(shape));
+}
+
+// The start of a gradient whose one result is dx of input 0 (cpu::GradIo::input0 with device
+// zeroing): false when dx is not wanted or dy is omitted (then every output is zeroed).
+bool input0(const GradIo& io, Tensor*& dx, const Tensor*& dy, const Tensor*& x) {
+  dx = io.dx(0);
+  dy = io.dy(0);
+  if (dy == nullptr) zero_outputs(io.a);
+  if (dx == nullptr || dy == nullptr) return false;
+  x = &io.need_x(0);
+  expect_shape(io.a, 0, x->shape);
+  return true;
+}
+
+void copy_grad(const KernelArgs& a) {
+  const GradIo io(a);
+  Tensor* dx;
+  const Tensor *dy, *x;
+  if (!input0(io, dx, dy, x)) return;
+  if (dy->bytes() != dx->bytes())
+    fail(ErrorKind::kShape, "{} maps the gradient {} onto {}: the element counts differ", a.op_type,
+         dy->describe(), dx->describe());
+  device_copy(context(a), dx->data, dy->data, dx->bytes());
+}
+
+void transpose_grad(const KernelArgs& a) {
+  const GradIo io(a);
+  Tensor* dx;
+  const Tensor *dy, *px;
+  if (!input0(io, dx, dy, px)) return;
+  const Tensor& x = *px;
+  std::vector<int64_t> perm = a.attrs.ints("perm");
+  if (perm.empty()) {
+    perm.resize(x.shape.size());
+    std::iota(perm.rbegin(), perm.rend(), 0);
+  }
+  if (static_cast<int64_t>(perm.size()) != x.rank())
+    fail(ErrorKind::kModel, "Transpose perm has {} entries for a rank-{} input", perm.size(),
+         x.rank());
+  Shape y_shape;
+  std::vector<int64_t> inverse(perm.size(), -1);
+  for (size_t d = 0; d < perm.size(); ++d) {
+    const int64_t p = normalize_axis(a, perm[d], x.rank());
+    if (inverse[p] >= 0) fail(ErrorKind::kModel, "Transpose perm lists axis {} twice", perm[d]);
+    inverse[p] = static_cast<int64_t>(d);
+    y_shape.push_back(x.shape[p]);
+  }
+  expect_dy_shape(a, *dy, y_shape);
+  // dx at x-coordinate c is dy at the coordinate whose dim d is c[perm[d]].
+  const std::vector<int64_t> dy_strides = dense_strides(y_shape);
+  std::vector<int64_t> strides(perm.size());
+  for (size_t e = 0; e < perm.size(); ++e) strides[e] = dy_strides[inverse[e]];
+  if (x.numel() == 0) return;
+  launch_strided_gather(dx->data, dy->data, sizeof(float), x.numel(),
+                        index_map(a, x.shape, strides), context(a).stream());
+  check_launch(a);
+}
+
+void concat_grad(const KernelArgs& a) {
+  const GradIo io(a);
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) return zero_outputs(a);
+  const Tensor& first = io.need_x(0);
+  const int64_t axis = normalize_axis(a, a.attrs.required_i("axis"), first.rank());
+  Shape y_shape = first.shape;
+  y_shape[axis] = 0;
+  int64_t rows = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) rows *= first.shape[d];
+  for (int64_t d = axis + 1; d < first.rank(); ++d) inner *= first.shape[d];
+  std::vector<int64_t> starts;
+  for (size_t k = 0; k < io.n; ++k) {
+    const Tensor& x = io.need_x(k);
+    if (x.rank() != first.rank())
+      fail(ErrorKind::kShape, "Concat of {} and {}: the ranks differ", first.describe(),
+           x.describe());
+    starts.push_back(y_shape[axis] * inner);
+    y_shape[axis] += x.shape[axis];
+    if (io.dx(k) != nullptr) expect_shape(a, k, x.shape);
+  }
+  expect_dy_shape(a, *dy, y_shape);
+  const int64_t row = y_shape[axis] * inner * static_cast<int64_t>(sizeof(float));
+  CudaContext& ctx = context(a);
+  for (size_t k = 0; k < io.n; ++k) {
+    Tensor* dx = io.dx(k);
+    if (dx == nullptr) continue;
+    const int64_t piece = io.x(k)->shape[axis] * inner * static_cast<int64_t>(sizeof(float));
+    copy_rows(ctx, dx->data, piece, dy->data + starts[k] * static_cast<int64_t>(sizeof(float)), row,
+              piece, rows);
+  }
+}
+
+// Split: dx is the dys joined along the axis; an omitted dy contributes zeros.
+void split_grad(const KernelArgs& a) {
+  const GradIo io(a);
+  Tensor* dx = io.dx(0);
+  if (dx == nullptr) return;
+  const Tensor& x = io.need_x(0);
+  expect_shape(a, 0, x.shape);
+  const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), x.rank());
+  const int64_t n = static_cast<int64_t>(io.m), dim = x.shape[axis];
+  CudaContext& ctx = context(a);
+  std::vector<int64_t> sizes;
+  if (a.attrs.has("split"))
+    sizes = a.attrs.ints("split");
+  else if (io.x(1) != nullptr)
+    sizes = read_ints(ctx, *io.x(1));
+  if (sizes.empty()) {
+    const int64_t piece = (dim + n - 1) / n;
+    for (int64_t k = 0; k < n; ++k)
+      sizes.push_back(std::max<int64_t>(0, std::min(piece, dim - k * piece)));
+  }
+  if (static_cast<int64_t>(sizes.size()) != n)
+    fail(ErrorKind::kModel, "Split lists {} sizes for {} outputs", sizes.size(), n);
+  if (std::accumulate(sizes.begin(), sizes.end(), int64_t{0}) != dim)
+    fail(ErrorKind::kModel, "Split sizes do not add up to axis {}'s {}", axis, dim);
+  int64_t rows = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) rows *= x.shape[d];
+  for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.shape[d];
+  const int64_t f = static_cast<int64_t>(sizeof(float)), row = dim * inner * f;
+  int64_t start = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const Tensor* dy = io.dy(static_cast<size_t>(k));
+    const int64_t piece = sizes[k] * inner * f;
+    std::byte* at = dx->data + start * inner * f;
+    if (dy != nullptr) {
+      Shape expected = x.shape;
+      expected[axis] = sizes[k];
+      expect_dy_shape(a, *dy, expected);
+      copy_rows(ctx, at, row, dy->data, piece, piece, rows);
+    } else if (rows > 0 && piece > 0) {
+      check(cudaMemset2DAsync(at, static_cast<size_t>(row), 0, static_cast<size_t>(piece),
+                              static_cast<size_t>(rows), ctx.stream()),
+            "cudaMemset2DAsync");
+    }
+    start += sizes[k];
+  }
+}
+
+void slice_grad(const KernelArgs& a) {
+  const GradIo io(a);
+  Tensor* dx = io.dx(0);
+  if (dx == nullptr) return;
+  const Tensor& x = io.need_x(0);
+  expect_shape(a, 0, x.shape);
+  CudaContext& ctx = context(a);
+  ctx.fill_zero(*dx);
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) return;
+  const cpu::SliceView view = slice_view(a, ctx, x.shape, io.n, [&](size_t k) { return io.x(k); });
+  expect_dy_shape(a, *dy, view.shape);
+  const int64_t n = shape_numel(view.shape);
+  if (n == 0) return;
+  launch_strided_scatter(dx->as<float>() + view.base, dy->data, sizeof(float), n,
+                         index_map(a, view.shape, view.strides), ctx.stream());
+  check_launch(a);
+}
+
+void gather_grad(const KernelArgs& a) {
+  const GradIo io(a);
+  Tensor* dx = io.dx(0);
+  if (dx == nullptr) return;
+  const Tensor& data = io.need_x(0);
+  expect_shape(a, 0, data.shape);
+  CudaContext& ctx = context(a);
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) return ctx.fill_zero(*dx);
+  const Tensor& index_tensor = io.need_x(1);
+  const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), data.rank());
+  Shape y_shape(data.shape.begin(), data.shape.begin() + axis);
+  y_shape.insert(y_shape.end(), index_tensor.shape.begin(), index_tensor.shape.end());
+  y_shape.insert(y_shape.end(), data.shape.begin() + axis + 1, data.shape.end());
+  expect_dy_shape(a, *dy, y_shape);
+  const int64_t dim = data.shape[axis];
+  const std::vector<int64_t> indices = gather_indices(ctx, index_tensor, axis, dim);
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= data.shape[d];
+  for (int64_t d = axis + 1; d < data.rank(); ++d) inner *= data.shape[d];
+  const int64_t count = static_cast<int64_t>(indices.size());
+  if (count == 0 || outer * inner == 0) return ctx.fill_zero(*dx);
+  // Positions grouped by index (a counting sort, ascending within each index): dx row d sums
+  // dy rows positions[offsets[d] .. offsets[d + 1]) in the order the CPU adds them.
+  std::vector<int64_t> offsets(static_cast<size_t>(dim) + 1, 0), positions(indices.size());
+  for (int64_t index : indices) ++offsets[index + 1];
+  for (int64_t d = 0; d < dim; ++d) offsets[d + 1] += offsets[d];
+  std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
+  for (int64_t i = 0; i < count; ++i) positions[next[indices[i]]++] = i;
+  const Tensor device_offsets = upload_ints(ctx, offsets);
+  const Tensor device_positions = upload_ints(ctx, positions);
+  launch_gather_grad(dx->as<float>(), dy->as<float>(), device_offsets.as<int64_t>(),
+                     device_positions.as<int64_t>(), outer, count, dim, inner, ctx.stream());
+  check_launch(a);
+}
+
+// Expand: dy summed over the dims x broadcast along (numpy rules, x's shape aligned right).
+void expand_grad(const KernelArgs& a) {
+  const GradIo io(a);
+  Tensor* dx;
+  const Tensor *dy, *px;
+  if (!input0(io, dx, dy, px)) return;
+  const Shape& shape = px->shape;
+  const Shape& full = dy->shape;
+  if (shape.size() > full.size())
+    fail(ErrorKind::kShape, "cannot sum {} to the larger-rank {}", shape_string(full),
+         shape_string(shape));
+  const size_t lead = full.size() - shape.size();
+  std::vector<bool> reduced(full.size());
+  for (size_t i = 0; i < full.size(); ++i) {
+    const int64_t s = i < lead ? 1 : shape[i - lead];
+    if (s != full[i] && s != 1)
+      fail(ErrorKind::kShape, "{} does not broadcast to {}", shape_string(shape),
+           shape_string(full));
+    reduced[i] = s != full[i];
+  }
+  if (dx->numel() == 0) return;
+  if (shape_numel(full) == 0) return context(a).fill_zero(*dx);
+  launch_reduce_sum_f32(dx->as<float>(), dy->as<float>(), dx->numel(), reduce_map(a, full, reduced),
+                        context(a).stream());
+  check_launch(a);
+}
+
+void reduce_mean_grad(const KernelArgs& a) {
+  const GradIo io(a);
+  Tensor* dx;
+  const Tensor *dy, *px;
+  if (!input0(io, dx, dy, px)) return;
+  const Tensor& x = *px;
+  std::vector<int64_t> axes = a.attrs.ints("axes");
+  if (!a.attrs.has("axes") && io.x(1) != nullptr) axes = read_ints(context(a), *io.x(1));
+  std::vector<bool> reduced(x.shape.size(), axes.empty());
+  if (axes.empty() && a.attrs.i("noop_with_empty_axes", 0) != 0)
+    reduced.assign(x.shape.size(), false);
+  std::vector<bool> listed(x.shape.size(), false);
+  for (int64_t axis : axes) {
+    const int64_t d = normalize_axis(a, axis, x.rank());
+    if (listed[d]) fail(ErrorKind::kModel, "ReduceMean: axis {} is given twice", axis);
+    listed[d] = reduced[d] = true;
+  }
+  const bool keepdims = a.attrs.i("keepdims", 1) != 0;
+  Shape y_shape, kept_shape;
+  int64_t count = 1;
+  for (size_t i = 0; i < x.shape.size(); ++i) {
+    if (reduced[i]) count *= x.shape[i];
+    kept_shape.push_back(reduced[i] ? 1 : x.shape[i]);
+    if (!reduced[i] || keepdims) y_shape.push_back(kept_shape.back());
+  }
+  expect_dy_shape(a, *dy, y_shape);
+  if (x.numel() == 0) return;
+  // dx at coordinate c reads dy at c with the reduced dims at 0.
+  std::vector<int64_t> strides = dense_strides(kept_shape);
+  for (size_t i = 0; i < strides.size(); ++i)
+    if (reduced[i]) strides[i] = 0;
+  launch_broadcast_scale(dx->as<float>(), dy->as<float>(), x.numel(),
+                         index_map(a, x.shape, strides), 1.0f / static_cast<float>(count),
+                         context(a).stream());
+  check_launch(a);
+}
+
+// The CPU backend's checks decide (float32 gradients, the contract's arity). Every kernel
+// writes every element of the outputs it is given, as the CPU's do.
+constexpr KernelEntry kKernels[] = {
+    {"IdentityGrad", copy_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ReshapeGrad", copy_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"FlattenGrad", copy_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"SqueezeGrad", copy_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"UnsqueezeGrad", copy_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"TransposeGrad", transpose_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ConcatGrad", concat_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"SplitGrad", split_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"SliceGrad", slice_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"GatherGrad", gather_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ExpandGrad", expand_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ReduceMeanGrad", reduce_mean_grad, same_as_cpu, /*writes_every_output=*/true},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> grad_data_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cuda

@@ -1,9 +1,176 @@
-// The CUDA backend's grad norm family (families.h): not written yet, so the table is empty and
-// every op of the family is refused by the backend's check ("op 'X' has no cuda kernel").
+// The CUDA backend's gradients of BatchNormalization, LayerNormalization and Softmax
+// (families.h), float32 with statistics in double, following the contract of
+// runtime/format/grad_ops.h and the formulas of the CPU backend's grad_norm.cpp: statistics are
+// recomputed from X, and gradients reaching the forward's optional outputs are included when
+// given. Every reduction is a fixed tree or an in-order loop (norm_kernels.cu), so runs are
+// reproducible.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+
+#include "runtime/cpu/grad_io.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/families.h"
+#include "runtime/cuda/norm_kernels.h"
+#include "runtime/format/error.h"
 
 namespace stagecraft::rt::cuda {
+namespace {
 
-std::span<const KernelEntry> grad_norm_kernels() { return {}; }
+using cpu::GradArity;
+using cpu::GradIo;
+
+// The operand counts of the gradient ops, as the CPU's.
+constexpr GradArity kBatchNormArity{.n_min = 5, .n_max = 5, .m_min = 1, .m_max = 3};
+constexpr GradArity kLayerNormArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 3};
+constexpr GradArity kSoftmaxArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
+
+void check_launch(const KernelArgs& a) {
+  check(cudaGetLastError(), fmt::format("{} '{}' kernel launch", a.op_type, a.name));
+}
+
+void zero_outputs(const KernelArgs& a) {
+  for (Tensor* t : a.out)
+    if (t != nullptr) a.device.fill_zero(*t);
+}
+
+const float* data_or_null(const Tensor* t) { return t != nullptr ? t->as<float>() : nullptr; }
+float* data_or_null(Tensor* t) { return t != nullptr ? t->as<float>() : nullptr; }
+
+void batch_norm_grad(const KernelArgs& a) {
+  const GradIo io(a, kBatchNormArity);
+  const Tensor& x = io.need_x(0);
+  if (x.rank() < 2)
+    fail(ErrorKind::kShape, "BatchNormalizationGrad: X is {}, expected [N, C, ...]", x.describe());
+  BatchNormGradArgs q;
+  BatchNormArgs& p = q.forward;
+  p.n = x.shape[0];
+  p.c = x.shape[1];
+  p.s = x.numel() / std::max<int64_t>(p.n * p.c, 1);
+  for (size_t k = 1; k < 5; ++k)
+    if (a.input(k).shape != Shape{p.c})
+      fail(ErrorKind::kShape, "BatchNormalizationGrad: input {} is {}, expected [{}]", k,
+           a.input(k).describe(), p.c);
+  for (size_t k = 0; k < 5; ++k)
+    if (io.wants(k)) expect_shape(a, k, a.input(k).shape);
+  q.dy = data_or_null(io.dy(0));
+  q.drm = data_or_null(io.dy(1));
+  q.drv = data_or_null(io.dy(2));
+  if (io.dy(0) && io.dy(0)->shape != x.shape)
+    fail(ErrorKind::kShape, "BatchNormalizationGrad: dY {} should be {}", io.dy(0)->describe(),
+         shape_string(x.shape));
+  q.training = a.attrs.i("training_mode", 0) != 0;
+  p.epsilon = a.attrs.f("epsilon", 1e-5f);
+  p.momentum = a.attrs.f("momentum", 0.9f);
+  p.x = x.as<float>();
+  p.scale = a.input(1).as<float>();
+  p.bias = a.input(2).as<float>();
+  p.mean = a.input(3).as<float>();
+  p.var = a.input(4).as<float>();
+  q.dx = data_or_null(io.dx(0));
+  q.dscale = data_or_null(io.dx(1));
+  q.dbias = data_or_null(io.dx(2));
+  q.dmean = data_or_null(io.dx(3));
+  q.dvar = data_or_null(io.dx(4));
+  if (p.n * p.s == 0) return zero_outputs(a);
+  launch_batch_norm_grad(q, context(a).stream());
+  check_launch(a);
+}
+
+void layer_norm_grad(const KernelArgs& a) {
+  const GradIo io(a, kLayerNormArity);
+  const Tensor& x = io.need_x(0);
+  int64_t axis = a.attrs.i("axis", -1);
+  if (axis < -x.rank() || axis >= x.rank())
+    fail(ErrorKind::kModel, "LayerNormalizationGrad: axis {} is out of range for {}", axis,
+         x.describe());
+  if (axis < 0) axis += x.rank();
+  int64_t inner = 1;
+  for (int64_t i = axis; i < x.rank(); ++i) inner *= x.shape[i];
+  const int64_t outer = inner == 0 ? 0 : x.numel() / inner;
+  const Tensor& scale = io.need_x(1);
+  const Tensor* bias = io.x(2);
+  if (scale.numel() != inner || (bias && bias->numel() != inner))
+    fail(ErrorKind::kShape,
+         "LayerNormalizationGrad: Scale {} and B must have the normalised size {}",
+         scale.describe(), inner);
+  if (io.wants(0)) expect_shape(a, 0, x.shape);
+  if (io.wants(1)) expect_shape(a, 1, scale.shape);
+  if (io.wants(2)) {
+    if (!bias) fail(ErrorKind::kModel, "LayerNormalizationGrad: a B gradient without a B input");
+    expect_shape(a, 2, bias->shape);
+  }
+  const Tensor* dy = io.dy(0);
+  const Tensor* dmean = io.dy(1);
+  const Tensor* dinv = io.dy(2);
+  if (dy && dy->shape != x.shape)
+    fail(ErrorKind::kShape, "LayerNormalizationGrad: dY {} should be {}", dy->describe(),
+         shape_string(x.shape));
+  if ((dmean && dmean->numel() != outer) || (dinv && dinv->numel() != outer))
+    fail(ErrorKind::kShape,
+         "LayerNormalizationGrad: Mean and InvStdDev gradients must have {} values", outer);
+  if (outer == 0 || inner == 0) return zero_outputs(a);
+  CudaContext& ctx = context(a);
+  Tensor* dx = io.dx(0);
+  Tensor* dscale = io.dx(1);
+  Tensor* dbias = io.dx(2);
+  const bool columns = (dscale || dbias) && dy;
+  if (!dx && !columns) return zero_outputs(a);
+  const Tensor mean = ctx.new_tensor(DType::kFloat64, {outer}, false);
+  const Tensor inv_std = ctx.new_tensor(DType::kFloat64, {outer}, false);
+  cudaStream_t stream = ctx.stream();
+  launch_layer_norm_grad_rows(x.as<float>(), scale.as<float>(), data_or_null(dy),
+                              data_or_null(dmean), data_or_null(dinv), data_or_null(dx),
+                              const_cast<double*>(mean.as<double>()),
+                              const_cast<double*>(inv_std.as<double>()), outer, inner,
+                              static_cast<double>(a.attrs.f("epsilon", 1e-5f)), stream);
+  check_launch(a);
+  if (columns) {
+    launch_layer_norm_grad_columns(x.as<float>(), dy->as<float>(), mean.as<double>(),
+                                   inv_std.as<double>(), data_or_null(dscale), data_or_null(dbias),
+                                   outer, inner, stream);
+    check_launch(a);
+  } else {
+    // Without dY the column sums are zeros.
+    if (dscale) ctx.fill_zero(*dscale);
+    if (dbias) ctx.fill_zero(*dbias);
+  }
+}
+
+void softmax_grad(const KernelArgs& a) {
+  const GradIo io(a, kSoftmaxArity);
+  const Tensor& x = io.need_x(0);
+  const Tensor& y = io.need_y(0);
+  const Tensor* dy = io.dy(0);
+  if (!io.wants(0)) return;
+  if (dy == nullptr) return a.device.fill_zero(*io.dx(0));
+  int64_t axis = a.attrs.i("axis", -1);
+  if (x.rank() == 0 || axis < -x.rank() || axis >= x.rank())
+    fail(ErrorKind::kModel, "SoftmaxGrad: axis {} is out of range for {}", axis, x.describe());
+  if (axis < 0) axis += x.rank();
+  expect_shape(a, 0, x.shape);
+  if (y.shape != x.shape || dy->shape != x.shape)
+    fail(ErrorKind::kShape, "SoftmaxGrad: Y {} and dY {} should be {}", y.describe(),
+         dy->describe(), shape_string(x.shape));
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= x.shape[i];
+  for (int64_t i = axis + 1; i < x.rank(); ++i) inner *= x.shape[i];
+  launch_softmax_grad(y.as<float>(), dy->as<float>(), io.dx(0)->as<float>(), outer, x.shape[axis],
+                      inner, context(a).stream());
+  check_launch(a);
+}
+
+// The CPU backend's checks decide (float32, the contract's arity, spatial and stash_type).
+const KernelEntry kKernels[] = {
+    {"BatchNormalizationGrad", batch_norm_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"LayerNormalizationGrad", layer_norm_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"SoftmaxGrad", softmax_grad, same_as_cpu, /*writes_every_output=*/true},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> grad_norm_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cuda

@@ -1,9 +1,148 @@
-// The CUDA backend's norm family (families.h): not written yet, so the table is empty and
-// every op of the family is refused by the backend's check ("op 'X' has no cuda kernel").
+// The CUDA backend's norm family (families.h): BatchNormalization (inference, and
+// training_mode=1 with its running statistics), LayerNormalization (with its optional Mean and
+// InvStdDev outputs) and Softmax, float32, with the attributes, defaults and shape checks of
+// the CPU backend's norm.cpp and reduce.cpp. The kernels are norm_kernels.cu.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/families.h"
+#include "runtime/cuda/norm_kernels.h"
+#include "runtime/format/error.h"
 
 namespace stagecraft::rt::cuda {
+namespace {
 
-std::span<const KernelEntry> norm_kernels() { return {}; }
+void check_launch(const KernelArgs& a) {
+  check(cudaGetLastError(), fmt::format("{} '{}' kernel launch", a.op_type, a.name));
+}
+
+// A per-channel input of BatchNormalization must be a vector of C values.
+const Tensor& channel_input(const KernelArgs& a, size_t k, const char* what, int64_t channels) {
+  const Tensor& t = a.input(k);
+  if (t.numel() != channels || t.rank() != 1)
+    fail(ErrorKind::kShape, "BatchNormalization: {} is {}, expected [{}]", what, t.describe(),
+         channels);
+  return t;
+}
+
+// BatchNormalization over X [N, C, D1, ...] read as [N, C, S].
+void batch_norm(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  if (x.rank() < 2)
+    fail(ErrorKind::kShape, "BatchNormalization: X is {}, expected [N, C, ...]", x.describe());
+  BatchNormArgs p;
+  p.n = x.shape[0];
+  p.c = x.shape[1];
+  p.s = x.numel() / std::max<int64_t>(p.n * p.c, 1);
+  p.x = x.as<float>();
+  p.scale = channel_input(a, 1, "scale", p.c).as<float>();
+  p.bias = channel_input(a, 2, "B", p.c).as<float>();
+  const Tensor& mean = channel_input(a, 3, "input_mean", p.c);
+  const Tensor& var = channel_input(a, 4, "input_var", p.c);
+  p.mean = mean.as<float>();
+  p.var = var.as<float>();
+  p.epsilon = a.attrs.f("epsilon", 1e-5f);
+  p.momentum = a.attrs.f("momentum", 0.9f);
+  expect_shape(a, 0, x.shape);
+  const bool training = a.attrs.i("training_mode", 0) != 0;
+  if (x.numel() == 0) {
+    if (training)
+      fail(ErrorKind::kUnsupported, "BatchNormalization: training_mode=1 on an empty batch");
+    return;
+  }
+  cudaStream_t stream = context(a).stream();
+  float* y = a.out[0]->as<float>();
+  if (!training) {
+    launch_batch_norm_inference(p, y, stream);
+    return check_launch(a);
+  }
+  auto running = [&](size_t k) -> float* {
+    if (k >= a.out.size() || !a.out[k]) return nullptr;
+    expect_shape(a, k, {p.c});
+    return a.out[k]->as<float>();
+  };
+  float* running_mean = running(1);
+  float* running_var = running(2);
+  launch_batch_norm_training(p, y, running_mean, running_var, stream);
+  check_launch(a);
+}
+
+// Drops leading unit dims ([1, 1, 5] -> [5]).
+Shape without_leading_ones(const Shape& shape) {
+  size_t k = 0;
+  while (k < shape.size() && shape[k] == 1) ++k;
+  return Shape(shape.begin() + static_cast<std::ptrdiff_t>(k), shape.end());
+}
+
+// LayerNormalization (opset 17): X normalised over its dims from `axis` on, then Scale and the
+// optional B; the optional Mean and InvStdDev outputs ([dims before axis, 1, ...]).
+void layer_norm(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  int64_t axis = a.attrs.i("axis", -1);
+  if (axis < -x.rank() || axis >= x.rank())
+    fail(ErrorKind::kModel, "LayerNormalization: axis {} is out of range for {}", axis,
+         x.describe());
+  if (axis < 0) axis += x.rank();
+  const Shape normalized(x.shape.begin() + axis, x.shape.end());
+  const int64_t inner = shape_numel(normalized), outer = x.numel() / std::max<int64_t>(inner, 1);
+  auto per_row = [&](size_t k, const char* what) {
+    const Tensor& t = a.input(k);
+    if (without_leading_ones(t.shape) != without_leading_ones(normalized))
+      fail(ErrorKind::kUnsupported,
+           "LayerNormalization: {} is {}, expected the normalised shape {}", what, t.describe(),
+           shape_string(normalized));
+    return &t;
+  };
+  const Tensor* scale = per_row(1, "Scale");
+  const Tensor* bias = a.has_input(2) ? per_row(2, "B") : nullptr;
+  expect_shape(a, 0, x.shape);
+  Tensor* mean_out = a.out.size() > 1 ? a.out[1] : nullptr;
+  Tensor* inv_std_out = a.out.size() > 2 ? a.out[2] : nullptr;
+  Shape stat_shape(x.shape.begin(), x.shape.begin() + axis);
+  stat_shape.resize(x.shape.size(), 1);
+  if (mean_out) expect_shape(a, 1, stat_shape);
+  if (inv_std_out) expect_shape(a, 2, stat_shape);
+  if (outer == 0) return;
+  if (inner == 0)
+    fail(ErrorKind::kShape, "LayerNormalization of {} over an empty normalised shape",
+         x.describe());
+  launch_layer_norm(x.as<float>(), scale->as<float>(), bias ? bias->as<float>() : nullptr,
+                    a.out[0]->as<float>(), mean_out ? mean_out->as<float>() : nullptr,
+                    inv_std_out ? inv_std_out->as<float>() : nullptr, outer, inner,
+                    a.attrs.f("epsilon", 1e-5f), context(a).stream());
+  check_launch(a);
+}
+
+// Softmax with opset 13's semantics along the single dim `axis` (default -1), as the CPU's.
+void softmax(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  int64_t axis = a.attrs.i("axis", -1);
+  if (x.rank() == 0 || axis < -x.rank() || axis >= x.rank())
+    fail(ErrorKind::kModel, "Softmax: axis {} is out of range for {}", axis, x.describe());
+  if (axis < 0) axis += x.rank();
+  expect_shape(a, 0, x.shape);
+  if (x.numel() == 0) return;
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= x.shape[i];
+  for (int64_t i = axis + 1; i < x.rank(); ++i) inner *= x.shape[i];
+  launch_softmax(x.as<float>(), a.out[0]->as<float>(), outer, x.shape[axis], inner,
+                 context(a).stream());
+  check_launch(a);
+}
+
+// The CPU backend's checks decide: the same dtypes (float32), attributes and outputs.
+const KernelEntry kKernels[] = {
+    {"BatchNormalization", batch_norm, same_as_cpu},
+    {"LayerNormalization", layer_norm, same_as_cpu},
+    {"Softmax", softmax, same_as_cpu},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> norm_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cuda

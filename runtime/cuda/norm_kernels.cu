@@ -1,0 +1,306 @@
+// The CUDA norm family's device kernels (norm_kernels.h): one block per row (or channel), each
+// thread over a strided share of it, block-wide reductions in a fixed tree (norm_block.cuh).
+#include "runtime/cuda/norm_block.cuh"
+#include "runtime/cuda/norm_kernels.h"
+#include "runtime/cuda/update_kernels.h"
+
+namespace stagecraft::rt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+
+// Threads for a block over `len` elements: a multiple of 32, at most kThreads.
+int threads_for(int64_t len) {
+  const int64_t warps = (len + 31) / 32;
+  return static_cast<int>(warps >= kThreads / 32 ? kThreads : (warps < 1 ? 32 : warps * 32));
+}
+
+unsigned blocks_for(int64_t rows) {
+  return static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
+}
+
+__global__ void softmax_kernel(const float* x, float* y, int64_t outer, int64_t len,
+                               int64_t inner) {
+  for (int64_t r = blockIdx.x; r < outer * inner; r += gridDim.x) {
+    const int64_t base = (r / inner) * len * inner + r % inner;
+    float top = -INFINITY;
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x) top = fmaxf(top, x[base + k * inner]);
+    top = block_max(top);
+    float sum = 0.0f;
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x) sum += expf(x[base + k * inner] - top);
+    sum = block_sum<float>(sum);
+    const float inv = 1.0f / sum;
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x)
+      y[base + k * inner] = expf(x[base + k * inner] - top) * inv;
+  }
+}
+
+__global__ void softmax_grad_kernel(const float* y, const float* dy, float* dx, int64_t outer,
+                                    int64_t len, int64_t inner) {
+  for (int64_t r = blockIdx.x; r < outer * inner; r += gridDim.x) {
+    const int64_t base = (r / inner) * len * inner + r % inner;
+    double s = 0.0;
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x) {
+      const int64_t e = base + k * inner;
+      s += static_cast<double>(dy[e]) * y[e];
+    }
+    const float sf = static_cast<float>(block_sum<double>(s));
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x) {
+      const int64_t e = base + k * inner;
+      dx[e] = y[e] * (dy[e] - sf);
+    }
+  }
+}
+
+__global__ void layer_norm_kernel(const float* x, const float* scale, const float* bias, float* y,
+                                  float* mean_out, float* inv_std_out, int64_t outer, int64_t inner,
+                                  float epsilon) {
+  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+    const float* row = x + r * inner;
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) sum += row[j];
+    const float mean = block_sum<float>(sum) / static_cast<float>(inner);
+    float sq = 0.0f;
+    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
+      const float d = row[j] - mean;
+      sq += d * d;
+    }
+    const float var = block_sum<float>(sq) / static_cast<float>(inner);
+    const float inv = 1.0f / sqrtf(var + epsilon);
+    float* out = y + r * inner;
+    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
+      const float v = (row[j] - mean) * inv * scale[j];
+      out[j] = bias != nullptr ? v + bias[j] : v;
+    }
+    if (threadIdx.x == 0) {
+      if (mean_out != nullptr) mean_out[r] = mean;
+      if (inv_std_out != nullptr) inv_std_out[r] = inv;
+    }
+  }
+}
+
+__global__ void layer_norm_grad_rows_kernel(const float* x, const float* scale, const float* g,
+                                            const float* dmean, const float* dinv, float* dx,
+                                            double* mean_out, double* istd_out, int64_t outer,
+                                            int64_t inner, double eps) {
+  const double inv_n = 1.0 / static_cast<double>(inner);
+  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+    const float* row = x + r * inner;
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) s += row[j];
+    const double mu = block_sum<double>(s) * inv_n;
+    double sq = 0.0;
+    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) sq += (row[j] - mu) * (row[j] - mu);
+    const double is = 1.0 / sqrt(block_sum<double>(sq) * inv_n + eps);
+    if (threadIdx.x == 0) {
+      mean_out[r] = mu;
+      istd_out[r] = is;
+    }
+    if (dx == nullptr) continue;
+    double mg = 0.0, mgx = 0.0;  // mean(dy * scale), mean(dy * scale * xhat)
+    if (g != nullptr) {
+      for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
+        const double gj = static_cast<double>(g[r * inner + j]) * scale[j];
+        mg += gj;
+        mgx += gj * (row[j] - mu) * is;
+      }
+      mg = block_sum<double>(mg) * inv_n;
+      mgx = block_sum<double>(mgx) * inv_n;
+    }
+    const double dm = dmean != nullptr ? dmean[r] : 0.0, di = dinv != nullptr ? dinv[r] : 0.0;
+    float* out = dx + r * inner;
+    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
+      const double xc = row[j] - mu;
+      double v = dm * inv_n - di * is * is * is * xc * inv_n;
+      if (g != nullptr)
+        v += is * (static_cast<double>(g[r * inner + j]) * scale[j] - mg - xc * is * mgx);
+      out[j] = static_cast<float>(v);
+    }
+  }
+}
+
+__global__ void layer_norm_grad_columns_kernel(const float* x, const float* g, const double* mean,
+                                               const double* istd, float* dscale, float* dbias,
+                                               int64_t outer, int64_t inner) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < inner;
+       j += int64_t{blockDim.x} * gridDim.x) {
+    double ds = 0.0, db = 0.0;
+    for (int64_t r = 0; r < outer; ++r) {
+      const double gj = g[r * inner + j];
+      ds += gj * (x[r * inner + j] - mean[r]) * istd[r];
+      db += gj;
+    }
+    if (dscale != nullptr) dscale[j] = static_cast<float>(ds);
+    if (dbias != nullptr) dbias[j] = static_cast<float>(db);
+  }
+}
+
+__global__ void batch_norm_inference_kernel(BatchNormArgs p, float* y) {
+  const int64_t n = p.n * p.c * p.s;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    const int64_t c = (i / p.s) % p.c;
+    const float inv = 1.0f / sqrtf(p.var[c] + p.epsilon);
+    y[i] = p.scale[c] * ((p.x[i] - p.mean[c]) * inv) + p.bias[c];
+  }
+}
+
+// Element t of channel c's N * S elements.
+__device__ __forceinline__ int64_t channel_at(const BatchNormArgs& p, int64_t c, int64_t t) {
+  return ((t / p.s) * p.c + c) * p.s + t % p.s;
+}
+
+// The batch mean and biased variance of channel c (double).
+__device__ void channel_stats(const BatchNormArgs& p, int64_t c, double& mu, double& var) {
+  const int64_t count = p.n * p.s;
+  double sum = 0.0;
+  for (int64_t t = threadIdx.x; t < count; t += blockDim.x) sum += p.x[channel_at(p, c, t)];
+  mu = block_sum<double>(sum) / static_cast<double>(count);
+  double sq = 0.0;
+  for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
+    const double d = p.x[channel_at(p, c, t)] - mu;
+    sq += d * d;
+  }
+  var = block_sum<double>(sq) / static_cast<double>(count);
+}
+
+__global__ void batch_norm_training_kernel(BatchNormArgs p, float* y, float* running_mean,
+                                           float* running_var) {
+  const int64_t count = p.n * p.s;
+  for (int64_t c = blockIdx.x; c < p.c; c += gridDim.x) {
+    double mu, var;
+    channel_stats(p, c, mu, var);
+    const float mean_f = static_cast<float>(mu), var_f = static_cast<float>(var);
+    const float inv = 1.0f / sqrtf(var_f + p.epsilon);
+    for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
+      const int64_t i = channel_at(p, c, t);
+      y[i] = p.scale[c] * ((p.x[i] - mean_f) * inv) + p.bias[c];
+    }
+    if (threadIdx.x == 0) {
+      if (running_mean != nullptr)
+        running_mean[c] = p.mean[c] * p.momentum + mean_f * (1.0f - p.momentum);
+      if (running_var != nullptr)
+        running_var[c] = p.var[c] * p.momentum + var_f * (1.0f - p.momentum);
+    }
+  }
+}
+
+__global__ void batch_norm_grad_kernel(BatchNormGradArgs q) {
+  const BatchNormArgs& p = q.forward;
+  const int64_t count = p.n * p.s;
+  for (int64_t c = blockIdx.x; c < p.c; c += gridDim.x) {
+    double mu, var;
+    if (q.training) {
+      channel_stats(p, c, mu, var);
+    } else {
+      mu = p.mean[c];
+      var = p.var[c];
+    }
+    const double istd = 1.0 / sqrt(var + static_cast<double>(p.epsilon));
+    double sum_dy = 0.0, sum_dy_xhat = 0.0;
+    if (q.dy != nullptr) {
+      for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
+        const int64_t i = channel_at(p, c, t);
+        sum_dy += q.dy[i];
+        sum_dy_xhat += q.dy[i] * (p.x[i] - mu) * istd;
+      }
+      sum_dy = block_sum<double>(sum_dy);
+      sum_dy_xhat = block_sum<double>(sum_dy_xhat);
+    }
+    const double k = p.scale[c] * istd;
+    if (threadIdx.x == 0) {
+      if (q.dbias != nullptr) q.dbias[c] = static_cast<float>(sum_dy);
+      if (q.dscale != nullptr) q.dscale[c] = static_cast<float>(sum_dy_xhat);
+    }
+    if (q.training) {
+      const double rm = q.drm != nullptr ? q.drm[c] : 0.0, rv = q.drv != nullptr ? q.drv[c] : 0.0;
+      if (threadIdx.x == 0) {
+        if (q.dmean != nullptr) q.dmean[c] = static_cast<float>(p.momentum * rm);
+        if (q.dvar != nullptr) q.dvar[c] = static_cast<float>(p.momentum * rv);
+      }
+      if (q.dx != nullptr) {
+        const double inv = 1.0 / static_cast<double>(count), keep = 1.0 - p.momentum;
+        for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
+          const int64_t i = channel_at(p, c, t);
+          const double xc = p.x[i] - mu;
+          double v = keep * inv * (rm + 2.0 * rv * xc);
+          if (q.dy != nullptr) v += k * (q.dy[i] - sum_dy * inv - xc * istd * sum_dy_xhat * inv);
+          q.dx[i] = static_cast<float>(v);
+        }
+      }
+    } else {
+      if (q.dx != nullptr)
+        for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
+          const int64_t i = channel_at(p, c, t);
+          q.dx[i] = q.dy != nullptr ? static_cast<float>(q.dy[i] * k) : 0.0f;
+        }
+      if (threadIdx.x == 0) {
+        if (q.dmean != nullptr) q.dmean[c] = static_cast<float>(-k * sum_dy);
+        if (q.dvar != nullptr)
+          q.dvar[c] = static_cast<float>(-0.5 * p.scale[c] * istd * istd * sum_dy_xhat);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void launch_softmax(const float* x, float* y, int64_t outer, int64_t len, int64_t inner,
+                    cudaStream_t stream) {
+  if (outer * len * inner <= 0) return;
+  softmax_kernel<<<blocks_for(outer * inner), threads_for(len), 0, stream>>>(x, y, outer, len,
+                                                                             inner);
+}
+
+void launch_softmax_grad(const float* y, const float* dy, float* dx, int64_t outer, int64_t len,
+                         int64_t inner, cudaStream_t stream) {
+  if (outer * len * inner <= 0) return;
+  softmax_grad_kernel<<<blocks_for(outer * inner), threads_for(len), 0, stream>>>(y, dy, dx, outer,
+                                                                                  len, inner);
+}
+
+void launch_layer_norm(const float* x, const float* scale, const float* bias, float* y, float* mean,
+                       float* inv_std, int64_t outer, int64_t inner, float epsilon,
+                       cudaStream_t stream) {
+  if (outer <= 0 || inner <= 0) return;
+  layer_norm_kernel<<<blocks_for(outer), threads_for(inner), 0, stream>>>(
+      x, scale, bias, y, mean, inv_std, outer, inner, epsilon);
+}
+
+void launch_layer_norm_grad_rows(const float* x, const float* scale, const float* dy,
+                                 const float* dmean, const float* dinv, float* dx, double* mean,
+                                 double* inv_std, int64_t outer, int64_t inner, double epsilon,
+                                 cudaStream_t stream) {
+  if (outer <= 0 || inner <= 0) return;
+  layer_norm_grad_rows_kernel<<<blocks_for(outer), threads_for(inner), 0, stream>>>(
+      x, scale, dy, dmean, dinv, dx, mean, inv_std, outer, inner, epsilon);
+}
+
+void launch_layer_norm_grad_columns(const float* x, const float* dy, const double* mean,
+                                    const double* inv_std, float* dscale, float* dbias,
+                                    int64_t outer, int64_t inner, cudaStream_t stream) {
+  if (outer <= 0 || inner <= 0) return;
+  layer_norm_grad_columns_kernel<<<grid_for(inner, kThreads), kThreads, 0, stream>>>(
+      x, dy, mean, inv_std, dscale, dbias, outer, inner);
+}
+
+void launch_batch_norm_inference(const BatchNormArgs& args, float* y, cudaStream_t stream) {
+  const int64_t n = args.n * args.c * args.s;
+  if (n <= 0) return;
+  batch_norm_inference_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(args, y);
+}
+
+void launch_batch_norm_training(const BatchNormArgs& args, float* y, float* running_mean,
+                                float* running_var, cudaStream_t stream) {
+  if (args.n * args.c * args.s <= 0) return;
+  batch_norm_training_kernel<<<blocks_for(args.c), kThreads, 0, stream>>>(args, y, running_mean,
+                                                                          running_var);
+}
+
+void launch_batch_norm_grad(const BatchNormGradArgs& args, cudaStream_t stream) {
+  if (args.forward.c <= 0) return;
+  batch_norm_grad_kernel<<<blocks_for(args.forward.c), kThreads, 0, stream>>>(args);
+}
+
+}  // namespace stagecraft::rt::cuda
