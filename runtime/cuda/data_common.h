@@ -86,6 +86,7 @@ inline void device_copy(CudaContext& ctx, void* dst, const void* src, int64_t by
 inline void copy_rows(CudaContext& ctx, void* dst, int64_t dst_pitch, const void* src,
                       int64_t src_pitch, int64_t width, int64_t rows) {
   if (rows <= 0 || width <= 0) return;
+  if (rows == 1) return device_copy(ctx, dst, src, width);  // no pitch limits for one row
   check(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src, static_cast<size_t>(src_pitch),
                           static_cast<size_t>(width), static_cast<size_t>(rows),
                           cudaMemcpyDeviceToDevice, ctx.stream()),
