@@ -265,9 +265,7 @@ int run(int argc, char** argv) {
   }
   if (!profile_backend.empty()) {
     // Before any planning: the backend must run here (cuda: a GPU is visible).
-    const rt::Backend* backend =
-        profile_backend == "cuda" ? rt::cuda_backend() : &rt::cpu_backend();
-    std::string why = backend == nullptr ? rt::cuda_backend_missing() : backend->unavailable();
+    std::string why = profile_backend == "cuda" ? rt::cuda_unusable() : "";
     if (!why.empty())
       fail(ErrorKind::kUnsupported, "--profile {}: {}; use --profile cpu", profile_backend, why);
     // Measured CPU times: the device's memory and links are the CPU's unless told otherwise.

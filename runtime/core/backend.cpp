@@ -121,14 +121,15 @@ std::string cuda_backend_missing() {
 }
 #endif
 
+std::string cuda_unusable() {
+  const Backend* cuda = cuda_backend();
+  return cuda == nullptr ? cuda_backend_missing() : cuda->unavailable();
+}
+
 const Backend& auto_backend(std::string* why) {
   const Backend* cuda = cuda_backend();
-  std::string reason;
-  if (cuda == nullptr)
-    reason = cuda_backend_missing();
-  else
-    reason = cuda->unavailable();
-  if (cuda != nullptr && reason.empty()) {
+  std::string reason = cuda_unusable();
+  if (reason.empty()) {
     if (why != nullptr) *why = "a GPU is visible";
     return *cuda;
   }

@@ -63,6 +63,8 @@ const Backend& cpu_backend();
 /// says why).
 const Backend* cuda_backend();
 std::string cuda_backend_missing();
+/// "" when the CUDA backend is loaded and a GPU is visible, else why not, in one line.
+std::string cuda_unusable();
 
 /// The names of the backends this build knows, in registry order ("cpu", "cuda").
 std::vector<std::string_view> backend_names();

@@ -334,4 +334,18 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
   return outputs;
 }
 
+std::vector<Tensor> run_from_host(const Program& program, DeviceContext& device,
+                                  std::span<const Tensor> inputs, std::byte* arena) {
+  if (device.host_visible()) return program.run(device, inputs, arena);
+  Program on_device = program;
+  std::map<std::string, Tensor> weights;
+  for (const auto& [name, w] : program.weights()) weights[name] = to_device(device, w);
+  on_device.rebind_weights(weights);
+  std::vector<Tensor> in;
+  for (const Tensor& t : inputs) in.push_back(to_device(device, t));
+  std::vector<Tensor> out = on_device.run(device, in, arena);
+  for (Tensor& t : out) t = to_host(device, t);
+  return out;
+}
+
 }  // namespace stagecraft::rt

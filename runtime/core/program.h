@@ -134,4 +134,11 @@ class Program {
                               const NodeHook* hook, const std::vector<bool>* mask = nullptr) const;
 };
 
+/// Runs `program` once on `device` with host inputs and host outputs, wherever the device's
+/// memory is: on a device of its own memory (CUDA) the weights and inputs are copied to it and
+/// the outputs back (a test harness's or tool's one-off run; the executor keeps tensors on the
+/// device instead). `arena` holds at least `program.arena_bytes()` of the device's memory.
+std::vector<Tensor> run_from_host(const Program& program, DeviceContext& device,
+                                  std::span<const Tensor> inputs, std::byte* arena);
+
 }  // namespace stagecraft::rt

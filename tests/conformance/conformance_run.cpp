@@ -123,17 +123,7 @@ std::vector<rt::Tensor> run_program(const rt::Program& program, const rt::Backen
                                     const std::vector<rt::Tensor>& args) {
   auto device = backend.make_device(0, 1);
   auto arena = device->allocate(program.arena_bytes());
-  if (device->host_visible()) return program.run(*device, args, arena->base());
-  // A device of its own memory (CUDA): weights and inputs copied to it, outputs back.
-  rt::Program on_device = program;
-  std::map<std::string, rt::Tensor> weights;
-  for (const auto& [name, w] : program.weights()) weights[name] = rt::to_device(*device, w);
-  on_device.rebind_weights(weights);
-  std::vector<rt::Tensor> in;
-  for (const rt::Tensor& t : args) in.push_back(rt::to_device(*device, t));
-  std::vector<rt::Tensor> out = on_device.run(*device, in, arena->base());
-  for (rt::Tensor& t : out) t = rt::to_host(*device, t);
-  return out;
+  return rt::run_from_host(program, *device, args, arena->base());
 }
 
 // The backend under test against the CPU backend, the reference every backend is held to: ""

@@ -9,8 +9,7 @@
 #include "runtime/core/backend.h"
 
 int main(int argc, char** argv) {
-  const stagecraft::rt::Backend* cuda = stagecraft::rt::cuda_backend();
-  std::string why = cuda == nullptr ? stagecraft::rt::cuda_backend_missing() : cuda->unavailable();
+  std::string why = stagecraft::rt::cuda_unusable();
   if (!why.empty()) {
     std::printf("SKIP: needs a CUDA GPU: %s\n", why.c_str());
     return 77;

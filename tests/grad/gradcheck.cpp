@@ -55,14 +55,7 @@ std::vector<rt::Tensor> run(const onnx::ModelProto& model, const std::vector<rt:
   rt::Tensor bytes =
       rt::Tensor::view(DType::kUInt8, {static_cast<int64_t>(arena.size())}, buffer->base());
   device->write(bytes, arena.data(), static_cast<int64_t>(arena.size()));
-  std::map<std::string, rt::Tensor> weights;
-  for (const auto& [name, w] : p.weights()) weights[name] = rt::to_device(*device, w);
-  p.rebind_weights(weights);
-  std::vector<rt::Tensor> on_device;
-  for (const rt::Tensor& t : inputs) on_device.push_back(rt::to_device(*device, t));
-  std::vector<rt::Tensor> outputs = p.run(*device, on_device, buffer->base());
-  for (rt::Tensor& t : outputs) t = rt::to_host(*device, t);
-  return outputs;
+  return rt::run_from_host(p, *device, inputs, buffer->base());
 }
 
 // Every byte 0xff: a float32 NaN, which no arithmetic turns into a number.
