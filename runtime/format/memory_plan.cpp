@@ -53,11 +53,14 @@ void check_memory_plan(const std::vector<Lifetime>& lifetimes, const MemoryPlan&
     fail(ErrorKind::kPlan, "{}: memory plan has {} offsets for {} tensors", what,
          plan.offsets.size(), lifetimes.size());
   for (size_t i = 0; i < lifetimes.size(); ++i) {
-    int64_t end = plan.offsets[i] + lifetimes[i].bytes;
-    if (plan.offsets[i] < 0 || plan.offsets[i] % kArenaAlignment != 0 || end > plan.arena_bytes)
+    // Bounds first, without forming offset + bytes (a hostile offset could wrap it).
+    if (plan.offsets[i] < 0 || lifetimes[i].bytes < 0 || plan.arena_bytes < 0 ||
+        plan.offsets[i] % kArenaAlignment != 0 ||
+        plan.offsets[i] > plan.arena_bytes - lifetimes[i].bytes)
       fail(ErrorKind::kPlan,
            "{}: tensor {} at offset {} ({} bytes) lies outside the {}-byte arena or is misaligned",
            what, i, plan.offsets[i], lifetimes[i].bytes, plan.arena_bytes);
+    const int64_t end = plan.offsets[i] + lifetimes[i].bytes;  // <= arena_bytes
     for (size_t j = 0; j < i; ++j)
       if (meet(lifetimes[i], lifetimes[j]) && lifetimes[i].bytes > 0 && lifetimes[j].bytes > 0 &&
           plan.offsets[i] < plan.offsets[j] + lifetimes[j].bytes && plan.offsets[j] < end)

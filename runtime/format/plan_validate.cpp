@@ -207,10 +207,13 @@ class Validator {
     non_negative(at + "backward_arena_bytes", static_cast<double>(stage.backward_arena_bytes));
     for (size_t t = 0; t < stage.arena.size(); ++t) {
       const ArenaTensor& a = stage.arena[t];
-      if (a.offset < 0 || a.bytes < 0 || a.offset + a.bytes > stage.arena_bytes)
+      // offset + bytes is never formed before both are known to fit (a hostile offset near
+      // 2^63 would wrap it negative and pass).
+      if (a.offset < 0 || a.bytes < 0 || stage.arena_bytes < 0 ||
+          a.offset > stage.arena_bytes - a.bytes)
         fault(fmt::format("{}arena.tensors[{}]", at, t),
-              fmt::format("places '{}' at [{}, {}), outside the {}-byte arena", a.name, a.offset,
-                          a.offset + a.bytes, stage.arena_bytes));
+              fmt::format("places '{}' at offset {} ({} bytes), outside the {}-byte arena", a.name,
+                          a.offset, a.bytes, stage.arena_bytes));
     }
     const MemoryBytes& m = stage.memory;
     for (auto [name, bytes] : {std::pair{"weights", m.weights},

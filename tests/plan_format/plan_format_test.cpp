@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <limits>
 #include <string>
 
 #include "runtime/format/error.h"
@@ -266,6 +267,13 @@ TEST_CASE("validate_plan refuses broken cross references naming the field") {
     plan.stages[1].memory.activations = 4;
     plan.predicted.bubble_fraction = 1.5;
     check_refused(plan, "predicted.bubble_fraction' is 1.5");
+  }
+  SUBCASE("arena tensor whose end would wrap past 2^63") {
+    plan.stages[0].arena_bytes = 4096;
+    plan.stages[0].arena = {{"t", std::numeric_limits<int64_t>::max() - 63, 128}};
+    check_refused(plan,
+                  "stages[0].arena.tensors[0]' places 't' at offset 9223372036854775744 "
+                  "(128 bytes), outside the 4096-byte arena");
   }
   SUBCASE("stage file outside the plan directory") {
     plan.stages[0].file = "../stage_0.onnx";

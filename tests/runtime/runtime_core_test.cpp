@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -164,6 +165,13 @@ TEST_CASE("the memory plan never overlaps tensors alive together and reuses dead
   CHECK_THROWS_WITH_AS(
       plan::check_memory_plan(chain, bad, "stage_0.onnx"),
       doctest::Contains("stage_0.onnx: tensors 0 and 1 are alive together but overlap"), Error);
+  // An edited plan's offset near 2^63: offset + bytes would wrap negative and pass a naive check
+  // (issue 17: a kernel then wrote at arena + 2^63).
+  plan::MemoryPlan wrapping{{0, 1024, std::numeric_limits<int64_t>::max() - 63}, 2 * 1024};
+  CHECK_THROWS_WITH_AS(plan::check_memory_plan(chain, wrapping, "stage_0.onnx"),
+                       doctest::Contains("tensor 2 at offset 9223372036854775744 (1000 bytes) "
+                                         "lies outside the 2048-byte arena"),
+                       Error);
 }
 
 TEST_CASE("channels deliver in order, bound the sender, and abort wakes every waiter") {
