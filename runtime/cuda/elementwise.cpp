@@ -1,9 +1,192 @@
-// The CUDA backend's elementwise family (families.h): not written yet, so the table is empty and
-// every op of the family is refused by the backend's check ("op 'X' has no cuda kernel").
+// The CUDA backend's elementwise family (families.h): the ops of the CPU backend's
+// elementwise.cpp and leaky_relu.cpp, on every dtype the CPU accepts (so each check is
+// `same_as_cpu`): unary maths (Relu, Sigmoid, Tanh, Sqrt, Erf, HardSigmoid, HardSwish,
+// LeakyRelu, Clip), Dropout at inference, Cast, the binary ops with numpy broadcasting (Add,
+// Sub, Mul, Div, Pow, Equal) and Where. This file reads attributes, checks shapes and plans the
+// broadcast; elementwise_kernels.cu computes each element as the CPU does.
+#include <fmt/format.h>
+
+#include <array>
+#include <cstdint>
+
+#include "runtime/cpu/layout.h"
+#include "runtime/cuda/elementwise_common.h"
 #include "runtime/cuda/families.h"
 
 namespace stagecraft::rt::cuda {
+namespace {
 
-std::span<const KernelEntry> elementwise_kernels() { return {}; }
+// The unary op's input, with the output checked to have its shape.
+const Tensor& unary_input(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  expect_shape(a, 0, x.shape);
+  return x;
+}
+
+void unary(const KernelArgs& a, UnaryOp op, const UnaryParams& params) {
+  const Tensor& x = unary_input(a);
+  if (!launch_unary(op, x.dtype, x.data, a.out[0]->data, x.numel(), params, context(a).stream()))
+    refuse_dtype(a, x.dtype);
+  check_launch(a);
+}
+
+template <UnaryOp op>
+void run_unary(const KernelArgs& a) {
+  unary(a, op, {});
+}
+
+void run_hard_sigmoid(const KernelArgs& a) {
+  unary(a, UnaryOp::kHardSigmoid,
+        {.alpha = a.attrs.f("alpha", 0.2f), .beta = a.attrs.f("beta", 0.5f)});
+}
+
+void run_leaky_relu(const KernelArgs& a) {
+  unary(a, UnaryOp::kLeakyRelu, {.alpha = a.attrs.f("alpha", 0.01f)});
+}
+
+// The device element of Clip's optional bound input k, or null when it is omitted.
+const void* clip_bound(const KernelArgs& a, size_t k) {
+  if (!a.has_input(k)) return nullptr;
+  const Tensor& t = a.input(k);
+  if (t.numel() != 1)
+    fail(ErrorKind::kShape, "Clip's {} must be a scalar, not {}", k == 1 ? "min" : "max",
+         shape_string(t.shape));
+  return t.data;
+}
+
+// Clip: min and max are attributes up to opset 6 and optional inputs from opset 11.
+void run_clip(const KernelArgs& a) {
+  UnaryParams p;
+  p.lo_attr = a.attrs.has("min");
+  p.hi_attr = a.attrs.has("max");
+  p.lo = a.attrs.f("min", 0);
+  p.hi = a.attrs.f("max", 0);
+  if (!p.lo_attr) p.lo_ptr = clip_bound(a, 1);
+  if (!p.hi_attr) p.hi_ptr = clip_bound(a, 2);
+  unary(a, UnaryOp::kClip, p);
+}
+
+// Dropout at inference: the output is the input and the optional mask keeps everything. In
+// training mode (opset 12+ input 2) only a ratio of 0 is accepted, which is the same thing.
+void run_dropout(const KernelArgs& a) {
+  CudaContext& ctx = context(a);
+  const Tensor& x = unary_input(a);
+  if (a.has_input(2) && cpu::scalar_is_nonzero(host_copy(ctx, a.input(2)), "training_mode") &&
+      (!a.has_input(1) || cpu::scalar_is_nonzero(host_copy(ctx, a.input(1)), "ratio")))
+    fail(ErrorKind::kUnsupported,
+         "Dropout in training mode (training_mode=true with a nonzero ratio) is not supported");
+  device_copy(ctx, a.out[0]->data, x.data, x.bytes());
+  if (a.out.size() < 2 || a.out[1] == nullptr) return;
+  Tensor& mask = *a.out[1];
+  expect_shape(a, 1, x.shape);
+  uint64_t one = 0;
+  switch (mask.dtype) {
+    case DType::kBool:
+      one = 1;
+      break;
+    case DType::kFloat32:
+      one = 0x3f800000u;  // 1.0f
+      break;
+    case DType::kFloat64:
+      one = 0x3ff0000000000000u;  // 1.0
+      break;
+    default:
+      fail(ErrorKind::kInternal, "Dropout mask of type {} reached the kernel",
+           dtype_name(mask.dtype));
+  }
+  if (!launch_fill(mask.data, dtype_size(mask.dtype), one, mask.numel(), ctx.stream()))
+    refuse_dtype(a, mask.dtype);
+  check_launch(a);
+}
+
+void run_cast(const KernelArgs& a) {
+  const Tensor& x = unary_input(a);
+  Tensor& y = *a.out[0];
+  CudaContext& ctx = context(a);
+  if (x.dtype == y.dtype) return device_copy(ctx, y.data, x.data, x.bytes());
+  if (!launch_cast(x.dtype, y.dtype, x.data, y.data, x.numel(), ctx.stream()))
+    fail(ErrorKind::kInternal, "Cast from {} to {} reached the cuda kernel", dtype_name(x.dtype),
+         dtype_name(y.dtype));
+  check_launch(a);
+}
+
+// The map of a broadcasting op over its N inputs, the output checked to have their broadcast
+// shape.
+template <size_t N>
+BroadcastMap broadcast_output(const KernelArgs& a) {
+  std::array<Shape, N> shapes;
+  Shape out;
+  for (size_t k = 0; k < N; ++k) {
+    shapes[k] = a.input(k).shape;
+    out = k == 0 ? shapes[k] : cpu::broadcast_shape(out, shapes[k]);
+  }
+  expect_shape(a, 0, out);
+  return broadcast_map<N>(a, shapes, out);
+}
+
+bool is_integer(DType d) {
+  return d != DType::kFloat32 && d != DType::kFloat64 && d != DType::kFloat16 &&
+         d != DType::kBFloat16;
+}
+
+// Integer Div refuses a zero divisor, as the CPU does (the divisor is read to the host).
+void refuse_zero_divisor(const KernelArgs& a, const Tensor& y) {
+  const Tensor host = host_copy(context(a), y);
+  const int64_t size = dtype_size(y.dtype), n = y.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    bool zero = true;
+    for (int64_t b = 0; b < size; ++b) zero = zero && host.data[i * size + b] == std::byte{0};
+    if (zero) fail(ErrorKind::kModel, "integer division by zero ({} divisor)", dtype_name(y.dtype));
+  }
+}
+
+template <BinaryOp op>
+void run_binary(const KernelArgs& a) {
+  const BroadcastMap map = broadcast_output<2>(a);
+  const Tensor &x = a.input(0), &y = a.input(1);
+  if (op == BinaryOp::kDiv && is_integer(x.dtype)) refuse_zero_divisor(a, y);
+  Tensor& z = *a.out[0];
+  if (!launch_binary(op, x.dtype, y.dtype, x.data, y.data, z.data, z.numel(), map,
+                     context(a).stream()))
+    refuse_dtype(a, x.dtype);
+  check_launch(a);
+}
+
+void run_where(const KernelArgs& a) {
+  const BroadcastMap map = broadcast_output<3>(a);
+  const Tensor &c = a.input(0), &x = a.input(1), &y = a.input(2);
+  Tensor& z = *a.out[0];
+  if (!launch_where(dtype_size(x.dtype), c.as<uint8_t>(), x.data, y.data, z.data, z.numel(), map,
+                    context(a).stream()))
+    refuse_dtype(a, x.dtype);
+  check_launch(a);
+}
+
+// Every op takes what the CPU's kernel takes (elementwise_kernels.cu instantiates each dtype
+// the CPU's check accepts), so the checks are the CPU's.
+constexpr KernelEntry kKernels[] = {
+    {"Relu", run_unary<UnaryOp::kRelu>, same_as_cpu},
+    {"Sigmoid", run_unary<UnaryOp::kSigmoid>, same_as_cpu},
+    {"Tanh", run_unary<UnaryOp::kTanh>, same_as_cpu},
+    {"Sqrt", run_unary<UnaryOp::kSqrt>, same_as_cpu},
+    {"Erf", run_unary<UnaryOp::kErf>, same_as_cpu},
+    {"HardSigmoid", run_hard_sigmoid, same_as_cpu},
+    {"HardSwish", run_unary<UnaryOp::kHardSwish>, same_as_cpu},
+    {"Clip", run_clip, same_as_cpu},
+    {"Dropout", run_dropout, same_as_cpu},
+    {"Cast", run_cast, same_as_cpu},
+    {"Add", run_binary<BinaryOp::kAdd>, same_as_cpu},
+    {"Sub", run_binary<BinaryOp::kSub>, same_as_cpu},
+    {"Mul", run_binary<BinaryOp::kMul>, same_as_cpu},
+    {"Div", run_binary<BinaryOp::kDiv>, same_as_cpu},
+    {"Pow", run_binary<BinaryOp::kPow>, same_as_cpu},
+    {"Equal", run_binary<BinaryOp::kEqual>, same_as_cpu},
+    {"Where", run_where, same_as_cpu},
+    {"LeakyRelu", run_leaky_relu, same_as_cpu},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> elementwise_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cuda

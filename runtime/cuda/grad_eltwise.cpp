@@ -1,9 +1,291 @@
-// The CUDA backend's grad eltwise family (families.h): not written yet, so the table is empty and
-// every op of the family is refused by the backend's check ("op 'X' has no cuda kernel").
+// The CUDA backend's gradients of the elementwise ops (families.h): the ops of the CPU
+// backend's grad_eltwise.cpp and LeakyReluGrad of its leaky_relu.cpp, float32, following the
+// contract of runtime/format/grad_ops.h and the CPU's formulas. A binary op's gradient is
+// computed per output element (grad_eltwise_kernels.cu) and, where an input was broadcast,
+// summed back to the input's shape by a fixed-order reduction (no atomics), so runs are
+// reproducible. Every kernel writes every element of the outputs it is given.
+#include <fmt/format.h>
+
+#include <array>
+#include <cstdint>
+
+#include "runtime/cpu/grad_io.h"
+#include "runtime/cpu/layout.h"
+#include "runtime/cuda/elementwise_common.h"
 #include "runtime/cuda/families.h"
+#include "runtime/cuda/grad_eltwise_kernels.h"
 
 namespace stagecraft::rt::cuda {
+namespace {
 
-std::span<const KernelEntry> grad_eltwise_kernels() { return {}; }
+using cpu::GradArity;
+using cpu::GradIo;
+
+// Zeroes dx_k where it is wanted.
+void zero_output(const GradIo& io, size_t k) {
+  if (Tensor* t = io.dx(k)) io.a.device.fill_zero(*t);
+}
+
+// Fails unless `dy` has `shape`.
+void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) {
+  if (dy.shape != shape)
+    fail(ErrorKind::kShape, "{}: the output gradient is {} but the output is {}", a.op_type,
+         dy.describe(), shape_string(shape));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unary ops
+
+// dx = g(x, y, dy) elementwise; y is the forward output, recomputed from x when omitted.
+void unary_grad(const KernelArgs& a, UnaryGradOp op, const UnaryGradParams& params) {
+  GradIo io(a);
+  for (size_t k = 1; k < io.n; ++k) zero_output(io, k);  // Clip's bounds get none
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dx == nullptr) return;
+  if (dy == nullptr) return a.device.fill_zero(*dx);
+  const Tensor& x = io.need_x(0);
+  expect_shape(a, 0, x.shape);
+  expect_dy_shape(a, *dy, x.shape);
+  const Tensor* y = io.y(0);
+  const float* ys = y != nullptr && y->shape == x.shape ? y->as<float>() : nullptr;
+  launch_unary_grad(op, x.as<float>(), ys, dy->as<float>(), dx->as<float>(), x.numel(), params,
+                    context(a).stream());
+  check_launch(a);
+}
+
+template <UnaryGradOp op>
+void run_unary_grad(const KernelArgs& a) {
+  unary_grad(a, op, {});
+}
+
+void hard_sigmoid_grad(const KernelArgs& a) {
+  unary_grad(a, UnaryGradOp::kHardSigmoid,
+             {.alpha = a.attrs.f("alpha", 0.2f), .beta = a.attrs.f("beta", 0.5f)});
+}
+
+// The device element of Clip's optional bound input k, or null when it is omitted.
+const float* clip_bound(const GradIo& io, size_t k) {
+  const Tensor* t = io.x(k);
+  if (t == nullptr) return nullptr;
+  if (t->numel() != 1)
+    fail(ErrorKind::kShape, "Clip's {} must be a scalar, not {}", k == 1 ? "min" : "max",
+         shape_string(t->shape));
+  return t->as<float>();
+}
+
+// Clip: the gradient passes where min < x < max (bounds as the forward kernel reads them).
+void clip_grad(const KernelArgs& a) {
+  GradIo io(a);
+  UnaryGradParams p;
+  p.lo_attr = a.attrs.has("min");
+  p.hi_attr = a.attrs.has("max");
+  p.lo = a.attrs.f("min", 0);
+  p.hi = a.attrs.f("max", 0);
+  if (!p.lo_attr) p.lo_ptr = clip_bound(io, 1);
+  if (!p.hi_attr) p.hi_ptr = clip_bound(io, 2);
+  unary_grad(a, UnaryGradOp::kClip, p);
+}
+
+// LeakyRelu: dx = dy * (x < 0 ? alpha : 1); the forward output is not needed.
+void leaky_relu_grad(const KernelArgs& a) {
+  GradIo io(a, {.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1});
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) zero_outputs(a);
+  if (dx == nullptr || dy == nullptr) return;
+  const Tensor& x = io.need_x(0);
+  expect_shape(a, 0, x.shape);
+  if (dy->shape != x.shape)
+    fail(ErrorKind::kShape, "{} '{}': the output gradient is {} but the output is {}", a.op_type,
+         a.name, dy->describe(), shape_string(x.shape));
+  launch_unary_grad(UnaryGradOp::kLeakyRelu, x.as<float>(), nullptr, dy->as<float>(),
+                    dx->as<float>(), x.numel(), {.alpha = a.attrs.f("alpha", 0.01f)},
+                    context(a).stream());
+  check_launch(a);
+}
+
+// Dropout as the forward kernel runs it (inference: identity), so dx = dy; the mask gets none.
+void dropout_grad(const KernelArgs& a) {
+  GradIo io(a);
+  CudaContext& ctx = context(a);
+  const Tensor* training = io.x(2);
+  const Tensor* ratio = io.x(1);
+  if (training != nullptr && cpu::scalar_is_nonzero(host_copy(ctx, *training), "training_mode") &&
+      (ratio == nullptr || cpu::scalar_is_nonzero(host_copy(ctx, *ratio), "ratio")))
+    fail(ErrorKind::kUnsupported,
+         "DropoutGrad in training mode (training_mode=true with a nonzero ratio) is not supported: "
+         "the cuda backend runs Dropout as the identity");
+  if (a.attrs.i("is_test", 1) == 0)
+    fail(ErrorKind::kUnsupported, "DropoutGrad with is_test=0 (training) is not supported");
+  for (size_t k = 1; k < io.n; ++k) zero_output(io, k);  // ratio and training_mode get none
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dx == nullptr) return;
+  if (dy == nullptr) return ctx.fill_zero(*dx);
+  expect_shape(a, 0, io.need_x(0).shape);
+  expect_dy_shape(a, *dy, dx->shape);
+  device_copy(ctx, dx->data, dy->data, dx->bytes());
+}
+
+// Cast: the gradient of a float32 input is dy cast back to float32 (from float32, float64,
+// float16 or bfloat16).
+void cast_grad(const KernelArgs& a) {
+  GradIo io(a);
+  CudaContext& ctx = context(a);
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dx == nullptr) return;
+  if (dy == nullptr) return ctx.fill_zero(*dx);
+  const Tensor& x = io.need_x(0);
+  expect_shape(a, 0, x.shape);
+  expect_dy_shape(a, *dy, x.shape);
+  switch (dy->dtype) {
+    case DType::kFloat32:
+      return device_copy(ctx, dx->data, dy->data, dx->bytes());
+    case DType::kFloat64:
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      launch_cast(dy->dtype, DType::kFloat32, dy->data, dx->data, x.numel(), ctx.stream());
+      return check_launch(a);
+    default:
+      fail(ErrorKind::kUnsupported, "CastGrad with a {} output gradient is not supported",
+           dtype_name(dy->dtype));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binary ops with broadcasting undone
+
+// dx_k = the sum over broadcast dims of op at every output element.
+void binary_part(const KernelArgs& a, size_t k, BinaryGradOp op, const Tensor& lhs,
+                 const Tensor& rhs, const Tensor* y, const Tensor& dy) {
+  CudaContext& ctx = context(a);
+  Tensor& dx = *a.out[k];
+  const Shape& out_shape = dy.shape;
+  const Shape& shape = (k == 0 ? lhs : rhs).shape;
+  expect_shape(a, k, shape);
+  const BroadcastMap map = broadcast_map<2>(a, {lhs.shape, rhs.shape}, out_shape);
+  const bool direct = shape == out_shape;
+  Tensor full;
+  if (!direct) full = ctx.new_tensor(DType::kFloat32, out_shape, false);
+  float* dst = direct ? dx.as<float>() : full.as<float>();
+  launch_binary_grad(op, lhs.as<float>(), rhs.as<float>(), y != nullptr ? y->as<float>() : nullptr,
+                     dy.as<float>(), dst, shape_numel(out_shape), map, ctx.stream());
+  check_launch(a);
+  if (!direct) sum_to_shape(a, full.as<float>(), out_shape, dx.as<float>(), shape);
+}
+
+// The binary op's operands, checked: false when no gradient is to be computed.
+struct Binary {
+  const Tensor* lhs = nullptr;
+  const Tensor* rhs = nullptr;
+  const Tensor* y = nullptr;
+  const Tensor* dy = nullptr;
+};
+
+bool binary_operands(const KernelArgs& a, const GradIo& io, Binary& b) {
+  b.dy = io.dy(0);
+  if (b.dy == nullptr) zero_outputs(a);
+  if (b.dy == nullptr || (io.dx(0) == nullptr && io.dx(1) == nullptr)) return false;
+  b.lhs = &io.need_x(0);
+  b.rhs = &io.need_x(1);
+  b.y = io.y(0);
+  const Shape out = cpu::broadcast_shape(b.lhs->shape, b.rhs->shape);
+  expect_dy_shape(a, *b.dy, out);
+  if (b.y != nullptr && b.y->shape != out) b.y = nullptr;
+  return true;
+}
+
+template <BinaryGradOp lhs_op, BinaryGradOp rhs_op>
+void arith_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Binary b;
+  if (!binary_operands(a, io, b)) return;
+  if (io.dx(0) != nullptr) binary_part(a, 0, lhs_op, *b.lhs, *b.rhs, nullptr, *b.dy);
+  if (io.dx(1) != nullptr) binary_part(a, 1, rhs_op, *b.lhs, *b.rhs, nullptr, *b.dy);
+}
+
+// Pow: d/dbase = e * base^(e-1), d/dexp = y * ln(base) where base > 0 (else 0). An int32 or
+// int64 exponent is read as float32 for the base's gradient (it gets none itself).
+void pow_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Binary b;
+  if (!binary_operands(a, io, b)) return;
+  CudaContext& ctx = context(a);
+  Tensor exponent = *b.rhs;
+  if (b.rhs->dtype != DType::kFloat32) {
+    exponent = ctx.new_tensor(DType::kFloat32, b.rhs->shape, false);
+    if (!launch_cast(b.rhs->dtype, DType::kFloat32, b.rhs->data, exponent.data, b.rhs->numel(),
+                     ctx.stream()))
+      refuse_dtype(a, b.rhs->dtype);
+    check_launch(a);
+  }
+  if (io.dx(0) != nullptr)
+    binary_part(a, 0, BinaryGradOp::kPowBase, *b.lhs, exponent, nullptr, *b.dy);
+  if (io.dx(1) != nullptr) {
+    if (b.rhs->dtype != DType::kFloat32)
+      fail(ErrorKind::kUnsupported, "PowGrad: an integer exponent has no gradient");
+    binary_part(a, 1, BinaryGradOp::kPowExp, *b.lhs, exponent, b.y, *b.dy);
+  }
+}
+
+// Where: dy goes to x where the condition holds and to y elsewhere; the condition gets none.
+void where_grad(const KernelArgs& a) {
+  GradIo io(a);
+  const Tensor* dy = io.dy(0);
+  zero_output(io, 0);  // the condition gets none
+  if (dy == nullptr) zero_outputs(a);
+  if (dy == nullptr || (io.dx(1) == nullptr && io.dx(2) == nullptr)) return;
+  CudaContext& ctx = context(a);
+  const Tensor &cond = io.need_x(0), &x = io.need_x(1), &y = io.need_x(2);
+  const Shape out = cpu::broadcast_shape(cpu::broadcast_shape(cond.shape, x.shape), y.shape);
+  expect_dy_shape(a, *dy, out);
+  const BroadcastMap map = broadcast_map<1>(a, {cond.shape}, out);
+  for (size_t k = 1; k <= 2; ++k) {
+    Tensor* dx = io.dx(k);
+    if (dx == nullptr) continue;
+    const Shape& shape = io.x(k)->shape;
+    expect_shape(a, k, shape);
+    const bool direct = shape == out;
+    Tensor full;
+    if (!direct) full = ctx.new_tensor(DType::kFloat32, out, false);
+    float* dst = direct ? dx->as<float>() : full.as<float>();
+    launch_where_grad(cond.as<uint8_t>(), dy->as<float>(), dst, shape_numel(out), map, k == 1,
+                      ctx.stream());
+    check_launch(a);
+    if (!direct) sum_to_shape(a, full.as<float>(), out, dx->as<float>(), shape);
+  }
+}
+
+// Equal has no gradient: its outputs are never requested (and are zeros if they are).
+void equal_grad(const KernelArgs& a) { zero_outputs(a); }
+
+// The checks are the CPU's: every signature it accepts (float32 gradients, a float16, bfloat16
+// or float64 dy for CastGrad, an integer exponent for PowGrad) has a kernel here.
+constexpr KernelEntry kKernels[] = {
+    {"ReluGrad", run_unary_grad<UnaryGradOp::kRelu>, same_as_cpu, true},
+    {"SigmoidGrad", run_unary_grad<UnaryGradOp::kSigmoid>, same_as_cpu, true},
+    {"TanhGrad", run_unary_grad<UnaryGradOp::kTanh>, same_as_cpu, true},
+    {"SqrtGrad", run_unary_grad<UnaryGradOp::kSqrt>, same_as_cpu, true},
+    {"ErfGrad", run_unary_grad<UnaryGradOp::kErf>, same_as_cpu, true},
+    {"HardSigmoidGrad", hard_sigmoid_grad, same_as_cpu, true},
+    {"HardSwishGrad", run_unary_grad<UnaryGradOp::kHardSwish>, same_as_cpu, true},
+    {"ClipGrad", clip_grad, same_as_cpu, true},
+    {"DropoutGrad", dropout_grad, same_as_cpu, true},
+    {"CastGrad", cast_grad, same_as_cpu, true},
+    {"AddGrad", arith_grad<BinaryGradOp::kPass, BinaryGradOp::kPass>, same_as_cpu, true},
+    {"SubGrad", arith_grad<BinaryGradOp::kPass, BinaryGradOp::kNegate>, same_as_cpu, true},
+    {"MulGrad", arith_grad<BinaryGradOp::kMulLhs, BinaryGradOp::kMulRhs>, same_as_cpu, true},
+    {"DivGrad", arith_grad<BinaryGradOp::kDivLhs, BinaryGradOp::kDivRhs>, same_as_cpu, true},
+    {"PowGrad", pow_grad, same_as_cpu, true},
+    {"WhereGrad", where_grad, same_as_cpu, true},
+    {"EqualGrad", equal_grad, same_as_cpu, true},
+    {"LeakyReluGrad", leaky_relu_grad, same_as_cpu, true},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> grad_eltwise_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cuda

@@ -1,9 +1,165 @@
-// The CUDA backend's loss family (families.h): not written yet, so the table is empty and
-// every op of the family is refused by the backend's check ("op 'X' has no cuda kernel").
+// The CUDA backend's loss family (families.h): SoftmaxCrossEntropyLoss (opset 13 semantics) and
+// its gradient SoftmaxCrossEntropyLossGrad (contract: runtime/format/grad_ops.h), float32, as
+// the CPU backend's runtime/cpu/loss.cpp computes them. The labels (and the class weights) are
+// read to the host, checked as the CPU checks them, and turned into per-position weights there,
+// so the mean's divisor is the CPU's exact double sum; loss_kernels.cu computes the rest.
+#include <fmt/format.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/cpu/grad_io.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/families.h"
+#include "runtime/cuda/loss_kernels.h"
+#include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
 
 namespace stagecraft::rt::cuda {
+namespace {
 
-std::span<const KernelEntry> loss_kernels() { return {}; }
+using cpu::GradArity;
+using cpu::GradIo;
+
+// One node resolved, with the device arrays its SceArgs point into.
+struct SceProblem {
+  SceArgs args;
+  Tensor labels, weights;  // device int64 [N * D], float32 [N * D]
+};
+
+SceReduction reduction_of(const Attrs& attrs, std::string_view op) {
+  const std::string r = attrs.s("reduction", "mean");
+  if (r == "mean") return SceReduction::kMean;
+  if (r == "sum") return SceReduction::kSum;
+  if (r == "none") return SceReduction::kNone;
+  fail(ErrorKind::kModel, "{} reduction '{}' is not one of mean, sum, none", op, r);
+}
+
+// Reads the node's scores, labels and optional weights as the CPU's sce_problem does.
+SceProblem sce_problem(const KernelArgs& a, const Tensor& scores, const Tensor& labels,
+                       const Tensor* weights) {
+  CudaContext& ctx = context(a);
+  SceProblem p;
+  SceArgs& s = p.args;
+  s.reduction = reduction_of(a.attrs, a.op_type);
+  if (scores.rank() < 2)
+    fail(ErrorKind::kShape, "{}: scores {} must be [N, C, ...]", a.op_type, scores.describe());
+  s.n = scores.shape[0];
+  s.c = scores.shape[1];
+  s.d = 1;
+  for (int64_t i = 2; i < scores.rank(); ++i) s.d *= scores.shape[i];
+  Shape want_labels{scores.shape[0]};
+  want_labels.insert(want_labels.end(), scores.shape.begin() + 2, scores.shape.end());
+  if (labels.shape != want_labels)
+    fail(ErrorKind::kShape, "{}: labels {} do not match scores {} (expected {})", a.op_type,
+         labels.describe(), scores.describe(), shape_string(want_labels));
+  if (weights && weights->shape != Shape{s.c})
+    fail(ErrorKind::kShape, "{}: weights {} should be [{}]", a.op_type, weights->describe(), s.c);
+  if (labels.dtype != DType::kInt64 && labels.dtype != DType::kInt32)
+    fail(ErrorKind::kUnsupported, "{}: labels of {} are not supported (int32, int64)", a.op_type,
+         dtype_name(labels.dtype));
+  const bool has_ignore = a.attrs.has("ignore_index");
+  const int64_t ignore = a.attrs.i("ignore_index", 0);
+  const int64_t positions = s.n * s.d;
+  std::vector<int64_t> host_labels = read_ints(ctx, labels);
+  std::vector<float> class_weights;
+  if (weights) {
+    class_weights.resize(static_cast<size_t>(s.c));
+    ctx.read(*weights, class_weights.data(), weights->bytes());
+  }
+  std::vector<float> host_weights(static_cast<size_t>(positions));
+  for (int64_t i = 0; i < positions; ++i) {
+    const int64_t t = host_labels[i];
+    if (has_ignore && t == ignore) {
+      host_weights[i] = 0.0f;
+      continue;
+    }
+    if (t < 0 || t >= s.c)
+      fail(ErrorKind::kModel, "{}: label {} at position {} is outside [0, {})", a.op_type, t, i,
+           s.c);
+    host_weights[i] = weights ? class_weights[t] : 1.0f;
+    s.weight_sum += host_weights[i];
+  }
+  p.labels = ctx.new_tensor(DType::kInt64, {positions}, false);
+  ctx.write(p.labels, host_labels.data(), p.labels.bytes());
+  p.weights = ctx.new_tensor(DType::kFloat32, {positions}, false);
+  ctx.write(p.weights, host_weights.data(), p.weights.bytes());
+  s.scores = scores.as<float>();
+  s.labels = p.labels.as<int64_t>();
+  s.weights = p.weights.as<float>();
+  return p;
+}
+
+Shape loss_shape(const SceArgs& s, const Tensor& labels) {
+  return s.reduction == SceReduction::kNone ? labels.shape : Shape{};
+}
+
+void check_launch(const KernelArgs& a) {
+  check(cudaGetLastError(), fmt::format("{} '{}' kernel launch", a.op_type, a.name));
+}
+
+void sce(const KernelArgs& a) {
+  const Tensor& scores = a.input(0);
+  const Tensor& labels = a.input(1);
+  const Tensor* weights = a.has_input(2) ? &a.input(2) : nullptr;
+  const SceProblem p = sce_problem(a, scores, labels, weights);
+  const SceArgs& s = p.args;
+  expect_shape(a, 0, loss_shape(s, labels));
+  Tensor* log_prob = a.out.size() > 1 ? a.out[1] : nullptr;
+  if (log_prob) expect_shape(a, 1, scores.shape);
+  const int64_t positions = s.n * s.d;
+  if (s.c == 0 && positions > 0)
+    fail(ErrorKind::kShape, "{}: scores {} have no classes", a.op_type, scores.describe());
+  CudaContext& ctx = context(a);
+  Tensor scratch;
+  if (s.reduction != SceReduction::kNone)
+    scratch = ctx.new_tensor(DType::kFloat32, {positions}, false);
+  launch_sce(s, a.out[0]->as<float>(), log_prob ? log_prob->as<float>() : nullptr,
+             scratch.as<float>(), ctx.stream());
+  check_launch(a);
+}
+
+// The gradient's operand counts: scores, labels, [weights]; loss, [log_prob].
+constexpr GradArity kSceGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 2};
+
+// Gradient: inputs scores, labels, weights, loss, [log_prob], dloss, [dlog_prob]; output
+// dscores (labels and weights get none). Writes every element of dscores.
+void sce_grad(const KernelArgs& a) {
+  const GradIo io(a, kSceGradArity);
+  if (io.wants(1)) fail(ErrorKind::kUnsupported, "{}: labels have no gradient", a.op_type);
+  if (io.wants(2))
+    fail(ErrorKind::kUnsupported, "{}: the gradient of the class weights is not supported",
+         a.op_type);
+  if (!io.wants(0)) return;
+  const Tensor& scores = io.need_x(0);
+  const Tensor& labels = io.need_x(1);
+  const SceProblem p = sce_problem(a, scores, labels, io.x(2));
+  const SceArgs& s = p.args;
+  expect_shape(a, 0, scores.shape);
+  const Tensor* dloss = io.dy(0);
+  const Tensor* dlog_prob = io.dy(1);
+  const Shape ls = loss_shape(s, labels);
+  if (dloss && shape_numel(dloss->shape) != shape_numel(ls))
+    fail(ErrorKind::kShape, "{}: the loss gradient {} should be {}", a.op_type, dloss->describe(),
+         shape_string(ls));
+  if (dlog_prob && dlog_prob->shape != scores.shape)
+    fail(ErrorKind::kShape, "{}: the log_prob gradient {} should be {}", a.op_type,
+         dlog_prob->describe(), shape_string(scores.shape));
+  launch_sce_grad(s, dloss ? dloss->as<float>() : nullptr,
+                  dlog_prob ? dlog_prob->as<float>() : nullptr, io.dx(0)->as<float>(),
+                  context(a).stream());
+  check_launch(a);
+}
+
+// The checks are the CPU's: float32 scores, int32 or int64 labels, float32 weights, as here.
+const KernelEntry kKernels[] = {
+    {"SoftmaxCrossEntropyLoss", sce, same_as_cpu},
+    {"SoftmaxCrossEntropyLossGrad", sce_grad, same_as_cpu, /*writes_every_output=*/true},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> loss_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cuda

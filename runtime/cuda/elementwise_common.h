@@ -1,0 +1,120 @@
+#pragma once
+/// \file
+/// Host-side helpers the CUDA elementwise family and its gradients share (elementwise.cpp,
+/// grad_eltwise.cpp): broadcast maps planned as the CPU's `Broadcast` plans them (size-1 dims
+/// dropped, dims every input reads alike merged), small device operands copied to the host, and
+/// the sum of a broadcast gradient back to an input's shape (a fixed-order reduction, no
+/// atomics, so a run is reproducible).
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "runtime/core/kernel.h"
+#include "runtime/cpu/broadcast.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_context.h"
+#include "runtime/cuda/data_common.h"
+#include "runtime/cuda/elementwise_kernels.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::rt::cuda {
+
+/// The map reading `inputs` (at most 3) along the dense output `out`. Throws `Error(kShape)`
+/// when an input does not broadcast to `out`, `Error(kUnsupported)` past rank 8 after merging.
+template <size_t N>
+BroadcastMap broadcast_map(const KernelArgs& a, const std::array<Shape, N>& inputs,
+                           const Shape& out) {
+  static_assert(N >= 1 && N <= 3);
+  const size_t rank = out.size();
+  auto refuse = [&](size_t k) {
+    fail(ErrorKind::kShape, "{} '{}': input {} of shape {} does not broadcast to {}", a.op_type,
+         a.name, k, shape_string(inputs[k]), shape_string(out));
+  };
+  for (size_t k = 0; k < N; ++k)
+    if (inputs[k].size() > rank) refuse(k);
+  std::vector<int64_t> dims;
+  std::vector<uint32_t> masks;  // bit k: input k repeats along the dim
+  for (size_t axis = 0; axis < rank; ++axis) {
+    uint32_t mask = 0;
+    for (size_t k = 0; k < N; ++k) {
+      const size_t lead = rank - inputs[k].size();
+      const int64_t dim = axis < lead ? 1 : inputs[k][axis - lead];
+      if (dim != out[axis] && dim != 1) refuse(k);
+      if (dim != out[axis]) mask |= 1u << k;
+    }
+    if (out[axis] == 1) continue;
+    if (!dims.empty() && masks.back() == mask) {
+      dims.back() *= out[axis];
+      continue;
+    }
+    dims.push_back(out[axis]);
+    masks.push_back(mask);
+  }
+  if (dims.empty()) {
+    dims.push_back(1);
+    masks.push_back(0);
+  }
+  if (dims.size() > static_cast<size_t>(kMaxBroadcastRank))
+    fail(ErrorKind::kUnsupported,
+         "{} '{}' broadcasts to {} through {} distinct dims; the cuda backend handles at most {}",
+         a.op_type, a.name, shape_string(out), dims.size(), kMaxBroadcastRank);
+  BroadcastMap map;
+  map.rank = static_cast<int32_t>(dims.size());
+  for (size_t d = 0; d < dims.size(); ++d) map.dims[d] = dims[d];
+  for (size_t k = 0; k < N; ++k) {
+    int64_t running = 1;
+    for (size_t d = dims.size(); d-- > 0;) {
+      if (masks[d] & (1u << k)) continue;
+      map.strides[k][d] = running;
+      running *= dims[d];
+    }
+  }
+  return map;
+}
+
+/// A host copy of a small device tensor (Dropout's scalars, a divisor to check).
+inline Tensor host_copy(CudaContext& ctx, const Tensor& t) {
+  Tensor host = Tensor::owned(t.dtype, t.shape);
+  if (t.bytes() > 0) ctx.read(t, host.data, t.bytes());
+  return host;
+}
+
+/// Throws for a dtype a launcher had no kernel for (the check should have refused it).
+inline void refuse_dtype(const KernelArgs& a, DType dtype) {
+  fail(ErrorKind::kInternal, "{} '{}' on {} reached the cuda kernel, which its check refuses",
+       a.op_type, a.name, dtype_name(dtype));
+}
+
+/// Sums the dense float32 `full` (shape `full_shape`) over the dims along which `shape`
+/// broadcasts to it (numpy rules) into the dense `out` of `shape`, which it overwrites: the
+/// data family's reduction, summing each output's elements in a fixed order in double.
+inline void sum_to_shape(const KernelArgs& a, const float* full, const Shape& full_shape,
+                         float* out, const Shape& shape) {
+  if (shape.size() > full_shape.size())
+    fail(ErrorKind::kShape, "{}: cannot sum {} to the larger-rank {}", a.op_type,
+         shape_string(full_shape), shape_string(shape));
+  const size_t lead = full_shape.size() - shape.size();
+  std::vector<bool> reduced(full_shape.size());
+  for (size_t i = 0; i < full_shape.size(); ++i) {
+    const int64_t s = i < lead ? 1 : shape[i - lead];
+    if (s != full_shape[i] && s != 1)
+      fail(ErrorKind::kShape, "{}: {} does not broadcast to {}", a.op_type, shape_string(shape),
+           shape_string(full_shape));
+    reduced[i] = s != full_shape[i];
+  }
+  CudaContext& ctx = context(a);
+  const int64_t n_out = shape_numel(shape);
+  if (n_out == 0) return;
+  if (shape_numel(full_shape) == 0) {
+    check(cudaMemsetAsync(out, 0, static_cast<size_t>(n_out) * sizeof(float), ctx.stream()),
+          "cudaMemsetAsync");
+    return;
+  }
+  launch_reduce_sum_f32(out, full, n_out, reduce_map(a, full_shape, reduced), ctx.stream());
+  check_launch(a);
+}
+
+}  // namespace stagecraft::rt::cuda

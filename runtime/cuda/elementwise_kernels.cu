@@ -1,0 +1,352 @@
+// The CUDA elementwise family's device kernels (elementwise_kernels.h): one generic unary, one
+// generic broadcasting binary and one Where kernel, each a grid-stride loop with int64 indices,
+// templated on the element types and on a functor that computes one element exactly as the CPU
+// backend's elementwise.cpp does (integer arithmetic wrapping, saturating float-to-integer
+// conversions, 16-bit floats rounded to nearest even through the same bit arithmetic).
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "runtime/cuda/elementwise_device.cuh"
+#include "runtime/cuda/elementwise_kernels.h"
+#include "runtime/cuda/update_kernels.h"
+
+namespace stagecraft::rt::cuda {
+namespace {
+
+using namespace eltwise;
+
+constexpr int kThreads = 256;
+
+// ---------------------------------------------------------------------------------------------
+// Unary ops
+
+template <UnaryOp op, class T>
+constexpr bool kUnarySupported = op == UnaryOp::kClip
+                                     ? std::is_arithmetic_v<T>
+                                     : (op == UnaryOp::kRelu
+                                            ? std::is_floating_point_v<T> || std::is_signed_v<T>
+                                            : std::is_floating_point_v<T>);
+
+// max(0, min(1, alpha * x + beta)), written so that NaN propagates (as the CPU's).
+template <class T>
+__device__ __forceinline__ T hard_sigmoid(T x, T alpha, T beta) {
+  T v = alpha * x + beta;
+  v = v < T(0) ? T(0) : v;
+  return v > T(1) ? T(1) : v;
+}
+
+template <UnaryOp op, class T>
+__device__ __forceinline__ T unary_one(T v, const UnaryParams& p, T lo, T hi) {
+  constexpr bool f32 = std::is_same_v<T, float>;
+  if constexpr (op == UnaryOp::kRelu) {
+    return v < T(0) ? T(0) : v;
+  } else if constexpr (op == UnaryOp::kSigmoid) {
+    if constexpr (f32)
+      return 1.0f / (1.0f + expf(-v));
+    else
+      return 1 / (1 + exp(-v));
+  } else if constexpr (op == UnaryOp::kTanh) {
+    if constexpr (f32)
+      return tanhf(v);
+    else
+      return tanh(v);
+  } else if constexpr (op == UnaryOp::kSqrt) {
+    if constexpr (f32)
+      return sqrtf(v);
+    else
+      return sqrt(v);
+  } else if constexpr (op == UnaryOp::kErf) {
+    if constexpr (f32)
+      return erff(v);
+    else
+      return erf(v);
+  } else if constexpr (op == UnaryOp::kHardSigmoid) {
+    return hard_sigmoid<T>(v, static_cast<T>(p.alpha), static_cast<T>(p.beta));
+  } else if constexpr (op == UnaryOp::kHardSwish) {
+    return v * hard_sigmoid<T>(v, T(1) / T(6), T(0.5));
+  } else if constexpr (op == UnaryOp::kLeakyRelu) {
+    return v < T(0) ? static_cast<T>(p.alpha) * v : v;
+  } else {  // Clip: min(max(x, lo), hi), NaN stays NaN and lo > hi gives hi, as numpy.clip
+    v = v < lo ? lo : v;
+    return v > hi ? hi : v;
+  }
+}
+
+template <UnaryOp op, class T>
+__global__ void unary_kernel(const T* x, T* y, int64_t n, UnaryParams p) {
+  T lo = Limits<T>::lowest(), hi = Limits<T>::max();
+  if constexpr (op == UnaryOp::kClip) {
+    if (p.lo_attr)
+      lo = convert<T>(p.lo);
+    else if (p.lo_ptr != nullptr)
+      lo = *static_cast<const T*>(p.lo_ptr);
+    if (p.hi_attr)
+      hi = convert<T>(p.hi);
+    else if (p.hi_ptr != nullptr)
+      hi = *static_cast<const T*>(p.hi_ptr);
+  }
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    y[i] = unary_one<op, T>(x[i], p, lo, hi);
+}
+
+template <UnaryOp op>
+bool unary_of(DType dtype, const void* x, void* y, int64_t n, const UnaryParams& p,
+              cudaStream_t stream) {
+  bool launched = false;
+  visit<false>(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (kUnarySupported<op, T>) {
+      unary_kernel<op, T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(x),
+                                                                          static_cast<T*>(y), n, p);
+      launched = true;
+    }
+  });
+  return launched;
+}
+
+template <class To, class From>
+__global__ void cast_kernel(const From* x, To* y, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = convert<To>(x[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binary ops with broadcasting
+
+template <class A, class B, class Out, class F>
+__global__ void binary_kernel(const A* x, const B* y, Out* z, int64_t n, BroadcastMap map, F f) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t at[2];
+    broadcast_offsets<2>(map, i, at);
+    z[i] = f(x[at[0]], y[at[1]]);
+  }
+}
+
+template <class A, class B, class Out, class F>
+void launch_binary_of(const void* x, const void* y, void* z, int64_t n, const BroadcastMap& map,
+                      F f, cudaStream_t stream) {
+  binary_kernel<A, B, Out, F><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      static_cast<const A*>(x), static_cast<const B*>(y), static_cast<Out*>(z), n, map, f);
+}
+
+// One element of Add, Sub, Mul or Div. Integers wrap; integer Div truncates toward zero and
+// x / -1 is the wrapped negation (no INT_MIN / -1 trap); a zero divisor (refused by the host)
+// gives 0 rather than undefined behaviour.
+template <BinaryOp op, class T>
+struct Arith {
+  __device__ T operator()(T x, T y) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      if constexpr (op == BinaryOp::kAdd)
+        return x + y;
+      else if constexpr (op == BinaryOp::kSub)
+        return x - y;
+      else if constexpr (op == BinaryOp::kMul)
+        return x * y;
+      else
+        return x / y;
+    } else {
+      using U = Wrap<T>;
+      if constexpr (op == BinaryOp::kAdd) {
+        return static_cast<T>(U(x) + U(y));
+      } else if constexpr (op == BinaryOp::kSub) {
+        return static_cast<T>(U(x) - U(y));
+      } else if constexpr (op == BinaryOp::kMul) {
+        return static_cast<T>(U(x) * U(y));
+      } else {
+        if (y == T(0)) return T(0);
+        if constexpr (std::is_signed_v<T>)
+          if (y == T(-1)) return static_cast<T>(U(0) - U(x));
+        return static_cast<T>(x / y);
+      }
+    }
+  }
+};
+
+// x to the power e for integers, by repeated squaring (wrapping). A negative exponent gives
+// the truncated 1 / x^-e: 1 or -1 for a base of 1 or -1, else 0.
+template <class T, class E>
+__device__ T int_pow(T x, E e) {
+  using U = Wrap<T>;
+  if constexpr (std::is_signed_v<E>) {
+    if (e < 0) {
+      if (x == T(1)) return T(1);
+      if constexpr (std::is_signed_v<T>)
+        if (x == T(-1)) return (e & 1) ? T(-1) : T(1);
+      return T(0);
+    }
+  }
+  U result = 1, base = U(x);
+  for (auto k = static_cast<std::make_unsigned_t<E>>(e); k != 0; k >>= 1) {
+    if (k & 1) result *= base;
+    base *= base;
+  }
+  return static_cast<T>(result);
+}
+
+// One element of Pow: float32 with float32 in single precision, every other float mix in
+// double; integer bases with integer exponents exact, with float exponents saturated.
+template <class T, class E>
+struct Power {
+  __device__ T operator()(T x, E e) const {
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<E, float>) {
+      if (e == 2.0f) return x * x;
+      if (e == 3.0f) return x * x * x;
+      return powf(x, e);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      return static_cast<T>(pow(static_cast<double>(x), static_cast<double>(e)));
+    } else if constexpr (std::is_floating_point_v<E>) {
+      return convert<T>(pow(static_cast<double>(x), static_cast<double>(e)));
+    } else {
+      return int_pow(x, e);
+    }
+  }
+};
+
+template <class T>
+struct Equal {
+  __device__ uint8_t operator()(T x, T y) const {
+    if constexpr (std::is_same_v<T, BoolByte>)
+      return static_cast<uint8_t>((x.value != 0) == (y.value != 0));
+    else
+      return static_cast<uint8_t>(x == y);
+  }
+};
+
+template <BinaryOp op>
+bool arith_of(DType dtype, const void* x, const void* y, void* z, int64_t n,
+              const BroadcastMap& map, cudaStream_t stream) {
+  return visit<false>(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_binary_of<T, T, T>(x, y, z, n, map, Arith<op, T>{}, stream);
+  });
+}
+
+bool pow_of(DType base, DType exponent, const void* x, const void* y, void* z, int64_t n,
+            const BroadcastMap& map, cudaStream_t stream) {
+  bool launched = false;
+  visit<false>(base, [&](auto base_tag) {
+    using T = typename decltype(base_tag)::type;
+    constexpr bool base_ok =
+        std::is_floating_point_v<T> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>;
+    if constexpr (base_ok)
+      launched = visit<false>(exponent, [&](auto exponent_tag) {
+        using E = typename decltype(exponent_tag)::type;
+        launch_binary_of<T, E, T>(x, y, z, n, map, Power<T, E>{}, stream);
+      });
+  });
+  return launched;
+}
+
+bool equal_of(DType dtype, const void* x, const void* y, void* z, int64_t n,
+              const BroadcastMap& map, cudaStream_t stream) {
+  bool launched = false;
+  visit<true>(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_arithmetic_v<T> || std::is_same_v<T, BoolByte>) {
+      launch_binary_of<T, T, uint8_t>(x, y, z, n, map, Equal<T>{}, stream);
+      launched = true;
+    }
+  });
+  return launched;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where and fill
+
+template <class W>
+__global__ void where_kernel(const uint8_t* c, const W* x, const W* y, W* z, int64_t n,
+                             BroadcastMap map) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t at[3];
+    broadcast_offsets<3>(map, i, at);
+    z[i] = c[at[0]] ? x[at[1]] : y[at[2]];
+  }
+}
+
+template <class W>
+__global__ void fill_kernel(W* dst, W value, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) dst[i] = value;
+}
+
+}  // namespace
+
+bool launch_unary(UnaryOp op, DType dtype, const void* x, void* y, int64_t n,
+                  const UnaryParams& params, cudaStream_t stream) {
+  if (n <= 0) return true;
+  switch (op) {
+    case UnaryOp::kRelu:
+      return unary_of<UnaryOp::kRelu>(dtype, x, y, n, params, stream);
+    case UnaryOp::kSigmoid:
+      return unary_of<UnaryOp::kSigmoid>(dtype, x, y, n, params, stream);
+    case UnaryOp::kTanh:
+      return unary_of<UnaryOp::kTanh>(dtype, x, y, n, params, stream);
+    case UnaryOp::kSqrt:
+      return unary_of<UnaryOp::kSqrt>(dtype, x, y, n, params, stream);
+    case UnaryOp::kErf:
+      return unary_of<UnaryOp::kErf>(dtype, x, y, n, params, stream);
+    case UnaryOp::kHardSigmoid:
+      return unary_of<UnaryOp::kHardSigmoid>(dtype, x, y, n, params, stream);
+    case UnaryOp::kHardSwish:
+      return unary_of<UnaryOp::kHardSwish>(dtype, x, y, n, params, stream);
+    case UnaryOp::kLeakyRelu:
+      return unary_of<UnaryOp::kLeakyRelu>(dtype, x, y, n, params, stream);
+    case UnaryOp::kClip:
+      return unary_of<UnaryOp::kClip>(dtype, x, y, n, params, stream);
+  }
+  return false;
+}
+
+bool launch_cast(DType from, DType to, const void* x, void* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return true;
+  bool launched = false;
+  visit<true>(from, [&](auto from_tag) {
+    using F = typename decltype(from_tag)::type;
+    launched = visit<true>(to, [&](auto to_tag) {
+      using T = typename decltype(to_tag)::type;
+      cast_kernel<T, F><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<const F*>(x),
+                                                                        static_cast<T*>(y), n);
+    });
+  });
+  return launched;
+}
+
+bool launch_binary(BinaryOp op, DType x_dtype, DType y_dtype, const void* x, const void* y, void* z,
+                   int64_t n, const BroadcastMap& map, cudaStream_t stream) {
+  if (n <= 0) return true;
+  switch (op) {
+    case BinaryOp::kAdd:
+      return arith_of<BinaryOp::kAdd>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kSub:
+      return arith_of<BinaryOp::kSub>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kMul:
+      return arith_of<BinaryOp::kMul>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kDiv:
+      return arith_of<BinaryOp::kDiv>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kPow:
+      return pow_of(x_dtype, y_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kEqual:
+      return equal_of(x_dtype, x, y, z, n, map, stream);
+  }
+  return false;
+}
+
+bool launch_where(int64_t element_bytes, const uint8_t* condition, const void* x, const void* y,
+                  void* z, int64_t n, const BroadcastMap& map, cudaStream_t stream) {
+  if (n <= 0) return true;
+  return by_size(element_bytes, [&](auto tag) {
+    using W = typename decltype(tag)::type;
+    where_kernel<W><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        condition, static_cast<const W*>(x), static_cast<const W*>(y), static_cast<W*>(z), n, map);
+  });
+}
+
+bool launch_fill(void* dst, int64_t element_bytes, uint64_t bits, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return true;
+  return by_size(element_bytes, [&](auto tag) {
+    using W = typename decltype(tag)::type;
+    fill_kernel<W><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<W*>(dst),
+                                                                   static_cast<W>(bits), n);
+  });
+}
+
+}  // namespace stagecraft::rt::cuda

@@ -1,0 +1,195 @@
+// The CUDA elementwise gradients' device kernels (grad_eltwise_kernels.h): grid-stride loops
+// with int64 indices, one generic unary and one generic broadcasting binary kernel templated on
+// the gradient's formula (the CPU backend's grad_eltwise.cpp, in float32).
+#include <cmath>
+#include <cstdint>
+
+#include "runtime/cuda/elementwise_device.cuh"
+#include "runtime/cuda/grad_eltwise_kernels.h"
+#include "runtime/cuda/update_kernels.h"
+
+namespace stagecraft::rt::cuda {
+namespace {
+
+using namespace eltwise;
+
+constexpr int kThreads = 256;
+
+// The forward op where a gradient uses its output y and y was not given.
+template <UnaryGradOp op>
+__device__ __forceinline__ float forward(float x) {
+  if constexpr (op == UnaryGradOp::kSigmoid)
+    return 1.0f / (1.0f + expf(-x));
+  else if constexpr (op == UnaryGradOp::kTanh)
+    return tanhf(x);
+  else if constexpr (op == UnaryGradOp::kSqrt)
+    return sqrtf(x);
+  else
+    return x;  // unused
+}
+
+template <UnaryGradOp op>
+__device__ __forceinline__ float unary_grad_one(float x, float y, float dy,
+                                                const UnaryGradParams& p, float lo, float hi) {
+  if constexpr (op == UnaryGradOp::kRelu) {
+    return x > 0 ? dy : 0.0f;
+  } else if constexpr (op == UnaryGradOp::kSigmoid) {
+    return dy * y * (1 - y);
+  } else if constexpr (op == UnaryGradOp::kTanh) {
+    return dy * (1 - y * y);
+  } else if constexpr (op == UnaryGradOp::kSqrt) {
+    return dy * 0.5f / y;
+  } else if constexpr (op == UnaryGradOp::kErf) {
+    constexpr float k = 1.12837916709551257390f;  // 2 / sqrt(pi)
+    return dy * k * expf(-x * x);
+  } else if constexpr (op == UnaryGradOp::kHardSigmoid) {
+    const float v = p.alpha * x + p.beta;
+    return v > 0 && v < 1 ? p.alpha * dy : 0.0f;
+  } else if constexpr (op == UnaryGradOp::kHardSwish) {
+    if (x <= -3) return 0.0f;
+    if (x >= 3) return dy;
+    return dy * (x / 3 + 0.5f);
+  } else if constexpr (op == UnaryGradOp::kClip) {
+    return x > lo && x < hi ? dy : 0.0f;
+  } else {  // kLeakyRelu
+    return x < 0.0f ? p.alpha * dy : dy;
+  }
+}
+
+template <UnaryGradOp op>
+__global__ void unary_grad_kernel(const float* x, const float* y, const float* dy, float* dx,
+                                  int64_t n, UnaryGradParams p) {
+  float lo = -INFINITY, hi = INFINITY;
+  if constexpr (op == UnaryGradOp::kClip) {
+    if (p.lo_attr)
+      lo = p.lo;
+    else if (p.lo_ptr != nullptr)
+      lo = *p.lo_ptr;
+    if (p.hi_attr)
+      hi = p.hi;
+    else if (p.hi_ptr != nullptr)
+      hi = *p.hi_ptr;
+  }
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const float v = x[i];
+    dx[i] = unary_grad_one<op>(v, y != nullptr ? y[i] : forward<op>(v), dy[i], p, lo, hi);
+  }
+}
+
+template <UnaryGradOp op>
+void unary_grad_of(const float* x, const float* y, const float* dy, float* dx, int64_t n,
+                   const UnaryGradParams& p, cudaStream_t stream) {
+  unary_grad_kernel<op><<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, y, dy, dx, n, p);
+}
+
+template <BinaryGradOp op>
+__device__ __forceinline__ float binary_grad_one(float u, float v, const float* y, int64_t i,
+                                                 float d) {
+  if constexpr (op == BinaryGradOp::kPass) {
+    return d;
+  } else if constexpr (op == BinaryGradOp::kNegate) {
+    return -d;
+  } else if constexpr (op == BinaryGradOp::kMulLhs) {
+    return d * v;
+  } else if constexpr (op == BinaryGradOp::kMulRhs) {
+    return d * u;
+  } else if constexpr (op == BinaryGradOp::kDivLhs) {
+    return d / v;
+  } else if constexpr (op == BinaryGradOp::kDivRhs) {
+    return -d * u / (v * v);
+  } else if constexpr (op == BinaryGradOp::kPowBase) {
+    if (v == 0) return 0.0f;
+    if (v == 1) return d;
+    if (v == 2) return d * 2 * u;
+    return d * v * powf(u, v - 1);
+  } else {  // kPowExp
+    if (!(u > 0)) return 0.0f;
+    return y != nullptr ? d * y[i] * logf(u) : d * powf(u, v) * logf(u);
+  }
+}
+
+template <BinaryGradOp op>
+__global__ void binary_grad_kernel(const float* lhs, const float* rhs, const float* y,
+                                   const float* dy, float* out, int64_t n, BroadcastMap map) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t at[2];
+    broadcast_offsets<2>(map, i, at);
+    out[i] = binary_grad_one<op>(lhs[at[0]], rhs[at[1]], y, i, dy[i]);
+  }
+}
+
+template <BinaryGradOp op>
+void binary_grad_of(const float* lhs, const float* rhs, const float* y, const float* dy, float* out,
+                    int64_t n, const BroadcastMap& map, cudaStream_t stream) {
+  binary_grad_kernel<op>
+      <<<grid_for(n, kThreads), kThreads, 0, stream>>>(lhs, rhs, y, dy, out, n, map);
+}
+
+__global__ void where_grad_kernel(const uint8_t* c, const float* dy, float* out, int64_t n,
+                                  BroadcastMap map, bool take_true) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t at[1];
+    broadcast_offsets<1>(map, i, at);
+    out[i] = (c[at[0]] != 0) == take_true ? dy[i] : 0.0f;
+  }
+}
+
+}  // namespace
+
+void launch_unary_grad(UnaryGradOp op, const float* x, const float* y, const float* dy, float* dx,
+                       int64_t n, const UnaryGradParams& params, cudaStream_t stream) {
+  if (n <= 0) return;
+  switch (op) {
+    case UnaryGradOp::kRelu:
+      return unary_grad_of<UnaryGradOp::kRelu>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kSigmoid:
+      return unary_grad_of<UnaryGradOp::kSigmoid>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kTanh:
+      return unary_grad_of<UnaryGradOp::kTanh>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kSqrt:
+      return unary_grad_of<UnaryGradOp::kSqrt>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kErf:
+      return unary_grad_of<UnaryGradOp::kErf>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kHardSigmoid:
+      return unary_grad_of<UnaryGradOp::kHardSigmoid>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kHardSwish:
+      return unary_grad_of<UnaryGradOp::kHardSwish>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kClip:
+      return unary_grad_of<UnaryGradOp::kClip>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kLeakyRelu:
+      return unary_grad_of<UnaryGradOp::kLeakyRelu>(x, y, dy, dx, n, params, stream);
+  }
+}
+
+void launch_binary_grad(BinaryGradOp op, const float* lhs, const float* rhs, const float* y,
+                        const float* dy, float* out, int64_t n, const BroadcastMap& map,
+                        cudaStream_t stream) {
+  if (n <= 0) return;
+  switch (op) {
+    case BinaryGradOp::kPass:
+      return binary_grad_of<BinaryGradOp::kPass>(lhs, rhs, y, dy, out, n, map, stream);
+    case BinaryGradOp::kNegate:
+      return binary_grad_of<BinaryGradOp::kNegate>(lhs, rhs, y, dy, out, n, map, stream);
+    case BinaryGradOp::kMulLhs:
+      return binary_grad_of<BinaryGradOp::kMulLhs>(lhs, rhs, y, dy, out, n, map, stream);
+    case BinaryGradOp::kMulRhs:
+      return binary_grad_of<BinaryGradOp::kMulRhs>(lhs, rhs, y, dy, out, n, map, stream);
+    case BinaryGradOp::kDivLhs:
+      return binary_grad_of<BinaryGradOp::kDivLhs>(lhs, rhs, y, dy, out, n, map, stream);
+    case BinaryGradOp::kDivRhs:
+      return binary_grad_of<BinaryGradOp::kDivRhs>(lhs, rhs, y, dy, out, n, map, stream);
+    case BinaryGradOp::kPowBase:
+      return binary_grad_of<BinaryGradOp::kPowBase>(lhs, rhs, y, dy, out, n, map, stream);
+    case BinaryGradOp::kPowExp:
+      return binary_grad_of<BinaryGradOp::kPowExp>(lhs, rhs, y, dy, out, n, map, stream);
+  }
+}
+
+void launch_where_grad(const uint8_t* condition, const float* dy, float* out, int64_t n,
+                       const BroadcastMap& map, bool take_true, cudaStream_t stream) {
+  if (n <= 0) return;
+  where_grad_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(condition, dy, out, n, map,
+                                                                    take_true);
+}
+
+}  // namespace stagecraft::rt::cuda

@@ -1,0 +1,126 @@
+// The CUDA loss family's device kernels (loss_kernels.h): one block per position (n, d) of
+// SoftmaxCrossEntropyLoss, the block's threads sharing the C classes (read D apart), with
+// block-wide maximum and sums (norm_block.cuh: fixed trees, so a result depends only on the
+// launch shape); the loss's sum over positions is one more block, in double.
+#include <cmath>
+#include <cstdint>
+
+#include "runtime/cuda/loss_kernels.h"
+#include "runtime/cuda/norm_block.cuh"
+
+namespace stagecraft::rt::cuda {
+namespace {
+
+// Threads per position's block: a warp for a few classes, more for many (a function of C only,
+// so the reduction order is fixed for a given problem).
+int threads_for(int64_t c) {
+  if (c <= 64) return 32;
+  if (c <= 512) return 128;
+  return 256;
+}
+
+unsigned blocks_for(int64_t positions) {
+  const int64_t most = 65535 * 16;
+  return static_cast<unsigned>(positions < 1 ? 1 : (positions < most ? positions : most));
+}
+
+// log(sum(exp(x))) over the C values x[k * D] of one position, as the CPU computes it: the
+// maximum subtracted in float, the exponentials summed in double. Every thread of the block
+// calls it and gets the result.
+__device__ float log_normalizer(const float* x, int64_t c, int64_t stride) {
+  float mx = -INFINITY;
+  for (int64_t k = threadIdx.x; k < c; k += blockDim.x) mx = fmaxf(mx, x[k * stride]);
+  mx = block_max(mx);
+  double s = 0;
+  for (int64_t k = threadIdx.x; k < c; k += blockDim.x)
+    s += exp(static_cast<double>(x[k * stride] - mx));
+  s = block_sum<double>(s);
+  return mx + static_cast<float>(log(s));
+}
+
+// Each position's loss -w * log_prob[n, t, d] (0 where w is 0) into values[i], and log_prob.
+__global__ void sce_kernel(SceArgs p, float* values, float* log_prob) {
+  const int64_t positions = p.n * p.d, C = p.c, D = p.d;
+  for (int64_t i = blockIdx.x; i < positions; i += gridDim.x) {
+    const int64_t n = i / D, d = i % D, base = n * C * D + d;
+    const float* xi = p.scores + base;
+    const float norm = log_normalizer(xi, C, D);
+    if (log_prob != nullptr)
+      for (int64_t k = threadIdx.x; k < C; k += blockDim.x)
+        log_prob[base + k * D] = xi[k * D] - norm;
+    if (threadIdx.x == 0) {
+      const float w = p.weights[i];
+      values[i] = w != 0.0f ? -w * (xi[p.labels[i] * D] - norm) : 0.0f;
+    }
+  }
+}
+
+// The sum (or mean over `weight_sum`; 0 when that is 0) of `count` values in one block.
+__global__ void sce_total_kernel(const float* values, int64_t count, SceReduction reduction,
+                                 double weight_sum, float* loss) {
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) s += values[i];
+  s = block_sum<double>(s);
+  if (threadIdx.x == 0) {
+    if (reduction == SceReduction::kSum)
+      loss[0] = static_cast<float>(s);
+    else
+      loss[0] = weight_sum != 0 ? static_cast<float>(s / weight_sum) : 0.0f;
+  }
+}
+
+__global__ void sce_grad_kernel(SceArgs p, const float* dl, const float* dlp, float* dx) {
+  const int64_t positions = p.n * p.d, C = p.c, D = p.d;
+  float scale = 0.0f;  // g for sum and mean
+  if (dl != nullptr && p.reduction == SceReduction::kSum) scale = dl[0];
+  if (dl != nullptr && p.reduction == SceReduction::kMean && p.weight_sum != 0)
+    scale = static_cast<float>(dl[0] / p.weight_sum);
+  for (int64_t i = blockIdx.x; i < positions; i += gridDim.x) {
+    const int64_t n = i / D, d = i % D, base = n * C * D + d;
+    const float* xi = p.scores + base;
+    float* dxi = dx + base;
+    const float g = (dl != nullptr ? (p.reduction == SceReduction::kNone ? dl[i] : scale) : 0.0f) *
+                    p.weights[i];
+    if (g == 0.0f && dlp == nullptr) {  // the same for the whole block
+      for (int64_t k = threadIdx.x; k < C; k += blockDim.x) dxi[k * D] = 0.0f;
+      continue;
+    }
+    const float norm = log_normalizer(xi, C, D);
+    double dlp_sum = 0;
+    if (dlp != nullptr) {
+      for (int64_t k = threadIdx.x; k < C; k += blockDim.x) dlp_sum += dlp[base + k * D];
+      dlp_sum = block_sum<double>(dlp_sum);
+    }
+    const float coef = g - static_cast<float>(dlp_sum);
+    const int64_t t = g != 0.0f ? p.labels[i] : -1;
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
+      const float prob = expf(xi[k * D] - norm);
+      float v = coef * prob + (dlp != nullptr ? dlp[base + k * D] : 0.0f);
+      if (k == t) v -= g;
+      dxi[k * D] = v;
+    }
+  }
+}
+
+}  // namespace
+
+void launch_sce(const SceArgs& args, float* loss, float* log_prob, float* scratch,
+                cudaStream_t stream) {
+  const int64_t positions = args.n * args.d;
+  float* values = args.reduction == SceReduction::kNone ? loss : scratch;
+  if (positions > 0)
+    sce_kernel<<<blocks_for(positions), threads_for(args.c), 0, stream>>>(args, values, log_prob);
+  if (args.reduction != SceReduction::kNone)
+    sce_total_kernel<<<1, 1024, 0, stream>>>(values, positions, args.reduction, args.weight_sum,
+                                             loss);
+}
+
+void launch_sce_grad(const SceArgs& args, const float* dloss, const float* dlog_prob, float* dx,
+                     cudaStream_t stream) {
+  const int64_t positions = args.n * args.d;
+  if (positions <= 0 || args.c <= 0) return;
+  sce_grad_kernel<<<blocks_for(positions), threads_for(args.c), 0, stream>>>(args, dloss, dlog_prob,
+                                                                             dx);
+}
+
+}  // namespace stagecraft::rt::cuda

@@ -1,0 +1,40 @@
+#pragma once
+/// \file
+/// Device kernels of the CUDA loss family (loss_kernels.cu): SoftmaxCrossEntropyLoss and its
+/// gradient over scores read as [N, C, D], following the CPU backend's runtime/cpu/loss.cpp:
+/// one block per position (n, d) computes the log-softmax over C with the maximum subtracted
+/// (the exponentials summed in double), and sums are fixed trees, never atomics, so a run is
+/// reproducible. The host (loss.cpp) validates the labels and resolves the per-position weights.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace stagecraft::rt::cuda {
+
+enum class SceReduction : int32_t { kNone, kSum, kMean };
+
+/// One SoftmaxCrossEntropyLoss node resolved: sizes, the device scores, labels and per-position
+/// weights (0 where a position is ignored), and the mean's divisor (the weights' sum).
+struct SceArgs {
+  int64_t n = 0, c = 0, d = 0;
+  SceReduction reduction = SceReduction::kMean;
+  const float* scores = nullptr;    // [N, C, D]
+  const int64_t* labels = nullptr;  // [N * D]
+  const float* weights = nullptr;   // [N * D]
+  double weight_sum = 0;
+};
+
+/// The loss: [N * D] values for kNone, else one value (a mean over no weight is 0). `log_prob`
+/// ([N, C, D]) may be null; `scratch` holds N * D floats (sum and mean only).
+void launch_sce(const SceArgs& args, float* loss, float* log_prob, float* scratch,
+                cudaStream_t stream);
+
+/// The scores' gradient, every element written: with p = softmax(scores),
+///   dx[n, c, d] = g * (p - [c == t]) + dlp - p * sum_c dlp
+/// where g is w[n, d] times dloss[0] (sum), dloss[0] / weight_sum (mean) or dloss[n * D + d]
+/// (none). `dloss` and `dlog_prob` ([N, C, D]) may be null.
+void launch_sce_grad(const SceArgs& args, const float* dloss, const float* dlog_prob, float* dx,
+                     cudaStream_t stream);
+
+}  // namespace stagecraft::rt::cuda

@@ -1,0 +1,81 @@
+// The CUDA backend's elementwise, loss and elementwise-gradient families against the CPU
+// backend's, without a GPU: every op of the CPU's elementwise, leaky_relu, loss and
+// grad_eltwise families has a CUDA kernel with the same contract flag, and the CUDA backend
+// accepts and refuses the same signatures (every dtype the CPU's kernels take has a CUDA kernel).
+#include <doctest/doctest.h>
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/core/backend.h"
+#include "runtime/cpu/families.h"
+
+namespace stagecraft::rt {
+namespace {
+
+const KernelEntry* find_entry(std::span<const KernelEntry> table, std::string_view op) {
+  for (const KernelEntry& e : table)
+    if (e.op_type == op) return &e;
+  return nullptr;
+}
+
+TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their gradients") {
+#ifdef STAGECRAFT_WITH_CUDA
+  const Backend* cuda = cuda_backend();
+  REQUIRE(cuda != nullptr);
+  const std::span<const KernelEntry> families[] = {cpu::elementwise_kernels(),
+                                                   cpu::leaky_relu_kernels(), cpu::loss_kernels(),
+                                                   cpu::grad_eltwise_kernels()};
+  int ops = 0;
+  for (const auto& family : families)
+    for (const KernelEntry& cpu_entry : family) {
+      CAPTURE(cpu_entry.op_type);
+      const KernelEntry* entry = find_entry(cuda->table(), cpu_entry.op_type);
+      REQUIRE(entry != nullptr);
+      CHECK(entry->writes_every_output == cpu_entry.writes_every_output);
+      ++ops;
+    }
+  CHECK(ops >= 38);  // 17 elementwise, 2 leaky_relu, 2 loss, 17 gradients (more as ops are added)
+
+  // Signatures the CPU takes (integer arithmetic, mixed Pow, Cast through 16-bit floats), and
+  // ones it refuses, answered alike.
+  const Attrs none;
+  const DType u8[] = {DType::kUInt8};
+  const DType i16_pair[] = {DType::kInt16, DType::kInt16};
+  const DType i16[] = {DType::kInt16};
+  const DType pow_in[] = {DType::kInt32, DType::kFloat64};
+  const DType i32[] = {DType::kInt32};
+  const DType bools[] = {DType::kBool, DType::kBool};
+  const DType b[] = {DType::kBool};
+  const DType where_in[] = {DType::kBool, DType::kInt64, DType::kInt64};
+  const DType i64[] = {DType::kInt64};
+  const DType sce_in[] = {DType::kFloat32, DType::kInt32};
+  const DType f32[] = {DType::kFloat32};
+  const OpSignature accepted[] = {{"Add", i16_pair, i16, none},
+                                  {"Div", i16_pair, i16, none},
+                                  {"Pow", pow_in, i32, none},
+                                  {"Equal", bools, b, none},
+                                  {"Where", where_in, i64, none},
+                                  {"Clip", u8, u8, none},
+                                  {"SoftmaxCrossEntropyLoss", sce_in, f32, none}};
+  for (const OpSignature& s : accepted) {
+    CAPTURE(s.op_type);
+    CHECK(cuda->check(s).empty());
+  }
+  const OpSignature refused[] = {{"Relu", u8, u8, none},
+                                 {"Sigmoid", i16, i16, none},
+                                 {"Add", bools, b, none},
+                                 {"SoftmaxCrossEntropyLoss", i16_pair, f32, none}};
+  for (const OpSignature& s : refused) {
+    CAPTURE(s.op_type);
+    CHECK_FALSE(cuda->check(s).empty());
+    CHECK(cuda->check(s) == cpu_backend().check(s));
+  }
+#else
+  CHECK(cuda_backend() == nullptr);
+#endif
+}
+
+}  // namespace
+}  // namespace stagecraft::rt
