@@ -1,8 +1,8 @@
 #include "compiler/import.h"
 
-#include <onnx/checker.h>
 #include <fcntl.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <onnx/checker.h>
 #include <sys/stat.h>
 
 #include <climits>
@@ -12,6 +12,8 @@
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "compiler/ir/onnx_bridge.h"
 #include "compiler/ir/ops.h"
@@ -77,7 +79,6 @@ void check_versions(const onnx::ModelProto& model) {
   }
 }
 
-
 /// Refuses nodes outside the default domain before ONNX's checker and shape inference, which
 /// know no schemas for them.
 void check_domains(const onnx::ModelProto& model) {
@@ -105,7 +106,8 @@ void check_ops(const ir::Graph& graph) {
       if (axis < 0) axis += rank;
       if (axis != rank - 1)
         fail(ErrorKind::kUnsupported,
-             "node '{}': Softmax at opset {} normalises dims {}..{} of its rank-{} input together; stagecraft runs "
+             "node '{}': Softmax at opset {} normalises dims {}..{} of its rank-{} input together; "
+             "stagecraft runs "
              "Softmax over one axis (opset 13); re-export the model at opset 13 or later",
              node.name, graph.opset, axis, rank - 1, rank);
     }
@@ -137,7 +139,8 @@ void check_structure(onnx::ModelProto& model) {
       if (in.empty()) continue;
       auto it = producer.find(in);
       if (it == producer.end()) {
-        fail(ErrorKind::kModel, "node '{}' ({}) reads tensor '{}', which no node, input or initializer produces",
+        fail(ErrorKind::kModel,
+             "node '{}' ({}) reads tensor '{}', which no node, input or initializer produces",
              ir::node_name_or_default(n, k), n.op_type(), in);
       }
       if (it->second >= 0) {
@@ -148,7 +151,8 @@ void check_structure(onnx::ModelProto& model) {
   }
   for (const auto& out : graph->output()) {
     if (!producer.count(out.name())) {
-      fail(ErrorKind::kModel, "graph output '{}' is produced by no node, input or initializer", out.name());
+      fail(ErrorKind::kModel, "graph output '{}' is produced by no node, input or initializer",
+           out.name());
     }
   }
   std::priority_queue<int, std::vector<int>, std::greater<>> ready;
@@ -167,8 +171,8 @@ void check_structure(onnx::ModelProto& model) {
   if (static_cast<int>(order.size()) != graph->node_size()) {
     for (int k = 0; k < graph->node_size(); ++k) {
       if (pending[k] > 0) {
-        fail(ErrorKind::kModel, "the graph has a cycle through node '{}' ({})", ir::node_name_or_default(graph->node(k), k),
-             graph->node(k).op_type());
+        fail(ErrorKind::kModel, "the graph has a cycle through node '{}' ({})",
+             ir::node_name_or_default(graph->node(k), k), graph->node(k).op_type());
       }
     }
   }
@@ -181,29 +185,57 @@ void check_structure(onnx::ModelProto& model) {
   }
 }
 
-bool has_external_data(const onnx::ModelProto& model) {
-  const auto& inits = model.graph().initializer();
-  return std::any_of(inits.begin(), inits.end(), [](const onnx::TensorProto& t) {
-    return t.data_location() == onnx::TensorProto::EXTERNAL;
-  });
+/// The tensor attributes of the graph's Constant nodes, with the node's name.
+std::vector<std::pair<std::string, const onnx::TensorProto*>> constant_tensors(
+    const onnx::ModelProto& model) {
+  std::vector<std::pair<std::string, const onnx::TensorProto*>> out;
+  for (int i = 0; i < model.graph().node_size(); ++i) {
+    const onnx::NodeProto& node = model.graph().node(i);
+    if (node.op_type() != "Constant" || !node.domain().empty()) continue;
+    for (const auto& a : node.attribute())
+      if (a.has_t())
+        out.emplace_back(fmt::format("node '{}' (Constant)", ir::node_name_or_default(node, i)),
+                         &a.t());
+  }
+  return out;
 }
 
-/// Checks every initializer's dims (the ONNX checker's own element count wraps around on
-/// overflow) and resolves external data before anything reads it.
-void check_initializers(const onnx::ModelProto& model, const std::string& model_dir) {
-  for (const auto& t : model.graph().initializer()) {
-    std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
-    int64_t n = ir::checked_numel(dims, "initializer '" + t.name() + "'");
-    if (t.data_location() != onnx::TensorProto::EXTERNAL) continue;
-    auto dtype = dtype_from_onnx(t.data_type());
-    int64_t size = dtype ? dtype_size(*dtype) : 0;
-    if (size == 0) {
-      fail(ErrorKind::kUnsupported, "initializer '{}' has element type {} which stagecraft does not handle",
-           t.name(), t.data_type());
-    }
-    if (n > INT64_MAX / size) fail(ErrorKind::kShape, "initializer '{}': byte size overflows int64", t.name());
-    ir::resolve_external_data(t, model_dir, n * size);
+bool has_external_data(const onnx::ModelProto& model) {
+  const auto& inits = model.graph().initializer();
+  const auto constants = constant_tensors(model);
+  return std::any_of(inits.begin(), inits.end(),
+                     [](const onnx::TensorProto& t) {
+                       return t.data_location() == onnx::TensorProto::EXTERNAL;
+                     }) ||
+         std::any_of(constants.begin(), constants.end(), [](const auto& c) {
+           return c.second->data_location() == onnx::TensorProto::EXTERNAL;
+         });
+}
+
+/// Checks a tensor's dims (the ONNX checker's own element count wraps around on overflow) and
+/// resolves its external data before anything reads it.
+void check_tensor(const onnx::TensorProto& t, const std::string& model_dir) {
+  std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
+  int64_t n = ir::checked_numel(dims, "initializer '" + t.name() + "'");
+  if (t.data_location() != onnx::TensorProto::EXTERNAL) return;
+  auto dtype = dtype_from_onnx(t.data_type());
+  int64_t size = dtype ? dtype_size(*dtype) : 0;
+  if (size == 0) {
+    fail(ErrorKind::kUnsupported,
+         "initializer '{}' has element type {} which stagecraft does not handle", t.name(),
+         t.data_type());
   }
+  if (n > INT64_MAX / size)
+    fail(ErrorKind::kShape, "initializer '{}': byte size overflows int64", t.name());
+  ir::resolve_external_data(t, model_dir, n * size);
+}
+
+/// Every initializer and every Constant node's tensor, by `check_tensor`: a Constant's
+/// external data follows the rules of an initializer's (the model's folder, nothing else).
+void check_initializers(const onnx::ModelProto& model, const std::string& model_dir) {
+  for (const auto& t : model.graph().initializer()) check_tensor(t, model_dir);
+  for (const auto& [node, t] : constant_tensors(model))
+    with_context(node, ErrorKind::kModel, [&] { check_tensor(*t, model_dir); });
 }
 
 std::vector<BoundDim> bind_dims(onnx::ModelProto& model, const ImportOptions& options) {
@@ -233,7 +265,8 @@ std::vector<BoundDim> bind_dims(onnx::ModelProto& model, const ImportOptions& op
       auto* d = shape->mutable_dim(i);
       if (d->has_dim_value()) {
         if (d->dim_value() < 0) {
-          fail(ErrorKind::kShape, "input '{}' dim {} is negative ({})", input.name(), i, d->dim_value());
+          fail(ErrorKind::kShape, "input '{}' dim {} is negative ({})", input.name(), i,
+               d->dim_value());
         }
         dims.push_back(d->dim_value());
         continue;
@@ -258,8 +291,9 @@ std::vector<BoundDim> bind_dims(onnx::ModelProto& model, const ImportOptions& op
           fail(ErrorKind::kShape, "input '{}' dim {} ('{}') is symbolic; bind it with --dim {}=N{}",
                input.name(), i, name, name, i == 0 ? " or --batch N" : "");
         }
-        fail(ErrorKind::kShape, "input '{}' dim {} has no size in the model; bind it with --dim {}=N{}",
-             input.name(), i, anon_key, i == 0 ? " or --batch N" : "");
+        fail(ErrorKind::kShape,
+             "input '{}' dim {} has no size in the model; bind it with --dim {}=N{}", input.name(),
+             i, anon_key, i == 0 ? " or --batch N" : "");
       }
       if (!name.empty()) by_name[name] = *value;
       bound.push_back(BoundDim{input.name(), i, name, *value, flag});
@@ -268,17 +302,19 @@ std::vector<BoundDim> bind_dims(onnx::ModelProto& model, const ImportOptions& op
       dims.push_back(*value);
     }
     ir::checked_numel(dims, "input '" + input.name() + "'");
-    if (first_input_shape.empty()) first_input_shape = "'" + input.name() + "' " + ir::shape_string(dims);
+    if (first_input_shape.empty())
+      first_input_shape = "'" + input.name() + "' " + ir::shape_string(dims);
   }
   for (const auto& [key, value] : options.dims) {
     if (used_keys.count(key)) continue;
     std::string known;
     for (const auto& s : symbolic_names) known += (known.empty() ? "" : ", ") + s;
-    fail(ErrorKind::kUsage, "--dim {}={} names no unbound dim of any input (symbolic dims: {})", key, value,
-         known.empty() ? "none" : known);
+    fail(ErrorKind::kUsage, "--dim {}={} names no unbound dim of any input (symbolic dims: {})",
+         key, value, known.empty() ? "none" : known);
   }
   if (options.batch) {
-    bool used = std::any_of(bound.begin(), bound.end(), [](const BoundDim& b) { return b.flag == "--batch"; });
+    bool used = std::any_of(bound.begin(), bound.end(),
+                            [](const BoundDim& b) { return b.flag == "--batch"; });
     bool fixed_equal = false;
     for (const auto& input : graph->input()) {
       if (initializers.count(input.name())) continue;
@@ -331,7 +367,8 @@ void parse_dim_binding(const std::string& text, ImportOptions& options) {
     fail(ErrorKind::kUsage, "--dim {}: value '{}' is not a positive integer", name, number);
   }
   if (auto it = options.dims.find(name); it != options.dims.end()) {
-    fail(ErrorKind::kUsage, "--dim {} is given twice ({} and {}); give each dim once", name, it->second, value);
+    fail(ErrorKind::kUsage, "--dim {} is given twice ({} and {}); give each dim once", name,
+         it->second, value);
   }
   options.dims[name] = value;
 }

@@ -1,5 +1,6 @@
 // Small structural passes: Constant nodes to initializers, Identity removal, dead code.
 #include <algorithm>
+#include <filesystem>
 
 #include "compiler/ir/onnx_bridge.h"
 #include "passes/passes.h"
@@ -37,6 +38,7 @@ onnx::TensorProto constant_tensor(const ir::Graph& graph, const ir::Node& node) 
 
 bool ConstantToInitializer::run(ir::Graph& graph, PassContext& context) const {
   bool changed = false;
+  const std::string model_dir = std::filesystem::path(graph.source_path).parent_path().string();
   for (std::size_t i = 0; i < graph.num_nodes(); ++i) {
     auto id = static_cast<ir::NodeId>(i);
     const ir::Node& node = graph.node(id);
@@ -51,7 +53,9 @@ bool ConstantToInitializer::run(ir::Graph& graph, PassContext& context) const {
       v.dtype = *dtype;
       v.shape.assign(t.dims().begin(), t.dims().end());
       v.shape_known = true;
-      v.initializer = ir::take_tensor_data(t, "");
+      // External data resolves against the model's folder, with the rules of initializers'
+      // (never against the current directory).
+      v.initializer = ir::take_tensor_data(t, model_dir);
     });
     graph.remove_node(id);
     context.counters[std::string(name())]++;
@@ -65,7 +69,8 @@ bool DropIdentity::run(ir::Graph& graph, PassContext& context) const {
   for (std::size_t i = 0; i < graph.num_nodes(); ++i) {
     auto id = static_cast<ir::NodeId>(i);
     const ir::Node& node = graph.node(id);
-    if (node.dead || node.op_type != "Identity" || node.inputs.empty() || node.outputs.empty()) continue;
+    if (node.dead || node.op_type != "Identity" || node.inputs.empty() || node.outputs.empty())
+      continue;
     ir::ValueId in = node.inputs[0], out = node.outputs[0];
     // A graph output keeps its name: the user's interface does not change under them.
     if (in == ir::kNoId || out == ir::kNoId || graph.value(out).is_graph_output) continue;
@@ -83,7 +88,8 @@ bool DeadCode::run(ir::Graph& graph, PassContext& context) const {
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const ir::Node& node = graph.node(*it);
     bool used = std::any_of(node.outputs.begin(), node.outputs.end(), [&](ir::ValueId v) {
-      return v != ir::kNoId && (!graph.value(v).consumers.empty() || graph.value(v).is_graph_output);
+      return v != ir::kNoId &&
+             (!graph.value(v).consumers.empty() || graph.value(v).is_graph_output);
     });
     if (used) continue;
     graph.remove_node(*it);

@@ -4,14 +4,17 @@
 #include <onnx/shape_inference/implementation.h>
 #include <sys/stat.h>
 
-#include <regex>
-
+#include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <regex>
 #include <set>
 #include <unordered_set>
 
+#include "runtime/format/checked.h"
 #include "runtime/format/error.h"
+#include "runtime/format/inside_folder.h"
 
 namespace stagecraft::ir {
 namespace fs = std::filesystem;
@@ -32,24 +35,40 @@ std::string pack(const Field& field) {
 std::string typed_bytes(const onnx::TensorProto& t) {
   using TP = onnx::TensorProto;
   switch (t.data_type()) {
-    case TP::FLOAT: return pack<float>(t.float_data());
-    case TP::COMPLEX64: return pack<float>(t.float_data());
-    case TP::DOUBLE: return pack<double>(t.double_data());
-    case TP::COMPLEX128: return pack<double>(t.double_data());
-    case TP::INT64: return pack<int64_t>(t.int64_data());
-    case TP::UINT64: return pack<uint64_t>(t.uint64_data());
-    case TP::UINT32: return pack<uint32_t>(t.uint64_data());
-    case TP::INT32: return pack<int32_t>(t.int32_data());
-    case TP::INT16: return pack<int16_t>(t.int32_data());
-    case TP::UINT16: return pack<uint16_t>(t.int32_data());
-    case TP::FLOAT16: return pack<uint16_t>(t.int32_data());
-    case TP::BFLOAT16: return pack<uint16_t>(t.int32_data());
-    case TP::INT8: return pack<int8_t>(t.int32_data());
-    case TP::UINT8: return pack<uint8_t>(t.int32_data());
-    case TP::BOOL: return pack<uint8_t>(t.int32_data());
+    case TP::FLOAT:
+      return pack<float>(t.float_data());
+    case TP::COMPLEX64:
+      return pack<float>(t.float_data());
+    case TP::DOUBLE:
+      return pack<double>(t.double_data());
+    case TP::COMPLEX128:
+      return pack<double>(t.double_data());
+    case TP::INT64:
+      return pack<int64_t>(t.int64_data());
+    case TP::UINT64:
+      return pack<uint64_t>(t.uint64_data());
+    case TP::UINT32:
+      return pack<uint32_t>(t.uint64_data());
+    case TP::INT32:
+      return pack<int32_t>(t.int32_data());
+    case TP::INT16:
+      return pack<int16_t>(t.int32_data());
+    case TP::UINT16:
+      return pack<uint16_t>(t.int32_data());
+    case TP::FLOAT16:
+      return pack<uint16_t>(t.int32_data());
+    case TP::BFLOAT16:
+      return pack<uint16_t>(t.int32_data());
+    case TP::INT8:
+      return pack<int8_t>(t.int32_data());
+    case TP::UINT8:
+      return pack<uint8_t>(t.int32_data());
+    case TP::BOOL:
+      return pack<uint8_t>(t.int32_data());
     default:
-      fail(ErrorKind::kUnsupported, "tensor '{}' has element type {} which stagecraft does not handle",
-           t.name(), t.data_type());
+      fail(ErrorKind::kUnsupported,
+           "tensor '{}' has element type {} which stagecraft does not handle", t.name(),
+           t.data_type());
   }
 }
 
@@ -58,8 +77,9 @@ int64_t tensor_expected_bytes(const onnx::TensorProto& t) {
   int64_t n = checked_numel(dims, "initializer '" + t.name() + "'");
   auto dtype = dtype_from_onnx(t.data_type());
   if (!dtype || dtype_size(*dtype) == 0) {
-    fail(ErrorKind::kUnsupported, "initializer '{}' has element type {} which stagecraft does not handle",
-         t.name(), t.data_type());
+    fail(ErrorKind::kUnsupported,
+         "initializer '{}' has element type {} which stagecraft does not handle", t.name(),
+         t.data_type());
   }
   if (n > INT64_MAX / dtype_size(*dtype)) {
     fail(ErrorKind::kShape, "initializer '{}': byte size overflows int64", t.name());
@@ -103,62 +123,51 @@ ExternalRef resolve_external_data(const onnx::TensorProto& tensor, const std::st
   int64_t offset = 0;
   int64_t length = -1;
   auto bad = [&](const std::string& why) -> Error {
-    return Error(ErrorKind::kFormat,
-                 fmt::format("initializer '{}': external data '{}': {}", tensor.name(), location, why));
+    return Error(ErrorKind::kFormat, fmt::format("initializer '{}': external data '{}': {}",
+                                                 tensor.name(), location, why));
+  };
+  // The whole value must be a number: "64abc" is refused, not read as 64.
+  auto number = [&](const std::string& key, const std::string& text) {
+    int64_t value = 0;
+    auto [last, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc() || last != text.data() + text.size())
+      throw bad(fmt::format("{} '{}' is not a number", key, text));
+    return value;
   };
   for (const auto& entry : tensor.external_data()) {
-    try {
-      if (entry.key() == "location") {
-        location = entry.value();
-      } else if (entry.key() == "offset") {
-        offset = std::stoll(entry.value());
-      } else if (entry.key() == "length") {
-        length = std::stoll(entry.value());
-      }
-    } catch (const std::exception&) {
-      throw bad(fmt::format("{} '{}' is not a number", entry.key(), entry.value()));
+    if (entry.key() == "location") {
+      location = entry.value();
+    } else if (entry.key() == "offset") {
+      offset = number(entry.key(), entry.value());
+    } else if (entry.key() == "length") {
+      length = number(entry.key(), entry.value());
     }
   }
   if (location.empty()) throw bad("no 'location' entry");
   if (offset < 0) throw bad(fmt::format("offset {} is negative", offset));
   if (length < -1) throw bad(fmt::format("length {} is negative", length));
-
-  fs::path rel(location);
-  if (rel.is_absolute()) throw bad("absolute paths are refused; weights must lie in the model's folder");
-  for (const auto& part : rel) {
-    if (part == "..") throw bad("'..' is refused; weights must lie in the model's folder");
-  }
-  // Walk the path one component at a time so that no symlink anywhere along it is followed.
-  fs::path dir = model_dir.empty() ? fs::path(".") : fs::path(model_dir);
-  fs::path current = dir;
-  for (const auto& part : rel) {
-    if (part.empty() || part == ".") continue;
-    current /= part;
-    struct stat st {};
-    if (::lstat(current.c_str(), &st) != 0) {
-      throw bad(fmt::format("file {} does not exist", current.string()));
-    }
-    if (S_ISLNK(st.st_mode)) throw bad(fmt::format("{} is a symlink; symlinks are refused", current.string()));
+  // The one rule for paths a file names inside its folder (runtime/format/inside_folder.h).
+  std::string path;
+  try {
+    path = resolve_inside_folder(model_dir, location);
+  } catch (const Error& e) {
+    throw bad(e.message());
   }
   std::error_code ec;
-  auto canonical_dir = fs::weakly_canonical(dir, ec);
-  auto canonical_file = fs::weakly_canonical(current, ec);
-  auto [d, f] = std::mismatch(canonical_dir.begin(), canonical_dir.end(), canonical_file.begin(),
-                              canonical_file.end());
-  if (d != canonical_dir.end()) throw bad("the path leaves the model's folder");
-  if (!fs::is_regular_file(current, ec)) throw bad(fmt::format("{} is not a regular file", current.string()));
-  auto file_size = static_cast<int64_t>(fs::file_size(current, ec));
-  if (ec) throw bad(fmt::format("cannot read the size of {}: {}", current.string(), ec.message()));
+  auto file_size = static_cast<int64_t>(fs::file_size(path, ec));
+  if (ec) throw bad(fmt::format("cannot read the size of {}: {}", path, ec.message()));
   if (length == -1) length = file_size > offset ? file_size - offset : 0;
-  if (offset > file_size || length > file_size - offset) {
-    throw bad(fmt::format("window offset {} + length {} = {} lies past the end of the file ({} bytes)",
-                          offset, length, offset + length, file_size));
+  if (!range_within(offset, length, file_size)) {
+    const std::optional<int64_t> end = try_add(offset, length);
+    throw bad(fmt::format(
+        "window offset {} + length {} = {} lies past the end of the file ({} bytes)", offset,
+        length, end ? std::to_string(*end) : std::string("over 2^63"), file_size));
   }
   if (length != expected_bytes) {
     throw bad(fmt::format("length {} does not match the {} bytes its dtype and dims need", length,
                           expected_bytes));
   }
-  return ExternalRef{current.string(), location, offset, length};
+  return ExternalRef{path, location, offset, length};
 }
 
 std::shared_ptr<const WeightData> take_tensor_data(onnx::TensorProto& tensor,
@@ -185,7 +194,8 @@ std::shared_ptr<const WeightData> take_tensor_data(onnx::TensorProto& tensor,
 
 std::string node_name_or_default(const onnx::NodeProto& node, int index) {
   if (!node.name().empty()) return node.name();
-  return node.op_type() + "(" + (node.output_size() > 0 ? node.output(0) : std::to_string(index)) + ")";
+  return node.op_type() + "(" + (node.output_size() > 0 ? node.output(0) : std::to_string(index)) +
+         ")";
 }
 
 Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
@@ -209,8 +219,9 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
     v.name = init.name();
     auto dtype = dtype_from_onnx(init.data_type());
     if (!dtype) {
-      fail(ErrorKind::kUnsupported, "initializer '{}' has element type {} which stagecraft does not handle",
-           init.name(), init.data_type());
+      fail(ErrorKind::kUnsupported,
+           "initializer '{}' has element type {} which stagecraft does not handle", init.name(),
+           init.data_type());
     }
     v.dtype = *dtype;
     v.shape.assign(init.dims().begin(), init.dims().end());
@@ -259,7 +270,8 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
     Node node;
     node.name = node_name_or_default(n, i);
     const std::string base = node.name;
-    for (int k = 2; !node_names.insert(node.name).second; ++k) node.name = base + "#" + std::to_string(k);
+    for (int k = 2; !node_names.insert(node.name).second; ++k)
+      node.name = base + "#" + std::to_string(k);
     node.op_type = n.op_type();
     node.domain = n.domain() == "ai.onnx" ? "" : n.domain();
     for (const auto& a : n.attribute()) node.attributes.push_back(a);
@@ -270,12 +282,14 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
       }
       auto id = g.find_value(in);
       if (!id) {
-        fail(ErrorKind::kModel, "node '{}' ({}) reads tensor '{}' that no node, input or initializer produces",
+        fail(ErrorKind::kModel,
+             "node '{}' ({}) reads tensor '{}' that no node, input or initializer produces",
              n.name(), n.op_type(), in);
       }
       node.inputs.push_back(*id);
     }
-    for (const auto& out : n.output()) node.outputs.push_back(out.empty() ? kNoId : *g.find_value(out));
+    for (const auto& out : n.output())
+      node.outputs.push_back(out.empty() ? kNoId : *g.find_value(out));
     g.add_node(std::move(node));
   }
   for (const auto& info : proto->output()) {
@@ -303,12 +317,14 @@ void infer_onnx_shapes(onnx::ModelProto& model) {
       start = end + 1;
     }
     std::string first = lines.empty() ? text : lines.front();
-    static const std::regex node_error(R"(\(op_type:([^,]*), node name: ([^)]*)\): (\[\w+\] )?(.*))");
+    static const std::regex node_error(
+        R"(\(op_type:([^,]*), node name: ([^)]*)\): (\[\w+\] )?(.*))");
     std::smatch m;
     if (std::regex_search(first, m, node_error)) {
       first = fmt::format("node '{}' ({}): {}", m[2].str(), m[1].str(), m[4].str());
     }
-    std::string more = lines.size() > 1 ? fmt::format(" ({} more errors follow from it)", lines.size() - 1) : "";
+    std::string more =
+        lines.size() > 1 ? fmt::format(" ({} more errors follow from it)", lines.size() - 1) : "";
     fail(ErrorKind::kShape, "ONNX shape inference: {}{}", first, more);
   }
 }
@@ -454,7 +470,8 @@ onnx::ModelProto model_from_graph(const Graph& graph, const ExportOptions& optio
     for (ValueId out : node.outputs) {
       if (out == kNoId || written_outputs.count(out)) continue;
       const Value& val = graph.value(out);
-      if (val.shape_known && val.dtype != DType::kUndefined) write_value_info(val, proto->add_value_info());
+      if (val.shape_known && val.dtype != DType::kUndefined)
+        write_value_info(val, proto->add_value_info());
     }
   }
   return model;

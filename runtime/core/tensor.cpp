@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 
+#include "runtime/format/checked.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt {
@@ -41,7 +43,12 @@ Tensor Tensor::allocate(DType dtype, Shape shape, bool zeroed) {
   Tensor t;
   t.dtype = dtype;
   t.shape = std::move(shape);
-  int64_t bytes = t.numel() * size;
+  // A hostile header can claim any dims: numel x size is checked, and so is the rounding up.
+  const std::optional<int64_t> checked = try_mul(t.numel(), size);
+  if (!checked || *checked > INT64_MAX - static_cast<int64_t>(kAlign))
+    fail(ErrorKind::kShape, "a tensor of {}{} would hold more than 2^63 bytes", dtype_name(dtype),
+         shape_string(t.shape));
+  const int64_t bytes = *checked;
   if (static_cast<size_t>(bytes) >= kAlignedBytes) {
     size_t size = (static_cast<size_t>(bytes) + kAlign - 1) / kAlign * kAlign;
     auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, size));

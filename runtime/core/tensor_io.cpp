@@ -3,12 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
-#include <sstream>
+#include <optional>
+#include <string_view>
 
+#include "runtime/format/checked.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt {
@@ -117,6 +119,125 @@ constexpr NpyType kNpyTypes[] = {
     {"<u8", DType::kUInt64},  {"|b1", DType::kBool},    {"<f2", DType::kFloat16},
 };
 
+/// The three keys of a .npy header.
+struct NpyHeader {
+  std::string descr;
+  bool fortran_order = false;
+  Shape shape;
+};
+
+/// A bounded, hand-written reader of the header's Python dict literal
+/// (`{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }`): no regex and no recursion
+/// on untrusted input, every step moves forward, every number is range-checked.
+class NpyHeaderParser {
+ public:
+  NpyHeaderParser(std::string_view text, const std::string& path) : text_(text), path_(path) {}
+
+  NpyHeader parse() {
+    NpyHeader out;
+    bool have_descr = false, have_order = false, have_shape = false;
+    expect('{');
+    while (true) {
+      skip_space();
+      if (peek() == '}') break;
+      const std::string key = quoted();
+      skip_space();
+      expect(':');
+      skip_space();
+      if (key == "descr") {
+        out.descr = quoted();
+        have_descr = true;
+      } else if (key == "fortran_order") {
+        out.fortran_order = boolean();
+        have_order = true;
+      } else if (key == "shape") {
+        out.shape = tuple();
+        have_shape = true;
+      } else {
+        bad(fmt::format("unknown key '{}'", key));
+      }
+      skip_space();
+      if (peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      skip_space();
+      if (peek() != '}') bad("expected ',' or '}'");
+    }
+    if (!have_descr) bad("no 'descr'");
+    if (!have_order) bad("no 'fortran_order'");
+    if (!have_shape) bad("no 'shape'");
+    return out;
+  }
+
+ private:
+  [[noreturn]] void bad(const std::string& why) const {
+    fail(ErrorKind::kFormat, "{}: bad .npy header at byte {}: {}", path_, pos_, why);
+  }
+  char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
+  void skip_space() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t')) ++pos_;
+  }
+  void expect(char c) {
+    skip_space();
+    if (peek() != c) bad(fmt::format("expected '{}'", c));
+    ++pos_;
+  }
+  std::string quoted() {
+    const char quote = peek();
+    if (quote != '\'' && quote != '"') bad("expected a quoted string");
+    const size_t end = text_.find(quote, pos_ + 1);
+    if (end == std::string_view::npos) bad("unterminated string");
+    if (end - pos_ - 1 > 64) bad("a string longer than 64 characters");
+    std::string out(text_.substr(pos_ + 1, end - pos_ - 1));
+    pos_ = end + 1;
+    return out;
+  }
+  bool boolean() {
+    for (auto [word, value] :
+         {std::pair{std::string_view("True"), true}, std::pair{std::string_view("False"), false}}) {
+      if (text_.substr(pos_, word.size()) == word) {
+        pos_ += word.size();
+        return value;
+      }
+    }
+    bad("expected True or False");
+  }
+  Shape tuple() {
+    Shape shape;
+    expect('(');
+    while (true) {
+      skip_space();
+      if (peek() == ')') break;
+      if (shape.size() >= 64) bad("more than 64 dims");
+      int64_t dim = 0;
+      const char* first = text_.data() + pos_;
+      auto [last, ec] = std::from_chars(first, text_.data() + text_.size(), dim);
+      if (ec != std::errc() || dim < 0) bad("a dim is not a non-negative int64");
+      pos_ += static_cast<size_t>(last - first);
+      while (peek() == 'L') ++pos_;  // Python 2 long suffix
+      shape.push_back(dim);
+      skip_space();
+      if (peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      skip_space();
+      if (peek() != ')') bad("expected ',' or ')' in the shape");
+    }
+    ++pos_;
+    return shape;
+  }
+
+  std::string_view text_;
+  const std::string& path_;
+  size_t pos_ = 0;
+};
+
+NpyHeader parse_npy_header(std::string_view header, const std::string& path) {
+  return NpyHeaderParser(header, path).parse();
+}
+
 }  // namespace
 
 Tensor read_npy(const std::string& path) {
@@ -145,46 +266,31 @@ Tensor read_npy(const std::string& path) {
   std::string header(header_len, '\0');
   if (!in.read(header.data(), header_len)) fail(ErrorKind::kFormat, "{}: truncated header", path);
 
-  std::smatch m;
-  static const std::regex descr_re(R"('descr'\s*:\s*'([^']*)')");
-  static const std::regex order_re(R"('fortran_order'\s*:\s*(True|False))");
-  static const std::regex shape_re(R"('shape'\s*:\s*\(([^)]*)\))");
-  if (!std::regex_search(header, m, descr_re))
-    fail(ErrorKind::kFormat, "{}: header has no 'descr'", path);
-  std::string descr = m[1];
+  const NpyHeader parsed = parse_npy_header(header, path);
+  std::string descr = parsed.descr;
   if (descr == "=f4") descr = "<f4";
-  if (!std::regex_search(header, m, order_re))
-    fail(ErrorKind::kFormat, "{}: header has no 'fortran_order'", path);
-  if (m[1] == "True")
+  if (parsed.fortran_order)
     fail(ErrorKind::kUnsupported, "{}: Fortran-order arrays are not supported; save with C order",
          path);
-  if (!std::regex_search(header, m, shape_re))
-    fail(ErrorKind::kFormat, "{}: header has no 'shape'", path);
-  Shape shape;
-  {
-    std::string dims = m[1];
-    std::stringstream ss(dims);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      auto first = item.find_first_not_of(" \t");
-      if (first == std::string::npos) continue;
-      try {
-        size_t used = 0;
-        long long v = std::stoll(item.substr(first), &used);
-        if (v < 0) throw std::invalid_argument("negative");
-        shape.push_back(v);
-      } catch (const std::exception&) {
-        fail(ErrorKind::kFormat, "{}: bad shape '({})'", path, dims);
-      }
-    }
-  }
+  const Shape& shape = parsed.shape;
   const NpyType* type = nullptr;
   for (const NpyType& t : kNpyTypes)
     if (descr == t.descr) type = &t;
   if (type == nullptr)
     fail(ErrorKind::kUnsupported,
          "{}: dtype '{}' is not supported (little-endian numbers and bool)", path, descr);
-  Tensor t = Tensor::owned(type->dtype, shape);
+  // The data's size against the file's before anything is allocated: a header can claim any
+  // shape, and numel x size is checked for overflow.
+  const std::optional<int64_t> need = try_mul(shape_numel(shape), dtype_size(type->dtype));
+  const auto data_start = static_cast<int64_t>(in.tellg());
+  std::error_code ec;
+  const auto file_size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  if (!need || (!ec && *need > file_size - data_start))
+    fail(ErrorKind::kFormat, "{}: {}{} needs {} bytes of data; the file is shorter (holds {})",
+         path, dtype_name(type->dtype), shape_string(shape),
+         need ? std::to_string(*need) : std::string("more than 2^63"),
+         ec ? std::string("fewer") : std::to_string(file_size - data_start));
+  Tensor t = Tensor::uninitialized(type->dtype, shape);
   if (t.bytes() > 0 && !in.read(reinterpret_cast<char*>(t.data), t.bytes()))
     fail(ErrorKind::kFormat, "{}: {} needs {} bytes of data; the file is shorter", path,
          t.describe(), t.bytes());

@@ -2,6 +2,7 @@
 // and the accumulate and optimizer kernels.
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -66,6 +67,9 @@ class HostBuffer final : public Buffer {
  public:
   explicit HostBuffer(int64_t bytes) : size_(bytes) {
     // Rounded up to whole cache lines, and one more: kernels may read a vector past the end.
+    // A hostile plan's arena size near 2^63 would wrap the rounding: refused before it.
+    if (bytes < 0 || bytes > std::numeric_limits<int64_t>::max() - 128)
+      fail(ErrorKind::kIo, "cannot allocate the {}-byte arena", bytes);
     const auto rounded = static_cast<size_t>((bytes + 63) / 64 * 64 + 64);
     data_ = static_cast<std::byte*>(std::aligned_alloc(plan::kArenaAlignment, rounded));
     if (!data_) fail(ErrorKind::kIo, "cannot allocate the {}-byte arena", bytes);

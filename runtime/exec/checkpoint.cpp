@@ -3,9 +3,12 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <onnx/onnx_pb.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +16,7 @@
 
 #include "runtime/core/tensor_io.h"
 #include "runtime/format/error.h"
+#include "runtime/format/inside_folder.h"
 #include "runtime/format/json_reader.h"
 
 namespace stagecraft::rt {
@@ -23,6 +27,7 @@ namespace {
 
 constexpr const char* kFormatName = "stagecraft-checkpoint";
 constexpr uint64_t kProtobufLimit = (uint64_t{1} << 31) - 1;
+constexpr int64_t kMaxStep = int64_t{1} << 53;
 
 /// The stage whose copy of `weight` a checkpoint holds: the lowest holder of a shared weight,
 /// `stage` itself for any other.
@@ -101,6 +106,10 @@ Manifest read_manifest(const std::string& file) {
   m.optimizer = top.string("optimizer");
   m.step = top.int64("step");
   if (m.step < 0) top.fail("step", fmt::format("is negative ({})", m.step));
+  // Past 2^53 the step no longer fits a double exactly (the lr schedule's arithmetic) and
+  // the workers' step + 1 would soon overflow: no run takes that many steps.
+  if (m.step > kMaxStep)
+    top.fail("step", fmt::format("is {}, more than 2^53 ({}) optimizer steps", m.step, kMaxStep));
   m.stages = top.array("stages", [](const JsonValue& v) {
     JsonObject f = v.object({"index", "file", "file_hash", "weights", "optimizer"});
     SavedStage stage;
@@ -118,6 +127,54 @@ Manifest read_manifest(const std::string& file) {
   return m;
 }
 
+/// Removes `DIR.tmp-<pid>` folders left by saves that were killed: those whose process is gone
+/// (a live pid may be another run saving to the same place right now, and is left alone).
+void remove_stale_saves(const std::string& dir) {
+  const std::string prefix = fs::path(dir).filename().string() + ".tmp-";
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(parent_of(dir), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const std::string digits = name.substr(prefix.size());
+    pid_t pid = 0;
+    auto [last, err] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+    if (digits.empty() || err != std::errc() || last != digits.data() + digits.size() || pid <= 0)
+      continue;
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code ignored;
+    if (entry.is_directory(ignored) && !entry.is_symlink(ignored))
+      fs::remove_all(entry.path(), ignored);
+  }
+}
+
+/// Refuses a manifest that leaves out a weight the plan trains, or (after the first step) an
+/// optimizer state of one: resuming would silently start that weight from its initial value
+/// or reset its moments.
+void check_complete(const Pipeline& pipeline, const Manifest& manifest, const std::string& file) {
+  optim::OptimizerConfig config;
+  config.kind = std::string(to_string(pipeline.plan().optimizer));
+  const std::vector<std::string> state_names = optim::Optimizer::make(config)->state_names();
+  for (const plan::Stage& stage : pipeline.plan().stages) {
+    const SavedStage& saved = manifest.stages[static_cast<size_t>(stage.index)];
+    for (const auto& [name, t] : pipeline.stage_weights(stage.index)) {
+      if (t.dtype != DType::kFloat32 || saving_stage(stage, name) != stage.index) continue;
+      if (std::none_of(saved.weights.begin(), saved.weights.end(),
+                       [&](const SavedWeight& w) { return w.name == name; }))
+        fail(ErrorKind::kFormat, "{}: field 'stages[{}].weights' lacks weight '{}' of the plan",
+             file, stage.index, name);
+      // No optimizer step yet, or a weight the optimizer does not update: no state.
+      if (manifest.step == 0 || !pipeline.trains(stage.index, name)) continue;
+      for (const std::string& state : state_names)
+        if (std::none_of(saved.optimizer.begin(), saved.optimizer.end(),
+                         [&](const SavedState& o) { return o.weight == name && o.state == state; }))
+          fail(ErrorKind::kFormat,
+               "{}: field 'stages[{}].optimizer' lacks state '{}' of weight '{}' ({} keeps it; the "
+               "checkpoint is at step {})",
+               file, stage.index, state, name, to_string(pipeline.plan().optimizer), manifest.step);
+    }
+  }
+}
+
 }  // namespace
 
 void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in,
@@ -130,6 +187,7 @@ void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in,
   const std::string tmp = fmt::format("{}.tmp-{}", dir, ::getpid()), old = dir + ".old";
   std::error_code ec;
   fs::remove_all(tmp, ec);
+  remove_stale_saves(dir);
   int files_written = 0;
   try {
     fs::create_directories(tmp, ec);
@@ -246,9 +304,11 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
   for (size_t k = 0; k < stages.size(); ++k) {
     const auto& have = pipeline.stage_weights(static_cast<int>(k));
     std::string where = fmt::format("stages[{}]", k);
+    // A `file` entry stays inside the checkpoint: no absolute path, no '..', no symlink, no
+    // FIFO or device (which would block or never end), with the rule of external data.
     auto read = [&](const std::string& saved, const std::string& at) {
-      std::string path = (fs::path(dir) / saved).string();
-      return with_context(file + ": " + at, ErrorKind::kFormat, [&] { return read_npy(path); });
+      return with_context(file + ": field '" + at + ".file' ('" + saved + "')", ErrorKind::kFormat,
+                          [&] { return read_npy(resolve_inside_folder(dir, saved)); });
     };
     for (size_t i = 0; i < stages[k].weights.size(); ++i) {
       const SavedWeight& w = stages[k].weights[i];
@@ -275,6 +335,7 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
       states[k][o.weight].tensors[o.state] = value;
     }
   }
+  check_complete(pipeline, manifest, file);
   // Shared weights: every holder gets the lowest holder's weight and optimizer state (a
   // version-1 checkpoint's other copies are replaced by it).
   for (size_t k = 0; k < stages.size(); ++k) {

@@ -270,6 +270,16 @@ const std::map<std::string, Tensor>& Pipeline::stage_weights(int stage) const {
   return st.on_device ? st.host_weights : st.weights;  // the host's, also mid-run
 }
 
+bool Pipeline::trains(int stage, const std::string& weight) const {
+  stage_weights(stage);  // the range check
+  const StageRuntime& st = *stages_[stage];
+  if (!st.backward || !st.weights.count(weight)) return false;
+  const std::string grad = weight + "@grad";
+  const auto& outputs = st.backward->outputs();
+  return std::any_of(outputs.begin(), outputs.end(),
+                     [&](const ValueInfo& out) { return out.name == grad; });
+}
+
 std::map<std::string, optim::OptimizerState>& Pipeline::optimizer_state(int stage) {
   if (stage < 0 || stage >= static_cast<int>(stages_.size()))
     fail(ErrorKind::kInternal, "stage {} is out of range (the plan has {})", stage, stages_.size());

@@ -102,6 +102,9 @@ class Pipeline {
   /// Stage `stage`'s weights by name: tensors sharing bytes with its forward program (write
   /// into them to change the weights; never replace them).
   const std::map<std::string, Tensor>& stage_weights(int stage) const;
+  /// Whether stage `stage`'s backward yields a gradient of `weight`, i.e. the optimizer
+  /// updates it and keeps state for it (a float constant is in `stage_weights` but is not).
+  bool trains(int stage, const std::string& weight) const;
   /// Stage `stage`'s optimizer state per weight (empty before its first step). Owned by the
   /// pipeline, so it persists across run() calls; only the stage's device worker touches it.
   std::map<std::string, optim::OptimizerState>& optimizer_state(int stage);

@@ -9,9 +9,11 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 
+#include "runtime/format/checked.h"
 #include "runtime/format/dtype.h"
 #include "runtime/format/error.h"
 #include "runtime/format/plan.h"
@@ -91,10 +93,14 @@ class Validator {
     at_least_one("chunks", plan_.chunks);
     at_least_one("microbatches", plan_.microbatches);
     at_least_one("microbatch_size", plan_.microbatch_size);
-    if (plan_.batch != plan_.microbatches * plan_.microbatch_size) {
+    const std::optional<int64_t> batch = try_mul(plan_.microbatches, plan_.microbatch_size);
+    if (!batch) {
+      fault("microbatch_size", fmt::format("is {}; x {} microbatches overflows int64",
+                                           plan_.microbatch_size, plan_.microbatches));
+    }
+    if (plan_.batch != *batch) {
       fault("batch", fmt::format("is {}, but microbatches x microbatch_size is {} x {} = {}",
-                                 plan_.batch, plan_.microbatches, plan_.microbatch_size,
-                                 plan_.microbatches * plan_.microbatch_size));
+                                 plan_.batch, plan_.microbatches, plan_.microbatch_size, *batch));
     }
     if (plan_.chunks != 1 && plan_.schedule != ScheduleKind::kInterleaved) {
       fault("chunks", fmt::format("is {}, but only the interleaved schedule has more than one "

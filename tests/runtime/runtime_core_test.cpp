@@ -125,6 +125,57 @@ TEST_CASE(".npy files round-trip and bad ones are refused with the file named") 
                        doctest::Contains("missing.npy: cannot open"), Error);
 }
 
+/// Writes a version-1 .npy file with `header` (padded as numpy pads it) and `data` bytes.
+void write_raw_npy(const std::string& path, std::string header, const std::string& data) {
+  header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
+  header.push_back('\n');
+  std::ofstream out(path, std::ios::binary);
+  out.write("\x93NUMPY\x01\x00", 8);
+  out.put(static_cast<char>(header.size() & 0xff)).put(static_cast<char>(header.size() >> 8));
+  out << header << data;
+}
+
+TEST_CASE(".npy headers from a hostile file are refused in one line, before any allocation") {
+  testing::TempDir dir;
+  auto refused = [&](const std::string& header, const std::string& needle) {
+    write_raw_npy(dir.file("h.npy"), header, std::string(64, '\0'));
+    CHECK_THROWS_WITH_AS(read_npy(dir.file("h.npy")), doctest::Contains(needle.c_str()), Error);
+  };
+  // Issue 17: a 30 KB descr overflowed std::regex's stack (SIGSEGV).
+  refused("{'descr': '" + std::string(30000, 'x') + "', 'fortran_order': False, 'shape': (2,), }",
+          "a string longer than 64 characters");
+  // Issue 17: float32[536870912] allocated and zeroed 2 GiB before finding the file short.
+  refused("{'descr': '<f4', 'fortran_order': False, 'shape': (536870912,), }",
+          "float32[536870912] needs 2147483648 bytes of data; the file is shorter (holds 64)");
+  // Issue 17: (2^60,) overflowed numel x size in Tensor::allocate.
+  refused("{'descr': '<f4', 'fortran_order': False, 'shape': (1152921504606846976,), }",
+          "needs 4611686018427387904 bytes of data; the file is shorter");
+  refused("{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904,), }",
+          "needs more than 2^63 bytes of data");
+  refused("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }",
+          "overflows int64");
+  refused("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }",
+          "a dim is not a non-negative int64");
+  refused("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }",
+          "a dim is not a non-negative int64");
+  refused("{'descr': '<f4', 'fortran_order': False, }", "no 'shape'");
+  refused("{'descr': '<f4', 'shape': (2,), }", "no 'fortran_order'");
+  refused("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2,), }", "expected True or False");
+  refused("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}", "unknown key 'x'");
+  refused("{'descr': '<f4', 'fortran_order': False, 'shape': (2 3)}", "expected ',' or ')'");
+  refused("{'descr': '<f4", "unterminated string");
+  refused("'descr'", "expected '{'");
+  // What numpy writes, in any key order and either quote, still reads.
+  write_raw_npy(dir.file("ok.npy"), "{\"shape\": (2, 3), 'fortran_order': False, 'descr': '<f4'}",
+                std::string(24, '\0'));
+  CHECK(read_npy(dir.file("ok.npy")).shape == Shape{2, 3});
+}
+
+TEST_CASE("a tensor whose byte size overflows int64 is refused, not allocated") {
+  CHECK_THROWS_WITH_AS(Tensor::owned(DType::kFloat32, {int64_t{1} << 62}),
+                       doctest::Contains("would hold more than 2^63 bytes"), Error);
+}
+
 TEST_CASE("a TensorProto whose data does not match its dims is refused before allocating") {
   onnx::TensorProto proto;
   proto.set_data_type(onnx::TensorProto::FLOAT);
