@@ -42,12 +42,12 @@ Shape with_matrix(Shape batch, int64_t rows, int64_t cols) {
 // where `own` is 1 (through a scratch tensor) when there are any.
 void product_summed(const KernelArgs& a, const ProductDims& dims, const MatrixOperand& l,
                     const MatrixOperand& r, const Shape& own, Tensor& out) {
-  if (own == dims.batch)
-    return batched_product(a, dims, l, r, out.as<float>(), 1.0f, 0.0f);
+  if (own == dims.batch) return batched_product(a, dims, l, r, out.as<float>(), 1.0f, 0.0f);
   const Shape full = with_matrix(dims.batch, dims.rows, dims.cols);
   Tensor scratch = context(a).new_tensor(DType::kFloat32, full, false);
   batched_product(a, dims, l, r, scratch.as<float>(), 1.0f, 0.0f);
-  sum_to_shape(a, scratch.as<float>(), full, out.as<float>(), with_matrix(own, dims.rows, dims.cols));
+  sum_to_shape(a, scratch.as<float>(), full, out.as<float>(),
+               with_matrix(own, dims.rows, dims.cols));
 }
 
 // Writes every element of the outputs it is given: each is one product (cuBLAS with beta 0
@@ -74,18 +74,18 @@ void matmul_grad(const KernelArgs& a) {
   const float* dys = dy.as<float>();
 
   if (want_a)  // dA [bf, m, k] = dY [bf, m, n] x B^T [bb, n, k] (B is stored [bb, k, n])
-    product_summed(a, {s.batch, m, n, k}, {dys, s.batch, false}, {ys, s.batch_b, true},
-                   s.batch_a, *io.dx(0));
+    product_summed(a, {s.batch, m, n, k}, {dys, s.batch, false}, {ys, s.batch_b, true}, s.batch_a,
+                   *io.dx(0));
   if (want_b) {
-    const bool b_unbatched = std::all_of(s.batch_b.begin(), s.batch_b.end(),
-                                         [](int64_t d) { return d == 1; });
+    const bool b_unbatched =
+        std::all_of(s.batch_b.begin(), s.batch_b.end(), [](int64_t d) { return d == 1; });
     if (b_unbatched && s.batch_a == s.batch)
       // dB [k, n] = A^T [k, P*m] x dY [P*m, n] over all rows at once (A stored [P*m, k]).
       batched_product(a, {{}, k, full * m, n}, {xs, {}, true}, {dys, {}, false},
                       io.dx(1)->as<float>(), 1.0f, 0.0f);
     else  // dB [bf, k, n] = A^T [ba, k, m] x dY [bf, m, n] (A stored [ba, m, k])
-      product_summed(a, {s.batch, k, m, n}, {xs, s.batch_a, true}, {dys, s.batch, false},
-                     s.batch_b, *io.dx(1));
+      product_summed(a, {s.batch, k, m, n}, {xs, s.batch_a, true}, {dys, s.batch, false}, s.batch_b,
+                     *io.dx(1));
   }
 }
 

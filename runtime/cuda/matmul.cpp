@@ -45,9 +45,8 @@ void gemm(const KernelArgs& a) {
     const Tensor& c = a.input(2);
     const std::pair<int64_t, int64_t> c_dims = cpu::gemm_c_dims("Gemm", c, g.m, g.n);
     if (out.numel() > 0) {
-      const IndexMap map = index_map(a, {g.m, g.n},
-                                     {c_dims.first == 1 ? 0 : c_dims.second,
-                                      c_dims.second == 1 ? 0 : 1});
+      const IndexMap map = index_map(
+          a, {g.m, g.n}, {c_dims.first == 1 ? 0 : c_dims.second, c_dims.second == 1 ? 0 : 1});
       launch_strided_gather(out.data, c.data, sizeof(float), out.numel(), map, ctx.stream());
       check_launch(a);
     }
