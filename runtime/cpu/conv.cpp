@@ -24,20 +24,6 @@ namespace {
 
 using dnnl::memory;
 
-// Conv's geometry (window.h) with the output shape and the bias checked.
-ConvGeometry forward_geometry(const KernelArgs& a) {
-  ConvGeometry g = conv_geometry(a, a.input(0), a.input(1));
-  expect_shape(a, 0, Shape(g.dst.begin(), g.dst.end()));
-  if (a.has_input(2)) {
-    const int64_t m = a.input(1).shape[0];
-    const Tensor& b = a.input(2);
-    if (b.shape != Shape{m})
-      fail(ErrorKind::kModel, "Conv bias {} should be [{}]", shape_string(b.shape), m);
-    g.bias = m;
-  }
-  return g;
-}
-
 // What one geometry runs: the convolution and, for each operand whose chosen layout is not
 // plain, the reorder to or from it.
 struct ConvPlan {
@@ -155,7 +141,7 @@ memory operand(const std::optional<dnnl::reorder>& reorder, memory user, const m
 }
 
 void conv(const KernelArgs& a) {
-  const ConvGeometry g = forward_geometry(a);
+  const ConvGeometry g = conv_forward_geometry(a);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
   CpuContext& ctx = context(a);

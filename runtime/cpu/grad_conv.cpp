@@ -52,16 +52,6 @@ std::string float32_except(const OpSignature& s, std::initializer_list<size_t> i
 // ---------------------------------------------------------------------------------------------
 // ConvGrad
 
-// Conv's geometry (window.h); dY must have the forward output's shape.
-ConvGeometry grad_geometry(const KernelArgs& a, const Tensor& x, const Tensor& w,
-                           const Tensor& dy) {
-  ConvGeometry g = conv_geometry(a, x, w);
-  if (dy.shape != Shape(g.dst.begin(), g.dst.end()))
-    fail(ErrorKind::kShape, "ConvGrad: dY {} should be {}", dy.describe(),
-         shape_string(Shape(g.dst.begin(), g.dst.end())));
-  return g;
-}
-
 // Writes every element of every requested output: oneDNN's backward primitives overwrite dX
 // (zeros where no window reads an input) and dW, and dB is one sum per channel.
 void conv_grad(const KernelArgs& a) {
@@ -70,16 +60,8 @@ void conv_grad(const KernelArgs& a) {
   const Tensor& w = io.need_x(1);
   if (io.dy(0) == nullptr) return zero_outputs(a);
   const Tensor& dy = *io.dy(0);
-  const ConvGeometry g = grad_geometry(a, x, w, dy);
-  if (io.wants(0)) expect_shape(a, 0, x.shape);
-  if (io.wants(1)) expect_shape(a, 1, w.shape);
-  if (io.wants(2)) {
-    const Tensor* bias = io.x(2);
-    if (bias == nullptr) fail(ErrorKind::kModel, "ConvGrad: a bias gradient without a bias input");
-    expect_shape(a, 2, bias->shape);
-    if (bias->shape != Shape{w.shape[0]})
-      fail(ErrorKind::kModel, "ConvGrad bias {} should be [{}]", bias->describe(), w.shape[0]);
-  }
+  const ConvGeometry g = conv_grad_geometry(a, x, w, dy);
+  check_conv_grad_outputs(a, x, w, io.x(2), io.wants(0), io.wants(1), io.wants(2));
   if (dy.numel() == 0 || x.numel() == 0) return zero_outputs(a);
   CpuContext& ctx = context(a);
   const memory::desc src_d = plain_desc(g.src), w_d = plain_desc(g.weights),
@@ -165,15 +147,6 @@ PoolArgs pool_args(const KernelArgs& a, const GradArity& arity) {
   return p;
 }
 
-// The pooling geometry of x, with dY checked to have its output shape.
-PoolGeometry pool_dy_geometry(const KernelArgs& a, const PoolArgs& p) {
-  PoolGeometry g = pool_geometry(a, *p.x);
-  if (p.dy->shape != g.out_shape)
-    fail(ErrorKind::kShape, "{}: dY {} should be {}", a.op_type, p.dy->describe(),
-         shape_string(g.out_shape));
-  return g;
-}
-
 // MaxPool and AveragePool add into dX, so each zeroes one plane of dX just before it adds into
 // it (while the plane is in cache) instead of the runtime zeroing all of dX first: the kernels
 // write every element.
@@ -181,7 +154,7 @@ void max_pool_grad(const KernelArgs& a) {
   const PoolArgs p = pool_args(a, kMaxPoolArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return zero(*p.dx);
-  const PoolGeometry g = pool_dy_geometry(a, p);
+  const PoolGeometry g = pool_grad_geometry(a, *p.x, *p.dy);
   const auto w = windows(g);
   const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
   const int64_t H = g.in[1], W = g.in[2];
@@ -222,7 +195,7 @@ void average_pool_grad(const KernelArgs& a) {
   const PoolArgs p = pool_args(a, kPoolArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return zero(*p.dx);
-  const PoolGeometry g = pool_dy_geometry(a, p);
+  const PoolGeometry g = pool_grad_geometry(a, *p.x, *p.dy);
   const bool include_pad = a.attrs.i("count_include_pad", 0) != 0;
   const auto w = windows(g);
   const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
@@ -258,14 +231,8 @@ void global_average_pool_grad(const KernelArgs& a) {
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return zero(*p.dx);
   const Tensor& x = *p.x;
-  if (x.rank() < 2)
-    fail(ErrorKind::kModel, "GlobalAveragePoolGrad needs an input of rank 2 or more, not {}",
-         x.rank());
-  const int64_t planes = x.shape[0] * x.shape[1];
+  const int64_t planes = global_pool_grad_planes(x, *p.dy);
   if (planes == 0) return;
-  if (p.dy->numel() != planes)
-    fail(ErrorKind::kShape, "GlobalAveragePoolGrad: dY {} should have {} values", p.dy->describe(),
-         planes);
   const int64_t size = x.numel() / planes;
   const float* dy = p.dy->as<float>();
   float* dx = p.dx->as<float>();

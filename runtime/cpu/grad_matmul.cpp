@@ -15,6 +15,7 @@
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/grad_io.h"
+#include "runtime/cpu/matmul_shape.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
@@ -124,43 +125,15 @@ void matmul_grad(const KernelArgs& a) {
   if (!want_a && !want_b) return;
   const Tensor& x = io.need_x(0);
   const Tensor& y = io.need_x(1);
-  if (x.rank() == 0 || y.rank() == 0)
-    fail(ErrorKind::kShape, "MatMulGrad of {} and {}: operands must have rank 1 or more",
-         x.describe(), y.describe());
+  const MatMulShape s = matmul_shape("MatMulGrad", x, y);
   if (io.dy(0) == nullptr) return zero_outputs(a);  // no output gradient: zeros
   const Tensor& dy = *io.dy(0);
-  Shape sa = x.rank() == 1 ? Shape{1, x.shape[0]} : x.shape;
-  Shape sb = y.rank() == 1 ? Shape{y.shape[0], 1} : y.shape;
-  const size_t rank = std::max(sa.size(), sb.size());
-  sa.insert(sa.begin(), rank - sa.size(), 1);
-  sb.insert(sb.begin(), rank - sb.size(), 1);
-  const int64_t m = sa[rank - 2], k = sa[rank - 1], n = sb[rank - 1];
-  if (sb[rank - 2] != k)
-    fail(ErrorKind::kShape, "MatMulGrad of {} and {}: inner dims {} and {} differ", x.describe(),
-         y.describe(), k, sb[rank - 2]);
-  // Batch dims, merged where both operands broadcast alike (as the forward kernel does).
-  memory::dims ba, bb, bf;
-  for (size_t i = 0; i + 2 < rank; ++i) {
-    if (sa[i] != sb[i] && sa[i] != 1 && sb[i] != 1)
-      fail(ErrorKind::kShape, "MatMulGrad of {} and {}: batch dims do not broadcast", x.describe(),
-           y.describe());
-    const int64_t d = std::max(sa[i], sb[i]);
-    if (d == 1) continue;
-    if (!bf.empty() && (ba.back() == 1) == (sa[i] == 1) && (bb.back() == 1) == (sb[i] == 1)) {
-      ba.back() *= sa[i];
-      bb.back() *= sb[i];
-      bf.back() *= d;
-    } else {
-      ba.push_back(sa[i]);
-      bb.push_back(sb[i]);
-      bf.push_back(d);
-    }
-  }
+  const int64_t m = s.m, k = s.k, n = s.n;
+  const memory::dims &ba = s.batch_a, &bb = s.batch_b, &bf = s.batch;
   if (bf.size() + 2 > DNNL_MAX_NDIMS)
     fail(ErrorKind::kUnsupported, "MatMulGrad of {} and {}: too many batch dims for oneDNN",
          x.describe(), y.describe());
-  int64_t full = 1;
-  for (int64_t d : bf) full *= d;
+  const int64_t full = s.batch_count();
   if (dy.numel() != full * m * n)
     fail(ErrorKind::kShape, "MatMulGrad: dY {} does not match the product of {} and {}",
          dy.describe(), x.describe(), y.describe());
@@ -207,17 +180,10 @@ void gemm_grad(const KernelArgs& a) {
   const GradIo io(a, kGemmArity);
   const Tensor& x = io.need_x(0);
   const Tensor& y = io.need_x(1);
-  if (x.rank() != 2 || y.rank() != 2)
-    fail(ErrorKind::kShape, "GemmGrad of {} and {}: A and B must be matrices", x.describe(),
-         y.describe());
-  const bool trans_a = a.attrs.i("transA", 0) != 0, trans_b = a.attrs.i("transB", 0) != 0;
+  const GemmShape gs = gemm_shape("GemmGrad", x, y, a.attrs);
+  const bool trans_a = gs.trans_a, trans_b = gs.trans_b;
+  const int64_t m = gs.m, k = gs.k, n = gs.n;
   const float alpha = a.attrs.f("alpha", 1.0f), beta = a.attrs.f("beta", 1.0f);
-  const int64_t m = trans_a ? x.shape[1] : x.shape[0], k = trans_a ? x.shape[0] : x.shape[1];
-  const int64_t n = trans_b ? y.shape[0] : y.shape[1], kb = trans_b ? y.shape[1] : y.shape[0];
-  if (k != kb)
-    fail(ErrorKind::kShape,
-         "GemmGrad of {} and {} (transA={}, transB={}): inner dims {} and {} differ", x.describe(),
-         y.describe(), int(trans_a), int(trans_b), k, kb);
   if (io.dy(0) == nullptr) return zero_outputs(a);
   const Tensor& dy = *io.dy(0);
   if (dy.shape != Shape{m, n})
@@ -249,10 +215,7 @@ void gemm_grad(const KernelArgs& a) {
   if (io.wants(2)) {
     const Tensor& c = io.need_x(2);
     expect_shape(a, 2, c.shape);
-    const Shape& sc = c.shape;
-    const int64_t cm = sc.size() == 2 ? sc[0] : 1, cn = sc.empty() ? 1 : sc.back();
-    if (sc.size() > 2 || (cm != 1 && cm != m) || (cn != 1 && cn != n))
-      fail(ErrorKind::kShape, "GemmGrad: C {} does not broadcast to [{}, {}]", c.describe(), m, n);
+    const auto [cm, cn] = gemm_c_dims("GemmGrad", c, m, n);
     float* dc = io.dx(2)->as<float>();
     const float* g = dy.as<float>();
     if (beta == 0.0f) return zero(*io.dx(2));

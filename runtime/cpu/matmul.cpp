@@ -1,10 +1,11 @@
 // Kernels of the matmul family (see families.h): MatMul with numpy semantics and Gemm, both on
 // float32 through oneDNN's matmul primitive.
-#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/matmul_shape.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
@@ -41,48 +42,13 @@ void run_matmul(const CpuContext& ctx, const memory& src, const memory& weights,
 void matmul(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   const Tensor& y = a.input(1);
-  if (x.rank() == 0 || y.rank() == 0)
-    fail(ErrorKind::kShape, "MatMul of {} and {}: operands must have rank 1 or more", x.describe(),
-         y.describe());
-  Shape sa = x.rank() == 1 ? Shape{1, x.shape[0]} : x.shape;
-  Shape sb = y.rank() == 1 ? Shape{y.shape[0], 1} : y.shape;
-  size_t rank = std::max(sa.size(), sb.size());
-  sa.insert(sa.begin(), rank - sa.size(), 1);
-  sb.insert(sb.begin(), rank - sb.size(), 1);
-  const int64_t m = sa[rank - 2], k = sa[rank - 1], n = sb[rank - 1];
-  if (sb[rank - 2] != k)
-    fail(ErrorKind::kShape, "MatMul of {} and {}: inner dims {} and {} differ", x.describe(),
-         y.describe(), k, sb[rank - 2]);
-
-  // Broadcast batch dims; the recorded output shape drops the dims of promoted 1-D operands.
-  Shape batch_a, batch_b, batch;
-  Shape expected;
-  for (size_t i = 0; i + 2 < rank; ++i) {
-    if (sa[i] != sb[i] && sa[i] != 1 && sb[i] != 1)
-      fail(ErrorKind::kShape, "MatMul of {} and {}: batch dims {} and {} do not broadcast",
-           x.describe(), y.describe(), sa[i], sb[i]);
-    int64_t d = sa[i] == 1 ? sb[i] : sa[i];
-    expected.push_back(d);
-    if (d == 1) continue;
-    bool same_pattern = !batch.empty() && (batch_a.back() == 1) == (sa[i] == 1) &&
-                        (batch_b.back() == 1) == (sb[i] == 1);
-    if (same_pattern) {
-      batch_a.back() *= sa[i];
-      batch_b.back() *= sb[i];
-      batch.back() *= d;
-    } else {
-      batch_a.push_back(sa[i]);
-      batch_b.push_back(sb[i]);
-      batch.push_back(d);
-    }
-  }
-  if (batch.size() + 2 > DNNL_MAX_NDIMS)
+  const MatMulShape s = matmul_shape("MatMul", x, y);
+  if (s.batch.size() + 2 > DNNL_MAX_NDIMS)
     fail(ErrorKind::kUnsupported,
          "MatMul of {} and {}: {} batch dims that broadcast differently exceed oneDNN's {} dims",
-         x.describe(), y.describe(), batch.size(), DNNL_MAX_NDIMS);
-  if (x.rank() > 1) expected.push_back(m);
-  if (y.rank() > 1) expected.push_back(n);
-  expect_shape(a, 0, expected);
+         x.describe(), y.describe(), s.batch.size(), DNNL_MAX_NDIMS);
+  expect_shape(a, 0, s.out);
+  const int64_t m = s.m, k = s.k, n = s.n;
 
   Tensor& out = *a.out[0];
   if (out.numel() == 0) return;
@@ -96,9 +62,9 @@ void matmul(const KernelArgs& a) {
     return dims;
   };
   const CpuContext& ctx = context(a);
-  run_matmul(ctx, f32_memory(with_matrix(batch_a, m, k), x.data, ctx),
-             f32_memory(with_matrix(batch_b, k, n), y.data, ctx),
-             f32_memory(with_matrix(batch, m, n), out.data, ctx), 1.0f, 0.0f);
+  run_matmul(ctx, f32_memory(with_matrix(s.batch_a, m, k), x.data, ctx),
+             f32_memory(with_matrix(s.batch_b, k, n), y.data, ctx),
+             f32_memory(with_matrix(s.batch, m, n), out.data, ctx), 1.0f, 0.0f);
 }
 
 // Gemm: Y = alpha * A' x B' + beta * C, with A' = transA ? A^T : A (likewise B) and C
@@ -107,17 +73,11 @@ void matmul(const KernelArgs& a) {
 void gemm(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   const Tensor& y = a.input(1);
-  if (x.rank() != 2 || y.rank() != 2)
-    fail(ErrorKind::kShape, "Gemm of {} and {}: A and B must be matrices", x.describe(),
-         y.describe());
-  const bool trans_a = a.attrs.i("transA", 0) != 0, trans_b = a.attrs.i("transB", 0) != 0;
+  const GemmShape gs = gemm_shape("Gemm", x, y, a.attrs);
+  const bool trans_a = gs.trans_a, trans_b = gs.trans_b;
+  const int64_t m = gs.m, k = gs.k, n = gs.n;
   const float alpha = a.attrs.f("alpha", 1.0f);
   float beta = a.attrs.f("beta", 1.0f);
-  const int64_t m = trans_a ? x.shape[1] : x.shape[0], k = trans_a ? x.shape[0] : x.shape[1];
-  const int64_t n = trans_b ? y.shape[0] : y.shape[1], kb = trans_b ? y.shape[1] : y.shape[0];
-  if (k != kb)
-    fail(ErrorKind::kShape, "Gemm of {} and {} (transA={}, transB={}): inner dims {} and {} differ",
-         x.describe(), y.describe(), int(trans_a), int(trans_b), k, kb);
   expect_shape(a, 0, {m, n});
   Tensor& out = *a.out[0];
   float* dst = out.as<float>();
@@ -125,10 +85,8 @@ void gemm(const KernelArgs& a) {
   // Y starts as C broadcast to [M, N] (C may be [], [N], [1], [M, N], [1, N], [M, 1], [1, 1]).
   if (a.has_input(2) && beta != 0.0f) {
     const Tensor& c = a.input(2);
-    const Shape& sc = c.shape;
-    int64_t cm = sc.size() == 2 ? sc[0] : 1, cn = sc.empty() ? 1 : sc.back();
-    if (sc.size() > 2 || (cm != 1 && cm != m) || (cn != 1 && cn != n))
-      fail(ErrorKind::kShape, "Gemm: C {} does not broadcast to [{}, {}]", c.describe(), m, n);
+    const std::pair<int64_t, int64_t> c_dims = gemm_c_dims("Gemm", c, m, n);
+    const int64_t cm = c_dims.first, cn = c_dims.second;
     const float* src = c.as<float>();
 #pragma omp parallel for if (m * n > (1 << 16))
     for (int64_t i = 0; i < m; ++i)

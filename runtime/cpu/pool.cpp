@@ -25,14 +25,6 @@ using dnnl::memory;
 
 enum class PoolKind { kMax, kAverageExcludePad, kAverageIncludePad };
 
-// The node's geometry (window.h) with its outputs' shapes checked.
-PoolGeometry forward_geometry(const KernelArgs& a) {
-  const PoolGeometry g = pool_geometry(a, a.input(0));
-  expect_shape(a, 0, g.out_shape);
-  if (a.out.size() > 1 && a.out[1] != nullptr) expect_shape(a, 1, g.out_shape);
-  return g;
-}
-
 // Runs the pooling on oneDNN; false when oneDNN has no implementation for it.
 bool pool_onednn(const KernelArgs& a, const PoolGeometry& g, PoolKind kind) {
   memory::dims strides, kernel, dilation, pad_l, pad_r;
@@ -134,7 +126,7 @@ void average_pool_loops(const PoolGeometry& g, const float* x, float* y, bool in
 }
 
 void max_pool(const KernelArgs& a) {
-  const PoolGeometry g = forward_geometry(a);
+  const PoolGeometry g = pool_forward_geometry(a);
   if (a.out[0]->numel() == 0) return;
   const bool want_indices = a.out.size() > 1 && a.out[1] != nullptr;
   if (!want_indices && pool_onednn(a, g, PoolKind::kMax)) return;
@@ -150,7 +142,7 @@ void max_pool(const KernelArgs& a) {
 }
 
 void average_pool(const KernelArgs& a) {
-  const PoolGeometry g = forward_geometry(a);
+  const PoolGeometry g = pool_forward_geometry(a);
   if (a.out[0]->numel() == 0) return;
   const bool include_pad = a.attrs.i("count_include_pad", 0) != 0;
   // oneDNN's include-padding divisor would count the ceil_mode extension as padding.
@@ -162,12 +154,7 @@ void average_pool(const KernelArgs& a) {
 
 void global_average_pool(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  if (x.rank() < 2) fail(ErrorKind::kModel, "GlobalAveragePool needs an input of rank 2 or more, not {}", x.rank());
-  Shape out_shape(x.shape.size(), 1);
-  out_shape[0] = x.shape[0];
-  out_shape[1] = x.shape[1];
-  expect_shape(a, 0, out_shape);
-  const int64_t planes = x.shape[0] * x.shape[1];
+  const int64_t planes = global_pool_planes(a, x);
   if (planes == 0) return;
   const int64_t size = x.numel() / planes;
   const float* xp = x.as<float>();

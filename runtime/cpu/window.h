@@ -113,6 +113,45 @@ inline ConvGeometry conv_geometry(const KernelArgs& a, const Tensor& x, const Te
   return g;
 }
 
+/// Conv's geometry with its output Y checked against `dst` and its optional bias B (input 2)
+/// against [M]: where every backend's Conv kernel starts.
+inline ConvGeometry conv_forward_geometry(const KernelArgs& a) {
+  ConvGeometry g = conv_geometry(a, a.input(0), a.input(1));
+  expect_shape(a, 0, Shape(g.dst.begin(), g.dst.end()));
+  if (a.has_input(2)) {
+    const int64_t m = a.input(1).shape[0];
+    const Tensor& b = a.input(2);
+    if (b.shape != Shape{m})
+      fail(ErrorKind::kModel, "Conv bias {} should be [{}]", shape_string(b.shape), m);
+    g.bias = m;
+  }
+  return g;
+}
+
+/// ConvGrad's geometry: Conv's for X and W, with dY checked to have the forward output's shape.
+inline ConvGeometry conv_grad_geometry(const KernelArgs& a, const Tensor& x, const Tensor& w,
+                                       const Tensor& dy) {
+  ConvGeometry g = conv_geometry(a, x, w);
+  if (dy.shape != Shape(g.dst.begin(), g.dst.end()))
+    fail(ErrorKind::kShape, "ConvGrad: dY {} should be {}", dy.describe(),
+         shape_string(Shape(g.dst.begin(), g.dst.end())));
+  return g;
+}
+
+/// Checks the ConvGrad outputs a node names (outputs 0, 1, 2: dX, dW, dB) against X, W and the
+/// bias B, which must be given, and be [M], where dB is wanted.
+inline void check_conv_grad_outputs(const KernelArgs& a, const Tensor& x, const Tensor& w,
+                                    const Tensor* bias, bool want_dx, bool want_dw, bool want_db) {
+  if (want_dx) expect_shape(a, 0, x.shape);
+  if (want_dw) expect_shape(a, 1, w.shape);
+  if (want_db) {
+    if (bias == nullptr) fail(ErrorKind::kModel, "ConvGrad: a bias gradient without a bias input");
+    expect_shape(a, 2, bias->shape);
+    if (bias->shape != Shape{w.shape[0]})
+      fail(ErrorKind::kModel, "ConvGrad bias {} should be [{}]", bias->describe(), w.shape[0]);
+  }
+}
+
 /// One pooling node resolved. Spatial sizes are front-filled to three dims (depth, height,
 /// width) with size-one dims, so one loop nest serves 1-D to 3-D pooling.
 struct PoolGeometry {
@@ -195,6 +234,48 @@ inline PoolGeometry pool_geometry(const KernelArgs& a, const Tensor& x) {
              a.op_type, o, i);
   }
   return g;
+}
+
+/// A pooling node's geometry with its outputs (Y and MaxPool's optional Indices) checked
+/// against `out_shape`: where every backend's MaxPool and AveragePool kernels start.
+inline PoolGeometry pool_forward_geometry(const KernelArgs& a) {
+  const PoolGeometry g = pool_geometry(a, a.input(0));
+  expect_shape(a, 0, g.out_shape);
+  if (a.out.size() > 1 && a.out[1] != nullptr) expect_shape(a, 1, g.out_shape);
+  return g;
+}
+
+/// A pooling gradient's geometry (of its forward input `x`), with `dy` checked to have the
+/// forward output's shape.
+inline PoolGeometry pool_grad_geometry(const KernelArgs& a, const Tensor& x, const Tensor& dy) {
+  PoolGeometry g = pool_geometry(a, x);
+  if (dy.shape != g.out_shape)
+    fail(ErrorKind::kShape, "{}: dY {} should be {}", a.op_type, dy.describe(),
+         shape_string(g.out_shape));
+  return g;
+}
+
+/// GlobalAveragePool's planes (N * C) of X, with its output checked to be [N, C, 1, ...].
+inline int64_t global_pool_planes(const KernelArgs& a, const Tensor& x) {
+  if (x.rank() < 2)
+    fail(ErrorKind::kModel, "GlobalAveragePool needs an input of rank 2 or more, not {}", x.rank());
+  Shape out_shape(x.shape.size(), 1);
+  out_shape[0] = x.shape[0];
+  out_shape[1] = x.shape[1];
+  expect_shape(a, 0, out_shape);
+  return x.shape[0] * x.shape[1];
+}
+
+/// GlobalAveragePoolGrad's planes (N * C) of X, with dY checked to hold one value per plane.
+inline int64_t global_pool_grad_planes(const Tensor& x, const Tensor& dy) {
+  if (x.rank() < 2)
+    fail(ErrorKind::kModel, "GlobalAveragePoolGrad needs an input of rank 2 or more, not {}",
+         x.rank());
+  const int64_t planes = x.shape[0] * x.shape[1];
+  if (planes > 0 && dy.numel() != planes)
+    fail(ErrorKind::kShape, "GlobalAveragePoolGrad: dY {} should have {} values", dy.describe(),
+         planes);
+  return planes;
 }
 
 /// Every output position's window, per (front-filled) dim.

@@ -1,9 +1,154 @@
-// The CUDA backend's grad matmul family (families.h): not written yet, so the table is empty and
-// every op of the family is refused by the backend's check ("op 'X' has no cuda kernel").
+// The CUDA backend's gradients of MatMul and Gemm (families.h), float32 on cuBLAS
+// (matmul_product.h), with the contract of runtime/format/grad_ops.h and the formulas of the
+// CPU backend's runtime/cpu/grad_matmul.cpp; operand shapes are read by the CPU's rules
+// (runtime/cpu/matmul_shape.h). Only the named outputs are computed (a weight-gradient node of
+// a zero-bubble schedule names dB alone).
+//
+// MatMul: dA = dY x B^T and dB = A^T x dY per batch, summed over the batch dims along which the
+// operand was broadcast. Where B has no batch dims (a layer's weights) and A has all of them,
+// dB is one product over all of A's rows; otherwise the full-batch product goes to a scratch
+// tensor that a fixed-order reduction (in double, no atomics) sums down to the operand's shape.
+// Gemm: with A' = op(A), B' = op(B): dA' = alpha dY B'^T, dB' = alpha A'^T dY, dC = beta dY
+// summed to C's shape; transposes are read as stored (cuBLAS's OP_T).
+#include <algorithm>
+#include <cstdint>
+
+#include "runtime/cpu/grad_io.h"
+#include "runtime/cpu/matmul_shape.h"
+#include "runtime/cuda/cuda_context.h"
+#include "runtime/cuda/elementwise_common.h"
 #include "runtime/cuda/families.h"
+#include "runtime/cuda/matmul_product.h"
+#include "runtime/format/error.h"
 
 namespace stagecraft::rt::cuda {
+namespace {
 
-std::span<const KernelEntry> grad_matmul_kernels() { return {}; }
+using cpu::GradArity;
+using cpu::GradIo;
+
+// The gradient ops' operand counts: n forward inputs, one forward output.
+constexpr GradArity kMatMulArity{.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1};
+constexpr GradArity kGemmArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
+
+// [batch..., rows, cols].
+Shape with_matrix(Shape batch, int64_t rows, int64_t cols) {
+  batch.push_back(rows);
+  batch.push_back(cols);
+  return batch;
+}
+
+// out [own..., rows, cols] = L x R over the full batch `dims.batch`, summed over the batch dims
+// where `own` is 1 (through a scratch tensor) when there are any.
+void product_summed(const KernelArgs& a, const ProductDims& dims, const MatrixOperand& l,
+                    const MatrixOperand& r, const Shape& own, Tensor& out) {
+  if (own == dims.batch) return batched_product(a, dims, l, r, out.as<float>(), 1.0f, 0.0f);
+  const Shape full = with_matrix(dims.batch, dims.rows, dims.cols);
+  Tensor scratch = context(a).new_tensor(DType::kFloat32, full, false);
+  batched_product(a, dims, l, r, scratch.as<float>(), 1.0f, 0.0f);
+  sum_to_shape(a, scratch.as<float>(), full, out.as<float>(),
+               with_matrix(own, dims.rows, dims.cols));
+}
+
+// Writes every element of the outputs it is given: each is one product (cuBLAS with beta 0
+// overwrites its destination) or a reduction that overwrites it, or zeros where an operand is
+// empty or dY is omitted.
+void matmul_grad(const KernelArgs& a) {
+  const GradIo io(a, kMatMulArity);
+  const bool want_a = io.wants(0), want_b = io.wants(1);
+  if (!want_a && !want_b) return;
+  const Tensor& x = io.need_x(0);
+  const Tensor& y = io.need_x(1);
+  const cpu::MatMulShape s = cpu::matmul_shape("MatMulGrad", x, y);
+  if (io.dy(0) == nullptr) return zero_outputs(a);  // no output gradient: zeros
+  const Tensor& dy = *io.dy(0);
+  const int64_t m = s.m, k = s.k, n = s.n, full = s.batch_count();
+  if (dy.numel() != full * m * n)
+    fail(ErrorKind::kShape, "MatMulGrad: dY {} does not match the product of {} and {}",
+         dy.describe(), x.describe(), y.describe());
+  if (want_a) expect_shape(a, 0, x.shape);
+  if (want_b) expect_shape(a, 1, y.shape);
+  if (full * m * n == 0 || k == 0) return zero_outputs(a);  // gradients are all zero
+  const float* xs = x.as<float>();
+  const float* ys = y.as<float>();
+  const float* dys = dy.as<float>();
+
+  if (want_a)  // dA [bf, m, k] = dY [bf, m, n] x B^T [bb, n, k] (B is stored [bb, k, n])
+    product_summed(a, {s.batch, m, n, k}, {dys, s.batch, false}, {ys, s.batch_b, true}, s.batch_a,
+                   *io.dx(0));
+  if (want_b) {
+    const bool b_unbatched =
+        std::all_of(s.batch_b.begin(), s.batch_b.end(), [](int64_t d) { return d == 1; });
+    if (b_unbatched && s.batch_a == s.batch)
+      // dB [k, n] = A^T [k, P*m] x dY [P*m, n] over all rows at once (A stored [P*m, k]).
+      batched_product(a, {{}, k, full * m, n}, {xs, {}, true}, {dys, {}, false},
+                      io.dx(1)->as<float>(), 1.0f, 0.0f);
+    else  // dB [bf, k, n] = A^T [ba, k, m] x dY [bf, m, n] (A stored [ba, m, k])
+      product_summed(a, {s.batch, k, m, n}, {xs, s.batch_a, true}, {dys, s.batch, false}, s.batch_b,
+                     *io.dx(1));
+  }
+}
+
+// dC [C's shape] = beta * dY [m, n] summed over the dims along which C was broadcast.
+void gemm_c_grad(const KernelArgs& a, const GradIo& io, const Tensor& dy, int64_t m, int64_t n) {
+  const Tensor& c = io.need_x(2);
+  expect_shape(a, 2, c.shape);
+  cpu::gemm_c_dims("GemmGrad", c, m, n);
+  Tensor& dc = *io.dx(2);
+  const float beta = a.attrs.f("beta", 1.0f);
+  if (beta == 0.0f) return context(a).fill_zero(dc);
+  sum_to_shape(a, dy.as<float>(), {m, n}, dc.as<float>(), c.shape);
+  scale(a, dc.as<float>(), dc.numel(), beta);
+}
+
+// Writes every element of the outputs it is given, as MatMulGrad.
+void gemm_grad(const KernelArgs& a) {
+  const GradIo io(a, kGemmArity);
+  const Tensor& x = io.need_x(0);
+  const Tensor& y = io.need_x(1);
+  const cpu::GemmShape g = cpu::gemm_shape("GemmGrad", x, y, a.attrs);
+  const int64_t m = g.m, k = g.k, n = g.n;
+  const float alpha = a.attrs.f("alpha", 1.0f);
+  if (io.dy(0) == nullptr) return zero_outputs(a);
+  const Tensor& dy = *io.dy(0);
+  if (dy.shape != Shape{m, n})
+    fail(ErrorKind::kShape, "GemmGrad: dY {} should be [{}, {}]", dy.describe(), m, n);
+  CudaContext& ctx = context(a);
+  const bool work = m * n > 0 && k > 0;  // else dA and dB are zeros
+  const float* xs = x.as<float>();
+  const float* ys = y.as<float>();
+  const float* dys = dy.as<float>();
+  if (io.wants(0)) {
+    expect_shape(a, 0, x.shape);
+    float* da = io.dx(0)->as<float>();
+    if (!work)
+      ctx.fill_zero(*io.dx(0));
+    else if (!g.trans_a)  // dA [m, k] = alpha dY [m, n] x B'^T [n, k]; B'^T is B^T unless transB
+      batched_product(a, {{}, m, n, k}, {dys, {}, false}, {ys, {}, !g.trans_b}, da, alpha, 0.0f);
+    else  // dA [k, m] = alpha B' [k, n] x dY^T [n, m]
+      batched_product(a, {{}, k, n, m}, {ys, {}, g.trans_b}, {dys, {}, true}, da, alpha, 0.0f);
+  }
+  if (io.wants(1)) {
+    expect_shape(a, 1, y.shape);
+    float* db = io.dx(1)->as<float>();
+    if (!work)
+      ctx.fill_zero(*io.dx(1));
+    else if (!g.trans_b)  // dB [k, n] = alpha A'^T [k, m] x dY [m, n]; A'^T is A^T unless transA
+      batched_product(a, {{}, k, m, n}, {xs, {}, !g.trans_a}, {dys, {}, false}, db, alpha, 0.0f);
+    else  // dB [n, k] = alpha dY^T [n, m] x A' [m, k]
+      batched_product(a, {{}, n, m, k}, {dys, {}, true}, {xs, {}, g.trans_a}, db, alpha, 0.0f);
+  }
+  if (io.wants(2)) gemm_c_grad(a, io, dy, m, n);
+}
+
+// The checks are the CPU's: the gradient-op arity and every operand float32.
+const KernelEntry kKernels[] = {
+    {"MatMulGrad", matmul_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"GemmGrad", gemm_grad, same_as_cpu, /*writes_every_output=*/true},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> grad_matmul_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cuda

@@ -1,9 +1,75 @@
-// The CUDA backend's matmul family (families.h): not written yet, so the table is empty and
-// every op of the family is refused by the backend's check ("op 'X' has no cuda kernel").
+// The CUDA backend's matmul family (families.h): MatMul with numpy semantics and Gemm, float32,
+// on cuBLAS (matmul_product.h), as the CPU backend's runtime/cpu/matmul.cpp computes them. The
+// operand shapes are read by the CPU's own rules (runtime/cpu/matmul_shape.h), so both backends
+// accept and refuse the same nodes.
+#include <cstdint>
+#include <utility>
+
+#include "runtime/cpu/matmul_shape.h"
+#include "runtime/cuda/cuda_context.h"
+#include "runtime/cuda/data_common.h"
 #include "runtime/cuda/families.h"
+#include "runtime/cuda/matmul_product.h"
+#include "runtime/format/error.h"
 
 namespace stagecraft::rt::cuda {
+namespace {
 
-std::span<const KernelEntry> matmul_kernels() { return {}; }
+// MatMul: numpy's matmul. A 1-D A is a row [1, K] and a 1-D B a column [K, 1] (their unit dim is
+// dropped from the output); batch dims broadcast (a broadcast operand has batch stride 0).
+void matmul(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  const Tensor& y = a.input(1);
+  const cpu::MatMulShape s = cpu::matmul_shape("MatMul", x, y);
+  expect_shape(a, 0, s.out);
+  Tensor& out = *a.out[0];
+  if (out.numel() == 0) return;
+  if (s.k == 0) return context(a).fill_zero(out);
+  batched_product(a, {s.batch, s.m, s.k, s.n}, {x.as<float>(), s.batch_a, false},
+                  {y.as<float>(), s.batch_b, false}, out.as<float>(), 1.0f, 0.0f);
+}
+
+// Gemm: Y = alpha * A' x B' + beta * C, with A' = transA ? A^T : A (likewise B) and C
+// unidirectionally broadcast to [M, N]: C is first broadcast into Y (a strided gather, stride 0
+// along its unit dims), then the product is added to beta * Y by cuBLAS.
+void gemm(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  const Tensor& y = a.input(1);
+  const cpu::GemmShape g = cpu::gemm_shape("Gemm", x, y, a.attrs);
+  const float alpha = a.attrs.f("alpha", 1.0f);
+  float beta = a.attrs.f("beta", 1.0f);
+  expect_shape(a, 0, {g.m, g.n});
+  Tensor& out = *a.out[0];
+  CudaContext& ctx = context(a);
+  if (a.has_input(2) && beta != 0.0f) {
+    const Tensor& c = a.input(2);
+    const std::pair<int64_t, int64_t> c_dims = cpu::gemm_c_dims("Gemm", c, g.m, g.n);
+    if (out.numel() > 0) {
+      const IndexMap map = index_map(
+          a, {g.m, g.n}, {c_dims.first == 1 ? 0 : c_dims.second, c_dims.second == 1 ? 0 : 1});
+      launch_strided_gather(out.data, c.data, sizeof(float), out.numel(), map, ctx.stream());
+      check_launch(a);
+    }
+  } else {
+    beta = 0.0f;
+  }
+  if (out.numel() == 0) return;
+  if (g.k == 0) {  // the product is zeros: Y = beta * C
+    if (beta == 0.0f) return ctx.fill_zero(out);
+    return scale(a, out.as<float>(), out.numel(), beta);
+  }
+  batched_product(a, {{}, g.m, g.k, g.n}, {x.as<float>(), {}, g.trans_a},
+                  {y.as<float>(), {}, g.trans_b}, out.as<float>(), alpha, beta);
+}
+
+// The checks are the CPU's: every input and output float32.
+const KernelEntry kKernels[] = {
+    {"MatMul", matmul, same_as_cpu},
+    {"Gemm", gemm, same_as_cpu},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> matmul_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cuda

@@ -1,0 +1,83 @@
+#pragma once
+/// \file
+/// Host-side parts the CUDA conv family and its gradients share (conv.cpp, grad_conv.cpp): the
+/// pooling geometry restated for the device kernels, and Conv and ConvGrad on cuDNN's
+/// convolution API (conv_cudnn.cpp), float32 on dense NCHW tensors: X [N, C, spatial...],
+/// W [M, C / group, kernel...], Y [N, M, spatial...], all row-major, as the runtime keeps every
+/// tensor. The geometry is the CPU's (cpu::ConvGeometry, runtime/cpu/window.h), so both
+/// backends resolve strides, dilations, groups, pads and auto_pad alike; this header only
+/// restates it in cuDNN's terms.
+///
+/// cuDNN pads symmetrically. Where a node's pads differ before and after (auto_pad SAME_* with
+/// an even window, or explicit ONNX pads), cuDNN pads min(before, after) on both sides and the
+/// rest is made explicit: X is copied into a zero-padded scratch tensor (conv_kernels.cu)
+/// that the convolution reads, and dX is computed on that padded shape and cropped. The
+/// alternative, cuDNN padding max(before, after) and the output cropped, shifts every window
+/// when the larger pad is after and the difference is not a multiple of the stride, and its
+/// weight gradient would need dY padded too; explicit padding is exact in every case, for one
+/// copy of X.
+
+#include <vector>
+
+#include "runtime/core/kernel.h"
+#include "runtime/cpu/window.h"
+#include "runtime/cuda/conv_kernels.h"
+#include "runtime/cuda/cuda_context.h"
+
+namespace stagecraft::rt::cuda {
+
+/// A pooling node's geometry (window.h) as the device kernels take it.
+inline PoolShape pool_shape(const cpu::PoolGeometry& g) {
+  PoolShape s;
+  s.planes = g.planes;
+  for (size_t d = 0; d < 3; ++d) {
+    s.in[d] = g.in[d];
+    s.out[d] = g.out[d];
+    s.kernel[d] = g.kernel[d];
+    s.stride[d] = g.stride[d];
+    s.dilation[d] = g.dilation[d];
+    s.pad_l[d] = g.pad_l[d];
+    s.pad_r[d] = g.pad_r[d];
+  }
+  return s;
+}
+
+/// One Conv node in cuDNN's terms. Dims are cuDNN's: rank 4 for 1-D and 2-D convolutions (a
+/// 1-D one gets a unit height with no padding, stride 1, dilation 1) and rank 5 for 3-D.
+struct CudnnConv {
+  std::vector<int> x;  ///< the input as the convolution reads it (padded when explicit_pad)
+  std::vector<int> w;  ///< the filter: [M, C / group, kernel...]
+  std::vector<int> y;  ///< the output: [N, M, spatial...]
+  std::vector<int> pad, stride, dilation;  ///< per cuDNN spatial dim; pads symmetric
+  int group = 1;
+  bool explicit_pad = false;  ///< some dim pads more on one side: X is padded into scratch
+  PadShape pad_shape;         ///< X to the padded input, when explicit_pad
+};
+
+/// The node's geometry `g` (with W of shape `w_shape`) in cuDNN's terms. Throws
+/// `Error(kUnsupported)` where a size exceeds cuDNN's int.
+CudnnConv cudnn_conv(const KernelArgs& a, const cpu::ConvGeometry& g, const Shape& w_shape);
+
+/// X as the convolution reads it: `x` itself, or when the pads are asymmetric a new tensor
+/// with X zero-padded (freed in stream order when the caller lets go of it).
+Tensor convolution_input(const KernelArgs& a, const CudnnConv& c, const Tensor& x);
+
+/// A new float32 tensor of the padded input's size (dX before cropping).
+Tensor new_padded_input(const KernelArgs& a, const CudnnConv& c);
+
+/// y = conv(x, w) (cudnnConvolutionForward, every element of y written); x is
+/// `convolution_input`'s.
+void cudnn_conv_forward(const KernelArgs& a, const CudnnConv& c, const float* x, const float* w,
+                        float* y);
+
+/// dx = the gradient of the (padded) input from w and dy (cudnnConvolutionBackwardData, every
+/// element written).
+void cudnn_conv_backward_data(const KernelArgs& a, const CudnnConv& c, const float* w,
+                              const float* dy, float* dx);
+
+/// dw = the gradient of the filter from the (padded) input x and dy
+/// (cudnnConvolutionBackwardFilter, every element written).
+void cudnn_conv_backward_filter(const KernelArgs& a, const CudnnConv& c, const float* x,
+                                const float* dy, float* dw);
+
+}  // namespace stagecraft::rt::cuda

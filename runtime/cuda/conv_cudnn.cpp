@@ -1,0 +1,279 @@
+// Conv and ConvGrad on cuDNN (conv_common.h): descriptors, algorithm choice and the calls.
+//
+// Descriptors: X, Y (and dX, dY) are tensor descriptors with dense NCHW strides; W (and dW) a
+// filter descriptor in CUDNN_TENSOR_NCHW of [M, C / group, kernel...]; the convolution
+// descriptor holds the symmetric pads, strides and dilations, CUDNN_CROSS_CORRELATION (ONNX's
+// Conv does not flip the kernel), float32 compute, the group count, and CUDNN_FMA_MATH: float32
+// stays float32 (no TF32), as cuBLAS does here (cuda_context.cpp), so results are held to the
+// CPU backend's at rtol 1e-4.
+//
+// Algorithms come from cuDNN's heuristics (the *_v7 queries, fastest first, no benchmarking
+// runs) filtered to the deterministic, non-FFT, non-Winograd ones: a run is then reproducible
+// and its rounding is that of a direct sum. Only when none of those is offered does the first
+// one cuDNN supports run. The workspace is the context's (grown as needed).
+//
+// The convolution API is cuDNN's legacy one, marked deprecated in cuDNN 9 (its graph API is
+// the successor). Its declarations warn only where CUDNN_WARN_DEPRECATED is defined; should a
+// build define it, the warnings are silenced for this file alone, below.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "runtime/cuda/conv_common.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/format/error.h"
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+namespace stagecraft::rt::cuda {
+namespace {
+
+// One cuDNN descriptor, destroyed with its owner.
+template <class Handle, cudnnStatus_t (*Create)(Handle*), cudnnStatus_t (*Destroy)(Handle)>
+class Descriptor {
+ public:
+  explicit Descriptor(const char* what) { check(Create(&handle_), what); }
+  ~Descriptor() {
+    if (handle_ != nullptr) Destroy(handle_);
+  }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  Handle get() const { return handle_; }
+
+ private:
+  Handle handle_ = nullptr;
+};
+
+using TensorDesc =
+    Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc =
+    Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc = Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                            cudnnDestroyConvolutionDescriptor>;
+
+// Every descriptor of one convolution. `x` is the (padded) input; `y` the output, or dY.
+struct Descriptors {
+  TensorDesc x{"cudnnCreateTensorDescriptor"};
+  FilterDesc w{"cudnnCreateFilterDescriptor"};
+  TensorDesc y{"cudnnCreateTensorDescriptor"};
+  ConvDesc conv{"cudnnCreateConvolutionDescriptor"};
+
+  explicit Descriptors(const CudnnConv& c) {
+    set_tensor(x.get(), c.x);
+    check(cudnnSetFilterNdDescriptor(w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                     static_cast<int>(c.w.size()), c.w.data()),
+          "cudnnSetFilterNdDescriptor");
+    set_tensor(y.get(), c.y);
+    check(cudnnSetConvolutionNdDescriptor(conv.get(), static_cast<int>(c.pad.size()), c.pad.data(),
+                                          c.stride.data(), c.dilation.data(),
+                                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+          "cudnnSetConvolutionNdDescriptor");
+    check(cudnnSetConvolutionGroupCount(conv.get(), c.group), "cudnnSetConvolutionGroupCount");
+    check(cudnnSetConvolutionMathType(conv.get(), CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
+  }
+
+  // Dense NCHW: each dim's stride is the product of the dims after it (cudnn_conv checked
+  // that every tensor's element count fits an int).
+  static void set_tensor(cudnnTensorDescriptor_t desc, const std::vector<int>& dims) {
+    std::vector<int> strides(dims.size(), 1);
+    for (size_t d = dims.size() - 1; d-- > 0;) strides[d] = strides[d + 1] * dims[d + 1];
+    check(cudnnSetTensorNdDescriptor(desc, CUDNN_DATA_FLOAT, static_cast<int>(dims.size()),
+                                     dims.data(), strides.data()),
+          "cudnnSetTensorNdDescriptor");
+  }
+};
+
+bool tensor_op(cudnnMathType_t math) {
+  return math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
+// The algorithm to run from cuDNN's ranked `perf` (`count` entries): the first supported,
+// deterministic one that `direct` accepts (no FFT or Winograd) and that keeps float32, else the
+// first supported float32 one. Throws `Error(kUnsupported)` when cuDNN supports none.
+template <class Perf, class Algo>
+Algo choose(const KernelArgs& a, const Perf* perf, int count, bool (*direct)(Algo),
+            const char* pass) {
+  for (int k = 0; k < count; ++k)
+    if (perf[k].status == CUDNN_STATUS_SUCCESS && perf[k].determinism == CUDNN_DETERMINISTIC &&
+        !tensor_op(perf[k].mathType) && direct(perf[k].algo))
+      return perf[k].algo;
+  for (int k = 0; k < count; ++k)
+    if (perf[k].status == CUDNN_STATUS_SUCCESS && !tensor_op(perf[k].mathType)) return perf[k].algo;
+  fail(ErrorKind::kUnsupported, "{} '{}': cuDNN offers no float32 algorithm for its {}", a.op_type,
+       a.name, pass);
+}
+
+bool direct_forward(cudnnConvolutionFwdAlgo_t algo) {
+  return algo != CUDNN_CONVOLUTION_FWD_ALGO_FFT && algo != CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING &&
+         algo != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD &&
+         algo != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+
+bool direct_data(cudnnConvolutionBwdDataAlgo_t algo) {
+  return algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT &&
+         algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING &&
+         algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD &&
+         algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+
+bool direct_filter(cudnnConvolutionBwdFilterAlgo_t algo) {
+  return algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT &&
+         algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING &&
+         algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD &&
+         algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
+// `value` as cuDNN's int, or Error(kUnsupported) naming the node and `what`.
+int to_int(const KernelArgs& a, int64_t value, const char* what) {
+  if (value < 0 || value > INT_MAX)
+    fail(ErrorKind::kUnsupported, "{} '{}': {} {} exceeds cuDNN's int range", a.op_type, a.name,
+         what, value);
+  return static_cast<int>(value);
+}
+
+// The dims of a tensor, checked to fit cuDNN's ints, element count included.
+std::vector<int> int_dims(const KernelArgs& a, const std::vector<int64_t>& dims, const char* what) {
+  int64_t count = 1;
+  std::vector<int> out;
+  for (int64_t d : dims) {
+    out.push_back(to_int(a, d, what));
+    count *= d;
+    to_int(a, count, what);
+  }
+  return out;
+}
+
+// What a failed call says: the node and the cuDNN function.
+std::string call(const KernelArgs& a, const char* function) {
+  return fmt::format("{} '{}': {}", a.op_type, a.name, function);
+}
+
+}  // namespace
+
+CudnnConv cudnn_conv(const KernelArgs& a, const cpu::ConvGeometry& g, const Shape& w_shape) {
+  const size_t spatial = g.src.size() - 2;
+  const size_t lead = spatial == 1 ? 1 : 0;  // a 1-D convolution gets a unit height
+  const size_t front = 3 - spatial;          // PadShape's front-filled dims
+  CudnnConv c;
+  c.group = to_int(a, a.attrs.i("group", 1), "group");
+  std::vector<int64_t> x{g.src[0], g.src[1]}, w{w_shape[0], w_shape[1]}, y{g.dst[0], g.dst[1]};
+  if (lead == 1) {
+    x.push_back(1);
+    w.push_back(1);
+    y.push_back(1);
+    c.pad.push_back(0);
+    c.stride.push_back(1);
+    c.dilation.push_back(1);
+  }
+  c.pad_shape.planes = g.src[0] * g.src[1];
+  for (size_t i = 0; i < spatial; ++i) {
+    const int64_t in = g.src[2 + i], before = g.pad_l[i], after = g.pad_r[i];
+    const int64_t common = std::min(before, after);
+    const int64_t padded = in + (before - common) + (after - common);
+    c.explicit_pad |= before != after;
+    c.pad_shape.in[front + i] = in;
+    c.pad_shape.padded[front + i] = padded;
+    c.pad_shape.before[front + i] = before - common;
+    x.push_back(padded);
+    w.push_back(w_shape[2 + i]);
+    y.push_back(g.dst[2 + i]);
+    c.pad.push_back(to_int(a, common, "pad"));
+    c.stride.push_back(to_int(a, g.strides[i], "stride"));
+    c.dilation.push_back(to_int(a, g.dilates[i] + 1, "dilation"));  // oneDNN counts from 0
+  }
+  c.x = int_dims(a, x, "input size");
+  c.w = int_dims(a, w, "weight size");
+  c.y = int_dims(a, y, "output size");
+  return c;
+}
+
+Tensor convolution_input(const KernelArgs& a, const CudnnConv& c, const Tensor& x) {
+  if (!c.explicit_pad) return x;
+  Tensor padded = new_padded_input(a, c);
+  launch_pad(x.as<float>(), padded.as<float>(), c.pad_shape, context(a).stream());
+  check(cudaGetLastError(), call(a, "padding kernel launch"));
+  return padded;
+}
+
+Tensor new_padded_input(const KernelArgs& a, const CudnnConv& c) {
+  Shape shape;
+  for (int d : c.x) shape.push_back(d);
+  return context(a).new_tensor(DType::kFloat32, std::move(shape), false);
+}
+
+void cudnn_conv_forward(const KernelArgs& a, const CudnnConv& c, const float* x, const float* w,
+                        float* y) {
+  CudaContext& ctx = context(a);
+  cudnnHandle_t handle = ctx.cudnn();
+  const Descriptors d(c);
+  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  int count = 0;
+  check(
+      cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
+                                             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
+      call(a, "cudnnGetConvolutionForwardAlgorithm_v7"));
+  const auto algo = choose(a, perf, count, direct_forward, "forward pass");
+  size_t bytes = 0;
+  check(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.get(), d.w.get(), d.conv.get(),
+                                                d.y.get(), algo, &bytes),
+        call(a, "cudnnGetConvolutionForwardWorkspaceSize"));
+  void* workspace = ctx.workspace(static_cast<int64_t>(bytes));
+  const float one = 1.0f, zero = 0.0f;
+  check(cudnnConvolutionForward(handle, &one, d.x.get(), x, d.w.get(), w, d.conv.get(), algo,
+                                workspace, bytes, &zero, d.y.get(), y),
+        call(a, "cudnnConvolutionForward"));
+}
+
+void cudnn_conv_backward_data(const KernelArgs& a, const CudnnConv& c, const float* w,
+                              const float* dy, float* dx) {
+  CudaContext& ctx = context(a);
+  cudnnHandle_t handle = ctx.cudnn();
+  const Descriptors d(c);
+  cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+  int count = 0;
+  check(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
+        call(a, "cudnnGetConvolutionBackwardDataAlgorithm_v7"));
+  const auto algo = choose(a, perf, count, direct_data, "input gradient");
+  size_t bytes = 0;
+  check(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w.get(), d.y.get(), d.conv.get(),
+                                                     d.x.get(), algo, &bytes),
+        call(a, "cudnnGetConvolutionBackwardDataWorkspaceSize"));
+  void* workspace = ctx.workspace(static_cast<int64_t>(bytes));
+  const float one = 1.0f, zero = 0.0f;
+  check(cudnnConvolutionBackwardData(handle, &one, d.w.get(), w, d.y.get(), dy, d.conv.get(), algo,
+                                     workspace, bytes, &zero, d.x.get(), dx),
+        call(a, "cudnnConvolutionBackwardData"));
+}
+
+void cudnn_conv_backward_filter(const KernelArgs& a, const CudnnConv& c, const float* x,
+                                const float* dy, float* dw) {
+  CudaContext& ctx = context(a);
+  cudnnHandle_t handle = ctx.cudnn();
+  const Descriptors d(c);
+  cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+  int count = 0;
+  check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf),
+        call(a, "cudnnGetConvolutionBackwardFilterAlgorithm_v7"));
+  const auto algo = choose(a, perf, count, direct_filter, "weight gradient");
+  size_t bytes = 0;
+  check(cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, d.x.get(), d.y.get(), d.conv.get(),
+                                                       d.w.get(), algo, &bytes),
+        call(a, "cudnnGetConvolutionBackwardFilterWorkspaceSize"));
+  void* workspace = ctx.workspace(static_cast<int64_t>(bytes));
+  const float one = 1.0f, zero = 0.0f;
+  check(cudnnConvolutionBackwardFilter(handle, &one, d.x.get(), x, d.y.get(), dy, d.conv.get(),
+                                       algo, workspace, bytes, &zero, d.w.get(), dw),
+        call(a, "cudnnConvolutionBackwardFilter"));
+}
+
+}  // namespace stagecraft::rt::cuda
+
+#pragma GCC diagnostic pop

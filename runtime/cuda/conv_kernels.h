@@ -1,0 +1,84 @@
+#pragma once
+/// \file
+/// Device kernels of the CUDA conv family (conv_kernels.cu) on dense NCHW tensors: N * C
+/// "planes", each its spatial dims row-major. Spatial sizes are front-filled to three dims
+/// (depth, height, width) with size-one dims, as the CPU's PoolGeometry (runtime/cpu/window.h)
+/// fills them, so one kernel serves 1-D to 3-D. Pooling and its gradients run one thread per
+/// output element with ONNX's semantics (ceil_mode, dilations, asymmetric pads, the divisor of
+/// count_include_pad) computed exactly as the CPU's loops compute them; the gradients gather
+/// (one thread per input element, summing the windows that hold it in output order) instead of
+/// scattering with atomics, so a run is reproducible and adds in the CPU's order. Every launch
+/// is queued on `stream`; the host side (conv.cpp, grad_conv.cpp) checks shapes.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace stagecraft::rt::cuda {
+
+/// One pooling node resolved (a plain copy of cpu::PoolGeometry for device code): per
+/// front-filled dim the input and output sizes, the window, and the explicit pads (pad_r
+/// without the ceil_mode extension, which only the include-padding divisor cares about).
+struct PoolShape {
+  int64_t planes = 0;  ///< N * C
+  int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1};
+  int64_t kernel[3] = {1, 1, 1}, stride[3] = {1, 1, 1}, dilation[3] = {1, 1, 1};
+  int64_t pad_l[3] = {0, 0, 0}, pad_r[3] = {0, 0, 0};
+};
+
+/// The element types MaxPool takes (the CPU's: float32, int8, uint8).
+enum class PoolElement { kFloat32, kInt8, kUInt8 };
+
+/// MaxPool: y = the first maximum of each window (window order d, h, w). When `indices` is
+/// not null it gets each maximum's flat index into X: plane * in_plane + the spatial offset,
+/// row-major or, with `column_major` (storage_order 1), column-major.
+void launch_max_pool(PoolElement element, const void* x, void* y, int64_t* indices,
+                     bool column_major, const PoolShape& shape, cudaStream_t stream);
+
+/// AveragePool: the window's sum (in float, window order) over the positions inside the input,
+/// or with `include_pad` over those inside the explicitly padded input.
+void launch_average_pool(const float* x, float* y, bool include_pad, const PoolShape& shape,
+                         cudaStream_t stream);
+
+/// GlobalAveragePool: y[p] = the mean of plane p's `size` values (summed in double).
+void launch_global_average_pool(const float* x, float* y, int64_t planes, int64_t size,
+                                cudaStream_t stream);
+
+/// MaxPoolGrad: dx (overwritten) gets, at each window's first maximum of x (recomputed as the
+/// forward picks it), the window's dy, summed over the windows in output order.
+/// `argmax` is scratch of planes * out_plane int64 values.
+void launch_max_pool_grad(const float* x, const float* dy, float* dx, int64_t* argmax,
+                          const PoolShape& shape, cudaStream_t stream);
+
+/// AveragePoolGrad: dx (overwritten) = the sum over the windows holding each element, in output
+/// order, of dy / the window's divisor.
+void launch_average_pool_grad(const float* dy, float* dx, bool include_pad, const PoolShape& shape,
+                              cudaStream_t stream);
+
+/// GlobalAveragePoolGrad: dx[p, i] = dy[p] / size.
+void launch_global_average_pool_grad(const float* dy, float* dx, int64_t planes, int64_t size,
+                                     cudaStream_t stream);
+
+/// A zero-padding of `planes` planes: `in` front-filled spatial sizes grow by `before` and
+/// `after` zeros per dim into `padded` (= in + before + after).
+struct PadShape {
+  int64_t planes = 0;
+  int64_t in[3] = {1, 1, 1}, padded[3] = {1, 1, 1}, before[3] = {0, 0, 0};
+};
+
+/// padded = x with zeros around it (every element of `padded` written).
+void launch_pad(const float* x, float* padded, const PadShape& shape, cudaStream_t stream);
+
+/// x = the inner part of `padded` (the inverse of launch_pad; every element of `x` written).
+void launch_crop(const float* padded, float* x, const PadShape& shape, cudaStream_t stream);
+
+/// y[n, m, s] += bias[m] over y as [n, channels, size] (Conv's bias).
+void launch_add_channel_bias(float* y, const float* bias, int64_t n, int64_t channels, int64_t size,
+                             cudaStream_t stream);
+
+/// db[m] = the sum of dy[n, m, s] over n and s, in double (ConvGrad's bias gradient; one block
+/// per channel, a fixed reduction tree).
+void launch_channel_sum(const float* dy, float* db, int64_t n, int64_t channels, int64_t size,
+                        cudaStream_t stream);
+
+}  // namespace stagecraft::rt::cuda

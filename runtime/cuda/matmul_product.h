@@ -1,0 +1,42 @@
+#pragma once
+/// \file
+/// Batched float32 matrix products on cuBLAS for the CUDA matmul family and its gradients
+/// (matmul.cpp, grad_matmul.cpp). Operands are row-major, each possibly stored transposed and
+/// repeated (broadcast) along some batch dims; the batch dims are those of `cpu::MatMulShape`
+/// (unit dims dropped, dims along which both operands broadcast alike merged), so one
+/// cublasSgemmStridedBatched call covers one batch dim and the calls loop over the others.
+
+#include <cstdint>
+
+#include "runtime/core/kernel.h"
+#include "runtime/cuda/cuda_context.h"
+
+namespace stagecraft::rt::cuda {
+
+/// One operand of a product, per batch a [rows, cols] row-major matrix.
+struct MatrixOperand {
+  const float* data = nullptr;
+  /// The operand's batch dims, as many as the product's: each the product's dim, or 1 where
+  /// the operand is broadcast along it. Its matrices are dense and consecutive in that order.
+  Shape batch;
+  /// Stored transposed: each [rows, cols] matrix is the dense [cols, rows] one read as its
+  /// transpose.
+  bool transposed = false;
+};
+
+/// The product D [batch..., rows, cols] = L [rows, inner] x R [inner, cols] per batch.
+struct ProductDims {
+  Shape batch;  ///< The product's batch dims (each above 1; empty for one matrix).
+  int64_t rows = 0, inner = 0, cols = 0;
+};
+
+/// D = alpha * L x R + beta * D on the context's stream, D dense [batch..., rows, cols] (with
+/// beta 0, D is overwritten and never read). Every dim is above 0 (the caller handles empty
+/// products). Throws `Error(kInternal)` naming the node `a` when cuBLAS refuses a call.
+void batched_product(const KernelArgs& a, const ProductDims& dims, const MatrixOperand& l,
+                     const MatrixOperand& r, float* d, float alpha, float beta);
+
+/// x *= alpha for the `n` floats at `x` on the context's stream (cuBLAS).
+void scale(const KernelArgs& a, float* x, int64_t n, float alpha);
+
+}  // namespace stagecraft::rt::cuda

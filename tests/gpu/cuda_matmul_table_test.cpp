@@ -1,0 +1,162 @@
+// The CUDA backend's matmul family and its gradients against the CPU backend's, without a GPU:
+// every op of the CPU's matmul and grad_matmul families has a CUDA kernel with the same contract
+// flag, and the CUDA backend accepts and refuses the same signatures. Also the shape rules both
+// backends' kernels read their operands by (runtime/cpu/matmul_shape.h): the promotion of 1-D
+// operands, broadcast batch dims and the merging of batch dims that cuBLAS's strided batches
+// (and oneDNN's dims) rely on.
+#include <doctest/doctest.h>
+#include <onnx/onnx_pb.h>
+
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/core/backend.h"
+#include "runtime/cpu/families.h"
+#include "runtime/cpu/matmul_shape.h"
+#include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
+
+namespace stagecraft::rt {
+namespace {
+
+const KernelEntry* find_entry(std::span<const KernelEntry> table, std::string_view op) {
+  for (const KernelEntry& e : table)
+    if (e.op_type == op) return &e;
+  return nullptr;
+}
+
+// A node carrying the gradient contract's forward_inputs = n.
+onnx::NodeProto grad_node(int64_t n) {
+  onnx::NodeProto node;
+  onnx::AttributeProto* attr = node.add_attribute();
+  attr->set_name(std::string(grad::kForwardInputsAttr));
+  attr->set_type(onnx::AttributeProto::INT);
+  attr->set_i(n);
+  return node;
+}
+
+TEST_CASE("the cuda backend covers the cpu's matmul ops and their gradients") {
+#ifdef STAGECRAFT_WITH_CUDA
+  const Backend* cuda = cuda_backend();
+  REQUIRE(cuda != nullptr);
+  const std::span<const KernelEntry> families[] = {cpu::matmul_kernels(),
+                                                   cpu::grad_matmul_kernels()};
+  int ops = 0;
+  for (const auto& family : families)
+    for (const KernelEntry& cpu_entry : family) {
+      CAPTURE(cpu_entry.op_type);
+      const KernelEntry* entry = find_entry(cuda->table(), cpu_entry.op_type);
+      REQUIRE(entry != nullptr);
+      CHECK(entry->writes_every_output == cpu_entry.writes_every_output);
+      ++ops;
+    }
+  CHECK(ops == 4);  // MatMul, Gemm, MatMulGrad, GemmGrad
+
+  const DType f = DType::kFloat32, u = DType::kUndefined, d = DType::kFloat64;
+  const Attrs none;
+  const onnx::NodeProto two_node = grad_node(2), three_node = grad_node(3);
+  const Attrs two(two_node), three(three_node);
+  const DType pair[] = {f, f}, gemm_in[] = {f, f, f}, gemm_no_c[] = {f, f, u}, one[] = {f};
+  const DType doubles[] = {d, d}, mixed[] = {f, DType::kInt64}, one_d[] = {d};
+  const DType grad_in[] = {f, f, f, f}, weight_only[] = {u, f};
+  const DType gemm_grad_in[] = {f, f, f, f, f}, gemm_grad_out[] = {f, f, f};
+  const DType five[] = {f, f, f, f, f};
+  // Taken: both forward ops, a weight-gradient node naming dB alone, GemmGrad with C.
+  const OpSignature accepted[] = {{"MatMul", pair, one, none},
+                                  {"Gemm", gemm_in, one, none},
+                                  {"Gemm", gemm_no_c, one, none},
+                                  {"MatMulGrad", grad_in, weight_only, two},
+                                  {"GemmGrad", gemm_grad_in, gemm_grad_out, three}};
+  for (const OpSignature& s : accepted) {
+    CAPTURE(s.op_type);
+    CHECK(cuda->check(s).empty());
+    CHECK(cpu_backend().check(s).empty());
+  }
+  // Refused alike: other dtypes, and gradient nodes that break the contract's arity.
+  const OpSignature refused[] = {{"MatMul", doubles, one_d, none},
+                                 {"Gemm", mixed, one, none},
+                                 {"MatMulGrad", grad_in, pair, none},
+                                 {"MatMulGrad", five, gemm_grad_out, three},
+                                 {"GemmGrad", five, gemm_grad_out, two}};
+  for (const OpSignature& s : refused) {
+    CAPTURE(s.op_type);
+    CHECK_FALSE(cuda->check(s).empty());
+    CHECK(cuda->check(s) == cpu_backend().check(s));
+  }
+#else
+  CHECK(cuda_backend() == nullptr);
+#endif
+}
+
+Tensor shaped(Shape shape) {
+  Tensor t;
+  t.dtype = DType::kFloat32;
+  t.shape = std::move(shape);
+  return t;
+}
+
+TEST_CASE("matmul shapes: 1-D operands promoted, batch dims broadcast and merged") {
+  // [2, 1, 3, 4, 5] x [6, 3, 5, 7]: B is padded to [1, 6, 3, 5, 7]; dim 0 repeats B, dim 1
+  // repeats A and dim 2 is both's, so no two neighbours merge.
+  cpu::MatMulShape s = cpu::matmul_shape("MatMul", shaped({2, 1, 3, 4, 5}), shaped({6, 3, 5, 7}));
+  CHECK(s.m == 4);
+  CHECK(s.k == 5);
+  CHECK(s.n == 7);
+  CHECK(s.batch == Shape{2, 6, 3});
+  CHECK(s.batch_a == Shape{2, 1, 3});
+  CHECK(s.batch_b == Shape{1, 6, 3});
+  CHECK(s.out == Shape{2, 6, 3, 4, 7});
+  CHECK(s.batch_count() == 36);
+
+  // Neighbours broadcast alike merge, unit dims are dropped: [2, 3, 1, 4, 5] x [5, 6] is one
+  // batch dim of 6 that only A has (B's weights are shared: one strided batch, stride 0).
+  s = cpu::matmul_shape("MatMul", shaped({2, 3, 1, 4, 5}), shaped({5, 6}));
+  CHECK(s.batch == Shape{6});
+  CHECK(s.batch_a == Shape{6});
+  CHECK(s.batch_b == Shape{1});
+  CHECK(s.out == Shape{2, 3, 1, 4, 6});
+
+  // 1-D operands: a row on the left, a column on the right, their unit dims dropped.
+  s = cpu::matmul_shape("MatMul", shaped({5}), shaped({3, 5, 2}));
+  CHECK(s.m == 1);
+  CHECK(s.batch == Shape{3});
+  CHECK(s.batch_a == Shape{1});
+  CHECK(s.out == Shape{3, 2});
+  s = cpu::matmul_shape("MatMul", shaped({5}), shaped({5}));
+  CHECK(s.out.empty());
+  CHECK(s.batch.empty());
+  CHECK(s.batch_count() == 1);
+
+  CHECK_THROWS_AS(cpu::matmul_shape("MatMul", shaped({2, 3}), shaped({4, 2})), Error);
+  CHECK_THROWS_AS(cpu::matmul_shape("MatMul", shaped({2, 4, 3}), shaped({5, 3, 2})), Error);
+  CHECK_THROWS_AS(cpu::matmul_shape("MatMul", shaped({}), shaped({3})), Error);
+}
+
+TEST_CASE("gemm shapes: transposes and the broadcast of C") {
+  onnx::NodeProto node;
+  onnx::AttributeProto* attr = node.add_attribute();
+  attr->set_name("transA");
+  attr->set_type(onnx::AttributeProto::INT);
+  attr->set_i(1);
+  const Attrs trans_a(node);
+  const cpu::GemmShape g = cpu::gemm_shape("Gemm", shaped({5, 3}), shaped({5, 4}), trans_a);
+  CHECK(g.trans_a);
+  CHECK_FALSE(g.trans_b);
+  CHECK(g.m == 3);
+  CHECK(g.k == 5);
+  CHECK(g.n == 4);
+  CHECK_THROWS_AS(cpu::gemm_shape("Gemm", shaped({5, 3}), shaped({5, 4}), Attrs()), Error);
+
+  using Dims = std::pair<int64_t, int64_t>;
+  CHECK(cpu::gemm_c_dims("Gemm", shaped({}), 3, 4) == Dims{1, 1});
+  CHECK(cpu::gemm_c_dims("Gemm", shaped({4}), 3, 4) == Dims{1, 4});
+  CHECK(cpu::gemm_c_dims("Gemm", shaped({3, 1}), 3, 4) == Dims{3, 1});
+  CHECK(cpu::gemm_c_dims("Gemm", shaped({3, 4}), 3, 4) == Dims{3, 4});
+  CHECK_THROWS_AS(cpu::gemm_c_dims("Gemm", shaped({3}), 3, 4), Error);
+  CHECK_THROWS_AS(cpu::gemm_c_dims("Gemm", shaped({1, 3, 4}), 3, 4), Error);
+}
+
+}  // namespace
+}  // namespace stagecraft::rt
