@@ -1,11 +1,9 @@
 #pragma once
 /// \file
-/// Host-side parts the CUDA conv family and its gradients share (conv.cpp, grad_conv.cpp): the
-/// pooling geometry restated for the device kernels, and Conv and ConvGrad on cuDNN's
-/// convolution API (conv_cudnn.cpp), float32 on dense NCHW tensors: X [N, C, spatial...],
-/// W [M, C / group, kernel...], Y [N, M, spatial...], all row-major, as the runtime keeps every
-/// tensor. The geometry is the CPU's (cpu::ConvGeometry, runtime/cpu/window.h), so both
-/// backends resolve strides, dilations, groups, pads and auto_pad alike; this header only
+/// Conv and ConvGrad on cuDNN's convolution API (conv_cudnn.cpp), float32 on dense NCHW tensors: X
+/// [N, C, spatial...], W [M, C / group, kernel...], Y [N, M, spatial...], all row-major, as the
+/// runtime keeps every tensor. The geometry is the CPU's (cpu::ConvGeometry, runtime/cpu/window.h),
+/// so both backends resolve strides, dilations, groups, pads and auto_pad alike; this header only
 /// restates it in cuDNN's terms.
 ///
 /// cuDNN pads symmetrically. Where a node's pads differ before and after (auto_pad SAME_* with
@@ -25,22 +23,6 @@
 #include "runtime/cuda/cuda_context.h"
 
 namespace stagecraft::rt::cuda {
-
-/// A pooling node's geometry (window.h) as the device kernels take it.
-inline PoolShape pool_shape(const cpu::PoolGeometry& g) {
-  PoolShape s;
-  s.planes = g.planes;
-  for (size_t d = 0; d < 3; ++d) {
-    s.in[d] = g.in[d];
-    s.out[d] = g.out[d];
-    s.kernel[d] = g.kernel[d];
-    s.stride[d] = g.stride[d];
-    s.dilation[d] = g.dilation[d];
-    s.pad_l[d] = g.pad_l[d];
-    s.pad_r[d] = g.pad_r[d];
-  }
-  return s;
-}
 
 /// One Conv node in cuDNN's terms. Dims are cuDNN's: rank 4 for 1-D and 2-D convolutions (a
 /// 1-D one gets a unit height with no padding, stride 1, dilation 1) and rank 5 for 3-D.

@@ -1,7 +1,8 @@
-// The CUDA conv family's device kernels (conv_kernels.h): pooling and its gradients with
-// ONNX's window rules as the CPU's runtime/cpu/window.h computes them, the explicit padding
-// of Conv's input for asymmetric pads, and Conv's bias. Grid-stride loops with int64 indices;
-// the gradients gather in a fixed order (no atomics).
+// The CUDA conv family's device kernels (conv_kernels.h): pooling and its gradients, each
+// thread computing one element by conv_window.h (ONNX's window rules as the CPU's
+// runtime/cpu/window.h computes them), the explicit padding of Conv's input for asymmetric
+// pads, and Conv's bias. Grid-stride loops with int64 indices; the gradients gather in a fixed
+// order (no atomics).
 #include "runtime/cuda/conv_kernels.h"
 #include "runtime/cuda/norm_block.cuh"
 #include "runtime/cuda/update_kernels.h"
@@ -15,118 +16,22 @@ __device__ __forceinline__ int64_t first_index() {
   return blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
 }
 __device__ __forceinline__ int64_t grid_stride() { return int64_t{blockDim.x} * gridDim.x; }
-__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-__device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
-// Output position o's window along dim d, exactly cpu::window: the input position of kernel
-// index 0, the kernel indices [first, last) inside the input, and how many lie inside the
-// explicitly padded input.
-struct Span {
-  int64_t start, first, last, padded;
-};
-
-__device__ Span window_along(const PoolShape& s, int d, int64_t o) {
-  const int64_t start = o * s.stride[d] - s.pad_l[d], step = s.dilation[d], k = s.kernel[d];
-  // The kernel indices j (at start + j * step) below `bound`, clamped to [0, k].
-  const int64_t below_in = min64(max64((s.in[d] - start + step - 1) / step, 0), k);
-  const int64_t below_padded = min64(max64((s.in[d] + s.pad_r[d] - start + step - 1) / step, 0), k);
-  const int64_t first = start >= 0 ? 0 : min64(k, (-start + step - 1) / step);
-  return {start, first, max64(first, below_in), below_padded};
-}
-
-// A flat index over [planes, d, h, w] split into its plane and position.
-struct Position {
-  int64_t plane, d, h, w;
-};
-
-__device__ Position split(int64_t e, const int64_t (&dims)[3]) {
-  Position p;
-  p.w = e % dims[2];
-  e /= dims[2];
-  p.h = e % dims[1];
-  e /= dims[1];
-  p.d = e % dims[0];
-  p.plane = e / dims[0];
-  return p;
-}
-
-// The first maximum of output position `o`'s window in plane `xp`: its value and its
-// row-major offset in the plane. Every window holds an input element (pool_geometry refuses
-// one over padding alone).
-template <class T>
-__device__ void window_max(const PoolShape& s, const T* xp, const Position& o, T& best,
-                           int64_t& best_d, int64_t& best_h, int64_t& best_w) {
-  const Span wd = window_along(s, 0, o.d), wh = window_along(s, 1, o.h),
-             ww = window_along(s, 2, o.w);
-  const int64_t H = s.in[1], W = s.in[2];
-  bool found = false;
-  best = T();
-  best_d = best_h = best_w = 0;
-  for (int64_t jd = wd.first; jd < wd.last; ++jd) {
-    const int64_t id = wd.start + jd * s.dilation[0];
-    for (int64_t jh = wh.first; jh < wh.last; ++jh) {
-      const int64_t ih = wh.start + jh * s.dilation[1];
-      for (int64_t jw = ww.first; jw < ww.last; ++jw) {
-        const int64_t iw = ww.start + jw * s.dilation[2];
-        const T v = xp[(id * H + ih) * W + iw];
-        if (!found || v > best) {  // the CPU's comparison: the first maximum wins ties
-          best = v;
-          best_d = id;
-          best_h = ih;
-          best_w = iw;
-          found = true;
-        }
-      }
-    }
-  }
-}
 
 template <class T>
 __global__ void max_pool_kernel(const T* x, T* y, int64_t* indices, bool column_major,
                                 PoolShape s) {
-  const int64_t in_plane = s.in[0] * s.in[1] * s.in[2];
-  const int64_t n = s.planes * s.out[0] * s.out[1] * s.out[2];
+  const int64_t n = s.planes * s.out_plane();
   for (int64_t e = first_index(); e < n; e += grid_stride()) {
-    const Position o = split(e, s.out);
-    T best;
-    int64_t bd, bh, bw;
-    window_max(s, x + o.plane * in_plane, o, best, bd, bh, bw);
-    y[e] = best;
-    if (indices != nullptr)
-      indices[e] = o.plane * in_plane + (column_major ? bd + bh * s.in[0] + bw * s.in[0] * s.in[1]
-                                                      : (bd * s.in[1] + bh) * s.in[2] + bw);
+    int64_t index;
+    y[e] = max_pool_element(s, x, e, column_major, index);
+    if (indices != nullptr) indices[e] = index;
   }
-}
-
-// The divisor of output position o's window: its positions inside the input, or with
-// include_pad inside the explicitly padded input (never the ceil_mode extension).
-__device__ float average_divisor(const Span& wd, const Span& wh, const Span& ww, bool include_pad) {
-  const int64_t count = include_pad
-                            ? wd.padded * wh.padded * ww.padded
-                            : (wd.last - wd.first) * (wh.last - wh.first) * (ww.last - ww.first);
-  return static_cast<float>(count);
 }
 
 __global__ void average_pool_kernel(const float* x, float* y, bool include_pad, PoolShape s) {
-  const int64_t in_plane = s.in[0] * s.in[1] * s.in[2];
-  const int64_t n = s.planes * s.out[0] * s.out[1] * s.out[2];
-  const int64_t H = s.in[1], W = s.in[2];
-  for (int64_t e = first_index(); e < n; e += grid_stride()) {
-    const Position o = split(e, s.out);
-    const float* xp = x + o.plane * in_plane;
-    const Span wd = window_along(s, 0, o.d), wh = window_along(s, 1, o.h),
-               ww = window_along(s, 2, o.w);
-    float sum = 0.0f;
-    for (int64_t jd = wd.first; jd < wd.last; ++jd) {
-      const int64_t id = wd.start + jd * s.dilation[0];
-      for (int64_t jh = wh.first; jh < wh.last; ++jh) {
-        const int64_t ih = wh.start + jh * s.dilation[1];
-        for (int64_t jw = ww.first; jw < ww.last; ++jw)
-          sum += xp[(id * H + ih) * W + ww.start + jw * s.dilation[2]];
-      }
-    }
-    y[e] = sum / average_divisor(wd, wh, ww, include_pad);
-  }
+  const int64_t n = s.planes * s.out_plane();
+  for (int64_t e = first_index(); e < n; e += grid_stride())
+    y[e] = average_pool_element(s, x, e, include_pad);
 }
 
 // One block per plane (grid-stride over planes), the sum in double by a fixed tree.
@@ -139,83 +44,23 @@ __global__ void global_average_pool_kernel(const float* x, float* y, int64_t pla
   }
 }
 
-// Each output's first maximum as a row-major offset in its plane.
 __global__ void argmax_kernel(const float* x, int64_t* argmax, PoolShape s) {
-  const int64_t in_plane = s.in[0] * s.in[1] * s.in[2];
-  const int64_t n = s.planes * s.out[0] * s.out[1] * s.out[2];
-  for (int64_t e = first_index(); e < n; e += grid_stride()) {
-    const Position o = split(e, s.out);
-    float best;
-    int64_t bd, bh, bw;
-    window_max(s, x + o.plane * in_plane, o, best, bd, bh, bw);
-    argmax[e] = (bd * s.in[1] + bh) * s.in[2] + bw;
-  }
-}
-
-// The outputs [lo, hi] along dim d whose windows span input position i: o * stride - pad_l
-// <= i <= o * stride - pad_l + (kernel - 1) * dilation. (With dilation, a window spanning i
-// may step over it; the callers check.)
-__device__ void covering(const PoolShape& s, int d, int64_t i, int64_t& lo, int64_t& hi) {
-  const int64_t top = i + s.pad_l[d];  // o * stride <= top
-  const int64_t bottom = top - (s.kernel[d] - 1) * s.dilation[d];
-  lo = bottom <= 0 ? 0 : (bottom + s.stride[d] - 1) / s.stride[d];
-  hi = min64(s.out[d] - 1, top / s.stride[d]);
+  const int64_t n = s.planes * s.out_plane();
+  for (int64_t e = first_index(); e < n; e += grid_stride()) argmax[e] = argmax_element(s, x, e);
 }
 
 __global__ void max_pool_grad_kernel(const float* dy, const int64_t* argmax, float* dx,
                                      PoolShape s) {
-  const int64_t out_plane = s.out[0] * s.out[1] * s.out[2];
-  const int64_t n = s.planes * s.in[0] * s.in[1] * s.in[2];
-  for (int64_t e = first_index(); e < n; e += grid_stride()) {
-    const Position i = split(e, s.in);
-    const int64_t here = (i.d * s.in[1] + i.h) * s.in[2] + i.w;
-    int64_t d0, d1, h0, h1, w0, w1;
-    covering(s, 0, i.d, d0, d1);
-    covering(s, 1, i.h, h0, h1);
-    covering(s, 2, i.w, w0, w1);
-    float sum = 0.0f;
-    for (int64_t od = d0; od <= d1; ++od)
-      for (int64_t oh = h0; oh <= h1; ++oh)
-        for (int64_t ow = w0; ow <= w1; ++ow) {
-          const int64_t o = i.plane * out_plane + (od * s.out[1] + oh) * s.out[2] + ow;
-          if (argmax[o] == here) sum += dy[o];
-        }
-    dx[e] = sum;
-  }
-}
-
-// Whether output o's window along dim d reads input position i (not only spans it).
-__device__ bool reads(const PoolShape& s, int d, int64_t o, int64_t i) {
-  return (i + s.pad_l[d] - o * s.stride[d]) % s.dilation[d] == 0;
+  const int64_t n = s.planes * s.in_plane();
+  for (int64_t e = first_index(); e < n; e += grid_stride())
+    dx[e] = max_pool_grad_element(s, dy, argmax, e);
 }
 
 __global__ void average_pool_grad_kernel(const float* dy, float* dx, bool include_pad,
                                          PoolShape s) {
-  const int64_t out_plane = s.out[0] * s.out[1] * s.out[2];
-  const int64_t n = s.planes * s.in[0] * s.in[1] * s.in[2];
-  for (int64_t e = first_index(); e < n; e += grid_stride()) {
-    const Position i = split(e, s.in);
-    int64_t d0, d1, h0, h1, w0, w1;
-    covering(s, 0, i.d, d0, d1);
-    covering(s, 1, i.h, h0, h1);
-    covering(s, 2, i.w, w0, w1);
-    float sum = 0.0f;
-    for (int64_t od = d0; od <= d1; ++od) {
-      if (!reads(s, 0, od, i.d)) continue;
-      const Span wd = window_along(s, 0, od);
-      for (int64_t oh = h0; oh <= h1; ++oh) {
-        if (!reads(s, 1, oh, i.h)) continue;
-        const Span wh = window_along(s, 1, oh);
-        for (int64_t ow = w0; ow <= w1; ++ow) {
-          if (!reads(s, 2, ow, i.w)) continue;
-          const Span ww = window_along(s, 2, ow);
-          const int64_t o = i.plane * out_plane + (od * s.out[1] + oh) * s.out[2] + ow;
-          sum += dy[o] / average_divisor(wd, wh, ww, include_pad);
-        }
-      }
-    }
-    dx[e] = sum;
-  }
+  const int64_t n = s.planes * s.in_plane();
+  for (int64_t e = first_index(); e < n; e += grid_stride())
+    dx[e] = average_pool_grad_element(s, dy, e, include_pad);
 }
 
 __global__ void global_average_pool_grad_kernel(const float* dy, float* dx, int64_t planes,
@@ -268,8 +113,8 @@ unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>(rows < 65535 * 16 ? (rows < 1 ? 1 : rows) : 65535 * 16);
 }
 
-int64_t outputs(const PoolShape& s) { return s.planes * s.out[0] * s.out[1] * s.out[2]; }
-int64_t inputs(const PoolShape& s) { return s.planes * s.in[0] * s.in[1] * s.in[2]; }
+int64_t outputs(const PoolShape& s) { return s.planes * s.out_plane(); }
+int64_t inputs(const PoolShape& s) { return s.planes * s.in_plane(); }
 
 }  // namespace
 

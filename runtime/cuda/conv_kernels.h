@@ -1,30 +1,21 @@
 #pragma once
 /// \file
 /// Device kernels of the CUDA conv family (conv_kernels.cu) on dense NCHW tensors: N * C
-/// "planes", each its spatial dims row-major. Spatial sizes are front-filled to three dims
-/// (depth, height, width) with size-one dims, as the CPU's PoolGeometry (runtime/cpu/window.h)
-/// fills them, so one kernel serves 1-D to 3-D. Pooling and its gradients run one thread per
-/// output element with ONNX's semantics (ceil_mode, dilations, asymmetric pads, the divisor of
-/// count_include_pad) computed exactly as the CPU's loops compute them; the gradients gather
-/// (one thread per input element, summing the windows that hold it in output order) instead of
-/// scattering with atomics, so a run is reproducible and adds in the CPU's order. Every launch
-/// is queued on `stream`; the host side (conv.cpp, grad_conv.cpp) checks shapes.
+/// "planes", each its spatial dims row-major, front-filled to three dims (conv_window.h), so
+/// one kernel serves 1-D to 3-D. Pooling and its gradients run one thread per output (forward)
+/// or input (gradient) element with ONNX's semantics (ceil_mode, dilations, asymmetric pads,
+/// the divisor of count_include_pad) computed exactly as the CPU's loops compute them
+/// (conv_window.h); the gradients gather instead of scattering with atomics, so a run is
+/// reproducible and adds in the CPU's order. Every launch is queued on `stream`; the host side
+/// (conv.cpp, grad_conv.cpp) checks shapes.
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
-namespace stagecraft::rt::cuda {
+#include "runtime/cuda/conv_window.h"
 
-/// One pooling node resolved (a plain copy of cpu::PoolGeometry for device code): per
-/// front-filled dim the input and output sizes, the window, and the explicit pads (pad_r
-/// without the ceil_mode extension, which only the include-padding divisor cares about).
-struct PoolShape {
-  int64_t planes = 0;  ///< N * C
-  int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1};
-  int64_t kernel[3] = {1, 1, 1}, stride[3] = {1, 1, 1}, dilation[3] = {1, 1, 1};
-  int64_t pad_l[3] = {0, 0, 0}, pad_r[3] = {0, 0, 0};
-};
+namespace stagecraft::rt::cuda {
 
 /// The element types MaxPool takes (the CPU's: float32, int8, uint8).
 enum class PoolElement { kFloat32, kInt8, kUInt8 };
