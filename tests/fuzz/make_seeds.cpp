@@ -156,6 +156,19 @@ onnx::ModelProto softmax_bad_axis() {
   return m;
 }
 
+// A node whose shapes ONNX's inference refuses, named with 100,000 characters: the error line
+// quoting the name was parsed with std::regex, which recursed once per character.
+onnx::ModelProto long_name_shape_error() {
+  auto m = empty_model();
+  auto* g = m.mutable_graph();
+  g->set_name("long_name_shape_error");
+  add_tensor_info(g->add_input(), "x", onnx::TensorProto::FLOAT, {2, 4});
+  stagecraft::testing::add_float_initializer(g, "w", {5, 3});
+  add_node(g, "MatMul", {"x", "w"}, {"y"}, std::string(100000, 'n'));
+  add_tensor_info(g->add_output(), "y", onnx::TensorProto::FLOAT, {});
+  return m;
+}
+
 void write(const fs::path& path, const std::string& bytes) {
   fs::create_directories(path.parent_path());
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -246,6 +259,7 @@ void model_seeds(const fs::path& out) {
   write_model(dir, "no_inputs", no_inputs());
   write_model(dir, "gather_out_of_range", gather_out_of_range());
   write_model(dir, "softmax_bad_axis", softmax_bad_axis());
+  write_model(dir, "long_name_shape_error", long_name_shape_error());
 }
 
 // The template's files with the selector byte the target reads (index into `names`).
