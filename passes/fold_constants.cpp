@@ -43,11 +43,24 @@ bool FoldConstants::run(ir::Graph& graph, PassContext& context) const {
     }
     if (!foldable) continue;
     // The evaluator's errors already name the node.
-    auto result = evaluate_on_host(node, inputs, shape_input, graph.opset);
+    auto result =
+        evaluate_on_host(node, inputs, shape_input, graph.opset, context.fold_max_elements);
     if (!result || result->size() != node.outputs.size()) continue;
     bool small = true;
-    for (const auto& t : *result) small &= t.numel() <= context.fold_max_elements;
+    int64_t bytes = 0;
+    for (const auto& t : *result) {
+      small &= t.numel() <= context.fold_max_elements;
+      bytes += t.numel() * dtype_size(t.dtype);
+    }
     if (!small) continue;
+    if (bytes > context.fold_max_total_bytes - context.folded_bytes) {
+      fail(ErrorKind::kUnsupported,
+           "node '{}' ({}): folding its {} bytes would bring the model's folded constants to {} "
+           "bytes, past the cap of {}; stagecraft folds shape arithmetic, not data",
+           node.name, node.op_type, bytes, context.folded_bytes + bytes,
+           context.fold_max_total_bytes);
+    }
+    context.folded_bytes += bytes;
     std::vector<ir::ValueId> outputs = node.outputs;
     graph.remove_node(id);
     for (std::size_t k = 0; k < outputs.size(); ++k) {

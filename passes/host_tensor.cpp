@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <span>
 
 #include "compiler/ir/onnx_bridge.h"
 #include "runtime/core/backend.h"
+#include "runtime/format/checked.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::passes {
@@ -130,14 +132,17 @@ std::vector<int64_t> slice_shape(const ir::Node& node, std::vector<int64_t> shap
     int64_t e = std::clamp<int64_t>(ends[k], -dim - 1, dim + 1);
     if (s < 0) s += dim;
     if (e < 0) e += dim;
+    // ceil(span / |step|) as (span - 1) / |step| + 1: never forms span + |step| (a step near
+    // 2^63 would wrap), nor -INT64_MIN.
     if (st > 0) {
       s = std::clamp<int64_t>(s, 0, dim);
       e = std::clamp<int64_t>(e, 0, dim);
-      shape[a] = e > s ? (e - s + st - 1) / st : 0;
+      shape[a] = e > s ? (e - s - 1) / st + 1 : 0;
     } else {
       s = std::clamp<int64_t>(s, 0, dim - 1);
       e = std::clamp<int64_t>(e, -1, dim - 1);
-      shape[a] = s > e ? (s - e - st - 1) / (-st) : 0;
+      shape[a] = s > e ? (st == std::numeric_limits<int64_t>::min() ? 1 : (s - e - 1) / -st + 1)
+                       : 0;
     }
   }
   return shape;
@@ -156,8 +161,16 @@ std::vector<int64_t> reshape_shape(const ir::Node& node, const HostTensor& x,
       if (infer_at >= 0)
         fail(ErrorKind::kModel, "node '{}' (Reshape): more than one -1", node.name);
       infer_at = static_cast<int64_t>(i);
+    } else if (target[i] < 0) {
+      fail(ErrorKind::kModel, "node '{}' (Reshape): shape {} entry {} is {}; only -1 may be negative",
+           node.name, ir::shape_string(target), i, target[i]);
     } else {
-      known *= target[i];
+      std::optional<int64_t> product = try_mul(known, target[i]);
+      if (!product) {
+        fail(ErrorKind::kModel, "node '{}' (Reshape): the element count of shape {} overflows int64",
+             node.name, ir::shape_string(target));
+      }
+      known = *product;
     }
   }
   if (infer_at >= 0) target[infer_at] = known == 0 ? 0 : x.numel() / known;
@@ -196,9 +209,18 @@ std::vector<int64_t> squeeze_shape(const ir::Node& node, const std::vector<int64
   return out;
 }
 
+/// The lowest and highest value of an integer dtype folding handles (int32 or int64).
+std::pair<int64_t, int64_t> int_limits(DType dtype) {
+  if (dtype == DType::kInt32)
+    return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
+  return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
+}
+
 /// Range's element count as the kernel computes it: the difference in the element type, the
-/// division in double.
-double range_count(const HostTensor& start, const HostTensor& limit, const HostTensor& delta) {
+/// division in double. An integer difference or last element that leaves the element type is
+/// refused, naming the node: the kernel would wrap it.
+double range_count(const ir::Node& node, const HostTensor& start, const HostTensor& limit,
+                   const HostTensor& delta) {
   double diff = 0;
   if (start.dtype == DType::kFloat32) {
     diff =
@@ -206,15 +228,103 @@ double range_count(const HostTensor& start, const HostTensor& limit, const HostT
   } else if (start.is_real()) {
     diff = limit.reals[0] - start.reals[0];
   } else {
-    diff = static_cast<double>(limit.ints[0] - start.ints[0]);
+    auto [lo, hi] = int_limits(start.dtype);
+    std::optional<int64_t> d = try_sub(limit.ints[0], start.ints[0]);
+    if (!d || *d < lo || *d > hi) {
+      fail(ErrorKind::kModel, "node '{}' (Range): limit - start = {} - {} overflows {}", node.name,
+           limit.ints[0], start.ints[0], dtype_name(start.dtype));
+    }
+    diff = static_cast<double>(*d);
   }
-  return std::ceil(diff / delta.real_at(0));
+  double count = std::ceil(diff / delta.real_at(0));
+  if (!start.is_real() && count >= 1 && count <= 9.0e18) {
+    auto [lo, hi] = int_limits(start.dtype);
+    std::optional<int64_t> steps = try_mul(static_cast<int64_t>(count) - 1, delta.ints[0]);
+    std::optional<int64_t> last = steps ? try_add(start.ints[0], *steps) : std::nullopt;
+    if (!last || *last < lo || *last > hi) {
+      fail(ErrorKind::kModel,
+           "node '{}' (Range): the last of {} elements, {} + {} x {}, overflows {}", node.name,
+           static_cast<int64_t>(count), start.ints[0], static_cast<int64_t>(count) - 1,
+           delta.ints[0], dtype_name(start.dtype));
+    }
+  }
+  return count;
+}
+
+/// The flat index into an input of `in_shape`, broadcast (numpy rules) to `out_shape`, that
+/// output element `i` reads.
+int64_t broadcast_index(const std::vector<int64_t>& in_shape, const std::vector<int64_t>& out_shape,
+                        int64_t i) {
+  int64_t index = 0, stride = 1;
+  const std::size_t offset = out_shape.size() - in_shape.size();
+  for (std::size_t k = out_shape.size(); k-- > 0;) {
+    const int64_t coord = i % out_shape[k];
+    i /= out_shape[k];
+    if (k < offset) continue;
+    const int64_t d = in_shape[k - offset];
+    if (d != 1) index += coord * stride;
+    stride *= d;
+  }
+  return index;
+}
+
+/// Integer Add, Sub, Mul and Div element by element, refusing (naming the node) any result
+/// that leaves the element type and a zero divisor. The kernel wraps, as the runtime must; a
+/// shape computed by wrapping is a broken or hostile model, not a size.
+void check_integer_arithmetic(const ir::Node& node, const HostTensor& x, const HostTensor& y,
+                              const std::vector<int64_t>& out_shape) {
+  if (x.is_real() || x.dtype == DType::kBool) return;
+  const std::string& op = node.op_type;
+  const auto [lo, hi] = int_limits(x.dtype);
+  const int64_t n = numel_of(out_shape);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t a = x.ints[broadcast_index(x.shape, out_shape, i)];
+    const int64_t b = y.ints[broadcast_index(y.shape, out_shape, i)];
+    std::optional<int64_t> r;
+    const char* symbol = "/";
+    if (op == "Add") {
+      r = try_add(a, b), symbol = "+";
+    } else if (op == "Sub") {
+      r = try_sub(a, b), symbol = "-";
+    } else if (op == "Mul") {
+      r = try_mul(a, b), symbol = "x";
+    } else if (b == 0) {
+      fail(ErrorKind::kModel, "node '{}' (Div): integer division by zero ({} / 0, element {})",
+           node.name, a, i);
+    } else if (!(a == std::numeric_limits<int64_t>::min() && b == -1)) {
+      r = a / b;
+    }
+    if (!r || *r < lo || *r > hi) {
+      fail(ErrorKind::kModel, "node '{}' ({}): {} {} {} overflows {} (element {} of the output)",
+           node.name, op, a, symbol, b, dtype_name(x.dtype), i);
+    }
+  }
+}
+
+/// True when a folded output of `shape` holds at most `max_elements`; a negative dim is refused,
+/// naming the node.
+bool small_enough(const ir::Node& node, const std::vector<int64_t>& shape, int64_t max_elements) {
+  int64_t n = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) {
+      fail(ErrorKind::kModel, "node '{}' ({}): output shape {} has a negative dim ({} at {})",
+           node.name, node.op_type, ir::shape_string(shape), shape[i], i);
+    }
+  }
+  for (int64_t d : shape) {
+    std::optional<int64_t> product = try_mul(n, d);
+    if (!product) return false;
+    n = *product;
+  }
+  return n <= max_elements;
 }
 
 /// Output 0's dtype and shape: the shape arithmetic of folding. Nullopt when an input it needs
-/// is not constant or the node is outside what folding handles.
+/// is not constant, the node is outside what folding handles, or the output would hold more
+/// than `max_elements` (then the node stays, and runs at run time).
 std::optional<std::pair<DType, std::vector<int64_t>>> output_type(const ir::Node& node,
-                                                                  const Inputs& in, int64_t opset) {
+                                                                  const Inputs& in, int64_t opset,
+                                                                  int64_t max_elements) {
   const std::string& op = node.op_type;
   auto input = [&](std::size_t i) -> const HostTensor* {
     return i < in.size() && in[i] ? &*in[i] : nullptr;
@@ -245,14 +355,16 @@ std::optional<std::pair<DType, std::vector<int64_t>>> output_type(const ir::Node
     if (!input(1) || !input(2)) return std::nullopt;
     if (input(2)->real_at(0) == 0)
       fail(ErrorKind::kModel, "node '{}' (Range): delta is 0", node.name);
-    auto n = static_cast<int64_t>(std::max(0.0, range_count(x, *input(1), *input(2))));
+    auto n = static_cast<int64_t>(std::max(0.0, range_count(node, x, *input(1), *input(2))));
     if (n > (1 << 24)) return std::nullopt;
     return Type{x.dtype, {n}};
   }
   if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Equal") {
     if (!input(1) || input(1)->dtype != x.dtype) return std::nullopt;
-    return Type{op == "Equal" ? DType::kBool : x.dtype,
-                broadcast_shape({x.shape, input(1)->shape}, node)};
+    std::vector<int64_t> shape = broadcast_shape({x.shape, input(1)->shape}, node);
+    if (!small_enough(node, shape, max_elements)) return std::nullopt;
+    if (op != "Equal") check_integer_arithmetic(node, x, *input(1), shape);
+    return Type{op == "Equal" ? DType::kBool : x.dtype, shape};
   }
   if (op == "Where") {
     if (!input(1) || !input(2) || input(1)->dtype != input(2)->dtype) return std::nullopt;
@@ -448,7 +560,7 @@ std::string HostTensor::to_bytes() const {
 
 std::optional<std::vector<HostTensor>> evaluate_on_host(const ir::Node& node, const Inputs& in,
                                                         const std::vector<int64_t>& shape_input,
-                                                        int64_t opset) {
+                                                        int64_t opset, int64_t max_output_elements) {
   auto one = [](std::optional<HostTensor> t) -> std::optional<std::vector<HostTensor>> {
     if (!t) return std::nullopt;
     return std::vector<HostTensor>{std::move(*t)};
@@ -457,8 +569,9 @@ std::optional<std::vector<HostTensor>> evaluate_on_host(const ir::Node& node, co
   // Every other op needs its first input constant.
   if (in.empty() || !in[0]) return std::nullopt;
   if (node.op_type == "Trilu") return one(trilu(node, in));
-  auto type = output_type(node, in, opset);
-  if (!type) return std::nullopt;
+  auto type = output_type(node, in, opset, max_output_elements);
+  // Checked before the kernel allocates: a ConstantOfShape of [2^31] is 8 GiB of zeros.
+  if (!type || !small_enough(node, type->second, max_output_elements)) return std::nullopt;
   return one(run_kernel(node, in, *type));
 }
 

@@ -39,11 +39,14 @@ bool host_dtype(DType dtype);
 
 /// Evaluates `node`, an op ops.def marks kHostFolds, on constant inputs (kNoId inputs are passed
 /// as nullopt). Shape nodes get the input's shape through `shape_input`. Returns nullopt when the
-/// op is not one the host evaluator knows, an input it needs is not constant, or the CPU
+/// op is not one the host evaluator knows, an input it needs is not constant, the output would
+/// hold more than `max_output_elements` (known before anything is allocated), or the CPU
 /// backend's check refuses the dtypes or attributes; throws `Error` naming the node for inputs
-/// that make no sense (an index out of range, shapes that do not broadcast).
+/// that make no sense (an index out of range, shapes that do not broadcast, integer arithmetic
+/// that overflows its dtype or divides by zero, a negative output dim).
 std::optional<std::vector<HostTensor>> evaluate_on_host(
     const ir::Node& node, const std::vector<std::optional<HostTensor>>& inputs,
-    const std::vector<int64_t>& shape_input, int64_t opset);
+    const std::vector<int64_t>& shape_input, int64_t opset,
+    int64_t max_output_elements = int64_t{1} << 16);
 
 }  // namespace stagecraft::passes

@@ -20,6 +20,12 @@ struct PassContext {
   /// Folding evaluates a node only when every input and output has at most this many elements:
   /// shape arithmetic is folded, real compute on weights is left alone.
   int64_t fold_max_elements = 1 << 16;
+  /// Folding refuses a model whose folded constants would hold more than this many bytes in
+  /// all (each at most `fold_max_elements`, but a model can hold many): shape arithmetic is
+  /// small, and a few hundred bytes of model must not take gigabytes to import.
+  int64_t fold_max_total_bytes = int64_t{256} << 20;
+  /// The bytes of the constants folded so far.
+  int64_t folded_bytes = 0;
   /// How many nodes each pass removed or rewrote, by pass name (for `stagec --info`).
   std::map<std::string, int64_t> counters;
 };

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "compiler/import.h"
 #include "runtime/format/error.h"
@@ -146,6 +147,167 @@ TEST_CASE("an external data file with more than one hard link is refused") {
   fs::create_hard_link(dir.file("outside.bin"), dir.file("m/w.bin"));
   testing::write_model(external_weight("w.bin", "0", "48"), dir.file("m/m.onnx"));
   expect_refused(dir.file("m/m.onnx"), ErrorKind::kFormat, "w.bin has 2 hard links");
+}
+
+/// Sets an integer-list attribute on `node`.
+void set_ints(onnx::NodeProto* node, const std::string& name, const std::vector<int64_t>& values) {
+  auto* a = node->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INTS);
+  for (int64_t v : values) a->add_ints(v);
+}
+
+/// Sets an integer attribute on `node`.
+void set_int(onnx::NodeProto* node, const std::string& name, int64_t value) {
+  auto* a = node->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(value);
+}
+
+/// Declares a graph output of `rank` whose dims shape inference is left to find.
+void add_unshaped_output(onnx::GraphProto* g, const std::string& name, int rank,
+                         int32_t elem_type = onnx::TensorProto::FLOAT) {
+  testing::add_tensor_info(g->add_output(), name, elem_type, std::vector<int64_t>(rank, -1));
+}
+
+/// x [batch, channels, 8, 8] -> `op` (named "hostile") -> y; a Conv reads W [out, channels /
+/// group, 3, 3]. The caller adds the attributes.
+onnx::ModelProto window_model(const std::string& op, int64_t channels = 1, int64_t out = 2,
+                              int64_t group = 1) {
+  onnx::ModelProto m = testing::relu_model(13);
+  auto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_output();
+  g->clear_input();
+  testing::add_tensor_info(g->add_input(), "x", onnx::TensorProto::FLOAT, {-1, channels, 8, 8},
+                           {"batch"});
+  std::vector<std::string> inputs{"x"};
+  if (op == "Conv" || op == "ConvTranspose") {
+    testing::add_float_initializer(g, "W", {op == "Conv" ? out : channels,
+                                            (op == "Conv" ? channels : out) / group, 3, 3});
+    inputs.push_back("W");
+  }
+  testing::add_node(g, op, inputs, {"y"}, "hostile");
+  add_unshaped_output(g, "y", 4);
+  return m;
+}
+
+/// Writes `m` to a temporary folder and expects import to refuse it with `needle`.
+void expect_model_refused(const onnx::ModelProto& m, ErrorKind kind, const std::string& needle) {
+  TempDir dir;
+  testing::write_model(m, dir.file("m.onnx"));
+  expect_refused(dir.file("m.onnx"), kind, needle);
+}
+
+/// The node called "hostile" in `m`.
+onnx::NodeProto* hostile(onnx::ModelProto& m) {
+  auto* g = m.mutable_graph();
+  for (int i = 0; i < g->node_size(); ++i)
+    if (g->node(i).name() == "hostile") return g->mutable_node(i);
+  throw std::runtime_error("no node 'hostile'");
+}
+
+TEST_CASE("window attributes libonnx divides by are refused before shape inference") {
+  // Issue 17: strides = [0, 0] killed `stagec --info` with SIGFPE inside libonnx.
+  auto with = [](const std::string& op, auto&& set) {
+    onnx::ModelProto m = window_model(op);
+    if (op != "Conv") set_ints(hostile(m), "kernel_shape", {3, 3});
+    set(hostile(m));
+    return m;
+  };
+  expect_model_refused(
+      with("Conv", [](auto* n) { set_ints(n, "strides", {0, 0}); }), ErrorKind::kModel,
+      "node 'hostile' (Conv): attribute strides = [0, 0]: entry 0 is 0; each must be >= 1");
+  expect_model_refused(with("MaxPool", [](auto* n) { set_ints(n, "strides", {1, 0}); }),
+                       ErrorKind::kModel,
+                       "node 'hostile' (MaxPool): attribute strides = [1, 0]: entry 1 is 0");
+  expect_model_refused(with("AveragePool", [](auto* n) { set_ints(n, "strides", {-2, 1}); }),
+                       ErrorKind::kModel, "attribute strides = [-2, 1]: entry 0 is -2");
+  expect_model_refused(with("Conv", [](auto* n) { set_ints(n, "dilations", {1, 0}); }),
+                       ErrorKind::kModel, "(Conv): attribute dilations = [1, 0]: entry 1 is 0");
+  expect_model_refused(with("MaxPool", [](auto* n) { n->mutable_attribute(0)->set_ints(1, 0); }),
+                       ErrorKind::kModel, "attribute kernel_shape = [3, 0]: entry 1 is 0");
+  expect_model_refused(with("Conv", [](auto* n) { set_ints(n, "pads", {0, 0, -1, 0}); }),
+                       ErrorKind::kModel,
+                       "attribute pads = [0, 0, -1, 0]: entry 2 is -1; each must be >= 0");
+  expect_model_refused(with("Conv", [](auto* n) { set_int(n, "group", 0); }), ErrorKind::kModel,
+                       "node 'hostile' (Conv): attribute group = 0; it must be >= 1");
+  expect_model_refused(
+      with("ConvTranspose", [](auto* n) { set_ints(n, "output_padding", {0, -1}); }),
+      ErrorKind::kModel, "(ConvTranspose): attribute output_padding = [0, -1]: entry 1 is -1");
+  onnx::ModelProto depth = window_model("DepthToSpace");
+  set_int(hostile(depth), "blocksize", 0);
+  expect_model_refused(depth, ErrorKind::kModel,
+                       "node 'hostile' (DepthToSpace): attribute blocksize = 0; it must be >= 1");
+  // The same attributes within their bounds import.
+  TempDir dir;
+  onnx::ModelProto fine = with("Conv", [](auto* n) {
+    set_ints(n, "strides", {2, 2});
+    set_ints(n, "pads", {1, 1, 1, 1});
+    set_ints(n, "dilations", {1, 1});
+  });
+  testing::write_model(fine, dir.file("fine.onnx"));
+  ImportOptions options;
+  options.batch = 2;
+  auto model = import_model(dir.file("fine.onnx"), options);
+  auto y = model.graph.find_value("y");
+  REQUIRE(y);
+  CHECK(model.graph.value(*y).shape == std::vector<int64_t>{2, 2, 4, 4});
+}
+
+/// x [batch, 4] -> Shape -> Slice(starts [start], ends [end], axes [0], steps) -> s (int64).
+/// The steps come from an initializer or, with `constant_node`, from a Constant node.
+onnx::ModelProto slice_of_shape(int64_t step, bool constant_node = false, int64_t start = 0,
+                                int64_t end = 2) {
+  onnx::ModelProto m = testing::relu_model(13);
+  auto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_output();
+  testing::add_node(g, "Shape", {"x"}, {"shape"}, "shape");
+  testing::add_int64_initializer(g, "starts", {start});
+  testing::add_int64_initializer(g, "ends", {end});
+  testing::add_int64_initializer(g, "axes", {0});
+  if (constant_node) {
+    auto* c = testing::add_node(g, "Constant", {}, {"steps"}, "steps_constant");
+    auto* a = c->add_attribute();
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto::TENSOR);
+    a->mutable_t()->set_data_type(onnx::TensorProto::INT64);
+    a->mutable_t()->add_dims(1);
+    a->mutable_t()->set_raw_data(std::string(reinterpret_cast<const char*>(&step), 8));
+  } else {
+    testing::add_int64_initializer(g, "steps", {step});
+  }
+  testing::add_node(g, "Slice", {"shape", "starts", "ends", "axes", "steps"}, {"s"}, "hostile");
+  add_unshaped_output(g, "s", 1, onnx::TensorProto::INT64);
+  return m;
+}
+
+TEST_CASE("a Slice step of 0 or past 2^31 is refused before ONNX's data propagation") {
+  // Issue 17: INT64_MIN sent ONNX's data propagation over the shape tensor into a loop that ran
+  // for minutes with its memory growing; -2^63 + 1 read past the shape (SIGSEGV).
+  const int64_t min = std::numeric_limits<int64_t>::min();
+  expect_model_refused(slice_of_shape(min, false, -1, min), ErrorKind::kModel,
+                       "node 'hostile' (Slice): steps 'steps' entry 0 is -9223372036854775808; "
+                       "stagecraft takes steps within +-2147483647");
+  expect_model_refused(slice_of_shape(min + 1, false, -1, min), ErrorKind::kModel,
+                       "steps 'steps' entry 0 is -9223372036854775807");
+  expect_model_refused(slice_of_shape(min, true, -1, min), ErrorKind::kModel,
+                       "steps 'steps' entry 0 is -9223372036854775808");
+  expect_model_refused(slice_of_shape(int64_t{1} << 32, false), ErrorKind::kModel,
+                       "steps 'steps' entry 0 is 4294967296");
+  expect_model_refused(slice_of_shape(0), ErrorKind::kModel,
+                       "node 'hostile' (Slice): steps 'steps' entry 0 is 0; a step must not be 0");
+  // The largest step taken: from the last dim backwards, one element.
+  TempDir dir;
+  testing::write_model(slice_of_shape(-2147483647, false, -1, min), dir.file("m.onnx"));
+  ImportOptions options;
+  options.batch = 3;
+  auto model = import_model(dir.file("m.onnx"), options);
+  auto s = model.graph.find_value("s");
+  REQUIRE(s);
+  CHECK(model.graph.value(*s).shape == std::vector<int64_t>{1});
 }
 
 }  // namespace

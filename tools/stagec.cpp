@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -11,6 +12,7 @@
 #include "compiler/plan/planner.h"
 #include "cost_models/profile_db.h"
 #include "runtime/format/error.h"
+#include "runtime/optim/lr_schedule.h"
 #include "tools/backend_check.h"
 #include "tools/profile/profiler.h"
 
@@ -170,6 +172,29 @@ void parse_choices(const ChoiceNames& names, stagecraft::plan::PlanOptions& po) 
   po.recompute = flag("--recompute", [&] { return parse_recompute(names.recompute); });
 }
 
+/// The training numbers as stagerun will read them, checked with the runtime's own rules
+/// (runtime/optim) before planning, each with its flag: stagec writes no plan stagerun refuses,
+/// and a NaN or infinity cannot even be written to plan.json.
+void check_training_flags(const stagecraft::plan::PlanOptions& po) {
+  using namespace stagecraft;
+  if (!po.training) return;
+  const plan::TrainingConfig& c = po.training_config;
+  for (auto [flag, value] : {std::pair<const char*, double>{"--lr", c.lr},
+                             {"--weight-decay", c.weight_decay},
+                             {"--momentum", c.momentum}}) {
+    if (!std::isfinite(value) || value < 0)
+      fail(ErrorKind::kUsage, "{} {}: must be a finite number >= 0", flag, value);
+  }
+  rt::optim::LrSchedule schedule;
+  schedule.kind = with_context("--lr-schedule", ErrorKind::kUsage,
+                               [&] { return rt::optim::parse_lr_schedule(c.lr_schedule); });
+  schedule.base_lr = c.lr;
+  schedule.warmup_steps = c.warmup_steps;
+  schedule.total_steps = c.total_steps;
+  with_context(fmt::format("--lr-schedule {}", c.lr_schedule), ErrorKind::kUsage,
+               [&] { rt::optim::validate(schedule); });
+}
+
 int run(int argc, char** argv) {
   using namespace stagecraft;
   CLI::App app{
@@ -240,6 +265,7 @@ int run(int argc, char** argv) {
   }
 
   parse_choices(choice_names, po);
+  check_training_flags(po);
   ImportOptions options;
   options.batch = batch;
   for (const auto& d : dims) parse_dim_binding(d, options);

@@ -12,6 +12,7 @@
 #include <set>
 #include <unordered_set>
 
+#include "compiler/ir/onnx_attributes.h"
 #include "runtime/format/checked.h"
 #include "runtime/format/error.h"
 #include "runtime/format/inside_folder.h"
@@ -302,6 +303,8 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
 }
 
 void infer_onnx_shapes(onnx::ModelProto& model) {
+  // libonnx divides by strides and loops over Slice steps without looking at them.
+  check_attributes_for_inference(model);
   try {
     onnx::ShapeInferenceOptions strict(/*check_type=*/true, /*error_mode=*/1, /*data_prop=*/true);
     onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), strict);

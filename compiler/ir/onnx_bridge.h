@@ -68,7 +68,8 @@ struct ExportOptions {
 
 /// Runs ONNX shape inference on `model` in strict mode (type checks, node errors raised, data
 /// propagation on). A failure becomes one `Error(kShape)` line naming the first failing node;
-/// the errors that only follow from it are counted, not listed.
+/// the errors that only follow from it are counted, not listed. Attributes libonnx would divide
+/// by or loop over unchecked are refused first (onnx_attributes.h, `Error(kModel)`).
 void infer_onnx_shapes(onnx::ModelProto& model);
 
 /// A valid ONNX model for `graph` (or the subset in `options.nodes`): inputs are the values the

@@ -158,7 +158,9 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   // first forward there too (never at the same time as a backward).
   out.backward_arena_bytes = s.shape.training ? backward_arena : 0;
   int64_t temporary = s.shape.training ? backward_arena : out.arena_bytes;
-  for (const auto& t : out.outputs) comm += t.peer_stages.empty() ? 0 : t.bytes;
+  // Every output the stage sends is a buffer; so is a graph output the stage hands back to the
+  // caller (no peer stage), which the arena does not hold either.
+  for (const auto& t : out.outputs) comm += t.peer_stages.empty() && !t.graph_output ? 0 : t.bytes;
   // Shared weights: the stage holds its own copy (in params already, with its gradient and
   // optimizer state); training sums the copies' float32 gradients across the holders before
   // the optimizer step, through one more buffer per weight.

@@ -70,10 +70,22 @@ PlannedModel make_plan(const PlanOptions& o) {
            o.model_path);
   }
   const ir::Graph& g = out.model.graph;
+  if (g.inputs.empty()) {
+    fail(ErrorKind::kModel,
+         "{}: the model has no graph inputs (every value is a constant); a pipeline plan feeds "
+         "an input per microbatch",
+         o.model_path);
+  }
   if (!o.batch) {
     // A model with a fixed batch: each microbatch is that batch.
-    const auto& first = g.value(g.inputs.at(0)).shape;
-    s.microbatch_size = first.empty() ? 1 : first[0];
+    const ir::Value& first = g.value(g.inputs[0]);
+    s.microbatch_size = first.shape.empty() ? 1 : first.shape[0];
+    if (s.microbatch_size < 1) {
+      fail(ErrorKind::kModel,
+           "{}: input '{}' has the fixed shape {}, a batch of 0; a microbatch needs at least one "
+           "sample",
+           o.model_path, first.name, ir::shape_string(first.shape));
+    }
   }
   cost::RooflineCostModel roofline(s.device, s.precision);
   std::unique_ptr<cost::OpCostModel> custom_costs =
