@@ -1,9 +1,35 @@
 #!/usr/bin/env bash
 # Quick start, second command: set up, build, and run the whole test suite (ctest).
 # Extra arguments go to ctest, e.g. `bash tools/test.sh -L unit` or `-LE slow`.
+#
+#   bash tools/test.sh --sanitize address   ASan + UBSan build (build-asan/), whole suite but GPU
+#   bash tools/test.sh --sanitize thread    TSan build (build-tsan/): the executor, transports,
+#                                           training and command-line tests
+# A sanitizer report fails the test that caused it (the runtimes abort on the first one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/build.sh
 jobs=$(nproc 2>/dev/null || echo 2)
+
+if [ "${1:-}" = "--sanitize" ]; then
+  kind=${2:-}
+  shift 2 || true
+  case "$kind" in
+    address) dir=build-asan; labels=(-LE gpu) ;;
+    thread) dir=build-tsan; labels=(-L "runtime|optim|grad|cli") ;;
+    *) echo "test.sh: usage error: --sanitize takes address or thread, not '$kind'" >&2; exit 2 ;;
+  esac
+  bash tools/setup.sh
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTAGECRAFT_WERROR=ON \
+    -DSTAGECRAFT_SANITIZE="$kind" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+  cd "$dir"
+  ctest --output-on-failure -j "$jobs" "${labels[@]}" "$@"
+  exit
+fi
+
+bash tools/build.sh
 cd build
 ctest --output-on-failure -j "$jobs" "$@"

@@ -8,7 +8,6 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
-#include <regex>
 #include <set>
 #include <unordered_set>
 
@@ -302,6 +301,36 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
   return g;
 }
 
+namespace {
+
+/// ONNX's line for a failing node, "... (op_type:Conv, node name: c1): [ShapeInferenceError]
+/// reason", in our words: "node 'c1' (Conv): reason". Parsed by hand, not with std::regex: the
+/// node name comes from the model, and std::regex recurses per character (a long name
+/// overflowed the stack). A line of another shape is returned as it is.
+std::string node_error_line(const std::string& line) {
+  constexpr std::string_view kOp = "(op_type:", kName = ", node name: ", kEnd = "): ";
+  const std::size_t op = line.find(kOp);
+  if (op == std::string::npos) return line;
+  const std::size_t name = line.find(kName, op + kOp.size());
+  if (name == std::string::npos) return line;
+  const std::size_t end = line.find(kEnd, name + kName.size());
+  if (end == std::string::npos) return line;
+  std::string_view op_type(line.data() + op + kOp.size(), name - op - kOp.size());
+  std::string_view node(line.data() + name + kName.size(), end - name - kName.size());
+  std::string_view reason(line);
+  reason.remove_prefix(end + kEnd.size());
+  // An "[ErrorKind] " tag in front of the reason is ONNX's, not the user's: drop it.
+  if (reason.starts_with('[')) {
+    const std::size_t close = reason.find("] ");
+    if (close != std::string_view::npos) reason.remove_prefix(close + 2);
+  }
+  if (op_type.find(',') != std::string_view::npos || node.find(')') != std::string_view::npos)
+    return line;
+  return fmt::format("node '{}' ({}): {}", node, op_type, reason);
+}
+
+}  // namespace
+
 void infer_onnx_shapes(onnx::ModelProto& model) {
   // libonnx divides by strides and loops over Slice steps without looking at them.
   check_attributes_for_inference(model);
@@ -320,12 +349,7 @@ void infer_onnx_shapes(onnx::ModelProto& model) {
       start = end + 1;
     }
     std::string first = lines.empty() ? text : lines.front();
-    static const std::regex node_error(
-        R"(\(op_type:([^,]*), node name: ([^)]*)\): (\[\w+\] )?(.*))");
-    std::smatch m;
-    if (std::regex_search(first, m, node_error)) {
-      first = fmt::format("node '{}' ({}): {}", m[2].str(), m[1].str(), m[4].str());
-    }
+    first = node_error_line(first);
     std::string more =
         lines.size() > 1 ? fmt::format(" ({} more errors follow from it)", lines.size() - 1) : "";
     fail(ErrorKind::kShape, "ONNX shape inference: {}{}", first, more);

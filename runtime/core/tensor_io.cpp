@@ -38,7 +38,7 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& what
          "{} keeps its data in an external file; stage files embed their weights", what);
   Shape shape(proto.dims().begin(), proto.dims().end());
   // Check the data's size before allocating: a file that is not a tensor can claim any dims.
-  int64_t count = shape_numel(shape);
+  int64_t count = with_context(what, ErrorKind::kFormat, [&] { return shape_numel(shape); });
   if (count > INT64_MAX / 16)
     fail(ErrorKind::kFormat, "{} claims shape {}, too large", what, shape_string(shape));
   int64_t given =

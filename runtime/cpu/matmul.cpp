@@ -96,8 +96,8 @@ void gemm(const KernelArgs& a) {
     beta = 0.0f;
   }
   if (out.numel() == 0) return;
-  if (k == 0) {
-    for (int64_t i = 0; i < m * n; ++i) dst[i] *= beta;
+  if (k == 0) {  // Y = beta * C; without C (or beta 0) zeros, not 0 * whatever Y held
+    for (int64_t i = 0; i < m * n; ++i) dst[i] = beta == 0.0f ? 0.0f : dst[i] * beta;
     return;
   }
 

@@ -42,8 +42,9 @@ nlohmann::json read_json_file(const std::string& path) {
   if (in.bad()) throw Error(ErrorKind::kIo, "read error").in(path);
   try {
     return nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    // Drop nlohmann's "[json.exception.parse_error.101] " tag; keep the position and the reason.
+  } catch (const nlohmann::json::exception& e) {
+    // A syntax error, or a number too large for a double ("1e999": out_of_range.406). Drop
+    // nlohmann's "[json.exception.parse_error.101] " tag; keep the position and the reason.
     std::string reason = e.what();
     if (auto tag = reason.find("] ");
         reason.starts_with("[json.exception") && tag != std::string::npos) {

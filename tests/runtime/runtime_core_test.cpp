@@ -305,3 +305,45 @@ TEST_CASE("a program checks the dtype and shape of what it is given") {
 
 }  // namespace
 }  // namespace stagecraft::rt
+
+namespace stagecraft::rt {
+namespace {
+
+TEST_CASE("Gemm with an empty inner dim writes beta * C, or zeros, whatever the output held") {
+  const KernelEntry* gemm = nullptr;
+  for (const KernelEntry& e : cpu_backend().table())
+    if (e.op_type == "Gemm") gemm = &e;
+  REQUIRE(gemm != nullptr);
+  std::unique_ptr<DeviceContext> device = cpu_backend().make_device(0, 1);
+  Tensor a = Tensor::owned(DType::kFloat32, {2, 0});
+  Tensor b = Tensor::owned(DType::kFloat32, {0, 3});
+  Tensor c = Tensor::owned(DType::kFloat32, {3});
+  for (int j = 0; j < 3; ++j) c.as<float>()[j] = static_cast<float>(j + 1);
+  for (float beta : {0.0f, 0.5f}) {
+    for (bool with_c : {false, true}) {
+      CAPTURE(beta);
+      CAPTURE(with_c);
+      onnx::NodeProto node;
+      node.set_op_type("Gemm");
+      auto* attr = node.add_attribute();
+      attr->set_name("beta");
+      attr->set_type(onnx::AttributeProto::FLOAT);
+      attr->set_f(beta);
+      Attrs attrs(node);
+      Tensor y = Tensor::owned(DType::kFloat32, {2, 3});
+      // An arena's bytes are whatever the last tenant left: NaN here.
+      for (int i = 0; i < 6; ++i) y.as<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+      const Tensor* in3[] = {&a, &b, &c};
+      Tensor* out[] = {&y};
+      std::span<const Tensor* const> in(in3, with_c ? 3 : 2);
+      gemm->run(KernelArgs{"gemm", "Gemm", attrs, in, out, *device});
+      for (int i = 0; i < 6; ++i) {
+        float want = with_c ? beta * static_cast<float>(i % 3 + 1) : 0.0f;
+        CHECK(y.as<float>()[i] == want);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace stagecraft::rt
