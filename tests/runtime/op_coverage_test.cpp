@@ -2,7 +2,7 @@
 // builder: each model imports, plans on 2 devices, and its pipelined run equals the
 // unpartitioned model's (inference, microbatch by microbatch), and so does its pipelined
 // training (the loss of every step). The CUDA backend, which has no kernels for these ops yet,
-// refuses them in one line.
+// refuses them in one line. Kernel gradients are checked in tests/grad; this checks the plans.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -72,6 +72,34 @@ ModelBuilder pad_net() {
   const std::string bias = b.add_parameter("fc.bias", {4}, 8);
   b.add_node("Gemm", "/fc/Gemm", {x, w, bias}, {"y"},
              {attr_float("alpha", 1.0f), attr_float("beta", 1.0f), attr_int("transB", 1)});
+  b.add_output("y", kFloat, {"batch", 4});
+  return b;
+}
+
+// A CBAM-style attention block and a normalised head, the reductions as torch exports them:
+// x [batch,4,8,8] -> Conv 3x3 -> Relu = f; s = Sigmoid(Conv(Concat(ReduceMean(f, 1),
+// ReduceMax(f, 1)))) (torch.mean / torch.amax over channels, keepdim); f * s -> ReduceSum over
+// (2, 3) with the axes a Constant input (opset 13, x.sum(dim=(2, 3))) -> Gemm -> z;
+// y = z / ReduceL2(z, 1) (F.normalize without its clamp) -> y [batch,4].
+ModelBuilder reduce_net() {
+  ModelBuilder b("reduce_net");
+  b.add_input("x", kFloat, {"batch", 4, 8, 8});
+  const std::string f = b.add_op("Relu", "/relu1/Relu", {conv3x3(b, "conv1", "x", 4, 8, 1)});
+  const std::string mean = b.add_op("ReduceMean", "/attn/ReduceMean", {f},
+                                    {attr_ints("axes", {1}), attr_int("keepdims", 1)});
+  const std::string max = b.add_op("ReduceMax", "/attn/ReduceMax", {f},
+                                   {attr_ints("axes", {1}), attr_int("keepdims", 1)});
+  std::string s = b.add_op("Concat", "/attn/Concat", {mean, max}, {attr_int("axis", 1)});
+  s = b.add_op("Sigmoid", "/attn/Sigmoid", {conv3x3(b, "attn.conv", s, 2, 1, 1)});
+  std::string x = b.add_op("Mul", "/attn/Mul", {f, s});
+  const std::string axes = b.add_constant("/sum/Constant", make_int64_tensor({2}, {2, 3}));
+  x = b.add_op("ReduceSum", "/sum/ReduceSum", {x, axes}, {attr_int("keepdims", 0)});
+  const std::string w = b.add_parameter("fc.weight", {4, 8}, 8);
+  const std::string bias = b.add_parameter("fc.bias", {4}, 8);
+  x = b.add_op("Gemm", "/fc/Gemm", {x, w, bias}, {attr_int("transB", 1)});
+  const std::string norm = b.add_op("ReduceL2", "/normalize/ReduceL2", {x},
+                                    {attr_ints("axes", {1}), attr_int("keepdims", 1)});
+  b.add_node("Div", "/normalize/Div", {x, norm}, {"y"});
   b.add_output("y", kFloat, {"batch", 4});
   return b;
 }
@@ -179,6 +207,20 @@ TEST_CASE("Pad as torch exports it: planned on 2 devices, run and trained as on 
   check_training(model);
   const DType pad_inputs[] = {DType::kFloat32, DType::kInt64};
   check_cuda_refuses("Pad", pad_inputs);
+}
+
+TEST_CASE("ReduceSum, ReduceMax and ReduceL2 as torch exports them: 2 devices as one") {
+  testing::TempDir dir;
+  const std::string model = dir.file("reduce_net.onnx");
+  reduce_net().write(model);
+  CHECK(run_against_unpartitioned(model, 1, "ReduceSum") == 1);
+  CHECK(run_against_unpartitioned(model, 2, "ReduceMax") == 1);
+  check_training(model);
+  const DType sum_inputs[] = {DType::kFloat32, DType::kInt64};
+  check_cuda_refuses("ReduceSum", sum_inputs);
+  const DType f32[] = {DType::kFloat32};
+  for (const char* op : {"ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2"})
+    check_cuda_refuses(op, f32);
 }
 
 }  // namespace stagecraft::rt
