@@ -15,7 +15,10 @@ namespace stagecraft::rt {
 namespace {
 
 // CPU ops without a CUDA kernel yet (a plan using one is refused on CUDA: "no cuda kernel").
-const std::set<std::string_view> kCpuOnly = {};
+const std::set<std::string_view> kCpuOnly = {
+    "Pad",           "PadGrad",        "ReduceSum",     "ReduceSumGrad", "ReduceMax",
+    "ReduceMaxGrad", "ReduceMin",      "ReduceMinGrad", "ReduceProd",    "ReduceProdGrad",
+    "ReduceL2",      "ReduceL2Grad"};  // issue 15
 
 TEST_CASE("the cuda backend has a kernel for every op of the cpu backend") {
 #ifdef STAGECRAFT_WITH_CUDA
