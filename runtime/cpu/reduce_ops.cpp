@@ -1,15 +1,21 @@
-// The reductions ReduceSum, ReduceMax, ReduceMin, ReduceProd and ReduceL2 and their gradients
+// The reductions ReduceSum, ReduceMax, ReduceMin, ReduceProd, ReduceL1, ReduceL2,
+// ReduceSumSquare, ReduceLogSum and ReduceLogSumExp and their gradients
 // (see families.h; ReduceMean lives in reduce.cpp). Axes come from the attribute `axes` (every
 // opset of Max, Min, Prod and L2 that stagecraft imports; ReduceSum before opset 13) or from the
 // optional int64 input 1 (ReduceSum from opset 13); no axes reduce every dim, or none with
 // noop_with_empty_axes; keepdims (default 1) keeps the reduced dims as 1s. Forward on float32,
-// float64, int32 and int64 (ReduceL2 on floats), accumulating in double or int64; the gradients
+// float64, int32 and int64 (L2, LogSum and LogSumExp on floats), accumulating in double or
+// int64; the gradients
 // on float32 (contract: runtime/format/grad_ops.h):
 //   ReduceSum   dx = dy broadcast back over the reduced dims
 //   ReduceProd  dx_i = dy * the product of the other elements (no division: exact at zeros)
 //   ReduceMax/Min  dy split evenly between the positions equal to the result, as PyTorch's
 //               amax/amin and full max()/min() do (a unique extremum takes all of dy)
 //   ReduceL2    dx = dy * x / y, and 0 where y = 0 (PyTorch's norm)
+//   ReduceL1    dx = dy * sign(x) (0 at 0, as PyTorch's abs)
+//   ReduceSumSquare  dx = 2 x dy
+//   ReduceLogSum     dx = dy * exp(-y) (dy / the sum)
+//   ReduceLogSumExp  dx = dy * exp(x - y) (the softmax of the reduced elements)
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -30,10 +36,14 @@ namespace {
 
 constexpr int64_t kParallelElements = int64_t{1} << 16;
 
-enum class Reduction { kSum, kMax, kMin, kProd, kL2 };
+enum class Reduction { kSum, kMax, kMin, kProd, kL1, kL2, kSumSquare, kLogSum, kLogSumExp };
 
 Reduction reduction_of(std::string_view op_type) {
+  if (op_type.starts_with("ReduceSumSquare")) return Reduction::kSumSquare;
   if (op_type.starts_with("ReduceSum")) return Reduction::kSum;
+  if (op_type.starts_with("ReduceL1")) return Reduction::kL1;
+  if (op_type.starts_with("ReduceLogSumExp")) return Reduction::kLogSumExp;
+  if (op_type.starts_with("ReduceLogSum")) return Reduction::kLogSum;
   if (op_type.starts_with("ReduceMax")) return Reduction::kMax;
   if (op_type.starts_with("ReduceMin")) return Reduction::kMin;
   if (op_type.starts_with("ReduceProd")) return Reduction::kProd;
@@ -122,6 +132,29 @@ T reduce_values(Reduction kind, const T* src, const std::vector<int64_t>& offset
       for (int64_t off : offsets) prod *= src[off];
       return static_cast<T>(prod);
     }
+    case Reduction::kL1: {
+      Acc sum = 0;
+      for (int64_t off : offsets) sum += src[off] < T(0) ? -src[off] : src[off];
+      return static_cast<T>(sum);
+    }
+    case Reduction::kSumSquare: {
+      Acc sum = 0;
+      for (int64_t off : offsets) sum += static_cast<Acc>(src[off]) * static_cast<Acc>(src[off]);
+      return static_cast<T>(sum);
+    }
+    case Reduction::kLogSum: {
+      double sum = 0;
+      for (int64_t off : offsets) sum += static_cast<double>(src[off]);
+      return static_cast<T>(std::log(sum));
+    }
+    case Reduction::kLogSumExp: {
+      // Shifted by the largest element, so large inputs do not overflow exp.
+      double top = -std::numeric_limits<double>::infinity(), sum = 0;
+      for (int64_t off : offsets) top = std::max(top, static_cast<double>(src[off]));
+      if (!std::isfinite(top)) top = 0;
+      for (int64_t off : offsets) sum += std::exp(static_cast<double>(src[off]) - top);
+      return static_cast<T>(std::log(sum) + top);
+    }
     case Reduction::kL2: {
       double sum = 0;
       for (int64_t off : offsets)
@@ -188,6 +221,18 @@ void grad_of_one(Reduction kind, const float* xs, float y, float dy, float* at,
     case Reduction::kL2:
       for (int64_t off : offsets) at[off] = y == 0.0f ? 0.0f : dy * xs[off] / y;
       return;
+    case Reduction::kL1:
+      for (int64_t off : offsets) at[off] = xs[off] > 0.0f ? dy : (xs[off] < 0.0f ? -dy : 0.0f);
+      return;
+    case Reduction::kSumSquare:
+      for (int64_t off : offsets) at[off] = 2.0f * xs[off] * dy;
+      return;
+    case Reduction::kLogSum:
+      for (int64_t off : offsets) at[off] = dy * std::exp(-y);
+      return;
+    case Reduction::kLogSumExp:
+      for (int64_t off : offsets) at[off] = dy * std::exp(xs[off] - y);
+      return;
     case Reduction::kMax:
     case Reduction::kMin: {
       auto hit = [&](float v) { return v == y || (std::isnan(v) && std::isnan(y)); };
@@ -226,7 +271,8 @@ void reduce_grad(const KernelArgs& a) {
   if (x->numel() == 0) return;
   const Reduction kind = reduction_of(a.op_type);
   const float* y = nullptr;
-  if (kind == Reduction::kMax || kind == Reduction::kMin || kind == Reduction::kL2) {
+  if (kind != Reduction::kSum && kind != Reduction::kProd && kind != Reduction::kL1 &&
+      kind != Reduction::kSumSquare) {
     const Tensor& yt = io.need_y(0);
     if (yt.shape != dims.y_shape)
       fail(ErrorKind::kShape, "{} '{}': the forward output is {}, expected {}", a.op_type, a.name,
@@ -254,10 +300,12 @@ std::string check_reduce(const OpSignature& s) {
   const DType d = s.inputs[0];
   const bool floating = d == DType::kFloat32 || d == DType::kFloat64;
   const bool integer = d == DType::kInt32 || d == DType::kInt64;
-  if (s.op_type == "ReduceL2" ? !floating : !(floating || integer))
+  const bool floats_only =
+      s.op_type == "ReduceL2" || s.op_type == "ReduceLogSum" || s.op_type == "ReduceLogSumExp";
+  if (floats_only ? !floating : !(floating || integer))
     return fmt::format(
         "{} on {} is not supported ({})", s.op_type, dtype_name(d),
-        s.op_type == "ReduceL2" ? "float32, float64 only" : "float32, float64, int32, int64 only");
+        floats_only ? "float32, float64 only" : "float32, float64, int32, int64 only");
   if (s.outputs[0] != d)
     return fmt::format("{} from {} to {} is not a valid signature", s.op_type, dtype_name(d),
                        dtype_name(s.outputs[0]));
@@ -289,11 +337,19 @@ constexpr KernelEntry kKernels[] = {
     {"ReduceMin", reduce, check_reduce},
     {"ReduceProd", reduce, check_reduce},
     {"ReduceL2", reduce, check_reduce},
+    {"ReduceL1", reduce, check_reduce},
+    {"ReduceSumSquare", reduce, check_reduce},
+    {"ReduceLogSum", reduce, check_reduce},
+    {"ReduceLogSumExp", reduce, check_reduce},
     {"ReduceSumGrad", reduce_grad, check_reduce_grad, /*writes_every_output=*/true},
     {"ReduceMaxGrad", reduce_grad, check_reduce_grad, /*writes_every_output=*/true},
     {"ReduceMinGrad", reduce_grad, check_reduce_grad, /*writes_every_output=*/true},
     {"ReduceProdGrad", reduce_grad, check_reduce_grad, /*writes_every_output=*/true},
     {"ReduceL2Grad", reduce_grad, check_reduce_grad, /*writes_every_output=*/true},
+    {"ReduceL1Grad", reduce_grad, check_reduce_grad, /*writes_every_output=*/true},
+    {"ReduceSumSquareGrad", reduce_grad, check_reduce_grad, /*writes_every_output=*/true},
+    {"ReduceLogSumGrad", reduce_grad, check_reduce_grad, /*writes_every_output=*/true},
+    {"ReduceLogSumExpGrad", reduce_grad, check_reduce_grad, /*writes_every_output=*/true},
 };
 
 }  // namespace

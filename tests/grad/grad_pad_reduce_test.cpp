@@ -2,6 +2,8 @@
 // runtime/cpu/reduce_ops.cpp).
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include "runtime/core/backend.h"
 #include "runtime/format/grad_ops.h"
 #include "tests/grad/gradcheck.h"
@@ -72,6 +74,13 @@ TEST_CASE("grad Pad: large (threaded paths)") {
       {true, false}, mode("reflect"));
   c.samples = 12;
   gradcheck(c);
+}
+
+// `x` with every element at least 0.05 from 0.
+Tensor avoid_zero(Tensor x) {
+  for (int64_t i = 0; i < x.numel(); ++i)
+    if (std::fabs(x.as<float>()[i]) < 0.05f) x.as<float>()[i] = 0.05f;
+  return x;
 }
 
 // A reduction with `axes` as an attribute (every opset <= 17 of Max, Min, Prod, L2).
@@ -146,6 +155,15 @@ TEST_CASE("grad ReduceProd") {
 TEST_CASE("grad ReduceL2") {
   gradcheck(reduction("ReduceL2", random_tensor({3, 4, 5}), {2}, 1));
   gradcheck(reduction("ReduceL2", random_tensor({3, 4, 5}), {}, 0));
+}
+
+TEST_CASE("grad ReduceL1, ReduceSumSquare, ReduceLogSum, ReduceLogSumExp") {
+  // L1 away from its kink at 0; LogSum on positive values.
+  gradcheck(reduction("ReduceL1", avoid_zero(random_tensor({3, 4, 5})), {1}, 1));
+  gradcheck(reduction("ReduceSumSquare", random_tensor({3, 4, 5}), {0, 2}, 0));
+  gradcheck(reduction("ReduceLogSum", random_tensor({3, 4, 5}, 0.5f, 2.0f), {2}, 1));
+  gradcheck(reduction("ReduceLogSumExp", random_tensor({3, 4, 5}, -3, 3), {1}, 0));
+  gradcheck(reduction("ReduceLogSumExp", random_tensor({3, 4, 5}, -3, 3), {}, 1));
 }
 
 TEST_CASE("grad reductions: large (threaded paths)") {
