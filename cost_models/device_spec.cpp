@@ -7,6 +7,7 @@
 
 #include "runtime/format/error.h"
 #include "runtime/format/json_reader.h"
+#include "runtime/format/suggest.h"
 
 namespace stagecraft::cost {
 namespace {
@@ -120,8 +121,10 @@ DeviceSpec device_spec_from_name_or_file(const std::string& text) {
   if (auto preset = device_preset(text)) return *preset;
   std::error_code ec;
   if (!std::filesystem::exists(text, ec)) {
-    fail(ErrorKind::kUsage, "unknown device '{}': not a preset ({}) and no such file", text,
-         device_preset_names());
+    std::vector<std::string_view> presets;
+    for (const DeviceSpec& spec : device_presets()) presets.push_back(spec.name);
+    fail(ErrorKind::kUsage, "unknown device '{}'{}: not a preset ({}) and no such file", text,
+         did_you_mean(text, presets), device_preset_names());
   }
   return device_spec_from_json(read_json_file(text), text);
 }

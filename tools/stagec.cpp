@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -84,6 +85,59 @@ std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(
   return std::make_unique<cost::MeasuredCostModel>(
       db, roofline,
       training ? cost::BackwardTimes::kMeasured : cost::BackwardTimes::kRooflineRatio);
+}
+
+/// "float32[8,16,64]" for each output of `node` ("?" where the shape is not known), comma
+/// separated.
+std::string output_shapes(const stagecraft::ir::Graph& graph, const stagecraft::ir::Node& node) {
+  using namespace stagecraft;
+  std::vector<std::string> shapes;
+  for (ir::ValueId id : node.outputs) {
+    if (id == ir::kNoId) continue;
+    const ir::Value& v = graph.value(id);
+    shapes.push_back(fmt::format("{}{}", dtype_name(v.dtype),
+                                 v.shape_known ? ir::shape_string(v.shape) : "[?]"));
+  }
+  return fmt::format("{}", fmt::join(shapes, ","));
+}
+
+/// --list-nodes: the model's nodes in the topological order the planner cuts (--split-after
+/// NODE cuts after NODE in this order), one line each (name, op type, output shapes), or with
+/// `json` one object {model, nodes [{name, op_type, outputs [{name, dtype, shape}]}]}.
+std::string list_nodes(const stagecraft::ImportedModel& model, const std::string& path,
+                       bool json) {
+  using namespace stagecraft;
+  const ir::Graph& g = model.graph;
+  const std::vector<ir::NodeId> order = g.topological_order();
+  if (json) {
+    nlohmann::ordered_json nodes = nlohmann::ordered_json::array();
+    for (ir::NodeId id : order) {
+      const ir::Node& node = g.node(id);
+      nlohmann::ordered_json outputs = nlohmann::ordered_json::array();
+      for (ir::ValueId out : node.outputs) {
+        if (out == ir::kNoId) continue;
+        const ir::Value& v = g.value(out);
+        outputs.push_back({{"name", v.name},
+                           {"dtype", dtype_name(v.dtype)},
+                           {"shape", v.shape_known ? nlohmann::ordered_json(v.shape)
+                                                   : nlohmann::ordered_json(nullptr)}});
+      }
+      nodes.push_back({{"name", node.name}, {"op_type", node.op_type}, {"outputs", outputs}});
+    }
+    return nlohmann::ordered_json{{"model", path}, {"nodes", nodes}}.dump(2) + "\n";
+  }
+  std::size_t name_width = 4, op_width = 2;
+  for (ir::NodeId id : order) {
+    name_width = std::max(name_width, g.node(id).name.size());
+    op_width = std::max(op_width, g.node(id).op_type.size());
+  }
+  std::string text;
+  for (ir::NodeId id : order) {
+    const ir::Node& node = g.node(id);
+    text += fmt::format("{:<{}}  {:<{}}  {}\n", node.name, name_width, node.op_type, op_width,
+                        output_shapes(g, node));
+  }
+  return text;
 }
 
 /// The planning choices as the command line spells them; parsed once, into the plan's
@@ -177,6 +231,31 @@ void parse_choices(const ChoiceNames& names, stagecraft::plan::PlanOptions& po) 
   po.recompute = flag("--recompute", [&] { return parse_recompute(names.recompute); });
 }
 
+/// Refuses flags that would be silently ignored: the training flags without --train, --labels
+/// without --loss, --momentum with an optimizer that has none.
+void check_flags_apply(const CLI::App& app, const stagecraft::plan::PlanOptions& po) {
+  using namespace stagecraft;
+  std::vector<std::string> given;
+  for (const char* flag :
+       {"--optimizer", "--loss", "--labels", "--loss-axis", "--ignore-index", "--lr",
+        "--weight-decay", "--momentum", "--lr-schedule", "--warmup-steps", "--total-steps",
+        "--recompute"}) {
+    if (app.count(flag) > 0) given.push_back(flag);
+  }
+  if (!po.training && !given.empty()) {
+    fail(ErrorKind::kUsage, "{} {} only for training plans: add --train, or leave {} out",
+         fmt::join(given, ", "), given.size() == 1 ? "is" : "are",
+         given.size() == 1 ? "it" : "them");
+  }
+  if (app.count("--labels") > 0 && po.loss.kind.empty())
+    fail(ErrorKind::kUsage, "--labels names the labels of --loss mse or cross-entropy; add --loss");
+  if (app.count("--momentum") > 0 && po.optimizer != OptimizerKind::kMomentum &&
+      po.optimizer != OptimizerKind::kNesterov) {
+    fail(ErrorKind::kUsage, "--momentum is only for --optimizer momentum or nesterov, not {}",
+         to_string(po.optimizer));
+  }
+}
+
 /// The training numbers as stagerun will read them, checked with the runtime's own rules
 /// (runtime/optim) before planning, each with its flag: stagec writes no plan stagerun refuses,
 /// and a NaN or infinity cannot even be written to plan.json.
@@ -205,6 +284,7 @@ int run(int argc, char** argv) {
   CLI::App app{
       "stagec - compile an ONNX model into a pipeline-parallel plan.\n\n"
       "  stagec MODEL --info [--batch B] [--dim NAME=V]...      what the model is\n"
+      "  stagec MODEL --list-nodes [--batch B] [--dim NAME=V]... its nodes, for --split-after\n"
       "  stagec MODEL -o PLAN_DIR --devices N [options]          plan it\n\n"
       "Import checks the model (ONNX checker, strict shape inference), binds symbolic input dims\n"
       "from --batch and --dim, and folds the shape arithmetic exporters emit into constants.\n"
@@ -217,7 +297,7 @@ int run(int argc, char** argv) {
       "Inspect a plan with stagedump PLAN_DIR.",
       "stagec"};
   std::string model_path;
-  bool info = false, json = false, dry_run = false;
+  bool info = false, list = false, json = false, dry_run = false;
   std::optional<int64_t> batch;
   std::vector<std::string> dims;
   std::string out_dir;
@@ -229,7 +309,11 @@ int run(int argc, char** argv) {
       "--info", info,
       "print what the model is: opset, inputs/outputs with bound shapes, node count by op, "
       "parameters, forward FLOPs, which dims were bound");
-  app.add_flag("--json", json, "with --info: print the same facts as one JSON object");
+  app.add_flag("--list-nodes", list,
+               "print the model's nodes in the order the planner cuts them, one line each: name, "
+               "op type, output shapes at --batch and --dim (for choosing --split-after)");
+  app.add_flag("--json", json,
+               "with --info or --list-nodes: print the same facts as one JSON object");
   app.add_option(
       "--batch", batch,
       "global batch: binds the first dim of every input whose first dim is symbolic (when "
@@ -243,7 +327,8 @@ int run(int argc, char** argv) {
   ChoiceNames choice_names;
   add_plan_options(app, po, choice_names);
   app.add_option("--split-after", po.split_after,
-                 "manual split points: node names, comma separated")
+                 "manual split points: node names, comma separated (stagec MODEL --list-nodes lists "
+                 "them)")
       ->delimiter(',');
   app.add_flag("--dry-run", dry_run,
                "plan and print, writing no plan (--profile still caches what it measures)");
@@ -268,14 +353,22 @@ int run(int argc, char** argv) {
   if (std::optional<int> done = cli::parse(app, argc, argv)) return *done;
 
   parse_choices(choice_names, po);
+  check_flags_apply(app, po);
   check_training_flags(po);
   ImportOptions options;
   options.batch = batch;
   for (const auto& d : dims) parse_dim_binding(d, options);
-  if (json && !info)
-    fail(ErrorKind::kUsage, "--json needs --info (stagedump PLAN_DIR --json shows a plan)");
-  if (info) {
+  if (json && !info && !list) {
+    fail(ErrorKind::kUsage,
+         "--json needs --info or --list-nodes (stagedump PLAN_DIR --json shows a plan)");
+  }
+  if (info && list) fail(ErrorKind::kUsage, "--info and --list-nodes: give one of them");
+  if (info || list) {
     ImportedModel model = import_model(model_path, options);
+    if (list) {
+      fmt::print("{}", list_nodes(model, model_path, json));
+      return 0;
+    }
     ModelInfo facts = describe_model(model);
     fmt::print("{}", json ? to_json(facts).dump(2) + "\n" : render_text(facts));
     return 0;

@@ -10,6 +10,7 @@
 #include "compiler/plan/planning.h"
 #include "cost_models/memory.h"
 #include "runtime/format/error.h"
+#include "runtime/format/suggest.h"
 
 namespace stagecraft::plan::planning {
 namespace {
@@ -83,7 +84,13 @@ std::vector<int> split_positions(const ir::Graph& g, const partition::GraphProbl
     for (std::size_t i = 0; i < gp.order.size(); ++i) {
       if (g.node(gp.order[i]).name == name) pos = static_cast<int>(i);
     }
-    if (pos < 0) fail(ErrorKind::kUsage, "--split-after '{}' names no node of the model", name);
+    if (pos < 0) {
+      std::vector<std::string_view> known;
+      for (ir::NodeId id : gp.order) known.push_back(g.node(id).name);
+      fail(ErrorKind::kUsage,
+           "--split-after '{}' names no node of the model{}; stagec --list-nodes lists them", name,
+           did_you_mean(name, known));
+    }
     if (pos + 1 >= static_cast<int>(gp.order.size())) {
       fail(ErrorKind::kUsage,
            "--split-after '{}' is the last op: the stage after it would be empty", name);

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "runtime/format/error.h"
+#include "runtime/format/suggest.h"
 
 namespace stagecraft {
 namespace {
@@ -161,8 +162,10 @@ std::string JsonObject::child_path(std::string_view name) const {
 void JsonObject::only(std::initializer_list<std::string_view> known) const {
   for (const auto& item : raw().items()) {
     if (std::find(known.begin(), known.end(), item.key()) != known.end()) continue;
-    throw Error(ErrorKind::kFormat, fmt::format("unknown field '{}'; expected: {}",
-                                                child_path(item.key()), fmt::join(known, ", ")))
+    throw Error(ErrorKind::kFormat,
+                fmt::format("unknown field '{}'{}; expected: {}", child_path(item.key()),
+                            did_you_mean(item.key(), std::vector<std::string_view>(known)),
+                            fmt::join(known, ", ")))
         .in(value_.file());
   }
 }

@@ -7,7 +7,7 @@
 /// `kFormat` (`kIo` when the file cannot be read) naming the file and the field path:
 ///
 ///   plan.json: field 'stages[2].inputs[0].shape[1]' must be a number, not string
-///   h.json: unknown field 'memory_bandwith'; expected: name, peak_flops_fp32, ...
+///   h.json: unknown field 'memory_bandwith' (did you mean 'memory_bandwidth'?); expected: ...
 ///   c.json: field 'inter_node.latency_s' must be positive, not -1e-06
 
 #include <cstdint>

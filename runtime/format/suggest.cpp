@@ -41,9 +41,9 @@ std::optional<std::string> closest_name(std::string_view typed,
     const std::size_t longer = std::max(typed.size(), name.size());
     const std::size_t shorter = std::min(typed.size(), name.size());
     // The length difference alone is a lower bound of the distance: skip hopeless names unread.
-    if (3 * (longer - shorter) > longer) continue;
+    if (4 * (longer - shorter) > longer) continue;
     const std::size_t d = edit_distance(typed, name);
-    if (3 * d > longer || (best && d >= best_distance)) continue;
+    if (4 * d > longer || (best && d >= best_distance)) continue;
     best = std::string(name);
     best_distance = d;
   }

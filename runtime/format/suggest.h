@@ -18,8 +18,8 @@ namespace stagecraft {
 std::size_t edit_distance(std::string_view a, std::string_view b);
 
 /// The name in `known` closest to `typed`, when it is close enough to be a misspelling of it (at
-/// most a third of the longer name's characters differ); the first of equally close names;
-/// nullopt when none is close, or when `typed` is itself in `known`.
+/// most one edit per four characters of the longer name: "tpu" is not "cpu"); the first of
+/// equally close names; nullopt when none is close, or when `typed` is itself in `known`.
 std::optional<std::string> closest_name(std::string_view typed,
                                         const std::vector<std::string_view>& known);
 

@@ -3,9 +3,12 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cctype>
+#include <string>
 #include <utility>
 
 #include "runtime/format/error.h"
+#include "runtime/format/suggest.h"
 
 namespace stagecraft {
 namespace {
@@ -70,11 +73,15 @@ std::optional<Enum> find_in(const Table<Enum, N>& table, std::string_view name) 
   return std::nullopt;
 }
 
+/// Command-line spellings are case-insensitive (`1F1B`, `GPipe`, `Speed`); plan.json is written
+/// by us and read exactly (`find_in`).
 template <typename Enum, size_t N>
 Enum parse_in(const Table<Enum, N>& table, std::string_view what, std::string_view name) {
-  if (std::optional<Enum> value = find_in(table, name)) return *value;
-  fail(ErrorKind::kUsage, "unknown {} '{}'; valid: {}", what, name,
-       fmt::join(names_in(table), ", "));
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (std::optional<Enum> value = find_in(table, lower)) return *value;
+  fail(ErrorKind::kUsage, "unknown {} '{}'{}; valid: {}", what, name,
+       did_you_mean(name, names_in(table)), fmt::join(names_in(table), ", "));
 }
 
 }  // namespace

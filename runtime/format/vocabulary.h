@@ -3,9 +3,11 @@
 /// The plan's vocabulary: one enum and one name table for each choice a plan records (schedule
 /// kind, optimizer, precision, objective, recompute). The compiler parses the command line with
 /// these, the plan writer writes their names and the runtime reads them back; nothing else
-/// spells the names. Every `parse_*` throws `Error(kUsage)` naming the bad value and listing the
-/// valid names ("unknown schedule 'pipedream'; valid: gpipe, 1f1b, interleaved, zb-h1,
-/// inference"); every `find_*` returns nullopt instead.
+/// spells the names. Every `parse_*` (the command line's) ignores case (`1F1B`, `GPipe`) and
+/// throws `Error(kUsage)` naming the bad value, the closest valid name when one is close, and
+/// the valid names ("unknown schedule 'zbh1' (did you mean 'zb-h1'?); valid: gpipe, 1f1b,
+/// interleaved, zb-h1, inference"); every `find_*` (plan.json's, which we write ourselves) takes
+/// the exact lower-case name and returns nullopt otherwise.
 
 #include <optional>
 #include <string_view>
@@ -68,15 +70,15 @@ const std::vector<std::string_view>& precision_names();
 const std::vector<std::string_view>& objective_names();
 const std::vector<std::string_view>& recompute_names();
 
-/// The value called `name`, or nullopt.
+/// The value called exactly `name`, or nullopt.
 std::optional<ScheduleKind> find_schedule(std::string_view name);
 std::optional<OptimizerKind> find_optimizer(std::string_view name);
 std::optional<Precision> find_precision(std::string_view name);
 std::optional<Objective> find_objective(std::string_view name);
 std::optional<Recompute> find_recompute(std::string_view name);
 
-/// The value called `name`; throws `Error(kUsage)` "unknown <what> '<name>'; valid: <names>"
-/// otherwise.
+/// The value called `name` in any case; throws `Error(kUsage)` "unknown <what> '<name>'[ (did
+/// you mean '<closest>'?)]; valid: <names>" otherwise.
 ScheduleKind parse_schedule(std::string_view name);
 OptimizerKind parse_optimizer(std::string_view name);
 Precision parse_precision(std::string_view name);

@@ -129,8 +129,9 @@ TEST_CASE("a bad device file is refused naming the file and the field") {
   refused(with("name", ""), "field 'name' must not be empty");
   refused(
       with("memory_bandwith", 1e12),
-      "unknown field 'memory_bandwith'; expected: name, kind, peak_flops_fp32, peak_flops_fp16, "
-      "memory_bandwidth, memory_bytes, launch_overhead_s, efficiency");
+      "unknown field 'memory_bandwith' (did you mean 'memory_bandwidth'?); expected: name, kind, "
+      "peak_flops_fp32, peak_flops_fp16, memory_bandwidth, memory_bytes, launch_overhead_s, "
+      "efficiency");
   refused(nlohmann::json::array({1, 2}), "the file must be a JSON object, not array");
 
   std::string bad = write_file(dir, "bad.json", "{\"name\": \"x\",");
@@ -143,7 +144,10 @@ TEST_CASE("an unknown device name lists the presets") {
   Error e = error_of([] { device_spec_from_name_or_file("h800"); });
   CHECK(e.kind() == ErrorKind::kUsage);
   CHECK(std::string(e.what()) ==
-        "unknown device 'h800': not a preset (h100, h200, a100-80g, a100-40g, v100-16g, cpu) and "
+        "unknown device 'h800' (did you mean 'h100'?): not a preset (h100, h200, a100-80g, "
+        "a100-40g, v100-16g, cpu) and no such file");
+  CHECK(std::string(error_of([] { device_spec_from_name_or_file("tpu"); }).what()) ==
+        "unknown device 'tpu': not a preset (h100, h200, a100-80g, a100-40g, v100-16g, cpu) and "
         "no such file");
   testing::TempDir dir;
   Error io = error_of([&] { device_spec_from_name_or_file(dir.path().string()); });

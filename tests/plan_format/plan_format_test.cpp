@@ -86,7 +86,9 @@ TEST_CASE("plan_from_json names a missing or mistyped field") {
   refused(shape, "field 'stages[1].inputs[0].shape[1]' must be a number, not string");
   nlohmann::json unknown = json;
   unknown["stages"][0]["memory"]["weigths"] = 1;
-  refused(unknown, "unknown field 'stages[0].memory.weigths'; expected: weights, gradients, ");
+  refused(unknown,
+          "unknown field 'stages[0].memory.weigths' (did you mean 'weights'?); expected: weights, "
+          "gradients, ");
   nlohmann::json total = json;
   total["stages"][0]["memory"]["total"] = 1;
   refused(total, "field 'stages[0].memory.total' is 1, but the parts add up to");
