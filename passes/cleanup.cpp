@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "compiler/ir/onnx_bridge.h"
+#include "passes/host_tensor.h"
 #include "passes/passes.h"
 #include "runtime/format/error.h"
 
@@ -32,6 +33,20 @@ onnx::TensorProto constant_tensor(const ir::Graph& graph, const ir::Node& node) 
          node.describe(graph));
   }
   return t;
+}
+
+/// True for a Pad whose pads are constant zeros: an Identity under another name. torch writes one
+/// before every AveragePool with count_include_pad, zero-width where the pool pads nothing.
+bool pads_nothing(const ir::Graph& graph, const ir::Node& node) {
+  if (node.op_type != "Pad" || !node.domain.empty()) return false;
+  std::vector<int64_t> pads = node.attr_ints("pads");
+  if (node.inputs.size() > 1) {
+    if (node.inputs[1] == ir::kNoId) return false;
+    auto constant = HostTensor::from_value(graph.value(node.inputs[1]));
+    if (!constant || constant->is_real()) return false;
+    pads = constant->ints;
+  }
+  return !pads.empty() && std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
 }
 
 }  // namespace
@@ -69,8 +84,8 @@ bool DropIdentity::run(ir::Graph& graph, PassContext& context) const {
   for (std::size_t i = 0; i < graph.num_nodes(); ++i) {
     auto id = static_cast<ir::NodeId>(i);
     const ir::Node& node = graph.node(id);
-    if (node.dead || node.op_type != "Identity" || node.inputs.empty() || node.outputs.empty())
-      continue;
+    if (node.dead || node.inputs.empty() || node.outputs.empty()) continue;
+    if (node.op_type != "Identity" && !pads_nothing(graph, node)) continue;
     ir::ValueId in = node.inputs[0], out = node.outputs[0];
     // A graph output keeps its name: the user's interface does not change under them.
     if (in == ir::kNoId || out == ir::kNoId || graph.value(out).is_graph_output) continue;

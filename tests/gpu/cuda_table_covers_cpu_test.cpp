@@ -15,7 +15,12 @@ namespace stagecraft::rt {
 namespace {
 
 // CPU ops without a CUDA kernel yet (a plan using one is refused on CUDA: "no cuda kernel").
-const std::set<std::string_view> kCpuOnly = {};
+const std::set<std::string_view> kCpuOnly = {
+    "Pad",          "PadGrad",          "ReduceSum",       "ReduceSumGrad",
+    "ReduceMax",    "ReduceMaxGrad",    "ReduceMin",       "ReduceMinGrad",
+    "ReduceProd",   "ReduceProdGrad",   "ReduceL2",        "ReduceL2Grad",
+    "ReduceL1",     "ReduceL1Grad",     "ReduceSumSquare", "ReduceSumSquareGrad",
+    "ReduceLogSum", "ReduceLogSumGrad", "ReduceLogSumExp", "ReduceLogSumExpGrad"};  // issue 15
 
 TEST_CASE("the cuda backend has a kernel for every op of the cpu backend") {
 #ifdef STAGECRAFT_WITH_CUDA
@@ -33,7 +38,8 @@ TEST_CASE("the cuda backend has a kernel for every op of the cpu backend") {
     for (const KernelEntry& e : cuda->table())
       if (e.op_type == cpu_entry.op_type) entry = &e;
     if (kCpuOnly.count(cpu_entry.op_type)) {
-      CHECK_MESSAGE(entry == nullptr, "listed as CPU-only but has a CUDA kernel: drop it from kCpuOnly");
+      CHECK_MESSAGE(entry == nullptr,
+                    "listed as CPU-only but has a CUDA kernel: drop it from kCpuOnly");
       continue;
     }
     REQUIRE_MESSAGE(entry != nullptr, "no CUDA kernel (write one, or list the op in kCpuOnly)");
