@@ -23,6 +23,7 @@
 #include "runtime/core/tensor.h"
 #include "runtime/core/tensor_io.h"
 #include "runtime/format/error.h"
+#include "tools/cli_common.h"
 
 namespace {
 
@@ -41,25 +42,22 @@ int run(int argc, char** argv) {
                  "rows are windows of this file's bytes (byte tokens: --vocab >= 256)");
   app.add_option("--batches", batches, "K whole batches; stagerun step s trains on batch s mod K")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::at_least<int64_t>(1));
   app.add_option("--batch", batch, "rows per batch (stagec --batch)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::at_least<int64_t>(1));
   app.add_option("--seq", seq, "tokens per row (stagec --dim seq=T)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::at_least<int64_t>(1));
   app.add_option("--vocab", vocab, "vocabulary size: tokens are in [0, V)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::at_least<int64_t>(1));
   app.add_option("--ignore-index", ignore_index,
                  "label of the last position of each row (stagec --ignore-index)")
       ->capture_default_str();
   app.add_option("--seed", seed, "seed of the row offsets or sequences")->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  cli::add_version_flag(app, "stagecraft-lm-data");
+  if (std::optional<int> done = cli::parse(app, argc, argv)) return *done;
   if (ignore_index >= 0 && ignore_index < vocab)
     fail(ErrorKind::kUsage, "--ignore-index {} is a token of the vocabulary [0, {})", ignore_index,
          vocab);

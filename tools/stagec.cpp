@@ -14,9 +14,12 @@
 #include "runtime/format/error.h"
 #include "runtime/optim/lr_schedule.h"
 #include "tools/backend_check.h"
+#include "tools/cli_common.h"
 #include "tools/profile/profiler.h"
 
 namespace {
+
+namespace cli = stagecraft::cli;
 
 /// Where --profile keeps its database when --profile-db is not given: the XDG cache folder
 /// ($XDG_CACHE_HOME, else ~/.cache), else the current folder.
@@ -92,7 +95,7 @@ struct ChoiceNames {
 
 /// Registers the planning flags: numbers straight into `po`, the named choices into `names`.
 void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNames& names) {
-  app.add_option("--devices", po.devices, "pipeline devices P")->check(CLI::PositiveNumber);
+  app.add_option("--devices", po.devices, "pipeline devices P")->check(cli::at_least<int>(1));
   app.add_option("--objective", names.objective,
                  "speed: shortest predicted step; memory: smallest peak per device");
   app.add_option(
@@ -100,9 +103,11 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
       "gpipe (SageMaker's 'simple') | 1f1b (SageMaker's 'interleaved') | interleaved (Megatron "
       "virtual stages) | zb-h1 | inference; default 1f1b with --train, else inference");
   app.add_option("--chunks", po.chunks,
-                 "V model chunks per device for --schedule interleaved (default 2)");
+                 "V model chunks per device for --schedule interleaved (default 2)")
+      ->check(cli::at_least<int>(1));
   app.add_option("--microbatches", po.microbatches,
-                 "M microbatches per step (default: the device count)");
+                 "M microbatches per step (default: the device count)")
+      ->check(cli::at_least<int>(1));
   app.add_flag("--train", po.training, "plan training: forward, backward and optimizer step");
   app.add_option("--optimizer", names.optimizer,
                  "with --train: sgd | momentum | nesterov | adam | adamw | adagrad (default adamw; "
@@ -217,7 +222,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> dims;
   std::string out_dir;
   plan::PlanOptions po;
-  app.add_option("model", model_path,
+  app.add_option("MODEL", model_path,
                  "ONNX model file (.onnx); external weight files must sit in its folder")
       ->required();
   app.add_flag(
@@ -228,7 +233,8 @@ int run(int argc, char** argv) {
   app.add_option(
       "--batch", batch,
       "global batch: binds the first dim of every input whose first dim is symbolic (when "
-      "planning, each microbatch gets batch/microbatches)");
+      "planning, each microbatch gets batch/microbatches)")
+      ->check(cli::at_least<int64_t>(1));
   app.add_option("--dim", dims,
                  "bind a symbolic dim by name, NAME=VALUE (e.g. --dim seq=512), or an unnamed one "
                  "as INPUT:INDEX=VALUE; repeatable");
@@ -257,12 +263,9 @@ int run(int argc, char** argv) {
   app.add_option("--profile-threads", profile_threads,
                  "with --profile: CPU threads each op is measured with (default 1, as stagerun "
                  "--threads-per-device)")
-      ->check(CLI::PositiveNumber);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+      ->check(cli::at_least<int>(1));
+  cli::add_version_flag(app, "stagec");
+  if (std::optional<int> done = cli::parse(app, argc, argv)) return *done;
 
   parse_choices(choice_names, po);
   check_training_flags(po);

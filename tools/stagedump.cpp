@@ -46,6 +46,7 @@
 #include <optional>
 
 #include "runtime/format/error.h"
+#include "tools/cli_common.h"
 #include "tools/dump/render.h"
 
 namespace {
@@ -79,7 +80,7 @@ int run(int argc, char** argv) {
   std::string plan_dir;
   bool json = false;
   std::optional<std::string> dot, trace, html;
-  app.add_option("plan_dir", plan_dir, "plan directory (plan.json, schedule.json, stage_K.onnx)")
+  app.add_option("PLAN_DIR", plan_dir, "plan directory (plan.json, schedule.json, stage_K.onnx)")
       ->required();
   app.add_flag("--json", json,
                "print the plan as one JSON document instead of the text report (stages, cuts, "
@@ -96,11 +97,8 @@ int run(int argc, char** argv) {
                  "write one self-contained HTML page (stage table, memory per device, timeline) "
                  "to FILE ('-': stdout)")
       ->type_name("FILE");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  cli::add_version_flag(app, "stagedump");
+  if (std::optional<int> done = cli::parse(app, argc, argv)) return *done;
 
   std::vector<std::string> to_stdout;
   if (dot == "-") to_stdout.push_back("--dot -");

@@ -41,6 +41,7 @@
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
 #include "tools/dump/render.h"
+#include "tools/cli_common.h"
 #include "tools/dump/view.h"
 
 namespace fs = std::filesystem;
@@ -144,7 +145,7 @@ struct Args {
 // Declares every option of `args` on `app`.
 void add_options(CLI::App& app, Args& args) {
   app.set_help_flag("-h,--help", "Print this help and exit");
-  app.add_option("plan", args.plan_dir, "Plan directory written by stagec")->required();
+  app.add_option("PLAN_DIR", args.plan_dir, "Plan directory written by stagec")->required();
   app.add_option("--backend", args.backend_name,
                  "Backend: auto (cuda where a GPU is visible, else cpu; says which), cpu or cuda")
       ->capture_default_str();
@@ -163,7 +164,8 @@ void add_options(CLI::App& app, Args& args) {
   app.add_option("--outputs", args.outputs_dir,
                  "Write the last step's graph outputs as DIR/NAME.npy");
   app.add_option("--threads-per-device", args.threads, "CPU threads each device's kernels use")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::at_least<int>(1));
   app.add_option("--trace", args.trace_path,
                  "Chrome trace of what ran (format of stagedump --trace; '-': stdout)");
   app.add_flag("--json", args.json, "Print the figures as one JSON object instead of text");
@@ -390,14 +392,12 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
 int main(int argc, char** argv) {
   return run_main("stagerun", [&] {
     CLI::App app{
-        "stagerun: execute a stagecraft plan with microbatch pipelining (one thread per device)."};
+        "stagerun: execute a stagecraft plan with microbatch pipelining (one thread per device).",
+        "stagerun"};
     Args args;
     add_options(app, args);
-    try {
-      app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-      return app.exit(e);
-    }
+    cli::add_version_flag(app, "stagerun");
+    if (std::optional<int> done = cli::parse(app, argc, argv)) return *done;
     check_args(args);
 
     std::string chosen;
