@@ -1,8 +1,8 @@
 // Ops of issue 15 used the way exporters use them, in small models built with the samples'
 // builder: each model imports, plans on 2 devices, and its pipelined run equals the
 // unpartitioned model's (inference, microbatch by microbatch), and so does its pipelined
-// training (the loss of every step). The CUDA backend, which has no kernels for these ops yet,
-// refuses them in one line. Kernel gradients are checked in tests/grad; this checks the plans.
+// training (the loss of every step). The CUDA backend accepts them as the CPU does. Kernel
+// gradients are checked in tests/grad; this checks the plans.
 #include <doctest/doctest.h>
 
 #include <algorithm>
