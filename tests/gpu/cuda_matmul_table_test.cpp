@@ -25,7 +25,7 @@ namespace {
 using gpu_test::find_entry;
 
 // A node carrying the gradient contract's forward_inputs = n.
-onnx::NodeProto grad_node(int64_t n) {
+[[maybe_unused]] onnx::NodeProto grad_node(int64_t n) {
   onnx::NodeProto node;
   onnx::AttributeProto* attr = node.add_attribute();
   attr->set_name(std::string(grad::kForwardInputsAttr));
