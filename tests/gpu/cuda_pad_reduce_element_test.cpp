@@ -50,7 +50,7 @@ int pick(std::mt19937& rng, int lo, int hi) {
 
 Tensor int64_tensor(const std::vector<int64_t>& values) {
   Tensor t = Tensor::owned(DType::kInt64, {static_cast<int64_t>(values.size())});
-  std::memcpy(t.data, values.data(), values.size() * sizeof(int64_t));
+  if (!values.empty()) std::memcpy(t.data, values.data(), values.size() * sizeof(int64_t));
   return t;
 }
 
