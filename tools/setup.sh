@@ -10,6 +10,7 @@ PACKAGES=(
   libdnnl-dev ocl-icd-opencl-dev   # dnnl-config.cmake looks for OpenCL (only a Recommends of libdnnl-dev)
   libonnx-testdata
   universal-ctags   # tools/check_layout.sh: function lengths
+  openmpi-bin libopenmpi-dev   # mpirun stagerun: one process per plan device (runtime/mpi)
 )
 
 missing=()

@@ -40,6 +40,7 @@
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
+#include "runtime/mpi/world.h"
 #include "tools/dump/render.h"
 #include "tools/cli_common.h"
 #include "tools/dump/view.h"
@@ -387,10 +388,36 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   return options;
 }
 
+// Under mpirun: the checks every rank makes alike (this slice runs CPU ranks, without trace,
+// checkpoints or export), then the plan device this rank runs (world.h refuses a world of
+// another size than the plan's devices).
+std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
+  std::vector<int> devices;
+  world.refuse_together([&] {
+    if (args.backend_name != "auto" && args.backend_name != "cpu")
+      fail(ErrorKind::kUnsupported,
+           "--backend {}: under mpirun stagerun runs CPU ranks only (GPU ranks through NCCL are "
+           "not there yet)",
+           args.backend_name);
+    for (auto [given, option] : {std::pair{!args.trace_path.empty(), "--trace"},
+                                 {!args.checkpoint_dir.empty(), "--checkpoint"},
+                                 {!args.resume_dir.empty(), "--resume"},
+                                 {!args.export_path.empty(), "--export"}})
+      if (given)
+        fail(ErrorKind::kUnsupported, "{} does not work under mpirun yet (run it in one process)",
+             option);
+    args.backend_name = "cpu";
+    devices = world.local_devices(plan::load_plan(args.plan_dir), args.plan_dir);
+  });
+  return devices;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  return run_main("stagerun", [&] {
+  // A rank of mpirun runs its own plan device (runtime/mpi/world.h); alone, every device.
+  std::optional<rt::mpi::World> world;
+  int code = run_main("stagerun", [&] {
     CLI::App app{
         "stagerun: execute a stagecraft plan with microbatch pipelining (one thread per device).",
         "stagerun"};
@@ -399,12 +426,14 @@ int main(int argc, char** argv) {
     cli::add_version_flag(app, "stagerun");
     if (std::optional<int> done = cli::parse(app, argc, argv)) return *done;
     check_args(args);
+    std::vector<int> local_devices;  // empty: every device
+    if (rt::mpi::World::launched()) local_devices = rank_devices(world.emplace(), args);
 
     std::string chosen;
     const rt::Backend& backend = args.backend_name == "auto"
                                      ? rt::auto_backend(&chosen)
                                      : rt::backend_by_name(args.backend_name);
-    auto pipeline = rt::Pipeline::load(args.plan_dir, backend, args.threads);
+    auto pipeline = rt::Pipeline::load(args.plan_dir, backend, args.threads, local_devices);
     const plan::Plan& plan = pipeline->plan();
     if (!args.data_dir.empty() && (!args.inputs_path.empty() || args.synthetic))
       fail(ErrorKind::kUsage, "--data excludes --inputs and --synthetic");
@@ -434,6 +463,7 @@ int main(int argc, char** argv) {
     // loss lines and error messages number them.
     const int64_t first_step = pipeline->steps_done();  // > 0 after --resume
     rt::RunOptions options = run_options(*pipeline, args, first_step);
+    if (world) world->distribute(options, plan);
     auto export_model = [&] {
       int replaced = rt::export_model(*pipeline, args.export_path);
       if (!args.quiet)
@@ -447,6 +477,10 @@ int main(int argc, char** argv) {
     rt::RunReport report = args.data_dir.empty() ? pipeline->run(inputs, options)
                                                  : run_batches(*pipeline, data, args, options);
     if (!args.export_path.empty()) export_model();
+    if (world) {
+      world->gather(report, plan);  // rank 0 prints for all
+      if (world->rank() != 0) return 0;
+    }
 
     nlohmann::ordered_json outputs = write_outputs(report, args.outputs_dir);
     write_trace(report, args, plan.devices);
@@ -459,4 +493,5 @@ int main(int argc, char** argv) {
                  first_step, outputs);
     return 0;
   });
+  return world ? world->finish(code) : code;
 }

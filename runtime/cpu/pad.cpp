@@ -14,6 +14,7 @@
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/grad_io.h"
 #include "runtime/cpu/layout.h"
+#include "runtime/cpu/pad_shape.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
@@ -22,79 +23,6 @@ namespace {
 
 // Loops over at least this many elements use all of the worker's threads.
 constexpr int64_t kParallelElements = int64_t{1} << 15;
-
-enum class PadMode { kConstant, kReflect, kEdge };
-
-// Where each output element reads from: per dim, per output index, the input index along that
-// dim, or -1 for the constant.
-struct PadGeometry {
-  PadMode mode = PadMode::kConstant;
-  Shape y_shape;
-  std::vector<std::vector<int64_t>> source;
-};
-
-PadMode pad_mode(const KernelArgs& a) {
-  const std::string mode = a.attrs.s("mode", "constant");
-  if (mode == "constant") return PadMode::kConstant;
-  if (mode == "reflect") return PadMode::kReflect;
-  if (mode == "edge") return PadMode::kEdge;
-  fail(ErrorKind::kUnsupported, "Pad '{}': mode '{}' is not supported (constant, reflect, edge)",
-       a.name, mode);
-}
-
-// The input index that output index `o` of a dim of `n` elements, `begin` of them padded before,
-// reads in `mode`; -1 for the constant. Reflect mirrors about the first and last elements and
-// repeats the mirror for pads longer than the dim, as numpy.pad (ONNX's reference) does.
-int64_t pad_source(PadMode mode, int64_t o, int64_t begin, int64_t n) {
-  const int64_t i = o - begin;
-  if (i >= 0 && i < n) return i;
-  switch (mode) {
-    case PadMode::kConstant:
-      return -1;
-    case PadMode::kEdge:
-      return i < 0 ? 0 : n - 1;
-    case PadMode::kReflect: {
-      if (n == 1) return 0;
-      const int64_t period = 2 * (n - 1);
-      const int64_t m = ((i % period) + period) % period;
-      return m < n ? m : period - m;
-    }
-  }
-  return -1;
-}
-
-// The geometry of a Pad of X (shape `x_shape`); `pads_input` is the pads operand (null in the
-// attribute form of opsets 2-10).
-PadGeometry pad_geometry(const KernelArgs& a, const Shape& x_shape, const Tensor* pads_input) {
-  PadGeometry g;
-  g.mode = pad_mode(a);
-  std::vector<int64_t> pads;
-  if (a.attrs.has("pads")) {
-    pads = a.attrs.ints("pads");
-  } else {
-    if (pads_input == nullptr) fail(ErrorKind::kModel, "Pad '{}' has no pads input", a.name);
-    pads = read_ints(a, *pads_input, 1);
-  }
-  const size_t rank = x_shape.size();
-  if (pads.size() != 2 * rank)
-    fail(ErrorKind::kModel, "Pad '{}': {} pads for a rank-{} input {} (expected {})", a.name,
-         pads.size(), rank, shape_string(x_shape), 2 * rank);
-  g.source.resize(rank);
-  for (size_t d = 0; d < rank; ++d) {
-    const int64_t n = x_shape[d], begin = pads[d], end = pads[d + rank];
-    const int64_t out = n + begin + end;
-    if (out < 0)
-      fail(ErrorKind::kModel, "Pad '{}': pads {} and {} leave dim {} of size {} below zero", a.name,
-           begin, end, d, n);
-    if (n == 0 && out > 0 && g.mode != PadMode::kConstant)
-      fail(ErrorKind::kModel, "Pad '{}': {} padding of dim {}, which is empty", a.name,
-           a.attrs.s("mode", "constant"), d);
-    g.y_shape.push_back(out);
-    g.source[d].resize(static_cast<size_t>(out));
-    for (int64_t o = 0; o < out; ++o) g.source[d][o] = pad_source(g.mode, o, begin, n);
-  }
-  return g;
-}
 
 // Output row r (every dim but the last) -> the offset of the input row it reads, or -1 when the
 // row lies in the constant padding.
@@ -139,53 +67,13 @@ void pad_typed(const Tensor& x, Tensor& y, const PadGeometry& g, const std::byte
   }
 }
 
-// One element of the constant in X's dtype: input 2, the attribute `value` (opsets 2-10), or 0.
-std::vector<std::byte> pad_constant(const KernelArgs& a, const Tensor& x) {
-  const size_t size = static_cast<size_t>(dtype_size(x.dtype));
-  std::vector<std::byte> bytes(size, std::byte{0});
-  if (a.has_input(2)) {
-    const Tensor& c = *a.in[2];
-    if (c.dtype != x.dtype || c.numel() != 1)
-      fail(ErrorKind::kModel, "Pad '{}': constant_value is {}, expected one {} element", a.name,
-           c.describe(), dtype_name(x.dtype));
-    std::memcpy(bytes.data(), c.data, size);
-    return bytes;
-  }
-  const float value = a.attrs.f("value", 0.0f);
-  auto put = [&](auto v) { std::memcpy(bytes.data(), &v, sizeof(v)); };
-  switch (x.dtype) {
-    case DType::kFloat32:
-      put(value);
-      break;
-    case DType::kFloat64:
-      put(static_cast<double>(value));
-      break;
-    case DType::kInt32:
-      put(static_cast<int32_t>(value));
-      break;
-    case DType::kInt64:
-      put(static_cast<int64_t>(value));
-      break;
-    case DType::kInt8:
-      put(static_cast<int8_t>(value));
-      break;
-    case DType::kUInt8:
-    case DType::kBool:
-      put(static_cast<uint8_t>(value));
-      break;
-    default:
-      fail(ErrorKind::kUnsupported, "Pad '{}' on {} is not supported", a.name, dtype_name(x.dtype));
-  }
-  return bytes;
-}
-
 void pad(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   const PadGeometry g = pad_geometry(a, x.shape, a.has_input(1) ? a.in[1] : nullptr);
   expect_shape(a, 0, g.y_shape);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
-  const std::vector<std::byte> constant = pad_constant(a, x);
+  const std::vector<std::byte> constant = pad_constant(a, x, a.has_input(2) ? a.in[2] : nullptr);
   switch (dtype_size(x.dtype)) {
     case 1:
       return pad_typed<uint8_t>(x, y, g, constant.data());

@@ -29,56 +29,13 @@
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/grad_io.h"
 #include "runtime/cpu/layout.h"
+#include "runtime/cpu/reduce_shape.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
 
 constexpr int64_t kParallelElements = int64_t{1} << 16;
-
-enum class Reduction { kSum, kMax, kMin, kProd, kL1, kL2, kSumSquare, kLogSum, kLogSumExp };
-
-Reduction reduction_of(std::string_view op_type) {
-  if (op_type.starts_with("ReduceSumSquare")) return Reduction::kSumSquare;
-  if (op_type.starts_with("ReduceSum")) return Reduction::kSum;
-  if (op_type.starts_with("ReduceL1")) return Reduction::kL1;
-  if (op_type.starts_with("ReduceLogSumExp")) return Reduction::kLogSumExp;
-  if (op_type.starts_with("ReduceLogSum")) return Reduction::kLogSum;
-  if (op_type.starts_with("ReduceMax")) return Reduction::kMax;
-  if (op_type.starts_with("ReduceMin")) return Reduction::kMin;
-  if (op_type.starts_with("ReduceProd")) return Reduction::kProd;
-  return Reduction::kL2;
-}
-
-// Which dims of X a reduction node reduces, and the shape of its output. `axes_input` is
-// operand 1 (null when omitted).
-struct ReducedDims {
-  std::vector<bool> reduced;
-  Shape y_shape;
-};
-
-ReducedDims reduced_dims(const KernelArgs& a, const Shape& x_shape, const Tensor* axes_input) {
-  const int64_t rank = static_cast<int64_t>(x_shape.size());
-  std::vector<int64_t> axes = a.attrs.ints("axes");
-  if (!a.attrs.has("axes") && axes_input != nullptr) axes = read_ints(a, *axes_input, 1);
-  const bool noop = axes.empty() && a.attrs.i("noop_with_empty_axes", 0) != 0;
-  ReducedDims r{std::vector<bool>(x_shape.size(), axes.empty() && !noop), {}};
-  std::vector<bool> listed(x_shape.size(), false);
-  for (int64_t axis : axes) {
-    const int64_t d = normalize_axis(a, axis, rank);
-    if (listed[d])
-      fail(ErrorKind::kModel, "{} '{}': axis {} is given twice", a.op_type, a.name, axis);
-    listed[d] = r.reduced[d] = true;
-  }
-  const bool keepdims = a.attrs.i("keepdims", 1) != 0;
-  for (int64_t d = 0; d < rank; ++d) {
-    if (!r.reduced[d])
-      r.y_shape.push_back(x_shape[d]);
-    else if (keepdims)
-      r.y_shape.push_back(1);
-  }
-  return r;
-}
 
 // The reduction as loops: output element o (row-major over the kept dims, which is Y's order
 // with or without keepdims) reads X at base(o) + each of `offsets`, in ascending order. Dims are
@@ -88,7 +45,7 @@ struct ReduceLoops {
   int64_t outputs = 1;
 
   ReduceLoops(const Shape& x_shape, const std::vector<bool>& reduced)
-      : layout(groups(x_shape, reduced)) {
+      : layout(reduction_groups(x_shape, reduced)) {
     for (int64_t d : layout.kept_dims) outputs *= d;
   }
   int64_t count() const { return static_cast<int64_t>(layout.offsets.size()); }
@@ -99,20 +56,6 @@ struct ReduceLoops {
       o /= layout.kept_dims[g];
     }
     return base;
-  }
-
- private:
-  static std::vector<std::pair<int64_t, bool>> groups(const Shape& shape,
-                                                      const std::vector<bool>& reduced) {
-    std::vector<std::pair<int64_t, bool>> groups;  // (size, reduced), innermost first
-    for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
-      if (shape[i] == 1) continue;
-      if (!groups.empty() && groups.back().second == reduced[i])
-        groups.back().first *= shape[i];
-      else
-        groups.emplace_back(shape[i], reduced[i]);
-    }
-    return groups;
   }
 };
 
@@ -271,8 +214,7 @@ void reduce_grad(const KernelArgs& a) {
   if (x->numel() == 0) return;
   const Reduction kind = reduction_of(a.op_type);
   const float* y = nullptr;
-  if (kind != Reduction::kSum && kind != Reduction::kProd && kind != Reduction::kL1 &&
-      kind != Reduction::kSumSquare) {
+  if (gradient_reads_y(kind)) {
     const Tensor& yt = io.need_y(0);
     if (yt.shape != dims.y_shape)
       fail(ErrorKind::kShape, "{} '{}': the forward output is {}, expected {}", a.op_type, a.name,

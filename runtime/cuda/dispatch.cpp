@@ -20,9 +20,10 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend() {
     const std::span<const KernelEntry> families[] = {
-        matmul_kernels(),    conv_kernels(),         norm_kernels(),        elementwise_kernels(),
-        data_kernels(),      loss_kernels(),         grad_matmul_kernels(), grad_conv_kernels(),
-        grad_norm_kernels(), grad_eltwise_kernels(), grad_data_kernels()};
+        matmul_kernels(),      conv_kernels(),      norm_kernels(),      elementwise_kernels(),
+        data_kernels(),        loss_kernels(),      pad_kernels(),       reduction_kernels(),
+        grad_matmul_kernels(), grad_conv_kernels(), grad_norm_kernels(), grad_eltwise_kernels(),
+        grad_data_kernels()};
     for (const auto& family : families) table_.insert(table_.end(), family.begin(), family.end());
   }
   std::string_view name() const override { return "cuda"; }

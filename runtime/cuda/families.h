@@ -21,6 +21,9 @@ std::span<const KernelEntry>
 elementwise_kernels();  // elementwise.cpp: unary, binary with broadcasting, Where, Cast, LeakyRelu
 std::span<const KernelEntry> data_kernels();  // data.cpp: layout, indexing, shape ops, ReduceMean
 std::span<const KernelEntry> loss_kernels();  // loss.cpp: SoftmaxCrossEntropyLoss and its gradient
+std::span<const KernelEntry> pad_kernels();   // pad.cpp: Pad and its gradient
+// reduce_ops.cpp: ReduceSum, Max, Min, Prod, L1, L2, SumSquare, LogSum, LogSumExp, gradients
+std::span<const KernelEntry> reduction_kernels();
 
 // Gradient ops (domain ai.stagecraft, runtime/format/grad_ops.h): "<Op>Grad".
 std::span<const KernelEntry> grad_matmul_kernels();   // grad_matmul.cpp

@@ -127,7 +127,7 @@ void DeviceWorker::release_device_copies() {
 
 void DeviceWorker::run_step() {
   run_.barrier.arrive_and_wait();
-  if (device_ == 0) run_.step_start[step_] = run_.seconds();
+  if (device_ == run_.first_device) run_.step_start[step_] = run_.seconds();
   for (const schedule::Instruction& ins : run_.pipeline.schedule_[device_]) {
     // The context (device, step, instruction) is built only when something fails.
     auto context = [&] {
@@ -150,7 +150,7 @@ void DeviceWorker::after_step() {
   run_.barrier.arrive_and_wait();
   const RunOptions& options = run_.options;
   const int64_t done = run_.global_step + step_ + 1;
-  if (device_ == 0) {
+  if (device_ == run_.first_device) {
     run_.step_end[step_] = run_.seconds();
     if (options.progress) options.progress(step_ + 1, run_.steps, run_.step_end[step_]);
   }
@@ -164,7 +164,7 @@ void DeviceWorker::after_step() {
     run_.barrier.arrive_and_wait();
   }
   // Device 0 saves while the others wait at the barrier (nothing changes the weights).
-  if (device_ == 0) {
+  if (device_ == run_.first_device) {
     run_.pipeline.steps_done_ = done;
     try {
       options.checkpoint(done);

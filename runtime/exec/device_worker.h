@@ -69,6 +69,9 @@ struct RunState {
   Pipeline& pipeline;  ///< The loaded plan, schedule and stages; steps_done at the end.
   const RunOptions& options;
   const int devices, microbatches, steps;
+  /// The first of the devices this process runs (it keeps the step times), all unless the
+  /// pipeline was loaded for some (a rank of mpirun).
+  const int first_device;
   const bool training;
   const int64_t global_step;  ///< Optimizer steps taken by earlier runs.
   /// Per graph input: the microbatch views of the run's inputs (no copies).
@@ -79,7 +82,7 @@ struct RunState {
   optim::LrSchedule lr_schedule;                ///< Training.
   std::vector<std::vector<double>> step_loss;   ///< Per step, per microbatch (NaN until known).
   std::vector<MemoryMeter> meters;
-  std::unique_ptr<InProcessTransport> transport;
+  std::unique_ptr<Transport> transport;
   StepBarrier barrier;
   std::vector<DeviceReport> reports;
   std::vector<std::vector<double>> busy;  ///< Per device, per step: compute seconds.

@@ -59,6 +59,7 @@ void Pipeline::check_shared_weights(const Pipeline& p, const std::string& plan_j
   // Every holder's stage file holds the weight as plan.json says.
   for (const auto& rt : p.stages_) {
     const plan::Stage& stage = *rt->stage;
+    if (!p.runs_device(stage.device)) continue;  // another process checks its own
     for (size_t i = 0; i < stage.shared_weights.size(); ++i) {
       const plan::SharedWeight& w = stage.shared_weights[i];
       std::string field = fmt::format("stages[{}].shared_weights[{}]", stage.index, i);
@@ -77,6 +78,7 @@ void Pipeline::check_shared_weights(const Pipeline& p, const std::string& plan_j
   // A weight that two stages train must be summed across them, or their copies drift apart.
   std::map<std::string, int> trained_by;
   for (const auto& rt : p.stages_) {
+    if (!rt->backward) continue;  // another process's stage
     for (const ValueInfo& out : rt->backward->outputs()) {
       if (!out.name.ends_with("@grad")) continue;
       std::string weight = out.name.substr(0, out.name.size() - 5);
@@ -94,8 +96,37 @@ void Pipeline::check_shared_weights(const Pipeline& p, const std::string& plan_j
   }
 }
 
+void Pipeline::load_programs(const Pipeline& p, StageRuntime& rt) {
+  const plan::Stage& stage = *rt.stage;
+  const plan::Plan& plan = p.plan_;
+  std::string plan_json = (fs::path(p.plan_dir_) / "plan.json").string();
+  std::string file = (fs::path(p.plan_dir_) / stage.file).string();
+  std::string field = fmt::format("stages[{}]", stage.index);
+  rt.program = Program::load_file(
+      file, *p.backend_, Program::RecordedArena{&stage, "plan.json: " + field + ".arena"});
+  match_interface(rt.program.inputs(), stage.inputs, file, field + ".inputs");
+  match_interface(rt.program.outputs(), stage.outputs, file, field + ".outputs");
+  if (plan.training) {
+    std::string bwd = (fs::path(p.plan_dir_) / stage.backward_file).string();
+    rt.backward.emplace(Program::load_file(bwd, *p.backend_));
+    // The plan's memory prediction counts the backward's arena: it must be the one we run.
+    if (stage.backward_arena_bytes > 0 && rt.backward->arena_bytes() != stage.backward_arena_bytes)
+      fail(ErrorKind::kPlan,
+           "{}: {}.backward_arena_bytes is {} but the backward file needs an arena of {} bytes",
+           plan_json, field, stage.backward_arena_bytes, rt.backward->arena_bytes());
+    rt.weight_part = rt.backward->weight_gradient_nodes();
+    for (const ValueInfo& out : rt.program.outputs())
+      if (out.name == plan.training_config.loss_output) rt.loss = out.name;
+  }
+  rt.weights = rt.program.weights();
+}
+
+bool Pipeline::runs_device(int device) const {
+  return std::binary_search(local_devices_.begin(), local_devices_.end(), device);
+}
+
 std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Backend& backend,
-                                         int threads_per_device) {
+                                         int threads_per_device, std::vector<int> local_devices) {
   if (threads_per_device < 1)
     fail(ErrorKind::kUsage, "--threads-per-device must be at least 1 (got {})", threads_per_device);
   std::unique_ptr<Pipeline> p(new Pipeline());
@@ -104,6 +135,13 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
   p->threads_per_device_ = threads_per_device;
   p->plan_ = plan::load_plan(plan_dir);
   const plan::Plan& plan = p->plan_;
+  if (local_devices.empty())
+    for (int d = 0; d < plan.devices; ++d) local_devices.push_back(d);
+  std::sort(local_devices.begin(), local_devices.end());
+  for (int d : local_devices)
+    if (d < 0 || d >= plan.devices)
+      fail(ErrorKind::kUsage, "device {} is not among the plan's {} devices", d, plan.devices);
+  p->local_devices_ = std::move(local_devices);
   std::string plan_json = (fs::path(plan_dir) / "plan.json").string();
   // Before anything is allocated: the backend can run here, and the plan fits the physical
   // devices its devices run on (summed where several share one).
@@ -139,26 +177,9 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
   for (const plan::Stage& stage : plan.stages) {
     auto rt = std::make_shared<StageRuntime>();
     rt->stage = &stage;
-    std::string file = (fs::path(plan_dir) / stage.file).string();
     std::string field = fmt::format("stages[{}]", stage.index);
-    rt->program = Program::load_file(
-        file, backend, Program::RecordedArena{&stage, "plan.json: " + field + ".arena"});
-    match_interface(rt->program.inputs(), stage.inputs, file, field + ".inputs");
-    match_interface(rt->program.outputs(), stage.outputs, file, field + ".outputs");
-    if (plan.training) {
-      std::string bwd = (fs::path(plan_dir) / stage.backward_file).string();
-      rt->backward.emplace(Program::load_file(bwd, backend));
-      // The plan's memory prediction counts the backward's arena: it must be the one we run.
-      if (stage.backward_arena_bytes > 0 &&
-          rt->backward->arena_bytes() != stage.backward_arena_bytes)
-        fail(ErrorKind::kPlan,
-             "{}: {}.backward_arena_bytes is {} but the backward file needs an arena of {} bytes",
-             plan_json, field, stage.backward_arena_bytes, rt->backward->arena_bytes());
-      rt->weight_part = rt->backward->weight_gradient_nodes();
-      for (const ValueInfo& out : rt->program.outputs())
-        if (out.name == plan.training_config.loss_output) rt->loss = out.name;
-    }
-    rt->weights = rt->program.weights();
+    // Another process's stage: only what plan.json says of it (links, graph inputs and outputs).
+    if (p->runs_device(stage.device)) load_programs(*p, *rt);
     std::set<int> producers;
     for (const plan::StageTensor& in : stage.inputs) {
       if (in.peer_stage >= 0) {
@@ -178,13 +199,14 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
           static_cast<size_t>(std::find_if(outs.begin(), outs.end(),
                                            [&](const ValueInfo& v) { return v.name == out.name; }) -
                               outs.begin());
+      const bool here = index < outs.size();
       for (int peer : out.peer_stages) {
-        rt->sends[peer].push_back(index);
+        if (here) rt->sends[peer].push_back(index);
         p->links_.push_back({stage.index, peer, false});
         if (plan.training) p->links_.push_back({peer, stage.index, true});
       }
       if (out.graph_output) {
-        rt->graph_outputs.push_back(index);
+        if (here) rt->graph_outputs.push_back(index);
         p->outputs_.push_back(
             {out.name, plan_dtype(out, field), Shape(out.shape.begin(), out.shape.end())});
       }

@@ -44,6 +44,16 @@ struct RunOptions {
   /// are quiet: a checkpoint may be saved). An `Error` it throws stops the run, unchanged.
   std::function<void(int64_t)> checkpoint;
   int checkpoint_every = 0;  ///< 0: only after the last step.
+  /// A pipeline loaded for some of the plan's devices (a rank of mpirun, runtime/mpi): the
+  /// transport joining its devices to the others', made for every run from the plan's links,
+  /// a link's capacity and the callback for a message's arrival (the receiver's memory meter).
+  /// Unset: the in-process transport (needs every device here).
+  std::function<std::unique_ptr<Transport>(const std::vector<Link>&, int,
+                                           InProcessTransport::OnDelivered)>
+      make_transport;
+  /// Called once this process's devices reach a step's start or end: waits for the other
+  /// processes' (their steps start and end together, so step times mean the same on each).
+  std::function<void()> step_barrier;
 };
 
 struct DeviceReport {
@@ -73,13 +83,19 @@ class Pipeline {
   /// Loads PLAN_DIR: plan.json (validated, stage hashes checked), schedule.json (validated
   /// against the plan's shape) and every stage file, bound to `backend`, checked against
   /// plan.json (names, dtypes, shapes of every stage input and output).
+  /// `local_devices` (ascending; empty: all): the devices this process runs, the others' being
+  /// elsewhere (ranks of mpirun); only their stage files are loaded.
   static std::unique_ptr<Pipeline> load(const std::string& plan_dir, const Backend& backend,
-                                        int threads_per_device);
+                                        int threads_per_device,
+                                        std::vector<int> local_devices = {});
 
   const plan::Plan& plan() const { return plan_; }
   const schedule::Schedule& schedule() const { return schedule_; }
   const std::vector<ModelTensor>& inputs() const { return inputs_; }
   const std::vector<ModelTensor>& outputs() const { return outputs_; }
+  /// The plan's devices this process runs (all, unless loaded for some).
+  const std::vector<int>& local_devices() const { return local_devices_; }
+  bool runs_device(int device) const;
 
   /// Checks whole-batch inputs (by name) against the plan: each is the batch ([M x b, ...] for a
   /// per-microbatch [b, ...]) or one microbatch's shape, given to every microbatch. Throws
@@ -119,6 +135,8 @@ class Pipeline {
   /// stage file or held there with another dtype or shape, and, in training, a weight that two
   /// stages train but plan.json does not list as shared.
   static void check_shared_weights(const Pipeline& p, const std::string& plan_json);
+  /// Loads a stage's forward (and, training, backward) program, checked against plan.json.
+  static void load_programs(const Pipeline& p, StageRuntime& rt);
 
   std::string plan_dir_;
   plan::Plan plan_;
@@ -129,6 +147,7 @@ class Pipeline {
   std::vector<std::shared_ptr<StageRuntime>> stages_;
   std::vector<ModelTensor> inputs_, outputs_;
   std::vector<Link> links_;
+  std::vector<int> local_devices_;
   int64_t steps_done_ = 0;  ///< Optimizer steps taken by earlier runs (the lr schedule goes on).
 };
 

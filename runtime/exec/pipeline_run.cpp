@@ -64,11 +64,12 @@ RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inp
       devices(pipeline_.plan_.devices),
       microbatches(pipeline_.plan_.microbatches),
       steps(options_.steps),
+      first_device(pipeline_.local_devices_.front()),
       training(pipeline_.plan_.training),
       global_step(pipeline_.steps_done_),
       step_loss(steps, std::vector<double>(microbatches, NAN)),
       meters(devices),
-      barrier(devices),
+      barrier(static_cast<int>(pipeline_.local_devices_.size()), options_.step_barrier),
       reports(devices),
       busy(devices, std::vector<double>(steps, 0.0)),
       events(devices),
@@ -83,16 +84,23 @@ RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inp
                                    ? whole
                                    : slice_rows(whole, mb * in.shape[0], (mb + 1) * in.shape[0]));
   }
-  for (const ModelTensor& out : pipeline.outputs_) results[out.name].resize(M);
+  for (const auto& st : pipeline.stages_)  // the graph outputs of this process's stages
+    for (size_t k : st->graph_outputs) results[st->program.outputs()[k].name].resize(M);
   if (training) optimizer = make_optimizer(pipeline.plan_, lr_schedule);
 
   // Inference: a link holds one message, so a stage that runs ahead waits instead of queueing
   // microbatches on the next device (whose memory the plan counts with two receive buffers:
   // the one computing and the one arriving). Training schedules send up to M ahead.
-  transport = std::make_unique<InProcessTransport>(
-      pipeline.links_, training ? M : 1, [this](const Link& link, const Message& m) {
-        meters[pipeline.stages_[link.to_stage]->stage->device].add(bytes_of(m.tensors));
-      });
+  InProcessTransport::OnDelivered delivered = [this](const Link& link, const Message& m) {
+    meters[pipeline.stages_[link.to_stage]->stage->device].add(bytes_of(m.tensors));
+  };
+  if (options.make_transport)
+    transport = options.make_transport(pipeline.links_, training ? M : 1, delivered);
+  else if (static_cast<int>(pipeline.local_devices_.size()) == devices)
+    transport = std::make_unique<InProcessTransport>(pipeline.links_, training ? M : 1, delivered);
+  else
+    fail(ErrorKind::kInternal, "a pipeline loaded for {} of {} devices runs with a transport to "
+         "the others (RunOptions::make_transport)", pipeline.local_devices_.size(), devices);
   if (!options.inject_fault.empty())
     hook.before = [this](std::string_view node, std::string_view) {
       if (node == options.inject_fault)
@@ -161,8 +169,7 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
     fail(ErrorKind::kUsage, "--steps must be at least 1 (got {})", options.steps);
   RunState run(*this, inputs, options);
   std::vector<std::thread> threads;
-  for (int d = 0; d < run.devices; ++d)
-    threads.emplace_back([&run, d] { DeviceWorker(d, run).run(); });
+  for (int d : local_devices_) threads.emplace_back([&run, d] { DeviceWorker(d, run).run(); });
   for (std::thread& t : threads) t.join();
   if (run.first_error) {
     if (run.training) {

@@ -109,6 +109,12 @@ void StepBarrier::arrive_and_wait() {
   if (aborted_) throw Aborted{};
   long generation = generation_;
   if (++waiting_ == parties_) {
+    if (on_all_arrived_) {
+      lock.unlock();  // the others wait for the generation, not the lock
+      on_all_arrived_();
+      lock.lock();
+      if (aborted_) throw Aborted{};
+    }
     waiting_ = 0;
     ++generation_;
     changed_.notify_all();

@@ -108,16 +108,19 @@ class InProcessTransport final : public Transport {
 };
 
 /// A barrier that `abort()` opens for good (waiters throw `Aborted`), so a failed worker never
-/// leaves the others waiting at the end of a step.
+/// leaves the others waiting at the end of a step. `on_all_arrived` (optional) is run by the
+/// last party to arrive before any leaves: a wait for other processes' workers (runtime/mpi).
 class StepBarrier {
  public:
-  explicit StepBarrier(int parties) : parties_(parties) {}
+  explicit StepBarrier(int parties, std::function<void()> on_all_arrived = {})
+      : on_all_arrived_(std::move(on_all_arrived)), parties_(parties) {}
   void arrive_and_wait();
   void abort();
 
  private:
   std::mutex mutex_;
   std::condition_variable changed_;
+  std::function<void()> on_all_arrived_;
   int parties_, waiting_ = 0;
   long generation_ = 0;
   bool aborted_ = false;

@@ -37,7 +37,7 @@ using namespace stagecraft;
 namespace {
 
 struct Outcome {
-  enum Kind { kPass, kFail, kRefused } kind = kPass;
+  enum Kind { kPass, kFail, kRefused, kNoKernel } kind = kPass;
   std::string detail;
 };
 
@@ -206,6 +206,11 @@ Outcome run_case(const fs::path& dir, const rt::Backend& backend) {
       model = ir::model_from_graph(imported.graph);
       program = rt::Program::from_model(model, backend, model_path.string());
     } catch (const Error& e) {
+      // An op the CPU runs but the backend under test does not have yet (listed in
+      // tests/gpu/cuda_table_covers_cpu_test.cpp): counted apart, not as a failure.
+      const std::string no_kernel = fmt::format(" has no {} kernel", backend.name());
+      if (&backend != &rt::cpu_backend() && std::string(e.what()).find(no_kernel) != std::string::npos)
+        return {Outcome::kNoKernel, e.what()};
       return {Outcome::kRefused, e.what()};
     }
     std::vector<rt::Tensor> args;
@@ -319,7 +324,7 @@ int main(int argc, char** argv) {
     if (cases.empty())
       fail(ErrorKind::kIo, "{}: no conformance cases (install libonnx-testdata)", data);
 
-    int passed = 0, failed = 0, skipped = 0, unexpected = 0;
+    int passed = 0, failed = 0, skipped = 0, unexpected = 0, no_kernel = 0;
     std::vector<std::string> failures;
     std::ofstream skip_out;
     if (!write_skips.empty()) {
@@ -331,6 +336,11 @@ int main(int argc, char** argv) {
       auto skip = skips.find(name);
       if (verbose) fmt::print("run  {}\n", name), std::fflush(stdout);
       Outcome outcome = run_case(dir, backend);
+      if (outcome.kind == Outcome::kNoKernel && skip == skips.end()) {
+        ++no_kernel;
+        if (verbose) fmt::print("no kernel {}: {}\n", name, outcome.detail);
+        continue;
+      }
       if (skip != skips.end()) {
         if (outcome.kind == Outcome::kPass) {
           ++unexpected;
@@ -356,9 +366,12 @@ int main(int argc, char** argv) {
       }
     }
     for (const std::string& f : failures) fmt::print("FAIL {}\n", f);
-    fmt::print("conformance ({}): passed {}, failed {}, skipped {}{}\n", backend.name(), passed,
+    fmt::print("conformance ({}): passed {}, failed {}, skipped {}{}{}\n", backend.name(), passed,
                failed + unexpected, skipped,
-               unexpected ? fmt::format(" ({} listed as skipped pass)", unexpected) : "");
+               unexpected ? fmt::format(" ({} listed as skipped pass)", unexpected) : "",
+               no_kernel ? fmt::format(", {} not run (an op without a {} kernel)", no_kernel,
+                                       backend.name())
+                         : "");
     return failed + unexpected == 0 ? 0 : 1;
   });
 }

@@ -12,36 +12,15 @@
 #include "runtime/core/backend.h"
 #include "runtime/cpu/families.h"
 #include "runtime/format/grad_ops.h"
+#include "tests/gpu/table_util.h"
 
 namespace stagecraft::rt {
 namespace {
 
-const KernelEntry* find_entry(std::span<const KernelEntry> table, std::string_view op) {
-  for (const KernelEntry& e : table)
-    if (e.op_type == op) return &e;
-  return nullptr;
-}
-
-void set_int(onnx::NodeProto& node, const std::string& name, int64_t value) {
-  onnx::AttributeProto* a = node.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(value);
-}
-
-void set_ints(onnx::NodeProto& node, const std::string& name, const std::vector<int64_t>& values) {
-  onnx::AttributeProto* a = node.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INTS);
-  for (int64_t v : values) a->add_ints(v);
-}
-
-void set_string(onnx::NodeProto& node, const std::string& name, const std::string& value) {
-  onnx::AttributeProto* a = node.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::STRING);
-  a->set_s(value);
-}
+using gpu_test::find_entry;
+using gpu_test::set_int;
+using gpu_test::set_ints;
+using gpu_test::set_string;
 
 TEST_CASE("the cuda backend covers the cpu's conv and pooling ops and their gradients") {
 #ifdef STAGECRAFT_WITH_CUDA

@@ -18,23 +18,13 @@
 #include "runtime/cuda/conv_window.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "tests/gpu/table_util.h"
 
 namespace stagecraft::rt {
 namespace {
 
-void set_int(onnx::NodeProto& node, const std::string& name, int64_t value) {
-  onnx::AttributeProto* a = node.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(value);
-}
-
-void set_ints(onnx::NodeProto& node, const std::string& name, const std::vector<int64_t>& values) {
-  onnx::AttributeProto* a = node.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INTS);
-  for (int64_t v : values) a->add_ints(v);
-}
+using gpu_test::set_int;
+using gpu_test::set_ints;
 
 // One random pooling node: X's shape and the node's attributes.
 struct PoolCase {

@@ -9,15 +9,12 @@
 
 #include "runtime/core/backend.h"
 #include "runtime/cpu/families.h"
+#include "tests/gpu/table_util.h"
 
 namespace stagecraft::rt {
 namespace {
 
-const KernelEntry* find_entry(std::span<const KernelEntry> table, std::string_view op) {
-  for (const KernelEntry& e : table)
-    if (e.op_type == op) return &e;
-  return nullptr;
-}
+using gpu_test::find_entry;
 
 TEST_CASE("the cuda backend covers the cpu's data, shape, reduce and norm ops and gradients") {
 #ifdef STAGECRAFT_WITH_CUDA

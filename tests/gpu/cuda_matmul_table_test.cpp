@@ -17,18 +17,15 @@
 #include "runtime/cpu/matmul_shape.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "tests/gpu/table_util.h"
 
 namespace stagecraft::rt {
 namespace {
 
-const KernelEntry* find_entry(std::span<const KernelEntry> table, std::string_view op) {
-  for (const KernelEntry& e : table)
-    if (e.op_type == op) return &e;
-  return nullptr;
-}
+using gpu_test::find_entry;
 
 // A node carrying the gradient contract's forward_inputs = n.
-onnx::NodeProto grad_node(int64_t n) {
+[[maybe_unused]] onnx::NodeProto grad_node(int64_t n) {
   onnx::NodeProto node;
   onnx::AttributeProto* attr = node.add_attribute();
   attr->set_name(std::string(grad::kForwardInputsAttr));

@@ -1,0 +1,155 @@
+// The CUDA backend's reduction family (families.h): ReduceSum, Max, Min, Prod, L1, L2,
+// SumSquare, LogSum and LogSumExp and their gradients, over the same ops, attributes and dtypes
+// as the CPU backend's reduce_ops.cpp. The node is read with the CPU's own rules
+// (runtime/cpu/reduce_shape.h: axes as attribute or operand, noop_with_empty_axes, keepdims,
+// the dims grouped as the CPU's loops group them), the axes operand brought to the host first;
+// the kernels (reduce_kernels.cu) then run reduce_element.h's per-element functions, the CPU's
+// arithmetic in the CPU's order.
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "runtime/cpu/grad_io.h"
+#include "runtime/cpu/reduce_shape.h"
+#include "runtime/cuda/data_common.h"
+#include "runtime/cuda/families.h"
+#include "runtime/cuda/reduce_kernels.h"
+
+namespace stagecraft::rt::cuda {
+namespace {
+
+using cpu::GradIo;
+using cpu::Reduction;
+
+ReduceKind kind_of(Reduction r) {
+  switch (r) {
+    case Reduction::kSum:
+      return ReduceKind::kSum;
+    case Reduction::kMax:
+      return ReduceKind::kMax;
+    case Reduction::kMin:
+      return ReduceKind::kMin;
+    case Reduction::kProd:
+      return ReduceKind::kProd;
+    case Reduction::kL1:
+      return ReduceKind::kL1;
+    case Reduction::kL2:
+      return ReduceKind::kL2;
+    case Reduction::kSumSquare:
+      return ReduceKind::kSumSquare;
+    case Reduction::kLogSum:
+      return ReduceKind::kLogSum;
+    case Reduction::kLogSumExp:
+      return ReduceKind::kLogSumExp;
+  }
+  return ReduceKind::kSum;
+}
+
+// The dims the node reduces (cpu::reduced_dims), its axes operand (on the device, null when
+// omitted) read to the host where the attribute does not give them.
+cpu::ReducedDims dims_of(const KernelArgs& a, const Shape& x_shape, const Tensor* axes) {
+  const bool operand = axes != nullptr && !a.attrs.has("axes");
+  const Tensor host = operand ? host_ints(context(a), axes) : Tensor{};
+  return cpu::reduced_dims(a, x_shape, operand ? &host : nullptr);
+}
+
+ReduceGroups groups_of(const KernelArgs& a, const Shape& x_shape,
+                       const std::vector<bool>& reduced) {
+  const std::vector<std::pair<int64_t, bool>> groups = cpu::reduction_groups(x_shape, reduced);
+  ReduceGroups s;
+  if (!reduce_groups(groups, s))
+    fail(ErrorKind::kUnsupported,
+         "{} '{}' reduces {} through {} groups of dims; the cuda backend handles at most {}",
+         a.op_type, a.name, shape_string(x_shape), groups.size(), kMaxReduceGroups);
+  return s;
+}
+
+void reduce(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  const cpu::ReducedDims dims = dims_of(a, x.shape, a.has_input(1) ? a.in[1] : nullptr);
+  expect_shape(a, 0, dims.y_shape);
+  Tensor& y = *a.out[0];
+  if (y.numel() == 0) return;
+  const ReduceGroups s = groups_of(a, x.shape, dims.reduced);
+  const ReduceKind kind = kind_of(cpu::reduction_of(a.op_type));
+  cudaStream_t stream = context(a).stream();
+  switch (x.dtype) {
+    case DType::kFloat32:
+      launch_reduce(y.as<float>(), x.as<float>(), kind, s, stream);
+      break;
+    case DType::kFloat64:
+      launch_reduce(y.as<double>(), x.as<double>(), kind, s, stream);
+      break;
+    case DType::kInt32:
+      launch_reduce(y.as<int32_t>(), x.as<int32_t>(), kind, s, stream);
+      break;
+    case DType::kInt64:
+      launch_reduce(y.as<int64_t>(), x.as<int64_t>(), kind, s, stream);
+      break;
+    default:
+      fail(ErrorKind::kUnsupported, "{} on {} is not supported", a.op_type, dtype_name(x.dtype));
+  }
+  check_launch(a);
+}
+
+void reduce_grad(const KernelArgs& a) {
+  const GradIo io(a, {.n_min = 1, .n_max = 2, .m_min = 1, .m_max = 1});
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) zero_outputs(a);
+  if (dx == nullptr || dy == nullptr) return;
+  const Tensor& x = io.need_x(0);
+  expect_shape(a, 0, x.shape);
+  const cpu::ReducedDims dims = dims_of(a, x.shape, io.x(1));
+  if (dy->shape != dims.y_shape)
+    fail(ErrorKind::kShape, "{} '{}': the output gradient is {} but the output is {}", a.op_type,
+         a.name, dy->describe(), shape_string(dims.y_shape));
+  if (x.numel() == 0) return;
+  const Reduction reduction = cpu::reduction_of(a.op_type);
+  const float* y = nullptr;
+  if (cpu::gradient_reads_y(reduction)) {
+    const Tensor& yt = io.need_y(0);
+    if (yt.shape != dims.y_shape)
+      fail(ErrorKind::kShape, "{} '{}': the forward output is {}, expected {}", a.op_type, a.name,
+           yt.describe(), shape_string(dims.y_shape));
+    y = yt.as<float>();
+  }
+  const ReduceGroups s = groups_of(a, x.shape, dims.reduced);
+  const ReduceKind kind = kind_of(reduction);
+  CudaContext& ctx = context(a);
+  Tensor share;  // Max's and Min's per-output shares of dy
+  if (kind == ReduceKind::kMax || kind == ReduceKind::kMin)
+    share = ctx.new_tensor(DType::kFloat32, {s.outputs}, false);
+  launch_reduce_grad(kind, dx->as<float>(), x.as<float>(), y, dy->as<float>(),
+                     share.numel() > 0 ? share.as<float>() : nullptr, x.numel(), s, ctx.stream());
+  check_launch(a);
+}
+
+// The CPU backend's checks decide (float32, float64, int32, int64 forward; float32 gradients).
+// Each gradient writes every element of dx (or zeroes it when dy is omitted), as the CPU's do.
+constexpr KernelEntry kKernels[] = {
+    {"ReduceSum", reduce, same_as_cpu},
+    {"ReduceMax", reduce, same_as_cpu},
+    {"ReduceMin", reduce, same_as_cpu},
+    {"ReduceProd", reduce, same_as_cpu},
+    {"ReduceL2", reduce, same_as_cpu},
+    {"ReduceL1", reduce, same_as_cpu},
+    {"ReduceSumSquare", reduce, same_as_cpu},
+    {"ReduceLogSum", reduce, same_as_cpu},
+    {"ReduceLogSumExp", reduce, same_as_cpu},
+    {"ReduceSumGrad", reduce_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ReduceMaxGrad", reduce_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ReduceMinGrad", reduce_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ReduceProdGrad", reduce_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ReduceL2Grad", reduce_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ReduceL1Grad", reduce_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ReduceSumSquareGrad", reduce_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ReduceLogSumGrad", reduce_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ReduceLogSumExpGrad", reduce_grad, same_as_cpu, /*writes_every_output=*/true},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> reduction_kernels() { return kKernels; }
+
+}  // namespace stagecraft::rt::cuda

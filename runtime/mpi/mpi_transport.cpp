@@ -1,0 +1,223 @@
+#include "runtime/mpi/mpi_transport.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "runtime/format/error.h"
+#include "runtime/mpi/wire.h"
+
+namespace stagecraft::rt::mpi {
+
+namespace {
+
+// The largest piece of a tensor in one MPI message (counts are ints).
+constexpr int64_t kPieceBytes = int64_t{1} << 30;
+
+}  // namespace
+
+MpiTransport::MpiTransport(MPI_Comm comm, Layout layout, int capacity,
+                           InProcessTransport::OnDelivered on_delivered)
+    : comm_(comm),
+      layout_(std::move(layout)),
+      capacity_(static_cast<size_t>(std::max(capacity, 1))),
+      on_delivered_(std::move(on_delivered)) {
+  std::sort(layout_.links.begin(), layout_.links.end());
+  std::sort(layout_.shared_weights.begin(), layout_.shared_weights.end());
+  void* value = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &found);
+  const int64_t tag_ub = found ? *static_cast<int*>(value) : 32767;  // the standard's least
+  const int64_t tags = 1 + static_cast<int64_t>(layout_.links.size()) +
+                       static_cast<int64_t>(layout_.shared_weights.size()) *
+                           static_cast<int64_t>(layout_.stage_rank.size());
+  if (tags > tag_ub)
+    fail(ErrorKind::kUnsupported,
+         "the MPI transport needs {} tags ({} links, {} shared weights x {} stages); this MPI "
+         "allows {}",
+         tags, layout_.links.size(), layout_.shared_weights.size(), layout_.stage_rank.size(),
+         tag_ub);
+}
+
+MpiTransport::~MpiTransport() {
+  if (aborted_) return;  // the run failed: the failing rank ends every rank (MPI_Abort)
+  for (auto& [link, queue] : in_flight_)
+    for (InFlight& f : queue)
+      MPI_Waitall(static_cast<int>(f.requests.size()), f.requests.data(), MPI_STATUSES_IGNORE);
+  for (InFlight& f : sum_parts_)
+    MPI_Waitall(static_cast<int>(f.requests.size()), f.requests.data(), MPI_STATUSES_IGNORE);
+}
+
+std::string MpiTransport::describe(const Link& link) const {
+  return fmt::format("link stage {} -> stage {} ({})", link.from_stage, link.to_stage,
+                     link.gradient ? "gradients" : "activations");
+}
+
+int MpiTransport::link_tag(const Link& link) const {
+  auto it = std::lower_bound(layout_.links.begin(), layout_.links.end(), link);
+  if (it == layout_.links.end() || *it != link)
+    fail(ErrorKind::kPlan, "no link from stage {} to stage {} ({}) in the plan", link.from_stage,
+         link.to_stage, link.gradient ? "gradients" : "activations");
+  return 1 + static_cast<int>(it - layout_.links.begin());
+}
+
+int MpiTransport::sum_tag(const std::string& weight, int stage) const {
+  const auto& names = layout_.shared_weights;
+  auto it = std::lower_bound(names.begin(), names.end(), weight);
+  if (it == names.end() || *it != weight)
+    fail(ErrorKind::kPlan, "shared weight '{}' is not among the plan's shared weights", weight);
+  if (stage < 0 || stage >= static_cast<int>(layout_.stage_rank.size()))
+    fail(ErrorKind::kPlan, "shared weight '{}': stage {} is out of range (the plan has {})",
+         weight, stage, layout_.stage_rank.size());
+  const int stages = static_cast<int>(layout_.stage_rank.size());
+  return 1 + static_cast<int>(layout_.links.size()) +
+         static_cast<int>(it - names.begin()) * stages + stage;
+}
+
+void MpiTransport::check_open() const {
+  if (aborted_) throw Aborted{};
+}
+
+void MpiTransport::post_bytes(const Tensor& tensor, int rank, int tag, InFlight& into) {
+  const int64_t total = tensor.bytes();
+  for (int64_t at = 0; at < total; at += kPieceBytes) {
+    const int count = static_cast<int>(std::min(kPieceBytes, total - at));
+    MPI_Request request;
+    MPI_Isend(tensor.data + at, count, MPI_BYTE, rank, tag, comm_, &request);
+    into.requests.push_back(request);
+  }
+}
+
+void MpiTransport::receive_bytes(Tensor& tensor, int rank, int tag, const std::string& what) {
+  const int64_t total = tensor.bytes();
+  for (int64_t at = 0; at < total; at += kPieceBytes) {
+    const int count = static_cast<int>(std::min(kPieceBytes, total - at));
+    // The size first: a message larger than the buffer would be MPI's (fatal) error.
+    MPI_Status status;
+    MPI_Probe(rank, tag, comm_, &status);
+    int arrived = 0;
+    MPI_Get_count(&status, MPI_BYTE, &arrived);
+    if (arrived != count)
+      fail(ErrorKind::kPlan, "{}: {} bytes arrived for {} (bytes {}..{} of {})", what, arrived,
+           tensor.describe(), at, at + count, total);
+    MPI_Recv(tensor.data + at, count, MPI_BYTE, rank, tag, comm_, MPI_STATUS_IGNORE);
+  }
+}
+
+void MpiTransport::reap() {
+  auto done = [](InFlight& f) {
+    int flag = 0;
+    MPI_Testall(static_cast<int>(f.requests.size()), f.requests.data(), &flag,
+                MPI_STATUSES_IGNORE);
+    return flag != 0;
+  };
+  for (auto& [link, queue] : in_flight_)
+    while (!queue.empty() && done(queue.front())) queue.pop_front();
+  while (!sum_parts_.empty() && done(sum_parts_.front())) sum_parts_.pop_front();
+}
+
+void MpiTransport::send(const Link& link, Message message) {
+  check_open();
+  const int tag = link_tag(link);
+  const int to = layout_.stage_rank.at(static_cast<size_t>(link.to_stage));
+  reap();
+  std::deque<InFlight>& queue = in_flight_[link];
+  // The link is full: wait until its oldest message is taken.
+  while (queue.size() >= capacity_) {
+    InFlight& oldest = queue.front();
+    MPI_Waitall(static_cast<int>(oldest.requests.size()), oldest.requests.data(),
+                MPI_STATUSES_IGNORE);
+    queue.pop_front();
+  }
+  InFlight& f = queue.emplace_back();
+  f.header = message_header(message);
+  MPI_Request request;
+  MPI_Isend(f.header.data(), static_cast<int>(f.header.size()), MPI_BYTE, to, tag, comm_,
+            &request);
+  f.requests.push_back(request);
+  for (NamedTensor& t : message.tensors) {
+    post_bytes(t.tensor, to, tag, f);
+    f.tensors.push_back(std::move(t.tensor));
+  }
+}
+
+Message MpiTransport::recv(const Link& link, int microbatch) {
+  check_open();
+  const int tag = link_tag(link);
+  const int from = layout_.stage_rank.at(static_cast<size_t>(link.from_stage));
+  reap();
+  MPI_Status status;
+  MPI_Probe(from, tag, comm_, &status);
+  int size = 0;
+  MPI_Get_count(&status, MPI_BYTE, &size);
+  std::vector<char> header(static_cast<size_t>(size));
+  MPI_Recv(header.data(), size, MPI_BYTE, from, tag, comm_, MPI_STATUS_IGNORE);
+  Message message = message_from_header(header, describe(link));
+  if (message.microbatch != microbatch)
+    fail(ErrorKind::kPlan,
+         "stage {} expected microbatch {} from stage {} but microbatch {} arrived first",
+         link.to_stage, microbatch, link.from_stage, message.microbatch);
+  for (NamedTensor& t : message.tensors)
+    receive_bytes(t.tensor, from, tag, fmt::format("{}: '{}'", describe(link), t.name));
+  if (on_delivered_) on_delivered_(link, message);
+  return message;
+}
+
+void MpiTransport::start_shared_sum(const std::string& weight, const std::vector<int>& holders,
+                                    int stage, const Tensor& gradient, DeviceContext& device) {
+  check_open();
+  if (gradient.dtype != DType::kFloat32)
+    fail(ErrorKind::kUnsupported, "shared weight '{}': stage {} sums a {} gradient (float32 only)",
+         weight, stage, dtype_name(gradient.dtype));
+  if (std::find(holders.begin(), holders.end(), stage) == holders.end() ||
+      own_parts_.count({weight, stage}))
+    fail(ErrorKind::kPlan, "shared weight '{}': stage {} is not a holder ([{}]) or started twice",
+         weight, stage, fmt::join(holders, ","));
+  reap();
+  Tensor part = clone_on(device, gradient);
+  device.synchronize();  // MPI reads it
+  const int tag = sum_tag(weight, stage);
+  InFlight& f = sum_parts_.emplace_back();
+  for (int holder : holders)
+    if (holder != stage) post_bytes(part, layout_.stage_rank.at(static_cast<size_t>(holder)), tag, f);
+  f.tensors.push_back(part);
+  own_parts_[{weight, stage}] = part;
+  holders_[weight] = holders;
+}
+
+void MpiTransport::finish_shared_sum(const std::string& weight, int stage, Tensor& gradient,
+                                     DeviceContext& device) {
+  check_open();
+  auto own = own_parts_.find({weight, stage});
+  if (own == own_parts_.end())
+    fail(ErrorKind::kPlan, "shared weight '{}': stage {} finishes a sum it did not start", weight,
+         stage);
+  const Tensor part = own->second;
+  own_parts_.erase(own);
+  if (gradient.shape != part.shape || gradient.dtype != DType::kFloat32)
+    fail(ErrorKind::kPlan, "shared weight '{}': stage {}'s gradient buffer is {}, the sum {}",
+         weight, stage, gradient.describe(), part.describe());
+  // Every holder adds the same parts in the same (ascending) order: the same bytes on each.
+  const std::vector<int>& holders = holders_.at(weight);
+  for (size_t h = 0; h < holders.size(); ++h) {
+    Tensor other = part;
+    if (holders[h] != stage) {
+      other = Tensor::uninitialized(DType::kFloat32, part.shape);
+      receive_bytes(other, layout_.stage_rank.at(static_cast<size_t>(holders[h])),
+                    sum_tag(weight, holders[h]),
+                    fmt::format("shared weight '{}': stage {}'s part for stage {}", weight,
+                                holders[h], stage));
+    }
+    if (h == 0)
+      device.copy(other, gradient);
+    else
+      device.accumulate(gradient, other);
+  }
+  device.synchronize();
+}
+
+void MpiTransport::abort() { aborted_ = true; }
+
+}  // namespace stagecraft::rt::mpi

@@ -1,0 +1,91 @@
+#pragma once
+/// \file
+/// The transport between ranks of one `mpirun` (one rank per plan device, CPU ranks): MPI
+/// point-to-point on a communicator, one tag per link so that each link's messages arrive in
+/// the order they were sent (MPI's non-overtaking rule holds per sender, communicator and tag).
+///
+/// A message is a small header (microbatch; per tensor its name, dtype and shape: wire.h) and
+/// then each tensor's bytes as messages of their own, all sent non-blocking: `send` returns
+/// once they are posted and the transport holds the tensors until MPI is done with them, so the
+/// sender goes on computing. `recv` blocks until the link's next message is in.
+///
+/// Failures: `abort` makes this process's later calls throw `Aborted`; the ranks that are
+/// waiting on this one are ended by the failing rank's `MPI_Abort` (runtime/mpi/world.h), not
+/// by a poll loop here.
+
+#include <mpi.h>
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/exec/transport.h"
+
+namespace stagecraft::rt::mpi {
+
+/// Where things are: the rank of every stage, every link and every shared weight of the plan,
+/// the same on every rank (all read the same plan.json).
+struct Layout {
+  std::vector<int> stage_rank;              ///< Per stage: the rank that runs it.
+  std::vector<Link> links;                  ///< Every link of the plan, one tag each.
+  std::vector<std::string> shared_weights;  ///< Names of the weights several stages hold.
+};
+
+class MpiTransport final : public Transport {
+ public:
+  /// `capacity`: a link's sends in flight before `send` waits for the oldest to be received
+  /// (the in-process transport's bound on a link's buffer). `on_delivered` is called in `recv`
+  /// with the message received (the moment its bytes become this rank's).
+  MpiTransport(MPI_Comm comm, Layout layout, int capacity,
+               InProcessTransport::OnDelivered on_delivered = {});
+  /// Waits for the sends still in flight (their receivers take them in a run that ends well).
+  ~MpiTransport() override;
+  MpiTransport(const MpiTransport&) = delete;
+  MpiTransport& operator=(const MpiTransport&) = delete;
+
+  void send(const Link& link, Message message) override;
+  Message recv(const Link& link, int microbatch) override;
+  /// Sends `stage`'s part (a copy, held until sent) to every other holder's rank.
+  void start_shared_sum(const std::string& weight, const std::vector<int>& holders, int stage,
+                        const Tensor& gradient, DeviceContext& device) override;
+  /// Receives the other holders' parts and adds them all in ascending stage order, as the
+  /// in-process transport does, so every holder gets the same bytes.
+  void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient,
+                         DeviceContext& device) override;
+  void abort() override;
+
+  /// The tag of `link`, and of `stage`'s part of the sum of shared weight `weight`.
+  int link_tag(const Link& link) const;
+  int sum_tag(const std::string& weight, int stage) const;
+
+ private:
+  /// Sends posted and not yet complete, with what they read (kept alive until then).
+  struct InFlight {
+    std::vector<MPI_Request> requests;
+    std::vector<char> header;
+    std::vector<Tensor> tensors;
+  };
+  /// Posts `tensor`'s bytes to `rank` with `tag`, in pieces MPI's int counts can hold.
+  void post_bytes(const Tensor& tensor, int rank, int tag, InFlight& into);
+  /// Receives what `post_bytes` sent into `tensor`, whose size the receiver knows.
+  void receive_bytes(Tensor& tensor, int rank, int tag, const std::string& what);
+  /// Drops the sends in flight that MPI has finished with (non-blocking).
+  void reap();
+  void check_open() const;
+  std::string describe(const Link& link) const;
+
+  MPI_Comm comm_;
+  Layout layout_;
+  size_t capacity_;
+  InProcessTransport::OnDelivered on_delivered_;
+  std::map<Link, std::deque<InFlight>> in_flight_;  ///< Per link, oldest first.
+  std::deque<InFlight> sum_parts_;                  ///< Shared-sum parts being sent.
+  std::map<std::pair<std::string, int>, Tensor> own_parts_;  ///< (weight, stage) -> its part.
+  std::map<std::string, std::vector<int>> holders_;  ///< Per shared weight: its holders.
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace stagecraft::rt::mpi

@@ -1,0 +1,84 @@
+#pragma once
+/// \file
+/// A process of an `mpirun` launch as stagerun sees it: rank r of N runs plan device r (CPU
+/// ranks, one machine or several), reaching the others' devices through the MPI transport
+/// (mpi_transport.h); rank 0 gathers the losses, outputs and device figures and prints them.
+/// No MPI type appears here, so stagerun builds the same with or without MPI: a build without
+/// it (world_absent.cpp) refuses to run under mpirun, saying so.
+///
+/// Failures: an error on one rank is printed by that rank, which then ends every rank with
+/// `MPI_Abort` (`finish`); a refusal that every rank makes alike (`refuse_together`: the world
+/// size, options this slice does not support) ends every rank normally with the same line.
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/exec/pipeline.h"
+#include "runtime/format/error.h"
+#include "runtime/format/plan.h"
+
+namespace stagecraft::rt::mpi {
+
+class World {
+ public:
+  /// Whether this process is a rank of an mpirun launch (Open MPI's OMPI_COMM_WORLD_SIZE, or a
+  /// PMI launcher's PMI_SIZE or PMIX_RANK, is set).
+  static bool launched() {
+    return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
+           std::getenv("PMIX_RANK");
+  }
+  /// Whether this build has the MPI transport.
+  static bool available();
+
+  /// Joins the launch (MPI_Init_thread). Throws `Error(kUnsupported)` in a build without MPI.
+  World();
+  /// Finalises MPI unless `finish` has ended the process.
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  /// Runs `checks`, which every rank makes alike (the same command line and plan): an `Error`
+  /// they throw is rethrown, and `finish` then ends this rank normally (every rank says the
+  /// same and exits with the same status) instead of with MPI_Abort.
+  template <typename Checks>
+  void refuse_together(Checks&& checks) {
+    try {
+      checks();
+    } catch (const Error&) {
+      refused_together_ = true;
+      throw;
+    }
+  }
+
+  /// The plan devices this rank runs: {rank}. Refuses (every rank) a world whose size is not
+  /// the plan's device count, naming both.
+  std::vector<int> local_devices(const plan::Plan& plan, const std::string& plan_dir);
+
+  /// This rank's run: its transport (MPI, on a communicator of its own), a wait for every
+  /// rank at each step's start and end, and progress shown by rank 0 only.
+  void distribute(RunOptions& options, const plan::Plan& plan) const;
+
+  /// Gathers every rank's part of `report` to rank 0: the losses (from the rank of the stage
+  /// that computes the loss), the graph outputs, each device's figures (each rank's own median
+  /// step; rank 0's step times) and the bubble over all devices. Other ranks' reports are left
+  /// as they were. Every rank calls it.
+  void gather(RunReport& report, const plan::Plan& plan) const;
+
+  /// The end of stagerun with `exit_code` (after its error line, if any, is printed): 0 or a
+  /// refusal made together finalise MPI and return the code; any other error ends every rank
+  /// now (MPI_Abort with the code) so that none waits for this one.
+  int finish(int exit_code);
+
+ private:
+  struct Comms;  ///< The communicators (MPI's types stay in world.cpp).
+  std::unique_ptr<Comms> comms_;
+  int rank_ = 0, size_ = 1;
+  bool refused_together_ = false, finished_ = false;
+};
+
+}  // namespace stagecraft::rt::mpi

@@ -1,0 +1,32 @@
+// A build without MPI: stagerun under mpirun says so (world.h).
+#include "runtime/mpi/world.h"
+
+namespace stagecraft::rt::mpi {
+
+struct World::Comms {};
+
+bool World::available() { return false; }
+
+World::World() {
+  fail(ErrorKind::kUnsupported,
+       "stagerun runs under mpirun, but this build has no MPI (Open MPI's libopenmpi-dev was not "
+       "found when CMake configured it: run tools/setup.sh, then configure and build again)");
+}
+
+World::~World() = default;
+
+std::vector<int> World::local_devices(const plan::Plan&, const std::string&) {
+  fail(ErrorKind::kInternal, "no MPI in this build");
+}
+
+void World::distribute(RunOptions&, const plan::Plan&) const {
+  fail(ErrorKind::kInternal, "no MPI in this build");
+}
+
+void World::gather(RunReport&, const plan::Plan&) const {
+  fail(ErrorKind::kInternal, "no MPI in this build");
+}
+
+int World::finish(int exit_code) { return exit_code; }
+
+}  // namespace stagecraft::rt::mpi

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The checks of tests/mpi (CMakeLists.txt names them), one per call:
+#   transport MPIRUN TEST_BINARY     the transport's doctest cases on 2 ranks
+#   CHECK MPIRUN STAGERUN STAGEC MAKE_SAMPLES SAMPLES WORKDIR, CHECK one of
+#     train_mnist_1f1b       2 ranks train as one process does (losses within 1e-6), rank 0
+#                            alone prints, both devices' figures gathered
+#     train_gpt_interleaved  2 ranks of 2 stages each (Megatron's virtual stages)
+#     train_gpt_4_ranks      4 ranks, zb-h1
+#     train_chain_shared     a weight held by two ranks' stages (its gradient summed over MPI)
+#     infer                  2 ranks infer the same outputs, bit for bit
+#     world_size             3 ranks for a 2-device plan: every rank refuses, naming both numbers
+#     fault                  a node failing on rank 1 ends every rank at once, non-zero, the
+#                            failing device and node named
+# Exit 77 (skipped) where there is no mpirun or the build has no MPI.
+set -euo pipefail
+
+check=$1 mpirun=${2:-}
+if [ -z "$mpirun" ] || [ "$mpirun" = "MPIEXEC_EXECUTABLE-NOTFOUND" ] || ! command -v "$mpirun" >/dev/null; then
+  echo "SKIP: no mpirun (Debian's openmpi-bin; tools/setup.sh installs it)"
+  exit 77
+fi
+# CI runs as root on 2 cores.
+mpi=("$mpirun" --oversubscribe --allow-run-as-root)
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+if [ "$check" = transport ]; then
+  [ "$3" = none ] && { echo "SKIP: the build has no MPI"; exit 77; }
+  exec "${mpi[@]}" -np 2 "$3"
+fi
+
+stagerun=$3 stagec=$4 make_samples=$5 samples=$6 work=$7
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+
+# The one-process run and `mpirun -np RANKS` of ./plan (training) give the same losses.
+same_training() {
+  local ranks=$1
+  "$stagerun" plan --steps 3 --json -q --backend cpu >one.json
+  if ! "${mpi[@]}" -np "$ranks" "$stagerun" plan --steps 3 --json -q >ranks.json 2>ranks.err; then
+    cat ranks.err >&2
+    fail "mpirun -np $ranks stagerun failed"
+  fi
+  grep -o '"loss":[^,]*' one.json | cut -d: -f2 >one.loss
+  grep -o '"loss":[^,]*' ranks.json | cut -d: -f2 >ranks.loss
+  [ "$(wc -l <ranks.loss)" -eq 3 ] || fail "expected 3 losses, got $(cat ranks.loss)"
+  paste one.loss ranks.loss | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 || $2 != $2 + 0) bad = 1 }
+    END { exit bad }' || fail "losses differ by more than 1e-6: $(paste one.loss ranks.loss)"
+  if cmp -s one.loss ranks.loss; then echo "losses bit-identical: $(tr '\n' ' ' <ranks.loss)"; fi
+}
+
+gpt=("$samples/gpt_tiny.onnx" --train --loss cross-entropy --batch 8 --microbatches 4 --dim seq=16
+  --optimizer adam)
+case "$check" in
+  train_gpt_interleaved)
+    "$stagec" "${gpt[@]}" -o plan --devices 2 --schedule interleaved --chunks 2 >/dev/null
+    same_training 2
+    ;;
+  train_gpt_4_ranks)
+    "$stagec" "${gpt[@]}" -o plan --devices 4 --schedule zb-h1 >/dev/null
+    same_training 4
+    ;;
+  train_chain_shared)
+    "$make_samples" shared-chain -o chain.onnx >/dev/null
+    "$stagec" chain.onnx -o plan --devices 2 --train --loss mse --batch 8 --microbatches 4 \
+      --optimizer adam >/dev/null
+    grep -q '"shared_weights": \[$' plan/plan.json || fail "the plan has no shared weight"
+    same_training 2
+    ;;
+  fault)
+    "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --train --loss mse --batch 8 \
+      --microbatches 4 >/dev/null
+    node=$(grep -o '"loss/[^"]*"' plan/plan.json | head -1 | tr -d '"')  # the last stage's
+    [ -n "$node" ] || fail "no loss node in plan.json"
+    start=$SECONDS
+    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" plan --steps 3 -q --inject-fault "$node" \
+      >out.txt 2>err.txt; then
+      fail "a run with a failing node succeeded"
+    fi
+    [ $((SECONDS - start)) -lt 30 ] || fail "the ranks took $((SECONDS - start)) s to end"
+    grep -q "stagerun: internal error: device 1: step 1: .*fault injected at node '$node'" err.txt ||
+      fail "the failing rank's line is missing: $(cat err.txt)"
+    ! pgrep -f -- "--inject-fault $node" >/dev/null || fail "a rank is still running"
+    ;;
+  train_mnist_1f1b)
+    "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --train --loss mse --batch 8 \
+      --microbatches 4 >/dev/null
+    same_training 2
+    # Rank 0 alone prints, what one process prints (numbers aside: times differ).
+    diff <(tr -d '0-9.e+-' <one.json) <(tr -d '0-9.e+-' <ranks.json) >/dev/null ||
+      fail "rank 0 should print what one process prints; got: $(cat ranks.json)"
+    # The summary holds both devices' figures (gathered from rank 1).
+    grep -q '"devices": *2,' ranks.json || fail "no 2-device summary"
+    [ "$(grep -o '"peak_bytes": *[1-9]' ranks.json | wc -l)" -eq 2 ] ||
+      fail "both devices' peak memory should be gathered: $(tail -1 ranks.json)"
+    ;;
+  infer)
+    "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --batch 8 --microbatches 4 >/dev/null
+    "$stagerun" plan --outputs one -q >/dev/null
+    "${mpi[@]}" -np 2 "$stagerun" plan --outputs ranks -q --json >ranks.json ||
+      fail "mpirun -np 2 stagerun failed"
+    for f in one/*.npy; do
+      cmp "$f" "ranks/$(basename "$f")" || fail "$(basename "$f") differs from the one-process run"
+    done
+    [ "$(ls ranks | wc -l)" -eq "$(ls one | wc -l)" ] || fail "not the same output files"
+    ;;
+  world_size)
+    "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --batch 8 --microbatches 4 >/dev/null
+    if "${mpi[@]}" -np 3 "$stagerun" plan -q >out.txt 2>err.txt; then
+      fail "mpirun -np 3 ran a 2-device plan"
+    fi
+    n=$(grep -c 'mpirun started 3 ranks but the plan plan has 2 devices: run one rank per plan device (mpirun -np 2)' err.txt || true)
+    [ "$n" -eq 3 ] || fail "every rank (3) should refuse with both numbers; $n did: $(cat err.txt)"
+    [ ! -s out.txt ] || fail "a refused run printed: $(cat out.txt)"
+    ;;
+  *)
+    fail "unknown check '$check'"
+    ;;
+esac
+echo "ok: $check"

@@ -1,0 +1,190 @@
+// The MPI transport between two ranks (run by `mpirun -np 2`, tests/mpi/CMakeLists.txt): a
+// link's messages arrive in order with their names, dtypes, shapes and bytes; sends do not wait
+// for the receiver; a wrong microbatch at a link's head is a plan fault; shared-weight sums give
+// every holder the bytes of the in-process transport (the parts added in ascending stage
+// order), also with two holders on one rank; an aborted transport refuses further work. Every
+// rank runs every case; the exit status is the worst of the ranks'.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <thread>
+
+#include "runtime/core/backend.h"
+#include "runtime/exec/transport.h"
+#include "runtime/format/error.h"
+#include "runtime/mpi/mpi_transport.h"
+#include "runtime/mpi/wire.h"
+
+namespace stagecraft::rt::mpi {
+namespace {
+
+int rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// A float tensor whose values depend on `seed`.
+Tensor floats(Shape shape, float seed) {
+  Tensor t = Tensor::owned(DType::kFloat32, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.as<float>()[i] = seed + 0.25f * static_cast<float>(i);
+  return t;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype == b.dtype && a.shape == b.shape &&
+         std::memcmp(a.data, b.data, static_cast<size_t>(a.bytes())) == 0;
+}
+
+// Two stages, stage s on rank s, with activations 0 -> 1 and gradients 1 -> 0.
+Layout two_stages() {
+  return {{0, 1}, {{0, 1, false}, {1, 0, true}}, {}};
+}
+
+TEST_CASE("wire: a message header gives back names, dtypes and shapes") {
+  Tensor ids = Tensor::owned(DType::kInt64, {2, 3});
+  Message m{5, {{"x", floats({4, 1, 2}, 1)}, {"ids", ids}, {"scalar", floats({}, 2)}}};
+  Message back = message_from_header(message_header(m), "test");
+  CHECK(back.microbatch == 5);
+  REQUIRE(back.tensors.size() == 3);
+  CHECK(back.tensors[0].name == "x");
+  CHECK(back.tensors[0].tensor.shape == Shape{4, 1, 2});
+  CHECK(back.tensors[1].tensor.dtype == DType::kInt64);
+  CHECK(back.tensors[2].tensor.shape.empty());
+  std::vector<char> cut = message_header(m);
+  cut.resize(cut.size() - 3);
+  CHECK_THROWS_WITH_AS(message_from_header(cut, "link 0 -> 1"),
+                       doctest::Contains("link 0 -> 1"), Error);
+}
+
+TEST_CASE("a link's messages arrive in order and whole") {
+  MpiTransport t(MPI_COMM_WORLD, two_stages(), 4);
+  const Link forward{0, 1, false};
+  if (rank() == 0) {
+    for (int mb = 0; mb < 4; ++mb) {
+      Tensor ids = Tensor::owned(DType::kInt64, {3});
+      for (int64_t i = 0; i < 3; ++i) ids.as<int64_t>()[i] = mb * 10 + i;
+      t.send(forward, Message{mb, {{"act", floats({2, 3}, static_cast<float>(mb))},
+                                   {"ids", ids},
+                                   {"empty", Tensor::owned(DType::kFloat32, {0, 4})}}});
+    }
+  } else {
+    int64_t delivered = 0;
+    MpiTransport counting(MPI_COMM_WORLD, two_stages(), 4,
+                          [&](const Link&, const Message& m) { delivered += m.microbatch + 1; });
+    for (int mb = 0; mb < 4; ++mb) {
+      Message m = counting.recv(forward, mb);
+      CHECK(m.microbatch == mb);
+      REQUIRE(m.tensors.size() == 3);
+      CHECK(m.tensors[0].name == "act");
+      CHECK(same_bytes(m.tensors[0].tensor, floats({2, 3}, static_cast<float>(mb))));
+      CHECK(m.tensors[1].tensor.as<int64_t>()[2] == mb * 10 + 2);
+      CHECK(m.tensors[2].tensor.shape == Shape{0, 4});
+    }
+    CHECK(delivered == 1 + 2 + 3 + 4);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("sends do not wait for the receiver") {
+  // Both ranks send two 4 MiB messages (past MPI's eager sizes) before receiving any: blocking
+  // sends would wait for each other for ever.
+  Layout both_ways{{0, 1}, {{0, 1, false}, {1, 0, true}}, {}};
+  MpiTransport t(MPI_COMM_WORLD, both_ways, 2);
+  const Link out = rank() == 0 ? Link{0, 1, false} : Link{1, 0, true};
+  const Link in = rank() == 0 ? Link{1, 0, true} : Link{0, 1, false};
+  for (int mb = 0; mb < 2; ++mb)
+    t.send(out, Message{mb, {{"big", floats({1 << 20}, static_cast<float>(rank() + mb))}}});
+  for (int mb = 0; mb < 2; ++mb) {
+    Message m = t.recv(in, mb);
+    CHECK(same_bytes(m.tensors.at(0).tensor, floats({1 << 20}, static_cast<float>(1 - rank() + mb))));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("a different microbatch at a link's head is a plan fault") {
+  MpiTransport t(MPI_COMM_WORLD, two_stages(), 1);
+  const Link forward{0, 1, false};
+  if (rank() == 0)
+    t.send(forward, Message{1, {}});
+  else
+    CHECK_THROWS_WITH_AS(t.recv(forward, 0),
+                         "stage 1 expected microbatch 0 from stage 0 but microbatch 1 arrived first",
+                         Error);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The in-process transport's sum of `parts` (one per holder stage, ascending), on one thread
+// per holder: the bytes every holder must get.
+Tensor in_process_sum(const std::vector<Tensor>& parts, DeviceContext& device) {
+  const int holders = static_cast<int>(parts.size());
+  std::vector<int> stages;
+  for (int s = 0; s < holders; ++s) stages.push_back(s);
+  InProcessTransport t({}, 1);
+  std::vector<Tensor> out(parts.size());
+  std::vector<std::thread> threads;
+  for (int s = 0; s < holders; ++s)
+    threads.emplace_back([&, s] {
+      auto own = backend_by_name("cpu").make_device(0, 1);
+      out[s] = clone_on(*own, parts[s]);
+      t.start_shared_sum("w", stages, s, parts[s], *own);
+      t.finish_shared_sum("w", s, out[s], *own);
+    });
+  for (std::thread& th : threads) th.join();
+  return out[0];
+}
+
+TEST_CASE("shared sums: the same bytes on every holder, in ascending stage order") {
+  auto device = backend_by_name("cpu").make_device(0, 1);
+  // Values whose float sum depends on the order: (1 + 1e8) - 1e8 is 0, (-1e8 + 1e8) + 1 is 1.
+  auto part = [](int stage) {
+    Tensor t = Tensor::owned(DType::kFloat32, {3});
+    const float values[] = {1.0f, 1e8f, -1e8f};
+    for (int i = 0; i < 3; ++i) t.as<float>()[i] = values[(stage + i) % 3];
+    return t;
+  };
+  // Three holders: stages 0 and 2 on rank 0, stage 1 on rank 1.
+  Layout layout{{0, 1, 0}, {}, {"w"}};
+  MpiTransport t(MPI_COMM_WORLD, layout, 1);
+  const std::vector<int> holders{0, 1, 2};
+  std::vector<int> mine = rank() == 0 ? std::vector<int>{0, 2} : std::vector<int>{1};
+  std::map<int, Tensor> grads;
+  for (int s : mine) {
+    grads[s] = part(s);
+    t.start_shared_sum("w", holders, s, grads[s], *device);
+    grads[s].as<float>()[0] = 7;  // the transport kept its own copy
+  }
+  for (int s : mine) t.finish_shared_sum("w", s, grads[s], *device);
+  Tensor expected = in_process_sum({part(0), part(1), part(2)}, *device);
+  CHECK(expected.as<float>()[0] == 0.0f);  // ascending: (1 + 1e8) - 1e8
+  for (int s : mine) CHECK(same_bytes(grads[s], expected));
+  // And again (the next step reuses the tags).
+  for (int s : mine) t.start_shared_sum("w", holders, s, part(s), *device);
+  for (int s : mine) t.finish_shared_sum("w", s, grads[s], *device);
+  for (int s : mine) CHECK(same_bytes(grads[s], expected));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("an aborted transport refuses every later call") {
+  MpiTransport t(MPI_COMM_WORLD, two_stages(), 1);
+  t.abort();
+  CHECK_THROWS_AS(t.send({0, 1, false}, Message{0, {}}), Aborted);
+  CHECK_THROWS_AS(t.recv({0, 1, false}, 0), Aborted);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+}  // namespace
+}  // namespace stagecraft::rt::mpi
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  doctest::Context context(argc, argv);
+  int failed = context.run();
+  int worst = 0;
+  MPI_Allreduce(&failed, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}
