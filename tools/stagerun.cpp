@@ -3,6 +3,7 @@
 //   stagerun PLAN_DIR [--backend auto|cpu|cuda] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE] [--json]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
+//            [--timeout SECONDS]
 //
 // One worker thread per device runs the device's instruction stream from schedule.json; stages
 // exchange tensors through bounded in-process channels. Inputs are the whole batch: stagerun
@@ -23,6 +24,10 @@
 // The measured figures describe the median step. --trace writes a Chrome trace of the compute
 // that ran, in the format of `stagedump --trace` (one row per device), every step.
 //
+// --timeout (default 60 s; 0: none): how long a device waits for another (a message, a shared
+// sum, under mpirun another rank at a step barrier) before the run stops with one line naming
+// the instruction and the device or rank that stayed silent.
+//
 // Training: --checkpoint DIR saves weights, optimizer state and the step count every K steps
 // (--save-every) and after the last step, atomically (runtime/exec/checkpoint.h); --resume DIR
 // restores them before the run (refusing a checkpoint of another plan); --export FILE writes the
@@ -32,8 +37,13 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/tensor_io.h"
@@ -138,8 +148,9 @@ std::vector<std::map<std::string, rt::Tensor>> cut_batches(
 // The command line.
 struct Args {
   std::string plan_dir, backend_name = "auto", inputs_path, outputs_dir, trace_path, inject_fault;
-  std::string data_dir, checkpoint_dir, resume_dir, export_path;
+  std::string data_dir, checkpoint_dir, resume_dir, export_path, inject_kill, inject_hang;
   int steps = 1, threads = 1, save_every = 0;
+  double timeout_s = 60;
   bool synthetic = false, json = false, quiet = false, skip_nonfinite = false;
 };
 
@@ -183,8 +194,55 @@ void add_options(CLI::App& app, Args& args) {
   app.add_option("--export", args.export_path,
                  "Write the original model with the trained weights to FILE.onnx after the run "
                  "(--steps 0: no run)");
+  app.add_option("--timeout", args.timeout_s,
+                 "Seconds a device waits for another (a message, a rank at a step's start or "
+                 "end) before the run stops naming it: a rank that died or hangs; 0: no limit")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](const std::string& text) -> std::string {
+            char* end = nullptr;
+            const double value = std::strtod(text.c_str(), &end);
+            bool number = !text.empty() && end == text.c_str() + text.size();
+            return number && std::isfinite(value) && value >= 0
+                       ? ""
+                       : "must be a number of seconds, 0 or more, not '" + text + "'";
+          },
+          "SECONDS"));
   app.add_option("--inject-fault", args.inject_fault, "Testing: make the node of this name fail")
       ->group("");
+  app.add_option("--inject-kill", args.inject_kill,
+                 "Testing: DEVICE:STEP[:last], the process running DEVICE kills itself (SIGKILL) "
+                 "halfway through its instructions of STEP (or before the last)")
+      ->group("");
+  app.add_option("--inject-hang", args.inject_hang,
+                 "Testing: DEVICE:STEP[:last], DEVICE's worker stops answering (sleeps for good) "
+                 "halfway through its instructions of STEP (or before the last)")
+      ->group("");
+}
+
+// The test hooks of --inject-kill and --inject-hang (DEVICE:STEP[:last]), run before each
+// instruction: at the middle instruction of the device's list in that step, or its last.
+std::function<void(int, int64_t, size_t)> stop_hook(const Args& args, const rt::Pipeline& p) {
+  if (args.inject_kill.empty() && args.inject_hang.empty()) return nullptr;
+  const bool kill = !args.inject_kill.empty();
+  const char* flag = kill ? "--inject-kill" : "--inject-hang";
+  const std::string& text = kill ? args.inject_kill : args.inject_hang;
+  int device = -1;
+  long long step = -1;
+  char where[8] = "";
+  int fields = std::sscanf(text.c_str(), "%d:%lld:%7s", &device, &step, where);
+  const bool last = fields == 3 && std::string(where) == "last";
+  if (fields < 2 || (fields == 3 && !last) || device < 0 || step < 1 ||
+      device >= static_cast<int>(p.schedule().size()))
+    fail(ErrorKind::kUsage, "{} '{}': give DEVICE:STEP[:last] (device 0..{}, step from 1)", flag,
+         text, p.schedule().size() - 1);
+  const size_t size = p.schedule()[static_cast<size_t>(device)].size();
+  const size_t at = last ? size - 1 : size / 2;
+  return [kill, device, step, at](int d, int64_t s, size_t index) {
+    if (d != device || s != step || index != at) return;
+    if (kill) raise(SIGKILL);
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  };
 }
 
 // The checks of the options among themselves (before the plan is read).
@@ -368,7 +426,9 @@ void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args&
 rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t first_step) {
   rt::RunOptions options;
   options.steps = args.steps;
+  options.timeout_s = args.timeout_s;
   options.inject_fault = args.inject_fault;
+  options.before_instruction = stop_hook(args, pipeline);
   options.skip_nonfinite = args.skip_nonfinite;
   bool tty = isatty(STDERR_FILENO);
   if (!args.quiet)
@@ -428,6 +488,9 @@ int main(int argc, char** argv) {
     check_args(args);
     std::vector<int> local_devices;  // empty: every device
     if (rt::mpi::World::launched()) local_devices = rank_devices(world.emplace(), args);
+    if (!args.inject_hang.empty() && !world)
+      fail(ErrorKind::kUsage, "--inject-hang is for runs under mpirun (a hung thread of one "
+           "process is never ended)");
 
     std::string chosen;
     const rt::Backend& backend = args.backend_name == "auto"
@@ -463,7 +526,7 @@ int main(int argc, char** argv) {
     // loss lines and error messages number them.
     const int64_t first_step = pipeline->steps_done();  // > 0 after --resume
     rt::RunOptions options = run_options(*pipeline, args, first_step);
-    if (world) world->distribute(options, plan);
+    if (world) world->distribute(options, *pipeline);
     auto export_model = [&] {
       int replaced = rt::export_model(*pipeline, args.export_path);
       if (!args.quiet)

@@ -125,14 +125,25 @@ void DeviceWorker::release_device_copies() {
   }
 }
 
+void DeviceWorker::wait_for_all(const char* when) {
+  try {
+    run_.barrier.arrive_and_wait();
+  } catch (Error& e) {
+    e.in(fmt::format("step {}: {}", run_.global_step + step_ + 1, when));
+    throw;
+  }
+}
+
 void DeviceWorker::run_step() {
-  run_.barrier.arrive_and_wait();
+  wait_for_all("waiting for every device at the step's start");
   if (device_ == run_.first_device) run_.step_start[step_] = run_.seconds();
-  for (const schedule::Instruction& ins : run_.pipeline.schedule_[device_]) {
+  const std::vector<schedule::Instruction>& list = run_.pipeline.schedule_[device_];
+  const int64_t step = run_.global_step + step_ + 1;
+  for (size_t index = 0; index < list.size(); ++index) {
+    const schedule::Instruction& ins = list[index];
+    if (run_.options.before_instruction) run_.options.before_instruction(device_, step, index);
     // The context (device, step, instruction) is built only when something fails.
-    auto context = [&] {
-      return fmt::format("step {}: {}", run_.global_step + step_ + 1, schedule::to_string(ins));
-    };
+    auto context = [&] { return fmt::format("step {}: {}", step, schedule::to_string(ins)); };
     try {
       execute(ins);
     } catch (Error& e) {
@@ -147,7 +158,7 @@ void DeviceWorker::run_step() {
 }
 
 void DeviceWorker::after_step() {
-  run_.barrier.arrive_and_wait();
+  wait_for_all("waiting for every device at the step's end");
   const RunOptions& options = run_.options;
   const int64_t done = run_.global_step + step_ + 1;
   if (device_ == run_.first_device) {

@@ -142,6 +142,9 @@ class DeviceWorker {
   void upload_stages();
   void download();
   void release_device_copies();
+  /// Waits for every device at the step barrier; an error (another rank that never arrives)
+  /// names the step and `when`.
+  void wait_for_all(const char* when);
   void execute(const schedule::Instruction& ins);
   void run_step();
   void after_step();

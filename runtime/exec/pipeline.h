@@ -54,6 +54,15 @@ struct RunOptions {
   /// Called once this process's devices reach a step's start or end: waits for the other
   /// processes' (their steps start and end together, so step times mean the same on each).
   std::function<void()> step_barrier;
+  /// Seconds a device waits for another (a message, a shared sum, another rank at a step's
+  /// start or end) before the run stops with `Error(kTimeout)` naming the instruction and the
+  /// peer; 0: no limit. Compute is not limited: a peer computing longer than this between two
+  /// of its sends also ends the run (stagerun --timeout).
+  double timeout_s = 60;
+  /// Called by a device's worker before each instruction of its list (`index` in it) in step
+  /// `step` (counted from 1 over every run of the pipeline): what the rank is doing, for a line
+  /// when it is stopped (runtime/mpi/world.h), and a test's hook. Runs on the worker's thread.
+  std::function<void(int device, int64_t step, size_t index)> before_instruction;
 };
 
 struct DeviceReport {

@@ -97,7 +97,8 @@ RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inp
   if (options.make_transport)
     transport = options.make_transport(pipeline.links_, training ? M : 1, delivered);
   else if (static_cast<int>(pipeline.local_devices_.size()) == devices)
-    transport = std::make_unique<InProcessTransport>(pipeline.links_, training ? M : 1, delivered);
+    transport = std::make_unique<InProcessTransport>(pipeline.links_, training ? M : 1, delivered,
+                                                     options.timeout_s);
   else
     fail(ErrorKind::kInternal, "a pipeline loaded for {} of {} devices runs with a transport to "
          "the others (RunOptions::make_transport)", pipeline.local_devices_.size(), devices);

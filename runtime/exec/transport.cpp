@@ -1,17 +1,40 @@
 #include "runtime/exec/transport.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt {
 
 InProcessTransport::InProcessTransport(const std::vector<Link>& links, int capacity,
-                                       OnDelivered on_delivered)
+                                       OnDelivered on_delivered, double timeout_s)
     : capacity_(static_cast<size_t>(std::max(capacity, 1))),
-      on_delivered_(std::move(on_delivered)) {
+      on_delivered_(std::move(on_delivered)),
+      timeout_s_(timeout_s) {
   for (const Link& link : links) channels_[link];
 }
+
+template <typename Ready, typename What>
+void InProcessTransport::wait(std::unique_lock<std::mutex>& lock, Ready ready, What what) {
+  if (timeout_s_ <= 0) {
+    changed_.wait(lock, ready);
+    return;
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  if (!changed_.wait_until(lock, deadline, ready))
+    fail(ErrorKind::kTimeout, "{} for {:g} s: its device's worker stopped answering (--timeout)",
+         what(), timeout_s_);
+}
+
+namespace {
+
+std::string link_name(const Link& link) {
+  return fmt::format("stage {} -> stage {} ({})", link.from_stage, link.to_stage,
+                     link.gradient ? "gradients" : "activations");
+}
+
+}  // namespace
 
 InProcessTransport::Channel& InProcessTransport::channel(const Link& link) {
   auto it = channels_.find(link);
@@ -24,7 +47,12 @@ InProcessTransport::Channel& InProcessTransport::channel(const Link& link) {
 void InProcessTransport::send(const Link& link, Message message) {
   std::unique_lock lock(mutex_);
   Channel& ch = channel(link);
-  changed_.wait(lock, [&] { return aborted_ || ch.queue.size() < capacity_; });
+  wait(
+      lock, [&] { return aborted_ || ch.queue.size() < capacity_; },
+      [&] {
+        return fmt::format("stage {} took nothing from the full link {}", link.to_stage,
+                           link_name(link));
+      });
   if (aborted_) throw Aborted{};
   if (on_delivered_) on_delivered_(link, message);
   ch.queue.push_back(std::move(message));
@@ -34,7 +62,9 @@ void InProcessTransport::send(const Link& link, Message message) {
 Message InProcessTransport::recv(const Link& link, int microbatch) {
   std::unique_lock lock(mutex_);
   Channel& ch = channel(link);
-  changed_.wait(lock, [&] { return aborted_ || !ch.queue.empty(); });
+  wait(
+      lock, [&] { return aborted_ || !ch.queue.empty(); },
+      [&] { return fmt::format("nothing arrived on the link {}", link_name(link)); });
   if (aborted_) throw Aborted{};
   if (ch.queue.front().microbatch != microbatch)
     fail(ErrorKind::kPlan,
@@ -80,7 +110,15 @@ void InProcessTransport::finish_shared_sum(const std::string& weight, int stage,
     fail(ErrorKind::kPlan, "shared weight '{}': stage {} finishes a sum it did not start", weight,
          stage);
   SharedSum& sum = it->second;
-  changed_.wait(lock, [&] { return aborted_ || sum.parts.size() == sum.holders.size(); });
+  wait(
+      lock, [&] { return aborted_ || sum.parts.size() == sum.holders.size(); },
+      [&] {
+        std::vector<int> missing;
+        for (int h : sum.holders)
+          if (!sum.parts.count(h)) missing.push_back(h);
+        return fmt::format("shared weight '{}': stage {} gave no part of the sum", weight,
+                           fmt::join(missing, ", "));
+      });
   if (aborted_) throw Aborted{};
   // The parts stay unchanged until every holder has read them: each adds them itself, in the
   // same order, so every copy gets the same bytes.

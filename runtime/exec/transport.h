@@ -76,8 +76,11 @@ class InProcessTransport final : public Transport {
   /// bytes become the receiving device's.
   using OnDelivered = std::function<void(const Link&, const Message&)>;
 
-  /// `capacity`: messages a link holds before a send waits (at least 1).
-  InProcessTransport(const std::vector<Link>& links, int capacity, OnDelivered on_delivered = {});
+  /// `capacity`: messages a link holds before a send waits (at least 1). `timeout_s` (> 0;
+  /// 0: none): how long a send, receive or shared sum waits for another device's worker before
+  /// it throws `Error(kTimeout)` naming the link or the weight (a worker that hangs).
+  InProcessTransport(const std::vector<Link>& links, int capacity, OnDelivered on_delivered = {},
+                     double timeout_s = 0);
   void send(const Link& link, Message message) override;
   Message recv(const Link& link, int microbatch) override;
   void start_shared_sum(const std::string& weight, const std::vector<int>& holders, int stage,
@@ -97,6 +100,10 @@ class InProcessTransport final : public Transport {
     size_t finished = 0;
   };
   Channel& channel(const Link& link);
+  /// Waits on `changed_` until `ready()`; past the timeout throws `Error(kTimeout)` with
+  /// `what()` ("nothing arrived from stage 1 (activations)") and the seconds waited.
+  template <typename Ready, typename What>
+  void wait(std::unique_lock<std::mutex>& lock, Ready ready, What what);
 
   std::mutex mutex_;
   std::condition_variable changed_;
@@ -104,6 +111,7 @@ class InProcessTransport final : public Transport {
   std::map<std::string, SharedSum> sums_;
   size_t capacity_;
   OnDelivered on_delivered_;
+  double timeout_s_ = 0;
   bool aborted_ = false;
 };
 

@@ -23,6 +23,9 @@ enum class ErrorKind {
   kUnsupported,  ///< Valid input that stagecraft does not handle (op, dtype, opset).
   kShape,        ///< Shapes could not be bound or inferred.
   kPlan,         ///< A plan is inconsistent or cannot be made.
+  /// A peer (another device's worker, another rank) sent nothing within the run's timeout: it
+  /// died, hangs, or computes for longer than the timeout allows (stagerun --timeout).
+  kTimeout,
   kInternal,     ///< A bug in stagecraft.
 };
 

@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <thread>
 
 #include "runtime/format/error.h"
 #include "runtime/mpi/wire.h"
@@ -16,14 +19,37 @@ namespace {
 // The largest piece of a tensor in one MPI message (counts are ints).
 constexpr int64_t kPieceBytes = int64_t{1} << 30;
 
+// Whether every one of `requests` is complete (non-blocking).
+bool complete(std::vector<MPI_Request>& requests) {
+  int flag = 0;
+  MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE);
+  return flag != 0;
+}
+
 }  // namespace
 
+bool poll_until(const std::function<bool()>& done, double timeout_s) {
+  using Clock = std::chrono::steady_clock;
+  if (done()) return true;
+  const Clock::time_point start = Clock::now();
+  for (;;) {
+    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+    if (timeout_s > 0 && waited > timeout_s) return done();
+    if (waited < 0.01)
+      sched_yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (done()) return true;
+  }
+}
+
 MpiTransport::MpiTransport(MPI_Comm comm, Layout layout, int capacity,
-                           InProcessTransport::OnDelivered on_delivered)
+                           InProcessTransport::OnDelivered on_delivered, double timeout_s)
     : comm_(comm),
       layout_(std::move(layout)),
       capacity_(static_cast<size_t>(std::max(capacity, 1))),
-      on_delivered_(std::move(on_delivered)) {
+      on_delivered_(std::move(on_delivered)),
+      timeout_s_(timeout_s) {
   std::sort(layout_.links.begin(), layout_.links.end());
   std::sort(layout_.shared_weights.begin(), layout_.shared_weights.end());
   void* value = nullptr;
@@ -43,11 +69,31 @@ MpiTransport::MpiTransport(MPI_Comm comm, Layout layout, int capacity,
 
 MpiTransport::~MpiTransport() {
   if (aborted_) return;  // the run failed: the failing rank ends every rank (MPI_Abort)
+  // In a run that ended well every receiver has taken its messages (it did before the last
+  // step's end); a wait past the timeout is left to the run's end to report.
   for (auto& [link, queue] : in_flight_)
-    for (InFlight& f : queue)
-      MPI_Waitall(static_cast<int>(f.requests.size()), f.requests.data(), MPI_STATUSES_IGNORE);
-  for (InFlight& f : sum_parts_)
-    MPI_Waitall(static_cast<int>(f.requests.size()), f.requests.data(), MPI_STATUSES_IGNORE);
+    for (InFlight& f : queue) poll_until([&] { return complete(f.requests); }, timeout_s_);
+  for (InFlight& f : sum_parts_) poll_until([&] { return complete(f.requests); }, timeout_s_);
+}
+
+std::string MpiTransport::rank_name(int rank) const {
+  if (rank >= 0 && rank < static_cast<int>(layout_.rank_names.size()))
+    return layout_.rank_names[static_cast<size_t>(rank)];
+  return fmt::format("rank {}", rank);
+}
+
+MPI_Status MpiTransport::probe(int rank, int tag, const std::function<std::string()>& what) {
+  MPI_Status status;
+  auto arrived = [&] {
+    int flag = 0;
+    MPI_Iprobe(rank, tag, comm_, &flag, &status);
+    return flag != 0;
+  };
+  if (!poll_until(arrived, timeout_s_))
+    fail(ErrorKind::kTimeout,
+         "waited {:g} s for {} from {}: it died or stopped answering (stagerun --timeout)",
+         timeout_s_, what(), rank_name(rank));
+  return status;
 }
 
 std::string MpiTransport::describe(const Link& link) const {
@@ -95,8 +141,7 @@ void MpiTransport::receive_bytes(Tensor& tensor, int rank, int tag, const std::s
   for (int64_t at = 0; at < total; at += kPieceBytes) {
     const int count = static_cast<int>(std::min(kPieceBytes, total - at));
     // The size first: a message larger than the buffer would be MPI's (fatal) error.
-    MPI_Status status;
-    MPI_Probe(rank, tag, comm_, &status);
+    MPI_Status status = probe(rank, tag, [&] { return what; });
     int arrived = 0;
     MPI_Get_count(&status, MPI_BYTE, &arrived);
     if (arrived != count)
@@ -107,12 +152,7 @@ void MpiTransport::receive_bytes(Tensor& tensor, int rank, int tag, const std::s
 }
 
 void MpiTransport::reap() {
-  auto done = [](InFlight& f) {
-    int flag = 0;
-    MPI_Testall(static_cast<int>(f.requests.size()), f.requests.data(), &flag,
-                MPI_STATUSES_IGNORE);
-    return flag != 0;
-  };
+  auto done = [](InFlight& f) { return complete(f.requests); };
   for (auto& [link, queue] : in_flight_)
     while (!queue.empty() && done(queue.front())) queue.pop_front();
   while (!sum_parts_.empty() && done(sum_parts_.front())) sum_parts_.pop_front();
@@ -127,8 +167,11 @@ void MpiTransport::send(const Link& link, Message message) {
   // The link is full: wait until its oldest message is taken.
   while (queue.size() >= capacity_) {
     InFlight& oldest = queue.front();
-    MPI_Waitall(static_cast<int>(oldest.requests.size()), oldest.requests.data(),
-                MPI_STATUSES_IGNORE);
+    if (!poll_until([&] { return complete(oldest.requests); }, timeout_s_))
+      fail(ErrorKind::kTimeout,
+           "{} took nothing from the full {} for {:g} s: it died or stopped answering (stagerun "
+           "--timeout)",
+           rank_name(to), describe(link), timeout_s_);
     queue.pop_front();
   }
   InFlight& f = queue.emplace_back();
@@ -148,8 +191,7 @@ Message MpiTransport::recv(const Link& link, int microbatch) {
   const int tag = link_tag(link);
   const int from = layout_.stage_rank.at(static_cast<size_t>(link.from_stage));
   reap();
-  MPI_Status status;
-  MPI_Probe(from, tag, comm_, &status);
+  MPI_Status status = probe(from, tag, [&] { return describe(link); });
   int size = 0;
   MPI_Get_count(&status, MPI_BYTE, &size);
   std::vector<char> header(static_cast<size_t>(size));

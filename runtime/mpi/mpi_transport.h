@@ -9,14 +9,17 @@
 /// once they are posted and the transport holds the tensors until MPI is done with them, so the
 /// sender goes on computing. `recv` blocks until the link's next message is in.
 ///
-/// Failures: `abort` makes this process's later calls throw `Aborted`; the ranks that are
-/// waiting on this one are ended by the failing rank's `MPI_Abort` (runtime/mpi/world.h), not
-/// by a poll loop here.
+/// Failures: every wait polls (`poll_until`) and gives up after the timeout with
+/// `Error(kTimeout)` naming the rank waited for and what for, so a rank that died or hangs
+/// ends the run within the timeout even where mpirun does not notice it; the failing rank's
+/// `MPI_Abort` (runtime/mpi/world.h) then ends every rank. `abort` makes this process's later
+/// calls throw `Aborted`.
 
 #include <mpi.h>
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -32,7 +35,15 @@ struct Layout {
   std::vector<int> stage_rank;              ///< Per stage: the rank that runs it.
   std::vector<Link> links;                  ///< Every link of the plan, one tag each.
   std::vector<std::string> shared_weights;  ///< Names of the weights several stages hold.
+  /// Per rank of the communicator, how messages name it: "rank 1 (device 1)".
+  std::vector<std::string> rank_names = {};
 };
+
+/// Calls `done` until it returns true: at once at first, then yielding the processor between
+/// calls and, once a wait is long (10 ms), sleeping 100 us between them, so a waiting rank
+/// leaves an oversubscribed machine's cores to the ranks that compute. Returns false when
+/// `timeout_s` (> 0; 0: no limit) has passed first.
+bool poll_until(const std::function<bool()>& done, double timeout_s);
 
 class MpiTransport final : public Transport {
  public:
@@ -40,7 +51,7 @@ class MpiTransport final : public Transport {
   /// (the in-process transport's bound on a link's buffer). `on_delivered` is called in `recv`
   /// with the message received (the moment its bytes become this rank's).
   MpiTransport(MPI_Comm comm, Layout layout, int capacity,
-               InProcessTransport::OnDelivered on_delivered = {});
+               InProcessTransport::OnDelivered on_delivered = {}, double timeout_s = 0);
   /// Waits for the sends still in flight (their receivers take them in a run that ends well).
   ~MpiTransport() override;
   MpiTransport(const MpiTransport&) = delete;
@@ -72,6 +83,12 @@ class MpiTransport final : public Transport {
   void post_bytes(const Tensor& tensor, int rank, int tag, InFlight& into);
   /// Receives what `post_bytes` sent into `tensor`, whose size the receiver knows.
   void receive_bytes(Tensor& tensor, int rank, int tag, const std::string& what);
+  /// Waits for a message from `rank` with `tag` and returns its status; past the timeout
+  /// throws `Error(kTimeout)` naming the rank and `what` it was to send ("link stage 1 ->
+  /// stage 0 (gradients)").
+  MPI_Status probe(int rank, int tag, const std::function<std::string()>& what);
+  /// How messages name `rank`.
+  std::string rank_name(int rank) const;
   /// Drops the sends in flight that MPI has finished with (non-blocking).
   void reap();
   void check_open() const;
@@ -85,6 +102,7 @@ class MpiTransport final : public Transport {
   std::deque<InFlight> sum_parts_;                  ///< Shared-sum parts being sent.
   std::map<std::pair<std::string, int>, Tensor> own_parts_;  ///< (weight, stage) -> its part.
   std::map<std::string, std::vector<int>> holders_;  ///< Per shared weight: its holders.
+  double timeout_s_ = 0;
   std::atomic<bool> aborted_{false};
 };
 

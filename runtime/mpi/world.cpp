@@ -1,9 +1,13 @@
 #include "runtime/mpi/world.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <set>
 
@@ -21,6 +25,68 @@ struct World::Comms {
 namespace {
 
 constexpr int kGatherTag = 1;
+constexpr int kBarrierTag = 2;
+
+// What this rank is doing, for the line it prints when mpirun stops it with SIGTERM (another
+// rank failed or died). A signal handler reaches only what is global: this is written by the
+// worker before each instruction (atomics), and the texts are made before the run starts.
+struct StopNote {
+  enum Phase : int { kLoading, kInstruction, kBarrier, kGather };
+  std::atomic<int> phase{kLoading};
+  std::atomic<int64_t> step{0};
+  std::atomic<int64_t> index{0};
+  std::atomic<bool> texts_ready{false};
+  std::vector<std::string> texts;  ///< Per instruction of this rank's list.
+  char prefix[96] = "stagerun: ";  ///< "stagerun: rank 1 (device 1): "
+};
+StopNote stop_note;
+
+// Appends `text` to `line` (signal-safe: no allocation).
+void append(char* line, size_t capacity, size_t& at, const char* text) {
+  for (; *text && at + 1 < capacity; ++text) line[at++] = *text;
+}
+
+void append_int(char* line, size_t capacity, size_t& at, int64_t value) {
+  char digits[24];
+  int n = 0;
+  uint64_t v = value < 0 ? static_cast<uint64_t>(-value) : static_cast<uint64_t>(value);
+  do {
+    digits[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v > 0);
+  if (value < 0) digits[n++] = '-';
+  while (n > 0 && at + 1 < capacity) line[at++] = digits[--n];
+}
+
+// SIGTERM (mpirun ends the job): one line saying where this rank was, then exit 143.
+extern "C" void on_sigterm(int) {
+  char line[512];
+  size_t at = 0;
+  const size_t cap = sizeof line;
+  append(line, cap, at, stop_note.prefix);
+  append(line, cap, at, "ended by SIGTERM ");
+  const int phase = stop_note.phase.load();
+  const int64_t step = stop_note.step.load();
+  if (phase == StopNote::kLoading) {
+    append(line, cap, at, "before its first step");
+  } else if (phase == StopNote::kGather) {
+    append(line, cap, at, "after its last step, gathering the report to rank 0");
+  } else {
+    append(line, cap, at, "at step ");
+    append_int(line, cap, at, step);
+    const auto index = static_cast<size_t>(stop_note.index.load());
+    append(line, cap, at, ": ");
+    if (stop_note.texts_ready.load() && index < stop_note.texts.size())
+      append(line, cap, at, stop_note.texts[index].c_str());
+    if (phase == StopNote::kBarrier)
+      append(line, cap, at, ", then waiting for every rank at the step barrier");
+  }
+  append(line, cap, at,
+         "; mpirun ends every rank once one fails or dies (its message names that rank)\n");
+  ssize_t written = write(STDERR_FILENO, line, at);
+  (void)written;
+  _exit(128 + SIGTERM);
+}
 
 // The device whose stage computes the loss (-1: inference, or no stage names it).
 int loss_device(const plan::Plan& plan) {
@@ -78,6 +144,53 @@ World::World() : comms_(std::make_unique<Comms>()) {
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
   MPI_Comm_dup(MPI_COMM_WORLD, &comms_->transport);
   MPI_Comm_dup(MPI_COMM_WORLD, &comms_->control);
+  std::snprintf(stop_note.prefix, sizeof stop_note.prefix, "stagerun: rank %d: ", rank_);
+  struct sigaction action {};
+  action.sa_handler = on_sigterm;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+std::string World::rank_name(int rank) const { return fmt::format("rank {} (device {})", rank, rank); }
+
+void World::barrier() const {
+  stop_note.phase = StopNote::kBarrier;
+  const MPI_Comm comm = comms_->control;
+  // Every rank sends a token to every other and waits for theirs: unlike MPI_Barrier, it
+  // knows whose token is missing when one never comes.
+  std::vector<int> tokens(static_cast<size_t>(size_), 0);
+  int token = 1;
+  std::vector<MPI_Request> receives, sends;
+  std::vector<int> from;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    MPI_Request request;
+    MPI_Irecv(&tokens[static_cast<size_t>(r)], 1, MPI_INT, r, kBarrierTag, comm, &request);
+    receives.push_back(request);
+    from.push_back(r);
+    MPI_Isend(&token, 1, MPI_INT, r, kBarrierTag, comm, &request);
+    sends.push_back(request);
+  }
+  auto all_done = [](std::vector<MPI_Request>& requests) {
+    int flag = 0;
+    MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE);
+    return flag != 0;
+  };
+  if (!poll_until([&] { return all_done(receives); }, timeout_s_)) {
+    std::vector<std::string> missing;
+    for (size_t k = 0; k < receives.size(); ++k) {
+      int flag = 0;
+      MPI_Test(&receives[k], &flag, MPI_STATUS_IGNORE);
+      if (!flag) missing.push_back(rank_name(from[k]));
+    }
+    fail(ErrorKind::kTimeout,
+         "{} did not arrive within {:g} s: {} died or stopped answering (stagerun --timeout)",
+         fmt::join(missing, ", "), timeout_s_, missing.size() == 1 ? "it" : "they");
+  }
+  // Every rank has posted its receives (its token came): the sends complete.
+  if (!poll_until([&] { return all_done(sends); }, timeout_s_))
+    fail(ErrorKind::kTimeout, "the step barrier's tokens were not taken within {:g} s",
+         timeout_s_);
 }
 
 World::~World() { finish(0); }
@@ -91,39 +204,83 @@ std::vector<int> World::local_devices(const plan::Plan& plan, const std::string&
            size_, size_ == 1 ? "" : "s", plan_dir, plan.devices, plan.devices == 1 ? "" : "s",
            plan.devices);
   });
+  std::snprintf(stop_note.prefix, sizeof stop_note.prefix, "stagerun: %s: ",
+                rank_name(rank_).c_str());
   return {rank_};
 }
 
-void World::distribute(RunOptions& options, const plan::Plan& plan) const {
+void World::distribute(RunOptions& options, const Pipeline& pipeline) {
+  const plan::Plan& plan = pipeline.plan();
+  timeout_s_ = options.timeout_s;
   Layout layout;
   for (const plan::Stage& stage : plan.stages) layout.stage_rank.push_back(stage.device);
   std::set<std::string> shared;
   for (const plan::Stage& stage : plan.stages)
     for (const plan::SharedWeight& w : stage.shared_weights) shared.insert(w.name);
   layout.shared_weights.assign(shared.begin(), shared.end());
-  options.make_transport = [comm = comms_->transport, layout](
+  for (int r = 0; r < size_; ++r) layout.rank_names.push_back(rank_name(r));
+  options.make_transport = [comm = comms_->transport, layout, timeout = options.timeout_s](
                                const std::vector<Link>& links, int capacity,
                                InProcessTransport::OnDelivered delivered) {
     Layout with_links = layout;
     with_links.links = links;
     return std::make_unique<MpiTransport>(comm, std::move(with_links), capacity,
-                                          std::move(delivered));
+                                          std::move(delivered), timeout);
   };
-  options.step_barrier = [comm = comms_->control] { MPI_Barrier(comm); };
+  options.step_barrier = [this] { barrier(); };
   if (rank_ != 0) options.progress = nullptr;
+
+  // The texts of this rank's instructions, for the line it prints when stopped: a receive
+  // names the rank it waits for.
+  stop_note.texts.clear();
+  for (int device : pipeline.local_devices())
+    for (const schedule::Instruction& ins : pipeline.schedule().at(static_cast<size_t>(device))) {
+      std::string text = schedule::to_string(ins);
+      if (ins.op == schedule::Op::kRecvAct || ins.op == schedule::Op::kRecvGrad)
+        text += fmt::format(", on {}",
+                            rank_name(layout.stage_rank.at(static_cast<size_t>(ins.peer_stage))));
+      stop_note.texts.push_back(std::move(text));
+    }
+  stop_note.texts_ready = true;
+  options.before_instruction = [hook = std::move(options.before_instruction)](
+                                   int device, int64_t step, size_t index) {
+    stop_note.step = step;
+    stop_note.index = static_cast<int64_t>(index);
+    stop_note.phase = StopNote::kInstruction;
+    if (hook) hook(device, step, index);
+  };
 }
 
 void World::gather(RunReport& report, const plan::Plan& plan) const {
+  stop_note.phase = StopNote::kGather;
   if (rank_ != 0) {
     std::vector<char> part = rank_part(report, rank_);
-    MPI_Send(part.data(), static_cast<int>(part.size()), MPI_BYTE, 0, kGatherTag,
-             comms_->control);
+    MPI_Request request;
+    MPI_Isend(part.data(), static_cast<int>(part.size()), MPI_BYTE, 0, kGatherTag,
+              comms_->control, &request);
+    auto sent = [&] {
+      int flag = 0;
+      MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+      return flag != 0;
+    };
+    if (!poll_until(sent, timeout_s_))
+      fail(ErrorKind::kTimeout,
+           "{} took no report for {:g} s: it died or stopped answering (stagerun --timeout)",
+           rank_name(0), timeout_s_);
     return;
   }
   const int with_loss = loss_device(plan);
   for (int rank = 1; rank < size_; ++rank) {
     MPI_Status status;
-    MPI_Probe(rank, kGatherTag, comms_->control, &status);
+    auto arrived = [&] {
+      int flag = 0;
+      MPI_Iprobe(rank, kGatherTag, comms_->control, &flag, &status);
+      return flag != 0;
+    };
+    if (!poll_until(arrived, timeout_s_))
+      fail(ErrorKind::kTimeout,
+           "{} sent no report for {:g} s: it died or stopped answering (stagerun --timeout)",
+           rank_name(rank), timeout_s_);
     int size = 0;
     MPI_Get_count(&status, MPI_BYTE, &size);
     std::vector<char> part(static_cast<size_t>(size));

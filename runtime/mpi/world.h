@@ -8,7 +8,13 @@
 ///
 /// Failures: an error on one rank is printed by that rank, which then ends every rank with
 /// `MPI_Abort` (`finish`); a refusal that every rank makes alike (`refuse_together`: the world
-/// size, options this slice does not support) ends every rank normally with the same line.
+/// size, options this slice does not support) ends every rank normally with the same line. A
+/// rank that dies (a signal, the OOM killer) is noticed by mpirun, which names it and ends the
+/// others with SIGTERM: each then prints one line saying where it was (the step and the
+/// instruction, with the rank it was waiting for) before it exits. A rank that hangs is noticed
+/// by the others: every wait (the transport's, the step barrier's, the gather's) gives up after
+/// `RunOptions::timeout_s` with a line naming the silent rank, and that rank's `MPI_Abort`
+/// ends them all.
 
 #include <cstdlib>
 #include <memory>
@@ -59,14 +65,18 @@ class World {
   /// the plan's device count, naming both.
   std::vector<int> local_devices(const plan::Plan& plan, const std::string& plan_dir);
 
-  /// This rank's run: its transport (MPI, on a communicator of its own), a wait for every
-  /// rank at each step's start and end, and progress shown by rank 0 only.
-  void distribute(RunOptions& options, const plan::Plan& plan) const;
+  /// This rank's run of `pipeline` (loaded for this rank's device): its transport (MPI, on a
+  /// communicator of its own), a wait for every rank at each step's start and end, progress
+  /// shown by rank 0 only, every wait limited to `options.timeout_s`, and the instruction it
+  /// is at kept for the line it prints when mpirun stops it (`options.before_instruction`,
+  /// which still calls the hook it had).
+  void distribute(RunOptions& options, const Pipeline& pipeline);
 
   /// Gathers every rank's part of `report` to rank 0: the losses (from the rank of the stage
   /// that computes the loss), the graph outputs, each device's figures (each rank's own median
   /// step; rank 0's step times) and the bubble over all devices. Other ranks' reports are left
-  /// as they were. Every rank calls it.
+  /// as they were. Every rank calls it; a rank that does not answer within the timeout is named
+  /// (`Error(kTimeout)`).
   void gather(RunReport& report, const plan::Plan& plan) const;
 
   /// The end of stagerun with `exit_code` (after its error line, if any, is printed): 0 or a
@@ -77,7 +87,14 @@ class World {
  private:
   struct Comms;  ///< The communicators (MPI's types stay in world.cpp).
   std::unique_ptr<Comms> comms_;
+  /// How messages name `rank`: "rank 1 (device 1)".
+  std::string rank_name(int rank) const;
+  /// Waits until every rank has called it (the step barrier); past the timeout throws
+  /// `Error(kTimeout)` naming the ranks that did not arrive.
+  void barrier() const;
+
   int rank_ = 0, size_ = 1;
+  double timeout_s_ = 0;  ///< For the barrier and the gather (the run's --timeout).
   bool refused_together_ = false, finished_ = false;
 };
 

@@ -19,7 +19,7 @@ std::vector<int> World::local_devices(const plan::Plan&, const std::string&) {
   fail(ErrorKind::kInternal, "no MPI in this build");
 }
 
-void World::distribute(RunOptions&, const plan::Plan&) const {
+void World::distribute(RunOptions&, const Pipeline&) {
   fail(ErrorKind::kInternal, "no MPI in this build");
 }
 

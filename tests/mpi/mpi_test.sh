@@ -11,6 +11,12 @@
 #     world_size             3 ranks for a 2-device plan: every rank refuses, naming both numbers
 #     fault                  a node failing on rank 1 ends every rank at once, non-zero, the
 #                            failing device and node named
+#     kill                   rank 1 of 4 SIGKILLed mid-step: mpirun names it and ends the
+#                            others, each of which says where it was; within --timeout; none
+#                            remains
+#     hang                   rank 1 of 2 stops answering mid-step (and, again, before its
+#                            step's end): rank 0 gives up after --timeout naming rank 1 and
+#                            the instruction (the step barrier); none remains
 # Exit 77 (skipped) where there is no mpirun or the build has no MPI.
 set -euo pipefail
 
@@ -83,6 +89,51 @@ case "$check" in
     grep -q "stagerun: internal error: device 1: step 1: .*fault injected at node '$node'" err.txt ||
       fail "the failing rank's line is missing: $(cat err.txt)"
     ! pgrep -f -- "--inject-fault $node" >/dev/null || fail "a rank is still running"
+    ;;
+  kill)
+    "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 4 --train --loss mse --batch 8 \
+      --microbatches 4 >/dev/null
+    start=$SECONDS
+    if timeout 60 "${mpi[@]}" -np 4 "$stagerun" plan --steps 4 -q --timeout 5 \
+      --inject-kill 1:2 >out.txt 2>err.txt; then
+      fail "a run with a rank killed succeeded"
+    fi
+    took=$((SECONDS - start))
+    [ "$took" -lt 15 ] || fail "the ranks took $took s to end (--timeout 5)"
+    # Open MPI's mpirun names the dead rank and ends the others (SIGTERM) ...
+    grep -q "process rank 1 .*exited on signal 9" err.txt ||
+      fail "mpirun's line naming rank 1 is missing: $(cat err.txt)"
+    # ... and each of them says where it was: step 2, an instruction, maybe the rank it awaited.
+    for rank in 0 2 3; do
+      grep -E -q "^stagerun: (rank $rank \(device $rank\): ended by SIGTERM at step 2: [A-Z_]+ stage|timeout error: device $rank: step 2: )" err.txt ||
+        fail "rank $rank's line is missing: $(cat err.txt)"
+    done
+    sleep 1
+    ! pgrep -f -- "--inject-kill 1:2" >/dev/null || fail "a rank is still running"
+    echo "ended in $took s: $(grep -c 'ended by SIGTERM' err.txt) ranks said where they were"
+    ;;
+  hang)
+    "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --train --loss mse --batch 8 \
+      --microbatches 4 >/dev/null
+    start=$SECONDS
+    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" plan --steps 4 -q --timeout 2 \
+      --inject-hang 1:2 >out.txt 2>err.txt; then
+      fail "a run with a hung rank succeeded"
+    fi
+    took=$((SECONDS - start))
+    [ "$took" -ge 2 ] && [ "$took" -lt 12 ] || fail "the ranks took $took s to end (--timeout 2)"
+    grep -E -q "^stagerun: timeout error: device 0: step 2: [A-Z_]+ stage [0-9].*: waited 2 s for .* from rank 1 \(device 1\): it died or stopped answering" err.txt ||
+      fail "rank 0's line naming rank 1 and the instruction is missing: $(cat err.txt)"
+    # Stopped before its last instruction: rank 0 finishes its step and waits at the barrier.
+    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" plan --steps 4 -q --timeout 2 \
+      --inject-hang 1:2:last >out.txt 2>err2.txt; then
+      fail "a run with a hung rank succeeded"
+    fi
+    grep -q "^stagerun: timeout error: device 0: step 2: waiting for every device at the step's end: rank 1 (device 1) did not arrive within 2 s" err2.txt ||
+      fail "rank 0's line naming rank 1 at the step barrier is missing: $(cat err2.txt)"
+    sleep 1
+    ! pgrep -f -- "--inject-hang 1:2" >/dev/null || fail "a rank is still running"
+    echo "ended in $took s"
     ;;
   train_mnist_1f1b)
     "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --train --loss mse --batch 8 \

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <limits>
 #include <random>
@@ -257,6 +258,27 @@ TEST_CASE("channels deliver in order, bound the sender, and abort wakes every wa
   waiter.join();
   at_barrier.join();
   CHECK(woken == 2);
+}
+
+TEST_CASE("a wait past the transport's timeout names the link and the seconds") {
+  Link link{1, 0, true};
+  InProcessTransport transport({link}, 1, {}, 0.05);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    transport.recv(link, 0);
+    FAIL("a receive with nothing sent returned");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kTimeout);
+    CHECK(std::string(e.what()) ==
+          "nothing arrived on the link stage 1 -> stage 0 (gradients) for 0.05 s: its device's "
+          "worker stopped answering (--timeout)");
+  }
+  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(50));
+  transport.send(link, {0, {}});  // fills the link (capacity 1)
+  CHECK_THROWS_WITH_AS(transport.send(link, {1, {}}),
+                       doctest::Contains("stage 0 took nothing from the full link stage 1 -> "
+                                         "stage 0 (gradients) for 0.05 s"),
+                       Error);
 }
 
 // A one-node model: y = OP(x) with x float32[2, 3].
