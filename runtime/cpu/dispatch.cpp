@@ -55,7 +55,9 @@ class CpuBackend final : public Backend {
         loss_kernels(),        leaky_relu_kernels(),  pad_kernels(),       reduction_kernels(),
         unary_math_kernels(),
         grad_matmul_kernels(), grad_conv_kernels(),   grad_norm_kernels(), grad_eltwise_kernels(),
-        grad_data_kernels()};
+        grad_data_kernels(),
+        // Segmentation heads and indexing.
+        resize_kernels()};
     size_t total = 0;
     for (const auto& family : families) total += family.size();
     table_.reserve(total);
