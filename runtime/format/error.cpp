@@ -12,6 +12,7 @@ std::string_view to_string(ErrorKind kind) {
     case ErrorKind::kShape: return "shape";
     case ErrorKind::kPlan: return "plan";
     case ErrorKind::kTimeout: return "timeout";
+    case ErrorKind::kMemory: return "memory";
     case ErrorKind::kInternal: return "internal";
   }
   return "unknown";
