@@ -18,6 +18,7 @@
 #include "compiler/ir/onnx_bridge.h"
 #include "compiler/ir/ops.h"
 #include "passes/pipeline.h"
+#include "runtime/cpu/resize_shape.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft {
@@ -91,6 +92,40 @@ void check_domains(const onnx::ModelProto& model) {
   }
 }
 
+/// Refuses a Resize that the backends do not run (resize_shape.h's rules: opset 10's form,
+/// cubic, tf_crop_and_resize) or whose output size is computed at run time: a static plan
+/// needs scales or sizes that folding made constants.
+void check_resize(const ir::Graph& graph, const ir::Node& node) {
+  if (graph.opset < 11)
+    fail(ErrorKind::kUnsupported,
+         "node '{}': Resize at opset {} (X and scales, no coordinate modes) is not supported; "
+         "re-export the model at opset 11 or later",
+         node.name, graph.opset);
+  onnx::NodeProto proto;
+  for (const onnx::AttributeProto& a : node.attributes) *proto.add_attribute() = a;
+  const rt::Attrs attrs(proto);
+  if (auto read = rt::cpu::read_resize_attributes(attrs); !read.error.empty())
+    fail(ErrorKind::kUnsupported, "node '{}': {}", node.name, read.error);
+  if (node.outputs.empty() || node.outputs[0] == ir::kNoId ||
+      graph.value(node.outputs[0]).shape_known)
+    return;
+  for (std::size_t k : {std::size_t{3}, std::size_t{2}}) {
+    if (k >= node.inputs.size() || node.inputs[k] == ir::kNoId) continue;
+    const ir::Value& operand = graph.value(node.inputs[k]);
+    if (operand.is_initializer()) continue;
+    const char* what = k == 3 ? "sizes" : "scales";
+    fail(ErrorKind::kShape,
+         "node '{}': Resize's {} ('{}') {} at run time, so its output size is data-dependent; a "
+         "static plan needs constant {} (export with a fixed input size, or with scale_factor)",
+         node.name, what, operand.name,
+         operand.producer != ir::kNoId
+             ? fmt::format("are computed by node '{}' ({})", graph.node(operand.producer).name,
+                           graph.node(operand.producer).op_type)
+             : std::string("are a graph input, known only"),
+         what);
+  }
+}
+
 /// Refuses the ops that are left after folding and are outside the supported list. Checked
 /// after folding, so shape arithmetic in ops we do not execute (Trilu on a constant mask,
 /// say) is no obstacle.
@@ -98,6 +133,7 @@ void check_ops(const ir::Graph& graph) {
   for (const auto& node : graph.nodes()) {
     if (node.dead) continue;
     check_supported_op(node.op_type, node.domain, node.name, graph.opset);
+    if (node.op_type == "Resize") check_resize(graph, node);
     // Before opset 13, Softmax normalises over all dims from `axis` (default 1) flattened
     // together; backends run the opset-13 meaning (one axis). The two agree on the last axis.
     if (node.op_type == "Softmax" && graph.opset < 13 && !node.inputs.empty()) {
@@ -405,6 +441,7 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     passes::run_import_pipeline(result.graph, context);
     check_ops(result.graph);
     passes::require_static_shapes(result.graph);
+    passes::check_node_shapes(result.graph);
     result.folded = context.counters;
     return result;
   });

@@ -23,7 +23,9 @@ class CudaBackend final : public Backend {
         matmul_kernels(),      conv_kernels(),      norm_kernels(),      elementwise_kernels(),
         data_kernels(),        loss_kernels(),      pad_kernels(),       reduction_kernels(),
         grad_matmul_kernels(), grad_conv_kernels(), grad_norm_kernels(), grad_eltwise_kernels(),
-        grad_data_kernels()};
+        grad_data_kernels(),
+        // Segmentation heads and indexing.
+        resize_kernels()};
     for (const auto& family : families) table_.insert(table_.end(), family.begin(), family.end());
   }
   std::string_view name() const override { return "cuda"; }

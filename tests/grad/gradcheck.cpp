@@ -254,7 +254,8 @@ struct Forward {
 };
 
 bool is_const(const GradCase& c, int k) {
-  return c.int64_as_constants && c.inputs[k].dtype == DType::kInt64;
+  return (c.int64_as_constants && c.inputs[k].dtype == DType::kInt64) ||
+         (k < static_cast<int>(c.constant.size()) && c.constant[k]);
 }
 
 Forward forward_model(const GradCase& c) {
@@ -274,10 +275,10 @@ Forward forward_model(const GradCase& c) {
     if (is_const(c, k)) {
       onnx::TensorProto* init = g->add_initializer();
       init->set_name(name);
-      init->set_data_type(static_cast<int32_t>(DType::kInt64));
+      init->set_data_type(static_cast<int32_t>(c.inputs[k].dtype));
       for (int64_t d : c.inputs[k].shape) init->add_dims(d);
-      for (int64_t i = 0; i < c.inputs[k].numel(); ++i)
-        init->add_int64_data(c.inputs[k].as<int64_t>()[i]);
+      if (c.inputs[k].bytes() > 0)
+        init->set_raw_data(c.inputs[k].data, static_cast<size_t>(c.inputs[k].bytes()));
       continue;
     }
     set_type(g->add_input(), name, c.inputs[k].dtype, c.inputs[k].shape);

@@ -28,6 +28,9 @@ struct GradCase {
   /// Make int64 inputs initializers of the forward model, so shape inference sees their values
   /// (Reshape, Expand, Slice from opset 10 take their output shape from an input's values).
   bool int64_as_constants = false;
+  /// Per input: make it an initializer of the forward model whatever its dtype (Resize's float
+  /// scales give its output shape).
+  std::vector<bool> constant;
   /// Per output: leave its gradient out (dy_j is "" and y_j is not in the loss).
   std::vector<bool> no_dy;
   /// Optional: perturbations must keep the op smooth (e.g. Relu at 0, MaxPool ties); the case

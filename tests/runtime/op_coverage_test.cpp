@@ -24,6 +24,7 @@ using samples::attr_float;
 using samples::attr_int;
 using samples::attr_ints;
 using samples::attr_string;
+using samples::make_float_tensor;
 using samples::make_int64_tensor;
 using samples::ModelBuilder;
 
@@ -100,6 +101,99 @@ ModelBuilder reduce_net() {
                                     {attr_ints("axes", {1}), attr_int("keepdims", 1)});
   b.add_node("Div", "/normalize/Div", {x, norm}, {"y"});
   b.add_output("y", kFloat, {"batch", 4});
+  return b;
+}
+
+std::string scalar(ModelBuilder& b, const std::string& name, float value) {
+  return b.add_constant(name, make_float_tensor({}, {value}));
+}
+
+// The unary maths as torch writes them: x [batch,4,8,8] -> Conv 3x3 = h; a = exp(-|h|)
+// (torch.exp(-h.abs()), a Laplacian kernel); s = log(exp(h) + 1) (softplus written out);
+// q = floor(4 h) / 4 + ceil(h) / 8 (a quantizer: no gradient through it); Relu(a + s + q + h)
+// -> Conv 3x3 -> GlobalAveragePool -> Flatten -> Gemm -> y [batch,4].
+ModelBuilder unary_net() {
+  ModelBuilder b("unary_net");
+  b.add_input("x", kFloat, {"batch", 4, 8, 8});
+  const std::string h = conv3x3(b, "conv1", "x", 4, 8, 1);
+  std::string a = b.add_op("Abs", "/laplace/Abs", {h});
+  a = b.add_op("Neg", "/laplace/Neg", {a});
+  a = b.add_op("Exp", "/laplace/Exp", {a});
+  std::string s = b.add_op("Exp", "/softplus/Exp", {h});
+  s = b.add_op("Add", "/softplus/Add", {s, scalar(b, "/softplus/Constant", 1.0f)});
+  s = b.add_op("Log", "/softplus/Log", {s});
+  std::string q = b.add_op("Mul", "/quant/Mul", {h, scalar(b, "/quant/Constant", 4.0f)});
+  q = b.add_op("Floor", "/quant/Floor", {q});
+  q = b.add_op("Div", "/quant/Div", {q, scalar(b, "/quant/Constant_1", 4.0f)});
+  std::string c = b.add_op("Ceil", "/quant/Ceil", {h});
+  c = b.add_op("Div", "/quant/Div_1", {c, scalar(b, "/quant/Constant_2", 8.0f)});
+  q = b.add_op("Add", "/quant/Add", {q, c});
+  std::string x = b.add_op("Add", "/sum/Add", {a, s});
+  x = b.add_op("Add", "/sum/Add_1", {x, q});
+  x = b.add_op("Add", "/sum/Add_2", {x, h});
+  x = b.add_op("Relu", "/relu/Relu", {x});
+  x = conv3x3(b, "conv2", x, 8, 8, 1);
+  x = b.add_op("GlobalAveragePool", "/gap/GlobalAveragePool", {x});
+  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
+  const std::string w = b.add_parameter("fc.weight", {4, 8}, 8);
+  const std::string bias = b.add_parameter("fc.bias", {4}, 8);
+  b.add_node("Gemm", "/fc/Gemm", {x, w, bias}, {"y"}, {attr_int("transB", 1)});
+  b.add_output("y", kFloat, {"batch", 4});
+  return b;
+}
+
+// A segmentation net with a U-Net-style skip, its Resizes as torch 1.13 writes them at opset 17:
+// x [batch,3,16,16] -> Conv 3x3 -> Relu = f1 -> MaxPool 2x2 -> Conv 3x3 -> Relu -> Resize
+// nearest by scales [1,1,2,2] (nn.Upsample(scale_factor=2): asymmetric, floor; roi omitted)
+// -> + f1 -> Conv 3x3 -> Relu = f3 -> AveragePool 4x4 -> Resize linear to f3's size (sizes =
+// Concat(Slice(Shape(f3)), Constant), folded at import; F.interpolate(size=..., mode=
+// 'bilinear'): pytorch_half_pixel) -> Resize linear by scales [1,1,0.5,0.5] with
+// align_corners -> Resize linear by sizes back to 16x16 (half_pixel) -> Conv 1x1 -> y
+// [batch,2,16,16].
+ModelBuilder resize_net() {
+  ModelBuilder b("resize_net");
+  b.add_input("x", kFloat, {"batch", 3, 16, 16});
+  const std::string f1 = b.add_op("Relu", "/relu1/Relu", {conv3x3(b, "conv1", "x", 3, 8, 1)});
+  std::string x = b.add_op("MaxPool", "/pool/MaxPool", {f1},
+                           {attr_ints("kernel_shape", {2, 2}), attr_ints("strides", {2, 2})});
+  x = b.add_op("Relu", "/relu2/Relu", {conv3x3(b, "conv2", x, 8, 8, 1)});
+  const std::string up_scales = b.add_constant(
+      "/up/Constant", samples::make_float_tensor({4}, {1.0f, 1.0f, 2.0f, 2.0f}));
+  x = b.add_op("Resize", "/up/Resize", {x, "", up_scales},
+               {attr_string("coordinate_transformation_mode", "asymmetric"),
+                attr_float("cubic_coeff_a", -0.75f), attr_string("mode", "nearest"),
+                attr_string("nearest_mode", "floor")});
+  x = b.add_op("Add", "/skip/Add", {x, f1});
+  const std::string f3 = b.add_op("Relu", "/relu3/Relu", {conv3x3(b, "conv3", x, 8, 4, 1)});
+  x = b.add_op("AveragePool", "/pool2/AveragePool", {f3},
+               {attr_ints("kernel_shape", {4, 4}), attr_ints("strides", {4, 4})});
+  const std::string shape = b.add_op("Shape", "/head/Shape", {f3});
+  const std::string starts = b.add_constant("/head/Constant", make_int64_tensor({1}, {0}));
+  const std::string ends = b.add_constant("/head/Constant_1", make_int64_tensor({1}, {2}));
+  const std::string batch_channels = b.add_op("Slice", "/head/Slice", {shape, starts, ends, starts});
+  const std::string hw = b.add_constant("/head/Constant_2", make_int64_tensor({2}, {16, 16}));
+  const std::string sizes =
+      b.add_op("Concat", "/head/Concat", {batch_channels, hw}, {attr_int("axis", 0)});
+  auto linear = [](const std::string& coordinates) {
+    return std::vector<onnx::AttributeProto>{
+        attr_string("coordinate_transformation_mode", coordinates),
+        attr_float("cubic_coeff_a", -0.75f), attr_string("mode", "linear"),
+        attr_string("nearest_mode", "floor")};
+  };
+  x = b.add_op("Resize", "/head/Resize", {x, "", "", sizes}, linear("pytorch_half_pixel"));
+  const std::string half = b.add_constant(
+      "/down/Constant", samples::make_float_tensor({4}, {1.0f, 1.0f, 0.5f, 0.5f}));
+  x = b.add_op("Resize", "/down/Resize", {x, "", half}, linear("align_corners"));
+  const std::string shape2 = b.add_op("Shape", "/back/Shape", {x});
+  const std::string batch = b.add_op("Slice", "/back/Slice", {shape2, starts, ends, starts});
+  const std::string tail = b.add_constant("/back/Constant_1", make_int64_tensor({2}, {16, 16}));
+  const std::string back_sizes =
+      b.add_op("Concat", "/back/Concat", {batch, tail}, {attr_int("axis", 0)});
+  x = b.add_op("Resize", "/back/Resize", {x, "", "", back_sizes}, linear("half_pixel"));
+  const std::string w = b.add_parameter("cls.weight", {2, 4, 1, 1}, 4);
+  const std::string bias = b.add_parameter("cls.bias", {2}, 4);
+  b.add_node("Conv", "/cls/Conv", {x, w, bias}, {"y"}, {attr_ints("kernel_shape", {1, 1})});
+  b.add_output("y", kFloat, {"batch", 2, 16, 16});
   return b;
 }
 
@@ -184,8 +278,8 @@ void check_training(const std::string& model) {
   }
 }
 
-// The CUDA backend takes `op` as the CPU backend does (its kernels: runtime/cuda/pad.cpp and
-// reduce_ops.cpp), so a plan using it runs on either.
+// The CUDA backend takes `op` as the CPU backend does (its kernels: runtime/cuda/), so a plan
+// using it runs on either.
 void check_cuda_accepts(const std::string& op, std::span<const DType> inputs) {
   const Backend* cuda = cuda_backend();
   if (cuda == nullptr) return;  // a build without the CUDA plugin
@@ -221,6 +315,82 @@ TEST_CASE("ReduceSum, ReduceMax and ReduceL2 as torch exports them: 2 devices as
   const DType f32[] = {DType::kFloat32};
   for (const char* op : {"ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2"})
     check_cuda_accepts(op, f32);
+}
+
+TEST_CASE("Exp, Log, Neg, Abs, Ceil and Floor as torch writes them: 2 devices as one") {
+  testing::TempDir dir;
+  const std::string model = dir.file("unary_net.onnx");
+  unary_net().write(model);
+  CHECK(run_against_unpartitioned(model, 1, "Exp") == 2);
+  CHECK(run_against_unpartitioned(model, 2, "Floor") == 1);
+  check_training(model);
+  const DType f32[] = {DType::kFloat32};
+  for (const char* op : {"Exp", "Log", "Neg", "Abs", "Ceil", "Floor"}) check_cuda_accepts(op, f32);
+}
+
+TEST_CASE("Resize as torch exports it (nearest, bilinear): 2 devices as one") {
+  testing::TempDir dir;
+  const std::string model = dir.file("resize_net.onnx");
+  resize_net().write(model);
+  CHECK(run_against_unpartitioned(model, 1, "Resize") == 4);
+  CHECK(run_against_unpartitioned(model, 2, "Resize") == 4);
+  check_training(model);
+  const DType by_scales[] = {DType::kFloat32, DType::kUndefined, DType::kFloat32};
+  check_cuda_accepts("Resize", by_scales);
+  const DType by_sizes[] = {DType::kFloat32, DType::kUndefined, DType::kUndefined,
+                            DType::kInt64};
+  check_cuda_accepts("Resize", by_sizes);
+}
+
+// A Resize the backends do not run is refused at import, naming the node and the value.
+TEST_CASE("Resize refusals at import: cubic, tf_crop_and_resize, data-dependent sizes") {
+  testing::TempDir dir;
+  // `how`: "scales" (a constant), "input" (sizes a graph input) or "cast" (sizes computed from
+  // a graph input's values).
+  auto refusal = [&](const std::string& mode, const std::string& coordinates,
+                     const std::string& how) {
+    ModelBuilder b("resize_refused");
+    b.add_input("x", kFloat, {1, 2, 4, 4});
+    std::string out;
+    const std::vector<onnx::AttributeProto> attrs = {
+        attr_string("mode", mode), attr_string("coordinate_transformation_mode", coordinates)};
+    if (how == "scales") {
+      const std::string scales =
+          b.add_constant("/up/Constant", samples::make_float_tensor({4}, {1, 1, 2, 2}));
+      out = b.add_op("Resize", "/up/Resize", {"x", "", scales}, attrs);
+    } else if (how == "input") {
+      b.add_input("size", onnx::TensorProto::INT64, {4});
+      out = b.add_op("Resize", "/up/Resize", {"x", "", "", "size"}, attrs);
+    } else {
+      b.add_input("size", kFloat, {4});
+      const std::string sizes = b.add_op("Cast", "/size/Cast", {"size"},
+                                         {attr_int("to", onnx::TensorProto::INT64)});
+      out = b.add_op("Resize", "/up/Resize", {"x", "", "", sizes}, attrs);
+    }
+    b.add_node("Relu", "/out", {out}, {"y"});
+    b.add_output("y", kFloat, {1, 2, 8, 8});
+    const std::string path = dir.file(mode + coordinates + how + ".onnx");
+    b.write(path);
+    try {
+      import_model(path, {});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("imported");
+  };
+  CHECK(refusal("nearest", "asymmetric", "scales") == "imported");
+  const std::string cubic = refusal("cubic", "half_pixel", "scales");
+  CHECK(cubic.find("node '/up/Resize': Resize mode 'cubic' is not supported") !=
+        std::string::npos);
+  const std::string crop = refusal("linear", "tf_crop_and_resize", "scales");
+  CHECK(crop.find("node '/up/Resize': Resize coordinate_transformation_mode "
+                  "'tf_crop_and_resize' is not supported") != std::string::npos);
+  const std::string input = refusal("nearest", "asymmetric", "input");
+  CHECK(input.find("node '/up/Resize': Resize's sizes ('size') are a graph input, known only at "
+                   "run time, so its output size is data-dependent") != std::string::npos);
+  const std::string cast = refusal("linear", "half_pixel", "cast");
+  CHECK(cast.find("node '/up/Resize': Resize's sizes ('/size/Cast_output_0') are computed by node "
+                  "'/size/Cast' (Cast) at run time") != std::string::npos);
 }
 
 }  // namespace stagecraft::rt
