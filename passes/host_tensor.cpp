@@ -301,6 +301,18 @@ void check_integer_arithmetic(const ir::Node& node, const HostTensor& x, const H
   }
 }
 
+/// Integer Neg and Abs, refusing (naming the node) the lowest value of the type, whose negation
+/// does not fit: the kernel wraps it back to itself.
+void check_integer_negation(const ir::Node& node, const HostTensor& x) {
+  if (x.is_real() || x.dtype == DType::kBool) return;
+  const int64_t lo = int_limits(x.dtype).first;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (x.ints[i] == lo)
+      fail(ErrorKind::kModel, "node '{}' ({}): the negation of {} overflows {} (element {})",
+           node.name, node.op_type, lo, dtype_name(x.dtype), i);
+  }
+}
+
 /// True when a folded output of `shape` holds at most `max_elements`; a negative dim is refused,
 /// naming the node.
 bool small_enough(const ir::Node& node, const std::vector<int64_t>& shape, int64_t max_elements) {
@@ -358,6 +370,10 @@ std::optional<std::pair<DType, std::vector<int64_t>>> output_type(const ir::Node
     auto n = static_cast<int64_t>(std::max(0.0, range_count(node, x, *input(1), *input(2))));
     if (n > (1 << 24)) return std::nullopt;
     return Type{x.dtype, {n}};
+  }
+  if (op == "Neg" || op == "Abs" || op == "Ceil" || op == "Floor") {
+    if (op == "Neg" || op == "Abs") check_integer_negation(node, x);
+    return Type{x.dtype, x.shape};
   }
   if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Equal") {
     if (!input(1) || input(1)->dtype != x.dtype) return std::nullopt;

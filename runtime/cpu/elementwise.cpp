@@ -23,6 +23,7 @@
 
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
+#include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
@@ -31,92 +32,10 @@ namespace stagecraft::rt::cpu {
 
 namespace {
 
-// Unary loops over at least this many elements use all of the worker's threads.
-constexpr int64_t kParallelElements = int64_t{1} << 15;
+using namespace eltwise;
 
 // ---------------------------------------------------------------------------------------------
 // Element types
-
-// A bool element as stored: one byte, nonzero for true.
-struct BoolByte {
-  uint8_t value;
-};
-
-// 16-bit floats as stored (IEEE half, and bfloat16: the top half of a float32). Only Cast
-// computes with them, through float32.
-struct Half {
-  uint16_t bits;
-};
-struct BFloat16 {
-  uint16_t bits;
-};
-
-template <class T>
-struct Type {};
-
-// Calls `body(Type<T>{})` with the C++ type of a numeric dtype (float32, float64 and the
-// signed and unsigned integers of 8 to 64 bits); with `kAll` also of bool, float16 and bfloat16.
-template <bool kAll = false, class Body>
-void visit(DType dtype, Body&& body) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return body(Type<float>{});
-    case DType::kFloat64:
-      return body(Type<double>{});
-    case DType::kInt8:
-      return body(Type<int8_t>{});
-    case DType::kInt16:
-      return body(Type<int16_t>{});
-    case DType::kInt32:
-      return body(Type<int32_t>{});
-    case DType::kInt64:
-      return body(Type<int64_t>{});
-    case DType::kUInt8:
-      return body(Type<uint8_t>{});
-    case DType::kUInt16:
-      return body(Type<uint16_t>{});
-    case DType::kUInt32:
-      return body(Type<uint32_t>{});
-    case DType::kUInt64:
-      return body(Type<uint64_t>{});
-    default:
-      break;
-  }
-  if constexpr (kAll) {
-    switch (dtype) {
-      case DType::kBool:
-        return body(Type<BoolByte>{});
-      case DType::kFloat16:
-        return body(Type<Half>{});
-      case DType::kBFloat16:
-        return body(Type<BFloat16>{});
-      default:
-        break;
-    }
-  }
-  fail(ErrorKind::kInternal, "an elementwise kernel was called on {}, which its check refuses",
-       dtype_name(dtype));
-}
-
-bool is_numeric(DType d) {
-  switch (d) {
-    case DType::kFloat32:
-    case DType::kFloat64:
-    case DType::kInt8:
-    case DType::kInt16:
-    case DType::kInt32:
-    case DType::kInt64:
-    case DType::kUInt8:
-    case DType::kUInt16:
-    case DType::kUInt32:
-    case DType::kUInt64:
-      return true;
-    default:
-      return false;
-  }
-}
-
-bool is_float(DType d) { return d == DType::kFloat32 || d == DType::kFloat64; }
 
 float to_float(Half h) {
   const uint32_t sign = uint32_t{h.bits & 0x8000u} << 16, exponent = (h.bits >> 10) & 0x1fu,
@@ -200,49 +119,8 @@ To convert(From v) {
   }
 }
 
-// Integer arithmetic in an unsigned type at least as wide as int, so it wraps instead of
-// overflowing (also for 8- and 16-bit types, which C++ would promote to a signed int).
-template <class T>
-using Wrap = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
-
 // ---------------------------------------------------------------------------------------------
 // Unary ops
-
-// y[i] = f(x[i]) for n elements.
-template <class In, class Out, class F>
-void map(const In* x, Out* y, int64_t n, F f) {
-#pragma omp parallel for simd if (n >= kParallelElements)
-  for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
-}
-
-// The unary op's input, with the output checked to have its shape.
-const Tensor& unary_input(const KernelArgs& a) {
-  const Tensor& x = a.input(0);
-  expect_shape(a, 0, x.shape);
-  return x;
-}
-
-// A float32 tensor through a oneDNN eltwise primitive (viewed as one flat dim).
-void dnnl_eltwise(const KernelArgs& a, const Tensor& x, dnnl::algorithm algorithm) {
-  int64_t n = x.numel();
-  if (n == 0) return;
-  CpuContext& ctx = context(a);
-  dnnl::memory::desc md = plain_desc({n});
-  dnnl::eltwise_forward::primitive_desc pd(
-      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, algorithm, md), ctx.engine);
-  dnnl::memory src(md, ctx.engine, const_cast<std::byte*>(x.data));
-  dnnl::memory dst(md, ctx.engine, a.out[0]->data);
-  dnnl::eltwise_forward(pd).execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}});
-  ctx.stream.wait();
-}
-
-// A unary float op: float32 through oneDNN's `algorithm`, float64 through `f`.
-template <dnnl::algorithm algorithm, class F>
-void float_unary(const KernelArgs& a, F f) {
-  const Tensor& x = unary_input(a);
-  if (x.dtype == DType::kFloat32) return dnnl_eltwise(a, x, algorithm);
-  map(x.as<double>(), a.out[0]->as<double>(), x.numel(), f);
-}
 
 void run_sigmoid(const KernelArgs& a) {
   float_unary<dnnl::algorithm::eltwise_logistic>(a,
@@ -395,45 +273,6 @@ void run_cast(const KernelArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // Binary ops with broadcasting
-
-// The output of a broadcasting op over `inputs`, checked to have their broadcast shape.
-template <size_t N>
-Broadcast<N> broadcast_output(const KernelArgs& a) {
-  std::array<Shape, N> shapes;
-  Shape out;
-  for (size_t k = 0; k < N; ++k) {
-    shapes[k] = a.input(k).shape;
-    out = k == 0 ? shapes[k] : broadcast_shape(out, shapes[k]);
-  }
-  expect_shape(a, 0, out);
-  return Broadcast<N>(shapes, out);
-}
-
-// z = f(x, y) elementwise with broadcasting; runs are specialised on which side repeats so the
-// inner loops vectorise.
-template <class A, class B, class Out, class F>
-void binary_loop(const Broadcast<2>& plan, const A* x, const B* y, Out* z, F f) {
-  const bool along_x = plan.step(0) != 0, along_y = plan.step(1) != 0;
-  plan.for_each_run([&](int64_t o, const std::array<int64_t, 2>& in, int64_t n) {
-    const A* xs = x + in[0];
-    const B* ys = y + in[1];
-    Out* zs = z + o;
-    if (along_x && along_y) {
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) zs[i] = f(xs[i], ys[i]);
-    } else if (along_x) {
-      const B v = *ys;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) zs[i] = f(xs[i], v);
-    } else if (along_y) {
-      const A u = *xs;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) zs[i] = f(u, ys[i]);
-    } else {
-      std::fill_n(zs, n, f(*xs, *ys));
-    }
-  });
-}
 
 enum class Arith { kAdd, kSub, kMul, kDiv };
 
@@ -595,33 +434,6 @@ void run_where(const KernelArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // Checks
-
-// "" when the signature has `inputs` inputs (at least `required`) and `outputs` outputs.
-std::string arity(const OpSignature& s, size_t required, size_t inputs, size_t outputs) {
-  if (s.inputs.size() < required || s.inputs.size() > inputs || s.outputs.size() != outputs)
-    return fmt::format("{} with {} inputs and {} outputs is not a valid signature", s.op_type,
-                       s.inputs.size(), s.outputs.size());
-  for (size_t k = 0; k < required; ++k)
-    if (s.inputs[k] == DType::kUndefined) return fmt::format("{} needs input {}", s.op_type, k);
-  if (s.outputs[0] == DType::kUndefined) return fmt::format("{} needs its output", s.op_type);
-  return "";
-}
-
-// "" when the output has the type of input 0.
-std::string same_output(const OpSignature& s) {
-  if (s.outputs[0] != s.inputs[0])
-    return fmt::format("{} from {} to {} is not a valid signature", s.op_type,
-                       dtype_name(s.inputs[0]), dtype_name(s.outputs[0]));
-  return "";
-}
-
-std::string check_float_unary(const OpSignature& s) {
-  if (auto why = arity(s, 1, 1, 1); !why.empty()) return why;
-  if (!is_float(s.inputs[0]))
-    return fmt::format("{} on {} is not supported (float32 and float64 only)", s.op_type,
-                       dtype_name(s.inputs[0]));
-  return same_output(s);
-}
 
 std::string check_relu(const OpSignature& s) {
   if (auto why = arity(s, 1, 1, 1); !why.empty()) return why;

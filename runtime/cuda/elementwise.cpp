@@ -183,6 +183,12 @@ constexpr KernelEntry kKernels[] = {
     {"Equal", run_binary<BinaryOp::kEqual>, same_as_cpu},
     {"Where", run_where, same_as_cpu},
     {"LeakyRelu", run_leaky_relu, same_as_cpu},
+    {"Exp", run_unary<UnaryOp::kExp>, same_as_cpu},
+    {"Log", run_unary<UnaryOp::kLog>, same_as_cpu},
+    {"Neg", run_unary<UnaryOp::kNeg>, same_as_cpu},
+    {"Abs", run_unary<UnaryOp::kAbs>, same_as_cpu},
+    {"Ceil", run_unary<UnaryOp::kCeil>, same_as_cpu},
+    {"Floor", run_unary<UnaryOp::kFloor>, same_as_cpu},
 };
 
 }  // namespace

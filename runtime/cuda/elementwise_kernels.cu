@@ -22,11 +22,20 @@ constexpr int kThreads = 256;
 // Unary ops
 
 template <UnaryOp op, class T>
-constexpr bool kUnarySupported = op == UnaryOp::kClip
+constexpr bool kUnarySupported = op == UnaryOp::kClip || op == UnaryOp::kAbs
                                      ? std::is_arithmetic_v<T>
-                                     : (op == UnaryOp::kRelu
+                                     : (op == UnaryOp::kRelu || op == UnaryOp::kNeg
                                             ? std::is_floating_point_v<T> || std::is_signed_v<T>
                                             : std::is_floating_point_v<T>);
+
+// -x; integers in their unsigned type, so the lowest value wraps to itself (as the CPU's).
+template <class T>
+__device__ __forceinline__ T negate(T v) {
+  if constexpr (std::is_floating_point_v<T>)
+    return -v;
+  else
+    return static_cast<T>(Wrap<T>(0) - Wrap<T>(v));
+}
 
 // max(0, min(1, alpha * x + beta)), written so that NaN propagates (as the CPU's).
 template <class T>
@@ -67,6 +76,29 @@ __device__ __forceinline__ T unary_one(T v, const UnaryParams& p, T lo, T hi) {
     return v * hard_sigmoid<T>(v, T(1) / T(6), T(0.5));
   } else if constexpr (op == UnaryOp::kLeakyRelu) {
     return v < T(0) ? static_cast<T>(p.alpha) * v : v;
+  } else if constexpr (op == UnaryOp::kExp) {
+    if constexpr (f32)
+      return expf(v);
+    else
+      return exp(v);
+  } else if constexpr (op == UnaryOp::kLog) {
+    if constexpr (f32)
+      return logf(v);
+    else
+      return log(v);
+  } else if constexpr (op == UnaryOp::kNeg) {
+    return negate(v);
+  } else if constexpr (op == UnaryOp::kAbs) {
+    if constexpr (std::is_floating_point_v<T>)
+      return fabs(v);
+    else if constexpr (std::is_unsigned_v<T>)
+      return v;
+    else
+      return v < T(0) ? negate(v) : v;
+  } else if constexpr (op == UnaryOp::kCeil) {
+    return ceil(v);
+  } else if constexpr (op == UnaryOp::kFloor) {
+    return floor(v);
   } else {  // Clip: min(max(x, lo), hi), NaN stays NaN and lo > hi gives hi, as numpy.clip
     v = v < lo ? lo : v;
     return v > hi ? hi : v;
@@ -292,6 +324,18 @@ bool launch_unary(UnaryOp op, DType dtype, const void* x, void* y, int64_t n,
       return unary_of<UnaryOp::kLeakyRelu>(dtype, x, y, n, params, stream);
     case UnaryOp::kClip:
       return unary_of<UnaryOp::kClip>(dtype, x, y, n, params, stream);
+    case UnaryOp::kExp:
+      return unary_of<UnaryOp::kExp>(dtype, x, y, n, params, stream);
+    case UnaryOp::kLog:
+      return unary_of<UnaryOp::kLog>(dtype, x, y, n, params, stream);
+    case UnaryOp::kNeg:
+      return unary_of<UnaryOp::kNeg>(dtype, x, y, n, params, stream);
+    case UnaryOp::kAbs:
+      return unary_of<UnaryOp::kAbs>(dtype, x, y, n, params, stream);
+    case UnaryOp::kCeil:
+      return unary_of<UnaryOp::kCeil>(dtype, x, y, n, params, stream);
+    case UnaryOp::kFloor:
+      return unary_of<UnaryOp::kFloor>(dtype, x, y, n, params, stream);
   }
   return false;
 }

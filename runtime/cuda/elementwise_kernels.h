@@ -39,6 +39,12 @@ enum class UnaryOp : int32_t {
   kHardSwish,
   kLeakyRelu,  // alpha
   kClip,       // every numeric type; the bounds below
+  kExp,        // float32, float64 (as kLog, kCeil, kFloor)
+  kLog,
+  kNeg,  // float32, float64, signed integers (wrapping)
+  kAbs,  // every numeric type (signed integers wrapping)
+  kCeil,
+  kFloor,
 };
 
 /// A unary op's attributes. Clip's lower bound is `lo` when `lo_attr`, else `*lo_ptr` (a device

@@ -24,6 +24,8 @@ __device__ __forceinline__ float forward(float x) {
     return tanhf(x);
   else if constexpr (op == UnaryGradOp::kSqrt)
     return sqrtf(x);
+  else if constexpr (op == UnaryGradOp::kExp)
+    return expf(x);
   else
     return x;  // unused
 }
@@ -51,8 +53,18 @@ __device__ __forceinline__ float unary_grad_one(float x, float y, float dy,
     return dy * (x / 3 + 0.5f);
   } else if constexpr (op == UnaryGradOp::kClip) {
     return x > lo && x < hi ? dy : 0.0f;
-  } else {  // kLeakyRelu
+  } else if constexpr (op == UnaryGradOp::kLeakyRelu) {
     return x < 0.0f ? p.alpha * dy : dy;
+  } else if constexpr (op == UnaryGradOp::kExp) {
+    return dy * y;
+  } else if constexpr (op == UnaryGradOp::kLog) {
+    return dy / x;
+  } else if constexpr (op == UnaryGradOp::kNeg) {
+    return -dy;
+  } else if constexpr (op == UnaryGradOp::kAbs) {
+    return x > 0 ? dy : (x < 0 ? -dy : 0.0f);
+  } else {  // kZero
+    return 0.0f;
   }
 }
 
@@ -158,6 +170,16 @@ void launch_unary_grad(UnaryGradOp op, const float* x, const float* y, const flo
       return unary_grad_of<UnaryGradOp::kClip>(x, y, dy, dx, n, params, stream);
     case UnaryGradOp::kLeakyRelu:
       return unary_grad_of<UnaryGradOp::kLeakyRelu>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kExp:
+      return unary_grad_of<UnaryGradOp::kExp>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kLog:
+      return unary_grad_of<UnaryGradOp::kLog>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kNeg:
+      return unary_grad_of<UnaryGradOp::kNeg>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kAbs:
+      return unary_grad_of<UnaryGradOp::kAbs>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kZero:
+      return unary_grad_of<UnaryGradOp::kZero>(x, y, dy, dx, n, params, stream);
   }
 }
 

@@ -23,6 +23,11 @@ enum class UnaryGradOp : int32_t {
   kHardSwish,
   kClip,       // passes where lo < x < hi
   kLeakyRelu,  // alpha
+  kExp,        // dy * y (y recomputed from x when null)
+  kLog,        // dy / x
+  kNeg,        // -dy
+  kAbs,        // dy * sign(x), 0 at 0
+  kZero,       // 0 (Ceil, Floor)
 };
 
 /// A unary gradient's attributes. Clip's lower bound is `lo` when `lo_attr`, else `*lo_ptr`

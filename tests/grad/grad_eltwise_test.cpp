@@ -356,4 +356,19 @@ TEST_CASE("grad Equal") {
   gradcheck(make_case("Equal", {random_tensor({2, 3}), random_tensor({3})}, {false, false}));
 }
 
+// Issue 15's unary maths (runtime/cpu/unary_math.cpp).
+TEST_CASE("grad Exp") { unary("Exp", random_tensor({3, 4}, -2, 2)); }
+TEST_CASE("grad Log") { unary("Log", random_tensor({3, 4}, 0.3f, 3)); }
+TEST_CASE("grad Neg") { unary("Neg", random_tensor({2, 3, 4})); }
+TEST_CASE("grad Abs") { unary("Abs", avoid(random_tensor({4, 5}, -2, 2), {0})); }
+
+TEST_CASE("grad Ceil and Floor: zero away from the integers") {
+  const Tensor x = avoid(random_tensor({4, 5}, -2.5f, 2.5f), {-2, -1, 0, 1, 2});
+  unary("Ceil", x);
+  unary("Floor", x);
+  Tensor dx = filled({4, 5}, NAN), dy = filled({4, 5}, 1);
+  call_grad("FloorGrad", 1, {&x, &x, &dy}, {&dx});
+  CHECK(all_zero(dx));
+}
+
 }  // namespace stagecraft::testing

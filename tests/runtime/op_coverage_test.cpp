@@ -24,6 +24,7 @@ using samples::attr_float;
 using samples::attr_int;
 using samples::attr_ints;
 using samples::attr_string;
+using samples::make_float_tensor;
 using samples::make_int64_tensor;
 using samples::ModelBuilder;
 
@@ -99,6 +100,44 @@ ModelBuilder reduce_net() {
   const std::string norm = b.add_op("ReduceL2", "/normalize/ReduceL2", {x},
                                     {attr_ints("axes", {1}), attr_int("keepdims", 1)});
   b.add_node("Div", "/normalize/Div", {x, norm}, {"y"});
+  b.add_output("y", kFloat, {"batch", 4});
+  return b;
+}
+
+std::string scalar(ModelBuilder& b, const std::string& name, float value) {
+  return b.add_constant(name, make_float_tensor({}, {value}));
+}
+
+// The unary maths as torch writes them: x [batch,4,8,8] -> Conv 3x3 = h; a = exp(-|h|)
+// (torch.exp(-h.abs()), a Laplacian kernel); s = log(exp(h) + 1) (softplus written out);
+// q = floor(4 h) / 4 + ceil(h) / 8 (a quantizer: no gradient through it); Relu(a + s + q + h)
+// -> Conv 3x3 -> GlobalAveragePool -> Flatten -> Gemm -> y [batch,4].
+ModelBuilder unary_net() {
+  ModelBuilder b("unary_net");
+  b.add_input("x", kFloat, {"batch", 4, 8, 8});
+  const std::string h = conv3x3(b, "conv1", "x", 4, 8, 1);
+  std::string a = b.add_op("Abs", "/laplace/Abs", {h});
+  a = b.add_op("Neg", "/laplace/Neg", {a});
+  a = b.add_op("Exp", "/laplace/Exp", {a});
+  std::string s = b.add_op("Exp", "/softplus/Exp", {h});
+  s = b.add_op("Add", "/softplus/Add", {s, scalar(b, "/softplus/Constant", 1.0f)});
+  s = b.add_op("Log", "/softplus/Log", {s});
+  std::string q = b.add_op("Mul", "/quant/Mul", {h, scalar(b, "/quant/Constant", 4.0f)});
+  q = b.add_op("Floor", "/quant/Floor", {q});
+  q = b.add_op("Div", "/quant/Div", {q, scalar(b, "/quant/Constant_1", 4.0f)});
+  std::string c = b.add_op("Ceil", "/quant/Ceil", {h});
+  c = b.add_op("Div", "/quant/Div_1", {c, scalar(b, "/quant/Constant_2", 8.0f)});
+  q = b.add_op("Add", "/quant/Add", {q, c});
+  std::string x = b.add_op("Add", "/sum/Add", {a, s});
+  x = b.add_op("Add", "/sum/Add_1", {x, q});
+  x = b.add_op("Add", "/sum/Add_2", {x, h});
+  x = b.add_op("Relu", "/relu/Relu", {x});
+  x = conv3x3(b, "conv2", x, 8, 8, 1);
+  x = b.add_op("GlobalAveragePool", "/gap/GlobalAveragePool", {x});
+  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
+  const std::string w = b.add_parameter("fc.weight", {4, 8}, 8);
+  const std::string bias = b.add_parameter("fc.bias", {4}, 8);
+  b.add_node("Gemm", "/fc/Gemm", {x, w, bias}, {"y"}, {attr_int("transB", 1)});
   b.add_output("y", kFloat, {"batch", 4});
   return b;
 }
@@ -292,8 +331,8 @@ void check_training(const std::string& model) {
   }
 }
 
-// The CUDA backend takes `op` as the CPU backend does (its kernels: runtime/cuda/pad.cpp and
-// reduce_ops.cpp), so a plan using it runs on either.
+// The CUDA backend takes `op` as the CPU backend does (its kernels: runtime/cuda/), so a plan
+// using it runs on either.
 void check_cuda_accepts(const std::string& op, std::span<const DType> inputs) {
   const Backend* cuda = cuda_backend();
   if (cuda == nullptr) return;  // a build without the CUDA plugin
@@ -329,6 +368,17 @@ TEST_CASE("ReduceSum, ReduceMax and ReduceL2 as torch exports them: 2 devices as
   const DType f32[] = {DType::kFloat32};
   for (const char* op : {"ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2"})
     check_cuda_accepts(op, f32);
+}
+
+TEST_CASE("Exp, Log, Neg, Abs, Ceil and Floor as torch writes them: 2 devices as one") {
+  testing::TempDir dir;
+  const std::string model = dir.file("unary_net.onnx");
+  unary_net().write(model);
+  CHECK(run_against_unpartitioned(model, 1, "Exp") == 2);
+  CHECK(run_against_unpartitioned(model, 2, "Floor") == 1);
+  check_training(model);
+  const DType f32[] = {DType::kFloat32};
+  for (const char* op : {"Exp", "Log", "Neg", "Abs", "Ceil", "Floor"}) check_cuda_accepts(op, f32);
 }
 
 TEST_CASE("Resize as torch exports it (nearest, bilinear): 2 devices as one") {

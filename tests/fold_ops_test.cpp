@@ -1,0 +1,70 @@
+// Host evaluation (constant folding) of the elementwise ops issue 15 added and ops.def marks
+// kHostFolds: values from the CPU backend's kernels, integer results that do not fit refused
+// naming the node.
+#include <doctest/doctest.h>
+
+#include <limits>
+
+#include "passes/attributes.h"
+#include "passes/host_tensor.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft {
+namespace {
+
+using passes::HostTensor;
+constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+
+HostTensor ints(std::vector<int64_t> shape, std::vector<int64_t> values,
+                DType dtype = DType::kInt64) {
+  return HostTensor{dtype, std::move(shape), std::move(values), {}};
+}
+
+HostTensor reals(std::vector<int64_t> shape, std::vector<double> values,
+                 DType dtype = DType::kFloat32) {
+  return HostTensor{dtype, std::move(shape), {}, std::move(values)};
+}
+
+ir::Node node_of(const std::string& op, const std::string& name = "n") {
+  ir::Node node;
+  node.op_type = op;
+  node.name = name;
+  return node;
+}
+
+/// The one output of `op` on `inputs`, which must fold.
+HostTensor fold(const ir::Node& node, const std::vector<std::optional<HostTensor>>& inputs) {
+  auto r = passes::evaluate_on_host(node, inputs, {}, 17);
+  REQUIRE(r);
+  REQUIRE(r->size() == 1);
+  return (*r)[0];
+}
+
+TEST_CASE("host evaluation: Neg, Abs, Ceil and Floor") {
+  HostTensor n = fold(node_of("Neg"), {ints({3}, {4, -2, 0})});
+  CHECK(n.dtype == DType::kInt64);
+  CHECK(n.ints == std::vector<int64_t>{-4, 2, 0});
+  CHECK(fold(node_of("Abs"), {ints({3}, {4, -2, 0}, DType::kInt32)}).ints ==
+        std::vector<int64_t>{4, 2, 0});
+  CHECK(fold(node_of("Abs"), {reals({2}, {-1.5, 2})}).reals == std::vector<double>{1.5, 2});
+  // A size computed in float: floor(7 / 2) and ceil(7 / 2), as exporters write them.
+  CHECK(fold(node_of("Floor"), {reals({2}, {3.5, -3.5})}).reals == std::vector<double>{3, -4});
+  CHECK(fold(node_of("Ceil"), {reals({2}, {3.5, -3.5}, DType::kFloat64)}).reals ==
+        std::vector<double>{4, -3});
+  // Ceil of an integer has no kernel signature: left to run time (the checker refuses it).
+  CHECK_FALSE(passes::evaluate_on_host(node_of("Ceil"), {ints({1}, {3})}, {}, 17));
+}
+
+TEST_CASE("folded Neg and Abs of the lowest integer are refused, naming the node") {
+  CHECK_THROWS_WITH_AS(
+      passes::evaluate_on_host(node_of("Neg", "/mask/Neg"), {ints({2}, {1, kMin})}, {}, 17),
+      doctest::Contains("node '/mask/Neg' (Neg): the negation of "
+                        "-9223372036854775808 overflows int64 (element 1)"),
+      Error);
+  CHECK_THROWS_WITH_AS(
+      passes::evaluate_on_host(node_of("Abs"), {ints({1}, {-2147483648}, DType::kInt32)}, {}, 17),
+      doctest::Contains("node 'n' (Abs): the negation of -2147483648 overflows int32"), Error);
+}
+
+}  // namespace
+}  // namespace stagecraft
