@@ -462,4 +462,47 @@ TEST_CASE("Tile, CumSum, GatherElements and ScatterND as torch exports them: 2 d
   check_cuda_accepts("ScatterND", scatter_inputs);
 }
 
+// A constant index, axis or repeat the kernels would refuse is refused at import, naming the
+// node and the numbers (the kernels' own rules run on the constants).
+TEST_CASE("Tile, CumSum, GatherElements and ScatterND refusals at import") {
+  testing::TempDir dir;
+  auto import_error = [&](const std::string& op, const onnx::TensorProto& operand,
+                          std::vector<onnx::AttributeProto> attrs) {
+    ModelBuilder b("indexing_refused");
+    b.add_input("x", kFloat, {2, 3});
+    const std::string c = b.add_constant("/op/Constant", operand);
+    std::vector<std::string> inputs = {"x", c};
+    if (op == "ScatterND") {
+      b.add_input("u", kFloat, {1, 3});
+      inputs.push_back("u");
+    }
+    const std::string out = b.add_op(op, "/op/" + op, inputs, std::move(attrs));
+    b.add_node("Relu", "/out", {out}, {"y"});
+    b.add_output("y", kFloat, {2, 3});
+    const std::string path = dir.file(op + ".onnx");
+    b.write(path);
+    try {
+      import_model(path, {});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("imported");
+  };
+  const std::string gather = import_error(
+      "GatherElements", make_int64_tensor({2, 3}, {0, 1, 2, 2, 3, 0}), {attr_int("axis", 1)});
+  CHECK(gather.find("GatherElements '/op/GatherElements': index 3 is out of range for axis 1 of "
+                    "size 3") != std::string::npos);
+  const std::string axis = import_error(
+      "GatherElements", make_int64_tensor({2, 3}, {0, 1, 2, 2, 1, 0}), {attr_int("axis", 2)});
+  CHECK(axis.find("axis 2 is out of range") != std::string::npos);
+  const std::string cumsum = import_error("CumSum", make_int64_tensor({}, {-3}), {});
+  CHECK(cumsum.find("CumSum '/op/CumSum': axis -3 is out of range for rank 2") !=
+        std::string::npos);
+  const std::string scatter = import_error("ScatterND", make_int64_tensor({1, 1}, {2}), {});
+  CHECK(scatter.find("ScatterND '/op/ScatterND': index 2 (update 0, element 0) is out of range "
+                     "for dim 0 of size 2") != std::string::npos);
+  CHECK(import_error("ScatterND", make_int64_tensor({1, 1}, {-2}), {}) == "imported");
+  CHECK(import_error("CumSum", make_int64_tensor({}, {-2}), {}) == "imported");
+}
+
 }  // namespace stagecraft::rt
