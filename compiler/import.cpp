@@ -451,6 +451,7 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     passes::run_import_pipeline(result.graph, context);
     check_ops(result.graph);
     passes::require_static_shapes(result.graph);
+    passes::check_node_shapes(result.graph);
     result.folded = context.counters;
     return result;
   });

@@ -14,4 +14,12 @@ void run_import_pipeline(ir::Graph& graph, PassContext& context);
 /// whose element count overflows int64.
 void require_static_shapes(const ir::Graph& graph);
 
+/// With every shape static: throws `Error(kModel)` naming the node and the numbers for what
+/// ONNX's shape inference lets through but no kernel can run: a Conv group that does not divide
+/// the channels (or a weight whose channels do not match it), an axis out of range (Gather,
+/// Concat, Split, Softmax, LayerNormalization, Flatten, Squeeze, Unsqueeze, reductions) or
+/// listed twice, a Reshape (or other view) that changes the element count, and a constant Gather
+/// index outside its dim.
+void check_node_shapes(const ir::Graph& graph);
+
 }  // namespace stagecraft::passes

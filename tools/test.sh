@@ -22,9 +22,9 @@ if [ "${1:-}" = "--sanitize" ]; then
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTAGECRAFT_WERROR=ON \
     -DSTAGECRAFT_SANITIZE="$kind" >/dev/null
   cmake --build "$dir" -j "$jobs"
-  export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:allocator_may_return_null=1}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1}
   cd "$dir"
   ctest --output-on-failure -j "$jobs" "${labels[@]}" "$@"
   exit

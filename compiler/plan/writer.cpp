@@ -56,7 +56,10 @@ void remove_stale_staging(const fs::path& target) {
 /// plan stagec writes is one stagerun accepts. A refusal here is a bug in the planner.
 void check_readable(const std::string& text, const std::string& path) {
   try {
-    validate_plan(plan_from_json(nlohmann::json::parse(text), path), path);
+    const nlohmann::json json = nlohmann::json::parse(text);
+    validate_plan(plan_from_json(json, path), path);
+    if (plan_json_hash(json) != json.value("plan_hash", std::string()))
+      fail(ErrorKind::kPlan, "its field 'plan_hash' does not match its content");
   } catch (const Error& e) {
     fail(ErrorKind::kInternal, "the plan about to be written does not read back: {}", e.what());
   }
@@ -105,10 +108,12 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir) {
         stage.backward_file_hash = file_hash(bwd.string());
       }
     }
-    const std::string text = to_json(p).dump(1) + "\n";
+    const std::string schedule_text = schedule::to_json(planned.schedule).dump(1) + "\n";
+    p.schedule_hash = json_hash(nlohmann::json::parse(schedule_text));
+    const std::string text = plan_json_text(to_json(p));
     check_readable(text, (target / "plan.json").string());
     write_file(staging / "plan.json", text);
-    write_file(staging / "schedule.json", schedule::to_json(planned.schedule).dump(1) + "\n");
+    write_file(staging / "schedule.json", schedule_text);
     sync_path(staging / "plan.json");
     sync_path(staging / "schedule.json");
     sync_path(staging);

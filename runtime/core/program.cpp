@@ -308,7 +308,7 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
       e.in(fmt::format("node '{}' ({})", step.name, step.op_type)).in(source_);
       throw;
     } catch (const std::exception& e) {
-      throw Error(ErrorKind::kInternal, e.what())
+      throw error_from(e, ErrorKind::kInternal)
           .in(fmt::format("node '{}' ({})", step.name, step.op_type))
           .in(source_);
     }

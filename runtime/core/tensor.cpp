@@ -52,7 +52,10 @@ Tensor Tensor::allocate(DType dtype, Shape shape, bool zeroed) {
   if (static_cast<size_t>(bytes) >= kAlignedBytes) {
     size_t size = (static_cast<size_t>(bytes) + kAlign - 1) / kAlign * kAlign;
     auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, size));
-    if (!p) throw std::bad_alloc();
+    if (!p) {
+      fail(ErrorKind::kMemory, "out of memory: a tensor of {}{} needs {} bytes ({:.2f} GiB)",
+           dtype_name(dtype), shape_string(t.shape), size, static_cast<double>(size) / (1 << 30));
+    }
     if (zeroed) std::memset(p, 0, size);
     t.storage = std::shared_ptr<std::byte[]>(p, [](std::byte* q) { std::free(q); });
   } else {

@@ -33,7 +33,10 @@ class BufferPool {
       }
     }
     auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, bytes));
-    if (!p) throw std::bad_alloc();
+    if (!p) {
+      fail(ErrorKind::kMemory, "out of memory: the cpu device could not get {} bytes ({:.2f} GiB)",
+           bytes, static_cast<double>(bytes) / (1 << 30));
+    }
     return p;
   }
   void give(std::byte* p, size_t bytes) {

@@ -25,7 +25,7 @@ void DeviceWorker::run() {
       if (e.context().empty() || e.context().front() != where_) e.in(where_);
       run_.stop_all(std::move(e));
     } catch (const std::exception& e) {
-      run_.stop_all(Error(ErrorKind::kInternal, e.what()).in(where_));
+      run_.stop_all(error_from(e, ErrorKind::kInternal).in(where_));
     }
   };
   guarded([&] {
@@ -141,7 +141,7 @@ void DeviceWorker::run_step() {
     } catch (const Aborted&) {
       throw;
     } catch (const std::exception& e) {
-      throw Error(ErrorKind::kInternal, e.what()).in(context()).in(where_);
+      throw error_from(e, ErrorKind::kInternal).in(context()).in(where_);
     }
   }
 }

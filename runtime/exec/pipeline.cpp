@@ -172,6 +172,7 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
                               [&] { return schedule::schedule_from_json(body); });
   with_context(schedule_path, ErrorKind::kPlan,
                [&] { schedule::validate_schedule(p->schedule_, p->shape_); });
+  plan::check_schedule_hash(body, plan, schedule_path);
 
   std::map<std::string, ModelTensor> model_inputs;
   for (const plan::Stage& stage : plan.stages) {

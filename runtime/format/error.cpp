@@ -11,6 +11,7 @@ std::string_view to_string(ErrorKind kind) {
     case ErrorKind::kUnsupported: return "unsupported";
     case ErrorKind::kShape: return "shape";
     case ErrorKind::kPlan: return "plan";
+    case ErrorKind::kMemory: return "memory";
     case ErrorKind::kInternal: return "internal";
   }
   return "unknown";

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <exception>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -23,6 +24,7 @@ enum class ErrorKind {
   kUnsupported,  ///< Valid input that stagecraft does not handle (op, dtype, opset).
   kShape,        ///< Shapes could not be bound or inferred.
   kPlan,         ///< A plan is inconsistent or cannot be made.
+  kMemory,       ///< The machine could not give the memory asked for (std::bad_alloc).
   kInternal,     ///< A bug in stagecraft.
 };
 
@@ -65,6 +67,16 @@ template <typename... Args>
   throw Error(kind, fmt::format(format, std::forward<Args>(args)...));
 }
 
+/// An exception that is not an `Error` as one: `std::bad_alloc` becomes `kMemory` ("out of
+/// memory"), anything else `kind` with the exception's own text.
+inline Error error_from(const std::exception& e, ErrorKind kind) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    return Error(ErrorKind::kMemory,
+                 "out of memory: an allocation failed (the machine or its limits gave no more)");
+  }
+  return Error(kind, e.what());
+}
+
 /// Runs `body`; an `Error` escaping it gets `context` added, and any other exception becomes
 /// an `Error` of `kind` with that context. Used at boundaries (a file, a node).
 template <typename Body>
@@ -75,7 +87,7 @@ decltype(auto) with_context(const std::string& context, ErrorKind kind, Body&& b
     e.in(context);
     throw;
   } catch (const std::exception& e) {
-    throw Error(kind, e.what()).in(context);
+    throw error_from(e, kind).in(context);
   }
 }
 
@@ -88,12 +100,10 @@ int run_main(std::string_view tool, Body&& body) {
   } catch (const Error& e) {
     fmt::print(stderr, "{}: {} error: {}\n", tool, to_string(e.kind()), e.what());
     return exit_code(e.kind());
-  } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "{}: out of memory\n", tool);
-    return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "{}: internal error: {}\n", tool, e.what());
-    return exit_code(ErrorKind::kInternal);
+    Error error = error_from(e, ErrorKind::kInternal);
+    fmt::print(stderr, "{}: {} error: {}\n", tool, to_string(error.kind()), error.what());
+    return exit_code(error.kind());
   }
 }
 

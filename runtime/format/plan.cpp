@@ -381,6 +381,7 @@ nlohmann::ordered_json to_json(const Plan& plan) {
           {"generator", plan.generator},
           {"model_path", plan.model_path},
           {"model_hash", plan.model_hash},
+          {"schedule_hash", plan.schedule_hash},
           {"objective", std::string(to_string(plan.objective))},
           {"schedule", std::string(to_string(plan.schedule))},
           {"devices", plan.devices},
@@ -410,7 +411,8 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   Plan plan;
   plan.format_version = f.int32("format_version");
   check_format_version(plan.format_version, source);
-  f.only({"format_version",   "generator",       "model_path",      "model_hash",
+  f.only({"format_version",   "plan_hash",       "schedule_hash",
+          "generator",       "model_path",      "model_hash",
           "objective",        "schedule",        "devices",         "chunks",
           "microbatches",     "batch",           "microbatch_size", "training",
           "optimizer",        "training_config", "precision",       "cost_model",
@@ -420,6 +422,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.generator = f.string("generator");
   plan.model_path = f.string("model_path");
   plan.model_hash = f.string("model_hash");
+  plan.schedule_hash = f.string("schedule_hash");
   plan.objective = read_name(f, "objective", find_objective, objective_names());
   plan.schedule = read_name(f, "schedule", find_schedule, schedule_names());
   plan.devices = f.int32("devices");
@@ -468,6 +471,23 @@ Plan load_plan(const std::string& plan_dir) {
   nlohmann::json json = read_json_file(path);
   Plan plan = plan_from_json(json, path);
   validate_plan(plan, path);
+  // After the checks that name a field, so an edit they catch is told as precisely as they can;
+  // the hash refuses every other change made after stagec wrote the file.
+  if (!json.contains("plan_hash") || !json["plan_hash"].is_string()) {
+    throw Error(ErrorKind::kPlan,
+                "field 'plan_hash' is missing or not a string: stagec writes it; re-run stagec "
+                "to write the plan again")
+        .in(path);
+  }
+  const std::string recorded = json["plan_hash"].get<std::string>();
+  if (const std::string actual = plan_json_hash(json); actual != recorded) {
+    throw Error(ErrorKind::kPlan,
+                fmt::format("the content hashes to {} but its field 'plan_hash' is {}: the file "
+                            "was changed after stagec wrote it; re-run stagec to make a plan "
+                            "from the model and the flags you want",
+                            actual, recorded))
+        .in(path);
+  }
 
   for (const Stage& stage : plan.stages) {
     std::string file = (dir / stage.file).string();
@@ -501,6 +521,59 @@ Plan load_plan(const std::string& plan_dir) {
   return plan;
 }
 
+namespace {
+
+constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ULL;  // FNV-1a 64-bit offset basis.
+constexpr uint64_t kFnvPrime = 0x100000001b3ULL;       // FNV 64-bit prime.
+
+uint64_t fnv1a(uint64_t hash, const unsigned char* bytes, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    hash ^= bytes[i];
+    hash *= kFnvPrime;
+  }
+  return hash;
+}
+
+}  // namespace
+
+std::string bytes_hash(std::string_view bytes) {
+  return fmt::format("{}{:016x}", kHashPrefix,
+                     fnv1a(kFnvBasis, reinterpret_cast<const unsigned char*>(bytes.data()),
+                           bytes.size()));
+}
+
+std::string json_hash(const nlohmann::json& json) { return bytes_hash(json.dump()); }
+
+std::string plan_json_hash(nlohmann::json json) {
+  if (json.is_object()) json.erase("plan_hash");
+  return json_hash(json);
+}
+
+std::string plan_json_text(const nlohmann::ordered_json& json) {
+  nlohmann::ordered_json sealed = json;
+  sealed.erase("plan_hash");
+  const std::string hash = plan_json_hash(nlohmann::json::parse(sealed.dump()));
+  // The hash goes right after the version, where a reader sees it first.
+  nlohmann::ordered_json out;
+  for (auto it = sealed.begin(); it != sealed.end(); ++it) {
+    out[it.key()] = it.value();
+    if (it.key() == "format_version") out["plan_hash"] = hash;
+  }
+  if (!out.contains("plan_hash")) out["plan_hash"] = hash;
+  return out.dump(1) + "\n";
+}
+
+void check_schedule_hash(const nlohmann::json& schedule, const Plan& plan,
+                         const std::string& path) {
+  const std::string actual = json_hash(schedule);
+  if (actual == plan.schedule_hash) return;
+  throw Error(ErrorKind::kPlan,
+              fmt::format("the content hashes to {} but plan.json's field 'schedule_hash' is {}: "
+                          "the file was changed after stagec wrote it; re-run stagec",
+                          actual, plan.schedule_hash.empty() ? "empty" : plan.schedule_hash))
+      .in(path);
+}
+
 std::string file_hash(const std::string& path) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
                                                        &std::fclose);
@@ -509,13 +582,9 @@ std::string file_hash(const std::string& path) {
   }
   constexpr size_t kChunk = size_t{1} << 20;
   std::vector<unsigned char> buffer(kChunk);
-  uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a 64-bit offset basis.
-  while (size_t read = std::fread(buffer.data(), 1, kChunk, file.get())) {
-    for (size_t i = 0; i < read; ++i) {
-      hash ^= buffer[i];
-      hash *= 0x100000001b3ULL;  // FNV 64-bit prime.
-    }
-  }
+  uint64_t hash = kFnvBasis;
+  while (size_t read = std::fread(buffer.data(), 1, kChunk, file.get()))
+    hash = fnv1a(hash, buffer.data(), read);
   if (std::ferror(file.get())) {
     throw Error(ErrorKind::kIo, fmt::format("read error ({})", std::strerror(errno))).in(path);
   }

@@ -23,8 +23,9 @@ namespace stagecraft::plan {
 /// lists its shared weights (`shared_weights`, `shared_exchange_ms`). Version 4: a typed
 /// `device` (name, kind, capacity) instead of the cost model's free-form spec; per stage the
 /// backward's B and W parts and the optimizer step (`backward_input_ms`, `backward_weight_ms`,
-/// `optimizer_ms`); the planner's predicted `timeline`. Older plans are refused ("re-run stagec").
-inline constexpr int kPlanFormatVersion = 4;
+/// `optimizer_ms`); the planner's predicted `timeline`. Version 5: plan.json holds its own hash
+/// (`plan_hash`) and schedule.json's (`schedule_hash`). Older plans are refused ("re-run stagec").
+inline constexpr int kPlanFormatVersion = 5;
 
 /// What a recorded file hash starts with: "fnv1a64:<16 hex digits>".
 inline constexpr std::string_view kHashPrefix = "fnv1a64:";
@@ -195,6 +196,8 @@ struct Plan {
   std::string generator;  ///< "stagec 0.1.0".
   std::string model_path;
   std::string model_hash;  ///< "fnv1a64:<16 hex digits>" of the model file's bytes.
+  /// "fnv1a64:<16 hex digits>" of schedule.json's bytes ("" when no schedule file was written).
+  std::string schedule_hash;
   Objective objective = Objective::kSpeed;
   ScheduleKind schedule = ScheduleKind::k1F1B;
   int devices = 1;
@@ -273,5 +276,22 @@ Plan load_plan(const std::string& plan_dir);
 
 /// "fnv1a64:<16 hex digits>" of a file's bytes (streamed). Throws `Error(kIo)`.
 std::string file_hash(const std::string& path);
+
+/// "fnv1a64:<16 hex digits>" of `bytes`.
+std::string bytes_hash(std::string_view bytes);
+
+/// The hash of a JSON value: of its compact text with the keys in order, so re-indenting a file
+/// keeps it and changing any value does not.
+std::string json_hash(const nlohmann::json& json);
+
+/// plan.json's own hash: `json_hash` of its value without the `plan_hash` field.
+std::string plan_json_hash(nlohmann::json json);
+
+/// plan.json's text as stagec writes it: `json` with its `plan_hash` set (or replaced).
+std::string plan_json_text(const nlohmann::ordered_json& json);
+
+/// Throws `Error(kPlan)` naming `path` when schedule.json (`schedule`, as read from `path`) does
+/// not hash to the plan's `schedule_hash`: it was changed after stagec wrote it.
+void check_schedule_hash(const nlohmann::json& schedule, const Plan& plan, const std::string& path);
 
 }  // namespace stagecraft::plan

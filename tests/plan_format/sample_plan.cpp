@@ -154,10 +154,12 @@ plan::Plan write_plan_dir(plan::Plan plan, const std::string& dir) {
     write_text(path, fmt::format("stage {} bytes (not a real ONNX model)", stage.index));
     stage.file_hash = plan::file_hash(path);
   }
-  write_text((fs::path(dir) / "plan.json").string(), plan::to_json(plan).dump(2) + "\n");
   schedule::PipelineShape shape{plan.devices, plan.chunks, plan.microbatches, plan.training};
   schedule::Schedule steps = schedule::build_schedule(plan.schedule, shape);
-  write_text((fs::path(dir) / "schedule.json").string(), schedule::to_json(steps).dump(1) + "\n");
+  const std::string schedule_text = schedule::to_json(steps).dump(1) + "\n";
+  plan.schedule_hash = plan::json_hash(nlohmann::json::parse(schedule_text));
+  write_text((fs::path(dir) / "plan.json").string(), plan::plan_json_text(plan::to_json(plan)));
+  write_text((fs::path(dir) / "schedule.json").string(), schedule_text);
   return plan;
 }
 

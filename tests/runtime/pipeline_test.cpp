@@ -130,12 +130,54 @@ TEST_CASE("a plan the runtime cannot trust is refused before anything runs") {
   SUBCASE("a plan whose predicted peak exceeds this machine's memory") {
     nlohmann::json json = nlohmann::json::parse(std::ifstream(plan_dir + "/plan.json"));
     json["predicted"]["device_peak_bytes"][1] = int64_t{1} << 62;
-    std::ofstream(plan_dir + "/plan.json") << json.dump(1);
+    // Sealed again as stagec would: the capacity check is what is tested.
+    std::ofstream(plan_dir + "/plan.json")
+        << plan::plan_json_text(nlohmann::ordered_json::parse(json.dump()));
     CHECK_THROWS_WITH_AS(
         Pipeline::load(plan_dir, cpu_backend(), 1),
         doctest::Contains("plan.json: devices 0, 1 share it and are predicted to peak at "
                           "4611686018427"),
         Error);
+  }
+  SUBCASE("a plan.json changed after stagec wrote it") {
+    // Issue 17: plan.json was not hashed, so an edit every check accepts ran as written.
+    nlohmann::json json = nlohmann::json::parse(std::ifstream(plan_dir + "/plan.json"));
+    const std::string recorded = json["plan_hash"];
+    json["cost_model"] = "roofline(a faster device, fp32)";  // no check reads it
+    std::ofstream(plan_dir + "/plan.json") << json.dump(1);
+    CHECK_THROWS_WITH_AS(
+        Pipeline::load(plan_dir, cpu_backend(), 1),
+        doctest::Contains(fmt::format("plan.json: the content hashes to fnv1a64:").c_str()),
+        Error);
+    CHECK_THROWS_WITH_AS(
+        Pipeline::load(plan_dir, cpu_backend(), 1),
+        doctest::Contains(fmt::format("but its field 'plan_hash' is {}: the file was changed "
+                                      "after stagec wrote it",
+                                      recorded)
+                              .c_str()),
+        Error);
+    json.erase("plan_hash");
+    std::ofstream(plan_dir + "/plan.json") << json.dump(1);
+    CHECK_THROWS_WITH_AS(Pipeline::load(plan_dir, cpu_backend(), 1),
+                         doctest::Contains("plan.json: field 'plan_hash' is missing"), Error);
+  }
+  SUBCASE("plan.json and schedule.json re-indented still load") {
+    for (const char* file : {"/plan.json", "/schedule.json"}) {
+      nlohmann::json json = nlohmann::json::parse(std::ifstream(plan_dir + file));
+      std::ofstream(plan_dir + file) << json.dump(4);
+    }
+    CHECK_NOTHROW(Pipeline::load(plan_dir, cpu_backend(), 1));
+  }
+  SUBCASE("a schedule.json changed after stagec wrote it") {
+    nlohmann::json json = nlohmann::json::parse(std::ifstream(plan_dir + "/schedule.json"));
+    // Device 0's second forward moved before its first send: a schedule the validator accepts.
+    auto& device0 = json["devices"][0]["instructions"];
+    REQUIRE(device0.size() >= 3);
+    std::swap(device0[1], device0[2]);
+    std::ofstream(plan_dir + "/schedule.json") << json.dump(1);
+    CHECK_THROWS_WITH_AS(Pipeline::load(plan_dir, cpu_backend(), 1),
+                         doctest::Contains("schedule.json: the content hashes to fnv1a64:"),
+                         Error);
   }
   SUBCASE("a missing schedule") {
     fs::remove(plan_dir + "/schedule.json");

@@ -20,6 +20,33 @@
 namespace stagecraft::rt {
 namespace {
 
+TEST_CASE("memory the machine cannot give is a one-line memory error, not an internal one") {
+  // Issue 17, finding 8: a bad_alloc was reported as "internal error: std::bad_alloc".
+  // 2^48 floats (1 PiB) is more than any address space gives; aligned_alloc returns null.
+  try {
+    Tensor::owned(DType::kFloat32, {int64_t{1} << 48});
+    FAIL("a 1 PiB tensor was allocated");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kMemory);
+    CHECK(std::string(e.what()) ==
+          "out of memory: a tensor of float32[281474976710656] needs 1125899906842624 bytes "
+          "(1048576.00 GiB)");
+  }
+  // A bad_alloc from anywhere else keeps the context it passes through.
+  try {
+    with_context("stage_1.onnx", ErrorKind::kModel, []() -> int { throw std::bad_alloc(); });
+    FAIL("with_context swallowed the bad_alloc");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kMemory);
+    CHECK(std::string(e.what()).starts_with("stage_1.onnx: out of memory: "));
+  }
+  CHECK(error_from(std::runtime_error("boom"), ErrorKind::kInternal).kind() == ErrorKind::kInternal);
+  CHECK(to_string(ErrorKind::kMemory) == "memory");
+  CHECK(exit_code(ErrorKind::kMemory) == 1);
+  CHECK(run_main("test", []() -> int { throw std::bad_alloc(); }) == 1);
+  CHECK(run_main("test", []() -> int { throw std::logic_error("bug"); }) == 70);
+}
+
 TEST_CASE("rows of a tensor are views and join back to the same bytes") {
   Tensor t = Tensor::owned(DType::kFloat32, {4, 3});
   for (int i = 0; i < 12; ++i) t.as<float>()[i] = static_cast<float>(i);

@@ -361,8 +361,11 @@ std::string load_error(const std::function<void(nlohmann::json&, nlohmann::json&
   nlohmann::json plan = read_json(dir.file("plan/plan.json"));
   nlohmann::json schedule = read_json(dir.file("plan/schedule.json"));
   edit(plan, schedule);
-  write_json(dir.file("plan/plan.json"), plan);
+  // Sealed again as stagec would: what is tested is what the runtime makes of such a plan.
   write_json(dir.file("plan/schedule.json"), schedule);
+  plan["schedule_hash"] = plan::json_hash(schedule);
+  testing::write_bytes(dir.file("plan/plan.json"),
+                       plan::plan_json_text(nlohmann::ordered_json::parse(plan.dump())));
   try {
     Pipeline::load(plan_dir, cpu_backend(), 1);
   } catch (const Error& e) {

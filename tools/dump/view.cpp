@@ -28,6 +28,7 @@ PlanView load_view(const std::string& plan_dir) {
                                [&] { return schedule::schedule_from_json(body); });
   with_context(path, ErrorKind::kPlan,
                [&] { schedule::validate_schedule(view.schedule, view.shape); });
+  plan::check_schedule_hash(body, plan, path);
   return view;
 }
 
