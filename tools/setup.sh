@@ -11,6 +11,7 @@ PACKAGES=(
   libonnx-testdata
   universal-ctags   # tools/check_layout.sh: function lengths
   openmpi-bin libopenmpi-dev   # mpirun stagerun: one process per plan device (runtime/mpi)
+  help2man dpkg-dev   # cmake --install's man pages; cpack -G DEB (dpkg-shlibdeps)
 )
 
 missing=()

@@ -61,8 +61,9 @@ struct CudaPlugin {
   std::string why;
 };
 
-// Where the plugin may be: $STAGECRAFT_CUDA_PLUGIN, beside the executable, in ../lib from it
-// (an installed prefix), and where this build made it.
+// Where the plugin may be: $STAGECRAFT_CUDA_PLUGIN, beside the executable, in ../lib or
+// ../lib/stagecraft from it (an installed prefix), where `cmake --install` puts it by default,
+// and where this build made it.
 std::vector<std::string> plugin_candidates() {
   std::vector<std::string> out;
   if (const char* env = std::getenv("STAGECRAFT_CUDA_PLUGIN"); env != nullptr && *env != '\0')
@@ -72,7 +73,10 @@ std::vector<std::string> plugin_candidates() {
   if (!ec) {
     out.push_back((exe.parent_path() / "libstagecraft_cuda.so").string());
     out.push_back((exe.parent_path().parent_path() / "lib" / "libstagecraft_cuda.so").string());
+    out.push_back(
+        (exe.parent_path().parent_path() / "lib" / "stagecraft" / "libstagecraft_cuda.so").string());
   }
+  out.push_back(STAGECRAFT_CUDA_PLUGIN_INSTALLED);  // a program embedding an installed runtime
   out.push_back(STAGECRAFT_CUDA_PLUGIN_BUILT);
   return out;
 }
