@@ -281,7 +281,8 @@ void check_tensor(const onnx::TensorProto& t, const std::string& model_dir) {
 void check_initializers(const onnx::ModelProto& model, const std::string& model_dir) {
   for (const auto& t : model.graph().initializer()) check_tensor(t, model_dir);
   for (const auto& [node, t] : constant_tensors(model))
-    with_context(node, ErrorKind::kModel, [&] { check_tensor(*t, model_dir); });
+    with_context(node, ErrorKind::kModel,
+                 [&tensor = *t, &model_dir] { check_tensor(tensor, model_dir); });
 }
 
 std::vector<BoundDim> bind_dims(onnx::ModelProto& model, const ImportOptions& options) {

@@ -345,10 +345,10 @@ void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args&
   fmt::print("bubble {:.1f}% measured, {:.1f}% predicted (predicted step {:.3f} ms by {})\n",
              report.bubble_fraction * 100, plan.predicted.bubble_fraction * 100,
              plan.predicted.step_ms, plan.cost_model);
-  fmt::print("{:>6}  {:>6}  {:>12}  {:>12}\n", "device", "busy", "peak memory", "predicted");
+  fmt::print("{:>6}  {:>6}  {:>12}  {:>14}\n", "device", "busy", "peak memory", "predicted peak");
   for (size_t d = 0; d < report.devices.size(); ++d) {
     const rt::DeviceReport& r = report.devices[d];
-    fmt::print("{:>6}  {:>5.1f}%  {:>12}  {:>12}\n", d, step_s > 0 ? 100 * r.busy_s / step_s : 0.0,
+    fmt::print("{:>6}  {:>5.1f}%  {:>12}  {:>14}\n", d, step_s > 0 ? 100 * r.busy_s / step_s : 0.0,
                dump::format_bytes(static_cast<double>(r.peak_bytes)),
                dump::format_bytes(static_cast<double>(r.predicted_peak_bytes)));
     if (r.device_peak_bytes >= 0)
