@@ -197,6 +197,30 @@ ModelBuilder resize_net() {
   return b;
 }
 
+// The activations as torch exports them: x [batch,4,8,8] -> Conv 3x3 -> Elu (nn.ELU) -> Conv 3x3
+// -> Selu (nn.SELU) -> Conv 3x3 -> PRelu with a trainable slope [8,1,1] (nn.PReLU(8)) ->
+// GlobalAveragePool -> Flatten -> Gemm -> Softplus (nn.Softplus, the default beta) -> y
+// [batch,4].
+ModelBuilder activation_net() {
+  ModelBuilder b("activation_net");
+  b.add_input("x", kFloat, {"batch", 4, 8, 8});
+  std::string x = conv3x3(b, "conv1", "x", 4, 8, 1);
+  x = b.add_op("Elu", "/elu/Elu", {x}, {attr_float("alpha", 1.0f)});
+  x = conv3x3(b, "conv2", x, 8, 8, 1);
+  x = b.add_op("Selu", "/selu/Selu", {x});
+  x = conv3x3(b, "conv3", x, 8, 8, 1);
+  const std::string slope = b.add_parameter_filled("prelu.weight", {8, 1, 1}, 0.25f);
+  x = b.add_op("PRelu", "/prelu/PRelu", {x, slope});
+  x = b.add_op("GlobalAveragePool", "/gap/GlobalAveragePool", {x});
+  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
+  const std::string w = b.add_parameter("fc.weight", {4, 8}, 8);
+  const std::string bias = b.add_parameter("fc.bias", {4}, 8);
+  x = b.add_op("Gemm", "/fc/Gemm", {x, w, bias}, {attr_int("transB", 1)});
+  b.add_node("Softplus", "/softplus/Softplus", {x}, {"y"});
+  b.add_output("y", kFloat, {"batch", 4});
+  return b;
+}
+
 // Tile, CumSum, GatherElements and ScatterND as torch 1.13 writes them at opset 17, each
 // operand that is not data a Constant (folded at import where it is shape arithmetic):
 // x [batch,6,8] -> MatMul -> h; c = CumSum(h, axis 2) (torch.cumsum(h, -1)); g =
@@ -444,6 +468,19 @@ TEST_CASE("Resize refusals at import: cubic, tf_crop_and_resize, data-dependent 
   const std::string cast = refusal("linear", "half_pixel", "cast");
   CHECK(cast.find("node '/up/Resize': Resize's sizes ('/size/Cast_output_0') are computed by node "
                   "'/size/Cast' (Cast) at run time") != std::string::npos);
+}
+
+TEST_CASE("Elu, Selu, PRelu (a trained slope) and Softplus as torch exports them: 2 devices as one") {
+  testing::TempDir dir;
+  const std::string model = dir.file("activation_net.onnx");
+  activation_net().write(model);
+  CHECK(run_against_unpartitioned(model, 1, "PRelu") == 1);
+  CHECK(run_against_unpartitioned(model, 2, "Selu") == 1);
+  check_training(model);
+  const DType f32[] = {DType::kFloat32};
+  for (const char* op : {"Elu", "Selu", "Softplus"}) check_cuda_accepts(op, f32);
+  const DType prelu_inputs[] = {DType::kFloat32, DType::kFloat32};
+  check_cuda_accepts("PRelu", prelu_inputs);
 }
 
 TEST_CASE("Tile, CumSum, GatherElements and ScatterND as torch exports them: 2 devices as one") {
