@@ -134,6 +134,16 @@ void check_ops(const ir::Graph& graph) {
     if (node.dead) continue;
     check_supported_op(node.op_type, node.domain, node.name, graph.opset);
     if (node.op_type == "Resize") check_resize(graph, node);
+    // Before opset 7, PRelu's slope applied per channel (axis 1), not by numpy broadcasting;
+    // the two agree only for a single slope.
+    if (node.op_type == "PRelu" && graph.opset < 7 && node.inputs.size() > 1 &&
+        node.inputs[1] != ir::kNoId && graph.value(node.inputs[1]).shape_known &&
+        graph.value(node.inputs[1]).numel() != 1)
+      fail(ErrorKind::kUnsupported,
+           "node '{}': PRelu at opset {} applies its slope of shape {} per channel, before numpy "
+           "broadcasting; stagecraft runs the opset-7 meaning; re-export the model at opset 7 or "
+           "later",
+           node.name, graph.opset, ir::shape_string(graph.value(node.inputs[1]).shape));
     // Before opset 13, Softmax normalises over all dims from `axis` (default 1) flattened
     // together; backends run the opset-13 meaning (one axis). The two agree on the last axis.
     if (node.op_type == "Softmax" && graph.opset < 13 && !node.inputs.empty()) {
@@ -271,7 +281,8 @@ void check_tensor(const onnx::TensorProto& t, const std::string& model_dir) {
 void check_initializers(const onnx::ModelProto& model, const std::string& model_dir) {
   for (const auto& t : model.graph().initializer()) check_tensor(t, model_dir);
   for (const auto& [node, t] : constant_tensors(model))
-    with_context(node, ErrorKind::kModel, [&] { check_tensor(*t, model_dir); });
+    with_context(node, ErrorKind::kModel,
+                 [&tensor = *t, &model_dir] { check_tensor(tensor, model_dir); });
 }
 
 std::vector<BoundDim> bind_dims(onnx::ModelProto& model, const ImportOptions& options) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "compiler/import.h"
+#include "runtime/format/bytes.h"  // format_bytes, which the planner's messages use too
 
 namespace stagecraft {
 
@@ -46,8 +47,6 @@ std::string render_text(const ModelInfo& info);
 /// The same facts as JSON (schema documented in README.md).
 nlohmann::ordered_json to_json(const ModelInfo& info);
 
-/// "1.23 GiB", "512 B".
-std::string format_bytes(double bytes);
 /// "1.23 GFLOP".
 std::string format_flops(double flops);
 

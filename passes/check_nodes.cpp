@@ -1,9 +1,11 @@
 // Import-time checks of what ONNX's shape inference lets through but no kernel can run
 // (pipeline.h: check_node_shapes). Every refusal is one line naming the node and the numbers.
 #include <fmt/format.h>
+#include <onnx/onnx_pb.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -11,6 +13,8 @@
 
 #include "passes/host_tensor.h"
 #include "passes/pipeline.h"
+#include "runtime/core/backend.h"
+#include "runtime/cpu/indexing_shape.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::passes {
@@ -141,6 +145,39 @@ void check_axes(const ir::Graph& graph, const ir::Node& node, std::size_t positi
   }
 }
 
+/// A read-only tensor over a constant input's bytes, for the kernels' own rules.
+std::optional<rt::Tensor> constant_tensor(const ir::Value* v) {
+  if (v == nullptr || !v->is_initializer() || !v->shape_known) return std::nullopt;
+  if (v->numel() > kMaxCheckedConstant) return std::nullopt;
+  const std::span<const std::byte> bytes = v->initializer->bytes();
+  return rt::Tensor::view(v->dtype, v->shape, const_cast<std::byte*>(bytes.data()));
+}
+
+/// Tile, CumSum, GatherElements and ScatterND read their repeats, axis or indices as they run;
+/// where those are constants (as exporters write them), the kernels' own rules
+/// (runtime/cpu/indexing_shape.h) run on them here, so a bad repeat, axis or index is refused at
+/// import with the kernel's line.
+void check_indexing(const ir::Graph& graph, const ir::Node& node) {
+  const ir::Value* x = input(graph, node, 0);
+  const std::optional<rt::Tensor> operand = constant_tensor(input(graph, node, 1));
+  if (x == nullptr || !operand) return;
+  onnx::NodeProto proto;
+  for (const onnx::AttributeProto& a : node.attributes) *proto.add_attribute() = a;
+  const rt::Attrs attrs(proto);
+  thread_local const std::unique_ptr<rt::DeviceContext> device =
+      rt::cpu_backend().make_device(0, 1);
+  const rt::KernelArgs args{node.name, node.op_type, attrs, {}, {}, *device};
+  if (node.op_type == "Tile") {
+    rt::cpu::tile_shape(args, x->shape, *operand);
+  } else if (node.op_type == "CumSum") {
+    rt::cpu::scan_shape(args, x->shape, *operand);
+  } else if (node.op_type == "GatherElements") {
+    rt::cpu::gather_elements_plan(args, x->shape, *operand);
+  } else if (const ir::Value* updates = input(graph, node, 2); updates != nullptr) {
+    rt::cpu::scatter_plan(args, x->shape, *operand, updates->shape);
+  }
+}
+
 void check_node(const ir::Graph& graph, const ir::Node& node) {
   if (!node.domain.empty() && node.domain != "ai.onnx") return;
   const std::string& op = node.op_type;
@@ -166,6 +203,9 @@ void check_node(const ir::Graph& graph, const ir::Node& node) {
     check_axis_attribute(graph, node, -1);
   } else if (op.starts_with("Reduce") && in0 != nullptr) {
     check_axes(graph, node, 1, *in0, rank0);
+  } else if (op == "Tile" || op == "CumSum" || op == "GatherElements" || op == "ScatterND") {
+    if (op == "GatherElements") check_axis_attribute(graph, node, 0);
+    check_indexing(graph, node);
   }
 }
 

@@ -435,6 +435,23 @@ std::optional<std::pair<DType, std::vector<int64_t>>> output_type(const ir::Node
     if (!input(1)) return std::nullopt;
     return Type{x.dtype, broadcast_shape({x.shape, as_ints(*input(1))}, node)};
   }
+  if (op == "Tile") {
+    if (!input(1) || input(1)->numel() != static_cast<int64_t>(x.shape.size())) return std::nullopt;
+    std::vector<int64_t> shape = x.shape;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      const int64_t repeat = input(1)->int_at(static_cast<int64_t>(d));
+      if (repeat < 0) return std::nullopt;  // the kernel names the node and the repeat
+      std::optional<int64_t> dim = try_mul(shape[d], repeat);
+      if (!dim) return std::nullopt;
+      shape[d] = *dim;
+    }
+    return Type{x.dtype, shape};
+  }
+  // Swin's shifted-window masks: slices of a constant set by index.
+  if (op == "ScatterND") {
+    if (!input(1) || !input(2) || input(2)->dtype != x.dtype) return std::nullopt;
+    return Type{x.dtype, x.shape};
+  }
   return std::nullopt;
 }
 

@@ -127,6 +127,14 @@ TEST_CASE("an unsupported op names the op, the node, the domain and the opset") 
   expect_refused(dir.file("custom.onnx"), ErrorKind::kUnsupported, "domain 'com.microsoft', opset 1");
 }
 
+TEST_CASE("PRelu at opset 6 with a slope per channel is refused, naming the node and shape") {
+  // Before opset 7 the slope applied per channel (axis 1), not by numpy broadcasting.
+  expect_refused(
+      "/usr/share/libonnx-testdata/data/pytorch-converted/test_PReLU_2d_multiparam/model.onnx",
+      ErrorKind::kUnsupported,
+      "node 'PRelu(2)': PRelu at opset 6 applies its slope of shape [3] per channel");
+}
+
 /// A linear model whose weight W [4,3] lives in external data at `location`.
 onnx::ModelProto external_model(const std::string& location, int64_t offset = 0, int64_t length = 48) {
   auto m = testing::linear_model();

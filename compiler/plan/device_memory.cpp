@@ -87,25 +87,4 @@ DeviceMemory device_memory(int device, const std::vector<const Stage*>& stages,
   return devices_of(stages, schedule, shape, device)[device];
 }
 
-std::string describe(const DeviceMemory& device, const std::vector<Stage>& stages) {
-  if (device.stages.size() == 1) {
-    const Stage& st = stages.at(device.stages[0]);
-    return fmt::format("stage {}{} needs {}", st.index, st.recompute ? " (recomputing)" : "",
-                       cost::describe(st.memory, st.in_flight));
-  }
-  std::vector<std::string> parts;
-  for (int k : device.stages) {
-    const Stage& st = stages.at(k);
-    parts.push_back(fmt::format("stage {}{} {}", k, st.recompute ? " (recomputing)" : "",
-                                cost::describe(st.memory, st.in_flight)));
-  }
-  return fmt::format(
-      "device {} (stages {}) needs {} together (activations {} at their joint peak, one shared "
-      "arena of {}): {}",
-      device.device, fmt::join(device.stages, ", "),
-      format_bytes(static_cast<double>(device.total())),
-      format_bytes(static_cast<double>(device.activations)),
-      format_bytes(static_cast<double>(device.temporary)), fmt::join(parts, "; "));
-}
-
 }  // namespace stagecraft::plan

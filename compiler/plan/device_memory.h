@@ -1,8 +1,11 @@
 #pragma once
 /// \file
-/// Memory of one device: all of its stages (the chunks of an interleaved schedule) together,
-/// with the activations they really hold at once under the schedule. This is the check every
-/// split must pass, the plan's and every candidate's of the split search alike.
+/// An estimate of one device's memory: all of its stages (the chunks of an interleaved schedule)
+/// together, with the activations they hold at once under the schedule, from the order of its
+/// instructions alone (no simulation). The planner uses it to choose which stages recompute; the
+/// device's figure, which every split is checked against and every view shows, is the simulated
+/// peak (compiler/schedule/device_peak.h), which holds a split backward's activations until its
+/// W and what B leaves for W besides.
 
 #include <cstdint>
 #include <string>
@@ -45,10 +48,5 @@ std::vector<DeviceMemory> device_memory(const std::vector<Stage>& stages,
 DeviceMemory device_memory(int device, const std::vector<const Stage*>& stages,
                            const schedule::Schedule& schedule,
                            const schedule::PipelineShape& shape);
-
-/// One line for refusals: "stage 3 needs 41.2 GiB: weights 12.0, ..." for a device of one
-/// stage; "device 0 (stages 0, 64) needs 80.1 GiB together (activations 9.1 GiB at their joint
-/// peak, one shared arena of 3.2 GiB): stage 0 39.3 GiB: ...; stage 64 ..." for several.
-std::string describe(const DeviceMemory& device, const std::vector<Stage>& stages);
 
 }  // namespace stagecraft::plan

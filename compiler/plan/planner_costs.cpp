@@ -194,19 +194,18 @@ double accumulate_s(const Setup& s, double params) {
 
 Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
                    const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                   int64_t batch, const SimExtras& rc,
-                   std::vector<schedule::TimelineEvent>* timeline) {
+                   int64_t batch, const std::vector<Stage>& stages, const SimExtras& rc,
+                   std::vector<schedule::TimelineEvent>* timeline, std::vector<DevicePeak>* peaks) {
   auto sim = schedule::simulate(sched, s.shape, stage_costs(s, sol, f, rc));
-  if (timeline) *timeline = std::move(sim.events);
   Prediction p;
   p.step_ms = sim.step_s * 1e3;
   p.bubble_fraction = sim.bubble_fraction;
   p.samples_per_s = sim.samples_per_s(static_cast<int>(batch));
   for (double b : sim.device_busy_s) p.device_busy_ms.push_back(b * 1e3);
-  for (double b : sim.device_peak_bytes) p.device_peak_bytes.push_back(static_cast<int64_t>(b));
-  p.peak_memory_bytes = p.device_peak_bytes.empty() ? 0
-                                                    : *std::max_element(p.device_peak_bytes.begin(),
-                                                                        p.device_peak_bytes.end());
+  std::vector<DevicePeak> device = schedule::device_peaks(sim, stages, s.shape.devices);
+  schedule::set_peaks(p, device);
+  if (peaks) *peaks = std::move(device);
+  if (timeline) *timeline = std::move(sim.events);
   for (std::size_t k = 0; k + 1 < sol.stages.size(); ++k)
     p.split_after.push_back(g.node(order[sol.stages[k].last]).name);
   p.fits = sol.feasible;

@@ -16,6 +16,7 @@
 #include "compiler/plan/device_memory.h"
 #include "compiler/plan/planner.h"
 #include "compiler/plan/stage_files.h"
+#include "compiler/schedule/device_peak.h"
 #include "compiler/schedule/simulator.h"
 #include "cost_models/cluster.h"
 #include "cost_models/device_spec.h"
@@ -80,7 +81,8 @@ struct Candidate {
   SimExtras rc;
   Prediction predicted;                           ///< `fits`: every device within its memory.
   std::vector<schedule::TimelineEvent> timeline;  ///< What the simulation of `predicted` played.
-  std::vector<DeviceMemory> devices;
+  /// Per device, its predicted peak and the parts of it: what `fits` is judged by.
+  std::vector<DevicePeak> peaks;
   int worst_device = 0;       ///< The device with the least room (or the most over).
   double overflow_bytes = 0;  ///< Bytes over capacity, summed over devices.
 };
@@ -126,11 +128,13 @@ double accumulate_s(const Setup& s, double params);
 schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
                                  const SimExtras& rc);
 
-/// The simulated step of `sched` for the split `sol`, with `rc`'s per-stage extras.
+/// The simulated step of `sched` for the split `sol` into `stages` (their anatomies filled in),
+/// with `rc`'s per-stage extras; its device peaks are `peaks` (schedule/device_peak.h), the
+/// events it played `timeline`.
 Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
                    const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                   int64_t batch, const SimExtras& rc = {},
-                   std::vector<schedule::TimelineEvent>* timeline = nullptr);
+                   int64_t batch, const std::vector<Stage>& stages, const SimExtras& rc,
+                   std::vector<schedule::TimelineEvent>* timeline, std::vector<DevicePeak>* peaks);
 
 /// Builds and checks splits the way the plan is built, so that every split the search compares
 /// passes the plan's own memory check: the full anatomy of every stage and each device's stages

@@ -121,7 +121,7 @@ SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFa
     if (it != seen.end()) return it->second;
     Candidate c = evaluator.evaluate(cuts);
     Evaluated e{evaluator.score(c), c.predicted, {}};
-    for (const DeviceMemory& d : c.devices) e.device_bytes.push_back(d.total());
+    for (const DevicePeak& d : c.peaks) e.device_bytes.push_back(d.peak_bytes);
     return seen.emplace(cuts, std::move(e)).first->second;
   };
   const int stages = gp.problem.stages;

@@ -53,16 +53,23 @@ class Simulation {
         shared_issued_(stages_, kNotYet),
         free_at_(shape.devices, 0),
         memory_(shape.devices, 0),
+        now_(shape.devices),
         events_(shape.devices) {
     result_.device_busy_s.assign(shape.devices, 0);
     result_.device_peak_bytes.assign(shape.devices, 0);
+    result_.device_peak_parts.resize(shape.devices);
     result_.memory_timeline.resize(shape.devices);
     if (!costs.static_bytes.empty()) {
       for (int stage = 0; stage < stages_; ++stage) {
         memory_[device_of_stage(stage, shape)] += costs.static_bytes[stage];
+        now_[device_of_stage(stage, shape)].static_bytes += costs.static_bytes[stage];
       }
     }
-    for (int device = 0; device < shape.devices; ++device) record_memory(device, 0);
+    for (int device = 0; device < shape.devices; ++device) {
+      result_.device_peak_bytes[device] = memory_[device];
+      result_.device_peak_parts[device] = now_[device];
+      record_memory(device, 0);
+    }
   }
 
   SimResult run() {
@@ -90,8 +97,8 @@ class Simulation {
   /// backward_bytes of `stage`, held from `start` to `end`.
   void transient(int device, int stage, double start, double end) {
     double bytes = costs_.backward_bytes.empty() ? 0 : costs_.backward_bytes[stage];
-    add_memory(device, start, bytes);
-    add_memory(device, end, -bytes);
+    add_memory(device, start, bytes, &PeakParts::backward_bytes);
+    add_memory(device, end, -bytes, &PeakParts::backward_bytes);
   }
 
   double deferred(int stage) const {
@@ -125,7 +132,8 @@ class Simulation {
         return;
       }
       case Op::kForward: {
-        add_memory(device, start, activation(in.stage));
+        if (activation(in.stage) > 0) ++now_[device].activations_held;
+        add_memory(device, start, activation(in.stage), &PeakParts::activation_bytes);
         forward_end_[key(in.stage, in.microbatch)] =
             compute(device, in, start, costs_.forward_s[in.stage]);
         return;
@@ -141,13 +149,13 @@ class Simulation {
         if (full)
           weight_gradient_done(device, in.stage, input_grad_end_[k]);
         else
-          add_memory(device, input_grad_end_[k], deferred(in.stage));
+          add_memory(device, input_grad_end_[k], deferred(in.stage), &PeakParts::deferred_bytes);
         return;
       }
       case Op::kBackwardWeight: {
         double end = compute(device, in, start, costs_.backward_weight_s[in.stage]);
         transient(device, in.stage, start, end);
-        add_memory(device, end, -deferred(in.stage));
+        add_memory(device, end, -deferred(in.stage), &PeakParts::deferred_bytes);
         weight_gradient_done(device, in.stage, end);
         return;
       }
@@ -207,19 +215,28 @@ class Simulation {
   }
 
   void weight_gradient_done(int device, int stage, double end) {
-    add_memory(device, end, -activation(stage));
+    if (activation(stage) > 0) --now_[device].activations_held;
+    add_memory(device, end, -activation(stage), &PeakParts::activation_bytes);
   }
 
-  void add_memory(int device, double time, double bytes) {
+  /// Adds `bytes` to the device's memory, and to its `part`, at `time`.
+  void add_memory(int device, double time, double bytes, double PeakParts::*part) {
     if (bytes == 0) return;
     memory_[device] += bytes;
+    now_[device].*part += bytes;
     record_memory(device, time);
   }
 
+  /// A device's calls come in time order (each instruction's changes at its start, then at its
+  /// end, and the next instruction starts after it), so the first maximum is the first instant
+  /// of the peak.
   void record_memory(int device, double time) {
     result_.memory_timeline[device].emplace_back(time, memory_[device]);
-    result_.device_peak_bytes[device] =
-        std::max(result_.device_peak_bytes[device], memory_[device]);
+    if (memory_[device] > result_.device_peak_bytes[device]) {
+      result_.device_peak_bytes[device] = memory_[device];
+      result_.device_peak_parts[device] = now_[device];
+      result_.device_peak_parts[device].time_s = time;
+    }
   }
 
   SimResult finish() {
@@ -248,6 +265,7 @@ class Simulation {
   std::vector<double> shared_issued_;                ///< Per stage, its ALLREDUCE_SHARED.
   std::vector<double> free_at_;                      ///< Per device.
   std::vector<double> memory_;                       ///< Per device, bytes now.
+  std::vector<PeakParts> now_;                       ///< Per device, its parts now.
   std::map<std::pair<int, int>, double> link_free_;  ///< (source, destination) device.
   double last_transfer_end_ = 0;
   std::vector<std::vector<TimelineEvent>> events_;  ///< Per device.

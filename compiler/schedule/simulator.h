@@ -29,6 +29,7 @@
 /// `validate_schedule` for the structure. A list that cannot run to the end is a deadlock and
 /// throws `Error(kPlan)` naming each stuck device and instruction.
 
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -61,13 +62,25 @@ struct StageCosts {
   std::vector<double> backward_bytes;
 };
 
+/// What a device holds at the instant of its peak, by what holds it. The parts add up to the
+/// peak (`SimResult::device_peak_bytes`).
+struct PeakParts {
+  double time_s = 0;             ///< When the step first reaches the peak.
+  double static_bytes = 0;       ///< static_bytes of the device's stages.
+  double activation_bytes = 0;   ///< activation_bytes of the (stage, microbatch) pairs held.
+  double deferred_bytes = 0;     ///< deferred_bytes of the split backwards between B and W.
+  double backward_bytes = 0;     ///< backward_bytes of the backward running at that instant.
+  int64_t activations_held = 0;  ///< (stage, microbatch) pairs whose activations are held.
+};
+
 /// What one simulated step gives.
 struct SimResult {
   double step_s = 0;                  ///< From the start to the last instruction or transfer.
   double bubble_fraction = 0;         ///< Sum of idle / (devices * step), compute counted as busy.
   std::vector<double> device_busy_s;  ///< Compute time per device.
   std::vector<double> device_idle_s;  ///< step_s - busy per device.
-  std::vector<double> device_peak_bytes;  ///< Static plus activations at their highest.
+  std::vector<double> device_peak_bytes;     ///< Static plus activations at their highest.
+  std::vector<PeakParts> device_peak_parts;  ///< Per device, the parts of its peak.
   /// Per device, (time, bytes) at the start and after every change, in time order.
   std::vector<std::vector<std::pair<double, double>>> memory_timeline;
   std::vector<TimelineEvent> events;  ///< Every instruction, per device in list order.

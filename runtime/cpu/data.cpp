@@ -63,7 +63,11 @@ void copy_bytes(std::byte* dst, const std::byte* src, int64_t bytes) {
 // `in[base + sum(c[d] * strides[d])]` (strides in elements, possibly zero or negative).
 void strided_copy(const Tensor& in, Tensor& out, Shape shape, std::vector<int64_t> strides, int64_t base) {
   if (shape_numel(shape) == 0) return;
-  const auto [dims, steps] = merge_strided_dims(shape, strides);
+  // Named references, not a structured binding: clang 14 (the fuzzing build) cannot use a
+  // binding inside the OpenMP region below.
+  const StridedWalk walk = merge_strided_dims(shape, strides);
+  const auto& dims = walk.dims;
+  const auto& steps = walk.steps;
   by_element_size(dtype_size(in.dtype), [&](auto tag) {
     using T = decltype(tag);
     const T* src = in.as<T>() + base;

@@ -21,8 +21,10 @@ std::span<const KernelEntry> loss_kernels();         // loss.cpp: SoftmaxCrossEn
 std::span<const KernelEntry> leaky_relu_kernels();   // leaky_relu.cpp: LeakyRelu and its gradient
 std::span<const KernelEntry> pad_kernels();          // pad.cpp: Pad (constant, reflect, edge) and its gradient
 std::span<const KernelEntry> reduction_kernels();    // reduce_ops.cpp: ReduceSum, Max, Min, Prod, L1, L2, SumSquare, LogSum(Exp), gradients
+std::span<const KernelEntry> activation_kernels();   // activations.cpp: Elu, Selu, Softplus, PRelu and their gradients
 std::span<const KernelEntry> unary_math_kernels();   // unary_math.cpp: Exp, Log, Neg, Abs, Ceil, Floor and their gradients
 std::span<const KernelEntry> resize_kernels();       // resize.cpp: Resize (nearest, linear) and its gradient
+std::span<const KernelEntry> indexing_kernels();     // indexing.cpp: Tile, CumSum, GatherElements, ScatterND, gradients
 
 // Gradient ops (domain ai.stagecraft, contract in runtime/format/grad_ops.h): "<Op>Grad".
 std::span<const KernelEntry> grad_matmul_kernels();   // grad_matmul.cpp: MatMul, Gemm

@@ -39,7 +39,11 @@ void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) 
 void strided_move(float* dense, float* strided, const Shape& shape,
                   const std::vector<int64_t>& strides, int64_t base, bool scatter) {
   if (shape_numel(shape) == 0) return;
-  const auto [dims, steps] = merge_strided_dims(shape, strides);
+  // Named references, not a structured binding: clang 14 (the fuzzing build) cannot use a
+  // binding inside the OpenMP region below.
+  const StridedWalk walk = merge_strided_dims(shape, strides);
+  const auto& dims = walk.dims;
+  const auto& steps = walk.steps;
   const int64_t rank = static_cast<int64_t>(dims.size());
   const int64_t inner = dims.back(), step = steps.back();
   const int64_t rows = shape_numel(dims) / inner;

@@ -56,7 +56,11 @@ void sum_to_shape(const float* full, const Shape& full_shape, float* out, const 
     return;
   }
   const ReductionLayout layout(groups);
-  const auto& [kept_dims, kept_strides, red_dims, red_strides, offsets] = layout;
+  // Named references, not a structured binding: clang 14 (the fuzzing build) cannot use a
+  // binding inside the OpenMP regions below.
+  const std::vector<int64_t>& kept_dims = layout.kept_dims;
+  const std::vector<int64_t>& kept_strides = layout.kept_strides;
+  const std::vector<int64_t>& offsets = layout.offsets;
   const int64_t count = static_cast<int64_t>(offsets.size());
   // When the innermost group is kept, output elements come in contiguous rows of `inner` that
   // read contiguous input: add whole rows per reduced offset.

@@ -68,7 +68,13 @@ void reduce_mean_typed(const Tensor& in, const std::vector<bool>& reduced, Tenso
       groups.emplace_back(d, reduced[i]);
   }
   const ReductionLayout layout(groups);
-  const auto& [kept_dims, kept_strides, red_dims, red_strides, offsets] = layout;
+  // Named references, not a structured binding: clang 14 (the fuzzing build) cannot use a
+  // binding inside the OpenMP region below.
+  const std::vector<int64_t>& kept_dims = layout.kept_dims;
+  const std::vector<int64_t>& kept_strides = layout.kept_strides;
+  const std::vector<int64_t>& red_dims = layout.red_dims;
+  const std::vector<int64_t>& red_strides = layout.red_strides;
+  const std::vector<int64_t>& offsets = layout.offsets;
   const int64_t count = static_cast<int64_t>(offsets.size());
   const bool contiguous = red_dims.size() == 1 && red_strides[0] == 1;
 

@@ -40,6 +40,15 @@ void run_hard_sigmoid(const KernelArgs& a) {
         {.alpha = a.attrs.f("alpha", 0.2f), .beta = a.attrs.f("beta", 0.5f)});
 }
 
+void run_elu(const KernelArgs& a) { unary(a, UnaryOp::kElu, {.alpha = a.attrs.f("alpha", 1.0f)}); }
+
+// Selu's defaults are ONNX's (float32 roundings of the constants of Klambauer et al. 2017).
+void run_selu(const KernelArgs& a) {
+  unary(a, UnaryOp::kSelu,
+        {.alpha = a.attrs.f("alpha", 1.67326319217681884765625f),
+         .gamma = a.attrs.f("gamma", 1.05070102214813232421875f)});
+}
+
 void run_leaky_relu(const KernelArgs& a) {
   unary(a, UnaryOp::kLeakyRelu, {.alpha = a.attrs.f("alpha", 0.01f)});
 }
@@ -152,6 +161,15 @@ void run_binary(const KernelArgs& a) {
   check_launch(a);
 }
 
+// PRelu: the slope broadcasts to X (unidirectionally).
+void run_prelu(const KernelArgs& a) {
+  const Tensor &x = a.input(0), &slope = a.input(1);
+  if (cpu::broadcast_shape(x.shape, slope.shape) != x.shape)
+    fail(ErrorKind::kShape, "PRelu '{}': the slope {} does not broadcast to X {}", a.name,
+         shape_string(slope.shape), shape_string(x.shape));
+  run_binary<BinaryOp::kPRelu>(a);
+}
+
 void run_where(const KernelArgs& a) {
   const BroadcastMap map = broadcast_output<3>(a);
   const Tensor &c = a.input(0), &x = a.input(1), &y = a.input(2);
@@ -189,6 +207,10 @@ constexpr KernelEntry kKernels[] = {
     {"Abs", run_unary<UnaryOp::kAbs>, same_as_cpu},
     {"Ceil", run_unary<UnaryOp::kCeil>, same_as_cpu},
     {"Floor", run_unary<UnaryOp::kFloor>, same_as_cpu},
+    {"Elu", run_elu, same_as_cpu},
+    {"Selu", run_selu, same_as_cpu},
+    {"Softplus", run_unary<UnaryOp::kSoftplus>, same_as_cpu},
+    {"PRelu", run_prelu, same_as_cpu},
 };
 
 }  // namespace

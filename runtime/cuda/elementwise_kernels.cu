@@ -99,6 +99,13 @@ __device__ __forceinline__ T unary_one(T v, const UnaryParams& p, T lo, T hi) {
     return ceil(v);
   } else if constexpr (op == UnaryOp::kFloor) {
     return floor(v);
+  } else if constexpr (op == UnaryOp::kElu) {
+    return v > T(0) ? v : static_cast<T>(p.alpha) * expm1(v);
+  } else if constexpr (op == UnaryOp::kSelu) {
+    return static_cast<T>(p.gamma) * (v > T(0) ? v : static_cast<T>(p.alpha) * expm1(v));
+  } else if constexpr (op == UnaryOp::kSoftplus) {
+    // log(1 + e^x) without overflow for a large x or rounding to 0 for a very negative one.
+    return v > T(0) ? v + log1p(exp(-v)) : log1p(exp(v));
   } else {  // Clip: min(max(x, lo), hi), NaN stays NaN and lo > hi gives hi, as numpy.clip
     v = v < lo ? lo : v;
     return v > hi ? hi : v;
@@ -253,6 +260,24 @@ bool arith_of(DType dtype, const void* x, const void* y, void* z, int64_t n,
   });
 }
 
+template <class T>
+struct PRelu {
+  __device__ T operator()(T x, T slope) const { return x > T(0) ? x : slope * x; }
+};
+
+bool prelu_of(DType dtype, const void* x, const void* y, void* z, int64_t n,
+              const BroadcastMap& map, cudaStream_t stream) {
+  bool launched = false;
+  visit<false>(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_floating_point_v<T>) {
+      launch_binary_of<T, T, T>(x, y, z, n, map, PRelu<T>{}, stream);
+      launched = true;
+    }
+  });
+  return launched;
+}
+
 bool pow_of(DType base, DType exponent, const void* x, const void* y, void* z, int64_t n,
             const BroadcastMap& map, cudaStream_t stream) {
   bool launched = false;
@@ -336,6 +361,12 @@ bool launch_unary(UnaryOp op, DType dtype, const void* x, void* y, int64_t n,
       return unary_of<UnaryOp::kCeil>(dtype, x, y, n, params, stream);
     case UnaryOp::kFloor:
       return unary_of<UnaryOp::kFloor>(dtype, x, y, n, params, stream);
+    case UnaryOp::kElu:
+      return unary_of<UnaryOp::kElu>(dtype, x, y, n, params, stream);
+    case UnaryOp::kSelu:
+      return unary_of<UnaryOp::kSelu>(dtype, x, y, n, params, stream);
+    case UnaryOp::kSoftplus:
+      return unary_of<UnaryOp::kSoftplus>(dtype, x, y, n, params, stream);
   }
   return false;
 }
@@ -370,6 +401,8 @@ bool launch_binary(BinaryOp op, DType x_dtype, DType y_dtype, const void* x, con
       return pow_of(x_dtype, y_dtype, x, y, z, n, map, stream);
     case BinaryOp::kEqual:
       return equal_of(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kPRelu:
+      return prelu_of(x_dtype, x, y, z, n, map, stream);
   }
   return false;
 }

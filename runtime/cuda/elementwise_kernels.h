@@ -45,12 +45,15 @@ enum class UnaryOp : int32_t {
   kAbs,  // every numeric type (signed integers wrapping)
   kCeil,
   kFloor,
+  kElu,       // float32, float64 (as kSelu, kSoftplus); alpha
+  kSelu,      // alpha, gamma
+  kSoftplus,  // log(1 + e^x)
 };
 
 /// A unary op's attributes. Clip's lower bound is `lo` when `lo_attr`, else `*lo_ptr` (a device
 /// element of the input's type) when not null, else the type's lowest value (likewise `hi`).
 struct UnaryParams {
-  float alpha = 0, beta = 0;
+  float alpha = 0, beta = 0, gamma = 0;
   bool lo_attr = false, hi_attr = false;
   float lo = 0, hi = 0;
   const void* lo_ptr = nullptr;
@@ -73,6 +76,7 @@ enum class BinaryOp : int32_t {
   kDiv,    // integer Div truncates (the host refuses zero divisors)
   kPow,    // base float32, float64, int32 or int64; exponent any numeric type; output the base's
   kEqual,  // numeric or bool inputs of one type; a bool (one byte) output
+  kPRelu,  // x > 0 ? x : slope * x, float32 and float64 (the slope is input 1)
 };
 
 /// z = op(x, y) over n output elements, x (of `x_dtype`) read as input 0 of `map` and y (of

@@ -25,6 +25,8 @@ std::span<const KernelEntry> pad_kernels();   // pad.cpp: Pad and its gradient
 // reduce_ops.cpp: ReduceSum, Max, Min, Prod, L1, L2, SumSquare, LogSum, LogSumExp, gradients
 std::span<const KernelEntry> reduction_kernels();
 std::span<const KernelEntry> resize_kernels();  // resize.cpp: Resize and its gradient
+// indexing.cpp: Tile, CumSum, GatherElements, ScatterND and their gradients
+std::span<const KernelEntry> indexing_kernels();
 
 // Gradient ops (domain ai.stagecraft, runtime/format/grad_ops.h): "<Op>Grad".
 std::span<const KernelEntry> grad_matmul_kernels();   // grad_matmul.cpp

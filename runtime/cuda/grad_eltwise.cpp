@@ -59,6 +59,16 @@ void run_unary_grad(const KernelArgs& a) {
   unary_grad(a, op, {});
 }
 
+void elu_grad(const KernelArgs& a) {
+  unary_grad(a, UnaryGradOp::kElu, {.alpha = a.attrs.f("alpha", 1.0f)});
+}
+
+void selu_grad(const KernelArgs& a) {
+  unary_grad(a, UnaryGradOp::kSelu,
+             {.alpha = a.attrs.f("alpha", 1.67326319217681884765625f),
+              .gamma = a.attrs.f("gamma", 1.05070102214813232421875f)});
+}
+
 void hard_sigmoid_grad(const KernelArgs& a) {
   unary_grad(a, UnaryGradOp::kHardSigmoid,
              {.alpha = a.attrs.f("alpha", 0.2f), .beta = a.attrs.f("beta", 0.5f)});
@@ -258,6 +268,20 @@ void where_grad(const KernelArgs& a) {
   }
 }
 
+// PRelu: dx = dy where x > 0, dy * slope elsewhere; d slope = dy * x where x <= 0, summed over
+// the axes along which the slope was broadcast.
+void prelu_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Binary b;
+  if (!binary_operands(a, io, b)) return;
+  if (b.dy->shape != b.lhs->shape)
+    fail(ErrorKind::kShape, "PReluGrad '{}': the slope {} does not broadcast to X {}", a.name,
+         shape_string(b.rhs->shape), shape_string(b.lhs->shape));
+  if (io.dx(0) != nullptr) binary_part(a, 0, BinaryGradOp::kPReluX, *b.lhs, *b.rhs, nullptr, *b.dy);
+  if (io.dx(1) != nullptr)
+    binary_part(a, 1, BinaryGradOp::kPReluSlope, *b.lhs, *b.rhs, nullptr, *b.dy);
+}
+
 // Equal has no gradient: its outputs are never requested (and are zeros if they are).
 void equal_grad(const KernelArgs& a) { zero_outputs(a); }
 
@@ -288,6 +312,10 @@ constexpr KernelEntry kKernels[] = {
     {"AbsGrad", run_unary_grad<UnaryGradOp::kAbs>, same_as_cpu, true},
     {"CeilGrad", run_unary_grad<UnaryGradOp::kZero>, same_as_cpu, true},
     {"FloorGrad", run_unary_grad<UnaryGradOp::kZero>, same_as_cpu, true},
+    {"EluGrad", elu_grad, same_as_cpu, true},
+    {"SeluGrad", selu_grad, same_as_cpu, true},
+    {"SoftplusGrad", run_unary_grad<UnaryGradOp::kSoftplus>, same_as_cpu, true},
+    {"PReluGrad", prelu_grad, same_as_cpu, true},
 };
 
 }  // namespace

@@ -63,8 +63,14 @@ __device__ __forceinline__ float unary_grad_one(float x, float y, float dy,
     return -dy;
   } else if constexpr (op == UnaryGradOp::kAbs) {
     return x > 0 ? dy : (x < 0 ? -dy : 0.0f);
-  } else {  // kZero
+  } else if constexpr (op == UnaryGradOp::kZero) {
     return 0.0f;
+  } else if constexpr (op == UnaryGradOp::kElu) {
+    return x > 0 ? dy : dy * p.alpha * expf(x);
+  } else if constexpr (op == UnaryGradOp::kSelu) {
+    return x > 0 ? p.gamma * dy : p.gamma * p.alpha * dy * expf(x);
+  } else {  // kSoftplus
+    return dy / (1 + expf(-x));
   }
 }
 
@@ -114,9 +120,13 @@ __device__ __forceinline__ float binary_grad_one(float u, float v, const float* 
     if (v == 1) return d;
     if (v == 2) return d * 2 * u;
     return d * v * powf(u, v - 1);
-  } else {  // kPowExp
+  } else if constexpr (op == BinaryGradOp::kPowExp) {
     if (!(u > 0)) return 0.0f;
     return y != nullptr ? d * y[i] * logf(u) : d * powf(u, v) * logf(u);
+  } else if constexpr (op == BinaryGradOp::kPReluX) {
+    return u > 0 ? d : v * d;
+  } else {  // kPReluSlope
+    return u > 0 ? 0.0f : u * d;
   }
 }
 
@@ -180,6 +190,12 @@ void launch_unary_grad(UnaryGradOp op, const float* x, const float* y, const flo
       return unary_grad_of<UnaryGradOp::kAbs>(x, y, dy, dx, n, params, stream);
     case UnaryGradOp::kZero:
       return unary_grad_of<UnaryGradOp::kZero>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kElu:
+      return unary_grad_of<UnaryGradOp::kElu>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kSelu:
+      return unary_grad_of<UnaryGradOp::kSelu>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kSoftplus:
+      return unary_grad_of<UnaryGradOp::kSoftplus>(x, y, dy, dx, n, params, stream);
   }
 }
 
@@ -204,6 +220,10 @@ void launch_binary_grad(BinaryGradOp op, const float* lhs, const float* rhs, con
       return binary_grad_of<BinaryGradOp::kPowBase>(lhs, rhs, y, dy, out, n, map, stream);
     case BinaryGradOp::kPowExp:
       return binary_grad_of<BinaryGradOp::kPowExp>(lhs, rhs, y, dy, out, n, map, stream);
+    case BinaryGradOp::kPReluX:
+      return binary_grad_of<BinaryGradOp::kPReluX>(lhs, rhs, y, dy, out, n, map, stream);
+    case BinaryGradOp::kPReluSlope:
+      return binary_grad_of<BinaryGradOp::kPReluSlope>(lhs, rhs, y, dy, out, n, map, stream);
   }
 }
 

@@ -28,12 +28,15 @@ enum class UnaryGradOp : int32_t {
   kNeg,        // -dy
   kAbs,        // dy * sign(x), 0 at 0
   kZero,       // 0 (Ceil, Floor)
+  kElu,        // x > 0 ? dy : dy * alpha * e^x
+  kSelu,       // gamma times Elu's
+  kSoftplus,   // dy * sigmoid(x)
 };
 
 /// A unary gradient's attributes. Clip's lower bound is `lo` when `lo_attr`, else `*lo_ptr`
 /// (a device float) when not null, else -inf (likewise `hi`, +inf).
 struct UnaryGradParams {
-  float alpha = 0, beta = 0;
+  float alpha = 0, beta = 0, gamma = 0;
   bool lo_attr = false, hi_attr = false;
   float lo = 0, hi = 0;
   const float* lo_ptr = nullptr;
@@ -53,6 +56,8 @@ enum class BinaryGradOp : int32_t {
   kDivRhs,   // -dy * lhs / rhs^2
   kPowBase,  // dy * e * base^(e - 1)
   kPowExp,   // base > 0 ? dy * y * ln(base) : 0, y recomputed as base^e when null
+  kPReluX,      // x > 0 ? dy : dy * slope (lhs x, rhs slope)
+  kPReluSlope,  // x > 0 ? 0 : dy * x
 };
 
 /// out[i] = g(lhs, rhs, y[i], dy[i]) for the n output elements, lhs read as input 0 of `map`

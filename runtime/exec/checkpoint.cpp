@@ -159,14 +159,16 @@ void check_complete(const Pipeline& pipeline, const Manifest& manifest, const st
     for (const auto& [name, t] : pipeline.stage_weights(stage.index)) {
       if (t.dtype != DType::kFloat32 || saving_stage(stage, name) != stage.index) continue;
       if (std::none_of(saved.weights.begin(), saved.weights.end(),
-                       [&](const SavedWeight& w) { return w.name == name; }))
+                       [&n = name](const SavedWeight& w) { return w.name == n; }))
         fail(ErrorKind::kFormat, "{}: field 'stages[{}].weights' lacks weight '{}' of the plan",
              file, stage.index, name);
       // No optimizer step yet, or a weight the optimizer does not update: no state.
       if (manifest.step == 0 || !pipeline.trains(stage.index, name)) continue;
       for (const std::string& state : state_names)
         if (std::none_of(saved.optimizer.begin(), saved.optimizer.end(),
-                         [&](const SavedState& o) { return o.weight == name && o.state == state; }))
+                         [&n = name, &state](const SavedState& o) {
+                           return o.weight == n && o.state == state;
+                         }))
           fail(ErrorKind::kFormat,
                "{}: field 'stages[{}].optimizer' lacks state '{}' of weight '{}' ({} keeps it; the "
                "checkpoint is at step {})",

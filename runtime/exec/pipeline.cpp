@@ -239,7 +239,7 @@ void Pipeline::check_inputs(const std::map<std::string, Tensor>& inputs) const {
   }
   for (const auto& [name, t] : inputs)
     if (std::none_of(inputs_.begin(), inputs_.end(),
-                     [&](const ModelTensor& m) { return m.name == name; }))
+                     [&n = name](const ModelTensor& m) { return m.name == n; }))
       fail(ErrorKind::kUsage, "input '{}' is not an input of the model (its inputs: {})", name,
            fmt::join(
                [&] {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 
+#include "runtime/format/bytes.h"
 #include "runtime/format/error.h"
 #include "runtime/format/json_reader.h"
 
@@ -39,11 +40,31 @@ using ordered = nlohmann::ordered_json;
 // ---------------------------------------------------------------------------------------------
 // Writing
 
+/// A stage's anatomy: parts without a total (the figure to add up is a device's, below).
 ordered memory_json(const MemoryBytes& memory) {
   return {{"weights", memory.weights},     {"gradients", memory.gradients},
           {"optimizer", memory.optimizer}, {"activations", memory.activations},
-          {"temporary", memory.temporary}, {"communication", memory.communication},
-          {"total", memory.total()}};
+          {"temporary", memory.temporary}, {"communication", memory.communication}};
+}
+
+ordered peak_parts_json(const PeakParts& parts) {
+  return {{"weights", parts.weights},       {"gradients", parts.gradients},
+          {"optimizer", parts.optimizer},   {"activations", parts.activations},
+          {"recomputed", parts.recomputed}, {"deferred", parts.deferred},
+          {"arena", parts.arena},           {"communication", parts.communication}};
+}
+
+ordered device_memory_json(const std::vector<DevicePeak>& devices) {
+  ordered list = ordered::array();
+  for (const DevicePeak& d : devices)
+    list.push_back({{"device", d.device},
+                    {"peak_bytes", d.peak_bytes},
+                    {"peak_ms", d.peak_ms},
+                    {"in_flight", d.in_flight},
+                    {"parts", peak_parts_json(d.parts)},
+                    {"time_ms", d.time_ms},
+                    {"bytes", d.bytes}});
+  return list;
 }
 
 /// Inputs carry `peer_stage`; outputs carry `peer_stages` and `graph_output`.
@@ -182,14 +203,28 @@ ordered search_json(const SplitSearch& search) {
 // Reading
 
 MemoryBytes read_memory(const JsonObject& stage) {
-  JsonObject f = stage.object("memory", {"weights", "gradients", "optimizer", "activations",
-                                         "temporary", "communication", "total"});
-  MemoryBytes memory{f.int64("weights"),     f.int64("gradients"), f.int64("optimizer"),
-                     f.int64("activations"), f.int64("temporary"), f.int64("communication")};
-  if (int64_t total = f.int64("total"); total != memory.total()) {
-    f.fail("total", fmt::format("is {}, but the parts add up to {}", total, memory.total()));
-  }
-  return memory;
+  JsonObject f = stage.object(
+      "memory", {"weights", "gradients", "optimizer", "activations", "temporary", "communication"});
+  return {f.int64("weights"),     f.int64("gradients"), f.int64("optimizer"),
+          f.int64("activations"), f.int64("temporary"), f.int64("communication")};
+}
+
+DevicePeak read_device_peak(const JsonValue& value) {
+  JsonObject f =
+      value.object({"device", "peak_bytes", "peak_ms", "in_flight", "parts", "time_ms", "bytes"});
+  DevicePeak d;
+  d.device = f.int32("device");
+  d.peak_bytes = f.int64("peak_bytes");
+  d.peak_ms = f.number("peak_ms");
+  d.in_flight = f.int64("in_flight");
+  JsonObject p = f.object("parts", {"weights", "gradients", "optimizer", "activations",
+                                    "recomputed", "deferred", "arena", "communication"});
+  d.parts = {p.int64("weights"),     p.int64("gradients"),    p.int64("optimizer"),
+             p.int64("activations"), p.int64("recomputed"),   p.int64("deferred"),
+             p.int64("arena"),       p.int64("communication")};
+  d.time_ms = f.at("time_ms").numbers();
+  d.bytes = f.at("bytes").int64s();
+  return d;
 }
 
 StageTensor read_tensor(const JsonValue& value, bool is_input) {
@@ -362,6 +397,36 @@ TrainingConfig read_training(const JsonObject& top) {
 
 }  // namespace
 
+int64_t PeakParts::total() const {
+  int64_t sum = 0;
+  for (int64_t part :
+       {weights, gradients, optimizer, activations, recomputed, deferred, arena, communication}) {
+    if (__builtin_add_overflow(sum, part, &sum)) {
+      fail(ErrorKind::kPlan, "memory total overflows int64");
+    }
+  }
+  return sum;
+}
+
+std::string describe_parts(const DevicePeak& peak) {
+  const PeakParts& p = peak.parts;
+  std::vector<std::string> parts;
+  auto add = [&](const char* what, int64_t bytes, const std::string& suffix = "") {
+    if (bytes != 0)
+      parts.push_back(
+          fmt::format("{} {}{}", what, format_bytes(static_cast<double>(bytes)), suffix));
+  };
+  add("weights", p.weights);
+  add("gradients", p.gradients);
+  add("optimizer", p.optimizer);
+  add("activations", p.activations, fmt::format(" for {} in flight", peak.in_flight));
+  add("recomputed", p.recomputed);
+  add("deferred", p.deferred);
+  add("arena", p.arena);
+  add("communication", p.communication);
+  return parts.empty() ? "nothing" : fmt::format("{}", fmt::join(parts, ", "));
+}
+
 int64_t MemoryBytes::total() const {
   int64_t sum = 0;
   for (int64_t part : {weights, gradients, optimizer, activations, temporary, communication}) {
@@ -402,6 +467,7 @@ nlohmann::ordered_json to_json(const Plan& plan) {
           {"search", search_json(plan.search)},
           {"stages", std::move(stages)},
           {"ops", std::move(ops)},
+          {"device_memory", device_memory_json(plan.device_memory)},
           {"timeline", timeline_json(plan.timeline)}};
 }
 
@@ -418,7 +484,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
           "optimizer",        "training_config", "precision",       "cost_model",
           "device",           "cluster",         "predicted",       "baseline_parameters",
           "baseline_uniform", "search",          "stages",          "ops",
-          "timeline"});
+          "device_memory",    "timeline"});
   plan.generator = f.string("generator");
   plan.model_path = f.string("model_path");
   plan.model_hash = f.string("model_hash");
@@ -441,6 +507,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.baseline_parameters = read_prediction(f, "baseline_parameters");
   plan.baseline_uniform = read_prediction(f, "baseline_uniform");
   plan.search = read_search(f);
+  plan.device_memory = f.array("device_memory", read_device_peak);
   plan.stages = f.array("stages", read_stage);
   plan.ops = f.array("ops", read_op);
   plan.timeline = f.array("timeline", read_event);

@@ -24,8 +24,11 @@ namespace stagecraft::plan {
 /// `device` (name, kind, capacity) instead of the cost model's free-form spec; per stage the
 /// backward's B and W parts and the optimizer step (`backward_input_ms`, `backward_weight_ms`,
 /// `optimizer_ms`); the planner's predicted `timeline`. Version 5: plan.json holds its own hash
-/// (`plan_hash`) and schedule.json's (`schedule_hash`). Older plans are refused ("re-run stagec").
-inline constexpr int kPlanFormatVersion = 5;
+/// (`plan_hash`) and schedule.json's (`schedule_hash`). Version 6: `device_memory`, the one
+/// predicted peak per device with its parts and its memory over the step; a stage's `memory`
+/// lists its anatomy without a `total` (only a device has a peak). Older plans are refused
+/// ("re-run stagec").
+inline constexpr int kPlanFormatVersion = 6;
 
 /// What a recorded file hash starts with: "fnv1a64:<16 hex digits>".
 inline constexpr std::string_view kHashPrefix = "fnv1a64:";
@@ -76,6 +79,45 @@ struct MemoryBytes {
   /// The sum; throws `Error(kPlan)` when it does not fit in int64.
   int64_t total() const;
 };
+
+/// What a device holds at the instant of its predicted peak, by what holds it. The parts add up
+/// to the peak exactly (`total`).
+struct PeakParts {
+  int64_t weights = 0;    ///< Its stages' weights (each stage holds its own copy).
+  int64_t gradients = 0;  ///< Their gradients (training).
+  int64_t optimizer = 0;  ///< Their optimizer state (training).
+  /// Kept for backward at that instant: the forward values of every (stage, microbatch) in
+  /// flight (a recomputing stage keeps only its inputs).
+  int64_t activations = 0;
+  int64_t recomputed = 0;     ///< Rebuilt by recomputation for the backward running then.
+  int64_t deferred = 0;       ///< Held by split backwards (zb-h1) from their B to their W.
+  int64_t arena = 0;          ///< The working arena: the largest of its stages' (they take turns).
+  int64_t communication = 0;  ///< Send and receive buffers of its stages.
+
+  /// The sum; throws `Error(kPlan)` when it does not fit in int64.
+  int64_t total() const;
+};
+
+/// The one memory figure of a device: the peak of the planner's simulation of the step, with
+/// the working arena and the communication buffers of its stages (plan.json `device_memory`).
+/// It is `Prediction::device_peak_bytes`, what the planner checks against the device's
+/// capacity, what stagedump draws and what stagerun compares its measurement with.
+struct DevicePeak {
+  int device = 0;
+  int64_t peak_bytes = 0;  ///< `parts.total()`.
+  double peak_ms = 0;      ///< When the step first reaches it.
+  int64_t in_flight = 0;   ///< (stage, microbatch) pairs whose activations are held then.
+  PeakParts parts;
+  /// The device's memory over the step: at time_ms[i] (from 0, non-decreasing) it holds
+  /// bytes[i] until the next entry; the largest entry is `peak_bytes`.
+  std::vector<double> time_ms;
+  std::vector<int64_t> bytes;
+};
+
+/// The parts of `peak` that are not zero, for people, in the order of `PeakParts`: "weights
+/// 1.00 MiB, gradients 1.00 MiB, optimizer 2.00 MiB, activations 1.50 MiB for 6 in flight, arena
+/// 64.0 KiB, communication 8.00 KiB" (in flight: the (stage, microbatch) pairs held).
+std::string describe_parts(const DevicePeak& peak);
 
 /// The device a plan was made for: what the runtime checks the machine that runs it against.
 struct DeviceSpec {
@@ -159,6 +201,8 @@ struct Prediction {
   double samples_per_s = 0;
   int64_t peak_memory_bytes = 0;  ///< Largest device peak.
   std::vector<double> device_busy_ms;
+  /// Per device, the predicted peak (`DevicePeak`): the simulated peak with the arena and
+  /// buffers.
   std::vector<int64_t> device_peak_bytes;
   std::vector<std::string> split_after;  ///< Node names after which each cut falls.
   bool fits = true;                      ///< Every device within its memory.
@@ -218,6 +262,8 @@ struct Plan {
   Prediction baseline_parameters;  ///< DeepSpeed's 'parameters' method: balance parameter counts.
   Prediction baseline_uniform;     ///< DeepSpeed's 'uniform' method: balance op counts.
   SplitSearch search;
+  /// Per device (index = device), the predicted peak of `predicted` with its parts.
+  std::vector<DevicePeak> device_memory;
   /// What the planner's simulation of `predicted` played, every instruction of every device
   /// (per device in list order): stagedump draws it and stagerun sets its measured run beside
   /// it. plan.json writes the times in milliseconds ("start_ms", "end_ms").

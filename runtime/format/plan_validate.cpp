@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 
 #include "runtime/format/checked.h"
@@ -48,6 +49,7 @@ class Validator {
     check_prediction(plan_.predicted, "predicted");
     check_prediction(plan_.baseline_parameters, "baseline_parameters");
     check_prediction(plan_.baseline_uniform, "baseline_uniform");
+    check_device_memory();
     check_search();
     check_timeline();
   }
@@ -426,6 +428,92 @@ class Validator {
       non_negative(at + "param_bytes", static_cast<double>(op.param_bytes));
       non_negative(at + "output_bytes", static_cast<double>(op.output_bytes));
     }
+  }
+
+  /// The one memory figure per device: its parts add up to it, the static parts and buffers are
+  /// its stages', it is the prediction's device peak, and the memory over the step reaches it.
+  void check_device_memory() const {
+    const size_t devices = plan_.devices;
+    if (plan_.device_memory.size() != devices) {
+      fault("device_memory", fmt::format("has {}, but the plan has {}",
+                                         count(plan_.device_memory.size(), "entry", "entries"),
+                                         count(devices, "device")));
+    }
+    const std::vector<int64_t>& peaks = plan_.predicted.device_peak_bytes;
+    if (peaks.size() != devices) {
+      fault("predicted.device_peak_bytes",
+            fmt::format("has {}, but the plan has {}", count(peaks.size(), "entry", "entries"),
+                        count(devices, "device")));
+    }
+    std::vector<PeakParts> own(devices);
+    for (const Stage& stage : plan_.stages) {
+      PeakParts& p = own[stage.device];
+      p.weights += stage.memory.weights;
+      p.gradients += stage.memory.gradients;
+      p.optimizer += stage.memory.optimizer;
+      p.communication += stage.memory.communication;
+      p.arena = std::max(p.arena, stage.memory.temporary);
+    }
+    int64_t largest = 0;
+    for (size_t d = 0; d < devices; ++d) {
+      const DevicePeak& device = plan_.device_memory[d];
+      const std::string at = fmt::format("device_memory[{}].", d);
+      if (device.device != static_cast<int>(d)) {
+        fault(at + "device", fmt::format("is {}; entries are in device order", device.device));
+      }
+      const PeakParts& p = device.parts;
+      for (auto [name, bytes] : {std::pair<const char*, int64_t>{"weights", p.weights},
+                                 {"gradients", p.gradients},
+                                 {"optimizer", p.optimizer},
+                                 {"activations", p.activations},
+                                 {"recomputed", p.recomputed},
+                                 {"deferred", p.deferred},
+                                 {"arena", p.arena},
+                                 {"communication", p.communication}})
+        non_negative(at + "parts." + name, static_cast<double>(bytes));
+      for (auto [name, bytes, stages] :
+           {std::tuple<const char*, int64_t, int64_t>{"weights", p.weights, own[d].weights},
+            {"gradients", p.gradients, own[d].gradients},
+            {"optimizer", p.optimizer, own[d].optimizer},
+            {"communication", p.communication, own[d].communication}}) {
+        if (bytes != stages)
+          fault(at + "parts." + name,
+                fmt::format("is {}, but the device's stages hold {} together", bytes, stages));
+      }
+      if (p.arena != own[d].arena)
+        fault(at + "parts.arena", fmt::format("is {}, but the largest of the device's stages' "
+                                              "temporary memory is {}",
+                                              p.arena, own[d].arena));
+      if (device.peak_bytes != p.total())
+        fault(at + "peak_bytes",
+              fmt::format("is {}, but its parts add up to {}", device.peak_bytes, p.total()));
+      if (peaks[d] != device.peak_bytes)
+        fault(fmt::format("predicted.device_peak_bytes[{}]", d),
+              fmt::format("is {}, but device_memory[{}].peak_bytes is {}", peaks[d], d,
+                          device.peak_bytes));
+      non_negative(at + "peak_ms", device.peak_ms);
+      non_negative(at + "in_flight", static_cast<double>(device.in_flight));
+      if (device.time_ms.empty() || device.time_ms.size() != device.bytes.size())
+        fault(at + "time_ms", fmt::format("has {} but bytes has {}; both need one entry per "
+                                          "change, at least one",
+                                          count(device.time_ms.size(), "entry", "entries"),
+                                          count(device.bytes.size(), "entry", "entries")));
+      for (size_t i = 0; i < device.time_ms.size(); ++i) {
+        non_negative(fmt::format("{}time_ms[{}]", at, i), device.time_ms[i]);
+        if (i > 0 && device.time_ms[i] < device.time_ms[i - 1])
+          fault(fmt::format("{}time_ms[{}]", at, i),
+                fmt::format("is {}, before the entry ahead of it ({})", device.time_ms[i],
+                            device.time_ms[i - 1]));
+      }
+      const int64_t highest = *std::max_element(device.bytes.begin(), device.bytes.end());
+      if (highest != device.peak_bytes)
+        fault(at + "bytes",
+              fmt::format("reach {} at most, but peak_bytes is {}", highest, device.peak_bytes));
+      largest = std::max(largest, device.peak_bytes);
+    }
+    if (plan_.predicted.peak_memory_bytes != largest)
+      fault("predicted.peak_memory_bytes", fmt::format("is {}, but the largest device peak is {}",
+                                                       plan_.predicted.peak_memory_bytes, largest));
   }
 
   void check_prediction(const Prediction& prediction, const std::string& name) const {

@@ -1,6 +1,6 @@
 // The CUDA backend's elementwise, loss and elementwise-gradient families against the CPU
-// backend's, without a GPU: every op of the CPU's elementwise, leaky_relu, unary_math, loss and
-// grad_eltwise families has a CUDA kernel with the same contract flag, and the CUDA backend
+// backend's, without a GPU: every op of the CPU's elementwise, leaky_relu, unary_math, activations,
+// loss and grad_eltwise families has a CUDA kernel with the same contract flag, and the CUDA backend
 // accepts and refuses the same signatures (every dtype the CPU's kernels take has a CUDA kernel).
 #include <doctest/doctest.h>
 
@@ -23,7 +23,7 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
   REQUIRE(cuda != nullptr);
   const std::span<const KernelEntry> families[] = {
       cpu::elementwise_kernels(), cpu::leaky_relu_kernels(), cpu::unary_math_kernels(),
-      cpu::loss_kernels(), cpu::grad_eltwise_kernels()};
+      cpu::activation_kernels(),  cpu::loss_kernels(),       cpu::grad_eltwise_kernels()};
   int ops = 0;
   for (const auto& family : families)
     for (const KernelEntry& cpu_entry : family) {
@@ -33,7 +33,7 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
       CHECK(entry->writes_every_output == cpu_entry.writes_every_output);
       ++ops;
     }
-  CHECK(ops >= 50);  // 17 elementwise, 2 leaky_relu, 12 unary maths, 2 loss, 17 gradients
+  CHECK(ops >= 58);  // 17 elementwise, 2 leaky_relu, 12 unary maths, 8 activations, 2 loss, 17 gradients
 
   // Signatures the CPU takes (integer arithmetic, mixed Pow, Cast through 16-bit floats), and
   // ones it refuses, answered alike.
@@ -50,10 +50,13 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
   const DType sce_in[] = {DType::kFloat32, DType::kInt32};
   const DType f32[] = {DType::kFloat32};
   const DType i8[] = {DType::kInt8};
+  const DType f64_pair[] = {DType::kFloat64, DType::kFloat64};
+  const DType f64[] = {DType::kFloat64};
   const DType u16[] = {DType::kUInt16};
   const OpSignature accepted[] = {{"Add", i16_pair, i16, none},
                                   {"Neg", i8, i8, none},
                                   {"Abs", u16, u16, none},
+                                  {"PRelu", f64_pair, f64, none},
                                   {"Div", i16_pair, i16, none},
                                   {"Pow", pow_in, i32, none},
                                   {"Equal", bools, b, none},
@@ -67,6 +70,8 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
   const OpSignature refused[] = {{"Relu", u8, u8, none},
                                  {"Neg", u8, u8, none},
                                  {"Exp", i32, i32, none},
+                                 {"PRelu", pow_in, i32, none},
+                                 {"Selu", i16, i16, none},
                                  {"Sigmoid", i16, i16, none},
                                  {"Add", bools, b, none},
                                  {"SoftmaxCrossEntropyLoss", i16_pair, f32, none}};

@@ -371,4 +371,37 @@ TEST_CASE("grad Ceil and Floor: zero away from the integers") {
   CHECK(all_zero(dx));
 }
 
+// Issue 15's activations (runtime/cpu/activations.cpp).
+TEST_CASE("grad Elu") {
+  unary("Elu", avoid(random_tensor({3, 5}, -3, 2), {0}));
+  unary("Elu", avoid(random_tensor({3, 5}, -3, 2, 4), {0}),
+        [](onnx::NodeProto& n) { set_float(n, "alpha", 0.5f); });
+}
+
+TEST_CASE("grad Selu") {
+  unary("Selu", avoid(random_tensor({3, 5}, -3, 2), {0}));
+  unary("Selu", avoid(random_tensor({3, 5}, -3, 2, 4), {0}), [](onnx::NodeProto& n) {
+    set_float(n, "alpha", 2.0f);
+    set_float(n, "gamma", 3.0f);
+  });
+}
+
+TEST_CASE("grad Softplus") { unary("Softplus", random_tensor({4, 5}, -4, 4)); }
+
+TEST_CASE("grad PRelu: the slope's gradient summed over its broadcast axes") {
+  SUBCASE("per channel, as torch's nn.PReLU(C) exports it") {
+    binary("PRelu", avoid(random_tensor({2, 3, 4, 4}, -1, 1, 1), {0}),
+           random_tensor({3, 1, 1}, 0, 0.5f, 2));
+  }
+  SUBCASE("one slope") {
+    binary("PRelu", avoid(random_tensor({2, 3, 4}, -1, 1, 3), {0}), random_tensor({1}, 0, 1, 4));
+  }
+  SUBCASE("same shape") {
+    binary("PRelu", avoid(random_tensor({3, 4}, -1, 1, 5), {0}), random_tensor({3, 4}, -1, 1, 6));
+  }
+  SUBCASE("trailing axis") {
+    binary("PRelu", avoid(random_tensor({2, 3, 5}, -1, 1, 7), {0}), random_tensor({5}, -1, 1, 8));
+  }
+}
+
 }  // namespace stagecraft::testing

@@ -1,5 +1,6 @@
 // Finite-difference checks of the Resize gradient kernel (runtime/cpu/resize.cpp) in the modes
-// torch exports and the others ONNX defines for nearest and linear.
+// torch exports and the others ONNX defines for nearest and linear, and of the indexing family's
+// (runtime/cpu/indexing.cpp): Tile, CumSum, GatherElements, ScatterND.
 #include <doctest/doctest.h>
 
 #include "tests/grad/gradcheck.h"
@@ -95,6 +96,97 @@ TEST_CASE("grad Resize linear") {
     c.inputs[1] = Tensor::owned(DType::kFloat32, {0});
     c.constant = {false, true, true};
     gradcheck(c);
+  }
+}
+
+TEST_CASE("grad Tile") {
+  auto tile = [](const Tensor& x, const std::vector<int64_t>& repeats) {
+    GradCase c;
+    c.op = "Tile";
+    c.inputs = {x, int64_tensor({static_cast<int64_t>(repeats.size())}, repeats)};
+    c.check = {true, false};
+    c.int64_as_constants = true;
+    return c;
+  };
+  gradcheck(tile(random_tensor({2, 3, 4}), {1, 2, 3}));
+  gradcheck(tile(random_tensor({3, 1}), {2, 5}));
+  gradcheck(tile(random_tensor({2, 3}), {1, 1}));
+  gradcheck(tile(random_tensor({2, 3}), {0, 2}));  // an empty output: dX is zero
+}
+
+TEST_CASE("grad CumSum") {
+  auto cumsum = [](const Tensor& x, int64_t axis, int exclusive, int reverse) {
+    GradCase c;
+    c.op = "CumSum";
+    c.inputs = {x, int64_tensor({}, {axis})};
+    c.check = {true, false};
+    c.attrs = [=](onnx::NodeProto& n) {
+      if (exclusive >= 0) set_int(n, "exclusive", exclusive);
+      if (reverse >= 0) set_int(n, "reverse", reverse);
+    };
+    return c;
+  };
+  const Tensor x = random_tensor({3, 4, 5});
+  for (int64_t axis : {0, 1, -1})
+    for (int exclusive : {-1, 0, 1})
+      for (int reverse : {-1, 1}) {
+        CAPTURE(axis);
+        CAPTURE(exclusive);
+        CAPTURE(reverse);
+        gradcheck(cumsum(x, axis, exclusive, reverse));
+      }
+}
+
+TEST_CASE("grad GatherElements") {
+  auto gather = [](const Tensor& data, const Tensor& indices, int64_t axis) {
+    GradCase c;
+    c.op = "GatherElements";
+    c.inputs = {data, indices};
+    c.check = {true, false};
+    c.attrs = [=](onnx::NodeProto& n) { set_int(n, "axis", axis); };
+    return c;
+  };
+  SUBCASE("torch.gather along the classes, as NLL losses and top-k heads use it") {
+    gradcheck(gather(random_tensor({4, 5}), int64_tensor({4, 1}, {2, 0, 4, -1}), 1));
+  }
+  SUBCASE("repeated indices add; an index nobody reads gets 0; indices smaller than data") {
+    gradcheck(gather(random_tensor({3, 4, 2}),
+                     int64_tensor({2, 4, 2}, {0, 0, 2, 2, 1, 1, 0, 0, 2, 2, 2, 2, 0, 1, 1, 0}), 0));
+  }
+  SUBCASE("a negative axis") {
+    gradcheck(gather(random_tensor({2, 3, 4}),
+                     int64_tensor({2, 3, 2}, {3, 3, 0, 1, 2, 2, -4, 1, 0, 0, 3, 2}), -1));
+  }
+}
+
+TEST_CASE("grad ScatterND") {
+  auto scatter = [](const Tensor& data, const Tensor& indices, const Tensor& updates,
+                    const std::string& reduction) {
+    GradCase c;
+    c.op = "ScatterND";
+    c.inputs = {data, indices, updates};
+    c.check = {true, false, true};
+    c.int64_as_constants = true;
+    c.attrs = [=](onnx::NodeProto& n) {
+      if (!reduction.empty()) set_string(n, "reduction", reduction);
+    };
+    return c;
+  };
+  SUBCASE("slices set by index, as torch exports x[:, idx] = v") {
+    gradcheck(scatter(random_tensor({4, 3, 2}), int64_tensor({2, 1}, {1, -1}),
+                      random_tensor({2, 3, 2}, -1, 1, 2), ""));
+  }
+  SUBCASE("elements set by full index tuples") {
+    gradcheck(scatter(random_tensor({3, 4}), int64_tensor({3, 2}, {0, 1, 2, 3, 1, 0}),
+                      random_tensor({3}, -1, 1, 3), "none"));
+  }
+  SUBCASE("a repeated slot: the last update wins and the earlier get no gradient") {
+    gradcheck(scatter(random_tensor({4, 2}), int64_tensor({3, 1}, {2, 0, 2}),
+                      random_tensor({3, 2}, -1, 1, 4), "none"));
+  }
+  SUBCASE("reduction add (opset 16): every update adds, data passes through") {
+    gradcheck(scatter(random_tensor({4, 2}), int64_tensor({3, 1}, {2, 0, 2}),
+                      random_tensor({3, 2}, -1, 1, 5), "add"));
   }
 }
 

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -56,15 +57,33 @@ TEST_CASE("to_json then plan_from_json gives the same plan") {
   }
 }
 
-TEST_CASE("plan.json lists memory with its total and fields in struct order") {
-  nlohmann::ordered_json json = to_json(sample_plan());
+TEST_CASE("plan.json lists a stage's memory as parts, and one peak per device with its parts") {
+  Plan plan = sample_plan("zb-h1", 3, 1, 4);
+  nlohmann::ordered_json json = to_json(plan);
   CHECK(json.begin().key() == "format_version");
+  CHECK(json["format_version"] == kPlanFormatVersion);
   const auto& memory = json["stages"][0]["memory"];
-  CHECK(memory["total"] == sample_plan().stages[0].memory.total());
   std::vector<std::string> keys;
   for (const auto& item : memory.items()) keys.push_back(item.key());
   CHECK(keys == std::vector<std::string>{"weights", "gradients", "optimizer", "activations",
-                                         "temporary", "communication", "total"});
+                                         "temporary", "communication"});
+  REQUIRE(json["device_memory"].size() == 3);
+  for (int d = 0; d < 3; ++d) {
+    const auto& device = json["device_memory"][d];
+    CAPTURE(d);
+    int64_t sum = 0;
+    for (const auto& part : device["parts"].items()) sum += part.value().get<int64_t>();
+    CHECK(device["peak_bytes"] == sum);
+    CHECK(device["peak_bytes"] == json["predicted"]["device_peak_bytes"][d]);
+    CHECK(device["peak_bytes"] ==
+          *std::max_element(device["bytes"].begin(), device["bytes"].end()));
+    CHECK(device["parts"]["weights"] == plan.stages[d].memory.weights);
+    CHECK(device["in_flight"].get<int64_t>() >= 1);
+  }
+  int64_t largest = 0;
+  for (const auto& device : json["device_memory"])
+    largest = std::max(largest, device["peak_bytes"].get<int64_t>());
+  CHECK(json["predicted"]["peak_memory_bytes"] == largest);
 }
 
 TEST_CASE("plan_from_json names a missing or mistyped field") {
@@ -91,7 +110,10 @@ TEST_CASE("plan_from_json names a missing or mistyped field") {
           "gradients, ");
   nlohmann::json total = json;
   total["stages"][0]["memory"]["total"] = 1;
-  refused(total, "field 'stages[0].memory.total' is 1, but the parts add up to");
+  refused(total, "unknown field 'stages[0].memory.total'");
+  nlohmann::json part = json;
+  part["device_memory"][1]["parts"].erase("arena");
+  refused(part, "plan.json: field 'device_memory[1].parts.arena' is missing");
   auto named = [&](const char* field, const char* value, const std::string& expected) {
     nlohmann::json changed = json;
     changed[field] = value;
@@ -123,8 +145,8 @@ TEST_CASE("another format version is unsupported and names both versions") {
               "field 'format_version' is 0");
 }
 
-TEST_CASE("a plan of format 3 or older is refused with one line that says to re-run stagec") {
-  for (int version : {1, 2, 3}) {
+TEST_CASE("a plan of format 5 or older is refused with one line that says to re-run stagec") {
+  for (int version : {1, 2, 3, 4, 5}) {
     nlohmann::json json = json_of(sample_plan());
     json["format_version"] = version;
     json["stages"][0].erase("backward_input_ms");  // what an older stagec did not write
@@ -297,6 +319,33 @@ TEST_CASE("validate_plan refuses broken cross references naming the field") {
     plan.baseline_uniform.device_peak_bytes = {1, 2, 3};
     check_refused(plan,
                   "baseline_uniform.device_peak_bytes' has 3 entries, but the plan has 2 devices");
+  }
+  SUBCASE("one memory figure per device: the parts add up to it, and the prediction is it") {
+    plan.device_memory[1].parts.activations += 1;
+    check_refused(
+        plan, fmt::format("device_memory[1].peak_bytes' is {}, but its parts add up to {}",
+                          plan.device_memory[1].peak_bytes, plan.device_memory[1].peak_bytes + 1));
+    plan.device_memory[1].peak_bytes += 1;
+    check_refused(
+        plan, fmt::format("predicted.device_peak_bytes[1]' is {}, but "
+                          "device_memory[1].peak_bytes is {}",
+                          plan.predicted.device_peak_bytes[1], plan.device_memory[1].peak_bytes));
+    plan.predicted.device_peak_bytes[1] += 1;
+    check_refused(
+        plan, fmt::format("device_memory[1].bytes' reach {} at most, but peak_bytes is {}",
+                          plan.device_memory[1].peak_bytes - 1, plan.device_memory[1].peak_bytes));
+  }
+  SUBCASE("a device's weights are its stages'") {
+    plan.device_memory[0].parts.weights += 8;
+    plan.device_memory[0].parts.activations -= 8;
+    check_refused(plan,
+                  fmt::format("device_memory[0].parts.weights' is {}, but the device's "
+                              "stages hold {} together",
+                              plan.stages[0].memory.weights + 8, plan.stages[0].memory.weights));
+  }
+  SUBCASE("a device entry for every device") {
+    plan.device_memory.pop_back();
+    check_refused(plan, "device_memory' has 1 entry, but the plan has 2 devices");
   }
 }
 

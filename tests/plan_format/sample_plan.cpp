@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "compiler/schedule/build_schedule.h"
+#include "compiler/schedule/device_peak.h"
 #include "compiler/schedule/simulator.h"
 
 namespace stagecraft::testing {
@@ -122,6 +123,9 @@ plan::Plan sample_plan(const std::string& schedule, int devices, int chunks, int
       schedule::build_schedule(parse_schedule(schedule), shape), shape, stage_costs(p));
   double step = sim.step_s * 1e3;
   p.predicted = prediction(devices, stages, step, sim.bubble_fraction, 30000);
+  // Each device's predicted peak as the planner makes it (compiler/schedule/device_peak.h).
+  p.device_memory = schedule::device_peaks(sim, p.stages, devices);
+  schedule::set_peaks(p.predicted, p.device_memory);
   p.timeline = std::move(sim.events);
   p.baseline_parameters = prediction(devices, stages, step * 1.25, 0.3, 32000);
   p.baseline_uniform = prediction(devices, stages, step * 1.1, 0.25, 31000);
@@ -140,8 +144,8 @@ schedule::StageCosts stage_costs(const plan::Plan& plan) {
     costs.shared_allreduce_s.push_back(stage.shared_exchange_ms / 1e3);
     costs.activation_bytes.push_back(static_cast<double>(stage.memory.activations) /
                                      static_cast<double>(stage.in_flight));
-    costs.static_bytes.push_back(
-        static_cast<double>(stage.memory.total() - stage.memory.activations));
+    costs.static_bytes.push_back(static_cast<double>(stage.memory.weights + stage.memory.gradients +
+                                                     stage.memory.optimizer));
   }
   return costs;
 }

@@ -17,12 +17,14 @@ namespace stagecraft::testing {
 /// "labels"; "act<k>" goes from stage k to k + 1, a skip tensor "skip" from stage 0 to the last
 /// stage, and the last stage writes the graph output "loss". Forward 1 ms and backward 2 ms per
 /// stage (B 1 ms, W 1 ms), no send time, no optimizer time; the predicted step, bubble and
-/// timeline simulated from them, the other predictions made up but valid.
+/// timeline simulated from them with each device's peak (`device_memory`), the other
+/// predictions made up but valid.
 plan::Plan sample_plan(const std::string& schedule = "1f1b", int devices = 2, int chunks = 1,
                        int microbatches = 4);
 
 /// The simulator's costs from a plan's per-stage figures (forward, B, W, optimizer, send, shared
-/// exchange, static and per-microbatch activation memory): how the planner's simulation saw it.
+/// exchange, static (weights, gradients, optimizer) and per-microbatch activation memory): how
+/// the planner's simulation saw it.
 schedule::StageCosts stage_costs(const plan::Plan& plan);
 
 /// Writes `plan` into `dir` (created): stage files with a few bytes each (their hashes recorded

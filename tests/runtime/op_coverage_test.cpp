@@ -197,6 +197,83 @@ ModelBuilder resize_net() {
   return b;
 }
 
+// The activations as torch exports them: x [batch,4,8,8] -> Conv 3x3 -> Elu (nn.ELU) -> Conv 3x3
+// -> Selu (nn.SELU) -> Conv 3x3 -> PRelu with a trainable slope [8,1,1] (nn.PReLU(8)) ->
+// GlobalAveragePool -> Flatten -> Gemm -> Softplus (nn.Softplus, the default beta) -> y
+// [batch,4].
+ModelBuilder activation_net() {
+  ModelBuilder b("activation_net");
+  b.add_input("x", kFloat, {"batch", 4, 8, 8});
+  std::string x = conv3x3(b, "conv1", "x", 4, 8, 1);
+  x = b.add_op("Elu", "/elu/Elu", {x}, {attr_float("alpha", 1.0f)});
+  x = conv3x3(b, "conv2", x, 8, 8, 1);
+  x = b.add_op("Selu", "/selu/Selu", {x});
+  x = conv3x3(b, "conv3", x, 8, 8, 1);
+  const std::string slope = b.add_parameter_filled("prelu.weight", {8, 1, 1}, 0.25f);
+  x = b.add_op("PRelu", "/prelu/PRelu", {x, slope});
+  x = b.add_op("GlobalAveragePool", "/gap/GlobalAveragePool", {x});
+  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
+  const std::string w = b.add_parameter("fc.weight", {4, 8}, 8);
+  const std::string bias = b.add_parameter("fc.bias", {4}, 8);
+  x = b.add_op("Gemm", "/fc/Gemm", {x, w, bias}, {attr_int("transB", 1)});
+  b.add_node("Softplus", "/softplus/Softplus", {x}, {"y"});
+  b.add_output("y", kFloat, {"batch", 4});
+  return b;
+}
+
+// Tile, CumSum, GatherElements and ScatterND as torch 1.13 writes them at opset 17, each
+// operand that is not data a Constant (folded at import where it is shape arithmetic):
+// x [batch,6,8] -> MatMul -> h; c = CumSum(h, axis 2) (torch.cumsum(h, -1)); g =
+// GatherElements(c, idx, axis 2) with idx [1,6,3] expanded to the batch (torch.gather(c, 2,
+// idx.expand(b, 6, 3)): the Expand folds); t = Tile(g, [1,1,2]) (g.repeat(1, 1, 2)); t +=
+// a mask built by ScatterND on constants (Swin's shifted-window mask: folded at import);
+// rows 1 and 4 of t set to Relu(rows 0:2) by ScatterND on the transposed t (t[:, [1, 4]] = v)
+// -> Flatten -> Gemm -> y [batch,4].
+ModelBuilder index_net() {
+  ModelBuilder b("index_net");
+  b.add_input("x", kFloat, {"batch", 6, 8});
+  const std::string w1 = b.add_parameter("w1", {8, 8}, 8);
+  std::string h = b.add_op("MatMul", "/proj/MatMul", {"x", w1});
+  const std::string axis = b.add_constant("/cumsum/Constant", make_int64_tensor({}, {2}));
+  const std::string c = b.add_op("CumSum", "/cumsum/CumSum", {h, axis});
+  const std::string idx = b.add_constant(
+      "/gather/Constant",
+      make_int64_tensor({1, 6, 3}, {0, 7, 3, 1, 1, 2, 5, 4, 4, 6, 0, -1, 2, 2, 2, 3, 6, 1}));
+  const std::string c_shape = b.add_op("Shape", "/gather/Shape", {c});
+  const std::string zero = b.add_constant("/gather/Constant_1", make_int64_tensor({1}, {0}));
+  const std::string one = b.add_constant("/gather/Constant_2", make_int64_tensor({1}, {1}));
+  const std::string batch = b.add_op("Slice", "/gather/Slice", {c_shape, zero, one, zero});
+  const std::string tail = b.add_constant("/gather/Constant_3", make_int64_tensor({2}, {6, 3}));
+  const std::string target = b.add_op("Concat", "/gather/Concat", {batch, tail}, {attr_int("axis", 0)});
+  const std::string indices = b.add_op("Expand", "/gather/Expand", {idx, target});
+  const std::string g = b.add_op("GatherElements", "/gather/GatherElements", {c, indices},
+                                 {attr_int("axis", 2)});
+  const std::string repeats = b.add_constant("/tile/Constant", make_int64_tensor({3}, {1, 1, 2}));
+  std::string t = b.add_op("Tile", "/tile/Tile", {g, repeats});
+  const std::string mask_base =
+      b.add_constant("/mask/Constant", samples::make_float_tensor({6, 6}, std::vector<float>(36, 0.0f)));
+  const std::string mask_index = b.add_constant("/mask/Constant_1", make_int64_tensor({2, 1}, {0, 3}));
+  const std::string mask_rows = b.add_constant(
+      "/mask/Constant_2", samples::make_float_tensor({2, 6}, std::vector<float>(12, -0.5f)));
+  const std::string mask =
+      b.add_op("ScatterND", "/mask/ScatterND", {mask_base, mask_index, mask_rows});
+  t = b.add_op("Add", "/mask/Add", {t, mask});
+  const std::string by_row =
+      b.add_op("Transpose", "/set/Transpose", {t}, {attr_ints("perm", {1, 0, 2})});
+  const std::string two = b.add_constant("/set/Constant", make_int64_tensor({1}, {2}));
+  const std::string rows = b.add_op("Slice", "/set/Slice", {by_row, zero, two, zero});
+  const std::string v = b.add_op("Relu", "/set/Relu", {rows});
+  const std::string where = b.add_constant("/set/Constant_1", make_int64_tensor({2, 1}, {1, 4}));
+  std::string x = b.add_op("ScatterND", "/set/ScatterND", {by_row, where, v});
+  x = b.add_op("Transpose", "/set/Transpose_1", {x}, {attr_ints("perm", {1, 0, 2})});
+  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
+  const std::string w = b.add_parameter("fc.weight", {4, 36}, 36);
+  const std::string bias = b.add_parameter("fc.bias", {4}, 36);
+  b.add_node("Gemm", "/fc/Gemm", {x, w, bias}, {"y"}, {attr_int("transB", 1)});
+  b.add_output("y", kFloat, {"batch", 4});
+  return b;
+}
+
 plan::PlanOptions options_for(const std::string& model, int devices, bool training) {
   plan::PlanOptions o;
   o.model_path = model;
@@ -391,6 +468,78 @@ TEST_CASE("Resize refusals at import: cubic, tf_crop_and_resize, data-dependent 
   const std::string cast = refusal("linear", "half_pixel", "cast");
   CHECK(cast.find("node '/up/Resize': Resize's sizes ('/size/Cast_output_0') are computed by node "
                   "'/size/Cast' (Cast) at run time") != std::string::npos);
+}
+
+TEST_CASE("Elu, Selu, PRelu (a trained slope) and Softplus as torch exports them: 2 devices as one") {
+  testing::TempDir dir;
+  const std::string model = dir.file("activation_net.onnx");
+  activation_net().write(model);
+  CHECK(run_against_unpartitioned(model, 1, "PRelu") == 1);
+  CHECK(run_against_unpartitioned(model, 2, "Selu") == 1);
+  check_training(model);
+  const DType f32[] = {DType::kFloat32};
+  for (const char* op : {"Elu", "Selu", "Softplus"}) check_cuda_accepts(op, f32);
+  const DType prelu_inputs[] = {DType::kFloat32, DType::kFloat32};
+  check_cuda_accepts("PRelu", prelu_inputs);
+}
+
+TEST_CASE("Tile, CumSum, GatherElements and ScatterND as torch exports them: 2 devices as one") {
+  testing::TempDir dir;
+  const std::string model = dir.file("index_net.onnx");
+  index_net().write(model);
+  // The mask's ScatterND on constants is folded at import; the one on activations runs.
+  CHECK(run_against_unpartitioned(model, 1, "ScatterND") == 1);
+  CHECK(run_against_unpartitioned(model, 2, "GatherElements") == 1);
+  check_training(model);
+  const DType tile_inputs[] = {DType::kFloat32, DType::kInt64};
+  check_cuda_accepts("Tile", tile_inputs);
+  check_cuda_accepts("CumSum", tile_inputs);
+  check_cuda_accepts("GatherElements", tile_inputs);
+  const DType scatter_inputs[] = {DType::kFloat32, DType::kInt64, DType::kFloat32};
+  check_cuda_accepts("ScatterND", scatter_inputs);
+}
+
+// A constant index, axis or repeat the kernels would refuse is refused at import, naming the
+// node and the numbers (the kernels' own rules run on the constants).
+TEST_CASE("Tile, CumSum, GatherElements and ScatterND refusals at import") {
+  testing::TempDir dir;
+  auto import_error = [&](const std::string& op, const onnx::TensorProto& operand,
+                          std::vector<onnx::AttributeProto> attrs) {
+    ModelBuilder b("indexing_refused");
+    b.add_input("x", kFloat, {2, 3});
+    const std::string c = b.add_constant("/op/Constant", operand);
+    std::vector<std::string> inputs = {"x", c};
+    if (op == "ScatterND") {
+      b.add_input("u", kFloat, {1, 3});
+      inputs.push_back("u");
+    }
+    const std::string out = b.add_op(op, "/op/" + op, inputs, std::move(attrs));
+    b.add_node("Relu", "/out", {out}, {"y"});
+    b.add_output("y", kFloat, {2, 3});
+    const std::string path = dir.file(op + ".onnx");
+    b.write(path);
+    try {
+      import_model(path, {});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("imported");
+  };
+  const std::string gather = import_error(
+      "GatherElements", make_int64_tensor({2, 3}, {0, 1, 2, 2, 3, 0}), {attr_int("axis", 1)});
+  CHECK(gather.find("GatherElements '/op/GatherElements': index 3 is out of range for axis 1 of "
+                    "size 3") != std::string::npos);
+  const std::string axis = import_error(
+      "GatherElements", make_int64_tensor({2, 3}, {0, 1, 2, 2, 1, 0}), {attr_int("axis", 2)});
+  CHECK(axis.find("axis 2 is out of range") != std::string::npos);
+  const std::string cumsum = import_error("CumSum", make_int64_tensor({}, {-3}), {});
+  CHECK(cumsum.find("CumSum '/op/CumSum': axis -3 is out of range for rank 2") !=
+        std::string::npos);
+  const std::string scatter = import_error("ScatterND", make_int64_tensor({1, 1}, {2}), {});
+  CHECK(scatter.find("ScatterND '/op/ScatterND': index 2 (update 0, element 0) is out of range "
+                     "for dim 0 of size 2") != std::string::npos);
+  CHECK(import_error("ScatterND", make_int64_tensor({1, 1}, {-2}), {}) == "imported");
+  CHECK(import_error("CumSum", make_int64_tensor({}, {-2}), {}) == "imported");
 }
 
 }  // namespace stagecraft::rt

@@ -129,7 +129,16 @@ TEST_CASE("a plan the runtime cannot trust is refused before anything runs") {
   }
   SUBCASE("a plan whose predicted peak exceeds this machine's memory") {
     nlohmann::json json = nlohmann::json::parse(std::ifstream(plan_dir + "/plan.json"));
-    json["predicted"]["device_peak_bytes"][1] = int64_t{1} << 62;
+    // Device 1's peak, everywhere plan.json has it (the validator holds them to one number).
+    const int64_t huge = int64_t{1} << 62;
+    nlohmann::json& device = json["device_memory"][1];
+    device["parts"]["activations"] =
+        device["parts"]["activations"].get<int64_t>() + huge - device["peak_bytes"].get<int64_t>();
+    device["peak_bytes"] = huge;
+    device["time_ms"].push_back(device["time_ms"].back());
+    device["bytes"].push_back(huge);
+    json["predicted"]["device_peak_bytes"][1] = huge;
+    json["predicted"]["peak_memory_bytes"] = huge;
     // Sealed again as stagec would: the capacity check is what is tested.
     std::ofstream(plan_dir + "/plan.json")
         << plan::plan_json_text(nlohmann::ordered_json::parse(json.dump()));

@@ -156,6 +156,42 @@ TEST_CASE("backward bytes are held only while a backward runs, one at a time per
   }
 }
 
+TEST_CASE("the parts of a device's peak add up to it and say what is held at that instant") {
+  PipelineShape shape{2, 1, 4, true};
+  StageCosts costs = equal_stages(shape, 1, 1, 1);
+  costs.static_bytes.assign(2, 10000);
+  costs.deferred_bytes.assign(2, 1000);
+  costs.backward_bytes.assign(2, 100);
+  for (ScheduleKind kind : {ScheduleKind::kZBH1, ScheduleKind::kGPipe}) {
+    SimResult result = run(kind, shape, costs);
+    REQUIRE(result.device_peak_parts.size() == 2);
+    for (int device = 0; device < 2; ++device) {
+      INFO(to_string(kind), " device ", device);
+      const PeakParts& at = result.device_peak_parts[device];
+      CHECK(at.static_bytes == 10000);
+      CHECK(at.static_bytes + at.activation_bytes + at.deferred_bytes + at.backward_bytes ==
+            result.device_peak_bytes[device]);
+      // One byte of activations per microbatch held.
+      CHECK(at.activation_bytes == static_cast<double>(at.activations_held));
+      // The first instant of the peak, which the timeline has.
+      auto first = std::find_if(
+          result.memory_timeline[device].begin(), result.memory_timeline[device].end(),
+          [&](const auto& entry) { return entry.second == result.device_peak_bytes[device]; });
+      REQUIRE(first != result.memory_timeline[device].end());
+      CHECK(first->first == at.time_s);
+    }
+    // GPipe: device 0 holds all 4 microbatches when its first backward starts, rebuilt bytes
+    // with it; nothing deferred (no split backward).
+    if (kind == ScheduleKind::kGPipe) {
+      CHECK(result.device_peak_parts[0].activations_held == 4);
+      CHECK(result.device_peak_parts[0].backward_bytes == 100);
+      CHECK(result.device_peak_parts[0].deferred_bytes == 0);
+    } else {
+      CHECK(result.device_peak_parts[1].deferred_bytes >= 2000);
+    }
+  }
+}
+
 TEST_CASE("activations in flight: 1F1B holds min(P-i, M) on device i, GPipe M") {
   for (int devices : {1, 2, 4, 8}) {
     for (int microbatches : {1, 3, 8, 16}) {

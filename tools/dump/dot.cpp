@@ -52,6 +52,12 @@ std::string render_dot(const PlanView& view) {
   dot += "  graph [compound=true, rankdir=TB, fontname=\"Helvetica\"];\n";
   dot += "  node [shape=box, style=\"rounded,filled\", fontname=\"Helvetica\", fontsize=10];\n";
   dot += "  edge [fontname=\"Helvetica\", fontsize=9];\n";
+  // The one memory figure per device, under the drawing.
+  std::string peaks = "predicted peak per device:";
+  for (const plan::DevicePeak& d : plan.device_memory)
+    peaks +=
+        fmt::format("\n device {}: {}", d.device, format_bytes(static_cast<double>(d.peak_bytes)));
+  dot += fmt::format("  label={}; labelloc=b; labeljust=l;\n", dot_string(peaks));
 
   // One cluster per stage; node ids are "s<stage>_<position>".
   for (const plan::Stage& stage : plan.stages) {

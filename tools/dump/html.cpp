@@ -56,13 +56,14 @@ std::string facts(const PlanView& view) {
                    to_string(plan.precision)));
   fact("objective", std::string(to_string(plan.objective)));
   fact("cost model", plan.cost_model);
-  fact("predicted", fmt::format("step {:.3f} ms, {:.0f} samples/s, bubble {:.1f}%, peak {}",
+  fact("predicted", fmt::format("step {:.3f} ms, {:.0f} samples/s, bubble {:.1f}%, largest "
+                                "device peak {}",
                                 p.step_ms, p.samples_per_s, 100 * p.bubble_fraction,
                                 format_bytes(static_cast<double>(p.peak_memory_bytes))));
   auto baseline = [&](std::string_view name, const plan::Prediction& b) {
     fact(
         fmt::format("baseline {}", name),
-        fmt::format("step {:.3f} ms, bubble {:.1f}%, peak {}, {}", b.step_ms,
+        fmt::format("step {:.3f} ms, bubble {:.1f}%, largest device peak {}, {}", b.step_ms,
                     100 * b.bubble_fraction, format_bytes(static_cast<double>(b.peak_memory_bytes)),
                     b.fits ? "fits" : "does not fit"));
   };
@@ -74,7 +75,7 @@ std::string facts(const PlanView& view) {
 std::string stage_table(const plan::Plan& plan) {
   std::string html = "<table>\n";
   html += row({"stage", "device", "ops", "first op", "last op", "params", "fwd ms", "bwd ms",
-               "memory", "in flight", "why"},
+               "in flight", "why"},
               "th");
   for (const plan::Stage& stage : plan.stages) {
     html +=
@@ -83,57 +84,62 @@ std::string stage_table(const plan::Plan& plan) {
              std::to_string(stage.device), with_commas(stage.nodes.size()),
              escaped(stage.nodes.front()), escaped(stage.nodes.back()), with_commas(stage.params),
              fmt::format("{:.3f}", stage.fwd_ms), fmt::format("{:.3f}", stage.bwd_ms),
-             format_bytes(static_cast<double>(stage.memory.total())),
              std::to_string(stage.in_flight), escaped(stage.why)});
   }
   return html + "</table>\n";
 }
 
-/// One stacked horizontal bar per device: the memory anatomy summed over its stages.
+/// One stacked horizontal bar per device: the parts it holds at its predicted peak, which add up
+/// to the peak printed at its end; a dashed line marks the device's capacity when it is in view.
 std::string memory_svg(const plan::Plan& plan) {
-  constexpr std::array<std::string_view, 6> kParts = {"weights",     "gradients", "optimizer",
-                                                      "activations", "temporary", "communication"};
-  constexpr std::array<std::string_view, 6> kColours = {"#4e79a7", "#f28e2b", "#e15759",
-                                                        "#76b7b2", "#59a14f", "#edc948"};
-  std::vector<std::array<double, 6>> parts(plan.devices, std::array<double, 6>{});
-  for (const plan::Stage& stage : plan.stages) {
-    const plan::MemoryBytes& m = stage.memory;
-    std::array<int64_t, 6> bytes = {m.weights,     m.gradients, m.optimizer,
-                                    m.activations, m.temporary, m.communication};
-    for (size_t i = 0; i < bytes.size(); ++i)
-      parts[stage.device][i] += static_cast<double>(bytes[i]);
-  }
+  constexpr std::array<std::string_view, 8> kParts = {"weights",     "gradients",    "optimizer",
+                                                      "activations", "recomputed",   "deferred",
+                                                      "arena",       "communication"};
+  constexpr std::array<std::string_view, 8> kColours = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2",
+                                                        "#b07aa1", "#9c755f", "#59a14f", "#edc948"};
   double largest = 1;
-  for (const auto& device : parts) {
-    double total = 0;
-    for (double b : device) total += b;
-    largest = std::max(largest, total);
-  }
+  for (const plan::DevicePeak& d : plan.device_memory)
+    largest = std::max(largest, static_cast<double>(d.peak_bytes));
+  const auto capacity = static_cast<double>(plan.device.memory_bytes);
+  // The capacity is drawn when it is within twice the largest peak (else the bars would vanish).
+  const bool show_capacity = capacity > 0 && capacity <= 2 * largest;
+  const double scale_max = show_capacity ? std::max(largest, capacity) : largest;
   constexpr int kLeft = 80, kWidth = 600, kRow = 26;
   int height = kRow * plan.devices + 30;
   std::string svg =
       fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\">\n",
                   kLeft + kWidth + 120, height);
-  for (int device = 0; device < plan.devices; ++device) {
-    int y = device * kRow;
-    svg += fmt::format("<text x=\"0\" y=\"{}\">device {}</text>\n", y + 16, device);
-    double x = kLeft, total = 0;
+  for (const plan::DevicePeak& d : plan.device_memory) {
+    int y = d.device * kRow;
+    const plan::PeakParts& p = d.parts;
+    const std::array<int64_t, 8> bytes = {p.weights,    p.gradients, p.optimizer, p.activations,
+                                          p.recomputed, p.deferred,  p.arena,     p.communication};
+    svg += fmt::format("<g class=\"device-memory\" data-device=\"{}\" data-peak-bytes=\"{}\">\n",
+                       d.device, d.peak_bytes);
+    svg += fmt::format("<text x=\"0\" y=\"{}\">device {}</text>\n", y + 16, d.device);
+    double x = kLeft;
     for (size_t i = 0; i < kParts.size(); ++i) {
-      double w = parts[device][i] / largest * kWidth;
-      total += parts[device][i];
+      double w = static_cast<double>(bytes[i]) / scale_max * kWidth;
       if (w <= 0) continue;
       svg += fmt::format(
           "<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"20\" fill=\"{}\">"
-          "<title>{}: {}</title></rect>\n",
-          x, y + 2, w, kColours[i], kParts[i], format_bytes(parts[device][i]));
+          "<title>part of the peak: {} {}</title></rect>\n",
+          x, y + 2, w, kColours[i], kParts[i], format_bytes(static_cast<double>(bytes[i])));
       x += w;
     }
-    svg +=
-        fmt::format("<text x=\"{:.1f}\" y=\"{}\">{}</text>\n", x + 6, y + 16, format_bytes(total));
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\">peak {}</text>\n</g>\n", x + 6, y + 16,
+                       format_bytes(static_cast<double>(d.peak_bytes)));
+  }
+  if (show_capacity) {
+    double x = kLeft + capacity / scale_max * kWidth;
+    svg += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"0\" x2=\"{0:.1f}\" y2=\"{1}\" stroke=\"#333\" "
+        "stroke-dasharray=\"4 3\"><title>capacity {2}</title></line>\n",
+        x, plan.devices * kRow, format_bytes(capacity));
   }
   int y = plan.devices * kRow + 16;
   for (size_t i = 0; i < kParts.size(); ++i) {
-    int x = kLeft + static_cast<int>(i) * 105;
+    int x = kLeft + static_cast<int>(i) * 90;
     svg += fmt::format(
         "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/>"
         "<text x=\"{}\" y=\"{}\">{}</text>\n",
@@ -201,10 +207,14 @@ std::string render_html(const PlanView& view) {
   html += fmt::format("<h1>{}</h1>\n", title);
   html += facts(view);
   html += "<h2>Stages</h2>\n" + stage_table(view.plan);
-  html +=
-      "<h2>Memory per device</h2>\n<p>The memory anatomy of the device's stages at their "
-      "peaks, added up (an upper bound for interleaved chunks).</p>\n" +
-      memory_svg(view.plan);
+  html += fmt::format(
+      "<h2>Memory per device</h2>\n<p>The predicted peak of each device: the simulated step's "
+      "highest point, with the working arena and the communication buffers. The bar's parts are "
+      "what the device holds at that instant; they add up to the peak. The dashed line is the "
+      "capacity of one {} ({}).</p>\n",
+      escaped(view.plan.device.name),
+      format_bytes(static_cast<double>(view.plan.device.memory_bytes)));
+  html += memory_svg(view.plan);
   html += fmt::format(
       "<h2>Timeline</h2>\n<p>{} as the planner predicted it: step {:.3f} ms, "
       "bubble {:.1f}%. F forward, B backward (input gradient under zb-h1), W "

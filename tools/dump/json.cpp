@@ -6,11 +6,38 @@ namespace {
 
 using ordered = nlohmann::ordered_json;
 
+/// A stage's anatomy: parts, no total (a device's peak is in "devices").
 ordered memory_json(const plan::MemoryBytes& m) {
   return {{"weights", m.weights},     {"gradients", m.gradients},
           {"optimizer", m.optimizer}, {"activations", m.activations},
-          {"temporary", m.temporary}, {"communication", m.communication},
-          {"total", m.total()}};
+          {"temporary", m.temporary}, {"communication", m.communication}};
+}
+
+/// The one memory figure per device and the parts it holds at that instant (plan.json's
+/// device_memory, without the memory over the step, which --trace draws).
+ordered devices_json(const plan::Plan& plan) {
+  ordered devices = ordered::array();
+  for (const plan::DevicePeak& d : plan.device_memory) {
+    const plan::PeakParts& p = d.parts;
+    ordered stages = ordered::array();
+    for (const plan::Stage& stage : plan.stages)
+      if (stage.device == d.device) stages.push_back(stage.index);
+    devices.push_back({{"device", d.device},
+                       {"stages", std::move(stages)},
+                       {"peak_bytes", d.peak_bytes},
+                       {"peak_ms", d.peak_ms},
+                       {"in_flight", d.in_flight},
+                       {"parts",
+                        {{"weights", p.weights},
+                         {"gradients", p.gradients},
+                         {"optimizer", p.optimizer},
+                         {"activations", p.activations},
+                         {"recomputed", p.recomputed},
+                         {"deferred", p.deferred},
+                         {"arena", p.arena},
+                         {"communication", p.communication}}}});
+  }
+  return devices;
 }
 
 ordered shared_json(const plan::Stage& stage) {
@@ -63,6 +90,7 @@ ordered prediction_json(const plan::Prediction& p) {
           {"bubble_fraction", p.bubble_fraction},
           {"samples_per_s", p.samples_per_s},
           {"peak_memory_bytes", p.peak_memory_bytes},
+          {"device_peak_bytes", p.device_peak_bytes},
           {"fits", p.fits}};
 }
 
@@ -141,6 +169,7 @@ nlohmann::ordered_json render_json(const PlanView& view) {
             {"optimizer", std::string(to_string(plan.optimizer))},
             {"precision", std::string(to_string(plan.precision))},
             {"cost_model", plan.cost_model}}},
+          {"devices", devices_json(plan)},
           {"stages", std::move(stages)},
           {"cuts", cuts_json(plan)},
           {"predicted", prediction_json(plan.predicted)},

@@ -36,7 +36,9 @@ std::string render_dot(const PlanView& view);
 nlohmann::ordered_json trace_json(const std::vector<schedule::TimelineEvent>& events, int devices,
                                   const std::string& process);
 
-/// The predicted timeline of a plan as `trace_json`.
+/// The predicted timeline of a plan as `trace_json`, with a counter track per device ("C" events
+/// named "memory device N", args {bytes}): its predicted memory over the step, peaking at the
+/// device's predicted peak.
 nlohmann::ordered_json render_trace(const PlanView& view);
 
 /// A self-contained HTML page: the header facts, the stage table, memory per device as stacked

@@ -89,19 +89,39 @@ std::string stage_table(const plan::Plan& plan) {
   return "\nstages\n" + table.render();
 }
 
+/// The one memory figure per device, then the parts it holds at that instant, then what each
+/// stage brings to its device's parts.
 std::string memory_table(const plan::Plan& plan) {
-  Table table({"stage", "weights", "gradients", "optimizer", "activations", "in flight",
-               "temporary", "comm", "total"},
-              1);
-  for (const plan::Stage& stage : plan.stages) {
-    const plan::MemoryBytes& m = stage.memory;
-    table.add({std::to_string(stage.index), format_bytes(m.weights), format_bytes(m.gradients),
-               format_bytes(m.optimizer), format_bytes(m.activations), with_commas(stage.in_flight),
-               format_bytes(m.temporary), format_bytes(m.communication), format_bytes(m.total())});
+  Table devices({"device", "peak", "at ms", "weights", "gradients", "optimizer", "activations",
+                 "in flight", "recomputed", "deferred", "arena", "comm"},
+                1);
+  for (const plan::DevicePeak& d : plan.device_memory) {
+    const plan::PeakParts& p = d.parts;
+    auto bytes = [](int64_t b) { return format_bytes(static_cast<double>(b)); };
+    devices.add({std::to_string(d.device), bytes(d.peak_bytes), ms(d.peak_ms), bytes(p.weights),
+                 bytes(p.gradients), bytes(p.optimizer), bytes(p.activations),
+                 with_commas(d.in_flight), bytes(p.recomputed), bytes(p.deferred), bytes(p.arena),
+                 bytes(p.communication)});
   }
   std::string text =
-      "\nmemory per stage at its peak (activations kept for the microbatches in flight)\n";
-  text += table.render();
+      "\nmemory per device: the predicted peak (the simulated step, with the arena and the\n"
+      "communication buffers) and, as parts of it, what the device holds at that instant; the\n"
+      "parts add up to the peak\n";
+  text += devices.render();
+  Table stages(
+      {"stage", "device", "weights", "gradients", "optimizer", "comm", "temporary", "in flight"},
+      1);
+  for (const plan::Stage& stage : plan.stages) {
+    const plan::MemoryBytes& m = stage.memory;
+    stages.add({std::to_string(stage.index), std::to_string(stage.device), format_bytes(m.weights),
+                format_bytes(m.gradients), format_bytes(m.optimizer), format_bytes(m.communication),
+                format_bytes(m.temporary), with_commas(stage.in_flight)});
+  }
+  text +=
+      "\nparts per stage: a device's weights, gradients, optimizer and comm are its stages' added\n"
+      "up; its arena is the largest of their temporaries (they take turns); in flight is the\n"
+      "most microbatches whose activations the stage holds at once\n";
+  text += stages.render();
   text += "\nwhy each stage ends where it does\n";
   for (const plan::Stage& stage : plan.stages) {
     text += fmt::format("  stage {}: {}\n", stage.index, stage.why.empty() ? "-" : stage.why);
@@ -173,11 +193,11 @@ std::string predictions(const PlanView& view) {
   const plan::Plan& plan = view.plan;
   const plan::Prediction& ours = plan.predicted;
   std::string text = fmt::format(
-      "\npredicted   step {} ms, {} samples/s, bubble {}, peak memory {}{}\n", ms(ours.step_ms),
-      with_commas(std::llround(ours.samples_per_s)), percent(ours.bubble_fraction),
-      format_bytes(static_cast<double>(ours.peak_memory_bytes)),
+      "\npredicted   step {} ms, {} samples/s, bubble {}, largest device peak {}{}\n",
+      ms(ours.step_ms), with_commas(std::llround(ours.samples_per_s)),
+      percent(ours.bubble_fraction), format_bytes(static_cast<double>(ours.peak_memory_bytes)),
       ours.fits ? "" : " (does NOT fit)");
-  Table table({"split", "step ms", "bubble", "peak memory", "fits", "ours / baseline step"}, 1);
+  Table table({"split", "step ms", "bubble", "largest peak", "fits", "ours / baseline step"}, 1);
   auto row = [&](const std::string& name, const plan::Prediction& p) {
     std::string ratio = p.step_ms > 0 ? fmt::format("{:.2f}", ours.step_ms / p.step_ms) : "-";
     table.add({name, ms(p.step_ms), percent(p.bubble_fraction),

@@ -45,7 +45,20 @@ nlohmann::ordered_json trace_json(const std::vector<schedule::TimelineEvent>& ev
 nlohmann::ordered_json render_trace(const PlanView& view) {
   std::string name =
       "predicted: " + std::filesystem::path(view.plan_dir).lexically_normal().string();
-  return trace_json(compute_events(view.plan.timeline), view.plan.devices, name);
+  nlohmann::ordered_json trace =
+      trace_json(compute_events(view.plan.timeline), view.plan.devices, name);
+  // One counter track per device: its predicted memory over the step, whose highest value is
+  // the device's predicted peak.
+  for (const plan::DevicePeak& d : view.plan.device_memory) {
+    for (size_t i = 0; i < d.time_ms.size(); ++i) {
+      trace["traceEvents"].push_back({{"name", "memory device " + std::to_string(d.device)},
+                                      {"ph", "C"},
+                                      {"ts", d.time_ms[i] * 1e3},
+                                      {"pid", 0},
+                                      {"args", {{"bytes", d.bytes[i]}}}});
+    }
+  }
+  return trace;
 }
 
 }  // namespace stagecraft::dump

@@ -97,16 +97,6 @@ std::string_view event_category(schedule::Op op) {
   }
 }
 
-std::string format_bytes(double bytes) {
-  constexpr std::array<std::string_view, 4> kUnits = {"KiB", "MiB", "GiB", "TiB"};
-  if (std::abs(bytes) < 1024) return fmt::format("{:.0f} B", bytes);
-  double value = bytes;
-  size_t unit = 0;
-  for (value /= 1024; std::abs(value) >= 1024 && unit + 1 < kUnits.size(); value /= 1024) ++unit;
-  int decimals = std::abs(value) < 10 ? 2 : std::abs(value) < 100 ? 1 : 0;
-  return fmt::format("{:.{}f} {}", value, decimals, kUnits[unit]);
-}
-
 std::string with_commas(int64_t value) {
   std::string digits = std::to_string(value < 0 ? -value : value);
   std::string text;

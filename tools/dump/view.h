@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/format/bytes.h"
 #include "runtime/format/plan.h"
 #include "runtime/format/schedule.h"
 
@@ -52,8 +53,8 @@ char event_letter(const schedule::TimelineEvent& event, int devices);
 /// "forward", "backward", "backward_input", "backward_weight", "optimizer" (trace categories).
 std::string_view event_category(schedule::Op op);
 
-/// Bytes for people: "512 B", "3.50 KiB", "12.0 MiB", "1.25 GiB".
-std::string format_bytes(double bytes);
+/// Bytes for people, as every tool prints them (runtime/format/bytes.h).
+using stagecraft::format_bytes;
 
 /// An integer with thousands separators: "136,960".
 std::string with_commas(int64_t value);
