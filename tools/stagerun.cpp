@@ -14,14 +14,19 @@
 // --json schema (stable: keys are only ever added; times in ms, memory in bytes):
 //   {plan, backend, [backend_auto], threads_per_device, devices, microbatches, batch, steps,
 //   inputs,
-//    step_ms [every step], median_step_ms, samples_per_s,
-//    bubble {measured, predicted}, predicted_step_ms, cost_model,
+//    step_ms [every step], median_step_ms, median_of_steps, warmup_step_ms,
+//    median_excludes_warmup, samples_per_s,
+//    bubble {measured, predicted}, predicted_step_ms, cost_model, plan_device {name, kind},
+//    warnings [one line each, e.g. a plan costed for another kind of device],
 //    device [{device, busy_fraction, peak_bytes, predicted_peak_bytes, arena_bytes, weight_bytes,
 //             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use)}],
 //    process_peak_rss_bytes,
 //    outputs [{name, dtype, shape, file}]}
-// The measured figures describe the median step. --trace writes a Chrome trace of the compute
-// that ran, in the format of `stagedump --trace` (one row per device), every step.
+// The measured figures describe the median step, the first step (the warm-up) left out when
+// there are others. A plan costed for another kind of device than the backend (an h100 plan on
+// the cpu backend) gets a one-line warning on stderr naming the stagec flags that fix it.
+// --trace writes a Chrome trace of the compute that ran, in the format of `stagedump --trace`
+// (one row per device), every step.
 //
 // Training: --checkpoint DIR saves weights, optimizer state and the step count every K steps
 // (--save-every) and after the last step, atomically (runtime/exec/checkpoint.h); --resume DIR
@@ -151,7 +156,8 @@ void add_options(CLI::App& app, Args& args) {
                  "Backend: auto (cuda where a GPU is visible, else cpu; says which), cpu or cuda")
       ->capture_default_str();
   app.add_option("--steps", args.steps,
-                 "Steps to run over the same batch; figures are of the median step")
+                 "Steps to run over the same batch; figures are of the median step after the "
+                 "first (warm-up) step")
       ->capture_default_str();
   app.add_option("--inputs", args.inputs_path,
                  "The whole batch: FILE.npy (one-input models) or DIR with NAME.npy or NAME.pb "
@@ -225,11 +231,7 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt
     offset = report.events.empty() ? offset : report.events.back().end_s;
     if (options.progress) options.progress(s + 1, args.steps, offset);
   }
-  std::vector<int> order(runs.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(k);
-  std::sort(order.begin(), order.end(),
-            [&](int a, int b) { return report.step_s[a] < report.step_s[b]; });
-  report.reported_step = order[order.size() / 2];
+  report.reported_step = rt::median_step(report.step_s);
   report.bubble_fraction = runs[report.reported_step].bubble_fraction;
   report.devices = runs[report.reported_step].devices;
   report.outputs = runs.back().outputs;
@@ -265,6 +267,30 @@ void write_trace(const rt::RunReport& report, const Args& args, int devices) {
   if (!out) fail(ErrorKind::kIo, "--trace {}: cannot write", args.trace_path);
 }
 
+// One line when the plan was costed for another kind of device than the backend that runs it
+// (an h100 plan on the cpu backend): its predicted step, bubble and times are that device's, not
+// this machine's. Names the stagec flags that cost it for the backend. "" when they match.
+std::string device_kind_warning(const plan::Plan& plan, std::string_view backend) {
+  const std::string_view kind = backend == "cuda" ? "gpu" : "cpu";
+  if (plan.device.kind == kind) return "";
+  const std::string fix =
+      kind == "cpu"
+          ? "stagec --profile cpu (measured kernel times) or --device-spec cpu (roofline)"
+          : "stagec --profile cuda (measured kernel times) or --device-spec h100 (or your GPU's "
+            "preset or file)";
+  return fmt::format(
+      "the plan was costed for {} (a {} device) but runs on the {} backend: its predicted step, "
+      "bubble and times are {}'s, not this machine's; re-plan with {}",
+      plan.device.name, plan.device.kind, backend, plan.device.name, fix);
+}
+
+// The steps the reported median is over: every step after the first (the warm-up), or the one
+// step there is.
+std::vector<double> steady_steps(const rt::RunReport& report) {
+  if (report.step_s.size() < 2) return report.step_s;
+  return {report.step_s.begin() + 1, report.step_s.end()};
+}
+
 // The inputs as the report names them.
 std::string inputs_label(const Args& args, bool json) {
   if (!args.data_dir.empty())
@@ -276,7 +302,7 @@ std::string inputs_label(const Args& args, bool json) {
 // --json: one object per training step (JSON Lines), then the summary (schema: file comment).
 void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args& args,
                 std::string_view backend, const std::string& auto_reason, int64_t first_step,
-                const nlohmann::ordered_json& outputs) {
+                const nlohmann::ordered_json& outputs, const std::string& warning) {
   double step_s = report.step_s[report.reported_step];
   for (size_t k = 0; k < report.losses.size(); ++k)
     fmt::print("{}\n", nlohmann::ordered_json{{"step", first_step + static_cast<int64_t>(k) + 1},
@@ -297,11 +323,18 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
   for (double s : report.step_s) ms.push_back(s * 1e3);
   j["step_ms"] = ms;
   j["median_step_ms"] = step_s * 1e3;
+  // The median leaves the first step (the warm-up) out when there are others.
+  j["median_of_steps"] = steady_steps(report).size();
+  j["warmup_step_ms"] = report.step_s.front() * 1e3;
+  j["median_excludes_warmup"] = report.step_s.size() > 1;
   j["samples_per_s"] = step_s > 0 ? static_cast<double>(plan.batch) / step_s : 0;
   j["bubble"] = {{"measured", report.bubble_fraction},
                  {"predicted", plan.predicted.bubble_fraction}};
   j["predicted_step_ms"] = plan.predicted.step_ms;
   j["cost_model"] = plan.cost_model;
+  j["plan_device"] = {{"name", plan.device.name}, {"kind", plan.device.kind}};
+  j["warnings"] = warning.empty() ? nlohmann::ordered_json::array()
+                                  : nlohmann::ordered_json::array({warning});
   if (!report.losses.empty()) j["final_loss"] = report.losses.back();
   nlohmann::ordered_json devs = nlohmann::ordered_json::array();
   for (size_t d = 0; d < report.devices.size(); ++d) {
@@ -328,7 +361,7 @@ void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args&
   const int threads = args.threads;
   double step_s = report.step_s[report.reported_step];
   double samples_per_s = step_s > 0 ? static_cast<double>(plan.batch) / step_s : 0;
-  std::vector<double> sorted = report.step_s;
+  std::vector<double> sorted = steady_steps(report);
   std::sort(sorted.begin(), sorted.end());
   fmt::print(
       "plan {}: {} on {} device{}, {} microbatches of {} (batch {}); backend {}, {} thread{} per "
@@ -340,8 +373,17 @@ void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args&
   for (size_t k = 0; k < report.losses.size(); ++k)
     fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms\n", first_step + static_cast<int64_t>(k) + 1,
                report.losses[k], report.step_s[k] * 1e3);
-  fmt::print("step {:.3f} ms (median of {}; min {:.3f}, max {:.3f}), {:.1f} samples/s\n",
-             step_s * 1e3, args.steps, sorted.front() * 1e3, sorted.back() * 1e3, samples_per_s);
+  if (report.step_s.size() > 1)
+    fmt::print(
+        "step {:.3f} ms (median of the {} steps after the warm-up step, which took {:.3f} ms; min "
+        "{:.3f}, max {:.3f}), {:.1f} samples/s\n",
+        step_s * 1e3, sorted.size(), report.step_s.front() * 1e3, sorted.front() * 1e3,
+        sorted.back() * 1e3, samples_per_s);
+  else
+    fmt::print(
+        "step {:.3f} ms (one step, the warm-up step, slower than a steady one: --steps 3 or more "
+        "for a median without it), {:.1f} samples/s\n",
+        step_s * 1e3, samples_per_s);
   fmt::print("bubble {:.1f}% measured, {:.1f}% predicted (predicted step {:.3f} ms by {})\n",
              report.bubble_fraction * 100, plan.predicted.bubble_fraction * 100,
              plan.predicted.step_ms, plan.cost_model);
@@ -435,6 +477,9 @@ int main(int argc, char** argv) {
                                      : rt::backend_by_name(args.backend_name);
     auto pipeline = rt::Pipeline::load(args.plan_dir, backend, args.threads, local_devices);
     const plan::Plan& plan = pipeline->plan();
+    const std::string warning = device_kind_warning(plan, backend.name());
+    if (!warning.empty() && (!world || world->rank() == 0))
+      fmt::print(stderr, "stagerun: warning: {}\n", warning);
     if (!args.data_dir.empty() && (!args.inputs_path.empty() || args.synthetic))
       fail(ErrorKind::kUsage, "--data excludes --inputs and --synthetic");
     std::map<std::string, rt::Tensor> inputs, data;
@@ -485,7 +530,7 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json outputs = write_outputs(report, args.outputs_dir);
     write_trace(report, args, plan.devices);
     if (args.json)
-      print_json(report, plan, args, backend.name(), chosen, first_step, outputs);
+      print_json(report, plan, args, backend.name(), chosen, first_step, outputs, warning);
     else if (args.trace_path != "-")
       print_text(report, plan, args,
                  chosen.empty() ? std::string(backend.name())

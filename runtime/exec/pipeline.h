@@ -70,13 +70,18 @@ struct DeviceReport {
 
 struct RunReport {
   std::vector<double> step_s;  ///< Wall time of every step.
-  int reported_step = 0;       ///< The step the figures below describe (the median).
+  int reported_step = 0;       ///< The step the figures below describe (`median_step`).
   double bubble_fraction = 0;  ///< 1 - busy / (devices x step), of the reported step.
   std::vector<DeviceReport> devices;
   std::vector<schedule::TimelineEvent> events;  ///< Compute of every step; seconds from the start.
   std::map<std::string, Tensor> outputs;        ///< The last step's graph outputs, whole batch.
   std::vector<double> losses;  ///< Training: each step's loss (mean over microbatches).
 };
+
+/// The step whose time is the median of `step_s` without the first step, the warm-up (it pays
+/// for first-touch allocations, oneDNN's primitive creation and cold caches: several times a
+/// steady step); the lower of the two middle steps for an even count. With one step, that step.
+int median_step(const std::vector<double>& step_s);
 
 class Pipeline {
  public:

@@ -126,6 +126,15 @@ void RunState::stop_all(Error error) {
   barrier.abort();
 }
 
+int median_step(const std::vector<double>& step_s) {
+  if (step_s.empty()) fail(ErrorKind::kInternal, "median step of a run of no steps");
+  if (step_s.size() == 1) return 0;
+  std::vector<int> order;
+  for (int s = 1; s < static_cast<int>(step_s.size()); ++s) order.push_back(s);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return step_s[a] < step_s[b]; });
+  return order[(order.size() - 1) / 2];
+}
+
 namespace {
 
 // The report of a finished run: step times, the median step's busy time and memory, events,
@@ -140,11 +149,7 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
       for (double l : run.step_loss[s]) sum += l;
       report.losses.push_back(sum / run.microbatches);
     }
-  std::vector<int> order(steps);
-  for (int s = 0; s < steps; ++s) order[s] = s;
-  std::sort(order.begin(), order.end(),
-            [&](int a, int b) { return report.step_s[a] < report.step_s[b]; });
-  report.reported_step = order[steps / 2];
+  report.reported_step = median_step(report.step_s);
   double step = report.step_s[report.reported_step], total_busy = 0;
   for (int d = 0; d < devices; ++d) {
     DeviceReport& r = run.reports[d];

@@ -129,6 +129,62 @@ TEST_CASE("stagerun --json and --trace describe the run") {
   CHECK(complete == 2 * 4 * 4);
 }
 
+TEST_CASE("a plan costed for another kind of device is run with one warning naming the fix") {
+  testing::TempDir dir;
+  // stagec's default device spec: an H100.
+  plan::PlanOptions o;
+  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
+  o.devices = 2;
+  o.batch = 8;
+  o.microbatches = 4;
+  plan::PlannedModel planned = plan::make_plan(o);
+  plan::write_plan(planned, dir.file("h100"));
+  Result r = stagerun(dir, dir.file("h100") + " --backend cpu --steps 2 -q");
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.starts_with(
+      "stagerun: warning: the plan was costed for h100 (a gpu device) but runs on the cpu "
+      "backend: its predicted step, bubble and times are h100's, not this machine's; re-plan "
+      "with stagec --profile cpu (measured kernel times) or --device-spec cpu (roofline)\n"));
+  Result json = stagerun(dir, dir.file("h100") + " --backend cpu --steps 2 -q --json");
+  REQUIRE(json.code == 0);
+  auto summary = nlohmann::json::parse(json.out);
+  REQUIRE(summary["warnings"].size() == 1);
+  CHECK(r.err == "stagerun: warning: " + summary["warnings"][0].get<std::string>() + "\n");
+  CHECK(summary["plan_device"]["name"] == "h100");
+  // A plan costed for the CPU runs on it without a word.
+  Result quiet = stagerun(dir, toy_plan(dir, 2) + " --backend cpu --steps 2 -q");
+  REQUIRE(quiet.code == 0);
+  CHECK(quiet.err.empty());
+}
+
+TEST_CASE("the reported step is the median of the steps after the warm-up step") {
+  testing::TempDir dir;
+  std::string plan_dir = toy_plan(dir, 2);
+  Result r = stagerun(dir, plan_dir + " --steps 4 -q --json");
+  REQUIRE(r.code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  std::vector<double> steps = j["step_ms"].get<std::vector<double>>();
+  REQUIRE(steps.size() == 4);
+  CHECK(j["warmup_step_ms"] == steps[0]);
+  CHECK(j["median_of_steps"] == 3);
+  CHECK(j["median_excludes_warmup"] == true);
+  std::vector<double> steady(steps.begin() + 1, steps.end());
+  std::sort(steady.begin(), steady.end());
+  CHECK(j["median_step_ms"] == steady[1]);
+  // The same choice in process, on times where the warm-up would be the median of all four.
+  CHECK(median_step({9.0, 1.0, 3.0, 20.0}) == 2);
+  CHECK(median_step({9.0, 1.0, 3.0}) == 1);  // the lower middle of an even count
+  CHECK(median_step({9.0}) == 0);
+  Result text = stagerun(dir, plan_dir + " --steps 4 -q");
+  CHECK(text.out.find("(median of the 3 steps after the warm-up step, which took ") !=
+        std::string::npos);
+  Result one = stagerun(dir, plan_dir + " --steps 1 -q");
+  CHECK(one.out.find("(one step, the warm-up step, slower than a steady one: --steps 3 or more "
+                     "for a median without it)") != std::string::npos);
+}
+
 TEST_CASE("stagerun refuses bad input with one line and a non-zero exit") {
   testing::TempDir dir;
   std::string plan_dir = toy_plan(dir, 2);
