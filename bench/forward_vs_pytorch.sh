@@ -98,8 +98,8 @@ fi
 have_openblas=0
 [[ -e $OPENBLAS_DIR/libblas.so.3 ]] && have_openblas=1
 
-median_after_first() {  # stagerun --json on stdin -> median of step_ms[1:]
-  jq '[.step_ms[1:][]] | sort | if length % 2 == 1 then .[length/2|floor] else (.[length/2-1] + .[length/2]) / 2 end'
+median_after_first() {  # stagerun --json (JSON Lines) on stdin -> median of the summary's step_ms[1:]
+  jq 'select(.type == "summary") | [.step_ms[1:][]] | sort | if length % 2 == 1 then .[length/2|floor] else (.[length/2-1] + .[length/2]) / 2 end'
 }
 fmt() { printf "%.${2:-1}f" "$1"; }
 

@@ -67,8 +67,8 @@ else
   cost_note="--device-spec cpu (analytic roofline: this stagec has no --profile)"
 fi
 
-median_after_first() {  # stagerun --json on stdin -> median of step_ms[1:]
-  jq '[.step_ms[1:][]] | sort | if length % 2 == 1 then .[length/2|floor] else (.[length/2-1] + .[length/2]) / 2 end'
+median_after_first() {  # stagerun --json (JSON Lines) on stdin -> median of the summary's step_ms[1:]
+  jq 'select(.type == "summary") | [.step_ms[1:][]] | sort | if length % 2 == 1 then .[length/2|floor] else (.[length/2-1] + .[length/2]) / 2 end'
 }
 f1() { printf "%.1f" "$1"; }
 f2() { printf "%.2f" "$1"; }
@@ -111,14 +111,14 @@ for m in $SWEEP_MODELS; do
     done
     meas1=$(median_after_first < "$work/$m.$mb.1.json")
     meas2=$(median_after_first < "$work/$m.$mb.2.json")
-    pred1=$(jq .predicted_step_ms "$work/$m.$mb.1.json")
-    pred2=$(jq .predicted_step_ms "$work/$m.$mb.2.json")
+    pred1=$(jq 'select(.type == "summary") | .predicted_step_ms' "$work/$m.$mb.1.json")
+    pred2=$(jq 'select(.type == "summary") | .predicted_step_ms' "$work/$m.$mb.2.json")
     if [[ -z $base_meas ]]; then base_meas=$meas1 base_pred=$pred1 base_mb=$mb; fi
     cut=$("$BUILD/tools/stagedump" "$work/$m.$mb.2" --json | jq -r '.stages | map("\(.nodes)") | join("+")')
     cores1=$(awk '{printf "%.2f", ($2 + $3) / $1}' "$work/$m.$mb.1.time")
     cores2=$(awk '{printf "%.2f", ($2 + $3) / $1}' "$work/$m.$mb.2.time")
-    bub_m=$(jq .bubble.measured "$work/$m.$mb.2.json")
-    bub_p=$(jq .bubble.predicted "$work/$m.$mb.2.json")
+    bub_m=$(jq 'select(.type == "summary") | .bubble.measured' "$work/$m.$mb.2.json")
+    bub_p=$(jq 'select(.type == "summary") | .bubble.predicted' "$work/$m.$mb.2.json")
     rows+=("| $shape | $mb | $((BATCH / mb)) | $cut | $(f1 "$meas1") / $(f1 "$pred1") | $(f1 "$meas2") / $(f1 "$pred2") |"\
 " $(f2 "$(echo "$meas1 / $meas2" | bc -l)") / $(f2 "$(echo "$pred1 / $pred2" | bc -l)") |"\
 " $(f2 "$(echo "$base_meas / $meas2" | bc -l)") / $(f2 "$(echo "$base_pred / $pred2" | bc -l)") |"\

@@ -13,8 +13,8 @@
 #   measured    stagerun's median step (ms); meas/pred their ratio
 #   busy        per device: predicted compute (sum of the stage's profiled op times x microbatches)
 #               -> measured compute in the median step (ms)
-#   peak        per device: predicted peak (plan.predicted.device_peak_bytes) / stage memory
-#               anatomy total (plan.json stages[].memory.total) -> stagerun's peak_bytes (KiB)
+#   peak        per device: predicted peak (plan.predicted.device_peak_bytes) / its stages'
+#               anatomies added up (plan.json stages[].memory) -> stagerun's peak_bytes (KiB)
 #
 # Environment: STEPS (default 20), PROFILE_DB (default: a fresh database in a temporary folder,
 # so every signature is measured on this machine now), KEEP=1 keeps the work folder.
@@ -53,13 +53,13 @@ print(f"{'model':<13} {'P':>1} {'roofline':>9} {'predicted':>9} {'measured':>9} 
 for row in sys.argv[1:]:
     model, devices, plan = row.split()
     p = json.load(open(f"{plan}/plan.json"))
-    r = json.load(open(f"{plan}.run.json"))
+    r = json.loads(open(f"{plan}.run.json").read().splitlines()[-1])  # the summary record
     text = open(f"{plan}.roofline.txt").read()
     roof = float(re.search(r"predicted: +step ([0-9.]+) ms", text).group(1))
     pred, meas = r["predicted_step_ms"], r["median_step_ms"]
     busy, peak = [], []
     for d, dev in enumerate(r["device"]):
-        anatomy = sum(s["memory"]["total"] for s in p["stages"] if s["device"] == d)
+        anatomy = sum(sum(s["memory"].values()) for s in p["stages"] if s["device"] == d)
         busy.append(f"{p['predicted']['device_busy_ms'][d]:.3f}->{dev['busy_fraction'] * meas:.3f}")
         peak.append(f"{dev['predicted_peak_bytes'] / 1024:.0f}/{anatomy / 1024:.0f}->{dev['peak_bytes'] / 1024:.0f}")
     print(f"{model:<13} {devices:>1} {roof:>9.3f} {pred:>9.3f} {meas:>9.3f} {meas / pred:>8.2f}x  "

@@ -63,9 +63,9 @@ run_config() {
   "$BUILD/tools/stagec" "$MODEL" -o "$work/plan" --devices "$devices" --train --loss mse --optimizer sgd \
     --lr 0.001 --batch $BATCH --microbatches "$m" --schedule "$schedule" "${cost[@]}" "$@" >/dev/null
   for r in $(seq "$REPEAT"); do
-    # --json: one line per step, then the summary object.
+    # --json: one line per step, then the summary record, the last line.
     "$BUILD/tools/stagerun" "$work/plan" --steps $((STEPS + 1)) --threads-per-device 1 --json -q |
-      tail -n +$((STEPS + 2)) >"$work/run.json"
+      tail -n 1 >"$work/run.json"
     "$PY" - "$work/run.json" "$name" "$devices" "$m" "$STEPS" >>"$results" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))

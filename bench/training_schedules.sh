@@ -26,7 +26,7 @@ for schedule in gpipe 1f1b interleaved zb-h1; do
   "$BUILD/tools/stagec" "$MODEL" -o "$work/$schedule" --devices 2 --train --loss cross-entropy --optimizer adam \
     --lr 0.01 --batch "$BATCH" --microbatches "$M" --dim seq="$SEQ" --schedule "$schedule" "${extra[@]}" \
     --profile cpu --profile-db "$work/profile.json" >/dev/null
-  "$BUILD/tools/stagerun" "$work/$schedule" --steps "$STEPS" --json -q | tail -n +$((STEPS + 1)) >"$work/$schedule.json"
+  "$BUILD/tools/stagerun" "$work/$schedule" --steps "$STEPS" --json -q | tail -n 1 >"$work/$schedule.json"
   python3 - "$work/$schedule.json" "$schedule" <<'PY'
 import json, statistics, sys
 j = json.load(open(sys.argv[1]))

@@ -5,6 +5,7 @@
 #include <onnx/checker.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <filesystem>
@@ -444,7 +445,20 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
         onnx::checker::check_model(model);
       }
     } catch (const onnx::checker::ValidationError& e) {
-      fail(ErrorKind::kModel, "ONNX checker: {}", e.what());
+      // libonnx's message spans lines ("...\n\n==> Context: Bad node spec ..."): one line.
+      std::string text;
+      std::string_view rest = e.what();
+      while (!rest.empty()) {
+        const std::size_t end = std::min(rest.find('\n'), rest.size());
+        std::string_view line = rest.substr(0, end);
+        rest.remove_prefix(std::min(end + 1, rest.size()));
+        while (!line.empty() && (line.front() == ' ' || line.front() == '=' || line.front() == '>'))
+          line.remove_prefix(1);
+        if (line.empty()) continue;
+        text += text.empty() ? "" : "; ";
+        text += line;
+      }
+      fail(ErrorKind::kModel, "ONNX checker: {}", text);
     }
     ir::infer_onnx_shapes(model);
     result.graph = ir::graph_from_model(model, path);

@@ -268,7 +268,7 @@ int64_t broadcast_index(const std::vector<int64_t>& in_shape, const std::vector<
   return index;
 }
 
-/// Integer Add, Sub, Mul and Div element by element, refusing (naming the node) any result
+/// Integer Add, Sub, Mul, Div and Mod element by element, refusing (naming the node) any result
 /// that leaves the element type and a zero divisor. The kernel wraps, as the runtime must; a
 /// shape computed by wrapping is a broken or hostile model, not a size.
 void check_integer_arithmetic(const ir::Node& node, const HostTensor& x, const HostTensor& y,
@@ -289,8 +289,10 @@ void check_integer_arithmetic(const ir::Node& node, const HostTensor& x, const H
     } else if (op == "Mul") {
       r = try_mul(a, b), symbol = "x";
     } else if (b == 0) {
-      fail(ErrorKind::kModel, "node '{}' (Div): integer division by zero ({} / 0, element {})",
-           node.name, a, i);
+      fail(ErrorKind::kModel, "node '{}' ({}): integer {} by zero ({} {} 0, element {})",
+           node.name, op, op == "Mod" ? "modulo" : "division", a, op == "Mod" ? "%" : "/", i);
+    } else if (op == "Mod") {
+      r = 0;  // a remainder always fits (the lowest value mod -1 is 0)
     } else if (!(a == std::numeric_limits<int64_t>::min() && b == -1)) {
       r = a / b;
     }
@@ -371,7 +373,25 @@ std::optional<std::pair<DType, std::vector<int64_t>>> output_type(const ir::Node
     if (n > (1 << 24)) return std::nullopt;
     return Type{x.dtype, {n}};
   }
-  if (op == "Neg" || op == "Abs" || op == "Ceil" || op == "Floor") {
+  if (op == "Greater" || op == "Less" || op == "And" || op == "Or" || op == "Mod") {
+    if (!input(1) || input(1)->dtype != x.dtype) return std::nullopt;
+    std::vector<int64_t> shape = broadcast_shape({x.shape, input(1)->shape}, node);
+    if (!small_enough(node, shape, max_elements)) return std::nullopt;
+    if (op == "Mod") {
+      check_integer_arithmetic(node, x, *input(1), shape);
+      return Type{x.dtype, shape};
+    }
+    return Type{DType::kBool, shape};
+  }
+  if (op == "Min" || op == "Max") {
+    std::vector<std::vector<int64_t>> shapes;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      if (!input(i) || input(i)->dtype != x.dtype) return std::nullopt;
+      shapes.push_back(input(i)->shape);
+    }
+    return Type{x.dtype, broadcast_shape(shapes, node)};
+  }
+  if (op == "Neg" || op == "Abs" || op == "Ceil" || op == "Floor" || op == "Not") {
     if (op == "Neg" || op == "Abs") check_integer_negation(node, x);
     return Type{x.dtype, x.shape};
   }

@@ -66,5 +66,47 @@ TEST_CASE("folded Neg and Abs of the lowest integer are refused, naming the node
       doctest::Contains("node 'n' (Abs): the negation of -2147483648 overflows int32"), Error);
 }
 
+TEST_CASE(
+    "host evaluation: Greater, Less, Not, And, Or, Min, Max and Mod as Swin's masks use them") {
+  const HostTensor idx = ints({6}, {0, 1, 2, 3, 4, 5});
+  CHECK(fold(node_of("Greater"), {idx, ints({}, {3})}).ints ==
+        std::vector<int64_t>{0, 0, 0, 0, 1, 1});
+  const HostTensor less = fold(node_of("Less"), {idx, ints({}, {2})});
+  CHECK(less.dtype == DType::kBool);
+  CHECK(less.ints == std::vector<int64_t>{1, 1, 0, 0, 0, 0});
+  const HostTensor no = fold(node_of("Not"), {less});
+  CHECK(no.ints == std::vector<int64_t>{0, 0, 1, 1, 1, 1});
+  const HostTensor pair = HostTensor{DType::kBool, {2, 1}, {0, 1}, {}};
+  CHECK(fold(node_of("And"), {no, pair}).ints ==
+        std::vector<int64_t>{0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1});
+  CHECK(fold(node_of("Or"), {less, HostTensor{DType::kBool, {}, {0}, {}}}).ints == less.ints);
+  // Variadic, broadcasting: Max(idx, 2, [[4], [1]]) -> [2, 6].
+  const HostTensor mx = fold(node_of("Max"), {idx, ints({}, {2}), ints({2, 1}, {4, 1})});
+  CHECK(mx.shape == std::vector<int64_t>{2, 6});
+  CHECK(mx.ints == std::vector<int64_t>{4, 4, 4, 4, 4, 5, 2, 2, 2, 3, 4, 5});
+  CHECK(fold(node_of("Min"), {idx}).ints == idx.ints);
+  CHECK(fold(node_of("Min"), {reals({2}, {0.5, -1}), reals({}, {0})}).reals ==
+        std::vector<double>{0, -1});
+  // Mod: fmod=0 takes the divisor's sign (Python's %), fmod=1 the dividend's (C's).
+  const HostTensor num = ints({4}, {7, -7, 7, -7}), den = ints({4}, {3, 3, -3, -3});
+  CHECK(fold(node_of("Mod"), {num, den}).ints == std::vector<int64_t>{1, 2, -2, -1});
+  ir::Node fmod = node_of("Mod");
+  fmod.attributes.push_back(passes::int_attribute("fmod", 1));
+  CHECK(fold(fmod, {num, den}).ints == std::vector<int64_t>{1, -1, 1, -1});
+  CHECK(fold(fmod, {reals({2}, {5.5, -5.5}), reals({}, {2})}).reals ==
+        std::vector<double>{1.5, -1.5});
+  CHECK(fold(node_of("Mod"), {ints({1}, {kMin}), ints({1}, {-1})}).ints == std::vector<int64_t>{0});
+  // A float Mod needs fmod=1: no kernel signature, left to the checker.
+  CHECK_FALSE(passes::evaluate_on_host(node_of("Mod"), {reals({1}, {1}), reals({1}, {2})}, {}, 17));
+}
+
+TEST_CASE("folded integer Mod by zero is refused, naming the node") {
+  CHECK_THROWS_WITH_AS(
+      passes::evaluate_on_host(node_of("Mod", "/attn/Mod"), {ints({2}, {5, 6}), ints({2}, {2, 0})},
+                               {}, 17),
+      doctest::Contains("node '/attn/Mod' (Mod): integer modulo by zero (6 % 0, element 1)"),
+      Error);
+}
+
 }  // namespace
 }  // namespace stagecraft

@@ -87,6 +87,11 @@ TEST_CASE("errors carry their context chain on one line") {
   CHECK(std::string(e.what()) == "model.onnx: node 'n': bad thing");
   CHECK(exit_code(ErrorKind::kUsage) == 2);
   CHECK(exit_code(ErrorKind::kModel) == 1);
+  // Bytes quoted from a hostile file cannot break the line (a fuzzing finding: a .npy key with
+  // a newline in it).
+  Error quoted(ErrorKind::kFormat, "unknown key 'a\nb\r\x01\tc'");
+  quoted.in("x\ny.npy");
+  CHECK(std::string(quoted.what()) == "x\\ny.npy: unknown key 'a\\nb\\r\\x01 c'");
 }
 
 }  // namespace

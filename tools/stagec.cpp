@@ -16,6 +16,7 @@
 #include "runtime/optim/lr_schedule.h"
 #include "tools/backend_check.h"
 #include "tools/cli_common.h"
+#include "tools/json_formats.h"
 #include "tools/profile/profiler.h"
 
 namespace {
@@ -87,6 +88,14 @@ std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(
       training ? cost::BackwardTimes::kMeasured : cost::BackwardTimes::kRooflineRatio);
 }
 
+/// `json` (an object) with `format_version` first: the --json outputs are JSON Lines, each
+/// record carrying its version (tools/json_formats.h).
+nlohmann::ordered_json versioned(int version, const nlohmann::ordered_json& json) {
+  nlohmann::ordered_json out{{"format_version", version}};
+  for (const auto& [key, value] : json.items()) out[key] = value;
+  return out;
+}
+
 /// "float32[8,16,64]" for each output of `node` ("?" where the shape is not known), comma
 /// separated.
 std::string output_shapes(const stagecraft::ir::Graph& graph, const stagecraft::ir::Node& node) {
@@ -103,7 +112,8 @@ std::string output_shapes(const stagecraft::ir::Graph& graph, const stagecraft::
 
 /// --list-nodes: the model's nodes in the topological order the planner cuts (--split-after
 /// NODE cuts after NODE in this order), one line each (name, op type, output shapes), or with
-/// `json` one object {model, nodes [{name, op_type, outputs [{name, dtype, shape}]}]}.
+/// `json` one object on one line {format_version, model, nodes [{name, op_type, outputs [{name,
+/// dtype, shape}]}]} (docs/schemas/stagec-list-nodes.schema.json).
 std::string list_nodes(const stagecraft::ImportedModel& model, const std::string& path,
                        bool json) {
   using namespace stagecraft;
@@ -124,7 +134,11 @@ std::string list_nodes(const stagecraft::ImportedModel& model, const std::string
       }
       nodes.push_back({{"name", node.name}, {"op_type", node.op_type}, {"outputs", outputs}});
     }
-    return nlohmann::ordered_json{{"model", path}, {"nodes", nodes}}.dump(2) + "\n";
+    return nlohmann::ordered_json{{"format_version", stagecraft::tools::kListNodesJsonVersion},
+                                  {"model", path},
+                                  {"nodes", nodes}}
+               .dump() +
+           "\n";
   }
   std::size_t name_width = 4, op_width = 2;
   for (ir::NodeId id : order) {
@@ -313,7 +327,8 @@ int run(int argc, char** argv) {
                "print the model's nodes in the order the planner cuts them, one line each: name, "
                "op type, output shapes at --batch and --dim (for choosing --split-after)");
   app.add_flag("--json", json,
-               "with --info or --list-nodes: print the same facts as one JSON object");
+               "with --info or --list-nodes: print the same facts as one JSON object on one line "
+               "(schemas in docs/schemas/)");
   app.add_option(
       "--batch", batch,
       "global batch: binds the first dim of every input whose first dim is symbolic (when "
@@ -370,7 +385,8 @@ int run(int argc, char** argv) {
       return 0;
     }
     ModelInfo facts = describe_model(model);
-    fmt::print("{}", json ? to_json(facts).dump(2) + "\n" : render_text(facts));
+    fmt::print("{}", json ? versioned(tools::kInfoJsonVersion, to_json(facts)).dump() + "\n"
+                          : render_text(facts));
     return 0;
   }
   if (out_dir.empty() && !dry_run) {

@@ -4,7 +4,7 @@
 //   (default)    header, stage table, memory anatomy, why, cut tensors, shared weights per
 //                stage, prediction beside the baselines, ASCII timeline of the predicted
 //                schedule
-//   --json       the JSON document below instead of the text
+//   --json       the JSON document below instead of the text, on one line (JSON Lines)
 //   --dot FILE   Graphviz digraph of the ops in stage clusters ("-": stdout)
 //   --trace FILE Chrome trace (Trace Event Format) of the predicted schedule ("-": stdout)
 //   --html FILE  one self-contained HTML page ("-": stdout)
@@ -13,8 +13,10 @@
 // is (stagedump simulates nothing, so the dump and the plan cannot disagree). See
 // tools/dump/view.h.
 //
-// --json schema (stable: keys are only ever added; times in ms, memory in bytes):
+// --json schema (docs/schemas/stagedump.schema.json; times in ms, memory in bytes; keys are
+// added without a bump of format_version, tools/json_formats.h):
 //   {
+//     "format_version": 1,
 //     "plan":      {dir, format_version, generator, model_path, objective, schedule, devices,
 //                   chunks, microbatches, microbatch_size, batch, training, optimizer,
 //                   precision, cost_model},
@@ -88,8 +90,9 @@ int run(int argc, char** argv) {
   app.add_option("PLAN_DIR", plan_dir, "plan directory (plan.json, schedule.json, stage_K.onnx)")
       ->required();
   app.add_flag("--json", json,
-               "print the plan as one JSON document instead of the text report (stages, cuts, "
-               "predicted, simulated, timeline, baselines, ops; schema in the README)");
+               "print the plan as one JSON document on one line instead of the text report "
+               "(devices, stages, cuts, predicted, simulated, timeline, baselines, ops; schema "
+               "in docs/schemas/stagedump.schema.json)");
   app.add_option("--dot", dot,
                  "write a Graphviz digraph of the ops, one coloured cluster per stage with the "
                  "tensors crossing between stages, to FILE ('-': stdout)")
@@ -120,7 +123,7 @@ int run(int argc, char** argv) {
   if (trace) write_output(*trace, dump::render_trace(view).dump(1) + "\n");
   if (html) write_output(*html, dump::render_html(view));
   if (to_stdout.empty()) {
-    fmt::print("{}", json ? dump::render_json(view).dump(2) + "\n" : dump::render_text(view));
+    fmt::print("{}", json ? dump::render_json(view).dump() + "\n" : dump::render_text(view));
   }
   return 0;
 }

@@ -12,12 +12,14 @@
 // used. Outputs (--outputs DIR) are the last step's graph outputs, DIR/NAME.npy each, the
 // microbatches joined along the first axis.
 //
-// --json schema (stable: keys are only ever added; times in ms, memory in bytes):
-//   {plan, backend, [backend_auto], threads_per_device, devices, microbatches, batch, steps,
-//   inputs,
+// --json: JSON Lines (docs/schemas/stagerun.schema.json; times in ms, memory in bytes). One
+// record per step, {type: "step", format_version, step, step_ms, [loss] (training)}, then one
+//   {type: "summary", format_version, plan, backend, [backend_auto], threads_per_device, devices,
+//   microbatches, batch, steps, inputs,
 //    step_ms [every step], median_step_ms, median_of_steps, warmup_step_ms,
 //    median_excludes_warmup, samples_per_s,
-//    bubble {measured, predicted}, predicted_step_ms, cost_model, plan_device {name, kind},
+//    bubble {measured, predicted}, predicted_step_ms, cost_model, [final_loss] (training),
+//    plan_device {name, kind},
 //    warnings [one line each, e.g. a plan costed for another kind of device],
 //    device [{device, busy_fraction, peak_bytes, predicted_peak_bytes, arena_bytes, weight_bytes,
 //             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use)}],
@@ -59,6 +61,7 @@
 #include "tools/dump/render.h"
 #include "tools/cli_common.h"
 #include "tools/dump/view.h"
+#include "tools/json_formats.h"
 
 namespace fs = std::filesystem;
 using namespace stagecraft;
@@ -186,7 +189,9 @@ void add_options(CLI::App& app, Args& args) {
       ->check(cli::at_least<int>(1));
   app.add_option("--trace", args.trace_path,
                  "Chrome trace of what ran (format of stagedump --trace; '-': stdout)");
-  app.add_flag("--json", args.json, "Print the figures as one JSON object instead of text");
+  app.add_flag("--json", args.json,
+               "Print the figures as JSON Lines instead of text: one record per step, then a "
+               "summary record (docs/schemas/stagerun.schema.json)");
   app.add_flag("-q,--quiet", args.quiet, "No progress line");
   app.add_flag("--skip-nonfinite", args.skip_nonfinite,
                "Training: go on when the loss is NaN or infinite");
@@ -262,6 +267,8 @@ void check_args(const Args& args) {
     fail(ErrorKind::kUsage, "--save-every must be at least 1 (got {})", args.save_every);
   if (args.save_every > 0 && args.checkpoint_dir.empty())
     fail(ErrorKind::kUsage, "--save-every needs --checkpoint DIR");
+  if (args.json && args.trace_path == "-")
+    fail(ErrorKind::kUsage, "--json and --trace - both write to stdout; give --trace a FILE");
 }
 
 // --data: batch k of K for step k mod K, one step per run; the optimizer state, the step count
@@ -357,17 +364,23 @@ std::string inputs_label(const Args& args, bool json) {
   return args.inputs_path;
 }
 
-// --json: one object per training step (JSON Lines), then the summary (schema: file comment).
+// --json: JSON Lines, one record per step, then the summary (schema: file comment and
+// docs/schemas/stagerun.schema.json).
 void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args& args,
                 std::string_view backend, const std::string& auto_reason, int64_t first_step,
                 const nlohmann::ordered_json& outputs, const std::string& warning) {
   double step_s = report.step_s[report.reported_step];
-  for (size_t k = 0; k < report.losses.size(); ++k)
-    fmt::print("{}\n", nlohmann::ordered_json{{"step", first_step + static_cast<int64_t>(k) + 1},
-                                              {"loss", report.losses[k]},
-                                              {"step_ms", report.step_s[k] * 1e3}}
-                           .dump());
+  for (size_t k = 0; k < report.step_s.size(); ++k) {
+    nlohmann::ordered_json record{{"type", "step"},
+                                  {"format_version", tools::kRunJsonVersion},
+                                  {"step", first_step + static_cast<int64_t>(k) + 1},
+                                  {"step_ms", report.step_s[k] * 1e3}};
+    if (k < report.losses.size()) record["loss"] = report.losses[k];
+    fmt::print("{}\n", record.dump());
+  }
   nlohmann::ordered_json j;
+  j["type"] = "summary";
+  j["format_version"] = tools::kRunJsonVersion;
   j["plan"] = args.plan_dir;
   j["backend"] = std::string(backend);
   if (!auto_reason.empty()) j["backend_auto"] = auto_reason;  // why --backend auto chose it
@@ -409,7 +422,7 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
   j["device"] = devs;
   j["process_peak_rss_bytes"] = peak_rss_bytes();
   j["outputs"] = outputs;
-  if (args.trace_path != "-") fmt::print("{}\n", j.dump(2));
+  fmt::print("{}\n", j.dump());
 }
 
 // The figures as text.

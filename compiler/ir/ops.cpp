@@ -46,6 +46,8 @@ std::optional<OpFamily> op_family(std::string_view op_type) {
   return info->family;
 }
 
+std::span<const OpInfo> op_table() { return kOps; }
+
 const std::vector<std::string_view>& supported_ops() {
   static const std::vector<std::string_view> names = [] {
     std::vector<std::string_view> v;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -69,6 +70,10 @@ std::optional<OpFamily> op_family(std::string_view op_type);
 
 /// Every supported op type, in ops.def order.
 const std::vector<std::string_view>& supported_ops();
+
+/// Every line of the op table, fold-only ops included, in ops.def order (the README's table of
+/// supported ops is generated from it: tools/ops_table.cpp).
+std::span<const OpInfo> op_table();
 
 /// Throws `Error(kUnsupported)` when an op is outside the list or its domain is not the default
 /// ONNX domain, naming the op, the node (`node_label`), the domain and the domain's opset.

@@ -53,7 +53,7 @@ class CpuBackend final : public Backend {
         conv_kernels(),        pool_kernels(),        matmul_kernels(),    norm_kernels(),
         reduce_kernels(),      elementwise_kernels(), data_kernels(),      shape_kernels(),
         loss_kernels(),        leaky_relu_kernels(),  pad_kernels(),       reduction_kernels(),
-        unary_math_kernels(),  activation_kernels(),
+        unary_math_kernels(),  activation_kernels(),  compare_logic_kernels(),
         grad_matmul_kernels(), grad_conv_kernels(),   grad_norm_kernels(), grad_eltwise_kernels(),
         grad_data_kernels(),
         // Segmentation heads and indexing.

@@ -22,6 +22,7 @@ std::span<const KernelEntry> leaky_relu_kernels();   // leaky_relu.cpp: LeakyRel
 std::span<const KernelEntry> pad_kernels();          // pad.cpp: Pad (constant, reflect, edge) and its gradient
 std::span<const KernelEntry> reduction_kernels();    // reduce_ops.cpp: ReduceSum, Max, Min, Prod, L1, L2, SumSquare, LogSum(Exp), gradients
 std::span<const KernelEntry> activation_kernels();   // activations.cpp: Elu, Selu, Softplus, PRelu and their gradients
+std::span<const KernelEntry> compare_logic_kernels();  // compare_logic.cpp: Greater, Less, Not, And, Or, Min, Max, Mod; Min, Max, Mod gradients
 std::span<const KernelEntry> unary_math_kernels();   // unary_math.cpp: Exp, Log, Neg, Abs, Ceil, Floor and their gradients
 std::span<const KernelEntry> resize_kernels();       // resize.cpp: Resize (nearest, linear) and its gradient
 std::span<const KernelEntry> indexing_kernels();     // indexing.cpp: Tile, CumSum, GatherElements, ScatterND, gradients

@@ -138,14 +138,18 @@ bool is_integer(DType d) {
          d != DType::kBFloat16;
 }
 
-// Integer Div refuses a zero divisor, as the CPU does (the divisor is read to the host).
+// Integer Div and Mod refuse a zero divisor, as the CPU does (the divisor is read to the host).
 void refuse_zero_divisor(const KernelArgs& a, const Tensor& y) {
   const Tensor host = host_copy(context(a), y);
   const int64_t size = dtype_size(y.dtype), n = y.numel();
   for (int64_t i = 0; i < n; ++i) {
     bool zero = true;
     for (int64_t b = 0; b < size; ++b) zero = zero && host.data[i * size + b] == std::byte{0};
-    if (zero) fail(ErrorKind::kModel, "integer division by zero ({} divisor)", dtype_name(y.dtype));
+    if (!zero) continue;
+    if (a.op_type == "Mod")
+      fail(ErrorKind::kModel, "Mod '{}': integer modulo by zero ({} divisor)", a.name,
+           dtype_name(y.dtype));
+    fail(ErrorKind::kModel, "integer division by zero ({} divisor)", dtype_name(y.dtype));
   }
 }
 
@@ -153,7 +157,9 @@ template <BinaryOp op>
 void run_binary(const KernelArgs& a) {
   const BroadcastMap map = broadcast_output<2>(a);
   const Tensor &x = a.input(0), &y = a.input(1);
-  if (op == BinaryOp::kDiv && is_integer(x.dtype)) refuse_zero_divisor(a, y);
+  if ((op == BinaryOp::kDiv || op == BinaryOp::kMod || op == BinaryOp::kFmod) &&
+      is_integer(x.dtype))
+    refuse_zero_divisor(a, y);
   Tensor& z = *a.out[0];
   if (!launch_binary(op, x.dtype, y.dtype, x.data, y.data, z.data, z.numel(), map,
                      context(a).stream()))
@@ -168,6 +174,39 @@ void run_prelu(const KernelArgs& a) {
     fail(ErrorKind::kShape, "PRelu '{}': the slope {} does not broadcast to X {}", a.name,
          shape_string(slope.shape), shape_string(x.shape));
   run_binary<BinaryOp::kPRelu>(a);
+}
+
+void run_mod(const KernelArgs& a) {
+  if (a.attrs.i("fmod", 0) != 0) return run_binary<BinaryOp::kFmod>(a);
+  run_binary<BinaryOp::kMod>(a);
+}
+
+void run_not(const KernelArgs& a) {
+  const Tensor& x = unary_input(a);
+  launch_not(x.as<uint8_t>(), a.out[0]->as<uint8_t>(), x.numel(), context(a).stream());
+  check_launch(a);
+}
+
+// Min and Max over one or more inputs, all broadcast to the output: the first two (or the one,
+// with itself), then each further input folded into the output in place.
+template <BinaryOp op>
+void run_min_max(const KernelArgs& a) {
+  Shape out = a.input(0).shape;
+  for (size_t k = 1; k < a.num_inputs(); ++k) out = cpu::broadcast_shape(out, a.input(k).shape);
+  expect_shape(a, 0, out);
+  const Tensor& first = a.input(0);
+  const Tensor& second = a.num_inputs() > 1 ? a.input(1) : first;
+  Tensor& z = *a.out[0];
+  cudaStream_t stream = context(a).stream();
+  if (!launch_binary(op, first.dtype, first.dtype, first.data, second.data, z.data, z.numel(),
+                     broadcast_map<2>(a, {first.shape, second.shape}, out), stream))
+    refuse_dtype(a, first.dtype);
+  for (size_t k = 2; k < a.num_inputs(); ++k) {
+    const Tensor& next = a.input(k);
+    launch_binary(op, first.dtype, first.dtype, z.data, next.data, z.data, z.numel(),
+                  broadcast_map<2>(a, {out, next.shape}, out), stream);
+  }
+  check_launch(a);
 }
 
 void run_where(const KernelArgs& a) {
@@ -211,6 +250,14 @@ constexpr KernelEntry kKernels[] = {
     {"Selu", run_selu, same_as_cpu},
     {"Softplus", run_unary<UnaryOp::kSoftplus>, same_as_cpu},
     {"PRelu", run_prelu, same_as_cpu},
+    {"Greater", run_binary<BinaryOp::kGreater>, same_as_cpu},
+    {"Less", run_binary<BinaryOp::kLess>, same_as_cpu},
+    {"Not", run_not, same_as_cpu},
+    {"And", run_binary<BinaryOp::kAnd>, same_as_cpu},
+    {"Or", run_binary<BinaryOp::kOr>, same_as_cpu},
+    {"Min", run_min_max<BinaryOp::kMin>, same_as_cpu},
+    {"Max", run_min_max<BinaryOp::kMax>, same_as_cpu},
+    {"Mod", run_mod, same_as_cpu},
 };
 
 }  // namespace

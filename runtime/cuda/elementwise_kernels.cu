@@ -260,6 +260,91 @@ bool arith_of(DType dtype, const void* x, const void* y, void* z, int64_t n,
   });
 }
 
+// The larger (kMax) or smaller of u and v; NaN when either is (as the CPU's).
+template <bool kMax, class T>
+struct MinMax {
+  __device__ T operator()(T u, T v) const {
+    if constexpr (std::is_floating_point_v<T>)
+      if (u != u) return u;
+    return (kMax ? u > v : u < v) ? u : v;
+  }
+};
+
+template <bool kGreater, class T>
+struct Compare {
+  __device__ uint8_t operator()(T u, T v) const {
+    return static_cast<uint8_t>(kGreater ? u > v : u < v);
+  }
+};
+
+template <bool kAnd>
+struct Logic {
+  __device__ uint8_t operator()(uint8_t u, uint8_t v) const {
+    return static_cast<uint8_t>(kAnd ? (u != 0) && (v != 0) : (u != 0) || (v != 0));
+  }
+};
+
+// x mod y as the CPU's: fmod truncated, else floored; the lowest value mod -1 is 0, and a zero
+// divisor (refused by the host) gives 0 rather than undefined behaviour.
+template <bool kFmod, class T>
+struct Mod {
+  __device__ T operator()(T x, T y) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      return fmod(x, y);
+    } else {
+      if (y == T(0)) return T(0);
+      if constexpr (std::is_unsigned_v<T>) {
+        return static_cast<T>(x % y);
+      } else {
+        if (y == T(-1)) return T(0);
+        const T r = static_cast<T>(x % y);
+        if constexpr (kFmod) return r;
+        return r != T(0) && ((r < T(0)) != (y < T(0))) ? static_cast<T>(r + y) : r;
+      }
+    }
+  }
+};
+
+// Min, Max, Mod: numeric inputs and output of one type, the functor F<T>.
+template <template <class> class F>
+bool same_type_of(DType dtype, const void* x, const void* y, void* z, int64_t n,
+                  const BroadcastMap& map, cudaStream_t stream) {
+  return visit<false>(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_binary_of<T, T, T>(x, y, z, n, map, F<T>{}, stream);
+  });
+}
+
+template <bool kGreater>
+bool compare_of(DType dtype, const void* x, const void* y, void* z, int64_t n,
+                const BroadcastMap& map, cudaStream_t stream) {
+  return visit<false>(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_binary_of<T, T, uint8_t>(x, y, z, n, map, Compare<kGreater, T>{}, stream);
+  });
+}
+
+template <bool kAnd>
+bool logic_of(DType dtype, const void* x, const void* y, void* z, int64_t n,
+              const BroadcastMap& map, cudaStream_t stream) {
+  if (dtype != DType::kBool) return false;
+  launch_binary_of<uint8_t, uint8_t, uint8_t>(x, y, z, n, map, Logic<kAnd>{}, stream);
+  return true;
+}
+
+template <class T>
+using MinOf = MinMax<false, T>;
+template <class T>
+using MaxOf = MinMax<true, T>;
+template <class T>
+using ModOf = Mod<false, T>;
+template <class T>
+using FmodOf = Mod<true, T>;
+
+__global__ void not_kernel(const uint8_t* x, uint8_t* y, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = x[i] == 0 ? 1 : 0;
+}
+
 template <class T>
 struct PRelu {
   __device__ T operator()(T x, T slope) const { return x > T(0) ? x : slope * x; }
@@ -403,8 +488,30 @@ bool launch_binary(BinaryOp op, DType x_dtype, DType y_dtype, const void* x, con
       return equal_of(x_dtype, x, y, z, n, map, stream);
     case BinaryOp::kPRelu:
       return prelu_of(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kGreater:
+      return compare_of<true>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kLess:
+      return compare_of<false>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kAnd:
+      return logic_of<true>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kOr:
+      return logic_of<false>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kMin:
+      return same_type_of<MinOf>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kMax:
+      return same_type_of<MaxOf>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kMod:
+      return same_type_of<ModOf>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kFmod:
+      return same_type_of<FmodOf>(x_dtype, x, y, z, n, map, stream);
   }
   return false;
+}
+
+bool launch_not(const uint8_t* x, uint8_t* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return true;
+  not_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  return true;
 }
 
 bool launch_where(int64_t element_bytes, const uint8_t* condition, const void* x, const void* y,

@@ -77,12 +77,23 @@ enum class BinaryOp : int32_t {
   kPow,    // base float32, float64, int32 or int64; exponent any numeric type; output the base's
   kEqual,  // numeric or bool inputs of one type; a bool (one byte) output
   kPRelu,  // x > 0 ? x : slope * x, float32 and float64 (the slope is input 1)
+  kGreater,  // numeric inputs of one type; a bool output (as kLess)
+  kLess,
+  kAnd,   // bool inputs and output (as kOr)
+  kOr,
+  kMin,   // numeric, both inputs and the output of one type; NaN propagates (as kMax)
+  kMax,
+  kMod,   // numeric; floored (the divisor's sign); integers only (the host refuses zero divisors)
+  kFmod,  // numeric; truncated (the dividend's sign, C's fmod)
 };
 
 /// z = op(x, y) over n output elements, x (of `x_dtype`) read as input 0 of `map` and y (of
 /// `y_dtype`) as input 1.
 bool launch_binary(BinaryOp op, DType x_dtype, DType y_dtype, const void* x, const void* y, void* z,
                    int64_t n, const BroadcastMap& map, cudaStream_t stream);
+
+/// y[i] = !x[i] for n bools.
+bool launch_not(const uint8_t* x, uint8_t* y, int64_t n, cudaStream_t stream);
 
 /// z = condition ? x : y over n output elements of `element_bytes` (1, 2, 4 or 8) bytes, the
 /// condition (bools) read as input 0 of `map`, x as input 1 and y as input 2.

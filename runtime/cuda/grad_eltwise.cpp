@@ -282,6 +282,66 @@ void prelu_grad(const KernelArgs& a) {
     binary_part(a, 1, BinaryGradOp::kPReluSlope, *b.lhs, *b.rhs, nullptr, *b.dy);
 }
 
+// Mod on floats (fmod=1): dy to the dividend, -dy * trunc(a / b) to the divisor.
+void mod_grad(const KernelArgs& a) {
+  GradIo io(a);
+  Binary b;
+  if (!binary_operands(a, io, b)) return;
+  if (io.dx(0) != nullptr) binary_part(a, 0, BinaryGradOp::kPass, *b.lhs, *b.rhs, nullptr, *b.dy);
+  if (io.dx(1) != nullptr)
+    binary_part(a, 1, BinaryGradOp::kFmodRhs, *b.lhs, *b.rhs, nullptr, *b.dy);
+}
+
+// Min and Max: dy to the inputs equal to the output, split evenly between ties, summed back to
+// each input's shape. The output is recomputed by the forward kernels when not given.
+template <BinaryOp op>
+void min_max_grad(const KernelArgs& a) {
+  GradIo io(a, {.n_min = 1, .n_max = GradArity::kAny, .m_min = 1, .m_max = 1});
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) return zero_outputs(a);
+  CudaContext& ctx = context(a);
+  Shape out = io.need_x(0).shape;
+  for (size_t k = 1; k < io.n; ++k) out = cpu::broadcast_shape(out, io.need_x(k).shape);
+  expect_dy_shape(a, *dy, out);
+  const int64_t n = shape_numel(out);
+  Tensor recomputed;
+  const float* y = nullptr;
+  if (const Tensor* given = io.y(0); given != nullptr && given->shape == out) {
+    y = given->as<float>();
+  } else {
+    recomputed = ctx.new_tensor(DType::kFloat32, out, false);
+    const Tensor& first = io.need_x(0);
+    const Tensor& second = io.n > 1 ? io.need_x(1) : first;
+    launch_binary(op, DType::kFloat32, DType::kFloat32, first.data, second.data, recomputed.data,
+                  n, broadcast_map<2>(a, {first.shape, second.shape}, out), ctx.stream());
+    for (size_t k = 2; k < io.n; ++k)
+      launch_binary(op, DType::kFloat32, DType::kFloat32, recomputed.data, io.need_x(k).data,
+                    recomputed.data, n, broadcast_map<2>(a, {out, io.need_x(k).shape}, out),
+                    ctx.stream());
+    check_launch(a);
+    y = recomputed.as<float>();
+  }
+  Tensor ties = ctx.new_tensor(DType::kFloat32, out, false);
+  for (size_t k = 0; k < io.n; ++k)
+    launch_tie_count(io.need_x(k).as<float>(), y, ties.as<float>(), n,
+                     broadcast_map<1>(a, {io.need_x(k).shape}, out), k > 0, ctx.stream());
+  check_launch(a);
+  for (size_t k = 0; k < io.n; ++k) {
+    Tensor* dx = io.dx(k);
+    if (dx == nullptr) continue;
+    const Tensor& x = io.need_x(k);
+    expect_shape(a, k, x.shape);
+    const bool direct = x.shape == out;
+    Tensor full;
+    if (!direct) full = ctx.new_tensor(DType::kFloat32, out, false);
+    float* dst = direct ? dx->as<float>() : full.as<float>();
+    launch_min_max_grad(x.as<float>(), y, dy->as<float>(), ties.as<float>(), dst, n,
+                        broadcast_map<1>(a, {x.shape}, out), ctx.stream());
+    check_launch(a);
+    if (!direct) sum_to_shape(a, full.as<float>(), out, dx->as<float>(), x.shape);
+  }
+}
+
 // Equal has no gradient: its outputs are never requested (and are zeros if they are).
 void equal_grad(const KernelArgs& a) { zero_outputs(a); }
 
@@ -316,6 +376,9 @@ constexpr KernelEntry kKernels[] = {
     {"SeluGrad", selu_grad, same_as_cpu, true},
     {"SoftplusGrad", run_unary_grad<UnaryGradOp::kSoftplus>, same_as_cpu, true},
     {"PReluGrad", prelu_grad, same_as_cpu, true},
+    {"MinGrad", min_max_grad<BinaryOp::kMin>, same_as_cpu, true},
+    {"MaxGrad", min_max_grad<BinaryOp::kMax>, same_as_cpu, true},
+    {"ModGrad", mod_grad, same_as_cpu, true},
 };
 
 }  // namespace

@@ -125,8 +125,10 @@ __device__ __forceinline__ float binary_grad_one(float u, float v, const float* 
     return y != nullptr ? d * y[i] * logf(u) : d * powf(u, v) * logf(u);
   } else if constexpr (op == BinaryGradOp::kPReluX) {
     return u > 0 ? d : v * d;
-  } else {  // kPReluSlope
+  } else if constexpr (op == BinaryGradOp::kPReluSlope) {
     return u > 0 ? 0.0f : u * d;
+  } else {  // kFmodRhs
+    return -d * truncf(u / v);
   }
 }
 
@@ -156,7 +158,39 @@ __global__ void where_grad_kernel(const uint8_t* c, const float* dy, float* out,
   }
 }
 
+__global__ void tie_count_kernel(const float* x, const float* y, float* ties, int64_t n,
+                                 BroadcastMap map, bool accumulate) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t at[1];
+    broadcast_offsets<1>(map, i, at);
+    ties[i] = (accumulate ? ties[i] : 0.0f) + (x[at[0]] == y[i] ? 1.0f : 0.0f);
+  }
+}
+
+__global__ void min_max_grad_kernel(const float* x, const float* y, const float* dy,
+                                    const float* ties, float* out, int64_t n, BroadcastMap map) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    int64_t at[1];
+    broadcast_offsets<1>(map, i, at);
+    out[i] = x[at[0]] == y[i] ? dy[i] / ties[i] : 0.0f;
+  }
+}
+
 }  // namespace
+
+void launch_tie_count(const float* x, const float* y, float* ties, int64_t n,
+                      const BroadcastMap& map, bool accumulate, cudaStream_t stream) {
+  if (n <= 0) return;
+  tie_count_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, y, ties, n, map,
+                                                                   accumulate);
+}
+
+void launch_min_max_grad(const float* x, const float* y, const float* dy, const float* ties,
+                         float* out, int64_t n, const BroadcastMap& map, cudaStream_t stream) {
+  if (n <= 0) return;
+  min_max_grad_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, y, dy, ties, out, n,
+                                                                      map);
+}
 
 void launch_unary_grad(UnaryGradOp op, const float* x, const float* y, const float* dy, float* dx,
                        int64_t n, const UnaryGradParams& params, cudaStream_t stream) {
@@ -224,6 +258,8 @@ void launch_binary_grad(BinaryGradOp op, const float* lhs, const float* rhs, con
       return binary_grad_of<BinaryGradOp::kPReluX>(lhs, rhs, y, dy, out, n, map, stream);
     case BinaryGradOp::kPReluSlope:
       return binary_grad_of<BinaryGradOp::kPReluSlope>(lhs, rhs, y, dy, out, n, map, stream);
+    case BinaryGradOp::kFmodRhs:
+      return binary_grad_of<BinaryGradOp::kFmodRhs>(lhs, rhs, y, dy, out, n, map, stream);
   }
 }
 

@@ -58,6 +58,7 @@ enum class BinaryGradOp : int32_t {
   kPowExp,   // base > 0 ? dy * y * ln(base) : 0, y recomputed as base^e when null
   kPReluX,      // x > 0 ? dy : dy * slope (lhs x, rhs slope)
   kPReluSlope,  // x > 0 ? 0 : dy * x
+  kFmodRhs,     // -dy * trunc(lhs / rhs) (Mod's divisor; its dividend is kPass)
 };
 
 /// out[i] = g(lhs, rhs, y[i], dy[i]) for the n output elements, lhs read as input 0 of `map`
@@ -65,6 +66,16 @@ enum class BinaryGradOp : int32_t {
 void launch_binary_grad(BinaryGradOp op, const float* lhs, const float* rhs, const float* y,
                         const float* dy, float* out, int64_t n, const BroadcastMap& map,
                         cudaStream_t stream);
+
+/// Min and Max: ties[i] = (accumulate ? ties[i] : 0) + (x[at] == y[i] ? 1 : 0) over the n output
+/// elements, x read as input 0 of `map` and y dense.
+void launch_tie_count(const float* x, const float* y, float* ties, int64_t n,
+                      const BroadcastMap& map, bool accumulate, cudaStream_t stream);
+
+/// Min and Max: out[i] = x[at] == y[i] ? dy[i] / ties[i] : 0 over the n output elements, x read as
+/// input 0 of `map` and y, dy, ties dense.
+void launch_min_max_grad(const float* x, const float* y, const float* dy, const float* ties,
+                         float* out, int64_t n, const BroadcastMap& map, cudaStream_t stream);
 
 /// out[i] = (condition != 0) == take_true ? dy[i] : 0 for the n output elements, the condition
 /// read as input 0 of `map`.

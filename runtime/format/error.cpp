@@ -40,13 +40,36 @@ Error&& Error::in(std::string context) && {
   return std::move(in(std::move(context)));
 }
 
+namespace {
+
+/// `text` with every control character written as an escape: an error is one line even when it
+/// quotes bytes of a hostile file (a .npy key holding a newline).
+void append_one_line(std::string& out, std::string_view text) {
+  for (char ch : text) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\r') {
+      out += "\\r";
+    } else if (ch == '\t') {
+      out += ' ';
+    } else if (byte < 0x20 || byte == 0x7f) {
+      out += fmt::format("\\x{:02x}", byte);
+    } else {
+      out += ch;
+    }
+  }
+}
+
+}  // namespace
+
 void Error::rebuild() {
   line_.clear();
   for (const auto& c : context_) {
-    line_ += c;
+    append_one_line(line_, c);
     line_ += ": ";
   }
-  line_ += message_;
+  append_one_line(line_, message_);
 }
 
 }  // namespace stagecraft

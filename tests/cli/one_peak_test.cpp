@@ -66,12 +66,11 @@ std::vector<std::string> text_table_peaks(const std::string& text, int devices) 
   return peaks;
 }
 
-/// stagerun --json's summary: the object after the one-line step records.
+/// stagerun --json's summary: the last record (JSON Lines: one record per step, then it).
 nlohmann::json stagerun_summary(const std::string& out) {
-  std::string rest;
-  for (const std::string& line : lines_of(out))
-    if (!nlohmann::json::parse(line, nullptr, false).is_object()) rest += line + "\n";
-  return nlohmann::json::parse(rest);
+  const std::vector<std::string> lines = lines_of(out);
+  REQUIRE(!lines.empty());
+  return nlohmann::json::parse(lines.back());
 }
 
 struct Sample {
@@ -104,7 +103,7 @@ void check_one_figure(const Sample& sample) {
   const std::string dot = run(dir, fmt::format("{} {} --dot -", STAGECRAFT_STAGEDUMP, plan));
   const std::string stagerun_text =
       run(dir, fmt::format("{} {} --steps 2 -q", STAGECRAFT_STAGERUN, plan));
-  // --json: the device figures are in the summary, after the per-step records.
+  // --json: the device figures are in the summary, the record after the per-step ones.
   const nlohmann::json stagerun_json = stagerun_summary(
       run(dir, fmt::format("{} {} --steps 2 -q --json", STAGECRAFT_STAGERUN, plan)));
 

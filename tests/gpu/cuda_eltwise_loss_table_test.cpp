@@ -1,7 +1,8 @@
 // The CUDA backend's elementwise, loss and elementwise-gradient families against the CPU
-// backend's, without a GPU: every op of the CPU's elementwise, leaky_relu, unary_math, activations,
-// loss and grad_eltwise families has a CUDA kernel with the same contract flag, and the CUDA backend
-// accepts and refuses the same signatures (every dtype the CPU's kernels take has a CUDA kernel).
+// backend's, without a GPU: every op of the CPU's elementwise, leaky_relu, unary_math,
+// activations, compare_logic, loss and grad_eltwise families has a CUDA kernel with the same
+// contract flag, and the CUDA backend accepts and refuses the same signatures (every dtype the
+// CPU's kernels take has a CUDA kernel).
 #include <doctest/doctest.h>
 
 #include <span>
@@ -23,7 +24,8 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
   REQUIRE(cuda != nullptr);
   const std::span<const KernelEntry> families[] = {
       cpu::elementwise_kernels(), cpu::leaky_relu_kernels(), cpu::unary_math_kernels(),
-      cpu::activation_kernels(),  cpu::loss_kernels(),       cpu::grad_eltwise_kernels()};
+      cpu::activation_kernels(),  cpu::compare_logic_kernels(), cpu::loss_kernels(),
+      cpu::grad_eltwise_kernels()};
   int ops = 0;
   for (const auto& family : families)
     for (const KernelEntry& cpu_entry : family) {
@@ -33,7 +35,8 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
       CHECK(entry->writes_every_output == cpu_entry.writes_every_output);
       ++ops;
     }
-  CHECK(ops >= 58);  // 17 elementwise, 2 leaky_relu, 12 unary maths, 8 activations, 2 loss, 17 gradients
+  CHECK(ops >= 69);  // 17 elementwise, 2 leaky_relu, 12 unary maths, 8 activations,
+                    // 11 comparisons/logic/Min/Max/Mod, 2 loss, 17 gradients
 
   // Signatures the CPU takes (integer arithmetic, mixed Pow, Cast through 16-bit floats), and
   // ones it refuses, answered alike.
@@ -50,6 +53,7 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
   const DType sce_in[] = {DType::kFloat32, DType::kInt32};
   const DType f32[] = {DType::kFloat32};
   const DType i8[] = {DType::kInt8};
+  const DType i16_triple[] = {DType::kInt16, DType::kInt16, DType::kInt16};
   const DType f64_pair[] = {DType::kFloat64, DType::kFloat64};
   const DType f64[] = {DType::kFloat64};
   const DType u16[] = {DType::kUInt16};
@@ -57,6 +61,10 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
                                   {"Neg", i8, i8, none},
                                   {"Abs", u16, u16, none},
                                   {"PRelu", f64_pair, f64, none},
+                                  {"Max", i16_triple, i16, none},
+                                  {"Greater", i16_pair, b, none},
+                                  {"And", bools, b, none},
+                                  {"Mod", i16_pair, i16, none},
                                   {"Div", i16_pair, i16, none},
                                   {"Pow", pow_in, i32, none},
                                   {"Equal", bools, b, none},
@@ -72,6 +80,9 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
                                  {"Exp", i32, i32, none},
                                  {"PRelu", pow_in, i32, none},
                                  {"Selu", i16, i16, none},
+                                 {"Not", i16, i16, none},
+                                 {"Greater", bools, b, none},
+                                 {"Mod", f64_pair, f64, none},
                                  {"Sigmoid", i16, i16, none},
                                  {"Add", bools, b, none},
                                  {"SoftmaxCrossEntropyLoss", i16_pair, f32, none}};

@@ -404,4 +404,46 @@ TEST_CASE("grad PRelu: the slope's gradient summed over its broadcast axes") {
   }
 }
 
+// Issue 15's Min, Max and Mod (runtime/cpu/compare_logic.cpp).
+TEST_CASE("grad Min and Max: dy to the selected input, summed over broadcast axes") {
+  for (const char* op : {"Min", "Max"}) {
+    CAPTURE(op);
+    binary(op, random_tensor({2, 3, 4}, -1, 1, 1), random_tensor({2, 3, 4}, -1, 1, 2));
+    binary(op, random_tensor({2, 3, 4}, -1, 1, 3), random_tensor({4}, -1, 1, 4));
+    gradcheck(make_case(op,
+                        {random_tensor({3, 1}, -1, 1, 5), random_tensor({2, 1, 4}, -1, 1, 6),
+                         random_tensor({4}, -1, 1, 7)},
+                        {true, true, true}));
+    unary(op, random_tensor({2, 5}, -1, 1, 8));
+  }
+}
+
+TEST_CASE("grad Max: tied inputs share dy evenly") {
+  Tensor a = filled({2, 2}, 1), b = filled({2, 2}, 1), c = filled({2, 2}, 0.5f),
+         dy = filled({2, 2}, 3), da = filled({2, 2}, NAN), db = filled({2, 2}, NAN),
+         dc = filled({2, 2}, NAN);
+  call_grad("MaxGrad", 3, {&a, &b, &c, &a, &dy}, {&da, &db, &dc});
+  CHECK(da.as<float>()[3] == 1.5f);
+  CHECK(db.as<float>()[0] == 1.5f);
+  CHECK(all_zero(dc));
+  // Without the forward output, it is recomputed.
+  call_grad("MaxGrad", 3, {&a, &b, &c, nullptr, &dy}, {&da, &db, &dc});
+  CHECK(da.as<float>()[1] == 1.5f);
+}
+
+// a = b * (q + f) with q an integer and f in [0.2, 0.8]: fmod(a, b) stays away from its jumps.
+TEST_CASE("grad Mod (fmod=1): dy to the dividend, -dy * trunc(a / b) to the divisor") {
+  const Tensor b = random_tensor({3}, 0.6f, 1.5f, 2), f = random_tensor({2, 3}, 0.2f, 0.8f, 3),
+               q = random_tensor({2, 3}, -2.99f, 2.99f, 4);
+  Tensor a = Tensor::owned(DType::kFloat32, {2, 3});
+  for (int64_t i = 0; i < 6; ++i)
+    a.as<float>()[i] = b.as<float>()[i % 3] * (std::trunc(q.as<float>()[i]) + f.as<float>()[i]);
+  gradcheck(make_case("Mod", {a, b}, {true, true}, 1,
+                      [](onnx::NodeProto& n) { set_int(n, "fmod", 1); }));
+  CHECK(check_grad("ModGrad", 2, {DType::kFloat32, DType::kFloat32, DType::kFloat32,
+                                  DType::kFloat32},
+                   {DType::kFloat32, DType::kUndefined})
+            .find("needs fmod=1") != std::string::npos);
+}
+
 }  // namespace stagecraft::testing

@@ -49,8 +49,8 @@ same_training() {
     cat ranks.err >&2
     fail "mpirun -np $ranks stagerun failed"
   fi
-  grep -o '"loss":[^,]*' one.json | cut -d: -f2 >one.loss
-  grep -o '"loss":[^,]*' ranks.json | cut -d: -f2 >ranks.loss
+  grep -o '"loss":[^,}]*' one.json | cut -d: -f2 >one.loss
+  grep -o '"loss":[^,}]*' ranks.json | cut -d: -f2 >ranks.loss
   [ "$(wc -l <ranks.loss)" -eq 3 ] || fail "expected 3 losses, got $(cat ranks.loss)"
   paste one.loss ranks.loss | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 || $2 != $2 + 0) bad = 1 }
     END { exit bad }' || fail "losses differ by more than 1e-6: $(paste one.loss ranks.loss)"

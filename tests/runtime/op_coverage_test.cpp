@@ -274,6 +274,83 @@ ModelBuilder index_net() {
   return b;
 }
 
+std::string int64_scalar(ModelBuilder& b, const std::string& name, int64_t value) {
+  return b.add_constant(name, make_int64_tensor({}, {value}));
+}
+
+// Comparisons, logic, Min, Max and Mod on activations, as torch writes them: x [batch,4,8,8]
+// -> Conv 3x3 = h; keep = (h > 0.1 | h < 0.5) & ~(h < -0.3); w = where(keep, h,
+// torch.fmod(h, 0.25)); m = torch.max(torch.max(h, conv2(h)), b) with a trainable b [8,1,1]
+// (Max of three, broadcasting); n = torch.clamp(h, max=0.8) as Min -> Relu(w + m + n) ->
+// GlobalAveragePool -> Flatten -> Gemm -> y [batch,4].
+ModelBuilder logic_net() {
+  ModelBuilder b("logic_net");
+  b.add_input("x", kFloat, {"batch", 4, 8, 8});
+  const std::string h = conv3x3(b, "conv1", "x", 4, 8, 1);
+  const std::string gt = b.add_op("Greater", "/mask/Greater", {h, scalar(b, "/mask/c0", 0.1f)});
+  const std::string lt = b.add_op("Less", "/mask/Less", {h, scalar(b, "/mask/c1", 0.5f)});
+  const std::string neg = b.add_op("Less", "/mask/Less_1", {h, scalar(b, "/mask/c2", -0.3f)});
+  const std::string either = b.add_op("Or", "/mask/Or", {gt, lt});
+  const std::string keep =
+      b.add_op("And", "/mask/And", {either, b.add_op("Not", "/mask/Not", {neg})});
+  const std::string rem =
+      b.add_op("Mod", "/mask/Mod", {h, scalar(b, "/mask/c3", 0.25f)}, {attr_int("fmod", 1)});
+  const std::string w = b.add_op("Where", "/mask/Where", {keep, h, rem});
+  const std::string bound = b.add_parameter_filled("max.bound", {8, 1, 1}, 0.05f);
+  const std::string m = b.add_op("Max", "/max/Max", {h, conv3x3(b, "conv2", h, 8, 8, 1), bound});
+  const std::string n = b.add_op("Min", "/clamp/Min", {h, scalar(b, "/clamp/c", 0.8f)});
+  std::string x = b.add_op("Add", "/sum/Add", {w, m});
+  x = b.add_op("Relu", "/relu/Relu", {b.add_op("Add", "/sum/Add_1", {x, n})});
+  x = b.add_op("GlobalAveragePool", "/gap/GlobalAveragePool", {x});
+  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
+  const std::string fw = b.add_parameter("fc.weight", {4, 8}, 8);
+  const std::string fb = b.add_parameter("fc.bias", {4}, 8);
+  b.add_node("Gemm", "/fc/Gemm", {x, fw, fb}, {"y"}, {attr_int("transB", 1)});
+  b.add_output("y", kFloat, {"batch", 4});
+  return b;
+}
+
+// A shifted-window attention mask as Swin's export computes it, all int64 and bool constants:
+// idx = arange(8); r = idx % 4; keep = ~((r < 2) | (idx > 5)) & (idx < 7); top =
+// max(min(idx, 3), r, 1); mask = where(keep | top == 3, 0, -100) -> added to the scores of
+// x [batch,8,8] @ Wq, softmax, @ x -> Flatten -> Gemm -> y [batch,4]. Folding leaves none of
+// the mask's ops.
+ModelBuilder window_mask_net() {
+  ModelBuilder b("window_mask_net");
+  b.add_input("x", kFloat, {"batch", 8, 8});
+  const std::string idx =
+      b.add_op("Range", "/mask/Range",
+               {int64_scalar(b, "/mask/start", 0), int64_scalar(b, "/mask/limit", 8),
+                int64_scalar(b, "/mask/delta", 1)});
+  const std::string r = b.add_op("Mod", "/mask/Mod", {idx, int64_scalar(b, "/mask/four", 4)});
+  const std::string lo = b.add_op("Less", "/mask/Less", {r, int64_scalar(b, "/mask/two", 2)});
+  const std::string hi =
+      b.add_op("Greater", "/mask/Greater", {idx, int64_scalar(b, "/mask/five", 5)});
+  std::string keep = b.add_op("Not", "/mask/Not", {b.add_op("Or", "/mask/Or", {lo, hi})});
+  keep =
+      b.add_op("And", "/mask/And",
+               {keep, b.add_op("Less", "/mask/Less_1", {idx, int64_scalar(b, "/mask/seven", 7)})});
+  const std::string cap = b.add_op("Min", "/mask/Min", {idx, int64_scalar(b, "/mask/three", 3)});
+  const std::string top = b.add_op("Max", "/mask/Max", {cap, r, int64_scalar(b, "/mask/one", 1)});
+  const std::string eq =
+      b.add_op("Equal", "/mask/Equal", {top, int64_scalar(b, "/mask/three_1", 3)});
+  const std::string mask =
+      b.add_op("Where", "/mask/Where",
+               {b.add_op("Or", "/mask/Or_1", {keep, eq}), scalar(b, "/mask/zero", 0.0f),
+                scalar(b, "/mask/minus", -100.0f)});
+  const std::string wq = b.add_parameter("q.weight", {8, 8}, 8);
+  std::string s = b.add_op("MatMul", "/attn/MatMul", {"x", wq});
+  s = b.add_op("Add", "/attn/Add", {s, mask});
+  s = b.add_op("Softmax", "/attn/Softmax", {s}, {attr_int("axis", -1)});
+  std::string x = b.add_op("MatMul", "/attn/MatMul_1", {s, "x"});
+  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
+  const std::string fw = b.add_parameter("fc.weight", {4, 64}, 64);
+  const std::string fb = b.add_parameter("fc.bias", {4}, 64);
+  b.add_node("Gemm", "/fc/Gemm", {x, fw, fb}, {"y"}, {attr_int("transB", 1)});
+  b.add_output("y", kFloat, {"batch", 4});
+  return b;
+}
+
 plan::PlanOptions options_for(const std::string& model, int devices, bool training) {
   plan::PlanOptions o;
   o.model_path = model;
@@ -540,6 +617,46 @@ TEST_CASE("Tile, CumSum, GatherElements and ScatterND refusals at import") {
                      "for dim 0 of size 2") != std::string::npos);
   CHECK(import_error("ScatterND", make_int64_tensor({1, 1}, {-2}), {}) == "imported");
   CHECK(import_error("CumSum", make_int64_tensor({}, {-2}), {}) == "imported");
+}
+
+TEST_CASE(
+    "Greater, Less, Not, And, Or, Min, Max (a trained bound) and Mod on activations: 2 devices as "
+    "one") {
+  testing::TempDir dir;
+  const std::string model = dir.file("logic_net.onnx");
+  logic_net().write(model);
+  CHECK(run_against_unpartitioned(model, 1, "Max") == 1);
+  CHECK(run_against_unpartitioned(model, 2, "Mod") == 1);
+  check_training(model);
+  const DType f32[] = {DType::kFloat32}, f32_pair[] = {DType::kFloat32, DType::kFloat32},
+              f32_triple[] = {DType::kFloat32, DType::kFloat32, DType::kFloat32};
+  check_cuda_accepts("Max", f32_triple);
+  check_cuda_accepts("Min", f32_pair);
+  check_cuda_accepts("Min", f32);
+  const Backend* cuda = cuda_backend();
+  if (cuda == nullptr) return;
+  const DType bools[] = {DType::kBool, DType::kBool}, one_bool[] = {DType::kBool};
+  const Attrs none;
+  for (const char* op : {"Greater", "Less"})
+    CHECK(cuda->check({op, f32_pair, one_bool, none}).empty());
+  for (const char* op : {"And", "Or"}) CHECK(cuda->check({op, bools, one_bool, none}).empty());
+  CHECK(cuda->check({"Not", one_bool, one_bool, none}).empty());
+}
+
+TEST_CASE("a Swin-style window mask (Range, Mod, comparisons, logic, Min, Max) folds away") {
+  testing::TempDir dir;
+  const std::string model = dir.file("window_mask_net.onnx");
+  window_mask_net().write(model);
+  ImportOptions options;
+  options.batch = 2;
+  const ImportedModel imported = import_model(model, options);
+  for (ir::NodeId id : imported.graph.topological_order()) {
+    const std::string& op = imported.graph.node(id).op_type;
+    CAPTURE(op);
+    CHECK((op == "MatMul" || op == "Add" || op == "Softmax" || op == "Flatten" || op == "Gemm"));
+  }
+  CHECK(run_against_unpartitioned(model, 2, "Softmax") == 1);
+  check_training(model);
 }
 
 }  // namespace stagecraft::rt

@@ -59,6 +59,17 @@ std::string toy_plan(const testing::TempDir& dir, int devices) {
   return path;
 }
 
+// The summary record of `stagerun --json` output: its last line (JSON Lines: one record per
+// step, then the summary).
+nlohmann::json json_summary(const std::string& out) {
+  std::string last;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) last = line;
+  nlohmann::json summary = nlohmann::json::parse(last);
+  CHECK(summary["type"] == "summary");
+  return summary;
+}
+
 // The loss of every step from `stagerun --json` output (JSON Lines, then the summary).
 std::vector<double> json_losses(const std::string& out) {
   std::vector<double> losses;
@@ -116,7 +127,7 @@ TEST_CASE("stagerun --json and --trace describe the run") {
   Result r = stagerun(
       dir, fmt::format("{} --steps 4 --json --trace {}", plan_dir, dir.file("trace.json")));
   REQUIRE(r.code == 0);
-  auto j = nlohmann::json::parse(r.out);
+  auto j = json_summary(r.out);
   CHECK(j["steps"] == 4);
   CHECK(j["step_ms"].size() == 4);
   CHECK(j["device"].size() == 2);
@@ -127,6 +138,10 @@ TEST_CASE("stagerun --json and --trace describe the run") {
   int complete = 0;
   for (const auto& e : trace["traceEvents"]) complete += e["ph"] == "X";
   CHECK(complete == 2 * 4 * 4);
+  // Both on stdout would interleave two documents: refused.
+  check_one_line_error(stagerun(dir, plan_dir + " --json --trace -"),
+                       "^stagerun: usage error: --json and --trace - both write to stdout; give "
+                       "--trace a FILE\n$");
 }
 
 TEST_CASE("a plan costed for another kind of device is run with one warning naming the fix") {
@@ -149,7 +164,7 @@ TEST_CASE("a plan costed for another kind of device is run with one warning nami
       "with stagec --profile cpu (measured kernel times) or --device-spec cpu (roofline)\n"));
   Result json = stagerun(dir, dir.file("h100") + " --backend cpu --steps 2 -q --json");
   REQUIRE(json.code == 0);
-  auto summary = nlohmann::json::parse(json.out);
+  auto summary = json_summary(json.out);
   REQUIRE(summary["warnings"].size() == 1);
   CHECK(r.err == "stagerun: warning: " + summary["warnings"][0].get<std::string>() + "\n");
   CHECK(summary["plan_device"]["name"] == "h100");
@@ -164,7 +179,7 @@ TEST_CASE("the reported step is the median of the steps after the warm-up step")
   std::string plan_dir = toy_plan(dir, 2);
   Result r = stagerun(dir, plan_dir + " --steps 4 -q --json");
   REQUIRE(r.code == 0);
-  auto j = nlohmann::json::parse(r.out);
+  auto j = json_summary(r.out);
   std::vector<double> steps = j["step_ms"].get<std::vector<double>>();
   REQUIRE(steps.size() == 4);
   CHECK(j["warmup_step_ms"] == steps[0]);

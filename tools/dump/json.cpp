@@ -1,5 +1,7 @@
-// The --json view of stagedump (schema at the top of tools/stagedump.cpp).
+// The --json view of stagedump (schema at the top of tools/stagedump.cpp and in
+// docs/schemas/stagedump.schema.json).
 #include "tools/dump/render.h"
+#include "tools/json_formats.h"
 
 namespace stagecraft::dump {
 namespace {
@@ -153,7 +155,8 @@ nlohmann::ordered_json render_json(const PlanView& view) {
                    {"bwd_ms", op.bwd_ms},
                    {"flops", op.flops}});
   }
-  return {{"plan",
+  return {{"format_version", tools::kDumpJsonVersion},
+          {"plan",
            {{"dir", view.plan_dir},
             {"format_version", plan.format_version},
             {"generator", plan.generator},

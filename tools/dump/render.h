@@ -20,7 +20,9 @@ std::string render_text(const PlanView& view);
 /// Followed by a time axis and a legend.
 std::string render_ascii_timeline(const PlanView& view, int columns = 100);
 
-/// The `--json` document; its schema is documented at the top of tools/stagedump.cpp.
+/// The `--json` document (its `format_version` is tools/json_formats.h's kDumpJsonVersion); its
+/// schema is documented at the top of tools/stagedump.cpp and in
+/// docs/schemas/stagedump.schema.json.
 nlohmann::ordered_json render_json(const PlanView& view);
 
 /// A Graphviz digraph: one cluster per stage, ops filled with the stage's colour and chained
@@ -31,7 +33,7 @@ std::string render_dot(const PlanView& view);
 /// Chrome's Trace Event Format for a timeline: one complete ("X") event per compute event,
 /// named letter + microbatch ("F3"), category `event_category`, ts and dur in microseconds,
 /// pid 0, tid = device, args {stage, microbatch}; one "thread_name" metadata event per device
-/// ("device N") and a "process_name" (`process`). stagerun will write measured runs in the same
+/// ("device N") and a "process_name" (`process`); `otherData` {format_version}. stagerun will write measured runs in the same
 /// form so that both open side by side in chrome://tracing or Perfetto.
 nlohmann::ordered_json trace_json(const std::vector<schedule::TimelineEvent>& events, int devices,
                                   const std::string& process);

@@ -2,6 +2,7 @@
 #include <filesystem>
 
 #include "tools/dump/render.h"
+#include "tools/json_formats.h"
 
 namespace stagecraft::dump {
 
@@ -39,7 +40,9 @@ nlohmann::ordered_json trace_json(const std::vector<schedule::TimelineEvent>& ev
                      {"tid", event.device},
                      {"args", {{"stage", event.stage}, {"microbatch", event.microbatch}}}});
   }
-  return {{"traceEvents", std::move(trace)}, {"displayTimeUnit", "ms"}};
+  return {{"traceEvents", std::move(trace)},
+          {"displayTimeUnit", "ms"},
+          {"otherData", {{"format_version", tools::kTraceJsonVersion}}}};
 }
 
 nlohmann::ordered_json render_trace(const PlanView& view) {

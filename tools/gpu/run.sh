@@ -99,8 +99,10 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
         # shellcheck disable=SC2086
         check "plan $model $devices $mode" 600 stagec "$b/samples/$model.onnx" -o "$plan" $flags || continue
         if check "run $model $devices $mode" 600 stagerun "$plan" --backend cuda --steps 20 --json -q; then
-          tail -40 "$log" | grep -E '"median_step_ms"|"predicted_step_ms"|"measured"|"predicted"' |
-            tr -d ' \n' | sed "s/^/  $model $devices $mode: /" >>"$summary"
+          # --json: JSON Lines; the summary record is the last line of type "summary".
+          grep '"type":"summary"' "$log" | tail -1 |
+            grep -oE '"(median_step_ms|predicted_step_ms|bubble)":(\{[^}]*\}|[^,]*)' |
+            tr '\n' ' ' | sed "s/^/  $model $devices $mode: /" >>"$summary"
           echo >>"$summary"
         fi
       done
