@@ -158,12 +158,22 @@ std::string list_nodes(const stagecraft::ImportedModel& model, const std::string
 /// vocabulary (runtime/format/vocabulary.h), by `parse_choices`.
 struct ChoiceNames {
   std::string objective = "speed", schedule, optimizer = "adamw", precision = "fp32",
-              recompute = "none";
+              recompute = "none", lr_scaling = "none";
 };
 
 /// Registers the planning flags: numbers straight into `po`, the named choices into `names`.
 void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNames& names) {
-  app.add_option("--devices", po.devices, "pipeline devices P")->check(cli::at_least<int>(1));
+  app.add_option("--devices", po.devices,
+                 "devices in all: P pipeline devices, or R x P with --data-parallel R")
+      ->check(cli::at_least<int>(1));
+  app.add_option("--data-parallel", po.data_parallel,
+                 "R replicas of a pipeline of devices / R devices, each taking 1/R of every "
+                 "batch (global batch = R x microbatches x microbatch); training sums each "
+                 "stage's gradients over the replicas before its optimizer step (default 1)")
+      ->check(cli::at_least<int>(1));
+  app.add_option("--lr-scaling", names.lr_scaling,
+                 "with --train: none | linear | sqrt: the learning rate times R, sqrt(R) or 1 for "
+                 "R data-parallel replicas (default none)");
   app.add_option("--objective", names.objective,
                  "speed: shortest predicted step; memory: smallest peak per device");
   app.add_option(
@@ -174,7 +184,7 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
                  "V model chunks per device for --schedule interleaved (default 2)")
       ->check(cli::at_least<int>(1));
   app.add_option("--microbatches", po.microbatches,
-                 "M microbatches per step (default: the device count)")
+                 "M microbatches per step of each replica (default: the pipeline's device count)")
       ->check(cli::at_least<int>(1));
   app.add_flag("--train", po.training, "plan training: forward, backward and optimizer step");
   app.add_option("--optimizer", names.optimizer,
@@ -243,6 +253,7 @@ void parse_choices(const ChoiceNames& names, stagecraft::plan::PlanOptions& po) 
   po.optimizer = flag("--optimizer", [&] { return parse_optimizer(names.optimizer); });
   po.precision = flag("--precision", [&] { return parse_precision(names.precision); });
   po.recompute = flag("--recompute", [&] { return parse_recompute(names.recompute); });
+  po.lr_scaling = flag("--lr-scaling", [&] { return parse_lr_scaling(names.lr_scaling); });
 }
 
 /// Refuses flags that would be silently ignored: the training flags without --train, --labels
@@ -250,10 +261,9 @@ void parse_choices(const ChoiceNames& names, stagecraft::plan::PlanOptions& po) 
 void check_flags_apply(const CLI::App& app, const stagecraft::plan::PlanOptions& po) {
   using namespace stagecraft;
   std::vector<std::string> given;
-  for (const char* flag :
-       {"--optimizer", "--loss", "--labels", "--loss-axis", "--ignore-index", "--lr",
-        "--weight-decay", "--momentum", "--lr-schedule", "--warmup-steps", "--total-steps",
-        "--recompute"}) {
+  for (const char* flag : {"--optimizer", "--loss", "--labels", "--loss-axis", "--ignore-index",
+                           "--lr", "--weight-decay", "--momentum", "--lr-schedule",
+                           "--warmup-steps", "--total-steps", "--recompute", "--lr-scaling"}) {
     if (app.count(flag) > 0) given.push_back(flag);
   }
   if (!po.training && !given.empty()) {

@@ -14,15 +14,16 @@
 //
 // --json: JSON Lines (docs/schemas/stagerun.schema.json; times in ms, memory in bytes). One
 // record per step, {type: "step", format_version, step, step_ms, [loss] (training)}, then one
-//   {type: "summary", format_version, plan, backend, [backend_auto], threads_per_device, devices,
-//   microbatches, batch, steps, inputs,
+//   {type: "summary", format_version, plan, backend, [backend_auto], threads_per_device, devices
+//   (every replica's), data_parallel, microbatches (per replica), batch (global), steps, inputs,
 //    step_ms [every step], median_step_ms, median_of_steps, warmup_step_ms,
 //    median_excludes_warmup, samples_per_s,
 //    bubble {measured, predicted}, predicted_step_ms, cost_model, [final_loss] (training),
 //    plan_device {name, kind},
 //    warnings [one line each, e.g. a plan costed for another kind of device],
 //    device [{device, busy_fraction, peak_bytes, predicted_peak_bytes, arena_bytes, weight_bytes,
-//             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use)}],
+//             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use),
+//             [allreduce_ms] (data parallelism: the step's ALLREDUCE time)}],
 //    process_peak_rss_bytes,
 //    outputs [{name, dtype, shape, file}]}
 // The measured figures describe the median step, the first step (the warm-up) left out when
@@ -122,7 +123,7 @@ std::vector<std::map<std::string, rt::Tensor>> cut_batches(
     const std::map<std::string, rt::Tensor>& data, const rt::Pipeline& pipeline,
     const std::string& dir) {
   int64_t batches = -1;
-  const int64_t m = pipeline.plan().microbatches;
+  const int64_t m = pipeline.step_microbatches();  // of every replica
   for (const rt::ModelTensor& in : pipeline.inputs()) {
     const rt::Tensor& t = data.at(in.name);
     int64_t rows = in.shape.empty() ? 1 : in.shape[0] * m;
@@ -243,11 +244,10 @@ std::function<void(int, int64_t, size_t)> stop_hook(const Args& args, const rt::
   char where[8] = "";
   int fields = std::sscanf(text.c_str(), "%d:%lld:%7s", &device, &step, where);
   const bool last = fields == 3 && std::string(where) == "last";
-  if (fields < 2 || (fields == 3 && !last) || device < 0 || step < 1 ||
-      device >= static_cast<int>(p.schedule().size()))
+  if (fields < 2 || (fields == 3 && !last) || device < 0 || step < 1 || device >= p.devices())
     fail(ErrorKind::kUsage, "{} '{}': give DEVICE:STEP[:last] (device 0..{}, step from 1)", flag,
-         text, p.schedule().size() - 1);
-  const size_t size = p.schedule()[static_cast<size_t>(device)].size();
+         text, p.devices() - 1);
+  const size_t size = p.schedule()[static_cast<size_t>(device % p.plan().devices)].size();
   const size_t at = last ? size - 1 : size / 2;
   return [kill, device, step, at](int d, int64_t s, size_t index) {
     if (d != device || s != step || index != at) return;
@@ -299,6 +299,7 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt
   report.reported_step = rt::median_step(report.step_s);
   report.bubble_fraction = runs[report.reported_step].bubble_fraction;
   report.devices = runs[report.reported_step].devices;
+  report.allreduce_s = runs[report.reported_step].allreduce_s;
   report.outputs = runs.back().outputs;
   return report;
 }
@@ -385,7 +386,8 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
   j["backend"] = std::string(backend);
   if (!auto_reason.empty()) j["backend_auto"] = auto_reason;  // why --backend auto chose it
   j["threads_per_device"] = args.threads;
-  j["devices"] = plan.devices;
+  j["devices"] = plan.devices * plan.data_parallel;
+  j["data_parallel"] = plan.data_parallel;
   j["microbatches"] = plan.microbatches;
   j["batch"] = plan.batch;
   j["steps"] = args.steps;
@@ -418,6 +420,8 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
                     {"weight_bytes", r.weight_bytes}});
     if (r.device_peak_bytes >= 0) devs.back()["device_peak_bytes"] = r.device_peak_bytes;
     if (r.device_used_bytes >= 0) devs.back()["device_used_bytes"] = r.device_used_bytes;
+    if (plan.data_parallel > 1 && d < report.allreduce_s.size())
+      devs.back()["allreduce_ms"] = report.allreduce_s[d] * 1e3;
   }
   j["device"] = devs;
   j["process_peak_rss_bytes"] = peak_rss_bytes();
@@ -434,12 +438,15 @@ void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args&
   double samples_per_s = step_s > 0 ? static_cast<double>(plan.batch) / step_s : 0;
   std::vector<double> sorted = steady_steps(report);
   std::sort(sorted.begin(), sorted.end());
+  const int devices = plan.devices * plan.data_parallel;
   fmt::print(
-      "plan {}: {} on {} device{}, {} microbatches of {} (batch {}); backend {}, {} thread{} per "
-      "device\n",
-      args.plan_dir, to_string(plan.schedule), plan.devices, plan.devices == 1 ? "" : "s",
-      plan.microbatches, plan.microbatch_size, plan.batch, backend, threads,
-      threads == 1 ? "" : "s");
+      "plan {}: {} on {} device{}{}, {} microbatches of {}{} (batch {}); backend {}, {} thread{} "
+      "per device\n",
+      args.plan_dir, to_string(plan.schedule), devices, devices == 1 ? "" : "s",
+      plan.data_parallel > 1 ? fmt::format(" ({} replicas x {})", plan.data_parallel, plan.devices)
+                             : "",
+      plan.microbatches, plan.microbatch_size, plan.data_parallel > 1 ? " per replica" : "",
+      plan.batch, backend, threads, threads == 1 ? "" : "s");
   fmt::print("inputs: {}\n", inputs_label(args, false));
   for (size_t k = 0; k < report.losses.size(); ++k)
     fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms\n", first_step + static_cast<int64_t>(k) + 1,
@@ -469,6 +476,19 @@ void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args&
           "        the GPU it is on: pool peak {} with the arena, {} in use (driver)\n",
           dump::format_bytes(static_cast<double>(r.device_peak_bytes)),
           dump::format_bytes(static_cast<double>(std::max<int64_t>(0, r.device_used_bytes))));
+  }
+  if (plan.data_parallel > 1 && plan.training && !report.allreduce_s.empty()) {
+    double sum = 0;
+    for (double s : report.allreduce_s) sum += s;
+    const double mean = sum / static_cast<double>(report.allreduce_s.size());
+    fmt::print(
+        "all-reduce over {} replicas: {:.3f} ms of the step per device ({:.1f}%; predicted "
+        "{:.3f} ms)\n",
+        plan.data_parallel, mean * 1e3, step_s > 0 ? 100 * mean / step_s : 0.0, [&] {
+          double predicted = 0;
+          for (const plan::Stage& st : plan.stages) predicted += st.allreduce_ms;
+          return predicted / plan.devices;
+        }());
   }
   // The meter counts tensors; the process also holds the program, oneDNN's scratch and
   // buffers kept for reuse.
@@ -604,7 +624,7 @@ int main(int argc, char** argv) {
     }
 
     nlohmann::ordered_json outputs = write_outputs(report, args.outputs_dir);
-    write_trace(report, args, plan.devices);
+    write_trace(report, args, pipeline->devices());
     if (args.json)
       print_json(report, plan, args, backend.name(), chosen, first_step, outputs, warning);
     else if (args.trace_path != "-")

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "compiler/model_info.h"
@@ -16,14 +17,10 @@
 namespace stagecraft::plan::planning {
 namespace {
 
-/// Time to sum `bytes` of gradient over the devices of the holder stages `stages`: a ring
-/// all-reduce, 2 (n - 1) steps of bytes / n over the slowest link of the ring of the n distinct
-/// devices (0 when they are all one device).
-double shared_exchange_s(const Setup& s, const std::vector<int>& stages, double bytes) {
-  std::vector<int> devices;
-  for (int stage : stages) devices.push_back(stage % s.shape.devices);
-  std::sort(devices.begin(), devices.end());
-  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+/// Time to sum `bytes` over `devices` (distinct, in ring order): a ring all-reduce, 2 (n - 1)
+/// steps of bytes / n over the slowest link of the ring, 2 (n - 1)/n x bytes / bandwidth plus
+/// 2 (n - 1) latencies on a uniform ring (0 for one device).
+double ring_allreduce_s(const Setup& s, const std::vector<int>& devices, double bytes) {
   const auto n = static_cast<int>(devices.size());
   if (n < 2) return 0;
   double slowest = 0;
@@ -31,6 +28,25 @@ double shared_exchange_s(const Setup& s, const std::vector<int>& stages, double 
     slowest = std::max(
         slowest, cost::transfer_seconds(s.cluster, devices[i], devices[(i + 1) % n], bytes / n));
   return 2.0 * (n - 1) * slowest;
+}
+
+/// Time to sum `bytes` of gradient over the devices of the holder stages `stages` (replica 0's).
+double shared_exchange_s(const Setup& s, const std::vector<int>& stages, double bytes) {
+  std::vector<int> devices;
+  for (int stage : stages) devices.push_back(stage % s.shape.devices);
+  std::sort(devices.begin(), devices.end());
+  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+  return ring_allreduce_s(s, devices, bytes);
+}
+
+/// Time to sum `bytes` of a stage's gradients on pipeline device `device` over the replicas:
+/// a ring over devices device, P + device, 2P + device, ... (the ranks replica x P + device;
+/// the cluster fills nodes in that order, so pipeline neighbours share a node first and a
+/// replica's ring crosses nodes when a node holds fewer than R x P devices).
+double replica_allreduce_s(const Setup& s, int device, double bytes) {
+  std::vector<int> devices;
+  for (int r = 0; r < s.shape.data_parallel; ++r) devices.push_back(r * s.shape.devices + device);
+  return ring_allreduce_s(s, devices, bytes);
 }
 
 /// Working memory of one microbatch through the stage beyond what the anatomy already holds.
@@ -173,6 +189,16 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
     comm += 4 * elements;
     out.shared_exchange_ms += shared_exchange_s(s, w.stages, 4.0 * elements) * 1e3;
   }
+  // Data parallelism: the stage's float32 weight gradients are summed over the replicas before
+  // its optimizer step (ALLREDUCE): copied into one bucket, and one chunk (1/R of it) received
+  // at a time by the ring.
+  if (s.shape.training && s.shape.data_parallel > 1) {
+    const double bytes =
+        cost::gradient_bytes_per_param(s.precision) * static_cast<double>(out.params);
+    const int replicas = s.shape.data_parallel;
+    comm += static_cast<int64_t>(bytes) + static_cast<int64_t>(std::ceil(bytes / replicas));
+    out.allreduce_ms = replica_allreduce_s(s, out.device, bytes) * 1e3;
+  }
   // Recomputation: the first forward runs in the arena (kept for the run), keeping only the
   // stage inputs; the backward's forward re-run rebuilds one microbatch's activations.
   out.recompute = recompute && s.shape.training;
@@ -215,6 +241,7 @@ void note_stage(SimExtras& rc, const Stage& st, const BackwardFacts& b) {
   rc.on.push_back(st.recompute);
   rc.deferred_bytes.push_back(b.deferred);
   rc.shared_exchange_s.push_back(st.shared_exchange_ms / 1e3);
+  rc.allreduce_s.push_back(st.allreduce_ms / 1e3);
   int64_t input_bytes = 0;
   for (const auto& t : st.inputs) input_bytes += t.bytes;
   rc.input_bytes.push_back(static_cast<double>(input_bytes));

@@ -74,6 +74,14 @@ PlannedModel make_plan(const PlanOptions& o) {
     passes::AppendedLoss loss = passes::append_loss(out.model.graph, o.loss);
     out.loss_summary = loss.summary;
     out.plan.training_config = o.training_config;
+    // The global batch grows with the replicas; the rate may grow with it (--lr-scaling).
+    const double replicas = s.shape.data_parallel;
+    const double factor = o.lr_scaling == LrScaling::kLinear ? replicas
+                          : o.lr_scaling == LrScaling::kSqrt ? std::sqrt(replicas)
+                                                             : 1.0;
+    out.plan.training_config.base_lr = o.training_config.lr;
+    out.plan.training_config.lr = o.training_config.lr * factor;
+    out.plan.training_config.lr_scaling = std::string(to_string(o.lr_scaling));
     out.plan.training_config.loss = o.loss.kind.empty() ? "model" : o.loss.kind;
     out.plan.training_config.loss_output = out.model.graph.value(loss.value).name;
     out.plan.training_config.labels = o.loss.kind.empty() ? "" : o.loss.labels;
@@ -123,8 +131,9 @@ PlannedModel make_plan(const PlanOptions& o) {
   }
 
   bool manual = !o.split_after.empty();
+  // Throughput counts the samples of every replica.
   SplitEvaluator evaluator(s, facts, g, order, gp, out.plan.training_config.loss_output,
-                           s.microbatch_size * s.shape.microbatches);
+                           s.microbatch_size * s.shape.microbatches * s.shape.data_parallel);
   const SplitChoice choice = choose_split(
       evaluator, s, facts, gp, manual ? split_positions(g, gp, o.split_after) : std::vector<int>{});
   Candidate chosen = evaluator.evaluate(choice.cuts);
@@ -154,7 +163,8 @@ PlannedModel make_plan(const PlanOptions& o) {
   p.chunks = s.shape.chunks;
   p.microbatches = s.shape.microbatches;
   p.microbatch_size = s.microbatch_size;
-  p.batch = s.microbatch_size * s.shape.microbatches;
+  p.data_parallel = s.shape.data_parallel;
+  p.batch = s.microbatch_size * s.shape.microbatches * s.shape.data_parallel;
   p.training = s.shape.training;
   p.optimizer = s.optimizer;
   p.precision = s.precision;
@@ -225,11 +235,33 @@ std::string summarize(const Plan& p) {
   std::string out = fmt::format(
       "{} stages on {} devices ({} schedule, {} microbatches of {}; {}):\n", p.stages.size(),
       p.devices, to_string(p.schedule), p.microbatches, p.microbatch_size, p.cost_model);
+  if (p.data_parallel > 1) {
+    const int64_t share = p.batch / p.data_parallel;
+    out =
+        fmt::format(
+            "data parallel: {} replicas of a {}-device pipeline, {} devices (replica r on devices "
+            "r x {} .. r x {} + {}); global batch {} = {} replicas x {} microbatches x {}: replica "
+            "r takes rows [r x {}, (r + 1) x {}) of every batch{}\n",
+            p.data_parallel, p.devices, p.data_parallel * p.devices, p.devices, p.devices,
+            p.devices - 1, p.batch, p.data_parallel, p.microbatches, p.microbatch_size, share,
+            share,
+            p.training ? "; each stage's gradients are summed over the replicas (ALLREDUCE) before "
+                         "its optimizer step"
+                       : "") +
+        (p.training && p.training_config.lr_scaling != "none"
+             ? fmt::format("learning rate {:g} = {:g} scaled {} by {} replicas\n",
+                           p.training_config.lr, p.training_config.base_lr,
+                           p.training_config.lr_scaling, p.data_parallel)
+             : "") +
+        "each replica: " + out;
+  }
   for (const auto& st : p.stages) {
-    out +=
-        fmt::format("  stage {} on device {}: {} ops, {} params, fwd {:.3f} ms, bwd {:.3f} ms{}\n",
-                    st.index, st.device, st.nodes.size(), st.params, st.fwd_ms, st.bwd_ms,
-                    st.recompute ? " (recompute)" : "");
+    out += fmt::format(
+        "  stage {} on device {}: {} ops, {} params, fwd {:.3f} ms, bwd {:.3f} ms{}{}\n", st.index,
+        st.device, st.nodes.size(), st.params, st.fwd_ms, st.bwd_ms,
+        p.data_parallel > 1 && p.training ? fmt::format(", all-reduce {:.3f} ms", st.allreduce_ms)
+                                          : "",
+        st.recompute ? " (recompute)" : "");
   }
   out += "predicted peak memory per device (the parts it holds then add up to it):\n";
   for (const DevicePeak& peak : p.device_memory) out += "  " + peak_line(peak, p.stages) + "\n";

@@ -22,12 +22,17 @@ namespace stagecraft::plan {
 /// once where the command line is read.
 struct PlanOptions {
   std::string model_path;
-  int devices = 1;
+  int devices = 1;  ///< All devices: data_parallel replicas of devices / data_parallel each.
+  /// R: replicas of the pipeline (data parallelism); `devices` must be a multiple of it, and
+  /// the global batch of R x microbatches.
+  int data_parallel = 1;
+  /// With --train: how the learning rate grows with R (the rate given is kept as base_lr).
+  LrScaling lr_scaling = LrScaling::kNone;
   Objective objective = Objective::kSpeed;
   std::optional<ScheduleKind> schedule;  ///< Default: 1f1b for training, inference otherwise.
   int chunks = 0;                        ///< V; default 2 for interleaved, else 1.
-  int microbatches = 0;                  ///< M; default: the device count.
-  std::optional<int64_t> batch;          ///< Global batch B; split into M microbatches.
+  int microbatches = 0;                  ///< M per replica; default: the pipeline's device count.
+  std::optional<int64_t> batch;          ///< Global batch B; split into R x M microbatches.
   std::map<std::string, int64_t> dims;   ///< Other symbolic dims (--dim).
   bool training = false;
   OptimizerKind optimizer = OptimizerKind::kAdamW;  ///< With --train.

@@ -43,6 +43,7 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     c.backward_bytes.push_back(recompute ? act : 0.0);
     c.deferred_bytes.push_back(split && k < rc.deferred_bytes.size() ? rc.deferred_bytes[k] : 0.0);
     c.shared_allreduce_s.push_back(k < rc.shared_exchange_s.size() ? rc.shared_exchange_s[k] : 0.0);
+    c.allreduce_s.push_back(k < rc.allreduce_s.size() ? rc.allreduce_s[k] : 0.0);
     optimizer_bytes = std::max(optimizer_bytes, stat);
   }
   // The optimizer streams every weight, gradient and state once: memory-bound.
@@ -56,22 +57,36 @@ Setup make_setup(const PlanOptions& o) {
   Setup s;
   s.objective = o.objective;
   if (o.devices < 1) fail(ErrorKind::kUsage, "--devices {} must be at least 1", o.devices);
+  const int replicas = o.data_parallel;
+  if (replicas < 1) fail(ErrorKind::kUsage, "--data-parallel {} must be at least 1", replicas);
+  if (o.devices % replicas != 0)
+    fail(ErrorKind::kUsage,
+         "--devices {} is not divisible by --data-parallel {}: each replica runs a pipeline of "
+         "the same number of devices",
+         o.devices, replicas);
+  const int pipeline_devices = o.devices / replicas;
   s.kind = o.schedule.value_or(o.training ? ScheduleKind::k1F1B : ScheduleKind::kInference);
   int chunks = o.chunks > 0 ? o.chunks : (s.kind == ScheduleKind::kInterleaved ? 2 : 1);
   if (o.chunks < 0) fail(ErrorKind::kUsage, "--chunks {} must be at least 1", o.chunks);
-  int m = o.microbatches > 0 ? o.microbatches : o.devices;
+  int m = o.microbatches > 0 ? o.microbatches : pipeline_devices;
   if (o.microbatches < 0)
     fail(ErrorKind::kUsage, "--microbatches {} must be at least 1", o.microbatches);
-  s.shape = schedule::PipelineShape{o.devices, chunks, m, o.training};
+  s.shape = schedule::PipelineShape{pipeline_devices, chunks, m, o.training, replicas};
   if (o.batch) {
     if (*o.batch < 1) fail(ErrorKind::kUsage, "--batch {} must be at least 1", *o.batch);
-    if (*o.batch % m != 0) {
+    if (replicas == 1 && *o.batch % m != 0) {
       fail(
           ErrorKind::kUsage,
           "--batch {} is not divisible by --microbatches {}: each microbatch must be the same size",
           *o.batch, m);
     }
-    s.microbatch_size = *o.batch / m;
+    if (*o.batch % (static_cast<int64_t>(replicas) * m) != 0) {
+      fail(ErrorKind::kUsage,
+           "--batch {} is not divisible by --data-parallel {} x --microbatches {} = {}: every "
+           "replica's microbatches must be the same size",
+           *o.batch, replicas, m, static_cast<int64_t>(replicas) * m);
+    }
+    s.microbatch_size = *o.batch / (static_cast<int64_t>(replicas) * m);
   }
   // The schedule rules (runtime/format/schedule.h), with the flag named.
   with_context(fmt::format("--schedule {}", to_string(s.kind)), ErrorKind::kUsage,

@@ -60,6 +60,8 @@ struct SimExtras {
   std::vector<double> deferred_bytes;
   /// Per stage: the step's exchange of its shared weights' gradients (Stage::shared_exchange_ms).
   std::vector<double> shared_exchange_s;
+  /// Per stage: the all-reduce of its weight gradients over the replicas (Stage::allreduce_ms).
+  std::vector<double> allreduce_s;
   bool at(std::size_t k) const { return k < on.size() && on[k]; }
 };
 

@@ -365,6 +365,9 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
       std::memcpy(target.data, value.data, static_cast<size_t>(value.bytes()));
     pipeline.optimizer_state(static_cast<int>(k)) = std::move(states[k]);
   }
+  // Data parallelism: every replica starts from what the first one restored (the checkpoint
+  // holds one copy whatever the replica count, so a run may resume with another).
+  pipeline.copy_first_replica();
   pipeline.set_steps_done(step);
   return step;
 }

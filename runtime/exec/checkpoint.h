@@ -46,7 +46,8 @@ void save_checkpoint(const Pipeline& pipeline, const std::string& dir, const Sav
 /// save was interrupted between its renames; `Error(kIo)` when neither exists.
 std::string checkpoint_to_load(const std::string& dir);
 
-/// Restores weights, optimizer state and step count from `dir` (or `dir`.old, see above).
+/// Restores weights, optimizer state and step count from `dir` (or `dir`.old, see above), into
+/// every data-parallel replica (a checkpoint saved with another replica count loads alike).
 /// Refuses, changing nothing, a checkpoint of another plan (`Error(kPlan)`, one line naming
 /// what differs: model hash, stage count, a stage's file hash, the optimizer) or a damaged
 /// one (`Error(kFormat)` naming the file and field). Returns the step restored.

@@ -13,7 +13,20 @@
 namespace stagecraft::rt {
 
 DeviceWorker::DeviceWorker(int device, RunState& run)
-    : device_(device), run_(run), where_(fmt::format("device {}", device)) {}
+    : device_(device),
+      replica_(device / run.pipeline_devices),
+      pipeline_device_(device % run.pipeline_devices),
+      run_(run),
+      where_(fmt::format("device {}", device)) {}
+
+std::vector<StageRuntime*> DeviceWorker::own_stages() const {
+  std::vector<StageRuntime*> out;
+  for (size_t k = 0; k < run_.pipeline.plan_.stages.size(); ++k) {
+    StageRuntime& st = stage(static_cast<int>(k));
+    if (st.stage->device == pipeline_device_) out.push_back(&st);
+  }
+  return out;
+}
 
 void DeviceWorker::run() {
   auto guarded = [&](auto&& body) {
@@ -47,30 +60,27 @@ void DeviceWorker::setup() {
   context_ = p.backend_->make_device(device_, p.threads_per_device_);
   if (!context_->host_visible()) upload_stages();
   int64_t arena_bytes = 0, weight_bytes = 0;
-  for (const auto& st : p.stages_)
-    if (st->stage->device == device_) {
-      // Training keeps every forward value for the backward: no arena reuse, except for a
-      // stage that recomputes (its first forward keeps nothing but its inputs). The backward
-      // runs in the arena (never at the same time as a forward).
-      if (!run_.training || st->stage->recompute)
-        arena_bytes = std::max(arena_bytes, st->program.arena_bytes());
-      if (run_.training) arena_bytes = std::max(arena_bytes, st->backward->arena_bytes());
-      weight_bytes += st->program.weight_bytes();
-    }
+  for (StageRuntime* st : own_stages()) {
+    // Training keeps every forward value for the backward: no arena reuse, except for a
+    // stage that recomputes (its first forward keeps nothing but its inputs). The backward
+    // runs in the arena (never at the same time as a forward).
+    if (!run_.training || st->stage->recompute)
+      arena_bytes = std::max(arena_bytes, st->program.arena_bytes());
+    if (run_.training) arena_bytes = std::max(arena_bytes, st->backward->arena_bytes());
+    weight_bytes += st->program.weight_bytes();
+  }
   // One arena per device: its stages run one at a time, so the largest plan serves all.
   arena_ = context_->allocate(arena_bytes);
   MemoryMeter& meter = run_.meters[device_];
   run_.reports[device_].arena_bytes = arena_bytes;
   run_.reports[device_].weight_bytes = weight_bytes;
   meter.add(arena_bytes + weight_bytes);
-  for (const auto& st : p.stages_)  // optimizer state kept from earlier runs or a checkpoint
-    if (st->stage->device == device_)
-      for (const auto& [name, state] : st->opt_state) meter.add(state.bytes());
+  for (StageRuntime* st : own_stages())  // optimizer state kept from earlier runs or a checkpoint
+    for (const auto& [name, state] : st->opt_state) meter.add(state.bytes());
 }
 
 void DeviceWorker::upload_stages() {
-  for (const auto& st : run_.pipeline.stages_) {
-    if (st->stage->device != device_) continue;
+  for (StageRuntime* st : own_stages()) {
     st->host_weights = st->weights;
     std::map<std::string, Tensor> on_device;
     for (const auto& [name, w] : st->weights) on_device[name] = to_device(*context_, w);
@@ -91,8 +101,8 @@ void DeviceWorker::upload_stages() {
 }
 
 void DeviceWorker::download() {
-  for (const auto& st : run_.pipeline.stages_) {
-    if (st->stage->device != device_ || !st->on_device) continue;
+  for (StageRuntime* st : own_stages()) {
+    if (!st->on_device) continue;
     for (const auto& [name, w] : st->weights) {
       Tensor& host = st->host_weights.at(name);  // the program's own bytes: updated in place
       if (w.bytes() > 0) context_->read(w, host.data, w.bytes());
@@ -112,8 +122,8 @@ void DeviceWorker::release_device_copies() {
   // The host gets the device's values unless the device is in an unknown state: an error
   // mid-step leaves the host with the last values it had.
   if (!run_.failed()) download();
-  for (const auto& st : run_.pipeline.stages_) {
-    if (st->stage->device != device_ || !st->on_device) continue;
+  for (StageRuntime* st : own_stages()) {
+    if (!st->on_device) continue;
     st->program.rebind_weights(st->host_weights);
     if (st->backward) st->backward->rebind_weights(st->host_backward_weights);
     st->weights = std::move(st->host_weights);
@@ -137,7 +147,8 @@ void DeviceWorker::wait_for_all(const char* when) {
 void DeviceWorker::run_step() {
   wait_for_all("waiting for every device at the step's start");
   if (device_ == run_.first_device) run_.step_start[step_] = run_.seconds();
-  const std::vector<schedule::Instruction>& list = run_.pipeline.schedule_[device_];
+  const std::vector<schedule::Instruction>& list =
+      run_.pipeline.schedule_[static_cast<size_t>(pipeline_device_)];
   const int64_t step = run_.global_step + step_ + 1;
   for (size_t index = 0; index < list.size(); ++index) {
     const schedule::Instruction& ins = list[index];
@@ -224,7 +235,7 @@ void DeviceWorker::timed(schedule::Op op, int stage, int microbatch, double star
 void DeviceWorker::recv_act(const schedule::Instruction& ins) {
   auto& slot = received_[{ins.stage, ins.microbatch}];
   for (int from : stage(ins.stage).producers) {
-    Message m = run_.transport->recv({from, ins.stage, false}, ins.microbatch);
+    Message m = transport().recv({from, ins.stage, false}, ins.microbatch);
     for (NamedTensor& t : m.tensors) slot.push_back({t.name, context_->adopt(t.tensor)});
   }
 }
@@ -236,7 +247,7 @@ void DeviceWorker::record_loss(const schedule::Instruction& ins, float loss) {
          "the loss is {} at step {}, microbatch {} (stage {}); stopping "
          "(--skip-nonfinite goes on)",
          loss, run_.global_step + step_ + 1, ins.microbatch, ins.stage);
-  run_.step_loss[step_][ins.microbatch] = loss;
+  run_.step_loss[step_][batch_index(ins.microbatch)] = loss;
 }
 
 void DeviceWorker::forward(const schedule::Instruction& ins) {
@@ -253,7 +264,7 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
     if (it != got.end())
       args.push_back(it->tensor);
     else if (auto f = run_.feeds.find(in.name); f != run_.feeds.end())
-      args.push_back(to_device(*context_, f->second[ins.microbatch]));
+      args.push_back(to_device(*context_, f->second[batch_index(ins.microbatch)]));
     else
       fail(ErrorKind::kPlan, "input '{}' of stage {} was never received", in.name, ins.stage);
   }
@@ -283,7 +294,8 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
   timed(schedule::Op::kForward, ins.stage, ins.microbatch, start);
   if (!(training && st.stage->recompute)) meter.sub(bytes_of(got));
   for (size_t k : st.graph_outputs)
-    run_.results[st.program.outputs()[k].name][ins.microbatch] = to_host(*context_, outs[k]);
+    run_.results[st.program.outputs()[k].name][batch_index(ins.microbatch)] =
+        to_host(*context_, outs[k]);
   if (!st.sends.empty()) {
     int64_t held = 0;
     for (const Tensor& t : outs) held += t.bytes();
@@ -305,7 +317,7 @@ void DeviceWorker::send_act(const schedule::Instruction& ins) {
     Message m{ins.microbatch, {}};
     for (size_t k : indices) m.tensors.push_back({st.program.outputs()[k].name, outs[k]});
     // In the link's buffer the bytes are the receiver's (see the transport's on_delivered).
-    run_.transport->send({ins.stage, to, false}, std::move(m));
+    transport().send({ins.stage, to, false}, std::move(m));
   }
   int64_t held = 0;
   for (const Tensor& t : outs) held += t.bytes();
@@ -316,7 +328,7 @@ void DeviceWorker::send_act(const schedule::Instruction& ins) {
 void DeviceWorker::recv_grad(const schedule::Instruction& ins) {
   auto& slot = grads_in_[{ins.stage, ins.microbatch}];
   for (const auto& [from, indices] : stage(ins.stage).sends) {
-    Message m = run_.transport->recv({from, ins.stage, true}, ins.microbatch);
+    Message m = transport().recv({from, ins.stage, true}, ins.microbatch);
     for (NamedTensor& t : m.tensors) {
       t.tensor = context_->adopt(t.tensor);
       // A tensor read by several later stages: its gradient is the sum of theirs.
@@ -365,7 +377,10 @@ std::vector<Tensor> DeviceWorker::backward_args(const schedule::Instruction& ins
   std::vector<Tensor> args;
   for (const ValueInfo& in : st.backward->inputs()) {
     if (in.name == grad::kLossGradName) {
-      args.push_back(scalar_on(*context_, 1.0f / static_cast<float>(run_.microbatches)));
+      // 1 / (R x M): the step's gradient is the mean over every replica's microbatches, as
+      // one device running all R x M of them would seed it; ALLREDUCE then sums the replicas.
+      args.push_back(
+          scalar_on(*context_, 1.0f / static_cast<float>(run_.microbatches * run_.replicas)));
     } else if (auto k = keep.find(in.name); k != keep.end()) {
       args.push_back(k->second);
     } else if (auto g = std::find_if(got.begin(), got.end(),
@@ -466,13 +481,61 @@ void DeviceWorker::send_grad(const schedule::Instruction& ins) {
       for (const NamedTensor& g : grads)
         if (g.name == in.name) m.tensors.push_back({grad::grad_name(in.name), g.tensor});
     }
-    run_.transport->send({ins.stage, to, true}, std::move(m));
+    transport().send({ins.stage, to, true}, std::move(m));
   }
 }
 
 void DeviceWorker::allreduce(const schedule::Instruction& ins) {
-  fail(ErrorKind::kUnsupported, "{} is a training instruction; this runtime runs inference plans",
-       schedule::to_string(ins.op));
+  if (!run_.training)
+    fail(ErrorKind::kPlan, "{} in an inference plan", schedule::to_string(ins.op));
+  double start = run_.seconds();
+  sum_over_replicas(ins.stage);
+  // Communication, not compute: on the timeline, not in the busy time.
+  double end = run_.seconds();
+  run_.allreduce[device_][step_] += end - start;
+  run_.events[device_].push_back({device_, ins.op, ins.stage, -1, start, end});
+}
+
+void DeviceWorker::sum_over_replicas(int stage_index) {
+  StageRuntime& st = stage(stage_index);
+  auto& grads = grad_acc_[stage_index];
+  MemoryMeter& meter = run_.meters[device_];
+  // Every trained weight's gradient, in name order: the same layout in every replica (a
+  // weight whose gradient no backward of this step gave sums zeros).
+  auto trained = [&](const std::string& name) {
+    const std::string grad = name + "@grad";
+    const auto& outputs = st.backward->outputs();
+    return std::any_of(outputs.begin(), outputs.end(),
+                       [&](const ValueInfo& out) { return out.name == grad; });
+  };
+  int64_t elements = 0;
+  std::vector<std::pair<Tensor*, int64_t>> parts;  // gradient, offset in the bucket
+  for (const auto& [name, weight] : st.weights) {
+    if (!trained(name)) continue;
+    Tensor& g = grads[name];
+    if (g.dtype == DType::kUndefined) {
+      g = context_->new_tensor(weight.dtype, weight.shape, true);
+      meter.add(g.bytes());  // the gradient buffer lives for the run
+    }
+    if (g.dtype != DType::kFloat32)
+      fail(ErrorKind::kUnsupported, "the all-reduce sums float32 gradients; '{}' is {}", name,
+           g.describe());
+    parts.emplace_back(&g, elements);
+    elements += g.numel();
+  }
+  Tensor& bucket = buckets_[stage_index];
+  if (bucket.dtype == DType::kUndefined || bucket.numel() != elements) {
+    if (bucket.dtype != DType::kUndefined) meter.sub(bucket.bytes());
+    bucket = context_->new_tensor(DType::kFloat32, {elements}, false);
+    meter.add(bucket.bytes());  // kept for the run, as the plan counts it
+  }
+  for (auto& [g, offset] : parts) {
+    Tensor view = Tensor::view(DType::kFloat32, g->shape, bucket.data + offset * 4);
+    context_->copy(*g, view);
+  }
+  transport().replica_sum(stage_index, bucket, *context_);
+  for (auto& [g, offset] : parts)
+    context_->copy(Tensor::view(DType::kFloat32, g->shape, bucket.data + offset * 4), *g);
 }
 
 void DeviceWorker::allreduce_shared(const schedule::Instruction& ins) {
@@ -486,7 +549,7 @@ void DeviceWorker::allreduce_shared(const schedule::Instruction& ins) {
       acc = context_->new_tensor(weight.dtype, weight.shape, true);
       run_.meters[device_].add(acc.bytes());  // the gradient buffer lives for the run
     }
-    run_.transport->start_shared_sum(w.name, w.stages, ins.stage, acc, *context_);
+    transport().start_shared_sum(w.name, w.stages, ins.stage, acc, *context_);
     run_.meters[device_].add(acc.bytes());  // the transport's copy, until the sum
   }
 }
@@ -498,7 +561,7 @@ void DeviceWorker::optimizer_step(const schedule::Instruction& ins) {
   // Shared weights: every holder's gradient summed, the same bytes on each.
   for (const plan::SharedWeight& w : st.stage->shared_weights) {
     Tensor& acc = grads.at(w.name);
-    run_.transport->finish_shared_sum(w.name, ins.stage, acc, *context_);
+    transport().finish_shared_sum(w.name, ins.stage, acc, *context_);
     meter.sub(acc.bytes());
   }
   double start = run_.seconds();

@@ -24,6 +24,7 @@ namespace stagecraft::rt {
 /// One stage as the runtime holds it.
 struct StageRuntime {
   const plan::Stage* stage = nullptr;
+  int replica = 0;  ///< The data-parallel replica whose copy of the stage this is.
   Program program;
   std::vector<int> producers;                ///< Stages this one receives from, ascending.
   std::map<int, std::vector<size_t>> sends;  ///< Consumer stage -> indices into program outputs.
@@ -68,24 +69,32 @@ struct RunState {
 
   Pipeline& pipeline;  ///< The loaded plan, schedule and stages; steps_done at the end.
   const RunOptions& options;
-  const int devices, microbatches, steps;
+  /// Every replica's devices (R x P), the pipeline's (P), its replicas (R), microbatches per
+  /// replica (M), steps.
+  const int devices, pipeline_devices, replicas, microbatches, steps;
   /// The first of the devices this process runs (it keeps the step times), all unless the
   /// pipeline was loaded for some (a rank of mpirun).
   const int first_device;
   const bool training;
   const int64_t global_step;  ///< Optimizer steps taken by earlier runs.
-  /// Per graph input: the microbatch views of the run's inputs (no copies).
+  /// Per graph input: the microbatch views of the run's inputs (no copies), replica r's
+  /// microbatch m at r x M + m.
   std::map<std::string, std::vector<Tensor>> feeds;
-  /// Per graph output: each microbatch's value (last step).
+  /// Per graph output: each microbatch's value (last step), indexed as `feeds`.
   std::map<std::string, std::vector<Tensor>> results;
   std::unique_ptr<optim::Optimizer> optimizer;  ///< Training.
   optim::LrSchedule lr_schedule;                ///< Training.
-  std::vector<std::vector<double>> step_loss;   ///< Per step, per microbatch (NaN until known).
+  /// Per step, per microbatch (indexed as `feeds`; NaN until known).
+  std::vector<std::vector<double>> step_loss;
+  /// Per replica: whether its loss stage runs in this process.
+  std::vector<bool> replica_has_loss;
   std::vector<MemoryMeter> meters;
-  std::unique_ptr<Transport> transport;
+  /// Per replica: its transport (null for a replica this process does not run).
+  std::vector<std::unique_ptr<Transport>> transports;
   StepBarrier barrier;
   std::vector<DeviceReport> reports;
   std::vector<std::vector<double>> busy;  ///< Per device, per step: compute seconds.
+  std::vector<std::vector<double>> allreduce;  ///< Per device, per step: ALLREDUCE seconds.
   std::vector<std::vector<schedule::TimelineEvent>> events;
   std::vector<double> step_start, step_end;
   NodeHook hook;
@@ -121,7 +130,7 @@ class DeviceWorker {
   /// Zero-bubble W: the weight gradients; frees the microbatch's values.
   void backward_weight(const schedule::Instruction& ins);
   void send_grad(const schedule::Instruction& ins);
-  /// Data-parallel all-reduce: not supported by this runtime.
+  /// Data parallelism: the stage's weight gradients summed over the replicas.
   void allreduce(const schedule::Instruction& ins);
   void allreduce_shared(const schedule::Instruction& ins);
   void optimizer_step(const schedule::Instruction& ins);
@@ -158,9 +167,26 @@ class DeviceWorker {
   void record_loss(const schedule::Instruction& ins, float loss);
   void timed(schedule::Op op, int stage, int microbatch, double start);
 
-  const int device_;
+  /// Sums the stage's weight gradients over the replicas (ALLREDUCE) through its bucket.
+  void sum_over_replicas(int stage_index);
+  Transport& transport() const { return *run_.transports[static_cast<size_t>(replica_)]; }
+  /// Microbatch `mb` of this replica as the run's per-microbatch vectors index it.
+  size_t batch_index(int mb) const {
+    return static_cast<size_t>(replica_ * run_.microbatches + mb);
+  }
+
+  const int device_;           ///< Of all R x P.
+  const int replica_;          ///< device_ / P.
+  const int pipeline_device_;  ///< device_ % P: whose instruction list and stages it runs.
   RunState& run_;
-  StageRuntime& stage(int index) const { return *run_.pipeline.stages_[index]; }
+  /// This replica's stage `index`.
+  StageRuntime& stage(int index) const {
+    return *run_.pipeline
+                .stages_[static_cast<size_t>(replica_) * run_.pipeline.plan_.stages.size() +
+                         static_cast<size_t>(index)];
+  }
+  /// This device's stages (of its replica), in stage order.
+  std::vector<StageRuntime*> own_stages() const;
   int step_ = 0;
   std::string where_;
   std::unique_ptr<DeviceContext> context_;
@@ -175,6 +201,8 @@ class DeviceWorker {
   std::map<Key, Recompute> recompute_;
   std::map<Key, std::vector<NamedTensor>> grads_in_, grads_out_;
   std::map<int, std::map<std::string, Tensor>> grad_acc_;
+  /// Per stage: its weight gradients in one float32 vector, for the replicas' sum (ALLREDUCE).
+  std::map<int, Tensor> buckets_;
 };
 
 }  // namespace stagecraft::rt

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -57,9 +58,12 @@ void match_interface(const std::vector<ValueInfo>& in_file,
 
 void Pipeline::check_shared_weights(const Pipeline& p, const std::string& plan_json) {
   // Every holder's stage file holds the weight as plan.json says.
+  const int first_replica = p.local_devices_.front() / p.plan_.devices;
   for (const auto& rt : p.stages_) {
     const plan::Stage& stage = *rt->stage;
-    if (!p.runs_device(stage.device)) continue;  // another process checks its own
+    if (rt->replica != first_replica) continue;  // the others load the same files
+    if (!p.runs_device(rt->replica * p.plan_.devices + stage.device))
+      continue;  // another process checks its own
     for (size_t i = 0; i < stage.shared_weights.size(); ++i) {
       const plan::SharedWeight& w = stage.shared_weights[i];
       std::string field = fmt::format("stages[{}].shared_weights[{}]", stage.index, i);
@@ -78,7 +82,7 @@ void Pipeline::check_shared_weights(const Pipeline& p, const std::string& plan_j
   // A weight that two stages train must be summed across them, or their copies drift apart.
   std::map<std::string, int> trained_by;
   for (const auto& rt : p.stages_) {
-    if (!rt->backward) continue;  // another process's stage
+    if (!rt->backward || rt->replica != first_replica) continue;  // another process's stage
     for (const ValueInfo& out : rt->backward->outputs()) {
       if (!out.name.ends_with("@grad")) continue;
       std::string weight = out.name.substr(0, out.name.size() - 5);
@@ -135,12 +139,14 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
   p->threads_per_device_ = threads_per_device;
   p->plan_ = plan::load_plan(plan_dir);
   const plan::Plan& plan = p->plan_;
+  p->replicas_ = plan.data_parallel;
+  const int devices = p->devices();  // every replica's
   if (local_devices.empty())
-    for (int d = 0; d < plan.devices; ++d) local_devices.push_back(d);
+    for (int d = 0; d < devices; ++d) local_devices.push_back(d);
   std::sort(local_devices.begin(), local_devices.end());
   for (int d : local_devices)
-    if (d < 0 || d >= plan.devices)
-      fail(ErrorKind::kUsage, "device {} is not among the plan's {} devices", d, plan.devices);
+    if (d < 0 || d >= devices)
+      fail(ErrorKind::kUsage, "device {} is not among the plan's {} devices", d, devices);
   p->local_devices_ = std::move(local_devices);
   std::string plan_json = (fs::path(plan_dir) / "plan.json").string();
   // Before anything is allocated: the backend can run here, and the plan fits the physical
@@ -164,7 +170,7 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
       fail(ErrorKind::kPlan, "{}: stages[{}] has no stage file (a --dry-run plan cannot run)",
            plan_json, stage.index);
 
-  p->shape_ = {plan.devices, plan.chunks, plan.microbatches, plan.training};
+  p->shape_ = {plan.devices, plan.chunks, plan.microbatches, plan.training, plan.data_parallel};
   p->shape_.shared_groups = plan::shared_weight_groups(plan);
   std::string schedule_path = (fs::path(plan_dir) / "schedule.json").string();
   nlohmann::json body = read_json_file(schedule_path);
@@ -175,44 +181,52 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
   plan::check_schedule_hash(body, plan, schedule_path);
 
   std::map<std::string, ModelTensor> model_inputs;
-  for (const plan::Stage& stage : plan.stages) {
-    auto rt = std::make_shared<StageRuntime>();
-    rt->stage = &stage;
-    std::string field = fmt::format("stages[{}]", stage.index);
-    // Another process's stage: only what plan.json says of it (links, graph inputs and outputs).
-    if (p->runs_device(stage.device)) load_programs(*p, *rt);
-    std::set<int> producers;
-    for (const plan::StageTensor& in : stage.inputs) {
-      if (in.peer_stage >= 0) {
-        producers.insert(in.peer_stage);
-        continue;
+  for (int replica = 0; replica < p->replicas_; ++replica) {
+    for (const plan::Stage& stage : plan.stages) {
+      auto rt = std::make_shared<StageRuntime>();
+      rt->stage = &stage;
+      rt->replica = replica;
+      // The links, graph inputs and outputs of the pipeline: every replica's are the same.
+      const bool first = replica == 0;
+      std::string field = fmt::format("stages[{}]", stage.index);
+      // Another process's stage: only what plan.json says of it (links, graph inputs and outputs).
+      if (p->runs_device(replica * plan.devices + stage.device)) load_programs(*p, *rt);
+      std::set<int> producers;
+      for (const plan::StageTensor& in : stage.inputs) {
+        if (in.peer_stage >= 0) {
+          producers.insert(in.peer_stage);
+          continue;
+        }
+        if (!first) continue;
+        ModelTensor t{in.name, plan_dtype(in, field), Shape(in.shape.begin(), in.shape.end())};
+        auto [it, fresh] = model_inputs.emplace(in.name, t);
+        if (!fresh && (it->second.dtype != t.dtype || it->second.shape != t.shape))
+          fail(ErrorKind::kPlan, "{}: graph input '{}' has different types in two stages",
+               plan_json, in.name);
       }
-      ModelTensor t{in.name, plan_dtype(in, field), Shape(in.shape.begin(), in.shape.end())};
-      auto [it, fresh] = model_inputs.emplace(in.name, t);
-      if (!fresh && (it->second.dtype != t.dtype || it->second.shape != t.shape))
-        fail(ErrorKind::kPlan, "{}: graph input '{}' has different types in two stages", plan_json,
-             in.name);
+      rt->producers.assign(producers.begin(), producers.end());
+      const auto& outs = rt->program.outputs();
+      for (const plan::StageTensor& out : stage.outputs) {
+        size_t index = static_cast<size_t>(
+            std::find_if(outs.begin(), outs.end(),
+                         [&](const ValueInfo& v) { return v.name == out.name; }) -
+            outs.begin());
+        const bool here = index < outs.size();
+        for (int peer : out.peer_stages) {
+          if (here) rt->sends[peer].push_back(index);
+          if (!first) continue;
+          p->links_.push_back({stage.index, peer, false});
+          if (plan.training) p->links_.push_back({peer, stage.index, true});
+        }
+        if (out.graph_output) {
+          if (here) rt->graph_outputs.push_back(index);
+          if (first)
+            p->outputs_.push_back(
+                {out.name, plan_dtype(out, field), Shape(out.shape.begin(), out.shape.end())});
+        }
+      }
+      p->stages_.push_back(std::move(rt));
     }
-    rt->producers.assign(producers.begin(), producers.end());
-    const auto& outs = rt->program.outputs();
-    for (const plan::StageTensor& out : stage.outputs) {
-      size_t index =
-          static_cast<size_t>(std::find_if(outs.begin(), outs.end(),
-                                           [&](const ValueInfo& v) { return v.name == out.name; }) -
-                              outs.begin());
-      const bool here = index < outs.size();
-      for (int peer : out.peer_stages) {
-        if (here) rt->sends[peer].push_back(index);
-        p->links_.push_back({stage.index, peer, false});
-        if (plan.training) p->links_.push_back({peer, stage.index, true});
-      }
-      if (out.graph_output) {
-        if (here) rt->graph_outputs.push_back(index);
-        p->outputs_.push_back(
-            {out.name, plan_dtype(out, field), Shape(out.shape.begin(), out.shape.end())});
-      }
-    }
-    p->stages_.push_back(std::move(rt));
   }
   for (auto& [name, t] : model_inputs) p->inputs_.push_back(t);
   check_shared_weights(*p, plan_json);
@@ -229,12 +243,12 @@ void Pipeline::check_inputs(const std::map<std::string, Tensor>& inputs) const {
            describe(in.dtype, in.shape));
     const Tensor& t = it->second;
     Shape batch = in.shape;
-    if (!batch.empty()) batch[0] *= plan_.microbatches;
+    if (!batch.empty()) batch[0] *= step_microbatches();
     if (t.dtype != in.dtype || (t.shape != batch && t.shape != in.shape))
       fail(ErrorKind::kShape,
            "input '{}' is {} but the plan takes {} (the batch of {} microbatches) or {} (one "
            "microbatch, given to each)",
-           in.name, t.describe(), describe(in.dtype, batch), plan_.microbatches,
+           in.name, t.describe(), describe(in.dtype, batch), step_microbatches(),
            describe(in.dtype, in.shape));
   }
   for (const auto& [name, t] : inputs)
@@ -255,7 +269,7 @@ std::map<std::string, Tensor> Pipeline::synthetic_inputs() const {
   std::mt19937 rng(20261121);
   for (const ModelTensor& in : inputs_) {
     Shape batch = in.shape;
-    if (!batch.empty()) batch[0] *= plan_.microbatches;
+    if (!batch.empty()) batch[0] *= step_microbatches();
     Tensor t = Tensor::owned(in.dtype, batch);
     int64_t n = t.numel();
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
@@ -286,16 +300,21 @@ std::map<std::string, Tensor> Pipeline::synthetic_inputs() const {
   return out;
 }
 
+StageRuntime& Pipeline::first_replica_stage(int stage) const {
+  const size_t count = plan_.stages.size();
+  if (stage < 0 || stage >= static_cast<int>(count))
+    fail(ErrorKind::kInternal, "stage {} is out of range (the plan has {})", stage, count);
+  const size_t replica = static_cast<size_t>(local_devices_.front() / plan_.devices);
+  return *stages_[replica * count + static_cast<size_t>(stage)];
+}
+
 const std::map<std::string, Tensor>& Pipeline::stage_weights(int stage) const {
-  if (stage < 0 || stage >= static_cast<int>(stages_.size()))
-    fail(ErrorKind::kInternal, "stage {} is out of range (the plan has {})", stage, stages_.size());
-  const StageRuntime& st = *stages_[stage];
+  const StageRuntime& st = first_replica_stage(stage);
   return st.on_device ? st.host_weights : st.weights;  // the host's, also mid-run
 }
 
 bool Pipeline::trains(int stage, const std::string& weight) const {
-  stage_weights(stage);  // the range check
-  const StageRuntime& st = *stages_[stage];
+  const StageRuntime& st = first_replica_stage(stage);
   if (!st.backward || !st.weights.count(weight)) return false;
   const std::string grad = weight + "@grad";
   const auto& outputs = st.backward->outputs();
@@ -304,10 +323,33 @@ bool Pipeline::trains(int stage, const std::string& weight) const {
 }
 
 std::map<std::string, optim::OptimizerState>& Pipeline::optimizer_state(int stage) {
-  if (stage < 0 || stage >= static_cast<int>(stages_.size()))
-    fail(ErrorKind::kInternal, "stage {} is out of range (the plan has {})", stage, stages_.size());
-  StageRuntime& st = *stages_[stage];
+  StageRuntime& st = first_replica_stage(stage);
   return st.on_device ? st.host_opt_state : st.opt_state;
+}
+
+const std::map<std::string, Tensor>& Pipeline::replica_weights(int replica, int stage) const {
+  const size_t count = plan_.stages.size();
+  if (replica < 0 || replica >= replicas_ || stage < 0 || stage >= static_cast<int>(count) ||
+      !runs_device(replica * plan_.devices + plan_.stages[static_cast<size_t>(stage)].device))
+    fail(ErrorKind::kInternal, "replica {}'s stage {} is not run here", replica, stage);
+  const StageRuntime& st =
+      *stages_[static_cast<size_t>(replica) * count + static_cast<size_t>(stage)];
+  return st.on_device ? st.host_weights : st.weights;
+}
+
+void Pipeline::copy_first_replica() {
+  for (const auto& rt : stages_) {
+    const int stage = rt->stage->index;
+    const StageRuntime& first = first_replica_stage(stage);
+    if (rt.get() == &first || rt->weights.empty() || first.weights.empty()) continue;
+    for (auto& [name, w] : rt->weights) {
+      const Tensor& from = first.weights.at(name);
+      if (w.bytes() > 0) std::memcpy(w.data, from.data, static_cast<size_t>(w.bytes()));
+    }
+    rt->opt_state.clear();
+    for (const auto& [name, state] : first.opt_state)
+      for (const auto& [key, t] : state.tensors) rt->opt_state[name].tensors[key] = clone(t);
+  }
 }
 
 const std::map<std::string, optim::OptimizerState>& Pipeline::optimizer_state(int stage) const {

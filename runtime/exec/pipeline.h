@@ -3,6 +3,11 @@
 /// Executes a plan: one worker thread per device runs that device's instruction stream from
 /// schedule.json; stage programs exchange tensors through a `Transport`. Everything is loaded
 /// and checked before anything runs, so a plan the runtime cannot trust is refused up front.
+///
+/// Devices: a plan of R data-parallel replicas (plan.json `data_parallel`) of a P-device
+/// pipeline runs R x P devices; device g is pipeline device g % P of replica g / P, runs the
+/// instruction list of pipeline device g % P on replica g / P's copy of its stages, and takes
+/// replica g / P's rows of every batch. With R = 1 devices are the plan's devices.
 
 #include <functional>
 #include <map>
@@ -45,10 +50,10 @@ struct RunOptions {
   std::function<void(int64_t)> checkpoint;
   int checkpoint_every = 0;  ///< 0: only after the last step.
   /// A pipeline loaded for some of the plan's devices (a rank of mpirun, runtime/mpi): the
-  /// transport joining its devices to the others', made for every run from the plan's links,
-  /// a link's capacity and the callback for a message's arrival (the receiver's memory meter).
-  /// Unset: the in-process transport (needs every device here).
-  std::function<std::unique_ptr<Transport>(const std::vector<Link>&, int,
+  /// transport joining replica `replica`'s devices here to the others', made for every run
+  /// from the plan's links, a link's capacity and the callback for a message's arrival (the
+  /// receiver's memory meter). Unset: the in-process transports (need every device here).
+  std::function<std::unique_ptr<Transport>(int replica, const std::vector<Link>&, int,
                                            InProcessTransport::OnDelivered)>
       make_transport;
   /// Called once this process's devices reach a step's start or end: waits for the other
@@ -81,10 +86,15 @@ struct RunReport {
   std::vector<double> step_s;  ///< Wall time of every step.
   int reported_step = 0;       ///< The step the figures below describe (`median_step`).
   double bubble_fraction = 0;  ///< 1 - busy / (devices x step), of the reported step.
-  std::vector<DeviceReport> devices;
-  std::vector<schedule::TimelineEvent> events;  ///< Compute of every step; seconds from the start.
-  std::map<std::string, Tensor> outputs;        ///< The last step's graph outputs, whole batch.
-  std::vector<double> losses;  ///< Training: each step's loss (mean over microbatches).
+  std::vector<DeviceReport> devices;  ///< Every device of every replica (R x P).
+  /// Compute of every step (and the all-reduces), seconds from the start.
+  std::vector<schedule::TimelineEvent> events;
+  std::map<std::string, Tensor> outputs;  ///< The last step's graph outputs, whole batch.
+  /// Training: each step's loss: per replica the mean over its microbatches, then the mean
+  /// over the replicas (those whose loss stage runs here).
+  std::vector<double> losses;
+  /// Seconds each device spent in ALLREDUCE in the reported step (the replicas' sum).
+  std::vector<double> allreduce_s;
 };
 
 /// The step whose time is the median of `step_s` without the first step, the warm-up (it pays
@@ -107,12 +117,17 @@ class Pipeline {
   const schedule::Schedule& schedule() const { return schedule_; }
   const std::vector<ModelTensor>& inputs() const { return inputs_; }
   const std::vector<ModelTensor>& outputs() const { return outputs_; }
-  /// The plan's devices this process runs (all, unless loaded for some).
+  /// The devices this process runs (all R x P, unless loaded for some).
   const std::vector<int>& local_devices() const { return local_devices_; }
   bool runs_device(int device) const;
+  /// R, the data-parallel replicas; R x P devices in all.
+  int replicas() const { return replicas_; }
+  int devices() const { return plan_.devices * replicas_; }
+  /// Microbatches of one step over every replica: R x M.
+  int step_microbatches() const { return plan_.microbatches * replicas_; }
 
-  /// Checks whole-batch inputs (by name) against the plan: each is the batch ([M x b, ...] for a
-  /// per-microbatch [b, ...]) or one microbatch's shape, given to every microbatch. Throws
+  /// Checks whole-batch inputs (by name) against the plan: each is the batch ([R x M x b, ...]
+  /// for a per-microbatch [b, ...]) or one microbatch's shape, given to every microbatch. Throws
   /// `Error(kShape)` naming the input, the dtypes and shapes.
   void check_inputs(const std::map<std::string, Tensor>& inputs) const;
 
@@ -123,8 +138,9 @@ class Pipeline {
   /// and is rethrown (never a hang).
   RunReport run(const std::map<std::string, Tensor>& inputs, const RunOptions& options);
 
-  // Training state (checkpoints, export: runtime/exec/checkpoint.h). Not to be used while
-  // run() is running (except from `RunOptions::checkpoint`, when the workers wait).
+  // Training state (checkpoints, export: runtime/exec/checkpoint.h): the first replica's
+  // stages (every replica holds the same). Not to be used while run() is running (except from
+  // `RunOptions::checkpoint`, when the workers wait).
 
   /// Optimizer steps taken so far (the lr schedule's position).
   int64_t steps_done() const { return steps_done_; }
@@ -139,6 +155,12 @@ class Pipeline {
   /// pipeline, so it persists across run() calls; only the stage's device worker touches it.
   std::map<std::string, optim::OptimizerState>& optimizer_state(int stage);
   const std::map<std::string, optim::OptimizerState>& optimizer_state(int stage) const;
+  /// Gives every other replica here the first replica's weights and optimizer state (after
+  /// they were restored into it: load_checkpoint).
+  void copy_first_replica();
+  /// Replica `replica`'s weights of stage `stage` (every replica's should stay the same bytes;
+  /// for checks). `Error(kInternal)` for a replica or stage out of range or not run here.
+  const std::map<std::string, Tensor>& replica_weights(int replica, int stage) const;
 
  private:
   friend struct RunState;
@@ -151,6 +173,8 @@ class Pipeline {
   static void check_shared_weights(const Pipeline& p, const std::string& plan_json);
   /// Loads a stage's forward (and, training, backward) program, checked against plan.json.
   static void load_programs(const Pipeline& p, StageRuntime& rt);
+  /// Stage `stage` of the first replica this process runs.
+  StageRuntime& first_replica_stage(int stage) const;
 
   std::string plan_dir_;
   plan::Plan plan_;
@@ -158,6 +182,9 @@ class Pipeline {
   schedule::PipelineShape shape_;
   const Backend* backend_ = nullptr;
   int threads_per_device_ = 1;
+  int replicas_ = 1;
+  /// Every replica's stages, replica-major: stage s of replica r at r x S + s (those of the
+  /// devices this process does not run hold only what plan.json says of them).
   std::vector<std::shared_ptr<StageRuntime>> stages_;
   std::vector<ModelTensor> inputs_, outputs_;
   std::vector<Link> links_;

@@ -61,47 +61,68 @@ RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inp
                    const RunOptions& options_)
     : pipeline(pipeline_),
       options(options_),
-      devices(pipeline_.plan_.devices),
+      devices(pipeline_.devices()),
+      pipeline_devices(pipeline_.plan_.devices),
+      replicas(pipeline_.replicas_),
       microbatches(pipeline_.plan_.microbatches),
       steps(options_.steps),
       first_device(pipeline_.local_devices_.front()),
       training(pipeline_.plan_.training),
       global_step(pipeline_.steps_done_),
-      step_loss(steps, std::vector<double>(microbatches, NAN)),
+      step_loss(steps, std::vector<double>(pipeline_.step_microbatches(), NAN)),
+      replica_has_loss(replicas, false),
       meters(devices),
       barrier(static_cast<int>(pipeline_.local_devices_.size()), options_.step_barrier),
       reports(devices),
       busy(devices, std::vector<double>(steps, 0.0)),
+      allreduce(devices, std::vector<double>(steps, 0.0)),
       events(devices),
       step_start(steps, 0),
       step_end(steps, 0) {
   const int M = microbatches;
-  // Microbatch views of the inputs (no copies).
+  const int all = pipeline.step_microbatches();  // R x M
+  // Microbatch views of the inputs (no copies): replica r's microbatch m is rows of the
+  // whole batch's microbatch r x M + m.
   for (const ModelTensor& in : pipeline.inputs_) {
     const Tensor& whole = inputs.at(in.name);
-    for (int mb = 0; mb < M; ++mb)
+    for (int mb = 0; mb < all; ++mb)
       feeds[in.name].push_back(whole.shape == in.shape
                                    ? whole
                                    : slice_rows(whole, mb * in.shape[0], (mb + 1) * in.shape[0]));
   }
-  for (const auto& st : pipeline.stages_)  // the graph outputs of this process's stages
-    for (size_t k : st->graph_outputs) results[st->program.outputs()[k].name].resize(M);
+  for (const auto& st : pipeline.stages_) {  // the graph outputs of this process's stages
+    for (size_t k : st->graph_outputs) results[st->program.outputs()[k].name].resize(all);
+    if (!st->loss.empty()) replica_has_loss[static_cast<size_t>(st->replica)] = true;
+  }
   if (training) optimizer = make_optimizer(pipeline.plan_, lr_schedule);
 
   // Inference: a link holds one message, so a stage that runs ahead waits instead of queueing
   // microbatches on the next device (whose memory the plan counts with two receive buffers:
   // the one computing and the one arriving). Training schedules send up to M ahead.
-  InProcessTransport::OnDelivered delivered = [this](const Link& link, const Message& m) {
-    meters[pipeline.stages_[link.to_stage]->stage->device].add(bytes_of(m.tensors));
-  };
-  if (options.make_transport)
-    transport = options.make_transport(pipeline.links_, training ? M : 1, delivered);
-  else if (static_cast<int>(pipeline.local_devices_.size()) == devices)
-    transport = std::make_unique<InProcessTransport>(pipeline.links_, training ? M : 1, delivered,
-                                                     options.timeout_s);
-  else
+  const int capacity = training ? M : 1;
+  const bool all_here = static_cast<int>(pipeline.local_devices_.size()) == devices;
+  if (!options.make_transport && !all_here)
     fail(ErrorKind::kInternal, "a pipeline loaded for {} of {} devices runs with a transport to "
          "the others (RunOptions::make_transport)", pipeline.local_devices_.size(), devices);
+  // The replicas of one process sum their gradients through memory.
+  auto sums = replicas > 1 && all_here && !options.make_transport
+                  ? std::make_shared<ReplicaSums>(replicas, options.timeout_s)
+                  : nullptr;
+  transports.resize(static_cast<size_t>(replicas));
+  for (int r = 0; r < replicas; ++r) {
+    bool here = false;
+    for (int d : pipeline.local_devices_) here |= d / pipeline_devices == r;
+    if (!here) continue;
+    InProcessTransport::OnDelivered delivered = [this, r](const Link& link, const Message& m) {
+      const int to = pipeline.stages_[static_cast<size_t>(link.to_stage)]->stage->device;
+      meters[static_cast<size_t>(r * pipeline_devices + to)].add(bytes_of(m.tensors));
+    };
+    transports[static_cast<size_t>(r)] =
+        options.make_transport
+            ? options.make_transport(r, pipeline.links_, capacity, delivered)
+            : std::make_unique<InProcessTransport>(pipeline.links_, capacity, delivered,
+                                                   options.timeout_s, sums, r);
+  }
   if (!options.inject_fault.empty())
     hook.before = [this](std::string_view node, std::string_view) {
       if (node == options.inject_fault)
@@ -123,7 +144,8 @@ void RunState::stop_all(Error error) {
     std::lock_guard lock(error_mutex);
     if (!first_error) first_error = std::move(error);
   }
-  transport->abort();
+  for (auto& transport : transports)
+    if (transport) transport->abort();
   barrier.abort();
 }
 
@@ -144,26 +166,44 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
   const int steps = run.steps, devices = run.devices;
   RunReport report;
   for (int s = 0; s < steps; ++s) report.step_s.push_back(run.step_end[s] - run.step_start[s]);
+  // Per replica the mean over its microbatches, then the mean over the replicas whose loss
+  // stage runs here (runtime/mpi/world.cpp's gather averages the ranks' the same way).
   if (run.training)
     for (int s = 0; s < steps; ++s) {
       double sum = 0;
-      for (double l : run.step_loss[s]) sum += l;
-      report.losses.push_back(sum / run.microbatches);
+      int counted = 0;
+      for (int r = 0; r < run.replicas; ++r) {
+        if (!run.replica_has_loss[static_cast<size_t>(r)]) continue;
+        double replica_sum = 0;
+        for (int mb = 0; mb < run.microbatches; ++mb)
+          replica_sum += run.step_loss[s][static_cast<size_t>(r * run.microbatches + mb)];
+        sum += replica_sum / run.microbatches;
+        ++counted;
+      }
+      report.losses.push_back(counted > 0 ? sum / counted : NAN);
     }
   report.reported_step = median_step(report.step_s);
   double step = report.step_s[report.reported_step], total_busy = 0;
   for (int d = 0; d < devices; ++d) {
     DeviceReport& r = run.reports[d];
     r.busy_s = run.busy[d][report.reported_step];
+    report.allreduce_s.push_back(run.allreduce[d][report.reported_step]);
     r.peak_bytes = run.meters[d].peak.load();
-    if (d < static_cast<int>(plan.predicted.device_peak_bytes.size()))
-      r.predicted_peak_bytes = plan.predicted.device_peak_bytes[d];
+    const int pipeline_device = d % plan.devices;  // every replica's is predicted alike
+    if (pipeline_device < static_cast<int>(plan.predicted.device_peak_bytes.size()))
+      r.predicted_peak_bytes = plan.predicted.device_peak_bytes[pipeline_device];
     total_busy += r.busy_s;
   }
   report.bubble_fraction = step > 0 ? std::max(0.0, 1.0 - total_busy / (devices * step)) : 0.0;
   report.devices = std::move(run.reports);
   for (auto& list : run.events) report.events.insert(report.events.end(), list.begin(), list.end());
-  for (auto& [name, parts] : run.results) report.outputs[name] = concat_rows(parts);
+  // The microbatches this process computed, in batch order (a rank of mpirun: its replica's).
+  for (auto& [name, parts] : run.results) {
+    std::vector<Tensor> computed;
+    for (const Tensor& part : parts)
+      if (part.dtype != DType::kUndefined) computed.push_back(part);
+    report.outputs[name] = concat_rows(computed);
+  }
   return report;
 }
 

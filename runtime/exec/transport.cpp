@@ -8,10 +8,13 @@
 namespace stagecraft::rt {
 
 InProcessTransport::InProcessTransport(const std::vector<Link>& links, int capacity,
-                                       OnDelivered on_delivered, double timeout_s)
+                                       OnDelivered on_delivered, double timeout_s,
+                                       std::shared_ptr<ReplicaSums> replicas, int replica)
     : capacity_(static_cast<size_t>(std::max(capacity, 1))),
       on_delivered_(std::move(on_delivered)),
-      timeout_s_(timeout_s) {
+      timeout_s_(timeout_s),
+      replicas_(std::move(replicas)),
+      replica_(replica) {
   for (const Link& link : links) channels_[link];
 }
 
@@ -136,7 +139,113 @@ void InProcessTransport::finish_shared_sum(const std::string& weight, int stage,
   changed_.notify_all();
 }
 
+void InProcessTransport::replica_sum(int stage, Tensor& bucket, DeviceContext& device) {
+  if (!replicas_)
+    fail(ErrorKind::kPlan, "stage {}: an ALLREDUCE, but the run has one replica", stage);
+  {
+    std::lock_guard lock(mutex_);
+    if (aborted_) throw Aborted{};
+  }
+  replicas_->sum(replica_, stage, bucket, device);
+}
+
 void InProcessTransport::abort() {
+  {
+    std::lock_guard lock(mutex_);
+    aborted_ = true;
+    changed_.notify_all();
+  }
+  if (replicas_) replicas_->abort();
+}
+
+std::pair<int64_t, int64_t> replica_chunk(int64_t elements, int count, int chunk) {
+  return {elements * chunk / count, elements * (chunk + 1) / count};
+}
+
+template <typename Ready, typename Missing>
+void ReplicaSums::wait(std::unique_lock<std::mutex>& lock, Ready ready, Missing missing, int stage,
+                       const char* what) {
+  auto ok = [&] { return aborted_ || ready(); };
+  if (timeout_s_ <= 0) {
+    changed_.wait(lock, ok);
+  } else {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+    if (!changed_.wait_until(lock, deadline, ok))
+      fail(ErrorKind::kTimeout,
+           "replica {} {} stage {}'s gradients for {:g} s: its device's worker stopped "
+           "answering (--timeout)",
+           fmt::join(missing(), ", "), what, stage, timeout_s_);
+  }
+  if (aborted_) throw Aborted{};
+}
+
+void ReplicaSums::sum(int replica, int stage, Tensor& bucket, DeviceContext& device) {
+  if (bucket.dtype != DType::kFloat32 || bucket.rank() != 1)
+    fail(ErrorKind::kUnsupported, "stage {}: the all-reduce sums a 1-D float32 bucket, not {}",
+         stage, bucket.describe());
+  device.synchronize();  // the other replicas read it
+  std::unique_lock lock(mutex_);
+  if (aborted_) throw Aborted{};
+  Entry& e = entries_[stage];
+  if (e.buckets.empty()) {
+    e.buckets.assign(static_cast<size_t>(replicas_), nullptr);
+    e.reduced.assign(static_cast<size_t>(replicas_), false);
+  }
+  if (e.buckets.at(static_cast<size_t>(replica)) != nullptr)
+    fail(ErrorKind::kPlan, "stage {}: replica {} all-reduces twice in one step", stage, replica);
+  e.buckets[static_cast<size_t>(replica)] = &bucket;
+  ++e.arrived;
+  changed_.notify_all();
+  auto absent = [&](auto has) {
+    std::vector<int> who;
+    for (int r = 0; r < replicas_; ++r)
+      if (!has(r)) who.push_back(r);
+    return who;
+  };
+  wait(
+      lock, [&] { return e.arrived == replicas_; },
+      [&] { return absent([&](int r) { return e.buckets[static_cast<size_t>(r)] != nullptr; }); },
+      stage, "gave none of");
+  for (Tensor* other : e.buckets)
+    if (other->shape != bucket.shape)
+      fail(ErrorKind::kPlan, "stage {}: replica {}'s gradient bucket is {} but another's is {}",
+           stage, replica, bucket.describe(), other->describe());
+  lock.unlock();
+  // This replica's chunk: its own values, then the next replicas' in ring order. The others
+  // change only their own chunks meanwhile, so what is read here stays put.
+  const int64_t n = bucket.numel();
+  auto [lo, hi] = replica_chunk(n, replicas_, replica);
+  Tensor mine = slice_rows(bucket, lo, hi);
+  for (int k = 1; k < replicas_; ++k)
+    device.accumulate(
+        mine, slice_rows(*e.buckets[static_cast<size_t>((replica + k) % replicas_)], lo, hi));
+  device.synchronize();
+  lock.lock();
+  e.reduced[static_cast<size_t>(replica)] = true;
+  ++e.reduced_count;
+  changed_.notify_all();
+  wait(
+      lock, [&] { return e.reduced_count == replicas_; },
+      [&] { return absent([&](int r) { return e.reduced[static_cast<size_t>(r)]; }); }, stage,
+      "did not finish its chunk of");
+  lock.unlock();
+  // Every chunk is summed, each in its owner's bucket: copy the others'.
+  for (int c = 0; c < replicas_; ++c) {
+    if (c == replica) continue;
+    auto [from, to] = replica_chunk(n, replicas_, c);
+    Tensor target = slice_rows(bucket, from, to);
+    device.copy(slice_rows(*e.buckets[static_cast<size_t>(c)], from, to), target);
+  }
+  device.synchronize();
+  lock.lock();
+  // The owners' buckets are read until every replica has copied: the last one lets the next
+  // step's sum of this stage start (a replica changes its bucket only in the next step, after
+  // the step barrier).
+  if (++e.done == replicas_) entries_.erase(stage);
+  changed_.notify_all();
+}
+
+void ReplicaSums::abort() {
   std::lock_guard lock(mutex_);
   aborted_ = true;
   changed_.notify_all();

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/device.h"
@@ -65,8 +66,51 @@ class Transport {
   /// (the caller's) copies and adds.
   virtual void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient,
                                  DeviceContext& device) = 0;
+  /// Sums `bucket` (float32, 1-D: stage `stage`'s weight gradients one after another, laid out
+  /// alike in every replica) over the data-parallel replicas; on return every replica's bucket
+  /// holds the same bytes. The order is fixed, so results are deterministic: chunk c of R
+  /// (elements [c n / R, (c + 1) n / R)) adds the replicas' values in the order c, c + 1, ...,
+  /// c + R - 1 (mod R), the order of a ring all-reduce's reduce-scatter (which the MPI
+  /// transport runs; the in-process one adds the same way). Throws `Aborted`,
+  /// `Error(kTimeout)` naming the replica that gave nothing, or `Error(kPlan)` when the
+  /// buckets differ or the transport joins no replicas.
+  virtual void replica_sum(int stage, Tensor& bucket, DeviceContext& device) = 0;
   /// Stops the run: every blocked and later send, receive and sum throws `Aborted`.
   virtual void abort() = 0;
+};
+
+/// Elements [lo, hi) of chunk `chunk` of `count` of a bucket of `elements` (the split
+/// `Transport::replica_sum` sums chunk by chunk).
+std::pair<int64_t, int64_t> replica_chunk(int64_t elements, int count, int chunk);
+
+/// What the in-process transports of the replicas of one run share: the buckets being summed.
+/// Each replica sums its own chunk (reading the others' buckets), then copies the others'
+/// chunks, as a ring all-reduce would but through memory.
+class ReplicaSums {
+ public:
+  /// `replicas` (R >= 2) replicas; waits longer than `timeout_s` (> 0; 0: none) throw
+  /// `Error(kTimeout)`.
+  ReplicaSums(int replicas, double timeout_s) : replicas_(replicas), timeout_s_(timeout_s) {}
+  void sum(int replica, int stage, Tensor& bucket, DeviceContext& device);
+  void abort();
+
+ private:
+  struct Entry {
+    std::vector<Tensor*> buckets;  ///< Per replica, once it has arrived.
+    std::vector<bool> reduced;     ///< Per replica, once its chunk is summed.
+    int arrived = 0, reduced_count = 0, done = 0;
+  };
+  /// Waits until `ready()`; past the timeout throws naming the replicas `missing()` lists.
+  template <typename Ready, typename Missing>
+  void wait(std::unique_lock<std::mutex>& lock, Ready ready, Missing missing, int stage,
+            const char* what);
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<int, Entry> entries_;  ///< Per stage being summed.
+  int replicas_;
+  double timeout_s_;
+  bool aborted_ = false;
 };
 
 /// Bounded in-process channels (mutex and condition variables), one per link, made up front.
@@ -78,15 +122,19 @@ class InProcessTransport final : public Transport {
 
   /// `capacity`: messages a link holds before a send waits (at least 1). `timeout_s` (> 0;
   /// 0: none): how long a send, receive or shared sum waits for another device's worker before
-  /// it throws `Error(kTimeout)` naming the link or the weight (a worker that hangs).
+  /// it throws `Error(kTimeout)` naming the link or the weight (a worker that hangs). With data
+  /// parallelism each replica has a transport of its own (its links and shared sums), and
+  /// `replicas` (shared by them) sums their gradients for `replica_sum`, this being `replica`.
   InProcessTransport(const std::vector<Link>& links, int capacity, OnDelivered on_delivered = {},
-                     double timeout_s = 0);
+                     double timeout_s = 0, std::shared_ptr<ReplicaSums> replicas = nullptr,
+                     int replica = 0);
   void send(const Link& link, Message message) override;
   Message recv(const Link& link, int microbatch) override;
   void start_shared_sum(const std::string& weight, const std::vector<int>& holders, int stage,
                         const Tensor& gradient, DeviceContext& device) override;
   void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient,
                          DeviceContext& device) override;
+  void replica_sum(int stage, Tensor& bucket, DeviceContext& device) override;
   void abort() override;
 
  private:
@@ -112,6 +160,8 @@ class InProcessTransport final : public Transport {
   size_t capacity_;
   OnDelivered on_delivered_;
   double timeout_s_ = 0;
+  std::shared_ptr<ReplicaSums> replicas_;
+  int replica_ = 0;
   bool aborted_ = false;
 };
 

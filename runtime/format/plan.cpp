@@ -91,6 +91,8 @@ ordered training_json(const TrainingConfig& c) {
           {"loss_output", c.loss_output},
           {"labels", c.labels},
           {"lr", c.lr},
+          {"lr_scaling", c.lr_scaling},
+          {"base_lr", c.base_lr},
           {"weight_decay", c.weight_decay},
           {"momentum", c.momentum},
           {"beta1", c.beta1},
@@ -167,6 +169,7 @@ ordered stage_json(const Stage& stage) {
           {"backward_arena_bytes", stage.backward_arena_bytes},
           {"shared_weights", shared_json(stage.shared_weights)},
           {"shared_exchange_ms", stage.shared_exchange_ms},
+          {"allreduce_ms", stage.allreduce_ms},
           {"why", stage.why}};
 }
 
@@ -276,6 +279,7 @@ Stage read_stage(const JsonValue& value) {
                                "backward_arena_bytes",
                                "shared_weights",
                                "shared_exchange_ms",
+                               "allreduce_ms",
                                "why"});
   Stage stage;
   stage.index = f.int32("index");
@@ -307,6 +311,7 @@ Stage read_stage(const JsonValue& value) {
   stage.backward_arena_bytes = f.int64("backward_arena_bytes");
   stage.shared_weights = f.array("shared_weights", read_shared);
   stage.shared_exchange_ms = f.number("shared_exchange_ms");
+  stage.allreduce_ms = f.number("allreduce_ms");
   stage.why = f.string("why");
   return stage;
 }
@@ -376,14 +381,17 @@ ClusterSpec read_cluster(const JsonObject& top) {
 
 TrainingConfig read_training(const JsonObject& top) {
   JsonObject t =
-      top.object("training_config",
-                 {"loss", "loss_output", "labels", "lr", "weight_decay", "momentum", "beta1",
-                  "beta2", "epsilon", "lr_schedule", "warmup_steps", "total_steps"});
+      top.object("training_config", {"loss", "loss_output", "labels", "lr", "lr_scaling", "base_lr",
+                                     "weight_decay", "momentum", "beta1", "beta2", "epsilon",
+                                     "lr_schedule", "warmup_steps", "total_steps"});
   TrainingConfig c;
   c.loss = t.string("loss");
   c.loss_output = t.string("loss_output");
   c.labels = t.string("labels");
   c.lr = t.number("lr");
+  c.lr_scaling =
+      std::string(to_string(read_name(t, "lr_scaling", find_lr_scaling, lr_scaling_names())));
+  c.base_lr = t.number("base_lr");
   c.weight_decay = t.number("weight_decay");
   c.momentum = t.number("momentum");
   c.beta1 = t.number("beta1");
@@ -452,6 +460,7 @@ nlohmann::ordered_json to_json(const Plan& plan) {
           {"devices", plan.devices},
           {"chunks", plan.chunks},
           {"microbatches", plan.microbatches},
+          {"data_parallel", plan.data_parallel},
           {"batch", plan.batch},
           {"microbatch_size", plan.microbatch_size},
           {"training", plan.training},
@@ -477,14 +486,35 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   Plan plan;
   plan.format_version = f.int32("format_version");
   check_format_version(plan.format_version, source);
-  f.only({"format_version",   "plan_hash",       "schedule_hash",
-          "generator",       "model_path",      "model_hash",
-          "objective",        "schedule",        "devices",         "chunks",
-          "microbatches",     "batch",           "microbatch_size", "training",
-          "optimizer",        "training_config", "precision",       "cost_model",
-          "device",           "cluster",         "predicted",       "baseline_parameters",
-          "baseline_uniform", "search",          "stages",          "ops",
-          "device_memory",    "timeline"});
+  f.only({"format_version",
+          "plan_hash",
+          "schedule_hash",
+          "generator",
+          "model_path",
+          "model_hash",
+          "objective",
+          "schedule",
+          "devices",
+          "chunks",
+          "microbatches",
+          "data_parallel",
+          "batch",
+          "microbatch_size",
+          "training",
+          "optimizer",
+          "training_config",
+          "precision",
+          "cost_model",
+          "device",
+          "cluster",
+          "predicted",
+          "baseline_parameters",
+          "baseline_uniform",
+          "search",
+          "stages",
+          "ops",
+          "device_memory",
+          "timeline"});
   plan.generator = f.string("generator");
   plan.model_path = f.string("model_path");
   plan.model_hash = f.string("model_hash");
@@ -494,6 +524,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.devices = f.int32("devices");
   plan.chunks = f.int32("chunks");
   plan.microbatches = f.int32("microbatches");
+  plan.data_parallel = f.int32("data_parallel");
   plan.batch = f.int64("batch");
   plan.microbatch_size = f.int64("microbatch_size");
   plan.training = f.boolean("training");

@@ -26,9 +26,11 @@ namespace stagecraft::plan {
 /// `optimizer_ms`); the planner's predicted `timeline`. Version 5: plan.json holds its own hash
 /// (`plan_hash`) and schedule.json's (`schedule_hash`). Version 6: `device_memory`, the one
 /// predicted peak per device with its parts and its memory over the step; a stage's `memory`
-/// lists its anatomy without a `total` (only a device has a peak). Older plans are refused
+/// lists its anatomy without a `total` (only a device has a peak). Version 7: data parallelism
+/// (`data_parallel` replicas of the pipeline, `batch` the global batch over all of them, per
+/// stage `allreduce_ms`, `training_config.lr_scaling` and `base_lr`). Older plans are refused
 /// ("re-run stagec").
-inline constexpr int kPlanFormatVersion = 6;
+inline constexpr int kPlanFormatVersion = 7;
 
 /// What a recorded file hash starts with: "fnv1a64:<16 hex digits>".
 inline constexpr std::string_view kHashPrefix = "fnv1a64:";
@@ -179,6 +181,10 @@ struct Stage {
   /// Training: predicted time of the step's exchange of the shared weights' gradients (0 when
   /// none); the optimizer step of the stage waits for it.
   double shared_exchange_ms = 0;
+  /// Training with data parallelism: predicted time of the stage's ALLREDUCE (its weight
+  /// gradients summed over the replicas, a ring: 2 (R - 1) steps of 1/R of them over the
+  /// slowest link between its replicas' devices); 0 with one replica.
+  double allreduce_ms = 0;
   std::string why;  ///< Why the stage ends where it does.
 };
 
@@ -226,7 +232,11 @@ struct TrainingConfig {
   std::string loss;         ///< "mse" | "cross-entropy" | "model" (the model's own scalar output).
   std::string loss_output;  ///< The loss value's name.
   std::string labels;       ///< The labels input ("" for "model").
-  double lr = 1e-3;
+  double lr = 1e-3;         ///< The rate the optimizer uses: `base_lr` scaled by `lr_scaling`.
+  /// How `lr` was scaled with the replica count R: "none" | "linear" (R x base_lr) | "sqrt"
+  /// (sqrt(R) x base_lr), runtime/format/vocabulary.h LrScaling.
+  std::string lr_scaling = "none";
+  double base_lr = 1e-3;  ///< The rate given (stagec --lr).
   double weight_decay = 0;
   double momentum = 0.9;                              ///< momentum and nesterov.
   double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;  ///< adam and adamw.
@@ -244,10 +254,17 @@ struct Plan {
   std::string schedule_hash;
   Objective objective = Objective::kSpeed;
   ScheduleKind schedule = ScheduleKind::k1F1B;
+  /// P: the devices of one pipeline (one replica). Stages, the schedule's lists and the
+  /// predictions are per pipeline device; every replica runs the same.
   int devices = 1;
   int chunks = 1;        ///< V.
-  int microbatches = 1;  ///< M.
-  int64_t batch = 1;     ///< Global batch B = M x microbatch_size.
+  int microbatches = 1;  ///< M, per replica.
+  /// R: replicas of the pipeline (data parallelism), R x P devices in all. Replica r runs on
+  /// devices (ranks of mpirun) r x P .. r x P + P - 1, takes rows [r x M x b, (r + 1) x M x b)
+  /// of every batch, and sums its weight gradients with the other replicas' (ALLREDUCE)
+  /// before each optimizer step.
+  int data_parallel = 1;
+  int64_t batch = 1;  ///< Global batch B = R x M x microbatch_size.
   int64_t microbatch_size = 1;
   bool training = false;
   OptimizerKind optimizer = OptimizerKind::kNone;
@@ -312,7 +329,8 @@ struct Capacity {
 };
 
 /// As above, with the plan devices that share a physical device summed: `Error(kPlan)` naming
-/// the devices, their summed peak and the capacity when it does not fit.
+/// the devices, their summed peak and the capacity when it does not fit. With data parallelism
+/// the devices are all R x P of them (device g peaks as pipeline device g % P).
 void check_fits(const Plan& plan, const std::function<Capacity(int device)>& capacity_of,
                 const std::string& source);
 

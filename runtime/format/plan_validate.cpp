@@ -26,6 +26,8 @@ namespace {
 /// The kinds of device a plan may be made for (its names of the other concepts are
 /// runtime/format/vocabulary.h's).
 constexpr std::array<std::string_view, 2> kDeviceKinds = {"cpu", "gpu"};
+/// The most devices (all replicas together) a plan may name.
+constexpr int64_t kMaxDevices = 1 << 16;
 
 /// "1 device", "2 devices"; `plural` when adding an "s" will not do.
 std::string count(size_t n, std::string_view noun, std::string_view plural = "") {
@@ -95,14 +97,29 @@ class Validator {
     at_least_one("chunks", plan_.chunks);
     at_least_one("microbatches", plan_.microbatches);
     at_least_one("microbatch_size", plan_.microbatch_size);
-    const std::optional<int64_t> batch = try_mul(plan_.microbatches, plan_.microbatch_size);
-    if (!batch) {
-      fault("microbatch_size", fmt::format("is {}; x {} microbatches overflows int64",
-                                           plan_.microbatch_size, plan_.microbatches));
+    at_least_one("data_parallel", plan_.data_parallel);
+    // Every device of every replica is a thread or a rank: a bound far above any machine's.
+    if (static_cast<int64_t>(plan_.devices) * plan_.data_parallel > kMaxDevices) {
+      fault("data_parallel", fmt::format("is {}; x {} devices is more than {} devices in all",
+                                         plan_.data_parallel, plan_.devices, kMaxDevices));
     }
-    if (plan_.batch != *batch) {
+    const std::optional<int64_t> replica_batch = try_mul(plan_.microbatches, plan_.microbatch_size);
+    const std::optional<int64_t> batch =
+        replica_batch ? try_mul(*replica_batch, plan_.data_parallel) : std::nullopt;
+    if (!batch) {
+      fault("microbatch_size",
+            fmt::format("is {}; x {} microbatches x {} replicas overflows int64",
+                        plan_.microbatch_size, plan_.microbatches, plan_.data_parallel));
+    }
+    if (plan_.batch != *batch && plan_.data_parallel == 1) {
       fault("batch", fmt::format("is {}, but microbatches x microbatch_size is {} x {} = {}",
                                  plan_.batch, plan_.microbatches, plan_.microbatch_size, *batch));
+    }
+    if (plan_.batch != *batch) {
+      fault("batch", fmt::format("is {}, but data_parallel x microbatches x microbatch_size is {} "
+                                 "x {} x {} = {}",
+                                 plan_.batch, plan_.data_parallel, plan_.microbatches,
+                                 plan_.microbatch_size, *batch));
     }
     if (plan_.chunks != 1 && plan_.schedule != ScheduleKind::kInterleaved) {
       fault("chunks", fmt::format("is {}, but only the interleaved schedule has more than one "
@@ -640,16 +657,20 @@ void check_fits(const Plan& plan, const std::function<Capacity(int device)>& cap
     std::vector<int> devices;
   };
   std::map<int, Use> uses;  // by physical device
+  // Every replica's devices peak as the first replica's (the predictions are per pipeline
+  // device): device g of R x P holds what pipeline device g % P does.
   const std::vector<int64_t>& peaks = plan.predicted.device_peak_bytes;
-  for (size_t d = 0; d < peaks.size(); ++d) {
-    Capacity c = capacity_of(static_cast<int>(d));
+  const size_t all = peaks.size() * static_cast<size_t>(std::max(plan.data_parallel, 1));
+  for (size_t g = 0; g < all; ++g) {
+    const int64_t peak = peaks[g % peaks.size()];
+    Capacity c = capacity_of(static_cast<int>(g));
     Use& use = uses[c.index];
     use.capacity = c;
     // Saturating: a hostile peak must not wrap the sum below the capacity.
-    use.bytes = peaks[d] > std::numeric_limits<int64_t>::max() - use.bytes
+    use.bytes = peak > std::numeric_limits<int64_t>::max() - use.bytes
                     ? std::numeric_limits<int64_t>::max()
-                    : use.bytes + peaks[d];
-    use.devices.push_back(static_cast<int>(d));
+                    : use.bytes + peak;
+    use.devices.push_back(static_cast<int>(g));
   }
   for (const auto& [index, use] : uses) {
     if (use.bytes <= use.capacity.bytes) continue;

@@ -52,6 +52,12 @@ constexpr Table<Recompute, 3> kRecomputes = {{
     {Recompute::kAuto, "auto"},
 }};
 
+constexpr Table<LrScaling, 3> kLrScalings = {{
+    {LrScaling::kNone, "none"},
+    {LrScaling::kLinear, "linear"},
+    {LrScaling::kSqrt, "sqrt"},
+}};
+
 template <typename Enum, size_t N>
 std::string_view name_in(const Table<Enum, N>& table, Enum value) {
   for (const auto& [known, name] : table)
@@ -91,6 +97,7 @@ std::string_view to_string(OptimizerKind kind) { return name_in(kOptimizers, kin
 std::string_view to_string(Precision precision) { return name_in(kPrecisions, precision); }
 std::string_view to_string(Objective objective) { return name_in(kObjectives, objective); }
 std::string_view to_string(Recompute recompute) { return name_in(kRecomputes, recompute); }
+std::string_view to_string(LrScaling scaling) { return name_in(kLrScalings, scaling); }
 
 const std::vector<std::string_view>& schedule_names() {
   static const std::vector<std::string_view> names = names_in(kSchedules);
@@ -112,6 +119,10 @@ const std::vector<std::string_view>& recompute_names() {
   static const std::vector<std::string_view> names = names_in(kRecomputes);
   return names;
 }
+const std::vector<std::string_view>& lr_scaling_names() {
+  static const std::vector<std::string_view> names = names_in(kLrScalings);
+  return names;
+}
 
 std::optional<ScheduleKind> find_schedule(std::string_view name) {
   return find_in(kSchedules, name);
@@ -128,6 +139,9 @@ std::optional<Objective> find_objective(std::string_view name) {
 std::optional<Recompute> find_recompute(std::string_view name) {
   return find_in(kRecomputes, name);
 }
+std::optional<LrScaling> find_lr_scaling(std::string_view name) {
+  return find_in(kLrScalings, name);
+}
 
 ScheduleKind parse_schedule(std::string_view name) {
   return parse_in(kSchedules, "schedule", name);
@@ -143,6 +157,9 @@ Objective parse_objective(std::string_view name) {
 }
 Recompute parse_recompute(std::string_view name) {
   return parse_in(kRecomputes, "recompute", name);
+}
+LrScaling parse_lr_scaling(std::string_view name) {
+  return parse_in(kLrScalings, "learning-rate scaling", name);
 }
 
 }  // namespace stagecraft

@@ -1,13 +1,13 @@
 #pragma once
 /// \file
 /// The plan's vocabulary: one enum and one name table for each choice a plan records (schedule
-/// kind, optimizer, precision, objective, recompute). The compiler parses the command line with
-/// these, the plan writer writes their names and the runtime reads them back; nothing else
-/// spells the names. Every `parse_*` (the command line's) ignores case (`1F1B`, `GPipe`) and
-/// throws `Error(kUsage)` naming the bad value, the closest valid name when one is close, and
-/// the valid names ("unknown schedule 'zbh1' (did you mean 'zb-h1'?); valid: gpipe, 1f1b,
-/// interleaved, zb-h1, inference"); every `find_*` (plan.json's, which we write ourselves) takes
-/// the exact lower-case name and returns nullopt otherwise.
+/// kind, optimizer, precision, objective, recompute, learning-rate scaling). The compiler parses
+/// the command line with these, the plan writer writes their names and the runtime reads them back;
+/// nothing else spells the names. Every `parse_*` (the command line's) ignores case (`1F1B`,
+/// `GPipe`) and throws `Error(kUsage)` naming the bad value, the closest valid name when one is
+/// close, and the valid names ("unknown schedule 'zbh1' (did you mean 'zb-h1'?); valid: gpipe,
+/// 1f1b, interleaved, zb-h1, inference"); every `find_*` (plan.json's, which we write ourselves)
+/// takes the exact lower-case name and returns nullopt otherwise.
 
 #include <optional>
 #include <string_view>
@@ -56,12 +56,21 @@ enum class Recompute {
   kAuto,  ///< "auto": the planner chooses the stages (see compiler/plan/planner.h).
 };
 
+/// How a data-parallel plan scales the learning rate with its replica count R (the global
+/// batch grows R times; Goyal et al. 2017 scale linearly, Krizhevsky 2014 by the square root).
+enum class LrScaling {
+  kNone,    ///< "none": the rate as given.
+  kLinear,  ///< "linear": the rate times R.
+  kSqrt,    ///< "sqrt": the rate times sqrt(R).
+};
+
 /// The name of each value, as plans and command lines spell it.
 std::string_view to_string(ScheduleKind kind);
 std::string_view to_string(OptimizerKind kind);
 std::string_view to_string(Precision precision);
 std::string_view to_string(Objective objective);
 std::string_view to_string(Recompute recompute);
+std::string_view to_string(LrScaling scaling);
 
 /// Every valid name of each enum, in declaration order (for usage text and checks).
 const std::vector<std::string_view>& schedule_names();
@@ -69,6 +78,7 @@ const std::vector<std::string_view>& optimizer_names();
 const std::vector<std::string_view>& precision_names();
 const std::vector<std::string_view>& objective_names();
 const std::vector<std::string_view>& recompute_names();
+const std::vector<std::string_view>& lr_scaling_names();
 
 /// The value called exactly `name`, or nullopt.
 std::optional<ScheduleKind> find_schedule(std::string_view name);
@@ -76,6 +86,7 @@ std::optional<OptimizerKind> find_optimizer(std::string_view name);
 std::optional<Precision> find_precision(std::string_view name);
 std::optional<Objective> find_objective(std::string_view name);
 std::optional<Recompute> find_recompute(std::string_view name);
+std::optional<LrScaling> find_lr_scaling(std::string_view name);
 
 /// The value called `name` in any case; throws `Error(kUsage)` "unknown <what> '<name>'[ (did
 /// you mean '<closest>'?)]; valid: <names>" otherwise.
@@ -84,5 +95,6 @@ OptimizerKind parse_optimizer(std::string_view name);
 Precision parse_precision(std::string_view name);
 Objective parse_objective(std::string_view name);
 Recompute parse_recompute(std::string_view name);
+LrScaling parse_lr_scaling(std::string_view name);
 
 }  // namespace stagecraft

@@ -44,12 +44,14 @@ bool poll_until(const std::function<bool()>& done, double timeout_s) {
 }
 
 MpiTransport::MpiTransport(MPI_Comm comm, Layout layout, int capacity,
-                           InProcessTransport::OnDelivered on_delivered, double timeout_s)
+                           InProcessTransport::OnDelivered on_delivered, double timeout_s,
+                           MPI_Comm replicas)
     : comm_(comm),
       layout_(std::move(layout)),
       capacity_(static_cast<size_t>(std::max(capacity, 1))),
       on_delivered_(std::move(on_delivered)),
-      timeout_s_(timeout_s) {
+      timeout_s_(timeout_s),
+      replicas_(replicas) {
   std::sort(layout_.links.begin(), layout_.links.end());
   std::sort(layout_.shared_weights.begin(), layout_.shared_weights.end());
   void* value = nullptr;
@@ -256,6 +258,71 @@ void MpiTransport::finish_shared_sum(const std::string& weight, int stage, Tenso
       device.copy(other, gradient);
     else
       device.accumulate(gradient, other);
+  }
+  device.synchronize();
+}
+
+void MpiTransport::replica_sum(int stage, Tensor& bucket, DeviceContext& device) {
+  check_open();
+  int replicas = 1, me = 0;
+  if (replicas_ != MPI_COMM_NULL) {
+    MPI_Comm_size(replicas_, &replicas);
+    MPI_Comm_rank(replicas_, &me);
+  }
+  if (replicas < 2)
+    fail(ErrorKind::kPlan, "stage {}: an ALLREDUCE, but the run has one replica", stage);
+  if (bucket.dtype != DType::kFloat32 || bucket.rank() != 1)
+    fail(ErrorKind::kUnsupported, "stage {}: the all-reduce sums a 1-D float32 bucket, not {}",
+         stage, bucket.describe());
+  const int64_t n = bucket.numel();
+  if (4 * (n / replicas + 1) > INT_MAX)
+    fail(ErrorKind::kUnsupported,
+         "stage {}: a gradient chunk of {} floats is more than one MPI message holds", stage,
+         n / replicas + 1);
+  const int next = (me + 1) % replicas, previous = (me + replicas - 1) % replicas;
+  const int tag = 1 + stage;
+  auto chunk = [&](int c) {
+    auto [lo, hi] = replica_chunk(n, replicas, ((c % replicas) + replicas) % replicas);
+    return slice_rows(bucket, lo, hi);
+  };
+  auto name = [&](int rank) {
+    return rank < static_cast<int>(layout_.replica_names.size())
+               ? layout_.replica_names[static_cast<size_t>(rank)]
+               : fmt::format("replica {}", rank);
+  };
+  device.synchronize();  // MPI reads the bucket
+  Tensor incoming = Tensor::uninitialized(DType::kFloat32, {n / replicas + 1});
+  // One ring step: `out` to the next replica, `in` from the previous one.
+  auto exchange = [&](const Tensor& out, Tensor& in, const char* phase, int step) {
+    MPI_Request requests[2];
+    MPI_Isend(out.data, static_cast<int>(out.bytes()), MPI_BYTE, next, tag, replicas_,
+              &requests[0]);
+    MPI_Irecv(in.data, static_cast<int>(in.bytes()), MPI_BYTE, previous, tag, replicas_,
+              &requests[1]);
+    std::vector<MPI_Request> pending(requests, requests + 2);
+    if (!poll_until([&] { return complete(pending); }, timeout_s_)) {
+      int received = 0;
+      MPI_Test(&pending[1], &received, MPI_STATUS_IGNORE);
+      fail(ErrorKind::kTimeout,
+           "waited {:g} s for {} (the all-reduce of stage {}'s gradients, {} step {} of {}): it "
+           "died or stopped answering (stagerun --timeout)",
+           timeout_s_,
+           received ? name(next) + " to take a chunk" : "a chunk from " + name(previous), stage,
+           phase, step + 1, replicas - 1);
+    }
+  };
+  // Reduce-scatter: after step k this rank holds chunk (me - k - 1) summed over replicas
+  // me - k - 1 .. me, in that order; after R - 1 steps chunk me + 1 is whole here.
+  for (int k = 0; k + 1 < replicas; ++k) {
+    Tensor into = chunk(me - k - 1);
+    Tensor in = slice_rows(incoming, 0, into.numel());
+    exchange(chunk(me - k), in, "reduce-scatter", k);
+    device.accumulate(into, in);
+  }
+  // All-gather: the whole chunks go round the ring.
+  for (int k = 0; k + 1 < replicas; ++k) {
+    Tensor into = chunk(me - k);
+    exchange(chunk(me + 1 - k), into, "all-gather", k);
   }
   device.synchronize();
 }

@@ -37,6 +37,8 @@ struct Layout {
   std::vector<std::string> shared_weights;  ///< Names of the weights several stages hold.
   /// Per rank of the communicator, how messages name it: "rank 1 (device 1)".
   std::vector<std::string> rank_names = {};
+  /// Per rank of the replicas' communicator (data parallelism), how messages name it.
+  std::vector<std::string> replica_names = {};
 };
 
 /// Calls `done` until it returns true: at once at first, then yielding the processor between
@@ -50,8 +52,11 @@ class MpiTransport final : public Transport {
   /// `capacity`: a link's sends in flight before `send` waits for the oldest to be received
   /// (the in-process transport's bound on a link's buffer). `on_delivered` is called in `recv`
   /// with the message received (the moment its bytes become this rank's).
+  /// `replicas`: the communicator of this device's data-parallel replicas (rank = replica),
+  /// over which `replica_sum` runs its ring; MPI_COMM_NULL without data parallelism.
   MpiTransport(MPI_Comm comm, Layout layout, int capacity,
-               InProcessTransport::OnDelivered on_delivered = {}, double timeout_s = 0);
+               InProcessTransport::OnDelivered on_delivered = {}, double timeout_s = 0,
+               MPI_Comm replicas = MPI_COMM_NULL);
   /// Waits for the sends still in flight (their receivers take them in a run that ends well).
   ~MpiTransport() override;
   MpiTransport(const MpiTransport&) = delete;
@@ -66,6 +71,11 @@ class MpiTransport final : public Transport {
   /// in-process transport does, so every holder gets the same bytes.
   void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient,
                          DeviceContext& device) override;
+  /// A ring all-reduce over the replicas' communicator: R - 1 steps of reduce-scatter (each
+  /// rank sends one chunk to the next replica and adds the chunk the previous one sent), then
+  /// R - 1 of all-gather; every message is 1/R of the bucket, so each rank sends
+  /// 2 (R - 1) / R of it, the figure the planner counts.
+  void replica_sum(int stage, Tensor& bucket, DeviceContext& device) override;
   void abort() override;
 
   /// The tag of `link`, and of `stage`'s part of the sum of shared weight `weight`.
@@ -103,6 +113,7 @@ class MpiTransport final : public Transport {
   std::map<std::pair<std::string, int>, Tensor> own_parts_;  ///< (weight, stage) -> its part.
   std::map<std::string, std::vector<int>> holders_;  ///< Per shared weight: its holders.
   double timeout_s_ = 0;
+  MPI_Comm replicas_ = MPI_COMM_NULL;
   std::atomic<bool> aborted_{false};
 };
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <map>
 #include <set>
 
 #include "runtime/mpi/mpi_transport.h"
@@ -19,7 +20,9 @@ namespace stagecraft::rt::mpi {
 /// Two communicators of their own, so that the transport's tags never meet the gather's.
 struct World::Comms {
   MPI_Comm transport = MPI_COMM_NULL;
-  MPI_Comm control = MPI_COMM_NULL;  ///< Step barriers and the gather to rank 0.
+  MPI_Comm control = MPI_COMM_NULL;   ///< Step barriers and the gather to rank 0.
+  MPI_Comm pipeline = MPI_COMM_NULL;  ///< This replica's ranks, by pipeline device.
+  MPI_Comm replicas = MPI_COMM_NULL;  ///< This pipeline device's ranks, by replica.
 };
 
 namespace {
@@ -102,6 +105,7 @@ std::vector<char> rank_part(const RunReport& report, int device) {
   WireWriter w;
   const DeviceReport& d = report.devices.at(static_cast<size_t>(device));
   w.f64(d.busy_s);
+  w.f64(report.allreduce_s.at(static_cast<size_t>(device)));
   for (int64_t v : {d.peak_bytes, d.weight_bytes, d.arena_bytes, d.predicted_peak_bytes,
                     d.device_peak_bytes, d.device_used_bytes})
     w.i64(v);
@@ -112,20 +116,30 @@ std::vector<char> rank_part(const RunReport& report, int device) {
   return w.take();
 }
 
-// Rank `rank`'s part, read into rank 0's report.
-void take_part(const std::vector<char>& bytes, int rank, bool has_loss, RunReport& report) {
+// What rank 0 collects of the ranks' parts: per replica its losses and outputs.
+struct Collected {
+  std::vector<std::vector<double>> losses;             ///< Per replica (its loss rank's).
+  std::map<std::string, std::vector<Tensor>> outputs;  ///< Per name, per replica.
+};
+
+// Rank `rank`'s part (of replica `replica`), read into rank 0's report and `into`.
+void take_part(const std::vector<char>& bytes, int rank, int replica, bool has_loss,
+               RunReport& report, Collected& into) {
   WireReader r(bytes, fmt::format("the report of rank {}", rank));
   DeviceReport& d = report.devices.at(static_cast<size_t>(rank));
   d.busy_s = r.f64();
+  report.allreduce_s.at(static_cast<size_t>(rank)) = r.f64();
   for (int64_t* v : {&d.peak_bytes, &d.weight_bytes, &d.arena_bytes, &d.predicted_peak_bytes,
                      &d.device_peak_bytes, &d.device_used_bytes})
     *v = r.i64();
   std::vector<double> losses(static_cast<size_t>(std::max<int64_t>(0, r.i64())));
   for (double& loss : losses) loss = r.f64();
-  if (has_loss) report.losses = std::move(losses);
+  if (has_loss) into.losses.at(static_cast<size_t>(replica)) = std::move(losses);
   for (int64_t k = r.i64(); k > 0; --k) {
     NamedTensor t = r.tensor();
-    report.outputs[t.name] = std::move(t.tensor);
+    auto& parts = into.outputs[t.name];
+    parts.resize(into.losses.size());
+    parts.at(static_cast<size_t>(replica)) = std::move(t.tensor);
   }
 }
 
@@ -196,14 +210,26 @@ void World::barrier() const {
 World::~World() { finish(0); }
 
 std::vector<int> World::local_devices(const plan::Plan& plan, const std::string& plan_dir) {
+  const int devices = plan.devices * plan.data_parallel;
   refuse_together([&] {
-    if (size_ != plan.devices)
+    if (size_ != devices && plan.data_parallel == 1)
       fail(ErrorKind::kUsage,
            "mpirun started {} rank{} but the plan {} has {} device{}: run one rank per plan "
            "device (mpirun -np {})",
            size_, size_ == 1 ? "" : "s", plan_dir, plan.devices, plan.devices == 1 ? "" : "s",
            plan.devices);
+    if (size_ != devices)
+      fail(ErrorKind::kUsage,
+           "mpirun started {} rank{} but the plan {} has {} devices ({} replicas x {}): run one "
+           "rank per device (mpirun -np {})",
+           size_, size_ == 1 ? "" : "s", plan_dir, devices, plan.data_parallel, plan.devices,
+           devices);
   });
+  // Rank g runs device g: pipeline device g % P of replica g / P. The transport's
+  // communicators: this replica's pipeline (ranked by device) and this device's replicas.
+  pipeline_devices_ = plan.devices;
+  MPI_Comm_split(comms_->transport, rank_ / plan.devices, rank_ % plan.devices, &comms_->pipeline);
+  MPI_Comm_split(comms_->transport, rank_ % plan.devices, rank_ / plan.devices, &comms_->replicas);
   std::snprintf(stop_note.prefix, sizeof stop_note.prefix, "stagerun: %s: ",
                 rank_name(rank_).c_str());
   return {rank_};
@@ -212,20 +238,26 @@ std::vector<int> World::local_devices(const plan::Plan& plan, const std::string&
 void World::distribute(RunOptions& options, const Pipeline& pipeline) {
   const plan::Plan& plan = pipeline.plan();
   timeout_s_ = options.timeout_s;
+  const int P = plan.devices, replica = rank_ / P;
   Layout layout;
   for (const plan::Stage& stage : plan.stages) layout.stage_rank.push_back(stage.device);
   std::set<std::string> shared;
   for (const plan::Stage& stage : plan.stages)
     for (const plan::SharedWeight& w : stage.shared_weights) shared.insert(w.name);
   layout.shared_weights.assign(shared.begin(), shared.end());
-  for (int r = 0; r < size_; ++r) layout.rank_names.push_back(rank_name(r));
-  options.make_transport = [comm = comms_->transport, layout, timeout = options.timeout_s](
-                               const std::vector<Link>& links, int capacity,
+  // The ranks of the pipeline communicator are this replica's devices; those of the replicas'
+  // are this device in every replica.
+  for (int d = 0; d < P; ++d) layout.rank_names.push_back(rank_name(replica * P + d));
+  for (int r = 0; r < plan.data_parallel; ++r)
+    layout.replica_names.push_back(rank_name(r * P + rank_ % P));
+  options.make_transport = [comm = comms_->pipeline, replicas = comms_->replicas, layout,
+                            timeout = options.timeout_s](
+                               int, const std::vector<Link>& links, int capacity,
                                InProcessTransport::OnDelivered delivered) {
     Layout with_links = layout;
     with_links.links = links;
     return std::make_unique<MpiTransport>(comm, std::move(with_links), capacity,
-                                          std::move(delivered), timeout);
+                                          std::move(delivered), timeout, replicas);
   };
   options.step_barrier = [this] { barrier(); };
   if (rank_ != 0) options.progress = nullptr;
@@ -234,11 +266,13 @@ void World::distribute(RunOptions& options, const Pipeline& pipeline) {
   // names the rank it waits for.
   stop_note.texts.clear();
   for (int device : pipeline.local_devices())
-    for (const schedule::Instruction& ins : pipeline.schedule().at(static_cast<size_t>(device))) {
+    for (const schedule::Instruction& ins :
+         pipeline.schedule().at(static_cast<size_t>(device % P))) {
       std::string text = schedule::to_string(ins);
       if (ins.op == schedule::Op::kRecvAct || ins.op == schedule::Op::kRecvGrad)
-        text += fmt::format(", on {}",
-                            rank_name(layout.stage_rank.at(static_cast<size_t>(ins.peer_stage))));
+        text += fmt::format(
+            ", on {}",
+            rank_name(replica * P + layout.stage_rank.at(static_cast<size_t>(ins.peer_stage))));
       stop_note.texts.push_back(std::move(text));
     }
   stop_note.texts_ready = true;
@@ -269,7 +303,15 @@ void World::gather(RunReport& report, const plan::Plan& plan) const {
            rank_name(0), timeout_s_);
     return;
   }
-  const int with_loss = loss_device(plan);
+  const int with_loss = loss_device(plan), P = plan.devices, replicas = plan.data_parallel;
+  // Rank 0's own part (replica 0's device 0).
+  Collected collected;
+  collected.losses.resize(static_cast<size_t>(replicas));
+  if (with_loss == 0) collected.losses[0] = report.losses;
+  for (auto& [name, tensor] : report.outputs) {
+    collected.outputs[name].resize(static_cast<size_t>(replicas));
+    collected.outputs[name][0] = tensor;
+  }
   for (int rank = 1; rank < size_; ++rank) {
     MPI_Status status;
     auto arrived = [&] {
@@ -285,8 +327,21 @@ void World::gather(RunReport& report, const plan::Plan& plan) const {
     MPI_Get_count(&status, MPI_BYTE, &size);
     std::vector<char> part(static_cast<size_t>(size));
     MPI_Recv(part.data(), size, MPI_BYTE, rank, kGatherTag, comms_->control, MPI_STATUS_IGNORE);
-    take_part(part, rank, rank == with_loss, report);
+    take_part(part, rank, rank / P, rank % P == with_loss, report, collected);
   }
+  // The step's loss: the mean of the replicas' (each the mean over its microbatches), added
+  // in replica order as one process adds them.
+  if (with_loss >= 0) {
+    report.losses.assign(report.step_s.size(), 0.0);
+    for (size_t s = 0; s < report.losses.size(); ++s) {
+      double sum = 0;
+      for (const std::vector<double>& losses : collected.losses) sum += losses.at(s);
+      report.losses[s] = sum / replicas;
+    }
+  }
+  // The outputs: the replicas' rows one after another, as the batch holds them.
+  report.outputs.clear();
+  for (auto& [name, parts] : collected.outputs) report.outputs[name] = concat_rows(parts);
   // The bubble over every device: each rank's busy time in its median step against rank 0's
   // (the ranks start and end every step together).
   const double step = report.step_s.at(static_cast<size_t>(report.reported_step));
@@ -308,6 +363,8 @@ int World::finish(int exit_code) {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, exit_code);
   }
+  for (MPI_Comm* comm : {&comms_->pipeline, &comms_->replicas})
+    if (*comm != MPI_COMM_NULL) MPI_Comm_free(comm);
   MPI_Comm_free(&comms_->transport);
   MPI_Comm_free(&comms_->control);
   MPI_Finalize();

@@ -1,8 +1,11 @@
 #pragma once
 /// \file
-/// A process of an `mpirun` launch as stagerun sees it: rank r of N runs plan device r (CPU
-/// ranks, one machine or several), reaching the others' devices through the MPI transport
-/// (mpi_transport.h); rank 0 gathers the losses, outputs and device figures and prints them.
+/// A process of an `mpirun` launch as stagerun sees it: rank g of N runs device g (CPU ranks,
+/// one machine or several): with R data-parallel replicas of a P-device pipeline, pipeline
+/// device g % P of replica g / P. It reaches its replica's other devices through the MPI
+/// transport (mpi_transport.h) on a communicator of that replica, and sums gradients with its
+/// device's other replicas on a communicator of theirs; rank 0 gathers the losses, outputs and
+/// device figures and prints them.
 /// No MPI type appears here, so stagerun builds the same with or without MPI: a build without
 /// it (world_absent.cpp) refuses to run under mpirun, saying so.
 ///
@@ -61,8 +64,8 @@ class World {
     }
   }
 
-  /// The plan devices this rank runs: {rank}. Refuses (every rank) a world whose size is not
-  /// the plan's device count, naming both.
+  /// The device this rank runs: {rank}. Refuses (every rank) a world whose size is not the
+  /// plan's device count (R x P), naming both; splits the communicators (collective).
   std::vector<int> local_devices(const plan::Plan& plan, const std::string& plan_dir);
 
   /// This rank's run of `pipeline` (loaded for this rank's device): its transport (MPI, on a
@@ -94,6 +97,7 @@ class World {
   void barrier() const;
 
   int rank_ = 0, size_ = 1;
+  int pipeline_devices_ = 1;  ///< P: rank g is device g % P of replica g / P.
   double timeout_s_ = 0;  ///< For the barrier and the gather (the run's --timeout).
   bool refused_together_ = false, finished_ = false;
 };

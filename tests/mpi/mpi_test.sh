@@ -11,6 +11,10 @@
 #     world_size             3 ranks for a 2-device plan: every rank refuses, naming both numbers
 #     fault                  a node failing on rank 1 ends every rank at once, non-zero, the
 #                            failing device and node named
+#     train_dp               2 replicas x 2 pipeline devices on 4 ranks: the losses of the
+#                            in-process run of the plan bit for bit, and one device's on the
+#                            same global batch within 1e-5 (gpipe, 1f1b); also 4 replicas of
+#                            one device (the ring's order); 2 ranks refused
 #     kill                   rank 1 of 4 SIGKILLed mid-step: mpirun names it and ends the
 #                            others, each of which says where it was; within --timeout; none
 #                            remains
@@ -89,6 +93,51 @@ case "$check" in
     grep -q "stagerun: internal error: device 1: step 1: .*fault injected at node '$node'" err.txt ||
       fail "the failing rank's line is missing: $(cat err.txt)"
     ! pgrep -f -- "--inject-fault $node" >/dev/null || fail "a rank is still running"
+    ;;
+  train_dp)
+    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
+    for schedule in gpipe 1f1b; do
+      common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --schedule "$schedule"
+        --optimizer adam)
+      "$stagec" "${common[@]}" -o one --devices 1 --microbatches 4 >/dev/null
+      "$stagec" "${common[@]}" -o plan --devices 4 --data-parallel 2 --microbatches 2 >/dev/null
+      "$stagerun" one --steps 4 --json -q --backend cpu >one.json
+      "$stagerun" plan --steps 4 --json -q --backend cpu >threads.json
+      if ! "${mpi[@]}" -np 4 "$stagerun" plan --steps 4 --json -q >ranks.json 2>ranks.err; then
+        cat ranks.err >&2
+        fail "mpirun -np 4 stagerun (2 replicas x 2 devices, $schedule) failed"
+      fi
+      losses ranks.json >ranks.loss
+      losses threads.json >threads.loss
+      losses one.json >one.loss
+      [ "$(wc -l <ranks.loss)" -eq 4 ] || fail "expected 4 losses, got $(cat ranks.loss)"
+      cmp -s ranks.loss threads.loss ||
+        fail "$schedule: 4 ranks and one process differ: $(paste ranks.loss threads.loss)"
+      paste one.loss ranks.loss | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 || $2 != $2 + 0) bad = 1 }
+        END { exit bad }' || fail "$schedule: not one device's losses: $(paste one.loss ranks.loss)"
+      grep -q '"data_parallel": *2' ranks.json || fail "no data_parallel in the summary"
+      [ "$(grep -o '"allreduce_ms"' ranks.json | wc -l)" -eq 4 ] ||
+        fail "every device's all-reduce time should be gathered: $(tail -30 ranks.json)"
+      echo "$schedule: $(tr '\n' ' ' <ranks.loss)(one device: $(tr '\n' ' ' <one.loss))"
+    done
+    # 4 replicas of one device: the ring's chunks add in a different order each (R > 2), and
+    # one process adds them in the same order.
+    "$stagec" "${common[@]}" -o ring --devices 4 --data-parallel 4 --microbatches 1 >/dev/null
+    "$stagerun" ring --steps 4 --json -q --backend cpu >threads.json
+    "${mpi[@]}" -np 4 "$stagerun" ring --steps 4 --json -q >ranks.json 2>ranks.err ||
+      fail "mpirun -np 4 stagerun (4 replicas) failed: $(cat ranks.err)"
+    losses ranks.json >ranks.loss
+    losses threads.json >threads.loss
+    cmp -s ranks.loss threads.loss ||
+      fail "4 replicas: 4 ranks and one process differ: $(paste ranks.loss threads.loss)"
+    paste one.loss ranks.loss | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 || $2 != $2 + 0) bad = 1 }
+      END { exit bad }' || fail "4 replicas: not one device's losses: $(paste one.loss ranks.loss)"
+    echo "4 replicas: $(tr '\n' ' ' <ranks.loss)"
+    if "${mpi[@]}" -np 2 "$stagerun" plan -q >out.txt 2>err.txt; then
+      fail "mpirun -np 2 ran a plan of 4 devices"
+    fi
+    n=$(grep -c 'mpirun started 2 ranks but the plan plan has 4 devices (2 replicas x 2): run one rank per device (mpirun -np 4)' err.txt || true)
+    [ "$n" -eq 2 ] || fail "every rank (2) should refuse with both numbers; $n did: $(cat err.txt)"
     ;;
   kill)
     "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 4 --train --loss mse --batch 8 \

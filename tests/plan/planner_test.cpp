@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <onnx/checker.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -309,6 +310,106 @@ TEST_CASE("baselines are costed like the plan: one device, one split, the same p
       CHECK(b->step_ms == doctest::Approx(p.predicted.step_ms));
     }
   }
+}
+
+}  // namespace
+}  // namespace stagecraft::plan
+
+namespace stagecraft::plan {
+namespace {
+
+TEST_CASE("data parallelism: R replicas of a P-device pipeline, the all-reduce counted") {
+  PlanOptions o = gpt_options(2, "1f1b", true);
+  o.devices = 4;
+  o.data_parallel = 2;
+  o.microbatches = 2;
+  o.batch = 16;
+  o.loss.kind = "cross-entropy";
+  o.training_config.lr = 0.001;
+  PlannedModel planned = make_plan(o);
+  const Plan& p = planned.plan;
+  CHECK(p.devices == 2);
+  CHECK(p.data_parallel == 2);
+  CHECK(p.batch == 16);
+  CHECK(p.microbatch_size == 4);  // 16 = 2 replicas x 2 microbatches x 4
+  CHECK_NOTHROW(validate_plan(p, "plan.json"));
+  CHECK(p.training_config.lr == 0.001);  // no scaling by default
+  CHECK(p.training_config.lr_scaling == "none");
+  // Every stage all-reduces its gradients after its last backward, before its optimizer step.
+  for (const auto& list : planned.schedule) {
+    int all_reduce = -1, optimizer = -1, last_backward = -1;
+    for (int k = 0; k < static_cast<int>(list.size()); ++k) {
+      if (list[k].op == schedule::Op::kAllReduce) all_reduce = k;
+      if (list[k].op == schedule::Op::kOptimizerStep) optimizer = k;
+      if (list[k].op == schedule::Op::kBackward) last_backward = k;
+    }
+    CHECK(last_backward < all_reduce);
+    CHECK(all_reduce < optimizer);
+  }
+  // The ring: 2 (R - 1) steps of 1/R of the fp32 gradients over the link between devices d and
+  // P + d (one 8-GPU node: NVLink).
+  for (const Stage& st : p.stages) {
+    CAPTURE(st.index);
+    const double bytes = 4.0 * static_cast<double>(st.params);
+    const LinkSpec& link = p.cluster.intra_node;
+    const double ring_ms = 2.0 * (link.latency_s + bytes / 2 / link.bandwidth) * 1e3;
+    CHECK(st.allreduce_ms == doctest::Approx(ring_ms));
+    CHECK(st.memory.communication >= static_cast<int64_t>(1.5 * bytes));  // bucket and a chunk
+  }
+  // The simulation waits for it: the timeline holds each stage's ALLREDUCE for that long.
+  int seen = 0;
+  for (const schedule::TimelineEvent& e : p.timeline) {
+    if (e.op != schedule::Op::kAllReduce) continue;
+    ++seen;
+    CHECK((e.end_s - e.start_s) * 1e3 ==
+          doctest::Approx(p.stages[static_cast<size_t>(e.stage)].allreduce_ms));
+  }
+  CHECK(seen == 2);
+  CHECK(p.predicted.samples_per_s == doctest::Approx(16 / (p.predicted.step_ms / 1e3)));
+  // Across nodes the ring is slower: 2 devices per node puts the replicas on different nodes.
+  testing::TempDir dir;
+  std::ofstream(dir.file("c.json"))
+      << R"({"devices_per_node": 2, "intra_node": {"bandwidth": 4.5e11, "latency_s": 3e-6},
+             "inter_node": {"bandwidth": 5e10, "latency_s": 5e-6}})";
+  PlanOptions across = o;
+  across.cluster = dir.file("c.json");
+  const Plan q = make_plan(across).plan;
+  for (const Stage& st : q.stages) {
+    const double bytes = 4.0 * static_cast<double>(st.params);
+    CHECK(st.allreduce_ms == doctest::Approx(2.0 * (5e-6 + bytes / 2 / 5e10) * 1e3));
+  }
+  // --lr-scaling.
+  o.lr_scaling = LrScaling::kLinear;
+  CHECK(make_plan(o).plan.training_config.lr == doctest::Approx(0.002));
+  o.lr_scaling = LrScaling::kSqrt;
+  const Plan scaled = make_plan(o).plan;
+  CHECK(scaled.training_config.lr == doctest::Approx(0.001 * std::sqrt(2.0)));
+  CHECK(scaled.training_config.base_lr == 0.001);
+  CHECK(scaled.training_config.lr_scaling == "sqrt");
+}
+
+TEST_CASE("data parallelism refuses devices or a batch that do not divide, in one line") {
+  auto refused = [](PlanOptions o, const std::string& expected) {
+    try {
+      make_plan(o);
+      FAIL("accepted: " << expected);
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::kUsage);
+      CHECK(std::string(e.what()) == expected);
+    }
+  };
+  PlanOptions o = gpt_options(2, "1f1b", true);
+  o.devices = 3;
+  o.data_parallel = 2;
+  refused(o,
+          "--devices 3 is not divisible by --data-parallel 2: each replica runs a pipeline of the "
+          "same number of devices");
+  o.devices = 4;
+  o.microbatches = 4;
+  o.batch = 12;
+  refused(o,
+          "--batch 12 is not divisible by --data-parallel 2 x --microbatches 4 = 8: every "
+          "replica's microbatches must be the same size");
 }
 
 }  // namespace

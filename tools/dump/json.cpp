@@ -166,6 +166,7 @@ nlohmann::ordered_json render_json(const PlanView& view) {
             {"devices", plan.devices},
             {"chunks", plan.chunks},
             {"microbatches", plan.microbatches},
+            {"data_parallel", plan.data_parallel},
             {"microbatch_size", plan.microbatch_size},
             {"batch", plan.batch},
             {"training", plan.training},

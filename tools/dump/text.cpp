@@ -66,8 +66,14 @@ std::string header(const PlanView& view) {
        fmt::format("{}: {} x {} = {}", to_string(plan.schedule), plural(plan.devices, "device"),
                    plural(plan.chunks, "chunk"), plural(plan.stages.size(), "stage")));
   line("batch",
-       fmt::format("{} = {} x {}", plan.batch,
-                   plural(plan.microbatches, "microbatch", "microbatches"), plan.microbatch_size));
+       plan.data_parallel > 1
+           ? fmt::format("{} = {} x {} x {} (replica r on devices r x {} .. r x {} + {})",
+                         plan.batch, plural(plan.data_parallel, "replica"),
+                         plural(plan.microbatches, "microbatch", "microbatches"),
+                         plan.microbatch_size, plan.devices, plan.devices, plan.devices - 1)
+           : fmt::format("{} = {} x {}", plan.batch,
+                         plural(plan.microbatches, "microbatch", "microbatches"),
+                         plan.microbatch_size));
   line(plan.training ? "training" : "inference",
        plan.training ? fmt::format("optimizer {}, precision {}", to_string(plan.optimizer),
                                    to_string(plan.precision))

@@ -18,7 +18,7 @@ PlanView load_view(const std::string& plan_dir) {
   view.plan_dir = plan_dir;
   view.plan = plan::load_plan(plan_dir);
   const plan::Plan& plan = view.plan;
-  view.shape = {plan.devices, plan.chunks, plan.microbatches, plan.training};
+  view.shape = {plan.devices, plan.chunks, plan.microbatches, plan.training, plan.data_parallel};
   view.shape.shared_groups = plan::shared_weight_groups(plan);
 
   std::string path = (fs::path(plan_dir) / "schedule.json").string();
