@@ -105,6 +105,12 @@ std::vector<std::string> table() {
     lines.push_back(
         fmt::format("Folded when their inputs are constant, refused otherwise: {}.", fold_only));
   }
+  // Ops no backend runs because import rewrites them into the ones above (passes/).
+  lines.emplace_back("");
+  lines.emplace_back(
+      "Rewritten at import into the ops above: Einsum of one or two operands, into ReduceSum, "
+      "Transpose, Reshape and MatMul (passes/lower_einsum.cpp; a letter repeated in one operand, "
+      "three operands or broadcasting between operands are refused).");
   return lines;
 }
 
