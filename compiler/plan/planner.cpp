@@ -61,6 +61,26 @@ std::string peak_line(const DevicePeak& peak, const std::vector<Stage>& stages) 
       format_bytes(static_cast<double>(peak.peak_bytes)), peak.peak_ms, describe_parts(peak));
 }
 
+/// ZeRO-1: each stage's trained weights that no other stage holds, flattened in name order (as
+/// the runtime lays out its gradient bucket), split evenly over the replicas. The writer counts
+/// them again from the backward file it writes (write_plan).
+void set_optimizer_shards(Plan& p, const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                          const partition::Solution& sol) {
+  for (std::size_t k = 0; k < p.stages.size(); ++k) {
+    Stage& st = p.stages[k];
+    std::vector<ir::NodeId> nodes(order.begin() + sol.stages[k].first,
+                                  order.begin() + sol.stages[k].last + 1);
+    int64_t elements = 0;
+    for (ir::ValueId w : passes::trainable_weights(g, nodes)) {
+      const std::string& name = g.value(w).name;
+      if (std::none_of(st.shared_weights.begin(), st.shared_weights.end(),
+                       [&](const SharedWeight& sw) { return sw.name == name; }))
+        elements += g.value(w).numel();
+    }
+    st.optimizer_shards = even_shards(elements, p.data_parallel);
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -218,24 +238,7 @@ PlannedModel make_plan(const PlanOptions& o) {
     p.stages[k].backward_weight_ms = times.backward_weight_s[k] * 1e3;
     p.stages[k].optimizer_ms = times.optimizer_s * 1e3;
   }
-  // ZeRO-1: each stage's trained weights that no other stage holds, flattened in name order
-  // (as the runtime lays out its gradient bucket), split evenly over the replicas. The writer
-  // counts them again from the backward file it writes (write_plan).
-  p.shard_optimizer = s.shard_optimizer;
-  if (s.shard_optimizer)
-    for (std::size_t k = 0; k < p.stages.size(); ++k) {
-      Stage& st = p.stages[k];
-      std::vector<ir::NodeId> nodes(order.begin() + sol.stages[k].first,
-                                    order.begin() + sol.stages[k].last + 1);
-      int64_t elements = 0;
-      for (ir::ValueId w : passes::trainable_weights(g, nodes)) {
-        const std::string& name = g.value(w).name;
-        if (std::none_of(st.shared_weights.begin(), st.shared_weights.end(),
-                         [&](const SharedWeight& sw) { return sw.name == name; }))
-          elements += g.value(w).numel();
-      }
-      st.optimizer_shards = even_shards(elements, s.shape.data_parallel);
-    }
+  if ((p.shard_optimizer = s.shard_optimizer)) set_optimizer_shards(p, g, order, sol);
   for (std::size_t k = 0; k < p.stages.size(); ++k) {
     Stage& st = p.stages[k];
     st.why = why(sol, k, g, order, gp.problem, manual);
