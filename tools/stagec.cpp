@@ -158,7 +158,7 @@ std::string list_nodes(const stagecraft::ImportedModel& model, const std::string
 /// vocabulary (runtime/format/vocabulary.h), by `parse_choices`.
 struct ChoiceNames {
   std::string objective = "speed", schedule, optimizer = "adamw", precision = "fp32",
-              recompute = "none", lr_scaling = "none";
+              recompute = "none", lr_scaling = "none", data_parallel = "1";
 };
 
 /// Registers the planning flags: numbers straight into `po`, the named choices into `names`.
@@ -166,11 +166,19 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
   app.add_option("--devices", po.devices,
                  "devices in all: P pipeline devices, or R x P with --data-parallel R")
       ->check(cli::at_least<int>(1));
-  app.add_option("--data-parallel", po.data_parallel,
+  app.add_option("--data-parallel", names.data_parallel,
                  "R replicas of a pipeline of devices / R devices, each taking 1/R of every "
                  "batch (global batch = R x microbatches x microbatch); training sums each "
-                 "stage's gradients over the replicas before its optimizer step (default 1)")
-      ->check(cli::at_least<int>(1));
+                 "stage's gradients over the replicas before its optimizer step (default 1); "
+                 "auto: every R dividing the devices is planned and the highest predicted "
+                 "throughput that fits is kept")
+      ->check(CLI::Validator(
+          [](const std::string& text) -> std::string {
+            if (text == "auto") return "";
+            std::string why = cli::at_least<int>(1)(text);
+            return why.empty() ? "" : why + " (or 'auto')";
+          },
+          "R|auto"));
   app.add_option("--lr-scaling", names.lr_scaling,
                  "with --train: none | linear | sqrt: the learning rate times R, sqrt(R) or 1 for "
                  "R data-parallel replicas (default none)");
@@ -254,6 +262,8 @@ void parse_choices(const ChoiceNames& names, stagecraft::plan::PlanOptions& po) 
   po.precision = flag("--precision", [&] { return parse_precision(names.precision); });
   po.recompute = flag("--recompute", [&] { return parse_recompute(names.recompute); });
   po.lr_scaling = flag("--lr-scaling", [&] { return parse_lr_scaling(names.lr_scaling); });
+  po.data_parallel_auto = names.data_parallel == "auto";
+  if (!po.data_parallel_auto) po.data_parallel = std::stoi(names.data_parallel);  // checked
 }
 
 /// Refuses flags that would be silently ignored: the training flags without --train, --labels
@@ -436,6 +446,7 @@ int run(int argc, char** argv) {
   plan::PlannedModel planned = plan::make_plan(po);
   double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!planned.loss_summary.empty()) fmt::print("{}\n", planned.loss_summary);
+  fmt::print("{}", planned.data_parallel_choice);
   fmt::print("{}", plan::summarize(planned.plan));
   if (dry_run) {
     fmt::print("planned in {:.2f} s (dry run: nothing written)\n", plan_s);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "compiler/model_info.h"
 #include "compiler/plan/planning.h"
@@ -62,7 +63,44 @@ std::string peak_line(const DevicePeak& peak, const std::vector<Stage>& stages) 
 
 }  // namespace
 
+namespace {
+
+/// --data-parallel auto: every replica count that divides the devices, planned; the fastest.
+PlannedModel choose_data_parallel(const PlanOptions& o) {
+  if (o.devices < 1) fail(ErrorKind::kUsage, "--devices {} must be at least 1", o.devices);
+  std::optional<PlannedModel> best;
+  std::vector<std::string> lines;
+  for (int replicas = 1; replicas <= o.devices; ++replicas) {
+    if (o.devices % replicas != 0) continue;
+    PlanOptions one = o;
+    one.data_parallel_auto = false;
+    one.data_parallel = replicas;
+    try {
+      PlannedModel planned = make_plan(one);
+      const Prediction& p = planned.plan.predicted;
+      lines.push_back(fmt::format("{} x {} devices: step {:.3f} ms, {:.1f} samples/s", replicas,
+                                  o.devices / replicas, p.step_ms, p.samples_per_s));
+      if (!best || p.samples_per_s > best->plan.predicted.samples_per_s) best = std::move(planned);
+    } catch (const Error& e) {
+      // A replica count the batch or the memory does not allow; anything else is a fault.
+      if (e.kind() != ErrorKind::kUsage && e.kind() != ErrorKind::kPlan) throw;
+      lines.push_back(fmt::format("{} x {} devices: {}", replicas, o.devices / replicas, e.what()));
+    }
+  }
+  if (!best)
+    fail(ErrorKind::kPlan,
+         "--data-parallel auto: no replica count of {} devices can be planned: {}", o.devices,
+         fmt::join(lines, "; "));
+  best->data_parallel_choice = fmt::format(
+      "--data-parallel auto: {} replica{} (the highest predicted throughput); tried {}\n",
+      best->plan.data_parallel, best->plan.data_parallel == 1 ? "" : "s", fmt::join(lines, "; "));
+  return std::move(*best);
+}
+
+}  // namespace
+
 PlannedModel make_plan(const PlanOptions& o) {
+  if (o.data_parallel_auto) return choose_data_parallel(o);
   Setup s = make_setup(o);
   ImportOptions import;
   if (o.batch) import.batch = s.microbatch_size;

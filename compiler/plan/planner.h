@@ -26,6 +26,9 @@ struct PlanOptions {
   /// R: replicas of the pipeline (data parallelism); `devices` must be a multiple of it, and
   /// the global batch of R x microbatches.
   int data_parallel = 1;
+  /// --data-parallel auto: the planner plans every R that divides `devices` and keeps the one
+  /// with the highest predicted throughput that fits (`data_parallel` is then ignored).
+  bool data_parallel_auto = false;
   /// With --train: how the learning rate grows with R (the rate given is kept as base_lr).
   LrScaling lr_scaling = LrScaling::kNone;
   Objective objective = Objective::kSpeed;
@@ -64,10 +67,16 @@ struct PlannedModel {
   /// Training: one line saying which loss was appended (for cross-entropy: the class axis and
   /// why, the labels' shape per microbatch, the ignore index); "" otherwise.
   std::string loss_summary;
+  /// --data-parallel auto: one line per replica count tried (its predicted step and
+  /// throughput, or why it was not possible) and the one chosen; "" otherwise.
+  std::string data_parallel_choice = {};
 };
 
 /// Plans the model. Refuses (Error) bad options with the flag named, and a model that fits in
-/// no split with the stage, its memory anatomy and the device's capacity.
+/// no split with the stage, its memory anatomy and the device's capacity. With
+/// `data_parallel_auto`, plans each replica count R dividing the devices and returns the plan
+/// of the highest predicted samples/s among those that can be made and fit (ties: the fewer
+/// replicas); refuses, listing every R and why, when none can.
 PlannedModel make_plan(const PlanOptions& options);
 
 /// Writes PLAN_DIR/{plan.json, schedule.json, stage_K.onnx}. The directory is built beside the

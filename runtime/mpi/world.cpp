@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -149,6 +150,13 @@ bool World::available() { return true; }
 
 World::World() : comms_(std::make_unique<Comms>()) {
   int provided = 0;
+  // Open MPI's shared-memory transport copies large messages straight out of the sender's
+  // memory (CMA, process_vm_readv). When the sender dies mid-message the reader's library
+  // prints "Read -1, expected N, errno = 3" and ends that rank on its own, before it can say
+  // where it was; in containers without ptrace rights the same read fails for every message.
+  // The copy through shared memory instead is what Open MPI advises there; a user's own
+  // setting of the variable wins (overwrite = 0).
+  setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
   // Serialized: the main thread and the one worker of this rank's device take turns.
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
   if (provided < MPI_THREAD_SERIALIZED)

@@ -414,3 +414,56 @@ TEST_CASE("data parallelism refuses devices or a batch that do not divide, in on
 
 }  // namespace
 }  // namespace stagecraft::plan
+
+namespace stagecraft::plan {
+namespace {
+
+TEST_CASE("--data-parallel auto keeps the replica count of the highest predicted throughput") {
+  PlanOptions o = gpt_options(2, "1f1b", true);
+  o.loss.kind = "cross-entropy";
+  o.devices = 4;
+  o.microbatches = 2;
+  o.batch = 16;
+  // Each replica count planned on its own, as auto plans it.
+  double best = 0;
+  int fastest = 0;
+  for (int replicas : {1, 2, 4}) {
+    PlanOptions one = o;
+    one.data_parallel = replicas;
+    const double throughput = make_plan(one).plan.predicted.samples_per_s;
+    if (throughput > best) {
+      best = throughput;
+      fastest = replicas;
+    }
+  }
+  PlanOptions automatic = o;
+  automatic.data_parallel_auto = true;
+  automatic.data_parallel = 3;  // ignored
+  PlannedModel chosen = make_plan(automatic);
+  CHECK(chosen.plan.data_parallel == fastest);
+  CHECK(chosen.plan.predicted.samples_per_s == doctest::Approx(best));
+  const std::string& line = chosen.data_parallel_choice;
+  CHECK(line.find(fmt::format("--data-parallel auto: {} replica", fastest)) == 0);
+  for (const char* tried : {"1 x 4 devices: step ", "2 x 2 devices: step ", "4 x 1 devices: step "})
+    CHECK(line.find(tried) != std::string::npos);
+  // A batch that only some replica counts divide: the others say why.
+  automatic.batch = 4;  // 4 = 1 x 2 x 2 or 2 x 2 x 1, not 4 x 2 x b
+  PlannedModel some = make_plan(automatic);
+  CHECK(some.data_parallel_choice.find("4 x 1 devices: --batch 4 is not divisible by "
+                                       "--data-parallel 4 x --microbatches 2 = 8") !=
+        std::string::npos);
+  CHECK(some.plan.data_parallel <= 2);
+  // None possible: one line listing every replica count.
+  automatic.batch = 3;
+  try {
+    make_plan(automatic);
+    FAIL("a batch of 3 was planned");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kPlan);
+    CHECK(std::string(e.what()).find("--data-parallel auto: no replica count of 4 devices can be "
+                                     "planned: 1 x 4 devices: --batch 3 is not divisible") == 0);
+  }
+}
+
+}  // namespace
+}  // namespace stagecraft::plan
