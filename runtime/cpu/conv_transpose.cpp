@@ -109,9 +109,7 @@ void conv_transpose_grad(const KernelArgs& a) {
   if (io.dy(0) == nullptr) return zero_outputs(a);
   const Tensor& dy = *io.dy(0);
   const ConvTransposeGeometry g = conv_transpose_geometry(a, x.shape, w.shape);
-  if (dy.shape != g.y)
-    fail(ErrorKind::kShape, "ConvTransposeGrad '{}': dY {} should be {}", a.name, dy.describe(),
-         shape_string(g.y));
+  expect_dy_shape(a, dy, g.y);
   if (io.wants(0)) expect_shape(a, 0, x.shape);
   if (io.wants(1)) expect_shape(a, 1, w.shape);
   if (io.wants(2)) {

@@ -8,8 +8,6 @@
 // Conv's pads are asymmetric, as ConvGrad's dX: conv_common.h), then + B per channel.
 // ConvTransposeGrad: dX = that Conv's forward of dY (padded where asymmetric), dW its filter
 // gradient from dY and X, dB the sum of dY over the batch and spatial dims in double.
-#include <fmt/format.h>
-
 #include "runtime/cpu/conv_transpose_shape.h"
 #include "runtime/cpu/grad_io.h"
 #include "runtime/cuda/conv_common.h"
@@ -24,12 +22,9 @@ namespace {
 
 using cpu::GradArity;
 using cpu::GradIo;
+using cpu::zero_outputs;
 
 constexpr GradArity kArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
-
-void check_launch(const KernelArgs& a) {
-  check(cudaGetLastError(), fmt::format("{} '{}' kernel launch", a.op_type, a.name));
-}
 
 void conv_transpose(const KernelArgs& a) {
   const cpu::ConvTransposeGeometry g = cpu::conv_transpose_forward_geometry(a);
@@ -59,11 +54,6 @@ void conv_transpose(const KernelArgs& a) {
   }
 }
 
-void zero_outputs(const KernelArgs& a) {
-  for (Tensor* t : a.out)
-    if (t != nullptr) a.device.fill_zero(*t);
-}
-
 void conv_transpose_grad(const KernelArgs& a) {
   const GradIo io(a, kArity);
   const Tensor& x = io.need_x(0);
@@ -71,9 +61,7 @@ void conv_transpose_grad(const KernelArgs& a) {
   if (io.dy(0) == nullptr) return zero_outputs(a);
   const Tensor& dy = *io.dy(0);
   const cpu::ConvTransposeGeometry g = cpu::conv_transpose_geometry(a, x.shape, w.shape);
-  if (dy.shape != g.y)
-    fail(ErrorKind::kShape, "ConvTransposeGrad '{}': dY {} should be {}", a.name, dy.describe(),
-         shape_string(g.y));
+  cpu::expect_dy_shape(a, dy, g.y);
   if (io.wants(0)) expect_shape(a, 0, x.shape);
   if (io.wants(1)) expect_shape(a, 1, w.shape);
   if (io.wants(2)) {
