@@ -15,6 +15,10 @@
 #                            in-process run of the plan bit for bit, and one device's on the
 #                            same global batch within 1e-5 (gpipe, 1f1b); also 4 replicas of
 #                            one device (the ring's order); 2 ranks refused
+#     train_zero             --shard-optimizer (ZeRO-1), 2 replicas x 2 devices on 4 ranks (adam,
+#                            momentum): the unsharded plan's losses bit for bit, and the
+#                            in-process sharded run's; 4 replicas of one device (the ring's
+#                            shard order) as in one process, within 1e-6 of unsharded
 #     kill                   rank 1 of 4 SIGKILLed mid-step: mpirun names it and ends the
 #                            others, each of which says where it was; within --timeout
 #                            beyond a healthy run's time; none remains
@@ -45,6 +49,8 @@ fi
 stagerun=$3 stagec=$4 make_samples=$5 samples=$6 work=$7
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 
+# The fault, kill and hang runs name the plan by its absolute path, which only this build's
+# test uses, so that looking for a rank left running (pgrep) does not see another build's.
 # Seconds a healthy `mpirun -np RANKS stagerun plan --steps 4 -q FLAGS...` takes here: the
 # kill and hang checks bound their end by it, since launching ranks alone takes seconds on a
 # loaded machine (10 s in CI's fresh root on 2 busy cores) and a fixed bound then fails.
@@ -99,14 +105,58 @@ case "$check" in
     node=$(grep -o '"loss/[^"]*"' plan/plan.json | head -1 | tr -d '"')  # the last stage's
     [ -n "$node" ] || fail "no loss node in plan.json"
     start=$SECONDS
-    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" plan --steps 3 -q --inject-fault "$node" \
+    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" "$work/plan" --steps 3 -q --inject-fault "$node" \
       >out.txt 2>err.txt; then
       fail "a run with a failing node succeeded"
     fi
     [ $((SECONDS - start)) -lt 30 ] || fail "the ranks took $((SECONDS - start)) s to end"
     grep -q "stagerun: internal error: device 1: step 1: .*fault injected at node '$node'" err.txt ||
       fail "the failing rank's line is missing: $(cat err.txt)"
-    ! pgrep -f -- "--inject-fault $node" >/dev/null || fail "a rank is still running"
+    ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
+    ;;
+  train_zero)
+    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
+    for optimizer in adam momentum; do
+      common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer "$optimizer"
+        --lr 0.001)
+      "$stagec" "${common[@]}" -o plain --devices 4 --data-parallel 2 --microbatches 2 >/dev/null
+      "$stagec" "${common[@]}" -o zero --devices 4 --data-parallel 2 --microbatches 2 \
+        --shard-optimizer >/dev/null
+      grep -q '"shard_optimizer": *true' zero/plan.json || fail "no shard_optimizer in plan.json"
+      "$stagerun" plain --steps 5 --json -q --backend cpu >plain.json
+      "$stagerun" zero --steps 5 --json -q --backend cpu >threads.json
+      if ! "${mpi[@]}" -np 4 "$stagerun" zero --steps 5 --json -q >ranks.json 2>ranks.err; then
+        cat ranks.err >&2
+        fail "mpirun -np 4 stagerun (sharded, $optimizer) failed"
+      fi
+      losses plain.json >plain.loss
+      losses threads.json >threads.loss
+      losses ranks.json >ranks.loss
+      [ "$(wc -l <ranks.loss)" -eq 5 ] || fail "expected 5 losses, got $(cat ranks.loss)"
+      # Step k's loss reads the weights of k - 1 updates: equal losses, equal weights.
+      cmp -s ranks.loss threads.loss ||
+        fail "$optimizer: sharded on 4 ranks and in one process differ: $(paste ranks.loss threads.loss)"
+      cmp -s ranks.loss plain.loss ||
+        fail "$optimizer: sharded and unsharded differ: $(paste ranks.loss plain.loss)"
+      echo "$optimizer sharded, 4 ranks: $(tr '\n' ' ' <ranks.loss)(bit for bit as unsharded)"
+    done
+    # 4 replicas of one device: each shard adds the replicas in its own rotation, the same on
+    # 4 ranks as in one process; the unsharded ring's rotation differs by one (within 1e-6).
+    "$stagec" "${common[@]}" -o plain4 --devices 4 --data-parallel 4 --microbatches 1 >/dev/null
+    "$stagec" "${common[@]}" -o zero4 --devices 4 --data-parallel 4 --microbatches 1 \
+      --shard-optimizer >/dev/null
+    "$stagerun" plain4 --steps 5 --json -q --backend cpu >plain.json
+    "$stagerun" zero4 --steps 5 --json -q --backend cpu >threads.json
+    "${mpi[@]}" -np 4 "$stagerun" zero4 --steps 5 --json -q >ranks.json 2>ranks.err ||
+      fail "mpirun -np 4 stagerun (4 replicas, sharded) failed: $(cat ranks.err)"
+    losses plain.json >plain.loss
+    losses threads.json >threads.loss
+    losses ranks.json >ranks.loss
+    cmp -s ranks.loss threads.loss ||
+      fail "4 replicas sharded: 4 ranks and one process differ: $(paste ranks.loss threads.loss)"
+    paste plain.loss ranks.loss | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 || $2 != $2 + 0) bad = 1 }
+      END { exit bad }' || fail "4 replicas: sharded not within 1e-6 of unsharded: $(paste plain.loss ranks.loss)"
+    echo "4 replicas sharded: $(tr '\n' ' ' <ranks.loss)"
     ;;
   train_dp)
     losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
@@ -160,7 +210,7 @@ case "$check" in
     start=$SECONDS
     # mpirun SIGKILLs the ranks 1 s after its SIGTERM (odls_base_sigkill_timeout): on a loaded
     # machine a rank is not always scheduled in that second to print its line; 5 s it is.
-    if timeout 60 "${mpi[@]}" --mca odls_base_sigkill_timeout 5 -np 4 "$stagerun" plan \
+    if timeout 60 "${mpi[@]}" --mca odls_base_sigkill_timeout 5 -np 4 "$stagerun" "$work/plan" \
       --steps 4 -q --timeout 5 --inject-kill 1:2 >out.txt 2>err.txt; then
       fail "a run with a rank killed succeeded"
     fi
@@ -178,7 +228,7 @@ case "$check" in
         fail "rank $rank's line is missing: $(cat err.txt)"
     done
     sleep 1
-    ! pgrep -f -- "--inject-kill 1:2" >/dev/null || fail "a rank is still running"
+    ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
     echo "ended in $took s: $(grep -c 'ended by SIGTERM' err.txt) ranks said where they were"
     ;;
   hang)
@@ -186,7 +236,7 @@ case "$check" in
       --microbatches 4 >/dev/null
     healthy=$(healthy_run 2 --timeout 2)
     start=$SECONDS
-    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" plan --steps 4 -q --timeout 2 \
+    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" "$work/plan" --steps 4 -q --timeout 2 \
       --inject-hang 1:2 >out.txt 2>err.txt; then
       fail "a run with a hung rank succeeded"
     fi
@@ -196,14 +246,14 @@ case "$check" in
     grep -E -q "^stagerun: timeout error: device 0: step 2: [A-Z_]+ stage [0-9].*: waited 2 s for .* from rank 1 \(device 1\): it died or stopped answering" err.txt ||
       fail "rank 0's line naming rank 1 and the instruction is missing: $(cat err.txt)"
     # Stopped before its last instruction: rank 0 finishes its step and waits at the barrier.
-    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" plan --steps 4 -q --timeout 2 \
+    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" "$work/plan" --steps 4 -q --timeout 2 \
       --inject-hang 1:2:last >out.txt 2>err2.txt; then
       fail "a run with a hung rank succeeded"
     fi
     grep -q "^stagerun: timeout error: device 0: step 2: waiting for every device at the step's end: rank 1 (device 1) did not arrive within 2 s" err2.txt ||
       fail "rank 0's line naming rank 1 at the step barrier is missing: $(cat err2.txt)"
     sleep 1
-    ! pgrep -f -- "--inject-hang 1:2" >/dev/null || fail "a rank is still running"
+    ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
     echo "ended in $took s"
     ;;
   train_mnist_1f1b)
