@@ -21,7 +21,8 @@
 //    median_excludes_warmup, samples_per_s,
 //    bubble {measured, predicted}, predicted_step_ms, cost_model, [final_loss] (training),
 //    plan_device {name, kind},
-//    warnings [one line each, e.g. a plan costed for another kind of device],
+//    warnings [one line each: a plan costed for another kind of device, a mixed-precision plan
+//              run in fp32],
 //    device [{device, busy_fraction, peak_bytes, predicted_peak_bytes, arena_bytes, weight_bytes,
 //             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use),
 //             [allreduce_ms] (data parallelism: the step's ALLREDUCE time)}],
@@ -29,7 +30,8 @@
 //    outputs [{name, dtype, shape, file}]}
 // The measured figures describe the median step, the first step (the warm-up) left out when
 // there are others. A plan costed for another kind of device than the backend (an h100 plan on
-// the cpu backend) gets a one-line warning on stderr naming the stagec flags that fix it.
+// the cpu backend) gets a one-line warning on stderr naming the stagec flags that fix it; a
+// mixed-precision plan, one saying it runs in fp32 (no backend computes in 16 bits yet).
 // --trace writes a Chrome trace of the compute that ran, in the format of `stagedump --trace`
 // (a process per device, "measured / device N", with a slice per step), every step;
 // `stagedump PLAN --trace OUT --measured FILE` sets it beside the prediction.
@@ -355,6 +357,26 @@ std::string device_kind_warning(const plan::Plan& plan, std::string_view backend
       plan.device.name, plan.device.kind, backend, plan.device.name, fix);
 }
 
+// One line when the plan was made for mixed precision: no backend computes in 16 bits yet
+// (issue 13), so the run is fp32 and its activations, temporaries and transfers take twice the
+// bytes the plan's 16-bit prediction counts. "" for an fp32 plan.
+std::string precision_warning(const plan::Plan& plan, std::string_view backend) {
+  if (plan.precision != Precision::kMixed) return "";
+  return fmt::format(
+      "the plan is for mixed precision (16-bit compute, fp32 master weights) but the {} backend "
+      "computes in fp32: activations, temporaries and transfers take twice the bytes its "
+      "predicted peaks count, and its predicted times are for 16-bit kernels",
+      backend);
+}
+
+// Every warning of the run, one line each: the device kind, the precision.
+std::vector<std::string> run_warnings(const plan::Plan& plan, std::string_view backend) {
+  std::vector<std::string> warnings;
+  for (std::string line : {device_kind_warning(plan, backend), precision_warning(plan, backend)})
+    if (!line.empty()) warnings.push_back(std::move(line));
+  return warnings;
+}
+
 // The steps the reported median is over: every step after the first (the warm-up), or the one
 // step there is.
 std::vector<double> steady_steps(const rt::RunReport& report) {
@@ -374,7 +396,7 @@ std::string inputs_label(const Args& args, bool json) {
 // docs/schemas/stagerun.schema.json).
 void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args& args,
                 std::string_view backend, const std::string& auto_reason, int64_t first_step,
-                const nlohmann::ordered_json& outputs, const std::string& warning) {
+                const nlohmann::ordered_json& outputs, const std::vector<std::string>& warnings) {
   double step_s = report.step_s[report.reported_step];
   for (size_t k = 0; k < report.step_s.size(); ++k) {
     nlohmann::ordered_json record{{"type", "step"},
@@ -412,8 +434,7 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
   j["predicted_step_ms"] = plan.predicted.step_ms;
   j["cost_model"] = plan.cost_model;
   j["plan_device"] = {{"name", plan.device.name}, {"kind", plan.device.kind}};
-  j["warnings"] = warning.empty() ? nlohmann::ordered_json::array()
-                                  : nlohmann::ordered_json::array({warning});
+  j["warnings"] = warnings;
   if (!report.losses.empty()) j["final_loss"] = report.losses.back();
   nlohmann::ordered_json devs = nlohmann::ordered_json::array();
   for (size_t d = 0; d < report.devices.size(); ++d) {
@@ -579,9 +600,9 @@ int main(int argc, char** argv) {
                                      : rt::backend_by_name(args.backend_name);
     auto pipeline = rt::Pipeline::load(args.plan_dir, backend, args.threads, local_devices);
     const plan::Plan& plan = pipeline->plan();
-    const std::string warning = device_kind_warning(plan, backend.name());
-    if (!warning.empty() && (!world || world->rank() == 0))
-      fmt::print(stderr, "stagerun: warning: {}\n", warning);
+    const std::vector<std::string> warnings = run_warnings(plan, backend.name());
+    if (!world || world->rank() == 0)
+      for (const std::string& warning : warnings) fmt::print(stderr, "stagerun: warning: {}\n", warning);
     if (!args.data_dir.empty() && (!args.inputs_path.empty() || args.synthetic))
       fail(ErrorKind::kUsage, "--data excludes --inputs and --synthetic");
     std::map<std::string, rt::Tensor> inputs, data;
@@ -632,7 +653,7 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json outputs = write_outputs(report, args.outputs_dir);
     write_trace(report, args, *pipeline);
     if (args.json)
-      print_json(report, plan, args, backend.name(), chosen, first_step, outputs, warning);
+      print_json(report, plan, args, backend.name(), chosen, first_step, outputs, warnings);
     else if (args.trace_path != "-")
       print_text(report, plan, args,
                  chosen.empty() ? std::string(backend.name())

@@ -27,12 +27,6 @@ namespace {
 
 constexpr int64_t kParallelElements = int64_t{1} << 15;
 
-void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) {
-  if (dy.shape != shape)
-    fail(ErrorKind::kShape, "{}: the output gradient is {} but the output is {}", a.op_type,
-         dy.describe(), shape_string(shape));
-}
-
 // Walks the dense index space of `shape`; element c corresponds to `strided[base + sum(c[d] *
 // strides[d])]`. With `scatter`, copies dense -> strided, else strided -> dense. The strided
 // positions must be distinct (they are for Transpose and Slice).

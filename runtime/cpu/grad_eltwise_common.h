@@ -32,13 +32,6 @@ inline void expect_dx_shape(const KernelArgs& a, size_t k, const Shape& shape) {
   expect_shape(a, k, shape);
 }
 
-/// Fails unless `dy` has `shape`.
-inline void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) {
-  if (dy.shape != shape)
-    fail(ErrorKind::kShape, "{}: the output gradient is {} but the output is {}", a.op_type,
-         dy.describe(), shape_string(shape));
-}
-
 /// dx = g(x, y, dy) elementwise; y is the forward output, recomputed by `fwd(x)` when omitted.
 template <class Fwd, class G>
 void unary_grad(const KernelArgs& a, Fwd fwd, G g) {

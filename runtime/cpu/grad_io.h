@@ -74,12 +74,21 @@ inline void zero(Tensor& t) {
   if (t.bytes() > 0) std::memset(t.data, 0, static_cast<size_t>(t.bytes()));
 }
 
-/// Zeroes every requested output. A kernel whose table entry says `writes_every_output` calls
-/// this where the gradients are all zero (dy omitted, an empty operand), since the runtime then
-/// hands it outputs with whatever bytes the arena held.
+/// Zeroes every requested output, on the kernel's own device (the CUDA backend's kernels use it
+/// too). A kernel whose table entry says `writes_every_output` calls this where the gradients
+/// are all zero (dy omitted, an empty operand), since the runtime then hands it outputs with
+/// whatever bytes the arena held.
 inline void zero_outputs(const KernelArgs& a) {
   for (Tensor* t : a.out)
-    if (t != nullptr) zero(*t);
+    if (t != nullptr) a.device.fill_zero(*t);
+}
+
+/// Throws `Error(kShape)` when the output gradient `dy` does not have the forward output's
+/// `shape`.
+inline void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) {
+  if (dy.shape != shape)
+    fail(ErrorKind::kShape, "{} '{}': the output gradient is {} but the output is {}", a.op_type,
+         a.name, dy.describe(), shape_string(shape));
 }
 
 /// Where the gradient op's operands are: n forward inputs, m forward outputs. Throws
@@ -109,7 +118,7 @@ struct GradIo {
   }
   /// The start of a gradient whose one wanted result is dx of input 0: sets dx, dy (of output
   /// 0) and x (checking dx has x's shape). False when there is nothing to compute: dx is not
-  /// wanted, or dy is omitted (then every output is zeroed).
+  /// wanted, or dy is omitted (then every output is zeroed, on the kernel's device).
   bool input0(Tensor*& dx_out, const Tensor*& dy_out, const Tensor*& x_out) const {
     dx_out = dx(0);
     dy_out = dy(0);

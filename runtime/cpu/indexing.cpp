@@ -108,9 +108,7 @@ void tile_grad(const KernelArgs& a) {
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
   const TileShape s = tile_shape(a, x->shape, io.need_x(1));
-  if (dy->shape != tile_output_shape(s))
-    fail(ErrorKind::kShape, "TileGrad '{}': the output gradient is {} but the output is {}", a.name,
-         dy->describe(), shape_string(tile_output_shape(s)));
+  expect_dy_shape(a, *dy, tile_output_shape(s));
   const int64_t n = dx->numel();
   if (n == 0) return;
   const SeparableTableData data = tile_gradient_tables(s);

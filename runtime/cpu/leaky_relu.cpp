@@ -40,9 +40,7 @@ void leaky_relu_grad(const KernelArgs& a) {
   Tensor* dx = nullptr;
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
-  if (dy->shape != x->shape)
-    fail(ErrorKind::kShape, "{} '{}': the output gradient is {} but the output is {}", a.op_type,
-         a.name, dy->describe(), shape_string(x->shape));
+  expect_dy_shape(a, *dy, x->shape);
   const float alpha = a.attrs.f("alpha", 0.01f);
   const float* xs = x->as<float>();
   const float* dys = dy->as<float>();

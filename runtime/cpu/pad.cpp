@@ -95,9 +95,7 @@ void pad_grad(const KernelArgs& a) {
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
   const PadGeometry g = pad_geometry(a, x->shape, io.x(1));
-  if (dy->shape != g.y_shape)
-    fail(ErrorKind::kShape, "PadGrad '{}': the output gradient is {} but the output is {}", a.name,
-         dy->describe(), shape_string(g.y_shape));
+  expect_dy_shape(a, *dy, g.y_shape);
   float* dxs = dx->as<float>();
   if (dx->numel() == 0) return;
   if (x->shape.empty()) {

@@ -208,9 +208,7 @@ void reduce_grad(const KernelArgs& a) {
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
   const ReducedDims dims = reduced_dims(a, x->shape, io.x(1));
-  if (dy->shape != dims.y_shape)
-    fail(ErrorKind::kShape, "{} '{}': the output gradient is {} but the output is {}", a.op_type,
-         a.name, dy->describe(), shape_string(dims.y_shape));
+  expect_dy_shape(a, *dy, dims.y_shape);
   if (x->numel() == 0) return;
   const Reduction kind = reduction_of(a.op_type);
   const float* y = nullptr;

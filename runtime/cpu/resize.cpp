@@ -46,9 +46,7 @@ void resize_grad(const KernelArgs& a) {
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
   const ResizeGeometry g = resize_geometry(a, x->shape, io.x(2), io.x(3));
-  if (dy->shape != g.y_shape)
-    fail(ErrorKind::kShape, "ResizeGrad '{}': the output gradient is {} but the output is {}",
-         a.name, dy->describe(), shape_string(g.y_shape));
+  expect_dy_shape(a, *dy, g.y_shape);
   if (dx->numel() == 0) return;
   fill(resize_gradient_tables(g), dy->as<float>(), dx->as<float>(), dx->numel());
 }

@@ -21,10 +21,6 @@
 namespace stagecraft::rt::cuda {
 namespace {
 
-void check_launch(const KernelArgs& a) {
-  check(cudaGetLastError(), fmt::format("{} '{}' kernel launch", a.op_type, a.name));
-}
-
 // Conv: Y = conv(X, W) by cuDNN, then + B per output channel.
 void conv(const KernelArgs& a) {
   const cpu::ConvGeometry g = cpu::conv_forward_geometry(a);

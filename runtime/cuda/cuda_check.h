@@ -10,12 +10,20 @@
 
 #include <string_view>
 
+namespace stagecraft::rt {
+struct KernelArgs;
+}
+
 namespace stagecraft::rt::cuda {
 
-/// Throws `Error(kIo)` for an allocation that failed and `Error(kInternal)` otherwise, naming
-/// `what` and CUDA's message, when `status` is not cudaSuccess.
+/// Throws `Error(kMemory)` for an allocation that failed and `Error(kInternal)` otherwise,
+/// naming `what` and CUDA's message, when `status` is not cudaSuccess.
 void check(cudaError_t status, std::string_view what);
 void check(cublasStatus_t status, std::string_view what);
 void check(cudnnStatus_t status, std::string_view what);
+
+/// Throws the error of the kernel launch just made for the node of `a`, if any (naming the op
+/// and the node).
+void check_launch(const KernelArgs& a);
 
 }  // namespace stagecraft::rt::cuda

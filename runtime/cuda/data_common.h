@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
+#include "runtime/cpu/grad_io.h"
 #include "runtime/cpu/layout.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
@@ -68,11 +69,6 @@ inline int64_t movable_size(const KernelArgs& a, DType dtype) {
   return size;
 }
 
-/// Throws the launch error of `what`, if any.
-inline void check_launch(const KernelArgs& a) {
-  check(cudaGetLastError(), fmt::format("{} '{}' kernel launch", a.op_type, a.name));
-}
-
 /// A device-to-device copy of `bytes` on the context's stream (nothing when empty or aliased).
 inline void device_copy(CudaContext& ctx, void* dst, const void* src, int64_t bytes) {
   if (bytes <= 0 || dst == src) return;
@@ -93,11 +89,10 @@ inline void copy_rows(CudaContext& ctx, void* dst, int64_t dst_pitch, const void
         "cudaMemcpy2DAsync (device to device)");
 }
 
-/// Zeroes every requested output (a gradient whose dy is omitted).
-inline void zero_outputs(const KernelArgs& a) {
-  for (Tensor* t : a.out)
-    if (t != nullptr) a.device.fill_zero(*t);
-}
+/// Zeroes every requested output on the device (a gradient whose dy is omitted), and checks
+/// the output gradient's shape: the CPU backend's own (runtime/cpu/grad_io.h).
+using cpu::expect_dy_shape;
+using cpu::zero_outputs;
 
 /// An int64 device tensor holding `values`.
 inline Tensor upload_ints(CudaContext& ctx, const std::vector<int64_t>& values) {

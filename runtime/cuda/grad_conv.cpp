@@ -36,14 +36,7 @@ constexpr GradArity kConvArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
 constexpr GradArity kMaxPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 2};  // Y, [Indices]
 constexpr GradArity kPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
 
-void check_launch(const KernelArgs& a) {
-  check(cudaGetLastError(), fmt::format("{} '{}' kernel launch", a.op_type, a.name));
-}
-
-void zero_outputs(const KernelArgs& a) {
-  for (Tensor* t : a.out)
-    if (t != nullptr) a.device.fill_zero(*t);
-}
+using cpu::zero_outputs;
 
 // ---------------------------------------------------------------------------------------------
 // ConvGrad

@@ -21,29 +21,11 @@ using cpu::dense_strides;
 using cpu::GradIo;
 using cpu::normalize_axis;
 
-void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) {
-  if (dy.shape != shape)
-    fail(ErrorKind::kShape, "{}: the output gradient is {} but the output is {}", a.op_type,
-         dy.describe(), shape_string(shape));
-}
-
-// The start of a gradient whose one result is dx of input 0 (cpu::GradIo::input0 with device
-// zeroing): false when dx is not wanted or dy is omitted (then every output is zeroed).
-bool input0(const GradIo& io, Tensor*& dx, const Tensor*& dy, const Tensor*& x) {
-  dx = io.dx(0);
-  dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(io.a);
-  if (dx == nullptr || dy == nullptr) return false;
-  x = &io.need_x(0);
-  expect_shape(io.a, 0, x->shape);
-  return true;
-}
-
 void copy_grad(const KernelArgs& a) {
   const GradIo io(a);
   Tensor* dx;
   const Tensor *dy, *x;
-  if (!input0(io, dx, dy, x)) return;
+  if (!io.input0(dx, dy, x)) return;
   if (dy->bytes() != dx->bytes())
     fail(ErrorKind::kShape, "{} maps the gradient {} onto {}: the element counts differ", a.op_type,
          dy->describe(), dx->describe());
@@ -54,7 +36,7 @@ void transpose_grad(const KernelArgs& a) {
   const GradIo io(a);
   Tensor* dx;
   const Tensor *dy, *px;
-  if (!input0(io, dx, dy, px)) return;
+  if (!io.input0(dx, dy, px)) return;
   const Tensor& x = *px;
   std::vector<int64_t> perm = a.attrs.ints("perm");
   if (perm.empty()) {
@@ -223,7 +205,7 @@ void expand_grad(const KernelArgs& a) {
   const GradIo io(a);
   Tensor* dx;
   const Tensor *dy, *px;
-  if (!input0(io, dx, dy, px)) return;
+  if (!io.input0(dx, dy, px)) return;
   const Shape& shape = px->shape;
   const Shape& full = dy->shape;
   if (shape.size() > full.size())
@@ -249,7 +231,7 @@ void reduce_mean_grad(const KernelArgs& a) {
   const GradIo io(a);
   Tensor* dx;
   const Tensor *dy, *px;
-  if (!input0(io, dx, dy, px)) return;
+  if (!io.input0(dx, dy, px)) return;
   const Tensor& x = *px;
   std::vector<int64_t> axes = a.attrs.ints("axes");
   if (!a.attrs.has("axes") && io.x(1) != nullptr) axes = read_ints(context(a), *io.x(1));

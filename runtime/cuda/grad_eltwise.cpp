@@ -26,12 +26,7 @@ void zero_output(const GradIo& io, size_t k) {
   if (Tensor* t = io.dx(k)) io.a.device.fill_zero(*t);
 }
 
-// Fails unless `dy` has `shape`.
-void expect_dy_shape(const KernelArgs& a, const Tensor& dy, const Shape& shape) {
-  if (dy.shape != shape)
-    fail(ErrorKind::kShape, "{}: the output gradient is {} but the output is {}", a.op_type,
-         dy.describe(), shape_string(shape));
-}
+using cpu::expect_dy_shape;
 
 // ---------------------------------------------------------------------------------------------
 // Unary ops
@@ -100,15 +95,11 @@ void clip_grad(const KernelArgs& a) {
 // LeakyRelu: dx = dy * (x < 0 ? alpha : 1); the forward output is not needed.
 void leaky_relu_grad(const KernelArgs& a) {
   GradIo io(a, {.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1});
-  Tensor* dx = io.dx(0);
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(a);
-  if (dx == nullptr || dy == nullptr) return;
-  const Tensor& x = io.need_x(0);
-  expect_shape(a, 0, x.shape);
-  if (dy->shape != x.shape)
-    fail(ErrorKind::kShape, "{} '{}': the output gradient is {} but the output is {}", a.op_type,
-         a.name, dy->describe(), shape_string(x.shape));
+  Tensor* dx = nullptr;
+  const Tensor *dy = nullptr, *px = nullptr;
+  if (!io.input0(dx, dy, px)) return;
+  const Tensor& x = *px;
+  expect_dy_shape(a, *dy, x.shape);
   launch_unary_grad(UnaryGradOp::kLeakyRelu, x.as<float>(), nullptr, dy->as<float>(),
                     dx->as<float>(), x.numel(), {.alpha = a.attrs.f("alpha", 0.01f)},
                     context(a).stream());

@@ -27,10 +27,6 @@ constexpr GradArity kBatchNormArity{.n_min = 5, .n_max = 5, .m_min = 1, .m_max =
 constexpr GradArity kLayerNormArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 3};
 constexpr GradArity kSoftmaxArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
 
-void check_launch(const KernelArgs& a) {
-  check(cudaGetLastError(), fmt::format("{} '{}' kernel launch", a.op_type, a.name));
-}
-
 void zero_outputs(const KernelArgs& a) {
   for (Tensor* t : a.out)
     if (t != nullptr) a.device.fill_zero(*t);

@@ -59,17 +59,13 @@ void tile(const KernelArgs& a) {
 
 void tile_grad(const KernelArgs& a) {
   const GradIo io(a, {.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1});
-  Tensor* dx = io.dx(0);
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(a);
-  if (dx == nullptr || dy == nullptr) return;
-  const Tensor& x = io.need_x(0);
-  expect_shape(a, 0, x.shape);
+  Tensor* dx = nullptr;
+  const Tensor *dy = nullptr, *px = nullptr;
+  if (!io.input0(dx, dy, px)) return;
+  const Tensor& x = *px;
   CudaContext& ctx = context(a);
   const TileShape s = cpu::tile_shape(a, x.shape, to_host(ctx, io.need_x(1)));
-  if (dy->shape != cpu::tile_output_shape(s))
-    fail(ErrorKind::kShape, "TileGrad '{}': the output gradient is {} but the output is {}", a.name,
-         dy->describe(), shape_string(cpu::tile_output_shape(s)));
+  expect_dy_shape(a, *dy, cpu::tile_output_shape(s));
   if (dx->numel() == 0) return;
   const SeparableTableData data = cpu::tile_gradient_tables(s);
   const Tensor ints = upload_ints(ctx, data.ints);
@@ -94,12 +90,10 @@ void cumsum(const KernelArgs& a) {
 
 void cumsum_grad(const KernelArgs& a) {
   const GradIo io(a, {.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1});
-  Tensor* dx = io.dx(0);
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(a);
-  if (dx == nullptr || dy == nullptr) return;
-  const Tensor& x = io.need_x(0);
-  expect_shape(a, 0, x.shape);
+  Tensor* dx = nullptr;
+  const Tensor *dy = nullptr, *px = nullptr;
+  if (!io.input0(dx, dy, px)) return;
+  const Tensor& x = *px;
   if (dy->shape != x.shape)
     fail(ErrorKind::kShape, "CumSumGrad '{}': the output gradient is {} but X is {}", a.name,
          dy->describe(), x.describe());
@@ -138,12 +132,10 @@ void gather_elements(const KernelArgs& a) {
 
 void gather_elements_grad(const KernelArgs& a) {
   const GradIo io(a, {.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1});
-  Tensor* dx = io.dx(0);
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(a);
-  if (dx == nullptr || dy == nullptr) return;
-  const Tensor& x = io.need_x(0);
-  expect_shape(a, 0, x.shape);
+  Tensor* dx = nullptr;
+  const Tensor *dy = nullptr, *px = nullptr;
+  if (!io.input0(dx, dy, px)) return;
+  const Tensor& x = *px;
   const Tensor& indices = io.need_x(1);
   if (dy->shape != indices.shape)
     fail(ErrorKind::kShape, "GatherElementsGrad '{}': the output gradient is {} but indices are {}",

@@ -95,10 +95,6 @@ Shape loss_shape(const SceArgs& s, const Tensor& labels) {
   return s.reduction == SceReduction::kNone ? labels.shape : Shape{};
 }
 
-void check_launch(const KernelArgs& a) {
-  check(cudaGetLastError(), fmt::format("{} '{}' kernel launch", a.op_type, a.name));
-}
-
 void sce(const KernelArgs& a) {
   const Tensor& scores = a.input(0);
   const Tensor& labels = a.input(1);

@@ -16,10 +16,6 @@
 namespace stagecraft::rt::cuda {
 namespace {
 
-void check_launch(const KernelArgs& a) {
-  check(cudaGetLastError(), fmt::format("{} '{}' kernel launch", a.op_type, a.name));
-}
-
 // A per-channel input of BatchNormalization must be a vector of C values.
 const Tensor& channel_input(const KernelArgs& a, size_t k, const char* what, int64_t channels) {
   const Tensor& t = a.input(k);

@@ -94,16 +94,12 @@ void reduce(const KernelArgs& a) {
 
 void reduce_grad(const KernelArgs& a) {
   const GradIo io(a, {.n_min = 1, .n_max = 2, .m_min = 1, .m_max = 1});
-  Tensor* dx = io.dx(0);
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(a);
-  if (dx == nullptr || dy == nullptr) return;
-  const Tensor& x = io.need_x(0);
-  expect_shape(a, 0, x.shape);
+  Tensor* dx = nullptr;
+  const Tensor *dy = nullptr, *px = nullptr;
+  if (!io.input0(dx, dy, px)) return;
+  const Tensor& x = *px;
   const cpu::ReducedDims dims = dims_of(a, x.shape, io.x(1));
-  if (dy->shape != dims.y_shape)
-    fail(ErrorKind::kShape, "{} '{}': the output gradient is {} but the output is {}", a.op_type,
-         a.name, dy->describe(), shape_string(dims.y_shape));
+  expect_dy_shape(a, *dy, dims.y_shape);
   if (x.numel() == 0) return;
   const Reduction reduction = cpu::reduction_of(a.op_type);
   const float* y = nullptr;

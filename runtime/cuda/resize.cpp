@@ -64,17 +64,13 @@ void resize(const KernelArgs& a) {
 
 void resize_grad(const KernelArgs& a) {
   const GradIo io(a, {.n_min = 1, .n_max = 4, .m_min = 1, .m_max = 1});
-  Tensor* dx = io.dx(0);
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(a);
-  if (dx == nullptr || dy == nullptr) return;
-  const Tensor& x = io.need_x(0);
-  expect_shape(a, 0, x.shape);
+  Tensor* dx = nullptr;
+  const Tensor *dy = nullptr, *px = nullptr;
+  if (!io.input0(dx, dy, px)) return;
+  const Tensor& x = *px;
   CudaContext& ctx = context(a);
   const cpu::ResizeGeometry g = geometry(a, ctx, x.shape, io.x(2), io.x(3));
-  if (dy->shape != g.y_shape)
-    fail(ErrorKind::kShape, "ResizeGrad '{}': the output gradient is {} but the output is {}",
-         a.name, dy->describe(), shape_string(g.y_shape));
+  expect_dy_shape(a, *dy, g.y_shape);
   if (dx->numel() == 0) return;
   run_sum(a, ctx, cpu::resize_gradient_tables(g), dy->as<float>(), dx->as<float>(), dx->numel());
 }

@@ -45,6 +45,8 @@ fi
 stagerun=$3 stagec=$4 make_samples=$5 samples=$6 work=$7
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 
+# The fault, kill and hang runs name the plan by its absolute path, which only this build's
+# test uses, so that looking for a rank left running (pgrep) does not see another build's.
 # Seconds a healthy `mpirun -np RANKS stagerun plan --steps 4 -q FLAGS...` takes here: the
 # kill and hang checks bound their end by it, since launching ranks alone takes seconds on a
 # loaded machine (10 s in CI's fresh root on 2 busy cores) and a fixed bound then fails.
@@ -99,14 +101,14 @@ case "$check" in
     node=$(grep -o '"loss/[^"]*"' plan/plan.json | head -1 | tr -d '"')  # the last stage's
     [ -n "$node" ] || fail "no loss node in plan.json"
     start=$SECONDS
-    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" plan --steps 3 -q --inject-fault "$node" \
+    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" "$work/plan" --steps 3 -q --inject-fault "$node" \
       >out.txt 2>err.txt; then
       fail "a run with a failing node succeeded"
     fi
     [ $((SECONDS - start)) -lt 30 ] || fail "the ranks took $((SECONDS - start)) s to end"
     grep -q "stagerun: internal error: device 1: step 1: .*fault injected at node '$node'" err.txt ||
       fail "the failing rank's line is missing: $(cat err.txt)"
-    ! pgrep -f -- "--inject-fault $node" >/dev/null || fail "a rank is still running"
+    ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
     ;;
   train_dp)
     losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
@@ -160,7 +162,7 @@ case "$check" in
     start=$SECONDS
     # mpirun SIGKILLs the ranks 1 s after its SIGTERM (odls_base_sigkill_timeout): on a loaded
     # machine a rank is not always scheduled in that second to print its line; 5 s it is.
-    if timeout 60 "${mpi[@]}" --mca odls_base_sigkill_timeout 5 -np 4 "$stagerun" plan \
+    if timeout 60 "${mpi[@]}" --mca odls_base_sigkill_timeout 5 -np 4 "$stagerun" "$work/plan" \
       --steps 4 -q --timeout 5 --inject-kill 1:2 >out.txt 2>err.txt; then
       fail "a run with a rank killed succeeded"
     fi
@@ -178,7 +180,7 @@ case "$check" in
         fail "rank $rank's line is missing: $(cat err.txt)"
     done
     sleep 1
-    ! pgrep -f -- "--inject-kill 1:2" >/dev/null || fail "a rank is still running"
+    ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
     echo "ended in $took s: $(grep -c 'ended by SIGTERM' err.txt) ranks said where they were"
     ;;
   hang)
@@ -186,7 +188,7 @@ case "$check" in
       --microbatches 4 >/dev/null
     healthy=$(healthy_run 2 --timeout 2)
     start=$SECONDS
-    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" plan --steps 4 -q --timeout 2 \
+    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" "$work/plan" --steps 4 -q --timeout 2 \
       --inject-hang 1:2 >out.txt 2>err.txt; then
       fail "a run with a hung rank succeeded"
     fi
@@ -196,14 +198,14 @@ case "$check" in
     grep -E -q "^stagerun: timeout error: device 0: step 2: [A-Z_]+ stage [0-9].*: waited 2 s for .* from rank 1 \(device 1\): it died or stopped answering" err.txt ||
       fail "rank 0's line naming rank 1 and the instruction is missing: $(cat err.txt)"
     # Stopped before its last instruction: rank 0 finishes its step and waits at the barrier.
-    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" plan --steps 4 -q --timeout 2 \
+    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" "$work/plan" --steps 4 -q --timeout 2 \
       --inject-hang 1:2:last >out.txt 2>err2.txt; then
       fail "a run with a hung rank succeeded"
     fi
     grep -q "^stagerun: timeout error: device 0: step 2: waiting for every device at the step's end: rank 1 (device 1) did not arrive within 2 s" err2.txt ||
       fail "rank 0's line naming rank 1 at the step barrier is missing: $(cat err2.txt)"
     sleep 1
-    ! pgrep -f -- "--inject-hang 1:2" >/dev/null || fail "a rank is still running"
+    ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
     echo "ended in $took s"
     ;;
   train_mnist_1f1b)

@@ -179,6 +179,32 @@ TEST_CASE("a plan costed for another kind of device is run with one warning nami
   CHECK(quiet.err.empty());
 }
 
+TEST_CASE("a mixed-precision plan runs in fp32 with one warning saying so") {
+  testing::TempDir dir;
+  plan::PlanOptions o;
+  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
+  o.devices = 2;
+  o.batch = 8;
+  o.microbatches = 4;
+  o.device_spec = "cpu";
+  o.training = true;
+  o.loss.kind = "mse";
+  o.precision = Precision::kMixed;
+  plan::PlannedModel planned = plan::make_plan(o);
+  plan::write_plan(planned, dir.file("mixed"));
+  Result r = stagerun(dir, dir.file("mixed") + " --backend cpu --steps 2 -q --json");
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.err ==
+        "stagerun: warning: the plan is for mixed precision (16-bit compute, fp32 master "
+        "weights) but the cpu backend computes in fp32: activations, temporaries and transfers "
+        "take twice the bytes its predicted peaks count, and its predicted times are for 16-bit "
+        "kernels\n");
+  auto summary = json_summary(r.out);
+  REQUIRE(summary["warnings"].size() == 1);
+  CHECK(r.err == "stagerun: warning: " + summary["warnings"][0].get<std::string>() + "\n");
+}
+
 TEST_CASE("the reported step is the median of the steps after the warm-up step") {
   testing::TempDir dir;
   std::string plan_dir = toy_plan(dir, 2);
