@@ -179,6 +179,10 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
             return why.empty() ? "" : why + " (or 'auto')";
           },
           "R|auto"));
+  app.add_flag("--shard-optimizer", po.shard_optimizer,
+               "with --train and --data-parallel R >= 2 (ZeRO-1): each replica keeps only 1/R of "
+               "every stage's optimizer state; the gradients are reduce-scattered and the updated "
+               "weights all-gathered");
   app.add_option("--lr-scaling", names.lr_scaling,
                  "with --train: none | linear | sqrt: the learning rate times R, sqrt(R) or 1 for "
                  "R data-parallel replicas (default none)");

@@ -192,12 +192,33 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   // Data parallelism: the stage's float32 weight gradients are summed over the replicas before
   // its optimizer step (ALLREDUCE): copied into one bucket, and one chunk (1/R of it) received
   // at a time by the ring.
+  int64_t shared_elements = 0;  // of the stage's shared weights, which ZeRO-1 does not shard
+  for (const SharedWeight& w : out.shared_weights) {
+    int64_t elements = 1;
+    for (int64_t d : w.shape) elements *= d;
+    shared_elements += elements;
+  }
+  const int64_t sharded = std::max<int64_t>(0, out.params - shared_elements);
   if (s.shape.training && s.shape.data_parallel > 1) {
-    const double bytes =
-        cost::gradient_bytes_per_param(s.precision) * static_cast<double>(out.params);
+    const double per_param = cost::gradient_bytes_per_param(s.precision);
+    const double bytes = per_param * static_cast<double>(out.params);
     const int replicas = s.shape.data_parallel;
     comm += static_cast<int64_t>(bytes) + static_cast<int64_t>(std::ceil(bytes / replicas));
-    out.allreduce_ms = replica_allreduce_s(s, out.device, bytes) * 1e3;
+    if (s.shard_optimizer) {
+      // ZeRO-1: a reduce-scatter of the sharded gradients (half a ring all-reduce: R - 1 steps)
+      // and an all-reduce of the shared weights' in ALLREDUCE; the all-gather of the updated
+      // weights (R - 1 steps more, through the same bucket) after the optimizer step.
+      const double sharded_bytes = per_param * static_cast<double>(sharded);
+      const double shared_bytes = bytes - sharded_bytes;
+      out.allreduce_ms = (replica_allreduce_s(s, out.device, sharded_bytes) / 2 +
+                          (shared_bytes > 0 ? replica_allreduce_s(s, out.device, shared_bytes) : 0)) *
+                         1e3;
+      const double weight_bytes =
+          cost::weight_bytes_per_param(s.precision, true) * static_cast<double>(sharded);
+      out.allgather_ms = replica_allreduce_s(s, out.device, weight_bytes) / 2 * 1e3;
+    } else {
+      out.allreduce_ms = replica_allreduce_s(s, out.device, bytes) * 1e3;
+    }
   }
   // Recomputation: the first forward runs in the arena (kept for the run), keeping only the
   // stage inputs; the backward's forward re-run rebuilds one microbatch's activations.
@@ -212,6 +233,14 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   auto anatomy =
       cost::stage_memory(out.params, acts, temporary, comm, out.in_flight, s.optimizer, s.precision,
                          s.shape.training, out.recompute, out.recompute ? input_bytes : 0);
+  if (s.shard_optimizer && s.shape.training) {
+    // ZeRO-1: this replica's shard of the sharded state (the largest, rounded up) and the
+    // shared weights' whole.
+    const int64_t replicas = s.shape.data_parallel;
+    anatomy.optimizer = static_cast<int64_t>(std::ceil(
+        cost::optimizer_state_bytes_per_param(s.optimizer, s.precision) *
+        static_cast<double>((sharded + replicas - 1) / replicas + shared_elements)));
+  }
   out.memory = anatomy;
   return out;
 }
@@ -242,6 +271,7 @@ void note_stage(SimExtras& rc, const Stage& st, const BackwardFacts& b) {
   rc.deferred_bytes.push_back(b.deferred);
   rc.shared_exchange_s.push_back(st.shared_exchange_ms / 1e3);
   rc.allreduce_s.push_back(st.allreduce_ms / 1e3);
+  rc.allgather_s.push_back(st.allgather_ms / 1e3);
   int64_t input_bytes = 0;
   for (const auto& t : st.inputs) input_bytes += t.bytes;
   rc.input_bytes.push_back(static_cast<double>(input_bytes));

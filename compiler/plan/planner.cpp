@@ -61,6 +61,26 @@ std::string peak_line(const DevicePeak& peak, const std::vector<Stage>& stages) 
       format_bytes(static_cast<double>(peak.peak_bytes)), peak.peak_ms, describe_parts(peak));
 }
 
+/// ZeRO-1: each stage's trained weights that no other stage holds, flattened in name order (as
+/// the runtime lays out its gradient bucket), split evenly over the replicas. The writer counts
+/// them again from the backward file it writes (write_plan).
+void set_optimizer_shards(Plan& p, const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                          const partition::Solution& sol) {
+  for (std::size_t k = 0; k < p.stages.size(); ++k) {
+    Stage& st = p.stages[k];
+    std::vector<ir::NodeId> nodes(order.begin() + sol.stages[k].first,
+                                  order.begin() + sol.stages[k].last + 1);
+    int64_t elements = 0;
+    for (ir::ValueId w : passes::trainable_weights(g, nodes)) {
+      const std::string& name = g.value(w).name;
+      if (std::none_of(st.shared_weights.begin(), st.shared_weights.end(),
+                       [&](const SharedWeight& sw) { return sw.name == name; }))
+        elements += g.value(w).numel();
+    }
+    st.optimizer_shards = even_shards(elements, p.data_parallel);
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -75,6 +95,7 @@ PlannedModel choose_data_parallel(const PlanOptions& o) {
     PlanOptions one = o;
     one.data_parallel_auto = false;
     one.data_parallel = replicas;
+    one.shard_optimizer = o.shard_optimizer && replicas > 1;  // one replica has nothing to shard
     try {
       PlannedModel planned = make_plan(one);
       const Prediction& p = planned.plan.predicted;
@@ -217,6 +238,7 @@ PlannedModel make_plan(const PlanOptions& o) {
     p.stages[k].backward_weight_ms = times.backward_weight_s[k] * 1e3;
     p.stages[k].optimizer_ms = times.optimizer_s * 1e3;
   }
+  if ((p.shard_optimizer = s.shard_optimizer)) set_optimizer_shards(p, g, order, sol);
   for (std::size_t k = 0; k < p.stages.size(); ++k) {
     Stage& st = p.stages[k];
     st.why = why(sol, k, g, order, gp.problem, manual);
@@ -291,14 +313,31 @@ std::string summarize(const Plan& p) {
                            p.training_config.lr, p.training_config.base_lr,
                            p.training_config.lr_scaling, p.data_parallel)
              : "") +
+        (p.shard_optimizer
+             ? fmt::format(
+                   "optimizer state sharded over the {} replicas (ZeRO-1): each keeps 1/{} of "
+                   "every stage's (its shard of the stage's parameters; shared weights whole); "
+                   "ALLREDUCE reduce-scatters the gradients, OPT_STEP updates the shard and "
+                   "all-gathers the weights (through the same bucket, no more memory)\n",
+                   p.data_parallel, p.data_parallel)
+             : "") +
         "each replica: " + out;
   }
   for (const auto& st : p.stages) {
     out += fmt::format(
         "  stage {} on device {}: {} ops, {} params, fwd {:.3f} ms, bwd {:.3f} ms{}{}\n", st.index,
         st.device, st.nodes.size(), st.params, st.fwd_ms, st.bwd_ms,
-        p.data_parallel > 1 && p.training ? fmt::format(", all-reduce {:.3f} ms", st.allreduce_ms)
-                                          : "",
+        p.data_parallel > 1 && p.training
+            ? p.shard_optimizer
+                  ? fmt::format(", reduce-scatter {:.3f} ms, all-gather {:.3f} ms, optimizer "
+                                "shard {} of {} params",
+                                st.allreduce_ms, st.allgather_ms,
+                                st.optimizer_shards.size() > 1
+                                    ? st.optimizer_shards[1] - st.optimizer_shards[0]
+                                    : 0,
+                                st.optimizer_shards.empty() ? 0 : st.optimizer_shards.back())
+                  : fmt::format(", all-reduce {:.3f} ms", st.allreduce_ms)
+            : "",
         st.recompute ? " (recompute)" : "");
   }
   out += "predicted peak memory per device (the parts it holds then add up to it):\n";

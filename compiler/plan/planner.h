@@ -31,6 +31,10 @@ struct PlanOptions {
   bool data_parallel_auto = false;
   /// With --train: how the learning rate grows with R (the rate given is kept as base_lr).
   LrScaling lr_scaling = LrScaling::kNone;
+  /// --shard-optimizer (ZeRO-1, training with R >= 2): each replica keeps 1/R of every stage's
+  /// optimizer state (plan.json `shard_optimizer`); with `data_parallel_auto`, the replica
+  /// counts above 1 are planned sharded.
+  bool shard_optimizer = false;
   Objective objective = Objective::kSpeed;
   std::optional<ScheduleKind> schedule;  ///< Default: 1f1b for training, inference otherwise.
   int chunks = 0;                        ///< V; default 2 for interleaved, else 1.

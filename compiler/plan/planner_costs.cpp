@@ -44,7 +44,10 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     c.deferred_bytes.push_back(split && k < rc.deferred_bytes.size() ? rc.deferred_bytes[k] : 0.0);
     c.shared_allreduce_s.push_back(k < rc.shared_exchange_s.size() ? rc.shared_exchange_s[k] : 0.0);
     c.allreduce_s.push_back(k < rc.allreduce_s.size() ? rc.allreduce_s[k] : 0.0);
-    optimizer_bytes = std::max(optimizer_bytes, stat);
+    c.allgather_s.push_back(k < rc.allgather_s.size() ? rc.allgather_s[k] : 0.0);
+    // ZeRO-1: the step streams 1/R of the stage's weights, gradients and state.
+    optimizer_bytes =
+        std::max(optimizer_bytes, s.shard_optimizer ? stat / s.shape.data_parallel : stat);
   }
   // The optimizer streams every weight, gradient and state once: memory-bound.
   c.optimizer_s = s.shape.training ? optimizer_bytes / s.device.memory_bandwidth : 0.0;
@@ -65,6 +68,12 @@ Setup make_setup(const PlanOptions& o) {
          "the same number of devices",
          o.devices, replicas);
   const int pipeline_devices = o.devices / replicas;
+  if (o.shard_optimizer && (!o.training || replicas < 2))
+    fail(ErrorKind::kUsage,
+         "--shard-optimizer shards the optimizer state across data-parallel replicas: it needs "
+         "--train and --data-parallel R with R >= 2 (got {}{})",
+         o.training ? "" : "no --train, ", fmt::format("--data-parallel {}", replicas));
+  s.shard_optimizer = o.shard_optimizer;
   s.kind = o.schedule.value_or(o.training ? ScheduleKind::k1F1B : ScheduleKind::kInference);
   int chunks = o.chunks > 0 ? o.chunks : (s.kind == ScheduleKind::kInterleaved ? 2 : 1);
   if (o.chunks < 0) fail(ErrorKind::kUsage, "--chunks {} must be at least 1", o.chunks);
@@ -158,9 +167,11 @@ int64_t span_params(const NodeFacts& f, int first, int last) {
 
 double bytes_per_param(const Setup& s) {
   bool training = s.shape.training;
+  // ZeRO-1: a replica keeps 1/R of the optimizer state.
+  const double optimizer_share = s.shard_optimizer ? 1.0 / s.shape.data_parallel : 1.0;
   return cost::weight_bytes_per_param(s.precision, training) +
          (training ? cost::gradient_bytes_per_param(s.precision) : 0.0) +
-         cost::optimizer_state_bytes_per_param(s.optimizer, s.precision);
+         cost::optimizer_state_bytes_per_param(s.optimizer, s.precision) * optimizer_share;
 }
 
 /// Microbatches whose activations global stage `k` keeps at once (1 for inference, which keeps

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -65,6 +66,28 @@ void check_readable(const std::string& text, const std::string& path) {
   }
 }
 
+/// ZeRO-1's boundaries of a stage as the runtime will count its sharded parameters: the
+/// weights of the stage file whose gradient the backward file outputs ("W@grad"), less the
+/// shared ones, split evenly over the replicas.
+std::vector<int64_t> shards_of(const onnx::ModelProto& forward, const onnx::ModelProto& backward,
+                               const Stage& stage, const Plan& plan) {
+  int64_t elements = 0;
+  for (const onnx::TensorProto& w : forward.graph().initializer()) {
+    if (w.data_type() != onnx::TensorProto::FLOAT) continue;
+    const bool trained = std::any_of(
+        backward.graph().output().begin(), backward.graph().output().end(),
+        [&](const onnx::ValueInfoProto& out) { return out.name() == w.name() + "@grad"; });
+    const bool shared =
+        std::any_of(stage.shared_weights.begin(), stage.shared_weights.end(),
+                    [&](const SharedWeight& sw) { return sw.name == w.name(); });
+    if (!trained || shared) continue;
+    int64_t n = 1;
+    for (int64_t d : w.dims()) n *= d;
+    elements += n;
+  }
+  return even_shards(elements, plan.data_parallel);
+}
+
 }  // namespace
 
 void write_plan(PlannedModel& planned, const std::string& plan_dir) {
@@ -101,9 +124,10 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir) {
       if (p.training) {
         stage.backward_file = fmt::format("stage_{}_bwd.onnx", stage.index);
         fs::path bwd = staging / stage.backward_file;
-        write_file(bwd, backward_stage_model(planned.model.graph, planned.stage_of, stage,
-                                             p.training_config.loss_output)
-                            .SerializeAsString());
+        const onnx::ModelProto backward = backward_stage_model(
+            planned.model.graph, planned.stage_of, stage, p.training_config.loss_output);
+        write_file(bwd, backward.SerializeAsString());
+        if (p.shard_optimizer) stage.optimizer_shards = shards_of(model, backward, stage, p);
         sync_path(bwd);
         stage.backward_file_hash = file_hash(bwd.string());
       }

@@ -176,7 +176,13 @@ class Simulation {
               shared_issued_[partner] +
                   (costs_.shared_allreduce_s.empty() ? 0 : costs_.shared_allreduce_s[in.stage]));
         }
-        compute(device, in, summed, costs_.optimizer_s);
+        const double end = compute(device, in, summed, costs_.optimizer_s);
+        // ZeRO-1: the updated shards come round the replicas' ring before the weights are read.
+        // The instruction's event spans both; only the update is busy time.
+        if (!costs_.allgather_s.empty() && costs_.allgather_s[in.stage] > 0) {
+          free_at_[device] = end + costs_.allgather_s[in.stage];
+          events_[device].back().end_s = free_at_[device];
+        }
         return;
       }
     }
@@ -326,6 +332,7 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
   check_costs(costs.backward_weight_s, "backward_weight_s", backward_sizes, count);
   check_costs(costs.send_s, "send_s", {0, stages - 1, stages}, count);
   check_costs(costs.allreduce_s, "allreduce_s", {0, stages}, count);
+  check_costs(costs.allgather_s, "allgather_s", {0, stages}, count);
   check_costs(costs.shared_allreduce_s, "shared_allreduce_s", {0, stages}, count);
   check_costs(costs.activation_bytes, "activation_bytes", {0, stages}, count);
   check_costs(costs.static_bytes, "static_bytes", {0, stages}, count);

@@ -49,6 +49,9 @@ struct StageCosts {
   std::vector<double> send_s;
   double optimizer_s = 0;           ///< One stage's optimizer step.
   std::vector<double> allreduce_s;  ///< Optional: one stage's gradient all-reduce.
+  /// Optional: ZeRO-1's all-gather of one stage's updated weights, at the end of its OPT_STEP
+  /// (communication: the device waits, not busy; the OPT_STEP's event spans it).
+  std::vector<double> allgather_s;
   /// Optional: the exchange of one stage's shared weights' gradients with their other holders,
   /// from the last holder's ALLREDUCE_SHARED to the sum being there for its OPT_STEP.
   std::vector<double> shared_allreduce_s;

@@ -229,7 +229,7 @@ void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in,
                            {"shape", t.shape}});
       }
       n = 0;
-      for (const auto& [name, st] : pipeline.optimizer_state(stage.index)) {
+      for (const auto& [name, st] : pipeline.whole_optimizer_state(stage.index)) {
         if (saving_stage(stage, name) != stage.index) continue;
         for (const auto& [key, t] : st.tensors) {
           std::string file = fmt::format("o{:04}.npy", n++);

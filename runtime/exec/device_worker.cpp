@@ -500,29 +500,22 @@ void DeviceWorker::sum_over_replicas(int stage_index) {
   StageRuntime& st = stage(stage_index);
   auto& grads = grad_acc_[stage_index];
   MemoryMeter& meter = run_.meters[device_];
-  // Every trained weight's gradient, in name order: the same layout in every replica (a
-  // weight whose gradient no backward of this step gave sums zeros).
-  auto trained = [&](const std::string& name) {
-    const std::string grad = name + "@grad";
-    const auto& outputs = st.backward->outputs();
-    return std::any_of(outputs.begin(), outputs.end(),
-                       [&](const ValueInfo& out) { return out.name == grad; });
-  };
-  int64_t elements = 0;
+  // Every trained weight's gradient as the bucket lays them out (StageRuntime::flat): the same
+  // layout in every replica (a weight whose gradient no backward of this step gave sums zeros).
   std::vector<std::pair<Tensor*, int64_t>> parts;  // gradient, offset in the bucket
-  for (const auto& [name, weight] : st.weights) {
-    if (!trained(name)) continue;
-    Tensor& g = grads[name];
+  for (const StageRuntime::FlatWeight& part : st.flat) {
+    const Tensor& weight = st.weights.at(part.name);
+    Tensor& g = grads[part.name];
     if (g.dtype == DType::kUndefined) {
       g = context_->new_tensor(weight.dtype, weight.shape, true);
       meter.add(g.bytes());  // the gradient buffer lives for the run
     }
     if (g.dtype != DType::kFloat32)
-      fail(ErrorKind::kUnsupported, "the all-reduce sums float32 gradients; '{}' is {}", name,
-           g.describe());
-    parts.emplace_back(&g, elements);
-    elements += g.numel();
+      fail(ErrorKind::kUnsupported, "the all-reduce sums float32 gradients; '{}' is {}",
+           part.name, g.describe());
+    parts.emplace_back(&g, part.offset);
   }
+  const int64_t elements = st.flat_elements;
   Tensor& bucket = buckets_[stage_index];
   if (bucket.dtype == DType::kUndefined || bucket.numel() != elements) {
     if (bucket.dtype != DType::kUndefined) meter.sub(bucket.bytes());
@@ -533,9 +526,70 @@ void DeviceWorker::sum_over_replicas(int stage_index) {
     Tensor view = Tensor::view(DType::kFloat32, g->shape, bucket.data + offset * 4);
     context_->copy(*g, view);
   }
-  transport().replica_sum(stage_index, bucket, *context_);
-  for (auto& [g, offset] : parts)
-    context_->copy(Tensor::view(DType::kFloat32, g->shape, bucket.data + offset * 4), *g);
+  if (st.shard_bounds.empty()) {
+    transport().replica_sum(stage_index, bucket, *context_);
+    for (auto& [g, offset] : parts)
+      context_->copy(Tensor::view(DType::kFloat32, g->shape, bucket.data + offset * 4), *g);
+    return;
+  }
+  // ZeRO-1: the sharded part reduce-scattered (this replica's shard summed, in the bucket,
+  // where its optimizer step reads it), the shared weights' part all-reduced whole.
+  Tensor head = slice_rows(bucket, 0, st.sharded);
+  transport().replica_reduce_scatter(stage_index, head, st.shard_bounds, *context_);
+  if (st.sharded < elements) {
+    Tensor& tail = bucket_tails_[stage_index];
+    tail = slice_rows(bucket, st.sharded, elements);
+    transport().replica_sum(stage_index, tail, *context_);
+    for (auto& [g, offset] : parts)
+      if (offset >= st.sharded)
+        context_->copy(Tensor::view(DType::kFloat32, g->shape, bucket.data + offset * 4), *g);
+  }
+}
+
+void DeviceWorker::sharded_step(int stage_index, float lr, int64_t update) {
+  StageRuntime& st = stage(stage_index);
+  MemoryMeter& meter = run_.meters[device_];
+  auto& grads = grad_acc_[stage_index];
+  Tensor& bucket = buckets_.at(stage_index);
+  auto slice = [](Tensor& t, int64_t lo, int64_t hi) {
+    return Tensor::view(DType::kFloat32, {hi - lo}, t.data + lo * 4);
+  };
+  double start = run_.seconds();
+  for (const StageRuntime::FlatWeight& part : st.flat) {
+    Tensor& weight = st.weights.at(part.name);
+    optim::OptimizerState& state = st.opt_state[part.name];
+    const int64_t state_before = state.bytes();
+    if (!st.is_sharded(part)) {  // a shared weight: whole, its gradient summed whole
+      run_.optimizer->step(*context_, weight, grads.at(part.name), state, lr, update);
+    } else if (auto [lo, hi] = st.own_part(part); lo < hi) {
+      // This replica's part of the weight, with the same part of the summed gradient.
+      Tensor w = slice(weight, lo, hi);
+      Tensor g = slice(bucket, part.offset + lo, part.offset + hi);
+      run_.optimizer->step(*context_, w, g, state, lr, update);
+    }
+    meter.add(state.bytes() - state_before);  // created on first use
+    if (state.tensors.empty()) st.opt_state.erase(part.name);  // no part here
+    context_->fill_zero(grads.at(part.name));
+  }
+  timed(schedule::Op::kOptimizerStep, stage_index, -1, start);
+  // The all-gather: this replica's updated shard into the bucket, every other replica's back.
+  start = run_.seconds();
+  for (const StageRuntime::FlatWeight& part : st.flat)
+    if (auto [lo, hi] = st.own_part(part); st.is_sharded(part) && lo < hi) {
+      Tensor target = slice(bucket, part.offset + lo, part.offset + hi);
+      context_->copy(slice(st.weights.at(part.name), lo, hi), target);
+    }
+  Tensor head = slice_rows(bucket, 0, st.sharded);
+  transport().replica_all_gather(stage_index, head, st.shard_bounds, *context_);
+  for (const StageRuntime::FlatWeight& part : st.flat)
+    if (st.is_sharded(part)) {
+      Tensor& weight = st.weights.at(part.name);
+      Tensor target = slice(weight, 0, part.elements);
+      context_->copy(slice(bucket, part.offset, part.offset + part.elements), target);
+    }
+  // Communication, not compute: counted with the step's all-reduce time.
+  double end = run_.seconds();
+  run_.allreduce[device_][step_] += end - start;
 }
 
 void DeviceWorker::allreduce_shared(const schedule::Instruction& ins) {
@@ -564,9 +618,13 @@ void DeviceWorker::optimizer_step(const schedule::Instruction& ins) {
     transport().finish_shared_sum(w.name, ins.stage, acc, *context_);
     meter.sub(acc.bytes());
   }
-  double start = run_.seconds();
   const int64_t update = run_.global_step + step_ + 1;
   float lr = static_cast<float>(optim::lr_at(run_.lr_schedule, update));
+  if (!st.shard_bounds.empty()) {
+    sharded_step(ins.stage, lr, update);
+    return;
+  }
+  double start = run_.seconds();
   for (auto& [name, weight] : st.weights) {
     auto g = grads.find(name);
     if (g == grads.end()) continue;  // not trainable or no gradient

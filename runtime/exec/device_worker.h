@@ -6,6 +6,7 @@
 /// meters, timings); `StageRuntime` is one stage as a loaded pipeline holds it. Internal to
 /// runtime/exec (pipeline.cpp loads, pipeline_run.cpp runs).
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -35,7 +36,32 @@ struct StageRuntime {
   std::map<std::string, Tensor> weights;  ///< The forward program's weights (shared bytes).
   std::string loss;                       ///< The loss output's name when this stage computes it.
   std::map<std::string, optim::OptimizerState>
-      opt_state;  ///< Per weight; only its device's worker.
+      opt_state;  ///< Per weight; only its device's worker. ZeRO-1: see `shard_lo`.
+  /// Training: a trained weight's place in the stage's gradient bucket (ALLREDUCE).
+  struct FlatWeight {
+    std::string name;
+    int64_t offset = 0, elements = 0;
+  };
+  /// The trained weights (whose gradient the backward outputs) one after another as the bucket
+  /// holds them: in name order; with ZeRO-1 those no other stage holds first (the sharded
+  /// parameters), then the shared ones (summed whole).
+  std::vector<FlatWeight> flat;
+  int64_t flat_elements = 0;
+  /// ZeRO-1 (plan.json `shard_optimizer`): the bucket's first `sharded` elements are split at
+  /// `shard_bounds` (the plan's `optimizer_shards`); this replica keeps the optimizer state of
+  /// elements [shard_lo, shard_hi) only: `opt_state` of a sharded weight then holds 1-D tensors
+  /// of the part of it in that range (none when it has no part there). Empty bounds: unsharded.
+  std::vector<int64_t> shard_bounds;
+  int64_t sharded = 0, shard_lo = 0, shard_hi = 0;
+  /// The flat entry of `weight`, or null when the stage does not train it.
+  const FlatWeight* flat_weight(const std::string& weight) const;
+  /// With ZeRO-1, whether `weight` is sharded (not a shared weight); and the part of it in
+  /// this replica's shard, as [lo, hi) offsets into the weight (lo == hi: none).
+  bool is_sharded(const FlatWeight& w) const { return !shard_bounds.empty() && w.offset < sharded; }
+  std::pair<int64_t, int64_t> own_part(const FlatWeight& w) const {
+    const int64_t lo = std::max(w.offset, shard_lo), hi = std::min(w.offset + w.elements, shard_hi);
+    return lo < hi ? std::pair{lo - w.offset, hi - w.offset} : std::pair<int64_t, int64_t>{0, 0};
+  }
   // A device whose memory is not the host's (CUDA) runs with its own copies of the weights and
   // optimizer state for the length of a run: `weights` and `opt_state` are then those copies,
   // and the host tensors wait here, getting the device's values back before every checkpoint
@@ -203,6 +229,12 @@ class DeviceWorker {
   std::map<int, std::map<std::string, Tensor>> grad_acc_;
   /// Per stage: its weight gradients in one float32 vector, for the replicas' sum (ALLREDUCE).
   std::map<int, Tensor> buckets_;
+  /// Per stage with ZeRO-1 and shared weights: the view of its bucket's shared part, summed
+  /// whole (kept: the in-process sum reads it after this worker has returned).
+  std::map<int, Tensor> bucket_tails_;
+  /// ZeRO-1 (OPT_STEP): this replica's shard of the stage's weights updated from its shard of
+  /// the summed gradients, then the other replicas' shards all-gathered into the weights.
+  void sharded_step(int stage_index, float lr, int64_t update);
 };
 
 }  // namespace stagecraft::rt

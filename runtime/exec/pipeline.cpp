@@ -123,6 +123,53 @@ void Pipeline::load_programs(const Pipeline& p, StageRuntime& rt) {
       if (out.name == plan.training_config.loss_output) rt.loss = out.name;
   }
   rt.weights = rt.program.weights();
+  if (plan.training) lay_out_gradients(p, rt);
+}
+
+const StageRuntime::FlatWeight* StageRuntime::flat_weight(const std::string& weight) const {
+  for (const FlatWeight& w : flat)
+    if (w.name == weight) return &w;
+  return nullptr;
+}
+
+void Pipeline::lay_out_gradients(const Pipeline& p, StageRuntime& rt) {
+  const plan::Plan& plan = p.plan_;
+  const plan::Stage& stage = *rt.stage;
+  const bool zero = plan.shard_optimizer;
+  auto trained = [&](const std::string& name) {
+    const auto& outputs = rt.backward->outputs();
+    return std::any_of(outputs.begin(), outputs.end(),
+                       [&](const ValueInfo& out) { return out.name == name + "@grad"; });
+  };
+  auto shared = [&](const std::string& name) {
+    return std::any_of(stage.shared_weights.begin(), stage.shared_weights.end(),
+                       [&](const plan::SharedWeight& w) { return w.name == name; });
+  };
+  rt.flat.clear();
+  rt.flat_elements = 0;
+  // ZeRO-1 shards the weights no other stage holds (first); shared ones are summed whole.
+  for (int pass = 0; pass < (zero ? 2 : 1); ++pass) {
+    for (const auto& [name, w] : rt.weights) {
+      if (!trained(name) || (zero && shared(name) != (pass == 1))) continue;
+      rt.flat.push_back({name, rt.flat_elements, w.numel()});
+      rt.flat_elements += w.numel();
+    }
+    if (pass == 0) rt.sharded = rt.flat_elements;
+  }
+  if (!zero) {
+    rt.sharded = 0;
+    return;
+  }
+  const std::vector<int64_t>& bounds = stage.optimizer_shards;
+  if (bounds.size() != static_cast<size_t>(plan.data_parallel) + 1 || bounds.back() != rt.sharded)
+    fail(ErrorKind::kPlan,
+         "{}: stages[{}].optimizer_shards ends at {} but {} trains {} elements of weights no "
+         "other stage holds (re-run stagec)",
+         (fs::path(p.plan_dir_) / "plan.json").string(), stage.index,
+         bounds.empty() ? 0 : bounds.back(), stage.backward_file, rt.sharded);
+  rt.shard_bounds = bounds;
+  rt.shard_lo = bounds[static_cast<size_t>(rt.replica)];
+  rt.shard_hi = bounds[static_cast<size_t>(rt.replica) + 1];
 }
 
 bool Pipeline::runs_device(int device) const {
@@ -337,19 +384,92 @@ const std::map<std::string, Tensor>& Pipeline::replica_weights(int replica, int 
   return st.on_device ? st.host_weights : st.weights;
 }
 
+namespace {
+
+/// The part [lo, hi) (elements) of a state tensor, as a tensor of its own.
+Tensor part_of(const Tensor& whole, int64_t lo, int64_t hi) {
+  Tensor out = Tensor::owned(DType::kFloat32, {hi - lo});
+  std::memcpy(out.data, whole.data + lo * 4, static_cast<size_t>((hi - lo) * 4));
+  return out;
+}
+
+}  // namespace
+
 void Pipeline::copy_first_replica() {
-  for (const auto& rt : stages_) {
-    const int stage = rt->stage->index;
-    const StageRuntime& first = first_replica_stage(stage);
-    if (rt.get() == &first || rt->weights.empty() || first.weights.empty()) continue;
-    for (auto& [name, w] : rt->weights) {
-      const Tensor& from = first.weights.at(name);
-      if (w.bytes() > 0) std::memcpy(w.data, from.data, static_cast<size_t>(w.bytes()));
+  for (size_t k = 0; k < plan_.stages.size(); ++k) {
+    StageRuntime& first = first_replica_stage(static_cast<int>(k));
+    if (first.weights.empty()) continue;  // another process's
+    // The first replica's state is the stage's whole state here (as loaded); with ZeRO-1 each
+    // replica, the first last, keeps its shard of it.
+    const std::map<std::string, optim::OptimizerState> whole = first.opt_state;
+    std::vector<StageRuntime*> replicas;
+    for (const auto& rt : stages_)
+      if (rt->stage->index == static_cast<int>(k) && rt.get() != &first && !rt->weights.empty())
+        replicas.push_back(rt.get());
+    for (StageRuntime* rt : replicas)
+      for (auto& [name, w] : rt->weights) {
+        const Tensor& from = first.weights.at(name);
+        if (w.bytes() > 0) std::memcpy(w.data, from.data, static_cast<size_t>(w.bytes()));
+      }
+    replicas.push_back(&first);
+    for (StageRuntime* rt : replicas) {
+      rt->opt_state.clear();
+      for (const auto& [name, state] : whole) {
+        const StageRuntime::FlatWeight* part = rt->flat_weight(name);
+        if (part == nullptr || !rt->is_sharded(*part)) {
+          for (const auto& [key, t] : state.tensors) rt->opt_state[name].tensors[key] = clone(t);
+          continue;
+        }
+        auto [lo, hi] = rt->own_part(*part);
+        if (lo == hi) continue;
+        for (const auto& [key, t] : state.tensors) {
+          if (t.numel() != part->elements)
+            fail(ErrorKind::kInternal, "stage {}: state '{}' of '{}' has {} elements, not {}", k,
+                 key, name, t.numel(), part->elements);
+          rt->opt_state[name].tensors[key] = part_of(t, lo, hi);
+        }
+      }
     }
-    rt->opt_state.clear();
-    for (const auto& [name, state] : first.opt_state)
-      for (const auto& [key, t] : state.tensors) rt->opt_state[name].tensors[key] = clone(t);
   }
+}
+
+std::map<std::string, optim::OptimizerState> Pipeline::whole_optimizer_state(int stage) const {
+  const StageRuntime& first = first_replica_stage(stage);
+  auto state_of = [](const StageRuntime& st) -> const std::map<std::string, optim::OptimizerState>& {
+    return st.on_device ? st.host_opt_state : st.opt_state;
+  };
+  if (first.shard_bounds.empty()) return state_of(first);
+  // ZeRO-1: every replica's shard, put together (the shared weights' state whole, from the
+  // first replica: every replica keeps the same).
+  std::map<std::string, optim::OptimizerState> whole;
+  for (const auto& [name, state] : state_of(first)) {
+    const StageRuntime::FlatWeight* part = first.flat_weight(name);
+    if (part == nullptr || !first.is_sharded(*part)) whole[name] = state;
+  }
+  for (int r = 0; r < replicas_; ++r) {
+    const size_t at = static_cast<size_t>(r) * plan_.stages.size() + static_cast<size_t>(stage);
+    const StageRuntime& rt = *stages_.at(at);
+    if (rt.weights.empty())
+      fail(ErrorKind::kUnsupported,
+           "stage {}: its optimizer state is sharded over {} replicas and replica {}'s shard is "
+           "in another process",
+           stage, replicas_, r);
+    for (const auto& [name, state] : state_of(rt)) {
+      const StageRuntime::FlatWeight* part = rt.flat_weight(name);
+      if (part == nullptr || !rt.is_sharded(*part)) continue;
+      auto [lo, hi] = rt.own_part(*part);
+      const Tensor& weight = (rt.on_device ? rt.host_weights : rt.weights).at(name);
+      for (const auto& [key, t] : state.tensors) {
+        Tensor& target = whole[name].tensors[key];
+        if (target.dtype == DType::kUndefined) target = Tensor::owned(DType::kFloat32, weight.shape);
+        if (t.numel() != hi - lo)
+          fail(ErrorKind::kInternal, "stage {} replica {}: state '{}' of '{}' has {} elements, not {}",
+               stage, r, key, name, t.numel(), hi - lo);
+        std::memcpy(target.data + lo * 4, t.data, static_cast<size_t>((hi - lo) * 4));
+      }
+    }
+  }
+  return whole;
 }
 
 const std::map<std::string, optim::OptimizerState>& Pipeline::optimizer_state(int stage) const {

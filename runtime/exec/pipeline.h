@@ -157,7 +157,13 @@ class Pipeline {
   const std::map<std::string, optim::OptimizerState>& optimizer_state(int stage) const;
   /// Gives every other replica here the first replica's weights and optimizer state (after
   /// they were restored into it: load_checkpoint).
+  /// With ZeRO-1 (plan.json `shard_optimizer`) the first replica's state is taken as the whole
+  /// state, and every replica (the first too) keeps its shard of it.
   void copy_first_replica();
+  /// Stage `stage`'s optimizer state whole, as a checkpoint holds it: the first replica's, or
+  /// with ZeRO-1 every replica's shard put together (each weight's state tensors of its shape).
+  /// `Error(kUnsupported)` with ZeRO-1 when a replica runs in another process.
+  std::map<std::string, optim::OptimizerState> whole_optimizer_state(int stage) const;
   /// Replica `replica`'s weights of stage `stage` (every replica's should stay the same bytes;
   /// for checks). `Error(kInternal)` for a replica or stage out of range or not run here.
   const std::map<std::string, Tensor>& replica_weights(int replica, int stage) const;
@@ -173,6 +179,9 @@ class Pipeline {
   static void check_shared_weights(const Pipeline& p, const std::string& plan_json);
   /// Loads a stage's forward (and, training, backward) program, checked against plan.json.
   static void load_programs(const Pipeline& p, StageRuntime& rt);
+  /// Training: where each trained weight of the stage goes in its gradient bucket, and with
+  /// ZeRO-1 this replica's shard (checked against plan.json's `optimizer_shards`).
+  static void lay_out_gradients(const Pipeline& p, StageRuntime& rt);
   /// Stage `stage` of the first replica this process runs.
   StageRuntime& first_replica_stage(int stage) const;
 

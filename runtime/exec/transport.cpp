@@ -149,6 +149,26 @@ void InProcessTransport::replica_sum(int stage, Tensor& bucket, DeviceContext& d
   replicas_->sum(replica_, stage, bucket, device);
 }
 
+ReplicaSums& InProcessTransport::replicas(int stage, const char* what) {
+  if (!replicas_)
+    fail(ErrorKind::kPlan, "stage {}: {}, but the run has one replica", stage, what);
+  std::lock_guard lock(mutex_);
+  if (aborted_) throw Aborted{};
+  return *replicas_;
+}
+
+void InProcessTransport::replica_reduce_scatter(int stage, Tensor& bucket,
+                                                const std::vector<int64_t>& bounds,
+                                                DeviceContext& device) {
+  replicas(stage, "a sharded ALLREDUCE").reduce_scatter(replica_, stage, bucket, bounds, device);
+}
+
+void InProcessTransport::replica_all_gather(int stage, Tensor& bucket,
+                                            const std::vector<int64_t>& bounds,
+                                            DeviceContext& device) {
+  replicas(stage, "a sharded OPT_STEP").all_gather(replica_, stage, bucket, bounds, device);
+}
+
 void InProcessTransport::abort() {
   {
     std::lock_guard lock(mutex_);
@@ -243,6 +263,116 @@ void ReplicaSums::sum(int replica, int stage, Tensor& bucket, DeviceContext& dev
   // the step barrier).
   if (++e.done == replicas_) entries_.erase(stage);
   changed_.notify_all();
+}
+
+namespace {
+
+/// Checks a ZeRO-1 bucket and its R + 1 shard boundaries.
+void check_shards(int stage, const Tensor& bucket, const std::vector<int64_t>& bounds,
+                  int replicas) {
+  if (bucket.dtype != DType::kFloat32 || bucket.rank() != 1)
+    fail(ErrorKind::kUnsupported, "stage {}: a sharded gradient bucket is 1-D float32, not {}",
+         stage, bucket.describe());
+  bool ok = bounds.size() == static_cast<size_t>(replicas) + 1 && bounds.front() == 0 &&
+            bounds.back() == bucket.numel();
+  for (size_t r = 1; ok && r < bounds.size(); ++r) ok = bounds[r] >= bounds[r - 1];
+  if (!ok)
+    fail(ErrorKind::kPlan,
+         "stage {}: shard boundaries [{}] do not split a bucket of {} elements over {} replicas",
+         stage, fmt::join(bounds, ", "), bucket.numel(), replicas);
+}
+
+/// Shard `r` of a bucket split at `bounds`.
+Tensor shard_of(const Tensor& bucket, const std::vector<int64_t>& bounds, int r) {
+  return slice_rows(bucket, bounds[static_cast<size_t>(r)], bounds[static_cast<size_t>(r) + 1]);
+}
+
+}  // namespace
+
+ReplicaSums::Shards& ReplicaSums::gather_buckets(std::unique_lock<std::mutex>& lock,
+                                                 std::pair<int, int> key, int replica,
+                                                 const Tensor& bucket,
+                                                 const std::vector<int64_t>& bounds,
+                                                 const char* what) {
+  check_shards(key.second, bucket, bounds, replicas_);
+  if (aborted_) throw Aborted{};
+  Shards& e = shards_[key];
+  if (e.buckets.empty()) {
+    e.buckets.resize(static_cast<size_t>(replicas_));
+    e.present.assign(static_cast<size_t>(replicas_), false);
+  }
+  if (e.present.at(static_cast<size_t>(replica)))
+    fail(ErrorKind::kPlan, "stage {}: replica {} {} twice in one step", key.second, replica, what);
+  e.buckets[static_cast<size_t>(replica)] = bucket;
+  e.present[static_cast<size_t>(replica)] = true;
+  ++e.arrived;
+  changed_.notify_all();
+  wait(
+      lock, [&] { return e.arrived == replicas_; },
+      [&] {
+        std::vector<int> who;
+        for (int r = 0; r < replicas_; ++r)
+          if (!e.present[static_cast<size_t>(r)]) who.push_back(r);
+        return who;
+      },
+      key.second, key.first == 0 ? "gave none of" : "gave no updated shard of");
+  for (const Tensor& other : e.buckets)
+    if (other.shape != bucket.shape)
+      fail(ErrorKind::kPlan, "stage {}: replica {}'s sharded bucket is {} but another's is {}",
+           key.second, replica, bucket.describe(), other.describe());
+  return e;
+}
+
+void ReplicaSums::release(std::pair<int, int> key) {
+  // The last replica done with the buckets forgets them (a replica changes its bucket's other
+  // shards only after every replica has arrived at its next collective of the stage).
+  Shards& e = shards_.at(key);
+  if (++e.done == replicas_) shards_.erase(key);
+  changed_.notify_all();
+}
+
+void ReplicaSums::reduce_scatter(int replica, int stage, Tensor& bucket,
+                                 const std::vector<int64_t>& bounds, DeviceContext& device) {
+  device.synchronize();  // the other replicas read it
+  std::unique_lock lock(mutex_);
+  const std::pair<int, int> key{0, stage};
+  Shards& e = gather_buckets(lock, key, replica, bucket, bounds, "reduce-scatters");
+  std::vector<Tensor> buckets = e.buckets;
+  lock.unlock();
+  // Shard `replica`, summed in ring order from the next replica round to this one (only this
+  // replica writes it; the others read their own shards of this bucket meanwhile).
+  Tensor mine = shard_of(bucket, bounds, replica);
+  if (mine.numel() > 0) {
+    Tensor sum = device.new_tensor(DType::kFloat32, mine.shape, false);
+    device.copy(shard_of(buckets[static_cast<size_t>((replica + 1) % replicas_)], bounds, replica),
+                sum);
+    for (int k = 2; k <= replicas_; ++k)
+      device.accumulate(
+          sum,
+          shard_of(buckets[static_cast<size_t>((replica + k) % replicas_)], bounds, replica));
+    device.copy(sum, mine);
+  }
+  device.synchronize();
+  lock.lock();
+  release(key);
+}
+
+void ReplicaSums::all_gather(int replica, int stage, Tensor& bucket,
+                             const std::vector<int64_t>& bounds, DeviceContext& device) {
+  device.synchronize();  // the other replicas read its shard
+  std::unique_lock lock(mutex_);
+  const std::pair<int, int> key{1, stage};
+  Shards& e = gather_buckets(lock, key, replica, bucket, bounds, "all-gathers");
+  std::vector<Tensor> buckets = e.buckets;
+  lock.unlock();
+  for (int r = 0; r < replicas_; ++r) {
+    if (r == replica) continue;
+    Tensor target = shard_of(bucket, bounds, r);
+    device.copy(shard_of(buckets[static_cast<size_t>(r)], bounds, r), target);
+  }
+  device.synchronize();
+  lock.lock();
+  release(key);
 }
 
 void ReplicaSums::abort() {

@@ -75,6 +75,19 @@ class Transport {
   /// `Error(kTimeout)` naming the replica that gave nothing, or `Error(kPlan)` when the
   /// buckets differ or the transport joins no replicas.
   virtual void replica_sum(int stage, Tensor& bucket, DeviceContext& device) = 0;
+  /// ZeRO-1's reduce-scatter (`--shard-optimizer`): `bucket` (float32, 1-D, laid out alike in
+  /// every replica) is split into shards at `bounds` (R + 1 offsets from 0 to its size); on
+  /// return shard r of replica r's bucket holds shard r summed over the replicas (its other
+  /// shards are the transport's to use). Fixed order: shard r adds the replicas' values in the
+  /// order r + 1, r + 2, ..., r + R (mod R), a ring's reduce-scatter that ends each shard at its
+  /// owner, in process and under MPI alike. Throws as `replica_sum`.
+  virtual void replica_reduce_scatter(int stage, Tensor& bucket,
+                                      const std::vector<int64_t>& bounds,
+                                      DeviceContext& device) = 0;
+  /// ZeRO-1's all-gather: shard r of replica r's `bucket` (split at `bounds` as above) is copied
+  /// into every other replica's; on return every replica's bucket holds the same bytes.
+  virtual void replica_all_gather(int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
+                                  DeviceContext& device) = 0;
   /// Stops the run: every blocked and later send, receive and sum throws `Aborted`.
   virtual void abort() = 0;
 };
@@ -92,6 +105,11 @@ class ReplicaSums {
   /// `Error(kTimeout)`.
   ReplicaSums(int replicas, double timeout_s) : replicas_(replicas), timeout_s_(timeout_s) {}
   void sum(int replica, int stage, Tensor& bucket, DeviceContext& device);
+  /// `Transport::replica_reduce_scatter` and `replica_all_gather` of replica `replica`.
+  void reduce_scatter(int replica, int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
+                      DeviceContext& device);
+  void all_gather(int replica, int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
+                  DeviceContext& device);
   void abort();
 
  private:
@@ -100,6 +118,18 @@ class ReplicaSums {
     std::vector<bool> reduced;     ///< Per replica, once its chunk is summed.
     int arrived = 0, reduced_count = 0, done = 0;
   };
+  /// ZeRO-1's collectives: each replica's bucket (a view of its bytes) while they last.
+  struct Shards {
+    std::vector<Tensor> buckets;
+    std::vector<bool> present;
+    int arrived = 0, done = 0;
+  };
+  /// Registers `bucket` of `replica` for `key` and waits for every replica's; returns them.
+  Shards& gather_buckets(std::unique_lock<std::mutex>& lock, std::pair<int, int> key,
+                         int replica, const Tensor& bucket, const std::vector<int64_t>& bounds,
+                         const char* what);
+  /// Counts `replica` done with `key`'s buckets; the last one forgets them.
+  void release(std::pair<int, int> key);
   /// Waits until `ready()`; past the timeout throws naming the replicas `missing()` lists.
   template <typename Ready, typename Missing>
   void wait(std::unique_lock<std::mutex>& lock, Ready ready, Missing missing, int stage,
@@ -108,6 +138,8 @@ class ReplicaSums {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::map<int, Entry> entries_;  ///< Per stage being summed.
+  /// Per (0: reduce-scatter, 1: all-gather; stage) in progress.
+  std::map<std::pair<int, int>, Shards> shards_;
   int replicas_;
   double timeout_s_;
   bool aborted_ = false;
@@ -135,9 +167,15 @@ class InProcessTransport final : public Transport {
   void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient,
                          DeviceContext& device) override;
   void replica_sum(int stage, Tensor& bucket, DeviceContext& device) override;
+  void replica_reduce_scatter(int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
+                              DeviceContext& device) override;
+  void replica_all_gather(int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
+                          DeviceContext& device) override;
   void abort() override;
 
  private:
+  /// The replicas' shared sums, after checking the run has them and is not aborted.
+  ReplicaSums& replicas(int stage, const char* what);
   struct Channel {
     std::deque<Message> queue;
   };

@@ -170,6 +170,8 @@ ordered stage_json(const Stage& stage) {
           {"shared_weights", shared_json(stage.shared_weights)},
           {"shared_exchange_ms", stage.shared_exchange_ms},
           {"allreduce_ms", stage.allreduce_ms},
+          {"optimizer_shards", stage.optimizer_shards},
+          {"allgather_ms", stage.allgather_ms},
           {"why", stage.why}};
 }
 
@@ -280,6 +282,8 @@ Stage read_stage(const JsonValue& value) {
                                "shared_weights",
                                "shared_exchange_ms",
                                "allreduce_ms",
+                               "optimizer_shards",
+                               "allgather_ms",
                                "why"});
   Stage stage;
   stage.index = f.int32("index");
@@ -312,6 +316,8 @@ Stage read_stage(const JsonValue& value) {
   stage.shared_weights = f.array("shared_weights", read_shared);
   stage.shared_exchange_ms = f.number("shared_exchange_ms");
   stage.allreduce_ms = f.number("allreduce_ms");
+  stage.optimizer_shards = f.at("optimizer_shards").int64s();
+  stage.allgather_ms = f.number("allgather_ms");
   stage.why = f.string("why");
   return stage;
 }
@@ -461,6 +467,7 @@ nlohmann::ordered_json to_json(const Plan& plan) {
           {"chunks", plan.chunks},
           {"microbatches", plan.microbatches},
           {"data_parallel", plan.data_parallel},
+          {"shard_optimizer", plan.shard_optimizer},
           {"batch", plan.batch},
           {"microbatch_size", plan.microbatch_size},
           {"training", plan.training},
@@ -498,6 +505,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
           "chunks",
           "microbatches",
           "data_parallel",
+          "shard_optimizer",
           "batch",
           "microbatch_size",
           "training",
@@ -525,6 +533,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.chunks = f.int32("chunks");
   plan.microbatches = f.int32("microbatches");
   plan.data_parallel = f.int32("data_parallel");
+  plan.shard_optimizer = f.boolean("shard_optimizer");
   plan.batch = f.int64("batch");
   plan.microbatch_size = f.int64("microbatch_size");
   plan.training = f.boolean("training");
@@ -543,6 +552,13 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.ops = f.array("ops", read_op);
   plan.timeline = f.array("timeline", read_event);
   return plan;
+}
+
+std::vector<int64_t> even_shards(int64_t elements, int replicas) {
+  std::vector<int64_t> bounds;
+  for (int r = 0; r <= replicas; ++r)
+    bounds.push_back(elements / replicas * r + elements % replicas * r / replicas);  // no overflow
+  return bounds;
 }
 
 void check_format_version(int version, const std::string& source) {

@@ -28,9 +28,11 @@ namespace stagecraft::plan {
 /// predicted peak per device with its parts and its memory over the step; a stage's `memory`
 /// lists its anatomy without a `total` (only a device has a peak). Version 7: data parallelism
 /// (`data_parallel` replicas of the pipeline, `batch` the global batch over all of them, per
-/// stage `allreduce_ms`, `training_config.lr_scaling` and `base_lr`). Older plans are refused
+/// stage `allreduce_ms`, `training_config.lr_scaling` and `base_lr`). Version 8: optimizer-state
+/// sharding across the replicas (ZeRO-1): `shard_optimizer`, per stage `optimizer_shards` (the
+/// shards' boundaries in its flattened parameters) and `allgather_ms`. Older plans are refused
 /// ("re-run stagec").
-inline constexpr int kPlanFormatVersion = 7;
+inline constexpr int kPlanFormatVersion = 8;
 
 /// What a recorded file hash starts with: "fnv1a64:<16 hex digits>".
 inline constexpr std::string_view kHashPrefix = "fnv1a64:";
@@ -185,6 +187,17 @@ struct Stage {
   /// gradients summed over the replicas, a ring: 2 (R - 1) steps of 1/R of them over the
   /// slowest link between its replicas' devices); 0 with one replica.
   double allreduce_ms = 0;
+  /// Training with `Plan::shard_optimizer`: R + 1 element offsets into the stage's sharded
+  /// parameters (its trained float32 weights that no other stage holds, flattened one after
+  /// another in name order): replica r keeps the optimizer state of, and updates, elements
+  /// [optimizer_shards[r], optimizer_shards[r + 1]). Starts at 0, never decreases, ends at the
+  /// count of those elements (the runtime checks it against the stage's files). Empty without
+  /// sharding. Shared weights (`shared_weights`) are not sharded: every replica keeps their
+  /// state and updates them whole, after an all-reduce.
+  std::vector<int64_t> optimizer_shards;
+  /// Training with `Plan::shard_optimizer`: predicted time of the all-gather of the updated
+  /// weights after the optimizer step (a ring: R - 1 steps of 1/R of them); 0 otherwise.
+  double allgather_ms = 0;
   std::string why;  ///< Why the stage ends where it does.
 };
 
@@ -264,6 +277,11 @@ struct Plan {
   /// of every batch, and sums its weight gradients with the other replicas' (ALLREDUCE)
   /// before each optimizer step.
   int data_parallel = 1;
+  /// ZeRO-1 (training, R >= 2): each replica keeps only its shard of every stage's optimizer
+  /// state (`Stage::optimizer_shards`); a stage's ALLREDUCE is then a reduce-scatter of its
+  /// sharded gradients (each replica gets its shard summed), its OPT_STEP updates that shard and
+  /// all-gathers the updated weights from the other replicas.
+  bool shard_optimizer = false;
   int64_t batch = 1;  ///< Global batch B = R x M x microbatch_size.
   int64_t microbatch_size = 1;
   bool training = false;
@@ -305,6 +323,11 @@ void check_format_version(int version, const std::string& source);
 /// shape, holders) by each of its holders. Throws `Error(kPlan)` naming `source` and
 /// the field.
 void validate_plan(const Plan& plan, const std::string& source);
+
+/// ZeRO-1's split of `elements` sharded parameters over `replicas` (>= 1): the R + 1 boundaries
+/// {0, elements / R, 2 elements / R, ..., elements} (rounded down; shards differ by at most one
+/// element), what stagec records as a stage's `optimizer_shards`.
+std::vector<int64_t> even_shards(int64_t elements, int replicas);
 
 /// The distinct holder sets of `weights` (each ascending, the sets in ascending order): the
 /// groups whose weight gradients ALLREDUCE_SHARED sums (schedule::PipelineShape::shared_groups).

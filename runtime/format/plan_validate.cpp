@@ -47,6 +47,7 @@ class Validator {
     for (const Stage& stage : plan_.stages) check_stage(stage);
     for (const Stage& stage : plan_.stages) check_interfaces(stage);
     for (const Stage& stage : plan_.stages) check_shared(stage);
+    for (const Stage& stage : plan_.stages) check_shards(stage);
     check_ops();
     check_prediction(plan_.predicted, "predicted");
     check_prediction(plan_.baseline_parameters, "baseline_parameters");
@@ -135,6 +136,46 @@ class Validator {
       fault("training", fmt::format("is {}, but the schedule is '{}'", plan_.training,
                                     to_string(plan_.schedule)));
     }
+    if (plan_.shard_optimizer && (!plan_.training || plan_.data_parallel < 2)) {
+      fault("shard_optimizer",
+            fmt::format("is true, but the plan {}: sharding the optimizer state needs training "
+                        "with 2 or more data-parallel replicas",
+                        !plan_.training ? "is for inference"
+                                        : fmt::format("has data_parallel {}", plan_.data_parallel)));
+    }
+  }
+
+  /// ZeRO-1's shards of a stage: R + 1 boundaries from 0, never decreasing, within the stage's
+  /// parameters; none without sharding.
+  void check_shards(const Stage& stage) const {
+    const std::string field = fmt::format("stages[{}].optimizer_shards", stage.index);
+    non_negative(fmt::format("stages[{}].allgather_ms", stage.index), stage.allgather_ms);
+    const std::vector<int64_t>& bounds = stage.optimizer_shards;
+    if (!plan_.shard_optimizer) {
+      if (!bounds.empty())
+        fault(field, fmt::format("lists {}, but shard_optimizer is false",
+                                 count(bounds.size(), "boundary", "boundaries")));
+      if (stage.allgather_ms != 0)
+        fault(fmt::format("stages[{}].allgather_ms", stage.index),
+              fmt::format("is {}, but shard_optimizer is false", stage.allgather_ms));
+      return;
+    }
+    const size_t want = static_cast<size_t>(plan_.data_parallel) + 1;
+    if (bounds.size() != want)
+      fault(field, fmt::format("lists {}; {} replicas need {} (one shard each)",
+                               count(bounds.size(), "boundary", "boundaries"),
+                               plan_.data_parallel, want));
+    if (bounds.front() != 0)
+      fault(field + "[0]", fmt::format("is {}; the first shard starts at 0", bounds.front()));
+    for (size_t r = 1; r < bounds.size(); ++r)
+      if (bounds[r] < bounds[r - 1])
+        fault(fmt::format("{}[{}]", field, r),
+              fmt::format("is {}, less than the boundary before it ({}): shards are contiguous "
+                          "and in replica order",
+                          bounds[r], bounds[r - 1]));
+    if (bounds.back() > stage.params)
+      fault(fmt::format("{}[{}]", field, bounds.size() - 1),
+            fmt::format("is {}, more than the stage's {} parameters", bounds.back(), stage.params));
   }
 
   /// The device: named, a known kind, a capacity; the cluster's numbers positive.

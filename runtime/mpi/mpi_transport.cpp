@@ -263,27 +263,66 @@ void MpiTransport::finish_shared_sum(const std::string& weight, int stage, Tenso
 }
 
 void MpiTransport::replica_sum(int stage, Tensor& bucket, DeviceContext& device) {
-  check_open();
-  int replicas = 1, me = 0;
-  if (replicas_ != MPI_COMM_NULL) {
-    MPI_Comm_size(replicas_, &replicas);
-    MPI_Comm_rank(replicas_, &me);
-  }
-  if (replicas < 2)
-    fail(ErrorKind::kPlan, "stage {}: an ALLREDUCE, but the run has one replica", stage);
+  const int replicas = replica_count(stage, "an ALLREDUCE");
   if (bucket.dtype != DType::kFloat32 || bucket.rank() != 1)
     fail(ErrorKind::kUnsupported, "stage {}: the all-reduce sums a 1-D float32 bucket, not {}",
          stage, bucket.describe());
-  const int64_t n = bucket.numel();
-  if (4 * (n / replicas + 1) > INT_MAX)
+  std::vector<int64_t> bounds;
+  for (int c = 0; c < replicas; ++c) bounds.push_back(replica_chunk(bucket.numel(), replicas, c).first);
+  bounds.push_back(bucket.numel());
+  ring(stage, bucket, bounds, 0, true, true, "all-reduce", device);
+}
+
+void MpiTransport::replica_reduce_scatter(int stage, Tensor& bucket,
+                                          const std::vector<int64_t>& bounds,
+                                          DeviceContext& device) {
+  replica_count(stage, "a sharded ALLREDUCE");
+  // Ring chunk c is shard c - 1: the reduce-scatter ends chunk me + 1, shard me, here.
+  ring(stage, bucket, bounds, -1, true, false, "reduce-scatter", device);
+}
+
+void MpiTransport::replica_all_gather(int stage, Tensor& bucket,
+                                      const std::vector<int64_t>& bounds, DeviceContext& device) {
+  replica_count(stage, "a sharded OPT_STEP");
+  ring(stage, bucket, bounds, -1, false, true, "all-gather", device);
+}
+
+int MpiTransport::replica_count(int stage, const char* what) {
+  check_open();
+  int replicas = 1;
+  if (replicas_ != MPI_COMM_NULL) MPI_Comm_size(replicas_, &replicas);
+  if (replicas < 2) fail(ErrorKind::kPlan, "stage {}: {}, but the run has one replica", stage, what);
+  return replicas;
+}
+
+void MpiTransport::ring(int stage, Tensor& bucket, const std::vector<int64_t>& bounds, int shift,
+                        bool reduce, bool gather, const char* what, DeviceContext& device) {
+  int replicas = 1, me = 0;
+  MPI_Comm_size(replicas_, &replicas);
+  MPI_Comm_rank(replicas_, &me);
+  if (bucket.dtype != DType::kFloat32 || bucket.rank() != 1)
+    fail(ErrorKind::kUnsupported, "stage {}: the {} takes a 1-D float32 bucket, not {}", stage,
+         what, bucket.describe());
+  bool ok = bounds.size() == static_cast<size_t>(replicas) + 1 && bounds.front() == 0 &&
+            bounds.back() == bucket.numel();
+  int64_t largest = 0;
+  for (size_t r = 1; ok && r < bounds.size(); ++r) {
+    ok = bounds[r] >= bounds[r - 1];
+    largest = std::max(largest, bounds[r] - bounds[r - 1]);
+  }
+  if (!ok)
+    fail(ErrorKind::kPlan,
+         "stage {}: shard boundaries [{}] do not split a bucket of {} elements over {} replicas",
+         stage, fmt::join(bounds, ", "), bucket.numel(), replicas);
+  if (4 * largest > INT_MAX)
     fail(ErrorKind::kUnsupported,
          "stage {}: a gradient chunk of {} floats is more than one MPI message holds", stage,
-         n / replicas + 1);
+         largest);
   const int next = (me + 1) % replicas, previous = (me + replicas - 1) % replicas;
   const int tag = 1 + stage;
   auto chunk = [&](int c) {
-    auto [lo, hi] = replica_chunk(n, replicas, ((c % replicas) + replicas) % replicas);
-    return slice_rows(bucket, lo, hi);
+    const int r = (((c + shift) % replicas) + replicas) % replicas;
+    return slice_rows(bucket, bounds[static_cast<size_t>(r)], bounds[static_cast<size_t>(r) + 1]);
   };
   auto name = [&](int rank) {
     return rank < static_cast<int>(layout_.replica_names.size())
@@ -291,7 +330,7 @@ void MpiTransport::replica_sum(int stage, Tensor& bucket, DeviceContext& device)
                : fmt::format("replica {}", rank);
   };
   device.synchronize();  // MPI reads the bucket
-  Tensor incoming = Tensor::uninitialized(DType::kFloat32, {n / replicas + 1});
+  Tensor incoming = Tensor::uninitialized(DType::kFloat32, {reduce ? largest : 0});
   // One ring step: `out` to the next replica, `in` from the previous one.
   auto exchange = [&](const Tensor& out, Tensor& in, const char* phase, int step) {
     MPI_Request requests[2];
@@ -304,26 +343,28 @@ void MpiTransport::replica_sum(int stage, Tensor& bucket, DeviceContext& device)
       int received = 0;
       MPI_Test(&pending[1], &received, MPI_STATUS_IGNORE);
       fail(ErrorKind::kTimeout,
-           "waited {:g} s for {} (the all-reduce of stage {}'s gradients, {} step {} of {}): it "
+           "waited {:g} s for {} (the {} of stage {}'s gradients, {} step {} of {}): it "
            "died or stopped answering (stagerun --timeout)",
            timeout_s_,
-           received ? name(next) + " to take a chunk" : "a chunk from " + name(previous), stage,
-           phase, step + 1, replicas - 1);
+           received ? name(next) + " to take a chunk" : "a chunk from " + name(previous), what,
+           stage, phase, step + 1, replicas - 1);
     }
   };
   // Reduce-scatter: after step k this rank holds chunk (me - k - 1) summed over replicas
   // me - k - 1 .. me, in that order; after R - 1 steps chunk me + 1 is whole here.
-  for (int k = 0; k + 1 < replicas; ++k) {
-    Tensor into = chunk(me - k - 1);
-    Tensor in = slice_rows(incoming, 0, into.numel());
-    exchange(chunk(me - k), in, "reduce-scatter", k);
-    device.accumulate(into, in);
-  }
-  // All-gather: the whole chunks go round the ring.
-  for (int k = 0; k + 1 < replicas; ++k) {
-    Tensor into = chunk(me - k);
-    exchange(chunk(me + 1 - k), into, "all-gather", k);
-  }
+  if (reduce)
+    for (int k = 0; k + 1 < replicas; ++k) {
+      Tensor into = chunk(me - k - 1);
+      Tensor in = slice_rows(incoming, 0, into.numel());
+      exchange(chunk(me - k), in, "reduce-scatter", k);
+      device.accumulate(into, in);
+    }
+  // All-gather: the whole chunks go round the ring, chunk me + 1 from here first.
+  if (gather)
+    for (int k = 0; k + 1 < replicas; ++k) {
+      Tensor into = chunk(me - k);
+      exchange(chunk(me + 1 - k), into, "all-gather", k);
+    }
   device.synchronize();
 }
 

@@ -76,6 +76,12 @@ class MpiTransport final : public Transport {
   /// R - 1 of all-gather; every message is 1/R of the bucket, so each rank sends
   /// 2 (R - 1) / R of it, the figure the planner counts.
   void replica_sum(int stage, Tensor& bucket, DeviceContext& device) override;
+  /// ZeRO-1: the ring's reduce-scatter alone, with ring chunk c being shard c - 1 (so that
+  /// shard r ends at replica r), then, after the optimizer step, its all-gather alone.
+  void replica_reduce_scatter(int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
+                              DeviceContext& device) override;
+  void replica_all_gather(int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
+                          DeviceContext& device) override;
   void abort() override;
 
   /// The tag of `link`, and of `stage`'s part of the sum of shared weight `weight`.
@@ -115,6 +121,14 @@ class MpiTransport final : public Transport {
   double timeout_s_ = 0;
   MPI_Comm replicas_ = MPI_COMM_NULL;
   std::atomic<bool> aborted_{false};
+
+  /// R, the replicas; `Error(kPlan)` naming `what` with one.
+  int replica_count(int stage, const char* what);
+  /// A ring over the replicas' communicator on `bucket` split at `bounds` (ring chunk c is
+  /// shard c + `shift`, mod R): R - 1 reduce-scatter steps when `reduce`, then R - 1 all-gather
+  /// steps when `gather`. `what` names it in errors.
+  void ring(int stage, Tensor& bucket, const std::vector<int64_t>& bounds, int shift, bool reduce,
+            bool gather, const char* what, DeviceContext& device);
 };
 
 }  // namespace stagecraft::rt::mpi

@@ -15,6 +15,10 @@
 #                            in-process run of the plan bit for bit, and one device's on the
 #                            same global batch within 1e-5 (gpipe, 1f1b); also 4 replicas of
 #                            one device (the ring's order); 2 ranks refused
+#     train_zero             --shard-optimizer (ZeRO-1), 2 replicas x 2 devices on 4 ranks (adam,
+#                            momentum): the unsharded plan's losses bit for bit, and the
+#                            in-process sharded run's; 4 replicas of one device (the ring's
+#                            shard order) as in one process, within 1e-6 of unsharded
 #     kill                   rank 1 of 4 SIGKILLed mid-step: mpirun names it and ends the
 #                            others, each of which says where it was; within --timeout
 #                            beyond a healthy run's time; none remains
@@ -109,6 +113,50 @@ case "$check" in
     grep -q "stagerun: internal error: device 1: step 1: .*fault injected at node '$node'" err.txt ||
       fail "the failing rank's line is missing: $(cat err.txt)"
     ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
+    ;;
+  train_zero)
+    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
+    for optimizer in adam momentum; do
+      common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer "$optimizer"
+        --lr 0.001)
+      "$stagec" "${common[@]}" -o plain --devices 4 --data-parallel 2 --microbatches 2 >/dev/null
+      "$stagec" "${common[@]}" -o zero --devices 4 --data-parallel 2 --microbatches 2 \
+        --shard-optimizer >/dev/null
+      grep -q '"shard_optimizer": *true' zero/plan.json || fail "no shard_optimizer in plan.json"
+      "$stagerun" plain --steps 5 --json -q --backend cpu >plain.json
+      "$stagerun" zero --steps 5 --json -q --backend cpu >threads.json
+      if ! "${mpi[@]}" -np 4 "$stagerun" zero --steps 5 --json -q >ranks.json 2>ranks.err; then
+        cat ranks.err >&2
+        fail "mpirun -np 4 stagerun (sharded, $optimizer) failed"
+      fi
+      losses plain.json >plain.loss
+      losses threads.json >threads.loss
+      losses ranks.json >ranks.loss
+      [ "$(wc -l <ranks.loss)" -eq 5 ] || fail "expected 5 losses, got $(cat ranks.loss)"
+      # Step k's loss reads the weights of k - 1 updates: equal losses, equal weights.
+      cmp -s ranks.loss threads.loss ||
+        fail "$optimizer: sharded on 4 ranks and in one process differ: $(paste ranks.loss threads.loss)"
+      cmp -s ranks.loss plain.loss ||
+        fail "$optimizer: sharded and unsharded differ: $(paste ranks.loss plain.loss)"
+      echo "$optimizer sharded, 4 ranks: $(tr '\n' ' ' <ranks.loss)(bit for bit as unsharded)"
+    done
+    # 4 replicas of one device: each shard adds the replicas in its own rotation, the same on
+    # 4 ranks as in one process; the unsharded ring's rotation differs by one (within 1e-6).
+    "$stagec" "${common[@]}" -o plain4 --devices 4 --data-parallel 4 --microbatches 1 >/dev/null
+    "$stagec" "${common[@]}" -o zero4 --devices 4 --data-parallel 4 --microbatches 1 \
+      --shard-optimizer >/dev/null
+    "$stagerun" plain4 --steps 5 --json -q --backend cpu >plain.json
+    "$stagerun" zero4 --steps 5 --json -q --backend cpu >threads.json
+    "${mpi[@]}" -np 4 "$stagerun" zero4 --steps 5 --json -q >ranks.json 2>ranks.err ||
+      fail "mpirun -np 4 stagerun (4 replicas, sharded) failed: $(cat ranks.err)"
+    losses plain.json >plain.loss
+    losses threads.json >threads.loss
+    losses ranks.json >ranks.loss
+    cmp -s ranks.loss threads.loss ||
+      fail "4 replicas sharded: 4 ranks and one process differ: $(paste ranks.loss threads.loss)"
+    paste plain.loss ranks.loss | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 || $2 != $2 + 0) bad = 1 }
+      END { exit bad }' || fail "4 replicas: sharded not within 1e-6 of unsharded: $(paste plain.loss ranks.loss)"
+    echo "4 replicas sharded: $(tr '\n' ' ' <ranks.loss)"
     ;;
   train_dp)
     losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }

@@ -75,8 +75,14 @@ std::string header(const PlanView& view) {
                          plural(plan.microbatches, "microbatch", "microbatches"),
                          plan.microbatch_size));
   line(plan.training ? "training" : "inference",
-       plan.training ? fmt::format("optimizer {}, precision {}", to_string(plan.optimizer),
-                                   to_string(plan.precision))
+       plan.training ? fmt::format("optimizer {}, precision {}{}", to_string(plan.optimizer),
+                                   to_string(plan.precision),
+                                   plan.shard_optimizer
+                                       ? fmt::format("; optimizer state sharded over {} (ZeRO-1: "
+                                                     "each device keeps 1/{} of its stages')",
+                                                     plural(plan.data_parallel, "replica"),
+                                                     plan.data_parallel)
+                                       : "")
                      : fmt::format("precision {}", to_string(plan.precision)));
   line("objective", std::string(to_string(plan.objective)));
   line("cost model", plan.cost_model);
