@@ -51,6 +51,16 @@ OpWork forward_work(const ir::Graph& g, const ir::Node& node) {
       if (bias) w.flops += out0;
       break;
     }
+    case FlopKind::kConvTranspose: {
+      // Each input element is multiplied into W's row of (C_out / group) * kernel window values
+      // (W is [C_in, C_out / group, kernel...]) and added where it lands.
+      const auto& weight = shape(g, node.inputs[1]);
+      double per_input = 1;
+      for (std::size_t i = 1; i < weight.size(); ++i) per_input *= static_cast<double>(weight[i]);
+      w.flops = 2.0 * numel(g, node.inputs[0]) * per_input;
+      if (bias) w.flops += out0;
+      break;
+    }
     case FlopKind::kPool:
       w.flops = out0 * pool_window(node);
       break;

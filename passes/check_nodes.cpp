@@ -14,6 +14,7 @@
 #include "passes/host_tensor.h"
 #include "passes/pipeline.h"
 #include "runtime/core/backend.h"
+#include "runtime/cpu/conv_transpose_shape.h"
 #include "runtime/cpu/indexing_shape.h"
 #include "runtime/format/error.h"
 
@@ -178,6 +179,34 @@ void check_indexing(const ir::Graph& graph, const ir::Node& node) {
   }
 }
 
+/// ConvTranspose: the kernels' geometry (runtime/cpu/conv_transpose_shape.h) on the node's
+/// shapes and attributes, the bias against its M filters, and the output ONNX's shape inference
+/// gave against the one the kernels compute.
+void check_conv_transpose(const ir::Graph& graph, const ir::Node& node) {
+  const ir::Value* x = input(graph, node, 0);
+  const ir::Value* w = input(graph, node, 1);
+  if (x == nullptr || w == nullptr || !x->shape_known || !w->shape_known) return;
+  onnx::NodeProto proto;
+  for (const onnx::AttributeProto& a : node.attributes) *proto.add_attribute() = a;
+  const rt::Attrs attrs(proto);
+  thread_local const std::unique_ptr<rt::DeviceContext> device =
+      rt::cpu_backend().make_device(0, 1);
+  const std::string name = node.name.empty() ? node.describe(graph) : node.name;
+  const rt::KernelArgs args{name, node.op_type, attrs, {}, {}, *device};
+  const rt::cpu::ConvTransposeGeometry g = rt::cpu::conv_transpose_geometry(args, x->shape, w->shape);
+  const int64_t filters = g.y[1];
+  if (const ir::Value* b = input(graph, node, 2); b != nullptr && b->numel() != filters) {
+    fail(ErrorKind::kModel, "{}: bias '{}' {} has {} elements for {} output channels",
+         node.describe(graph), b->name, ir::shape_string(b->shape), b->numel(), filters);
+  }
+  const ir::Value* y = output(graph, node, 0);
+  if (y != nullptr && y->shape_known && y->shape != g.y) {
+    fail(ErrorKind::kModel,
+         "{}: ONNX's shape inference gives output '{}' the shape {}, the kernels compute {}",
+         node.describe(graph), y->name, ir::shape_string(y->shape), ir::shape_string(g.y));
+  }
+}
+
 void check_node(const ir::Graph& graph, const ir::Node& node) {
   if (!node.domain.empty() && node.domain != "ai.onnx") return;
   const std::string& op = node.op_type;
@@ -185,6 +214,8 @@ void check_node(const ir::Graph& graph, const ir::Node& node) {
   const auto rank0 = in0 == nullptr ? int64_t{0} : static_cast<int64_t>(in0->shape.size());
   if (op == "Conv") {
     check_conv(graph, node);
+  } else if (op == "ConvTranspose") {
+    check_conv_transpose(graph, node);
   } else if (op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze") {
     if (op == "Flatten") check_axis_attribute(graph, node, 1, /*extra=*/1);
     if (op == "Squeeze" && in0 != nullptr) check_axes(graph, node, 1, *in0, rank0);

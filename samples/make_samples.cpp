@@ -153,6 +153,20 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   chain->add_option("--width", chain_options.width, "Width of every layer")->capture_default_str();
 
+  stagecraft::samples::UNetOptions unet_options;
+  CLI::App* unet = app.add_subcommand(
+      "unet", "U-Net encoder-decoder (ConvTranspose up-sampling): x[batch,3,size,size] -> logits");
+  OutputSettings unet_settings{.output = "unet.onnx"};
+  add_common_options(unet, common, unet_settings);
+  unet->add_option("--in-channels", unet_options.in_channels, "Input image channels")
+      ->capture_default_str();
+  unet->add_option("--width", unet_options.width, "Channels of the first level")
+      ->capture_default_str();
+  unet->add_option("--image-size", unet_options.image_size, "Input image side (a multiple of 4)")
+      ->capture_default_str();
+  unet->add_option("--classes", unet_options.classes, "Output channels (classes)")
+      ->capture_default_str();
+
   std::string all_directory;
   uint64_t all_seed = common.seed;
   CLI::App* all = app.add_subcommand("all", "Write the checked-in sample set");
@@ -179,6 +193,9 @@ int run(int argc, char** argv) {
   } else if (gpt->parsed()) {
     write_model(stagecraft::samples::build_gpt(gpt_options, common), gpt_settings.output,
                 write_options(gpt_settings));
+  } else if (unet->parsed()) {
+    write_model(stagecraft::samples::build_unet(unet_options, common), unet_settings.output,
+                write_options(unet_settings));
   } else if (chain->parsed()) {
     write_model(stagecraft::samples::build_shared_chain(chain_options, common),
                 chain_settings.output, write_options(chain_settings));

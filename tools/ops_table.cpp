@@ -66,6 +66,8 @@ std::string flops(const FlopRule& rule) {
       return "2 per multiply-add (+ bias)";
     case FlopKind::kConv:
       return "2 per multiply-add over the window (+ bias)";
+    case FlopKind::kConvTranspose:
+      return "2 per multiply-add: each input times its window (+ bias)";
     case FlopKind::kPool:
       return "the window per output";
     case FlopKind::kPerOutput:

@@ -23,6 +23,7 @@ enum class FlopKind {
   kNone,       ///< No arithmetic (layout, indexing, shape ops).
   kMatMul,     ///< 2 * output elements * shared dim, plus one add per output for a Gemm bias.
   kConv,       ///< 2 * output elements * (C_in / group) * window, plus a bias add per output.
+  kConvTranspose,  ///< 2 * input elements * (C_out / group) * window, plus a bias add per output.
   kPool,       ///< Output elements * kernel window.
   kPerOutput,  ///< `per_element` per element of output 0.
   kPerInput,   ///< `per_element` per element of input 0.

@@ -57,7 +57,9 @@ class CpuBackend final : public Backend {
         grad_matmul_kernels(), grad_conv_kernels(),   grad_norm_kernels(), grad_eltwise_kernels(),
         grad_data_kernels(),
         // Segmentation heads and indexing.
-        resize_kernels(), indexing_kernels()};
+        resize_kernels(), indexing_kernels(),
+        // U-Net decoders.
+        conv_transpose_kernels()};
     size_t total = 0;
     for (const auto& family : families) total += family.size();
     table_.reserve(total);

@@ -27,6 +27,8 @@ std::span<const KernelEntry> reduction_kernels();
 std::span<const KernelEntry> resize_kernels();  // resize.cpp: Resize and its gradient
 // indexing.cpp: Tile, CumSum, GatherElements, ScatterND and their gradients
 std::span<const KernelEntry> indexing_kernels();
+// conv_transpose.cpp: ConvTranspose and its gradient (cuDNN)
+std::span<const KernelEntry> conv_transpose_kernels();
 
 // Gradient ops (domain ai.stagecraft, runtime/format/grad_ops.h): "<Op>Grad".
 std::span<const KernelEntry> grad_matmul_kernels();   // grad_matmul.cpp

@@ -85,4 +85,18 @@ struct SharedChainOptions {
 ModelBuilder build_shared_chain(const SharedChainOptions& options = {},
                                 const CommonOptions& common = {});
 
+/// A U-Net-style encoder-decoder for segmentation: x [batch,in_channels,size,size] -> two
+/// stride-2 Conv+Relu encoder levels -> up-sampling by ConvTranspose (kernel 2, stride 2; then
+/// kernel 3, stride 2, padding 1, output_padding 1, as nn.ConvTranspose2d exports them), each
+/// followed by a Concat with the encoder's features and a Conv+Relu -> a 1x1 Conv head ->
+/// logits [batch,classes,size,size].
+struct UNetOptions {
+  int64_t in_channels = 3;
+  int64_t width = 8;        ///< Channels of the first level (then 2x and 4x).
+  int64_t image_size = 32;  ///< A multiple of 4.
+  int64_t classes = 2;
+};
+/// Builds the U-Net.
+ModelBuilder build_unet(const UNetOptions& options = {}, const CommonOptions& common = {});
+
 }  // namespace stagecraft::samples

@@ -73,6 +73,36 @@ TEST_CASE("a big MatMul is compute-bound, backward is twice the forward") {
   CHECK(mixed.name() == "roofline(h100, mixed)");
 }
 
+TEST_CASE("ConvTranspose counts each input element times its window, as its Conv would") {
+  // U-Net's up-sampling: X [8,64,16,16], W [64,32,2,2] (C_in, C_out / group, kernel), stride 2,
+  // bias: Y [8,32,32,32]. Each input element meets 32 * 2 * 2 weights.
+  GraphBuilder b;
+  auto x = b.tensor("x", {8, 64, 16, 16});
+  auto w = b.weight("w", {64, 32, 2, 2});
+  auto bias = b.weight("b", {32});
+  auto y = b.tensor("y", {8, 32, 32, 32});
+  const ir::Node& up = b.node("ConvTranspose", {x, w, bias}, {y});
+  const double in = 8.0 * 64 * 16 * 16, out = 8.0 * 32 * 32 * 32;
+  const OpWork work = forward_work(b.graph, up);
+  CHECK(work.flops == 2.0 * in * 32 * 2 * 2 + out);
+  // With no overlap (kernel = stride), that is the Conv mapping Y back to X's count: 2 * X
+  // elements * (C_out * window).
+  CHECK(work.flops - out == 2.0 * in * (32 * 4));
+  CHECK(work.bytes_read == 4.0 * (in + 64 * 32 * 4 + 32));
+  CHECK(work.bytes_written == 4.0 * out);
+  // Grouped: W [64, 8, 3, 3] with group 4 (C_out 32): 8 * 9 weights per input element.
+  GraphBuilder g;
+  auto gx = g.tensor("x", {1, 64, 4, 4});
+  auto gw = g.weight("w", {64, 8, 3, 3});
+  auto gy = g.tensor("y", {1, 32, 9, 9});
+  CHECK(forward_work(g.graph, g.node("ConvTranspose", {gx, gw}, {gy})).flops ==
+        2.0 * 64 * 16 * 8 * 9);
+  // A tensor op on the roofline, with input and weight gradients each as costly as the forward.
+  const OpTime t = RooflineCostModel(kH100, Precision::kFp32).op_time(b.graph, up);
+  CHECK(t.backward_input_s == doctest::Approx(t.forward_s));
+  CHECK(t.backward_weight_s > t.forward_s);  // plus the bias gradient's pass over dY
+}
+
 TEST_CASE("a product of two activations has only input gradients") {
   GraphBuilder b;
   auto q = b.tensor("q", {8, 12, 128, 64});
