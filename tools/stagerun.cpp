@@ -44,6 +44,8 @@
 // (--save-every) and after the last step, atomically (runtime/exec/checkpoint.h); --resume DIR
 // restores them before the run (refusing a checkpoint of another plan); --export FILE writes the
 // original model with the trained weights after the run (--steps 0: export without running).
+// Under mpirun --checkpoint and --resume work too (one writer per stage, the manifest by rank 0:
+// runtime/mpi/world.h); --export does not yet.
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -550,8 +552,8 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   return options;
 }
 
-// Under mpirun: the checks every rank makes alike (this slice runs CPU ranks, without trace,
-// checkpoints or export), then the plan device this rank runs (world.h refuses a world of
+// Under mpirun: the checks every rank makes alike (this slice runs CPU ranks, without trace or
+// export), then the plan device this rank runs (world.h refuses a world of
 // another size than the plan's devices).
 std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
   std::vector<int> devices;
@@ -562,8 +564,6 @@ std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
            "not there yet)",
            args.backend_name);
     for (auto [given, option] : {std::pair{!args.trace_path.empty(), "--trace"},
-                                 {!args.checkpoint_dir.empty(), "--checkpoint"},
-                                 {!args.resume_dir.empty(), "--resume"},
                                  {!args.export_path.empty(), "--export"}})
       if (given)
         fail(ErrorKind::kUnsupported, "{} does not work under mpirun yet (run it in one process)",
@@ -632,6 +632,11 @@ int main(int argc, char** argv) {
     const int64_t first_step = pipeline->steps_done();  // > 0 after --resume
     rt::RunOptions options = run_options(*pipeline, args, first_step);
     if (world) world->distribute(options, *pipeline);
+    // Under mpirun every rank saves its part: one writer per stage, the manifest by rank 0.
+    if (world && options.checkpoint)
+      options.checkpoint = [&w = *world, &p = *pipeline, dir = args.checkpoint_dir](int64_t) {
+        w.save_checkpoint(p, dir);
+      };
     auto export_model = [&] {
       int replaced = rt::export_model(*pipeline, args.export_path);
       if (!args.quiet)

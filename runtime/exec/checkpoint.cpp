@@ -155,6 +155,7 @@ void check_complete(const Pipeline& pipeline, const Manifest& manifest, const st
   config.kind = std::string(to_string(pipeline.plan().optimizer));
   const std::vector<std::string> state_names = optim::Optimizer::make(config)->state_names();
   for (const plan::Stage& stage : pipeline.plan().stages) {
+    if (!pipeline.holds_stage(stage.index)) continue;  // another process's
     const SavedStage& saved = manifest.stages[static_cast<size_t>(stage.index)];
     for (const auto& [name, t] : pipeline.stage_weights(stage.index)) {
       if (t.dtype != DType::kFloat32 || saving_stage(stage, name) != stage.index) continue;
@@ -179,85 +180,85 @@ void check_complete(const Pipeline& pipeline, const Manifest& manifest, const st
 
 }  // namespace
 
-void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in,
-                     const SaveOptions& options) {
-  const plan::Plan& plan = pipeline.plan();
+std::string begin_save(const std::string& dir_in, long pid) {
   const std::string dir = clean(dir_in);
-  if (!plan.training)
-    fail(ErrorKind::kUsage, "checkpoint {}: the plan is not a training plan (nothing to save)",
-         dir);
-  const std::string tmp = fmt::format("{}.tmp-{}", dir, ::getpid()), old = dir + ".old";
+  const std::string tmp = fmt::format("{}.tmp-{}", dir, pid);
   std::error_code ec;
   fs::remove_all(tmp, ec);
   remove_stale_saves(dir);
-  int files_written = 0;
-  try {
-    fs::create_directories(tmp, ec);
-    if (ec) fail(ErrorKind::kIo, "{}: cannot create ({})", tmp, ec.message());
-    nlohmann::ordered_json manifest;
-    manifest["format"] = kFormatName;
-    manifest["version"] = kCheckpointVersion;
-    manifest["model_hash"] = plan.model_hash;
-    manifest["plan"] = {{"schedule", std::string(to_string(plan.schedule))},
-                        {"devices", plan.devices},
-                        {"microbatches", plan.microbatches}};
-    manifest["step"] = pipeline.steps_done();
-    manifest["optimizer"] = std::string(to_string(plan.optimizer));
-    nlohmann::ordered_json stages = nlohmann::ordered_json::array();
-    auto write = [&](const std::string& stage_dir, const std::string& file, const Tensor& t) {
-      std::string path = (fs::path(tmp) / stage_dir / file).string();
-      write_npy(path, t);
-      fsync_path(path, false);
-      if (++files_written == options.fail_after_files)
-        throw Error(ErrorKind::kIo,
-                    fmt::format("{}: save failed after {} files (test hook)", tmp, files_written));
-    };
-    for (const plan::Stage& stage : plan.stages) {
-      std::string stage_dir = fmt::format("stage_{}", stage.index);
-      fs::create_directories(fs::path(tmp) / stage_dir, ec);
-      if (ec) fail(ErrorKind::kIo, "{}/{}: cannot create ({})", tmp, stage_dir, ec.message());
-      nlohmann::ordered_json weights = nlohmann::ordered_json::array(), state = weights;
-      int n = 0;
-      for (const auto& [name, t] : pipeline.stage_weights(stage.index)) {
-        if (t.dtype != DType::kFloat32) continue;  // constants: training never changes them
-        if (saving_stage(stage, name) != stage.index) continue;  // saved by its lowest holder
-        std::string file = fmt::format("w{:04}.npy", n++);
-        write(stage_dir, file, t);
-        weights.push_back({{"name", name},
-                           {"file", stage_dir + "/" + file},
-                           {"dtype", dtype_name(t.dtype)},
-                           {"shape", t.shape}});
-      }
-      n = 0;
-      for (const auto& [name, st] : pipeline.whole_optimizer_state(stage.index)) {
-        if (saving_stage(stage, name) != stage.index) continue;
-        for (const auto& [key, t] : st.tensors) {
-          std::string file = fmt::format("o{:04}.npy", n++);
-          write(stage_dir, file, t);
-          state.push_back({{"weight", name}, {"state", key}, {"file", stage_dir + "/" + file}});
-        }
-      }
-      fsync_path((fs::path(tmp) / stage_dir).string(), true);
-      stages.push_back({{"index", stage.index},
-                        {"file", stage.file},
-                        {"file_hash", stage.file_hash},
-                        {"weights", weights},
-                        {"optimizer", state}});
-    }
-    manifest["stages"] = stages;
-    std::string manifest_path = (fs::path(tmp) / "manifest.json").string();
-    {
-      std::ofstream out(manifest_path, std::ios::binary | std::ios::trunc);
-      out << manifest.dump(1) << "\n";
-      if (!out.flush()) fail(ErrorKind::kIo, "{}: cannot write", manifest_path);
-    }
-    fsync_path(manifest_path, false);
-    fsync_path(tmp, true);
-  } catch (const Error&) {
-    if (options.fail_after_files < 0) fs::remove_all(tmp, ec);  // a crash would leave it
-    throw;
+  fs::create_directories(tmp, ec);
+  if (ec) fail(ErrorKind::kIo, "{}: cannot create ({})", tmp, ec.message());
+  return tmp;
+}
+
+nlohmann::ordered_json save_stage(const Pipeline& pipeline, int index,
+                                  const std::map<std::string, optim::OptimizerState>& state_of,
+                                  const std::string& tmp,
+                                  const std::function<void()>& after_file) {
+  const plan::Stage& stage = pipeline.plan().stages.at(static_cast<size_t>(index));
+  std::error_code ec;
+  auto write = [&](const std::string& stage_dir, const std::string& file, const Tensor& t) {
+    std::string path = (fs::path(tmp) / stage_dir / file).string();
+    write_npy(path, t);
+    fsync_path(path, false);
+    if (after_file) after_file();
+  };
+  std::string stage_dir = fmt::format("stage_{}", stage.index);
+  fs::create_directories(fs::path(tmp) / stage_dir, ec);
+  if (ec) fail(ErrorKind::kIo, "{}/{}: cannot create ({})", tmp, stage_dir, ec.message());
+  nlohmann::ordered_json weights = nlohmann::ordered_json::array(), state = weights;
+  int n = 0;
+  for (const auto& [name, t] : pipeline.stage_weights(stage.index)) {
+    if (t.dtype != DType::kFloat32) continue;  // constants: training never changes them
+    if (saving_stage(stage, name) != stage.index) continue;  // saved by its lowest holder
+    std::string file = fmt::format("w{:04}.npy", n++);
+    write(stage_dir, file, t);
+    weights.push_back({{"name", name},
+                       {"file", stage_dir + "/" + file},
+                       {"dtype", dtype_name(t.dtype)},
+                       {"shape", t.shape}});
   }
+  n = 0;
+  for (const auto& [name, st] : state_of) {
+    if (saving_stage(stage, name) != stage.index) continue;
+    for (const auto& [key, t] : st.tensors) {
+      std::string file = fmt::format("o{:04}.npy", n++);
+      write(stage_dir, file, t);
+      state.push_back({{"weight", name}, {"state", key}, {"file", stage_dir + "/" + file}});
+    }
+  }
+  fsync_path((fs::path(tmp) / stage_dir).string(), true);
+  return {{"index", stage.index},
+          {"file", stage.file},
+          {"file_hash", stage.file_hash},
+          {"weights", weights},
+          {"optimizer", state}};
+}
+
+void finish_save(const Pipeline& pipeline, const std::string& dir_in, const std::string& tmp,
+                 nlohmann::ordered_json stages) {
+  const plan::Plan& plan = pipeline.plan();
+  const std::string dir = clean(dir_in), old = dir + ".old";
+  nlohmann::ordered_json manifest;
+  manifest["format"] = kFormatName;
+  manifest["version"] = kCheckpointVersion;
+  manifest["model_hash"] = plan.model_hash;
+  manifest["plan"] = {{"schedule", std::string(to_string(plan.schedule))},
+                      {"devices", plan.devices},
+                      {"microbatches", plan.microbatches}};
+  manifest["step"] = pipeline.steps_done();
+  manifest["optimizer"] = std::string(to_string(plan.optimizer));
+  manifest["stages"] = std::move(stages);
+  std::string manifest_path = (fs::path(tmp) / "manifest.json").string();
+  {
+    std::ofstream out(manifest_path, std::ios::binary | std::ios::trunc);
+    out << manifest.dump(1) << "\n";
+    if (!out.flush()) fail(ErrorKind::kIo, "{}: cannot write", manifest_path);
+  }
+  fsync_path(manifest_path, false);
+  fsync_path(tmp, true);
   // Keep the last good checkpoint until the new one is in place.
+  std::error_code ec;
   if (fs::exists(dir)) {
     fs::remove_all(old, ec);
     rename_or_fail(dir, old);
@@ -265,6 +266,35 @@ void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in,
   rename_or_fail(tmp, dir);
   fsync_path(parent_of(dir), true);
   fs::remove_all(old, ec);
+}
+
+void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in,
+                     const SaveOptions& options) {
+  const plan::Plan& plan = pipeline.plan();
+  const std::string dir = clean(dir_in);
+  if (!plan.training)
+    fail(ErrorKind::kUsage, "checkpoint {}: the plan is not a training plan (nothing to save)",
+         dir);
+  std::string tmp;
+  int files_written = 0;
+  try {
+    tmp = begin_save(dir, ::getpid());
+    nlohmann::ordered_json stages = nlohmann::ordered_json::array();
+    for (const plan::Stage& stage : plan.stages)
+      stages.push_back(save_stage(pipeline, stage.index,
+                                  pipeline.whole_optimizer_state(stage.index), tmp, [&] {
+                                    if (++files_written == options.fail_after_files)
+                                      throw Error(ErrorKind::kIo,
+                                                  fmt::format("{}: save failed after {} files "
+                                                              "(test hook)",
+                                                              tmp, files_written));
+                                  }));
+    finish_save(pipeline, dir, tmp, std::move(stages));
+  } catch (const Error&) {
+    std::error_code ec;
+    if (options.fail_after_files < 0 && !tmp.empty()) fs::remove_all(tmp, ec);  // a crash would leave it
+    throw;
+  }
 }
 
 std::string checkpoint_to_load(const std::string& dir_in) {
@@ -303,15 +333,16 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
   // Read everything first: a damaged checkpoint changes nothing.
   std::vector<std::vector<std::pair<Tensor, Tensor>>> weights(stages.size());  // (target, value)
   std::vector<std::map<std::string, optim::OptimizerState>> states(stages.size());
+  // A `file` entry stays inside the checkpoint: no absolute path, no '..', no symlink, no FIFO
+  // or device (which would block or never end), with the rule of external data.
+  auto read = [&](const std::string& saved, const std::string& at) {
+    return with_context(file + ": field '" + at + ".file' ('" + saved + "')", ErrorKind::kFormat,
+                        [&] { return read_npy(resolve_inside_folder(dir, saved)); });
+  };
   for (size_t k = 0; k < stages.size(); ++k) {
+    if (!pipeline.holds_stage(static_cast<int>(k))) continue;  // another process restores it
     const auto& have = pipeline.stage_weights(static_cast<int>(k));
     std::string where = fmt::format("stages[{}]", k);
-    // A `file` entry stays inside the checkpoint: no absolute path, no '..', no symlink, no
-    // FIFO or device (which would block or never end), with the rule of external data.
-    auto read = [&](const std::string& saved, const std::string& at) {
-      return with_context(file + ": field '" + at + ".file' ('" + saved + "')", ErrorKind::kFormat,
-                          [&] { return read_npy(resolve_inside_folder(dir, saved)); });
-    };
     for (size_t i = 0; i < stages[k].weights.size(); ++i) {
       const SavedWeight& w = stages[k].weights[i];
       std::string at = fmt::format("{}.weights[{}]", where, i);
@@ -340,27 +371,44 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
   check_complete(pipeline, manifest, file);
   // Shared weights: every holder gets the lowest holder's weight and optimizer state (a
   // version-1 checkpoint's other copies are replaced by it).
+  // (read from the owner's entries, which may be another process's stage).
   for (size_t k = 0; k < stages.size(); ++k) {
     const plan::Stage& stage = plan.stages[k];
+    if (!pipeline.holds_stage(stage.index)) continue;
     for (const plan::SharedWeight& w : stage.shared_weights) {
-      int owner = w.stages.front();
+      const int owner = w.stages.front();
       if (owner == stage.index) continue;
-      const std::byte* owner_copy = pipeline.stage_weights(owner).at(w.name).data;
-      auto saved = std::find_if(weights[owner].begin(), weights[owner].end(),
-                                [&](const auto& entry) { return entry.first.data == owner_copy; });
-      if (saved == weights[owner].end())
+      const SavedStage& saved = stages[static_cast<size_t>(owner)];
+      auto entry = std::find_if(saved.weights.begin(), saved.weights.end(),
+                                [&](const SavedWeight& s) { return s.name == w.name; });
+      if (entry == saved.weights.end())
         fail(ErrorKind::kFormat,
              "{}: field 'stages[{}].weights' lacks shared weight '{}' (held by stages {})", file,
              owner, w.name, fmt::join(w.stages, ", "));
+      const std::string at =
+          fmt::format("stages[{}].weights[{}]", owner, entry - saved.weights.begin());
       Tensor target = pipeline.stage_weights(stage.index).at(w.name);
-      std::erase_if(weights[k], [&](const auto& entry) { return entry.first.data == target.data; });
-      weights[k].emplace_back(target, saved->second);
+      Tensor value = read(entry->file, at);
+      if (value.dtype != target.dtype || value.shape != target.shape)
+        fail(ErrorKind::kShape, "{}: field '{}' ('{}') is {} but the plan's weight is {}", file, at,
+             w.name, value.describe(), target.describe());
+      std::erase_if(weights[k], [&](const auto& e) { return e.first.data == target.data; });
+      weights[k].emplace_back(target, value);
       states[k].erase(w.name);
-      if (auto st = states[owner].find(w.name); st != states[owner].end())
-        for (const auto& [key, t] : st->second.tensors) states[k][w.name].tensors[key] = clone(t);
+      for (size_t i = 0; i < saved.optimizer.size(); ++i) {
+        const SavedState& o = saved.optimizer[i];
+        if (o.weight != w.name) continue;
+        Tensor t = read(o.file, fmt::format("stages[{}].optimizer[{}]", owner, i));
+        if (t.dtype != DType::kFloat32 || t.shape != target.shape)
+          fail(ErrorKind::kShape, "{}: field 'stages[{}].optimizer[{}]' ('{}' of '{}') is {} but "
+               "the weight is {}", file, owner, i, o.state, o.weight, t.describe(),
+               target.describe());
+        states[k][w.name].tensors[o.state] = t;
+      }
     }
   }
   for (size_t k = 0; k < stages.size(); ++k) {
+    if (!pipeline.holds_stage(static_cast<int>(k))) continue;
     for (auto& [target, value] : weights[k])
       std::memcpy(target.data, value.data, static_cast<size_t>(value.bytes()));
     pipeline.optimizer_state(static_cast<int>(k)) = std::move(states[k]);

@@ -24,6 +24,9 @@
 /// complete checkpoint; loading falls back to DIR.old when DIR is missing.
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "runtime/exec/pipeline.h"
@@ -42,12 +45,34 @@ struct SaveOptions {
 /// plans only (`Error(kUsage)` otherwise); I/O failures are `Error(kIo)` naming the file.
 void save_checkpoint(const Pipeline& pipeline, const std::string& dir, const SaveOptions& options = {});
 
+// The parts of a save, for a save shared by several processes (runtime/mpi/world.h: one
+// writer per stage, the manifest written last by rank 0); save_checkpoint is them in a row.
+
+/// Makes the temporary folder `dir`.tmp-`pid` (empty; stale ones of dead savers removed) and
+/// returns its path.
+std::string begin_save(const std::string& dir, long pid);
+
+/// Writes stage `stage`'s weights (those the checkpoint holds: not a shared weight of a higher
+/// holder) and the optimizer state `state` (whole: each tensor the weight's shape) into `tmp`
+/// (`stage_K/`, fsynced), calling `after_file` after each file; returns its manifest entry.
+nlohmann::ordered_json save_stage(const Pipeline& pipeline, int stage,
+                                  const std::map<std::string, optim::OptimizerState>& state,
+                                  const std::string& tmp,
+                                  const std::function<void()>& after_file = {});
+
+/// Writes the manifest (`stages`: every stage's entry, by index) into `tmp` and renames `tmp`
+/// into `dir` by the atomic rules above.
+void finish_save(const Pipeline& pipeline, const std::string& dir, const std::string& tmp,
+                 nlohmann::ordered_json stages);
+
 /// The directory a load of `dir` would read: `dir`, or `dir`.old when `dir` is missing and a
 /// save was interrupted between its renames; `Error(kIo)` when neither exists.
 std::string checkpoint_to_load(const std::string& dir);
 
 /// Restores weights, optimizer state and step count from `dir` (or `dir`.old, see above), into
-/// every data-parallel replica (a checkpoint saved with another replica count loads alike).
+/// every data-parallel replica (a checkpoint saved with another replica count loads alike; with
+/// ZeRO-1 each replica takes its shard of the state). A pipeline loaded for some devices (a
+/// rank of mpirun) restores its own stages only.
 /// Refuses, changing nothing, a checkpoint of another plan (`Error(kPlan)`, one line naming
 /// what differs: model hash, stage count, a stage's file hash, the optimizer) or a damaged
 /// one (`Error(kFormat)` naming the file and field). Returns the step restored.

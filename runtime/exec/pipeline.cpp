@@ -172,6 +172,21 @@ void Pipeline::lay_out_gradients(const Pipeline& p, StageRuntime& rt) {
   rt.shard_hi = bounds[static_cast<size_t>(rt.replica) + 1];
 }
 
+bool Pipeline::holds_stage(int stage) const {
+  const int replica = local_devices_.front() / plan_.devices;
+  return runs_device(replica * plan_.devices +
+                     plan_.stages.at(static_cast<size_t>(stage)).device);
+}
+
+Pipeline::ShardLayout Pipeline::shard_layout(int stage) const {
+  const StageRuntime& st = first_replica_stage(stage);
+  ShardLayout out;
+  out.bounds = st.shard_bounds;
+  for (const StageRuntime::FlatWeight& w : st.flat)
+    if (st.is_sharded(w)) out.parts.push_back({w.name, w.offset, w.elements});
+  return out;
+}
+
 bool Pipeline::runs_device(int device) const {
   return std::binary_search(local_devices_.begin(), local_devices_.end(), device);
 }

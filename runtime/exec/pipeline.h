@@ -120,6 +120,9 @@ class Pipeline {
   /// The devices this process runs (all R x P, unless loaded for some).
   const std::vector<int>& local_devices() const { return local_devices_; }
   bool runs_device(int device) const;
+  /// Whether the first replica this process runs holds stage `stage` here (its device is one
+  /// of this process's).
+  bool holds_stage(int stage) const;
   /// R, the data-parallel replicas; R x P devices in all.
   int replicas() const { return replicas_; }
   int devices() const { return plan_.devices * replicas_; }
@@ -164,6 +167,17 @@ class Pipeline {
   /// with ZeRO-1 every replica's shard put together (each weight's state tensors of its shape).
   /// `Error(kUnsupported)` with ZeRO-1 when a replica runs in another process.
   std::map<std::string, optim::OptimizerState> whole_optimizer_state(int stage) const;
+  /// ZeRO-1's layout of stage `stage` (held here): its sharded weights (name, offset in the
+  /// flattened parameters, elements) and the replicas' boundaries; no bounds when unsharded.
+  struct ShardLayout {
+    struct Part {
+      std::string weight;
+      int64_t offset = 0, elements = 0;
+    };
+    std::vector<Part> parts;
+    std::vector<int64_t> bounds;
+  };
+  ShardLayout shard_layout(int stage) const;
   /// Replica `replica`'s weights of stage `stage` (every replica's should stay the same bytes;
   /// for checks). `Error(kInternal)` for a replica or stage out of range or not run here.
   const std::map<std::string, Tensor>& replica_weights(int replica, int stage) const;

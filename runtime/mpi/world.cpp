@@ -8,12 +8,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <set>
 
+#include "runtime/exec/checkpoint.h"
 #include "runtime/mpi/mpi_transport.h"
+#include "runtime/optim/optimizer.h"
 #include "runtime/mpi/wire.h"
 
 namespace stagecraft::rt::mpi {
@@ -357,6 +360,152 @@ void World::gather(RunReport& report, const plan::Plan& plan) const {
   for (const DeviceReport& d : report.devices) busy += d.busy_s;
   const double slots = static_cast<double>(report.devices.size()) * step;
   report.bubble_fraction = slots > 0 ? std::max(0.0, 1.0 - busy / slots) : 0.0;
+}
+
+void World::agree(const std::string& error, const std::string& what) const {
+  struct {
+    int failed;
+    int rank;
+  } mine{error.empty() ? 0 : 1, rank_}, worst{0, 0};
+  MPI_Allreduce(&mine, &worst, 1, MPI_2INT, MPI_MAXLOC, comms_->control);
+  if (!worst.failed) return;
+  if (!error.empty()) fail(ErrorKind::kIo, "{}", error);
+  fail(ErrorKind::kIo, "{}: {} failed (its line says why)", what, rank_name(worst.rank));
+}
+
+std::map<std::string, optim::OptimizerState> World::whole_state(const Pipeline& pipeline,
+                                                                 int stage) const {
+  std::map<std::string, optim::OptimizerState> own = pipeline.optimizer_state(stage);
+  const Pipeline::ShardLayout layout = pipeline.shard_layout(stage);
+  if (layout.bounds.empty()) return own;
+  const int replicas = pipeline.replicas(), me = rank_ / pipeline_devices_;
+  optim::OptimizerConfig config;
+  config.kind = std::string(to_string(pipeline.plan().optimizer));
+  const std::vector<std::string> names = optim::Optimizer::make(config)->state_names();
+  // Part [lo, hi) of a sharded weight that replica r keeps (offsets into the weight).
+  auto part = [&](const Pipeline::ShardLayout::Part& p, int r) {
+    const int64_t lo = std::max(p.offset, layout.bounds[static_cast<size_t>(r)]);
+    const int64_t hi = std::min(p.offset + p.elements, layout.bounds[static_cast<size_t>(r) + 1]);
+    return lo < hi ? std::pair{lo - p.offset, hi - p.offset} : std::pair<int64_t, int64_t>{0, 0};
+  };
+  // Every replica's slices, one after another: per sharded weight, per state name (zeros for
+  // a state not made yet: no optimizer step).
+  std::vector<int> counts(static_cast<size_t>(replicas), 0), offsets = counts;
+  for (int r = 0; r < replicas; ++r) {
+    int64_t count = 0;
+    for (const auto& p : layout.parts) {
+      auto [lo, hi] = part(p, r);
+      count += (hi - lo) * static_cast<int64_t>(names.size());
+    }
+    if (count > INT_MAX)
+      fail(ErrorKind::kUnsupported, "stage {}: a shard of {} state floats is more than one MPI "
+           "message holds", stage, count);
+    counts[static_cast<size_t>(r)] = static_cast<int>(count);
+    if (r > 0) offsets[static_cast<size_t>(r)] = offsets[static_cast<size_t>(r) - 1] + counts[static_cast<size_t>(r) - 1];
+  }
+  std::vector<float> send;
+  send.reserve(static_cast<size_t>(counts[static_cast<size_t>(me)]));
+  for (const auto& p : layout.parts) {
+    auto [lo, hi] = part(p, me);
+    for (const std::string& name : names) {
+      auto state = own.find(p.weight);
+      if (state != own.end() && state->second.has(name)) {
+        const float* from = state->second.at(name).as<float>();
+        send.insert(send.end(), from, from + (hi - lo));
+      } else {
+        send.insert(send.end(), static_cast<size_t>(hi - lo), 0.0f);
+      }
+    }
+  }
+  std::vector<float> all(me == 0 ? static_cast<size_t>(offsets.back() + counts.back()) : 0);
+  MPI_Gatherv(send.data(), counts[static_cast<size_t>(me)], MPI_FLOAT, all.data(), counts.data(),
+              offsets.data(), MPI_FLOAT, 0, comms_->replicas);
+  if (me != 0) return {};
+  // The shared weights' state is whole on every replica; the sharded ones' put together.
+  std::map<std::string, optim::OptimizerState> whole;
+  for (auto& [weight, state] : own)
+    if (std::none_of(layout.parts.begin(), layout.parts.end(),
+                     [&w = weight](const auto& p) { return p.weight == w; }))
+      whole[weight] = state;
+  if (pipeline.steps_done() == 0) return whole;  // no state made yet
+  const auto& weights = pipeline.stage_weights(stage);
+  for (int r = 0; r < replicas; ++r) {
+    const float* at = all.data() + offsets[static_cast<size_t>(r)];
+    for (const auto& p : layout.parts) {
+      auto [lo, hi] = part(p, r);
+      for (const std::string& name : names) {
+        Tensor& t = whole[p.weight].tensors[name];
+        if (t.dtype == DType::kUndefined) t = Tensor::owned(DType::kFloat32, weights.at(p.weight).shape);
+        std::copy(at, at + (hi - lo), t.as<float>() + lo);
+        at += hi - lo;
+      }
+    }
+  }
+  return whole;
+}
+
+void World::save_checkpoint(const Pipeline& pipeline, const std::string& dir) const {
+  const MPI_Comm comm = comms_->control;
+  const std::string what = fmt::format("checkpoint {}", dir);
+  // Rank 0 makes the temporary folder; every rank learns its name.
+  std::string tmp, error;
+  if (rank_ == 0) {
+    try {
+      tmp = begin_save(dir, static_cast<long>(::getpid()));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  agree(error, what);
+  int length = static_cast<int>(tmp.size());
+  MPI_Bcast(&length, 1, MPI_INT, 0, comm);
+  tmp.resize(static_cast<size_t>(length));
+  MPI_Bcast(tmp.data(), length, MPI_CHAR, 0, comm);
+  // Each stage's whole optimizer state on its first replica (collective), which writes it.
+  const bool writer = rank_ < pipeline_devices_;
+  nlohmann::ordered_json entries = nlohmann::ordered_json::array();
+  std::vector<std::pair<int, std::map<std::string, optim::OptimizerState>>> states;
+  for (const plan::Stage& stage : pipeline.plan().stages)
+    if (pipeline.holds_stage(stage.index))
+      states.emplace_back(stage.index, whole_state(pipeline, stage.index));
+  if (writer) {
+    try {
+      for (const auto& [stage, state] : states)
+        entries.push_back(save_stage(pipeline, stage, state, tmp));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  agree(error, what);
+  // The writers' manifest entries to rank 0, which writes the manifest last.
+  const std::string text = entries.dump();
+  int size = static_cast<int>(text.size());
+  std::vector<int> sizes(static_cast<size_t>(size_)), offsets(static_cast<size_t>(size_), 0);
+  MPI_Gather(&size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm);
+  for (int r = 1; r < size_; ++r)
+    offsets[static_cast<size_t>(r)] = offsets[static_cast<size_t>(r) - 1] + sizes[static_cast<size_t>(r) - 1];
+  std::string texts(rank_ == 0 ? static_cast<size_t>(offsets.back() + sizes.back()) : 0, '\0');
+  MPI_Gatherv(text.data(), size, MPI_CHAR, texts.data(), sizes.data(), offsets.data(), MPI_CHAR, 0,
+              comm);
+  if (rank_ == 0) {
+    try {
+      std::map<int, nlohmann::ordered_json> by_index;
+      for (int r = 0; r < size_; ++r)
+        for (auto& entry : nlohmann::ordered_json::parse(texts.substr(
+                 static_cast<size_t>(offsets[static_cast<size_t>(r)]),
+                 static_cast<size_t>(sizes[static_cast<size_t>(r)]))))
+          by_index[entry["index"].get<int>()] = entry;
+      nlohmann::ordered_json stages = nlohmann::ordered_json::array();
+      for (auto& [index, entry] : by_index) stages.push_back(std::move(entry));
+      if (stages.size() != pipeline.plan().stages.size())
+        fail(ErrorKind::kInternal, "{}: {} of {} stages were written", what, stages.size(),
+             pipeline.plan().stages.size());
+      finish_save(pipeline, dir, tmp, std::move(stages));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  agree(error, what);
 }
 
 int World::finish(int exit_code) {

@@ -20,6 +20,7 @@
 /// ends them all.
 
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,6 +83,15 @@ class World {
   /// (`Error(kTimeout)`).
   void gather(RunReport& report, const plan::Plan& plan) const;
 
+  /// Saves a checkpoint of the run into `dir` (runtime/exec/checkpoint.h), every rank calling it
+  /// at the same step: rank 0 makes the temporary folder; with ZeRO-1 each stage's optimizer
+  /// state is gathered from the replicas' shards to the first replica (the checkpoint does not
+  /// depend on the replica count); the first replica's rank of each stage writes its files
+  /// (one writer per stage) and sends its manifest entries to rank 0, which writes the
+  /// manifest last and renames the folder into place. A rank that fails says why; every rank
+  /// then throws (`Error(kIo)`), the others naming it.
+  void save_checkpoint(const Pipeline& pipeline, const std::string& dir) const;
+
   /// The end of stagerun with `exit_code` (after its error line, if any, is printed): 0 or a
   /// refusal made together finalise MPI and return the code; any other error ends every rank
   /// now (MPI_Abort with the code) so that none waits for this one.
@@ -95,6 +105,13 @@ class World {
   /// Waits until every rank has called it (the step barrier); past the timeout throws
   /// `Error(kTimeout)` naming the ranks that did not arrive.
   void barrier() const;
+  /// Stage `stage`'s optimizer state whole on the first replica (collective over the stage
+  /// device's replicas: with ZeRO-1 the shards are gathered); the others get nothing.
+  std::map<std::string, optim::OptimizerState> whole_state(const Pipeline& pipeline,
+                                                            int stage) const;
+  /// Whether any rank failed (`error` not empty here): collective; throws on every rank when
+  /// one did, this rank's own error or a line naming the rank that failed.
+  void agree(const std::string& error, const std::string& what) const;
 
   int rank_ = 0, size_ = 1;
   int pipeline_devices_ = 1;  ///< P: rank g is device g % P of replica g / P.

@@ -27,6 +27,10 @@ void World::gather(RunReport&, const plan::Plan&) const {
   fail(ErrorKind::kInternal, "no MPI in this build");
 }
 
+void World::save_checkpoint(const Pipeline&, const std::string&) const {
+  fail(ErrorKind::kInternal, "no MPI in this build");
+}
+
 int World::finish(int exit_code) { return exit_code; }
 
 }  // namespace stagecraft::rt::mpi

@@ -19,6 +19,11 @@
 #                            momentum): the unsharded plan's losses bit for bit, and the
 #                            in-process sharded run's; 4 replicas of one device (the ring's
 #                            shard order) as in one process, within 1e-6 of unsharded
+#     checkpoint_dp          checkpoints under mpirun: 2 replicas x 2 devices (sharded and not)
+#                            save on 4 ranks the files one process saves, byte for byte; the
+#                            sharded one resumes on 1 replica (2 ranks), 2 and 4 replicas
+#                            (4 and 8 ranks, sharded) and in one process, the losses those of
+#                            a straight run within 1e-6; also with a weight two stages share
 #     kill                   rank 1 of 4 SIGKILLed mid-step: mpirun names it and ends the
 #                            others, each of which says where it was; within --timeout
 #                            beyond a healthy run's time; none remains
@@ -157,6 +162,65 @@ case "$check" in
     paste plain.loss ranks.loss | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 || $2 != $2 + 0) bad = 1 }
       END { exit bad }' || fail "4 replicas: sharded not within 1e-6 of unsharded: $(paste plain.loss ranks.loss)"
     echo "4 replicas sharded: $(tr '\n' ' ' <ranks.loss)"
+    ;;
+  checkpoint_dp)
+    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
+    common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer adam --lr 0.001)
+    "$stagec" "${common[@]}" -o zero --devices 4 --data-parallel 2 --microbatches 2 \
+      --shard-optimizer >/dev/null
+    # Every plan splits where the first does (a checkpoint names its stage files' hashes).
+    split=$(python3 -c 'import json, sys; print(",".join(json.load(open(sys.argv[1]))["predicted"]["split_after"]))' zero/plan.json)
+    "$stagec" "${common[@]}" -o plain --devices 4 --data-parallel 2 --microbatches 2 \
+      --split-after "$split" >/dev/null
+    "$stagec" "${common[@]}" -o one --devices 2 --microbatches 4 --split-after "$split" >/dev/null
+    "$stagec" "${common[@]}" -o zero4 --devices 8 --data-parallel 4 --microbatches 1 \
+      --split-after "$split" --shard-optimizer >/dev/null
+    for plan in zero plain; do
+      "${mpi[@]}" -np 4 "$stagerun" "$plan" --steps 3 -q --checkpoint "ranks_$plan" >/dev/null \
+        2>ranks.err || fail "mpirun -np 4 stagerun $plan --checkpoint failed: $(cat ranks.err)"
+      "$stagerun" "$plan" --steps 3 -q --backend cpu --checkpoint "one_$plan" >/dev/null 2>&1
+      [ -f "ranks_$plan/manifest.json" ] || fail "$plan: no manifest.json under mpirun"
+      diff -r "ranks_$plan" "one_$plan" >/dev/null ||
+        fail "$plan: the checkpoint of 4 ranks differs from one process's: $(diff -rq "ranks_$plan" "one_$plan")"
+      ls -d "ranks_$plan".* 2>/dev/null && fail "$plan: a temporary folder was left behind"
+    done
+    # The sharded checkpoint holds the whole state: the unsharded one's bytes.
+    diff -r ranks_zero ranks_plain >/dev/null || fail "sharded and unsharded checkpoints differ"
+    "$stagerun" one --steps 6 --json -q --backend cpu >straight.json
+    losses straight.json | tail -3 >straight.loss
+    resume() {  # NAME RANKS PLAN
+      if [ "$2" = 0 ]; then
+        "$stagerun" "$3" --steps 3 --json -q --backend cpu --resume ranks_zero >"$1.json"
+      else
+        "${mpi[@]}" -np "$2" "$stagerun" "$3" --steps 3 --json -q --resume ranks_zero >"$1.json" \
+          2>ranks.err || fail "$1: mpirun -np $2 --resume failed: $(cat ranks.err)"
+      fi
+      losses "$1.json" >"$1.loss"
+      [ "$(wc -l <"$1.loss")" -eq 3 ] || fail "$1: expected 3 losses, got $(cat "$1.loss")"
+      paste straight.loss "$1.loss" | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 || $2 != $2 + 0) bad = 1 }
+        END { exit bad }' || fail "$1: not the straight run's losses: $(paste straight.loss "$1.loss")"
+      grep -q '"step":6' "$1.json" || fail "$1: the steps do not go on from 3: $(head -3 "$1.json")"
+      echo "$1: $(tr '\n' ' ' <"$1.loss")"
+    }
+    resume one_replica_2_ranks 2 one
+    resume one_process 0 one
+    resume two_replicas_4_ranks 4 zero
+    resume four_replicas_8_ranks 8 zero4
+    echo "straight: $(tr '\n' ' ' <straight.loss)"
+    # A weight two stages share, sharded: its lowest holder saves it, and a rank whose stage
+    # holds a copy restores it from that holder's files.
+    "$make_samples" shared-chain -o chain.onnx >/dev/null
+    chain=(chain.onnx --train --loss mse --batch 8 --optimizer adam --lr 0.001)
+    "$stagec" "${chain[@]}" -o chain_zero --devices 4 --data-parallel 2 --microbatches 2 \
+      --shard-optimizer >/dev/null
+    grep -q '"shared_weights": \[$' chain_zero/plan.json || fail "the chain has no shared weight"
+    split=$(python3 -c 'import json, sys; print(",".join(json.load(open(sys.argv[1]))["predicted"]["split_after"]))' chain_zero/plan.json)
+    "$stagec" "${chain[@]}" -o chain_one --devices 2 --microbatches 4 --split-after "$split" >/dev/null
+    "${mpi[@]}" -np 4 "$stagerun" chain_zero --steps 3 -q --checkpoint ranks_zero >/dev/null \
+      2>ranks.err || fail "chain: mpirun -np 4 --checkpoint failed: $(cat ranks.err)"
+    "$stagerun" chain_one --steps 6 --json -q --backend cpu >straight.json
+    losses straight.json | tail -3 >straight.loss
+    resume chain_one_replica_2_ranks 2 chain_one
     ;;
   train_dp)
     losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
