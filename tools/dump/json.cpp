@@ -65,6 +65,9 @@ ordered stage_json(const plan::Stage& stage) {
           {"memory_bytes", memory_json(stage.memory)},
           {"shared_weights", shared_json(stage)},
           {"shared_exchange_ms", stage.shared_exchange_ms},
+          {"allreduce_ms", stage.allreduce_ms},
+          {"allgather_ms", stage.allgather_ms},
+          {"optimizer_shards", stage.optimizer_shards},
           {"why", stage.why}};
 }
 

@@ -90,13 +90,32 @@ std::string header(const PlanView& view) {
 }
 
 std::string stage_table(const plan::Plan& plan) {
-  Table table(
-      {"stage", "device", "first op", "last op", "ops", "params", "fwd ms", "bwd ms", "send ms"},
-      4);
+  // Data-parallel training adds the replicas' exchange: the all-reduce, or with ZeRO-1 the
+  // reduce-scatter, the all-gather and the shard of the parameters whose state a replica keeps.
+  const bool replicas = plan.training && plan.data_parallel > 1, zero = plan.shard_optimizer;
+  std::vector<std::string> header = {"stage",  "device", "first op", "last op", "ops",
+                                     "params", "fwd ms", "bwd ms",   "send ms"};
+  if (replicas) header.push_back(zero ? "reduce-scatter ms" : "all-reduce ms");
+  if (zero) {
+    header.push_back("all-gather ms");
+    header.push_back("optimizer shard");
+  }
+  Table table(header, 4);
   for (const plan::Stage& stage : plan.stages) {
-    table.add({std::to_string(stage.index), std::to_string(stage.device), stage.nodes.front(),
-               stage.nodes.back(), with_commas(stage.nodes.size()), with_commas(stage.params),
-               ms(stage.fwd_ms), ms(stage.bwd_ms), ms(stage.send_ms)});
+    std::vector<std::string> row = {std::to_string(stage.index), std::to_string(stage.device),
+                                    stage.nodes.front(),         stage.nodes.back(),
+                                    with_commas(stage.nodes.size()), with_commas(stage.params),
+                                    ms(stage.fwd_ms),            ms(stage.bwd_ms),
+                                    ms(stage.send_ms)};
+    if (replicas) row.push_back(ms(stage.allreduce_ms));
+    if (zero) {
+      row.push_back(ms(stage.allgather_ms));
+      const auto& b = stage.optimizer_shards;
+      row.push_back(b.size() > 1 ? fmt::format("{} of {}", with_commas(b[1] - b[0]),
+                                               with_commas(b.back()))
+                                 : "-");
+    }
+    table.add(row);
   }
   return "\nstages\n" + table.render();
 }
