@@ -23,7 +23,8 @@
 #                            save on 4 ranks the files one process saves, byte for byte; the
 #                            sharded one resumes on 1 replica (2 ranks), 2 and 4 replicas
 #                            (4 and 8 ranks, sharded) and in one process, the losses those of
-#                            a straight run within 1e-6; also with a weight two stages share
+#                            a straight run within 1e-6; also with a weight two stages share;
+#                            a save that cannot be made stops every rank, saying why
 #     kill                   rank 1 of 4 SIGKILLed mid-step: mpirun names it and ends the
 #                            others, each of which says where it was; within --timeout
 #                            beyond a healthy run's time; none remains
@@ -175,6 +176,13 @@ case "$check" in
     "$stagec" "${common[@]}" -o one --devices 2 --microbatches 4 --split-after "$split" >/dev/null
     "$stagec" "${common[@]}" -o zero4 --devices 8 --data-parallel 4 --microbatches 1 \
       --split-after "$split" --shard-optimizer >/dev/null
+    # A save that cannot be made stops every rank, each saying why.
+    if "${mpi[@]}" -np 4 "$stagerun" zero --steps 1 -q --checkpoint /proc/none/ck >/dev/null \
+      2>bad.err; then
+      fail "a checkpoint into /proc/none succeeded"
+    fi
+    grep -q 'i/o error: /proc/none/ck.tmp-[0-9]*: cannot create' bad.err ||
+      fail "no rank said why the save failed: $(cat bad.err)"
     for plan in zero plain; do
       "${mpi[@]}" -np 4 "$stagerun" "$plan" --steps 3 -q --checkpoint "ranks_$plan" >/dev/null \
         2>ranks.err || fail "mpirun -np 4 stagerun $plan --checkpoint failed: $(cat ranks.err)"
