@@ -23,7 +23,10 @@ inline constexpr int kDumpJsonVersion = 1;
 inline constexpr int kRunJsonVersion = 1;
 
 /// `stagedump --trace` and `stagerun --trace`: a Chrome trace (Trace Event Format) whose
-/// `otherData` holds the version (docs/schemas/trace.schema.json).
-inline constexpr int kTraceJsonVersion = 1;
+/// `otherData` holds the version (docs/schemas/trace.schema.json). Version 2: one process per
+/// device and run ("predicted / device 0", "measured / device 0"), threads for steps, compute,
+/// waits and sends, slices for every instruction (version 1: one process, a thread per device,
+/// compute only).
+inline constexpr int kTraceJsonVersion = 2;
 
 }  // namespace stagecraft::tools

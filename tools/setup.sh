@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs every Debian package stagecraft needs to build, test and run.
 # Idempotent: when everything is already installed it only checks and returns.
+#   bash tools/setup.sh          to build and run (tools/build.sh, demo.sh)
+#   bash tools/setup.sh --test   and to run the whole test suite (tools/test.sh): adds what only
+#                                tests use (Chromium for the `browser` label's headless checks)
 set -euo pipefail
 
 PACKAGES=(
@@ -13,6 +16,15 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev   # mpirun stagerun: one process per plan device (runtime/mpi)
   help2man dpkg-dev   # cmake --install's man pages; cpack -G DEB (dpkg-shlibdeps)
 )
+if [ "${1:-}" = "--test" ]; then
+  # tests/cli/browser_test.sh: stagedump's HTML page in headless Chromium (about 100 MB with its
+  # libraries; without recommends, below). tests/cli/views_test.cpp: Graphviz parses
+  # stagedump --dot (9 MB).
+  PACKAGES+=(chromium graphviz)
+elif [ -n "${1:-}" ]; then
+  echo "setup: usage error: the only option is --test, not '$1'" >&2
+  exit 2
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -8,6 +8,10 @@
 //   --dot FILE   Graphviz digraph of the ops in stage clusters ("-": stdout)
 //   --trace FILE Chrome trace (Trace Event Format) of the predicted schedule ("-": stdout)
 //   --html FILE  one self-contained HTML page ("-": stdout)
+//   --measured RUN  with --html or --trace: a run of the plan, `stagerun --trace` (every
+//                instruction timed) or `stagerun --json` (JSON Lines: step times and per-device
+//                figures; HTML only), set beside the prediction; a run of another plan is
+//                refused naming RUN and the field (tools/dump/measured.h)
 //
 // The timeline is the plan's own `timeline`: what the planner's simulation predicted, drawn as it
 // is (stagedump simulates nothing, so the dump and the plan cannot disagree). See
@@ -86,7 +90,7 @@ int run(int argc, char** argv) {
       "stagedump"};
   std::string plan_dir;
   bool json = false;
-  std::optional<std::string> dot, trace, html;
+  std::optional<std::string> dot, trace, html, measured_path;
   app.add_option("PLAN_DIR", plan_dir, "plan directory (plan.json, schedule.json, stage_K.onnx)")
       ->required();
   app.add_flag("--json", json,
@@ -99,12 +103,18 @@ int run(int argc, char** argv) {
       ->type_name("FILE");
   app.add_option("--trace", trace,
                  "write the predicted timeline as a Chrome trace (Trace Event Format; open in "
-                 "chrome://tracing or ui.perfetto.dev) to FILE ('-': stdout)")
+                 "ui.perfetto.dev or chrome://tracing), with a --measured run beside it, to FILE "
+                 "('-': stdout)")
       ->type_name("FILE");
   app.add_option("--html", html,
-                 "write one self-contained HTML page (stage table, memory per device, timeline) "
-                 "to FILE ('-': stdout)")
+                 "write one self-contained HTML page (baselines, stages, cut tensors, memory per "
+                 "device, timeline; a --measured run overlaid) to FILE ('-': stdout)")
       ->type_name("FILE");
+  app.add_option("--measured", measured_path,
+                 "with --html or --trace: a run of this plan to set beside the prediction, as "
+                 "written by stagerun --trace FILE (every instruction, every step) or stagerun "
+                 "--json (step times and device figures; --html only)")
+      ->type_name("RUN");
   cli::add_version_flag(app, "stagedump");
   if (std::optional<int> done = cli::parse(app, argc, argv)) return *done;
 
@@ -118,10 +128,21 @@ int run(int argc, char** argv) {
          fmt::join(to_stdout, ", "));
   }
 
+  if (measured_path && !trace && !html)
+    fail(ErrorKind::kUsage, "--measured sets a run beside --html or --trace; give one of them");
+
   dump::PlanView view = dump::load_view(plan_dir);
+  std::optional<dump::MeasuredRun> measured;
+  if (measured_path) measured = dump::load_measured(*measured_path, view);
+  if (measured && trace && !measured->traced)
+    fail(ErrorKind::kUsage,
+         "--measured {}: stagerun --json output has no instruction times; --trace needs a "
+         "stagerun --trace file (--html takes either)",
+         *measured_path);
+  const dump::MeasuredRun* run = measured ? &*measured : nullptr;
   if (dot) write_output(*dot, dump::render_dot(view));
-  if (trace) write_output(*trace, dump::render_trace(view).dump(1) + "\n");
-  if (html) write_output(*html, dump::render_html(view));
+  if (trace) write_output(*trace, dump::render_trace(view, run).dump(1) + "\n");
+  if (html) write_output(*html, dump::render_html(view, run));
   if (to_stdout.empty()) {
     fmt::print("{}", json ? dump::render_json(view).dump() + "\n" : dump::render_text(view));
   }

@@ -15,7 +15,8 @@
 // --json: JSON Lines (docs/schemas/stagerun.schema.json; times in ms, memory in bytes). One
 // record per step, {type: "step", format_version, step, step_ms, [loss] (training)}, then one
 //   {type: "summary", format_version, plan, backend, [backend_auto], threads_per_device, devices
-//   (every replica's), data_parallel, microbatches (per replica), batch (global), steps, inputs,
+//   (every replica's), data_parallel, microbatches (per replica), schedule, batch (global), steps,
+//    inputs,
 //    step_ms [every step], median_step_ms, median_of_steps, warmup_step_ms,
 //    median_excludes_warmup, samples_per_s,
 //    bubble {measured, predicted}, predicted_step_ms, cost_model, [final_loss] (training),
@@ -32,7 +33,8 @@
 // the cpu backend) gets a one-line warning on stderr naming the stagec flags that fix it; a
 // mixed-precision plan, one saying it runs in fp32 (no backend computes in 16 bits yet).
 // --trace writes a Chrome trace of the compute that ran, in the format of `stagedump --trace`
-// (one row per device), every step.
+// (a process per device, "measured / device N", with a slice per step), every step;
+// `stagedump PLAN --trace OUT --measured FILE` sets it beside the prediction.
 //
 // --timeout (default 60 s; 0: none): how long a device waits for another (a message, a shared
 // sum, under mpirun another rank at a step barrier) before the run stops with one line naming
@@ -323,11 +325,14 @@ nlohmann::ordered_json write_outputs(const rt::RunReport& report, const std::str
   return outputs;
 }
 
-// --trace: the measured compute as a Chrome trace ('-': stdout).
-void write_trace(const rt::RunReport& report, const Args& args, int devices) {
+// --trace: the measured compute as a Chrome trace ('-': stdout): every step, split by the
+// schedule (tools/dump/measured.h), in the form of stagedump --trace.
+void write_trace(const rt::RunReport& report, const Args& args, const rt::Pipeline& pipeline) {
   if (args.trace_path.empty()) return;
-  std::string name = "measured: " + fs::path(args.plan_dir).lexically_normal().string();
-  std::string text = dump::trace_json(report.events, devices, name).dump(1) + "\n";
+  std::vector<dump::MeasuredStep> steps = dump::split_steps(
+      report.events, pipeline.plan(), pipeline.schedule(), args.trace_path,
+      [](size_t i) { return fmt::format("event {}", i); });
+  std::string text = dump::measured_trace(pipeline.plan(), steps).dump(1) + "\n";
   if (args.trace_path == "-") {
     fmt::print("{}", text);
     return;
@@ -413,6 +418,7 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
   j["devices"] = plan.devices * plan.data_parallel;
   j["data_parallel"] = plan.data_parallel;
   j["microbatches"] = plan.microbatches;
+  j["schedule"] = std::string(to_string(plan.schedule));
   j["batch"] = plan.batch;
   j["steps"] = args.steps;
   j["inputs"] = inputs_label(args, true);
@@ -650,7 +656,7 @@ int main(int argc, char** argv) {
     }
 
     nlohmann::ordered_json outputs = write_outputs(report, args.outputs_dir);
-    write_trace(report, args, pipeline->devices());
+    write_trace(report, args, *pipeline);
     if (args.json)
       print_json(report, plan, args, backend.name(), chosen, first_step, outputs, warnings);
     else if (args.trace_path != "-")

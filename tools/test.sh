@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
+bash tools/setup.sh --test   # what only the tests need (Chromium), beside the build's packages
 
 if [ "${1:-}" = "--sanitize" ]; then
   kind=${2:-}
@@ -18,7 +19,6 @@ if [ "${1:-}" = "--sanitize" ]; then
     thread) dir=build-tsan; labels=(-L "runtime|optim|grad|cli") ;;
     *) echo "test.sh: usage error: --sanitize takes address or thread, not '$kind'" >&2; exit 2 ;;
   esac
-  bash tools/setup.sh
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTAGECRAFT_WERROR=ON \
     -DSTAGECRAFT_SANITIZE="$kind" >/dev/null
   cmake --build "$dir" -j "$jobs"

@@ -213,7 +213,7 @@ PlannedModel make_plan(const PlanOptions& o) {
   schedule::validate_schedule(out.schedule, s.shape);
 
   Plan& p = out.plan;
-  p.generator = "stagec 0.1.0";
+  p.generator = "stagec " STAGECRAFT_VERSION;  // the CMake project's version
   p.model_path = o.model_path;
   p.model_hash = file_hash(o.model_path);
   p.objective = s.objective;

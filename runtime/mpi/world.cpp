@@ -369,8 +369,13 @@ void World::agree(const std::string& error, const std::string& what) const {
   } mine{error.empty() ? 0 : 1, rank_}, worst{0, 0};
   MPI_Allreduce(&mine, &worst, 1, MPI_2INT, MPI_MAXLOC, comms_->control);
   if (!worst.failed) return;
+  // Every rank says why (the first to end ends them all: its line may be the only one).
+  int length = rank_ == worst.rank ? static_cast<int>(error.size()) : 0;
+  MPI_Bcast(&length, 1, MPI_INT, worst.rank, comms_->control);
+  std::string why = rank_ == worst.rank ? error : std::string(static_cast<size_t>(length), ' ');
+  MPI_Bcast(why.data(), length, MPI_CHAR, worst.rank, comms_->control);
   if (!error.empty()) fail(ErrorKind::kIo, "{}", error);
-  fail(ErrorKind::kIo, "{}: {} failed (its line says why)", what, rank_name(worst.rank));
+  fail(ErrorKind::kIo, "{} (on {}, during the {})", why, rank_name(worst.rank), what);
 }
 
 std::map<std::string, optim::OptimizerState> World::whole_state(const Pipeline& pipeline,
@@ -446,7 +451,7 @@ std::map<std::string, optim::OptimizerState> World::whole_state(const Pipeline& 
 
 void World::save_checkpoint(const Pipeline& pipeline, const std::string& dir) const {
   const MPI_Comm comm = comms_->control;
-  const std::string what = fmt::format("checkpoint {}", dir);
+  const std::string what = fmt::format("save of checkpoint {}", dir);
   // Rank 0 makes the temporary folder; every rank learns its name.
   std::string tmp, error;
   if (rank_ == 0) {

@@ -88,8 +88,8 @@ class World {
   /// state is gathered from the replicas' shards to the first replica (the checkpoint does not
   /// depend on the replica count); the first replica's rank of each stage writes its files
   /// (one writer per stage) and sends its manifest entries to rank 0, which writes the
-  /// manifest last and renames the folder into place. A rank that fails says why; every rank
-  /// then throws (`Error(kIo)`), the others naming it.
+  /// manifest last and renames the folder into place. When a rank fails every rank throws its
+  /// error (`Error(kIo)`), the others naming it.
   void save_checkpoint(const Pipeline& pipeline, const std::string& dir) const;
 
   /// The end of stagerun with `exit_code` (after its error line, if any, is printed): 0 or a
@@ -110,7 +110,7 @@ class World {
   std::map<std::string, optim::OptimizerState> whole_state(const Pipeline& pipeline,
                                                             int stage) const;
   /// Whether any rank failed (`error` not empty here): collective; throws on every rank when
-  /// one did, this rank's own error or a line naming the rank that failed.
+  /// one did: its own error, the others that error with the rank named (`what`: the step).
   void agree(const std::string& error, const std::string& what) const;
 
   int rank_ = 0, size_ = 1;

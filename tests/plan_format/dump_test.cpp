@@ -3,6 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
 #include <string>
 
 #include "runtime/format/error.h"
@@ -135,53 +138,213 @@ TEST_CASE("the JSON view has the fixed keys") {
 }
 
 TEST_CASE("the DOT view clusters ops by stage with edges for the cut tensors") {
+  // The sample's stage files are placeholders, not ONNX: the ops are chained in execution order
+  // and the cut tensors go from each stage's last op to the reading stage's first.
   LoadedPlan loaded(testing::sample_plan());
   std::string dot = render_dot(loaded.view);
   CHECK(dot.starts_with("digraph plan {"));
   CHECK(contains(dot, "subgraph cluster_stage0"));
   CHECK(contains(dot, "subgraph cluster_stage1"));
+  CHECK(contains(dot, "no ONNX in its file"));
   CHECK(contains(dot, "s0_0 -> s0_1;"));
-  CHECK(contains(
-      dot,
-      "s0_1 -> s1_0 [ltail=cluster_stage0, lhead=cluster_stage1, label=\"act0\\nskip\\n256 B\""));
+  CHECK(contains(dot, "s0_1 -> s1_0 [label=\"act0\\n128 B (128 B)\", class=\"cut\""));
+  CHECK(contains(dot, "s0_1 -> s1_0 [label=\"skip\\n128 B (128 B)\", class=\"cut\""));
   CHECK(contains(dot, "label=\"labels\", shape=ellipse"));
   CHECK(std::count(dot.begin(), dot.end(), '{') == std::count(dot.begin(), dot.end(), '}'));
 }
 
-TEST_CASE("the trace view is Chrome trace JSON with one thread per device") {
+/// The instructions of schedule.json, every device's.
+size_t instruction_count(const PlanView& view) {
+  size_t count = 0;
+  for (const auto& list : view.schedule) count += list.size();
+  return count;
+}
+
+TEST_CASE("the trace view has a process per device, a slice per instruction and memory") {
   LoadedPlan loaded(testing::sample_plan("zb-h1", 2, 1, 4));
   nlohmann::json trace = nlohmann::json::parse(render_trace(loaded.view).dump());
   CHECK(trace["displayTimeUnit"] == "ms");
-  int complete = 0, threads = 0;
+  CHECK(trace["otherData"]["format_version"] == 2);
+  size_t slices = 0, steps = 0, counters = 0, compute = 0;
+  std::set<std::string> processes;
   for (const auto& event : trace["traceEvents"]) {
-    if (event["ph"] == "X") {
-      ++complete;
-      CHECK(event["dur"].get<double>() > 0);
-      CHECK(event["args"].contains("stage"));
-      CHECK(event["args"].contains("microbatch"));
+    for (const char* field : {"ph", "pid"}) CHECK(event.contains(field));
+    if (event["ph"] == "M" && event["name"] == "process_name")
+      processes.insert(event["args"]["name"].get<std::string>());
+    if (event["ph"] == "C") ++counters;
+    if (event["ph"] != "X") continue;
+    for (const char* field : {"ts", "dur", "tid", "name", "cat", "args"})
+      CHECK(event.contains(field));
+    CHECK(event["dur"].get<double>() >= 0);
+    if (event["cat"] == "step") {
+      ++steps;
+      continue;
     }
-    if (event["ph"] == "M" && event["name"] == "thread_name") ++threads;
+    ++slices;
+    CHECK(event["args"]["device"] == event["pid"].get<int>() - 1);
+    if (event["tid"] == 1 && event["args"]["microbatch"] >= 0) ++compute;
   }
-  CHECK(complete == 2 * 4 * 3);  // Stages x microbatches x (F, B, W).
-  CHECK(threads == 2);
+  CHECK(processes == std::set<std::string>{"predicted / device 0", "predicted / device 1"});
+  CHECK(slices == instruction_count(loaded.view));  // sends and receives too
+  CHECK(compute == 2 * 4 * 3);                      // stages x microbatches x (F, B, W)
+  CHECK(steps == 2);
+  CHECK(counters > 0);
   const auto& events = trace["traceEvents"];
-  const auto& first = *std::find_if(events.begin(), events.end(),
-                                    [](const auto& event) { return event["ph"] == "X"; });
-  CHECK(first["name"] == "F0");
-  CHECK(first["cat"] == "forward");
-  CHECK(first["ts"] == 0);
-  CHECK(first["dur"].get<double>() == doctest::Approx(1000));
+  const auto first = std::find_if(events.begin(), events.end(), [](const auto& event) {
+    return event["ph"] == "X" && event["cat"] == "forward";
+  });
+  REQUIRE(first != events.end());
+  CHECK((*first)["name"] == "F0");
+  CHECK((*first)["ts"] == 0);
+  CHECK((*first)["dur"].get<double>() == doctest::Approx(1000));
+
+  LoadedPlan interleaved(testing::sample_plan("interleaved", 2, 2, 4));
+  std::string text = render_trace(interleaved.view).dump();
+  CHECK(contains(text, "\"F0 chunk 1\""));
+  CHECK(contains(text, "\"F0 chunk 0\""));
 }
 
-TEST_CASE("the HTML page is self-contained") {
+/// A traced run of the plan made of its predicted step played `steps` times: what stagerun
+/// --trace would write if the prediction were exact.
+std::string fake_trace(const PlanView& view, int steps, const std::string& path) {
+  std::vector<schedule::TimelineEvent> events;
+  const double step_s = view.plan.predicted.step_ms / 1e3;
+  for (int s = 0; s < steps; ++s)
+    for (schedule::TimelineEvent e : view.plan.timeline) {
+      if (!is_timed(e.op)) continue;
+      e.start_s += s * step_s;
+      e.end_s += s * step_s;
+      events.push_back(e);
+    }
+  auto where = [](size_t i) { return "event " + std::to_string(i); };
+  std::vector<MeasuredStep> split = split_steps(events, view.plan, view.schedule, path, where);
+  testing::write_bytes(path, measured_trace(view.plan, split).dump(1));
+  return path;
+}
+
+std::string error_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST_CASE("a measured trace of the plan is read back, step by step, and drawn") {
+  LoadedPlan loaded(testing::sample_plan("zb-h1", 2, 1, 4));
+  const std::string path = fake_trace(loaded.view, 3, loaded.dir.file("run.trace.json"));
+  MeasuredRun run = load_measured(path, loaded.view);
+  CHECK(run.traced);
+  REQUIRE(run.steps.size() == 3);
+  CHECK(run.step_ms[1] == doctest::Approx(loaded.view.plan.predicted.step_ms).epsilon(0.05));
+  CHECK(run.steps[2].events.size() == 2 * (4 * 3 + 1));  // F, B, W per microbatch, O per stage
+
+  std::string html = render_html(loaded.view, &run);
+  size_t measured = 0;
+  for (size_t at = html.find("<rect class=\"measured"); at != std::string::npos;
+       at = html.find("<rect class=\"measured", at + 1))
+    ++measured;
+  CHECK(measured == 2 * (4 * 3 + 1));
+  CHECK(contains(html, "measured step"));
+
+  // Both runs in one trace: predicted and measured processes, one slice per timed instruction
+  // per step in the measured ones.
+  nlohmann::json trace = nlohmann::json::parse(render_trace(loaded.view, &run).dump());
+  std::set<std::string> processes;
+  std::map<int, int> per_step;
+  for (const auto& event : trace["traceEvents"]) {
+    if (event["ph"] == "M" && event["name"] == "process_name")
+      processes.insert(event["args"]["name"].get<std::string>());
+    if (event["ph"] == "X" && event["cat"] != "step" && event["pid"].get<int>() > 1000)
+      ++per_step[event["args"]["step"].get<int>()];
+  }
+  CHECK(processes == std::set<std::string>{"predicted / device 0", "predicted / device 1",
+                                           "measured / device 0", "measured / device 1"});
+  CHECK(per_step == std::map<int, int>{{1, 26}, {2, 26}, {3, 26}});
+  // The file stagedump wrote, read back as a measured run: its predicted processes are left out.
+  testing::write_bytes(loaded.dir.file("both.json"), trace.dump());
+  CHECK(load_measured(loaded.dir.file("both.json"), loaded.view).steps.size() == 3);
+}
+
+TEST_CASE("a measured run of another plan is refused naming the file and the field") {
+  LoadedPlan zb(testing::sample_plan("zb-h1", 2, 1, 4));
+  LoadedPlan onef1b(testing::sample_plan("1f1b", 2, 1, 4));
+  LoadedPlan three(testing::sample_plan("zb-h1", 3, 1, 3));
+  const std::string zb_trace = fake_trace(zb.view, 2, zb.dir.file("zb.trace.json"));
+  const std::string three_trace = fake_trace(three.view, 1, three.dir.file("three.trace.json"));
+
+  std::string schedule = error_of([&] { load_measured(zb_trace, onef1b.view); });
+  CHECK_MESSAGE(contains(schedule, zb_trace + ": traceEvents["), schedule);
+  CHECK_MESSAGE(contains(schedule, "but the plan's schedule.json has"), schedule);
+  CHECK_MESSAGE(contains(schedule, "a run of another plan"), schedule);
+
+  std::string devices = error_of([&] { load_measured(three_trace, zb.view); });
+  CHECK_MESSAGE(contains(devices, "is on device 2, but the plan has 2 devices"), devices);
+
+  // A run cut off inside a step.
+  nlohmann::json cut = nlohmann::json::parse(testing::read_bytes(zb_trace));
+  cut["traceEvents"].erase(cut["traceEvents"].end() - 1);
+  testing::write_bytes(zb.dir.file("cut.json"), cut.dump());
+  std::string stops = error_of([&] { load_measured(zb.dir.file("cut.json"), zb.view); });
+  CHECK_MESSAGE(contains(stops, "stops after 12 of the 13 timed instructions of step 2"), stops);
+
+  // stagerun --json: the summary's devices, then its predicted step.
+  auto summary = [&](int devices, double predicted_ms) {
+    nlohmann::json step = {{"type", "step"}, {"format_version", 1}, {"step", 1}, {"step_ms", 9}};
+    nlohmann::json s = {{"type", "summary"},
+                        {"format_version", 1},
+                        {"devices", devices},
+                        {"microbatches", 4},
+                        {"schedule", "zb-h1"},
+                        {"predicted_step_ms", predicted_ms},
+                        {"step_ms", {9.0, 8.0}},
+                        {"bubble", {{"measured", 0.3}}},
+                        {"device", nlohmann::json::array()}};
+    for (int d = 0; d < devices; ++d)
+      s["device"].push_back({{"busy_fraction", 0.7}, {"peak_bytes", 1000 + d}});
+    testing::write_bytes(zb.dir.file("run.jsonl"), step.dump() + "\n" + s.dump() + "\n");
+    return zb.dir.file("run.jsonl");
+  };
+  const double predicted = zb.view.plan.predicted.step_ms;
+  MeasuredRun json_run = load_measured(summary(2, predicted), zb.view);
+  CHECK_FALSE(json_run.traced);
+  CHECK(json_run.reported_step_ms() == 8.0);
+  CHECK(json_run.device[1].peak_bytes == 1001);
+  CHECK(contains(render_html(zb.view, &json_run), "data-measured-peak-bytes=\"1001\""));
+  std::string json_devices = error_of([&] { load_measured(summary(3, predicted), zb.view); });
+  CHECK_MESSAGE(contains(json_devices, "run.jsonl: field 'devices' is 3, but the plan"),
+                json_devices);
+  std::string json_step = error_of([&] { load_measured(summary(2, predicted + 1), zb.view); });
+  CHECK_MESSAGE(contains(json_step, "field 'predicted_step_ms' is"), json_step);
+  testing::write_bytes(zb.dir.file("text.txt"), "hello\n");
+  std::string text = error_of([&] { load_measured(zb.dir.file("text.txt"), zb.view); });
+  CHECK_MESSAGE(contains(text, "text.txt: line 1 is not a JSON object"), text);
+}
+
+TEST_CASE("the HTML page is self-contained, with one box per instruction") {
   LoadedPlan loaded(testing::sample_plan("interleaved", 2, 2, 4));
   std::string html = render_html(loaded.view);
   CHECK(html.starts_with("<!DOCTYPE html>"));
-  CHECK(std::count(html.begin(), html.end(), '\n') > 20);
-  CHECK(contains(html, "<svg"));
+  CHECK(contains(html, "<svg class=\"timeline\""));
+  CHECK(contains(html, "viewBox="));
   CHECK(!contains(html, "src="));
   CHECK(!contains(html, "href="));
-  CHECK(!contains(html, "<script"));
+  // One inline script: the marker for headless checks.
+  size_t scripts = 0;
+  for (size_t at = html.find("<script"); at != std::string::npos; at = html.find("<script", at + 1))
+    ++scripts;
+  CHECK(scripts == 1);
+  size_t boxes = 0;
+  for (size_t at = html.find("<rect class=\"instr\""); at != std::string::npos;
+       at = html.find("<rect class=\"instr\"", at + 1))
+    ++boxes;
+  CHECK(boxes == instruction_count(loaded.view));
+  CHECK(contains(html, "class=\"tick\""));
+  CHECK(contains(html, ">f0</text>"));  // chunk 1 in lower case
+  // The plan beside the baselines, the better one marked.
+  CHECK(contains(html, "<tr class=\"best\"><td>this plan</td>"));
+  CHECK(contains(html, "stage 0 | 1"));
 }
 
 TEST_CASE("load_view names schedule.json when it is wrong") {

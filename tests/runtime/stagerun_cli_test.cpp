@@ -134,10 +134,15 @@ TEST_CASE("stagerun --json and --trace describe the run") {
   CHECK(j["samples_per_s"].get<double>() > 0);
   for (const auto& d : j["device"]) CHECK(d["peak_bytes"].get<int64_t>() > 0);
   auto trace = nlohmann::json::parse(testing::read_bytes(dir.file("trace.json")));
-  // Metadata, then one complete event per forward: 2 devices x 4 microbatches x 4 steps.
-  int complete = 0;
-  for (const auto& e : trace["traceEvents"]) complete += e["ph"] == "X";
+  // Metadata, then one complete event per forward: 2 devices x 4 microbatches x 4 steps, and
+  // one per step on each device ("step N").
+  int complete = 0, steps = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    complete += e["ph"] == "X" && e["cat"] == "forward";
+    steps += e["ph"] == "X" && e["cat"] == "step";
+  }
   CHECK(complete == 2 * 4 * 4);
+  CHECK(steps == 2 * 4);
   // Both on stdout would interleave two documents: refused.
   check_one_line_error(stagerun(dir, plan_dir + " --json --trace -"),
                        "^stagerun: usage error: --json and --trace - both write to stdout; give "

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/dump/measured.h"
 #include "tools/dump/view.h"
 
 namespace stagecraft::dump {
@@ -30,21 +31,27 @@ nlohmann::ordered_json render_json(const PlanView& view);
 /// tensors and their bytes), and the graph inputs and outputs as ellipses.
 std::string render_dot(const PlanView& view);
 
-/// Chrome's Trace Event Format for a timeline: one complete ("X") event per compute event,
-/// named letter + microbatch ("F3"), category `event_category`, ts and dur in microseconds,
-/// pid 0, tid = device, args {stage, microbatch}; one "thread_name" metadata event per device
-/// ("device N") and a "process_name" (`process`); `otherData` {format_version}. stagerun will write measured runs in the same
-/// form so that both open side by side in chrome://tracing or Perfetto.
-nlohmann::ordered_json trace_json(const std::vector<schedule::TimelineEvent>& events, int devices,
-                                  const std::string& process);
+/// Chrome's Trace Event Format (chrome://tracing, ui.perfetto.dev; schema
+/// docs/schemas/trace.schema.json): one process per device and run, "predicted / device 0"
+/// (pid 1 + d) and "measured / device 0" (pid 1001 + g), each with threads "steps" (a slice per
+/// step), "compute", "receive / wait" and "send" lanes; one complete ("X") slice per timeline
+/// event, named letter + microbatch ("F3", "B3 chunk 1" when interleaved, "send act 3 to stage
+/// 2"), args {device, stage, microbatch, op (schedule.json's name), [chunk], [step],
+/// [recompute]}; per predicted device a counter "memory device N" (args {bytes}) whose highest
+/// value is its predicted peak; `otherData` {format_version}. A traced `measured` run is added
+/// (every step), the predicted step laid over its median step.
+nlohmann::ordered_json render_trace(const PlanView& view, const MeasuredRun* measured = nullptr);
 
-/// The predicted timeline of a plan as `trace_json`, with a counter track per device ("C" events
-/// named "memory device N", args {bytes}): its predicted memory over the step, peaking at the
-/// device's predicted peak.
-nlohmann::ordered_json render_trace(const PlanView& view);
+/// The trace of a measured run alone (stagerun --trace), in the form of `render_trace`.
+nlohmann::ordered_json measured_trace(const plan::Plan& plan,
+                                      const std::vector<MeasuredStep>& steps);
 
-/// A self-contained HTML page: the header facts, the stage table, memory per device as stacked
-/// bars and the timeline, both inline SVG; no scripts, no external assets.
-std::string render_html(const PlanView& view);
+/// A self-contained HTML page (no external assets; inline CSS and SVG that scale to the window):
+/// the header facts, the plan beside its baselines (the better marked), the stage table, the
+/// tensors crossing each cut, memory per device (its parts, the one predicted peak, the
+/// capacity) and the timeline of every instruction on a time axis; a `measured` run overlaid
+/// (its median step's instructions under each device, its step time, its peaks). A short script
+/// at the end writes a marker (`#stagedump-drawn`, the boxes drawn) for headless checks.
+std::string render_html(const PlanView& view, const MeasuredRun* measured = nullptr);
 
 }  // namespace stagecraft::dump

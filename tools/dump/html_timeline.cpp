@@ -1,0 +1,194 @@
+// The --html view's timeline: one inline SVG with a viewBox, so it takes the page's width.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "tools/dump/html_parts.h"
+
+namespace stagecraft::dump::html {
+namespace {
+
+constexpr double kLeft = 92, kWidth = 1000, kRight = 12;  // viewBox units
+constexpr double kBox = 20, kSendLane = 5, kGap = 12, kAxis = 34;
+
+/// The kind's letter in kKindColours.
+char kind_of(schedule::Op op) {
+  using schedule::Op;
+  switch (op) {
+    case Op::kForward:
+      return 'F';
+    case Op::kBackward:
+    case Op::kBackwardInput:
+      return 'B';
+    case Op::kBackwardWeight:
+      return 'W';
+    case Op::kOptimizerStep:
+      return 'O';
+    case Op::kAllReduce:
+    case Op::kAllReduceShared:
+      return 'A';
+    case Op::kRecvAct:
+    case Op::kRecvGrad:
+      return 'R';
+    default:
+      return 'S';
+  }
+}
+
+std::string_view colour_of(char kind) {
+  for (const KindColour& k : kKindColours)
+    if (k.kind[0] == kind) return k.colour;
+  return "#000";
+}
+
+/// A tick spacing of 1, 2 or 5 x 10^k ms giving at most about 10 ticks over `span_ms`.
+double tick_ms(double span_ms) {
+  if (span_ms <= 0) return 1;
+  const double raw = span_ms / 10;
+  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * magnitude >= raw) return m * magnitude;
+  return 10 * magnitude;
+}
+
+/// The tick label: as many decimals as the spacing needs.
+std::string tick_label(double ms, double tick) {
+  int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(tick) + 1e-9)));
+  return fmt::format("{:.{}f}", ms, decimals);
+}
+
+struct Rows {
+  double per_device;  ///< Height of one device's rows.
+  bool measured;      ///< A measured row under each predicted one.
+  double top(int device) const { return kAxis + device * per_device; }
+};
+
+/// The time axis: ticks, their labels in ms and light grid lines over the rows.
+std::string axis(double span_ms, double scale, double bottom) {
+  const double tick = tick_ms(span_ms);
+  std::string svg = "<g class=\"axis\">\n";
+  svg += fmt::format(
+      "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#333\"/>\n"
+      "<text x=\"{}\" y=\"12\" class=\"unit\">time (ms)</text>\n",
+      kLeft, kAxis - 6, kLeft + kWidth, kAxis - 6, kLeft - 86);
+  for (int i = 0;; ++i) {
+    const double ms = i * tick;
+    if (ms > span_ms * (1 + 1e-9)) break;
+    const double x = kLeft + ms * scale;
+    svg += fmt::format(
+        "<line class=\"tick\" x1=\"{0:.2f}\" y1=\"{1}\" x2=\"{0:.2f}\" y2=\"{2}\" stroke=\"#333\"/>"
+        "<line x1=\"{0:.2f}\" y1=\"{3}\" x2=\"{0:.2f}\" y2=\"{4:.1f}\" stroke=\"#e6e6e6\"/>"
+        "<text x=\"{0:.2f}\" y=\"{5}\" class=\"tick-label\">{6}</text>\n",
+        x, kAxis - 10, kAxis - 6, kAxis - 6, bottom, kAxis - 13, tick_label(ms, tick));
+  }
+  return svg + "</g>\n";
+}
+
+/// One box: `cls` "instr" (predicted) or "measured".
+std::string box(const schedule::TimelineEvent& e, double x, double y, double w, double h,
+                std::string_view cls, int devices, bool recompute, std::string_view when) {
+  const char kind = kind_of(e.op);
+  std::string label;
+  if (kind == 'F' || kind == 'B' || kind == 'W' || kind == 'O') {
+    label = std::string(1, event_letter(e, devices));
+    if (e.microbatch >= 0) label += std::to_string(e.microbatch);
+  }
+  std::string svg = fmt::format(
+      "<rect class=\"{}{}\" data-device=\"{}\" data-op=\"{}\" data-stage=\"{}\" "
+      "data-microbatch=\"{}\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{}\" "
+      "fill=\"{}\"><title>{} {}{}: {:.3f}-{:.3f} ms</title></rect>\n",
+      cls, recompute ? " recompute" : "", e.device, schedule::to_string(e.op), e.stage,
+      e.microbatch, x, y, w, h, colour_of(kind), when,
+      schedule::to_string(schedule::Instruction{e.op, e.stage, e.microbatch}),
+      recompute ? " (recompute)" : "", e.start_s * 1e3, e.end_s * 1e3);
+  if (!label.empty() && w >= 6.5 * static_cast<double>(label.size()) + 2)
+    svg += fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" class=\"label\">{}</text>\n", x + w / 2,
+                       y + h / 2 + 3.5, label);
+  return svg;
+}
+
+/// The predicted step's instructions of every device: one box each (sends in their lane).
+std::string predicted_boxes(const PlanView& view, const Rows& rows, double scale) {
+  std::string svg;
+  for (const schedule::TimelineEvent& e : view.plan.timeline) {
+    const double x = kLeft + e.start_s * 1e3 * scale;
+    const double w = std::max(0.0, (e.end_s - e.start_s) * 1e3 * scale);
+    double y = rows.top(e.device), h = kBox;
+    if (kind_of(e.op) == 'S') {
+      y += kBox + 1;
+      h = kSendLane;
+    }
+    svg += box(e, x, y, w, h, "instr", view.plan.devices, false, "predicted");
+  }
+  return svg;
+}
+
+/// The measured median step's timed instructions under each device's row, from its start.
+std::string measured_boxes(const PlanView& view, const MeasuredRun& run, const Rows& rows,
+                           double scale) {
+  const MeasuredStep& step = run.steps.at(static_cast<size_t>(run.reported_step));
+  std::string svg;
+  for (const MeasuredEvent& m : step.events) {
+    if (m.event.device >= view.plan.devices) continue;  // other replicas: the same pipeline
+    schedule::TimelineEvent e = m.event;
+    e.start_s -= step.start_s;
+    e.end_s -= step.start_s;
+    const double x = kLeft + e.start_s * 1e3 * scale;
+    const double w = std::max(0.0, (e.end_s - e.start_s) * 1e3 * scale);
+    const double y = rows.top(e.device) + kBox + kSendLane + 4;
+    svg += box(e, x, y, w, kBox, "measured", view.plan.devices, m.recompute, "measured");
+  }
+  return svg;
+}
+
+/// A dashed vertical line at `ms` across the rows with its label above the axis' right end.
+std::string step_marker(double ms, double scale, double bottom, std::string_view cls,
+                        std::string_view colour, const std::string& label, double label_y) {
+  const double x = kLeft + ms * scale;
+  return fmt::format(
+      "<line class=\"{0}\" x1=\"{1:.2f}\" y1=\"{2}\" x2=\"{1:.2f}\" y2=\"{3:.1f}\" stroke=\"{4}\" "
+      "stroke-width=\"1.5\" stroke-dasharray=\"5 3\"/>"
+      "<text x=\"{1:.2f}\" y=\"{5:.1f}\" class=\"marker\" fill=\"{4}\">{6}</text>\n",
+      cls, x, kAxis - 6, bottom, colour, label_y, escaped(label));
+}
+
+}  // namespace
+
+std::string timeline_svg(const PlanView& view, const MeasuredRun* measured) {
+  const plan::Plan& plan = view.plan;
+  const bool traced = measured != nullptr && measured->traced;
+  Rows rows{kBox + 1 + kSendLane + kGap + (traced ? kBox + 4 : 0), traced};
+  const double predicted_ms = plan.predicted.step_ms;
+  const double measured_ms = measured != nullptr ? measured->reported_step_ms() : 0;
+  const double span_ms = std::max({predicted_ms, measured_ms, 1e-6});
+  const double scale = kWidth / span_ms;
+  const double bottom = rows.top(plan.devices) - kGap + 4;
+  const double height = bottom + 36;
+
+  std::string svg = fmt::format(
+      "<svg class=\"timeline\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {} {:.0f}\" "
+      "preserveAspectRatio=\"xMinYMin meet\" role=\"img\" aria-label=\"timeline\">\n",
+      kLeft + kWidth + kRight, height);
+  for (int d = 0; d < plan.devices; ++d) {
+    const double y = rows.top(d);
+    svg += fmt::format(
+        "<text x=\"0\" y=\"{:.1f}\" class=\"row\">device {}</text>"
+        "<rect x=\"{}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{}\" fill=\"#f6f6f6\"/>\n",
+        y + 14, d, kLeft, y, predicted_ms * scale, kBox);
+    if (traced)
+      svg += fmt::format("<text x=\"0\" y=\"{:.1f}\" class=\"row measured-row\">measured</text>\n",
+                         y + kBox + kSendLane + 18);
+  }
+  svg += axis(span_ms, scale, bottom);
+  svg += predicted_boxes(view, rows, scale);
+  if (traced) svg += measured_boxes(view, *measured, rows, scale);
+  svg += step_marker(predicted_ms, scale, bottom, "predicted-step", "#1f4e79",
+                     fmt::format("predicted step {:.3f} ms", predicted_ms), bottom + 14);
+  if (measured != nullptr)
+    svg += step_marker(measured_ms, scale, bottom, "measured-step", "#b22222",
+                       fmt::format("measured step {:.3f} ms (median)", measured_ms), bottom + 30);
+  return svg + "</svg>\n";
+}
+
+}  // namespace stagecraft::dump::html

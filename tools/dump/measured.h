@@ -1,0 +1,81 @@
+#pragma once
+/// \file
+/// A measured run of a plan, for stagedump's `--measured RUN`: what `stagerun PLAN --trace FILE`
+/// wrote (every compute instruction of every step, timed) or what `stagerun PLAN --json` wrote
+/// (JSON Lines: the step times, then a summary with each device's busy fraction and peak). It is
+/// checked against the plan before any view draws it: a run of another plan (another device
+/// count, microbatch count, schedule or prediction) is refused in one line naming the file and
+/// the field.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tools/dump/view.h"
+
+namespace stagecraft::dump {
+
+/// One measured instruction of a traced run; `recompute` marks a forward that a recomputing
+/// stage re-ran just before its backward (the runtime times it apart; it is no instruction of
+/// the schedule).
+struct MeasuredEvent {
+  schedule::TimelineEvent event;  ///< Times in seconds from the run's start.
+  bool recompute = false;
+};
+
+/// One step of a traced run: the events of every device, from the first one's start to the last
+/// one's end.
+struct MeasuredStep {
+  double start_s = 0;
+  double end_s = 0;
+  std::vector<MeasuredEvent> events;
+};
+
+/// A device of a `stagerun --json` summary.
+struct MeasuredDevice {
+  double busy_fraction = 0;
+  int64_t peak_bytes = 0;
+};
+
+/// A run of the plan, as measured.
+struct MeasuredRun {
+  std::string path;
+  bool traced = false;              ///< stagerun --trace (events), else stagerun --json (figures).
+  int devices = 0;                  ///< Every replica's: R x P.
+  std::vector<double> step_ms;      ///< Every step, the warm-up first.
+  int reported_step = 0;            ///< The median step without the warm-up (stagerun's rule).
+  std::vector<MeasuredStep> steps;  ///< Traced runs only.
+  std::vector<MeasuredDevice> device;  ///< --json runs only (R x P).
+  double bubble_fraction = -1;         ///< --json runs only (-1: unknown).
+
+  double reported_step_ms() const { return step_ms.at(static_cast<size_t>(reported_step)); }
+};
+
+/// Reads RUN (a `stagerun --trace` file or `stagerun --json` JSON Lines) and checks that it is a
+/// run of `view`'s plan: for a trace, the device count and every device's compute instructions
+/// in the order of schedule.json, step after step; for --json, the summary's devices,
+/// microbatches, schedule and predicted step. Throws `Error(kFormat)` or `Error(kPlan)` naming
+/// RUN and the field.
+MeasuredRun load_measured(const std::string& path, const PlanView& view);
+
+/// Splits the events of a traced run (times from the run's start) into its steps, checking every
+/// device's timed instructions (`is_timed`) against its list in `schedule` (device g runs list
+/// g % P), step after step; a recomputing stage's forward re-run just before its backward is
+/// kept, marked. Throws `Error(kPlan)` naming `source` and the event (`where(i)` for events[i])
+/// for an event on a device the plan lacks, one out of the schedule's order, a device that
+/// stops inside a step, and devices that ran different step counts.
+std::vector<MeasuredStep> split_steps(const std::vector<schedule::TimelineEvent>& events,
+                                      const plan::Plan& plan, const schedule::Schedule& schedule,
+                                      const std::string& source,
+                                      const std::function<std::string(size_t)>& where);
+
+/// The step stagerun reports: the median of `step_ms` without the first (the warm-up); the lower
+/// of the two middle ones for an even count; with one step, that one.
+int median_step(const std::vector<double>& step_ms);
+
+/// True for the instructions a traced run times: FWD, BWD, BWD_INPUT, BWD_WEIGHT, OPT_STEP and
+/// ALLREDUCE.
+bool is_timed(schedule::Op op);
+
+}  // namespace stagecraft::dump
