@@ -16,7 +16,8 @@
 #                            same global batch within 1e-5 (gpipe, 1f1b); also 4 replicas of
 #                            one device (the ring's order); 2 ranks refused
 #     train_zero             --shard-optimizer (ZeRO-1), 2 replicas x 2 devices on 4 ranks (adam,
-#                            momentum): the unsharded plan's losses bit for bit, and the
+#                            momentum): the unsharded plan's losses, final weights and
+#                            optimizer state (checkpoints) bit for bit, and the
 #                            in-process sharded run's; 4 replicas of one device (the ring's
 #                            shard order) as in one process, within 1e-6 of unsharded
 #     checkpoint_dp          checkpoints under mpirun: 2 replicas x 2 devices (sharded and not)
@@ -129,9 +130,10 @@ case "$check" in
       "$stagec" "${common[@]}" -o zero --devices 4 --data-parallel 2 --microbatches 2 \
         --shard-optimizer >/dev/null
       grep -q '"shard_optimizer": *true' zero/plan.json || fail "no shard_optimizer in plan.json"
-      "$stagerun" plain --steps 5 --json -q --backend cpu >plain.json
+      "$stagerun" plain --steps 5 --json -q --backend cpu --checkpoint "plain_$optimizer" >plain.json
       "$stagerun" zero --steps 5 --json -q --backend cpu >threads.json
-      if ! "${mpi[@]}" -np 4 "$stagerun" zero --steps 5 --json -q >ranks.json 2>ranks.err; then
+      if ! "${mpi[@]}" -np 4 "$stagerun" zero --steps 5 --json -q --checkpoint "zero_$optimizer" \
+        >ranks.json 2>ranks.err; then
         cat ranks.err >&2
         fail "mpirun -np 4 stagerun (sharded, $optimizer) failed"
       fi
@@ -144,6 +146,9 @@ case "$check" in
         fail "$optimizer: sharded on 4 ranks and in one process differ: $(paste ranks.loss threads.loss)"
       cmp -s ranks.loss plain.loss ||
         fail "$optimizer: sharded and unsharded differ: $(paste ranks.loss plain.loss)"
+      # The final weights and optimizer state too (the checkpoint holds the state whole).
+      diff -r "zero_$optimizer" "plain_$optimizer" >/dev/null ||
+        fail "$optimizer: sharded on 4 ranks and unsharded end apart: $(diff -rq "zero_$optimizer" "plain_$optimizer")"
       echo "$optimizer sharded, 4 ranks: $(tr '\n' ' ' <ranks.loss)(bit for bit as unsharded)"
     done
     # 4 replicas of one device: each shard adds the replicas in its own rotation, the same on
