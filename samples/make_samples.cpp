@@ -166,6 +166,8 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   unet->add_option("--classes", unet_options.classes, "Output channels (classes)")
       ->capture_default_str();
+  unet->add_flag("--instance-norm", unet_options.instance_norm,
+                 "InstanceNormalization between each Conv and its Relu (pix2pix)");
 
   std::string all_directory;
   uint64_t all_seed = common.seed;

@@ -58,8 +58,8 @@ class CpuBackend final : public Backend {
         grad_data_kernels(),
         // Segmentation heads and indexing.
         resize_kernels(), indexing_kernels(),
-        // U-Net decoders.
-        conv_transpose_kernels()};
+        // U-Net decoders and instance normalisation.
+        conv_transpose_kernels(), instance_norm_kernels()};
     size_t total = 0;
     for (const auto& family : families) total += family.size();
     table_.reserve(total);

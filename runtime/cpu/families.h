@@ -12,6 +12,8 @@ namespace stagecraft::rt::cpu {
 std::span<const KernelEntry> conv_kernels();         // conv.cpp: Conv (oneDNN)
 // conv_transpose.cpp: ConvTranspose and its gradient (oneDNN deconvolution)
 std::span<const KernelEntry> conv_transpose_kernels();
+// instance_norm.cpp: InstanceNormalization and its gradient
+std::span<const KernelEntry> instance_norm_kernels();
 std::span<const KernelEntry> pool_kernels();         // pool.cpp: MaxPool, AveragePool, GlobalAveragePool (oneDNN)
 std::span<const KernelEntry> matmul_kernels();       // matmul.cpp: MatMul, Gemm (oneDNN)
 std::span<const KernelEntry> norm_kernels();         // norm.cpp: BatchNormalization, LayerNormalization (oneDNN)

@@ -26,8 +26,8 @@ class CudaBackend final : public Backend {
         grad_data_kernels(),
         // Segmentation heads and indexing.
         resize_kernels(), indexing_kernels(),
-        // U-Net decoders.
-        conv_transpose_kernels()};
+        // U-Net decoders and instance normalisation.
+        conv_transpose_kernels(), instance_norm_kernels()};
     for (const auto& family : families) table_.insert(table_.end(), family.begin(), family.end());
   }
   std::string_view name() const override { return "cuda"; }

@@ -29,6 +29,8 @@ std::span<const KernelEntry> resize_kernels();  // resize.cpp: Resize and its gr
 std::span<const KernelEntry> indexing_kernels();
 // conv_transpose.cpp: ConvTranspose and its gradient (cuDNN)
 std::span<const KernelEntry> conv_transpose_kernels();
+// instance_norm.cpp: InstanceNormalization and its gradient (the batch-norm kernels)
+std::span<const KernelEntry> instance_norm_kernels();
 
 // Gradient ops (domain ai.stagecraft, runtime/format/grad_ops.h): "<Op>Grad".
 std::span<const KernelEntry> grad_matmul_kernels();   // grad_matmul.cpp

@@ -95,6 +95,9 @@ struct UNetOptions {
   int64_t width = 8;        ///< Channels of the first level (then 2x and 4x).
   int64_t image_size = 32;  ///< A multiple of 4.
   int64_t classes = 2;
+  /// An InstanceNormalization (nn.InstanceNorm2d(affine=True): scale 1, B 0) between each
+  /// encoder and decoder Conv and its Relu, as pix2pix's U-Net has.
+  bool instance_norm = false;
 };
 /// Builds the U-Net.
 ModelBuilder build_unet(const UNetOptions& options = {}, const CommonOptions& common = {});

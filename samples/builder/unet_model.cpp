@@ -40,6 +40,16 @@ std::string relu(ModelBuilder& b, const std::string& module, const std::string& 
   return b.add_op("Relu", "/" + module + "/Relu", {x});
 }
 
+/// nn.InstanceNorm2d(channels, affine=True) when `on`, else `x` itself.
+std::string instance_norm(ModelBuilder& b, bool on, const std::string& module,
+                          const std::string& x, int64_t channels) {
+  if (!on) return x;
+  const std::string scale = b.add_parameter_filled(module + ".norm.weight", {channels}, 1.0f);
+  const std::string shift = b.add_parameter_filled(module + ".norm.bias", {channels}, 0.0f);
+  return b.add_op("InstanceNormalization", "/" + module + "/norm/InstanceNormalization",
+                  {x, scale, shift}, {attr_float("epsilon", 1e-5f)});
+}
+
 }  // namespace
 
 ModelBuilder build_unet(const UNetOptions& options, const CommonOptions& common) {
@@ -53,17 +63,24 @@ ModelBuilder build_unet(const UNetOptions& options, const CommonOptions& common)
   const Dim batch = common.batch == 0 ? Dim("batch") : Dim(common.batch);
   ModelBuilder b("unet", common.seed);
   b.add_input("x", kFloat, {batch, options.in_channels, s, s});
-  const std::string e1 = relu(b, "enc1", conv(b, "enc1", "x", options.in_channels, c, 3, 1));
-  const std::string e2 = relu(b, "enc2", conv(b, "enc2", e1, c, 2 * c, 3, 2));
-  const std::string mid = relu(b, "mid", conv(b, "mid", e2, 2 * c, 4 * c, 3, 2));
+  const bool norm = options.instance_norm;
+  // Conv, then (with instance_norm) InstanceNormalization, then Relu.
+  auto block = [&](const std::string& module, const std::string& in, int64_t from, int64_t to,
+                   int64_t stride) {
+    const std::string y = conv(b, module, in, from, to, 3, stride);
+    return relu(b, module, instance_norm(b, norm, module, y, to));
+  };
+  const std::string e1 = block("enc1", "x", options.in_channels, c, 1);
+  const std::string e2 = block("enc2", e1, c, 2 * c, 2);
+  const std::string mid = block("mid", e2, 2 * c, 4 * c, 2);
   // nn.ConvTranspose2d(4c, 2c, 2, stride=2): s / 4 -> s / 2.
   std::string x = up(b, "up2", mid, 4 * c, 2 * c, 2, 0, 0);
   x = b.add_op("Concat", "/dec2/Concat", {x, e2}, {attr_int("axis", 1)});
-  x = relu(b, "dec2", conv(b, "dec2", x, 4 * c, 2 * c, 3, 1));
+  x = block("dec2", x, 4 * c, 2 * c, 1);
   // nn.ConvTranspose2d(2c, c, 3, stride=2, padding=1, output_padding=1): s / 2 -> s.
   x = up(b, "up1", x, 2 * c, c, 3, 1, 1);
   x = b.add_op("Concat", "/dec1/Concat", {x, e1}, {attr_int("axis", 1)});
-  x = relu(b, "dec1", conv(b, "dec1", x, 2 * c, c, 3, 1));
+  x = block("dec1", x, 2 * c, c, 1);
   const std::string w = b.add_parameter("head.weight", {options.classes, c, 1, 1}, c);
   const std::string bias = b.add_parameter("head.bias", {options.classes}, c);
   b.add_node("Conv", "/head/Conv", {x, w, bias}, {"logits"},

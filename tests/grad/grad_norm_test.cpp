@@ -55,7 +55,27 @@ void layer_norm(const Shape& x, int64_t axis, bool bias, int outputs) {
   gradcheck(g);
 }
 
+void instance_norm(const Shape& x, float epsilon, int samples = 24) {
+  CAPTURE(rt::shape_string(x));
+  const int64_t c = x[1];
+  GradCase g;
+  g.op = "InstanceNormalization";
+  g.inputs = {random_tensor(x, -1, 1, 1), random_tensor({c}, 0.5f, 1.5f, 2),
+              random_tensor({c}, -1, 1, 3)};
+  g.check = {true, true, true};
+  g.samples = samples;
+  g.attrs = [=](onnx::NodeProto& n) { set_float(n, "epsilon", epsilon); };
+  gradcheck(g);
+}
+
 }  // namespace
+
+TEST_CASE("grad InstanceNormalization") {
+  instance_norm({2, 3, 4, 4}, 1e-3f);
+  instance_norm({3, 2, 7}, 1e-2f);
+  instance_norm({1, 4, 2, 3, 2}, 1e-5f);
+  instance_norm({2, 3, 1}, 1e-2f);  // planes of one element: Y is B, dX is 0
+}
 
 TEST_CASE("grad BatchNormalization inference") {
   batch_norm({2, 3, 4, 4}, false, 1);
@@ -100,6 +120,8 @@ namespace stagecraft::testing {
 
 // Large enough that the kernels split their loops among threads.
 TEST_CASE("grad LayerNormalization large") { layer_norm({256, 160}, -1, true, 1); }
+
+TEST_CASE("grad InstanceNormalization large") { instance_norm({4, 8, 32, 40}, 1e-3f, 8); }
 
 TEST_CASE("grad BatchNormalization training large") { batch_norm({9, 8, 16, 32}, true, 3, 8); }
 

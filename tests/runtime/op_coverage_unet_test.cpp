@@ -1,8 +1,9 @@
 // ConvTranspose as U-Net decoders use it (issue 15): the CPU kernel against a direct loop over
 // ONNX's definition (groups, dilations, pads, output_padding, output_shape, auto_pad, 1-D to
 // 3-D), refusals at import in one line naming the node and the numbers, and a small U-Net built
-// with the samples' builder planned on 2 devices, run and trained as on one. The gradients are
-// checked in tests/grad/grad_conv_transpose_test.cpp, ONNX's own cases by the conformance run.
+// with the samples' builder planned on 2 devices, run and trained as on one, with and without
+// InstanceNormalization (pix2pix's). The gradients are checked in tests/grad
+// (grad_conv_transpose_test.cpp, grad_norm_test.cpp), ONNX's own cases by the conformance run.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -222,6 +223,17 @@ TEST_CASE("a U-Net with ConvTranspose up-sampling: planned on 2 devices, run and
   testing::check_training(model);
   const DType with_bias[] = {DType::kFloat32, DType::kFloat32, DType::kFloat32};
   testing::check_cuda_accepts("ConvTranspose", with_bias);
+}
+
+TEST_CASE("a U-Net with InstanceNormalization (pix2pix): 2 devices as one, trained") {
+  testing::TempDir dir;
+  const std::string model = dir.file("unet_in.onnx");
+  samples::build_unet({.width = 4, .image_size = 8, .instance_norm = true}).write(model);
+  CHECK(testing::run_against_unpartitioned(model, 1, "InstanceNormalization") == 5);
+  CHECK(testing::run_against_unpartitioned(model, 2, "InstanceNormalization") == 5);
+  testing::check_training(model);
+  const DType three[] = {DType::kFloat32, DType::kFloat32, DType::kFloat32};
+  testing::check_cuda_accepts("InstanceNormalization", three);
 }
 
 }  // namespace stagecraft::rt

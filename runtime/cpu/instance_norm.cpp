@@ -1,0 +1,137 @@
+// InstanceNormalization and its gradient on float32 (operands: instance_norm_shape.h), one
+// OpenMP task per (n, c) plane. The statistics are the plane's mean and biased variance in
+// double (two passes); Y = scale * ((x - mean) * inv) + B in float with mean, var and inv =
+// 1 / sqrt(var + epsilon) as float, as the CUDA backend's (its batch-norm training kernel run
+// on the N * C planes).
+//
+// InstanceNormalizationGrad (xhat = (x - mean) * istd, istd in double):
+//   dX = scale * istd * (dY - mean(dY) - xhat * mean(dY * xhat)) over the plane,
+//   dScale[c] = sum over n and the plane of dY * xhat, dB[c] = the same of dY,
+// the per-plane sums in double, summed over n in order.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "runtime/cpu/families.h"
+#include "runtime/cpu/grad_io.h"
+#include "runtime/cpu/instance_norm_shape.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::rt::cpu {
+
+namespace {
+
+constexpr GradArity kArity{.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1};
+
+// A plane's mean and biased variance, in double.
+void plane_stats(const float* x, int64_t size, double& mean, double& var) {
+  double sum = 0;
+  for (int64_t i = 0; i < size; ++i) sum += x[i];
+  mean = sum / static_cast<double>(size);
+  double sq = 0;
+  for (int64_t i = 0; i < size; ++i) {
+    const double d = x[i] - mean;
+    sq += d * d;
+  }
+  var = sq / static_cast<double>(size);
+}
+
+void instance_norm(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  const InstanceNormShape s = instance_norm_shape(a, x, a.input(1), a.input(2));
+  expect_shape(a, 0, x.shape);
+  if (x.numel() == 0) return;
+  const float epsilon = a.attrs.f("epsilon", 1e-5f);
+  const float* xp = x.as<float>();
+  const float* scale = a.input(1).as<float>();
+  const float* bias = a.input(2).as<float>();
+  float* y = a.out[0]->as<float>();
+#pragma omp parallel for if (x.numel() > 32768)
+  for (int64_t p = 0; p < s.planes(); ++p) {
+    const float* in = xp + p * s.size;
+    float* out = y + p * s.size;
+    double mean, var;
+    plane_stats(in, s.size, mean, var);
+    const float mean_f = static_cast<float>(mean), var_f = static_cast<float>(var);
+    const float inv = 1.0f / std::sqrt(var_f + epsilon);
+    const float k = scale[p % s.c], b = bias[p % s.c];
+    for (int64_t i = 0; i < s.size; ++i) out[i] = k * ((in[i] - mean_f) * inv) + b;
+  }
+}
+
+// Writes every element of every requested output.
+void instance_norm_grad(const KernelArgs& a) {
+  const GradIo io(a, kArity);
+  const Tensor& x = io.need_x(0);
+  const Tensor& scale_t = io.need_x(1);
+  const InstanceNormShape s = instance_norm_shape(a, x, scale_t, io.need_x(2));
+  if (io.wants(0)) expect_shape(a, 0, x.shape);
+  if (io.wants(1)) expect_shape(a, 1, scale_t.shape);
+  if (io.wants(2)) expect_shape(a, 2, scale_t.shape);
+  if (io.dy(0) == nullptr || x.numel() == 0) return zero_outputs(a);
+  const Tensor& dy_t = *io.dy(0);
+  expect_dy_shape(a, dy_t, x.shape);
+  const double epsilon = a.attrs.f("epsilon", 1e-5f);
+  const float* xp = x.as<float>();
+  const float* dyp = dy_t.as<float>();
+  const float* scale = scale_t.as<float>();
+  float* dx = io.wants(0) ? io.dx(0)->as<float>() : nullptr;
+  // Per plane: the sums of dY and of dY * xhat.
+  std::vector<double> sum_dy(static_cast<size_t>(s.planes())), sum_dy_xhat(sum_dy.size());
+  const double inv_size = 1.0 / static_cast<double>(s.size);
+#pragma omp parallel for if (x.numel() > 32768)
+  for (int64_t p = 0; p < s.planes(); ++p) {
+    const float* in = xp + p * s.size;
+    const float* g = dyp + p * s.size;
+    double mean, var;
+    plane_stats(in, s.size, mean, var);
+    const double istd = 1.0 / std::sqrt(var + epsilon);
+    double sdy = 0, sdyx = 0;
+    for (int64_t i = 0; i < s.size; ++i) {
+      sdy += g[i];
+      sdyx += g[i] * (in[i] - mean) * istd;
+    }
+    sum_dy[p] = sdy;
+    sum_dy_xhat[p] = sdyx;
+    if (dx == nullptr) continue;
+    const double k = scale[p % s.c] * istd;
+    float* out = dx + p * s.size;
+    for (int64_t i = 0; i < s.size; ++i)
+      out[i] = static_cast<float>(
+          k * (g[i] - sdy * inv_size - (in[i] - mean) * istd * sdyx * inv_size));
+  }
+  for (size_t k : {size_t{1}, size_t{2}}) {
+    if (!io.wants(k)) continue;
+    const std::vector<double>& sums = k == 1 ? sum_dy_xhat : sum_dy;
+    float* out = io.dx(k)->as<float>();
+    for (int64_t c = 0; c < s.c; ++c) {
+      double total = 0;
+      for (int64_t n = 0; n < s.n; ++n) total += sums[static_cast<size_t>(n * s.c + c)];
+      out[c] = static_cast<float>(total);
+    }
+  }
+}
+
+std::string check_instance_norm(const OpSignature& s) {
+  if (s.inputs.size() != 3 || s.inputs[0] == DType::kUndefined ||
+      s.inputs[1] == DType::kUndefined || s.inputs[2] == DType::kUndefined)
+    return "InstanceNormalization needs its three inputs: input, scale and B";
+  return all_float32(s);
+}
+
+std::string check_instance_norm_grad(const OpSignature& s) {
+  if (std::string why = grad_arity_error(s, kArity); !why.empty()) return why;
+  return all_float32(s);
+}
+
+constexpr KernelEntry kKernels[] = {
+    {"InstanceNormalization", instance_norm, check_instance_norm},
+    {"InstanceNormalizationGrad", instance_norm_grad, check_instance_norm_grad,
+     /*writes_every_output=*/true},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> instance_norm_kernels() { return kKernels; }
+
+}  // namespace stagecraft::rt::cpu
