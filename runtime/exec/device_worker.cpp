@@ -232,12 +232,19 @@ void DeviceWorker::timed(schedule::Op op, int stage, int microbatch, double star
   run_.events[device_].push_back({device_, op, stage, microbatch, start, end});
 }
 
+void DeviceWorker::waited(const schedule::Instruction& ins, double start) {
+  run_.events[device_].push_back(
+      {device_, ins.op, ins.stage, ins.microbatch, start, run_.seconds()});
+}
+
 void DeviceWorker::recv_act(const schedule::Instruction& ins) {
+  const double start = run_.seconds();
   auto& slot = received_[{ins.stage, ins.microbatch}];
   for (int from : stage(ins.stage).producers) {
     Message m = transport().recv({from, ins.stage, false}, ins.microbatch);
     for (NamedTensor& t : m.tensors) slot.push_back({t.name, context_->adopt(t.tensor)});
   }
+  waited(ins, start);
 }
 
 // A microbatch's loss: kept for the step's mean; NaN or Inf stops the run unless told to skip.
@@ -326,6 +333,7 @@ void DeviceWorker::send_act(const schedule::Instruction& ins) {
 }
 
 void DeviceWorker::recv_grad(const schedule::Instruction& ins) {
+  const double start = run_.seconds();
   auto& slot = grads_in_[{ins.stage, ins.microbatch}];
   for (const auto& [from, indices] : stage(ins.stage).sends) {
     Message m = transport().recv({from, ins.stage, true}, ins.microbatch);
@@ -343,6 +351,7 @@ void DeviceWorker::recv_grad(const schedule::Instruction& ins) {
       same->tensor = sum;
     }
   }
+  waited(ins, start);
 }
 
 void DeviceWorker::backward(const schedule::Instruction& ins) { run_backward(ins); }
@@ -511,8 +520,8 @@ void DeviceWorker::sum_over_replicas(int stage_index) {
       meter.add(g.bytes());  // the gradient buffer lives for the run
     }
     if (g.dtype != DType::kFloat32)
-      fail(ErrorKind::kUnsupported, "the all-reduce sums float32 gradients; '{}' is {}",
-           part.name, g.describe());
+      fail(ErrorKind::kUnsupported, "the all-reduce sums float32 gradients; '{}' is {}", part.name,
+           g.describe());
     parts.emplace_back(&g, part.offset);
   }
   const int64_t elements = st.flat_elements;
@@ -567,7 +576,7 @@ void DeviceWorker::sharded_step(int stage_index, float lr, int64_t update) {
       Tensor g = slice(bucket, part.offset + lo, part.offset + hi);
       run_.optimizer->step(*context_, w, g, state, lr, update);
     }
-    meter.add(state.bytes() - state_before);  // created on first use
+    meter.add(state.bytes() - state_before);                   // created on first use
     if (state.tensors.empty()) st.opt_state.erase(part.name);  // no part here
     context_->fill_zero(grads.at(part.name));
   }

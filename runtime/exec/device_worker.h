@@ -119,7 +119,7 @@ struct RunState {
   std::vector<std::unique_ptr<Transport>> transports;
   StepBarrier barrier;
   std::vector<DeviceReport> reports;
-  std::vector<std::vector<double>> busy;  ///< Per device, per step: compute seconds.
+  std::vector<std::vector<double>> busy;       ///< Per device, per step: compute seconds.
   std::vector<std::vector<double>> allreduce;  ///< Per device, per step: ALLREDUCE seconds.
   std::vector<std::vector<schedule::TimelineEvent>> events;
   std::vector<double> step_start, step_end;
@@ -192,6 +192,9 @@ class DeviceWorker {
   void free_microbatch(const Key& key, const StageRuntime& st);
   void record_loss(const schedule::Instruction& ins, float loss);
   void timed(schedule::Op op, int stage, int microbatch, double start);
+  /// A receive's wait, from `start` to its data in hand: on the timeline (stagerun --trace), not
+  /// in the busy time.
+  void waited(const schedule::Instruction& ins, double start);
 
   /// Sums the stage's weight gradients over the replicas (ALLREDUCE) through its bucket.
   void sum_over_replicas(int stage_index);

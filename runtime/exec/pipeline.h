@@ -87,7 +87,7 @@ struct RunReport {
   int reported_step = 0;       ///< The step the figures below describe (`median_step`).
   double bubble_fraction = 0;  ///< 1 - busy / (devices x step), of the reported step.
   std::vector<DeviceReport> devices;  ///< Every device of every replica (R x P).
-  /// Compute of every step (and the all-reduces), seconds from the start.
+  /// Compute of every step, the all-reduces and the receives' waits, seconds from the start.
   std::vector<schedule::TimelineEvent> events;
   std::map<std::string, Tensor> outputs;  ///< The last step's graph outputs, whole batch.
   /// Training: each step's loss: per replica the mean over its microbatches, then the mean

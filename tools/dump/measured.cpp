@@ -71,7 +71,7 @@ std::vector<std::pair<size_t, schedule::TimelineEvent>> trace_events(const nlohm
             .in(path);
     if (predicted[e["pid"].get<int64_t>()]) continue;
     std::optional<schedule::Op> op = slice_op(e);
-    if (!op || !is_timed(*op)) continue;
+    if (!op || !(is_timed(*op) || is_receive(*op))) continue;
     const nlohmann::json& args = e["args"];
     if (!args.is_object() || !args["stage"].is_number_integer() ||
         !args["microbatch"].is_number_integer() || !e["ts"].is_number() || !e["dur"].is_number() ||
@@ -173,7 +173,17 @@ MeasuredRun from_summary(const nlohmann::json& s, const std::string& path, const
   return run;
 }
 
+void add_event(MeasuredStep& step, const MeasuredEvent& event) {
+  if (step.events.empty() || event.event.start_s < step.start_s) step.start_s = event.event.start_s;
+  step.end_s = std::max(step.end_s, event.event.end_s);
+  step.events.push_back(event);
+}
+
 }  // namespace
+
+bool is_receive(schedule::Op op) {
+  return op == schedule::Op::kRecvAct || op == schedule::Op::kRecvGrad;
+}
 
 bool is_timed(schedule::Op op) {
   return op == schedule::Op::kForward || op == schedule::Op::kBackward ||
@@ -229,10 +239,16 @@ std::vector<MeasuredStep> split_steps(const std::vector<schedule::TimelineEvent>
     int step = 0;
     for (size_t i : order) {
       const schedule::TimelineEvent& e = events[i];
+      if (static_cast<int>(steps.size()) <= step) steps.emplace_back();
+      if (!is_timed(e.op)) {  // a receive's wait: in the step, not matched
+        add_event(steps[static_cast<size_t>(step)], {e, false});
+        continue;
+      }
       const schedule::Instruction& want = timed[next];
       bool recompute =
           e.op == schedule::Op::kForward &&
-          (want.op == schedule::Op::kBackward || want.op == schedule::Op::kBackwardInput) &&
+          (want.op == schedule::Op::kBackward || want.op == schedule::Op::kBackwardInput ||
+           want.op == schedule::Op::kBackwardWeight) &&
           e.stage == want.stage && e.microbatch == want.microbatch &&
           want.stage < static_cast<int>(plan.stages.size()) &&
           plan.stages[static_cast<size_t>(want.stage)].recompute;
@@ -246,11 +262,7 @@ std::vector<MeasuredStep> split_steps(const std::vector<schedule::TimelineEvent>
                         where(i), schedule::to_string(got), d, step + 1, schedule::to_string(want)))
             .in(source);
       }
-      if (static_cast<int>(steps.size()) <= step) steps.emplace_back();
-      MeasuredStep& s = steps[static_cast<size_t>(step)];
-      if (s.events.empty() || e.start_s < s.start_s) s.start_s = e.start_s;
-      s.end_s = std::max(s.end_s, e.end_s);
-      s.events.push_back({e, recompute});
+      add_event(steps[static_cast<size_t>(step)], {e, recompute});
       if (!recompute && ++next == timed.size()) {
         next = 0;
         ++step;

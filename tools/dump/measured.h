@@ -61,10 +61,11 @@ MeasuredRun load_measured(const std::string& path, const PlanView& view);
 
 /// Splits the events of a traced run (times from the run's start) into its steps, checking every
 /// device's timed instructions (`is_timed`) against its list in `schedule` (device g runs list
-/// g % P), step after step; a recomputing stage's forward re-run just before its backward is
-/// kept, marked. Throws `Error(kPlan)` naming `source` and the event (`where(i)` for events[i])
-/// for an event on a device the plan lacks, one out of the schedule's order, a device that
-/// stops inside a step, and devices that ran different step counts.
+/// g % P), step after step; a recomputing stage's forward re-run just before its backward (B or
+/// W) is kept, marked; receives' waits are kept in the step they fall in, unmatched. Throws
+/// `Error(kPlan)` naming `source` and the event (`where(i)` for events[i]) for an event on a device
+/// the plan lacks, one out of the schedule's order, a device that stops inside a step, and devices
+/// that ran different step counts.
 std::vector<MeasuredStep> split_steps(const std::vector<schedule::TimelineEvent>& events,
                                       const plan::Plan& plan, const schedule::Schedule& schedule,
                                       const std::string& source,
@@ -74,8 +75,11 @@ std::vector<MeasuredStep> split_steps(const std::vector<schedule::TimelineEvent>
 /// of the two middle ones for an even count; with one step, that one.
 int median_step(const std::vector<double>& step_ms);
 
-/// True for the instructions a traced run times: FWD, BWD, BWD_INPUT, BWD_WEIGHT, OPT_STEP and
-/// ALLREDUCE.
+/// RECV_ACT and RECV_GRAD: a traced run has their waits too (not matched against the schedule).
+bool is_receive(schedule::Op op);
+
+/// True for the instructions a traced run times and matches against the schedule: FWD, BWD,
+/// BWD_INPUT, BWD_WEIGHT, OPT_STEP and ALLREDUCE.
 bool is_timed(schedule::Op op);
 
 }  // namespace stagecraft::dump

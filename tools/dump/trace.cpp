@@ -6,7 +6,7 @@
 // optimizer step, all-reduces), "receive / wait" (a receive: the wait from the device being free
 // to the data's arrival) and "send" lanes (a send: the transfer on its link; sends that overlap
 // take further lanes). The predicted device carries its memory as a counter ("memory device N").
-// A measured run has the compute the runtime times (no sends or waits).
+// A measured run has what the runtime times: compute, all-reduces, receives' waits (no sends).
 #include <fmt/format.h>
 
 #include <filesystem>
