@@ -68,6 +68,12 @@ healthy_run() {
     fail "the healthy run of the plan on $ranks ranks failed: $(cat healthy.err)"
   echo $((SECONDS - t0))
 }
+# The cuts of PLAN, comma separated, for --split-after: stagedump's "stage K: cut after 'NODE'"
+# lines (stagedump is built beside stagerun; no JSON tool is needed on the machine).
+split_of() {
+  "$(dirname "$stagerun")/stagedump" "$1" | sed -n "s/^  stage [0-9]*: cut after '\([^']*\)'.*/\1/p" |
+    paste -sd, -
+}
 # Seconds a faulty run may take beyond the healthy run and the timeout (scheduling on 2 busy
 # cores, mpirun's teardown).
 slack=10
@@ -175,7 +181,7 @@ case "$check" in
     "$stagec" "${common[@]}" -o zero --devices 4 --data-parallel 2 --microbatches 2 \
       --shard-optimizer >/dev/null
     # Every plan splits where the first does (a checkpoint names its stage files' hashes).
-    split=$(python3 -c 'import json, sys; print(",".join(json.load(open(sys.argv[1]))["predicted"]["split_after"]))' zero/plan.json)
+    split=$(split_of zero)
     "$stagec" "${common[@]}" -o plain --devices 4 --data-parallel 2 --microbatches 2 \
       --split-after "$split" >/dev/null
     "$stagec" "${common[@]}" -o one --devices 2 --microbatches 4 --split-after "$split" >/dev/null
@@ -227,7 +233,7 @@ case "$check" in
     "$stagec" "${chain[@]}" -o chain_zero --devices 4 --data-parallel 2 --microbatches 2 \
       --shard-optimizer >/dev/null
     grep -q '"shared_weights": \[$' chain_zero/plan.json || fail "the chain has no shared weight"
-    split=$(python3 -c 'import json, sys; print(",".join(json.load(open(sys.argv[1]))["predicted"]["split_after"]))' chain_zero/plan.json)
+    split=$(split_of chain_zero)
     "$stagec" "${chain[@]}" -o chain_one --devices 2 --microbatches 4 --split-after "$split" >/dev/null
     "${mpi[@]}" -np 4 "$stagerun" chain_zero --steps 3 -q --checkpoint ranks_zero >/dev/null \
       2>ranks.err || fail "chain: mpirun -np 4 --checkpoint failed: $(cat ranks.err)"
