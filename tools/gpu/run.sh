@@ -4,7 +4,12 @@
 # $OUT/summary.txt (one line per check: PASS, FAIL or SKIP with its seconds, and the figures)
 # and $OUT/log.txt (every command's whole output); OUT defaults to ./gpu-results.
 #
-#   bash tools/gpu/run.sh [checks|bench|all]    (default all)
+#   bash tools/gpu/run.sh [checks] [bench] [torch] [all]    (default all: the three in order)
+#
+# A lease is short (the device tool allows 10 minutes a command), so the three checks that share
+# no state (gradients, conformance, pipelines) run at once, each with its own log appended to
+# log.txt as it ends, and $STAGECRAFT_GPU_DEADLINE (seconds, default 570) bounds the whole
+# script: a check or measurement that would start after it is reported as "not run (deadline)".
 #
 # checks: the CUDA backend against the CPU backend, every gradient case of the kernel harness
 #   (STAGECRAFT_TEST_BACKEND=cuda), ONNX's conformance cases with the CPU's skip list, whole
@@ -12,9 +17,15 @@
 #   every schedule), and compute-sanitizer memcheck and racecheck over a short pipeline run.
 # bench: 2- and 4-stage pipelines sharing the GPU, planned from a --profile cuda database:
 #   measured step and bubble against the plan's prediction (stagerun --json).
+# torch: bench/gpu_vs_pytorch.sh: one-GPU training steps of a GPT-2-small-shaped model and of
+#   ResNet-50 by stagerun against PyTorch eager and torch.compile on the same GPU.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-what=${1:-all}
+cd "$(dirname "$0")/../.." || exit 1
+parts=" ${*:-all} "
+[ "$parts" = " all " ] && parts=" checks bench torch "
+start_s=$(date +%s)
+deadline=${STAGECRAFT_GPU_DEADLINE:-570}
+left() { echo $((deadline - ($(date +%s) - start_s))); }
 out=${OUT:-$PWD/gpu-results}
 mkdir -p "$out"
 summary=$out/summary.txt
@@ -44,14 +55,24 @@ export LD_LIBRARY_PATH="$b/lib$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export STAGECRAFT_SAMPLES=$b/samples STAGECRAFT_CUDA_PLUGIN=$b/lib/libstagecraft_cuda.so
 export PATH="$b/bin:$PATH"
 
-# check NAME TIMEOUT COMMAND...: one summary line (exit 77 is a skip), the output to the log.
+# check NAME TIMEOUT COMMAND...: one summary line (exit 77 is a skip, 124 a timeout), the output
+# to the log (or to $check_log when set: the parallel checks). TIMEOUT is cut to what is left
+# of the deadline; with under 10 s left the check is not run.
 check() {
   local name=$1 limit=$2
   shift 2
-  echo "=== $name: $*" >>"$log"
+  local remaining
+  remaining=$(left)
+  if [ "$remaining" -lt 10 ]; then
+    say "FAIL $name: not run (deadline: STAGECRAFT_GPU_DEADLINE=$deadline s)"
+    return 125
+  fi
+  [ "$limit" -gt "$remaining" ] && limit=$remaining
+  local to=${check_log:-$log}
+  echo "=== $name: $*" >>"$to"
   local t0 rc
   t0=$(date +%s.%N)
-  timeout "$limit" "$@" >>"$log" 2>&1
+  timeout "$limit" "$@" >>"$to" 2>&1
   rc=$?
   local s
   s=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
@@ -64,27 +85,47 @@ check() {
   return $rc
 }
 
+# check_bg NAME TIMEOUT COMMAND...: check in the background with its own log, which is appended
+# to log.txt (under a lock) when it ends; `wait` collects them.
+check_bg() {
+  local name=$1
+  (
+    check_log=$work/log-$name.txt
+    : >"$check_log"
+    check "$@"
+    rc=$?
+    flock "$work/log.lock" cat "$check_log" >>"$log"
+    exit $rc
+  ) &
+}
+
 if ! check probe 60 stagecraft-gpu-probe; then
   say "no usable GPU: nothing else runs"
   exit 1
 fi
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader 2>&1 |
+  sed 's/^/gpu state: /' | tee -a "$summary"
 
-if [ "$what" = all ] || [ "$what" = checks ]; then
-  STAGECRAFT_TEST_BACKEND=cuda check gradients 900 stagecraft_grad_tests
-  check conformance 900 stagecraft-conformance --backend cuda --skips "$b/skips.txt" --data "$b/data/onnx"
-  grep -E "^(passed|pass|[0-9]+ pass)" "$log" | tail -1 | sed 's/^/conformance: /' >>"$summary"
-  check pipelines 1200 stagecraft_gpu_pipeline_tests
+if [[ $parts == *" checks "* ]]; then
+  STAGECRAFT_TEST_BACKEND=cuda check_bg gradients 400 stagecraft_grad_tests
+  check_bg conformance 400 stagecraft-conformance --backend cuda --skips "$b/skips.txt" --data "$b/data/onnx"
+  check_bg pipelines 400 stagecraft_gpu_pipeline_tests
+  wait
+  grep -E "^(passed|pass|[0-9]+ pass)" "$work/log-conformance.txt" | tail -1 | sed 's/^/conformance: /' >>"$summary"
+  grep -E "^\[doctest\] (test cases|assertions):" "$work/log-gradients.txt" "$work/log-pipelines.txt" |
+    sed "s|^$work/log-||; s|\.txt:| |" >>"$summary"
   if command -v compute-sanitizer >/dev/null; then
-    check memcheck 900 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    check_bg memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 1 \
       stagecraft_gpu_pipeline_tests -tc="inference*"
-    check racecheck 900 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    check_bg racecheck 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
       stagecraft_gpu_pipeline_tests -tc="inference*"
+    wait
   else
     say "SKIP memcheck, racecheck: compute-sanitizer is not on this machine"
   fi
 fi
 
-if [ "$what" = all ] || [ "$what" = bench ]; then
+if [[ $parts == *" bench "* ]]; then
   p=$work/plans
   mkdir -p "$p"
   for model in gpt_tiny resnet_small; do
@@ -97,8 +138,8 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
         [ $mode = train ] && flags="$flags --train $extra --schedule 1f1b"
         [ $mode = infer ] && [ $model = gpt_tiny ] && flags="$flags --dim seq=64"
         # shellcheck disable=SC2086
-        check "plan $model $devices $mode" 600 stagec "$b/samples/$model.onnx" -o "$plan" $flags || continue
-        if check "run $model $devices $mode" 600 stagerun "$plan" --backend cuda --steps 20 --json -q; then
+        check "plan $model $devices $mode" 300 stagec "$b/samples/$model.onnx" -o "$plan" $flags || continue
+        if check "run $model $devices $mode" 300 stagerun "$plan" --backend cuda --steps 20 --json -q; then
           # --json: JSON Lines; the summary record is the last line of type "summary".
           grep '"type":"summary"' "$log" | tail -1 |
             grep -oE '"(median_step_ms|predicted_step_ms|bubble)":(\{[^}]*\}|[^,]*)' |
@@ -109,4 +150,10 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     done
   done
 fi
-say "done"
+
+if [[ $parts == *" torch "* ]]; then
+  # bench/gpu_vs_pytorch.sh reads the tools from PATH and writes its table to the summary.
+  check torch "$(left)" env BUNDLE="$b" WORK="$work/torch" SUMMARY="$summary" \
+    bash bench/gpu_vs_pytorch.sh
+fi
+say "done ($(( $(date +%s) - start_s )) s)"
