@@ -30,12 +30,17 @@ results=$work/results.jsonl
 : >"$results"
 note() { echo "$*" | tee -a "$summary"; }
 
-# ours NAME MODEL STAGEC_ARGS...: plan and run one model; appends its record to results.jsonl.
+# ours NAME MODEL SHAPE_ARGS TRAIN_ARGS...: plan and run one model; appends its record to
+# results.jsonl. SHAPE_ARGS (one word, split): --batch and --dim, which --info takes too.
 ours() {
-  local name=$1 model=$2
-  shift 2
+  local name=$1 model=$2 shape=$3
+  shift 3
   local flops
-  flops=$(stagec "$model" --info "$@" 2>/dev/null | awk '$1 == "forward" { print $2, $3 }')
+  # shellcheck disable=SC2086
+  flops=$(stagec "$model" --info $shape | awk '$1 == "forward" { print $2, $3 }')
+  [ -n "$flops" ] || { note "FAIL stagec --info $name: no forward FLOPs"; return 1; }
+  # shellcheck disable=SC2086
+  set -- $shape "$@"
   if ! stagec "$model" -o "$work/$name-plan" --devices 1 --microbatches 1 --train --device-spec h100 \
       "$@" >"$work/$name-stagec.txt" 2>&1; then
     note "FAIL stagec $name: $(tail -1 "$work/$name-stagec.txt")"
@@ -72,14 +77,14 @@ note "gpu_vs_pytorch: $(nvidia-smi --query-gpu=name --format=csv,noheader), $(da
 # GPT-2 small's shape.
 stagecraft-make-samples gpt --layers 12 --width 768 --heads 12 --seq 1024 --vocab 50257 --tied \
   --external-data -o "$work/gpt2s.onnx" >/dev/null
-ours gpt2 "$work/gpt2s.onnx" --batch "$gpt_batch" --dim seq=1024 --loss cross-entropy
+ours gpt2 "$work/gpt2s.onnx" "--batch $gpt_batch --dim seq=1024" --loss cross-entropy
 for cfg in eager:bf16 compile:bf16 eager:fp32; do
   theirs gpt2 --batch "$gpt_batch" --seq 1024 --mode "${cfg%:*}" --precision "${cfg#*:}"
 done
 # ResNet-50.
 "$py" bench/torch_gpu_step.py export-resnet50 "$work/resnet50.onnx" --image 224 >/dev/null 2>"$work/export.err" ||
   note "FAIL resnet50 export: $(tail -1 "$work/export.err")"
-[ -f "$work/resnet50.onnx" ] && ours resnet50 "$work/resnet50.onnx" --batch "$resnet_batch" --loss mse
+[ -f "$work/resnet50.onnx" ] && ours resnet50 "$work/resnet50.onnx" "--batch $resnet_batch" --loss mse
 for cfg in eager:bf16 compile:bf16 eager:fp32; do
   theirs resnet50 --batch "$resnet_batch" --image 224 --mode "${cfg%:*}" --precision "${cfg#*:}"
 done
@@ -117,3 +122,4 @@ for model in ("gpt2", "resnet50"):
               f"final loss {ours.get('final_loss')}")
 PY
 cp "$results" "${OUT:-$work}/gpu_vs_pytorch.jsonl" 2>/dev/null || true
+for f in "$work"/*-run.jsonl; do cp "$f" "${OUT:-$work}/" 2>/dev/null || true; done

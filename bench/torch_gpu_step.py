@@ -61,6 +61,11 @@ class GPT(torch.nn.Module):
         self.wpe = torch.nn.Embedding(context, width)
         self.blocks = torch.nn.ModuleList(Block(width, heads) for _ in range(layers))
         self.ln_f = torch.nn.LayerNorm(width)
+        # GPT-2's initialisation (normal, std 0.02): with the tied head, nn.Embedding's std 1
+        # would start the loss near 90 instead of ln(vocabulary).
+        for module in self.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                torch.nn.init.normal_(module.weight, std=0.02)
 
     def forward(self, ids):
         pos = torch.arange(ids.shape[1], device=ids.device)

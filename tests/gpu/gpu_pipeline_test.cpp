@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include "compiler/plan/planner.h"
 #include "runtime/core/backend.h"
@@ -58,6 +59,15 @@ RunReport run_on(const Backend& backend, const plan::PlanOptions& o, int steps) 
 
 const Backend& cuda() { return *cuda_backend(); }
 
+// $STAGECRAFT_GPU_SAMPLES, a comma-separated list of sample files, narrows the tests to those
+// (tools/gpu/run.sh: racecheck is too slow for all of them in a lease); unset: every sample.
+bool wanted(const std::string& file) {
+  const char* env = std::getenv("STAGECRAFT_GPU_SAMPLES");
+  if (env == nullptr || *env == '\0') return true;
+  const std::string list = "," + std::string(env) + ",";
+  return list.find("," + file + ",") != std::string::npos;
+}
+
 const Sample kSamples[] = {{"toy.onnx", "mse", 20},
                            {"mnist_cnn.onnx", "cross-entropy", 20},
                            {"resnet_small.onnx", "mse", 10},
@@ -66,9 +76,11 @@ const Sample kSamples[] = {{"toy.onnx", "mse", 20},
 TEST_CASE("inference on the GPU gives the CPU backend's outputs") {
   for (const Sample& s : kSamples)
     for (int devices : {1, 2, 4}) {
+      // The toy's forward is 3 ops: no 4 stages of it (training adds the backward's ops).
+      if (!wanted(s.file) || (s.file == "toy.onnx" && devices == 4)) continue;
       CAPTURE(s.file);
       CAPTURE(devices);
-      plan::PlanOptions o = options_for(s, devices, "gpipe", false);
+      plan::PlanOptions o = options_for(s, devices, "inference", false);
       RunReport want = run_on(cpu_backend(), o, 1), got = run_on(cuda(), o, 1);
       REQUIRE(got.outputs.size() == want.outputs.size());
       for (const auto& [name, w] : want.outputs) {
@@ -86,7 +98,8 @@ TEST_CASE("pipelined training on the GPU gives the CPU backend's loss curve") {
   for (const Sample& s : kSamples)
     for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"})
       for (int devices : {1, 2, 4}) {
-        if (std::string(schedule) == "interleaved" && (devices == 1 || s.file == "toy.onnx"))
+        if (!wanted(s.file) ||
+            (std::string(schedule) == "interleaved" && (devices == 1 || s.file == "toy.onnx")))
           continue;
         CAPTURE(s.file);
         CAPTURE(schedule);

@@ -4,7 +4,7 @@
 # $OUT/summary.txt (one line per check: PASS, FAIL or SKIP with its seconds, and the figures)
 # and $OUT/log.txt (every command's whole output); OUT defaults to ./gpu-results.
 #
-#   bash tools/gpu/run.sh [checks] [bench] [torch] [all]    (default all: the three in order)
+#   bash tools/gpu/run.sh [checks] [racecheck] [bench] [profiled] [torch] [all]  (default all)
 #
 # A lease is short (the device tool allows 10 minutes a command), so the three checks that share
 # no state (gradients, conformance, pipelines) run at once, each with its own log appended to
@@ -17,12 +17,14 @@
 #   every schedule), and compute-sanitizer memcheck and racecheck over a short pipeline run.
 # bench: 2- and 4-stage pipelines sharing the GPU, planned from a --profile cuda database:
 #   measured step and bubble against the plan's prediction (stagerun --json).
+# profiled: a GPT-2-small-shaped training step on 1 and 2 devices sharing the GPU, planned
+#   from a --profile cuda database: measured step against the prediction.
 # torch: bench/gpu_vs_pytorch.sh: one-GPU training steps of a GPT-2-small-shaped model and of
 #   ResNet-50 by stagerun against PyTorch eager and torch.compile on the same GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 parts=" ${*:-all} "
-[ "$parts" = " all " ] && parts=" checks bench torch "
+[ "$parts" = " all " ] && parts=" checks racecheck bench profiled torch "
 start_s=$(date +%s)
 deadline=${STAGECRAFT_GPU_DEADLINE:-570}
 left() { echo $((deadline - ($(date +%s) - start_s))); }
@@ -115,14 +117,26 @@ if [[ $parts == *" checks "* ]]; then
   grep -E "^\[doctest\] (test cases|assertions):" "$work/log-gradients.txt" "$work/log-pipelines.txt" |
     sed "s|^$work/log-||; s|\.txt:| |" >>"$summary"
   if command -v compute-sanitizer >/dev/null; then
+    # Inference of every sample under memcheck, and training of the toy ($STAGECRAFT_GPU_SAMPLES).
+    # racecheck is the part "racecheck".
     check_bg memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 1 \
       stagecraft_gpu_pipeline_tests -tc="inference*"
-    check_bg racecheck 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
-      stagecraft_gpu_pipeline_tests -tc="inference*"
+    STAGECRAFT_GPU_SAMPLES=toy.onnx check_bg memcheck-training 300 \
+      compute-sanitizer --tool memcheck --error-exitcode 1 stagecraft_gpu_pipeline_tests -tc="pipelined*"
     wait
   else
     say "SKIP memcheck, racecheck: compute-sanitizer is not on this machine"
   fi
+fi
+
+if [[ $parts == *" racecheck "* ]]; then
+  # Shared-memory hazards, over the kernels that use shared memory (the block reductions of
+  # norm_block.cuh and reduce_kernels.cu), forward and gradient, through the kernel harness.
+  # Not over whole pipelines: on the 2026-11-25 H100 lease racecheck lost track of a launch
+  # from the device threads ("Internal Sanitizer Error") and made no progress in 300 s.
+  STAGECRAFT_TEST_BACKEND=cuda check racecheck 300 compute-sanitizer --tool racecheck \
+    --error-exitcode 1 stagecraft_grad_tests \
+    -tc="grad LayerNorm*,grad Reduce*,grad Softmax*,grad InstanceNorm*"
 fi
 
 if [[ $parts == *" bench "* ]]; then
@@ -148,6 +162,27 @@ if [[ $parts == *" bench "* ]]; then
         fi
       done
     done
+  done
+fi
+
+if [[ $parts == *" profiled "* ]]; then
+  # GPT-2 small's shape (bench/gpu_vs_pytorch.sh's model), batch 8 of seq 1024, planned from a
+  # --profile cuda database on 1 and 2 devices sharing the GPU: measured step against predicted.
+  p=$work/profiled
+  mkdir -p "$p"
+  stagecraft-make-samples gpt --layers 12 --width 768 --heads 12 --seq 1024 --vocab 50257 --tied \
+    --external-data -o "$p/gpt2s.onnx" >>"$log" 2>&1
+  for devices in 1 2; do
+    plan=$p/gpt2s-$devices
+    check "plan gpt2s $devices train (profile cuda)" 300 stagec "$p/gpt2s.onnx" -o "$plan" \
+      --devices $devices --batch 8 --microbatches $((devices == 1 ? 1 : 4)) --dim seq=1024 --train \
+      --loss cross-entropy --profile cuda --profile-db "$p/profile-cuda.json" || continue
+    if check "run gpt2s $devices train" 300 stagerun "$plan" --backend cuda --steps 6 --json -q; then
+      grep '"type":"summary"' "$log" | tail -1 |
+        grep -oE '"(median_step_ms|predicted_step_ms|bubble)":(\{[^}]*\}|[^,]*)' |
+        tr '\n' ' ' | sed "s/^/  gpt2s $devices train: /" >>"$summary"
+      echo >>"$summary"
+    fi
   done
 fi
 
