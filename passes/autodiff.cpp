@@ -9,6 +9,7 @@
 
 #include "compiler/ir/ops.h"
 #include "passes/attributes.h"
+#include "passes/host_tensor.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
 
@@ -445,6 +446,35 @@ std::vector<ir::ValueId> trainable_weights(const ir::Graph& graph,
 onnx::ModelProto build_backward(const ir::Graph& graph, const BackwardSpec& spec,
                                 std::vector<ir::ValueId>* no_gradient) {
   return BackwardBuilder(graph, spec).build(no_gradient);
+}
+
+int keep_dropout_masks(ir::Graph& graph) {
+  int added = 0;
+  for (std::size_t i = 0; i < graph.num_nodes(); ++i) {
+    const auto id = static_cast<ir::NodeId>(i);
+    const ir::Node& node = graph.node(id);
+    if (node.dead || node.op_type != "Dropout" || !node.domain.empty()) continue;
+    if (node.inputs.size() < 3 || node.inputs[2] == ir::kNoId || node.outputs.empty()) continue;
+    if (node.outputs.size() > 1 && node.outputs[1] != ir::kNoId) continue;
+    if (auto mode = HostTensor::from_value(graph.value(node.inputs[2]));
+        mode && mode->numel() == 1 && (mode->is_real() ? mode->real_at(0) : mode->int_at(0)) == 0)
+      continue;  // inference mode, always
+    const ir::Value& y = graph.value(node.outputs[0]);
+    ir::Value mask;
+    mask.name = y.name + ".mask";
+    for (int n = 1; graph.find_value(mask.name); ++n)
+      mask.name = fmt::format("{}.mask{}", y.name, n);
+    mask.dtype = DType::kBool;
+    mask.shape = y.shape;
+    mask.shape_known = y.shape_known;
+    mask.producer = id;
+    const ir::ValueId v = graph.add_value(std::move(mask));
+    ir::Node& writer = graph.node(id);
+    writer.outputs.resize(2, ir::kNoId);
+    writer.outputs[1] = v;
+    ++added;
+  }
+  return added;
 }
 
 }  // namespace stagecraft::passes

@@ -91,4 +91,10 @@ std::vector<ir::ValueId> trainable_weights(const ir::Graph& graph,
 onnx::ModelProto build_backward(const ir::Graph& graph, const BackwardSpec& spec,
                                 std::vector<ir::ValueId>* no_gradient = nullptr);
 
+/// Training: gives every Dropout that may run in training mode (its training_mode input present
+/// and not a constant false) its mask output (bool, the output's shape, named "<output>.mask")
+/// where the file omits it, so that its gradient reads the very mask the forward drew. Returns
+/// how many it gave one.
+int keep_dropout_masks(ir::Graph& graph);
+
 }  // namespace stagecraft::passes

@@ -450,6 +450,7 @@ int run(int argc, char** argv) {
   plan::PlannedModel planned = plan::make_plan(po);
   double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!planned.loss_summary.empty()) fmt::print("{}\n", planned.loss_summary);
+  fmt::print("{}", planned.batch_norm_summary);
   fmt::print("{}", planned.data_parallel_choice);
   fmt::print("{}", plan::summarize(planned.plan));
   if (dry_run) {

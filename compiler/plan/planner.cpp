@@ -118,6 +118,55 @@ PlannedModel choose_data_parallel(const PlanOptions& o) {
   return std::move(*best);
 }
 
+/// How the model's BatchNormalizations train (PlannedModel::batch_norm_summary).
+std::string batch_norm_summary(const ir::Graph& g, const Setup& s) {
+  int training = 0, inference = 0;
+  std::string first_inference;
+  for (ir::NodeId id : g.topological_order()) {
+    const ir::Node& node = g.node(id);
+    if (node.op_type != "BatchNormalization" || !node.domain.empty()) continue;
+    if (node.attr_int("training_mode", 0) != 0) {
+      ++training;
+    } else if (inference++ == 0) {
+      first_inference = node.name;
+    }
+  }
+  std::string out;
+  if (training > 0)
+    out += fmt::format(
+        "{} BatchNormalization node{} in training mode (training_mode=1): each microbatch is "
+        "normalised by its own statistics, and the running mean and variance are updated after "
+        "every microbatch's forward (ONNX's momentum rule) and saved by checkpoints and "
+        "--export{}\n",
+        training, training == 1 ? "" : "s",
+        s.shape.data_parallel > 1 ? "; each data-parallel replica updates its own copy from its "
+                                    "microbatches, the first replica's is saved"
+                                  : "");
+  if (inference > 0)
+    out += fmt::format(
+        "{} BatchNormalization node{} in inference mode (training_mode absent or 0, as an "
+        "eval-mode export writes them; the first: '{}'): the running statistics are used as "
+        "constants and never updated, so the network trains without batch statistics (export "
+        "with training=TrainingMode.TRAINING to train them)\n",
+        inference, inference == 1 ? "" : "s", first_inference);
+  return out;
+}
+
+/// Training: refuses a model with nothing to train, says how its BatchNormalizations train and
+/// gives its training-mode Dropouts their masks (a Dropout's gradient reads the mask its
+/// forward drew).
+void prepare_training(PlannedModel& out, const Setup& s, const std::string& model_path) {
+  std::vector<ir::NodeId> all = out.model.graph.topological_order();
+  if (passes::trainable_weights(out.model.graph, all).empty())
+    fail(ErrorKind::kModel,
+         "{}: --train asked for a model with no trainable weights (no float32 initializer feeds "
+         "a differentiable "
+         "input)",
+         model_path);
+  out.batch_norm_summary = batch_norm_summary(out.model.graph, s);
+  passes::keep_dropout_masks(out.model.graph);
+}
+
 }  // namespace
 
 PlannedModel make_plan(const PlanOptions& o) {
@@ -145,15 +194,7 @@ PlannedModel make_plan(const PlanOptions& o) {
     out.plan.training_config.loss_output = out.model.graph.value(loss.value).name;
     out.plan.training_config.labels = o.loss.kind.empty() ? "" : o.loss.labels;
   }
-  if (o.training) {
-    std::vector<ir::NodeId> all = out.model.graph.topological_order();
-    if (passes::trainable_weights(out.model.graph, all).empty())
-      fail(ErrorKind::kModel,
-           "{}: --train asked for a model with no trainable weights (no float32 initializer feeds "
-           "a differentiable "
-           "input)",
-           o.model_path);
-  }
+  if (o.training) prepare_training(out, s, o.model_path);
   const ir::Graph& g = out.model.graph;
   if (g.inputs.empty()) {
     fail(ErrorKind::kModel,

@@ -74,6 +74,10 @@ struct PlannedModel {
   /// --data-parallel auto: one line per replica count tried (its predicted step and
   /// throughput, or why it was not possible) and the one chosen; "" otherwise.
   std::string data_parallel_choice = {};
+  /// Training a model with BatchNormalization: one line per kind present, saying how it trains
+  /// (training_mode=1: the microbatch's statistics, running statistics updated and saved;
+  /// inference mode: the running statistics as constants, no batch statistics); "" otherwise.
+  std::string batch_norm_summary = {};
 };
 
 /// Plans the model. Refuses (Error) bad options with the flag named, and a model that fits in

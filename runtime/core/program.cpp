@@ -15,6 +15,47 @@ namespace stagecraft::rt {
 
 namespace {
 
+// splitmix64's finaliser: a bijection of 64-bit keys whose outputs look independent.
+uint64_t mix_key(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// FNV-1a of a node's name: what its random draws depend on besides the step and microbatch.
+uint64_t name_hash(std::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+// The state updates (Program::StateUpdate) of `node`, as (output slot, weight slot): a
+// BatchNormalization in training mode writes outputs 1 and 2 into inputs 3 and 4 where those
+// are weights. `info(slot)` gives a slot's type, `is_weight(slot)` whether it is a weight.
+template <class Info, class IsWeight>
+std::vector<std::pair<int, int>> state_updates_of(const onnx::NodeProto& node, const Attrs& attrs,
+                                                  const std::vector<int>& inputs,
+                                                  const std::vector<int>& outputs, Info info,
+                                                  IsWeight is_weight) {
+  std::vector<std::pair<int, int>> updates;
+  if (node.op_type() != "BatchNormalization" || !node.domain().empty() ||
+      attrs.i("training_mode", 0) == 0)
+    return updates;
+  for (size_t k = 1; k <= 2; ++k) {
+    const int from = k < outputs.size() ? outputs[k] : -1;
+    const int to = k + 2 < inputs.size() ? inputs[k + 2] : -1;
+    if (from < 0 || to < 0 || !is_weight(to)) continue;
+    const ValueInfo &stat = *info(from), &weight = *info(to);
+    if (stat.dtype != weight.dtype || stat.shape != weight.shape)
+      fail(ErrorKind::kShape, "running statistic '{}' is {}{} but weight '{}' is {}{}", stat.name,
+           dtype_name(stat.dtype), shape_string(stat.shape), weight.name, dtype_name(weight.dtype),
+           shape_string(weight.shape));
+    updates.emplace_back(from, to);
+  }
+  return updates;
+}
+
 // The static type of a value from a ValueInfoProto; every dim must be a known number.
 ValueInfo static_info(const onnx::ValueInfoProto& proto) {
   ValueInfo info;
@@ -102,6 +143,7 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
         step.op_type = node.op_type();
         step.attrs = Attrs(node);
         step.weight_gradients = step.attrs.i(grad::kWeightGradAttr, 0) != 0;
+        step.name_hash = name_hash(step.name);
         std::vector<DType> in_types, out_types;
         for (const std::string& name : node.input()) {
           if (name.empty()) {
@@ -137,6 +179,9 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
         if (!why.empty()) fail(ErrorKind::kUnsupported, "{}", why);
         const KernelEntry& entry = backend.entry(step.op_type);
         step.kernel = entry.run;
+        step.state_updates = state_updates_of(
+            node, step.attrs, step.inputs, step.outputs, [&](int s) { return &p.slots_[s].info; },
+            [&](int s) { return p.slots_[s].kind == Slot::kWeight; });
         step.zero_outputs = node.domain() == grad::kGradDomain && !entry.writes_every_output;
         p.nodes_.push_back(std::move(step));
       });
@@ -195,15 +240,29 @@ int64_t Program::output_bytes() const {
   return total;
 }
 
+uint64_t Program::random_key(int64_t step, int64_t microbatch) {
+  // Never 0 (which means "no training step"): step counts from 1.
+  return mix_key(mix_key(static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(microbatch)) | 1u;
+}
+
+std::vector<Program::StateUpdate> Program::state_updates() const {
+  std::vector<StateUpdate> out;
+  for (const Step& step : nodes_)
+    for (const auto& [from, to] : step.state_updates)
+      out.push_back({step.name, slots_[from].info.name, slots_[to].info.name});
+  return out;
+}
+
 std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> inputs,
-                                 std::byte* arena, const NodeHook* hook) const {
-  return execute(device, inputs, arena, nullptr, hook);
+                                 std::byte* arena, const NodeHook* hook,
+                                 const TrainingRun& run) const {
+  return execute(device, inputs, arena, nullptr, hook, nullptr, run);
 }
 
 std::vector<Tensor> Program::run_keeping(DeviceContext& device, std::span<const Tensor> inputs,
-                                         std::map<std::string, Tensor>& kept,
-                                         const NodeHook* hook) const {
-  return execute(device, inputs, nullptr, &kept, hook);
+                                         std::map<std::string, Tensor>& kept, const NodeHook* hook,
+                                         const TrainingRun& run) const {
+  return execute(device, inputs, nullptr, &kept, hook, nullptr, run);
 }
 
 std::map<std::string, Tensor> Program::weights() const {
@@ -239,7 +298,8 @@ std::vector<bool> Program::weight_gradient_nodes() const {
 
 std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tensor> inputs,
                                      std::byte* arena, std::map<std::string, Tensor>* kept,
-                                     const NodeHook* hook, const std::vector<bool>* mask) const {
+                                     const NodeHook* hook, const std::vector<bool>* mask,
+                                     const TrainingRun& run) const {
   if (inputs.size() != input_slots_.size())
     fail(ErrorKind::kInternal, "{}: {} inputs given, the program takes {}", source_, inputs.size(),
          input_slots_.size());
@@ -289,6 +349,10 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
   }
   std::vector<const Tensor*> in_ptrs;
   std::vector<Tensor*> out_ptrs;
+  // State updates (TrainingRun::update_state): each new value copied aside right after its node
+  // (an arena value may be overwritten later), into its weight after the last node (every node
+  // of this run reads the weight as it was when the run began, as ONNX's semantics say).
+  std::vector<std::pair<Tensor, int>> new_state;
   for (size_t n = 0; n < nodes_.size(); ++n) {
     const Step& step = nodes_[n];
     if (mask && !(*mask)[n]) continue;
@@ -302,8 +366,17 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
         if (t) device.fill_zero(*t);
     try {
       if (hook && hook->before) hook->before(step.name, step.op_type);
-      KernelArgs args{step.name, step.op_type, step.attrs, in_ptrs, out_ptrs, device};
+      KernelArgs args{step.name,
+                      step.op_type,
+                      step.attrs,
+                      in_ptrs,
+                      out_ptrs,
+                      device,
+                      run.random_key == 0 ? 0 : mix_key(run.random_key ^ step.name_hash)};
       step.kernel(args);
+      if (run.update_state)
+        for (const auto& [from, to] : step.state_updates)
+          new_state.emplace_back(clone_on(device, values[from]), to);
     } catch (Error& e) {
       e.in(fmt::format("node '{}' ({})", step.name, step.op_type)).in(source_);
       throw;
@@ -313,6 +386,7 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
           .in(source_);
     }
   }
+  for (auto& [value, to] : new_state) device.copy(value, values[to]);
   if (mask) {
     // Keep what the other part reads and this part made.
     for (size_t n = 0; n < nodes_.size(); ++n)

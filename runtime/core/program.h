@@ -35,6 +35,16 @@ struct NodeHook {
   std::function<void(std::string_view node_name, std::string_view op_type)> before;
 };
 
+/// What a run of a program is within training, beyond its inputs.
+struct TrainingRun {
+  /// Whether the run also writes the state updates (Program::state_updates) into their weights: a
+  /// training step's forward of a microbatch does; a recomputation of that forward
+  /// (rebuilding its values for the backward), a backward or an inference run does not.
+  bool update_state = false;
+  /// The random key of the step and microbatch (Program::random_key); 0 outside training.
+  uint64_t random_key = 0;
+};
+
 class Program {
  public:
   /// The compiler's arena for a stage (plan.json's stages[k].arena): offsets by tensor name.
@@ -67,18 +77,38 @@ class Program {
   /// Bytes of one run's outputs.
   int64_t output_bytes() const;
 
+  /// A weight the forward of a training step changes besides computing its outputs: a
+  /// BatchNormalization in training mode (training_mode=1) whose running mean or variance
+  /// (input 3 or 4) is a weight of the file writes the updated statistic (its output 1 or 2:
+  /// input x momentum + the batch's statistic x (1 - momentum), ONNX's rule) back into it, as
+  /// PyTorch's BatchNorm updates its buffers in train mode, once per forward of a microbatch.
+  struct StateUpdate {
+    std::string node;       ///< The BatchNormalization's name.
+    std::string statistic;  ///< The output holding the updated value.
+    std::string weight;     ///< The weight it replaces.
+  };
+  /// Every state update of the program, in node order (empty for most programs).
+  std::vector<StateUpdate> state_updates() const;
+
+  /// The random key of step `step` (counted from 1 over the whole training) and microbatch
+  /// `microbatch` (of the step's microbatches over every replica): what a node's random draws
+  /// (KernelArgs::random_key, mixed with the node's name) derive from, whichever device or
+  /// stage runs it.
+  static uint64_t random_key(int64_t step, int64_t microbatch);
+
   /// Runs the program once. `inputs` follow `inputs()` and are checked for dtype and shape;
   /// `arena` holds at least `arena_bytes()`. Returns the outputs (owned tensors) in the order
   /// of `outputs()`. A kernel's error is returned with the file and node named.
   std::vector<Tensor> run(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
-                          const NodeHook* hook = nullptr) const;
+                          const NodeHook* hook = nullptr, const TrainingRun& run = {}) const;
 
   /// Training's forward: as `run`, but every value (inputs, weights, intermediates, outputs)
   /// is kept, by name, in `kept` for the backward; intermediates get their own bytes instead
   /// of the arena. Returns the outputs like `run`.
   std::vector<Tensor> run_keeping(DeviceContext& device, std::span<const Tensor> inputs,
                                   std::map<std::string, Tensor>& kept,
-                                  const NodeHook* hook = nullptr) const;
+                                  const NodeHook* hook = nullptr,
+                                  const TrainingRun& run = {}) const;
 
   /// The weights by name (shared bytes: an optimizer updates them in place).
   std::map<std::string, Tensor> weights() const;
@@ -117,6 +147,10 @@ class Program {
     std::vector<int> outputs;  // slot index
     bool weight_gradients = false;
     bool zero_outputs = false;  // a gradient kernel that needs zero-filled outputs
+    // State updates (TrainingRun::update_state): after the run, slot `first`'s value (as the node
+    // left it) is copied into weight slot `second`.
+    std::vector<std::pair<int, int>> state_updates;
+    uint64_t name_hash = 0;  // mixed into the run's random key (KernelArgs::random_key)
   };
 
   std::string source_;
@@ -131,7 +165,8 @@ class Program {
 
   std::vector<Tensor> execute(DeviceContext& device, std::span<const Tensor> inputs,
                               std::byte* arena, std::map<std::string, Tensor>* kept,
-                              const NodeHook* hook, const std::vector<bool>* mask = nullptr) const;
+                              const NodeHook* hook, const std::vector<bool>* mask = nullptr,
+                              const TrainingRun& run = {}) const;
 };
 
 /// Runs `program` once on `device` with host inputs and host outputs, wherever the device's

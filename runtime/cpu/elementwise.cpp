@@ -1,6 +1,6 @@
 // Kernels of the elementwise family (see families.h): unary maths (Relu, Sigmoid, Tanh, Sqrt,
-// Erf, HardSigmoid, HardSwish, Clip), Dropout at inference, Cast, the binary ops with numpy
-// broadcasting (Add, Sub, Mul, Div, Pow, Equal) and Where.
+// Erf, HardSigmoid, HardSwish, Clip), Dropout (in training mode: dropout_mask.h), Cast, the binary
+// ops with numpy broadcasting (Add, Sub, Mul, Div, Pow, Equal) and Where.
 //
 // Loops are plain C++ over typed pointers, vectorised with `omp simd` and split among the
 // worker's threads for large tensors: on these memory-bound ops that is as fast as oneDNN's
@@ -23,6 +23,7 @@
 
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
+#include "runtime/cpu/dropout_mask.h"
 #include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/layout.h"
@@ -227,14 +228,43 @@ void run_clip(const KernelArgs& a) {
 // ---------------------------------------------------------------------------------------------
 // Dropout and Cast
 
-// Dropout at inference: the output is the input and the optional mask keeps everything. In
-// training mode (opset 12+ input 2) only a ratio of 0 is accepted, which is the same thing.
+// Dropout in training mode with a ratio r > 0: each element kept with probability 1 - r and
+// scaled by 1 / (1 - r), the mask (output 1, bool) saying which. The mask is dropout_mask.h's:
+// the same for a training step's microbatch on any device and when recomputed.
+void dropout_training(const KernelArgs& a, const Tensor& x, float ratio) {
+  if (x.dtype != DType::kFloat32)
+    fail(ErrorKind::kUnsupported, "Dropout in training mode on {} is not supported (float32 only)",
+         dtype_name(x.dtype));
+  Tensor* mask = a.out.size() > 1 ? a.out[1] : nullptr;
+  if (mask != nullptr) {
+    expect_shape(a, 1, x.shape);
+    if (mask->dtype != DType::kBool)
+      fail(ErrorKind::kUnsupported, "Dropout in training mode with a {} mask is not supported",
+           dtype_name(mask->dtype));
+  }
+  const uint64_t key = dropout_node_key(a.random_key, a.attrs.i("seed", 0));
+  const float scale = 1.0f / (1.0f - ratio);
+  const float* in = x.as<float>();
+  float* out = a.out[0]->as<float>();
+  uint8_t* keep = mask != nullptr ? mask->as<uint8_t>() : nullptr;
+  const int64_t n = x.numel();
+#pragma omp parallel for if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const bool kept = dropout_keeps(key, i, ratio);
+    out[i] = kept ? in[i] * scale : 0.0f;
+    if (keep != nullptr) keep[i] = kept ? 1 : 0;
+  }
+}
+
+// Dropout. Training mode (opset 12+ input 2 true) with a nonzero ratio (input 1, default 0.5):
+// `dropout_training`. Otherwise (inference, or a ratio of 0) the output is the input and the
+// optional mask keeps everything.
 void run_dropout(const KernelArgs& a) {
   const Tensor& x = unary_input(a);
-  if (a.has_input(2) && scalar_is_nonzero(a.input(2), "training_mode") &&
-      (!a.has_input(1) || scalar_is_nonzero(a.input(1), "ratio")))
-    fail(ErrorKind::kUnsupported,
-         "Dropout in training mode (training_mode=true with a nonzero ratio) is not supported");
+  if (a.has_input(2) && scalar_is_nonzero(a.input(2), "training_mode")) {
+    const float ratio = a.has_input(1) ? dropout_ratio(a.input(1)) : 0.5f;
+    if (ratio != 0) return dropout_training(a, x, ratio);
+  }
   if (x.data != a.out[0]->data) std::memcpy(a.out[0]->data, x.data, static_cast<size_t>(x.bytes()));
   if (a.out.size() > 1 && a.out[1] != nullptr) {
     Tensor& mask = *a.out[1];

@@ -199,17 +199,15 @@ void clip_grad(const KernelArgs& a) {
       [=](float x, float, float dy) { return x > lo && x < hi ? dy : 0.0f; });
 }
 
-// Dropout as the forward kernel runs it (inference: identity), so dx = dy; the mask gets none.
+// Dropout as the forward kernel runs it: in training mode with a nonzero ratio r, dx = dy x mask
+// / (1 - r) with the forward's own mask (its output 1, which the compiler keeps in training);
+// otherwise the identity, dx = dy. The ratio, training_mode and the mask get no gradient.
 void dropout_grad(const KernelArgs& a) {
   GradIo io(a);
   const Tensor* training = io.x(2);
-  const Tensor* ratio = io.x(1);
-  if (training != nullptr && scalar_is_nonzero(*training, "training_mode") &&
-      (ratio == nullptr || scalar_is_nonzero(*ratio, "ratio")))
-    fail(ErrorKind::kUnsupported,
-         "DropoutGrad in training mode (training_mode=true with a nonzero ratio) is not supported: "
-         "the cpu "
-         "backend runs Dropout as the identity");
+  float ratio = 0;
+  if (training != nullptr && scalar_is_nonzero(*training, "training_mode"))
+    ratio = io.x(1) != nullptr ? dropout_ratio(*io.x(1)) : 0.5f;
   if (a.attrs.i("is_test", 1) == 0)
     fail(ErrorKind::kUnsupported, "DropoutGrad with is_test=0 (training) is not supported");
   for (size_t k = 1; k < io.n; ++k) zero_output(io, k);  // ratio and training_mode get none
@@ -219,7 +217,27 @@ void dropout_grad(const KernelArgs& a) {
   if (dy == nullptr) return zero(*dx);
   expect_dx_shape(a, 0, io.need_x(0).shape);
   expect_dy_shape(a, *dy, dx->shape);
-  if (dx->data != dy->data) std::memmove(dx->data, dy->data, static_cast<size_t>(dx->bytes()));
+  if (ratio == 0) {
+    if (dx->data != dy->data) std::memmove(dx->data, dy->data, static_cast<size_t>(dx->bytes()));
+    return;
+  }
+  const Tensor* mask = io.y(1);
+  if (mask == nullptr || mask->dtype != DType::kBool || mask->shape != dx->shape)
+    fail(ErrorKind::kModel,
+         "DropoutGrad in training mode needs the forward's bool mask (Dropout's output 1) of "
+         "shape {}",
+         shape_string(dx->shape));
+  if (dx->dtype != DType::kFloat32)
+    fail(ErrorKind::kUnsupported,
+         "DropoutGrad in training mode on {} is not supported (float32 only)",
+         dtype_name(dx->dtype));
+  const float scale = 1.0f / (1.0f - ratio);
+  const uint8_t* keep = mask->as<uint8_t>();
+  const float* g = dy->as<float>();
+  float* out = dx->as<float>();
+  const int64_t n = dx->numel();
+#pragma omp parallel for if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) out[i] = keep[i] != 0 ? g[i] * scale : 0.0f;
 }
 
 float half_to_float(uint16_t h) {

@@ -48,6 +48,22 @@ inline bool scalar_is_nonzero(const Tensor& t, std::string_view what) {
   }
 }
 
+/// Dropout's ratio input (float32 or float64 scalar), checked to lie in [0, 1) as ONNX says.
+inline float dropout_ratio(const Tensor& t) {
+  if (t.numel() != 1)
+    fail(ErrorKind::kShape, "Dropout's ratio must be a scalar, not {}", shape_string(t.shape));
+  double r = 0;
+  if (t.dtype == DType::kFloat32)
+    r = t.as<float>()[0];
+  else if (t.dtype == DType::kFloat64)
+    r = t.as<double>()[0];
+  else
+    fail(ErrorKind::kUnsupported, "Dropout's ratio of type {} is not supported",
+         dtype_name(t.dtype));
+  if (!(r >= 0 && r < 1)) fail(ErrorKind::kModel, "Dropout's ratio {} is outside [0, 1)", r);
+  return static_cast<float>(r);
+}
+
 /// A reduction over merged dims: `groups` are (size, reduced) innermost first, neighbours of the
 /// same kind merged, size-1 dims dropped. Kept and reduced groups with their strides in the
 /// dense input, and the offset of every reduced element relative to a base, ascending.

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 
+#include "runtime/cpu/dropout_mask.h"
 #include "runtime/cpu/layout.h"
 #include "runtime/cuda/elementwise_common.h"
 #include "runtime/cuda/families.h"
@@ -75,15 +76,31 @@ void run_clip(const KernelArgs& a) {
   unary(a, UnaryOp::kClip, p);
 }
 
-// Dropout at inference: the output is the input and the optional mask keeps everything. In
-// training mode (opset 12+ input 2) only a ratio of 0 is accepted, which is the same thing.
+// Dropout. Training mode (opset 12+ input 2 true) with a nonzero ratio (input 1, default 0.5):
+// the CPU's mask (runtime/cpu/dropout_mask.h), element for element. Otherwise (inference, or a
+// ratio of 0) the output is the input and the optional mask keeps everything.
 void run_dropout(const KernelArgs& a) {
   CudaContext& ctx = context(a);
   const Tensor& x = unary_input(a);
-  if (a.has_input(2) && cpu::scalar_is_nonzero(host_copy(ctx, a.input(2)), "training_mode") &&
-      (!a.has_input(1) || cpu::scalar_is_nonzero(host_copy(ctx, a.input(1)), "ratio")))
-    fail(ErrorKind::kUnsupported,
-         "Dropout in training mode (training_mode=true with a nonzero ratio) is not supported");
+  if (a.has_input(2) && cpu::scalar_is_nonzero(host_copy(ctx, a.input(2)), "training_mode")) {
+    const float ratio = a.has_input(1) ? cpu::dropout_ratio(host_copy(ctx, a.input(1))) : 0.5f;
+    if (ratio != 0) {
+      if (x.dtype != DType::kFloat32)
+        fail(ErrorKind::kUnsupported,
+             "Dropout in training mode on {} is not supported (float32 only)", dtype_name(x.dtype));
+      Tensor* mask = a.out.size() > 1 ? a.out[1] : nullptr;
+      if (mask != nullptr) {
+        expect_shape(a, 1, x.shape);
+        if (mask->dtype != DType::kBool)
+          fail(ErrorKind::kUnsupported, "Dropout in training mode with a {} mask is not supported",
+               dtype_name(mask->dtype));
+      }
+      launch_dropout_training(
+          x.as<float>(), a.out[0]->as<float>(), mask != nullptr ? mask->as<uint8_t>() : nullptr,
+          x.numel(), dropout_node_key(a.random_key, a.attrs.i("seed", 0)), ratio, ctx.stream());
+      return check_launch(a);
+    }
+  }
   device_copy(ctx, a.out[0]->data, x.data, x.bytes());
   if (a.out.size() < 2 || a.out[1] == nullptr) return;
   Tensor& mask = *a.out[1];

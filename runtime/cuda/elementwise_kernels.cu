@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "runtime/cpu/dropout_mask.h"
 #include "runtime/cuda/elementwise_device.cuh"
 #include "runtime/cuda/elementwise_kernels.h"
 #include "runtime/cuda/update_kernels.h"
@@ -410,7 +411,36 @@ __global__ void fill_kernel(W* dst, W value, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) dst[i] = value;
 }
 
+__global__ void dropout_training_kernel(const float* x, float* y, uint8_t* mask, int64_t n,
+                                        uint64_t node_key, float ratio, float scale) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const bool kept = dropout_keeps(node_key, i, ratio);
+    y[i] = kept ? x[i] * scale : 0.0f;
+    if (mask != nullptr) mask[i] = kept ? 1 : 0;
+  }
+}
+
+__global__ void dropout_grad_kernel(const float* dy, const uint8_t* mask, float* dx, int64_t n,
+                                    float scale) {
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    dx[i] = mask[i] != 0 ? dy[i] * scale : 0.0f;
+}
+
 }  // namespace
+
+void launch_dropout_training(const float* x, float* y, uint8_t* mask, int64_t n, uint64_t node_key,
+                             float ratio, cudaStream_t stream) {
+  if (n <= 0) return;
+  dropout_training_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      x, y, mask, n, node_key, ratio, 1.0f / (1.0f - ratio));
+}
+
+void launch_dropout_grad(const float* dy, const uint8_t* mask, float* dx, int64_t n, float ratio,
+                         cudaStream_t stream) {
+  if (n <= 0) return;
+  dropout_grad_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(dy, mask, dx, n,
+                                                                      1.0f / (1.0f - ratio));
+}
 
 bool launch_unary(UnaryOp op, DType dtype, const void* x, void* y, int64_t n,
                   const UnaryParams& params, cudaStream_t stream) {

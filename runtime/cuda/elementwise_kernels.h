@@ -73,15 +73,15 @@ enum class BinaryOp : int32_t {
   kAdd,  // numeric, both inputs and the output of one type; integers wrap
   kSub,
   kMul,
-  kDiv,    // integer Div truncates (the host refuses zero divisors)
-  kPow,    // base float32, float64, int32 or int64; exponent any numeric type; output the base's
-  kEqual,  // numeric or bool inputs of one type; a bool (one byte) output
-  kPRelu,  // x > 0 ? x : slope * x, float32 and float64 (the slope is input 1)
+  kDiv,      // integer Div truncates (the host refuses zero divisors)
+  kPow,      // base float32, float64, int32 or int64; exponent any numeric type; output the base's
+  kEqual,    // numeric or bool inputs of one type; a bool (one byte) output
+  kPRelu,    // x > 0 ? x : slope * x, float32 and float64 (the slope is input 1)
   kGreater,  // numeric inputs of one type; a bool output (as kLess)
   kLess,
-  kAnd,   // bool inputs and output (as kOr)
+  kAnd,  // bool inputs and output (as kOr)
   kOr,
-  kMin,   // numeric, both inputs and the output of one type; NaN propagates (as kMax)
+  kMin,  // numeric, both inputs and the output of one type; NaN propagates (as kMax)
   kMax,
   kMod,   // numeric; floored (the divisor's sign); integers only (the host refuses zero divisors)
   kFmod,  // numeric; truncated (the dividend's sign, C's fmod)
@@ -103,5 +103,14 @@ bool launch_where(int64_t element_bytes, const uint8_t* condition, const void* x
 /// Every one of n elements of `element_bytes` (1, 2, 4 or 8) bytes set to the low bytes of
 /// `bits`.
 bool launch_fill(void* dst, int64_t element_bytes, uint64_t bits, int64_t n, cudaStream_t stream);
+
+/// Dropout in training mode on float32: y = x / (1 - ratio) where runtime/cpu/dropout_mask.h's
+/// `dropout_keeps(node_key, i, ratio)`, else 0; `mask` (bool, may be null) says which.
+void launch_dropout_training(const float* x, float* y, uint8_t* mask, int64_t n, uint64_t node_key,
+                             float ratio, cudaStream_t stream);
+
+/// Its gradient: dx = dy / (1 - ratio) where the forward's mask kept the element, else 0.
+void launch_dropout_grad(const float* dy, const uint8_t* mask, float* dx, int64_t n, float ratio,
+                         cudaStream_t stream);
 
 }  // namespace stagecraft::rt::cuda

@@ -106,17 +106,15 @@ void leaky_relu_grad(const KernelArgs& a) {
   check_launch(a);
 }
 
-// Dropout as the forward kernel runs it (inference: identity), so dx = dy; the mask gets none.
+// Dropout as the forward kernel runs it: in training mode with a nonzero ratio r, dx = dy x mask
+// / (1 - r) with the forward's own mask (its output 1); otherwise dx = dy. The CPU's rule.
 void dropout_grad(const KernelArgs& a) {
   GradIo io(a);
   CudaContext& ctx = context(a);
   const Tensor* training = io.x(2);
-  const Tensor* ratio = io.x(1);
-  if (training != nullptr && cpu::scalar_is_nonzero(host_copy(ctx, *training), "training_mode") &&
-      (ratio == nullptr || cpu::scalar_is_nonzero(host_copy(ctx, *ratio), "ratio")))
-    fail(ErrorKind::kUnsupported,
-         "DropoutGrad in training mode (training_mode=true with a nonzero ratio) is not supported: "
-         "the cuda backend runs Dropout as the identity");
+  float ratio = 0;
+  if (training != nullptr && cpu::scalar_is_nonzero(host_copy(ctx, *training), "training_mode"))
+    ratio = io.x(1) != nullptr ? cpu::dropout_ratio(host_copy(ctx, *io.x(1))) : 0.5f;
   if (a.attrs.i("is_test", 1) == 0)
     fail(ErrorKind::kUnsupported, "DropoutGrad with is_test=0 (training) is not supported");
   for (size_t k = 1; k < io.n; ++k) zero_output(io, k);  // ratio and training_mode get none
@@ -126,7 +124,20 @@ void dropout_grad(const KernelArgs& a) {
   if (dy == nullptr) return ctx.fill_zero(*dx);
   expect_shape(a, 0, io.need_x(0).shape);
   expect_dy_shape(a, *dy, dx->shape);
-  device_copy(ctx, dx->data, dy->data, dx->bytes());
+  if (ratio == 0) return device_copy(ctx, dx->data, dy->data, dx->bytes());
+  const Tensor* mask = io.y(1);
+  if (mask == nullptr || mask->dtype != DType::kBool || mask->shape != dx->shape)
+    fail(ErrorKind::kModel,
+         "DropoutGrad in training mode needs the forward's bool mask (Dropout's output 1) of "
+         "shape {}",
+         shape_string(dx->shape));
+  if (dx->dtype != DType::kFloat32)
+    fail(ErrorKind::kUnsupported,
+         "DropoutGrad in training mode on {} is not supported (float32 only)",
+         dtype_name(dx->dtype));
+  launch_dropout_grad(dy->as<float>(), mask->as<uint8_t>(), dx->as<float>(), dx->numel(), ratio,
+                      ctx.stream());
+  check_launch(a);
 }
 
 // Cast: the gradient of a float32 input is dy cast back to float32 (from float32, float64,
@@ -303,8 +314,8 @@ void min_max_grad(const KernelArgs& a) {
     recomputed = ctx.new_tensor(DType::kFloat32, out, false);
     const Tensor& first = io.need_x(0);
     const Tensor& second = io.n > 1 ? io.need_x(1) : first;
-    launch_binary(op, DType::kFloat32, DType::kFloat32, first.data, second.data, recomputed.data,
-                  n, broadcast_map<2>(a, {first.shape, second.shape}, out), ctx.stream());
+    launch_binary(op, DType::kFloat32, DType::kFloat32, first.data, second.data, recomputed.data, n,
+                  broadcast_map<2>(a, {first.shape, second.shape}, out), ctx.stream());
     for (size_t k = 2; k < io.n; ++k)
       launch_binary(op, DType::kFloat32, DType::kFloat32, recomputed.data, io.need_x(k).data,
                     recomputed.data, n, broadcast_map<2>(a, {out, io.need_x(k).shape}, out),

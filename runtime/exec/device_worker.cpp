@@ -280,7 +280,7 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
   if (training && st.stage->recompute) {
     // Keep the inputs only (the received ones stay metered); the backward re-runs the
     // forward from them.
-    outs = st.program.run(*context_, args, arena_->base(), &run_.hook);
+    outs = st.program.run(*context_, args, arena_->base(), &run_.hook, program_run(ins, true));
     if (!st.loss.empty()) {
       const auto& names = st.program.outputs();
       size_t at =
@@ -292,7 +292,7 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
     recompute_[key] = Recompute{args, bytes_of(got), 0};
   } else if (training) {
     auto& keep = stash_[key];
-    outs = st.program.run_keeping(*context_, args, keep, &run_.hook);
+    outs = st.program.run_keeping(*context_, args, keep, &run_.hook, program_run(ins, true));
     meter.add(bytes_of_map(keep, st.weights));
     if (!st.loss.empty()) record_loss(ins, read_float(*context_, keep.at(st.loss)));
   } else {
@@ -366,7 +366,9 @@ void DeviceWorker::rebuild_stash(const schedule::Instruction& ins, StageRuntime&
   Recompute& rc = recompute_.at(key);
   double start = run_.seconds();
   auto& keep = stash_[key];
-  st.program.run_keeping(*context_, rc.args, keep, &run_.hook);
+  // The running statistics were updated by the microbatch's forward: not again; the random
+  // draws (Dropout's mask) are the forward's again.
+  st.program.run_keeping(*context_, rc.args, keep, &run_.hook, program_run(ins, false));
   // The inputs are metered already (as received).
   rc.stash_bytes = bytes_of_map(keep, st.weights);
   for (const ValueInfo& in : st.program.inputs())

@@ -190,6 +190,13 @@ class DeviceWorker {
   void take_backward_outputs(const schedule::Instruction& ins, StageRuntime& st,
                              std::vector<Tensor>& outs);
   void free_microbatch(const Key& key, const StageRuntime& st);
+  /// A training forward of `ins`'s microbatch as its program sees it: the step's and
+  /// microbatch's random key, and whether it updates the running statistics (the microbatch's
+  /// forward does, its recomputation does not).
+  TrainingRun program_run(const schedule::Instruction& ins, bool update_state) const {
+    return {update_state, Program::random_key(run_.global_step + step_ + 1,
+                                              static_cast<int64_t>(batch_index(ins.microbatch)))};
+  }
   void record_loss(const schedule::Instruction& ins, float loss);
   void timed(schedule::Op op, int stage, int microbatch, double start);
   /// A receive's wait, from `start` to its data in hand: on the timeline (stagerun --trace), not

@@ -192,17 +192,94 @@ TEST_CASE("grad eltwise: an omitted dy gives zeros") {
   CHECK(all_zero(db));
 }
 
-TEST_CASE("grad Dropout: training mode is refused") {
-  Tensor x = random_tensor({2, 3}), dx = filled({2, 3}, 0), ratio = scalar(0.5f);
-  Tensor training = Tensor::owned(DType::kBool, {});
-  training.as<uint8_t>()[0] = 1;
-  CHECK_THROWS_AS(call_grad("DropoutGrad", 3, {&x, &ratio, &training, &x, nullptr, &x, nullptr},
-                            {&dx, nullptr, nullptr}),
-                  Error);
-  ratio.as<float>()[0] = 0;  // a ratio of 0 is the identity
-  call_grad("DropoutGrad", 3, {&x, &ratio, &training, &x, nullptr, &x, nullptr},
+// Runs the forward kernel `op` directly with the run's random key `key`.
+void call_forward(const std::string& op, std::vector<const Tensor*> in, std::vector<Tensor*> out,
+                  uint64_t key, std::function<void(onnx::NodeProto&)> attrs = {}) {
+  onnx::NodeProto node;
+  node.set_op_type(op);
+  if (attrs) attrs(node);
+  rt::Attrs a(node);
+  const rt::KernelEntry* entry = find_kernel(op);
+  REQUIRE(entry != nullptr);
+  auto device = rt::cpu_backend().make_device(0, 1);
+  rt::KernelArgs args{"d", op, a, in, out, *device, key};
+  entry->run(args);
+}
+
+Tensor bool_scalar(bool v) {
+  Tensor t = Tensor::owned(DType::kBool, {});
+  t.as<uint8_t>()[0] = v ? 1 : 0;
+  return t;
+}
+
+TEST_CASE("Dropout in training mode: a seeded mask, scaled; its gradient reads that mask") {
+  const Tensor x = random_tensor({64, 50}, 0.5f, 1.5f);  // no zeros: a dropped element is 0
+  const Tensor training = bool_scalar(true);
+  for (float r : {0.2f, 0.5f, 0.9f}) {
+    CAPTURE(r);
+    const Tensor ratio = scalar(r);
+    Tensor y = filled(x.shape, 0), y2 = filled(x.shape, 0), y3 = filled(x.shape, 0);
+    Tensor mask = Tensor::owned(DType::kBool, x.shape);
+    Tensor other = Tensor::owned(DType::kBool, x.shape);
+    call_forward("Dropout", {&x, &ratio, &training}, {&y, &mask}, 7);
+    int64_t dropped = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const bool kept = mask.as<uint8_t>()[i] != 0;
+      dropped += kept ? 0 : 1;
+      CHECK(y.as<float>()[i] == (kept ? x.as<float>()[i] * (1.0f / (1.0f - r)) : 0.0f));
+    }
+    // 3200 draws: the dropped fraction within 4 standard deviations of the ratio.
+    const double n = static_cast<double>(x.numel());
+    CHECK(std::fabs(static_cast<double>(dropped) / n - r) < 4 * std::sqrt(r * (1 - r) / n));
+    // The same key draws the same mask (no mask output needed); another key another mask.
+    call_forward("Dropout", {&x, &ratio, &training}, {&y2}, 7);
+    CHECK(std::equal(y.as<float>(), y.as<float>() + y.numel(), y2.as<float>()));
+    call_forward("Dropout", {&x, &ratio, &training}, {&y3, &other}, 8);
+    CHECK_FALSE(
+        std::equal(mask.as<uint8_t>(), mask.as<uint8_t>() + mask.numel(), other.as<uint8_t>()));
+    // So does the node's seed attribute.
+    call_forward("Dropout", {&x, &ratio, &training}, {&y3, &other}, 7,
+                 [](onnx::NodeProto& node) { set_int(node, "seed", 3); });
+    CHECK_FALSE(
+        std::equal(mask.as<uint8_t>(), mask.as<uint8_t>() + mask.numel(), other.as<uint8_t>()));
+
+    // The gradient: dy through the forward's mask, scaled alike.
+    const Tensor dy = random_tensor(x.shape, -1, 1, 5);
+    Tensor dx = filled(x.shape, 0);
+    call_grad("DropoutGrad", 3, {&x, &ratio, &training, &y, &mask, &dy, nullptr},
+              {&dx, nullptr, nullptr});
+    for (int64_t i = 0; i < x.numel(); ++i)
+      CHECK(dx.as<float>()[i] ==
+            (mask.as<uint8_t>()[i] != 0 ? dy.as<float>()[i] * (1.0f / (1.0f - r)) : 0.0f));
+    // Without the mask it cannot know which elements were kept: refused.
+    CHECK_THROWS_WITH_AS(
+        call_grad("DropoutGrad", 3, {&x, &ratio, &training, &y, nullptr, &dy, nullptr},
+                  {&dx, nullptr, nullptr}),
+        doctest::Contains("needs the forward's bool mask"), Error);
+  }
+  // A ratio outside [0, 1) is refused naming it; a ratio of 0 is the identity.
+  Tensor y = filled(x.shape, 0);
+  const Tensor one = scalar(1.0f), zero = scalar(0.0f);
+  CHECK_THROWS_WITH_AS(call_forward("Dropout", {&x, &one, &training}, {&y}, 7),
+                       doctest::Contains("ratio 1 is outside [0, 1)"), Error);
+  call_forward("Dropout", {&x, &zero, &training}, {&y}, 7);
+  CHECK(std::equal(y.as<float>(), y.as<float>() + y.numel(), x.as<float>()));
+  Tensor dx = filled(x.shape, 0);
+  call_grad("DropoutGrad", 3, {&x, &zero, &training, &y, nullptr, &x, nullptr},
             {&dx, nullptr, nullptr});
-  CHECK(dx.as<float>()[4] == x.as<float>()[4]);
+  CHECK(std::equal(dx.as<float>(), dx.as<float>() + dx.numel(), x.as<float>()));
+}
+
+TEST_CASE("grad Dropout in training mode") {
+  // The harness's forward runs draw one mask (the key of a run outside training), so the
+  // finite differences see the function the gradient differentiates.
+  for (float r : {0.25f, 0.5f}) {
+    CAPTURE(r);
+    GradCase c = make_case("Dropout", {random_tensor({3, 4, 5}), scalar(r), bool_scalar(true)},
+                           {true, false, false}, 2);
+    c.opset = 13;
+    gradcheck(c);
+  }
 }
 
 TEST_CASE("grad Relu") {
@@ -438,10 +515,10 @@ TEST_CASE("grad Mod (fmod=1): dy to the dividend, -dy * trunc(a / b) to the divi
   Tensor a = Tensor::owned(DType::kFloat32, {2, 3});
   for (int64_t i = 0; i < 6; ++i)
     a.as<float>()[i] = b.as<float>()[i % 3] * (std::trunc(q.as<float>()[i]) + f.as<float>()[i]);
-  gradcheck(make_case("Mod", {a, b}, {true, true}, 1,
-                      [](onnx::NodeProto& n) { set_int(n, "fmod", 1); }));
-  CHECK(check_grad("ModGrad", 2, {DType::kFloat32, DType::kFloat32, DType::kFloat32,
-                                  DType::kFloat32},
+  gradcheck(
+      make_case("Mod", {a, b}, {true, true}, 1, [](onnx::NodeProto& n) { set_int(n, "fmod", 1); }));
+  CHECK(check_grad("ModGrad", 2,
+                   {DType::kFloat32, DType::kFloat32, DType::kFloat32, DType::kFloat32},
                    {DType::kFloat32, DType::kUndefined})
             .find("needs fmod=1") != std::string::npos);
 }

@@ -1,0 +1,300 @@
+// BatchNormalization in training mode (training_mode=1, as torch.onnx.export(...,
+// training=TrainingMode.TRAINING) writes it at opset 14+), trained: each microbatch normalised
+// by its own statistics forward and backward, and the running mean and variance updated after
+// every microbatch's forward (ONNX's rule: input x momentum + batch x (1 - momentum), the
+// biased variance), kept as weights that checkpoints and --export save. A small CNN built with
+// the samples' builder, planned on 2 devices, trains with the losses and the running statistics
+// of one device's run, under every schedule and with recomputation (whose second forward must
+// not update them again).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compiler/plan/planner.h"
+#include "runtime/core/backend.h"
+#include "runtime/core/tensor_io.h"
+#include "runtime/exec/checkpoint.h"
+#include "runtime/exec/pipeline.h"
+#include "samples/builder/model_builder.h"
+#include "tests/test_util.h"
+
+namespace stagecraft::rt {
+namespace {
+
+using samples::attr_float;
+using samples::attr_int;
+using samples::attr_ints;
+using samples::ModelBuilder;
+
+constexpr int32_t kFloat = onnx::TensorProto::FLOAT;
+constexpr int64_t kChannels = 3, kSide = 6;
+constexpr float kMomentum = 0.8f;  // ONNX's momentum (PyTorch's momentum=0.2)
+
+// A BatchNorm2d exported in train mode: training_mode=1 and the two running statistics as
+// outputs that nothing reads. Returns Y.
+std::string batch_norm(ModelBuilder& b, const std::string& name, const std::string& x,
+                       int64_t channels, bool training) {
+  const std::string scale = b.add_parameter_filled(name + ".weight", {channels}, 1.0f);
+  const std::string shift = b.add_parameter_filled(name + ".bias", {channels}, 0.0f);
+  const std::string mean = b.add_buffer_filled(name + ".running_mean", {channels}, 0.0f);
+  const std::string var = b.add_buffer_filled(name + ".running_var", {channels}, 1.0f);
+  const std::string node = "/" + name + "/BatchNormalization";
+  // Eval mode: Y alone (ONNX allows the statistics' outputs only in training mode).
+  std::vector<std::string> outputs = {node + "_output_0"};
+  if (training) outputs.insert(outputs.end(), {node + "_output_1", node + "_output_2"});
+  return b.add_node("BatchNormalization", node, {x, scale, shift, mean, var}, outputs,
+                    {attr_float("epsilon", 1e-5f), attr_float("momentum", kMomentum),
+                     attr_int("training_mode", training ? 1 : 0)})[0];
+}
+
+std::string conv3x3(ModelBuilder& b, const std::string& name, const std::string& x, int64_t in,
+                    int64_t out) {
+  const std::string w = b.add_parameter(name + ".weight", {out, in, 3, 3}, in * 9);
+  return b.add_op("Conv", "/" + name + "/Conv", {x, w},
+                  {attr_ints("kernel_shape", {3, 3}), attr_ints("pads", {1, 1, 1, 1})});
+}
+
+// x [batch,3,6,6] -> BN (the input's own statistics) -> Conv -> BN -> Relu -> Conv -> BN -> Relu
+// -> GlobalAveragePool -> Flatten -> Gemm -> y [batch,4].
+void write_bn_net(const std::string& path, bool training = true) {
+  ModelBuilder b("bn_train_net");
+  b.add_input("x", kFloat, {"batch", kChannels, kSide, kSide});
+  std::string x = batch_norm(b, "bn0", "x", kChannels, training);
+  x = conv3x3(b, "conv1", x, kChannels, 8);
+  x = b.add_op("Relu", "/relu1/Relu", {batch_norm(b, "bn1", x, 8, training)});
+  x = conv3x3(b, "conv2", x, 8, 8);
+  x = b.add_op("Relu", "/relu2/Relu", {batch_norm(b, "bn2", x, 8, training)});
+  x = b.add_op("GlobalAveragePool", "/gap/GlobalAveragePool", {x});
+  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
+  const std::string w = b.add_parameter("fc.weight", {4, 8}, 8);
+  const std::string bias = b.add_parameter("fc.bias", {4}, 8);
+  b.add_node("Gemm", "/fc/Gemm", {x, w, bias}, {"y"},
+             {attr_float("alpha", 1.0f), attr_float("beta", 1.0f), attr_int("transB", 1)});
+  b.add_output("y", kFloat, {"batch", 4});
+  b.write(path);
+}
+
+struct Model {
+  testing::TempDir dir;
+  std::string path = dir.file("bn_train_net.onnx");
+  Model() { write_bn_net(path); }
+};
+
+const std::string& model() {
+  static const Model instance;
+  return instance.path;
+}
+
+plan::PlanOptions options_for(int devices, const std::string& schedule, bool recompute) {
+  plan::PlanOptions o;
+  o.model_path = model();
+  o.devices = devices;
+  o.batch = 8;
+  o.microbatches = 4;
+  o.device_spec = "cpu";
+  o.training = true;
+  o.schedule = stagecraft::parse_schedule(schedule);
+  if (schedule == "interleaved") o.chunks = 2;
+  o.optimizer = stagecraft::OptimizerKind::kSgd;
+  o.training_config.lr = 0.05;
+  o.loss.kind = "mse";
+  if (recompute) o.recompute = stagecraft::Recompute::kAll;
+  return o;
+}
+
+// Channel c of the input is c + (c + 1) x uniform[-1, 1): statistics that differ per channel.
+std::map<std::string, Tensor> inputs_of(const Pipeline& p) {
+  std::map<std::string, Tensor> in = p.synthetic_inputs();
+  Tensor& x = in.at("x");
+  const int64_t plane = kSide * kSide;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const int64_t c = (i / plane) % kChannels;
+    x.as<float>()[i] = static_cast<float>(c) + static_cast<float>(c + 1) * x.as<float>()[i];
+  }
+  return in;
+}
+
+struct Trained {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> running;  ///< Every running statistic by name.
+  std::map<std::string, Tensor> inputs;
+  int stages = 0;
+};
+
+std::vector<float> values(const Tensor& t) {
+  return std::vector<float>(t.as<float>(), t.as<float>() + t.numel());
+}
+
+Trained train(const plan::PlanOptions& o, int steps, const std::string& plan_dir) {
+  plan::PlannedModel planned = plan::make_plan(o);
+  plan::write_plan(planned, plan_dir);
+  auto p = Pipeline::load(plan_dir, cpu_backend(), 1);
+  Trained out;
+  out.stages = static_cast<int>(p->plan().stages.size());
+  out.inputs = inputs_of(*p);
+  RunOptions options;
+  options.steps = steps;
+  out.losses = p->run(out.inputs, options).losses;
+  for (const plan::Stage& stage : p->plan().stages)
+    for (const auto& [name, t] : p->stage_weights(stage.index))
+      if (name.find("running_") != std::string::npos) out.running[name] = values(t);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("BatchNormalization training_mode=1: running statistics as ONNX updates them") {
+  // One step of 4 microbatches of 2: bn0 normalises the input, so its running statistics after
+  // the step follow from the input alone, one update per microbatch in order.
+  testing::TempDir dir;
+  const Trained got = train(options_for(2, "1f1b", false), 1, dir.file("plan"));
+  REQUIRE(got.stages == 2);
+  const Tensor& x = got.inputs.at("x");
+  const int64_t microbatches = 4, rows = x.shape[0] / microbatches, plane = kSide * kSide;
+  std::vector<double> mean(kChannels, 0.0), var(kChannels, 1.0);
+  for (int64_t mb = 0; mb < microbatches; ++mb)
+    for (int64_t c = 0; c < kChannels; ++c) {
+      double sum = 0, sq = 0;
+      for (int64_t n = mb * rows; n < (mb + 1) * rows; ++n)
+        for (int64_t i = 0; i < plane; ++i) sum += x.as<float>()[(n * kChannels + c) * plane + i];
+      const double mu = sum / static_cast<double>(rows * plane);
+      for (int64_t n = mb * rows; n < (mb + 1) * rows; ++n)
+        for (int64_t i = 0; i < plane; ++i) {
+          const double d = x.as<float>()[(n * kChannels + c) * plane + i] - mu;
+          sq += d * d;
+        }
+      mean[c] = mean[c] * kMomentum + mu * (1 - kMomentum);
+      var[c] = var[c] * kMomentum + sq / static_cast<double>(rows * plane) * (1 - kMomentum);
+    }
+  const std::vector<float>& got_mean = got.running.at("bn0.running_mean");
+  const std::vector<float>& got_var = got.running.at("bn0.running_var");
+  for (int64_t c = 0; c < kChannels; ++c) {
+    CAPTURE(c);
+    CHECK(got_mean[c] == doctest::Approx(mean[c]).epsilon(1e-5));
+    CHECK(got_var[c] == doctest::Approx(var[c]).epsilon(1e-5));
+  }
+  // The channels' statistics differ, so the check above can tell them apart.
+  CHECK(std::fabs(mean[2] - mean[0]) > 0.3);
+  // Every BatchNormalization's statistics moved.
+  REQUIRE(got.running.size() == 6);
+  for (const auto& [name, v] : got.running) {
+    CAPTURE(name);
+    const float initial = name.find("mean") != std::string::npos ? 0.0f : 1.0f;
+    CHECK(std::any_of(v.begin(), v.end(), [&](float f) { return std::fabs(f - initial) > 1e-3; }));
+  }
+}
+
+TEST_CASE("BatchNormalization training_mode=1 trains on 2 devices as on one") {
+  const int steps = 6;
+  testing::TempDir dir;
+  const Trained one = train(options_for(1, "1f1b", false), steps, dir.file("one"));
+  REQUIRE(one.losses.size() == static_cast<size_t>(steps));
+  CHECK(one.losses.back() < one.losses.front());  // it learns
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"})
+    for (bool recompute : {false, true}) {
+      if (recompute && std::string(schedule) == "interleaved") continue;
+      CAPTURE(schedule);
+      CAPTURE(recompute);
+      const Trained two =
+          train(options_for(2, schedule, recompute), steps,
+                dir.file(std::string("two_") + schedule + (recompute ? "_rc" : "")));
+      CHECK(two.stages == (std::string(schedule) == "interleaved" ? 4 : 2));
+      REQUIRE(two.losses.size() == one.losses.size());
+      for (size_t k = 0; k < one.losses.size(); ++k) {
+        CAPTURE(k);
+        CHECK(std::fabs(two.losses[k] - one.losses[k]) <=
+              1e-5 * std::max(1.0, std::fabs(one.losses[k])));
+      }
+      // The running statistics: the same updates in the same order.
+      REQUIRE(two.running.size() == one.running.size());
+      for (const auto& [name, want] : one.running) {
+        CAPTURE(name);
+        const std::vector<float>& have = two.running.at(name);
+        REQUIRE(have.size() == want.size());
+        for (size_t i = 0; i < want.size(); ++i)
+          CHECK(have[i] == doctest::Approx(want[i]).epsilon(1e-5));
+      }
+    }
+}
+
+TEST_CASE("stagec says how a trained model's BatchNormalizations train") {
+  const std::string summary = plan::make_plan(options_for(2, "1f1b", false)).batch_norm_summary;
+  CHECK(summary.find("3 BatchNormalization nodes in training mode") != std::string::npos);
+  CHECK(summary.find("inference mode") == std::string::npos);
+  // The same network exported in eval mode: its running statistics are constants.
+  testing::TempDir dir;
+  plan::PlanOptions o = options_for(2, "1f1b", false);
+  o.model_path = dir.file("bn_eval_net.onnx");
+  write_bn_net(o.model_path, false);
+  const std::string eval = plan::make_plan(o).batch_norm_summary;
+  CHECK(eval.find("3 BatchNormalization nodes in inference mode") != std::string::npos);
+  CHECK(eval.find("the network trains without batch statistics") != std::string::npos);
+  CHECK(eval.find("training mode (") == std::string::npos);
+  CHECK(std::count(eval.begin(), eval.end(), '\n') == 1);  // one line
+  // Not training: nothing to say.
+  o.training = false;
+  o.loss.kind.clear();
+  o.schedule.reset();
+  CHECK(plan::make_plan(o).batch_norm_summary.empty());
+}
+
+TEST_CASE("BatchNormalization running statistics: checkpoint, resume and export keep them") {
+  testing::TempDir dir;
+  plan::PlannedModel planned = plan::make_plan(options_for(2, "1f1b", false));
+  plan::write_plan(planned, dir.file("plan"));
+  auto p = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+  const std::map<std::string, Tensor> inputs = inputs_of(*p);
+  RunOptions options;
+  options.steps = 2;
+  p->run(inputs, options);
+  save_checkpoint(*p, dir.file("ckpt"));
+  std::map<std::string, std::vector<float>> after;
+  for (const plan::Stage& stage : p->plan().stages)
+    for (const auto& [name, t] : p->stage_weights(stage.index))
+      if (name.find("running_") != std::string::npos) after[name] = values(t);
+  REQUIRE(after.size() == 6);
+
+  // Resumed into a fresh pipeline: the statistics come back, and 2 more steps go on from them
+  // as 2 more steps of the first pipeline do.
+  auto q = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+  CHECK(load_checkpoint(*q, dir.file("ckpt")) == 2);
+  for (const plan::Stage& stage : q->plan().stages)
+    for (const auto& [name, t] : q->stage_weights(stage.index))
+      if (after.count(name)) CHECK(values(t) == after.at(name));
+  p->run(inputs, options);
+  q->run(inputs, options);
+  for (const plan::Stage& stage : q->plan().stages)
+    for (const auto& [name, t] : q->stage_weights(stage.index))
+      if (after.count(name)) {
+        CAPTURE(name);
+        CHECK(values(t) == values(p->stage_weights(stage.index).at(name)));
+        CHECK(values(t) != after.at(name));
+      }
+
+  // --export: the model's running statistics are the trained ones.
+  const std::string out = dir.file("trained.onnx");
+  export_model(*p, out);
+  onnx::ModelProto exported;
+  std::ifstream in(out, std::ios::binary);
+  REQUIRE(exported.ParseFromIstream(&in));
+  int found = 0;
+  for (const onnx::TensorProto& init : exported.graph().initializer()) {
+    if (init.name().find("running_") == std::string::npos) continue;
+    CAPTURE(init.name());
+    const Tensor t = tensor_from_proto(init, init.name());
+    for (const plan::Stage& stage : p->plan().stages)
+      if (auto it = p->stage_weights(stage.index).find(init.name());
+          it != p->stage_weights(stage.index).end()) {
+        CHECK(values(t) == values(it->second));
+        ++found;
+      }
+  }
+  CHECK(found == 6);
+}
+
+}  // namespace stagecraft::rt
