@@ -22,7 +22,7 @@
 //    bubble {measured, predicted}, predicted_step_ms, cost_model, [final_loss] (training),
 //    plan_device {name, kind},
 //    warnings [one line each: a plan costed for another kind of device, a mixed-precision plan
-//              run in fp32],
+//              run in fp32, plan devices sharing a GPU],
 //    device [{device, busy_fraction, peak_bytes, predicted_peak_bytes, arena_bytes, weight_bytes,
 //             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use),
 //             [allreduce_ms] (data parallelism: the step's ALLREDUCE time)}],
@@ -31,7 +31,8 @@
 // The measured figures describe the median step, the first step (the warm-up) left out when
 // there are others. A plan costed for another kind of device than the backend (an h100 plan on
 // the cpu backend) gets a one-line warning on stderr naming the stagec flags that fix it; a
-// mixed-precision plan, one saying it runs in fp32 (no backend computes in 16 bits yet).
+// mixed-precision plan, one saying it runs in fp32 (no backend computes in 16 bits yet); plan
+// devices that share a GPU, one saying the prediction has them compute at once.
 // --trace writes a Chrome trace of the compute that ran, in the format of `stagedump --trace`
 // (a process per device, "measured / device N", with a slice per step), every step;
 // `stagedump PLAN --trace OUT --measured FILE` sets it beside the prediction.
@@ -57,6 +58,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -371,10 +373,14 @@ std::string precision_warning(const plan::Plan& plan, std::string_view backend) 
       backend);
 }
 
-// Every warning of the run, one line each: the device kind, the precision.
-std::vector<std::string> run_warnings(const plan::Plan& plan, std::string_view backend) {
+// Every warning of the run, one line each: the device kind, the precision, devices sharing a
+// GPU (`devices`: this process's plan devices).
+std::vector<std::string> run_warnings(const plan::Plan& plan, const rt::Backend& backend,
+                                      std::span<const int> devices) {
   std::vector<std::string> warnings;
-  for (std::string line : {device_kind_warning(plan, backend), precision_warning(plan, backend)})
+  for (std::string line :
+       {device_kind_warning(plan, backend.name()), precision_warning(plan, backend.name()),
+        rt::shared_device_warning(backend, devices)})
     if (!line.empty()) warnings.push_back(std::move(line));
   return warnings;
 }
@@ -600,7 +606,10 @@ int main(int argc, char** argv) {
                                      : rt::backend_by_name(args.backend_name);
     auto pipeline = rt::Pipeline::load(args.plan_dir, backend, args.threads, local_devices);
     const plan::Plan& plan = pipeline->plan();
-    const std::vector<std::string> warnings = run_warnings(plan, backend.name());
+    std::vector<int> devices = local_devices;
+    if (devices.empty())
+      for (int d = 0; d < plan.devices * plan.data_parallel; ++d) devices.push_back(d);
+    const std::vector<std::string> warnings = run_warnings(plan, backend, devices);
     if (!world || world->rank() == 0)
       for (const std::string& warning : warnings) fmt::print(stderr, "stagerun: warning: {}\n", warning);
     if (!args.data_dir.empty() && (!args.inputs_path.empty() || args.synthetic))
