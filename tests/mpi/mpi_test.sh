@@ -68,6 +68,9 @@ healthy_run() {
     fail "the healthy run of the plan on $ranks ranks failed: $(cat healthy.err)"
   echo $((SECONDS - t0))
 }
+# losses RUN.json: the loss of each step of a stagerun --json run, one per line.
+losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
+
 # The cuts of PLAN, comma separated, for --split-after: stagedump's "stage K: cut after 'NODE'"
 # lines (stagedump is built beside stagerun; no JSON tool is needed on the machine).
 split_of() {
@@ -128,7 +131,6 @@ case "$check" in
     ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
     ;;
   train_zero)
-    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
     for optimizer in adam momentum; do
       common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer "$optimizer"
         --lr 0.001)
@@ -176,7 +178,6 @@ case "$check" in
     echo "4 replicas sharded: $(tr '\n' ' ' <ranks.loss)"
     ;;
   checkpoint_dp)
-    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
     common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer adam --lr 0.001)
     "$stagec" "${common[@]}" -o zero --devices 4 --data-parallel 2 --microbatches 2 \
       --shard-optimizer >/dev/null
@@ -242,7 +243,6 @@ case "$check" in
     resume chain_one_replica_2_ranks 2 chain_one
     ;;
   train_dp)
-    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
     for schedule in gpipe 1f1b; do
       common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --schedule "$schedule"
         --optimizer adam)
