@@ -46,7 +46,8 @@
 // restores them before the run (refusing a checkpoint of another plan); --export FILE writes the
 // original model with the trained weights after the run (--steps 0: export without running).
 // Under mpirun --checkpoint and --resume work too (one writer per stage, the manifest by rank 0:
-// runtime/mpi/world.h); --export does not yet.
+// runtime/mpi/world.h), and --export (the ranks save a checkpoint beside FILE, rank 0 exports
+// from it and removes it).
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -558,9 +559,9 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   return options;
 }
 
-// Under mpirun: the checks every rank makes alike (this slice runs CPU ranks, without trace or
-// export), then the plan device this rank runs (world.h refuses a world of
-// another size than the plan's devices).
+// Under mpirun: the checks every rank makes alike (this slice runs CPU ranks, without trace),
+// then the plan device this rank runs (world.h refuses a world of another size than the plan's
+// devices).
 std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
   std::vector<int> devices;
   world.refuse_together([&] {
@@ -569,11 +570,9 @@ std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
            "--backend {}: under mpirun stagerun runs CPU ranks only (GPU ranks through NCCL are "
            "not there yet)",
            args.backend_name);
-    for (auto [given, option] : {std::pair{!args.trace_path.empty(), "--trace"},
-                                 {!args.export_path.empty(), "--export"}})
-      if (given)
-        fail(ErrorKind::kUnsupported, "{} does not work under mpirun yet (run it in one process)",
-             option);
+    if (!args.trace_path.empty())
+      fail(ErrorKind::kUnsupported,
+           "--trace does not work under mpirun yet (run it in one process)");
     args.backend_name = "cpu";
     devices = world.local_devices(plan::load_plan(args.plan_dir), args.plan_dir);
   });
@@ -647,7 +646,23 @@ int main(int argc, char** argv) {
         w.save_checkpoint(p, dir);
       };
     auto export_model = [&] {
-      int replaced = rt::export_model(*pipeline, args.export_path);
+      int replaced = 0;
+      if (world) {
+        // Each rank holds its stages' weights: every rank saves its part of a checkpoint beside
+        // FILE (one writer per stage, as --checkpoint), then rank 0 loads the whole plan on the
+        // CPU, restores that checkpoint into it and exports. FILE's folder must be one the
+        // ranks share, as --checkpoint's must.
+        const std::string parts = args.export_path + ".checkpoint";
+        world->save_checkpoint(*pipeline, parts);
+        if (world->rank() != 0) return;
+        auto whole = rt::Pipeline::load(args.plan_dir, rt::cpu_backend(), 1);
+        rt::load_checkpoint(*whole, parts);
+        replaced = rt::export_model(*whole, args.export_path);
+        std::error_code ec;
+        fs::remove_all(parts, ec);
+      } else {
+        replaced = rt::export_model(*pipeline, args.export_path);
+      }
       if (!args.quiet)
         fmt::print(stderr, "stagerun: wrote {} ({} trained initializers)\n", args.export_path,
                    replaced);
