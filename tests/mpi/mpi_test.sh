@@ -8,6 +8,10 @@
 #     train_gpt_4_ranks      4 ranks, zb-h1
 #     train_chain_shared     a weight held by two ranks' stages (its gradient summed over MPI)
 #     infer                  2 ranks infer the same outputs, bit for bit
+#     trace                  --trace under mpirun: every device's slices, as one process's
+#                            count, on rank 0's clock; stagedump --measured reads it
+#     export                 --export under mpirun (2 ranks; 2 replicas x 2 devices, sharded;
+#                            --steps 0) writes the file one process writes, byte for byte
 #     world_size             3 ranks for a 2-device plan: every rank refuses, naming both numbers
 #     fault                  a node failing on rank 1 ends every rank at once, non-zero, the
 #                            failing device and node named
@@ -68,6 +72,9 @@ healthy_run() {
     fail "the healthy run of the plan on $ranks ranks failed: $(cat healthy.err)"
   echo $((SECONDS - t0))
 }
+# losses RUN.json: the loss of each step of a stagerun --json run, one per line.
+losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
+
 # The cuts of PLAN, comma separated, for --split-after: stagedump's "stage K: cut after 'NODE'"
 # lines (stagedump is built beside stagerun; no JSON tool is needed on the machine).
 split_of() {
@@ -128,7 +135,6 @@ case "$check" in
     ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
     ;;
   train_zero)
-    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
     for optimizer in adam momentum; do
       common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer "$optimizer"
         --lr 0.001)
@@ -176,7 +182,6 @@ case "$check" in
     echo "4 replicas sharded: $(tr '\n' ' ' <ranks.loss)"
     ;;
   checkpoint_dp)
-    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
     common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer adam --lr 0.001)
     "$stagec" "${common[@]}" -o zero --devices 4 --data-parallel 2 --microbatches 2 \
       --shard-optimizer >/dev/null
@@ -242,7 +247,6 @@ case "$check" in
     resume chain_one_replica_2_ranks 2 chain_one
     ;;
   train_dp)
-    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
     for schedule in gpipe 1f1b; do
       common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --schedule "$schedule"
         --optimizer adam)
@@ -350,6 +354,44 @@ case "$check" in
     grep -q '"devices": *2,' ranks.json || fail "no 2-device summary"
     [ "$(grep -o '"peak_bytes": *[1-9]' ranks.json | wc -l)" -eq 2 ] ||
       fail "both devices' peak memory should be gathered: $(tail -1 ranks.json)"
+    ;;
+  export)
+    # --export under mpirun writes the file one process writes, byte for byte: a pipeline of 2
+    # ranks, 2 replicas x 2 devices on 4 ranks (sharded optimizer), and --steps 0 (no run).
+    common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer adam)
+    "$stagec" "${common[@]}" -o pipe --devices 2 --microbatches 4 >/dev/null
+    "$stagec" "${common[@]}" -o dp --devices 4 --data-parallel 2 --microbatches 2 \
+      --shard-optimizer >/dev/null
+    for run in "pipe 2 3" "dp 4 3" "pipe 2 0"; do
+      read -r plan ranks steps <<<"$run"
+      "$stagerun" "$plan" --steps "$steps" -q --backend cpu --export "one_$plan$steps.onnx"
+      "${mpi[@]}" -np "$ranks" "$stagerun" "$plan" --steps "$steps" -q \
+        --export "ranks_$plan$steps.onnx" 2>ranks.err ||
+        fail "mpirun -np $ranks stagerun $plan --steps $steps --export failed: $(cat ranks.err)"
+      cmp "one_$plan$steps.onnx" "ranks_$plan$steps.onnx" ||
+        fail "$plan, $steps steps: the export of $ranks ranks differs from one process's"
+      [ ! -e "ranks_$plan$steps.onnx.checkpoint" ] || fail "the export's checkpoint was left behind"
+      echo "$plan on $ranks ranks, $steps steps: the export is one process's, byte for byte"
+    done
+    cmp -s one_pipe3.onnx one_pipe0.onnx && fail "3 training steps left the exported weights as they were"
+    ;;
+  trace)
+    # --trace under mpirun: rank 0 writes every device's slices (gathered, on rank 0's clock),
+    # as many as one process writes, and stagedump sets them beside the prediction.
+    "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --train --loss mse --batch 16 \
+      --microbatches 4 >/dev/null
+    "$stagerun" plan --steps 3 -q --backend cpu --trace one.json >/dev/null
+    "${mpi[@]}" -np 2 "$stagerun" plan --steps 3 -q --trace ranks.json >/dev/null 2>ranks.err ||
+      fail "mpirun -np 2 stagerun --trace failed: $(cat ranks.err)"
+    slices() { grep -o '"ph": *"X"' "$1" | wc -l; }
+    [ "$(slices ranks.json)" -eq "$(slices one.json)" ] ||
+      fail "$(slices ranks.json) slices under mpirun, $(slices one.json) in one process"
+    for d in 0 1; do
+      grep -q "\"measured / device $d\"" ranks.json || fail "no device $d in the trace"
+    done
+    "$(dirname "$stagerun")/stagedump" plan --trace both.json --measured ranks.json >/dev/null ||
+      fail "stagedump --measured refused the trace of the ranks"
+    echo "2 ranks: $(slices ranks.json) slices, as one process"
     ;;
   infer)
     "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --batch 8 --microbatches 4 >/dev/null
