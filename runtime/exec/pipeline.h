@@ -89,6 +89,8 @@ struct RunReport {
   std::vector<DeviceReport> devices;  ///< Every device of every replica (R x P).
   /// Compute of every step, the all-reduces and the receives' waits, seconds from the start.
   std::vector<schedule::TimelineEvent> events;
+  /// When each step started, seconds from the start (the clock of `events`).
+  std::vector<double> step_start_s;
   std::map<std::string, Tensor> outputs;  ///< The last step's graph outputs, whole batch.
   /// Training: each step's loss: per replica the mean over its microbatches, then the mean
   /// over the replicas (those whose loss stage runs here).

@@ -117,7 +117,41 @@ std::vector<char> rank_part(const RunReport& report, int device) {
   for (double loss : report.losses) w.f64(loss);
   w.i64(static_cast<int64_t>(report.outputs.size()));
   for (const auto& [name, tensor] : report.outputs) w.tensor(name, tensor);
+  // The device's events (for --trace) and the clock they are on: its step starts.
+  w.i64(static_cast<int64_t>(report.step_start_s.size()));
+  for (double start : report.step_start_s) w.f64(start);
+  int64_t count = 0;
+  for (const schedule::TimelineEvent& e : report.events) count += e.device == device;
+  w.i64(count);
+  for (const schedule::TimelineEvent& e : report.events) {
+    if (e.device != device) continue;
+    for (int64_t v : {int64_t{e.device}, static_cast<int64_t>(e.op), int64_t{e.stage},
+                      int64_t{e.microbatch}})
+      w.i64(v);
+    w.f64(e.start_s);
+    w.f64(e.end_s);
+  }
   return w.take();
+}
+
+// Moves `events` of a rank from its clock to rank 0's: every rank starts each step at the step
+// barrier, so an event of step s keeps its offset from that step's start (the barrier's own
+// skew, microseconds on one machine, is the error).
+void rebase_events(std::vector<schedule::TimelineEvent>& events,
+                   const std::vector<double>& rank_starts,
+                   const std::vector<double>& rank0_starts) {
+  const size_t steps = std::min(rank_starts.size(), rank0_starts.size());
+  if (steps == 0) return;
+  for (schedule::TimelineEvent& e : events) {
+    // The step the event lies in: the last whose start is at or before it.
+    auto it = std::upper_bound(rank_starts.begin(), rank_starts.begin() + static_cast<long>(steps),
+                               e.start_s);
+    const size_t s =
+        it == rank_starts.begin() ? 0 : static_cast<size_t>(it - rank_starts.begin()) - 1;
+    const double shift = rank0_starts[s] - rank_starts[s];
+    e.start_s += shift;
+    e.end_s += shift;
+  }
 }
 
 // What rank 0 collects of the ranks' parts: per replica its losses and outputs.
@@ -145,6 +179,23 @@ void take_part(const std::vector<char>& bytes, int rank, int replica, bool has_l
     parts.resize(into.losses.size());
     parts.at(static_cast<size_t>(replica)) = std::move(t.tensor);
   }
+  std::vector<double> starts(static_cast<size_t>(std::max<int64_t>(0, r.i64())));
+  for (double& start : starts) start = r.f64();
+  std::vector<schedule::TimelineEvent> events(static_cast<size_t>(std::max<int64_t>(0, r.i64())));
+  for (schedule::TimelineEvent& e : events) {
+    e.device = static_cast<int>(r.i64());
+    const int64_t op = r.i64();
+    if (op < 0 || op > static_cast<int64_t>(schedule::Op::kOptimizerStep))
+      fail(ErrorKind::kFormat, "the report of rank {}: an event of op {} (0 to {})", rank, op,
+           static_cast<int>(schedule::Op::kOptimizerStep));
+    e.op = static_cast<schedule::Op>(op);
+    e.stage = static_cast<int>(r.i64());
+    e.microbatch = static_cast<int>(r.i64());
+    e.start_s = r.f64();
+    e.end_s = r.f64();
+  }
+  rebase_events(events, starts, report.step_start_s);
+  report.events.insert(report.events.end(), events.begin(), events.end());
 }
 
 }  // namespace
