@@ -109,6 +109,7 @@ std::vector<char> rank_part(const RunReport& report, int device) {
   WireWriter w;
   const DeviceReport& d = report.devices.at(static_cast<size_t>(device));
   w.f64(d.busy_s);
+  w.f64(d.send_s);
   w.f64(report.allreduce_s.at(static_cast<size_t>(device)));
   for (int64_t v : {d.peak_bytes, d.weight_bytes, d.arena_bytes, d.predicted_peak_bytes,
                     d.device_peak_bytes, d.device_used_bytes})
@@ -132,6 +133,7 @@ void take_part(const std::vector<char>& bytes, int rank, int replica, bool has_l
   WireReader r(bytes, fmt::format("the report of rank {}", rank));
   DeviceReport& d = report.devices.at(static_cast<size_t>(rank));
   d.busy_s = r.f64();
+  d.send_s = r.f64();
   report.allreduce_s.at(static_cast<size_t>(rank)) = r.f64();
   for (int64_t* v : {&d.peak_bytes, &d.weight_bytes, &d.arena_bytes, &d.predicted_peak_bytes,
                      &d.device_peak_bytes, &d.device_used_bytes})
