@@ -22,7 +22,7 @@
 //    bubble {measured, predicted}, predicted_step_ms, cost_model, [final_loss] (training),
 //    plan_device {name, kind},
 //    warnings [one line each: a plan costed for another kind of device, a mixed-precision plan
-//              run in fp32],
+//              run in fp32, plan devices sharing a GPU],
 //    device [{device, busy_fraction, send_ms (the step's sends), peak_bytes,
 //             predicted_peak_bytes, arena_bytes, weight_bytes,
 //             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use),
@@ -32,7 +32,8 @@
 // The measured figures describe the median step, the first step (the warm-up) left out when
 // there are others. A plan costed for another kind of device than the backend (an h100 plan on
 // the cpu backend) gets a one-line warning on stderr naming the stagec flags that fix it; a
-// mixed-precision plan, one saying it runs in fp32 (no backend computes in 16 bits yet).
+// mixed-precision plan, one saying it runs in fp32 (no backend computes in 16 bits yet); plan
+// devices that share a GPU, one saying the prediction has them compute at once.
 // --trace writes a Chrome trace of what ran, in the format of `stagedump --trace` (a process per
 // device, "measured / device N", with a slice per step, the compute, the receives' waits and the
 // sends, and the device's metered bytes after every instruction as a counter), every step;
@@ -47,7 +48,8 @@
 // restores them before the run (refusing a checkpoint of another plan); --export FILE writes the
 // original model with the trained weights after the run (--steps 0: export without running).
 // Under mpirun --checkpoint and --resume work too (one writer per stage, the manifest by rank 0:
-// runtime/mpi/world.h); --export does not yet.
+// runtime/mpi/world.h), and --export (the ranks save a checkpoint beside FILE, rank 0 exports
+// from it and removes it).
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -59,6 +61,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -381,10 +384,14 @@ std::string precision_warning(const plan::Plan& plan, std::string_view backend) 
       backend);
 }
 
-// Every warning of the run, one line each: the device kind, the precision.
-std::vector<std::string> run_warnings(const plan::Plan& plan, std::string_view backend) {
+// Every warning of the run, one line each: the device kind, the precision, devices sharing a
+// GPU (`devices`: this process's plan devices).
+std::vector<std::string> run_warnings(const plan::Plan& plan, const rt::Backend& backend,
+                                      std::span<const int> devices) {
   std::vector<std::string> warnings;
-  for (std::string line : {device_kind_warning(plan, backend), precision_warning(plan, backend)})
+  for (std::string line :
+       {device_kind_warning(plan, backend.name()), precision_warning(plan, backend.name()),
+        rt::shared_device_warning(backend, devices)})
     if (!line.empty()) warnings.push_back(std::move(line));
   return warnings;
 }
@@ -563,9 +570,9 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   return options;
 }
 
-// Under mpirun: the checks every rank makes alike (this slice runs CPU ranks, without trace or
-// export), then the plan device this rank runs (world.h refuses a world of
-// another size than the plan's devices).
+// Under mpirun: the checks every rank makes alike (this slice runs CPU ranks, without trace),
+// then the plan device this rank runs (world.h refuses a world of another size than the plan's
+// devices).
 std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
   std::vector<int> devices;
   world.refuse_together([&] {
@@ -574,11 +581,9 @@ std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
            "--backend {}: under mpirun stagerun runs CPU ranks only (GPU ranks through NCCL are "
            "not there yet)",
            args.backend_name);
-    for (auto [given, option] : {std::pair{!args.trace_path.empty(), "--trace"},
-                                 {!args.export_path.empty(), "--export"}})
-      if (given)
-        fail(ErrorKind::kUnsupported, "{} does not work under mpirun yet (run it in one process)",
-             option);
+    if (!args.trace_path.empty())
+      fail(ErrorKind::kUnsupported,
+           "--trace does not work under mpirun yet (run it in one process)");
     args.backend_name = "cpu";
     devices = world.local_devices(plan::load_plan(args.plan_dir), args.plan_dir);
   });
@@ -611,7 +616,10 @@ int main(int argc, char** argv) {
                                      : rt::backend_by_name(args.backend_name);
     auto pipeline = rt::Pipeline::load(args.plan_dir, backend, args.threads, local_devices);
     const plan::Plan& plan = pipeline->plan();
-    const std::vector<std::string> warnings = run_warnings(plan, backend.name());
+    std::vector<int> devices = local_devices;
+    if (devices.empty())
+      for (int d = 0; d < plan.devices * plan.data_parallel; ++d) devices.push_back(d);
+    const std::vector<std::string> warnings = run_warnings(plan, backend, devices);
     if (!world || world->rank() == 0)
       for (const std::string& warning : warnings) fmt::print(stderr, "stagerun: warning: {}\n", warning);
     if (!args.data_dir.empty() && (!args.inputs_path.empty() || args.synthetic))
@@ -649,7 +657,23 @@ int main(int argc, char** argv) {
         w.save_checkpoint(p, dir);
       };
     auto export_model = [&] {
-      int replaced = rt::export_model(*pipeline, args.export_path);
+      int replaced = 0;
+      if (world) {
+        // Each rank holds its stages' weights: every rank saves its part of a checkpoint beside
+        // FILE (one writer per stage, as --checkpoint), then rank 0 loads the whole plan on the
+        // CPU, restores that checkpoint into it and exports. FILE's folder must be one the
+        // ranks share, as --checkpoint's must.
+        const std::string parts = args.export_path + ".checkpoint";
+        world->save_checkpoint(*pipeline, parts);
+        if (world->rank() != 0) return;
+        auto whole = rt::Pipeline::load(args.plan_dir, rt::cpu_backend(), 1);
+        rt::load_checkpoint(*whole, parts);
+        replaced = rt::export_model(*whole, args.export_path);
+        std::error_code ec;
+        fs::remove_all(parts, ec);
+      } else {
+        replaced = rt::export_model(*pipeline, args.export_path);
+      }
       if (!args.quiet)
         fmt::print(stderr, "stagerun: wrote {} ({} trained initializers)\n", args.export_path,
                    replaced);

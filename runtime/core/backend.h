@@ -55,6 +55,12 @@ class Backend {
   const KernelEntry* find(std::string_view op_type) const;
 };
 
+/// One line when the plan devices `devices` run on fewer physical accelerators than there are
+/// devices: the planner costs each device as running at once with the others, but stages that
+/// share a GPU take turns, so the step is about the sum of their work. "" when each device has
+/// its own, and for the CPU backend (its devices are groups of this machine's cores).
+std::string shared_device_warning(const Backend& backend, std::span<const int> devices);
+
 /// The CPU backend (oneDNN and plain C++; runtime/cpu).
 const Backend& cpu_backend();
 

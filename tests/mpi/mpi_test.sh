@@ -8,6 +8,8 @@
 #     train_gpt_4_ranks      4 ranks, zb-h1
 #     train_chain_shared     a weight held by two ranks' stages (its gradient summed over MPI)
 #     infer                  2 ranks infer the same outputs, bit for bit
+#     export                 --export under mpirun (2 ranks; 2 replicas x 2 devices, sharded;
+#                            --steps 0) writes the file one process writes, byte for byte
 #     world_size             3 ranks for a 2-device plan: every rank refuses, naming both numbers
 #     fault                  a node failing on rank 1 ends every rank at once, non-zero, the
 #                            failing device and node named
@@ -68,6 +70,9 @@ healthy_run() {
     fail "the healthy run of the plan on $ranks ranks failed: $(cat healthy.err)"
   echo $((SECONDS - t0))
 }
+# losses RUN.json: the loss of each step of a stagerun --json run, one per line.
+losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
+
 # The cuts of PLAN, comma separated, for --split-after: stagedump's "stage K: cut after 'NODE'"
 # lines (stagedump is built beside stagerun; no JSON tool is needed on the machine).
 split_of() {
@@ -128,7 +133,6 @@ case "$check" in
     ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
     ;;
   train_zero)
-    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
     for optimizer in adam momentum; do
       common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer "$optimizer"
         --lr 0.001)
@@ -176,7 +180,6 @@ case "$check" in
     echo "4 replicas sharded: $(tr '\n' ' ' <ranks.loss)"
     ;;
   checkpoint_dp)
-    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
     common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer adam --lr 0.001)
     "$stagec" "${common[@]}" -o zero --devices 4 --data-parallel 2 --microbatches 2 \
       --shard-optimizer >/dev/null
@@ -242,7 +245,6 @@ case "$check" in
     resume chain_one_replica_2_ranks 2 chain_one
     ;;
   train_dp)
-    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
     for schedule in gpipe 1f1b; do
       common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --schedule "$schedule"
         --optimizer adam)
@@ -350,6 +352,26 @@ case "$check" in
     grep -q '"devices": *2,' ranks.json || fail "no 2-device summary"
     [ "$(grep -o '"peak_bytes": *[1-9]' ranks.json | wc -l)" -eq 2 ] ||
       fail "both devices' peak memory should be gathered: $(tail -1 ranks.json)"
+    ;;
+  export)
+    # --export under mpirun writes the file one process writes, byte for byte: a pipeline of 2
+    # ranks, 2 replicas x 2 devices on 4 ranks (sharded optimizer), and --steps 0 (no run).
+    common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer adam)
+    "$stagec" "${common[@]}" -o pipe --devices 2 --microbatches 4 >/dev/null
+    "$stagec" "${common[@]}" -o dp --devices 4 --data-parallel 2 --microbatches 2 \
+      --shard-optimizer >/dev/null
+    for run in "pipe 2 3" "dp 4 3" "pipe 2 0"; do
+      read -r plan ranks steps <<<"$run"
+      "$stagerun" "$plan" --steps "$steps" -q --backend cpu --export "one_$plan$steps.onnx"
+      "${mpi[@]}" -np "$ranks" "$stagerun" "$plan" --steps "$steps" -q \
+        --export "ranks_$plan$steps.onnx" 2>ranks.err ||
+        fail "mpirun -np $ranks stagerun $plan --steps $steps --export failed: $(cat ranks.err)"
+      cmp "one_$plan$steps.onnx" "ranks_$plan$steps.onnx" ||
+        fail "$plan, $steps steps: the export of $ranks ranks differs from one process's"
+      [ ! -e "ranks_$plan$steps.onnx.checkpoint" ] || fail "the export's checkpoint was left behind"
+      echo "$plan on $ranks ranks, $steps steps: the export is one process's, byte for byte"
+    done
+    cmp -s one_pipe3.onnx one_pipe0.onnx && fail "3 training steps left the exported weights as they were"
     ;;
   infer)
     "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --batch 8 --microbatches 4 >/dev/null

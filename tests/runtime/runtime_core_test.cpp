@@ -7,7 +7,9 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/core/backend.h"
 #include "runtime/core/program.h"
@@ -350,6 +352,36 @@ TEST_CASE("a program checks the dtype and shape of what it is given") {
   REQUIRE(y.size() == 1);
   CHECK(y[0].as<float>()[0] == 0.0f);
   CHECK(y[0].as<float>()[5] == 2.0f);
+}
+
+// A backend with `gpus` GPUs: plan device d runs on GPU d mod gpus, as the CUDA backend maps them.
+class FakeGpuBackend final : public Backend {
+ public:
+  explicit FakeGpuBackend(int gpus) : gpus_(gpus) {}
+  std::string_view name() const override { return "cuda"; }
+  std::span<const KernelEntry> table() const override { return {}; }
+  std::unique_ptr<DeviceContext> make_device(int, int) const override { return nullptr; }
+  Physical physical_device(int device) const override {
+    return {device % gpus_, int64_t{80} << 30, "GPU " + std::to_string(device % gpus_) + " (fake)"};
+  }
+
+ private:
+  int gpus_;
+};
+
+TEST_CASE("plan devices sharing a GPU are named in one warning, and none when each has its own GPU or runs on the CPU") {
+  const std::vector<int> two{0, 1}, four{0, 1, 2, 3};
+  const std::string shared = shared_device_warning(FakeGpuBackend(1), two);
+  CHECK(shared.find("the plan's 2 devices run on 1 GPU (GPU 0 (fake))") != std::string::npos);
+  CHECK(shared.find("--devices 1") != std::string::npos);
+  CHECK(shared.find('\n') == std::string::npos);
+  const std::string half = shared_device_warning(FakeGpuBackend(2), four);
+  CHECK(half.find("4 devices run on 2 GPUs (GPU 0 (fake), GPU 1 (fake))") != std::string::npos);
+  CHECK(shared_device_warning(FakeGpuBackend(2), two).empty());
+  CHECK(shared_device_warning(FakeGpuBackend(4), four).empty());
+  CHECK(shared_device_warning(cpu_backend(), four).empty());
+  // Under mpirun a rank passes only its own devices: one device is never shared with itself.
+  CHECK(shared_device_warning(FakeGpuBackend(1), std::vector<int>{3}).empty());
 }
 
 }  // namespace
