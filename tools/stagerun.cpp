@@ -34,7 +34,8 @@
 // the cpu backend) gets a one-line warning on stderr naming the stagec flags that fix it; a
 // mixed-precision plan, one saying it runs in fp32 (no backend computes in 16 bits yet); plan
 // devices that share a GPU, one saying the prediction has them compute at once.
-// --trace writes a Chrome trace of what ran, in the format of `stagedump --trace` (a process per
+// --trace writes a Chrome trace of what ran (under mpirun rank 0 writes every rank's, each moved
+// to rank 0's clock at every step's start), in the format of `stagedump --trace` (a process per
 // device, "measured / device N", with a slice per step, the compute, the receives' waits and the
 // sends, and the device's metered bytes after every instruction as a counter), every step;
 // `stagedump PLAN --trace OUT --measured FILE` sets it beside the prediction.
@@ -570,9 +571,8 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   return options;
 }
 
-// Under mpirun: the checks every rank makes alike (this slice runs CPU ranks, without trace),
-// then the plan device this rank runs (world.h refuses a world of another size than the plan's
-// devices).
+// Under mpirun: the checks every rank makes alike (this slice runs CPU ranks), then the plan
+// device this rank runs (world.h refuses a world of another size than the plan's devices).
 std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
   std::vector<int> devices;
   world.refuse_together([&] {
@@ -581,9 +581,6 @@ std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
            "--backend {}: under mpirun stagerun runs CPU ranks only (GPU ranks through NCCL are "
            "not there yet)",
            args.backend_name);
-    if (!args.trace_path.empty())
-      fail(ErrorKind::kUnsupported,
-           "--trace does not work under mpirun yet (run it in one process)");
     args.backend_name = "cpu";
     devices = world.local_devices(plan::load_plan(args.plan_dir), args.plan_dir);
   });
@@ -621,7 +618,8 @@ int main(int argc, char** argv) {
       for (int d = 0; d < plan.devices * plan.data_parallel; ++d) devices.push_back(d);
     const std::vector<std::string> warnings = run_warnings(plan, backend, devices);
     if (!world || world->rank() == 0)
-      for (const std::string& warning : warnings) fmt::print(stderr, "stagerun: warning: {}\n", warning);
+      for (const std::string& warning : warnings)
+        fmt::print(stderr, "stagerun: warning: {}\n", warning);
     if (!args.data_dir.empty() && (!args.inputs_path.empty() || args.synthetic))
       fail(ErrorKind::kUsage, "--data excludes --inputs and --synthetic");
     std::map<std::string, rt::Tensor> inputs, data;

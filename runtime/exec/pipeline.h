@@ -104,6 +104,8 @@ struct RunReport {
   /// Every device's metered bytes at each step's start and after each of its instructions,
   /// in time order per device.
   std::vector<MemorySample> memory;
+  /// When each step started, seconds from the start (the clock of `events`).
+  std::vector<double> step_start_s;
   std::map<std::string, Tensor> outputs;  ///< The last step's graph outputs, whole batch.
   /// Training: each step's loss: per replica the mean over its microbatches, then the mean
   /// over the replicas (those whose loss stage runs here).

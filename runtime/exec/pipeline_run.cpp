@@ -168,6 +168,7 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
   const int steps = run.steps, devices = run.devices;
   RunReport report;
   for (int s = 0; s < steps; ++s) report.step_s.push_back(run.step_end[s] - run.step_start[s]);
+  report.step_start_s = run.step_start;
   // Per replica the mean over its microbatches, then the mean over the replicas whose loss
   // stage runs here (runtime/mpi/world.cpp's gather averages the ranks' the same way).
   if (run.training)

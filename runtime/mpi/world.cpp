@@ -118,7 +118,54 @@ std::vector<char> rank_part(const RunReport& report, int device) {
   for (double loss : report.losses) w.f64(loss);
   w.i64(static_cast<int64_t>(report.outputs.size()));
   for (const auto& [name, tensor] : report.outputs) w.tensor(name, tensor);
+  // The device's events (for --trace) and the clock they are on: its step starts.
+  w.i64(static_cast<int64_t>(report.step_start_s.size()));
+  for (double start : report.step_start_s) w.f64(start);
+  int64_t count = 0;
+  for (const schedule::TimelineEvent& e : report.events) count += e.device == device;
+  w.i64(count);
+  for (const schedule::TimelineEvent& e : report.events) {
+    if (e.device != device) continue;
+    for (int64_t v : {int64_t{e.device}, static_cast<int64_t>(e.op), int64_t{e.stage},
+                      int64_t{e.microbatch}})
+      w.i64(v);
+    w.f64(e.start_s);
+    w.f64(e.end_s);
+  }
+  // Its memory track, on the same clock.
+  count = 0;
+  for (const MemorySample& m : report.memory) count += m.device == device;
+  w.i64(count);
+  for (const MemorySample& m : report.memory) {
+    if (m.device != device) continue;
+    w.f64(m.time_s);
+    w.i64(m.bytes);
+  }
   return w.take();
+}
+
+// Moves `events` and `memory` of a rank from its clock to rank 0's: every rank starts each step at
+// the step barrier, so an event of step s keeps its offset from that step's start (the barrier's
+// own skew, microseconds on one machine, is the error).
+void rebase_events(std::vector<schedule::TimelineEvent>& events,
+                   std::vector<MemorySample>& memory, const std::vector<double>& rank_starts,
+                   const std::vector<double>& rank0_starts) {
+  const size_t steps = std::min(rank_starts.size(), rank0_starts.size());
+  if (steps == 0) return;
+  // The shift of the step an instant lies in: the last whose start is at or before it.
+  auto shift = [&](double t) {
+    auto it =
+        std::upper_bound(rank_starts.begin(), rank_starts.begin() + static_cast<long>(steps), t);
+    const size_t s =
+        it == rank_starts.begin() ? 0 : static_cast<size_t>(it - rank_starts.begin()) - 1;
+    return rank0_starts[s] - rank_starts[s];
+  };
+  for (schedule::TimelineEvent& e : events) {
+    const double by = shift(e.start_s);
+    e.start_s += by;
+    e.end_s += by;
+  }
+  for (MemorySample& m : memory) m.time_s += shift(m.time_s);
 }
 
 // What rank 0 collects of the ranks' parts: per replica its losses and outputs.
@@ -147,6 +194,30 @@ void take_part(const std::vector<char>& bytes, int rank, int replica, bool has_l
     parts.resize(into.losses.size());
     parts.at(static_cast<size_t>(replica)) = std::move(t.tensor);
   }
+  std::vector<double> starts(static_cast<size_t>(std::max<int64_t>(0, r.i64())));
+  for (double& start : starts) start = r.f64();
+  std::vector<schedule::TimelineEvent> events(static_cast<size_t>(std::max<int64_t>(0, r.i64())));
+  for (schedule::TimelineEvent& e : events) {
+    e.device = static_cast<int>(r.i64());
+    const int64_t op = r.i64();
+    if (op < 0 || op > static_cast<int64_t>(schedule::Op::kOptimizerStep))
+      fail(ErrorKind::kFormat, "the report of rank {}: an event of op {} (0 to {})", rank, op,
+           static_cast<int>(schedule::Op::kOptimizerStep));
+    e.op = static_cast<schedule::Op>(op);
+    e.stage = static_cast<int>(r.i64());
+    e.microbatch = static_cast<int>(r.i64());
+    e.start_s = r.f64();
+    e.end_s = r.f64();
+  }
+  std::vector<MemorySample> memory(static_cast<size_t>(std::max<int64_t>(0, r.i64())));
+  for (MemorySample& m : memory) {
+    m.device = rank;
+    m.time_s = r.f64();
+    m.bytes = r.i64();
+  }
+  rebase_events(events, memory, starts, report.step_start_s);
+  report.events.insert(report.events.end(), events.begin(), events.end());
+  report.memory.insert(report.memory.end(), memory.begin(), memory.end());
 }
 
 }  // namespace

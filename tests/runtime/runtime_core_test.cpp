@@ -369,7 +369,9 @@ class FakeGpuBackend final : public Backend {
   int gpus_;
 };
 
-TEST_CASE("plan devices sharing a GPU are named in one warning, and none when each has its own GPU or runs on the CPU") {
+TEST_CASE(
+    "plan devices sharing a GPU are named in one warning, and none when each has its own GPU or "
+    "runs on the CPU") {
   const std::vector<int> two{0, 1}, four{0, 1, 2, 3};
   const std::string shared = shared_device_warning(FakeGpuBackend(1), two);
   CHECK(shared.find("the plan's 2 devices run on 1 GPU (GPU 0 (fake))") != std::string::npos);
