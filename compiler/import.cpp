@@ -20,6 +20,7 @@
 #include "compiler/ir/ops.h"
 #include "passes/pipeline.h"
 #include "runtime/cpu/resize_shape.h"
+#include "runtime/cpu/rnn_core.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft {
@@ -130,6 +131,35 @@ void check_resize(const ir::Graph& graph, const ir::Node& node) {
 /// Refuses the ops that are left after folding and are outside the supported list. Checked
 /// after folding, so shape arithmetic in ops we do not execute (Trilu on a constant mask,
 /// say) is no obstacle.
+/// LSTM, GRU and RNN: an activations attribute naming the defaults (torch writes RNN's
+/// ["Tanh"]) is dropped, with activation_alpha and activation_beta, which the defaults ignore;
+/// any other is refused in one line naming the node. The kernels then see no activations.
+void drop_default_rnn_activations(ir::Graph& graph) {
+  for (ir::NodeId id : graph.topological_order()) {
+    ir::Node& node = graph.node(id);
+    if (node.op_type != "LSTM" && node.op_type != "GRU" && node.op_type != "RNN") continue;
+    if (!node.domain.empty() && node.domain != "ai.onnx") continue;
+    std::string direction = "forward";
+    std::vector<std::string> acts;
+    bool has = false;
+    for (const onnx::AttributeProto& a : node.attributes) {
+      if (a.name() == "direction") direction = a.s();
+      if (a.name() == "activations") {
+        has = true;
+        acts.assign(a.strings().begin(), a.strings().end());
+      }
+    }
+    if (!has) continue;
+    if (std::string why = rt::cpu::rnn_activations_error(node.op_type, direction, acts);
+        !why.empty())
+      fail(ErrorKind::kUnsupported, "{}: {}", node.describe(graph), why);
+    std::erase_if(node.attributes, [](const onnx::AttributeProto& a) {
+      return a.name() == "activations" || a.name() == "activation_alpha" ||
+             a.name() == "activation_beta";
+    });
+  }
+}
+
 void check_ops(const ir::Graph& graph) {
   for (const auto& node : graph.nodes()) {
     if (node.dead) continue;
@@ -466,6 +496,7 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     passes::run_import_pipeline(result.graph, context);
     check_ops(result.graph);
     passes::require_static_shapes(result.graph);
+    drop_default_rnn_activations(result.graph);
     passes::check_node_shapes(result.graph);
     result.folded = context.counters;
     return result;

@@ -61,6 +61,20 @@ OpWork forward_work(const ir::Graph& g, const ir::Node& node) {
       if (bias) w.flops += out0;
       break;
     }
+    case FlopKind::kRecurrent: {
+      // W is [D, G * H, I], R [D, G * H, H], X [T, B, I]: per step and direction the products
+      // X_t W^T and H_{t-1} R^T, then about 8 element operations per gate output (activations,
+      // biases, the cell or hidden update).
+      const auto& x = shape(g, node.inputs[0]);
+      const auto& r = shape(g, node.inputs[2]);
+      if (x.size() == 3 && r.size() == 3) {
+        const double steps = static_cast<double>(x[0]) * static_cast<double>(x[1]);
+        const double rows = static_cast<double>(r[0]) * static_cast<double>(r[1]);
+        const double k = static_cast<double>(x[2]) + static_cast<double>(r[2]);
+        w.flops = 2.0 * steps * rows * k + 8.0 * steps * rows;
+      }
+      break;
+    }
     case FlopKind::kPool:
       w.flops = out0 * pool_window(node);
       break;

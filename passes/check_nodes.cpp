@@ -16,6 +16,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/cpu/conv_transpose_shape.h"
 #include "runtime/cpu/indexing_shape.h"
+#include "runtime/cpu/rnn_core.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::passes {
@@ -207,6 +208,36 @@ void check_conv_transpose(const ir::Graph& graph, const ir::Node& node) {
   }
 }
 
+/// LSTM, GRU and RNN: the kernels' attributes and geometry (runtime/cpu/rnn_core.h) on the
+/// node's shapes, and constant sequence lengths against T.
+void check_rnn(const ir::Graph& graph, const ir::Node& node) {
+  onnx::NodeProto proto;
+  for (const onnx::AttributeProto& a : node.attributes) *proto.add_attribute() = a;
+  const rt::Attrs attrs(proto);
+  if (std::string why = rt::cpu::rnn_attribute_error(node.op_type, attrs); !why.empty())
+    fail(ErrorKind::kUnsupported, "{}: {}", node.describe(graph), why);
+  for (std::size_t k = 0; k < node.inputs.size(); ++k) {
+    const ir::Value* v = input(graph, node, k);
+    if (v != nullptr && !v->shape_known) return;
+  }
+  thread_local const std::unique_ptr<rt::DeviceContext> device =
+      rt::cpu_backend().make_device(0, 1);
+  const std::string name = node.name.empty() ? node.describe(graph) : node.name;
+  const rt::KernelArgs args{name, node.op_type, attrs, {}, {}, *device};
+  const rt::cpu::RnnGeometry g = rt::cpu::rnn_geometry(args, [&](std::size_t k) {
+    const ir::Value* v = input(graph, node, k);
+    return v == nullptr ? nullptr : &v->shape;
+  });
+  if (const ir::Value* lens = input(graph, node, 4);
+      lens != nullptr && lens->is_initializer() && lens->numel() <= kMaxCheckedConstant) {
+    if (const std::optional<HostTensor> t = HostTensor::from_value(*lens)) {
+      std::vector<int64_t> values;
+      for (int64_t i = 0; i < t->numel(); ++i) values.push_back(t->int_at(i));
+      rt::cpu::check_sequence_lens(args, g, values);
+    }
+  }
+}
+
 void check_node(const ir::Graph& graph, const ir::Node& node) {
   if (!node.domain.empty() && node.domain != "ai.onnx") return;
   const std::string& op = node.op_type;
@@ -234,6 +265,8 @@ void check_node(const ir::Graph& graph, const ir::Node& node) {
     check_axis_attribute(graph, node, -1);
   } else if (op.starts_with("Reduce") && in0 != nullptr) {
     check_axes(graph, node, 1, *in0, rank0);
+  } else if (op == "LSTM" || op == "GRU" || op == "RNN") {
+    check_rnn(graph, node);
   } else if (op == "Tile" || op == "CumSum" || op == "GatherElements" || op == "ScatterND") {
     if (op == "GatherElements") check_axis_attribute(graph, node, 0);
     check_indexing(graph, node);

@@ -169,6 +169,19 @@ int run(int argc, char** argv) {
   unet->add_flag("--instance-norm", unet_options.instance_norm,
                  "InstanceNormalization between each Conv and its Relu (pix2pix)");
 
+  stagecraft::samples::RnnLmOptions lm_options;
+  CLI::App* lm = app.add_subcommand(
+      "rnn-lm", "Recurrent language model (LSTM, GRU or RNN layers): input_ids[batch,seq] -> logits");
+  OutputSettings lm_settings{.output = "rnn_lm.onnx"};
+  add_common_options(lm, common, lm_settings);
+  lm->add_option("--cell", lm_options.cell, "LSTM, GRU or RNN")->capture_default_str();
+  lm->add_option("--layers", lm_options.layers, "Recurrent layers")->capture_default_str();
+  lm->add_option("--vocab", lm_options.vocab, "Vocabulary size")->capture_default_str();
+  lm->add_option("--embed", lm_options.embed, "Embedding width")->capture_default_str();
+  lm->add_option("--hidden", lm_options.hidden, "Hidden size")->capture_default_str();
+  lm->add_option("--seq", lm_options.seq, "Sequence length")->capture_default_str();
+  lm->add_flag("--bidirectional", lm_options.bidirectional, "Bidirectional layers");
+
   std::string all_directory;
   uint64_t all_seed = common.seed;
   CLI::App* all = app.add_subcommand("all", "Write the checked-in sample set");
@@ -198,6 +211,9 @@ int run(int argc, char** argv) {
   } else if (unet->parsed()) {
     write_model(stagecraft::samples::build_unet(unet_options, common), unet_settings.output,
                 write_options(unet_settings));
+  } else if (lm->parsed()) {
+    write_model(stagecraft::samples::build_rnn_lm(lm_options, common), lm_settings.output,
+                write_options(lm_settings));
   } else if (chain->parsed()) {
     write_model(stagecraft::samples::build_shared_chain(chain_options, common),
                 chain_settings.output, write_options(chain_settings));

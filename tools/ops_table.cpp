@@ -68,6 +68,8 @@ std::string flops(const FlopRule& rule) {
       return "2 per multiply-add over the window (+ bias)";
     case FlopKind::kConvTranspose:
       return "2 per multiply-add: each input times its window (+ bias)";
+    case FlopKind::kRecurrent:
+      return "2 per multiply-add of X W^T and H R^T per step (+ gates)";
     case FlopKind::kPool:
       return "the window per output";
     case FlopKind::kPerOutput:

@@ -59,7 +59,9 @@ class CpuBackend final : public Backend {
         // Segmentation heads and indexing.
         resize_kernels(), indexing_kernels(),
         // U-Net decoders and instance normalisation.
-        conv_transpose_kernels(), instance_norm_kernels()};
+        conv_transpose_kernels(), instance_norm_kernels(),
+        // Recurrent nets.
+        rnn_kernels()};
     size_t total = 0;
     for (const auto& family : families) total += family.size();
     table_.reserve(total);

@@ -14,6 +14,8 @@ std::span<const KernelEntry> conv_kernels();         // conv.cpp: Conv (oneDNN)
 std::span<const KernelEntry> conv_transpose_kernels();
 // instance_norm.cpp: InstanceNormalization and its gradient
 std::span<const KernelEntry> instance_norm_kernels();
+// rnn.cpp: LSTM, GRU, RNN and their gradients (sgemm and per-step loops, rnn_core.h)
+std::span<const KernelEntry> rnn_kernels();
 std::span<const KernelEntry> pool_kernels();         // pool.cpp: MaxPool, AveragePool, GlobalAveragePool (oneDNN)
 std::span<const KernelEntry> matmul_kernels();       // matmul.cpp: MatMul, Gemm (oneDNN)
 std::span<const KernelEntry> norm_kernels();         // norm.cpp: BatchNormalization, LayerNormalization (oneDNN)

@@ -27,7 +27,7 @@ class CudaBackend final : public Backend {
         // Segmentation heads and indexing.
         resize_kernels(), indexing_kernels(),
         // U-Net decoders and instance normalisation.
-        conv_transpose_kernels(), instance_norm_kernels()};
+        conv_transpose_kernels(), instance_norm_kernels(), rnn_kernels()};
     for (const auto& family : families) table_.insert(table_.end(), family.begin(), family.end());
   }
   std::string_view name() const override { return "cuda"; }

@@ -31,6 +31,8 @@ std::span<const KernelEntry> indexing_kernels();
 std::span<const KernelEntry> conv_transpose_kernels();
 // instance_norm.cpp: InstanceNormalization and its gradient (the batch-norm kernels)
 std::span<const KernelEntry> instance_norm_kernels();
+// rnn.cpp: LSTM, GRU, RNN and their gradients (cuBLAS and per-step kernels, cpu/rnn_core.h)
+std::span<const KernelEntry> rnn_kernels();
 
 // Gradient ops (domain ai.stagecraft, runtime/format/grad_ops.h): "<Op>Grad".
 std::span<const KernelEntry> grad_matmul_kernels();   // grad_matmul.cpp

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "samples/builder/model_builder.h"
@@ -101,5 +102,21 @@ struct UNetOptions {
 };
 /// Builds the U-Net.
 ModelBuilder build_unet(const UNetOptions& options = {}, const CommonOptions& common = {});
+
+/// A word-level recurrent language model as torch.onnx exports nn.Embedding ->
+/// nn.LSTM / nn.GRU / nn.RNN(batch_first=True, num_layers=layers, bidirectional) -> nn.Linear:
+/// input_ids int64 [batch,seq] -> logits [batch,seq,vocab], one recurrent node per layer with
+/// zero initial states computed from the batch size.
+struct RnnLmOptions {
+  std::string cell = "LSTM";  ///< LSTM, GRU (linear_before_reset 1, as torch's) or RNN
+  int64_t layers = 2;
+  int64_t vocab = 64;
+  int64_t embed = 32;
+  int64_t hidden = 32;
+  int64_t seq = 16;
+  bool bidirectional = false;
+};
+/// Builds the language model.
+ModelBuilder build_rnn_lm(const RnnLmOptions& options = {}, const CommonOptions& common = {});
 
 }  // namespace stagecraft::samples

@@ -103,6 +103,23 @@ TEST_CASE("ConvTranspose counts each input element times its window, as its Conv
   CHECK(t.backward_weight_s > t.forward_s);  // plus the bias gradient's pass over dY
 }
 
+TEST_CASE("LSTM counts X W^T and H R^T of every step and direction, plus the gates") {
+  // A bidirectional LSTM: X [T=12, B=8, I=32], W [2, 4 * 64, 32], R [2, 4 * 64, 64], B.
+  GraphBuilder b;
+  auto x = b.tensor("x", {12, 8, 32});
+  auto w = b.weight("w", {2, 256, 32});
+  auto r = b.weight("r", {2, 256, 64});
+  auto bias = b.weight("b", {2, 512});
+  auto y = b.tensor("y", {12, 2, 8, 64});
+  const ir::Node& lstm = b.node("LSTM", {x, w, r, bias}, {y});
+  const double rows = 12.0 * 8 * 2 * 256;  // gate outputs over steps, batch and directions
+  CHECK(forward_work(b.graph, lstm).flops == 2.0 * rows * (32 + 64) + 8.0 * rows);
+  // A tensor op: the input and weight gradients each about as costly as the forward.
+  const OpTime t = RooflineCostModel(kH100, Precision::kFp32).op_time(b.graph, lstm);
+  CHECK(t.backward_input_s == doctest::Approx(t.forward_s));
+  CHECK(t.backward_weight_s >= t.forward_s);
+}
+
 TEST_CASE("a product of two activations has only input gradients") {
   GraphBuilder b;
   auto q = b.tensor("q", {8, 12, 128, 64});
