@@ -23,7 +23,8 @@
 //    plan_device {name, kind},
 //    warnings [one line each: a plan costed for another kind of device, a mixed-precision plan
 //              run in fp32, plan devices sharing a GPU],
-//    device [{device, busy_fraction, peak_bytes, predicted_peak_bytes, arena_bytes, weight_bytes,
+//    device [{device, busy_fraction, send_ms (the step's sends), peak_bytes,
+//             predicted_peak_bytes, arena_bytes, weight_bytes,
 //             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use),
 //             [allreduce_ms] (data parallelism: the step's ALLREDUCE time)}],
 //    process_peak_rss_bytes,
@@ -33,10 +34,10 @@
 // the cpu backend) gets a one-line warning on stderr naming the stagec flags that fix it; a
 // mixed-precision plan, one saying it runs in fp32 (no backend computes in 16 bits yet); plan
 // devices that share a GPU, one saying the prediction has them compute at once.
-// --trace writes a Chrome trace of the compute that ran (under mpirun rank 0 writes every
-// rank's, each moved to rank 0's clock at every step's start), in the format of
-// `stagedump --trace` (a process per device, "measured / device N", with a slice per step),
-// every step;
+// --trace writes a Chrome trace of what ran (under mpirun rank 0 writes every rank's, each moved
+// to rank 0's clock at every step's start), in the format of `stagedump --trace` (a process per
+// device, "measured / device N", with a slice per step, the compute, the receives' waits and the
+// sends, and the device's metered bytes after every instruction as a counter), every step;
 // `stagedump PLAN --trace OUT --measured FILE` sets it beside the prediction.
 //
 // --timeout (default 60 s; 0: none): how long a device waits for another (a message, a shared
@@ -299,12 +300,18 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt
     rt::RunReport& r = runs.back();
     report.step_s.push_back(r.step_s.front());
     report.losses.insert(report.losses.end(), r.losses.begin(), r.losses.end());
+    double end = offset;  // the next run starts after every event of this one (any device)
     for (auto e : r.events) {
       e.start_s += offset;
       e.end_s += offset;
+      end = std::max(end, e.end_s);
       report.events.push_back(e);
     }
-    offset = report.events.empty() ? offset : report.events.back().end_s;
+    for (rt::MemorySample m : r.memory) {
+      m.time_s += offset;
+      report.memory.push_back(m);
+    }
+    offset = end;
     if (options.progress) options.progress(s + 1, args.steps, offset);
   }
   report.reported_step = rt::median_step(report.step_s);
@@ -330,14 +337,16 @@ nlohmann::ordered_json write_outputs(const rt::RunReport& report, const std::str
   return outputs;
 }
 
-// --trace: the measured compute as a Chrome trace ('-': stdout): every step, split by the
-// schedule (tools/dump/measured.h), in the form of stagedump --trace.
+// --trace: the measured run as a Chrome trace ('-': stdout): every step, split by the schedule
+// (tools/dump/measured.h), and every device's memory track, in the form of stagedump --trace.
 void write_trace(const rt::RunReport& report, const Args& args, const rt::Pipeline& pipeline) {
   if (args.trace_path.empty()) return;
   std::vector<dump::MeasuredStep> steps = dump::split_steps(
       report.events, pipeline.plan(), pipeline.schedule(), args.trace_path,
       [](size_t i) { return fmt::format("event {}", i); });
-  std::string text = dump::measured_trace(pipeline.plan(), steps).dump(1) + "\n";
+  std::vector<dump::MeasuredMemory> memory;
+  for (const rt::MemorySample& m : report.memory) memory.push_back({m.device, m.time_s, m.bytes});
+  std::string text = dump::measured_trace(pipeline.plan(), steps, memory).dump(1) + "\n";
   if (args.trace_path == "-") {
     fmt::print("{}", text);
     return;
@@ -452,6 +461,7 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
     const rt::DeviceReport& r = report.devices[d];
     devs.push_back({{"device", d},
                     {"busy_fraction", step_s > 0 ? r.busy_s / step_s : 0.0},
+                    {"send_ms", r.send_s * 1e3},
                     {"peak_bytes", r.peak_bytes},
                     {"predicted_peak_bytes", r.predicted_peak_bytes},
                     {"arena_bytes", r.arena_bytes},

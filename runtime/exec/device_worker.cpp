@@ -147,6 +147,7 @@ void DeviceWorker::wait_for_all(const char* when) {
 void DeviceWorker::run_step() {
   wait_for_all("waiting for every device at the step's start");
   if (device_ == run_.first_device) run_.step_start[step_] = run_.seconds();
+  sample_memory();
   const std::vector<schedule::Instruction>& list =
       run_.pipeline.schedule_[static_cast<size_t>(pipeline_device_)];
   const int64_t step = run_.global_step + step_ + 1;
@@ -157,6 +158,7 @@ void DeviceWorker::run_step() {
     auto context = [&] { return fmt::format("step {}: {}", step, schedule::to_string(ins)); };
     try {
       execute(ins);
+      sample_memory();
     } catch (Error& e) {
       e.in(context()).in(where_);
       throw;
@@ -233,8 +235,15 @@ void DeviceWorker::timed(schedule::Op op, int stage, int microbatch, double star
 }
 
 void DeviceWorker::waited(const schedule::Instruction& ins, double start) {
-  run_.events[device_].push_back(
-      {device_, ins.op, ins.stage, ins.microbatch, start, run_.seconds()});
+  const double end = run_.seconds();
+  run_.events[device_].push_back({device_, ins.op, ins.stage, ins.microbatch, start, end});
+  if (ins.op == schedule::Op::kSendAct || ins.op == schedule::Op::kSendGrad)
+    run_.sends[device_][step_] += end - start;
+}
+
+void DeviceWorker::sample_memory() {
+  run_.memory[device_].push_back(
+      {device_, run_.seconds(), run_.meters[device_].current.load()});
 }
 
 void DeviceWorker::recv_act(const schedule::Instruction& ins) {
@@ -313,11 +322,12 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
 }
 
 void DeviceWorker::send_act(const schedule::Instruction& ins) {
+  const double start = run_.seconds();
   StageRuntime& st = stage(ins.stage);
   auto it = produced_.find({ins.stage, ins.microbatch});
   if (it == produced_.end() && !st.sends.empty())
     fail(ErrorKind::kPlan, "nothing to send: the forward has not run");
-  if (it == produced_.end()) return;
+  if (it == produced_.end()) return waited(ins, start);
   const auto& outs = it->second;
   context_->synchronize();  // the receivers read what the forward wrote
   for (const auto& [to, indices] : st.sends) {
@@ -330,6 +340,7 @@ void DeviceWorker::send_act(const schedule::Instruction& ins) {
   for (const Tensor& t : outs) held += t.bytes();
   if (!run_.training || st.stage->recompute) run_.meters[device_].sub(held);
   produced_.erase(it);
+  waited(ins, start);
 }
 
 void DeviceWorker::recv_grad(const schedule::Instruction& ins) {
@@ -479,6 +490,7 @@ void DeviceWorker::free_microbatch(const Key& key, const StageRuntime& st) {
 }
 
 void DeviceWorker::send_grad(const schedule::Instruction& ins) {
+  const double start = run_.seconds();
   const StageRuntime& st = stage(ins.stage);
   const Key key{ins.stage, ins.microbatch};
   std::vector<NamedTensor> grads = std::move(grads_out_[key]);
@@ -494,6 +506,7 @@ void DeviceWorker::send_grad(const schedule::Instruction& ins) {
     }
     transport().send({ins.stage, to, true}, std::move(m));
   }
+  waited(ins, start);
 }
 
 void DeviceWorker::allreduce(const schedule::Instruction& ins) {

@@ -121,7 +121,9 @@ struct RunState {
   std::vector<DeviceReport> reports;
   std::vector<std::vector<double>> busy;       ///< Per device, per step: compute seconds.
   std::vector<std::vector<double>> allreduce;  ///< Per device, per step: ALLREDUCE seconds.
+  std::vector<std::vector<double>> sends;      ///< Per device, per step: SEND_* seconds.
   std::vector<std::vector<schedule::TimelineEvent>> events;
+  std::vector<std::vector<MemorySample>> memory;  ///< Per device: its meter over the run.
   std::vector<double> step_start, step_end;
   NodeHook hook;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
@@ -199,9 +201,11 @@ class DeviceWorker {
   }
   void record_loss(const schedule::Instruction& ins, float loss);
   void timed(schedule::Op op, int stage, int microbatch, double start);
-  /// A receive's wait, from `start` to its data in hand: on the timeline (stagerun --trace), not
-  /// in the busy time.
+  /// A receive's wait, from `start` to its data in hand, or a send, from `start` to the tensors
+  /// handed to the transport: on the timeline (stagerun --trace), not in the busy time.
   void waited(const schedule::Instruction& ins, double start);
+  /// The device's metered bytes now, on its memory track (stagerun --trace).
+  void sample_memory();
 
   /// Sums the stage's weight gradients over the replicas (ALLREDUCE) through its bucket.
   void sum_over_replicas(int stage_index);

@@ -72,6 +72,9 @@ struct RunOptions {
 
 struct DeviceReport {
   double busy_s = 0;       ///< Compute time in the reported step.
+  /// Time in sends (SEND_ACT, SEND_GRAD: handing the tensors to the transport, waiting while
+  /// the link is full) in the reported step; not compute, not in `busy_s`.
+  double send_s = 0;
   int64_t peak_bytes = 0;  ///< Weights + arena + tensors held, at the highest.
   int64_t weight_bytes = 0;
   int64_t arena_bytes = 0;
@@ -82,13 +85,25 @@ struct DeviceReport {
   int64_t device_used_bytes = -1;
 };
 
+/// A device's metered bytes (`DeviceReport::peak_bytes`' count: weights, arena, tensors held)
+/// at one instant, seconds from the run's start.
+struct MemorySample {
+  int device;
+  double time_s;
+  int64_t bytes;
+};
+
 struct RunReport {
   std::vector<double> step_s;  ///< Wall time of every step.
   int reported_step = 0;       ///< The step the figures below describe (`median_step`).
   double bubble_fraction = 0;  ///< 1 - busy / (devices x step), of the reported step.
   std::vector<DeviceReport> devices;  ///< Every device of every replica (R x P).
-  /// Compute of every step, the all-reduces and the receives' waits, seconds from the start.
+  /// Compute of every step, the all-reduces, the receives' waits and the sends, seconds from
+  /// the start.
   std::vector<schedule::TimelineEvent> events;
+  /// Every device's metered bytes at each step's start and after each of its instructions,
+  /// in time order per device.
+  std::vector<MemorySample> memory;
   /// When each step started, seconds from the start (the clock of `events`).
   std::vector<double> step_start_s;
   std::map<std::string, Tensor> outputs;  ///< The last step's graph outputs, whole batch.

@@ -76,7 +76,9 @@ RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inp
       reports(devices),
       busy(devices, std::vector<double>(steps, 0.0)),
       allreduce(devices, std::vector<double>(steps, 0.0)),
+      sends(devices, std::vector<double>(steps, 0.0)),
       events(devices),
+      memory(devices),
       step_start(steps, 0),
       step_end(steps, 0) {
   const int M = microbatches;
@@ -188,6 +190,7 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
   for (int d = 0; d < devices; ++d) {
     DeviceReport& r = run.reports[d];
     r.busy_s = run.busy[d][report.reported_step];
+    r.send_s = run.sends[d][report.reported_step];
     report.allreduce_s.push_back(run.allreduce[d][report.reported_step]);
     r.peak_bytes = run.meters[d].peak.load();
     const int pipeline_device = d % plan.devices;  // every replica's is predicted alike
@@ -198,6 +201,7 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
   report.bubble_fraction = step > 0 ? std::max(0.0, 1.0 - total_busy / (devices * step)) : 0.0;
   report.devices = std::move(run.reports);
   for (auto& list : run.events) report.events.insert(report.events.end(), list.begin(), list.end());
+  for (auto& list : run.memory) report.memory.insert(report.memory.end(), list.begin(), list.end());
   // The microbatches this process computed, in batch order (a rank of mpirun: its replica's).
   for (auto& [name, parts] : run.results) {
     std::vector<Tensor> computed;

@@ -109,6 +109,7 @@ std::vector<char> rank_part(const RunReport& report, int device) {
   WireWriter w;
   const DeviceReport& d = report.devices.at(static_cast<size_t>(device));
   w.f64(d.busy_s);
+  w.f64(d.send_s);
   w.f64(report.allreduce_s.at(static_cast<size_t>(device)));
   for (int64_t v : {d.peak_bytes, d.weight_bytes, d.arena_bytes, d.predicted_peak_bytes,
                     d.device_peak_bytes, d.device_used_bytes})
@@ -131,27 +132,40 @@ std::vector<char> rank_part(const RunReport& report, int device) {
     w.f64(e.start_s);
     w.f64(e.end_s);
   }
+  // Its memory track, on the same clock.
+  count = 0;
+  for (const MemorySample& m : report.memory) count += m.device == device;
+  w.i64(count);
+  for (const MemorySample& m : report.memory) {
+    if (m.device != device) continue;
+    w.f64(m.time_s);
+    w.i64(m.bytes);
+  }
   return w.take();
 }
 
-// Moves `events` of a rank from its clock to rank 0's: every rank starts each step at the step
-// barrier, so an event of step s keeps its offset from that step's start (the barrier's own
-// skew, microseconds on one machine, is the error).
+// Moves `events` and `memory` of a rank from its clock to rank 0's: every rank starts each step at
+// the step barrier, so an event of step s keeps its offset from that step's start (the barrier's
+// own skew, microseconds on one machine, is the error).
 void rebase_events(std::vector<schedule::TimelineEvent>& events,
-                   const std::vector<double>& rank_starts,
+                   std::vector<MemorySample>& memory, const std::vector<double>& rank_starts,
                    const std::vector<double>& rank0_starts) {
   const size_t steps = std::min(rank_starts.size(), rank0_starts.size());
   if (steps == 0) return;
-  for (schedule::TimelineEvent& e : events) {
-    // The step the event lies in: the last whose start is at or before it.
-    auto it = std::upper_bound(rank_starts.begin(), rank_starts.begin() + static_cast<long>(steps),
-                               e.start_s);
+  // The shift of the step an instant lies in: the last whose start is at or before it.
+  auto shift = [&](double t) {
+    auto it =
+        std::upper_bound(rank_starts.begin(), rank_starts.begin() + static_cast<long>(steps), t);
     const size_t s =
         it == rank_starts.begin() ? 0 : static_cast<size_t>(it - rank_starts.begin()) - 1;
-    const double shift = rank0_starts[s] - rank_starts[s];
-    e.start_s += shift;
-    e.end_s += shift;
+    return rank0_starts[s] - rank_starts[s];
+  };
+  for (schedule::TimelineEvent& e : events) {
+    const double by = shift(e.start_s);
+    e.start_s += by;
+    e.end_s += by;
   }
+  for (MemorySample& m : memory) m.time_s += shift(m.time_s);
 }
 
 // What rank 0 collects of the ranks' parts: per replica its losses and outputs.
@@ -166,6 +180,7 @@ void take_part(const std::vector<char>& bytes, int rank, int replica, bool has_l
   WireReader r(bytes, fmt::format("the report of rank {}", rank));
   DeviceReport& d = report.devices.at(static_cast<size_t>(rank));
   d.busy_s = r.f64();
+  d.send_s = r.f64();
   report.allreduce_s.at(static_cast<size_t>(rank)) = r.f64();
   for (int64_t* v : {&d.peak_bytes, &d.weight_bytes, &d.arena_bytes, &d.predicted_peak_bytes,
                      &d.device_peak_bytes, &d.device_used_bytes})
@@ -194,8 +209,15 @@ void take_part(const std::vector<char>& bytes, int rank, int replica, bool has_l
     e.start_s = r.f64();
     e.end_s = r.f64();
   }
-  rebase_events(events, starts, report.step_start_s);
+  std::vector<MemorySample> memory(static_cast<size_t>(std::max<int64_t>(0, r.i64())));
+  for (MemorySample& m : memory) {
+    m.device = rank;
+    m.time_s = r.f64();
+    m.bytes = r.i64();
+  }
+  rebase_events(events, memory, starts, report.step_start_s);
   report.events.insert(report.events.end(), events.begin(), events.end());
+  report.memory.insert(report.memory.end(), memory.begin(), memory.end());
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // Issue 16, "views worth looking at", end to end on plans stagec writes from the GPT sample:
-// stagedump --trace with a measured run (stagerun --trace) in one Trace Event Format file, with a
-// run of another plan refused; and stagedump --dot, the real data flow with long chains
-// collapsed and every cut edge labelled with plan.json's bytes (parsed by Graphviz's dot when it
-// is installed). The HTML page is checked in a browser by browser_test.sh.
+// stagedump --trace with a measured run (stagerun --trace: compute, receives' waits, sends and
+// a memory counter per device) in one Trace Event Format file, with a run of another plan
+// refused; a traced run over --data batches; and stagedump --dot, the real data flow with long
+// chains collapsed and every cut edge labelled with plan.json's bytes (parsed by Graphviz's dot
+// when it is installed). The HTML page is checked in a browser by browser_test.sh.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "tests/test_util.h"
@@ -44,12 +46,14 @@ const std::string kGpt = std::string(STAGECRAFT_SAMPLES) +
                          "--device-spec cpu --microbatches 4";
 
 /// The instructions of each device in schedule.json: (all, timed by the runtime).
+/// (ALLREDUCE_SHARED, only in plans with shared weights, is the one the runtime does not time.)
 std::vector<std::pair<int, int>> instructions(const std::string& plan) {
   nlohmann::json schedule = nlohmann::json::parse(testing::read_bytes(plan + "/schedule.json"));
   std::vector<std::pair<int, int>> out;
-  // What the runtime times: compute, all-reduces and the receives' waits (not sends).
+  // What the runtime times: compute, all-reduces, the receives' waits and the sends.
   const std::set<std::string> timed = {"FWD",      "BWD",       "BWD_INPUT", "BWD_WEIGHT",
-                                       "OPT_STEP", "ALLREDUCE", "RECV_ACT",  "RECV_GRAD"};
+                                       "OPT_STEP", "ALLREDUCE", "RECV_ACT",  "RECV_GRAD",
+                                       "SEND_ACT", "SEND_GRAD"};
   for (const auto& device : schedule["devices"]) {
     int all = 0, compute = 0;
     for (const auto& ins : device["instructions"]) {
@@ -68,7 +72,15 @@ TEST_CASE("stagedump --trace --measured: predicted and measured runs in one trac
   ok(dir, fmt::format("{} {} --devices 2 --schedule interleaved -o {}", STAGECRAFT_STAGEC, kGpt,
                       interleaved));
   const std::string measured = dir.file("zb.trace.json");
-  ok(dir, fmt::format("{} {} --steps 3 -q --trace {}", STAGECRAFT_STAGERUN, zb, measured));
+  // The same run's summary (--json) gives the meter's peak and each device's fixed bytes.
+  const nlohmann::json summary = [&] {
+    nlohmann::json last;
+    std::istringstream lines(ok(dir, fmt::format("{} {} --steps 3 -q --json --trace {}",
+                                                 STAGECRAFT_STAGERUN, zb, measured)));
+    for (std::string line; std::getline(lines, line);) last = nlohmann::json::parse(line);
+    return last;
+  }();
+  REQUIRE(summary["type"] == "summary");
   const std::string both = dir.file("both.json");
   ok(dir, fmt::format("{} {} --trace {} --measured {}", STAGECRAFT_STAGEDUMP, zb, both, measured));
 
@@ -77,7 +89,9 @@ TEST_CASE("stagedump --trace --measured: predicted and measured runs in one trac
   CHECK(trace["displayTimeUnit"] == "ms");
   std::map<int, std::string> process;         // pid -> name
   std::map<std::pair<int, int>, int> slices;  // (pid, step) -> instruction slices
+  std::map<std::pair<int, int>, int> sends;   // (pid, step) -> send slices
   std::map<int, int> step_slices, counters;   // pid -> count
+  std::map<int, int64_t> lowest, highest;     // pid -> memory counter's range
   for (const auto& e : trace["traceEvents"]) {
     // Trace Event Format: every event has ph and pid; X has ts, dur, tid; C has ts.
     REQUIRE(e.contains("ph"));
@@ -88,7 +102,10 @@ TEST_CASE("stagedump --trace --measured: predicted and measured runs in one trac
       if (e["name"] == "process_name") process[pid] = e["args"]["name"].get<std::string>();
     } else if (e["ph"] == "C") {
       CHECK(e["ts"].is_number());
-      CHECK(e["args"]["bytes"].is_number_integer());
+      REQUIRE(e["args"]["bytes"].is_number_integer());
+      const int64_t bytes = e["args"]["bytes"].get<int64_t>();
+      lowest[pid] = counters[pid] == 0 ? bytes : std::min(lowest[pid], bytes);
+      highest[pid] = std::max(highest[pid], bytes);
       ++counters[pid];
     } else {
       REQUIRE(e["ph"] == "X");
@@ -99,6 +116,11 @@ TEST_CASE("stagedump --trace --measured: predicted and measured runs in one trac
         ++step_slices[pid];
       else
         ++slices[{pid, e["args"].value("step", 1)}];
+      if (e["cat"] == "send") {
+        CHECK(e["tid"].get<int>() >= 3);  // a send lane
+        CHECK(e["name"].get<std::string>().starts_with("send "));
+        ++sends[{pid, e["args"].value("step", 1)}];
+      }
     }
   }
   const auto counts = instructions(zb);
@@ -112,9 +134,27 @@ TEST_CASE("stagedump --trace --measured: predicted and measured runs in one trac
     CHECK(slices[{predicted, 1}] == counts[d].first);
     CHECK(counters[predicted] > 0);
     CHECK(step_slices[predicted] == 1);
-    // Each measured step: every instruction the runtime times.
-    for (int step = 1; step <= 3; ++step) CHECK(slices[{run, step}] == counts[d].second);
+    // Each measured step: every instruction the runtime times, the sends among them (the same
+    // number as the predicted step's).
+    for (int step = 1; step <= 3; ++step) {
+      CAPTURE(step);
+      CHECK(slices[{run, step}] == counts[d].second);
+      CHECK(sends[{run, step}] == sends[{predicted, 1}]);
+    }
+    CHECK(sends[{run, 2}] > 0);
     CHECK(step_slices[run] == 3);
+    // The measured memory counter: at each step's start and after every instruction (all 3
+    // steps); never below the device's weights and arena (training adds its gradients and
+    // optimizer state), rising over a step (activations kept until their backward), and at most
+    // the meter's peak (which also sees instants inside an instruction).
+    const nlohmann::json& device = summary["device"][d];
+    CHECK(counters[run] == 3 * (counts[d].first + 1));
+    CHECK(lowest[run] >=
+          device["weight_bytes"].get<int64_t>() + device["arena_bytes"].get<int64_t>());
+    CHECK(highest[run] > lowest[run]);
+    CHECK(highest[run] <= device["peak_bytes"].get<int64_t>());
+    // --json: the reported step's time in sends.
+    CHECK(device["send_ms"].get<double>() > 0);
   }
 
   // Interleaved chunks are told apart in the slice names.
@@ -146,6 +186,32 @@ TEST_CASE("stagedump --trace --measured: predicted and measured runs in one trac
   CHECK_MESSAGE(
       json_other.err.find("zb.run.jsonl: field 'devices' is 3, but the plan") != std::string::npos,
       json_other.err);
+}
+
+// --data runs one step per batch; their traces join into one run whose steps follow each other
+// (each after every device's last event of the one before: a device that ends a step early
+// must not pull the next step's start back into it).
+TEST_CASE("stagerun --trace over --data batches: one step after another, every device") {
+  testing::TempDir dir;
+  const std::string plan = dir.file("plan"), data = dir.file("data"),
+                    trace = dir.file("data.trace.json");
+  ok(dir, fmt::format("{} {} --devices 2 --schedule 1f1b -o {}", STAGECRAFT_STAGEC, kGpt, plan));
+  ok(dir, fmt::format("{} --out {} --batches 2 --batch 8 --seq 16", STAGECRAFT_LM_DATA, data));
+  ok(dir, fmt::format("{} {} --steps 3 -q --data {} --trace {}", STAGECRAFT_STAGERUN, plan, data,
+                      trace));
+  const nlohmann::json both = nlohmann::json::parse(
+      ok(dir, fmt::format("{} {} --trace - --measured {}", STAGECRAFT_STAGEDUMP, plan, trace)));
+  std::map<int, std::vector<std::pair<double, double>>> steps;  // pid -> measured step slices
+  for (const auto& e : both["traceEvents"])
+    if (e["ph"] == "X" && e["cat"] == "step" && e["pid"].get<int>() > 1000)
+      steps[e["pid"].get<int>()].push_back(
+          {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+  REQUIRE(steps.size() == 2);
+  for (const auto& [pid, list] : steps) {
+    CAPTURE(pid);
+    REQUIRE(list.size() == 3);
+    for (size_t s = 1; s < list.size(); ++s) CHECK(list[s].first >= list[s - 1].second);
+  }
 }
 
 TEST_CASE("stagedump --dot: data flow by stage, chains collapsed, cut edges with their bytes") {

@@ -8,7 +8,7 @@
 #     train_gpt_4_ranks      4 ranks, zb-h1
 #     train_chain_shared     a weight held by two ranks' stages (its gradient summed over MPI)
 #     infer                  2 ranks infer the same outputs, bit for bit
-#     trace                  --trace under mpirun: every device's slices, as one process's
+#     trace                  --trace under mpirun: every device's slices and memory track, as one process's
 #                            count, on rank 0's clock; stagedump --measured reads it
 #     export                 --export under mpirun (2 ranks; 2 replicas x 2 devices, sharded;
 #                            --steps 0) writes the file one process writes, byte for byte
@@ -386,12 +386,17 @@ case "$check" in
     slices() { grep -o '"ph": *"X"' "$1" | wc -l; }
     [ "$(slices ranks.json)" -eq "$(slices one.json)" ] ||
       fail "$(slices ranks.json) slices under mpirun, $(slices one.json) in one process"
+    # Every device's memory track too (rank 1's gathered with its slices), sample for sample.
+    counters() { grep -c "\"name\": *\"memory device $2\"" "$1" || true; }
     for d in 0 1; do
       grep -q "\"measured / device $d\"" ranks.json || fail "no device $d in the trace"
+      [ "$(counters ranks.json $d)" -gt 0 ] &&
+        [ "$(counters ranks.json $d)" -eq "$(counters one.json $d)" ] ||
+        fail "device $d: $(counters ranks.json $d) memory samples under mpirun, $(counters one.json $d) in one process"
     done
     "$(dirname "$stagerun")/stagedump" plan --trace both.json --measured ranks.json >/dev/null ||
       fail "stagedump --measured refused the trace of the ranks"
-    echo "2 ranks: $(slices ranks.json) slices, as one process"
+    echo "2 ranks: $(slices ranks.json) slices and $(counters ranks.json 1) memory samples of device 1, as one process"
     ;;
   infer)
     "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --batch 8 --microbatches 4 >/dev/null

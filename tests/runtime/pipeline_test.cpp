@@ -94,13 +94,30 @@ TEST_CASE("pipelined runs equal the unpartitioned model, microbatch by microbatc
         CHECK(d.busy_s > 0);
         CHECK(d.peak_bytes >= d.weight_bytes + d.arena_bytes);
       }
-      // A forward per device and microbatch, and the receives' waits of every device but the
-      // first.
-      const auto forwards = std::count_if(
-          report.events.begin(), report.events.end(),
-          [](const schedule::TimelineEvent& e) { return e.op == schedule::Op::kForward; });
-      CHECK(forwards == devices * M);
-      CHECK(report.events.size() == static_cast<size_t>(devices * M + (devices - 1) * M));
+      // A forward per device and microbatch, the receives' waits of every device but the
+      // first and the sends of every device but the last.
+      auto count = [&](schedule::Op op) {
+        return std::count_if(report.events.begin(), report.events.end(),
+                             [op](const schedule::TimelineEvent& e) { return e.op == op; });
+      };
+      CHECK(count(schedule::Op::kForward) == devices * M);
+      CHECK(count(schedule::Op::kSendAct) == (devices - 1) * M);
+      CHECK(report.events.size() == static_cast<size_t>(devices * M + 2 * (devices - 1) * M));
+      // The memory track: each device's meter at the step's start and after each of its
+      // instructions, in time order, between its weights and arena and its measured peak.
+      for (int d = 0; d < devices; ++d) {
+        CAPTURE(d);
+        const DeviceReport& r = report.devices[static_cast<size_t>(d)];
+        std::vector<MemorySample> track;
+        for (const MemorySample& m : report.memory)
+          if (m.device == d) track.push_back(m);
+        CHECK(track.size() == pipeline->schedule()[static_cast<size_t>(d)].size() + 1);
+        for (size_t i = 0; i < track.size(); ++i) {
+          CHECK(track[i].bytes >= r.weight_bytes + r.arena_bytes);
+          CHECK(track[i].bytes <= r.peak_bytes);
+          if (i > 0) CHECK(track[i].time_s >= track[i - 1].time_s);
+        }
+      }
     }
   }
 }

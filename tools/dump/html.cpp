@@ -295,7 +295,7 @@ std::string timeline_section(const PlanView& view, const MeasuredRun* measured) 
   if (measured != nullptr && measured->traced)
     measured_text =
         " Under each device, its measured median step (from the step's first instruction); the "
-        "runtime times compute, all-reduces and receives' waits, not sends.";
+        "runtime times compute, all-reduces, receives' waits and sends (the thin lane).";
   else if (measured != nullptr)
     measured_text =
         " The red line is the measured median step; stagerun --json has no instruction times "

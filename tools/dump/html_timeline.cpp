@@ -124,7 +124,8 @@ std::string predicted_boxes(const PlanView& view, const Rows& rows, double scale
   return svg;
 }
 
-/// The measured median step's timed instructions under each device's row, from its start.
+/// The measured median step's timed instructions under each device's row, from its start; its
+/// sends in a thin lane under them.
 std::string measured_boxes(const PlanView& view, const MeasuredRun& run, const Rows& rows,
                            double scale) {
   const MeasuredStep& step = run.steps.at(static_cast<size_t>(run.reported_step));
@@ -136,8 +137,12 @@ std::string measured_boxes(const PlanView& view, const MeasuredRun& run, const R
     e.end_s -= step.start_s;
     const double x = kLeft + e.start_s * 1e3 * scale;
     const double w = std::max(0.0, (e.end_s - e.start_s) * 1e3 * scale);
-    const double y = rows.top(e.device) + kBox + kSendLane + 4;
-    svg += box(e, x, y, w, kBox, "measured", view.plan.devices, m.recompute, "measured");
+    double y = rows.top(e.device) + kBox + kSendLane + 4, h = kBox;
+    if (is_send(e.op)) {  // in a thin lane under the row, as the predicted sends
+      y += kBox + 1;
+      h = kSendLane;
+    }
+    svg += box(e, x, y, w, h, "measured", view.plan.devices, m.recompute, "measured");
   }
   return svg;
 }
@@ -158,7 +163,7 @@ std::string step_marker(double ms, double scale, double bottom, std::string_view
 std::string timeline_svg(const PlanView& view, const MeasuredRun* measured) {
   const plan::Plan& plan = view.plan;
   const bool traced = measured != nullptr && measured->traced;
-  Rows rows{kBox + 1 + kSendLane + kGap + (traced ? kBox + 4 : 0), traced};
+  Rows rows{kBox + 1 + kSendLane + kGap + (traced ? kBox + 4 + 1 + kSendLane : 0), traced};
   const double predicted_ms = plan.predicted.step_ms;
   const double measured_ms = measured != nullptr ? measured->reported_step_ms() : 0;
   const double span_ms = std::max({predicted_ms, measured_ms, 1e-6});

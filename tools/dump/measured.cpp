@@ -71,7 +71,7 @@ std::vector<std::pair<size_t, schedule::TimelineEvent>> trace_events(const nlohm
             .in(path);
     if (predicted[e["pid"].get<int64_t>()]) continue;
     std::optional<schedule::Op> op = slice_op(e);
-    if (!op || !(is_timed(*op) || is_receive(*op))) continue;
+    if (!op || !(is_timed(*op) || is_receive(*op) || is_send(*op))) continue;
     const nlohmann::json& args = e["args"];
     if (!args.is_object() || !args["stage"].is_number_integer() ||
         !args["microbatch"].is_number_integer() || !e["ts"].is_number() || !e["dur"].is_number() ||
@@ -90,6 +90,46 @@ std::vector<std::pair<size_t, schedule::TimelineEvent>> trace_events(const nlohm
                        start + e["dur"].get<double>() / 1e6}});
   }
   return events;
+}
+
+/// The measured processes' memory counters ("memory device N", args {bytes}) of a trace.
+std::vector<MeasuredMemory> trace_memory(const nlohmann::json& doc, const std::string& path,
+                                         int devices) {
+  const nlohmann::json& all = doc["traceEvents"];
+  std::map<int64_t, bool> measured;  // pid -> a measured process
+  for (const nlohmann::json& e : all)
+    if (e.is_object() && e.value("ph", "") == "M" && e.value("name", "") == "process_name" &&
+        e["pid"].is_number_integer() && e["args"].is_object() && e["args"]["name"].is_string())
+      measured[e["pid"].get<int64_t>()] =
+          e["args"]["name"].get<std::string>().starts_with("measured");
+  std::vector<MeasuredMemory> memory;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const nlohmann::json& e = all[i];
+    if (!e.is_object() || e.value("ph", "") != "C" || !e["pid"].is_number_integer() ||
+        !measured[e["pid"].get<int64_t>()])
+      continue;
+    int device = -1;
+    const std::string name = e.value("name", "");
+    if (name.starts_with("memory device ")) {
+      std::istringstream number(name.substr(14));
+      if (!(number >> device) || !number.eof()) device = -1;
+    }
+    if (device < 0 || !e["ts"].is_number() || !e["args"].is_object() ||
+        !e["args"]["bytes"].is_number_integer())
+      throw Error(ErrorKind::kFormat,
+                  fmt::format("field 'traceEvents[{}]' is a counter but not 'memory device N' "
+                              "with numbers ts and args.bytes",
+                              i))
+          .in(path);
+    if (device >= devices)
+      throw Error(ErrorKind::kPlan,
+                  fmt::format("traceEvents[{}] is on device {}, but the plan has {} devices: a "
+                              "run of another plan",
+                              i, device, devices))
+          .in(path);
+    memory.push_back({device, e["ts"].get<double>() / 1e6, e["args"]["bytes"].get<int64_t>()});
+  }
+  return memory;
 }
 
 /// The last record of JSON Lines `text` whose "type" is "summary" (stagerun --json).
@@ -185,6 +225,10 @@ bool is_receive(schedule::Op op) {
   return op == schedule::Op::kRecvAct || op == schedule::Op::kRecvGrad;
 }
 
+bool is_send(schedule::Op op) {
+  return op == schedule::Op::kSendAct || op == schedule::Op::kSendGrad;
+}
+
 bool is_timed(schedule::Op op) {
   return op == schedule::Op::kForward || op == schedule::Op::kBackward ||
          op == schedule::Op::kBackwardInput || op == schedule::Op::kBackwardWeight ||
@@ -239,11 +283,15 @@ std::vector<MeasuredStep> split_steps(const std::vector<schedule::TimelineEvent>
     int step = 0;
     for (size_t i : order) {
       const schedule::TimelineEvent& e = events[i];
-      if (static_cast<int>(steps.size()) <= step) steps.emplace_back();
-      if (!is_timed(e.op)) {  // a receive's wait: in the step, not matched
-        add_event(steps[static_cast<size_t>(step)], {e, false});
+      if (!is_timed(e.op)) {  // a receive's wait or a send: in the step, not matched
+        // A send after the step's last timed instruction (the step count has moved on) is
+        // that step's.
+        const int in = is_send(e.op) && next == 0 && step > 0 ? step - 1 : step;
+        if (static_cast<int>(steps.size()) <= in) steps.resize(static_cast<size_t>(in) + 1);
+        add_event(steps[static_cast<size_t>(in)], {e, false});
         continue;
       }
+      if (static_cast<int>(steps.size()) <= step) steps.emplace_back();
       const schedule::Instruction& want = timed[next];
       bool recompute =
           e.op == schedule::Op::kForward &&
@@ -315,6 +363,7 @@ MeasuredRun load_measured(const std::string& path, const PlanView& view) {
   });
   for (const MeasuredStep& s : run.steps) run.step_ms.push_back((s.end_s - s.start_s) * 1e3);
   run.reported_step = median_step(run.step_ms);
+  run.memory = trace_memory(doc, path, run.devices);
   return run;
 }
 

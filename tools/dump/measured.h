@@ -24,6 +24,14 @@ struct MeasuredEvent {
   bool recompute = false;
 };
 
+/// A device's metered bytes at one instant of a traced run (seconds from the run's start): the
+/// runtime's count of its weights, arena and the tensors it holds, after every instruction.
+struct MeasuredMemory {
+  int device = 0;
+  double time_s = 0;
+  int64_t bytes = 0;
+};
+
 /// One step of a traced run: the events of every device, from the first one's start to the last
 /// one's end.
 struct MeasuredStep {
@@ -46,6 +54,9 @@ struct MeasuredRun {
   std::vector<double> step_ms;      ///< Every step, the warm-up first.
   int reported_step = 0;            ///< The median step without the warm-up (stagerun's rule).
   std::vector<MeasuredStep> steps;  ///< Traced runs only.
+  /// Traced runs only: every device's memory counter ("memory device N" of its measured
+  /// process), in the order of the file; empty for a trace written before stagerun kept one.
+  std::vector<MeasuredMemory> memory;
   std::vector<MeasuredDevice> device;  ///< --json runs only (R x P).
   double bubble_fraction = -1;         ///< --json runs only (-1: unknown).
 
@@ -62,7 +73,8 @@ MeasuredRun load_measured(const std::string& path, const PlanView& view);
 /// Splits the events of a traced run (times from the run's start) into its steps, checking every
 /// device's timed instructions (`is_timed`) against its list in `schedule` (device g runs list
 /// g % P), step after step; a recomputing stage's forward re-run just before its backward (B or
-/// W) is kept, marked; receives' waits are kept in the step they fall in, unmatched. Throws
+/// W) is kept, marked; receives' waits and sends are kept in the step they fall in (a send after
+/// a step's last timed instruction in that step), unmatched. Throws
 /// `Error(kPlan)` naming `source` and the event (`where(i)` for events[i]) for an event on a device
 /// the plan lacks, one out of the schedule's order, a device that stops inside a step, and devices
 /// that ran different step counts.
@@ -77,6 +89,9 @@ int median_step(const std::vector<double>& step_ms);
 
 /// RECV_ACT and RECV_GRAD: a traced run has their waits too (not matched against the schedule).
 bool is_receive(schedule::Op op);
+
+/// SEND_ACT and SEND_GRAD: a traced run times them too (not matched against the schedule).
+bool is_send(schedule::Op op);
 
 /// True for the instructions a traced run times and matches against the schedule: FWD, BWD,
 /// BWD_INPUT, BWD_WEIGHT, OPT_STEP and ALLREDUCE.

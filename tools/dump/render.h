@@ -39,12 +39,16 @@ std::string render_dot(const PlanView& view);
 /// 2"), args {device, stage, microbatch, op (schedule.json's name), [chunk], [step],
 /// [recompute]}; per predicted device a counter "memory device N" (args {bytes}) whose highest
 /// value is its predicted peak; `otherData` {format_version}. A traced `measured` run is added
-/// (every step), the predicted step laid over its median step.
+/// (every step, its sends and its memory counters), the predicted step laid over its median
+/// step.
 nlohmann::ordered_json render_trace(const PlanView& view, const MeasuredRun* measured = nullptr);
 
-/// The trace of a measured run alone (stagerun --trace), in the form of `render_trace`.
+/// The trace of a measured run alone (stagerun --trace), in the form of `render_trace`, with a
+/// counter "memory device N" per device from `memory` (the runtime's meter, sampled at every
+/// instruction).
 nlohmann::ordered_json measured_trace(const plan::Plan& plan,
-                                      const std::vector<MeasuredStep>& steps);
+                                      const std::vector<MeasuredStep>& steps,
+                                      const std::vector<MeasuredMemory>& memory = {});
 
 /// A self-contained HTML page (no external assets; inline CSS and SVG that scale to the window):
 /// the header facts, the plan beside its baselines (the better marked), the stage table, the

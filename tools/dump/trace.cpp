@@ -5,8 +5,10 @@
 // runs lie together), with threads "steps" (one slice per step), "compute" (F, B, W, the
 // optimizer step, all-reduces), "receive / wait" (a receive: the wait from the device being free
 // to the data's arrival) and "send" lanes (a send: the transfer on its link; sends that overlap
-// take further lanes). The predicted device carries its memory as a counter ("memory device N").
-// A measured run has what the runtime times: compute, all-reduces, receives' waits (no sends).
+// take further lanes). Every device carries its memory as a counter ("memory device N"): the
+// predicted one the planner's simulation, the measured one the runtime's meter after every
+// instruction. A measured run has what the runtime times: compute, all-reduces, receives' waits
+// and sends (from the send's start to the tensors handed to the link).
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -136,9 +138,19 @@ ordered step_slice(int pid, const std::string& name, double start_s, double end_
           {"args", {{"step", step}}}};
 }
 
-/// The measured run's processes: every device's events of every step, one step slice each.
+/// A memory counter sample of process `pid`.
+ordered memory_counter(int pid, int device, double ts_s, int64_t bytes) {
+  return {{"name", fmt::format("memory device {}", device)},
+          {"ph", "C"},
+          {"ts", ts_s * 1e6},
+          {"pid", pid},
+          {"args", {{"bytes", bytes}}}};
+}
+
+/// The measured run's processes: every device's events of every step, one step slice each, and
+/// its memory counter.
 void add_measured(ordered& out, const plan::Plan& plan, const std::vector<MeasuredStep>& steps,
-                  int reported) {
+                  int reported, const std::vector<MeasuredMemory>& memory) {
   const int devices = plan.devices * plan.data_parallel;
   for (int d = 0; d < devices; ++d) {
     std::vector<schedule::TimelineEvent> events;
@@ -164,6 +176,8 @@ void add_measured(ordered& out, const plan::Plan& plan, const std::vector<Measur
     add_process(out, "measured", pid, d, d < plan.devices ? 2 * pipeline + 1 : 2 * plan.devices + d,
                 lanes);
     for (auto& slice : slices) out.push_back(std::move(slice));
+    for (const MeasuredMemory& m : memory)
+      if (m.device == d) out.push_back(memory_counter(pid, d, m.time_s, m.bytes));
   }
 }
 
@@ -176,11 +190,12 @@ ordered document(ordered events) {
 }  // namespace
 
 nlohmann::ordered_json measured_trace(const plan::Plan& plan,
-                                      const std::vector<MeasuredStep>& steps) {
+                                      const std::vector<MeasuredStep>& steps,
+                                      const std::vector<MeasuredMemory>& memory) {
   std::vector<double> step_ms;
   for (const MeasuredStep& s : steps) step_ms.push_back((s.end_s - s.start_s) * 1e3);
   ordered out = ordered::array();
-  add_measured(out, plan, steps, median_step(step_ms));
+  add_measured(out, plan, steps, median_step(step_ms), memory);
   return document(std::move(out));
 }
 
@@ -207,17 +222,12 @@ nlohmann::ordered_json render_trace(const PlanView& view, const MeasuredRun* mea
     // The device's predicted memory over the step; its highest value is the predicted peak.
     if (d < static_cast<int>(plan.device_memory.size())) {
       const plan::DevicePeak& peak = plan.device_memory[static_cast<size_t>(d)];
-      for (size_t i = 0; i < peak.time_ms.size(); ++i) {
-        out.push_back({{"name", fmt::format("memory device {}", d)},
-                       {"ph", "C"},
-                       {"ts", offset_s * 1e6 + peak.time_ms[i] * 1e3},
-                       {"pid", pid},
-                       {"args", {{"bytes", peak.bytes[i]}}}});
-      }
+      for (size_t i = 0; i < peak.time_ms.size(); ++i)
+        out.push_back(memory_counter(pid, d, offset_s + peak.time_ms[i] / 1e3, peak.bytes[i]));
     }
   }
   if (measured != nullptr && measured->traced)
-    add_measured(out, plan, measured->steps, measured->reported_step);
+    add_measured(out, plan, measured->steps, measured->reported_step, measured->memory);
   return document(std::move(out));
 }
 
