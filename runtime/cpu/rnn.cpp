@@ -40,8 +40,8 @@ class CpuRnnOps {
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
     if (m == 0 || n == 0) return;
-    if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c,
-                   ldc) != dnnl_success)
+    if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) !=
+        dnnl_success)
       fail(ErrorKind::kInternal, "{} '{}': oneDNN's sgemm failed ({} x {} x {})", a_.op_type,
            a_.name, m, n, k);
   }
@@ -68,68 +68,21 @@ class CpuRnnOps {
   std::vector<Tensor> buffers_;
 };
 
-const float* ptr(const Tensor* t) { return t ? t->as<float>() : nullptr; }
-float* mut(Tensor* t) { return t ? t->as<float>() : nullptr; }
-
-void check_lens(const KernelArgs& a, const RnnGeometry& g, const Tensor* lens) {
-  if (lens != nullptr) check_sequence_lens(a, g, read_ints(a, *lens, 4));
-}
-
 void rnn(const KernelArgs& a) {
   const RnnGeometry g =
       rnn_geometry(a, [&](size_t k) { return a.has_input(k) ? &a.in[k]->shape : nullptr; });
-  check_lens(a, g, a.has_input(4) ? a.in[4] : nullptr);
-  auto out = [&](size_t k) { return k < a.out.size() ? a.out[k] : nullptr; };
-  if (out(0)) expect_shape(a, 0, rnn_y_shape(g));
-  if (out(1)) expect_shape(a, 1, rnn_state_shape(g));
-  if (out(2)) expect_shape(a, 2, rnn_state_shape(g));
-  RnnOperands t;
-  t.x = ptr(a.in[0]);
-  t.w = ptr(a.in[1]);
-  t.r = ptr(a.in[2]);
-  t.b = a.has_input(3) ? ptr(a.in[3]) : nullptr;
-  t.h0 = a.has_input(5) ? ptr(a.in[5]) : nullptr;
-  t.c0 = g.has_c0 ? ptr(a.in[6]) : nullptr;
-  t.p = g.has_p ? ptr(a.in[7]) : nullptr;
-  t.y = mut(out(0));
-  t.yh = mut(out(1));
-  t.yc = g.kind == RnnKind::kLstm ? mut(out(2)) : nullptr;
+  const RnnOperands t =
+      rnn_forward_operands(a, g, [&](const Tensor& lens) { return read_ints(a, lens, 4); });
   CpuRnnOps ops(a);
   rnn_run(ops, g, t, false);
 }
 
 void rnn_grad(const KernelArgs& a) {
   const GradIo io(a, kArity);
-  const RnnGeometry g = rnn_geometry(a, [&](size_t k) { return io.x(k) ? &io.x(k)->shape : nullptr; });
-  check_lens(a, g, io.x(4));
-  if (io.dy(0)) expect_dy_shape(a, *io.dy(0), rnn_y_shape(g));
-  if (io.dy(1)) expect_dy_shape(a, *io.dy(1), rnn_state_shape(g));
-  if (io.dy(2)) expect_dy_shape(a, *io.dy(2), rnn_state_shape(g));
-  for (size_t k = 0; k < io.n; ++k) {
-    if (!io.wants(k)) continue;
-    if (k == 4 || io.x(k) == nullptr)
-      fail(ErrorKind::kModel, "{} '{}': a gradient of input {}, which has none", a.op_type,
-           a.name, k);
-    expect_shape(a, k, io.x(k)->shape);
-  }
-  RnnOperands t;
-  t.x = ptr(io.x(0));
-  t.w = ptr(io.x(1));
-  t.r = ptr(io.x(2));
-  t.b = ptr(io.x(3));
-  t.h0 = ptr(io.x(5));
-  t.c0 = g.has_c0 ? ptr(io.x(6)) : nullptr;
-  t.p = g.has_p ? ptr(io.x(7)) : nullptr;
-  t.dy = ptr(io.dy(0));
-  t.dyh = ptr(io.dy(1));
-  t.dyc = g.kind == RnnKind::kLstm ? ptr(io.dy(2)) : nullptr;
-  t.dx = mut(io.dx(0));
-  t.dw = mut(io.dx(1));
-  t.dr = mut(io.dx(2));
-  t.db = mut(io.dx(3));
-  t.dh0 = mut(io.dx(5));
-  t.dc0 = g.kind == RnnKind::kLstm ? mut(io.dx(6)) : nullptr;
-  t.dp = g.kind == RnnKind::kLstm ? mut(io.dx(7)) : nullptr;
+  const RnnGeometry g =
+      rnn_geometry(a, [&](size_t k) { return io.x(k) ? &io.x(k)->shape : nullptr; });
+  const RnnOperands t =
+      rnn_grad_operands(a, io, g, [&](const Tensor& lens) { return read_ints(a, lens, 4); });
   CpuRnnOps ops(a);
   rnn_run(ops, g, t, true);
 }
@@ -143,8 +96,8 @@ std::string check_operands(const OpSignature& s, size_t lens_position) {
         return fmt::format("{} sequence_lens is {}, expected int32 or int64", s.op_type,
                            dtype_name(s.inputs[k]));
     } else if (s.inputs[k] != DType::kFloat32) {
-      return fmt::format("{} on {} input {} is not supported; the kernels run float32",
-                         s.op_type, dtype_name(s.inputs[k]), k);
+      return fmt::format("{} on {} input {} is not supported; the kernels run float32", s.op_type,
+                         dtype_name(s.inputs[k]), k);
     }
   }
   for (DType d : s.outputs)

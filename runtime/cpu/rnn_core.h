@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
+#include "runtime/cpu/grad_io.h"
 #include "runtime/cpu/rnn_element.h"
 #include "runtime/format/error.h"
 
@@ -165,6 +166,71 @@ struct RnnOperands {
   float *dx = nullptr, *dw = nullptr, *dr = nullptr, *db = nullptr, *dh0 = nullptr,
         *dc0 = nullptr, *dp = nullptr;
 };
+
+inline const float* rnn_in(const Tensor* t) { return t ? t->as<float>() : nullptr; }
+inline float* rnn_out(Tensor* t) { return t ? t->as<float>() : nullptr; }
+
+/// The forward's operands of node `a` of geometry `g`, its outputs' shapes and sequence_lens
+/// checked first. `read_lens(const Tensor&)` reads sequence_lens (input 4) to the host: each
+/// backend's own copy.
+template <class ReadLens>
+RnnOperands rnn_forward_operands(const KernelArgs& a, const RnnGeometry& g, ReadLens read_lens) {
+  if (a.has_input(4)) check_sequence_lens(a, g, read_lens(*a.in[4]));
+  auto out = [&](size_t k) { return k < a.out.size() ? a.out[k] : nullptr; };
+  if (out(0)) expect_shape(a, 0, rnn_y_shape(g));
+  if (out(1)) expect_shape(a, 1, rnn_state_shape(g));
+  if (out(2)) expect_shape(a, 2, rnn_state_shape(g));
+  RnnOperands t;
+  t.x = rnn_in(a.in[0]);
+  t.w = rnn_in(a.in[1]);
+  t.r = rnn_in(a.in[2]);
+  t.b = a.has_input(3) ? rnn_in(a.in[3]) : nullptr;
+  t.h0 = a.has_input(5) ? rnn_in(a.in[5]) : nullptr;
+  t.c0 = g.has_c0 ? rnn_in(a.in[6]) : nullptr;
+  t.p = g.has_p ? rnn_in(a.in[7]) : nullptr;
+  t.y = rnn_out(out(0));
+  t.yh = rnn_out(out(1));
+  t.yc = g.kind == RnnKind::kLstm ? rnn_out(out(2)) : nullptr;
+  return t;
+}
+
+/// The gradient's operands of node `a` of geometry `g` (through its contract `io`), the output
+/// gradients' and wanted input gradients' shapes and sequence_lens checked first.
+template <class ReadLens>
+RnnOperands rnn_grad_operands(const KernelArgs& a, const GradIo& io, const RnnGeometry& g,
+                              ReadLens read_lens) {
+  if (io.x(4)) check_sequence_lens(a, g, read_lens(*io.x(4)));
+  if (io.dy(0)) expect_dy_shape(a, *io.dy(0), rnn_y_shape(g));
+  if (io.dy(1)) expect_dy_shape(a, *io.dy(1), rnn_state_shape(g));
+  if (io.dy(2)) expect_dy_shape(a, *io.dy(2), rnn_state_shape(g));
+  for (size_t k = 0; k < io.n; ++k) {
+    if (!io.wants(k)) continue;
+    if (k == 4 || io.x(k) == nullptr)
+      fail(ErrorKind::kModel, "{} '{}': a gradient of input {}, which has none", a.op_type,
+           a.name, k);
+    expect_shape(a, k, io.x(k)->shape);
+  }
+  const bool lstm = g.kind == RnnKind::kLstm;
+  RnnOperands t;
+  t.x = rnn_in(io.x(0));
+  t.w = rnn_in(io.x(1));
+  t.r = rnn_in(io.x(2));
+  t.b = rnn_in(io.x(3));
+  t.h0 = rnn_in(io.x(5));
+  t.c0 = g.has_c0 ? rnn_in(io.x(6)) : nullptr;
+  t.p = g.has_p ? rnn_in(io.x(7)) : nullptr;
+  t.dy = rnn_in(io.dy(0));
+  t.dyh = rnn_in(io.dy(1));
+  t.dyc = lstm ? rnn_in(io.dy(2)) : nullptr;
+  t.dx = rnn_out(io.dx(0));
+  t.dw = rnn_out(io.dx(1));
+  t.dr = rnn_out(io.dx(2));
+  t.db = rnn_out(io.dx(3));
+  t.dh0 = rnn_out(io.dx(5));
+  t.dc0 = lstm ? rnn_out(io.dx(6)) : nullptr;
+  t.dp = lstm ? rnn_out(io.dx(7)) : nullptr;
+  return t;
+}
 
 /// The forward (backward = false: writes y, yh, yc where not null) or the gradient (backward =
 /// true: writes every non-null d* in full) of one node. `Ops` provides (counts in floats):

@@ -101,6 +101,15 @@ check_bg() {
   ) &
 }
 
+# summarise LABEL: the last stagerun --json run's step, prediction and bubble as one summary
+# line (--json is JSON Lines; the summary record is the last line of type "summary").
+summarise() {
+  grep '"type":"summary"' "$log" | tail -1 |
+    grep -oE '"(median_step_ms|predicted_step_ms|bubble)":(\{[^}]*\}|[^,]*)' |
+    tr '\n' ' ' | sed "s/^/  $1: /" >>"$summary"
+  echo >>"$summary"
+}
+
 if ! check probe 60 stagecraft-gpu-probe; then
   say "no usable GPU: nothing else runs"
   exit 1
@@ -154,11 +163,7 @@ if [[ $parts == *" bench "* ]]; then
         # shellcheck disable=SC2086
         check "plan $model $devices $mode" 300 stagec "$b/samples/$model.onnx" -o "$plan" $flags || continue
         if check "run $model $devices $mode" 300 stagerun "$plan" --backend cuda --steps 20 --json -q; then
-          # --json: JSON Lines; the summary record is the last line of type "summary".
-          grep '"type":"summary"' "$log" | tail -1 |
-            grep -oE '"(median_step_ms|predicted_step_ms|bubble)":(\{[^}]*\}|[^,]*)' |
-            tr '\n' ' ' | sed "s/^/  $model $devices $mode: /" >>"$summary"
-          echo >>"$summary"
+          summarise "$model $devices $mode"
         fi
       done
     done
@@ -178,10 +183,7 @@ if [[ $parts == *" profiled "* ]]; then
       --devices $devices --batch 8 --microbatches $((devices == 1 ? 1 : 4)) --dim seq=1024 --train \
       --loss cross-entropy --profile cuda --profile-db "$p/profile-cuda.json" || continue
     if check "run gpt2s $devices train" 300 stagerun "$plan" --backend cuda --steps 6 --json -q; then
-      grep '"type":"summary"' "$log" | tail -1 |
-        grep -oE '"(median_step_ms|predicted_step_ms|bubble)":(\{[^}]*\}|[^,]*)' |
-        tr '\n' ' ' | sed "s/^/  gpt2s $devices train: /" >>"$summary"
-      echo >>"$summary"
+      summarise "gpt2s $devices train"
     fi
   done
 fi
