@@ -381,8 +381,10 @@ case "$check" in
     "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --train --loss mse --batch 16 \
       --microbatches 4 >/dev/null
     "$stagerun" plan --steps 3 -q --backend cpu --trace one.json >/dev/null
-    "${mpi[@]}" -np 2 "$stagerun" plan --steps 3 -q --trace ranks.json >/dev/null 2>ranks.err ||
-      fail "mpirun -np 2 stagerun --trace failed: $(cat ranks.err)"
+    # Its output is kept for the failure message: CI's fresh root once saw this run fail
+    # (2026-11-25, fe7c355) with nothing on stderr but the device-kind warning.
+    "${mpi[@]}" -np 2 "$stagerun" plan --steps 3 -q --trace ranks.json >ranks.out 2>ranks.err ||
+      fail "mpirun -np 2 stagerun --trace failed (exit $?): $(cat ranks.err ranks.out | tail -20)"
     slices() { grep -o '"ph": *"X"' "$1" | wc -l; }
     [ "$(slices ranks.json)" -eq "$(slices one.json)" ] ||
       fail "$(slices ranks.json) slices under mpirun, $(slices one.json) in one process"
