@@ -3,7 +3,7 @@
 //   stagerun PLAN_DIR [--backend auto|cpu|cuda] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE] [--json]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
-//            [--timeout SECONDS]
+//            [--timeout SECONDS] [--bucket-mb MIB] [--no-overlap]
 //
 // One worker thread per device runs the device's instruction stream from schedule.json; stages
 // exchange tensors through bounded in-process channels. Inputs are the whole batch: stagerun
@@ -26,7 +26,7 @@
 //    device [{device, busy_fraction, send_ms (the step's sends), peak_bytes,
 //             predicted_peak_bytes, arena_bytes, weight_bytes,
 //             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use),
-//             [allreduce_ms] (data parallelism: the step's ALLREDUCE time)}],
+//             [allreduce_ms] (data parallelism: the step's time waiting in ALLREDUCE)}],
 //    process_peak_rss_bytes,
 //    outputs [{name, dtype, shape, file}]}
 // The measured figures describe the median step, the first step (the warm-up) left out when
@@ -39,6 +39,12 @@
 // device, "measured / device N", with a slice per step, the compute, the receives' waits and the
 // sends, and the device's metered bytes after every instruction as a counter), every step;
 // `stagedump PLAN --trace OUT --measured FILE` sets it beside the prediction.
+//
+// --bucket-mb (default 25, as PyTorch DDP's bucket_cap_mb): with data parallelism, a stage's
+// gradients are summed over the replicas in buckets of at most this many MiB (whole weights),
+// each started as soon as the stage's last backward of the step has computed its gradients, so
+// the sums run while the backward goes on; ALLREDUCE waits for them, and the all-reduce time
+// reported is that wait. --no-overlap starts them all at ALLREDUCE instead (for comparison).
 //
 // --timeout (default 60 s; 0: none): how long a device waits for another (a message, a shared
 // sum, under mpirun another rank at a step barrier) before the run stops with one line naming
@@ -171,8 +177,8 @@ struct Args {
   std::string plan_dir, backend_name = "auto", inputs_path, outputs_dir, trace_path, inject_fault;
   std::string data_dir, checkpoint_dir, resume_dir, export_path, inject_kill, inject_hang;
   int steps = 1, threads = 1, save_every = 0;
-  double timeout_s = 60;
-  bool synthetic = false, json = false, quiet = false, skip_nonfinite = false;
+  double timeout_s = 60, bucket_mb = 25;
+  bool synthetic = false, json = false, quiet = false, skip_nonfinite = false, no_overlap = false;
 };
 
 // Declares every option of `args` on `app`.
@@ -232,6 +238,25 @@ void add_options(CLI::App& app, Args& args) {
                        : "must be a number of seconds, 0 or more, not '" + text + "'";
           },
           "SECONDS"));
+  app.add_option("--bucket-mb", args.bucket_mb,
+                 "Data parallelism: MiB of a stage's gradients summed over the replicas at once "
+                 "(whole weights; each bucket's sum starts as soon as the backward has made it "
+                 "final)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](const std::string& text) -> std::string {
+            char* end = nullptr;
+            const double value = std::strtod(text.c_str(), &end);
+            bool number = !text.empty() && end == text.c_str() + text.size();
+            // At least one float; at most what a byte count holds.
+            return number && std::isfinite(value) && value * 1048576 >= 4 && value <= 1e12
+                       ? ""
+                       : "must be a number of MiB above 0 (at least 4 bytes), not '" + text + "'";
+          },
+          "MIB"));
+  app.add_flag("--no-overlap", args.no_overlap,
+               "Data parallelism: start the gradients' sums only at ALLREDUCE, after the whole "
+               "backward (for comparison with the overlapped default)");
   app.add_option("--inject-fault", args.inject_fault, "Testing: make the node of this name fail")
       ->group("");
   app.add_option("--inject-kill", args.inject_kill,
@@ -530,8 +555,8 @@ void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args&
     for (double s : report.allreduce_s) sum += s;
     const double mean = sum / static_cast<double>(report.allreduce_s.size());
     fmt::print(
-        "all-reduce over {} replicas: {:.3f} ms of the step per device ({:.1f}%; predicted "
-        "{:.3f} ms)\n",
+        "all-reduce over {} replicas: {:.3f} ms of the step per device waiting for it ({:.1f}%; "
+        "the sums run behind the backward; predicted {:.3f} ms on the link)\n",
         plan.data_parallel, mean * 1e3, step_s > 0 ? 100 * mean / step_s : 0.0, [&] {
           double predicted = 0;
           for (const plan::Stage& st : plan.stages) predicted += st.allreduce_ms;
@@ -550,6 +575,8 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   rt::RunOptions options;
   options.steps = args.steps;
   options.timeout_s = args.timeout_s;
+  options.bucket_bytes = static_cast<int64_t>(std::ceil(args.bucket_mb * 1048576));
+  options.overlap_allreduce = !args.no_overlap;
   options.inject_fault = args.inject_fault;
   options.before_instruction = stop_hook(args, pipeline);
   options.skip_nonfinite = args.skip_nonfinite;

@@ -271,6 +271,10 @@ void note_stage(SimExtras& rc, const Stage& st, const BackwardFacts& b) {
   rc.deferred_bytes.push_back(b.deferred);
   rc.shared_exchange_s.push_back(st.shared_exchange_ms / 1e3);
   rc.allreduce_s.push_back(st.allreduce_ms / 1e3);
+  // The runtime sums float32 gradients in buckets of whole weights of at most this size.
+  rc.allreduce_buckets.push_back(std::max(
+      1.0, std::ceil(4.0 * static_cast<double>(st.params) /
+                     static_cast<double>(schedule::kDefaultGradientBucketBytes))));
   rc.allgather_s.push_back(st.allgather_ms / 1e3);
   int64_t input_bytes = 0;
   for (const auto& t : st.inputs) input_bytes += t.bytes;

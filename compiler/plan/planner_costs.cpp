@@ -44,6 +44,7 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     c.deferred_bytes.push_back(split && k < rc.deferred_bytes.size() ? rc.deferred_bytes[k] : 0.0);
     c.shared_allreduce_s.push_back(k < rc.shared_exchange_s.size() ? rc.shared_exchange_s[k] : 0.0);
     c.allreduce_s.push_back(k < rc.allreduce_s.size() ? rc.allreduce_s[k] : 0.0);
+    c.allreduce_buckets.push_back(k < rc.allreduce_buckets.size() ? rc.allreduce_buckets[k] : 1.0);
     c.allgather_s.push_back(k < rc.allgather_s.size() ? rc.allgather_s[k] : 0.0);
     // ZeRO-1: the step streams 1/R of the stage's weights, gradients and state.
     optimizer_bytes =

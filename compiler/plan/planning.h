@@ -64,6 +64,8 @@ struct SimExtras {
   std::vector<double> shared_exchange_s;
   /// Per stage: the all-reduce of its weight gradients over the replicas (Stage::allreduce_ms).
   std::vector<double> allreduce_s;
+  /// Per stage: the buckets the runtime cuts its all-reduce into (stagerun's default size).
+  std::vector<double> allreduce_buckets;
   /// Per stage: ZeRO-1's all-gather of its updated weights (Stage::allgather_ms).
   std::vector<double> allgather_s;
   bool at(std::size_t k) const { return k < on.size() && on[k]; }

@@ -19,6 +19,12 @@
 #                            in-process run of the plan bit for bit, and one device's on the
 #                            same global batch within 1e-5 (gpipe, 1f1b); also 4 replicas of
 #                            one device (the ring's order); 2 ranks refused
+#     train_buckets          gradient buckets (--bucket-mb 0.001: one weight each, started inside
+#                            the last backward) on 2 replicas x 2 devices, 4 ranks: the losses
+#                            of one bucket summed at ALLREDUCE (--no-overlap) and of the
+#                            in-process bucketed run bit for bit, one device's within 1e-5,
+#                            under gpipe, 1f1b, zb-h1, interleaved, and sharded (1f1b); a bad
+#                            --bucket-mb refused
 #     train_zero             --shard-optimizer (ZeRO-1), 2 replicas x 2 devices on 4 ranks (adam,
 #                            momentum): the unsharded plan's losses, final weights and
 #                            optimizer state (checkpoints) bit for bit, and the
@@ -133,6 +139,47 @@ case "$check" in
     grep -q "stagerun: internal error: device 1: step 1: .*fault injected at node '$node'" err.txt ||
       fail "the failing rank's line is missing: $(cat err.txt)"
     ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
+    ;;
+  train_buckets)
+    common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer adam --lr 0.001)
+    "$stagec" "${common[@]}" -o one --devices 1 --microbatches 4 >/dev/null
+    "$stagerun" one --steps 3 --json -q --backend cpu >one.json
+    losses one.json >one.loss
+    for variant in gpipe 1f1b zb-h1 interleaved zero; do
+      case $variant in
+        interleaved) extra=(--schedule interleaved --chunks 2) ;;
+        zero) extra=(--schedule 1f1b --shard-optimizer) ;;
+        *) extra=(--schedule "$variant") ;;
+      esac
+      "$stagec" "${common[@]}" "${extra[@]}" -o "plan_$variant" --devices 4 --data-parallel 2 \
+        --microbatches 2 >/dev/null
+      "$stagerun" "plan_$variant" --steps 3 --json -q --backend cpu --bucket-mb 100000 \
+        --no-overlap >whole.json
+      "$stagerun" "plan_$variant" --steps 3 --json -q --backend cpu --bucket-mb 0.001 >threads.json
+      if ! "${mpi[@]}" -np 4 "$stagerun" "plan_$variant" --steps 3 --json -q --bucket-mb 0.001 \
+        >ranks.json 2>ranks.err; then
+        cat ranks.err >&2
+        fail "mpirun -np 4 stagerun --bucket-mb 0.001 ($variant) failed"
+      fi
+      losses whole.json >whole.loss
+      losses threads.json >threads.loss
+      losses ranks.json >ranks.loss
+      [ "$(wc -l <ranks.loss)" -eq 3 ] || fail "expected 3 losses, got $(cat ranks.loss)"
+      cmp -s ranks.loss whole.loss ||
+        fail "$variant: buckets on 4 ranks and one bucket differ: $(paste ranks.loss whole.loss)"
+      cmp -s threads.loss whole.loss ||
+        fail "$variant: buckets in one process and one bucket differ: $(paste threads.loss whole.loss)"
+      paste one.loss ranks.loss | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 || $2 != $2 + 0) bad = 1 }
+        END { exit bad }' || fail "$variant: not one device's losses: $(paste one.loss ranks.loss)"
+      echo "$variant, 1 KiB buckets on 4 ranks: $(tr '\n' ' ' <ranks.loss)(one bucket's bits)"
+    done
+    for bad in 0 -1 abc 1e300; do
+      if "$stagerun" plan_1f1b --steps 1 -q "--bucket-mb=$bad" >out.txt 2>err.txt; then
+        fail "--bucket-mb $bad ran"
+      fi
+      grep -q -- "usage error: --bucket-mb must be a number of MiB above 0" err.txt ||
+        fail "--bucket-mb $bad: no usage line: $(cat err.txt)"
+    done
     ;;
   train_zero)
     for optimizer in adam momentum; do
