@@ -85,7 +85,7 @@ std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(
   }
   return std::make_unique<cost::MeasuredCostModel>(
       db, roofline,
-      training ? cost::BackwardTimes::kMeasured : cost::BackwardTimes::kRooflineRatio);
+      training ? cost::BackwardTimes::kMeasured : cost::BackwardTimes::kNone);
 }
 
 /// `json` (an object) with `format_version` first: the --json outputs are JSON Lines, each

@@ -36,9 +36,11 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     c.backward_input_s.push_back(s.shape.training ? b + (recompute ? fwd : 0.0) : 0.0);
     c.backward_weight_s.push_back(s.shape.training ? w + (recompute && split ? fwd : 0.0) : 0.0);
     c.send_s.push_back(s.shape.training ? st.send_s / 2 : st.send_s);
-    // Recomputation keeps the stage inputs per microbatch in flight, and one microbatch's full
-    // activations (the one being recomputed) while its backward runs.
-    c.activation_bytes.push_back(s.shape.training ? (recompute ? rc.input_bytes[k] : act) : 0.0);
+    // Training keeps each microbatch's stage inputs with its activations until its backward
+    // (make_stage). Recomputation keeps only the inputs per microbatch in flight, and one
+    // microbatch's full activations (the one being recomputed) while its backward runs.
+    const double inputs = k < rc.input_bytes.size() ? rc.input_bytes[k] : 0.0;
+    c.activation_bytes.push_back(s.shape.training ? (recompute ? inputs : act + inputs) : 0.0);
     c.static_bytes.push_back(stat);
     c.backward_bytes.push_back(recompute ? act : 0.0);
     c.deferred_bytes.push_back(split && k < rc.deferred_bytes.size() ? rc.deferred_bytes[k] : 0.0);

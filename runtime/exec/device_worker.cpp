@@ -302,23 +302,29 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
   } else if (training) {
     auto& keep = stash_[key];
     outs = st.program.run_keeping(*context_, args, keep, &run_.hook, program_run(ins, true));
+    // The received inputs the backward reads are in the stash now, the same buffers: counted
+    // once (released first, so the peak never holds them twice).
+    meter.sub(bytes_of(got));
     meter.add(bytes_of_map(keep, st.weights));
     if (!st.loss.empty()) record_loss(ins, read_float(*context_, keep.at(st.loss)));
   } else {
     outs = st.program.run(*context_, args, arena_->base(), &run_.hook);
   }
   timed(schedule::Op::kForward, ins.stage, ins.microbatch, start);
-  if (!(training && st.stage->recompute)) meter.sub(bytes_of(got));
+  // The outputs (outside the arena) until they are sent or handed back; in training they are in
+  // the stash already, unless the stage recomputes. They exist before the inputs are released.
+  const bool hold_outputs = !training || st.stage->recompute;
+  int64_t held = 0;
+  for (const Tensor& t : outs) held += t.bytes();
+  if (hold_outputs) meter.add(held);
+  if (!training) meter.sub(bytes_of(got));
   for (size_t k : st.graph_outputs)
     run_.results[st.program.outputs()[k].name][batch_index(ins.microbatch)] =
         to_host(*context_, outs[k]);
-  if (!st.sends.empty()) {
-    int64_t held = 0;
-    for (const Tensor& t : outs) held += t.bytes();
-    // Training: already in the stash, unless the stage recomputes.
-    if (!training || st.stage->recompute) meter.add(held);
+  if (!st.sends.empty())
     produced_[key] = std::move(outs);
-  }
+  else if (hold_outputs)
+    meter.sub(held);  // handed back: the caller's copies are host memory, not the device's
 }
 
 void DeviceWorker::send_act(const schedule::Instruction& ins) {
