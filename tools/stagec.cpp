@@ -452,6 +452,7 @@ int run(int argc, char** argv) {
   if (!planned.loss_summary.empty()) fmt::print("{}\n", planned.loss_summary);
   fmt::print("{}", planned.batch_norm_summary);
   fmt::print("{}", planned.data_parallel_choice);
+  fmt::print("{}", planned.placement_choice);
   fmt::print("{}", plan::summarize(planned.plan));
   if (dry_run) {
     fmt::print("planned in {:.2f} s (dry run: nothing written)\n", plan_s);

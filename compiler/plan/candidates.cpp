@@ -33,19 +33,20 @@ double ring_allreduce_s(const Setup& s, const std::vector<int>& devices, double 
 /// Time to sum `bytes` of gradient over the devices of the holder stages `stages` (replica 0's).
 double shared_exchange_s(const Setup& s, const std::vector<int>& stages, double bytes) {
   std::vector<int> devices;
-  for (int stage : stages) devices.push_back(stage % s.shape.devices);
+  for (int stage : stages) devices.push_back(rank_of(s, 0, stage % s.shape.devices));
   std::sort(devices.begin(), devices.end());
   devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
   return ring_allreduce_s(s, devices, bytes);
 }
 
 /// Time to sum `bytes` of a stage's gradients on pipeline device `device` over the replicas:
-/// a ring over devices device, P + device, 2P + device, ... (the ranks replica x P + device;
-/// the cluster fills nodes in that order, so pipeline neighbours share a node first and a
-/// replica's ring crosses nodes when a node holds fewer than R x P devices).
+/// a ring over the ranks the placement gives that device in each replica (the cluster fills
+/// nodes in rank order: with the identity placement pipeline neighbours share a node first and
+/// a replicas' ring crosses nodes when a node holds fewer than R x P devices; replica-major
+/// placement keeps the ring in a node first).
 double replica_allreduce_s(const Setup& s, int device, double bytes) {
   std::vector<int> devices;
-  for (int r = 0; r < s.shape.data_parallel; ++r) devices.push_back(r * s.shape.devices + device);
+  for (int r = 0; r < s.shape.data_parallel; ++r) devices.push_back(rank_of(s, r, device));
   return ring_allreduce_s(s, devices, bytes);
 }
 

@@ -117,7 +117,17 @@ Setup make_setup(const PlanOptions& o) {
   s.device = cost::device_spec_from_name_or_file(o.device_spec);
   s.cluster = o.cluster.empty() ? cost::default_cluster(s.device.name)
                                 : cost::cluster_spec_from_name_or_file(o.cluster);
+  s.placement = pipeline_major_placement(s.shape.data_parallel, s.shape.devices);
   return s;
+}
+
+int rank_of(const Setup& s, int replica, int device) {
+  const auto g = static_cast<size_t>(replica * s.shape.devices + device);
+  if (replica < 0 || device < 0 || device >= s.shape.devices || g >= s.placement.size())
+    fail(ErrorKind::kInternal,
+         "rank_of: replica {}, device {} of a placement of {} ranks ({} devices)", replica,
+         device, s.placement.size(), s.shape.devices);
+  return s.placement[g];
 }
 
 NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
@@ -199,10 +209,13 @@ partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::
   p.stages = schedule::stage_count(s.shape);
   p.objective = s.objective;
   const int devices = s.shape.devices;
-  const cost::ClusterSpec cluster = s.cluster;
-  // A stage sends activations forward and, in training, receives as many gradient bytes back.
-  p.send_time = [cluster, devices, training](int k, double bytes) {
-    double t = cost::transfer_seconds(cluster, k % devices, (k + 1) % devices, bytes);
+  // A stage sends activations forward and, in training, receives as many gradient bytes back;
+  // every replica over its own link, the slowest setting the pace.
+  p.send_time = [s, devices, training](int k, double bytes) {
+    double t = 0;
+    for (int r = 0; r < s.shape.data_parallel; ++r)
+      t = std::max(t, cost::transfer_seconds(s.cluster, rank_of(s, r, k % devices),
+                                             rank_of(s, r, (k + 1) % devices), bytes));
     return training ? 2 * t : t;
   };
   p.in_flight = [s](int k) { return in_flight(s, k); };

@@ -37,10 +37,15 @@ struct Setup {
   int64_t microbatch_size = 1;
   /// ZeRO-1: the optimizer state of each replica is 1/R of the stage's (`Plan::shard_optimizer`).
   bool shard_optimizer = false;
+  /// The rank (cluster slot) of replica r's pipeline device d at r x P + d (`Plan::placement`).
+  std::vector<int> placement;
   /// Per stage: the most microbatches whose activations it holds at once under the schedule
   /// (schedule::stage_in_flight_peaks; an interleaved device's chunks differ).
   std::vector<int64_t> in_flight;
 };
+
+/// The cluster slot of replica `replica`'s pipeline device `device` (s.placement).
+int rank_of(const Setup& s, int replica, int device);
 
 /// Per-node numbers in topological position order.
 struct NodeFacts {

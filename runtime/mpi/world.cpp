@@ -249,7 +249,11 @@ World::World() : comms_(std::make_unique<Comms>()) {
   sigaction(SIGTERM, &action, nullptr);
 }
 
-std::string World::rank_name(int rank) const { return fmt::format("rank {} (device {})", rank, rank); }
+std::string World::rank_name(int rank) const {
+  const auto g = static_cast<size_t>(rank);
+  return fmt::format("rank {} (device {})", g < world_ranks_.size() ? world_ranks_[g] : rank,
+                     rank);
+}
 
 void World::barrier() const {
   stop_note.phase = StopNote::kBarrier;
@@ -309,8 +313,24 @@ std::vector<int> World::local_devices(const plan::Plan& plan, const std::string&
            size_, size_ == 1 ? "" : "s", plan_dir, devices, plan.data_parallel, plan.devices,
            devices);
   });
-  // Rank g runs device g: pipeline device g % P of replica g / P. The transport's
-  // communicators: this replica's pipeline (ranked by device) and this device's replicas.
+  // The rank mpirun gave this process runs the device the plan's placement puts there (a
+  // permutation, checked when the plan was loaded). The transport and control communicators
+  // are ranked by device from here on, so that below rank g is device g: pipeline device
+  // g % P of replica g / P.
+  world_ranks_ = plan.placement;
+  for (int g = 0; g < devices; ++g)
+    if (plan.placement[static_cast<size_t>(g)] == rank_) {
+      for (MPI_Comm* comm : {&comms_->transport, &comms_->control}) {
+        MPI_Comm by_device = MPI_COMM_NULL;
+        MPI_Comm_split(*comm, 0, g, &by_device);
+        MPI_Comm_free(comm);
+        *comm = by_device;
+      }
+      rank_ = g;
+      break;
+    }
+  // The transport's communicators: this replica's pipeline (ranked by device) and this
+  // device's replicas.
   pipeline_devices_ = plan.devices;
   MPI_Comm_split(comms_->transport, rank_ / plan.devices, rank_ % plan.devices, &comms_->pipeline);
   MPI_Comm_split(comms_->transport, rank_ % plan.devices, rank_ / plan.devices, &comms_->replicas);

@@ -18,7 +18,9 @@
 #     train_dp               2 replicas x 2 pipeline devices on 4 ranks: the losses of the
 #                            in-process run of the plan bit for bit, and one device's on the
 #                            same global batch within 1e-5 (gpipe, 1f1b); also 4 replicas of
-#                            one device (the ring's order); 2 ranks refused
+#                            one device (the ring's order); 2 ranks refused; a plan
+#                            placed replica-major (2 devices per node) on 4 ranks, the
+#                            in-process losses bit for bit, its ranks named by the placement
 #     train_zero             --shard-optimizer (ZeRO-1), 2 replicas x 2 devices on 4 ranks (adam,
 #                            momentum): the unsharded plan's losses, final weights and
 #                            optimizer state (checkpoints) bit for bit, and the
@@ -284,6 +286,39 @@ case "$check" in
     paste one.loss ranks.loss | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 || $2 != $2 + 0) bad = 1 }
       END { exit bad }' || fail "4 replicas: not one device's losses: $(paste one.loss ranks.loss)"
     echo "4 replicas: $(tr '\n' ' ' <ranks.loss)"
+    # 2 devices per node and a slow network: stagec puts each device's replicas on neighbouring
+    # ranks (placement [0, 2, 1, 3]); rank 1 then runs replica 1's first device, and the 4
+    # ranks give the in-process run's losses bit for bit.
+    printf '%s\n' '{"devices_per_node": 2, "intra_node": {"bandwidth": 1e10, "latency_s": 5e-6},' \
+      '"inter_node": {"bandwidth": 1.25e9, "latency_s": 5e-5}}' >nodes.json
+    "$stagec" "${common[@]}" -o placed --devices 4 --data-parallel 2 --microbatches 2 \
+      --cluster nodes.json >placed.txt
+    grep -q "^placement: each device's replicas on neighbouring ranks" placed.txt ||
+      fail "no replica-major placement: $(cat placed.txt)"
+    tr -d ' \n' <placed/plan.json | grep -q '"placement":\[0,2,1,3\]' ||
+      fail "plan.json's placement is not [0, 2, 1, 3]"
+    "$stagerun" placed --steps 4 --json -q --backend cpu >threads.json
+    "${mpi[@]}" -np 4 "$stagerun" placed --steps 4 --json -q >ranks.json 2>ranks.err ||
+      fail "mpirun -np 4 stagerun (replica-major placement) failed: $(cat ranks.err)"
+    losses ranks.json >ranks.loss
+    losses threads.json >threads.loss
+    [ "$(wc -l <ranks.loss)" -eq 4 ] || fail "placed: expected 4 losses, got $(cat ranks.loss)"
+    cmp -s ranks.loss threads.loss ||
+      fail "placed: 4 ranks and one process differ: $(paste ranks.loss threads.loss)"
+    # The ranks name their devices by the placement: a fault in the loss (device 1 of each
+    # replica: devices 1 and 3, ranks 2 and 3) ends device 0 of replica 1 on rank 1.
+    node=$(grep -o '"loss/[^"]*"' placed/plan.json | head -1 | tr -d '"')
+    if timeout 60 "${mpi[@]}" -np 4 "$stagerun" placed --steps 2 -q --inject-fault "$node" \
+      >out.txt 2>err.txt; then
+      fail "placed: a run with a failing node succeeded"
+    fi
+    grep -q "internal error: device [13]: step 1: .*fault injected" err.txt ||
+      fail "placed: the fault of device 1 or 3 is not reported: $(cat err.txt)"
+    if grep -q "stagerun: rank [0-9]* (device" err.txt; then
+      grep "stagerun: rank [0-9]* (device" err.txt | grep -v -E "rank (0 \(device 0|1 \(device 2|2 \(device 1|3 \(device 3)\)" &&
+        fail "placed: a rank named with another placement's device"
+    fi
+    echo "placed [0, 2, 1, 3]: $(tr '\n' ' ' <ranks.loss)"
     if "${mpi[@]}" -np 2 "$stagerun" plan -q >out.txt 2>err.txt; then
       fail "mpirun -np 2 ran a plan of 4 devices"
     fi

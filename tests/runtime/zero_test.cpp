@@ -239,7 +239,11 @@ TEST_CASE("--shard-optimizer needs training and 2 or more replicas; bad boundari
             .find("more than the stage's") != std::string::npos);
   CHECK(why([](plan::Plan& p) { p.shard_optimizer = false; }).find("but shard_optimizer is false") !=
         std::string::npos);
-  CHECK(why([](plan::Plan& p) { p.data_parallel = 1; p.batch /= 2; })
+  CHECK(why([](plan::Plan& p) {
+          p.data_parallel = 1;
+          p.batch /= 2;
+          p.placement = plan::pipeline_major_placement(1, p.devices);
+        })
             .find("sharding the optimizer state needs training with 2 or more") != std::string::npos);
 }
 
