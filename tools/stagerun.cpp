@@ -239,29 +239,47 @@ void add_options(CLI::App& app, Args& args) {
                  "halfway through its instructions of STEP (or before the last)")
       ->group("");
   app.add_option("--inject-hang", args.inject_hang,
-                 "Testing: DEVICE:STEP[:last], DEVICE's worker stops answering (sleeps for good) "
-                 "halfway through its instructions of STEP (or before the last)")
+                 "Testing: DEVICE:STEP[:last|:save], DEVICE's worker stops answering (sleeps for "
+                 "good) halfway through its instructions of STEP (or before the last, or as the "
+                 "checkpoint save after STEP begins)")
       ->group("");
 }
 
-// The test hooks of --inject-kill and --inject-hang (DEVICE:STEP[:last]), run before each
-// instruction: at the middle instruction of the device's list in that step, or its last.
-std::function<void(int, int64_t, size_t)> stop_hook(const Args& args, const rt::Pipeline& p) {
-  if (args.inject_kill.empty() && args.inject_hang.empty()) return nullptr;
-  const bool kill = !args.inject_kill.empty();
-  const char* flag = kill ? "--inject-kill" : "--inject-hang";
-  const std::string& text = kill ? args.inject_kill : args.inject_hang;
+// --inject-kill and --inject-hang read: DEVICE:STEP[:last] (or :save for --inject-hang).
+struct Injection {
+  bool kill = false;
   int device = -1;
+  int64_t step = -1;
+  std::string where;  ///< "" (the middle instruction), "last" or "save".
+};
+
+std::optional<Injection> injection(const Args& args, const rt::Pipeline& p) {
+  if (args.inject_kill.empty() && args.inject_hang.empty()) return std::nullopt;
+  Injection in;
+  in.kill = !args.inject_kill.empty();
+  const char* flag = in.kill ? "--inject-kill" : "--inject-hang";
+  const std::string& text = in.kill ? args.inject_kill : args.inject_hang;
   long long step = -1;
   char where[8] = "";
-  int fields = std::sscanf(text.c_str(), "%d:%lld:%7s", &device, &step, where);
-  const bool last = fields == 3 && std::string(where) == "last";
-  if (fields < 2 || (fields == 3 && !last) || device < 0 || step < 1 || device >= p.devices())
-    fail(ErrorKind::kUsage, "{} '{}': give DEVICE:STEP[:last] (device 0..{}, step from 1)", flag,
-         text, p.devices() - 1);
-  const size_t size = p.schedule()[static_cast<size_t>(device % p.plan().devices)].size();
-  const size_t at = last ? size - 1 : size / 2;
-  return [kill, device, step, at](int d, int64_t s, size_t index) {
+  int fields = std::sscanf(text.c_str(), "%d:%lld:%7s", &in.device, &step, where);
+  in.step = step;
+  in.where = fields == 3 ? where : "";
+  const bool known = in.where.empty() || in.where == "last" || (!in.kill && in.where == "save");
+  if (fields < 2 || !known || in.device < 0 || in.step < 1 || in.device >= p.devices())
+    fail(ErrorKind::kUsage, "{} '{}': give DEVICE:STEP[:last{}] (device 0..{}, step from 1)", flag,
+         text, in.kill ? "" : "|:save", p.devices() - 1);
+  return in;
+}
+
+// The test hooks of --inject-kill and --inject-hang, run before each instruction: at the middle
+// instruction of the device's list in that step, or its last (not for ':save').
+std::function<void(int, int64_t, size_t)> stop_hook(const Args& args, const rt::Pipeline& p) {
+  const std::optional<Injection> in = injection(args, p);
+  if (!in || in->where == "save") return nullptr;
+  const size_t size = p.schedule()[static_cast<size_t>(in->device % p.plan().devices)].size();
+  const size_t at = in->where == "last" ? size - 1 : size / 2;
+  return [kill = in->kill, device = in->device, step = in->step, at](int d, int64_t s,
+                                                                     size_t index) {
     if (d != device || s != step || index != at) return;
     if (kill) raise(SIGKILL);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -650,10 +668,17 @@ int main(int argc, char** argv) {
     rt::RunOptions options = run_options(*pipeline, args, first_step);
     if (world) world->distribute(options, *pipeline);
     // Under mpirun every rank saves its part: one writer per stage, the manifest by rank 0.
-    if (world && options.checkpoint)
-      options.checkpoint = [&w = *world, &p = *pipeline, dir = args.checkpoint_dir](int64_t) {
+    if (world && options.checkpoint) {
+      // --inject-hang DEVICE:STEP:save: that device's rank stops answering as the save begins.
+      const std::optional<Injection> hang = injection(args, *pipeline);
+      const int64_t hang_step =
+          hang && hang->where == "save" && hang->device == world->rank() ? hang->step : -1;
+      options.checkpoint = [&w = *world, &p = *pipeline, dir = args.checkpoint_dir,
+                            hang_step](int64_t step) {
+        while (step == hang_step) std::this_thread::sleep_for(std::chrono::seconds(1));
         w.save_checkpoint(p, dir);
       };
+    }
     auto export_model = [&] {
       int replaced = 0;
       if (world) {

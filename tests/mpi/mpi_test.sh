@@ -36,8 +36,9 @@
 #                            others, each of which says where it was; within --timeout
 #                            beyond a healthy run's time; none remains
 #     hang                   rank 1 of 2 stops answering mid-step (and, again, before its
-#                            step's end): rank 0 gives up after --timeout naming rank 1 and
-#                            the instruction (the step barrier); none remains
+#                            step's end, and as a checkpoint save begins): rank 0 gives up
+#                            after --timeout naming rank 1 and the instruction (the step
+#                            barrier; the save); none remains
 # Exit 77 (skipped) where there is no mpirun or the build has no MPI.
 set -euo pipefail
 
@@ -374,6 +375,19 @@ case "$check" in
     fi
     grep -q "^stagerun: timeout error: device 0: step 2: waiting for every device at the step's end: rank 1 (device 1) did not arrive within 2 s" err2.txt ||
       fail "rank 0's line naming rank 1 at the step barrier is missing: $(cat err2.txt)"
+    # Stopped as the checkpoint save after step 1 begins: the save's exchanges wait no longer
+    # than --timeout either.
+    start=$SECONDS
+    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" "$work/plan" --steps 3 -q --timeout 2 \
+      --checkpoint "$work/ckpt" --save-every 1 --inject-hang 1:1:save >out.txt 2>err3.txt; then
+      fail "a run with a rank hung in the checkpoint save succeeded"
+    fi
+    took=$((SECONDS - start))
+    [ "$took" -lt $((healthy + 2 + slack)) ] ||
+      fail "the ranks took $took s to end in the save (--timeout 2; healthy run $healthy s)"
+    grep -q "^stagerun: timeout error: .*save of checkpoint $work/ckpt.* did not complete within 2 s: a rank died or stopped answering" err3.txt ||
+      fail "rank 0's line naming the save is missing: $(cat err3.txt)"
+    [ ! -e "$work/ckpt/manifest.json" ] || fail "a checkpoint was completed without rank 1"
     sleep 1
     ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
     echo "ended in $took s"

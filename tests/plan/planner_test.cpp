@@ -318,15 +318,21 @@ TEST_CASE("baselines are costed like the plan: one device, one split, the same p
 namespace stagecraft::plan {
 namespace {
 
-TEST_CASE(
-    "the placement of ranks: the identity on one node, else the one with the shorter predicted "
-    "step") {
+// The GPT sample trained by 2 replicas of a 2-device 1F1B pipeline, global batch 16.
+PlanOptions data_parallel_options() {
   PlanOptions o = gpt_options(2, "1f1b", true);
   o.devices = 4;
   o.data_parallel = 2;
   o.microbatches = 2;
   o.batch = 16;
   o.loss.kind = "cross-entropy";
+  return o;
+}
+
+TEST_CASE(
+    "the placement of ranks: the identity on one node, else the one with the shorter predicted "
+    "step") {
+  PlanOptions o = data_parallel_options();
   o.device_spec = "cpu";
   SUBCASE("one node (cpu's default cluster): pipelines on consecutive ranks, nothing to choose") {
     PlannedModel planned = make_plan(o);
@@ -364,12 +370,7 @@ TEST_CASE(
 }
 
 TEST_CASE("data parallelism: R replicas of a P-device pipeline, the all-reduce counted") {
-  PlanOptions o = gpt_options(2, "1f1b", true);
-  o.devices = 4;
-  o.data_parallel = 2;
-  o.microbatches = 2;
-  o.batch = 16;
-  o.loss.kind = "cross-entropy";
+  PlanOptions o = data_parallel_options();
   o.training_config.lr = 0.001;
   PlannedModel planned = make_plan(o);
   const Plan& p = planned.plan;
