@@ -311,6 +311,7 @@ OpTime MeasuredCostModel::op_time(const ir::Graph& graph, const ir::Node& node) 
   }
   OpTime t;
   t.forward_s = it->second.fwd_ms * 1e-3;
+  if (backward_ == BackwardTimes::kNone) return t;
   if (backward_ == BackwardTimes::kMeasured) {
     if (!may_have_backward(graph, node)) return t;
     auto b = it->second.backward.find(input_kinds(graph, node));
@@ -332,8 +333,9 @@ OpTime MeasuredCostModel::op_time(const ir::Graph& graph, const ir::Node& node) 
 }
 
 std::string MeasuredCostModel::name() const {
-  const char* backward =
-      backward_ == BackwardTimes::kMeasured ? ", forward and backward" : " + roofline ratios for backward";
+  const char* backward = backward_ == BackwardTimes::kMeasured ? ", forward and backward"
+                         : backward_ == BackwardTimes::kNone  ? ", forward"
+                                                              : " + roofline ratios for backward";
   return fmt::format("measured({}, {} thread{}){}", backend_, threads_, threads_ == 1 ? "" : "s", backward);
 }
 

@@ -127,6 +127,8 @@ enum class BackwardTimes {
   /// signature without one, which the profiler leaves out, and reports, when the backend has
   /// no gradient kernel for it.
   kMeasured,
+  /// None: forward times only, backward 0 (inference plans, which run no backward).
+  kNone,
 };
 
 /// Op times from a profile database.
@@ -141,8 +143,9 @@ class MeasuredCostModel final : public OpCostModel {
                     BackwardTimes backward = BackwardTimes::kRooflineRatio);
 
   OpTime op_time(const ir::Graph& graph, const ir::Node& node) const override;
-  /// "measured(cpu, 1 thread), forward and backward" (kMeasured) or
-  /// "measured(cpu, 1 thread) + roofline ratios for backward" (kRooflineRatio).
+  /// "measured(cpu, 1 thread), forward and backward" (kMeasured),
+  /// "measured(cpu, 1 thread) + roofline ratios for backward" (kRooflineRatio) or
+  /// "measured(cpu, 1 thread), forward" (kNone).
   std::string name() const override;
 
  private:

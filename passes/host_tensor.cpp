@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <span>
 
 #include "compiler/ir/onnx_bridge.h"
@@ -333,6 +334,25 @@ bool small_enough(const ir::Node& node, const std::vector<int64_t>& shape, int64
   return n <= max_elements;
 }
 
+/// Transpose's output shape (perm, default the dims reversed); nullopt for a perm the kernel
+/// refuses (it names the node and says why at run time).
+std::optional<std::vector<int64_t>> transpose_shape(const ir::Node& node,
+                                                    const std::vector<int64_t>& in) {
+  std::vector<int64_t> perm = node.attr_ints("perm");
+  const auto rank = static_cast<int64_t>(in.size());
+  if (perm.empty()) {
+    perm.resize(in.size());
+    std::iota(perm.rbegin(), perm.rend(), 0);
+  }
+  if (static_cast<int64_t>(perm.size()) != rank) return std::nullopt;
+  std::vector<int64_t> shape;
+  for (int64_t p : perm) {
+    if (p < -rank || p >= rank) return std::nullopt;
+    shape.push_back(in[p < 0 ? p + rank : p]);
+  }
+  return shape;
+}
+
 /// Output 0's dtype and shape: the shape arithmetic of folding. Nullopt when an input it needs
 /// is not constant, the node is outside what folding handles, or the output would hold more
 /// than `max_elements` (then the node stays, and runs at run time).
@@ -454,6 +474,11 @@ std::optional<std::pair<DType, std::vector<int64_t>>> output_type(const ir::Node
   if (op == "Expand") {
     if (!input(1)) return std::nullopt;
     return Type{x.dtype, broadcast_shape({x.shape, as_ints(*input(1))}, node)};
+  }
+  if (op == "Transpose") {
+    std::optional<std::vector<int64_t>> shape = transpose_shape(node, x.shape);
+    if (!shape) return std::nullopt;
+    return Type{x.dtype, *shape};
   }
   if (op == "Tile") {
     if (!input(1) || input(1)->numel() != static_cast<int64_t>(x.shape.size())) return std::nullopt;

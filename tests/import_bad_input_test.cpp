@@ -118,6 +118,19 @@ TEST_CASE("an unsupported op names the op, the node, the domain and the opset") 
   expect_refused(dir.file("sin.onnx"), ErrorKind::kUnsupported,
                  "op Sin (node '/relu/Relu', domain ai.onnx, opset 17) is not supported");
 
+  // A detection model's post-processing: a data-dependent shape, said as the reason.
+  auto nonzero = testing::relu_model();
+  nonzero.mutable_graph()->mutable_node(0)->set_op_type("NonZero");
+  auto* out_type = nonzero.mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type();
+  out_type->set_elem_type(onnx::TensorProto::INT64);
+  out_type->mutable_shape()->clear_dim();
+  out_type->mutable_shape()->add_dim()->set_dim_param("rank");
+  out_type->mutable_shape()->add_dim()->set_dim_param("nonzero");
+  testing::write_model(nonzero, dir.file("nonzero.onnx"));
+  expect_refused(dir.file("nonzero.onnx"), ErrorKind::kUnsupported,
+                 "op NonZero (node '/relu/Relu', domain ai.onnx, opset 17) is not supported: its "
+                 "output's shape can depend on the input's values");
+
   auto custom = testing::relu_model();
   custom.mutable_graph()->mutable_node(0)->set_domain("com.microsoft");
   auto* imp = custom.add_opset_import();

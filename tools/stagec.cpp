@@ -85,7 +85,7 @@ std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(
   }
   return std::make_unique<cost::MeasuredCostModel>(
       db, roofline,
-      training ? cost::BackwardTimes::kMeasured : cost::BackwardTimes::kRooflineRatio);
+      training ? cost::BackwardTimes::kMeasured : cost::BackwardTimes::kNone);
 }
 
 /// `json` (an object) with `format_version` first: the --json outputs are JSON Lines, each
@@ -452,6 +452,7 @@ int run(int argc, char** argv) {
   if (!planned.loss_summary.empty()) fmt::print("{}\n", planned.loss_summary);
   fmt::print("{}", planned.batch_norm_summary);
   fmt::print("{}", planned.data_parallel_choice);
+  fmt::print("{}", planned.placement_choice);
   fmt::print("{}", plan::summarize(planned.plan));
   if (dry_run) {
     fmt::print("planned in {:.2f} s (dry run: nothing written)\n", plan_s);

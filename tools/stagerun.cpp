@@ -3,7 +3,7 @@
 //   stagerun PLAN_DIR [--backend auto|cpu|cuda] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE] [--json]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
-//            [--timeout SECONDS]
+//            [--timeout SECONDS] [--bucket-mb MIB] [--no-overlap]
 //
 // One worker thread per device runs the device's instruction stream from schedule.json; stages
 // exchange tensors through bounded in-process channels. Inputs are the whole batch: stagerun
@@ -26,7 +26,7 @@
 //    device [{device, busy_fraction, send_ms (the step's sends), peak_bytes,
 //             predicted_peak_bytes, arena_bytes, weight_bytes,
 //             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use),
-//             [allreduce_ms] (data parallelism: the step's ALLREDUCE time)}],
+//             [allreduce_ms] (data parallelism: the step's time waiting in ALLREDUCE)}],
 //    process_peak_rss_bytes,
 //    outputs [{name, dtype, shape, file}]}
 // The measured figures describe the median step, the first step (the warm-up) left out when
@@ -40,6 +40,12 @@
 // device, "measured / device N", with a slice per step, the compute, the receives' waits and the
 // sends, and the device's metered bytes after every instruction as a counter), every step;
 // `stagedump PLAN --trace OUT --measured FILE` sets it beside the prediction.
+//
+// --bucket-mb (default 25, as PyTorch DDP's bucket_cap_mb): with data parallelism, a stage's
+// gradients are summed over the replicas in buckets of at most this many MiB (whole weights),
+// each started as soon as the stage's last backward of the step has computed its gradients, so
+// the sums run while the backward goes on; ALLREDUCE waits for them, and the all-reduce time
+// reported is that wait. --no-overlap starts them all at ALLREDUCE instead (for comparison).
 //
 // --timeout (default 60 s; 0: none): how long a device waits for another (a message, a shared
 // sum, under mpirun another rank at a step barrier) before the run stops with one line naming
@@ -172,8 +178,8 @@ struct Args {
   std::string plan_dir, backend_name = "auto", inputs_path, outputs_dir, trace_path, inject_fault;
   std::string data_dir, checkpoint_dir, resume_dir, export_path, inject_kill, inject_hang;
   int steps = 1, threads = 1, save_every = 0;
-  double timeout_s = 60;
-  bool synthetic = false, json = false, quiet = false, skip_nonfinite = false;
+  double timeout_s = 60, bucket_mb = 25;
+  bool synthetic = false, json = false, quiet = false, skip_nonfinite = false, no_overlap = false;
 };
 
 // Declares every option of `args` on `app`.
@@ -233,6 +239,25 @@ void add_options(CLI::App& app, Args& args) {
                        : "must be a number of seconds, 0 or more, not '" + text + "'";
           },
           "SECONDS"));
+  app.add_option("--bucket-mb", args.bucket_mb,
+                 "Data parallelism: MiB of a stage's gradients summed over the replicas at once "
+                 "(whole weights; each bucket's sum starts as soon as the backward has made it "
+                 "final)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](const std::string& text) -> std::string {
+            char* end = nullptr;
+            const double value = std::strtod(text.c_str(), &end);
+            bool number = !text.empty() && end == text.c_str() + text.size();
+            // At least one float; at most what a byte count holds.
+            return number && std::isfinite(value) && value * 1048576 >= 4 && value <= 1e12
+                       ? ""
+                       : "must be a number of MiB above 0 (at least 4 bytes), not '" + text + "'";
+          },
+          "MIB"));
+  app.add_flag("--no-overlap", args.no_overlap,
+               "Data parallelism: start the gradients' sums only at ALLREDUCE, after the whole "
+               "backward (for comparison with the overlapped default)");
   app.add_option("--inject-fault", args.inject_fault, "Testing: make the node of this name fail")
       ->group("");
   app.add_option("--inject-kill", args.inject_kill,
@@ -240,29 +265,47 @@ void add_options(CLI::App& app, Args& args) {
                  "halfway through its instructions of STEP (or before the last)")
       ->group("");
   app.add_option("--inject-hang", args.inject_hang,
-                 "Testing: DEVICE:STEP[:last], DEVICE's worker stops answering (sleeps for good) "
-                 "halfway through its instructions of STEP (or before the last)")
+                 "Testing: DEVICE:STEP[:last|:save], DEVICE's worker stops answering (sleeps for "
+                 "good) halfway through its instructions of STEP (or before the last, or as the "
+                 "checkpoint save after STEP begins)")
       ->group("");
 }
 
-// The test hooks of --inject-kill and --inject-hang (DEVICE:STEP[:last]), run before each
-// instruction: at the middle instruction of the device's list in that step, or its last.
-std::function<void(int, int64_t, size_t)> stop_hook(const Args& args, const rt::Pipeline& p) {
-  if (args.inject_kill.empty() && args.inject_hang.empty()) return nullptr;
-  const bool kill = !args.inject_kill.empty();
-  const char* flag = kill ? "--inject-kill" : "--inject-hang";
-  const std::string& text = kill ? args.inject_kill : args.inject_hang;
+// --inject-kill and --inject-hang read: DEVICE:STEP[:last] (or :save for --inject-hang).
+struct Injection {
+  bool kill = false;
   int device = -1;
+  int64_t step = -1;
+  std::string where;  ///< "" (the middle instruction), "last" or "save".
+};
+
+std::optional<Injection> injection(const Args& args, const rt::Pipeline& p) {
+  if (args.inject_kill.empty() && args.inject_hang.empty()) return std::nullopt;
+  Injection in;
+  in.kill = !args.inject_kill.empty();
+  const char* flag = in.kill ? "--inject-kill" : "--inject-hang";
+  const std::string& text = in.kill ? args.inject_kill : args.inject_hang;
   long long step = -1;
   char where[8] = "";
-  int fields = std::sscanf(text.c_str(), "%d:%lld:%7s", &device, &step, where);
-  const bool last = fields == 3 && std::string(where) == "last";
-  if (fields < 2 || (fields == 3 && !last) || device < 0 || step < 1 || device >= p.devices())
-    fail(ErrorKind::kUsage, "{} '{}': give DEVICE:STEP[:last] (device 0..{}, step from 1)", flag,
-         text, p.devices() - 1);
-  const size_t size = p.schedule()[static_cast<size_t>(device % p.plan().devices)].size();
-  const size_t at = last ? size - 1 : size / 2;
-  return [kill, device, step, at](int d, int64_t s, size_t index) {
+  int fields = std::sscanf(text.c_str(), "%d:%lld:%7s", &in.device, &step, where);
+  in.step = step;
+  in.where = fields == 3 ? where : "";
+  const bool known = in.where.empty() || in.where == "last" || (!in.kill && in.where == "save");
+  if (fields < 2 || !known || in.device < 0 || in.step < 1 || in.device >= p.devices())
+    fail(ErrorKind::kUsage, "{} '{}': give DEVICE:STEP[:last{}] (device 0..{}, step from 1)", flag,
+         text, in.kill ? "" : "|:save", p.devices() - 1);
+  return in;
+}
+
+// The test hooks of --inject-kill and --inject-hang, run before each instruction: at the middle
+// instruction of the device's list in that step, or its last (not for ':save').
+std::function<void(int, int64_t, size_t)> stop_hook(const Args& args, const rt::Pipeline& p) {
+  const std::optional<Injection> in = injection(args, p);
+  if (!in || in->where == "save") return nullptr;
+  const size_t size = p.schedule()[static_cast<size_t>(in->device % p.plan().devices)].size();
+  const size_t at = in->where == "last" ? size - 1 : size / 2;
+  return [kill = in->kill, device = in->device, step = in->step, at](int d, int64_t s,
+                                                                     size_t index) {
     if (d != device || s != step || index != at) return;
     if (kill) raise(SIGKILL);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -519,8 +562,8 @@ void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args&
     for (double s : report.allreduce_s) sum += s;
     const double mean = sum / static_cast<double>(report.allreduce_s.size());
     fmt::print(
-        "all-reduce over {} replicas: {:.3f} ms of the step per device ({:.1f}%; predicted "
-        "{:.3f} ms)\n",
+        "all-reduce over {} replicas: {:.3f} ms of the step per device waiting for it ({:.1f}%; "
+        "the sums run behind the backward; predicted {:.3f} ms on the link)\n",
         plan.data_parallel, mean * 1e3, step_s > 0 ? 100 * mean / step_s : 0.0, [&] {
           double predicted = 0;
           for (const plan::Stage& st : plan.stages) predicted += st.allreduce_ms;
@@ -539,6 +582,8 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   rt::RunOptions options;
   options.steps = args.steps;
   options.timeout_s = args.timeout_s;
+  options.bucket_bytes = static_cast<int64_t>(std::ceil(args.bucket_mb * 1048576));
+  options.overlap_allreduce = !args.no_overlap;
   options.inject_fault = args.inject_fault;
   options.before_instruction = stop_hook(args, pipeline);
   options.skip_nonfinite = args.skip_nonfinite;
@@ -639,10 +684,17 @@ int main(int argc, char** argv) {
     rt::RunOptions options = run_options(*pipeline, args, first_step);
     if (world) world->distribute(options, *pipeline);
     // Under mpirun every rank saves its part: one writer per stage, the manifest by rank 0.
-    if (world && options.checkpoint)
-      options.checkpoint = [&w = *world, &p = *pipeline, dir = args.checkpoint_dir](int64_t) {
+    if (world && options.checkpoint) {
+      // --inject-hang DEVICE:STEP:save: that device's rank stops answering as the save begins.
+      const std::optional<Injection> hang = injection(args, *pipeline);
+      const int64_t hang_step =
+          hang && hang->where == "save" && hang->device == world->rank() ? hang->step : -1;
+      options.checkpoint = [&w = *world, &p = *pipeline, dir = args.checkpoint_dir,
+                            hang_step](int64_t step) {
+        while (step == hang_step) std::this_thread::sleep_for(std::chrono::seconds(1));
         w.save_checkpoint(p, dir);
       };
+    }
     auto export_model = [&] {
       int replaced = 0;
       if (world) {

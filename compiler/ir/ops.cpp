@@ -1,6 +1,7 @@
 #include "compiler/ir/ops.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "runtime/format/error.h"
 
@@ -68,6 +69,21 @@ void check_supported_op(std::string_view op_type, std::string_view domain,
          "op {} (node '{}', domain '{}', opset {}) is not supported: stagecraft supports only the "
          "default ONNX domain",
          op_type, node_label, domain, opset);
+  }
+  // Ops whose output shape follows the data (detection post-processing, control flow): a
+  // static plan sizes every tensor before anything runs, so these are out of scope (issue 15).
+  static constexpr std::string_view kDataDependent[] = {
+      "NonZero", "TopK", "NonMaxSuppression", "Unique", "Compress", "If", "Loop", "Scan"};
+  if (!op_family(op_type) &&
+      std::find(std::begin(kDataDependent), std::end(kDataDependent), op_type) !=
+          std::end(kDataDependent)) {
+    fail(ErrorKind::kUnsupported,
+         "op {} (node '{}', domain ai.onnx, opset {}) is not supported: its output's shape can "
+         "depend on the input's values (data-dependent shapes: NonZero, TopK, NonMaxSuppression, "
+         "Unique, Compress, If, Loop, Scan), which a static pipeline plan cannot size; export the "
+         "model without that part (a detection model: its backbone and heads, without the box "
+         "post-processing)",
+         op_type, node_label, opset);
   }
   if (!op_family(op_type)) {
     fail(ErrorKind::kUnsupported,

@@ -33,19 +33,20 @@ double ring_allreduce_s(const Setup& s, const std::vector<int>& devices, double 
 /// Time to sum `bytes` of gradient over the devices of the holder stages `stages` (replica 0's).
 double shared_exchange_s(const Setup& s, const std::vector<int>& stages, double bytes) {
   std::vector<int> devices;
-  for (int stage : stages) devices.push_back(stage % s.shape.devices);
+  for (int stage : stages) devices.push_back(rank_of(s, 0, stage % s.shape.devices));
   std::sort(devices.begin(), devices.end());
   devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
   return ring_allreduce_s(s, devices, bytes);
 }
 
 /// Time to sum `bytes` of a stage's gradients on pipeline device `device` over the replicas:
-/// a ring over devices device, P + device, 2P + device, ... (the ranks replica x P + device;
-/// the cluster fills nodes in that order, so pipeline neighbours share a node first and a
-/// replica's ring crosses nodes when a node holds fewer than R x P devices).
+/// a ring over the ranks the placement gives that device in each replica (the cluster fills
+/// nodes in rank order: with the identity placement pipeline neighbours share a node first and
+/// a replicas' ring crosses nodes when a node holds fewer than R x P devices; replica-major
+/// placement keeps the ring in a node first).
 double replica_allreduce_s(const Setup& s, int device, double bytes) {
   std::vector<int> devices;
-  for (int r = 0; r < s.shape.data_parallel; ++r) devices.push_back(r * s.shape.devices + device);
+  for (int r = 0; r < s.shape.data_parallel; ++r) devices.push_back(rank_of(s, r, device));
   return ring_allreduce_s(s, devices, bytes);
 }
 
@@ -164,10 +165,11 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
           StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {}, true, v.bytes()});
   }
   int64_t comm = 0;
-  // Inference double-buffers what it receives (one microbatch computing, the next arriving:
-  // the runtime's channels hold one message); training keeps one of each.
-  for (const auto& t : out.inputs)
-    comm += t.peer_stage >= 0 ? (s.shape.training ? 1 : 2) * t.bytes : 0;
+  // What a stage receives is double-buffered: one microbatch computing, the next arriving
+  // (inference's links hold one message). Training also keeps each received input in the stash
+  // with the activations (below) until its backward; a sender running ahead (ZB-H1's, GPipe's)
+  // can still have two more waiting: measured on the samples, two buffers cover it.
+  for (const auto& t : out.inputs) comm += t.peer_stage >= 0 ? 2 * t.bytes : 0;
   plan_stage_arena(g, order, st.first, st.last, stage_of, out);
   // The device's working arena: inference runs the forward in it; training keeps every
   // forward value (the activations) and runs the backward in it; a recomputing stage runs its
@@ -175,8 +177,16 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   out.backward_arena_bytes = s.shape.training ? backward_arena : 0;
   int64_t temporary = s.shape.training ? backward_arena : out.arena_bytes;
   // Every output the stage sends is a buffer; so is a graph output the stage hands back to the
-  // caller (no peer stage), which the arena does not hold either.
-  for (const auto& t : out.outputs) comm += t.peer_stages.empty() && !t.graph_output ? 0 : t.bytes;
+  // caller (no peer stage), which the arena does not hold either. Training keeps the sent
+  // outputs with the activations; the buffers are then the gradients received for them, which
+  // queue (a training link holds up to M messages) while the backward works through them: at
+  // most one per microbatch in flight, since a gradient comes back only for a microbatch whose
+  // activations the stage still holds (measured: GPipe's first stage holds all of them).
+  for (const auto& t : out.outputs) {
+    if (t.peer_stages.empty() && !t.graph_output) continue;
+    const bool gradients_back = s.shape.training && !t.peer_stages.empty();
+    comm += (gradients_back ? std::max<int64_t>(out.in_flight, 1) : 1) * t.bytes;
+  }
   // Shared weights: the stage holds its own copy (in params already, with its gradient and
   // optimizer state); training sums the copies' float32 gradients across the holders before
   // the optimizer step, through one more buffer per weight.
@@ -225,6 +235,10 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   out.recompute = recompute && s.shape.training;
   int64_t input_bytes = 0;
   for (const auto& t : out.inputs) input_bytes += t.bytes;
+  // Training keeps each microbatch's inputs (received or fed) with its activations until its
+  // backward, which reads them: they are part of every microbatch in flight, and `comm` above
+  // holds the one arriving next. (A recomputing stage counts them apart: recompute_input.)
+  if (s.shape.training && !out.recompute) acts += input_bytes;
   if (out.recompute) {
     temporary = std::max(temporary, out.arena_bytes);
     // ZB-H1 runs B and W apart and re-runs the forward before each.
@@ -271,6 +285,10 @@ void note_stage(SimExtras& rc, const Stage& st, const BackwardFacts& b) {
   rc.deferred_bytes.push_back(b.deferred);
   rc.shared_exchange_s.push_back(st.shared_exchange_ms / 1e3);
   rc.allreduce_s.push_back(st.allreduce_ms / 1e3);
+  // The runtime sums float32 gradients in buckets of whole weights of at most this size.
+  rc.allreduce_buckets.push_back(std::max(
+      1.0, std::ceil(4.0 * static_cast<double>(st.params) /
+                     static_cast<double>(schedule::kDefaultGradientBucketBytes))));
   rc.allgather_s.push_back(st.allgather_ms / 1e3);
   int64_t input_bytes = 0;
   for (const auto& t : st.inputs) input_bytes += t.bytes;

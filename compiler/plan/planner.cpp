@@ -118,6 +118,63 @@ PlannedModel choose_data_parallel(const PlanOptions& o) {
   return std::move(*best);
 }
 
+/// The split for one placement of the devices on the cluster's ranks (Setup::placement).
+struct Attempt {
+  Setup setup;
+  std::unique_ptr<partition::GraphProblem> gp;
+  SplitChoice choice;
+  Candidate chosen;
+};
+
+Attempt plan_split(const Setup& s, std::vector<int> placement, const ir::Graph& g,
+                   const std::vector<ir::NodeId>& order, const NodeFacts& facts,
+                   const PlanOptions& o, const std::string& loss_output) {
+  Attempt a{s, nullptr, {}, {}};
+  a.setup.placement = std::move(placement);
+  a.gp = std::make_unique<partition::GraphProblem>(build_problem(g, order, a.setup, facts));
+  const int stages = a.gp->problem.stages;
+  if (stages > static_cast<int>(order.size())) {
+    fail(ErrorKind::kUsage,
+         "{} stages ({} devices x {} chunks) for a model of {} ops after import: every stage "
+         "needs an op",
+         stages, s.shape.devices, s.shape.chunks, order.size());
+  }
+  // Throughput counts the samples of every replica.
+  SplitEvaluator evaluator(a.setup, facts, g, order, *a.gp, loss_output,
+                           s.microbatch_size * s.shape.microbatches * s.shape.data_parallel);
+  a.choice = choose_split(
+      evaluator, a.setup, facts, *a.gp,
+      o.split_after.empty() ? std::vector<int>{} : split_positions(g, *a.gp, o.split_after));
+  a.chosen = evaluator.evaluate(a.choice.cuts);
+  return a;
+}
+
+/// Replicas on a cluster of several nodes: pipelines within nodes (the identity) or each
+/// device's replicas within nodes, whichever the simulation predicts the shorter step for (the
+/// first on a tie; one that fits before one that does not); `line` says which and the other's
+/// step. One node or one replica: the identity, "" in `line`.
+Attempt choose_placement(const Setup& s, const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                         const NodeFacts& facts, const PlanOptions& o,
+                         const std::string& loss_output, std::string& line) {
+  const int replicas = s.shape.data_parallel, pipeline = s.shape.devices;
+  Attempt best = plan_split(s, pipeline_major_placement(replicas, pipeline), g, order, facts, o,
+                            loss_output);
+  if (replicas < 2 || replicas * pipeline <= s.cluster.devices_per_node) return best;
+  Attempt other = plan_split(s, replica_major_placement(replicas, pipeline), g, order, facts, o,
+                             loss_output);
+  const Prediction &a = best.chosen.predicted, &b = other.chosen.predicted;
+  const bool better = b.fits != a.fits ? b.fits : b.step_ms < a.step_ms;
+  line = fmt::format(
+      "placement: {} (predicted step {:.3f} ms; {} {:.3f} ms{}); {} devices per node\n",
+      better ? "each device's replicas on neighbouring ranks (rank = device x replicas + replica)"
+             : "each pipeline on neighbouring ranks (rank = replica x devices + device)",
+      better ? b.step_ms : a.step_ms,
+      better ? "pipelines on neighbouring ranks" : "replicas on neighbouring ranks",
+      better ? a.step_ms : b.step_ms, (better ? a.fits : b.fits) ? "" : ", does not fit",
+      s.cluster.devices_per_node);
+  return better ? std::move(other) : std::move(best);
+}
+
 /// How the model's BatchNormalizations train (PlannedModel::batch_norm_summary).
 std::string batch_norm_summary(const ir::Graph& g, const Setup& s) {
   int training = 0, inference = 0;
@@ -259,34 +316,27 @@ PlannedModel make_plan(const PlanOptions& o) {
   const cost::OpCostModel& costs = custom_costs ? *custom_costs : roofline;
   auto order = g.topological_order();
   NodeFacts facts = node_facts(g, order, costs, s.precision);
-  auto gp = build_problem(g, order, s, facts);
+  const bool manual = !o.split_after.empty();
+  Attempt best = choose_placement(s, g, order, facts, o, out.plan.training_config.loss_output,
+                                  out.placement_choice);
+  s = best.setup;
+  const partition::GraphProblem& gp = *best.gp;
+  const SplitChoice& choice = best.choice;
+  Candidate& chosen = best.chosen;
   const int stages = gp.problem.stages;
-  if (stages > static_cast<int>(order.size())) {
-    fail(ErrorKind::kUsage,
-         "{} stages ({} devices x {} chunks) for a model of {} ops after import: every stage needs "
-         "an op",
-         stages, s.shape.devices, s.shape.chunks, order.size());
-  }
-
-  bool manual = !o.split_after.empty();
-  // Throughput counts the samples of every replica.
-  SplitEvaluator evaluator(s, facts, g, order, gp, out.plan.training_config.loss_output,
-                           s.microbatch_size * s.shape.microbatches * s.shape.data_parallel);
-  const SplitChoice choice = choose_split(
-      evaluator, s, facts, gp, manual ? split_positions(g, gp, o.split_after) : std::vector<int>{});
-  Candidate chosen = evaluator.evaluate(choice.cuts);
   // The stage graphs compute in bfloat16 (passes/mixed_precision.cpp).
   if (s.precision == Precision::kMixed)
-    apply_mixed_precision(out, chosen, s, facts, order, evaluator.capacity());
+    apply_mixed_precision(out, chosen, s, facts, order,
+                          static_cast<double>(s.device.memory_bytes));
   if (!chosen.predicted.fits) {
     const std::string worst = peak_line(chosen.peaks[chosen.worst_device], chosen.stages);
-    if (manual)
-      fail(ErrorKind::kPlan, "{}; device has {}", worst, format_bytes(evaluator.capacity()));
+    const std::string capacity = format_bytes(static_cast<double>(s.device.memory_bytes));
+    if (manual) fail(ErrorKind::kPlan, "{}; device has {}", worst, capacity);
     fail(ErrorKind::kPlan,
          "no split into {} stages fits: the best of {} simulated has {}; device has {} (use more "
          "devices, --recompute auto, --precision mixed, a lighter --optimizer, or fewer "
          "--microbatches)",
-         stages, choice.candidates, worst, format_bytes(evaluator.capacity()));
+         stages, choice.candidates, worst, capacity);
   }
   const partition::Solution& sol = chosen.sol;
   out.stage_of = chosen.stage_of;
@@ -305,6 +355,7 @@ PlannedModel make_plan(const PlanOptions& o) {
   p.microbatches = s.shape.microbatches;
   p.microbatch_size = s.microbatch_size;
   p.data_parallel = s.shape.data_parallel;
+  p.placement = s.placement;
   p.batch = s.microbatch_size * s.shape.microbatches * s.shape.data_parallel;
   p.training = s.shape.training;
   p.optimizer = s.optimizer;

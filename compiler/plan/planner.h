@@ -74,6 +74,9 @@ struct PlannedModel {
   /// --data-parallel auto: one line per replica count tried (its predicted step and
   /// throughput, or why it was not possible) and the one chosen; "" otherwise.
   std::string data_parallel_choice = {};
+  /// Data parallelism on several nodes: which placement of the ranks was chosen, and the other's
+  /// predicted step ("" otherwise).
+  std::string placement_choice = {};
   /// Training a model with BatchNormalization: one line per kind present, saying how it trains
   /// (training_mode=1: the microbatch's statistics, running statistics updated and saved;
   /// inference mode: the running statistics as constants, no batch statistics); "" otherwise.

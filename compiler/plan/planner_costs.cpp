@@ -36,14 +36,17 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     c.backward_input_s.push_back(s.shape.training ? b + (recompute ? fwd : 0.0) : 0.0);
     c.backward_weight_s.push_back(s.shape.training ? w + (recompute && split ? fwd : 0.0) : 0.0);
     c.send_s.push_back(s.shape.training ? st.send_s / 2 : st.send_s);
-    // Recomputation keeps the stage inputs per microbatch in flight, and one microbatch's full
-    // activations (the one being recomputed) while its backward runs.
-    c.activation_bytes.push_back(s.shape.training ? (recompute ? rc.input_bytes[k] : act) : 0.0);
+    // Training keeps each microbatch's stage inputs with its activations until its backward
+    // (make_stage). Recomputation keeps only the inputs per microbatch in flight, and one
+    // microbatch's full activations (the one being recomputed) while its backward runs.
+    const double inputs = k < rc.input_bytes.size() ? rc.input_bytes[k] : 0.0;
+    c.activation_bytes.push_back(s.shape.training ? (recompute ? inputs : act + inputs) : 0.0);
     c.static_bytes.push_back(stat);
     c.backward_bytes.push_back(recompute ? act : 0.0);
     c.deferred_bytes.push_back(split && k < rc.deferred_bytes.size() ? rc.deferred_bytes[k] : 0.0);
     c.shared_allreduce_s.push_back(k < rc.shared_exchange_s.size() ? rc.shared_exchange_s[k] : 0.0);
     c.allreduce_s.push_back(k < rc.allreduce_s.size() ? rc.allreduce_s[k] : 0.0);
+    c.allreduce_buckets.push_back(k < rc.allreduce_buckets.size() ? rc.allreduce_buckets[k] : 1.0);
     c.allgather_s.push_back(k < rc.allgather_s.size() ? rc.allgather_s[k] : 0.0);
     // ZeRO-1: the step streams 1/R of the stage's weights, gradients and state.
     optimizer_bytes =
@@ -115,7 +118,17 @@ Setup make_setup(const PlanOptions& o) {
   s.device = cost::device_spec_from_name_or_file(o.device_spec);
   s.cluster = o.cluster.empty() ? cost::default_cluster(s.device.name)
                                 : cost::cluster_spec_from_name_or_file(o.cluster);
+  s.placement = pipeline_major_placement(s.shape.data_parallel, s.shape.devices);
   return s;
+}
+
+int rank_of(const Setup& s, int replica, int device) {
+  const auto g = static_cast<size_t>(replica * s.shape.devices + device);
+  if (replica < 0 || device < 0 || device >= s.shape.devices || g >= s.placement.size())
+    fail(ErrorKind::kInternal,
+         "rank_of: replica {}, device {} of a placement of {} ranks ({} devices)", replica,
+         device, s.placement.size(), s.shape.devices);
+  return s.placement[g];
 }
 
 NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
@@ -197,10 +210,13 @@ partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::
   p.stages = schedule::stage_count(s.shape);
   p.objective = s.objective;
   const int devices = s.shape.devices;
-  const cost::ClusterSpec cluster = s.cluster;
-  // A stage sends activations forward and, in training, receives as many gradient bytes back.
-  p.send_time = [cluster, devices, training](int k, double bytes) {
-    double t = cost::transfer_seconds(cluster, k % devices, (k + 1) % devices, bytes);
+  // A stage sends activations forward and, in training, receives as many gradient bytes back;
+  // every replica over its own link, the slowest setting the pace.
+  p.send_time = [s, devices, training](int k, double bytes) {
+    double t = 0;
+    for (int r = 0; r < s.shape.data_parallel; ++r)
+      t = std::max(t, cost::transfer_seconds(s.cluster, rank_of(s, r, k % devices),
+                                             rank_of(s, r, (k + 1) % devices), bytes));
     return training ? 2 * t : t;
   };
   p.in_flight = [s](int k) { return in_flight(s, k); };

@@ -37,10 +37,15 @@ struct Setup {
   int64_t microbatch_size = 1;
   /// ZeRO-1: the optimizer state of each replica is 1/R of the stage's (`Plan::shard_optimizer`).
   bool shard_optimizer = false;
+  /// The rank (cluster slot) of replica r's pipeline device d at r x P + d (`Plan::placement`).
+  std::vector<int> placement;
   /// Per stage: the most microbatches whose activations it holds at once under the schedule
   /// (schedule::stage_in_flight_peaks; an interleaved device's chunks differ).
   std::vector<int64_t> in_flight;
 };
+
+/// The cluster slot of replica `replica`'s pipeline device `device` (s.placement).
+int rank_of(const Setup& s, int replica, int device);
 
 /// Per-node numbers in topological position order.
 struct NodeFacts {
@@ -64,6 +69,8 @@ struct SimExtras {
   std::vector<double> shared_exchange_s;
   /// Per stage: the all-reduce of its weight gradients over the replicas (Stage::allreduce_ms).
   std::vector<double> allreduce_s;
+  /// Per stage: the buckets the runtime cuts its all-reduce into (stagerun's default size).
+  std::vector<double> allreduce_buckets;
   /// Per stage: ZeRO-1's all-gather of its updated weights (Stage::allgather_ms).
   std::vector<double> allgather_s;
   bool at(std::size_t k) const { return k < on.size() && on[k]; }

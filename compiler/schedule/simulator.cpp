@@ -51,6 +51,9 @@ class Simulation {
         grad_arrival_(pair_times()),
         grad_received_(pair_times()),
         shared_issued_(stages_, kNotYet),
+        weight_gradients_(stages_, 0),
+        allreduce_end_(stages_, 0),
+        replica_link_free_(shape.devices, 0),
         free_at_(shape.devices, 0),
         memory_(shape.devices, 0),
         now_(shape.devices),
@@ -147,7 +150,7 @@ class Simulation {
         input_grad_end_[k] = compute(device, in, start, duration);
         transient(device, in.stage, start, input_grad_end_[k]);
         if (full)
-          weight_gradient_done(device, in.stage, input_grad_end_[k]);
+          weight_gradient_done(device, in.stage, start, input_grad_end_[k]);
         else
           add_memory(device, input_grad_end_[k], deferred(in.stage), &PeakParts::deferred_bytes);
         return;
@@ -156,12 +159,12 @@ class Simulation {
         double end = compute(device, in, start, costs_.backward_weight_s[in.stage]);
         transient(device, in.stage, start, end);
         add_memory(device, end, -deferred(in.stage), &PeakParts::deferred_bytes);
-        weight_gradient_done(device, in.stage, end);
+        weight_gradient_done(device, in.stage, start, end);
         return;
       }
       case Op::kAllReduce:
-        wait(device, in, start,
-             start + (costs_.allreduce_s.empty() ? 0 : costs_.allreduce_s[in.stage]));
+        // The buckets went on the link during and after the last backward: wait for the last.
+        wait(device, in, start, std::max(start, allreduce_end_[in.stage]));
         return;
       case Op::kAllReduceShared:
         shared_issued_[in.stage] = start;
@@ -220,9 +223,22 @@ class Simulation {
     events_[device].push_back({device, in.op, in.stage, in.microbatch, start, end});
   }
 
-  void weight_gradient_done(int device, int stage, double end) {
+  /// The weight gradients of one microbatch of `stage`, computed from `start` to `end`: after
+  /// the step's last, its all-reduce's buckets go on the replica link as they become final.
+  void weight_gradient_done(int device, int stage, double start, double end) {
     if (activation(stage) > 0) --now_[device].activations_held;
     add_memory(device, end, -activation(stage), &PeakParts::activation_bytes);
+    if (++weight_gradients_[stage] != microbatches_) return;
+    const double total = costs_.allreduce_s.empty() ? 0 : costs_.allreduce_s[stage];
+    const int buckets = costs_.allreduce_buckets.empty()
+                            ? 1
+                            : std::max(1, static_cast<int>(costs_.allreduce_buckets[stage]));
+    double& link = replica_link_free_[device];
+    for (int k = 1; k <= buckets; ++k) {
+      const double ready = start + (end - start) * k / buckets;
+      link = std::max(link, ready) + total / buckets;
+    }
+    allreduce_end_[stage] = total > 0 ? link : end;
   }
 
   /// Adds `bytes` to the device's memory, and to its `part`, at `time`.
@@ -269,6 +285,9 @@ class Simulation {
   std::vector<double> forward_end_, input_grad_end_;
   std::vector<double> act_arrival_, act_received_, grad_arrival_, grad_received_;
   std::vector<double> shared_issued_;                ///< Per stage, its ALLREDUCE_SHARED.
+  std::vector<int> weight_gradients_;  ///< Per stage, microbatches whose weight gradients ran.
+  std::vector<double> allreduce_end_;  ///< Per stage, when its all-reduce has arrived.
+  std::vector<double> replica_link_free_;            ///< Per device, its link to the replicas.
   std::vector<double> free_at_;                      ///< Per device.
   std::vector<double> memory_;                       ///< Per device, bytes now.
   std::vector<PeakParts> now_;                       ///< Per device, its parts now.
@@ -332,6 +351,7 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
   check_costs(costs.backward_weight_s, "backward_weight_s", backward_sizes, count);
   check_costs(costs.send_s, "send_s", {0, stages - 1, stages}, count);
   check_costs(costs.allreduce_s, "allreduce_s", {0, stages}, count);
+  check_costs(costs.allreduce_buckets, "allreduce_buckets", {0, stages}, count);
   check_costs(costs.allgather_s, "allgather_s", {0, stages}, count);
   check_costs(costs.shared_allreduce_s, "shared_allreduce_s", {0, stages}, count);
   check_costs(costs.activation_bytes, "activation_bytes", {0, stages}, count);

@@ -9,7 +9,10 @@
 ///   it waits for has run, by the rules of runtime/format/readiness.h (the validator's): a
 ///   forward of stage s > 0 needs its RECV_ACT done, a backward (or B) of stage s < S-1 needs
 ///   its RECV_GRAD done and its own forward, a W needs its B, an all-reduce or optimizer step
-///   needs every weight gradient of its stage. ALLREDUCE_SHARED takes no device time; the OPT_STEP
+///   needs every weight gradient of its stage. The all-reduce itself (data parallelism) runs
+///   on the device's replica link from the stage's last weight gradients on (`allreduce_s`,
+///   `allreduce_buckets`), behind the device's other work; ALLREDUCE waits (idle) until it
+///   has arrived. ALLREDUCE_SHARED takes no device time; the OPT_STEP
 ///   of a stage holding shared weights waits (idle) until every partner stage has issued its
 ///   ALLREDUCE_SHARED, plus shared_allreduce_s of the stage.
 /// - A send takes no device time: it queues the transfer on the link (source device,
@@ -48,7 +51,13 @@ struct StageCosts {
   /// same for its gradient back. S - 1 entries (an S-th is ignored).
   std::vector<double> send_s;
   double optimizer_s = 0;           ///< One stage's optimizer step.
-  std::vector<double> allreduce_s;  ///< Optional: one stage's gradient all-reduce.
+  /// Optional: one stage's gradient all-reduce over the replicas, on the link (see below).
+  std::vector<double> allreduce_s;
+  /// Optional (1 each when empty): the buckets a stage's all-reduce is cut into. Bucket k of n
+  /// is final k/n of the way through the stage's last weight-gradient instruction of the step
+  /// (BWD or W) and then takes allreduce_s / n on the device's replica link (one bucket at a
+  /// time), as the runtime starts each bucket's sum when the backward has made it final.
+  std::vector<double> allreduce_buckets;
   /// Optional: ZeRO-1's all-gather of one stage's updated weights, at the end of its OPT_STEP
   /// (communication: the device waits, not busy; the OPT_STEP's event spans it).
   std::vector<double> allgather_s;

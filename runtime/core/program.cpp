@@ -428,6 +428,11 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
         run_widened(step.kernel, step.cast, step.zero_outputs, args);
       else
         step.kernel(args);
+      if (hook && hook->output_ready)
+        for (int out_slot : step.outputs)
+          if (out_slot >= 0 && slots_[out_slot].kind == Slot::kOutput)
+            for (size_t k = 0; k < output_slots_.size(); ++k)
+              if (output_slots_[k] == out_slot) hook->output_ready(k, values[out_slot]);
       if (run.update_state)
         for (const auto& [from, to] : step.state_updates)
           new_state.emplace_back(clone_on(device, values[from]), to);

@@ -30,9 +30,14 @@ struct ValueInfo {
   int64_t numel_bytes() const { return shape_numel(shape) * dtype_size(dtype); }
 };
 
-/// Called around every node a program runs (tracing, fault injection); may throw.
+/// Called around every node a program runs (tracing, fault injection, a gradient's sum
+/// started as soon as it is final); may throw.
 struct NodeHook {
   std::function<void(std::string_view node_name, std::string_view op_type)> before;
+  /// Called right after the node that writes output `index` of the program (an output the run
+  /// allocates: one the node computes, not an input or weight passed through), with its final
+  /// value, before later nodes run. The device may still be writing it (synchronize first).
+  std::function<void(size_t index, const Tensor& value)> output_ready;
 };
 
 /// What a run of a program is within training, beyond its inputs.

@@ -232,16 +232,9 @@ void run_clip(const KernelArgs& a) {
 // scaled by 1 / (1 - r), the mask (output 1, bool) saying which. The mask is dropout_mask.h's:
 // the same for a training step's microbatch on any device and when recomputed.
 void dropout_training(const KernelArgs& a, const Tensor& x, float ratio) {
-  if (x.dtype != DType::kFloat32)
-    fail(ErrorKind::kUnsupported, "Dropout in training mode on {} is not supported (float32 only)",
-         dtype_name(x.dtype));
   Tensor* mask = a.out.size() > 1 ? a.out[1] : nullptr;
-  if (mask != nullptr) {
-    expect_shape(a, 1, x.shape);
-    if (mask->dtype != DType::kBool)
-      fail(ErrorKind::kUnsupported, "Dropout in training mode with a {} mask is not supported",
-           dtype_name(mask->dtype));
-  }
+  if (mask != nullptr) expect_shape(a, 1, x.shape);
+  check_dropout_training(x, mask);
   const uint64_t key = dropout_node_key(a.random_key, a.attrs.i("seed", 0));
   const float scale = 1.0f / (1.0f - ratio);
   const float* in = x.as<float>();

@@ -222,15 +222,7 @@ void dropout_grad(const KernelArgs& a) {
     return;
   }
   const Tensor* mask = io.y(1);
-  if (mask == nullptr || mask->dtype != DType::kBool || mask->shape != dx->shape)
-    fail(ErrorKind::kModel,
-         "DropoutGrad in training mode needs the forward's bool mask (Dropout's output 1) of "
-         "shape {}",
-         shape_string(dx->shape));
-  if (dx->dtype != DType::kFloat32)
-    fail(ErrorKind::kUnsupported,
-         "DropoutGrad in training mode on {} is not supported (float32 only)",
-         dtype_name(dx->dtype));
+  check_dropout_grad(mask, *dx);
   const float scale = 1.0f / (1.0f - ratio);
   const uint8_t* keep = mask->as<uint8_t>();
   const float* g = dy->as<float>();

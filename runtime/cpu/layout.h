@@ -64,6 +64,31 @@ inline float dropout_ratio(const Tensor& t) {
   return static_cast<float>(r);
 }
 
+/// Dropout in training mode, on either backend: float32 data and, when the node has output 1,
+/// a bool mask (its shape is the caller's expect_shape).
+inline void check_dropout_training(const Tensor& x, const Tensor* mask) {
+  if (x.dtype != DType::kFloat32)
+    fail(ErrorKind::kUnsupported, "Dropout in training mode on {} is not supported (float32 only)",
+         dtype_name(x.dtype));
+  if (mask != nullptr && mask->dtype != DType::kBool)
+    fail(ErrorKind::kUnsupported, "Dropout in training mode with a {} mask is not supported",
+         dtype_name(mask->dtype));
+}
+
+/// DropoutGrad in training mode, on either backend: the forward's bool mask (Dropout's output
+/// 1) of dx's shape, and float32 gradients.
+inline void check_dropout_grad(const Tensor* mask, const Tensor& dx) {
+  if (mask == nullptr || mask->dtype != DType::kBool || mask->shape != dx.shape)
+    fail(ErrorKind::kModel,
+         "DropoutGrad in training mode needs the forward's bool mask (Dropout's output 1) of "
+         "shape {}",
+         shape_string(dx.shape));
+  if (dx.dtype != DType::kFloat32)
+    fail(ErrorKind::kUnsupported,
+         "DropoutGrad in training mode on {} is not supported (float32 only)",
+         dtype_name(dx.dtype));
+}
+
 /// A reduction over merged dims: `groups` are (size, reduced) innermost first, neighbours of the
 /// same kind merged, size-1 dims dropped. Kept and reduced groups with their strides in the
 /// dense input, and the offset of every reduced element relative to a base, ascending.

@@ -85,16 +85,9 @@ void run_dropout(const KernelArgs& a) {
   if (a.has_input(2) && cpu::scalar_is_nonzero(host_copy(ctx, a.input(2)), "training_mode")) {
     const float ratio = a.has_input(1) ? cpu::dropout_ratio(host_copy(ctx, a.input(1))) : 0.5f;
     if (ratio != 0) {
-      if (x.dtype != DType::kFloat32)
-        fail(ErrorKind::kUnsupported,
-             "Dropout in training mode on {} is not supported (float32 only)", dtype_name(x.dtype));
       Tensor* mask = a.out.size() > 1 ? a.out[1] : nullptr;
-      if (mask != nullptr) {
-        expect_shape(a, 1, x.shape);
-        if (mask->dtype != DType::kBool)
-          fail(ErrorKind::kUnsupported, "Dropout in training mode with a {} mask is not supported",
-               dtype_name(mask->dtype));
-      }
+      if (mask != nullptr) expect_shape(a, 1, x.shape);
+      cpu::check_dropout_training(x, mask);
       launch_dropout_training(
           x.as<float>(), a.out[0]->as<float>(), mask != nullptr ? mask->as<uint8_t>() : nullptr,
           x.numel(), dropout_node_key(a.random_key, a.attrs.i("seed", 0)), ratio, ctx.stream());

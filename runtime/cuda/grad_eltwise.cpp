@@ -126,15 +126,7 @@ void dropout_grad(const KernelArgs& a) {
   expect_dy_shape(a, *dy, dx->shape);
   if (ratio == 0) return device_copy(ctx, dx->data, dy->data, dx->bytes());
   const Tensor* mask = io.y(1);
-  if (mask == nullptr || mask->dtype != DType::kBool || mask->shape != dx->shape)
-    fail(ErrorKind::kModel,
-         "DropoutGrad in training mode needs the forward's bool mask (Dropout's output 1) of "
-         "shape {}",
-         shape_string(dx->shape));
-  if (dx->dtype != DType::kFloat32)
-    fail(ErrorKind::kUnsupported,
-         "DropoutGrad in training mode on {} is not supported (float32 only)",
-         dtype_name(dx->dtype));
+  cpu::check_dropout_grad(mask, *dx);
   launch_dropout_grad(dy->as<float>(), mask->as<uint8_t>(), dx->as<float>(), dx->numel(), ratio,
                       ctx.stream());
   check_launch(a);

@@ -77,6 +77,11 @@ void DeviceWorker::setup() {
   meter.add(arena_bytes + weight_bytes);
   for (StageRuntime* st : own_stages())  // optimizer state kept from earlier runs or a checkpoint
     for (const auto& [name, state] : st->opt_state) meter.add(state.bytes());
+  hook_.before = [this](std::string_view node, std::string_view op_type) {
+    if (run_.hook.before) run_.hook.before(node, op_type);
+    if (sums_in_flight_ > 0) progress_sums();
+  };
+  if (run_.training && run_.replicas > 1) plan_buckets();
 }
 
 void DeviceWorker::upload_stages() {
@@ -157,7 +162,9 @@ void DeviceWorker::run_step() {
     // The context (device, step, instruction) is built only when something fails.
     auto context = [&] { return fmt::format("step {}: {}", step, schedule::to_string(ins)); };
     try {
+      index_ = index;
       execute(ins);
+      if (sums_in_flight_ > 0) progress_sums();  // the sums go on between instructions too
       sample_memory();
     } catch (Error& e) {
       e.in(context()).in(where_);
@@ -289,7 +296,7 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
   if (training && st.stage->recompute) {
     // Keep the inputs only (the received ones stay metered); the backward re-runs the
     // forward from them.
-    outs = st.program.run(*context_, args, arena_->base(), &run_.hook, program_run(ins, true));
+    outs = st.program.run(*context_, args, arena_->base(), &hook_, program_run(ins, true));
     if (!st.loss.empty()) {
       const auto& names = st.program.outputs();
       size_t at =
@@ -301,24 +308,30 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
     recompute_[key] = Recompute{args, bytes_of(got), 0};
   } else if (training) {
     auto& keep = stash_[key];
-    outs = st.program.run_keeping(*context_, args, keep, &run_.hook, program_run(ins, true));
+    outs = st.program.run_keeping(*context_, args, keep, &hook_, program_run(ins, true));
+    // The received inputs the backward reads are in the stash now, the same buffers: counted
+    // once (released first, so the peak never holds them twice).
+    meter.sub(bytes_of(got));
     meter.add(bytes_of_map(keep, st.weights));
     if (!st.loss.empty()) record_loss(ins, read_float(*context_, keep.at(st.loss)));
   } else {
-    outs = st.program.run(*context_, args, arena_->base(), &run_.hook);
+    outs = st.program.run(*context_, args, arena_->base(), &hook_);
   }
   timed(schedule::Op::kForward, ins.stage, ins.microbatch, start);
-  if (!(training && st.stage->recompute)) meter.sub(bytes_of(got));
+  // The outputs (outside the arena) until they are sent or handed back; in training they are in
+  // the stash already, unless the stage recomputes. They exist before the inputs are released.
+  const bool hold_outputs = !training || st.stage->recompute;
+  int64_t held = 0;
+  for (const Tensor& t : outs) held += t.bytes();
+  if (hold_outputs) meter.add(held);
+  if (!training) meter.sub(bytes_of(got));
   for (size_t k : st.graph_outputs)
     run_.results[st.program.outputs()[k].name][batch_index(ins.microbatch)] =
         to_host(*context_, outs[k]);
-  if (!st.sends.empty()) {
-    int64_t held = 0;
-    for (const Tensor& t : outs) held += t.bytes();
-    // Training: already in the stash, unless the stage recomputes.
-    if (!training || st.stage->recompute) meter.add(held);
+  if (!st.sends.empty())
     produced_[key] = std::move(outs);
-  }
+  else if (hold_outputs)
+    meter.sub(held);  // handed back: the caller's copies are host memory, not the device's
 }
 
 void DeviceWorker::send_act(const schedule::Instruction& ins) {
@@ -379,7 +392,7 @@ void DeviceWorker::rebuild_stash(const schedule::Instruction& ins, StageRuntime&
   auto& keep = stash_[key];
   // The running statistics were updated by the microbatch's forward: not again; the random
   // draws (Dropout's mask) are the forward's again.
-  st.program.run_keeping(*context_, rc.args, keep, &run_.hook, program_run(ins, false));
+  st.program.run_keeping(*context_, rc.args, keep, &hook_, program_run(ins, false));
   // The inputs are metered already (as received).
   rc.stash_bytes = bytes_of_map(keep, st.weights);
   for (const ValueInfo& in : st.program.inputs())
@@ -426,14 +439,27 @@ void DeviceWorker::run_backward(const schedule::Instruction& ins) {
   std::vector<Tensor> args = backward_args(ins, st);
   double start = run_.seconds();
   auto& bkeep = bwd_kept_[key];
+  // The stage's last weight gradients of the step: each bucket's sum starts as soon as the
+  // nodes computing its gradients have run.
+  auto buckets = grad_buckets_.find(ins.stage);
+  const bool last = buckets != grad_buckets_.end() && ins.op != schedule::Op::kBackwardInput &&
+                    index_ == buckets->second.last_weight_gradient;
+  NodeHook hook = hook_;
+  if (last && run_.options.overlap_allreduce)
+    hook.output_ready = [&](size_t k, const Tensor& value) {
+      const std::string& name = bwd.outputs()[k].name;
+      const std::string weight = name.substr(0, name.size() - 5);  // drop "@grad"
+      if (value.dtype != DType::kUndefined && buckets->second.bucket_of.count(weight))
+        gradient_final(ins.stage, weight, value);
+    };
   std::vector<Tensor> outs;
   if (ins.op == schedule::Op::kBackward) {
-    outs = bwd.run(*context_, args, arena_->base(), &run_.hook);
+    outs = bwd.run(*context_, args, arena_->base(), &hook);
   } else {
     const bool weight_part = ins.op == schedule::Op::kBackwardWeight;
     std::vector<bool> mask = st.weight_part;
     if (!weight_part) mask.flip();
-    outs = bwd.run_subset(*context_, args, bkeep, mask, arena_->base(), &run_.hook);
+    outs = bwd.run_subset(*context_, args, bkeep, mask, arena_->base(), &hook);
     // B's values that W reads wait for it.
     if (!weight_part) run_.meters[device_].add(bytes_of_map(bkeep, st.weights));
   }
@@ -447,6 +473,13 @@ void DeviceWorker::run_backward(const schedule::Instruction& ins) {
     stash_.erase(key);
   }
   take_backward_outputs(ins, st, outs);
+  if (last) {
+    buckets->second.taken.clear();
+    // The buckets whose gradients no node gave during the run (passed through, or none).
+    if (run_.options.overlap_allreduce)
+      for (size_t b = 0; b < buckets->second.buckets.size(); ++b)
+        if (!buckets->second.buckets[b].started) start_bucket(ins.stage, b);
+  }
   if (ins.op != schedule::Op::kBackwardInput) free_microbatch(key, st);
 }
 
@@ -460,6 +493,11 @@ void DeviceWorker::take_backward_outputs(const schedule::Instruction& ins, Stage
     std::string weight = name.substr(0, name.size() - 5);  // drop "@grad"
     if (st.weights.count(weight)) {
       if (ins.op == schedule::Op::kBackwardInput) continue;  // W's, not B's
+      if (auto b = grad_buckets_.find(ins.stage); b != grad_buckets_.end()) {
+        const std::vector<std::string>& taken = b->second.taken;
+        if (std::find(taken.begin(), taken.end(), weight) != taken.end())
+          continue;  // added up already, as soon as it was final (gradient_final)
+      }
       Tensor& acc = grad_acc_[ins.stage][weight];
       if (acc.dtype == DType::kUndefined) {
         acc = context_->new_tensor(outs[k].dtype, outs[k].shape, true);
@@ -509,65 +547,139 @@ void DeviceWorker::send_grad(const schedule::Instruction& ins) {
   waited(ins, start);
 }
 
-void DeviceWorker::allreduce(const schedule::Instruction& ins) {
-  if (!run_.training)
-    fail(ErrorKind::kPlan, "{} in an inference plan", schedule::to_string(ins.op));
-  double start = run_.seconds();
-  sum_over_replicas(ins.stage);
-  // Communication, not compute: on the timeline, not in the busy time.
-  double end = run_.seconds();
-  run_.allreduce[device_][step_] += end - start;
-  run_.events[device_].push_back({device_, ins.op, ins.stage, -1, start, end});
+void DeviceWorker::plan_buckets() {
+  const std::vector<schedule::Instruction>& list =
+      run_.pipeline.schedule_[static_cast<size_t>(pipeline_device_)];
+  const int64_t limit = run_.options.bucket_bytes;
+  if (limit <= 0)
+    fail(ErrorKind::kUsage, "the gradient bucket must hold at least one byte, not {}", limit);
+  for (StageRuntime* st : own_stages()) {
+    StageBuckets& sb = grad_buckets_[st->stage->index];
+    for (size_t i = 0; i < list.size(); ++i)
+      if (list[i].stage == st->stage->index && (list[i].op == schedule::Op::kBackward ||
+                                                list[i].op == schedule::Op::kBackwardWeight))
+        sb.last_weight_gradient = i;
+    // From the end of the flat layout: whole weights, at most `limit` bytes a bucket (one
+    // larger weight alone), never across ZeRO-1's sharded and shared parts.
+    for (size_t end = st->flat.size(); end > 0;) {
+      GradBucket bucket;
+      bucket.last = end;
+      bucket.first = end - 1;
+      bucket.sharded = st->is_sharded(st->flat[bucket.first]);
+      int64_t bytes = 4 * st->flat[bucket.first].elements;
+      while (bucket.first > 0) {
+        const StageRuntime::FlatWeight& w = st->flat[bucket.first - 1];
+        if (st->is_sharded(w) != bucket.sharded || bytes + 4 * w.elements > limit) break;
+        bytes += 4 * w.elements;
+        --bucket.first;
+      }
+      bucket.lo = st->flat[bucket.first].offset;
+      bucket.hi = bucket.lo + bytes / 4;
+      if (bucket.sharded)
+        for (int64_t bound : st->shard_bounds)
+          bucket.bounds.push_back(std::clamp(bound, bucket.lo, bucket.hi) - bucket.lo);
+      bucket.waiting = bucket.last - bucket.first;
+      for (size_t j = bucket.first; j < bucket.last; ++j)
+        sb.bucket_of[st->flat[j].name] = sb.buckets.size();
+      sb.buckets.push_back(std::move(bucket));
+      end = sb.buckets.back().first;
+    }
+  }
 }
 
-void DeviceWorker::sum_over_replicas(int stage_index) {
+Tensor& DeviceWorker::gradient_of(int stage_index, const std::string& weight) {
+  Tensor& g = grad_acc_[stage_index][weight];
+  if (g.dtype == DType::kUndefined) {
+    const Tensor& w = stage(stage_index).weights.at(weight);
+    g = context_->new_tensor(w.dtype, w.shape, true);
+    run_.meters[device_].add(g.bytes());  // the gradient buffer lives for the run
+  }
+  return g;
+}
+
+Tensor& DeviceWorker::flat_bucket(int stage_index) {
+  const int64_t elements = stage(stage_index).flat_elements;
+  Tensor& bucket = buckets_[stage_index];
+  if (bucket.dtype == DType::kUndefined || bucket.numel() != elements) {
+    if (bucket.dtype != DType::kUndefined) run_.meters[device_].sub(bucket.bytes());
+    bucket = context_->new_tensor(DType::kFloat32, {elements}, false);
+    run_.meters[device_].add(bucket.bytes());  // kept for the run, as the plan counts it
+  }
+  return bucket;
+}
+
+void DeviceWorker::gradient_final(int stage_index, const std::string& weight,
+                                  const Tensor& value) {
+  StageBuckets& sb = grad_buckets_.at(stage_index);
+  context_->accumulate(gradient_of(stage_index, weight), value);
+  sb.taken.push_back(weight);
+  GradBucket& bucket = sb.buckets[sb.bucket_of.at(weight)];
+  if (--bucket.waiting == 0) start_bucket(stage_index, sb.bucket_of.at(weight));
+}
+
+void DeviceWorker::start_bucket(int stage_index, size_t b) {
   StageRuntime& st = stage(stage_index);
-  auto& grads = grad_acc_[stage_index];
-  MemoryMeter& meter = run_.meters[device_];
-  // Every trained weight's gradient as the bucket lays them out (StageRuntime::flat): the same
-  // layout in every replica (a weight whose gradient no backward of this step gave sums zeros).
-  std::vector<std::pair<Tensor*, int64_t>> parts;  // gradient, offset in the bucket
-  for (const StageRuntime::FlatWeight& part : st.flat) {
-    const Tensor& weight = st.weights.at(part.name);
-    Tensor& g = grads[part.name];
-    if (g.dtype == DType::kUndefined) {
-      g = context_->new_tensor(weight.dtype, weight.shape, true);
-      meter.add(g.bytes());  // the gradient buffer lives for the run
-    }
+  GradBucket& bucket = grad_buckets_.at(stage_index).buckets[b];
+  Tensor& flat = flat_bucket(stage_index);
+  // Every weight's gradient as the flat layout places it: the same in every replica (a weight
+  // whose gradient no backward of this step gave sums zeros).
+  for (size_t j = bucket.first; j < bucket.last; ++j) {
+    const StageRuntime::FlatWeight& part = st.flat[j];
+    const Tensor& g = gradient_of(stage_index, part.name);
     if (g.dtype != DType::kFloat32)
       fail(ErrorKind::kUnsupported, "the all-reduce sums float32 gradients; '{}' is {}", part.name,
            g.describe());
-    parts.emplace_back(&g, part.offset);
+    Tensor view = Tensor::view(DType::kFloat32, g.shape, flat.data + part.offset * 4);
+    context_->copy(g, view);
   }
-  const int64_t elements = st.flat_elements;
-  Tensor& bucket = buckets_[stage_index];
-  if (bucket.dtype == DType::kUndefined || bucket.numel() != elements) {
-    if (bucket.dtype != DType::kUndefined) meter.sub(bucket.bytes());
-    bucket = context_->new_tensor(DType::kFloat32, {elements}, false);
-    meter.add(bucket.bytes());  // kept for the run, as the plan counts it
+  transport().start_replica_sum(
+      {stage_index, static_cast<int>(b)},
+      bucket.sharded ? ReplicaOp::kReduceScatter : ReplicaOp::kAllReduce,
+      slice_rows(flat, bucket.lo, bucket.hi), bucket.bounds, *context_);
+  bucket.started = true;
+  ++sums_in_flight_;
+}
+
+void DeviceWorker::progress_sums() {
+  for (const auto& [stage_index, sb] : grad_buckets_)
+    for (const GradBucket& bucket : sb.buckets)
+      if (bucket.started) {
+        transport().progress_replicas(stage_index, *context_);
+        break;
+      }
+}
+
+void DeviceWorker::allreduce(const schedule::Instruction& ins) {
+  if (!run_.training)
+    fail(ErrorKind::kPlan, "{} in an inference plan", schedule::to_string(ins.op));
+  const double start = run_.seconds();
+  StageRuntime& st = stage(ins.stage);
+  StageBuckets& sb = grad_buckets_.at(ins.stage);
+  // Buckets not started yet (--no-overlap; a stage whose backward did not run its last
+  // weight gradients here) start now.
+  for (size_t b = 0; b < sb.buckets.size(); ++b)
+    if (!sb.buckets[b].started) start_bucket(ins.stage, b);
+  Tensor& flat = flat_bucket(ins.stage);
+  for (size_t b = 0; b < sb.buckets.size(); ++b) {
+    GradBucket& bucket = sb.buckets[b];
+    transport().finish_replica_sum({ins.stage, static_cast<int>(b)}, *context_);
+    --sums_in_flight_;
+    // Summed whole: back into the gradients. ZeRO-1's reduce-scatter leaves this replica's
+    // shard summed in the flat bucket, where its optimizer step reads it.
+    if (!bucket.sharded)
+      for (size_t j = bucket.first; j < bucket.last; ++j) {
+        const StageRuntime::FlatWeight& part = st.flat[j];
+        Tensor& g = grad_acc_[ins.stage].at(part.name);
+        context_->copy(Tensor::view(DType::kFloat32, g.shape, flat.data + part.offset * 4), g);
+      }
+    bucket.started = false;  // the next step's
+    bucket.waiting = bucket.last - bucket.first;
   }
-  for (auto& [g, offset] : parts) {
-    Tensor view = Tensor::view(DType::kFloat32, g->shape, bucket.data + offset * 4);
-    context_->copy(*g, view);
-  }
-  if (st.shard_bounds.empty()) {
-    transport().replica_sum(stage_index, bucket, *context_);
-    for (auto& [g, offset] : parts)
-      context_->copy(Tensor::view(DType::kFloat32, g->shape, bucket.data + offset * 4), *g);
-    return;
-  }
-  // ZeRO-1: the sharded part reduce-scattered (this replica's shard summed, in the bucket,
-  // where its optimizer step reads it), the shared weights' part all-reduced whole.
-  Tensor head = slice_rows(bucket, 0, st.sharded);
-  transport().replica_reduce_scatter(stage_index, head, st.shard_bounds, *context_);
-  if (st.sharded < elements) {
-    Tensor& tail = bucket_tails_[stage_index];
-    tail = slice_rows(bucket, st.sharded, elements);
-    transport().replica_sum(stage_index, tail, *context_);
-    for (auto& [g, offset] : parts)
-      if (offset >= st.sharded)
-        context_->copy(Tensor::view(DType::kFloat32, g->shape, bucket.data + offset * 4), *g);
-  }
+  // Communication, not compute: the time waited for the sums (what went on behind compute is
+  // the backward's) on the timeline, not in the busy time.
+  const double end = run_.seconds();
+  run_.allreduce[device_][step_] += end - start;
+  run_.events[device_].push_back({device_, ins.op, ins.stage, -1, start, end});
 }
 
 void DeviceWorker::sharded_step(int stage_index, float lr, int64_t update) {

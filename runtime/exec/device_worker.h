@@ -158,7 +158,8 @@ class DeviceWorker {
   /// Zero-bubble W: the weight gradients; frees the microbatch's values.
   void backward_weight(const schedule::Instruction& ins);
   void send_grad(const schedule::Instruction& ins);
-  /// Data parallelism: the stage's weight gradients summed over the replicas.
+  /// Data parallelism: waits for the sums of the stage's gradient buckets over the replicas
+  /// (starting those not started yet); its time is the wait, not the sums behind compute.
   void allreduce(const schedule::Instruction& ins);
   void allreduce_shared(const schedule::Instruction& ins);
   void optimizer_step(const schedule::Instruction& ins);
@@ -207,8 +208,51 @@ class DeviceWorker {
   /// The device's metered bytes now, on its memory track (stagerun --trace).
   void sample_memory();
 
-  /// Sums the stage's weight gradients over the replicas (ALLREDUCE) through its bucket.
-  void sum_over_replicas(int stage_index);
+  /// Data parallelism: a stage's gradients are summed over the replicas in buckets, ranges of
+  /// its flat gradient (`StageRuntime::flat`, whole weights, at most RunOptions::bucket_bytes
+  /// unless one weight is larger; ZeRO-1's sharded and shared parts apart), numbered from the
+  /// end of the flat layout, where the backward (which runs the layers in reverse) finishes
+  /// first. Each bucket's sum is started as soon as its weights' gradients are final: during
+  /// the stage's last weight-gradient instruction of the step (BWD, or W), by the program's
+  /// `NodeHook::output_ready` right after the node that computes the gradient; any bucket not
+  /// complete by the end of it (a gradient the program passes through) right after it. The
+  /// sums then advance between the device's kernels (`progress_sums`) and instructions, and
+  /// ALLREDUCE waits for them.
+  struct GradBucket {
+    int64_t lo = 0, hi = 0;        ///< Elements [lo, hi) of the stage's flat bucket.
+    size_t first = 0, last = 0;    ///< Its weights, `flat[first, last)`.
+    bool sharded = false;          ///< ZeRO-1: reduce-scattered at `bounds`; else all-reduced.
+    std::vector<int64_t> bounds;   ///< Sharded: the plan's shards within it (R + 1, from 0).
+    size_t waiting = 0;            ///< This step: its weights whose gradient is not final yet.
+    bool started = false;          ///< This step: its sum is started.
+  };
+  struct StageBuckets {
+    std::vector<GradBucket> buckets;
+    std::map<std::string, size_t> bucket_of;  ///< Trained weight -> its bucket.
+    /// Index in the device's list of the stage's last BWD or BWD_WEIGHT of a step.
+    size_t last_weight_gradient = 0;
+    /// Weights whose final gradient the running backward has already added up (output_ready).
+    std::vector<std::string> taken;
+  };
+  /// The buckets of the device's stages (with data parallelism in training).
+  void plan_buckets();
+  /// Starts bucket `b` of the stage: its gradients copied into the flat bucket, its sum begun.
+  void start_bucket(int stage_index, size_t b);
+  /// The final gradient `value` of `weight` (output_ready of the last weight-gradient
+  /// backward): added up, and its bucket started when it was the last one missing.
+  void gradient_final(int stage_index, const std::string& weight, const Tensor& value);
+  /// Lets the transport advance the sums in flight (between kernels and instructions).
+  void progress_sums();
+  /// The stage's flat bucket, allocated (and metered) on first use.
+  Tensor& flat_bucket(int stage_index);
+  /// The stage's accumulated gradient of `weight`, allocated as zeros on first use.
+  Tensor& gradient_of(int stage_index, const std::string& weight);
+  std::map<int, StageBuckets> grad_buckets_;
+  int sums_in_flight_ = 0;  ///< Buckets started and not yet waited for.
+  size_t index_ = 0;        ///< The running instruction's index in the device's list.
+  /// What every program run of this worker is given: the run's hook (tracing, fault
+  /// injection), and the sums' progress between nodes.
+  NodeHook hook_;
   Transport& transport() const { return *run_.transports[static_cast<size_t>(replica_)]; }
   /// Microbatch `mb` of this replica as the run's per-microbatch vectors index it.
   size_t batch_index(int mb) const {
@@ -241,11 +285,9 @@ class DeviceWorker {
   std::map<Key, Recompute> recompute_;
   std::map<Key, std::vector<NamedTensor>> grads_in_, grads_out_;
   std::map<int, std::map<std::string, Tensor>> grad_acc_;
-  /// Per stage: its weight gradients in one float32 vector, for the replicas' sum (ALLREDUCE).
+  /// Per stage: its weight gradients in one float32 vector (the flat layout), for the
+  /// replicas' sum, bucket by bucket.
   std::map<int, Tensor> buckets_;
-  /// Per stage with ZeRO-1 and shared weights: the view of its bucket's shared part, summed
-  /// whole (kept: the in-process sum reads it after this worker has returned).
-  std::map<int, Tensor> bucket_tails_;
   /// ZeRO-1 (OPT_STEP): this replica's shard of the stage's weights updated from its shard of
   /// the summed gradients, then the other replicas' shards all-gathered into the weights.
   void sharded_step(int stage_index, float lr, int64_t update);

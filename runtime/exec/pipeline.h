@@ -38,6 +38,14 @@ struct ModelTensor {
 
 struct RunOptions {
   int steps = 1;
+  /// Data parallelism: the most bytes of a stage's gradients summed over the replicas as one
+  /// bucket (> 0; stagerun --bucket-mb). Buckets hold whole weights (a larger weight is a bucket
+  /// alone), the same on every replica.
+  int64_t bucket_bytes = schedule::kDefaultGradientBucketBytes;
+  /// Data parallelism: start each bucket's sum as soon as the backward has made its gradients
+  /// final (true), or only at the stage's ALLREDUCE, all of them after the whole backward
+  /// (false: stagerun --no-overlap, for comparison).
+  bool overlap_allreduce = true;
   /// Called after each step with (step done, steps, seconds so far).
   std::function<void(int, int, double)> progress;
   /// Test hook: the node of this name fails when it runs (proves a failing worker stops all).

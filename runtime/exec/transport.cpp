@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 
 #include "runtime/format/error.h"
 
@@ -139,16 +140,6 @@ void InProcessTransport::finish_shared_sum(const std::string& weight, int stage,
   changed_.notify_all();
 }
 
-void InProcessTransport::replica_sum(int stage, Tensor& bucket, DeviceContext& device) {
-  if (!replicas_)
-    fail(ErrorKind::kPlan, "stage {}: an ALLREDUCE, but the run has one replica", stage);
-  {
-    std::lock_guard lock(mutex_);
-    if (aborted_) throw Aborted{};
-  }
-  replicas_->sum(replica_, stage, bucket, device);
-}
-
 ReplicaSums& InProcessTransport::replicas(int stage, const char* what) {
   if (!replicas_)
     fail(ErrorKind::kPlan, "stage {}: {}, but the run has one replica", stage, what);
@@ -157,10 +148,20 @@ ReplicaSums& InProcessTransport::replicas(int stage, const char* what) {
   return *replicas_;
 }
 
-void InProcessTransport::replica_reduce_scatter(int stage, Tensor& bucket,
-                                                const std::vector<int64_t>& bounds,
-                                                DeviceContext& device) {
-  replicas(stage, "a sharded ALLREDUCE").reduce_scatter(replica_, stage, bucket, bounds, device);
+void InProcessTransport::start_replica_sum(const BucketKey& key, ReplicaOp op,
+                                           const Tensor& bucket,
+                                           const std::vector<int64_t>& bounds,
+                                           DeviceContext& device) {
+  replicas(key.stage, op == ReplicaOp::kAllReduce ? "an ALLREDUCE" : "a sharded ALLREDUCE")
+      .start(replica_, key, op, bucket, bounds, device);
+}
+
+void InProcessTransport::progress_replicas(int stage, DeviceContext& device) {
+  if (replicas_) replicas(stage, "an ALLREDUCE").progress(replica_, stage, device);
+}
+
+void InProcessTransport::finish_replica_sum(const BucketKey& key, DeviceContext& device) {
+  replicas(key.stage, "an ALLREDUCE").finish(replica_, key, device);
 }
 
 void InProcessTransport::replica_all_gather(int stage, Tensor& bucket,
@@ -199,79 +200,13 @@ void ReplicaSums::wait(std::unique_lock<std::mutex>& lock, Ready ready, Missing 
   if (aborted_) throw Aborted{};
 }
 
-void ReplicaSums::sum(int replica, int stage, Tensor& bucket, DeviceContext& device) {
-  if (bucket.dtype != DType::kFloat32 || bucket.rank() != 1)
-    fail(ErrorKind::kUnsupported, "stage {}: the all-reduce sums a 1-D float32 bucket, not {}",
-         stage, bucket.describe());
-  device.synchronize();  // the other replicas read it
-  std::unique_lock lock(mutex_);
-  if (aborted_) throw Aborted{};
-  Entry& e = entries_[stage];
-  if (e.buckets.empty()) {
-    e.buckets.assign(static_cast<size_t>(replicas_), nullptr);
-    e.reduced.assign(static_cast<size_t>(replicas_), false);
-  }
-  if (e.buckets.at(static_cast<size_t>(replica)) != nullptr)
-    fail(ErrorKind::kPlan, "stage {}: replica {} all-reduces twice in one step", stage, replica);
-  e.buckets[static_cast<size_t>(replica)] = &bucket;
-  ++e.arrived;
-  changed_.notify_all();
-  auto absent = [&](auto has) {
-    std::vector<int> who;
-    for (int r = 0; r < replicas_; ++r)
-      if (!has(r)) who.push_back(r);
-    return who;
-  };
-  wait(
-      lock, [&] { return e.arrived == replicas_; },
-      [&] { return absent([&](int r) { return e.buckets[static_cast<size_t>(r)] != nullptr; }); },
-      stage, "gave none of");
-  for (Tensor* other : e.buckets)
-    if (other->shape != bucket.shape)
-      fail(ErrorKind::kPlan, "stage {}: replica {}'s gradient bucket is {} but another's is {}",
-           stage, replica, bucket.describe(), other->describe());
-  lock.unlock();
-  // This replica's chunk: its own values, then the next replicas' in ring order. The others
-  // change only their own chunks meanwhile, so what is read here stays put.
-  const int64_t n = bucket.numel();
-  auto [lo, hi] = replica_chunk(n, replicas_, replica);
-  Tensor mine = slice_rows(bucket, lo, hi);
-  for (int k = 1; k < replicas_; ++k)
-    device.accumulate(
-        mine, slice_rows(*e.buckets[static_cast<size_t>((replica + k) % replicas_)], lo, hi));
-  device.synchronize();
-  lock.lock();
-  e.reduced[static_cast<size_t>(replica)] = true;
-  ++e.reduced_count;
-  changed_.notify_all();
-  wait(
-      lock, [&] { return e.reduced_count == replicas_; },
-      [&] { return absent([&](int r) { return e.reduced[static_cast<size_t>(r)]; }); }, stage,
-      "did not finish its chunk of");
-  lock.unlock();
-  // Every chunk is summed, each in its owner's bucket: copy the others'.
-  for (int c = 0; c < replicas_; ++c) {
-    if (c == replica) continue;
-    auto [from, to] = replica_chunk(n, replicas_, c);
-    Tensor target = slice_rows(bucket, from, to);
-    device.copy(slice_rows(*e.buckets[static_cast<size_t>(c)], from, to), target);
-  }
-  device.synchronize();
-  lock.lock();
-  // The owners' buckets are read until every replica has copied: the last one lets the next
-  // step's sum of this stage start (a replica changes its bucket only in the next step, after
-  // the step barrier).
-  if (++e.done == replicas_) entries_.erase(stage);
-  changed_.notify_all();
-}
-
 namespace {
 
-/// Checks a ZeRO-1 bucket and its R + 1 shard boundaries.
+/// Checks a bucket and its R + 1 chunk or shard boundaries.
 void check_shards(int stage, const Tensor& bucket, const std::vector<int64_t>& bounds,
                   int replicas) {
   if (bucket.dtype != DType::kFloat32 || bucket.rank() != 1)
-    fail(ErrorKind::kUnsupported, "stage {}: a sharded gradient bucket is 1-D float32, not {}",
+    fail(ErrorKind::kUnsupported, "stage {}: the replicas' sum takes a 1-D float32 bucket, not {}",
          stage, bucket.describe());
   bool ok = bounds.size() == static_cast<size_t>(replicas) + 1 && bounds.front() == 0 &&
             bounds.back() == bucket.numel();
@@ -282,27 +217,158 @@ void check_shards(int stage, const Tensor& bucket, const std::vector<int64_t>& b
          stage, fmt::join(bounds, ", "), bucket.numel(), replicas);
 }
 
-/// Shard `r` of a bucket split at `bounds`.
+/// Shard (or chunk) `r` of a bucket split at `bounds`.
 Tensor shard_of(const Tensor& bucket, const std::vector<int64_t>& bounds, int r) {
   return slice_rows(bucket, bounds[static_cast<size_t>(r)], bounds[static_cast<size_t>(r) + 1]);
 }
 
 }  // namespace
 
-ReplicaSums::Shards& ReplicaSums::gather_buckets(std::unique_lock<std::mutex>& lock,
-                                                 std::pair<int, int> key, int replica,
-                                                 const Tensor& bucket,
-                                                 const std::vector<int64_t>& bounds,
-                                                 const char* what) {
-  check_shards(key.second, bucket, bounds, replicas_);
+void ReplicaSums::start(int replica, const BucketKey& key, ReplicaOp op, const Tensor& bucket,
+                        const std::vector<int64_t>& bounds, DeviceContext& device) {
+  std::vector<int64_t> split = bounds;
+  if (op == ReplicaOp::kAllReduce) {
+    split.clear();
+    for (int c = 0; c < replicas_; ++c)
+      split.push_back(replica_chunk(bucket.numel(), replicas_, c).first);
+    split.push_back(bucket.numel());
+  }
+  check_shards(key.stage, bucket, split, replicas_);
+  device.synchronize();  // the other replicas read it
+  std::lock_guard lock(mutex_);
   if (aborted_) throw Aborted{};
-  Shards& e = shards_[key];
+  Sum& sum = sums_[key];
+  if (sum.buckets.empty()) {
+    sum.op = op;
+    sum.bounds = split;
+    sum.buckets.resize(static_cast<size_t>(replicas_));
+    sum.phase.assign(static_cast<size_t>(replicas_), -1);
+  }
+  if (sum.phase.at(static_cast<size_t>(replica)) != -1)
+    fail(ErrorKind::kPlan, "stage {}: replica {} sums gradient bucket {} twice in one step",
+         key.stage, replica, key.bucket);
+  if (sum.op != op || sum.bounds != split)
+    fail(ErrorKind::kPlan,
+         "stage {}: replica {}'s gradient bucket {} is {} split at [{}], another's split at [{}]",
+         key.stage, replica, key.bucket, bucket.describe(), fmt::join(split, ", "),
+         fmt::join(sum.bounds, ", "));
+  sum.buckets[static_cast<size_t>(replica)] = bucket;
+  sum.phase[static_cast<size_t>(replica)] = 0;
+  ++sum.arrived;
+  changed_.notify_all();
+}
+
+bool ReplicaSums::can_advance(const Sum& sum, int replica) const {
+  switch (sum.phase[static_cast<size_t>(replica)]) {
+    case 0:
+      return sum.arrived == replicas_;  // every replica's bucket is there to read
+    case 1:
+      return sum.reduced == replicas_;  // every chunk is summed, in its owner's bucket
+    default:
+      return false;
+  }
+}
+
+void ReplicaSums::advance(std::unique_lock<std::mutex>& lock, const BucketKey& key, Sum& sum,
+                          int replica, DeviceContext& device) {
+  const int phase = sum.phase[static_cast<size_t>(replica)];
+  // The buckets stay put while this replica reads them: each replica changes only its own
+  // chunk (shard) before every chunk is summed, and the others' after; the sum is forgotten
+  // once every replica is done with it (a replica changes its bucket again only in the next
+  // step, after the step barrier).
+  const std::vector<Tensor> buckets = sum.buckets;
+  const std::vector<int64_t> bounds = sum.bounds;
+  const ReplicaOp op = sum.op;
+  lock.unlock();
+  const Tensor& bucket = buckets[static_cast<size_t>(replica)];
+  auto other = [&](int k) { return buckets[static_cast<size_t>((replica + k) % replicas_)]; };
+  if (phase == 0 && op == ReplicaOp::kAllReduce) {
+    // This replica's chunk: its own values, then the next replicas' in ring order.
+    Tensor mine = shard_of(bucket, bounds, replica);
+    for (int k = 1; k < replicas_; ++k) device.accumulate(mine, shard_of(other(k), bounds, replica));
+  } else if (phase == 0) {
+    // Shard `replica`, summed in ring order from the next replica round to this one.
+    Tensor mine = shard_of(bucket, bounds, replica);
+    if (mine.numel() > 0) {
+      Tensor total = device.new_tensor(DType::kFloat32, mine.shape, false);
+      device.copy(shard_of(other(1), bounds, replica), total);
+      for (int k = 2; k <= replicas_; ++k)
+        device.accumulate(total, shard_of(other(k), bounds, replica));
+      device.copy(total, mine);
+    }
+  } else {
+    // Every chunk is summed, each in its owner's bucket: copy the others'.
+    for (int c = 0; c < replicas_; ++c) {
+      if (c == replica) continue;
+      Tensor target = shard_of(bucket, bounds, c);
+      device.copy(shard_of(buckets[static_cast<size_t>(c)], bounds, c), target);
+    }
+  }
+  device.synchronize();
+  lock.lock();
+  if (phase == 0) ++sum.reduced;
+  // A reduce-scatter is done once its shard is summed; an all-reduce once it has copied.
+  const bool done = phase == 1 || op == ReplicaOp::kReduceScatter;
+  sum.phase[static_cast<size_t>(replica)] = done ? 2 : 1;
+  if (done && ++sum.done == replicas_) sums_.erase(key);
+  changed_.notify_all();
+}
+
+void ReplicaSums::progress(int replica, int stage, DeviceContext& device) {
+  std::unique_lock lock(mutex_);
+  if (aborted_) throw Aborted{};
+  for (auto it = sums_.lower_bound({stage, INT_MIN}); it != sums_.end() && it->first.stage == stage;) {
+    const BucketKey key = it->first;
+    Sum& sum = it->second;
+    const bool mine = sum.phase[static_cast<size_t>(replica)] >= 0;
+    if (mine && can_advance(sum, replica)) {
+      advance(lock, key, sum, replica, device);  // may forget the sum: look it up again
+      it = sums_.upper_bound(key);
+      continue;
+    }
+    ++it;
+  }
+}
+
+void ReplicaSums::finish(int replica, const BucketKey& key, DeviceContext& device) {
+  std::unique_lock lock(mutex_);
+  if (aborted_) throw Aborted{};
+  for (;;) {
+    auto it = sums_.find(key);
+    // Forgotten once every replica is done: this one was too.
+    if (it == sums_.end()) return;
+    Sum& sum = it->second;
+    const int phase = sum.phase[static_cast<size_t>(replica)];
+    if (phase < 0)
+      fail(ErrorKind::kPlan, "stage {}: replica {} waits for gradient bucket {}, never started",
+           key.stage, replica, key.bucket);
+    if (phase == 2) return;
+    auto missing = [&] {
+      std::vector<int> who;
+      for (int r = 0; r < replicas_; ++r)
+        if (sum.phase[static_cast<size_t>(r)] < phase) who.push_back(r);
+      return who;
+    };
+    wait(
+        lock, [&] { return can_advance(sum, replica); }, missing, key.stage,
+        phase == 0 ? "gave none of" : "did not finish its chunk of");
+    advance(lock, key, sum, replica, device);
+  }
+}
+
+void ReplicaSums::all_gather(int replica, int stage, Tensor& bucket,
+                             const std::vector<int64_t>& bounds, DeviceContext& device) {
+  check_shards(stage, bucket, bounds, replicas_);
+  device.synchronize();  // the other replicas read its shard
+  std::unique_lock lock(mutex_);
+  if (aborted_) throw Aborted{};
+  Shards& e = gathers_[stage];
   if (e.buckets.empty()) {
     e.buckets.resize(static_cast<size_t>(replicas_));
     e.present.assign(static_cast<size_t>(replicas_), false);
   }
   if (e.present.at(static_cast<size_t>(replica)))
-    fail(ErrorKind::kPlan, "stage {}: replica {} {} twice in one step", key.second, replica, what);
+    fail(ErrorKind::kPlan, "stage {}: replica {} all-gathers twice in one step", stage, replica);
   e.buckets[static_cast<size_t>(replica)] = bucket;
   e.present[static_cast<size_t>(replica)] = true;
   ++e.arrived;
@@ -315,54 +381,11 @@ ReplicaSums::Shards& ReplicaSums::gather_buckets(std::unique_lock<std::mutex>& l
           if (!e.present[static_cast<size_t>(r)]) who.push_back(r);
         return who;
       },
-      key.second, key.first == 0 ? "gave none of" : "gave no updated shard of");
+      stage, "gave no updated shard of");
   for (const Tensor& other : e.buckets)
     if (other.shape != bucket.shape)
       fail(ErrorKind::kPlan, "stage {}: replica {}'s sharded bucket is {} but another's is {}",
-           key.second, replica, bucket.describe(), other.describe());
-  return e;
-}
-
-void ReplicaSums::release(std::pair<int, int> key) {
-  // The last replica done with the buckets forgets them (a replica changes its bucket's other
-  // shards only after every replica has arrived at its next collective of the stage).
-  Shards& e = shards_.at(key);
-  if (++e.done == replicas_) shards_.erase(key);
-  changed_.notify_all();
-}
-
-void ReplicaSums::reduce_scatter(int replica, int stage, Tensor& bucket,
-                                 const std::vector<int64_t>& bounds, DeviceContext& device) {
-  device.synchronize();  // the other replicas read it
-  std::unique_lock lock(mutex_);
-  const std::pair<int, int> key{0, stage};
-  Shards& e = gather_buckets(lock, key, replica, bucket, bounds, "reduce-scatters");
-  std::vector<Tensor> buckets = e.buckets;
-  lock.unlock();
-  // Shard `replica`, summed in ring order from the next replica round to this one (only this
-  // replica writes it; the others read their own shards of this bucket meanwhile).
-  Tensor mine = shard_of(bucket, bounds, replica);
-  if (mine.numel() > 0) {
-    Tensor sum = device.new_tensor(DType::kFloat32, mine.shape, false);
-    device.copy(shard_of(buckets[static_cast<size_t>((replica + 1) % replicas_)], bounds, replica),
-                sum);
-    for (int k = 2; k <= replicas_; ++k)
-      device.accumulate(
-          sum,
-          shard_of(buckets[static_cast<size_t>((replica + k) % replicas_)], bounds, replica));
-    device.copy(sum, mine);
-  }
-  device.synchronize();
-  lock.lock();
-  release(key);
-}
-
-void ReplicaSums::all_gather(int replica, int stage, Tensor& bucket,
-                             const std::vector<int64_t>& bounds, DeviceContext& device) {
-  device.synchronize();  // the other replicas read its shard
-  std::unique_lock lock(mutex_);
-  const std::pair<int, int> key{1, stage};
-  Shards& e = gather_buckets(lock, key, replica, bucket, bounds, "all-gathers");
+           stage, replica, bucket.describe(), other.describe());
   std::vector<Tensor> buckets = e.buckets;
   lock.unlock();
   for (int r = 0; r < replicas_; ++r) {
@@ -372,7 +395,10 @@ void ReplicaSums::all_gather(int replica, int stage, Tensor& bucket,
   }
   device.synchronize();
   lock.lock();
-  release(key);
+  // The last replica done with the buckets forgets them (a replica changes its bucket's other
+  // shards only after every replica has arrived at its next collective of the stage).
+  if (++e.done == replicas_) gathers_.erase(stage);
+  changed_.notify_all();
 }
 
 void ReplicaSums::abort() {

@@ -39,6 +39,17 @@ struct Message {
   std::vector<NamedTensor> tensors;
 };
 
+/// One gradient bucket of a stage (data parallelism): `bucket` counts the stage's buckets in the
+/// order the backward fills them (runtime/exec/device_worker.h).
+struct BucketKey {
+  int stage = 0;
+  int bucket = 0;
+  friend auto operator<=>(const BucketKey&, const BucketKey&) = default;
+};
+
+/// What a replica sum does (`Transport::start_replica_sum`).
+enum class ReplicaOp { kAllReduce, kReduceScatter };
+
 /// Thrown into workers blocked in a transport when the run stops because another failed.
 struct Aborted {};
 
@@ -66,24 +77,40 @@ class Transport {
   /// (the caller's) copies and adds.
   virtual void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient,
                                  DeviceContext& device) = 0;
-  /// Sums `bucket` (float32, 1-D: stage `stage`'s weight gradients one after another, laid out
-  /// alike in every replica) over the data-parallel replicas; on return every replica's bucket
-  /// holds the same bytes. The order is fixed, so results are deterministic: chunk c of R
-  /// (elements [c n / R, (c + 1) n / R)) adds the replicas' values in the order c, c + 1, ...,
-  /// c + R - 1 (mod R), the order of a ring all-reduce's reduce-scatter (which the MPI
-  /// transport runs; the in-process one adds the same way). Throws `Aborted`,
-  /// `Error(kTimeout)` naming the replica that gave nothing, or `Error(kPlan)` when the
-  /// buckets differ or the transport joins no replicas.
-  virtual void replica_sum(int stage, Tensor& bucket, DeviceContext& device) = 0;
-  /// ZeRO-1's reduce-scatter (`--shard-optimizer`): `bucket` (float32, 1-D, laid out alike in
-  /// every replica) is split into shards at `bounds` (R + 1 offsets from 0 to its size); on
-  /// return shard r of replica r's bucket holds shard r summed over the replicas (its other
-  /// shards are the transport's to use). Fixed order: shard r adds the replicas' values in the
-  /// order r + 1, r + 2, ..., r + R (mod R), a ring's reduce-scatter that ends each shard at its
-  /// owner, in process and under MPI alike. Throws as `replica_sum`.
-  virtual void replica_reduce_scatter(int stage, Tensor& bucket,
-                                      const std::vector<int64_t>& bounds,
-                                      DeviceContext& device) = 0;
+  /// Starts the sum over the data-parallel replicas of bucket `key` (float32, 1-D: a range of
+  /// stage `key.stage`'s weight gradients, laid out alike in every replica) and returns at once:
+  /// the sum goes on while the caller computes (driven by `progress_replicas`, which the caller
+  /// calls between its kernels, and by `finish_replica_sum`). The caller leaves `bucket`'s
+  /// bytes alone until `finish_replica_sum(key)` has returned. Buckets of several keys may be in
+  /// flight together; every replica starts the same keys with buckets of the same size.
+  ///
+  /// `ReplicaOp::kAllReduce` (`bounds` empty): on finishing every replica's bucket holds the same
+  /// bytes, the sum. The order is fixed, so results are deterministic: chunk c of R (elements
+  /// [c n / R, (c + 1) n / R) of the bucket: `replica_chunk`) adds the replicas' values in the
+  /// order c, c + 1, ..., c + R - 1 (mod R), the order of a ring all-reduce's reduce-scatter
+  /// (which the MPI transport runs; the in-process one adds the same way). The chunks are the
+  /// bucket's, so an element's order depends on where the bucket boundaries fall: with R = 2 it
+  /// never matters (a + b = b + a exactly); with more replicas a different --bucket-mb may
+  /// change the last bits.
+  ///
+  /// `ReplicaOp::kReduceScatter` (ZeRO-1, `--shard-optimizer`): the bucket is split into shards
+  /// at `bounds` (R + 1 offsets from 0 to its size); on finishing, shard r of replica r's bucket
+  /// holds shard r summed over the replicas (its other shards are the transport's to use).
+  /// Fixed order: shard r adds the replicas' values in the order r + 1, r + 2, ..., r + R
+  /// (mod R), a ring's reduce-scatter that ends each shard at its owner, in process and under
+  /// MPI alike; it does not depend on the bucket boundaries.
+  ///
+  /// Throws `Aborted`, or `Error(kPlan)` when the transport joins no replicas or the key was
+  /// started twice.
+  virtual void start_replica_sum(const BucketKey& key, ReplicaOp op, const Tensor& bucket,
+                                 const std::vector<int64_t>& bounds, DeviceContext& device) = 0;
+  /// Does what can be done now, without waiting, of the started sums (at least of `stage`'s, a
+  /// stage of the calling device). Cheap when nothing is pending. Throws `Aborted`.
+  virtual void progress_replicas(int stage, DeviceContext& device) = 0;
+  /// Waits until the sum of `key` is complete (see `start_replica_sum`). Throws `Aborted`,
+  /// `Error(kTimeout)` naming the replica that gave nothing, or `Error(kPlan)` when the buckets
+  /// differ or `key` was not started.
+  virtual void finish_replica_sum(const BucketKey& key, DeviceContext& device) = 0;
   /// ZeRO-1's all-gather: shard r of replica r's `bucket` (split at `bounds` as above) is copied
   /// into every other replica's; on return every replica's bucket holds the same bytes.
   virtual void replica_all_gather(int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
@@ -93,43 +120,51 @@ class Transport {
 };
 
 /// Elements [lo, hi) of chunk `chunk` of `count` of a bucket of `elements` (the split
-/// `Transport::replica_sum` sums chunk by chunk).
+/// `Transport::start_replica_sum` sums chunk by chunk).
 std::pair<int64_t, int64_t> replica_chunk(int64_t elements, int count, int chunk);
 
 /// What the in-process transports of the replicas of one run share: the buckets being summed.
 /// Each replica sums its own chunk (reading the others' buckets), then copies the others'
-/// chunks, as a ring all-reduce would but through memory.
+/// chunks, as a ring all-reduce would but through memory. A sum is started, then each
+/// replica's worker does its part when it can: between its kernels (`progress`) or, at the
+/// latest, when it needs the result (`finish`).
 class ReplicaSums {
  public:
   /// `replicas` (R >= 2) replicas; waits longer than `timeout_s` (> 0; 0: none) throw
   /// `Error(kTimeout)`.
   ReplicaSums(int replicas, double timeout_s) : replicas_(replicas), timeout_s_(timeout_s) {}
-  void sum(int replica, int stage, Tensor& bucket, DeviceContext& device);
-  /// `Transport::replica_reduce_scatter` and `replica_all_gather` of replica `replica`.
-  void reduce_scatter(int replica, int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
-                      DeviceContext& device);
+  /// `Transport::start_replica_sum`, `progress_replicas` and `finish_replica_sum` of replica
+  /// `replica`.
+  void start(int replica, const BucketKey& key, ReplicaOp op, const Tensor& bucket,
+             const std::vector<int64_t>& bounds, DeviceContext& device);
+  void progress(int replica, int stage, DeviceContext& device);
+  void finish(int replica, const BucketKey& key, DeviceContext& device);
+  /// `Transport::replica_all_gather` of replica `replica`.
   void all_gather(int replica, int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
                   DeviceContext& device);
   void abort();
 
  private:
-  struct Entry {
-    std::vector<Tensor*> buckets;  ///< Per replica, once it has arrived.
-    std::vector<bool> reduced;     ///< Per replica, once its chunk is summed.
-    int arrived = 0, reduced_count = 0, done = 0;
+  /// One bucket's sum over the replicas.
+  struct Sum {
+    ReplicaOp op = ReplicaOp::kAllReduce;
+    std::vector<int64_t> bounds;  ///< R + 1 offsets: the chunks (all-reduce) or shards.
+    std::vector<Tensor> buckets;  ///< Per replica, once it has started (a view of its bytes).
+    /// Per replica: -1 not started, 0 started, 1 its chunk summed, 2 done with the sum.
+    std::vector<int> phase;
+    int arrived = 0, reduced = 0, done = 0;
   };
-  /// ZeRO-1's collectives: each replica's bucket (a view of its bytes) while they last.
+  /// ZeRO-1's all-gather: each replica's bucket (a view of its bytes) while it lasts.
   struct Shards {
     std::vector<Tensor> buckets;
     std::vector<bool> present;
     int arrived = 0, done = 0;
   };
-  /// Registers `bucket` of `replica` for `key` and waits for every replica's; returns them.
-  Shards& gather_buckets(std::unique_lock<std::mutex>& lock, std::pair<int, int> key,
-                         int replica, const Tensor& bucket, const std::vector<int64_t>& bounds,
-                         const char* what);
-  /// Counts `replica` done with `key`'s buckets; the last one forgets them.
-  void release(std::pair<int, int> key);
+  /// Whether `replica` can do its next part of `sum` now.
+  bool can_advance(const Sum& sum, int replica) const;
+  /// Does `replica`'s next part of `sum` (the lock is released while it adds or copies).
+  void advance(std::unique_lock<std::mutex>& lock, const BucketKey& key, Sum& sum, int replica,
+               DeviceContext& device);
   /// Waits until `ready()`; past the timeout throws naming the replicas `missing()` lists.
   template <typename Ready, typename Missing>
   void wait(std::unique_lock<std::mutex>& lock, Ready ready, Missing missing, int stage,
@@ -137,9 +172,8 @@ class ReplicaSums {
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::map<int, Entry> entries_;  ///< Per stage being summed.
-  /// Per (0: reduce-scatter, 1: all-gather; stage) in progress.
-  std::map<std::pair<int, int>, Shards> shards_;
+  std::map<BucketKey, Sum> sums_;          ///< Per bucket being summed.
+  std::map<int, Shards> gathers_;          ///< Per stage being all-gathered.
   int replicas_;
   double timeout_s_;
   bool aborted_ = false;
@@ -156,7 +190,7 @@ class InProcessTransport final : public Transport {
   /// 0: none): how long a send, receive or shared sum waits for another device's worker before
   /// it throws `Error(kTimeout)` naming the link or the weight (a worker that hangs). With data
   /// parallelism each replica has a transport of its own (its links and shared sums), and
-  /// `replicas` (shared by them) sums their gradients for `replica_sum`, this being `replica`.
+  /// `replicas` (shared by them) sums their gradients (`start_replica_sum`), this being `replica`.
   InProcessTransport(const std::vector<Link>& links, int capacity, OnDelivered on_delivered = {},
                      double timeout_s = 0, std::shared_ptr<ReplicaSums> replicas = nullptr,
                      int replica = 0);
@@ -166,9 +200,10 @@ class InProcessTransport final : public Transport {
                         const Tensor& gradient, DeviceContext& device) override;
   void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient,
                          DeviceContext& device) override;
-  void replica_sum(int stage, Tensor& bucket, DeviceContext& device) override;
-  void replica_reduce_scatter(int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
-                              DeviceContext& device) override;
+  void start_replica_sum(const BucketKey& key, ReplicaOp op, const Tensor& bucket,
+                         const std::vector<int64_t>& bounds, DeviceContext& device) override;
+  void progress_replicas(int stage, DeviceContext& device) override;
+  void finish_replica_sum(const BucketKey& key, DeviceContext& device) override;
   void replica_all_gather(int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
                           DeviceContext& device) override;
   void abort() override;

@@ -467,6 +467,7 @@ nlohmann::ordered_json to_json(const Plan& plan) {
           {"chunks", plan.chunks},
           {"microbatches", plan.microbatches},
           {"data_parallel", plan.data_parallel},
+          {"placement", plan.placement},
           {"shard_optimizer", plan.shard_optimizer},
           {"batch", plan.batch},
           {"microbatch_size", plan.microbatch_size},
@@ -505,6 +506,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
           "chunks",
           "microbatches",
           "data_parallel",
+          "placement",
           "shard_optimizer",
           "batch",
           "microbatch_size",
@@ -533,6 +535,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.chunks = f.int32("chunks");
   plan.microbatches = f.int32("microbatches");
   plan.data_parallel = f.int32("data_parallel");
+  plan.placement = f.array("placement", [](const JsonValue& v) { return v.int32(); });
   plan.shard_optimizer = f.boolean("shard_optimizer");
   plan.batch = f.int64("batch");
   plan.microbatch_size = f.int64("microbatch_size");
@@ -552,6 +555,19 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.ops = f.array("ops", read_op);
   plan.timeline = f.array("timeline", read_event);
   return plan;
+}
+
+std::vector<int> pipeline_major_placement(int replicas, int devices) {
+  std::vector<int> ranks;
+  for (int g = 0; g < replicas * devices; ++g) ranks.push_back(g);
+  return ranks;
+}
+
+std::vector<int> replica_major_placement(int replicas, int devices) {
+  std::vector<int> ranks;
+  for (int r = 0; r < replicas; ++r)
+    for (int d = 0; d < devices; ++d) ranks.push_back(d * replicas + r);
+  return ranks;
 }
 
 std::vector<int64_t> even_shards(int64_t elements, int replicas) {

@@ -30,9 +30,10 @@ namespace stagecraft::plan {
 /// (`data_parallel` replicas of the pipeline, `batch` the global batch over all of them, per
 /// stage `allreduce_ms`, `training_config.lr_scaling` and `base_lr`). Version 8: optimizer-state
 /// sharding across the replicas (ZeRO-1): `shard_optimizer`, per stage `optimizer_shards` (the
-/// shards' boundaries in its flattened parameters) and `allgather_ms`. Older plans are refused
+/// shards' boundaries in its flattened parameters) and `allgather_ms`. Version 9: `placement`,
+/// the rank (cluster slot) of every device of every replica. Older plans are refused
 /// ("re-run stagec").
-inline constexpr int kPlanFormatVersion = 8;
+inline constexpr int kPlanFormatVersion = 9;
 
 /// What a recorded file hash starts with: "fnv1a64:<16 hex digits>".
 inline constexpr std::string_view kHashPrefix = "fnv1a64:";
@@ -277,6 +278,13 @@ struct Plan {
   /// of every batch, and sums its weight gradients with the other replicas' (ALLREDUCE)
   /// before each optimizer step.
   int data_parallel = 1;
+  /// Where each device runs: for replica r's pipeline device d, `placement[r x P + d]` is its
+  /// rank (mpirun's rank, filled node by node: rank k is on node k / cluster.devices_per_node),
+  /// a permutation of 0 .. R x P - 1. The identity puts each pipeline on consecutive ranks
+  /// (pipeline neighbours share a node); `replica_major_placement` puts the replicas of each
+  /// pipeline device on consecutive ranks (the all-reduce inside a node). The planner picks by
+  /// predicted step; one process ignores it (every device is a thread).
+  std::vector<int> placement;
   /// ZeRO-1 (training, R >= 2): each replica keeps only its shard of every stage's optimizer
   /// state (`Stage::optimizer_shards`); a stage's ALLREDUCE is then a reduce-scatter of its
   /// sharded gradients (each replica gets its shard summed), its OPT_STEP updates that shard and
@@ -323,6 +331,13 @@ void check_format_version(int version, const std::string& source);
 /// shape, holders) by each of its holders. Throws `Error(kPlan)` naming `source` and
 /// the field.
 void validate_plan(const Plan& plan, const std::string& source);
+
+/// The identity placement of `replicas` x `devices` devices: replica r's device d on rank
+/// r x devices + d.
+std::vector<int> pipeline_major_placement(int replicas, int devices);
+
+/// Replica r's device d on rank d x replicas + r: the replicas of a pipeline device side by side.
+std::vector<int> replica_major_placement(int replicas, int devices);
 
 /// ZeRO-1's split of `elements` sharded parameters over `replicas` (>= 1): the R + 1 boundaries
 /// {0, elements / R, 2 elements / R, ..., elements} (rounded down; shards differ by at most one

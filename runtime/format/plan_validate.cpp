@@ -104,6 +104,7 @@ class Validator {
       fault("data_parallel", fmt::format("is {}; x {} devices is more than {} devices in all",
                                          plan_.data_parallel, plan_.devices, kMaxDevices));
     }
+    check_placement();
     const std::optional<int64_t> replica_batch = try_mul(plan_.microbatches, plan_.microbatch_size);
     const std::optional<int64_t> batch =
         replica_batch ? try_mul(*replica_batch, plan_.data_parallel) : std::nullopt;
@@ -147,6 +148,28 @@ class Validator {
 
   /// ZeRO-1's shards of a stage: R + 1 boundaries from 0, never decreasing, within the stage's
   /// parameters; none without sharding.
+  // Every device of every replica on its own rank: a permutation of 0 .. R x P - 1 (after the
+  // device count is known to be bounded).
+  void check_placement() const {
+    const int64_t devices = static_cast<int64_t>(plan_.devices) * plan_.data_parallel;
+    if (static_cast<int64_t>(plan_.placement.size()) != devices) {
+      fault("placement", fmt::format("has {} ranks for {} devices ({} replicas x {})",
+                                     plan_.placement.size(), devices, plan_.data_parallel,
+                                     plan_.devices));
+    }
+    std::vector<bool> taken(static_cast<size_t>(devices), false);
+    for (size_t g = 0; g < plan_.placement.size(); ++g) {
+      const int rank = plan_.placement[g];
+      if (rank < 0 || rank >= devices)
+        fault(fmt::format("placement[{}]", g),
+              fmt::format("is rank {}; the ranks are 0 to {}", rank, devices - 1));
+      if (taken[static_cast<size_t>(rank)])
+        fault(fmt::format("placement[{}]", g),
+              fmt::format("is rank {}, which runs another device too", rank));
+      taken[static_cast<size_t>(rank)] = true;
+    }
+  }
+
   void check_shards(const Stage& stage) const {
     const std::string field = fmt::format("stages[{}].optimizer_shards", stage.index);
     non_negative(fmt::format("stages[{}].allgather_ms", stage.index), stage.allgather_ms);

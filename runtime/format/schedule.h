@@ -12,6 +12,7 @@
 /// c*P + d). Every instruction names a stage of the device that runs it; sends and receives
 /// also name the peer stage.
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -32,7 +33,12 @@ enum class Op {
   kBackwardInput,  ///< ZB's B: the gradient of the stage's inputs only (on the critical path).
   kBackwardWeight,  ///< ZB's W: the weight gradients, deferred to fill bubbles; frees activations.
   kSendGrad,        ///< Send the gradient of the stage's inputs to `peer_stage` (= stage - 1).
-  kAllReduce,       ///< All-reduce of the stage's gradients across data-parallel replicas.
+  /// All-reduce of the stage's gradients across data-parallel replicas. The runtime splits
+  /// them into buckets (`kDefaultGradientBucketBytes`) and starts each bucket's sum as soon as
+  /// the stage's last weight-gradient instruction of the step (BWD or BWD_WEIGHT) has made it
+  /// final, while the device goes on; ALLREDUCE waits for them all (the simulator models the
+  /// same: compiler/schedule/simulator.h).
+  kAllReduce,
   /// Starts the sum of the stage's shared weights' gradients with the other stages that hold
   /// them (PipelineShape::shared_groups); takes no device time. The stage's OPT_STEP waits for
   /// the sum of every holder, so each must come after the ALLREDUCE_SHARED of every partner on
@@ -40,6 +46,10 @@ enum class Op {
   kAllReduceShared,
   kOptimizerStep,  ///< Optimizer update of the stage's weights, once per step.
 };
+
+/// The gradient bucket the runtime sums over data-parallel replicas at once, in bytes (stagerun
+/// --bucket-mb; 25 MiB, PyTorch DDP's bucket_cap_mb): the planner predicts with it.
+constexpr int64_t kDefaultGradientBucketBytes = int64_t{25} << 20;
 
 /// One step of a device's program.
 struct Instruction {

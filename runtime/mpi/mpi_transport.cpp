@@ -58,6 +58,7 @@ MpiTransport::MpiTransport(MPI_Comm comm, Layout layout, int capacity,
   int found = 0;
   MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &found);
   const int64_t tag_ub = found ? *static_cast<int*>(value) : 32767;  // the standard's least
+  tag_ub_ = tag_ub;
   const int64_t tags = 1 + static_cast<int64_t>(layout_.links.size()) +
                        static_cast<int64_t>(layout_.shared_weights.size()) *
                            static_cast<int64_t>(layout_.stage_rank.size());
@@ -89,6 +90,7 @@ MPI_Status MpiTransport::probe(int rank, int tag, const std::function<std::strin
   auto arrived = [&] {
     int flag = 0;
     MPI_Iprobe(rank, tag, comm_, &flag, &status);
+    if (flag == 0) advance_rings();
     return flag != 0;
   };
   if (!poll_until(arrived, timeout_s_))
@@ -169,7 +171,12 @@ void MpiTransport::send(const Link& link, Message message) {
   // The link is full: wait until its oldest message is taken.
   while (queue.size() >= capacity_) {
     InFlight& oldest = queue.front();
-    if (!poll_until([&] { return complete(oldest.requests); }, timeout_s_))
+    if (!poll_until(
+            [&] {
+              advance_rings();
+              return complete(oldest.requests);
+            },
+            timeout_s_))
       fail(ErrorKind::kTimeout,
            "{} took nothing from the full {} for {:g} s: it died or stopped answering (stagerun "
            "--timeout)",
@@ -262,29 +269,69 @@ void MpiTransport::finish_shared_sum(const std::string& weight, int stage, Tenso
   device.synchronize();
 }
 
-void MpiTransport::replica_sum(int stage, Tensor& bucket, DeviceContext& device) {
-  const int replicas = replica_count(stage, "an ALLREDUCE");
-  if (bucket.dtype != DType::kFloat32 || bucket.rank() != 1)
-    fail(ErrorKind::kUnsupported, "stage {}: the all-reduce sums a 1-D float32 bucket, not {}",
-         stage, bucket.describe());
-  std::vector<int64_t> bounds;
-  for (int c = 0; c < replicas; ++c) bounds.push_back(replica_chunk(bucket.numel(), replicas, c).first);
-  bounds.push_back(bucket.numel());
-  ring(stage, bucket, bounds, 0, true, true, "all-reduce", device);
+int MpiTransport::ring_tag(const BucketKey& key) const {
+  // Bucket -1: the all-gather. Every rank computes the same tag for the same bucket.
+  const int64_t stages = static_cast<int64_t>(layout_.stage_rank.size());
+  const int64_t tag = 1 + key.stage + stages * (int64_t{key.bucket} + 1);
+  if (tag > tag_ub_)
+    fail(ErrorKind::kUnsupported,
+         "stage {}: gradient bucket {} needs MPI tag {}; this MPI allows {} (a larger "
+         "--bucket-mb makes fewer buckets)",
+         key.stage, key.bucket, tag, tag_ub_);
+  return static_cast<int>(tag);
 }
 
-void MpiTransport::replica_reduce_scatter(int stage, Tensor& bucket,
-                                          const std::vector<int64_t>& bounds,
-                                          DeviceContext& device) {
-  replica_count(stage, "a sharded ALLREDUCE");
-  // Ring chunk c is shard c - 1: the reduce-scatter ends chunk me + 1, shard me, here.
-  ring(stage, bucket, bounds, -1, true, false, "reduce-scatter", device);
+void MpiTransport::start_replica_sum(const BucketKey& key, ReplicaOp op, const Tensor& bucket,
+                                     const std::vector<int64_t>& bounds, DeviceContext& device) {
+  const bool all = op == ReplicaOp::kAllReduce;
+  const int replicas = replica_count(key.stage, all ? "an ALLREDUCE" : "a sharded ALLREDUCE");
+  if (rings_.count(key))
+    fail(ErrorKind::kPlan, "stage {}: gradient bucket {} is summed twice in one step", key.stage,
+         key.bucket);
+  std::vector<int64_t> split = bounds;
+  if (all) {
+    split.clear();
+    for (int c = 0; c < replicas; ++c)
+      split.push_back(replica_chunk(bucket.numel(), replicas, c).first);
+    split.push_back(bucket.numel());
+  }
+  // The reduce-scatter's ring chunk c is shard c - 1: the reduce-scatter ends chunk me + 1,
+  // shard me, here.
+  Ring ring = all ? make_ring(key, bucket, split, 0, true, true, "all-reduce")
+                  : make_ring(key, bucket, split, -1, true, false, "reduce-scatter");
+  device.synchronize();  // MPI reads the bucket
+  ring.device = &device;
+  Ring& started = rings_.emplace(key, std::move(ring)).first->second;
+  advance(started);
+}
+
+void MpiTransport::progress_replicas(int /*stage*/, DeviceContext& /*device*/) {
+  check_open();
+  advance_rings();  // every ring of this rank (its stages are one device's)
+}
+
+void MpiTransport::advance_rings() {
+  for (auto& [key, ring] : rings_)
+    if (!ring.done()) advance(ring);
+}
+
+void MpiTransport::finish_replica_sum(const BucketKey& key, DeviceContext& device) {
+  check_open();
+  auto it = rings_.find(key);
+  if (it == rings_.end())
+    fail(ErrorKind::kPlan, "stage {}: waits for gradient bucket {}, never started", key.stage,
+         key.bucket);
+  complete_ring(it->second);
+  rings_.erase(it);
 }
 
 void MpiTransport::replica_all_gather(int stage, Tensor& bucket,
                                       const std::vector<int64_t>& bounds, DeviceContext& device) {
   replica_count(stage, "a sharded OPT_STEP");
-  ring(stage, bucket, bounds, -1, false, true, "all-gather", device);
+  device.synchronize();  // MPI reads the bucket
+  Ring ring = make_ring({stage, -1}, bucket, bounds, -1, false, true, "all-gather");
+  ring.device = &device;
+  complete_ring(ring);
 }
 
 int MpiTransport::replica_count(int stage, const char* what) {
@@ -295,11 +342,12 @@ int MpiTransport::replica_count(int stage, const char* what) {
   return replicas;
 }
 
-void MpiTransport::ring(int stage, Tensor& bucket, const std::vector<int64_t>& bounds, int shift,
-                        bool reduce, bool gather, const char* what, DeviceContext& device) {
-  int replicas = 1, me = 0;
+MpiTransport::Ring MpiTransport::make_ring(const BucketKey& key, const Tensor& bucket,
+                                           const std::vector<int64_t>& bounds, int shift,
+                                           bool reduce, bool gather, const char* what) {
+  int replicas = 1;
   MPI_Comm_size(replicas_, &replicas);
-  MPI_Comm_rank(replicas_, &me);
+  const int stage = key.stage;
   if (bucket.dtype != DType::kFloat32 || bucket.rank() != 1)
     fail(ErrorKind::kUnsupported, "stage {}: the {} takes a 1-D float32 bucket, not {}", stage,
          what, bucket.describe());
@@ -318,54 +366,89 @@ void MpiTransport::ring(int stage, Tensor& bucket, const std::vector<int64_t>& b
     fail(ErrorKind::kUnsupported,
          "stage {}: a gradient chunk of {} floats is more than one MPI message holds", stage,
          largest);
+  Ring ring;
+  ring.key = key;
+  ring.bucket = bucket;
+  ring.incoming = Tensor::uninitialized(DType::kFloat32, {reduce ? largest : 0});
+  ring.bounds = bounds;
+  ring.shift = shift;
+  ring.reduce = reduce;
+  ring.gather = gather;
+  ring.steps = (reduce ? replicas - 1 : 0) + (gather ? replicas - 1 : 0);
+  ring.tag = ring_tag(key);
+  ring.what = what;
+  return ring;
+}
+
+bool MpiTransport::advance(Ring& ring) {
+  DeviceContext& device = *ring.device;
+  int replicas = 1, me = 0;
+  MPI_Comm_size(replicas_, &replicas);
+  MPI_Comm_rank(replicas_, &me);
   const int next = (me + 1) % replicas, previous = (me + replicas - 1) % replicas;
-  const int tag = 1 + stage;
   auto chunk = [&](int c) {
-    const int r = (((c + shift) % replicas) + replicas) % replicas;
-    return slice_rows(bucket, bounds[static_cast<size_t>(r)], bounds[static_cast<size_t>(r) + 1]);
+    const int r = (((c + ring.shift) % replicas) + replicas) % replicas;
+    return slice_rows(ring.bucket, ring.bounds[static_cast<size_t>(r)],
+                      ring.bounds[static_cast<size_t>(r) + 1]);
   };
+  const int reduce_steps = ring.reduce ? replicas - 1 : 0;
+  while (!ring.done()) {
+    // Reduce-scatter step k: this rank sends chunk me - k and adds the previous rank's chunk
+    // me - k - 1 to its own, so after R - 1 steps chunk me + 1 is summed over replicas
+    // me + 1 .. me + R in that order. All-gather step k: the whole chunk me + 1 - k goes on and
+    // chunk me - k comes in.
+    const bool reducing = ring.step < reduce_steps;
+    const int k = reducing ? ring.step : ring.step - reduce_steps;
+    if (ring.pending.empty()) {
+      const Tensor out = reducing ? chunk(me - k) : chunk(me + 1 - k);
+      Tensor in = reducing ? slice_rows(ring.incoming, 0, chunk(me - k - 1).numel()) : chunk(me - k);
+      ring.pending.resize(2);
+      MPI_Isend(out.data, static_cast<int>(out.bytes()), MPI_BYTE, next, ring.tag, replicas_,
+                &ring.pending[0]);
+      MPI_Irecv(in.data, static_cast<int>(in.bytes()), MPI_BYTE, previous, ring.tag, replicas_,
+                &ring.pending[1]);
+    }
+    if (!complete(ring.pending)) return false;
+    ring.pending.clear();
+    if (reducing) {
+      Tensor into = chunk(me - k - 1);
+      device.accumulate(into, slice_rows(ring.incoming, 0, into.numel()));
+      device.synchronize();  // the next step may send what was just added
+    }
+    ++ring.step;
+  }
+  return true;
+}
+
+void MpiTransport::complete_ring(Ring& ring) {
+  auto done = [&] {
+    for (auto& [key, other] : rings_)
+      if (&other != &ring && !other.done()) advance(other);
+    return advance(ring);
+  };
+  if (poll_until(done, timeout_s_)) return;
+  int replicas = 1, me = 0;
+  MPI_Comm_size(replicas_, &replicas);
+  MPI_Comm_rank(replicas_, &me);
   auto name = [&](int rank) {
     return rank < static_cast<int>(layout_.replica_names.size())
                ? layout_.replica_names[static_cast<size_t>(rank)]
                : fmt::format("replica {}", rank);
   };
-  device.synchronize();  // MPI reads the bucket
-  Tensor incoming = Tensor::uninitialized(DType::kFloat32, {reduce ? largest : 0});
-  // One ring step: `out` to the next replica, `in` from the previous one.
-  auto exchange = [&](const Tensor& out, Tensor& in, const char* phase, int step) {
-    MPI_Request requests[2];
-    MPI_Isend(out.data, static_cast<int>(out.bytes()), MPI_BYTE, next, tag, replicas_,
-              &requests[0]);
-    MPI_Irecv(in.data, static_cast<int>(in.bytes()), MPI_BYTE, previous, tag, replicas_,
-              &requests[1]);
-    std::vector<MPI_Request> pending(requests, requests + 2);
-    if (!poll_until([&] { return complete(pending); }, timeout_s_)) {
-      int received = 0;
-      MPI_Test(&pending[1], &received, MPI_STATUS_IGNORE);
-      fail(ErrorKind::kTimeout,
-           "waited {:g} s for {} (the {} of stage {}'s gradients, {} step {} of {}): it "
-           "died or stopped answering (stagerun --timeout)",
-           timeout_s_,
-           received ? name(next) + " to take a chunk" : "a chunk from " + name(previous), what,
-           stage, phase, step + 1, replicas - 1);
-    }
-  };
-  // Reduce-scatter: after step k this rank holds chunk (me - k - 1) summed over replicas
-  // me - k - 1 .. me, in that order; after R - 1 steps chunk me + 1 is whole here.
-  if (reduce)
-    for (int k = 0; k + 1 < replicas; ++k) {
-      Tensor into = chunk(me - k - 1);
-      Tensor in = slice_rows(incoming, 0, into.numel());
-      exchange(chunk(me - k), in, "reduce-scatter", k);
-      device.accumulate(into, in);
-    }
-  // All-gather: the whole chunks go round the ring, chunk me + 1 from here first.
-  if (gather)
-    for (int k = 0; k + 1 < replicas; ++k) {
-      Tensor into = chunk(me - k);
-      exchange(chunk(me + 1 - k), into, "all-gather", k);
-    }
-  device.synchronize();
+  int received = 0;
+  if (ring.pending.size() == 2) MPI_Test(&ring.pending[1], &received, MPI_STATUS_IGNORE);
+  const int reduce_steps = ring.reduce ? replicas - 1 : 0;
+  const bool reducing = ring.step < reduce_steps;
+  fail(ErrorKind::kTimeout,
+       "waited {:g} s for {} (the {} of stage {}'s gradients{}, {} step {} of {}): it "
+       "died or stopped answering (stagerun --timeout)",
+       timeout_s_,
+       received ? name((me + 1) % replicas) + " to take a chunk"
+                : "a chunk from " + name((me + replicas - 1) % replicas),
+       ring.what, ring.key.stage,
+       ring.key.bucket >= 0 ? fmt::format(", bucket {}", ring.key.bucket) : std::string(),
+       reducing ? "reduce-scatter" : "all-gather",
+       (reducing ? ring.step : ring.step - reduce_steps) + 1, replicas - 1);
 }
 
 void MpiTransport::abort() { aborted_ = true; }

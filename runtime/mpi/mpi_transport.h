@@ -53,7 +53,7 @@ class MpiTransport final : public Transport {
   /// (the in-process transport's bound on a link's buffer). `on_delivered` is called in `recv`
   /// with the message received (the moment its bytes become this rank's).
   /// `replicas`: the communicator of this device's data-parallel replicas (rank = replica),
-  /// over which `replica_sum` runs its ring; MPI_COMM_NULL without data parallelism.
+  /// over which `start_replica_sum` runs its rings; MPI_COMM_NULL without data parallelism.
   MpiTransport(MPI_Comm comm, Layout layout, int capacity,
                InProcessTransport::OnDelivered on_delivered = {}, double timeout_s = 0,
                MPI_Comm replicas = MPI_COMM_NULL);
@@ -71,15 +71,20 @@ class MpiTransport final : public Transport {
   /// in-process transport does, so every holder gets the same bytes.
   void finish_shared_sum(const std::string& weight, int stage, Tensor& gradient,
                          DeviceContext& device) override;
-  /// A ring all-reduce over the replicas' communicator: R - 1 steps of reduce-scatter (each
-  /// rank sends one chunk to the next replica and adds the chunk the previous one sent), then
-  /// R - 1 of all-gather; every message is 1/R of the bucket, so each rank sends
-  /// 2 (R - 1) / R of it, the figure the planner counts.
-  void replica_sum(int stage, Tensor& bucket, DeviceContext& device) override;
-  /// ZeRO-1: the ring's reduce-scatter alone, with ring chunk c being shard c - 1 (so that
-  /// shard r ends at replica r), then, after the optimizer step, its all-gather alone.
-  void replica_reduce_scatter(int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
-                              DeviceContext& device) override;
+  /// A ring over the replicas' communicator, run non-blocking: all-reduce: R - 1 steps of
+  /// reduce-scatter (each rank sends one chunk to the next replica and adds the chunk the
+  /// previous one sent), then R - 1 of all-gather; every message is 1/R of the bucket, so each
+  /// rank sends 2 (R - 1) / R of it, the figure the planner counts. ZeRO-1's reduce-scatter:
+  /// the first half alone, with ring chunk c being shard c - 1 (so that shard r ends at replica
+  /// r). Each bucket's ring has a tag of its own, so several go round at once; a step is posted
+  /// (MPI_Isend, MPI_Irecv) and the next one posted when `progress_replicas` or
+  /// `finish_replica_sum` finds it complete (MPI_Testall), so the sums advance between the
+  /// caller's kernels while it computes.
+  void start_replica_sum(const BucketKey& key, ReplicaOp op, const Tensor& bucket,
+                         const std::vector<int64_t>& bounds, DeviceContext& device) override;
+  void progress_replicas(int stage, DeviceContext& device) override;
+  void finish_replica_sum(const BucketKey& key, DeviceContext& device) override;
+  /// ZeRO-1's all-gather after the optimizer step: the second half of the ring alone, blocking.
   void replica_all_gather(int stage, Tensor& bucket, const std::vector<int64_t>& bounds,
                           DeviceContext& device) override;
   void abort() override;
@@ -122,13 +127,36 @@ class MpiTransport final : public Transport {
   MPI_Comm replicas_ = MPI_COMM_NULL;
   std::atomic<bool> aborted_{false};
 
+  /// A ring in progress over the replicas' communicator on `bucket` split at `bounds` (ring
+  /// chunk c is shard c + `shift`, mod R): R - 1 reduce-scatter steps when `reduce`, then R - 1
+  /// all-gather steps when `gather`.
+  struct Ring {
+    BucketKey key;
+    Tensor bucket, incoming;
+    std::vector<int64_t> bounds;
+    int shift = 0, step = 0, steps = 0, tag = 0;
+    bool reduce = false, gather = false;
+    const char* what = "";
+    DeviceContext* device = nullptr;   ///< The starting worker's, which adds the chunks.
+    std::vector<MPI_Request> pending;  ///< The step's send and receive while posted.
+    bool done() const { return step == steps; }
+  };
   /// R, the replicas; `Error(kPlan)` naming `what` with one.
   int replica_count(int stage, const char* what);
-  /// A ring over the replicas' communicator on `bucket` split at `bounds` (ring chunk c is
-  /// shard c + `shift`, mod R): R - 1 reduce-scatter steps when `reduce`, then R - 1 all-gather
-  /// steps when `gather`. `what` names it in errors.
-  void ring(int stage, Tensor& bucket, const std::vector<int64_t>& bounds, int shift, bool reduce,
-            bool gather, const char* what, DeviceContext& device);
+  /// Checks `bounds` and makes the ring of `key` (not started: `advance` posts its first step).
+  Ring make_ring(const BucketKey& key, const Tensor& bucket, const std::vector<int64_t>& bounds,
+                 int shift, bool reduce, bool gather, const char* what);
+  /// Takes `ring` as far as it goes without waiting; true once it is done.
+  bool advance(Ring& ring);
+  /// Advances every ring in flight (also while a send or receive waits: a replica may be
+  /// waiting for this rank's next ring step).
+  void advance_rings();
+  /// Advances every ring until `ring` is done; past the timeout throws naming the silent peer.
+  void complete_ring(Ring& ring);
+  /// The tag of a bucket's ring on the replicas' communicator.
+  int ring_tag(const BucketKey& key) const;
+  std::map<BucketKey, Ring> rings_;  ///< Started and not yet finished.
+  int64_t tag_ub_ = 32767;
 };
 
 }  // namespace stagecraft::rt::mpi

@@ -38,7 +38,7 @@ constexpr int kBarrierTag = 2;
 // rank failed or died). A signal handler reaches only what is global: this is written by the
 // worker before each instruction (atomics), and the texts are made before the run starts.
 struct StopNote {
-  enum Phase : int { kLoading, kInstruction, kBarrier, kGather };
+  enum Phase : int { kLoading, kInstruction, kBarrier, kGather, kSave };
   std::atomic<int> phase{kLoading};
   std::atomic<int64_t> step{0};
   std::atomic<int64_t> index{0};
@@ -87,6 +87,7 @@ extern "C" void on_sigterm(int) {
       append(line, cap, at, stop_note.texts[index].c_str());
     if (phase == StopNote::kBarrier)
       append(line, cap, at, ", then waiting for every rank at the step barrier");
+    if (phase == StopNote::kSave) append(line, cap, at, ", then saving a checkpoint");
   }
   append(line, cap, at,
          "; mpirun ends every rank once one fails or dies (its message names that rank)\n");
@@ -220,6 +221,23 @@ void take_part(const std::vector<char>& bytes, int rank, int replica, bool has_l
   report.memory.insert(report.memory.end(), memory.begin(), memory.end());
 }
 
+// Waits for the non-blocking collective `request` within `timeout_s` (the run's --timeout):
+// past it throws `Error(kTimeout)` saying which exchange (`what`) did not complete. A rank that
+// died ends the others through mpirun; one that stopped answering would block a blocking
+// collective for good.
+void complete(MPI_Request& request, const std::string& what, double timeout_s) {
+  auto done = [&] {
+    int flag = 0;
+    MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+    return flag != 0;
+  };
+  if (!poll_until(done, timeout_s))
+    fail(ErrorKind::kTimeout,
+         "the {} did not complete within {:g} s: a rank died or stopped answering (stagerun "
+         "--timeout)",
+         what, timeout_s);
+}
+
 }  // namespace
 
 bool World::available() { return true; }
@@ -249,7 +267,11 @@ World::World() : comms_(std::make_unique<Comms>()) {
   sigaction(SIGTERM, &action, nullptr);
 }
 
-std::string World::rank_name(int rank) const { return fmt::format("rank {} (device {})", rank, rank); }
+std::string World::rank_name(int rank) const {
+  const auto g = static_cast<size_t>(rank);
+  return fmt::format("rank {} (device {})", g < world_ranks_.size() ? world_ranks_[g] : rank,
+                     rank);
+}
 
 void World::barrier() const {
   stop_note.phase = StopNote::kBarrier;
@@ -309,8 +331,24 @@ std::vector<int> World::local_devices(const plan::Plan& plan, const std::string&
            size_, size_ == 1 ? "" : "s", plan_dir, devices, plan.data_parallel, plan.devices,
            devices);
   });
-  // Rank g runs device g: pipeline device g % P of replica g / P. The transport's
-  // communicators: this replica's pipeline (ranked by device) and this device's replicas.
+  // The rank mpirun gave this process runs the device the plan's placement puts there (a
+  // permutation, checked when the plan was loaded). The transport and control communicators
+  // are ranked by device from here on, so that below rank g is device g: pipeline device
+  // g % P of replica g / P.
+  world_ranks_ = plan.placement;
+  for (int g = 0; g < devices; ++g)
+    if (plan.placement[static_cast<size_t>(g)] == rank_) {
+      for (MPI_Comm* comm : {&comms_->transport, &comms_->control}) {
+        MPI_Comm by_device = MPI_COMM_NULL;
+        MPI_Comm_split(*comm, 0, g, &by_device);
+        MPI_Comm_free(comm);
+        *comm = by_device;
+      }
+      rank_ = g;
+      break;
+    }
+  // The transport's communicators: this replica's pipeline (ranked by device) and this
+  // device's replicas.
   pipeline_devices_ = plan.devices;
   MPI_Comm_split(comms_->transport, rank_ / plan.devices, rank_ % plan.devices, &comms_->pipeline);
   MPI_Comm_split(comms_->transport, rank_ % plan.devices, rank_ / plan.devices, &comms_->replicas);
@@ -440,13 +478,17 @@ void World::agree(const std::string& error, const std::string& what) const {
     int failed;
     int rank;
   } mine{error.empty() ? 0 : 1, rank_}, worst{0, 0};
-  MPI_Allreduce(&mine, &worst, 1, MPI_2INT, MPI_MAXLOC, comms_->control);
+  MPI_Request request;
+  MPI_Iallreduce(&mine, &worst, 1, MPI_2INT, MPI_MAXLOC, comms_->control, &request);
+  complete(request, fmt::format("check that every rank got through the {}", what), timeout_s_);
   if (!worst.failed) return;
   // Every rank says why (the first to end ends them all: its line may be the only one).
   int length = rank_ == worst.rank ? static_cast<int>(error.size()) : 0;
-  MPI_Bcast(&length, 1, MPI_INT, worst.rank, comms_->control);
+  MPI_Ibcast(&length, 1, MPI_INT, worst.rank, comms_->control, &request);
+  complete(request, fmt::format("{}'s error", rank_name(worst.rank)), timeout_s_);
   std::string why = rank_ == worst.rank ? error : std::string(static_cast<size_t>(length), ' ');
-  MPI_Bcast(why.data(), length, MPI_CHAR, worst.rank, comms_->control);
+  MPI_Ibcast(why.data(), length, MPI_CHAR, worst.rank, comms_->control, &request);
+  complete(request, fmt::format("{}'s error", rank_name(worst.rank)), timeout_s_);
   if (!error.empty()) fail(ErrorKind::kIo, "{}", error);
   fail(ErrorKind::kIo, "{} (on {}, during the {})", why, rank_name(worst.rank), what);
 }
@@ -496,8 +538,11 @@ std::map<std::string, optim::OptimizerState> World::whole_state(const Pipeline& 
     }
   }
   std::vector<float> all(me == 0 ? static_cast<size_t>(offsets.back() + counts.back()) : 0);
-  MPI_Gatherv(send.data(), counts[static_cast<size_t>(me)], MPI_FLOAT, all.data(), counts.data(),
-              offsets.data(), MPI_FLOAT, 0, comms_->replicas);
+  MPI_Request request;
+  MPI_Igatherv(send.data(), counts[static_cast<size_t>(me)], MPI_FLOAT, all.data(), counts.data(),
+               offsets.data(), MPI_FLOAT, 0, comms_->replicas, &request);
+  complete(request, fmt::format("gather of stage {}'s optimizer state from its replicas", stage),
+           timeout_s_);
   if (me != 0) return {};
   // The shared weights' state is whole on every replica; the sharded ones' put together.
   std::map<std::string, optim::OptimizerState> whole;
@@ -525,6 +570,7 @@ std::map<std::string, optim::OptimizerState> World::whole_state(const Pipeline& 
 void World::save_checkpoint(const Pipeline& pipeline, const std::string& dir) const {
   const MPI_Comm comm = comms_->control;
   const std::string what = fmt::format("save of checkpoint {}", dir);
+  stop_note.phase = StopNote::kSave;
   // Rank 0 makes the temporary folder; every rank learns its name.
   std::string tmp, error;
   if (rank_ == 0) {
@@ -536,9 +582,12 @@ void World::save_checkpoint(const Pipeline& pipeline, const std::string& dir) co
   }
   agree(error, what);
   int length = static_cast<int>(tmp.size());
-  MPI_Bcast(&length, 1, MPI_INT, 0, comm);
+  MPI_Request request;
+  MPI_Ibcast(&length, 1, MPI_INT, 0, comm, &request);
+  complete(request, what + " (its folder's name from rank 0)", timeout_s_);
   tmp.resize(static_cast<size_t>(length));
-  MPI_Bcast(tmp.data(), length, MPI_CHAR, 0, comm);
+  MPI_Ibcast(tmp.data(), length, MPI_CHAR, 0, comm, &request);
+  complete(request, what + " (its folder's name from rank 0)", timeout_s_);
   // Each stage's whole optimizer state on its first replica (collective), which writes it.
   const bool writer = rank_ < pipeline_devices_;
   nlohmann::ordered_json entries = nlohmann::ordered_json::array();
@@ -559,12 +608,14 @@ void World::save_checkpoint(const Pipeline& pipeline, const std::string& dir) co
   const std::string text = entries.dump();
   int size = static_cast<int>(text.size());
   std::vector<int> sizes(static_cast<size_t>(size_)), offsets(static_cast<size_t>(size_), 0);
-  MPI_Gather(&size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm);
+  MPI_Igather(&size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm, &request);
+  complete(request, what + " (the manifest entries to rank 0)", timeout_s_);
   for (int r = 1; r < size_; ++r)
     offsets[static_cast<size_t>(r)] = offsets[static_cast<size_t>(r) - 1] + sizes[static_cast<size_t>(r) - 1];
   std::string texts(rank_ == 0 ? static_cast<size_t>(offsets.back() + sizes.back()) : 0, '\0');
-  MPI_Gatherv(text.data(), size, MPI_CHAR, texts.data(), sizes.data(), offsets.data(), MPI_CHAR, 0,
-              comm);
+  MPI_Igatherv(text.data(), size, MPI_CHAR, texts.data(), sizes.data(), offsets.data(), MPI_CHAR,
+               0, comm, &request);
+  complete(request, what + " (the manifest entries to rank 0)", timeout_s_);
   if (rank_ == 0) {
     try {
       std::map<int, nlohmann::ordered_json> by_index;

@@ -65,8 +65,9 @@ class World {
     }
   }
 
-  /// The device this rank runs: {rank}. Refuses (every rank) a world whose size is not the
-  /// plan's device count (R x P), naming both; splits the communicators (collective).
+  /// The device this rank runs: the plan's placement says which ({rank()} after the call: the
+  /// communicators are then ranked by device). Refuses (every rank) a world whose size is not
+  /// the plan's device count (R x P), naming both; splits the communicators (collective).
   std::vector<int> local_devices(const plan::Plan& plan, const std::string& plan_dir);
 
   /// This rank's run of `pipeline` (loaded for this rank's device): its transport (MPI, on a
@@ -115,6 +116,9 @@ class World {
 
   int rank_ = 0, size_ = 1;
   int pipeline_devices_ = 1;  ///< P: rank g is device g % P of replica g / P.
+  /// Per device, the rank mpirun gave its process (the plan's placement); `rank_` is the
+  /// device's index once `local_devices` has ranked the communicators by device.
+  std::vector<int> world_ranks_;
   double timeout_s_ = 0;  ///< For the barrier and the gather (the run's --timeout).
   bool refused_together_ = false, finished_ = false;
 };

@@ -18,7 +18,15 @@
 #     train_dp               2 replicas x 2 pipeline devices on 4 ranks: the losses of the
 #                            in-process run of the plan bit for bit, and one device's on the
 #                            same global batch within 1e-5 (gpipe, 1f1b); also 4 replicas of
-#                            one device (the ring's order); 2 ranks refused
+#                            one device (the ring's order); 2 ranks refused; a plan
+#                            placed replica-major (2 devices per node) on 4 ranks, the
+#                            in-process losses bit for bit, its ranks named by the placement
+#     train_buckets          gradient buckets (--bucket-mb 0.001: one weight each, started inside
+#                            the last backward) on 2 replicas x 2 devices, 4 ranks: the losses
+#                            of one bucket summed at ALLREDUCE (--no-overlap) and of the
+#                            in-process bucketed run bit for bit, one device's within 1e-5,
+#                            under gpipe, 1f1b, zb-h1, interleaved, and sharded (1f1b); a bad
+#                            --bucket-mb refused
 #     train_zero             --shard-optimizer (ZeRO-1), 2 replicas x 2 devices on 4 ranks (adam,
 #                            momentum): the unsharded plan's losses, final weights and
 #                            optimizer state (checkpoints) bit for bit, and the
@@ -34,8 +42,9 @@
 #                            others, each of which says where it was; within --timeout
 #                            beyond a healthy run's time; none remains
 #     hang                   rank 1 of 2 stops answering mid-step (and, again, before its
-#                            step's end): rank 0 gives up after --timeout naming rank 1 and
-#                            the instruction (the step barrier); none remains
+#                            step's end, and as a checkpoint save begins): rank 0 gives up
+#                            after --timeout naming rank 1 and the instruction (the step
+#                            barrier; the save); none remains
 # Exit 77 (skipped) where there is no mpirun or the build has no MPI.
 set -euo pipefail
 
@@ -133,6 +142,47 @@ case "$check" in
     grep -q "stagerun: internal error: device 1: step 1: .*fault injected at node '$node'" err.txt ||
       fail "the failing rank's line is missing: $(cat err.txt)"
     ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
+    ;;
+  train_buckets)
+    common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer adam --lr 0.001)
+    "$stagec" "${common[@]}" -o one --devices 1 --microbatches 4 >/dev/null
+    "$stagerun" one --steps 3 --json -q --backend cpu >one.json
+    losses one.json >one.loss
+    for variant in gpipe 1f1b zb-h1 interleaved zero; do
+      case $variant in
+        interleaved) extra=(--schedule interleaved --chunks 2) ;;
+        zero) extra=(--schedule 1f1b --shard-optimizer) ;;
+        *) extra=(--schedule "$variant") ;;
+      esac
+      "$stagec" "${common[@]}" "${extra[@]}" -o "plan_$variant" --devices 4 --data-parallel 2 \
+        --microbatches 2 >/dev/null
+      "$stagerun" "plan_$variant" --steps 3 --json -q --backend cpu --bucket-mb 100000 \
+        --no-overlap >whole.json
+      "$stagerun" "plan_$variant" --steps 3 --json -q --backend cpu --bucket-mb 0.001 >threads.json
+      if ! "${mpi[@]}" -np 4 "$stagerun" "plan_$variant" --steps 3 --json -q --bucket-mb 0.001 \
+        >ranks.json 2>ranks.err; then
+        cat ranks.err >&2
+        fail "mpirun -np 4 stagerun --bucket-mb 0.001 ($variant) failed"
+      fi
+      losses whole.json >whole.loss
+      losses threads.json >threads.loss
+      losses ranks.json >ranks.loss
+      [ "$(wc -l <ranks.loss)" -eq 3 ] || fail "expected 3 losses, got $(cat ranks.loss)"
+      cmp -s ranks.loss whole.loss ||
+        fail "$variant: buckets on 4 ranks and one bucket differ: $(paste ranks.loss whole.loss)"
+      cmp -s threads.loss whole.loss ||
+        fail "$variant: buckets in one process and one bucket differ: $(paste threads.loss whole.loss)"
+      paste one.loss ranks.loss | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 || $2 != $2 + 0) bad = 1 }
+        END { exit bad }' || fail "$variant: not one device's losses: $(paste one.loss ranks.loss)"
+      echo "$variant, 1 KiB buckets on 4 ranks: $(tr '\n' ' ' <ranks.loss)(one bucket's bits)"
+    done
+    for bad in 0 -1 abc 1e300; do
+      if "$stagerun" plan_1f1b --steps 1 -q "--bucket-mb=$bad" >out.txt 2>err.txt; then
+        fail "--bucket-mb $bad ran"
+      fi
+      grep -q -- "usage error: --bucket-mb must be a number of MiB above 0" err.txt ||
+        fail "--bucket-mb $bad: no usage line: $(cat err.txt)"
+    done
     ;;
   train_zero)
     for optimizer in adam momentum; do
@@ -284,6 +334,39 @@ case "$check" in
     paste one.loss ranks.loss | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 || $2 != $2 + 0) bad = 1 }
       END { exit bad }' || fail "4 replicas: not one device's losses: $(paste one.loss ranks.loss)"
     echo "4 replicas: $(tr '\n' ' ' <ranks.loss)"
+    # 2 devices per node and a slow network: stagec puts each device's replicas on neighbouring
+    # ranks (placement [0, 2, 1, 3]); rank 1 then runs replica 1's first device, and the 4
+    # ranks give the in-process run's losses bit for bit.
+    printf '%s\n' '{"devices_per_node": 2, "intra_node": {"bandwidth": 1e10, "latency_s": 5e-6},' \
+      '"inter_node": {"bandwidth": 1.25e9, "latency_s": 5e-5}}' >nodes.json
+    "$stagec" "${common[@]}" -o placed --devices 4 --data-parallel 2 --microbatches 2 \
+      --cluster nodes.json >placed.txt
+    grep -q "^placement: each device's replicas on neighbouring ranks" placed.txt ||
+      fail "no replica-major placement: $(cat placed.txt)"
+    tr -d ' \n' <placed/plan.json | grep -q '"placement":\[0,2,1,3\]' ||
+      fail "plan.json's placement is not [0, 2, 1, 3]"
+    "$stagerun" placed --steps 4 --json -q --backend cpu >threads.json
+    "${mpi[@]}" -np 4 "$stagerun" placed --steps 4 --json -q >ranks.json 2>ranks.err ||
+      fail "mpirun -np 4 stagerun (replica-major placement) failed: $(cat ranks.err)"
+    losses ranks.json >ranks.loss
+    losses threads.json >threads.loss
+    [ "$(wc -l <ranks.loss)" -eq 4 ] || fail "placed: expected 4 losses, got $(cat ranks.loss)"
+    cmp -s ranks.loss threads.loss ||
+      fail "placed: 4 ranks and one process differ: $(paste ranks.loss threads.loss)"
+    # The ranks name their devices by the placement: a fault in the loss (device 1 of each
+    # replica: devices 1 and 3, ranks 2 and 3) ends device 0 of replica 1 on rank 1.
+    node=$(grep -o '"loss/[^"]*"' placed/plan.json | head -1 | tr -d '"')
+    if timeout 60 "${mpi[@]}" -np 4 "$stagerun" placed --steps 2 -q --inject-fault "$node" \
+      >out.txt 2>err.txt; then
+      fail "placed: a run with a failing node succeeded"
+    fi
+    grep -q "internal error: device [13]: step 1: .*fault injected" err.txt ||
+      fail "placed: the fault of device 1 or 3 is not reported: $(cat err.txt)"
+    if grep -q "stagerun: rank [0-9]* (device" err.txt; then
+      grep "stagerun: rank [0-9]* (device" err.txt | grep -v -E "rank (0 \(device 0|1 \(device 2|2 \(device 1|3 \(device 3)\)" &&
+        fail "placed: a rank named with another placement's device"
+    fi
+    echo "placed [0, 2, 1, 3]: $(tr '\n' ' ' <ranks.loss)"
     if "${mpi[@]}" -np 2 "$stagerun" plan -q >out.txt 2>err.txt; then
       fail "mpirun -np 2 ran a plan of 4 devices"
     fi
@@ -339,6 +422,19 @@ case "$check" in
     fi
     grep -q "^stagerun: timeout error: device 0: step 2: waiting for every device at the step's end: rank 1 (device 1) did not arrive within 2 s" err2.txt ||
       fail "rank 0's line naming rank 1 at the step barrier is missing: $(cat err2.txt)"
+    # Stopped as the checkpoint save after step 1 begins: the save's exchanges wait no longer
+    # than --timeout either.
+    start=$SECONDS
+    if timeout 60 "${mpi[@]}" -np 2 "$stagerun" "$work/plan" --steps 3 -q --timeout 2 \
+      --checkpoint "$work/ckpt" --save-every 1 --inject-hang 1:1:save >out.txt 2>err3.txt; then
+      fail "a run with a rank hung in the checkpoint save succeeded"
+    fi
+    took=$((SECONDS - start))
+    [ "$took" -lt $((healthy + 2 + slack)) ] ||
+      fail "the ranks took $took s to end in the save (--timeout 2; healthy run $healthy s)"
+    grep -q "^stagerun: timeout error: .*save of checkpoint $work/ckpt.* did not complete within 2 s: a rank died or stopped answering" err3.txt ||
+      fail "rank 0's line naming the save is missing: $(cat err3.txt)"
+    [ ! -e "$work/ckpt/manifest.json" ] || fail "a checkpoint was completed without rank 1"
     sleep 1
     ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
     echo "ended in $took s"

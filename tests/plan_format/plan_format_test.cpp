@@ -244,12 +244,23 @@ TEST_CASE("validate_plan refuses broken cross references naming the field") {
     plan.stages[1].nodes.clear();
     check_refused(plan, "stages[1].nodes' is empty");
   }
+  SUBCASE("placement: not one rank per device, a rank out of range, a rank twice") {
+    plan.placement = {0};
+    check_refused(plan, "placement' has 1 ranks for 2 devices (1 replicas x 2)");
+    plan.placement = {0, 2};
+    check_refused(plan, "placement[1]' is rank 2; the ranks are 0 to 1");
+    plan.placement = {1, 1};
+    check_refused(plan, "placement[1]' is rank 1, which runs another device too");
+    plan.placement = {1, 0};
+    CHECK_NOTHROW(validate_plan(plan, "plan.json"));
+  }
   SUBCASE("device out of range") {
     plan.stages[1].device = 5;
     check_refused(plan, "stages[1].device' is 5, but the plan has 2 devices (0..1)");
   }
   SUBCASE("stages not round-robin") {
     plan.devices = 1;
+    plan.placement = {0};
     plan.chunks = 2;
     plan.schedule = ScheduleKind::kInterleaved;
     plan.stages[1].chunk = 1;

@@ -53,6 +53,7 @@ plan::Plan sample_plan(const std::string& schedule, int devices, int chunks, int
   p.objective = Objective::kSpeed;
   p.schedule = parse_schedule(schedule);
   p.devices = devices;
+  p.placement = plan::pipeline_major_placement(1, devices);
   p.chunks = chunks;
   p.microbatches = microbatches;
   p.microbatch_size = 2;

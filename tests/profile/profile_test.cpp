@@ -311,6 +311,17 @@ TEST_CASE("the measured cost model: measured forward, backward in the roofline's
     }
   }
   CHECK(matmuls > 0);
+  // Forward only (inference plans): the measured forward, no backward, and a name that says so.
+  cost::MeasuredCostModel forward(db, roofline, cost::BackwardTimes::kNone);
+  CHECK(forward.name() == "measured(cpu, 1 thread), forward");
+  for (ir::NodeId id : g.topological_order()) {
+    const ir::Node& n = g.node(id);
+    cost::OpTime t = forward.op_time(g, n);
+    CHECK(t.forward_s == doctest::Approx(db.find(cost::signature_key(g, n))->fwd_ms * 1e-3));
+    CHECK(t.backward_s == 0);
+    CHECK(t.backward_input_s == 0);
+    CHECK(t.backward_weight_s == 0);
+  }
   // A signature the database lacks is refused with the node named.
   cost::MeasuredCostModel empty(cost::ProfileDb("cpu", 1), roofline);
   const ir::Node& first = g.node(g.topological_order().front());

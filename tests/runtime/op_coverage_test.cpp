@@ -80,6 +80,64 @@ ModelBuilder pad_net() {
   return b;
 }
 
+// torch's F.pad(x, (0, pad_r, 0, pad_b)) with pads computed from x's shape, as Swin pads its
+// feature maps to whole windows: pad_r = (4 - W % 4) % 4 (Shape -> Gather -> Mod -> Sub -> Mod),
+// the pad list made ONNX's by Concat with ConstantOfShape zeros, Reshape [-1, 2], a Slice with
+// step -1 (flip), a Transpose and a Reshape [-1]. Every step folds once the dims are bound.
+std::string window_pad(ModelBuilder& b, const std::string& x) {
+  auto c = [&](const std::string& name, std::vector<int64_t> dims, std::vector<int64_t> v) {
+    return b.add_constant("/window/" + name, make_int64_tensor(dims, v));
+  };
+  std::vector<std::string> amounts;
+  for (int64_t axis : {3, 2}) {
+    const std::string n = std::to_string(axis);
+    const std::string shape = b.add_op("Shape", "/window/Shape_" + n, {x});
+    const std::string dim =
+        b.add_op("Gather", "/window/Gather_" + n, {shape, c("axis_" + n, {}, {axis})},
+                 {attr_int("axis", 0)});
+    const std::string four = c("four_" + n, {}, {4});
+    std::string r = b.add_op("Mod", "/window/Mod_" + n, {dim, four}, {attr_int("fmod", 0)});
+    r = b.add_op("Sub", "/window/Sub_" + n, {four, r});
+    r = b.add_op("Mod", "/window/Mod2_" + n, {r, four}, {attr_int("fmod", 0)});
+    amounts.push_back(b.add_op("Unsqueeze", "/window/Unsqueeze_" + n, {r, c("zero_" + n, {1}, {0})}));
+  }
+  const std::string zero = c("zero", {1}, {0});
+  std::string pads =
+      b.add_op("Concat", "/window/Concat", {zero, amounts[0], zero, amounts[1]}, {attr_int("axis", 0)});
+  const std::string count = b.add_op(
+      "Gather", "/window/Gather_len", {b.add_op("Shape", "/window/Shape_pads", {pads}), zero},
+      {attr_int("axis", 0)});
+  const std::string rest = b.add_op("Sub", "/window/Sub_len", {c("eight", {}, {8}), count});
+  const std::string zeros = b.add_op("ConstantOfShape", "/window/ConstantOfShape", {rest},
+                                     {samples::attr_tensor("value", make_int64_tensor({1}, {0}))});
+  pads = b.add_op("Concat", "/window/Concat_all", {pads, zeros}, {attr_int("axis", 0)});
+  pads = b.add_op("Reshape", "/window/Reshape", {pads, c("pairs", {2}, {-1, 2})});
+  pads = b.add_op("Slice", "/window/Slice",
+                  {pads, c("start", {1}, {-1}), c("end", {1}, {INT64_MIN + 1}), zero,
+                   c("step", {1}, {-1})});
+  pads = b.add_op("Transpose", "/window/Transpose", {pads}, {attr_ints("perm", {1, 0})});
+  pads = b.add_op("Reshape", "/window/Reshape_1", {pads, c("flat", {1}, {-1})});
+  return b.add_op("Pad", "/window/Pad", {x, pads}, {attr_string("mode", "constant")});
+}
+
+// x [batch,4,10,10] -> Conv 3x3 (pad 1) -> Relu -> the window Pad above (to 12x12) -> Conv 3x3
+// -> Relu -> GlobalAveragePool -> Flatten -> Gemm -> y [batch,4].
+ModelBuilder window_pad_net() {
+  ModelBuilder b("window_pad_net");
+  b.add_input("x", kFloat, {"batch", 4, 10, 10});
+  std::string x = b.add_op("Relu", "/relu1/Relu", {conv3x3(b, "conv1", "x", 4, 8, 1)});
+  x = window_pad(b, x);
+  x = b.add_op("Relu", "/relu2/Relu", {conv3x3(b, "conv2", x, 8, 8, 0)});
+  x = b.add_op("GlobalAveragePool", "/gap/GlobalAveragePool", {x});
+  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
+  const std::string w = b.add_parameter("fc.weight", {4, 8}, 8);
+  const std::string bias = b.add_parameter("fc.bias", {4}, 8);
+  b.add_node("Gemm", "/fc/Gemm", {x, w, bias}, {"y"},
+             {attr_float("alpha", 1.0f), attr_float("beta", 1.0f), attr_int("transB", 1)});
+  b.add_output("y", kFloat, {"batch", 4});
+  return b;
+}
+
 // A CBAM-style attention block and a normalised head, the reductions as torch exports them:
 // x [batch,4,8,8] -> Conv 3x3 -> Relu = f; s = Sigmoid(Conv(Concat(ReduceMean(f, 1),
 // ReduceMax(f, 1)))) (torch.mean / torch.amax over channels, keepdim); f * s -> ReduceSum over
@@ -367,6 +425,28 @@ TEST_CASE("Pad as torch exports it: planned on 2 devices, run and trained as on 
   check_training(model);
   const DType pad_inputs[] = {DType::kFloat32, DType::kInt64};
   check_cuda_accepts("Pad", pad_inputs);
+}
+
+TEST_CASE("Pad with pads computed from the shape (Swin's windows): folded, 2 devices as one") {
+  testing::TempDir dir;
+  const std::string model = dir.file("window_pad_net.onnx");
+  window_pad_net().write(model);
+  // The pads fold to a constant (the Transpose among them, issue 15's swin_t); one Pad runs.
+  ImportOptions options;
+  options.batch = 2;
+  const ImportedModel imported = import_model(model, options);
+  int pads = 0;
+  for (const ir::Node& node : imported.graph.nodes()) {
+    if (node.dead) continue;
+    CHECK_MESSAGE(node.op_type != "Transpose", node.name);
+    if (node.op_type == "Pad") {
+      ++pads;
+      CHECK(imported.graph.value(node.outputs[0]).shape == std::vector<int64_t>{2, 8, 12, 12});
+    }
+  }
+  CHECK(pads == 1);
+  CHECK(run_against_unpartitioned(model, 2, "Pad") == 1);
+  check_training(model);
 }
 
 TEST_CASE("ReduceSum, ReduceMax and ReduceL2 as torch exports them: 2 devices as one") {

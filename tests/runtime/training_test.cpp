@@ -94,30 +94,39 @@ namespace stagecraft::rt {
 namespace {
 
 TEST_CASE(
-    "measured training memory per device is within 10% of the plan, and 1F1B's first stage is the "
-    "heaviest") {
-  const Model gpt{"gpt_tiny.onnx", "cross-entropy", 2, {2}};
-  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
-    CAPTURE(schedule);
-    plan::PlanOptions o = training_options(gpt, 2, schedule);
-    o.dims["seq"] = 32;
-    testing::TempDir dir;
-    plan::PlannedModel planned = plan::make_plan(o);
-    plan::write_plan(planned, dir.file("plan"));
-    auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
-    RunOptions options;
-    options.steps = 2;
-    RunReport report = pipeline->run(pipeline->synthetic_inputs(), options);
-    for (const DeviceReport& d : report.devices) {
-      CAPTURE(d.peak_bytes);
-      CAPTURE(d.predicted_peak_bytes);
-      CHECK(std::fabs(static_cast<double>(d.peak_bytes - d.predicted_peak_bytes)) <=
-            0.10 * d.predicted_peak_bytes);
-    }
-    if (std::string(schedule) == "1f1b") {
-      CHECK(report.devices[0].peak_bytes > report.devices[1].peak_bytes);
-      CHECK(planned.plan.predicted.device_peak_bytes[0] >
-            planned.plan.predicted.device_peak_bytes[1]);
+    "measured training memory per device never exceeds the plan's peak and is within 20% below "
+    "it, and 1F1B's first stage is the heaviest") {
+  // The predicted peak is a bound: it counts each microbatch's stage inputs with its stash, two
+  // receive buffers, and a gradient buffer per microbatch in flight (what queues when a later
+  // stage runs ahead). The measured peak depends on how far ahead the threads ran.
+  const Model models[] = {{"gpt_tiny.onnx", "cross-entropy", 2, {2}},
+                          {"mnist_cnn.onnx", "cross-entropy", 2, {2}}};
+  for (const Model& m : models) {
+    CAPTURE(m.file);
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
+      CAPTURE(schedule);
+      plan::PlanOptions o = training_options(m, 2, schedule);
+      if (m.file == "gpt_tiny.onnx") o.dims["seq"] = 32;
+      testing::TempDir dir;
+      plan::PlannedModel planned = plan::make_plan(o);
+      plan::write_plan(planned, dir.file("plan"));
+      auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+      RunOptions options;
+      options.steps = 2;
+      RunReport report = pipeline->run(pipeline->synthetic_inputs(), options);
+      for (const DeviceReport& d : report.devices) {
+        CAPTURE(d.peak_bytes);
+        CAPTURE(d.predicted_peak_bytes);
+        // 4 KiB: the stage's non-float constants (shape operands), which the plan leaves out.
+        CHECK(d.peak_bytes <= d.predicted_peak_bytes + 4096);
+        CHECK(static_cast<double>(d.predicted_peak_bytes - d.peak_bytes) <=
+              0.20 * static_cast<double>(d.predicted_peak_bytes));
+      }
+      if (std::string(schedule) == "1f1b" && m.file == "gpt_tiny.onnx") {
+        CHECK(report.devices[0].peak_bytes > report.devices[1].peak_bytes);
+        CHECK(planned.plan.predicted.device_peak_bytes[0] >
+              planned.plan.predicted.device_peak_bytes[1]);
+      }
     }
   }
 }

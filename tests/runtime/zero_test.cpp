@@ -77,11 +77,15 @@ Trained weights_of(const Pipeline& pipeline, std::vector<double> losses) {
   return out;
 }
 
-Trained train(const plan::PlanOptions& o, int steps) {
+/// `bucket_bytes` and `overlap`: RunOptions' (the gradient buckets summed over the replicas).
+Trained train(const plan::PlanOptions& o, int steps,
+              int64_t bucket_bytes = schedule::kDefaultGradientBucketBytes, bool overlap = true) {
   testing::TempDir dir;
   auto pipeline = load(o, dir.file("plan"));
   RunOptions options;
   options.steps = steps;
+  options.bucket_bytes = bucket_bytes;
+  options.overlap_allreduce = overlap;
   std::vector<double> losses = pipeline->run(pipeline->synthetic_inputs(), options).losses;
   Trained out = weights_of(*pipeline, losses);
   // What each replica keeps of the state: the whole state's bytes over its stages' shards.
@@ -143,6 +147,26 @@ TEST_CASE("sharded training gives the unsharded run's losses and weights (adam, 
                         "within {:g} (bit-equal {})",
                         to_string(optimizer), two.bit_equal, four.loss, four.weight,
                         four.bit_equal));
+  }
+}
+
+TEST_CASE("sharded gradient buckets: several, overlapped, give the whole reduce-scatter's bits") {
+  // Each bucket is reduce-scattered at the plan's shards cut to it: every element adds the
+  // replicas in its shard's order whatever the buckets, so 1 KiB buckets (one weight each,
+  // most started inside the last backward) give the bits of one bucket summed at ALLREDUCE,
+  // with 2 and with 4 replicas.
+  for (int replicas : {2, 4}) {
+    CAPTURE(replicas);
+    const plan::PlanOptions o =
+        options_for(kMnist, OptimizerKind::kAdam, 4, replicas, 4 / replicas, true);
+    const Trained whole = train(o, 4, int64_t{1} << 40, false);
+    const Trained small = train(o, 4, 1024, true);
+    CHECK(small.replica_copies_differ == 0);
+    CHECK(compare(whole, small).bit_equal);
+    if (replicas == 2)  // and the unsharded run's (two terms a sum: any order)
+      CHECK(compare(train(options_for(kMnist, OptimizerKind::kAdam, 4, 2, 2, false), 4, 2048),
+                    small)
+                .bit_equal);
   }
 }
 
@@ -239,7 +263,11 @@ TEST_CASE("--shard-optimizer needs training and 2 or more replicas; bad boundari
             .find("more than the stage's") != std::string::npos);
   CHECK(why([](plan::Plan& p) { p.shard_optimizer = false; }).find("but shard_optimizer is false") !=
         std::string::npos);
-  CHECK(why([](plan::Plan& p) { p.data_parallel = 1; p.batch /= 2; })
+  CHECK(why([](plan::Plan& p) {
+          p.data_parallel = 1;
+          p.batch /= 2;
+          p.placement = plan::pipeline_major_placement(1, p.devices);
+        })
             .find("sharding the optimizer state needs training with 2 or more") != std::string::npos);
 }
 

@@ -268,6 +268,46 @@ TEST_CASE("optimizer steps are busy time, all-reduces are not") {
   CHECK(result.bubble_fraction == doctest::Approx(0.3));
 }
 
+TEST_CASE("the all-reduce's buckets go on the link during the last backward") {
+  // One device, 1F1B over 2 microbatches: F0 0-1, B0 1-3, F1 3-4, B1 4-6. Two buckets are
+  // final at 5 and 6 and take 1.5 each on the replica link: 5-6.5, 6.5-8; ALLREDUCE waits
+  // 6-8, the optimizer 8-9. One bucket would go 6-9 (the case above).
+  PipelineShape shape{1, 1, 2, true, 2};
+  StageCosts costs = equal_stages(shape, 1, 1, 1);
+  costs.optimizer_s = 1;
+  costs.allreduce_s = {3};
+  costs.allreduce_buckets = {2};
+  SimResult result = run(ScheduleKind::k1F1B, shape, costs);
+  CHECK(result.step_s == 9);
+  CHECK(result.device_busy_s[0] == 7);
+  bool seen = false;
+  for (const TimelineEvent& e : result.events)
+    if (e.op == Op::kAllReduce) {
+      seen = true;
+      CHECK(e.start_s == 6);
+      CHECK(e.end_s == 8);
+    }
+  CHECK(seen);
+}
+
+TEST_CASE("an all-reduce runs behind the device's other work; ALLREDUCE waits for the rest") {
+  // Two devices, GPipe, 1 microbatch: device 1's backward ends before device 0's starts, so
+  // its all-reduce (3) runs while device 0 works: device 1's ALLREDUCE waits only for the part
+  // left, device 0's for all of its own.
+  PipelineShape shape{2, 1, 1, true, 2};
+  StageCosts costs = equal_stages(shape, 1, 1, 1);
+  costs.allreduce_s = {3, 3};
+  SimResult result = run(ScheduleKind::kGPipe, shape, costs);
+  // F0 0-1 (d0), F1 1-2 (d1), B1 2-4 (d1), B0 4-6 (d0). All-reduces: stage 1 4-7, stage 0 6-9.
+  for (const TimelineEvent& e : result.events)
+    if (e.op == Op::kAllReduce) {
+      CAPTURE(e.stage);
+      CHECK(e.end_s == (e.stage == 1 ? 7 : 9));
+      CHECK(e.start_s == (e.stage == 1 ? 4 : 6));
+    }
+  CHECK(result.step_s == 9);
+}
+
 TEST_CASE("inference needs no backward costs") {
   PipelineShape shape{4, 1, 8, false};
   StageCosts costs;

@@ -170,6 +170,7 @@ nlohmann::ordered_json render_json(const PlanView& view) {
             {"chunks", plan.chunks},
             {"microbatches", plan.microbatches},
             {"data_parallel", plan.data_parallel},
+            {"placement", plan.placement},
             {"shard_optimizer", plan.shard_optimizer},
             {"microbatch_size", plan.microbatch_size},
             {"batch", plan.batch},

@@ -1,5 +1,6 @@
 // The default text report of stagedump.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -52,6 +53,17 @@ std::string shape_text(const plan::StageTensor& tensor) {
   return fmt::format("{}[{}]", tensor.dtype, fmt::join(tensor.shape, ","));
 }
 
+// Where the replicas run, in words: "replica r on ranks r x 2 .. r x 2 + 1" for the identity,
+// "device d of replica r on rank d x 2 + r" for replica-major, else the ranks listed.
+std::string placement_words(const plan::Plan& plan) {
+  const int R = plan.data_parallel, P = plan.devices;
+  if (plan.placement == plan::pipeline_major_placement(R, P))
+    return fmt::format("replica r on ranks r x {} .. r x {} + {}", P, P, P - 1);
+  if (plan.placement == plan::replica_major_placement(R, P))
+    return fmt::format("device d of replica r on rank d x {} + r", R);
+  return fmt::format("ranks per replica's devices: {}", fmt::join(plan.placement, ", "));
+}
+
 std::string header(const PlanView& view) {
   const plan::Plan& plan = view.plan;
   std::string text;
@@ -67,10 +79,10 @@ std::string header(const PlanView& view) {
                    plural(plan.chunks, "chunk"), plural(plan.stages.size(), "stage")));
   line("batch",
        plan.data_parallel > 1
-           ? fmt::format("{} = {} x {} x {} (replica r on devices r x {} .. r x {} + {})",
-                         plan.batch, plural(plan.data_parallel, "replica"),
+           ? fmt::format("{} = {} x {} x {} ({})", plan.batch,
+                         plural(plan.data_parallel, "replica"),
                          plural(plan.microbatches, "microbatch", "microbatches"),
-                         plan.microbatch_size, plan.devices, plan.devices, plan.devices - 1)
+                         plan.microbatch_size, placement_words(plan))
            : fmt::format("{} = {} x {}", plan.batch,
                          plural(plan.microbatches, "microbatch", "microbatches"),
                          plan.microbatch_size));

@@ -1,0 +1,646 @@
+#!/usr/bin/python3
+"""Checks the model families PyTorch exports against stagecraft, by hand (not a test).
+
+For each model: export it from PyTorch 1.13 at opset 17 (random weights, batch as a symbolic
+dim), plan it with stagec on 2 and 4 devices, run it with stagerun and compare the outputs with
+PyTorch's; export it again for training (TrainingMode.TRAINING, so BatchNormalization keeps
+its batch statistics), train 3 SGD steps on 2 and 4 devices and compare the losses with
+PyTorch's own 3 SGD steps on the same weights and data, with the same microbatches (PyTorch
+accumulates loss / M over the M microbatches, as the pipeline does); for models with
+BatchNorm, again from an eval-mode export (running statistics; torch.onnx folds each BatchNorm
+into its Conv, so the script folds them in PyTorch too, with torch.fx). Each loss run is also
+compared with PyTorch in float64, the noise floor: "fp32" marks runs where PyTorch's own
+float32 run is over the tolerance from float64 and stagecraft within 3x of that distance.
+Prints one row per model (README.md, "Model families tried against PyTorch").
+
+Needs Debian's python3-torch and python3-torchvision (the tests do not):
+    /usr/bin/python3 samples/scripts/check_torch_models.py [--build build] [--work DIR]
+        [--only NAME,...] [--family F] [--no-train] [--no-fp64] [--list]
+
+Choices that keep the comparison exact:
+- Dropout and stochastic depth are set to p = 0: stagecraft's training-mode masks are seeded
+  its own way, not PyTorch's, so losses with dropout agree only in distribution.
+- BatchNorm running statistics and affine parameters are randomised (fresh ones make an
+  eval-mode BatchNorm the identity, which would test nothing), and parameters PyTorch
+  initialises to zero (ViT's head) get N(0, 0.02) so the output has a scale to compare with.
+- Inference: the batch (4) is cut into as many microbatches as devices; training: 2
+  microbatches of 2 on both 2 and 4 devices.
+Plans are costed by the roofline of --device-spec cpu (no profiling: correctness only).
+"""
+import argparse
+import warnings
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+
+import numpy as np
+import torch
+import torchvision
+from torch import nn
+from torchvision import models as tvm
+
+BATCH = 4
+TRAIN_MICROBATCHES = 2
+STEPS = 3
+LR = float(os.environ.get("CHECK_LR", "0.01"))
+OUT_TOL = 1e-4
+LOSS_TOL = 1e-4
+
+
+# ----------------------------------------------------------------------------------------------
+# Models
+
+
+class FirstOutput(nn.Module):
+    """torchvision's segmentation models return {'out': ...}; this returns the tensor."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, x):
+        return self.m(x)["out"]
+
+
+class FeatureList(nn.Module):
+    """A backbone returning an OrderedDict of feature maps, as a tuple."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, x):
+        return tuple(self.m(x).values())
+
+
+class FeatureLoss(nn.Module):
+    """Training a multi-output backbone: the model's own scalar loss, the sum over its outputs
+    of the mean squared error against one target per output (stagec's --loss takes one output)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, x, *targets):
+        feats = self.m(x)
+        return sum(((f - t) ** 2).mean() for f, t in zip(feats, targets))  # no aten::mse_loss export
+
+
+class UNet(nn.Module):
+    """A small U-Net: two down levels (Conv-BN-ReLU x2, MaxPool), a bottleneck, two up levels
+    (ConvTranspose 2x2 stride 2, concat with the skip, Conv-BN-ReLU x2), a 1x1 head."""
+
+    def __init__(self, cin=3, classes=4, w=8):
+        super().__init__()
+
+        def block(i, o):
+            return nn.Sequential(nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o),
+                                 nn.ReLU(inplace=True), nn.Conv2d(o, o, 3, padding=1, bias=False),
+                                 nn.BatchNorm2d(o), nn.ReLU(inplace=True))
+
+        self.d1, self.d2, self.mid = block(cin, w), block(w, 2 * w), block(2 * w, 4 * w)
+        self.up2 = nn.ConvTranspose2d(4 * w, 2 * w, 2, stride=2)
+        self.u2 = block(4 * w, 2 * w)
+        self.up1 = nn.ConvTranspose2d(2 * w, w, 2, stride=2)
+        self.u1 = block(2 * w, w)
+        self.head = nn.Conv2d(w, classes, 1)
+
+    def forward(self, x):
+        a = self.d1(x)
+        b = self.d2(nn.functional.max_pool2d(a, 2))
+        c = self.mid(nn.functional.max_pool2d(b, 2))
+        b = self.u2(torch.cat([self.up2(c), b], 1))
+        a = self.u1(torch.cat([self.up1(b), a], 1))
+        return self.head(a)
+
+
+class UNetBilinear(UNet):
+    """The same U-Net upsampling by bilinear interpolation (Resize) instead of ConvTranspose."""
+
+    def __init__(self, cin=3, classes=4, w=8):
+        super().__init__(cin, classes, w)
+        self.up2 = nn.Sequential(nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False),
+                                 nn.Conv2d(4 * w, 2 * w, 1))
+        self.up1 = nn.Sequential(nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False),
+                                 nn.Conv2d(2 * w, w, 1))
+
+
+class WordLM(nn.Module):
+    """A word-level language model: embedding, a 2-layer LSTM or GRU, a linear decoder."""
+
+    def __init__(self, cell, vocab=500, emb=64, hidden=64, layers=2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, emb)
+        self.rnn = getattr(nn, cell)(emb, hidden, layers, batch_first=True)
+        self.dec = nn.Linear(hidden, vocab)
+
+    def forward(self, ids):
+        h, _ = self.rnn(self.emb(ids))
+        return self.dec(h)
+
+
+def image(hw):
+    return ("image", (3, hw, hw))
+
+
+def tokens(vocab, seq):
+    return ("tokens", (seq,), vocab)
+
+
+def small_vit():
+    return tvm.VisionTransformer(image_size=64, patch_size=16, num_layers=2, num_heads=4,
+                                 hidden_dim=64, mlp_dim=128, num_classes=10)
+
+
+def small_swin():
+    from torchvision.models.swin_transformer import SwinTransformer
+    return SwinTransformer(patch_size=[4, 4], embed_dim=32, depths=[2, 2, 2, 2],
+                           num_heads=[2, 2, 4, 4], window_size=[7, 7], num_classes=10)
+
+
+def small_convnext():
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+    cfg = [CNBlockConfig(32, 64, 1), CNBlockConfig(64, 128, 1), CNBlockConfig(128, 256, 2),
+           CNBlockConfig(256, None, 1)]
+    return ConvNeXt(cfg, num_classes=10)
+
+
+def small_densenet():
+    return tvm.DenseNet(growth_rate=16, block_config=(2, 3, 4, 3), num_init_features=32,
+                        num_classes=10)
+
+
+def fpn_backbone(name, extra=None):
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+    kw = {"extra_blocks": extra} if extra is not None else {}
+    return FeatureList(resnet_fpn_backbone(backbone_name=name, weights=None, trainable_layers=5,
+                                           **kw))
+
+
+def retinanet_backbone():
+    from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+    from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
+    body = tvm.resnet18(weights=None)
+    return FeatureList(_resnet_fpn_extractor(body, 5, returned_layers=[2, 3, 4],
+                                             extra_blocks=LastLevelP6P7(256, 256)))
+
+
+def mobilenet_fpn_backbone():
+    from torchvision.models.detection.backbone_utils import mobilenet_backbone
+    return FeatureList(mobilenet_backbone(backbone_name="mobilenet_v3_large", weights=None,
+                                          fpn=True, trainable_layers=6))
+
+
+def ssdlite_backbone():
+    m = tvm.detection.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None,
+                                                    num_classes=10)
+    return FeatureList(m.backbone)
+
+
+# name: (family, builder, input, kind, note). kind: classes (cross-entropy over axis 1),
+# segment (cross-entropy over axis 1 of [N,C,H,W]), lm (cross-entropy over the last axis),
+# dense (mse against a target), features (a tuple of maps: the model's own loss).
+MODELS = OrderedDict([
+    ("resnet18", ("classification", lambda: tvm.resnet18(num_classes=10), image(64), "classes", "")),
+    ("resnet50", ("classification", lambda: tvm.resnet50(num_classes=10), image(64), "classes", "")),
+    ("mobilenet_v2", ("classification", lambda: tvm.mobilenet_v2(width_mult=0.5, num_classes=10),
+                      image(64), "classes", "width_mult 0.5")),
+    ("mobilenet_v3_small", ("classification", lambda: tvm.mobilenet_v3_small(num_classes=10),
+                            image(64), "classes", "")),
+    ("mobilenet_v3_large", ("classification", lambda: tvm.mobilenet_v3_large(num_classes=10),
+                            image(64), "classes", "")),
+    ("efficientnet_b0", ("classification", lambda: tvm.efficientnet_b0(num_classes=10), image(64),
+                         "classes", "")),
+    ("densenet_small", ("classification", small_densenet, image(64), "classes",
+                        "torchvision DenseNet, growth 16, blocks (2,3,4,3)")),
+    ("densenet121", ("classification", lambda: tvm.densenet121(num_classes=10), image(64),
+                     "classes", "")),
+    ("shufflenet_v2_x0_5", ("classification", lambda: tvm.shufflenet_v2_x0_5(num_classes=10),
+                            image(64), "classes", "")),
+    ("squeezenet1_1", ("classification", lambda: tvm.squeezenet1_1(num_classes=10), image(64),
+                       "classes", "")),
+    ("googlenet", ("classification", lambda: tvm.googlenet(num_classes=10, aux_logits=False,
+                                                           init_weights=True),
+                   image(64), "classes", "aux_logits False")),
+    ("inception_v3", ("classification", lambda: tvm.inception_v3(num_classes=10, aux_logits=False,
+                                                                 init_weights=True),
+                      image(96), "classes", "aux_logits False, 96x96")),
+    ("vit_small", ("classification", small_vit, image(64), "classes",
+                   "torchvision VisionTransformer: 64x64, patch 16, 2 layers, width 64")),
+    ("swin_small", ("classification", small_swin, image(64), "classes",
+                    "torchvision SwinTransformer: width 32, depths 2,2,2,2, window 7")),
+    ("convnext_small", ("classification", small_convnext, image(64), "classes",
+                        "torchvision ConvNeXt: widths 32..256, blocks 1,1,2,1")),
+    ("regnet_x_400mf", ("classification", lambda: tvm.regnet_x_400mf(num_classes=10), image(64),
+                        "classes", "")),
+    ("regnet_y_400mf", ("classification", lambda: tvm.regnet_y_400mf(num_classes=10), image(64),
+                        "classes", "")),
+    ("fcn_resnet50", ("segmentation", lambda: FirstOutput(tvm.segmentation.fcn_resnet50(
+        weights=None, weights_backbone=None, num_classes=4, aux_loss=False)), image(64), "segment",
+        "4 classes")),
+    ("deeplabv3_mobilenet_v3_large", ("segmentation", lambda: FirstOutput(
+        tvm.segmentation.deeplabv3_mobilenet_v3_large(weights=None, weights_backbone=None,
+                                                      num_classes=4, aux_loss=False)),
+        image(64), "segment", "4 classes")),
+    ("lraspp_mobilenet_v3_large", ("segmentation", lambda: FirstOutput(
+        tvm.segmentation.lraspp_mobilenet_v3_large(weights=None, weights_backbone=None,
+                                                   num_classes=4)),
+        image(64), "segment", "4 classes")),
+    ("fasterrcnn_resnet18_fpn_backbone", ("detection backbone", lambda: fpn_backbone("resnet18"),
+                                          image(64), "features",
+                                          "resnet_fpn_backbone('resnet18'): FPN, 5 maps")),
+    ("retinanet_resnet18_fpn_backbone", ("detection backbone", retinanet_backbone, image(64),
+                                         "features", "ResNet-18 + FPN with P6/P7, 5 maps")),
+    ("fasterrcnn_mobilenet_v3_fpn_backbone", ("detection backbone", mobilenet_fpn_backbone,
+                                              image(64), "features",
+                                              "mobilenet_backbone(fpn=True): 3 maps")),
+    ("ssdlite_backbone", ("detection backbone", ssdlite_backbone, image(64), "features",
+                          "ssdlite320_mobilenet_v3_large's backbone: 6 maps")),
+    ("unet", ("U-Net", lambda: UNet(), image(64), "segment", "width 8, ConvTranspose up")),
+    ("unet_bilinear", ("U-Net", lambda: UNetBilinear(), image(64), "segment",
+                       "width 8, bilinear Resize up")),
+    ("lstm_lm", ("recurrent LM", lambda: WordLM("LSTM"), tokens(500, 16), "lm",
+                 "vocab 500, 2 layers of 64, 16 tokens")),
+    ("gru_lm", ("recurrent LM", lambda: WordLM("GRU"), tokens(500, 16), "lm",
+                "vocab 500, 2 layers of 64, 16 tokens")),
+])
+
+# Full detection models: data-dependent shapes (NonZero, TopK), which a static plan refuses.
+REFUSED = OrderedDict([
+    ("fasterrcnn_mobilenet_v3_large_320_fpn", lambda: tvm.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=10)),
+    ("ssdlite320_mobilenet_v3_large", lambda: tvm.detection.ssdlite320_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=10)),
+])
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+
+
+def prepare(model):
+    """Dropout and stochastic depth off; BatchNorm statistics and zero parameters randomised."""
+    g = torch.Generator().manual_seed(1)
+    for m in model.modules():
+        if isinstance(m, nn.Dropout) or type(m).__name__ == "StochasticDepth":
+            m.p = 0.0
+        if isinstance(m, (nn.LSTM, nn.GRU)):
+            m.dropout = 0.0
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            with torch.no_grad():
+                if m.running_mean is not None:
+                    m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
+                    m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+                if m.weight is not None:
+                    m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                    m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() > 1 and not p.any():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    return model
+
+
+def make_input(spec, batch, g):
+    if spec[0] == "image":
+        return torch.randn((batch,) + spec[1], generator=g)
+    return torch.randint(0, spec[2], (batch,) + spec[1], generator=g)
+
+
+def run(cmd, log, timeout):
+    t = time.time()
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        try:
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            f.write(f"timed out after {timeout} s\n")
+            return None, f"timed out after {timeout} s", time.time() - t
+        f.write(p.stdout + p.stderr + f"(exit {p.returncode}, {time.time() - t:.1f} s)\n")
+    if p.returncode != 0:
+        lines = [l for l in p.stderr.splitlines() if l.strip()] or ["exit %d" % p.returncode]
+        err = next((l for l in lines if "error" in l), lines[-1])
+        return None, err, time.time() - t
+    return p.stdout, None, time.time() - t
+
+
+def export(model, args, path, names_in, names_out, training, fold=True):
+    dyn = {n: {0: "batch"} for n in names_in + names_out if n != "loss"}
+    mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
+    model.train(training)
+    torch.onnx.export(model, args, path, opset_version=17, input_names=names_in,
+                      output_names=names_out, dynamic_axes=dyn, training=mode,
+                      do_constant_folding=fold)
+
+
+def save(dirname, arrays):
+    os.makedirs(dirname, exist_ok=True)
+    for name, a in arrays.items():
+        np.save(os.path.join(dirname, name + ".npy"), a)
+
+
+# ----------------------------------------------------------------------------------------------
+# One model
+
+
+def check(name, opts):
+    family, build, spec, kind, note = MODELS[name]
+    work = os.path.join(opts.work, name)
+    os.makedirs(work, exist_ok=True)
+    log = os.path.join(work, "log.txt")
+    open(log, "w").close()
+    stagec = os.path.join(opts.build, "tools", "stagec")
+    stagerun = os.path.join(opts.build, "tools", "stagerun")
+    row = {"family": family, "model": name, "note": note, "import": "-", "plan": "-",
+           "run": "-", "out_err": None, "error": "", "seconds": 0.0}
+    t0 = time.time()
+
+    torch.manual_seed(0)
+    model = prepare(build())
+    g = torch.Generator().manual_seed(2)
+    x = make_input(spec, BATCH, g)
+
+    # Inference: eval-mode export, outputs against PyTorch's on the whole batch.
+    model.eval()
+    with torch.no_grad():
+        ref = model(x)
+    refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
+    out_names = ["output"] if len(refs) == 1 else [f"output{i}" for i in range(len(refs))]
+    onnx_path = os.path.join(work, name + ".onnx")
+    export(model, (x,), onnx_path, ["input"], out_names, training=False)
+    save(os.path.join(work, "in"), {"input": x.numpy()})
+
+    out, err, _ = run([stagec, onnx_path, "--info", "--batch", str(BATCH)], log, opts.timeout)
+    if err:
+        row.update({"import": "FAIL", "error": err, "seconds": time.time() - t0})
+        return row
+    row["import"] = "ok"
+    worst = 0.0
+    for d in (2, 4):
+        plan = os.path.join(work, f"plan_inf_{d}")
+        _, err, _ = run([stagec, onnx_path, "-o", plan, "--devices", str(d), "--batch", str(BATCH),
+                         "--microbatches", str(d), "--device-spec", "cpu"], log, opts.timeout)
+        if err:
+            row.update({"plan": f"FAIL@{d}", "error": err, "seconds": time.time() - t0})
+            return row
+        outdir = os.path.join(work, f"out_{d}")
+        _, err, _ = run([stagerun, plan, "--steps", "1", "--inputs", os.path.join(work, "in"),
+                         "--outputs", outdir, "-q"], log, opts.timeout)
+        if err:
+            row.update({"plan": "2,4" if d == 4 else "2", "run": f"FAIL@{d}", "error": err,
+                        "seconds": time.time() - t0})
+            return row
+        for n, r in zip(out_names, refs):
+            got = np.load(os.path.join(outdir, n + ".npy"))
+            r = r.numpy()
+            if got.shape != r.shape:
+                row.update({"plan": "2,4", "run": f"shape@{d}",
+                            "error": f"{n}: {got.shape} against PyTorch's {r.shape}",
+                            "seconds": time.time() - t0})
+                return row
+            scale = float(np.abs(r).max()) or 1.0
+            worst = max(worst, float(np.abs(got - r).max()) / scale)
+    row.update({"plan": "2,4", "out_err": worst,
+                "run": "ok" if worst <= OUT_TOL else "DIFF"})
+
+    if opts.no_train:
+        row["seconds"] = time.time() - t0
+        return row
+
+    # Training, 3 SGD steps on 2 microbatches of 2: a TrainingMode.TRAINING export (BatchNorm
+    # on each microbatch's statistics) and, for models with BatchNorm, an eval-mode export
+    # without constant folding (BatchNorm on its running statistics, as PyTorch's eval()).
+    if spec[0] == "image":
+        hw = spec[1][1:]
+    if kind == "classes":
+        labels = torch.randint(0, 10, (BATCH,), generator=g)
+    elif kind == "segment":
+        labels = torch.randint(0, 4, (BATCH,) + tuple(hw), generator=g)
+    elif kind == "lm":
+        labels = torch.randint(0, spec[2], (BATCH,) + spec[1], generator=g)
+    elif kind == "features":
+        labels = [torch.randn(r.shape, generator=g) for r in refs]
+    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    for mode in ("batch", "eval") if has_bn else ("batch",):
+        res = train_check(name, mode, build, kind, x, labels, work, log, opts)
+        key = "train" if mode == "batch" else "train_eval"
+        row.update({key: res["status"], key + "_err": res["err"], key + "_err64": res["err64"],
+                    key + "_floor": res["floor"]})
+        if res["error"] and not row["error"]:
+            row["error"] = res["error"]
+    if not has_bn:
+        row["train_eval"] = "no BN"
+    row["seconds"] = time.time() - t0
+    return row
+
+
+def train_check(name, mode, build, kind, x, labels, work, log, opts):
+    """Exports for training (mode batch: TrainingMode.TRAINING; eval: eval mode, BatchNorm on
+    its running statistics), trains STEPS SGD steps on 2 and 4 devices, and compares the losses
+    with PyTorch's in float32 (and float64: the noise floor)."""
+    stagec = os.path.join(opts.build, "tools", "stagec")
+    stagerun = os.path.join(opts.build, "tools", "stagerun")
+    res = {"status": "-", "err": None, "err64": None, "floor": None, "error": ""}
+
+    def make():
+        torch.manual_seed(0)
+        m = prepare(build())
+        if mode == "eval":
+            # torch.onnx folds an eval-mode BatchNorm into the Conv before it whatever
+            # do_constant_folding says, so SGD would train other parameters than PyTorch's:
+            # fold them here (torch.fx), for the export and PyTorch's run alike.
+            from torch.fx.experimental.optimization import fuse
+            m = fuse(m.eval())
+        return m
+
+    try:
+        model = make()
+    except Exception as e:  # a model torch.fx cannot trace
+        res.update({"status": "no fx trace"})
+        return res
+    train_model = FeatureLoss(model) if kind == "features" else model
+    train_path = os.path.join(work, f"{name}_train_{mode}.onnx")
+    training = mode == "batch"
+    if kind == "features":
+        tnames = [f"target{i}" for i in range(len(labels))]
+        export(train_model, (x, *labels), train_path, ["input"] + tnames, ["loss"], training,
+               fold=False)
+        data = {"input": x.numpy()}
+        data.update({n: t.numpy() for n, t in zip(tnames, labels)})
+        loss_flags = []
+    else:
+        export(train_model, (x,), train_path, ["input"], ["output"], training, fold=False)
+        data = {"input": x.numpy(), "labels": labels.numpy().astype(np.int64)}
+        loss_flags = ["--loss", "cross-entropy"] + (["--loss-axis", "1"] if kind != "lm" else [])
+    save(os.path.join(work, "train_in"), data)
+
+    # PyTorch's steps on freshly built weights (a training export runs the model once).
+    ref = torch_losses(make, kind, x, labels, torch.float32, training)
+    ref64 = torch_losses(make, kind, x, labels, torch.float64, training) if opts.fp64 else None
+    with open(log, "a") as f:
+        f.write(f"{mode}: pytorch losses: {ref}\n{mode}: pytorch float64 losses: {ref64}\n")
+
+    if not all(np.isfinite(ref)):
+        res.update({"status": "PyTorch diverges", "error": f"PyTorch's losses: {ref}"})
+        return res
+    worst = worst64 = 0.0
+    for d in (2, 4):
+        plan = os.path.join(work, f"plan_train_{mode}_{d}")
+        _, err, _ = run([stagec, train_path, "-o", plan, "--devices", str(d), "--batch", str(BATCH),
+                         "--microbatches", str(TRAIN_MICROBATCHES), "--train", "--optimizer", "sgd",
+                         "--lr", str(LR), "--device-spec", "cpu"] + loss_flags, log, opts.timeout)
+        if err:
+            res.update({"status": f"FAIL@{d} (plan)", "error": err})
+            return res
+        out, err, _ = run([stagerun, plan, "--steps", str(STEPS), "--inputs",
+                           os.path.join(work, "train_in"), "--json", "-q"], log, opts.timeout)
+        if err:
+            res.update({"status": f"FAIL@{d}", "error": err})
+            return res
+        losses = [r["loss"] for r in map(json.loads, out.splitlines()) if r.get("type") == "step"]
+        worst = max(worst, rel_err(losses, ref))
+        if ref64:
+            worst64 = max(worst64, rel_err(losses, ref64))
+    res.update({"err": worst, "status": "ok" if worst <= LOSS_TOL else "DIFF"})
+    if ref64:
+        # The noise floor: how far PyTorch's own float32 run is from its float64 run. Where it
+        # is above the tolerance, the training point is ill-conditioned (float32 rounding alone
+        # moves the losses), and stagecraft's float32 run is judged against float64 like
+        # PyTorch's: within 3x PyTorch's own distance counts as "fp32".
+        floor = rel_err(ref, ref64)
+        res.update({"floor": floor, "err64": worst64})
+        if worst > LOSS_TOL and floor > LOSS_TOL / 3 and worst64 <= 3 * floor:
+            res["status"] = "fp32"
+    return res
+
+
+def rel_err(got, ref):
+    return max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(got, ref))
+
+
+def torch_losses(make, kind, x, labels, dtype, training=True):
+    """PyTorch's own STEPS SGD steps, each over TRAIN_MICROBATCHES microbatches (loss / M), in
+    train mode (BatchNorm on the microbatch's statistics) or eval mode (on running statistics)."""
+    model = make().to(dtype)
+    train_model = FeatureLoss(model) if kind == "features" else model
+    train_model.train(training)
+    x = x.to(dtype) if x.is_floating_point() else x
+    if kind == "features":
+        labels = [t.to(dtype) for t in labels]
+    opt = torch.optim.SGD(train_model.parameters(), lr=LR)
+    losses = []
+    mb = BATCH // TRAIN_MICROBATCHES
+    for _ in range(STEPS):
+        opt.zero_grad()
+        total = 0.0
+        for m in range(TRAIN_MICROBATCHES):
+            s = slice(m * mb, (m + 1) * mb)
+            if kind == "features":
+                loss = train_model(x[s], *[t[s] for t in labels])
+            else:
+                y = train_model(x[s])
+                if kind == "lm":
+                    loss = nn.functional.cross_entropy(y.reshape(-1, y.shape[-1]),
+                                                       labels[s].reshape(-1))
+                else:
+                    loss = nn.functional.cross_entropy(y, labels[s])
+            (loss / TRAIN_MICROBATCHES).backward()
+            total += loss.item() / TRAIN_MICROBATCHES
+        opt.step()
+        losses.append(total)
+    return losses
+
+
+def check_refused(name, opts):
+    work = os.path.join(opts.work, name)
+    os.makedirs(work, exist_ok=True)
+    log = os.path.join(work, "log.txt")
+    open(log, "w").close()
+    t0 = time.time()
+    torch.manual_seed(0)
+    model = REFUSED[name]().eval()
+    path = os.path.join(work, name + ".onnx")
+    x = torch.randn(1, 3, 128, 128)
+    torch.onnx.export(model, ([x[0]],), path, opset_version=17, input_names=["input"],
+                      do_constant_folding=True)
+    stagec = os.path.join(opts.build, "tools", "stagec")
+    out, err, _ = run([stagec, path, "--info"], log, opts.timeout)
+    return {"family": "detection (full)", "model": name, "note": "eval export, one 128x128 image",
+            "import": "refused" if err else "ACCEPTED", "plan": "-", "run": "-",
+            "error": err or "",
+            "seconds": time.time() - t0}
+
+
+def loss_cell(row, key):
+    if row.get(key + "_err") is None:
+        return "-"
+    return (f"{fmt_err(row[key + '_err'])} ({fmt_err(row.get(key + '_err64'))} / "
+            f"{fmt_err(row.get(key + '_floor'))})")
+
+
+def fmt_err(v):
+    return "-" if v is None else f"{v:.1e}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build", help="the build folder with tools/stagec")
+    ap.add_argument("--work", default="/tmp/stagecraft-torch-check", help="exports and plans go here")
+    ap.add_argument("--only", default="", help="comma-separated model names")
+    ap.add_argument("--family", default="", help="only this family (e.g. classification)")
+    ap.add_argument("--no-train", action="store_true", help="inference only")
+    ap.add_argument("--no-refused", action="store_true", help="skip the full detection models")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per stagec/stagerun call")
+    ap.add_argument("--json", default="", help="also write the rows to this JSON file")
+    ap.add_argument("--no-fp64", dest="fp64", action="store_false",
+                    help="skip PyTorch's float64 reference (the noise floor of the loss check)")
+    ap.add_argument("--list", action="store_true", help="list the models and exit")
+    opts = ap.parse_args()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    if opts.list:
+        for n, (fam, _, _, _, note) in MODELS.items():
+            print(f"{fam:20} {n:38} {note}")
+        for n in REFUSED:
+            print(f"{'detection (full)':20} {n}")
+        return
+    names = [n for n in MODELS if (not opts.only or n in opts.only.split(","))
+             and (not opts.family or MODELS[n][0] == opts.family)]
+    refused = [n for n in REFUSED if not opts.no_refused and (not opts.only or n in opts.only.split(","))
+               and (not opts.family or opts.family == "detection")]
+    unknown = set(filter(None, opts.only.split(","))) - set(MODELS) - set(REFUSED)
+    if unknown:
+        sys.exit(f"unknown model(s): {', '.join(sorted(unknown))} (--list lists them)")
+    print(f"torch {torch.__version__}, torchvision {torchvision.__version__}; batch {BATCH}, "
+          f"{STEPS} SGD steps at lr {LR} on {TRAIN_MICROBATCHES} microbatches; tolerance "
+          f"{OUT_TOL:g} of the output's scale, {LOSS_TOL:g} relative for losses", flush=True)
+    print("| family | model | import | plan | run | output err / scale | train | loss err (vs fp64 "
+          "/ PyTorch fp32 vs fp64) | train, eval-mode BN | loss err (vs fp64 / PyTorch's) | s "
+          "| first stagecraft error |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    rows = []
+    for n in names + refused:
+        try:
+            row = check(n, opts) if n in MODELS else check_refused(n, opts)
+        except Exception as e:  # an export PyTorch itself refuses
+            row = {"family": MODELS[n][0] if n in MODELS else "detection (full)", "model": n,
+                   "import": "-", "plan": "-", "run": "-", "seconds": 0.0,
+                   "error": f"python: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        rows.append(row)
+        print(f"| {row['family']} | {row['model']} | {row['import']} | {row['plan']} | {row['run']} "
+              f"| {fmt_err(row.get('out_err'))} | {row.get('train', '-')} | {loss_cell(row, 'train')} "
+              f"| {row.get('train_eval', '-')} | {loss_cell(row, 'train_eval')} "
+              f"| {row['seconds']:.0f} | {row['error'].replace('|', '/')} |", flush=True)
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
