@@ -28,6 +28,9 @@ struct PassContext {
   int64_t folded_bytes = 0;
   /// How many nodes each pass removed or rewrote, by pass name (for `stagec --info`).
   std::map<std::string, int64_t> counters;
+  /// Node id -> stage, when the graph is already split into stages (null when not): a pass that
+  /// adds nodes gives each one a stage here (mixed-precision: a Cast in its readers' stage).
+  std::vector<int>* stage_of = nullptr;
 };
 
 class Pass {

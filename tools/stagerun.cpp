@@ -21,8 +21,8 @@
 //    median_excludes_warmup, samples_per_s,
 //    bubble {measured, predicted}, predicted_step_ms, cost_model, [final_loss] (training),
 //    plan_device {name, kind},
-//    warnings [one line each: a plan costed for another kind of device, a mixed-precision plan
-//              run in fp32, plan devices sharing a GPU],
+//    warnings [one line each: a plan costed for another kind of device, plan devices sharing a
+//              GPU],
 //    device [{device, busy_fraction, send_ms (the step's sends), peak_bytes,
 //             predicted_peak_bytes, arena_bytes, weight_bytes,
 //             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use),
@@ -31,9 +31,10 @@
 //    outputs [{name, dtype, shape, file}]}
 // The measured figures describe the median step, the first step (the warm-up) left out when
 // there are others. A plan costed for another kind of device than the backend (an h100 plan on
-// the cpu backend) gets a one-line warning on stderr naming the stagec flags that fix it; a
-// mixed-precision plan, one saying it runs in fp32 (no backend computes in 16 bits yet); plan
-// devices that share a GPU, one saying the prediction has them compute at once.
+// the cpu backend) gets a one-line warning on stderr naming the stagec flags that fix it; plan
+// devices that share a GPU, one saying the prediction has them compute at once. A mixed-precision
+// plan gets none: its stage files are bfloat16 (passes/mixed_precision.cpp) and every backend
+// runs them so, kernels without a 16-bit path widened to float32 inside (Backend::runs_widened).
 // --trace writes a Chrome trace of what ran (under mpirun rank 0 writes every rank's, each moved
 // to rank 0's clock at every step's start), in the format of `stagedump --trace` (a process per
 // device, "measured / device N", with a slice per step, the compute, the receives' waits and the
@@ -416,25 +417,13 @@ std::string device_kind_warning(const plan::Plan& plan, std::string_view backend
       plan.device.name, plan.device.kind, backend, plan.device.name, fix);
 }
 
-// One line when the plan was made for mixed precision: no backend computes in 16 bits yet
-// (issue 13), so the run is fp32 and its activations, temporaries and transfers take twice the
-// bytes the plan's 16-bit prediction counts. "" for an fp32 plan.
-std::string precision_warning(const plan::Plan& plan, std::string_view backend) {
-  if (plan.precision != Precision::kMixed) return "";
-  return fmt::format(
-      "the plan is for mixed precision (16-bit compute, fp32 master weights) but the {} backend "
-      "computes in fp32: activations, temporaries and transfers take twice the bytes its "
-      "predicted peaks count, and its predicted times are for 16-bit kernels",
-      backend);
-}
-
-// Every warning of the run, one line each: the device kind, the precision, devices sharing a
+// Every warning of the run, one line each: the device kind, devices sharing a
 // GPU (`devices`: this process's plan devices).
 std::vector<std::string> run_warnings(const plan::Plan& plan, const rt::Backend& backend,
                                       std::span<const int> devices) {
   std::vector<std::string> warnings;
   for (std::string line :
-       {device_kind_warning(plan, backend.name()), precision_warning(plan, backend.name()),
+       {device_kind_warning(plan, backend.name()),
         rt::shared_device_warning(backend, devices)})
     if (!line.empty()) warnings.push_back(std::move(line));
   return warnings;

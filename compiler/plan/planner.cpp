@@ -224,6 +224,44 @@ void prepare_training(PlannedModel& out, const Setup& s, const std::string& mode
   passes::keep_dropout_masks(out.model.graph);
 }
 
+/// `--precision mixed` on the chosen split: the stage records take the tensors, arenas and
+/// activations of the bfloat16 stage graphs (stage_files.h `make_mixed`), and the split is
+/// simulated again with them.
+void apply_mixed_precision(PlannedModel& out, Candidate& chosen, const Setup& s,
+                           const NodeFacts& facts, const std::vector<ir::NodeId>& order,
+                           double capacity) {
+  const ir::Graph& g = out.model.graph;
+  // The stage graphs compute in bfloat16 (passes/mixed_precision.cpp): the stage records take
+  // the tensors and arenas of those graphs, and the chosen split is simulated again with them.
+  const MixedStages mixed = make_mixed(out.model.graph, chosen.stage_of, chosen.stages,
+                                       out.plan.training_config.loss_output, s.shape.training);
+  for (std::size_t k = 0; k < chosen.stages.size() && k < chosen.rc.input_bytes.size(); ++k)
+    chosen.rc.input_bytes[k] += static_cast<double>(mixed.input_bytes_delta[k]);
+  // Activations: the planner counted the float outputs at half their float32 bytes; the
+  // graph now holds their real dtypes, and the input and loss Casts' outputs besides (the
+  // weights' copies are weights: stage_files.h). The difference goes on each stage's last op,
+  // which is where the simulation sums a stage's activations.
+  NodeFacts mixed_facts = facts;
+  for (std::size_t k = 0; k < chosen.stages.size(); ++k) {
+    const partition::StageSpan& span = chosen.sol.stages[k];
+    int64_t planned = 0;
+    for (int i = span.first; i <= span.last; ++i) planned += facts.output_bytes[i];
+    const int64_t delta = mixed.activation_bytes[k] - planned;
+    mixed_facts.output_bytes[span.last] += delta;
+    plan::Stage& st = chosen.stages[k];
+    if (s.shape.training)
+      st.memory.activations += st.recompute ? delta : st.in_flight * delta;
+  }
+  chosen.predicted = predict(chosen.setup, chosen.schedule, chosen.sol, mixed_facts, g, order,
+                             s.microbatch_size * s.shape.microbatches * s.shape.data_parallel,
+                             chosen.stages, chosen.rc, &chosen.timeline, &chosen.peaks);
+  chosen.overflow_bytes = 0;
+  for (const DevicePeak& d : chosen.peaks)
+    chosen.overflow_bytes +=
+        std::max(0.0, static_cast<double>(d.peak_bytes) - capacity);
+  chosen.predicted.fits = chosen.overflow_bytes == 0;
+}
+
 }  // namespace
 
 PlannedModel make_plan(const PlanOptions& o) {
@@ -286,6 +324,10 @@ PlannedModel make_plan(const PlanOptions& o) {
   const SplitChoice& choice = best.choice;
   Candidate& chosen = best.chosen;
   const int stages = gp.problem.stages;
+  // The stage graphs compute in bfloat16 (passes/mixed_precision.cpp).
+  if (s.precision == Precision::kMixed)
+    apply_mixed_precision(out, chosen, s, facts, order,
+                          static_cast<double>(s.device.memory_bytes));
   if (!chosen.predicted.fits) {
     const std::string worst = peak_line(chosen.peaks[chosen.worst_device], chosen.stages);
     const std::string capacity = format_bytes(static_cast<double>(s.device.memory_bytes));

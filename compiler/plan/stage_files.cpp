@@ -8,6 +8,7 @@
 
 #include "compiler/ir/onnx_bridge.h"
 #include "passes/autodiff.h"
+#include "passes/passes.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
 #include "runtime/format/lifetimes.h"
@@ -58,11 +59,10 @@ std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vect
 onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& stage_of, int stage) {
   ir::ExportOptions options;
   std::vector<ir::NodeId> nodes;
-  for (std::size_t i = 0; i < graph.num_nodes(); ++i) {
-    if (!graph.node(static_cast<ir::NodeId>(i)).dead && stage_of[i] == stage) {
-      nodes.push_back(static_cast<ir::NodeId>(i));
-    }
-  }
+  // In topological order: nodes a pass added after the split (mixed precision's Casts) come
+  // after their readers in id order.
+  for (ir::NodeId n : graph.topological_order())
+    if (stage_of[n] == stage) nodes.push_back(n);
   options.nodes = std::move(nodes);
   options.weights = ir::WeightMode::kEmbed;
   onnx::ModelProto model = ir::model_from_graph(graph, options);
@@ -155,6 +155,74 @@ int64_t program_arena_bytes(const onnx::ModelProto& model) {
 int64_t deferred_bytes(const onnx::ModelProto& model) {
   const NamedProgram p = named_program(model.graph());
   return plan::deferred_bytes(p.graph, p.bytes);
+}
+
+}  // namespace stagecraft::plan
+
+namespace stagecraft::plan {
+
+std::pair<int64_t, std::vector<ArenaTensor>> program_arena(const onnx::ModelProto& model) {
+  const NamedProgram p = named_program(model.graph());
+  const Intermediates in = intermediate_lifetimes(p.graph, p.bytes, p.is_output);
+  const MemoryPlan mp = plan_memory(in.lifetimes);
+  std::vector<ArenaTensor> placed;
+  for (std::size_t t = 0; t < in.values.size(); ++t)
+    placed.push_back({p.names[in.values[t]], mp.offsets[t], in.lifetimes[t].bytes});
+  return {mp.arena_bytes, std::move(placed)};
+}
+
+MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector<Stage>& stages,
+                       const std::string& loss_output, bool training) {
+  passes::PassContext context;
+  context.stage_of = &stage_of;
+  passes::MixedPrecision().run(graph, context);
+  MixedStages out;
+  out.activation_bytes.assign(stages.size(), 0);
+  for (ir::NodeId n : graph.topological_order()) {
+    const int k = stage_of[n];
+    if (k < 0 || static_cast<std::size_t>(k) >= stages.size()) continue;
+    // A weight's 16-bit copy is the memory model's 2 B/param of weights (6 B with the fp32
+    // master), not an activation. (The runtime keeps the copy with each microbatch's forward
+    // values, so a stage with k microbatches in flight holds k - 1 copies more than this.)
+    const ir::Node& node = graph.node(n);
+    if (node.op_type == "Cast" && graph.value(node.inputs[0]).is_initializer()) continue;
+    for (ir::ValueId v : node.outputs)
+      if (v != ir::kNoId && is_floating(graph.value(v).dtype))
+        out.activation_bytes[k] += graph.value(v).bytes();
+  }
+  for (Stage& st : stages) {
+    // The tensors crossing stages keep their names; their dtype is now the graph's (bfloat16
+    // for activations, float32 for graph inputs and outputs).
+    int64_t comm_delta = 0, input_delta = 0;
+    for (StageTensor& t : st.inputs) {
+      const ir::Value& v = graph.value(*graph.find_value(t.name));
+      const int64_t delta = v.bytes() - t.bytes;
+      if (t.peer_stage >= 0) comm_delta += (training ? 1 : 2) * delta;
+      input_delta += delta;
+      t.dtype = std::string(dtype_name(v.dtype));
+      t.bytes = v.bytes();
+    }
+    for (StageTensor& t : st.outputs) {
+      const ir::Value& v = graph.value(*graph.find_value(t.name));
+      if (!(t.peer_stages.empty() && !t.graph_output)) comm_delta += v.bytes() - t.bytes;
+      t.dtype = std::string(dtype_name(v.dtype));
+      t.bytes = v.bytes();
+    }
+    // The arenas of the programs the writer will write, as the runtime plans them.
+    auto [arena_bytes, arena] = program_arena(stage_model(graph, stage_of, st.index));
+    st.arena_bytes = arena_bytes;
+    st.arena = std::move(arena);
+    if (training && !loss_output.empty())
+      st.backward_arena_bytes =
+          program_arena_bytes(backward_stage_model(graph, stage_of, st, loss_output));
+    int64_t temporary = training ? st.backward_arena_bytes : st.arena_bytes;
+    if (st.recompute) temporary = std::max(temporary, st.arena_bytes);
+    st.memory.temporary = temporary;
+    st.memory.communication += comm_delta;
+    if (st.recompute) st.memory.activations += st.in_flight * input_delta;
+    out.input_bytes_delta.push_back(input_delta);
+  }
+  return out;
 }
 
 }  // namespace stagecraft::plan

@@ -62,3 +62,30 @@ int64_t program_arena_bytes(const onnx::ModelProto& model);
 int64_t deferred_bytes(const onnx::ModelProto& model);
 
 }  // namespace stagecraft::plan
+
+namespace stagecraft::plan {
+
+/// The arena of a program as the runtime plans it for a file with no recorded arena
+/// (runtime/core/program.cpp): its bytes, and where each intermediate lives.
+std::pair<int64_t, std::vector<ArenaTensor>> program_arena(const onnx::ModelProto& model);
+
+/// What `make_mixed` changed that the simulation reads.
+struct MixedStages {
+  std::vector<int64_t> input_bytes_delta;  ///< Per stage: bytes its inputs gained (< 0: lost).
+  /// Per stage: the bytes of its nodes' floating-point outputs (what a training forward keeps
+  /// per microbatch, as planning's NodeFacts::output_bytes counts it) in the mixed graph, at
+  /// their own dtypes: bfloat16 activations, the inputs' 16-bit copies, the loss's float32
+  /// values; the weights' 16-bit copies are left out (the memory model counts them among the
+  /// weights, 6 B/param with the float32 master).
+  std::vector<int64_t> activation_bytes;
+};
+
+/// `--precision mixed` on a split model: runs passes/mixed_precision.cpp over `graph` (its Casts
+/// join their readers' stages in `stage_of`), then brings each stage's record up to the graphs
+/// the writer will write: the dtype and bytes of its inputs and outputs (activations crossing
+/// stages are bfloat16), its forward arena and placement, its backward arena, and the memory
+/// anatomy's temporary and communication bytes that follow from them.
+MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector<Stage>& stages,
+                       const std::string& loss_output, bool training);
+
+}  // namespace stagecraft::plan

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -23,10 +24,37 @@ const KernelEntry* Backend::find(std::string_view op_type) const {
   return nullptr;
 }
 
+namespace {
+
+/// `types` with every bfloat16 made float32.
+std::vector<DType> widened(std::span<const DType> types) {
+  std::vector<DType> out(types.begin(), types.end());
+  for (DType& d : out)
+    if (d == DType::kBFloat16) d = DType::kFloat32;
+  return out;
+}
+
+bool has_bf16(const OpSignature& s) {
+  auto bf16 = [](DType d) { return d == DType::kBFloat16; };
+  return std::any_of(s.inputs.begin(), s.inputs.end(), bf16) ||
+         std::any_of(s.outputs.begin(), s.outputs.end(), bf16);
+}
+
+}  // namespace
+
 std::string Backend::check(const OpSignature& signature) const {
   const KernelEntry* entry = find(signature.op_type);
   if (entry == nullptr) return fmt::format("op '{}' has no {} kernel", signature.op_type, name());
-  return entry->check(signature);
+  std::string why = entry->check(signature);
+  if (why.empty() || !runs_widened(signature)) return why;
+  return "";
+}
+
+bool Backend::runs_widened(const OpSignature& signature) const {
+  const KernelEntry* entry = find(signature.op_type);
+  if (entry == nullptr || !has_bf16(signature) || entry->check(signature).empty()) return false;
+  const std::vector<DType> in = widened(signature.inputs), out = widened(signature.outputs);
+  return entry->check(OpSignature{signature.op_type, in, out, signature.attrs}).empty();
 }
 
 const KernelEntry& Backend::entry(std::string_view op_type) const {

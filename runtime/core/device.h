@@ -113,7 +113,8 @@ class DeviceContext {
   /// Every byte of `t` set to zero.
   virtual void fill_zero(Tensor& t) = 0;
   /// sum += add, float32, elementwise in index order (gradient sums: every device gets the
-  /// same bytes for the same parts in the same order).
+  /// same bytes for the same parts in the same order); bfloat16 too (mixed precision's
+  /// activation gradients), each sum in float32 rounded to nearest even.
   virtual void accumulate(Tensor& sum, const Tensor& add) = 0;
 
   // Optimizer updates of float32 tensors of one shape, in place (runtime/optim derives the

@@ -80,6 +80,55 @@ ValueInfo static_info(const onnx::ValueInfoProto& proto) {
   return info;
 }
 
+/// Cast's attributes for the 16-bit fallback: "to" float32 and "to" bfloat16.
+const Attrs& cast_attrs(DType to) {
+  auto node = [](int64_t onnx_type) {
+    onnx::NodeProto n;
+    onnx::AttributeProto* a = n.add_attribute();
+    a->set_name("to");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(onnx_type);
+    return n;
+  };
+  static const onnx::NodeProto to_float = node(onnx::TensorProto::FLOAT),
+                               to_bf16 = node(onnx::TensorProto::BFLOAT16);
+  static const Attrs float_attrs(to_float), bf16_attrs(to_bf16);
+  return to == DType::kFloat32 ? float_attrs : bf16_attrs;
+}
+
+/// `from` cast into `to` (allocated) by the backend's Cast kernel `cast`.
+void cast_into(KernelFn cast, const KernelArgs& node, const Tensor& from, Tensor& to) {
+  const Tensor* in[] = {&from};
+  Tensor* out[] = {&to};
+  cast(KernelArgs{node.name, "Cast", cast_attrs(to.dtype), in, out, node.device, 0});
+}
+
+/// The 16-bit fallback of a kernel without a bfloat16 path (Backend::runs_widened): bfloat16
+/// inputs widened to float32 copies, the float32 kernel run, its results rounded to nearest even
+/// into the bfloat16 outputs. The copies are the device's own tensors for the node's duration,
+/// not arena bytes: kernel workspace, as a library's scratch is. On CUDA new_tensor draws from
+/// the device's stream-ordered pool (cudaMallocAsync), which after the first step hands back
+/// the same blocks without a driver allocation, so a step allocates nothing from the driver.
+void run_widened(KernelFn kernel, KernelFn cast, bool zero_outputs, const KernelArgs& args) {
+  std::vector<Tensor> wide_in(args.in.size()), wide_out(args.out.size());
+  std::vector<const Tensor*> in(args.in.begin(), args.in.end());
+  std::vector<Tensor*> out(args.out.begin(), args.out.end());
+  for (size_t k = 0; k < in.size(); ++k) {
+    if (!in[k] || in[k]->dtype != DType::kBFloat16) continue;
+    wide_in[k] = args.device.new_tensor(DType::kFloat32, in[k]->shape, false);
+    cast_into(cast, args, *in[k], wide_in[k]);
+    in[k] = &wide_in[k];
+  }
+  for (size_t k = 0; k < out.size(); ++k) {
+    if (!out[k] || out[k]->dtype != DType::kBFloat16) continue;
+    wide_out[k] = args.device.new_tensor(DType::kFloat32, out[k]->shape, zero_outputs);
+    out[k] = &wide_out[k];
+  }
+  kernel(KernelArgs{args.name, args.op_type, args.attrs, in, out, args.device, args.random_key});
+  for (size_t k = 0; k < out.size(); ++k)
+    if (wide_out[k].dtype != DType::kUndefined) cast_into(cast, args, wide_out[k], *args.out[k]);
+}
+
 }  // namespace
 
 Program Program::load_file(const std::string& path, const Backend& backend,
@@ -177,6 +226,8 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
         }
         std::string why = backend.check(OpSignature{step.op_type, in_types, out_types, step.attrs});
         if (!why.empty()) fail(ErrorKind::kUnsupported, "{}", why);
+        if (backend.runs_widened(OpSignature{step.op_type, in_types, out_types, step.attrs}))
+          step.cast = backend.kernel("Cast");
         const KernelEntry& entry = backend.entry(step.op_type);
         step.kernel = entry.run;
         step.state_updates = state_updates_of(
@@ -373,7 +424,10 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
                       out_ptrs,
                       device,
                       run.random_key == 0 ? 0 : mix_key(run.random_key ^ step.name_hash)};
-      step.kernel(args);
+      if (step.cast)
+        run_widened(step.kernel, step.cast, step.zero_outputs, args);
+      else
+        step.kernel(args);
       if (hook && hook->output_ready)
         for (int out_slot : step.outputs)
           if (out_slot >= 0 && slots_[out_slot].kind == Slot::kOutput)

@@ -152,6 +152,9 @@ class Program {
     std::vector<int> outputs;  // slot index
     bool weight_gradients = false;
     bool zero_outputs = false;  // a gradient kernel that needs zero-filled outputs
+    // The 16-bit fallback (Backend::runs_widened): the float32 kernel, run between Casts of
+    // the bfloat16 inputs to float32 and of its float32 results into the bfloat16 outputs.
+    KernelFn cast = nullptr;
     // State updates (TrainingRun::update_state): after the run, slot `first`'s value (as the node
     // left it) is copied into weight slot `second`.
     std::vector<std::pair<int, int>> state_updates;

@@ -1,5 +1,7 @@
 // The CPU device (cpu_context.h): host memory with a pool of freed buffers, copies as memcpy,
 // and the accumulate and optimizer kernels.
+#include <bit>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -157,6 +159,20 @@ void CpuContext::fill_zero(Tensor& t) {
 }
 
 void CpuContext::accumulate(Tensor& sum, const Tensor& add) {
+  if (sum.dtype == DType::kBFloat16 && add.dtype == DType::kBFloat16 && sum.shape == add.shape) {
+    // bfloat16 gradients (mixed precision: a tensor read by several later stages): each sum
+    // in float32, rounded to nearest even once (NaN stays NaN), as the Cast kernels round.
+    auto widen = [](uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); };
+    auto narrow = [](float f) {
+      const uint32_t u = std::bit_cast<uint32_t>(f);
+      if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+      return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    };
+    uint16_t* out = sum.as<uint16_t>();
+    const uint16_t* in = add.as<uint16_t>();
+    for (int64_t i = 0, n = sum.numel(); i < n; ++i) out[i] = narrow(widen(out[i]) + widen(in[i]));
+    return;
+  }
   expect_float_like(sum, add, "accumulate");
   float* out = sum.as<float>();
   const float* in = add.as<float>();

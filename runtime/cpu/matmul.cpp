@@ -1,5 +1,8 @@
 // Kernels of the matmul family (see families.h): MatMul with numpy semantics and Gemm, both on
-// float32 through oneDNN's matmul primitive.
+// float32 through oneDNN's matmul primitive; MatMul on bfloat16 too (mixed precision), natively:
+// oneDNN multiplies bfloat16 operands with float32 accumulation (AVX512-BF16 or AMX where the
+// CPU has them, else its own emulation) and rounds the result to bfloat16 once.
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -16,6 +19,13 @@ using dnnl::memory;
 // A oneDNN memory over `data` (not owned) viewed as a dense row-major float32 tensor of `shape`.
 memory f32_memory(const Shape& shape, const std::byte* data, const CpuContext& ctx) {
   return memory(plain_desc(shape), ctx.engine, const_cast<std::byte*>(data));
+}
+
+// Likewise for a tensor of `dtype` (float32 or bfloat16).
+memory typed_memory(const Shape& shape, DType dtype, const std::byte* data, const CpuContext& ctx) {
+  return memory(plain_desc(shape, dtype == DType::kBFloat16 ? memory::data_type::bf16
+                                                           : memory::data_type::f32),
+                ctx.engine, const_cast<std::byte*>(data));
 }
 
 // Runs a oneDNN matmul dst = alpha * src x weights + beta * dst (beta 0: dst is overwritten).
@@ -62,9 +72,9 @@ void matmul(const KernelArgs& a) {
     return dims;
   };
   const CpuContext& ctx = context(a);
-  run_matmul(ctx, f32_memory(with_matrix(s.batch_a, m, k), x.data, ctx),
-             f32_memory(with_matrix(s.batch_b, k, n), y.data, ctx),
-             f32_memory(with_matrix(s.batch, m, n), out.data, ctx), 1.0f, 0.0f);
+  run_matmul(ctx, typed_memory(with_matrix(s.batch_a, m, k), x.dtype, x.data, ctx),
+             typed_memory(with_matrix(s.batch_b, k, n), y.dtype, y.data, ctx),
+             typed_memory(with_matrix(s.batch, m, n), out.dtype, out.data, ctx), 1.0f, 0.0f);
 }
 
 // Gemm: Y = alpha * A' x B' + beta * C, with A' = transA ? A^T : A (likewise B) and C
@@ -111,8 +121,17 @@ void gemm(const KernelArgs& a) {
              f32_memory({m, n}, out.data, ctx), alpha, beta);
 }
 
+// MatMul: float32, or bfloat16 throughout (operands and result).
+std::string matmul_check(const OpSignature& s) {
+  const auto bf16 = [](DType d) { return d == DType::kBFloat16; };
+  if (std::all_of(s.inputs.begin(), s.inputs.end(), bf16) &&
+      std::all_of(s.outputs.begin(), s.outputs.end(), bf16))
+    return "";
+  return all_float32(s);
+}
+
 const KernelEntry kKernels[] = {
-    {"MatMul", matmul, all_float32},
+    {"MatMul", matmul, matmul_check},
     {"Gemm", gemm, all_float32},
 };
 

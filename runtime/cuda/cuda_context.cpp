@@ -281,6 +281,13 @@ void CudaContext::fill_zero(Tensor& t) {
 }
 
 void CudaContext::accumulate(Tensor& sum, const Tensor& add) {
+  if (sum.dtype == DType::kBFloat16 && add.dtype == DType::kBFloat16) {
+    expect_same_size(sum, add, "accumulate");
+    Tensor here = adopt(add);
+    launch_accumulate_bf16(sum.data, here.data, sum.numel(), stream_);
+    check(cudaGetLastError(), "accumulate kernel launch");
+    return;
+  }
   expect_float32(sum, "the sum", "accumulate");
   expect_same_size(sum, add, "accumulate");
   Tensor here = adopt(add);

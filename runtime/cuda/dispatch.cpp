@@ -12,7 +12,13 @@
 
 namespace stagecraft::rt::cuda {
 
-std::string same_as_cpu(const OpSignature& signature) { return cpu_backend().check(signature); }
+// The CPU kernel's own check (not Backend::check, which also accepts what the CPU runs widened
+// from bfloat16: this backend decides its own widening).
+std::string same_as_cpu(const OpSignature& signature) {
+  for (const KernelEntry& e : cpu_backend().table())
+    if (e.op_type == signature.op_type) return e.check(signature);
+  return fmt::format("op '{}' has no cpu kernel", signature.op_type);
+}
 
 namespace {
 

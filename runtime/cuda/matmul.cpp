@@ -1,5 +1,5 @@
-// The CUDA backend's matmul family (families.h): MatMul with numpy semantics and Gemm, float32,
-// on cuBLAS (matmul_product.h), as the CPU backend's runtime/cpu/matmul.cpp computes them. The
+// The CUDA backend's matmul family (families.h): MatMul with numpy semantics and Gemm, float32
+// (MatMul bfloat16 too: mixed precision; not yet run on a GPU), on cuBLAS (matmul_product.h), as the CPU backend's runtime/cpu/matmul.cpp computes them. The
 // operand shapes are read by the CPU's own rules (runtime/cpu/matmul_shape.h), so both backends
 // accept and refuse the same nodes.
 #include <cstdint>
@@ -25,8 +25,9 @@ void matmul(const KernelArgs& a) {
   Tensor& out = *a.out[0];
   if (out.numel() == 0) return;
   if (s.k == 0) return context(a).fill_zero(out);
-  batched_product(a, {s.batch, s.m, s.k, s.n}, {x.as<float>(), s.batch_a, false},
-                  {y.as<float>(), s.batch_b, false}, out.as<float>(), 1.0f, 0.0f);
+  // float32, or bfloat16 throughout (mixed precision: cuBLAS with float32 accumulation).
+  batched_product(a, {s.batch, s.m, s.k, s.n, x.dtype}, {x.data, s.batch_a, false},
+                  {y.data, s.batch_b, false}, out.data, 1.0f, 0.0f);
 }
 
 // Gemm: Y = alpha * A' x B' + beta * C, with A' = transA ? A^T : A (likewise B) and C
@@ -62,7 +63,8 @@ void gemm(const KernelArgs& a) {
                   {y.as<float>(), {}, g.trans_b}, out.as<float>(), alpha, beta);
 }
 
-// The checks are the CPU's: every input and output float32.
+// The checks are the CPU's: every input and output float32; MatMul also bfloat16 throughout
+// (the CPU's oneDNN and this cuBLAS path both multiply it natively).
 const KernelEntry kKernels[] = {
     {"MatMul", matmul, same_as_cpu},
     {"Gemm", gemm, same_as_cpu},

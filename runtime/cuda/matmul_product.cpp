@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <vector>
 
 #include "runtime/cuda/cuda_check.h"
@@ -37,7 +38,16 @@ cublasOperation_t op_of(const MatrixOperand& o) { return o.transposed ? CUBLAS_O
 }  // namespace
 
 void batched_product(const KernelArgs& a, const ProductDims& dims, const MatrixOperand& l,
-                     const MatrixOperand& r, float* d, float alpha, float beta) {
+                     const MatrixOperand& r, void* d, float alpha, float beta) {
+  if (dims.dtype != DType::kFloat32 && dims.dtype != DType::kBFloat16)
+    fail(ErrorKind::kInternal, "{} '{}': a product of {} (float32 and bfloat16 only)", a.op_type,
+         a.name, dtype_name(dims.dtype));
+  const bool bf16 = dims.dtype == DType::kBFloat16;
+  const int64_t element = dtype_size(dims.dtype);
+  // The i-th element of an operand, as cuBLAS takes its pointers.
+  auto at = [element](const void* p, int64_t i) {
+    return static_cast<const void*>(static_cast<const std::byte*>(p) + i * element);
+  };
   if (l.batch.size() != dims.batch.size() || r.batch.size() != dims.batch.size())
     fail(ErrorKind::kInternal, "{} '{}': operands with {} and {} batch dims for a product with {}",
          a.op_type, a.name, l.batch.size(), r.batch.size(), dims.batch.size());
@@ -88,13 +98,24 @@ void batched_product(const KernelArgs& a, const ProductDims& dims, const MatrixO
     // or OP_T when R is stored [cols, inner] with ld inner), its B is L (L^T with OP_N from
     // [rows, inner], ld inner; OP_T from the stored [inner, rows], ld rows), and its C is D,
     // ld cols. Broadcast operands have batch stride 0.
-    const cublasStatus_t status = cublasSgemmStridedBatched_64(
-        handle, op_of(r), op_of(l), cols, rows, inner, &alpha, r.data + off_r, ld_r, sr,
-        l.data + off_l, ld_l, sl, &beta, d + off_d, cols, sd, count);
+    void* d_at = const_cast<void*>(at(d, off_d));
+    const cublasStatus_t status =
+        bf16 ? cublasGemmStridedBatchedEx_64(
+                   handle, op_of(r), op_of(l), cols, rows, inner, &alpha, at(r.data, off_r),
+                   CUDA_R_16BF, ld_r, sr, at(l.data, off_l), CUDA_R_16BF, ld_l, sl, &beta, d_at,
+                   CUDA_R_16BF, cols, sd, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+             : cublasSgemmStridedBatched_64(
+                   handle, op_of(r), op_of(l), cols, rows, inner, &alpha,
+                   static_cast<const float*>(at(r.data, off_r)), ld_r, sr,
+                   static_cast<const float*>(at(l.data, off_l)), ld_l, sl, &beta,
+                   static_cast<float*>(d_at), cols, sd, count);
     if (status != CUBLAS_STATUS_SUCCESS)
-      check(status, fmt::format("{} '{}': cublasSgemmStridedBatched ({} x {} by {} x {}, {} "
+      check(status, fmt::format("{} '{}': {} ({} x {} by {} x {}, {} "
                                 "batches{}{})",
-                                a.op_type, a.name, rows, inner, inner, cols, count,
+                                a.op_type, a.name,
+                                bf16 ? "cublasGemmStridedBatchedEx (bfloat16)"
+                                     : "cublasSgemmStridedBatched",
+                                rows, inner, inner, cols, count,
                                 l.transposed ? ", L transposed" : "",
                                 r.transposed ? ", R transposed" : ""));
   }

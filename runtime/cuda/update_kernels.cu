@@ -2,6 +2,8 @@
 // element, the same formulas as the CPU backend's loops (runtime/cpu/update_kernels.cpp).
 #include "runtime/cuda/update_kernels.h"
 
+#include "runtime/cuda/elementwise_device.cuh"
+
 namespace stagecraft::rt::cuda {
 namespace {
 
@@ -11,6 +13,15 @@ __global__ void accumulate_kernel(float* sum, const float* add, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{blockDim.x} * gridDim.x)
     sum[i] += add[i];
+}
+
+// bfloat16 gradients (mixed precision: a tensor read by several later stages): each sum in
+// float32, rounded to nearest even once.
+__global__ void accumulate_bf16_kernel(eltwise::BFloat16* sum, const eltwise::BFloat16* add,
+                                       int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x)
+    sum[i] = eltwise::to_bfloat16(eltwise::to_float(sum[i]) + eltwise::to_float(add[i]));
 }
 
 __global__ void sgd_kernel(float* w, const float* g, int64_t n, float lr, float l2) {
@@ -56,6 +67,12 @@ __global__ void adagrad_kernel(float* w, const float* g, float* h, int64_t n, Ad
 
 void launch_accumulate(float* sum, const float* add, int64_t n, cudaStream_t stream) {
   if (n > 0) accumulate_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(sum, add, n);
+}
+
+void launch_accumulate_bf16(void* sum, const void* add, int64_t n, cudaStream_t stream) {
+  if (n > 0)
+    accumulate_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<eltwise::BFloat16*>(sum), static_cast<const eltwise::BFloat16*>(add), n);
 }
 
 void launch_sgd(float* w, const float* g, int64_t n, const SgdUpdate& u, cudaStream_t stream) {

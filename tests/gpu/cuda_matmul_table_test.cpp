@@ -82,6 +82,26 @@ TEST_CASE("the cuda backend covers the cpu's matmul ops and their gradients") {
     CHECK_FALSE(cuda->check(s).empty());
     CHECK(cuda->check(s) == cpu_backend().check(s));
   }
+  // Mixed precision: MatMul multiplies bfloat16 natively on both (cuBLAS CUDA_R_16BF with
+  // float32 accumulation, oneDNN bf16); Gemm and the gradients run widened to float32 on both.
+  const DType b = DType::kBFloat16;
+  const DType bf_pair[] = {b, b}, bf_one[] = {b}, bf_gemm[] = {b, b, b}, bf_grad[] = {b, b, b, b};
+  const DType bf_weight_only[] = {u, b};
+  const OpSignature bf16_native[] = {{"MatMul", bf_pair, bf_one, none}};
+  const OpSignature bf16_widened[] = {{"Gemm", bf_gemm, bf_one, none},
+                                      {"MatMulGrad", bf_grad, bf_weight_only, two}};
+  for (const Backend* backend : {cuda, &cpu_backend()}) {
+    CAPTURE(backend->name());
+    for (const OpSignature& s : bf16_native) {
+      CHECK(backend->check(s).empty());
+      CHECK_FALSE(backend->runs_widened(s));
+    }
+    for (const OpSignature& s : bf16_widened) {
+      CAPTURE(s.op_type);
+      CHECK(backend->check(s).empty());
+      CHECK(backend->runs_widened(s));
+    }
+  }
 #else
   CHECK(cuda_backend() == nullptr);
 #endif

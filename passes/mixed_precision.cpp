@@ -1,0 +1,210 @@
+// Mixed precision (stagec --precision mixed): the stage graphs compute in bfloat16, the weights
+// stay float32 masters. See passes.def "mixed-precision" and PassContext::stage_of.
+//
+// Per node, in topological order, one decision per ONNX type constraint of its float tensors:
+// - bfloat16 when the node may run in 16 bits (below) and the constraint allows
+//   tensor(bfloat16) in the node's opset schema: its float32 inputs of that constraint are read
+//   through a Cast to bfloat16 (a weight: the 16-bit copy of the fp32 master the memory model
+//   counts; a graph input: cast on entry), its float32 outputs become bfloat16.
+// - float32 otherwise: inputs of that constraint already in bfloat16 are read through a Cast
+//   back to float32. So the ONNX schemas (and strict shape inference, passes/infer_shapes.cpp)
+//   accept every node: Conv and the pools, whose opset-17 schemas have no bfloat16, run in
+//   float32 between casts.
+// A node runs in float32 (Casts around it) when its numerics or its contract need it:
+// - the loss (nodes named "loss/..." that passes/loss.cpp appends) and any node writing a
+//   graph output: the loss stagerun reports and the outputs a caller reads keep their float32;
+// - BatchNormalization: its running statistics are float32 weights it writes back into;
+// - ops of another domain, or without a schema.
+// LayerNormalization and Softmax run in bfloat16 tensors; their kernels keep the statistics in
+// float32 (the runtime widens a 16-bit input to float32 for kernels without a 16-bit path,
+// runtime/core/program.cpp), and LayerNormalization's Mean and InvStdDev stay float32
+// (stash_type). Outputs whose type an attribute fixes (ConstantOfShape, RandomNormal...) keep
+// it; a Cast to float32 becomes a Cast to bfloat16.
+// The gradient of a Cast is the Cast back (runtime/format/grad_ops.h), so the masters get
+// float32 gradients: the optimizer, the gradient sums and the all-reduce stay float32.
+#include <fmt/format.h>
+#include <onnx/defs/schema.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "passes/attributes.h"
+#include "passes/passes.h"
+#include "runtime/format/error.h"
+
+namespace stagecraft::passes {
+namespace {
+
+constexpr const char* kBf16Type = "tensor(bfloat16)";
+
+/// Whether `node` must compute in float32 whatever its schema allows.
+bool needs_float32(const ir::Graph& graph, const ir::Node& node) {
+  if (!node.domain.empty() && node.domain != "ai.onnx") return true;
+  if (node.op_type == "BatchNormalization") return true;
+  if (node.name.rfind("loss/", 0) == 0) return true;
+  for (ir::ValueId out : node.outputs)
+    if (out != ir::kNoId && graph.value(out).is_graph_output) return true;
+  return false;
+}
+
+/// The type constraint (or the literal type) of formal input or output `k` of `schema`.
+std::string formal_type(const std::vector<onnx::OpSchema::FormalParameter>& formals,
+                        std::size_t k) {
+  if (formals.empty()) return "";
+  return formals[std::min(k, formals.size() - 1)].GetTypeStr();
+}
+
+/// Whether `type` (a constraint name or a literal "tensor(...)") allows bfloat16 in `schema`.
+bool allows_bf16(const onnx::OpSchema& schema, const std::string& type) {
+  if (type == kBf16Type) return true;
+  for (const auto& c : schema.typeConstraintParams())
+    if (c.type_param_str == type)
+      return std::find(c.allowed_type_strs.begin(), c.allowed_type_strs.end(), kBf16Type) !=
+             c.allowed_type_strs.end();
+  return false;
+}
+
+class Rewriter {
+ public:
+  Rewriter(ir::Graph& graph, PassContext& context) : graph_(graph), context_(context) {}
+
+  bool run() {
+    const int64_t opset = graph_.opset;
+    for (ir::NodeId id : graph_.topological_order()) {
+      const ir::Node& node = graph_.node(id);
+      const onnx::OpSchema* schema =
+          node.domain.empty() || node.domain == "ai.onnx"
+              ? onnx::OpSchemaRegistry::Schema(node.op_type, static_cast<int>(opset), "")
+              : nullptr;
+      const bool may_bf16 = schema != nullptr && !needs_float32(graph_, node);
+      if (node.op_type == "Cast" && may_bf16) {
+        retype_cast(id);
+        continue;
+      }
+      // Each constraint's decision: bfloat16 when some output of it is float32 (a value this
+      // node makes) or some input of it is bfloat16 already, and the schema allows it.
+      std::map<std::string, bool> to_bf16;
+      std::set<std::string> output_types;
+      if (schema) {
+        for (std::size_t k = 0; k < node.outputs.size(); ++k) {
+          if (node.outputs[k] == ir::kNoId) continue;
+          const std::string type = formal_type(schema->outputs(), k);
+          output_types.insert(type);
+          if (graph_.value(node.outputs[k]).dtype == DType::kFloat32)
+            to_bf16[type] = may_bf16 && allows_bf16(*schema, type);
+        }
+        for (std::size_t k = 0; k < node.inputs.size(); ++k) {
+          if (node.inputs[k] == ir::kNoId) continue;
+          const std::string type = formal_type(schema->inputs(), k);
+          if (graph_.value(node.inputs[k]).dtype == DType::kBFloat16 && !to_bf16.count(type))
+            to_bf16[type] = may_bf16 && allows_bf16(*schema, type);
+        }
+      }
+      // From here on Casts are added: `node` may move, so it is looked up again each time.
+      const std::size_t num_inputs = node.inputs.size(), num_outputs = node.outputs.size();
+      for (std::size_t k = 0; k < num_inputs; ++k) {
+        const ir::ValueId in = graph_.node(id).inputs[k];
+        if (in == ir::kNoId) continue;
+        const DType dtype = graph_.value(in).dtype;
+        if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) continue;
+        auto it = schema ? to_bf16.find(formal_type(schema->inputs(), k)) : to_bf16.end();
+        const DType wanted = it != to_bf16.end() && it->second ? DType::kBFloat16 : DType::kFloat32;
+        if (dtype == wanted) continue;
+        set_input(id, k, cast_of(in, wanted, stage(id)));
+      }
+      for (std::size_t k = 0; k < num_outputs; ++k) {
+        const ir::ValueId out = graph_.node(id).outputs[k];
+        if (out == ir::kNoId || graph_.value(out).dtype != DType::kFloat32) continue;
+        if (!schema) continue;
+        auto it = to_bf16.find(formal_type(schema->outputs(), k));
+        // An output whose constraint no input carries has its type from an attribute
+        // (LayerNormalization's statistics: stash_type; ConstantOfShape's value): kept.
+        bool bound_by_input = false;
+        for (std::size_t i = 0; i < num_inputs; ++i)
+          bound_by_input |= graph_.node(id).inputs[i] != ir::kNoId &&
+                            formal_type(schema->inputs(), i) == formal_type(schema->outputs(), k);
+        if (it != to_bf16.end() && it->second && bound_by_input) {
+          graph_.value(out).dtype = DType::kBFloat16;
+          ++changed_;
+        }
+      }
+    }
+    context_.counters["mixed-precision"] += changed_;
+    return changed_ > 0;
+  }
+
+ private:
+  int stage(ir::NodeId id) const {
+    return context_.stage_of && static_cast<std::size_t>(id) < context_.stage_of->size()
+               ? (*context_.stage_of)[id]
+               : 0;
+  }
+
+  /// A Cast to float32 in a node that runs in 16 bits becomes a Cast to bfloat16.
+  void retype_cast(ir::NodeId id) {
+    ir::Node& node = graph_.node(id);
+    const ir::ValueId out = node.outputs[0];
+    if (graph_.value(out).dtype != DType::kFloat32) return;
+    for (auto& a : node.attributes)
+      if (a.name() == "to") a.set_i(onnx::TensorProto::BFLOAT16);
+    graph_.value(out).dtype = DType::kBFloat16;
+    ++changed_;
+  }
+
+  void set_input(ir::NodeId id, std::size_t k, ir::ValueId to) {
+    ir::Node& node = graph_.node(id);
+    auto& readers = graph_.value(node.inputs[k]).consumers;
+    readers.erase(std::find(readers.begin(), readers.end(), id));
+    node.inputs[k] = to;
+    graph_.value(to).consumers.push_back(id);
+  }
+
+  /// `value` as `dtype` in stage `stage_index`: one Cast per value, dtype and stage, in the
+  /// stage of its readers (a weight read by two stages is cast in each: each holds its master).
+  ir::ValueId cast_of(ir::ValueId value, DType dtype, int stage_index) {
+    const auto key = std::make_tuple(value, dtype, stage_index);
+    if (auto it = casts_.find(key); it != casts_.end()) return it->second;
+    const ir::Value& from = graph_.value(value);
+    const std::string base =
+        fmt::format("{}@{}", from.name, dtype == DType::kBFloat16 ? "bf16" : "fp32");
+    std::string name = base;
+    for (int n = 1; graph_.find_value(name); ++n) name = fmt::format("{}.{}", base, n);
+    ir::Value v;
+    v.name = name;
+    v.dtype = dtype;
+    v.shape = from.shape;
+    v.shape_known = from.shape_known;
+    const ir::ValueId out = graph_.add_value(std::move(v));
+    ir::Node cast;
+    cast.name = "mixed/Cast(" + name + ")";
+    cast.op_type = "Cast";
+    cast.inputs = {value};
+    cast.outputs = {out};
+    cast.attributes.push_back(int_attribute(
+        "to", dtype == DType::kBFloat16 ? onnx::TensorProto::BFLOAT16 : onnx::TensorProto::FLOAT));
+    const ir::NodeId id = graph_.add_node(std::move(cast));
+    if (context_.stage_of) {
+      if (context_.stage_of->size() <= static_cast<std::size_t>(id))
+        context_.stage_of->resize(static_cast<std::size_t>(id) + 1, -1);
+      (*context_.stage_of)[id] = stage_index;
+    }
+    casts_.emplace(key, out);
+    ++changed_;
+    return out;
+  }
+
+  ir::Graph& graph_;
+  PassContext& context_;
+  std::map<std::tuple<ir::ValueId, DType, int>, ir::ValueId> casts_;
+  int64_t changed_ = 0;
+};
+
+}  // namespace
+
+bool MixedPrecision::run(ir::Graph& graph, PassContext& context) const {
+  return Rewriter(graph, context).run();
+}
+
+}  // namespace stagecraft::passes
