@@ -17,8 +17,10 @@ model=$root/samples/models/gpt_tiny.onnx
 tools=$build/tools
 run() { echo; echo "== $*"; "$@"; }
 run "$tools/stagec" "$model" --info --batch 8 --dim seq=32
+# Costed from this machine's own kernel times (--profile cpu: each op signature timed once,
+# cached in the database for the next plan), so the prediction is for the CPU it runs on.
 run "$tools/stagec" "$model" -o "$out/demo_plan" --devices 2 --batch 8 --microbatches 4 \
-  --dim seq=32 --device-spec cpu
+  --dim seq=32 --profile cpu --profile-db "$out/demo_profile.json"
 run "$tools/stagedump" "$out/demo_plan"
 run "$tools/stagerun" "$out/demo_plan" --steps 20 --outputs "$out/demo_outputs" \
   --trace "$out/demo_trace.json"
@@ -29,5 +31,6 @@ run "$tools/stagerun" "$out/demo_plan" --steps 20 --outputs "$out/demo_outputs" 
 run "$tools/stagecraft-lm-data" --out "$out/demo_data" --text "$root/README.md" --batches 10 \
   --batch 8 --seq 32
 run "$tools/stagec" "$model" -o "$out/demo_train_plan" --devices 2 --train --loss cross-entropy \
-  --optimizer adam --lr 0.01 --batch 8 --microbatches 4 --dim seq=32 --device-spec cpu
+  --optimizer adam --lr 0.01 --batch 8 --microbatches 4 --dim seq=32 --profile cpu \
+  --profile-db "$out/demo_profile.json"
 run "$tools/stagerun" "$out/demo_train_plan" --steps 10 --data "$out/demo_data"
