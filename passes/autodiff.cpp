@@ -435,7 +435,8 @@ std::vector<ir::ValueId> trainable_weights(const ir::Graph& graph,
       ir::ValueId v = node.inputs[k];
       if (v == ir::kNoId) continue;
       const ir::Value& val = graph.value(v);
-      if (!val.is_initializer() || !val.is_weight || val.dtype != DType::kFloat32) continue;
+      if (!val.is_initializer() || !val.is_weight || val.frozen || val.dtype != DType::kFloat32)
+        continue;
       if (!differentiable_input(node.op_type, k)) continue;
       if (seen.insert(v).second) out.push_back(v);
     }

@@ -183,6 +183,12 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
                "with --train and --data-parallel R >= 2 (ZeRO-1): each replica keeps only 1/R of "
                "every stage's optimizer state; the gradients are reduce-scattered and the updated "
                "weights all-gathered");
+  app.add_option("--freeze", po.freeze,
+                 "with --train: leave the float32 initializers whose names match PATTERN untrained "
+                 "(no gradient, no optimizer state; a glob: '*' any characters, '?' one; "
+                 "repeatable), e.g. the buffers of torchvision's FrozenBatchNorm2d, which an "
+                 "ONNX file stores as ordinary initializers")
+      ->type_name("PATTERN");
   app.add_option("--lr-scaling", names.lr_scaling,
                  "with --train: none | linear | sqrt: the learning rate times R, sqrt(R) or 1 for "
                  "R data-parallel replicas (default none)");
@@ -277,7 +283,8 @@ void check_flags_apply(const CLI::App& app, const stagecraft::plan::PlanOptions&
   std::vector<std::string> given;
   for (const char* flag : {"--optimizer", "--loss", "--labels", "--loss-axis", "--ignore-index",
                            "--lr", "--weight-decay", "--momentum", "--lr-schedule",
-                           "--warmup-steps", "--total-steps", "--recompute", "--lr-scaling"}) {
+                           "--warmup-steps", "--total-steps", "--recompute", "--lr-scaling",
+                           "--freeze"}) {
     if (app.count(flag) > 0) given.push_back(flag);
   }
   if (!po.training && !given.empty()) {
@@ -451,6 +458,7 @@ int run(int argc, char** argv) {
   double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!planned.loss_summary.empty()) fmt::print("{}\n", planned.loss_summary);
   fmt::print("{}", planned.batch_norm_summary);
+  fmt::print("{}", planned.freeze_summary);
   fmt::print("{}", planned.data_parallel_choice);
   fmt::print("{}", planned.placement_choice);
   fmt::print("{}", plan::summarize(planned.plan));

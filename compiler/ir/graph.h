@@ -46,6 +46,8 @@ struct Value {
   /// A floating-point initializer of the model file: a weight that training may update. Folding
   /// never consumes weights, so they stay in the graph as the user's exporter wrote them.
   bool is_weight = false;
+  /// A weight training leaves as it is (stagec --freeze): no gradient, no optimizer state.
+  bool frozen = false;
   bool is_graph_input = false;
   bool is_graph_output = false;
 

@@ -1,6 +1,7 @@
 #include "compiler/plan/planner.h"
 
 #include <fmt/format.h>
+#include <fnmatch.h>
 
 #include <algorithm>
 #include <cmath>
@@ -209,10 +210,42 @@ std::string batch_norm_summary(const ir::Graph& g, const Setup& s) {
   return out;
 }
 
+/// --freeze: marks the float32 initializers matching any pattern as frozen (ir::Value::frozen);
+/// a pattern that matches none is refused (a typo would otherwise train what was meant frozen).
+void freeze_weights(PlannedModel& out, const PlanOptions& o) {
+  if (o.freeze.empty()) return;
+  ir::Graph& g = out.model.graph;
+  int64_t count = 0, params = 0;
+  for (const std::string& pattern : o.freeze) {
+    int matched = 0;
+    for (std::size_t i = 0; i < g.num_values(); ++i) {
+      ir::Value& v = g.value(static_cast<ir::ValueId>(i));
+      if (!v.is_initializer() || !v.is_weight || v.dtype != DType::kFloat32) continue;
+      if (fnmatch(pattern.c_str(), v.name.c_str(), 0) != 0) continue;
+      ++matched;
+      if (v.frozen) continue;
+      v.frozen = true;
+      ++count;
+      params += v.numel();
+    }
+    if (matched == 0)
+      fail(ErrorKind::kUsage,
+           "--freeze '{}' matches no float32 initializer of {} (patterns are globs: '*' any "
+           "characters, '?' one; stagec --info lists the model's sizes, --list-nodes its nodes)",
+           pattern, o.model_path);
+  }
+  out.freeze_summary = fmt::format(
+      "--freeze: {} float32 initializer{} ({} parameters) left untrained: no gradient, no "
+      "optimizer state\n",
+      count, count == 1 ? "" : "s", params);
+}
+
 /// Training: refuses a model with nothing to train, says how its BatchNormalizations train and
 /// gives its training-mode Dropouts their masks (a Dropout's gradient reads the mask its
 /// forward drew).
-void prepare_training(PlannedModel& out, const Setup& s, const std::string& model_path) {
+void prepare_training(PlannedModel& out, const Setup& s, const PlanOptions& o) {
+  const std::string& model_path = o.model_path;
+  freeze_weights(out, o);
   std::vector<ir::NodeId> all = out.model.graph.topological_order();
   if (passes::trainable_weights(out.model.graph, all).empty())
     fail(ErrorKind::kModel,
@@ -289,7 +322,7 @@ PlannedModel make_plan(const PlanOptions& o) {
     out.plan.training_config.loss_output = out.model.graph.value(loss.value).name;
     out.plan.training_config.labels = o.loss.kind.empty() ? "" : o.loss.labels;
   }
-  if (o.training) prepare_training(out, s, o.model_path);
+  if (o.training) prepare_training(out, s, o);
   const ir::Graph& g = out.model.graph;
   if (g.inputs.empty()) {
     fail(ErrorKind::kModel,

@@ -31,6 +31,9 @@ struct PlanOptions {
   bool data_parallel_auto = false;
   /// With --train: how the learning rate grows with R (the rate given is kept as base_lr).
   LrScaling lr_scaling = LrScaling::kNone;
+  /// With training: glob patterns (fnmatch) of float32 initializers to leave untrained
+  /// (stagec --freeze), such as a FrozenBatchNorm's statistics and affine parameters.
+  std::vector<std::string> freeze;
   /// --shard-optimizer (ZeRO-1, training with R >= 2): each replica keeps 1/R of every stage's
   /// optimizer state (plan.json `shard_optimizer`); with `data_parallel_auto`, the replica
   /// counts above 1 are planned sharded.
@@ -81,6 +84,8 @@ struct PlannedModel {
   /// (training_mode=1: the microbatch's statistics, running statistics updated and saved;
   /// inference mode: the running statistics as constants, no batch statistics); "" otherwise.
   std::string batch_norm_summary = {};
+  /// --freeze: one line saying how many initializers (and parameters) it froze; "" otherwise.
+  std::string freeze_summary = {};
 };
 
 /// Plans the model. Refuses (Error) bad options with the flag named, and a model that fits in

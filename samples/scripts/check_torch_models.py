@@ -494,7 +494,9 @@ def train_check(name, mode, build, kind, x, labels, work, log, opts):
         plan = os.path.join(work, f"plan_train_{mode}_{d}")
         _, err, _ = run([stagec, train_path, "-o", plan, "--devices", str(d), "--batch", str(BATCH),
                          "--microbatches", str(TRAIN_MICROBATCHES), "--train", "--optimizer", "sgd",
-                         "--lr", str(LR), "--device-spec", "cpu"] + loss_flags, log, opts.timeout)
+                         "--lr", str(LR), "--device-spec", "cpu"] + loss_flags +
+                        [f for p in FREEZE.get(name, []) for f in ("--freeze", p)], log,
+                        opts.timeout)
         if err:
             res.update({"status": f"FAIL@{d} (plan)", "error": err})
             return res
@@ -582,6 +584,14 @@ def loss_cell(row, key):
         return "-"
     return (f"{fmt_err(row[key + '_err'])} ({fmt_err(row.get(key + '_err64'))} / "
             f"{fmt_err(row.get(key + '_floor'))})")
+
+
+# Initializers to leave untrained (stagec --freeze), per model: torchvision's FrozenBatchNorm2d
+# keeps its weight, bias and running statistics as buffers, which the ONNX file holds as
+# ordinary float32 initializers.
+FREEZE = {
+    "fasterrcnn_resnet18_fpn_backbone": ["*.body.*bn*", "*.body.*.downsample.1.*"],
+}
 
 
 def fmt_err(v):

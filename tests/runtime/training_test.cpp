@@ -234,3 +234,46 @@ TEST_CASE("the backward runs in the arena the plan counted; a plan that counts a
 
 }  // namespace
 }  // namespace stagecraft::rt
+
+namespace stagecraft::rt {
+namespace {
+
+TEST_CASE("stagec --freeze: the matching weights keep their values and get no optimizer state") {
+  const Model mnist{"mnist_cnn.onnx", "cross-entropy", 3, {2}};
+  plan::PlanOptions o = training_options(mnist, 2, "1f1b");
+  o.freeze = {"conv1.*"};
+  testing::TempDir dir;
+  plan::PlannedModel planned = plan::make_plan(o);
+  CHECK(planned.freeze_summary.find("2 float32 initializers (320 parameters)") !=
+        std::string::npos);
+  plan::write_plan(planned, dir.file("plan"));
+  auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+  auto weights = [&] {
+    std::map<std::string, std::vector<float>> all;
+    for (const plan::Stage& stage : pipeline->plan().stages)
+      for (const auto& [name, t] : pipeline->stage_weights(stage.index))
+        if (t.dtype == DType::kFloat32)
+          all[name].assign(t.as<float>(), t.as<float>() + t.numel());
+    return all;
+  };
+  const auto before = weights();
+  RunOptions options;
+  options.steps = 3;
+  pipeline->run(pipeline->synthetic_inputs(), options);
+  const auto after = weights();
+  REQUIRE(before.count("conv1.weight") == 1);
+  CHECK(after.at("conv1.weight") == before.at("conv1.weight"));  // bit for bit
+  CHECK(after.at("conv1.bias") == before.at("conv1.bias"));
+  CHECK(after.at("fc1.weight") != before.at("fc1.weight"));  // the rest trains
+  for (const plan::Stage& stage : pipeline->plan().stages) {
+    CHECK(pipeline->optimizer_state(stage.index).count("conv1.weight") == 0);
+    CHECK(pipeline->optimizer_state(stage.index).count("conv1.bias") == 0);
+  }
+  // A pattern that matches nothing is refused, naming it.
+  o.freeze = {"conv9.*"};
+  CHECK_THROWS_WITH_AS(plan::make_plan(o), doctest::Contains("--freeze 'conv9.*' matches no"),
+                       Error);
+}
+
+}  // namespace
+}  // namespace stagecraft::rt
