@@ -3,7 +3,7 @@
 //   stagerun PLAN_DIR [--backend auto|cpu|cuda] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE] [--json]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
-//            [--timeout SECONDS] [--bucket-mb MIB] [--no-overlap]
+//            [--timeout SECONDS] [--bucket-mb MIB] [--no-overlap] [--transport auto|nccl|mpi]
 //
 // One worker thread per device runs the device's instruction stream from schedule.json; stages
 // exchange tensors through bounded in-process channels. Inputs are the whole batch: stagerun
@@ -57,7 +57,10 @@
 // original model with the trained weights after the run (--steps 0: export without running).
 // Under mpirun --checkpoint and --resume work too (one writer per stage, the manifest by rank 0:
 // runtime/mpi/world.h), and --export (the ranks save a checkpoint beside FILE, rank 0 exports
-// from it and removes it).
+// from it and removes it). GPU ranks (--backend cuda, or auto where a GPU is visible): each
+// takes GPU (local rank modulo the GPUs it sees) and prints one line naming it and the
+// transport: NCCL, or MPI through host memory where NCCL cannot be used (no NCCL, two ranks on
+// one GPU) or --transport mpi asks for it (runtime/mpi/gpu_transport.h).
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -177,6 +180,7 @@ std::vector<std::map<std::string, rt::Tensor>> cut_batches(
 struct Args {
   std::string plan_dir, backend_name = "auto", inputs_path, outputs_dir, trace_path, inject_fault;
   std::string data_dir, checkpoint_dir, resume_dir, export_path, inject_kill, inject_hang;
+  std::string transport = "auto";
   int steps = 1, threads = 1, save_every = 0;
   double timeout_s = 60, bucket_mb = 25;
   bool synthetic = false, json = false, quiet = false, skip_nonfinite = false, no_overlap = false;
@@ -189,6 +193,11 @@ void add_options(CLI::App& app, Args& args) {
   app.add_option("--backend", args.backend_name,
                  "Backend: auto (cuda where a GPU is visible, else cpu; says which), cpu or cuda")
       ->capture_default_str();
+  app.add_option("--transport", args.transport,
+                 "Under mpirun with GPU ranks: auto (NCCL where every rank can use it and no two "
+                 "share a GPU, else MPI through host memory; each rank says which), nccl or mpi")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "nccl", "mpi"}));
   app.add_option("--steps", args.steps,
                  "Steps to run over the same batch; figures are of the median step after the "
                  "first (warm-up) step")
@@ -605,17 +614,11 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   return options;
 }
 
-// Under mpirun: the checks every rank makes alike (this slice runs CPU ranks), then the plan
-// device this rank runs (world.h refuses a world of another size than the plan's devices).
+// Under mpirun: the plan device this rank runs (world.h refuses, on every rank alike, a world of
+// another size than the plan's devices).
 std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
   std::vector<int> devices;
   world.refuse_together([&] {
-    if (args.backend_name != "auto" && args.backend_name != "cpu")
-      fail(ErrorKind::kUnsupported,
-           "--backend {}: under mpirun stagerun runs CPU ranks only (GPU ranks through NCCL are "
-           "not there yet)",
-           args.backend_name);
-    args.backend_name = "cpu";
     devices = world.local_devices(plan::load_plan(args.plan_dir), args.plan_dir);
   });
   return devices;
@@ -642,9 +645,25 @@ int main(int argc, char** argv) {
            "process is never ended)");
 
     std::string chosen;
-    const rt::Backend& backend = args.backend_name == "auto"
-                                     ? rt::auto_backend(&chosen)
-                                     : rt::backend_by_name(args.backend_name);
+    // Under mpirun every rank makes the same choice (a backend this process cannot use is
+    // refused by every rank alike).
+    const rt::Backend* picked = nullptr;
+    auto pick = [&] {
+      picked = args.backend_name == "auto" ? &rt::auto_backend(&chosen)
+                                           : &rt::backend_by_name(args.backend_name);
+    };
+    if (world)
+      world->refuse_together(pick);
+    else
+      pick();
+    const rt::Backend& backend = *picked;
+    // A GPU rank takes its machine's GPU (local rank modulo the GPUs it sees) before any
+    // device is made.
+    std::string rank_gpu;
+    if (world && backend.name() != "cpu")
+      rank_gpu = fmt::format("{}, local rank {}",
+                             backend.bind_local_rank(world->local_rank()).name,
+                             world->local_rank());
     auto pipeline = rt::Pipeline::load(args.plan_dir, backend, args.threads, local_devices);
     const plan::Plan& plan = pipeline->plan();
     std::vector<int> devices = local_devices;
@@ -682,7 +701,14 @@ int main(int argc, char** argv) {
     // loss lines and error messages number them.
     const int64_t first_step = pipeline->steps_done();  // > 0 after --resume
     rt::RunOptions options = run_options(*pipeline, args, first_step);
-    if (world) world->distribute(options, *pipeline);
+    if (world) {
+      const std::string transport = world->distribute(options, *pipeline, args.transport);
+      // GPU ranks: one line each, saying which GPU and which transport.
+      if (!rank_gpu.empty())
+        fmt::print(stderr, "stagerun: {}: backend {}{} on {}; transport {}\n", world->name(),
+                   backend.name(), chosen.empty() ? "" : fmt::format(" (auto: {})", chosen),
+                   rank_gpu, transport);
+    }
     // Under mpirun every rank saves its part: one writer per stage, the manifest by rank 0.
     if (world && options.checkpoint) {
       // --inject-hang DEVICE:STEP:save: that device's rank stops answering as the save begins.
