@@ -4,6 +4,7 @@
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE] [--json]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
 //            [--timeout SECONDS] [--bucket-mb MIB] [--no-overlap]
+//            [--loss-scale S] [--loss-scale-window N]
 //
 // One worker thread per device runs the device's instruction stream from schedule.json; stages
 // exchange tensors through bounded in-process channels. Inputs are the whole batch: stagerun
@@ -13,13 +14,15 @@
 // microbatches joined along the first axis.
 //
 // --json: JSON Lines (docs/schemas/stagerun.schema.json; times in ms, memory in bytes). One
-// record per step, {type: "step", format_version, step, step_ms, [loss] (training)}, then one
+// record per step, {type: "step", format_version, step, step_ms, [loss] (training), [loss_scale,
+// skipped] (training a precision fp16 plan)}, then one
 //   {type: "summary", format_version, plan, backend, [backend_auto], threads_per_device, devices
 //   (every replica's), data_parallel, microbatches (per replica), schedule, batch (global), steps,
 //    inputs,
 //    step_ms [every step], median_step_ms, median_of_steps, warmup_step_ms,
 //    median_excludes_warmup, samples_per_s,
 //    bubble {measured, predicted}, predicted_step_ms, cost_model, [final_loss] (training),
+//    [loss_scale {scale, skipped_steps}] (training a precision fp16 plan),
 //    plan_device {name, kind},
 //    warnings [one line each: a plan costed for another kind of device, plan devices sharing a
 //              GPU],
@@ -58,17 +61,22 @@
 // Under mpirun --checkpoint and --resume work too (one writer per stage, the manifest by rank 0:
 // runtime/mpi/world.h), and --export (the ranks save a checkpoint beside FILE, rank 0 exports
 // from it and removes it).
+// A plan of precision fp16 trains with dynamic loss scaling from --loss-scale S (default 2^16),
+// halved by a skipped step, doubled after --loss-scale-window N clean steps (runtime/exec/
+// pipeline.h LossScale); one process only (not under mpirun yet).
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <span>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -179,6 +187,8 @@ struct Args {
   std::string data_dir, checkpoint_dir, resume_dir, export_path, inject_kill, inject_hang;
   int steps = 1, threads = 1, save_every = 0;
   double timeout_s = 60, bucket_mb = 25;
+  std::optional<double> loss_scale;
+  std::optional<int64_t> loss_scale_window;
   bool synthetic = false, json = false, quiet = false, skip_nonfinite = false, no_overlap = false;
 };
 
@@ -258,6 +268,12 @@ void add_options(CLI::App& app, Args& args) {
   app.add_flag("--no-overlap", args.no_overlap,
                "Data parallelism: start the gradients' sums only at ALLREDUCE, after the whole "
                "backward (for comparison with the overlapped default)");
+  app.add_option("--loss-scale", args.loss_scale,
+                 "Training a precision fp16 plan: the initial dynamic loss scale S (default "
+                 "65536); halves on a step with an inf or NaN gradient, which is skipped");
+  app.add_option("--loss-scale-window", args.loss_scale_window,
+                 "Training a precision fp16 plan: clean steps in a row before S doubles (default "
+                 "2000)");
   app.add_option("--inject-fault", args.inject_fault, "Testing: make the node of this name fail")
       ->group("");
   app.add_option("--inject-kill", args.inject_kill,
@@ -325,6 +341,8 @@ void check_args(const Args& args) {
     fail(ErrorKind::kUsage, "--save-every needs --checkpoint DIR");
   if (args.json && args.trace_path == "-")
     fail(ErrorKind::kUsage, "--json and --trace - both write to stdout; give --trace a FILE");
+  if (args.loss_scale) rt::LossScale::check_scale(*args.loss_scale, "--loss-scale");
+  if (args.loss_scale_window) rt::LossScale::check_window(*args.loss_scale_window);
 }
 
 // --data: batch k of K for step k mod K, one step per run; the optimizer state, the step count
@@ -344,6 +362,8 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt
     rt::RunReport& r = runs.back();
     report.step_s.push_back(r.step_s.front());
     report.losses.insert(report.losses.end(), r.losses.begin(), r.losses.end());
+    report.loss_scale.insert(report.loss_scale.end(), r.loss_scale.begin(), r.loss_scale.end());
+    report.skipped.insert(report.skipped.end(), r.skipped.begin(), r.skipped.end());
     double end = offset;  // the next run starts after every event of this one (any device)
     for (auto e : r.events) {
       e.start_s += offset;
@@ -446,9 +466,10 @@ std::string inputs_label(const Args& args, bool json) {
 
 // --json: JSON Lines, one record per step, then the summary (schema: file comment and
 // docs/schemas/stagerun.schema.json).
-void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args& args,
+void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const Args& args,
                 std::string_view backend, const std::string& auto_reason, int64_t first_step,
                 const nlohmann::ordered_json& outputs, const std::vector<std::string>& warnings) {
+  const plan::Plan& plan = pipeline.plan();
   double step_s = report.step_s[report.reported_step];
   for (size_t k = 0; k < report.step_s.size(); ++k) {
     nlohmann::ordered_json record{{"type", "step"},
@@ -456,6 +477,10 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
                                   {"step", first_step + static_cast<int64_t>(k) + 1},
                                   {"step_ms", report.step_s[k] * 1e3}};
     if (k < report.losses.size()) record["loss"] = report.losses[k];
+    if (k < report.loss_scale.size()) {
+      record["loss_scale"] = report.loss_scale[k];
+      record["skipped"] = static_cast<bool>(report.skipped[k]);
+    }
     fmt::print("{}\n", record.dump());
   }
   nlohmann::ordered_json j;
@@ -488,6 +513,10 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
   j["plan_device"] = {{"name", plan.device.name}, {"kind", plan.device.kind}};
   j["warnings"] = warnings;
   if (!report.losses.empty()) j["final_loss"] = report.losses.back();
+  if (!report.loss_scale.empty())
+    j["loss_scale"] = {
+        {"scale", pipeline.loss_scale().scale},
+        {"skipped_steps", std::count(report.skipped.begin(), report.skipped.end(), true)}};
   nlohmann::ordered_json devs = nlohmann::ordered_json::array();
   for (size_t d = 0; d < report.devices.size(); ++d) {
     const rt::DeviceReport& r = report.devices[d];
@@ -510,9 +539,10 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
 }
 
 // The figures as text.
-void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args& args,
+void print_text(const rt::RunReport& report, const rt::Pipeline& pipeline, const Args& args,
                 std::string_view backend, int64_t first_step,
                 const nlohmann::ordered_json& outputs) {
+  const plan::Plan& plan = pipeline.plan();
   const int threads = args.threads;
   double step_s = report.step_s[report.reported_step];
   double samples_per_s = step_s > 0 ? static_cast<double>(plan.batch) / step_s : 0;
@@ -529,8 +559,16 @@ void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args&
       plan.batch, backend, threads, threads == 1 ? "" : "s");
   fmt::print("inputs: {}\n", inputs_label(args, false));
   for (size_t k = 0; k < report.losses.size(); ++k)
-    fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms\n", first_step + static_cast<int64_t>(k) + 1,
-               report.losses[k], report.step_s[k] * 1e3);
+    fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms{}\n", first_step + static_cast<int64_t>(k) + 1,
+               report.losses[k], report.step_s[k] * 1e3,
+               k < report.loss_scale.size()
+                   ? fmt::format("  loss scale {:g}{}", report.loss_scale[k],
+                                 report.skipped[k] ? "  skipped (inf/NaN gradient)" : "")
+                   : "");
+  if (!report.loss_scale.empty())
+    fmt::print("dynamic loss scaling: {} of {} steps skipped, scale now {:g}\n",
+               std::count(report.skipped.begin(), report.skipped.end(), true),
+               report.skipped.size(), pipeline.loss_scale().scale);
   if (report.step_s.size() > 1)
     fmt::print(
         "step {:.3f} ms (median of the {} steps after the warm-up step, which took {:.3f} ms; min "
@@ -616,7 +654,13 @@ std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
            "not there yet)",
            args.backend_name);
     args.backend_name = "cpu";
-    devices = world.local_devices(plan::load_plan(args.plan_dir), args.plan_dir);
+    const plan::Plan plan = plan::load_plan(args.plan_dir);
+    if (plan.training && plan.precision == Precision::kFp16)
+      fail(ErrorKind::kUnsupported,
+           "{}: a precision fp16 plan (dynamic loss scaling) runs in one process: under mpirun "
+           "the ranks do not yet agree on the steps to skip",
+           args.plan_dir);
+    devices = world.local_devices(plan, args.plan_dir);
   });
   return devices;
 }
@@ -670,6 +714,8 @@ int main(int argc, char** argv) {
       fail(ErrorKind::kUsage,
            "--checkpoint and --resume need a training plan ({} is an inference plan)",
            args.plan_dir);
+    // Before --resume, whose checkpoint's saved scale then wins.
+    pipeline->set_loss_scale(args.loss_scale, args.loss_scale_window);
     if (!args.resume_dir.empty()) rt::load_checkpoint(*pipeline, args.resume_dir);
     if (!args.outputs_dir.empty()) {
       std::error_code ec;
@@ -732,9 +778,9 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json outputs = write_outputs(report, args.outputs_dir);
     write_trace(report, args, *pipeline);
     if (args.json)
-      print_json(report, plan, args, backend.name(), chosen, first_step, outputs, warnings);
+      print_json(report, *pipeline, args, backend.name(), chosen, first_step, outputs, warnings);
     else if (args.trace_path != "-")
-      print_text(report, plan, args,
+      print_text(report, *pipeline, args,
                  chosen.empty() ? std::string(backend.name())
                                 : fmt::format("{} (auto: {})", backend.name(), chosen),
                  first_step, outputs);
