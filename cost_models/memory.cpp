@@ -85,23 +85,27 @@ int64_t microbatches_in_flight(ScheduleKind schedule, int stages, int stage_inde
   return m;
 }
 
-MemoryBytes stage_memory(int64_t params, int64_t activation_bytes_per_microbatch,
-                         int64_t temporary_peak_bytes, int64_t comm_buffer_bytes, int64_t in_flight,
-                         OptimizerKind optimizer, Precision precision, bool training,
-                         bool recompute, int64_t stage_input_bytes_per_microbatch) {
-  if (params < 0 || activation_bytes_per_microbatch < 0 || temporary_peak_bytes < 0 ||
-      comm_buffer_bytes < 0 || in_flight < 0 || stage_input_bytes_per_microbatch < 0) {
+MemoryBytes stage_memory(int64_t params, int64_t trainable_params,
+                         int64_t activation_bytes_per_microbatch, int64_t temporary_peak_bytes,
+                         int64_t comm_buffer_bytes, int64_t in_flight, OptimizerKind optimizer,
+                         Precision precision, bool training, bool recompute,
+                         int64_t stage_input_bytes_per_microbatch) {
+  if (params < 0 || trainable_params < 0 || trainable_params > params ||
+      activation_bytes_per_microbatch < 0 || temporary_peak_bytes < 0 || comm_buffer_bytes < 0 ||
+      in_flight < 0 || stage_input_bytes_per_microbatch < 0) {
     fail(ErrorKind::kInternal,
-         "stage_memory: negative argument (params {}, activations {}, temporary {}, "
-         "communication {}, in flight {}, stage input {})",
-         params, activation_bytes_per_microbatch, temporary_peak_bytes, comm_buffer_bytes,
-         in_flight, stage_input_bytes_per_microbatch);
+         "stage_memory: negative argument or more trainable parameters than parameters (params "
+         "{}, trainable {}, activations {}, temporary {}, communication {}, in flight {}, stage "
+         "input {})",
+         params, trainable_params, activation_bytes_per_microbatch, temporary_peak_bytes,
+         comm_buffer_bytes, in_flight, stage_input_bytes_per_microbatch);
   }
   MemoryBytes anatomy;
   anatomy.weights = bytes_for(params, weight_bytes_per_param(precision, training));
   if (training) {
-    anatomy.gradients = bytes_for(params, gradient_bytes_per_param(precision));
-    anatomy.optimizer = bytes_for(params, optimizer_state_bytes_per_param(optimizer, precision));
+    anatomy.gradients = bytes_for(trainable_params, gradient_bytes_per_param(precision));
+    anatomy.optimizer =
+        bytes_for(trainable_params, optimizer_state_bytes_per_param(optimizer, precision));
   }
   if (training && recompute) {
     anatomy.activations = checked_add(checked_mul(in_flight, stage_input_bytes_per_microbatch),

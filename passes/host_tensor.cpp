@@ -11,6 +11,7 @@
 
 #include "compiler/ir/onnx_bridge.h"
 #include "runtime/core/backend.h"
+#include "runtime/cpu/reduce_shape.h"
 #include "runtime/format/checked.h"
 #include "runtime/format/error.h"
 
@@ -142,8 +143,8 @@ std::vector<int64_t> slice_shape(const ir::Node& node, std::vector<int64_t> shap
     } else {
       s = std::clamp<int64_t>(s, 0, dim - 1);
       e = std::clamp<int64_t>(e, -1, dim - 1);
-      shape[a] = s > e ? (st == std::numeric_limits<int64_t>::min() ? 1 : (s - e - 1) / -st + 1)
-                       : 0;
+      shape[a] =
+          s > e ? (st == std::numeric_limits<int64_t>::min() ? 1 : (s - e - 1) / -st + 1) : 0;
     }
   }
   return shape;
@@ -163,13 +164,15 @@ std::vector<int64_t> reshape_shape(const ir::Node& node, const HostTensor& x,
         fail(ErrorKind::kModel, "node '{}' (Reshape): more than one -1", node.name);
       infer_at = static_cast<int64_t>(i);
     } else if (target[i] < 0) {
-      fail(ErrorKind::kModel, "node '{}' (Reshape): shape {} entry {} is {}; only -1 may be negative",
-           node.name, ir::shape_string(target), i, target[i]);
+      fail(ErrorKind::kModel,
+           "node '{}' (Reshape): shape {} entry {} is {}; only -1 may be negative", node.name,
+           ir::shape_string(target), i, target[i]);
     } else {
       std::optional<int64_t> product = try_mul(known, target[i]);
       if (!product) {
-        fail(ErrorKind::kModel, "node '{}' (Reshape): the element count of shape {} overflows int64",
-             node.name, ir::shape_string(target));
+        fail(ErrorKind::kModel,
+             "node '{}' (Reshape): the element count of shape {} overflows int64", node.name,
+             ir::shape_string(target));
       }
       known = *product;
     }
@@ -290,8 +293,8 @@ void check_integer_arithmetic(const ir::Node& node, const HostTensor& x, const H
     } else if (op == "Mul") {
       r = try_mul(a, b), symbol = "x";
     } else if (b == 0) {
-      fail(ErrorKind::kModel, "node '{}' ({}): integer {} by zero ({} {} 0, element {})",
-           node.name, op, op == "Mod" ? "modulo" : "division", a, op == "Mod" ? "%" : "/", i);
+      fail(ErrorKind::kModel, "node '{}' ({}): integer {} by zero ({} {} 0, element {})", node.name,
+           op, op == "Mod" ? "modulo" : "division", a, op == "Mod" ? "%" : "/", i);
     } else if (op == "Mod") {
       r = 0;  // a remainder always fits (the lowest value mod -1 is 0)
     } else if (!(a == std::numeric_limits<int64_t>::min() && b == -1)) {
@@ -334,6 +337,49 @@ bool small_enough(const ir::Node& node, const std::vector<int64_t>& shape, int64
   return n <= max_elements;
 }
 
+/// `t` as a runtime tensor, for the CPU backend's kernels and rules.
+rt::Tensor to_tensor(const HostTensor& t) {
+  std::string bytes = t.to_bytes();
+  rt::Tensor tensor = rt::Tensor::owned(t.dtype, t.shape);
+  if (!bytes.empty()) std::memcpy(tensor.data, bytes.data(), bytes.size());
+  return tensor;
+}
+
+/// The node's attributes as the kernels read them.
+onnx::NodeProto attribute_proto(const ir::Node& node) {
+  onnx::NodeProto proto;
+  proto.set_op_type(node.op_type);
+  for (const auto& a : node.attributes) *proto.add_attribute() = a;
+  return proto;
+}
+
+/// One host context per thread: folding runs the small, single-threaded shape kernels.
+rt::DeviceContext& host_device() {
+  thread_local const std::unique_ptr<rt::DeviceContext> device =
+      rt::cpu_backend().make_device(0, 1);
+  return *device;
+}
+
+/// A reduction's output shape by the kernels' own rule (runtime/cpu/reduce_shape.h: axes from
+/// the attribute or the constant operand 1, keepdims, noop_with_empty_axes); nullopt when the
+/// axes operand is not constant. A bad axis is refused naming the node.
+std::optional<std::vector<int64_t>> reduced_shape(const ir::Node& node, const Inputs& in) {
+  std::optional<rt::Tensor> axes;
+  if (node.inputs.size() > 1 && node.inputs[1] != ir::kNoId) {
+    if (in.size() < 2 || !in[1]) return std::nullopt;
+    axes = to_tensor(*in[1]);
+  }
+  const onnx::NodeProto proto = attribute_proto(node);
+  const rt::Attrs attrs(proto);
+  const rt::Tensor* args[] = {nullptr, axes ? &*axes : nullptr};
+  const rt::KernelArgs a{node.name, node.op_type, attrs, args, {}, host_device()};
+  try {
+    return rt::cpu::reduced_dims(a, in[0]->shape, axes ? &*axes : nullptr).y_shape;
+  } catch (Error& e) {
+    throw std::move(e.in(fmt::format("node '{}' ({})", node.name, node.op_type)));
+  }
+}
+
 /// Transpose's output shape (perm, default the dims reversed); nullopt for a perm the kernel
 /// refuses (it names the node and says why at run time).
 std::optional<std::vector<int64_t>> transpose_shape(const ir::Node& node,
@@ -351,6 +397,66 @@ std::optional<std::vector<int64_t>> transpose_shape(const ir::Node& node,
     shape.push_back(in[p < 0 ? p + rank : p]);
   }
   return shape;
+}
+
+/// Output 0's dtype and shape for the arithmetic ops folding handles (comparisons and logic,
+/// Min and Max, the reductions of detection transforms, the unary and binary maths, Where);
+/// nullopt for another op, or one that cannot fold here.
+std::optional<std::pair<DType, std::vector<int64_t>>> arithmetic_type(const ir::Node& node,
+                                                                      const Inputs& in,
+                                                                      int64_t max_elements) {
+  const std::string& op = node.op_type;
+  auto input = [&](std::size_t i) -> const HostTensor* {
+    return i < in.size() && in[i] ? &*in[i] : nullptr;
+  };
+  const HostTensor& x = *input(0);
+  using Type = std::pair<DType, std::vector<int64_t>>;
+  if (op == "Greater" || op == "Less" || op == "And" || op == "Or" || op == "Mod") {
+    if (!input(1) || input(1)->dtype != x.dtype) return std::nullopt;
+    std::vector<int64_t> shape = broadcast_shape({x.shape, input(1)->shape}, node);
+    if (!small_enough(node, shape, max_elements)) return std::nullopt;
+    if (op == "Mod") {
+      check_integer_arithmetic(node, x, *input(1), shape);
+      return Type{x.dtype, shape};
+    }
+    return Type{DType::kBool, shape};
+  }
+  if (op == "Min" || op == "Max") {
+    std::vector<std::vector<int64_t>> shapes;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      if (!input(i) || input(i)->dtype != x.dtype) return std::nullopt;
+      shapes.push_back(input(i)->shape);
+    }
+    return Type{x.dtype, broadcast_shape(shapes, node)};
+  }
+  // Detection models' input transforms: the scale from the image size (ReduceMin / ReduceMax
+  // of its dims, Reciprocal).
+  if (op == "ReduceMin" || op == "ReduceMax") {
+    std::optional<std::vector<int64_t>> shape = reduced_shape(node, in);
+    if (!shape) return std::nullopt;
+    return Type{x.dtype, *shape};
+  }
+  if (op == "Reciprocal") {
+    if (!x.is_real()) return std::nullopt;
+    return Type{x.dtype, x.shape};
+  }
+  if (op == "Neg" || op == "Abs" || op == "Ceil" || op == "Floor" || op == "Not") {
+    if (op == "Neg" || op == "Abs") check_integer_negation(node, x);
+    return Type{x.dtype, x.shape};
+  }
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Equal") {
+    if (!input(1) || input(1)->dtype != x.dtype) return std::nullopt;
+    std::vector<int64_t> shape = broadcast_shape({x.shape, input(1)->shape}, node);
+    if (!small_enough(node, shape, max_elements)) return std::nullopt;
+    if (op != "Equal") check_integer_arithmetic(node, x, *input(1), shape);
+    return Type{op == "Equal" ? DType::kBool : x.dtype, shape};
+  }
+  if (op == "Where") {
+    if (!input(1) || !input(2) || input(1)->dtype != input(2)->dtype) return std::nullopt;
+    return Type{input(1)->dtype,
+                broadcast_shape({x.shape, input(1)->shape, input(2)->shape}, node)};
+  }
+  return std::nullopt;
 }
 
 /// Output 0's dtype and shape: the shape arithmetic of folding. Nullopt when an input it needs
@@ -393,40 +499,8 @@ std::optional<std::pair<DType, std::vector<int64_t>>> output_type(const ir::Node
     if (n > (1 << 24)) return std::nullopt;
     return Type{x.dtype, {n}};
   }
-  if (op == "Greater" || op == "Less" || op == "And" || op == "Or" || op == "Mod") {
-    if (!input(1) || input(1)->dtype != x.dtype) return std::nullopt;
-    std::vector<int64_t> shape = broadcast_shape({x.shape, input(1)->shape}, node);
-    if (!small_enough(node, shape, max_elements)) return std::nullopt;
-    if (op == "Mod") {
-      check_integer_arithmetic(node, x, *input(1), shape);
-      return Type{x.dtype, shape};
-    }
-    return Type{DType::kBool, shape};
-  }
-  if (op == "Min" || op == "Max") {
-    std::vector<std::vector<int64_t>> shapes;
-    for (std::size_t i = 0; i < in.size(); ++i) {
-      if (!input(i) || input(i)->dtype != x.dtype) return std::nullopt;
-      shapes.push_back(input(i)->shape);
-    }
-    return Type{x.dtype, broadcast_shape(shapes, node)};
-  }
-  if (op == "Neg" || op == "Abs" || op == "Ceil" || op == "Floor" || op == "Not") {
-    if (op == "Neg" || op == "Abs") check_integer_negation(node, x);
-    return Type{x.dtype, x.shape};
-  }
-  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Equal") {
-    if (!input(1) || input(1)->dtype != x.dtype) return std::nullopt;
-    std::vector<int64_t> shape = broadcast_shape({x.shape, input(1)->shape}, node);
-    if (!small_enough(node, shape, max_elements)) return std::nullopt;
-    if (op != "Equal") check_integer_arithmetic(node, x, *input(1), shape);
-    return Type{op == "Equal" ? DType::kBool : x.dtype, shape};
-  }
-  if (op == "Where") {
-    if (!input(1) || !input(2) || input(1)->dtype != input(2)->dtype) return std::nullopt;
-    return Type{input(1)->dtype,
-                broadcast_shape({x.shape, input(1)->shape, input(2)->shape}, node)};
-  }
+  // An arithmetic op that cannot fold falls through to nullopt below.
+  if (auto arithmetic = arithmetic_type(node, in, max_elements)) return arithmetic;
   if (op == "Gather") {
     if (!input(1)) return std::nullopt;
     int64_t axis =
@@ -505,9 +579,7 @@ std::optional<std::pair<DType, std::vector<int64_t>>> output_type(const ir::Node
 std::optional<HostTensor> run_kernel(const ir::Node& node, const Inputs& in,
                                      const std::pair<DType, std::vector<int64_t>>& type) {
   const rt::Backend& backend = rt::cpu_backend();
-  onnx::NodeProto proto;
-  proto.set_op_type(node.op_type);
-  for (const auto& a : node.attributes) *proto.add_attribute() = a;
+  const onnx::NodeProto proto = attribute_proto(node);
   const rt::Attrs attrs(proto);
   std::vector<DType> in_types, out_types{type.first};
   std::vector<rt::Tensor> tensors;
@@ -519,18 +591,13 @@ std::optional<HostTensor> run_kernel(const ir::Node& node, const Inputs& in,
       args.push_back(nullptr);
       continue;
     }
-    std::string bytes = t->to_bytes();
-    rt::Tensor& tensor = tensors.emplace_back(rt::Tensor::owned(t->dtype, t->shape));
-    if (!bytes.empty()) std::memcpy(tensor.data, bytes.data(), bytes.size());
-    args.push_back(&tensor);
+    args.push_back(&tensors.emplace_back(to_tensor(*t)));
   }
   if (!backend.check({node.op_type, in_types, out_types, attrs}).empty()) return std::nullopt;
   rt::Tensor out = rt::Tensor::owned(type.first, type.second);
   rt::Tensor* outs[] = {&out};
-  // One host context per thread: folding runs the small, single-threaded shape kernels.
-  thread_local const std::unique_ptr<rt::DeviceContext> device = backend.make_device(0, 1);
   try {
-    backend.kernel(node.op_type)({node.name, node.op_type, attrs, args, outs, *device});
+    backend.kernel(node.op_type)({node.name, node.op_type, attrs, args, outs, host_device()});
   } catch (Error& e) {
     throw std::move(e.in(fmt::format("node '{}' ({})", node.name, node.op_type)));
   }
@@ -638,7 +705,8 @@ std::string HostTensor::to_bytes() const {
 
 std::optional<std::vector<HostTensor>> evaluate_on_host(const ir::Node& node, const Inputs& in,
                                                         const std::vector<int64_t>& shape_input,
-                                                        int64_t opset, int64_t max_output_elements) {
+                                                        int64_t opset,
+                                                        int64_t max_output_elements) {
   auto one = [](std::optional<HostTensor> t) -> std::optional<std::vector<HostTensor>> {
     if (!t) return std::nullopt;
     return std::vector<HostTensor>{std::move(*t)};

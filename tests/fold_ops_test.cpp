@@ -66,6 +66,32 @@ TEST_CASE("folded Neg and Abs of the lowest integer are refused, naming the node
       doctest::Contains("node 'n' (Abs): the negation of -2147483648 overflows int32"), Error);
 }
 
+TEST_CASE("host evaluation: ReduceMin, ReduceMax and Reciprocal as detection transforms use them") {
+  // torchvision's GeneralizedRCNNTransform: scale = min(800 / min(h, w), 1333 / max(h, w)).
+  ir::Node min = node_of("ReduceMin"), max = node_of("ReduceMax");
+  min.attributes.push_back(passes::int_attribute("keepdims", 0));
+  max.attributes.push_back(passes::int_attribute("keepdims", 0));
+  HostTensor lo = fold(min, {ints({2}, {480, 640})});
+  CHECK(lo.shape.empty());
+  CHECK(lo.ints == std::vector<int64_t>{480});
+  CHECK(fold(max, {reals({2}, {480, 640})}).reals == std::vector<double>{640});
+  HostTensor r = fold(node_of("Reciprocal"), {reals({2}, {4, -0.5}, DType::kFloat64)});
+  CHECK(r.dtype == DType::kFloat64);
+  CHECK(r.reals == std::vector<double>{0.25, -2});
+  // keepdims (default 1) and axes, by the kernels' own rule.
+  ir::Node rows = node_of("ReduceMax");
+  rows.attributes.push_back(passes::ints_attribute("axes", {1}));
+  HostTensor m = fold(rows, {ints({2, 3}, {1, 7, 3, 9, 2, 4})});
+  CHECK(m.shape == std::vector<int64_t>{2, 1});
+  CHECK(m.ints == std::vector<int64_t>{7, 9});
+  // An axis out of range is refused naming the node; Reciprocal of an integer is left alone.
+  ir::Node bad = node_of("ReduceMin", "/transform/ReduceMin");
+  bad.attributes.push_back(passes::ints_attribute("axes", {3}));
+  CHECK_THROWS_WITH_AS(passes::evaluate_on_host(bad, {ints({2}, {1, 2})}, {}, 17),
+                       doctest::Contains("node '/transform/ReduceMin' (ReduceMin)"), Error);
+  CHECK_FALSE(passes::evaluate_on_host(node_of("Reciprocal"), {ints({1}, {3})}, {}, 17));
+}
+
 TEST_CASE(
     "host evaluation: Greater, Less, Not, And, Or, Min, Max and Mod as Swin's masks use them") {
   const HostTensor idx = ints({6}, {0, 1, 2, 3, 4, 5});

@@ -3,7 +3,7 @@
 //   stagerun PLAN_DIR [--backend auto|cpu|cuda] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE] [--json]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
-//            [--timeout SECONDS] [--bucket-mb MIB] [--no-overlap]
+//            [--timeout SECONDS] [--bucket-mb MIB] [--no-overlap] [--transport auto|nccl|mpi]
 //            [--loss-scale S] [--loss-scale-window N]
 //
 // One worker thread per device runs the device's instruction stream from schedule.json; stages
@@ -60,7 +60,10 @@
 // original model with the trained weights after the run (--steps 0: export without running).
 // Under mpirun --checkpoint and --resume work too (one writer per stage, the manifest by rank 0:
 // runtime/mpi/world.h), and --export (the ranks save a checkpoint beside FILE, rank 0 exports
-// from it and removes it).
+// from it and removes it). GPU ranks (--backend cuda, or auto where a GPU is visible): each
+// takes GPU (local rank modulo the GPUs it sees) and prints one line naming it and the
+// transport: NCCL, or MPI through host memory where NCCL cannot be used (no NCCL, two ranks on
+// one GPU) or --transport mpi asks for it (runtime/mpi/gpu_transport.h).
 // A plan of precision fp16 trains with dynamic loss scaling from --loss-scale S (default 2^16),
 // halved by a skipped step, doubled after --loss-scale-window N clean steps (runtime/exec/
 // pipeline.h LossScale); one process only (not under mpirun yet).
@@ -90,9 +93,13 @@
 #include "tools/cli_common.h"
 #include "tools/dump/view.h"
 #include "tools/json_formats.h"
+#include "tools/stagerun_inputs.h"
 
 namespace fs = std::filesystem;
 using namespace stagecraft;
+using tools::cut_batches;
+using tools::file_stem;
+using tools::read_inputs;
 
 namespace {
 
@@ -103,88 +110,11 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-// A tensor name as a file name: characters other than letters, digits, '.', '-' and '_' become '_'.
-std::string file_stem(const std::string& name) {
-  std::string out = name;
-  for (char& c : out)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
-  return out;
-}
-
-std::map<std::string, rt::Tensor> read_inputs(const std::string& path,
-                                              const rt::Pipeline& pipeline) {
-  std::map<std::string, rt::Tensor> inputs;
-  const auto& wanted = pipeline.inputs();
-  if (!fs::exists(path)) fail(ErrorKind::kIo, "--inputs {}: no such file or directory", path);
-  if (!fs::is_directory(path)) {
-    if (wanted.size() != 1)
-      fail(ErrorKind::kUsage,
-           "--inputs {}: the model has {} inputs; give a directory with one NAME.npy per input",
-           path, wanted.size());
-    inputs[wanted[0].name] = with_context("--inputs " + path, ErrorKind::kFormat, [&] {
-      return path.ends_with(".pb") ? rt::read_tensor_pb(path) : rt::read_npy(path);
-    });
-    return inputs;
-  }
-  for (const rt::ModelTensor& in : wanted) {
-    bool found = false;
-    for (const std::string& stem : {in.name, file_stem(in.name)}) {
-      for (const char* ext : {".npy", ".pb"}) {
-        fs::path file = fs::path(path) / (stem + ext);
-        if (found || !fs::exists(file)) continue;
-        inputs[in.name] = std::string(ext) == ".npy" ? rt::read_npy(file.string())
-                                                     : rt::read_tensor_pb(file.string());
-        found = true;
-      }
-    }
-    if (!found)
-      fail(ErrorKind::kUsage, "--inputs {}: no {}.npy or {}.pb for input '{}' ({}{})", path,
-           file_stem(in.name), file_stem(in.name), in.name, dtype_name(in.dtype),
-           rt::shape_string(in.shape));
-  }
-  return inputs;
-}
-
-// --data: each input's file holds K batches along the first axis; cut them into K input maps.
-std::vector<std::map<std::string, rt::Tensor>> cut_batches(
-    const std::map<std::string, rt::Tensor>& data, const rt::Pipeline& pipeline,
-    const std::string& dir) {
-  int64_t batches = -1;
-  const int64_t m = pipeline.step_microbatches();  // of every replica
-  for (const rt::ModelTensor& in : pipeline.inputs()) {
-    const rt::Tensor& t = data.at(in.name);
-    int64_t rows = in.shape.empty() ? 1 : in.shape[0] * m;
-    bool fits = !in.shape.empty() && t.dtype == in.dtype &&
-                t.rank() == static_cast<int64_t>(in.shape.size()) &&
-                std::equal(in.shape.begin() + 1, in.shape.end(), t.shape.begin() + 1) &&
-                t.shape[0] % rows == 0 && t.shape[0] > 0;
-    if (!fits)
-      fail(ErrorKind::kShape,
-           "--data {}: input '{}' is {} but should be K batches of {}{} along the first axis", dir,
-           in.name, t.describe(), dtype_name(in.dtype), rt::shape_string([&] {
-             rt::Shape b = in.shape;
-             if (!b.empty()) b[0] = rows;
-             return b;
-           }()));
-    int64_t k = t.shape[0] / rows;
-    if (batches >= 0 && k != batches)
-      fail(ErrorKind::kShape, "--data {}: input '{}' holds {} batches, another input {}", dir,
-           in.name, k, batches);
-    batches = k;
-  }
-  std::vector<std::map<std::string, rt::Tensor>> out(static_cast<size_t>(batches));
-  for (int64_t k = 0; k < batches; ++k)
-    for (const rt::ModelTensor& in : pipeline.inputs()) {
-      int64_t rows = in.shape[0] * m;
-      out[k][in.name] = rt::slice_rows(data.at(in.name), k * rows, (k + 1) * rows);
-    }
-  return out;
-}
-
 // The command line.
 struct Args {
   std::string plan_dir, backend_name = "auto", inputs_path, outputs_dir, trace_path, inject_fault;
   std::string data_dir, checkpoint_dir, resume_dir, export_path, inject_kill, inject_hang;
+  std::string transport = "auto";
   int steps = 1, threads = 1, save_every = 0;
   double timeout_s = 60, bucket_mb = 25;
   std::optional<double> loss_scale;
@@ -199,6 +129,11 @@ void add_options(CLI::App& app, Args& args) {
   app.add_option("--backend", args.backend_name,
                  "Backend: auto (cuda where a GPU is visible, else cpu; says which), cpu or cuda")
       ->capture_default_str();
+  app.add_option("--transport", args.transport,
+                 "Under mpirun with GPU ranks: auto (NCCL where every rank can use it and no two "
+                 "share a GPU, else MPI through host memory; each rank says which), nccl or mpi")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "nccl", "mpi"}));
   app.add_option("--steps", args.steps,
                  "Steps to run over the same batch; figures are of the median step after the "
                  "first (warm-up) step")
@@ -643,17 +578,11 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   return options;
 }
 
-// Under mpirun: the checks every rank makes alike (this slice runs CPU ranks), then the plan
-// device this rank runs (world.h refuses a world of another size than the plan's devices).
+// Under mpirun: the plan device this rank runs (world.h refuses, on every rank alike, a world of
+// another size than the plan's devices).
 std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
   std::vector<int> devices;
   world.refuse_together([&] {
-    if (args.backend_name != "auto" && args.backend_name != "cpu")
-      fail(ErrorKind::kUnsupported,
-           "--backend {}: under mpirun stagerun runs CPU ranks only (GPU ranks through NCCL are "
-           "not there yet)",
-           args.backend_name);
-    args.backend_name = "cpu";
     const plan::Plan plan = plan::load_plan(args.plan_dir);
     if (plan.training && plan.precision == Precision::kFp16)
       fail(ErrorKind::kUnsupported,
@@ -686,9 +615,25 @@ int main(int argc, char** argv) {
            "process is never ended)");
 
     std::string chosen;
-    const rt::Backend& backend = args.backend_name == "auto"
-                                     ? rt::auto_backend(&chosen)
-                                     : rt::backend_by_name(args.backend_name);
+    // Under mpirun every rank makes the same choice (a backend this process cannot use is
+    // refused by every rank alike).
+    const rt::Backend* picked = nullptr;
+    auto pick = [&] {
+      picked = args.backend_name == "auto" ? &rt::auto_backend(&chosen)
+                                           : &rt::backend_by_name(args.backend_name);
+    };
+    if (world)
+      world->refuse_together(pick);
+    else
+      pick();
+    const rt::Backend& backend = *picked;
+    // A GPU rank takes its machine's GPU (local rank modulo the GPUs it sees) before any
+    // device is made.
+    std::string rank_gpu;
+    if (world && backend.name() != "cpu")
+      rank_gpu = fmt::format("{}, local rank {}",
+                             backend.bind_local_rank(world->local_rank()).name,
+                             world->local_rank());
     auto pipeline = rt::Pipeline::load(args.plan_dir, backend, args.threads, local_devices);
     const plan::Plan& plan = pipeline->plan();
     std::vector<int> devices = local_devices;
@@ -728,7 +673,14 @@ int main(int argc, char** argv) {
     // loss lines and error messages number them.
     const int64_t first_step = pipeline->steps_done();  // > 0 after --resume
     rt::RunOptions options = run_options(*pipeline, args, first_step);
-    if (world) world->distribute(options, *pipeline);
+    if (world) {
+      const std::string transport = world->distribute(options, *pipeline, args.transport);
+      // GPU ranks: one line each, saying which GPU and which transport.
+      if (!rank_gpu.empty())
+        fmt::print(stderr, "stagerun: {}: backend {}{} on {}; transport {}\n", world->name(),
+                   backend.name(), chosen.empty() ? "" : fmt::format(" (auto: {})", chosen),
+                   rank_gpu, transport);
+    }
     // Under mpirun every rank saves its part: one writer per stage, the manifest by rank 0.
     if (world && options.checkpoint) {
       // --inject-hang DEVICE:STEP:save: that device's rank stops answering as the save begins.

@@ -121,14 +121,15 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   out.chunk = static_cast<int>(k) / s.shape.devices;
   out.file = fmt::format("stage_{}.onnx", k);
   int64_t acts = 0;
-  out.params = span_params(f, st.first, st.last);
+  const SpanWeights held = span_weights(f, st.first, st.last);
+  out.params = held.params;
   for (int i = st.first; i <= st.last; ++i) {
     out.nodes.push_back(g.node(order[i]).name);
     out.fwd_ms += f.time[i].forward_s * 1e3;
     out.bwd_ms += s.shape.training ? f.time[i].backward_s * 1e3 : 0.0;
     acts += s.shape.training ? f.output_bytes[i] : 0;
   }
-  out.bwd_ms += accumulate_s(s, static_cast<double>(out.params)) * 1e3;
+  out.bwd_ms += accumulate_s(s, static_cast<double>(held.trainable)) * 1e3;
   // The solver's send time covers activations forward and, in training, gradients back; the
   // plan records one direction.
   out.send_ms = (s.shape.training ? st.send_s / 2 : st.send_s) * 1e3;
@@ -208,10 +209,11 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
     for (int64_t d : w.shape) elements *= d;
     shared_elements += elements;
   }
-  const int64_t sharded = std::max<int64_t>(0, out.params - shared_elements);
+  // Only trainable weights have gradients to sum (frozen ones and buffers have none).
+  const int64_t sharded = std::max<int64_t>(0, held.trainable - shared_elements);
   if (s.shape.training && s.shape.data_parallel > 1) {
     const double per_param = cost::gradient_bytes_per_param(s.precision);
-    const double bytes = per_param * static_cast<double>(out.params);
+    const double bytes = per_param * static_cast<double>(held.trainable);
     const int replicas = s.shape.data_parallel;
     comm += static_cast<int64_t>(bytes) + static_cast<int64_t>(std::ceil(bytes / replicas));
     if (s.shard_optimizer) {
@@ -220,9 +222,10 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
       // weights (R - 1 steps more, through the same bucket) after the optimizer step.
       const double sharded_bytes = per_param * static_cast<double>(sharded);
       const double shared_bytes = bytes - sharded_bytes;
-      out.allreduce_ms = (replica_allreduce_s(s, out.device, sharded_bytes) / 2 +
-                          (shared_bytes > 0 ? replica_allreduce_s(s, out.device, shared_bytes) : 0)) *
-                         1e3;
+      out.allreduce_ms =
+          (replica_allreduce_s(s, out.device, sharded_bytes) / 2 +
+           (shared_bytes > 0 ? replica_allreduce_s(s, out.device, shared_bytes) : 0)) *
+          1e3;
       const double weight_bytes =
           cost::weight_bytes_per_param(s.precision, true) * static_cast<double>(sharded);
       out.allgather_ms = replica_allreduce_s(s, out.device, weight_bytes) / 2 * 1e3;
@@ -233,8 +236,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   // Recomputation: the first forward runs in the arena (kept for the run), keeping only the
   // stage inputs; the backward's forward re-run rebuilds one microbatch's activations.
   out.recompute = recompute && s.shape.training;
-  int64_t input_bytes = 0;
-  for (const auto& t : out.inputs) input_bytes += t.bytes;
+  const int64_t input_bytes = stage_input_bytes(out);
   // Training keeps each microbatch's inputs (received or fed) with its activations until its
   // backward, which reads them: they are part of every microbatch in flight, and `comm` above
   // holds the one arriving next. (A recomputing stage counts them apart: recompute_input.)
@@ -244,16 +246,16 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
     // ZB-H1 runs B and W apart and re-runs the forward before each.
     out.bwd_ms += (s.kind == ScheduleKind::kZBH1 ? 2 : 1) * out.fwd_ms;
   }
-  auto anatomy =
-      cost::stage_memory(out.params, acts, temporary, comm, out.in_flight, s.optimizer, s.precision,
-                         s.shape.training, out.recompute, out.recompute ? input_bytes : 0);
+  auto anatomy = cost::stage_memory(out.params, held.trainable, acts, temporary, comm,
+                                    out.in_flight, s.optimizer, s.precision, s.shape.training,
+                                    out.recompute, out.recompute ? input_bytes : 0);
   if (s.shard_optimizer && s.shape.training) {
     // ZeRO-1: this replica's shard of the sharded state (the largest, rounded up) and the
     // shared weights' whole.
     const int64_t replicas = s.shape.data_parallel;
-    anatomy.optimizer = static_cast<int64_t>(std::ceil(
-        cost::optimizer_state_bytes_per_param(s.optimizer, s.precision) *
-        static_cast<double>((sharded + replicas - 1) / replicas + shared_elements)));
+    anatomy.optimizer = static_cast<int64_t>(
+        std::ceil(cost::optimizer_state_bytes_per_param(s.optimizer, s.precision) *
+                  static_cast<double>((sharded + replicas - 1) / replicas + shared_elements)));
   }
   out.memory = anatomy;
   return out;
@@ -279,20 +281,19 @@ BackwardFacts backward_facts(const Setup& s, const partition::Solution& sol, std
   return out;
 }
 
-/// The stage's entries of the simulator's per-stage extras.
-void note_stage(SimExtras& rc, const Stage& st, const BackwardFacts& b) {
+/// The stage's entries of the simulator's per-stage extras; `trainable`: its trainable
+/// parameters (span_weights), whose gradients the all-reduce buckets hold.
+void note_stage(SimExtras& rc, const Stage& st, const BackwardFacts& b, int64_t trainable) {
   rc.on.push_back(st.recompute);
   rc.deferred_bytes.push_back(b.deferred);
   rc.shared_exchange_s.push_back(st.shared_exchange_ms / 1e3);
   rc.allreduce_s.push_back(st.allreduce_ms / 1e3);
   // The runtime sums float32 gradients in buckets of whole weights of at most this size.
-  rc.allreduce_buckets.push_back(std::max(
-      1.0, std::ceil(4.0 * static_cast<double>(st.params) /
-                     static_cast<double>(schedule::kDefaultGradientBucketBytes))));
+  rc.allreduce_buckets.push_back(
+      std::max(1.0, std::ceil(4.0 * static_cast<double>(trainable) /
+                              static_cast<double>(schedule::kDefaultGradientBucketBytes))));
   rc.allgather_s.push_back(st.allgather_ms / 1e3);
-  int64_t input_bytes = 0;
-  for (const auto& t : st.inputs) input_bytes += t.bytes;
-  rc.input_bytes.push_back(static_cast<double>(input_bytes));
+  rc.input_bytes.push_back(static_cast<double>(stage_input_bytes(st)));
 }
 
 }  // namespace
@@ -354,7 +355,8 @@ Candidate SplitEvaluator::evaluate(const std::vector<int>& cuts) {
     c.rc = {};
     for (std::size_t k = 0; k < stages; ++k) {
       c.stages.push_back(on[k] ? with[k] : plain[k]);
-      note_stage(c.rc, c.stages[k], bwd[k]);
+      const auto& span = c.sol.stages[k];
+      note_stage(c.rc, c.stages[k], bwd[k], span_weights(f_, span.first, span.last).trainable);
     }
     c.predicted = predict(c.setup, c.schedule, c.sol, f_, g_, order_, batch_, c.stages, c.rc,
                           &c.timeline, &c.peaks);

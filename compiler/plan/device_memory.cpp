@@ -11,16 +11,12 @@
 #include "runtime/format/error.h"
 
 namespace stagecraft::plan {
-namespace {
 
-/// The bytes a recomputing stage keeps per microbatch in flight: its inputs.
-int64_t input_bytes(const Stage& stage) {
+int64_t stage_input_bytes(const Stage& stage) {
   int64_t bytes = 0;
   for (const StageTensor& t : stage.inputs) bytes += t.bytes;
   return bytes;
 }
-
-}  // namespace
 
 int64_t DeviceMemory::total() const {
   return weights + gradients + optimizer + communication + temporary + activations;
@@ -55,7 +51,7 @@ std::vector<DeviceMemory> devices_of(const std::vector<const Stage*>& stages,
     const auto in_flight = static_cast<double>(std::max<int64_t>(st.in_flight, 1));
     const auto activations = static_cast<double>(st.memory.activations);
     if (st.recompute) {
-      kept[k] = static_cast<double>(input_bytes(st));
+      kept[k] = static_cast<double>(stage_input_bytes(st));
       rebuilt[k] = std::max(0.0, activations - in_flight * kept[k]);
     } else {
       kept[k] = activations / in_flight;

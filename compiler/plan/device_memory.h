@@ -35,6 +35,10 @@ struct DeviceMemory {
   int64_t total() const;
 };
 
+/// The bytes of a stage's inputs (received or fed) for one microbatch: what training keeps
+/// per microbatch in flight until its backward, and all a recomputing stage keeps.
+int64_t stage_input_bytes(const Stage& stage);
+
 /// The memory of every device of `stages` (plan stages with their anatomies, recomputation and
 /// inputs filled in) under `schedule` on `shape`. For one stage per device it is the stage's own
 /// anatomy; for an interleaved device it is less than the sum of its chunks' anatomies, whose

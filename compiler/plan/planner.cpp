@@ -158,11 +158,11 @@ Attempt choose_placement(const Setup& s, const ir::Graph& g, const std::vector<i
                          const NodeFacts& facts, const PlanOptions& o,
                          const std::string& loss_output, std::string& line) {
   const int replicas = s.shape.data_parallel, pipeline = s.shape.devices;
-  Attempt best = plan_split(s, pipeline_major_placement(replicas, pipeline), g, order, facts, o,
-                            loss_output);
+  Attempt best =
+      plan_split(s, pipeline_major_placement(replicas, pipeline), g, order, facts, o, loss_output);
   if (replicas < 2 || replicas * pipeline <= s.cluster.devices_per_node) return best;
-  Attempt other = plan_split(s, replica_major_placement(replicas, pipeline), g, order, facts, o,
-                             loss_output);
+  Attempt other =
+      plan_split(s, replica_major_placement(replicas, pipeline), g, order, facts, o, loss_output);
   const Prediction &a = best.chosen.predicted, &b = other.chosen.predicted;
   const bool better = b.fits != a.fits ? b.fits : b.step_ms < a.step_ms;
   line = fmt::format(
@@ -283,16 +283,14 @@ void apply_mixed_precision(PlannedModel& out, Candidate& chosen, const Setup& s,
     const int64_t delta = mixed.activation_bytes[k] - planned;
     mixed_facts.output_bytes[span.last] += delta;
     plan::Stage& st = chosen.stages[k];
-    if (s.shape.training)
-      st.memory.activations += st.recompute ? delta : st.in_flight * delta;
+    if (s.shape.training) st.memory.activations += st.recompute ? delta : st.in_flight * delta;
   }
   chosen.predicted = predict(chosen.setup, chosen.schedule, chosen.sol, mixed_facts, g, order,
                              s.microbatch_size * s.shape.microbatches * s.shape.data_parallel,
                              chosen.stages, chosen.rc, &chosen.timeline, &chosen.peaks);
   chosen.overflow_bytes = 0;
   for (const DevicePeak& d : chosen.peaks)
-    chosen.overflow_bytes +=
-        std::max(0.0, static_cast<double>(d.peak_bytes) - capacity);
+    chosen.overflow_bytes += std::max(0.0, static_cast<double>(d.peak_bytes) - capacity);
   chosen.predicted.fits = chosen.overflow_bytes == 0;
 }
 
@@ -360,8 +358,7 @@ PlannedModel make_plan(const PlanOptions& o) {
   const int stages = gp.problem.stages;
   // The stage graphs compute in bfloat16, or float16 (passes/mixed_precision.cpp).
   if (is_16bit(s.precision))
-    apply_mixed_precision(out, chosen, s, facts, order,
-                          static_cast<double>(s.device.memory_bytes));
+    apply_mixed_precision(out, chosen, s, facts, order, static_cast<double>(s.device.memory_bytes));
   if (!chosen.predicted.fits) {
     const std::string worst = peak_line(chosen.peaks[chosen.worst_device], chosen.stages);
     const std::string capacity = format_bytes(static_cast<double>(s.device.memory_bytes));
@@ -419,8 +416,8 @@ PlannedModel make_plan(const PlanOptions& o) {
   }
   for (std::size_t i = 0; i < order.size(); ++i) {
     const ir::Node& node = g.node(order[i]);
-    int64_t param_bytes =
-        static_cast<int64_t>(static_cast<double>(facts.params[i]) * bytes_per_param(s));
+    const auto param_bytes = static_cast<int64_t>(weight_state_bytes(
+        s, static_cast<double>(facts.params[i]), static_cast<double>(facts.trainable_params[i])));
     p.ops.push_back(OpRecord{node.name, node.op_type, out.stage_of[order[i]],
                              facts.time[i].forward_s * 1e3,
                              s.shape.training ? facts.time[i].backward_s * 1e3 : 0.0,

@@ -8,13 +8,13 @@
 #include "compiler/plan/planning.h"
 #include "compiler/schedule/build_schedule.h"
 #include "cost_models/memory.h"
+#include "passes/autodiff.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::plan::planning {
 schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
                                  const SimExtras& rc) {
   schedule::StageCosts c;
-  double per_param = bytes_per_param(s);
   double optimizer_bytes = 0;
   for (const auto& st : sol.stages) {
     double fwd = 0, b = 0, w = 0, act = 0;
@@ -24,9 +24,10 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
       w += f.time[i].backward_weight_s;
       act += static_cast<double>(f.output_bytes[i]);
     }
-    const auto params = static_cast<double>(span_params(f, st.first, st.last));
-    const double stat = params * per_param;
-    w += accumulate_s(s, params);
+    const SpanWeights held = span_weights(f, st.first, st.last);
+    const double stat = weight_state_bytes(s, static_cast<double>(held.params),
+                                           static_cast<double>(held.trainable));
+    w += accumulate_s(s, static_cast<double>(held.trainable));
     const std::size_t k = c.forward_s.size();
     const bool recompute = s.shape.training && rc.at(k);
     c.forward_s.push_back(fwd);
@@ -126,8 +127,8 @@ int rank_of(const Setup& s, int replica, int device) {
   const auto g = static_cast<size_t>(replica * s.shape.devices + device);
   if (replica < 0 || device < 0 || device >= s.shape.devices || g >= s.placement.size())
     fail(ErrorKind::kInternal,
-         "rank_of: replica {}, device {} of a placement of {} ranks ({} devices)", replica,
-         device, s.placement.size(), s.shape.devices);
+         "rank_of: replica {}, device {} of a placement of {} ranks ({} devices)", replica, device,
+         s.placement.size(), s.shape.devices);
   return s.placement[g];
 }
 
@@ -137,19 +138,23 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
   const int64_t float_bytes_divisor = is_16bit(precision) ? 2 : 1;
   NodeFacts f;
   std::vector<bool> counted(g.num_values(), false);
+  std::vector<bool> trainable(g.num_values(), false);
+  for (ir::ValueId v : passes::trainable_weights(g, order)) trainable[v] = true;
   for (ir::NodeId id : order) {
     const ir::Node& node = g.node(id);
     f.time.push_back(costs.op_time(g, node));
-    int64_t params = 0;
+    int64_t params = 0, trained = 0;
     f.weights_read.emplace_back();
     for (ir::ValueId in : node.inputs) {
       if (in == ir::kNoId || !g.value(in).is_weight) continue;
-      f.weights_read.back().emplace_back(in, g.value(in).numel());
+      f.weights_read.back().push_back({in, g.value(in).numel(), trainable[in]});
       if (counted[in]) continue;
       counted[in] = true;
       params += g.value(in).numel();
+      trained += trainable[in] ? g.value(in).numel() : 0;
     }
     f.params.push_back(params);
+    f.trainable_params.push_back(trained);
     int64_t out = 0;
     for (ir::ValueId v : node.outputs) {
       if (v == ir::kNoId) continue;
@@ -166,25 +171,29 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
 
 /// Parameters a stage of positions [first, last] holds: every weight its nodes read, once
 /// (a weight shared with other stages counts in each of them).
-int64_t span_params(const NodeFacts& f, int first, int last) {
+SpanWeights span_weights(const NodeFacts& f, int first, int last) {
   std::vector<ir::ValueId> seen;
-  int64_t params = 0;
+  SpanWeights out;
   for (int i = first; i <= last; ++i)
-    for (const auto& [weight, elements] : f.weights_read[i]) {
-      if (std::find(seen.begin(), seen.end(), weight) != seen.end()) continue;
-      seen.push_back(weight);
-      params += elements;
+    for (const WeightRead& w : f.weights_read[i]) {
+      if (std::find(seen.begin(), seen.end(), w.value) != seen.end()) continue;
+      seen.push_back(w.value);
+      out.params += w.elements;
+      out.trainable += w.trainable ? w.elements : 0;
     }
-  return params;
+  return out;
 }
 
-double bytes_per_param(const Setup& s) {
-  bool training = s.shape.training;
+double weight_state_bytes(const Setup& s, double params, double trainable) {
+  const bool training = s.shape.training;
   // ZeRO-1: a replica keeps 1/R of the optimizer state.
   const double optimizer_share = s.shard_optimizer ? 1.0 / s.shape.data_parallel : 1.0;
-  return cost::weight_bytes_per_param(s.precision, training) +
-         (training ? cost::gradient_bytes_per_param(s.precision) : 0.0) +
-         cost::optimizer_state_bytes_per_param(s.optimizer, s.precision) * optimizer_share;
+  const double state =
+      training
+          ? cost::gradient_bytes_per_param(s.precision) +
+                cost::optimizer_state_bytes_per_param(s.optimizer, s.precision) * optimizer_share
+          : 0.0;
+  return params * cost::weight_bytes_per_param(s.precision, training) + trainable * state;
 }
 
 /// Microbatches whose activations global stage `k` keeps at once (1 for inference, which keeps
@@ -196,13 +205,13 @@ double in_flight(const Setup& s, int k) {
 
 partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::NodeId>& order,
                                       const Setup& s, const NodeFacts& facts) {
-  double per_param = bytes_per_param(s);
   bool training = s.shape.training;
   std::vector<partition::PositionCost> costs;
   for (std::size_t i = 0; i < order.size(); ++i) {
     const auto& t = facts.time[i];
     costs.push_back({t.forward_s + (training ? t.backward_s : 0.0),
-                     static_cast<double>(facts.params[i]) * per_param,
+                     weight_state_bytes(s, static_cast<double>(facts.params[i]),
+                                        static_cast<double>(facts.trainable_params[i])),
                      training ? static_cast<double>(facts.output_bytes[i]) : 0.0});
   }
   auto gp = partition::make_graph_problem(g, order, std::move(costs));

@@ -47,13 +47,23 @@ struct Setup {
 /// The cluster slot of replica `replica`'s pipeline device `device` (s.placement).
 int rank_of(const Setup& s, int replica, int device);
 
+/// A weight a node reads: its elements, and whether training updates it (a gradient and
+/// optimizer state: passes::trainable_weights; not a frozen weight or a buffer such as
+/// BatchNormalization's running statistics).
+struct WeightRead {
+  ir::ValueId value = ir::kNoId;
+  int64_t elements = 0;
+  bool trainable = false;
+};
+
 /// Per-node numbers in topological position order.
 struct NodeFacts {
   std::vector<cost::OpTime> time;
-  std::vector<int64_t> params;  ///< Weights first read by this node.
-  /// Every weight this node reads (value, elements): a stage holds each weight its nodes read,
-  /// so a weight read in several stages counts in each (span_params).
-  std::vector<std::vector<std::pair<ir::ValueId, int64_t>>> weights_read;
+  std::vector<int64_t> params;            ///< Weights first read by this node.
+  std::vector<int64_t> trainable_params;  ///< The trainable ones among them.
+  /// Every weight this node reads: a stage holds each weight its nodes read, so a weight read
+  /// in several stages counts in each (span_weights).
+  std::vector<std::vector<WeightRead>> weights_read;
   std::vector<int64_t> output_bytes;  ///< Floating outputs: kept for backward.
   std::vector<double> flops;
 };
@@ -117,12 +127,17 @@ Setup make_setup(const PlanOptions& o);
 NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
                      const cost::OpCostModel& costs, Precision precision);
 
-/// Parameters a stage of positions [first, last] holds: every weight its nodes read, once
-/// (a weight shared with other stages counts in each of them).
-int64_t span_params(const NodeFacts& f, int first, int last);
+/// The parameters a stage of positions [first, last] holds, and the trainable ones among them:
+/// every weight its nodes read, once (a weight shared with other stages counts in each).
+struct SpanWeights {
+  int64_t params = 0;
+  int64_t trainable = 0;
+};
+SpanWeights span_weights(const NodeFacts& f, int first, int last);
 
-/// Bytes per parameter: weights, gradients (training) and optimizer states.
-double bytes_per_param(const Setup& s);
+/// The bytes `params` weights take, `trainable` of them with a gradient and optimizer state
+/// (training).
+double weight_state_bytes(const Setup& s, double params, double trainable);
 
 /// Microbatches whose activations global stage `k` keeps at once (1 for inference, which keeps
 /// none for a backward).

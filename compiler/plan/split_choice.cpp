@@ -38,11 +38,12 @@ std::vector<int> balanced_cuts(const std::vector<double>& weight, int stages) {
 [[noreturn]] void refuse(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
                          double capacity) {
   const auto& st = sol.stages[sol.over_stage];
-  int64_t params = span_params(f, st.first, st.last), acts = 0;
+  const SpanWeights held = span_weights(f, st.first, st.last);
+  int64_t acts = 0;
   for (int i = st.first; i <= st.last; ++i) acts += s.shape.training ? f.output_bytes[i] : 0;
   auto in = static_cast<int64_t>(in_flight(s, sol.over_stage));
-  auto anatomy = cost::stage_memory(params, acts, 0, 0, in, s.optimizer, s.precision,
-                                    s.shape.training, false, 0);
+  auto anatomy = cost::stage_memory(held.params, held.trainable, acts, 0, 0, in, s.optimizer,
+                                    s.precision, s.shape.training, false, 0);
   fail(ErrorKind::kPlan,
        "no split into {} stages fits: even the split that needs least memory has stage {} needing "
        "{}; device has {} "

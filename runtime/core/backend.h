@@ -16,6 +16,8 @@
 
 namespace stagecraft::rt {
 
+class DeviceComms;  // runtime/exec/device_comm.h
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -59,6 +61,15 @@ class Backend {
     std::string name;  ///< For messages: "this machine's physical memory", "GPU 0 (NVIDIA H100)".
   };
   virtual Physical physical_device(int device) const = 0;
+
+  /// Under mpirun: every device of this process runs on physical device `local_rank` (the
+  /// process's index among the launch's processes on its machine) modulo the ones it sees;
+  /// returns that device. The CPU backend's devices are this machine's cores: no change.
+  virtual Physical bind_local_rank(int /*local_rank*/) const { return physical_device(0); }
+
+  /// Collectives between processes' devices (the CUDA backend: NCCL); null where the backend
+  /// has none (the CPU's ranks use MPI).
+  virtual const DeviceComms* device_comms() const { return nullptr; }
 
  protected:
   const KernelEntry* find(std::string_view op_type) const;

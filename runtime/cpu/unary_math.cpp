@@ -1,10 +1,11 @@
 // Unary maths of issue 15 and their gradients (see families.h): Exp, Log, Neg, Abs, Ceil,
-// Floor. Float32 Exp, Log and Abs run as oneDNN eltwise primitives; the rest, float64 and the
+// Floor, Reciprocal. Float32 Exp, Log and Abs run as oneDNN eltwise primitives; the rest
+// (Reciprocal a plain 1 / x, exact, where oneDNN's pow(x, -1) is not), float64 and the
 // integers are plain C++ loops (Neg and Abs take the signed integers, Abs the unsigned ones too,
 // as ONNX allows; integer negation wraps, so Neg and Abs of the lowest value give it back).
 // Gradients are float32 (contract: runtime/format/grad_ops.h): dx = dy * y (Exp), dy / x (Log),
-// -dy (Neg), dy * sign(x) (Abs, 0 at 0 as PyTorch), and 0 for Ceil and Floor (piecewise
-// constant: their gradient is zero wherever it exists, as PyTorch's).
+// -dy (Neg), dy * sign(x) (Abs, 0 at 0 as PyTorch), -dy * y * y (Reciprocal), and 0 for Ceil
+// and Floor (piecewise constant: their gradient is zero wherever it exists, as PyTorch's).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -72,6 +73,14 @@ void run_round(const KernelArgs& a) {
   });
 }
 
+void run_reciprocal(const KernelArgs& a) {
+  const Tensor& x = unary_input(a);
+  visit(x.dtype, [&]<class T>(Type<T>) {
+    if constexpr (std::is_floating_point_v<T>)
+      map(x.as<T>(), a.out[0]->as<T>(), x.numel(), [](T v) { return T(1) / v; });
+  });
+}
+
 std::string check_neg(const OpSignature& s) {
   if (auto why = arity(s, 1, 1, 1); !why.empty()) return why;
   if (!is_float(s.inputs[0]) && !is_signed_integer(s.inputs[0]))
@@ -112,6 +121,11 @@ void abs_grad(const KernelArgs& a) {
       [](float x, float, float dy) { return x > 0 ? dy : (x < 0 ? -dy : 0.0f); });
 }
 
+void reciprocal_grad(const KernelArgs& a) {
+  unary_grad(
+      a, [](float x) { return 1.0f / x; }, [](float, float y, float dy) { return -dy * y * y; });
+}
+
 // Ceil and Floor: zero wherever the gradient exists (everywhere but the integers).
 void round_grad(const KernelArgs& a) {
   unary_grad(
@@ -128,12 +142,14 @@ constexpr KernelEntry kKernels[] = {
     {"Abs", run_abs, check_abs},
     {"Ceil", run_round<true>, check_float_unary},
     {"Floor", run_round<false>, check_float_unary},
+    {"Reciprocal", run_reciprocal, check_float_unary},
     {"ExpGrad", exp_grad, check_unary_grad, /*writes_every_output=*/true},
     {"LogGrad", log_grad, check_unary_grad, /*writes_every_output=*/true},
     {"NegGrad", neg_grad, check_unary_grad, /*writes_every_output=*/true},
     {"AbsGrad", abs_grad, check_unary_grad, /*writes_every_output=*/true},
     {"CeilGrad", round_grad, check_unary_grad, /*writes_every_output=*/true},
     {"FloorGrad", round_grad, check_unary_grad, /*writes_every_output=*/true},
+    {"ReciprocalGrad", reciprocal_grad, check_unary_grad, /*writes_every_output=*/true},
 };
 
 }  // namespace

@@ -27,6 +27,15 @@ void check(cudnnStatus_t status, std::string_view what) {
   fail(ErrorKind::kInternal, "{}: {}", what, cudnnGetErrorString(status));
 }
 
+#ifdef STAGECRAFT_WITH_NCCL
+void check(ncclResult_t status, std::string_view what) {
+  if (status == ncclSuccess || status == ncclInProgress) return;
+  const char* last = ncclGetLastError(nullptr);
+  fail(ErrorKind::kInternal, "{}: {}{}", what, ncclGetErrorString(status),
+       last != nullptr && *last != '\0' ? fmt::format(" ({})", last) : std::string());
+}
+#endif
+
 void check_launch(const KernelArgs& a) {
   check(cudaGetLastError(), fmt::format("{} '{}' kernel launch", a.op_type, a.name));
 }

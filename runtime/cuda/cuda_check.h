@@ -7,6 +7,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
+#ifdef STAGECRAFT_WITH_NCCL
+#include <nccl.h>
+#endif
 
 #include <string_view>
 
@@ -21,6 +24,12 @@ namespace stagecraft::rt::cuda {
 void check(cudaError_t status, std::string_view what);
 void check(cublasStatus_t status, std::string_view what);
 void check(cudnnStatus_t status, std::string_view what);
+#ifdef STAGECRAFT_WITH_NCCL
+/// NCCL's: throws `Error(kInternal)` naming `what`, NCCL's words and its last error's text
+/// unless `status` is ncclSuccess or ncclInProgress (a non-blocking communicator's "queued": the
+/// caller then polls ncclCommGetAsyncError).
+void check(ncclResult_t status, std::string_view what);
+#endif
 
 /// Throws the error of the kernel launch just made for the node of `a`, if any (naming the op
 /// and the node).

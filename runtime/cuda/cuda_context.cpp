@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <mutex>
@@ -80,7 +81,18 @@ int gpu_count() { return probe().count; }
 
 const std::string& unavailable_reason() { return probe().why; }
 
+namespace {
+std::atomic<int> pinned_gpu{-1};  // pin_gpu's; -1: none
+}  // namespace
+
+void pin_gpu(int gpu) {
+  if (gpu < 0 || gpu >= gpu_count())
+    fail(ErrorKind::kInternal, "GPU {} pinned; this process sees {}", gpu, gpu_count());
+  pinned_gpu = gpu;
+}
+
 int gpu_of(int device) {
+  if (const int pinned = pinned_gpu.load(); pinned >= 0) return pinned;
   int n = gpu_count();
   return n > 0 ? device % n : 0;
 }

@@ -31,8 +31,11 @@ namespace stagecraft::rt::cuda {
 int gpu_count();
 
 /// The GPU a plan's device `device` runs on: devices are dealt round-robin over the GPUs, so on
-/// one GPU every device shares it.
+/// one GPU every device shares it; after `pin_gpu`, that GPU.
 int gpu_of(int device);
+
+/// Under mpirun: every device of this process runs on `gpu` (its local rank modulo the GPUs).
+void pin_gpu(int gpu);
 
 class CudaContext : public DeviceContext {
  public:

@@ -8,6 +8,7 @@
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/families.h"
+#include "runtime/cuda/nccl_comms.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cuda {
@@ -51,6 +52,12 @@ class CudaBackend final : public Backend {
     return {gpu, static_cast<int64_t>(prop.totalGlobalMem),
             fmt::format("GPU {} ({})", gpu, prop.name)};
   }
+  Physical bind_local_rank(int local_rank) const override {
+    if (gpu_count() == 0) fail(ErrorKind::kUnsupported, "{}", unavailable_reason());
+    pin_gpu(local_rank % gpu_count());
+    return physical_device(0);
+  }
+  const DeviceComms* device_comms() const override { return &nccl_comms(); }
 
  private:
   std::vector<KernelEntry> table_;

@@ -252,6 +252,7 @@ constexpr KernelEntry kKernels[] = {
     {"LeakyRelu", run_leaky_relu, same_as_cpu},
     {"Exp", run_unary<UnaryOp::kExp>, same_as_cpu},
     {"Log", run_unary<UnaryOp::kLog>, same_as_cpu},
+    {"Reciprocal", run_unary<UnaryOp::kReciprocal>, same_as_cpu},
     {"Neg", run_unary<UnaryOp::kNeg>, same_as_cpu},
     {"Abs", run_unary<UnaryOp::kAbs>, same_as_cpu},
     {"Ceil", run_unary<UnaryOp::kCeil>, same_as_cpu},

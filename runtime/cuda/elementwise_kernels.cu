@@ -82,6 +82,8 @@ __device__ __forceinline__ T unary_one(T v, const UnaryParams& p, T lo, T hi) {
       return expf(v);
     else
       return exp(v);
+  } else if constexpr (op == UnaryOp::kReciprocal) {
+    return T(1) / v;
   } else if constexpr (op == UnaryOp::kLog) {
     if constexpr (f32)
       return logf(v);
@@ -468,6 +470,8 @@ bool launch_unary(UnaryOp op, DType dtype, const void* x, void* y, int64_t n,
       return unary_of<UnaryOp::kExp>(dtype, x, y, n, params, stream);
     case UnaryOp::kLog:
       return unary_of<UnaryOp::kLog>(dtype, x, y, n, params, stream);
+    case UnaryOp::kReciprocal:
+      return unary_of<UnaryOp::kReciprocal>(dtype, x, y, n, params, stream);
     case UnaryOp::kNeg:
       return unary_of<UnaryOp::kNeg>(dtype, x, y, n, params, stream);
     case UnaryOp::kAbs:

@@ -45,6 +45,7 @@ enum class UnaryOp : int32_t {
   kAbs,  // every numeric type (signed integers wrapping)
   kCeil,
   kFloor,
+  kReciprocal,  // float32, float64
   kElu,       // float32, float64 (as kSelu, kSoftplus); alpha
   kSelu,      // alpha, gamma
   kSoftplus,  // log(1 + e^x)

@@ -362,6 +362,7 @@ constexpr KernelEntry kKernels[] = {
     {"LeakyReluGrad", leaky_relu_grad, same_as_cpu, true},
     {"ExpGrad", run_unary_grad<UnaryGradOp::kExp>, same_as_cpu, true},
     {"LogGrad", run_unary_grad<UnaryGradOp::kLog>, same_as_cpu, true},
+    {"ReciprocalGrad", run_unary_grad<UnaryGradOp::kReciprocal>, same_as_cpu, true},
     {"NegGrad", run_unary_grad<UnaryGradOp::kNeg>, same_as_cpu, true},
     {"AbsGrad", run_unary_grad<UnaryGradOp::kAbs>, same_as_cpu, true},
     {"CeilGrad", run_unary_grad<UnaryGradOp::kZero>, same_as_cpu, true},

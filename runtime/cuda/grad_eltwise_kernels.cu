@@ -26,6 +26,8 @@ __device__ __forceinline__ float forward(float x) {
     return sqrtf(x);
   else if constexpr (op == UnaryGradOp::kExp)
     return expf(x);
+  else if constexpr (op == UnaryGradOp::kReciprocal)
+    return 1.0f / x;
   else
     return x;  // unused
 }
@@ -59,6 +61,8 @@ __device__ __forceinline__ float unary_grad_one(float x, float y, float dy,
     return dy * y;
   } else if constexpr (op == UnaryGradOp::kLog) {
     return dy / x;
+  } else if constexpr (op == UnaryGradOp::kReciprocal) {
+    return -dy * y * y;
   } else if constexpr (op == UnaryGradOp::kNeg) {
     return -dy;
   } else if constexpr (op == UnaryGradOp::kAbs) {
@@ -218,6 +222,8 @@ void launch_unary_grad(UnaryGradOp op, const float* x, const float* y, const flo
       return unary_grad_of<UnaryGradOp::kExp>(x, y, dy, dx, n, params, stream);
     case UnaryGradOp::kLog:
       return unary_grad_of<UnaryGradOp::kLog>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kReciprocal:
+      return unary_grad_of<UnaryGradOp::kReciprocal>(x, y, dy, dx, n, params, stream);
     case UnaryGradOp::kNeg:
       return unary_grad_of<UnaryGradOp::kNeg>(x, y, dy, dx, n, params, stream);
     case UnaryGradOp::kAbs:

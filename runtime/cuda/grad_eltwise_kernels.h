@@ -25,6 +25,7 @@ enum class UnaryGradOp : int32_t {
   kLeakyRelu,  // alpha
   kExp,        // dy * y (y recomputed from x when null)
   kLog,        // dy / x
+  kReciprocal,  // -dy * y * y (y recomputed from x when null)
   kNeg,        // -dy
   kAbs,        // dy * sign(x), 0 at 0
   kZero,       // 0 (Ceil, Floor)

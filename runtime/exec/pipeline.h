@@ -168,6 +168,8 @@ class Pipeline {
   const std::vector<ModelTensor>& outputs() const { return outputs_; }
   /// The devices this process runs (all R x P, unless loaded for some).
   const std::vector<int>& local_devices() const { return local_devices_; }
+  /// The backend the pipeline was loaded for.
+  const Backend& backend() const { return *backend_; }
   bool runs_device(int device) const;
   /// Whether the first replica this process runs holds stage `stage` here (its device is one
   /// of this process's).

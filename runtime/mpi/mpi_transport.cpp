@@ -163,6 +163,19 @@ void MpiTransport::reap() {
 }
 
 void MpiTransport::send(const Link& link, Message message) {
+  InFlight& f = post_header(link, message);
+  const int to = layout_.stage_rank.at(static_cast<size_t>(link.to_stage));
+  for (NamedTensor& t : message.tensors) {
+    post_bytes(t.tensor, to, link_tag(link), f);
+    f.tensors.push_back(std::move(t.tensor));
+  }
+}
+
+void MpiTransport::send_header(const Link& link, const Message& message) {
+  post_header(link, message);
+}
+
+MpiTransport::InFlight& MpiTransport::post_header(const Link& link, const Message& message) {
   check_open();
   const int tag = link_tag(link);
   const int to = layout_.stage_rank.at(static_cast<size_t>(link.to_stage));
@@ -189,13 +202,20 @@ void MpiTransport::send(const Link& link, Message message) {
   MPI_Isend(f.header.data(), static_cast<int>(f.header.size()), MPI_BYTE, to, tag, comm_,
             &request);
   f.requests.push_back(request);
-  for (NamedTensor& t : message.tensors) {
-    post_bytes(t.tensor, to, tag, f);
-    f.tensors.push_back(std::move(t.tensor));
-  }
+  return f;
 }
 
 Message MpiTransport::recv(const Link& link, int microbatch) {
+  Message message = recv_header(link, microbatch);
+  const int from = layout_.stage_rank.at(static_cast<size_t>(link.from_stage));
+  for (NamedTensor& t : message.tensors)
+    receive_bytes(t.tensor, from, link_tag(link),
+                  fmt::format("{}: '{}'", describe(link), t.name));
+  if (on_delivered_) on_delivered_(link, message);
+  return message;
+}
+
+Message MpiTransport::recv_header(const Link& link, int microbatch) {
   check_open();
   const int tag = link_tag(link);
   const int from = layout_.stage_rank.at(static_cast<size_t>(link.from_stage));
@@ -210,9 +230,6 @@ Message MpiTransport::recv(const Link& link, int microbatch) {
     fail(ErrorKind::kPlan,
          "stage {} expected microbatch {} from stage {} but microbatch {} arrived first",
          link.to_stage, microbatch, link.from_stage, message.microbatch);
-  for (NamedTensor& t : message.tensors)
-    receive_bytes(t.tensor, from, tag, fmt::format("{}: '{}'", describe(link), t.name));
-  if (on_delivered_) on_delivered_(link, message);
   return message;
 }
 

@@ -89,6 +89,14 @@ class MpiTransport final : public Transport {
                           DeviceContext& device) override;
   void abort() override;
 
+  /// The header of `message` alone on `link` (its microbatch, its tensors' names, dtypes and
+  /// shapes), for a transport that moves the bytes itself (NCCL: gpu_transport.h); `send`'s
+  /// bound on the link's messages in flight holds.
+  void send_header(const Link& link, const Message& message);
+  /// The next header on `link` (`recv`'s checks and timeout), its tensors allocated in host
+  /// memory and not filled.
+  Message recv_header(const Link& link, int microbatch);
+
   /// The tag of `link`, and of `stage`'s part of the sum of shared weight `weight`.
   int link_tag(const Link& link) const;
   int sum_tag(const std::string& weight, int stage) const;
@@ -100,6 +108,8 @@ class MpiTransport final : public Transport {
     std::vector<char> header;
     std::vector<Tensor> tensors;
   };
+  /// Posts `message`'s header on `link` once the link has room; its entry in flight.
+  InFlight& post_header(const Link& link, const Message& message);
   /// Posts `tensor`'s bytes to `rank` with `tag`, in pieces MPI's int counts can hold.
   void post_bytes(const Tensor& tensor, int rank, int tag, InFlight& into);
   /// Receives what `post_bytes` sent into `tensor`, whose size the receiver knows.

@@ -1,11 +1,12 @@
 #pragma once
 /// \file
-/// A process of an `mpirun` launch as stagerun sees it: rank g of N runs device g (CPU ranks,
-/// one machine or several): with R data-parallel replicas of a P-device pipeline, pipeline
+/// A process of an `mpirun` launch as stagerun sees it: rank g of N runs device g (CPU or GPU
+/// ranks, one machine or several): with R data-parallel replicas of a P-device pipeline, pipeline
 /// device g % P of replica g / P. It reaches its replica's other devices through the MPI
 /// transport (mpi_transport.h) on a communicator of that replica, and sums gradients with its
 /// device's other replicas on a communicator of theirs; rank 0 gathers the losses, outputs and
-/// device figures and prints them.
+/// device figures and prints them. GPU ranks use NCCL or MPI through host memory instead
+/// (gpu_transport.h).
 /// No MPI type appears here, so stagerun builds the same with or without MPI: a build without
 /// it (world_absent.cpp) refuses to run under mpirun, saying so.
 ///
@@ -51,6 +52,11 @@ class World {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  /// This process's index among the launch's processes on its machine (MPI's shared-memory
+  /// split): the GPU a GPU rank takes is this modulo the GPUs it sees.
+  int local_rank() const { return local_rank_; }
+  /// How messages name this rank: "rank 1 (device 1)".
+  std::string name() const { return rank_name(rank_); }
 
   /// Runs `checks`, which every rank makes alike (the same command line and plan): an `Error`
   /// they throw is rethrown, and `finish` then ends this rank normally (every rank says the
@@ -75,7 +81,16 @@ class World {
   /// shown by rank 0 only, every wait limited to `options.timeout_s`, and the instruction it
   /// is at kept for the line it prints when mpirun stops it (`options.before_instruction`,
   /// which still calls the hook it had).
-  void distribute(RunOptions& options, const Pipeline& pipeline);
+  ///
+  /// GPU ranks (a backend other than the CPU's) exchange tensors through NCCL or, where NCCL
+  /// cannot be used (`transport` "mpi", no NCCL, two ranks on one GPU), MPI through host
+  /// memory (runtime/mpi/gpu_transport.h); every rank makes the same choice
+  /// (collective_layout.h), and refuses together `transport` "nccl" where NCCL cannot be used.
+  /// Every rank must run the same backend (refused together otherwise). Returns the transport
+  /// chosen, for the rank's banner ("NCCL", "MPI through host memory (why)"); "MPI" for CPU
+  /// ranks.
+  std::string distribute(RunOptions& options, const Pipeline& pipeline,
+                         const std::string& transport = "auto");
 
   /// Gathers every rank's part of `report` to rank 0: the losses (from the rank of the stage
   /// that computes the loss), the graph outputs, each device's figures (each rank's own median
@@ -110,11 +125,21 @@ class World {
   /// device's replicas: with ZeRO-1 the shards are gathered); the others get nothing.
   std::map<std::string, optim::OptimizerState> whole_state(const Pipeline& pipeline,
                                                             int stage) const;
+  /// Sets `options.make_transport` for this rank's backend (`distribute`); the transport chosen.
+  std::string make_transports(RunOptions& options, const Pipeline& pipeline,
+                              const struct Layout& layout, const std::string& transport);
+  /// Every rank's `mine`, by rank (collective, within the timeout).
+  std::vector<std::string> all_strings(const std::string& mine) const;
+  /// The NCCL communicators of this rank for a run over `links` (collective: rank 0 makes the
+  /// ids, every rank joins its groups in the same order and has NCCL connect each at once:
+  /// `DeviceGroup::connect`, so that no later send waits for its peer to reach its receive).
+  std::shared_ptr<struct NcclSession> join_nccl(const std::vector<Link>& links,
+                                                const Pipeline& pipeline) const;
   /// Whether any rank failed (`error` not empty here): collective; throws on every rank when
   /// one did: its own error, the others that error with the rank named (`what`: the step).
   void agree(const std::string& error, const std::string& what) const;
 
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
   int pipeline_devices_ = 1;  ///< P: rank g is device g % P of replica g / P.
   /// Per device, the rank mpirun gave its process (the plan's placement); `rank_` is the
   /// device's index once `local_devices` has ranked the communicators by device.

@@ -19,7 +19,7 @@ std::vector<int> World::local_devices(const plan::Plan&, const std::string&) {
   fail(ErrorKind::kInternal, "no MPI in this build");
 }
 
-void World::distribute(RunOptions&, const Pipeline&) {
+std::string World::distribute(RunOptions&, const Pipeline&, const std::string&) {
   fail(ErrorKind::kInternal, "no MPI in this build");
 }
 

@@ -37,39 +37,51 @@ TEST_CASE("bytes per parameter follow the anchors") {
 
 TEST_CASE("stage memory: a billion parameters under mixed AdamW take 18 GB") {
   const int64_t params = 1'000'000'000;
-  auto m =
-      stage_memory(params, 0, 0, 0, 1, OptimizerKind::kAdamW, Precision::kMixed, true, false, 0);
+  auto m = stage_memory(params, params, 0, 0, 0, 1, OptimizerKind::kAdamW, Precision::kMixed, true,
+                        false, 0);
   CHECK(m.weights == 6 * params);
   CHECK(m.gradients == 4 * params);
   CHECK(m.optimizer == 8 * params);
   CHECK(m.total() == 18 * params);
 
-  auto inference =
-      stage_memory(params, 100, 0, 0, 1, OptimizerKind::kAdamW, Precision::kMixed, false, false, 0);
+  auto inference = stage_memory(params, params, 100, 0, 0, 1, OptimizerKind::kAdamW,
+                                Precision::kMixed, false, false, 0);
   CHECK(inference.weights == 2 * params);
   CHECK(inference.gradients == 0);
   CHECK(inference.optimizer == 0);
   CHECK(inference.activations == 100);
 
-  auto sgd =
-      stage_memory(params, 0, 0, 0, 1, OptimizerKind::kSgd, Precision::kFp32, true, false, 0);
+  auto sgd = stage_memory(params, params, 0, 0, 0, 1, OptimizerKind::kSgd, Precision::kFp32, true,
+                          false, 0);
   CHECK(sgd.total() == 8 * params);
+
+  // Frozen weights (and buffers such as running statistics) keep their weight bytes but have
+  // no gradient and no optimizer state.
+  auto frozen = stage_memory(params, params / 4, 0, 0, 0, 1, OptimizerKind::kAdamW,
+                             Precision::kFp32, true, false, 0);
+  CHECK(frozen.weights == 4 * params);
+  CHECK(frozen.gradients == params);
+  CHECK(frozen.optimizer == 2 * params);
+  CHECK_THROWS_AS(
+      stage_memory(10, 11, 0, 0, 0, 1, OptimizerKind::kSgd, Precision::kFp32, true, false, 0),
+      Error);
 }
 
 TEST_CASE("activations scale with the microbatches in flight, recompute keeps stage inputs") {
   auto plain =
-      stage_memory(0, 1000, 7, 3, 4, OptimizerKind::kAdamW, Precision::kMixed, true, false, 10);
+      stage_memory(0, 0, 1000, 7, 3, 4, OptimizerKind::kAdamW, Precision::kMixed, true, false, 10);
   CHECK(plain.activations == 4000);
   CHECK(plain.temporary == 7);
   CHECK(plain.communication == 3);
   CHECK(plain.total() == 4010);
   auto recompute =
-      stage_memory(0, 1000, 0, 0, 4, OptimizerKind::kAdamW, Precision::kMixed, true, true, 10);
+      stage_memory(0, 0, 1000, 0, 0, 4, OptimizerKind::kAdamW, Precision::kMixed, true, true, 10);
   CHECK(recompute.activations == 4 * 10 + 1000);
   CHECK_THROWS_AS(
-      stage_memory(-1, 0, 0, 0, 1, OptimizerKind::kSgd, Precision::kFp32, true, false, 0), Error);
-  CHECK_THROWS_AS(stage_memory(0, int64_t{1} << 62, 0, 0, 8, OptimizerKind::kSgd, Precision::kFp32,
-                               true, false, 0),
+      stage_memory(-1, 0, 0, 0, 0, 1, OptimizerKind::kSgd, Precision::kFp32, true, false, 0),
+      Error);
+  CHECK_THROWS_AS(stage_memory(0, 0, int64_t{1} << 62, 0, 0, 8, OptimizerKind::kSgd,
+                               Precision::kFp32, true, false, 0),
                   Error);
 }
 

@@ -436,6 +436,7 @@ TEST_CASE("grad Equal") {
 // Issue 15's unary maths (runtime/cpu/unary_math.cpp).
 TEST_CASE("grad Exp") { unary("Exp", random_tensor({3, 4}, -2, 2)); }
 TEST_CASE("grad Log") { unary("Log", random_tensor({3, 4}, 0.3f, 3)); }
+TEST_CASE("grad Reciprocal") { unary("Reciprocal", random_tensor({3, 4}, 0.5f, 3)); }
 TEST_CASE("grad Neg") { unary("Neg", random_tensor({2, 3, 4})); }
 TEST_CASE("grad Abs") { unary("Abs", avoid(random_tensor({4, 5}, -2, 2), {0})); }
 

@@ -41,6 +41,8 @@
 #     kill                   rank 1 of 4 SIGKILLed mid-step: mpirun names it and ends the
 #                            others, each of which says where it was; within --timeout
 #                            beyond a healthy run's time; none remains
+#     gpu_train              GPU ranks (label gpu): 2 ranks train as the one-process CUDA run
+#                            (losses within 1e-4), auto and --transport mpi
 #     hang                   rank 1 of 2 stops answering mid-step (and, again, before its
 #                            step's end, and as a checkpoint save begins): rank 0 gives up
 #                            after --timeout naming rank 1 and the instruction (the step
@@ -55,6 +57,8 @@ if [ -z "$mpirun" ] || [ "$mpirun" = "MPIEXEC_EXECUTABLE-NOTFOUND" ] || ! comman
 fi
 # CI runs as root on 2 cores.
 mpi=("$mpirun" --oversubscribe --allow-run-as-root)
+# The CPU checks run CPU ranks on a machine with a GPU too (--backend auto would take the GPU).
+[ "$check" = gpu_train ] || export CUDA_VISIBLE_DEVICES=
 
 fail() {
   echo "FAIL: $*" >&2
@@ -98,7 +102,8 @@ slack=10
 same_training() {
   local ranks=$1
   "$stagerun" plan --steps 3 --json -q --backend cpu >one.json
-  if ! "${mpi[@]}" -np "$ranks" "$stagerun" plan --steps 3 --json -q >ranks.json 2>ranks.err; then
+  if ! "${mpi[@]}" -np "$ranks" "$stagerun" plan --steps 3 --json -q --backend cpu >ranks.json \
+    2>ranks.err; then
     cat ranks.err >&2
     fail "mpirun -np $ranks stagerun failed"
   fi
@@ -113,6 +118,59 @@ same_training() {
 gpt=("$samples/gpt_tiny.onnx" --train --loss cross-entropy --batch 8 --microbatches 4 --dim seq=16
   --optimizer adam)
 case "$check" in
+  gpu_train)
+    # GPU ranks (ctest runs this through stagecraft-gpu-probe: only where a GPU is). Each plan
+    # trains 3 steps in one process on the GPU and as 2 ranks, over the transport auto picks
+    # (NCCL with a GPU each; MPI through host memory where they share one) and over
+    # --transport mpi: the losses within 1e-4, each rank's banner naming its GPU and transport.
+    "$stagec" "$samples/mnist_cnn.onnx" -o pipe --devices 2 --train --loss mse --batch 8 \
+      --microbatches 4 --schedule 1f1b >/dev/null
+    "$stagec" "${gpt[@]}" -o interleaved --devices 2 --schedule interleaved --chunks 2 >/dev/null
+    "$stagec" "$samples/mnist_cnn.onnx" -o replicas --devices 2 --data-parallel 2 --train \
+      --loss mse --batch 8 --microbatches 2 --optimizer adam --lr 0.001 >/dev/null
+    "$stagec" "$samples/mnist_cnn.onnx" -o zero --devices 2 --data-parallel 2 --train \
+      --loss mse --batch 8 --microbatches 2 --optimizer adam --lr 0.001 --shard-optimizer >/dev/null
+    for plan in pipe interleaved replicas zero; do
+      "$stagerun" "$plan" --steps 3 --json -q --backend cuda >one.json 2>one.err ||
+        fail "$plan: the one-process CUDA run failed: $(cat one.err)"
+      losses one.json >one.loss
+      for transport in auto mpi; do
+        if ! timeout 120 "${mpi[@]}" -np 2 "$stagerun" "$plan" --steps 3 --json -q \
+          --backend cuda --transport "$transport" --timeout 30 >ranks.json 2>ranks.err; then
+          cat ranks.err >&2
+          fail "$plan: mpirun -np 2 stagerun --backend cuda --transport $transport failed"
+        fi
+        banner="^stagerun: rank [01] \(device [01]\): backend cuda on GPU [0-9]+ .*, local rank [01]; "
+        banners=$(grep -E "${banner}transport " ranks.err) ||
+          fail "$plan: no rank banner: $(cat ranks.err)"
+        [ "$(echo "$banners" | wc -l)" -eq 2 ] || fail "$plan: expected 2 banners: $banners"
+        losses ranks.json >ranks.loss
+        [ "$(wc -l <ranks.loss)" -eq 3 ] || fail "$plan: expected 3 losses, got $(cat ranks.loss)"
+        paste one.loss ranks.loss |
+          awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4 || $2 != $2 + 0) bad = 1 }
+            END { exit bad }' ||
+          fail "$plan ($transport): losses differ by more than 1e-4: $(paste one.loss ranks.loss)"
+        gpus=$(echo "$banners" | sed -E 's/.* on GPU ([0-9]+) .*/\1/' | sort -u | wc -l)
+        if [ "$transport" = auto ] && [ "$gpus" -eq 2 ]; then
+          echo "$banners" | grep -q "transport NCCL$" || fail "$plan: 2 GPUs but not NCCL: $banners"
+        elif [ "$transport" = auto ]; then
+          echo "$banners" | grep -q "transport MPI through host memory (.* share a GPU" ||
+            fail "$plan: ranks on one GPU, but no host-staged fallback: $banners"
+        fi
+        echo "$plan, $transport: $(echo "$banners" | head -1 | sed 's/.*; transport //'):" \
+          "$(tr '\n' ' ' <ranks.loss)(one process: $(tr '\n' ' ' <one.loss))"
+      done
+    done
+    # One GPU: --transport nccl is refused by every rank, saying why (NCCL refuses a shared GPU).
+    if [ "$gpus" -eq 1 ]; then
+      if timeout 120 "${mpi[@]}" -np 2 "$stagerun" pipe --steps 1 -q --backend cuda \
+        --transport nccl >out.txt 2>err.txt; then
+        fail "--transport nccl ran 2 ranks on one GPU"
+      fi
+      grep -q "transport nccl: rank 0 (device 0) and rank 1 (device 1) share a GPU" err.txt ||
+        fail "--transport nccl on one GPU: no reason given: $(cat err.txt)"
+    fi
+    ;;
   train_gpt_interleaved)
     "$stagec" "${gpt[@]}" -o plan --devices 2 --schedule interleaved --chunks 2 >/dev/null
     same_training 2

@@ -172,7 +172,8 @@ std::string scalar(ModelBuilder& b, const std::string& name, float value) {
 
 // The unary maths as torch writes them: x [batch,4,8,8] -> Conv 3x3 = h; a = exp(-|h|)
 // (torch.exp(-h.abs()), a Laplacian kernel); s = log(exp(h) + 1) (softplus written out);
-// q = floor(4 h) / 4 + ceil(h) / 8 (a quantizer: no gradient through it); Relu(a + s + q + h)
+// q = floor(4 h) / 4 + ceil(h) / 8 (a quantizer: no gradient through it); r = 1 / (s + 1)
+// (torch.reciprocal); Relu(a + s + q + r + h)
 // -> Conv 3x3 -> GlobalAveragePool -> Flatten -> Gemm -> y [batch,4].
 ModelBuilder unary_net() {
   ModelBuilder b("unary_net");
@@ -190,8 +191,11 @@ ModelBuilder unary_net() {
   std::string c = b.add_op("Ceil", "/quant/Ceil", {h});
   c = b.add_op("Div", "/quant/Div_1", {c, scalar(b, "/quant/Constant_2", 8.0f)});
   q = b.add_op("Add", "/quant/Add", {q, c});
+  std::string r = b.add_op("Add", "/recip/Add", {s, scalar(b, "/recip/Constant", 1.0f)});
+  r = b.add_op("Reciprocal", "/recip/Reciprocal", {r});
   std::string x = b.add_op("Add", "/sum/Add", {a, s});
   x = b.add_op("Add", "/sum/Add_1", {x, q});
+  x = b.add_op("Add", "/sum/Add_3", {x, r});
   x = b.add_op("Add", "/sum/Add_2", {x, h});
   x = b.add_op("Relu", "/relu/Relu", {x});
   x = conv3x3(b, "conv2", x, 8, 8, 1);
@@ -463,7 +467,7 @@ TEST_CASE("ReduceSum, ReduceMax and ReduceL2 as torch exports them: 2 devices as
     check_cuda_accepts(op, f32);
 }
 
-TEST_CASE("Exp, Log, Neg, Abs, Ceil and Floor as torch writes them: 2 devices as one") {
+TEST_CASE("Exp, Log, Neg, Abs, Ceil, Floor and Reciprocal as torch writes them: 2 devices as one") {
   testing::TempDir dir;
   const std::string model = dir.file("unary_net.onnx");
   unary_net().write(model);
@@ -471,7 +475,8 @@ TEST_CASE("Exp, Log, Neg, Abs, Ceil and Floor as torch writes them: 2 devices as
   CHECK(run_against_unpartitioned(model, 2, "Floor") == 1);
   check_training(model);
   const DType f32[] = {DType::kFloat32};
-  for (const char* op : {"Exp", "Log", "Neg", "Abs", "Ceil", "Floor"}) check_cuda_accepts(op, f32);
+  for (const char* op : {"Exp", "Log", "Neg", "Abs", "Ceil", "Floor", "Reciprocal"})
+    check_cuda_accepts(op, f32);
 }
 
 TEST_CASE("Resize as torch exports it (nearest, bilinear): 2 devices as one") {

@@ -275,5 +275,48 @@ TEST_CASE("stagec --freeze: the matching weights keep their values and get no op
                        Error);
 }
 
+TEST_CASE(
+    "stagec --freeze: the plan counts no gradient or optimizer state for frozen weights, and the "
+    "measured peak stays within its bound") {
+  const Model mnist{"mnist_cnn.onnx", "cross-entropy", 3, {2}};
+  plan::PlanOptions o = training_options(mnist, 2, "1f1b");
+  const plan::PlannedModel all = plan::make_plan(o);
+  o.freeze = {"fc1.*"};  // the model's largest layer
+  plan::PlannedModel planned = plan::make_plan(o);
+  const std::string& summary = planned.freeze_summary;
+  const auto open = summary.find('(');
+  REQUIRE(open != std::string::npos);
+  const int64_t frozen = std::stoll(summary.substr(open + 1));
+  CAPTURE(summary);
+  REQUIRE(frozen > 0);
+  auto sum = [](const plan::Plan& p, int64_t plan::MemoryBytes::*part) {
+    int64_t total = 0;
+    for (const plan::Stage& st : p.stages) total += st.memory.*part;
+    return total;
+  };
+  // float32 gradients (4 bytes) and Adam's two moments (8 bytes) per trainable parameter.
+  CHECK(sum(all.plan, &plan::MemoryBytes::gradients) -
+            sum(planned.plan, &plan::MemoryBytes::gradients) ==
+        4 * frozen);
+  CHECK(sum(all.plan, &plan::MemoryBytes::optimizer) -
+            sum(planned.plan, &plan::MemoryBytes::optimizer) ==
+        8 * frozen);
+  CHECK(sum(all.plan, &plan::MemoryBytes::weights) ==
+        sum(planned.plan, &plan::MemoryBytes::weights));
+  testing::TempDir dir;
+  plan::write_plan(planned, dir.file("plan"));
+  auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+  RunOptions options;
+  options.steps = 2;
+  RunReport report = pipeline->run(pipeline->synthetic_inputs(), options);
+  for (const DeviceReport& d : report.devices) {
+    CAPTURE(d.peak_bytes);
+    CAPTURE(d.predicted_peak_bytes);
+    CHECK(d.peak_bytes <= d.predicted_peak_bytes + 4096);
+    CHECK(static_cast<double>(d.predicted_peak_bytes - d.peak_bytes) <=
+          0.20 * static_cast<double>(d.predicted_peak_bytes));
+  }
+}
+
 }  // namespace
 }  // namespace stagecraft::rt

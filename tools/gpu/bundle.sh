@@ -36,10 +36,30 @@ done
 cp "$build/runtime/libstagecraft_cuda.so" "$b/lib/"
 strip --strip-unneeded "$b"/bin/* "$b"/lib/*.so
 
+# Open MPI (Debian 12's 4.1 and its PMIx) for the GPU ranks' check (run.sh's mpi-gpu): the GPU
+# machines have none. run.sh relocates it with OPAL_PREFIX and PMIx's component path (checked
+# here with Debian's own copy hidden: mpirun -np 2 ran from the bundle's tree alone).
+ompi_libs=()
+if [ -x /usr/bin/orterun ] && [ -d /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3 ]; then
+  o=$b/ompi
+  mkdir -p "$o/bin" "$o/lib/x86_64-linux-gnu/openmpi/lib" "$o/share"
+  cp -L /usr/bin/orterun "$o/bin/mpirun"
+  cp -L /usr/bin/orted "$o/bin/"
+  cp -a /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3 "$o/lib/x86_64-linux-gnu/openmpi/lib/"
+  cp -a /usr/lib/x86_64-linux-gnu/openmpi/lib/libmca_common_*.so* \
+    "$o/lib/x86_64-linux-gnu/openmpi/lib/"
+  cp -r /usr/share/openmpi "$o/share/"
+  cp -a /usr/lib/x86_64-linux-gnu/pmix2 "$o/pmix2"
+  rm -rf "$o/pmix2/include" "$o/pmix2/lib/libpmix.a"
+  ompi_libs=("$o"/bin/* "$o"/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/*.so "$o"/pmix2/lib/pmix/*.so)
+else
+  echo "bundle: no Debian Open MPI here (openmpi-bin): the bundle has no mpirun" >&2
+fi
+
 # Shared libraries: everything the binaries and the plugin load, except the C runtime (the GPU
 # machine's own, newer) and CUDA's (the GPU machine's, matching its driver).
 skip='linux-vdso|ld-linux|/libc\.so|/libm\.so|/libpthread|/libdl\.so|/librt\.so|/libgcc_s|/libstdc\+\+|libcuda\.so|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink'
-for f in "$b"/bin/* "$b"/lib/libstagecraft_cuda.so; do
+for f in "$b"/bin/* "$b"/lib/libstagecraft_cuda.so "${ompi_libs[@]}"; do
   ldd "$f" | awk '/=> \// {print $3}'
 done | sort -u | grep -Ev "$skip" | while read -r lib; do
   cp -L "$lib" "$b/lib/"
@@ -52,6 +72,7 @@ cp -r "$testdata" "$b/data/onnx"
 cp samples/models/*.onnx "$b/samples/"
 [ -d samples/models/gpt_tiny_external ] && cp -r samples/models/gpt_tiny_external "$b/samples/"
 cp tests/conformance/skips.txt "$b/"
+cp tests/mpi/mpi_test.sh "$b/"  # its gpu_train check (run.sh: mpi-gpu)
 git -C "$root" rev-parse --short HEAD > "$b/COMMIT" 2>/dev/null || echo unknown > "$b/COMMIT"
 
 mkdir -p .gpu

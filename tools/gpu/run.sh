@@ -14,7 +14,9 @@
 # checks: the CUDA backend against the CPU backend, every gradient case of the kernel harness
 #   (STAGECRAFT_TEST_BACKEND=cuda), ONNX's conformance cases with the CPU's skip list, whole
 #   plans (inference outputs and training loss curves, 1, 2 and 4 devices sharing the GPU,
-#   every schedule), and compute-sanitizer memcheck and racecheck over a short pipeline run.
+#   every schedule), compute-sanitizer memcheck and racecheck over a short pipeline run, and 2
+#   GPU ranks under mpirun against one process (mpi-gpu: NCCL, or MPI through host memory where
+#   the ranks share a GPU; only where the machine has mpirun).
 # bench: 2- and 4-stage pipelines sharing the GPU, planned from a --profile cuda database:
 #   measured step and bubble against the plan's prediction (stagerun --json).
 # profiled: a GPT-2-small-shaped training step on 1 and 2 devices sharing the GPU, planned
@@ -125,6 +127,29 @@ if [[ $parts == *" checks "* ]]; then
   grep -E "^(passed|pass|[0-9]+ pass)" "$work/log-conformance.txt" | tail -1 | sed 's/^/conformance: /' >>"$summary"
   grep -E "^\[doctest\] (test cases|assertions):" "$work/log-gradients.txt" "$work/log-pipelines.txt" |
     sed "s|^$work/log-||; s|\.txt:| |" >>"$summary"
+  # GPU ranks under mpirun (ctest's gpu.mpi_train): 2 ranks against the one-process CUDA run,
+  # NCCL where the ranks have a GPU each, else MPI through host memory. Under the bundle's Open
+  # MPI (Debian 12's 4.1, relocated: bundle.sh), else this machine's mpirun with its own libmpi
+  # first (libmpi.so.40: one ABI from Open MPI 3 to 5).
+  mpi_env=()
+  if [ -x "$b/ompi/bin/mpirun" ]; then
+    mpi_env=(OPAL_PREFIX="$b/ompi" PMIX_INSTALL_PREFIX="$b/ompi/pmix2"
+      PMIX_MCA_mca_base_component_path="$b/ompi/pmix2/lib/pmix"
+      OMPI_MCA_mca_base_component_show_load_errors=0 PATH="$b/ompi/bin:$PATH")
+    mpirun_path=$b/ompi/bin/mpirun
+  elif command -v mpirun >/dev/null; then
+    mpirun_path=$(command -v mpirun)
+    mpi_env=(LD_LIBRARY_PATH="$(dirname "$(readlink -f "$mpirun_path")")/../lib:$LD_LIBRARY_PATH")
+  fi
+  if [ ${#mpi_env[@]} -gt 0 ]; then
+    check mpi-gpu 300 env "${mpi_env[@]}" bash "$b/mpi_test.sh" gpu_train "$mpirun_path" \
+      "$b/bin/stagerun" "$b/bin/stagec" "$b/bin/stagecraft-make-samples" "$b/samples" \
+      "$work/mpi-gpu"
+    grep -E "^(pipe|interleaved|replicas|zero), " "$log" | tail -8 |
+      sed 's/^/  mpi-gpu: /' >>"$summary"
+  else
+    say "SKIP mpi-gpu: no mpirun (neither in the bundle nor on this machine)"
+  fi
   if command -v compute-sanitizer >/dev/null; then
     # Inference of every sample under memcheck, and training of the toy ($STAGECRAFT_GPU_SAMPLES).
     # racecheck is the part "racecheck".
