@@ -9,6 +9,18 @@
 
 namespace stagecraft::rt::mpi {
 
+namespace {
+
+// A host copy of `t` (also of a host-visible device's tensor: the sums then never run on the
+// caller's bytes, which get the result only when it is complete).
+Tensor host_copy(DeviceContext& device, const Tensor& t) {
+  Tensor host = Tensor::uninitialized(t.dtype, t.shape);
+  if (t.bytes() > 0) device.read(t, host.data, t.bytes());
+  return host;
+}
+
+}  // namespace
+
 HostStagedTransport::HostStagedTransport(std::unique_ptr<MpiTransport> mpi,
                                          std::unique_ptr<DeviceContext> staging)
     : mpi_(std::move(mpi)), staging_(std::move(staging)), host_(cpu_backend().make_device(0, 1)) {}
@@ -17,7 +29,7 @@ HostStagedTransport::~HostStagedTransport() = default;
 
 void HostStagedTransport::send(const Link& link, Message message) {
   // The worker has synchronised its stream: the reads see what the stage wrote.
-  for (NamedTensor& t : message.tensors) t.tensor = to_host(*staging_, t.tensor);
+  for (NamedTensor& t : message.tensors) t.tensor = host_copy(*staging_, t.tensor);
   mpi_->send(link, std::move(message));
 }
 
@@ -28,7 +40,7 @@ Message HostStagedTransport::recv(const Link& link, int microbatch) {
 void HostStagedTransport::start_shared_sum(const std::string& weight,
                                            const std::vector<int>& holders, int stage,
                                            const Tensor& gradient, DeviceContext& device) {
-  mpi_->start_shared_sum(weight, holders, stage, to_host(device, gradient), *host_);
+  mpi_->start_shared_sum(weight, holders, stage, host_copy(device, gradient), *host_);
 }
 
 void HostStagedTransport::finish_shared_sum(const std::string& weight, int stage,
@@ -42,7 +54,7 @@ void HostStagedTransport::start_replica_sum(const BucketKey& key, ReplicaOp op,
                                             const Tensor& bucket,
                                             const std::vector<int64_t>& bounds,
                                             DeviceContext& device) {
-  Staged staged{to_host(device, bucket), bucket};
+  Staged staged{host_copy(device, bucket), bucket};
   mpi_->start_replica_sum(key, op, staged.host, bounds, *host_);
   sums_[key] = std::move(staged);
 }
@@ -63,7 +75,7 @@ void HostStagedTransport::finish_replica_sum(const BucketKey& key, DeviceContext
 void HostStagedTransport::replica_all_gather(int stage, Tensor& bucket,
                                              const std::vector<int64_t>& bounds,
                                              DeviceContext& device) {
-  Tensor host = to_host(device, bucket);
+  Tensor host = host_copy(device, bucket);
   mpi_->replica_all_gather(stage, host, bounds, *host_);
   device.write(bucket, host.data, host.bytes());
 }

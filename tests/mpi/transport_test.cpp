@@ -2,7 +2,8 @@
 // link's messages arrive in order with their names, dtypes, shapes and bytes; sends do not wait
 // for the receiver; a wrong microbatch at a link's head is a plan fault; shared-weight sums give
 // every holder the bytes of the in-process transport (the parts added in ascending stage
-// order), also with two holders on one rank; an aborted transport refuses further work. Every
+// order), also with two holders on one rank; the GPU ranks' host-staged fallback moves and sums
+// host copies (CPU devices standing in); an aborted transport refuses further work. Every
 // rank runs every case; the exit status is the worst of the ranks'.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -14,6 +15,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/exec/transport.h"
 #include "runtime/format/error.h"
+#include "runtime/mpi/gpu_transport.h"
 #include "runtime/mpi/mpi_transport.h"
 #include "runtime/mpi/wire.h"
 
@@ -164,6 +166,63 @@ TEST_CASE("shared sums: the same bytes on every holder, in ascending stage order
   for (int s : mine) t.start_shared_sum("w", holders, s, part(s), *device);
   for (int s : mine) t.finish_shared_sum("w", s, grads[s], *device);
   for (int s : mine) CHECK(same_bytes(grads[s], expected));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// GPU ranks' fallback (gpu_transport.h) with CPU devices standing in for the GPUs: what is sent
+// and summed goes through host copies, and the results land in the caller's tensors.
+TEST_CASE("host-staged: messages arrive whole and headers alone carry no bytes") {
+  HostStagedTransport t(std::make_unique<MpiTransport>(MPI_COMM_WORLD, two_stages(), 4),
+                        backend_by_name("cpu").make_device(0, 1));
+  const Link forward{0, 1, false}, back{1, 0, true};
+  if (rank() == 0) {
+    Tensor act = floats({2, 3}, 1);
+    t.send(forward, Message{0, {{"act", act}}});
+    act.as<float>()[0] = 99;  // the transport sent its own copy
+    t.mpi().send_header(forward, Message{1, {{"big", floats({1000}, 0)}}});
+    Message g = t.recv(back, 0);
+    REQUIRE(g.tensors.size() == 1);
+    CHECK(same_bytes(g.tensors[0].tensor, floats({4}, 5)));
+  } else {
+    Message m = t.recv(forward, 0);
+    REQUIRE(m.tensors.size() == 1);
+    CHECK(same_bytes(m.tensors[0].tensor, floats({2, 3}, 1)));
+    Message h = t.mpi().recv_header(forward, 1);
+    REQUIRE(h.tensors.size() == 1);
+    CHECK(h.tensors[0].name == "big");
+    CHECK(h.tensors[0].tensor.shape == Shape{1000});
+    t.send(back, Message{0, {{"grad", floats({4}, 5)}}});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("host-staged: the replicas' sums land in the caller's bucket") {
+  auto device = backend_by_name("cpu").make_device(0, 1);
+  HostStagedTransport t(std::make_unique<MpiTransport>(MPI_COMM_WORLD, Layout{{0}, {}, {}}, 1,
+                                                       InProcessTransport::OnDelivered{}, 30,
+                                                       MPI_COMM_WORLD),
+                        backend_by_name("cpu").make_device(0, 1));
+  const int me = rank();
+  // Exact float sums: replica r's values are (r + 1) + i / 4.
+  Tensor sum = floats({6}, 3);  // (1 + i / 4) + (2 + i / 4)
+  for (int64_t i = 0; i < 6; ++i) sum.as<float>()[i] += 0.25f * static_cast<float>(i);
+  Tensor bucket = floats({6}, static_cast<float>(me + 1));
+  t.start_replica_sum({0, 0}, ReplicaOp::kAllReduce, bucket, {}, *device);
+  t.progress_replicas(0, *device);
+  t.finish_replica_sum({0, 0}, *device);
+  CHECK(same_bytes(bucket, sum));
+  // ZeRO-1: shard r (bounds 0, 2, 6) summed into replica r's bucket, then gathered to all.
+  const std::vector<int64_t> bounds{0, 2, 6};
+  Tensor shards = floats({6}, static_cast<float>(me + 1));
+  t.start_replica_sum({0, 1}, ReplicaOp::kReduceScatter, shards, bounds, *device);
+  t.finish_replica_sum({0, 1}, *device);
+  const int64_t lo = bounds[static_cast<size_t>(me)], hi = bounds[static_cast<size_t>(me) + 1];
+  CHECK(std::memcmp(shards.as<float>() + lo, sum.as<float>() + lo,
+                    static_cast<size_t>(hi - lo) * 4) == 0);
+  t.replica_all_gather(0, shards, bounds, *device);
+  CHECK(same_bytes(shards, sum));
+  CHECK_THROWS_WITH_AS(t.finish_replica_sum({0, 7}, *device), doctest::Contains("never started"),
+                       Error);
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
