@@ -8,11 +8,15 @@
 // in a scratch buffer and summed down.
 // Gemm: with A' = op(A), B' = op(B): dA' = alpha dY B'^T, dB' = alpha A'^T dY, dC = beta dY summed
 // to C's shape; transposes are strided views.
+// Both in float32, or in bfloat16 throughout (mixed precision) natively, as the forward
+// (matmul.cpp): bfloat16 operands, float32 accumulation, each result rounded to bfloat16 once
+// (a sum over broadcast batches is summed in float32 first).
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "runtime/cpu/cpu_context.h"
+#include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/grad_io.h"
 #include "runtime/cpu/matmul_shape.h"
@@ -63,12 +67,17 @@ memory::dims with_matrix(memory::dims batch, int64_t r, int64_t c) {
   return batch;
 }
 
+// The element types of a product: its operands' and its destination's (float32 or bfloat16).
+struct Types {
+  memory::data_type operands = memory::data_type::f32, dst = memory::data_type::f32;
+};
+
 // dst = alpha * src x weights. dst is dense row-major.
 void product(const CpuContext& ctx, const Operand& src, const Operand& weights,
-             memory::dims dst_dims, void* dst, float alpha) {
-  const auto f32 = memory::data_type::f32;
-  memory::desc sd(src.dims, f32, src.strides), wd(weights.dims, f32, weights.strides);
-  memory::desc dd = plain_desc(Shape(dst_dims.begin(), dst_dims.end()));
+             memory::dims dst_dims, void* dst, float alpha, Types types) {
+  memory::desc sd(src.dims, types.operands, src.strides),
+      wd(weights.dims, types.operands, weights.strides);
+  memory::desc dd = plain_desc(Shape(dst_dims.begin(), dst_dims.end()), types.dst);
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   try {
@@ -113,6 +122,18 @@ void sum_batches(const float* full, const memory::dims& batch, const memory::dim
     for (int64_t b = 0; b < full_count; ++b) out[target[b] * matrix + e] += full[b * matrix + e];
 }
 
+// `full` summed as sum_batches into `out`: directly when it is float32, through a float32
+// buffer rounded to bfloat16 once when it is bfloat16.
+void sum_batches_into(const float* full, const memory::dims& batch, const memory::dims& tbatch,
+                      int64_t matrix, Tensor& out) {
+  if (out.dtype == DType::kFloat32)
+    return sum_batches(full, batch, tbatch, matrix, out.as<float>());
+  std::vector<float> sum(static_cast<size_t>(out.numel()));
+  sum_batches(full, batch, tbatch, matrix, sum.data());
+  auto* dst = static_cast<eltwise::BFloat16*>(static_cast<void*>(out.data));
+  for (size_t i = 0; i < sum.size(); ++i) dst[i] = eltwise::to_bfloat16(sum[i]);
+}
+
 // The gradient ops' operand counts: n forward inputs, one forward output.
 constexpr GradArity kMatMulArity{.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1};
 constexpr GradArity kGemmArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
@@ -143,34 +164,38 @@ void matmul_grad(const KernelArgs& a) {
   const CpuContext& ctx = context(a);
   const bool a_full = ba == bf, b_full = bb == bf;
   const bool b_unbatched = std::all_of(bb.begin(), bb.end(), [](int64_t d) { return d == 1; });
+  // Straight into the output in its own type; into a float32 buffer to sum over batches.
+  const auto type = dy.dtype == DType::kBFloat16 ? memory::data_type::bf16
+                                                 : memory::data_type::f32;
+  const Types direct{type, type}, summed{type, memory::data_type::f32};
 
   if (want_a) {
-    float* out = io.dx(0)->as<float>();
+    Tensor& out = *io.dx(0);
     if (a_full) {
       // dA [bf, m, k] = dY [bf, m, n] x B^T [bb, n, k]
       product(ctx, view(bf, m, n, dy.data, false), view(bb, n, k, y.data, true),
-              with_matrix(bf, m, k), out, 1.0f);
+              with_matrix(bf, m, k), out.data, 1.0f, direct);
     } else {
       std::vector<float> tmp(static_cast<size_t>(full * m * k));
       product(ctx, view(bf, m, n, dy.data, false), view(bb, n, k, y.data, true),
-              with_matrix(bf, m, k), tmp.data(), 1.0f);
-      sum_batches(tmp.data(), bf, ba, m * k, out);
+              with_matrix(bf, m, k), tmp.data(), 1.0f, summed);
+      sum_batches_into(tmp.data(), bf, ba, m * k, out);
     }
   }
   if (want_b) {
-    float* out = io.dx(1)->as<float>();
+    Tensor& out = *io.dx(1);
     if (b_unbatched && a_full) {
       // No batch dims on B: dB [k, n] = A^T [k, P*m] x dY [P*m, n] over all rows at once.
       product(ctx, view({}, k, full * m, x.data, true), view({}, full * m, n, dy.data, false),
-              {k, n}, out, 1.0f);
+              {k, n}, out.data, 1.0f, direct);
     } else if (b_full) {
       product(ctx, view(ba, k, m, x.data, true), view(bf, m, n, dy.data, false),
-              with_matrix(bf, k, n), out, 1.0f);
+              with_matrix(bf, k, n), out.data, 1.0f, direct);
     } else {
       std::vector<float> tmp(static_cast<size_t>(full * k * n));
       product(ctx, view(ba, k, m, x.data, true), view(bf, m, n, dy.data, false),
-              with_matrix(bf, k, n), tmp.data(), 1.0f);
-      sum_batches(tmp.data(), bf, bb, k * n, out);
+              with_matrix(bf, k, n), tmp.data(), 1.0f, summed);
+      sum_batches_into(tmp.data(), bf, bb, k * n, out);
     }
   }
 }
@@ -190,16 +215,19 @@ void gemm_grad(const KernelArgs& a) {
     fail(ErrorKind::kShape, "GemmGrad: dY {} should be [{}, {}]", dy.describe(), m, n);
   const CpuContext& ctx = context(a);
   const bool work = m * n > 0 && k > 0;  // else dA and dB are zeros
+  const bool bf16 = dy.dtype == DType::kBFloat16;
+  const auto type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  const Types types{type, type};
   if (io.wants(0)) {
     expect_shape(a, 0, x.shape);
     if (!work)
       zero(*io.dx(0));
     else if (!trans_a)  // dA [m, k] = alpha dY [m, n] x B'^T [n, k]
       product(ctx, view({}, m, n, dy.data, false), view({}, n, k, y.data, !trans_b), {m, k},
-              io.dx(0)->data, alpha);
+              io.dx(0)->data, alpha, types);
     else  // dA [k, m] = alpha B' [k, n] x dY^T [n, m]
       product(ctx, view({}, k, n, y.data, trans_b), view({}, n, m, dy.data, true), {k, m},
-              io.dx(0)->data, alpha);
+              io.dx(0)->data, alpha, types);
   }
   if (io.wants(1)) {
     expect_shape(a, 1, y.shape);
@@ -207,18 +235,27 @@ void gemm_grad(const KernelArgs& a) {
       zero(*io.dx(1));
     else if (!trans_b)  // dB [k, n] = alpha A'^T [k, m] x dY [m, n]
       product(ctx, view({}, k, m, x.data, !trans_a), view({}, m, n, dy.data, false), {k, n},
-              io.dx(1)->data, alpha);
+              io.dx(1)->data, alpha, types);
     else  // dB [n, k] = alpha dY^T [n, m] x A' [m, k]
       product(ctx, view({}, n, m, dy.data, true), view({}, m, k, x.data, trans_a), {n, k},
-              io.dx(1)->data, alpha);
+              io.dx(1)->data, alpha, types);
   }
   if (io.wants(2)) {
     const Tensor& c = io.need_x(2);
     expect_shape(a, 2, c.shape);
     const auto [cm, cn] = gemm_c_dims("GemmGrad", c, m, n);
-    float* dc = io.dx(2)->as<float>();
-    const float* g = dy.as<float>();
     if (beta == 0.0f) return zero(*io.dx(2));
+    // dY read and dC written in their own type (float32, or bfloat16 through float32).
+    std::vector<float> g_wide, dc_wide;
+    const float* g = dy.as<float>();
+    float* dc = io.dx(2)->as<float>();
+    if (bf16) {
+      const auto* g16 = static_cast<const eltwise::BFloat16*>(static_cast<const void*>(dy.data));
+      for (int64_t i = 0; i < m * n; ++i) g_wide.push_back(eltwise::to_float(g16[i]));
+      dc_wide.resize(static_cast<size_t>(io.dx(2)->numel()));
+      g = g_wide.data();
+      dc = dc_wide.data();
+    }
     if (cm == m && cn == n) {
       for (int64_t i = 0; i < m * n; ++i) dc[i] = beta * g[i];
     } else if (cm == 1 && cn == n) {
@@ -237,17 +274,30 @@ void gemm_grad(const KernelArgs& a) {
       for (int64_t i = 0; i < m * n; ++i) s += g[i];
       dc[0] = static_cast<float>(beta * s);
     }
+    auto* dc16 = static_cast<eltwise::BFloat16*>(static_cast<void*>(io.dx(2)->data));
+    for (size_t i = 0; i < dc_wide.size(); ++i) dc16[i] = eltwise::to_bfloat16(dc_wide[i]);
   }
+}
+
+// Every operand float32, or every one given bfloat16.
+std::string float32_or_bf16(const OpSignature& s) {
+  const auto bf16 = [](DType d) { return d == DType::kBFloat16 || d == DType::kUndefined; };
+  const bool some = std::any_of(s.inputs.begin(), s.inputs.end(),
+                                [](DType d) { return d == DType::kBFloat16; });
+  if (some && std::all_of(s.inputs.begin(), s.inputs.end(), bf16) &&
+      std::all_of(s.outputs.begin(), s.outputs.end(), bf16))
+    return "";
+  return all_float32(s);
 }
 
 std::string check_matmul_grad(const OpSignature& s) {
   if (std::string why = grad_arity_error(s, kMatMulArity); !why.empty()) return why;
-  return all_float32(s);
+  return float32_or_bf16(s);
 }
 
 std::string check_gemm_grad(const OpSignature& s) {
   if (std::string why = grad_arity_error(s, kGemmArity); !why.empty()) return why;
-  return all_float32(s);
+  return float32_or_bf16(s);
 }
 
 const KernelEntry kKernels[] = {

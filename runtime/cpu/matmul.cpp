@@ -1,12 +1,13 @@
 // Kernels of the matmul family (see families.h): MatMul with numpy semantics and Gemm, both on
-// float32 through oneDNN's matmul primitive; MatMul on bfloat16 too (mixed precision), natively:
-// oneDNN multiplies bfloat16 operands with float32 accumulation (AVX512-BF16 or AMX where the
-// CPU has them, else its own emulation) and rounds the result to bfloat16 once.
+// float32 through oneDNN's matmul primitive, and on bfloat16 throughout (mixed precision)
+// natively: oneDNN multiplies bfloat16 operands with float32 accumulation (AVX512-BF16 or AMX
+// where the CPU has them, else its own emulation) and rounds the result to bfloat16 once.
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "runtime/cpu/cpu_context.h"
+#include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/matmul_shape.h"
 #include "runtime/format/error.h"
@@ -16,16 +17,24 @@ namespace {
 
 using dnnl::memory;
 
-// A oneDNN memory over `data` (not owned) viewed as a dense row-major float32 tensor of `shape`.
-memory f32_memory(const Shape& shape, const std::byte* data, const CpuContext& ctx) {
-  return memory(plain_desc(shape), ctx.engine, const_cast<std::byte*>(data));
+// oneDNN's type of a float32 or bfloat16 tensor.
+memory::data_type dnnl_type(DType dtype) {
+  return dtype == DType::kBFloat16 ? memory::data_type::bf16 : memory::data_type::f32;
 }
 
-// Likewise for a tensor of `dtype` (float32 or bfloat16).
+// A oneDNN memory over `data` (not owned) viewed as a dense row-major tensor of `shape` and
+// `dtype` (float32 or bfloat16).
 memory typed_memory(const Shape& shape, DType dtype, const std::byte* data, const CpuContext& ctx) {
-  return memory(plain_desc(shape, dtype == DType::kBFloat16 ? memory::data_type::bf16
-                                                           : memory::data_type::f32),
-                ctx.engine, const_cast<std::byte*>(data));
+  return memory(plain_desc(shape, dnnl_type(dtype)), ctx.engine, const_cast<std::byte*>(data));
+}
+
+// Y = C broadcast to [M, N] (C [cm, cn] with cm 1 or M, cn 1 or N), elements of type T.
+template <class T>
+void broadcast_c(T* dst, const T* src, int64_t m, int64_t n, int64_t cm, int64_t cn) {
+#pragma omp parallel for if (m * n > (1 << 16))
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      dst[i * n + j] = src[(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)];
 }
 
 // Runs a oneDNN matmul dst = alpha * src x weights + beta * dst (beta 0: dst is overwritten).
@@ -90,49 +99,56 @@ void gemm(const KernelArgs& a) {
   float beta = a.attrs.f("beta", 1.0f);
   expect_shape(a, 0, {m, n});
   Tensor& out = *a.out[0];
-  float* dst = out.as<float>();
+  const bool bf16 = out.dtype == DType::kBFloat16;  // else float32 (the check)
 
   // Y starts as C broadcast to [M, N] (C may be [], [N], [1], [M, N], [1, N], [M, 1], [1, 1]).
   if (a.has_input(2) && beta != 0.0f) {
     const Tensor& c = a.input(2);
     const std::pair<int64_t, int64_t> c_dims = gemm_c_dims("Gemm", c, m, n);
-    const int64_t cm = c_dims.first, cn = c_dims.second;
-    const float* src = c.as<float>();
-#pragma omp parallel for if (m * n > (1 << 16))
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j)
-        dst[i * n + j] = src[(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)];
+    if (bf16)
+      broadcast_c(out.as<uint16_t>(), c.as<uint16_t>(), m, n, c_dims.first, c_dims.second);
+    else
+      broadcast_c(out.as<float>(), c.as<float>(), m, n, c_dims.first, c_dims.second);
   } else {
     beta = 0.0f;
   }
   if (out.numel() == 0) return;
   if (k == 0) {  // Y = beta * C; without C (or beta 0) zeros, not 0 * whatever Y held
-    for (int64_t i = 0; i < m * n; ++i) dst[i] = beta == 0.0f ? 0.0f : dst[i] * beta;
+    for (int64_t i = 0; i < m * n; ++i) {
+      if (!bf16) {
+        out.as<float>()[i] = beta == 0.0f ? 0.0f : out.as<float>()[i] * beta;
+        continue;
+      }
+      auto* y16 = static_cast<eltwise::BFloat16*>(static_cast<void*>(out.data)) + i;
+      *y16 = eltwise::to_bfloat16(beta == 0.0f ? 0.0f : eltwise::to_float(*y16) * beta);
+    }
     return;
   }
 
   const CpuContext& ctx = context(a);
   // A^T stored [K, M] is the [M, K] matrix with strides {1, M}; likewise B^T.
-  memory::desc da = trans_a ? memory::desc({m, k}, memory::data_type::f32, memory::dims{1, m})
-                            : plain_desc({m, k});
-  memory::desc db = trans_b ? memory::desc({k, n}, memory::data_type::f32, memory::dims{1, k})
-                            : plain_desc({k, n});
+  const memory::data_type type = dnnl_type(out.dtype);
+  memory::desc da = trans_a ? memory::desc({m, k}, type, memory::dims{1, m})
+                            : plain_desc({m, k}, type);
+  memory::desc db = trans_b ? memory::desc({k, n}, type, memory::dims{1, k})
+                            : plain_desc({k, n}, type);
   run_matmul(ctx, memory(da, ctx.engine, x.data), memory(db, ctx.engine, y.data),
-             f32_memory({m, n}, out.data, ctx), alpha, beta);
+             typed_memory({m, n}, out.dtype, out.data, ctx), alpha, beta);
 }
 
-// MatMul: float32, or bfloat16 throughout (operands and result).
+// MatMul and Gemm: float32, or bfloat16 throughout (operands, Gemm's C, and result).
 std::string matmul_check(const OpSignature& s) {
-  const auto bf16 = [](DType d) { return d == DType::kBFloat16; };
+  const auto bf16 = [](DType d) { return d == DType::kBFloat16 || d == DType::kUndefined; };
   if (std::all_of(s.inputs.begin(), s.inputs.end(), bf16) &&
-      std::all_of(s.outputs.begin(), s.outputs.end(), bf16))
+      std::all_of(s.outputs.begin(), s.outputs.end(), bf16) && !s.outputs.empty() &&
+      s.outputs[0] == DType::kBFloat16)
     return "";
   return all_float32(s);
 }
 
 const KernelEntry kKernels[] = {
     {"MatMul", matmul, matmul_check},
-    {"Gemm", gemm, all_float32},
+    {"Gemm", gemm, matmul_check},
 };
 
 }  // namespace

@@ -141,10 +141,17 @@ void gemm_grad(const KernelArgs& a) {
   if (io.wants(2)) gemm_c_grad(a, io, dy, m, n);
 }
 
+// The CPU's check, float32 only: the CPU runs bfloat16 natively here, this kernel does not (the
+// program then runs a bfloat16 node widened to float32).
+std::string same_as_cpu_float32(const OpSignature& s) {
+  std::string why = same_as_cpu(s);
+  return why.empty() ? all_float32(s) : why;
+}
+
 // The checks are the CPU's: the gradient-op arity and every operand float32.
 const KernelEntry kKernels[] = {
-    {"MatMulGrad", matmul_grad, same_as_cpu, /*writes_every_output=*/true},
-    {"GemmGrad", gemm_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"MatMulGrad", matmul_grad, same_as_cpu_float32, /*writes_every_output=*/true},
+    {"GemmGrad", gemm_grad, same_as_cpu_float32, /*writes_every_output=*/true},
 };
 
 }  // namespace

@@ -263,5 +263,58 @@ TEST_CASE("a kernel without a bf16 path runs widened: fp32 kernel, outputs round
   }
 }
 
+// y = Gemm(a, b, c) with transB, every tensor bfloat16: a [2, 3], b [4, 3], c [4].
+onnx::ModelProto gemm_bf16_model() {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(17);
+  auto* g = model.mutable_graph();
+  testing::add_tensor_info(g->add_input(), "a", onnx::TensorProto::BFLOAT16, {2, 3});
+  testing::add_tensor_info(g->add_input(), "b", onnx::TensorProto::BFLOAT16, {4, 3});
+  testing::add_tensor_info(g->add_input(), "c", onnx::TensorProto::BFLOAT16, {4});
+  testing::add_tensor_info(g->add_output(), "y", onnx::TensorProto::BFLOAT16, {2, 4});
+  onnx::NodeProto* n = testing::add_node(g, "Gemm", {"a", "b", "c"}, {"y"}, "gemm");
+  onnx::AttributeProto* t = n->add_attribute();
+  t->set_name("transB");
+  t->set_type(onnx::AttributeProto::INT);
+  t->set_i(1);
+  return model;
+}
+
+TEST_CASE("Gemm and the matmul gradients run bf16 natively on the cpu, float32 accumulation") {
+  const std::vector<DType> three(3, DType::kBFloat16), one{DType::kBFloat16};
+  const Attrs none;
+  CHECK_FALSE(cpu_backend().runs_widened({"Gemm", three, one, none}));
+  CHECK(cpu_backend().check({"Gemm", three, one, none}).empty());
+  Program program = Program::from_model(gemm_bf16_model(), cpu_backend(), "gemm.onnx");
+  auto device = cpu_backend().make_device(0, 1);
+  std::vector<float> a(6), b(12), c(4);
+  for (int i = 0; i < 6; ++i) a[i] = 0.25f * static_cast<float>(i) - 0.5f;
+  for (int i = 0; i < 12; ++i) b[i] = 0.125f * static_cast<float>(i % 5) - 0.3f;
+  for (int i = 0; i < 4; ++i) c[i] = static_cast<float>(i) - 1.0f;
+  auto bf16_tensor = [](const std::vector<float>& v, Shape shape) {
+    Tensor t = Tensor::owned(DType::kBFloat16, std::move(shape));
+    for (size_t i = 0; i < v.size(); ++i) t.as<uint16_t>()[i] = bf16_bits(v[i]);
+    return t;
+  };
+  const Tensor in[] = {bf16_tensor(a, {2, 3}), bf16_tensor(b, {4, 3}), bf16_tensor(c, {4})};
+  std::vector<std::byte> arena(program.arena_bytes() + 64);
+  std::vector<Tensor> y = program.run(*device, in, arena.data());
+  REQUIRE(y.size() == 1);
+  REQUIRE(y[0].dtype == DType::kBFloat16);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      double expected = from_bf16(bf16_bits(c[j]));
+      for (int k = 0; k < 3; ++k)
+        expected += static_cast<double>(from_bf16(bf16_bits(a[i * 3 + k]))) *
+                    from_bf16(bf16_bits(b[j * 3 + k]));
+      CAPTURE(i);
+      CAPTURE(j);
+      // One rounding to bfloat16 of the float32 sum (a relative 2^-9 at most).
+      CHECK(from_bf16(y[0].as<uint16_t>()[i * 4 + j]) ==
+            doctest::Approx(expected).epsilon(1.0 / 256));
+    }
+}
+
 }  // namespace
 }  // namespace stagecraft::rt
