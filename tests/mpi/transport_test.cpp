@@ -6,8 +6,8 @@
 // host copies (CPU devices standing in); the NCCL transport's logic runs over an MPI stand-in
 // for NCCL's groups (bytes per link, headers over MPI, capacity, replicas' sums and shards, a
 // wait for bytes that never come ending in time, naming the rank and aborting the group); an
-// aborted transport refuses further work. Every
-// rank runs every case; the exit status is the worst of the ranks'.
+// aborted transport refuses further work. Every rank runs every case; the exit status is the
+// worst of the ranks'.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <mpi.h>
