@@ -93,6 +93,28 @@ TEST_CASE("pipelined training gives the single-device loss curve for every sched
 namespace stagecraft::rt {
 namespace {
 
+/// Two training steps of `planned` on synthetic inputs.
+RunReport run_two_steps(plan::PlannedModel& planned) {
+  testing::TempDir dir;
+  plan::write_plan(planned, dir.file("plan"));
+  auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+  RunOptions options;
+  options.steps = 2;
+  return pipeline->run(pipeline->synthetic_inputs(), options);
+}
+
+/// The predicted peak is a bound the run stays under, and within 20% below it.
+void check_memory_bound(const RunReport& report) {
+  for (const DeviceReport& d : report.devices) {
+    CAPTURE(d.peak_bytes);
+    CAPTURE(d.predicted_peak_bytes);
+    // 4 KiB: the stage's non-float constants (shape operands), which the plan leaves out.
+    CHECK(d.peak_bytes <= d.predicted_peak_bytes + 4096);
+    CHECK(static_cast<double>(d.predicted_peak_bytes - d.peak_bytes) <=
+          0.20 * static_cast<double>(d.predicted_peak_bytes));
+  }
+}
+
 TEST_CASE(
     "measured training memory per device never exceeds the plan's peak and is within 20% below "
     "it, and 1F1B's first stage is the heaviest") {
@@ -107,21 +129,9 @@ TEST_CASE(
       CAPTURE(schedule);
       plan::PlanOptions o = training_options(m, 2, schedule);
       if (m.file == "gpt_tiny.onnx") o.dims["seq"] = 32;
-      testing::TempDir dir;
       plan::PlannedModel planned = plan::make_plan(o);
-      plan::write_plan(planned, dir.file("plan"));
-      auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
-      RunOptions options;
-      options.steps = 2;
-      RunReport report = pipeline->run(pipeline->synthetic_inputs(), options);
-      for (const DeviceReport& d : report.devices) {
-        CAPTURE(d.peak_bytes);
-        CAPTURE(d.predicted_peak_bytes);
-        // 4 KiB: the stage's non-float constants (shape operands), which the plan leaves out.
-        CHECK(d.peak_bytes <= d.predicted_peak_bytes + 4096);
-        CHECK(static_cast<double>(d.predicted_peak_bytes - d.peak_bytes) <=
-              0.20 * static_cast<double>(d.predicted_peak_bytes));
-      }
+      RunReport report = run_two_steps(planned);
+      check_memory_bound(report);
       if (std::string(schedule) == "1f1b" && m.file == "gpt_tiny.onnx") {
         CHECK(report.devices[0].peak_bytes > report.devices[1].peak_bytes);
         CHECK(planned.plan.predicted.device_peak_bytes[0] >
@@ -303,19 +313,7 @@ TEST_CASE(
         8 * frozen);
   CHECK(sum(all.plan, &plan::MemoryBytes::weights) ==
         sum(planned.plan, &plan::MemoryBytes::weights));
-  testing::TempDir dir;
-  plan::write_plan(planned, dir.file("plan"));
-  auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
-  RunOptions options;
-  options.steps = 2;
-  RunReport report = pipeline->run(pipeline->synthetic_inputs(), options);
-  for (const DeviceReport& d : report.devices) {
-    CAPTURE(d.peak_bytes);
-    CAPTURE(d.predicted_peak_bytes);
-    CHECK(d.peak_bytes <= d.predicted_peak_bytes + 4096);
-    CHECK(static_cast<double>(d.predicted_peak_bytes - d.peak_bytes) <=
-          0.20 * static_cast<double>(d.predicted_peak_bytes));
-  }
+  check_memory_bound(run_two_steps(planned));
 }
 
 }  // namespace
