@@ -37,7 +37,7 @@ std::string RooflineCostModel::name() const {
 }
 
 double RooflineCostModel::roofline_seconds(double flops, double bytes, bool tensor_op) const {
-  bool sixteen_bit = tensor_op && precision_ == Precision::kMixed;
+  bool sixteen_bit = tensor_op && is_16bit(precision_);
   double peak = sixteen_bit ? device_.peak_flops_fp16 : device_.peak_flops_fp32;
   double efficiency = tensor_op ? device_.efficiency : 1.0;
   return std::max(flops / (peak * efficiency), bytes / device_.memory_bandwidth);
@@ -47,7 +47,7 @@ double RooflineCostModel::stored_bytes(const ir::Graph& graph, ir::ValueId id) c
   if (id == ir::kNoId) return 0;
   const ir::Value& value = graph.value(id);
   double bytes = static_cast<double>(value.bytes());
-  return precision_ == Precision::kMixed && value.dtype == DType::kFloat32 ? bytes / 2 : bytes;
+  return is_16bit(precision_) && value.dtype == DType::kFloat32 ? bytes / 2 : bytes;
 }
 
 OpTime RooflineCostModel::op_time(const ir::Graph& graph, const ir::Node& node) const {

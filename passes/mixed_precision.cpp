@@ -1,5 +1,7 @@
 // Mixed precision (stagec --precision mixed): the stage graphs compute in bfloat16, the weights
-// stay float32 masters. See passes.def "mixed-precision" and PassContext::stage_of.
+// stay float32 masters. See passes.def "mixed-precision" and PassContext::stage_of. With
+// PassContext::sixteen_bit float16 (stagec --precision fp16) the same in float16: read
+// "bfloat16" below as that type (the schemas' constraints are then checked for float16).
 //
 // Per node, in topological order, one decision per ONNX type constraint of its float tensors:
 // - bfloat16 when the node may run in 16 bits (below) and the constraint allows
@@ -37,7 +39,22 @@
 namespace stagecraft::passes {
 namespace {
 
-constexpr const char* kBf16Type = "tensor(bfloat16)";
+/// The schemas' name of the 16-bit type, "tensor(bfloat16)" or "tensor(float16)".
+std::string schema_type(DType sixteen_bit) {
+  return sixteen_bit == DType::kFloat16 ? "tensor(float16)" : "tensor(bfloat16)";
+}
+
+/// ONNX's number of a float dtype (float32 or the 16-bit type).
+int onnx_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return onnx::TensorProto::FLOAT16;
+    case DType::kBFloat16:
+      return onnx::TensorProto::BFLOAT16;
+    default:
+      return onnx::TensorProto::FLOAT;
+  }
+}
 
 /// Whether `node` must compute in float32 whatever its schema allows.
 bool needs_float32(const ir::Graph& graph, const ir::Node& node) {
@@ -56,19 +73,24 @@ std::string formal_type(const std::vector<onnx::OpSchema::FormalParameter>& form
   return formals[std::min(k, formals.size() - 1)].GetTypeStr();
 }
 
-/// Whether `type` (a constraint name or a literal "tensor(...)") allows bfloat16 in `schema`.
-bool allows_bf16(const onnx::OpSchema& schema, const std::string& type) {
-  if (type == kBf16Type) return true;
+/// Whether `type` (a constraint name or a literal "tensor(...)") allows `half` (a schema type
+/// string of the 16-bit type) in `schema`.
+bool allows(const onnx::OpSchema& schema, const std::string& type, const std::string& half) {
+  if (type == half) return true;
   for (const auto& c : schema.typeConstraintParams())
     if (c.type_param_str == type)
-      return std::find(c.allowed_type_strs.begin(), c.allowed_type_strs.end(), kBf16Type) !=
+      return std::find(c.allowed_type_strs.begin(), c.allowed_type_strs.end(), half) !=
              c.allowed_type_strs.end();
   return false;
 }
 
 class Rewriter {
  public:
-  Rewriter(ir::Graph& graph, PassContext& context) : graph_(graph), context_(context) {}
+  Rewriter(ir::Graph& graph, PassContext& context)
+      : graph_(graph),
+        context_(context),
+        half_(context.sixteen_bit),
+        half_type_(schema_type(context.sixteen_bit)) {}
 
   bool run() {
     const int64_t opset = graph_.opset;
@@ -78,14 +100,14 @@ class Rewriter {
           node.domain.empty() || node.domain == "ai.onnx"
               ? onnx::OpSchemaRegistry::Schema(node.op_type, static_cast<int>(opset), "")
               : nullptr;
-      const bool may_bf16 = schema != nullptr && !needs_float32(graph_, node);
-      if (node.op_type == "Cast" && may_bf16) {
+      const bool may_half = schema != nullptr && !needs_float32(graph_, node);
+      if (node.op_type == "Cast" && may_half) {
         retype_cast(id);
         continue;
       }
       // Each constraint's decision: bfloat16 when some output of it is float32 (a value this
       // node makes) or some input of it is bfloat16 already, and the schema allows it.
-      std::map<std::string, bool> to_bf16;
+      std::map<std::string, bool> to_half;
       std::set<std::string> output_types;
       if (schema) {
         for (std::size_t k = 0; k < node.outputs.size(); ++k) {
@@ -93,13 +115,13 @@ class Rewriter {
           const std::string type = formal_type(schema->outputs(), k);
           output_types.insert(type);
           if (graph_.value(node.outputs[k]).dtype == DType::kFloat32)
-            to_bf16[type] = may_bf16 && allows_bf16(*schema, type);
+            to_half[type] = may_half && allows(*schema, type, half_type_);
         }
         for (std::size_t k = 0; k < node.inputs.size(); ++k) {
           if (node.inputs[k] == ir::kNoId) continue;
           const std::string type = formal_type(schema->inputs(), k);
-          if (graph_.value(node.inputs[k]).dtype == DType::kBFloat16 && !to_bf16.count(type))
-            to_bf16[type] = may_bf16 && allows_bf16(*schema, type);
+          if (graph_.value(node.inputs[k]).dtype == half_ && !to_half.count(type))
+            to_half[type] = may_half && allows(*schema, type, half_type_);
         }
       }
       // From here on Casts are added: `node` may move, so it is looked up again each time.
@@ -108,9 +130,9 @@ class Rewriter {
         const ir::ValueId in = graph_.node(id).inputs[k];
         if (in == ir::kNoId) continue;
         const DType dtype = graph_.value(in).dtype;
-        if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) continue;
-        auto it = schema ? to_bf16.find(formal_type(schema->inputs(), k)) : to_bf16.end();
-        const DType wanted = it != to_bf16.end() && it->second ? DType::kBFloat16 : DType::kFloat32;
+        if (dtype != DType::kFloat32 && dtype != half_) continue;
+        auto it = schema ? to_half.find(formal_type(schema->inputs(), k)) : to_half.end();
+        const DType wanted = it != to_half.end() && it->second ? half_ : DType::kFloat32;
         if (dtype == wanted) continue;
         set_input(id, k, cast_of(in, wanted, stage(id)));
       }
@@ -118,15 +140,15 @@ class Rewriter {
         const ir::ValueId out = graph_.node(id).outputs[k];
         if (out == ir::kNoId || graph_.value(out).dtype != DType::kFloat32) continue;
         if (!schema) continue;
-        auto it = to_bf16.find(formal_type(schema->outputs(), k));
+        auto it = to_half.find(formal_type(schema->outputs(), k));
         // An output whose constraint no input carries has its type from an attribute
         // (LayerNormalization's statistics: stash_type; ConstantOfShape's value): kept.
         bool bound_by_input = false;
         for (std::size_t i = 0; i < num_inputs; ++i)
           bound_by_input |= graph_.node(id).inputs[i] != ir::kNoId &&
                             formal_type(schema->inputs(), i) == formal_type(schema->outputs(), k);
-        if (it != to_bf16.end() && it->second && bound_by_input) {
-          graph_.value(out).dtype = DType::kBFloat16;
+        if (it != to_half.end() && it->second && bound_by_input) {
+          graph_.value(out).dtype = half_;
           ++changed_;
         }
       }
@@ -142,14 +164,14 @@ class Rewriter {
                : 0;
   }
 
-  /// A Cast to float32 in a node that runs in 16 bits becomes a Cast to bfloat16.
+  /// A Cast to float32 in a node that runs in 16 bits becomes a Cast to the 16-bit type.
   void retype_cast(ir::NodeId id) {
     ir::Node& node = graph_.node(id);
     const ir::ValueId out = node.outputs[0];
     if (graph_.value(out).dtype != DType::kFloat32) return;
     for (auto& a : node.attributes)
-      if (a.name() == "to") a.set_i(onnx::TensorProto::BFLOAT16);
-    graph_.value(out).dtype = DType::kBFloat16;
+      if (a.name() == "to") a.set_i(onnx_type(half_));
+    graph_.value(out).dtype = half_;
     ++changed_;
   }
 
@@ -167,8 +189,9 @@ class Rewriter {
     const auto key = std::make_tuple(value, dtype, stage_index);
     if (auto it = casts_.find(key); it != casts_.end()) return it->second;
     const ir::Value& from = graph_.value(value);
-    const std::string base =
-        fmt::format("{}@{}", from.name, dtype == DType::kBFloat16 ? "bf16" : "fp32");
+    const char* suffix =
+        dtype == DType::kBFloat16 ? "bf16" : dtype == DType::kFloat16 ? "fp16" : "fp32";
+    const std::string base = fmt::format("{}@{}", from.name, suffix);
     std::string name = base;
     for (int n = 1; graph_.find_value(name); ++n) name = fmt::format("{}.{}", base, n);
     ir::Value v;
@@ -182,8 +205,7 @@ class Rewriter {
     cast.op_type = "Cast";
     cast.inputs = {value};
     cast.outputs = {out};
-    cast.attributes.push_back(int_attribute(
-        "to", dtype == DType::kBFloat16 ? onnx::TensorProto::BFLOAT16 : onnx::TensorProto::FLOAT));
+    cast.attributes.push_back(int_attribute("to", onnx_type(dtype)));
     const ir::NodeId id = graph_.add_node(std::move(cast));
     if (context_.stage_of) {
       if (context_.stage_of->size() <= static_cast<std::size_t>(id))
@@ -197,6 +219,8 @@ class Rewriter {
 
   ir::Graph& graph_;
   PassContext& context_;
+  const DType half_;             ///< The 16-bit type: bfloat16 or float16.
+  const std::string half_type_;  ///< Its schema type string.
   std::map<std::tuple<ir::ValueId, DType, int>, ir::ValueId> casts_;
   int64_t changed_ = 0;
 };

@@ -31,6 +31,9 @@ struct PassContext {
   /// Node id -> stage, when the graph is already split into stages (null when not): a pass that
   /// adds nodes gives each one a stage here (mixed-precision: a Cast in its readers' stage).
   std::vector<int>* stage_of = nullptr;
+  /// mixed-precision: the 16-bit float the stage graphs compute in, bfloat16 (stagec
+  /// --precision mixed) or float16 (--precision fp16).
+  DType sixteen_bit = DType::kBFloat16;
 };
 
 class Pass {

@@ -240,7 +240,9 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
   app.add_option("--total-steps", po.training_config.total_steps,
                  "with --lr-schedule warmup-linear|cosine: the step where the rate reaches 0");
   app.add_option("--precision", names.precision,
-                 "fp32 | mixed (16-bit compute, fp32 master weights)");
+                 "fp32 | mixed (bfloat16 compute, fp32 master weights) | fp16 (float16 "
+                 "compute, fp32 masters; training scales the loss dynamically: stagerun "
+                 "--loss-scale)");
   app.add_option(
       "--device-spec", po.device_spec,
       "h100 | h200 | a100-80g | a100-40g | v100-16g | cpu, or a JSON file with peak_flops_fp32, "

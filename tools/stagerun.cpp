@@ -4,6 +4,7 @@
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE] [--json]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
 //            [--timeout SECONDS] [--bucket-mb MIB] [--no-overlap] [--transport auto|nccl|mpi]
+//            [--loss-scale S] [--loss-scale-window N]
 //
 // One worker thread per device runs the device's instruction stream from schedule.json; stages
 // exchange tensors through bounded in-process channels. Inputs are the whole batch: stagerun
@@ -13,13 +14,15 @@
 // microbatches joined along the first axis.
 //
 // --json: JSON Lines (docs/schemas/stagerun.schema.json; times in ms, memory in bytes). One
-// record per step, {type: "step", format_version, step, step_ms, [loss] (training)}, then one
+// record per step, {type: "step", format_version, step, step_ms, [loss] (training), [loss_scale,
+// skipped] (training a precision fp16 plan)}, then one
 //   {type: "summary", format_version, plan, backend, [backend_auto], threads_per_device, devices
 //   (every replica's), data_parallel, microbatches (per replica), schedule, batch (global), steps,
 //    inputs,
 //    step_ms [every step], median_step_ms, median_of_steps, warmup_step_ms,
 //    median_excludes_warmup, samples_per_s,
 //    bubble {measured, predicted}, predicted_step_ms, cost_model, [final_loss] (training),
+//    [loss_scale {scale, skipped_steps}] (training a precision fp16 plan),
 //    plan_device {name, kind},
 //    warnings [one line each: a plan costed for another kind of device, plan devices sharing a
 //              GPU],
@@ -61,17 +64,22 @@
 // takes GPU (local rank modulo the GPUs it sees) and prints one line naming it and the
 // transport: NCCL, or MPI through host memory where NCCL cannot be used (no NCCL, two ranks on
 // one GPU) or --transport mpi asks for it (runtime/mpi/gpu_transport.h).
+// A plan of precision fp16 trains with dynamic loss scaling from --loss-scale S (default 2^16),
+// halved by a skipped step, doubled after --loss-scale-window N clean steps (runtime/exec/
+// pipeline.h LossScale); one process only (not under mpirun yet).
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <span>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -85,9 +93,13 @@
 #include "tools/cli_common.h"
 #include "tools/dump/view.h"
 #include "tools/json_formats.h"
+#include "tools/stagerun_inputs.h"
 
 namespace fs = std::filesystem;
 using namespace stagecraft;
+using tools::cut_batches;
+using tools::file_stem;
+using tools::read_inputs;
 
 namespace {
 
@@ -98,84 +110,6 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-// A tensor name as a file name: characters other than letters, digits, '.', '-' and '_' become '_'.
-std::string file_stem(const std::string& name) {
-  std::string out = name;
-  for (char& c : out)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
-  return out;
-}
-
-std::map<std::string, rt::Tensor> read_inputs(const std::string& path,
-                                              const rt::Pipeline& pipeline) {
-  std::map<std::string, rt::Tensor> inputs;
-  const auto& wanted = pipeline.inputs();
-  if (!fs::exists(path)) fail(ErrorKind::kIo, "--inputs {}: no such file or directory", path);
-  if (!fs::is_directory(path)) {
-    if (wanted.size() != 1)
-      fail(ErrorKind::kUsage,
-           "--inputs {}: the model has {} inputs; give a directory with one NAME.npy per input",
-           path, wanted.size());
-    inputs[wanted[0].name] = with_context("--inputs " + path, ErrorKind::kFormat, [&] {
-      return path.ends_with(".pb") ? rt::read_tensor_pb(path) : rt::read_npy(path);
-    });
-    return inputs;
-  }
-  for (const rt::ModelTensor& in : wanted) {
-    bool found = false;
-    for (const std::string& stem : {in.name, file_stem(in.name)}) {
-      for (const char* ext : {".npy", ".pb"}) {
-        fs::path file = fs::path(path) / (stem + ext);
-        if (found || !fs::exists(file)) continue;
-        inputs[in.name] = std::string(ext) == ".npy" ? rt::read_npy(file.string())
-                                                     : rt::read_tensor_pb(file.string());
-        found = true;
-      }
-    }
-    if (!found)
-      fail(ErrorKind::kUsage, "--inputs {}: no {}.npy or {}.pb for input '{}' ({}{})", path,
-           file_stem(in.name), file_stem(in.name), in.name, dtype_name(in.dtype),
-           rt::shape_string(in.shape));
-  }
-  return inputs;
-}
-
-// --data: each input's file holds K batches along the first axis; cut them into K input maps.
-std::vector<std::map<std::string, rt::Tensor>> cut_batches(
-    const std::map<std::string, rt::Tensor>& data, const rt::Pipeline& pipeline,
-    const std::string& dir) {
-  int64_t batches = -1;
-  const int64_t m = pipeline.step_microbatches();  // of every replica
-  for (const rt::ModelTensor& in : pipeline.inputs()) {
-    const rt::Tensor& t = data.at(in.name);
-    int64_t rows = in.shape.empty() ? 1 : in.shape[0] * m;
-    bool fits = !in.shape.empty() && t.dtype == in.dtype &&
-                t.rank() == static_cast<int64_t>(in.shape.size()) &&
-                std::equal(in.shape.begin() + 1, in.shape.end(), t.shape.begin() + 1) &&
-                t.shape[0] % rows == 0 && t.shape[0] > 0;
-    if (!fits)
-      fail(ErrorKind::kShape,
-           "--data {}: input '{}' is {} but should be K batches of {}{} along the first axis", dir,
-           in.name, t.describe(), dtype_name(in.dtype), rt::shape_string([&] {
-             rt::Shape b = in.shape;
-             if (!b.empty()) b[0] = rows;
-             return b;
-           }()));
-    int64_t k = t.shape[0] / rows;
-    if (batches >= 0 && k != batches)
-      fail(ErrorKind::kShape, "--data {}: input '{}' holds {} batches, another input {}", dir,
-           in.name, k, batches);
-    batches = k;
-  }
-  std::vector<std::map<std::string, rt::Tensor>> out(static_cast<size_t>(batches));
-  for (int64_t k = 0; k < batches; ++k)
-    for (const rt::ModelTensor& in : pipeline.inputs()) {
-      int64_t rows = in.shape[0] * m;
-      out[k][in.name] = rt::slice_rows(data.at(in.name), k * rows, (k + 1) * rows);
-    }
-  return out;
-}
-
 // The command line.
 struct Args {
   std::string plan_dir, backend_name = "auto", inputs_path, outputs_dir, trace_path, inject_fault;
@@ -183,6 +117,8 @@ struct Args {
   std::string transport = "auto";
   int steps = 1, threads = 1, save_every = 0;
   double timeout_s = 60, bucket_mb = 25;
+  std::optional<double> loss_scale;
+  std::optional<int64_t> loss_scale_window;
   bool synthetic = false, json = false, quiet = false, skip_nonfinite = false, no_overlap = false;
 };
 
@@ -267,6 +203,12 @@ void add_options(CLI::App& app, Args& args) {
   app.add_flag("--no-overlap", args.no_overlap,
                "Data parallelism: start the gradients' sums only at ALLREDUCE, after the whole "
                "backward (for comparison with the overlapped default)");
+  app.add_option("--loss-scale", args.loss_scale,
+                 "Training a precision fp16 plan: the initial dynamic loss scale S (default "
+                 "65536); halves on a step with an inf or NaN gradient, which is skipped");
+  app.add_option("--loss-scale-window", args.loss_scale_window,
+                 "Training a precision fp16 plan: clean steps in a row before S doubles (default "
+                 "2000)");
   app.add_option("--inject-fault", args.inject_fault, "Testing: make the node of this name fail")
       ->group("");
   app.add_option("--inject-kill", args.inject_kill,
@@ -334,6 +276,8 @@ void check_args(const Args& args) {
     fail(ErrorKind::kUsage, "--save-every needs --checkpoint DIR");
   if (args.json && args.trace_path == "-")
     fail(ErrorKind::kUsage, "--json and --trace - both write to stdout; give --trace a FILE");
+  if (args.loss_scale) rt::LossScale::check_scale(*args.loss_scale, "--loss-scale");
+  if (args.loss_scale_window) rt::LossScale::check_window(*args.loss_scale_window);
 }
 
 // --data: batch k of K for step k mod K, one step per run; the optimizer state, the step count
@@ -353,6 +297,8 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt
     rt::RunReport& r = runs.back();
     report.step_s.push_back(r.step_s.front());
     report.losses.insert(report.losses.end(), r.losses.begin(), r.losses.end());
+    report.loss_scale.insert(report.loss_scale.end(), r.loss_scale.begin(), r.loss_scale.end());
+    report.skipped.insert(report.skipped.end(), r.skipped.begin(), r.skipped.end());
     double end = offset;  // the next run starts after every event of this one (any device)
     for (auto e : r.events) {
       e.start_s += offset;
@@ -455,9 +401,10 @@ std::string inputs_label(const Args& args, bool json) {
 
 // --json: JSON Lines, one record per step, then the summary (schema: file comment and
 // docs/schemas/stagerun.schema.json).
-void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args& args,
+void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const Args& args,
                 std::string_view backend, const std::string& auto_reason, int64_t first_step,
                 const nlohmann::ordered_json& outputs, const std::vector<std::string>& warnings) {
+  const plan::Plan& plan = pipeline.plan();
   double step_s = report.step_s[report.reported_step];
   for (size_t k = 0; k < report.step_s.size(); ++k) {
     nlohmann::ordered_json record{{"type", "step"},
@@ -465,6 +412,10 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
                                   {"step", first_step + static_cast<int64_t>(k) + 1},
                                   {"step_ms", report.step_s[k] * 1e3}};
     if (k < report.losses.size()) record["loss"] = report.losses[k];
+    if (k < report.loss_scale.size()) {
+      record["loss_scale"] = report.loss_scale[k];
+      record["skipped"] = static_cast<bool>(report.skipped[k]);
+    }
     fmt::print("{}\n", record.dump());
   }
   nlohmann::ordered_json j;
@@ -497,6 +448,10 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
   j["plan_device"] = {{"name", plan.device.name}, {"kind", plan.device.kind}};
   j["warnings"] = warnings;
   if (!report.losses.empty()) j["final_loss"] = report.losses.back();
+  if (!report.loss_scale.empty())
+    j["loss_scale"] = {
+        {"scale", pipeline.loss_scale().scale},
+        {"skipped_steps", std::count(report.skipped.begin(), report.skipped.end(), true)}};
   nlohmann::ordered_json devs = nlohmann::ordered_json::array();
   for (size_t d = 0; d < report.devices.size(); ++d) {
     const rt::DeviceReport& r = report.devices[d];
@@ -519,9 +474,10 @@ void print_json(const rt::RunReport& report, const plan::Plan& plan, const Args&
 }
 
 // The figures as text.
-void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args& args,
+void print_text(const rt::RunReport& report, const rt::Pipeline& pipeline, const Args& args,
                 std::string_view backend, int64_t first_step,
                 const nlohmann::ordered_json& outputs) {
+  const plan::Plan& plan = pipeline.plan();
   const int threads = args.threads;
   double step_s = report.step_s[report.reported_step];
   double samples_per_s = step_s > 0 ? static_cast<double>(plan.batch) / step_s : 0;
@@ -538,8 +494,16 @@ void print_text(const rt::RunReport& report, const plan::Plan& plan, const Args&
       plan.batch, backend, threads, threads == 1 ? "" : "s");
   fmt::print("inputs: {}\n", inputs_label(args, false));
   for (size_t k = 0; k < report.losses.size(); ++k)
-    fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms\n", first_step + static_cast<int64_t>(k) + 1,
-               report.losses[k], report.step_s[k] * 1e3);
+    fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms{}\n", first_step + static_cast<int64_t>(k) + 1,
+               report.losses[k], report.step_s[k] * 1e3,
+               k < report.loss_scale.size()
+                   ? fmt::format("  loss scale {:g}{}", report.loss_scale[k],
+                                 report.skipped[k] ? "  skipped (inf/NaN gradient)" : "")
+                   : "");
+  if (!report.loss_scale.empty())
+    fmt::print("dynamic loss scaling: {} of {} steps skipped, scale now {:g}\n",
+               std::count(report.skipped.begin(), report.skipped.end(), true),
+               report.skipped.size(), pipeline.loss_scale().scale);
   if (report.step_s.size() > 1)
     fmt::print(
         "step {:.3f} ms (median of the {} steps after the warm-up step, which took {:.3f} ms; min "
@@ -619,7 +583,13 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
 std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
   std::vector<int> devices;
   world.refuse_together([&] {
-    devices = world.local_devices(plan::load_plan(args.plan_dir), args.plan_dir);
+    const plan::Plan plan = plan::load_plan(args.plan_dir);
+    if (plan.training && plan.precision == Precision::kFp16)
+      fail(ErrorKind::kUnsupported,
+           "{}: a precision fp16 plan (dynamic loss scaling) runs in one process: under mpirun "
+           "the ranks do not yet agree on the steps to skip",
+           args.plan_dir);
+    devices = world.local_devices(plan, args.plan_dir);
   });
   return devices;
 }
@@ -689,6 +659,8 @@ int main(int argc, char** argv) {
       fail(ErrorKind::kUsage,
            "--checkpoint and --resume need a training plan ({} is an inference plan)",
            args.plan_dir);
+    // Before --resume, whose checkpoint's saved scale then wins.
+    pipeline->set_loss_scale(args.loss_scale, args.loss_scale_window);
     if (!args.resume_dir.empty()) rt::load_checkpoint(*pipeline, args.resume_dir);
     if (!args.outputs_dir.empty()) {
       std::error_code ec;
@@ -758,9 +730,9 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json outputs = write_outputs(report, args.outputs_dir);
     write_trace(report, args, *pipeline);
     if (args.json)
-      print_json(report, plan, args, backend.name(), chosen, first_step, outputs, warnings);
+      print_json(report, *pipeline, args, backend.name(), chosen, first_step, outputs, warnings);
     else if (args.trace_path != "-")
-      print_text(report, plan, args,
+      print_text(report, *pipeline, args,
                  chosen.empty() ? std::string(backend.name())
                                 : fmt::format("{} (auto: {})", backend.name(), chosen),
                  first_step, outputs);

@@ -266,8 +266,9 @@ void apply_mixed_precision(PlannedModel& out, Candidate& chosen, const Setup& s,
   const ir::Graph& g = out.model.graph;
   // The stage graphs compute in bfloat16 (passes/mixed_precision.cpp): the stage records take
   // the tensors and arenas of those graphs, and the chosen split is simulated again with them.
-  const MixedStages mixed = make_mixed(out.model.graph, chosen.stage_of, chosen.stages,
-                                       out.plan.training_config.loss_output, s.shape.training);
+  const MixedStages mixed = make_mixed(
+      out.model.graph, chosen.stage_of, chosen.stages, out.plan.training_config.loss_output,
+      s.shape.training, s.precision == Precision::kFp16 ? DType::kFloat16 : DType::kBFloat16);
   for (std::size_t k = 0; k < chosen.stages.size() && k < chosen.rc.input_bytes.size(); ++k)
     chosen.rc.input_bytes[k] += static_cast<double>(mixed.input_bytes_delta[k]);
   // Activations: the planner counted the float outputs at half their float32 bytes; the
@@ -355,8 +356,8 @@ PlannedModel make_plan(const PlanOptions& o) {
   const SplitChoice& choice = best.choice;
   Candidate& chosen = best.chosen;
   const int stages = gp.problem.stages;
-  // The stage graphs compute in bfloat16 (passes/mixed_precision.cpp).
-  if (s.precision == Precision::kMixed)
+  // The stage graphs compute in bfloat16, or float16 (passes/mixed_precision.cpp).
+  if (is_16bit(s.precision))
     apply_mixed_precision(out, chosen, s, facts, order, static_cast<double>(s.device.memory_bytes));
   if (!chosen.predicted.fits) {
     const std::string worst = peak_line(chosen.peaks[chosen.worst_device], chosen.stages);

@@ -135,7 +135,7 @@ int rank_of(const Setup& s, int replica, int device) {
 NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
                      const cost::OpCostModel& costs, Precision precision) {
   // Mixed precision keeps activations in 16 bits whatever dtype the exporter wrote.
-  const int64_t float_bytes_divisor = precision == Precision::kMixed ? 2 : 1;
+  const int64_t float_bytes_divisor = is_16bit(precision) ? 2 : 1;
   NodeFacts f;
   std::vector<bool> counted(g.num_values(), false);
   std::vector<bool> trainable(g.num_values(), false);

@@ -172,9 +172,10 @@ std::pair<int64_t, std::vector<ArenaTensor>> program_arena(const onnx::ModelProt
 }
 
 MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector<Stage>& stages,
-                       const std::string& loss_output, bool training) {
+                       const std::string& loss_output, bool training, DType sixteen_bit) {
   passes::PassContext context;
   context.stage_of = &stage_of;
+  context.sixteen_bit = sixteen_bit;
   passes::MixedPrecision().run(graph, context);
   MixedStages out;
   out.activation_bytes.assign(stages.size(), 0);

@@ -80,12 +80,13 @@ struct MixedStages {
   std::vector<int64_t> activation_bytes;
 };
 
-/// `--precision mixed` on a split model: runs passes/mixed_precision.cpp over `graph` (its Casts
-/// join their readers' stages in `stage_of`), then brings each stage's record up to the graphs
-/// the writer will write: the dtype and bytes of its inputs and outputs (activations crossing
-/// stages are bfloat16), its forward arena and placement, its backward arena, and the memory
-/// anatomy's temporary and communication bytes that follow from them.
+/// `--precision mixed` (or fp16) on a split model: runs passes/mixed_precision.cpp over `graph`
+/// computing in `sixteen_bit` (bfloat16 or float16; its Casts join their readers' stages in
+/// `stage_of`), then brings each stage's record up to the graphs the writer will write: the
+/// dtype and bytes of its inputs and outputs (activations crossing stages are 16-bit), its
+/// forward arena and placement, its backward arena, and the memory anatomy's temporary and
+/// communication bytes that follow from them.
 MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector<Stage>& stages,
-                       const std::string& loss_output, bool training);
+                       const std::string& loss_output, bool training, DType sixteen_bit);
 
 }  // namespace stagecraft::plan

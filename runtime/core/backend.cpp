@@ -26,18 +26,19 @@ const KernelEntry* Backend::find(std::string_view op_type) const {
 
 namespace {
 
-/// `types` with every bfloat16 made float32.
+bool is_half(DType d) { return d == DType::kBFloat16 || d == DType::kFloat16; }
+
+/// `types` with every 16-bit float (bfloat16, float16) made float32.
 std::vector<DType> widened(std::span<const DType> types) {
   std::vector<DType> out(types.begin(), types.end());
   for (DType& d : out)
-    if (d == DType::kBFloat16) d = DType::kFloat32;
+    if (is_half(d)) d = DType::kFloat32;
   return out;
 }
 
-bool has_bf16(const OpSignature& s) {
-  auto bf16 = [](DType d) { return d == DType::kBFloat16; };
-  return std::any_of(s.inputs.begin(), s.inputs.end(), bf16) ||
-         std::any_of(s.outputs.begin(), s.outputs.end(), bf16);
+bool has_half(const OpSignature& s) {
+  return std::any_of(s.inputs.begin(), s.inputs.end(), is_half) ||
+         std::any_of(s.outputs.begin(), s.outputs.end(), is_half);
 }
 
 }  // namespace
@@ -52,7 +53,7 @@ std::string Backend::check(const OpSignature& signature) const {
 
 bool Backend::runs_widened(const OpSignature& signature) const {
   const KernelEntry* entry = find(signature.op_type);
-  if (entry == nullptr || !has_bf16(signature) || entry->check(signature).empty()) return false;
+  if (entry == nullptr || !has_half(signature) || entry->check(signature).empty()) return false;
   const std::vector<DType> in = widened(signature.inputs), out = widened(signature.outputs);
   return entry->check(OpSignature{signature.op_type, in, out, signature.attrs}).empty();
 }

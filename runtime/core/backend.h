@@ -24,14 +24,15 @@ class Backend {
   virtual std::string_view name() const = 0;
 
   /// "" when the backend runs `signature`, else the reason, e.g. "op 'Foo' has no cpu kernel".
-  /// A signature with bfloat16 tensors that the kernel runs only in float32 is accepted: the
-  /// program runs it widened (`runs_widened`).
+  /// A signature with 16-bit float tensors (bfloat16, float16) that the kernel runs only in
+  /// float32 is accepted: the program runs it widened (`runs_widened`).
   std::string check(const OpSignature& signature) const;
 
-  /// Whether `signature` runs through the 16-bit fallback: its kernel has no bfloat16 path but
-  /// takes the signature with every bfloat16 made float32, so the program widens the node's
-  /// bfloat16 inputs to float32 copies, runs the float32 kernel and rounds the float32 results
-  /// into the bfloat16 outputs (to nearest even: the backend's own Cast kernel, both ways).
+  /// Whether `signature` runs through the 16-bit fallback: its kernel has no path for its
+  /// 16-bit floats (bfloat16, float16) but takes the signature with each made float32, so the
+  /// program widens the node's 16-bit inputs to float32 copies, runs the float32 kernel and
+  /// rounds the float32 results into the 16-bit outputs (to nearest even: the backend's own Cast
+  /// kernel, both ways).
   bool runs_widened(const OpSignature& signature) const;
 
   /// The kernel for `op_type`; throws `Error(kUnsupported)` when there is none.

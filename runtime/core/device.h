@@ -114,8 +114,11 @@ class DeviceContext {
   virtual void fill_zero(Tensor& t) = 0;
   /// sum += add, float32, elementwise in index order (gradient sums: every device gets the
   /// same bytes for the same parts in the same order); bfloat16 too (mixed precision's
-  /// activation gradients), each sum in float32 rounded to nearest even.
+  /// activation gradients), and float16, each sum in float32 rounded to nearest even.
   virtual void accumulate(Tensor& sum, const Tensor& add) = 0;
+  /// g *= factor on float32 elements in place (dynamic loss scaling: the gradients divided by
+  /// the scale); returns whether every element of the result is finite (no inf, no NaN).
+  virtual bool unscale(Tensor& g, float factor) = 0;
 
   // Optimizer updates of float32 tensors of one shape, in place (runtime/optim derives the
   // scalars per rule; optimizer.h gives the formulas).

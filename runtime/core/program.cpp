@@ -80,7 +80,7 @@ ValueInfo static_info(const onnx::ValueInfoProto& proto) {
   return info;
 }
 
-/// Cast's attributes for the 16-bit fallback: "to" float32 and "to" bfloat16.
+/// Cast's attributes for the 16-bit fallback: "to" float32, bfloat16 or float16.
 const Attrs& cast_attrs(DType to) {
   auto node = [](int64_t onnx_type) {
     onnx::NodeProto n;
@@ -91,8 +91,10 @@ const Attrs& cast_attrs(DType to) {
     return n;
   };
   static const onnx::NodeProto to_float = node(onnx::TensorProto::FLOAT),
-                               to_bf16 = node(onnx::TensorProto::BFLOAT16);
-  static const Attrs float_attrs(to_float), bf16_attrs(to_bf16);
+                               to_bf16 = node(onnx::TensorProto::BFLOAT16),
+                               to_fp16 = node(onnx::TensorProto::FLOAT16);
+  static const Attrs float_attrs(to_float), bf16_attrs(to_bf16), fp16_attrs(to_fp16);
+  if (to == DType::kFloat16) return fp16_attrs;
   return to == DType::kFloat32 ? float_attrs : bf16_attrs;
 }
 
@@ -103,24 +105,26 @@ void cast_into(KernelFn cast, const KernelArgs& node, const Tensor& from, Tensor
   cast(KernelArgs{node.name, "Cast", cast_attrs(to.dtype), in, out, node.device, 0});
 }
 
-/// The 16-bit fallback of a kernel without a bfloat16 path (Backend::runs_widened): bfloat16
-/// inputs widened to float32 copies, the float32 kernel run, its results rounded to nearest even
-/// into the bfloat16 outputs. The copies are the device's own tensors for the node's duration,
-/// not arena bytes: kernel workspace, as a library's scratch is. On CUDA new_tensor draws from
-/// the device's stream-ordered pool (cudaMallocAsync), which after the first step hands back
-/// the same blocks without a driver allocation, so a step allocates nothing from the driver.
+/// The 16-bit fallback of a kernel without a path for its 16-bit floats (Backend::runs_widened):
+/// bfloat16 and float16 inputs widened to float32 copies, the float32 kernel run, its results
+/// rounded to nearest even into the 16-bit outputs (each its own type). The copies are the
+/// device's own tensors for the node's duration, not arena bytes: kernel workspace, as a
+/// library's scratch is. On CUDA new_tensor draws from the device's stream-ordered pool
+/// (cudaMallocAsync), which after the first step hands back the same blocks without a driver
+/// allocation, so a step allocates nothing from the driver.
 void run_widened(KernelFn kernel, KernelFn cast, bool zero_outputs, const KernelArgs& args) {
   std::vector<Tensor> wide_in(args.in.size()), wide_out(args.out.size());
   std::vector<const Tensor*> in(args.in.begin(), args.in.end());
   std::vector<Tensor*> out(args.out.begin(), args.out.end());
   for (size_t k = 0; k < in.size(); ++k) {
-    if (!in[k] || in[k]->dtype != DType::kBFloat16) continue;
+    if (!in[k] || (in[k]->dtype != DType::kBFloat16 && in[k]->dtype != DType::kFloat16)) continue;
     wide_in[k] = args.device.new_tensor(DType::kFloat32, in[k]->shape, false);
     cast_into(cast, args, *in[k], wide_in[k]);
     in[k] = &wide_in[k];
   }
   for (size_t k = 0; k < out.size(); ++k) {
-    if (!out[k] || out[k]->dtype != DType::kBFloat16) continue;
+    if (!out[k] || (out[k]->dtype != DType::kBFloat16 && out[k]->dtype != DType::kFloat16))
+      continue;
     wide_out[k] = args.device.new_tensor(DType::kFloat32, out[k]->shape, zero_outputs);
     out[k] = &wide_out[k];
   }

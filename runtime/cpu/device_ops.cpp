@@ -1,6 +1,7 @@
 // The CPU device (cpu_context.h): host memory with a pool of freed buffers, copies as memcpy,
 // and the accumulate and optimizer kernels.
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "runtime/cpu/cpu_context.h"
+#include "runtime/cpu/eltwise_common.h"
 #include "runtime/format/error.h"
 #include "runtime/format/memory_plan.h"
 
@@ -159,24 +161,34 @@ void CpuContext::fill_zero(Tensor& t) {
 }
 
 void CpuContext::accumulate(Tensor& sum, const Tensor& add) {
-  if (sum.dtype == DType::kBFloat16 && add.dtype == DType::kBFloat16 && sum.shape == add.shape) {
-    // bfloat16 gradients (mixed precision: a tensor read by several later stages): each sum
-    // in float32, rounded to nearest even once (NaN stays NaN), as the Cast kernels round.
-    auto widen = [](uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); };
-    auto narrow = [](float f) {
-      const uint32_t u = std::bit_cast<uint32_t>(f);
-      if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-      return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    };
-    uint16_t* out = sum.as<uint16_t>();
-    const uint16_t* in = add.as<uint16_t>();
-    for (int64_t i = 0, n = sum.numel(); i < n; ++i) out[i] = narrow(widen(out[i]) + widen(in[i]));
-    return;
-  }
+  // 16-bit gradients (mixed precision: a tensor read by several later stages): each sum in
+  // float32, rounded to nearest even once (NaN stays NaN), as the Cast kernels round.
+  auto sum16 = [&](auto narrow, auto tag) {
+    using T = decltype(tag);
+    T* out = static_cast<T*>(static_cast<void*>(sum.data));
+    const T* in = static_cast<const T*>(static_cast<const void*>(add.data));
+    for (int64_t i = 0, n = sum.numel(); i < n; ++i)
+      out[i] = narrow(eltwise::to_float(out[i]) + eltwise::to_float(in[i]));
+  };
+  if (sum.dtype == add.dtype && sum.shape == add.shape && sum.dtype == DType::kBFloat16)
+    return sum16(eltwise::to_bfloat16, eltwise::BFloat16{});
+  if (sum.dtype == add.dtype && sum.shape == add.shape && sum.dtype == DType::kFloat16)
+    return sum16(eltwise::to_half, eltwise::Half{});
   expect_float_like(sum, add, "accumulate");
   float* out = sum.as<float>();
   const float* in = add.as<float>();
   for (int64_t i = 0, n = sum.numel(); i < n; ++i) out[i] += in[i];
+}
+
+bool CpuContext::unscale(Tensor& g, float factor) {
+  expect_float_like(g, g, "unscale");
+  float* x = g.as<float>();
+  bool finite = true;
+  for (int64_t i = 0, n = g.numel(); i < n; ++i) {
+    x[i] *= factor;
+    finite &= std::isfinite(x[i]);
+  }
+  return finite;
 }
 
 void CpuContext::sgd(Tensor& w, const Tensor& g, const SgdUpdate& u) {

@@ -38,43 +38,6 @@ using namespace eltwise;
 // ---------------------------------------------------------------------------------------------
 // Element types
 
-float to_float(Half h) {
-  const uint32_t sign = uint32_t{h.bits & 0x8000u} << 16, exponent = (h.bits >> 10) & 0x1fu,
-                 mantissa = h.bits & 0x3ffu;
-  if (exponent == 0x1f)
-    return std::bit_cast<float>(sign | 0x7f800000u | mantissa << 13);  // inf, NaN
-  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24
-    float v = static_cast<float>(mantissa) * 0x1p-24f;
-    return sign ? -v : v;
-  }
-  return std::bit_cast<float>(sign | (exponent + 112) << 23 | mantissa << 13);
-}
-
-float to_float(BFloat16 b) { return std::bit_cast<float>(uint32_t{b.bits} << 16); }
-
-// float32 to half, rounding to nearest even (beyond the largest half gives inf, NaN stays NaN).
-Half to_half(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f), magnitude = x & 0x7fffffffu;
-  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  if (magnitude > 0x7f800000u) return {static_cast<uint16_t>(sign | 0x7e00u)};
-  if (magnitude >= 0x477ff000u)
-    return {static_cast<uint16_t>(sign | 0x7c00u)};  // 65520 and up round to inf
-  if (magnitude <
-      0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24 (1024 is 2^-14)
-    float units = std::nearbyint(std::bit_cast<float>(magnitude) * 0x1p24f);
-    return {static_cast<uint16_t>(sign | static_cast<uint16_t>(units))};
-  }
-  const uint32_t rebiased = magnitude - (112u << 23);  // exponent bias 127 to 15
-  return {static_cast<uint16_t>(sign | ((rebiased + 0xfffu + ((rebiased >> 13) & 1u)) >> 13))};
-}
-
-// float32 to bfloat16, rounding to nearest even (NaN stays NaN).
-BFloat16 to_bfloat16(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((x >> 16) | 0x40u)};
-  return {static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16)};
-}
-
 // double to float rounding to odd (truncate, then set the last bit when inexact): a later
 // round-to-nearest to a 16-bit float then gives the same result as rounding the double directly.
 float to_float_odd(double d) {

@@ -293,10 +293,11 @@ void CudaContext::fill_zero(Tensor& t) {
 }
 
 void CudaContext::accumulate(Tensor& sum, const Tensor& add) {
-  if (sum.dtype == DType::kBFloat16 && add.dtype == DType::kBFloat16) {
+  if (sum.dtype == add.dtype && (sum.dtype == DType::kBFloat16 || sum.dtype == DType::kFloat16)) {
     expect_same_size(sum, add, "accumulate");
     Tensor here = adopt(add);
-    launch_accumulate_bf16(sum.data, here.data, sum.numel(), stream_);
+    launch_accumulate_16bit(sum.data, here.data, sum.numel(), sum.dtype == DType::kFloat16,
+                            stream_);
     check(cudaGetLastError(), "accumulate kernel launch");
     return;
   }
@@ -305,6 +306,16 @@ void CudaContext::accumulate(Tensor& sum, const Tensor& add) {
   Tensor here = adopt(add);
   launch_accumulate(sum.as<float>(), here.as<float>(), sum.numel(), stream_);
   check(cudaGetLastError(), "accumulate kernel launch");
+}
+
+bool CudaContext::unscale(Tensor& g, float factor) {
+  expect_float32(g, "the gradient", "unscale");
+  Tensor flag = new_tensor(DType::kInt32, {1}, true);
+  launch_unscale(g.as<float>(), g.numel(), factor, flag.as<int>(), stream_);
+  check(cudaGetLastError(), "unscale kernel launch");
+  int nonfinite = 0;
+  read(flag, &nonfinite, sizeof nonfinite);
+  return nonfinite == 0;
 }
 
 void CudaContext::sgd(Tensor& w, const Tensor& g, const SgdUpdate& u) {

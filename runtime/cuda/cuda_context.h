@@ -74,6 +74,7 @@ class CudaContext : public DeviceContext {
   void copy(const Tensor& src, Tensor& dst) override;
   void fill_zero(Tensor& t) override;
   void accumulate(Tensor& sum, const Tensor& add) override;
+  bool unscale(Tensor& g, float factor) override;
   void sgd(Tensor& w, const Tensor& g, const SgdUpdate& u) override;
   void momentum(Tensor& w, const Tensor& g, Tensor& v, const MomentumUpdate& u) override;
   void adam(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& u) override;

@@ -1,8 +1,11 @@
 // The CUDA backend's matmul family (families.h): MatMul with numpy semantics and Gemm, float32
-// (MatMul bfloat16 too: mixed precision; not yet run on a GPU), on cuBLAS (matmul_product.h), as the CPU backend's runtime/cpu/matmul.cpp computes them. The
+// (MatMul bfloat16 and float16 too: mixed precision; not yet run on a GPU), on cuBLAS
+// (matmul_product.h), as the CPU backend's runtime/cpu/matmul.cpp computes them. The
 // operand shapes are read by the CPU's own rules (runtime/cpu/matmul_shape.h), so both backends
 // accept and refuse the same nodes.
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "runtime/cpu/matmul_shape.h"
@@ -63,10 +66,20 @@ void gemm(const KernelArgs& a) {
                   {y.as<float>(), {}, g.trans_b}, out.as<float>(), alpha, beta);
 }
 
+// MatMul's check: float16 throughout natively here (cuBLAS half GEMM, float32 accumulation;
+// --precision fp16; not yet run on a GPU), where the CPU widens it to float32; else the CPU's.
+std::string matmul_check(const OpSignature& s) {
+  auto half = [](DType d) { return d == DType::kFloat16; };
+  const bool all_half = std::all_of(s.inputs.begin(), s.inputs.end(), half) &&
+                        std::all_of(s.outputs.begin(), s.outputs.end(), half);
+  if (s.inputs.size() == 2 && s.outputs.size() == 1 && all_half) return "";
+  return same_as_cpu(s);
+}
+
 // The checks are the CPU's: every input and output float32; MatMul also bfloat16 throughout
-// (the CPU's oneDNN and this cuBLAS path both multiply it natively).
+// (the CPU's oneDNN and this cuBLAS path both multiply it natively), and float16 (above).
 const KernelEntry kKernels[] = {
-    {"MatMul", matmul, same_as_cpu},
+    {"MatMul", matmul, matmul_check},
     {"Gemm", gemm, same_as_cpu},
 };
 

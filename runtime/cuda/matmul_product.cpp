@@ -39,10 +39,13 @@ cublasOperation_t op_of(const MatrixOperand& o) { return o.transposed ? CUBLAS_O
 
 void batched_product(const KernelArgs& a, const ProductDims& dims, const MatrixOperand& l,
                      const MatrixOperand& r, void* d, float alpha, float beta) {
-  if (dims.dtype != DType::kFloat32 && dims.dtype != DType::kBFloat16)
-    fail(ErrorKind::kInternal, "{} '{}': a product of {} (float32 and bfloat16 only)", a.op_type,
-         a.name, dtype_name(dims.dtype));
-  const bool bf16 = dims.dtype == DType::kBFloat16;
+  if (dims.dtype != DType::kFloat32 && dims.dtype != DType::kBFloat16 &&
+      dims.dtype != DType::kFloat16)
+    fail(ErrorKind::kInternal, "{} '{}': a product of {} (float32, bfloat16 and float16 only)",
+         a.op_type, a.name, dtype_name(dims.dtype));
+  // The 16-bit types through cublasGemmStridedBatchedEx with float32 accumulation.
+  const bool bf16 = dims.dtype != DType::kFloat32;
+  const cudaDataType_t half = dims.dtype == DType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
   const int64_t element = dtype_size(dims.dtype);
   // The i-th element of an operand, as cuBLAS takes its pointers.
   auto at = [element](const void* p, int64_t i) {
@@ -101,9 +104,9 @@ void batched_product(const KernelArgs& a, const ProductDims& dims, const MatrixO
     void* d_at = const_cast<void*>(at(d, off_d));
     const cublasStatus_t status =
         bf16 ? cublasGemmStridedBatchedEx_64(
-                   handle, op_of(r), op_of(l), cols, rows, inner, &alpha, at(r.data, off_r),
-                   CUDA_R_16BF, ld_r, sr, at(l.data, off_l), CUDA_R_16BF, ld_l, sl, &beta, d_at,
-                   CUDA_R_16BF, cols, sd, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+                   handle, op_of(r), op_of(l), cols, rows, inner, &alpha, at(r.data, off_r), half,
+                   ld_r, sr, at(l.data, off_l), half, ld_l, sl, &beta, d_at, half, cols, sd,
+                   count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
              : cublasSgemmStridedBatched_64(
                    handle, op_of(r), op_of(l), cols, rows, inner, &alpha,
                    static_cast<const float*>(at(r.data, off_r)), ld_r, sr,
@@ -113,7 +116,7 @@ void batched_product(const KernelArgs& a, const ProductDims& dims, const MatrixO
       check(status, fmt::format("{} '{}': {} ({} x {} by {} x {}, {} "
                                 "batches{}{})",
                                 a.op_type, a.name,
-                                bf16 ? "cublasGemmStridedBatchedEx (bfloat16)"
+                                bf16 ? "cublasGemmStridedBatchedEx (16-bit)"
                                      : "cublasSgemmStridedBatched",
                                 rows, inner, inner, cols, count,
                                 l.transposed ? ", L transposed" : "",

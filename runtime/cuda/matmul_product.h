@@ -29,8 +29,9 @@ struct ProductDims {
   Shape batch;  ///< The product's batch dims (each above 1; empty for one matrix).
   int64_t rows = 0, inner = 0, cols = 0;
   /// The dtype of both operands and of D: float32 (cublasSgemm, no TF32: results held to the
-  /// CPU's at rtol 1e-4), or bfloat16 (mixed precision: cublasGemmEx with CUDA_R_16BF operands
-  /// and CUBLAS_COMPUTE_32F, float32 accumulation, D rounded to bfloat16 once).
+  /// CPU's at rtol 1e-4), or bfloat16 or float16 (mixed precision: cublasGemmEx with
+  /// CUDA_R_16BF or CUDA_R_16F operands and CUBLAS_COMPUTE_32F, float32 accumulation, D
+  /// rounded to 16 bits once).
   DType dtype = DType::kFloat32;
 };
 

@@ -15,13 +15,28 @@ __global__ void accumulate_kernel(float* sum, const float* add, int64_t n) {
     sum[i] += add[i];
 }
 
-// bfloat16 gradients (mixed precision: a tensor read by several later stages): each sum in
+// 16-bit gradients (mixed precision: a tensor read by several later stages): each sum in
 // float32, rounded to nearest even once.
-__global__ void accumulate_bf16_kernel(eltwise::BFloat16* sum, const eltwise::BFloat16* add,
-                                       int64_t n) {
+template <class T>
+__global__ void accumulate_16bit_kernel(T* sum, const T* add, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x)
-    sum[i] = eltwise::to_bfloat16(eltwise::to_float(sum[i]) + eltwise::to_float(add[i]));
+       i += int64_t{blockDim.x} * gridDim.x) {
+    const float s = eltwise::to_float(sum[i]) + eltwise::to_float(add[i]);
+    if constexpr (std::is_same_v<T, eltwise::Half>)
+      sum[i] = eltwise::to_half(s);
+    else
+      sum[i] = eltwise::to_bfloat16(s);
+  }
+}
+
+// g *= factor; any element not finite afterwards sets *nonfinite (every writer writes 1).
+__global__ void unscale_kernel(float* g, int64_t n, float factor, int* nonfinite) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    const float x = g[i] * factor;
+    g[i] = x;
+    if (!isfinite(x)) *nonfinite = 1;
+  }
 }
 
 __global__ void sgd_kernel(float* w, const float* g, int64_t n, float lr, float l2) {
@@ -69,10 +84,20 @@ void launch_accumulate(float* sum, const float* add, int64_t n, cudaStream_t str
   if (n > 0) accumulate_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(sum, add, n);
 }
 
-void launch_accumulate_bf16(void* sum, const void* add, int64_t n, cudaStream_t stream) {
-  if (n > 0)
-    accumulate_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+void launch_accumulate_16bit(void* sum, const void* add, int64_t n, bool float16,
+                             cudaStream_t stream) {
+  if (n <= 0) return;
+  if (float16)
+    accumulate_16bit_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<eltwise::Half*>(sum), static_cast<const eltwise::Half*>(add), n);
+  else
+    accumulate_16bit_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
         static_cast<eltwise::BFloat16*>(sum), static_cast<const eltwise::BFloat16*>(add), n);
+}
+
+void launch_unscale(float* g, int64_t n, float factor, int* nonfinite, cudaStream_t stream) {
+  if (n > 0)
+    unscale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(g, n, factor, nonfinite);
 }
 
 void launch_sgd(float* w, const float* g, int64_t n, const SgdUpdate& u, cudaStream_t stream) {

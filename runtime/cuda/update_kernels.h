@@ -14,8 +14,12 @@
 namespace stagecraft::rt::cuda {
 
 void launch_accumulate(float* sum, const float* add, int64_t n, cudaStream_t stream);
-/// sum += add on bfloat16 elements, each sum in float32 rounded to nearest even.
-void launch_accumulate_bf16(void* sum, const void* add, int64_t n, cudaStream_t stream);
+/// sum += add on bfloat16 (or, `float16`, float16) elements, each sum in float32 rounded to
+/// nearest even.
+void launch_accumulate_16bit(void* sum, const void* add, int64_t n, bool float16,
+                             cudaStream_t stream);
+/// g *= factor; sets *nonfinite (a device int) to 1 when some result is not finite.
+void launch_unscale(float* g, int64_t n, float factor, int* nonfinite, cudaStream_t stream);
 void launch_sgd(float* w, const float* g, int64_t n, const SgdUpdate& u, cudaStream_t stream);
 void launch_momentum(float* w, const float* g, float* v, int64_t n, const MomentumUpdate& u,
                      cudaStream_t stream);

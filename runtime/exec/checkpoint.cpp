@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <utility>
 
 #include "runtime/core/tensor_io.h"
 #include "runtime/format/error.h"
@@ -85,6 +87,8 @@ struct Manifest {
   std::string model_hash, optimizer;
   int64_t step = 0;
   std::vector<SavedStage> stages;
+  /// Dynamic loss scaling's state ("loss_scale", version 3, fp16 plans): S and clean steps.
+  std::optional<std::pair<double, int64_t>> loss_scale;
 };
 
 /// Reads `file` (a manifest.json) strictly: every field required, unknown ones refused, each
@@ -93,11 +97,12 @@ Manifest read_manifest(const std::string& file) {
   nlohmann::json json = read_json_file(file);
   JsonObject top =
       JsonValue(json, file)
-          .object({"format", "version", "model_hash", "plan", "step", "optimizer", "stages"});
+          .object({"format", "version", "model_hash", "plan", "step", "optimizer", "stages",
+                   "loss_scale"});
   if (top.string("format") != kFormatName)
     top.fail("format", fmt::format("is not '{}'", kFormatName));
   int version = top.int32("version");
-  if (version != kCheckpointVersion && version != 1)
+  if (version < 1 || version > kCheckpointVersion)
     fail(ErrorKind::kUnsupported, "{}: field 'version' is {}; this stagerun reads versions 1 to {}",
          file, version, kCheckpointVersion);
   top.object("plan", {"schedule", "devices", "microbatches"});
@@ -110,6 +115,12 @@ Manifest read_manifest(const std::string& file) {
   // the workers' step + 1 would soon overflow: no run takes that many steps.
   if (m.step > kMaxStep)
     top.fail("step", fmt::format("is {}, more than 2^53 ({}) optimizer steps", m.step, kMaxStep));
+  if (std::optional<JsonValue> ls = top.find("loss_scale")) {
+    JsonObject o = ls->object({"scale", "clean_steps"});
+    const int64_t clean = o.int64("clean_steps");
+    if (clean < 0) o.fail("clean_steps", fmt::format("is negative ({})", clean));
+    m.loss_scale = {o.positive_number("scale"), clean};
+  }
   m.stages = top.array("stages", [](const JsonValue& v) {
     JsonObject f = v.object({"index", "file", "file_hash", "weights", "optimizer"});
     SavedStage stage;
@@ -249,6 +260,9 @@ void finish_save(const Pipeline& pipeline, const std::string& dir_in, const std:
   manifest["step"] = pipeline.steps_done();
   manifest["optimizer"] = std::string(to_string(plan.optimizer));
   manifest["stages"] = std::move(stages);
+  if (pipeline.scales_loss())
+    manifest["loss_scale"] = {{"scale", pipeline.loss_scale().scale},
+                              {"clean_steps", pipeline.loss_scale().clean_steps}};
   std::string manifest_path = (fs::path(tmp) / "manifest.json").string();
   {
     std::ofstream out(manifest_path, std::ios::binary | std::ios::trunc);
@@ -417,6 +431,12 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
   // holds one copy whatever the replica count, so a run may resume with another).
   pipeline.copy_first_replica();
   pipeline.set_steps_done(step);
+  // Dynamic loss scaling goes on from the saved scale (a checkpoint without one, of an older
+  // stagerun, leaves the scale the run was given).
+  if (manifest.loss_scale && pipeline.scales_loss()) {
+    pipeline.loss_scale().scale = manifest.loss_scale->first;
+    pipeline.loss_scale().clean_steps = manifest.loss_scale->second;
+  }
   return step;
 }
 

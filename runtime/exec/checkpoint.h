@@ -11,7 +11,9 @@
 ///   DIR/stage_K/wNNNN.npy      stage K's weights (one .npy per tensor, numbered: names map to
 ///   DIR/stage_K/oNNNN.npy      files only through the manifest), its optimizer state tensors
 ///
-/// `step` is the number of optimizer steps done (the lr schedule resumes from it).
+/// `step` is the number of optimizer steps done (the lr schedule resumes from it). Version 3
+/// adds, for a plan of precision fp16, `loss_scale` {scale, clean_steps}: dynamic loss
+/// scaling's state (pipeline.h `LossScale`), restored with the rest.
 ///
 /// A weight several stages hold (plan.json's shared_weights) is saved once, with its optimizer
 /// state, by the lowest stage that holds it; loading restores it to every holder. Version 1
@@ -33,7 +35,7 @@
 
 namespace stagecraft::rt {
 
-inline constexpr int kCheckpointVersion = 2;
+inline constexpr int kCheckpointVersion = 3;
 
 struct SaveOptions {
   /// Test hook: fail (as a crash would, without cleaning up) after writing this many tensor

@@ -179,6 +179,10 @@ void DeviceWorker::run_step() {
 
 void DeviceWorker::after_step() {
   wait_for_all("waiting for every device at the step's end");
+  if (run_.scales_loss) {
+    finish_scaled_step();
+    wait_for_all("waiting for every device's optimizer update");
+  }
   const RunOptions& options = run_.options;
   const int64_t done = run_.global_step + step_ + 1;
   if (device_ == run_.first_device) {
@@ -414,8 +418,10 @@ std::vector<Tensor> DeviceWorker::backward_args(const schedule::Instruction& ins
     if (in.name == grad::kLossGradName) {
       // 1 / (R x M): the step's gradient is the mean over every replica's microbatches, as
       // one device running all R x M of them would seed it; ALLREDUCE then sums the replicas.
-      args.push_back(
-          scalar_on(*context_, 1.0f / static_cast<float>(run_.microbatches * run_.replicas)));
+      // With dynamic loss scaling, S times that (OPT_STEP divides the gradients by S).
+      const double scale = run_.scales_loss ? run_.pipeline.loss_scale_.scale : 1.0;
+      args.push_back(scalar_on(
+          *context_, static_cast<float>(scale / (run_.microbatches * run_.replicas))));
     } else if (auto k = keep.find(in.name); k != keep.end()) {
       args.push_back(k->second);
     } else if (auto g = std::find_if(got.begin(), got.end(),
@@ -680,96 +686,6 @@ void DeviceWorker::allreduce(const schedule::Instruction& ins) {
   const double end = run_.seconds();
   run_.allreduce[device_][step_] += end - start;
   run_.events[device_].push_back({device_, ins.op, ins.stage, -1, start, end});
-}
-
-void DeviceWorker::sharded_step(int stage_index, float lr, int64_t update) {
-  StageRuntime& st = stage(stage_index);
-  MemoryMeter& meter = run_.meters[device_];
-  auto& grads = grad_acc_[stage_index];
-  Tensor& bucket = buckets_.at(stage_index);
-  auto slice = [](Tensor& t, int64_t lo, int64_t hi) {
-    return Tensor::view(DType::kFloat32, {hi - lo}, t.data + lo * 4);
-  };
-  double start = run_.seconds();
-  for (const StageRuntime::FlatWeight& part : st.flat) {
-    Tensor& weight = st.weights.at(part.name);
-    optim::OptimizerState& state = st.opt_state[part.name];
-    const int64_t state_before = state.bytes();
-    if (!st.is_sharded(part)) {  // a shared weight: whole, its gradient summed whole
-      run_.optimizer->step(*context_, weight, grads.at(part.name), state, lr, update);
-    } else if (auto [lo, hi] = st.own_part(part); lo < hi) {
-      // This replica's part of the weight, with the same part of the summed gradient.
-      Tensor w = slice(weight, lo, hi);
-      Tensor g = slice(bucket, part.offset + lo, part.offset + hi);
-      run_.optimizer->step(*context_, w, g, state, lr, update);
-    }
-    meter.add(state.bytes() - state_before);                   // created on first use
-    if (state.tensors.empty()) st.opt_state.erase(part.name);  // no part here
-    context_->fill_zero(grads.at(part.name));
-  }
-  timed(schedule::Op::kOptimizerStep, stage_index, -1, start);
-  // The all-gather: this replica's updated shard into the bucket, every other replica's back.
-  start = run_.seconds();
-  for (const StageRuntime::FlatWeight& part : st.flat)
-    if (auto [lo, hi] = st.own_part(part); st.is_sharded(part) && lo < hi) {
-      Tensor target = slice(bucket, part.offset + lo, part.offset + hi);
-      context_->copy(slice(st.weights.at(part.name), lo, hi), target);
-    }
-  Tensor head = slice_rows(bucket, 0, st.sharded);
-  transport().replica_all_gather(stage_index, head, st.shard_bounds, *context_);
-  for (const StageRuntime::FlatWeight& part : st.flat)
-    if (st.is_sharded(part)) {
-      Tensor& weight = st.weights.at(part.name);
-      Tensor target = slice(weight, 0, part.elements);
-      context_->copy(slice(bucket, part.offset, part.offset + part.elements), target);
-    }
-  // Communication, not compute: counted with the step's all-reduce time.
-  double end = run_.seconds();
-  run_.allreduce[device_][step_] += end - start;
-}
-
-void DeviceWorker::allreduce_shared(const schedule::Instruction& ins) {
-  const StageRuntime& st = stage(ins.stage);
-  // The stage's part of each shared weight's gradient (zeros where it computes none: its copy
-  // must take the same update as the others).
-  for (const plan::SharedWeight& w : st.stage->shared_weights) {
-    Tensor& acc = grad_acc_[ins.stage][w.name];
-    if (acc.dtype == DType::kUndefined) {
-      const Tensor& weight = st.weights.at(w.name);
-      acc = context_->new_tensor(weight.dtype, weight.shape, true);
-      run_.meters[device_].add(acc.bytes());  // the gradient buffer lives for the run
-    }
-    transport().start_shared_sum(w.name, w.stages, ins.stage, acc, *context_);
-    run_.meters[device_].add(acc.bytes());  // the transport's copy, until the sum
-  }
-}
-
-void DeviceWorker::optimizer_step(const schedule::Instruction& ins) {
-  StageRuntime& st = stage(ins.stage);
-  MemoryMeter& meter = run_.meters[device_];
-  auto& grads = grad_acc_[ins.stage];
-  // Shared weights: every holder's gradient summed, the same bytes on each.
-  for (const plan::SharedWeight& w : st.stage->shared_weights) {
-    Tensor& acc = grads.at(w.name);
-    transport().finish_shared_sum(w.name, ins.stage, acc, *context_);
-    meter.sub(acc.bytes());
-  }
-  const int64_t update = run_.global_step + step_ + 1;
-  float lr = static_cast<float>(optim::lr_at(run_.lr_schedule, update));
-  if (!st.shard_bounds.empty()) {
-    sharded_step(ins.stage, lr, update);
-    return;
-  }
-  double start = run_.seconds();
-  for (auto& [name, weight] : st.weights) {
-    auto g = grads.find(name);
-    if (g == grads.end()) continue;  // not trainable or no gradient
-    int64_t state_before = st.opt_state[name].bytes();
-    run_.optimizer->step(*context_, weight, g->second, st.opt_state[name], lr, update);
-    meter.add(st.opt_state[name].bytes() - state_before);  // created on first use
-    context_->fill_zero(g->second);
-  }
-  timed(ins.op, ins.stage, -1, start);
 }
 
 }  // namespace stagecraft::rt

@@ -4,7 +4,8 @@
 /// working through its device context (runtime/core/device.h) for every byte it allocates,
 /// moves or changes. `RunState` is what the workers of one run share (transport, barrier,
 /// meters, timings); `StageRuntime` is one stage as a loaded pipeline holds it. Internal to
-/// runtime/exec (pipeline.cpp loads, pipeline_run.cpp runs).
+/// runtime/exec (pipeline.cpp loads, pipeline_run.cpp runs, device_worker.cpp and
+/// optimizer_step.cpp are the worker).
 
 #include <algorithm>
 #include <atomic>
@@ -102,6 +103,14 @@ struct RunState {
   /// pipeline was loaded for some (a rank of mpirun).
   const int first_device;
   const bool training;
+  /// Dynamic loss scaling (Pipeline::scales_loss): per step, whether some stage of some
+  /// replica found a gradient inf or NaN at its OPT_STEP (set by any worker, read by all after
+  /// the step's end barrier), and the scale the step was seeded with and whether it was
+  /// skipped (written by the first device's worker).
+  const bool scales_loss;
+  std::unique_ptr<std::atomic<bool>[]> overflow;
+  std::vector<double> step_scale;
+  std::vector<bool> step_skipped;
   const int64_t global_step;  ///< Optimizer steps taken by earlier runs.
   /// Per graph input: the microbatch views of the run's inputs (no copies), replica r's
   /// microbatch m at r x M + m.
@@ -162,6 +171,9 @@ class DeviceWorker {
   /// (starting those not started yet); its time is the wait, not the sums behind compute.
   void allreduce(const schedule::Instruction& ins);
   void allreduce_shared(const schedule::Instruction& ins);
+  /// OPT_STEP: the shared weights' sums finished, then the stage's update; with dynamic loss
+  /// scaling the gradients are unscaled and checked here and the update waits for the step's
+  /// end (`finish_scaled_step`).
   void optimizer_step(const schedule::Instruction& ins);
 
  private:
@@ -291,6 +303,16 @@ class DeviceWorker {
   /// ZeRO-1 (OPT_STEP): this replica's shard of the stage's weights updated from its shard of
   /// the summed gradients, then the other replicas' shards all-gathered into the weights.
   void sharded_step(int stage_index, float lr, int64_t update);
+  /// The stage's optimizer update from its gradients (summed, unscaled), which it zeroes.
+  void update_stage(int stage_index);
+  /// Dynamic loss scaling: the stage's gradients (this replica's shard of them with ZeRO-1)
+  /// divided by the scale; false when one is inf or NaN.
+  bool unscale_gradients(int stage_index);
+  /// Dynamic loss scaling, after every device's last instruction of the step: the stages
+  /// whose OPT_STEP ran (`deferred_`) updated, or, where any stage of any replica overflowed,
+  /// their gradients dropped; the first device moves the scale on.
+  void finish_scaled_step();
+  std::vector<int> deferred_;
 };
 
 }  // namespace stagecraft::rt

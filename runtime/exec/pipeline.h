@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,25 @@ namespace stagecraft::rt {
 struct StageRuntime;
 struct RunState;
 class DeviceWorker;
+
+/// Dynamic loss scaling (a training plan of precision fp16: the stage graphs compute in
+/// float16, whose largest value is 65504 and smallest normal 2^-14): every microbatch's loss
+/// gradient is seeded `scale` times larger, so small gradients stay above float16's underflow;
+/// each stage's float32 master gradients are divided by `scale` at its OPT_STEP (after the
+/// replicas' sum) and checked. A step where any gradient of any stage or replica is inf or NaN
+/// updates no weight anywhere (every stage's update waits for the step's end, where all agree)
+/// and halves `scale`; after `window` clean steps in a row `scale` doubles. A skipped step
+/// still counts as a step (the lr schedule and Adam's bias correction go on).
+struct LossScale {
+  double scale = 65536;      ///< S, a power of two unless given otherwise (stagerun --loss-scale).
+  int64_t window = 2000;     ///< N: clean steps before S doubles (stagerun --loss-scale-window).
+  int64_t clean_steps = 0;   ///< Clean steps since S last changed (checkpoints keep it).
+  int64_t skipped = 0;       ///< Steps skipped by this pipeline's runs so far.
+  /// Throws `Error(kUsage)` naming `flag` unless `scale` is finite and above 0.
+  static void check_scale(double scale, const char* flag);
+  /// Throws `Error(kUsage)` naming --loss-scale-window unless `window` >= 1.
+  static void check_window(int64_t window);
+};
 
 /// A graph input or output of the whole model, per microbatch.
 struct ModelTensor {
@@ -120,6 +140,10 @@ struct RunReport {
   std::vector<double> losses;
   /// Seconds each device spent in ALLREDUCE in the reported step (the replicas' sum).
   std::vector<double> allreduce_s;
+  /// Dynamic loss scaling (Pipeline::scales_loss), per step: the scale its loss gradients were
+  /// seeded with, and whether its update was skipped (a gradient was inf or NaN). Empty else.
+  std::vector<double> loss_scale;
+  std::vector<bool> skipped;
 };
 
 /// The step whose time is the median of `step_s` without the first step, the warm-up (it pays
@@ -175,6 +199,16 @@ class Pipeline {
   /// Optimizer steps taken so far (the lr schedule's position).
   int64_t steps_done() const { return steps_done_; }
   void set_steps_done(int64_t steps) { steps_done_ = steps; }
+  /// Whether training scales the loss dynamically (plan precision fp16: `LossScale`).
+  bool scales_loss() const { return plan_.training && plan_.precision == Precision::kFp16; }
+  /// The loss scale's state: set it before a run (stagerun --loss-scale), read it after; runs
+  /// carry it on, checkpoints save and restore it.
+  LossScale& loss_scale() { return loss_scale_; }
+  const LossScale& loss_scale() const { return loss_scale_; }
+  /// stagerun --loss-scale and --loss-scale-window (each checked; unset: left as it is);
+  /// `Error(kUsage)` naming the flag when the plan does not scale its loss (it would be
+  /// ignored).
+  void set_loss_scale(std::optional<double> scale, std::optional<int64_t> window);
   /// Stage `stage`'s weights by name: tensors sharing bytes with its forward program (write
   /// into them to change the weights; never replace them).
   const std::map<std::string, Tensor>& stage_weights(int stage) const;
@@ -240,6 +274,7 @@ class Pipeline {
   std::vector<Link> links_;
   std::vector<int> local_devices_;
   int64_t steps_done_ = 0;  ///< Optimizer steps taken by earlier runs (the lr schedule goes on).
+  LossScale loss_scale_;
 };
 
 }  // namespace stagecraft::rt

@@ -68,6 +68,10 @@ RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inp
       steps(options_.steps),
       first_device(pipeline_.local_devices_.front()),
       training(pipeline_.plan_.training),
+      scales_loss(pipeline_.scales_loss()),
+      overflow(std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(options_.steps))),
+      step_scale(static_cast<size_t>(options_.steps), 0.0),
+      step_skipped(static_cast<size_t>(options_.steps), false),
       global_step(pipeline_.steps_done_),
       step_loss(steps, std::vector<double>(pipeline_.step_microbatches(), NAN)),
       replica_has_loss(replicas, false),
@@ -185,6 +189,10 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
       }
       report.losses.push_back(counted > 0 ? sum / counted : NAN);
     }
+  if (run.scales_loss) {
+    report.loss_scale = run.step_scale;
+    report.skipped = run.step_skipped;
+  }
   report.reported_step = median_step(report.step_s);
   double step = report.step_s[report.reported_step], total_busy = 0;
   for (int d = 0; d < devices; ++d) {
@@ -214,10 +222,44 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
 
 }  // namespace
 
+void LossScale::check_scale(double scale, const char* flag) {
+  if (!std::isfinite(scale) || scale <= 0)
+    fail(ErrorKind::kUsage, "{} must be a finite number above 0, not {}", flag, scale);
+}
+
+void LossScale::check_window(int64_t window) {
+  if (window < 1)
+    fail(ErrorKind::kUsage, "--loss-scale-window must be at least 1 (got {})", window);
+}
+
+void Pipeline::set_loss_scale(std::optional<double> scale, std::optional<int64_t> window) {
+  if (!scale && !window) return;
+  if (!scales_loss())
+    fail(ErrorKind::kUsage,
+         "{}: {} is a{} plan of precision {}; dynamic loss scaling is for training plans of "
+         "precision fp16 (stagec --train --precision fp16)",
+         scale ? "--loss-scale" : "--loss-scale-window", plan_dir_,
+         plan_.training ? " training" : "n inference", to_string(plan_.precision));
+  if (scale) LossScale::check_scale(*scale, "--loss-scale");
+  if (window) LossScale::check_window(*window);
+  if (scale) loss_scale_.scale = *scale;
+  if (window) loss_scale_.window = *window;
+}
+
 RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOptions& options) {
   check_inputs(inputs);
   if (options.steps < 1)
     fail(ErrorKind::kUsage, "--steps must be at least 1 (got {})", options.steps);
+  if (scales_loss()) {
+    LossScale::check_scale(loss_scale_.scale, "--loss-scale");
+    LossScale::check_window(loss_scale_.window);
+    // Every stage and replica must agree on skipping a step; the overflow flag is shared
+    // through this process's memory only.
+    if (static_cast<int>(local_devices_.size()) != devices())
+      fail(ErrorKind::kUnsupported,
+           "a precision fp16 plan (dynamic loss scaling) runs in one process: its devices must "
+           "agree on every skipped step, which is not carried between mpirun ranks yet");
+  }
   RunState run(*this, inputs, options);
   std::vector<std::thread> threads;
   for (int d : local_devices_) threads.emplace_back([&run, d] { DeviceWorker(d, run).run(); });

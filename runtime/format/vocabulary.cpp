@@ -36,9 +36,10 @@ constexpr Table<OptimizerKind, 8> kOptimizers = {{
     {OptimizerKind::kAdagrad, "adagrad"},
 }};
 
-constexpr Table<Precision, 2> kPrecisions = {{
+constexpr Table<Precision, 3> kPrecisions = {{
     {Precision::kFp32, "fp32"},
     {Precision::kMixed, "mixed"},
+    {Precision::kFp16, "fp16"},
 }};
 
 constexpr Table<Objective, 2> kObjectives = {{

@@ -39,9 +39,14 @@ enum class OptimizerKind {
 /// How tensors are stored and multiplied.
 enum class Precision {
   kFp32,   ///< "fp32": everything in fp32.
-  kMixed,  ///< "mixed": 16-bit (bf16/fp16) activations and matrix products; fp32 master
-           ///< weights, gradients and optimizer states when training.
+  kMixed,  ///< "mixed": bfloat16 activations and matrix products; fp32 master weights,
+           ///< gradients and optimizer states when training.
+  kFp16,   ///< "fp16": as "mixed" in float16, training with dynamic loss scaling (the loss's
+           ///< gradient seed times a scale that halves on an overflow, whose step is skipped).
 };
+
+/// Whether `precision` computes in 16 bits (bfloat16 or float16) with fp32 masters.
+constexpr bool is_16bit(Precision precision) { return precision != Precision::kFp32; }
 
 /// What the partitioner minimises.
 enum class Objective {

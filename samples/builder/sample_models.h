@@ -99,6 +99,11 @@ struct UNetOptions {
   /// An InstanceNormalization (nn.InstanceNorm2d(affine=True): scale 1, B 0) between each
   /// encoder and decoder Conv and its Relu, as pix2pix's U-Net has.
   bool instance_norm = false;
+  /// When above 0: nn.GroupNorm(group_norm, channels) there instead, as torch 1.13 exports it
+  /// at opset 17 (ONNX has no GroupNormalization before opset 18): Reshape to [N, G, -1],
+  /// InstanceNormalization with constant scale 1 and B 0, Reshape back to the input's Shape,
+  /// then Mul and Add by the weight and bias unsqueezed to [C, 1, 1]. Divides every width.
+  int64_t group_norm = 0;
 };
 /// Builds the U-Net.
 ModelBuilder build_unet(const UNetOptions& options = {}, const CommonOptions& common = {});

@@ -50,6 +50,29 @@ std::string instance_norm(ModelBuilder& b, bool on, const std::string& module,
                   {x, scale, shift}, {attr_float("epsilon", 1e-5f)});
 }
 
+/// nn.GroupNorm(groups, channels) as torch 1.13 exports it at opset 17 (UNetOptions::group_norm).
+std::string group_norm(ModelBuilder& b, int64_t groups, const std::string& module,
+                       const std::string& x, int64_t channels) {
+  const std::string p = "/" + module + "/norm/";
+  std::string y =
+      b.add_op("Reshape", p + "Reshape",
+               {x, b.add_constant(p + "Constant", make_int64_tensor({3}, {0, groups, -1}))});
+  const std::string ones = b.add_constant(
+      p + "Constant_1", make_float_tensor({groups}, std::vector<float>(groups, 1.0f)));
+  const std::string zeros = b.add_constant(
+      p + "Constant_2", make_float_tensor({groups}, std::vector<float>(groups, 0.0f)));
+  y = b.add_op("InstanceNormalization", p + "InstanceNormalization", {y, ones, zeros},
+               {attr_float("epsilon", 1e-5f)});
+  y = b.add_op("Reshape", p + "Reshape_1", {y, b.add_op("Shape", p + "Shape", {x})});
+  auto per_channel = [&](const std::string& name, float value, const std::string& node) {
+    const std::string v = b.add_parameter_filled(module + ".norm." + name, {channels}, value);
+    return b.add_op("Unsqueeze", p + node,
+                    {v, b.add_constant(p + node + "/axes", make_int64_tensor({2}, {1, 2}))});
+  };
+  y = b.add_op("Mul", p + "Mul", {y, per_channel("weight", 1.0f, "Unsqueeze")});
+  return b.add_op("Add", p + "Add", {y, per_channel("bias", 0.0f, "Unsqueeze_1")});
+}
+
 }  // namespace
 
 ModelBuilder build_unet(const UNetOptions& options, const CommonOptions& common) {
@@ -64,10 +87,15 @@ ModelBuilder build_unet(const UNetOptions& options, const CommonOptions& common)
   ModelBuilder b("unet", common.seed);
   b.add_input("x", kFloat, {batch, options.in_channels, s, s});
   const bool norm = options.instance_norm;
-  // Conv, then (with instance_norm) InstanceNormalization, then Relu.
+  const int64_t groups = options.group_norm;
+  if (groups < 0 || (groups > 0 && (norm || c % groups != 0)))
+    throw std::invalid_argument("group_norm must divide width " + std::to_string(c) +
+                                " and exclude instance_norm, got " + std::to_string(groups));
+  // Conv, then (with instance_norm or group_norm) the normalisation, then Relu.
   auto block = [&](const std::string& module, const std::string& in, int64_t from, int64_t to,
                    int64_t stride) {
     const std::string y = conv(b, module, in, from, to, 3, stride);
+    if (groups > 0) return relu(b, module, group_norm(b, groups, module, y, to));
     return relu(b, module, instance_norm(b, norm, module, y, to));
   };
   const std::string e1 = block("enc1", "x", options.in_channels, c, 1);

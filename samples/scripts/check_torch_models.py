@@ -96,15 +96,16 @@ class FeatureLoss(nn.Module):
 
 class UNet(nn.Module):
     """A small U-Net: two down levels (Conv-BN-ReLU x2, MaxPool), a bottleneck, two up levels
-    (ConvTranspose 2x2 stride 2, concat with the skip, Conv-BN-ReLU x2), a 1x1 head."""
+    (ConvTranspose 2x2 stride 2, concat with the skip, Conv-BN-ReLU x2), a 1x1 head. `norm`
+    makes the normalisation layer of a width (BatchNorm2d; GroupNorm as diffusion U-Nets use)."""
 
-    def __init__(self, cin=3, classes=4, w=8):
+    def __init__(self, cin=3, classes=4, w=8, norm=nn.BatchNorm2d):
         super().__init__()
 
         def block(i, o):
-            return nn.Sequential(nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o),
+            return nn.Sequential(nn.Conv2d(i, o, 3, padding=1, bias=False), norm(o),
                                  nn.ReLU(inplace=True), nn.Conv2d(o, o, 3, padding=1, bias=False),
-                                 nn.BatchNorm2d(o), nn.ReLU(inplace=True))
+                                 norm(o), nn.ReLU(inplace=True))
 
         self.d1, self.d2, self.mid = block(cin, w), block(w, 2 * w), block(2 * w, 4 * w)
         self.up2 = nn.ConvTranspose2d(4 * w, 2 * w, 2, stride=2)
@@ -265,6 +266,9 @@ MODELS = OrderedDict([
     ("ssdlite_backbone", ("detection backbone", ssdlite_backbone, image(64), "features",
                           "ssdlite320_mobilenet_v3_large's backbone: 6 maps")),
     ("unet", ("U-Net", lambda: UNet(), image(64), "segment", "width 8, ConvTranspose up")),
+    ("unet_groupnorm", ("U-Net", lambda: UNet(norm=lambda c: nn.GroupNorm(4, c)), image(64),
+                        "segment", "the first with GroupNorm (4 groups): torch exports it "
+                        "through InstanceNormalization")),
     ("unet_bilinear", ("U-Net", lambda: UNetBilinear(), image(64), "segment",
                        "width 8, bilinear Resize up")),
     ("lstm_lm", ("recurrent LM", lambda: WordLM("LSTM"), tokens(500, 16), "lm",

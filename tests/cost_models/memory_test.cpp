@@ -167,7 +167,7 @@ TEST_CASE("names round-trip, unknown names list the valid ones") {
                        "unknown optimizer 'lamb'; valid: none, sgd, momentum, nesterov, adam, "
                        "adamw, adam8bit, adagrad",
                        Error);
-  CHECK_THROWS_WITH_AS(parse_precision("bf16"), "unknown precision 'bf16'; valid: fp32, mixed",
+  CHECK_THROWS_WITH_AS(parse_precision("bf16"), "unknown precision 'bf16'; valid: fp32, mixed, fp16",
                        Error);
   try {
     parse_schedule("x");

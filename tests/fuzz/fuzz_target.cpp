@@ -67,8 +67,14 @@ std::string template_dir(const char* variable) {
 std::string fresh_copy(const std::string& from, std::string_view name) {
   fs::path to = fs::path(scratch_dir()) / name;
   std::error_code ec;
-  fs::remove_all(to, ec);
-  fs::copy(from, to, fs::copy_options::recursive, ec);
+  // libFuzzer's timeout alarm (SIGALRM, every second) can interrupt the copy's system calls:
+  // that is the harness's business, not a finding, so an interrupted copy is tried again.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    fs::remove_all(to, ec);
+    ec.clear();
+    fs::copy(from, to, fs::copy_options::recursive, ec);
+    if (ec != std::errc::interrupted) break;
+  }
   if (ec) finding("cannot copy " + from + " to " + to.string() + ": " + ec.message());
   return to.string();
 }

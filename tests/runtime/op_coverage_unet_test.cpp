@@ -236,4 +236,13 @@ TEST_CASE("a U-Net with InstanceNormalization (pix2pix): 2 devices as one, train
   testing::check_cuda_accepts("InstanceNormalization", three);
 }
 
+TEST_CASE("a U-Net with GroupNorm as torch exports it (InstanceNormalization): 2 devices as one") {
+  testing::TempDir dir;
+  const std::string model = dir.file("unet_gn.onnx");
+  samples::build_unet({.width = 4, .image_size = 8, .group_norm = 2}).write(model);
+  CHECK(testing::run_against_unpartitioned(model, 1, "InstanceNormalization") == 5);
+  CHECK(testing::run_against_unpartitioned(model, 2, "InstanceNormalization") == 5);
+  testing::check_training(model);
+}
+
 }  // namespace stagecraft::rt

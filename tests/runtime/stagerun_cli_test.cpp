@@ -201,6 +201,47 @@ TEST_CASE("a mixed-precision plan runs in bf16 with no warning") {
   CHECK(summary["warnings"].empty());
 }
 
+TEST_CASE("an fp16 plan reports its loss scale per step and refuses bad --loss-scale values") {
+  testing::TempDir dir;
+  plan::PlanOptions o = toy_training_options("adam");
+  o.precision = Precision::kFp16;
+  plan::PlannedModel planned = plan::make_plan(o);
+  plan::write_plan(planned, dir.file("fp16"));
+  const std::string plan_dir = dir.file("fp16");
+  Result r =
+      stagerun(dir, plan_dir + " --steps 3 -q --json --loss-scale 1e30 --loss-scale-window 4");
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  std::vector<double> scales;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] != "step") continue;
+    scales.push_back(j["loss_scale"].get<double>());
+    CHECK(j["skipped"] == true);  // 1e30 overflows float16 (65504 at most) every time
+  }
+  CHECK(scales == std::vector<double>{1e30, 5e29, 2.5e29});
+  auto summary = json_summary(r.out);
+  CHECK(summary["loss_scale"]["scale"] == 1.25e29);
+  CHECK(summary["loss_scale"]["skipped_steps"] == 3);
+  Result text = stagerun(dir, plan_dir + " --steps 2 -q --loss-scale 1e30");
+  CHECK(text.out.find("loss scale 1e+30  skipped (inf/NaN gradient)") != std::string::npos);
+  CHECK(text.out.find("dynamic loss scaling: 2 of 2 steps skipped, scale now 2.5e+29") !=
+        std::string::npos);
+  for (const char* bad : {"0", "-1", "nan", "inf"})
+    check_one_line_error(stagerun(dir, fmt::format("{} --loss-scale {}", plan_dir, bad)),
+                         "^stagerun: usage error: --loss-scale");
+  check_one_line_error(stagerun(dir, plan_dir + " --loss-scale-window 0"),
+                       "^stagerun: usage error: --loss-scale-window must be at least 1");
+  // A plan that does not scale its loss: the flag would be ignored.
+  o.precision = Precision::kMixed;
+  planned = plan::make_plan(o);
+  plan::write_plan(planned, dir.file("mixed"));
+  check_one_line_error(stagerun(dir, dir.file("mixed") + " --loss-scale 8"),
+                       "--loss-scale: .* is a training plan of precision mixed; dynamic loss "
+                       "scaling is for training plans of precision fp16");
+}
+
 TEST_CASE("the reported step is the median of the steps after the warm-up step") {
   testing::TempDir dir;
   std::string plan_dir = toy_plan(dir, 2);

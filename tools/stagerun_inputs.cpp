@@ -1,0 +1,95 @@
+// stagerun's inputs (stagerun_inputs.h): --inputs FILE.npy|DIR and --data DIR read and cut.
+#include "tools/stagerun_inputs.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+
+#include "runtime/core/tensor_io.h"
+#include "runtime/format/error.h"
+
+namespace fs = std::filesystem;
+
+namespace stagecraft::tools {
+
+// A tensor name as a file name: characters other than letters, digits, '.', '-' and '_' become '_'.
+std::string file_stem(const std::string& name) {
+  std::string out = name;
+  for (char& c : out)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  return out;
+}
+
+std::map<std::string, rt::Tensor> read_inputs(const std::string& path,
+                                              const rt::Pipeline& pipeline) {
+  std::map<std::string, rt::Tensor> inputs;
+  const auto& wanted = pipeline.inputs();
+  if (!fs::exists(path)) fail(ErrorKind::kIo, "--inputs {}: no such file or directory", path);
+  if (!fs::is_directory(path)) {
+    if (wanted.size() != 1)
+      fail(ErrorKind::kUsage,
+           "--inputs {}: the model has {} inputs; give a directory with one NAME.npy per input",
+           path, wanted.size());
+    inputs[wanted[0].name] = with_context("--inputs " + path, ErrorKind::kFormat, [&] {
+      return path.ends_with(".pb") ? rt::read_tensor_pb(path) : rt::read_npy(path);
+    });
+    return inputs;
+  }
+  for (const rt::ModelTensor& in : wanted) {
+    bool found = false;
+    for (const std::string& stem : {in.name, file_stem(in.name)}) {
+      for (const char* ext : {".npy", ".pb"}) {
+        fs::path file = fs::path(path) / (stem + ext);
+        if (found || !fs::exists(file)) continue;
+        inputs[in.name] = std::string(ext) == ".npy" ? rt::read_npy(file.string())
+                                                     : rt::read_tensor_pb(file.string());
+        found = true;
+      }
+    }
+    if (!found)
+      fail(ErrorKind::kUsage, "--inputs {}: no {}.npy or {}.pb for input '{}' ({}{})", path,
+           file_stem(in.name), file_stem(in.name), in.name, dtype_name(in.dtype),
+           rt::shape_string(in.shape));
+  }
+  return inputs;
+}
+
+// --data: each input's file holds K batches along the first axis; cut them into K input maps.
+std::vector<std::map<std::string, rt::Tensor>> cut_batches(
+    const std::map<std::string, rt::Tensor>& data, const rt::Pipeline& pipeline,
+    const std::string& dir) {
+  int64_t batches = -1;
+  const int64_t m = pipeline.step_microbatches();  // of every replica
+  for (const rt::ModelTensor& in : pipeline.inputs()) {
+    const rt::Tensor& t = data.at(in.name);
+    int64_t rows = in.shape.empty() ? 1 : in.shape[0] * m;
+    bool fits = !in.shape.empty() && t.dtype == in.dtype &&
+                t.rank() == static_cast<int64_t>(in.shape.size()) &&
+                std::equal(in.shape.begin() + 1, in.shape.end(), t.shape.begin() + 1) &&
+                t.shape[0] % rows == 0 && t.shape[0] > 0;
+    if (!fits)
+      fail(ErrorKind::kShape,
+           "--data {}: input '{}' is {} but should be K batches of {}{} along the first axis", dir,
+           in.name, t.describe(), dtype_name(in.dtype), rt::shape_string([&] {
+             rt::Shape b = in.shape;
+             if (!b.empty()) b[0] = rows;
+             return b;
+           }()));
+    int64_t k = t.shape[0] / rows;
+    if (batches >= 0 && k != batches)
+      fail(ErrorKind::kShape, "--data {}: input '{}' holds {} batches, another input {}", dir,
+           in.name, k, batches);
+    batches = k;
+  }
+  std::vector<std::map<std::string, rt::Tensor>> out(static_cast<size_t>(batches));
+  for (int64_t k = 0; k < batches; ++k)
+    for (const rt::ModelTensor& in : pipeline.inputs()) {
+      int64_t rows = in.shape[0] * m;
+      out[k][in.name] = rt::slice_rows(data.at(in.name), k * rows, (k + 1) * rows);
+    }
+  return out;
+}
+
+}  // namespace stagecraft::tools
