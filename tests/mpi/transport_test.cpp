@@ -3,13 +3,18 @@
 // for the receiver; a wrong microbatch at a link's head is a plan fault; shared-weight sums give
 // every holder the bytes of the in-process transport (the parts added in ascending stage
 // order), also with two holders on one rank; the GPU ranks' host-staged fallback moves and sums
-// host copies (CPU devices standing in); an aborted transport refuses further work. Every
-// rank runs every case; the exit status is the worst of the ranks'.
+// host copies (CPU devices standing in); the NCCL transport's logic runs over an MPI stand-in
+// for NCCL's groups (bytes per link, headers over MPI, capacity, replicas' sums and shards, a
+// wait for bytes that never come ending in time, naming the rank and aborting the group); an
+// aborted transport refuses further work. Every rank runs every case; the exit status is the
+// worst of the ranks'.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "runtime/core/backend.h"
@@ -224,6 +229,183 @@ TEST_CASE("host-staged: the replicas' sums land in the caller's bucket") {
   CHECK_THROWS_WITH_AS(t.finish_replica_sum({0, 7}, *device), doctest::Contains("never started"),
                        Error);
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A DeviceGroup over MPI on host memory, standing in for NCCL's (runtime/cuda/nccl_comms.cpp)
+// so that the NCCL transport's own logic runs here: the same calls, tickets polled by `done`.
+class MpiGroup final : public DeviceGroup {
+ public:
+  explicit MpiGroup(MPI_Comm comm) : comm_(comm) { MPI_Comm_rank(comm_, &me_); }
+  ~MpiGroup() override {
+    for (auto& [ticket, requests] : pending_)
+      for (MPI_Request& r : requests) {
+        MPI_Cancel(&r);
+        MPI_Request_free(&r);
+      }
+    MPI_Comm_free(&comm_);
+  }
+  int64_t send(const Tensor& t, int peer) override {
+    return post(1, [&](MPI_Request* r) {
+      MPI_Isend(t.data, static_cast<int>(t.bytes()), MPI_BYTE, peer, 0, comm_, r);
+    });
+  }
+  int64_t recv(Tensor& t, int peer) override {
+    return post(1, [&](MPI_Request* r) {
+      MPI_Irecv(t.data, static_cast<int>(t.bytes()), MPI_BYTE, peer, 0, comm_, r);
+    });
+  }
+  int64_t all_reduce(Tensor& b) override {
+    return post(1, [&](MPI_Request* r) {
+      MPI_Iallreduce(MPI_IN_PLACE, b.data, static_cast<int>(b.numel()), MPI_FLOAT, MPI_SUM,
+                     comm_, r);
+    });
+  }
+  int64_t reduce_to_owners(Tensor& b, const std::vector<OwnedShard>& shards) override {
+    size_t k = 0;
+    return post(shards.size(), [&](MPI_Request* r) {
+      const OwnedShard& s = shards[k++];
+      float* at = b.as<float>() + s.offset;
+      MPI_Ireduce(s.root == me_ ? MPI_IN_PLACE : at, at, static_cast<int>(s.count), MPI_FLOAT,
+                  MPI_SUM, s.root, comm_, r);
+    });
+  }
+  int64_t broadcast_from_owners(Tensor& b, const std::vector<OwnedShard>& shards) override {
+    size_t k = 0;
+    return post(shards.size(), [&](MPI_Request* r) {
+      const OwnedShard& s = shards[k++];
+      MPI_Ibcast(b.as<float>() + s.offset, static_cast<int>(s.count), MPI_FLOAT, s.root, comm_, r);
+    });
+  }
+  bool done(int64_t ticket) override {
+    if (aborted) fail(ErrorKind::kInternal, "the group was aborted");
+    auto it = pending_.find(ticket);
+    if (it == pending_.end()) return true;
+    int flag = 0;
+    MPI_Testall(static_cast<int>(it->second.size()), it->second.data(), &flag,
+                MPI_STATUSES_IGNORE);
+    if (flag) pending_.erase(it);
+    return flag != 0;
+  }
+  void connect(bool) override {}
+  void abort() override { aborted = true; }
+  bool aborted = false;
+
+ private:
+  template <typename Post>
+  int64_t post(size_t count, Post call) {
+    std::vector<MPI_Request>& requests = pending_[next_];
+    requests.resize(count);
+    for (MPI_Request& r : requests) call(&r);
+    return next_++;
+  }
+  MPI_Comm comm_;
+  int me_ = 0;
+  std::map<int64_t, std::vector<MPI_Request>> pending_;
+  int64_t next_ = 0;
+};
+
+// The session of 2 ranks over `groups`, this rank joined (through MpiGroup) to each of its own.
+std::shared_ptr<NcclSession> fake_session(std::vector<CommGroup> groups,
+                                          std::vector<int> stage_device) {
+  auto s = std::make_shared<NcclSession>();
+  s->groups = std::move(groups);
+  s->stage_device = std::move(stage_device);
+  s->rank = rank();
+  s->rank_names = {"rank 0 (device 0)", "rank 1 (device 1)"};
+  for (size_t k = 0; k < s->groups.size(); ++k) {
+    const std::vector<int>& ranks = s->groups[k].ranks;
+    const auto at = std::find(ranks.begin(), ranks.end(), s->rank);
+    MPI_Comm comm = MPI_COMM_NULL;  // ranked as the group ranks them
+    MPI_Comm_split(MPI_COMM_WORLD, at == ranks.end() ? MPI_UNDEFINED : 0,
+                   static_cast<int>(at - ranks.begin()), &comm);
+    if (at != ranks.end()) s->joined[static_cast<int>(k)] = std::make_unique<MpiGroup>(comm);
+  }
+  return s;
+}
+
+NcclTransport nccl_transport(std::shared_ptr<NcclSession> session, Layout layout,
+                             double timeout_s, InProcessTransport::OnDelivered delivered = {}) {
+  return NcclTransport(std::move(session),
+                       std::make_unique<HostStagedTransport>(
+                           std::make_unique<MpiTransport>(MPI_COMM_WORLD, std::move(layout), 2),
+                           backend_by_name("cpu").make_device(0, 1)),
+                       backend_by_name("cpu").make_device(0, 1), 0, 2, std::move(delivered),
+                       timeout_s);
+}
+
+TEST_CASE("nccl transport: a link's bytes through its group, headers over MPI, in order") {
+  const Link act{0, 1, false}, grad{1, 0, true};
+  auto session = fake_session(comm_groups({0, 1}, {act, grad}, 2, 1), {0, 1});
+  int64_t delivered = 0;
+  NcclTransport t = nccl_transport(session, two_stages(), 10, [&](const Link&, const Message& m) {
+    delivered += m.microbatch + 1;
+  });
+  if (rank() == 0) {
+    for (int mb = 0; mb < 3; ++mb)  // capacity 2: the third waits for the first to be taken
+      t.send(act, Message{mb, {{"x", floats({2, 3}, static_cast<float>(mb))},
+                               {"none", Tensor::owned(DType::kFloat32, {0})}}});
+    Message g = t.recv(grad, 0);
+    REQUIRE(g.tensors.size() == 1);
+    CHECK(same_bytes(g.tensors[0].tensor, floats({5}, 9)));
+    CHECK(delivered == 1);
+  } else {
+    for (int mb = 0; mb < 3; ++mb) {
+      Message m = t.recv(act, mb);
+      REQUIRE(m.tensors.size() == 2);
+      CHECK(m.tensors[0].name == "x");
+      CHECK(same_bytes(m.tensors[0].tensor, floats({2, 3}, static_cast<float>(mb))));
+      CHECK(m.tensors[1].tensor.shape == Shape{0});
+    }
+    CHECK(delivered == 6);
+    t.send(grad, Message{0, {{"g", floats({5}, 9)}}});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("nccl transport: replicas' sums and ZeRO-1's shards through the replicas' group") {
+  auto session = fake_session(comm_groups({0}, {}, 1, 2), {0});
+  NcclTransport t = nccl_transport(session, Layout{{0}, {}, {}}, 10);
+  auto device = backend_by_name("cpu").make_device(0, 1);
+  const int me = rank();
+  Tensor sum = floats({6}, 3);
+  for (int64_t i = 0; i < 6; ++i) sum.as<float>()[i] += 0.25f * static_cast<float>(i);
+  Tensor bucket = floats({6}, static_cast<float>(me + 1));
+  t.start_replica_sum({0, 0}, ReplicaOp::kAllReduce, bucket, {}, *device);
+  t.progress_replicas(0, *device);
+  t.finish_replica_sum({0, 0}, *device);
+  CHECK(same_bytes(bucket, sum));
+  const std::vector<int64_t> bounds{0, 0, 6};  // replica 0's shard is empty
+  Tensor shards = floats({6}, static_cast<float>(me + 1));
+  t.start_replica_sum({0, 1}, ReplicaOp::kReduceScatter, shards, bounds, *device);
+  CHECK_THROWS_WITH_AS(
+      t.start_replica_sum({0, 1}, ReplicaOp::kAllReduce, shards, {}, *device),
+      doctest::Contains("summed twice"), Error);
+  t.finish_replica_sum({0, 1}, *device);
+  if (me == 1) CHECK(same_bytes(shards, sum));
+  t.replica_all_gather(0, shards, bounds, *device);
+  CHECK(same_bytes(shards, sum));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("nccl transport: bytes that never come end the wait in time, naming the rank") {
+  const Link act{0, 1, false}, grad{1, 0, true};
+  auto session = fake_session(comm_groups({0, 1}, {act, grad}, 2, 1), {0, 1});
+  NcclTransport t = nccl_transport(session, two_stages(), 0.5);
+  if (rank() == 1) {
+    // The header alone: the bytes never follow.
+    MpiTransport headers(MPI_COMM_WORLD, two_stages(), 1);
+    headers.send_header(grad, Message{0, {{"g", floats({5}, 9)}}});
+    MPI_Barrier(MPI_COMM_WORLD);
+  } else {
+    CHECK_THROWS_WITH_AS(t.recv(grad, 0),
+                         doctest::Contains("'s bytes from rank 1 (device 1) through NCCL"), Error);
+    auto* group = dynamic_cast<MpiGroup*>(&session->group(
+        link_group(session->groups, session->stage_device, grad, 0)));
+    REQUIRE(group != nullptr);
+    CHECK(group->aborted);  // no kernel is left waiting
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  t.abort();  // the run failed: no waits at the end
 }
 
 TEST_CASE("an aborted transport refuses every later call") {
