@@ -6,7 +6,8 @@
 #     3x224x224, MSE against [64,1000], AdamW lr 1e-3.
 # stagecraft: `stagec --devices 1 --microbatches 1 --train --device-spec h100`, then
 #   `stagerun --backend cuda --steps $((STEPS + 1)) --json`: the median of the steps after the
-#   first. Its CUDA backend computes in fp32 without TF32 (no 16-bit kernels yet).
+#   first; at --precision fp32 (CUDA's fp32 without TF32) and at --precision mixed (bf16 MatMul
+#   through cuBLAS with fp32 accumulation, fp32 master weights and optimizer state).
 # PyTorch (bench/torch_gpu_step.py, the same median over CUDA events after 3 warm-up steps):
 #   eager and torch.compile with bf16 autocast (what a PyTorch user runs), and eager fp32 with
 #   TF32 off (the same arithmetic as stagecraft's).
@@ -30,36 +31,39 @@ results=$work/results.jsonl
 : >"$results"
 note() { echo "$*" | tee -a "$summary"; }
 
-# ours NAME MODEL SHAPE_ARGS TRAIN_ARGS...: plan and run one model; appends its record to
-# results.jsonl. SHAPE_ARGS (one word, split): --batch and --dim, which --info takes too.
+# ours NAME MODEL SHAPE_ARGS PRECISION TRAIN_ARGS...: plan and run one model at stagec's
+# --precision PRECISION (fp32, or mixed: bf16 compute with fp32 master weights); appends its
+# record to results.jsonl. SHAPE_ARGS (one word, split): --batch and --dim, which --info takes too.
 ours() {
-  local name=$1 model=$2 shape=$3
-  shift 3
+  local name=$1 model=$2 shape=$3 precision=$4
+  shift 4
+  local tag=$name-$precision
   local flops
   # shellcheck disable=SC2086
   flops=$(stagec "$model" --info $shape | awk '$1 == "forward" { print $2, $3 }')
   [ -n "$flops" ] || { note "FAIL stagec --info $name: no forward FLOPs"; return 1; }
   # shellcheck disable=SC2086
   set -- $shape "$@"
-  if ! stagec "$model" -o "$work/$name-plan" --devices 1 --microbatches 1 --train --device-spec h100 \
-      "$@" >"$work/$name-stagec.txt" 2>&1; then
-    note "FAIL stagec $name: $(tail -1 "$work/$name-stagec.txt")"
+  if ! stagec "$model" -o "$work/$tag-plan" --devices 1 --microbatches 1 --train --device-spec h100 \
+      --precision "$precision" "$@" >"$work/$tag-stagec.txt" 2>&1; then
+    note "FAIL stagec $tag: $(tail -1 "$work/$tag-stagec.txt")"
     return 1
   fi
-  if ! stagerun "$work/$name-plan" --backend cuda --steps $((steps + 1)) --json -q \
-      >"$work/$name-run.jsonl" 2>"$work/$name-run.err"; then
-    note "FAIL stagerun $name: $(tail -1 "$work/$name-run.err")"
+  if ! stagerun "$work/$tag-plan" --backend cuda --steps $((steps + 1)) --json -q \
+      >"$work/$tag-run.jsonl" 2>"$work/$tag-run.err"; then
+    note "FAIL stagerun $tag: $(tail -1 "$work/$tag-run.err")"
     return 1
   fi
-  tail -n 1 "$work/$name-run.jsonl" |
-    "$py" -c 'import json,sys; j=json.load(sys.stdin); n,f=sys.argv[1],sys.argv[2].split();
+  tail -n 1 "$work/$tag-run.jsonl" |
+    "$py" -c 'import json,sys; j=json.load(sys.stdin); n,f,p=sys.argv[1],sys.argv[2].split(),sys.argv[3];
 u={"GFLOP":1e9,"MFLOP":1e6,"TFLOP":1e12,"kFLOP":1e3,"FLOP":1}
-print(json.dumps({"model":n,"mode":"stagecraft","precision":"fp32","median_step_ms":j["median_step_ms"],
+print(json.dumps({"model":n,"mode":"stagecraft","precision":p,"median_step_ms":j["median_step_ms"],
  "step_ms":j["step_ms"],"predicted_step_ms":j.get("predicted_step_ms"),"final_loss":j.get("final_loss"),
  "peak_bytes":[d.get("device_peak_bytes",d["peak_bytes"]) for d in j["device"]],
  "predicted_peak_bytes":[d["predicted_peak_bytes"] for d in j["device"]],
- "forward_flops":float(f[0].replace(",",""))*u[f[1].split("/")[0]]}))' "$name" "$flops" >>"$results"
-  echo "stagecraft $name: $(tail -1 "$results")" >&2
+ "forward_flops":float(f[0].replace(",",""))*u[f[1].split("/")[0]]}))' "$name" "$flops" \
+    "$precision" >>"$results"
+  echo "stagecraft $tag: $(tail -1 "$results")" >&2
 }
 
 # theirs MODEL ARGS...: one PyTorch configuration.
@@ -77,14 +81,20 @@ note "gpu_vs_pytorch: $(nvidia-smi --query-gpu=name --format=csv,noheader), $(da
 # GPT-2 small's shape.
 stagecraft-make-samples gpt --layers 12 --width 768 --heads 12 --seq 1024 --vocab 50257 --tied \
   --external-data -o "$work/gpt2s.onnx" >/dev/null
-ours gpt2 "$work/gpt2s.onnx" "--batch $gpt_batch --dim seq=1024" --loss cross-entropy
+for precision in fp32 mixed; do
+  ours gpt2 "$work/gpt2s.onnx" "--batch $gpt_batch --dim seq=1024" $precision --loss cross-entropy
+done
 for cfg in eager:bf16 compile:bf16 eager:fp32; do
   theirs gpt2 --batch "$gpt_batch" --seq 1024 --mode "${cfg%:*}" --precision "${cfg#*:}"
 done
 # ResNet-50.
 "$py" bench/torch_gpu_step.py export-resnet50 "$work/resnet50.onnx" --image 224 >/dev/null 2>"$work/export.err" ||
   note "FAIL resnet50 export: $(tail -1 "$work/export.err")"
-[ -f "$work/resnet50.onnx" ] && ours resnet50 "$work/resnet50.onnx" "--batch $resnet_batch" --loss mse
+if [ -f "$work/resnet50.onnx" ]; then
+  for precision in fp32 mixed; do
+    ours resnet50 "$work/resnet50.onnx" "--batch $resnet_batch" $precision --loss mse
+  done
+fi
 for cfg in eager:bf16 compile:bf16 eager:fp32; do
   theirs resnet50 --batch "$resnet_batch" --image 224 --mode "${cfg%:*}" --precision "${cfg#*:}"
 done
@@ -96,7 +106,8 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 batch = {"gpt2": int(sys.argv[2]) * 1024, "resnet50": int(sys.argv[3])}
 unit = {"gpt2": "tokens/s", "resnet50": "images/s"}
 for model in ("gpt2", "resnet50"):
-    ours = next((r for r in rows if r["model"] == model and r["mode"] == "stagecraft"), None)
+    ours = next((r for r in rows if r["model"] == model and r["mode"] == "stagecraft"
+                 and r["precision"] == "fp32"), None)
     if ours is None:
         print(f"{model}: no stagecraft figure")
     flops = 3 * ours["forward_flops"] if ours else None
@@ -108,7 +119,8 @@ for model in ("gpt2", "resnet50"):
         if r["model"] != model:
             continue
         ms = r["median_step_ms"]
-        name = "stagecraft (fp32)" if r["mode"] == "stagecraft" else f"pytorch {r['mode']} {r['precision']}"
+        name = (f"stagecraft ({r['precision']})" if r["mode"] == "stagecraft"
+                else f"pytorch {r['mode']} {r['precision']}")
         peak = r["peak_bytes"]
         peak = max(peak) if isinstance(peak, list) else peak
         mfu16 = f"{flops / (ms / 1e3) / 989e12:.1%}" if flops else "-"
@@ -116,10 +128,11 @@ for model in ("gpt2", "resnet50"):
         ratio = f"{ours['median_step_ms'] / ms:.2f}x" if ours else "-"
         print(f"  {name:<26} {ms:>9.1f} {batch[model] / (ms / 1e3):>11.0f} {mfu16:>9} {mfu32:>9} "
               f"{ratio:>13} {peak / 2**30:>9.2f}")
-    if ours and ours.get("predicted_step_ms"):
-        print(f"  stagecraft predicted step {ours['predicted_step_ms']:.1f} ms (h100 roofline), "
-              f"predicted peak {max(ours['predicted_peak_bytes']) / 2**30:.2f} GiB, "
-              f"final loss {ours.get('final_loss')}")
+    for r in rows:
+        if r["model"] == model and r["mode"] == "stagecraft" and r.get("predicted_step_ms"):
+            print(f"  stagecraft ({r['precision']}) predicted step {r['predicted_step_ms']:.1f} ms "
+                  f"(h100 roofline), predicted peak {max(r['predicted_peak_bytes']) / 2**30:.2f} GiB, "
+                  f"final loss {r.get('final_loss')}")
 PY
 cp "$results" "${OUT:-$work}/gpu_vs_pytorch.jsonl" 2>/dev/null || true
 for f in "$work"/*-run.jsonl; do cp "$f" "${OUT:-$work}/" 2>/dev/null || true; done
