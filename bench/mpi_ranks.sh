@@ -11,8 +11,15 @@
 # Environment: BUILD=build, MODEL=samples/models/gpt_tiny.onnx, SEQ=64, BATCH=16, M=8 (per
 # pipeline; the data-parallel plan's replicas take M/2 each, so every plan runs microbatches of
 # BATCH/M samples), STEPS=20, ROUNDS=3 (one-process and mpirun runs alternate).
+# GPU ranks (tools/gpu/run.sh's part mpi-bench): BACKEND=cuda DEVICE_SPEC=h100, with STAGEC,
+# STAGERUN and MPIRUN naming the bundle's tools. Ranks that share the one GPU exchange through
+# host memory (NCCL refuses two ranks on one GPU), threads in one process by device copies.
 set -euo pipefail
 BUILD=${BUILD:-build}
+BACKEND=${BACKEND:-cpu}
+DEVICE_SPEC=${DEVICE_SPEC:-cpu}
+STAGEC=${STAGEC:-$BUILD/tools/stagec}
+STAGERUN=${STAGERUN:-$BUILD/tools/stagerun}
 MODEL=${MODEL:-samples/models/gpt_tiny.onnx}
 SEQ=${SEQ:-64}
 BATCH=${BATCH:-16}
@@ -21,23 +28,23 @@ STEPS=${STEPS:-20}
 ROUNDS=${ROUNDS:-3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mpirun=(mpirun --oversubscribe)
+mpirun=("${MPIRUN:-mpirun}" --oversubscribe)
 [ "$(id -u)" -eq 0 ] && mpirun+=(--allow-run-as-root)
 echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "$MODEL, global batch $BATCH, seq $SEQ, microbatches of $((BATCH / M)), $STEPS steps x $ROUNDS rounds, adam, 1 thread per device; $(mpirun --version | head -1)"
+echo "$MODEL, global batch $BATCH, seq $SEQ, microbatches of $((BATCH / M)), $STEPS steps x $ROUNDS rounds, adam, 1 thread per device; $("${mpirun[0]}" --version | head -1), backend $BACKEND"
 echo
 echo "| plan | ranks | one process: step ms | mpirun: step ms | mpirun's extra | bubble one process | bubble mpirun | all-reduce ms per device (one process / mpirun) | final loss equal |"
 echo "|---|---|---|---|---|---|---|---|---|"
 plan() {  # NAME DEVICES REPLICAS
-  "$BUILD/tools/stagec" "$MODEL" -o "$work/$1" --devices "$2" --data-parallel "$3" --train \
+  "$STAGEC" "$MODEL" -o "$work/$1" --devices "$2" --data-parallel "$3" --train \
     --loss cross-entropy --optimizer adam --lr 0.01 --batch "$BATCH" --microbatches $((M / $3)) \
-    --dim seq="$SEQ" --schedule 1f1b --device-spec cpu >/dev/null
+    --dim seq="$SEQ" --schedule 1f1b --device-spec "$DEVICE_SPEC" >/dev/null
 }
 run() {  # NAME DEVICES LABEL
   for round in $(seq "$ROUNDS"); do
-    "$BUILD/tools/stagerun" "$work/$1" --steps "$STEPS" --json -q --backend cpu | tail -n +$((STEPS + 1)) \
+    "$STAGERUN" "$work/$1" --steps "$STEPS" --json -q --backend "$BACKEND" | tail -n +$((STEPS + 1)) \
       >"$work/$1.one.$round.json"
-    "${mpirun[@]}" -np "$2" "$BUILD/tools/stagerun" "$work/$1" --steps "$STEPS" --json -q \
+    "${mpirun[@]}" -np "$2" "$STAGERUN" "$work/$1" --steps "$STEPS" --json -q --backend "$BACKEND" \
       | tail -n +$((STEPS + 1)) >"$work/$1.mpi.$round.json"
   done
   python3 - "$work/$1" "$2" "$3" "$ROUNDS" <<'PY'

@@ -4,7 +4,8 @@
 # $OUT/summary.txt (one line per check: PASS, FAIL or SKIP with its seconds, and the figures)
 # and $OUT/log.txt (every command's whole output); OUT defaults to ./gpu-results.
 #
-#   bash tools/gpu/run.sh [checks] [racecheck] [bench] [profiled] [torch] [all]  (default all)
+#   bash tools/gpu/run.sh [checks] [racecheck] [mpi-bench] [bench] [profiled] [torch] [all]
+#   (default all)
 #
 # A lease is short (the device tool allows 10 minutes a command), so the three checks that share
 # no state (gradients, conformance, pipelines) run at once, each with its own log appended to
@@ -17,6 +18,7 @@
 #   every schedule), compute-sanitizer memcheck and racecheck over a short pipeline run, and 2
 #   GPU ranks under mpirun against one process (mpi-gpu: NCCL, or MPI through host memory where
 #   the ranks share a GPU; only where the machine has mpirun).
+# mpi-bench: GPU ranks under mpirun against one process (bench/mpi_ranks.sh, BACKEND=cuda).
 # bench: 2- and 4-stage pipelines sharing the GPU, planned from a --profile cuda database:
 #   measured step and bubble against the plan's prediction (stagerun --json).
 # profiled: a GPT-2-small-shaped training step on 1 and 2 devices sharing the GPU, planned
@@ -26,7 +28,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 parts=" ${*:-all} "
-[ "$parts" = " all " ] && parts=" checks racecheck bench profiled torch "
+[ "$parts" = " all " ] && parts=" checks racecheck mpi-bench bench profiled torch "
 start_s=$(date +%s)
 deadline=${STAGECRAFT_GPU_DEADLINE:-570}
 left() { echo $((deadline - ($(date +%s) - start_s))); }
@@ -112,6 +114,20 @@ summarise() {
   echo >>"$summary"
 }
 
+# mpirun for the GPU ranks (checks' mpi-gpu, part mpi-bench): the bundle's Open MPI (Debian 12's
+# 4.1, relocated: bundle.sh), else this machine's mpirun with its own libmpi first
+# (libmpi.so.40: one ABI from Open MPI 3 to 5); mpi_env is empty where there is neither.
+mpi_env=()
+if [ -x "$b/ompi/bin/mpirun" ]; then
+  mpi_env=(OPAL_PREFIX="$b/ompi" PMIX_INSTALL_PREFIX="$b/ompi/pmix2"
+    PMIX_MCA_mca_base_component_path="$b/ompi/pmix2/lib/pmix"
+    OMPI_MCA_mca_base_component_show_load_errors=0 PATH="$b/ompi/bin:$PATH")
+  mpirun_path=$b/ompi/bin/mpirun
+elif command -v mpirun >/dev/null; then
+  mpirun_path=$(command -v mpirun)
+  mpi_env=(LD_LIBRARY_PATH="$(dirname "$(readlink -f "$mpirun_path")")/../lib:$LD_LIBRARY_PATH")
+fi
+
 if ! check probe 60 stagecraft-gpu-probe; then
   say "no usable GPU: nothing else runs"
   exit 1
@@ -128,19 +144,7 @@ if [[ $parts == *" checks "* ]]; then
   grep -E "^\[doctest\] (test cases|assertions):" "$work/log-gradients.txt" "$work/log-pipelines.txt" |
     sed "s|^$work/log-||; s|\.txt:| |" >>"$summary"
   # GPU ranks under mpirun (ctest's gpu.mpi_train): 2 ranks against the one-process CUDA run,
-  # NCCL where the ranks have a GPU each, else MPI through host memory. Under the bundle's Open
-  # MPI (Debian 12's 4.1, relocated: bundle.sh), else this machine's mpirun with its own libmpi
-  # first (libmpi.so.40: one ABI from Open MPI 3 to 5).
-  mpi_env=()
-  if [ -x "$b/ompi/bin/mpirun" ]; then
-    mpi_env=(OPAL_PREFIX="$b/ompi" PMIX_INSTALL_PREFIX="$b/ompi/pmix2"
-      PMIX_MCA_mca_base_component_path="$b/ompi/pmix2/lib/pmix"
-      OMPI_MCA_mca_base_component_show_load_errors=0 PATH="$b/ompi/bin:$PATH")
-    mpirun_path=$b/ompi/bin/mpirun
-  elif command -v mpirun >/dev/null; then
-    mpirun_path=$(command -v mpirun)
-    mpi_env=(LD_LIBRARY_PATH="$(dirname "$(readlink -f "$mpirun_path")")/../lib:$LD_LIBRARY_PATH")
-  fi
+  # NCCL where the ranks have a GPU each, else MPI through host memory.
   if [ ${#mpi_env[@]} -gt 0 ]; then
     check mpi-gpu 300 env "${mpi_env[@]}" bash "$b/mpi_test.sh" gpu_train "$mpirun_path" \
       "$b/bin/stagerun" "$b/bin/stagec" "$b/bin/stagecraft-make-samples" "$b/samples" \
@@ -171,6 +175,20 @@ if [[ $parts == *" racecheck "* ]]; then
   STAGECRAFT_TEST_BACKEND=cuda check racecheck 300 compute-sanitizer --tool racecheck \
     --error-exitcode 1 stagecraft_grad_tests \
     -tc="grad LayerNorm*,grad Reduce*,grad Softmax*,grad InstanceNorm*"
+fi
+
+if [[ $parts == *" mpi-bench "* ]]; then
+  # Issue 14's GPU figure: GPU ranks under mpirun against the one-process CUDA run of the same
+  # plan (bench/mpi_ranks.sh: 2- and 4-device pipelines, 2 replicas x 2 stages; gpt_tiny, its
+  # table to the summary). Ranks on one GPU exchange through host memory; threads, by copies.
+  if [ ${#mpi_env[@]} -gt 0 ]; then
+    check mpi-bench 300 env "${mpi_env[@]}" BACKEND=cuda DEVICE_SPEC=h100 STAGEC="$b/bin/stagec" \
+      STAGERUN="$b/bin/stagerun" MPIRUN="$mpirun_path" MODEL="$b/samples/gpt_tiny.onnx" \
+      BATCH=64 M=8 STEPS=20 ROUNDS=2 bash bench/mpi_ranks.sh
+    grep -E "^(machine:|.*gpt_tiny|\| )" "$log" | tail -7 | sed 's/^/  mpi-bench: /' >>"$summary"
+  else
+    say "SKIP mpi-bench: no mpirun (neither in the bundle nor on this machine)"
+  fi
 fi
 
 if [[ $parts == *" bench "* ]]; then
