@@ -1,5 +1,6 @@
 // The CUDA backend's gradients of MatMul and Gemm (families.h), float32 on cuBLAS
-// (matmul_product.h), with the contract of runtime/format/grad_ops.h and the formulas of the
+// (matmul_product.h), MatMul's also bfloat16 and float16 throughout (mixed precision: 16-bit
+// products with float32 accumulation, as the forward MatMul), with the contract of runtime/format/grad_ops.h and the formulas of the
 // CPU backend's runtime/cpu/grad_matmul.cpp; operand shapes are read by the CPU's rules
 // (runtime/cpu/matmul_shape.h). Only the named outputs are computed (a weight-gradient node of
 // a zero-bubble schedule names dB alone).
@@ -12,11 +13,15 @@
 // summed to C's shape; transposes are read as stored (cuBLAS's OP_T).
 #include <algorithm>
 #include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "runtime/cpu/grad_io.h"
 #include "runtime/cpu/matmul_shape.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/elementwise_common.h"
+#include "runtime/cuda/elementwise_kernels.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/matmul_product.h"
 #include "runtime/format/error.h"
@@ -39,15 +44,24 @@ Shape with_matrix(Shape batch, int64_t rows, int64_t cols) {
 }
 
 // out [own..., rows, cols] = L x R over the full batch `dims.batch`, summed over the batch dims
-// where `own` is 1 (through a scratch tensor) when there are any.
-void product_summed(const KernelArgs& a, const ProductDims& dims, const MatrixOperand& l,
+// where `own` is 1 (through a float32 scratch tensor) when there are any. With 16-bit operands
+// the scratch keeps cuBLAS's float32 accumulation and the sum is rounded to 16 bits once.
+void product_summed(const KernelArgs& a, ProductDims dims, const MatrixOperand& l,
                     const MatrixOperand& r, const Shape& own, Tensor& out) {
-  if (own == dims.batch) return batched_product(a, dims, l, r, out.as<float>(), 1.0f, 0.0f);
+  if (own == dims.batch) return batched_product(a, dims, l, r, out.data, 1.0f, 0.0f);
+  CudaContext& ctx = context(a);
   const Shape full = with_matrix(dims.batch, dims.rows, dims.cols);
-  Tensor scratch = context(a).new_tensor(DType::kFloat32, full, false);
-  batched_product(a, dims, l, r, scratch.as<float>(), 1.0f, 0.0f);
-  sum_to_shape(a, scratch.as<float>(), full, out.as<float>(),
-               with_matrix(own, dims.rows, dims.cols));
+  const Shape summed = with_matrix(own, dims.rows, dims.cols);
+  Tensor scratch = ctx.new_tensor(DType::kFloat32, full, false);
+  dims.out_dtype = DType::kFloat32;
+  batched_product(a, dims, l, r, scratch.data, 1.0f, 0.0f);
+  if (out.dtype == DType::kFloat32)
+    return sum_to_shape(a, scratch.as<float>(), full, out.as<float>(), summed);
+  Tensor wide = ctx.new_tensor(DType::kFloat32, summed, false);
+  sum_to_shape(a, scratch.as<float>(), full, wide.as<float>(), summed);
+  if (!launch_cast(DType::kFloat32, out.dtype, wide.data, out.data, out.numel(), ctx.stream()))
+    refuse_dtype(a, out.dtype);
+  check_launch(a);
 }
 
 // Writes every element of the outputs it is given: each is one product (cuBLAS with beta 0
@@ -69,23 +83,25 @@ void matmul_grad(const KernelArgs& a) {
   if (want_a) expect_shape(a, 0, x.shape);
   if (want_b) expect_shape(a, 1, y.shape);
   if (full * m * n == 0 || k == 0) return zero_outputs(a);  // gradients are all zero
-  const float* xs = x.as<float>();
-  const float* ys = y.as<float>();
-  const float* dys = dy.as<float>();
+  // float32, or one 16-bit type throughout (the check).
+  const DType t = x.dtype;
+  const void* xs = x.data;
+  const void* ys = y.data;
+  const void* dys = dy.data;
 
   if (want_a)  // dA [bf, m, k] = dY [bf, m, n] x B^T [bb, n, k] (B is stored [bb, k, n])
-    product_summed(a, {s.batch, m, n, k}, {dys, s.batch, false}, {ys, s.batch_b, true}, s.batch_a,
-                   *io.dx(0));
+    product_summed(a, {s.batch, m, n, k, t}, {dys, s.batch, false}, {ys, s.batch_b, true},
+                   s.batch_a, *io.dx(0));
   if (want_b) {
     const bool b_unbatched =
         std::all_of(s.batch_b.begin(), s.batch_b.end(), [](int64_t d) { return d == 1; });
     if (b_unbatched && s.batch_a == s.batch)
       // dB [k, n] = A^T [k, P*m] x dY [P*m, n] over all rows at once (A stored [P*m, k]).
-      batched_product(a, {{}, k, full * m, n}, {xs, {}, true}, {dys, {}, false},
-                      io.dx(1)->as<float>(), 1.0f, 0.0f);
+      batched_product(a, {{}, k, full * m, n, t}, {xs, {}, true}, {dys, {}, false},
+                      io.dx(1)->data, 1.0f, 0.0f);
     else  // dB [bf, k, n] = A^T [ba, k, m] x dY [bf, m, n] (A stored [ba, m, k])
-      product_summed(a, {s.batch, k, m, n}, {xs, s.batch_a, true}, {dys, s.batch, false}, s.batch_b,
-                     *io.dx(1));
+      product_summed(a, {s.batch, k, m, n, t}, {xs, s.batch_a, true}, {dys, s.batch, false},
+                     s.batch_b, *io.dx(1));
   }
 }
 
@@ -148,9 +164,35 @@ std::string same_as_cpu_float32(const OpSignature& s) {
   return why.empty() ? all_float32(s) : why;
 }
 
-// The checks are the CPU's: the gradient-op arity and every operand float32.
+// MatMulGrad's check: the CPU's, with every operand float32, or one 16-bit type (bfloat16 or
+// float16) throughout: then natively here (cuBLAS, float32 accumulation), as the forward MatMul.
+// The CPU runs bfloat16 natively too and widens float16 to float32.
+std::string matmul_grad_check(const OpSignature& s) {
+  DType half = DType::kUndefined;
+  bool uniform = true;
+  auto see = [&](DType d) {
+    if (d == DType::kUndefined) return;  // an output not asked for
+    if (d != DType::kBFloat16 && d != DType::kFloat16) uniform = false;
+    if (half == DType::kUndefined) half = d;
+    if (d != half) uniform = false;
+  };
+  for (DType d : s.inputs) see(d);
+  for (DType d : s.outputs) see(d);
+  if (!uniform || half == DType::kUndefined) return same_as_cpu_float32(s);
+  auto wide = [](std::span<const DType> types) {
+    std::vector<DType> out(types.begin(), types.end());
+    for (DType& d : out)
+      if (d != DType::kUndefined) d = DType::kFloat32;
+    return out;
+  };
+  const std::vector<DType> in = wide(s.inputs), out = wide(s.outputs);
+  return same_as_cpu(OpSignature{s.op_type, in, out, s.attrs});
+}
+
+// The checks are the CPU's: the gradient-op arity and every operand float32; MatMulGrad also
+// 16-bit throughout (above).
 const KernelEntry kKernels[] = {
-    {"MatMulGrad", matmul_grad, same_as_cpu_float32, /*writes_every_output=*/true},
+    {"MatMulGrad", matmul_grad, matmul_grad_check, /*writes_every_output=*/true},
     {"GemmGrad", gemm_grad, same_as_cpu_float32, /*writes_every_output=*/true},
 };
 

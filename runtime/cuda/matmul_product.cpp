@@ -46,7 +46,12 @@ void batched_product(const KernelArgs& a, const ProductDims& dims, const MatrixO
   // The 16-bit types through cublasGemmStridedBatchedEx with float32 accumulation.
   const bool bf16 = dims.dtype != DType::kFloat32;
   const cudaDataType_t half = dims.dtype == DType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
-  const int64_t element = dtype_size(dims.dtype);
+  const DType d_dtype = dims.out_dtype == DType::kUndefined ? dims.dtype : dims.out_dtype;
+  if (d_dtype != dims.dtype && !(bf16 && d_dtype == DType::kFloat32))
+    fail(ErrorKind::kInternal, "{} '{}': a product of {} into {} (16-bit into float32 only)",
+         a.op_type, a.name, dtype_name(dims.dtype), dtype_name(d_dtype));
+  const cudaDataType_t d_type = d_dtype == DType::kFloat32 ? CUDA_R_32F : half;
+  const int64_t element = dtype_size(dims.dtype), d_element = dtype_size(d_dtype);
   // The i-th element of an operand, as cuBLAS takes its pointers.
   auto at = [element](const void* p, int64_t i) {
     return static_cast<const void*>(static_cast<const std::byte*>(p) + i * element);
@@ -101,11 +106,11 @@ void batched_product(const KernelArgs& a, const ProductDims& dims, const MatrixO
     // or OP_T when R is stored [cols, inner] with ld inner), its B is L (L^T with OP_N from
     // [rows, inner], ld inner; OP_T from the stored [inner, rows], ld rows), and its C is D,
     // ld cols. Broadcast operands have batch stride 0.
-    void* d_at = const_cast<void*>(at(d, off_d));
+    void* d_at = static_cast<std::byte*>(d) + off_d * d_element;
     const cublasStatus_t status =
         bf16 ? cublasGemmStridedBatchedEx_64(
                    handle, op_of(r), op_of(l), cols, rows, inner, &alpha, at(r.data, off_r), half,
-                   ld_r, sr, at(l.data, off_l), half, ld_l, sl, &beta, d_at, half, cols, sd,
+                   ld_r, sr, at(l.data, off_l), half, ld_l, sl, &beta, d_at, d_type, cols, sd,
                    count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
              : cublasSgemmStridedBatched_64(
                    handle, op_of(r), op_of(l), cols, rows, inner, &alpha,

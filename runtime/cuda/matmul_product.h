@@ -33,6 +33,10 @@ struct ProductDims {
   /// CUDA_R_16BF or CUDA_R_16F operands and CUBLAS_COMPUTE_32F, float32 accumulation, D
   /// rounded to 16 bits once).
   DType dtype = DType::kFloat32;
+  /// D's dtype where it differs from the operands': float32 for 16-bit operands (the product
+  /// kept at its float32 accumulation, for a sum over batches before one rounding). kUndefined:
+  /// `dtype`.
+  DType out_dtype = DType::kUndefined;
 };
 
 /// D = alpha * L x R + beta * D on the context's stream, D dense [batch..., rows, cols] (with

@@ -82,15 +82,18 @@ TEST_CASE("the cuda backend covers the cpu's matmul ops and their gradients") {
     CHECK_FALSE(cuda->check(s).empty());
     CHECK(cuda->check(s) == cpu_backend().check(s));
   }
-  // Mixed precision: MatMul multiplies bfloat16 natively on both (cuBLAS CUDA_R_16BF with
-  // float32 accumulation, oneDNN bf16); Gemm and the gradients natively on the CPU (oneDNN bf16
-  // matmul) and widened to float32 on CUDA (its kernels are float32 only: never given bf16).
+  // Mixed precision: MatMul and its gradient multiply bfloat16 natively on both (cuBLAS
+  // CUDA_R_16BF with float32 accumulation, oneDNN bf16); Gemm and its gradient natively on the
+  // CPU (oneDNN bf16 matmul) and widened to float32 on CUDA (its Gemm kernels are float32 only).
   const DType b = DType::kBFloat16;
   const DType bf_pair[] = {b, b}, bf_one[] = {b}, bf_gemm[] = {b, b, b}, bf_grad[] = {b, b, b, b};
-  const DType bf_weight_only[] = {u, b};
-  const OpSignature bf16_native[] = {{"MatMul", bf_pair, bf_one, none}};
+  const DType bf_weight_only[] = {u, b}, bf_both[] = {b, b};
+  const DType bf_gemm_grad[] = {b, b, b, b, b}, bf_gemm_grad_out[] = {b, b, b};
+  const OpSignature bf16_native[] = {{"MatMul", bf_pair, bf_one, none},
+                                     {"MatMulGrad", bf_grad, bf_weight_only, two},
+                                     {"MatMulGrad", bf_grad, bf_both, two}};
   const OpSignature bf16_widened[] = {{"Gemm", bf_gemm, bf_one, none},
-                                      {"MatMulGrad", bf_grad, bf_weight_only, two}};
+                                      {"GemmGrad", bf_gemm_grad, bf_gemm_grad_out, three}};
   for (const Backend* backend : {cuda, &cpu_backend()}) {
     CAPTURE(backend->name());
     for (const OpSignature& s : bf16_native) {
@@ -103,6 +106,21 @@ TEST_CASE("the cuda backend covers the cpu's matmul ops and their gradients") {
       CHECK(backend->runs_widened(s) == (backend == cuda));
     }
   }
+  // float16 (--precision fp16): MatMul and MatMulGrad natively on CUDA (cuBLAS CUDA_R_16F),
+  // widened to float32 on the CPU. Natively only with one 16-bit type throughout: a gradient
+  // mixing bfloat16 and float16 (no plan writes one) runs widened.
+  const DType h = DType::kFloat16;
+  const DType h_pair[] = {h, h}, h_one[] = {h}, h_grad[] = {h, h, h, h}, h_both[] = {h, h};
+  const DType mixed_grad[] = {b, h, b, b};
+  for (const OpSignature& s : {OpSignature{"MatMul", h_pair, h_one, none},
+                               OpSignature{"MatMulGrad", h_grad, h_both, two}}) {
+    CAPTURE(s.op_type);
+    CHECK(cuda->check(s).empty());
+    CHECK_FALSE(cuda->runs_widened(s));
+    CHECK(cpu_backend().check(s).empty());
+    CHECK(cpu_backend().runs_widened(s));
+  }
+  CHECK(cuda->runs_widened(OpSignature{"MatMulGrad", mixed_grad, bf_both, two}));
 #else
   CHECK(cuda_backend() == nullptr);
 #endif
