@@ -272,18 +272,24 @@ void apply_mixed_precision(PlannedModel& out, Candidate& chosen, const Setup& s,
   for (std::size_t k = 0; k < chosen.stages.size() && k < chosen.rc.input_bytes.size(); ++k)
     chosen.rc.input_bytes[k] += static_cast<double>(mixed.input_bytes_delta[k]);
   // Activations: the planner counted the float outputs at half their float32 bytes; the
-  // graph now holds their real dtypes, and the input and loss Casts' outputs besides (the
-  // weights' copies are weights: stage_files.h). The difference goes on each stage's last op,
-  // which is where the simulation sums a stage's activations.
+  // graph now holds their real dtypes, and the input and loss Casts' outputs besides. The
+  // difference goes on each stage's last op, which is where the simulation sums a stage's
+  // activations. Training keeps the weights' 16-bit copies with each microbatch's forward
+  // values (its backward reads them), so they move from the weights (6 B/param counted one
+  // copy) to the activations: a stage with k microbatches in flight holds k copies.
   NodeFacts mixed_facts = facts;
   for (std::size_t k = 0; k < chosen.stages.size(); ++k) {
     const partition::StageSpan& span = chosen.sol.stages[k];
     int64_t planned = 0;
     for (int i = span.first; i <= span.last; ++i) planned += facts.output_bytes[i];
-    const int64_t delta = mixed.activation_bytes[k] - planned;
-    mixed_facts.output_bytes[span.last] += delta;
     plan::Stage& st = chosen.stages[k];
-    if (s.shape.training) st.memory.activations += st.recompute ? delta : st.in_flight * delta;
+    const int64_t copies = s.shape.training ? mixed.weight_copy_bytes[k] : 0;
+    const int64_t delta = mixed.activation_bytes[k] + copies - planned;
+    mixed_facts.output_bytes[span.last] += delta;
+    if (s.shape.training) {
+      st.memory.activations += st.recompute ? delta : st.in_flight * delta;
+      st.memory.weights -= std::min(copies, st.memory.weights);
+    }
   }
   chosen.predicted = predict(chosen.setup, chosen.schedule, chosen.sol, mixed_facts, g, order,
                              s.microbatch_size * s.shape.microbatches * s.shape.data_parallel,

@@ -179,14 +179,16 @@ MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector
   passes::MixedPrecision().run(graph, context);
   MixedStages out;
   out.activation_bytes.assign(stages.size(), 0);
+  out.weight_copy_bytes.assign(stages.size(), 0);
   for (ir::NodeId n : graph.topological_order()) {
     const int k = stage_of[n];
     if (k < 0 || static_cast<std::size_t>(k) >= stages.size()) continue;
-    // A weight's 16-bit copy is the memory model's 2 B/param of weights (6 B with the fp32
-    // master), not an activation. (The runtime keeps the copy with each microbatch's forward
-    // values, so a stage with k microbatches in flight holds k - 1 copies more than this.)
+    // A weight's 16-bit copy is counted apart (the memory model's weights hold one).
     const ir::Node& node = graph.node(n);
-    if (node.op_type == "Cast" && graph.value(node.inputs[0]).is_initializer()) continue;
+    if (node.op_type == "Cast" && graph.value(node.inputs[0]).is_initializer()) {
+      out.weight_copy_bytes[k] += graph.value(node.outputs[0]).bytes();
+      continue;
+    }
     for (ir::ValueId v : node.outputs)
       if (v != ir::kNoId && is_floating(graph.value(v).dtype))
         out.activation_bytes[k] += graph.value(v).bytes();

@@ -75,9 +75,12 @@ struct MixedStages {
   /// Per stage: the bytes of its nodes' floating-point outputs (what a training forward keeps
   /// per microbatch, as planning's NodeFacts::output_bytes counts it) in the mixed graph, at
   /// their own dtypes: bfloat16 activations, the inputs' 16-bit copies, the loss's float32
-  /// values; the weights' 16-bit copies are left out (the memory model counts them among the
-  /// weights, 6 B/param with the float32 master).
+  /// values; the weights' 16-bit copies are left out (`weight_copy_bytes`).
   std::vector<int64_t> activation_bytes;
+  /// Per stage: the bytes of its weights' 16-bit copies (the Casts of float32 masters). The
+  /// memory model counts one copy among the weights (6 B/param with the master); a training
+  /// forward keeps the copy with each microbatch's values for its backward.
+  std::vector<int64_t> weight_copy_bytes;
 };
 
 /// `--precision mixed` (or fp16) on a split model: runs passes/mixed_precision.cpp over `graph`

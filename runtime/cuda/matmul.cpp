@@ -1,6 +1,6 @@
 // The CUDA backend's matmul family (families.h): MatMul with numpy semantics and Gemm, float32
-// (MatMul bfloat16 and float16 too: mixed precision; not yet run on a GPU), on cuBLAS
-// (matmul_product.h), as the CPU backend's runtime/cpu/matmul.cpp computes them. The
+// (MatMul bfloat16 and float16 too: mixed precision; bfloat16 first run on a GPU on 2026-11-26),
+// on cuBLAS (matmul_product.h), as the CPU backend's runtime/cpu/matmul.cpp computes them. The
 // operand shapes are read by the CPU's own rules (runtime/cpu/matmul_shape.h), so both backends
 // accept and refuse the same nodes.
 #include <algorithm>
@@ -74,7 +74,8 @@ std::string same_as_cpu_float32(const OpSignature& s) {
 }
 
 // MatMul's check: float16 throughout natively here (cuBLAS half GEMM, float32 accumulation;
-// --precision fp16; not yet run on a GPU), where the CPU widens it to float32; else the CPU's.
+// --precision fp16; tests/gpu/gpu_pipeline_test.cpp), where the CPU widens it to float32; else
+// the CPU's.
 std::string matmul_check(const OpSignature& s) {
   auto half = [](DType d) { return d == DType::kFloat16; };
   const bool all_half = std::all_of(s.inputs.begin(), s.inputs.end(), half) &&
