@@ -584,11 +584,6 @@ std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
   std::vector<int> devices;
   world.refuse_together([&] {
     const plan::Plan plan = plan::load_plan(args.plan_dir);
-    if (plan.training && plan.precision == Precision::kFp16)
-      fail(ErrorKind::kUnsupported,
-           "{}: a precision fp16 plan (dynamic loss scaling) runs in one process: under mpirun "
-           "the ranks do not yet agree on the steps to skip",
-           args.plan_dir);
     devices = world.local_devices(plan, args.plan_dir);
   });
   return devices;

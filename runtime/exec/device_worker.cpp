@@ -142,6 +142,7 @@ void DeviceWorker::release_device_copies() {
 
 void DeviceWorker::wait_for_all(const char* when) {
   try {
+    run_.barrier_step.store(step_);
     run_.barrier.arrive_and_wait();
   } catch (Error& e) {
     e.in(fmt::format("step {}: {}", run_.global_step + step_ + 1, when));

@@ -109,6 +109,10 @@ struct RunState {
   /// skipped (written by the first device's worker).
   const bool scales_loss;
   std::unique_ptr<std::atomic<bool>[]> overflow;
+  /// The step the devices of this process wait at the barrier for (every worker stores it
+  /// before it arrives): the step whose overflow flag the barrier's exchange with the other
+  /// processes (RunOptions::step_barrier) carries.
+  std::atomic<int> barrier_step{0};
   std::vector<double> step_scale;
   std::vector<bool> step_skipped;
   const int64_t global_step;  ///< Optimizer steps taken by earlier runs.
@@ -145,6 +149,10 @@ struct RunState {
   void stop_all(Error error);
   /// Whether some worker has failed (`stop_all` was called).
   bool failed();
+  /// The step barrier's wait for the other processes (RunOptions::step_barrier), run by the
+  /// last of this process's devices to arrive: this process's overflow flag of `barrier_step`
+  /// goes out, and the flag is set here where any process's is.
+  void exchange_overflow();
 };
 
 /// One device's worker for one run: its context, arena and the tensors in flight.

@@ -86,7 +86,10 @@ struct RunOptions {
       make_transport;
   /// Called once this process's devices reach a step's start or end: waits for the other
   /// processes' (their steps start and end together, so step times mean the same on each).
-  std::function<void()> step_barrier;
+  /// Takes this process's flag, whether one of its devices found an inf or NaN gradient in the
+  /// step (dynamic loss scaling), and returns whether any process's flag is set: every rank
+  /// then skips the same steps.
+  std::function<bool(bool overflow)> step_barrier;
   /// Seconds a device waits for another (a message, a shared sum, another rank at a step's
   /// start or end) before the run stops with `Error(kTimeout)` naming the instruction and the
   /// peer; 0: no limit. Compute is not limited: a peer computing longer than this between two

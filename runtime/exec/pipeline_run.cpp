@@ -76,7 +76,9 @@ RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inp
       step_loss(steps, std::vector<double>(pipeline_.step_microbatches(), NAN)),
       replica_has_loss(replicas, false),
       meters(devices),
-      barrier(static_cast<int>(pipeline_.local_devices_.size()), options_.step_barrier),
+      barrier(static_cast<int>(pipeline_.local_devices_.size()),
+              options_.step_barrier ? std::function<void()>([this] { exchange_overflow(); })
+                                    : std::function<void()>()),
       reports(devices),
       busy(devices, std::vector<double>(steps, 0.0)),
       allreduce(devices, std::vector<double>(steps, 0.0)),
@@ -153,6 +155,13 @@ void RunState::stop_all(Error error) {
   for (auto& transport : transports)
     if (transport) transport->abort();
   barrier.abort();
+}
+
+void RunState::exchange_overflow() {
+  const int step = barrier_step.load();
+  const bool ours = scales_loss && step >= 0 && step < steps;
+  const bool any = options.step_barrier(ours && overflow[static_cast<size_t>(step)].load());
+  if (ours && any) overflow[static_cast<size_t>(step)] = true;
 }
 
 int median_step(const std::vector<double>& step_s) {
@@ -253,12 +262,13 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
   if (scales_loss()) {
     LossScale::check_scale(loss_scale_.scale, "--loss-scale");
     LossScale::check_window(loss_scale_.window);
-    // Every stage and replica must agree on skipping a step; the overflow flag is shared
-    // through this process's memory only.
-    if (static_cast<int>(local_devices_.size()) != devices())
-      fail(ErrorKind::kUnsupported,
-           "a precision fp16 plan (dynamic loss scaling) runs in one process: its devices must "
-           "agree on every skipped step, which is not carried between mpirun ranks yet");
+    // Every stage and replica must agree on skipping a step: the overflow flag is shared
+    // through this process's memory, and with other processes' by the step barrier.
+    if (static_cast<int>(local_devices_.size()) != devices() && !options.step_barrier)
+      fail(ErrorKind::kInternal,
+           "a precision fp16 plan run on {} of its {} devices without a step barrier to agree "
+           "on skipped steps with the others",
+           local_devices_.size(), devices());
   }
   RunState run(*this, inputs, options);
   std::vector<std::thread> threads;

@@ -280,13 +280,13 @@ std::string World::rank_name(int rank) const {
                      rank);
 }
 
-void World::barrier() const {
+bool World::barrier(bool flag) const {
   stop_note.phase = StopNote::kBarrier;
   const MPI_Comm comm = comms_->control;
   // Every rank sends a token to every other and waits for theirs: unlike MPI_Barrier, it
   // knows whose token is missing when one never comes.
   std::vector<int> tokens(static_cast<size_t>(size_), 0);
-  int token = 1;
+  int token = flag ? 2 : 1;  // 2: this rank's flag is set
   std::vector<MPI_Request> receives, sends;
   std::vector<int> from;
   for (int r = 0; r < size_; ++r) {
@@ -318,6 +318,7 @@ void World::barrier() const {
   if (!poll_until([&] { return all_done(sends); }, timeout_s_))
     fail(ErrorKind::kTimeout, "the step barrier's tokens were not taken within {:g} s",
          timeout_s_);
+  return flag || std::find(tokens.begin(), tokens.end(), 2) != tokens.end();
 }
 
 World::~World() { finish(0); }
@@ -381,7 +382,7 @@ std::string World::distribute(RunOptions& options, const Pipeline& pipeline,
   for (int r = 0; r < plan.data_parallel; ++r)
     layout.replica_names.push_back(rank_name(r * P + rank_ % P));
   const std::string chosen = make_transports(options, pipeline, layout, transport);
-  options.step_barrier = [this] { barrier(); };
+  options.step_barrier = [this](bool overflow) { return barrier(overflow); };
   if (rank_ != 0) options.progress = nullptr;
 
   // The texts of this rank's instructions, for the line it prints when stopped: a receive

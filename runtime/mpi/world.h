@@ -119,8 +119,9 @@ class World {
   /// How messages name `rank`: "rank 1 (device 1)".
   std::string rank_name(int rank) const;
   /// Waits until every rank has called it (the step barrier); past the timeout throws
-  /// `Error(kTimeout)` naming the ranks that did not arrive.
-  void barrier() const;
+  /// `Error(kTimeout)` naming the ranks that did not arrive. Carries one flag per rank (a
+  /// gradient overflowed in the step): returns whether any rank's `flag` is set.
+  bool barrier(bool flag) const;
   /// Stage `stage`'s optimizer state whole on the first replica (collective over the stage
   /// device's replicas: with ZeRO-1 the shards are gathered); the others get nothing.
   std::map<std::string, optim::OptimizerState> whole_state(const Pipeline& pipeline,

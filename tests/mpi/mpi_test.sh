@@ -27,6 +27,8 @@
 #                            in-process bucketed run bit for bit, one device's within 1e-5,
 #                            under gpipe, 1f1b, zb-h1, interleaved, and sharded (1f1b); a bad
 #                            --bucket-mb refused
+#     train_fp16             --precision fp16 (dynamic loss scaling), 2 replicas x 2 devices on
+#                            4 ranks: the in-process run's losses, scales and skipped steps
 #     train_zero             --shard-optimizer (ZeRO-1), 2 replicas x 2 devices on 4 ranks (adam,
 #                            momentum): the unsharded plan's losses, final weights and
 #                            optimizer state (checkpoints) bit for bit, and the
@@ -241,6 +243,31 @@ case "$check" in
       grep -q -- "usage error: --bucket-mb must be a number of MiB above 0" err.txt ||
         fail "--bucket-mb $bad: no usage line: $(cat err.txt)"
     done
+    ;;
+  train_fp16)
+    # fp16 with dynamic loss scaling on 2 replicas x 2 devices, 4 ranks: every rank skips the
+    # steps the in-process run skips (the step barrier carries each rank's overflow flag), so
+    # the losses, scales and skips are the in-process run's bit for bit. The scale starts at
+    # 2^24: the first steps overflow everywhere, and where it halves past the edge some ranks'
+    # gradients overflow and others' do not (without the flag, rank 0 took a step the others
+    # skipped and the losses parted).
+    "$stagec" "$samples/gpt_tiny.onnx" --train --loss cross-entropy --batch 16 --dim seq=16 \
+      --optimizer adam -o plan --devices 4 --data-parallel 2 --microbatches 2 --precision fp16 \
+      >/dev/null
+    "$stagerun" plan --steps 10 --json -q --backend cpu --loss-scale 16777216 >threads.json
+    if ! "${mpi[@]}" -np 4 "$stagerun" plan --steps 10 --json -q --loss-scale 16777216 \
+      >ranks.json 2>ranks.err; then
+      cat ranks.err >&2
+      fail "mpirun -np 4 stagerun (fp16, 2 replicas x 2 devices) failed"
+    fi
+    steps_of() { grep '"type": *"step"' "$1" | grep -o '"\(loss\|loss_scale\|skipped\)":[^,}]*'; }
+    steps_of threads.json >threads.steps
+    steps_of ranks.json >ranks.steps
+    [ "$(grep -c '"skipped":true' ranks.steps)" -ge 1 ] || fail "no step was skipped: $(cat ranks.steps)"
+    [ "$(grep -c '"skipped":false' ranks.steps)" -ge 1 ] || fail "every step was skipped"
+    cmp -s threads.steps ranks.steps ||
+      fail "4 ranks and one process differ: $(paste threads.steps ranks.steps | tr '\n' ' ')"
+    echo "fp16: $(grep -c '"skipped":true' ranks.steps) of 10 steps skipped on every rank, as in one process"
     ;;
   train_zero)
     for optimizer in adam momentum; do
