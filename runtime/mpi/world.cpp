@@ -316,8 +316,7 @@ bool World::barrier(bool flag) const {
   }
   // Every rank has posted its receives (its token came): the sends complete.
   if (!poll_until([&] { return all_done(sends); }, timeout_s_))
-    fail(ErrorKind::kTimeout, "the step barrier's tokens were not taken within {:g} s",
-         timeout_s_);
+    fail(ErrorKind::kTimeout, "the step barrier's tokens were not taken in {:g} s", timeout_s_);
   return flag || std::find(tokens.begin(), tokens.end(), 2) != tokens.end();
 }
 
