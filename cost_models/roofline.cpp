@@ -36,18 +36,31 @@ std::string RooflineCostModel::name() const {
   return fmt::format("roofline({}, {})", device_.name, to_string(precision_));
 }
 
-double RooflineCostModel::roofline_seconds(double flops, double bytes, bool tensor_op) const {
-  bool sixteen_bit = tensor_op && is_16bit(precision_);
-  double peak = sixteen_bit ? device_.peak_flops_fp16 : device_.peak_flops_fp32;
+double RooflineCostModel::roofline_seconds(double flops, double bytes, bool tensor_op,
+                                           bool sixteen_bit) const {
+  double peak = tensor_op && sixteen_bit ? device_.peak_flops_fp16 : device_.peak_flops_fp32;
   double efficiency = tensor_op ? device_.efficiency : 1.0;
   return std::max(flops / (peak * efficiency), bytes / device_.memory_bandwidth);
 }
 
-double RooflineCostModel::stored_bytes(const ir::Graph& graph, ir::ValueId id) const {
+double RooflineCostModel::stored_bytes(const ir::Graph& graph, ir::ValueId id,
+                                       bool widened) const {
   if (id == ir::kNoId) return 0;
   const ir::Value& value = graph.value(id);
   double bytes = static_cast<double>(value.bytes());
-  return is_16bit(precision_) && value.dtype == DType::kFloat32 ? bytes / 2 : bytes;
+  if (!is_16bit(precision_) || value.dtype != DType::kFloat32) return bytes;
+  return widened ? 2.5 * bytes : bytes / 2;
+}
+
+bool RooflineCostModel::runs_16_bit(const ir::Node& node) const {
+  const OpInfo* info = op_info(node.op_type);
+  if (info->family == OpFamily::kData || info->family == OpFamily::kShape ||
+      node.op_type == "Cast")
+    return true;
+  const bool gpu = device_.kind == "gpu", bf16 = precision_ == Precision::kMixed;
+  if (node.op_type == "MatMul") return gpu || bf16;  // the CPU widens float16
+  if (node.op_type == "Gemm") return !gpu && bf16;   // oneDNN bf16; CUDA's Gemm is float32
+  return false;
 }
 
 OpTime RooflineCostModel::op_time(const ir::Graph& graph, const ir::Node& node) const {
@@ -57,13 +70,20 @@ OpTime RooflineCostModel::op_time(const ir::Graph& graph, const ir::Node& node) 
   const OpFamily family = info->family;
   const bool tensor_op = family == OpFamily::kMatMul || family == OpFamily::kConv;
   const bool view = info->view();
-  const double launch = device_.launch_overhead_s;
   const OpWork work = forward_work(graph, node);
+  const bool sixteen_bit = is_16bit(precision_) && runs_16_bit(node);
+  const bool widened = is_16bit(precision_) && !sixteen_bit;
+  // A widened kernel launches a cast more per floating input and output.
+  int casts = 0;
+  auto stored = [&](ir::ValueId id) {
+    if (widened && id != ir::kNoId && graph.value(id).dtype == DType::kFloat32) ++casts;
+    return stored_bytes(graph, id, widened);
+  };
 
   double written = 0;
   bool float_output = false;
   for (ir::ValueId out : node.outputs) {
-    written += stored_bytes(graph, out);
+    written += stored(out);
     float_output = float_output || (out != ir::kNoId && is_floating(graph.value(out).dtype));
   }
   double bytes = 0;
@@ -72,14 +92,16 @@ OpTime RooflineCostModel::op_time(const ir::Graph& graph, const ir::Node& node) 
   } else if (family == OpFamily::kData) {
     bytes = view ? 0 : 2 * written;
     if (node.op_type == "Gather" && node.inputs.size() > 1)
-      bytes += stored_bytes(graph, node.inputs[1]);
+      bytes += stored(node.inputs[1]);
   } else {
-    for (ir::ValueId in : node.inputs) bytes += stored_bytes(graph, in);
+    for (ir::ValueId in : node.inputs) bytes += stored(in);
     bytes += written;
   }
+  const double launch = device_.launch_overhead_s * (1 + casts);
 
   OpTime time;
-  time.forward_s = launch + (view ? 0.0 : roofline_seconds(work.flops, bytes, tensor_op));
+  time.forward_s =
+      launch + (view ? 0.0 : roofline_seconds(work.flops, bytes, tensor_op, sixteen_bit));
   if (!float_output) return time;
 
   if (tensor_op) {
@@ -102,7 +124,7 @@ OpTime RooflineCostModel::op_time(const ir::Graph& graph, const ir::Node& node) 
       has_weight = has_weight || role == InputRole::kWeight;
     }
     double gradient =
-        launch + (view ? 0.0 : roofline_seconds(2 * work.flops, bytes + written, false));
+        launch + (view ? 0.0 : roofline_seconds(2 * work.flops, bytes + written, false, false));
     if (has_activation) {
       time.backward_input_s = gradient;
       if (has_weight)

@@ -15,8 +15,16 @@
 ///   views (ops.def's kView: Reshape, Flatten, Squeeze, Unsqueeze, Identity) move nothing and cost the launch
 ///   alone; other layout ops (Gather, Slice, Split, Concat, Transpose, Expand) read what they
 ///   write (twice the output bytes, plus Gather's indices), not their whole input; shape ops
-///   write only their output. In mixed precision, floating-point tensors (activations and the
-///   16-bit weight copies) count half their fp32 bytes; integer tensors stay as they are.
+///   write only their output. In mixed precision (and fp16), floating-point tensors
+///   (activations and the 16-bit weight copies) count half their fp32 bytes; integer tensors
+///   stay as they are.
+/// - 16-bit plans, kernel by kernel as the runtimes run them (`runs_16_bit`): the ops that move
+///   bytes (layout, shape, Cast) and the 16-bit products (MatMul and its gradients on both
+///   backends; Gemm's in bfloat16 on the CPU; float16 products on CUDA alone) run on 16-bit
+///   tensors, the products at the 16-bit peak. Every other op runs widened: its float32 kernel
+///   between casts (runtime/core/program.cpp `run_widened`), each floating input read at 2
+///   bytes and written at 4, each output read at 4 and written at 2, on top of the float32
+///   kernel's own traffic (2.5x its float bytes), one launch more per cast, at the fp32 peak.
 /// - Backward of MatMul/Gemm/Conv: one product per differentiable input of the forward's size,
 ///   each costing what the forward costs (launch included). The product for a weight is
 ///   backward_weight (W, which zero-bubble schedules may defer); the one for an activation is
@@ -73,10 +81,14 @@ class RooflineCostModel final : public OpCostModel {
   Precision precision() const { return precision_; }
 
  private:
-  /// max(flops / (peak * efficiency), bytes / bandwidth), without the launch overhead.
-  double roofline_seconds(double flops, double bytes, bool tensor_op) const;
-  /// Bytes of `value` as this precision stores it.
-  double stored_bytes(const ir::Graph& graph, ir::ValueId value) const;
+  /// max(flops / (peak * efficiency), bytes / bandwidth), without the launch overhead; the
+  /// 16-bit peak where `sixteen_bit` (a tensor op's 16-bit kernel).
+  double roofline_seconds(double flops, double bytes, bool tensor_op, bool sixteen_bit) const;
+  /// Bytes `value` moves for a node: as this precision stores it, or, where the node runs
+  /// `widened`, its float32 bytes with the casts' traffic around them (2.5x).
+  double stored_bytes(const ir::Graph& graph, ir::ValueId value, bool widened) const;
+  /// Whether `node` of a 16-bit plan runs on 16-bit tensors (else widened: the header).
+  bool runs_16_bit(const ir::Node& node) const;
 
   DeviceSpec device_;
   Precision precision_;

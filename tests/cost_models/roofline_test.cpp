@@ -144,7 +144,7 @@ TEST_CASE("Gemm with a bias: the bias gradient reads the output gradient once mo
         doctest::Approx(t.forward_s + 256.0 * 1024 * 4 / kH100.memory_bandwidth));
 }
 
-TEST_CASE("an Add is memory-bound, mixed precision halves its bytes") {
+TEST_CASE("an Add is memory-bound; a 16-bit plan runs it widened, 2.5x its float32 bytes") {
   GraphBuilder b;
   std::vector<int64_t> shape{1024, 1024, 16};
   auto x = b.tensor("x", shape), y = b.tensor("y", shape), z = b.tensor("z", shape);
@@ -160,9 +160,47 @@ TEST_CASE("an Add is memory-bound, mixed precision halves its bytes") {
   CHECK(t.backward_s > t.forward_s);
   CHECK(t.backward_s < 2 * t.forward_s);
 
-  OpTime m = RooflineCostModel(kH100, Precision::kMixed).op_time(b.graph, add);
-  CHECK(m.forward_s ==
-        doctest::Approx(kH100.launch_overhead_s + bytes / 2 / kH100.memory_bandwidth));
+  // No bf16 Add kernel on either backend: the float32 kernel between casts (two inputs cast
+  // in, the output cast out: 3 launches more), each float32 tensor moved as 2 + 4 + 4 bytes.
+  for (Precision p : {Precision::kMixed, Precision::kFp16}) {
+    OpTime m = RooflineCostModel(kH100, p).op_time(b.graph, add);
+    CHECK(m.forward_s ==
+          doctest::Approx(4 * kH100.launch_overhead_s + 2.5 * bytes / kH100.memory_bandwidth));
+  }
+}
+
+TEST_CASE("a 16-bit plan: products on 16-bit kernels where the backend has them, layout native") {
+  GraphBuilder b;
+  const int64_t n = 4096;
+  auto x = b.tensor("x", {n, n}), w = b.weight("w", {n, n}), y = b.tensor("y", {n, n});
+  auto yg = b.tensor("yg", {n, n}), yt = b.tensor("yt", {n, n});
+  // Copies: the graph's node list grows under a reference.
+  const ir::Node matmul = b.node("MatMul", {x, w}, {y});
+  const ir::Node gemm = b.node("Gemm", {x, w}, {yg});
+  const ir::Node transpose = b.node("Transpose", {y}, {yt});
+  const DeviceSpec cpu = *device_preset("cpu");
+  auto forward = [&](const DeviceSpec& d, Precision p, const ir::Node& node) {
+    return RooflineCostModel(d, p).op_time(b.graph, node).forward_s;
+  };
+  // CUDA: MatMul in bfloat16 and float16 at the 16-bit peak; Gemm's kernel is float32, so a
+  // 16-bit Gemm runs widened, no faster than float32.
+  for (Precision p : {Precision::kMixed, Precision::kFp16}) {
+    CAPTURE(to_string(p));
+    CHECK(forward(kH100, p, matmul) < forward(kH100, Precision::kFp32, matmul) / 5);
+    CHECK(forward(kH100, p, gemm) > forward(kH100, Precision::kFp32, gemm));
+  }
+  // The CPU: MatMul and Gemm in bfloat16 natively (oneDNN; the preset's 16-bit peak is its
+  // float32 one, so a compute-bound product takes the same time), float16 widened (casts more).
+  for (const ir::Node* node : {&matmul, &gemm}) {
+    CAPTURE(node->op_type);
+    const double fp32 = forward(cpu, Precision::kFp32, *node);
+    CHECK(forward(cpu, Precision::kMixed, *node) == doctest::Approx(fp32));
+    CHECK(forward(cpu, Precision::kFp16, *node) > fp32);
+  }
+  // Layout moves 16-bit bytes on both: half of float32's.
+  const double t32 = forward(kH100, Precision::kFp32, transpose) - kH100.launch_overhead_s;
+  CHECK(forward(kH100, Precision::kMixed, transpose) - kH100.launch_overhead_s ==
+        doctest::Approx(t32 / 2));
 }
 
 TEST_CASE("views cost the launch alone") {
@@ -206,8 +244,12 @@ TEST_CASE("LayerNorm splits its backward into input and weight parts") {
   RooflineCostModel model(kH100, Precision::kMixed);
   OpTime t = model.op_time(b.graph, b.node("LayerNormalization", {x, scale, bias}, {y}));
   CHECK(t.backward_input_s > t.forward_s);
+  // The W part reads the output gradient once. In a mixed plan LayerNormalization runs widened
+  // (no bf16 kernel): its float32 bytes with the casts' (2.5x), and a launch per cast of its
+  // 4 floating operands.
   CHECK(t.backward_weight_s ==
-        doctest::Approx(kH100.launch_overhead_s + 8.0 * 512 * 768 * 2 / kH100.memory_bandwidth));
+        doctest::Approx(5 * kH100.launch_overhead_s +
+                        8.0 * 512 * 768 * 4 * 2.5 / kH100.memory_bandwidth));
   CHECK(t.backward_s == doctest::Approx(t.backward_input_s + t.backward_weight_s));
 }
 
