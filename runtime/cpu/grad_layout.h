@@ -21,21 +21,12 @@ namespace stagecraft::rt::cpu {
 /// and dY's shape checked.
 inline std::vector<int64_t> transpose_grad_strides(const KernelArgs& a, const Tensor& x,
                                                    const Tensor& dy) {
-  std::vector<int64_t> perm = a.attrs.ints("perm");
-  if (perm.empty()) {
-    perm.resize(x.shape.size());
-    std::iota(perm.rbegin(), perm.rend(), 0);
-  }
-  if (static_cast<int64_t>(perm.size()) != x.rank())
-    fail(ErrorKind::kModel, "Transpose perm has {} entries for a rank-{} input", perm.size(),
-         x.rank());
+  const std::vector<int64_t> perm = transpose_perm(a, x.rank());
   Shape y_shape;
-  std::vector<int64_t> inverse(perm.size(), -1);
+  std::vector<int64_t> inverse(perm.size());
   for (size_t d = 0; d < perm.size(); ++d) {
-    const int64_t p = normalize_axis(a, perm[d], x.rank());
-    if (inverse[p] >= 0) fail(ErrorKind::kModel, "Transpose perm lists axis {} twice", perm[d]);
-    inverse[p] = static_cast<int64_t>(d);
-    y_shape.push_back(x.shape[p]);
+    inverse[static_cast<size_t>(perm[d])] = static_cast<int64_t>(d);
+    y_shape.push_back(x.shape[static_cast<size_t>(perm[d])]);
   }
   expect_dy_shape(a, dy, y_shape);
   const std::vector<int64_t> dy_strides = dense_strides(y_shape);

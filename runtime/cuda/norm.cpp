@@ -75,14 +75,9 @@ void layer_norm(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   const cpu::LayerNormOperands o = cpu::layer_norm_operands(a);
   if (o.outer == 0) return;
-  const int64_t outer = o.outer, inner = o.inner;
-  const Tensor* scale = o.scale;
-  const Tensor* bias = o.bias;
-  Tensor* mean_out = o.mean;
-  Tensor* inv_std_out = o.inv_std;
-  launch_layer_norm(x.as<float>(), scale->as<float>(), bias ? bias->as<float>() : nullptr,
-                    a.out[0]->as<float>(), mean_out ? mean_out->as<float>() : nullptr,
-                    inv_std_out ? inv_std_out->as<float>() : nullptr, outer, inner,
+  launch_layer_norm(x.as<float>(), o.scale->as<float>(), o.bias ? o.bias->as<float>() : nullptr,
+                    a.out[0]->as<float>(), o.mean ? o.mean->as<float>() : nullptr,
+                    o.inv_std ? o.inv_std->as<float>() : nullptr, o.outer, o.inner,
                     a.attrs.f("epsilon", 1e-5f), context(a).stream());
   check_launch(a);
 }
