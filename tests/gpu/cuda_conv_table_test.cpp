@@ -17,7 +17,9 @@
 namespace stagecraft::rt {
 namespace {
 
-using gpu_test::find_entry;
+using gpu_test::check_accepted_alike;
+using gpu_test::check_covers;
+using gpu_test::check_refused_alike;
 using gpu_test::set_int;
 using gpu_test::set_ints;
 using gpu_test::set_string;
@@ -26,17 +28,8 @@ TEST_CASE("the cuda backend covers the cpu's conv and pooling ops and their grad
 #ifdef STAGECRAFT_WITH_CUDA
   const Backend* cuda = cuda_backend();
   REQUIRE(cuda != nullptr);
-  const std::span<const KernelEntry> families[] = {cpu::conv_kernels(), cpu::pool_kernels(),
-                                                   cpu::grad_conv_kernels()};
-  int ops = 0;
-  for (const auto& family : families)
-    for (const KernelEntry& cpu_entry : family) {
-      CAPTURE(cpu_entry.op_type);
-      const KernelEntry* entry = find_entry(cuda->table(), cpu_entry.op_type);
-      REQUIRE(entry != nullptr);
-      CHECK(entry->writes_every_output == cpu_entry.writes_every_output);
-      ++ops;
-    }
+  const int ops =
+      check_covers(*cuda, {cpu::conv_kernels(), cpu::pool_kernels(), cpu::grad_conv_kernels()});
   CHECK(ops == 8);  // Conv, MaxPool, AveragePool, GlobalAveragePool and their gradients
 
   // Attribute sets: a 2-D window with asymmetric pads and ceil_mode; SAME_LOWER; values the
@@ -106,11 +99,7 @@ TEST_CASE("the cuda backend covers the cpu's conv and pooling ops and their grad
                                   {"MaxPoolGrad", max_pool_grad_in, f32, pool_grad},
                                   {"AveragePoolGrad", pool_grad_in, f32, pool_grad},
                                   {"GlobalAveragePoolGrad", pool_grad_in, f32, pool_grad}};
-  for (const OpSignature& s : accepted) {
-    CAPTURE(s.op_type);
-    CHECK(cpu_backend().check(s).empty());
-    CHECK(cuda->check(s).empty());
-  }
+  check_accepted_alike(*cuda, accepted);
   const OpSignature refused[] = {{"Conv", f64_2, f64, same},
                                  {"Conv", f32, f32, same},
                                  {"Conv", f32_2, f32, four_d},
@@ -123,11 +112,7 @@ TEST_CASE("the cuda backend covers the cpu's conv and pooling ops and their grad
                                  {"ConvGrad", pool_grad_in, f32, conv_grad},
                                  {"MaxPoolGrad", pool_grad_in, f32, conv_grad},
                                  {"AveragePoolGrad", max_pool_grad_in, f32, pool_grad}};
-  for (const OpSignature& s : refused) {
-    CAPTURE(s.op_type);
-    CHECK_FALSE(cuda->check(s).empty());
-    CHECK(cuda->check(s) == cpu_backend().check(s));
-  }
+  check_refused_alike(*cuda, refused);
 #else
   CHECK(cuda_backend() == nullptr);
 #endif

@@ -16,27 +16,20 @@
 namespace stagecraft::rt {
 namespace {
 
-using gpu_test::find_entry;
+using gpu_test::check_accepted_alike;
+using gpu_test::check_covers;
+using gpu_test::check_refused_alike;
 
 TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their gradients") {
 #ifdef STAGECRAFT_WITH_CUDA
   const Backend* cuda = cuda_backend();
   REQUIRE(cuda != nullptr);
-  const std::span<const KernelEntry> families[] = {
-      cpu::elementwise_kernels(), cpu::leaky_relu_kernels(), cpu::unary_math_kernels(),
-      cpu::activation_kernels(),  cpu::compare_logic_kernels(), cpu::loss_kernels(),
-      cpu::grad_eltwise_kernels()};
-  int ops = 0;
-  for (const auto& family : families)
-    for (const KernelEntry& cpu_entry : family) {
-      CAPTURE(cpu_entry.op_type);
-      const KernelEntry* entry = find_entry(cuda->table(), cpu_entry.op_type);
-      REQUIRE(entry != nullptr);
-      CHECK(entry->writes_every_output == cpu_entry.writes_every_output);
-      ++ops;
-    }
+  const int ops = check_covers(
+      *cuda, {cpu::elementwise_kernels(), cpu::leaky_relu_kernels(), cpu::unary_math_kernels(),
+              cpu::activation_kernels(), cpu::compare_logic_kernels(), cpu::loss_kernels(),
+              cpu::grad_eltwise_kernels()});
   CHECK(ops >= 69);  // 17 elementwise, 2 leaky_relu, 12 unary maths, 8 activations,
-                    // 11 comparisons/logic/Min/Max/Mod, 2 loss, 17 gradients
+                     // 11 comparisons/logic/Min/Max/Mod, 2 loss, 17 gradients
 
   // Signatures the CPU takes (integer arithmetic, mixed Pow, Cast through 16-bit floats), and
   // ones it refuses, answered alike.
@@ -57,24 +50,15 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
   const DType f64_pair[] = {DType::kFloat64, DType::kFloat64};
   const DType f64[] = {DType::kFloat64};
   const DType u16[] = {DType::kUInt16};
-  const OpSignature accepted[] = {{"Add", i16_pair, i16, none},
-                                  {"Neg", i8, i8, none},
-                                  {"Abs", u16, u16, none},
-                                  {"PRelu", f64_pair, f64, none},
-                                  {"Max", i16_triple, i16, none},
-                                  {"Greater", i16_pair, b, none},
-                                  {"And", bools, b, none},
-                                  {"Mod", i16_pair, i16, none},
-                                  {"Div", i16_pair, i16, none},
-                                  {"Pow", pow_in, i32, none},
-                                  {"Equal", bools, b, none},
-                                  {"Where", where_in, i64, none},
-                                  {"Clip", u8, u8, none},
-                                  {"SoftmaxCrossEntropyLoss", sce_in, f32, none}};
-  for (const OpSignature& s : accepted) {
-    CAPTURE(s.op_type);
-    CHECK(cuda->check(s).empty());
-  }
+  const OpSignature accepted[] = {
+      {"Add", i16_pair, i16, none},   {"Neg", i8, i8, none},
+      {"Abs", u16, u16, none},        {"PRelu", f64_pair, f64, none},
+      {"Max", i16_triple, i16, none}, {"Greater", i16_pair, b, none},
+      {"And", bools, b, none},        {"Mod", i16_pair, i16, none},
+      {"Div", i16_pair, i16, none},   {"Pow", pow_in, i32, none},
+      {"Equal", bools, b, none},      {"Where", where_in, i64, none},
+      {"Clip", u8, u8, none},         {"SoftmaxCrossEntropyLoss", sce_in, f32, none}};
+  check_accepted_alike(*cuda, accepted);
   const OpSignature refused[] = {{"Relu", u8, u8, none},
                                  {"Neg", u8, u8, none},
                                  {"Exp", i32, i32, none},
@@ -86,11 +70,7 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
                                  {"Sigmoid", i16, i16, none},
                                  {"Add", bools, b, none},
                                  {"SoftmaxCrossEntropyLoss", i16_pair, f32, none}};
-  for (const OpSignature& s : refused) {
-    CAPTURE(s.op_type);
-    CHECK_FALSE(cuda->check(s).empty());
-    CHECK(cuda->check(s) == cpu_backend().check(s));
-  }
+  check_refused_alike(*cuda, refused);
 #else
   CHECK(cuda_backend() == nullptr);
 #endif

@@ -22,7 +22,9 @@
 namespace stagecraft::rt {
 namespace {
 
-using gpu_test::find_entry;
+using gpu_test::check_accepted_alike;
+using gpu_test::check_covers;
+using gpu_test::check_refused_alike;
 
 // A node carrying the gradient contract's forward_inputs = n.
 [[maybe_unused]] onnx::NodeProto grad_node(int64_t n) {
@@ -38,17 +40,7 @@ TEST_CASE("the cuda backend covers the cpu's matmul ops and their gradients") {
 #ifdef STAGECRAFT_WITH_CUDA
   const Backend* cuda = cuda_backend();
   REQUIRE(cuda != nullptr);
-  const std::span<const KernelEntry> families[] = {cpu::matmul_kernels(),
-                                                   cpu::grad_matmul_kernels()};
-  int ops = 0;
-  for (const auto& family : families)
-    for (const KernelEntry& cpu_entry : family) {
-      CAPTURE(cpu_entry.op_type);
-      const KernelEntry* entry = find_entry(cuda->table(), cpu_entry.op_type);
-      REQUIRE(entry != nullptr);
-      CHECK(entry->writes_every_output == cpu_entry.writes_every_output);
-      ++ops;
-    }
+  const int ops = check_covers(*cuda, {cpu::matmul_kernels(), cpu::grad_matmul_kernels()});
   CHECK(ops == 4);  // MatMul, Gemm, MatMulGrad, GemmGrad
 
   const DType f = DType::kFloat32, u = DType::kUndefined, d = DType::kFloat64;
@@ -66,22 +58,14 @@ TEST_CASE("the cuda backend covers the cpu's matmul ops and their gradients") {
                                   {"Gemm", gemm_no_c, one, none},
                                   {"MatMulGrad", grad_in, weight_only, two},
                                   {"GemmGrad", gemm_grad_in, gemm_grad_out, three}};
-  for (const OpSignature& s : accepted) {
-    CAPTURE(s.op_type);
-    CHECK(cuda->check(s).empty());
-    CHECK(cpu_backend().check(s).empty());
-  }
+  check_accepted_alike(*cuda, accepted);
   // Refused alike: other dtypes, and gradient nodes that break the contract's arity.
   const OpSignature refused[] = {{"MatMul", doubles, one_d, none},
                                  {"Gemm", mixed, one, none},
                                  {"MatMulGrad", grad_in, pair, none},
                                  {"MatMulGrad", five, gemm_grad_out, three},
                                  {"GemmGrad", five, gemm_grad_out, two}};
-  for (const OpSignature& s : refused) {
-    CAPTURE(s.op_type);
-    CHECK_FALSE(cuda->check(s).empty());
-    CHECK(cuda->check(s) == cpu_backend().check(s));
-  }
+  check_refused_alike(*cuda, refused);
   // Mixed precision: MatMul and its gradient multiply bfloat16 natively on both (cuBLAS
   // CUDA_R_16BF with float32 accumulation, oneDNN bf16); Gemm and its gradient natively on the
   // CPU (oneDNN bf16 matmul) and widened to float32 on CUDA (its Gemm kernels are float32 only).

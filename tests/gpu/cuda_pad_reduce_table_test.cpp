@@ -18,7 +18,9 @@
 namespace stagecraft::rt {
 namespace {
 
-using gpu_test::find_entry;
+using gpu_test::check_accepted_alike;
+using gpu_test::check_covers;
+using gpu_test::check_refused_alike;
 using gpu_test::set_int;
 using gpu_test::set_ints;
 
@@ -26,16 +28,7 @@ TEST_CASE("the cuda backend covers the cpu's Pad and reductions and their gradie
 #ifdef STAGECRAFT_WITH_CUDA
   const Backend* cuda = cuda_backend();
   REQUIRE(cuda != nullptr);
-  const std::span<const KernelEntry> families[] = {cpu::pad_kernels(), cpu::reduction_kernels()};
-  int ops = 0;
-  for (const auto& family : families)
-    for (const KernelEntry& cpu_entry : family) {
-      CAPTURE(cpu_entry.op_type);
-      const KernelEntry* entry = find_entry(cuda->table(), cpu_entry.op_type);
-      REQUIRE(entry != nullptr);
-      CHECK(entry->writes_every_output == cpu_entry.writes_every_output);
-      ++ops;
-    }
+  const int ops = check_covers(*cuda, {cpu::pad_kernels(), cpu::reduction_kernels()});
   CHECK(ops == 20);  // Pad and 9 reductions, each with its gradient
 
   onnx::NodeProto plain_node;
@@ -116,11 +109,7 @@ TEST_CASE("the cuda backend covers the cpu's Pad and reductions and their gradie
                                   {"ReduceSumSquareGrad", grad_in1, f32, grad1},
                                   {"ReduceLogSumGrad", grad_in1, f32, grad1},
                                   {"ReduceLogSumExpGrad", grad_in1, f32, grad1}};
-  for (const OpSignature& s : accepted) {
-    CAPTURE(s.op_type);
-    CHECK(cpu_backend().check(s).empty());
-    CHECK(cuda->check(s).empty());
-  }
+  check_accepted_alike(*cuda, accepted);
   // float16 has no kernel of its own: both backends run it widened to float32 (stagec
   // --precision fp16), so it is accepted; strings are refused.
   for (const OpSignature& s :
@@ -148,11 +137,7 @@ TEST_CASE("the cuda backend covers the cpu's Pad and reductions and their gradie
                                  {"ReduceSumGrad", grad_in2, grad_out2_axes, grad2},
                                  {"ReduceMaxGrad", grad_in_f64, f64, grad1},
                                  {"ReduceL2Grad", grad_in3, grad_out3, grad3}};
-  for (const OpSignature& s : refused) {
-    CAPTURE(s.op_type);
-    CHECK_FALSE(cuda->check(s).empty());
-    CHECK(cuda->check(s) == cpu_backend().check(s));
-  }
+  check_refused_alike(*cuda, refused);
 #else
   CHECK(cuda_backend() == nullptr);
 #endif

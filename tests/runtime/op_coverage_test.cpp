@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "compiler/import.h"
 #include "compiler/ir/onnx_bridge.h"
@@ -42,6 +43,24 @@ std::string conv3x3(ModelBuilder& b, const std::string& name, const std::string&
                   {attr_ints("kernel_shape", {3, 3}), attr_ints("pads", {pad, pad, pad, pad})});
 }
 
+// The classifier head the models here end with: x -> Flatten -> Gemm with fc.weight
+// [4, features] and fc.bias [4] (transB; alpha and beta written out where `scaled`, as older
+// exports write them) -> y [batch,4], the model's output.
+void fc_output(ModelBuilder& b, const std::string& x, int64_t features, bool scaled = false) {
+  const std::string flat = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
+  const std::string w = b.add_parameter("fc.weight", {4, features}, features);
+  const std::string bias = b.add_parameter("fc.bias", {4}, features);
+  std::vector<onnx::AttributeProto> attrs = {attr_int("transB", 1)};
+  if (scaled) attrs.insert(attrs.begin(), {attr_float("alpha", 1.0f), attr_float("beta", 1.0f)});
+  b.add_node("Gemm", "/fc/Gemm", {flat, w, bias}, {"y"}, std::move(attrs));
+  b.add_output("y", kFloat, {"batch", 4});
+}
+
+// x [batch,8,h,w] -> GlobalAveragePool -> the head above -> y [batch,4].
+void pooled_fc_output(ModelBuilder& b, const std::string& x, bool scaled = false) {
+  fc_output(b, b.add_op("GlobalAveragePool", "/gap/GlobalAveragePool", {x}), 8, scaled);
+}
+
 // A Pad as torch.onnx writes it at opset 11+: the pads a Constant node, the mode an attribute.
 std::string pad(ModelBuilder& b, const std::string& name, const std::string& x,
                 const std::vector<int64_t>& pads, const std::string& mode) {
@@ -70,13 +89,7 @@ ModelBuilder pad_net() {
   x = pad(b, "zero", x, {0, 0, 1, 1, 0, 0, 1, 1}, "constant");
   x = conv3x3(b, "conv3", x, 8, 8, 0);
   x = b.add_op("Relu", "/relu3/Relu", {x});
-  x = b.add_op("GlobalAveragePool", "/gap/GlobalAveragePool", {x});
-  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
-  const std::string w = b.add_parameter("fc.weight", {4, 8}, 8);
-  const std::string bias = b.add_parameter("fc.bias", {4}, 8);
-  b.add_node("Gemm", "/fc/Gemm", {x, w, bias}, {"y"},
-             {attr_float("alpha", 1.0f), attr_float("beta", 1.0f), attr_int("transB", 1)});
-  b.add_output("y", kFloat, {"batch", 4});
+  pooled_fc_output(b, x, /*scaled=*/true);
   return b;
 }
 
@@ -92,29 +105,29 @@ std::string window_pad(ModelBuilder& b, const std::string& x) {
   for (int64_t axis : {3, 2}) {
     const std::string n = std::to_string(axis);
     const std::string shape = b.add_op("Shape", "/window/Shape_" + n, {x});
-    const std::string dim =
-        b.add_op("Gather", "/window/Gather_" + n, {shape, c("axis_" + n, {}, {axis})},
-                 {attr_int("axis", 0)});
+    const std::string dim = b.add_op("Gather", "/window/Gather_" + n,
+                                     {shape, c("axis_" + n, {}, {axis})}, {attr_int("axis", 0)});
     const std::string four = c("four_" + n, {}, {4});
     std::string r = b.add_op("Mod", "/window/Mod_" + n, {dim, four}, {attr_int("fmod", 0)});
     r = b.add_op("Sub", "/window/Sub_" + n, {four, r});
     r = b.add_op("Mod", "/window/Mod2_" + n, {r, four}, {attr_int("fmod", 0)});
-    amounts.push_back(b.add_op("Unsqueeze", "/window/Unsqueeze_" + n, {r, c("zero_" + n, {1}, {0})}));
+    amounts.push_back(
+        b.add_op("Unsqueeze", "/window/Unsqueeze_" + n, {r, c("zero_" + n, {1}, {0})}));
   }
   const std::string zero = c("zero", {1}, {0});
-  std::string pads =
-      b.add_op("Concat", "/window/Concat", {zero, amounts[0], zero, amounts[1]}, {attr_int("axis", 0)});
-  const std::string count = b.add_op(
-      "Gather", "/window/Gather_len", {b.add_op("Shape", "/window/Shape_pads", {pads}), zero},
-      {attr_int("axis", 0)});
+  std::string pads = b.add_op("Concat", "/window/Concat", {zero, amounts[0], zero, amounts[1]},
+                              {attr_int("axis", 0)});
+  const std::string count =
+      b.add_op("Gather", "/window/Gather_len",
+               {b.add_op("Shape", "/window/Shape_pads", {pads}), zero}, {attr_int("axis", 0)});
   const std::string rest = b.add_op("Sub", "/window/Sub_len", {c("eight", {}, {8}), count});
   const std::string zeros = b.add_op("ConstantOfShape", "/window/ConstantOfShape", {rest},
                                      {samples::attr_tensor("value", make_int64_tensor({1}, {0}))});
   pads = b.add_op("Concat", "/window/Concat_all", {pads, zeros}, {attr_int("axis", 0)});
   pads = b.add_op("Reshape", "/window/Reshape", {pads, c("pairs", {2}, {-1, 2})});
-  pads = b.add_op("Slice", "/window/Slice",
-                  {pads, c("start", {1}, {-1}), c("end", {1}, {INT64_MIN + 1}), zero,
-                   c("step", {1}, {-1})});
+  pads = b.add_op(
+      "Slice", "/window/Slice",
+      {pads, c("start", {1}, {-1}), c("end", {1}, {INT64_MIN + 1}), zero, c("step", {1}, {-1})});
   pads = b.add_op("Transpose", "/window/Transpose", {pads}, {attr_ints("perm", {1, 0})});
   pads = b.add_op("Reshape", "/window/Reshape_1", {pads, c("flat", {1}, {-1})});
   return b.add_op("Pad", "/window/Pad", {x, pads}, {attr_string("mode", "constant")});
@@ -128,13 +141,7 @@ ModelBuilder window_pad_net() {
   std::string x = b.add_op("Relu", "/relu1/Relu", {conv3x3(b, "conv1", "x", 4, 8, 1)});
   x = window_pad(b, x);
   x = b.add_op("Relu", "/relu2/Relu", {conv3x3(b, "conv2", x, 8, 8, 0)});
-  x = b.add_op("GlobalAveragePool", "/gap/GlobalAveragePool", {x});
-  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
-  const std::string w = b.add_parameter("fc.weight", {4, 8}, 8);
-  const std::string bias = b.add_parameter("fc.bias", {4}, 8);
-  b.add_node("Gemm", "/fc/Gemm", {x, w, bias}, {"y"},
-             {attr_float("alpha", 1.0f), attr_float("beta", 1.0f), attr_int("transB", 1)});
-  b.add_output("y", kFloat, {"batch", 4});
+  pooled_fc_output(b, x, /*scaled=*/true);
   return b;
 }
 
@@ -199,12 +206,7 @@ ModelBuilder unary_net() {
   x = b.add_op("Add", "/sum/Add_2", {x, h});
   x = b.add_op("Relu", "/relu/Relu", {x});
   x = conv3x3(b, "conv2", x, 8, 8, 1);
-  x = b.add_op("GlobalAveragePool", "/gap/GlobalAveragePool", {x});
-  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
-  const std::string w = b.add_parameter("fc.weight", {4, 8}, 8);
-  const std::string bias = b.add_parameter("fc.bias", {4}, 8);
-  b.add_node("Gemm", "/fc/Gemm", {x, w, bias}, {"y"}, {attr_int("transB", 1)});
-  b.add_output("y", kFloat, {"batch", 4});
+  pooled_fc_output(b, x);
   return b;
 }
 
@@ -223,8 +225,8 @@ ModelBuilder resize_net() {
   std::string x = b.add_op("MaxPool", "/pool/MaxPool", {f1},
                            {attr_ints("kernel_shape", {2, 2}), attr_ints("strides", {2, 2})});
   x = b.add_op("Relu", "/relu2/Relu", {conv3x3(b, "conv2", x, 8, 8, 1)});
-  const std::string up_scales = b.add_constant(
-      "/up/Constant", samples::make_float_tensor({4}, {1.0f, 1.0f, 2.0f, 2.0f}));
+  const std::string up_scales =
+      b.add_constant("/up/Constant", samples::make_float_tensor({4}, {1.0f, 1.0f, 2.0f, 2.0f}));
   x = b.add_op("Resize", "/up/Resize", {x, "", up_scales},
                {attr_string("coordinate_transformation_mode", "asymmetric"),
                 attr_float("cubic_coeff_a", -0.75f), attr_string("mode", "nearest"),
@@ -236,7 +238,8 @@ ModelBuilder resize_net() {
   const std::string shape = b.add_op("Shape", "/head/Shape", {f3});
   const std::string starts = b.add_constant("/head/Constant", make_int64_tensor({1}, {0}));
   const std::string ends = b.add_constant("/head/Constant_1", make_int64_tensor({1}, {2}));
-  const std::string batch_channels = b.add_op("Slice", "/head/Slice", {shape, starts, ends, starts});
+  const std::string batch_channels =
+      b.add_op("Slice", "/head/Slice", {shape, starts, ends, starts});
   const std::string hw = b.add_constant("/head/Constant_2", make_int64_tensor({2}, {16, 16}));
   const std::string sizes =
       b.add_op("Concat", "/head/Concat", {batch_channels, hw}, {attr_int("axis", 0)});
@@ -247,8 +250,8 @@ ModelBuilder resize_net() {
         attr_string("nearest_mode", "floor")};
   };
   x = b.add_op("Resize", "/head/Resize", {x, "", "", sizes}, linear("pytorch_half_pixel"));
-  const std::string half = b.add_constant(
-      "/down/Constant", samples::make_float_tensor({4}, {1.0f, 1.0f, 0.5f, 0.5f}));
+  const std::string half =
+      b.add_constant("/down/Constant", samples::make_float_tensor({4}, {1.0f, 1.0f, 0.5f, 0.5f}));
   x = b.add_op("Resize", "/down/Resize", {x, "", half}, linear("align_corners"));
   const std::string shape2 = b.add_op("Shape", "/back/Shape", {x});
   const std::string batch = b.add_op("Slice", "/back/Slice", {shape2, starts, ends, starts});
@@ -310,15 +313,17 @@ ModelBuilder index_net() {
   const std::string one = b.add_constant("/gather/Constant_2", make_int64_tensor({1}, {1}));
   const std::string batch = b.add_op("Slice", "/gather/Slice", {c_shape, zero, one, zero});
   const std::string tail = b.add_constant("/gather/Constant_3", make_int64_tensor({2}, {6, 3}));
-  const std::string target = b.add_op("Concat", "/gather/Concat", {batch, tail}, {attr_int("axis", 0)});
+  const std::string target =
+      b.add_op("Concat", "/gather/Concat", {batch, tail}, {attr_int("axis", 0)});
   const std::string indices = b.add_op("Expand", "/gather/Expand", {idx, target});
-  const std::string g = b.add_op("GatherElements", "/gather/GatherElements", {c, indices},
-                                 {attr_int("axis", 2)});
+  const std::string g =
+      b.add_op("GatherElements", "/gather/GatherElements", {c, indices}, {attr_int("axis", 2)});
   const std::string repeats = b.add_constant("/tile/Constant", make_int64_tensor({3}, {1, 1, 2}));
   std::string t = b.add_op("Tile", "/tile/Tile", {g, repeats});
-  const std::string mask_base =
-      b.add_constant("/mask/Constant", samples::make_float_tensor({6, 6}, std::vector<float>(36, 0.0f)));
-  const std::string mask_index = b.add_constant("/mask/Constant_1", make_int64_tensor({2, 1}, {0, 3}));
+  const std::string mask_base = b.add_constant(
+      "/mask/Constant", samples::make_float_tensor({6, 6}, std::vector<float>(36, 0.0f)));
+  const std::string mask_index =
+      b.add_constant("/mask/Constant_1", make_int64_tensor({2, 1}, {0, 3}));
   const std::string mask_rows = b.add_constant(
       "/mask/Constant_2", samples::make_float_tensor({2, 6}, std::vector<float>(12, -0.5f)));
   const std::string mask =
@@ -332,11 +337,7 @@ ModelBuilder index_net() {
   const std::string where = b.add_constant("/set/Constant_1", make_int64_tensor({2, 1}, {1, 4}));
   std::string x = b.add_op("ScatterND", "/set/ScatterND", {by_row, where, v});
   x = b.add_op("Transpose", "/set/Transpose_1", {x}, {attr_ints("perm", {1, 0, 2})});
-  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
-  const std::string w = b.add_parameter("fc.weight", {4, 36}, 36);
-  const std::string bias = b.add_parameter("fc.bias", {4}, 36);
-  b.add_node("Gemm", "/fc/Gemm", {x, w, bias}, {"y"}, {attr_int("transB", 1)});
-  b.add_output("y", kFloat, {"batch", 4});
+  fc_output(b, x, 36);
   return b;
 }
 
@@ -367,12 +368,7 @@ ModelBuilder logic_net() {
   const std::string n = b.add_op("Min", "/clamp/Min", {h, scalar(b, "/clamp/c", 0.8f)});
   std::string x = b.add_op("Add", "/sum/Add", {w, m});
   x = b.add_op("Relu", "/relu/Relu", {b.add_op("Add", "/sum/Add_1", {x, n})});
-  x = b.add_op("GlobalAveragePool", "/gap/GlobalAveragePool", {x});
-  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
-  const std::string fw = b.add_parameter("fc.weight", {4, 8}, 8);
-  const std::string fb = b.add_parameter("fc.bias", {4}, 8);
-  b.add_node("Gemm", "/fc/Gemm", {x, fw, fb}, {"y"}, {attr_int("transB", 1)});
-  b.add_output("y", kFloat, {"batch", 4});
+  pooled_fc_output(b, x);
   return b;
 }
 
@@ -409,20 +405,49 @@ ModelBuilder window_mask_net() {
   s = b.add_op("Add", "/attn/Add", {s, mask});
   s = b.add_op("Softmax", "/attn/Softmax", {s}, {attr_int("axis", -1)});
   std::string x = b.add_op("MatMul", "/attn/MatMul_1", {s, "x"});
-  x = b.add_op("Flatten", "/Flatten", {x}, {attr_int("axis", 1)});
-  const std::string fw = b.add_parameter("fc.weight", {4, 64}, 64);
-  const std::string fb = b.add_parameter("fc.bias", {4}, 64);
-  b.add_node("Gemm", "/fc/Gemm", {x, fw, fb}, {"y"}, {attr_int("transB", 1)});
-  b.add_output("y", kFloat, {"batch", 4});
+  fc_output(b, x, 64);
   return b;
 }
 
+// Writes `b`'s model into `dir` as `file`; returns its path.
+std::string write_model(const testing::TempDir& dir, const ModelBuilder& b,
+                        const std::string& file) {
+  const std::string path = dir.file(file);
+  b.write(path);
+  return path;
+}
+
+ImportedModel import_at_batch_2(const std::string& model) {
+  ImportOptions options;
+  options.batch = 2;
+  return import_model(model, options);
+}
+
+// Ends `b`'s model with y = Relu(out) of `y_shape`, writes it to `path` and imports it: returns
+// the import's error message, or "imported".
+std::string import_message(ModelBuilder& b, const std::string& out, const samples::Shape& y_shape,
+                           const std::string& path) {
+  b.add_node("Relu", "/out", {out}, {"y"});
+  b.add_output("y", kFloat, y_shape);
+  b.write(path);
+  try {
+    import_model(path, {});
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::string("imported");
+}
+
+// The CUDA backend takes each of `ops` on one float32 input as the CPU backend does.
+void check_cuda_accepts_f32(std::initializer_list<const char*> ops) {
+  const DType f32[] = {DType::kFloat32};
+  for (const char* op : ops) check_cuda_accepts(op, f32);
+}
 }  // namespace
 
 TEST_CASE("Pad as torch exports it: planned on 2 devices, run and trained as on one") {
   testing::TempDir dir;
-  const std::string model = dir.file("pad_net.onnx");
-  pad_net().write(model);
+  const std::string model = write_model(dir, pad_net(), "pad_net.onnx");
   // The zero-width Pad before the AveragePool is dropped at import; the three others run.
   CHECK(run_against_unpartitioned(model, 1, "Pad") == 3);
   CHECK(run_against_unpartitioned(model, 2, "Pad") == 3);
@@ -433,12 +458,9 @@ TEST_CASE("Pad as torch exports it: planned on 2 devices, run and trained as on 
 
 TEST_CASE("Pad with pads computed from the shape (Swin's windows): folded, 2 devices as one") {
   testing::TempDir dir;
-  const std::string model = dir.file("window_pad_net.onnx");
-  window_pad_net().write(model);
+  const std::string model = write_model(dir, window_pad_net(), "window_pad_net.onnx");
   // The pads fold to a constant (the Transpose among them, issue 15's swin_t); one Pad runs.
-  ImportOptions options;
-  options.batch = 2;
-  const ImportedModel imported = import_model(model, options);
+  const ImportedModel imported = import_at_batch_2(model);
   int pads = 0;
   for (const ir::Node& node : imported.graph.nodes()) {
     if (node.dead) continue;
@@ -455,41 +477,33 @@ TEST_CASE("Pad with pads computed from the shape (Swin's windows): folded, 2 dev
 
 TEST_CASE("ReduceSum, ReduceMax and ReduceL2 as torch exports them: 2 devices as one") {
   testing::TempDir dir;
-  const std::string model = dir.file("reduce_net.onnx");
-  reduce_net().write(model);
+  const std::string model = write_model(dir, reduce_net(), "reduce_net.onnx");
   CHECK(run_against_unpartitioned(model, 1, "ReduceSum") == 1);
   CHECK(run_against_unpartitioned(model, 2, "ReduceMax") == 1);
   check_training(model);
   const DType sum_inputs[] = {DType::kFloat32, DType::kInt64};
   check_cuda_accepts("ReduceSum", sum_inputs);
-  const DType f32[] = {DType::kFloat32};
-  for (const char* op : {"ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2"})
-    check_cuda_accepts(op, f32);
+  check_cuda_accepts_f32({"ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2"});
 }
 
 TEST_CASE("Exp, Log, Neg, Abs, Ceil, Floor and Reciprocal as torch writes them: 2 devices as one") {
   testing::TempDir dir;
-  const std::string model = dir.file("unary_net.onnx");
-  unary_net().write(model);
+  const std::string model = write_model(dir, unary_net(), "unary_net.onnx");
   CHECK(run_against_unpartitioned(model, 1, "Exp") == 2);
   CHECK(run_against_unpartitioned(model, 2, "Floor") == 1);
   check_training(model);
-  const DType f32[] = {DType::kFloat32};
-  for (const char* op : {"Exp", "Log", "Neg", "Abs", "Ceil", "Floor", "Reciprocal"})
-    check_cuda_accepts(op, f32);
+  check_cuda_accepts_f32({"Exp", "Log", "Neg", "Abs", "Ceil", "Floor", "Reciprocal"});
 }
 
 TEST_CASE("Resize as torch exports it (nearest, bilinear): 2 devices as one") {
   testing::TempDir dir;
-  const std::string model = dir.file("resize_net.onnx");
-  resize_net().write(model);
+  const std::string model = write_model(dir, resize_net(), "resize_net.onnx");
   CHECK(run_against_unpartitioned(model, 1, "Resize") == 4);
   CHECK(run_against_unpartitioned(model, 2, "Resize") == 4);
   check_training(model);
   const DType by_scales[] = {DType::kFloat32, DType::kUndefined, DType::kFloat32};
   check_cuda_accepts("Resize", by_scales);
-  const DType by_sizes[] = {DType::kFloat32, DType::kUndefined, DType::kUndefined,
-                            DType::kInt64};
+  const DType by_sizes[] = {DType::kFloat32, DType::kUndefined, DType::kUndefined, DType::kInt64};
   check_cuda_accepts("Resize", by_sizes);
 }
 
@@ -514,25 +528,15 @@ TEST_CASE("Resize refusals at import: cubic, tf_crop_and_resize, data-dependent 
       out = b.add_op("Resize", "/up/Resize", {"x", "", "", "size"}, attrs);
     } else {
       b.add_input("size", kFloat, {4});
-      const std::string sizes = b.add_op("Cast", "/size/Cast", {"size"},
-                                         {attr_int("to", onnx::TensorProto::INT64)});
+      const std::string sizes =
+          b.add_op("Cast", "/size/Cast", {"size"}, {attr_int("to", onnx::TensorProto::INT64)});
       out = b.add_op("Resize", "/up/Resize", {"x", "", "", sizes}, attrs);
     }
-    b.add_node("Relu", "/out", {out}, {"y"});
-    b.add_output("y", kFloat, {1, 2, 8, 8});
-    const std::string path = dir.file(mode + coordinates + how + ".onnx");
-    b.write(path);
-    try {
-      import_model(path, {});
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("imported");
+    return import_message(b, out, {1, 2, 8, 8}, dir.file(mode + coordinates + how + ".onnx"));
   };
   CHECK(refusal("nearest", "asymmetric", "scales") == "imported");
   const std::string cubic = refusal("cubic", "half_pixel", "scales");
-  CHECK(cubic.find("node '/up/Resize': Resize mode 'cubic' is not supported") !=
-        std::string::npos);
+  CHECK(cubic.find("node '/up/Resize': Resize mode 'cubic' is not supported") != std::string::npos);
   const std::string crop = refusal("linear", "tf_crop_and_resize", "scales");
   CHECK(crop.find("node '/up/Resize': Resize coordinate_transformation_mode "
                   "'tf_crop_and_resize' is not supported") != std::string::npos);
@@ -544,23 +548,21 @@ TEST_CASE("Resize refusals at import: cubic, tf_crop_and_resize, data-dependent 
                   "'/size/Cast' (Cast) at run time") != std::string::npos);
 }
 
-TEST_CASE("Elu, Selu, PRelu (a trained slope) and Softplus as torch exports them: 2 devices as one") {
+TEST_CASE(
+    "Elu, Selu, PRelu (a trained slope) and Softplus as torch exports them: 2 devices as one") {
   testing::TempDir dir;
-  const std::string model = dir.file("activation_net.onnx");
-  activation_net().write(model);
+  const std::string model = write_model(dir, activation_net(), "activation_net.onnx");
   CHECK(run_against_unpartitioned(model, 1, "PRelu") == 1);
   CHECK(run_against_unpartitioned(model, 2, "Selu") == 1);
   check_training(model);
-  const DType f32[] = {DType::kFloat32};
-  for (const char* op : {"Elu", "Selu", "Softplus"}) check_cuda_accepts(op, f32);
+  check_cuda_accepts_f32({"Elu", "Selu", "Softplus"});
   const DType prelu_inputs[] = {DType::kFloat32, DType::kFloat32};
   check_cuda_accepts("PRelu", prelu_inputs);
 }
 
 TEST_CASE("Tile, CumSum, GatherElements and ScatterND as torch exports them: 2 devices as one") {
   testing::TempDir dir;
-  const std::string model = dir.file("index_net.onnx");
-  index_net().write(model);
+  const std::string model = write_model(dir, index_net(), "index_net.onnx");
   // The mask's ScatterND on constants is folded at import; the one on activations runs.
   CHECK(run_against_unpartitioned(model, 1, "ScatterND") == 1);
   CHECK(run_against_unpartitioned(model, 2, "GatherElements") == 1);
@@ -588,16 +590,7 @@ TEST_CASE("Tile, CumSum, GatherElements and ScatterND refusals at import") {
       inputs.push_back("u");
     }
     const std::string out = b.add_op(op, "/op/" + op, inputs, std::move(attrs));
-    b.add_node("Relu", "/out", {out}, {"y"});
-    b.add_output("y", kFloat, {2, 3});
-    const std::string path = dir.file(op + ".onnx");
-    b.write(path);
-    try {
-      import_model(path, {});
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("imported");
+    return import_message(b, out, {2, 3}, dir.file(op + ".onnx"));
   };
   const std::string gather = import_error(
       "GatherElements", make_int64_tensor({2, 3}, {0, 1, 2, 2, 3, 0}), {attr_int("axis", 1)});
@@ -620,8 +613,7 @@ TEST_CASE(
     "Greater, Less, Not, And, Or, Min, Max (a trained bound) and Mod on activations: 2 devices as "
     "one") {
   testing::TempDir dir;
-  const std::string model = dir.file("logic_net.onnx");
-  logic_net().write(model);
+  const std::string model = write_model(dir, logic_net(), "logic_net.onnx");
   CHECK(run_against_unpartitioned(model, 1, "Max") == 1);
   CHECK(run_against_unpartitioned(model, 2, "Mod") == 1);
   check_training(model);
@@ -642,11 +634,8 @@ TEST_CASE(
 
 TEST_CASE("a Swin-style window mask (Range, Mod, comparisons, logic, Min, Max) folds away") {
   testing::TempDir dir;
-  const std::string model = dir.file("window_mask_net.onnx");
-  window_mask_net().write(model);
-  ImportOptions options;
-  options.batch = 2;
-  const ImportedModel imported = import_model(model, options);
+  const std::string model = write_model(dir, window_mask_net(), "window_mask_net.onnx");
+  const ImportedModel imported = import_at_batch_2(model);
   for (ir::NodeId id : imported.graph.topological_order()) {
     const std::string& op = imported.graph.node(id).op_type;
     CAPTURE(op);
