@@ -193,20 +193,9 @@ void unsqueeze(const KernelArgs& a) {
 // Transpose: output dim d is input dim perm[d] (default: the dims reversed).
 void transpose(const KernelArgs& a) {
   const Tensor& in = a.input(0);
-  std::vector<int64_t> perm = a.attrs.ints("perm");
-  if (perm.empty()) {
-    perm.resize(in.shape.size());
-    std::iota(perm.rbegin(), perm.rend(), 0);
-  }
-  if (static_cast<int64_t>(perm.size()) != in.rank())
-    fail(ErrorKind::kModel, "Transpose perm has {} entries for a rank-{} input", perm.size(), in.rank());
   std::vector<int64_t> in_strides = dense_strides(in.shape), strides;
-  std::vector<bool> seen(perm.size(), false);
   Shape expected;
-  for (int64_t p : perm) {
-    int64_t d = normalize_axis(a, p, in.rank());
-    if (seen[d]) fail(ErrorKind::kModel, "Transpose perm lists axis {} twice", p);
-    seen[d] = true;
+  for (int64_t d : transpose_perm(a, in.rank())) {
     expected.push_back(in.shape[d]);
     strides.push_back(in_strides[d]);
   }

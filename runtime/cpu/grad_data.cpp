@@ -18,6 +18,7 @@
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/grad_io.h"
+#include "runtime/cpu/grad_layout.h"
 #include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
 
@@ -80,27 +81,7 @@ void transpose_grad(const KernelArgs& a) {
   const Tensor *dy, *px;
   if (!io.input0(dx, dy, px)) return;
   const Tensor& x = *px;
-  std::vector<int64_t> perm = a.attrs.ints("perm");
-  if (perm.empty()) {
-    perm.resize(x.shape.size());
-    std::iota(perm.rbegin(), perm.rend(), 0);
-  }
-  if (static_cast<int64_t>(perm.size()) != x.rank())
-    fail(ErrorKind::kModel, "Transpose perm has {} entries for a rank-{} input", perm.size(),
-         x.rank());
-  Shape y_shape;
-  std::vector<int64_t> inverse(perm.size(), -1);
-  for (size_t d = 0; d < perm.size(); ++d) {
-    const int64_t p = normalize_axis(a, perm[d], x.rank());
-    if (inverse[p] >= 0) fail(ErrorKind::kModel, "Transpose perm lists axis {} twice", perm[d]);
-    inverse[p] = static_cast<int64_t>(d);
-    y_shape.push_back(x.shape[p]);
-  }
-  expect_dy_shape(a, *dy, y_shape);
-  // dx at x-coordinate c is dy at the coordinate whose dim d is c[perm[d]].
-  const std::vector<int64_t> dy_strides = dense_strides(y_shape);
-  std::vector<int64_t> strides(perm.size());
-  for (size_t e = 0; e < perm.size(); ++e) strides[e] = dy_strides[inverse[e]];
+  const std::vector<int64_t> strides = transpose_grad_strides(a, x, *dy);
   strided_move(dx->as<float>(), const_cast<float*>(dy->as<float>()), x.shape, strides, 0,
                /*scatter=*/false);
 }
@@ -135,31 +116,10 @@ void concat_grad(const KernelArgs& a) {
   GradIo io(a);
   const Tensor* dy = io.dy(0);
   if (dy == nullptr) return zero_outputs(a);
-  const Tensor& first = io.need_x(0);
-  const int64_t axis = normalize_axis(a, a.attrs.required_i("axis"), first.rank());
-  Shape y_shape = first.shape;
-  y_shape[axis] = 0;
-  int64_t rows = 1;
-  for (int64_t d = 0; d < axis; ++d) rows *= first.shape[d];
-  int64_t inner = 1;
-  for (int64_t d = axis + 1; d < first.rank(); ++d) inner *= first.shape[d];
+  const ConcatPieces p = concat_grad_pieces(a, io, *dy);
   std::vector<float*> pieces;
-  std::vector<int64_t> starts, sizes;
-  for (size_t k = 0; k < io.n; ++k) {
-    const Tensor& x = io.need_x(k);
-    if (x.rank() != first.rank())
-      fail(ErrorKind::kShape, "Concat of {} and {}: the ranks differ", first.describe(),
-           x.describe());
-    starts.push_back(y_shape[axis] * inner);
-    sizes.push_back(x.shape[axis] * inner);
-    y_shape[axis] += x.shape[axis];
-    Tensor* dx = io.dx(k);
-    if (dx != nullptr) expect_shape(a, k, x.shape);
-    pieces.push_back(dx != nullptr ? dx->as<float>() : nullptr);
-  }
-  expect_dy_shape(a, *dy, y_shape);
-  move_pieces(const_cast<float*>(dy->as<float>()), rows, y_shape[axis] * inner, pieces, starts,
-              sizes,
+  for (size_t k = 0; k < io.n; ++k) pieces.push_back(io.dx(k) ? io.dx(k)->as<float>() : nullptr);
+  move_pieces(const_cast<float*>(dy->as<float>()), p.rows, p.row, pieces, p.starts, p.sizes,
               /*to_pieces=*/true);
 }
 
@@ -172,20 +132,12 @@ void split_grad(const KernelArgs& a) {
   expect_shape(a, 0, x.shape);
   const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), x.rank());
   const int64_t n = static_cast<int64_t>(io.m), dim = x.shape[axis];
-  std::vector<int64_t> sizes;
+  std::vector<int64_t> given;
   if (a.attrs.has("split"))
-    sizes = a.attrs.ints("split");
+    given = a.attrs.ints("split");
   else if (io.x(1) != nullptr)
-    sizes = read_ints(a, *io.x(1), 1);
-  if (sizes.empty()) {
-    const int64_t piece = (dim + n - 1) / n;
-    for (int64_t k = 0; k < n; ++k)
-      sizes.push_back(std::max<int64_t>(0, std::min(piece, dim - k * piece)));
-  }
-  if (static_cast<int64_t>(sizes.size()) != n)
-    fail(ErrorKind::kModel, "Split lists {} sizes for {} outputs", sizes.size(), n);
-  if (std::accumulate(sizes.begin(), sizes.end(), int64_t{0}) != dim)
-    fail(ErrorKind::kModel, "Split sizes do not add up to axis {}'s {}", axis, dim);
+    given = read_ints(a, *io.x(1), 1);
+  const std::vector<int64_t> sizes = split_sizes(std::move(given), n, dim, axis);
   int64_t rows = 1, inner = 1;
   for (int64_t d = 0; d < axis; ++d) rows *= x.shape[d];
   for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.shape[d];

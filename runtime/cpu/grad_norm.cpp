@@ -15,6 +15,7 @@
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/grad_io.h"
+#include "runtime/cpu/norm_shape.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
@@ -137,37 +138,14 @@ std::string check_batch_norm_grad(const OpSignature& s) {
 // dScale and dB (zeros without dY).
 void layer_norm_grad(const KernelArgs& a) {
   const GradIo io(a, kLayerNormArity);
-  const Tensor& x = io.need_x(0);
-  int64_t axis = a.attrs.i("axis", -1);
-  if (axis < -x.rank() || axis >= x.rank())
-    fail(ErrorKind::kModel, "LayerNormalizationGrad: axis {} is out of range for {}", axis,
-         x.describe());
-  if (axis < 0) axis += x.rank();
-  int64_t inner = 1;
-  for (int64_t i = axis; i < x.rank(); ++i) inner *= x.shape[i];
-  const int64_t outer = inner == 0 ? 0 : x.numel() / inner;
-  const Tensor& scale = io.need_x(1);
-  const Tensor* bias = io.x(2);
-  if (scale.numel() != inner || (bias && bias->numel() != inner))
-    fail(ErrorKind::kShape,
-         "LayerNormalizationGrad: Scale {} and B must have the normalised size {}",
-         scale.describe(), inner);
-  if (io.wants(0)) expect_shape(a, 0, x.shape);
-  if (io.wants(1)) expect_shape(a, 1, scale.shape);
-  if (io.wants(2)) {
-    if (!bias) fail(ErrorKind::kModel, "LayerNormalizationGrad: a B gradient without a B input");
-    expect_shape(a, 2, bias->shape);
-  }
-  const Tensor* dy = io.dy(0);
-  const Tensor* dmean = io.dy(1);
-  const Tensor* dinv = io.dy(2);
-  if (dy && dy->shape != x.shape)
-    fail(ErrorKind::kShape, "LayerNormalizationGrad: dY {} should be {}", dy->describe(),
-         shape_string(x.shape));
-  if ((dmean && dmean->numel() != outer) || (dinv && dinv->numel() != outer))
-    fail(ErrorKind::kShape,
-         "LayerNormalizationGrad: Mean and InvStdDev gradients must have {} values", outer);
+  const LayerNormGradOperands o = layer_norm_grad_operands(a, io);
+  const int64_t outer = o.outer, inner = o.inner;
   if (outer == 0 || inner == 0) return zero_outputs(a);
+  const Tensor& x = *o.x;
+  const Tensor& scale = *o.scale;
+  const Tensor* dy = o.dy;
+  const Tensor* dmean = o.dmean;
+  const Tensor* dinv = o.dinv;
   const double eps = a.attrs.f("epsilon", 1e-5f);
   const float* xp = x.as<float>();
   const float* sc = scale.as<float>();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <numeric>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -28,6 +29,28 @@ inline int64_t normalize_axis(const KernelArgs& a, int64_t axis, int64_t rank,
   if (axis < -rank || axis > (inclusive ? rank : rank - 1))
     fail(ErrorKind::kModel, "{} axis {} is out of range for rank {}", a.op_type, axis, rank);
   return axis < 0 ? axis + rank : axis;
+}
+
+/// Transpose's `perm` for an input of `rank` (default: the dims reversed), each entry made
+/// non-negative; refused unless it names every dim once.
+inline std::vector<int64_t> transpose_perm(const KernelArgs& a, int64_t rank) {
+  std::vector<int64_t> perm = a.attrs.ints("perm");
+  if (perm.empty()) {
+    perm.resize(static_cast<size_t>(rank));
+    std::iota(perm.rbegin(), perm.rend(), 0);
+  }
+  if (static_cast<int64_t>(perm.size()) != rank)
+    fail(ErrorKind::kModel, "Transpose perm has {} entries for a rank-{} input", perm.size(),
+         rank);
+  std::vector<bool> seen(perm.size(), false);
+  for (int64_t& p : perm) {
+    const int64_t given = p;
+    p = normalize_axis(a, p, rank);
+    if (seen[static_cast<size_t>(p)])
+      fail(ErrorKind::kModel, "Transpose perm lists axis {} twice", given);
+    seen[static_cast<size_t>(p)] = true;
+  }
+  return perm;
 }
 
 /// True when Dropout's scalar input `what` (ratio or training_mode: float32, float64 or bool) is

@@ -8,6 +8,7 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/norm_shape.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cpu {
@@ -131,47 +132,20 @@ std::string check_layer_norm(const OpSignature& s) {
   return "";
 }
 
-// Drops leading unit dims ([1, 1, 5] -> [5]).
-Shape without_leading_ones(const Shape& shape) {
-  size_t k = 0;
-  while (k < shape.size() && shape[k] == 1) ++k;
-  return Shape(shape.begin() + static_cast<std::ptrdiff_t>(k), shape.end());
-}
-
 // LayerNormalization (opset 17): normalises X over its dims from `axis` on, i.e. as the 2-D
 // [prod(dims before axis), prod(dims from axis)] that oneDNN normalises over its last dim, then
 // applies Scale and the optional B (each of the normalised shape). The optional outputs Mean
-// and InvStdDev ([dims before axis, 1, ...]) come from the training-mode statistics.
+// and InvStdDev ([dims before axis, 1, ...]) come from the training-mode statistics. The
+// operands are read by norm_shape.h's rules, which the CUDA kernel shares.
 void layer_norm(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  int64_t axis = a.attrs.i("axis", -1);
-  if (axis < -x.rank() || axis >= x.rank())
-    fail(ErrorKind::kModel, "LayerNormalization: axis {} is out of range for {}", axis,
-         x.describe());
-  if (axis < 0) axis += x.rank();
-  const Shape normalized(x.shape.begin() + axis, x.shape.end());
-  const int64_t inner = shape_numel(normalized), outer = x.numel() / std::max<int64_t>(inner, 1);
-  auto per_row = [&](size_t k, const char* what) {
-    const Tensor& t = a.input(k);
-    if (without_leading_ones(t.shape) != without_leading_ones(normalized))
-      fail(ErrorKind::kUnsupported,
-           "LayerNormalization: {} is {}, expected the normalised shape {}", what, t.describe(),
-           shape_string(normalized));
-    return &t;
-  };
-  const Tensor* scale = per_row(1, "Scale");
-  const Tensor* bias = a.has_input(2) ? per_row(2, "B") : nullptr;
-  expect_shape(a, 0, x.shape);
-  Tensor* mean_out = a.out.size() > 1 ? a.out[1] : nullptr;
-  Tensor* inv_std_out = a.out.size() > 2 ? a.out[2] : nullptr;
-  Shape stat_shape(x.shape.begin(), x.shape.begin() + axis);
-  stat_shape.resize(x.shape.size(), 1);
-  if (mean_out) expect_shape(a, 1, stat_shape);
-  if (inv_std_out) expect_shape(a, 2, stat_shape);
-  if (outer == 0) return;
-  if (inner == 0)
-    fail(ErrorKind::kShape, "LayerNormalization of {} over an empty normalised shape",
-         x.describe());
+  const LayerNormOperands o = layer_norm_operands(a);
+  if (o.outer == 0) return;
+  const int64_t outer = o.outer, inner = o.inner;
+  const Tensor* scale = o.scale;
+  const Tensor* bias = o.bias;
+  Tensor* mean_out = o.mean;
+  Tensor* inv_std_out = o.inv_std;
 
   const CpuContext& ctx = context(a);
   const float epsilon = a.attrs.f("epsilon", 1e-5f);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/cpu/grad_io.h"
+#include "runtime/cpu/grad_layout.h"
 #include "runtime/cuda/data_common.h"
 #include "runtime/cuda/families.h"
 
@@ -38,27 +39,7 @@ void transpose_grad(const KernelArgs& a) {
   const Tensor *dy, *px;
   if (!io.input0(dx, dy, px)) return;
   const Tensor& x = *px;
-  std::vector<int64_t> perm = a.attrs.ints("perm");
-  if (perm.empty()) {
-    perm.resize(x.shape.size());
-    std::iota(perm.rbegin(), perm.rend(), 0);
-  }
-  if (static_cast<int64_t>(perm.size()) != x.rank())
-    fail(ErrorKind::kModel, "Transpose perm has {} entries for a rank-{} input", perm.size(),
-         x.rank());
-  Shape y_shape;
-  std::vector<int64_t> inverse(perm.size(), -1);
-  for (size_t d = 0; d < perm.size(); ++d) {
-    const int64_t p = normalize_axis(a, perm[d], x.rank());
-    if (inverse[p] >= 0) fail(ErrorKind::kModel, "Transpose perm lists axis {} twice", perm[d]);
-    inverse[p] = static_cast<int64_t>(d);
-    y_shape.push_back(x.shape[p]);
-  }
-  expect_dy_shape(a, *dy, y_shape);
-  // dx at x-coordinate c is dy at the coordinate whose dim d is c[perm[d]].
-  const std::vector<int64_t> dy_strides = dense_strides(y_shape);
-  std::vector<int64_t> strides(perm.size());
-  for (size_t e = 0; e < perm.size(); ++e) strides[e] = dy_strides[inverse[e]];
+  const std::vector<int64_t> strides = cpu::transpose_grad_strides(a, x, *dy);
   if (x.numel() == 0) return;
   launch_strided_gather(dx->data, dy->data, sizeof(float), x.numel(),
                         index_map(a, x.shape, strides), context(a).stream());
@@ -69,32 +50,14 @@ void concat_grad(const KernelArgs& a) {
   const GradIo io(a);
   const Tensor* dy = io.dy(0);
   if (dy == nullptr) return zero_outputs(a);
-  const Tensor& first = io.need_x(0);
-  const int64_t axis = normalize_axis(a, a.attrs.required_i("axis"), first.rank());
-  Shape y_shape = first.shape;
-  y_shape[axis] = 0;
-  int64_t rows = 1, inner = 1;
-  for (int64_t d = 0; d < axis; ++d) rows *= first.shape[d];
-  for (int64_t d = axis + 1; d < first.rank(); ++d) inner *= first.shape[d];
-  std::vector<int64_t> starts;
-  for (size_t k = 0; k < io.n; ++k) {
-    const Tensor& x = io.need_x(k);
-    if (x.rank() != first.rank())
-      fail(ErrorKind::kShape, "Concat of {} and {}: the ranks differ", first.describe(),
-           x.describe());
-    starts.push_back(y_shape[axis] * inner);
-    y_shape[axis] += x.shape[axis];
-    if (io.dx(k) != nullptr) expect_shape(a, k, x.shape);
-  }
-  expect_dy_shape(a, *dy, y_shape);
-  const int64_t row = y_shape[axis] * inner * static_cast<int64_t>(sizeof(float));
+  const cpu::ConcatPieces p = cpu::concat_grad_pieces(a, io, *dy);
+  const auto f = static_cast<int64_t>(sizeof(float));
   CudaContext& ctx = context(a);
   for (size_t k = 0; k < io.n; ++k) {
     Tensor* dx = io.dx(k);
     if (dx == nullptr) continue;
-    const int64_t piece = io.x(k)->shape[axis] * inner * static_cast<int64_t>(sizeof(float));
-    copy_rows(ctx, dx->data, piece, dy->data + starts[k] * static_cast<int64_t>(sizeof(float)), row,
-              piece, rows);
+    const int64_t piece = p.sizes[k] * f;
+    copy_rows(ctx, dx->data, piece, dy->data + p.starts[k] * f, p.row * f, piece, p.rows);
   }
 }
 
@@ -108,20 +71,12 @@ void split_grad(const KernelArgs& a) {
   const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), x.rank());
   const int64_t n = static_cast<int64_t>(io.m), dim = x.shape[axis];
   CudaContext& ctx = context(a);
-  std::vector<int64_t> sizes;
+  std::vector<int64_t> given;
   if (a.attrs.has("split"))
-    sizes = a.attrs.ints("split");
+    given = a.attrs.ints("split");
   else if (io.x(1) != nullptr)
-    sizes = read_ints(ctx, *io.x(1));
-  if (sizes.empty()) {
-    const int64_t piece = (dim + n - 1) / n;
-    for (int64_t k = 0; k < n; ++k)
-      sizes.push_back(std::max<int64_t>(0, std::min(piece, dim - k * piece)));
-  }
-  if (static_cast<int64_t>(sizes.size()) != n)
-    fail(ErrorKind::kModel, "Split lists {} sizes for {} outputs", sizes.size(), n);
-  if (std::accumulate(sizes.begin(), sizes.end(), int64_t{0}) != dim)
-    fail(ErrorKind::kModel, "Split sizes do not add up to axis {}'s {}", axis, dim);
+    given = read_ints(ctx, *io.x(1));
+  const std::vector<int64_t> sizes = cpu::split_sizes(std::move(given), n, dim, axis);
   int64_t rows = 1, inner = 1;
   for (int64_t d = 0; d < axis; ++d) rows *= x.shape[d];
   for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.shape[d];

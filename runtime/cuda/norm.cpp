@@ -11,6 +11,7 @@
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/norm_kernels.h"
+#include "runtime/cpu/norm_shape.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt::cuda {
@@ -67,48 +68,16 @@ void batch_norm(const KernelArgs& a) {
   check_launch(a);
 }
 
-// Drops leading unit dims ([1, 1, 5] -> [5]).
-Shape without_leading_ones(const Shape& shape) {
-  size_t k = 0;
-  while (k < shape.size() && shape[k] == 1) ++k;
-  return Shape(shape.begin() + static_cast<std::ptrdiff_t>(k), shape.end());
-}
-
 // LayerNormalization (opset 17): X normalised over its dims from `axis` on, then Scale and the
-// optional B; the optional Mean and InvStdDev outputs ([dims before axis, 1, ...]).
+// optional B; the optional Mean and InvStdDev outputs ([dims before axis, 1, ...]). The
+// operands are read by the CPU's rules (runtime/cpu/norm_shape.h).
 void layer_norm(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  int64_t axis = a.attrs.i("axis", -1);
-  if (axis < -x.rank() || axis >= x.rank())
-    fail(ErrorKind::kModel, "LayerNormalization: axis {} is out of range for {}", axis,
-         x.describe());
-  if (axis < 0) axis += x.rank();
-  const Shape normalized(x.shape.begin() + axis, x.shape.end());
-  const int64_t inner = shape_numel(normalized), outer = x.numel() / std::max<int64_t>(inner, 1);
-  auto per_row = [&](size_t k, const char* what) {
-    const Tensor& t = a.input(k);
-    if (without_leading_ones(t.shape) != without_leading_ones(normalized))
-      fail(ErrorKind::kUnsupported,
-           "LayerNormalization: {} is {}, expected the normalised shape {}", what, t.describe(),
-           shape_string(normalized));
-    return &t;
-  };
-  const Tensor* scale = per_row(1, "Scale");
-  const Tensor* bias = a.has_input(2) ? per_row(2, "B") : nullptr;
-  expect_shape(a, 0, x.shape);
-  Tensor* mean_out = a.out.size() > 1 ? a.out[1] : nullptr;
-  Tensor* inv_std_out = a.out.size() > 2 ? a.out[2] : nullptr;
-  Shape stat_shape(x.shape.begin(), x.shape.begin() + axis);
-  stat_shape.resize(x.shape.size(), 1);
-  if (mean_out) expect_shape(a, 1, stat_shape);
-  if (inv_std_out) expect_shape(a, 2, stat_shape);
-  if (outer == 0) return;
-  if (inner == 0)
-    fail(ErrorKind::kShape, "LayerNormalization of {} over an empty normalised shape",
-         x.describe());
-  launch_layer_norm(x.as<float>(), scale->as<float>(), bias ? bias->as<float>() : nullptr,
-                    a.out[0]->as<float>(), mean_out ? mean_out->as<float>() : nullptr,
-                    inv_std_out ? inv_std_out->as<float>() : nullptr, outer, inner,
+  const cpu::LayerNormOperands o = cpu::layer_norm_operands(a);
+  if (o.outer == 0) return;
+  launch_layer_norm(x.as<float>(), o.scale->as<float>(), o.bias ? o.bias->as<float>() : nullptr,
+                    a.out[0]->as<float>(), o.mean ? o.mean->as<float>() : nullptr,
+                    o.inv_std ? o.inv_std->as<float>() : nullptr, o.outer, o.inner,
                     a.attrs.f("epsilon", 1e-5f), context(a).stream());
   check_launch(a);
 }
