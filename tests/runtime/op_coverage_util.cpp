@@ -16,6 +16,7 @@
 #include "runtime/core/program.h"
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::testing {
@@ -34,19 +35,13 @@ using rt::ValueInfo;
 namespace {
 
 plan::PlanOptions options_for(const std::string& model, int devices, bool training) {
+  if (training) return training_options(model, devices, "1f1b", "mse");
   plan::PlanOptions o;
   o.model_path = model;
   o.devices = devices;
   o.batch = 8;
   o.microbatches = 4;
   o.device_spec = "cpu";
-  if (training) {
-    o.training = true;
-    o.schedule = stagecraft::parse_schedule("1f1b");
-    o.optimizer = stagecraft::OptimizerKind::kAdam;
-    o.training_config.lr = 0.01;
-    o.loss.kind = "mse";
-  }
   return o;
 }
 
