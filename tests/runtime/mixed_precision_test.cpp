@@ -36,15 +36,6 @@ plan::PlanOptions options_for(const Sample& m, int devices, Precision precision,
   return o;
 }
 
-std::vector<double> train(const plan::PlanOptions& o, int steps, const std::string& dir) {
-  plan::PlannedModel planned = plan::make_plan(o);
-  plan::write_plan(planned, dir);
-  auto pipeline = Pipeline::load(dir, cpu_backend(), 1);
-  RunOptions options;
-  options.steps = steps;
-  return pipeline->run(pipeline->synthetic_inputs(), options).losses;
-}
-
 const ir::Node* producer(const ir::Graph& g, const std::string& value) {
   const ir::Value& v = g.value(*g.find_value(value));
   return v.producer == ir::kNoId ? nullptr : &g.node(v.producer);
@@ -132,9 +123,9 @@ TEST_CASE("a mixed plan trains on the CPU within bf16's precision of the fp32 pl
     CAPTURE(m.file);
     testing::TempDir dir;
     const std::vector<double> fp32 =
-        train(options_for(m, 1, Precision::kFp32), 10, dir.file("fp32"));
+        testing::train_losses(options_for(m, 1, Precision::kFp32), 10, dir.file("fp32"));
     const std::vector<double> mixed =
-        train(options_for(m, 1, Precision::kMixed), 10, dir.file("mixed"));
+        testing::train_losses(options_for(m, 1, Precision::kMixed), 10, dir.file("mixed"));
     REQUIRE(mixed.size() == fp32.size());
     CHECK(mixed.back() < mixed.front());  // it learns
     double worst = 0, differ = 0;
@@ -157,9 +148,9 @@ TEST_CASE("a mixed plan pipelined on 2 devices gives the mixed single-device los
     CAPTURE(m.file);
     testing::TempDir dir;
     const std::vector<double> one =
-        train(options_for(m, 1, Precision::kMixed, "gpipe"), 8, dir.file("one"));
+        testing::train_losses(options_for(m, 1, Precision::kMixed, "gpipe"), 8, dir.file("one"));
     const std::vector<double> two =
-        train(options_for(m, 2, Precision::kMixed, "1f1b"), 8, dir.file("two"));
+        testing::train_losses(options_for(m, 2, Precision::kMixed, "1f1b"), 8, dir.file("two"));
     REQUIRE(two.size() == one.size());
     for (size_t k = 0; k < one.size(); ++k) {
       CAPTURE(k);

@@ -92,12 +92,7 @@ namespace {
 
 std::vector<double> train(const std::string& model, int devices, int steps) {
   testing::TempDir dir;
-  plan::PlannedModel planned = plan::make_plan(options_for(model, devices, true));
-  plan::write_plan(planned, dir.file("plan"));
-  auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
-  RunOptions options;
-  options.steps = steps;
-  return pipeline->run(pipeline->synthetic_inputs(), options).losses;
+  return train_losses(options_for(model, devices, true), steps, dir.file("plan"));
 }
 
 }  // namespace

@@ -1,10 +1,14 @@
 #pragma once
 /// \file
-/// The plan options the pipelined training tests start from.
+/// What the pipelined training tests start from: their plan options, and a plan trained on
+/// synthetic inputs.
 
 #include <string>
+#include <vector>
 
 #include "compiler/plan/planner.h"
+#include "runtime/core/backend.h"
+#include "runtime/exec/pipeline.h"
 #include "runtime/format/vocabulary.h"
 
 namespace stagecraft::testing {
@@ -25,6 +29,18 @@ inline plan::PlanOptions training_options(const std::string& model, int devices,
   o.loss.kind = loss;
   o.device_spec = "cpu";
   return o;
+}
+
+/// Plans `o` into `plan_dir`, loads the plan on the cpu backend and trains it for `steps` steps on
+/// its synthetic inputs: the losses.
+inline std::vector<double> train_losses(const plan::PlanOptions& o, int steps,
+                                        const std::string& plan_dir) {
+  plan::PlannedModel planned = plan::make_plan(o);
+  plan::write_plan(planned, plan_dir);
+  auto pipeline = rt::Pipeline::load(plan_dir, rt::cpu_backend(), 1);
+  rt::RunOptions options;
+  options.steps = steps;
+  return pipeline->run(pipeline->synthetic_inputs(), options).losses;
 }
 
 }  // namespace stagecraft::testing

@@ -31,12 +31,7 @@ plan::PlanOptions training_options(const Model& m, int devices, const std::strin
 
 std::vector<double> train(const plan::PlanOptions& o, int steps) {
   testing::TempDir dir;
-  plan::PlannedModel planned = plan::make_plan(o);
-  plan::write_plan(planned, dir.file("plan"));
-  auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
-  RunOptions options;
-  options.steps = steps;
-  return pipeline->run(pipeline->synthetic_inputs(), options).losses;
+  return testing::train_losses(o, steps, dir.file("plan"));
 }
 
 TEST_CASE("pipelined training gives the single-device loss curve for every schedule") {
