@@ -1,6 +1,8 @@
 // Checkpoints: a run resumed from a checkpoint gives the losses of the uninterrupted run bit for
 // bit; a save that dies half-way leaves the last good checkpoint loadable; a checkpoint of
 // another plan is refused; --export writes the original model with the trained weights.
+#include "runtime/exec/checkpoint.h"
+
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -14,9 +16,9 @@
 #include "compiler/plan/planner.h"
 #include "runtime/core/backend.h"
 #include "runtime/core/tensor_io.h"
-#include "runtime/exec/checkpoint.h"
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -25,19 +27,10 @@ namespace {
 namespace fs = std::filesystem;
 
 plan::PlanOptions options_for(const std::string& file, const std::string& loss, int devices) {
-  plan::PlanOptions o;
-  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/" + file;
-  o.devices = devices;
-  o.batch = 8;
-  o.microbatches = 4;
-  o.training = true;
-  o.schedule = stagecraft::ScheduleKind::k1F1B;
-  o.optimizer = stagecraft::OptimizerKind::kAdam;
-  o.training_config.lr = 0.01;
+  plan::PlanOptions o = testing::training_options(std::string(STAGECRAFT_SAMPLES) + "/" + file,
+                                                  devices, "1f1b", loss);
   o.training_config.lr_schedule = "cosine";  // the step count matters
   o.training_config.total_steps = 20;
-  o.loss.kind = loss;
-  o.device_spec = "cpu";
   if (file == "gpt_tiny.onnx") o.dims["seq"] = 8;
   return o;
 }

@@ -15,6 +15,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/exec/pipeline.h"
 #include "samples/builder/model_builder.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -83,17 +84,7 @@ const Models& models() {
 
 plan::PlanOptions options_for(const std::string& model, int devices, const std::string& schedule,
                               bool recompute) {
-  plan::PlanOptions o;
-  o.model_path = model;
-  o.devices = devices;
-  o.batch = 8;
-  o.microbatches = 4;
-  o.device_spec = "cpu";
-  o.training = true;
-  o.schedule = stagecraft::parse_schedule(schedule);
-  o.optimizer = stagecraft::OptimizerKind::kAdam;
-  o.training_config.lr = 0.01;
-  o.loss.kind = "mse";
+  plan::PlanOptions o = testing::training_options(model, devices, schedule, "mse");
   if (recompute) o.recompute = stagecraft::Recompute::kAll;
   return o;
 }

@@ -16,6 +16,7 @@
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -23,17 +24,8 @@ namespace {
 
 plan::PlanOptions fp16_options(const std::string& file, const std::string& loss, int devices,
                                Precision precision) {
-  plan::PlanOptions o;
-  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/" + file;
-  o.devices = devices;
-  o.batch = 8;
-  o.microbatches = 4;
-  o.training = true;
-  o.schedule = stagecraft::parse_schedule(devices > 1 ? "1f1b" : "gpipe");
-  o.optimizer = stagecraft::OptimizerKind::kAdam;
-  o.training_config.lr = 0.01;
-  o.loss.kind = loss;
-  o.device_spec = "cpu";
+  plan::PlanOptions o = testing::training_options(std::string(STAGECRAFT_SAMPLES) + "/" + file,
+                                                  devices, devices > 1 ? "1f1b" : "gpipe", loss);
   o.precision = precision;
   if (file == "gpt_tiny.onnx") o.dims["seq"] = 8;
   return o;

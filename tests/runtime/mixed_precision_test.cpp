@@ -17,6 +17,7 @@
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -28,17 +29,8 @@ struct Sample {
 
 plan::PlanOptions options_for(const Sample& m, int devices, Precision precision,
                               const std::string& schedule = "1f1b") {
-  plan::PlanOptions o;
-  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/" + m.file;
-  o.devices = devices;
-  o.batch = 8;
-  o.microbatches = 4;
-  o.training = true;
-  o.schedule = stagecraft::parse_schedule(schedule);
-  o.optimizer = stagecraft::OptimizerKind::kAdam;
-  o.training_config.lr = 0.01;
-  o.loss.kind = m.loss;
-  o.device_spec = "cpu";
+  plan::PlanOptions o = testing::training_options(std::string(STAGECRAFT_SAMPLES) + "/" + m.file,
+                                                  devices, schedule, m.loss);
   o.precision = precision;
   if (m.file == "gpt_tiny.onnx") o.dims["seq"] = 8;
   return o;

@@ -25,6 +25,7 @@ namespace {
 using samples::attr_int;
 using samples::attr_string;
 using samples::ModelBuilder;
+using testing::check_contains;
 
 constexpr int32_t kFloat = onnx::TensorProto::FLOAT;
 
@@ -34,9 +35,7 @@ void language_model(const samples::RnnLmOptions& options, const std::string& fil
   testing::TempDir dir;
   const std::string model = dir.file(file);
   samples::build_rnn_lm(options).write(model);
-  CHECK(testing::run_against_unpartitioned(model, 1, options.cell) == options.layers);
-  CHECK(testing::run_against_unpartitioned(model, 2, options.cell) == options.layers);
-  testing::check_training(model);
+  testing::check_plans_and_training(model, options.cell, options.layers);
 }
 
 std::vector<float> random_values(int64_t count, unsigned seed) {
@@ -179,26 +178,14 @@ TEST_CASE("recurrent refusals at import: one line naming the node and the number
     attrs.push_back(attr_int("hidden_size", 4));
     b.add_node(op, "/rnn/" + op, {"x", w, r}, {"y", "y_h"}, attrs);
     b.add_output("y", kFloat, {"s", "d", "b", "h"});
-    const std::string path = dir.file(op + std::to_string(attrs.size()) + ".onnx");
-    b.write(path);
-    try {
-      import_model(path, {});
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      CHECK(what.find('\n') == std::string::npos);
-      return what;
-    }
-    return std::string("imported");
-  };
-  auto has = [](const std::string& what, const std::string& needle) {
-    CAPTURE(what);
-    CHECK(what.find(needle) != std::string::npos);
+    return testing::import_message(b, dir.file(op + std::to_string(attrs.size()) + ".onnx"));
   };
   CHECK(refusal("LSTM", {}) == "imported");
-  has(refusal("LSTM", {attr_int("layout", 1)}), "layout 1 is not supported");
-  has(refusal("GRU", {samples::attr_float("clip", 3.0f)}), "GRU with clip is not supported");
-  has(refusal("LSTM", {attr_int("input_forget", 1)}), "input_forget 1");
-  has(refusal("GRU", {attr_int("linear_before_reset", 2)}), "linear_before_reset 2");
+  check_contains(refusal("LSTM", {attr_int("layout", 1)}), "layout 1 is not supported");
+  check_contains(refusal("GRU", {samples::attr_float("clip", 3.0f)}),
+                 "GRU with clip is not supported");
+  check_contains(refusal("LSTM", {attr_int("input_forget", 1)}), "input_forget 1");
+  check_contains(refusal("GRU", {attr_int("linear_before_reset", 2)}), "linear_before_reset 2");
   auto activations = [](std::vector<std::string> names) {
     onnx::AttributeProto a;
     a.set_name("activations");
@@ -208,10 +195,12 @@ TEST_CASE("recurrent refusals at import: one line naming the node and the number
   };
   // torch writes nn.RNN's nonlinearity: the default Tanh is taken, Relu is refused.
   CHECK(refusal("RNN", {activations({"Tanh"})}) == "imported");
-  has(refusal("RNN", {activations({"Relu"})}), "activations [Relu] are not supported");
-  has(refusal("LSTM", {activations({"Sigmoid", "Tanh", "Tanh"}), attr_int("layout", 0),
-                       attr_string("direction", "reverse")}, 3),
-      "R [1, 16, 3] should be");
+  check_contains(refusal("RNN", {activations({"Relu"})}), "activations [Relu] are not supported");
+  check_contains(refusal("LSTM",
+                         {activations({"Sigmoid", "Tanh", "Tanh"}), attr_int("layout", 0),
+                          attr_string("direction", "reverse")},
+                         3),
+                 "R [1, 16, 3] should be");
 }
 
 }  // namespace stagecraft::rt

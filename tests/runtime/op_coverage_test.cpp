@@ -30,7 +30,9 @@ using samples::make_float_tensor;
 using samples::make_int64_tensor;
 using samples::ModelBuilder;
 using testing::check_cuda_accepts;
+using testing::check_plans_and_training;
 using testing::check_training;
+using testing::import_message;
 using testing::run_against_unpartitioned;
 
 constexpr int32_t kFloat = onnx::TensorProto::FLOAT;
@@ -423,21 +425,6 @@ ImportedModel import_at_batch_2(const std::string& model) {
   return import_model(model, options);
 }
 
-// Ends `b`'s model with y = Relu(out) of `y_shape`, writes it to `path` and imports it: returns
-// the import's error message, or "imported".
-std::string import_message(ModelBuilder& b, const std::string& out, const samples::Shape& y_shape,
-                           const std::string& path) {
-  b.add_node("Relu", "/out", {out}, {"y"});
-  b.add_output("y", kFloat, y_shape);
-  b.write(path);
-  try {
-    import_model(path, {});
-  } catch (const Error& e) {
-    return std::string(e.what());
-  }
-  return std::string("imported");
-}
-
 // The CUDA backend takes each of `ops` on one float32 input as the CPU backend does.
 void check_cuda_accepts_f32(std::initializer_list<const char*> ops) {
   const DType f32[] = {DType::kFloat32};
@@ -449,9 +436,7 @@ TEST_CASE("Pad as torch exports it: planned on 2 devices, run and trained as on 
   testing::TempDir dir;
   const std::string model = write_model(dir, pad_net(), "pad_net.onnx");
   // The zero-width Pad before the AveragePool is dropped at import; the three others run.
-  CHECK(run_against_unpartitioned(model, 1, "Pad") == 3);
-  CHECK(run_against_unpartitioned(model, 2, "Pad") == 3);
-  check_training(model);
+  check_plans_and_training(model, "Pad", 3);
   const DType pad_inputs[] = {DType::kFloat32, DType::kInt64};
   check_cuda_accepts("Pad", pad_inputs);
 }
@@ -498,9 +483,7 @@ TEST_CASE("Exp, Log, Neg, Abs, Ceil, Floor and Reciprocal as torch writes them: 
 TEST_CASE("Resize as torch exports it (nearest, bilinear): 2 devices as one") {
   testing::TempDir dir;
   const std::string model = write_model(dir, resize_net(), "resize_net.onnx");
-  CHECK(run_against_unpartitioned(model, 1, "Resize") == 4);
-  CHECK(run_against_unpartitioned(model, 2, "Resize") == 4);
-  check_training(model);
+  check_plans_and_training(model, "Resize", 4);
   const DType by_scales[] = {DType::kFloat32, DType::kUndefined, DType::kFloat32};
   check_cuda_accepts("Resize", by_scales);
   const DType by_sizes[] = {DType::kFloat32, DType::kUndefined, DType::kUndefined, DType::kInt64};

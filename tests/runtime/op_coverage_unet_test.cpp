@@ -26,6 +26,7 @@ using samples::attr_int;
 using samples::attr_ints;
 using samples::attr_string;
 using samples::ModelBuilder;
+using testing::check_contains;
 
 constexpr int32_t kFloat = onnx::TensorProto::FLOAT;
 
@@ -175,52 +176,40 @@ TEST_CASE("ConvTranspose refusals at import: one line naming the node and the nu
     std::vector<std::string> inputs{"x", b.add_parameter("W", w_shape, 9)};
     if (bias > 0) inputs.push_back(b.add_parameter("B", {bias}, 9));
     const std::string y = b.add_op("ConvTranspose", "/up/ConvTranspose", inputs, attrs);
-    b.add_node("Relu", "/out", {y}, {"y"});
-    b.add_output("y", kFloat, {1, "c", "h", "w"});
-    const std::string path = dir.file(std::to_string(w_shape[1]) + ".onnx");
-    b.write(path);
-    try {
-      import_model(path, {});
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      CHECK(what.find('\n') == std::string::npos);
-      return what;
-    }
-    return std::string("imported");
-  };
-  auto has = [](const std::string& what, const std::string& needle) {
-    CAPTURE(what);
-    CHECK(what.find(needle) != std::string::npos);
+    return testing::import_message(b, y, {1, "c", "h", "w"},
+                                   dir.file(std::to_string(w_shape[1]) + ".onnx"));
   };
   CHECK(refusal({4, 2, 3, 3}, {attr_ints("strides", {2, 2}), attr_ints("output_padding", {1, 1})}) ==
         "imported");
-  has(refusal({4, 2, 3, 3}, {attr_ints("strides", {2, 2}), attr_ints("output_padding", {2, 0})}),
+  check_contains(
+      refusal({4, 2, 3, 3}, {attr_ints("strides", {2, 2}), attr_ints("output_padding", {2, 0})}),
       "ConvTranspose '/up/ConvTranspose': output_padding 2 of spatial dim 0 must be in [0, "
       "max(stride 2, dilation 1))");
-  has(refusal({4, 2, 3, 3}, {attr_ints("dilations", {2, 2}), attr_ints("output_padding", {0, 1})}),
+  check_contains(
+      refusal({4, 2, 3, 3}, {attr_ints("dilations", {2, 2}), attr_ints("output_padding", {0, 1})}),
       "ConvTranspose '/up/ConvTranspose': the output of spatial dim 1 runs 1 positions past the "
       "last window (output_padding or output_shape); at most stride - 1 = 0 is supported");
   // output_shape past the full result: the extra position after (a total padding of -1) runs;
   // ONNX's split of -2 puts one before the first window, which the kernels do not run.
   CHECK(refusal({4, 2, 3, 3}, {attr_ints("strides", {2, 2}), attr_ints("output_shape", {8, 8})}) ==
         "imported");
-  has(refusal({4, 2, 3, 3}, {attr_ints("strides", {2, 2}), attr_ints("output_shape", {9, 9})}),
+  check_contains(
+      refusal({4, 2, 3, 3}, {attr_ints("strides", {2, 2}), attr_ints("output_shape", {9, 9})}),
       "ConvTranspose '/up/ConvTranspose': the output of spatial dim 0 would start 1 positions "
       "before the first window (a negative pad before); not supported");
-  has(refusal({4, 2, 3, 3}, {attr_ints("output_shape", {6, 5})}),
+  check_contains(
+      refusal({4, 2, 3, 3}, {attr_ints("output_shape", {6, 5})}),
       "ConvTranspose '/up/ConvTranspose': the output of spatial dim 0 runs 1 positions past the "
       "last window (output_padding or output_shape); at most stride - 1 = 0 is supported");
-  has(refusal({4, 1, 2, 2}, {attr_ints("strides", {2, 2})}, 3),
-      "bias 'B' [3] has 3 elements for 1 output channels");
+  check_contains(refusal({4, 1, 2, 2}, {attr_ints("strides", {2, 2})}, 3),
+                 "bias 'B' [3] has 3 elements for 1 output channels");
 }
 
 TEST_CASE("a U-Net with ConvTranspose up-sampling: planned on 2 devices, run and trained as on one") {
   testing::TempDir dir;
   const std::string model = dir.file("unet.onnx");
   samples::build_unet({.width = 4, .image_size = 8}).write(model);
-  CHECK(testing::run_against_unpartitioned(model, 1, "ConvTranspose") == 2);
-  CHECK(testing::run_against_unpartitioned(model, 2, "ConvTranspose") == 2);
-  testing::check_training(model);
+  testing::check_plans_and_training(model, "ConvTranspose", 2);
   const DType with_bias[] = {DType::kFloat32, DType::kFloat32, DType::kFloat32};
   testing::check_cuda_accepts("ConvTranspose", with_bias);
 }
@@ -229,9 +218,7 @@ TEST_CASE("a U-Net with InstanceNormalization (pix2pix): 2 devices as one, train
   testing::TempDir dir;
   const std::string model = dir.file("unet_in.onnx");
   samples::build_unet({.width = 4, .image_size = 8, .instance_norm = true}).write(model);
-  CHECK(testing::run_against_unpartitioned(model, 1, "InstanceNormalization") == 5);
-  CHECK(testing::run_against_unpartitioned(model, 2, "InstanceNormalization") == 5);
-  testing::check_training(model);
+  testing::check_plans_and_training(model, "InstanceNormalization", 5);
   const DType three[] = {DType::kFloat32, DType::kFloat32, DType::kFloat32};
   testing::check_cuda_accepts("InstanceNormalization", three);
 }
@@ -240,9 +227,7 @@ TEST_CASE("a U-Net with GroupNorm as torch exports it (InstanceNormalization): 2
   testing::TempDir dir;
   const std::string model = dir.file("unet_gn.onnx");
   samples::build_unet({.width = 4, .image_size = 8, .group_norm = 2}).write(model);
-  CHECK(testing::run_against_unpartitioned(model, 1, "InstanceNormalization") == 5);
-  CHECK(testing::run_against_unpartitioned(model, 2, "InstanceNormalization") == 5);
-  testing::check_training(model);
+  testing::check_plans_and_training(model, "InstanceNormalization", 5);
 }
 
 }  // namespace stagecraft::rt

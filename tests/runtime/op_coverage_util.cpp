@@ -1,6 +1,6 @@
-// Shared by the op coverage tests (op_coverage_test.cpp, op_coverage_unet_test.cpp): a model
+// Shared by the op coverage tests (op_coverage*_test.cpp, einsum_test.cpp): a model
 // planned on N devices against the unpartitioned run, pipelined training against one device,
-// and the CUDA backend's acceptance of an op.
+// the CUDA backend's acceptance of an op, and the import's refusals.
 #include "tests/runtime/op_coverage_util.h"
 
 #include <doctest/doctest.h>
@@ -9,42 +9,39 @@
 #include <cmath>
 #include <map>
 
+#include "compiler/import.h"
 #include "compiler/ir/onnx_bridge.h"
 #include "compiler/plan/planner.h"
 #include "runtime/core/backend.h"
 #include "runtime/core/program.h"
 #include "runtime/exec/pipeline.h"
+#include "runtime/format/error.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::testing {
 
 using rt::Attrs;
 using rt::Backend;
+using rt::cpu_backend;
+using rt::cuda_backend;
 using rt::Pipeline;
 using rt::Program;
 using rt::RunOptions;
 using rt::RunReport;
 using rt::Tensor;
 using rt::ValueInfo;
-using rt::cpu_backend;
-using rt::cuda_backend;
 
 namespace {
 
 plan::PlanOptions options_for(const std::string& model, int devices, bool training) {
+  if (training) return training_options(model, devices, "1f1b", "mse");
   plan::PlanOptions o;
   o.model_path = model;
   o.devices = devices;
   o.batch = 8;
   o.microbatches = 4;
   o.device_spec = "cpu";
-  if (training) {
-    o.training = true;
-    o.schedule = stagecraft::parse_schedule("1f1b");
-    o.optimizer = stagecraft::OptimizerKind::kAdam;
-    o.training_config.lr = 0.01;
-    o.loss.kind = "mse";
-  }
   return o;
 }
 
@@ -127,6 +124,37 @@ void check_cuda_accepts(const std::string& op, std::span<const DType> inputs) {
   const DType f32[] = {DType::kFloat32};
   CHECK(cuda->check({op, inputs, f32, none}).empty());
   CHECK(cpu_backend().check({op, inputs, f32, none}).empty());
+}
+
+void check_plans_and_training(const std::string& model, const std::string& op, int64_t kept) {
+  CAPTURE(op);
+  CHECK(run_against_unpartitioned(model, 1, op) == kept);
+  CHECK(run_against_unpartitioned(model, 2, op) == kept);
+  check_training(model);
+}
+
+std::string import_message(const samples::ModelBuilder& b, const std::string& path) {
+  b.write(path);
+  try {
+    import_model(path, {});
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find('\n') == std::string::npos);
+    return what;
+  }
+  return std::string("imported");
+}
+
+std::string import_message(samples::ModelBuilder& b, const std::string& out,
+                           const samples::Shape& y_shape, const std::string& path) {
+  b.add_node("Relu", "/out", {out}, {"y"});
+  b.add_output("y", onnx::TensorProto::FLOAT, y_shape);
+  return import_message(b, path);
+}
+
+void check_contains(const std::string& what, const std::string& needle) {
+  CAPTURE(what);
+  CHECK(what.find(needle) != std::string::npos);
 }
 
 }  // namespace stagecraft::testing

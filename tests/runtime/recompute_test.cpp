@@ -11,23 +11,15 @@
 #include "runtime/core/backend.h"
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
 namespace {
 
 plan::PlanOptions gpt_training(const std::string& schedule, const std::string& recompute, int64_t seq) {
-  plan::PlanOptions o;
-  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/gpt_tiny.onnx";
-  o.devices = 2;
-  o.batch = 8;
-  o.microbatches = 4;
-  o.training = true;
-  o.schedule = stagecraft::parse_schedule(schedule);
-  o.optimizer = stagecraft::OptimizerKind::kAdam;
-  o.training_config.lr = 0.01;
-  o.loss.kind = "cross-entropy";
-  o.device_spec = "cpu";
+  plan::PlanOptions o = testing::training_options(
+      std::string(STAGECRAFT_SAMPLES) + "/gpt_tiny.onnx", 2, schedule, "cross-entropy");
   o.dims["seq"] = seq;
   o.recompute = stagecraft::parse_recompute(recompute);
   return o;

@@ -22,6 +22,7 @@
 #include "runtime/format/error.h"
 #include "samples/builder/sample_models.h"
 #include "tests/plan_format/sample_plan.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 #include "tools/dump/render.h"
 #include "tools/dump/view.h"
@@ -58,13 +59,9 @@ constexpr const char* kShared = "shared.weight";
 
 plan::PlanOptions options_for(const std::string& model, int devices, const std::string& schedule,
                               const std::string& optimizer) {
-  plan::PlanOptions o;
-  o.model_path = model;
-  o.devices = devices;
-  o.batch = 8;
-  o.microbatches = 4;
-  o.training = true;
-  o.schedule = stagecraft::parse_schedule(schedule);
+  const bool gpt = model == models().gpt;
+  plan::PlanOptions o =
+      testing::training_options(model, devices, schedule, gpt ? "cross-entropy" : "mse");
   if (schedule == "interleaved") o.chunks = 2;
   o.optimizer = stagecraft::parse_optimizer(optimizer);
   o.training_config.lr = optimizer == "sgd" ? 0.1 : 0.01;
@@ -73,10 +70,7 @@ plan::PlanOptions options_for(const std::string& model, int devices, const std::
   // six steps (the microbatches' gradients add in another order). 1e-3 keeps those within 1e-5
   // while a lost tie still moves the weights by whole gradients.
   o.training_config.epsilon = 1e-3;
-  bool gpt = model == models().gpt;
-  o.loss.kind = gpt ? "cross-entropy" : "mse";
   if (gpt) o.dims["seq"] = 8;
-  o.device_spec = "cpu";
   return o;
 }
 

@@ -10,6 +10,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -22,17 +23,8 @@ struct Model {
 };
 
 plan::PlanOptions training_options(const Model& m, int devices, const std::string& schedule) {
-  plan::PlanOptions o;
-  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/" + m.file;
-  o.devices = devices;
-  o.batch = 8;
-  o.microbatches = 4;
-  o.training = true;
-  o.schedule = stagecraft::parse_schedule(schedule);
-  o.optimizer = stagecraft::OptimizerKind::kAdam;
-  o.training_config.lr = 0.01;
-  o.loss.kind = m.loss;
-  o.device_spec = "cpu";
+  plan::PlanOptions o = testing::training_options(std::string(STAGECRAFT_SAMPLES) + "/" + m.file,
+                                                  devices, schedule, m.loss);
   if (m.file == "gpt_tiny.onnx") o.dims["seq"] = 8;
   return o;
 }
