@@ -296,17 +296,9 @@ void gather(const KernelArgs& a) {
   const Tensor& index_tensor = a.input(1);
   Tensor& out = *a.out[0];
   int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), data.rank());
-  Shape expected(data.shape.begin(), data.shape.begin() + axis);
-  expected.insert(expected.end(), index_tensor.shape.begin(), index_tensor.shape.end());
-  expected.insert(expected.end(), data.shape.begin() + axis + 1, data.shape.end());
-  expect_shape(a, 0, expected);
+  expect_shape(a, 0, gather_shape(data.shape, index_tensor.shape, axis));
   const int64_t dim = data.shape[axis];
-  std::vector<int64_t> indices = read_ints(a, 1);
-  for (int64_t& index : indices) {
-    if (index < -dim || index >= dim)
-      fail(ErrorKind::kModel, "Gather index {} is out of range for axis {} of size {}", index, axis, dim);
-    if (index < 0) index += dim;
-  }
+  const std::vector<int64_t> indices = gather_indices_in_range(read_ints(a, 1), axis, dim);
   int64_t outer = 1;
   for (int64_t d = 0; d < axis; ++d) outer *= data.shape[d];
   if (out.bytes() == 0) return;

@@ -191,18 +191,10 @@ void gather_grad(const KernelArgs& a) {
   if (dy == nullptr) return;
   const Tensor& index_tensor = io.need_x(1);
   const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), data.rank());
-  Shape y_shape(data.shape.begin(), data.shape.begin() + axis);
-  y_shape.insert(y_shape.end(), index_tensor.shape.begin(), index_tensor.shape.end());
-  y_shape.insert(y_shape.end(), data.shape.begin() + axis + 1, data.shape.end());
-  expect_dy_shape(a, *dy, y_shape);
+  expect_dy_shape(a, *dy, gather_shape(data.shape, index_tensor.shape, axis));
   const int64_t dim = data.shape[axis];
-  std::vector<int64_t> indices = read_ints(a, index_tensor, 1);
-  for (int64_t& index : indices) {
-    if (index < -dim || index >= dim)
-      fail(ErrorKind::kModel, "Gather index {} is out of range for axis {} of size {}", index, axis,
-           dim);
-    if (index < 0) index += dim;
-  }
+  const std::vector<int64_t> indices =
+      gather_indices_in_range(read_ints(a, index_tensor, 1), axis, dim);
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < axis; ++d) outer *= data.shape[d];
   for (int64_t d = axis + 1; d < data.rank(); ++d) inner *= data.shape[d];

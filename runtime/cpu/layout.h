@@ -53,6 +53,27 @@ inline std::vector<int64_t> transpose_perm(const KernelArgs& a, int64_t rank) {
   return perm;
 }
 
+/// Gather's output shape: data's dims before `axis`, the indices' shape, data's dims after it.
+inline Shape gather_shape(const Shape& data, const Shape& indices, int64_t axis) {
+  Shape out(data.begin(), data.begin() + axis);
+  out.insert(out.end(), indices.begin(), indices.end());
+  out.insert(out.end(), data.begin() + axis + 1, data.end());
+  return out;
+}
+
+/// Gather's indices along axis `axis` of `dim` elements made non-negative; one outside
+/// [-dim, dim) is refused.
+inline std::vector<int64_t> gather_indices_in_range(std::vector<int64_t> indices, int64_t axis,
+                                                    int64_t dim) {
+  for (int64_t& index : indices) {
+    if (index < -dim || index >= dim)
+      fail(ErrorKind::kModel, "Gather index {} is out of range for axis {} of size {}", index, axis,
+           dim);
+    if (index < 0) index += dim;
+  }
+  return indices;
+}
+
 /// True when Dropout's scalar input `what` (ratio or training_mode: float32, float64 or bool) is
 /// nonzero; the forward kernel and its gradient read them alike.
 inline bool scalar_is_nonzero(const Tensor& t, std::string_view what) {

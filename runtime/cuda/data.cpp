@@ -235,10 +235,7 @@ void gather(const KernelArgs& a) {
   const Tensor& index_tensor = a.input(1);
   Tensor& out = *a.out[0];
   const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), data.rank());
-  Shape expected(data.shape.begin(), data.shape.begin() + axis);
-  expected.insert(expected.end(), index_tensor.shape.begin(), index_tensor.shape.end());
-  expected.insert(expected.end(), data.shape.begin() + axis + 1, data.shape.end());
-  expect_shape(a, 0, expected);
+  expect_shape(a, 0, cpu::gather_shape(data.shape, index_tensor.shape, axis));
   CudaContext& ctx = context(a);
   const int64_t dim = data.shape[axis];
   const std::vector<int64_t> indices = gather_indices(ctx, index_tensor, axis, dim);

@@ -130,14 +130,7 @@ inline cpu::SliceView slice_view(const KernelArgs& a, CudaContext& ctx, const Sh
 /// non-negative.
 inline std::vector<int64_t> gather_indices(CudaContext& ctx, const Tensor& indices, int64_t axis,
                                            int64_t dim) {
-  std::vector<int64_t> values = read_ints(ctx, indices);
-  for (int64_t& index : values) {
-    if (index < -dim || index >= dim)
-      fail(ErrorKind::kModel, "Gather index {} is out of range for axis {} of size {}", index, axis,
-           dim);
-    if (index < 0) index += dim;
-  }
-  return values;
+  return cpu::gather_indices_in_range(read_ints(ctx, indices), axis, dim);
 }
 
 }  // namespace stagecraft::rt::cuda

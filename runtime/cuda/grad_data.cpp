@@ -130,10 +130,7 @@ void gather_grad(const KernelArgs& a) {
   if (dy == nullptr) return ctx.fill_zero(*dx);
   const Tensor& index_tensor = io.need_x(1);
   const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), data.rank());
-  Shape y_shape(data.shape.begin(), data.shape.begin() + axis);
-  y_shape.insert(y_shape.end(), index_tensor.shape.begin(), index_tensor.shape.end());
-  y_shape.insert(y_shape.end(), data.shape.begin() + axis + 1, data.shape.end());
-  expect_dy_shape(a, *dy, y_shape);
+  expect_dy_shape(a, *dy, cpu::gather_shape(data.shape, index_tensor.shape, axis));
   const int64_t dim = data.shape[axis];
   const std::vector<int64_t> indices = gather_indices(ctx, index_tensor, axis, dim);
   int64_t outer = 1, inner = 1;
