@@ -4,30 +4,14 @@
 
 #include "compiler/import.h"
 #include "runtime/format/error.h"
+#include "tests/import_refusal.h"
 #include "tests/test_util.h"
 
 namespace stagecraft {
 namespace {
 
+using testing::expect_refused;
 using testing::TempDir;
-
-/// Imports `path` expecting an Error of `kind` whose one-line message names the file and
-/// contains `needle`.
-void expect_refused(const std::string& path, ErrorKind kind, const std::string& needle,
-                    ImportOptions options = {}) {
-  if (!options.batch && options.dims.empty()) options.batch = 2;
-  try {
-    import_model(path, options);
-    FAIL("import of " << path << " succeeded; expected: " << needle);
-  } catch (const Error& e) {
-    std::string what = e.what();
-    INFO(what);
-    CHECK(e.kind() == kind);
-    CHECK(what.find(path) == 0);
-    CHECK(what.find(needle) != std::string::npos);
-    CHECK(what.find('\n') == std::string::npos);
-  }
-}
 
 TEST_CASE("a missing, empty, non-protobuf or truncated file is refused") {
   TempDir dir;

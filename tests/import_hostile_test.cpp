@@ -12,29 +12,15 @@
 
 #include "compiler/import.h"
 #include "runtime/format/error.h"
+#include "tests/import_refusal.h"
 #include "tests/test_util.h"
 
 namespace stagecraft {
 namespace {
 
+using testing::expect_refused;
 using testing::TempDir;
 namespace fs = std::filesystem;
-
-/// Imports `path` expecting an Error of `kind` whose one-line message contains `needle`.
-void expect_refused(const std::string& path, ErrorKind kind, const std::string& needle,
-                    ImportOptions options = {}) {
-  if (!options.batch && options.dims.empty()) options.batch = 2;
-  try {
-    import_model(path, options);
-    FAIL("import of " << path << " succeeded; expected: " << needle);
-  } catch (const Error& e) {
-    std::string what = e.what();
-    INFO(what);
-    CHECK(e.kind() == kind);
-    CHECK(what.find(needle) != std::string::npos);
-    CHECK(what.find('\n') == std::string::npos);
-  }
-}
 
 /// Adds external-data entries to `t`.
 void set_external(onnx::TensorProto* t, const std::string& location, const std::string& offset,
