@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/cli/run_command.h"
 #include "tests/test_util.h"
 #include "tools/json_formats.h"
 
@@ -148,16 +149,7 @@ void check_valid(const SchemaValidator& schema, const json& instance, const std:
   CHECK_MESSAGE(errors.empty(), fmt::format("{}", fmt::join(errors, "\n")));
 }
 
-/// Runs `command` (a shell line); returns its stdout. Fails the test on a non-zero exit.
-std::string run(const testing::TempDir& dir, const std::string& command) {
-  const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  int status = std::system(fmt::format("{} >{} 2>{}", command, out, err).c_str());
-  INFO(command);
-  INFO(testing::read_bytes(err));
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
-  return testing::read_bytes(out);
-}
+using testing::run_command;
 
 /// The records of a JSON Lines output: every line one complete JSON object, at least one.
 std::vector<json> json_lines(const std::string& text, const std::string& what) {
@@ -237,10 +229,11 @@ TEST_CASE("the tools' JSON outputs are JSON Lines that their schemas accept") {
 
   for (const std::string& model : {samples + "/gpt_tiny.onnx --batch 2 --dim seq=8",
                                    samples + "/resnet_small.onnx --batch 4"}) {
-    std::vector<json> lines = json_lines(run(dir, stagec + " " + model + " --info --json"), model);
+    std::vector<json> lines =
+        json_lines(run_command(dir, stagec + " " + model + " --info --json"), model);
     REQUIRE(lines.size() == 1);
     check_valid(info, lines[0], "stagec --info --json " + model);
-    lines = json_lines(run(dir, stagec + " " + model + " --list-nodes --json"), model);
+    lines = json_lines(run_command(dir, stagec + " " + model + " --list-nodes --json"), model);
     REQUIRE(lines.size() == 1);
     check_valid(nodes, lines[0], "stagec --list-nodes --json " + model);
   }
@@ -260,17 +253,18 @@ TEST_CASE("the tools' JSON outputs are JSON Lines that their schemas accept") {
              false}}) {
     CAPTURE(p.name);
     const std::string plan = dir.file(p.name);
-    run(dir, fmt::format("{} {} -o {}", stagec, p.args, plan));
-    std::vector<json> lines = json_lines(run(dir, stagedump + " " + plan + " --json"), p.name);
+    run_command(dir, fmt::format("{} {} -o {}", stagec, p.args, plan));
+    std::vector<json> lines =
+        json_lines(run_command(dir, stagedump + " " + plan + " --json"), p.name);
     REQUIRE(lines.size() == 1);
     check_valid(dump, lines[0], "stagedump --json " + p.name);
-    check_valid(trace, json::parse(run(dir, stagedump + " " + plan + " --trace -")),
+    check_valid(trace, json::parse(run_command(dir, stagedump + " " + plan + " --trace -")),
                 "stagedump --trace " + p.name);
 
     const std::string measured = dir.file(p.name + ".trace.json");
-    lines = json_lines(
-        run(dir, fmt::format("{} {} --steps 3 -q --json --trace {}", stagerun, plan, measured)),
-        p.name);
+    lines = json_lines(run_command(dir, fmt::format("{} {} --steps 3 -q --json --trace {}",
+                                                    stagerun, plan, measured)),
+                       p.name);
     // One record per step, in order, then the summary.
     REQUIRE(lines.size() == 4);
     for (int k = 0; k < 3; ++k) {
@@ -290,7 +284,7 @@ TEST_CASE("the tools' JSON outputs are JSON Lines that their schemas accept") {
     json stray = lines[0];
     stray["extra"] = 1;
     CHECK(!runs.errors(stray).empty());
-    json mistyped = json::parse(run(dir, stagedump + " " + plan + " --json"));
+    json mistyped = json::parse(run_command(dir, stagedump + " " + plan + " --json"));
     mistyped["devices"][0]["peak_bytes"] = "1 MiB";
     CHECK(!dump.errors(mistyped).empty());
   }

@@ -17,22 +17,13 @@
 #include <vector>
 
 #include "runtime/format/bytes.h"
+#include "tests/cli/run_command.h"
 #include "tests/test_util.h"
 
 namespace stagecraft {
 namespace {
 
-/// Runs `command` (a shell line), its stdout into a file; returns stdout. Fails the test on a
-/// non-zero exit, with stderr.
-std::string run(const testing::TempDir& dir, const std::string& command) {
-  const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  int status = std::system(fmt::format("{} >{} 2>{}", command, out, err).c_str());
-  INFO(command);
-  INFO(testing::read_bytes(err));
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
-  return testing::read_bytes(out);
-}
+using testing::run_command;
 
 /// The lines of `text`.
 std::vector<std::string> lines_of(const std::string& text) {
@@ -84,7 +75,7 @@ void check_one_figure(const Sample& sample) {
   testing::TempDir dir;
   const std::string plan = dir.file("plan");
   const std::string stagec =
-      run(dir, fmt::format("{} {} -o {}", STAGECRAFT_STAGEC, sample.stagec_args, plan));
+      run_command(dir, fmt::format("{} {} -o {}", STAGECRAFT_STAGEC, sample.stagec_args, plan));
   const nlohmann::json plan_json = nlohmann::json::parse(testing::read_bytes(plan + "/plan.json"));
   REQUIRE(plan_json["device_memory"].size() == static_cast<size_t>(sample.devices));
   std::vector<int64_t> peak(sample.devices);
@@ -94,18 +85,20 @@ void check_one_figure(const Sample& sample) {
   }
   const int64_t largest = *std::max_element(peak.begin(), peak.end());
 
-  const std::string text = run(dir, fmt::format("{} {}", STAGECRAFT_STAGEDUMP, plan));
-  const nlohmann::json json =
-      nlohmann::json::parse(run(dir, fmt::format("{} {} --json", STAGECRAFT_STAGEDUMP, plan)));
-  const std::string html = run(dir, fmt::format("{} {} --html -", STAGECRAFT_STAGEDUMP, plan));
-  const nlohmann::json trace =
-      nlohmann::json::parse(run(dir, fmt::format("{} {} --trace -", STAGECRAFT_STAGEDUMP, plan)));
-  const std::string dot = run(dir, fmt::format("{} {} --dot -", STAGECRAFT_STAGEDUMP, plan));
+  const std::string text = run_command(dir, fmt::format("{} {}", STAGECRAFT_STAGEDUMP, plan));
+  const nlohmann::json json = nlohmann::json::parse(
+      run_command(dir, fmt::format("{} {} --json", STAGECRAFT_STAGEDUMP, plan)));
+  const std::string html =
+      run_command(dir, fmt::format("{} {} --html -", STAGECRAFT_STAGEDUMP, plan));
+  const nlohmann::json trace = nlohmann::json::parse(
+      run_command(dir, fmt::format("{} {} --trace -", STAGECRAFT_STAGEDUMP, plan)));
+  const std::string dot =
+      run_command(dir, fmt::format("{} {} --dot -", STAGECRAFT_STAGEDUMP, plan));
   const std::string stagerun_text =
-      run(dir, fmt::format("{} {} --steps 2 -q", STAGECRAFT_STAGERUN, plan));
+      run_command(dir, fmt::format("{} {} --steps 2 -q", STAGECRAFT_STAGERUN, plan));
   // --json: the device figures are in the summary, the record after the per-step ones.
   const nlohmann::json stagerun_json = stagerun_summary(
-      run(dir, fmt::format("{} {} --steps 2 -q --json", STAGECRAFT_STAGERUN, plan)));
+      run_command(dir, fmt::format("{} {} --steps 2 -q --json", STAGECRAFT_STAGERUN, plan)));
 
   const std::vector<std::string> table = text_table_peaks(text, sample.devices);
   std::vector<std::string> stagerun_rows = lines_of(stagerun_text);
