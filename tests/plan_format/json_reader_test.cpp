@@ -8,23 +8,13 @@
 #include <string>
 
 #include "runtime/format/error.h"
+#include "tests/error_of.h"
 #include "tests/test_util.h"
 
 namespace stagecraft {
 namespace {
 
-/// The message of the Error `body` throws, after checking its kind.
-template <typename Body>
-std::string error_of(ErrorKind kind, Body&& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    CHECK(e.kind() == kind);
-    return e.what();
-  }
-  FAIL("no error");
-  return "";
-}
+using testing::error_of;
 
 TEST_CASE("the JSON reader reads typed fields and names the field path in each refusal") {
   nlohmann::json doc = nlohmann::json::parse(R"({

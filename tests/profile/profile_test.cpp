@@ -13,6 +13,7 @@
 #include "cost_models/device_spec.h"
 #include "cost_models/profile_db.h"
 #include "runtime/format/error.h"
+#include "tests/error_of.h"
 #include "tests/test_util.h"
 #include "tools/profile/profiler.h"
 
@@ -30,18 +31,7 @@ ImportedModel import_sample(const std::string& name, int64_t batch, std::map<std
   return import_model(sample(name), o);
 }
 
-/// The message of the Error `body` throws, with its kind checked.
-template <typename Body>
-std::string error_of(ErrorKind kind, Body&& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    CHECK(e.kind() == kind);
-    return e.what();
-  }
-  FAIL("no error thrown");
-  return "";
-}
+using testing::error_of;
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);

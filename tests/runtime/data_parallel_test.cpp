@@ -15,6 +15,7 @@
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
 #include "samples/builder/sample_models.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -56,9 +57,7 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 Trained train(const plan::PlanOptions& o, int steps,
               int64_t bucket_bytes = schedule::kDefaultGradientBucketBytes, bool overlap = true) {
   testing::TempDir dir;
-  plan::PlannedModel planned = plan::make_plan(o);
-  plan::write_plan(planned, dir.file("plan"));
-  auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+  auto pipeline = testing::load_plan(o, dir.file("plan"));
   RunOptions options;
   options.steps = steps;
   options.bucket_bytes = bucket_bytes;
@@ -199,9 +198,7 @@ TEST_CASE("a checkpoint of 2 replicas resumes on 1 (and the other way), as one d
   const std::string mnist = std::string(STAGECRAFT_SAMPLES) + "/mnist_cnn.onnx";
   testing::TempDir dir;
   auto load = [&](const plan::PlanOptions& o, const std::string& name) {
-    plan::PlannedModel planned = plan::make_plan(o);
-    plan::write_plan(planned, dir.file(name));
-    return Pipeline::load(dir.file(name), cpu_backend(), 1);
+    return testing::load_plan(o, dir.file(name));
   };
   auto replicated = load(options_for(mnist, "cross-entropy", 4, 2, 2, "1f1b"), "dp");
   // The same split (the all-reduce's time may tip the planner's choice): the same stage files.

@@ -11,6 +11,7 @@
 #include "compiler/plan/planner.h"
 #include "runtime/core/backend.h"
 #include "runtime/exec/pipeline.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -39,9 +40,7 @@ plan::PlanOptions gpt_options(bool training, int devices = 1,
 }
 
 std::unique_ptr<Pipeline> load(const plan::PlanOptions& o, const testing::TempDir& dir) {
-  plan::PlannedModel planned = plan::make_plan(o);
-  plan::write_plan(planned, dir.file("plan"));
-  return Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+  return testing::load_plan(o, dir.file("plan"));
 }
 
 /// Tokens of a fixed pseudo-random text and their next-token labels (the last position of each

@@ -22,6 +22,8 @@
 namespace stagecraft::rt {
 namespace {
 
+using testing::load_plan;
+
 plan::PlanOptions fp16_options(const std::string& file, const std::string& loss, int devices,
                                Precision precision) {
   plan::PlanOptions o = testing::training_options(std::string(STAGECRAFT_SAMPLES) + "/" + file,
@@ -29,12 +31,6 @@ plan::PlanOptions fp16_options(const std::string& file, const std::string& loss,
   o.precision = precision;
   if (file == "gpt_tiny.onnx") o.dims["seq"] = 8;
   return o;
-}
-
-std::unique_ptr<Pipeline> load(const plan::PlanOptions& o, const std::string& dir) {
-  plan::PlannedModel planned = plan::make_plan(o);
-  plan::write_plan(planned, dir);
-  return Pipeline::load(dir, cpu_backend(), 1);
 }
 
 RunReport train(Pipeline& p, int steps) {
@@ -90,8 +86,8 @@ TEST_CASE("an fp16 plan pipelined on 2 devices trains within fp16's precision of
   for (const Sample& m : {Sample{"toy.onnx", "mse"}, Sample{"gpt_tiny.onnx", "cross-entropy"}}) {
     CAPTURE(m.file);
     testing::TempDir dir;
-    auto fp32 = load(fp16_options(m.file, m.loss, 1, Precision::kFp32), dir.file("fp32"));
-    auto fp16 = load(fp16_options(m.file, m.loss, 2, Precision::kFp16), dir.file("fp16"));
+    auto fp32 = load_plan(fp16_options(m.file, m.loss, 1, Precision::kFp32), dir.file("fp32"));
+    auto fp16 = load_plan(fp16_options(m.file, m.loss, 2, Precision::kFp16), dir.file("fp16"));
     CHECK(fp16->scales_loss());
     CHECK_FALSE(fp32->scales_loss());
     const RunReport a = train(*fp32, 10), b = train(*fp16, 10);
@@ -131,7 +127,7 @@ TEST_CASE("an overflowing fp16 step is skipped on every stage and the loss scale
                                        Precision::kFp16);
     o.data_parallel = c.replicas;
     o.shard_optimizer = c.shard;
-    auto p = load(o, dir.file("plan"));
+    auto p = load_plan(o, dir.file("plan"));
     train(*p, 1);  // a clean step first: the optimizer state exists and must not move either
     const auto before = snapshot(*p);
     std::vector<std::map<std::string, optim::OptimizerState>> states;
@@ -170,7 +166,7 @@ TEST_CASE("an overflowing fp16 step is skipped on every stage and the loss scale
 
 TEST_CASE("the fp16 loss scale doubles after N clean steps and a checkpoint keeps it") {
   testing::TempDir dir;
-  auto p = load(fp16_options("toy.onnx", "mse", 2, Precision::kFp16), dir.file("plan"));
+  auto p = load_plan(fp16_options("toy.onnx", "mse", 2, Precision::kFp16), dir.file("plan"));
   p->loss_scale().scale = 1024;
   p->loss_scale().window = 2;
   const RunReport r = train(*p, 5);
@@ -223,7 +219,7 @@ TEST_CASE("bad loss scales are refused naming the flag") {
   }
   CHECK_NOTHROW(LossScale::check_scale(0.5, "--loss-scale"));
   testing::TempDir dir;
-  auto p = load(fp16_options("toy.onnx", "mse", 1, Precision::kFp16), dir.file("plan"));
+  auto p = load_plan(fp16_options("toy.onnx", "mse", 1, Precision::kFp16), dir.file("plan"));
   p->loss_scale().scale = 0;
   CHECK_THROWS_AS(train(*p, 1), Error);
   p->loss_scale().scale = 8;

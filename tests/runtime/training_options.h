@@ -3,6 +3,7 @@
 /// What the pipelined training tests start from: their plan options, and a plan trained on
 /// synthetic inputs.
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,13 +32,19 @@ inline plan::PlanOptions training_options(const std::string& model, int devices,
   return o;
 }
 
+/// Plans `o` into `plan_dir` and loads the plan on the cpu backend.
+inline std::unique_ptr<rt::Pipeline> load_plan(const plan::PlanOptions& o,
+                                               const std::string& plan_dir) {
+  plan::PlannedModel planned = plan::make_plan(o);
+  plan::write_plan(planned, plan_dir);
+  return rt::Pipeline::load(plan_dir, rt::cpu_backend(), 1);
+}
+
 /// Plans `o` into `plan_dir`, loads the plan on the cpu backend and trains it for `steps` steps on
 /// its synthetic inputs: the losses.
 inline std::vector<double> train_losses(const plan::PlanOptions& o, int steps,
                                         const std::string& plan_dir) {
-  plan::PlannedModel planned = plan::make_plan(o);
-  plan::write_plan(planned, plan_dir);
-  auto pipeline = rt::Pipeline::load(plan_dir, rt::cpu_backend(), 1);
+  auto pipeline = load_plan(o, plan_dir);
   rt::RunOptions options;
   options.steps = steps;
   return pipeline->run(pipeline->synthetic_inputs(), options).losses;

@@ -19,10 +19,13 @@
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
 #include "samples/builder/sample_models.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
 namespace {
+
+using testing::load_plan;
 
 const std::string kMnist = std::string(STAGECRAFT_SAMPLES) + "/mnist_cnn.onnx";
 
@@ -57,12 +60,6 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
          std::memcmp(a.data, b.data, static_cast<size_t>(a.bytes())) == 0;
 }
 
-std::unique_ptr<Pipeline> load(const plan::PlanOptions& o, const std::string& dir) {
-  plan::PlannedModel planned = plan::make_plan(o);
-  plan::write_plan(planned, dir);
-  return Pipeline::load(dir, cpu_backend(), 1);
-}
-
 Trained weights_of(const Pipeline& pipeline, std::vector<double> losses) {
   Trained out;
   out.losses = std::move(losses);
@@ -81,7 +78,7 @@ Trained weights_of(const Pipeline& pipeline, std::vector<double> losses) {
 Trained train(const plan::PlanOptions& o, int steps,
               int64_t bucket_bytes = schedule::kDefaultGradientBucketBytes, bool overlap = true) {
   testing::TempDir dir;
-  auto pipeline = load(o, dir.file("plan"));
+  auto pipeline = load_plan(o, dir.file("plan"));
   RunOptions options;
   options.steps = steps;
   options.bucket_bytes = bucket_bytes;
@@ -184,8 +181,10 @@ TEST_CASE("a weight two stages share is summed whole beside the shards") {
 
 TEST_CASE("each replica keeps its shard of the state; the plan predicts 1/R of it") {
   testing::TempDir dir;
-  auto plain = load(options_for(kMnist, OptimizerKind::kAdam, 4, 2, 2, false), dir.file("plain"));
-  auto sharded = load(options_for(kMnist, OptimizerKind::kAdam, 4, 2, 2, true), dir.file("zero"));
+  auto plain =
+      load_plan(options_for(kMnist, OptimizerKind::kAdam, 4, 2, 2, false), dir.file("plain"));
+  auto sharded =
+      load_plan(options_for(kMnist, OptimizerKind::kAdam, 4, 2, 2, true), dir.file("zero"));
   RunOptions options;
   options.steps = 2;
   sharded->run(sharded->synthetic_inputs(), options);
@@ -273,7 +272,7 @@ TEST_CASE("--shard-optimizer needs training and 2 or more replicas; bad boundari
 
 TEST_CASE("the runtime refuses boundaries that do not end at the stage's trained elements") {
   testing::TempDir dir;
-  load(options_for(kMnist, OptimizerKind::kAdam, 4, 2, 2, true), dir.file("plan"));
+  load_plan(options_for(kMnist, OptimizerKind::kAdam, 4, 2, 2, true), dir.file("plan"));
   // Moving the last boundary by one (still within the stage's parameters) and re-hashing.
   const std::string path = dir.file("plan") + "/plan.json";
   nlohmann::json json = nlohmann::json::parse(testing::read_bytes(path));
@@ -291,7 +290,8 @@ TEST_CASE("the runtime refuses boundaries that do not end at the stage's trained
 TEST_CASE("a sharded checkpoint holds the whole state and resumes on 1, 2 or 4 replicas") {
   testing::TempDir dir;
   // 3 steps sharded on 2 replicas x 2 devices, saved.
-  auto sharded = load(options_for(kMnist, OptimizerKind::kAdam, 4, 2, 2, true), dir.file("zero"));
+  auto sharded =
+      load_plan(options_for(kMnist, OptimizerKind::kAdam, 4, 2, 2, true), dir.file("zero"));
   const std::vector<std::string> split = sharded->plan().predicted.split_after;
   auto same_split = [&](plan::PlanOptions o) {
     o.split_after = split;
@@ -302,15 +302,15 @@ TEST_CASE("a sharded checkpoint holds the whole state and resumes on 1, 2 or 4 r
   sharded->run(sharded->synthetic_inputs(), three);
   save_checkpoint(*sharded, dir.file("ckpt"));
   // A straight run of 6 steps on one pipeline of 2 devices (the same global batch).
-  auto reference = load(same_split(options_for(kMnist, OptimizerKind::kAdam, 2, 1, 4, false)),
-                        dir.file("ref"));
+  auto reference = load_plan(same_split(options_for(kMnist, OptimizerKind::kAdam, 2, 1, 4, false)),
+                             dir.file("ref"));
   RunOptions six;
   six.steps = 6;
   const std::vector<double> straight =
       reference->run(reference->synthetic_inputs(), six).losses;
   // The checkpoint holds every state tensor whole (the unsharded shapes).
-  auto plain = load(same_split(options_for(kMnist, OptimizerKind::kAdam, 2, 1, 4, false)),
-                    dir.file("plain"));
+  auto plain = load_plan(same_split(options_for(kMnist, OptimizerKind::kAdam, 2, 1, 4, false)),
+                         dir.file("plain"));
   load_checkpoint(*plain, dir.file("ckpt"));
   for (const plan::Stage& stage : plain->plan().stages)
     for (const auto& [name, state] : plain->optimizer_state(stage.index))
@@ -328,7 +328,7 @@ TEST_CASE("a sharded checkpoint holds the whole state and resumes on 1, 2 or 4 r
         Resume{"4 replicas sharded", options_for(kMnist, OptimizerKind::kAdam, 8, 4, 1, true)},
         Resume{"4 replicas", options_for(kMnist, OptimizerKind::kAdam, 8, 4, 1, false)}}) {
     CAPTURE(resume.what);
-    auto p = load(same_split(resume.options), dir.file("resume"));
+    auto p = load_plan(same_split(resume.options), dir.file("resume"));
     CHECK(load_checkpoint(*p, dir.file("ckpt")) == 3);
     const std::vector<double> losses = p->run(p->synthetic_inputs(), three).losses;
     REQUIRE(losses.size() == 3);
