@@ -46,12 +46,18 @@ void check_one_line_error(const Result& r, const std::string& regex) {
   CHECK(std::regex_search(r.err, std::regex(regex)));
 }
 
-std::string toy_plan(const testing::TempDir& dir, int devices) {
+// toy.onnx on `devices`: batch 8 in 4 microbatches, for stagec's default device spec.
+plan::PlanOptions toy_options(int devices) {
   plan::PlanOptions o;
   o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
   o.devices = devices;
   o.batch = 8;
   o.microbatches = 4;
+  return o;
+}
+
+std::string toy_plan(const testing::TempDir& dir, int devices) {
+  plan::PlanOptions o = toy_options(devices);
   o.device_spec = "cpu";
   plan::PlannedModel planned = plan::make_plan(o);
   std::string path = dir.file(fmt::format("toy{}", devices));
@@ -85,10 +91,7 @@ std::vector<double> json_losses(const std::string& out) {
 
 // A 2-device training plan's options for toy.onnx: batch 8 in 2 microbatches, MSE loss.
 plan::PlanOptions toy_training_options(const std::string& optimizer) {
-  plan::PlanOptions o;
-  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
-  o.devices = 2;
-  o.batch = 8;
+  plan::PlanOptions o = toy_options(2);
   o.microbatches = 2;
   o.training = true;
   o.optimizer = stagecraft::parse_optimizer(optimizer);
@@ -152,12 +155,7 @@ TEST_CASE("stagerun --json and --trace describe the run") {
 TEST_CASE("a plan costed for another kind of device is run with one warning naming the fix") {
   testing::TempDir dir;
   // stagec's default device spec: an H100.
-  plan::PlanOptions o;
-  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
-  o.devices = 2;
-  o.batch = 8;
-  o.microbatches = 4;
-  plan::PlannedModel planned = plan::make_plan(o);
+  plan::PlannedModel planned = plan::make_plan(toy_options(2));
   plan::write_plan(planned, dir.file("h100"));
   Result r = stagerun(dir, dir.file("h100") + " --backend cpu --steps 2 -q");
   CAPTURE(r.err);
@@ -181,11 +179,7 @@ TEST_CASE("a plan costed for another kind of device is run with one warning nami
 
 TEST_CASE("a mixed-precision plan runs in bf16 with no warning") {
   testing::TempDir dir;
-  plan::PlanOptions o;
-  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/toy.onnx";
-  o.devices = 2;
-  o.batch = 8;
-  o.microbatches = 4;
+  plan::PlanOptions o = toy_options(2);
   o.device_spec = "cpu";
   o.training = true;
   o.loss.kind = "mse";
