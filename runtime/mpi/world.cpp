@@ -19,6 +19,7 @@
 #include "runtime/exec/device_comm.h"
 #include "runtime/mpi/gpu_transport.h"
 #include "runtime/mpi/mpi_transport.h"
+#include "runtime/mpi/rebase.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/mpi/wire.h"
 
@@ -146,30 +147,6 @@ std::vector<char> rank_part(const RunReport& report, int device) {
     w.i64(m.bytes);
   }
   return w.take();
-}
-
-// Moves `events` and `memory` of a rank from its clock to rank 0's: every rank starts each step at
-// the step barrier, so an event of step s keeps its offset from that step's start (the barrier's
-// own skew, microseconds on one machine, is the error).
-void rebase_events(std::vector<schedule::TimelineEvent>& events,
-                   std::vector<MemorySample>& memory, const std::vector<double>& rank_starts,
-                   const std::vector<double>& rank0_starts) {
-  const size_t steps = std::min(rank_starts.size(), rank0_starts.size());
-  if (steps == 0) return;
-  // The shift of the step an instant lies in: the last whose start is at or before it.
-  auto shift = [&](double t) {
-    auto it =
-        std::upper_bound(rank_starts.begin(), rank_starts.begin() + static_cast<long>(steps), t);
-    const size_t s =
-        it == rank_starts.begin() ? 0 : static_cast<size_t>(it - rank_starts.begin()) - 1;
-    return rank0_starts[s] - rank_starts[s];
-  };
-  for (schedule::TimelineEvent& e : events) {
-    const double by = shift(e.start_s);
-    e.start_s += by;
-    e.end_s += by;
-  }
-  for (MemorySample& m : memory) m.time_s += shift(m.time_s);
 }
 
 // What rank 0 collects of the ranks' parts: per replica its losses and outputs.

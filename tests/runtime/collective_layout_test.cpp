@@ -10,6 +10,7 @@
 
 #include "runtime/exec/collective_layout.h"
 #include "runtime/format/error.h"
+#include "runtime/mpi/rebase.h"
 
 namespace stagecraft::rt {
 namespace {
@@ -132,6 +133,30 @@ TEST_CASE("message_pieces gives each tensor's bytes in order") {
                 {"b", Tensor::owned(DType::kInt64, {0})},
                 {"c", Tensor::owned(DType::kBFloat16, {5})}}};
   CHECK(message_pieces(m) == std::vector<int64_t>{24, 0, 10});
+}
+
+TEST_CASE("a rank's trace moves onto rank 0's clock by one shift, its events kept in order") {
+  // Rank 1 starts steps at 0 and 10 on its clock; rank 0 at 8 (it left the first step's
+  // barrier 3 late) and 15. Rank 1's last event of step 1 ends at 9.5, its next starts at 10.
+  // A shift per step (8, then 5) put the first after the second (17.5 against 15).
+  std::vector<schedule::TimelineEvent> events{{1, schedule::Op::kForward, 1, 0, 9.0, 9.5},
+                                              {1, schedule::Op::kForward, 1, 1, 10.0, 10.5}};
+  std::vector<MemorySample> memory{{1, 9.5, 100}, {1, 10.0, 200}};
+  mpi::rebase_events(events, memory, {0.0, 10.0}, {8.0, 15.0});
+  CHECK(events[0].end_s <= events[1].start_s);
+  CHECK(memory[0].time_s < memory[1].time_s);
+  // One shift for both: the median of the steps' (the upper of two), 8.
+  CHECK(events[0].start_s == doctest::Approx(17.0));
+  CHECK(events[1].start_s == doctest::Approx(18.0));
+  CHECK(memory[1].time_s == doctest::Approx(18.0));
+  // Three steps: the median difference, 5, whichever step it comes from.
+  std::vector<schedule::TimelineEvent> three{{1, schedule::Op::kForward, 1, 0, 21.0, 22.0}};
+  std::vector<MemorySample> none;
+  mpi::rebase_events(three, none, {0.0, 10.0, 20.0}, {8.0, 15.0, 24.0});
+  CHECK(three[0].start_s == doctest::Approx(26.0));
+  // No steps: nothing moves.
+  mpi::rebase_events(three, none, {}, {});
+  CHECK(three[0].start_s == doctest::Approx(26.0));
 }
 
 }  // namespace
