@@ -21,6 +21,11 @@ std::string same_as_cpu(const OpSignature& signature) {
   return fmt::format("op '{}' has no cpu kernel", signature.op_type);
 }
 
+std::string same_as_cpu_float32(const OpSignature& signature) {
+  std::string why = same_as_cpu(signature);
+  return why.empty() ? all_float32(signature) : why;
+}
+
 namespace {
 
 class CudaBackend final : public Backend {

@@ -44,4 +44,8 @@ std::span<const KernelEntry> grad_data_kernels();     // grad_data.cpp
 /// The CPU backend's answer for the same signature: a CUDA kernel takes what the CPU's takes.
 std::string same_as_cpu(const OpSignature& signature);
 
+/// The CPU's answer, float32 only: for a kernel the CPU runs in bfloat16 natively and this
+/// backend does not (the program then runs a bfloat16 node widened to float32).
+std::string same_as_cpu_float32(const OpSignature& signature);
+
 }  // namespace stagecraft::rt::cuda

@@ -1,7 +1,7 @@
 // The CUDA backend's gradients of MatMul and Gemm (families.h), float32 on cuBLAS
 // (matmul_product.h), MatMul's also bfloat16 and float16 throughout (mixed precision: 16-bit
-// products with float32 accumulation, as the forward MatMul), with the contract of runtime/format/grad_ops.h and the formulas of the
-// CPU backend's runtime/cpu/grad_matmul.cpp; operand shapes are read by the CPU's rules
+// products with float32 accumulation, as the forward MatMul), with the contract of
+// runtime/format/grad_ops.h and the formulas of the CPU backend's runtime/cpu/grad_matmul.cpp; operand shapes are read by the CPU's rules
 // (runtime/cpu/matmul_shape.h). Only the named outputs are computed (a weight-gradient node of
 // a zero-bubble schedule names dB alone).
 //
@@ -155,13 +155,6 @@ void gemm_grad(const KernelArgs& a) {
       batched_product(a, {{}, n, m, k}, {dys, {}, true}, {xs, {}, g.trans_a}, db, alpha, 0.0f);
   }
   if (io.wants(2)) gemm_c_grad(a, io, dy, m, n);
-}
-
-// The CPU's check, float32 only: the CPU runs bfloat16 natively here, this kernel does not (the
-// program then runs a bfloat16 node widened to float32).
-std::string same_as_cpu_float32(const OpSignature& s) {
-  std::string why = same_as_cpu(s);
-  return why.empty() ? all_float32(s) : why;
 }
 
 // MatMulGrad's check: the CPU's, with every operand float32, or one 16-bit type (bfloat16 or

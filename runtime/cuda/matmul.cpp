@@ -66,13 +66,6 @@ void gemm(const KernelArgs& a) {
                   {y.as<float>(), {}, g.trans_b}, out.as<float>(), alpha, beta);
 }
 
-// The CPU's check, float32 only: the CPU runs bfloat16 natively here, this kernel does not (the
-// program then runs a bfloat16 node widened to float32).
-std::string same_as_cpu_float32(const OpSignature& s) {
-  std::string why = same_as_cpu(s);
-  return why.empty() ? all_float32(s) : why;
-}
-
 // MatMul's check: float16 throughout natively here (cuBLAS half GEMM, float32 accumulation;
 // --precision fp16; tests/gpu/gpu_pipeline_test.cpp), where the CPU widens it to float32; else
 // the CPU's.
