@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <map>
 
 #include "runtime/format/error.h"
@@ -230,6 +231,15 @@ Tensor to_device(DeviceContext& device, const Tensor& host) {
   if (device.host_visible() || host.dtype == DType::kUndefined) return host;
   Tensor t = device.new_tensor(host.dtype, host.shape, false);
   if (host.bytes() > 0) device.write(t, host.data, host.bytes());
+  // Small integer operands keep a host mirror (Tensor::host_mirror): kernels that read shapes
+  // and axes then never synchronise the device for them.
+  constexpr int64_t kMirrorElements = 64;
+  if ((host.dtype == DType::kInt64 || host.dtype == DType::kInt32) && host.bytes() > 0 &&
+      host.numel() <= kMirrorElements) {
+    std::shared_ptr<std::byte[]> mirror(new std::byte[static_cast<size_t>(host.bytes())]);
+    std::memcpy(mirror.get(), host.data, static_cast<size_t>(host.bytes()));
+    t.host_mirror = std::move(mirror);
+  }
   return t;
 }
 

@@ -27,6 +27,11 @@ struct Tensor {
   Shape shape;
   std::byte* data = nullptr;
   std::shared_ptr<std::byte[]> storage;  ///< Set when the tensor owns its bytes.
+  /// For a small integer tensor copied from the host to a device of its own memory (a shape,
+  /// axes or split operand: `to_device`), the same bytes on the host, so that a kernel that
+  /// needs them on the host reads them here instead of waiting for the device. Set only on
+  /// tensors nothing writes after the copy (integer weights and constants).
+  std::shared_ptr<const std::byte[]> host_mirror;
 
   /// A zero-filled tensor that owns its host bytes (64-byte aligned from 64 KiB on). Throws
   /// `Error(kShape)` for a dtype without a fixed size. A device's own tensors, pooled, come from

@@ -37,7 +37,9 @@ void check(ncclResult_t status, std::string_view what) {
 #endif
 
 void check_launch(const KernelArgs& a) {
-  check(cudaGetLastError(), fmt::format("{} '{}' kernel launch", a.op_type, a.name));
+  // The message is formatted only on failure: this runs after every launch.
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) check(status, fmt::format("{} '{}' kernel launch", a.op_type, a.name));
 }
 
 }  // namespace stagecraft::rt::cuda

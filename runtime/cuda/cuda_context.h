@@ -37,6 +37,9 @@ int gpu_of(int device);
 /// Under mpirun: every device of this process runs on `gpu` (its local rank modulo the GPUs).
 void pin_gpu(int gpu);
 
+/// cuDNN's descriptors and chosen algorithms per convolution signature (conv_cudnn.cpp).
+struct CudnnConvCache;
+
 class CudaContext : public DeviceContext {
  public:
   /// Makes the context current on this thread (cudaSetDevice) and creates its stream.
@@ -53,6 +56,9 @@ class CudaContext : public DeviceContext {
   cublasLtHandle_t cublas_lt();
   /// cuDNN on this context's stream, made on first use.
   cudnnHandle_t cudnn();
+  /// Every convolution signature's cuDNN descriptors and algorithms (conv_cudnn.cpp), made on
+  /// its first call and kept for the context's life: cuDNN's heuristics run once per shape.
+  CudnnConvCache& conv_cache();
   /// Scratch of at least `bytes` on the device (cuBLAS/cuDNN workspaces, reductions); valid
   /// until the next call on this context. Grows, never shrinks.
   void* workspace(int64_t bytes);
@@ -86,6 +92,7 @@ class CudaContext : public DeviceContext {
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t cublas_lt_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
+  std::shared_ptr<CudnnConvCache> conv_cache_;  // conv_cudnn.cpp, made on first use
   void* workspace_ = nullptr;
   int64_t workspace_bytes_ = 0;
   int64_t arena_bytes_ = 0;

@@ -60,6 +60,20 @@ inline ReduceMap reduce_map(const KernelArgs& a, const Shape& shape,
   return map;
 }
 
+/// out = the float32 sum reduction of `in` by `map` on the context's stream: a column sum across
+/// the device where the map is one (column_reduction), else launch_reduce_sum_f32.
+inline void reduce_sum_f32(CudaContext& ctx, float* out, const float* in, int64_t n_out,
+                           const ReduceMap& map) {
+  if (column_reduction(map, n_out)) {
+    const int64_t slices = column_slices(map.count, n_out);
+    Tensor partial = ctx.new_tensor(DType::kFloat64, {slices * n_out}, false);
+    launch_column_sum_f32(out, in, map.count, n_out, map.reduced.strides[0], partial.as<double>(),
+                          slices, ctx.stream());
+    return;
+  }
+  launch_reduce_sum_f32(out, in, n_out, map, ctx.stream());
+}
+
 /// Whether elements of `bytes` bytes can be moved (1, 2, 4, 8 or 16), else throws naming the op.
 inline int64_t movable_size(const KernelArgs& a, DType dtype) {
   const int64_t size = dtype_size(dtype);

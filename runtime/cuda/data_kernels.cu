@@ -2,6 +2,7 @@
 // elements moved as opaque units of their size; reductions one block per output where the
 // reduced extent is long, one thread per output where it is short, both in a fixed order.
 #include "runtime/cuda/data_kernels.h"
+#include "runtime/cuda/column_reduce.cuh"
 #include "runtime/cuda/norm_block.cuh"
 #include "runtime/cuda/update_kernels.h"
 
@@ -228,6 +229,31 @@ void launch_reduce_mean_i64(int64_t* out, const int64_t* in, int64_t n_out, cons
 void launch_reduce_sum_f32(float* out, const float* in, int64_t n_out, const ReduceMap& map,
                            cudaStream_t stream) {
   launch_reduce<float, false>(out, in, n_out, map, stream);
+}
+
+namespace {
+
+struct ColumnTerm {
+  static constexpr int kTerms = 1;
+  const float* in;
+  int64_t row_stride;
+  __device__ void operator()(int64_t r, int64_t c, double (&t)[1]) const {
+    t[0] = in[r * row_stride + c];
+  }
+};
+
+struct ColumnStore {
+  float* out;
+  __device__ void operator()(int, int64_t c, double sum) const { out[c] = static_cast<float>(sum); }
+};
+
+}  // namespace
+
+void launch_column_sum_f32(float* out, const float* in, int64_t rows, int64_t cols,
+                           int64_t row_stride, double* partial, int64_t slices,
+                           cudaStream_t stream) {
+  launch_column_reduce(ColumnTerm{in, row_stride}, ColumnStore{out}, rows, cols, partial, slices,
+                       stream);
 }
 
 void launch_broadcast_scale(float* dst, const float* src, int64_t n, const IndexMap& map,

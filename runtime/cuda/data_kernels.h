@@ -69,6 +69,34 @@ void launch_reduce_mean_i64(int64_t* out, const int64_t* in, int64_t n_out, cons
 void launch_reduce_sum_f32(float* out, const float* in, int64_t n_out, const ReduceMap& map,
                            cudaStream_t stream);
 
+/// Column sums across the device (column_reduce.cuh): blocks of kColumnTile columns by
+/// kColumnLanes row lanes, over column_slices slices of rows.
+constexpr int kColumnTile = 32, kColumnLanes = 8;
+
+/// Slices of rows for a column sum of [rows, cols]: about 1024 blocks in all (every SM busy on
+/// any GPU of today), each slice at least 64 rows. From the shape alone, so the sum's order is.
+inline int64_t column_slices(int64_t rows, int64_t cols) {
+  const int64_t tiles = (cols + kColumnTile - 1) / kColumnTile;
+  int64_t slices = 1024 / (tiles < 1 ? 1 : tiles);
+  if (slices > rows / 64) slices = rows / 64;
+  if (slices > 65535) slices = 65535;
+  return slices < 1 ? 1 : slices;
+}
+
+/// Whether `map` (of n_out outputs) sums columns: the outputs one unit-stride run, the reduced
+/// elements one strided dim of at least 64, where launch_column_sum_f32 beats a block per output
+/// (whose threads would read one element per row, 4 bytes of every 32-byte sector).
+inline bool column_reduction(const ReduceMap& map, int64_t n_out) {
+  return n_out > 1 && map.kept.rank == 1 && map.kept.strides[0] == 1 && map.reduced.rank == 1 &&
+         map.count >= 64;
+}
+
+/// out[c] = the sum over r < rows of in[r * row_stride + c] for c < cols (float32, summed in
+/// double); `partial` holds column_slices(rows, cols) * cols doubles of scratch.
+void launch_column_sum_f32(float* out, const float* in, int64_t rows, int64_t cols,
+                           int64_t row_stride, double* partial, int64_t slices,
+                           cudaStream_t stream);
+
 /// dst[i] = src[map(i)] * scale for i in [0, n) (float32).
 void launch_broadcast_scale(float* dst, const float* src, int64_t n, const IndexMap& map,
                             float scale, cudaStream_t stream);

@@ -2,6 +2,7 @@
 // the GPUs this process sees (cuda_context.h).
 #include <fmt/format.h>
 
+#include <span>
 #include <vector>
 
 #include "runtime/core/backend.h"
@@ -19,6 +20,32 @@ std::string same_as_cpu(const OpSignature& signature) {
   for (const KernelEntry& e : cpu_backend().table())
     if (e.op_type == signature.op_type) return e.check(signature);
   return fmt::format("op '{}' has no cpu kernel", signature.op_type);
+}
+
+std::string same_as_cpu_16bit(const OpSignature& signature) {
+  std::string why = same_as_cpu(signature);
+  if (why.empty()) return why;
+  DType half = DType::kUndefined;
+  const auto one_half = [&](std::span<const DType> types) {
+    for (DType d : types) {
+      if (d == DType::kFloat32 || d == DType::kFloat64) return false;
+      if (d != DType::kBFloat16 && d != DType::kFloat16) continue;
+      if (half != DType::kUndefined && d != half) return false;
+      half = d;
+    }
+    return true;
+  };
+  if (!one_half(signature.inputs) || !one_half(signature.outputs) || half == DType::kUndefined)
+    return why;
+  const auto wide = [](std::span<const DType> types) {
+    std::vector<DType> out(types.begin(), types.end());
+    for (DType& d : out)
+      if (d == DType::kBFloat16 || d == DType::kFloat16) d = DType::kFloat32;
+    return out;
+  };
+  const std::vector<DType> in = wide(signature.inputs), out = wide(signature.outputs);
+  return same_as_cpu(OpSignature{signature.op_type, in, out, signature.attrs}).empty() ? ""
+                                                                                        : why;
 }
 
 std::string same_as_cpu_float32(const OpSignature& signature) {

@@ -90,7 +90,8 @@ inline void refuse_dtype(const KernelArgs& a, DType dtype) {
 
 /// Sums the dense float32 `full` (shape `full_shape`) over the dims along which `shape`
 /// broadcasts to it (numpy rules) into the dense `out` of `shape`, which it overwrites: the
-/// data family's reduction, summing each output's elements in a fixed order in double.
+/// data family's reduction, summing each output's elements in a fixed order in double (across
+/// the device for a bias-style sum over leading dims: reduce_sum_f32).
 inline void sum_to_shape(const KernelArgs& a, const float* full, const Shape& full_shape,
                          float* out, const Shape& shape) {
   if (shape.size() > full_shape.size())
@@ -113,7 +114,7 @@ inline void sum_to_shape(const KernelArgs& a, const float* full, const Shape& fu
           "cudaMemsetAsync");
     return;
   }
-  launch_reduce_sum_f32(out, full, n_out, reduce_map(a, full_shape, reduced), ctx.stream());
+  reduce_sum_f32(ctx, out, full, n_out, reduce_map(a, full_shape, reduced));
   check_launch(a);
 }
 

@@ -44,6 +44,12 @@ std::span<const KernelEntry> grad_data_kernels();     // grad_data.cpp
 /// The CPU backend's answer for the same signature: a CUDA kernel takes what the CPU's takes.
 std::string same_as_cpu(const OpSignature& signature);
 
+/// The CPU's answer, and also "" for a node whose floats are all of one 16-bit type (bfloat16,
+/// or float16) where the CPU takes its float32 form: for kernels with a native 16-bit path that
+/// widens each element in registers, runs the float32 formula and rounds to nearest even, as the
+/// program's widened fallback would, bit for bit, without its casts through memory.
+std::string same_as_cpu_16bit(const OpSignature& signature);
+
 /// The CPU's answer, float32 only: for a kernel the CPU runs in bfloat16 natively and this
 /// backend does not (the program then runs a bfloat16 node widened to float32).
 std::string same_as_cpu_float32(const OpSignature& signature);

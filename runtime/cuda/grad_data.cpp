@@ -1,4 +1,5 @@
-// The CUDA backend's gradients of the data ops and ReduceMean (families.h), float32, following
+// The CUDA backend's gradients of the data ops and ReduceMean (families.h), float32 (the pure
+// moves, shape-only ops, Transpose, Concat and Split, also bfloat16 and float16), following
 // the contract of runtime/format/grad_ops.h and the CPU backend's grad_data.cpp: shape-only ops
 // copy dy, Transpose gathers through the inverse permutation, Slice scatters into zeros,
 // Concat and Split split and join with 2-D copies, Gather adds rows with one thread per dX
@@ -41,7 +42,7 @@ void transpose_grad(const KernelArgs& a) {
   const Tensor& x = *px;
   const std::vector<int64_t> strides = cpu::transpose_grad_strides(a, x, *dy);
   if (x.numel() == 0) return;
-  launch_strided_gather(dx->data, dy->data, sizeof(float), x.numel(),
+  launch_strided_gather(dx->data, dy->data, dtype_size(dy->dtype), x.numel(),
                         index_map(a, x.shape, strides), context(a).stream());
   check_launch(a);
 }
@@ -51,7 +52,7 @@ void concat_grad(const KernelArgs& a) {
   const Tensor* dy = io.dy(0);
   if (dy == nullptr) return zero_outputs(a);
   const cpu::ConcatPieces p = cpu::concat_grad_pieces(a, io, *dy);
-  const auto f = static_cast<int64_t>(sizeof(float));
+  const int64_t f = dtype_size(dy->dtype);  // float32, or a 16-bit float (same_as_cpu_16bit)
   CudaContext& ctx = context(a);
   for (size_t k = 0; k < io.n; ++k) {
     Tensor* dx = io.dx(k);
@@ -80,7 +81,7 @@ void split_grad(const KernelArgs& a) {
   int64_t rows = 1, inner = 1;
   for (int64_t d = 0; d < axis; ++d) rows *= x.shape[d];
   for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.shape[d];
-  const int64_t f = static_cast<int64_t>(sizeof(float)), row = dim * inner * f;
+  const int64_t f = dtype_size(dx->dtype), row = dim * inner * f;  // float32 or 16-bit
   int64_t start = 0;
   for (int64_t k = 0; k < n; ++k) {
     const Tensor* dy = io.dy(static_cast<size_t>(k));
@@ -174,8 +175,8 @@ void expand_grad(const KernelArgs& a) {
   }
   if (dx->numel() == 0) return;
   if (shape_numel(full) == 0) return context(a).fill_zero(*dx);
-  launch_reduce_sum_f32(dx->as<float>(), dy->as<float>(), dx->numel(), reduce_map(a, full, reduced),
-                        context(a).stream());
+  reduce_sum_f32(context(a), dx->as<float>(), dy->as<float>(), dx->numel(),
+                 reduce_map(a, full, reduced));
   check_launch(a);
 }
 
@@ -219,14 +220,14 @@ void reduce_mean_grad(const KernelArgs& a) {
 // The CPU backend's checks decide (float32 gradients, the contract's arity). Every kernel
 // writes every element of the outputs it is given, as the CPU's do.
 constexpr KernelEntry kKernels[] = {
-    {"IdentityGrad", copy_grad, same_as_cpu, /*writes_every_output=*/true},
-    {"ReshapeGrad", copy_grad, same_as_cpu, /*writes_every_output=*/true},
-    {"FlattenGrad", copy_grad, same_as_cpu, /*writes_every_output=*/true},
-    {"SqueezeGrad", copy_grad, same_as_cpu, /*writes_every_output=*/true},
-    {"UnsqueezeGrad", copy_grad, same_as_cpu, /*writes_every_output=*/true},
-    {"TransposeGrad", transpose_grad, same_as_cpu, /*writes_every_output=*/true},
-    {"ConcatGrad", concat_grad, same_as_cpu, /*writes_every_output=*/true},
-    {"SplitGrad", split_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"IdentityGrad", copy_grad, same_as_cpu_16bit, /*writes_every_output=*/true},
+    {"ReshapeGrad", copy_grad, same_as_cpu_16bit, /*writes_every_output=*/true},
+    {"FlattenGrad", copy_grad, same_as_cpu_16bit, /*writes_every_output=*/true},
+    {"SqueezeGrad", copy_grad, same_as_cpu_16bit, /*writes_every_output=*/true},
+    {"UnsqueezeGrad", copy_grad, same_as_cpu_16bit, /*writes_every_output=*/true},
+    {"TransposeGrad", transpose_grad, same_as_cpu_16bit, /*writes_every_output=*/true},
+    {"ConcatGrad", concat_grad, same_as_cpu_16bit, /*writes_every_output=*/true},
+    {"SplitGrad", split_grad, same_as_cpu_16bit, /*writes_every_output=*/true},
     {"SliceGrad", slice_grad, same_as_cpu, /*writes_every_output=*/true},
     {"GatherGrad", gather_grad, same_as_cpu, /*writes_every_output=*/true},
     {"ExpandGrad", expand_grad, same_as_cpu, /*writes_every_output=*/true},

@@ -201,11 +201,45 @@ bool binary_operands(const KernelArgs& a, const GradIo& io, Binary& b) {
   return true;
 }
 
+// AddGrad on 16-bit floats (same_as_cpu_16bit): dy passes to an operand of its shape as a copy;
+// to a broadcast operand (a bias) it is widened once, summed to the operand's shape in float32
+// and rounded, as the widened fallback computes, without widening A and B, which it never reads.
+void add_grad_16bit(const KernelArgs& a, const GradIo& io, const Binary& b) {
+  CudaContext& ctx = context(a);
+  const Tensor& dy = *b.dy;
+  Tensor wide;
+  for (size_t k = 0; k < 2; ++k) {
+    Tensor* dx = io.dx(k);
+    if (dx == nullptr) continue;
+    const Shape& shape = (k == 0 ? b.lhs : b.rhs)->shape;
+    expect_shape(a, k, shape);
+    if (shape == dy.shape) {
+      device_copy(ctx, dx->data, dy.data, dx->bytes());
+      continue;
+    }
+    if (wide.dtype == DType::kUndefined) {
+      wide = ctx.new_tensor(DType::kFloat32, dy.shape, false);
+      if (!launch_cast(dy.dtype, DType::kFloat32, dy.data, wide.data, dy.numel(), ctx.stream()))
+        refuse_dtype(a, dy.dtype);
+      check_launch(a);
+    }
+    Tensor sum = ctx.new_tensor(DType::kFloat32, shape, false);
+    sum_to_shape(a, wide.as<float>(), dy.shape, sum.as<float>(), shape);
+    if (!launch_cast(DType::kFloat32, dx->dtype, sum.data, dx->data, sum.numel(), ctx.stream()))
+      refuse_dtype(a, dx->dtype);
+    check_launch(a);
+  }
+}
+
 template <BinaryGradOp lhs_op, BinaryGradOp rhs_op>
 void arith_grad(const KernelArgs& a) {
   GradIo io(a);
   Binary b;
   if (!binary_operands(a, io, b)) return;
+  if constexpr (lhs_op == BinaryGradOp::kPass && rhs_op == BinaryGradOp::kPass) {
+    if (b.dy->dtype == DType::kBFloat16 || b.dy->dtype == DType::kFloat16)
+      return add_grad_16bit(a, io, b);
+  }
   if (io.dx(0) != nullptr) binary_part(a, 0, lhs_op, *b.lhs, *b.rhs, nullptr, *b.dy);
   if (io.dx(1) != nullptr) binary_part(a, 1, rhs_op, *b.lhs, *b.rhs, nullptr, *b.dy);
 }
@@ -352,7 +386,7 @@ constexpr KernelEntry kKernels[] = {
     {"ClipGrad", clip_grad, same_as_cpu, true},
     {"DropoutGrad", dropout_grad, same_as_cpu, true},
     {"CastGrad", cast_grad, same_as_cpu, true},
-    {"AddGrad", arith_grad<BinaryGradOp::kPass, BinaryGradOp::kPass>, same_as_cpu, true},
+    {"AddGrad", arith_grad<BinaryGradOp::kPass, BinaryGradOp::kPass>, same_as_cpu_16bit, true},
     {"SubGrad", arith_grad<BinaryGradOp::kPass, BinaryGradOp::kNegate>, same_as_cpu, true},
     {"MulGrad", arith_grad<BinaryGradOp::kMulLhs, BinaryGradOp::kMulRhs>, same_as_cpu, true},
     {"DivGrad", arith_grad<BinaryGradOp::kDivLhs, BinaryGradOp::kDivRhs>, same_as_cpu, true},

@@ -13,6 +13,7 @@
 #include "runtime/cpu/norm_shape.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
+#include "runtime/cuda/data_kernels.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/norm_kernels.h"
 #include "runtime/format/error.h"
@@ -102,9 +103,11 @@ void layer_norm_grad(const KernelArgs& a) {
                               static_cast<double>(a.attrs.f("epsilon", 1e-5f)), stream);
   check_launch(a);
   if (columns) {
+    const int64_t slices = column_slices(outer, inner);
+    Tensor partial = ctx.new_tensor(DType::kFloat64, {2 * slices * inner}, false);
     launch_layer_norm_grad_columns(x.as<float>(), dy->as<float>(), mean.as<double>(),
                                    inv_std.as<double>(), data_or_null(dscale), data_or_null(dbias),
-                                   outer, inner, stream);
+                                   outer, inner, partial.as<double>(), slices, stream);
     check_launch(a);
   } else {
     // Without dY the column sums are zeros.

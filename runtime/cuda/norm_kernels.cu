@@ -1,5 +1,6 @@
 // The CUDA norm family's device kernels (norm_kernels.h): one block per row (or channel), each
 // thread over a strided share of it, block-wide reductions in a fixed tree (norm_block.cuh).
+#include "runtime/cuda/column_reduce.cuh"
 #include "runtime/cuda/norm_block.cuh"
 #include "runtime/cuda/norm_kernels.h"
 #include "runtime/cuda/update_kernels.h"
@@ -120,21 +121,30 @@ __global__ void layer_norm_grad_rows_kernel(const float* x, const float* scale, 
   }
 }
 
-__global__ void layer_norm_grad_columns_kernel(const float* x, const float* g, const double* mean,
-                                               const double* istd, float* dscale, float* dbias,
-                                               int64_t outer, int64_t inner) {
-  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < inner;
-       j += int64_t{blockDim.x} * gridDim.x) {
-    double ds = 0.0, db = 0.0;
-    for (int64_t r = 0; r < outer; ++r) {
-      const double gj = g[r * inner + j];
-      ds += gj * (x[r * inner + j] - mean[r]) * istd[r];
-      db += gj;
-    }
-    if (dscale != nullptr) dscale[j] = static_cast<float>(ds);
-    if (dbias != nullptr) dbias[j] = static_cast<float>(db);
+// LayerNorm's scale and bias gradients as column sums (column_reduce.cuh): term 0 is
+// dy * xhat, term 1 dy.
+struct LayerNormColumnTerms {
+  static constexpr int kTerms = 2;
+  const float* x;
+  const float* g;
+  const double* mean;
+  const double* istd;
+  int64_t inner;
+  __device__ void operator()(int64_t r, int64_t c, double (&t)[2]) const {
+    const double gj = g[r * inner + c];
+    t[0] = gj * (x[r * inner + c] - mean[r]) * istd[r];
+    t[1] = gj;
   }
-}
+};
+
+struct LayerNormColumnStore {
+  float* dscale;
+  float* dbias;
+  __device__ void operator()(int k, int64_t c, double sum) const {
+    float* out = k == 0 ? dscale : dbias;
+    if (out != nullptr) out[c] = static_cast<float>(sum);
+  }
+};
 
 __global__ void batch_norm_inference_kernel(BatchNormArgs p, float* y) {
   const int64_t n = p.n * p.c * p.s;
@@ -279,10 +289,10 @@ void launch_layer_norm_grad_rows(const float* x, const float* scale, const float
 
 void launch_layer_norm_grad_columns(const float* x, const float* dy, const double* mean,
                                     const double* inv_std, float* dscale, float* dbias,
-                                    int64_t outer, int64_t inner, cudaStream_t stream) {
-  if (outer <= 0 || inner <= 0) return;
-  layer_norm_grad_columns_kernel<<<grid_for(inner, kThreads), kThreads, 0, stream>>>(
-      x, dy, mean, inv_std, dscale, dbias, outer, inner);
+                                    int64_t outer, int64_t inner, double* partial,
+                                    int64_t slices, cudaStream_t stream) {
+  launch_column_reduce(LayerNormColumnTerms{x, dy, mean, inv_std, inner},
+                       LayerNormColumnStore{dscale, dbias}, outer, inner, partial, slices, stream);
 }
 
 void launch_batch_norm_inference(const BatchNormArgs& args, float* y, cudaStream_t stream) {

@@ -35,11 +35,14 @@ void launch_layer_norm_grad_rows(const float* x, const float* scale, const float
                                  double* inv_std, int64_t outer, int64_t inner, double epsilon,
                                  cudaStream_t stream);
 
-/// LayerNormalizationGrad's column sums over the rows in order (double): dScale and dB (either
-/// may be null) from dY and the statistics of launch_layer_norm_grad_rows.
+/// LayerNormalizationGrad's column sums over the rows (double, across the device in a fixed
+/// order: column_reduce.cuh): dScale and dB (either may be null) from dY and the statistics of
+/// launch_layer_norm_grad_rows. `partial` holds 2 * slices * inner doubles, slices from
+/// column_slices(outer, inner).
 void launch_layer_norm_grad_columns(const float* x, const float* dy, const double* mean,
                                     const double* inv_std, float* dscale, float* dbias,
-                                    int64_t outer, int64_t inner, cudaStream_t stream);
+                                    int64_t outer, int64_t inner, double* partial,
+                                    int64_t slices, cudaStream_t stream);
 
 /// The operands of BatchNormalization over X [N, C, S] (S: the spatial dims' product).
 struct BatchNormArgs {
