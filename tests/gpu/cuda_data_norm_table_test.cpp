@@ -2,6 +2,7 @@
 // of the CPU's data, shape, reduce and norm families and of their gradients has a CUDA kernel
 // with the same contract flag, and the CUDA backend accepts and refuses the same signatures.
 #include <doctest/doctest.h>
+#include <onnx/onnx_pb.h>
 
 #include <span>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "runtime/core/backend.h"
 #include "runtime/cpu/families.h"
+#include "runtime/format/grad_ops.h"
 #include "tests/gpu/table_util.h"
 
 namespace stagecraft::rt {
@@ -37,6 +39,41 @@ TEST_CASE("the cuda backend covers the cpu's data, shape, reduce and norm ops an
   check_accepted_alike(*cuda, accepted);
   const OpSignature refused[] = {{"Gather", int64_pair, f32, none}, {"Softmax", f64, f64, none}};
   check_refused_alike(*cuda, refused);
+#else
+  CHECK(cuda_backend() == nullptr);
+#endif
+}
+
+TEST_CASE("the cuda backend moves 16-bit gradients natively: shape-only ops, Transpose, Split") {
+#ifdef STAGECRAFT_WITH_CUDA
+  // Pure moves of dY: every element's bits whatever its type, so no widening casts.
+  const Backend* cuda = cuda_backend();
+  REQUIRE(cuda != nullptr);
+  onnx::NodeProto one_input;
+  onnx::AttributeProto* attr = one_input.add_attribute();
+  attr->set_name(std::string(grad::kForwardInputsAttr));
+  attr->set_type(onnx::AttributeProto::INT);
+  attr->set_i(1);
+  const Attrs one(one_input);
+  for (const DType h : {DType::kBFloat16, DType::kFloat16}) {
+    CAPTURE(dtype_name(h));
+    const DType x_y_dy[] = {h, h, h}, dx[] = {h};
+    const DType split_in[] = {h, h, h, h, h}, split_out[] = {h};  // X, Y0, Y1, dY0, dY1
+    for (const OpSignature& s : {OpSignature{"TransposeGrad", x_y_dy, dx, one},
+                                 OpSignature{"IdentityGrad", x_y_dy, dx, one},
+                                 OpSignature{"SplitGrad", split_in, split_out, one}}) {
+      CAPTURE(s.op_type);
+      CHECK(cuda->check(s).empty());
+      CHECK_FALSE(cuda->runs_widened(s));
+      CHECK(cpu_backend().runs_widened(s));
+    }
+    // Gather's gradient adds rows: widened.
+    const DType gather_in[] = {h, DType::kInt64, h, h}, gather_out[] = {h, DType::kUndefined};
+    onnx::NodeProto two_inputs = one_input;
+    two_inputs.mutable_attribute(0)->set_i(2);
+    const Attrs two(two_inputs);
+    CHECK(cuda->runs_widened(OpSignature{"GatherGrad", gather_in, gather_out, two}));
+  }
 #else
   CHECK(cuda_backend() == nullptr);
 #endif

@@ -4,6 +4,7 @@
 // contract flag, and the CUDA backend accepts and refuses the same signatures (every dtype the
 // CPU's kernels take has a CUDA kernel).
 #include <doctest/doctest.h>
+#include <onnx/onnx_pb.h>
 
 #include <span>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "runtime/core/backend.h"
 #include "runtime/cpu/families.h"
+#include "runtime/format/grad_ops.h"
 #include "tests/gpu/table_util.h"
 
 namespace stagecraft::rt {
@@ -71,6 +73,57 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
                                  {"Add", bools, b, none},
                                  {"SoftmaxCrossEntropyLoss", i16_pair, f32, none}};
   check_refused_alike(*cuda, refused);
+#else
+  CHECK(cuda_backend() == nullptr);
+#endif
+}
+
+TEST_CASE("the cuda backend runs 16-bit arithmetic, unary maths and AddGrad natively") {
+#ifdef STAGECRAFT_WITH_CUDA
+  // Natively on one 16-bit type (kernels that widen in registers, as run_widened would through
+  // memory); widened where the CPU refuses even the float32 form's types or where the types
+  // mix; refused alike where the float32 form is refused.
+  const Backend* cuda = cuda_backend();
+  REQUIRE(cuda != nullptr);
+  const Attrs none;
+  onnx::NodeProto grad_node;
+  onnx::AttributeProto* attr = grad_node.add_attribute();
+  attr->set_name(std::string(grad::kForwardInputsAttr));
+  attr->set_type(onnx::AttributeProto::INT);
+  attr->set_i(2);
+  const Attrs two(grad_node);
+  for (const DType h : {DType::kBFloat16, DType::kFloat16}) {
+    CAPTURE(dtype_name(h));
+    const DType pair[] = {h, h}, one[] = {h}, grad_in[] = {h, h, h}, grad_out[] = {h, h};
+    for (const OpSignature& s : {OpSignature{"Add", pair, one, none},
+                                 OpSignature{"Sub", pair, one, none},
+                                 OpSignature{"Mul", pair, one, none},
+                                 OpSignature{"Div", pair, one, none},
+                                 OpSignature{"Erf", one, one, none},
+                                 OpSignature{"Relu", one, one, none},
+                                 OpSignature{"Tanh", one, one, none},
+                                 OpSignature{"AddGrad", grad_in, grad_out, two}}) {
+      CAPTURE(s.op_type);
+      CHECK(cuda->check(s).empty());
+      CHECK_FALSE(cuda->runs_widened(s));
+    }
+    // Still widened: Clip (bounds of the input's type), Pow, the other arithmetic gradients.
+    for (const OpSignature& s : {OpSignature{"Clip", one, one, none},
+                                 OpSignature{"Pow", pair, one, none},
+                                 OpSignature{"MulGrad", grad_in, grad_out, two}}) {
+      CAPTURE(s.op_type);
+      CHECK(cuda->check(s).empty());
+      CHECK(cuda->runs_widened(s));
+    }
+  }
+  // Two 16-bit types in one node, or a 16-bit float beside a float32 one: widened.
+  const DType mixed[] = {DType::kBFloat16, DType::kFloat16}, with_f32[] = {DType::kBFloat16,
+                                                                            DType::kFloat32};
+  const DType bf[] = {DType::kBFloat16};
+  CHECK(cuda->runs_widened(OpSignature{"Add", mixed, bf, none}));
+  CHECK(cuda->runs_widened(OpSignature{"Add", with_f32, bf, none}));
+  // A 16-bit Not or And has no float32 form the CPU takes: refused, not run natively.
+  CHECK_FALSE(cuda->check(OpSignature{"Not", bf, bf, none}).empty());
 #else
   CHECK(cuda_backend() == nullptr);
 #endif
