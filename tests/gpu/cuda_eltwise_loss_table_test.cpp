@@ -94,7 +94,8 @@ TEST_CASE("the cuda backend runs 16-bit arithmetic, unary maths and AddGrad nati
   const Attrs two(grad_node);
   for (const DType h : {DType::kBFloat16, DType::kFloat16}) {
     CAPTURE(dtype_name(h));
-    const DType pair[] = {h, h}, one[] = {h}, grad_in[] = {h, h, h}, grad_out[] = {h, h};
+    // A gradient node's inputs: the forward's A and B, its output Y, and dY.
+    const DType pair[] = {h, h}, one[] = {h}, grad_in[] = {h, h, h, h}, grad_out[] = {h, h};
     for (const OpSignature& s : {OpSignature{"Add", pair, one, none},
                                  OpSignature{"Sub", pair, one, none},
                                  OpSignature{"Mul", pair, one, none},
