@@ -550,6 +550,18 @@ void print_text(const rt::RunReport& report, const rt::Pipeline& pipeline, const
   for (const auto& o : outputs) fmt::print("wrote {}\n", o["file"].get<std::string>());
 }
 
+// One line per checkpoint saved: where, at which step, its size and how long the save took.
+void say_saved(const std::string& dir, int64_t step, std::chrono::steady_clock::time_point start) {
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::error_code ec;
+  double bytes = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir, ec))
+    if (entry.is_regular_file(ec)) bytes += static_cast<double>(entry.file_size(ec));
+  fmt::print(stderr, "stagerun: saved {} at step {}: {}, {:.2f} s\n", dir, step,
+             dump::format_bytes(bytes), seconds);
+}
+
 // The run's options: progress line, fault hook, checkpoints.
 rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t first_step) {
   rt::RunOptions options;
@@ -570,8 +582,10 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
                  first_step + total, elapsed, tty && done < total ? "" : "\n");
     };
   if (!args.checkpoint_dir.empty()) {
-    options.checkpoint = [&pipeline, dir = args.checkpoint_dir](int64_t) {
+    options.checkpoint = [&pipeline, dir = args.checkpoint_dir, quiet = args.quiet](int64_t step) {
+      const auto start = std::chrono::steady_clock::now();
       rt::save_checkpoint(pipeline, dir);
+      if (!quiet) say_saved(dir, step, start);
     };
     options.checkpoint_every = args.save_every;
   }
@@ -682,10 +696,12 @@ int main(int argc, char** argv) {
       const std::optional<Injection> hang = injection(args, *pipeline);
       const int64_t hang_step =
           hang && hang->where == "save" && hang->device == world->rank() ? hang->step : -1;
-      options.checkpoint = [&w = *world, &p = *pipeline, dir = args.checkpoint_dir,
-                            hang_step](int64_t step) {
+      options.checkpoint = [&w = *world, &p = *pipeline, dir = args.checkpoint_dir, hang_step,
+                            quiet = args.quiet](int64_t step) {
         while (step == hang_step) std::this_thread::sleep_for(std::chrono::seconds(1));
+        const auto start = std::chrono::steady_clock::now();
         w.save_checkpoint(p, dir);
+        if (!quiet && w.rank() == 0) say_saved(dir, step, start);
       };
     }
     auto export_model = [&] {

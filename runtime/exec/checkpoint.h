@@ -83,8 +83,10 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir);
 /// Writes the plan's original model (plan.model_path, which must exist and hash to
 /// plan.model_hash) to `out_path` with every initializer named like a stage weight replaced by
 /// the pipeline's values (a shared weight once, from its lowest holder) (raw_data) and every external-data initializer embedded; through a
-/// temporary file renamed into place. Refuses a result above 2 GiB (protobuf's limit).
-/// Returns the number of initializers replaced.
+/// temporary file renamed into place. A weight the exporter had merged into an equal one (an
+/// Identity copying an initializer) and the plan trained apart becomes an initializer of its
+/// own in place of the Identity. Refuses a result above 2 GiB (protobuf's limit).
+/// Returns the number of initializers replaced or so added.
 int export_model(const Pipeline& pipeline, const std::string& out_path);
 
 }  // namespace stagecraft::rt
