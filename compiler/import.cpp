@@ -493,7 +493,9 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     ir::infer_onnx_shapes(model);
     result.graph = ir::graph_from_model(model, path);
     passes::PassContext context;
+    context.untie_merged_weights = options.untie_merged_weights;
     passes::run_import_pipeline(result.graph, context);
+    result.untied = context.untied;
     check_ops(result.graph);
     passes::require_static_shapes(result.graph);
     drop_default_rnn_activations(result.graph);

@@ -22,6 +22,9 @@ struct ImportOptions {
   /// Binds dims by their symbolic name ("seq" -> 512), or an anonymous one by
   /// "INPUT:INDEX" ("x:1" -> 3) (`--dim NAME=VALUE`).
   std::map<std::string, int64_t> dims;
+  /// Training: weights the exporter merged into equal ones (an Identity copying an initializer
+  /// under the duplicate's name) get their own copies (PassContext::untie_merged_weights).
+  bool untie_merged_weights = false;
 };
 
 /// One dim of one input that had no fixed size in the model and was bound by the user.
@@ -39,6 +42,7 @@ struct ImportedModel {
   std::vector<BoundDim> bound_dims;
   int64_t nodes_in_file = 0;               ///< Node count before folding.
   std::map<std::string, int64_t> folded;   ///< Nodes removed or rewritten, by pass name.
+  std::vector<std::string> untied;  ///< With untie_merged_weights: "name (= kept)" per weight.
 };
 
 /// Reads, checks and imports the model at `path`. Runs the ONNX checker and strict ONNX shape

@@ -1,4 +1,6 @@
 // Small structural passes: Constant nodes to initializers, Identity removal, dead code.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <filesystem>
 
@@ -89,6 +91,24 @@ bool DropIdentity::run(ir::Graph& graph, PassContext& context) const {
     ir::ValueId in = node.inputs[0], out = node.outputs[0];
     // A graph output keeps its name: the user's interface does not change under them.
     if (in == ir::kNoId || out == ir::kNoId || graph.value(out).is_graph_output) continue;
+    if (context.untie_merged_weights && node.op_type == "Identity" &&
+        graph.value(in).is_initializer() && graph.value(in).is_weight) {
+      // An exporter's merge: the copy becomes a weight of its own, with the kept one's values.
+      const ir::Value& kept = graph.value(in);
+      context.untied.push_back(fmt::format("{} (= {})", graph.value(out).name, kept.name));
+      const ir::Value source = kept;
+      graph.remove_node(id);
+      ir::Value& copy = graph.value(out);
+      copy.initializer = source.initializer;
+      copy.is_weight = true;
+      copy.dtype = source.dtype;
+      copy.shape = source.shape;
+      copy.shape_known = source.shape_known;
+      copy.producer = ir::kNoId;
+      context.counters["drop-identity: untied"]++;
+      changed = true;
+      continue;
+    }
     graph.remove_node(id);
     graph.replace_all_uses(out, in);
     context.counters[std::string(name())]++;

@@ -139,9 +139,16 @@ int64_t class_axis(const ir::Value& y, const ir::Value* labels, const LossOption
     return 1;
   }
   const int64_t last = rank - 1;
+  if (!labels && rank >= 4) {
+    // PyTorch's cross_entropy reads [N, C, d1, ...] (segmentation maps, volumes): see loss.h.
+    why = "labels added by stagec: axis 1 of a rank-4+ output, as PyTorch's cross_entropy; "
+          "--loss-axis -1 for classes on the last axis";
+    return 1;
+  }
   if (!labels) {
     // Why the last axis here: see the rule in loss.h.
-    why = "labels added by stagec: the last axis of a rank-3+ output; --loss-axis 1 for ONNX's";
+    why = "labels added by stagec: the last axis of a rank-3 output, a language model's [B, T, "
+          "V]; --loss-axis 1 for a sequence classifier's [N, C, L]";
     return last;
   }
   const std::vector<int64_t> by_last = without_axis(y.shape, last),

@@ -20,12 +20,13 @@
 ///   model's logits [B,T,V] with token labels [B,T]); like y without axis 1 -> axis 1 (ONNX's
 ///   and PyTorch's convention, [N,C,d1..] with [N,d1..]); both (e.g. T == V) or neither -> an
 ///   error that asks for --loss-axis and shows both shapes.
-/// - Labels stagec adds: there is no shape to look at, so rank 2 -> axis 1 (the same axis
-///   either way) and rank 3 or more -> the last axis. A rank-3+ output without a labels input
-///   is most often an exported language model's logits, and the choice is printed with the
-///   labels' shape (plan summary) and enforced on every labels file stagerun is given, so the
-///   other reading (--loss-axis 1: segmentation maps, per-frame scores) is one flag away and
-///   cannot be fed by mistake.
+/// - Labels stagec adds: there is no shape to look at, so PyTorch's cross_entropy decides where
+///   it can: rank 2 -> axis 1, rank 4 or more -> axis 1 ([N, C, H, W] segmentation maps and
+///   volumes, as F.cross_entropy reads them). Rank 3 -> the last axis: a rank-3 output without a
+///   labels input is most often an exported language model's logits [B, T, V]. The choice is
+///   printed with the other reading (--loss-axis 1 for a sequence classifier's [N, C, L];
+///   --loss-axis -1 for classes last on rank 4+) and the labels' shape (plan summary), and
+///   enforced on every labels file stagerun is given, so it cannot be fed by mistake.
 ///
 /// The graph stays plain ONNX: classes on axis 1 go straight into SoftmaxCrossEntropyLoss;
 /// classes on the last axis are flattened first (Reshape y to [d0*...*d{r-2}, C] and labels to

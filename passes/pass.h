@@ -34,6 +34,13 @@ struct PassContext {
   /// mixed-precision: the 16-bit float the stage graphs compute in, bfloat16 (stagec
   /// --precision mixed) or float16 (--precision fp16).
   DType sixteen_bit = DType::kBFloat16;
+  /// drop-identity: an Identity that copies a float initializer under another name (how torch's
+  /// exporter writes a parameter it merged into an equal one: `layers.1.norm.weight =
+  /// Identity(layers.0.norm.weight)`) gives that name its own initializer with the same values
+  /// instead of sharing, so that training trains each as PyTorch does (stagec --train, unless
+  /// --keep-merged). Each one untied is listed in `untied` as "name (= kept)".
+  bool untie_merged_weights = false;
+  std::vector<std::string> untied;
 };
 
 class Pass {

@@ -148,7 +148,7 @@ TEST_CASE("--loss-axis wins over the labels' shape") {
         "(axis 0 is the batch)");
 }
 
-TEST_CASE("labels the pass adds: axis 1 for [N, C], the last axis for rank 3 and more") {
+TEST_CASE("labels the pass adds: axis 1 for [N, C] and rank 4+, the last axis for rank 3") {
   testing::TempDir dir;
   ImportedModel lm = scores_model(dir, {2, 3, 4}, std::nullopt);
   passes::AppendedLoss loss = passes::append_loss(lm.graph, cross_entropy());
@@ -165,6 +165,15 @@ TEST_CASE("labels the pass adds: axis 1 for [N, C], the last axis for rank 3 and
   CHECK(shape_of(classifier.graph, "labels") == std::vector<int64_t>{2});
   CHECK(ops(classifier.graph) == std::vector<std::string>{"Relu", "SoftmaxCrossEntropyLoss"});
   CHECK(node_of(classifier.graph, "SoftmaxCrossEntropyLoss").attr_int("ignore_index", -1) == 0);
+
+  // A segmentation map [N, C, H, W]: PyTorch's cross_entropy takes the classes on axis 1, and
+  // so does stagec (before, the last axis: "5 classes" of what were W positions).
+  testing::TempDir dir3;
+  ImportedModel segmenter = scores_model(dir3, {2, 3, 4, 5}, std::nullopt);
+  const passes::AppendedLoss seg = passes::append_loss(segmenter.graph, cross_entropy());
+  CHECK(shape_of(segmenter.graph, "labels") == std::vector<int64_t>{2, 4, 5});
+  CHECK(seg.summary.find("cross-entropy over axis 1 of") != std::string::npos);
+  CHECK(seg.summary.find("--loss-axis -1 for classes on the last axis") != std::string::npos);
 }
 
 TEST_CASE("cross-entropy's flags are refused for another loss") {

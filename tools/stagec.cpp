@@ -189,6 +189,12 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
                  "repeatable), e.g. the buffers of torchvision's FrozenBatchNorm2d, which an "
                  "ONNX file stores as ordinary initializers")
       ->type_name("PATTERN");
+  app.add_option("--train-also", po.train_also,
+                 "with --train: train the float32 initializers matching PATTERN although they "
+                 "look like PyTorch buffers (by default an initializer holding -inf or NaN, or "
+                 "an additive attention mask feeding a Softmax, is left untrained and listed; "
+                 "repeatable)")
+      ->type_name("PATTERN");
   app.add_option("--lr-scaling", names.lr_scaling,
                  "with --train: none | linear | sqrt: the learning rate times R, sqrt(R) or 1 for "
                  "R data-parallel replicas (default none)");
@@ -205,6 +211,14 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
                  "M microbatches per step of each replica (default: the pipeline's device count)")
       ->check(cli::at_least<int>(1));
   app.add_flag("--train", po.training, "plan training: forward, backward and optimizer step");
+  app.add_flag("--keep-merged", po.keep_merged,
+               "with --train: keep weights that torch's exporter merged into equal ones (an "
+               "Identity under the duplicate's name, as an eval-mode export of fresh LayerNorms "
+               "or deep-copied layers writes) shared; by default each trains apart, as in PyTorch");
+  app.add_flag("--keep-training-mode", po.keep_training_mode,
+               "without --train: keep Dropout and BatchNormalization that a training-mode export "
+               "left in training mode as they are (by default an inference plan runs them in "
+               "inference mode, as PyTorch's eval())");
   app.add_option("--optimizer", names.optimizer,
                  "with --train: sgd | momentum | nesterov | adam | adamw | adagrad (default adamw; "
                  "adam8bit: memory "
@@ -223,7 +237,8 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
       "from the labels input's shape (the output without its last axis: the last axis, language "
       "models' [B,T,V] with [B,T]; without axis 1: axis 1, ONNX's [N,C,...]; both or neither: an "
       "error); "
-      "labels stagec adds: axis 1 for [N,C], the last axis for rank 3 and more");
+      "labels stagec adds: axis 1 for [N,C] and for rank 4 or more ([N,C,H,W], as PyTorch's "
+      "cross_entropy), the last axis for rank 3 (a language model's [B,T,V])");
   app.add_option("--ignore-index", po.loss.ignore_index,
                  "with --loss cross-entropy: the label value of padding, left out of the loss and "
                  "of the mean's "
@@ -278,6 +293,17 @@ void parse_choices(const ChoiceNames& names, stagecraft::plan::PlanOptions& po) 
   if (!po.data_parallel_auto) po.data_parallel = std::stoi(names.data_parallel);  // checked
 }
 
+/// The planner's one-line notes on what it decided about the model beyond the split: the loss,
+/// training-mode nodes of an inference plan, untied and untrained weights, BatchNormalization,
+/// the replica count and placement ("" lines are left out).
+void print_planner_notes(const stagecraft::plan::PlannedModel& planned) {
+  if (!planned.loss_summary.empty()) fmt::print("{}\n", planned.loss_summary);
+  for (const std::string* note :
+       {&planned.inference_mode_summary, &planned.untie_summary, &planned.batch_norm_summary,
+        &planned.freeze_summary, &planned.data_parallel_choice, &planned.placement_choice})
+    fmt::print("{}", *note);
+}
+
 /// Refuses flags that would be silently ignored: the training flags without --train, --labels
 /// without --loss, --momentum with an optimizer that has none.
 void check_flags_apply(const CLI::App& app, const stagecraft::plan::PlanOptions& po) {
@@ -286,7 +312,7 @@ void check_flags_apply(const CLI::App& app, const stagecraft::plan::PlanOptions&
   for (const char* flag : {"--optimizer", "--loss", "--labels", "--loss-axis", "--ignore-index",
                            "--lr", "--weight-decay", "--momentum", "--lr-schedule",
                            "--warmup-steps", "--total-steps", "--recompute", "--lr-scaling",
-                           "--freeze"}) {
+                           "--freeze", "--train-also", "--keep-merged"}) {
     if (app.count(flag) > 0) given.push_back(flag);
   }
   if (!po.training && !given.empty()) {
@@ -294,6 +320,10 @@ void check_flags_apply(const CLI::App& app, const stagecraft::plan::PlanOptions&
          fmt::join(given, ", "), given.size() == 1 ? "is" : "are",
          given.size() == 1 ? "it" : "them");
   }
+  if (po.training && po.keep_training_mode)
+    fail(ErrorKind::kUsage,
+         "--keep-training-mode is for inference plans (a training plan keeps Dropout and "
+         "BatchNormalization as exported); leave it out with --train");
   if (app.count("--labels") > 0 && po.loss.kind.empty())
     fail(ErrorKind::kUsage, "--labels names the labels of --loss mse or cross-entropy; add --loss");
   if (app.count("--momentum") > 0 && po.optimizer != OptimizerKind::kMomentum &&
@@ -458,11 +488,7 @@ int run(int argc, char** argv) {
   auto start = std::chrono::steady_clock::now();
   plan::PlannedModel planned = plan::make_plan(po);
   double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!planned.loss_summary.empty()) fmt::print("{}\n", planned.loss_summary);
-  fmt::print("{}", planned.batch_norm_summary);
-  fmt::print("{}", planned.freeze_summary);
-  fmt::print("{}", planned.data_parallel_choice);
-  fmt::print("{}", planned.placement_choice);
+  print_planner_notes(planned);
   fmt::print("{}", plan::summarize(planned.plan));
   if (dry_run) {
     fmt::print("planned in {:.2f} s (dry run: nothing written)\n", plan_s);

@@ -7,11 +7,13 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <span>
 
 #include "compiler/model_info.h"
 #include "compiler/plan/planning.h"
 #include "cost_models/roofline.h"
 #include "passes/autodiff.h"
+#include "passes/passes.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::plan {
@@ -240,12 +242,84 @@ void freeze_weights(PlannedModel& out, const PlanOptions& o) {
       count, count == 1 ? "" : "s", params);
 }
 
+/// Why PyTorch would not train the float32 initializer `v` ("" when it would): non-finite
+/// values (checked for initializers of at most 2^20 elements: masks, not the big weights whose
+/// bytes planning leaves unread), or a mask's use, read only as an operand of Adds whose sums
+/// feed a Softmax. Such tensors are buffers or exporter constants in PyTorch (a causal mask
+/// registered with register_buffer), never trained there; trained here, a -inf entry becomes NaN
+/// after one step.
+std::string untrainable_reason(const ir::Graph& g, const ir::Value& v) {
+  constexpr int64_t kScanElements = int64_t{1} << 20;
+  if (v.shape_known && v.numel() <= kScanElements && v.initializer != nullptr) {
+    const std::span<const std::byte> bytes = v.initializer->bytes();
+    const auto* f = reinterpret_cast<const float*>(bytes.data());
+    const int64_t n = static_cast<int64_t>(bytes.size() / sizeof(float));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += std::isfinite(f[i]) ? 0 : 1;
+    if (bad > 0)
+      return fmt::format("{} non-finite entr{} (-inf or NaN, as a mask holds)", bad,
+                         bad == 1 ? "y" : "ies");
+  }
+  if (v.consumers.empty()) return "";
+  for (ir::NodeId reader : v.consumers) {
+    const ir::Node& add = g.node(reader);
+    if (add.op_type != "Add" || !add.domain.empty() || add.outputs.empty()) return "";
+    const ir::Value& sum = g.value(add.outputs[0]);
+    if (sum.consumers.empty()) return "";
+    for (ir::NodeId next : sum.consumers)
+      if (g.node(next).op_type != "Softmax") return "";
+  }
+  return "an additive attention mask (read only by Adds that feed a Softmax)";
+}
+
+/// Training: float32 initializers PyTorch would not train (untrainable_reason) are frozen unless
+/// a --train-also pattern names them; one line lists them.
+void freeze_untrainable(PlannedModel& out, const PlanOptions& o) {
+  ir::Graph& g = out.model.graph;
+  std::vector<std::string> frozen;
+  for (std::size_t i = 0; i < g.num_values(); ++i) {
+    ir::Value& v = g.value(static_cast<ir::ValueId>(i));
+    if (!v.is_initializer() || !v.is_weight || v.dtype != DType::kFloat32 || v.frozen) continue;
+    const std::string why = untrainable_reason(g, v);
+    if (why.empty()) continue;
+    if (std::any_of(o.train_also.begin(), o.train_also.end(), [&](const std::string& pattern) {
+          return fnmatch(pattern.c_str(), v.name.c_str(), 0) == 0;
+        }))
+      continue;
+    v.frozen = true;
+    frozen.push_back(fmt::format("{} ({})", v.name, why));
+  }
+  if (frozen.empty()) return;
+  const std::size_t shown = std::min<std::size_t>(frozen.size(), 3);
+  std::string list;
+  for (std::size_t k = 0; k < shown; ++k) list += (k ? ", " : "") + frozen[k];
+  if (frozen.size() > shown) list += fmt::format(" and {} more", frozen.size() - shown);
+  out.freeze_summary += fmt::format(
+      "{} initializer{} left untrained, as PyTorch leaves buffers: {}; --train-also PATTERN "
+      "trains {}\n",
+      frozen.size(), frozen.size() == 1 ? "" : "s", list, frozen.size() == 1 ? "it" : "them");
+}
+
+/// Training: the line saying which weights the exporter had merged now train apart ("" when none).
+std::string untie_summary(const std::vector<std::string>& untied) {
+  if (untied.empty()) return "";
+  const std::size_t shown = std::min<std::size_t>(untied.size(), 3);
+  std::string list;
+  for (std::size_t k = 0; k < shown; ++k) list += (k ? ", " : "") + untied[k];
+  if (untied.size() > shown) list += fmt::format(" and {} more", untied.size() - shown);
+  return fmt::format(
+      "{} weight{} the exporter merged into an equal one (an Identity under the duplicate's name) "
+      "train{} apart, as PyTorch trains them: {}; --keep-merged keeps the exporter's sharing\n",
+      untied.size(), untied.size() == 1 ? "" : "s", untied.size() == 1 ? "s" : "", list);
+}
+
 /// Training: refuses a model with nothing to train, says how its BatchNormalizations train and
 /// gives its training-mode Dropouts their masks (a Dropout's gradient reads the mask its
 /// forward drew).
 void prepare_training(PlannedModel& out, const Setup& s, const PlanOptions& o) {
   const std::string& model_path = o.model_path;
   freeze_weights(out, o);
+  freeze_untrainable(out, o);
   std::vector<ir::NodeId> all = out.model.graph.topological_order();
   if (passes::trainable_weights(out.model.graph, all).empty())
     fail(ErrorKind::kModel,
@@ -255,6 +329,44 @@ void prepare_training(PlannedModel& out, const Setup& s, const PlanOptions& o) {
          model_path);
   out.batch_norm_summary = batch_norm_summary(out.model.graph, s);
   passes::keep_dropout_masks(out.model.graph);
+}
+
+/// Inference: Dropout and BatchNormalization left in training mode by a training-mode export run
+/// as in inference (the inference-mode pass), unless --keep-training-mode; one line says so.
+void prepare_inference(PlannedModel& out, const PlanOptions& o) {
+  passes::PassContext context;
+  if (o.keep_training_mode) {
+    // Only counted, to say what stays in training mode.
+    ir::Graph copy = out.model.graph;
+    passes::InferenceMode{}.run(copy, context);
+  } else {
+    passes::InferenceMode{}.run(out.model.graph, context);
+  }
+  const int64_t dropout = context.counters["inference-mode: Dropout"];
+  const int64_t bn = context.counters["inference-mode: BatchNormalization"];
+  const int64_t kept = context.counters["inference-mode: BatchNormalization kept"];
+  const auto nodes = [](int64_t n, const char* op) {
+    return fmt::format("{} {} node{}", n, op, n == 1 ? "" : "s");
+  };
+  std::string found;
+  if (dropout > 0) found = nodes(dropout, "Dropout");
+  if (bn > 0) found += (found.empty() ? "" : " and ") + nodes(bn, "BatchNormalization");
+  if (!found.empty()) {
+    out.inference_mode_summary =
+        o.keep_training_mode
+            ? fmt::format("--keep-training-mode: {} exported in training mode stay in it (Dropout "
+                          "drops at random, BatchNormalization uses each batch's statistics)\n",
+                          found)
+            : fmt::format("inference plan: {} exported in training mode run in inference mode, as "
+                          "PyTorch's eval() (Dropout passes its input through, BatchNormalization "
+                          "uses its running statistics); --keep-training-mode keeps them\n",
+                          found);
+  }
+  if (kept > 0)
+    out.inference_mode_summary += fmt::format(
+        "inference plan: {} in training mode stay in it: the model reads its running-statistics "
+        "outputs, which inference mode does not have\n",
+        nodes(kept, "BatchNormalization"));
 }
 
 /// `--precision mixed` on the chosen split: the stage records take the tensors, arenas and
@@ -308,7 +420,9 @@ PlannedModel make_plan(const PlanOptions& o) {
   ImportOptions import;
   if (o.batch) import.batch = s.microbatch_size;
   import.dims = o.dims;
+  import.untie_merged_weights = o.training && !o.keep_merged;
   PlannedModel out{import_model(o.model_path, import), {}, {}, {}, {}};
+  out.untie_summary = untie_summary(out.model.untied);
   // Training needs a loss to write a plan (write_plan says so); planning alone (--dry-run, the
   // memory and time of a model without one) goes ahead without.
   if (o.training && (!o.loss.kind.empty() || passes::scalar_output(out.model.graph))) {
@@ -327,7 +441,10 @@ PlannedModel make_plan(const PlanOptions& o) {
     out.plan.training_config.loss_output = out.model.graph.value(loss.value).name;
     out.plan.training_config.labels = o.loss.kind.empty() ? "" : o.loss.labels;
   }
-  if (o.training) prepare_training(out, s, o);
+  if (o.training)
+    prepare_training(out, s, o);
+  else
+    prepare_inference(out, o);
   const ir::Graph& g = out.model.graph;
   if (g.inputs.empty()) {
     fail(ErrorKind::kModel,

@@ -34,6 +34,10 @@ struct PlanOptions {
   /// With training: glob patterns (fnmatch) of float32 initializers to leave untrained
   /// (stagec --freeze), such as a FrozenBatchNorm's statistics and affine parameters.
   std::vector<std::string> freeze;
+  /// With training: glob patterns of float32 initializers to train although they look like
+  /// PyTorch buffers (stagec --train-also): non-finite values, or an additive attention mask.
+  /// By default those are frozen and listed.
+  std::vector<std::string> train_also;
   /// --shard-optimizer (ZeRO-1, training with R >= 2): each replica keeps 1/R of every stage's
   /// optimizer state (plan.json `shard_optimizer`); with `data_parallel_auto`, the replica
   /// counts above 1 are planned sharded.
@@ -45,6 +49,13 @@ struct PlanOptions {
   std::optional<int64_t> batch;          ///< Global batch B; split into R x M microbatches.
   std::map<std::string, int64_t> dims;   ///< Other symbolic dims (--dim).
   bool training = false;
+  /// Inference plans only: keep Dropout and BatchNormalization that a training-mode export left
+  /// in training mode as they are (stagec --keep-training-mode); by default they run in
+  /// inference mode (the inference-mode pass), as PyTorch's eval() runs them.
+  bool keep_training_mode = false;
+  /// Training: keep the sharing of weights the exporter merged into equal ones (stagec
+  /// --keep-merged); by default each merged name trains apart, as PyTorch trains it.
+  bool keep_merged = false;
   OptimizerKind optimizer = OptimizerKind::kAdamW;  ///< With --train.
   passes::LossOptions loss;  ///< With --train: --loss, --labels, --loss-axis, --ignore-index.
   TrainingConfig
@@ -86,6 +97,12 @@ struct PlannedModel {
   std::string batch_norm_summary = {};
   /// --freeze: one line saying how many initializers (and parameters) it froze; "" otherwise.
   std::string freeze_summary = {};
+  /// An inference plan of a training-mode export: one line saying which Dropout and
+  /// BatchNormalization nodes now run in inference mode (and which could not); "" otherwise.
+  std::string inference_mode_summary = {};
+  /// Training: one line naming the weights the exporter had merged that now train apart; ""
+  /// otherwise.
+  std::string untie_summary = {};
 };
 
 /// Plans the model. Refuses (Error) bad options with the flag named, and a model that fits in

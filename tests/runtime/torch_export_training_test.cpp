@@ -1,0 +1,143 @@
+// A PyTorch export trains as PyTorch trains it (data/torch_encoder_lm: a 2-layer causal
+// nn.TransformerEncoder LM exported by PyTorch 1.13 the default way, made by its make.py). That
+// export merges equal initializers, so layer 1's weights arrive as Identity nodes of layer 0's,
+// and holds the causal mask buffer as a float initializer of -inf entries. A training plan gives
+// each merged weight its own copy and leaves the mask untrained, saying both, and its SGD losses
+// are PyTorch's on 1 and 2 devices; with --keep-merged the layers train as one (other losses).
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compiler/plan/planner.h"
+#include "runtime/core/backend.h"
+#include "runtime/core/tensor_io.h"
+#include "runtime/exec/checkpoint.h"
+#include "runtime/exec/pipeline.h"
+#include "tests/test_util.h"
+
+namespace stagecraft::rt {
+namespace {
+
+const std::string kData = STAGECRAFT_TEST_DATA "/torch_encoder_lm/";
+
+plan::PlanOptions lm_options(int devices, bool keep_merged) {
+  plan::PlanOptions o;
+  o.model_path = kData + "encoder_lm.onnx";
+  o.devices = devices;
+  o.batch = 8;
+  o.microbatches = 2;
+  o.device_spec = "cpu";
+  o.training = true;
+  o.loss.kind = "cross-entropy";
+  o.optimizer = OptimizerKind::kSgd;
+  o.training_config.lr = 0.1;
+  o.training_config.weight_decay = 0;
+  o.keep_merged = keep_merged;
+  return o;
+}
+
+std::vector<double> torch_losses() {
+  std::ifstream in(kData + "losses.json");
+  return nlohmann::json::parse(in).at("losses").get<std::vector<double>>();
+}
+
+// Trains the plan `steps` steps on the fixture's batch; with `exported`, then writes the model
+// with its trained weights there (stagerun --export).
+std::vector<double> train(plan::PlannedModel& planned, const std::string& dir, int steps,
+                          const std::string& exported = "") {
+  plan::write_plan(planned, dir);
+  auto pipeline = Pipeline::load(dir, cpu_backend(), 1);
+  RunOptions run;
+  run.steps = steps;
+  std::vector<double> losses =
+      pipeline
+          ->run({{"ids", read_npy(kData + "ids.npy")}, {"labels", read_npy(kData + "labels.npy")}},
+                run)
+          .losses;
+  if (!exported.empty()) export_model(*pipeline, exported);
+  return losses;
+}
+
+// The float initializer `name` of the ONNX file at `path` (empty when there is none).
+std::vector<float> initializer(const std::string& path, const std::string& name) {
+  onnx::ModelProto model;
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(model.ParseFromIstream(&in));
+  for (const onnx::TensorProto& t : model.graph().initializer())
+    if (t.name() == name) {
+      std::vector<float> out(t.raw_data().size() / sizeof(float));
+      std::memcpy(out.data(), t.raw_data().data(), out.size() * sizeof(float));
+      return out;
+    }
+  return {};
+}
+
+bool close_to(const std::vector<double>& got, const std::vector<double>& want, double rtol) {
+  if (got.size() != want.size()) return false;
+  for (size_t k = 0; k < got.size(); ++k)
+    if (!(std::fabs(got[k] - want[k]) <= rtol * std::fabs(want[k]))) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a PyTorch encoder LM export trains as PyTorch: merged weights apart, the mask frozen") {
+  const std::vector<double> want = torch_losses();
+  REQUIRE(want.size() == 3);
+  testing::TempDir dir;
+  for (int devices : {1, 2}) {
+    CAPTURE(devices);
+    plan::PlannedModel planned = plan::make_plan(lm_options(devices, false));
+    CHECK(planned.untie_summary.find("train apart, as PyTorch trains them: ") !=
+          std::string::npos);
+    CHECK(std::any_of(planned.model.untied.begin(), planned.model.untied.end(),
+                      [](const std::string& u) { return u.rfind("enc.layers.1.", 0) == 0; }));
+    CHECK(planned.freeze_summary.find("left untrained, as PyTorch leaves buffers") !=
+          std::string::npos);
+    CHECK(planned.freeze_summary.find("non-finite") != std::string::npos);
+    const std::string exported = dir.file("trained" + std::to_string(devices) + ".onnx");
+    const std::vector<double> got =
+        train(planned, dir.file("plan" + std::to_string(devices)), 3, exported);
+    CAPTURE(got);
+    CAPTURE(want);
+    CHECK(close_to(got, want, 1e-4));
+    // --export writes each untied weight under its own PyTorch name, trained apart.
+    const std::vector<float> first = initializer(exported, "enc.layers.0.norm1.weight"),
+                             second = initializer(exported, "enc.layers.1.norm1.weight");
+    REQUIRE(first.size() == 32);
+    REQUIRE(second.size() == 32);
+    CHECK(first != second);
+  }
+  // Kept merged, the two layers train as one set of weights: not PyTorch's training.
+  plan::PlannedModel merged = plan::make_plan(lm_options(1, true));
+  CHECK(merged.untie_summary.empty());
+  const std::vector<double> shared = train(merged, dir.file("merged"), 3);
+  REQUIRE(shared.size() == 3);
+  CHECK(std::fabs(shared[0] - want[0]) <= 1e-4 * want[0]);  // the same function at the start
+  CHECK(std::fabs(shared[2] - want[2]) > 1e-4 * want[2]);   // then other updates
+}
+
+TEST_CASE("--train-also trains a mask-like initializer, and inference plans untie nothing") {
+  plan::PlanOptions o = lm_options(1, false);
+  o.train_also = {"onnx::Add_*"};
+  const plan::PlannedModel planned = plan::make_plan(o);
+  CHECK(planned.freeze_summary.find("onnx::Add_") == std::string::npos);
+  plan::PlanOptions inference;
+  inference.model_path = kData + "encoder_lm.onnx";
+  inference.batch = 8;
+  inference.device_spec = "cpu";
+  const plan::PlannedModel served = plan::make_plan(inference);
+  CHECK(served.untie_summary.empty());
+  CHECK(served.model.untied.empty());
+}
+
+}  // namespace stagecraft::rt
