@@ -49,12 +49,10 @@ TEST_CASE("the cuda backend moves 16-bit gradients natively: shape-only ops, Tra
   // Pure moves of dY: every element's bits whatever its type, so no widening casts.
   const Backend* cuda = cuda_backend();
   REQUIRE(cuda != nullptr);
-  onnx::NodeProto one_input;
-  onnx::AttributeProto* attr = one_input.add_attribute();
-  attr->set_name(std::string(grad::kForwardInputsAttr));
-  attr->set_type(onnx::AttributeProto::INT);
-  attr->set_i(1);
-  const Attrs one(one_input);
+  onnx::NodeProto one_input, two_inputs;
+  gpu_test::set_int(one_input, std::string(grad::kForwardInputsAttr), 1);
+  gpu_test::set_int(two_inputs, std::string(grad::kForwardInputsAttr), 2);
+  const Attrs one(one_input), two(two_inputs);
   for (const DType h : {DType::kBFloat16, DType::kFloat16}) {
     CAPTURE(dtype_name(h));
     const DType x_y_dy[] = {h, h, h}, dx[] = {h};
@@ -69,9 +67,6 @@ TEST_CASE("the cuda backend moves 16-bit gradients natively: shape-only ops, Tra
     }
     // Gather's gradient adds rows: widened.
     const DType gather_in[] = {h, DType::kInt64, h, h}, gather_out[] = {h, DType::kUndefined};
-    onnx::NodeProto two_inputs = one_input;
-    two_inputs.mutable_attribute(0)->set_i(2);
-    const Attrs two(two_inputs);
     CHECK(cuda->runs_widened(OpSignature{"GatherGrad", gather_in, gather_out, two}));
   }
 #else

@@ -87,10 +87,7 @@ TEST_CASE("the cuda backend runs 16-bit arithmetic, unary maths and AddGrad nati
   REQUIRE(cuda != nullptr);
   const Attrs none;
   onnx::NodeProto grad_node;
-  onnx::AttributeProto* attr = grad_node.add_attribute();
-  attr->set_name(std::string(grad::kForwardInputsAttr));
-  attr->set_type(onnx::AttributeProto::INT);
-  attr->set_i(2);
+  gpu_test::set_int(grad_node, std::string(grad::kForwardInputsAttr), 2);
   const Attrs two(grad_node);
   for (const DType h : {DType::kBFloat16, DType::kFloat16}) {
     CAPTURE(dtype_name(h));
