@@ -116,6 +116,25 @@ def export_resnet50(path, image):
     print(json.dumps({"exported": path}))
 
 
+def write_kernels(step, path):
+    """One step under torch.profiler (CUDA activity only): device time per kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0)
+        if us and e.count and "DeviceType.CUDA" in str(getattr(e, "device_type", "")):
+            kernels.append({"name": e.key, "count": e.count, "total_us": us})
+    with open(path, "w") as f:
+        json.dump(kernels, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model", choices=["gpt2", "resnet50", "export-resnet50"])
@@ -127,6 +146,9 @@ def main():
     ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--kernels", metavar="FILE",
+                    help="after the timed steps, one more step under torch.profiler: its device "
+                         "time per kernel name, as JSON, to FILE (bench/kernel_table.py reads it)")
     a = ap.parse_args()
     if a.model == "export-resnet50":
         export_resnet50(a.path, a.image)
@@ -173,6 +195,8 @@ def main():
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    if a.kernels:
+        write_kernels(step, a.kernels)
     print(json.dumps({"model": a.model, "mode": a.mode, "precision": a.precision,
                       "batch": a.batch, "step_ms": times,
                       "median_step_ms": statistics.median(times),

@@ -4,7 +4,8 @@
 # $OUT/summary.txt (one line per check: PASS, FAIL or SKIP with its seconds, and the figures)
 # and $OUT/log.txt (every command's whole output); OUT defaults to ./gpu-results.
 #
-#   bash tools/gpu/run.sh [checks] [racecheck] [mpi-bench] [bench] [profiled] [torch] [all]
+#   bash tools/gpu/run.sh [checks] [racecheck] [mpi-bench] [bench] [profiled] [torch] [kernels]
+#                         [all]
 #   (default all)
 #
 # A lease is short (the device tool allows 10 minutes a command), so the three checks that share
@@ -25,10 +26,13 @@
 #   from a --profile cuda database: measured step against the prediction.
 # torch: bench/gpu_vs_pytorch.sh: one-GPU training steps of a GPT-2-small-shaped model and of
 #   ResNet-50 by stagerun against PyTorch eager and torch.compile on the same GPU.
+# kernels: bench/kernel_profile.sh: the same models' steps per kernel (Nsight Compute for
+#   stagerun, torch.profiler for PyTorch eager), as tables in the summary and
+#   $OUT/kernels.tar.gz; reuses the torch part's plans when it ran first.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 parts=" ${*:-all} "
-[ "$parts" = " all " ] && parts=" checks racecheck mpi-bench bench profiled torch "
+[ "$parts" = " all " ] && parts=" checks racecheck mpi-bench bench profiled torch kernels "
 start_s=$(date +%s)
 deadline=${STAGECRAFT_GPU_DEADLINE:-570}
 left() { echo $((deadline - ($(date +%s) - start_s))); }
@@ -235,5 +239,9 @@ if [[ $parts == *" torch "* ]]; then
   # bench/gpu_vs_pytorch.sh reads the tools from PATH and writes its table to the summary.
   check torch "$(left)" env BUNDLE="$b" WORK="$work/torch" SUMMARY="$summary" \
     bash bench/gpu_vs_pytorch.sh
+fi
+if [[ $parts == *" kernels "* ]]; then
+  check kernels "$(left)" env WORK="$work/torch" SUMMARY="$summary" BUDGET_S="$(left)" \
+    bash bench/kernel_profile.sh
 fi
 say "done ($(( $(date +%s) - start_s )) s)"
