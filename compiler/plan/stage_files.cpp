@@ -56,7 +56,8 @@ std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vect
   return out;
 }
 
-onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& stage_of, int stage) {
+onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& stage_of, int stage,
+                             ir::WeightMode weights) {
   ir::ExportOptions options;
   std::vector<ir::NodeId> nodes;
   // In topological order: nodes a pass added after the split (mixed precision's Casts) come
@@ -64,7 +65,7 @@ onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& sta
   for (ir::NodeId n : graph.topological_order())
     if (stage_of[n] == stage) nodes.push_back(n);
   options.nodes = std::move(nodes);
-  options.weights = ir::WeightMode::kEmbed;
+  options.weights = weights;
   onnx::ModelProto model = ir::model_from_graph(graph, options);
   model.mutable_graph()->set_name(graph.name.empty()
                                       ? "stage_" + std::to_string(stage)
@@ -212,7 +213,10 @@ MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector
       t.bytes = v.bytes();
     }
     // The arenas of the programs the writer will write, as the runtime plans them.
-    auto [arena_bytes, arena] = program_arena(stage_model(graph, stage_of, st.index));
+    // The arena needs the graph and its value types, not the weights' bytes: weights go in as
+    // typed inputs, so planning a model bigger than memory reads none of them here.
+    auto [arena_bytes, arena] =
+        program_arena(stage_model(graph, stage_of, st.index, ir::WeightMode::kAsInputs));
     st.arena_bytes = arena_bytes;
     st.arena = std::move(arena);
     if (training && !loss_output.empty())

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "compiler/ir/graph.h"
+#include "compiler/ir/onnx_bridge.h"
 #include "runtime/format/plan.h"
 
 namespace stagecraft::plan {
@@ -40,9 +41,11 @@ StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>&
 /// (ascending). Every holder's stage file embeds its own copy (`stage_model`).
 std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vector<int>& stage_of);
 
-/// Stage `k` as an ONNX model: its nodes, the initializers they read (embedded), inputs = cut
+/// Stage `k` as an ONNX model: its nodes, the initializers they read (embedded; with
+/// `weights` kAsInputs, typed inputs without bytes, for what needs only the graph), inputs = cut
 /// tensors and graph inputs it reads, outputs = cut tensors it writes and graph outputs.
-onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& stage_of, int stage);
+onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& stage_of, int stage,
+                             ir::WeightMode weights = ir::WeightMode::kEmbed);
 
 /// The backward program of `stage` (passes/autodiff.h): seeded by the gradients of its outputs
 /// that later stages read and, on the loss stage (the one producing `loss_output`), by the
