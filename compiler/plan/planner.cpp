@@ -487,10 +487,8 @@ PlannedModel make_plan(const PlanOptions& o) {
     const std::string capacity = format_bytes(static_cast<double>(s.device.memory_bytes));
     if (manual) fail(ErrorKind::kPlan, "{}; device has {}", worst, capacity);
     fail(ErrorKind::kPlan,
-         "no split into {} stages fits: the best of {} simulated has {}; device has {} (use more "
-         "devices, --recompute auto, --precision mixed, a lighter --optimizer, or fewer "
-         "--microbatches)",
-         stages, choice.candidates, worst, capacity);
+         "no split into {} stages fits: the best of {} simulated has {}; device has {} ({})",
+         stages, choice.candidates, worst, capacity, fit_suggestions(s));
   }
   const partition::Solution& sol = chosen.sol;
   out.stage_of = chosen.stage_of;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "compiler/plan/planning.h"
 #include "compiler/schedule/build_schedule.h"
@@ -121,6 +123,19 @@ Setup make_setup(const PlanOptions& o) {
                                 : cost::cluster_spec_from_name_or_file(o.cluster);
   s.placement = pipeline_major_placement(s.shape.data_parallel, s.shape.devices);
   return s;
+}
+
+std::string fit_suggestions(const Setup& s) {
+  std::vector<std::string> ways{"more devices"};
+  if (s.shape.training && s.recompute != Recompute::kAll && s.recompute != Recompute::kAuto)
+    ways.push_back("--recompute auto");
+  if (s.precision == Precision::kFp32) ways.push_back("--precision mixed");
+  if (s.shape.training && s.optimizer != OptimizerKind::kSgd) ways.push_back("a lighter --optimizer");
+  if (s.shape.microbatches > 1) ways.push_back("fewer --microbatches");
+  std::string out = "use ";
+  for (std::size_t k = 0; k < ways.size(); ++k)
+    out += (k == 0 ? "" : k + 1 == ways.size() ? ", or " : ", ") + ways[k];
+  return out;
 }
 
 int rank_of(const Setup& s, int replica, int device) {

@@ -47,6 +47,11 @@ struct Setup {
 /// The cluster slot of replica `replica`'s pipeline device `device` (s.placement).
 int rank_of(const Setup& s, int replica, int device);
 
+/// What a plan that does not fit could change, as a refusal's closing words: "use more devices,
+/// --recompute auto, --precision mixed, a lighter --optimizer, or fewer --microbatches", less
+/// whatever the setup already has (recomputation, 16-bit precision, SGD, one microbatch).
+std::string fit_suggestions(const Setup& s);
+
 /// A weight a node reads: its elements, and whether training updates it (a gradient and
 /// optimizer state: passes::trainable_weights; not a frozen weight or a buffer such as
 /// BatchNormalization's running statistics).

@@ -46,9 +46,9 @@ std::vector<int> balanced_cuts(const std::vector<double>& weight, int stages) {
                                     s.precision, s.shape.training, false, 0);
   fail(ErrorKind::kPlan,
        "no split into {} stages fits: even the split that needs least memory has stage {} needing "
-       "{}; device has {} "
-       "(use more devices, --precision mixed, a lighter --optimizer, or fewer --microbatches)",
-       sol.stages.size(), sol.over_stage, cost::describe(anatomy, in), format_bytes(capacity));
+       "{}; device has {} ({})",
+       sol.stages.size(), sol.over_stage, cost::describe(anatomy, in), format_bytes(capacity),
+       fit_suggestions(s));
 }
 
 /// The cut-after positions of a solution.

@@ -106,6 +106,20 @@ TEST_CASE("a model that fits on no split is refused with the stage, its anatomy 
     CHECK(what.find("no split into 2 stages fits") != std::string::npos);
     CHECK(what.find("weights") != std::string::npos);
     CHECK(what.find("microbatches in flight; device has 97.7 KiB") != std::string::npos);
+    CHECK(what.find("(use more devices, --recompute auto, --precision mixed, a lighter "
+                    "--optimizer, or fewer --microbatches)") != std::string::npos);
+  }
+  // The suggestions leave out what the command already asked for.
+  o.recompute = Recompute::kAuto;
+  o.precision = Precision::kMixed;
+  o.optimizer = OptimizerKind::kSgd;
+  try {
+    make_plan(o);
+    FAIL("a 100 kB device fit the model");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find("(use more devices, or fewer --microbatches)") != std::string::npos);
   }
 }
 
