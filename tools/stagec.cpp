@@ -356,6 +356,19 @@ void check_training_flags(const stagecraft::plan::PlanOptions& po) {
                [&] { rt::optim::validate(schedule); });
 }
 
+/// Writes the plan, saying every GiB of weights how far it is (a large model's weights are read
+/// once, to hash them, or copied with --copy-weights).
+void write_with_progress(stagecraft::plan::PlannedModel& planned, const std::string& out_dir,
+                         stagecraft::plan::WeightWriting writing) {
+  const auto start = std::chrono::steady_clock::now();
+  writing.progress = [&](int64_t placed) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    fmt::print(stderr, "stagec: {:.1f} GiB of weights {} in {:.1f} s\n",
+               static_cast<double>(placed) / (1 << 30), writing.copy ? "copied" : "hashed", s);
+  };
+  stagecraft::plan::write_plan(planned, out_dir, writing);
+}
+
 int run(int argc, char** argv) {
   using namespace stagecraft;
   CLI::App app{
@@ -410,6 +423,11 @@ int run(int argc, char** argv) {
       ->delimiter(',');
   app.add_flag("--dry-run", dry_run,
                "plan and print, writing no plan (--profile still caches what it measures)");
+  plan::WeightWriting weight_writing;
+  app.add_flag("--copy-weights", weight_writing.copy,
+               "copy the model's external-data weights into the plan directory (a self-contained "
+               "plan to ship); by default stage files reference them where they are and stagerun "
+               "reads each device's share from there");
   std::string profile_backend, profile_db;
   int profile_threads = 1;
   app.add_option(
@@ -496,7 +514,7 @@ int run(int argc, char** argv) {
   }
   // stagerun must be able to run every op of the stage files it is given.
   check_backend_supports(planned.model.graph, rt::backend_by_name("cpu"));
-  plan::write_plan(planned, out_dir);
+  write_with_progress(planned, out_dir, weight_writing);
   fmt::print("planned in {:.2f} s; wrote {} (inspect with: stagedump {})\n", plan_s, out_dir,
              out_dir);
   return 0;

@@ -79,6 +79,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <span>
 #include <thread>
@@ -550,6 +551,26 @@ void print_text(const rt::RunReport& report, const rt::Pipeline& pipeline, const
   for (const auto& o : outputs) fmt::print("wrote {}\n", o["file"].get<std::string>());
 }
 
+// One line per device when loading its weights took a while or read much: what it read from
+// weight files against all its stages' weights, and how long that took.
+void report_loads(const rt::Pipeline& pipeline) {
+  std::map<int, rt::Pipeline::StageLoad> per_device;
+  bool worth_saying = false;
+  for (const rt::Pipeline::StageLoad& load : pipeline.loads()) {
+    rt::Pipeline::StageLoad& d = per_device[load.device];
+    d.device = load.device;
+    d.bytes += load.bytes;
+    d.weight_bytes += load.weight_bytes;
+    d.seconds += load.seconds;
+    worth_saying |= load.seconds >= 1.0 || load.bytes >= (int64_t{256} << 20);
+  }
+  if (!worth_saying) return;
+  for (const auto& [device, d] : per_device)
+    fmt::print(stderr, "stagerun: device {} loaded {} of weights ({} read from weight files) in {:.2f} s\n",
+               device, dump::format_bytes(static_cast<double>(d.weight_bytes)),
+               dump::format_bytes(static_cast<double>(d.bytes)), d.seconds);
+}
+
 // One line per checkpoint saved: where, at which step, its size and how long the save took.
 void say_saved(const std::string& dir, int64_t step, std::chrono::steady_clock::time_point start) {
   const double seconds =
@@ -648,6 +669,7 @@ int main(int argc, char** argv) {
     std::vector<int> devices = local_devices;
     if (devices.empty())
       for (int d = 0; d < plan.devices * plan.data_parallel; ++d) devices.push_back(d);
+    report_loads(*pipeline);
     const std::vector<std::string> warnings = run_warnings(plan, backend, devices);
     if (!world || world->rank() == 0)
       for (const std::string& warning : warnings)

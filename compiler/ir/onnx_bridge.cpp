@@ -372,19 +372,8 @@ void write_initializer(const Value& v, WeightMode mode, onnx::TensorProto* t) {
   t->set_name(v.name);
   t->set_data_type(static_cast<int32_t>(v.dtype));
   for (int64_t d : v.shape) t->add_dims(d);
+  if (mode == WeightMode::kNoData) return;
   const WeightData& w = *v.initializer;
-  if (mode == WeightMode::kKeepExternal && w.is_external()) {
-    t->set_data_location(onnx::TensorProto::EXTERNAL);
-    auto add = [&](const char* key, const std::string& value) {
-      auto* e = t->add_external_data();
-      e->set_key(key);
-      e->set_value(value);
-    };
-    add("location", w.external_location());
-    add("offset", std::to_string(w.external_offset()));
-    add("length", std::to_string(w.size()));
-    return;
-  }
   auto bytes = w.bytes();
   t->set_raw_data(reinterpret_cast<const char*>(bytes.data()), bytes.size());
 }

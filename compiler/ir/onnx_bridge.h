@@ -50,7 +50,8 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path);
 /// How an export writes initializers.
 enum class WeightMode {
   kEmbed,         ///< Bytes inside the protobuf (raw_data).
-  kKeepExternal,  ///< External initializers keep pointing at their original file.
+  kNoData,        ///< Initializers with name, dtype and dims but no bytes: the caller places
+                  ///< them (the plan writer: external data, plan/stage_weights.h).
   kAsInputs,      ///< Only small non-weight constants are written; weights and large constants
                   ///< become typed graph inputs without data (for shape inference).
 };

@@ -110,6 +110,26 @@ void plan_stage_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, 
     out.arena.push_back({names[t], mp.offsets[t], lifetimes[t].bytes});
 }
 
+/// The receive buffers of what a stage sends (training: the gradients that come back).
+// Every output the stage sends is a buffer; so is a graph output the stage hands back to the
+// caller (no peer stage), which the arena does not hold either. Training keeps the sent
+// outputs with the activations; the buffers are then the gradients received for them, which
+// queue while the backward works through them: at most one per microbatch in flight (a
+// gradient comes back only for a microbatch whose activations the stage still holds) and at
+// most what the link holds (kTrainingLinkCapacity: the sender waits for a slot) beside the
+// one the backward is reading, so they do not grow with the microbatch count.
+int64_t output_buffer_bytes(const Stage& out, bool training) {
+  int64_t comm = 0;
+  for (const auto& t : out.outputs) {
+    if (t.peer_stages.empty() && !t.graph_output) continue;
+    const bool gradients_back = training && !t.peer_stages.empty();
+    const int64_t queued = std::min<int64_t>(std::max<int64_t>(out.in_flight, 1),
+                                             schedule::kTrainingLinkCapacity + 1);
+    comm += (gradients_back ? queued : 1) * t.bytes;
+  }
+  return comm;
+}
+
 Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, const NodeFacts& f,
                  const ir::Graph& g, const std::vector<ir::NodeId>& order,
                  const StageInterfaces& io, const std::vector<int>& stage_of, bool recompute,
@@ -168,8 +188,8 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   int64_t comm = 0;
   // What a stage receives is double-buffered: one microbatch computing, the next arriving
   // (inference's links hold one message). Training also keeps each received input in the stash
-  // with the activations (below) until its backward; a sender running ahead (ZB-H1's, GPipe's)
-  // can still have two more waiting: measured on the samples, two buffers cover it.
+  // with the activations (below) until its backward; its link holds at most
+  // kTrainingLinkCapacity more (a sender running ahead waits: runtime/format/readiness.h).
   for (const auto& t : out.inputs) comm += t.peer_stage >= 0 ? 2 * t.bytes : 0;
   plan_stage_arena(g, order, st.first, st.last, stage_of, out);
   // The device's working arena: inference runs the forward in it; training keeps every
@@ -177,17 +197,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   // first forward there too (never at the same time as a backward).
   out.backward_arena_bytes = s.shape.training ? backward_arena : 0;
   int64_t temporary = s.shape.training ? backward_arena : out.arena_bytes;
-  // Every output the stage sends is a buffer; so is a graph output the stage hands back to the
-  // caller (no peer stage), which the arena does not hold either. Training keeps the sent
-  // outputs with the activations; the buffers are then the gradients received for them, which
-  // queue (a training link holds up to M messages) while the backward works through them: at
-  // most one per microbatch in flight, since a gradient comes back only for a microbatch whose
-  // activations the stage still holds (measured: GPipe's first stage holds all of them).
-  for (const auto& t : out.outputs) {
-    if (t.peer_stages.empty() && !t.graph_output) continue;
-    const bool gradients_back = s.shape.training && !t.peer_stages.empty();
-    comm += (gradients_back ? std::max<int64_t>(out.in_flight, 1) : 1) * t.bytes;
-  }
+  comm += output_buffer_bytes(out, s.shape.training);
   // Shared weights: the stage holds its own copy (in params already, with its gradient and
   // optimizer state); training sums the copies' float32 gradients across the holders before
   // the optimizer step, through one more buffer per weight.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "compiler/import.h"
+#include "compiler/plan/stage_weights.h"
 #include "cost_models/roofline.h"
 #include "passes/loss.h"
 #include "runtime/format/plan.h"
@@ -112,10 +113,13 @@ struct PlannedModel {
 /// replicas); refuses, listing every R and why, when none can.
 PlannedModel make_plan(const PlanOptions& options);
 
-/// Writes PLAN_DIR/{plan.json, schedule.json, stage_K.onnx}. The directory is built beside the
-/// target and renamed into place, so a failed write leaves the old plan as it was; an existing
-/// directory that holds no plan.json is never replaced.
-void write_plan(PlannedModel& planned, const std::string& plan_dir);
+/// Writes PLAN_DIR/{plan.json, schedule.json, stage_K.onnx, stage_K.weights}. Stage files
+/// reference the model's external data where it has some (`writing.copy`: copy it too); see
+/// plan/stage_weights.h. The directory is built beside the target and renamed into place, so a
+/// failed write leaves the old plan as it was; an existing directory that holds no plan.json is
+/// never replaced.
+void write_plan(PlannedModel& planned, const std::string& plan_dir,
+                const WeightWriting& writing = {});
 
 /// A few lines for the terminal: stages, predicted step, bubble, baselines.
 std::string summarize(const Plan& plan);

@@ -12,6 +12,7 @@
 #include "compiler/plan/planner.h"
 #include "passes/autodiff.h"
 #include "compiler/plan/stage_files.h"
+#include "compiler/plan/stage_weights.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::plan {
@@ -88,9 +89,22 @@ std::vector<int64_t> shards_of(const onnx::ModelProto& forward, const onnx::Mode
   return even_shards(elements, plan.data_parallel);
 }
 
+/// A symbolic link at each referenced file's location, so that ONNX's own tools (the checker,
+/// onnx.load, ONNX Runtime) open a stage file with its weights. stagerun never follows them: it
+/// resolves these locations through plan.json's weight_files alone.
+void link_weight_files(const fs::path& staging, const std::vector<WeightFile>& files) {
+  for (const WeightFile& w : files) {
+    const fs::path link = staging / w.location;
+    std::error_code ec;
+    fs::create_directories(link.parent_path(), ec);
+    fs::create_symlink(w.path, link, ec);
+    if (ec) fail(ErrorKind::kIo, "{}: cannot link to {}: {}", link.string(), w.path, ec.message());
+  }
+}
+
 }  // namespace
 
-void write_plan(PlannedModel& planned, const std::string& plan_dir) {
+void write_plan(PlannedModel& planned, const std::string& plan_dir, const WeightWriting& writing) {
   fs::path target = fs::absolute(plan_dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();
   remove_stale_staging(target);
@@ -115,8 +129,13 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir) {
   }
   try {
     Plan& p = planned.plan;
+    p.weight_files.clear();
     for (auto& stage : p.stages) {
-      auto model = stage_model(planned.model.graph, planned.stage_of, stage.index);
+      // The weights' bytes go to external data (or stay embedded when small) one tensor at a
+      // time: the stage file itself holds the graph.
+      auto model = stage_model(planned.model.graph, planned.stage_of, stage.index,
+                               ir::WeightMode::kNoData);
+      place_stage_weights(model, planned.model.graph, staging, stage, p.weight_files, writing);
       fs::path file = staging / stage.file;
       write_file(file, model.SerializeAsString());
       sync_path(file);
@@ -132,6 +151,7 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir) {
         stage.backward_file_hash = file_hash(bwd.string());
       }
     }
+    link_weight_files(staging, p.weight_files);
     const std::string schedule_text = schedule::to_json(planned.schedule).dump(1) + "\n";
     p.schedule_hash = json_hash(nlohmann::json::parse(schedule_text));
     const std::string text = plan_json_text(to_json(p));

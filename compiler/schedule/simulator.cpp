@@ -50,6 +50,10 @@ class Simulation {
         act_received_(pair_times()),
         grad_arrival_(pair_times()),
         grad_received_(pair_times()),
+        act_taken_(stages_),
+        grad_taken_(stages_),
+        act_sends_(stages_, 0),
+        grad_sends_(stages_, 0),
         shared_issued_(stages_, kNotYet),
         weight_gradients_(stages_, 0),
         allreduce_end_(stages_, 0),
@@ -122,6 +126,7 @@ class Simulation {
         double arrival = (act ? act_arrival_ : grad_arrival_)[key(in.stage, in.microbatch)];
         double end = std::max(start, arrival);
         (act ? act_received_ : grad_received_)[key(in.stage, in.microbatch)] = end;
+        (act ? act_taken_[in.stage - 1] : grad_taken_[in.stage + 1]).push_back(end);
         wait(device, in, start, end);
         return;
       }
@@ -130,6 +135,16 @@ class Simulation {
         bool act = in.op == Op::kSendAct;
         double produced = (act ? forward_end_ : input_grad_end_)[key(in.stage, in.microbatch)];
         int peer = act ? in.stage + 1 : in.stage - 1;
+        // A full link: the device waits until the receiver takes the message that frees a slot.
+        int& sends = (act ? act_sends_ : grad_sends_)[in.stage];
+        const std::vector<double>& taken = (act ? act_taken_ : grad_taken_)[in.stage];
+        const int capacity = link_capacity(shape_);
+        if (sends >= capacity) {
+          const double slot = taken[static_cast<size_t>(sends - capacity)];
+          if (slot > free_at_[device]) free_at_[device] = slot;
+          start = std::max(start, slot);
+        }
+        ++sends;
         transfer(device, in, peer, std::max(start, produced), send_time(act ? in.stage : peer),
                  (act ? act_arrival_ : grad_arrival_)[key(peer, in.microbatch)]);
         return;
@@ -284,6 +299,11 @@ class Simulation {
   // Per (stage, microbatch), when each piece of work ended or each transfer arrived.
   std::vector<double> forward_end_, input_grad_end_;
   std::vector<double> act_arrival_, act_received_, grad_arrival_, grad_received_;
+  /// Per sending stage, when the receiver took each message of its activation link and of its
+  /// gradient link (in order), and how many it has sent on each: a send waits for a slot
+  /// (readiness.h's bounded links).
+  std::vector<std::vector<double>> act_taken_, grad_taken_;
+  std::vector<int> act_sends_, grad_sends_;
   std::vector<double> shared_issued_;                ///< Per stage, its ALLREDUCE_SHARED.
   std::vector<int> weight_gradients_;  ///< Per stage, microbatches whose weight gradients ran.
   std::vector<double> allreduce_end_;  ///< Per stage, when its all-reduce has arrived.

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -136,17 +137,23 @@ void run_widened(KernelFn kernel, KernelFn cast, bool zero_outputs, const Kernel
 }  // namespace
 
 Program Program::load_file(const std::string& path, const Backend& backend,
-                           const std::optional<RecordedArena>& arena) {
+                           const std::optional<RecordedArena>& arena,
+                           const ExternalWeights* external) {
+  const auto start = std::chrono::steady_clock::now();
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(ErrorKind::kIo, "{}: cannot open", path);
   onnx::ModelProto model;
   if (!model.ParseFromIstream(&in))
     fail(ErrorKind::kFormat, "{}: not an ONNX model (protobuf parse failed)", path);
-  return from_model(model, backend, path, arena);
+  Program p = from_model(model, backend, path, arena, external);
+  p.load_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return p;
 }
 
 Program Program::from_model(const onnx::ModelProto& model_in, const Backend& backend,
-                            const std::string& source, const std::optional<RecordedArena>& arena) {
+                            const std::string& source, const std::optional<RecordedArena>& arena,
+                            const ExternalWeights* external) {
   return with_context(source, ErrorKind::kInternal, [&] {
     Program p;
     p.source_ = source;
@@ -162,14 +169,19 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
     };
 
     // Weights first (old models also list them among the inputs; those are not inputs).
+    ExternalWeightReader reader(external, source);
     for (const onnx::TensorProto& init : graph.initializer()) {
       Slot slot;
       slot.kind = Slot::kWeight;
-      slot.weight = tensor_from_proto(init, fmt::format("initializer '{}'", init.name()));
+      slot.weight = init.data_location() == onnx::TensorProto::EXTERNAL
+                        ? reader.read(init)
+                        : tensor_from_proto(init, fmt::format("initializer '{}'", init.name()));
       slot.info = {init.name(), slot.weight.dtype, slot.weight.shape};
       p.weight_bytes_ += slot.weight.bytes();
       add_slot(std::move(slot));
     }
+    reader.finish();
+    p.external_bytes_ = reader.bytes_read();
     for (const onnx::ValueInfoProto& input : graph.input()) {
       if (slot_of.count(input.name())) continue;
       Slot slot;

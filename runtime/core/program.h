@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/core/backend.h"
+#include "runtime/core/external_weights.h"
 #include "runtime/core/kernel.h"
 #include "runtime/core/tensor.h"
 #include "runtime/format/lifetimes.h"
@@ -61,14 +62,17 @@ class Program {
   /// Reads and binds a stage file. Errors name the file and, where one is at fault, the node.
   /// With `arena`, intermediates go where the plan put them, after checking that the plan
   /// places every one, with its size, and overlaps no two alive together; without, the
-  /// program plans its own arena the same way.
+  /// program plans its own arena the same way. Initializers kept as external data are read
+  /// from where `external` says (a plan's stage file); without it they are refused.
   static Program load_file(const std::string& path, const Backend& backend,
-                           const std::optional<RecordedArena>& arena = std::nullopt);
+                           const std::optional<RecordedArena>& arena = std::nullopt,
+                           const ExternalWeights* external = nullptr);
 
   /// Binds a model already in memory; `source` names it in errors.
   static Program from_model(const onnx::ModelProto& model, const Backend& backend,
                             const std::string& source,
-                            const std::optional<RecordedArena>& arena = std::nullopt);
+                            const std::optional<RecordedArena>& arena = std::nullopt,
+                            const ExternalWeights* external = nullptr);
 
   const std::vector<ValueInfo>& inputs() const { return inputs_; }
   const std::vector<ValueInfo>& outputs() const { return outputs_; }
@@ -79,6 +83,9 @@ class Program {
   int64_t arena_bytes() const { return memory_.arena_bytes; }
   /// Bytes of the loaded weights and constants.
   int64_t weight_bytes() const { return weight_bytes_; }
+  /// Of those, the bytes read from external data files, and the seconds the load took.
+  int64_t external_bytes() const { return external_bytes_; }
+  double load_seconds() const { return load_seconds_; }
   /// Bytes of one run's outputs.
   int64_t output_bytes() const;
 
@@ -170,6 +177,8 @@ class Program {
   plan::ProgramGraph graph_;  // nodes over slot indices (lifetimes.h)
   plan::MemoryPlan memory_;
   int64_t weight_bytes_ = 0;
+  int64_t external_bytes_ = 0;
+  double load_seconds_ = 0;
 
   std::vector<Tensor> execute(DeviceContext& device, std::span<const Tensor> inputs,
                               std::byte* arena, std::map<std::string, Tensor>* kept,

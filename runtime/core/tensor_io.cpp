@@ -35,7 +35,7 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& what
          proto.data_type());
   if (proto.data_location() == onnx::TensorProto::EXTERNAL)
     fail(ErrorKind::kUnsupported,
-         "{} keeps its data in an external file; stage files embed their weights", what);
+         "{} keeps its data in an external file, which only a plan's stage files may do", what);
   Shape shape(proto.dims().begin(), proto.dims().end());
   // Check the data's size before allocating: a file that is not a tensor can claim any dims.
   int64_t count = with_context(what, ErrorKind::kFormat, [&] { return shape_numel(shape); });

@@ -12,8 +12,8 @@
 namespace stagecraft::rt {
 
 /// The tensor held by `proto` (raw_data or the typed fields; bool, int8/16, uint8/16 and
-/// float16 from int32_data as ONNX stores them). External data is refused: stage files embed
-/// their weights. Errors name `what` ("initializer 'w'").
+/// float16 from int32_data as ONNX stores them). External data is refused here: a plan's stage
+/// files read theirs through runtime/core/external_weights.h. Errors name `what`.
 Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& what);
 
 /// Reads a serialized `TensorProto` file (ONNX's test_data_set_N/input_K.pb).

@@ -453,6 +453,171 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
   return step;
 }
 
+namespace {
+
+/// An external-data entry's value ("" when absent).
+std::string external_entry(const onnx::TensorProto& t, const std::string& key) {
+  for (const auto& kv : t.external_data())
+    if (kv.key() == key) return kv.value();
+  return "";
+}
+
+/// Appends to an export's data file, 64-byte aligned, one tensor at a time.
+class ExportData {
+ public:
+  explicit ExportData(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail(ErrorKind::kIo, "--export: cannot create {}: {}", path_, std::strerror(errno));
+  }
+  ~ExportData() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ExportData(const ExportData&) = delete;
+  ExportData& operator=(const ExportData&) = delete;
+
+  /// Pads to the next tensor's offset and returns it.
+  int64_t align() {
+    static constexpr char kZeros[64] = {};
+    write(kZeros, (64 - at_ % 64) % 64);
+    return at_;
+  }
+
+  void write(const void* data, int64_t n) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t done = ::write(fd_, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 24)));
+      if (done < 0 && errno == EINTR) continue;
+      if (done <= 0)
+        fail(ErrorKind::kIo, "--export: cannot write {} ({})", path_,
+             done < 0 ? std::strerror(errno) : "disk full?");
+      p += done;
+      n -= done;
+      at_ += done;
+    }
+  }
+
+  /// Copies `length` bytes at `offset` of `from` (the model's own data file), 16 MiB at a time.
+  void copy_from(const std::string& from, int64_t offset, int64_t length, const std::string& what) {
+    const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+    if (in < 0) fail(ErrorKind::kIo, "{}: cannot open {} ({})", what, from, std::strerror(errno));
+    std::vector<char> buffer(static_cast<size_t>(std::min<int64_t>(length, 1 << 24)));
+    for (int64_t done = 0; done < length;) {
+      const ssize_t got = ::pread(in, buffer.data(),
+                                  static_cast<size_t>(std::min<int64_t>(length - done, 1 << 24)),
+                                  offset + done);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        ::close(in);
+        fail(ErrorKind::kIo, "{}: {} is shorter than offset {} + length {}", what, from, offset,
+             length);
+      }
+      write(buffer.data(), got);
+      done += got;
+    }
+    ::close(in);
+  }
+
+  void finish() {
+    if (::fsync(fd_) != 0) fail(ErrorKind::kIo, "--export: {}: fsync failed", path_);
+    ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int64_t at_ = 0;
+};
+
+/// A model that keeps its weights in external data is exported the same way: every initializer
+/// of over 1 KiB goes to `data_tmp` (named `location` in the model), its trained value where
+/// the plan trained it, else the model's own bytes streamed from its data file; nothing holds
+/// more than one tensor. Returns how many trained values it wrote.
+int write_external_initializers(onnx::GraphProto* graph, const std::map<std::string, Tensor>& trained,
+                                const std::string& model, const std::string& data_tmp,
+                                const std::string& location) {
+  ExportData data(data_tmp);
+  int replaced = 0;
+  const std::string base = fs::path(model).parent_path().string();
+  for (onnx::TensorProto& t : *graph->mutable_initializer()) {
+    const std::string what = fmt::format("--export: {}: initializer '{}'", model, t.name());
+    auto it = trained.find(t.name());
+    const bool use_trained = it != trained.end() && t.data_type() == onnx::TensorProto::FLOAT &&
+                             Shape(t.dims().begin(), t.dims().end()) == it->second.shape;
+    const bool external = t.data_location() == onnx::TensorProto::EXTERNAL;
+    const int64_t bytes = use_trained ? it->second.bytes()
+                          : external  ? -1
+                                      : static_cast<int64_t>(t.raw_data().size());
+    if (!external && bytes <= 1024) {  // small: stays in the model file
+      if (use_trained) {
+        t.clear_float_data();
+        t.set_raw_data(std::string(reinterpret_cast<const char*>(it->second.data),
+                                   static_cast<size_t>(bytes)));
+        ++replaced;
+      }
+      continue;
+    }
+    const int64_t offset = data.align();
+    int64_t length = bytes;
+    if (use_trained) {
+      data.write(it->second.data, bytes);
+      ++replaced;
+    } else if (external) {
+      const std::string from =
+          with_context(what, ErrorKind::kFormat,
+                       [&] { return resolve_inside_folder(base, external_entry(t, "location")); });
+      const std::string off = external_entry(t, "offset"), len = external_entry(t, "length");
+      const int64_t at = off.empty() ? 0 : std::stoll(off);
+      length = len.empty() ? static_cast<int64_t>(fs::file_size(from)) - at : std::stoll(len);
+      data.copy_from(from, at, length, what);
+    } else {
+      data.write(t.raw_data().data(), bytes);
+    }
+    t.clear_raw_data();
+    t.clear_float_data();
+    t.clear_external_data();
+    t.set_data_location(onnx::TensorProto::EXTERNAL);
+    for (const auto& [key, value] : {std::pair<std::string, std::string>{"location", location},
+                                     {"offset", std::to_string(offset)},
+                                     {"length", std::to_string(length)}}) {
+      auto* e = t.add_external_data();
+      e->set_key(key);
+      e->set_value(value);
+    }
+  }
+  data.finish();
+  return replaced;
+}
+
+/// Writes `proto` to `out_path` with its weights in `out_path`.data (write_external_initializers),
+/// each through a temporary file renamed into place.
+int write_external_export(onnx::ModelProto& proto, const std::map<std::string, Tensor>& trained,
+                          const std::string& model, const std::string& out_path) {
+  const std::string location = fs::path(out_path).filename().string() + ".data";
+  const std::string data_path = out_path + ".data";
+  const std::string data_tmp = fmt::format("{}.tmp-{}", data_path, ::getpid());
+  const std::string tmp = fmt::format("{}.tmp-{}", out_path, ::getpid());
+  int replaced = 0;
+  try {
+    replaced = write_external_initializers(proto.mutable_graph(), trained, model, data_tmp, location);
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out || !proto.SerializeToOstream(&out) || !out.flush())
+      fail(ErrorKind::kIo, "--export {}: write failed (disk full?)", out_path);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(data_tmp, ec);
+    fs::remove(tmp, ec);
+    throw;
+  }
+  fsync_path(tmp, false);
+  rename_or_fail(data_tmp, data_path);
+  rename_or_fail(tmp, out_path);
+  fsync_path(parent_of(out_path), true);
+  return replaced;
+}
+
+}  // namespace
+
 int export_model(const Pipeline& pipeline, const std::string& out_path) {
   const plan::Plan& plan = pipeline.plan();
   const std::string& model = plan.model_path;
@@ -503,70 +668,27 @@ int export_model(const Pipeline& pipeline, const std::string& out_path) {
     }
   }
 
-  // Size check before reading any external data.
-  uint64_t size = proto.ByteSizeLong();
-  auto external = [](const onnx::TensorProto& t) {
-    return t.data_location() == onnx::TensorProto::EXTERNAL;
-  };
-  auto entry = [](const onnx::TensorProto& t, const std::string& key) -> std::string {
-    for (const auto& kv : t.external_data())
-      if (kv.key() == key) return kv.value();
-    return "";
-  };
-  const fs::path base = fs::path(model).parent_path();
-  for (const onnx::TensorProto& t : graph->initializer()) {
-    if (!external(t)) continue;
-    std::string length = entry(t, "length");
-    if (!length.empty()) {
-      size += std::stoull(length);
-    } else {
-      std::error_code ec;
-      auto bytes = fs::file_size(base / entry(t, "location"), ec);
-      size += ec ? 0 : bytes;
-    }
-  }
-  if (size > kProtobufLimit)
-    fail(ErrorKind::kUnsupported,
-         "--export {}: the model with its weights embedded would be {:.2f} GiB, above protobuf's 2 "
-         "GiB "
-         "limit; exporting external-data models that large is not supported",
-         out_path, static_cast<double>(size) / (1 << 30));
+  // A model with external data is exported with external data (OUT.data beside OUT), streamed.
+  if (std::any_of(graph->initializer().begin(), graph->initializer().end(),
+                  [](const onnx::TensorProto& t) {
+                    return t.data_location() == onnx::TensorProto::EXTERNAL;
+                  }))
+    return write_external_export(proto, trained, model, out_path) + untied;
 
+  // Inline weights: embedded as the model had them, unless that passes protobuf's 2 GiB.
+  if (proto.ByteSizeLong() > kProtobufLimit)
+    return write_external_export(proto, trained, model, out_path) + untied;
   int replaced = 0;
   for (onnx::TensorProto& t : *graph->mutable_initializer()) {
     auto it = trained.find(t.name());
-    std::string where = fmt::format("{}: initializer '{}'", model, t.name());
-    if (it != trained.end() && t.data_type() == onnx::TensorProto::FLOAT &&
-        Shape(t.dims().begin(), t.dims().end()) == it->second.shape) {
-      t.clear_float_data();
-      t.clear_external_data();
-      t.set_data_location(onnx::TensorProto::DEFAULT);
-      t.set_raw_data(std::string(reinterpret_cast<const char*>(it->second.data),
-                                 static_cast<size_t>(it->second.bytes())));
-      ++replaced;
+    if (it == trained.end() || t.data_type() != onnx::TensorProto::FLOAT ||
+        Shape(t.dims().begin(), t.dims().end()) != it->second.shape)
       continue;
-    }
-    if (!external(t)) continue;
-    std::string location = entry(t, "location");
-    if (location.empty()) fail(ErrorKind::kFormat, "{}: external_data has no 'location'", where);
-    std::string path = (base / location).string();
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(ErrorKind::kIo, "{}: external data file {} cannot be opened", where, path);
-    std::string offset = entry(t, "offset"), length = entry(t, "length");
-    uint64_t off = offset.empty() ? 0 : std::stoull(offset);
-    uint64_t len = length.empty() ? fs::file_size(path) - off : std::stoull(length);
-    std::string bytes(len, '\0');
-    in.seekg(static_cast<std::streamoff>(off));
-    if (!in.read(bytes.data(), static_cast<std::streamsize>(len)))
-      fail(ErrorKind::kIo, "{}: external data file {} is shorter than offset {} + length {}", where,
-           path, off, len);
-    t.clear_external_data();
-    t.set_data_location(onnx::TensorProto::DEFAULT);
-    t.set_raw_data(std::move(bytes));
+    t.clear_float_data();
+    t.set_raw_data(std::string(reinterpret_cast<const char*>(it->second.data),
+                               static_cast<size_t>(it->second.bytes())));
+    ++replaced;
   }
-  if (proto.ByteSizeLong() > kProtobufLimit)
-    fail(ErrorKind::kUnsupported, "--export {}: the model would be above protobuf's 2 GiB limit",
-         out_path);
 
   std::string tmp = fmt::format("{}.tmp-{}", out_path, ::getpid());
   {

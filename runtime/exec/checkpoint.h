@@ -82,10 +82,12 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir);
 
 /// Writes the plan's original model (plan.model_path, which must exist and hash to
 /// plan.model_hash) to `out_path` with every initializer named like a stage weight replaced by
-/// the pipeline's values (a shared weight once, from its lowest holder) (raw_data) and every external-data initializer embedded; through a
-/// temporary file renamed into place. A weight the exporter had merged into an equal one (an
-/// Identity copying an initializer) and the plan trained apart becomes an initializer of its
-/// own in place of the Identity. Refuses a result above 2 GiB (protobuf's limit).
+/// the pipeline's values (a shared weight once, from its lowest holder), through temporary files
+/// renamed into place. A weight the exporter had merged into an equal one (an Identity copying an
+/// initializer) and the plan trained apart becomes an initializer of its own in place of the
+/// Identity. A model that keeps its weights in external data, or whose export would pass
+/// protobuf's 2 GiB embedded, is written with its initializers of over 1 KiB in `out_path`.data
+/// (ONNX external data), streamed one tensor at a time; otherwise they are embedded (raw_data).
 /// Returns the number of initializers replaced or so added.
 int export_model(const Pipeline& pipeline, const std::string& out_path);
 

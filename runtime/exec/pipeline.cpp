@@ -106,8 +106,10 @@ void Pipeline::load_programs(const Pipeline& p, StageRuntime& rt) {
   std::string plan_json = (fs::path(p.plan_dir_) / "plan.json").string();
   std::string file = (fs::path(p.plan_dir_) / stage.file).string();
   std::string field = fmt::format("stages[{}]", stage.index);
+  const ExternalWeights external = external_weights_of(plan, stage, p.plan_dir_);
   rt.program = Program::load_file(
-      file, *p.backend_, Program::RecordedArena{&stage, "plan.json: " + field + ".arena"});
+      file, *p.backend_, Program::RecordedArena{&stage, "plan.json: " + field + ".arena"},
+      &external);
   match_interface(rt.program.inputs(), stage.inputs, file, field + ".inputs");
   match_interface(rt.program.outputs(), stage.outputs, file, field + ".outputs");
   if (plan.training) {
@@ -368,6 +370,17 @@ StageRuntime& Pipeline::first_replica_stage(int stage) const {
     fail(ErrorKind::kInternal, "stage {} is out of range (the plan has {})", stage, count);
   const size_t replica = static_cast<size_t>(local_devices_.front() / plan_.devices);
   return *stages_[replica * count + static_cast<size_t>(stage)];
+}
+
+std::vector<Pipeline::StageLoad> Pipeline::loads() const {
+  std::vector<StageLoad> out;
+  for (const auto& rt : stages_) {
+    if (!runs_device(rt->replica * plan_.devices + rt->stage->device)) continue;
+    out.push_back({rt->stage->index, rt->replica, rt->replica * plan_.devices + rt->stage->device,
+                   rt->program.external_bytes(), rt->program.weight_bytes(),
+                   rt->program.load_seconds()});
+  }
+  return out;
 }
 
 const std::map<std::string, Tensor>& Pipeline::stage_weights(int stage) const {

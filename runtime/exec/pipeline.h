@@ -212,6 +212,15 @@ class Pipeline {
   /// `Error(kUsage)` naming the flag when the plan does not scale its loss (it would be
   /// ignored).
   void set_loss_scale(std::optional<double> scale, std::optional<int64_t> window);
+  /// What loading one stage's program here read from weight files (plan/stage_weights.h) and
+  /// how long it took, per stage this process runs, in load order.
+  struct StageLoad {
+    int stage = 0, replica = 0, device = 0;  ///< `device`: of R x P.
+    int64_t bytes = 0;                       ///< Read from external weight files.
+    int64_t weight_bytes = 0;                ///< All its weights and constants.
+    double seconds = 0;
+  };
+  std::vector<StageLoad> loads() const;
   /// Stage `stage`'s weights by name: tensors sharing bytes with its forward program (write
   /// into them to change the weights; never replace them).
   const std::map<std::string, Tensor>& stage_weights(int stage) const;

@@ -87,7 +87,6 @@ RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inp
       memory(devices),
       step_start(steps, 0),
       step_end(steps, 0) {
-  const int M = microbatches;
   const int all = pipeline.step_microbatches();  // R x M
   // Microbatch views of the inputs (no copies): replica r's microbatch m is rows of the
   // whole batch's microbatch r x M + m.
@@ -104,10 +103,11 @@ RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inp
   }
   if (training) optimizer = make_optimizer(pipeline.plan_, lr_schedule);
 
-  // Inference: a link holds one message, so a stage that runs ahead waits instead of queueing
-  // microbatches on the next device (whose memory the plan counts with two receive buffers:
-  // the one computing and the one arriving). Training schedules send up to M ahead.
-  const int capacity = training ? M : 1;
+  // A link holds one message in inference and two in training (schedule.h's link_capacity), so
+  // a stage that runs ahead waits instead of queueing microbatches on the next device, whose
+  // memory the plan counts with that many receive buffers; the validator and the simulator play
+  // the schedule with the same bound.
+  const int capacity = schedule::link_capacity(pipeline.shape_);
   const bool all_here = static_cast<int>(pipeline.local_devices_.size()) == devices;
   if (!options.make_transport && !all_here)
     fail(ErrorKind::kInternal, "a pipeline loaded for {} of {} devices runs with a transport to "

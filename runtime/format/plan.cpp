@@ -152,6 +152,8 @@ ordered stage_json(const Stage& stage) {
           {"file_hash", stage.file_hash},
           {"backward_file", stage.backward_file},
           {"backward_file_hash", stage.backward_file_hash},
+          {"weights_bytes", stage.weights_bytes},
+          {"weights_hash", stage.weights_hash},
           {"nodes", stage.nodes},
           {"params", stage.params},
           {"inputs", tensors_json(stage.inputs, true)},
@@ -264,6 +266,8 @@ Stage read_stage(const JsonValue& value) {
                                "file_hash",
                                "backward_file",
                                "backward_file_hash",
+                               "weights_bytes",
+                               "weights_hash",
                                "nodes",
                                "params",
                                "inputs",
@@ -293,6 +297,8 @@ Stage read_stage(const JsonValue& value) {
   stage.file_hash = f.string("file_hash");
   stage.backward_file = f.string("backward_file");
   stage.backward_file_hash = f.string("backward_file_hash");
+  stage.weights_bytes = f.int64("weights_bytes");
+  stage.weights_hash = f.string("weights_hash");
   stage.nodes = f.at("nodes").strings();
   stage.params = f.int64("params");
   stage.inputs = f.array("inputs", [](const JsonValue& v) { return read_tensor(v, true); });
@@ -456,6 +462,9 @@ nlohmann::ordered_json to_json(const Plan& plan) {
   for (const Stage& stage : plan.stages) stages.push_back(stage_json(stage));
   ordered ops = ordered::array();
   for (const OpRecord& op : plan.ops) ops.push_back(op_json(op));
+  ordered weight_files = ordered::array();
+  for (const WeightFile& w : plan.weight_files)
+    weight_files.push_back({{"location", w.location}, {"path", w.path}, {"bytes", w.bytes}});
   return {{"format_version", plan.format_version},
           {"generator", plan.generator},
           {"model_path", plan.model_path},
@@ -483,6 +492,7 @@ nlohmann::ordered_json to_json(const Plan& plan) {
           {"baseline_uniform", prediction_json(plan.baseline_uniform)},
           {"search", search_json(plan.search)},
           {"stages", std::move(stages)},
+          {"weight_files", std::move(weight_files)},
           {"ops", std::move(ops)},
           {"device_memory", device_memory_json(plan.device_memory)},
           {"timeline", timeline_json(plan.timeline)}};
@@ -522,6 +532,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
           "baseline_uniform",
           "search",
           "stages",
+          "weight_files",
           "ops",
           "device_memory",
           "timeline"});
@@ -552,6 +563,10 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.search = read_search(f);
   plan.device_memory = f.array("device_memory", read_device_peak);
   plan.stages = f.array("stages", read_stage);
+  plan.weight_files = f.array("weight_files", [](const JsonValue& v) {
+    JsonObject w = v.object({"location", "path", "bytes"});
+    return WeightFile{w.string("location"), w.string("path"), w.int64("bytes")};
+  });
   plan.ops = f.array("ops", read_op);
   plan.timeline = f.array("timeline", read_event);
   return plan;
@@ -589,6 +604,34 @@ void check_format_version(int version, const std::string& source) {
       .in(source);
 }
 
+namespace {
+
+/// Each of the plan's external weight files is where it was, at the size it had.
+void check_weight_files(const Plan& plan, const std::string& source) {
+  for (size_t i = 0; i < plan.weight_files.size(); ++i) {
+    const WeightFile& w = plan.weight_files[i];
+    std::error_code ec;
+    const std::string field = fmt::format("weight_files[{}]", i);
+    if (!fs::is_regular_file(w.path, ec))
+      throw Error(ErrorKind::kIo,
+                  fmt::format("{} (the model's external data, named by {}'s {}): the plan "
+                              "reads the model's weights where they were when it was written; "
+                              "plan with stagec --copy-weights to take them along",
+                              fs::exists(w.path, ec) ? "is not a regular file" : "is missing",
+                              source, field))
+          .in(w.path);
+    const auto size = static_cast<int64_t>(fs::file_size(w.path, ec));
+    if (ec || size != w.bytes)
+      throw Error(ErrorKind::kPlan,
+                  fmt::format("is {} bytes but {}'s {} recorded {} when the plan was written: the "
+                              "model's weights changed since; re-run stagec",
+                              ec ? -1 : size, source, field, w.bytes))
+          .in(w.path);
+  }
+}
+
+}  // namespace
+
 Plan load_plan(const std::string& plan_dir) {
   fs::path dir(plan_dir);
   std::string path = (dir / "plan.json").string();
@@ -619,6 +662,7 @@ Plan load_plan(const std::string& plan_dir) {
         .in(path);
   }
 
+  check_weight_files(plan, path);
   for (const Stage& stage : plan.stages) {
     std::string file = (dir / stage.file).string();
     if (!fs::is_regular_file(file, ec)) {

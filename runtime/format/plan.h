@@ -33,7 +33,7 @@ namespace stagecraft::plan {
 /// shards' boundaries in its flattened parameters) and `allgather_ms`. Version 9: `placement`,
 /// the rank (cluster slot) of every device of every replica. Older plans are refused
 /// ("re-run stagec").
-inline constexpr int kPlanFormatVersion = 9;
+inline constexpr int kPlanFormatVersion = 10;
 
 /// What a recorded file hash starts with: "fnv1a64:<16 hex digits>".
 inline constexpr std::string_view kHashPrefix = "fnv1a64:";
@@ -145,6 +145,16 @@ struct ClusterSpec {
   LinkSpec inter_node;  ///< Between devices of different nodes (one NIC per device).
 };
 
+/// A file outside the plan directory whose bytes stage files use as ONNX external data: the
+/// model's own external-data file, referenced rather than copied (a plan of a 700 GB model is
+/// small). Stage files name it by `location`; the runtime resolves that name only through this
+/// entry, and refuses the plan when the file's size is not `bytes`.
+struct WeightFile {
+  std::string location;  ///< The name stage files use: "model_weights/" + the model's location.
+  std::string path;      ///< The file itself, absolute.
+  int64_t bytes = 0;     ///< Its size when the plan was written.
+};
+
 struct Stage {
   int index = 0;
   int device = 0;
@@ -155,6 +165,12 @@ struct Stage {
   /// runtime/format/grad_ops.h) and its hash; "" for inference plans and dry runs.
   std::string backward_file;
   std::string backward_file_hash;
+  /// The bytes of the stage file's initializers kept as ONNX external data (in the plan's
+  /// `stage_K.weights` or in one of `Plan::weight_files`), and their `WeightsHasher` digest in
+  /// the file's initializer order; the runtime hashes what it reads and refuses a mismatch.
+  /// 0 and "" when the stage file embeds every weight (or in dry runs).
+  int64_t weights_bytes = 0;
+  std::string weights_hash;
   std::vector<std::string> nodes;  ///< Node names in execution order.
   int64_t params = 0;
   std::vector<StageTensor> inputs;
@@ -300,6 +316,9 @@ struct Plan {
   DeviceSpec device;
   ClusterSpec cluster;
   std::vector<Stage> stages;
+  /// The model's external-data files the stage files reference (empty when the plan directory
+  /// holds every weight: an inline model, or `stagec --copy-weights`).
+  std::vector<WeightFile> weight_files;
   std::vector<OpRecord> ops;
   Prediction predicted;
   Prediction baseline_parameters;  ///< DeepSpeed's 'parameters' method: balance parameter counts.

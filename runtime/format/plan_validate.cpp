@@ -48,6 +48,7 @@ class Validator {
     for (const Stage& stage : plan_.stages) check_interfaces(stage);
     for (const Stage& stage : plan_.stages) check_shared(stage);
     for (const Stage& stage : plan_.stages) check_shards(stage);
+    check_weight_files();
     check_ops();
     check_prediction(plan_.predicted, "predicted");
     check_prediction(plan_.baseline_parameters, "baseline_parameters");
@@ -70,11 +71,37 @@ class Validator {
     fault(field, fmt::format("is '{}'; valid: {}", value, fmt::join(valid, ", ")));
   }
 
-  void check_hash(const std::string& field, const std::string& hash) const {
+  void check_hash(const std::string& field, const std::string& hash,
+                  std::string_view prefix = kHashPrefix) const {
     if (hash.empty()) return;
-    bool ok = hash.size() == kHashPrefix.size() + 16 && hash.starts_with(kHashPrefix) &&
-              hash.find_first_not_of("0123456789abcdef", kHashPrefix.size()) == std::string::npos;
-    if (!ok) fault(field, fmt::format("is '{}', not \"fnv1a64:<16 hex digits>\" or \"\"", hash));
+    bool ok = hash.size() == prefix.size() + 16 && hash.starts_with(prefix) &&
+              hash.find_first_not_of("0123456789abcdef", prefix.size()) == std::string::npos;
+    if (!ok) fault(field, fmt::format("is '{}', not \"{}<16 hex digits>\" or \"\"", hash, prefix));
+  }
+
+  /// The model's external-data files: each named once, by a relative location under
+  /// "model_weights/" that stays inside it, and found at an absolute path.
+  void check_weight_files() const {
+    for (size_t i = 0; i < plan_.weight_files.size(); ++i) {
+      const WeightFile& w = plan_.weight_files[i];
+      const std::string at = fmt::format("weight_files[{}].", i);
+      bool inside = w.location.starts_with("model_weights/") && w.location.find('\\') > w.location.size();
+      for (size_t start = 0, end = 0; inside && start <= w.location.size(); start = end + 1) {
+        end = std::min(w.location.find('/', start), w.location.size());
+        const std::string_view part = std::string_view(w.location).substr(start, end - start);
+        inside = !part.empty() && part != "." && part != "..";
+      }
+      if (!inside)
+        fault(at + "location", fmt::format("is '{}'; it must be a relative name under "
+                                           "'model_weights/' without '.' or '..' parts", w.location));
+      for (size_t j = 0; j < i; ++j)
+        if (plan_.weight_files[j].location == w.location)
+          fault(at + "location", fmt::format("is '{}', the location of weight_files[{}] too",
+                                             w.location, j));
+      if (w.path.empty() || w.path.front() != '/')
+        fault(at + "path", fmt::format("is '{}'; it must be an absolute path", w.path));
+      non_negative(at + "bytes", static_cast<double>(w.bytes));
+    }
   }
 
   void non_negative(const std::string& field, double value) const {
@@ -274,6 +301,8 @@ class Validator {
       }
     }
     check_hash(at + "file_hash", stage.file_hash);
+    non_negative(at + "weights_bytes", static_cast<double>(stage.weights_bytes));
+    check_hash(at + "weights_hash", stage.weights_hash, "fnv1a64x4:");
     if (stage.nodes.empty()) fault(at + "nodes", "is empty; every stage needs at least one node");
     for (size_t i = 0; i < stage.nodes.size(); ++i) {
       const std::string& node = stage.nodes[i];

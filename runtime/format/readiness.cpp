@@ -15,7 +15,12 @@ Readiness::Readiness(const PipelineShape& shape)
     : shape_(shape),
       stages_(stage_count(shape)),
       done_(static_cast<size_t>(kOpCount) * stages_ * shape.microbatches, false),
-      weight_gradients_(stages_, 0) {}
+      weight_gradients_(stages_, 0),
+      capacity_(link_capacity(shape)),
+      acts_sent_(stages_, 0),
+      acts_taken_(stages_, 0),
+      grads_sent_(stages_, 0),
+      grads_taken_(stages_, 0) {}
 
 size_t Readiness::key(int stage, int microbatch) const {
   return static_cast<size_t>(stage) * shape_.microbatches + microbatch;
@@ -30,6 +35,10 @@ void Readiness::mark_done(const Instruction& in) {
   done_[static_cast<size_t>(in.op) * stages_ * shape_.microbatches + key(in.stage, microbatch)] =
       true;
   if (in.op == Op::kBackward || in.op == Op::kBackwardWeight) ++weight_gradients_[in.stage];
+  if (in.op == Op::kSendAct) ++acts_sent_[in.stage];
+  if (in.op == Op::kRecvAct) ++acts_taken_[in.stage - 1];
+  if (in.op == Op::kSendGrad) ++grads_sent_[in.stage];
+  if (in.op == Op::kRecvGrad) ++grads_taken_[in.stage + 1];
 }
 
 bool Readiness::ready(const Instruction& in) const { return blocker(in).what == Wait::kNothing; }
@@ -46,11 +55,12 @@ Readiness::Blocker Readiness::blocker(const Instruction& in) const {
     case Op::kForward:
       return s == 0 || done(Op::kRecvAct, s, mb) ? Blocker{} : Blocker{Wait::kRecvAct};
     case Op::kSendAct:
-      return done(Op::kForward, s, mb) ? Blocker{} : Blocker{Wait::kForward};
+      if (!done(Op::kForward, s, mb)) return {Wait::kForward};
+      return acts_sent_[s] - acts_taken_[s] < capacity_ ? Blocker{} : Blocker{Wait::kLinkFull, s + 1};
     case Op::kSendGrad:
-      return done(Op::kBackward, s, mb) || done(Op::kBackwardInput, s, mb)
-                 ? Blocker{}
-                 : Blocker{Wait::kBackward};
+      if (!done(Op::kBackward, s, mb) && !done(Op::kBackwardInput, s, mb)) return {Wait::kBackward};
+      return grads_sent_[s] - grads_taken_[s] < capacity_ ? Blocker{}
+                                                          : Blocker{Wait::kLinkFull, s - 1};
     case Op::kBackward:
     case Op::kBackwardInput:
       if (!done(Op::kForward, s, mb)) return {Wait::kForward};
@@ -95,6 +105,9 @@ std::string Readiness::waiting_for(const Instruction& in) const {
                          shape_.microbatches);
     case Wait::kSharedExchange:
       return fmt::format("the ALLREDUCE_SHARED of stage {} has not run", b.stage);
+    case Wait::kLinkFull:
+      return fmt::format("its link to stage {} holds {} message{} stage {} has not received",
+                         b.stage, capacity_, capacity_ == 1 ? "" : "s", b.stage);
     case Wait::kUnknownOp:
       return "unknown op";
   }

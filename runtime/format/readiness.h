@@ -10,8 +10,10 @@
 /// its forward and, below the last stage, its RECV_GRAD; a W for its B; a SEND_ACT for its
 /// forward and a SEND_GRAD for its backward (or B); an ALLREDUCE or ALLREDUCE_SHARED for every
 /// weight gradient of its stage (a full backward or a W per microbatch); an OPT_STEP for those
-/// and for the ALLREDUCE_SHARED of every stage it shares a weight with. Sends never wait for the
-/// receiver: a device's list runs in order, each instruction once its inputs have run.
+/// and for the ALLREDUCE_SHARED of every stage it shares a weight with. A send also waits while
+/// its link holds `link_capacity(shape)` messages its receiver has not taken (a bounded link, as
+/// the runtime's transports are). A device's list runs in order, each instruction once its
+/// inputs have run.
 
 #include <cstddef>
 #include <string>
@@ -51,6 +53,7 @@ class Readiness {
     kBackwardInput,    ///< Its own B.
     kWeightGradients,  ///< Every weight gradient of its stage.
     kSharedExchange,   ///< The ALLREDUCE_SHARED of `stage`.
+    kLinkFull,         ///< The link to `stage` holds as many messages as it can.
     kUnknownOp,
   };
   /// The first thing an instruction waits for, with the stage it names where it names one.
@@ -68,6 +71,10 @@ class Readiness {
   /// Per (op, stage, microbatch), whether it has run; step-level ops use microbatch 0.
   std::vector<bool> done_;
   std::vector<int> weight_gradients_;  ///< Per stage, weight gradients done (of M).
+  int capacity_;
+  /// Per sending stage: messages sent on its link to the next stage (activations) and to the
+  /// one before (gradients), and how many of them the receiver has taken.
+  std::vector<int> acts_sent_, acts_taken_, grads_sent_, grads_taken_;
 };
 
 /// Per device, the position of the first instruction that has not run, after playing every

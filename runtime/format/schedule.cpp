@@ -122,6 +122,8 @@ void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKi
 
 int stage_count(const PipelineShape& shape) { return shape.devices * shape.chunks; }
 
+int link_capacity(const PipelineShape& shape) { return shape.training ? kTrainingLinkCapacity : 1; }
+
 int device_of_stage(int stage, const PipelineShape& shape) { return stage % shape.devices; }
 
 std::string to_string(Op op) {

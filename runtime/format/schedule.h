@@ -47,6 +47,13 @@ enum class Op {
   kOptimizerStep,  ///< Optimizer update of the stage's weights, once per step.
 };
 
+/// Messages a link between two stages holds before a send waits for the receiver to take the
+/// oldest: 2 in training (a buffer computing and one arriving, as Megatron's fixed send and
+/// receive buffers), 1 in inference. The runtime's transports, the schedule validator and the
+/// simulator use this number alike, and the memory model counts what it bounds, so a link's
+/// buffers never grow with the microbatch count.
+inline constexpr int kTrainingLinkCapacity = 2;
+
 /// The gradient bucket the runtime sums over data-parallel replicas at once, in bytes (stagerun
 /// --bucket-mb; 25 MiB, PyTorch DDP's bucket_cap_mb): the planner predicts with it.
 constexpr int64_t kDefaultGradientBucketBytes = int64_t{25} << 20;
@@ -75,6 +82,9 @@ struct PipelineShape {
   /// stage in one gets an ALLREDUCE_SHARED. Empty for most models.
   std::vector<std::vector<int>> shared_groups = {};
 };
+
+/// The messages a link of `shape` holds: kTrainingLinkCapacity in training, 1 in inference.
+int link_capacity(const PipelineShape& shape);
 
 /// True when `stage` is in one of `shape.shared_groups`.
 bool holds_shared(const PipelineShape& shape, int stage);
