@@ -17,9 +17,9 @@ for i in $(seq "$runs"); do
   /usr/bin/time -f "run $i: %e s wall, %M KiB peak RSS" \
     build/tools/stagec "$dir/model.onnx" --dry-run --devices 64 --train --schedule 1f1b \
     --batch 2 --microbatches 2 --dim seq=2048 --precision mixed --optimizer adamw --device-spec h100 \
-    > "$dir/train.txt"
+    > "$dir/train.txt" 2>&1 || true
 done
-grep -E "stages on|predicted:|parameter-balanced:|op-count-balanced:|split search:|planned in" "$dir/train.txt"
+grep -E "stages on|predicted:|parameter-balanced:|op-count-balanced:|split search:|planned in|error" "$dir/train.txt" || true
 echo "== inference, 64 devices, 64 microbatches"
 for i in $(seq "$runs"); do
   /usr/bin/time -f "run $i: %e s wall, %M KiB peak RSS" \

@@ -357,16 +357,19 @@ void check_training_flags(const stagecraft::plan::PlanOptions& po) {
 }
 
 /// Writes the plan, saying every GiB of weights how far it is (a large model's weights are read
-/// once, to hash them, or copied with --copy-weights).
-void write_with_progress(stagecraft::plan::PlannedModel& planned, const std::string& out_dir,
-                         stagecraft::plan::WeightWriting writing) {
+/// once, to hash them, or copied with --copy-weights); returns the seconds it took.
+double write_with_progress(stagecraft::plan::PlannedModel& planned, const std::string& out_dir,
+                           stagecraft::plan::WeightWriting writing) {
   const auto start = std::chrono::steady_clock::now();
-  writing.progress = [&](int64_t placed) {
+  const bool copy = writing.copy;
+  writing.progress = [start, copy](int64_t placed, int stage, int stages) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    fmt::print(stderr, "stagec: {:.1f} GiB of weights {} in {:.1f} s\n",
-               static_cast<double>(placed) / (1 << 30), writing.copy ? "copied" : "hashed", s);
+    fmt::print(stderr, "stagec: {:.1f} GiB of weights {} (stage {} of {}), {:.1f} s\n",
+               static_cast<double>(placed) / (1 << 30), copy ? "copied" : "hashed", stage + 1,
+               stages, s);
   };
   stagecraft::plan::write_plan(planned, out_dir, writing);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 int run(int argc, char** argv) {
@@ -514,9 +517,9 @@ int run(int argc, char** argv) {
   }
   // stagerun must be able to run every op of the stage files it is given.
   check_backend_supports(planned.model.graph, rt::backend_by_name("cpu"));
-  write_with_progress(planned, out_dir, weight_writing);
-  fmt::print("planned in {:.2f} s; wrote {} (inspect with: stagedump {})\n", plan_s, out_dir,
-             out_dir);
+  const double write_s = write_with_progress(planned, out_dir, weight_writing);
+  fmt::print("planned in {:.2f} s; wrote {} in {:.2f} s (inspect with: stagedump {})\n", plan_s,
+             out_dir, write_s, out_dir);
   return 0;
 }
 

@@ -50,8 +50,9 @@ void write_all(int fd, const std::byte* data, int64_t n, const fs::path& path) {
 /// Streams the model's external bytes and the stage's own weights file.
 class Placer {
  public:
-  Placer(const fs::path& weights_file, const WeightWriting& writing)
-      : weights_file_(weights_file), writing_(writing) {}
+  /// `progress` is told the bytes this stage has placed, each GiB.
+  Placer(const fs::path& weights_file, std::function<void(int64_t)> progress)
+      : weights_file_(weights_file), progress_(std::move(progress)) {}
 
   /// Feeds the `length` bytes at `offset` of `path` to the hash (and, with `copy`, to the
   /// stage's weights file), `kChunk` at a time.
@@ -78,9 +79,9 @@ class Placer {
       written_ += n;
     }
     placed_ += n;
-    if (writing_.progress && placed_ - reported_ >= (int64_t{1} << 30)) {
+    if (progress_ && placed_ - reported_ >= (int64_t{1} << 30)) {
       reported_ = placed_;
-      writing_.progress(placed_);
+      progress_(placed_);
     }
   }
 
@@ -123,7 +124,7 @@ class Placer {
   }
 
   fs::path weights_file_;
-  const WeightWriting& writing_;
+  std::function<void(int64_t)> progress_;
   WeightsHasher hasher_;
   Fd out_;
   std::map<std::string, Fd> sources_;
@@ -167,9 +168,12 @@ const WeightFile& weight_file_of(const ir::WeightData& w, std::vector<WeightFile
 
 void place_stage_weights(onnx::ModelProto& model, const ir::Graph& graph, const fs::path& folder,
                          Stage& stage, std::vector<WeightFile>& weight_files,
-                         const WeightWriting& writing) {
+                         const WeightWriting& writing, int64_t placed_before, int stages) {
   const std::string own = fs::path(stage.file).stem().string() + ".weights";
-  Placer placer(folder / own, writing);
+  std::function<void(int64_t)> progress;
+  if (writing.progress)
+    progress = [&](int64_t placed) { writing.progress(placed_before + placed, stage.index, stages); };
+  Placer placer(folder / own, progress);
   for (onnx::TensorProto& t : *model.mutable_graph()->mutable_initializer()) {
     const std::optional<ir::ValueId> id = graph.find_value(t.name());
     if (!id || !graph.value(*id).is_initializer())

@@ -31,8 +31,9 @@ struct WeightWriting {
   /// Copy every weight into the plan directory, the model's external data too (a
   /// self-contained plan to ship to another machine).
   bool copy = false;
-  /// Called now and then with the bytes placed so far (progress on large models).
-  std::function<void(int64_t placed)> progress = {};
+  /// Called after every GiB placed with the bytes placed so far in the plan, the stage being
+  /// placed and the stage count (progress on large models).
+  std::function<void(int64_t placed, int stage, int stages)> progress = {};
 };
 
 /// Gives the initializers of `model` (a stage file written from `graph` with
@@ -41,9 +42,11 @@ struct WeightWriting {
 /// "model_weights/<the model's location>") or, for owned bytes and with `writing.copy`, a window
 /// of `folder/<stage file's stem>.weights`. Sets `stage.weights_bytes` and `weights_hash` over
 /// every external initializer's bytes in file order (the runtime checks them as it loads).
-/// Throws `Error(kIo)` naming the file on a failed read or write.
+/// `placed_before` (the plan's earlier stages' bytes) and `stages` are for progress. Throws
+/// `Error(kIo)` naming the file on a failed read or write.
 void place_stage_weights(onnx::ModelProto& model, const ir::Graph& graph,
                          const std::filesystem::path& folder, Stage& stage,
-                         std::vector<WeightFile>& weight_files, const WeightWriting& writing);
+                         std::vector<WeightFile>& weight_files, const WeightWriting& writing,
+                         int64_t placed_before = 0, int stages = 1);
 
 }  // namespace stagecraft::plan

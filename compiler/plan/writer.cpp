@@ -130,12 +130,15 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
   try {
     Plan& p = planned.plan;
     p.weight_files.clear();
+    int64_t placed = 0;
     for (auto& stage : p.stages) {
       // The weights' bytes go to external data (or stay embedded when small) one tensor at a
       // time: the stage file itself holds the graph.
       auto model = stage_model(planned.model.graph, planned.stage_of, stage.index,
                                ir::WeightMode::kNoData);
-      place_stage_weights(model, planned.model.graph, staging, stage, p.weight_files, writing);
+      place_stage_weights(model, planned.model.graph, staging, stage, p.weight_files, writing,
+                          placed, static_cast<int>(p.stages.size()));
+      placed += stage.weights_bytes;
       fs::path file = staging / stage.file;
       write_file(file, model.SerializeAsString());
       sync_path(file);

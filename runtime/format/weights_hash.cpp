@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 namespace stagecraft::plan {
@@ -22,10 +23,11 @@ uint64_t fnv1a(uint64_t hash, const unsigned char* bytes, size_t n) {
 }  // namespace
 
 void WeightsHasher::block(const unsigned char* p) {
+  uint64_t words[4];
+  std::memcpy(words, p, sizeof words);
   for (int lane = 0; lane < 4; ++lane) {
-    uint64_t word = 0;
-    for (int b = 7; b >= 0; --b) word = (word << 8) | p[lane * 8 + b];  // little-endian
-    lanes_[lane] = (lanes_[lane] ^ word) * kFnvPrime;
+    if constexpr (std::endian::native == std::endian::big) words[lane] = __builtin_bswap64(words[lane]);
+    lanes_[lane] = (lanes_[lane] ^ words[lane]) * kFnvPrime;
   }
 }
 
