@@ -537,3 +537,29 @@ TEST_CASE("--data-parallel auto keeps the replica count of the highest predicted
 
 }  // namespace
 }  // namespace stagecraft::plan
+
+namespace stagecraft::plan {
+namespace {
+
+TEST_CASE("a stage's communication buffers do not grow with the microbatch count") {
+  // GPipe's first stage holds every microbatch's activations, but its link back holds at most
+  // two gradients (schedule.h's link_capacity) beside the one its backward reads.
+  std::vector<std::string> cut;  // the same split at every count
+  auto communication = [&](int microbatches) {
+    PlanOptions o = gpt_options(2, "gpipe", true);
+    o.loss.kind = "cross-entropy";
+    o.microbatches = microbatches;
+    o.batch = 2 * microbatches;
+    o.split_after = cut;
+    PlannedModel planned = make_plan(o);
+    if (cut.empty()) cut = {planned.plan.stages[0].nodes.back()};
+    return planned.plan.stages[0].memory.communication;
+  };
+  const int64_t four = communication(4);
+  CHECK(four > 0);
+  CHECK(communication(16) == four);
+  CHECK(communication(32) == four);
+}
+
+}  // namespace
+}  // namespace stagecraft::plan

@@ -10,6 +10,7 @@
 
 #include "compiler/schedule/build_schedule.h"
 #include "runtime/format/error.h"
+#include "runtime/format/readiness.h"
 
 namespace stagecraft::schedule {
 namespace {
@@ -368,6 +369,49 @@ TEST_CASE("costs that do not fit the pipeline are refused") {
                          "stages and 2 microbatches",
                          Error);
   }
+}
+
+}  // namespace
+}  // namespace stagecraft::schedule
+
+namespace stagecraft::schedule {
+namespace {
+
+TEST_CASE("a training link holds two messages: a sender ahead of a slow receiver waits") {
+  // GPipe, device 1 ten times slower: device 0's forwards would send all four activations by
+  // t = 4; with two messages a link, its third waits for device 1 to take the first (t = 1), its
+  // fourth for the second, taken when device 1 finished its first forward (t = 1 + 10 = 11).
+  PipelineShape shape{2, 1, 4, true};
+  StageCosts costs = equal_stages(shape, 1, 1, 1);
+  costs.forward_s = {1, 10};
+  SimResult result = run(ScheduleKind::kGPipe, shape, costs);
+  auto send_start = [&](int microbatch) {
+    for (const TimelineEvent& e : result.events)
+      if (e.device == 0 && e.op == Op::kSendAct && e.microbatch == microbatch) return e.start_s;
+    FAIL("no SEND_ACT of microbatch " << microbatch);
+    return -1.0;
+  };
+  CHECK(link_capacity(shape) == kTrainingLinkCapacity);
+  CHECK(send_start(2) == doctest::Approx(3));
+  CHECK(send_start(3) == doctest::Approx(11));
+  // Inference links hold one message: the second send waits for the first to be taken.
+  PipelineShape inference{2, 1, 4, false};
+  CHECK(link_capacity(inference) == 1);
+}
+
+TEST_CASE("readiness: a send waits while its link is full, and says so") {
+  PipelineShape shape{2, 1, 4, true};
+  Readiness r(shape);
+  for (int mb = 0; mb < 2; ++mb) {
+    r.mark_done({Op::kForward, 0, mb});
+    r.mark_done({Op::kSendAct, 0, mb, 1});
+  }
+  r.mark_done({Op::kForward, 0, 2});
+  const Instruction third{Op::kSendAct, 0, 2, 1};
+  CHECK_FALSE(r.ready(third));
+  CHECK(r.waiting_for(third) == "its link to stage 1 holds 2 messages stage 1 has not received");
+  r.mark_done({Op::kRecvAct, 1, 0, 0});
+  CHECK(r.ready(third));
 }
 
 }  // namespace
