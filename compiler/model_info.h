@@ -44,7 +44,7 @@ ModelInfo describe_model(const ImportedModel& model);
 /// A human-readable report, several lines.
 std::string render_text(const ModelInfo& info);
 
-/// The same facts as JSON (schema documented in README.md).
+/// The same facts as JSON (docs/schemas/stagec-info.schema.json).
 nlohmann::ordered_json to_json(const ModelInfo& info);
 
 /// "1.23 GFLOP".

@@ -1,4 +1,4 @@
-// stagecraft-ops-table: the README's table of supported ops, generated from the op table
+// stagecraft-ops-table: the supported-ops table of docs/ops.md, generated from the op table
 // (compiler/ir/ops.def) so that the two cannot drift apart.
 //
 //   stagecraft-ops-table                 prints the table (Markdown)
@@ -148,7 +148,7 @@ int run(int argc, char** argv) {
       "stagecraft-ops-table"};
   std::string write_path, check_path;
   auto* write = app.add_option("--write", write_path,
-                               "replace the table between the markers of this file (README.md)");
+                               "replace the table between the markers of this file (docs/ops.md)");
   app.add_option("--check", check_path, "fail when this file's table is not the one ops.def gives")
       ->excludes(write);
   cli::add_version_flag(app, "stagecraft-ops-table");

@@ -73,7 +73,7 @@ std::optional<OpFamily> op_family(std::string_view op_type);
 /// Every supported op type, in ops.def order.
 const std::vector<std::string_view>& supported_ops();
 
-/// Every line of the op table, fold-only ops included, in ops.def order (the README's table of
+/// Every line of the op table, fold-only ops included, in ops.def order (docs/ops.md's table of
 /// supported ops is generated from it: tools/ops_table.cpp).
 std::span<const OpInfo> op_table();
 

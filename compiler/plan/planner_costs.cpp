@@ -171,10 +171,12 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
     f.params.push_back(params);
     f.trainable_params.push_back(trained);
     int64_t out = 0;
+    // Every output a training forward keeps for the backward: the runtime keeps each value,
+    // whatever its type (a Dropout's bool mask is a quarter of its float output's bytes).
     for (ir::ValueId v : node.outputs) {
       if (v == ir::kNoId) continue;
       DType d = g.value(v).dtype;
-      if (!is_floating(d)) continue;
+      if (dtype_size(d) <= 0) continue;
       bool wide = d == DType::kFloat32 || d == DType::kFloat64;
       out += wide ? g.value(v).bytes() / float_bytes_divisor : g.value(v).bytes();
     }

@@ -69,7 +69,7 @@ struct NodeFacts {
   /// Every weight this node reads: a stage holds each weight its nodes read, so a weight read
   /// in several stages counts in each (span_weights).
   std::vector<std::vector<WeightRead>> weights_read;
-  std::vector<int64_t> output_bytes;  ///< Floating outputs: kept for backward.
+  std::vector<int64_t> output_bytes;  ///< Outputs of every type: kept for backward.
   std::vector<double> flops;
 };
 

@@ -191,7 +191,7 @@ MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector
       continue;
     }
     for (ir::ValueId v : node.outputs)
-      if (v != ir::kNoId && is_floating(graph.value(v).dtype))
+      if (v != ir::kNoId && dtype_size(graph.value(v).dtype) > 0)
         out.activation_bytes[k] += graph.value(v).bytes();
   }
   for (Stage& st : stages) {

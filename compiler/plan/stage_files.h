@@ -75,10 +75,11 @@ std::pair<int64_t, std::vector<ArenaTensor>> program_arena(const onnx::ModelProt
 /// What `make_mixed` changed that the simulation reads.
 struct MixedStages {
   std::vector<int64_t> input_bytes_delta;  ///< Per stage: bytes its inputs gained (< 0: lost).
-  /// Per stage: the bytes of its nodes' floating-point outputs (what a training forward keeps
+  /// Per stage: the bytes of its nodes' outputs of every type (what a training forward keeps
   /// per microbatch, as planning's NodeFacts::output_bytes counts it) in the mixed graph, at
   /// their own dtypes: bfloat16 activations, the inputs' 16-bit copies, the loss's float32
-  /// values; the weights' 16-bit copies are left out (`weight_copy_bytes`).
+  /// values, Dropout's bool masks; the weights' 16-bit copies are left out
+  /// (`weight_copy_bytes`).
   std::vector<int64_t> activation_bytes;
   /// Per stage: the bytes of its weights' 16-bit copies (the Casts of float32 masters). The
   /// memory model counts one copy among the weights (6 B/param with the master); a training

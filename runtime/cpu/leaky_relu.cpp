@@ -1,6 +1,6 @@
 // LeakyRelu and its gradient (see families.h): y = x for x >= 0, alpha * x below (attribute
 // alpha, default 0.01), on float32 and float64; the gradient dx = dy where x >= 0, alpha * dy
-// below, on float32 (contract: runtime/format/grad_ops.h). The worked example of the README's
+// below, on float32 (contract: runtime/format/grad_ops.h). The worked example of docs/implementation.md's
 // "Adding an op": one kernel file, one line in dispatch.cpp's table of families.
 #include <fmt/format.h>
 

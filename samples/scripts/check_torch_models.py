@@ -14,7 +14,7 @@ float32 run is over the tolerance from float64 and stagecraft within the spread 
 itself there: 3x PyTorch's distance, or the farthest of PyTorch's float32 runs from weights
 moved by one ulp (ULP_RUNS runs, each weight times 1 +- 2^-23, a rounding's worth), when that
 is farther.
-Prints one row per model (README.md, "Model families tried against PyTorch").
+Prints one row per model (docs/models.md).
 
 Needs Debian's python3-torch and python3-torchvision (the tests do not):
     /usr/bin/python3 samples/scripts/check_torch_models.py [--build build] [--work DIR]

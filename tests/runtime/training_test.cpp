@@ -119,10 +119,13 @@ TEST_CASE(
       if (m.file == "gpt_tiny.onnx") o.dims["seq"] = 32;
       plan::PlannedModel planned = plan::make_plan(o);
       RunReport report = run_two_steps(planned);
-      // mnist_cnn under GPipe fills its gradient buffers only when the second device runs
-      // ahead, which a loaded machine's scheduler decides: 20-22% below the bound seen in CI
-      // with other tests beside it (2026-11-28), under 20% alone. The bound itself still holds.
-      const bool timing_bound = m.file == "mnist_cnn.onnx" && std::string(schedule) == "gpipe";
+      // mnist_cnn under GPipe and interleaved fills its gradient buffers (a link holds two,
+      // and the backward reads a third) only when the other device runs ahead, which a loaded
+      // machine's scheduler decides: interleaved's device 1 peaks at 1.78 MB or, some runs,
+      // 1.56 MB against 2.00 MB predicted (2026-11-28); GPipe's 20-22% below the bound in CI
+      // with other tests beside it. The bound itself still holds.
+      const bool timing_bound = m.file == "mnist_cnn.onnx" && (std::string(schedule) == "gpipe" ||
+                                                               std::string(schedule) == "interleaved");
       check_memory_bound(report, !timing_bound);
       if (std::string(schedule) == "1f1b" && m.file == "gpt_tiny.onnx") {
         CHECK(report.devices[0].peak_bytes > report.devices[1].peak_bytes);
