@@ -499,15 +499,15 @@ int run(int argc, char** argv) {
       return profiled_costs(graph, roofline, db_path, profile_backend, profile_threads, training);
     };
   }
-  if ((po.loss.axis || po.loss.ignore_index) && (!po.training || po.loss.kind != "cross-entropy")) {
+  if ((po.loss.axis || po.loss.ignore_index) && (!po.training || po.loss.kind != "cross-entropy"))
     fail(ErrorKind::kUsage, "{} only for --train --loss cross-entropy",
          po.loss.axis ? "--loss-axis is" : "--ignore-index is");
-  }
   po.model_path = model_path;
   po.batch = batch;
   po.dims = options.dims;
   auto start = std::chrono::steady_clock::now();
   plan::PlannedModel planned = plan::make_plan(po);
+  if (!dry_run) plan::check_has_loss(planned.plan);  // before a plan summary it would not write
   double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   print_planner_notes(planned);
   fmt::print("{}", plan::summarize(planned.plan));

@@ -1,6 +1,7 @@
 // stagedump: inspect a plan directory, read the way the runtime reads it.
 //
-// Views (the text report goes to stdout unless another view is written to "-"):
+// Views (the text report goes to stdout unless a view is asked for: a view written to a FILE is
+// named on stdout, "wrote FILE (...)", or on stderr with --json, whose stdout stays JSON Lines):
 //   (default)    header, stage table, memory anatomy, why, cut tensors, shared weights per
 //                stage, prediction beside the baselines, ASCII timeline of the predicted
 //                schedule
@@ -65,7 +66,10 @@ namespace {
 using stagecraft::ErrorKind;
 
 /// Writes `text` to `path`, or to stdout for "-".
-void write_output(const std::string& path, const std::string& text) {
+/// Writes a view to `path` ("-": stdout); a file is named with its size and what opens it, on
+/// stdout in place of the text report (on stderr when stdout carries --json).
+void write_output(const std::string& path, const std::string& text, std::string_view what,
+                  bool json) {
   if (path == "-") {
     fmt::print("{}", text);
     return;
@@ -76,6 +80,8 @@ void write_output(const std::string& path, const std::string& text) {
     throw stagecraft::Error(ErrorKind::kIo, fmt::format("cannot write ({})", std::strerror(errno)))
         .in(path);
   }
+  fmt::print(json ? stderr : stdout, "wrote {} ({}, {:.1f} KiB)\n", path, what,
+             static_cast<double>(text.size()) / 1024);
 }
 
 int run(int argc, char** argv) {
@@ -140,10 +146,13 @@ int run(int argc, char** argv) {
          "stagerun --trace file (--html takes either)",
          *measured_path);
   const dump::MeasuredRun* run = measured ? &*measured : nullptr;
-  if (dot) write_output(*dot, dump::render_dot(view));
-  if (trace) write_output(*trace, dump::render_trace(view, run).dump(1) + "\n");
-  if (html) write_output(*html, dump::render_html(view, run));
-  if (to_stdout.empty()) {
+  if (dot) write_output(*dot, dump::render_dot(view), "Graphviz: dot -Tsvg", json);
+  if (trace)
+    write_output(*trace, dump::render_trace(view, run).dump(1) + "\n",
+                 "Chrome trace: open in Perfetto or chrome://tracing", json);
+  if (html) write_output(*html, dump::render_html(view, run), "open it in a browser", json);
+  // The text report when no view was asked for (a view to a file says where it went instead).
+  if (to_stdout.empty() && (json || (!dot && !trace && !html))) {
     fmt::print("{}", json ? dump::render_json(view).dump() + "\n" : dump::render_text(view));
   }
   return 0;

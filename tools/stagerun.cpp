@@ -680,7 +680,7 @@ int main(int argc, char** argv) {
     if (!args.data_dir.empty()) {
       if (!fs::is_directory(args.data_dir))
         fail(ErrorKind::kIo, "--data {}: no such directory", args.data_dir);
-      data = read_inputs(args.data_dir, *pipeline);
+      data = read_inputs(args.data_dir, *pipeline, "--data");
     } else {
       inputs = args.inputs_path.empty() ? pipeline->synthetic_inputs()
                                         : read_inputs(args.inputs_path, *pipeline);

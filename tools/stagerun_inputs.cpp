@@ -6,6 +6,10 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <fstream>
+
+#include <fmt/ranges.h>
+#include <onnx/onnx_pb.h>
 
 #include "runtime/core/tensor_io.h"
 #include "runtime/format/error.h"
@@ -22,17 +26,17 @@ std::string file_stem(const std::string& name) {
   return out;
 }
 
-std::map<std::string, rt::Tensor> read_inputs(const std::string& path,
-                                              const rt::Pipeline& pipeline) {
+std::map<std::string, rt::Tensor> read_inputs(const std::string& path, const rt::Pipeline& pipeline,
+                                              std::string_view flag) {
   std::map<std::string, rt::Tensor> inputs;
   const auto& wanted = pipeline.inputs();
-  if (!fs::exists(path)) fail(ErrorKind::kIo, "--inputs {}: no such file or directory", path);
+  if (!fs::exists(path)) fail(ErrorKind::kIo, "{} {}: no such file or directory", flag, path);
   if (!fs::is_directory(path)) {
     if (wanted.size() != 1)
       fail(ErrorKind::kUsage,
-           "--inputs {}: the model has {} inputs; give a directory with one NAME.npy per input",
+           "{} {}: the model has {} inputs; give a directory with one NAME.npy per input", flag,
            path, wanted.size());
-    inputs[wanted[0].name] = with_context("--inputs " + path, ErrorKind::kFormat, [&] {
+    inputs[wanted[0].name] = with_context(fmt::format("{} {}", flag, path), ErrorKind::kFormat, [&] {
       return path.ends_with(".pb") ? rt::read_tensor_pb(path) : rt::read_npy(path);
     });
     return inputs;
@@ -48,13 +52,44 @@ std::map<std::string, rt::Tensor> read_inputs(const std::string& path,
         found = true;
       }
     }
-    if (!found)
-      fail(ErrorKind::kUsage, "--inputs {}: no {}.npy or {}.pb for input '{}' ({}{})", path,
-           file_stem(in.name), file_stem(in.name), in.name, dtype_name(in.dtype),
-           rt::shape_string(in.shape));
+    if (!found) {
+      // What the file must hold: the step's batch (--inputs), or K of them (--data).
+      rt::Shape batch = in.shape;
+      if (!batch.empty()) batch[0] *= pipeline.step_microbatches();
+      fail(ErrorKind::kUsage, "{} {}: no {}.npy or {}.pb for input '{}' ({}{}{})", flag, path,
+           file_stem(in.name), file_stem(in.name), in.name, flag == "--data" ? "K batches of " : "",
+           dtype_name(in.dtype), rt::shape_string(batch));
+    }
   }
   return inputs;
 }
+
+namespace {
+
+/// Where `t` differs from the plan's `in` in a dim the model leaves symbolic (its file at the
+/// plan's model_path names it): "; the plan fixed seq=32: re-plan for this data with stagec's
+/// --dim seq=64"; "" when the model cannot be read or names none of them.
+std::string replan_hint(const rt::Pipeline& pipeline, const rt::ModelTensor& in,
+                        const rt::Tensor& t) {
+  onnx::ModelProto model;
+  std::ifstream file(pipeline.plan().model_path, std::ios::binary);
+  if (!file || !model.ParseFromIstream(&file)) return "";
+  std::vector<std::string> fixed, wanted;
+  for (const onnx::ValueInfoProto& input : model.graph().input()) {
+    if (input.name() != in.name) continue;
+    const auto& dims = input.type().tensor_type().shape().dim();
+    for (int i = 1; i < dims.size() && i < t.rank() && i < static_cast<int>(in.shape.size()); ++i) {
+      if (dims[i].dim_param().empty() || t.shape[i] == in.shape[i]) continue;
+      fixed.push_back(fmt::format("{}={}", dims[i].dim_param(), in.shape[i]));
+      wanted.push_back(fmt::format("--dim {}={}", dims[i].dim_param(), t.shape[i]));
+    }
+  }
+  if (wanted.empty()) return "";
+  return fmt::format("; the plan fixed {}: re-plan for this data with stagec's {}",
+                     fmt::join(fixed, ", "), fmt::join(wanted, " "));
+}
+
+}  // namespace
 
 // --data: each input's file holds K batches along the first axis; cut them into K input maps.
 std::vector<std::map<std::string, rt::Tensor>> cut_batches(
@@ -71,12 +106,16 @@ std::vector<std::map<std::string, rt::Tensor>> cut_batches(
                 t.shape[0] % rows == 0 && t.shape[0] > 0;
     if (!fits)
       fail(ErrorKind::kShape,
-           "--data {}: input '{}' is {} but should be K batches of {}{} along the first axis", dir,
-           in.name, t.describe(), dtype_name(in.dtype), rt::shape_string([&] {
+           "--data {}: input '{}' is {} but should be K batches of {}{} along the first axis{}",
+           dir, in.name, t.describe(), dtype_name(in.dtype),
+           rt::shape_string([&] {
              rt::Shape b = in.shape;
              if (!b.empty()) b[0] = rows;
              return b;
-           }()));
+           }()),
+           t.dtype == in.dtype && t.rank() == static_cast<int64_t>(in.shape.size())
+               ? replan_hint(pipeline, in, t)
+               : "");
     int64_t k = t.shape[0] / rows;
     if (batches >= 0 && k != batches)
       fail(ErrorKind::kShape, "--data {}: input '{}' holds {} batches, another input {}", dir,

@@ -17,9 +17,10 @@ namespace stagecraft::tools {
 std::string file_stem(const std::string& name);
 
 /// The graph inputs of `pipeline` from `path` (a .npy or .pb for a one-input model, else a
-/// directory); `Error(kUsage)`/`kIo` naming the path and the input otherwise.
-std::map<std::string, rt::Tensor> read_inputs(const std::string& path,
-                                              const rt::Pipeline& pipeline);
+/// directory); `Error(kUsage)`/`kIo` naming `flag` (--inputs or --data), the path and the input
+/// otherwise.
+std::map<std::string, rt::Tensor> read_inputs(const std::string& path, const rt::Pipeline& pipeline,
+                                              std::string_view flag = "--inputs");
 
 /// --data DIR: each input's file holds K batches along the first axis; cut into K input maps
 /// (`Error(kShape)` naming the input when they do not hold whole batches alike).

@@ -121,6 +121,10 @@ PlannedModel make_plan(const PlanOptions& options);
 void write_plan(PlannedModel& planned, const std::string& plan_dir,
                 const WeightWriting& writing = {});
 
+/// Throws `Error(kUsage)` naming the model when `plan` trains but has no loss to write (stagec
+/// says so before printing the plan; write_plan checks it too).
+void check_has_loss(const Plan& plan);
+
 /// A few lines for the terminal: stages, predicted step, bubble, baselines.
 std::string summarize(const Plan& plan);
 

@@ -89,17 +89,22 @@ Setup make_setup(const PlanOptions& o) {
   s.shape = schedule::PipelineShape{pipeline_devices, chunks, m, o.training, replicas};
   if (o.batch) {
     if (*o.batch < 1) fail(ErrorKind::kUsage, "--batch {} must be at least 1", *o.batch);
-    if (replicas == 1 && *o.batch % m != 0) {
-      fail(
-          ErrorKind::kUsage,
-          "--batch {} is not divisible by --microbatches {}: each microbatch must be the same size",
-          *o.batch, m);
-    }
+    // Not given, the microbatch count is the pipeline's device count: say so, and what to give.
+    const std::string count =
+        o.microbatches > 0
+            ? fmt::format("--microbatches {}", m)
+            : fmt::format("{} microbatches (the default: one per pipeline device; give "
+                          "--microbatches M with M dividing the batch)",
+                          m);
+    if (replicas == 1 && *o.batch % m != 0)
+      fail(ErrorKind::kUsage,
+           "--batch {} is not divisible by {}: each microbatch must be the same size", *o.batch,
+           count);
     if (*o.batch % (static_cast<int64_t>(replicas) * m) != 0) {
       fail(ErrorKind::kUsage,
-           "--batch {} is not divisible by --data-parallel {} x --microbatches {} = {}: every "
-           "replica's microbatches must be the same size",
-           *o.batch, replicas, m, static_cast<int64_t>(replicas) * m);
+           "--batch {} is not divisible by --data-parallel {} x {} = {}: every replica's "
+           "microbatches must be the same size",
+           *o.batch, replicas, count, static_cast<int64_t>(replicas) * m);
     }
     s.microbatch_size = *o.batch / (static_cast<int64_t>(replicas) * m);
   }

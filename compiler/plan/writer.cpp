@@ -115,10 +115,7 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
       fail(ErrorKind::kIo, "{}: is a non-empty directory without plan.json; refusing to replace it", plan_dir);
     }
   }
-  if (planned.plan.training && planned.plan.training_config.loss_output.empty())
-    fail(ErrorKind::kUsage,
-         "{}: a training plan needs a loss: the model has no scalar float32 output; give --loss mse|cross-entropy "
-         "(and --labels NAME)", planned.plan.model_path);
+  check_has_loss(planned.plan);
   // Every refusal above comes before anything is written; from here on the staging folder is
   // removed on every way out but the final rename, so no PLAN.partial-* stays behind.
   fs::create_directories(target.parent_path(), ec);
@@ -175,6 +172,14 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
     fs::remove_all(staging, ec);
     throw;
   }
+}
+
+void check_has_loss(const Plan& plan) {
+  if (plan.training && plan.training_config.loss_output.empty())
+    fail(ErrorKind::kUsage,
+         "{}: a training plan needs a loss: the model has no scalar float32 output; give --loss "
+         "mse|cross-entropy (and --labels NAME)",
+         plan.model_path);
 }
 
 }  // namespace stagecraft::plan

@@ -457,3 +457,37 @@ TEST_CASE(
 
 }  // namespace
 }  // namespace stagecraft::rt
+
+namespace stagecraft::rt {
+namespace {
+
+TEST_CASE("--data of another sequence length says which --dim to re-plan with; a missing file names --data") {
+  testing::TempDir dir;
+  plan::PlanOptions o;
+  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/gpt_tiny.onnx";
+  o.devices = 2;
+  o.batch = 8;
+  o.microbatches = 4;
+  o.dims["seq"] = 32;
+  o.training = true;
+  o.loss.kind = "cross-entropy";
+  o.device_spec = "cpu";
+  plan::PlannedModel planned = plan::make_plan(o);
+  const std::string plan_dir = dir.file("plan");
+  plan::write_plan(planned, plan_dir);
+  // Two batches of sequences of 64 tokens for a plan made for 32.
+  fs::create_directories(dir.file("data"));
+  for (const char* name : {"input_ids", "labels"})
+    write_npy(dir.file(std::string("data/") + name + ".npy"), Tensor::owned(DType::kInt64, {16, 64}));
+  check_one_line_error(
+      stagerun(dir, fmt::format("{} --steps 1 --data {}", plan_dir, dir.file("data"))),
+      R"(--data .*: input 'input_ids' is int64\[16, 64\] but should be K batches of int64\[8, 32\] along the first axis; the plan fixed seq=32: re-plan for this data with stagec's --dim seq=64\n)");
+  fs::remove(dir.file("data/labels.npy"));
+  write_npy(dir.file("data/input_ids.npy"), Tensor::owned(DType::kInt64, {16, 32}));
+  check_one_line_error(
+      stagerun(dir, fmt::format("{} --steps 1 --data {}", plan_dir, dir.file("data"))),
+      R"(^stagerun: usage error: --data .*data: no labels.npy or labels.pb for input 'labels' \(K batches of int64\[8, 32\]\)\n)");
+}
+
+}  // namespace
+}  // namespace stagecraft::rt
