@@ -95,12 +95,15 @@
 #include "tools/dump/view.h"
 #include "tools/json_formats.h"
 #include "tools/stagerun_inputs.h"
+#include "tools/stagerun_notes.h"
 
 namespace fs = std::filesystem;
 using namespace stagecraft;
 using tools::cut_batches;
 using tools::file_stem;
 using tools::read_inputs;
+using tools::prediction_gap;
+using tools::report_loads;
 
 namespace {
 
@@ -404,7 +407,8 @@ std::string inputs_label(const Args& args, bool json) {
 // docs/schemas/stagerun.schema.json).
 void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const Args& args,
                 std::string_view backend, const std::string& auto_reason, int64_t first_step,
-                const nlohmann::ordered_json& outputs, const std::vector<std::string>& warnings) {
+                const nlohmann::ordered_json& outputs, const std::vector<std::string>& warnings,
+                const std::string& gap) {
   const plan::Plan& plan = pipeline.plan();
   double step_s = report.step_s[report.reported_step];
   for (size_t k = 0; k < report.step_s.size(); ++k) {
@@ -448,6 +452,7 @@ void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const
   j["cost_model"] = plan.cost_model;
   j["plan_device"] = {{"name", plan.device.name}, {"kind", plan.device.kind}};
   j["warnings"] = warnings;
+  if (!gap.empty()) j["prediction_gap"] = gap;
   if (!report.losses.empty()) j["final_loss"] = report.losses.back();
   if (!report.loss_scale.empty())
     j["loss_scale"] = {
@@ -477,7 +482,7 @@ void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const
 // The figures as text.
 void print_text(const rt::RunReport& report, const rt::Pipeline& pipeline, const Args& args,
                 std::string_view backend, int64_t first_step,
-                const nlohmann::ordered_json& outputs) {
+                const nlohmann::ordered_json& outputs, const std::string& gap) {
   const plan::Plan& plan = pipeline.plan();
   const int threads = args.threads;
   double step_s = report.step_s[report.reported_step];
@@ -519,6 +524,7 @@ void print_text(const rt::RunReport& report, const rt::Pipeline& pipeline, const
   fmt::print("bubble {:.1f}% measured, {:.1f}% predicted (predicted step {:.3f} ms by {})\n",
              report.bubble_fraction * 100, plan.predicted.bubble_fraction * 100,
              plan.predicted.step_ms, plan.cost_model);
+  if (!gap.empty()) fmt::print("prediction: {}\n", gap);
   fmt::print("{:>6}  {:>6}  {:>12}  {:>14}\n", "device", "busy", "peak memory", "predicted peak");
   for (size_t d = 0; d < report.devices.size(); ++d) {
     const rt::DeviceReport& r = report.devices[d];
@@ -549,26 +555,6 @@ void print_text(const rt::RunReport& report, const rt::Pipeline& pipeline, const
   fmt::print("process peak RSS {} (all devices, with the loaded programs)\n",
              dump::format_bytes(static_cast<double>(peak_rss_bytes())));
   for (const auto& o : outputs) fmt::print("wrote {}\n", o["file"].get<std::string>());
-}
-
-// One line per device when loading its weights took a while or read much: what it read from
-// weight files against all its stages' weights, and how long that took.
-void report_loads(const rt::Pipeline& pipeline) {
-  std::map<int, rt::Pipeline::StageLoad> per_device;
-  bool worth_saying = false;
-  for (const rt::Pipeline::StageLoad& load : pipeline.loads()) {
-    rt::Pipeline::StageLoad& d = per_device[load.device];
-    d.device = load.device;
-    d.bytes += load.bytes;
-    d.weight_bytes += load.weight_bytes;
-    d.seconds += load.seconds;
-    worth_saying |= load.seconds >= 1.0 || load.bytes >= (int64_t{256} << 20);
-  }
-  if (!worth_saying) return;
-  for (const auto& [device, d] : per_device)
-    fmt::print(stderr, "stagerun: device {} loaded {} of weights ({} read from weight files) in {:.2f} s\n",
-               device, dump::format_bytes(static_cast<double>(d.weight_bytes)),
-               dump::format_bytes(static_cast<double>(d.bytes)), d.seconds);
 }
 
 // One line per checkpoint saved: where, at which step, its size and how long the save took.
@@ -762,13 +748,16 @@ int main(int argc, char** argv) {
 
     nlohmann::ordered_json outputs = write_outputs(report, args.outputs_dir);
     write_trace(report, args, *pipeline);
+    const std::string gap = prediction_gap(report, plan, backend.name(),
+                                           static_cast<int>(devices.size()) * args.threads, warnings);
     if (args.json)
-      print_json(report, *pipeline, args, backend.name(), chosen, first_step, outputs, warnings);
+      print_json(report, *pipeline, args, backend.name(), chosen, first_step, outputs, warnings,
+                 gap);
     else if (args.trace_path != "-")
       print_text(report, *pipeline, args,
                  chosen.empty() ? std::string(backend.name())
                                 : fmt::format("{} (auto: {})", backend.name(), chosen),
-                 first_step, outputs);
+                 first_step, outputs, gap);
     return 0;
   });
   return world ? world->finish(code) : code;

@@ -171,6 +171,14 @@ TEST_CASE("a plan costed for another kind of device is run with one warning nami
   REQUIRE(summary["warnings"].size() == 1);
   CHECK(r.err == "stagerun: warning: " + summary["warnings"][0].get<std::string>() + "\n");
   CHECK(summary["plan_device"]["name"] == "h100");
+  // An H100's step measured on this CPU is far from the prediction: the summary says how far
+  // and names the cause it can see.
+  REQUIRE(summary.contains("prediction_gap"));
+  const std::string gap = summary["prediction_gap"];
+  CAPTURE(gap);
+  CHECK(std::regex_search(gap, std::regex(R"(^measured step [0-9.]+ ms is [0-9.]+x the predicted [0-9.]+ ms; likely: .*the plan was costed for another device \(warning above\))")));
+  Result text = stagerun(dir, dir.file("h100") + " --backend cpu --steps 2");
+  CHECK(text.out.find("prediction: measured step ") != std::string::npos);
   // A plan costed for the CPU runs on it without a word.
   Result quiet = stagerun(dir, toy_plan(dir, 2) + " --backend cpu --steps 2 -q");
   REQUIRE(quiet.code == 0);
