@@ -151,4 +151,31 @@ nlohmann::ordered_json to_json(const ModelInfo& info) {
   };
 }
 
+bool in_module(std::string_view node_name, std::string_view module) {
+  if (module.empty() || node_name.size() <= module.size() + 1 || node_name.front() != '/')
+    return false;
+  // Scopes joined by '/' in the name, by '.' in the module path (a ModuleList index keeps its
+  // own '.': layers.2).
+  for (std::size_t i = 0; i < module.size(); ++i) {
+    const char c = node_name[i + 1];
+    if (!(c == module[i] || (c == '/' && module[i] == '.'))) return false;
+  }
+  const char next = node_name[module.size() + 1];
+  return next == '/' || next == '.';
+}
+
+std::string module_of(std::string_view node_name, int depth) {
+  if (node_name.empty() || node_name.front() != '/') return "";
+  const std::size_t last = node_name.rfind('/');
+  std::string module;
+  std::size_t start = 1;
+  for (int level = 0; level < depth && start < last; ++level) {
+    const std::size_t end = node_name.find('/', start);
+    if (!module.empty()) module += '.';
+    module += node_name.substr(start, end - start);
+    start = end + 1;
+  }
+  return module;
+}
+
 }  // namespace stagecraft

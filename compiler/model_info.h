@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compiler/import.h"
@@ -49,5 +50,14 @@ nlohmann::ordered_json to_json(const ModelInfo& info);
 
 /// "1.23 GFLOP".
 std::string format_flops(double flops);
+
+/// Whether node `node_name` lies in the PyTorch module `module` as torch's exporter names nodes
+/// by scope: "/enc/layers.2/self_attn/MatMul" is in "enc", "enc.layers.2" and
+/// "enc.layers.2.self_attn" (not in "enc.layers.20" nor in "enc.layers.2.self").
+bool in_module(std::string_view node_name, std::string_view module);
+
+/// The module of `node_name` down to `depth` scope levels ("enc.layers.2" at depth 2 for the
+/// node above); "" for a node without a scope.
+std::string module_of(std::string_view node_name, int depth);
 
 }  // namespace stagecraft

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "compiler/ir/graph.h"
+#include "compiler/model_info.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft {
@@ -96,3 +97,21 @@ TEST_CASE("errors carry their context chain on one line") {
 
 }  // namespace
 }  // namespace stagecraft
+
+TEST_CASE("a node lies in a PyTorch module by its exporter scope") {
+  using stagecraft::in_module;
+  using stagecraft::module_of;
+  CHECK(in_module("/enc/layers.2/self_attn/MatMul", "enc"));
+  CHECK(in_module("/enc/layers.2/self_attn/MatMul", "enc.layers"));
+  CHECK(in_module("/enc/layers.2/self_attn/MatMul", "enc.layers.2"));
+  CHECK(in_module("/enc/layers.2/self_attn/MatMul", "enc.layers.2.self_attn"));
+  CHECK_FALSE(in_module("/enc/layers.20/self_attn/MatMul", "enc.layers.2"));
+  CHECK_FALSE(in_module("/enc/layers.2/self_attn/MatMul", "enc.layers.2.self"));
+  CHECK_FALSE(in_module("/enc/layers.2/self_attn/MatMul", "enc.layers.2.self_attn.MatMul"));
+  CHECK_FALSE(in_module("MatMul_12", "MatMul_12"));
+  CHECK_FALSE(in_module("/enc/layers.2/MatMul", ""));
+  CHECK(module_of("/enc/layers.2/self_attn/MatMul", 2) == "enc.layers.2");
+  CHECK(module_of("/enc/layers.2/self_attn/MatMul", 9) == "enc.layers.2.self_attn");
+  CHECK(module_of("/emb/Gather", 2) == "emb");
+  CHECK(module_of("Gather_3", 2).empty());
+}

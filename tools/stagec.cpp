@@ -111,7 +111,8 @@ std::string output_shapes(const stagecraft::ir::Graph& graph, const stagecraft::
 }
 
 /// --list-nodes: the model's nodes in the topological order the planner cuts (--split-after
-/// NODE cuts after NODE in this order), one line each (name, op type, output shapes), or with
+/// NODE cuts after NODE in this order), one line each (name, op type, output shapes), runs of a
+/// PyTorch module's nodes under a "# MODULE: N nodes" line (--split-after MODULE), or with
 /// `json` one object on one line {format_version, model, nodes [{name, op_type, outputs [{name,
 /// dtype, shape}]}]} (docs/schemas/stagec-list-nodes.schema.json).
 std::string list_nodes(const stagecraft::ImportedModel& model, const std::string& path,
@@ -145,11 +146,22 @@ std::string list_nodes(const stagecraft::ImportedModel& model, const std::string
     name_width = std::max(name_width, g.node(id).name.size());
     op_width = std::max(op_width, g.node(id).op_type.size());
   }
+  // Nodes grouped by the PyTorch module of their scope, two levels deep (a layer: enc.layers.2),
+  // each group of two or more nodes under a line naming it for --split-after.
   std::string text;
-  for (ir::NodeId id : order) {
-    const ir::Node& node = g.node(id);
-    text += fmt::format("{:<{}}  {:<{}}  {}\n", node.name, name_width, node.op_type, op_width,
-                        output_shapes(g, node));
+  for (std::size_t i = 0; i < order.size();) {
+    const std::string module = module_of(g.node(order[i]).name, 2);
+    std::size_t end = i + 1;
+    while (end < order.size() && !module.empty() && module_of(g.node(order[end]).name, 2) == module)
+      ++end;
+    if (end - i > 1)
+      text += fmt::format("# {}: {} nodes (--split-after {} cuts after the last)\n", module,
+                          end - i, module);
+    for (; i < end; ++i) {
+      const ir::Node& node = g.node(order[i]);
+      text += fmt::format("{:<{}}  {:<{}}  {}\n", node.name, name_width, node.op_type, op_width,
+                          output_shapes(g, node));
+    }
   }
   return text;
 }
@@ -421,8 +433,8 @@ int run(int argc, char** argv) {
   ChoiceNames choice_names;
   add_plan_options(app, po, choice_names);
   app.add_option("--split-after", po.split_after,
-                 "manual split points: node names, comma separated (stagec MODEL --list-nodes lists "
-                 "them)")
+                 "manual split points: node names or PyTorch module paths (enc.layers.2: after that "
+                 "module's last node), comma separated (stagec MODEL --list-nodes lists them)")
       ->delimiter(',');
   app.add_flag("--dry-run", dry_run,
                "plan and print, writing no plan (--profile still caches what it measures)");

@@ -85,12 +85,21 @@ std::vector<int> split_positions(const ir::Graph& g, const partition::GraphProbl
     for (std::size_t i = 0; i < gp.order.size(); ++i) {
       if (g.node(gp.order[i]).name == name) pos = static_cast<int>(i);
     }
+    // A PyTorch module path (enc.layers.2): after the last node of that module's scope, as the
+    // exporter names nodes (/enc/layers.2/self_attn/MatMul).
+    for (std::size_t i = 0; pos < 0 && i < gp.order.size(); ++i)
+      if (in_module(g.node(gp.order[i]).name, name))
+        for (std::size_t j = i; j < gp.order.size(); ++j)
+          if (in_module(g.node(gp.order[j]).name, name)) pos = static_cast<int>(j);
     if (pos < 0) {
-      std::vector<std::string_view> known;
+      std::vector<std::string> modules;  // two scope levels deep, as --list-nodes groups them
+      for (ir::NodeId id : gp.order) modules.push_back(module_of(g.node(id).name, 2));
+      std::vector<std::string_view> known(modules.begin(), modules.end());
       for (ir::NodeId id : gp.order) known.push_back(g.node(id).name);
       fail(ErrorKind::kUsage,
-           "--split-after '{}' names no node of the model{}; stagec --list-nodes lists them", name,
-           did_you_mean(name, known));
+           "--split-after '{}' names no node or module of the model{}; stagec --list-nodes lists "
+           "them",
+           name, did_you_mean(name, known));
     }
     if (pos + 1 >= static_cast<int>(gp.order.size())) {
       fail(ErrorKind::kUsage,
