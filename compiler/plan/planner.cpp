@@ -272,6 +272,15 @@ std::string untrainable_reason(const ir::Graph& g, const ir::Value& v) {
   return "an additive attention mask (read only by Adds that feed a Softmax)";
 }
 
+/// "a, b, c and 4 more": the first three of `items` for a one-line summary.
+std::string first_three(const std::vector<std::string>& items) {
+  const std::size_t shown = std::min<std::size_t>(items.size(), 3);
+  std::string list;
+  for (std::size_t k = 0; k < shown; ++k) list += (k ? ", " : "") + items[k];
+  if (items.size() > shown) list += fmt::format(" and {} more", items.size() - shown);
+  return list;
+}
+
 /// Training: float32 initializers PyTorch would not train (untrainable_reason) are frozen unless
 /// a --train-also pattern names them; one line lists them.
 void freeze_untrainable(PlannedModel& out, const PlanOptions& o) {
@@ -290,10 +299,7 @@ void freeze_untrainable(PlannedModel& out, const PlanOptions& o) {
     frozen.push_back(fmt::format("{} ({})", v.name, why));
   }
   if (frozen.empty()) return;
-  const std::size_t shown = std::min<std::size_t>(frozen.size(), 3);
-  std::string list;
-  for (std::size_t k = 0; k < shown; ++k) list += (k ? ", " : "") + frozen[k];
-  if (frozen.size() > shown) list += fmt::format(" and {} more", frozen.size() - shown);
+  const std::string list = first_three(frozen);
   out.freeze_summary += fmt::format(
       "{} initializer{} left untrained, as PyTorch leaves buffers: {}; --train-also PATTERN "
       "trains {}\n",
@@ -303,10 +309,7 @@ void freeze_untrainable(PlannedModel& out, const PlanOptions& o) {
 /// Training: the line saying which weights the exporter had merged now train apart ("" when none).
 std::string untie_summary(const std::vector<std::string>& untied) {
   if (untied.empty()) return "";
-  const std::size_t shown = std::min<std::size_t>(untied.size(), 3);
-  std::string list;
-  for (std::size_t k = 0; k < shown; ++k) list += (k ? ", " : "") + untied[k];
-  if (untied.size() > shown) list += fmt::format(" and {} more", untied.size() - shown);
+  const std::string list = first_three(untied);
   return fmt::format(
       "{} weight{} the exporter merged into an equal one (an Identity under the duplicate's name) "
       "train{} apart, as PyTorch trains them: {}; --keep-merged keeps the exporter's sharing\n",

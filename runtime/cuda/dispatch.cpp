@@ -37,15 +37,7 @@ std::string same_as_cpu_16bit(const OpSignature& signature) {
   };
   if (!one_half(signature.inputs) || !one_half(signature.outputs) || half == DType::kUndefined)
     return why;
-  const auto wide = [](std::span<const DType> types) {
-    std::vector<DType> out(types.begin(), types.end());
-    for (DType& d : out)
-      if (d == DType::kBFloat16 || d == DType::kFloat16) d = DType::kFloat32;
-    return out;
-  };
-  const std::vector<DType> in = wide(signature.inputs), out = wide(signature.outputs);
-  return same_as_cpu(OpSignature{signature.op_type, in, out, signature.attrs}).empty() ? ""
-                                                                                        : why;
+  return cpu_backend().runs_widened(signature) ? "" : why;
 }
 
 std::string same_as_cpu_float32(const OpSignature& signature) {

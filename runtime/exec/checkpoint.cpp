@@ -455,6 +455,11 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
 
 namespace {
 
+/// A tensor's bytes as a protobuf `raw_data` string (a copy).
+std::string raw_bytes(const Tensor& t) {
+  return std::string(reinterpret_cast<const char*>(t.data), static_cast<size_t>(t.bytes()));
+}
+
 /// An external-data entry's value ("" when absent).
 std::string external_entry(const onnx::TensorProto& t, const std::string& key) {
   for (const auto& kv : t.external_data())
@@ -551,8 +556,7 @@ int write_external_initializers(onnx::GraphProto* graph, const std::map<std::str
     if (!external && bytes <= 1024) {  // small: stays in the model file
       if (use_trained) {
         t.clear_float_data();
-        t.set_raw_data(std::string(reinterpret_cast<const char*>(it->second.data),
-                                   static_cast<size_t>(bytes)));
+        t.set_raw_data(raw_bytes(it->second));
         ++replaced;
       }
       continue;
@@ -661,8 +665,7 @@ int export_model(const Pipeline& pipeline, const std::string& out_path) {
       t->set_name(n.output(0));
       t->set_data_type(onnx::TensorProto::FLOAT);
       for (int64_t d : it->second.shape) t->add_dims(d);
-      t->set_raw_data(std::string(reinterpret_cast<const char*>(it->second.data),
-                                  static_cast<size_t>(it->second.bytes())));
+      t->set_raw_data(raw_bytes(it->second));
       nodes->DeleteSubrange(i, 1);
       ++untied;
     }
@@ -685,8 +688,7 @@ int export_model(const Pipeline& pipeline, const std::string& out_path) {
         Shape(t.dims().begin(), t.dims().end()) != it->second.shape)
       continue;
     t.clear_float_data();
-    t.set_raw_data(std::string(reinterpret_cast<const char*>(it->second.data),
-                               static_cast<size_t>(it->second.bytes())));
+    t.set_raw_data(raw_bytes(it->second));
     ++replaced;
   }
 

@@ -5,6 +5,7 @@
 // unknown field is refused (a misspelt one would otherwise read as a default), and each error
 // names the file and the field path ("stages[2].inputs[0].shape[1]").
 #include "runtime/format/plan.h"
+#include "runtime/format/weights_hash.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -694,21 +695,6 @@ Plan load_plan(const std::string& plan_dir) {
   }
   return plan;
 }
-
-namespace {
-
-constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ULL;  // FNV-1a 64-bit offset basis.
-constexpr uint64_t kFnvPrime = 0x100000001b3ULL;       // FNV 64-bit prime.
-
-uint64_t fnv1a(uint64_t hash, const unsigned char* bytes, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    hash ^= bytes[i];
-    hash *= kFnvPrime;
-  }
-  return hash;
-}
-
-}  // namespace
 
 std::string bytes_hash(std::string_view bytes) {
   return fmt::format("{}{:016x}", kHashPrefix,

@@ -7,20 +7,14 @@
 #include <cstring>
 
 namespace stagecraft::plan {
-namespace {
 
-constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ULL;  // FNV-1a 64-bit offset basis.
-constexpr uint64_t kFnvPrime = 0x100000001b3ULL;       // FNV 64-bit prime.
-
-uint64_t fnv1a(uint64_t hash, const unsigned char* bytes, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
+uint64_t fnv1a(uint64_t hash, const unsigned char* bytes, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
     hash ^= bytes[i];
     hash *= kFnvPrime;
   }
   return hash;
 }
-
-}  // namespace
 
 void WeightsHasher::block(const unsigned char* p) {
   uint64_t words[4];

@@ -10,6 +10,13 @@
 
 namespace stagecraft::plan {
 
+inline constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ULL;  ///< FNV-1a 64-bit offset basis.
+inline constexpr uint64_t kFnvPrime = 0x100000001b3ULL;       ///< FNV 64-bit prime.
+
+/// FNV-1a over `n` bytes from `hash` (kFnvBasis to start): plan.json's and the stage files'
+/// hashes ("fnv1a64:"), and the fold of WeightsHasher's lanes.
+uint64_t fnv1a(uint64_t hash, const unsigned char* bytes, std::size_t n);
+
 /// The digest stage weights are checked by: "fnv1a64x4:<16 hex digits>", FNV-1a over 64-bit
 /// little-endian words in four interleaved lanes (so it runs at memory speed), folded with the
 /// length. It detects a changed file, not an attacker. Feeding the bytes in any chunking gives
