@@ -363,3 +363,29 @@ TEST_CASE("load_view names schedule.json when it is wrong") {
 
 }  // namespace
 }  // namespace stagecraft::dump
+
+namespace stagecraft::dump {
+namespace {
+
+TEST_CASE("the HTML page is titled by the model and its legends name only what the plan holds") {
+  LoadedPlan inference(testing::sample_plan("inference", 2, 1, 4));
+  const std::string page = render_html(inference.view);
+  CHECK(contains(page, "<title>model: inference on 2 devices ("));
+  // Forwards, receives and sends; no backward, weight gradient or optimizer step to show.
+  auto legend = [](const std::string& html) {
+    const size_t at = html.find("<p class=\"legend\">");
+    REQUIRE(at != std::string::npos);
+    return html.substr(at, html.find("</p>", at) - at);
+  };
+  CHECK(contains(legend(page), ">forward &nbsp;"));
+  CHECK(!contains(legend(page), "optimizer step"));
+  CHECK(!contains(legend(page), "weight gradient"));
+  LoadedPlan training(testing::sample_plan("zb-h1", 2, 1, 4));
+  const std::string trained = render_html(training.view);
+  CHECK(contains(trained, "<title>model: zb-h1 on 2 devices ("));
+  CHECK(contains(legend(trained), "weight gradient"));
+  CHECK(contains(legend(trained), "optimizer step"));
+}
+
+}  // namespace
+}  // namespace stagecraft::dump

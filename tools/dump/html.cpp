@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
+#include <set>
 
 #include "tools/dump/html_parts.h"
 #include "tools/dump/render.h"
@@ -249,8 +250,17 @@ std::string memory_svg(const plan::Plan& plan, const MeasuredRun* measured) {
         "<text x=\"{0:.1f}\" y=\"{3}\" class=\"capacity-label\">capacity {2}</text>\n",
         x, plan.devices * kRow, bytes(plan.device.memory_bytes), plan.devices * kRow + 4);
   }
-  for (size_t i = 0; i < kParts.size(); ++i) {
-    const int x = kLeft + static_cast<int>(i) * 105;
+  // The legend names only the parts some device holds at its peak.
+  std::array<bool, 8> held{};
+  for (const plan::DevicePeak& d : plan.device_memory) {
+    const plan::PeakParts& p = d.parts;
+    const std::array<int64_t, 8> part = {p.weights,    p.gradients, p.optimizer, p.activations,
+                                         p.recomputed, p.deferred,  p.arena,     p.communication};
+    for (size_t i = 0; i < part.size(); ++i) held[i] = held[i] || part[i] > 0;
+  }
+  for (size_t i = 0, shown = 0; i < kParts.size(); ++i) {
+    if (!held[i]) continue;
+    const int x = kLeft + static_cast<int>(shown++) * 105;
     svg += fmt::format(
         "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/>"
         "<text x=\"{}\" y=\"{}\">{}</text>\n",
@@ -286,10 +296,17 @@ std::string memory_section(const plan::Plan& plan, const MeasuredRun* measured) 
 
 std::string timeline_section(const PlanView& view, const MeasuredRun* measured) {
   const plan::Plan& plan = view.plan;
+  // The legend names only the kinds the plan's timeline (or the measured run) holds.
+  std::set<char> held;
+  for (const schedule::TimelineEvent& e : plan.timeline) held.insert(html::kind_of(e.op));
+  if (measured != nullptr)
+    for (const MeasuredStep& step : measured->steps)
+      for (const MeasuredEvent& e : step.events) held.insert(html::kind_of(e.event.op));
   std::string legend = "<p class=\"legend\">";
   for (const html::KindColour& k : html::kKindColours)
-    legend += fmt::format("<span class=\"swatch\" style=\"background:{}\"></span>{} &nbsp; ",
-                          k.colour, escaped(k.label));
+    if (held.count(k.kind[0]))
+      legend += fmt::format("<span class=\"swatch\" style=\"background:{}\"></span>{} &nbsp; ",
+                            k.colour, escaped(k.label));
   legend += "</p>\n";
   std::string measured_text;
   if (measured != nullptr && measured->traced)
@@ -356,7 +373,12 @@ constexpr std::string_view kMarkerScript =
 }  // namespace
 
 std::string render_html(const PlanView& view, const MeasuredRun* measured) {
-  std::string title = "stagedump: " + escaped(view.plan_dir);
+  // The model's name first: a page among several open is found by it.
+  const plan::Plan& p = view.plan;
+  std::string title = escaped(fmt::format(
+      "{}: {} on {} device{} ({})", std::filesystem::path(p.model_path).stem().string(),
+      to_string(p.schedule), p.devices * p.data_parallel, p.devices * p.data_parallel == 1 ? "" : "s",
+      view.plan_dir));
   std::string page = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
   page += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
   page += fmt::format("<title>{}</title>\n", title);

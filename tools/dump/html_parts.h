@@ -20,6 +20,9 @@ std::string escaped(std::string_view text);
 /// (`rect.measured`); the predicted and measured step ends marked.
 std::string timeline_svg(const PlanView& view, const MeasuredRun* measured);
 
+/// The letter of `op`'s kind in kKindColours (sends and receives by direction-free kind).
+char kind_of(schedule::Op op);
+
 /// The colours of the instruction kinds, shared by the timeline and its legend.
 struct KindColour {
   std::string_view kind;  ///< "F", "B", ...

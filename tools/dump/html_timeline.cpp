@@ -12,29 +12,6 @@ namespace {
 constexpr double kLeft = 92, kWidth = 1000, kRight = 12;  // viewBox units
 constexpr double kBox = 20, kSendLane = 5, kGap = 12, kAxis = 34;
 
-/// The kind's letter in kKindColours.
-char kind_of(schedule::Op op) {
-  using schedule::Op;
-  switch (op) {
-    case Op::kForward:
-      return 'F';
-    case Op::kBackward:
-    case Op::kBackwardInput:
-      return 'B';
-    case Op::kBackwardWeight:
-      return 'W';
-    case Op::kOptimizerStep:
-      return 'O';
-    case Op::kAllReduce:
-    case Op::kAllReduceShared:
-      return 'A';
-    case Op::kRecvAct:
-    case Op::kRecvGrad:
-      return 'R';
-    default:
-      return 'S';
-  }
-}
 
 std::string_view colour_of(char kind) {
   for (const KindColour& k : kKindColours)
@@ -159,6 +136,29 @@ std::string step_marker(double ms, double scale, double bottom, std::string_view
 }
 
 }  // namespace
+
+char kind_of(schedule::Op op) {
+  using schedule::Op;
+  switch (op) {
+    case Op::kForward:
+      return 'F';
+    case Op::kBackward:
+    case Op::kBackwardInput:
+      return 'B';
+    case Op::kBackwardWeight:
+      return 'W';
+    case Op::kOptimizerStep:
+      return 'O';
+    case Op::kAllReduce:
+    case Op::kAllReduceShared:
+      return 'A';
+    case Op::kRecvAct:
+    case Op::kRecvGrad:
+      return 'R';
+    default:
+      return 'S';
+  }
+}
 
 std::string timeline_svg(const PlanView& view, const MeasuredRun* measured) {
   const plan::Plan& plan = view.plan;
