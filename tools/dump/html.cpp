@@ -339,7 +339,11 @@ constexpr std::string_view kStyle =
     "tr.best { background: #e3f4e1; font-weight: bold; }\n"
     "tr.measured { color: #b22222; }\n"
     "tr.cut td { background: #f3f3f3; }\n"
-    "table.stages td:last-child { min-width: 24em; }\n"
+    // Long op names and the reasons wrap, so the stage table fits the page, not a scroll box.
+    "table.stages td { white-space: nowrap; }\n"
+    "table.stages td:nth-child(4), table.stages td:nth-child(5), table.stages td:last-child "
+    "{ white-space: normal; overflow-wrap: anywhere; }\n"
+    "table.stages td:last-child { min-width: 14em; }\n"
     "#stagedump-drawn { color: #999; font-size: 0.8em; }\n"
     ".swatch { display: inline-block; width: 10px; height: 10px; margin-right: 6px; }\n"
     "svg { display: block; width: 100%; height: auto; margin-bottom: 1.5em; }\n"
@@ -348,6 +352,7 @@ constexpr std::string_view kStyle =
     "svg text.tick-label { font-size: 11px; text-anchor: middle; }\n"
     "svg text.marker { font-size: 11px; text-anchor: end; }\n"
     "svg text.capacity-label { font-size: 10px; }\n"
+    "svg rect.instr { stroke: #fff; stroke-width: 0.6; }\n"  // adjacent boxes stay apart
     "svg rect.measured { stroke: #b22222; stroke-width: 0.6; }\n"
     "svg rect.recompute { fill-opacity: 0.5; }\n"
     "</style>\n";
