@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <cmath>
 
 #include "tools/dump/html_parts.h"
@@ -64,7 +66,8 @@ std::string axis(double span_ms, double scale, double bottom) {
 
 /// One box: `cls` "instr" (predicted) or "measured".
 std::string box(const schedule::TimelineEvent& e, double x, double y, double w, double h,
-                std::string_view cls, int devices, bool recompute, std::string_view when) {
+                std::string_view cls, int devices, bool recompute, std::string_view when,
+                const std::string& note = "") {
   const char kind = kind_of(e.op);
   std::string label;
   if (kind == 'F' || kind == 'B' || kind == 'W' || kind == 'O') {
@@ -74,11 +77,11 @@ std::string box(const schedule::TimelineEvent& e, double x, double y, double w, 
   std::string svg = fmt::format(
       "<rect class=\"{}{}\" data-device=\"{}\" data-op=\"{}\" data-stage=\"{}\" "
       "data-microbatch=\"{}\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{}\" "
-      "fill=\"{}\"><title>{} {}{}: {:.3f}-{:.3f} ms</title></rect>\n",
+      "fill=\"{}\"><title>{} {}{}: {:.3f}-{:.3f} ms{}</title></rect>\n",
       cls, recompute ? " recompute" : "", e.device, schedule::to_string(e.op), e.stage,
       e.microbatch, x, y, w, h, colour_of(kind), when,
       schedule::to_string(schedule::Instruction{e.op, e.stage, e.microbatch}),
-      recompute ? " (recompute)" : "", e.start_s * 1e3, e.end_s * 1e3);
+      recompute ? " (recompute)" : "", e.start_s * 1e3, e.end_s * 1e3, escaped(note));
   if (!label.empty() && w >= 6.5 * static_cast<double>(label.size()) + 2)
     svg += fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" class=\"label\">{}</text>\n", x + w / 2,
                        y + h / 2 + 3.5, label);
@@ -106,6 +109,10 @@ std::string predicted_boxes(const PlanView& view, const Rows& rows, double scale
 std::string measured_boxes(const PlanView& view, const MeasuredRun& run, const Rows& rows,
                            double scale) {
   const MeasuredStep& step = run.steps.at(static_cast<size_t>(run.reported_step));
+  // Each instruction's predicted duration, to say how far the measured one is from it.
+  std::map<std::tuple<int, schedule::Op, int, int>, double> predicted;
+  for (const schedule::TimelineEvent& e : view.plan.timeline)
+    predicted[{e.device, e.op, e.stage, e.microbatch}] = e.end_s - e.start_s;
   std::string svg;
   for (const MeasuredEvent& m : step.events) {
     if (m.event.device >= view.plan.devices) continue;  // other replicas: the same pipeline
@@ -119,7 +126,12 @@ std::string measured_boxes(const PlanView& view, const MeasuredRun& run, const R
       y += kBox + 1;
       h = kSendLane;
     }
-    svg += box(e, x, y, w, h, "measured", view.plan.devices, m.recompute, "measured");
+    std::string note;
+    auto it = predicted.find({e.device, e.op, e.stage, e.microbatch});
+    if (it != predicted.end() && it->second > 0 && !m.recompute && kind_of(e.op) != 'R')
+      note = fmt::format(" ({:.2f}x the predicted {:.3f} ms)", (e.end_s - e.start_s) / it->second,
+                         it->second * 1e3);
+    svg += box(e, x, y, w, h, "measured", view.plan.devices, m.recompute, "measured", note);
   }
   return svg;
 }
