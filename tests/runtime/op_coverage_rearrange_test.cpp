@@ -6,6 +6,7 @@
 // (grad_rearrange_test.cpp), ONNX's own cases by the conformance run.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "runtime/core/program.h"
 #include "samples/builder/model_builder.h"
 #include "tests/runtime/op_coverage_util.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -109,6 +111,18 @@ TEST_CASE("DepthToSpace, SpaceToDepth and TopK routing: planned on 2 devices, ru
   const DType one[] = {DType::kFloat32};
   testing::check_cuda_accepts("DepthToSpace", one);
   testing::check_cuda_accepts("SpaceToDepth", one);
+}
+
+TEST_CASE("the pixel-shuffle and top-k routing model trains in mixed precision on 2 devices") {
+  testing::TempDir dir;
+  const std::string model = dir.file("rearrange_net.onnx");
+  rearrange_net().write(model);
+  plan::PlanOptions o = testing::training_options(model, 2, "1f1b", "mse");
+  o.precision = Precision::kMixed;
+  const std::vector<double> losses = testing::train_losses(o, 8, dir.file("mixed"));
+  REQUIRE(losses.size() == 8);
+  for (double loss : losses) CHECK(std::isfinite(loss));
+  CHECK(losses.back() < losses.front());
 }
 
 // x [1,c,h,w] -> op(attrs) -> Relu -> y, imported: the error message.
