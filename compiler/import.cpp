@@ -128,6 +128,24 @@ void check_resize(const ir::Graph& graph, const ir::Node& node) {
   }
 }
 
+/// Refuses a TopK whose K is computed at run time: its outputs' length along the axis is K, so
+/// a static plan needs K a constant (an initializer, or folded to one). Names K's input.
+void check_topk(const ir::Graph& graph, const ir::Node& node) {
+  if (node.inputs.size() < 2 || node.inputs[1] == ir::kNoId || node.outputs.empty() ||
+      node.outputs[0] == ir::kNoId || graph.value(node.outputs[0]).shape_known)
+    return;
+  const ir::Value& k = graph.value(node.inputs[1]);
+  if (k.is_initializer()) return;
+  fail(ErrorKind::kShape,
+       "node '{}': TopK's K ('{}') {} at run time, so its outputs' shape is data-dependent; a "
+       "static plan needs a constant K (export with k as a Python int, not a tensor)",
+       node.name, k.name,
+       k.producer != ir::kNoId
+           ? fmt::format("is computed by node '{}' ({})", graph.node(k.producer).name,
+                         graph.node(k.producer).op_type)
+           : std::string("is a graph input, known only"));
+}
+
 /// Refuses the ops that are left after folding and are outside the supported list. Checked
 /// after folding, so shape arithmetic in ops we do not execute (Trilu on a constant mask,
 /// say) is no obstacle.
@@ -163,8 +181,12 @@ void drop_default_rnn_activations(ir::Graph& graph) {
 void check_ops(const ir::Graph& graph) {
   for (const auto& node : graph.nodes()) {
     if (node.dead) continue;
-    check_supported_op(node.op_type, node.domain, node.name, graph.opset);
+    std::vector<std::string> inputs;
+    for (ir::ValueId in : node.inputs)
+      inputs.push_back(in == ir::kNoId ? std::string() : graph.value(in).name);
+    check_supported_op(node.op_type, node.domain, node.name, graph.opset, inputs);
     if (node.op_type == "Resize") check_resize(graph, node);
+    if (node.op_type == "TopK") check_topk(graph, node);
     // Before opset 7, PRelu's slope applied per channel (axis 1), not by numpy broadcasting;
     // the two agree only for a single slope.
     if (node.op_type == "PRelu" && graph.opset < 7 && node.inputs.size() > 1 &&

@@ -16,6 +16,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/cpu/conv_transpose_shape.h"
 #include "runtime/cpu/indexing_shape.h"
+#include "runtime/cpu/rearrange_shape.h"
 #include "runtime/cpu/rnn_core.h"
 #include "runtime/format/error.h"
 
@@ -180,6 +181,41 @@ void check_indexing(const ir::Graph& graph, const ir::Node& node) {
   }
 }
 
+/// DepthToSpace, SpaceToDepth and TopK: the kernels' rules (runtime/cpu/rearrange_shape.h) on
+/// X's shape, the attributes and a constant K, so a bad blocksize, mode, axis or K is refused at
+/// import with the kernel's line; and the output ONNX's shape inference gave against the
+/// kernels'.
+void check_rearrange(const ir::Graph& graph, const ir::Node& node) {
+  const ir::Value* x = input(graph, node, 0);
+  if (x == nullptr || !x->shape_known) return;
+  onnx::NodeProto proto;
+  for (const onnx::AttributeProto& a : node.attributes) *proto.add_attribute() = a;
+  const rt::Attrs attrs(proto);
+  thread_local const std::unique_ptr<rt::DeviceContext> device =
+      rt::cpu_backend().make_device(0, 1);
+  const std::string name = node.name.empty() ? node.describe(graph) : node.name;
+  const rt::KernelArgs args{name, node.op_type, attrs, {}, {}, *device};
+  rt::Shape expected;
+  if (node.op_type == "TopK") {
+    const ir::Value* k = input(graph, node, 1);
+    const std::optional<rt::Tensor> operand = constant_tensor(k);
+    if (k != nullptr && !operand) return;
+    const rt::TopKShape s =
+        rt::cpu::topk_shape(args, x->shape, operand ? &*operand : nullptr);
+    expected = rt::cpu::topk_output_shape(x->shape, s);
+  } else {
+    const bool to_space = node.op_type == "DepthToSpace";
+    const rt::SpaceDepthShape s = rt::cpu::space_depth_shape(args, x->shape, to_space);
+    expected = to_space ? rt::cpu::space_shape(s) : rt::cpu::deep_shape(s);
+  }
+  const ir::Value* y = output(graph, node, 0);
+  if (y != nullptr && y->shape_known && y->shape != expected) {
+    fail(ErrorKind::kModel,
+         "{}: ONNX's shape inference gives output '{}' the shape {}, the kernels compute {}",
+         node.describe(graph), y->name, ir::shape_string(y->shape), ir::shape_string(expected));
+  }
+}
+
 /// ConvTranspose: the kernels' geometry (runtime/cpu/conv_transpose_shape.h) on the node's
 /// shapes and attributes, the bias against its M filters, and the output ONNX's shape inference
 /// gave against the one the kernels compute.
@@ -270,6 +306,8 @@ void check_node(const ir::Graph& graph, const ir::Node& node) {
   } else if (op == "Tile" || op == "CumSum" || op == "GatherElements" || op == "ScatterND") {
     if (op == "GatherElements") check_axis_attribute(graph, node, 0);
     check_indexing(graph, node);
+  } else if (op == "DepthToSpace" || op == "SpaceToDepth" || op == "TopK") {
+    check_rearrange(graph, node);
   }
 }
 

@@ -3,9 +3,12 @@
 #include "passes/passes.h"
 #include "runtime/format/error.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace stagecraft::passes {
 namespace {
@@ -39,26 +42,47 @@ std::set<std::string> graph_inputs_behind(const ir::Graph& graph, ir::ValueId fr
   return found;
 }
 
-/// Why `node`'s output has no static shape although every input of `node` has one: the
-/// graph inputs whose values (not shapes) reach its shape-giving inputs, as "input 'a', 'b'".
+/// "'a', 'b'" for a set of names.
+std::string quoted_list(const std::set<std::string>& names) {
+  std::string list;
+  for (const auto& name : names) list += (list.empty() ? "'" : ", '") + name + "'";
+  return list;
+}
+
+/// How operand `k` of `node` (value `in`) carries data into its shape: "the values of input
+/// 'a'" for a graph input, else "the values of 'v' (input k of the node, computed by node 'p'
+/// (Op) from input 'a')".
+std::string operand_dependence(const ir::Graph& graph, std::size_t k, ir::ValueId in) {
+  const ir::Value& v = graph.value(in);
+  if (v.is_graph_input) return "the values of input '" + v.name + "'";
+  const std::set<std::string> behind = graph_inputs_behind(graph, in);
+  std::string from = behind.empty() ? std::string("no graph input")
+                                    : (behind.size() == 1 ? "input " : "inputs ") + quoted_list(behind);
+  std::string by = v.producer == ir::kNoId ? std::string()
+                                           : "computed by " + graph.node(v.producer).describe(graph) + " ";
+  return fmt::format("the values of '{}' (input {} of the node, {}from {})", v.name, k, by, from);
+}
+
+/// Why `node`'s output has no static shape although every input of `node` has one: the node's
+/// shape-giving inputs that are not constants, each with the graph inputs whose values (not
+/// shapes) reach it.
 std::string data_dependence(const ir::Graph& graph, const ir::Node& node) {
   // Reshape, Expand, Slice, Tile, Pad, Resize, TopK...: input 0 is the data, the others say
   // the shape. ConstantOfShape, Range, NonZero and their kind read shape from every input.
-  std::set<std::string> inputs;
-  for (std::size_t k = 0; k < node.inputs.size(); ++k) {
-    ir::ValueId in = node.inputs[k];
-    if (in == ir::kNoId || graph.value(in).is_initializer()) continue;
-    if (k == 0 && node.inputs.size() > 1) continue;
-    for (auto& name : graph_inputs_behind(graph, in)) inputs.insert(name);
+  std::vector<std::string> reasons;
+  for (int pass = 0; pass < 2 && reasons.empty(); ++pass) {
+    for (std::size_t k = 0; k < node.inputs.size(); ++k) {
+      ir::ValueId in = node.inputs[k];
+      if (in == ir::kNoId || graph.value(in).is_initializer()) continue;
+      if (pass == 0 && k == 0 && node.inputs.size() > 1) continue;
+      reasons.push_back(operand_dependence(graph, k, in));
+    }
   }
-  if (inputs.empty())
-    for (ir::ValueId in : node.inputs)
-      if (in != ir::kNoId)
-        for (auto& name : graph_inputs_behind(graph, in)) inputs.insert(name);
-  std::string list;
-  for (const auto& name : inputs) list += (list.empty() ? "'" : ", '") + name + "'";
-  return list.empty() ? "no graph input (a value the shape rules cannot follow)"
-                      : (inputs.size() == 1 ? "the values of input " : "the values of inputs ") + list;
+  if (reasons.empty()) return "no graph input (a value the shape rules cannot follow)";
+  std::string text;
+  for (std::size_t i = 0; i < reasons.size(); ++i)
+    text += (i == 0 ? "" : (i + 1 == reasons.size() ? " and " : ", ")) + reasons[i];
+  return text;
 }
 
 }  // namespace

@@ -225,6 +225,32 @@ TEST_CASE("a tensor whose shape stays unknown is named") {
   }
 }
 
+TEST_CASE("an unknown shape computed from an input names the operand, its producer and the input") {
+  testing::TempDir dir;
+  auto m = testing::relu_model();
+  auto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_output();
+  testing::add_tensor_info(g->add_input(), "target", onnx::TensorProto::INT64, {2});
+  testing::add_int64_initializer(g, "one", {1, 1});
+  add_node(g, "Mul", {"target", "one"}, {"shape"}, "/data/Mul");
+  add_node(g, "Reshape", {"x", "shape"}, {"y"}, "/data/Reshape");
+  testing::add_tensor_info(g->add_output(), "y", onnx::TensorProto::FLOAT, {-1, -1});
+  testing::write_model(m, dir.file("m.onnx"));
+  ImportOptions options;
+  options.batch = 2;
+  try {
+    import_model(dir.file("m.onnx"), options);
+    FAIL("a data-dependent shape imported");
+  } catch (const Error& e) {
+    INFO(std::string(e.what()));
+    CHECK(e.kind() == ErrorKind::kShape);
+    CHECK(std::string(e.what()).find("its shape depends on the values of 'shape' (input 1 of the "
+                                     "node, computed by node '/data/Mul' (Mul) from input "
+                                     "'target')") != std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace stagecraft
 

@@ -124,6 +124,21 @@ void check_slice_steps(const onnx::NodeProto& n, const std::string& node, const 
   }
 }
 
+/// TopK's K (input 1 from opset 10) where it is a constant: one element, not negative.
+void check_topk_k(const onnx::NodeProto& n, const std::string& node, const Constants& known) {
+  if (n.op_type() != "TopK" || n.input_size() < 2 || n.input(1).empty()) return;
+  auto it = known.find(n.input(1));
+  if (it == known.end()) return;
+  std::optional<std::vector<int64_t>> k = small_ints(*it->second);
+  if (!k) return;
+  if (k->size() != 1)
+    fail(ErrorKind::kModel, "node '{}' (TopK): K '{}' has {} elements, expected one", node,
+         n.input(1), k->size());
+  if ((*k)[0] < 0)
+    fail(ErrorKind::kModel, "node '{}' (TopK): K '{}' = {} is negative", node, n.input(1),
+         (*k)[0]);
+}
+
 /// Checks the nodes of `g` and of the graphs inside them (If, Loop, Scan bodies, which ONNX's
 /// inference enters too); `known` holds the constants of the enclosing graphs.
 void check_graph(const onnx::GraphProto& g, Constants known) {
@@ -138,6 +153,7 @@ void check_graph(const onnx::GraphProto& g, Constants known) {
     const std::string node = node_name_or_default(n, i);
     check_node_attributes(n, node);
     check_slice_steps(n, node, known);
+    check_topk_k(n, node, known);
   }
 }
 
@@ -145,6 +161,31 @@ void check_graph(const onnx::GraphProto& g, Constants known) {
 
 void check_attributes_for_inference(const onnx::ModelProto& model) {
   check_graph(model.graph(), {});
+}
+
+std::string inference_context(const onnx::ModelProto& model, const std::string& node) {
+  const onnx::GraphProto& g = model.graph();
+  for (int i = 0; i < g.node_size(); ++i) {
+    const onnx::NodeProto& n = g.node(i);
+    if (n.op_type() != "TopK" || node_name_or_default(n, i) != node) continue;
+    int64_t axis = -1;
+    std::optional<int64_t> k;
+    for (const auto& a : n.attribute()) {
+      if (a.name() == "axis") axis = a.i();
+      if (a.name() == "k") k = a.i();
+    }
+    if (n.input_size() >= 2 && !n.input(1).empty()) {
+      Constants known;
+      add_constants(g, known);
+      auto it = known.find(n.input(1));
+      if (it != known.end())
+        if (std::optional<std::vector<int64_t>> v = small_ints(*it->second); v && v->size() == 1)
+          k = (*v)[0];
+    }
+    if (!k) return fmt::format(" (axis = {})", axis);
+    return fmt::format(" (K = {}, axis = {})", *k, axis);
+  }
+  return "";
 }
 
 }  // namespace stagecraft::ir

@@ -329,6 +329,16 @@ std::string node_error_line(const std::string& line) {
   return fmt::format("node '{}' ({}): {}", node, op_type, reason);
 }
 
+/// The node name in ONNX's line for a failing node; "" for a line of another shape.
+std::string failing_node(const std::string& line) {
+  constexpr std::string_view kName = ", node name: ", kEnd = "): ";
+  const std::size_t name = line.find(kName);
+  if (name == std::string::npos) return "";
+  const std::size_t end = line.find(kEnd, name + kName.size());
+  if (end == std::string::npos) return "";
+  return line.substr(name + kName.size(), end - name - kName.size());
+}
+
 }  // namespace
 
 void infer_onnx_shapes(onnx::ModelProto& model) {
@@ -349,7 +359,7 @@ void infer_onnx_shapes(onnx::ModelProto& model) {
       start = end + 1;
     }
     std::string first = lines.empty() ? text : lines.front();
-    first = node_error_line(first);
+    first = node_error_line(first) + inference_context(model, failing_node(first));
     std::string more =
         lines.size() > 1 ? fmt::format(" ({} more errors follow from it)", lines.size() - 1) : "";
     fail(ErrorKind::kShape, "ONNX shape inference: {}{}", first, more);

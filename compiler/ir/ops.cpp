@@ -62,8 +62,25 @@ const std::vector<std::string_view>& supported_ops() {
   return names;
 }
 
+namespace {
+
+/// "input 'a'" or "inputs 'a', 'b'" for the named ones of `inputs`; "its inputs" when none is.
+std::string quoted_inputs(std::span<const std::string> inputs) {
+  std::string list;
+  int named = 0;
+  for (const std::string& name : inputs) {
+    if (name.empty()) continue;
+    list += (named++ == 0 ? "'" : ", '") + name + "'";
+  }
+  if (named == 0) return "its inputs";
+  return (named == 1 ? "input " : "inputs ") + list;
+}
+
+}  // namespace
+
 void check_supported_op(std::string_view op_type, std::string_view domain,
-                        std::string_view node_label, int64_t opset) {
+                        std::string_view node_label, int64_t opset,
+                        std::span<const std::string> inputs) {
   if (!domain.empty() && domain != "ai.onnx") {
     fail(ErrorKind::kUnsupported,
          "op {} (node '{}', domain '{}', opset {}) is not supported: stagecraft supports only the "
@@ -73,17 +90,17 @@ void check_supported_op(std::string_view op_type, std::string_view domain,
   // Ops whose output shape follows the data (detection post-processing, control flow): a
   // static plan sizes every tensor before anything runs, so these are out of scope (issue 15).
   static constexpr std::string_view kDataDependent[] = {
-      "NonZero", "TopK", "NonMaxSuppression", "Unique", "Compress", "If", "Loop", "Scan"};
+      "NonZero", "NonMaxSuppression", "Unique", "Compress", "If", "Loop", "Scan"};
   if (!op_family(op_type) &&
       std::find(std::begin(kDataDependent), std::end(kDataDependent), op_type) !=
           std::end(kDataDependent)) {
     fail(ErrorKind::kUnsupported,
          "op {} (node '{}', domain ai.onnx, opset {}) is not supported: its output's shape can "
-         "depend on the input's values (data-dependent shapes: NonZero, TopK, NonMaxSuppression, "
+         "depend on the values of {} (data-dependent shapes: NonZero, NonMaxSuppression, "
          "Unique, Compress, If, Loop, Scan), which a static pipeline plan cannot size; export the "
          "model without that part (a detection model: its backbone and heads, without the box "
          "post-processing)",
-         op_type, node_label, opset);
+         op_type, node_label, opset, quoted_inputs(inputs));
   }
   if (!op_family(op_type)) {
     fail(ErrorKind::kUnsupported,

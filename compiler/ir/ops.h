@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -78,8 +79,11 @@ const std::vector<std::string_view>& supported_ops();
 std::span<const OpInfo> op_table();
 
 /// Throws `Error(kUnsupported)` when an op is outside the list or its domain is not the default
-/// ONNX domain, naming the op, the node (`node_label`), the domain and the domain's opset.
+/// ONNX domain, naming the op, the node (`node_label`), the domain and the domain's opset. An op
+/// whose output's shape follows its inputs' values (NonZero, NonMaxSuppression, ...) is refused
+/// naming those inputs, `inputs` (the node's input names, "" for an omitted one).
 void check_supported_op(std::string_view op_type, std::string_view domain,
-                        std::string_view node_label, int64_t opset);
+                        std::string_view node_label, int64_t opset,
+                        std::span<const std::string> inputs = {});
 
 }  // namespace stagecraft

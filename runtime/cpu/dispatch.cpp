@@ -57,7 +57,7 @@ class CpuBackend final : public Backend {
         grad_matmul_kernels(), grad_conv_kernels(),   grad_norm_kernels(), grad_eltwise_kernels(),
         grad_data_kernels(),
         // Segmentation heads and indexing.
-        resize_kernels(), indexing_kernels(),
+        resize_kernels(), indexing_kernels(), rearrange_kernels(),
         // U-Net decoders and instance normalisation.
         conv_transpose_kernels(), instance_norm_kernels(),
         // Recurrent nets.

@@ -32,6 +32,7 @@ std::span<const KernelEntry> compare_logic_kernels();  // compare_logic.cpp: Gre
 std::span<const KernelEntry> unary_math_kernels();   // unary_math.cpp: Exp, Log, Neg, Abs, Ceil, Floor and their gradients
 std::span<const KernelEntry> resize_kernels();       // resize.cpp: Resize (nearest, linear) and its gradient
 std::span<const KernelEntry> indexing_kernels();     // indexing.cpp: Tile, CumSum, GatherElements, ScatterND, gradients
+std::span<const KernelEntry> rearrange_kernels();    // rearrange.cpp: DepthToSpace, SpaceToDepth, TopK, gradients
 
 // Gradient ops (domain ai.stagecraft, contract in runtime/format/grad_ops.h): "<Op>Grad".
 std::span<const KernelEntry> grad_matmul_kernels();   // grad_matmul.cpp: MatMul, Gemm

@@ -56,7 +56,7 @@ class CudaBackend final : public Backend {
         grad_matmul_kernels(), grad_conv_kernels(), grad_norm_kernels(), grad_eltwise_kernels(),
         grad_data_kernels(),
         // Segmentation heads and indexing.
-        resize_kernels(), indexing_kernels(),
+        resize_kernels(), indexing_kernels(), rearrange_kernels(),
         // U-Net decoders and instance normalisation.
         conv_transpose_kernels(), instance_norm_kernels(), rnn_kernels()};
     for (const auto& family : families) table_.insert(table_.end(), family.begin(), family.end());

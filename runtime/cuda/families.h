@@ -27,6 +27,8 @@ std::span<const KernelEntry> reduction_kernels();
 std::span<const KernelEntry> resize_kernels();  // resize.cpp: Resize and its gradient
 // indexing.cpp: Tile, CumSum, GatherElements, ScatterND and their gradients
 std::span<const KernelEntry> indexing_kernels();
+// rearrange.cpp: DepthToSpace, SpaceToDepth, TopK and their gradients
+std::span<const KernelEntry> rearrange_kernels();
 // conv_transpose.cpp: ConvTranspose and its gradient (cuDNN)
 std::span<const KernelEntry> conv_transpose_kernels();
 // instance_norm.cpp: InstanceNormalization and its gradient (the batch-norm kernels)
