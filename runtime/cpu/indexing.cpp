@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cpu/by_size.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/grad_io.h"
 #include "runtime/cpu/indexing_shape.h"
@@ -28,25 +29,6 @@ namespace {
 
 // Loops over at least this many elements use all of the worker's threads.
 constexpr int64_t kParallelElements = int64_t{1} << 14;
-
-// Calls `body(T{})` with the unsigned type of `size` bytes (1, 2, 4 or 8), for kernels that
-// move elements without looking at them.
-template <class Body>
-void by_size(const KernelArgs& a, DType dtype, Body&& body) {
-  switch (dtype_size(dtype)) {
-    case 1:
-      return body(uint8_t{});
-    case 2:
-      return body(uint16_t{});
-    case 4:
-      return body(uint32_t{});
-    case 8:
-      return body(uint64_t{});
-    default:
-      fail(ErrorKind::kUnsupported, "{} '{}' on {} is not supported", a.op_type, a.name,
-           dtype_name(dtype));
-  }
-}
 
 // Calls `body(T{})` for the arithmetic dtypes the adding kernels take.
 template <class Body>
