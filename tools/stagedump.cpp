@@ -12,7 +12,9 @@
 //   --measured RUN  with --html or --trace: a run of the plan, `stagerun --trace` (every
 //                instruction timed) or `stagerun --json` (JSON Lines: step times and per-device
 //                figures; HTML only), set beside the prediction; a run of another plan is
-//                refused naming RUN and the field (tools/dump/measured.h)
+//                refused naming RUN and the field (tools/dump/measured.h); twice, a trace
+//                and a --json output: both drawn, the trace's instructions with the --json
+//                run's device peaks and bubble
 //
 // The timeline is the plan's own `timeline`: what the planner's simulation predicted, drawn as it
 // is (stagedump simulates nothing, so the dump and the plan cannot disagree). See
@@ -96,7 +98,8 @@ int run(int argc, char** argv) {
       "stagedump"};
   std::string plan_dir;
   bool json = false;
-  std::optional<std::string> dot, trace, html, measured_path;
+  std::optional<std::string> dot, trace, html;
+  std::vector<std::string> measured_paths;
   app.add_option("PLAN_DIR", plan_dir, "plan directory (plan.json, schedule.json, stage_K.onnx)")
       ->required();
   app.add_flag("--json", json,
@@ -116,10 +119,12 @@ int run(int argc, char** argv) {
                  "write one self-contained HTML page (baselines, stages, cut tensors, memory per "
                  "device, timeline; a --measured run overlaid) to FILE ('-': stdout)")
       ->type_name("FILE");
-  app.add_option("--measured", measured_path,
+  app.add_option("--measured", measured_paths,
                  "with --html or --trace: a run of this plan to set beside the prediction, as "
                  "written by stagerun --trace FILE (every instruction, every step) or stagerun "
-                 "--json (step times and device figures; --html only)")
+                 "--json (step times and device figures; --html only). Give it twice, a trace "
+                 "and a --json output, to draw both: the trace's instructions and memory with "
+                 "the --json run's device peaks and bubble")
       ->type_name("RUN");
   cli::add_version_flag(app, "stagedump");
   if (std::optional<int> done = cli::parse(app, argc, argv)) return *done;
@@ -134,17 +139,27 @@ int run(int argc, char** argv) {
          fmt::join(to_stdout, ", "));
   }
 
-  if (measured_path && !trace && !html)
+  if (!measured_paths.empty() && !trace && !html)
     fail(ErrorKind::kUsage, "--measured sets a run beside --html or --trace; give one of them");
+  if (measured_paths.size() > 2)
+    fail(ErrorKind::kUsage,
+         "--measured is given {} times; it takes one run, or two (a stagerun --trace file and a "
+         "stagerun --json output)",
+         measured_paths.size());
 
   dump::PlanView view = dump::load_view(plan_dir);
   std::optional<dump::MeasuredRun> measured;
-  if (measured_path) measured = dump::load_measured(*measured_path, view);
+  if (!measured_paths.empty()) measured = dump::load_measured(measured_paths[0], view);
+  if (measured_paths.size() == 2) {
+    dump::MeasuredRun second = dump::load_measured(measured_paths[1], view);
+    measured = measured->traced ? dump::with_summary(std::move(*measured), second)
+                                : dump::with_summary(std::move(second), *measured);
+  }
   if (measured && trace && !measured->traced)
     fail(ErrorKind::kUsage,
          "--measured {}: stagerun --json output has no instruction times; --trace needs a "
          "stagerun --trace file (--html takes either)",
-         *measured_path);
+         measured_paths[0]);
   const dump::MeasuredRun* run = measured ? &*measured : nullptr;
   if (dot) write_output(*dot, dump::render_dot(view), "Graphviz: dot -Tsvg", json);
   if (trace)

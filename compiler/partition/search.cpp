@@ -131,6 +131,35 @@ bool better(const SplitScore& a, const SplitScore& b) {
   return compare(a.secondary, b.secondary) < 0;
 }
 
+double crossing_bytes(const std::vector<double>& cut_bytes, const std::vector<int>& cuts) {
+  double total = 0;
+  for (int c : cuts) {
+    if (c < 0 || static_cast<std::size_t>(c) >= cut_bytes.size())
+      fail(ErrorKind::kInternal, "split search: a cut after position {} of {}", c,
+           cut_bytes.size());
+    total += cut_bytes[static_cast<std::size_t>(c)];
+  }
+  return total;
+}
+
+ScoredSplit fewest_bytes_within(const ScoredSplit& best, const std::vector<ScoredSplit>& scored,
+                                const std::vector<double>& cut_bytes, double tie) {
+  if (!best.score.fits) return best;
+  const double limit = best.score.primary * (1 + tie);
+  ScoredSplit chosen = best;
+  double chosen_bytes = crossing_bytes(cut_bytes, best.cuts);
+  for (const ScoredSplit& s : scored) {
+    if (!s.score.fits || s.cuts.size() != best.cuts.size() || s.score.primary > limit) continue;
+    const double bytes = crossing_bytes(cut_bytes, s.cuts);
+    const int c = compare(bytes, chosen_bytes);
+    if (c < 0 || (c == 0 && compare(s.score.primary, chosen.score.primary) < 0)) {
+      chosen = s;
+      chosen_bytes = bytes;
+    }
+  }
+  return chosen;
+}
+
 SearchResult search_cuts(int positions, int stages, const std::vector<std::vector<int>>& seeds,
                          const std::function<SplitScore(const std::vector<int>& cuts)>& evaluate,
                          const SearchLimits& limits) {

@@ -52,4 +52,21 @@ SearchResult search_cuts(int positions, int stages, const std::vector<std::vecto
                          const std::function<SplitScore(const std::vector<int>& cuts)>& evaluate,
                          const SearchLimits& limits);
 
+/// One split the search scored.
+struct ScoredSplit {
+  std::vector<int> cuts;
+  SplitScore score;
+};
+
+/// Bytes per microbatch that cross `cuts` (`cut_bytes[c]` summed: partitioner.h's Problem).
+double crossing_bytes(const std::vector<double>& cut_bytes, const std::vector<int>& cuts);
+
+/// The tie-break between splits of nearly the same score: among the `scored` splits that fit,
+/// have `best`'s number of cuts and a primary key at most `tie` (relative) above `best`'s, the
+/// one whose cuts send the fewest bytes (a cut at a layer boundary rather than mid-attention,
+/// which costs the next device a larger receive and its link a larger buffer); the lower
+/// primary among equal bytes. `best` when it does not fit or none sends fewer bytes.
+ScoredSplit fewest_bytes_within(const ScoredSplit& best, const std::vector<ScoredSplit>& scored,
+                                const std::vector<double>& cut_bytes, double tie);
+
 }  // namespace stagecraft::partition

@@ -536,6 +536,14 @@ PlannedModel make_plan(const PlanOptions& o) {
                             g.node(order[choice.bottleneck_cuts[k]]).name,
                             choice.bottleneck.fits ? "this split simulates a shorter step"
                                                    : "that split leaves a device over its memory");
+    if (k < choice.fastest_cuts.size() && k + 1 < p.stages.size() &&
+        choice.fastest_cuts[k] != sol.stages[k].last)
+      st.why += fmt::format(
+          "; the fastest split found cuts after '{}' ({:.3f} ms), but this one's step ({:.3f} ms) "
+          "is within 1% of it and its cuts send {} per microbatch instead of {}",
+          g.node(order[choice.fastest_cuts[k]]).name, choice.fastest.step_ms,
+          choice.tied_step_ms, format_bytes(choice.crossing_bytes),
+          format_bytes(choice.fastest_crossing_bytes));
     if (st.recompute) st.why += "; recomputes its activations before the backward";
   }
   for (std::size_t i = 0; i < order.size(); ++i) {

@@ -122,6 +122,14 @@ struct SplitChoice {
   Prediction bottleneck;             ///< Its prediction.
   Prediction baseline_parameters, baseline_uniform;
   int64_t candidates = 0;  ///< Distinct splits simulated.
+  /// When the tie-break chose another split than the fastest found (a step within 1% that sends
+  /// fewer bytes across its cuts): the fastest one's cuts and prediction, the chosen one's step
+  /// and the bytes per microbatch each sends across its cuts (before --precision mixed). Empty cuts otherwise.
+  std::vector<int> fastest_cuts;
+  Prediction fastest;
+  double tied_step_ms = 0;  ///< The chosen split's step under the same simulation.
+  double fastest_crossing_bytes = 0;
+  double crossing_bytes = 0;
 };
 
 /// The setup of `o`: parsed shape, schedule rules checked (with the flag named), device and

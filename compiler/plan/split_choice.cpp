@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "compiler/model_info.h"
 #include "compiler/plan/planning.h"
@@ -69,6 +70,10 @@ int candidate_budget(int stages, int microbatches, std::size_t nodes) {
   const int sweeps = 16 * 2 * std::max(1, stages - 1);
   return std::clamp(static_cast<int>(work / per_candidate), 16, std::max(16, sweeps));
 }
+
+/// Splits whose simulated steps are within this fraction of the fastest found count as tied: the
+/// one of them that sends the fewest bytes across its cuts is chosen.
+constexpr double kTieFraction = 0.01;
 
 /// Most re-solves with tighter per-stage limits when the bottleneck-optimal split leaves a device
 /// over its memory (the chunks of an interleaved device, checked together).
@@ -200,6 +205,24 @@ SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFa
         static_cast<int>(gp.order.size()), stages, seeds,
         [&](const std::vector<int>& cuts) { return evaluate(cuts).score; }, search_limits);
     choice.cuts = found.cuts;
+    if (s.objective == Objective::kSpeed) {
+      const std::set<int> allowed(gp.problem.allowed_cuts.begin(), gp.problem.allowed_cuts.end());
+      std::vector<partition::ScoredSplit> scored;
+      for (const auto& [cuts, e] : seen)
+        if (allowed.empty() || std::all_of(cuts.begin(), cuts.end(),
+                                           [&](int c) { return allowed.count(c) > 0; }))
+          scored.push_back({cuts, e.score});
+      const partition::ScoredSplit tied = partition::fewest_bytes_within(
+          {found.cuts, found.score}, scored, gp.problem.cut_bytes, kTieFraction);
+      if (tied.cuts != found.cuts) {
+        choice.cuts = tied.cuts;
+        choice.fastest_cuts = found.cuts;
+        choice.fastest = evaluate(found.cuts).predicted;
+        choice.tied_step_ms = evaluate(tied.cuts).predicted.step_ms;
+        choice.fastest_crossing_bytes = partition::crossing_bytes(gp.problem.cut_bytes, found.cuts);
+        choice.crossing_bytes = partition::crossing_bytes(gp.problem.cut_bytes, tied.cuts);
+      }
+    }
     choice.bottleneck = evaluate(choice.bottleneck_cuts).predicted;
   }
   choice.baseline_parameters = evaluate(parameter_cuts).predicted;

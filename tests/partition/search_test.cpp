@@ -138,5 +138,34 @@ TEST_CASE("seeds outside the allowed cuts are skipped; with none valid the searc
   CHECK_THROWS_AS(search_cuts(6, 2, {{1}}, evaluate, limits), Error);
 }
 
+TEST_CASE("splits within the tie of the fastest: the one sending the fewest bytes across its cuts") {
+  // Positions 0..5; the cut after 2 is a layer boundary (1 KiB), the others mid-layer (4 KiB).
+  const std::vector<double> cut_bytes{4096, 4096, 1024, 4096, 4096};
+  auto split = [](std::vector<int> cuts, double step, bool fits = true) {
+    return ScoredSplit{std::move(cuts), SplitScore{fits, 0, step, 0}};
+  };
+  const ScoredSplit fastest = split({3}, 100.0);
+  CHECK(crossing_bytes(cut_bytes, {2, 3}) == 5120);
+  // 0.8% slower and a quarter of the bytes: chosen. 1.5% slower: not tied.
+  CHECK(fewest_bytes_within(fastest, {fastest, split({2}, 100.8), split({1}, 100.1)}, cut_bytes,
+                            0.01)
+            .cuts == std::vector<int>{2});
+  CHECK(fewest_bytes_within(fastest, {fastest, split({2}, 101.5)}, cut_bytes, 0.01).cuts ==
+        std::vector<int>{3});
+  // One that does not fit, or has another stage count, never wins; equal bytes keep the faster.
+  CHECK(fewest_bytes_within(fastest, {split({2}, 100.2, false), split({2, 3}, 99.0)}, cut_bytes,
+                            0.01)
+            .cuts == std::vector<int>{3});
+  CHECK(fewest_bytes_within(fastest, {split({1}, 100.5), split({4}, 100.3)}, cut_bytes, 0.01)
+            .cuts == std::vector<int>{3});
+  // With no tie allowed, only a split of the same step and fewer bytes would be chosen.
+  CHECK(fewest_bytes_within(fastest, {split({2}, 100.3)}, cut_bytes, 0.0).cuts ==
+        std::vector<int>{3});
+  // A best that does not fit is kept as it is (the caller reports it).
+  CHECK(fewest_bytes_within(split({3}, 100.0, false), {split({2}, 100.1)}, cut_bytes, 0.01).cuts ==
+        std::vector<int>{3});
+  CHECK_THROWS_AS(crossing_bytes(cut_bytes, {5}), Error);
+}
+
 }  // namespace
 }  // namespace stagecraft::partition

@@ -46,7 +46,7 @@ schedule::PipelineShape shape_of(const Plan& p) {
 }
 
 TEST_CASE("the chosen split's step is never longer than a baseline's that fits, on every sample") {
-  int plans = 0, shorter_than_bottleneck = 0;
+  int plans = 0, shorter_than_bottleneck = 0, tie_breaks = 0;
   for (std::string model : {"toy.onnx", "mnist_cnn.onnx", "resnet_small.onnx", "gpt_tiny.onnx"}) {
     for (std::string schedule : {"gpipe", "1f1b", "interleaved", "zb-h1", "inference"}) {
       for (int devices : {1, 2, 4}) {
@@ -66,13 +66,20 @@ TEST_CASE("the chosen split's step is never longer than a baseline's that fits, 
         ++plans;
         CHECK(p.predicted.fits);
         CHECK(p.search.candidates >= 1);
+        // Within 1% of each: the tie-break may take a split up to 1% slower than the fastest
+        // found when its cuts send fewer bytes (and says so in its stage's `why`).
+        bool tie_broken = false;
+        for (const Stage& st : p.stages)
+          tie_broken = tie_broken || st.why.find("within 1%") != std::string::npos;
+        tie_breaks += tie_broken ? 1 : 0;
+        const double slack = tie_broken ? 1.01 : 1 + 1e-9;
         for (const Prediction* baseline : {&p.baseline_parameters, &p.baseline_uniform}) {
           if (!baseline->fits) continue;
-          CHECK(p.predicted.step_ms <= baseline->step_ms * (1 + 1e-9));
+          CHECK(p.predicted.step_ms <= baseline->step_ms * slack);
         }
         REQUIRE(p.search.bottleneck_step_ms > 0);
         if (p.search.bottleneck_fits)
-          CHECK(p.predicted.step_ms <= p.search.bottleneck_step_ms * (1 + 1e-9));
+          CHECK(p.predicted.step_ms <= p.search.bottleneck_step_ms * slack);
         if (p.predicted.step_ms < p.search.bottleneck_step_ms * (1 - 1e-9))
           ++shorter_than_bottleneck;
         CHECK(p.search.bottleneck_split_after.size() == p.stages.size() - 1);
@@ -81,7 +88,7 @@ TEST_CASE("the chosen split's step is never longer than a baseline's that fits, 
     }
   }
   MESSAGE(plans << " plans; the search beat the slowest-stage optimum in "
-                << shorter_than_bottleneck);
+                << shorter_than_bottleneck << "; the bytes tie-break chose " << tie_breaks);
   CHECK(plans >= 50);
   CHECK(shorter_than_bottleneck > 0);
 }

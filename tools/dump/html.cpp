@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -80,6 +81,11 @@ std::string facts(const PlanView& view, const MeasuredRun* measured) {
                      plural(static_cast<int64_t>(measured->step_ms.size()), "step"),
                      measured->reported_step_ms(),
                      measured->step_ms.size() > 1 ? " without the warm-up step" : ""));
+    if (!measured->summary_path.empty())
+      fact("measured figures",
+           fmt::format("{} (stagerun --json): median step {:.3f} ms; its device peaks and bubble "
+                       "are drawn with the trace's instructions",
+                       measured->summary_path, measured->summary_step_ms));
   }
   return out + "</table></div>\n";
 }
@@ -187,6 +193,40 @@ std::vector<int64_t> measured_peaks(const plan::Plan& plan, const MeasuredRun* m
   return peaks;
 }
 
+/// A byte scale under the memory bars: a line from 0 to `scale_max` bytes over `width` units from
+/// `left`, with ticks at 1, 2 or 5 x 10^k of the unit that suits (B, KiB, MiB, GiB, TiB).
+std::string byte_axis(double scale_max, int left, int width, int y) {
+  constexpr std::array<std::string_view, 5> kUnits = {"B", "KiB", "MiB", "GiB", "TiB"};
+  size_t unit = 0;
+  double per_unit = 1;
+  while (unit + 1 < kUnits.size() && scale_max / per_unit >= 1024 * 2) {
+    per_unit *= 1024;
+    ++unit;
+  }
+  const double raw = scale_max / per_unit / 6;  // about six ticks
+  const double magnitude = std::pow(10.0, std::floor(std::log10(std::max(raw, 1e-9))));
+  double tick = 10 * magnitude;
+  for (double m : {1.0, 2.0, 5.0})
+    if (m * magnitude >= raw) {
+      tick = m * magnitude;
+      break;
+    }
+  std::string svg = fmt::format(
+      "<g class=\"byte-axis\"><line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" "
+      "stroke=\"#333\"/>\n",
+      left, y, left + width);
+  for (int i = 0;; ++i) {
+    const double value = i * tick;
+    if (value * per_unit > scale_max * (1 + 1e-9)) break;
+    const double x = left + value * per_unit / scale_max * width;
+    svg += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#333\"/>"
+        "<text x=\"{0:.1f}\" y=\"{3}\" class=\"tick-label\">{4:g} {5}</text>\n",
+        x, y, y + 4, y + 16, value, kUnits[unit]);
+  }
+  return svg + "</g>\n";
+}
+
 /// One stacked bar per device: the parts it holds at its predicted peak, which add up to the
 /// peak printed at its end; the capacity as a dashed line when it is in view (else said in
 /// words); a measured peak as a red mark.
@@ -205,14 +245,15 @@ std::string memory_svg(const plan::Plan& plan, const MeasuredRun* measured) {
   // The capacity is drawn when it is within twice the largest peak (else the bars would vanish).
   const bool show_capacity = capacity > 0 && capacity <= 2 * largest;
   const double scale_max = show_capacity ? std::max(largest, capacity) : largest;
-  constexpr int kLeft = 80, kWidth = 760, kRow = 28;
-  const int legend_y = kRow * plan.devices + 18;
+  constexpr int kLeft = 80, kWidth = 760, kRow = 28, kTop = 16;
+  const int axis_y = kTop + kRow * plan.devices + 2;
+  const int legend_y = axis_y + 34;
   std::string svg = fmt::format(
       "<svg class=\"memory\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {} {}\" "
       "preserveAspectRatio=\"xMinYMin meet\" role=\"img\" aria-label=\"memory per device\">\n",
       kLeft + kWidth + 200, legend_y + 26);
   for (const plan::DevicePeak& d : plan.device_memory) {
-    const int y = d.device * kRow;
+    const int y = kTop + d.device * kRow;
     const plan::PeakParts& p = d.parts;
     const std::array<int64_t, 8> part = {p.weights,    p.gradients, p.optimizer, p.activations,
                                          p.recomputed, p.deferred,  p.arena,     p.communication};
@@ -245,11 +286,12 @@ std::string memory_svg(const plan::Plan& plan, const MeasuredRun* measured) {
   if (show_capacity) {
     const double x = kLeft + capacity / scale_max * kWidth;
     svg += fmt::format(
-        "<line class=\"capacity\" x1=\"{0:.1f}\" y1=\"0\" x2=\"{0:.1f}\" y2=\"{1}\" "
-        "stroke=\"#333\" stroke-dasharray=\"4 3\"><title>capacity {2}</title></line>"
-        "<text x=\"{0:.1f}\" y=\"{3}\" class=\"capacity-label\">capacity {2}</text>\n",
-        x, plan.devices * kRow, bytes(plan.device.memory_bytes), plan.devices * kRow + 4);
+        "<line class=\"capacity\" x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" "
+        "stroke=\"#333\" stroke-dasharray=\"4 3\"><title>capacity {3}</title></line>"
+        "<text x=\"{0:.1f}\" y=\"{4}\" class=\"capacity-label\">capacity {3}</text>\n",
+        x, kTop - 4, axis_y, bytes(plan.device.memory_bytes), kTop - 6);
   }
+  svg += byte_axis(scale_max, kLeft, kWidth, axis_y);
   // The legend names only the parts some device holds at its peak.
   std::array<bool, 8> held{};
   for (const plan::DevicePeak& d : plan.device_memory) {
@@ -312,7 +354,8 @@ std::string timeline_section(const PlanView& view, const MeasuredRun* measured) 
   if (measured != nullptr && measured->traced)
     measured_text =
         " Under each device, its measured median step (from the step's first instruction); the "
-        "runtime times compute, all-reduces, receives' waits and sends (the thin lane).";
+        "runtime times compute, all-reduces, receives' waits and sends (the thin lane); its "
+        "measured memory is the red line in the memory lane.";
   else if (measured != nullptr)
     measured_text =
         " The red line is the measured median step; stagerun --json has no instruction times "
@@ -321,7 +364,9 @@ std::string timeline_section(const PlanView& view, const MeasuredRun* measured) 
              "<h2>Timeline</h2>\n<p>{} as the planner predicted it: step {:.3f} ms, bubble "
              "{:.1f}%, one box per instruction. F forward, B backward (input gradient under "
              "zb-h1), W weight gradient, with the microbatch; lower case for later chunks. "
-             "Receives are the wait for their data; sends run on the link, in the thin lane.{}"
+             "Receives are the wait for their data; sends run on the link, in the thin lane. "
+             "Under each device's rows, its predicted memory over the step (one scale for every "
+             "device; the lane's title gives the peak).{}"
              "</p>\n",
              escaped(std::string(to_string(plan.schedule))), plan.predicted.step_ms,
              100 * plan.predicted.bubble_fraction, measured_text) +
@@ -352,6 +397,7 @@ constexpr std::string_view kStyle =
     "svg text.tick-label { font-size: 11px; text-anchor: middle; }\n"
     "svg text.marker { font-size: 11px; text-anchor: end; }\n"
     "svg text.capacity-label { font-size: 10px; }\n"
+    "svg text.memory-peak { font-size: 10px; text-anchor: end; fill: #3182bd; }\n"
     "svg rect.instr { stroke: #fff; stroke-width: 0.6; }\n"  // adjacent boxes stay apart
     "svg rect.measured { stroke: #b22222; stroke-width: 0.6; }\n"
     "svg rect.recompute { fill-opacity: 0.5; }\n"

@@ -12,7 +12,7 @@ namespace stagecraft::dump::html {
 namespace {
 
 constexpr double kLeft = 92, kWidth = 1000, kRight = 12;  // viewBox units
-constexpr double kBox = 20, kSendLane = 5, kGap = 12, kAxis = 34;
+constexpr double kBox = 20, kSendLane = 5, kGap = 12, kAxis = 34, kMemLane = 22;
 
 
 std::string_view colour_of(char kind) {
@@ -41,6 +41,10 @@ struct Rows {
   double per_device;  ///< Height of one device's rows.
   bool measured;      ///< A measured row under each predicted one.
   double top(int device) const { return kAxis + device * per_device; }
+  /// The top of the device's memory lane, under its instruction rows.
+  double memory_top(int device) const {
+    return top(device) + kBox + 1 + kSendLane + (measured ? 4 + kBox + 1 + kSendLane : 0) + 4;
+  }
 };
 
 /// The time axis: ticks, their labels in ms and light grid lines over the rows.
@@ -136,6 +140,85 @@ std::string measured_boxes(const PlanView& view, const MeasuredRun& run, const R
   return svg;
 }
 
+/// A step curve of (time ms, bytes) points held until `end_ms`, as SVG points in a lane from
+/// `bottom` up `kMemLane - 2` for `largest` bytes.
+std::string curve_points(const std::vector<std::pair<double, double>>& points, double end_ms,
+                         double scale, double bottom, double largest) {
+  std::string out;
+  double y_prev = bottom;
+  auto y_of = [&](double b) { return bottom - b / largest * (kMemLane - 2); };
+  out += fmt::format("{:.2f},{:.1f} ", kLeft + std::max(0.0, points.front().first) * scale, bottom);
+  for (const auto& [ms, b] : points) {
+    const double x = kLeft + std::max(0.0, ms) * scale;
+    out += fmt::format("{:.2f},{:.1f} {:.2f},{:.1f} ", x, y_prev, x, y_of(b));
+    y_prev = y_of(b);
+  }
+  out += fmt::format("{:.2f},{:.1f}", kLeft + end_ms * scale, y_prev);
+  return out;
+}
+
+/// Each device's memory over the step in a lane under its rows, on the timeline's time axis: the
+/// predicted curve (plan.json's device_memory) filled, a traced run's measured counter over its
+/// median step as a red line; one scale for every device (the largest value drawn), so lanes
+/// compare; the peak in the lane's title.
+std::string memory_lanes(const PlanView& view, const MeasuredRun* measured, const Rows& rows,
+                         double scale) {
+  const plan::Plan& plan = view.plan;
+  // The measured counter of each pipeline device over the reported step, from the step's start
+  // (the value held when it starts first).
+  std::vector<std::vector<std::pair<double, double>>> metered(static_cast<size_t>(plan.devices));
+  double measured_end_ms = 0;
+  if (measured != nullptr && measured->traced && !measured->memory.empty()) {
+    const MeasuredStep& step = measured->steps.at(static_cast<size_t>(measured->reported_step));
+    measured_end_ms = (step.end_s - step.start_s) * 1e3;
+    for (const MeasuredMemory& m : measured->memory) {
+      if (m.device >= plan.devices || m.time_s > step.end_s) continue;
+      auto& points = metered[static_cast<size_t>(m.device)];
+      const double ms = (m.time_s - step.start_s) * 1e3;
+      if (ms < 0 && !points.empty()) points.clear();  // only the last value before the start
+      points.emplace_back(std::max(0.0, ms), static_cast<double>(m.bytes));
+    }
+  }
+  double largest = 1;
+  for (const plan::DevicePeak& d : plan.device_memory)
+    largest = std::max(largest, static_cast<double>(d.peak_bytes));
+  for (const auto& points : metered)
+    for (const auto& [ms, b] : points) largest = std::max(largest, b);
+  std::string svg;
+  for (const plan::DevicePeak& d : plan.device_memory) {
+    if (d.time_ms.empty() || d.time_ms.size() != d.bytes.size()) continue;
+    const double top = rows.memory_top(d.device), bottom = top + kMemLane;
+    std::vector<std::pair<double, double>> predicted;
+    for (size_t i = 0; i < d.time_ms.size(); ++i)
+      predicted.emplace_back(d.time_ms[i], static_cast<double>(d.bytes[i]));
+    std::string title = fmt::format("device {} memory: predicted peak {} at {:.3f} ms", d.device,
+                                    format_bytes(static_cast<double>(d.peak_bytes)), d.peak_ms);
+    const auto& points = metered[static_cast<size_t>(d.device)];
+    double measured_peak = 0;
+    for (const auto& [ms, b] : points) measured_peak = std::max(measured_peak, b);
+    if (!points.empty())
+      title += fmt::format("; measured peak {} in the median step", format_bytes(measured_peak));
+    svg += fmt::format(
+        "<g class="memory-lane" data-device="{}"><title>{}</title>"
+        "<text x="0" y="{:.1f}" class="row memory-row">memory</text>"
+        "<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" stroke="#bbb"/>"
+        "<polyline class="memory-predicted" points="{}" fill="#c6dbef" stroke="#3182bd" "
+        "stroke-width="1"/>",
+        d.device, escaped(title), top + 15, kLeft, bottom, kLeft + kWidth, bottom,
+        curve_points(predicted, plan.predicted.step_ms, scale, bottom, largest));
+    if (!points.empty())
+      svg += fmt::format(
+          "<polyline class="memory-measured" points="{}" fill="none" stroke="#b22222" "
+          "stroke-width="1.2"/>",
+          curve_points(points, measured_end_ms, scale, bottom, largest));
+    svg += fmt::format("<text x="{:.1f}" y="{:.1f}" class="memory-peak">{}</text></g>\n",
+                       kLeft + kWidth - 2, top + 8,
+                       escaped(fmt::format("peak {}",
+                                           format_bytes(static_cast<double>(d.peak_bytes)))));
+  }
+  return svg;
+}
+
 /// A dashed vertical line at `ms` across the rows with its label above the axis' right end.
 std::string step_marker(double ms, double scale, double bottom, std::string_view cls,
                         std::string_view colour, const std::string& label, double label_y) {
@@ -176,6 +259,9 @@ std::string timeline_svg(const PlanView& view, const MeasuredRun* measured) {
   const plan::Plan& plan = view.plan;
   const bool traced = measured != nullptr && measured->traced;
   Rows rows{kBox + 1 + kSendLane + kGap + (traced ? kBox + 4 + 1 + kSendLane : 0), traced};
+  const bool memory = std::any_of(plan.device_memory.begin(), plan.device_memory.end(),
+                                  [](const plan::DevicePeak& d) { return !d.time_ms.empty(); });
+  if (memory) rows.per_device += kMemLane + 4;
   const double predicted_ms = plan.predicted.step_ms;
   const double measured_ms = measured != nullptr ? measured->reported_step_ms() : 0;
   const double span_ms = std::max({predicted_ms, measured_ms, 1e-6});
@@ -200,6 +286,7 @@ std::string timeline_svg(const PlanView& view, const MeasuredRun* measured) {
   svg += axis(span_ms, scale, bottom);
   svg += predicted_boxes(view, rows, scale);
   if (traced) svg += measured_boxes(view, *measured, rows, scale);
+  if (memory) svg += memory_lanes(view, measured, rows, scale);
   svg += step_marker(predicted_ms, scale, bottom, "predicted-step", "#1f4e79",
                      fmt::format("predicted step {:.3f} ms", predicted_ms), bottom + 14);
   if (measured != nullptr)

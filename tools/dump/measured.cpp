@@ -367,4 +367,17 @@ MeasuredRun load_measured(const std::string& path, const PlanView& view) {
   return run;
 }
 
+MeasuredRun with_summary(MeasuredRun traced, const MeasuredRun& summary) {
+  if (!traced.traced || summary.traced)
+    fail(ErrorKind::kUsage,
+         "--measured {} and {}: two runs are one stagerun --trace file and one stagerun --json "
+         "output, not two of the same kind",
+         traced.path, summary.path);
+  traced.device = summary.device;
+  traced.bubble_fraction = summary.bubble_fraction;
+  traced.summary_path = summary.path;
+  traced.summary_step_ms = summary.reported_step_ms();
+  return traced;
+}
+
 }  // namespace stagecraft::dump

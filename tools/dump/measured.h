@@ -57,8 +57,11 @@ struct MeasuredRun {
   /// Traced runs only: every device's memory counter ("memory device N" of its measured
   /// process), in the order of the file; empty for a trace written before stagerun kept one.
   std::vector<MeasuredMemory> memory;
-  std::vector<MeasuredDevice> device;  ///< --json runs only (R x P).
-  double bubble_fraction = -1;         ///< --json runs only (-1: unknown).
+  std::vector<MeasuredDevice> device;  ///< --json runs (R x P), or a trace given one (merge).
+  double bubble_fraction = -1;         ///< Likewise (-1: unknown).
+  /// A trace given a --json run's figures (`with_summary`): that run's file and median step.
+  std::string summary_path;
+  double summary_step_ms = 0;
 
   double reported_step_ms() const { return step_ms.at(static_cast<size_t>(reported_step)); }
 };
@@ -69,6 +72,12 @@ struct MeasuredRun {
 /// microbatches, schedule and predicted step. Throws `Error(kFormat)` or `Error(kPlan)` naming
 /// RUN and the field.
 MeasuredRun load_measured(const std::string& path, const PlanView& view);
+
+/// A traced run with the figures of a `stagerun --json` run of the same plan beside it (each
+/// device's measured peak and busy fraction, the measured bubble), which a trace lacks: what
+/// `stagedump --measured TRACE --measured JSON` draws. Throws `Error(kUsage)` unless `traced` is a
+/// trace and `summary` a --json run.
+MeasuredRun with_summary(MeasuredRun traced, const MeasuredRun& summary);
 
 /// Splits the events of a traced run (times from the run's start) into its steps, checking every
 /// device's timed instructions (`is_timed`) against its list in `schedule` (device g runs list
