@@ -2,7 +2,8 @@
 # browser_test.sh STAGEC STAGEDUMP STAGERUN SAMPLES WORKDIR: stagedump's HTML page in headless
 # Chromium (Debian's chromium; tools/setup.sh --test installs it). For a zb-h1 plan of 3 devices
 # with a measured run (stagerun --trace) and an interleaved one (2 devices x 2 chunks) with a
-# stagerun --json run, the page loads without console errors, its script's marker says it drew
+# stagerun --json run (and the zb plan again with both its trace and a --json run, drawn at once),
+# the page loads without console errors, its script's marker says it drew
 # one box per instruction of schedule.json (the boxes are in the DOM too) and that the page is not
 # wider than a 480-pixel window, and a screenshot at 1280 pixels is kept in WORKDIR (the test's
 # build folder) as an artifact. Exit 77 (skipped) where there is no chromium.
@@ -39,10 +40,12 @@ if ! headless --dump-dom 'data:text/html,<p>started</p>' 2>"$work/probe.txt" | g
 fi
 gpt="$samples/gpt_tiny.onnx --train --loss cross-entropy --batch 8 --dim seq=16 --device-spec cpu"
 
-check_page() {  # NAME PLAN_DIR RUN
-  local name=$1 plan=$2 run=$3
-  local page="$work/$name.html"
-  "$stagedump" "$plan" --html "$page" --measured "$run" >/dev/null
+check_page() {  # NAME PLAN_DIR RUN [RUN]
+  local name=$1 plan=$2
+  shift 2
+  local page="$work/$name.html" measured=()
+  for run in "$@"; do measured+=(--measured "$run"); done
+  "$stagedump" "$plan" --html "$page" "${measured[@]}" >/dev/null
   headless --window-size=480,900 --virtual-time-budget=2000 --dump-dom "file://$page" \
     >"$work/$name.dom.html" 2>"$work/$name.console.txt" || fail "$name: chromium exited $?"
   headless --window-size=1280,1600 --screenshot="$work/$name.png" "file://$page" \
@@ -69,6 +72,15 @@ check_page() {  # NAME PLAN_DIR RUN
 "$stagerun" "$work/zb" --steps 3 -q --trace "$work/zb.trace.json" >/dev/null
 check_page zb "$work/zb" "$work/zb.trace.json"
 grep -q 'data-measured="[1-9]' "$work/zb.dom.html" || fail "zb: no measured boxes"
+# Each device's memory over the step, on the timeline's axis: predicted, and the trace's counter.
+[ "$(grep -o 'class="memory-lane"' "$work/zb.dom.html" | wc -l)" -eq 3 ] || fail "zb: not 3 memory lanes"
+grep -q 'class="memory-measured"' "$work/zb.dom.html" || fail "zb: no measured memory curve"
+# Both records of one plan at once: the trace's boxes and the --json run's device peaks.
+"$stagerun" "$work/zb" --steps 3 -q --json >"$work/zb.run.jsonl"
+check_page zb-both "$work/zb" "$work/zb.trace.json" "$work/zb.run.jsonl"
+grep -q 'data-measured="[1-9]' "$work/zb-both.dom.html" || fail "zb-both: no measured boxes"
+grep -q 'class="measured-peak"' "$work/zb-both.dom.html" || fail "zb-both: no measured peaks"
+grep -q 'class="byte-axis"' "$work/zb-both.dom.html" || fail "zb-both: no byte scale under the bars"
 
 "$stagec" $gpt --devices 2 --microbatches 4 --schedule interleaved -o "$work/interleaved" >/dev/null
 "$stagerun" "$work/interleaved" --steps 2 -q --json >"$work/interleaved.run.jsonl"

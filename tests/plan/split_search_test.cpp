@@ -91,6 +91,7 @@ TEST_CASE("the chosen split's step is never longer than a baseline's that fits, 
                 << shorter_than_bottleneck << "; the bytes tie-break chose " << tie_breaks);
   CHECK(plans >= 50);
   CHECK(shorter_than_bottleneck > 0);
+  CHECK(tie_breaks > 0);  // the samples have cuts within 1% that send fewer bytes (resnet_small)
 }
 
 TEST_CASE("the search record goes through plan.json, which must have one") {

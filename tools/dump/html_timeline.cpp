@@ -199,19 +199,19 @@ std::string memory_lanes(const PlanView& view, const MeasuredRun* measured, cons
     if (!points.empty())
       title += fmt::format("; measured peak {} in the median step", format_bytes(measured_peak));
     svg += fmt::format(
-        "<g class="memory-lane" data-device="{}"><title>{}</title>"
-        "<text x="0" y="{:.1f}" class="row memory-row">memory</text>"
-        "<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" stroke="#bbb"/>"
-        "<polyline class="memory-predicted" points="{}" fill="#c6dbef" stroke="#3182bd" "
-        "stroke-width="1"/>",
+        "<g class=\"memory-lane\" data-device=\"{}\"><title>{}</title>"
+        "<text x=\"0\" y=\"{:.1f}\" class=\"row memory-row\">memory</text>"
+        "<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#bbb\"/>"
+        "<polyline class=\"memory-predicted\" points=\"{}\" fill=\"#c6dbef\" stroke=\"#3182bd\" "
+        "stroke-width=\"1\"/>",
         d.device, escaped(title), top + 15, kLeft, bottom, kLeft + kWidth, bottom,
         curve_points(predicted, plan.predicted.step_ms, scale, bottom, largest));
     if (!points.empty())
       svg += fmt::format(
-          "<polyline class="memory-measured" points="{}" fill="none" stroke="#b22222" "
-          "stroke-width="1.2"/>",
+          "<polyline class=\"memory-measured\" points=\"{}\" fill=\"none\" stroke=\"#b22222\" "
+          "stroke-width=\"1.2\"/>",
           curve_points(points, measured_end_ms, scale, bottom, largest));
-    svg += fmt::format("<text x="{:.1f}" y="{:.1f}" class="memory-peak">{}</text></g>\n",
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"memory-peak\">{}</text></g>\n",
                        kLeft + kWidth - 2, top + 8,
                        escaped(fmt::format("peak {}",
                                            format_bytes(static_cast<double>(d.peak_bytes)))));
