@@ -1,7 +1,7 @@
 // The CUDA backend's conv family (families.h): the ops of the CPU backend's conv.cpp and
 // pool.cpp, on the signatures the CPU accepts (so each check is `same_as_cpu`), on dense NCHW
-// tensors. Conv (1-D to 3-D, groups, strides, dilations, pads or auto_pad, optional bias) runs
-// on cuDNN (conv_common.h; asymmetric pads made explicit); MaxPool (with its optional Indices),
+// tensors. Conv (1-D to 3-D, groups, strides, dilations, pads or auto_pad, optional bias; also
+// 16-bit throughout) runs on cuDNN (conv_common.h; asymmetric pads made explicit); MaxPool (with its optional Indices),
 // AveragePool and GlobalAveragePool run on this family's own kernels (conv_kernels.cu), one
 // thread per output with ONNX's window rules, which cuDNN's pooling does not match (its
 // include-padding divisor counts the ceil_mode extension, and it has no dilated windows).
@@ -27,12 +27,12 @@ void conv(const KernelArgs& a) {
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
   const Tensor& w = a.input(1);
-  const CudnnConv c = cudnn_conv(a, g, w.shape);
+  const CudnnConv c = cudnn_conv(a, g, w.shape, y.dtype);
   const Tensor x = convolution_input(a, c, a.input(0));
-  cudnn_conv_forward(a, c, x.as<float>(), w.as<float>(), y.as<float>());
+  cudnn_conv_forward(a, c, x.data, w.data, y.data);
   if (g.bias > 0) {
     const int64_t n = y.shape[0], m = y.shape[1];
-    launch_add_channel_bias(y.as<float>(), a.input(2).as<float>(), n, m, y.numel() / (n * m),
+    launch_add_channel_bias(y.dtype, y.data, a.input(2).data, n, m, y.numel() / (n * m),
                             context(a).stream());
     check_launch(a);
   }
@@ -81,9 +81,10 @@ void global_average_pool(const KernelArgs& a) {
 }
 
 // The CPU backend's checks decide (float32 Conv and pooling, MaxPool also on int8 and uint8,
-// the attributes' values).
+// the attributes' values); Conv also runs bfloat16 or float16 throughout natively (cuDNN with
+// float32 accumulation on the tensor cores; the bias added in float32), where the CPU widens.
 const KernelEntry kKernels[] = {
-    {"Conv", conv, same_as_cpu},
+    {"Conv", conv, same_as_cpu_16bit},
     {"MaxPool", max_pool, same_as_cpu},
     {"AveragePool", average_pool, same_as_cpu},
     {"GlobalAveragePool", global_average_pool, same_as_cpu},

@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// Conv and ConvGrad on cuDNN's convolution API (conv_cudnn.cpp), float32 on dense NCHW tensors: X
+/// Conv and ConvGrad on cuDNN's convolution API (conv_cudnn.cpp), float32, bfloat16 or float16 (with
+/// float32 accumulation) on dense NCHW tensors: X
 /// [N, C, spatial...], W [M, C / group, kernel...], Y [N, M, spatial...], all row-major, as the
 /// runtime keeps every tensor. The geometry is the CPU's (cpu::ConvGeometry, runtime/cpu/window.h),
 /// so both backends resolve strides, dilations, groups, pads and auto_pad alike; this header only
@@ -34,32 +35,36 @@ struct CudnnConv {
   int group = 1;
   bool explicit_pad = false;  ///< some dim pads more on one side: X is padded into scratch
   PadShape pad_shape;         ///< X to the padded input, when explicit_pad
+  /// The element type of X, W, Y and their gradients: float32, or bfloat16 or float16 (a 16-bit
+  /// plan's native convolutions: float32 accumulation on the tensor cores).
+  DType dtype = DType::kFloat32;
 };
 
-/// The node's geometry `g` (with W of shape `w_shape`) in cuDNN's terms. Throws
-/// `Error(kUnsupported)` where a size exceeds cuDNN's int.
-CudnnConv cudnn_conv(const KernelArgs& a, const cpu::ConvGeometry& g, const Shape& w_shape);
+/// The node's geometry `g` (with W of shape `w_shape`, elements of `dtype`) in cuDNN's terms.
+/// Throws `Error(kUnsupported)` where a size exceeds cuDNN's int.
+CudnnConv cudnn_conv(const KernelArgs& a, const cpu::ConvGeometry& g, const Shape& w_shape,
+                     DType dtype = DType::kFloat32);
 
 /// X as the convolution reads it: `x` itself, or when the pads are asymmetric a new tensor
 /// with X zero-padded (freed in stream order when the caller lets go of it).
 Tensor convolution_input(const KernelArgs& a, const CudnnConv& c, const Tensor& x);
 
-/// A new float32 tensor of the padded input's size (dX before cropping).
+/// A new tensor of the padded input's size and the convolution's dtype (dX before cropping).
 Tensor new_padded_input(const KernelArgs& a, const CudnnConv& c);
 
 /// y = conv(x, w) (cudnnConvolutionForward, every element of y written); x is
 /// `convolution_input`'s.
-void cudnn_conv_forward(const KernelArgs& a, const CudnnConv& c, const float* x, const float* w,
-                        float* y);
+void cudnn_conv_forward(const KernelArgs& a, const CudnnConv& c, const void* x, const void* w,
+                        void* y);
 
 /// dx = the gradient of the (padded) input from w and dy (cudnnConvolutionBackwardData, every
 /// element written).
-void cudnn_conv_backward_data(const KernelArgs& a, const CudnnConv& c, const float* w,
-                              const float* dy, float* dx);
+void cudnn_conv_backward_data(const KernelArgs& a, const CudnnConv& c, const void* w,
+                              const void* dy, void* dx);
 
 /// dw = the gradient of the filter from the (padded) input x and dy
 /// (cudnnConvolutionBackwardFilter, every element written).
-void cudnn_conv_backward_filter(const KernelArgs& a, const CudnnConv& c, const float* x,
-                                const float* dy, float* dw);
+void cudnn_conv_backward_filter(const KernelArgs& a, const CudnnConv& c, const void* x,
+                                const void* dy, void* dw);
 
 }  // namespace stagecraft::rt::cuda

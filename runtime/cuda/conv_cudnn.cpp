@@ -5,12 +5,14 @@
 // descriptor holds the symmetric pads, strides and dilations, CUDNN_CROSS_CORRELATION (ONNX's
 // Conv does not flip the kernel), float32 compute, the group count, and CUDNN_FMA_MATH: float32
 // stays float32 (no TF32), as cuBLAS does here (cuda_context.cpp), so results are held to the
-// CPU backend's at rtol 1e-4.
+// CPU backend's at rtol 1e-4. A 16-bit plan's convolutions (bfloat16 or float16 tensors) keep
+// float32 compute with CUDNN_TENSOR_OP_MATH: the tensor cores multiply the 16-bit values exactly
+// and accumulate in float32, as cuBLAS's 16-bit products do here.
 //
 // Algorithms come from cuDNN's heuristics (the *_v7 queries, fastest first, no benchmarking
 // runs) filtered to the deterministic, non-FFT, non-Winograd ones: a run is then reproducible
-// and its rounding is that of a direct sum. Only when none of those is offered does the first
-// one cuDNN supports run. The workspace is the context's (grown as needed).
+// and its rounding is that of a direct sum (float32 ones also without tensor-op math). Only
+// when none of those is offered does the first one cuDNN supports run. The workspace is the context's (grown as needed).
 //
 // Descriptors, algorithms and workspace sizes are made once per convolution signature (the
 // dims, pads, strides, dilations and groups) and direction, and kept in the context's
@@ -71,25 +73,40 @@ struct Descriptors {
   ConvDesc conv{"cudnnCreateConvolutionDescriptor"};
 
   explicit Descriptors(const CudnnConv& c) {
-    set_tensor(x.get(), c.x);
-    check(cudnnSetFilterNdDescriptor(w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+    const cudnnDataType_t type = data_type(c.dtype);
+    set_tensor(x.get(), c.x, type);
+    check(cudnnSetFilterNdDescriptor(w.get(), type, CUDNN_TENSOR_NCHW,
                                      static_cast<int>(c.w.size()), c.w.data()),
           "cudnnSetFilterNdDescriptor");
-    set_tensor(y.get(), c.y);
+    set_tensor(y.get(), c.y, type);
     check(cudnnSetConvolutionNdDescriptor(conv.get(), static_cast<int>(c.pad.size()), c.pad.data(),
                                           c.stride.data(), c.dilation.data(),
                                           CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
           "cudnnSetConvolutionNdDescriptor");
     check(cudnnSetConvolutionGroupCount(conv.get(), c.group), "cudnnSetConvolutionGroupCount");
-    check(cudnnSetConvolutionMathType(conv.get(), CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
+    check(cudnnSetConvolutionMathType(
+              conv.get(), c.dtype == DType::kFloat32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH),
+          "cudnnSetConvolutionMathType");
+  }
+
+  static cudnnDataType_t data_type(DType dtype) {
+    switch (dtype) {
+      case DType::kBFloat16:
+        return CUDNN_DATA_BFLOAT16;
+      case DType::kFloat16:
+        return CUDNN_DATA_HALF;
+      default:
+        return CUDNN_DATA_FLOAT;
+    }
   }
 
   // Dense NCHW: each dim's stride is the product of the dims after it (cudnn_conv checked
   // that every tensor's element count fits an int).
-  static void set_tensor(cudnnTensorDescriptor_t desc, const std::vector<int>& dims) {
+  static void set_tensor(cudnnTensorDescriptor_t desc, const std::vector<int>& dims,
+                         cudnnDataType_t type) {
     std::vector<int> strides(dims.size(), 1);
     for (size_t d = dims.size() - 1; d-- > 0;) strides[d] = strides[d + 1] * dims[d + 1];
-    check(cudnnSetTensorNdDescriptor(desc, CUDNN_DATA_FLOAT, static_cast<int>(dims.size()),
+    check(cudnnSetTensorNdDescriptor(desc, type, static_cast<int>(dims.size()),
                                      dims.data(), strides.data()),
           "cudnnSetTensorNdDescriptor");
   }
@@ -129,7 +146,7 @@ using conv_cudnn_impl::ConvPlan;
 
 // The cached plan of convolution `c` on the node's context, made on the signature's first call.
 ConvPlan& plan_of(CudaContext& ctx, const CudnnConv& c) {
-  std::vector<int> key{static_cast<int>(c.x.size()), c.group};
+  std::vector<int> key{static_cast<int>(c.x.size()), c.group, static_cast<int>(c.dtype)};
   for (const std::vector<int>* part : {&c.x, &c.w, &c.y, &c.pad, &c.stride, &c.dilation})
     key.insert(key.end(), part->begin(), part->end());
   std::unique_ptr<ConvPlan>& plan = ctx.conv_cache().plans[key];
@@ -142,19 +159,23 @@ bool tensor_op(cudnnMathType_t math) {
 }
 
 // The algorithm to run from cuDNN's ranked `perf` (`count` entries): the first supported,
-// deterministic one that `direct` accepts (no FFT or Winograd) and that keeps float32, else the
-// first supported float32 one. Throws `Error(kUnsupported)` when cuDNN supports none.
+// deterministic one that `direct` accepts (no FFT or Winograd) and, for float32, keeps float32
+// (no tensor-op math), else the first supported such one. Throws `Error(kUnsupported)` when
+// cuDNN supports none.
 template <class Perf, class Algo>
-Algo choose(const KernelArgs& a, const Perf* perf, int count, bool (*direct)(Algo),
-            const char* pass) {
+Algo choose(const KernelArgs& a, const CudnnConv& c, const Perf* perf, int count,
+            bool (*direct)(Algo), const char* pass) {
+  const bool float32 = c.dtype == DType::kFloat32;
+  auto allowed = [&](const Perf& p) {
+    return p.status == CUDNN_STATUS_SUCCESS && !(float32 && tensor_op(p.mathType));
+  };
   for (int k = 0; k < count; ++k)
-    if (perf[k].status == CUDNN_STATUS_SUCCESS && perf[k].determinism == CUDNN_DETERMINISTIC &&
-        !tensor_op(perf[k].mathType) && direct(perf[k].algo))
+    if (allowed(perf[k]) && perf[k].determinism == CUDNN_DETERMINISTIC && direct(perf[k].algo))
       return perf[k].algo;
   for (int k = 0; k < count; ++k)
-    if (perf[k].status == CUDNN_STATUS_SUCCESS && !tensor_op(perf[k].mathType)) return perf[k].algo;
-  fail(ErrorKind::kUnsupported, "{} '{}': cuDNN offers no float32 algorithm for its {}", a.op_type,
-       a.name, pass);
+    if (allowed(perf[k])) return perf[k].algo;
+  fail(ErrorKind::kUnsupported, "{} '{}': cuDNN offers no {} algorithm for its {}", a.op_type,
+       a.name, dtype_name(c.dtype), pass);
 }
 
 bool direct_forward(cudnnConvolutionFwdAlgo_t algo) {
@@ -204,11 +225,13 @@ std::string call(const KernelArgs& a, const char* function) {
 
 }  // namespace
 
-CudnnConv cudnn_conv(const KernelArgs& a, const cpu::ConvGeometry& g, const Shape& w_shape) {
+CudnnConv cudnn_conv(const KernelArgs& a, const cpu::ConvGeometry& g, const Shape& w_shape,
+                     DType dtype) {
   const size_t spatial = g.src.size() - 2;
   const size_t lead = spatial == 1 ? 1 : 0;  // a 1-D convolution gets a unit height
   const size_t front = 3 - spatial;          // PadShape's front-filled dims
   CudnnConv c;
+  c.dtype = dtype;
   c.group = to_int(a, a.attrs.i("group", 1), "group");
   std::vector<int64_t> x{g.src[0], g.src[1]}, w{w_shape[0], w_shape[1]}, y{g.dst[0], g.dst[1]};
   if (lead == 1) {
@@ -244,7 +267,7 @@ CudnnConv cudnn_conv(const KernelArgs& a, const cpu::ConvGeometry& g, const Shap
 Tensor convolution_input(const KernelArgs& a, const CudnnConv& c, const Tensor& x) {
   if (!c.explicit_pad) return x;
   Tensor padded = new_padded_input(a, c);
-  launch_pad(x.as<float>(), padded.as<float>(), c.pad_shape, context(a).stream());
+  launch_pad(c.dtype, x.data, padded.data, c.pad_shape, context(a).stream());
   check(cudaGetLastError(), call(a, "padding kernel launch"));
   return padded;
 }
@@ -252,11 +275,11 @@ Tensor convolution_input(const KernelArgs& a, const CudnnConv& c, const Tensor& 
 Tensor new_padded_input(const KernelArgs& a, const CudnnConv& c) {
   Shape shape;
   for (int d : c.x) shape.push_back(d);
-  return context(a).new_tensor(DType::kFloat32, std::move(shape), false);
+  return context(a).new_tensor(c.dtype, std::move(shape), false);
 }
 
-void cudnn_conv_forward(const KernelArgs& a, const CudnnConv& c, const float* x, const float* w,
-                        float* y) {
+void cudnn_conv_forward(const KernelArgs& a, const CudnnConv& c, const void* x, const void* w,
+                        void* y) {
   CudaContext& ctx = context(a);
   cudnnHandle_t handle = ctx.cudnn();
   ConvPlan& p = plan_of(ctx, c);
@@ -268,7 +291,7 @@ void cudnn_conv_forward(const KernelArgs& a, const CudnnConv& c, const float* x,
                                                  d.y.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                  &count, perf),
           call(a, "cudnnGetConvolutionForwardAlgorithm_v7"));
-    p.forward.algo = choose(a, perf, count, direct_forward, "forward pass");
+    p.forward.algo = choose(a, c, perf, count, direct_forward, "forward pass");
     check(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.get(), d.w.get(), d.conv.get(),
                                                   d.y.get(), p.forward.algo, &p.forward.bytes),
           call(a, "cudnnGetConvolutionForwardWorkspaceSize"));
@@ -281,8 +304,8 @@ void cudnn_conv_forward(const KernelArgs& a, const CudnnConv& c, const float* x,
         call(a, "cudnnConvolutionForward"));
 }
 
-void cudnn_conv_backward_data(const KernelArgs& a, const CudnnConv& c, const float* w,
-                              const float* dy, float* dx) {
+void cudnn_conv_backward_data(const KernelArgs& a, const CudnnConv& c, const void* w,
+                              const void* dy, void* dx) {
   CudaContext& ctx = context(a);
   cudnnHandle_t handle = ctx.cudnn();
   ConvPlan& p = plan_of(ctx, c);
@@ -294,7 +317,7 @@ void cudnn_conv_backward_data(const KernelArgs& a, const CudnnConv& c, const flo
               handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
           call(a, "cudnnGetConvolutionBackwardDataAlgorithm_v7"));
-    p.data.algo = choose(a, perf, count, direct_data, "input gradient");
+    p.data.algo = choose(a, c, perf, count, direct_data, "input gradient");
     check(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w.get(), d.y.get(), d.conv.get(),
                                                        d.x.get(), p.data.algo, &p.data.bytes),
           call(a, "cudnnGetConvolutionBackwardDataWorkspaceSize"));
@@ -307,8 +330,8 @@ void cudnn_conv_backward_data(const KernelArgs& a, const CudnnConv& c, const flo
         call(a, "cudnnConvolutionBackwardData"));
 }
 
-void cudnn_conv_backward_filter(const KernelArgs& a, const CudnnConv& c, const float* x,
-                                const float* dy, float* dw) {
+void cudnn_conv_backward_filter(const KernelArgs& a, const CudnnConv& c, const void* x,
+                                const void* dy, void* dw) {
   CudaContext& ctx = context(a);
   cudnnHandle_t handle = ctx.cudnn();
   ConvPlan& p = plan_of(ctx, c);
@@ -320,7 +343,7 @@ void cudnn_conv_backward_filter(const KernelArgs& a, const CudnnConv& c, const f
               handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
               CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf),
           call(a, "cudnnGetConvolutionBackwardFilterAlgorithm_v7"));
-    p.filter.algo = choose(a, perf, count, direct_filter, "weight gradient");
+    p.filter.algo = choose(a, c, perf, count, direct_filter, "weight gradient");
     check(cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, d.x.get(), d.y.get(),
                                                          d.conv.get(), d.w.get(), p.filter.algo,
                                                          &p.filter.bytes),

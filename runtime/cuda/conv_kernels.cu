@@ -3,7 +3,10 @@
 // runtime/cpu/window.h computes them), the explicit padding of Conv's input for asymmetric
 // pads, and Conv's bias. Grid-stride loops with int64 indices; the gradients gather in a fixed
 // order (no atomics).
+#include <algorithm>
+
 #include "runtime/cuda/conv_kernels.h"
+#include "runtime/cuda/elementwise_device.cuh"
 #include "runtime/cuda/norm_block.cuh"
 #include "runtime/cuda/update_kernels.h"
 
@@ -70,17 +73,19 @@ __global__ void global_average_pool_grad_kernel(const float* dy, float* dx, int6
     dx[e] = dy[e / size] / static_cast<float>(size);
 }
 
-__global__ void pad_kernel(const float* x, float* padded, PadShape s) {
+template <class T>
+__global__ void pad_kernel(const T* x, T* padded, PadShape s) {
   const int64_t n = s.planes * s.padded[0] * s.padded[1] * s.padded[2];
   for (int64_t e = first_index(); e < n; e += grid_stride()) {
     const Position p = split(e, s.padded);
     const int64_t d = p.d - s.before[0], h = p.h - s.before[1], w = p.w - s.before[2];
     const bool inside = d >= 0 && d < s.in[0] && h >= 0 && h < s.in[1] && w >= 0 && w < s.in[2];
-    padded[e] = inside ? x[((p.plane * s.in[0] + d) * s.in[1] + h) * s.in[2] + w] : 0.0f;
+    padded[e] = inside ? x[((p.plane * s.in[0] + d) * s.in[1] + h) * s.in[2] + w] : T{};
   }
 }
 
-__global__ void crop_kernel(const float* padded, float* x, PadShape s) {
+template <class T>
+__global__ void crop_kernel(const T* padded, T* x, PadShape s) {
   const int64_t n = s.planes * s.in[0] * s.in[1] * s.in[2];
   for (int64_t e = first_index(); e < n; e += grid_stride()) {
     const Position p = split(e, s.in);
@@ -90,21 +95,67 @@ __global__ void crop_kernel(const float* padded, float* x, PadShape s) {
   }
 }
 
-__global__ void add_channel_bias_kernel(float* y, const float* bias, int64_t n, int64_t channels,
+// float32 and the 16-bit floats as the kernels read and write them.
+__device__ __forceinline__ float as_float(float v) { return v; }
+__device__ __forceinline__ float as_float(eltwise::BFloat16 v) { return eltwise::to_float(v); }
+__device__ __forceinline__ float as_float(eltwise::Half v) { return eltwise::to_float(v); }
+
+// Rows of blocks over the planes ([n, channels] of y, grid-stride in y), threads over a plane's
+// `size` elements: the channel is found once per plane, with no division per element.
+template <class T>
+__global__ void add_channel_bias_kernel(T* y, const T* bias, int64_t planes, int64_t channels,
                                         int64_t size) {
-  for (int64_t e = first_index(); e < n; e += grid_stride()) y[e] += bias[(e / size) % channels];
+  for (int64_t plane = blockIdx.y; plane < planes; plane += gridDim.y) {
+    const float b = as_float(bias[plane % channels]);
+    T* row = y + plane * size;
+    for (int64_t i = first_index(); i < size; i += grid_stride())
+      row[i] = eltwise::convert<T>(as_float(row[i]) + b);
+  }
 }
 
-// One block per channel (grid-stride over channels).
-__global__ void channel_sum_kernel(const float* dy, float* db, int64_t batch, int64_t channels,
+// A double sum as T: float32 rounded to nearest; a 16-bit float through float32 rounded to odd,
+// so the result is the direct rounding of the sum.
+template <class T>
+__device__ __forceinline__ T from_double(double v) {
+  if constexpr (std::is_same_v<T, float>)
+    return static_cast<float>(v);
+  else
+    return eltwise::convert<T>(eltwise::to_float_odd(v));
+}
+
+// One block per channel (grid-stride over channels); each thread walks (batch, position) pairs
+// a block apart, carrying the position and dividing only when it passes a plane's end.
+template <class T>
+__global__ void channel_sum_kernel(const T* dy, T* db, int64_t batch, int64_t channels,
                                    int64_t size) {
-  const int64_t count = batch * size;
   for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
     double sum = 0;
-    for (int64_t j = threadIdx.x; j < count; j += blockDim.x)
-      sum += dy[((j / size) * channels + c) * size + j % size];
+    if (size > 0) {
+      int64_t b = threadIdx.x / size, i = threadIdx.x % size;
+      while (b < batch) {
+        sum += as_float(dy[(b * channels + c) * size + i]);
+        i += blockDim.x;
+        if (i >= size) {
+          b += i / size;
+          i %= size;
+        }
+      }
+    }
     sum = block_sum(sum);
-    if (threadIdx.x == 0) db[c] = static_cast<float>(sum);
+    if (threadIdx.x == 0) db[c] = from_double<T>(sum);
+  }
+}
+
+// `launch(tag)` with the element type of `dtype` (float32, bfloat16 or float16) as tag's type.
+template <class F>
+void with_float_type(DType dtype, F launch) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return launch(eltwise::Tag<eltwise::BFloat16>{});
+    case DType::kFloat16:
+      return launch(eltwise::Tag<eltwise::Half>{});
+    default:
+      return launch(eltwise::Tag<float>{});
   }
 }
 
@@ -167,26 +218,47 @@ void launch_global_average_pool_grad(const float* dy, float* dx, int64_t planes,
       dy, dx, planes, size);
 }
 
-void launch_pad(const float* x, float* padded, const PadShape& shape, cudaStream_t stream) {
+void launch_pad(DType dtype, const void* x, void* padded, const PadShape& shape,
+                cudaStream_t stream) {
   const int64_t n = shape.planes * shape.padded[0] * shape.padded[1] * shape.padded[2];
-  pad_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, padded, shape);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    pad_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(x),
+                                                               static_cast<T*>(padded), shape);
+  });
 }
 
-void launch_crop(const float* padded, float* x, const PadShape& shape, cudaStream_t stream) {
+void launch_crop(DType dtype, const void* padded, void* x, const PadShape& shape,
+                 cudaStream_t stream) {
   const int64_t n = shape.planes * shape.in[0] * shape.in[1] * shape.in[2];
-  crop_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(padded, x, shape);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    crop_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(padded),
+                                                                static_cast<T*>(x), shape);
+  });
 }
 
-void launch_add_channel_bias(float* y, const float* bias, int64_t n, int64_t channels, int64_t size,
-                             cudaStream_t stream) {
-  const int64_t total = n * channels * size;
-  add_channel_bias_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(y, bias, total,
-                                                                              channels, size);
+void launch_add_channel_bias(DType dtype, void* y, const void* bias, int64_t n, int64_t channels,
+                             int64_t size, cudaStream_t stream) {
+  const int64_t planes = n * channels;
+  if (planes == 0 || size == 0) return;
+  const dim3 grid(std::min<unsigned>(grid_for(size, kThreads), 8),
+                  static_cast<unsigned>(std::min<int64_t>(planes, 65535)));
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    add_channel_bias_kernel<<<grid, kThreads, 0, stream>>>(
+        static_cast<T*>(y), static_cast<const T*>(bias), planes, channels, size);
+  });
 }
 
-void launch_channel_sum(const float* dy, float* db, int64_t n, int64_t channels, int64_t size,
-                        cudaStream_t stream) {
-  channel_sum_kernel<<<row_blocks(channels), kThreads, 0, stream>>>(dy, db, n, channels, size);
+void launch_channel_sum(DType dtype, const void* dy, void* db, int64_t n, int64_t channels,
+                        int64_t size, cudaStream_t stream) {
+  if (channels == 0) return;
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    channel_sum_kernel<<<row_blocks(channels), kThreads, 0, stream>>>(
+        static_cast<const T*>(dy), static_cast<T*>(db), n, channels, size);
+  });
 }
 
 }  // namespace stagecraft::rt::cuda

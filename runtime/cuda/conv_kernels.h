@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "runtime/cuda/conv_window.h"
+#include "runtime/format/dtype.h"
 
 namespace stagecraft::rt::cuda {
 
@@ -57,19 +58,34 @@ struct PadShape {
   int64_t in[3] = {1, 1, 1}, padded[3] = {1, 1, 1}, before[3] = {0, 0, 0};
 };
 
-/// padded = x with zeros around it (every element of `padded` written).
-void launch_pad(const float* x, float* padded, const PadShape& shape, cudaStream_t stream);
+/// padded = x with zeros around it (every element of `padded` written); elements of `dtype`
+/// (float32, bfloat16 or float16).
+void launch_pad(DType dtype, const void* x, void* padded, const PadShape& shape,
+                cudaStream_t stream);
 
 /// x = the inner part of `padded` (the inverse of launch_pad; every element of `x` written).
-void launch_crop(const float* padded, float* x, const PadShape& shape, cudaStream_t stream);
+void launch_crop(DType dtype, const void* padded, void* x, const PadShape& shape,
+                 cudaStream_t stream);
+inline void launch_crop(const float* padded, float* x, const PadShape& shape, cudaStream_t stream) {
+  launch_crop(DType::kFloat32, padded, x, shape, stream);
+}
 
-/// y[n, m, s] += bias[m] over y as [n, channels, size] (Conv's bias).
-void launch_add_channel_bias(float* y, const float* bias, int64_t n, int64_t channels, int64_t size,
-                             cudaStream_t stream);
+/// y[n, m, s] += bias[m] over y as [n, channels, size] (Conv's bias), both of `dtype`: a 16-bit
+/// y and bias are added in float32 and rounded once.
+void launch_add_channel_bias(DType dtype, void* y, const void* bias, int64_t n, int64_t channels,
+                             int64_t size, cudaStream_t stream);
+inline void launch_add_channel_bias(float* y, const float* bias, int64_t n, int64_t channels,
+                                    int64_t size, cudaStream_t stream) {
+  launch_add_channel_bias(DType::kFloat32, y, bias, n, channels, size, stream);
+}
 
 /// db[m] = the sum of dy[n, m, s] over n and s, in double (ConvGrad's bias gradient; one block
-/// per channel, a fixed reduction tree).
-void launch_channel_sum(const float* dy, float* db, int64_t n, int64_t channels, int64_t size,
-                        cudaStream_t stream);
+/// per channel, a fixed reduction tree), dy and db of `dtype` (db rounded once).
+void launch_channel_sum(DType dtype, const void* dy, void* db, int64_t n, int64_t channels,
+                        int64_t size, cudaStream_t stream);
+inline void launch_channel_sum(const float* dy, float* db, int64_t n, int64_t channels,
+                               int64_t size, cudaStream_t stream) {
+  launch_channel_sum(DType::kFloat32, dy, db, n, channels, size, stream);
+}
 
 }  // namespace stagecraft::rt::cuda

@@ -1,4 +1,5 @@
-// The CUDA backend's gradients of Conv and pooling (families.h), float32 on dense NCHW tensors,
+// The CUDA backend's gradients of Conv and pooling (families.h), float32 on dense NCHW tensors
+// (ConvGrad also bfloat16 or float16: cuDNN with float32 accumulation),
 // following the contract of runtime/format/grad_ops.h and the CPU backend's grad_conv.cpp:
 // inputs x0..x{n-1}, y0..y{m-1}, dy0..dy{m-1}; outputs dx0..dx{n-1}, each computed only where
 // the node names it (so the weight-gradient half of a split ConvGrad computes dW and dB alone,
@@ -52,26 +53,26 @@ void conv_grad(const KernelArgs& a) {
   if (dy.numel() == 0 || x.numel() == 0) return zero_outputs(a);
   CudaContext& ctx = context(a);
   if (io.wants(0) || io.wants(1)) {
-    const CudnnConv c = cudnn_conv(a, g, w.shape);
+    const CudnnConv c = cudnn_conv(a, g, w.shape, dy.dtype);
     if (io.wants(0)) {
       Tensor& dx = *io.dx(0);
       if (!c.explicit_pad) {
-        cudnn_conv_backward_data(a, c, w.as<float>(), dy.as<float>(), dx.as<float>());
+        cudnn_conv_backward_data(a, c, w.data, dy.data, dx.data);
       } else {
         Tensor padded = new_padded_input(a, c);
-        cudnn_conv_backward_data(a, c, w.as<float>(), dy.as<float>(), padded.as<float>());
-        launch_crop(padded.as<float>(), dx.as<float>(), c.pad_shape, ctx.stream());
+        cudnn_conv_backward_data(a, c, w.data, dy.data, padded.data);
+        launch_crop(c.dtype, padded.data, dx.data, c.pad_shape, ctx.stream());
         check_launch(a);
       }
     }
     if (io.wants(1)) {
       const Tensor input = convolution_input(a, c, x);
-      cudnn_conv_backward_filter(a, c, input.as<float>(), dy.as<float>(), io.dx(1)->as<float>());
+      cudnn_conv_backward_filter(a, c, input.data, dy.data, io.dx(1)->data);
     }
   }
   if (io.wants(2)) {
     const int64_t n = dy.shape[0], m = dy.shape[1];
-    launch_channel_sum(dy.as<float>(), io.dx(2)->as<float>(), n, m, dy.numel() / (n * m),
+    launch_channel_sum(dy.dtype, dy.data, io.dx(2)->data, n, m, dy.numel() / (n * m),
                        ctx.stream());
     check_launch(a);
   }
@@ -133,9 +134,9 @@ void global_average_pool_grad(const KernelArgs& a) {
 }
 
 // The CPU backend's checks decide (float32, MaxPoolGrad's int64 Indices, the contract's arity,
-// the attributes' values).
+// the attributes' values); ConvGrad also runs bfloat16 or float16 throughout natively, as Conv.
 const KernelEntry kKernels[] = {
-    {"ConvGrad", conv_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"ConvGrad", conv_grad, same_as_cpu_16bit, /*writes_every_output=*/true},
     {"MaxPoolGrad", max_pool_grad, same_as_cpu, /*writes_every_output=*/true},
     {"AveragePoolGrad", average_pool_grad, same_as_cpu, /*writes_every_output=*/true},
     {"GlobalAveragePoolGrad", global_average_pool_grad, same_as_cpu,

@@ -118,5 +118,48 @@ TEST_CASE("the cuda backend covers the cpu's conv and pooling ops and their grad
 #endif
 }
 
+TEST_CASE("the cuda backend convolves 16-bit tensors natively, forward and gradient") {
+#ifdef STAGECRAFT_WITH_CUDA
+  // cuDNN on bfloat16 or float16 throughout with float32 accumulation (conv_cudnn.cpp), where
+  // the CPU widens; two float types in one node widen; what the float32 form refuses is refused.
+  const Backend* cuda = cuda_backend();
+  REQUIRE(cuda != nullptr);
+  onnx::NodeProto conv_node;
+  set_ints(conv_node, "kernel_shape", {3, 3});
+  set_ints(conv_node, "pads", {0, 1, 1, 0});
+  const Attrs conv(conv_node);
+  onnx::NodeProto grad_node;
+  set_ints(grad_node, "kernel_shape", {3, 3});
+  set_int(grad_node, std::string(grad::kForwardInputsAttr), 3);
+  const Attrs conv_grad(grad_node);
+  onnx::NodeProto bad_pad_node;
+  set_string(bad_pad_node, "auto_pad", "SAME");
+  set_ints(bad_pad_node, "kernel_shape", {2, 2});
+  const Attrs bad_pad(bad_pad_node);
+  using D = DType;
+  for (const DType h : {D::kBFloat16, D::kFloat16}) {
+    CAPTURE(dtype_name(h));
+    const DType one[] = {h}, with_bias[] = {h, h, h}, no_bias[] = {h, h, D::kUndefined};
+    const DType grad_in[] = {h, h, h, h, h}, grad_out[] = {h, h, h},
+                weight_half[] = {D::kUndefined, h, h};
+    for (const OpSignature& s : {OpSignature{"Conv", with_bias, one, conv},
+                                 OpSignature{"Conv", no_bias, one, conv},
+                                 OpSignature{"ConvGrad", grad_in, grad_out, conv_grad},
+                                 OpSignature{"ConvGrad", grad_in, weight_half, conv_grad}}) {
+      CAPTURE(s.op_type);
+      CHECK(cuda->check(s).empty());
+      CHECK_FALSE(cuda->runs_widened(s));
+    }
+    const DType beside_f32[] = {h, D::kFloat32, h};
+    const OpSignature mixed{"Conv", beside_f32, one, conv};
+    CHECK(cuda->check(mixed).empty());
+    CHECK(cuda->runs_widened(mixed));
+    CHECK_FALSE(cuda->check(OpSignature{"Conv", with_bias, one, bad_pad}).empty());
+  }
+#else
+  CHECK(cuda_backend() == nullptr);
+#endif
+}
+
 }  // namespace
 }  // namespace stagecraft::rt
