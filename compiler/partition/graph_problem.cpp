@@ -6,6 +6,46 @@
 
 namespace stagecraft::partition {
 
+namespace {
+
+/// Per node id: whether a graph input reaches it. `order` is topological (producers first).
+std::vector<bool> fed_by_inputs(const ir::Graph& graph, const std::vector<ir::NodeId>& order) {
+  std::vector<bool> fed(graph.num_nodes(), false);
+  for (ir::NodeId n : order) {
+    for (ir::ValueId in : graph.node(n).inputs) {
+      if (in == ir::kNoId) continue;
+      const ir::Value& v = graph.value(in);
+      if (v.is_graph_input || (v.producer != ir::kNoId && fed[v.producer])) fed[n] = true;
+    }
+  }
+  return fed;
+}
+
+}  // namespace
+
+std::vector<ir::NodeId> partition_order(const ir::Graph& graph) {
+  const std::vector<ir::NodeId> topological = graph.topological_order();
+  const std::vector<bool> fed = fed_by_inputs(graph, topological);
+  std::vector<bool> placed(graph.num_nodes(), false);
+  std::vector<ir::NodeId> order;
+  order.reserve(topological.size());
+  // A node, after the weight-only producers it reads that are not placed yet (theirs first).
+  auto place = [&](auto& self, ir::NodeId n) -> void {
+    if (placed[n]) return;
+    for (ir::ValueId in : graph.node(n).inputs) {
+      if (in == ir::kNoId) continue;
+      const ir::NodeId p = graph.value(in).producer;
+      if (p != ir::kNoId && !fed[p]) self(self, p);
+    }
+    placed[n] = true;
+    order.push_back(n);
+  };
+  for (ir::NodeId n : topological)
+    if (fed[n]) place(place, n);
+  for (ir::NodeId n : topological) place(place, n);  // weight-only nodes nothing fed reads
+  return order;
+}
+
 GraphProblem make_graph_problem(const ir::Graph& graph, std::vector<ir::NodeId> order,
                                 std::vector<PositionCost> costs) {
   if (costs.size() != order.size()) {
@@ -36,6 +76,14 @@ GraphProblem make_graph_problem(const ir::Graph& graph, std::vector<ir::NodeId> 
     delta[tensor.readers.back()] -= tensor.bytes;
     gp.problem.tensors.push_back(std::move(tensor));
   }
+  // No cut right after a node computed from weights alone: it would send a weight to the next
+  // stage every microbatch (partition_order puts such a node just before its first reader).
+  const std::vector<bool> fed = fed_by_inputs(graph, gp.order);
+  std::vector<int> allowed;
+  for (int i = 0; i + 1 < n; ++i)
+    if (fed[gp.order[i]]) allowed.push_back(i);
+  if (!allowed.empty() && static_cast<int>(allowed.size()) < n - 1)
+    gp.problem.allowed_cuts = std::move(allowed);
   gp.problem.cut_bytes.assign(std::max(0, n - 1), 0.0);
   double running = 0;
   for (int i = 0; i + 1 < n; ++i) {

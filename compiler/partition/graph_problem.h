@@ -18,10 +18,18 @@ struct GraphProblem {
   Problem problem;                ///< positions, cut_bytes and tensors filled; the caller sets the rest.
 };
 
+/// The order the solver cuts: the graph's topological order, except that a node computed from
+/// weights and constants alone (no graph input upstream: an exporter's Transpose of a Linear
+/// weight, a cast of an embedding) comes right before its first reader instead of wherever it
+/// became ready. Otherwise such a node lands in the first stage and its output, a weight, is
+/// sent to the stage that reads it on every microbatch, and its gradient sent back.
+std::vector<ir::NodeId> partition_order(const ir::Graph& graph);
+
 /// Builds the problem for the live nodes in `order` (a topological order) with their costs
 /// (`costs[i]` for `order[i]`). A tensor crosses every cut between its producer's position and
 /// its last reader's; graph inputs are routed straight to the stages that read them and weights
-/// live with their readers, so neither is ever sent between stages.
+/// live with their readers, so neither is ever sent between stages. The allowed cuts leave out
+/// the positions right after a node computed from weights alone (see partition_order).
 GraphProblem make_graph_problem(const ir::Graph& graph, std::vector<ir::NodeId> order,
                                 std::vector<PositionCost> costs);
 

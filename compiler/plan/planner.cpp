@@ -472,7 +472,7 @@ PlannedModel make_plan(const PlanOptions& o) {
   if (o.cost_model && !custom_costs)
     fail(ErrorKind::kInternal, "the cost model factory returned no model");
   const cost::OpCostModel& costs = custom_costs ? *custom_costs : roofline;
-  auto order = g.topological_order();
+  auto order = partition::partition_order(g);
   NodeFacts facts = node_facts(g, order, costs, s.precision);
   const bool manual = !o.split_after.empty();
   Attempt best = choose_placement(s, g, order, facts, o, out.plan.training_config.loss_output,

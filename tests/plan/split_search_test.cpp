@@ -94,6 +94,51 @@ TEST_CASE("the chosen split's step is never longer than a baseline's that fits, 
   CHECK(tie_breaks > 0);  // the samples have cuts within 1% that send fewer bytes (resnet_small)
 }
 
+TEST_CASE("a node computed from weights alone stays with the stage that reads it") {
+  // An exporter's Linear: MatMul(x, Transpose(W)). Ready from the start, each Transpose came
+  // first in the order, so a cut before its reader sent the transposed weight every microbatch
+  // (and its gradient back). It now sits right before its reader, with no cut between them.
+  testing::TempDir dir;
+  onnx::ModelProto m = testing::relu_model();
+  auto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_output();
+  g->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)
+      ->set_dim_value(64);
+  std::string x = "x";
+  for (int k = 0; k < 6; ++k) {
+    const std::string n = std::to_string(k);
+    testing::add_float_initializer(g, "W" + n, {64, 64});
+    testing::add_node(g, "Transpose", {"W" + n}, {"t" + n}, "/fc" + n + "/Transpose");
+    testing::add_node(g, "MatMul", {x, "t" + n}, {"h" + n}, "/fc" + n + "/MatMul");
+    testing::add_node(g, "Relu", {"h" + n}, {"r" + n}, "/fc" + n + "/Relu");
+    x = "r" + n;
+  }
+  testing::add_tensor_info(g->add_output(), x, onnx::TensorProto::FLOAT, {-1, 64}, {"batch"});
+  testing::write_model(m, dir.file("linears.onnx"));
+  for (int devices : {2, 3, 4}) {
+    CAPTURE(devices);
+    PlanOptions o;
+    o.model_path = dir.file("linears.onnx");
+    o.devices = devices;
+    o.training = true;
+    o.loss.kind = "mse";
+    o.batch = 4 * devices;
+    o.microbatches = 2 * devices;
+    o.schedule = stagecraft::parse_schedule("1f1b");
+    const Plan p = make_plan(o).plan;
+    int transposes = 0;
+    for (const Stage& st : p.stages) {
+      for (const plan::StageTensor& t : st.inputs) {
+        CAPTURE(t.name);
+        CHECK_FALSE((t.peer_stage >= 0 && t.name.starts_with("t")));
+      }
+    }
+    for (const plan::OpRecord& op : p.ops) transposes += op.op_type == "Transpose" ? 1 : 0;
+    CHECK(transposes == 6);  // not folded away: each is trained through
+  }
+}
+
 TEST_CASE("the search record goes through plan.json, which must have one") {
   Plan p = make_plan(options("toy.onnx", 2, "1f1b")).plan;
   CHECK(p.search.candidates > 1);
