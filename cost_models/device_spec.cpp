@@ -44,7 +44,7 @@ std::vector<DeviceSpec> make_presets() {
       // (two 8-wide AVX2 FMA units) = 160 GFLOP/s peak, of which oneDNN sustains about 100;
       // no faster 16-bit path without AMX; one DDR4-3200 channel is 25.6 GB/s, about 20
       // achievable; 16 GiB of RAM; about 2 us to dispatch a primitive.
-      {"cpu", 100e9, 100e9, 20e9, static_cast<int64_t>(16 * kGiB), 2e-6, 0.5, "cpu"},
+      {"cpu", 100e9, 100e9, 20e9, static_cast<int64_t>(16 * kGiB), 2e-6, 0.5, DeviceKind::kCpu},
   };
 }
 
@@ -99,16 +99,17 @@ DeviceSpec device_spec_from_json(const nlohmann::json& object, const std::string
   spec.launch_overhead_s = f.positive_number("launch_overhead_s");
   spec.efficiency = f.positive_number("efficiency", 1.0);
   if (auto kind = f.find("kind")) {
-    spec.kind = kind->string();
-    if (spec.kind != "cpu" && spec.kind != "gpu")
-      kind->fail(fmt::format("is \"{}\"; it is \"cpu\" or \"gpu\"", spec.kind));
+    const std::string name = kind->string();
+    const std::optional<DeviceKind> found = find_device_kind(name);
+    if (!found) kind->fail(fmt::format("is \"{}\"; it is \"cpu\" or \"gpu\"", name));
+    spec.kind = *found;
   }
   return spec;
 }
 
 nlohmann::json to_json(const DeviceSpec& spec) {
   return {{"name", spec.name},
-          {"kind", spec.kind},
+          {"kind", to_string(spec.kind)},
           {"peak_flops_fp32", spec.peak_flops_fp32},
           {"peak_flops_fp16", spec.peak_flops_fp16},
           {"memory_bandwidth", spec.memory_bandwidth},

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/format/vocabulary.h"
+
 namespace stagecraft::cost {
 
 /// One device. Every number is positive; `efficiency` is in (0, 1].
@@ -24,7 +26,7 @@ struct DeviceSpec {
   /// Achievable fraction of peak for matrix products and convolutions (large GEMMs reach
   /// 60-80% of the datasheet peak). A calibration knob until measured profiles replace it.
   double efficiency = 0;
-  std::string kind = "gpu";  ///< "cpu" | "gpu": the kind of backend that runs it.
+  DeviceKind kind = DeviceKind::kGpu;  ///< The kind of backend that runs it.
 };
 
 /// The built-in presets, in a fixed order: h100, h200, a100-80g, a100-40g, v100-16g, cpu.

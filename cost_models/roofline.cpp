@@ -57,7 +57,7 @@ bool RooflineCostModel::runs_16_bit(const ir::Node& node) const {
   if (info->family == OpFamily::kData || info->family == OpFamily::kShape ||
       node.op_type == "Cast")
     return true;
-  const bool gpu = device_.kind == "gpu", bf16 = precision_ == Precision::kMixed;
+  const bool gpu = device_.kind == DeviceKind::kGpu, bf16 = precision_ == Precision::kMixed;
   if (node.op_type == "MatMul") return gpu || bf16;  // the CPU widens float16
   if (node.op_type == "Gemm") return !gpu && bf16;   // oneDNN bf16; CUDA's Gemm is float32
   return false;

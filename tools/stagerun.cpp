@@ -362,18 +362,17 @@ void write_trace(const rt::RunReport& report, const Args& args, const rt::Pipeli
 // One line when the plan was costed for another kind of device than the backend that runs it
 // (an h100 plan on the cpu backend): its predicted step, bubble and times are that device's, not
 // this machine's. Names the stagec flags that cost it for the backend. "" when they match.
-std::string device_kind_warning(const plan::Plan& plan, std::string_view backend) {
-  const std::string_view kind = backend == "cuda" ? "gpu" : "cpu";
-  if (plan.device.kind == kind) return "";
+std::string device_kind_warning(const plan::Plan& plan, const rt::Backend& backend) {
+  if (plan.device.kind == backend.kind()) return "";
   const std::string fix =
-      kind == "cpu"
+      backend.kind() == DeviceKind::kCpu
           ? "stagec --profile cpu (measured kernel times) or --device-spec cpu (roofline)"
           : "stagec --profile cuda (measured kernel times) or --device-spec h100 (or your GPU's "
             "preset or file)";
   return fmt::format(
       "the plan was costed for {} (a {} device) but runs on the {} backend: its predicted step, "
       "bubble and times are {}'s, not this machine's; re-plan with {}",
-      plan.device.name, plan.device.kind, backend, plan.device.name, fix);
+      plan.device.name, to_string(plan.device.kind), backend.name(), plan.device.name, fix);
 }
 
 // Every warning of the run, one line each: the device kind, devices sharing a
@@ -382,7 +381,7 @@ std::vector<std::string> run_warnings(const plan::Plan& plan, const rt::Backend&
                                       std::span<const int> devices) {
   std::vector<std::string> warnings;
   for (std::string line :
-       {device_kind_warning(plan, backend.name()),
+       {device_kind_warning(plan, backend),
         rt::shared_device_warning(backend, devices)})
     if (!line.empty()) warnings.push_back(std::move(line));
   return warnings;
@@ -450,7 +449,7 @@ void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const
                  {"predicted", plan.predicted.bubble_fraction}};
   j["predicted_step_ms"] = plan.predicted.step_ms;
   j["cost_model"] = plan.cost_model;
-  j["plan_device"] = {{"name", plan.device.name}, {"kind", plan.device.kind}};
+  j["plan_device"] = {{"name", plan.device.name}, {"kind", to_string(plan.device.kind)}};
   j["warnings"] = warnings;
   if (!gap.empty()) j["prediction_gap"] = gap;
   if (!report.losses.empty()) j["final_loss"] = report.losses.back();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
+#include "runtime/format/vocabulary.h"
 
 namespace stagecraft::rt {
 
@@ -22,6 +23,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  /// The kind of device it runs (what a plan's `device.kind` is checked against).
+  virtual DeviceKind kind() const = 0;
 
   /// "" when the backend runs `signature`, else the reason, e.g. "op 'Foo' has no cpu kernel".
   /// A signature with 16-bit float tensors (bfloat16, float16) that the kernel runs only in

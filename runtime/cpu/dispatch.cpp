@@ -68,6 +68,7 @@ class CpuBackend final : public Backend {
     for (const auto& family : families) table_.insert(table_.end(), family.begin(), family.end());
   }
   std::string_view name() const override { return "cpu"; }
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::span<const KernelEntry> table() const override { return table_; }
   std::unique_ptr<DeviceContext> make_device(int /*device*/, int threads) const override {
     return std::make_unique<CpuContext>(threads);

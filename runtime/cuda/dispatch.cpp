@@ -62,6 +62,7 @@ class CudaBackend final : public Backend {
     for (const auto& family : families) table_.insert(table_.end(), family.begin(), family.end());
   }
   std::string_view name() const override { return "cuda"; }
+  DeviceKind kind() const override { return DeviceKind::kGpu; }
   std::span<const KernelEntry> table() const override { return table_; }
   std::unique_ptr<DeviceContext> make_device(int device, int /*threads*/) const override {
     return std::make_unique<CudaContext>(device);

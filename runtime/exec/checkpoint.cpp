@@ -176,7 +176,7 @@ void remove_stale_saves(const std::string& dir) {
 /// or reset its moments.
 void check_complete(const Pipeline& pipeline, const Manifest& manifest, const std::string& file) {
   optim::OptimizerConfig config;
-  config.kind = std::string(to_string(pipeline.plan().optimizer));
+  config.kind = pipeline.plan().optimizer;
   const std::vector<std::string> state_names = optim::Optimizer::make(config)->state_names();
   for (const plan::Stage& stage : pipeline.plan().stages) {
     if (!pipeline.holds_stage(stage.index)) continue;  // another process's

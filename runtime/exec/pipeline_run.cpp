@@ -39,7 +39,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const plan::Plan& plan,
                                                  optim::LrSchedule& lr_schedule) {
   const plan::TrainingConfig& tc = plan.training_config;
   optim::OptimizerConfig oc;
-  oc.kind = std::string(to_string(plan.optimizer));
+  oc.kind = plan.optimizer;
   oc.lr = static_cast<float>(tc.lr);
   oc.weight_decay = static_cast<float>(tc.weight_decay);
   oc.momentum = static_cast<float>(tc.momentum);

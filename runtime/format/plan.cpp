@@ -120,7 +120,9 @@ ordered shared_json(const std::vector<SharedWeight>& shared) {
 }
 
 ordered device_json(const DeviceSpec& device) {
-  return {{"name", device.name}, {"kind", device.kind}, {"memory_bytes", device.memory_bytes}};
+  return {{"name", device.name},
+          {"kind", to_string(device.kind)},
+          {"memory_bytes", device.memory_bytes}};
 }
 
 ordered cluster_json(const ClusterSpec& cluster) {
@@ -380,7 +382,8 @@ schedule::TimelineEvent read_event(const JsonValue& value) {
 
 DeviceSpec read_device(const JsonObject& top) {
   JsonObject f = top.object("device", {"name", "kind", "memory_bytes"});
-  return {f.string("name"), f.string("kind"), f.int64("memory_bytes")};
+  return {f.string("name"), read_name(f, "kind", find_device_kind, device_kind_names()),
+          f.int64("memory_bytes")};
 }
 
 ClusterSpec read_cluster(const JsonObject& top) {

@@ -127,7 +127,7 @@ std::string describe_parts(const DevicePeak& peak);
 /// The device a plan was made for: what the runtime checks the machine that runs it against.
 struct DeviceSpec {
   std::string name;          ///< The cost model's device: "h100", "cpu", a device file's name.
-  std::string kind;          ///< "cpu" | "gpu": the kind of backend that runs it.
+  DeviceKind kind = DeviceKind::kGpu;  ///< The backend kind that runs it ("cpu", "gpu").
   int64_t memory_bytes = 0;  ///< One device's memory capacity.
 };
 

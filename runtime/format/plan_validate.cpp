@@ -23,9 +23,6 @@
 namespace stagecraft::plan {
 namespace {
 
-/// The kinds of device a plan may be made for (its names of the other concepts are
-/// runtime/format/vocabulary.h's).
-constexpr std::array<std::string_view, 2> kDeviceKinds = {"cpu", "gpu"};
 /// The most devices (all replicas together) a plan may name.
 constexpr int64_t kMaxDevices = 1 << 16;
 
@@ -232,7 +229,6 @@ class Validator {
   void check_device() const {
     const DeviceSpec& device = plan_.device;
     if (device.name.empty()) fault("device.name", "is empty");
-    check_name("device.kind", device.kind, kDeviceKinds);
     at_least_one("device.memory_bytes", device.memory_bytes);
     const ClusterSpec& cluster = plan_.cluster;
     at_least_one("cluster.devices_per_node", cluster.devices_per_node);

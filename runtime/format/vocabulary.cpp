@@ -53,6 +53,11 @@ constexpr Table<Recompute, 3> kRecomputes = {{
     {Recompute::kAuto, "auto"},
 }};
 
+constexpr Table<DeviceKind, 2> kDeviceKinds = {{
+    {DeviceKind::kCpu, "cpu"},
+    {DeviceKind::kGpu, "gpu"},
+}};
+
 constexpr Table<LrScaling, 3> kLrScalings = {{
     {LrScaling::kNone, "none"},
     {LrScaling::kLinear, "linear"},
@@ -99,6 +104,7 @@ std::string_view to_string(Precision precision) { return name_in(kPrecisions, pr
 std::string_view to_string(Objective objective) { return name_in(kObjectives, objective); }
 std::string_view to_string(Recompute recompute) { return name_in(kRecomputes, recompute); }
 std::string_view to_string(LrScaling scaling) { return name_in(kLrScalings, scaling); }
+std::string_view to_string(DeviceKind kind) { return name_in(kDeviceKinds, kind); }
 
 const std::vector<std::string_view>& schedule_names() {
   static const std::vector<std::string_view> names = names_in(kSchedules);
@@ -124,6 +130,10 @@ const std::vector<std::string_view>& lr_scaling_names() {
   static const std::vector<std::string_view> names = names_in(kLrScalings);
   return names;
 }
+const std::vector<std::string_view>& device_kind_names() {
+  static const std::vector<std::string_view> names = names_in(kDeviceKinds);
+  return names;
+}
 
 std::optional<ScheduleKind> find_schedule(std::string_view name) {
   return find_in(kSchedules, name);
@@ -142,6 +152,9 @@ std::optional<Recompute> find_recompute(std::string_view name) {
 }
 std::optional<LrScaling> find_lr_scaling(std::string_view name) {
   return find_in(kLrScalings, name);
+}
+std::optional<DeviceKind> find_device_kind(std::string_view name) {
+  return find_in(kDeviceKinds, name);
 }
 
 ScheduleKind parse_schedule(std::string_view name) {

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// The plan's vocabulary: one enum and one name table for each choice a plan records (schedule
-/// kind, optimizer, precision, objective, recompute, learning-rate scaling). The compiler parses
+/// kind, optimizer, precision, objective, recompute, learning-rate scaling, device kind). The compiler parses
 /// the command line with these, the plan writer writes their names and the runtime reads them back;
 /// nothing else spells the names. Every `parse_*` (the command line's) ignores case (`1F1B`,
 /// `GPipe`) and throws `Error(kUsage)` naming the bad value, the closest valid name when one is
@@ -69,6 +69,13 @@ enum class LrScaling {
   kSqrt,    ///< "sqrt": the rate times sqrt(R).
 };
 
+/// The kind of device a plan is costed for and a backend runs on: plans and device specs
+/// ("kind"), backends (`Backend::kind()`: the CPU backend's devices are cpu, CUDA's gpu).
+enum class DeviceKind {
+  kCpu,  ///< "cpu": the CPU backend's devices.
+  kGpu,  ///< "gpu": CUDA GPUs.
+};
+
 /// The name of each value, as plans and command lines spell it.
 std::string_view to_string(ScheduleKind kind);
 std::string_view to_string(OptimizerKind kind);
@@ -76,6 +83,7 @@ std::string_view to_string(Precision precision);
 std::string_view to_string(Objective objective);
 std::string_view to_string(Recompute recompute);
 std::string_view to_string(LrScaling scaling);
+std::string_view to_string(DeviceKind kind);
 
 /// Every valid name of each enum, in declaration order (for usage text and checks).
 const std::vector<std::string_view>& schedule_names();
@@ -84,6 +92,7 @@ const std::vector<std::string_view>& precision_names();
 const std::vector<std::string_view>& objective_names();
 const std::vector<std::string_view>& recompute_names();
 const std::vector<std::string_view>& lr_scaling_names();
+const std::vector<std::string_view>& device_kind_names();
 
 /// The value called exactly `name`, or nullopt.
 std::optional<ScheduleKind> find_schedule(std::string_view name);
@@ -92,6 +101,7 @@ std::optional<Precision> find_precision(std::string_view name);
 std::optional<Objective> find_objective(std::string_view name);
 std::optional<Recompute> find_recompute(std::string_view name);
 std::optional<LrScaling> find_lr_scaling(std::string_view name);
+std::optional<DeviceKind> find_device_kind(std::string_view name);
 
 /// The value called `name` in any case; throws `Error(kUsage)` "unknown <what> '<name>'[ (did
 /// you mean '<closest>'?)]; valid: <names>" otherwise.

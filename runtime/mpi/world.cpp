@@ -478,7 +478,7 @@ std::map<std::string, optim::OptimizerState> World::whole_state(const Pipeline& 
   if (layout.bounds.empty()) return own;
   const int replicas = pipeline.replicas(), me = rank_ / pipeline_devices_;
   optim::OptimizerConfig config;
-  config.kind = std::string(to_string(pipeline.plan().optimizer));
+  config.kind = pipeline.plan().optimizer;
   const std::vector<std::string> names = optim::Optimizer::make(config)->state_names();
   // Part [lo, hi) of a sharded weight that replica r keeps (offsets into the weight).
   auto part = [&](const Pipeline::ShardLayout::Part& p, int r) {

@@ -192,8 +192,8 @@ const std::vector<std::string_view>& optimizer_kinds() {
 std::unique_ptr<Optimizer> Optimizer::make(const OptimizerConfig& c) {
   check_range(c.lr >= 0, "learning rate", c.lr, ">= 0");
   check_range(c.weight_decay >= 0, "weight decay", c.weight_decay, ">= 0");
-  std::optional<OptimizerKind> kind = find_optimizer(c.kind);
-  switch (kind.value_or(OptimizerKind::kNone)) {
+  const OptimizerKind kind = c.kind;
+  switch (kind) {
     case OptimizerKind::kSgd:
       return std::unique_ptr<Optimizer>(new Sgd(c));
     case OptimizerKind::kMomentum:
@@ -213,8 +213,8 @@ std::unique_ptr<Optimizer> Optimizer::make(const OptimizerConfig& c) {
     case OptimizerKind::kAdam8bit:
       break;
   }
-  fail(ErrorKind::kUsage, "unknown optimizer '{}' (expected one of: {})", c.kind,
-       fmt::join(optimizer_kinds(), ", "));
+  fail(ErrorKind::kUsage, "optimizer '{}' does not run here, only plans (expected one of: {})",
+       to_string(c.kind), fmt::join(optimizer_kinds(), ", "));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -62,18 +62,19 @@
 
 #include "runtime/core/device.h"
 #include "runtime/core/tensor.h"
+#include "runtime/format/vocabulary.h"
 
 namespace stagecraft::rt::optim {
 
 // ---------------------------------------------------------------------------------------------
 // PyTorch-style optimizers
 
-/// Hyper-parameters. `kind` is one of `optimizer_kinds()` (names of the plan's vocabulary,
-/// runtime/format/vocabulary.h); fields a kind does not use are
-/// ignored (momentum by sgd/adam, betas by sgd/momentum, epsilon by sgd/momentum/nesterov).
+/// Hyper-parameters. `kind` is one of the plan vocabulary's optimizers the runtime implements
+/// (`optimizer_kinds()`); fields a kind does not use are ignored (momentum by sgd/adam, betas by
+/// sgd/momentum, epsilon by sgd/momentum/nesterov).
 struct OptimizerConfig {
-  std::string kind = "sgd";  ///< sgd | momentum | nesterov | adam | adamw | adagrad
-  float lr = 1e-3f;          ///< The base learning rate (an `LrSchedule` scales it per step).
+  OptimizerKind kind = OptimizerKind::kSgd;
+  float lr = 1e-3f;  ///< The base learning rate (an `LrSchedule` scales it per step).
   float weight_decay = 0.0f;
   float momentum = 0.9f;
   float beta1 = 0.9f;

@@ -67,8 +67,8 @@ TEST_CASE("presets carry the datasheet numbers") {
   CHECK(cpu.memory_bandwidth == 20e9);
   CHECK(cpu.memory_bytes == int64_t{16} << 30);
   CHECK(cpu.launch_overhead_s == 2e-6);
-  CHECK(cpu.kind == "cpu");
-  CHECK(v100.kind == "gpu");
+  CHECK(cpu.kind == DeviceKind::kCpu);
+  CHECK(v100.kind == DeviceKind::kGpu);
   CHECK(device_preset_names() == "h100, h200, a100-80g, a100-40g, v100-16g, cpu");
   for (const DeviceSpec& spec : device_presets()) {
     CAPTURE(spec.name);
@@ -86,10 +86,10 @@ TEST_CASE("a device file is read field by field") {
   CHECK(spec.peak_flops_fp16 == 240e12);
   CHECK(spec.memory_bytes == 24'000'000'000);
   CHECK(spec.efficiency == 0.7);
-  CHECK(spec.kind == "gpu");  // the default when a file says nothing
+  CHECK(spec.kind == DeviceKind::kGpu);  // the default when a file says nothing
   nlohmann::json cpu_file = kValidDevice;
   cpu_file["kind"] = "cpu";
-  CHECK(device_spec_from_json(cpu_file, "c.json").kind == "cpu");
+  CHECK(device_spec_from_json(cpu_file, "c.json").kind == DeviceKind::kCpu);
   cpu_file["kind"] = "tpu";
   CHECK_THROWS_WITH_AS(device_spec_from_json(cpu_file, "c.json"),
                        "c.json: field 'kind' is \"tpu\"; it is \"cpu\" or \"gpu\"", Error);

@@ -76,6 +76,7 @@ class AccumulatingBackend : public rt::Backend {
     }
   }
   std::string_view name() const override { return "cpu (gradients accumulating)"; }
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::span<const rt::KernelEntry> table() const override { return table_; }
   std::unique_ptr<rt::DeviceContext> make_device(int device, int threads) const override {
     return rt::cpu_backend().make_device(device, threads);

@@ -62,7 +62,7 @@ plan::Plan sample_plan(const std::string& schedule, int devices, int chunks, int
   p.optimizer = p.training ? OptimizerKind::kAdamW : OptimizerKind::kNone;
   p.precision = Precision::kFp32;
   p.cost_model = "roofline(test, fp32)";
-  p.device = {"test", "gpu", 1'000'000'000};
+  p.device = {"test", DeviceKind::kGpu, 1'000'000'000};
   p.cluster = {8, {100e9, 1e-6}, {10e9, 1e-5}};
 
   int stages = devices * chunks;

@@ -105,6 +105,7 @@ class SeparateMemoryBackend final : public Backend {
     }
   }
   std::string_view name() const override { return "cpu (memory of its own)"; }
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::span<const KernelEntry> table() const override { return table_; }
   std::unique_ptr<DeviceContext> make_device(int, int) const override {
     return std::make_unique<SeparateContext>();

@@ -359,6 +359,7 @@ class FakeGpuBackend final : public Backend {
  public:
   explicit FakeGpuBackend(int gpus) : gpus_(gpus) {}
   std::string_view name() const override { return "cuda"; }
+  DeviceKind kind() const override { return DeviceKind::kGpu; }
   std::span<const KernelEntry> table() const override { return {}; }
   std::unique_ptr<DeviceContext> make_device(int, int) const override { return nullptr; }
   Physical physical_device(int device) const override {

@@ -72,7 +72,7 @@ std::string facts(const PlanView& view, const MeasuredRun* measured) {
                    to_string(plan.precision)));
   fact("objective", std::string(to_string(plan.objective)));
   fact("cost model", plan.cost_model);
-  fact("device", fmt::format("{} ({}, {})", plan.device.name, plan.device.kind,
+  fact("device", fmt::format("{} ({}, {})", plan.device.name, to_string(plan.device.kind),
                              bytes(plan.device.memory_bytes)));
   if (measured != nullptr) {
     fact("measured run",
