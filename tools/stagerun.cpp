@@ -600,13 +600,31 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
 
 // Under mpirun: the plan device this rank runs (world.h refuses, on every rank alike, a world of
 // another size than the plan's devices).
-std::vector<int> rank_devices(rt::mpi::World& world, Args& args) {
+// The plan, read here once for the whole rank, goes to `plan`.
+std::vector<int> rank_devices(rt::mpi::World& world, Args& args, std::optional<plan::Plan>& plan) {
   std::vector<int> devices;
   world.refuse_together([&] {
-    const plan::Plan plan = plan::load_plan(args.plan_dir);
-    devices = world.local_devices(plan, args.plan_dir);
+    plan = plan::load_plan(args.plan_dir);
+    devices = world.local_devices(*plan, args.plan_dir);
   });
   return devices;
+}
+
+// --backend's backend ("auto": the best this machine can run, why in `chosen`). Under mpirun
+// every rank makes the same choice (a backend this process cannot use is refused by every rank
+// alike).
+const rt::Backend& pick_backend(std::optional<rt::mpi::World>& world, const Args& args,
+                                std::string& chosen) {
+  const rt::Backend* picked = nullptr;
+  auto pick = [&] {
+    picked = args.backend_name == "auto" ? &rt::auto_backend(&chosen)
+                                         : &rt::backend_by_name(args.backend_name);
+  };
+  if (world)
+    world->refuse_together(pick);
+  else
+    pick();
+  return *picked;
 }
 
 }  // namespace
@@ -624,24 +642,15 @@ int main(int argc, char** argv) {
     if (std::optional<int> done = cli::parse(app, argc, argv)) return *done;
     check_args(args);
     std::vector<int> local_devices;  // empty: every device
-    if (rt::mpi::World::launched()) local_devices = rank_devices(world.emplace(), args);
+    std::optional<plan::Plan> plan_read;  // plan.json, read once (by rank_devices under mpirun)
+    if (rt::mpi::World::launched())
+      local_devices = rank_devices(world.emplace(), args, plan_read);
     if (!args.inject_hang.empty() && !world)
       fail(ErrorKind::kUsage, "--inject-hang is for runs under mpirun (a hung thread of one "
            "process is never ended)");
 
     std::string chosen;
-    // Under mpirun every rank makes the same choice (a backend this process cannot use is
-    // refused by every rank alike).
-    const rt::Backend* picked = nullptr;
-    auto pick = [&] {
-      picked = args.backend_name == "auto" ? &rt::auto_backend(&chosen)
-                                           : &rt::backend_by_name(args.backend_name);
-    };
-    if (world)
-      world->refuse_together(pick);
-    else
-      pick();
-    const rt::Backend& backend = *picked;
+    const rt::Backend& backend = pick_backend(world, args, chosen);
     // A GPU rank takes its machine's GPU (local rank modulo the GPUs it sees) before any
     // device is made.
     std::string rank_gpu;
@@ -649,7 +658,9 @@ int main(int argc, char** argv) {
       rank_gpu = fmt::format("{}, local rank {}",
                              backend.bind_local_rank(world->local_rank()).name,
                              world->local_rank());
-    auto pipeline = rt::Pipeline::load(args.plan_dir, backend, args.threads, local_devices);
+    if (!plan_read) plan_read = plan::load_plan(args.plan_dir);
+    auto pipeline =
+        rt::Pipeline::load(*plan_read, args.plan_dir, backend, args.threads, local_devices);
     const plan::Plan& plan = pipeline->plan();
     std::vector<int> devices = local_devices;
     if (devices.empty())
@@ -721,7 +732,7 @@ int main(int argc, char** argv) {
         const std::string parts = args.export_path + ".checkpoint";
         world->save_checkpoint(*pipeline, parts);
         if (world->rank() != 0) return;
-        auto whole = rt::Pipeline::load(args.plan_dir, rt::cpu_backend(), 1);
+        auto whole = rt::Pipeline::load(pipeline->plan(), args.plan_dir, rt::cpu_backend(), 1);
         rt::load_checkpoint(*whole, parts);
         replaced = rt::export_model(*whole, args.export_path);
         std::error_code ec;

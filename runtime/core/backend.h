@@ -17,7 +17,7 @@
 
 namespace stagecraft::rt {
 
-class DeviceComms;  // runtime/exec/device_comm.h
+class DeviceComms;  // runtime/core/device_comm.h
 
 class Backend {
  public:

@@ -24,7 +24,7 @@ ExternalWeights external_weights_of(const plan::Plan& plan, const plan::Stage& s
   for (const plan::WeightFile& w : plan.weight_files) out.declared.emplace(w.location, w.path);
   out.bytes = stage.weights_bytes;
   out.hash = stage.weights_hash;
-  out.field = fmt::format("{}'s stages[{}]", (fs::path(plan_dir) / "plan.json").string(),
+  out.field = fmt::format("{}'s stages[{}]", plan::plan_file(plan_dir, "plan.json"),
                           stage.index);
   return out;
 }

@@ -1,10 +1,10 @@
 #pragma once
 /// \file
-/// The CUDA backend's collectives between processes (runtime/exec/device_comm.h): NCCL, where
+/// The CUDA backend's collectives between processes (runtime/core/device_comm.h): NCCL, where
 /// this build found it (STAGECRAFT_WITH_NCCL); elsewhere `unavailable` says why and the ranks
 /// use MPI through host memory.
 
-#include "runtime/exec/device_comm.h"
+#include "runtime/core/device_comm.h"
 
 namespace stagecraft::rt::cuda {
 

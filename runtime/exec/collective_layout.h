@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/exec/device_comm.h"
+#include "runtime/core/device_comm.h"
 #include "runtime/exec/transport.h"
 
 namespace stagecraft::rt {

@@ -103,8 +103,8 @@ void Pipeline::check_shared_weights(const Pipeline& p, const std::string& plan_j
 void Pipeline::load_programs(const Pipeline& p, StageRuntime& rt) {
   const plan::Stage& stage = *rt.stage;
   const plan::Plan& plan = p.plan_;
-  std::string plan_json = (fs::path(p.plan_dir_) / "plan.json").string();
-  std::string file = (fs::path(p.plan_dir_) / stage.file).string();
+  std::string plan_json = plan::plan_file(p.plan_dir_, "plan.json");
+  std::string file = plan::plan_file(p.plan_dir_, stage.file);
   std::string field = fmt::format("stages[{}]", stage.index);
   const ExternalWeights external = external_weights_of(plan, stage, p.plan_dir_);
   rt.program = Program::load_file(
@@ -113,7 +113,7 @@ void Pipeline::load_programs(const Pipeline& p, StageRuntime& rt) {
   match_interface(rt.program.inputs(), stage.inputs, file, field + ".inputs");
   match_interface(rt.program.outputs(), stage.outputs, file, field + ".outputs");
   if (plan.training) {
-    std::string bwd = (fs::path(p.plan_dir_) / stage.backward_file).string();
+    std::string bwd = plan::plan_file(p.plan_dir_, stage.backward_file);
     rt.backward.emplace(Program::load_file(bwd, *p.backend_));
     // The plan's memory prediction counts the backward's arena: it must be the one we run.
     if (stage.backward_arena_bytes > 0 && rt.backward->arena_bytes() != stage.backward_arena_bytes)
@@ -167,7 +167,7 @@ void Pipeline::lay_out_gradients(const Pipeline& p, StageRuntime& rt) {
     fail(ErrorKind::kPlan,
          "{}: stages[{}].optimizer_shards ends at {} but {} trains {} elements of weights no "
          "other stage holds (re-run stagec)",
-         (fs::path(p.plan_dir_) / "plan.json").string(), stage.index,
+         plan::plan_file(p.plan_dir_, "plan.json"), stage.index,
          bounds.empty() ? 0 : bounds.back(), stage.backward_file, rt.sharded);
   rt.shard_bounds = bounds;
   rt.shard_lo = bounds[static_cast<size_t>(rt.replica)];
@@ -197,11 +197,20 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
                                          int threads_per_device, std::vector<int> local_devices) {
   if (threads_per_device < 1)
     fail(ErrorKind::kUsage, "--threads-per-device must be at least 1 (got {})", threads_per_device);
+  return load(plan::load_plan(plan_dir), plan_dir, backend, threads_per_device,
+              std::move(local_devices));
+}
+
+std::unique_ptr<Pipeline> Pipeline::load(plan::Plan loaded, const std::string& plan_dir,
+                                         const Backend& backend, int threads_per_device,
+                                         std::vector<int> local_devices) {
+  if (threads_per_device < 1)
+    fail(ErrorKind::kUsage, "--threads-per-device must be at least 1 (got {})", threads_per_device);
   std::unique_ptr<Pipeline> p(new Pipeline());
   p->plan_dir_ = plan_dir;
   p->backend_ = &backend;
   p->threads_per_device_ = threads_per_device;
-  p->plan_ = plan::load_plan(plan_dir);
+  p->plan_ = std::move(loaded);
   const plan::Plan& plan = p->plan_;
   p->replicas_ = plan.data_parallel;
   const int devices = p->devices();  // every replica's
@@ -212,7 +221,7 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
     if (d < 0 || d >= devices)
       fail(ErrorKind::kUsage, "device {} is not among the plan's {} devices", d, devices);
   p->local_devices_ = std::move(local_devices);
-  std::string plan_json = (fs::path(plan_dir) / "plan.json").string();
+  std::string plan_json = plan::plan_file(plan_dir, "plan.json");
   // Before anything is allocated: the backend can run here, and the plan fits the physical
   // devices its devices run on (summed where several share one).
   if (std::string why = backend.unavailable(); !why.empty())
@@ -236,7 +245,7 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& plan_dir, const Back
 
   p->shape_ = {plan.devices, plan.chunks, plan.microbatches, plan.training, plan.data_parallel};
   p->shape_.shared_groups = plan::shared_weight_groups(plan);
-  std::string schedule_path = (fs::path(plan_dir) / "schedule.json").string();
+  std::string schedule_path = plan::plan_file(plan_dir, "schedule.json");
   nlohmann::json body = read_json_file(schedule_path);
   p->schedule_ = with_context(plan_dir, ErrorKind::kFormat,
                               [&] { return schedule::schedule_from_json(body); });

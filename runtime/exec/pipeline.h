@@ -164,6 +164,11 @@ class Pipeline {
   static std::unique_ptr<Pipeline> load(const std::string& plan_dir, const Backend& backend,
                                         int threads_per_device,
                                         std::vector<int> local_devices = {});
+  /// The same with PLAN_DIR's plan.json already read (plan::load_plan: validated, its hash
+  /// checked), so a process reads it once.
+  static std::unique_ptr<Pipeline> load(plan::Plan plan, const std::string& plan_dir,
+                                        const Backend& backend, int threads_per_device,
+                                        std::vector<int> local_devices = {});
 
   const plan::Plan& plan() const { return plan_; }
   const schedule::Schedule& schedule() const { return schedule_; }

@@ -636,9 +636,13 @@ void check_weight_files(const Plan& plan, const std::string& source) {
 
 }  // namespace
 
+std::string plan_file(const std::string& plan_dir, std::string_view name) {
+  return (fs::path(plan_dir) / name).string();
+}
+
 Plan load_plan(const std::string& plan_dir) {
   fs::path dir(plan_dir);
-  std::string path = (dir / "plan.json").string();
+  std::string path = plan_file(plan_dir, "plan.json");
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     throw Error(ErrorKind::kIo,

@@ -395,6 +395,10 @@ void check_fits(const Plan& plan, const std::function<Capacity(int device)>& cap
 /// a hash is recorded) matches it.
 Plan load_plan(const std::string& plan_dir);
 
+/// PLAN_DIR's file `name` ("plan.json", "schedule.json", a stage's `file`) as a path: the one
+/// spelling of a plan directory's paths.
+std::string plan_file(const std::string& plan_dir, std::string_view name);
+
 /// "fnv1a64:<16 hex digits>" of a file's bytes (streamed). Throws `Error(kIo)`.
 std::string file_hash(const std::string& path);
 

@@ -16,7 +16,7 @@
 
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/collective_layout.h"
-#include "runtime/exec/device_comm.h"
+#include "runtime/core/device_comm.h"
 #include "runtime/mpi/gpu_transport.h"
 #include "runtime/mpi/mpi_transport.h"
 #include "runtime/mpi/rebase.h"

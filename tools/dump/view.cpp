@@ -21,7 +21,7 @@ PlanView load_view(const std::string& plan_dir) {
   view.shape = {plan.devices, plan.chunks, plan.microbatches, plan.training, plan.data_parallel};
   view.shape.shared_groups = plan::shared_weight_groups(plan);
 
-  std::string path = (fs::path(plan_dir) / "schedule.json").string();
+  std::string path = plan::plan_file(plan_dir, "schedule.json");
   nlohmann::json body = read_json_file(path);
   // schedule_from_json names "schedule.json" itself; the plan directory goes in front.
   view.schedule = with_context(plan_dir, ErrorKind::kFormat,
