@@ -23,11 +23,11 @@
 
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
-#include "runtime/cpu/dropout_mask.h"
 #include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/dropout_mask.h"
+#include "runtime/ops/layout.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -197,8 +197,8 @@ void run_clip(const KernelArgs& a) {
 void dropout_training(const KernelArgs& a, const Tensor& x, float ratio) {
   Tensor* mask = a.out.size() > 1 ? a.out[1] : nullptr;
   if (mask != nullptr) expect_shape(a, 1, x.shape);
-  check_dropout_training(x, mask);
-  const uint64_t key = dropout_node_key(a.random_key, a.attrs.i("seed", 0));
+  ops::check_dropout_training(x, mask);
+  const uint64_t key = ops::dropout_node_key(a.random_key, a.attrs.i("seed", 0));
   const float scale = 1.0f / (1.0f - ratio);
   const float* in = x.as<float>();
   float* out = a.out[0]->as<float>();
@@ -206,7 +206,7 @@ void dropout_training(const KernelArgs& a, const Tensor& x, float ratio) {
   const int64_t n = x.numel();
 #pragma omp parallel for if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
-    const bool kept = dropout_keeps(key, i, ratio);
+    const bool kept = ops::dropout_keeps(key, i, ratio);
     out[i] = kept ? in[i] * scale : 0.0f;
     if (keep != nullptr) keep[i] = kept ? 1 : 0;
   }
@@ -217,8 +217,8 @@ void dropout_training(const KernelArgs& a, const Tensor& x, float ratio) {
 // optional mask keeps everything.
 void run_dropout(const KernelArgs& a) {
   const Tensor& x = unary_input(a);
-  if (a.has_input(2) && scalar_is_nonzero(a.input(2), "training_mode")) {
-    const float ratio = a.has_input(1) ? dropout_ratio(a.input(1)) : 0.5f;
+  if (a.has_input(2) && ops::scalar_is_nonzero(a.input(2), "training_mode")) {
+    const float ratio = a.has_input(1) ? ops::dropout_ratio(a.input(1)) : 0.5f;
     if (ratio != 0) return dropout_training(a, x, ratio);
   }
   if (x.data != a.out[0]->data) std::memcpy(a.out[0]->data, x.data, static_cast<size_t>(x.bytes()));

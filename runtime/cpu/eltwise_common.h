@@ -202,7 +202,7 @@ Broadcast<N> broadcast_output(const KernelArgs& a) {
   Shape out;
   for (size_t k = 0; k < N; ++k) {
     shapes[k] = a.input(k).shape;
-    out = k == 0 ? shapes[k] : broadcast_shape(out, shapes[k]);
+    out = k == 0 ? shapes[k] : ops::broadcast_shape(out, shapes[k]);
   }
   expect_shape(a, 0, out);
   return Broadcast<N>(shapes, out);

@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "runtime/cpu/dropout_mask.h"
 #include "runtime/cuda/elementwise_device.cuh"
 #include "runtime/cuda/elementwise_kernels.h"
 #include "runtime/cuda/update_kernels.h"
+#include "runtime/ops/dropout_mask.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
@@ -502,7 +502,7 @@ __global__ void fill_kernel(W* dst, W value, int64_t n) {
 __global__ void dropout_training_kernel(const float* x, float* y, uint8_t* mask, int64_t n,
                                         uint64_t node_key, float ratio, float scale) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const bool kept = dropout_keeps(node_key, i, ratio);
+    const bool kept = ops::dropout_keeps(node_key, i, ratio);
     y[i] = kept ? x[i] * scale : 0.0f;
     if (mask != nullptr) mask[i] = kept ? 1 : 0;
   }
