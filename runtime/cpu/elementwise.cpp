@@ -28,6 +28,7 @@
 #include "runtime/format/error.h"
 #include "runtime/ops/dropout_mask.h"
 #include "runtime/ops/layout.h"
+#include "runtime/ops/pow_element.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -305,27 +306,6 @@ void run_arith(const KernelArgs& a) {
   });
 }
 
-// x to the power e for integers, by repeated squaring (wrapping). A negative exponent gives
-// the truncated 1 / x^-e: 1 or -1 for a base of 1 or -1, else 0.
-template <class T, class E>
-T int_pow(T x, E e) {
-  using U = Wrap<T>;
-  if constexpr (std::is_signed_v<E>) {
-    if (e < 0) {
-      if (x == T(1)) return T(1);
-      if constexpr (std::is_signed_v<T>)
-        if (x == T(-1)) return (e & 1) ? T(-1) : T(1);
-      return T(0);
-    }
-  }
-  U result = 1, base = U(x);
-  for (auto n = static_cast<std::make_unsigned_t<E>>(e); n != 0; n >>= 1) {
-    if (n & 1) result *= base;
-    base *= base;
-  }
-  return static_cast<T>(result);
-}
-
 // One element of Pow (opset 12+ lets base and exponent differ in type; the output is the
 // base's type). Float bases use pow (float32 with float32 in single precision, every other
 // mix in double); integer bases with integer exponents are exact.
@@ -338,7 +318,7 @@ T power(T x, E e) {
   else if constexpr (std::is_floating_point_v<E>)
     return convert<T>(std::pow(double(x), double(e)));
   else
-    return int_pow(x, e);
+    return ops::int_pow(x, e);
 }
 
 void run_pow(const KernelArgs& a) {
