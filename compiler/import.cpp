@@ -19,9 +19,9 @@
 #include "compiler/ir/onnx_bridge.h"
 #include "compiler/ir/ops.h"
 #include "passes/pipeline.h"
-#include "runtime/cpu/resize_shape.h"
-#include "runtime/cpu/rnn_core.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/resize_shape.h"
+#include "runtime/ops/rnn_core.h"
 
 namespace stagecraft {
 namespace fs = std::filesystem;
@@ -106,7 +106,7 @@ void check_resize(const ir::Graph& graph, const ir::Node& node) {
   onnx::NodeProto proto;
   for (const onnx::AttributeProto& a : node.attributes) *proto.add_attribute() = a;
   const rt::Attrs attrs(proto);
-  if (auto read = rt::cpu::read_resize_attributes(attrs); !read.error.empty())
+  if (auto read = rt::ops::read_resize_attributes(attrs); !read.error.empty())
     fail(ErrorKind::kUnsupported, "node '{}': {}", node.name, read.error);
   if (node.outputs.empty() || node.outputs[0] == ir::kNoId ||
       graph.value(node.outputs[0]).shape_known)
@@ -168,7 +168,7 @@ void drop_default_rnn_activations(ir::Graph& graph) {
       }
     }
     if (!has) continue;
-    if (std::string why = rt::cpu::rnn_activations_error(node.op_type, direction, acts);
+    if (std::string why = rt::ops::rnn_activations_error(node.op_type, direction, acts);
         !why.empty())
       fail(ErrorKind::kUnsupported, "{}: {}", node.describe(graph), why);
     std::erase_if(node.attributes, [](const onnx::AttributeProto& a) {

@@ -14,11 +14,11 @@
 #include "passes/host_tensor.h"
 #include "passes/pipeline.h"
 #include "runtime/core/backend.h"
-#include "runtime/cpu/conv_transpose_shape.h"
-#include "runtime/cpu/indexing_shape.h"
-#include "runtime/cpu/rearrange_shape.h"
-#include "runtime/cpu/rnn_core.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/conv_transpose_shape.h"
+#include "runtime/ops/indexing_shape.h"
+#include "runtime/ops/rearrange_shape.h"
+#include "runtime/ops/rnn_core.h"
 
 namespace stagecraft::passes {
 namespace {
@@ -158,7 +158,7 @@ std::optional<rt::Tensor> constant_tensor(const ir::Value* v) {
 
 /// Tile, CumSum, GatherElements and ScatterND read their repeats, axis or indices as they run;
 /// where those are constants (as exporters write them), the kernels' own rules
-/// (runtime/cpu/indexing_shape.h) run on them here, so a bad repeat, axis or index is refused at
+/// (runtime/ops/indexing_shape.h) run on them here, so a bad repeat, axis or index is refused at
 /// import with the kernel's line.
 void check_indexing(const ir::Graph& graph, const ir::Node& node) {
   const ir::Value* x = input(graph, node, 0);
@@ -171,17 +171,17 @@ void check_indexing(const ir::Graph& graph, const ir::Node& node) {
       rt::cpu_backend().make_device(0, 1);
   const rt::KernelArgs args{node.name, node.op_type, attrs, {}, {}, *device};
   if (node.op_type == "Tile") {
-    rt::cpu::tile_shape(args, x->shape, *operand);
+    rt::ops::tile_shape(args, x->shape, *operand);
   } else if (node.op_type == "CumSum") {
-    rt::cpu::scan_shape(args, x->shape, *operand);
+    rt::ops::scan_shape(args, x->shape, *operand);
   } else if (node.op_type == "GatherElements") {
-    rt::cpu::gather_elements_plan(args, x->shape, *operand);
+    rt::ops::gather_elements_plan(args, x->shape, *operand);
   } else if (const ir::Value* updates = input(graph, node, 2); updates != nullptr) {
-    rt::cpu::scatter_plan(args, x->shape, *operand, updates->shape);
+    rt::ops::scatter_plan(args, x->shape, *operand, updates->shape);
   }
 }
 
-/// DepthToSpace, SpaceToDepth and TopK: the kernels' rules (runtime/cpu/rearrange_shape.h) on
+/// DepthToSpace, SpaceToDepth and TopK: the kernels' rules (runtime/ops/rearrange_shape.h) on
 /// X's shape, the attributes and a constant K, so a bad blocksize, mode, axis or K is refused at
 /// import with the kernel's line; and the output ONNX's shape inference gave against the
 /// kernels'.
@@ -200,13 +200,12 @@ void check_rearrange(const ir::Graph& graph, const ir::Node& node) {
     const ir::Value* k = input(graph, node, 1);
     const std::optional<rt::Tensor> operand = constant_tensor(k);
     if (k != nullptr && !operand) return;
-    const rt::TopKShape s =
-        rt::cpu::topk_shape(args, x->shape, operand ? &*operand : nullptr);
-    expected = rt::cpu::topk_output_shape(x->shape, s);
+    const rt::ops::TopKShape s = rt::ops::topk_shape(args, x->shape, operand ? &*operand : nullptr);
+    expected = rt::ops::topk_output_shape(x->shape, s);
   } else {
     const bool to_space = node.op_type == "DepthToSpace";
-    const rt::SpaceDepthShape s = rt::cpu::space_depth_shape(args, x->shape, to_space);
-    expected = to_space ? rt::cpu::space_shape(s) : rt::cpu::deep_shape(s);
+    const rt::ops::SpaceDepthShape s = rt::ops::space_depth_shape(args, x->shape, to_space);
+    expected = to_space ? rt::ops::space_shape(s) : rt::ops::deep_shape(s);
   }
   const ir::Value* y = output(graph, node, 0);
   if (y != nullptr && y->shape_known && y->shape != expected) {
@@ -216,7 +215,7 @@ void check_rearrange(const ir::Graph& graph, const ir::Node& node) {
   }
 }
 
-/// ConvTranspose: the kernels' geometry (runtime/cpu/conv_transpose_shape.h) on the node's
+/// ConvTranspose: the kernels' geometry (runtime/ops/conv_transpose_shape.h) on the node's
 /// shapes and attributes, the bias against its M filters, and the output ONNX's shape inference
 /// gave against the one the kernels compute.
 void check_conv_transpose(const ir::Graph& graph, const ir::Node& node) {
@@ -230,7 +229,8 @@ void check_conv_transpose(const ir::Graph& graph, const ir::Node& node) {
       rt::cpu_backend().make_device(0, 1);
   const std::string name = node.name.empty() ? node.describe(graph) : node.name;
   const rt::KernelArgs args{name, node.op_type, attrs, {}, {}, *device};
-  const rt::cpu::ConvTransposeGeometry g = rt::cpu::conv_transpose_geometry(args, x->shape, w->shape);
+  const rt::ops::ConvTransposeGeometry g =
+      rt::ops::conv_transpose_geometry(args, x->shape, w->shape);
   const int64_t filters = g.y[1];
   if (const ir::Value* b = input(graph, node, 2); b != nullptr && b->numel() != filters) {
     fail(ErrorKind::kModel, "{}: bias '{}' {} has {} elements for {} output channels",
@@ -244,13 +244,13 @@ void check_conv_transpose(const ir::Graph& graph, const ir::Node& node) {
   }
 }
 
-/// LSTM, GRU and RNN: the kernels' attributes and geometry (runtime/cpu/rnn_core.h) on the
+/// LSTM, GRU and RNN: the kernels' attributes and geometry (runtime/ops/rnn_core.h) on the
 /// node's shapes, and constant sequence lengths against T.
 void check_rnn(const ir::Graph& graph, const ir::Node& node) {
   onnx::NodeProto proto;
   for (const onnx::AttributeProto& a : node.attributes) *proto.add_attribute() = a;
   const rt::Attrs attrs(proto);
-  if (std::string why = rt::cpu::rnn_attribute_error(node.op_type, attrs); !why.empty())
+  if (std::string why = rt::ops::rnn_attribute_error(node.op_type, attrs); !why.empty())
     fail(ErrorKind::kUnsupported, "{}: {}", node.describe(graph), why);
   for (std::size_t k = 0; k < node.inputs.size(); ++k) {
     const ir::Value* v = input(graph, node, k);
@@ -260,7 +260,7 @@ void check_rnn(const ir::Graph& graph, const ir::Node& node) {
       rt::cpu_backend().make_device(0, 1);
   const std::string name = node.name.empty() ? node.describe(graph) : node.name;
   const rt::KernelArgs args{name, node.op_type, attrs, {}, {}, *device};
-  const rt::cpu::RnnGeometry g = rt::cpu::rnn_geometry(args, [&](std::size_t k) {
+  const rt::ops::RnnGeometry g = rt::ops::rnn_geometry(args, [&](std::size_t k) {
     const ir::Value* v = input(graph, node, k);
     return v == nullptr ? nullptr : &v->shape;
   });
@@ -269,7 +269,7 @@ void check_rnn(const ir::Graph& graph, const ir::Node& node) {
     if (const std::optional<HostTensor> t = HostTensor::from_value(*lens)) {
       std::vector<int64_t> values;
       for (int64_t i = 0; i < t->numel(); ++i) values.push_back(t->int_at(i));
-      rt::cpu::check_sequence_lens(args, g, values);
+      rt::ops::check_sequence_lens(args, g, values);
     }
   }
 }

@@ -11,9 +11,9 @@
 
 #include "compiler/ir/onnx_bridge.h"
 #include "runtime/core/backend.h"
-#include "runtime/cpu/reduce_shape.h"
 #include "runtime/format/checked.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/reduce_shape.h"
 
 namespace stagecraft::passes {
 namespace {
@@ -360,7 +360,7 @@ rt::DeviceContext& host_device() {
   return *device;
 }
 
-/// A reduction's output shape by the kernels' own rule (runtime/cpu/reduce_shape.h: axes from
+/// A reduction's output shape by the kernels' own rule (runtime/ops/reduce_shape.h: axes from
 /// the attribute or the constant operand 1, keepdims, noop_with_empty_axes); nullopt when the
 /// axes operand is not constant. A bad axis is refused naming the node.
 std::optional<std::vector<int64_t>> reduced_shape(const ir::Node& node, const Inputs& in) {
@@ -374,7 +374,7 @@ std::optional<std::vector<int64_t>> reduced_shape(const ir::Node& node, const In
   const rt::Tensor* args[] = {nullptr, axes ? &*axes : nullptr};
   const rt::KernelArgs a{node.name, node.op_type, attrs, args, {}, host_device()};
   try {
-    return rt::cpu::reduced_dims(a, in[0]->shape, axes ? &*axes : nullptr).y_shape;
+    return rt::ops::reduced_dims(a, in[0]->shape, axes ? &*axes : nullptr).y_shape;
   } catch (Error& e) {
     throw std::move(e.in(fmt::format("node '{}' ({})", node.name, node.op_type)));
   }

@@ -4,6 +4,11 @@
 #   layering the runtime includes no header of the compiler, the passes, the cost models or
 #            the tools (it reads only the plan format). That the runtime library links none of
 #            their libraries is checked when CMake configures (runtime/CMakeLists.txt).
+#            Within the runtime (issue 30), each op's backend-neutral rules live in runtime/ops,
+#            which includes nothing of either backend (runtime/cpu, runtime/cuda); the backends
+#            include nothing of each other (runtime/cuda reaches the CPU backend object, for
+#            `same_as_cpu`, through runtime/core/backend.h); and the compiler and the passes
+#            include nothing of runtime/cpu (they read op rules from runtime/ops).
 # Usage: tools/check_layout.sh [sizes|layering|all] [ROOT]. Prints one line per offence and
 # exits 1 when there is any; exits 2 when a tool it needs is missing.
 set -euo pipefail
@@ -50,14 +55,29 @@ check_sizes() {
   fi
 }
 
-check_layering() {
-  local hits
-  hits=$(grep -rnE '^\s*#\s*include\s*"(compiler|passes|cost_models|tools|samples)/' runtime \
+# Prints "layering: WHY, but FILE:LINE: #include ..." for each include in the dirs after the
+# reason that names a header under PATTERN (an extended regex of include paths).
+forbid_includes() {
+  local why=$1 pattern=$2 hits dir dirs=()
+  shift 2
+  for dir in "$@"; do [ -d "$dir" ] && dirs+=("$dir"); done
+  [ "${#dirs[@]}" -gt 0 ] || return 0
+  hits=$(grep -rnE "^\s*#\s*include\s*\"($pattern)/" "${dirs[@]}" \
     --include='*.h' --include='*.cpp' --include='*.cu' --include='*.cuh' || true)
   if [ -n "$hits" ]; then
-    echo "$hits" | sed 's/^/layering: the runtime reads only the plan format, but /'
+    echo "$hits" | sed "s|^|layering: $why, but |"
     bad=1
   fi
+}
+
+check_layering() {
+  forbid_includes "the runtime reads only the plan format" \
+    'compiler|passes|cost_models|tools|samples' runtime
+  forbid_includes "runtime/ops holds rules both backends share" 'runtime/cpu|runtime/cuda' \
+    runtime/ops
+  forbid_includes "the CUDA backend shares op rules through runtime/ops" 'runtime/cpu' runtime/cuda
+  forbid_includes "the CPU backend shares op rules through runtime/ops" 'runtime/cuda' runtime/cpu
+  forbid_includes "the compiler reads op rules from runtime/ops" 'runtime/cpu' compiler passes
 }
 
 case "$what" in

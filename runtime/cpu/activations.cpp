@@ -60,7 +60,7 @@ void run_softplus(const KernelArgs& a) {
 // Y = X where X > 0, slope * X elsewhere; the slope broadcasts to X (unidirectionally).
 void run_prelu(const KernelArgs& a) {
   const Tensor &x = a.input(0), &slope = a.input(1);
-  if (broadcast_shape(x.shape, slope.shape) != x.shape)
+  if (ops::broadcast_shape(x.shape, slope.shape) != x.shape)
     fail(ErrorKind::kShape, "PRelu '{}': the slope {} does not broadcast to X {}", a.name,
          shape_string(slope.shape), shape_string(x.shape));
   Broadcast<2> plan = broadcast_output<2>(a);
@@ -109,7 +109,7 @@ void softplus_grad(const KernelArgs& a) {
 }
 
 void prelu_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   Binary b;
   if (!binary_operands(a, io, b)) return;
   if (b.dy->shape != b.lhs->shape)

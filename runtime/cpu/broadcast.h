@@ -1,12 +1,13 @@
 #pragma once
 /// \file
-/// numpy's multidirectional broadcasting for CPU kernels (header-only).
+/// numpy's multidirectional broadcasting for CPU kernels (header-only); the shape it gives is
+/// ops::broadcast_shape's (runtime/ops/broadcast.h, shared with the CUDA backend).
 ///
-/// `broadcast_shape` gives the shape that broadcast inputs produce. `Broadcast<N>` plans reading N
-/// inputs along a dense row-major output: it drops dims of size 1, merges neighbouring dims that
-/// every input reads the same way (all along, or all repeated), and then walks the output as runs
-/// of consecutive elements in which each input either advances by one element or repeats one
-/// element. A kernel supplies the loop over one run:
+/// `Broadcast<N>` plans reading N inputs along a dense row-major output: it drops dims of size 1,
+/// merges neighbouring dims that every input reads the same way (all along, or all repeated), and
+/// then walks the output as runs of consecutive elements in which each input either advances by
+/// one element or repeats one element (split among OpenMP threads, which is why it stays here). A
+/// kernel supplies the loop over one run:
 ///
 ///   Broadcast<2> plan({a.shape, b.shape}, out.shape);
 ///   plan.for_each_run([&](int64_t o, const std::array<int64_t, 2>& in, int64_t count) {
@@ -22,24 +23,9 @@
 
 #include "runtime/core/tensor.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/broadcast.h"
 
 namespace stagecraft::rt::cpu {
-
-/// The shape that `a` and `b` broadcast to (trailing dims aligned; a dim of 1 stretches).
-/// Throws `Error(kShape)` when they do not broadcast.
-inline Shape broadcast_shape(const Shape& a, const Shape& b) {
-  Shape out(std::max(a.size(), b.size()));
-  for (size_t k = 0; k < out.size(); ++k) {
-    size_t from_end = out.size() - 1 - k;
-    int64_t da = from_end < a.size() ? a[a.size() - 1 - from_end] : 1;
-    int64_t db = from_end < b.size() ? b[b.size() - 1 - from_end] : 1;
-    if (da != db && da != 1 && db != 1)
-      fail(ErrorKind::kShape, "shapes {} and {} do not broadcast (dim {} is {} and {})",
-           shape_string(a), shape_string(b), k, da, db);
-    out[k] = da == 1 ? db : da;
-  }
-  return out;
-}
 
 /// How N inputs, each broadcastable to an output shape, are read along the dense output.
 template <size_t N>

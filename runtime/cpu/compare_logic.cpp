@@ -71,7 +71,7 @@ T pick(T u, T v) {
 // The shape every input of a variadic op broadcasts to.
 Shape broadcast_all(const KernelArgs& a) {
   Shape out = a.input(0).shape;
-  for (size_t k = 1; k < a.num_inputs(); ++k) out = broadcast_shape(out, a.input(k).shape);
+  for (size_t k = 1; k < a.num_inputs(); ++k) out = ops::broadcast_shape(out, a.input(k).shape);
   return out;
 }
 
@@ -206,12 +206,12 @@ void along(const Tensor& x, const Shape& out, F f) {
 // input k's shape; ties counts the inputs equal to y at each element (0 only where y is NaN).
 template <bool kMax>
 void min_max_grad(const KernelArgs& a) {
-  GradIo io(a, {.n_min = 1, .n_max = GradArity::kAny, .m_min = 1, .m_max = 1});
+  ops::GradIo io(a, {.n_min = 1, .n_max = ops::GradArity::kAny, .m_min = 1, .m_max = 1});
   const Tensor* dy = io.dy(0);
-  if (dy == nullptr) return zero_outputs(a);
+  if (dy == nullptr) return ops::zero_outputs(a);
   Shape out = io.need_x(0).shape;
-  for (size_t k = 1; k < io.n; ++k) out = broadcast_shape(out, io.need_x(k).shape);
-  expect_dy_shape(a, *dy, out);
+  for (size_t k = 1; k < io.n; ++k) out = ops::broadcast_shape(out, io.need_x(k).shape);
+  ops::expect_dy_shape(a, *dy, out);
   const auto n = static_cast<size_t>(shape_numel(out));
   // The forward output: given, or recomputed by the forward kernel's loops.
   std::vector<float> recomputed;
@@ -243,7 +243,7 @@ void min_max_grad(const KernelArgs& a) {
 
 // Mod on floats (fmod=1): d/da = 1, d/db = -trunc(a / b).
 void mod_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   Binary b;
   if (!binary_operands(a, io, b)) return;
   if (io.dx(0) != nullptr)
@@ -255,7 +255,7 @@ void mod_grad(const KernelArgs& a) {
 }
 
 std::string check_min_max_grad(const OpSignature& s) {
-  return check_float_grad(s, {.n_min = 1, .n_max = GradArity::kAny, .m_min = 1, .m_max = 1});
+  return check_float_grad(s, {.n_min = 1, .n_max = ops::GradArity::kAny, .m_min = 1, .m_max = 1});
 }
 
 std::string check_mod_grad(const OpSignature& s) {

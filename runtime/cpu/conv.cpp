@@ -10,19 +10,23 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/window.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/window.h"
 
 namespace stagecraft::rt::cpu {
 
 namespace {
 
 using dnnl::memory;
+
+// The shared geometry's dims are handed to oneDNN as they are.
+static_assert(std::is_same_v<ops::ConvGeometry::Dims, memory::dims>);
 
 // What one geometry runs: the convolution and, for each operand whose chosen layout is not
 // plain, the reorder to or from it.
@@ -45,7 +49,7 @@ std::optional<dnnl::reorder> reorder_between(const memory::desc& from, const mem
 // the plain ones (where oneDNN runs it as a GEMM). A pointwise kernel is a plain GEMM already.
 // Otherwise the blocked direct convolution wins once each weight is used at enough output
 // positions to repay reordering the weights on every call (measured on ResNet-50's layers).
-bool prefers_blocked(const ConvGeometry& g) {
+bool prefers_blocked(const ops::ConvGeometry& g) {
   const size_t spatial = g.src.size() - 2;
   bool pointwise = true;
   for (size_t i = 0; i < spatial; ++i) pointwise &= g.weights[g.weights.size() - spatial + i] == 1;
@@ -54,7 +58,7 @@ bool prefers_blocked(const ConvGeometry& g) {
   return !pointwise && positions >= 256;
 }
 
-ConvPlan make_plan(const ConvGeometry& g, const dnnl::engine& engine) {
+ConvPlan make_plan(const ops::ConvGeometry& g, const dnnl::engine& engine) {
   const auto f32 = memory::data_type::f32;
   const auto any = memory::format_tag::any;
   ConvPlan p;
@@ -116,7 +120,7 @@ ConvCache& CpuContext::conv_cache() {
 namespace {
 
 // The plan for `g` on `engine`, built on first use in this context.
-const ConvPlan& plan_for(const ConvGeometry& g, const dnnl::engine& engine, ConvCache& cache) {
+const ConvPlan& plan_for(const ops::ConvGeometry& g, const dnnl::engine& engine, ConvCache& cache) {
   auto& plans = cache.plans;
   std::vector<int64_t> key{reinterpret_cast<int64_t>(engine.get()), g.bias};
   for (const memory::dims* dims :
@@ -141,7 +145,7 @@ memory operand(const std::optional<dnnl::reorder>& reorder, memory user, const m
 }
 
 void conv(const KernelArgs& a) {
-  const ConvGeometry g = conv_forward_geometry(a);
+  const ops::ConvGeometry g = ops::conv_forward_geometry(a);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
   CpuContext& ctx = context(a);

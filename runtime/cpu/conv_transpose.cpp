@@ -13,11 +13,11 @@
 #include <string>
 #include <unordered_map>
 
-#include "runtime/cpu/conv_transpose_shape.h"
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/conv_transpose_shape.h"
+#include "runtime/ops/grad_io.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -26,7 +26,7 @@ namespace {
 using dnnl::memory;
 
 // The gradient op's operand counts: n = 2 or 3 forward inputs (X, W, [B]), m = 1 output.
-constexpr GradArity kArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
+constexpr ops::GradArity kArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
 
 // oneDNN's terms of one node: plain X and Y, W in ONNX's layout, and the window.
 struct Deconv {
@@ -34,7 +34,7 @@ struct Deconv {
   memory::dims strides, dilates, pad_l, pad_r;
 };
 
-Deconv deconv_of(const ConvTransposeGeometry& g) {
+Deconv deconv_of(const ops::ConvTransposeGeometry& g) {
   Deconv d;
   d.src = plain_desc(g.x);
   d.dst = plain_desc(g.y);
@@ -72,7 +72,7 @@ dnnl::deconvolution_forward::primitive_desc forward_pd(const Deconv& d, const me
 }
 
 void conv_transpose(const KernelArgs& a) {
-  const ConvTransposeGeometry g = conv_transpose_forward_geometry(a);
+  const ops::ConvTransposeGeometry g = ops::conv_transpose_forward_geometry(a);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
   CpuContext& ctx = context(a);
@@ -103,13 +103,13 @@ void conv_transpose(const KernelArgs& a) {
 // Writes every element of every requested output: oneDNN's backward primitives overwrite dX
 // and dW, and dB is one sum per channel.
 void conv_transpose_grad(const KernelArgs& a) {
-  const GradIo io(a, kArity);
+  const ops::GradIo io(a, kArity);
   const Tensor& x = io.need_x(0);
   const Tensor& w = io.need_x(1);
-  if (io.dy(0) == nullptr) return zero_outputs(a);
+  if (io.dy(0) == nullptr) return ops::zero_outputs(a);
   const Tensor& dy = *io.dy(0);
-  const ConvTransposeGeometry g = conv_transpose_geometry(a, x.shape, w.shape);
-  expect_dy_shape(a, dy, g.y);
+  const ops::ConvTransposeGeometry g = ops::conv_transpose_geometry(a, x.shape, w.shape);
+  ops::expect_dy_shape(a, dy, g.y);
   if (io.wants(0)) expect_shape(a, 0, x.shape);
   if (io.wants(1)) expect_shape(a, 1, w.shape);
   if (io.wants(2)) {
@@ -122,7 +122,7 @@ void conv_transpose_grad(const KernelArgs& a) {
            b->describe(), g.y[1]);
     expect_shape(a, 2, b->shape);
   }
-  if (dy.numel() == 0 || x.numel() == 0) return zero_outputs(a);
+  if (dy.numel() == 0 || x.numel() == 0) return ops::zero_outputs(a);
   CpuContext& ctx = context(a);
   const Deconv d = deconv_of(g);
   try {
@@ -198,7 +198,7 @@ std::string check_conv_transpose(const OpSignature& s) {
 }
 
 std::string check_conv_transpose_grad(const OpSignature& s) {
-  if (std::string why = grad_arity_error(s, kArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, kArity); !why.empty()) return why;
   return check_attributes(s);
 }
 

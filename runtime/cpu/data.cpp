@@ -5,17 +5,17 @@
 //
 // Transpose, Slice and Expand are one primitive: a dense output read from the input through
 // per-dimension strides (permuted, stepped or zero for a broadcast dim).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/layout.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -65,7 +65,7 @@ void strided_copy(const Tensor& in, Tensor& out, Shape shape, std::vector<int64_
   if (shape_numel(shape) == 0) return;
   // Named references, not a structured binding: clang 14 (the fuzzing build) cannot use a
   // binding inside the OpenMP region below.
-  const StridedWalk walk = merge_strided_dims(shape, strides);
+  const ops::StridedWalk walk = ops::merge_strided_dims(shape, strides);
   const auto& dims = walk.dims;
   const auto& steps = walk.steps;
   by_element_size(dtype_size(in.dtype), [&](auto tag) {
@@ -94,7 +94,9 @@ void strided_copy(const Tensor& in, Tensor& out, Shape shape, std::vector<int64_
 }
 
 // The values of input `k`, which must be int32 or int64.
-std::vector<int64_t> read_ints(const KernelArgs& a, size_t k) { return cpu::read_ints(a, a.input(k), k); }
+std::vector<int64_t> read_ints(const KernelArgs& a, size_t k) {
+  return ops::read_ints(a, a.input(k), k);
+}
 
 // An axis list from attribute `name` or, when the attribute is absent, from input `k` (the
 // form opset 13 moved it to); empty when neither is given.
@@ -146,7 +148,7 @@ void reshape(const KernelArgs& a) {
 
 void flatten(const KernelArgs& a) {
   const Tensor& in = a.input(0);
-  int64_t axis = normalize_axis(a, a.attrs.i("axis", 1), in.rank(), /*inclusive=*/true);
+  int64_t axis = ops::normalize_axis(a, a.attrs.i("axis", 1), in.rank(), /*inclusive=*/true);
   int64_t outer = 1;
   for (int64_t d = 0; d < axis; ++d) outer *= in.shape[d];
   int64_t inner = 1;
@@ -161,7 +163,7 @@ void squeeze(const KernelArgs& a) {
   std::vector<int64_t> axes = axes_from(a, "axes", 1);
   std::vector<bool> drop(in.shape.size(), axes.empty());
   for (int64_t axis : axes) {
-    int64_t d = normalize_axis(a, axis, in.rank());
+    int64_t d = ops::normalize_axis(a, axis, in.rank());
     if (in.shape[d] != 1) fail(ErrorKind::kModel, "Squeeze axis {} has size {}, not 1", axis, in.shape[d]);
     drop[d] = true;
   }
@@ -179,7 +181,7 @@ void unsqueeze(const KernelArgs& a) {
   int64_t rank = in.rank() + static_cast<int64_t>(axes.size());
   std::vector<bool> inserted(static_cast<size_t>(rank), false);
   for (int64_t axis : axes) {
-    int64_t d = normalize_axis(a, axis, rank);
+    int64_t d = ops::normalize_axis(a, axis, rank);
     if (inserted[d]) fail(ErrorKind::kModel, "Unsqueeze axis {} is listed twice", axis);
     inserted[d] = true;
   }
@@ -193,9 +195,9 @@ void unsqueeze(const KernelArgs& a) {
 // Transpose: output dim d is input dim perm[d] (default: the dims reversed).
 void transpose(const KernelArgs& a) {
   const Tensor& in = a.input(0);
-  std::vector<int64_t> in_strides = dense_strides(in.shape), strides;
+  std::vector<int64_t> in_strides = ops::dense_strides(in.shape), strides;
   Shape expected;
-  for (int64_t d : transpose_perm(a, in.rank())) {
+  for (int64_t d : ops::transpose_perm(a, in.rank())) {
     expected.push_back(in.shape[d]);
     strides.push_back(in_strides[d]);
   }
@@ -207,7 +209,7 @@ void transpose(const KernelArgs& a) {
 void concat(const KernelArgs& a) {
   Tensor& out = *a.out[0];
   const Tensor& first = a.input(0);
-  int64_t axis = normalize_axis(a, a.attrs.required_i("axis"), first.rank());
+  int64_t axis = ops::normalize_axis(a, a.attrs.required_i("axis"), first.rank());
   Shape expected = first.shape;
   expected[axis] = 0;
   for (size_t k = 0; k < a.num_inputs(); ++k) {
@@ -244,7 +246,7 @@ void concat(const KernelArgs& a) {
 // (opset 13) or else in equal parts.
 void split(const KernelArgs& a) {
   const Tensor& in = a.input(0);
-  int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), in.rank());
+  int64_t axis = ops::normalize_axis(a, a.attrs.i("axis", 0), in.rank());
   const int64_t n = static_cast<int64_t>(a.out.size()), dim = in.shape[axis];
   std::vector<int64_t> sizes = axes_from(a, "split", 1);
   if (sizes.empty()) {
@@ -283,8 +285,8 @@ void split(const KernelArgs& a) {
 // ends clamp to the dim, negative values count from the end, steps may be negative.
 void slice(const KernelArgs& a) {
   const Tensor& in = a.input(0);
-  const SliceView view =
-      slice_view(a, in.shape, a.num_inputs(), [&](size_t k) { return a.has_input(k) ? a.in[k] : nullptr; });
+  const ops::SliceView view = ops::slice_view(
+      a, in.shape, a.num_inputs(), [&](size_t k) { return a.has_input(k) ? a.in[k] : nullptr; });
   expect_shape(a, 0, view.shape);
   strided_copy(in, *a.out[0], view.shape, view.strides, view.base);
 }
@@ -295,10 +297,10 @@ void gather(const KernelArgs& a) {
   const Tensor& data = a.input(0);
   const Tensor& index_tensor = a.input(1);
   Tensor& out = *a.out[0];
-  int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), data.rank());
-  expect_shape(a, 0, gather_shape(data.shape, index_tensor.shape, axis));
+  int64_t axis = ops::normalize_axis(a, a.attrs.i("axis", 0), data.rank());
+  expect_shape(a, 0, ops::gather_shape(data.shape, index_tensor.shape, axis));
   const int64_t dim = data.shape[axis];
-  const std::vector<int64_t> indices = gather_indices_in_range(read_ints(a, 1), axis, dim);
+  const std::vector<int64_t> indices = ops::gather_indices_in_range(read_ints(a, 1), axis, dim);
   int64_t outer = 1;
   for (int64_t d = 0; d < axis; ++d) outer *= data.shape[d];
   if (out.bytes() == 0) return;
@@ -327,7 +329,7 @@ void expand(const KernelArgs& a) {
     expected[d] = x == 1 ? y : x;
   }
   expect_shape(a, 0, expected);
-  std::vector<int64_t> in_strides = dense_strides(in.shape), strides(rank, 0);
+  std::vector<int64_t> in_strides = ops::dense_strides(in.shape), strides(rank, 0);
   for (size_t d = 0; d < in.shape.size(); ++d)
     strides[d + rank - in.shape.size()] = in.shape[d] == 1 ? 0 : in_strides[d];
   strided_copy(in, out, out.shape, strides, 0);

@@ -23,11 +23,12 @@
 
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
-#include "runtime/cpu/dropout_mask.h"
 #include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/dropout_mask.h"
+#include "runtime/ops/layout.h"
+#include "runtime/ops/pow_element.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -197,8 +198,8 @@ void run_clip(const KernelArgs& a) {
 void dropout_training(const KernelArgs& a, const Tensor& x, float ratio) {
   Tensor* mask = a.out.size() > 1 ? a.out[1] : nullptr;
   if (mask != nullptr) expect_shape(a, 1, x.shape);
-  check_dropout_training(x, mask);
-  const uint64_t key = dropout_node_key(a.random_key, a.attrs.i("seed", 0));
+  ops::check_dropout_training(x, mask);
+  const uint64_t key = ops::dropout_node_key(a.random_key, a.attrs.i("seed", 0));
   const float scale = 1.0f / (1.0f - ratio);
   const float* in = x.as<float>();
   float* out = a.out[0]->as<float>();
@@ -206,7 +207,7 @@ void dropout_training(const KernelArgs& a, const Tensor& x, float ratio) {
   const int64_t n = x.numel();
 #pragma omp parallel for if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
-    const bool kept = dropout_keeps(key, i, ratio);
+    const bool kept = ops::dropout_keeps(key, i, ratio);
     out[i] = kept ? in[i] * scale : 0.0f;
     if (keep != nullptr) keep[i] = kept ? 1 : 0;
   }
@@ -217,8 +218,8 @@ void dropout_training(const KernelArgs& a, const Tensor& x, float ratio) {
 // optional mask keeps everything.
 void run_dropout(const KernelArgs& a) {
   const Tensor& x = unary_input(a);
-  if (a.has_input(2) && scalar_is_nonzero(a.input(2), "training_mode")) {
-    const float ratio = a.has_input(1) ? dropout_ratio(a.input(1)) : 0.5f;
+  if (a.has_input(2) && ops::scalar_is_nonzero(a.input(2), "training_mode")) {
+    const float ratio = a.has_input(1) ? ops::dropout_ratio(a.input(1)) : 0.5f;
     if (ratio != 0) return dropout_training(a, x, ratio);
   }
   if (x.data != a.out[0]->data) std::memcpy(a.out[0]->data, x.data, static_cast<size_t>(x.bytes()));
@@ -305,27 +306,6 @@ void run_arith(const KernelArgs& a) {
   });
 }
 
-// x to the power e for integers, by repeated squaring (wrapping). A negative exponent gives
-// the truncated 1 / x^-e: 1 or -1 for a base of 1 or -1, else 0.
-template <class T, class E>
-T int_pow(T x, E e) {
-  using U = Wrap<T>;
-  if constexpr (std::is_signed_v<E>) {
-    if (e < 0) {
-      if (x == T(1)) return T(1);
-      if constexpr (std::is_signed_v<T>)
-        if (x == T(-1)) return (e & 1) ? T(-1) : T(1);
-      return T(0);
-    }
-  }
-  U result = 1, base = U(x);
-  for (auto n = static_cast<std::make_unsigned_t<E>>(e); n != 0; n >>= 1) {
-    if (n & 1) result *= base;
-    base *= base;
-  }
-  return static_cast<T>(result);
-}
-
 // One element of Pow (opset 12+ lets base and exponent differ in type; the output is the
 // base's type). Float bases use pow (float32 with float32 in single precision, every other
 // mix in double); integer bases with integer exponents are exact.
@@ -338,7 +318,7 @@ T power(T x, E e) {
   else if constexpr (std::is_floating_point_v<E>)
     return convert<T>(std::pow(double(x), double(e)));
   else
-    return int_pow(x, e);
+    return ops::int_pow(x, e);
 }
 
 void run_pow(const KernelArgs& a) {

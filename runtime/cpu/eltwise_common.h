@@ -18,6 +18,7 @@
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/pow_element.h"
 
 namespace stagecraft::rt::cpu::eltwise {
 
@@ -149,10 +150,7 @@ inline bool is_signed_integer(DType d) {
   return d == DType::kInt8 || d == DType::kInt16 || d == DType::kInt32 || d == DType::kInt64;
 }
 
-/// Integer arithmetic in an unsigned type at least as wide as int, so it wraps instead of
-/// overflowing (also for 8- and 16-bit types, which C++ would promote to a signed int).
-template <class T>
-using Wrap = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+using ops::Wrap;  // integer arithmetic that wraps (runtime/ops/pow_element.h)
 
 /// y[i] = f(x[i]) for n elements.
 template <class In, class Out, class F>
@@ -202,7 +200,7 @@ Broadcast<N> broadcast_output(const KernelArgs& a) {
   Shape out;
   for (size_t k = 0; k < N; ++k) {
     shapes[k] = a.input(k).shape;
-    out = k == 0 ? shapes[k] : broadcast_shape(out, shapes[k]);
+    out = k == 0 ? shapes[k] : ops::broadcast_shape(out, shapes[k]);
   }
   expect_shape(a, 0, out);
   return Broadcast<N>(shapes, out);

@@ -16,9 +16,9 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/window.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/window.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -27,9 +27,10 @@ namespace {
 using dnnl::memory;
 
 // The gradient ops' operand counts: n forward inputs, m forward outputs.
-constexpr GradArity kConvArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
-constexpr GradArity kMaxPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 2};  // Y, [Indices]
-constexpr GradArity kPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
+constexpr ops::GradArity kConvArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
+// MaxPool: outputs Y and [Indices].
+constexpr ops::GradArity kMaxPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 2};
+constexpr ops::GradArity kPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
 
 // "" when every present input and output is float32 except inputs listed in `int_inputs`
 // (which may be int64).
@@ -55,14 +56,14 @@ std::string float32_except(const OpSignature& s, std::initializer_list<size_t> i
 // Writes every element of every requested output: oneDNN's backward primitives overwrite dX
 // (zeros where no window reads an input) and dW, and dB is one sum per channel.
 void conv_grad(const KernelArgs& a) {
-  const GradIo io(a, kConvArity);
+  const ops::GradIo io(a, kConvArity);
   const Tensor& x = io.need_x(0);
   const Tensor& w = io.need_x(1);
-  if (io.dy(0) == nullptr) return zero_outputs(a);
+  if (io.dy(0) == nullptr) return ops::zero_outputs(a);
   const Tensor& dy = *io.dy(0);
-  const ConvGeometry g = conv_grad_geometry(a, x, w, dy);
-  check_conv_grad_outputs(a, x, w, io.x(2), io.wants(0), io.wants(1), io.wants(2));
-  if (dy.numel() == 0 || x.numel() == 0) return zero_outputs(a);
+  const ops::ConvGeometry g = ops::conv_grad_geometry(a, x, w, dy);
+  ops::check_conv_grad_outputs(a, x, w, io.x(2), io.wants(0), io.wants(1), io.wants(2));
+  if (dy.numel() == 0 || x.numel() == 0) return ops::zero_outputs(a);
   CpuContext& ctx = context(a);
   const memory::desc src_d = plain_desc(g.src), w_d = plain_desc(g.weights),
                      dst_d = plain_desc(g.dst);
@@ -116,7 +117,7 @@ void conv_grad(const KernelArgs& a) {
 }
 
 std::string check_conv_grad(const OpSignature& s) {
-  if (std::string why = grad_arity_error(s, kConvArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, kConvArity); !why.empty()) return why;
   if (std::string why = all_float32(s); !why.empty()) return why;
   const std::string auto_pad = s.attrs.s("auto_pad", "NOTSET");
   if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" &&
@@ -140,8 +141,8 @@ struct PoolArgs {
   Tensor* dx = nullptr;
 };
 
-PoolArgs pool_args(const KernelArgs& a, const GradArity& arity) {
-  const GradIo io(a, arity);
+PoolArgs pool_args(const KernelArgs& a, const ops::GradArity& arity) {
+  const ops::GradIo io(a, arity);
   PoolArgs p{&io.need_x(0), io.dy(0), io.dx(0)};
   if (p.dx != nullptr) expect_shape(a, 0, p.x->shape);
   return p;
@@ -153,9 +154,9 @@ PoolArgs pool_args(const KernelArgs& a, const GradArity& arity) {
 void max_pool_grad(const KernelArgs& a) {
   const PoolArgs p = pool_args(a, kMaxPoolArity);
   if (p.dx == nullptr) return;
-  if (p.dy == nullptr) return zero(*p.dx);
-  const PoolGeometry g = pool_grad_geometry(a, *p.x, *p.dy);
-  const auto w = windows(g);
+  if (p.dy == nullptr) return ops::zero(*p.dx);
+  const ops::PoolGeometry g = ops::pool_grad_geometry(a, *p.x, *p.dy);
+  const auto w = ops::windows(g);
   const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
   const int64_t H = g.in[1], W = g.in[2];
   const float* x = p.x->as<float>();
@@ -167,9 +168,9 @@ void max_pool_grad(const KernelArgs& a) {
     float* dxp = dx + pl * in_plane;
     std::fill_n(dxp, in_plane, 0.0f);
     int64_t o = pl * out_plane;
-    for (const Window& wd : w[0])
-      for (const Window& wh : w[1])
-        for (const Window& ww : w[2]) {
+    for (const ops::Window& wd : w[0])
+      for (const ops::Window& wh : w[1])
+        for (const ops::Window& ww : w[2]) {
           float best = std::numeric_limits<float>::lowest();
           int64_t at = -1;
           for (int64_t jd = wd.first; jd < wd.last; ++jd) {
@@ -194,10 +195,10 @@ void max_pool_grad(const KernelArgs& a) {
 void average_pool_grad(const KernelArgs& a) {
   const PoolArgs p = pool_args(a, kPoolArity);
   if (p.dx == nullptr) return;
-  if (p.dy == nullptr) return zero(*p.dx);
-  const PoolGeometry g = pool_grad_geometry(a, *p.x, *p.dy);
+  if (p.dy == nullptr) return ops::zero(*p.dx);
+  const ops::PoolGeometry g = ops::pool_grad_geometry(a, *p.x, *p.dy);
   const bool include_pad = a.attrs.i("count_include_pad", 0) != 0;
-  const auto w = windows(g);
+  const auto w = ops::windows(g);
   const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
   const int64_t H = g.in[1], W = g.in[2];
   const float* dy = p.dy->as<float>();
@@ -207,9 +208,9 @@ void average_pool_grad(const KernelArgs& a) {
     float* dxp = dx + pl * in_plane;
     std::fill_n(dxp, in_plane, 0.0f);
     int64_t o = pl * out_plane;
-    for (const Window& wd : w[0])
-      for (const Window& wh : w[1])
-        for (const Window& ww : w[2]) {
+    for (const ops::Window& wd : w[0])
+      for (const ops::Window& wh : w[1])
+        for (const ops::Window& ww : w[2]) {
           const int64_t count =
               include_pad ? wd.padded * wh.padded * ww.padded
                           : (wd.last - wd.first) * (wh.last - wh.first) * (ww.last - ww.first);
@@ -229,9 +230,9 @@ void average_pool_grad(const KernelArgs& a) {
 void global_average_pool_grad(const KernelArgs& a) {
   const PoolArgs p = pool_args(a, kPoolArity);
   if (p.dx == nullptr) return;
-  if (p.dy == nullptr) return zero(*p.dx);
+  if (p.dy == nullptr) return ops::zero(*p.dx);
   const Tensor& x = *p.x;
-  const int64_t planes = global_pool_grad_planes(x, *p.dy);
+  const int64_t planes = ops::global_pool_grad_planes(x, *p.dy);
   if (planes == 0) return;
   const int64_t size = x.numel() / planes;
   const float* dy = p.dy->as<float>();
@@ -258,19 +259,19 @@ std::string check_pool_grad_attrs(const OpSignature& s) {
 
 std::string check_max_pool_grad(const OpSignature& s) {
   // Inputs: X, Y, [Indices (int64)], dY, [dIndices].
-  if (std::string why = grad_arity_error(s, kMaxPoolArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, kMaxPoolArity); !why.empty()) return why;
   if (std::string why = float32_except(s, {2}); !why.empty()) return why;
   return check_pool_grad_attrs(s);
 }
 
 std::string check_average_pool_grad(const OpSignature& s) {
-  if (std::string why = grad_arity_error(s, kPoolArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, kPoolArity); !why.empty()) return why;
   if (std::string why = all_float32(s); !why.empty()) return why;
   return check_pool_grad_attrs(s);
 }
 
 std::string check_global_average_pool_grad(const OpSignature& s) {
-  if (std::string why = grad_arity_error(s, kPoolArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, kPoolArity); !why.empty()) return why;
   return all_float32(s);
 }
 

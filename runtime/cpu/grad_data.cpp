@@ -17,10 +17,10 @@
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/grad_layout.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/grad_layout.h"
+#include "runtime/ops/layout.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -36,7 +36,7 @@ void strided_move(float* dense, float* strided, const Shape& shape,
   if (shape_numel(shape) == 0) return;
   // Named references, not a structured binding: clang 14 (the fuzzing build) cannot use a
   // binding inside the OpenMP region below.
-  const StridedWalk walk = merge_strided_dims(shape, strides);
+  const ops::StridedWalk walk = ops::merge_strided_dims(shape, strides);
   const auto& dims = walk.dims;
   const auto& steps = walk.steps;
   const int64_t rank = static_cast<int64_t>(dims.size());
@@ -63,7 +63,7 @@ void strided_move(float* dense, float* strided, const Shape& shape,
 // --- Shape-only ops: dx = dy with x's shape ----------------------------------------------------
 
 void copy_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   Tensor* dx;
   const Tensor *dy, *x;
   if (!io.input0(dx, dy, x)) return;
@@ -76,12 +76,12 @@ void copy_grad(const KernelArgs& a) {
 // --- Transpose: the inverse permutation ---------------------------------------------------------
 
 void transpose_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   Tensor* dx;
   const Tensor *dy, *px;
   if (!io.input0(dx, dy, px)) return;
   const Tensor& x = *px;
-  const std::vector<int64_t> strides = transpose_grad_strides(a, x, *dy);
+  const std::vector<int64_t> strides = ops::transpose_grad_strides(a, x, *dy);
   strided_move(dx->as<float>(), const_cast<float*>(dy->as<float>()), x.shape, strides, 0,
                /*scatter=*/false);
 }
@@ -113,10 +113,10 @@ void move_pieces(float* joined, int64_t rows, int64_t row, const std::vector<flo
 }
 
 void concat_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   const Tensor* dy = io.dy(0);
-  if (dy == nullptr) return zero_outputs(a);
-  const ConcatPieces p = concat_grad_pieces(a, io, *dy);
+  if (dy == nullptr) return ops::zero_outputs(a);
+  const ops::ConcatPieces p = ops::concat_grad_pieces(a, io, *dy);
   std::vector<float*> pieces;
   for (size_t k = 0; k < io.n; ++k) pieces.push_back(io.dx(k) ? io.dx(k)->as<float>() : nullptr);
   move_pieces(const_cast<float*>(dy->as<float>()), p.rows, p.row, pieces, p.starts, p.sizes,
@@ -125,19 +125,19 @@ void concat_grad(const KernelArgs& a) {
 
 // Split: dx is the dys joined along the axis; an omitted dy contributes zeros.
 void split_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   Tensor* dx = io.dx(0);
   if (dx == nullptr) return;
   const Tensor& x = io.need_x(0);
   expect_shape(a, 0, x.shape);
-  const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), x.rank());
+  const int64_t axis = ops::normalize_axis(a, a.attrs.i("axis", 0), x.rank());
   const int64_t n = static_cast<int64_t>(io.m), dim = x.shape[axis];
   std::vector<int64_t> given;
   if (a.attrs.has("split"))
     given = a.attrs.ints("split");
   else if (io.x(1) != nullptr)
-    given = read_ints(a, *io.x(1), 1);
-  const std::vector<int64_t> sizes = split_sizes(std::move(given), n, dim, axis);
+    given = ops::read_ints(a, *io.x(1), 1);
+  const std::vector<int64_t> sizes = ops::split_sizes(std::move(given), n, dim, axis);
   int64_t rows = 1, inner = 1;
   for (int64_t d = 0; d < axis; ++d) rows *= x.shape[d];
   for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.shape[d];
@@ -149,7 +149,7 @@ void split_grad(const KernelArgs& a) {
     if (dy != nullptr) {
       Shape expected = x.shape;
       expected[axis] = sizes[k];
-      expect_dy_shape(a, *dy, expected);
+      ops::expect_dy_shape(a, *dy, expected);
     }
     pieces.push_back(dy != nullptr ? const_cast<float*>(dy->as<float>()) : nullptr);
     starts.push_back(start * inner);
@@ -162,16 +162,16 @@ void split_grad(const KernelArgs& a) {
 // --- Slice: dy scattered into zeros --------------------------------------------------------------
 
 void slice_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   Tensor* dx = io.dx(0);
   if (dx == nullptr) return;
   const Tensor& x = io.need_x(0);
   expect_shape(a, 0, x.shape);
-  zero(*dx);
+  ops::zero(*dx);
   const Tensor* dy = io.dy(0);
   if (dy == nullptr) return;
-  const SliceView view = slice_view(a, x.shape, io.n, [&](size_t k) { return io.x(k); });
-  expect_dy_shape(a, *dy, view.shape);
+  const ops::SliceView view = ops::slice_view(a, x.shape, io.n, [&](size_t k) { return io.x(k); });
+  ops::expect_dy_shape(a, *dy, view.shape);
   strided_move(const_cast<float*>(dy->as<float>()), dx->as<float>(), view.shape, view.strides,
                view.base,
                /*scatter=*/true);
@@ -181,20 +181,20 @@ void slice_grad(const KernelArgs& a) {
 // ----------------------------------------------
 
 void gather_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   Tensor* dx = io.dx(0);
   if (dx == nullptr) return;
   const Tensor& data = io.need_x(0);
   expect_shape(a, 0, data.shape);
-  zero(*dx);
+  ops::zero(*dx);
   const Tensor* dy = io.dy(0);
   if (dy == nullptr) return;
   const Tensor& index_tensor = io.need_x(1);
-  const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), data.rank());
-  expect_dy_shape(a, *dy, gather_shape(data.shape, index_tensor.shape, axis));
+  const int64_t axis = ops::normalize_axis(a, a.attrs.i("axis", 0), data.rank());
+  ops::expect_dy_shape(a, *dy, ops::gather_shape(data.shape, index_tensor.shape, axis));
   const int64_t dim = data.shape[axis];
   const std::vector<int64_t> indices =
-      gather_indices_in_range(read_ints(a, index_tensor, 1), axis, dim);
+      ops::gather_indices_in_range(ops::read_ints(a, index_tensor, 1), axis, dim);
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < axis; ++d) outer *= data.shape[d];
   for (int64_t d = axis + 1; d < data.rank(); ++d) inner *= data.shape[d];
@@ -223,7 +223,7 @@ void gather_grad(const KernelArgs& a) {
 // ------------------------------------------------------
 
 void expand_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   Tensor* dx;
   const Tensor *dy, *px;
   if (!io.input0(dx, dy, px)) return;
@@ -234,19 +234,19 @@ void expand_grad(const KernelArgs& a) {
 // --- ReduceMean: dy / count spread over the reduced dims ---------------------------------------
 
 void reduce_mean_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   Tensor* dx;
   const Tensor *dy, *px;
   if (!io.input0(dx, dy, px)) return;
   const Tensor& x = *px;
   std::vector<int64_t> axes = a.attrs.ints("axes");
-  if (!a.attrs.has("axes") && io.x(1) != nullptr) axes = read_ints(a, *io.x(1), 1);
+  if (!a.attrs.has("axes") && io.x(1) != nullptr) axes = ops::read_ints(a, *io.x(1), 1);
   std::vector<bool> reduced(x.shape.size(), axes.empty());
   if (axes.empty() && a.attrs.i("noop_with_empty_axes", 0) != 0)
     reduced.assign(x.shape.size(), false);
   std::vector<bool> listed(x.shape.size(), false);
   for (int64_t axis : axes) {
-    const int64_t d = normalize_axis(a, axis, x.rank());
+    const int64_t d = ops::normalize_axis(a, axis, x.rank());
     if (listed[d]) fail(ErrorKind::kModel, "ReduceMean: axis {} is given twice", axis);
     listed[d] = reduced[d] = true;
   }
@@ -258,7 +258,7 @@ void reduce_mean_grad(const KernelArgs& a) {
     kept_shape.push_back(reduced[i] ? 1 : x.shape[i]);
     if (!reduced[i] || keepdims) y_shape.push_back(kept_shape.back());
   }
-  expect_dy_shape(a, *dy, y_shape);
+  ops::expect_dy_shape(a, *dy, y_shape);
   if (x.numel() == 0) return;
   const float scale = 1.0f / static_cast<float>(count);
   Broadcast<1> plan({kept_shape}, x.shape);
@@ -280,8 +280,8 @@ void reduce_mean_grad(const KernelArgs& a) {
 // "" when the signature is n + 2m inputs and n outputs (n = forward_inputs, at least 1), every
 // named output and output gradient is float32 and so is the forward input of every named output.
 std::string check_data_grad(const OpSignature& s) {
-  const GradCounts c =
-      grad_counts(s.op_type, s.attrs, s.inputs.size(), s.outputs.size(), {.n_min = 1});
+  const ops::GradCounts c =
+      ops::grad_counts(s.op_type, s.attrs, s.inputs.size(), s.outputs.size(), {.n_min = 1});
   if (!c.error.empty()) return c.error;
   const size_t n = c.n, m = c.m;
   for (size_t j = 0; j < m; ++j) {

@@ -22,9 +22,9 @@
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/grad_eltwise_common.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/layout.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -55,7 +55,7 @@ void sum_to_shape(const float* full, const Shape& full_shape, float* out, const 
     std::fill_n(out, n_out, 0.0f);
     return;
   }
-  const ReductionLayout layout(groups);
+  const ops::ReductionLayout layout(groups);
   // Named references, not a structured binding: clang 14 (the fuzzing build) cannot use a
   // binding inside the OpenMP regions below.
   const std::vector<int64_t>& kept_dims = layout.kept_dims;
@@ -177,7 +177,7 @@ void hard_swish_grad(const KernelArgs& a) {
 }
 
 // The one value of Clip's optional bound input k, or `fallback` when it is omitted.
-float clip_bound(const GradIo& io, size_t k, float fallback) {
+float clip_bound(const ops::GradIo& io, size_t k, float fallback) {
   const Tensor* t = io.x(k);
   if (t == nullptr) return fallback;
   if (t->numel() != 1)
@@ -189,7 +189,7 @@ float clip_bound(const GradIo& io, size_t k, float fallback) {
 // Clip: the gradient passes where min < x < max (bounds as the forward kernel reads them:
 // attributes up to opset 6, inputs from opset 11). The bounds get no gradient.
 void clip_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   const float lo = a.attrs.has("min") ? a.attrs.f("min", 0)
                                       : clip_bound(io, 1, -std::numeric_limits<float>::infinity());
   const float hi = a.attrs.has("max") ? a.attrs.f("max", 0)
@@ -203,26 +203,26 @@ void clip_grad(const KernelArgs& a) {
 // / (1 - r) with the forward's own mask (its output 1, which the compiler keeps in training);
 // otherwise the identity, dx = dy. The ratio, training_mode and the mask get no gradient.
 void dropout_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   const Tensor* training = io.x(2);
   float ratio = 0;
-  if (training != nullptr && scalar_is_nonzero(*training, "training_mode"))
-    ratio = io.x(1) != nullptr ? dropout_ratio(*io.x(1)) : 0.5f;
+  if (training != nullptr && ops::scalar_is_nonzero(*training, "training_mode"))
+    ratio = io.x(1) != nullptr ? ops::dropout_ratio(*io.x(1)) : 0.5f;
   if (a.attrs.i("is_test", 1) == 0)
     fail(ErrorKind::kUnsupported, "DropoutGrad with is_test=0 (training) is not supported");
   for (size_t k = 1; k < io.n; ++k) zero_output(io, k);  // ratio and training_mode get none
   Tensor* dx = io.dx(0);
   const Tensor* dy = io.dy(0);
   if (dx == nullptr) return;
-  if (dy == nullptr) return zero(*dx);
+  if (dy == nullptr) return ops::zero(*dx);
   expect_dx_shape(a, 0, io.need_x(0).shape);
-  expect_dy_shape(a, *dy, dx->shape);
+  ops::expect_dy_shape(a, *dy, dx->shape);
   if (ratio == 0) {
     if (dx->data != dy->data) std::memmove(dx->data, dy->data, static_cast<size_t>(dx->bytes()));
     return;
   }
   const Tensor* mask = io.y(1);
-  check_dropout_grad(mask, *dx);
+  ops::check_dropout_grad(mask, *dx);
   const float scale = 1.0f / (1.0f - ratio);
   const uint8_t* keep = mask->as<uint8_t>();
   const float* g = dy->as<float>();
@@ -246,14 +246,14 @@ float half_to_float(uint16_t h) {
 // Cast: the gradient of a float32 input is dy cast back to float32 (from float32, float64,
 // float16 or bfloat16); other inputs get none.
 void cast_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   Tensor* dx = io.dx(0);
   const Tensor* dy = io.dy(0);
   if (dx == nullptr) return;
-  if (dy == nullptr) return zero(*dx);
+  if (dy == nullptr) return ops::zero(*dx);
   const Tensor& x = io.need_x(0);
   expect_dx_shape(a, 0, x.shape);
-  expect_dy_shape(a, *dy, x.shape);
+  ops::expect_dy_shape(a, *dy, x.shape);
   const int64_t n = x.numel();
   float* out = dx->as<float>();
   switch (dy->dtype) {
@@ -291,7 +291,7 @@ enum class Arith { kAdd, kSub, kMul, kDiv };
 
 template <Arith op>
 void arith_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   Binary b;
   if (!binary_operands(a, io, b)) return;
   if (io.dx(0) != nullptr) {
@@ -321,7 +321,7 @@ void arith_grad(const KernelArgs& a) {
 // Pow: d/dbase = e * base^(e-1), d/dexp = y * ln(base) where base > 0 (else 0). An int32 or
 // int64 exponent is read as float32 for the base's gradient (it gets none itself).
 void pow_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   Binary b;
   if (!binary_operands(a, io, b)) return;
   Tensor exponent = *b.rhs;
@@ -356,14 +356,14 @@ void pow_grad(const KernelArgs& a) {
 
 // Where: dy goes to x where the condition holds and to y elsewhere; the condition gets none.
 void where_grad(const KernelArgs& a) {
-  GradIo io(a);
+  ops::GradIo io(a);
   const Tensor* dy = io.dy(0);
   zero_output(io, 0);  // the condition gets none
-  if (dy == nullptr) zero_outputs(a);
+  if (dy == nullptr) ops::zero_outputs(a);
   if (dy == nullptr || (io.dx(1) == nullptr && io.dx(2) == nullptr)) return;
   const Tensor &cond = io.need_x(0), &x = io.need_x(1), &y = io.need_x(2);
-  Shape out = broadcast_shape(broadcast_shape(cond.shape, x.shape), y.shape);
-  expect_dy_shape(a, *dy, out);
+  Shape out = ops::broadcast_shape(ops::broadcast_shape(cond.shape, x.shape), y.shape);
+  ops::expect_dy_shape(a, *dy, out);
   Broadcast<1> plan({cond.shape}, out);
   const uint8_t* c = cond.as<uint8_t>();
   const float* d = dy->as<float>();
@@ -391,19 +391,20 @@ void where_grad(const KernelArgs& a) {
 }
 
 // Equal has no gradient: its outputs are never requested (and are zeros if they are).
-void equal_grad(const KernelArgs& a) { zero_outputs(a); }
+void equal_grad(const KernelArgs& a) { ops::zero_outputs(a); }
 
 // ---------------------------------------------------------------------------------------------
 // Checks
 
-constexpr GradArity kClipArity{.n_min = 1, .n_max = 3, .m_min = 1, .m_max = 1};  // x, [min], [max]
+// Clip: inputs x, [min] and [max].
+constexpr ops::GradArity kClipArity{.n_min = 1, .n_max = 3, .m_min = 1, .m_max = 1};
 
 std::string check_unary(const OpSignature& s) { return check_float_grad(s, kUnaryArity); }
 std::string check_binary(const OpSignature& s) { return check_float_grad(s, kBinaryArity); }
 std::string check_clip(const OpSignature& s) { return check_float_grad(s, kClipArity); }
 
 std::string check_pow(const OpSignature& s) {
-  if (auto why = grad_arity_error(s, kBinaryArity); !why.empty()) return why;
+  if (auto why = ops::grad_arity_error(s, kBinaryArity); !why.empty()) return why;
   const DType e = s.inputs[1];
   if (e == DType::kInt32 || e == DType::kInt64) {
     if (s.outputs[1] != DType::kUndefined) return "PowGrad: an integer exponent has no gradient";
@@ -415,7 +416,7 @@ std::string check_pow(const OpSignature& s) {
 }
 
 std::string check_where(const OpSignature& s) {
-  if (auto why = grad_arity_error(s, {.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1});
+  if (auto why = ops::grad_arity_error(s, {.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1});
       !why.empty())
     return why;
   if (s.inputs[0] != DType::kBool)
@@ -433,8 +434,8 @@ std::string check_where(const OpSignature& s) {
 
 std::string check_dropout(const OpSignature& s) {
   // Inputs data, [ratio], [training_mode]; outputs Y, [mask].
-  const GradCounts c = grad_counts(s.op_type, s.attrs, s.inputs.size(), s.outputs.size(),
-                                   {.n_min = 1, .n_max = 3, .m_min = 1, .m_max = 2});
+  const ops::GradCounts c = ops::grad_counts(s.op_type, s.attrs, s.inputs.size(), s.outputs.size(),
+                                             {.n_min = 1, .n_max = 3, .m_min = 1, .m_max = 2});
   if (!c.error.empty()) return c.error;
   const size_t n = c.n, m = c.m;
   if (s.inputs[0] != DType::kFloat32)
@@ -450,7 +451,7 @@ std::string check_dropout(const OpSignature& s) {
 }
 
 std::string check_cast(const OpSignature& s) {
-  if (auto why = grad_arity_error(s, kUnaryArity); !why.empty()) return why;
+  if (auto why = ops::grad_arity_error(s, kUnaryArity); !why.empty()) return why;
   if (s.outputs[0] == DType::kUndefined) return "";
   if (s.inputs[0] != DType::kFloat32 || s.outputs[0] != DType::kFloat32)
     return fmt::format("CastGrad to a {} input is not supported (float32 only)",
@@ -462,7 +463,7 @@ std::string check_cast(const OpSignature& s) {
   return "";
 }
 
-std::string check_equal(const OpSignature& s) { return grad_arity_error(s); }
+std::string check_equal(const OpSignature& s) { return ops::grad_arity_error(s); }
 
 // Every kernel here writes every element of the outputs it is given: an elementwise result per
 // element (summed back where the input was broadcast, sum_to_shape overwriting its output), or

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "runtime/cpu/broadcast.h"
-#include "runtime/cpu/grad_io.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
 
 namespace stagecraft::rt::cpu::eltwise {
 
@@ -23,8 +23,8 @@ namespace stagecraft::rt::cpu::eltwise {
 inline constexpr int64_t kGradParallelElements = int64_t{1} << 15;
 
 /// Zeroes dx_k where it is wanted.
-inline void zero_output(const GradIo& io, size_t k) {
-  if (Tensor* t = io.dx(k)) zero(*t);
+inline void zero_output(const ops::GradIo& io, size_t k) {
+  if (Tensor* t = io.dx(k)) ops::zero(*t);
 }
 
 /// Fails unless `dx` has `shape` (the forward input's).
@@ -35,15 +35,15 @@ inline void expect_dx_shape(const KernelArgs& a, size_t k, const Shape& shape) {
 /// dx = g(x, y, dy) elementwise; y is the forward output, recomputed by `fwd(x)` when omitted.
 template <class Fwd, class G>
 void unary_grad(const KernelArgs& a, Fwd fwd, G g) {
-  GradIo io(a);
+  ops::GradIo io(a);
   for (size_t k = 1; k < io.n; ++k) zero_output(io, k);  // Clip's bounds get none
   Tensor* dx = io.dx(0);
   const Tensor* dy = io.dy(0);
   if (dx == nullptr) return;
-  if (dy == nullptr) return zero(*dx);
+  if (dy == nullptr) return ops::zero(*dx);
   const Tensor& x = io.need_x(0);
   expect_dx_shape(a, 0, x.shape);
-  expect_dy_shape(a, *dy, x.shape);
+  ops::expect_dy_shape(a, *dy, x.shape);
   const float* xs = x.as<float>();
   const float* dys = dy->as<float>();
   float* dxs = dx->as<float>();
@@ -99,15 +99,15 @@ struct Binary {
 
 /// Reads a binary op's operands, checked: false when no gradient is to be computed (with every
 /// output zeroed where dy is omitted).
-inline bool binary_operands(const KernelArgs& a, const GradIo& io, Binary& b) {
+inline bool binary_operands(const KernelArgs& a, const ops::GradIo& io, Binary& b) {
   b.dy = io.dy(0);
-  if (b.dy == nullptr) zero_outputs(a);
+  if (b.dy == nullptr) ops::zero_outputs(a);
   if (b.dy == nullptr || (io.dx(0) == nullptr && io.dx(1) == nullptr)) return false;
   b.lhs = &io.need_x(0);
   b.rhs = &io.need_x(1);
   b.y = io.y(0);
-  Shape out = broadcast_shape(b.lhs->shape, b.rhs->shape);
-  expect_dy_shape(a, *b.dy, out);
+  Shape out = ops::broadcast_shape(b.lhs->shape, b.rhs->shape);
+  ops::expect_dy_shape(a, *b.dy, out);
   if (b.y != nullptr && b.y->shape != out) b.y = nullptr;
   return true;
 }
@@ -116,12 +116,12 @@ inline bool binary_operands(const KernelArgs& a, const GradIo& io, Binary& b) {
 inline bool float_or_absent(DType d) { return d == DType::kUndefined || d == DType::kFloat32; }
 
 /// One forward input and output (unary ops), two inputs and one output (binary ops).
-inline constexpr GradArity kUnaryArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
-inline constexpr GradArity kBinaryArity{.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1};
+inline constexpr ops::GradArity kUnaryArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
+inline constexpr ops::GradArity kBinaryArity{.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1};
 
 /// Every input and output float32 (or absent), with the counts `arity` allows.
-inline std::string check_float_grad(const OpSignature& s, const GradArity& arity) {
-  if (auto why = grad_arity_error(s, arity); !why.empty()) return why;
+inline std::string check_float_grad(const OpSignature& s, const ops::GradArity& arity) {
+  if (auto why = ops::grad_arity_error(s, arity); !why.empty()) return why;
   for (DType d : s.inputs)
     if (!float_or_absent(d))
       return fmt::format("{} on {} is not supported (the cpu backend differentiates float32 only)",

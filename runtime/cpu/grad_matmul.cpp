@@ -18,9 +18,9 @@
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/matmul_shape.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/matmul_shape.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
@@ -135,19 +135,19 @@ void sum_batches_into(const float* full, const memory::dims& batch, const memory
 }
 
 // The gradient ops' operand counts: n forward inputs, one forward output.
-constexpr GradArity kMatMulArity{.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1};
-constexpr GradArity kGemmArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
+constexpr ops::GradArity kMatMulArity{.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1};
+constexpr ops::GradArity kGemmArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
 
 // Writes every element of the outputs it is given: each is one product (oneDNN overwrites its
 // destination) or a sum of products into zeros, and zeros where an operand is empty.
 void matmul_grad(const KernelArgs& a) {
-  const GradIo io(a, kMatMulArity);
+  const ops::GradIo io(a, kMatMulArity);
   const bool want_a = io.wants(0), want_b = io.wants(1);
   if (!want_a && !want_b) return;
   const Tensor& x = io.need_x(0);
   const Tensor& y = io.need_x(1);
-  const MatMulShape s = matmul_shape("MatMulGrad", x, y);
-  if (io.dy(0) == nullptr) return zero_outputs(a);  // no output gradient: zeros
+  const ops::MatMulShape s = ops::matmul_shape("MatMulGrad", x, y);
+  if (io.dy(0) == nullptr) return ops::zero_outputs(a);  // no output gradient: zeros
   const Tensor& dy = *io.dy(0);
   const int64_t m = s.m, k = s.k, n = s.n;
   const memory::dims &ba = s.batch_a, &bb = s.batch_b, &bf = s.batch;
@@ -160,7 +160,7 @@ void matmul_grad(const KernelArgs& a) {
          dy.describe(), x.describe(), y.describe());
   if (want_a) expect_shape(a, 0, x.shape);
   if (want_b) expect_shape(a, 1, y.shape);
-  if (full * m * n == 0 || k == 0) return zero_outputs(a);  // gradients are all zero
+  if (full * m * n == 0 || k == 0) return ops::zero_outputs(a);  // gradients are all zero
   const CpuContext& ctx = context(a);
   const bool a_full = ba == bf, b_full = bb == bf;
   const bool b_unbatched = std::all_of(bb.begin(), bb.end(), [](int64_t d) { return d == 1; });
@@ -202,14 +202,14 @@ void matmul_grad(const KernelArgs& a) {
 
 // Writes every element of the outputs it is given, as MatMulGrad; dC is a sum per element.
 void gemm_grad(const KernelArgs& a) {
-  const GradIo io(a, kGemmArity);
+  const ops::GradIo io(a, kGemmArity);
   const Tensor& x = io.need_x(0);
   const Tensor& y = io.need_x(1);
-  const GemmShape gs = gemm_shape("GemmGrad", x, y, a.attrs);
+  const ops::GemmShape gs = ops::gemm_shape("GemmGrad", x, y, a.attrs);
   const bool trans_a = gs.trans_a, trans_b = gs.trans_b;
   const int64_t m = gs.m, k = gs.k, n = gs.n;
   const float alpha = a.attrs.f("alpha", 1.0f), beta = a.attrs.f("beta", 1.0f);
-  if (io.dy(0) == nullptr) return zero_outputs(a);
+  if (io.dy(0) == nullptr) return ops::zero_outputs(a);
   const Tensor& dy = *io.dy(0);
   if (dy.shape != Shape{m, n})
     fail(ErrorKind::kShape, "GemmGrad: dY {} should be [{}, {}]", dy.describe(), m, n);
@@ -221,7 +221,7 @@ void gemm_grad(const KernelArgs& a) {
   if (io.wants(0)) {
     expect_shape(a, 0, x.shape);
     if (!work)
-      zero(*io.dx(0));
+      ops::zero(*io.dx(0));
     else if (!trans_a)  // dA [m, k] = alpha dY [m, n] x B'^T [n, k]
       product(ctx, view({}, m, n, dy.data, false), view({}, n, k, y.data, !trans_b), {m, k},
               io.dx(0)->data, alpha, types);
@@ -232,7 +232,7 @@ void gemm_grad(const KernelArgs& a) {
   if (io.wants(1)) {
     expect_shape(a, 1, y.shape);
     if (!work)
-      zero(*io.dx(1));
+      ops::zero(*io.dx(1));
     else if (!trans_b)  // dB [k, n] = alpha A'^T [k, m] x dY [m, n]
       product(ctx, view({}, k, m, x.data, !trans_a), view({}, m, n, dy.data, false), {k, n},
               io.dx(1)->data, alpha, types);
@@ -243,8 +243,8 @@ void gemm_grad(const KernelArgs& a) {
   if (io.wants(2)) {
     const Tensor& c = io.need_x(2);
     expect_shape(a, 2, c.shape);
-    const auto [cm, cn] = gemm_c_dims("GemmGrad", c, m, n);
-    if (beta == 0.0f) return zero(*io.dx(2));
+    const auto [cm, cn] = ops::gemm_c_dims("GemmGrad", c, m, n);
+    if (beta == 0.0f) return ops::zero(*io.dx(2));
     // dY read and dC written in their own type (float32, or bfloat16 through float32).
     std::vector<float> g_wide, dc_wide;
     const float* g = dy.as<float>();
@@ -291,12 +291,12 @@ std::string float32_or_bf16(const OpSignature& s) {
 }
 
 std::string check_matmul_grad(const OpSignature& s) {
-  if (std::string why = grad_arity_error(s, kMatMulArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, kMatMulArity); !why.empty()) return why;
   return float32_or_bf16(s);
 }
 
 std::string check_gemm_grad(const OpSignature& s) {
-  if (std::string why = grad_arity_error(s, kGemmArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, kGemmArity); !why.empty()) return why;
   return float32_or_bf16(s);
 }
 

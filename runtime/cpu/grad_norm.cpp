@@ -14,18 +14,18 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/norm_shape.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/norm_shape.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
 
 // The gradient ops' operand counts: n forward inputs, m forward outputs (BatchNormalization's Y,
 // running mean and running variance; LayerNormalization's Y, Mean and InvStdDev).
-constexpr GradArity kBatchNormArity{.n_min = 5, .n_max = 5, .m_min = 1, .m_max = 3};
-constexpr GradArity kLayerNormArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 3};
-constexpr GradArity kSoftmaxArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
+constexpr ops::GradArity kBatchNormArity{.n_min = 5, .n_max = 5, .m_min = 1, .m_max = 3};
+constexpr ops::GradArity kLayerNormArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 3};
+constexpr ops::GradArity kSoftmaxArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
 
 // ---------------------------------------------------------------------------------------------
 // BatchNormalizationGrad: X [N, C, ...] read as [N, C, S].
@@ -33,7 +33,7 @@ constexpr GradArity kSoftmaxArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1
 // Writes every element of the outputs it is given: one value per channel for the [C] gradients
 // and, per channel, every element of dX (zeros in inference without dY).
 void batch_norm_grad(const KernelArgs& a) {
-  const GradIo io(a, kBatchNormArity);
+  const ops::GradIo io(a, kBatchNormArity);
   const Tensor& x = io.need_x(0);
   if (x.rank() < 2)
     fail(ErrorKind::kShape, "BatchNormalizationGrad: X is {}, expected [N, C, ...]", x.describe());
@@ -63,7 +63,7 @@ void batch_norm_grad(const KernelArgs& a) {
   float* dmean = io.wants(3) ? io.dx(3)->as<float>() : nullptr;
   float* dvar = io.wants(4) ? io.dx(4)->as<float>() : nullptr;
   const int64_t count = N * S;
-  if (count == 0) return zero_outputs(a);
+  if (count == 0) return ops::zero_outputs(a);
 #pragma omp parallel for if (x.numel() > 32768)
   for (int64_t c = 0; c < C; ++c) {
     auto at = [&](int64_t b, int64_t s) { return (b * C + c) * S + s; };
@@ -124,7 +124,7 @@ void batch_norm_grad(const KernelArgs& a) {
 }
 
 std::string check_batch_norm_grad(const OpSignature& s) {
-  if (std::string why = grad_arity_error(s, kBatchNormArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, kBatchNormArity); !why.empty()) return why;
   if (std::string why = all_float32(s); !why.empty()) return why;
   if (s.attrs.i("spatial", 1) == 0)
     return "BatchNormalization with spatial=0 (opset < 9) is not supported";
@@ -137,10 +137,10 @@ std::string check_batch_norm_grad(const OpSignature& s) {
 // Writes every element of the outputs it is given: every row of dX, and every column sum of
 // dScale and dB (zeros without dY).
 void layer_norm_grad(const KernelArgs& a) {
-  const GradIo io(a, kLayerNormArity);
-  const LayerNormGradOperands o = layer_norm_grad_operands(a, io);
+  const ops::GradIo io(a, kLayerNormArity);
+  const ops::LayerNormGradOperands o = ops::layer_norm_grad_operands(a, io);
   const int64_t outer = o.outer, inner = o.inner;
-  if (outer == 0 || inner == 0) return zero_outputs(a);
+  if (outer == 0 || inner == 0) return ops::zero_outputs(a);
   const Tensor& x = *o.x;
   const Tensor& scale = *o.scale;
   const Tensor* dy = o.dy;
@@ -218,7 +218,7 @@ void layer_norm_grad(const KernelArgs& a) {
 }
 
 std::string check_layer_norm_grad(const OpSignature& s) {
-  if (std::string why = grad_arity_error(s, kLayerNormArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, kLayerNormArity); !why.empty()) return why;
   if (std::string why = all_float32(s); !why.empty()) return why;
   if (s.attrs.i("stash_type", 1) != 1)
     return "LayerNormalization with stash_type other than 1 is not supported";
@@ -230,12 +230,12 @@ std::string check_layer_norm_grad(const OpSignature& s) {
 
 // Writes every element of dX.
 void softmax_grad(const KernelArgs& a) {
-  const GradIo io(a, kSoftmaxArity);
+  const ops::GradIo io(a, kSoftmaxArity);
   const Tensor& x = io.need_x(0);
   const Tensor& y = io.need_y(0);
   const Tensor* dy = io.dy(0);
   if (!io.wants(0)) return;
-  if (dy == nullptr) return zero(*io.dx(0));
+  if (dy == nullptr) return ops::zero(*io.dx(0));
   int64_t axis = a.attrs.i("axis", -1);
   if (x.rank() == 0 || axis < -x.rank() || axis >= x.rank())
     fail(ErrorKind::kModel, "SoftmaxGrad: axis {} is out of range for {}", axis, x.describe());
@@ -267,7 +267,7 @@ void softmax_grad(const KernelArgs& a) {
 }
 
 std::string check_softmax_grad(const OpSignature& s) {
-  if (std::string why = grad_arity_error(s, kSoftmaxArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, kSoftmaxArity); !why.empty()) return why;
   return all_float32(s);
 }
 

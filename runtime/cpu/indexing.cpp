@@ -19,9 +19,9 @@
 
 #include "runtime/cpu/by_size.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/indexing_shape.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/indexing_shape.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -70,8 +70,8 @@ std::string same_type(const OpSignature& s) {
 
 void tile(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  const TileShape s = tile_shape(a, x.shape, a.input(1));
-  expect_shape(a, 0, tile_output_shape(s));
+  const ops::TileShape s = ops::tile_shape(a, x.shape, a.input(1));
+  expect_shape(a, 0, ops::tile_output_shape(s));
   Tensor& y = *a.out[0];
   const int64_t n = y.numel();
   if (n == 0) return;
@@ -80,25 +80,25 @@ void tile(const KernelArgs& a) {
     const T* src = x.as<T>();
     T* dst = y.as<T>();
 #pragma omp parallel for if (n >= kParallelElements)
-    for (int64_t e = 0; e < n; ++e) dst[e] = src[tile_source(s, e)];
+    for (int64_t e = 0; e < n; ++e) dst[e] = src[ops::tile_source(s, e)];
   });
 }
 
 void tile_grad(const KernelArgs& a) {
-  const GradIo io(a, {.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1});
+  const ops::GradIo io(a, {.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1});
   Tensor* dx = nullptr;
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
-  const TileShape s = tile_shape(a, x->shape, io.need_x(1));
-  expect_dy_shape(a, *dy, tile_output_shape(s));
+  const ops::TileShape s = ops::tile_shape(a, x->shape, io.need_x(1));
+  ops::expect_dy_shape(a, *dy, ops::tile_output_shape(s));
   const int64_t n = dx->numel();
   if (n == 0) return;
-  const SeparableTableData data = tile_gradient_tables(s);
-  const SeparableTable t = data.at(data.ints.data(), data.floats.data());
+  const ops::SeparableTableData data = ops::tile_gradient_tables(s);
+  const ops::SeparableTable t = data.at(data.ints.data(), data.floats.data());
   const float* src = dy->as<float>();
   float* dst = dx->as<float>();
 #pragma omp parallel for if (dy->numel() >= kParallelElements)
-  for (int64_t i = 0; i < n; ++i) dst[i] = separable_sum(t, src, i);
+  for (int64_t i = 0; i < n; ++i) dst[i] = ops::separable_sum(t, src, i);
 }
 
 std::string check_tile(const OpSignature& s) {
@@ -117,23 +117,23 @@ std::string check_tile(const OpSignature& s) {
 void cumsum(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   expect_shape(a, 0, x.shape);
-  const ScanShape s = scan_shape(a, x.shape, a.input(1));
+  const ops::ScanShape s = ops::scan_shape(a, x.shape, a.input(1));
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
   by_number(a, x.dtype, [&](auto tag) {
     using T = decltype(tag);
     const int64_t lines = s.lines();
 #pragma omp parallel for if (x.numel() >= kParallelElements)
-    for (int64_t l = 0; l < lines; ++l) scan_line(s, x.as<T>(), y.as<T>(), l);
+    for (int64_t l = 0; l < lines; ++l) ops::scan_line(s, x.as<T>(), y.as<T>(), l);
   });
 }
 
 void cumsum_grad(const KernelArgs& a) {
-  const GradIo io(a, {.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1});
+  const ops::GradIo io(a, {.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1});
   Tensor* dx = nullptr;
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
-  ScanShape s = scan_shape(a, x->shape, io.need_x(1));
+  ops::ScanShape s = ops::scan_shape(a, x->shape, io.need_x(1));
   if (dy->shape != x->shape)
     fail(ErrorKind::kShape, "CumSumGrad '{}': the output gradient is {} but X is {}", a.name,
          dy->describe(), x->describe());
@@ -141,7 +141,7 @@ void cumsum_grad(const KernelArgs& a) {
   s.reverse = !s.reverse;
   const int64_t lines = s.lines();
 #pragma omp parallel for if (dx->numel() >= kParallelElements)
-  for (int64_t l = 0; l < lines; ++l) scan_line(s, dy->as<float>(), dx->as<float>(), l);
+  for (int64_t l = 0; l < lines; ++l) ops::scan_line(s, dy->as<float>(), dx->as<float>(), l);
 }
 
 std::string check_cumsum(const OpSignature& s) {
@@ -160,7 +160,7 @@ std::string check_cumsum(const OpSignature& s) {
 void gather_elements(const KernelArgs& a) {
   const Tensor& data = a.input(0);
   const Tensor& indices = a.input(1);
-  const GatherElementsPlan p = gather_elements_plan(a, data.shape, indices);
+  const ops::GatherElementsPlan p = ops::gather_elements_plan(a, data.shape, indices);
   expect_shape(a, 0, indices.shape);
   Tensor& y = *a.out[0];
   const int64_t n = y.numel();
@@ -171,27 +171,27 @@ void gather_elements(const KernelArgs& a) {
     T* dst = y.as<T>();
 #pragma omp parallel for if (n >= kParallelElements)
     for (int64_t e = 0; e < n; ++e)
-      dst[e] = src[gather_elements_source(p.shape, p.indices.data(), e)];
+      dst[e] = src[ops::gather_elements_source(p.shape, p.indices.data(), e)];
   });
 }
 
 // The scatter of dY into dData in output order: for every data element the same terms in the
 // same order as gather_elements_grad_element (which the CUDA backend runs), in O(outputs).
 void gather_elements_grad(const KernelArgs& a) {
-  const GradIo io(a, {.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1});
+  const ops::GradIo io(a, {.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1});
   Tensor* dx = nullptr;
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
   const Tensor& indices = io.need_x(1);
-  const GatherElementsPlan p = gather_elements_plan(a, x->shape, indices);
+  const ops::GatherElementsPlan p = ops::gather_elements_plan(a, x->shape, indices);
   if (dy->shape != indices.shape)
     fail(ErrorKind::kShape, "GatherElementsGrad '{}': the output gradient is {} but indices are {}",
          a.name, dy->describe(), indices.describe());
-  zero(*dx);
+  ops::zero(*dx);
   float* dst = dx->as<float>();
   const float* src = dy->as<float>();
   for (int64_t e = 0; e < dy->numel(); ++e)
-    dst[gather_elements_source(p.shape, p.indices.data(), e)] += src[e];
+    dst[ops::gather_elements_source(p.shape, p.indices.data(), e)] += src[e];
 }
 
 std::string check_gather_elements(const OpSignature& s) {
@@ -213,8 +213,8 @@ void scatter_nd(const KernelArgs& a) {
   const Tensor& data = a.input(0);
   const Tensor& updates = a.input(2);
   expect_shape(a, 0, data.shape);
-  const ScatterPlanData plan = scatter_plan(a, data.shape, a.input(1), updates.shape);
-  const ScatterPlan p = plan.at(plan.values.data());
+  const ops::ScatterPlanData plan = ops::scatter_plan(a, data.shape, a.input(1), updates.shape);
+  const ops::ScatterPlan p = plan.at(plan.values.data());
   Tensor& y = *a.out[0];
   const int64_t n = y.numel();
   if (n == 0) return;
@@ -224,43 +224,43 @@ void scatter_nd(const KernelArgs& a) {
     const T* u = updates.as<T>();
     T* dst = y.as<T>();
 #pragma omp parallel for if (n >= kParallelElements)
-    for (int64_t e = 0; e < n; ++e) dst[e] = scatter_nd_element(p, d, u, e);
+    for (int64_t e = 0; e < n; ++e) dst[e] = ops::scatter_nd_element(p, d, u, e);
   };
-  if (p.reduction == ScatterReduction::kNone)
+  if (p.reduction == ops::ScatterReduction::kNone)
     by_size(a, data.dtype, run);
   else
     by_number(a, data.dtype, run);
 }
 
 void scatter_nd_grad(const KernelArgs& a) {
-  const GradIo io(a, {.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1});
+  const ops::GradIo io(a, {.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1});
   const Tensor* dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(a);
+  if (dy == nullptr) ops::zero_outputs(a);
   if (dy == nullptr || (!io.wants(0) && !io.wants(2))) return;
   const Tensor& data = io.need_x(0);
   const Tensor& updates = io.need_x(2);
   if (dy->shape != data.shape)
     fail(ErrorKind::kShape, "ScatterNDGrad '{}': the output gradient is {} but the data are {}",
          a.name, dy->describe(), data.describe());
-  const ScatterPlanData plan = scatter_plan(a, data.shape, io.need_x(1), updates.shape);
-  if (plan.reduction == ScatterReduction::kMul)
+  const ops::ScatterPlanData plan = ops::scatter_plan(a, data.shape, io.need_x(1), updates.shape);
+  if (plan.reduction == ops::ScatterReduction::kMul)
     fail(ErrorKind::kUnsupported, "ScatterNDGrad '{}': reduction mul has no gradient kernel",
          a.name);
-  const ScatterPlan p = plan.at(plan.values.data());
+  const ops::ScatterPlan p = plan.at(plan.values.data());
   const float* src = dy->as<float>();
   if (Tensor* dd = io.dx(0)) {
     expect_shape(a, 0, data.shape);
     float* dst = dd->as<float>();
     const int64_t n = dd->numel();
 #pragma omp parallel for if (n >= kParallelElements)
-    for (int64_t e = 0; e < n; ++e) dst[e] = scatter_nd_data_grad(p, src, e);
+    for (int64_t e = 0; e < n; ++e) dst[e] = ops::scatter_nd_data_grad(p, src, e);
   }
   if (Tensor* du = io.dx(2)) {
     expect_shape(a, 2, updates.shape);
     float* dst = du->as<float>();
     const int64_t n = du->numel();
 #pragma omp parallel for if (n >= kParallelElements)
-    for (int64_t e = 0; e < n; ++e) dst[e] = scatter_nd_updates_grad(p, src, e);
+    for (int64_t e = 0; e < n; ++e) dst[e] = ops::scatter_nd_updates_grad(p, src, e);
   }
 }
 
@@ -268,15 +268,15 @@ std::string check_scatter_nd(const OpSignature& s) {
   if (s.inputs.size() != 3)
     return fmt::format("ScatterND with {} inputs is not supported (data, indices, updates)",
                        s.inputs.size());
-  ScatterReduction reduction = ScatterReduction::kNone;
-  if (auto why = scatter_reduction_error(s.attrs, &reduction); !why.empty()) return why;
+  ops::ScatterReduction reduction = ops::ScatterReduction::kNone;
+  if (auto why = ops::scatter_reduction_error(s.attrs, &reduction); !why.empty()) return why;
   const DType d = s.inputs[0];
-  if (reduction == ScatterReduction::kNone ? !movable(d) : !number(d))
-    return fmt::format("ScatterND{} on {} is not supported ({})",
-                       reduction == ScatterReduction::kNone ? "" : " with a reduction",
-                       dtype_name(d),
-                       reduction == ScatterReduction::kNone ? "elements of 1 to 8 bytes"
-                                                            : "float32, float64, int32, int64");
+  if (reduction == ops::ScatterReduction::kNone ? !movable(d) : !number(d))
+    return fmt::format(
+        "ScatterND{} on {} is not supported ({})",
+        reduction == ops::ScatterReduction::kNone ? "" : " with a reduction", dtype_name(d),
+        reduction == ops::ScatterReduction::kNone ? "elements of 1 to 8 bytes"
+                                                  : "float32, float64, int32, int64");
   if (s.inputs[1] != DType::kInt64)
     return fmt::format("ScatterND's indices are {}, expected int64", dtype_name(s.inputs[1]));
   if (s.inputs[2] != d)
@@ -291,8 +291,8 @@ std::string check_scatter_nd(const OpSignature& s) {
 // other operands are those of the forward op's check.
 std::string check_index_grad(const OpSignature& s, size_t n, std::initializer_list<size_t> dx,
                              std::string (*forward)(const OpSignature&)) {
-  const GradArity arity{.n_min = n, .n_max = n, .m_min = 1, .m_max = 1};
-  if (auto why = grad_arity_error(s, arity); !why.empty()) return why;
+  const ops::GradArity arity{.n_min = n, .n_max = n, .m_min = 1, .m_max = 1};
+  if (auto why = ops::grad_arity_error(s, arity); !why.empty()) return why;
   const DType dy = s.inputs[n + 1];
   if (dy != DType::kFloat32 && dy != DType::kUndefined)
     return fmt::format("{} with a {} output gradient is not supported (float32 only)", s.op_type,
@@ -321,9 +321,9 @@ std::string check_gather_elements_grad(const OpSignature& s) {
 }
 std::string check_scatter_nd_grad(const OpSignature& s) {
   if (auto why = check_index_grad(s, 3, {0, 2}, check_scatter_nd); !why.empty()) return why;
-  ScatterReduction reduction = ScatterReduction::kNone;
-  scatter_reduction_error(s.attrs, &reduction);
-  if (reduction == ScatterReduction::kMul)
+  ops::ScatterReduction reduction = ops::ScatterReduction::kNone;
+  ops::scatter_reduction_error(s.attrs, &reduction);
+  if (reduction == ops::ScatterReduction::kMul)
     return "ScatterNDGrad with reduction mul is not supported (none and add have gradients)";
   return "";
 }

@@ -13,15 +13,15 @@
 #include <vector>
 
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/instance_norm_shape.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/instance_norm_shape.h"
 
 namespace stagecraft::rt::cpu {
 
 namespace {
 
-constexpr GradArity kArity{.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1};
+constexpr ops::GradArity kArity{.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1};
 
 // A plane's mean and biased variance, in double.
 void plane_stats(const float* x, int64_t size, double& mean, double& var) {
@@ -38,7 +38,7 @@ void plane_stats(const float* x, int64_t size, double& mean, double& var) {
 
 void instance_norm(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  const InstanceNormShape s = instance_norm_shape(a, x, a.input(1), a.input(2));
+  const ops::InstanceNormShape s = ops::instance_norm_shape(a, x, a.input(1), a.input(2));
   expect_shape(a, 0, x.shape);
   if (x.numel() == 0) return;
   const float epsilon = a.attrs.f("epsilon", 1e-5f);
@@ -61,16 +61,16 @@ void instance_norm(const KernelArgs& a) {
 
 // Writes every element of every requested output.
 void instance_norm_grad(const KernelArgs& a) {
-  const GradIo io(a, kArity);
+  const ops::GradIo io(a, kArity);
   const Tensor& x = io.need_x(0);
   const Tensor& scale_t = io.need_x(1);
-  const InstanceNormShape s = instance_norm_shape(a, x, scale_t, io.need_x(2));
+  const ops::InstanceNormShape s = ops::instance_norm_shape(a, x, scale_t, io.need_x(2));
   if (io.wants(0)) expect_shape(a, 0, x.shape);
   if (io.wants(1)) expect_shape(a, 1, scale_t.shape);
   if (io.wants(2)) expect_shape(a, 2, scale_t.shape);
-  if (io.dy(0) == nullptr || x.numel() == 0) return zero_outputs(a);
+  if (io.dy(0) == nullptr || x.numel() == 0) return ops::zero_outputs(a);
   const Tensor& dy_t = *io.dy(0);
-  expect_dy_shape(a, dy_t, x.shape);
+  ops::expect_dy_shape(a, dy_t, x.shape);
   const double epsilon = a.attrs.f("epsilon", 1e-5f);
   const float* xp = x.as<float>();
   const float* dyp = dy_t.as<float>();
@@ -120,7 +120,7 @@ std::string check_instance_norm(const OpSignature& s) {
 }
 
 std::string check_instance_norm_grad(const OpSignature& s) {
-  if (std::string why = grad_arity_error(s, kArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, kArity); !why.empty()) return why;
   return all_float32(s);
 }
 

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -36,11 +36,11 @@ void leaky_relu(const KernelArgs& a) {
 
 // dx = dy * (x < 0 ? alpha : 1); the forward output is not needed.
 void leaky_relu_grad(const KernelArgs& a) {
-  GradIo io(a, {.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1});
+  ops::GradIo io(a, {.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1});
   Tensor* dx = nullptr;
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
-  expect_dy_shape(a, *dy, x->shape);
+  ops::expect_dy_shape(a, *dy, x->shape);
   const float alpha = a.attrs.f("alpha", 0.01f);
   const float* xs = x->as<float>();
   const float* dys = dy->as<float>();
@@ -65,7 +65,7 @@ std::string check_leaky_relu(const OpSignature& s) {
 }
 
 std::string check_leaky_relu_grad(const OpSignature& s) {
-  if (auto why = grad_arity_error(s, {.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1});
+  if (auto why = ops::grad_arity_error(s, {.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1});
       !why.empty())
     return why;
   for (DType d : s.inputs)

@@ -15,9 +15,9 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/ops/grad_io.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
@@ -133,7 +133,7 @@ void sce(const KernelArgs& a) {
 }
 
 // The gradient's operand counts: scores, labels, [weights]; loss, [log_prob].
-constexpr GradArity kSceGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 2};
+constexpr ops::GradArity kSceGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 2};
 
 // Gradient: inputs scores, labels, weights ("" when omitted), loss, [log_prob], dloss,
 // [dlog_prob]; output dscores (labels and weights get none). With p = softmax(scores):
@@ -141,7 +141,7 @@ constexpr GradArity kSceGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 2
 // where g is dloss (sum), dloss / sum(w) (mean), or dloss[n, d] (none).
 // Writes every element of dscores: positions with no gradient get zeros.
 void sce_grad(const KernelArgs& a) {
-  const GradIo io(a, kSceGradArity);
+  const ops::GradIo io(a, kSceGradArity);
   if (io.wants(1)) fail(ErrorKind::kUnsupported, "{}: labels have no gradient", a.op_type);
   if (io.wants(2))
     fail(ErrorKind::kUnsupported, "{}: the gradient of the class weights is not supported",
@@ -196,7 +196,7 @@ void sce_grad(const KernelArgs& a) {
 std::string check_sce(const OpSignature& s) {
   const bool grad = s.op_type.ends_with(grad::kGradSuffix);
   if (grad)
-    if (std::string why = grad_arity_error(s, kSceGradArity); !why.empty()) return why;
+    if (std::string why = ops::grad_arity_error(s, kSceGradArity); !why.empty()) return why;
   if (s.inputs.size() < 2) return fmt::format("{} needs scores and labels", s.op_type);
   if (s.inputs[0] != DType::kFloat32)
     return fmt::format("{} on {} scores is not supported (float32 only)", s.op_type,

@@ -9,8 +9,8 @@
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/matmul_shape.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/matmul_shape.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
@@ -61,7 +61,7 @@ void run_matmul(const CpuContext& ctx, const memory& src, const memory& weights,
 void matmul(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   const Tensor& y = a.input(1);
-  const MatMulShape s = matmul_shape("MatMul", x, y);
+  const ops::MatMulShape s = ops::matmul_shape("MatMul", x, y);
   if (s.batch.size() + 2 > DNNL_MAX_NDIMS)
     fail(ErrorKind::kUnsupported,
          "MatMul of {} and {}: {} batch dims that broadcast differently exceed oneDNN's {} dims",
@@ -92,7 +92,7 @@ void matmul(const KernelArgs& a) {
 void gemm(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   const Tensor& y = a.input(1);
-  const GemmShape gs = gemm_shape("Gemm", x, y, a.attrs);
+  const ops::GemmShape gs = ops::gemm_shape("Gemm", x, y, a.attrs);
   const bool trans_a = gs.trans_a, trans_b = gs.trans_b;
   const int64_t m = gs.m, k = gs.k, n = gs.n;
   const float alpha = a.attrs.f("alpha", 1.0f);
@@ -104,7 +104,7 @@ void gemm(const KernelArgs& a) {
   // Y starts as C broadcast to [M, N] (C may be [], [N], [1], [M, N], [1, N], [M, 1], [1, 1]).
   if (a.has_input(2) && beta != 0.0f) {
     const Tensor& c = a.input(2);
-    const std::pair<int64_t, int64_t> c_dims = gemm_c_dims("Gemm", c, m, n);
+    const std::pair<int64_t, int64_t> c_dims = ops::gemm_c_dims("Gemm", c, m, n);
     if (bf16)
       broadcast_c(out.as<uint16_t>(), c.as<uint16_t>(), m, n, c_dims.first, c_dims.second);
     else

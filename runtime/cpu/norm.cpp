@@ -8,8 +8,8 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/norm_shape.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/norm_shape.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
@@ -139,7 +139,7 @@ std::string check_layer_norm(const OpSignature& s) {
 // operands are read by norm_shape.h's rules, which the CUDA kernel shares.
 void layer_norm(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  const LayerNormOperands o = layer_norm_operands(a);
+  const ops::LayerNormOperands o = ops::layer_norm_operands(a);
   if (o.outer == 0) return;
   const int64_t outer = o.outer, inner = o.inner;
   const Tensor* scale = o.scale;

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/layout.h"
-#include "runtime/cpu/pad_shape.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/layout.h"
+#include "runtime/ops/pad_shape.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -26,7 +26,7 @@ constexpr int64_t kParallelElements = int64_t{1} << 15;
 
 // Output row r (every dim but the last) -> the offset of the input row it reads, or -1 when the
 // row lies in the constant padding.
-int64_t source_row(const PadGeometry& g, const std::vector<int64_t>& x_strides, int64_t r) {
+int64_t source_row(const ops::PadGeometry& g, const std::vector<int64_t>& x_strides, int64_t r) {
   int64_t offset = 0;
   for (int64_t d = static_cast<int64_t>(g.y_shape.size()) - 2; d >= 0; --d) {
     const int64_t s = g.source[d][r % g.y_shape[d]];
@@ -38,7 +38,7 @@ int64_t source_row(const PadGeometry& g, const std::vector<int64_t>& x_strides, 
 }
 
 template <class T>
-void pad_typed(const Tensor& x, Tensor& y, const PadGeometry& g, const std::byte* constant) {
+void pad_typed(const Tensor& x, Tensor& y, const ops::PadGeometry& g, const std::byte* constant) {
   T value;
   std::memcpy(&value, constant, sizeof(T));
   const T* src = x.as<T>();
@@ -47,7 +47,7 @@ void pad_typed(const Tensor& x, Tensor& y, const PadGeometry& g, const std::byte
     dst[0] = src[0];
     return;
   }
-  const std::vector<int64_t> x_strides = dense_strides(x.shape);
+  const std::vector<int64_t> x_strides = ops::dense_strides(x.shape);
   const std::vector<int64_t>& inner_source = g.source.back();
   const int64_t inner = g.y_shape.back();
   const int64_t rows = inner == 0 ? 0 : y.numel() / inner;
@@ -69,11 +69,12 @@ void pad_typed(const Tensor& x, Tensor& y, const PadGeometry& g, const std::byte
 
 void pad(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  const PadGeometry g = pad_geometry(a, x.shape, a.has_input(1) ? a.in[1] : nullptr);
+  const ops::PadGeometry g = ops::pad_geometry(a, x.shape, a.has_input(1) ? a.in[1] : nullptr);
   expect_shape(a, 0, g.y_shape);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
-  const std::vector<std::byte> constant = pad_constant(a, x, a.has_input(2) ? a.in[2] : nullptr);
+  const std::vector<std::byte> constant =
+      ops::pad_constant(a, x, a.has_input(2) ? a.in[2] : nullptr);
   switch (dtype_size(x.dtype)) {
     case 1:
       return pad_typed<uint8_t>(x, y, g, constant.data());
@@ -90,12 +91,12 @@ void pad(const KernelArgs& a) {
 // the dy rows that read it (the product of each outer dim's readers), in ascending order, so the
 // result does not depend on the thread count.
 void pad_grad(const KernelArgs& a) {
-  GradIo io(a, {.n_min = 1, .n_max = 3, .m_min = 1, .m_max = 1});
+  ops::GradIo io(a, {.n_min = 1, .n_max = 3, .m_min = 1, .m_max = 1});
   Tensor* dx = nullptr;
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
-  const PadGeometry g = pad_geometry(a, x->shape, io.x(1));
-  expect_dy_shape(a, *dy, g.y_shape);
+  const ops::PadGeometry g = ops::pad_geometry(a, x->shape, io.x(1));
+  ops::expect_dy_shape(a, *dy, g.y_shape);
   float* dxs = dx->as<float>();
   if (dx->numel() == 0) return;
   if (x->shape.empty()) {
@@ -104,7 +105,7 @@ void pad_grad(const KernelArgs& a) {
   }
   // readers[d][i]: the dy offsets along dim d (index times dy's stride) that read index i.
   const size_t rank = x->shape.size();
-  const std::vector<int64_t> dy_strides = dense_strides(g.y_shape);
+  const std::vector<int64_t> dy_strides = ops::dense_strides(g.y_shape);
   std::vector<std::vector<std::vector<int64_t>>> readers(rank);
   for (size_t d = 0; d < rank; ++d) {
     readers[d].resize(static_cast<size_t>(x->shape[d]));
@@ -168,8 +169,8 @@ std::string check_pad(const OpSignature& s) {
 }
 
 std::string check_pad_grad(const OpSignature& s) {
-  const GradArity arity{.n_min = 1, .n_max = 3, .m_min = 1, .m_max = 1};
-  if (auto why = grad_arity_error(s, arity); !why.empty()) return why;
+  const ops::GradArity arity{.n_min = 1, .n_max = 3, .m_min = 1, .m_max = 1};
+  if (auto why = ops::grad_arity_error(s, arity); !why.empty()) return why;
   const size_t n = s.outputs.size();
   const DType dy = s.inputs[n + 1];
   if (dy != DType::kFloat32 && dy != DType::kUndefined)

@@ -14,8 +14,8 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/window.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/window.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -26,7 +26,7 @@ using dnnl::memory;
 enum class PoolKind { kMax, kAverageExcludePad, kAverageIncludePad };
 
 // Runs the pooling on oneDNN; false when oneDNN has no implementation for it.
-bool pool_onednn(const KernelArgs& a, const PoolGeometry& g, PoolKind kind) {
+bool pool_onednn(const KernelArgs& a, const ops::PoolGeometry& g, PoolKind kind) {
   memory::dims strides, kernel, dilation, pad_l, pad_r;
   for (size_t d = 3 - g.spatial; d < 3; ++d) {
     strides.push_back(g.stride[d]);
@@ -54,21 +54,21 @@ bool pool_onednn(const KernelArgs& a, const PoolGeometry& g, PoolKind kind) {
   return true;
 }
 
-
 // Max pooling as a loop nest; fills `indices` (when not null) with each maximum's flat index
 // into the input, its spatial part row-major or, with `column_major`, column-major.
 template <class T>
-void max_pool_loops(const PoolGeometry& g, const T* x, T* y, int64_t* indices, bool column_major) {
-  const auto w = windows(g);
+void max_pool_loops(const ops::PoolGeometry& g, const T* x, T* y, int64_t* indices,
+                    bool column_major) {
+  const auto w = ops::windows(g);
   const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
   const int64_t D = g.in[0], H = g.in[1], W = g.in[2];
 #pragma omp parallel for if (g.planes * out_plane > 4096)
   for (int64_t p = 0; p < g.planes; ++p) {
     const T* xp = x + p * in_plane;
     int64_t o = p * out_plane;
-    for (const Window& wd : w[0])
-      for (const Window& wh : w[1])
-        for (const Window& ww : w[2]) {
+    for (const ops::Window& wd : w[0])
+      for (const ops::Window& wh : w[1])
+        for (const ops::Window& ww : w[2]) {
           T best = std::numeric_limits<T>::lowest();
           int64_t bd = 0, bh = 0, bw = 0;
           bool found = false;
@@ -99,17 +99,17 @@ void max_pool_loops(const PoolGeometry& g, const T* x, T* y, int64_t* indices, b
 
 // Average pooling as a loop nest: the divisor counts the window's positions inside the input,
 // or with include-padding those inside the explicitly padded input (never the ceil_mode extension).
-void average_pool_loops(const PoolGeometry& g, const float* x, float* y, bool include_pad) {
-  const auto w = windows(g);
+void average_pool_loops(const ops::PoolGeometry& g, const float* x, float* y, bool include_pad) {
+  const auto w = ops::windows(g);
   const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
   const int64_t H = g.in[1], W = g.in[2];
 #pragma omp parallel for if (g.planes * out_plane > 4096)
   for (int64_t p = 0; p < g.planes; ++p) {
     const float* xp = x + p * in_plane;
     int64_t o = p * out_plane;
-    for (const Window& wd : w[0])
-      for (const Window& wh : w[1])
-        for (const Window& ww : w[2]) {
+    for (const ops::Window& wd : w[0])
+      for (const ops::Window& wh : w[1])
+        for (const ops::Window& ww : w[2]) {
           float sum = 0;
           for (int64_t jd = wd.first; jd < wd.last; ++jd) {
             const int64_t id = wd.start + jd * g.dilation[0];
@@ -126,7 +126,7 @@ void average_pool_loops(const PoolGeometry& g, const float* x, float* y, bool in
 }
 
 void max_pool(const KernelArgs& a) {
-  const PoolGeometry g = pool_forward_geometry(a);
+  const ops::PoolGeometry g = ops::pool_forward_geometry(a);
   if (a.out[0]->numel() == 0) return;
   const bool want_indices = a.out.size() > 1 && a.out[1] != nullptr;
   if (!want_indices && pool_onednn(a, g, PoolKind::kMax)) return;
@@ -142,7 +142,7 @@ void max_pool(const KernelArgs& a) {
 }
 
 void average_pool(const KernelArgs& a) {
-  const PoolGeometry g = pool_forward_geometry(a);
+  const ops::PoolGeometry g = ops::pool_forward_geometry(a);
   if (a.out[0]->numel() == 0) return;
   const bool include_pad = a.attrs.i("count_include_pad", 0) != 0;
   // oneDNN's include-padding divisor would count the ceil_mode extension as padding.
@@ -154,7 +154,7 @@ void average_pool(const KernelArgs& a) {
 
 void global_average_pool(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  const int64_t planes = global_pool_planes(a, x);
+  const int64_t planes = ops::global_pool_planes(a, x);
   if (planes == 0) return;
   const int64_t size = x.numel() / planes;
   const float* xp = x.as<float>();

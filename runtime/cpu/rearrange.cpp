@@ -16,9 +16,9 @@
 
 #include "runtime/cpu/by_size.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/rearrange_shape.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/rearrange_shape.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -39,22 +39,22 @@ bool is_float32_or_omitted(DType d) { return d == DType::kFloat32 || d == DType:
 // Moves every element between the spatial tensor S and the deep one D: D to S when `gather`
 // (DepthToSpace, SpaceToDepth's gradient), S to D otherwise.
 template <class T>
-void move_space_depth(const SpaceDepthShape& s, const T* src, T* dst, bool gather) {
+void move_space_depth(const ops::SpaceDepthShape& s, const T* src, T* dst, bool gather) {
   const int64_t n = s.numel();
   if (gather) {
 #pragma omp parallel for if (n >= kParallelElements)
-    for (int64_t e = 0; e < n; ++e) dst[e] = src[space_to_deep(s, e)];
+    for (int64_t e = 0; e < n; ++e) dst[e] = src[ops::space_to_deep(s, e)];
   } else {
 #pragma omp parallel for if (n >= kParallelElements)
-    for (int64_t e = 0; e < n; ++e) dst[space_to_deep(s, e)] = src[e];
+    for (int64_t e = 0; e < n; ++e) dst[ops::space_to_deep(s, e)] = src[e];
   }
 }
 
 void space_depth(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   const bool to_space = a.op_type == "DepthToSpace";
-  const SpaceDepthShape s = space_depth_shape(a, x.shape, to_space);
-  expect_shape(a, 0, to_space ? space_shape(s) : deep_shape(s));
+  const ops::SpaceDepthShape s = ops::space_depth_shape(a, x.shape, to_space);
+  expect_shape(a, 0, to_space ? ops::space_shape(s) : ops::deep_shape(s));
   by_size(a, x.dtype, [&](auto tag) {
     using T = decltype(tag);
     move_space_depth(s, x.as<T>(), a.out[0]->as<T>(), to_space);
@@ -63,13 +63,13 @@ void space_depth(const KernelArgs& a) {
 
 // The gradient of a permutation is its inverse: dX gathers where the forward scattered.
 void space_depth_grad(const KernelArgs& a) {
-  const GradIo io(a, {.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1});
+  const ops::GradIo io(a, {.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1});
   Tensor* dx = nullptr;
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
   const bool to_space = a.op_type == "DepthToSpaceGrad";
-  const SpaceDepthShape s = space_depth_shape(a, x->shape, to_space);
-  expect_dy_shape(a, *dy, to_space ? space_shape(s) : deep_shape(s));
+  const ops::SpaceDepthShape s = ops::space_depth_shape(a, x->shape, to_space);
+  ops::expect_dy_shape(a, *dy, to_space ? ops::space_shape(s) : ops::deep_shape(s));
   move_space_depth(s, dy->as<float>(), dx->as<float>(), !to_space);
 }
 
@@ -87,7 +87,7 @@ std::string check_space_depth(const OpSignature& s) {
 }
 
 std::string check_space_depth_grad(const OpSignature& s) {
-  if (auto why = grad_arity_error(s, {.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1});
+  if (auto why = ops::grad_arity_error(s, {.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1});
       !why.empty())
     return why;
   for (DType d : s.inputs)
@@ -104,7 +104,7 @@ std::string check_space_depth_grad(const OpSignature& s) {
 const Tensor* k_operand(const KernelArgs& a) { return a.has_input(1) ? &a.input(1) : nullptr; }
 
 template <class T>
-void topk_of(const TopKShape& s, const T* x, T* values, int64_t* indices) {
+void topk_of(const ops::TopKShape& s, const T* x, T* values, int64_t* indices) {
   const int64_t lines = s.lines();
 #pragma omp parallel for if (lines * s.length >= kParallelElements)
   for (int64_t line = 0; line < lines; ++line) {
@@ -112,11 +112,12 @@ void topk_of(const TopKShape& s, const T* x, T* values, int64_t* indices) {
     std::iota(order.begin(), order.end(), int64_t{0});
     const auto k = static_cast<std::ptrdiff_t>(s.k);
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t i, int64_t j) {
-      return topk_before(x[topk_offset(s, line, i)], i, x[topk_offset(s, line, j)], j, s.largest);
+      return ops::topk_before(x[ops::topk_offset(s, line, i)], i, x[ops::topk_offset(s, line, j)],
+                              j, s.largest);
     });
     for (int64_t r = 0; r < s.k; ++r) {
-      const int64_t o = topk_out_offset(s, line, r);
-      values[o] = x[topk_offset(s, line, order[r])];
+      const int64_t o = ops::topk_out_offset(s, line, r);
+      values[o] = x[ops::topk_offset(s, line, order[r])];
       indices[o] = order[r];
     }
   }
@@ -124,8 +125,8 @@ void topk_of(const TopKShape& s, const T* x, T* values, int64_t* indices) {
 
 void topk(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  const TopKShape s = topk_shape(a, x.shape, k_operand(a));
-  const Shape y = topk_output_shape(x.shape, s);
+  const ops::TopKShape s = ops::topk_shape(a, x.shape, k_operand(a));
+  const Shape y = ops::topk_output_shape(x.shape, s);
   expect_shape(a, 0, y);
   expect_shape(a, 1, y);
   Tensor& values = *a.out[0];
@@ -148,30 +149,30 @@ void topk(const KernelArgs& a) {
 
 // dX = 0 but dX[Indices[r]] = dValues[r] along each line (the indices of a line are distinct).
 void topk_grad(const KernelArgs& a) {
-  const GradIo io(a, {.n_min = 1, .n_max = 2, .m_min = 2, .m_max = 2});
+  const ops::GradIo io(a, {.n_min = 1, .n_max = 2, .m_min = 2, .m_max = 2});
   Tensor* dx = nullptr;
   const Tensor *dy = nullptr, *x = nullptr;
-  if (io.n > 1 && io.dx(1) != nullptr) zero(*io.dx(1));
+  if (io.n > 1 && io.dx(1) != nullptr) ops::zero(*io.dx(1));
   if (!io.input0(dx, dy, x)) return;
-  const TopKShape s = topk_shape(a, x->shape, io.x(1));
-  const Shape y = topk_output_shape(x->shape, s);
-  expect_dy_shape(a, *dy, y);
+  const ops::TopKShape s = ops::topk_shape(a, x->shape, io.x(1));
+  const Shape y = ops::topk_output_shape(x->shape, s);
+  ops::expect_dy_shape(a, *dy, y);
   const Tensor& indices = io.need_y(1);
   if (indices.shape != y || indices.dtype != DType::kInt64)
     fail(ErrorKind::kShape, "TopKGrad '{}': Indices are {}, expected int64 {}", a.name,
          indices.describe(), shape_string(y));
-  zero(*dx);
+  ops::zero(*dx);
   const int64_t* idx = indices.as<int64_t>();
   const float* dys = dy->as<float>();
   float* dxs = dx->as<float>();
   const int64_t lines = s.lines();
   for (int64_t line = 0; line < lines; ++line) {
     for (int64_t r = 0; r < s.k; ++r) {
-      const int64_t o = topk_out_offset(s, line, r);
+      const int64_t o = ops::topk_out_offset(s, line, r);
       if (idx[o] < 0 || idx[o] >= s.length)
         fail(ErrorKind::kModel, "TopKGrad '{}': index {} is outside axis length {}", a.name, idx[o],
              s.length);
-      dxs[topk_offset(s, line, idx[o])] = dys[o];
+      dxs[ops::topk_offset(s, line, idx[o])] = dys[o];
     }
   }
 }
@@ -197,7 +198,7 @@ std::string check_topk(const OpSignature& s) {
 }
 
 std::string check_topk_grad(const OpSignature& s) {
-  if (auto why = grad_arity_error(s, {.n_min = 1, .n_max = 2, .m_min = 2, .m_max = 2});
+  if (auto why = ops::grad_arity_error(s, {.n_min = 1, .n_max = 2, .m_min = 2, .m_max = 2});
       !why.empty())
     return why;
   const size_t n = s.outputs.size();

@@ -8,8 +8,8 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/layout.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
@@ -67,7 +67,7 @@ void reduce_mean_typed(const Tensor& in, const std::vector<bool>& reduced, Tenso
     else
       groups.emplace_back(d, reduced[i]);
   }
-  const ReductionLayout layout(groups);
+  const ops::ReductionLayout layout(groups);
   // Named references, not a structured binding: clang 14 (the fuzzing build) cannot use a
   // binding inside the OpenMP region below.
   const std::vector<int64_t>& kept_dims = layout.kept_dims;

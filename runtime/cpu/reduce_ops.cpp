@@ -27,10 +27,10 @@
 #include <vector>
 
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/layout.h"
-#include "runtime/cpu/reduce_shape.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/layout.h"
+#include "runtime/ops/reduce_shape.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
@@ -41,11 +41,11 @@ constexpr int64_t kParallelElements = int64_t{1} << 16;
 // with or without keepdims) reads X at base(o) + each of `offsets`, in ascending order. Dims are
 // grouped first: unit dims dropped, neighbours both kept or both reduced merged.
 struct ReduceLoops {
-  ReductionLayout layout;
+  ops::ReductionLayout layout;
   int64_t outputs = 1;
 
   ReduceLoops(const Shape& x_shape, const std::vector<bool>& reduced)
-      : layout(reduction_groups(x_shape, reduced)) {
+      : layout(ops::reduction_groups(x_shape, reduced)) {
     for (int64_t d : layout.kept_dims) outputs *= d;
   }
   int64_t count() const { return static_cast<int64_t>(layout.offsets.size()); }
@@ -62,35 +62,35 @@ struct ReduceLoops {
 // The reduction of `count` values at src[offsets[r]]; an empty reduction gives the operation's
 // identity (0, 1, or the lowest / highest value for Max / Min). Max and Min propagate NaN.
 template <class T>
-T reduce_values(Reduction kind, const T* src, const std::vector<int64_t>& offsets) {
+T reduce_values(ops::Reduction kind, const T* src, const std::vector<int64_t>& offsets) {
   using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
   switch (kind) {
-    case Reduction::kSum: {
+    case ops::Reduction::kSum: {
       Acc sum = 0;
       for (int64_t off : offsets) sum += src[off];
       return static_cast<T>(sum);
     }
-    case Reduction::kProd: {
+    case ops::Reduction::kProd: {
       Acc prod = 1;
       for (int64_t off : offsets) prod *= src[off];
       return static_cast<T>(prod);
     }
-    case Reduction::kL1: {
+    case ops::Reduction::kL1: {
       Acc sum = 0;
       for (int64_t off : offsets) sum += src[off] < T(0) ? -src[off] : src[off];
       return static_cast<T>(sum);
     }
-    case Reduction::kSumSquare: {
+    case ops::Reduction::kSumSquare: {
       Acc sum = 0;
       for (int64_t off : offsets) sum += static_cast<Acc>(src[off]) * static_cast<Acc>(src[off]);
       return static_cast<T>(sum);
     }
-    case Reduction::kLogSum: {
+    case ops::Reduction::kLogSum: {
       double sum = 0;
       for (int64_t off : offsets) sum += static_cast<double>(src[off]);
       return static_cast<T>(std::log(sum));
     }
-    case Reduction::kLogSumExp: {
+    case ops::Reduction::kLogSumExp: {
       // Shifted by the largest element, so large inputs do not overflow exp.
       double top = -std::numeric_limits<double>::infinity(), sum = 0;
       for (int64_t off : offsets) top = std::max(top, static_cast<double>(src[off]));
@@ -98,15 +98,15 @@ T reduce_values(Reduction kind, const T* src, const std::vector<int64_t>& offset
       for (int64_t off : offsets) sum += std::exp(static_cast<double>(src[off]) - top);
       return static_cast<T>(std::log(sum) + top);
     }
-    case Reduction::kL2: {
+    case ops::Reduction::kL2: {
       double sum = 0;
       for (int64_t off : offsets)
         sum += static_cast<double>(src[off]) * static_cast<double>(src[off]);
       return static_cast<T>(std::sqrt(sum));
     }
-    case Reduction::kMax:
-    case Reduction::kMin: {
-      const bool max = kind == Reduction::kMax;
+    case ops::Reduction::kMax:
+    case ops::Reduction::kMin: {
+      const bool max = kind == ops::Reduction::kMax;
       T best = max ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
       if constexpr (std::is_floating_point_v<T>)
         best = max ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
@@ -123,7 +123,7 @@ T reduce_values(Reduction kind, const T* src, const std::vector<int64_t>& offset
 }
 
 template <class T>
-void reduce_typed(Reduction kind, const Tensor& x, const ReduceLoops& loops, Tensor& y) {
+void reduce_typed(ops::Reduction kind, const Tensor& x, const ReduceLoops& loops, Tensor& y) {
   const T* src = x.as<T>();
   T* dst = y.as<T>();
   const std::vector<int64_t>& offsets = loops.layout.offsets;
@@ -134,12 +134,12 @@ void reduce_typed(Reduction kind, const Tensor& x, const ReduceLoops& loops, Ten
 
 void reduce(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  const ReducedDims dims = reduced_dims(a, x.shape, a.has_input(1) ? a.in[1] : nullptr);
+  const ops::ReducedDims dims = ops::reduced_dims(a, x.shape, a.has_input(1) ? a.in[1] : nullptr);
   expect_shape(a, 0, dims.y_shape);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
   const ReduceLoops loops(x.shape, dims.reduced);
-  const Reduction kind = reduction_of(a.op_type);
+  const ops::Reduction kind = ops::reduction_of(a.op_type);
   switch (x.dtype) {
     case DType::kFloat32:
       return reduce_typed<float>(kind, x, loops, y);
@@ -155,29 +155,29 @@ void reduce(const KernelArgs& a) {
 }
 
 // dx over one output element's reduced positions `at[offsets[r]]` (x at `xs`), given y and dy.
-void grad_of_one(Reduction kind, const float* xs, float y, float dy, float* at,
+void grad_of_one(ops::Reduction kind, const float* xs, float y, float dy, float* at,
                  const std::vector<int64_t>& offsets) {
   switch (kind) {
-    case Reduction::kSum:
+    case ops::Reduction::kSum:
       for (int64_t off : offsets) at[off] = dy;
       return;
-    case Reduction::kL2:
+    case ops::Reduction::kL2:
       for (int64_t off : offsets) at[off] = y == 0.0f ? 0.0f : dy * xs[off] / y;
       return;
-    case Reduction::kL1:
+    case ops::Reduction::kL1:
       for (int64_t off : offsets) at[off] = xs[off] > 0.0f ? dy : (xs[off] < 0.0f ? -dy : 0.0f);
       return;
-    case Reduction::kSumSquare:
+    case ops::Reduction::kSumSquare:
       for (int64_t off : offsets) at[off] = 2.0f * xs[off] * dy;
       return;
-    case Reduction::kLogSum:
+    case ops::Reduction::kLogSum:
       for (int64_t off : offsets) at[off] = dy * std::exp(-y);
       return;
-    case Reduction::kLogSumExp:
+    case ops::Reduction::kLogSumExp:
       for (int64_t off : offsets) at[off] = dy * std::exp(xs[off] - y);
       return;
-    case Reduction::kMax:
-    case Reduction::kMin: {
+    case ops::Reduction::kMax:
+    case ops::Reduction::kMin: {
       auto hit = [&](float v) { return v == y || (std::isnan(v) && std::isnan(y)); };
       int64_t ties = 0;
       for (int64_t off : offsets) ties += hit(xs[off]) ? 1 : 0;
@@ -185,7 +185,7 @@ void grad_of_one(Reduction kind, const float* xs, float y, float dy, float* at,
       for (int64_t off : offsets) at[off] = hit(xs[off]) ? share : 0.0f;
       return;
     }
-    case Reduction::kProd: {
+    case ops::Reduction::kProd: {
       // The product of the elements before each position (in dx for a moment), then times
       // the product of those after it.
       double before = 1, after = 1;
@@ -203,16 +203,16 @@ void grad_of_one(Reduction kind, const float* xs, float y, float dy, float* at,
 }
 
 void reduce_grad(const KernelArgs& a) {
-  GradIo io(a, {.n_min = 1, .n_max = 2, .m_min = 1, .m_max = 1});
+  ops::GradIo io(a, {.n_min = 1, .n_max = 2, .m_min = 1, .m_max = 1});
   Tensor* dx = nullptr;
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
-  const ReducedDims dims = reduced_dims(a, x->shape, io.x(1));
-  expect_dy_shape(a, *dy, dims.y_shape);
+  const ops::ReducedDims dims = ops::reduced_dims(a, x->shape, io.x(1));
+  ops::expect_dy_shape(a, *dy, dims.y_shape);
   if (x->numel() == 0) return;
-  const Reduction kind = reduction_of(a.op_type);
+  const ops::Reduction kind = ops::reduction_of(a.op_type);
   const float* y = nullptr;
-  if (gradient_reads_y(kind)) {
+  if (ops::gradient_reads_y(kind)) {
     const Tensor& yt = io.need_y(0);
     if (yt.shape != dims.y_shape)
       fail(ErrorKind::kShape, "{} '{}': the forward output is {}, expected {}", a.op_type, a.name,
@@ -255,8 +255,8 @@ std::string check_reduce(const OpSignature& s) {
 }
 
 std::string check_reduce_grad(const OpSignature& s) {
-  const GradArity arity{.n_min = 1, .n_max = 2, .m_min = 1, .m_max = 1};
-  if (auto why = grad_arity_error(s, arity); !why.empty()) return why;
+  const ops::GradArity arity{.n_min = 1, .n_max = 2, .m_min = 1, .m_max = 1};
+  if (auto why = ops::grad_arity_error(s, arity); !why.empty()) return why;
   const size_t n = s.outputs.size();
   for (size_t k : {size_t{0}, n, n + 1})
     if (s.inputs[k] != DType::kFloat32 && s.inputs[k] != DType::kUndefined)

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/resize_shape.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/resize_shape.h"
 
 namespace stagecraft::rt::cpu {
 
@@ -25,30 +25,30 @@ constexpr int64_t kParallelElements = int64_t{1} << 14;
 // Operand k of the forward node, null when omitted.
 const Tensor* operand(const KernelArgs& a, size_t k) { return a.has_input(k) ? a.in[k] : nullptr; }
 
-void fill(const SeparableTableData& data, const float* source, float* destination, int64_t n) {
-  const SeparableTable t = data.at(data.ints.data(), data.floats.data());
+void fill(const ops::SeparableTableData& data, const float* source, float* destination, int64_t n) {
+  const ops::SeparableTable t = data.at(data.ints.data(), data.floats.data());
 #pragma omp parallel for if (n >= kParallelElements)
-  for (int64_t e = 0; e < n; ++e) destination[e] = separable_sum(t, source, e);
+  for (int64_t e = 0; e < n; ++e) destination[e] = ops::separable_sum(t, source, e);
 }
 
 void resize(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  const ResizeGeometry g = resize_geometry(a, x.shape, operand(a, 2), operand(a, 3));
+  const ops::ResizeGeometry g = ops::resize_geometry(a, x.shape, operand(a, 2), operand(a, 3));
   expect_shape(a, 0, g.y_shape);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
-  fill(resize_forward_tables(g), x.as<float>(), y.as<float>(), y.numel());
+  fill(ops::resize_forward_tables(g), x.as<float>(), y.as<float>(), y.numel());
 }
 
 void resize_grad(const KernelArgs& a) {
-  const GradIo io(a, {.n_min = 1, .n_max = 4, .m_min = 1, .m_max = 1});
+  const ops::GradIo io(a, {.n_min = 1, .n_max = 4, .m_min = 1, .m_max = 1});
   Tensor* dx = nullptr;
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
-  const ResizeGeometry g = resize_geometry(a, x->shape, io.x(2), io.x(3));
-  expect_dy_shape(a, *dy, g.y_shape);
+  const ops::ResizeGeometry g = ops::resize_geometry(a, x->shape, io.x(2), io.x(3));
+  ops::expect_dy_shape(a, *dy, g.y_shape);
   if (dx->numel() == 0) return;
-  fill(resize_gradient_tables(g), dy->as<float>(), dx->as<float>(), dx->numel());
+  fill(ops::resize_gradient_tables(g), dy->as<float>(), dx->as<float>(), dx->numel());
 }
 
 // The operands after X: roi (read only by tf_crop_and_resize, which is refused), scales,
@@ -67,7 +67,7 @@ std::string check_resize_operands(const OpSignature& s, size_t n) {
     return fmt::format("Resize's scales are {}, expected float32", dtype_name(s.inputs[2]));
   if (n > 3 && s.inputs[3] != DType::kUndefined && s.inputs[3] != DType::kInt64)
     return fmt::format("Resize's sizes are {}, expected int64", dtype_name(s.inputs[3]));
-  return read_resize_attributes(s.attrs).error;
+  return ops::read_resize_attributes(s.attrs).error;
 }
 
 std::string check_resize(const OpSignature& s) {
@@ -80,8 +80,8 @@ std::string check_resize(const OpSignature& s) {
 }
 
 std::string check_resize_grad(const OpSignature& s) {
-  const GradArity arity{.n_min = 1, .n_max = 4, .m_min = 1, .m_max = 1};
-  if (auto why = grad_arity_error(s, arity); !why.empty()) return why;
+  const ops::GradArity arity{.n_min = 1, .n_max = 4, .m_min = 1, .m_max = 1};
+  if (auto why = ops::grad_arity_error(s, arity); !why.empty()) return why;
   const size_t n = s.outputs.size();
   const DType dy = s.inputs[n + 1];
   if (dy != DType::kFloat32 && dy != DType::kUndefined)

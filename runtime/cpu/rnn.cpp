@@ -12,15 +12,15 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/layout.h"
-#include "runtime/cpu/rnn_core.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/layout.h"
+#include "runtime/ops/rnn_core.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
 
-constexpr GradArity kArity{.n_min = 3, .n_max = 8, .m_min = 1, .m_max = 3};
+constexpr ops::GradArity kArity{.n_min = 3, .n_max = 8, .m_min = 1, .m_max = 3};
 
 class CpuRnnOps {
  public:
@@ -45,13 +45,13 @@ class CpuRnnOps {
       fail(ErrorKind::kInternal, "{} '{}': oneDNN's sgemm failed ({} x {} x {})", a_.op_type,
            a_.name, m, n, k);
   }
-  void forward(const RnnForwardStep& s, int phase, int64_t n) {
+  void forward(const ops::RnnForwardStep& s, int phase, int64_t n) {
 #pragma omp parallel for if (n > 4096)
-    for (int64_t e = 0; e < n; ++e) rnn_forward_element(s, phase, e);
+    for (int64_t e = 0; e < n; ++e) ops::rnn_forward_element(s, phase, e);
   }
-  void backward(const RnnBackwardStep& s, int phase, int64_t n) {
+  void backward(const ops::RnnBackwardStep& s, int phase, int64_t n) {
 #pragma omp parallel for if (n > 4096)
-    for (int64_t e = 0; e < n; ++e) rnn_backward_element(s, phase, e);
+    for (int64_t e = 0; e < n; ++e) ops::rnn_backward_element(s, phase, e);
   }
   void colsum(const float* src, int64_t rows, int64_t cols, float* dst) {
 #pragma omp parallel for if (rows * cols > 32768)
@@ -69,22 +69,22 @@ class CpuRnnOps {
 };
 
 void rnn(const KernelArgs& a) {
-  const RnnGeometry g =
-      rnn_geometry(a, [&](size_t k) { return a.has_input(k) ? &a.in[k]->shape : nullptr; });
-  const RnnOperands t =
-      rnn_forward_operands(a, g, [&](const Tensor& lens) { return read_ints(a, lens, 4); });
+  const ops::RnnGeometry g =
+      ops::rnn_geometry(a, [&](size_t k) { return a.has_input(k) ? &a.in[k]->shape : nullptr; });
+  const ops::RnnOperands t = ops::rnn_forward_operands(
+      a, g, [&](const Tensor& lens) { return ops::read_ints(a, lens, 4); });
   CpuRnnOps ops(a);
-  rnn_run(ops, g, t, false);
+  ops::rnn_run(ops, g, t, false);
 }
 
 void rnn_grad(const KernelArgs& a) {
-  const GradIo io(a, kArity);
-  const RnnGeometry g =
-      rnn_geometry(a, [&](size_t k) { return io.x(k) ? &io.x(k)->shape : nullptr; });
-  const RnnOperands t =
-      rnn_grad_operands(a, io, g, [&](const Tensor& lens) { return read_ints(a, lens, 4); });
+  const ops::GradIo io(a, kArity);
+  const ops::RnnGeometry g =
+      ops::rnn_geometry(a, [&](size_t k) { return io.x(k) ? &io.x(k)->shape : nullptr; });
+  const ops::RnnOperands t = ops::rnn_grad_operands(
+      a, io, g, [&](const Tensor& lens) { return ops::read_ints(a, lens, 4); });
   CpuRnnOps ops(a);
-  rnn_run(ops, g, t, true);
+  ops::rnn_run(ops, g, t, true);
 }
 
 // Float32 operands (sequence_lens int32 or int64) and attributes the kernels take.
@@ -103,11 +103,11 @@ std::string check_operands(const OpSignature& s, size_t lens_position) {
   for (DType d : s.outputs)
     if (d != DType::kUndefined && d != DType::kFloat32)
       return fmt::format("{} with a {} output is not supported", s.op_type, dtype_name(d));
-  return rnn_attribute_error(s.op_type, s.attrs);
+  return ops::rnn_attribute_error(s.op_type, s.attrs);
 }
 
 std::string check_rnn(const OpSignature& s) {
-  const size_t most = rnn_kind(s.op_type) == RnnKind::kLstm ? 8 : 6;
+  const size_t most = ops::rnn_kind(s.op_type) == ops::RnnKind::kLstm ? 8 : 6;
   if (s.inputs.size() < 3 || s.inputs.size() > most || s.inputs[0] == DType::kUndefined ||
       s.inputs[1] == DType::kUndefined || s.inputs[2] == DType::kUndefined)
     return fmt::format("{} needs inputs X, W and R and at most {} inputs", s.op_type, most);
@@ -115,7 +115,7 @@ std::string check_rnn(const OpSignature& s) {
 }
 
 std::string check_rnn_grad(const OpSignature& s) {
-  if (std::string why = grad_arity_error(s, kArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, kArity); !why.empty()) return why;
   // Operand 4 is sequence_lens only when the forward node had 5 inputs or more.
   const bool lens = s.attrs.i(grad::kForwardInputsAttr, 0) > 4;
   return check_operands(s, lens ? 4 : s.inputs.size());

@@ -5,25 +5,25 @@
 // AveragePool and GlobalAveragePool run on this family's own kernels (conv_kernels.cu), one
 // thread per output with ONNX's window rules, which cuDNN's pooling does not match (its
 // include-padding divisor counts the ceil_mode extension, and it has no dilated windows).
-// The shapes and attributes are resolved by the CPU's runtime/cpu/window.h.
+// The shapes and attributes are resolved by the shared runtime/ops/window.h.
 #include <fmt/format.h>
 
 #include <string>
 
-#include "runtime/cpu/window.h"
 #include "runtime/cuda/conv_common.h"
 #include "runtime/cuda/conv_kernels.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/families.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/window.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
 // Conv: Y = conv(X, W) by cuDNN, then + B per output channel.
 void conv(const KernelArgs& a) {
-  const cpu::ConvGeometry g = cpu::conv_forward_geometry(a);
+  const ops::ConvGeometry g = ops::conv_forward_geometry(a);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
   const Tensor& w = a.input(1);
@@ -39,7 +39,7 @@ void conv(const KernelArgs& a) {
 }
 
 void max_pool(const KernelArgs& a) {
-  const cpu::PoolGeometry g = cpu::pool_forward_geometry(a);
+  const ops::PoolGeometry g = ops::pool_forward_geometry(a);
   if (a.out[0]->numel() == 0) return;
   const Tensor& x = a.input(0);
   PoolElement element;
@@ -64,7 +64,7 @@ void max_pool(const KernelArgs& a) {
 }
 
 void average_pool(const KernelArgs& a) {
-  const cpu::PoolGeometry g = cpu::pool_forward_geometry(a);
+  const ops::PoolGeometry g = ops::pool_forward_geometry(a);
   if (a.out[0]->numel() == 0) return;
   launch_average_pool(a.input(0).as<float>(), a.out[0]->as<float>(),
                       a.attrs.i("count_include_pad", 0) != 0, pool_shape(g), context(a).stream());
@@ -73,7 +73,7 @@ void average_pool(const KernelArgs& a) {
 
 void global_average_pool(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  const int64_t planes = cpu::global_pool_planes(a, x);
+  const int64_t planes = ops::global_pool_planes(a, x);
   if (planes == 0) return;
   launch_global_average_pool(x.as<float>(), a.out[0]->as<float>(), planes, x.numel() / planes,
                              context(a).stream());

@@ -3,9 +3,9 @@
 /// Conv and ConvGrad on cuDNN's convolution API (conv_cudnn.cpp), float32, bfloat16 or float16 (with
 /// float32 accumulation) on dense NCHW tensors: X
 /// [N, C, spatial...], W [M, C / group, kernel...], Y [N, M, spatial...], all row-major, as the
-/// runtime keeps every tensor. The geometry is the CPU's (cpu::ConvGeometry, runtime/cpu/window.h),
-/// so both backends resolve strides, dilations, groups, pads and auto_pad alike; this header only
-/// restates it in cuDNN's terms.
+/// runtime keeps every tensor. The geometry is the shared one (ops::ConvGeometry,
+/// runtime/ops/window.h), so both backends resolve strides, dilations, groups, pads and auto_pad
+/// alike; this header only restates it in cuDNN's terms.
 ///
 /// cuDNN pads symmetrically. Where a node's pads differ before and after (auto_pad SAME_* with
 /// an even window, or explicit ONNX pads), cuDNN pads min(before, after) on both sides and the
@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
-#include "runtime/cpu/window.h"
 #include "runtime/cuda/conv_kernels.h"
 #include "runtime/cuda/cuda_context.h"
+#include "runtime/ops/window.h"
 
 namespace stagecraft::rt::cuda {
 
@@ -42,7 +42,7 @@ struct CudnnConv {
 
 /// The node's geometry `g` (with W of shape `w_shape`, elements of `dtype`) in cuDNN's terms.
 /// Throws `Error(kUnsupported)` where a size exceeds cuDNN's int.
-CudnnConv cudnn_conv(const KernelArgs& a, const cpu::ConvGeometry& g, const Shape& w_shape,
+CudnnConv cudnn_conv(const KernelArgs& a, const ops::ConvGeometry& g, const Shape& w_shape,
                      DType dtype = DType::kFloat32);
 
 /// X as the convolution reads it: `x` itself, or when the pads are asymmetric a new tensor

@@ -225,7 +225,7 @@ std::string call(const KernelArgs& a, const char* function) {
 
 }  // namespace
 
-CudnnConv cudnn_conv(const KernelArgs& a, const cpu::ConvGeometry& g, const Shape& w_shape,
+CudnnConv cudnn_conv(const KernelArgs& a, const ops::ConvGeometry& g, const Shape& w_shape,
                      DType dtype) {
   const size_t spatial = g.src.size() - 2;
   const size_t lead = spatial == 1 ? 1 : 0;  // a 1-D convolution gets a unit height

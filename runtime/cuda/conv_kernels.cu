@@ -1,6 +1,6 @@
 // The CUDA conv family's device kernels (conv_kernels.h): pooling and its gradients, each
 // thread computing one element by conv_window.h (ONNX's window rules as the CPU's
-// runtime/cpu/window.h computes them), the explicit padding of Conv's input for asymmetric
+// runtime/ops/window.h computes them), the explicit padding of Conv's input for asymmetric
 // pads, and Conv's bias. Grid-stride loops with int64 indices; the gradients gather in a fixed
 // order (no atomics).
 

@@ -7,8 +7,8 @@
 /// checked without a GPU. Nothing here includes a CUDA header.
 ///
 /// Tensors are dense NCHW: N * C "planes", each its spatial dims row-major, front-filled to
-/// three dims (depth, height, width) with size-one dims as the CPU's PoolGeometry
-/// (runtime/cpu/window.h) fills them. Windows follow that header's rules exactly (`Span` is
+/// three dims (depth, height, width) with size-one dims as the shared PoolGeometry
+/// (runtime/ops/window.h) fills them. Windows follow that header's rules exactly (`Span` is
 /// its `Window`). The gradients gather: one input element sums the windows that hold it in
 /// output order, which is the order the CPU's loops add them in.
 
@@ -23,7 +23,7 @@
 
 namespace stagecraft::rt::cuda {
 
-/// One pooling node resolved (cpu::PoolGeometry as plain data): per front-filled dim the input
+/// One pooling node resolved (ops::PoolGeometry as plain data): per front-filled dim the input
 /// and output sizes, the window, and the explicit pads (pad_r without the ceil_mode extension,
 /// which only the include-padding divisor looks at).
 struct PoolShape {
@@ -36,8 +36,8 @@ struct PoolShape {
   STAGECRAFT_HOST_DEVICE int64_t out_plane() const { return out[0] * out[1] * out[2]; }
 };
 
-/// `g` (a cpu::PoolGeometry; a template so that device code never sees oneDNN's headers,
-/// which runtime/cpu/window.h includes) as a PoolShape.
+/// `g` (a ops::PoolGeometry; a template so that device code never sees oneDNN's headers,
+/// which runtime/ops/window.h includes) as a PoolShape.
 template <class Geometry>
 PoolShape pool_shape(const Geometry& g) {
   PoolShape s;
@@ -59,7 +59,7 @@ STAGECRAFT_HOST_DEVICE inline int64_t min64(int64_t a, int64_t b) { return a < b
 STAGECRAFT_HOST_DEVICE inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 }  // namespace window_detail
 
-/// Output position o's window along dim d (cpu::window): the input position of kernel index 0,
+/// Output position o's window along dim d (ops::window): the input position of kernel index 0,
 /// the kernel indices [first, last) inside the input, and how many lie inside the explicitly
 /// padded input.
 struct Span {
@@ -95,7 +95,7 @@ STAGECRAFT_HOST_DEVICE inline Position split(int64_t e, const int64_t (&dims)[3]
 
 /// The first maximum (window order d, h, w; the CPU's `!found || v > best`) of output `o`'s
 /// window in plane `xp`, and its position. Every window holds an input element
-/// (cpu::pool_geometry refuses a window over padding alone).
+/// (ops::pool_geometry refuses a window over padding alone).
 template <class T>
 struct WindowMax {
   T value;

@@ -21,8 +21,8 @@
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::dense_strides;
-using cpu::normalize_axis;
+using ops::dense_strides;
+using ops::normalize_axis;
 
 // An axis list from attribute `name` or, when absent, from input `k`; empty when neither.
 std::vector<int64_t> axes_from(const KernelArgs& a, std::string_view name, size_t k) {
@@ -135,7 +135,7 @@ void transpose(const KernelArgs& a) {
   const std::vector<int64_t> in_strides = dense_strides(in.shape);
   std::vector<int64_t> strides;
   Shape expected;
-  for (int64_t d : cpu::transpose_perm(a, in.rank())) {
+  for (int64_t d : ops::transpose_perm(a, in.rank())) {
     expected.push_back(in.shape[d]);
     strides.push_back(in_strides[d]);
   }
@@ -213,7 +213,7 @@ void split(const KernelArgs& a) {
 
 void slice(const KernelArgs& a) {
   const Tensor& in = a.input(0);
-  const cpu::SliceView view = slice_view(a, context(a), in.shape, a.num_inputs(), [&](size_t k) {
+  const ops::SliceView view = slice_view(a, context(a), in.shape, a.num_inputs(), [&](size_t k) {
     return a.has_input(k) ? a.in[k] : nullptr;
   });
   expect_shape(a, 0, view.shape);
@@ -235,7 +235,7 @@ void gather(const KernelArgs& a) {
   const Tensor& index_tensor = a.input(1);
   Tensor& out = *a.out[0];
   const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), data.rank());
-  expect_shape(a, 0, cpu::gather_shape(data.shape, index_tensor.shape, axis));
+  expect_shape(a, 0, ops::gather_shape(data.shape, index_tensor.shape, axis));
   CudaContext& ctx = context(a);
   const int64_t dim = data.shape[axis];
   const std::vector<int64_t> indices = gather_indices(ctx, index_tensor, axis, dim);

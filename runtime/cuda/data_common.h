@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// Host-side helpers the CUDA data family and its gradients share (data.cpp, grad_data.cpp):
-/// index maps built from shapes and strides with the CPU backend's own layout arithmetic
-/// (runtime/cpu/layout.h, so both backends read attributes and clamp bounds alike), small
+/// index maps built from shapes and strides with the layout arithmetic both backends share
+/// (runtime/ops/layout.h, so both backends read attributes and clamp bounds alike), small
 /// integer operands brought to the host, and small host arrays sent to the device.
 
 #include <fmt/format.h>
@@ -15,20 +15,20 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/data_kernels.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/layout.h"
 
 namespace stagecraft::rt::cuda {
 
-/// The index map of a strided walk over `shape` (cpu::merge_strided_dims: unit dims dropped,
+/// The index map of a strided walk over `shape` (ops::merge_strided_dims: unit dims dropped,
 /// contiguous neighbours merged). Throws `Error(kUnsupported)` naming the op past rank 8.
 inline IndexMap index_map(const KernelArgs& a, const Shape& shape,
                           const std::vector<int64_t>& strides) {
-  const cpu::StridedWalk walk = cpu::merge_strided_dims(shape, strides);
+  const ops::StridedWalk walk = ops::merge_strided_dims(shape, strides);
   if (walk.dims.size() > static_cast<size_t>(kMaxIndexRank))
     fail(ErrorKind::kUnsupported,
          "{} '{}' moves {} through {} non-contiguous dims; the cuda backend handles at most {}",
@@ -46,7 +46,7 @@ inline IndexMap index_map(const KernelArgs& a, const Shape& shape,
 /// row-major output order, reduced dims in row-major (ascending offset) order.
 inline ReduceMap reduce_map(const KernelArgs& a, const Shape& shape,
                             const std::vector<bool>& reduced) {
-  const std::vector<int64_t> strides = cpu::dense_strides(shape);
+  const std::vector<int64_t> strides = ops::dense_strides(shape);
   Shape kept_dims, red_dims;
   std::vector<int64_t> kept_strides, red_strides;
   for (size_t d = 0; d < shape.size(); ++d) {
@@ -104,9 +104,9 @@ inline void copy_rows(CudaContext& ctx, void* dst, int64_t dst_pitch, const void
 }
 
 /// Zeroes every requested output on the device (a gradient whose dy is omitted), and checks
-/// the output gradient's shape: the CPU backend's own (runtime/cpu/grad_io.h).
-using cpu::expect_dy_shape;
-using cpu::zero_outputs;
+/// the output gradient's shape: the shared rule (runtime/ops/grad_io.h).
+using ops::expect_dy_shape;
+using ops::zero_outputs;
 
 /// An int64 device tensor holding `values`.
 inline Tensor upload_ints(CudaContext& ctx, const std::vector<int64_t>& values) {
@@ -115,7 +115,7 @@ inline Tensor upload_ints(CudaContext& ctx, const std::vector<int64_t>& values) 
   return t;
 }
 
-/// A host int64 copy of a small device operand (null stays null), for cpu::slice_view.
+/// A host int64 copy of a small device operand (null stays null), for ops::slice_view.
 inline Tensor host_ints(CudaContext& ctx, const Tensor* t) {
   if (t == nullptr) return {};
   const std::vector<int64_t> values = read_ints(ctx, *t);
@@ -124,9 +124,9 @@ inline Tensor host_ints(CudaContext& ctx, const Tensor* t) {
   return host;
 }
 
-/// The Slice view of X (cpu::slice_view) with operand k of the op given by `operand(k)` (a
+/// The Slice view of X (ops::slice_view) with operand k of the op given by `operand(k)` (a
 /// device tensor, or null when omitted): its integer operands are read to the host first.
-inline cpu::SliceView slice_view(const KernelArgs& a, CudaContext& ctx, const Shape& x_shape,
+inline ops::SliceView slice_view(const KernelArgs& a, CudaContext& ctx, const Shape& x_shape,
                                  size_t forward_inputs,
                                  const std::function<const Tensor*(size_t)>& operand) {
   std::vector<Tensor> host(5);
@@ -135,7 +135,7 @@ inline cpu::SliceView slice_view(const KernelArgs& a, CudaContext& ctx, const Sh
     present[k] = operand(k) != nullptr;
     host[k] = host_ints(ctx, operand(k));
   }
-  return cpu::slice_view(a, x_shape, forward_inputs, [&](size_t k) -> const Tensor* {
+  return ops::slice_view(a, x_shape, forward_inputs, [&](size_t k) -> const Tensor* {
     return k < host.size() && present[k] ? &host[k] : nullptr;
   });
 }
@@ -144,7 +144,7 @@ inline cpu::SliceView slice_view(const KernelArgs& a, CudaContext& ctx, const Sh
 /// non-negative.
 inline std::vector<int64_t> gather_indices(CudaContext& ctx, const Tensor& indices, int64_t axis,
                                            int64_t dim) {
-  return cpu::gather_indices_in_range(read_ints(ctx, indices), axis, dim);
+  return ops::gather_indices_in_range(read_ints(ctx, indices), axis, dim);
 }
 
 }  // namespace stagecraft::rt::cuda

@@ -10,10 +10,10 @@
 #include <array>
 #include <cstdint>
 
-#include "runtime/cpu/dropout_mask.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/cuda/elementwise_common.h"
 #include "runtime/cuda/families.h"
+#include "runtime/ops/dropout_mask.h"
+#include "runtime/ops/layout.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
@@ -78,20 +78,21 @@ void run_clip(const KernelArgs& a) {
 }
 
 // Dropout. Training mode (opset 12+ input 2 true) with a nonzero ratio (input 1, default 0.5):
-// the CPU's mask (runtime/cpu/dropout_mask.h), element for element. Otherwise (inference, or a
+// the CPU's mask (runtime/ops/dropout_mask.h), element for element. Otherwise (inference, or a
 // ratio of 0) the output is the input and the optional mask keeps everything.
 void run_dropout(const KernelArgs& a) {
   CudaContext& ctx = context(a);
   const Tensor& x = unary_input(a);
-  if (a.has_input(2) && cpu::scalar_is_nonzero(host_copy(ctx, a.input(2)), "training_mode")) {
-    const float ratio = a.has_input(1) ? cpu::dropout_ratio(host_copy(ctx, a.input(1))) : 0.5f;
+  if (a.has_input(2) && ops::scalar_is_nonzero(host_copy(ctx, a.input(2)), "training_mode")) {
+    const float ratio = a.has_input(1) ? ops::dropout_ratio(host_copy(ctx, a.input(1))) : 0.5f;
     if (ratio != 0) {
       Tensor* mask = a.out.size() > 1 ? a.out[1] : nullptr;
       if (mask != nullptr) expect_shape(a, 1, x.shape);
-      cpu::check_dropout_training(x, mask);
-      launch_dropout_training(
-          x.as<float>(), a.out[0]->as<float>(), mask != nullptr ? mask->as<uint8_t>() : nullptr,
-          x.numel(), dropout_node_key(a.random_key, a.attrs.i("seed", 0)), ratio, ctx.stream());
+      ops::check_dropout_training(x, mask);
+      launch_dropout_training(x.as<float>(), a.out[0]->as<float>(),
+                              mask != nullptr ? mask->as<uint8_t>() : nullptr, x.numel(),
+                              ops::dropout_node_key(a.random_key, a.attrs.i("seed", 0)), ratio,
+                              ctx.stream());
       return check_launch(a);
     }
   }
@@ -138,7 +139,7 @@ BroadcastMap broadcast_output(const KernelArgs& a) {
   Shape out;
   for (size_t k = 0; k < N; ++k) {
     shapes[k] = a.input(k).shape;
-    out = k == 0 ? shapes[k] : cpu::broadcast_shape(out, shapes[k]);
+    out = k == 0 ? shapes[k] : ops::broadcast_shape(out, shapes[k]);
   }
   expect_shape(a, 0, out);
   return broadcast_map<N>(a, shapes, out);
@@ -181,7 +182,7 @@ void run_binary(const KernelArgs& a) {
 // PRelu: the slope broadcasts to X (unidirectionally).
 void run_prelu(const KernelArgs& a) {
   const Tensor &x = a.input(0), &slope = a.input(1);
-  if (cpu::broadcast_shape(x.shape, slope.shape) != x.shape)
+  if (ops::broadcast_shape(x.shape, slope.shape) != x.shape)
     fail(ErrorKind::kShape, "PRelu '{}': the slope {} does not broadcast to X {}", a.name,
          shape_string(slope.shape), shape_string(x.shape));
   run_binary<BinaryOp::kPRelu>(a);
@@ -203,7 +204,7 @@ void run_not(const KernelArgs& a) {
 template <BinaryOp op>
 void run_min_max(const KernelArgs& a) {
   Shape out = a.input(0).shape;
-  for (size_t k = 1; k < a.num_inputs(); ++k) out = cpu::broadcast_shape(out, a.input(k).shape);
+  for (size_t k = 1; k < a.num_inputs(); ++k) out = ops::broadcast_shape(out, a.input(k).shape);
   expect_shape(a, 0, out);
   const Tensor& first = a.input(0);
   const Tensor& second = a.num_inputs() > 1 ? a.input(1) : first;

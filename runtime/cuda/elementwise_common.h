@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
-#include "runtime/cpu/broadcast.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/data_common.h"
 #include "runtime/cuda/elementwise_kernels.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/broadcast.h"
 
 namespace stagecraft::rt::cuda {
 

@@ -10,6 +10,7 @@
 
 #include "runtime/cuda/elementwise_kernels.h"
 #include "runtime/format/dtype.h"
+#include "runtime/ops/pow_element.h"
 
 namespace stagecraft::rt::cuda::eltwise {
 
@@ -52,9 +53,7 @@ STAGECRAFT_LIMITS(uint32_t, 0, UINT32_MAX)
 STAGECRAFT_LIMITS(uint64_t, 0, UINT64_MAX)
 #undef STAGECRAFT_LIMITS
 
-// Integer arithmetic in an unsigned type at least as wide as int, so it wraps.
-template <class T>
-using Wrap = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+using ops::Wrap;  // integer arithmetic that wraps (runtime/ops/pow_element.h)
 
 __device__ __forceinline__ float to_float(Half h) {
   const uint32_t sign = uint32_t{h.bits & 0x8000u} << 16, exponent = (h.bits >> 10) & 0x1fu,

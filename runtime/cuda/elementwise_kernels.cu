@@ -7,10 +7,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "runtime/cpu/dropout_mask.h"
 #include "runtime/cuda/elementwise_device.cuh"
 #include "runtime/cuda/elementwise_kernels.h"
 #include "runtime/cuda/update_kernels.h"
+#include "runtime/ops/dropout_mask.h"
+#include "runtime/ops/pow_element.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
@@ -277,27 +278,6 @@ struct Arith {
   }
 };
 
-// x to the power e for integers, by repeated squaring (wrapping). A negative exponent gives
-// the truncated 1 / x^-e: 1 or -1 for a base of 1 or -1, else 0.
-template <class T, class E>
-__device__ T int_pow(T x, E e) {
-  using U = Wrap<T>;
-  if constexpr (std::is_signed_v<E>) {
-    if (e < 0) {
-      if (x == T(1)) return T(1);
-      if constexpr (std::is_signed_v<T>)
-        if (x == T(-1)) return (e & 1) ? T(-1) : T(1);
-      return T(0);
-    }
-  }
-  U result = 1, base = U(x);
-  for (auto k = static_cast<std::make_unsigned_t<E>>(e); k != 0; k >>= 1) {
-    if (k & 1) result *= base;
-    base *= base;
-  }
-  return static_cast<T>(result);
-}
-
 // One element of Pow: float32 with float32 in single precision, every other float mix in
 // double; integer bases with integer exponents exact, with float exponents saturated.
 template <class T, class E>
@@ -312,7 +292,7 @@ struct Power {
     } else if constexpr (std::is_floating_point_v<E>) {
       return convert<T>(pow(static_cast<double>(x), static_cast<double>(e)));
     } else {
-      return int_pow(x, e);
+      return ops::int_pow(x, e);
     }
   }
 };
@@ -502,7 +482,7 @@ __global__ void fill_kernel(W* dst, W value, int64_t n) {
 __global__ void dropout_training_kernel(const float* x, float* y, uint8_t* mask, int64_t n,
                                         uint64_t node_key, float ratio, float scale) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const bool kept = dropout_keeps(node_key, i, ratio);
+    const bool kept = ops::dropout_keeps(node_key, i, ratio);
     y[i] = kept ? x[i] * scale : 0.0f;
     if (mask != nullptr) mask[i] = kept ? 1 : 0;
   }

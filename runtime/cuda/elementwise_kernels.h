@@ -105,7 +105,7 @@ bool launch_where(int64_t element_bytes, const uint8_t* condition, const void* x
 /// `bits`.
 bool launch_fill(void* dst, int64_t element_bytes, uint64_t bits, int64_t n, cudaStream_t stream);
 
-/// Dropout in training mode on float32: y = x / (1 - ratio) where runtime/cpu/dropout_mask.h's
+/// Dropout in training mode on float32: y = x / (1 - ratio) where runtime/ops/dropout_mask.h's
 /// `dropout_keeps(node_key, i, ratio)`, else 0; `mask` (bool, may be null) says which.
 void launch_dropout_training(const float* x, float* y, uint8_t* mask, int64_t n, uint64_t node_key,
                              float ratio, cudaStream_t stream);

@@ -17,27 +17,27 @@
 
 #include <string>
 
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/window.h"
 #include "runtime/cuda/conv_common.h"
 #include "runtime/cuda/conv_kernels.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/families.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/window.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::GradArity;
-using cpu::GradIo;
+using ops::GradArity;
+using ops::GradIo;
 
 // The gradient ops' operand counts, as the CPU's: n forward inputs, m forward outputs.
 constexpr GradArity kConvArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
 constexpr GradArity kMaxPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 2};  // Y, [Indices]
 constexpr GradArity kPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
 
-using cpu::zero_outputs;
+using ops::zero_outputs;
 
 // ---------------------------------------------------------------------------------------------
 // ConvGrad
@@ -48,8 +48,8 @@ void conv_grad(const KernelArgs& a) {
   const Tensor& w = io.need_x(1);
   if (io.dy(0) == nullptr) return zero_outputs(a);
   const Tensor& dy = *io.dy(0);
-  const cpu::ConvGeometry g = cpu::conv_grad_geometry(a, x, w, dy);
-  cpu::check_conv_grad_outputs(a, x, w, io.x(2), io.wants(0), io.wants(1), io.wants(2));
+  const ops::ConvGeometry g = ops::conv_grad_geometry(a, x, w, dy);
+  ops::check_conv_grad_outputs(a, x, w, io.x(2), io.wants(0), io.wants(1), io.wants(2));
   if (dy.numel() == 0 || x.numel() == 0) return zero_outputs(a);
   CudaContext& ctx = context(a);
   if (io.wants(0) || io.wants(1)) {
@@ -79,7 +79,7 @@ void conv_grad(const KernelArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pooling gradients (geometry: runtime/cpu/window.h, as the forward)
+// Pooling gradients (geometry: runtime/ops/window.h, as the forward)
 
 // A pooling gradient's X, dY (null when omitted) and dX (null when not wanted, else checked to
 // have X's shape).
@@ -100,7 +100,7 @@ void max_pool_grad(const KernelArgs& a) {
   const PoolGradOperands p = pool_grad_operands(a, kMaxPoolArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return a.device.fill_zero(*p.dx);
-  const cpu::PoolGeometry g = cpu::pool_grad_geometry(a, *p.x, *p.dy);
+  const ops::PoolGeometry g = ops::pool_grad_geometry(a, *p.x, *p.dy);
   if (p.dx->numel() == 0) return;
   CudaContext& ctx = context(a);
   // Each output's first maximum, recomputed from X (the forward's Indices may be omitted).
@@ -114,7 +114,7 @@ void average_pool_grad(const KernelArgs& a) {
   const PoolGradOperands p = pool_grad_operands(a, kPoolArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return a.device.fill_zero(*p.dx);
-  const cpu::PoolGeometry g = cpu::pool_grad_geometry(a, *p.x, *p.dy);
+  const ops::PoolGeometry g = ops::pool_grad_geometry(a, *p.x, *p.dy);
   if (p.dx->numel() == 0) return;
   launch_average_pool_grad(p.dy->as<float>(), p.dx->as<float>(),
                            a.attrs.i("count_include_pad", 0) != 0, pool_shape(g),
@@ -126,7 +126,7 @@ void global_average_pool_grad(const KernelArgs& a) {
   const PoolGradOperands p = pool_grad_operands(a, kPoolArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return a.device.fill_zero(*p.dx);
-  const int64_t planes = cpu::global_pool_grad_planes(*p.x, *p.dy);
+  const int64_t planes = ops::global_pool_grad_planes(*p.x, *p.dy);
   if (planes == 0) return;
   launch_global_average_pool_grad(p.dy->as<float>(), p.dx->as<float>(), planes,
                                   p.x->numel() / planes, context(a).stream());

@@ -11,17 +11,17 @@
 #include <numeric>
 #include <vector>
 
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/grad_layout.h"
 #include "runtime/cuda/data_common.h"
 #include "runtime/cuda/families.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/grad_layout.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::dense_strides;
-using cpu::GradIo;
-using cpu::normalize_axis;
+using ops::dense_strides;
+using ops::GradIo;
+using ops::normalize_axis;
 
 void copy_grad(const KernelArgs& a) {
   const GradIo io(a);
@@ -40,7 +40,7 @@ void transpose_grad(const KernelArgs& a) {
   const Tensor *dy, *px;
   if (!io.input0(dx, dy, px)) return;
   const Tensor& x = *px;
-  const std::vector<int64_t> strides = cpu::transpose_grad_strides(a, x, *dy);
+  const std::vector<int64_t> strides = ops::transpose_grad_strides(a, x, *dy);
   if (x.numel() == 0) return;
   launch_strided_gather(dx->data, dy->data, dtype_size(dy->dtype), x.numel(),
                         index_map(a, x.shape, strides), context(a).stream());
@@ -51,7 +51,7 @@ void concat_grad(const KernelArgs& a) {
   const GradIo io(a);
   const Tensor* dy = io.dy(0);
   if (dy == nullptr) return zero_outputs(a);
-  const cpu::ConcatPieces p = cpu::concat_grad_pieces(a, io, *dy);
+  const ops::ConcatPieces p = ops::concat_grad_pieces(a, io, *dy);
   const int64_t f = dtype_size(dy->dtype);  // float32, or a 16-bit float (same_as_cpu_16bit)
   CudaContext& ctx = context(a);
   for (size_t k = 0; k < io.n; ++k) {
@@ -77,7 +77,7 @@ void split_grad(const KernelArgs& a) {
     given = a.attrs.ints("split");
   else if (io.x(1) != nullptr)
     given = read_ints(ctx, *io.x(1));
-  const std::vector<int64_t> sizes = cpu::split_sizes(std::move(given), n, dim, axis);
+  const std::vector<int64_t> sizes = ops::split_sizes(std::move(given), n, dim, axis);
   int64_t rows = 1, inner = 1;
   for (int64_t d = 0; d < axis; ++d) rows *= x.shape[d];
   for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.shape[d];
@@ -111,7 +111,7 @@ void slice_grad(const KernelArgs& a) {
   ctx.fill_zero(*dx);
   const Tensor* dy = io.dy(0);
   if (dy == nullptr) return;
-  const cpu::SliceView view = slice_view(a, ctx, x.shape, io.n, [&](size_t k) { return io.x(k); });
+  const ops::SliceView view = slice_view(a, ctx, x.shape, io.n, [&](size_t k) { return io.x(k); });
   expect_dy_shape(a, *dy, view.shape);
   const int64_t n = shape_numel(view.shape);
   if (n == 0) return;
@@ -131,7 +131,7 @@ void gather_grad(const KernelArgs& a) {
   if (dy == nullptr) return ctx.fill_zero(*dx);
   const Tensor& index_tensor = io.need_x(1);
   const int64_t axis = normalize_axis(a, a.attrs.i("axis", 0), data.rank());
-  expect_dy_shape(a, *dy, cpu::gather_shape(data.shape, index_tensor.shape, axis));
+  expect_dy_shape(a, *dy, ops::gather_shape(data.shape, index_tensor.shape, axis));
   const int64_t dim = data.shape[axis];
   const std::vector<int64_t> indices = gather_indices(ctx, index_tensor, axis, dim);
   int64_t outer = 1, inner = 1;

@@ -9,24 +9,24 @@
 #include <array>
 #include <cstdint>
 
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/cuda/elementwise_common.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/grad_eltwise_kernels.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/layout.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::GradArity;
-using cpu::GradIo;
+using ops::GradArity;
+using ops::GradIo;
 
 // Zeroes dx_k where it is wanted.
 void zero_output(const GradIo& io, size_t k) {
   if (Tensor* t = io.dx(k)) io.a.device.fill_zero(*t);
 }
 
-using cpu::expect_dy_shape;
+using ops::expect_dy_shape;
 
 // ---------------------------------------------------------------------------------------------
 // Unary ops
@@ -113,8 +113,8 @@ void dropout_grad(const KernelArgs& a) {
   CudaContext& ctx = context(a);
   const Tensor* training = io.x(2);
   float ratio = 0;
-  if (training != nullptr && cpu::scalar_is_nonzero(host_copy(ctx, *training), "training_mode"))
-    ratio = io.x(1) != nullptr ? cpu::dropout_ratio(host_copy(ctx, *io.x(1))) : 0.5f;
+  if (training != nullptr && ops::scalar_is_nonzero(host_copy(ctx, *training), "training_mode"))
+    ratio = io.x(1) != nullptr ? ops::dropout_ratio(host_copy(ctx, *io.x(1))) : 0.5f;
   if (a.attrs.i("is_test", 1) == 0)
     fail(ErrorKind::kUnsupported, "DropoutGrad with is_test=0 (training) is not supported");
   for (size_t k = 1; k < io.n; ++k) zero_output(io, k);  // ratio and training_mode get none
@@ -126,7 +126,7 @@ void dropout_grad(const KernelArgs& a) {
   expect_dy_shape(a, *dy, dx->shape);
   if (ratio == 0) return device_copy(ctx, dx->data, dy->data, dx->bytes());
   const Tensor* mask = io.y(1);
-  cpu::check_dropout_grad(mask, *dx);
+  ops::check_dropout_grad(mask, *dx);
   launch_dropout_grad(dy->as<float>(), mask->as<uint8_t>(), dx->as<float>(), dx->numel(), ratio,
                       ctx.stream());
   check_launch(a);
@@ -195,7 +195,7 @@ bool binary_operands(const KernelArgs& a, const GradIo& io, Binary& b) {
   b.lhs = &io.need_x(0);
   b.rhs = &io.need_x(1);
   b.y = io.y(0);
-  const Shape out = cpu::broadcast_shape(b.lhs->shape, b.rhs->shape);
+  const Shape out = ops::broadcast_shape(b.lhs->shape, b.rhs->shape);
   expect_dy_shape(a, *b.dy, out);
   if (b.y != nullptr && b.y->shape != out) b.y = nullptr;
   return true;
@@ -277,7 +277,7 @@ void where_grad(const KernelArgs& a) {
   if (dy == nullptr || (io.dx(1) == nullptr && io.dx(2) == nullptr)) return;
   CudaContext& ctx = context(a);
   const Tensor &cond = io.need_x(0), &x = io.need_x(1), &y = io.need_x(2);
-  const Shape out = cpu::broadcast_shape(cpu::broadcast_shape(cond.shape, x.shape), y.shape);
+  const Shape out = ops::broadcast_shape(ops::broadcast_shape(cond.shape, x.shape), y.shape);
   expect_dy_shape(a, *dy, out);
   const BroadcastMap map = broadcast_map<1>(a, {cond.shape}, out);
   for (size_t k = 1; k <= 2; ++k) {
@@ -329,7 +329,7 @@ void min_max_grad(const KernelArgs& a) {
   if (dy == nullptr) return zero_outputs(a);
   CudaContext& ctx = context(a);
   Shape out = io.need_x(0).shape;
-  for (size_t k = 1; k < io.n; ++k) out = cpu::broadcast_shape(out, io.need_x(k).shape);
+  for (size_t k = 1; k < io.n; ++k) out = ops::broadcast_shape(out, io.need_x(k).shape);
   expect_dy_shape(a, *dy, out);
   const int64_t n = shape_numel(out);
   Tensor recomputed;

@@ -1,9 +1,9 @@
 // The CUDA backend's gradients of MatMul and Gemm (families.h), float32 on cuBLAS
 // (matmul_product.h), MatMul's also bfloat16 and float16 throughout (mixed precision: 16-bit
 // products with float32 accumulation, as the forward MatMul), with the contract of
-// runtime/format/grad_ops.h and the formulas of the CPU backend's runtime/cpu/grad_matmul.cpp; operand shapes are read by the CPU's rules
-// (runtime/cpu/matmul_shape.h). Only the named outputs are computed (a weight-gradient node of
-// a zero-bubble schedule names dB alone).
+// runtime/format/grad_ops.h and the formulas of the CPU backend's runtime/cpu/grad_matmul.cpp;
+// operand shapes are read by the shared rules (runtime/ops/matmul_shape.h). Only the named
+// outputs are computed (a weight-gradient node of a zero-bubble schedule names dB alone).
 //
 // MatMul: dA = dY x B^T and dB = A^T x dY per batch, summed over the batch dims along which the
 // operand was broadcast. Where B has no batch dims (a layer's weights) and A has all of them,
@@ -17,20 +17,20 @@
 #include <string>
 #include <vector>
 
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/matmul_shape.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/elementwise_common.h"
 #include "runtime/cuda/elementwise_kernels.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/matmul_product.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/matmul_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::GradArity;
-using cpu::GradIo;
+using ops::GradArity;
+using ops::GradIo;
 
 // The gradient ops' operand counts: n forward inputs, one forward output.
 constexpr GradArity kMatMulArity{.n_min = 2, .n_max = 2, .m_min = 1, .m_max = 1};
@@ -73,7 +73,7 @@ void matmul_grad(const KernelArgs& a) {
   if (!want_a && !want_b) return;
   const Tensor& x = io.need_x(0);
   const Tensor& y = io.need_x(1);
-  const cpu::MatMulShape s = cpu::matmul_shape("MatMulGrad", x, y);
+  const ops::MatMulShape s = ops::matmul_shape("MatMulGrad", x, y);
   if (io.dy(0) == nullptr) return zero_outputs(a);  // no output gradient: zeros
   const Tensor& dy = *io.dy(0);
   const int64_t m = s.m, k = s.k, n = s.n, full = s.batch_count();
@@ -109,7 +109,7 @@ void matmul_grad(const KernelArgs& a) {
 void gemm_c_grad(const KernelArgs& a, const GradIo& io, const Tensor& dy, int64_t m, int64_t n) {
   const Tensor& c = io.need_x(2);
   expect_shape(a, 2, c.shape);
-  cpu::gemm_c_dims("GemmGrad", c, m, n);
+  ops::gemm_c_dims("GemmGrad", c, m, n);
   Tensor& dc = *io.dx(2);
   const float beta = a.attrs.f("beta", 1.0f);
   if (beta == 0.0f) return context(a).fill_zero(dc);
@@ -122,7 +122,7 @@ void gemm_grad(const KernelArgs& a) {
   const GradIo io(a, kGemmArity);
   const Tensor& x = io.need_x(0);
   const Tensor& y = io.need_x(1);
-  const cpu::GemmShape g = cpu::gemm_shape("GemmGrad", x, y, a.attrs);
+  const ops::GemmShape g = ops::gemm_shape("GemmGrad", x, y, a.attrs);
   const int64_t m = g.m, k = g.k, n = g.n;
   const float alpha = a.attrs.f("alpha", 1.0f);
   if (io.dy(0) == nullptr) return zero_outputs(a);

@@ -9,20 +9,20 @@
 #include <algorithm>
 #include <string>
 
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/norm_shape.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/data_kernels.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/norm_kernels.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/norm_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::GradArity;
-using cpu::GradIo;
+using ops::GradArity;
+using ops::GradIo;
 
 // The operand counts of the gradient ops, as the CPU's.
 constexpr GradArity kBatchNormArity{.n_min = 5, .n_max = 5, .m_min = 1, .m_max = 3};
@@ -79,7 +79,7 @@ void batch_norm_grad(const KernelArgs& a) {
 
 void layer_norm_grad(const KernelArgs& a) {
   const GradIo io(a, kLayerNormArity);
-  const cpu::LayerNormGradOperands o = cpu::layer_norm_grad_operands(a, io);
+  const ops::LayerNormGradOperands o = ops::layer_norm_grad_operands(a, io);
   const int64_t outer = o.outer, inner = o.inner;
   if (outer == 0 || inner == 0) return zero_outputs(a);
   const Tensor& x = *o.x;

@@ -1,6 +1,6 @@
 // The CUDA backend's indexing family (families.h): Tile, CumSum, GatherElements, ScatterND and
 // their gradients, over the same ops, attributes and dtypes as the CPU backend's indexing.cpp.
-// The nodes are read with the CPU's own rules (runtime/cpu/indexing_shape.h), their small
+// The nodes are read with the shared rules (runtime/ops/indexing_shape.h), their small
 // operands (repeats, axis) and their indices brought to the host to be checked and turned into
 // the same shapes and tables the CPU uses; the kernels (indexing_kernels.cu) run the CPU's
 // per-element functions on them. Gradients gather (GatherElementsGrad loops along the axis of
@@ -10,17 +10,17 @@
 
 #include <vector>
 
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/indexing_shape.h"
 #include "runtime/cuda/data_common.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/indexing_kernels.h"
 #include "runtime/cuda/resize_kernels.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/indexing_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::GradIo;
+using ops::GradIo;
 
 // A host copy of a device operand.
 Tensor to_host(CudaContext& ctx, const Tensor& t) {
@@ -50,8 +50,8 @@ NumberType number_type(const KernelArgs& a, DType dtype) {
 void tile(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   CudaContext& ctx = context(a);
-  const TileShape s = cpu::tile_shape(a, x.shape, to_host(ctx, a.input(1)));
-  expect_shape(a, 0, cpu::tile_output_shape(s));
+  const ops::TileShape s = ops::tile_shape(a, x.shape, to_host(ctx, a.input(1)));
+  expect_shape(a, 0, ops::tile_output_shape(s));
   Tensor& y = *a.out[0];
   launch_tile(y.data, x.data, movable_size(a, x.dtype), y.numel(), s, ctx.stream());
   check_launch(a);
@@ -64,10 +64,10 @@ void tile_grad(const KernelArgs& a) {
   if (!io.input0(dx, dy, px)) return;
   const Tensor& x = *px;
   CudaContext& ctx = context(a);
-  const TileShape s = cpu::tile_shape(a, x.shape, to_host(ctx, io.need_x(1)));
-  expect_dy_shape(a, *dy, cpu::tile_output_shape(s));
+  const ops::TileShape s = ops::tile_shape(a, x.shape, to_host(ctx, io.need_x(1)));
+  expect_dy_shape(a, *dy, ops::tile_output_shape(s));
   if (dx->numel() == 0) return;
-  const SeparableTableData data = cpu::tile_gradient_tables(s);
+  const ops::SeparableTableData data = ops::tile_gradient_tables(s);
   const Tensor ints = upload_ints(ctx, data.ints);
   Tensor floats =
       ctx.new_tensor(DType::kFloat32, {static_cast<int64_t>(data.floats.size())}, false);
@@ -83,7 +83,7 @@ void cumsum(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   expect_shape(a, 0, x.shape);
   CudaContext& ctx = context(a);
-  const ScanShape s = cpu::scan_shape(a, x.shape, to_host(ctx, a.input(1)));
+  const ops::ScanShape s = ops::scan_shape(a, x.shape, to_host(ctx, a.input(1)));
   launch_scan(a.out[0]->data, x.data, number_type(a, x.dtype), s, ctx.stream());
   check_launch(a);
 }
@@ -98,7 +98,7 @@ void cumsum_grad(const KernelArgs& a) {
     fail(ErrorKind::kShape, "CumSumGrad '{}': the output gradient is {} but X is {}", a.name,
          dy->describe(), x.describe());
   CudaContext& ctx = context(a);
-  ScanShape s = cpu::scan_shape(a, x.shape, to_host(ctx, io.need_x(1)));
+  ops::ScanShape s = ops::scan_shape(a, x.shape, to_host(ctx, io.need_x(1)));
   s.reverse = !s.reverse;
   launch_scan(dx->data, dy->data, NumberType::kFloat32, s, ctx.stream());
   check_launch(a);
@@ -108,13 +108,13 @@ void cumsum_grad(const KernelArgs& a) {
 
 // The plan of a GatherElements (indices checked on the host) and its indices on the device.
 struct DevicePlan {
-  cpu::GatherElementsPlan plan;
+  ops::GatherElementsPlan plan;
   Tensor indices;
 };
 
 DevicePlan gather_plan(const KernelArgs& a, CudaContext& ctx, const Shape& data_shape,
                        const Tensor& indices) {
-  DevicePlan p{cpu::gather_elements_plan(a, data_shape, to_host(ctx, indices)), {}};
+  DevicePlan p{ops::gather_elements_plan(a, data_shape, to_host(ctx, indices)), {}};
   p.indices = upload_ints(ctx, p.plan.indices);
   return p;
 }
@@ -150,7 +150,7 @@ void gather_elements_grad(const KernelArgs& a) {
 // ---- ScatterND -------------------------------------------------------------------------------
 
 // The plan's tables on the device; `storage` keeps them until the kernel has read them.
-ScatterPlan upload_plan(CudaContext& ctx, const cpu::ScatterPlanData& data, Tensor& storage) {
+ops::ScatterPlan upload_plan(CudaContext& ctx, const ops::ScatterPlanData& data, Tensor& storage) {
   storage = upload_ints(ctx, data.values);
   return data.at(storage.as<int64_t>());
 }
@@ -160,14 +160,15 @@ void scatter_nd(const KernelArgs& a) {
   const Tensor& updates = a.input(2);
   expect_shape(a, 0, data.shape);
   CudaContext& ctx = context(a);
-  const cpu::ScatterPlanData plan =
-      cpu::scatter_plan(a, data.shape, to_host(ctx, a.input(1)), updates.shape);
+  const ops::ScatterPlanData plan =
+      ops::scatter_plan(a, data.shape, to_host(ctx, a.input(1)), updates.shape);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
-  const NumberType type =
-      plan.reduction == ScatterReduction::kNone ? NumberType::kFloat32 : number_type(a, data.dtype);
+  const NumberType type = plan.reduction == ops::ScatterReduction::kNone
+                              ? NumberType::kFloat32
+                              : number_type(a, data.dtype);
   Tensor storage;
-  const ScatterPlan p = upload_plan(ctx, plan, storage);
+  const ops::ScatterPlan p = upload_plan(ctx, plan, storage);
   launch_scatter_nd(y.data, data.data, updates.data, movable_size(a, data.dtype), type, y.numel(),
                     p, ctx.stream());
   check_launch(a);
@@ -184,15 +185,15 @@ void scatter_nd_grad(const KernelArgs& a) {
     fail(ErrorKind::kShape, "ScatterNDGrad '{}': the output gradient is {} but the data are {}",
          a.name, dy->describe(), data.describe());
   CudaContext& ctx = context(a);
-  const cpu::ScatterPlanData plan =
-      cpu::scatter_plan(a, data.shape, to_host(ctx, io.need_x(1)), updates.shape);
-  if (plan.reduction == ScatterReduction::kMul)
+  const ops::ScatterPlanData plan =
+      ops::scatter_plan(a, data.shape, to_host(ctx, io.need_x(1)), updates.shape);
+  if (plan.reduction == ops::ScatterReduction::kMul)
     fail(ErrorKind::kUnsupported, "ScatterNDGrad '{}': reduction mul has no gradient kernel",
          a.name);
   if (io.wants(0)) expect_shape(a, 0, data.shape);
   if (io.wants(2)) expect_shape(a, 2, updates.shape);
   Tensor storage;
-  const ScatterPlan p = upload_plan(ctx, plan, storage);
+  const ops::ScatterPlan p = upload_plan(ctx, plan, storage);
   Tensor* dd = io.dx(0);
   Tensor* du = io.dx(2);
   launch_scatter_nd_grad(dd ? dd->as<float>() : nullptr, dd ? dd->numel() : 0,

@@ -1,5 +1,5 @@
 // The CUDA indexing family's device kernels (indexing_kernels.h): grid-stride loops with int64
-// indices around runtime/cpu/indexing_element.h's functions, which the CPU backend runs too.
+// indices around runtime/ops/indexing_element.h's functions, which the CPU backend runs too.
 #include "runtime/cuda/indexing_kernels.h"
 #include "runtime/cuda/update_kernels.h"
 
@@ -14,42 +14,44 @@ __device__ __forceinline__ int64_t first_index() {
 __device__ __forceinline__ int64_t grid_stride() { return int64_t{blockDim.x} * gridDim.x; }
 
 template <class T>
-__global__ void tile_kernel(T* y, const T* x, int64_t n, TileShape shape) {
-  for (int64_t e = first_index(); e < n; e += grid_stride()) y[e] = x[tile_source(shape, e)];
+__global__ void tile_kernel(T* y, const T* x, int64_t n, ops::TileShape shape) {
+  for (int64_t e = first_index(); e < n; e += grid_stride()) y[e] = x[ops::tile_source(shape, e)];
 }
 
 template <class T>
-__global__ void scan_kernel(T* y, const T* x, ScanShape shape) {
+__global__ void scan_kernel(T* y, const T* x, ops::ScanShape shape) {
   const int64_t lines = shape.lines();
-  for (int64_t l = first_index(); l < lines; l += grid_stride()) scan_line(shape, x, y, l);
+  for (int64_t l = first_index(); l < lines; l += grid_stride()) ops::scan_line(shape, x, y, l);
 }
 
 template <class T>
-__global__ void gather_elements_kernel(T* y, const T* data, int64_t n, GatherElementsShape shape,
-                                       const int64_t* indices) {
+__global__ void gather_elements_kernel(T* y, const T* data, int64_t n,
+                                       ops::GatherElementsShape shape, const int64_t* indices) {
   for (int64_t e = first_index(); e < n; e += grid_stride())
-    y[e] = data[gather_elements_source(shape, indices, e)];
+    y[e] = data[ops::gather_elements_source(shape, indices, e)];
 }
 
 __global__ void gather_elements_grad_kernel(float* dx, const float* dy, int64_t n,
-                                            GatherElementsShape shape, const int64_t* indices) {
+                                            ops::GatherElementsShape shape,
+                                            const int64_t* indices) {
   for (int64_t p = first_index(); p < n; p += grid_stride())
-    dx[p] = gather_elements_grad_element(shape, indices, dy, p);
+    dx[p] = ops::gather_elements_grad_element(shape, indices, dy, p);
 }
 
 template <class T>
 __global__ void scatter_nd_kernel(T* y, const T* data, const T* updates, int64_t n,
-                                  ScatterPlan plan) {
+                                  ops::ScatterPlan plan) {
   for (int64_t e = first_index(); e < n; e += grid_stride())
-    y[e] = scatter_nd_element(plan, data, updates, e);
+    y[e] = ops::scatter_nd_element(plan, data, updates, e);
 }
 
 __global__ void scatter_nd_grad_kernel(float* d_data, int64_t n_data, float* d_updates,
-                                       int64_t n_updates, const float* dy, ScatterPlan plan) {
+                                       int64_t n_updates, const float* dy, ops::ScatterPlan plan) {
   const int64_t n = n_data > n_updates ? n_data : n_updates;
   for (int64_t e = first_index(); e < n; e += grid_stride()) {
-    if (d_data != nullptr && e < n_data) d_data[e] = scatter_nd_data_grad(plan, dy, e);
-    if (d_updates != nullptr && e < n_updates) d_updates[e] = scatter_nd_updates_grad(plan, dy, e);
+    if (d_data != nullptr && e < n_data) d_data[e] = ops::scatter_nd_data_grad(plan, dy, e);
+    if (d_updates != nullptr && e < n_updates)
+      d_updates[e] = ops::scatter_nd_updates_grad(plan, dy, e);
   }
 }
 
@@ -86,8 +88,8 @@ void by_number(NumberType type, Body&& body) {
 
 }  // namespace
 
-void launch_tile(void* y, const void* x, int64_t element_bytes, int64_t n, const TileShape& shape,
-                 cudaStream_t stream) {
+void launch_tile(void* y, const void* x, int64_t element_bytes, int64_t n,
+                 const ops::TileShape& shape, cudaStream_t stream) {
   if (n <= 0) return;
   by_size(element_bytes, [&](auto tag) {
     using T = decltype(tag);
@@ -96,7 +98,7 @@ void launch_tile(void* y, const void* x, int64_t element_bytes, int64_t n, const
   });
 }
 
-void launch_scan(void* y, const void* x, NumberType type, const ScanShape& shape,
+void launch_scan(void* y, const void* x, NumberType type, const ops::ScanShape& shape,
                  cudaStream_t stream) {
   const int64_t lines = shape.lines();
   if (lines <= 0 || shape.length <= 0) return;
@@ -108,7 +110,7 @@ void launch_scan(void* y, const void* x, NumberType type, const ScanShape& shape
 }
 
 void launch_gather_elements(void* y, const void* data, int64_t element_bytes, int64_t n,
-                            const GatherElementsShape& shape, const int64_t* indices,
+                            const ops::GatherElementsShape& shape, const int64_t* indices,
                             cudaStream_t stream) {
   if (n <= 0) return;
   by_size(element_bytes, [&](auto tag) {
@@ -119,7 +121,7 @@ void launch_gather_elements(void* y, const void* data, int64_t element_bytes, in
 }
 
 void launch_gather_elements_grad(float* dx, const float* dy, int64_t n,
-                                 const GatherElementsShape& shape, const int64_t* indices,
+                                 const ops::GatherElementsShape& shape, const int64_t* indices,
                                  cudaStream_t stream) {
   if (n <= 0) return;
   gather_elements_grad_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(dx, dy, n, shape,
@@ -127,21 +129,22 @@ void launch_gather_elements_grad(float* dx, const float* dy, int64_t n,
 }
 
 void launch_scatter_nd(void* y, const void* data, const void* updates, int64_t element_bytes,
-                       NumberType type, int64_t n, const ScatterPlan& plan, cudaStream_t stream) {
+                       NumberType type, int64_t n, const ops::ScatterPlan& plan,
+                       cudaStream_t stream) {
   if (n <= 0) return;
   auto run = [&](auto tag) {
     using T = decltype(tag);
     scatter_nd_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
         static_cast<T*>(y), static_cast<const T*>(data), static_cast<const T*>(updates), n, plan);
   };
-  if (plan.reduction == ScatterReduction::kNone)
+  if (plan.reduction == ops::ScatterReduction::kNone)
     by_size(element_bytes, run);
   else
     by_number(type, run);
 }
 
 void launch_scatter_nd_grad(float* d_data, int64_t n_data, float* d_updates, int64_t n_updates,
-                            const float* dy, const ScatterPlan& plan, cudaStream_t stream) {
+                            const float* dy, const ops::ScatterPlan& plan, cudaStream_t stream) {
   const int64_t n = n_data > n_updates ? n_data : n_updates;
   if (n <= 0) return;
   scatter_nd_grad_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(d_data, n_data,

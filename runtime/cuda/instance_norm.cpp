@@ -1,26 +1,26 @@
 // The CUDA backend's InstanceNormalization and its gradient (families.h), float32, with the
-// CPU's operand checks (runtime/cpu/instance_norm_shape.h) and `same_as_cpu`.
+// shared operand checks (runtime/ops/instance_norm_shape.h) and `same_as_cpu`.
 //
 // Instance normalisation is batch normalisation in training mode of a batch of one whose
 // channels are X's N * C planes, with scale and B repeated per sample: so both run on the norm
 // family's batch-norm kernels (norm_kernels.cu; statistics in double, one block per plane) on
 // copies of scale and B repeated N times. The gradient's per-plane dScale and dB partials are
 // then summed over the samples in order, in double (conv_kernels.cu's channel sum).
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/instance_norm_shape.h"
 #include "runtime/cuda/conv_kernels.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/norm_kernels.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/instance_norm_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::GradArity;
-using cpu::GradIo;
-using cpu::zero_outputs;
+using ops::GradArity;
+using ops::GradIo;
+using ops::zero_outputs;
 
 constexpr GradArity kArity{.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1};
 
@@ -37,7 +37,7 @@ Tensor repeated(const KernelArgs& a, const Tensor& per_channel, int64_t n) {
 }
 
 // The batch-norm kernels' view of the planes: one sample of N * C channels.
-BatchNormArgs planes_as_channels(const KernelArgs& a, const cpu::InstanceNormShape& s,
+BatchNormArgs planes_as_channels(const KernelArgs& a, const ops::InstanceNormShape& s,
                                  const Tensor& x, const Tensor& scale, const Tensor& bias) {
   BatchNormArgs p;
   p.x = x.as<float>();
@@ -52,7 +52,7 @@ BatchNormArgs planes_as_channels(const KernelArgs& a, const cpu::InstanceNormSha
 
 void instance_norm(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  const cpu::InstanceNormShape s = cpu::instance_norm_shape(a, x, a.input(1), a.input(2));
+  const ops::InstanceNormShape s = ops::instance_norm_shape(a, x, a.input(1), a.input(2));
   expect_shape(a, 0, x.shape);
   if (x.numel() == 0) return;
   const Tensor scale = repeated(a, a.input(1), s.n), bias = repeated(a, a.input(2), s.n);
@@ -65,12 +65,12 @@ void instance_norm_grad(const KernelArgs& a) {
   const GradIo io(a, kArity);
   const Tensor& x = io.need_x(0);
   const Tensor& scale = io.need_x(1);
-  const cpu::InstanceNormShape s = cpu::instance_norm_shape(a, x, scale, io.need_x(2));
+  const ops::InstanceNormShape s = ops::instance_norm_shape(a, x, scale, io.need_x(2));
   if (io.wants(0)) expect_shape(a, 0, x.shape);
   if (io.wants(1)) expect_shape(a, 1, scale.shape);
   if (io.wants(2)) expect_shape(a, 2, scale.shape);
   if (io.dy(0) == nullptr || x.numel() == 0) return zero_outputs(a);
-  cpu::expect_dy_shape(a, *io.dy(0), x.shape);
+  ops::expect_dy_shape(a, *io.dy(0), x.shape);
   CudaContext& ctx = context(a);
   const Tensor scales = repeated(a, scale, s.n), biases = repeated(a, io.need_x(2), s.n);
   BatchNormGradArgs q;

@@ -8,19 +8,19 @@
 #include <string>
 #include <vector>
 
-#include "runtime/cpu/grad_io.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/loss_kernels.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/ops/grad_io.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::GradArity;
-using cpu::GradIo;
+using ops::GradArity;
+using ops::GradIo;
 
 // One node resolved, with the device arrays its SceArgs point into.
 struct SceProblem {

@@ -1,19 +1,19 @@
 // The CUDA backend's matmul family (families.h): MatMul with numpy semantics and Gemm, float32
 // (MatMul bfloat16 and float16 too: mixed precision; bfloat16 first run on a GPU on 2026-11-26),
 // on cuBLAS (matmul_product.h), as the CPU backend's runtime/cpu/matmul.cpp computes them. The
-// operand shapes are read by the CPU's own rules (runtime/cpu/matmul_shape.h), so both backends
+// operand shapes are read by the shared rules (runtime/ops/matmul_shape.h), so both backends
 // accept and refuse the same nodes.
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
 
-#include "runtime/cpu/matmul_shape.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/data_common.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/matmul_product.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/matmul_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
@@ -23,7 +23,7 @@ namespace {
 void matmul(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   const Tensor& y = a.input(1);
-  const cpu::MatMulShape s = cpu::matmul_shape("MatMul", x, y);
+  const ops::MatMulShape s = ops::matmul_shape("MatMul", x, y);
   expect_shape(a, 0, s.out);
   Tensor& out = *a.out[0];
   if (out.numel() == 0) return;
@@ -39,7 +39,7 @@ void matmul(const KernelArgs& a) {
 void gemm(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   const Tensor& y = a.input(1);
-  const cpu::GemmShape g = cpu::gemm_shape("Gemm", x, y, a.attrs);
+  const ops::GemmShape g = ops::gemm_shape("Gemm", x, y, a.attrs);
   const float alpha = a.attrs.f("alpha", 1.0f);
   float beta = a.attrs.f("beta", 1.0f);
   expect_shape(a, 0, {g.m, g.n});
@@ -47,7 +47,7 @@ void gemm(const KernelArgs& a) {
   CudaContext& ctx = context(a);
   if (a.has_input(2) && beta != 0.0f) {
     const Tensor& c = a.input(2);
-    const std::pair<int64_t, int64_t> c_dims = cpu::gemm_c_dims("Gemm", c, g.m, g.n);
+    const std::pair<int64_t, int64_t> c_dims = ops::gemm_c_dims("Gemm", c, g.m, g.n);
     if (out.numel() > 0) {
       const IndexMap map = index_map(
           a, {g.m, g.n}, {c_dims.first == 1 ? 0 : c_dims.second, c_dims.second == 1 ? 0 : 1});

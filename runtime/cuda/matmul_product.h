@@ -2,7 +2,7 @@
 /// \file
 /// Batched float32 (and bfloat16) matrix products on cuBLAS for the CUDA matmul family and its gradients
 /// (matmul.cpp, grad_matmul.cpp). Operands are row-major, each possibly stored transposed and
-/// repeated (broadcast) along some batch dims; the batch dims are those of `cpu::MatMulShape`
+/// repeated (broadcast) along some batch dims; the batch dims are those of `ops::MatMulShape`
 /// (unit dims dropped, dims along which both operands broadcast alike merged), so one
 /// cublasSgemmStridedBatched call covers one batch dim and the calls loop over the others.
 

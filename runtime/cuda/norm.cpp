@@ -11,8 +11,8 @@
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/norm_kernels.h"
-#include "runtime/cpu/norm_shape.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/norm_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
@@ -70,10 +70,10 @@ void batch_norm(const KernelArgs& a) {
 
 // LayerNormalization (opset 17): X normalised over its dims from `axis` on, then Scale and the
 // optional B; the optional Mean and InvStdDev outputs ([dims before axis, 1, ...]). The
-// operands are read by the CPU's rules (runtime/cpu/norm_shape.h).
+// operands are read by the shared rules (runtime/ops/norm_shape.h).
 void layer_norm(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  const cpu::LayerNormOperands o = cpu::layer_norm_operands(a);
+  const ops::LayerNormOperands o = ops::layer_norm_operands(a);
   if (o.outer == 0) return;
   launch_layer_norm(x.as<float>(), o.scale->as<float>(), o.bias ? o.bias->as<float>() : nullptr,
                     a.out[0]->as<float>(), o.mean ? o.mean->as<float>() : nullptr,

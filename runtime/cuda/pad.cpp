@@ -1,6 +1,6 @@
 // The CUDA backend's pad family (families.h): Pad and PadGrad, over the same ops, attributes and
-// dtypes as the CPU backend's pad.cpp. The node is read with the CPU's own rules
-// (runtime/cpu/pad_shape.h: mode, pads as input or attribute, the constant, negative pads,
+// dtypes as the CPU backend's pad.cpp. The node is read with the shared rules
+// (runtime/ops/pad_shape.h: mode, pads as input or attribute, the constant, negative pads,
 // reflections past the dim), its small operands brought to the host first; the per-dim tables
 // that geometry gives are uploaded once per call and both kernels read them (pad_element.h):
 // Pad one thread per output element, PadGrad one thread per dx element gathering the dy
@@ -10,29 +10,29 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/pad_shape.h"
 #include "runtime/cuda/data_common.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/pad_kernels.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/pad_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::GradIo;
+using ops::GradIo;
 
 // The geometry of a Pad of X (shape `x_shape`) whose pads operand, on the device, is `pads`
 // (null when omitted or given as the attribute).
-cpu::PadGeometry geometry(const KernelArgs& a, CudaContext& ctx, const Shape& x_shape,
+ops::PadGeometry geometry(const KernelArgs& a, CudaContext& ctx, const Shape& x_shape,
                           const Tensor* pads) {
   const bool operand = pads != nullptr && !a.attrs.has("pads");
   const Tensor host = operand ? host_ints(ctx, pads) : Tensor{};
-  return cpu::pad_geometry(a, x_shape, operand ? &host : nullptr);
+  return ops::pad_geometry(a, x_shape, operand ? &host : nullptr);
 }
 
 // The geometry's tables on the device: `storage` keeps them until the kernel has read them
 // (its memory goes back to the pool in stream order).
-PadTables upload_tables(CudaContext& ctx, const cpu::PadGeometry& g, const Shape& x_shape,
+PadTables upload_tables(CudaContext& ctx, const ops::PadGeometry& g, const Shape& x_shape,
                         Tensor& storage) {
   const PadTableData data = pad_tables(x_shape, g.y_shape, g.source);
   storage = upload_ints(ctx, data.values);
@@ -42,7 +42,7 @@ PadTables upload_tables(CudaContext& ctx, const cpu::PadGeometry& g, const Shape
 void pad(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   CudaContext& ctx = context(a);
-  const cpu::PadGeometry g = geometry(a, ctx, x.shape, a.has_input(1) ? a.in[1] : nullptr);
+  const ops::PadGeometry g = geometry(a, ctx, x.shape, a.has_input(1) ? a.in[1] : nullptr);
   expect_shape(a, 0, g.y_shape);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
@@ -53,7 +53,7 @@ void pad(const KernelArgs& a) {
     ctx.read(c, constant_operand.data, c.bytes());
   }
   const std::vector<std::byte> constant =
-      cpu::pad_constant(a, x, a.has_input(2) ? &constant_operand : nullptr);
+      ops::pad_constant(a, x, a.has_input(2) ? &constant_operand : nullptr);
   const int64_t size = dtype_size(x.dtype);
   if (size != 1 && size != 4 && size != 8)
     fail(ErrorKind::kUnsupported, "Pad '{}' on {} is not supported", a.name, dtype_name(x.dtype));
@@ -72,7 +72,7 @@ void pad_grad(const KernelArgs& a) {
   if (!io.input0(dx, dy, px)) return;
   const Tensor& x = *px;
   CudaContext& ctx = context(a);
-  const cpu::PadGeometry g = geometry(a, ctx, x.shape, io.x(1));
+  const ops::PadGeometry g = geometry(a, ctx, x.shape, io.x(1));
   expect_dy_shape(a, *dy, g.y_shape);
   if (dx->numel() == 0) return;
   Tensor storage;

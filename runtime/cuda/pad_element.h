@@ -6,11 +6,11 @@
 /// functions on the host against the CPU backend's Pad and PadGrad, so the index arithmetic is
 /// checked without a GPU. Nothing here includes a CUDA header.
 ///
-/// Both kernels read tables built once on the host from the CPU's geometry
-/// (cpu::PadGeometry, runtime/cpu/pad_shape.h): per dim, the input index each output index
+/// Both kernels read tables built once on the host from the shared geometry
+/// (ops::PadGeometry, runtime/ops/pad_shape.h): per dim, the input index each output index
 /// reads (-1 for the constant), and the inverse, the output indices that read each input index.
 /// Modes, negative pads and reflections past the dim are all in the tables, so the device
-/// follows the CPU's rules by construction. PadGrad gathers (one thread per dx element, no
+/// follows the shared rules by construction. PadGrad gathers (one thread per dx element, no
 /// atomics): dx[i] adds dy over every position reading x[i] in ascending dy order, the order of
 /// the CPU's loops, so the two agree bit for bit.
 
@@ -65,7 +65,7 @@ struct PadTableData {
 };
 
 /// The tables of a Pad from X of `x_dims` to Y of `y_dims`, where `source[d][o]` is the input
-/// index output index o reads along dim d, or -1 (cpu::PadGeometry::source).
+/// index output index o reads along dim d, or -1 (ops::PadGeometry::source).
 inline PadTableData pad_tables(const std::vector<int64_t>& x_dims,
                                const std::vector<int64_t>& y_dims,
                                const std::vector<std::vector<int64_t>>& source) {

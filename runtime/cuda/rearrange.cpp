@@ -1,6 +1,6 @@
 // The CUDA backend's rearrange family (families.h): DepthToSpace, SpaceToDepth and TopK and
 // their gradients, over the same ops, attributes and dtypes as the CPU backend's rearrange.cpp.
-// The nodes are read with the CPU's own rules (runtime/cpu/rearrange_shape.h), TopK's K brought
+// The nodes are read with the shared rules (runtime/ops/rearrange_shape.h), TopK's K brought
 // to the host to be checked; the kernels (rearrange_kernels.cu) run the CPU's index functions.
 // The gradients are the inverse permutation (DepthToSpace, SpaceToDepth) and a scatter of
 // dValues into a zeroed dX at the chosen positions, distinct in each line (TopK): no atomics.
@@ -8,16 +8,16 @@
 
 #include <optional>
 
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/rearrange_shape.h"
 #include "runtime/cuda/data_common.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/rearrange_kernels.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/rearrange_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::GradIo;
+using ops::GradIo;
 
 // A host copy of a device operand; null stays null.
 std::optional<Tensor> to_host(CudaContext& ctx, const Tensor* t) {
@@ -32,8 +32,8 @@ std::optional<Tensor> to_host(CudaContext& ctx, const Tensor* t) {
 void space_depth(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   const bool to_space = a.op_type == "DepthToSpace";
-  const SpaceDepthShape s = cpu::space_depth_shape(a, x.shape, to_space);
-  expect_shape(a, 0, to_space ? cpu::space_shape(s) : cpu::deep_shape(s));
+  const ops::SpaceDepthShape s = ops::space_depth_shape(a, x.shape, to_space);
+  expect_shape(a, 0, to_space ? ops::space_shape(s) : ops::deep_shape(s));
   CudaContext& ctx = context(a);
   launch_space_depth(a.out[0]->data, x.data, movable_size(a, x.dtype), s, to_space, ctx.stream());
   check_launch(a);
@@ -45,8 +45,8 @@ void space_depth_grad(const KernelArgs& a) {
   const Tensor *dy = nullptr, *x = nullptr;
   if (!io.input0(dx, dy, x)) return;
   const bool to_space = a.op_type == "DepthToSpaceGrad";
-  const SpaceDepthShape s = cpu::space_depth_shape(a, x->shape, to_space);
-  expect_dy_shape(a, *dy, to_space ? cpu::space_shape(s) : cpu::deep_shape(s));
+  const ops::SpaceDepthShape s = ops::space_depth_shape(a, x->shape, to_space);
+  expect_dy_shape(a, *dy, to_space ? ops::space_shape(s) : ops::deep_shape(s));
   CudaContext& ctx = context(a);
   launch_space_depth(dx->data, dy->data, sizeof(float), s, !to_space, ctx.stream());
   check_launch(a);
@@ -73,8 +73,8 @@ void topk(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   CudaContext& ctx = context(a);
   const std::optional<Tensor> k = to_host(ctx, a.has_input(1) ? &a.input(1) : nullptr);
-  const TopKShape s = cpu::topk_shape(a, x.shape, k ? &*k : nullptr);
-  const Shape y = cpu::topk_output_shape(x.shape, s);
+  const ops::TopKShape s = ops::topk_shape(a, x.shape, k ? &*k : nullptr);
+  const Shape y = ops::topk_output_shape(x.shape, s);
   expect_shape(a, 0, y);
   expect_shape(a, 1, y);
   launch_topk(a.out[0]->data, a.out[1]->as<int64_t>(), x.data, topk_type(a, x.dtype), s,
@@ -90,8 +90,8 @@ void topk_grad(const KernelArgs& a) {
   if (!io.input0(dx, dy, x)) return;
   CudaContext& ctx = context(a);
   const std::optional<Tensor> k = to_host(ctx, io.x(1));
-  const TopKShape s = cpu::topk_shape(a, x->shape, k ? &*k : nullptr);
-  const Shape y = cpu::topk_output_shape(x->shape, s);
+  const ops::TopKShape s = ops::topk_shape(a, x->shape, k ? &*k : nullptr);
+  const Shape y = ops::topk_output_shape(x->shape, s);
   expect_dy_shape(a, *dy, y);
   const Tensor& indices = io.need_y(1);
   if (indices.shape != y || indices.dtype != DType::kInt64)

@@ -1,5 +1,5 @@
 // The CUDA rearrange family's device kernels (rearrange_kernels.h): grid-stride loops with int64
-// indices around runtime/cpu/rearrange_element.h's functions, which the CPU backend runs too.
+// indices around runtime/ops/rearrange_element.h's functions, which the CPU backend runs too.
 #include "runtime/cuda/rearrange_kernels.h"
 #include "runtime/cuda/update_kernels.h"
 
@@ -14,18 +14,18 @@ __device__ __forceinline__ int64_t first_index() {
 __device__ __forceinline__ int64_t grid_stride() { return int64_t{blockDim.x} * gridDim.x; }
 
 template <class T>
-__global__ void space_depth_kernel(T* dst, const T* src, SpaceDepthShape shape, bool gather) {
+__global__ void space_depth_kernel(T* dst, const T* src, ops::SpaceDepthShape shape, bool gather) {
   const int64_t n = shape.numel();
   for (int64_t e = first_index(); e < n; e += grid_stride()) {
     if (gather)
-      dst[e] = src[space_to_deep(shape, e)];
+      dst[e] = src[ops::space_to_deep(shape, e)];
     else
-      dst[space_to_deep(shape, e)] = src[e];
+      dst[ops::space_to_deep(shape, e)] = src[e];
   }
 }
 
 template <class T>
-__global__ void topk_kernel(T* values, int64_t* indices, const T* x, TopKShape shape) {
+__global__ void topk_kernel(T* values, int64_t* indices, const T* x, ops::TopKShape shape) {
   const int64_t lines = shape.lines();
   for (int64_t line = first_index(); line < lines; line += grid_stride()) {
     T prev_value{};
@@ -34,14 +34,14 @@ __global__ void topk_kernel(T* values, int64_t* indices, const T* x, TopKShape s
       int64_t best = -1;
       T best_value{};
       for (int64_t e = 0; e < shape.length; ++e) {
-        const T v = x[topk_offset(shape, line, e)];
-        if (prev >= 0 && !topk_before(prev_value, prev, v, e, shape.largest)) continue;
-        if (best < 0 || topk_before(v, e, best_value, best, shape.largest)) {
+        const T v = x[ops::topk_offset(shape, line, e)];
+        if (prev >= 0 && !ops::topk_before(prev_value, prev, v, e, shape.largest)) continue;
+        if (best < 0 || ops::topk_before(v, e, best_value, best, shape.largest)) {
           best = e;
           best_value = v;
         }
       }
-      const int64_t o = topk_out_offset(shape, line, r);
+      const int64_t o = ops::topk_out_offset(shape, line, r);
       values[o] = best_value;
       indices[o] = best;
       prev = best;
@@ -51,19 +51,19 @@ __global__ void topk_kernel(T* values, int64_t* indices, const T* x, TopKShape s
 }
 
 __global__ void topk_grad_kernel(float* dx, const float* d_values, const int64_t* indices,
-                                 TopKShape shape) {
+                                 ops::TopKShape shape) {
   const int64_t n = shape.lines() * shape.k;
   for (int64_t o = first_index(); o < n; o += grid_stride()) {
     const int64_t line = (o / (shape.k * shape.inner)) * shape.inner + o % shape.inner;
     const int64_t i = indices[o];
-    if (i >= 0 && i < shape.length) dx[topk_offset(shape, line, i)] = d_values[o];
+    if (i >= 0 && i < shape.length) dx[ops::topk_offset(shape, line, i)] = d_values[o];
   }
 }
 
 }  // namespace
 
 void launch_space_depth(void* dst, const void* src, int64_t element_bytes,
-                        const SpaceDepthShape& shape, bool gather, cudaStream_t stream) {
+                        const ops::SpaceDepthShape& shape, bool gather, cudaStream_t stream) {
   const int64_t n = shape.numel();
   if (n <= 0) return;
   auto run = [&](auto tag) {
@@ -86,7 +86,7 @@ void launch_space_depth(void* dst, const void* src, int64_t element_bytes,
 }
 
 void launch_topk(void* values, int64_t* indices, const void* x, TopKType type,
-                 const TopKShape& shape, cudaStream_t stream) {
+                 const ops::TopKShape& shape, cudaStream_t stream) {
   const int64_t lines = shape.lines();
   if (lines <= 0 || shape.k <= 0) return;
   auto run = [&](auto tag) {
@@ -107,7 +107,7 @@ void launch_topk(void* values, int64_t* indices, const void* x, TopKType type,
 }
 
 void launch_topk_grad(float* dx, const float* d_values, const int64_t* indices,
-                      const TopKShape& shape, cudaStream_t stream) {
+                      const ops::TopKShape& shape, cudaStream_t stream) {
   const int64_t n = shape.lines() * shape.k;
   if (n <= 0) return;
   topk_grad_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(dx, d_values, indices, shape);

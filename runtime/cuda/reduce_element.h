@@ -8,7 +8,7 @@
 /// CUDA header.
 ///
 /// The loops are the CPU's (runtime/cpu/reduce_ops.cpp): X's dims grouped by
-/// cpu::reduction_groups (unit dims dropped, neighbours of a kind merged), output o row-major
+/// ops::reduction_groups (unit dims dropped, neighbours of a kind merged), output o row-major
 /// over the kept groups, its elements in ascending offset. Forward values accumulate as the CPU
 /// accumulates them: float32 and float64 in double, int32 and int64 in int64, folded by
 /// `reduce_fold`, so a one-thread-per-output kernel equals the CPU bit for bit and a
@@ -30,7 +30,7 @@
 
 namespace stagecraft::rt::cuda {
 
-/// The reductions (cpu::Reduction, in device-usable form).
+/// The reductions (ops::Reduction, in device-usable form).
 enum class ReduceKind : int32_t {
   kSum,
   kMax,
@@ -59,7 +59,7 @@ struct ReduceGroups {
   int64_t length = 1;   ///< elements per output: the product of the reduced groups
 };
 
-/// The loops of `groups` (cpu::reduction_groups: (size, reduced), innermost first); false when
+/// The loops of `groups` (ops::reduction_groups: (size, reduced), innermost first); false when
 /// there are more than kMaxReduceGroups.
 inline bool reduce_groups(const std::vector<std::pair<int64_t, bool>>& groups, ReduceGroups& s) {
   if (groups.size() > static_cast<size_t>(kMaxReduceGroups)) return false;

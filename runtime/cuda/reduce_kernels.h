@@ -27,7 +27,7 @@ void launch_reduce(int64_t* y, const int64_t* x, ReduceKind kind, const ReduceGr
                    cudaStream_t stream);
 
 /// dx (n elements, X's shape) from x, the forward output y (null where `kind` does not read it:
-/// cpu::gradient_reads_y) and dy: Prod one thread per output (the CPU's two passes), Max and
+/// ops::gradient_reads_y) and dy: Prod one thread per output (the CPU's two passes), Max and
 /// Min their tie shares per output into `share` (s.outputs floats of scratch) and then, like
 /// the others, one thread per dx element.
 void launch_reduce_grad(ReduceKind kind, float* dx, const float* x, const float* y, const float* dy,

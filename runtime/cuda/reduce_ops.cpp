@@ -1,7 +1,7 @@
 // The CUDA backend's reduction family (families.h): ReduceSum, Max, Min, Prod, L1, L2,
 // SumSquare, LogSum and LogSumExp and their gradients, over the same ops, attributes and dtypes
-// as the CPU backend's reduce_ops.cpp. The node is read with the CPU's own rules
-// (runtime/cpu/reduce_shape.h: axes as attribute or operand, noop_with_empty_axes, keepdims,
+// as the CPU backend's reduce_ops.cpp. The node is read with the shared rules
+// (runtime/ops/reduce_shape.h: axes as attribute or operand, noop_with_empty_axes, keepdims,
 // the dims grouped as the CPU's loops group them), the axes operand brought to the host first;
 // the kernels (reduce_kernels.cu) then run reduce_element.h's per-element functions, the CPU's
 // arithmetic in the CPU's order.
@@ -9,17 +9,17 @@
 
 #include <vector>
 
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/reduce_shape.h"
 #include "runtime/cuda/data_common.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/reduce_kernels.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/reduce_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::GradIo;
-using cpu::Reduction;
+using ops::GradIo;
+using ops::Reduction;
 
 ReduceKind kind_of(Reduction r) {
   switch (r) {
@@ -45,17 +45,17 @@ ReduceKind kind_of(Reduction r) {
   return ReduceKind::kSum;
 }
 
-// The dims the node reduces (cpu::reduced_dims), its axes operand (on the device, null when
+// The dims the node reduces (ops::reduced_dims), its axes operand (on the device, null when
 // omitted) read to the host where the attribute does not give them.
-cpu::ReducedDims dims_of(const KernelArgs& a, const Shape& x_shape, const Tensor* axes) {
+ops::ReducedDims dims_of(const KernelArgs& a, const Shape& x_shape, const Tensor* axes) {
   const bool operand = axes != nullptr && !a.attrs.has("axes");
   const Tensor host = operand ? host_ints(context(a), axes) : Tensor{};
-  return cpu::reduced_dims(a, x_shape, operand ? &host : nullptr);
+  return ops::reduced_dims(a, x_shape, operand ? &host : nullptr);
 }
 
 ReduceGroups groups_of(const KernelArgs& a, const Shape& x_shape,
                        const std::vector<bool>& reduced) {
-  const std::vector<std::pair<int64_t, bool>> groups = cpu::reduction_groups(x_shape, reduced);
+  const std::vector<std::pair<int64_t, bool>> groups = ops::reduction_groups(x_shape, reduced);
   ReduceGroups s;
   if (!reduce_groups(groups, s))
     fail(ErrorKind::kUnsupported,
@@ -66,12 +66,12 @@ ReduceGroups groups_of(const KernelArgs& a, const Shape& x_shape,
 
 void reduce(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  const cpu::ReducedDims dims = dims_of(a, x.shape, a.has_input(1) ? a.in[1] : nullptr);
+  const ops::ReducedDims dims = dims_of(a, x.shape, a.has_input(1) ? a.in[1] : nullptr);
   expect_shape(a, 0, dims.y_shape);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
   const ReduceGroups s = groups_of(a, x.shape, dims.reduced);
-  const ReduceKind kind = kind_of(cpu::reduction_of(a.op_type));
+  const ReduceKind kind = kind_of(ops::reduction_of(a.op_type));
   cudaStream_t stream = context(a).stream();
   switch (x.dtype) {
     case DType::kFloat32:
@@ -98,12 +98,12 @@ void reduce_grad(const KernelArgs& a) {
   const Tensor *dy = nullptr, *px = nullptr;
   if (!io.input0(dx, dy, px)) return;
   const Tensor& x = *px;
-  const cpu::ReducedDims dims = dims_of(a, x.shape, io.x(1));
+  const ops::ReducedDims dims = dims_of(a, x.shape, io.x(1));
   expect_dy_shape(a, *dy, dims.y_shape);
   if (x.numel() == 0) return;
-  const Reduction reduction = cpu::reduction_of(a.op_type);
+  const Reduction reduction = ops::reduction_of(a.op_type);
   const float* y = nullptr;
-  if (cpu::gradient_reads_y(reduction)) {
+  if (ops::gradient_reads_y(reduction)) {
     const Tensor& yt = io.need_y(0);
     if (yt.shape != dims.y_shape)
       fail(ErrorKind::kShape, "{} '{}': the forward output is {}, expected {}", a.op_type, a.name,

@@ -1,6 +1,6 @@
 // The CUDA backend's resize family (families.h): Resize and ResizeGrad, over the same ops,
-// attributes and dtypes as the CPU backend's resize.cpp. The node is read with the CPU's own
-// rules (runtime/cpu/resize_shape.h), its scales and sizes operands brought to the host first;
+// attributes and dtypes as the CPU backend's resize.cpp. The node is read with the shared
+// rules (runtime/ops/resize_shape.h), its scales and sizes operands brought to the host first;
 // the tables that geometry gives are built by the same host code as the CPU's, uploaded once
 // per call, and both kernels run the CPU's per-element function on them (one thread per
 // destination element; the gradient gathers, so no atomics and the CPU's order of sums).
@@ -8,16 +8,16 @@
 
 #include <vector>
 
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/resize_shape.h"
 #include "runtime/cuda/data_common.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/resize_kernels.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/resize_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::GradIo;
+using ops::GradIo;
 
 // A host copy of a small device operand (null stays null).
 Tensor to_host(CudaContext& ctx, const Tensor* t) {
@@ -29,17 +29,17 @@ Tensor to_host(CudaContext& ctx, const Tensor* t) {
 
 // The geometry of a Resize of X (shape `x_shape`) with scales and sizes on the device (null
 // when omitted).
-cpu::ResizeGeometry geometry(const KernelArgs& a, CudaContext& ctx, const Shape& x_shape,
+ops::ResizeGeometry geometry(const KernelArgs& a, CudaContext& ctx, const Shape& x_shape,
                              const Tensor* scales, const Tensor* sizes) {
   const Tensor host_scales = to_host(ctx, scales), host_sizes = to_host(ctx, sizes);
-  return cpu::resize_geometry(a, x_shape, scales != nullptr ? &host_scales : nullptr,
+  return ops::resize_geometry(a, x_shape, scales != nullptr ? &host_scales : nullptr,
                               sizes != nullptr ? &host_sizes : nullptr);
 }
 
 // destination = the separable sum of `data`'s tables over source; `ints` and `floats` keep the
 // uploaded tables until the kernel has read them (their memory goes back to the pool in stream
 // order).
-void run_sum(const KernelArgs& a, CudaContext& ctx, const SeparableTableData& data,
+void run_sum(const KernelArgs& a, CudaContext& ctx, const ops::SeparableTableData& data,
              const float* source, float* destination, int64_t n) {
   const Tensor ints = upload_ints(ctx, data.ints);
   Tensor floats =
@@ -55,11 +55,11 @@ const Tensor* operand(const KernelArgs& a, size_t k) { return a.has_input(k) ? a
 void resize(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   CudaContext& ctx = context(a);
-  const cpu::ResizeGeometry g = geometry(a, ctx, x.shape, operand(a, 2), operand(a, 3));
+  const ops::ResizeGeometry g = geometry(a, ctx, x.shape, operand(a, 2), operand(a, 3));
   expect_shape(a, 0, g.y_shape);
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
-  run_sum(a, ctx, cpu::resize_forward_tables(g), x.as<float>(), y.as<float>(), y.numel());
+  run_sum(a, ctx, ops::resize_forward_tables(g), x.as<float>(), y.as<float>(), y.numel());
 }
 
 void resize_grad(const KernelArgs& a) {
@@ -69,10 +69,10 @@ void resize_grad(const KernelArgs& a) {
   if (!io.input0(dx, dy, px)) return;
   const Tensor& x = *px;
   CudaContext& ctx = context(a);
-  const cpu::ResizeGeometry g = geometry(a, ctx, x.shape, io.x(2), io.x(3));
+  const ops::ResizeGeometry g = geometry(a, ctx, x.shape, io.x(2), io.x(3));
   expect_dy_shape(a, *dy, g.y_shape);
   if (dx->numel() == 0) return;
-  run_sum(a, ctx, cpu::resize_gradient_tables(g), dy->as<float>(), dx->as<float>(), dx->numel());
+  run_sum(a, ctx, ops::resize_gradient_tables(g), dy->as<float>(), dx->as<float>(), dx->numel());
 }
 
 // The CPU backend's checks decide; the gradient writes every element of dx (or zeroes it when

@@ -9,16 +9,16 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void separable_sum_kernel(float* destination, const float* source, int64_t n,
-                                     SeparableTable table) {
+                                     ops::SeparableTable table) {
   const int64_t stride = int64_t{blockDim.x} * gridDim.x;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += stride)
-    destination[e] = separable_sum(table, source, e);
+    destination[e] = ops::separable_sum(table, source, e);
 }
 
 }  // namespace
 
 void launch_separable_sum(float* destination, const float* source, int64_t n,
-                          const SeparableTable& table, cudaStream_t stream) {
+                          const ops::SeparableTable& table, cudaStream_t stream) {
   if (n <= 0) return;
   separable_sum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(destination, source, n,
                                                                        table);

@@ -1,5 +1,5 @@
 // The CUDA backend's recurrent family (families.h): LSTM, GRU and RNN and their gradients over
-// the same nodes as the CPU backend's rnn.cpp, through the same time loop (runtime/cpu/
+// the same nodes as the CPU backend's rnn.cpp, through the same time loop (runtime/ops/
 // rnn_core.h) with cuBLAS for the products and rnn_kernels.cu for the steps and column sums.
 // sequence_lens, when given, is read to the host and must be T for every sequence, as on the
 // CPU.
@@ -7,21 +7,21 @@
 
 #include <vector>
 
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/rnn_core.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/data_common.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/rnn_kernels.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/rnn_core.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-using cpu::GradIo;
-using cpu::RnnGeometry;
-using cpu::RnnOperands;
+using ops::GradIo;
+using ops::RnnGeometry;
+using ops::RnnOperands;
 
-constexpr cpu::GradArity kArity{.n_min = 3, .n_max = 8, .m_min = 1, .m_max = 3};
+constexpr ops::GradArity kArity{.n_min = 3, .n_max = 8, .m_min = 1, .m_max = 3};
 
 class CudaRnnOps {
  public:
@@ -51,11 +51,11 @@ class CudaRnnOps {
       check(status,
             fmt::format("{} '{}': cublasSgemm ({} x {} x {})", a_.op_type, a_.name, m, n, k));
   }
-  void forward(const RnnForwardStep& s, int phase, int64_t n) {
+  void forward(const ops::RnnForwardStep& s, int phase, int64_t n) {
     launch_rnn_forward(s, phase, n, ctx_.stream());
     check_launch(a_);
   }
-  void backward(const RnnBackwardStep& s, int phase, int64_t n) {
+  void backward(const ops::RnnBackwardStep& s, int phase, int64_t n) {
     launch_rnn_backward(s, phase, n, ctx_.stream());
     check_launch(a_);
   }
@@ -72,21 +72,21 @@ class CudaRnnOps {
 
 void rnn(const KernelArgs& a) {
   const RnnGeometry g =
-      cpu::rnn_geometry(a, [&](size_t k) { return a.has_input(k) ? &a.in[k]->shape : nullptr; });
-  const RnnOperands t = cpu::rnn_forward_operands(
+      ops::rnn_geometry(a, [&](size_t k) { return a.has_input(k) ? &a.in[k]->shape : nullptr; });
+  const RnnOperands t = ops::rnn_forward_operands(
       a, g, [&](const Tensor& lens) { return read_ints(context(a), lens); });
   CudaRnnOps ops(a);
-  cpu::rnn_run(ops, g, t, false);
+  ops::rnn_run(ops, g, t, false);
 }
 
 void rnn_grad(const KernelArgs& a) {
   const GradIo io(a, kArity);
   const RnnGeometry g =
-      cpu::rnn_geometry(a, [&](size_t k) { return io.x(k) ? &io.x(k)->shape : nullptr; });
-  const RnnOperands t = cpu::rnn_grad_operands(
+      ops::rnn_geometry(a, [&](size_t k) { return io.x(k) ? &io.x(k)->shape : nullptr; });
+  const RnnOperands t = ops::rnn_grad_operands(
       a, io, g, [&](const Tensor& lens) { return read_ints(context(a), lens); });
   CudaRnnOps ops(a);
-  cpu::rnn_run(ops, g, t, true);
+  ops::rnn_run(ops, g, t, true);
 }
 
 constexpr KernelEntry kKernels[] = {

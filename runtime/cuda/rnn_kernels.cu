@@ -13,12 +13,14 @@ __device__ __forceinline__ int64_t first_index() {
 }
 __device__ __forceinline__ int64_t grid_stride() { return int64_t{blockDim.x} * gridDim.x; }
 
-__global__ void forward_kernel(RnnForwardStep step, int phase, int64_t n) {
-  for (int64_t e = first_index(); e < n; e += grid_stride()) rnn_forward_element(step, phase, e);
+__global__ void forward_kernel(ops::RnnForwardStep step, int phase, int64_t n) {
+  for (int64_t e = first_index(); e < n; e += grid_stride())
+    ops::rnn_forward_element(step, phase, e);
 }
 
-__global__ void backward_kernel(RnnBackwardStep step, int phase, int64_t n) {
-  for (int64_t e = first_index(); e < n; e += grid_stride()) rnn_backward_element(step, phase, e);
+__global__ void backward_kernel(ops::RnnBackwardStep step, int phase, int64_t n) {
+  for (int64_t e = first_index(); e < n; e += grid_stride())
+    ops::rnn_backward_element(step, phase, e);
 }
 
 __global__ void column_sums_kernel(const float* src, int64_t rows, int64_t cols, float* dst) {
@@ -31,12 +33,14 @@ __global__ void column_sums_kernel(const float* src, int64_t rows, int64_t cols,
 
 }  // namespace
 
-void launch_rnn_forward(const RnnForwardStep& step, int phase, int64_t n, cudaStream_t stream) {
+void launch_rnn_forward(const ops::RnnForwardStep& step, int phase, int64_t n,
+                        cudaStream_t stream) {
   if (n <= 0) return;
   forward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(step, phase, n);
 }
 
-void launch_rnn_backward(const RnnBackwardStep& step, int phase, int64_t n, cudaStream_t stream) {
+void launch_rnn_backward(const ops::RnnBackwardStep& step, int phase, int64_t n,
+                         cudaStream_t stream) {
   if (n <= 0) return;
   backward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(step, phase, n);
 }

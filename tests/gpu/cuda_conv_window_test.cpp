@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "runtime/core/backend.h"
-#include "runtime/cpu/window.h"
 #include "runtime/cuda/conv_window.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/ops/window.h"
 #include "tests/gpu/table_util.h"
 
 namespace stagecraft::rt {
@@ -87,9 +87,9 @@ TEST_CASE("the cuda pooling kernels' elements equal the cpu's pooling on random 
     for (int64_t i = 0; i < x.numel(); ++i)  // small integers: ties in most windows
       x.as<float>()[i] = static_cast<float>(std::uniform_int_distribution<int>(0, 3)(rng));
     const std::vector<const Tensor*> x_in{&x};
-    cpu::PoolGeometry g;
+    ops::PoolGeometry g;
     try {
-      g = cpu::pool_geometry(KernelArgs{"case", "MaxPool", attrs, x_in, {}, *device}, x);
+      g = ops::pool_geometry(KernelArgs{"case", "MaxPool", attrs, x_in, {}, *device}, x);
     } catch (const Error&) {
       continue;  // a window over padding alone, or one larger than the padded input
     }

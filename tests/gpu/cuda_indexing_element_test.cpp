@@ -1,4 +1,4 @@
-// The indexing family's per-element functions (runtime/cpu/indexing_element.h), which the CPU
+// The indexing family's per-element functions (runtime/ops/indexing_element.h), which the CPU
 // backend and the CUDA kernels both run, checked on the host without a GPU on random shapes:
 // the CPU backend's Tile, CumSum, GatherElements and ScatterND and their gradients against
 // straightforward transcriptions of ONNX's definitions (loops over the elements, the updates
@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "runtime/core/backend.h"
-#include "runtime/cpu/indexing_shape.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/ops/indexing_shape.h"
+#include "runtime/ops/layout.h"
 
 namespace stagecraft::rt {
 namespace {
@@ -231,11 +231,11 @@ TEST_CASE("indexing: GatherElements against its definition; the cuda gradient eq
     const Tensor dy = random_floats(rng, index_shape);
     Tensor dx = Tensor::owned(DType::kFloat32, data_shape);
     run_cpu("GatherElementsGrad", gattrs, {&data, &indices, &y, &dy}, {&dx, nullptr}, *device);
-    const cpu::GatherElementsPlan plan = cpu::gather_elements_plan(
+    const ops::GatherElementsPlan plan = ops::gather_elements_plan(
         KernelArgs{"case", "GatherElements", attrs, {}, {}, *device}, data_shape, indices);
     for (int64_t p = 0; p < dx.numel(); ++p) {
       const float got =
-          gather_elements_grad_element(plan.shape, plan.indices.data(), dy.as<float>(), p);
+          ops::gather_elements_grad_element(plan.shape, plan.indices.data(), dy.as<float>(), p);
       REQUIRE(std::memcmp(&got, dx.as<float>() + p, sizeof got) == 0);
     }
     repeated += y.numel() > data.numel() ? 1 : 0;
@@ -337,29 +337,29 @@ TEST_CASE("indexing: one-line refusals naming the node and the numbers") {
   };
   const KernelArgs tile{"t", "Tile", attrs, {}, {}, *device};
   CHECK(message([&] {
-          cpu::tile_shape(tile, {2, 3}, int64s({1}, {2}));
+          ops::tile_shape(tile, {2, 3}, int64s({1}, {2}));
         }) == "Tile 't': 1 repeats for a rank-2 input [2, 3]");
   CHECK(message([&] {
-          cpu::tile_shape(tile, {2, 3}, int64s({2}, {2, -1}));
+          ops::tile_shape(tile, {2, 3}, int64s({2}, {2, -1}));
         }) == "Tile 't': repeat -1 of dim 1 is negative");
   const KernelArgs gather{"g", "GatherElements", attrs, {}, {}, *device};
   CHECK(message([&] {
-          cpu::gather_elements_plan(gather, {2, 3}, int64s({2, 1}, {0, 3}));
+          ops::gather_elements_plan(gather, {2, 3}, int64s({2, 1}, {0, 3}));
         }) == "GatherElements 'g': index 3 is out of range for axis 1 of size 3");
   CHECK(message([&] {
-          cpu::gather_elements_plan(gather, {2, 3}, int64s({3, 1}, {0, 1, 2}));
+          ops::gather_elements_plan(gather, {2, 3}, int64s({3, 1}, {0, 1, 2}));
         }) ==
         "GatherElements 'g': indices [3, 1] are larger than data [2, 3] in dim 0 (off the axis 1)");
   const KernelArgs scatter{"s", "ScatterND", attrs, {}, {}, *device};
   CHECK(message([&] {
-          cpu::scatter_plan(scatter, {4, 2}, int64s({1, 1}, {4}), {1, 2});
+          ops::scatter_plan(scatter, {4, 2}, int64s({1, 1}, {4}), {1, 2});
         }) == "ScatterND 's': index 4 (update 0, element 0) is out of range for dim 0 of size 4");
   CHECK(message([&] {
-          cpu::scatter_plan(scatter, {4, 2}, int64s({1, 1}, {1}), {2, 2});
+          ops::scatter_plan(scatter, {4, 2}, int64s({1, 1}, {1}), {2, 2});
         }) == "ScatterND 's': updates are [2, 2], expected [1, 2] (indices [1, 1], data [4, 2])");
   const KernelArgs cumsum{"c", "CumSum", attrs, {}, {}, *device};
   CHECK(message([&] {
-          cpu::scan_shape(cumsum, {2, 3}, int64s({}, {2}));
+          ops::scan_shape(cumsum, {2, 3}, int64s({}, {2}));
         }) == "CumSum 'c': axis 2 is out of range for rank 2");
 }
 

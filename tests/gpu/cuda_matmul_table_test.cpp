@@ -1,7 +1,7 @@
 // The CUDA backend's matmul family and its gradients against the CPU backend's, without a GPU:
 // every op of the CPU's matmul and grad_matmul families has a CUDA kernel with the same contract
 // flag, and the CUDA backend accepts and refuses the same signatures. Also the shape rules both
-// backends' kernels read their operands by (runtime/cpu/matmul_shape.h): the promotion of 1-D
+// backends' kernels read their operands by (runtime/ops/matmul_shape.h): the promotion of 1-D
 // operands, broadcast batch dims and the merging of batch dims that cuBLAS's strided batches
 // (and oneDNN's dims) rely on.
 #include <doctest/doctest.h>
@@ -14,9 +14,9 @@
 
 #include "runtime/core/backend.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/matmul_shape.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/ops/matmul_shape.h"
 #include "tests/gpu/table_util.h"
 
 namespace stagecraft::rt {
@@ -120,7 +120,7 @@ Tensor shaped(Shape shape) {
 TEST_CASE("matmul shapes: 1-D operands promoted, batch dims broadcast and merged") {
   // [2, 1, 3, 4, 5] x [6, 3, 5, 7]: B is padded to [1, 6, 3, 5, 7]; dim 0 repeats B, dim 1
   // repeats A and dim 2 is both's, so no two neighbours merge.
-  cpu::MatMulShape s = cpu::matmul_shape("MatMul", shaped({2, 1, 3, 4, 5}), shaped({6, 3, 5, 7}));
+  ops::MatMulShape s = ops::matmul_shape("MatMul", shaped({2, 1, 3, 4, 5}), shaped({6, 3, 5, 7}));
   CHECK(s.m == 4);
   CHECK(s.k == 5);
   CHECK(s.n == 7);
@@ -132,26 +132,26 @@ TEST_CASE("matmul shapes: 1-D operands promoted, batch dims broadcast and merged
 
   // Neighbours broadcast alike merge, unit dims are dropped: [2, 3, 1, 4, 5] x [5, 6] is one
   // batch dim of 6 that only A has (B's weights are shared: one strided batch, stride 0).
-  s = cpu::matmul_shape("MatMul", shaped({2, 3, 1, 4, 5}), shaped({5, 6}));
+  s = ops::matmul_shape("MatMul", shaped({2, 3, 1, 4, 5}), shaped({5, 6}));
   CHECK(s.batch == Shape{6});
   CHECK(s.batch_a == Shape{6});
   CHECK(s.batch_b == Shape{1});
   CHECK(s.out == Shape{2, 3, 1, 4, 6});
 
   // 1-D operands: a row on the left, a column on the right, their unit dims dropped.
-  s = cpu::matmul_shape("MatMul", shaped({5}), shaped({3, 5, 2}));
+  s = ops::matmul_shape("MatMul", shaped({5}), shaped({3, 5, 2}));
   CHECK(s.m == 1);
   CHECK(s.batch == Shape{3});
   CHECK(s.batch_a == Shape{1});
   CHECK(s.out == Shape{3, 2});
-  s = cpu::matmul_shape("MatMul", shaped({5}), shaped({5}));
+  s = ops::matmul_shape("MatMul", shaped({5}), shaped({5}));
   CHECK(s.out.empty());
   CHECK(s.batch.empty());
   CHECK(s.batch_count() == 1);
 
-  CHECK_THROWS_AS(cpu::matmul_shape("MatMul", shaped({2, 3}), shaped({4, 2})), Error);
-  CHECK_THROWS_AS(cpu::matmul_shape("MatMul", shaped({2, 4, 3}), shaped({5, 3, 2})), Error);
-  CHECK_THROWS_AS(cpu::matmul_shape("MatMul", shaped({}), shaped({3})), Error);
+  CHECK_THROWS_AS(ops::matmul_shape("MatMul", shaped({2, 3}), shaped({4, 2})), Error);
+  CHECK_THROWS_AS(ops::matmul_shape("MatMul", shaped({2, 4, 3}), shaped({5, 3, 2})), Error);
+  CHECK_THROWS_AS(ops::matmul_shape("MatMul", shaped({}), shaped({3})), Error);
 }
 
 TEST_CASE("gemm shapes: transposes and the broadcast of C") {
@@ -161,21 +161,21 @@ TEST_CASE("gemm shapes: transposes and the broadcast of C") {
   attr->set_type(onnx::AttributeProto::INT);
   attr->set_i(1);
   const Attrs trans_a(node);
-  const cpu::GemmShape g = cpu::gemm_shape("Gemm", shaped({5, 3}), shaped({5, 4}), trans_a);
+  const ops::GemmShape g = ops::gemm_shape("Gemm", shaped({5, 3}), shaped({5, 4}), trans_a);
   CHECK(g.trans_a);
   CHECK_FALSE(g.trans_b);
   CHECK(g.m == 3);
   CHECK(g.k == 5);
   CHECK(g.n == 4);
-  CHECK_THROWS_AS(cpu::gemm_shape("Gemm", shaped({5, 3}), shaped({5, 4}), Attrs()), Error);
+  CHECK_THROWS_AS(ops::gemm_shape("Gemm", shaped({5, 3}), shaped({5, 4}), Attrs()), Error);
 
   using Dims = std::pair<int64_t, int64_t>;
-  CHECK(cpu::gemm_c_dims("Gemm", shaped({}), 3, 4) == Dims{1, 1});
-  CHECK(cpu::gemm_c_dims("Gemm", shaped({4}), 3, 4) == Dims{1, 4});
-  CHECK(cpu::gemm_c_dims("Gemm", shaped({3, 1}), 3, 4) == Dims{3, 1});
-  CHECK(cpu::gemm_c_dims("Gemm", shaped({3, 4}), 3, 4) == Dims{3, 4});
-  CHECK_THROWS_AS(cpu::gemm_c_dims("Gemm", shaped({3}), 3, 4), Error);
-  CHECK_THROWS_AS(cpu::gemm_c_dims("Gemm", shaped({1, 3, 4}), 3, 4), Error);
+  CHECK(ops::gemm_c_dims("Gemm", shaped({}), 3, 4) == Dims{1, 1});
+  CHECK(ops::gemm_c_dims("Gemm", shaped({4}), 3, 4) == Dims{1, 4});
+  CHECK(ops::gemm_c_dims("Gemm", shaped({3, 1}), 3, 4) == Dims{3, 1});
+  CHECK(ops::gemm_c_dims("Gemm", shaped({3, 4}), 3, 4) == Dims{3, 4});
+  CHECK_THROWS_AS(ops::gemm_c_dims("Gemm", shaped({3}), 3, 4), Error);
+  CHECK_THROWS_AS(ops::gemm_c_dims("Gemm", shaped({1, 3, 4}), 3, 4), Error);
 }
 
 }  // namespace

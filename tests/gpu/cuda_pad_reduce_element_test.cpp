@@ -20,12 +20,12 @@
 #include <vector>
 
 #include "runtime/core/backend.h"
-#include "runtime/cpu/pad_shape.h"
-#include "runtime/cpu/reduce_shape.h"
 #include "runtime/cuda/pad_element.h"
 #include "runtime/cuda/reduce_element.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/ops/pad_shape.h"
+#include "runtime/ops/reduce_shape.h"
 
 namespace stagecraft::rt {
 namespace {
@@ -119,9 +119,9 @@ TEST_CASE("the cuda pad kernels' elements equal the cpu's Pad and PadGrad on ran
     std::vector<const Tensor*> in{&x};
     if (c.pads_as_input) in.push_back(&pads);
     if (c.constant_as_input) in.push_back(&constant);
-    cpu::PadGeometry g;
+    ops::PadGeometry g;
     try {
-      g = cpu::pad_geometry(KernelArgs{"case", "Pad", attrs, in, {}, *device}, x.shape,
+      g = ops::pad_geometry(KernelArgs{"case", "Pad", attrs, in, {}, *device}, x.shape,
                             c.pads_as_input ? &pads : nullptr);
     } catch (const Error&) {
       continue;  // cropped below zero, or an empty dim reflected
@@ -134,7 +134,7 @@ TEST_CASE("the cuda pad kernels' elements equal the cpu's Pad and PadGrad on ran
     const cuda::PadTables tables = data.at(data.values.data());
     const KernelArgs args{"case", "Pad", attrs, in, {}, *device};
     const std::vector<std::byte> value =
-        cpu::pad_constant(args, x, c.constant_as_input ? &constant : nullptr);
+        ops::pad_constant(args, x, c.constant_as_input ? &constant : nullptr);
     float fill;
     std::memcpy(&fill, value.data(), sizeof(fill));
     for (int64_t e = 0; e < y.numel(); ++e)
@@ -182,8 +182,8 @@ TEST_CASE("the cuda pad tables on int8 and int64 elements move the same bytes as
     Tensor x = Tensor::owned(dtype, {3, 2, 4});
     for (int64_t i = 0; i < x.bytes(); ++i) x.data[i] = static_cast<std::byte>(pick(rng, 0, 255));
     const std::vector<const Tensor*> in{&x, &pads};
-    const cpu::PadGeometry g =
-        cpu::pad_geometry(KernelArgs{"case", "Pad", attrs, in, {}, *device}, x.shape, &pads);
+    const ops::PadGeometry g =
+        ops::pad_geometry(KernelArgs{"case", "Pad", attrs, in, {}, *device}, x.shape, &pads);
     Tensor y = Tensor::owned(dtype, g.y_shape);
     run_cpu("Pad", attrs, in, {&y}, *device);
     const cuda::PadTableData data = cuda::pad_tables(x.shape, g.y_shape, g.source);
@@ -262,12 +262,12 @@ void check_forward(const NamedReduction& r, const ReduceCase& c, DType dtype, st
   std::vector<const Tensor*> in{&x};
   if (c.axes_as_input) in.push_back(&axes);
   const KernelArgs args{"case", op, attrs, in, {}, device};
-  const cpu::ReducedDims dims = cpu::reduced_dims(args, x.shape, c.axes_as_input ? &axes : nullptr);
+  const ops::ReducedDims dims = ops::reduced_dims(args, x.shape, c.axes_as_input ? &axes : nullptr);
   Tensor y = Tensor::owned(dtype, dims.y_shape);
   run_cpu(op, attrs, in, {&y}, device);
   if (y.numel() == 0) return;
   cuda::ReduceGroups s;
-  REQUIRE(cuda::reduce_groups(cpu::reduction_groups(x.shape, dims.reduced), s));
+  REQUIRE(cuda::reduce_groups(ops::reduction_groups(x.shape, dims.reduced), s));
   REQUIRE(s.outputs == y.numel());
   for (int64_t o = 0; o < y.numel(); ++o)
     REQUIRE(same(cuda::reduce_output(r.kind, s, x.as<T>(), o), y.as<T>()[o]));
@@ -304,8 +304,8 @@ TEST_CASE("the cuda reductions' elements equal the cpu's reductions and gradient
       const Tensor axes = int64_tensor(c.axes);
       std::vector<const Tensor*> in{&x};
       if (c.axes_as_input) in.push_back(&axes);
-      const cpu::ReducedDims dims =
-          cpu::reduced_dims(KernelArgs{"case", op, attrs, in, {}, *device}, x.shape,
+      const ops::ReducedDims dims =
+          ops::reduced_dims(KernelArgs{"case", op, attrs, in, {}, *device}, x.shape,
                             c.axes_as_input ? &axes : nullptr);
       Tensor y = Tensor::owned(DType::kFloat32, dims.y_shape);
       run_cpu(op, attrs, in, {&y}, *device);
@@ -321,7 +321,7 @@ TEST_CASE("the cuda reductions' elements equal the cpu's reductions and gradient
       run_cpu(std::string(op) + "Grad", grad_attrs, grad_in, grad_out, *device);
       if (x.numel() == 0) continue;
       cuda::ReduceGroups s;
-      REQUIRE(cuda::reduce_groups(cpu::reduction_groups(x.shape, dims.reduced), s));
+      REQUIRE(cuda::reduce_groups(ops::reduction_groups(x.shape, dims.reduced), s));
       const cuda::ReduceKind kind = r.kind;
       std::vector<float> mine(static_cast<size_t>(x.numel()), -7.0f);
       if (kind == cuda::ReduceKind::kProd) {

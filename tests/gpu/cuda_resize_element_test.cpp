@@ -1,4 +1,4 @@
-// Resize's per-element arithmetic (runtime/cpu/resize_element.h), which the CPU backend and
+// Resize's per-element arithmetic (runtime/ops/resize_element.h), which the CPU backend and
 // the CUDA kernels both run, checked on the host without a GPU on random shapes, modes,
 // coordinate modes, roundings, scales and sizes:
 // - the CPU backend's Resize against an independent transcription of ONNX's reference
@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "runtime/core/backend.h"
-#include "runtime/cpu/layout.h"
-#include "runtime/cpu/resize_shape.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/ops/layout.h"
+#include "runtime/ops/resize_shape.h"
 
 namespace stagecraft::rt {
 namespace {
@@ -150,7 +150,7 @@ std::vector<double> reference_resize(const ResizeCase& c, const Tensor& x, const
     for (int64_t o = 0; o < y_shape[d]; ++o)
       per_dim[d].push_back(reference_neighbours(c, o, x.shape[d], num, den, resized));
   }
-  const std::vector<int64_t> strides = cpu::dense_strides(x.shape);
+  const std::vector<int64_t> strides = ops::dense_strides(x.shape);
   std::vector<double> y(static_cast<size_t>(shape_numel(y_shape)));
   std::vector<int64_t> coords(rank);
   for (int64_t e = 0; e < static_cast<int64_t>(y.size()); ++e) {
@@ -190,8 +190,8 @@ TEST_CASE("resize: the cpu kernels against ONNX's reference, their adjoint, and 
     const std::vector<const Tensor*> in =
         c.by_sizes ? std::vector<const Tensor*>{&x, nullptr, nullptr, &sizes}
                    : std::vector<const Tensor*>{&x, &empty, &scales};
-    const cpu::ResizeGeometry g =
-        cpu::resize_geometry(KernelArgs{"case", "Resize", attrs, in, {}, *device}, x.shape,
+    const ops::ResizeGeometry g =
+        ops::resize_geometry(KernelArgs{"case", "Resize", attrs, in, {}, *device}, x.shape,
                              c.by_sizes ? nullptr : &scales, c.by_sizes ? &sizes : nullptr);
     if (shape_numel(g.y_shape) == 0) continue;
     CAPTURE(c.node.DebugString());
@@ -228,15 +228,15 @@ TEST_CASE("resize: the cpu kernels against ONNX's reference, their adjoint, and 
 
     // The CUDA backend's uploads: the same tables, copied, give the same bits.
     for (const bool gradient : {false, true}) {
-      const SeparableTableData data =
-          gradient ? cpu::resize_gradient_tables(g) : cpu::resize_forward_tables(g);
+      const ops::SeparableTableData data =
+          gradient ? ops::resize_gradient_tables(g) : ops::resize_forward_tables(g);
       const std::vector<int64_t> ints = data.ints;
       const std::vector<float> floats = data.floats;
-      const SeparableTable table = data.at(ints.data(), floats.data());
+      const ops::SeparableTable table = data.at(ints.data(), floats.data());
       const Tensor& source = gradient ? dy : x;
       const Tensor& result = gradient ? dx : y;
       for (int64_t e = 0; e < result.numel(); ++e) {
-        const float got = separable_sum(table, source.as<float>(), e);
+        const float got = ops::separable_sum(table, source.as<float>(), e);
         REQUIRE(std::memcmp(&got, result.as<float>() + e, sizeof got) == 0);
       }
     }
@@ -275,7 +275,7 @@ TEST_CASE("resize: one-line refusals naming the node and the values") {
   Tensor sizes = Tensor::owned(DType::kInt64, {4});
   auto message = [&](std::vector<const Tensor*> in) {
     try {
-      cpu::resize_geometry(KernelArgs{"up", "Resize", attrs, in, {}, *device}, x.shape,
+      ops::resize_geometry(KernelArgs{"up", "Resize", attrs, in, {}, *device}, x.shape,
                            in.size() > 2 ? in[2] : nullptr, in.size() > 3 ? in[3] : nullptr);
     } catch (const Error& e) {
       return std::string(e.what());

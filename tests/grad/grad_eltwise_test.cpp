@@ -149,7 +149,7 @@ std::string error_of(Call call) {
   return "";
 }
 
-// Every gradient family checks its operand counts with one rule (runtime/cpu/grad_io.h), both
+// Every gradient family checks its operand counts with one rule (runtime/ops/grad_io.h), both
 // when a program is loaded and when its kernel runs, and says the same thing when they are off.
 TEST_CASE("grad ops: one arity rule, one message naming the node and the counts") {
   const DType f = DType::kFloat32, u = DType::kUndefined;

@@ -5,7 +5,8 @@ set -euo pipefail
 checker=$1
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
-mkdir -p "$tree/runtime/core" "$tree/compiler"
+mkdir -p "$tree/runtime/core" "$tree/runtime/ops" "$tree/runtime/cuda" "$tree/compiler" \
+  "$tree/passes"
 
 # A runtime file that includes a compiler header, and a function of 151 lines.
 {
@@ -14,6 +15,10 @@ mkdir -p "$tree/runtime/core" "$tree/compiler"
   for i in $(seq 1 149); do echo "  int v$i = $i;"; done
   echo '}'
 } >"$tree/runtime/core/bad.cpp"
+# Op rules that include a backend, a CUDA file and a pass that include the CPU backend.
+echo '#include "runtime/cuda/cuda_context.h"' >"$tree/runtime/ops/bad_rule.h"
+echo '#include "runtime/cpu/families.h"' >"$tree/runtime/cuda/bad_kernel.cpp"
+echo '#include "runtime/cpu/window.h"' >"$tree/passes/bad_pass.cpp"
 # A file of 801 lines.
 for i in $(seq 1 801); do echo "// line $i"; done >"$tree/compiler/big.h"
 
@@ -27,9 +32,18 @@ grep -q 'compiler/big.h has 801 lines' <<<"$out" || { echo "FAIL: big file not r
 grep -q 'long_function has 151 lines' <<<"$out" || { echo "FAIL: long function not reported"; exit 1; }
 grep -q 'runtime/core/bad.cpp:1:#include "compiler/schedule/simulator.h"' <<<"$out" ||
   { echo "FAIL: compiler include not reported"; exit 1; }
+grep -q 'runtime/ops/bad_rule.h:1:#include "runtime/cuda/cuda_context.h"' <<<"$out" ||
+  { echo "FAIL: a backend include in runtime/ops not reported"; exit 1; }
+grep -q 'runtime/cuda/bad_kernel.cpp:1:#include "runtime/cpu/families.h"' <<<"$out" ||
+  { echo "FAIL: a CPU include in runtime/cuda not reported"; exit 1; }
+grep -q 'passes/bad_pass.cpp:1:#include "runtime/cpu/window.h"' <<<"$out" ||
+  { echo "FAIL: a CPU include in passes not reported"; exit 1; }
 
-# Mended: 800 lines, 150-line function, no compiler include.
+# Mended: 800 lines, 150-line function, no compiler include, op rules and backends apart.
 sed -i '1d;3d' "$tree/runtime/core/bad.cpp"
+echo '#include "runtime/core/kernel.h"' >"$tree/runtime/ops/bad_rule.h"
+echo '#include "runtime/ops/window.h"' >"$tree/runtime/cuda/bad_kernel.cpp"
+echo '#include "runtime/ops/window.h"' >"$tree/passes/bad_pass.cpp"
 sed -i '1d' "$tree/compiler/big.h"
 bash "$checker" all "$tree"
 echo "check_layout self-test passed"

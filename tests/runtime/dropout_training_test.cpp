@@ -1,6 +1,6 @@
 // Dropout in training mode (its training_mode input true, as torch.onnx.export(...,
 // training=TrainingMode.TRAINING) writes it at opset 12+), trained: the mask derives from the
-// step, the microbatch and the node (runtime/cpu/dropout_mask.h), so a pipelined run draws the
+// step, the microbatch and the node (runtime/ops/dropout_mask.h), so a pipelined run draws the
 // masks of one device's run, with and without recomputation, and its gradient reads the mask
 // its forward drew (stagec adds the mask output where the file omits it).
 #include <doctest/doctest.h>

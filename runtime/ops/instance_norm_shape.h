@@ -1,15 +1,15 @@
 #pragma once
 /// \file
-/// InstanceNormalization's operands, shared by the CPU kernels (instance_norm.cpp) and the CUDA
-/// ones (runtime/cuda/instance_norm.cpp): X [N, C, spatial...] (rank 2 or more), scale [C] and
-/// B [C], each (n, c) plane normalised with its own mean and biased variance:
+/// InstanceNormalization's operands, shared by the CPU kernels (runtime/cpu/instance_norm.cpp) and
+/// the CUDA ones (runtime/cuda/instance_norm.cpp): X [N, C, spatial...] (rank 2 or more), scale [C]
+/// and B [C], each (n, c) plane normalised with its own mean and biased variance:
 ///   y = scale[c] * (x - mean) / sqrt(var + epsilon) + B[c].
 /// A refusal is one line naming the node and the shapes.
 
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 /// The planes of one InstanceNormalization: `planes` = N * C of `size` elements each.
 struct InstanceNormShape {
@@ -32,4 +32,4 @@ inline InstanceNormShape instance_norm_shape(const KernelArgs& a, const Tensor& 
   return s;
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

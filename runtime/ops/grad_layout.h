@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/layout.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 /// Transpose's gradient: dX at X-coordinate c is dY at the coordinate whose dim d is c[perm[d]].
 /// The strides (one per dim of X) at which dX reads the dense dY; `perm` (default: reversed)
@@ -85,4 +85,4 @@ inline std::vector<int64_t> split_sizes(std::vector<int64_t> given, int64_t n, i
   return given;
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

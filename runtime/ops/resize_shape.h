@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// Resize's host-side rules, shared by the CPU kernels (resize.cpp), the CUDA ones
+/// Resize's host-side rules, shared by the CPU kernels (runtime/cpu/resize.cpp), the CUDA ones
 /// (runtime/cuda/resize.cpp) and the importer's check (compiler/import.cpp): the attributes
 /// stagecraft runs, the output shape from scales or sizes, and per dim which input indices each
 /// output index reads with which weights (ONNX's reference, onnx/backend/test/case/node/
@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
-#include "runtime/cpu/layout.h"
-#include "runtime/cpu/resize_element.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/layout.h"
+#include "runtime/ops/resize_element.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 enum class ResizeMode { kNearest, kLinear };
 enum class ResizeCoordinates {
@@ -300,4 +300,4 @@ inline SeparableTableData resize_gradient_tables(const ResizeGeometry& g) {
   return separable_tables(dims);
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

@@ -22,7 +22,7 @@
 #endif
 #endif
 
-namespace stagecraft::rt {
+namespace stagecraft::rt::ops {
 
 /// A DepthToSpace or SpaceToDepth node resolved: S's dims [n, c, h*b, w*b] and D's [n, c*b*b,
 /// h, w], the blocksize b and the channel order.
@@ -81,4 +81,4 @@ STAGECRAFT_HOST_DEVICE inline int64_t topk_out_offset(const TopKShape& p, int64_
   return (o * p.k + r) * p.inner + in;
 }
 
-}  // namespace stagecraft::rt
+}  // namespace stagecraft::rt::ops

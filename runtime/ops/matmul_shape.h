@@ -12,7 +12,7 @@
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 /// A numpy matmul of X [..., m, k] and Y [..., k, n]: a 1-D X is the row [1, k] and a 1-D Y
 /// the column [k, 1], and the batch dims (all but the last two, the shorter operand padded
@@ -118,4 +118,4 @@ inline std::pair<int64_t, int64_t> gemm_c_dims(std::string_view op, const Tensor
   return {cm, cn};
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

@@ -1,9 +1,9 @@
 #pragma once
 /// \file
 /// The host-side rules of DepthToSpace, SpaceToDepth and TopK, shared by the CPU kernels
-/// (rearrange.cpp), the CUDA ones and the compiler's node checks (passes/check_nodes.cpp):
-/// attributes and operands read and checked, one line naming the node and the numbers for a
-/// model error, and the plain shapes of rearrange_element.h built from them.
+/// (runtime/cpu/rearrange.cpp), the CUDA ones and the compiler's node checks
+/// (passes/check_nodes.cpp): attributes and operands read and checked, one line naming the node and
+/// the numbers for a model error, and the plain shapes of rearrange_element.h built from them.
 
 #include <fmt/format.h>
 
@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
-#include "runtime/cpu/layout.h"
-#include "runtime/cpu/rearrange_element.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/layout.h"
+#include "runtime/ops/rearrange_element.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 /// DepthToSpace (`to_space`) or SpaceToDepth of X (shape `x_shape`, [N, C, H, W]) with the
 /// node's blocksize and mode.
@@ -102,4 +102,4 @@ inline Shape topk_output_shape(const Shape& x_shape, const TopKShape& s) {
   return y;
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

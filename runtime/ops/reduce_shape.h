@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// The reductions' host-side rules (ReduceSum, Max, Min, Prod, L1, L2, SumSquare, LogSum,
-/// LogSumExp), shared by the CPU kernels (reduce_ops.cpp) and the CUDA ones
+/// LogSumExp), shared by the CPU kernels (runtime/cpu/reduce_ops.cpp) and the CUDA ones
 /// (runtime/cuda/reduce_ops.cpp): which reduction an op is, which dims a node reduces and the
 /// shape it gives, and the reduction's loops as groups of merged dims. Both backends read a node
 /// through these, so they reduce and refuse alike.
@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/layout.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 enum class Reduction { kSum, kMax, kMin, kProd, kL1, kL2, kSumSquare, kLogSum, kLogSumExp };
 
@@ -88,4 +88,4 @@ inline std::vector<std::pair<int64_t, bool>> reduction_groups(const Shape& shape
   return groups;
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

@@ -1,20 +1,20 @@
 #pragma once
 /// \file
-/// LayerNormalization's operands and its gradient's, read by one set of rules for the CPU
-/// kernels (norm.cpp, grad_norm.cpp) and the CUDA ones (runtime/cuda/norm.cpp, grad_norm.cpp):
-/// X normalised over its dims from `axis` on, as `outer` rows of `inner` elements; Scale and
-/// the optional B of the normalised shape; the optional Mean and InvStdDev outputs
-/// [dims before axis, 1, ...]. A refusal is one line naming the op and the shapes.
+/// LayerNormalization's operands and its gradient's, read by one set of rules for the CPU kernels
+/// (runtime/cpu/norm.cpp, grad_norm.cpp) and the CUDA ones (runtime/cuda/norm.cpp, grad_norm.cpp):
+/// X normalised over its dims from `axis` on, as `outer` rows of `inner` elements; Scale and the
+/// optional B of the normalised shape; the optional Mean and InvStdDev outputs [dims before axis,
+/// 1, ...]. A refusal is one line naming the op and the shapes.
 
 #include <algorithm>
 #include <cstddef>
 #include <string_view>
 
 #include "runtime/core/kernel.h"
-#include "runtime/cpu/grad_io.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 /// The `axis` attribute (default -1) made non-negative for X; out of range is refused.
 inline int64_t layer_norm_axis(const KernelArgs& a, std::string_view op, const Tensor& x) {
@@ -118,4 +118,4 @@ inline LayerNormGradOperands layer_norm_grad_operands(const KernelArgs& a, const
   return o;
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

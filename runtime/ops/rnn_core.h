@@ -1,11 +1,12 @@
 #pragma once
 /// \file
-/// ONNX's LSTM, GRU and RNN as both backends run them: the node read and checked (one line
-/// naming the node and the numbers when it is outside what the kernels take), and the time loop
-/// of the forward and of the backward through time, written once over an `Ops` that supplies
-/// memory, row-major matrix products and the per-element step kernels (rnn_element.h). The CPU
-/// backend (rnn.cpp) gives it oneDNN's sgemm and plain loops, the CUDA one (runtime/cuda/rnn.cpp)
-/// cuBLAS and device kernels, so both run the same products in the same order.
+/// ONNX's LSTM, GRU and RNN as both backends run them: the node read and checked (one line naming
+/// the node and the numbers when it is outside what the kernels take), and the time loop of the
+/// forward and of the backward through time, written once over an `Ops` that supplies memory,
+/// row-major matrix products and the per-element step kernels (rnn_element.h). The CPU backend
+/// (runtime/cpu/rnn.cpp) gives it oneDNN's sgemm and plain loops, the CUDA one
+/// (runtime/cuda/rnn.cpp) cuBLAS and device kernels, so both run the same products in the same
+/// order.
 ///
 /// Taken: layout 0 ([T, B, I]), forward / reverse / bidirectional, the default activations
 /// (LSTM sigmoid, tanh, tanh; GRU sigmoid, tanh; RNN tanh), optional B, initial_h, initial_c
@@ -23,11 +24,11 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
-#include "runtime/cpu/grad_io.h"
-#include "runtime/cpu/rnn_element.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
+#include "runtime/ops/rnn_element.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 /// One LSTM, GRU or RNN node resolved.
 struct RnnGeometry {
@@ -383,4 +384,4 @@ void rnn_run(Ops& ops, const RnnGeometry& g, const RnnOperands& t, bool backward
   }
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

@@ -20,7 +20,7 @@
 #define STAGECRAFT_DROPOUT_HD
 #endif
 
-namespace stagecraft::rt {
+namespace stagecraft::rt::ops {
 
 /// splitmix64's finaliser: a bijection of 64-bit keys whose outputs look independent.
 STAGECRAFT_DROPOUT_HD inline uint64_t dropout_mix(uint64_t z) {
@@ -43,4 +43,4 @@ STAGECRAFT_DROPOUT_HD inline bool dropout_keeps(uint64_t node_key, int64_t index
   return uniform >= ratio;
 }
 
-}  // namespace stagecraft::rt
+}  // namespace stagecraft::rt::ops

@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// Pad's host-side rules, shared by the CPU kernels (pad.cpp) and the CUDA ones
+/// Pad's host-side rules, shared by the CPU kernels (runtime/cpu/pad.cpp) and the CUDA ones
 /// (runtime/cuda/pad.cpp): the mode, the pads (input 1 from opset 11, the attribute `pads`
 /// before), the output shape, which input index each output index reads along each dim, and
 /// the constant in X's dtype. Both backends read a Pad node through these, so they pad, crop and
@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
-#include "runtime/cpu/layout.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/layout.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 enum class PadMode { kConstant, kReflect, kEdge };
 
@@ -137,4 +137,4 @@ inline std::vector<std::byte> pad_constant(const KernelArgs& a, const Tensor& x,
   return bytes;
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

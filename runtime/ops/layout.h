@@ -13,7 +13,7 @@
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 /// Row-major element strides of `shape`.
 inline std::vector<int64_t> dense_strides(const Shape& shape) {
@@ -264,4 +264,4 @@ inline SliceView slice_view(const KernelArgs& a, const Shape& x_shape, size_t fo
   return view;
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

@@ -16,7 +16,7 @@
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 /// How many forward inputs (n) and forward outputs (m) a gradient op accepts, each a closed
 /// range; `kAny` leaves the top open.
@@ -134,4 +134,4 @@ struct GradIo {
   }
 };
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

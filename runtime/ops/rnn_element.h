@@ -19,7 +19,7 @@
 #define STAGECRAFT_HOST_DEVICE
 #endif
 
-namespace stagecraft::rt {
+namespace stagecraft::rt::ops {
 
 enum class RnnKind : int32_t { kRnn = 0, kGru = 1, kLstm = 2 };
 
@@ -200,4 +200,4 @@ STAGECRAFT_HOST_DEVICE inline void rnn_backward_element(const RnnBackwardStep& s
   s.dh[e] = dh * z;
 }
 
-}  // namespace stagecraft::rt
+}  // namespace stagecraft::rt::ops

@@ -21,7 +21,7 @@
 #define STAGECRAFT_HOST_DEVICE
 #endif
 
-namespace stagecraft::rt {
+namespace stagecraft::rt::ops {
 
 /// The highest rank Tile and GatherElements take (both backends; the CPU's check refuses more).
 inline constexpr int kMaxIndexingRank = 8;
@@ -199,4 +199,4 @@ STAGECRAFT_HOST_DEVICE inline float scatter_nd_updates_grad(const ScatterPlan& p
   return dy[p.update_slot[u] * p.slice + e % p.slice];
 }
 
-}  // namespace stagecraft::rt
+}  // namespace stagecraft::rt::ops

@@ -27,7 +27,7 @@
 #define STAGECRAFT_HOST_DEVICE
 #endif
 
-namespace stagecraft::rt {
+namespace stagecraft::rt::ops {
 
 /// The highest rank the Resize kernels take (both backends; the CPU's check refuses more).
 inline constexpr int kMaxResizeRank = 8;
@@ -140,4 +140,4 @@ inline SeparableTableData separable_tables(const std::vector<SeparableDim>& dims
   return t;
 }
 
-}  // namespace stagecraft::rt
+}  // namespace stagecraft::rt::ops

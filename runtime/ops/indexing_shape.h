@@ -1,10 +1,10 @@
 #pragma once
 /// \file
 /// The host-side rules of Tile, CumSum, GatherElements and ScatterND, shared by the CPU kernels
-/// (indexing.cpp) and the CUDA ones (runtime/cuda/indexing.cpp): operands and attributes read
-/// and checked, one line naming the node and the numbers for a model error, and the plain shapes
-/// and tables of indexing_element.h built from them. Both backends read these nodes through
-/// these functions, so they accept, refuse and index alike.
+/// (runtime/cpu/indexing.cpp) and the CUDA ones (runtime/cuda/indexing.cpp): operands and
+/// attributes read and checked, one line naming the node and the numbers for a model error, and the
+/// plain shapes and tables of indexing_element.h built from them. Both backends read these nodes
+/// through these functions, so they accept, refuse and index alike.
 
 #include <fmt/format.h>
 
@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
-#include "runtime/cpu/indexing_element.h"
-#include "runtime/cpu/layout.h"
-#include "runtime/cpu/resize_element.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/indexing_element.h"
+#include "runtime/ops/layout.h"
+#include "runtime/ops/resize_element.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 /// Throws `Error(kUnsupported)` naming the op when `rank` is past kMaxIndexingRank.
 inline void check_indexing_rank(const KernelArgs& a, size_t rank) {
@@ -242,4 +242,4 @@ inline ScatterPlanData scatter_plan(const KernelArgs& a, const Shape& data_shape
   return p;
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

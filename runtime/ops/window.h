@@ -2,11 +2,11 @@
 /// \file
 /// What sliding-window ops (Conv, MaxPool, AveragePool and their gradients) share:
 /// per-spatial-dim attributes, ONNX's padding rules (explicit pads or auto_pad) and the Conv
-/// geometry.
+/// and pooling geometries, read alike by the CPU kernels (runtime/cpu/conv.cpp, pool.cpp,
+/// grad_conv.cpp) and the CUDA ones (runtime/cuda/conv.cpp, grad_conv.cpp).
 
 #include <algorithm>
 #include <array>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -15,7 +15,7 @@
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 /// The attribute `name` with one value per spatial dim (`count` values), or `fallback` for
 /// every dim when absent.
@@ -52,13 +52,14 @@ inline std::pair<int64_t, int64_t> resolve_padding(const KernelArgs& a, const st
   return {begin, end};
 }
 
-/// One Conv node (ONNX semantics) resolved into oneDNN terms; shared by Conv and ConvGrad.
+/// One Conv node (ONNX semantics) resolved into oneDNN's terms (its `memory::dims` is a
+/// std::vector<int64_t>, so the CPU kernels pass these as they are); shared by Conv and ConvGrad.
 struct ConvGeometry {
-  dnnl::memory::dims src, weights,
-      dst;           ///< weights are [group, M/group, C/group, k...] when grouped
-  int64_t bias = 0;  ///< Bias values; set by the forward when it has a bias input.
-  dnnl::memory::dims strides, dilates;  ///< dilates as oneDNN counts them: 0 is a dense kernel
-  dnnl::memory::dims pad_l, pad_r;
+  using Dims = std::vector<int64_t>;
+  Dims src, weights, dst;  ///< weights are [group, M/group, C/group, k...] when grouped
+  int64_t bias = 0;        ///< Bias values; set by the forward when it has a bias input.
+  Dims strides, dilates;   ///< dilates as oneDNN counts them: 0 is a dense kernel
+  Dims pad_l, pad_r;
 };
 
 /// Resolves a Conv's input X, weights W and attributes (groups, kernel_shape, strides,
@@ -286,4 +287,4 @@ inline std::array<std::vector<Window>, 3> windows(const PoolGeometry& g) {
   return w;
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops

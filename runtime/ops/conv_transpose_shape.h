@@ -1,10 +1,10 @@
 #pragma once
 /// \file
 /// ConvTranspose's geometry (ONNX semantics, opsets 11 to 17), shared by the CPU kernels
-/// (conv_transpose.cpp: oneDNN's deconvolution), the CUDA ones (runtime/cuda/conv_transpose.cpp:
-/// cuDNN's convolution backward-data) and the import check (passes/check_nodes.cpp), so all
-/// three accept, refuse and size a node alike. Each refusal is one line naming the node and the
-/// numbers.
+/// (runtime/cpu/conv_transpose.cpp: oneDNN's deconvolution), the CUDA ones
+/// (runtime/cuda/conv_transpose.cpp: cuDNN's convolution backward-data) and the import check
+/// (passes/check_nodes.cpp), so all three accept, refuse and size a node alike. Each refusal is one
+/// line naming the node and the numbers.
 ///
 /// X [N, C, in...], W [C, M / group, kernel...], optional B [M]; Y [N, M, out...] with, per
 /// spatial dim, the full result of s * (in - 1) + (k - 1) * d + 1 positions cropped by the pads
@@ -29,10 +29,10 @@
 #include <vector>
 
 #include "runtime/core/kernel.h"
-#include "runtime/cpu/window.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/window.h"
 
-namespace stagecraft::rt::cpu {
+namespace stagecraft::rt::ops {
 
 /// One ConvTranspose node resolved.
 struct ConvTransposeGeometry {
@@ -184,4 +184,4 @@ inline ConvGeometry conv_of_transpose(const ConvTransposeGeometry& g) {
   return c;
 }
 
-}  // namespace stagecraft::rt::cpu
+}  // namespace stagecraft::rt::ops
