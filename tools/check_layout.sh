@@ -8,8 +8,12 @@
 #            which includes nothing of either backend (runtime/cpu, runtime/cuda); the backends
 #            include nothing of each other (runtime/cuda reaches the CPU backend object, for
 #            `same_as_cpu`, through runtime/core/backend.h); and the compiler and the passes
-#            include nothing of runtime/cpu (they read op rules from runtime/ops).
-# Usage: tools/check_layout.sh [sizes|layering|all] [ROOT]. Prints one line per offence and
+#            include nothing of runtime/cpu (they read op rules from runtime/ops). The core
+#            (runtime/core: tensors, kernels, programs, backends) includes nothing of the
+#            executor (runtime/exec), the MPI layer or either backend.
+#   enums    no two `enum class` of compiler, runtime, passes, cost_models and tools list the
+#            same enumerators (one enum per concept: issue 30).
+# Usage: tools/check_layout.sh [sizes|layering|enums|all] [ROOT]. Prints one line per offence and
 # exits 1 when there is any; exits 2 when a tool it needs is missing.
 set -euo pipefail
 
@@ -78,17 +82,53 @@ check_layering() {
   forbid_includes "the CUDA backend shares op rules through runtime/ops" 'runtime/cpu' runtime/cuda
   forbid_includes "the CPU backend shares op rules through runtime/ops" 'runtime/cuda' runtime/cpu
   forbid_includes "the compiler reads op rules from runtime/ops" 'runtime/cpu' compiler passes
+  forbid_includes "the core is below the executor and the backends" \
+    'runtime/exec|runtime/mpi|runtime/cpu|runtime/cuda' runtime/core
+}
+
+# Prints "enums: A and B list the same enumerators (...)" for each enumerator list that two
+# `enum class` declarations share (comments stripped; `= value` ignored).
+check_enums() {
+  local dirs=() dir report
+  for dir in compiler runtime passes cost_models tools; do [ -d "$dir" ] && dirs+=("$dir"); done
+  [ "${#dirs[@]}" -gt 0 ] || return 0
+  local files
+  mapfile -t files < <(find "${dirs[@]}" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' \
+    -o -name '*.cuh' \) | sort)
+  [ "${#files[@]}" -gt 0 ] || return 0
+  # perl is Debian's essential perl-base: on every machine this runs on.
+  report=$(perl -0777 -ne '
+    s{//[^\n]*}{}g;
+    s{/\*.*?\*/}{}gs;
+    while (/enum\s+class\s+(\w+)\s*(?::\s*[\w:]+\s*)?\{([^}]*)\}/g) {
+      my ($name, $body) = ($1, $2);
+      my @list = map { my $e = (split /=/)[0]; $e =~ s/^\s+|\s+$//g; $e } grep { /\S/ } split /,/, $body;
+      push @{$lists{join(", ", @list)}}, "$ARGV: $name" if @list >= 2;
+    }
+    END {
+      for my $list (sort keys %lists) {
+        my @where = @{$lists{$list}};
+        print "enums: " . join(" and ", @where) . " list the same enumerators ($list): keep one\n"
+          if @where > 1;
+      }
+    }' "${files[@]}")
+  if [ -n "$report" ]; then
+    echo "$report"
+    bad=1
+  fi
 }
 
 case "$what" in
   sizes) check_sizes ;;
   layering) check_layering ;;
+  enums) check_enums ;;
   all)
     check_sizes
     check_layering
+    check_enums
     ;;
   *)
-    echo "check_layout: unknown check '$what' (sizes, layering or all)" >&2
+    echo "check_layout: unknown check '$what' (sizes, layering, enums or all)" >&2
     exit 2
     ;;
 esac

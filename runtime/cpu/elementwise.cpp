@@ -261,8 +261,6 @@ void run_cast(const KernelArgs& a) {
 // ---------------------------------------------------------------------------------------------
 // Binary ops with broadcasting
 
-enum class Arith { kAdd, kSub, kMul, kDiv };
-
 // One element of Add, Sub, Mul or Div. Integers wrap; integer Div truncates toward zero (the
 // kernel has refused zero divisors) and x / -1 is the wrapped negation (no INT_MIN / -1 trap).
 template <Arith op, class T>

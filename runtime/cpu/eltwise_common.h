@@ -22,6 +22,10 @@
 
 namespace stagecraft::rt::cpu::eltwise {
 
+/// Add, Sub, Mul and Div: the element-wise arithmetic (elementwise.cpp) and its gradients
+/// (grad_eltwise.cpp).
+enum class Arith { kAdd, kSub, kMul, kDiv };
+
 /// Unary loops over at least this many elements use all of the worker's threads.
 inline constexpr int64_t kParallelElements = int64_t{1} << 15;
 

@@ -21,6 +21,7 @@
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/grad_eltwise_common.h"
 #include "runtime/format/error.h"
 #include "runtime/ops/grad_io.h"
@@ -286,8 +287,6 @@ void cast_grad(const KernelArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // Binary ops with broadcasting undone
-
-enum class Arith { kAdd, kSub, kMul, kDiv };
 
 template <Arith op>
 void arith_grad(const KernelArgs& a) {

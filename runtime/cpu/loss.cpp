@@ -18,34 +18,28 @@
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
 #include "runtime/ops/grad_io.h"
+#include "runtime/ops/loss_rules.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
 
-enum class Reduction { kNone, kSum, kMean };
+using ops::LossReduction;
 
 // One SoftmaxCrossEntropyLoss node resolved: sizes, labels and per-position weights.
 struct SceProblem {
   int64_t n = 0, c = 0, d = 0;
-  Reduction reduction = Reduction::kMean;
+  LossReduction reduction = LossReduction::kMean;
   std::vector<int64_t> labels;  // [N * D]
   std::vector<float> weights;   // [N * D]: 0 where ignored
   double weight_sum = 0;        // the mean's divisor
 };
 
-Reduction reduction_of(const Attrs& attrs, std::string_view op) {
-  const std::string r = attrs.s("reduction", "mean");
-  if (r == "mean") return Reduction::kMean;
-  if (r == "sum") return Reduction::kSum;
-  if (r == "none") return Reduction::kNone;
-  fail(ErrorKind::kModel, "{} reduction '{}' is not one of mean, sum, none", op, r);
-}
 
 // Reads the node's scores, labels and optional weights (inputs 0, 1, 2 of `in`).
 SceProblem sce_problem(const KernelArgs& a, const Tensor& scores, const Tensor& labels,
                        const Tensor* weights) {
   SceProblem p;
-  p.reduction = reduction_of(a.attrs, a.op_type);
+  p.reduction = ops::loss_reduction_of(a.attrs, a.op_type);
   if (scores.rank() < 2)
     fail(ErrorKind::kShape, "{}: scores {} must be [N, C, ...]", a.op_type, scores.describe());
   p.n = scores.shape[0];
@@ -97,7 +91,7 @@ inline float log_normalizer(const float* x, int64_t c, int64_t stride) {
 }
 
 Shape loss_shape(const SceProblem& p, const Tensor& labels) {
-  return p.reduction == Reduction::kNone ? labels.shape : Shape{};
+  return p.reduction == LossReduction::kNone ? labels.shape : Shape{};
 }
 
 void sce(const KernelArgs& a) {
@@ -124,11 +118,11 @@ void sce(const KernelArgs& a) {
       for (int64_t k = 0; k < C; ++k) lp[n * C * D + k * D + d] = xi[k * D] - norm;
     float l = 0.0f;
     if (p.weights[i] != 0.0f) l = -p.weights[i] * (xi[p.labels[i] * D] - norm);
-    if (p.reduction == Reduction::kNone) loss[i] = l;
+    if (p.reduction == LossReduction::kNone) loss[i] = l;
     total += l;
   }
-  if (p.reduction == Reduction::kSum) loss[0] = static_cast<float>(total);
-  if (p.reduction == Reduction::kMean)
+  if (p.reduction == LossReduction::kSum) loss[0] = static_cast<float>(total);
+  if (p.reduction == LossReduction::kMean)
     loss[0] = p.weight_sum != 0 ? static_cast<float>(total / p.weight_sum) : 0.0f;
 }
 
@@ -167,15 +161,16 @@ void sce_grad(const KernelArgs& a) {
   float* dx = io.dx(0)->as<float>();
   const int64_t positions = p.n * p.d, C = p.c, D = p.d;
   float scale = 0.0f;  // g for sum and mean
-  if (dl && p.reduction == Reduction::kSum) scale = dl[0];
-  if (dl && p.reduction == Reduction::kMean && p.weight_sum != 0)
+  if (dl && p.reduction == LossReduction::kSum) scale = dl[0];
+  if (dl && p.reduction == LossReduction::kMean && p.weight_sum != 0)
     scale = static_cast<float>(dl[0] / p.weight_sum);
 #pragma omp parallel for if (positions * C > 32768)
   for (int64_t i = 0; i < positions; ++i) {
     const int64_t n = i / D, d = i % D, base = n * C * D + d;
     const float* xi = x + base;
     float* dxi = dx + base;
-    const float g = (dl ? (p.reduction == Reduction::kNone ? dl[i] : scale) : 0.0f) * p.weights[i];
+    const float g =
+        (dl ? (p.reduction == LossReduction::kNone ? dl[i] : scale) : 0.0f) * p.weights[i];
     if (g == 0.0f && !dlp) {
       for (int64_t k = 0; k < C; ++k) dxi[k * D] = 0.0f;
       continue;

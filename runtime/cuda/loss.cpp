@@ -15,6 +15,7 @@
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
 #include "runtime/ops/grad_io.h"
+#include "runtime/ops/loss_rules.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
@@ -28,13 +29,6 @@ struct SceProblem {
   Tensor labels, weights;  // device int64 [N * D], float32 [N * D]
 };
 
-SceReduction reduction_of(const Attrs& attrs, std::string_view op) {
-  const std::string r = attrs.s("reduction", "mean");
-  if (r == "mean") return SceReduction::kMean;
-  if (r == "sum") return SceReduction::kSum;
-  if (r == "none") return SceReduction::kNone;
-  fail(ErrorKind::kModel, "{} reduction '{}' is not one of mean, sum, none", op, r);
-}
 
 // Reads the node's scores, labels and optional weights as the CPU's sce_problem does.
 SceProblem sce_problem(const KernelArgs& a, const Tensor& scores, const Tensor& labels,
@@ -42,7 +36,7 @@ SceProblem sce_problem(const KernelArgs& a, const Tensor& scores, const Tensor& 
   CudaContext& ctx = context(a);
   SceProblem p;
   SceArgs& s = p.args;
-  s.reduction = reduction_of(a.attrs, a.op_type);
+  s.reduction = ops::loss_reduction_of(a.attrs, a.op_type);
   if (scores.rank() < 2)
     fail(ErrorKind::kShape, "{}: scores {} must be [N, C, ...]", a.op_type, scores.describe());
   s.n = scores.shape[0];
@@ -92,7 +86,7 @@ SceProblem sce_problem(const KernelArgs& a, const Tensor& scores, const Tensor& 
 }
 
 Shape loss_shape(const SceArgs& s, const Tensor& labels) {
-  return s.reduction == SceReduction::kNone ? labels.shape : Shape{};
+  return s.reduction == ops::LossReduction::kNone ? labels.shape : Shape{};
 }
 
 void sce(const KernelArgs& a) {
@@ -109,7 +103,7 @@ void sce(const KernelArgs& a) {
     fail(ErrorKind::kShape, "{}: scores {} have no classes", a.op_type, scores.describe());
   CudaContext& ctx = context(a);
   Tensor scratch;
-  if (s.reduction != SceReduction::kNone)
+  if (s.reduction != ops::LossReduction::kNone)
     scratch = ctx.new_tensor(DType::kFloat32, {positions}, false);
   launch_sce(s, a.out[0]->as<float>(), log_prob ? log_prob->as<float>() : nullptr,
              scratch.as<float>(), ctx.stream());

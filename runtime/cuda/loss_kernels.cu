@@ -56,13 +56,13 @@ __global__ void sce_kernel(SceArgs p, float* values, float* log_prob) {
 }
 
 // The sum (or mean over `weight_sum`; 0 when that is 0) of `count` values in one block.
-__global__ void sce_total_kernel(const float* values, int64_t count, SceReduction reduction,
+__global__ void sce_total_kernel(const float* values, int64_t count, ops::LossReduction reduction,
                                  double weight_sum, float* loss) {
   double s = 0;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) s += values[i];
   s = block_sum<double>(s);
   if (threadIdx.x == 0) {
-    if (reduction == SceReduction::kSum)
+    if (reduction == ops::LossReduction::kSum)
       loss[0] = static_cast<float>(s);
     else
       loss[0] = weight_sum != 0 ? static_cast<float>(s / weight_sum) : 0.0f;
@@ -72,14 +72,14 @@ __global__ void sce_total_kernel(const float* values, int64_t count, SceReductio
 __global__ void sce_grad_kernel(SceArgs p, const float* dl, const float* dlp, float* dx) {
   const int64_t positions = p.n * p.d, C = p.c, D = p.d;
   float scale = 0.0f;  // g for sum and mean
-  if (dl != nullptr && p.reduction == SceReduction::kSum) scale = dl[0];
-  if (dl != nullptr && p.reduction == SceReduction::kMean && p.weight_sum != 0)
+  if (dl != nullptr && p.reduction == ops::LossReduction::kSum) scale = dl[0];
+  if (dl != nullptr && p.reduction == ops::LossReduction::kMean && p.weight_sum != 0)
     scale = static_cast<float>(dl[0] / p.weight_sum);
   for (int64_t i = blockIdx.x; i < positions; i += gridDim.x) {
     const int64_t n = i / D, d = i % D, base = n * C * D + d;
     const float* xi = p.scores + base;
     float* dxi = dx + base;
-    const float g = (dl != nullptr ? (p.reduction == SceReduction::kNone ? dl[i] : scale) : 0.0f) *
+    const float g = (dl != nullptr ? (p.reduction == ops::LossReduction::kNone ? dl[i] : scale) : 0.0f) *
                     p.weights[i];
     if (g == 0.0f && dlp == nullptr) {  // the same for the whole block
       for (int64_t k = threadIdx.x; k < C; k += blockDim.x) dxi[k * D] = 0.0f;
@@ -107,10 +107,10 @@ __global__ void sce_grad_kernel(SceArgs p, const float* dl, const float* dlp, fl
 void launch_sce(const SceArgs& args, float* loss, float* log_prob, float* scratch,
                 cudaStream_t stream) {
   const int64_t positions = args.n * args.d;
-  float* values = args.reduction == SceReduction::kNone ? loss : scratch;
+  float* values = args.reduction == ops::LossReduction::kNone ? loss : scratch;
   if (positions > 0)
     sce_kernel<<<blocks_for(positions), threads_for(args.c), 0, stream>>>(args, values, log_prob);
-  if (args.reduction != SceReduction::kNone)
+  if (args.reduction != ops::LossReduction::kNone)
     sce_total_kernel<<<1, 1024, 0, stream>>>(values, positions, args.reduction, args.weight_sum,
                                              loss);
 }

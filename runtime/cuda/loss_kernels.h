@@ -10,15 +10,15 @@
 
 #include <cstdint>
 
-namespace stagecraft::rt::cuda {
+#include "runtime/ops/reductions.h"
 
-enum class SceReduction : int32_t { kNone, kSum, kMean };
+namespace stagecraft::rt::cuda {
 
 /// One SoftmaxCrossEntropyLoss node resolved: sizes, the device scores, labels and per-position
 /// weights (0 where a position is ignored), and the mean's divisor (the weights' sum).
 struct SceArgs {
   int64_t n = 0, c = 0, d = 0;
-  SceReduction reduction = SceReduction::kMean;
+  ops::LossReduction reduction = ops::LossReduction::kMean;
   const float* scores = nullptr;    // [N, C, D]
   const int64_t* labels = nullptr;  // [N * D]
   const float* weights = nullptr;   // [N * D]

@@ -54,16 +54,16 @@ void space_depth_grad(const KernelArgs& a) {
 
 // ---- TopK ------------------------------------------------------------------------------------
 
-TopKType topk_type(const KernelArgs& a, DType dtype) {
+NumberType topk_number_type(const KernelArgs& a, DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
-      return TopKType::kFloat32;
+      return NumberType::kFloat32;
     case DType::kFloat64:
-      return TopKType::kFloat64;
+      return NumberType::kFloat64;
     case DType::kInt32:
-      return TopKType::kInt32;
+      return NumberType::kInt32;
     case DType::kInt64:
-      return TopKType::kInt64;
+      return NumberType::kInt64;
     default:
       fail(ErrorKind::kUnsupported, "TopK '{}' on {} is not supported", a.name, dtype_name(dtype));
   }
@@ -77,7 +77,7 @@ void topk(const KernelArgs& a) {
   const Shape y = ops::topk_output_shape(x.shape, s);
   expect_shape(a, 0, y);
   expect_shape(a, 1, y);
-  launch_topk(a.out[0]->data, a.out[1]->as<int64_t>(), x.data, topk_type(a, x.dtype), s,
+  launch_topk(a.out[0]->data, a.out[1]->as<int64_t>(), x.data, topk_number_type(a, x.dtype), s,
               ctx.stream());
   check_launch(a);
 }

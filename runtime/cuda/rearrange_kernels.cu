@@ -85,7 +85,7 @@ void launch_space_depth(void* dst, const void* src, int64_t element_bytes,
   }
 }
 
-void launch_topk(void* values, int64_t* indices, const void* x, TopKType type,
+void launch_topk(void* values, int64_t* indices, const void* x, NumberType type,
                  const ops::TopKShape& shape, cudaStream_t stream) {
   const int64_t lines = shape.lines();
   if (lines <= 0 || shape.k <= 0) return;
@@ -95,13 +95,13 @@ void launch_topk(void* values, int64_t* indices, const void* x, TopKType type,
         static_cast<T*>(values), indices, static_cast<const T*>(x), shape);
   };
   switch (type) {
-    case TopKType::kFloat32:
+    case NumberType::kFloat32:
       return run(float{});
-    case TopKType::kFloat64:
+    case NumberType::kFloat64:
       return run(double{});
-    case TopKType::kInt32:
+    case NumberType::kInt32:
       return run(int32_t{});
-    case TopKType::kInt64:
+    case NumberType::kInt64:
       return run(int64_t{});
   }
 }

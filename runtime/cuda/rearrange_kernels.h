@@ -9,12 +9,10 @@
 
 #include <cstdint>
 
+#include "runtime/cuda/indexing_kernels.h"  // NumberType: the dtypes TopK selects on
 #include "runtime/ops/rearrange_element.h"
 
 namespace stagecraft::rt::cuda {
-
-/// The dtypes TopK selects on.
-enum class TopKType : int32_t { kFloat32, kFloat64, kInt32, kInt64 };
 
 /// Every element of the spatial tensor S moved from the deep one D (`gather`: S[e] =
 /// D[space_to_deep(e)]) or to it (D[space_to_deep(e)] = S[e]); elements of `element_bytes`
@@ -25,7 +23,7 @@ void launch_space_depth(void* dst, const void* src, int64_t element_bytes,
 /// TopK of every line: one thread per line picks its K elements in order (each the first, by
 /// topk_before, of those after the one picked before), so ties go to the lower index as on
 /// the CPU.
-void launch_topk(void* values, int64_t* indices, const void* x, TopKType type,
+void launch_topk(void* values, int64_t* indices, const void* x, NumberType type,
                  const ops::TopKShape& shape, cudaStream_t stream);
 
 /// dX[topk_offset(line, indices[o])] = dValues[o] for every output o; dX zeroed before.

@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/ops/reductions.h"
+
 #ifdef __CUDACC__
 #define STAGECRAFT_HOST_DEVICE __host__ __device__
 #else
@@ -30,18 +32,7 @@
 
 namespace stagecraft::rt::cuda {
 
-/// The reductions (ops::Reduction, in device-usable form).
-enum class ReduceKind : int32_t {
-  kSum,
-  kMax,
-  kMin,
-  kProd,
-  kL1,
-  kL2,
-  kSumSquare,
-  kLogSum,
-  kLogSumExp
-};
+using ops::Reduction;  // runtime/ops/reductions.h: host and device alike
 
 /// The most dim groups a reduction handles (kept and reduced groups alternate, so this covers
 /// every input of rank 16 or less).
@@ -140,29 +131,29 @@ STAGECRAFT_HOST_DEVICE ReduceAcc<T> reduce_limit(bool highest) {
 /// The value a reduction starts from (and gives when empty): 0, 1, or the lowest / highest T
 /// for Max / Min.
 template <class T>
-STAGECRAFT_HOST_DEVICE ReduceAcc<T> reduce_identity(ReduceKind kind) {
+STAGECRAFT_HOST_DEVICE ReduceAcc<T> reduce_identity(Reduction kind) {
   using Acc = ReduceAcc<T>;
-  if (kind == ReduceKind::kProd) return Acc(1);
-  if (kind == ReduceKind::kMax) return reduce_limit<T>(false);
-  if (kind == ReduceKind::kMin) return reduce_limit<T>(true);
+  if (kind == Reduction::kProd) return Acc(1);
+  if (kind == Reduction::kMax) return reduce_limit<T>(false);
+  if (kind == Reduction::kMin) return reduce_limit<T>(true);
   return Acc(0);
 }
 
 /// What element v adds to the accumulator: |v|, v * v, exp(v - shift) (LogSumExp's shifted
 /// term), or v itself.
 template <class T>
-STAGECRAFT_HOST_DEVICE ReduceAcc<T> reduce_term(ReduceKind kind, T v, double shift) {
+STAGECRAFT_HOST_DEVICE ReduceAcc<T> reduce_term(Reduction kind, T v, double shift) {
   using Acc = ReduceAcc<T>;
   switch (kind) {
-    case ReduceKind::kL1:
+    case Reduction::kL1:
       return static_cast<Acc>(v < T(0) ? -v : v);
-    case ReduceKind::kSumSquare:
+    case Reduction::kSumSquare:
       return static_cast<Acc>(v) * static_cast<Acc>(v);
-    case ReduceKind::kL2:
+    case Reduction::kL2:
       return static_cast<Acc>(static_cast<double>(v) * static_cast<double>(v));
-    case ReduceKind::kLogSum:
+    case Reduction::kLogSum:
       return static_cast<Acc>(static_cast<double>(v));
-    case ReduceKind::kLogSumExp:
+    case Reduction::kLogSumExp:
       return static_cast<Acc>(::exp(static_cast<double>(v) - shift));
     default:
       return static_cast<Acc>(v);
@@ -172,15 +163,15 @@ STAGECRAFT_HOST_DEVICE ReduceAcc<T> reduce_term(ReduceKind kind, T v, double shi
 /// Two partial results combined (or an accumulator and a term): multiplied for Prod, the larger
 /// or smaller for Max and Min (a NaN wins and stays), else added.
 template <class Acc>
-STAGECRAFT_HOST_DEVICE Acc reduce_fold(ReduceKind kind, Acc a, Acc b) {
+STAGECRAFT_HOST_DEVICE Acc reduce_fold(Reduction kind, Acc a, Acc b) {
   switch (kind) {
-    case ReduceKind::kProd:
+    case Reduction::kProd:
       return a * b;
-    case ReduceKind::kMax:
+    case Reduction::kMax:
       if (reduce_is_nan(a)) return a;
       if (reduce_is_nan(b)) return b;
       return b > a ? b : a;
-    case ReduceKind::kMin:
+    case Reduction::kMin:
       if (reduce_is_nan(a)) return a;
       if (reduce_is_nan(b)) return b;
       return b < a ? b : a;
@@ -202,13 +193,13 @@ STAGECRAFT_HOST_DEVICE inline double reduce_shift(double top) {
 /// The output from the accumulator: log for LogSum, log plus the shift for LogSumExp, sqrt for
 /// L2, else the accumulator in T.
 template <class T>
-STAGECRAFT_HOST_DEVICE T reduce_finish(ReduceKind kind, ReduceAcc<T> acc, double shift) {
+STAGECRAFT_HOST_DEVICE T reduce_finish(Reduction kind, ReduceAcc<T> acc, double shift) {
   switch (kind) {
-    case ReduceKind::kLogSum:
+    case Reduction::kLogSum:
       return static_cast<T>(::log(static_cast<double>(acc)));
-    case ReduceKind::kLogSumExp:
+    case Reduction::kLogSumExp:
       return static_cast<T>(::log(static_cast<double>(acc)) + shift);
-    case ReduceKind::kL2:
+    case Reduction::kL2:
       return static_cast<T>(::sqrt(static_cast<double>(acc)));
     default:
       return static_cast<T>(acc);
@@ -217,11 +208,11 @@ STAGECRAFT_HOST_DEVICE T reduce_finish(ReduceKind kind, ReduceAcc<T> acc, double
 
 /// Output o computed alone, its elements folded in ascending order (the CPU's loop).
 template <class T>
-STAGECRAFT_HOST_DEVICE T reduce_output(ReduceKind kind, const ReduceGroups& s, const T* x,
+STAGECRAFT_HOST_DEVICE T reduce_output(Reduction kind, const ReduceGroups& s, const T* x,
                                        int64_t o) {
   const T* base = x + reduce_base(s, o);
   double shift = 0.0;
-  if (kind == ReduceKind::kLogSumExp) {
+  if (kind == Reduction::kLogSumExp) {
     double top = -static_cast<double>(INFINITY);
     for (int64_t r = 0; r < s.length; ++r)
       top = reduce_top(top, static_cast<double>(base[reduce_offset(s, r)]));
@@ -250,25 +241,25 @@ STAGECRAFT_HOST_DEVICE inline float reduce_tie_share(const ReduceGroups& s, cons
 
 /// The gradient of one element x of X, whose output has the value y and the gradient dy, for
 /// every reduction but Prod; `share` is Max's and Min's reduce_tie_share of that output.
-STAGECRAFT_HOST_DEVICE inline float reduce_grad_element(ReduceKind kind, float x, float y, float dy,
+STAGECRAFT_HOST_DEVICE inline float reduce_grad_element(Reduction kind, float x, float y, float dy,
                                                         float share) {
   switch (kind) {
-    case ReduceKind::kSum:
+    case Reduction::kSum:
       return dy;
-    case ReduceKind::kL2:
+    case Reduction::kL2:
       return y == 0.0f ? 0.0f : dy * x / y;
-    case ReduceKind::kL1:
+    case Reduction::kL1:
       return x > 0.0f ? dy : (x < 0.0f ? -dy : 0.0f);
-    case ReduceKind::kSumSquare:
+    case Reduction::kSumSquare:
       return 2.0f * x * dy;
-    case ReduceKind::kLogSum:
+    case Reduction::kLogSum:
       return dy * ::expf(-y);
-    case ReduceKind::kLogSumExp:
+    case Reduction::kLogSumExp:
       return dy * ::expf(x - y);
-    case ReduceKind::kMax:
-    case ReduceKind::kMin:
+    case Reduction::kMax:
+    case Reduction::kMin:
       return reduce_hit(x, y) ? share : 0.0f;
-    case ReduceKind::kProd:
+    case Reduction::kProd:
       break;
   }
   return 0.0f;

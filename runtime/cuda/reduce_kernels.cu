@@ -19,7 +19,7 @@ __device__ __forceinline__ int64_t grid_stride() { return int64_t{blockDim.x} * 
 // results), returned to every thread. Every thread of the block must call it, with blockDim.x a
 // multiple of 32 and at most 1024; `identity` stands in for missing warps.
 template <class Acc>
-__device__ Acc block_fold(ReduceKind kind, Acc value, Acc identity) {
+__device__ Acc block_fold(Reduction kind, Acc value, Acc identity) {
   __shared__ Acc partial[32];
   __shared__ Acc total;
   const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -40,25 +40,25 @@ __device__ Acc block_fold(ReduceKind kind, Acc value, Acc identity) {
 }
 
 template <class T>
-__global__ void reduce_thread_kernel(T* y, const T* x, ReduceKind kind, ReduceGroups s) {
+__global__ void reduce_thread_kernel(T* y, const T* x, Reduction kind, ReduceGroups s) {
   for (int64_t o = first_index(); o < s.outputs; o += grid_stride())
     y[o] = reduce_output(kind, s, x, o);
 }
 
 template <class T>
-__global__ void reduce_block_kernel(T* y, const T* x, ReduceKind kind, ReduceGroups s) {
+__global__ void reduce_block_kernel(T* y, const T* x, Reduction kind, ReduceGroups s) {
   using Acc = ReduceAcc<T>;
   const Acc identity = reduce_identity<T>(kind);
   const double lowest = -static_cast<double>(INFINITY);
   for (int64_t o = blockIdx.x; o < s.outputs; o += gridDim.x) {
     const T* base = x + reduce_base(s, o);
     double shift = 0.0;
-    if (kind == ReduceKind::kLogSumExp) {  // the same for the whole block
+    if (kind == Reduction::kLogSumExp) {  // the same for the whole block
       double top = lowest;
       for (int64_t r = threadIdx.x; r < s.length; r += blockDim.x)
         top = reduce_top(top, static_cast<double>(base[reduce_offset(s, r)]));
       // No top is NaN (reduce_top skips NaNs), so Max's fold is reduce_top's.
-      shift = reduce_shift(block_fold<double>(ReduceKind::kMax, top, lowest));
+      shift = reduce_shift(block_fold<double>(Reduction::kMax, top, lowest));
     }
     Acc acc = identity;
     for (int64_t r = threadIdx.x; r < s.length; r += blockDim.x)
@@ -78,7 +78,7 @@ unsigned output_blocks(const ReduceGroups& s) {
 }
 
 template <class T>
-void launch_reduce_as(T* y, const T* x, ReduceKind kind, const ReduceGroups& s,
+void launch_reduce_as(T* y, const T* x, Reduction kind, const ReduceGroups& s,
                       cudaStream_t stream) {
   if (s.outputs <= 0) return;
   if (block_per_output(s))
@@ -101,12 +101,12 @@ __global__ void tie_share_block_kernel(float* share, const float* x, const float
     long long ties = 0;
     for (int64_t r = threadIdx.x; r < s.length; r += blockDim.x)
       ties += reduce_hit(base[reduce_offset(s, r)], y[o]) ? 1 : 0;
-    ties = block_fold<long long>(ReduceKind::kSum, ties, 0);
+    ties = block_fold<long long>(Reduction::kSum, ties, 0);
     if (threadIdx.x == 0) share[o] = ties == 0 ? 0.0f : dy[o] / static_cast<float>(ties);
   }
 }
 
-__global__ void grad_element_kernel(ReduceKind kind, float* dx, const float* x, const float* y,
+__global__ void grad_element_kernel(Reduction kind, float* dx, const float* x, const float* y,
                                     const float* dy, const float* share, int64_t n,
                                     ReduceGroups s) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
@@ -123,31 +123,31 @@ __global__ void prod_grad_kernel(float* dx, const float* x, const float* dy, Red
 
 }  // namespace
 
-void launch_reduce(float* y, const float* x, ReduceKind kind, const ReduceGroups& s,
+void launch_reduce(float* y, const float* x, Reduction kind, const ReduceGroups& s,
                    cudaStream_t stream) {
   launch_reduce_as(y, x, kind, s, stream);
 }
-void launch_reduce(double* y, const double* x, ReduceKind kind, const ReduceGroups& s,
+void launch_reduce(double* y, const double* x, Reduction kind, const ReduceGroups& s,
                    cudaStream_t stream) {
   launch_reduce_as(y, x, kind, s, stream);
 }
-void launch_reduce(int32_t* y, const int32_t* x, ReduceKind kind, const ReduceGroups& s,
+void launch_reduce(int32_t* y, const int32_t* x, Reduction kind, const ReduceGroups& s,
                    cudaStream_t stream) {
   launch_reduce_as(y, x, kind, s, stream);
 }
-void launch_reduce(int64_t* y, const int64_t* x, ReduceKind kind, const ReduceGroups& s,
+void launch_reduce(int64_t* y, const int64_t* x, Reduction kind, const ReduceGroups& s,
                    cudaStream_t stream) {
   launch_reduce_as(y, x, kind, s, stream);
 }
 
-void launch_reduce_grad(ReduceKind kind, float* dx, const float* x, const float* y, const float* dy,
+void launch_reduce_grad(Reduction kind, float* dx, const float* x, const float* y, const float* dy,
                         float* share, int64_t n, const ReduceGroups& s, cudaStream_t stream) {
   if (n <= 0 || s.outputs <= 0) return;
-  if (kind == ReduceKind::kProd) {
+  if (kind == Reduction::kProd) {
     prod_grad_kernel<<<grid_for(s.outputs, kThreads), kThreads, 0, stream>>>(dx, x, dy, s);
     return;
   }
-  const bool ties = kind == ReduceKind::kMax || kind == ReduceKind::kMin;
+  const bool ties = kind == Reduction::kMax || kind == Reduction::kMin;
   if (ties && block_per_output(s))
     tie_share_block_kernel<<<output_blocks(s), kThreads, 0, stream>>>(share, x, y, dy, s);
   else if (ties)

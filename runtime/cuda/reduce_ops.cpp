@@ -21,29 +21,6 @@ namespace {
 using ops::GradIo;
 using ops::Reduction;
 
-ReduceKind kind_of(Reduction r) {
-  switch (r) {
-    case Reduction::kSum:
-      return ReduceKind::kSum;
-    case Reduction::kMax:
-      return ReduceKind::kMax;
-    case Reduction::kMin:
-      return ReduceKind::kMin;
-    case Reduction::kProd:
-      return ReduceKind::kProd;
-    case Reduction::kL1:
-      return ReduceKind::kL1;
-    case Reduction::kL2:
-      return ReduceKind::kL2;
-    case Reduction::kSumSquare:
-      return ReduceKind::kSumSquare;
-    case Reduction::kLogSum:
-      return ReduceKind::kLogSum;
-    case Reduction::kLogSumExp:
-      return ReduceKind::kLogSumExp;
-  }
-  return ReduceKind::kSum;
-}
 
 // The dims the node reduces (ops::reduced_dims), its axes operand (on the device, null when
 // omitted) read to the host where the attribute does not give them.
@@ -71,7 +48,7 @@ void reduce(const KernelArgs& a) {
   Tensor& y = *a.out[0];
   if (y.numel() == 0) return;
   const ReduceGroups s = groups_of(a, x.shape, dims.reduced);
-  const ReduceKind kind = kind_of(ops::reduction_of(a.op_type));
+  const Reduction kind = ops::reduction_of(a.op_type);
   cudaStream_t stream = context(a).stream();
   switch (x.dtype) {
     case DType::kFloat32:
@@ -111,10 +88,10 @@ void reduce_grad(const KernelArgs& a) {
     y = yt.as<float>();
   }
   const ReduceGroups s = groups_of(a, x.shape, dims.reduced);
-  const ReduceKind kind = kind_of(reduction);
+  const Reduction kind = reduction;
   CudaContext& ctx = context(a);
   Tensor share;  // Max's and Min's per-output shares of dy
-  if (kind == ReduceKind::kMax || kind == ReduceKind::kMin)
+  if (kind == Reduction::kMax || kind == Reduction::kMin)
     share = ctx.new_tensor(DType::kFloat32, {s.outputs}, false);
   launch_reduce_grad(kind, dx->as<float>(), x.as<float>(), y, dy->as<float>(),
                      share.numel() > 0 ? share.as<float>() : nullptr, x.numel(), s, ctx.stream());

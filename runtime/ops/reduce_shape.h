@@ -13,10 +13,10 @@
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
 #include "runtime/ops/layout.h"
+#include "runtime/ops/reductions.h"
 
 namespace stagecraft::rt::ops {
 
-enum class Reduction { kSum, kMax, kMin, kProd, kL1, kL2, kSumSquare, kLogSum, kLogSumExp };
 
 /// The reduction of op `op_type` (forward or gradient: "ReduceL2" and "ReduceL2Grad" alike).
 inline Reduction reduction_of(std::string_view op_type) {

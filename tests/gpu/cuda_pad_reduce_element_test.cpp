@@ -200,18 +200,18 @@ TEST_CASE("the cuda pad tables on int8 and int64 elements move the same bytes as
 // Each reduction with the kind its CUDA kernels run (reduce_ops.cpp maps them alike).
 struct NamedReduction {
   const char* op;
-  cuda::ReduceKind kind;
+  cuda::Reduction kind;
 };
 constexpr NamedReduction kReductions[] = {
-    {"ReduceSum", cuda::ReduceKind::kSum},
-    {"ReduceMax", cuda::ReduceKind::kMax},
-    {"ReduceMin", cuda::ReduceKind::kMin},
-    {"ReduceProd", cuda::ReduceKind::kProd},
-    {"ReduceL1", cuda::ReduceKind::kL1},
-    {"ReduceL2", cuda::ReduceKind::kL2},
-    {"ReduceSumSquare", cuda::ReduceKind::kSumSquare},
-    {"ReduceLogSum", cuda::ReduceKind::kLogSum},
-    {"ReduceLogSumExp", cuda::ReduceKind::kLogSumExp},
+    {"ReduceSum", cuda::Reduction::kSum},
+    {"ReduceMax", cuda::Reduction::kMax},
+    {"ReduceMin", cuda::Reduction::kMin},
+    {"ReduceProd", cuda::Reduction::kProd},
+    {"ReduceL1", cuda::Reduction::kL1},
+    {"ReduceL2", cuda::Reduction::kL2},
+    {"ReduceSumSquare", cuda::Reduction::kSumSquare},
+    {"ReduceLogSum", cuda::Reduction::kLogSum},
+    {"ReduceLogSumExp", cuda::Reduction::kLogSumExp},
 };
 
 struct ReduceCase {
@@ -322,9 +322,9 @@ TEST_CASE("the cuda reductions' elements equal the cpu's reductions and gradient
       if (x.numel() == 0) continue;
       cuda::ReduceGroups s;
       REQUIRE(cuda::reduce_groups(ops::reduction_groups(x.shape, dims.reduced), s));
-      const cuda::ReduceKind kind = r.kind;
+      const cuda::Reduction kind = r.kind;
       std::vector<float> mine(static_cast<size_t>(x.numel()), -7.0f);
-      if (kind == cuda::ReduceKind::kProd) {
+      if (kind == cuda::Reduction::kProd) {
         for (int64_t o = 0; o < s.outputs; ++o)
           cuda::reduce_prod_grad_output(s, x.as<float>(), dy.as<float>()[o], mine.data(), o);
       } else {

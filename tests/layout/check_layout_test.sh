@@ -19,6 +19,10 @@ mkdir -p "$tree/runtime/core" "$tree/runtime/ops" "$tree/runtime/cuda" "$tree/co
 echo '#include "runtime/cuda/cuda_context.h"' >"$tree/runtime/ops/bad_rule.h"
 echo '#include "runtime/cpu/families.h"' >"$tree/runtime/cuda/bad_kernel.cpp"
 echo '#include "runtime/cpu/window.h"' >"$tree/passes/bad_pass.cpp"
+# Two enums of one concept, and the core including the executor.
+echo 'enum class Mode { kFast, kSmall };' >"$tree/compiler/mode.h"
+echo 'enum class Goal : int { kFast, kSmall = 1 };  // the same list' >"$tree/passes/goal.h"
+echo '#include "runtime/exec/pipeline.h"' >"$tree/runtime/core/uses_exec.cpp"
 # A file of 801 lines.
 for i in $(seq 1 801); do echo "// line $i"; done >"$tree/compiler/big.h"
 
@@ -38,6 +42,10 @@ grep -q 'runtime/cuda/bad_kernel.cpp:1:#include "runtime/cpu/families.h"' <<<"$o
   { echo "FAIL: a CPU include in runtime/cuda not reported"; exit 1; }
 grep -q 'passes/bad_pass.cpp:1:#include "runtime/cpu/window.h"' <<<"$out" ||
   { echo "FAIL: a CPU include in passes not reported"; exit 1; }
+grep -q 'enums: .*compiler/mode.h: Mode and .*passes/goal.h: Goal list the same enumerators (kFast, kSmall)' <<<"$out" ||
+  { echo "FAIL: two enums with one list not reported"; exit 1; }
+grep -q 'runtime/core/uses_exec.cpp:1:#include "runtime/exec/pipeline.h"' <<<"$out" ||
+  { echo "FAIL: the core including the executor not reported"; exit 1; }
 
 # Mended: 800 lines, 150-line function, no compiler include, op rules and backends apart.
 sed -i '1d;3d' "$tree/runtime/core/bad.cpp"
@@ -45,5 +53,7 @@ echo '#include "runtime/core/kernel.h"' >"$tree/runtime/ops/bad_rule.h"
 echo '#include "runtime/ops/window.h"' >"$tree/runtime/cuda/bad_kernel.cpp"
 echo '#include "runtime/ops/window.h"' >"$tree/passes/bad_pass.cpp"
 sed -i '1d' "$tree/compiler/big.h"
+echo 'enum class Goal { kQuick, kLean };' >"$tree/passes/goal.h"
+echo '#include "runtime/core/kernel.h"' >"$tree/runtime/core/uses_exec.cpp"
 bash "$checker" all "$tree"
 echo "check_layout self-test passed"
