@@ -20,6 +20,7 @@
 #include "runtime/format/error.h"
 #include "runtime/ops/grad_io.h"
 #include "runtime/ops/grad_layout.h"
+#include "runtime/ops/reduce_shape.h"
 #include "runtime/ops/layout.h"
 
 namespace stagecraft::rt::cpu {
@@ -241,24 +242,10 @@ void reduce_mean_grad(const KernelArgs& a) {
   const Tensor& x = *px;
   std::vector<int64_t> axes = a.attrs.ints("axes");
   if (!a.attrs.has("axes") && io.x(1) != nullptr) axes = ops::read_ints(a, *io.x(1), 1);
-  std::vector<bool> reduced(x.shape.size(), axes.empty());
-  if (axes.empty() && a.attrs.i("noop_with_empty_axes", 0) != 0)
-    reduced.assign(x.shape.size(), false);
-  std::vector<bool> listed(x.shape.size(), false);
-  for (int64_t axis : axes) {
-    const int64_t d = ops::normalize_axis(a, axis, x.rank());
-    if (listed[d]) fail(ErrorKind::kModel, "ReduceMean: axis {} is given twice", axis);
-    listed[d] = reduced[d] = true;
-  }
-  const bool keepdims = a.attrs.i("keepdims", 1) != 0;
-  Shape y_shape, kept_shape;
-  int64_t count = 1;
-  for (size_t i = 0; i < x.shape.size(); ++i) {
-    if (reduced[i]) count *= x.shape[i];
-    kept_shape.push_back(reduced[i] ? 1 : x.shape[i]);
-    if (!reduced[i] || keepdims) y_shape.push_back(kept_shape.back());
-  }
-  ops::expect_dy_shape(a, *dy, y_shape);
+  const ops::MeanRule rule = ops::mean_rule(a, x.shape, axes);
+  const Shape& kept_shape = rule.kept_shape;
+  const int64_t count = rule.count;
+  ops::expect_dy_shape(a, *dy, rule.y_shape);
   if (x.numel() == 0) return;
   const float scale = 1.0f / static_cast<float>(count);
   Broadcast<1> plan({kept_shape}, x.shape);

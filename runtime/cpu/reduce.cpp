@@ -10,6 +10,7 @@
 #include "runtime/cpu/families.h"
 #include "runtime/format/error.h"
 #include "runtime/ops/layout.h"
+#include "runtime/ops/reduce_shape.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
@@ -103,27 +104,10 @@ void reduce_mean_typed(const Tensor& in, const std::vector<bool>& reduced, Tenso
 // dims when keepdims (default 1).
 void reduce_mean(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  std::vector<bool> reduced(x.shape.size(), false);
-  std::vector<int64_t> axes = a.attrs.ints("axes");
-  if (axes.empty()) reduced.assign(x.shape.size(), true);
-  for (int64_t axis : axes) {
-    if (axis < -x.rank() || axis >= x.rank())
-      fail(ErrorKind::kModel, "ReduceMean: axis {} is out of range for {}", axis, x.describe());
-    if (axis < 0) axis += x.rank();
-    if (reduced[axis]) fail(ErrorKind::kModel, "ReduceMean: axis {} is given twice", axis);
-    reduced[axis] = true;
-  }
-  const bool keepdims = a.attrs.i("keepdims", 1) != 0;
-  Shape expected;
-  int64_t count = 1;
-  for (size_t i = 0; i < x.shape.size(); ++i) {
-    if (reduced[i]) count *= x.shape[i];
-    if (!reduced[i])
-      expected.push_back(x.shape[i]);
-    else if (keepdims)
-      expected.push_back(1);
-  }
-  expect_shape(a, 0, expected);
+  const ops::MeanRule rule = ops::mean_rule(a, x.shape, a.attrs.ints("axes"));
+  const std::vector<bool>& reduced = rule.reduced;
+  const int64_t count = rule.count;
+  expect_shape(a, 0, rule.y_shape);
   Tensor& out = *a.out[0];
   if (out.numel() == 0) return;
   if (count == 0) fail(ErrorKind::kUnsupported, "ReduceMean of {} over an empty dim", x.describe());

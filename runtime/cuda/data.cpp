@@ -17,6 +17,7 @@
 #include "runtime/cuda/data_common.h"
 #include "runtime/cuda/data_shape.h"
 #include "runtime/cuda/families.h"
+#include "runtime/ops/reduce_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
@@ -277,27 +278,10 @@ void expand(const KernelArgs& a) {
 // ReduceMean (opsets <= 17): the mean over `axes` (every dim when absent), keepdims default 1.
 void reduce_mean(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  std::vector<bool> reduced(x.shape.size(), false);
-  const std::vector<int64_t> axes = a.attrs.ints("axes");
-  if (axes.empty()) reduced.assign(x.shape.size(), true);
-  for (int64_t axis : axes) {
-    if (axis < -x.rank() || axis >= x.rank())
-      fail(ErrorKind::kModel, "ReduceMean: axis {} is out of range for {}", axis, x.describe());
-    if (axis < 0) axis += x.rank();
-    if (reduced[axis]) fail(ErrorKind::kModel, "ReduceMean: axis {} is given twice", axis);
-    reduced[axis] = true;
-  }
-  const bool keepdims = a.attrs.i("keepdims", 1) != 0;
-  Shape expected;
-  int64_t count = 1;
-  for (size_t i = 0; i < x.shape.size(); ++i) {
-    if (reduced[i]) count *= x.shape[i];
-    if (!reduced[i])
-      expected.push_back(x.shape[i]);
-    else if (keepdims)
-      expected.push_back(1);
-  }
-  expect_shape(a, 0, expected);
+  const ops::MeanRule rule = ops::mean_rule(a, x.shape, a.attrs.ints("axes"));
+  const std::vector<bool>& reduced = rule.reduced;
+  const int64_t count = rule.count;
+  expect_shape(a, 0, rule.y_shape);
   Tensor& out = *a.out[0];
   if (out.numel() == 0) return;
   if (count == 0) fail(ErrorKind::kUnsupported, "ReduceMean of {} over an empty dim", x.describe());

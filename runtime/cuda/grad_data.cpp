@@ -15,6 +15,7 @@
 #include "runtime/cuda/families.h"
 #include "runtime/ops/grad_io.h"
 #include "runtime/ops/grad_layout.h"
+#include "runtime/ops/reduce_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
@@ -188,24 +189,11 @@ void reduce_mean_grad(const KernelArgs& a) {
   const Tensor& x = *px;
   std::vector<int64_t> axes = a.attrs.ints("axes");
   if (!a.attrs.has("axes") && io.x(1) != nullptr) axes = read_ints(context(a), *io.x(1));
-  std::vector<bool> reduced(x.shape.size(), axes.empty());
-  if (axes.empty() && a.attrs.i("noop_with_empty_axes", 0) != 0)
-    reduced.assign(x.shape.size(), false);
-  std::vector<bool> listed(x.shape.size(), false);
-  for (int64_t axis : axes) {
-    const int64_t d = normalize_axis(a, axis, x.rank());
-    if (listed[d]) fail(ErrorKind::kModel, "ReduceMean: axis {} is given twice", axis);
-    listed[d] = reduced[d] = true;
-  }
-  const bool keepdims = a.attrs.i("keepdims", 1) != 0;
-  Shape y_shape, kept_shape;
-  int64_t count = 1;
-  for (size_t i = 0; i < x.shape.size(); ++i) {
-    if (reduced[i]) count *= x.shape[i];
-    kept_shape.push_back(reduced[i] ? 1 : x.shape[i]);
-    if (!reduced[i] || keepdims) y_shape.push_back(kept_shape.back());
-  }
-  expect_dy_shape(a, *dy, y_shape);
+  const ops::MeanRule rule = ops::mean_rule(a, x.shape, axes);
+  const std::vector<bool>& reduced = rule.reduced;
+  const Shape& kept_shape = rule.kept_shape;
+  const int64_t count = rule.count;
+  expect_dy_shape(a, *dy, rule.y_shape);
   if (x.numel() == 0) return;
   // dx at coordinate c reads dy at c with the reduced dims at 0.
   std::vector<int64_t> strides = dense_strides(kept_shape);

@@ -88,4 +88,37 @@ inline std::vector<std::pair<int64_t, bool>> reduction_groups(const Shape& shape
   return groups;
 }
 
+/// ReduceMean (opsets <= 17) and its gradient resolved against X's shape: the dims it reduces,
+/// its output's shape, X's shape with the reduced dims as 1, and the count each mean divides by.
+struct MeanRule {
+  std::vector<bool> reduced;
+  Shape y_shape;     ///< The output: the kept dims, and the reduced ones as 1 when keepdims.
+  Shape kept_shape;  ///< X's shape with every reduced dim 1.
+  int64_t count = 1;
+};
+
+/// `axes` (the attribute, or the gradient's operand read to the host; empty: every dim, or none
+/// with noop_with_empty_axes) and keepdims (default 1) of node `a` against `x_shape`.
+/// `Error(kModel)` for an axis out of range or given twice.
+inline MeanRule mean_rule(const KernelArgs& a, const Shape& x_shape,
+                          const std::vector<int64_t>& axes) {
+  MeanRule r;
+  const auto rank = static_cast<int64_t>(x_shape.size());
+  r.reduced.assign(x_shape.size(),
+                   axes.empty() && a.attrs.i("noop_with_empty_axes", 0) == 0);
+  std::vector<bool> listed(x_shape.size(), false);
+  for (int64_t axis : axes) {
+    const int64_t d = normalize_axis(a, axis, rank);
+    if (listed[d]) fail(ErrorKind::kModel, "ReduceMean: axis {} is given twice", axis);
+    listed[d] = r.reduced[d] = true;
+  }
+  const bool keepdims = a.attrs.i("keepdims", 1) != 0;
+  for (size_t i = 0; i < x_shape.size(); ++i) {
+    if (r.reduced[i]) r.count *= x_shape[i];
+    r.kept_shape.push_back(r.reduced[i] ? 1 : x_shape[i]);
+    if (!r.reduced[i] || keepdims) r.y_shape.push_back(r.kept_shape.back());
+  }
+  return r;
+}
+
 }  // namespace stagecraft::rt::ops
