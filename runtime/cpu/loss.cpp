@@ -25,59 +25,18 @@ namespace {
 
 using ops::LossReduction;
 
-// One SoftmaxCrossEntropyLoss node resolved: sizes, labels and per-position weights.
-struct SceProblem {
-  int64_t n = 0, c = 0, d = 0;
-  LossReduction reduction = LossReduction::kMean;
-  std::vector<int64_t> labels;  // [N * D]
-  std::vector<float> weights;   // [N * D]: 0 where ignored
-  double weight_sum = 0;        // the mean's divisor
-};
-
+using ops::SceProblem;
 
 // Reads the node's scores, labels and optional weights (inputs 0, 1, 2 of `in`).
 SceProblem sce_problem(const KernelArgs& a, const Tensor& scores, const Tensor& labels,
                        const Tensor* weights) {
-  SceProblem p;
-  p.reduction = ops::loss_reduction_of(a.attrs, a.op_type);
-  if (scores.rank() < 2)
-    fail(ErrorKind::kShape, "{}: scores {} must be [N, C, ...]", a.op_type, scores.describe());
-  p.n = scores.shape[0];
-  p.c = scores.shape[1];
-  p.d = 1;
-  for (int64_t i = 2; i < scores.rank(); ++i) p.d *= scores.shape[i];
-  Shape want_labels{scores.shape[0]};
-  want_labels.insert(want_labels.end(), scores.shape.begin() + 2, scores.shape.end());
-  if (labels.shape != want_labels)
-    fail(ErrorKind::kShape, "{}: labels {} do not match scores {} (expected {})", a.op_type,
-         labels.describe(), scores.describe(), shape_string(want_labels));
-  if (weights && weights->shape != Shape{p.c})
-    fail(ErrorKind::kShape, "{}: weights {} should be [{}]", a.op_type, weights->describe(), p.c);
-  const bool has_ignore = a.attrs.has("ignore_index");
-  const int64_t ignore = a.attrs.i("ignore_index", 0);
-  const int64_t positions = p.n * p.d;
-  p.labels.resize(static_cast<size_t>(positions));
-  p.weights.resize(static_cast<size_t>(positions));
-  for (int64_t i = 0; i < positions; ++i) {
-    int64_t t = 0;
-    if (labels.dtype == DType::kInt64)
-      t = labels.as<int64_t>()[i];
-    else if (labels.dtype == DType::kInt32)
-      t = labels.as<int32_t>()[i];
-    else
-      fail(ErrorKind::kUnsupported, "{}: labels of {} are not supported (int32, int64)", a.op_type,
-           dtype_name(labels.dtype));
-    p.labels[i] = t;
-    if (has_ignore && t == ignore) {
-      p.weights[i] = 0.0f;
-      continue;
-    }
-    if (t < 0 || t >= p.c)
-      fail(ErrorKind::kModel, "{}: label {} at position {} is outside [0, {})", a.op_type, t, i,
-           p.c);
-    p.weights[i] = weights ? weights->as<float>()[t] : 1.0f;
-    p.weight_sum += p.weights[i];
-  }
+  SceProblem p = ops::sce_shape(a, scores, labels, weights);
+  std::vector<int64_t> host(static_cast<size_t>(labels.numel()));
+  for (size_t i = 0; i < host.size(); ++i)
+    host[i] = labels.dtype == DType::kInt64 ? labels.as<int64_t>()[i] : labels.as<int32_t>()[i];
+  std::vector<float> class_weights;
+  if (weights) class_weights.assign(weights->as<float>(), weights->as<float>() + p.c);
+  ops::sce_weights(a, p, std::move(host), class_weights);
   return p;
 }
 
@@ -90,16 +49,13 @@ inline float log_normalizer(const float* x, int64_t c, int64_t stride) {
   return mx + static_cast<float>(std::log(s));
 }
 
-Shape loss_shape(const SceProblem& p, const Tensor& labels) {
-  return p.reduction == LossReduction::kNone ? labels.shape : Shape{};
-}
 
 void sce(const KernelArgs& a) {
   const Tensor& scores = a.input(0);
   const Tensor& labels = a.input(1);
   const Tensor* weights = a.has_input(2) ? &a.input(2) : nullptr;
   const SceProblem p = sce_problem(a, scores, labels, weights);
-  expect_shape(a, 0, loss_shape(p, labels));
+  expect_shape(a, 0, ops::sce_loss_shape(p, labels));
   Tensor* log_prob = a.out.size() > 1 ? a.out[1] : nullptr;
   if (log_prob) expect_shape(a, 1, scores.shape);
   const float* x = scores.as<float>();
@@ -148,7 +104,7 @@ void sce_grad(const KernelArgs& a) {
   expect_shape(a, 0, scores.shape);
   const Tensor* dloss = io.dy(0);
   const Tensor* dlog_prob = io.dy(1);
-  const Shape ls = loss_shape(p, labels);
+  const Shape ls = ops::sce_loss_shape(p, labels);
   if (dloss && shape_numel(dloss->shape) != shape_numel(ls))
     fail(ErrorKind::kShape, "{}: the loss gradient {} should be {}", a.op_type, dloss->describe(),
          shape_string(ls));

@@ -30,55 +30,31 @@ struct SceProblem {
 };
 
 
-// Reads the node's scores, labels and optional weights as the CPU's sce_problem does.
+// Reads the node's scores, labels and optional weights by the CPU's rules (ops::sce_shape,
+// ops::sce_weights: the labels and class weights read to the host, checked there), the labels
+// and per-position weights then uploaded.
 SceProblem sce_problem(const KernelArgs& a, const Tensor& scores, const Tensor& labels,
                        const Tensor* weights) {
   CudaContext& ctx = context(a);
-  SceProblem p;
-  SceArgs& s = p.args;
-  s.reduction = ops::loss_reduction_of(a.attrs, a.op_type);
-  if (scores.rank() < 2)
-    fail(ErrorKind::kShape, "{}: scores {} must be [N, C, ...]", a.op_type, scores.describe());
-  s.n = scores.shape[0];
-  s.c = scores.shape[1];
-  s.d = 1;
-  for (int64_t i = 2; i < scores.rank(); ++i) s.d *= scores.shape[i];
-  Shape want_labels{scores.shape[0]};
-  want_labels.insert(want_labels.end(), scores.shape.begin() + 2, scores.shape.end());
-  if (labels.shape != want_labels)
-    fail(ErrorKind::kShape, "{}: labels {} do not match scores {} (expected {})", a.op_type,
-         labels.describe(), scores.describe(), shape_string(want_labels));
-  if (weights && weights->shape != Shape{s.c})
-    fail(ErrorKind::kShape, "{}: weights {} should be [{}]", a.op_type, weights->describe(), s.c);
-  if (labels.dtype != DType::kInt64 && labels.dtype != DType::kInt32)
-    fail(ErrorKind::kUnsupported, "{}: labels of {} are not supported (int32, int64)", a.op_type,
-         dtype_name(labels.dtype));
-  const bool has_ignore = a.attrs.has("ignore_index");
-  const int64_t ignore = a.attrs.i("ignore_index", 0);
-  const int64_t positions = s.n * s.d;
-  std::vector<int64_t> host_labels = read_ints(ctx, labels);
+  ops::SceProblem q = ops::sce_shape(a, scores, labels, weights);
   std::vector<float> class_weights;
   if (weights) {
-    class_weights.resize(static_cast<size_t>(s.c));
+    class_weights.resize(static_cast<size_t>(q.c));
     ctx.read(*weights, class_weights.data(), weights->bytes());
   }
-  std::vector<float> host_weights(static_cast<size_t>(positions));
-  for (int64_t i = 0; i < positions; ++i) {
-    const int64_t t = host_labels[i];
-    if (has_ignore && t == ignore) {
-      host_weights[i] = 0.0f;
-      continue;
-    }
-    if (t < 0 || t >= s.c)
-      fail(ErrorKind::kModel, "{}: label {} at position {} is outside [0, {})", a.op_type, t, i,
-           s.c);
-    host_weights[i] = weights ? class_weights[t] : 1.0f;
-    s.weight_sum += host_weights[i];
-  }
+  ops::sce_weights(a, q, read_ints(ctx, labels), class_weights);
+  SceProblem p;
+  SceArgs& s = p.args;
+  s.n = q.n;
+  s.c = q.c;
+  s.d = q.d;
+  s.reduction = q.reduction;
+  s.weight_sum = q.weight_sum;
+  const auto positions = static_cast<int64_t>(q.labels.size());
   p.labels = ctx.new_tensor(DType::kInt64, {positions}, false);
-  ctx.write(p.labels, host_labels.data(), p.labels.bytes());
+  ctx.write(p.labels, q.labels.data(), p.labels.bytes());
   p.weights = ctx.new_tensor(DType::kFloat32, {positions}, false);
-  ctx.write(p.weights, host_weights.data(), p.weights.bytes());
+  ctx.write(p.weights, q.weights.data(), p.weights.bytes());
   s.scores = scores.as<float>();
   s.labels = p.labels.as<int64_t>();
   s.weights = p.weights.as<float>();

@@ -3,8 +3,10 @@
 /// The loss ops' host-side rules both backends read a node with (runtime/cpu/loss.cpp,
 /// runtime/cuda/loss.cpp), so they resolve and refuse alike.
 
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
@@ -20,6 +22,69 @@ inline LossReduction loss_reduction_of(const Attrs& attrs, std::string_view op) 
   if (r == "sum") return LossReduction::kSum;
   if (r == "none") return LossReduction::kNone;
   fail(ErrorKind::kModel, "{} reduction '{}' is not one of mean, sum, none", op, r);
+}
+
+/// One SoftmaxCrossEntropyLoss node resolved on the host: scores [N, C, D...] as N x C x D, the
+/// reduction, every position's label and weight (0 where ignored: ignore_index) and the mean's
+/// divisor (the weights' sum).
+struct SceProblem {
+  int64_t n = 0, c = 0, d = 0;
+  LossReduction reduction = LossReduction::kMean;
+  std::vector<int64_t> labels;  ///< [N * D]
+  std::vector<float> weights;   ///< [N * D]: 0 where ignored
+  double weight_sum = 0;
+};
+
+/// Node `a`'s sizes and reduction from its scores, labels and optional class weights, their
+/// shapes and the labels' dtype (int32, int64) checked; `labels` and `weights` left empty
+/// (`sce_weights` fills them). `Error(kShape)` / `Error(kUnsupported)` naming the op.
+inline SceProblem sce_shape(const KernelArgs& a, const Tensor& scores, const Tensor& labels,
+                            const Tensor* weights) {
+  SceProblem p;
+  p.reduction = loss_reduction_of(a.attrs, a.op_type);
+  if (scores.rank() < 2)
+    fail(ErrorKind::kShape, "{}: scores {} must be [N, C, ...]", a.op_type, scores.describe());
+  p.n = scores.shape[0];
+  p.c = scores.shape[1];
+  p.d = 1;
+  for (int64_t i = 2; i < scores.rank(); ++i) p.d *= scores.shape[i];
+  Shape want_labels{scores.shape[0]};
+  want_labels.insert(want_labels.end(), scores.shape.begin() + 2, scores.shape.end());
+  if (labels.shape != want_labels)
+    fail(ErrorKind::kShape, "{}: labels {} do not match scores {} (expected {})", a.op_type,
+         labels.describe(), scores.describe(), shape_string(want_labels));
+  if (weights && weights->shape != Shape{p.c})
+    fail(ErrorKind::kShape, "{}: weights {} should be [{}]", a.op_type, weights->describe(), p.c);
+  if (labels.dtype != DType::kInt64 && labels.dtype != DType::kInt32)
+    fail(ErrorKind::kUnsupported, "{}: labels of {} are not supported (int32, int64)", a.op_type,
+         dtype_name(labels.dtype));
+  return p;
+}
+
+/// Fills `p`'s labels (`labels`: every position's, read to the host) and weights from the class
+/// weights (`class_weights`: the weights input read to the host; empty when absent), with
+/// ignore_index. `Error(kModel)` for a label outside [0, C) that is not ignored.
+inline void sce_weights(const KernelArgs& a, SceProblem& p, std::vector<int64_t> labels,
+                        const std::vector<float>& class_weights) {
+  const bool has_ignore = a.attrs.has("ignore_index");
+  const int64_t ignore = a.attrs.i("ignore_index", 0);
+  p.labels = std::move(labels);
+  p.weights.assign(p.labels.size(), 0.0f);
+  p.weight_sum = 0;
+  for (size_t i = 0; i < p.labels.size(); ++i) {
+    const int64_t t = p.labels[i];
+    if (has_ignore && t == ignore) continue;
+    if (t < 0 || t >= p.c)
+      fail(ErrorKind::kModel, "{}: label {} at position {} is outside [0, {})", a.op_type, t, i,
+           p.c);
+    p.weights[i] = class_weights.empty() ? 1.0f : class_weights[static_cast<size_t>(t)];
+    p.weight_sum += p.weights[i];
+  }
+}
+
+/// The loss output's shape: the labels' with reduction "none", else a scalar.
+inline Shape sce_loss_shape(const SceProblem& p, const Tensor& labels) {
+  return p.reduction == LossReduction::kNone ? labels.shape : Shape{};
 }
 
 }  // namespace stagecraft::rt::ops
