@@ -13,7 +13,11 @@
 #            executor (runtime/exec), the MPI layer or either backend.
 #   enums    no two `enum class` of compiler, runtime, passes, cost_models and tools list the
 #            same enumerators (one enum per concept: issue 30).
-# Usage: tools/check_layout.sh [sizes|layering|enums|all] [ROOT]. Prints one line per offence and
+#   families the CPU and CUDA backends file each op under the same family (issue 30): each
+#            family of runtime/ops/families.def has its table `<family>_kernels()` defined in
+#            runtime/cpu/<family>.cpp and runtime/cuda/<family>.cpp, the two tables naming the
+#            same ops, and no other file of either backend defines a family table.
+# Usage: tools/check_layout.sh [sizes|layering|enums|families|all] [ROOT]. Prints one line per offence and
 # exits 1 when there is any; exits 2 when a tool it needs is missing.
 set -euo pipefail
 
@@ -118,17 +122,79 @@ check_enums() {
   fi
 }
 
+# Prints "families: ..." for each family of runtime/ops/families.def whose table is not in
+# `<family>.cpp` of each backend, each op one backend files under a family and the other does
+# not, and each family table defined outside the list.
+check_families() {
+  local list=runtime/ops/families.def
+  if [ ! -f "$list" ]; then
+    echo "families: $list is missing"
+    bad=1
+    return
+  fi
+  local report
+  report=$(perl -e '
+    my ($list, @dirs) = @ARGV;
+    sub slurp { local $/; open(my $f, "<", $_[0]) or return undef; my $s = <$f>; $s =~ s{//[^\n]*}{}g; $s }
+    my %family; my @names;
+    my $def = slurp($list);
+    while ($def =~ /^\s*STAGECRAFT_FAMILY\((\w+)\)/mg) { push @names, $1; $family{$1} = 1 }
+    # The ops a family file enters in its tables: {"Op", run, check...}.
+    sub ops_of {
+      my %o; $o{$1} = 1 while $_[0] =~ /\{"([A-Z][A-Za-z0-9]*)",\s*[\w:<>]+/g;
+      return \%o;
+    }
+    for my $dir (@dirs) {
+      for my $file (sort glob("$dir/*.cpp")) {
+        my $src = slurp($file);
+        while ($src =~ /std::span<const KernelEntry>\s+(\w+)_kernels\(\)\s*\{/g) {
+          my $name = $1;
+          my ($stem) = $file =~ m{([^/]+)\.cpp$};
+          print "families: $file defines ${name}_kernels(), which $list does not list\n" unless $family{$name};
+          print "families: $file defines ${name}_kernels(); a family is <family>.cpp\n" if $family{$name} && $name ne $stem;
+        }
+      }
+    }
+    for my $name (@names) {
+      my %ops; my $ok = 1;
+      for my $dir (@dirs) {
+        my $file = "$dir/$name.cpp";
+        my $src = slurp($file);
+        if (!defined $src || $src !~ /std::span<const KernelEntry>\s+${name}_kernels\(\)\s*\{/) {
+          print "families: ${name}_kernels() is not defined in $file (a family is <family>.cpp)\n";
+          $ok = 0;
+          next;
+        }
+        $ops{$dir} = ops_of($src);
+      }
+      next unless $ok;
+      my ($a, $b) = @dirs;
+      for my $op (sort keys %{$ops{$a}}) {
+        print "families: $op is in $a/$name.cpp and not in $b/$name.cpp\n" unless $ops{$b}{$op};
+      }
+      for my $op (sort keys %{$ops{$b}}) {
+        print "families: $op is in $b/$name.cpp and not in $a/$name.cpp\n" unless $ops{$a}{$op};
+      }
+    }' "$list" runtime/cpu runtime/cuda)
+  if [ -n "$report" ]; then
+    echo "$report"
+    bad=1
+  fi
+}
+
 case "$what" in
   sizes) check_sizes ;;
   layering) check_layering ;;
   enums) check_enums ;;
+  families) check_families ;;
   all)
     check_sizes
     check_layering
     check_enums
+    check_families
     ;;
   *)
-    echo "check_layout: unknown check '$what' (sizes, layering, enums or all)" >&2
+    echo "check_layout: unknown check '$what' (sizes, layering, enums, families or all)" >&2
     exit 2
     ;;
 esac

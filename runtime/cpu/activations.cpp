@@ -141,6 +141,6 @@ constexpr KernelEntry kKernels[] = {
 
 }  // namespace
 
-std::span<const KernelEntry> activation_kernels() { return kKernels; }
+std::span<const KernelEntry> activations_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cpu

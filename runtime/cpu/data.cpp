@@ -15,6 +15,7 @@
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/data_shape.h"
 #include "runtime/ops/layout.h"
 
 namespace stagecraft::rt::cpu {
@@ -98,12 +99,9 @@ std::vector<int64_t> read_ints(const KernelArgs& a, size_t k) {
   return ops::read_ints(a, a.input(k), k);
 }
 
-// An axis list from attribute `name` or, when the attribute is absent, from input `k` (the
-// form opset 13 moved it to); empty when neither is given.
+// An axis list from attribute `name` or, when absent, from input `k`; empty when neither.
 std::vector<int64_t> axes_from(const KernelArgs& a, std::string_view name, size_t k) {
-  if (a.attrs.has(name)) return a.attrs.ints(name);
-  if (a.has_input(k)) return read_ints(a, k);
-  return {};
+  return ops::axes_from(a, name, k, [&](size_t input) { return read_ints(a, input); });
 }
 
 // Output 0 takes input 0's bytes unchanged (ops that only change the shape).
@@ -123,72 +121,24 @@ void identity(const KernelArgs& a) {
 // Reshape: the target shape from input 1 (0 copies the input dim unless allowzero, -1 is
 // inferred).
 void reshape(const KernelArgs& a) {
-  const Tensor& in = a.input(0);
-  Shape target = read_ints(a, 1);
-  bool allow_zero = a.attrs.i("allowzero", 0) != 0;
-  int64_t inferred = -1, known = 1;
-  for (size_t d = 0; d < target.size(); ++d) {
-    if (target[d] == 0 && !allow_zero) {
-      if (d >= in.shape.size()) fail(ErrorKind::kModel, "Reshape copies dim {} of a rank-{} input", d, in.rank());
-      target[d] = in.shape[d];
-    }
-    if (target[d] == -1) {
-      if (inferred >= 0) fail(ErrorKind::kModel, "Reshape shape {} has two -1 dims", shape_string(target));
-      inferred = static_cast<int64_t>(d);
-    } else if (target[d] < 0) {
-      fail(ErrorKind::kModel, "Reshape shape has the negative dim {}", target[d]);
-    } else {
-      known *= target[d];
-    }
-  }
-  if (inferred >= 0) target[inferred] = known == 0 ? 0 : in.numel() / known;
-  expect_shape(a, 0, target);
+  expect_shape(a, 0, ops::reshape_shape(a, a.input(0).shape, read_ints(a, 1)));
   copy_through(a);
 }
 
 void flatten(const KernelArgs& a) {
-  const Tensor& in = a.input(0);
-  int64_t axis = ops::normalize_axis(a, a.attrs.i("axis", 1), in.rank(), /*inclusive=*/true);
-  int64_t outer = 1;
-  for (int64_t d = 0; d < axis; ++d) outer *= in.shape[d];
-  int64_t inner = 1;
-  for (int64_t d = axis; d < in.rank(); ++d) inner *= in.shape[d];
-  expect_shape(a, 0, {outer, inner});
+  expect_shape(a, 0, ops::flatten_shape(a, a.input(0).shape));
   copy_through(a);
 }
 
 // Squeeze: the listed axes (or every size-1 dim) removed.
 void squeeze(const KernelArgs& a) {
-  const Tensor& in = a.input(0);
-  std::vector<int64_t> axes = axes_from(a, "axes", 1);
-  std::vector<bool> drop(in.shape.size(), axes.empty());
-  for (int64_t axis : axes) {
-    int64_t d = ops::normalize_axis(a, axis, in.rank());
-    if (in.shape[d] != 1) fail(ErrorKind::kModel, "Squeeze axis {} has size {}, not 1", axis, in.shape[d]);
-    drop[d] = true;
-  }
-  Shape expected;
-  for (size_t d = 0; d < in.shape.size(); ++d)
-    if (!drop[d] || in.shape[d] != 1) expected.push_back(in.shape[d]);
-  expect_shape(a, 0, expected);
+  expect_shape(a, 0, ops::squeeze_shape(a, a.input(0).shape, axes_from(a, "axes", 1)));
   copy_through(a);
 }
 
 // Unsqueeze: size-1 dims inserted at the listed axes of the output.
 void unsqueeze(const KernelArgs& a) {
-  const Tensor& in = a.input(0);
-  std::vector<int64_t> axes = axes_from(a, "axes", 1);
-  int64_t rank = in.rank() + static_cast<int64_t>(axes.size());
-  std::vector<bool> inserted(static_cast<size_t>(rank), false);
-  for (int64_t axis : axes) {
-    int64_t d = ops::normalize_axis(a, axis, rank);
-    if (inserted[d]) fail(ErrorKind::kModel, "Unsqueeze axis {} is listed twice", axis);
-    inserted[d] = true;
-  }
-  Shape expected;
-  size_t next = 0;
-  for (int64_t d = 0; d < rank; ++d) expected.push_back(inserted[d] ? 1 : in.shape[next++]);
-  expect_shape(a, 0, expected);
+  expect_shape(a, 0, ops::unsqueeze_shape(a, a.input(0).shape, axes_from(a, "axes", 1)));
   copy_through(a);
 }
 

@@ -50,18 +50,10 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend() {
     const std::span<const KernelEntry> families[] = {
-        conv_kernels(),        pool_kernels(),        matmul_kernels(),    norm_kernels(),
-        reduce_kernels(),      elementwise_kernels(), data_kernels(),      shape_kernels(),
-        loss_kernels(),        leaky_relu_kernels(),  pad_kernels(),       reduction_kernels(),
-        unary_math_kernels(),  activation_kernels(),  compare_logic_kernels(),
-        grad_matmul_kernels(), grad_conv_kernels(),   grad_norm_kernels(), grad_eltwise_kernels(),
-        grad_data_kernels(),
-        // Segmentation heads and indexing.
-        resize_kernels(), indexing_kernels(), rearrange_kernels(),
-        // U-Net decoders and instance normalisation.
-        conv_transpose_kernels(), instance_norm_kernels(),
-        // Recurrent nets.
-        rnn_kernels()};
+#define STAGECRAFT_FAMILY(name) name##_kernels(),
+#include "runtime/ops/families.def"
+#undef STAGECRAFT_FAMILY
+    };
     size_t total = 0;
     for (const auto& family : families) total += family.size();
     table_.reserve(total);

@@ -26,12 +26,6 @@ namespace {
 
 using dnnl::memory;
 
-// The gradient ops' operand counts: n forward inputs, m forward outputs.
-constexpr ops::GradArity kConvArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
-// MaxPool: outputs Y and [Indices].
-constexpr ops::GradArity kMaxPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 2};
-constexpr ops::GradArity kPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
-
 // "" when every present input and output is float32 except inputs listed in `int_inputs`
 // (which may be int64).
 std::string float32_except(const OpSignature& s, std::initializer_list<size_t> int_inputs) {
@@ -56,7 +50,7 @@ std::string float32_except(const OpSignature& s, std::initializer_list<size_t> i
 // Writes every element of every requested output: oneDNN's backward primitives overwrite dX
 // (zeros where no window reads an input) and dW, and dB is one sum per channel.
 void conv_grad(const KernelArgs& a) {
-  const ops::GradIo io(a, kConvArity);
+  const ops::GradIo io(a, ops::kConvGradArity);
   const Tensor& x = io.need_x(0);
   const Tensor& w = io.need_x(1);
   if (io.dy(0) == nullptr) return ops::zero_outputs(a);
@@ -117,7 +111,7 @@ void conv_grad(const KernelArgs& a) {
 }
 
 std::string check_conv_grad(const OpSignature& s) {
-  if (std::string why = ops::grad_arity_error(s, kConvArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, ops::kConvGradArity); !why.empty()) return why;
   if (std::string why = all_float32(s); !why.empty()) return why;
   const std::string auto_pad = s.attrs.s("auto_pad", "NOTSET");
   if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" &&
@@ -133,26 +127,11 @@ std::string check_conv_grad(const OpSignature& s) {
 // ---------------------------------------------------------------------------------------------
 // Pooling gradients (geometry: window.h, as the forward)
 
-// A pooling gradient's X, dY (the gradient of Y; null when omitted) and dX (null when not
-// wanted, else checked to have X's shape).
-struct PoolArgs {
-  const Tensor* x = nullptr;
-  const Tensor* dy = nullptr;
-  Tensor* dx = nullptr;
-};
-
-PoolArgs pool_args(const KernelArgs& a, const ops::GradArity& arity) {
-  const ops::GradIo io(a, arity);
-  PoolArgs p{&io.need_x(0), io.dy(0), io.dx(0)};
-  if (p.dx != nullptr) expect_shape(a, 0, p.x->shape);
-  return p;
-}
-
 // MaxPool and AveragePool add into dX, so each zeroes one plane of dX just before it adds into
 // it (while the plane is in cache) instead of the runtime zeroing all of dX first: the kernels
 // write every element.
 void max_pool_grad(const KernelArgs& a) {
-  const PoolArgs p = pool_args(a, kMaxPoolArity);
+  const ops::PoolGradOperands p = ops::pool_grad_operands(a, ops::kMaxPoolGradArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return ops::zero(*p.dx);
   const ops::PoolGeometry g = ops::pool_grad_geometry(a, *p.x, *p.dy);
@@ -193,7 +172,7 @@ void max_pool_grad(const KernelArgs& a) {
 }
 
 void average_pool_grad(const KernelArgs& a) {
-  const PoolArgs p = pool_args(a, kPoolArity);
+  const ops::PoolGradOperands p = ops::pool_grad_operands(a, ops::kPoolGradArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return ops::zero(*p.dx);
   const ops::PoolGeometry g = ops::pool_grad_geometry(a, *p.x, *p.dy);
@@ -228,7 +207,7 @@ void average_pool_grad(const KernelArgs& a) {
 }
 
 void global_average_pool_grad(const KernelArgs& a) {
-  const PoolArgs p = pool_args(a, kPoolArity);
+  const ops::PoolGradOperands p = ops::pool_grad_operands(a, ops::kPoolGradArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return ops::zero(*p.dx);
   const Tensor& x = *p.x;
@@ -259,19 +238,19 @@ std::string check_pool_grad_attrs(const OpSignature& s) {
 
 std::string check_max_pool_grad(const OpSignature& s) {
   // Inputs: X, Y, [Indices (int64)], dY, [dIndices].
-  if (std::string why = ops::grad_arity_error(s, kMaxPoolArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, ops::kMaxPoolGradArity); !why.empty()) return why;
   if (std::string why = float32_except(s, {2}); !why.empty()) return why;
   return check_pool_grad_attrs(s);
 }
 
 std::string check_average_pool_grad(const OpSignature& s) {
-  if (std::string why = ops::grad_arity_error(s, kPoolArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, ops::kPoolGradArity); !why.empty()) return why;
   if (std::string why = all_float32(s); !why.empty()) return why;
   return check_pool_grad_attrs(s);
 }
 
 std::string check_global_average_pool_grad(const OpSignature& s) {
-  if (std::string why = ops::grad_arity_error(s, kPoolArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, ops::kPoolGradArity); !why.empty()) return why;
   return all_float32(s);
 }
 

@@ -25,7 +25,6 @@ namespace {
 // running mean and running variance; LayerNormalization's Y, Mean and InvStdDev).
 constexpr ops::GradArity kBatchNormArity{.n_min = 5, .n_max = 5, .m_min = 1, .m_max = 3};
 constexpr ops::GradArity kLayerNormArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 3};
-constexpr ops::GradArity kSoftmaxArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
 
 // ---------------------------------------------------------------------------------------------
 // BatchNormalizationGrad: X [N, C, ...] read as [N, C, S].
@@ -230,24 +229,13 @@ std::string check_layer_norm_grad(const OpSignature& s) {
 
 // Writes every element of dX.
 void softmax_grad(const KernelArgs& a) {
-  const ops::GradIo io(a, kSoftmaxArity);
+  const ops::GradIo io(a, ops::kSoftmaxGradArity);
   const Tensor& x = io.need_x(0);
   const Tensor& y = io.need_y(0);
   const Tensor* dy = io.dy(0);
   if (!io.wants(0)) return;
   if (dy == nullptr) return ops::zero(*io.dx(0));
-  int64_t axis = a.attrs.i("axis", -1);
-  if (x.rank() == 0 || axis < -x.rank() || axis >= x.rank())
-    fail(ErrorKind::kModel, "SoftmaxGrad: axis {} is out of range for {}", axis, x.describe());
-  if (axis < 0) axis += x.rank();
-  expect_shape(a, 0, x.shape);
-  if (y.shape != x.shape || dy->shape != x.shape)
-    fail(ErrorKind::kShape, "SoftmaxGrad: Y {} and dY {} should be {}", y.describe(),
-         dy->describe(), shape_string(x.shape));
-  int64_t outer = 1, inner = 1;
-  for (int64_t i = 0; i < axis; ++i) outer *= x.shape[i];
-  for (int64_t i = axis + 1; i < x.rank(); ++i) inner *= x.shape[i];
-  const int64_t len = x.shape[axis];
+  const auto [outer, len, inner] = ops::softmax_grad_view(a, x, y, *dy);
   const float* yp = y.as<float>();
   const float* g = dy->as<float>();
   float* dx = io.dx(0)->as<float>();
@@ -267,7 +255,7 @@ void softmax_grad(const KernelArgs& a) {
 }
 
 std::string check_softmax_grad(const OpSignature& s) {
-  if (std::string why = ops::grad_arity_error(s, kSoftmaxArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, ops::kSoftmaxGradArity); !why.empty()) return why;
   return all_float32(s);
 }
 

@@ -233,30 +233,19 @@ void scatter_nd(const KernelArgs& a) {
 }
 
 void scatter_nd_grad(const KernelArgs& a) {
-  const ops::GradIo io(a, {.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1});
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) ops::zero_outputs(a);
-  if (dy == nullptr || (!io.wants(0) && !io.wants(2))) return;
-  const Tensor& data = io.need_x(0);
-  const Tensor& updates = io.need_x(2);
-  if (dy->shape != data.shape)
-    fail(ErrorKind::kShape, "ScatterNDGrad '{}': the output gradient is {} but the data are {}",
-         a.name, dy->describe(), data.describe());
-  const ops::ScatterPlanData plan = ops::scatter_plan(a, data.shape, io.need_x(1), updates.shape);
-  if (plan.reduction == ops::ScatterReduction::kMul)
-    fail(ErrorKind::kUnsupported, "ScatterNDGrad '{}': reduction mul has no gradient kernel",
-         a.name);
-  const ops::ScatterPlan p = plan.at(plan.values.data());
-  const float* src = dy->as<float>();
+  const ops::GradIo io(a, ops::kScatterNdGradArity);
+  const auto o =
+      ops::scatter_nd_grad_operands(a, io, [](const Tensor& t) -> const Tensor& { return t; });
+  if (!o) return;
+  const ops::ScatterPlan p = o->plan.at(o->plan.values.data());
+  const float* src = o->dy->as<float>();
   if (Tensor* dd = io.dx(0)) {
-    expect_shape(a, 0, data.shape);
     float* dst = dd->as<float>();
     const int64_t n = dd->numel();
 #pragma omp parallel for if (n >= kParallelElements)
     for (int64_t e = 0; e < n; ++e) dst[e] = ops::scatter_nd_data_grad(p, src, e);
   }
   if (Tensor* du = io.dx(2)) {
-    expect_shape(a, 2, updates.shape);
     float* dst = du->as<float>();
     const int64_t n = du->numel();
 #pragma omp parallel for if (n >= kParallelElements)

@@ -21,8 +21,6 @@ namespace stagecraft::rt::cpu {
 
 namespace {
 
-constexpr ops::GradArity kArity{.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1};
-
 // A plane's mean and biased variance, in double.
 void plane_stats(const float* x, int64_t size, double& mean, double& var) {
   double sum = 0;
@@ -61,7 +59,7 @@ void instance_norm(const KernelArgs& a) {
 
 // Writes every element of every requested output.
 void instance_norm_grad(const KernelArgs& a) {
-  const ops::GradIo io(a, kArity);
+  const ops::GradIo io(a, ops::kInstanceNormGradArity);
   const Tensor& x = io.need_x(0);
   const Tensor& scale_t = io.need_x(1);
   const ops::InstanceNormShape s = ops::instance_norm_shape(a, x, scale_t, io.need_x(2));
@@ -120,7 +118,7 @@ std::string check_instance_norm(const OpSignature& s) {
 }
 
 std::string check_instance_norm_grad(const OpSignature& s) {
-  if (std::string why = ops::grad_arity_error(s, kArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, ops::kInstanceNormGradArity); !why.empty()) return why;
   return all_float32(s);
 }
 

@@ -49,7 +49,6 @@ inline float log_normalizer(const float* x, int64_t c, int64_t stride) {
   return mx + static_cast<float>(std::log(s));
 }
 
-
 void sce(const KernelArgs& a) {
   const Tensor& scores = a.input(0);
   const Tensor& labels = a.input(1);
@@ -82,21 +81,14 @@ void sce(const KernelArgs& a) {
     loss[0] = p.weight_sum != 0 ? static_cast<float>(total / p.weight_sum) : 0.0f;
 }
 
-// The gradient's operand counts: scores, labels, [weights]; loss, [log_prob].
-constexpr ops::GradArity kSceGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 2};
-
 // Gradient: inputs scores, labels, weights ("" when omitted), loss, [log_prob], dloss,
 // [dlog_prob]; output dscores (labels and weights get none). With p = softmax(scores):
 //   dscores[n, c, d] = g[n, d] * w[n, d] * (p - [c == t]) + dlp - p * sum_c dlp
 // where g is dloss (sum), dloss / sum(w) (mean), or dloss[n, d] (none).
 // Writes every element of dscores: positions with no gradient get zeros.
 void sce_grad(const KernelArgs& a) {
-  const ops::GradIo io(a, kSceGradArity);
-  if (io.wants(1)) fail(ErrorKind::kUnsupported, "{}: labels have no gradient", a.op_type);
-  if (io.wants(2))
-    fail(ErrorKind::kUnsupported, "{}: the gradient of the class weights is not supported",
-         a.op_type);
-  if (!io.wants(0)) return;
+  const ops::GradIo io(a, ops::kSceGradArity);
+  if (!ops::sce_grad_wanted(a, io)) return;
   const Tensor& scores = io.need_x(0);
   const Tensor& labels = io.need_x(1);
   const Tensor* weights = io.x(2);
@@ -147,7 +139,7 @@ void sce_grad(const KernelArgs& a) {
 std::string check_sce(const OpSignature& s) {
   const bool grad = s.op_type.ends_with(grad::kGradSuffix);
   if (grad)
-    if (std::string why = ops::grad_arity_error(s, kSceGradArity); !why.empty()) return why;
+    if (std::string why = ops::grad_arity_error(s, ops::kSceGradArity); !why.empty()) return why;
   if (s.inputs.size() < 2) return fmt::format("{} needs scores and labels", s.op_type);
   if (s.inputs[0] != DType::kFloat32)
     return fmt::format("{} on {} scores is not supported (float32 only)", s.op_type,

@@ -1,5 +1,5 @@
 // Kernels of the norm family (see families.h): BatchNormalization and LayerNormalization on
-// float32 through oneDNN's normalisation primitives.
+// float32 through oneDNN's normalisation primitives, and Softmax through oneDNN's softmax.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -181,9 +181,28 @@ void layer_norm(const KernelArgs& a) {
   }
 }
 
+// Softmax along its one axis (ops::softmax_view), seen by oneDNN as [outer, len] or
+// [outer, len, inner].
+void softmax(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  const ops::SoftmaxView v = ops::softmax_view(a, x);
+  if (x.numel() == 0) return;
+  const Shape view = v.inner == 1 ? Shape{v.outer, v.len} : Shape{v.outer, v.len, v.inner};
+
+  const CpuContext& ctx = context(a);
+  dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference, plain_desc(view), 1);
+  dnnl::softmax_forward::primitive_desc pd(desc, ctx.engine);
+  dnnl::stream stream = ctx.stream;
+  dnnl::softmax_forward(pd).execute(
+      stream, {{DNNL_ARG_SRC, memory(plain_desc(view), ctx.engine, x.data)},
+               {DNNL_ARG_DST, memory(plain_desc(view), ctx.engine, a.out[0]->data)}});
+  stream.wait();
+}
+
 const KernelEntry kKernels[] = {
     {"BatchNormalization", batch_norm, check_batch_norm},
     {"LayerNormalization", layer_norm, check_layer_norm},
+    {"Softmax", softmax, all_float32},
 };
 
 }  // namespace

@@ -20,8 +20,6 @@
 namespace stagecraft::rt::cpu {
 namespace {
 
-constexpr ops::GradArity kArity{.n_min = 3, .n_max = 8, .m_min = 1, .m_max = 3};
-
 class CpuRnnOps {
  public:
   explicit CpuRnnOps(const KernelArgs& a) : a_(a), ctx_(context(a)) {}
@@ -78,7 +76,7 @@ void rnn(const KernelArgs& a) {
 }
 
 void rnn_grad(const KernelArgs& a) {
-  const ops::GradIo io(a, kArity);
+  const ops::GradIo io(a, ops::kRnnGradArity);
   const ops::RnnGeometry g =
       ops::rnn_geometry(a, [&](size_t k) { return io.x(k) ? &io.x(k)->shape : nullptr; });
   const ops::RnnOperands t = ops::rnn_grad_operands(
@@ -115,7 +113,7 @@ std::string check_rnn(const OpSignature& s) {
 }
 
 std::string check_rnn_grad(const OpSignature& s) {
-  if (std::string why = ops::grad_arity_error(s, kArity); !why.empty()) return why;
+  if (std::string why = ops::grad_arity_error(s, ops::kRnnGradArity); !why.empty()) return why;
   // Operand 4 is sequence_lens only when the forward node had 5 inputs or more.
   const bool lens = s.attrs.i(grad::kForwardInputsAttr, 0) > 4;
   return check_operands(s, lens ? 4 : s.inputs.size());

@@ -1,6 +1,5 @@
-// The CUDA backend's data family (families.h): layout and indexing ops, the shape ops
-// (data_shape.cpp) and ReduceMean, over the same ops, attributes and dtypes as the CPU
-// backend's data.cpp, shape_ops.cpp and reduce.cpp. Each kernel recomputes its output shape
+// The CUDA backend's data family (families.h): layout and indexing ops, over the same ops,
+// attributes and dtypes as the CPU backend's data.cpp. Each kernel recomputes its output shape
 // as the CPU's does and checks it against the recorded one; small integer operands (shapes,
 // axes, slice bounds, gather indices) are read to the host first.
 //
@@ -15,9 +14,8 @@
 #include <vector>
 
 #include "runtime/cuda/data_common.h"
-#include "runtime/cuda/data_shape.h"
 #include "runtime/cuda/families.h"
-#include "runtime/ops/reduce_shape.h"
+#include "runtime/ops/data_shape.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
@@ -27,9 +25,7 @@ using ops::normalize_axis;
 
 // An axis list from attribute `name` or, when absent, from input `k`; empty when neither.
 std::vector<int64_t> axes_from(const KernelArgs& a, std::string_view name, size_t k) {
-  if (a.attrs.has(name)) return a.attrs.ints(name);
-  if (a.has_input(k)) return read_ints(context(a), a.input(k));
-  return {};
+  return ops::axes_from(a, name, k, [&](size_t input) { return read_ints(context(a), a.input(input)); });
 }
 
 // Output 0 takes input 0's bytes unchanged (ops that only change the shape).
@@ -62,72 +58,22 @@ void identity(const KernelArgs& a) {
 }
 
 void reshape(const KernelArgs& a) {
-  const Tensor& in = a.input(0);
-  Shape target = read_ints(context(a), a.input(1));
-  const bool allow_zero = a.attrs.i("allowzero", 0) != 0;
-  int64_t inferred = -1, known = 1;
-  for (size_t d = 0; d < target.size(); ++d) {
-    if (target[d] == 0 && !allow_zero) {
-      if (d >= in.shape.size())
-        fail(ErrorKind::kModel, "Reshape copies dim {} of a rank-{} input", d, in.rank());
-      target[d] = in.shape[d];
-    }
-    if (target[d] == -1) {
-      if (inferred >= 0)
-        fail(ErrorKind::kModel, "Reshape shape {} has two -1 dims", shape_string(target));
-      inferred = static_cast<int64_t>(d);
-    } else if (target[d] < 0) {
-      fail(ErrorKind::kModel, "Reshape shape has the negative dim {}", target[d]);
-    } else {
-      known *= target[d];
-    }
-  }
-  if (inferred >= 0) target[inferred] = known == 0 ? 0 : in.numel() / known;
-  expect_shape(a, 0, target);
+  expect_shape(a, 0, ops::reshape_shape(a, a.input(0).shape, read_ints(context(a), a.input(1))));
   copy_through(a);
 }
 
 void flatten(const KernelArgs& a) {
-  const Tensor& in = a.input(0);
-  const int64_t axis = normalize_axis(a, a.attrs.i("axis", 1), in.rank(), /*inclusive=*/true);
-  int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < axis; ++d) outer *= in.shape[d];
-  for (int64_t d = axis; d < in.rank(); ++d) inner *= in.shape[d];
-  expect_shape(a, 0, {outer, inner});
+  expect_shape(a, 0, ops::flatten_shape(a, a.input(0).shape));
   copy_through(a);
 }
 
 void squeeze(const KernelArgs& a) {
-  const Tensor& in = a.input(0);
-  const std::vector<int64_t> axes = axes_from(a, "axes", 1);
-  std::vector<bool> drop(in.shape.size(), axes.empty());
-  for (int64_t axis : axes) {
-    const int64_t d = normalize_axis(a, axis, in.rank());
-    if (in.shape[d] != 1)
-      fail(ErrorKind::kModel, "Squeeze axis {} has size {}, not 1", axis, in.shape[d]);
-    drop[d] = true;
-  }
-  Shape expected;
-  for (size_t d = 0; d < in.shape.size(); ++d)
-    if (!drop[d] || in.shape[d] != 1) expected.push_back(in.shape[d]);
-  expect_shape(a, 0, expected);
+  expect_shape(a, 0, ops::squeeze_shape(a, a.input(0).shape, axes_from(a, "axes", 1)));
   copy_through(a);
 }
 
 void unsqueeze(const KernelArgs& a) {
-  const Tensor& in = a.input(0);
-  const std::vector<int64_t> axes = axes_from(a, "axes", 1);
-  const int64_t rank = in.rank() + static_cast<int64_t>(axes.size());
-  std::vector<bool> inserted(static_cast<size_t>(rank), false);
-  for (int64_t axis : axes) {
-    const int64_t d = normalize_axis(a, axis, rank);
-    if (inserted[d]) fail(ErrorKind::kModel, "Unsqueeze axis {} is listed twice", axis);
-    inserted[d] = true;
-  }
-  Shape expected;
-  size_t next = 0;
-  for (int64_t d = 0; d < rank; ++d) expected.push_back(inserted[d] ? 1 : in.shape[next++]);
-  expect_shape(a, 0, expected);
+  expect_shape(a, 0, ops::unsqueeze_shape(a, a.input(0).shape, axes_from(a, "axes", 1)));
   copy_through(a);
 }
 
@@ -275,37 +221,6 @@ void expand(const KernelArgs& a) {
   strided_copy(a, out.shape, strides, 0);
 }
 
-// ReduceMean (opsets <= 17): the mean over `axes` (every dim when absent), keepdims default 1.
-void reduce_mean(const KernelArgs& a) {
-  const Tensor& x = a.input(0);
-  const ops::MeanRule rule = ops::mean_rule(a, x.shape, a.attrs.ints("axes"));
-  const std::vector<bool>& reduced = rule.reduced;
-  const int64_t count = rule.count;
-  expect_shape(a, 0, rule.y_shape);
-  Tensor& out = *a.out[0];
-  if (out.numel() == 0) return;
-  if (count == 0) fail(ErrorKind::kUnsupported, "ReduceMean of {} over an empty dim", x.describe());
-  const ReduceMap map = reduce_map(a, x.shape, reduced);
-  cudaStream_t stream = context(a).stream();
-  switch (x.dtype) {
-    case DType::kFloat32:
-      launch_reduce_mean_f32(out.as<float>(), x.as<float>(), out.numel(), map, stream);
-      break;
-    case DType::kFloat64:
-      launch_reduce_mean_f64(out.as<double>(), x.as<double>(), out.numel(), map, stream);
-      break;
-    case DType::kInt32:
-      launch_reduce_mean_i32(out.as<int32_t>(), x.as<int32_t>(), out.numel(), map, stream);
-      break;
-    case DType::kInt64:
-      launch_reduce_mean_i64(out.as<int64_t>(), x.as<int64_t>(), out.numel(), map, stream);
-      break;
-    default:
-      fail(ErrorKind::kUnsupported, "ReduceMean on {} is not supported", dtype_name(x.dtype));
-  }
-  check_launch(a);
-}
-
 // Every op takes what the CPU backend's takes (every fixed-size dtype for the moves).
 constexpr KernelEntry kKernels[] = {
     {"Identity", identity, same_as_cpu},   {"Reshape", reshape, same_as_cpu},
@@ -313,19 +228,11 @@ constexpr KernelEntry kKernels[] = {
     {"Unsqueeze", unsqueeze, same_as_cpu}, {"Transpose", transpose, same_as_cpu},
     {"Concat", concat, same_as_cpu},       {"Split", split, same_as_cpu},
     {"Slice", slice, same_as_cpu},         {"Gather", gather, same_as_cpu},
-    {"Expand", expand, same_as_cpu},       {"ReduceMean", reduce_mean, same_as_cpu},
+    {"Expand", expand, same_as_cpu},
 };
 
 }  // namespace
 
-std::span<const KernelEntry> data_kernels() {
-  static const std::vector<KernelEntry> table = [] {
-    std::vector<KernelEntry> all(std::begin(kKernels), std::end(kKernels));
-    const std::span<const KernelEntry> shape = data_shape_kernels();
-    all.insert(all.end(), shape.begin(), shape.end());
-    return all;
-  }();
-  return table;
-}
+std::span<const KernelEntry> data_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cuda

@@ -51,14 +51,10 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend() {
     const std::span<const KernelEntry> families[] = {
-        matmul_kernels(),      conv_kernels(),      norm_kernels(),      elementwise_kernels(),
-        data_kernels(),        loss_kernels(),      pad_kernels(),       reduction_kernels(),
-        grad_matmul_kernels(), grad_conv_kernels(), grad_norm_kernels(), grad_eltwise_kernels(),
-        grad_data_kernels(),
-        // Segmentation heads and indexing.
-        resize_kernels(), indexing_kernels(), rearrange_kernels(),
-        // U-Net decoders and instance normalisation.
-        conv_transpose_kernels(), instance_norm_kernels(), rnn_kernels()};
+#define STAGECRAFT_FAMILY(name) name##_kernels(),
+#include "runtime/ops/families.def"
+#undef STAGECRAFT_FAMILY
+    };
     for (const auto& family : families) table_.insert(table_.end(), family.begin(), family.end());
   }
   std::string_view name() const override { return "cuda"; }

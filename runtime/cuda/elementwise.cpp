@@ -1,9 +1,8 @@
 // The CUDA backend's elementwise family (families.h): the ops of the CPU backend's
-// elementwise.cpp and leaky_relu.cpp, on every dtype the CPU accepts (so each check is
-// `same_as_cpu`; the arithmetic and unary maths also natively on bfloat16 and float16,
-// `same_as_cpu_16bit`): unary maths (Relu, Sigmoid, Tanh, Sqrt, Erf, HardSigmoid, HardSwish,
-// LeakyRelu, Clip), Dropout at inference, Cast, the binary ops with numpy broadcasting (Add,
-// Sub, Mul, Div, Pow, Equal) and Where. This file reads attributes, checks shapes and plans the
+// elementwise.cpp, on every dtype the CPU accepts (so each check is `same_as_cpu`; the
+// arithmetic and unary maths also natively on bfloat16 and float16, `same_as_cpu_16bit`): Relu,
+// Sigmoid, Tanh, Sqrt, Erf, HardSigmoid, HardSwish, Clip, Dropout, Cast, the binary ops with
+// numpy broadcasting (Add, Sub, Mul, Div, Pow, Equal) and Where. This file reads attributes, checks shapes and plans the
 // broadcast; elementwise_kernels.cu computes each element as the CPU does.
 #include <fmt/format.h>
 
@@ -18,41 +17,9 @@
 namespace stagecraft::rt::cuda {
 namespace {
 
-// The unary op's input, with the output checked to have its shape.
-const Tensor& unary_input(const KernelArgs& a) {
-  const Tensor& x = a.input(0);
-  expect_shape(a, 0, x.shape);
-  return x;
-}
-
-void unary(const KernelArgs& a, UnaryOp op, const UnaryParams& params) {
-  const Tensor& x = unary_input(a);
-  if (!launch_unary(op, x.dtype, x.data, a.out[0]->data, x.numel(), params, context(a).stream()))
-    refuse_dtype(a, x.dtype);
-  check_launch(a);
-}
-
-template <UnaryOp op>
-void run_unary(const KernelArgs& a) {
-  unary(a, op, {});
-}
-
 void run_hard_sigmoid(const KernelArgs& a) {
   unary(a, UnaryOp::kHardSigmoid,
         {.alpha = a.attrs.f("alpha", 0.2f), .beta = a.attrs.f("beta", 0.5f)});
-}
-
-void run_elu(const KernelArgs& a) { unary(a, UnaryOp::kElu, {.alpha = a.attrs.f("alpha", 1.0f)}); }
-
-// Selu's defaults are ONNX's (float32 roundings of the constants of Klambauer et al. 2017).
-void run_selu(const KernelArgs& a) {
-  unary(a, UnaryOp::kSelu,
-        {.alpha = a.attrs.f("alpha", 1.67326319217681884765625f),
-         .gamma = a.attrs.f("gamma", 1.05070102214813232421875f)});
-}
-
-void run_leaky_relu(const KernelArgs& a) {
-  unary(a, UnaryOp::kLeakyRelu, {.alpha = a.attrs.f("alpha", 0.01f)});
 }
 
 // The device element of Clip's optional bound input k, or null when it is omitted.
@@ -131,96 +98,6 @@ void run_cast(const KernelArgs& a) {
   check_launch(a);
 }
 
-// The map of a broadcasting op over its N inputs, the output checked to have their broadcast
-// shape.
-template <size_t N>
-BroadcastMap broadcast_output(const KernelArgs& a) {
-  std::array<Shape, N> shapes;
-  Shape out;
-  for (size_t k = 0; k < N; ++k) {
-    shapes[k] = a.input(k).shape;
-    out = k == 0 ? shapes[k] : ops::broadcast_shape(out, shapes[k]);
-  }
-  expect_shape(a, 0, out);
-  return broadcast_map<N>(a, shapes, out);
-}
-
-bool is_integer(DType d) {
-  return d != DType::kFloat32 && d != DType::kFloat64 && d != DType::kFloat16 &&
-         d != DType::kBFloat16;
-}
-
-// Integer Div and Mod refuse a zero divisor, as the CPU does (the divisor is read to the host).
-void refuse_zero_divisor(const KernelArgs& a, const Tensor& y) {
-  const Tensor host = host_copy(context(a), y);
-  const int64_t size = dtype_size(y.dtype), n = y.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    bool zero = true;
-    for (int64_t b = 0; b < size; ++b) zero = zero && host.data[i * size + b] == std::byte{0};
-    if (!zero) continue;
-    if (a.op_type == "Mod")
-      fail(ErrorKind::kModel, "Mod '{}': integer modulo by zero ({} divisor)", a.name,
-           dtype_name(y.dtype));
-    fail(ErrorKind::kModel, "integer division by zero ({} divisor)", dtype_name(y.dtype));
-  }
-}
-
-template <BinaryOp op>
-void run_binary(const KernelArgs& a) {
-  const BroadcastMap map = broadcast_output<2>(a);
-  const Tensor &x = a.input(0), &y = a.input(1);
-  if ((op == BinaryOp::kDiv || op == BinaryOp::kMod || op == BinaryOp::kFmod) &&
-      is_integer(x.dtype))
-    refuse_zero_divisor(a, y);
-  Tensor& z = *a.out[0];
-  if (!launch_binary(op, x.dtype, y.dtype, x.data, y.data, z.data, z.numel(), map,
-                     context(a).stream()))
-    refuse_dtype(a, x.dtype);
-  check_launch(a);
-}
-
-// PRelu: the slope broadcasts to X (unidirectionally).
-void run_prelu(const KernelArgs& a) {
-  const Tensor &x = a.input(0), &slope = a.input(1);
-  if (ops::broadcast_shape(x.shape, slope.shape) != x.shape)
-    fail(ErrorKind::kShape, "PRelu '{}': the slope {} does not broadcast to X {}", a.name,
-         shape_string(slope.shape), shape_string(x.shape));
-  run_binary<BinaryOp::kPRelu>(a);
-}
-
-void run_mod(const KernelArgs& a) {
-  if (a.attrs.i("fmod", 0) != 0) return run_binary<BinaryOp::kFmod>(a);
-  run_binary<BinaryOp::kMod>(a);
-}
-
-void run_not(const KernelArgs& a) {
-  const Tensor& x = unary_input(a);
-  launch_not(x.as<uint8_t>(), a.out[0]->as<uint8_t>(), x.numel(), context(a).stream());
-  check_launch(a);
-}
-
-// Min and Max over one or more inputs, all broadcast to the output: the first two (or the one,
-// with itself), then each further input folded into the output in place.
-template <BinaryOp op>
-void run_min_max(const KernelArgs& a) {
-  Shape out = a.input(0).shape;
-  for (size_t k = 1; k < a.num_inputs(); ++k) out = ops::broadcast_shape(out, a.input(k).shape);
-  expect_shape(a, 0, out);
-  const Tensor& first = a.input(0);
-  const Tensor& second = a.num_inputs() > 1 ? a.input(1) : first;
-  Tensor& z = *a.out[0];
-  cudaStream_t stream = context(a).stream();
-  if (!launch_binary(op, first.dtype, first.dtype, first.data, second.data, z.data, z.numel(),
-                     broadcast_map<2>(a, {first.shape, second.shape}, out), stream))
-    refuse_dtype(a, first.dtype);
-  for (size_t k = 2; k < a.num_inputs(); ++k) {
-    const Tensor& next = a.input(k);
-    launch_binary(op, first.dtype, first.dtype, z.data, next.data, z.data, z.numel(),
-                  broadcast_map<2>(a, {out, next.shape}, out), stream);
-  }
-  check_launch(a);
-}
-
 void run_where(const KernelArgs& a) {
   const BroadcastMap map = broadcast_output<3>(a);
   const Tensor &c = a.input(0), &x = a.input(1), &y = a.input(2);
@@ -251,26 +128,6 @@ constexpr KernelEntry kKernels[] = {
     {"Pow", run_binary<BinaryOp::kPow>, same_as_cpu},
     {"Equal", run_binary<BinaryOp::kEqual>, same_as_cpu},
     {"Where", run_where, same_as_cpu},
-    {"LeakyRelu", run_leaky_relu, same_as_cpu_16bit},
-    {"Exp", run_unary<UnaryOp::kExp>, same_as_cpu_16bit},
-    {"Log", run_unary<UnaryOp::kLog>, same_as_cpu_16bit},
-    {"Reciprocal", run_unary<UnaryOp::kReciprocal>, same_as_cpu_16bit},
-    {"Neg", run_unary<UnaryOp::kNeg>, same_as_cpu_16bit},
-    {"Abs", run_unary<UnaryOp::kAbs>, same_as_cpu_16bit},
-    {"Ceil", run_unary<UnaryOp::kCeil>, same_as_cpu_16bit},
-    {"Floor", run_unary<UnaryOp::kFloor>, same_as_cpu_16bit},
-    {"Elu", run_elu, same_as_cpu_16bit},
-    {"Selu", run_selu, same_as_cpu_16bit},
-    {"Softplus", run_unary<UnaryOp::kSoftplus>, same_as_cpu_16bit},
-    {"PRelu", run_prelu, same_as_cpu},
-    {"Greater", run_binary<BinaryOp::kGreater>, same_as_cpu},
-    {"Less", run_binary<BinaryOp::kLess>, same_as_cpu},
-    {"Not", run_not, same_as_cpu},
-    {"And", run_binary<BinaryOp::kAnd>, same_as_cpu},
-    {"Or", run_binary<BinaryOp::kOr>, same_as_cpu},
-    {"Min", run_min_max<BinaryOp::kMin>, same_as_cpu},
-    {"Max", run_min_max<BinaryOp::kMax>, same_as_cpu},
-    {"Mod", run_mod, same_as_cpu},
 };
 
 }  // namespace

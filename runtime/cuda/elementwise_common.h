@@ -1,7 +1,8 @@
 #pragma once
 /// \file
-/// Host-side helpers the CUDA elementwise family and its gradients share (elementwise.cpp,
-/// grad_eltwise.cpp): broadcast maps planned as the CPU's `Broadcast` plans them (size-1 dims
+/// Host-side helpers the CUDA elementwise families and their gradients share (elementwise.cpp,
+/// activations.cpp, compare_logic.cpp, unary_math.cpp, leaky_relu.cpp, grad_eltwise.cpp): the
+/// unary and binary launches with their shape checks, broadcast maps planned as the CPU's `Broadcast` plans them (size-1 dims
 /// dropped, dims every input reads alike merged), small device operands copied to the host, and
 /// the sum of a broadcast gradient back to an input's shape (a fixed-order reduction, no
 /// atomics, so a run is reproducible).
@@ -115,6 +116,76 @@ inline void sum_to_shape(const KernelArgs& a, const float* full, const Shape& fu
     return;
   }
   reduce_sum_f32(ctx, out, full, n_out, reduce_map(a, full_shape, reduced));
+  check_launch(a);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The forward runners of the elementwise families: attributes read by each op's own file.
+
+/// The unary op's input, with the output checked to have its shape.
+inline const Tensor& unary_input(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  expect_shape(a, 0, x.shape);
+  return x;
+}
+
+inline void unary(const KernelArgs& a, UnaryOp op, const UnaryParams& params) {
+  const Tensor& x = unary_input(a);
+  if (!launch_unary(op, x.dtype, x.data, a.out[0]->data, x.numel(), params, context(a).stream()))
+    refuse_dtype(a, x.dtype);
+  check_launch(a);
+}
+
+template <UnaryOp op>
+void run_unary(const KernelArgs& a) {
+  unary(a, op, {});
+}
+
+// The map of a broadcasting op over its N inputs, the output checked to have their broadcast
+// shape.
+template <size_t N>
+BroadcastMap broadcast_output(const KernelArgs& a) {
+  std::array<Shape, N> shapes;
+  Shape out;
+  for (size_t k = 0; k < N; ++k) {
+    shapes[k] = a.input(k).shape;
+    out = k == 0 ? shapes[k] : ops::broadcast_shape(out, shapes[k]);
+  }
+  expect_shape(a, 0, out);
+  return broadcast_map<N>(a, shapes, out);
+}
+
+inline bool is_integer(DType d) {
+  return d != DType::kFloat32 && d != DType::kFloat64 && d != DType::kFloat16 &&
+         d != DType::kBFloat16;
+}
+
+// Integer Div and Mod refuse a zero divisor, as the CPU does (the divisor is read to the host).
+inline void refuse_zero_divisor(const KernelArgs& a, const Tensor& y) {
+  const Tensor host = host_copy(context(a), y);
+  const int64_t size = dtype_size(y.dtype), n = y.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    bool zero = true;
+    for (int64_t b = 0; b < size; ++b) zero = zero && host.data[i * size + b] == std::byte{0};
+    if (!zero) continue;
+    if (a.op_type == "Mod")
+      fail(ErrorKind::kModel, "Mod '{}': integer modulo by zero ({} divisor)", a.name,
+           dtype_name(y.dtype));
+    fail(ErrorKind::kModel, "integer division by zero ({} divisor)", dtype_name(y.dtype));
+  }
+}
+
+template <BinaryOp op>
+inline void run_binary(const KernelArgs& a) {
+  const BroadcastMap map = broadcast_output<2>(a);
+  const Tensor &x = a.input(0), &y = a.input(1);
+  if ((op == BinaryOp::kDiv || op == BinaryOp::kMod || op == BinaryOp::kFmod) &&
+      is_integer(x.dtype))
+    refuse_zero_divisor(a, y);
+  Tensor& z = *a.out[0];
+  if (!launch_binary(op, x.dtype, y.dtype, x.data, y.data, z.data, z.numel(), map,
+                     context(a).stream()))
+    refuse_dtype(a, x.dtype);
   check_launch(a);
 }
 

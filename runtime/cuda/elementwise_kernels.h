@@ -1,11 +1,12 @@
 #pragma once
 /// \file
-/// Device kernels of the CUDA elementwise family (elementwise_kernels.cu), mirroring the CPU
-/// backend's runtime/cpu/elementwise.cpp and leaky_relu.cpp element for element: unary maths,
+/// Device kernels of the CUDA elementwise families (elementwise_kernels.cu), mirroring the CPU
+/// backend's elementwise, activations, leaky_relu, unary_math and compare_logic families
+/// element for element: unary maths,
 /// Clip, LeakyRelu, Cast between every pair of numeric, bool, float16 and bfloat16 types, the
 /// binary ops with numpy broadcasting (Add, Sub, Mul, Div, Pow, Equal), Where and a fill. Every
 /// launch is a grid-stride loop with int64 indices queued on `stream`; the host side
-/// (elementwise.cpp, grad_eltwise.cpp) validates shapes and dtypes and builds the broadcast
+/// (elementwise_common.h and each family's .cpp) validates shapes and dtypes and builds the broadcast
 /// maps. A launcher returns false (launching nothing) for a dtype it has no kernel for.
 
 #include <cuda_runtime_api.h>

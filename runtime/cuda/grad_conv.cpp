@@ -29,13 +29,7 @@
 namespace stagecraft::rt::cuda {
 namespace {
 
-using ops::GradArity;
 using ops::GradIo;
-
-// The gradient ops' operand counts, as the CPU's: n forward inputs, m forward outputs.
-constexpr GradArity kConvArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
-constexpr GradArity kMaxPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 2};  // Y, [Indices]
-constexpr GradArity kPoolArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
 
 using ops::zero_outputs;
 
@@ -43,7 +37,7 @@ using ops::zero_outputs;
 // ConvGrad
 
 void conv_grad(const KernelArgs& a) {
-  const GradIo io(a, kConvArity);
+  const GradIo io(a, ops::kConvGradArity);
   const Tensor& x = io.need_x(0);
   const Tensor& w = io.need_x(1);
   if (io.dy(0) == nullptr) return zero_outputs(a);
@@ -81,23 +75,8 @@ void conv_grad(const KernelArgs& a) {
 // ---------------------------------------------------------------------------------------------
 // Pooling gradients (geometry: runtime/ops/window.h, as the forward)
 
-// A pooling gradient's X, dY (null when omitted) and dX (null when not wanted, else checked to
-// have X's shape).
-struct PoolGradOperands {
-  const Tensor* x = nullptr;
-  const Tensor* dy = nullptr;
-  Tensor* dx = nullptr;
-};
-
-PoolGradOperands pool_grad_operands(const KernelArgs& a, const GradArity& arity) {
-  const GradIo io(a, arity);
-  PoolGradOperands p{&io.need_x(0), io.dy(0), io.dx(0)};
-  if (p.dx != nullptr) expect_shape(a, 0, p.x->shape);
-  return p;
-}
-
 void max_pool_grad(const KernelArgs& a) {
-  const PoolGradOperands p = pool_grad_operands(a, kMaxPoolArity);
+  const ops::PoolGradOperands p = ops::pool_grad_operands(a, ops::kMaxPoolGradArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return a.device.fill_zero(*p.dx);
   const ops::PoolGeometry g = ops::pool_grad_geometry(a, *p.x, *p.dy);
@@ -111,7 +90,7 @@ void max_pool_grad(const KernelArgs& a) {
 }
 
 void average_pool_grad(const KernelArgs& a) {
-  const PoolGradOperands p = pool_grad_operands(a, kPoolArity);
+  const ops::PoolGradOperands p = ops::pool_grad_operands(a, ops::kPoolGradArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return a.device.fill_zero(*p.dx);
   const ops::PoolGeometry g = ops::pool_grad_geometry(a, *p.x, *p.dy);
@@ -123,7 +102,7 @@ void average_pool_grad(const KernelArgs& a) {
 }
 
 void global_average_pool_grad(const KernelArgs& a) {
-  const PoolGradOperands p = pool_grad_operands(a, kPoolArity);
+  const ops::PoolGradOperands p = ops::pool_grad_operands(a, ops::kPoolGradArity);
   if (p.dx == nullptr) return;
   if (p.dy == nullptr) return a.device.fill_zero(*p.dx);
   const int64_t planes = ops::global_pool_grad_planes(*p.x, *p.dy);

@@ -1,5 +1,5 @@
-// The CUDA backend's gradients of the elementwise ops (families.h): the ops of the CPU
-// backend's grad_eltwise.cpp and LeakyReluGrad of its leaky_relu.cpp, float32, following the
+// The CUDA backend's gradients of the elementwise family's ops (families.h): the ops of the CPU
+// backend's grad_eltwise.cpp, float32, following the
 // contract of runtime/format/grad_ops.h and the CPU's formulas. A binary op's gradient is
 // computed per output element (grad_eltwise_kernels.cu) and, where an input was broadcast,
 // summed back to the input's shape by a fixed-order reduction (no atomics), so runs are
@@ -11,6 +11,7 @@
 
 #include "runtime/cuda/elementwise_common.h"
 #include "runtime/cuda/families.h"
+#include "runtime/cuda/grad_eltwise_common.h"
 #include "runtime/cuda/grad_eltwise_kernels.h"
 #include "runtime/ops/grad_io.h"
 #include "runtime/ops/layout.h"
@@ -18,51 +19,11 @@
 namespace stagecraft::rt::cuda {
 namespace {
 
-using ops::GradArity;
 using ops::GradIo;
-
-// Zeroes dx_k where it is wanted.
-void zero_output(const GradIo& io, size_t k) {
-  if (Tensor* t = io.dx(k)) io.a.device.fill_zero(*t);
-}
-
 using ops::expect_dy_shape;
 
 // ---------------------------------------------------------------------------------------------
 // Unary ops
-
-// dx = g(x, y, dy) elementwise; y is the forward output, recomputed from x when omitted.
-void unary_grad(const KernelArgs& a, UnaryGradOp op, const UnaryGradParams& params) {
-  GradIo io(a);
-  for (size_t k = 1; k < io.n; ++k) zero_output(io, k);  // Clip's bounds get none
-  Tensor* dx = io.dx(0);
-  const Tensor* dy = io.dy(0);
-  if (dx == nullptr) return;
-  if (dy == nullptr) return a.device.fill_zero(*dx);
-  const Tensor& x = io.need_x(0);
-  expect_shape(a, 0, x.shape);
-  expect_dy_shape(a, *dy, x.shape);
-  const Tensor* y = io.y(0);
-  const float* ys = y != nullptr && y->shape == x.shape ? y->as<float>() : nullptr;
-  launch_unary_grad(op, x.as<float>(), ys, dy->as<float>(), dx->as<float>(), x.numel(), params,
-                    context(a).stream());
-  check_launch(a);
-}
-
-template <UnaryGradOp op>
-void run_unary_grad(const KernelArgs& a) {
-  unary_grad(a, op, {});
-}
-
-void elu_grad(const KernelArgs& a) {
-  unary_grad(a, UnaryGradOp::kElu, {.alpha = a.attrs.f("alpha", 1.0f)});
-}
-
-void selu_grad(const KernelArgs& a) {
-  unary_grad(a, UnaryGradOp::kSelu,
-             {.alpha = a.attrs.f("alpha", 1.67326319217681884765625f),
-              .gamma = a.attrs.f("gamma", 1.05070102214813232421875f)});
-}
 
 void hard_sigmoid_grad(const KernelArgs& a) {
   unary_grad(a, UnaryGradOp::kHardSigmoid,
@@ -90,20 +51,6 @@ void clip_grad(const KernelArgs& a) {
   if (!p.lo_attr) p.lo_ptr = clip_bound(io, 1);
   if (!p.hi_attr) p.hi_ptr = clip_bound(io, 2);
   unary_grad(a, UnaryGradOp::kClip, p);
-}
-
-// LeakyRelu: dx = dy * (x < 0 ? alpha : 1); the forward output is not needed.
-void leaky_relu_grad(const KernelArgs& a) {
-  GradIo io(a, {.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1});
-  Tensor* dx = nullptr;
-  const Tensor *dy = nullptr, *px = nullptr;
-  if (!io.input0(dx, dy, px)) return;
-  const Tensor& x = *px;
-  expect_dy_shape(a, *dy, x.shape);
-  launch_unary_grad(UnaryGradOp::kLeakyRelu, x.as<float>(), nullptr, dy->as<float>(),
-                    dx->as<float>(), x.numel(), {.alpha = a.attrs.f("alpha", 0.01f)},
-                    context(a).stream());
-  check_launch(a);
 }
 
 // Dropout as the forward kernel runs it: in training mode with a nonzero ratio r, dx = dy x mask
@@ -160,46 +107,6 @@ void cast_grad(const KernelArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // Binary ops with broadcasting undone
-
-// dx_k = the sum over broadcast dims of op at every output element.
-void binary_part(const KernelArgs& a, size_t k, BinaryGradOp op, const Tensor& lhs,
-                 const Tensor& rhs, const Tensor* y, const Tensor& dy) {
-  CudaContext& ctx = context(a);
-  Tensor& dx = *a.out[k];
-  const Shape& out_shape = dy.shape;
-  const Shape& shape = (k == 0 ? lhs : rhs).shape;
-  expect_shape(a, k, shape);
-  const BroadcastMap map = broadcast_map<2>(a, {lhs.shape, rhs.shape}, out_shape);
-  const bool direct = shape == out_shape;
-  Tensor full;
-  if (!direct) full = ctx.new_tensor(DType::kFloat32, out_shape, false);
-  float* dst = direct ? dx.as<float>() : full.as<float>();
-  launch_binary_grad(op, lhs.as<float>(), rhs.as<float>(), y != nullptr ? y->as<float>() : nullptr,
-                     dy.as<float>(), dst, shape_numel(out_shape), map, ctx.stream());
-  check_launch(a);
-  if (!direct) sum_to_shape(a, full.as<float>(), out_shape, dx.as<float>(), shape);
-}
-
-// The binary op's operands, checked: false when no gradient is to be computed.
-struct Binary {
-  const Tensor* lhs = nullptr;
-  const Tensor* rhs = nullptr;
-  const Tensor* y = nullptr;
-  const Tensor* dy = nullptr;
-};
-
-bool binary_operands(const KernelArgs& a, const GradIo& io, Binary& b) {
-  b.dy = io.dy(0);
-  if (b.dy == nullptr) zero_outputs(a);
-  if (b.dy == nullptr || (io.dx(0) == nullptr && io.dx(1) == nullptr)) return false;
-  b.lhs = &io.need_x(0);
-  b.rhs = &io.need_x(1);
-  b.y = io.y(0);
-  const Shape out = ops::broadcast_shape(b.lhs->shape, b.rhs->shape);
-  expect_dy_shape(a, *b.dy, out);
-  if (b.y != nullptr && b.y->shape != out) b.y = nullptr;
-  return true;
-}
 
 // AddGrad on 16-bit floats (same_as_cpu_16bit): dy passes to an operand of its shape as a copy;
 // to a broadcast operand (a bias) it is widened once, summed to the operand's shape in float32
@@ -296,80 +203,6 @@ void where_grad(const KernelArgs& a) {
   }
 }
 
-// PRelu: dx = dy where x > 0, dy * slope elsewhere; d slope = dy * x where x <= 0, summed over
-// the axes along which the slope was broadcast.
-void prelu_grad(const KernelArgs& a) {
-  GradIo io(a);
-  Binary b;
-  if (!binary_operands(a, io, b)) return;
-  if (b.dy->shape != b.lhs->shape)
-    fail(ErrorKind::kShape, "PReluGrad '{}': the slope {} does not broadcast to X {}", a.name,
-         shape_string(b.rhs->shape), shape_string(b.lhs->shape));
-  if (io.dx(0) != nullptr) binary_part(a, 0, BinaryGradOp::kPReluX, *b.lhs, *b.rhs, nullptr, *b.dy);
-  if (io.dx(1) != nullptr)
-    binary_part(a, 1, BinaryGradOp::kPReluSlope, *b.lhs, *b.rhs, nullptr, *b.dy);
-}
-
-// Mod on floats (fmod=1): dy to the dividend, -dy * trunc(a / b) to the divisor.
-void mod_grad(const KernelArgs& a) {
-  GradIo io(a);
-  Binary b;
-  if (!binary_operands(a, io, b)) return;
-  if (io.dx(0) != nullptr) binary_part(a, 0, BinaryGradOp::kPass, *b.lhs, *b.rhs, nullptr, *b.dy);
-  if (io.dx(1) != nullptr)
-    binary_part(a, 1, BinaryGradOp::kFmodRhs, *b.lhs, *b.rhs, nullptr, *b.dy);
-}
-
-// Min and Max: dy to the inputs equal to the output, split evenly between ties, summed back to
-// each input's shape. The output is recomputed by the forward kernels when not given.
-template <BinaryOp op>
-void min_max_grad(const KernelArgs& a) {
-  GradIo io(a, {.n_min = 1, .n_max = GradArity::kAny, .m_min = 1, .m_max = 1});
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) return zero_outputs(a);
-  CudaContext& ctx = context(a);
-  Shape out = io.need_x(0).shape;
-  for (size_t k = 1; k < io.n; ++k) out = ops::broadcast_shape(out, io.need_x(k).shape);
-  expect_dy_shape(a, *dy, out);
-  const int64_t n = shape_numel(out);
-  Tensor recomputed;
-  const float* y = nullptr;
-  if (const Tensor* given = io.y(0); given != nullptr && given->shape == out) {
-    y = given->as<float>();
-  } else {
-    recomputed = ctx.new_tensor(DType::kFloat32, out, false);
-    const Tensor& first = io.need_x(0);
-    const Tensor& second = io.n > 1 ? io.need_x(1) : first;
-    launch_binary(op, DType::kFloat32, DType::kFloat32, first.data, second.data, recomputed.data, n,
-                  broadcast_map<2>(a, {first.shape, second.shape}, out), ctx.stream());
-    for (size_t k = 2; k < io.n; ++k)
-      launch_binary(op, DType::kFloat32, DType::kFloat32, recomputed.data, io.need_x(k).data,
-                    recomputed.data, n, broadcast_map<2>(a, {out, io.need_x(k).shape}, out),
-                    ctx.stream());
-    check_launch(a);
-    y = recomputed.as<float>();
-  }
-  Tensor ties = ctx.new_tensor(DType::kFloat32, out, false);
-  for (size_t k = 0; k < io.n; ++k)
-    launch_tie_count(io.need_x(k).as<float>(), y, ties.as<float>(), n,
-                     broadcast_map<1>(a, {io.need_x(k).shape}, out), k > 0, ctx.stream());
-  check_launch(a);
-  for (size_t k = 0; k < io.n; ++k) {
-    Tensor* dx = io.dx(k);
-    if (dx == nullptr) continue;
-    const Tensor& x = io.need_x(k);
-    expect_shape(a, k, x.shape);
-    const bool direct = x.shape == out;
-    Tensor full;
-    if (!direct) full = ctx.new_tensor(DType::kFloat32, out, false);
-    float* dst = direct ? dx->as<float>() : full.as<float>();
-    launch_min_max_grad(x.as<float>(), y, dy->as<float>(), ties.as<float>(), dst, n,
-                        broadcast_map<1>(a, {x.shape}, out), ctx.stream());
-    check_launch(a);
-    if (!direct) sum_to_shape(a, full.as<float>(), out, dx->as<float>(), x.shape);
-  }
-}
-
 // Equal has no gradient: its outputs are never requested (and are zeros if they are).
 void equal_grad(const KernelArgs& a) { zero_outputs(a); }
 
@@ -393,21 +226,6 @@ constexpr KernelEntry kKernels[] = {
     {"PowGrad", pow_grad, same_as_cpu, true},
     {"WhereGrad", where_grad, same_as_cpu, true},
     {"EqualGrad", equal_grad, same_as_cpu, true},
-    {"LeakyReluGrad", leaky_relu_grad, same_as_cpu, true},
-    {"ExpGrad", run_unary_grad<UnaryGradOp::kExp>, same_as_cpu, true},
-    {"LogGrad", run_unary_grad<UnaryGradOp::kLog>, same_as_cpu, true},
-    {"ReciprocalGrad", run_unary_grad<UnaryGradOp::kReciprocal>, same_as_cpu, true},
-    {"NegGrad", run_unary_grad<UnaryGradOp::kNeg>, same_as_cpu, true},
-    {"AbsGrad", run_unary_grad<UnaryGradOp::kAbs>, same_as_cpu, true},
-    {"CeilGrad", run_unary_grad<UnaryGradOp::kZero>, same_as_cpu, true},
-    {"FloorGrad", run_unary_grad<UnaryGradOp::kZero>, same_as_cpu, true},
-    {"EluGrad", elu_grad, same_as_cpu, true},
-    {"SeluGrad", selu_grad, same_as_cpu, true},
-    {"SoftplusGrad", run_unary_grad<UnaryGradOp::kSoftplus>, same_as_cpu, true},
-    {"PReluGrad", prelu_grad, same_as_cpu, true},
-    {"MinGrad", min_max_grad<BinaryOp::kMin>, same_as_cpu, true},
-    {"MaxGrad", min_max_grad<BinaryOp::kMax>, same_as_cpu, true},
-    {"ModGrad", mod_grad, same_as_cpu, true},
 };
 
 }  // namespace

@@ -1,9 +1,9 @@
 #pragma once
 /// \file
 /// Device kernels of the CUDA elementwise gradients (grad_eltwise_kernels.cu), float32, with
-/// the formulas of the CPU backend's runtime/cpu/grad_eltwise.cpp and leaky_relu.cpp. A binary
-/// op's gradient is computed per output element here; grad_eltwise.cpp sums it back to a
-/// broadcast input's shape. Every launch is queued on `stream`.
+/// the formulas of the CPU backend's grad_eltwise, activations, leaky_relu, unary_math and
+/// compare_logic families. A binary op's gradient is computed per output element here;
+/// grad_eltwise_common.h sums it back to a broadcast input's shape. Every launch is queued on `stream`.
 
 #include <cuda_runtime_api.h>
 

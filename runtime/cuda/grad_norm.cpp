@@ -27,7 +27,6 @@ using ops::GradIo;
 // The operand counts of the gradient ops, as the CPU's.
 constexpr GradArity kBatchNormArity{.n_min = 5, .n_max = 5, .m_min = 1, .m_max = 3};
 constexpr GradArity kLayerNormArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 3};
-constexpr GradArity kSoftmaxArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
 
 void zero_outputs(const KernelArgs& a) {
   for (Tensor* t : a.out)
@@ -117,25 +116,15 @@ void layer_norm_grad(const KernelArgs& a) {
 }
 
 void softmax_grad(const KernelArgs& a) {
-  const GradIo io(a, kSoftmaxArity);
+  const GradIo io(a, ops::kSoftmaxGradArity);
   const Tensor& x = io.need_x(0);
   const Tensor& y = io.need_y(0);
   const Tensor* dy = io.dy(0);
   if (!io.wants(0)) return;
   if (dy == nullptr) return a.device.fill_zero(*io.dx(0));
-  int64_t axis = a.attrs.i("axis", -1);
-  if (x.rank() == 0 || axis < -x.rank() || axis >= x.rank())
-    fail(ErrorKind::kModel, "SoftmaxGrad: axis {} is out of range for {}", axis, x.describe());
-  if (axis < 0) axis += x.rank();
-  expect_shape(a, 0, x.shape);
-  if (y.shape != x.shape || dy->shape != x.shape)
-    fail(ErrorKind::kShape, "SoftmaxGrad: Y {} and dY {} should be {}", y.describe(),
-         dy->describe(), shape_string(x.shape));
-  int64_t outer = 1, inner = 1;
-  for (int64_t i = 0; i < axis; ++i) outer *= x.shape[i];
-  for (int64_t i = axis + 1; i < x.rank(); ++i) inner *= x.shape[i];
-  launch_softmax_grad(y.as<float>(), dy->as<float>(), io.dx(0)->as<float>(), outer, x.shape[axis],
-                      inner, context(a).stream());
+  const ops::SoftmaxView v = ops::softmax_grad_view(a, x, y, *dy);
+  launch_softmax_grad(y.as<float>(), dy->as<float>(), io.dx(0)->as<float>(), v.outer, v.len,
+                      v.inner, context(a).stream());
   check_launch(a);
 }
 

@@ -175,25 +175,13 @@ void scatter_nd(const KernelArgs& a) {
 }
 
 void scatter_nd_grad(const KernelArgs& a) {
-  const GradIo io(a, {.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1});
-  const Tensor* dy = io.dy(0);
-  if (dy == nullptr) zero_outputs(a);
-  if (dy == nullptr || (!io.wants(0) && !io.wants(2))) return;
-  const Tensor& data = io.need_x(0);
-  const Tensor& updates = io.need_x(2);
-  if (dy->shape != data.shape)
-    fail(ErrorKind::kShape, "ScatterNDGrad '{}': the output gradient is {} but the data are {}",
-         a.name, dy->describe(), data.describe());
+  const GradIo io(a, ops::kScatterNdGradArity);
   CudaContext& ctx = context(a);
-  const ops::ScatterPlanData plan =
-      ops::scatter_plan(a, data.shape, to_host(ctx, io.need_x(1)), updates.shape);
-  if (plan.reduction == ops::ScatterReduction::kMul)
-    fail(ErrorKind::kUnsupported, "ScatterNDGrad '{}': reduction mul has no gradient kernel",
-         a.name);
-  if (io.wants(0)) expect_shape(a, 0, data.shape);
-  if (io.wants(2)) expect_shape(a, 2, updates.shape);
+  const auto o = ops::scatter_nd_grad_operands(a, io, [&](const Tensor& t) { return to_host(ctx, t); });
+  if (!o) return;
+  const Tensor* dy = o->dy;
   Tensor storage;
-  const ops::ScatterPlan p = upload_plan(ctx, plan, storage);
+  const ops::ScatterPlan p = upload_plan(ctx, o->plan, storage);
   Tensor* dd = io.dx(0);
   Tensor* du = io.dx(2);
   launch_scatter_nd_grad(dd ? dd->as<float>() : nullptr, dd ? dd->numel() : 0,

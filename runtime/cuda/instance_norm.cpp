@@ -22,8 +22,6 @@ using ops::GradArity;
 using ops::GradIo;
 using ops::zero_outputs;
 
-constexpr GradArity kArity{.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1};
-
 // `per_channel` ([C]) repeated `n` times into a new [n * C] tensor.
 Tensor repeated(const KernelArgs& a, const Tensor& per_channel, int64_t n) {
   CudaContext& ctx = context(a);
@@ -62,7 +60,7 @@ void instance_norm(const KernelArgs& a) {
 }
 
 void instance_norm_grad(const KernelArgs& a) {
-  const GradIo io(a, kArity);
+  const GradIo io(a, ops::kInstanceNormGradArity);
   const Tensor& x = io.need_x(0);
   const Tensor& scale = io.need_x(1);
   const ops::InstanceNormShape s = ops::instance_norm_shape(a, x, scale, io.need_x(2));

@@ -29,7 +29,6 @@ struct SceProblem {
   Tensor labels, weights;  // device int64 [N * D], float32 [N * D]
 };
 
-
 // Reads the node's scores, labels and optional weights by the CPU's rules (ops::sce_shape,
 // ops::sce_weights: the labels and class weights read to the host, checked there), the labels
 // and per-position weights then uploaded.
@@ -86,18 +85,11 @@ void sce(const KernelArgs& a) {
   check_launch(a);
 }
 
-// The gradient's operand counts: scores, labels, [weights]; loss, [log_prob].
-constexpr GradArity kSceGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 2};
-
 // Gradient: inputs scores, labels, weights, loss, [log_prob], dloss, [dlog_prob]; output
 // dscores (labels and weights get none). Writes every element of dscores.
 void sce_grad(const KernelArgs& a) {
-  const GradIo io(a, kSceGradArity);
-  if (io.wants(1)) fail(ErrorKind::kUnsupported, "{}: labels have no gradient", a.op_type);
-  if (io.wants(2))
-    fail(ErrorKind::kUnsupported, "{}: the gradient of the class weights is not supported",
-         a.op_type);
-  if (!io.wants(0)) return;
+  const GradIo io(a, ops::kSceGradArity);
+  if (!ops::sce_grad_wanted(a, io)) return;
   const Tensor& scores = io.need_x(0);
   const Tensor& labels = io.need_x(1);
   const SceProblem p = sce_problem(a, scores, labels, io.x(2));

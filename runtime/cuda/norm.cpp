@@ -82,19 +82,12 @@ void layer_norm(const KernelArgs& a) {
   check_launch(a);
 }
 
-// Softmax with opset 13's semantics along the single dim `axis` (default -1), as the CPU's.
+// Softmax along its one axis (ops::softmax_view), as the CPU's.
 void softmax(const KernelArgs& a) {
   const Tensor& x = a.input(0);
-  int64_t axis = a.attrs.i("axis", -1);
-  if (x.rank() == 0 || axis < -x.rank() || axis >= x.rank())
-    fail(ErrorKind::kModel, "Softmax: axis {} is out of range for {}", axis, x.describe());
-  if (axis < 0) axis += x.rank();
-  expect_shape(a, 0, x.shape);
+  const ops::SoftmaxView v = ops::softmax_view(a, x);
   if (x.numel() == 0) return;
-  int64_t outer = 1, inner = 1;
-  for (int64_t i = 0; i < axis; ++i) outer *= x.shape[i];
-  for (int64_t i = axis + 1; i < x.rank(); ++i) inner *= x.shape[i];
-  launch_softmax(x.as<float>(), a.out[0]->as<float>(), outer, x.shape[axis], inner,
+  launch_softmax(x.as<float>(), a.out[0]->as<float>(), v.outer, v.len, v.inner,
                  context(a).stream());
   check_launch(a);
 }

@@ -7,7 +7,7 @@
 /// arithmetic of every reduction and gradient are checked without a GPU. Nothing here includes a
 /// CUDA header.
 ///
-/// The loops are the CPU's (runtime/cpu/reduce_ops.cpp): X's dims grouped by
+/// The loops are the CPU's (runtime/cpu/reduce.cpp): X's dims grouped by
 /// ops::reduction_groups (unit dims dropped, neighbours of a kind merged), output o row-major
 /// over the kept groups, its elements in ascending offset. Forward values accumulate as the CPU
 /// accumulates them: float32 and float64 in double, int32 and int64 in int64, folded by

@@ -3,7 +3,7 @@
 /// Device kernels of the CUDA reduction family (reduce_kernels.cu): ReduceSum, Max, Min, Prod,
 /// L1, L2, SumSquare, LogSum and LogSumExp forward on float32, float64, int32 and int64, and
 /// their gradients on float32, through the loops and per-element functions of reduce_element.h.
-/// Every launch is queued on `stream`; the host side (reduce_ops.cpp) reads the node and builds
+/// Every launch is queued on `stream`; the host side (reduce.cpp) reads the node and builds
 /// the loops.
 
 #include <cuda_runtime_api.h>

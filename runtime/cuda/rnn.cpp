@@ -21,8 +21,6 @@ using ops::GradIo;
 using ops::RnnGeometry;
 using ops::RnnOperands;
 
-constexpr ops::GradArity kArity{.n_min = 3, .n_max = 8, .m_min = 1, .m_max = 3};
-
 class CudaRnnOps {
  public:
   explicit CudaRnnOps(const KernelArgs& a) : a_(a), ctx_(context(a)) {}
@@ -80,7 +78,7 @@ void rnn(const KernelArgs& a) {
 }
 
 void rnn_grad(const KernelArgs& a) {
-  const GradIo io(a, kArity);
+  const GradIo io(a, ops::kRnnGradArity);
   const RnnGeometry g =
       ops::rnn_geometry(a, [&](size_t k) { return io.x(k) ? &io.x(k)->shape : nullptr; });
   const RnnOperands t = ops::rnn_grad_operands(

@@ -8,11 +8,13 @@
 
 #include <fmt/format.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
 #include "runtime/ops/indexing_element.h"
 #include "runtime/ops/layout.h"
 #include "runtime/ops/resize_element.h"
@@ -240,6 +242,42 @@ inline ScatterPlanData scatter_plan(const KernelArgs& a, const Shape& data_shape
   v.resize(v.size() + static_cast<size_t>(p.updates), 0);
   for (const auto& list : lists) v[p.update_wins + static_cast<size_t>(list.back())] = 1;
   return p;
+}
+
+/// ScatterNDGrad's operands and plan (contract: data, indices, updates; dY, dData, dUpdates):
+/// dY checked against the data, the wanted outputs against their operands, the indices read on
+/// the host (`host_indices(t)` gives a host tensor of device tensor t, or t itself). nullopt,
+/// the outputs zeroed, when there is nothing to compute (no dY, or neither gradient wanted).
+/// Reduction mul has no gradient kernel and is refused.
+struct ScatterNdGradOperands {
+  const Tensor* dy = nullptr;
+  const Tensor* data = nullptr;
+  const Tensor* updates = nullptr;
+  ScatterPlanData plan;
+};
+
+inline constexpr GradArity kScatterNdGradArity{.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1};
+
+template <class HostIndices>
+std::optional<ScatterNdGradOperands> scatter_nd_grad_operands(const KernelArgs& a,
+                                                              const GradIo& io,
+                                                              HostIndices&& host_indices) {
+  const Tensor* dy = io.dy(0);
+  if (dy == nullptr) zero_outputs(a);
+  if (dy == nullptr || (!io.wants(0) && !io.wants(2))) return std::nullopt;
+  const Tensor& data = io.need_x(0);
+  const Tensor& updates = io.need_x(2);
+  if (dy->shape != data.shape)
+    fail(ErrorKind::kShape, "ScatterNDGrad '{}': the output gradient is {} but the data are {}",
+         a.name, dy->describe(), data.describe());
+  ScatterNdGradOperands o{dy, &data, &updates,
+                          scatter_plan(a, data.shape, host_indices(io.need_x(1)), updates.shape)};
+  if (o.plan.reduction == ScatterReduction::kMul)
+    fail(ErrorKind::kUnsupported, "ScatterNDGrad '{}': reduction mul has no gradient kernel",
+         a.name);
+  if (io.wants(0)) expect_shape(a, 0, data.shape);
+  if (io.wants(2)) expect_shape(a, 2, updates.shape);
+  return o;
 }
 
 }  // namespace stagecraft::rt::ops

@@ -8,6 +8,7 @@
 
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
 
 namespace stagecraft::rt::ops {
 
@@ -31,5 +32,8 @@ inline InstanceNormShape instance_norm_shape(const KernelArgs& a, const Tensor& 
            a.op_type, a.name, t == &scale ? "scale" : "B", t->describe(), s.c, x.describe());
   return s;
 }
+
+/// InstanceNormalizationGrad's operand counts: X, scale, B; Y.
+inline constexpr GradArity kInstanceNormGradArity{.n_min = 3, .n_max = 3, .m_min = 1, .m_max = 1};
 
 }  // namespace stagecraft::rt::ops

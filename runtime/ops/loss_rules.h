@@ -10,6 +10,7 @@
 
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
 #include "runtime/ops/reductions.h"
 
 namespace stagecraft::rt::ops {
@@ -85,6 +86,19 @@ inline void sce_weights(const KernelArgs& a, SceProblem& p, std::vector<int64_t>
 /// The loss output's shape: the labels' with reduction "none", else a scalar.
 inline Shape sce_loss_shape(const SceProblem& p, const Tensor& labels) {
   return p.reduction == LossReduction::kNone ? labels.shape : Shape{};
+}
+
+/// SoftmaxCrossEntropyLossGrad's operand counts: scores, labels, [weights]; loss, [log_prob].
+inline constexpr GradArity kSceGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 2};
+
+/// Whether the gradient node wants dscores; a wanted gradient of the labels or of the class
+/// weights is refused (neither has one here).
+inline bool sce_grad_wanted(const KernelArgs& a, const GradIo& io) {
+  if (io.wants(1)) fail(ErrorKind::kUnsupported, "{}: labels have no gradient", a.op_type);
+  if (io.wants(2))
+    fail(ErrorKind::kUnsupported, "{}: the gradient of the class weights is not supported",
+         a.op_type);
+  return io.wants(0);
 }
 
 }  // namespace stagecraft::rt::ops

@@ -118,4 +118,36 @@ inline LayerNormGradOperands layer_norm_grad_operands(const KernelArgs& a, const
   return o;
 }
 
+/// Softmax's X seen as [outer, len, inner] around its one axis (opset 13's semantics: attribute
+/// `axis`, default -1; opsets < 13 coerce X to 2-D at `axis` instead, which agrees when the axis
+/// is the last dim or X is 2-D), the output checked to have X's shape.
+struct SoftmaxView {
+  int64_t outer = 1, len = 1, inner = 1;
+};
+
+inline SoftmaxView softmax_view(const KernelArgs& a, const Tensor& x) {
+  int64_t axis = a.attrs.i("axis", -1);
+  if (x.rank() == 0 || axis < -x.rank() || axis >= x.rank())
+    fail(ErrorKind::kModel, "{}: axis {} is out of range for {}", a.op_type, axis, x.describe());
+  if (axis < 0) axis += x.rank();
+  expect_shape(a, 0, x.shape);
+  SoftmaxView v;
+  for (int64_t i = 0; i < axis; ++i) v.outer *= x.shape[i];
+  v.len = x.shape[axis];
+  for (int64_t i = axis + 1; i < x.rank(); ++i) v.inner *= x.shape[i];
+  return v;
+}
+
+/// SoftmaxGrad's operand contract (X, Y, dY) and its view: Y and dY must have X's shape.
+inline constexpr GradArity kSoftmaxGradArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
+
+inline SoftmaxView softmax_grad_view(const KernelArgs& a, const Tensor& x, const Tensor& y,
+                                     const Tensor& dy) {
+  const SoftmaxView v = softmax_view(a, x);
+  if (y.shape != x.shape || dy.shape != x.shape)
+    fail(ErrorKind::kShape, "SoftmaxGrad: Y {} and dY {} should be {}", y.describe(),
+         dy.describe(), shape_string(x.shape));
+  return v;
+}
+
 }  // namespace stagecraft::rt::ops

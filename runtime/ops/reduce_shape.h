@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// The reductions' host-side rules (ReduceSum, Max, Min, Prod, L1, L2, SumSquare, LogSum,
-/// LogSumExp), shared by the CPU kernels (runtime/cpu/reduce_ops.cpp) and the CUDA ones
-/// (runtime/cuda/reduce_ops.cpp): which reduction an op is, which dims a node reduces and the
+/// LogSumExp), shared by the CPU kernels (runtime/cpu/reduce.cpp) and the CUDA ones
+/// (runtime/cuda/reduce.cpp): which reduction an op is, which dims a node reduces and the
 /// shape it gives, and the reduction's loops as groups of merged dims. Both backends read a node
 /// through these, so they reduce and refuse alike.
 

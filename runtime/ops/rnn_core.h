@@ -384,4 +384,8 @@ void rnn_run(Ops& ops, const RnnGeometry& g, const RnnOperands& t, bool backward
   }
 }
 
+/// The recurrent gradients' operand counts: X, W, R and the optional B, sequence_lens, initial_h,
+/// initial_c, P; Y and the optional Y_h, Y_c.
+inline constexpr GradArity kRnnGradArity{.n_min = 3, .n_max = 8, .m_min = 1, .m_max = 3};
+
 }  // namespace stagecraft::rt::ops

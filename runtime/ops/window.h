@@ -14,6 +14,7 @@
 
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/grad_io.h"
 
 namespace stagecraft::rt::ops {
 
@@ -285,6 +286,27 @@ inline std::array<std::vector<Window>, 3> windows(const PoolGeometry& g) {
   for (size_t d = 0; d < 3; ++d)
     for (int64_t o = 0; o < g.out[d]; ++o) w[d].push_back(window(g, d, o));
   return w;
+}
+
+/// The conv family's gradient ops' operand counts (runtime/format/grad_ops.h): n forward inputs,
+/// m forward outputs.
+inline constexpr GradArity kConvGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
+inline constexpr GradArity kMaxPoolGradArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 2};  // Y, [Indices]
+inline constexpr GradArity kPoolGradArity{.n_min = 1, .n_max = 1, .m_min = 1, .m_max = 1};
+
+/// A pooling gradient's X, dY (null when omitted) and dX (null when not wanted, else checked to
+/// have X's shape).
+struct PoolGradOperands {
+  const Tensor* x = nullptr;
+  const Tensor* dy = nullptr;
+  Tensor* dx = nullptr;
+};
+
+inline PoolGradOperands pool_grad_operands(const KernelArgs& a, const GradArity& arity) {
+  const GradIo io(a, arity);
+  PoolGradOperands p{&io.need_x(0), io.dy(0), io.dx(0)};
+  if (p.dx != nullptr) expect_shape(a, 0, p.x->shape);
+  return p;
 }
 
 }  // namespace stagecraft::rt::ops

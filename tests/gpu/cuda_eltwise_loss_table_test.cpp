@@ -28,7 +28,7 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
   REQUIRE(cuda != nullptr);
   const int ops = check_covers(
       *cuda, {cpu::elementwise_kernels(), cpu::leaky_relu_kernels(), cpu::unary_math_kernels(),
-              cpu::activation_kernels(), cpu::compare_logic_kernels(), cpu::loss_kernels(),
+              cpu::activations_kernels(), cpu::compare_logic_kernels(), cpu::loss_kernels(),
               cpu::grad_eltwise_kernels()});
   CHECK(ops >= 69);  // 17 elementwise, 2 leaky_relu, 12 unary maths, 8 activations,
                      // 11 comparisons/logic/Min/Max/Mod, 2 loss, 17 gradients

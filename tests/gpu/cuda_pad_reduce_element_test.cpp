@@ -197,7 +197,7 @@ TEST_CASE("the cuda pad tables on int8 and int64 elements move the same bytes as
   }
 }
 
-// Each reduction with the kind its CUDA kernels run (reduce_ops.cpp maps them alike).
+// Each reduction with the kind its CUDA kernels run (reduce.cpp maps them alike).
 struct NamedReduction {
   const char* op;
   cuda::Reduction kind;

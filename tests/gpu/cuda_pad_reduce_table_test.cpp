@@ -1,5 +1,5 @@
 // The CUDA backend's pad and reduction families against the CPU backend's, without a GPU: every
-// op of the CPU's pad and reduce_ops families has a CUDA kernel with the same contract flag, and
+// op of the CPU's pad and reduce families has a CUDA kernel with the same contract flag, and
 // the CUDA backend accepts and refuses the same signatures (Pad on every fixed-size dtype the
 // CPU moves, its pads and constant operands, the attribute form; the reductions' dtypes, their
 // axes operand; the gradients' float32 and arity).
@@ -28,8 +28,8 @@ TEST_CASE("the cuda backend covers the cpu's Pad and reductions and their gradie
 #ifdef STAGECRAFT_WITH_CUDA
   const Backend* cuda = cuda_backend();
   REQUIRE(cuda != nullptr);
-  const int ops = check_covers(*cuda, {cpu::pad_kernels(), cpu::reduction_kernels()});
-  CHECK(ops == 20);  // Pad and 9 reductions, each with its gradient
+  const int ops = check_covers(*cuda, {cpu::pad_kernels(), cpu::reduce_kernels()});
+  CHECK(ops == 21);  // Pad and 9 reductions, each with its gradient, and ReduceMean
 
   onnx::NodeProto plain_node;
   const Attrs plain(plain_node);

@@ -1,5 +1,5 @@
 // Finite-difference checks of the Pad and reduction gradient kernels (runtime/cpu/pad.cpp,
-// runtime/cpu/reduce_ops.cpp).
+// runtime/cpu/reduce.cpp).
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -5,8 +5,8 @@ set -euo pipefail
 checker=$1
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
-mkdir -p "$tree/runtime/core" "$tree/runtime/ops" "$tree/runtime/cuda" "$tree/compiler" \
-  "$tree/passes"
+mkdir -p "$tree/runtime/core" "$tree/runtime/ops" "$tree/runtime/cuda" "$tree/runtime/cpu" \
+  "$tree/compiler" "$tree/passes"
 
 # A runtime file that includes a compiler header, and a function of 151 lines.
 {
@@ -23,6 +23,22 @@ echo '#include "runtime/cpu/window.h"' >"$tree/passes/bad_pass.cpp"
 echo 'enum class Mode { kFast, kSmall };' >"$tree/compiler/mode.h"
 echo 'enum class Goal : int { kFast, kSmall = 1 };  // the same list' >"$tree/passes/goal.h"
 echo '#include "runtime/exec/pipeline.h"' >"$tree/runtime/core/uses_exec.cpp"
+# Families: the CUDA pool table outside pool.cpp (and named otherwise), Softmax filed under norm
+# on the CPU only, and a CPU family table the list does not name.
+table() {  # table FAMILY OP...
+  local name=$1
+  shift
+  echo 'const KernelEntry kKernels[] = {'
+  for op in "$@"; do echo "    {\"$op\", run, same_as_cpu},"; done
+  echo '};'
+  echo "std::span<const KernelEntry> ${name}_kernels() { return kKernels; }"
+}
+printf 'STAGECRAFT_FAMILY(norm)\nSTAGECRAFT_FAMILY(pool)\n' >"$tree/runtime/ops/families.def"
+table norm BatchNormalization Softmax >"$tree/runtime/cpu/norm.cpp"
+table norm BatchNormalization >"$tree/runtime/cuda/norm.cpp"
+table pool MaxPool >"$tree/runtime/cpu/pool.cpp"
+table pooling MaxPool >"$tree/runtime/cuda/pooling.cpp"
+table extra Relu >"$tree/runtime/cpu/extra.cpp"
 # A file of 801 lines.
 for i in $(seq 1 801); do echo "// line $i"; done >"$tree/compiler/big.h"
 
@@ -47,6 +63,15 @@ grep -q 'enums: .*compiler/mode.h: Mode and .*passes/goal.h: Goal list the same 
 grep -q 'runtime/core/uses_exec.cpp:1:#include "runtime/exec/pipeline.h"' <<<"$out" ||
   { echo "FAIL: the core including the executor not reported"; exit 1; }
 
+grep -q 'families: pool_kernels() is not defined in runtime/cuda/pool.cpp' <<<"$out" ||
+  { echo "FAIL: a family table outside its file not reported"; exit 1; }
+grep -q 'families: runtime/cuda/pooling.cpp defines pooling_kernels(), which runtime/ops/families.def does not list' <<<"$out" ||
+  { echo "FAIL: a table of a family not listed not reported"; exit 1; }
+grep -q 'families: runtime/cpu/extra.cpp defines extra_kernels()' <<<"$out" ||
+  { echo "FAIL: a second table not reported"; exit 1; }
+grep -q 'families: Softmax is in runtime/cpu/norm.cpp and not in runtime/cuda/norm.cpp' <<<"$out" ||
+  { echo "FAIL: an op filed under different families not reported"; exit 1; }
+
 # Mended: 800 lines, 150-line function, no compiler include, op rules and backends apart.
 sed -i '1d;3d' "$tree/runtime/core/bad.cpp"
 echo '#include "runtime/core/kernel.h"' >"$tree/runtime/ops/bad_rule.h"
@@ -55,5 +80,9 @@ echo '#include "runtime/ops/window.h"' >"$tree/passes/bad_pass.cpp"
 sed -i '1d' "$tree/compiler/big.h"
 echo 'enum class Goal { kQuick, kLean };' >"$tree/passes/goal.h"
 echo '#include "runtime/core/kernel.h"' >"$tree/runtime/core/uses_exec.cpp"
+mv "$tree/runtime/cuda/pooling.cpp" "$tree/runtime/cuda/pool.cpp"
+table pool MaxPool >"$tree/runtime/cuda/pool.cpp"
+table norm BatchNormalization Softmax >"$tree/runtime/cuda/norm.cpp"
+rm "$tree/runtime/cpu/extra.cpp"
 bash "$checker" all "$tree"
 echo "check_layout self-test passed"

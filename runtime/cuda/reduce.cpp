@@ -1,6 +1,7 @@
-// The CUDA backend's reduction family (families.h): ReduceSum, Max, Min, Prod, L1, L2,
-// SumSquare, LogSum and LogSumExp and their gradients, over the same ops, attributes and dtypes
-// as the CPU backend's reduce_ops.cpp. The node is read with the shared rules
+// The CUDA backend's reduce family (families.h): ReduceMean (its gradient is in grad_data.cpp, as
+// on the CPU; its kernel is the data family's strided reduction, data_kernels.cu), ReduceSum,
+// Max, Min, Prod, L1, L2, SumSquare, LogSum and LogSumExp and their gradients, over the same ops,
+// attributes and dtypes as the CPU backend's reduce.cpp. The node is read with the shared rules
 // (runtime/ops/reduce_shape.h: axes as attribute or operand, noop_with_empty_axes, keepdims,
 // the dims grouped as the CPU's loops group them), the axes operand brought to the host first;
 // the kernels (reduce_kernels.cu) then run reduce_element.h's per-element functions, the CPU's
@@ -20,7 +21,6 @@ namespace {
 
 using ops::GradIo;
 using ops::Reduction;
-
 
 // The dims the node reduces (ops::reduced_dims), its axes operand (on the device, null when
 // omitted) read to the host where the attribute does not give them.
@@ -98,9 +98,41 @@ void reduce_grad(const KernelArgs& a) {
   check_launch(a);
 }
 
+// ReduceMean (opsets <= 17): the mean over `axes` (every dim when absent), keepdims default 1.
+void reduce_mean(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  const ops::MeanRule rule = ops::mean_rule(a, x.shape, a.attrs.ints("axes"));
+  const std::vector<bool>& reduced = rule.reduced;
+  const int64_t count = rule.count;
+  expect_shape(a, 0, rule.y_shape);
+  Tensor& out = *a.out[0];
+  if (out.numel() == 0) return;
+  if (count == 0) fail(ErrorKind::kUnsupported, "ReduceMean of {} over an empty dim", x.describe());
+  const ReduceMap map = reduce_map(a, x.shape, reduced);
+  cudaStream_t stream = context(a).stream();
+  switch (x.dtype) {
+    case DType::kFloat32:
+      launch_reduce_mean_f32(out.as<float>(), x.as<float>(), out.numel(), map, stream);
+      break;
+    case DType::kFloat64:
+      launch_reduce_mean_f64(out.as<double>(), x.as<double>(), out.numel(), map, stream);
+      break;
+    case DType::kInt32:
+      launch_reduce_mean_i32(out.as<int32_t>(), x.as<int32_t>(), out.numel(), map, stream);
+      break;
+    case DType::kInt64:
+      launch_reduce_mean_i64(out.as<int64_t>(), x.as<int64_t>(), out.numel(), map, stream);
+      break;
+    default:
+      fail(ErrorKind::kUnsupported, "ReduceMean on {} is not supported", dtype_name(x.dtype));
+  }
+  check_launch(a);
+}
+
 // The CPU backend's checks decide (float32, float64, int32, int64 forward; float32 gradients).
 // Each gradient writes every element of dx (or zeroes it when dy is omitted), as the CPU's do.
 constexpr KernelEntry kKernels[] = {
+    {"ReduceMean", reduce_mean, same_as_cpu},
     {"ReduceSum", reduce, same_as_cpu},
     {"ReduceMax", reduce, same_as_cpu},
     {"ReduceMin", reduce, same_as_cpu},
@@ -123,6 +155,6 @@ constexpr KernelEntry kKernels[] = {
 
 }  // namespace
 
-std::span<const KernelEntry> reduction_kernels() { return kKernels; }
+std::span<const KernelEntry> reduce_kernels() { return kKernels; }
 
 }  // namespace stagecraft::rt::cuda

@@ -1,0 +1,83 @@
+#pragma once
+/// \file
+/// What the CUDA gradients of the elementwise families share (grad_eltwise.cpp,
+/// activations.cpp, compare_logic.cpp, unary_math.cpp, leaky_relu.cpp): a unary op's gradient
+/// launch and a binary op's gradient per operand with its broadcasting summed back, following
+/// the contract of runtime/format/grad_ops.h.
+
+#include "runtime/core/kernel.h"
+#include "runtime/cuda/elementwise_common.h"
+#include "runtime/cuda/grad_eltwise_kernels.h"
+#include "runtime/ops/grad_io.h"
+
+namespace stagecraft::rt::cuda {
+
+// Zeroes dx_k where it is wanted.
+inline void zero_output(const ops::GradIo& io, size_t k) {
+  if (Tensor* t = io.dx(k)) io.a.device.fill_zero(*t);
+}
+
+// dx = g(x, y, dy) elementwise; y is the forward output, recomputed from x when omitted.
+inline void unary_grad(const KernelArgs& a, UnaryGradOp op, const UnaryGradParams& params) {
+  ops::GradIo io(a);
+  for (size_t k = 1; k < io.n; ++k) zero_output(io, k);  // Clip's bounds get none
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (dx == nullptr) return;
+  if (dy == nullptr) return a.device.fill_zero(*dx);
+  const Tensor& x = io.need_x(0);
+  expect_shape(a, 0, x.shape);
+  ops::expect_dy_shape(a, *dy, x.shape);
+  const Tensor* y = io.y(0);
+  const float* ys = y != nullptr && y->shape == x.shape ? y->as<float>() : nullptr;
+  launch_unary_grad(op, x.as<float>(), ys, dy->as<float>(), dx->as<float>(), x.numel(), params,
+                    context(a).stream());
+  check_launch(a);
+}
+
+template <UnaryGradOp op>
+void run_unary_grad(const KernelArgs& a) {
+  unary_grad(a, op, {});
+}
+
+// dx_k = the sum over broadcast dims of op at every output element.
+inline void binary_part(const KernelArgs& a, size_t k, BinaryGradOp op, const Tensor& lhs,
+                 const Tensor& rhs, const Tensor* y, const Tensor& dy) {
+  CudaContext& ctx = context(a);
+  Tensor& dx = *a.out[k];
+  const Shape& out_shape = dy.shape;
+  const Shape& shape = (k == 0 ? lhs : rhs).shape;
+  expect_shape(a, k, shape);
+  const BroadcastMap map = broadcast_map<2>(a, {lhs.shape, rhs.shape}, out_shape);
+  const bool direct = shape == out_shape;
+  Tensor full;
+  if (!direct) full = ctx.new_tensor(DType::kFloat32, out_shape, false);
+  float* dst = direct ? dx.as<float>() : full.as<float>();
+  launch_binary_grad(op, lhs.as<float>(), rhs.as<float>(), y != nullptr ? y->as<float>() : nullptr,
+                     dy.as<float>(), dst, shape_numel(out_shape), map, ctx.stream());
+  check_launch(a);
+  if (!direct) sum_to_shape(a, full.as<float>(), out_shape, dx.as<float>(), shape);
+}
+
+// The binary op's operands, checked: false when no gradient is to be computed.
+struct Binary {
+  const Tensor* lhs = nullptr;
+  const Tensor* rhs = nullptr;
+  const Tensor* y = nullptr;
+  const Tensor* dy = nullptr;
+};
+
+inline bool binary_operands(const KernelArgs& a, const ops::GradIo& io, Binary& b) {
+  b.dy = io.dy(0);
+  if (b.dy == nullptr) zero_outputs(a);
+  if (b.dy == nullptr || (io.dx(0) == nullptr && io.dx(1) == nullptr)) return false;
+  b.lhs = &io.need_x(0);
+  b.rhs = &io.need_x(1);
+  b.y = io.y(0);
+  const Shape out = ops::broadcast_shape(b.lhs->shape, b.rhs->shape);
+  ops::expect_dy_shape(a, *b.dy, out);
+  if (b.y != nullptr && b.y->shape != out) b.y = nullptr;
+  return true;
+}
+
+}  // namespace stagecraft::rt::cuda
