@@ -89,28 +89,8 @@ void binary_part(const KernelArgs& a, size_t k, const Tensor& lhs, const Tensor&
   if (!direct) sum_to_shape(full.data(), out_shape, dx.as<float>(), xk.shape);
 }
 
-/// A binary op's operands.
-struct Binary {
-  const Tensor* lhs = nullptr;
-  const Tensor* rhs = nullptr;
-  const Tensor* y = nullptr;
-  const Tensor* dy = nullptr;
-};
-
-/// Reads a binary op's operands, checked: false when no gradient is to be computed (with every
-/// output zeroed where dy is omitted).
-inline bool binary_operands(const KernelArgs& a, const ops::GradIo& io, Binary& b) {
-  b.dy = io.dy(0);
-  if (b.dy == nullptr) ops::zero_outputs(a);
-  if (b.dy == nullptr || (io.dx(0) == nullptr && io.dx(1) == nullptr)) return false;
-  b.lhs = &io.need_x(0);
-  b.rhs = &io.need_x(1);
-  b.y = io.y(0);
-  Shape out = ops::broadcast_shape(b.lhs->shape, b.rhs->shape);
-  ops::expect_dy_shape(a, *b.dy, out);
-  if (b.y != nullptr && b.y->shape != out) b.y = nullptr;
-  return true;
-}
+using Binary = ops::BinaryGradOperands;  // read by ops::binary_operands
+using ops::binary_operands;
 
 /// float32, or an omitted operand.
 inline bool float_or_absent(DType d) { return d == DType::kUndefined || d == DType::kFloat32; }

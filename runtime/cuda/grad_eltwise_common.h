@@ -59,25 +59,7 @@ inline void binary_part(const KernelArgs& a, size_t k, BinaryGradOp op, const Te
   if (!direct) sum_to_shape(a, full.as<float>(), out_shape, dx.as<float>(), shape);
 }
 
-// The binary op's operands, checked: false when no gradient is to be computed.
-struct Binary {
-  const Tensor* lhs = nullptr;
-  const Tensor* rhs = nullptr;
-  const Tensor* y = nullptr;
-  const Tensor* dy = nullptr;
-};
-
-inline bool binary_operands(const KernelArgs& a, const ops::GradIo& io, Binary& b) {
-  b.dy = io.dy(0);
-  if (b.dy == nullptr) zero_outputs(a);
-  if (b.dy == nullptr || (io.dx(0) == nullptr && io.dx(1) == nullptr)) return false;
-  b.lhs = &io.need_x(0);
-  b.rhs = &io.need_x(1);
-  b.y = io.y(0);
-  const Shape out = ops::broadcast_shape(b.lhs->shape, b.rhs->shape);
-  ops::expect_dy_shape(a, *b.dy, out);
-  if (b.y != nullptr && b.y->shape != out) b.y = nullptr;
-  return true;
-}
+using Binary = ops::BinaryGradOperands;  // read by ops::binary_operands
+using ops::binary_operands;
 
 }  // namespace stagecraft::rt::cuda

@@ -15,6 +15,7 @@
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/ops/broadcast.h"
 
 namespace stagecraft::rt::ops {
 
@@ -133,5 +134,29 @@ struct GradIo {
     return *y(j);
   }
 };
+
+/// A binary op's gradient operands: A, B, the forward output Y (null when omitted or not of the
+/// broadcast shape) and dY.
+struct BinaryGradOperands {
+  const Tensor* lhs = nullptr;
+  const Tensor* rhs = nullptr;
+  const Tensor* y = nullptr;
+  const Tensor* dy = nullptr;
+};
+
+/// Reads a binary op's gradient operands, dY checked against A and B's broadcast shape: false
+/// when no gradient is to be computed (every output zeroed where dY is omitted).
+inline bool binary_operands(const KernelArgs& a, const GradIo& io, BinaryGradOperands& b) {
+  b.dy = io.dy(0);
+  if (b.dy == nullptr) zero_outputs(a);
+  if (b.dy == nullptr || (io.dx(0) == nullptr && io.dx(1) == nullptr)) return false;
+  b.lhs = &io.need_x(0);
+  b.rhs = &io.need_x(1);
+  b.y = io.y(0);
+  const Shape out = broadcast_shape(b.lhs->shape, b.rhs->shape);
+  expect_dy_shape(a, *b.dy, out);
+  if (b.y != nullptr && b.y->shape != out) b.y = nullptr;
+  return true;
+}
 
 }  // namespace stagecraft::rt::ops
