@@ -66,7 +66,7 @@
 // one GPU) or --transport mpi asks for it (runtime/mpi/gpu_transport.h).
 // A plan of precision fp16 trains with dynamic loss scaling from --loss-scale S (default 2^16),
 // halved by a skipped step, doubled after --loss-scale-window N clean steps (runtime/exec/
-// pipeline.h LossScale); one process only (not under mpirun yet).
+// run_types.h LossScale); one process only (not under mpirun yet).
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>

@@ -21,7 +21,7 @@ DeviceWorker::DeviceWorker(int device, RunState& run)
 
 std::vector<StageRuntime*> DeviceWorker::own_stages() const {
   std::vector<StageRuntime*> out;
-  for (size_t k = 0; k < run_.pipeline.plan_.stages.size(); ++k) {
+  for (size_t k = 0; k < run_.pipeline.plan.stages.size(); ++k) {
     StageRuntime& st = stage(static_cast<int>(k));
     if (st.stage->device == pipeline_device_) out.push_back(&st);
   }
@@ -55,9 +55,9 @@ void DeviceWorker::run() {
 }
 
 void DeviceWorker::setup() {
-  const Pipeline& p = run_.pipeline;
-  omp_set_num_threads(p.threads_per_device_);
-  context_ = p.backend_->make_device(device_, p.threads_per_device_);
+  const PipelineParts& p = run_.pipeline;
+  omp_set_num_threads(p.threads_per_device);
+  context_ = p.backend.make_device(device_, p.threads_per_device);
   if (!context_->host_visible()) upload_stages();
   int64_t arena_bytes = 0, weight_bytes = 0;
   for (StageRuntime* st : own_stages()) {
@@ -155,7 +155,7 @@ void DeviceWorker::run_step() {
   if (device_ == run_.first_device) run_.step_start[step_] = run_.seconds();
   sample_memory();
   const std::vector<schedule::Instruction>& list =
-      run_.pipeline.schedule_[static_cast<size_t>(pipeline_device_)];
+      run_.pipeline.schedule[static_cast<size_t>(pipeline_device_)];
   const int64_t step = run_.global_step + step_ + 1;
   for (size_t index = 0; index < list.size(); ++index) {
     const schedule::Instruction& ins = list[index];
@@ -201,7 +201,7 @@ void DeviceWorker::after_step() {
   }
   // Device 0 saves while the others wait at the barrier (nothing changes the weights).
   if (device_ == run_.first_device) {
-    run_.pipeline.steps_done_ = done;
+    run_.pipeline.steps_done = done;
     try {
       options.checkpoint(done);
     } catch (Error& e) {
@@ -420,7 +420,7 @@ std::vector<Tensor> DeviceWorker::backward_args(const schedule::Instruction& ins
       // 1 / (R x M): the step's gradient is the mean over every replica's microbatches, as
       // one device running all R x M of them would seed it; ALLREDUCE then sums the replicas.
       // With dynamic loss scaling, S times that (OPT_STEP divides the gradients by S).
-      const double scale = run_.scales_loss ? run_.pipeline.loss_scale_.scale : 1.0;
+      const double scale = run_.scales_loss ? run_.pipeline.loss_scale.scale : 1.0;
       args.push_back(scalar_on(
           *context_, static_cast<float>(scale / (run_.microbatches * run_.replicas))));
     } else if (auto k = keep.find(in.name); k != keep.end()) {
@@ -556,7 +556,7 @@ void DeviceWorker::send_grad(const schedule::Instruction& ins) {
 
 void DeviceWorker::plan_buckets() {
   const std::vector<schedule::Instruction>& list =
-      run_.pipeline.schedule_[static_cast<size_t>(pipeline_device_)];
+      run_.pipeline.schedule[static_cast<size_t>(pipeline_device_)];
   const int64_t limit = run_.options.bucket_bytes;
   if (limit <= 0)
     fail(ErrorKind::kUsage, "the gradient bucket must hold at least one byte, not {}", limit);

@@ -2,158 +2,28 @@
 /// \file
 /// What one device does in a run: a `DeviceWorker` with one method per schedule instruction,
 /// working through its device context (runtime/core/device.h) for every byte it allocates,
-/// moves or changes. `RunState` is what the workers of one run share (transport, barrier,
-/// meters, timings); `StageRuntime` is one stage as a loaded pipeline holds it. Internal to
-/// runtime/exec (pipeline.cpp loads, pipeline_run.cpp runs, device_worker.cpp and
-/// optimizer_step.cpp are the worker).
+/// moves or changes. The workers of one run share a `RunState` (run_state.h); the stages they
+/// run are the pipeline's `StageRuntime`s (stage_runtime.h). Internal to runtime/exec
+/// (pipeline.cpp loads, pipeline_run.cpp runs, device_worker.cpp and optimizer_step.cpp are
+/// the worker).
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "runtime/exec/pipeline.h"
-#include "runtime/optim/lr_schedule.h"
+#include "runtime/core/device.h"
+#include "runtime/core/program.h"
+#include "runtime/core/tensor.h"
+#include "runtime/exec/run_state.h"
+#include "runtime/exec/stage_runtime.h"
+#include "runtime/exec/transport.h"
+#include "runtime/format/schedule.h"
 
 namespace stagecraft::rt {
-
-/// One stage as the runtime holds it.
-struct StageRuntime {
-  const plan::Stage* stage = nullptr;
-  int replica = 0;  ///< The data-parallel replica whose copy of the stage this is.
-  Program program;
-  std::vector<int> producers;                ///< Stages this one receives from, ascending.
-  std::map<int, std::vector<size_t>> sends;  ///< Consumer stage -> indices into program outputs.
-  std::vector<size_t> graph_outputs;         ///< Indices into program outputs.
-  // Training.
-  std::optional<Program> backward;        ///< The stage's backward program.
-  std::vector<bool> weight_part;          ///< Per backward node: part of W (zero-bubble).
-  std::map<std::string, Tensor> weights;  ///< The forward program's weights (shared bytes).
-  std::string loss;                       ///< The loss output's name when this stage computes it.
-  std::map<std::string, optim::OptimizerState>
-      opt_state;  ///< Per weight; only its device's worker. ZeRO-1: see `shard_lo`.
-  /// Training: a trained weight's place in the stage's gradient bucket (ALLREDUCE).
-  struct FlatWeight {
-    std::string name;
-    int64_t offset = 0, elements = 0;
-  };
-  /// The trained weights (whose gradient the backward outputs) one after another as the bucket
-  /// holds them: in name order; with ZeRO-1 those no other stage holds first (the sharded
-  /// parameters), then the shared ones (summed whole).
-  std::vector<FlatWeight> flat;
-  int64_t flat_elements = 0;
-  /// ZeRO-1 (plan.json `shard_optimizer`): the bucket's first `sharded` elements are split at
-  /// `shard_bounds` (the plan's `optimizer_shards`); this replica keeps the optimizer state of
-  /// elements [shard_lo, shard_hi) only: `opt_state` of a sharded weight then holds 1-D tensors
-  /// of the part of it in that range (none when it has no part there). Empty bounds: unsharded.
-  std::vector<int64_t> shard_bounds;
-  int64_t sharded = 0, shard_lo = 0, shard_hi = 0;
-  /// The flat entry of `weight`, or null when the stage does not train it.
-  const FlatWeight* flat_weight(const std::string& weight) const;
-  /// With ZeRO-1, whether `weight` is sharded (not a shared weight); and the part of it in
-  /// this replica's shard, as [lo, hi) offsets into the weight (lo == hi: none).
-  bool is_sharded(const FlatWeight& w) const { return !shard_bounds.empty() && w.offset < sharded; }
-  std::pair<int64_t, int64_t> own_part(const FlatWeight& w) const {
-    const int64_t lo = std::max(w.offset, shard_lo), hi = std::min(w.offset + w.elements, shard_hi);
-    return lo < hi ? std::pair{lo - w.offset, hi - w.offset} : std::pair<int64_t, int64_t>{0, 0};
-  }
-  // A device whose memory is not the host's (CUDA) runs with its own copies of the weights and
-  // optimizer state for the length of a run: `weights` and `opt_state` are then those copies,
-  // and the host tensors wait here, getting the device's values back before every checkpoint
-  // and at the end of the run (device_worker.cpp). The pipeline's accessors give the host ones.
-  bool on_device = false;
-  std::map<std::string, Tensor> host_weights;
-  std::map<std::string, optim::OptimizerState> host_opt_state;
-  std::map<std::string, Tensor> host_backward_weights;
-};
-
-/// Bytes held by one device, at the highest.
-struct MemoryMeter {
-  std::atomic<int64_t> current{0}, peak{0};
-  void add(int64_t bytes);
-  void sub(int64_t bytes) { current.fetch_sub(bytes); }
-};
-
-/// Bytes of a stash, less the weights it refers to (counted once, as the device's weights).
-int64_t bytes_of_map(const std::map<std::string, Tensor>& values,
-                     const std::map<std::string, Tensor>& weights);
-
-/// Bytes of the tensors of a message.
-int64_t bytes_of(const std::vector<NamedTensor>& tensors);
-
-/// What the device workers of one run share. Per-device vectors are indexed by device and
-/// written only by that device's worker.
-struct RunState {
-  /// The state of a run of `pipeline` (inputs checked) before any worker starts.
-  RunState(Pipeline& pipeline, const std::map<std::string, Tensor>& inputs,
-           const RunOptions& options);
-
-  Pipeline& pipeline;  ///< The loaded plan, schedule and stages; steps_done at the end.
-  const RunOptions& options;
-  /// Every replica's devices (R x P), the pipeline's (P), its replicas (R), microbatches per
-  /// replica (M), steps.
-  const int devices, pipeline_devices, replicas, microbatches, steps;
-  /// The first of the devices this process runs (it keeps the step times), all unless the
-  /// pipeline was loaded for some (a rank of mpirun).
-  const int first_device;
-  const bool training;
-  /// Dynamic loss scaling (Pipeline::scales_loss): per step, whether some stage of some
-  /// replica found a gradient inf or NaN at its OPT_STEP (set by any worker, read by all after
-  /// the step's end barrier), and the scale the step was seeded with and whether it was
-  /// skipped (written by the first device's worker).
-  const bool scales_loss;
-  std::unique_ptr<std::atomic<bool>[]> overflow;
-  /// The step the devices of this process wait at the barrier for (every worker stores it
-  /// before it arrives): the step whose overflow flag the barrier's exchange with the other
-  /// processes (RunOptions::step_barrier) carries.
-  std::atomic<int> barrier_step{0};
-  std::vector<double> step_scale;
-  std::vector<bool> step_skipped;
-  const int64_t global_step;  ///< Optimizer steps taken by earlier runs.
-  /// Per graph input: the microbatch views of the run's inputs (no copies), replica r's
-  /// microbatch m at r x M + m.
-  std::map<std::string, std::vector<Tensor>> feeds;
-  /// Per graph output: each microbatch's value (last step), indexed as `feeds`.
-  std::map<std::string, std::vector<Tensor>> results;
-  std::unique_ptr<optim::Optimizer> optimizer;  ///< Training.
-  optim::LrSchedule lr_schedule;                ///< Training.
-  /// Per step, per microbatch (indexed as `feeds`; NaN until known).
-  std::vector<std::vector<double>> step_loss;
-  /// Per replica: whether its loss stage runs in this process.
-  std::vector<bool> replica_has_loss;
-  std::vector<MemoryMeter> meters;
-  /// Per replica: its transport (null for a replica this process does not run).
-  std::vector<std::unique_ptr<Transport>> transports;
-  StepBarrier barrier;
-  std::vector<DeviceReport> reports;
-  std::vector<std::vector<double>> busy;       ///< Per device, per step: compute seconds.
-  std::vector<std::vector<double>> allreduce;  ///< Per device, per step: ALLREDUCE seconds.
-  std::vector<std::vector<double>> sends;      ///< Per device, per step: SEND_* seconds.
-  std::vector<std::vector<schedule::TimelineEvent>> events;
-  std::vector<std::vector<MemorySample>> memory;  ///< Per device: its meter over the run.
-  std::vector<double> step_start, step_end;
-  NodeHook hook;
-  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-  std::mutex error_mutex;
-  std::optional<Error> first_error;
-
-  /// Seconds since the run started.
-  double seconds() const;
-  /// Keeps the first error and stops every worker (transport and barrier throw `Aborted`).
-  void stop_all(Error error);
-  /// Whether some worker has failed (`stop_all` was called).
-  bool failed();
-  /// The step barrier's wait for the other processes (RunOptions::step_barrier), run by the
-  /// last of this process's devices to arrive: this process's overflow flag of `barrier_step`
-  /// goes out, and the flag is set here where any process's is.
-  void exchange_overflow();
-};
 
 /// One device's worker for one run: its context, arena and the tensors in flight.
 class DeviceWorker {
@@ -285,9 +155,8 @@ class DeviceWorker {
   RunState& run_;
   /// This replica's stage `index`.
   StageRuntime& stage(int index) const {
-    return *run_.pipeline
-                .stages_[static_cast<size_t>(replica_) * run_.pipeline.plan_.stages.size() +
-                         static_cast<size_t>(index)];
+    return *run_.pipeline.stages[static_cast<size_t>(replica_) * run_.pipeline.plan.stages.size() +
+                                 static_cast<size_t>(index)];
   }
   /// This device's stages (of its replica), in stage order.
   std::vector<StageRuntime*> own_stages() const;

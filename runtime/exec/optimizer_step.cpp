@@ -1,6 +1,6 @@
 // The optimizer step of one device's worker (device_worker.h): OPT_STEP, the shared weights'
 // sums it finishes, ZeRO-1's sharded update and all-gather, and dynamic loss scaling's
-// unscale, check and end-of-step update or skip (pipeline.h LossScale).
+// unscale, check and end-of-step update or skip (run_types.h LossScale).
 #include <fmt/format.h>
 
 #include <limits>
@@ -95,7 +95,7 @@ void DeviceWorker::optimizer_step(const schedule::Instruction& ins) {
 bool DeviceWorker::unscale_gradients(int stage_index) {
   StageRuntime& st = stage(stage_index);
   auto& grads = grad_acc_[stage_index];
-  const auto factor = static_cast<float>(1.0 / run_.pipeline.loss_scale_.scale);
+  const auto factor = static_cast<float>(1.0 / run_.pipeline.loss_scale.scale);
   bool finite = true;
   if (st.shard_bounds.empty()) {
     for (const auto& [name, weight] : st.weights)
@@ -130,7 +130,7 @@ void DeviceWorker::finish_scaled_step() {
   if (device_ != run_.first_device) return;
   // The first device alone moves the scale on, between the two barriers of the step's end:
   // every worker read it before (the seeds) and reads it again after.
-  LossScale& ls = run_.pipeline.loss_scale_;
+  LossScale& ls = run_.pipeline.loss_scale;
   run_.step_scale[step] = ls.scale;
   run_.step_skipped[step] = skip;
   if (skip) {

@@ -11,7 +11,7 @@
 #include <random>
 #include <set>
 
-#include "runtime/exec/device_worker.h"
+#include "runtime/exec/stage_runtime.h"
 #include "runtime/format/error.h"
 #include "runtime/format/json_reader.h"
 

@@ -8,6 +8,9 @@
 /// pipeline runs R x P devices; device g is pipeline device g % P of replica g / P, runs the
 /// instruction list of pipeline device g % P on replica g / P's copy of its stages, and takes
 /// replica g / P's rows of every batch. With R = 1 devices are the plan's devices.
+///
+/// What a run is given and gives back (RunOptions, RunReport) is in run_types.h; the run's
+/// internals (stage_runtime.h, run_state.h, device_worker.h) are runtime/exec's own.
 
 #include <functional>
 #include <map>
@@ -19,6 +22,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/core/program.h"
 #include "runtime/core/tensor.h"
+#include "runtime/exec/run_types.h"
 #include "runtime/exec/transport.h"
 #include "runtime/format/plan.h"
 #include "runtime/format/schedule.h"
@@ -26,133 +30,7 @@
 
 namespace stagecraft::rt {
 
-struct StageRuntime;
-struct RunState;
-class DeviceWorker;
-
-/// Dynamic loss scaling (a training plan of precision fp16: the stage graphs compute in
-/// float16, whose largest value is 65504 and smallest normal 2^-14): every microbatch's loss
-/// gradient is seeded `scale` times larger, so small gradients stay above float16's underflow;
-/// each stage's float32 master gradients are divided by `scale` at its OPT_STEP (after the
-/// replicas' sum) and checked. A step where any gradient of any stage or replica is inf or NaN
-/// updates no weight anywhere (every stage's update waits for the step's end, where all agree)
-/// and halves `scale`; after `window` clean steps in a row `scale` doubles. A skipped step
-/// still counts as a step (the lr schedule and Adam's bias correction go on).
-struct LossScale {
-  double scale = 65536;      ///< S, a power of two unless given otherwise (stagerun --loss-scale).
-  int64_t window = 2000;     ///< N: clean steps before S doubles (stagerun --loss-scale-window).
-  int64_t clean_steps = 0;   ///< Clean steps since S last changed (checkpoints keep it).
-  int64_t skipped = 0;       ///< Steps skipped by this pipeline's runs so far.
-  /// Throws `Error(kUsage)` naming `flag` unless `scale` is finite and above 0.
-  static void check_scale(double scale, const char* flag);
-  /// Throws `Error(kUsage)` naming --loss-scale-window unless `window` >= 1.
-  static void check_window(int64_t window);
-};
-
-/// A graph input or output of the whole model, per microbatch.
-struct ModelTensor {
-  std::string name;
-  DType dtype = DType::kUndefined;
-  Shape shape;  ///< Per microbatch.
-};
-
-struct RunOptions {
-  int steps = 1;
-  /// Data parallelism: the most bytes of a stage's gradients summed over the replicas as one
-  /// bucket (> 0; stagerun --bucket-mb). Buckets hold whole weights (a larger weight is a bucket
-  /// alone), the same on every replica.
-  int64_t bucket_bytes = schedule::kDefaultGradientBucketBytes;
-  /// Data parallelism: start each bucket's sum as soon as the backward has made its gradients
-  /// final (true), or only at the stage's ALLREDUCE, all of them after the whole backward
-  /// (false: stagerun --no-overlap, for comparison).
-  bool overlap_allreduce = true;
-  /// Called after each step with (step done, steps, seconds so far).
-  std::function<void(int, int, double)> progress;
-  /// Test hook: the node of this name fails when it runs (proves a failing worker stops all).
-  std::string inject_fault;
-  /// Training: go on when the loss is NaN or infinite (otherwise the run stops, naming the step).
-  bool skip_nonfinite = false;
-  /// Training: called every `checkpoint_every` optimizer steps and after the last step, with
-  /// the optimizer steps done so far, while every worker waits (weights and optimizer state
-  /// are quiet: a checkpoint may be saved). An `Error` it throws stops the run, unchanged.
-  std::function<void(int64_t)> checkpoint;
-  int checkpoint_every = 0;  ///< 0: only after the last step.
-  /// A pipeline loaded for some of the plan's devices (a rank of mpirun, runtime/mpi): the
-  /// transport joining replica `replica`'s devices here to the others', made for every run
-  /// from the plan's links, a link's capacity and the callback for a message's arrival (the
-  /// receiver's memory meter). Unset: the in-process transports (need every device here).
-  std::function<std::unique_ptr<Transport>(int replica, const std::vector<Link>&, int,
-                                           InProcessTransport::OnDelivered)>
-      make_transport;
-  /// Called once this process's devices reach a step's start or end: waits for the other
-  /// processes' (their steps start and end together, so step times mean the same on each).
-  /// Takes this process's flag, whether one of its devices found an inf or NaN gradient in the
-  /// step (dynamic loss scaling), and returns whether any process's flag is set: every rank
-  /// then skips the same steps.
-  std::function<bool(bool overflow)> step_barrier;
-  /// Seconds a device waits for another (a message, a shared sum, another rank at a step's
-  /// start or end) before the run stops with `Error(kTimeout)` naming the instruction and the
-  /// peer; 0: no limit. Compute is not limited: a peer computing longer than this between two
-  /// of its sends also ends the run (stagerun --timeout).
-  double timeout_s = 60;
-  /// Called by a device's worker before each instruction of its list (`index` in it) in step
-  /// `step` (counted from 1 over every run of the pipeline): what the rank is doing, for a line
-  /// when it is stopped (runtime/mpi/world.h), and a test's hook. Runs on the worker's thread.
-  std::function<void(int device, int64_t step, size_t index)> before_instruction;
-};
-
-struct DeviceReport {
-  double busy_s = 0;       ///< Compute time in the reported step.
-  /// Time in sends (SEND_ACT, SEND_GRAD: handing the tensors to the transport, waiting while
-  /// the link is full) in the reported step; not compute, not in `busy_s`.
-  double send_s = 0;
-  int64_t peak_bytes = 0;  ///< Weights + arena + tensors held, at the highest.
-  int64_t weight_bytes = 0;
-  int64_t arena_bytes = 0;
-  int64_t predicted_peak_bytes = 0;  ///< plan.json's prediction for the device.
-  /// The device's own count where it keeps one (CUDA, for the whole GPU the device is on: its
-  /// pool's high-water mark with the arena, and the driver's bytes in use at the end); -1 else.
-  int64_t device_peak_bytes = -1;
-  int64_t device_used_bytes = -1;
-};
-
-/// A device's metered bytes (`DeviceReport::peak_bytes`' count: weights, arena, tensors held)
-/// at one instant, seconds from the run's start.
-struct MemorySample {
-  int device;
-  double time_s;
-  int64_t bytes;
-};
-
-struct RunReport {
-  std::vector<double> step_s;  ///< Wall time of every step.
-  int reported_step = 0;       ///< The step the figures below describe (`median_step`).
-  double bubble_fraction = 0;  ///< 1 - busy / (devices x step), of the reported step.
-  std::vector<DeviceReport> devices;  ///< Every device of every replica (R x P).
-  /// Compute of every step, the all-reduces, the receives' waits and the sends, seconds from
-  /// the start.
-  std::vector<schedule::TimelineEvent> events;
-  /// Every device's metered bytes at each step's start and after each of its instructions,
-  /// in time order per device.
-  std::vector<MemorySample> memory;
-  /// When each step started, seconds from the start (the clock of `events`).
-  std::vector<double> step_start_s;
-  std::map<std::string, Tensor> outputs;  ///< The last step's graph outputs, whole batch.
-  /// Training: each step's loss: per replica the mean over its microbatches, then the mean
-  /// over the replicas (those whose loss stage runs here).
-  std::vector<double> losses;
-  /// Seconds each device spent in ALLREDUCE in the reported step (the replicas' sum).
-  std::vector<double> allreduce_s;
-  /// Dynamic loss scaling (Pipeline::scales_loss), per step: the scale its loss gradients were
-  /// seeded with, and whether its update was skipped (a gradient was inf or NaN). Empty else.
-  std::vector<double> loss_scale;
-  std::vector<bool> skipped;
-};
-
-/// The step whose time is the median of `step_s` without the first step, the warm-up (it pays
-/// for first-touch allocations, oneDNN's primitive creation and cold caches: several times a
-/// steady step); the lower of the two middle steps for an even count. With one step, that step.
-int median_step(const std::vector<double>& step_s);
+struct StageRuntime;  // runtime/exec/stage_runtime.h
 
 class Pipeline {
  public:
@@ -261,8 +139,6 @@ class Pipeline {
   const std::map<std::string, Tensor>& replica_weights(int replica, int stage) const;
 
  private:
-  friend struct RunState;
-  friend class DeviceWorker;
   Pipeline() = default;
 
   /// Refuses (Error kPlan, naming plan.json's field) a shared weight missing from a holder's
@@ -277,6 +153,8 @@ class Pipeline {
   /// Stage `stage` of the first replica this process runs.
   StageRuntime& first_replica_stage(int stage) const;
 
+  // run() hands its device workers what they read and write of these as a `PipelineParts`
+  // (runtime/exec/run_state.h).
   std::string plan_dir_;
   plan::Plan plan_;
   schedule::Schedule schedule_;

@@ -7,6 +7,8 @@
 
 #include "runtime/exec/device_worker.h"
 #include "runtime/exec/pipeline.h"
+#include "runtime/exec/run_state.h"
+#include "runtime/exec/stage_runtime.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::rt {
@@ -57,26 +59,26 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const plan::Plan& plan,
 
 }  // namespace
 
-RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inputs,
+RunState::RunState(const PipelineParts& pipeline_, const std::map<std::string, Tensor>& inputs,
                    const RunOptions& options_)
     : pipeline(pipeline_),
       options(options_),
-      devices(pipeline_.devices()),
-      pipeline_devices(pipeline_.plan_.devices),
-      replicas(pipeline_.replicas_),
-      microbatches(pipeline_.plan_.microbatches),
+      devices(pipeline_.plan.devices * pipeline_.replicas),
+      pipeline_devices(pipeline_.plan.devices),
+      replicas(pipeline_.replicas),
+      microbatches(pipeline_.plan.microbatches),
       steps(options_.steps),
-      first_device(pipeline_.local_devices_.front()),
-      training(pipeline_.plan_.training),
-      scales_loss(pipeline_.scales_loss()),
+      first_device(pipeline_.local_devices.front()),
+      training(pipeline_.plan.training),
+      scales_loss(pipeline_.scales_loss),
       overflow(std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(options_.steps))),
       step_scale(static_cast<size_t>(options_.steps), 0.0),
       step_skipped(static_cast<size_t>(options_.steps), false),
-      global_step(pipeline_.steps_done_),
-      step_loss(steps, std::vector<double>(pipeline_.step_microbatches(), NAN)),
+      global_step(pipeline_.steps_done),
+      step_loss(steps, std::vector<double>(replicas * microbatches, NAN)),
       replica_has_loss(replicas, false),
       meters(devices),
-      barrier(static_cast<int>(pipeline_.local_devices_.size()),
+      barrier(static_cast<int>(pipeline_.local_devices.size()),
               options_.step_barrier ? std::function<void()>([this] { exchange_overflow(); })
                                     : std::function<void()>()),
       reports(devices),
@@ -87,31 +89,31 @@ RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inp
       memory(devices),
       step_start(steps, 0),
       step_end(steps, 0) {
-  const int all = pipeline.step_microbatches();  // R x M
+  const int all = replicas * microbatches;  // R x M
   // Microbatch views of the inputs (no copies): replica r's microbatch m is rows of the
   // whole batch's microbatch r x M + m.
-  for (const ModelTensor& in : pipeline.inputs_) {
+  for (const ModelTensor& in : pipeline.inputs) {
     const Tensor& whole = inputs.at(in.name);
     for (int mb = 0; mb < all; ++mb)
       feeds[in.name].push_back(whole.shape == in.shape
                                    ? whole
                                    : slice_rows(whole, mb * in.shape[0], (mb + 1) * in.shape[0]));
   }
-  for (const auto& st : pipeline.stages_) {  // the graph outputs of this process's stages
+  for (const auto& st : pipeline.stages) {  // the graph outputs of this process's stages
     for (size_t k : st->graph_outputs) results[st->program.outputs()[k].name].resize(all);
     if (!st->loss.empty()) replica_has_loss[static_cast<size_t>(st->replica)] = true;
   }
-  if (training) optimizer = make_optimizer(pipeline.plan_, lr_schedule);
+  if (training) optimizer = make_optimizer(pipeline.plan, lr_schedule);
 
   // A link holds one message in inference and two in training (schedule.h's link_capacity), so
   // a stage that runs ahead waits instead of queueing microbatches on the next device, whose
   // memory the plan counts with that many receive buffers; the validator and the simulator play
   // the schedule with the same bound.
-  const int capacity = schedule::link_capacity(pipeline.shape_);
-  const bool all_here = static_cast<int>(pipeline.local_devices_.size()) == devices;
+  const int capacity = schedule::link_capacity(pipeline.shape);
+  const bool all_here = static_cast<int>(pipeline.local_devices.size()) == devices;
   if (!options.make_transport && !all_here)
     fail(ErrorKind::kInternal, "a pipeline loaded for {} of {} devices runs with a transport to "
-         "the others (RunOptions::make_transport)", pipeline.local_devices_.size(), devices);
+         "the others (RunOptions::make_transport)", pipeline.local_devices.size(), devices);
   // The replicas of one process sum their gradients through memory.
   auto sums = replicas > 1 && all_here && !options.make_transport
                   ? std::make_shared<ReplicaSums>(replicas, options.timeout_s)
@@ -119,16 +121,16 @@ RunState::RunState(Pipeline& pipeline_, const std::map<std::string, Tensor>& inp
   transports.resize(static_cast<size_t>(replicas));
   for (int r = 0; r < replicas; ++r) {
     bool here = false;
-    for (int d : pipeline.local_devices_) here |= d / pipeline_devices == r;
+    for (int d : pipeline.local_devices) here |= d / pipeline_devices == r;
     if (!here) continue;
     InProcessTransport::OnDelivered delivered = [this, r](const Link& link, const Message& m) {
-      const int to = pipeline.stages_[static_cast<size_t>(link.to_stage)]->stage->device;
+      const int to = pipeline.stages[static_cast<size_t>(link.to_stage)]->stage->device;
       meters[static_cast<size_t>(r * pipeline_devices + to)].add(bytes_of(m.tensors));
     };
     transports[static_cast<size_t>(r)] =
         options.make_transport
-            ? options.make_transport(r, pipeline.links_, capacity, delivered)
-            : std::make_unique<InProcessTransport>(pipeline.links_, capacity, delivered,
+            ? options.make_transport(r, pipeline.links, capacity, delivered)
+            : std::make_unique<InProcessTransport>(pipeline.links, capacity, delivered,
                                                    options.timeout_s, sums, r);
   }
   if (!options.inject_fault.empty())
@@ -270,7 +272,21 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
            "on skipped steps with the others",
            local_devices_.size(), devices());
   }
-  RunState run(*this, inputs, options);
+  // What the run's workers read and write of this pipeline.
+  const PipelineParts parts{.plan = plan_,
+                            .schedule = schedule_,
+                            .shape = shape_,
+                            .backend = *backend_,
+                            .threads_per_device = threads_per_device_,
+                            .replicas = replicas_,
+                            .stages = stages_,
+                            .inputs = inputs_,
+                            .links = links_,
+                            .local_devices = local_devices_,
+                            .scales_loss = scales_loss(),
+                            .steps_done = steps_done_,
+                            .loss_scale = loss_scale_};
+  RunState run(parts, inputs, options);
   std::vector<std::thread> threads;
   for (int d : local_devices_) threads.emplace_back([&run, d] { DeviceWorker(d, run).run(); });
   for (std::thread& t : threads) t.join();

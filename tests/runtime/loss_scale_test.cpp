@@ -1,7 +1,7 @@
 // stagec --precision fp16 (issue 13): the stage graphs compute in float16 (the mixed-precision
 // pass with PassContext::sixteen_bit float16), the CPU backend runs them widened to float32
 // where a kernel has no float16 path, and training scales the loss dynamically
-// (runtime/exec/pipeline.h LossScale): an overflow anywhere skips the step on every stage and
+// (runtime/exec/run_types.h LossScale): an overflow anywhere skips the step on every stage and
 // replica and halves the scale, clean steps double it, checkpoints keep it.
 #include <doctest/doctest.h>
 #include <fmt/format.h>

@@ -1,0 +1,138 @@
+#pragma once
+/// \file
+/// `RunState`: what the device workers of one run share (the transports, the step barrier, the
+/// memory meters, the timings, the first error), and `PipelineParts`: what a run reads and
+/// writes of the pipeline that starts it (its plan, schedule and stages, the steps done, the
+/// loss scale), handed over by `Pipeline::run`. Internal to runtime/exec (pipeline_run.cpp
+/// builds it, device_worker.cpp and optimizer_step.cpp are the workers that share it).
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/core/backend.h"
+#include "runtime/core/program.h"
+#include "runtime/exec/run_types.h"
+#include "runtime/exec/stage_runtime.h"
+#include "runtime/exec/transport.h"
+#include "runtime/format/error.h"
+#include "runtime/format/plan.h"
+#include "runtime/format/schedule.h"
+#include "runtime/optim/lr_schedule.h"
+#include "runtime/optim/optimizer.h"
+
+namespace stagecraft::rt {
+
+/// What a run reads and writes of the pipeline that starts it (runtime/exec/pipeline.h): views
+/// of the pipeline's members, which outlive the run. Only the stages' contents (weights,
+/// optimizer state), the steps done and the loss scale are written, each as documented below.
+struct PipelineParts {
+  const plan::Plan& plan;
+  const schedule::Schedule& schedule;  ///< Per pipeline device (P), its instruction list.
+  const schedule::PipelineShape& shape;
+  const Backend& backend;
+  int threads_per_device = 1;
+  int replicas = 1;  ///< R: the pipeline runs R x P devices.
+  /// Every replica's stages, replica-major (stage s of replica r at r x S + s); a stage is
+  /// changed only by its device's worker.
+  const std::vector<std::shared_ptr<StageRuntime>>& stages;
+  const std::vector<ModelTensor>& inputs;
+  const std::vector<Link>& links;
+  const std::vector<int>& local_devices;  ///< The devices this process runs, ascending.
+  bool scales_loss = false;               ///< Pipeline::scales_loss.
+  /// Optimizer steps done: the first device's worker sets it before a checkpoint is saved.
+  int64_t& steps_done;
+  /// Dynamic loss scaling's state: read by every worker, moved on by the first device's between
+  /// the barriers of a step's end.
+  LossScale& loss_scale;
+};
+
+/// Bytes held by one device, at the highest.
+struct MemoryMeter {
+  std::atomic<int64_t> current{0}, peak{0};
+  void add(int64_t bytes);
+  void sub(int64_t bytes) { current.fetch_sub(bytes); }
+};
+
+/// Bytes of a stash, less the weights it refers to (counted once, as the device's weights).
+int64_t bytes_of_map(const std::map<std::string, Tensor>& values,
+                     const std::map<std::string, Tensor>& weights);
+
+/// Bytes of the tensors of a message.
+int64_t bytes_of(const std::vector<NamedTensor>& tensors);
+
+/// What the device workers of one run share. Per-device vectors are indexed by device and
+/// written only by that device's worker.
+struct RunState {
+  /// The state of a run of `pipeline` (inputs checked) before any worker starts.
+  RunState(const PipelineParts& pipeline, const std::map<std::string, Tensor>& inputs,
+           const RunOptions& options);
+
+  PipelineParts pipeline;  ///< The loaded plan, schedule and stages.
+  const RunOptions& options;
+  /// Every replica's devices (R x P), the pipeline's (P), its replicas (R), microbatches per
+  /// replica (M), steps.
+  const int devices, pipeline_devices, replicas, microbatches, steps;
+  /// The first of the devices this process runs (it keeps the step times), all unless the
+  /// pipeline was loaded for some (a rank of mpirun).
+  const int first_device;
+  const bool training;
+  /// Dynamic loss scaling (Pipeline::scales_loss): per step, whether some stage of some
+  /// replica found a gradient inf or NaN at its OPT_STEP (set by any worker, read by all after
+  /// the step's end barrier), and the scale the step was seeded with and whether it was
+  /// skipped (written by the first device's worker).
+  const bool scales_loss;
+  std::unique_ptr<std::atomic<bool>[]> overflow;
+  /// The step the devices of this process wait at the barrier for (every worker stores it
+  /// before it arrives): the step whose overflow flag the barrier's exchange with the other
+  /// processes (RunOptions::step_barrier) carries.
+  std::atomic<int> barrier_step{0};
+  std::vector<double> step_scale;
+  std::vector<bool> step_skipped;
+  const int64_t global_step;  ///< Optimizer steps taken by earlier runs.
+  /// Per graph input: the microbatch views of the run's inputs (no copies), replica r's
+  /// microbatch m at r x M + m.
+  std::map<std::string, std::vector<Tensor>> feeds;
+  /// Per graph output: each microbatch's value (last step), indexed as `feeds`.
+  std::map<std::string, std::vector<Tensor>> results;
+  std::unique_ptr<optim::Optimizer> optimizer;  ///< Training.
+  optim::LrSchedule lr_schedule;                ///< Training.
+  /// Per step, per microbatch (indexed as `feeds`; NaN until known).
+  std::vector<std::vector<double>> step_loss;
+  /// Per replica: whether its loss stage runs in this process.
+  std::vector<bool> replica_has_loss;
+  std::vector<MemoryMeter> meters;
+  /// Per replica: its transport (null for a replica this process does not run).
+  std::vector<std::unique_ptr<Transport>> transports;
+  StepBarrier barrier;
+  std::vector<DeviceReport> reports;
+  std::vector<std::vector<double>> busy;       ///< Per device, per step: compute seconds.
+  std::vector<std::vector<double>> allreduce;  ///< Per device, per step: ALLREDUCE seconds.
+  std::vector<std::vector<double>> sends;      ///< Per device, per step: SEND_* seconds.
+  std::vector<std::vector<schedule::TimelineEvent>> events;
+  std::vector<std::vector<MemorySample>> memory;  ///< Per device: its meter over the run.
+  std::vector<double> step_start, step_end;
+  NodeHook hook;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  std::mutex error_mutex;
+  std::optional<Error> first_error;
+
+  /// Seconds since the run started.
+  double seconds() const;
+  /// Keeps the first error and stops every worker (transport and barrier throw `Aborted`).
+  void stop_all(Error error);
+  /// Whether some worker has failed (`stop_all` was called).
+  bool failed();
+  /// The step barrier's wait for the other processes (RunOptions::step_barrier), run by the
+  /// last of this process's devices to arrive: this process's overflow flag of `barrier_step`
+  /// goes out, and the flag is set here where any process's is.
+  void exchange_overflow();
+};
+
+}  // namespace stagecraft::rt

@@ -1,0 +1,73 @@
+#pragma once
+/// \file
+/// `StageRuntime`: one stage as a loaded pipeline holds it (runtime/exec/pipeline.h): its
+/// programs, weights and optimizer state, where it sends, and its place in the replicas'
+/// gradient sum. pipeline.cpp loads it; the worker of its device (device_worker.h) runs it.
+/// Internal to runtime/exec.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/core/program.h"
+#include "runtime/core/tensor.h"
+#include "runtime/format/plan.h"
+#include "runtime/optim/optimizer.h"
+
+namespace stagecraft::rt {
+
+/// One stage as the runtime holds it.
+struct StageRuntime {
+  const plan::Stage* stage = nullptr;
+  int replica = 0;  ///< The data-parallel replica whose copy of the stage this is.
+  Program program;
+  std::vector<int> producers;                ///< Stages this one receives from, ascending.
+  std::map<int, std::vector<size_t>> sends;  ///< Consumer stage -> indices into program outputs.
+  std::vector<size_t> graph_outputs;         ///< Indices into program outputs.
+  // Training.
+  std::optional<Program> backward;        ///< The stage's backward program.
+  std::vector<bool> weight_part;          ///< Per backward node: part of W (zero-bubble).
+  std::map<std::string, Tensor> weights;  ///< The forward program's weights (shared bytes).
+  std::string loss;                       ///< The loss output's name when this stage computes it.
+  std::map<std::string, optim::OptimizerState>
+      opt_state;  ///< Per weight; only its device's worker. ZeRO-1: see `shard_lo`.
+  /// Training: a trained weight's place in the stage's gradient bucket (ALLREDUCE).
+  struct FlatWeight {
+    std::string name;
+    int64_t offset = 0, elements = 0;
+  };
+  /// The trained weights (whose gradient the backward outputs) one after another as the bucket
+  /// holds them: in name order; with ZeRO-1 those no other stage holds first (the sharded
+  /// parameters), then the shared ones (summed whole).
+  std::vector<FlatWeight> flat;
+  int64_t flat_elements = 0;
+  /// ZeRO-1 (plan.json `shard_optimizer`): the bucket's first `sharded` elements are split at
+  /// `shard_bounds` (the plan's `optimizer_shards`); this replica keeps the optimizer state of
+  /// elements [shard_lo, shard_hi) only: `opt_state` of a sharded weight then holds 1-D tensors
+  /// of the part of it in that range (none when it has no part there). Empty bounds: unsharded.
+  std::vector<int64_t> shard_bounds;
+  int64_t sharded = 0, shard_lo = 0, shard_hi = 0;
+  /// The flat entry of `weight`, or null when the stage does not train it.
+  const FlatWeight* flat_weight(const std::string& weight) const;
+  /// With ZeRO-1, whether `weight` is sharded (not a shared weight); and the part of it in
+  /// this replica's shard, as [lo, hi) offsets into the weight (lo == hi: none).
+  bool is_sharded(const FlatWeight& w) const { return !shard_bounds.empty() && w.offset < sharded; }
+  std::pair<int64_t, int64_t> own_part(const FlatWeight& w) const {
+    const int64_t lo = std::max(w.offset, shard_lo), hi = std::min(w.offset + w.elements, shard_hi);
+    return lo < hi ? std::pair{lo - w.offset, hi - w.offset} : std::pair<int64_t, int64_t>{0, 0};
+  }
+  // A device whose memory is not the host's (CUDA) runs with its own copies of the weights and
+  // optimizer state for the length of a run: `weights` and `opt_state` are then those copies,
+  // and the host tensors wait here, getting the device's values back before every checkpoint
+  // and at the end of the run (device_worker.cpp). The pipeline's accessors give the host ones.
+  bool on_device = false;
+  std::map<std::string, Tensor> host_weights;
+  std::map<std::string, optim::OptimizerState> host_opt_state;
+  std::map<std::string, Tensor> host_backward_weights;
+};
+
+}  // namespace stagecraft::rt
