@@ -1,6 +1,8 @@
 // A build without MPI: stagerun under mpirun says so (world.h).
 #include "runtime/mpi/world.h"
 
+#include <fmt/format.h>
+
 namespace stagecraft::rt::mpi {
 
 struct World::Comms {};
@@ -32,5 +34,18 @@ void World::save_checkpoint(const Pipeline&, const std::string&) const {
 }
 
 int World::finish(int exit_code) { return exit_code; }
+
+// Never reached (the constructor refuses), but stagerun's calls must link.
+std::string World::rank_name(int rank) const { return fmt::format("rank {}", rank); }
+
+bool World::barrier(bool) const { fail(ErrorKind::kInternal, "no MPI in this build"); }
+
+std::vector<std::string> World::all_strings(const std::string&) const {
+  fail(ErrorKind::kInternal, "no MPI in this build");
+}
+
+void World::agree(const std::string&, const std::string&) const {
+  fail(ErrorKind::kInternal, "no MPI in this build");
+}
 
 }  // namespace stagecraft::rt::mpi
