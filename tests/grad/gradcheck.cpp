@@ -265,6 +265,7 @@ Forward forward_model(const GradCase& c) {
   auto* g = f.model.mutable_graph();
   onnx::NodeProto* node = g->add_node();
   node->set_op_type(c.op);
+  node->set_domain(c.domain);
   node->set_name("f");
   for (int k = 0; k < n; ++k) {
     if (c.inputs[k].dtype == DType::kUndefined) {
@@ -287,8 +288,14 @@ Forward forward_model(const GradCase& c) {
   }
   for (int j = 0; j < c.outputs; ++j) node->add_output(fmt::format("y{}", j));
   if (c.attrs) c.attrs(*node);
-  for (int j = 0; j < c.outputs; ++j) g->add_output()->set_name(fmt::format("y{}", j));
-  onnx::shape_inference::InferShapes(f.model);
+  for (int j = 0; j < c.outputs; ++j) {
+    onnx::ValueInfoProto* y = g->add_output();
+    if (j < static_cast<int>(c.output_shapes.size()))
+      set_type(y, fmt::format("y{}", j), DType::kFloat32, c.output_shapes[j]);
+    else
+      y->set_name(fmt::format("y{}", j));
+  }
+  if (c.output_shapes.empty()) onnx::shape_inference::InferShapes(f.model);
   for (int j = 0; j < c.outputs; ++j)
     REQUIRE_MESSAGE(g->output(j).type().has_tensor_type(), "no inferred type for y", j);
   return f;

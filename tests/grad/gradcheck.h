@@ -16,7 +16,11 @@
 namespace stagecraft::testing {
 
 struct GradCase {
-  std::string op;                               ///< Forward op type (default domain).
+  std::string op;      ///< Forward op type.
+  std::string domain;  ///< The forward op's domain: "" (ONNX's) or ai.stagecraft (a fused op).
+  /// The forward outputs' shapes (float32), for an op ONNX's shape inference does not know
+  /// (ai.stagecraft's); empty: inferred.
+  std::vector<rt::Shape> output_shapes;
   std::vector<rt::Tensor> inputs;               ///< dtype kUndefined: an omitted optional input.
   std::function<void(onnx::NodeProto&)> attrs;  ///< Sets the forward node's attributes.
   std::vector<bool> check;                      ///< Per input: compare its gradient (float32 only).

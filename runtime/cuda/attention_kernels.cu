@@ -1,0 +1,159 @@
+// The CUDA attention family's device kernels (attention_kernels.h): one warp per row, each lane
+// over a strided share of the row's columns; dot products summed by an xor butterfly, which
+// leaves the same bits in every lane, so the lanes agree on every running max and sum.
+#include <math_constants.h>
+
+#include "runtime/cuda/attention_kernels.h"
+
+namespace stagecraft::rt::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+
+unsigned blocks_for(int64_t rows) {
+  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return static_cast<unsigned>(blocks < kMaxBlocks ? (blocks < 1 ? 1 : blocks) : kMaxBlocks);
+}
+
+// This thread's warp and the number of warps of the grid (the row loop's start and stride).
+__device__ int64_t warp_index() {
+  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+}
+__device__ int64_t warp_count() { return static_cast<int64_t>(gridDim.x) * kWarpsPerBlock; }
+
+// Calls body(b, i, row, plane) for each row (b, i) of `rows_per_entry` rows of the `batch`
+// entries that falls to this thread's warp (plane: the entry's mask plane).
+template <class Body>
+__device__ void for_warp_rows(const ops::AttentionDims& s, int64_t rows_per_entry, Body body) {
+  for (int64_t row = warp_index(); row < s.batch * rows_per_entry; row += warp_count()) {
+    const int64_t b = row / rows_per_entry;
+    body(b, row % rows_per_entry, row, ops::attention_mask_plane(s, b));
+  }
+}
+
+// sum over c < n of a[c] * b[c], every lane of the warp getting the same bits.
+__device__ float warp_dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t c = threadIdx.x % 32; c < n; c += 32) sum += a[c] * b[c];
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  return sum;
+}
+
+// The scaled, masked score of query i and key j of batch entry b (mask plane `plane`).
+__device__ float score(const ops::AttentionDims& s, const AttentionPointers& p, int64_t b,
+                       int64_t plane, int64_t i, int64_t j) {
+  return s.scale * warp_dot(p.q + (b * s.tq + i) * s.d, p.k + (b * s.tk + j) * s.d, s.d) +
+         ops::attention_mask_at(s, p.mask, plane, i, j);
+}
+
+// P of a score from its query's lse (0 for a query that sees no key).
+__device__ float probability(float score_ij, float lse) {
+  return lse == -CUDART_INF_F ? 0.0f : expf(score_ij - lse);
+}
+
+__global__ void forward_kernel(ops::AttentionDims s, AttentionPointers p, float* o, float* lse) {
+  const int64_t lane = threadIdx.x % 32;
+  for_warp_rows(s, s.tq, [&](int64_t b, int64_t i, int64_t row, int64_t plane) {
+    float* out = o + row * s.dv;
+    for (int64_t c = lane; c < s.dv; c += 32) out[c] = 0.0f;
+    float top = -CUDART_INF_F, sum = 0.0f;
+    const int64_t seen = ops::attention_keys_seen(s, i);
+    for (int64_t j = 0; j < seen; ++j) {
+      const float x = score(s, p, b, plane, i, j);
+      const float next = fmaxf(top, x);
+      if (next == -CUDART_INF_F) continue;
+      const float rescale = expf(top - next), e = expf(x - next);
+      sum = sum * rescale + e;
+      top = next;
+      const float* v = p.v + (b * s.tk + j) * s.dv;
+      for (int64_t c = lane; c < s.dv; c += 32) out[c] = out[c] * rescale + e * v[c];
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int64_t c = lane; c < s.dv; c += 32) out[c] *= inv;
+    if (lse != nullptr && lane == 0) lse[row] = sum > 0.0f ? top + logf(sum) : -CUDART_INF_F;
+  });
+}
+
+__global__ void delta_kernel(const float* d_o, const float* o, const float* dlse, float* delta,
+                             int64_t rows, int64_t cols) {
+  for (int64_t row = warp_index(); row < rows; row += warp_count()) {
+    const float sum = warp_dot(d_o + row * cols, o + row * cols, cols);
+    if (threadIdx.x % 32 == 0) delta[row] = dlse != nullptr ? sum - dlse[row] : sum;
+  }
+}
+
+// dS of query i and key j of entry b, scaled: scale * P * (dO V^T - D).
+__device__ float scaled_ds(const ops::AttentionDims& s, const AttentionPointers& p, int64_t b,
+                           int64_t i, int64_t j, float prob) {
+  const int64_t row = b * s.tq + i;
+  const float dp = warp_dot(p.d_o + row * s.dv, p.v + (b * s.tk + j) * s.dv, s.dv);
+  return s.scale * prob * (dp - p.delta[row]);
+}
+
+__global__ void dq_kernel(ops::AttentionDims s, AttentionPointers p, float* dq) {
+  const int64_t lane = threadIdx.x % 32;
+  for_warp_rows(s, s.tq, [&](int64_t b, int64_t i, int64_t row, int64_t plane) {
+    float* out = dq + row * s.d;
+    for (int64_t c = lane; c < s.d; c += 32) out[c] = 0.0f;
+    const int64_t seen = ops::attention_keys_seen(s, i);
+    for (int64_t j = 0; j < seen; ++j) {
+      const float prob = probability(score(s, p, b, plane, i, j), p.lse[row]);
+      const float ds = scaled_ds(s, p, b, i, j, prob);
+      const float* k = p.k + (b * s.tk + j) * s.d;
+      for (int64_t c = lane; c < s.d; c += 32) out[c] += ds * k[c];
+    }
+  });
+}
+
+__global__ void dkv_kernel(ops::AttentionDims s, AttentionPointers p, float* dk, float* dv) {
+  const int64_t lane = threadIdx.x % 32;
+  for_warp_rows(s, s.tk, [&](int64_t b, int64_t j, int64_t key, int64_t plane) {
+    float* dk_row = dk != nullptr ? dk + key * s.d : nullptr;
+    float* dv_row = dv != nullptr ? dv + key * s.dv : nullptr;
+    for (int64_t c = lane; dk_row && c < s.d; c += 32) dk_row[c] = 0.0f;
+    for (int64_t c = lane; dv_row && c < s.dv; c += 32) dv_row[c] = 0.0f;
+    for (int64_t i = ops::attention_first_query(s, j); i < s.tq; ++i) {
+      const int64_t row = b * s.tq + i;
+      const float prob = probability(score(s, p, b, plane, i, j), p.lse[row]);
+      const float* d_o = p.d_o + row * s.dv;
+      for (int64_t c = lane; dv_row && c < s.dv; c += 32) dv_row[c] += prob * d_o[c];
+      if (!dk_row) continue;
+      const float ds = scaled_ds(s, p, b, i, j, prob);
+      const float* q = p.q + row * s.d;
+      for (int64_t c = lane; c < s.d; c += 32) dk_row[c] += ds * q[c];
+    }
+  });
+}
+
+}  // namespace
+
+void launch_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p, float* o,
+                              float* lse, cudaStream_t stream) {
+  const int64_t rows = dims.batch * dims.tq;
+  if (rows == 0) return;
+  forward_kernel<<<blocks_for(rows), kWarpsPerBlock * 32, 0, stream>>>(dims, p, o, lse);
+}
+
+void launch_attention_delta(const float* d_o, const float* o, const float* dlse, float* delta,
+                            int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return;
+  delta_kernel<<<blocks_for(rows), kWarpsPerBlock * 32, 0, stream>>>(d_o, o, dlse, delta, rows,
+                                                                     cols);
+}
+
+void launch_attention_dq(const ops::AttentionDims& dims, const AttentionPointers& p, float* dq,
+                         cudaStream_t stream) {
+  const int64_t rows = dims.batch * dims.tq;
+  if (rows == 0) return;
+  dq_kernel<<<blocks_for(rows), kWarpsPerBlock * 32, 0, stream>>>(dims, p, dq);
+}
+
+void launch_attention_dkv(const ops::AttentionDims& dims, const AttentionPointers& p, float* dk,
+                          float* dv, cudaStream_t stream) {
+  const int64_t keys = dims.batch * dims.tk;
+  if (keys == 0 || (dk == nullptr && dv == nullptr)) return;
+  dkv_kernel<<<blocks_for(keys), kWarpsPerBlock * 32, 0, stream>>>(dims, p, dk, dv);
+}
+
+}  // namespace stagecraft::rt::cuda

@@ -1,0 +1,48 @@
+#pragma once
+/// \file
+/// Device kernels of the CUDA attention family (attention_kernels.cu), float32: the fused
+/// Attention forward and its gradient (the op's contract: runtime/ops/attention_shape.h). A plain
+/// version: one warp per query row (the forward, D and dQ) or per key row (dK and dV), walking
+/// the keys (or queries) one at a time, each dot product summed by a fixed butterfly of warp
+/// shuffles, so a run is reproducible. The forward keeps an online softmax (running max and
+/// sum, O rescaled in place); the gradient recomputes each probability from lse. Every launch is
+/// queued on `stream`.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "runtime/ops/attention_element.h"
+
+namespace stagecraft::rt::cuda {
+
+/// The operands of a node as dense float32 arrays (attention_element.h's layout); `mask` is
+/// null without a mask. The gradient's fields are unused by the forward.
+struct AttentionPointers {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* mask = nullptr;
+  const float* lse = nullptr;    ///< The forward's lse.
+  const float* d_o = nullptr;    ///< dO.
+  const float* delta = nullptr;  ///< D = rowsum(dO * O) - dlse, one per query.
+};
+
+/// O and lse (which may be null) of the node.
+void launch_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p, float* o,
+                              float* lse, cudaStream_t stream);
+
+/// delta[r] = sum over c of d_o[r, c] * o[r, c], minus dlse[r] where dlse is not null, for the
+/// `rows` rows of `cols` values.
+void launch_attention_delta(const float* d_o, const float* o, const float* dlse, float* delta,
+                            int64_t rows, int64_t cols, cudaStream_t stream);
+
+/// dQ = scale * dS K over every key, dS = P * (dO V^T - D).
+void launch_attention_dq(const ops::AttentionDims& dims, const AttentionPointers& p, float* dq,
+                         cudaStream_t stream);
+
+/// dV = P^T dO and dK = scale * dS^T Q over every query; either output may be null.
+void launch_attention_dkv(const ops::AttentionDims& dims, const AttentionPointers& p, float* dk,
+                          float* dv, cudaStream_t stream);
+
+}  // namespace stagecraft::rt::cuda
