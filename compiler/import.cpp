@@ -18,6 +18,7 @@
 
 #include "compiler/ir/onnx_bridge.h"
 #include "compiler/ir/ops.h"
+#include "passes/passes.h"
 #include "passes/pipeline.h"
 #include "runtime/format/error.h"
 #include "runtime/ops/resize_shape.h"
@@ -522,6 +523,9 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     passes::require_static_shapes(result.graph);
     drop_default_rnn_activations(result.graph);
     passes::check_node_shapes(result.graph);
+    // Fused after every check of the imported ops: the Attention node is ours, not the model's.
+    if (options.fuse_attention) passes::FuseAttention().run(result.graph, context);
+    result.attention_not_fused = context.not_fused;
     result.folded = context.counters;
     return result;
   });

@@ -25,6 +25,9 @@ struct ImportOptions {
   /// Training: weights the exporter merged into equal ones (an Identity copying an initializer
   /// under the duplicate's name) get their own copies (PassContext::untie_merged_weights).
   bool untie_merged_weights = false;
+  /// Each attention block becomes one fused Attention node (passes/fuse_attention.cpp; stagec
+  /// --no-fuse-attention turns it off).
+  bool fuse_attention = true;
 };
 
 /// One dim of one input that had no fixed size in the model and was bound by the user.
@@ -43,6 +46,8 @@ struct ImportedModel {
   int64_t nodes_in_file = 0;               ///< Node count before folding.
   std::map<std::string, int64_t> folded;   ///< Nodes removed or rewritten, by pass name.
   std::vector<std::string> untied;  ///< With untie_merged_weights: "name (= kept)" per weight.
+  /// Softmaxes that looked like attention and were not fused, each with the reason.
+  std::vector<std::string> attention_not_fused;
 };
 
 /// Reads, checks and imports the model at `path`. Runs the ONNX checker and strict ONNX shape

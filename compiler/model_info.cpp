@@ -47,6 +47,7 @@ ModelInfo describe_model(const ImportedModel& model) {
   info.bound_dims = model.bound_dims;
   info.nodes_in_file = model.nodes_in_file;
   info.folded = model.folded;
+  info.attention_not_fused = model.attention_not_fused;
   for (const auto& node : g.nodes()) {
     if (node.dead) continue;
     ++info.nodes;
@@ -110,6 +111,15 @@ std::string render_text(const ModelInfo& info) {
   std::string op_line;
   for (const auto& [op, count] : ops) op_line += fmt::format("{}{} {}", op_line.empty() ? "" : ", ", op, count);
   line("ops", op_line);
+  // How many attention blocks became one fused node, and why the others did not.
+  const auto fused = info.folded.find("fuse-attention");
+  const int64_t fused_count = fused == info.folded.end() ? 0 : fused->second;
+  if (fused_count > 0 || !info.attention_not_fused.empty())
+    line("attention", fmt::format("{} block{} fused{}", fused_count, fused_count == 1 ? "" : "s",
+                                  info.attention_not_fused.empty()
+                                      ? ""
+                                      : fmt::format(", {} not", info.attention_not_fused.size())));
+  for (const std::string& why : info.attention_not_fused) line("", "not fused: " + why);
   line("parameters", fmt::format("{} ({}){}", group_digits(info.parameters), format_bytes(info.parameter_bytes),
                                  info.external_bytes > 0
                                      ? fmt::format(", {} in external data", format_bytes(info.external_bytes))
@@ -141,6 +151,7 @@ nlohmann::ordered_json to_json(const ModelInfo& info) {
       {"nodes_in_file", info.nodes_in_file},
       {"nodes", info.nodes},
       {"folded", info.folded},
+      {"attention_not_fused", info.attention_not_fused},
       {"op_counts", info.op_counts},
       {"parameters", info.parameters},
       {"parameter_bytes", info.parameter_bytes},

@@ -30,6 +30,8 @@ struct ModelInfo {
   int64_t nodes_in_file = 0;
   int64_t nodes = 0;                        ///< After folding.
   std::map<std::string, int64_t> folded;    ///< Nodes removed by each import pass.
+  /// Softmaxes that looked like attention and were not fused, each with the reason.
+  std::vector<std::string> attention_not_fused;
   std::map<std::string, int64_t> op_counts;
   int64_t parameters = 0;  ///< Elements of the file's float weights, less BatchNorm running stats.
   int64_t parameter_bytes = 0;

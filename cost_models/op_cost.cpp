@@ -1,5 +1,7 @@
 #include "cost_models/op_cost.h"
 
+#include <algorithm>
+
 #include "compiler/ir/ops.h"
 #include "runtime/format/error.h"
 
@@ -72,6 +74,24 @@ OpWork forward_work(const ir::Graph& g, const ir::Node& node) {
         const double rows = static_cast<double>(r[0]) * static_cast<double>(r[1]);
         const double k = static_cast<double>(x[2]) + static_cast<double>(r[2]);
         w.flops = 2.0 * steps * rows * k + 8.0 * steps * rows;
+      }
+      break;
+    }
+    case FlopKind::kAttention: {
+      // Q [..., Tq, d] K [..., Tk, d] V [..., Tk, dv]: the scores Q K^T and the product P V, 2
+      // per multiply-add, plus about 5 per score for the scale, mask and softmax; a causal
+      // block computes the scores on or below the diagonal only.
+      const auto& q = shape(g, node.inputs[0]);
+      const auto& k = shape(g, node.inputs[1]);
+      const auto& v = shape(g, node.inputs[2]);
+      if (q.size() >= 2 && k.size() == q.size() && v.size() == q.size()) {
+        const double tk = static_cast<double>(k[k.size() - 2]);
+        double scores = numel(g, node.inputs[0]) / static_cast<double>(q.back()) * tk;
+        if (node.attr_int("causal", 0) != 0) {
+          const double tq = static_cast<double>(q[q.size() - 2]);
+          scores *= std::min(1.0, (tq + 1) / (2 * tk));
+        }
+        w.flops = scores * (2.0 * static_cast<double>(q.back() + v.back()) + 5.0);
       }
       break;
     }

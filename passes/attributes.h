@@ -30,6 +30,15 @@ inline onnx::AttributeProto ints_attribute(std::string_view name,
   return a;
 }
 
+/// A FLOAT attribute `name` = `value`.
+inline onnx::AttributeProto float_attribute(std::string_view name, float value) {
+  onnx::AttributeProto a;
+  a.set_name(std::string(name));
+  a.set_type(onnx::AttributeProto::FLOAT);
+  a.set_f(value);
+  return a;
+}
+
 /// A STRING attribute `name` = `value`.
 inline onnx::AttributeProto string_attribute(std::string_view name, const std::string& value) {
   onnx::AttributeProto a;

@@ -16,9 +16,10 @@
 namespace stagecraft::passes {
 namespace {
 
-/// A known default-domain op (ops.def).
+/// A known op (ops.def): of the default domain, or one of ours a pass wrote (Attention).
 bool known_op(const ir::Node& node) {
-  return (node.domain.empty() || node.domain == "ai.onnx") && op_family(node.op_type).has_value();
+  return (node.domain.empty() || node.domain == "ai.onnx" || node.domain == grad::kGradDomain) &&
+         op_family(node.op_type).has_value();
 }
 
 std::string node_label(const ir::Graph& graph, const ir::Node& node) {

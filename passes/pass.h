@@ -41,6 +41,9 @@ struct PassContext {
   /// --keep-merged). Each one untied is listed in `untied` as "name (= kept)".
   bool untie_merged_weights = false;
   std::vector<std::string> untied;
+  /// fuse-attention: each Softmax that looked like attention and was not fused, with the reason
+  /// ("node 'x' (Softmax): the probabilities are read by more than one node").
+  std::vector<std::string> not_fused;
 };
 
 class Pass {

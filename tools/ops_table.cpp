@@ -70,6 +70,8 @@ std::string flops(const FlopRule& rule) {
       return "2 per multiply-add: each input times its window (+ bias)";
     case FlopKind::kRecurrent:
       return "2 per multiply-add of X W^T and H R^T per step (+ gates)";
+    case FlopKind::kAttention:
+      return "2 per multiply-add of Q K^T and P V (+ 5 per score; causal about half)";
     case FlopKind::kPool:
       return "the window per output";
     case FlopKind::kPerOutput:

@@ -227,6 +227,11 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
                "with --train: keep weights that torch's exporter merged into equal ones (an "
                "Identity under the duplicate's name, as an eval-mode export of fresh LayerNorms "
                "or deep-copied layers writes) shared; by default each trains apart, as in PyTorch");
+  app.add_flag(
+      "--no-fuse-attention", [&po](int64_t) { po.fuse_attention = false; },
+      "run each attention block as the exporter wrote it (MatMul, scale, mask, Softmax, MatMul), "
+      "keeping its [Tq, Tk] scores and probabilities for the backward; by default each becomes "
+      "one fused Attention node (--info says which were and why not)");
   app.add_flag("--keep-training-mode", po.keep_training_mode,
                "without --train: keep Dropout and BatchNormalization that a training-mode export "
                "left in training mode as they are (by default an inference plan runs them in "
@@ -468,6 +473,7 @@ int run(int argc, char** argv) {
   check_training_flags(po);
   ImportOptions options;
   options.batch = batch;
+  options.fuse_attention = po.fuse_attention;
   for (const auto& d : dims) parse_dim_binding(d, options);
   if (json && !info && !list) {
     fail(ErrorKind::kUsage,

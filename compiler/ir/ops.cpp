@@ -20,6 +20,7 @@ constexpr FlopRule kMatMulFlops{FlopKind::kMatMul, 0};
 constexpr FlopRule kConvFlops{FlopKind::kConv, 0};
 constexpr FlopRule kConvTransposeFlops{FlopKind::kConvTranspose, 0};
 constexpr FlopRule kRecurrentFlops{FlopKind::kRecurrent, 0};
+constexpr FlopRule kAttentionFlops{FlopKind::kAttention, 0};
 constexpr FlopRule kPoolFlops{FlopKind::kPool, 0};
 constexpr FlopRule per_output(double n) { return {FlopKind::kPerOutput, n}; }
 constexpr FlopRule per_input(double n) { return {FlopKind::kPerInput, n}; }

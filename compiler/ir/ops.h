@@ -26,6 +26,7 @@ enum class FlopKind {
   kConv,       ///< 2 * output elements * (C_in / group) * window, plus a bias add per output.
   kConvTranspose,  ///< 2 * input elements * (C_out / group) * window, plus a bias add per output.
   kRecurrent,  ///< LSTM / GRU / RNN: 2 * T * D * B * G * H * (I + H) plus the gates' work.
+  kAttention,  ///< Attention: 2 * Tq * Tk * (d + dv) per batch and head (about half causal).
   kPool,       ///< Output elements * kernel window.
   kPerOutput,  ///< `per_element` per element of output 0.
   kPerInput,   ///< `per_element` per element of input 0.

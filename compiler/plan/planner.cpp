@@ -424,6 +424,7 @@ PlannedModel make_plan(const PlanOptions& o) {
   if (o.batch) import.batch = s.microbatch_size;
   import.dims = o.dims;
   import.untie_merged_weights = o.training && !o.keep_merged;
+  import.fuse_attention = o.fuse_attention;
   PlannedModel out{import_model(o.model_path, import), {}, {}, {}, {}};
   out.untie_summary = untie_summary(out.model.untied);
   // Training needs a loss to write a plan (write_plan says so); planning alone (--dry-run, the

@@ -1,0 +1,345 @@
+// fuse-attention: each attention block as exporters spell it (MatMul of Q and K^T, a scale, a
+// mask, Softmax over the last axis, MatMul with V) becomes one node `Attention` of domain
+// ai.stagecraft (runtime/ops/attention_shape.h: Q, K, V, an optional additive mask; attributes
+// scale and causal; outputs O and each row's log-sum-exp for the backward), so no [Tq, Tk]
+// scores or probabilities are kept between the forward and the backward. Recognised:
+//   scores = MatMul(Q, K^T), or MatMul(Mul(Q, a), Mul(K^T, b)) (torch 2.x's SDPA export);
+//   then optionally Div or Mul by a scalar constant;
+//   then optionally a mask: Where(C, scores, fill) or Where(C, fill, scores) with C a constant
+//   bool tensor and fill a scalar constant (HF GPT-2, nanoGPT's masked_fill), or Add(scores, M)
+//   with M any tensor broadcastable to the scores;
+//   Softmax over the last axis; optionally a Dropout that does nothing (no ratio, ratio 0 or
+//   not in training mode); MatMul(probabilities, V).
+// A constant mask that keeps exactly the keys j <= i of query i becomes causal = 1 (no mask
+// tensor); any other Where mask becomes an additive float32 constant (0 where the score is kept,
+// the fill elsewhere: the same softmax); an Add mask stays an input. K comes from K^T by
+// swapping the last two dims of the Transpose that made it (or a new Transpose). A Softmax over
+// the last axis fed by a MatMul that is not fused is reported with the reason
+// (PassContext::not_fused).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compiler/ir/graph.h"
+#include "passes/attributes.h"
+#include "passes/passes.h"
+#include "runtime/format/grad_ops.h"
+
+namespace stagecraft::passes {
+namespace {
+
+using ir::kNoId;
+using ir::NodeId;
+using ir::ValueId;
+
+/// The node writing `v`, or null for an input or initializer.
+const ir::Node* producer(const ir::Graph& g, ValueId v) {
+  const NodeId p = g.value(v).producer;
+  return p == kNoId ? nullptr : &g.node(p);
+}
+
+bool is_op(const ir::Node* n, std::string_view op) {
+  return n != nullptr && !n->dead && n->op_type == op && n->domain.empty();
+}
+
+/// Whether `v` is read only by one node and is not a graph output: a fused block may drop it.
+bool private_value(const ir::Graph& g, ValueId v) {
+  const ir::Value& value = g.value(v);
+  return value.consumers.size() == 1 && !value.is_graph_output;
+}
+
+/// The one element of a float32 or float64 constant, or nullopt.
+std::optional<double> scalar_constant(const ir::Graph& g, ValueId v) {
+  if (v == kNoId) return std::nullopt;
+  const ir::Value& value = g.value(v);
+  if (!value.is_initializer() || !value.shape_known || value.numel() != 1) return std::nullopt;
+  const auto bytes = value.initializer->bytes();
+  if (value.dtype == DType::kFloat32 && bytes.size() == sizeof(float)) {
+    float f;
+    std::memcpy(&f, bytes.data(), sizeof f);
+    return f;
+  }
+  if (value.dtype == DType::kFloat64 && bytes.size() == sizeof(double)) {
+    double d;
+    std::memcpy(&d, bytes.data(), sizeof d);
+    return d;
+  }
+  return std::nullopt;
+}
+
+/// Whether a MatMul writes `v` or a value at most `hops` producers above it.
+bool fed_by_matmul(const ir::Graph& g, ValueId v, int hops) {
+  const ir::Node* n = v == kNoId ? nullptr : producer(g, v);
+  if (n == nullptr) return false;
+  if (is_op(n, "MatMul")) return true;
+  if (hops == 0) return false;
+  for (ValueId in : n->inputs)
+    if (fed_by_matmul(g, in, hops - 1)) return true;
+  return false;
+}
+
+/// A matched block; `nodes` are the ones the Attention node replaces.
+struct Block {
+  ValueId q = kNoId, kt = kNoId, v = kNoId, mask = kNoId, out = kNoId;
+  double scale = 1.0;
+  bool causal = false;
+  std::vector<NodeId> nodes;
+  // A Where mask to turn into an additive constant: the condition, the fill, and whether the
+  // scores are kept where the condition holds.
+  ValueId where_cond = kNoId;
+  double fill = 0;
+  bool kept_where_true = true;
+};
+
+/// Whether the bool constant `cond`, broadcast to [..., tq, tk], keeps (== keep_value) exactly
+/// the keys j <= i of each query i: a causal mask.
+bool is_causal(const ir::Graph& g, ValueId cond, int64_t tq, int64_t tk, bool keep_value) {
+  const ir::Value& c = g.value(cond);
+  if (c.shape.size() < 2 || c.shape[c.shape.size() - 2] != tq || c.shape.back() != tk)
+    return false;
+  const auto bytes = c.initializer->bytes();
+  if (static_cast<int64_t>(bytes.size()) != c.numel()) return false;
+  const int64_t planes = c.numel() / (tq * tk);
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t i = 0; i < tq; ++i)
+      for (int64_t j = 0; j < tk; ++j) {
+        const bool keep = (bytes[static_cast<size_t>((p * tq + i) * tk + j)] != std::byte{0}) ==
+                          keep_value;
+        if (keep != (j <= i)) return false;
+      }
+  return true;
+}
+
+/// The reason the Softmax `softmax` and its neighbours are not one attention block, or "" with
+/// `block` filled.
+std::string match(const ir::Graph& g, NodeId softmax, Block& block) {
+  const ir::Node& sm = g.node(softmax);
+  const ValueId probs = sm.outputs[0];
+  const ir::Value& x = g.value(sm.inputs[0]);
+  const auto rank = static_cast<int64_t>(x.shape.size());
+  const int64_t axis = sm.attr_int("axis", g.opset < 13 ? 1 : -1);
+  if (rank < 3 || (axis != -1 && axis != rank - 1)) return "the Softmax is not over the last axis";
+  block.nodes.push_back(softmax);
+  // Forward: [Dropout that does nothing] then MatMul(probabilities, V).
+  if (!private_value(g, probs)) return "the probabilities are read elsewhere (another node or a graph output)";
+  ValueId p = probs;
+  const ir::Node* next = &g.node(g.value(p).consumers[0]);
+  if (is_op(next, "Dropout")) {
+    const auto ratio = next->inputs.size() > 1 ? scalar_constant(g, next->inputs[1]) : 0.0;
+    // training_mode (input 2) absent or a constant false: the Dropout passes its input through.
+    bool training = next->inputs.size() > 2 && next->inputs[2] != kNoId;
+    if (training && g.value(next->inputs[2]).is_initializer()) {
+      const auto bytes = g.value(next->inputs[2]).initializer->bytes();
+      training = !bytes.empty() && bytes[0] != std::byte{0};
+    }
+    if (training && ratio.value_or(1.0) != 0.0)
+      return "dropout on the probabilities in training mode";
+    if (next->outputs.size() > 1 && next->outputs[1] != kNoId &&
+        !g.value(next->outputs[1]).consumers.empty())
+      return "the Dropout's mask is read";
+    block.nodes.push_back(g.value(p).consumers[0]);
+    p = next->outputs[0];
+    if (!private_value(g, p)) return "the probabilities are read elsewhere (another node or a graph output)";
+    next = &g.node(g.value(p).consumers[0]);
+  }
+  if (!is_op(next, "MatMul") || next->inputs[0] != p)
+    return "the probabilities do not feed a MatMul with V";
+  block.nodes.push_back(g.value(p).consumers[0]);
+  block.v = next->inputs[1];
+  block.out = next->outputs[0];
+  // Backward from the Softmax: [mask] [scale] MatMul(Q, K^T).
+  ValueId s = sm.inputs[0];
+  const ir::Node* n = producer(g, s);
+  if (is_op(n, "Where") && private_value(g, s)) {
+    const ValueId cond = n->inputs[0];
+    const auto fill1 = scalar_constant(g, n->inputs[1]), fill2 = scalar_constant(g, n->inputs[2]);
+    if (!g.value(cond).is_initializer() || g.value(cond).dtype != DType::kBool)
+      return "the Where's condition is not a constant";
+    if (!fill1 && !fill2) return "the Where picks between two tensors, not a score and a fill";
+    block.where_cond = cond;
+    block.kept_where_true = !fill2.has_value() ? false : true;
+    block.fill = fill2 ? *fill2 : *fill1;
+    if (!(block.fill <= -1e30)) return fmt::format("the Where's fill {} is not -inf or the float minimum", block.fill);
+    block.nodes.push_back(g.value(s).producer);
+    s = n->inputs[block.kept_where_true ? 1 : 2];
+    n = producer(g, s);
+  } else if (is_op(n, "Add") && private_value(g, s)) {
+    // The scores are the operand a scale or the product wrote; the other is the mask.
+    const ir::Node* a = producer(g, n->inputs[0]);
+    const bool first = is_op(a, "MatMul") || is_op(a, "Div") || is_op(a, "Mul");
+    block.mask = n->inputs[first ? 1 : 0];
+    block.nodes.push_back(g.value(s).producer);
+    s = n->inputs[first ? 0 : 1];
+    n = producer(g, s);
+  }
+  if ((is_op(n, "Div") || is_op(n, "Mul")) && private_value(g, s)) {
+    const auto c = scalar_constant(g, n->inputs[1]);
+    if (!c || *c == 0) return fmt::format("the scores are scaled by a tensor, not a constant");
+    block.scale = n->op_type == "Div" ? 1.0 / *c : *c;
+    block.nodes.push_back(g.value(s).producer);
+    s = n->inputs[0];
+    n = producer(g, s);
+  }
+  if (!is_op(n, "MatMul") || !private_value(g, s)) return "the scores are not a MatMul's";
+  block.nodes.push_back(g.value(s).producer);
+  block.q = n->inputs[0];
+  block.kt = n->inputs[1];
+  // torch 2.x: sqrt(scale) on Q and on K^T before the product.
+  const ir::Node* mq = producer(g, block.q);
+  const ir::Node* mk = producer(g, block.kt);
+  if (is_op(mq, "Mul") && is_op(mk, "Mul") && private_value(g, block.q) &&
+      private_value(g, block.kt)) {
+    const auto a = scalar_constant(g, mq->inputs[1]), b = scalar_constant(g, mk->inputs[1]);
+    if (a && b) {
+      block.scale *= *a * *b;
+      block.nodes.push_back(g.value(block.q).producer);
+      block.nodes.push_back(g.value(block.kt).producer);
+      block.q = mq->inputs[0];
+      block.kt = mk->inputs[0];
+    }
+  }
+  // Shapes: Q [..., Tq, d], K^T [..., d, Tk], V [..., Tk, dv], leading dims equal.
+  const auto& qs = g.value(block.q).shape;
+  const auto& ks = g.value(block.kt).shape;
+  const auto& vs = g.value(block.v).shape;
+  if (qs.size() != static_cast<size_t>(rank) || ks.size() != qs.size() || vs.size() != qs.size())
+    return "Q, K and V do not have the scores' rank (a broadcast product)";
+  for (int64_t d = 0; d + 2 < rank; ++d)
+    if (qs[d] != ks[d] || qs[d] != vs[d]) return "Q, K and V differ in their leading dims";
+  if (qs[rank - 1] != ks[rank - 2] || ks[rank - 1] != vs[rank - 2])
+    return "the products' inner dims do not match";
+  for (ValueId v : {block.q, block.kt, block.v, block.out})
+    if (g.value(v).dtype != DType::kFloat32) return "not float32";
+  if (block.where_cond != kNoId)
+    block.causal = is_causal(g, block.where_cond, qs[rank - 2], ks[rank - 1],
+                             block.kept_where_true);
+  if (block.mask != kNoId) {
+    const auto& ms = g.value(block.mask).shape;
+    if (g.value(block.mask).dtype != DType::kFloat32) return "the added mask is not float32";
+    if (ms.size() > static_cast<size_t>(rank)) return "the added mask has a higher rank";
+  }
+  return "";
+}
+
+/// A float32 initializer `name` of `shape` holding `values`.
+ValueId add_constant(ir::Graph& g, const std::string& name, const std::vector<int64_t>& shape,
+                     const std::vector<float>& values) {
+  ir::Value v;
+  v.name = name;
+  v.dtype = DType::kFloat32;
+  v.shape = shape;
+  v.shape_known = true;
+  v.initializer = ir::WeightData::owned(
+      std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+  return g.add_value(std::move(v));
+}
+
+/// A name for a new value or node, not yet taken.
+std::string fresh(const ir::Graph& g, const std::string& base) {
+  std::string name = base;
+  for (int k = 1; g.find_value(name); ++k) name = fmt::format("{}_{}", base, k);
+  return name;
+}
+
+/// K from K^T: the Transpose that made K^T with its last two dims swapped, or a new Transpose.
+ValueId untranspose(ir::Graph& g, ValueId kt, const std::string& prefix) {
+  const ir::Value& value = g.value(kt);
+  const auto rank = static_cast<int64_t>(value.shape.size());
+  std::vector<int64_t> perm(static_cast<size_t>(rank));
+  for (int64_t d = 0; d < rank; ++d) perm[d] = d;
+  ValueId source = kt;
+  // The block's nodes are gone: K^T is the Transpose's alone when nothing else reads it now.
+  if (const ir::Node* t = producer(g, kt);
+      is_op(t, "Transpose") && value.consumers.empty() && !value.is_graph_output) {
+    perm = t->attr_ints("perm");
+    if (perm.empty())
+      for (int64_t d = 0; d < rank; ++d) perm.push_back(rank - 1 - d);
+    source = t->inputs[0];
+    g.remove_node(value.producer);
+  }
+  std::swap(perm[rank - 2], perm[rank - 1]);
+  bool identity = true;
+  for (int64_t d = 0; d < rank; ++d) identity = identity && perm[d] == d;
+  if (identity) return source;
+  ir::Value k;
+  k.name = fresh(g, prefix + "/K");
+  k.dtype = value.dtype;
+  k.shape = value.shape;
+  std::swap(k.shape[rank - 2], k.shape[rank - 1]);
+  k.shape_known = true;
+  const ValueId id = g.add_value(std::move(k));
+  ir::Node n;
+  n.name = g.value(id).name;
+  n.op_type = "Transpose";
+  n.inputs = {source};
+  n.outputs = {id};
+  n.attributes = {ints_attribute("perm", perm)};
+  g.add_node(std::move(n));
+  return id;
+}
+
+/// Replaces the matched block by one Attention node.
+void fuse(ir::Graph& g, const ir::Node& softmax, const Block& b) {
+  const std::string prefix = softmax.name.empty() ? g.value(b.out).name : softmax.name;
+  ValueId mask = b.mask;
+  if (b.where_cond != kNoId && !b.causal) {
+    const ir::Value& c = g.value(b.where_cond);
+    const auto bytes = c.initializer->bytes();
+    std::vector<float> values(bytes.size());
+    for (size_t i = 0; i < bytes.size(); ++i)
+      values[i] = ((bytes[i] != std::byte{0}) == b.kept_where_true) ? 0.0f
+                                                                     : static_cast<float>(b.fill);
+    mask = add_constant(g, fresh(g, prefix + "/additive_mask"), c.shape, values);
+  }
+  std::vector<NodeId> gone = b.nodes;
+  for (NodeId id : gone) g.remove_node(id);
+  const ValueId k = untranspose(g, b.kt, prefix);
+  ir::Value lse;
+  lse.name = fresh(g, prefix + "/lse");
+  lse.dtype = DType::kFloat32;
+  lse.shape = g.value(b.q).shape;
+  lse.shape.pop_back();
+  lse.shape_known = true;
+  const ValueId lse_id = g.add_value(std::move(lse));
+  ir::Node n;
+  n.name = fresh(g, prefix + "/Attention");
+  n.op_type = "Attention";
+  n.domain = std::string(grad::kGradDomain);
+  n.inputs = {b.q, k, b.v};
+  if (mask != kNoId) n.inputs.push_back(mask);
+  n.outputs = {b.out, lse_id};
+  n.attributes = {float_attribute("scale", static_cast<float>(b.scale)),
+                  int_attribute("causal", b.causal ? 1 : 0)};
+  g.add_node(std::move(n));
+}
+
+}  // namespace
+
+bool FuseAttention::run(ir::Graph& graph, PassContext& context) const {
+  bool changed = false;
+  const std::vector<NodeId> order = graph.topological_order();
+  for (NodeId id : order) {
+    const ir::Node& node = graph.node(id);
+    if (node.dead || node.op_type != "Softmax" || !node.domain.empty()) continue;
+    // Only a Softmax fed by a product (through a scale and a mask) looks like attention.
+    if (!fed_by_matmul(graph, node.inputs[0], 3)) continue;
+    Block block;
+    const std::string why = match(graph, id, block);
+    if (!why.empty()) {
+      context.not_fused.push_back(fmt::format("{}: {}", node.describe(graph), why));
+      continue;
+    }
+    fuse(graph, node, block);
+    graph.opset_imports[std::string(grad::kGradDomain)] = grad::kGradDomainVersion;
+    ++context.counters[std::string(name())];
+    changed = true;
+  }
+  if (changed) graph.compact();
+  return changed;
+}
+
+}  // namespace stagecraft::passes

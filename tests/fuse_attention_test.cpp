@@ -1,0 +1,184 @@
+// fuse-attention (passes/fuse_attention.cpp) on the spellings exporters write: the bundled GPT
+// (HF GPT-2's Where with a constant causal mask), an additive mask input, torch 2.x's SDPA export
+// (sqrt(scale) on Q and on K^T), and the near-misses that must stay unfused with a reason.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "compiler/import.h"
+#include "runtime/format/grad_ops.h"
+#include "tests/test_util.h"
+
+namespace stagecraft {
+namespace {
+
+using testing::add_node;
+
+std::string sample(const std::string& name) { return std::string(STAGECRAFT_SAMPLES) + "/" + name; }
+
+std::vector<const ir::Node*> nodes_of(const ir::Graph& g, std::string_view op) {
+  std::vector<const ir::Node*> out;
+  for (const ir::Node& n : g.nodes())
+    if (!n.dead && n.op_type == op) out.push_back(&n);
+  return out;
+}
+
+void add_scalar(onnx::GraphProto* g, const std::string& name, float value) {
+  onnx::TensorProto* t = g->add_initializer();
+  t->set_name(name);
+  t->set_data_type(onnx::TensorProto::FLOAT);
+  t->add_float_data(value);
+}
+
+/// q, k, v [2, 3, 5, 4] -> MatMul(q, Transpose(k)) * 0.5 + mask [5, 5] -> Softmax -> MatMul v.
+/// `extra` adds the near-miss under test.
+onnx::ModelProto additive_mask_model(const std::string& extra = "") {
+  onnx::ModelProto m = testing::relu_model();
+  auto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_input();
+  g->clear_output();
+  for (const char* name : {"q", "k", "v"})
+    testing::add_tensor_info(g->add_input(), name, onnx::TensorProto::FLOAT, {2, 3, 5, 4});
+  testing::add_tensor_info(g->add_input(), "mask", onnx::TensorProto::FLOAT, {5, 5});
+  testing::add_tensor_info(g->add_output(), "o", onnx::TensorProto::FLOAT, {2, 3, 5, 4});
+  add_scalar(g, "half", 0.5f);
+  auto* t = add_node(g, "Transpose", {"k"}, {"kt"}, "/attn/Transpose");
+  auto* perm = t->add_attribute();
+  perm->set_name("perm");
+  perm->set_type(onnx::AttributeProto::INTS);
+  for (int64_t p : {0, 1, 3, 2}) perm->add_ints(p);
+  add_node(g, "MatMul", {"q", "kt"}, {"s"}, "/attn/MatMul");
+  add_node(g, "Mul", {"s", "half"}, {"scaled"}, "/attn/Mul");
+  add_node(g, "Add", {"scaled", "mask"}, {"masked"}, "/attn/Add");
+  add_node(g, "Softmax", {"masked"}, {"p"}, "/attn/Softmax");
+  add_node(g, "MatMul", {"p", "v"}, {"o"}, "/attn/MatMul_1");
+  if (extra == "probabilities out")
+    testing::add_tensor_info(g->add_output(), "p", onnx::TensorProto::FLOAT, {2, 3, 5, 5});
+  if (extra == "training dropout") {
+    g->mutable_node(g->node_size() - 1)->set_input(0, "pd");
+    add_scalar(g, "ratio", 0.1f);
+    onnx::TensorProto* on = g->add_initializer();
+    on->set_name("on");
+    on->set_data_type(onnx::TensorProto::BOOL);
+    on->add_int32_data(1);
+    add_node(g, "Dropout", {"p", "ratio", "on"}, {"pd"}, "/attn/Dropout");
+  }
+  return m;
+}
+
+ImportedModel import_built(const onnx::ModelProto& m, bool fuse = true) {
+  testing::TempDir dir;
+  testing::write_model(m, dir.file("m.onnx"));
+  ImportOptions options;
+  options.fuse_attention = fuse;
+  return import_model(dir.file("m.onnx"), options);
+}
+
+TEST_CASE("fuse-attention: the bundled GPT's causal Where masks become causal Attention nodes") {
+  ImportOptions options;
+  options.batch = 2;
+  options.dims["seq"] = 16;
+  const ImportedModel unfused = [&] {
+    ImportOptions off = options;
+    off.fuse_attention = false;
+    return import_model(sample("gpt_tiny.onnx"), off);
+  }();
+  const size_t softmaxes = nodes_of(unfused.graph, "Softmax").size();
+  REQUIRE(softmaxes > 0);
+  const ImportedModel m = import_model(sample("gpt_tiny.onnx"), options);
+  const auto fused = nodes_of(m.graph, "Attention");
+  CHECK(fused.size() == softmaxes);
+  CHECK(nodes_of(m.graph, "Softmax").empty());
+  CHECK(nodes_of(m.graph, "Where").size() + softmaxes == nodes_of(unfused.graph, "Where").size());
+  CHECK(m.folded.at("fuse-attention") == static_cast<int64_t>(softmaxes));
+  CHECK(m.attention_not_fused.empty());
+  for (const ir::Node* n : fused) {
+    CAPTURE(n->name);
+    CHECK(n->domain == grad::kGradDomain);
+    CHECK(n->attr_int("causal", 0) == 1);
+    CHECK(n->inputs.size() == 3);  // no mask tensor
+    CHECK(n->attr_float("scale", 0) == doctest::Approx(0.25));  // Div by sqrt(16)
+    const ir::Value& q = m.graph.value(n->inputs[0]);
+    const ir::Value& k = m.graph.value(n->inputs[1]);
+    CHECK(q.shape == k.shape);  // K, not K^T
+    const ir::Value& lse = m.graph.value(n->outputs[1]);
+    CHECK(lse.shape == std::vector<int64_t>(q.shape.begin(), q.shape.end() - 1));
+  }
+  CHECK(m.graph.opset_imports.at(std::string(grad::kGradDomain)) == grad::kGradDomainVersion);
+}
+
+TEST_CASE("fuse-attention: an added mask input stays an input, the scale is read, K^T untransposed") {
+  const ImportedModel m = import_built(additive_mask_model());
+  const auto fused = nodes_of(m.graph, "Attention");
+  REQUIRE(fused.size() == 1);
+  const ir::Node& n = *fused[0];
+  CHECK(n.attr_float("scale", 0) == doctest::Approx(0.5));
+  CHECK(n.attr_int("causal", 1) == 0);
+  REQUIRE(n.inputs.size() == 4);
+  CHECK(m.graph.value(n.inputs[0]).name == "q");
+  // K^T was Transpose(k, [0,1,3,2]): with the last two dims swapped back it is k itself.
+  CHECK(m.graph.value(n.inputs[1]).name == "k");
+  CHECK(m.graph.value(n.inputs[2]).name == "v");
+  CHECK(m.graph.value(n.inputs[3]).name == "mask");
+  CHECK(m.graph.value(n.outputs[0]).name == "o");
+  CHECK(nodes_of(m.graph, "Transpose").empty());
+  CHECK(nodes_of(m.graph, "MatMul").empty());
+  CHECK(m.graph.live_nodes() == 1);
+}
+
+TEST_CASE("fuse-attention: torch 2.x's SDPA export, sqrt(scale) on Q and on K^T") {
+  onnx::ModelProto model = additive_mask_model();
+  auto* g = model.mutable_graph();
+  // q' = q * 0.5, kt' = kt * 0.5, scores = q' kt' (no scale after), then the mask.
+  add_scalar(g, "root", 0.5f);
+  for (int i = 0; i < g->node_size(); ++i) {
+    onnx::NodeProto* n = g->mutable_node(i);
+    if (n->op_type() == "MatMul" && n->input(0) == "q") {
+      n->set_input(0, "qs");
+      n->set_input(1, "kts");
+    }
+    if (n->op_type() == "Mul") {
+      n->set_op_type("Identity");
+      n->mutable_input()->RemoveLast();
+    }
+  }
+  add_node(g, "Mul", {"q", "root"}, {"qs"}, "/attn/Mul_q");
+  add_node(g, "Mul", {"kt", "root"}, {"kts"}, "/attn/Mul_k");
+  const ImportedModel m = import_built(model);
+  const auto fused = nodes_of(m.graph, "Attention");
+  REQUIRE(fused.size() == 1);
+  CHECK(fused[0]->attr_float("scale", 0) == doctest::Approx(0.25));
+  CHECK(m.graph.value(fused[0]->inputs[0]).name == "q");
+  CHECK(nodes_of(m.graph, "Mul").empty());
+}
+
+TEST_CASE("fuse-attention: near-misses stay as exported, each named with its reason") {
+  SUBCASE("the probabilities are a graph output") {
+    const ImportedModel m = import_built(additive_mask_model("probabilities out"));
+    CHECK(nodes_of(m.graph, "Attention").empty());
+    CHECK(nodes_of(m.graph, "Softmax").size() == 1);
+    REQUIRE(m.attention_not_fused.size() == 1);
+    CHECK(m.attention_not_fused[0].find("/attn/Softmax") != std::string::npos);
+    CHECK(m.attention_not_fused[0].find("graph output") != std::string::npos);
+  }
+  SUBCASE("dropout on the probabilities in training mode") {
+    const ImportedModel m = import_built(additive_mask_model("training dropout"));
+    CHECK(nodes_of(m.graph, "Attention").empty());
+    REQUIRE(m.attention_not_fused.size() == 1);
+    CHECK(m.attention_not_fused[0].find("dropout on the probabilities in training mode") !=
+          std::string::npos);
+  }
+  SUBCASE("--no-fuse-attention") {
+    const ImportedModel m = import_built(additive_mask_model(), false);
+    CHECK(nodes_of(m.graph, "Attention").empty());
+    CHECK(m.attention_not_fused.empty());
+    CHECK(m.folded.count("fuse-attention") == 0);
+  }
+}
+
+}  // namespace
+}  // namespace stagecraft
