@@ -82,6 +82,7 @@ TEST_CASE("fuse-attention: the bundled GPT's causal Where masks become causal At
   ImportOptions options;
   options.batch = 2;
   options.dims["seq"] = 16;
+  options.fuse_attention = true;
   const ImportedModel unfused = [&] {
     ImportOptions off = options;
     off.fuse_attention = false;
@@ -172,7 +173,7 @@ TEST_CASE("fuse-attention: near-misses stay as exported, each named with its rea
     CHECK(m.attention_not_fused[0].find("dropout on the probabilities in training mode") !=
           std::string::npos);
   }
-  SUBCASE("--no-fuse-attention") {
+  SUBCASE("without --fuse-attention") {
     const ImportedModel m = import_built(additive_mask_model(), false);
     CHECK(nodes_of(m.graph, "Attention").empty());
     CHECK(m.attention_not_fused.empty());

@@ -227,11 +227,11 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
                "with --train: keep weights that torch's exporter merged into equal ones (an "
                "Identity under the duplicate's name, as an eval-mode export of fresh LayerNorms "
                "or deep-copied layers writes) shared; by default each trains apart, as in PyTorch");
-  app.add_flag(
-      "--no-fuse-attention", [&po](int64_t) { po.fuse_attention = false; },
-      "run each attention block as the exporter wrote it (MatMul, scale, mask, Softmax, MatMul), "
-      "keeping its [Tq, Tk] scores and probabilities for the backward; by default each becomes "
-      "one fused Attention node (--info says which were and why not)");
+  app.add_flag("--fuse-attention", po.fuse_attention,
+               "each attention block (MatMul, scale, mask, Softmax, MatMul) becomes one fused "
+               "Attention node that keeps no [Tq, Tk] scores or probabilities for the backward "
+               "(--info says which were fused and why the others were not); experimental, off by "
+               "default");
   app.add_flag("--keep-training-mode", po.keep_training_mode,
                "without --train: keep Dropout and BatchNormalization that a training-mode export "
                "left in training mode as they are (by default an inference plan runs them in "
@@ -471,9 +471,8 @@ int run(int argc, char** argv) {
   parse_choices(choice_names, po);
   check_flags_apply(app, po);
   check_training_flags(po);
-  ImportOptions options;
-  options.batch = batch;
-  options.fuse_attention = po.fuse_attention;
+  ImportOptions options{.batch = batch, .dims = {}, .untie_merged_weights = false,
+                        .fuse_attention = po.fuse_attention};
   for (const auto& d : dims) parse_dim_binding(d, options);
   if (json && !info && !list) {
     fail(ErrorKind::kUsage,

@@ -171,8 +171,10 @@ void check_structure(const ir::Graph& g, const BackwardSpec& spec, const onnx::M
   // Zero-bubble: the gradients of wanted activations (sent to earlier stages by the B part)
   // depend on no node marked weight_gradients = 1.
   std::map<std::string, const onnx::NodeProto*> producer;
+  // An omitted input or output is "" (a gradient node's unused dlse, an unwanted dx): no value.
   for (const auto& node : graph.node()) {
-    for (const auto& out : node.output()) producer[out] = &node;
+    for (const auto& out : node.output())
+      if (!out.empty()) producer[out] = &node;
   }
   // ... and W results are read only by W nodes and by Adds that sum W results (with, where a
   // stage output is also read inside the stage, its incoming gradient, a backward input), so the
@@ -188,11 +190,13 @@ void check_structure(const ir::Graph& g, const BackwardSpec& spec, const onnx::M
     all_w &= any_w;
     bool marked = int_attr(node, grad::kWeightGradAttr, 0) == 1;
     for (const auto& in : node.input()) {
+      if (in.empty()) continue;
       CHECK_MESSAGE((!w_results.count(in) || marked || all_w),
                     "'" << node.name() << "' reads the W result '" << in << "'");
     }
     if (marked || all_w) {
-      for (const auto& out : node.output()) w_results.insert(out);
+      for (const auto& out : node.output())
+        if (!out.empty()) w_results.insert(out);
     }
   }
   for (ir::ValueId w : spec.wanted) {
