@@ -18,7 +18,9 @@
 // (PassContext::not_fused).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -91,24 +93,80 @@ struct Block {
   // A Where mask to turn into an additive constant: the condition, the fill, and whether the
   // scores are kept where the condition holds.
   ValueId where_cond = kNoId;
+  std::vector<uint8_t> cond;  ///< Its values, row-major, and its shape.
+  std::vector<int64_t> cond_shape;
   double fill = 0;
   bool kept_where_true = true;
 };
 
-/// Whether the bool constant `cond`, broadcast to [..., tq, tk], keeps (== keep_value) exactly
-/// the keys j <= i of each query i: a causal mask.
-bool is_causal(const ir::Graph& g, ValueId cond, int64_t tq, int64_t tk, bool keep_value) {
-  const ir::Value& c = g.value(cond);
-  if (c.shape.size() < 2 || c.shape[c.shape.size() - 2] != tq || c.shape.back() != tk)
-    return false;
-  const auto bytes = c.initializer->bytes();
-  if (static_cast<int64_t>(bytes.size()) != c.numel()) return false;
-  const int64_t planes = c.numel() / (tq * tk);
+/// The int64 values of a constant, or nullopt.
+std::optional<std::vector<int64_t>> int64_constant(const ir::Graph& g, ValueId v) {
+  if (v == kNoId || !g.value(v).is_initializer() || g.value(v).dtype != DType::kInt64)
+    return std::nullopt;
+  const auto bytes = g.value(v).initializer->bytes();
+  std::vector<int64_t> out(bytes.size() / sizeof(int64_t));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(int64_t));
+  return out;
+}
+
+/// The values of a bool tensor known at compile time: a constant, or a Slice (steps 1) of one
+/// with constant bounds, which folding leaves when it is large (HF GPT-2's causal buffer cut to
+/// the sequence: 1024 x 1024 at GPT-2's length).
+std::optional<std::vector<uint8_t>> bool_constant(const ir::Graph& g, ValueId v) {
+  const ir::Value& value = g.value(v);
+  if (value.dtype != DType::kBool || !value.shape_known) return std::nullopt;
+  if (value.is_initializer()) {
+    const auto bytes = value.initializer->bytes();
+    if (static_cast<int64_t>(bytes.size()) != value.numel()) return std::nullopt;
+    std::vector<uint8_t> out(bytes.size());
+    for (size_t i = 0; i < bytes.size(); ++i) out[i] = bytes[i] != std::byte{0};
+    return out;
+  }
+  const ir::Node* s = producer(g, v);
+  if (!is_op(s, "Slice") || s->inputs.size() < 3) return std::nullopt;
+  const ir::Value& data = g.value(s->inputs[0]);
+  const auto source = bool_constant(g, s->inputs[0]);
+  const auto starts = int64_constant(g, s->inputs[1]);
+  const auto axes_in = s->inputs.size() > 3 ? int64_constant(g, s->inputs[3]) : std::nullopt;
+  const auto steps = s->inputs.size() > 4 ? int64_constant(g, s->inputs[4]) : std::nullopt;
+  if (!source || !starts) return std::nullopt;
+  if (s->inputs.size() > 4 && s->inputs[4] != kNoId &&
+      (!steps || std::any_of(steps->begin(), steps->end(), [](int64_t x) { return x != 1; })))
+    return std::nullopt;
+  const auto rank = static_cast<int64_t>(data.shape.size());
+  if (static_cast<int64_t>(value.shape.size()) != rank) return std::nullopt;
+  // Each dim's first index: the start (clamped as ONNX does) on a sliced axis, else 0; the
+  // count is the output's dim, which shape inference already found.
+  std::vector<int64_t> first(static_cast<size_t>(rank), 0);
+  for (size_t k = 0; k < starts->size(); ++k) {
+    int64_t axis = axes_in ? (*axes_in)[k] : static_cast<int64_t>(k);
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis >= rank) return std::nullopt;
+    int64_t start = (*starts)[k];
+    if (start < 0) start += data.shape[axis];
+    first[axis] = std::clamp<int64_t>(start, 0, data.shape[axis]);
+  }
+  std::vector<uint8_t> out(static_cast<size_t>(value.numel()));
+  std::vector<int64_t> index(static_cast<size_t>(rank), 0);
+  for (size_t o = 0; o < out.size(); ++o) {
+    int64_t at = 0;
+    for (int64_t d = 0; d < rank; ++d) at = at * data.shape[d] + first[d] + index[d];
+    out[o] = (*source)[static_cast<size_t>(at)];
+    for (int64_t d = rank - 1; d >= 0 && ++index[d] == value.shape[d]; --d) index[d] = 0;
+  }
+  return out;
+}
+
+/// Whether the bool mask `cond` of `shape`, broadcast to [..., tq, tk], keeps (== keep_value)
+/// exactly the keys j <= i of each query i: a causal mask.
+bool is_causal(const std::vector<uint8_t>& cond, const std::vector<int64_t>& shape, int64_t tq,
+               int64_t tk, bool keep_value) {
+  if (shape.size() < 2 || shape[shape.size() - 2] != tq || shape.back() != tk) return false;
+  const int64_t planes = static_cast<int64_t>(cond.size()) / (tq * tk);
   for (int64_t p = 0; p < planes; ++p)
     for (int64_t i = 0; i < tq; ++i)
       for (int64_t j = 0; j < tk; ++j) {
-        const bool keep = (bytes[static_cast<size_t>((p * tq + i) * tk + j)] != std::byte{0}) ==
-                          keep_value;
+        const bool keep = (cond[static_cast<size_t>((p * tq + i) * tk + j)] != 0) == keep_value;
         if (keep != (j <= i)) return false;
       }
   return true;
@@ -157,8 +215,13 @@ std::string match(const ir::Graph& g, NodeId softmax, Block& block) {
   if (is_op(n, "Where") && private_value(g, s)) {
     const ValueId cond = n->inputs[0];
     const auto fill1 = scalar_constant(g, n->inputs[1]), fill2 = scalar_constant(g, n->inputs[2]);
-    if (!g.value(cond).is_initializer() || g.value(cond).dtype != DType::kBool)
-      return "the Where's condition is not a constant";
+    auto values = bool_constant(g, cond);
+    if (!values) return "the Where's condition is not known at compile time";
+    block.cond = std::move(*values);
+    block.cond_shape = g.value(cond).shape;
+    // A Slice that cut the condition from a buffer goes with the block.
+    if (!g.value(cond).is_initializer() && private_value(g, cond))
+      block.nodes.push_back(g.value(cond).producer);
     if (!fill1 && !fill2) return "the Where picks between two tensors, not a score and a fill";
     block.where_cond = cond;
     block.kept_where_true = !fill2.has_value() ? false : true;
@@ -215,8 +278,8 @@ std::string match(const ir::Graph& g, NodeId softmax, Block& block) {
   for (ValueId v : {block.q, block.kt, block.v, block.out})
     if (g.value(v).dtype != DType::kFloat32) return "not float32";
   if (block.where_cond != kNoId)
-    block.causal = is_causal(g, block.where_cond, qs[rank - 2], ks[rank - 1],
-                             block.kept_where_true);
+    block.causal =
+        is_causal(block.cond, block.cond_shape, qs[rank - 2], ks[rank - 1], block.kept_where_true);
   if (block.mask != kNoId) {
     const auto& ms = g.value(block.mask).shape;
     if (g.value(block.mask).dtype != DType::kFloat32) return "the added mask is not float32";
@@ -287,13 +350,10 @@ void fuse(ir::Graph& g, const ir::Node& softmax, const Block& b) {
   const std::string prefix = softmax.name.empty() ? g.value(b.out).name : softmax.name;
   ValueId mask = b.mask;
   if (b.where_cond != kNoId && !b.causal) {
-    const ir::Value& c = g.value(b.where_cond);
-    const auto bytes = c.initializer->bytes();
-    std::vector<float> values(bytes.size());
-    for (size_t i = 0; i < bytes.size(); ++i)
-      values[i] = ((bytes[i] != std::byte{0}) == b.kept_where_true) ? 0.0f
-                                                                     : static_cast<float>(b.fill);
-    mask = add_constant(g, fresh(g, prefix + "/additive_mask"), c.shape, values);
+    std::vector<float> values(b.cond.size());
+    for (size_t i = 0; i < b.cond.size(); ++i)
+      values[i] = ((b.cond[i] != 0) == b.kept_where_true) ? 0.0f : static_cast<float>(b.fill);
+    mask = add_constant(g, fresh(g, prefix + "/additive_mask"), b.cond_shape, values);
   }
   std::vector<NodeId> gone = b.nodes;
   for (NodeId id : gone) g.remove_node(id);
