@@ -18,11 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-#ifdef __CUDACC__
-#define STAGECRAFT_HOST_DEVICE __host__ __device__
-#else
-#define STAGECRAFT_HOST_DEVICE
-#endif
+#include "runtime/ops/host_device.h"
 
 namespace stagecraft::rt::cuda {
 

@@ -7,13 +7,7 @@
 
 #include <type_traits>
 
-#ifndef STAGECRAFT_HOST_DEVICE
-#ifdef __CUDACC__
-#define STAGECRAFT_HOST_DEVICE __host__ __device__
-#else
-#define STAGECRAFT_HOST_DEVICE
-#endif
-#endif
+#include "runtime/ops/host_device.h"
 
 namespace stagecraft::rt::ops {
 

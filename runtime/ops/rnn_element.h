@@ -13,11 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define STAGECRAFT_HOST_DEVICE __host__ __device__
-#else
-#define STAGECRAFT_HOST_DEVICE
-#endif
+#include "runtime/ops/host_device.h"
 
 namespace stagecraft::rt::ops {
 
