@@ -28,6 +28,7 @@
 
 #include "compiler/ir/graph.h"
 #include "passes/attributes.h"
+#include "passes/host_tensor.h"
 #include "passes/passes.h"
 #include "runtime/format/grad_ops.h"
 
@@ -99,61 +100,27 @@ struct Block {
   bool kept_where_true = true;
 };
 
-/// The int64 values of a constant, or nullopt.
-std::optional<std::vector<int64_t>> int64_constant(const ir::Graph& g, ValueId v) {
-  if (v == kNoId || !g.value(v).is_initializer() || g.value(v).dtype != DType::kInt64)
-    return std::nullopt;
-  const auto bytes = g.value(v).initializer->bytes();
-  std::vector<int64_t> out(bytes.size() / sizeof(int64_t));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(int64_t));
-  return out;
-}
-
-/// The values of a bool tensor known at compile time: a constant, or a Slice (steps 1) of one
-/// with constant bounds, which folding leaves when it is large (HF GPT-2's causal buffer cut to
-/// the sequence: 1024 x 1024 at GPT-2's length).
+/// The values of a bool tensor known at compile time: a constant, or a node that folding left
+/// only because its output is large (HF GPT-2's causal buffer sliced to the sequence: 1024 x 1024
+/// at GPT-2's length), evaluated here by folding's own host evaluator without that limit.
 std::optional<std::vector<uint8_t>> bool_constant(const ir::Graph& g, ValueId v) {
   const ir::Value& value = g.value(v);
   if (value.dtype != DType::kBool || !value.shape_known) return std::nullopt;
+  std::optional<HostTensor> host;
   if (value.is_initializer()) {
-    const auto bytes = value.initializer->bytes();
-    if (static_cast<int64_t>(bytes.size()) != value.numel()) return std::nullopt;
-    std::vector<uint8_t> out(bytes.size());
-    for (size_t i = 0; i < bytes.size(); ++i) out[i] = bytes[i] != std::byte{0};
-    return out;
+    host = HostTensor::from_value(value);
+  } else if (const ir::Node* n = producer(g, v); n != nullptr) {
+    std::vector<std::optional<HostTensor>> inputs;
+    for (ValueId in : n->inputs)
+      inputs.push_back(in == kNoId || !g.value(in).is_initializer()
+                           ? std::nullopt
+                           : HostTensor::from_value(g.value(in)));
+    auto outputs = evaluate_on_host(*n, inputs, {}, g.opset, value.numel());
+    if (outputs && !outputs->empty()) host = std::move(outputs->front());
   }
-  const ir::Node* s = producer(g, v);
-  if (!is_op(s, "Slice") || s->inputs.size() < 3) return std::nullopt;
-  const ir::Value& data = g.value(s->inputs[0]);
-  const auto source = bool_constant(g, s->inputs[0]);
-  const auto starts = int64_constant(g, s->inputs[1]);
-  const auto axes_in = s->inputs.size() > 3 ? int64_constant(g, s->inputs[3]) : std::nullopt;
-  const auto steps = s->inputs.size() > 4 ? int64_constant(g, s->inputs[4]) : std::nullopt;
-  if (!source || !starts) return std::nullopt;
-  if (s->inputs.size() > 4 && s->inputs[4] != kNoId &&
-      (!steps || std::any_of(steps->begin(), steps->end(), [](int64_t x) { return x != 1; })))
-    return std::nullopt;
-  const auto rank = static_cast<int64_t>(data.shape.size());
-  if (static_cast<int64_t>(value.shape.size()) != rank) return std::nullopt;
-  // Each dim's first index: the start (clamped as ONNX does) on a sliced axis, else 0; the
-  // count is the output's dim, which shape inference already found.
-  std::vector<int64_t> first(static_cast<size_t>(rank), 0);
-  for (size_t k = 0; k < starts->size(); ++k) {
-    int64_t axis = axes_in ? (*axes_in)[k] : static_cast<int64_t>(k);
-    if (axis < 0) axis += rank;
-    if (axis < 0 || axis >= rank) return std::nullopt;
-    int64_t start = (*starts)[k];
-    if (start < 0) start += data.shape[axis];
-    first[axis] = std::clamp<int64_t>(start, 0, data.shape[axis]);
-  }
-  std::vector<uint8_t> out(static_cast<size_t>(value.numel()));
-  std::vector<int64_t> index(static_cast<size_t>(rank), 0);
-  for (size_t o = 0; o < out.size(); ++o) {
-    int64_t at = 0;
-    for (int64_t d = 0; d < rank; ++d) at = at * data.shape[d] + first[d] + index[d];
-    out[o] = (*source)[static_cast<size_t>(at)];
-    for (int64_t d = rank - 1; d >= 0 && ++index[d] == value.shape[d]; --d) index[d] = 0;
-  }
+  if (!host || host->numel() != value.numel()) return std::nullopt;
+  std::vector<uint8_t> out(static_cast<size_t>(host->numel()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = host->int_at(static_cast<int64_t>(i)) != 0;
   return out;
 }
 
