@@ -408,22 +408,20 @@ onnx::ModelProto model_from_graph(const Graph& graph, const ExportOptions& optio
   auto* proto = model.mutable_graph();
   proto->set_name(graph.name.empty() ? "stagecraft" : graph.name);
 
-  std::vector<NodeId> nodes;
-  if (options.nodes) {
-    nodes = *options.nodes;
-    std::sort(nodes.begin(), nodes.end());
-  } else {
-    for (std::size_t i = 0; i < graph.num_nodes(); ++i) {
-      if (!graph.node(static_cast<NodeId>(i)).dead) nodes.push_back(static_cast<NodeId>(i));
-    }
-  }
+  // The subset in the caller's order, or every live node in the graph's topological order.
+  const std::vector<NodeId> order = options.nodes ? *options.nodes : graph.topological_order();
   std::vector<bool> in_set(graph.num_nodes(), false);
-  for (NodeId n : nodes) in_set[n] = true;
-
-  // Emit nodes in a topological order of the whole graph restricted to the subset.
-  std::vector<NodeId> order;
-  for (NodeId n : graph.topological_order()) {
-    if (in_set[n]) order.push_back(n);
+  std::vector<bool> written(graph.num_nodes(), false);
+  for (NodeId n : order) in_set[n] = true;
+  for (NodeId n : order) {
+    // A node read before its producer in the subset is written: the caller's order is wrong.
+    for (ValueId in : graph.node(n).inputs) {
+      const NodeId p = in == kNoId ? kNoId : graph.value(in).producer;
+      if (p != kNoId && in_set[p] && !written[p])
+        fail(ErrorKind::kInternal, "export: node {} is listed before its input's producer {}",
+             graph.node(n).describe(graph), graph.node(p).describe(graph));
+    }
+    written[n] = true;
   }
 
   std::vector<bool> seen(graph.num_values(), false);

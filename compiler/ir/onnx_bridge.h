@@ -57,7 +57,9 @@ enum class WeightMode {
 };
 
 struct ExportOptions {
-  /// The nodes to write (a stage); all live nodes when unset.
+  /// The nodes to write (a stage), in the order written: a topological order of the subset,
+  /// which the caller chooses (the planner's arena is computed on it). All live nodes, in the
+  /// graph's topological order, when unset.
   std::optional<std::vector<NodeId>> nodes;
   WeightMode weights = WeightMode::kEmbed;
   /// With kAsInputs, initializers of at most this many elements are still written with data

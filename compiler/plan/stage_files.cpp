@@ -7,6 +7,7 @@
 #include <set>
 
 #include "compiler/ir/onnx_bridge.h"
+#include "compiler/partition/graph_problem.h"
 #include "passes/autodiff.h"
 #include "passes/passes.h"
 #include "runtime/format/error.h"
@@ -60,9 +61,11 @@ onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& sta
                              ir::WeightMode weights) {
   ir::ExportOptions options;
   std::vector<ir::NodeId> nodes;
-  // In topological order: nodes a pass added after the split (mixed precision's Casts) come
-  // after their readers in id order.
-  for (ir::NodeId n : graph.topological_order())
+  // In the partition order (a topological order), the one the planner's arena and memory
+  // figures were computed on: a node a pass added (a fused Attention, mixed precision's Casts)
+  // has a higher id than its neighbours, so id order alone would move the weight-only nodes
+  // around it and the arena plan would no longer fit the file.
+  for (ir::NodeId n : partition::partition_order(graph))
     if (stage_of[n] == stage) nodes.push_back(n);
   options.nodes = std::move(nodes);
   options.weights = weights;
