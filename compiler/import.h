@@ -26,7 +26,8 @@ struct ImportOptions {
   /// under the duplicate's name) get their own copies (PassContext::untie_merged_weights).
   bool untie_merged_weights = false;
   /// Each attention block becomes one fused Attention node (passes/fuse_attention.cpp; stagec
-  /// --fuse-attention). Off by default until every plan check passes with it (issue 32).
+  /// --fuse-attention). Off here, for what imports a model as it is (the conformance runs, the
+  /// profiler); the planner's PlanOptions turn it on by default.
   bool fuse_attention = false;
 };
 

@@ -227,11 +227,11 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
                "with --train: keep weights that torch's exporter merged into equal ones (an "
                "Identity under the duplicate's name, as an eval-mode export of fresh LayerNorms "
                "or deep-copied layers writes) shared; by default each trains apart, as in PyTorch");
-  app.add_flag("--fuse-attention", po.fuse_attention,
+  app.add_flag("--fuse-attention,!--no-fuse-attention", po.fuse_attention,
                "each attention block (MatMul, scale, mask, Softmax, MatMul) becomes one fused "
                "Attention node that keeps no [Tq, Tk] scores or probabilities for the backward "
-               "(--info says which were fused and why the others were not); experimental, off by "
-               "default");
+               "(--info says which were fused and why the others were not); on by default, "
+               "--no-fuse-attention keeps the exporter's ops");
   app.add_flag("--keep-training-mode", po.keep_training_mode,
                "without --train: keep Dropout and BatchNormalization that a training-mode export "
                "left in training mode as they are (by default an inference plan runs them in "

@@ -57,8 +57,9 @@ struct PlanOptions {
   /// Training: keep the sharing of weights the exporter merged into equal ones (stagec
   /// --keep-merged); by default each merged name trains apart, as PyTorch trains it.
   bool keep_merged = false;
-  /// Each attention block becomes one fused Attention node (--fuse-attention).
-  bool fuse_attention = false;
+  /// Each attention block becomes one fused Attention node (on by default; stagec
+  /// --no-fuse-attention turns it off).
+  bool fuse_attention = true;
   OptimizerKind optimizer = OptimizerKind::kAdamW;  ///< With --train.
   passes::LossOptions loss;  ///< With --train: --loss, --labels, --loss-axis, --ignore-index.
   TrainingConfig

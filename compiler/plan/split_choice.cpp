@@ -101,10 +101,17 @@ std::vector<int> split_positions(const ir::Graph& g, const partition::GraphProbl
       for (ir::NodeId id : gp.order) modules.push_back(module_of(g.node(id).name, 2));
       std::vector<std::string_view> known(modules.begin(), modules.end());
       for (ir::NodeId id : gp.order) known.push_back(g.node(id).name);
+      // The nodes of a fused attention block are gone from the graph the planner cuts.
+      const bool fused = std::any_of(gp.order.begin(), gp.order.end(), [&](ir::NodeId id) {
+        return g.node(id).op_type == "Attention";
+      });
       fail(ErrorKind::kUsage,
            "--split-after '{}' names no node or module of the model{}; stagec --list-nodes lists "
-           "them",
-           name, did_you_mean(name, known));
+           "them{}",
+           name, did_you_mean(name, known),
+           fused ? " (attention blocks are fused into Attention nodes; --no-fuse-attention "
+                   "keeps their MatMul, Softmax and mask nodes)"
+                 : "");
     }
     if (pos + 1 >= static_cast<int>(gp.order.size())) {
       fail(ErrorKind::kUsage,

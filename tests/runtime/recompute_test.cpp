@@ -67,7 +67,14 @@ TEST_CASE("recomputation gives the same loss curve under every schedule") {
   }
 }
 
-TEST_CASE("recomputation lowers the measured peak per device, within 10% of the plan") {
+// The bound every measured-peak test holds (issue 32): never over the prediction by more than
+// the allocator's slack, and at most 20% under it. The prediction is an upper bound where the
+// run's order is timing's choice: the gradients a stage receives for what it sent queue up to
+// what the link holds (candidates.cpp, output_buffer_bytes), and a stage that sends two tensors
+// (the planner's interleaved split of gpt_tiny with fused attention cuts after c_fc, sending
+// the residual and the MLP's input) holds fewer of them at its peak than that bound: measured
+// 11% under.
+TEST_CASE("recomputation lowers the measured peak per device, within the plan's bound") {
   for (std::string sched : {"1f1b", "gpipe", "zb-h1", "interleaved"}) {
     CAPTURE(sched);
     plan::PlanOptions none = gpt_training(sched, "none", 32), all = gpt_training(sched, "all", 32);
@@ -95,8 +102,8 @@ TEST_CASE("recomputation lowers the measured peak per device, within 10% of the 
         CHECK(r.peak_bytes < p.peak_bytes);
         CHECK(r.predicted_peak_bytes < p.predicted_peak_bytes);
       }
-      CHECK(std::fabs(static_cast<double>(r.peak_bytes - r.predicted_peak_bytes)) <=
-            0.10 * static_cast<double>(r.predicted_peak_bytes));
+      CHECK(r.peak_bytes <= r.predicted_peak_bytes + 4096);
+      CHECK(static_cast<double>(r.peak_bytes) >= 0.80 * static_cast<double>(r.predicted_peak_bytes));
     }
   }
 }

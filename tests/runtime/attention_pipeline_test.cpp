@@ -1,0 +1,138 @@
+// Fused attention in whole plans (issue 32): every sample with attention (the bundled gpt_tiny
+// and a GPT whose output head is tied to its embedding) trains on 1, 2 and 4 devices under
+// every schedule to the losses of the same plan with the exporter's ops (--no-fuse-attention),
+// and the fused plans keep fewer bytes at their peak.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "compiler/plan/planner.h"
+#include "runtime/core/backend.h"
+#include "runtime/exec/pipeline.h"
+#include "samples/builder/sample_models.h"
+#include "tests/runtime/training_options.h"
+#include "tests/test_util.h"
+
+namespace stagecraft::rt {
+namespace {
+
+/// The tied GPT, written once into a folder that lives as long as the tests.
+struct TiedGpt {
+  testing::TempDir dir;
+  std::string path;
+  TiedGpt() {
+    samples::GptOptions o;
+    o.layers = 2;
+    o.width = 32;
+    o.heads = 2;
+    o.seq = 16;
+    o.vocab = 64;
+    o.tied = true;
+    path = dir.file("gpt_tied.onnx");
+    samples::build_gpt(o).write(path);
+  }
+};
+
+const std::string& tied_gpt() {
+  static const TiedGpt instance;
+  return instance.path;
+}
+
+struct Run {
+  std::vector<double> losses;
+  int64_t peak = 0;            ///< The largest measured device peak.
+  int64_t predicted_peak = 0;  ///< Its prediction.
+  int attention_nodes = 0;     ///< Fused Attention nodes the plan's stages hold.
+};
+
+Run train(const std::string& model, int devices, const std::string& schedule, bool fused) {
+  plan::PlanOptions o = testing::training_options(model, devices, schedule, "cross-entropy");
+  if (schedule == "interleaved") o.chunks = 2;
+  // See shared_weights_test.cpp: Adam's default epsilon turns last-bit differences in
+  // near-zero gradients into whole updates; 1e-3 keeps equal runs within 1e-5.
+  o.training_config.epsilon = 1e-3;
+  o.dims["seq"] = 8;
+  o.fuse_attention = fused;
+  testing::TempDir dir;
+  plan::PlannedModel planned = plan::make_plan(o);
+  Run out;
+  for (const plan::OpRecord& op : planned.plan.ops) out.attention_nodes += op.op_type == "Attention";
+  plan::write_plan(planned, dir.file("plan"));
+  auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+  RunOptions options;
+  options.steps = 4;
+  RunReport report = pipeline->run(pipeline->synthetic_inputs(), options);
+  out.losses = report.losses;
+  CAPTURE(fused);
+  for (size_t device = 0; device < report.devices.size(); ++device) {
+    const DeviceReport& d = report.devices[device];
+    CAPTURE(device);
+    if (d.peak_bytes > out.peak) {
+      out.peak = d.peak_bytes;
+      out.predicted_peak = d.predicted_peak_bytes;
+    }
+    // Every device holds to the bound of the other measured-peak tests, on 1 and 2 devices.
+    // On 4 the prediction is not yet a bound, fused or not: gpt_tiny's zb-h1 plan measures
+    // 1.20 MiB on device 2 against 1.17 MiB predicted with the exporter's ops too (issue 33).
+    if (devices > 2) continue;
+    CHECK(d.peak_bytes <= d.predicted_peak_bytes + 4096);
+    CHECK(static_cast<double>(d.peak_bytes) >= 0.80 * static_cast<double>(d.predicted_peak_bytes));
+  }
+  return out;
+}
+
+TEST_CASE("fused attention trains to the exporter's ops' losses on 1, 2 and 4 devices") {
+  const std::string gpt_tiny = std::string(STAGECRAFT_SAMPLES) + "/gpt_tiny.onnx";
+  for (const std::string& model : {gpt_tiny, tied_gpt()}) {
+    for (int devices : {1, 2, 4}) {
+      for (const std::string schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
+        if (devices == 1 && schedule != "gpipe") continue;  // one device: one schedule's order
+        CAPTURE(model);
+        CAPTURE(devices);
+        CAPTURE(schedule);
+        const Run plain = train(model, devices, schedule, false);
+        const Run fused = train(model, devices, schedule, true);
+        CHECK(plain.attention_nodes == 0);
+        CHECK(fused.attention_nodes == 2);  // both samples have two blocks, each fused
+        REQUIRE(plain.losses.size() == 4);
+        REQUIRE(fused.losses.size() == 4);
+        CHECK(plain.losses.back() < plain.losses.front());
+        for (size_t k = 0; k < plain.losses.size(); ++k) {
+          CAPTURE(k);
+          CHECK(std::fabs(fused.losses[k] - plain.losses[k]) <=
+                1e-5 * std::max(1.0, std::fabs(plain.losses[k])));
+        }
+        MESSAGE(fmt::format("{} devices, {}: peak {} B (predicted {}) with the exporter's ops, {} "
+                            "B (predicted {}) fused",
+                            devices, schedule, plain.peak, plain.predicted_peak, fused.peak,
+                            fused.predicted_peak));
+      }
+    }
+  }
+}
+
+TEST_CASE("fused attention lowers gpt_tiny's measured peak at a longer sequence") {
+  // At seq 64 each block's [B, H, T, T] scores and probabilities (2 x 4 x 64 x 64 floats per
+  // microbatch, 128 KiB each) outweigh the log-sum-exp (2 KiB) the fused backward keeps instead.
+  const std::string gpt_tiny = std::string(STAGECRAFT_SAMPLES) + "/gpt_tiny.onnx";
+  auto peak = [&](bool fused) {
+    plan::PlanOptions o = testing::training_options(gpt_tiny, 1, "gpipe", "cross-entropy");
+    o.dims["seq"] = 64;
+    o.fuse_attention = fused;
+    testing::TempDir dir;
+    auto pipeline = testing::load_plan(o, dir.file("plan"));
+    RunOptions options;
+    options.steps = 1;
+    return pipeline->run(pipeline->synthetic_inputs(), options).devices.at(0).peak_bytes;
+  };
+  const int64_t plain = peak(false), fused = peak(true);
+  MESSAGE(fmt::format("gpt_tiny seq 64, 1 device: measured peak {} B unfused, {} B fused", plain,
+                      fused));
+  CHECK(fused < plain);
+}
+
+}  // namespace
+}  // namespace stagecraft::rt
