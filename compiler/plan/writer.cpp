@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 
+#include "compiler/plan/attention_function.h"
 #include "compiler/plan/planner.h"
 #include "passes/autodiff.h"
 #include "compiler/plan/stage_files.h"
@@ -136,6 +137,8 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
       place_stage_weights(model, planned.model.graph, staging, stage, p.weight_files, writing,
                           placed, static_cast<int>(p.stages.size()));
       placed += stage.weights_bytes;
+      // Fused Attention nodes come with their standard-op body, so the file stays plain ONNX.
+      add_attention_function(model);
       fs::path file = staging / stage.file;
       write_file(file, model.SerializeAsString());
       sync_path(file);
@@ -143,8 +146,9 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
       if (p.training) {
         stage.backward_file = fmt::format("stage_{}_bwd.onnx", stage.index);
         fs::path bwd = staging / stage.backward_file;
-        const onnx::ModelProto backward = backward_stage_model(
+        onnx::ModelProto backward = backward_stage_model(
             planned.model.graph, planned.stage_of, stage, p.training_config.loss_output);
+        add_attention_function(backward);
         write_file(bwd, backward.SerializeAsString());
         if (p.shard_optimizer) stage.optimizer_shards = shards_of(model, backward, stage, p);
         sync_path(bwd);

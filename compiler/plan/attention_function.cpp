@@ -1,0 +1,199 @@
+// The model-local function that keeps a stage file with fused Attention nodes plain ONNX
+// (attention_function.h). The body uses only ops stagecraft's importer also takes (no CastLike,
+// no LessOrEqual), so a stage file inlined by any tool can be read back by stagec too.
+#include "compiler/plan/attention_function.h"
+
+#include <initializer_list>
+#include <limits>
+#include <set>
+#include <string>
+
+#include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
+
+namespace stagecraft::plan {
+namespace {
+
+constexpr std::string_view kAttention = "Attention";
+
+bool is_attention(const onnx::NodeProto& n) {
+  return n.op_type() == kAttention && n.domain() == grad::kGradDomain;
+}
+
+/// Writes the body's nodes one line each, so the function reads like the formula it computes.
+class Body {
+ public:
+  explicit Body(onnx::FunctionProto& f) : f_(f) {}
+
+  onnx::NodeProto& node(const char* op, std::initializer_list<const char*> in, const char* out) {
+    onnx::NodeProto* n = f_.add_node();
+    n->set_op_type(op);
+    n->set_name(std::string("Attention/") + out);
+    for (const char* name : in) n->add_input(name);
+    n->add_output(out);
+    return *n;
+  }
+  /// A Constant whose value is the calling node's attribute `ref` (a float or an int).
+  void attribute_constant(const char* out, const char* ref,
+                          onnx::AttributeProto::AttributeType type) {
+    onnx::AttributeProto* a = node("Constant", {}, out).add_attribute();
+    a->set_name(type == onnx::AttributeProto::FLOAT ? "value_float" : "value_int");
+    a->set_type(type);
+    a->set_ref_attr_name(ref);
+  }
+  /// A Constant int64 scalar.
+  void int_constant(const char* out, int64_t value) {
+    onnx::TensorProto* t =
+        attr(node("Constant", {}, out), "value", onnx::AttributeProto::TENSOR).mutable_t();
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_int64_data(value);
+  }
+  static onnx::AttributeProto& attr(onnx::NodeProto& n, const char* name,
+                                    onnx::AttributeProto::AttributeType type) {
+    onnx::AttributeProto* a = n.add_attribute();
+    a->set_name(name);
+    a->set_type(type);
+    return *a;
+  }
+
+ private:
+  onnx::FunctionProto& f_;
+};
+
+/// The body for nodes of `arity` inputs (3 or 4) and Q of `rank` (0: ranks differ).
+onnx::FunctionProto attention_function(int arity, int rank, int64_t opset) {
+  onnx::FunctionProto f;
+  f.set_name(std::string(kAttention));
+  f.set_domain(std::string(grad::kGradDomain));
+  f.set_doc_string(
+      "stagecraft's fused attention (runtime/ops/attention_shape.h) in standard ops: "
+      "softmax(scale * Q K^T, causal top-left, + mask) V and each query's log-sum-exp");
+  for (const char* in : {"Q", "K", "V", "mask"})
+    if (f.input_size() < arity) f.add_input(in);
+  f.add_output("O");
+  f.add_output("lse");
+  f.add_attribute("scale");
+  f.add_attribute("causal");
+  onnx::OperatorSetIdProto* imp = f.add_opset_import();
+  imp->set_domain("");
+  imp->set_version(opset);
+  Body b(f);
+  // scores = MatMul(Q, K^T) * scale.
+  if (rank > 0) {
+    onnx::AttributeProto& perm =
+        Body::attr(b.node("Transpose", {"K"}, "Kt"), "perm", onnx::AttributeProto::INTS);
+    for (int d = 0; d < rank; ++d) perm.add_ints(d < rank - 2 ? d : 2 * rank - 3 - d);
+  } else {
+    Body::attr(b.node("Einsum", {"K"}, "Kt"), "equation", onnx::AttributeProto::STRING)
+        .set_s("...kd->...dk");
+  }
+  b.node("MatMul", {"Q", "Kt"}, "products");
+  b.attribute_constant("scale", "scale", onnx::AttributeProto::FLOAT);
+  b.node("Mul", {"products", "scale"}, "scaled");
+  // causal: key j of query i is hidden where j > i (top-left aligned, as the kernels). The
+  // running counts along the two axes of a [Tq, Tk] plane of ones are i + 1 and j + 1: sized by
+  // the scores' own shape, so one body serves every Tq and Tk, and ONNX's inference follows
+  // the shapes through it (through a Range's length it cannot).
+  // Before opset 15 (no Shape start) the ones span the scores' whole shape.
+  onnx::NodeProto& plane_shape = b.node("Shape", {"scaled"}, "plane_shape");
+  if (opset >= 15) Body::attr(plane_shape, "start", onnx::AttributeProto::INT).set_i(-2);
+  onnx::TensorProto* one = Body::attr(b.node("ConstantOfShape", {"plane_shape"}, "ones"), "value",
+                                      onnx::AttributeProto::TENSOR)
+                               .mutable_t();
+  one->set_data_type(onnx::TensorProto::INT64);
+  one->add_dims(1);
+  one->add_int64_data(1);
+  b.int_constant("last", -1);
+  b.int_constant("second_last", -2);
+  b.node("CumSum", {"ones", "last"}, "key_count");
+  b.node("CumSum", {"ones", "second_last"}, "query_count");
+  b.node("Greater", {"key_count", "query_count"}, "later");
+  b.int_constant("one", 1);
+  b.attribute_constant("causal", "causal", onnx::AttributeProto::INT);
+  b.node("Equal", {"causal", "one"}, "is_causal");
+  b.node("And", {"later", "is_causal"}, "hidden");
+  Body::attr(b.node("Constant", {}, "minus_inf"), "value_float", onnx::AttributeProto::FLOAT)
+      .set_f(-std::numeric_limits<float>::infinity());
+  b.node("Where", {"hidden", "minus_inf", "scaled"}, arity > 3 ? "unmasked" : "scores");
+  if (arity > 3) b.node("Add", {"unmasked", "mask"}, "scores");
+  // O = MatMul(Softmax(scores), V); lse = ReduceLogSumExp(scores) over the keys.
+  Body::attr(b.node("Softmax", {"scores"}, "P"), "axis", onnx::AttributeProto::INT).set_i(-1);
+  b.node("MatMul", {"P", "V"}, "O");
+  onnx::NodeProto& lse = b.node("ReduceLogSumExp", {"scores"}, "lse");
+  Body::attr(lse, "axes", onnx::AttributeProto::INTS).add_ints(-1);
+  Body::attr(lse, "keepdims", onnx::AttributeProto::INT).set_i(0);
+  return f;
+}
+
+/// The rank of value `name` as the graph records it (value_info, inputs, outputs,
+/// initializers), or -1.
+int recorded_rank(const onnx::GraphProto& g, const std::string& name) {
+  for (const auto* list : {&g.value_info(), &g.input(), &g.output()})
+    for (const onnx::ValueInfoProto& vi : *list)
+      if (vi.name() == name && vi.type().tensor_type().has_shape())
+        return vi.type().tensor_type().shape().dim_size();
+  for (const onnx::TensorProto& t : g.initializer())
+    if (t.name() == name) return t.dims_size();
+  return -1;
+}
+
+/// A name no value or node of `g` has, from `base`.
+std::string unused_name(const onnx::GraphProto& g, const std::string& base) {
+  std::set<std::string> taken;
+  for (const onnx::NodeProto& n : g.node()) {
+    taken.insert(n.input().begin(), n.input().end());
+    taken.insert(n.output().begin(), n.output().end());
+  }
+  for (const onnx::TensorProto& t : g.initializer()) taken.insert(t.name());
+  for (const onnx::ValueInfoProto& vi : g.input()) taken.insert(vi.name());
+  std::string name = base;
+  for (int k = 1; taken.count(name); ++k) name = base + "_" + std::to_string(k);
+  return name;
+}
+
+/// Gives each mask-less Attention node of `g` a float32 scalar zero as its mask.
+void add_zero_masks(onnx::GraphProto& g) {
+  const std::string name = unused_name(g, std::string(kAttentionZeroMask));
+  onnx::TensorProto* zero = g.add_initializer();
+  zero->set_name(name);
+  zero->set_data_type(onnx::TensorProto::FLOAT);
+  zero->set_raw_data(std::string(sizeof(float), '\0'));
+  for (onnx::NodeProto& n : *g.mutable_node()) {
+    if (!is_attention(n) || n.input_size() > 3) continue;
+    n.add_input(name);
+  }
+}
+
+}  // namespace
+
+int add_attention_function(onnx::ModelProto& model) {
+  onnx::GraphProto& g = *model.mutable_graph();
+  std::set<int> arities, ranks;
+  int nodes = 0;
+  for (const onnx::NodeProto& n : g.node()) {
+    if (!is_attention(n)) continue;
+    ++nodes;
+    // A 4th input "" is no mask: the node is mask-less (ONNX's spelling of an absent input).
+    arities.insert(n.input_size() > 3 && !n.input(3).empty() ? 4 : 3);
+    ranks.insert(recorded_rank(g, n.input(0)));
+  }
+  if (nodes == 0) return 0;
+  int64_t opset = -1;
+  for (const onnx::OperatorSetIdProto& imp : model.opset_import())
+    if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = imp.version();
+  if (opset < 11)
+    fail(ErrorKind::kUnsupported,
+         "graph '{}': fused Attention nodes at opset {}: their stage file's standard-op function "
+         "needs opset 11 or later (CumSum); re-export the model at opset 11+ or plan it without "
+         "--fuse-attention",
+         g.name(), opset);
+  for (onnx::NodeProto& n : *g.mutable_node())
+    if (is_attention(n) && n.input_size() > 3 && n.input(3).empty())
+      n.mutable_input()->RemoveLast();
+  if (arities.size() > 1) add_zero_masks(g);
+  const int rank = ranks.size() == 1 && *ranks.begin() >= 3 ? *ranks.begin() : 0;
+  *model.add_functions() = attention_function(*arities.rbegin(), rank, opset);
+  return nodes;
+}
+
+}  // namespace stagecraft::plan

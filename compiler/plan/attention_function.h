@@ -1,0 +1,39 @@
+#pragma once
+/// \file
+/// Stage files stay plain ONNX: a file that holds fused `Attention` nodes (domain ai.stagecraft,
+/// runtime/ops/attention_shape.h) also holds a model-local function of that domain and name
+/// whose body computes the same outputs from standard ops, so the ONNX checker accepts the file
+/// and any ONNX runtime can run it. stagecraft's own runtime reads the graph only and runs the
+/// fused kernel.
+
+#include <onnx/onnx_pb.h>
+
+#include <string_view>
+
+namespace stagecraft::plan {
+
+/// The name of the zero mask given to the mask-less Attention nodes of a file whose nodes use
+/// both arities (add_attention_function).
+inline constexpr std::string_view kAttentionZeroMask = "ai.stagecraft.Attention/zero_mask";
+
+/// Adds to `model` the function `ai.stagecraft.Attention` its Attention nodes call, unless it
+/// has none (then nothing changes). The body, at the model's default-domain opset, is float32
+/// as the op is:
+///
+///   scores = MatMul(Q, K^T) * scale, keys j > i of query i set to -inf where causal is 1
+///            (top-left aligned, as the kernels), + mask where the nodes pass one;
+///   O = MatMul(Softmax(scores, last axis), V);  lse = ReduceLogSumExp(scores, last axis).
+///
+/// `scale` and `causal` are read from the calling node (ref_attr_name): the fusion always
+/// writes both. The body is written for the arity and rank the file's nodes use. ONNX 1.12 has
+/// no function overloads, and its function inference refuses a call that leaves out an
+/// optional input, so a file whose nodes use both arities gets the masked body, and its
+/// mask-less nodes read a float32 scalar zero (kAttentionZeroMask): scores + 0 are the
+/// scores, bit for bit. Where the ranks differ, K^T is an Einsum over an ellipsis.
+/// A query that sees no key (a mask of -inf across its row) gets NaN from the body, as from
+/// the unfused ops the node replaced; the kernels give O = 0 and lse = -inf there.
+/// Returns how many Attention nodes the function serves. Throws Error(kUnsupported) for a
+/// default-domain opset below 11 (no CumSum).
+int add_attention_function(onnx::ModelProto& model);
+
+}  // namespace stagecraft::plan

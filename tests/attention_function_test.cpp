@@ -1,0 +1,330 @@
+// Stage files stay plain ONNX (issue 32): a file with fused Attention nodes carries the
+// function ai.stagecraft.Attention (compiler/plan/attention_function.h). Checked here: ONNX's
+// C++ checker and strict shape inference (which runs into the function's body) on every stage
+// file of fused gpt_tiny plans, and the body's values: each file is inlined by hand (the body's
+// nodes in place of the call, values renamed, attributes substituted), read back by our
+// importer and run on the CPU backend against the fused kernel, within 1e-5.
+#include "compiler/plan/attention_function.h"
+
+#include <doctest/doctest.h>
+#include <onnx/checker.h>
+#include <onnx/shape_inference/implementation.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "compiler/import.h"
+#include "compiler/ir/onnx_bridge.h"
+#include "compiler/plan/planner.h"
+#include "compiler/plan/stage_files.h"
+#include "runtime/core/backend.h"
+#include "runtime/core/program.h"
+#include "runtime/exec/pipeline.h"
+#include "tests/runtime/training_options.h"
+#include "tests/test_util.h"
+
+namespace stagecraft {
+namespace {
+
+using rt::Tensor;
+
+std::string sample(const std::string& name) { return std::string(STAGECRAFT_SAMPLES) + "/" + name; }
+
+int attention_nodes(const onnx::ModelProto& m) {
+  return static_cast<int>(
+      std::count_if(m.graph().node().begin(), m.graph().node().end(), [](const onnx::NodeProto& n) {
+        return n.op_type() == "Attention" && n.domain() == "ai.stagecraft";
+      }));
+}
+
+/// ONNX's checker, then strict shape inference with type checks: a body that does not type or
+/// shape-check fails here.
+void check_plain_onnx(const onnx::ModelProto& model, const std::string& path = "") {
+  CAPTURE(path);
+  if (path.empty())
+    CHECK_NOTHROW(onnx::checker::check_model(model));
+  else
+    CHECK_NOTHROW(onnx::checker::check_model(path));
+  onnx::ModelProto copy = model;
+  CHECK_NOTHROW(onnx::shape_inference::InferShapes(copy, onnx::OpSchemaRegistry::Instance(),
+                                                   onnx::ShapeInferenceOptions(true, 1, false)));
+}
+
+/// `model` with every call of one of its functions replaced by the body: a formal input or
+/// output becomes the actual one, every other value "<node>/<name>", every attribute that
+/// refers to the caller's its value.
+onnx::ModelProto inlined(const onnx::ModelProto& model) {
+  onnx::ModelProto out = model;
+  out.clear_functions();
+  onnx::GraphProto& g = *out.mutable_graph();
+  g.clear_node();
+  for (const onnx::NodeProto& call : model.graph().node()) {
+    auto f = std::find_if(model.functions().begin(), model.functions().end(), [&](const auto& fn) {
+      return fn.name() == call.op_type() && fn.domain() == call.domain();
+    });
+    if (f == model.functions().end()) {
+      *g.add_node() = call;
+      continue;
+    }
+    std::map<std::string, std::string> actual;
+    for (int k = 0; k < f->input_size(); ++k)
+      actual[f->input(k)] = k < call.input_size() ? call.input(k) : "";
+    for (int k = 0; k < f->output_size(); ++k)
+      actual[f->output(k)] = k < call.output_size() ? call.output(k) : "";
+    auto rename = [&](const std::string& name) {
+      auto it = actual.find(name);
+      return it != actual.end() ? it->second : call.name() + "/" + name;
+    };
+    for (const onnx::NodeProto& body : f->node()) {
+      onnx::NodeProto& n = *g.add_node();
+      n = body;
+      n.set_name(call.name() + "/" + body.name());
+      for (std::string& in : *n.mutable_input()) in = rename(in);
+      for (std::string& o : *n.mutable_output()) o = rename(o);
+      for (onnx::AttributeProto& a : *n.mutable_attribute()) {
+        if (a.ref_attr_name().empty()) continue;
+        auto from = std::find_if(call.attribute().begin(), call.attribute().end(),
+                                 [&](const auto& c) { return c.name() == a.ref_attr_name(); });
+        REQUIRE(from != call.attribute().end());
+        const std::string name = a.name();
+        a = *from;
+        a.set_name(name);
+      }
+    }
+  }
+  return out;
+}
+
+/// Inputs for `program`: floats uniform in [-1, 1], integers (token ids) in [0, 8).
+std::vector<Tensor> random_inputs(const rt::Program& program, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<Tensor> out;
+  for (const rt::ValueInfo& in : program.inputs()) {
+    Tensor t = Tensor::owned(in.dtype, in.shape);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (in.dtype == DType::kFloat32)
+        t.as<float>()[i] = uniform(rng);
+      else if (in.dtype == DType::kInt64)
+        t.as<int64_t>()[i] = static_cast<int64_t>(rng() % 8);
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+/// Runs `program` on `inputs` given by name: its outputs by name.
+std::map<std::string, Tensor> run(const rt::Program& program,
+                                  const std::map<std::string, Tensor>& inputs) {
+  auto device = rt::cpu_backend().make_device(0, 1);
+  std::vector<std::byte> arena(static_cast<size_t>(program.arena_bytes()) + 64);
+  std::vector<Tensor> args;
+  for (const rt::ValueInfo& in : program.inputs()) args.push_back(inputs.at(in.name));
+  std::vector<Tensor> outs = program.run(*device, args, arena.data());
+  std::map<std::string, Tensor> named;
+  for (size_t k = 0; k < outs.size(); ++k) named.emplace(program.outputs()[k].name, outs[k]);
+  return named;
+}
+
+/// Checks the function's values in `fused` (which calls it): the fused model on the CPU
+/// kernels against its inlined copy read back by our importer, on random inputs.
+void check_inlined_values(const onnx::ModelProto& fused) {
+  REQUIRE(fused.functions_size() == 1);
+  const rt::Program kernel = rt::Program::from_model(fused, rt::cpu_backend(), "fused");
+  testing::TempDir dir;
+  testing::write_model(inlined(fused), dir.file("inlined.onnx"));
+  const ImportedModel plain = import_model(dir.file("inlined.onnx"), ImportOptions{});
+  const rt::Program body =
+      rt::Program::from_model(ir::model_from_graph(plain.graph), rt::cpu_backend(), "inlined");
+  std::map<std::string, Tensor> inputs;
+  const std::vector<Tensor> values = random_inputs(kernel, 7);
+  for (size_t k = 0; k < values.size(); ++k) inputs.emplace(kernel.inputs()[k].name, values[k]);
+  const auto want = run(kernel, inputs);
+  const auto got = run(body, inputs);
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, w] : want) {
+    CAPTURE(name);
+    const Tensor& t = got.at(name);
+    REQUIRE(t.shape == w.shape);
+    double worst = 0, largest = 0;
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      worst = std::max(worst, std::fabs(static_cast<double>(t.as<float>()[i]) - w.as<float>()[i]));
+      largest = std::max(largest, std::fabs(static_cast<double>(w.as<float>()[i])));
+    }
+    CHECK(worst <= 1e-5 * std::max(1.0, largest));
+    CHECK(largest > 0);
+  }
+}
+
+/// One Attention node of `spec` in a model of its own: Q [lead, tq, d], K [lead, tk, d],
+/// V [lead, tk, dv], an optional mask of `mask_shape`; outputs O and lse.
+struct AttentionCase {
+  std::vector<int64_t> lead;
+  int64_t tq = 5, tk = 7, d = 4, dv = 6;
+  int causal = 0;
+  float scale = 0.5f;
+  std::vector<int64_t> mask_shape;  ///< Empty: no mask.
+  bool has_mask = false;
+};
+
+void add_attention(onnx::ModelProto& m, const AttentionCase& c, const std::string& tag) {
+  onnx::GraphProto* g = m.mutable_graph();
+  auto dims = [&](int64_t t, int64_t last) {
+    std::vector<int64_t> s = c.lead;
+    s.push_back(t);
+    s.push_back(last);
+    return s;
+  };
+  testing::add_tensor_info(g->add_input(), "q" + tag, onnx::TensorProto::FLOAT, dims(c.tq, c.d));
+  testing::add_tensor_info(g->add_input(), "k" + tag, onnx::TensorProto::FLOAT, dims(c.tk, c.d));
+  testing::add_tensor_info(g->add_input(), "v" + tag, onnx::TensorProto::FLOAT, dims(c.tk, c.dv));
+  std::vector<std::string> inputs = {"q" + tag, "k" + tag, "v" + tag};
+  if (c.has_mask) {
+    testing::add_tensor_info(g->add_input(), "mask" + tag, onnx::TensorProto::FLOAT, c.mask_shape);
+    inputs.push_back("mask" + tag);
+  }
+  testing::add_tensor_info(g->add_output(), "o" + tag, onnx::TensorProto::FLOAT, dims(c.tq, c.dv));
+  std::vector<int64_t> lse = c.lead;
+  lse.push_back(c.tq);
+  testing::add_tensor_info(g->add_output(), "lse" + tag, onnx::TensorProto::FLOAT, lse);
+  onnx::NodeProto* n = testing::add_node(g, "Attention", inputs, {"o" + tag, "lse" + tag},
+                                         "/attn" + tag + "/Attention");
+  n->set_domain("ai.stagecraft");
+  onnx::AttributeProto* scale = n->add_attribute();
+  scale->set_name("scale");
+  scale->set_type(onnx::AttributeProto::FLOAT);
+  scale->set_f(c.scale);
+  onnx::AttributeProto* causal = n->add_attribute();
+  causal->set_name("causal");
+  causal->set_type(onnx::AttributeProto::INT);
+  causal->set_i(c.causal);
+}
+
+onnx::ModelProto attention_model(const std::vector<AttentionCase>& cases) {
+  onnx::ModelProto m = testing::relu_model();
+  m.mutable_graph()->clear_node();
+  m.mutable_graph()->clear_input();
+  m.mutable_graph()->clear_output();
+  onnx::OperatorSetIdProto* ours = m.add_opset_import();
+  ours->set_domain("ai.stagecraft");
+  ours->set_version(1);
+  for (size_t k = 0; k < cases.size(); ++k) add_attention(m, cases[k], std::to_string(k));
+  return m;
+}
+
+TEST_CASE("fuse-attention stage function: the body computes the kernel's O and lse") {
+  AttentionCase causal;  // Tq 5 != Tk 7: top-left aligned
+  causal.lead = {2, 3};
+  causal.causal = 1;
+  AttentionCase square_causal = causal;
+  square_causal.tq = square_causal.tk = 6;
+  square_causal.d = square_causal.dv = 8;
+  square_causal.scale = 0.35f;
+  AttentionCase masked{.lead = {2}, .causal = 0, .mask_shape = {5, 7}, .has_mask = true};
+  AttentionCase causal_masked{
+      .lead = {2, 3}, .causal = 1, .scale = 0.25f, .mask_shape = {2, 1, 5, 7}, .has_mask = true};
+  SUBCASE("causal, no mask, rank 4") {
+    onnx::ModelProto m = attention_model({causal, square_causal});
+    CHECK(plan::add_attention_function(m) == 2);
+    CHECK(m.functions(0).input_size() == 3);
+    check_plain_onnx(m);
+    check_inlined_values(m);
+  }
+  SUBCASE("an additive mask, rank 3") {
+    onnx::ModelProto m = attention_model({masked});
+    CHECK(plan::add_attention_function(m) == 1);
+    CHECK(m.functions(0).input_size() == 4);
+    check_plain_onnx(m);
+    check_inlined_values(m);
+  }
+  SUBCASE("both arities in one file: the mask-less node reads a zero mask") {
+    onnx::ModelProto m = attention_model({causal, causal_masked});
+    CHECK(plan::add_attention_function(m) == 2);
+    CHECK(m.functions(0).input_size() == 4);
+    CHECK(m.graph().node(0).input_size() == 4);
+    CHECK(m.graph().node(0).input(3) == std::string(plan::kAttentionZeroMask));
+    check_plain_onnx(m);
+    check_inlined_values(m);
+  }
+  SUBCASE("both ranks in one file: K^T by an Einsum") {
+    onnx::ModelProto m = attention_model({causal, masked});
+    CHECK(plan::add_attention_function(m) == 2);
+    check_plain_onnx(m);
+    check_inlined_values(m);
+  }
+  SUBCASE("a file without Attention nodes is left as it is") {
+    onnx::ModelProto m = testing::relu_model();
+    CHECK(plan::add_attention_function(m) == 0);
+    CHECK(m.functions_size() == 0);
+  }
+}
+
+TEST_CASE("fuse-attention stage function: gpt_tiny's fused stage file against its inlined copy") {
+  ImportOptions options;
+  options.batch = 2;
+  options.dims["seq"] = 16;
+  options.fuse_attention = true;
+  const ImportedModel m = import_model(sample("gpt_tiny.onnx"), options);
+  const std::vector<int> stage_of(m.graph.nodes().size(), 0);
+  onnx::ModelProto file = plan::stage_model(m.graph, stage_of, 0);
+  REQUIRE(attention_nodes(file) > 0);
+  CHECK(plan::add_attention_function(file) == attention_nodes(file));
+  check_plain_onnx(file);
+  check_inlined_values(file);
+}
+
+/// gpt_tiny planned with fused attention: `training`, on `devices`.
+plan::PlanOptions fused_gpt(bool training, int devices) {
+  plan::PlanOptions o = training ? testing::training_options(sample("gpt_tiny.onnx"), devices,
+                                                             "1f1b", "cross-entropy")
+                                 : plan::PlanOptions{};
+  o.model_path = sample("gpt_tiny.onnx");
+  o.devices = devices;
+  o.batch = 8;
+  o.microbatches = 4;
+  o.dims["seq"] = 8;
+  o.device_spec = "cpu";
+  o.fuse_attention = true;
+  return o;
+}
+
+TEST_CASE("fuse-attention stage function: every stage file of fused gpt_tiny plans checks") {
+  for (bool training : {false, true})
+    for (int devices : {1, 2}) {
+      CAPTURE(training);
+      CAPTURE(devices);
+      testing::TempDir dir;
+      plan::PlannedModel planned = plan::make_plan(fused_gpt(training, devices));
+      plan::write_plan(planned, dir.file("plan"));
+      int fused = 0;
+      for (const plan::Stage& stage : planned.plan.stages)
+        for (const std::string& name : {stage.file, stage.backward_file}) {
+          if (name.empty()) continue;
+          const std::string path = dir.file("plan/" + name);
+          onnx::ModelProto file;
+          {
+            std::ifstream in(path, std::ios::binary);
+            REQUIRE(file.ParseFromIstream(&in));
+          }
+          const int nodes = attention_nodes(file);
+          fused += nodes;
+          CHECK(file.functions_size() == (nodes > 0 ? 1 : 0));
+          check_plain_onnx(file, path);
+        }
+      CHECK(fused > 0);
+      // The runtime reads the graph alone: the plan runs as before.
+      auto pipeline = rt::Pipeline::load(dir.file("plan"), rt::cpu_backend(), 1);
+      rt::RunOptions run;
+      run.steps = 1;
+      const rt::RunReport report = pipeline->run(pipeline->synthetic_inputs(), run);
+      if (training) CHECK(std::isfinite(report.losses.at(0)));
+    }
+}
+
+}  // namespace
+}  // namespace stagecraft
