@@ -344,6 +344,13 @@ void prepare_inference(PlannedModel& out, const PlanOptions& o) {
     passes::InferenceMode{}.run(copy, context);
   } else {
     passes::InferenceMode{}.run(out.model.graph, context);
+    // Attention blocks whose probabilities went through a training-mode Dropout fuse now that
+    // the Dropout passes them through.
+    if (o.fuse_attention && context.counters["inference-mode: Dropout"] > 0) {
+      passes::PassContext fusing;
+      passes::FuseAttention().run(out.model.graph, fusing);
+      out.model.attention_not_fused = fusing.not_fused;
+    }
   }
   const int64_t dropout = context.counters["inference-mode: Dropout"];
   const int64_t bn = context.counters["inference-mode: BatchNormalization"];

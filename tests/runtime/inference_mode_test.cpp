@@ -5,6 +5,7 @@
 // an export nobody here wrote (data/torch_training_export: PyTorch 1.13, made by its make.py),
 // on 1 and 2 devices.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -86,6 +87,49 @@ TEST_CASE("inference-mode leaves training plans and eval-mode exports alone") {
     if (!node.dead && node.op_type == "BatchNormalization")
       training_bn += node.attr_int("training_mode", 0) != 0 ? 1 : 0;
   CHECK(training_bn == 1);
+}
+
+TEST_CASE("inference plan of a training-mode export fuses the attention its Dropouts hid") {
+  // nn.TransformerEncoder exported in training mode: each block's probabilities go through a
+  // Dropout, so import leaves its attention unfused; once inference mode passes the Dropouts
+  // through, the planner fuses the blocks, and the logits are the unfused plan's.
+  testing::TempDir dir;
+  const std::string model = STAGECRAFT_TEST_DATA "/torch_encoder_dropout/encoder_lm_dropout.onnx";
+  for (int devices : {1, 2}) {
+    CAPTURE(devices);
+    auto logits = [&](bool fused, int* attention) {
+      plan::PlanOptions o;
+      o.model_path = model;
+      o.devices = devices;
+      o.microbatches = 2;
+      o.batch = 4;
+      o.device_spec = "cpu";
+      o.fuse_attention = fused;
+      plan::PlannedModel planned = plan::make_plan(o);
+      *attention = static_cast<int>(
+          std::count_if(planned.plan.ops.begin(), planned.plan.ops.end(),
+                        [](const plan::OpRecord& op) { return op.op_type == "Attention"; }));
+      CHECK(planned.model.attention_not_fused.empty());
+      const std::string at = dir.file(fmt::format("plan{}{}", devices, fused));
+      plan::write_plan(planned, at);
+      auto pipeline = Pipeline::load(at, cpu_backend(), 1);
+      RunOptions run;
+      run.steps = 1;
+      return clone(pipeline->run(pipeline->synthetic_inputs(), run).outputs.at("logits"));
+    };
+    int fused_blocks = 0, plain_blocks = 0;
+    const Tensor fused = logits(true, &fused_blocks), plain = logits(false, &plain_blocks);
+    CHECK(fused_blocks == 4);
+    CHECK(plain_blocks == 0);
+    REQUIRE(fused.numel() == plain.numel());
+    double worst = 0, largest = 0;
+    for (int64_t i = 0; i < fused.numel(); ++i) {
+      worst = std::max(worst, std::fabs(double{fused.as<float>()[i]} - plain.as<float>()[i]));
+      largest = std::max(largest, std::fabs(double{plain.as<float>()[i]}));
+    }
+    CHECK(largest > 0.1);
+    CHECK(worst <= 1e-5 * largest);
+  }
 }
 
 }  // namespace stagecraft::rt

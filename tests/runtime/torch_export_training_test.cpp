@@ -97,6 +97,10 @@ TEST_CASE("a PyTorch encoder LM export trains as PyTorch: merged weights apart, 
   for (int devices : {1, 2}) {
     CAPTURE(devices);
     plan::PlannedModel planned = plan::make_plan(lm_options(devices, false));
+    // nn.MultiheadAttention's export (3-D products over batch x heads, the scale on Q, the mask
+    // buffer added): both blocks are fused, and the losses below are still PyTorch's.
+    CHECK(std::count_if(planned.plan.ops.begin(), planned.plan.ops.end(),
+                        [](const plan::OpRecord& op) { return op.op_type == "Attention"; }) == 2);
     CHECK(planned.untie_summary.find("train apart, as PyTorch trains them: ") !=
           std::string::npos);
     CHECK(std::any_of(planned.model.untied.begin(), planned.model.untied.end(),
