@@ -24,15 +24,8 @@ struct TiedGpt {
   testing::TempDir dir;
   std::string path;
   TiedGpt() {
-    samples::GptOptions o;
-    o.layers = 2;
-    o.width = 32;
-    o.heads = 2;
-    o.seq = 16;
-    o.vocab = 64;
-    o.tied = true;
     path = dir.file("gpt_tied.onnx");
-    samples::build_gpt(o).write(path);
+    samples::build_gpt(testing::tied_gpt_options()).write(path);
   }
 };
 

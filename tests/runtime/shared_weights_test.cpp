@@ -35,15 +35,8 @@ struct SharedModels {
   testing::TempDir dir;
   std::string gpt, chain;
   SharedModels() {
-    samples::GptOptions gpt_options;
-    gpt_options.layers = 2;
-    gpt_options.width = 32;
-    gpt_options.heads = 2;
-    gpt_options.seq = 16;
-    gpt_options.vocab = 64;
-    gpt_options.tied = true;
     gpt = dir.file("gpt_tied.onnx");
-    samples::build_gpt(gpt_options).write(gpt);
+    samples::build_gpt(testing::tied_gpt_options()).write(gpt);
     chain = dir.file("shared_chain.onnx");
     samples::build_shared_chain().write(chain);
   }

@@ -11,6 +11,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/vocabulary.h"
+#include "samples/builder/sample_models.h"
 
 namespace stagecraft::testing {
 
@@ -29,6 +30,19 @@ inline plan::PlanOptions training_options(const std::string& model, int devices,
   o.training_config.lr = 0.01;
   o.loss.kind = loss;
   o.device_spec = "cpu";
+  return o;
+}
+
+/// The small GPT whose output head is tied to its token embedding (a Transpose of
+/// transformer.wte.weight) that the shared-weight and fused-attention tests train.
+inline samples::GptOptions tied_gpt_options() {
+  samples::GptOptions o;
+  o.layers = 2;
+  o.width = 32;
+  o.heads = 2;
+  o.seq = 16;
+  o.vocab = 64;
+  o.tied = true;
   return o;
 }
 
