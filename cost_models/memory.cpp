@@ -81,6 +81,8 @@ int64_t microbatches_in_flight(ScheduleKind schedule, int stages, int stage_inde
       return std::min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1);
     case ScheduleKind::kInference:
       return 1;
+    case ScheduleKind::kCustom:
+      return m;  // no formula: the bound (the planner counts a custom order's own peaks)
   }
   return m;
 }

@@ -216,6 +216,12 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
       "--schedule", names.schedule,
       "gpipe (SageMaker's 'simple') | 1f1b (SageMaker's 'interleaved') | interleaved (Megatron "
       "virtual stages) | zb-h1 | inference; default 1f1b with --train, else inference");
+  app.add_option("--schedule-csv", po.schedule_csv,
+                 "a custom schedule in torch.distributed.pipelining's action-list CSV (one row "
+                 "per rank of actions such as 0F1, 1B0, 0I2, 0W2, as torch's _dump_csv writes "
+                 "and stagedump --torch-csv writes): planned and run as schedule 'custom'; its "
+                 "chunks and microbatches are the file's; stage s must be on rank s mod P")
+      ->type_name("FILE");
   app.add_option("--chunks", po.chunks,
                  "V model chunks per device for --schedule interleaved (default 2)")
       ->check(cli::at_least<int>(1));

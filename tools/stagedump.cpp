@@ -9,6 +9,9 @@
 //   --dot FILE   Graphviz digraph of the ops in stage clusters ("-": stdout)
 //   --trace FILE Chrome trace (Trace Event Format) of the predicted schedule ("-": stdout)
 //   --html FILE  one self-contained HTML page ("-": stdout)
+//   --torch-csv FILE  the schedule in torch.distributed.pipelining's action-list CSV ("-":
+//                stdout), compute actions only or with --torch-csv-form compute_comms the
+//                transfers too (compiler/schedule/torch_csv.h)
 //   --measured RUN  with --html or --trace: a run of the plan, `stagerun --trace` (every
 //                instruction timed) or `stagerun --json` (JSON Lines: step times and per-device
 //                figures; HTML only), set beside the prediction; a run of another plan is
@@ -59,6 +62,7 @@
 #include <fstream>
 #include <optional>
 
+#include "compiler/schedule/torch_csv.h"
 #include "runtime/format/error.h"
 #include "tools/cli_common.h"
 #include "tools/dump/render.h"
@@ -98,7 +102,8 @@ int run(int argc, char** argv) {
       "stagedump"};
   std::string plan_dir;
   bool json = false;
-  std::optional<std::string> dot, trace, html;
+  std::optional<std::string> dot, trace, html, torch_csv;
+  std::string torch_csv_form = "compute_only";
   std::vector<std::string> measured_paths;
   app.add_option("PLAN_DIR", plan_dir, "plan directory (plan.json, schedule.json, stage_K.onnx)")
       ->required();
@@ -119,6 +124,17 @@ int run(int argc, char** argv) {
                  "write one self-contained HTML page (baselines, stages, cut tensors, memory per "
                  "device, timeline; a --measured run overlaid) to FILE ('-': stdout)")
       ->type_name("FILE");
+  app.add_option("--torch-csv", torch_csv,
+                 "write the schedule in torch.distributed.pipelining's action-list CSV (one row "
+                 "per rank; actions such as 0F1, 1B0, 0I2, 0W2), which torch's "
+                 "PipelineScheduleMulti._load_csv runs and stagec --schedule-csv plans, to FILE "
+                 "('-': stdout)")
+      ->type_name("FILE");
+  app.add_option("--torch-csv-form", torch_csv_form,
+                 "with --torch-csv: compute_only (F, B, I, W: what torch's _load_csv takes; the "
+                 "default) or compute_comms (and SEND_F, RECV_F, SEND_B, RECV_B, REDUCE_GRAD, "
+                 "for torch's _PipelineScheduleRuntime)")
+      ->type_name("FORM");
   app.add_option("--measured", measured_paths,
                  "with --html or --trace: a run of this plan to set beside the prediction, as "
                  "written by stagerun --trace FILE (every instruction, every step) or stagerun "
@@ -133,6 +149,10 @@ int run(int argc, char** argv) {
   if (dot == "-") to_stdout.push_back("--dot -");
   if (trace == "-") to_stdout.push_back("--trace -");
   if (html == "-") to_stdout.push_back("--html -");
+  if (torch_csv == "-") to_stdout.push_back("--torch-csv -");
+  if (torch_csv_form != "compute_only" && torch_csv_form != "compute_comms")
+    fail(ErrorKind::kUsage, "--torch-csv-form {}: give compute_only or compute_comms",
+         torch_csv_form);
   if (json && !to_stdout.empty()) to_stdout.insert(to_stdout.begin(), "--json");
   if (to_stdout.size() > 1) {
     fail(ErrorKind::kUsage, "{} all write to stdout; give all but one of them a FILE",
@@ -166,8 +186,15 @@ int run(int argc, char** argv) {
     write_output(*trace, dump::render_trace(view, run).dump(1) + "\n",
                  "Chrome trace: open in Perfetto or chrome://tracing", json);
   if (html) write_output(*html, dump::render_html(view, run), "open it in a browser", json);
+  if (torch_csv)
+    write_output(*torch_csv,
+                 schedule::to_torch_csv(view.schedule, torch_csv_form == "compute_comms"
+                                                           ? schedule::TorchCsvForm::kComputeComms
+                                                           : schedule::TorchCsvForm::kComputeOnly),
+                 "torch.distributed.pipelining schedule CSV: stagec --schedule-csv reads it",
+                 json);
   // The text report when no view was asked for (a view to a file says where it went instead).
-  if (to_stdout.empty() && (json || (!dot && !trace && !html))) {
+  if (to_stdout.empty() && (json || (!dot && !trace && !html && !torch_csv))) {
     fmt::print("{}", json ? dump::render_json(view).dump() + "\n" : dump::render_text(view));
   }
   return 0;

@@ -254,7 +254,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   if (out.recompute) {
     temporary = std::max(temporary, out.arena_bytes);
     // ZB-H1 runs B and W apart and re-runs the forward before each.
-    out.bwd_ms += (s.kind == ScheduleKind::kZBH1 ? 2 : 1) * out.fwd_ms;
+    out.bwd_ms += (splits_backward(s, static_cast<int>(k)) ? 2 : 1) * out.fwd_ms;
   }
   auto anatomy = cost::stage_memory(out.params, held.trainable, acts, temporary, comm,
                                     out.in_flight, s.optimizer, s.precision, s.shape.training,
@@ -318,7 +318,7 @@ Candidate SplitEvaluator::evaluate(const std::vector<int>& cuts) {
   // Stages holding a common weight exchange its gradients before their optimizer steps.
   c.setup = s_;
   c.setup.shape.shared_groups = shared_weight_groups(io.shared_weights);
-  c.schedule = schedule::build_schedule(c.setup.kind, c.setup.shape);
+  c.schedule = setup_schedule(c.setup);
   const bool may_recompute = s_.recompute != Recompute::kNone;
   std::vector<Stage> plain, with;
   std::vector<BackwardFacts> bwd;

@@ -45,6 +45,10 @@ struct PlanOptions {
   bool shard_optimizer = false;
   Objective objective = Objective::kSpeed;
   std::optional<ScheduleKind> schedule;  ///< Default: 1f1b for training, inference otherwise.
+  /// A custom schedule in torch.distributed.pipelining's CSV (stagec --schedule-csv FILE;
+  /// compiler/schedule/torch_csv.h): the plan's schedule is 'custom', and its chunks and
+  /// microbatches default to the file's.
+  std::string schedule_csv;
   int chunks = 0;                        ///< V; default 2 for interleaved, else 1.
   int microbatches = 0;                  ///< M per replica; default: the pipeline's device count.
   std::optional<int64_t> batch;          ///< Global batch B; split into R x M microbatches.

@@ -35,7 +35,7 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     c.forward_s.push_back(fwd);
     // Recomputation re-runs the forward just before the backward (B, which comes first); ZB-H1
     // runs W apart from B, and re-runs it before W too (one microbatch's values at a time).
-    const bool split = s.kind == ScheduleKind::kZBH1;
+    const bool split = splits_backward(s, static_cast<int>(k));
     c.backward_input_s.push_back(s.shape.training ? b + (recompute ? fwd : 0.0) : 0.0);
     c.backward_weight_s.push_back(s.shape.training ? w + (recompute && split ? fwd : 0.0) : 0.0);
     c.send_s.push_back(s.shape.training ? st.send_s / 2 : st.send_s);
@@ -81,9 +81,25 @@ Setup make_setup(const PlanOptions& o) {
          o.training ? "" : "no --train, ", fmt::format("--data-parallel {}", replicas));
   s.shard_optimizer = o.shard_optimizer;
   s.kind = o.schedule.value_or(o.training ? ScheduleKind::k1F1B : ScheduleKind::kInference);
-  int chunks = o.chunks > 0 ? o.chunks : (s.kind == ScheduleKind::kInterleaved ? 2 : 1);
+  if (!o.schedule_csv.empty()) {
+    if (o.schedule && *o.schedule != ScheduleKind::kCustom)
+      fail(ErrorKind::kUsage, "--schedule {} and --schedule-csv: give one of them",
+           to_string(*o.schedule));
+    s.kind = ScheduleKind::kCustom;
+    s.custom = schedule::read_torch_csv_file(o.schedule_csv);
+    s.custom_source = o.schedule_csv;
+  } else if (s.kind == ScheduleKind::kCustom) {
+    fail(ErrorKind::kUsage, "--schedule custom reads its order from a file: give --schedule-csv "
+                            "FILE (torch.distributed.pipelining's CSV) instead");
+  }
+  // A custom schedule's file says how many chunks and microbatches it runs.
+  int chunks = o.chunks > 0 ? o.chunks
+               : s.custom  ? s.custom->chunks
+                           : (s.kind == ScheduleKind::kInterleaved ? 2 : 1);
   if (o.chunks < 0) fail(ErrorKind::kUsage, "--chunks {} must be at least 1", o.chunks);
-  int m = o.microbatches > 0 ? o.microbatches : pipeline_devices;
+  int m = o.microbatches > 0 ? o.microbatches
+          : s.custom         ? s.custom->microbatches
+                             : pipeline_devices;
   if (o.microbatches < 0)
     fail(ErrorKind::kUsage, "--microbatches {} must be at least 1", o.microbatches);
   s.shape = schedule::PipelineShape{pipeline_devices, chunks, m, o.training, replicas};
@@ -91,8 +107,9 @@ Setup make_setup(const PlanOptions& o) {
     if (*o.batch < 1) fail(ErrorKind::kUsage, "--batch {} must be at least 1", *o.batch);
     // Not given, the microbatch count is the pipeline's device count: say so, and what to give.
     const std::string count =
-        o.microbatches > 0
-            ? fmt::format("--microbatches {}", m)
+        o.microbatches > 0 ? fmt::format("--microbatches {}", m)
+        : s.custom
+            ? fmt::format("the {} microbatches of --schedule-csv {}", m, o.schedule_csv)
             : fmt::format("{} microbatches (the default: one per pipeline device; give "
                           "--microbatches M with M dividing the batch)",
                           m);
@@ -120,14 +137,29 @@ Setup make_setup(const PlanOptions& o) {
   }
   // The schedule's own counts: the order of its forwards and backwards does not depend on the
   // split (shared weights add only step-level exchanges).
-  if (s.shape.training)
-    s.in_flight =
-        schedule::stage_in_flight_peaks(schedule::build_schedule(s.kind, s.shape), s.shape);
+  // A custom schedule is checked against the shape here, before any costing, and once more
+  // with each split's shared-weight exchanges (setup_schedule).
+  if (s.custom) setup_schedule(s);
+  if (s.shape.training) s.in_flight = schedule::stage_in_flight_peaks(setup_schedule(s), s.shape);
   s.device = cost::device_spec_from_name_or_file(o.device_spec);
   s.cluster = o.cluster.empty() ? cost::default_cluster(s.device.name)
                                 : cost::cluster_spec_from_name_or_file(o.cluster);
   s.placement = pipeline_major_placement(s.shape.data_parallel, s.shape.devices);
   return s;
+}
+
+schedule::Schedule setup_schedule(const Setup& s) {
+  if (s.custom) return schedule::check_torch_csv(*s.custom, s.shape, s.custom_source);
+  return schedule::build_schedule(s.kind, s.shape);
+}
+
+bool splits_backward(const Setup& s, int stage) {
+  if (s.kind == ScheduleKind::kZBH1) return true;
+  if (!s.custom || s.shape.devices < 1) return false;
+  const auto& device = s.custom->order.at(static_cast<size_t>(stage % s.shape.devices));
+  return std::any_of(device.begin(), device.end(), [&](const schedule::Instruction& in) {
+    return in.stage == stage && in.op == schedule::Op::kBackwardInput;
+  });
 }
 
 std::string fit_suggestions(const Setup& s) {

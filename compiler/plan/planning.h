@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "compiler/plan/stage_files.h"
 #include "compiler/schedule/device_peak.h"
 #include "compiler/schedule/simulator.h"
+#include "compiler/schedule/torch_csv.h"
 #include "cost_models/cluster.h"
 #include "cost_models/device_spec.h"
 #include "cost_models/op_cost.h"
@@ -42,7 +44,18 @@ struct Setup {
   /// Per stage: the most microbatches whose activations it holds at once under the schedule
   /// (schedule::stage_in_flight_peaks; an interleaved device's chunks differ).
   std::vector<int64_t> in_flight;
+  /// A custom schedule's compute order (--schedule-csv; kind is kCustom), and its file.
+  std::optional<schedule::TorchCsvSchedule> custom;
+  std::string custom_source;
 };
+
+/// The schedule of `s.kind` (or of its custom order) for `s.shape`: what every candidate runs.
+schedule::Schedule setup_schedule(const Setup& s);
+
+/// Whether the schedule runs stage `stage`'s backward as B and a deferred W (ZB-H1, or a
+/// custom order with BWD_INPUT for it): its W holds values from B and re-runs a recomputed
+/// forward.
+bool splits_backward(const Setup& s, int stage);
 
 /// The cluster slot of replica `replica`'s pipeline device `device` (s.placement).
 int rank_of(const Setup& s, int replica, int device);

@@ -159,6 +159,38 @@ std::vector<Instruction> inference(const PipelineShape& shape, int device) {
 
 }  // namespace
 
+Schedule schedule_from_order(const ComputeOrder& order, const PipelineShape& shape) {
+  if (static_cast<int>(order.size()) != shape.devices)
+    fail(ErrorKind::kUsage, "a compute order of {} devices for a pipeline of {}", order.size(),
+         shape.devices);
+  Schedule schedule;
+  for (int device = 0; device < shape.devices; ++device) {
+    ProgramWriter writer(shape, device);
+    for (const Instruction& in : order[device]) {
+      switch (in.op) {
+        case Op::kForward:
+          writer.forward(in.stage, in.microbatch);
+          break;
+        case Op::kBackward:
+          writer.backward(in.stage, in.microbatch);
+          break;
+        case Op::kBackwardInput:
+          writer.backward_input(in.stage, in.microbatch);
+          break;
+        case Op::kBackwardWeight:
+          writer.backward_weight(in.stage, in.microbatch);
+          break;
+        default:
+          fail(ErrorKind::kUsage, "device {}: {} is not a compute instruction", device,
+               to_string(in.op));
+      }
+    }
+    if (shape.training) writer.finish_step();
+    schedule.push_back(writer.take());
+  }
+  return schedule;
+}
+
 Schedule build_schedule(ScheduleKind kind, const PipelineShape& shape) {
   check_schedule_shape(kind, shape, ErrorKind::kUsage);
   Schedule schedule;
@@ -182,6 +214,9 @@ Schedule build_schedule(ScheduleKind kind, const PipelineShape& shape) {
       case ScheduleKind::kInference:
         schedule.push_back(inference(shape, device));
         break;
+      case ScheduleKind::kCustom:
+        fail(ErrorKind::kUsage,
+             "schedule 'custom' is read from a file (stagec --schedule-csv FILE), not built");
     }
   }
   return schedule;

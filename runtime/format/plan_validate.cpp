@@ -147,7 +147,10 @@ class Validator {
                                  plan_.batch, plan_.data_parallel, plan_.microbatches,
                                  plan_.microbatch_size, *batch));
     }
-    if (plan_.chunks != 1 && plan_.schedule != ScheduleKind::kInterleaved) {
+    // A custom schedule (stagec --schedule-csv) may hold any chunk count in training or
+    // inference: schedule.json's validation checks its order against the shape.
+    const bool custom = plan_.schedule == ScheduleKind::kCustom;
+    if (plan_.chunks != 1 && plan_.schedule != ScheduleKind::kInterleaved && !custom) {
       fault("chunks", fmt::format("is {}, but only the interleaved schedule has more than one "
                                   "chunk per device (schedule is '{}')",
                                   plan_.chunks, to_string(plan_.schedule)));
@@ -157,7 +160,7 @@ class Validator {
                                         "the {} devices",
                                         plan_.microbatches, plan_.devices));
     }
-    if (plan_.training == (plan_.schedule == ScheduleKind::kInference)) {
+    if (!custom && plan_.training == (plan_.schedule == ScheduleKind::kInference)) {
       fault("training", fmt::format("is {}, but the schedule is '{}'", plan_.training,
                                     to_string(plan_.schedule)));
     }

@@ -99,6 +99,11 @@ void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKi
   at_least_one(shape.chunks, "chunk per device");
   at_least_one(shape.microbatches, "microbatch");
   at_least_one(shape.data_parallel, "data-parallel replica");
+  if (kind == ScheduleKind::kCustom) {
+    // Any order of forwards and backwards over any chunk count: validate_schedule checks it.
+    check_shared_groups(shape, error);
+    return;
+  }
   if (kind != ScheduleKind::kInterleaved && shape.chunks != 1) {
     fail(error, "schedule '{}' runs 1 chunk per device, not {}; use 'interleaved'", name,
          shape.chunks);

@@ -17,12 +17,13 @@ namespace {
 template <typename Enum, size_t N>
 using Table = std::array<std::pair<Enum, std::string_view>, N>;
 
-constexpr Table<ScheduleKind, 5> kSchedules = {{
+constexpr Table<ScheduleKind, 6> kSchedules = {{
     {ScheduleKind::kGPipe, "gpipe"},
     {ScheduleKind::k1F1B, "1f1b"},
     {ScheduleKind::kInterleaved, "interleaved"},
     {ScheduleKind::kZBH1, "zb-h1"},
     {ScheduleKind::kInference, "inference"},
+    {ScheduleKind::kCustom, "custom"},
 }};
 
 constexpr Table<OptimizerKind, 8> kOptimizers = {{

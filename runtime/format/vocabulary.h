@@ -22,6 +22,9 @@ enum class ScheduleKind {
   kInterleaved,  ///< "interleaved": Megatron-LM interleaved 1F1B, V chunks per device.
   kZBH1,         ///< "zb-h1": ZB-H1 of "Zero Bubble Pipeline Parallelism" (Qi et al. 2023).
   kInference,    ///< "inference": forwards only, pipelined over the microbatches.
+  /// "custom": an order of forwards and backwards given by the user (stagec --schedule-csv, in
+  /// torch.distributed.pipelining's CSV), with any chunk count; schedule.json holds it.
+  kCustom,
 };
 
 /// The optimizer that updates the weights (and whose states live next to them).

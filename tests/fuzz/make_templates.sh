@@ -11,4 +11,6 @@ mkdir -p "$out"
 "$stagerun" "$out/plan" --backend cpu --steps 1 --synthetic --quiet \
   --checkpoint "$out/checkpoint" >/dev/null
 "$seeds" "$out/seeds" "$out/plan" "$out/checkpoint"
+# The schedule CSV target's seeds are checked in (tests/fuzz/corpus/torch_csv).
+mkdir -p "$out/seeds/torch_csv"
 echo "fuzz templates: $out/plan, $out/checkpoint, seeds in $out/seeds"
