@@ -1,8 +1,11 @@
 #include "cost_models/cluster.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cost_models/device_spec.h"
 #include "runtime/format/error.h"
@@ -56,7 +59,9 @@ ClusterSpec default_cluster(std::string_view device_name) {
 }
 
 ClusterSpec cluster_spec_from_json(const nlohmann::json& object, const std::string& source) {
-  JsonObject f = JsonValue(object, source).object({"devices_per_node", "intra_node", "inter_node"});
+  JsonObject f =
+      JsonValue(object, source)
+          .object({"devices_per_node", "intra_node", "inter_node", "devices_per_processor"});
   ClusterSpec spec;
   JsonValue per_node = f.at("devices_per_node");
   if (per_node.positive_int64() > std::numeric_limits<int>::max()) {
@@ -65,6 +70,12 @@ ClusterSpec cluster_spec_from_json(const nlohmann::json& object, const std::stri
   spec.devices_per_node = per_node.int32();
   spec.intra_node = link_from_json(f, "intra_node");
   spec.inter_node = link_from_json(f, "inter_node");
+  // Optional: the cluster files written before devices could share a processor lack it.
+  if (std::optional<JsonValue> shared = f.find("devices_per_processor")) {
+    if (shared->positive_int64() > std::numeric_limits<int>::max())
+      shared->fail(fmt::format("is too large: {}", shared->positive_int64()));
+    spec.devices_per_processor = shared->int32();
+  }
   return spec;
 }
 
@@ -72,9 +83,11 @@ nlohmann::json to_json(const ClusterSpec& spec) {
   auto link = [](const LinkSpec& l) {
     return nlohmann::json{{"bandwidth", l.bandwidth}, {"latency_s", l.latency_s}};
   };
-  return {{"devices_per_node", spec.devices_per_node},
-          {"intra_node", link(spec.intra_node)},
-          {"inter_node", link(spec.inter_node)}};
+  nlohmann::json out{{"devices_per_node", spec.devices_per_node},
+                     {"intra_node", link(spec.intra_node)},
+                     {"inter_node", link(spec.inter_node)}};
+  if (spec.devices_per_processor != 1) out["devices_per_processor"] = spec.devices_per_processor;
+  return out;
 }
 
 ClusterSpec cluster_spec_from_name_or_file(const std::string& text) {
@@ -93,6 +106,13 @@ int node_of(const ClusterSpec& spec, int device) {
          spec.devices_per_node);
   }
   return device / spec.devices_per_node;
+}
+
+double local_copy_seconds(const ClusterSpec& spec, double memory_bandwidth, double bytes) {
+  if (bytes < 0 || !(memory_bandwidth > 0))
+    fail(ErrorKind::kInternal, "local_copy_seconds: {} bytes at {} bytes/s", bytes,
+         memory_bandwidth);
+  return spec.intra_node.latency_s + 2 * bytes / memory_bandwidth;
 }
 
 double transfer_seconds(const ClusterSpec& spec, int src_device, int dst_device, double bytes) {

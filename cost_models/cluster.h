@@ -24,12 +24,13 @@ using ClusterSpec = plan::ClusterSpec;
 ClusterSpec default_cluster(std::string_view device_name);
 
 /// Reads a topology from a JSON object {devices_per_node, intra_node: {bandwidth, latency_s},
-/// inter_node: {bandwidth, latency_s}}. Every field is required and positive; unknown fields
-/// are refused. Errors are `Error(kFormat)` naming `source` and the field
+/// inter_node: {bandwidth, latency_s}, [devices_per_processor]}. Every field but
+/// devices_per_processor (default 1: each device its own processor) is required; all are
+/// positive; unknown fields are refused. Errors are `Error(kFormat)` naming `source` and the field
 /// ("c.json: field 'intra_node.bandwidth' is missing").
 ClusterSpec cluster_spec_from_json(const nlohmann::json& object, const std::string& source);
 
-/// The JSON object `cluster_spec_from_json` reads.
+/// The JSON object `cluster_spec_from_json` reads (devices_per_processor only when not 1).
 nlohmann::json to_json(const ClusterSpec& spec);
 
 /// A device preset name (its default topology), or else the path of a JSON topology file.
@@ -38,6 +39,11 @@ ClusterSpec cluster_spec_from_name_or_file(const std::string& text);
 
 /// The node that holds `device`.
 int node_of(const ClusterSpec& spec, int device);
+
+/// Seconds to move `bytes` between two devices that share a processor: a copy in its memory
+/// (read and write at `memory_bandwidth`, the device's) after the intra-node link's hand-off
+/// latency. Throws `Error(kInternal)` on negative bytes or a bandwidth that is not positive.
+double local_copy_seconds(const ClusterSpec& spec, double memory_bandwidth, double bytes);
 
 /// Seconds to move `bytes` from `src_device` to `dst_device`: 0 on one device, otherwise the
 /// link's latency plus bytes / bandwidth, over the intra-node link when both devices share a

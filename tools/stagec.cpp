@@ -288,6 +288,16 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
   app.add_option("--cluster", po.cluster,
                  "JSON file: devices_per_node and the intra/inter-node link bandwidth and latency "
                  "(default: the device kind's NVLink/InfiniBand figures)");
+  app.add_option("--devices-per-processor", po.devices_per_processor,
+                 "K pipeline devices share each processor (several devices on one GPU, CPU "
+                 "devices whose threads outnumber the cores): device d computes on processor d "
+                 "mod ceil(P/K), one compute instruction of a processor's devices at a time, and "
+                 "their transfers are local copies (default: the --cluster file's "
+                 "devices_per_processor, else 1; at most the pipeline's devices)")
+      ->check(cli::at_least<int>(1));
+  app.add_option("--processor-overlap", po.processor_overlap,
+                 "with --devices-per-processor K > 1: the part of a compute instruction another "
+                 "device of its processor may overlap, in [0, 1) (default 0: they take turns)");
   app.add_option(
       "--recompute", names.recompute,
       "with --train: activation recomputation. none (default); all: every stage keeps only its "

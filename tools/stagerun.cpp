@@ -35,7 +35,8 @@
 // The measured figures describe the median step, the first step (the warm-up) left out when
 // there are others. A plan costed for another kind of device than the backend (an h100 plan on
 // the cpu backend) gets a one-line warning on stderr naming the stagec flags that fix it; plan
-// devices that share a GPU, one saying the prediction has them compute at once. A mixed-precision
+// devices that share a GPU the plan did not share (stagec --devices-per-processor), one naming
+// the predicted step that no longer holds (and the converse). A mixed-precision
 // plan gets none: its stage files are bfloat16 (passes/mixed_precision.cpp) and every backend
 // runs them so, kernels without a 16-bit path widened to float32 inside (Backend::runs_widened).
 // --trace writes a Chrome trace of what ran (under mpirun rank 0 writes every rank's, each moved
@@ -85,6 +86,7 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
+#include "runtime/core/shared_processors.h"
 #include "runtime/core/tensor_io.h"
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/pipeline.h"
@@ -381,8 +383,7 @@ std::vector<std::string> run_warnings(const plan::Plan& plan, const rt::Backend&
                                       std::span<const int> devices) {
   std::vector<std::string> warnings;
   for (std::string line :
-       {device_kind_warning(plan, backend),
-        rt::shared_device_warning(backend, devices)})
+       {device_kind_warning(plan, backend), rt::processor_warning(plan, backend, devices)})
     if (!line.empty()) warnings.push_back(std::move(line));
   return warnings;
 }
@@ -758,8 +759,8 @@ int main(int argc, char** argv) {
 
     nlohmann::ordered_json outputs = write_outputs(report, args.outputs_dir);
     write_trace(report, args, *pipeline);
-    const std::string gap = prediction_gap(report, plan, backend.name(),
-                                           static_cast<int>(devices.size()) * args.threads, warnings);
+    const std::string gap = prediction_gap(
+        report, plan, backend.name(), static_cast<int>(devices.size()), args.threads, warnings);
     if (args.json)
       print_json(report, *pipeline, args, backend.name(), chosen, first_step, outputs, warnings,
                  gap);

@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "tools/dump/view.h"
@@ -30,8 +32,34 @@ void report_loads(const rt::Pipeline& pipeline) {
                dump::format_bytes(static_cast<double>(d.bytes)), d.seconds);
 }
 
+namespace {
+
+/// The distinct processors the plan puts its devices on.
+int plan_processors(const plan::Plan& plan) {
+  return static_cast<int>(
+      std::set<int>(plan.processors.processor_of.begin(), plan.processors.processor_of.end())
+          .size());
+}
+
+/// The cause "the devices share cores" for `threads` worker threads on `cores`, or "" when the
+/// plan counted its devices sharing as many processors as the cores give.
+std::string cores_cause(const plan::Plan& plan, int devices, int threads_per_device, int cores) {
+  const int threads = devices * threads_per_device;
+  if (cores <= 0 || threads <= cores) return "";
+  const int at_once = std::max(1, cores / std::max(1, threads_per_device));
+  if (plan_processors(plan) <= at_once) return "";
+  const int per_processor = std::min(plan.devices, (plan.devices + at_once - 1) / at_once);
+  return fmt::format(
+      "{} worker threads on {} cores: the devices share cores, but the predicted step {:.3f} ms "
+      "has its {} devices compute on {} processors at once; stagec --devices-per-processor {} "
+      "predicts this machine",
+      threads, cores, plan.predicted.step_ms, plan.devices, plan_processors(plan), per_processor);
+}
+
+}  // namespace
+
 std::string prediction_gap(const rt::RunReport& report, const plan::Plan& plan,
-                           std::string_view backend, int threads,
+                           std::string_view backend, int devices, int threads_per_device,
                            const std::vector<std::string>& warnings) {
   const double predicted = plan.predicted.step_ms / 1e3;
   const double measured = report.step_s.empty() ? 0 : report.step_s[report.reported_step];
@@ -40,16 +68,19 @@ std::string prediction_gap(const rt::RunReport& report, const plan::Plan& plan,
   if (ratio <= 1.5 && ratio >= 1 / 1.5) return "";
   std::vector<std::string> causes;
   const auto cores = static_cast<int>(std::thread::hardware_concurrency());
-  if (backend == "cpu" && cores > 0 && threads > cores)
-    causes.push_back(fmt::format("{} worker threads on {} cores: the devices share cores, which "
-                                 "the prediction takes to run alone",
-                                 threads, cores));
+  if (std::string shared = cores_cause(plan, devices, threads_per_device, cores);
+      backend == "cpu" && !shared.empty())
+    causes.push_back(std::move(shared));
   double load = 0;
   if (std::ifstream loadavg("/proc/loadavg"); loadavg >> load && cores > 0 && load > cores)
     causes.push_back(fmt::format("a loaded machine: 1-minute load {:.1f} on {} cores", load, cores));
   for (const std::string& w : warnings)
-    causes.push_back(w.find("costed for") != std::string::npos ? "the plan was costed for another device (warning above)"
-                                                               : "devices share a GPU (warning above)");
+    causes.push_back(w.find("costed for") != std::string::npos
+                         ? "the plan was costed for another device (warning above)"
+                     : w.find("each on its own") != std::string::npos
+                         ? "the plan counts devices sharing a processor that do not here "
+                           "(warning above)"
+                         : "devices share a GPU (warning above)");
   if (plan.cost_model.starts_with("roofline") && backend == "cpu")
     causes.push_back("the roofline cost model: re-plan with stagec --profile cpu for measured kernel times");
   if (report.step_s.size() < 2) causes.push_back("only the warm-up step was measured: --steps 3 or more");

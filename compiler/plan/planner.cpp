@@ -422,6 +422,17 @@ void apply_mixed_precision(PlannedModel& out, Candidate& chosen, const Setup& s,
   chosen.predicted.fits = chosen.overflow_bytes == 0;
 }
 
+/// The plan's cluster and processors (`p.predicted` set): where `s` puts its devices, and what
+/// sharing them costs (the step of `sched` with `times` and each device computing on its own).
+void set_cluster(Plan& p, const Setup& s, const schedule::Schedule& sched,
+                 const schedule::StageCosts& times) {
+  p.cluster = s.cluster;
+  p.processors = s.processors;
+  p.processors.separate_step_ms = shares_processors(s.processors)
+                                      ? schedule::simulate(sched, s.shape, times).step_s * 1e3
+                                      : p.predicted.step_ms;
+}
+
 }  // namespace
 
 PlannedModel make_plan(const PlanOptions& o) {
@@ -525,7 +536,6 @@ PlannedModel make_plan(const PlanOptions& o) {
   p.precision = s.precision;
   p.cost_model = costs.name();
   p.device = {s.device.name, s.device.kind, s.device.memory_bytes};
-  p.cluster = s.cluster;
   p.stages = std::move(chosen.stages);
   // The stage times the simulation of the chosen split played, B and W apart.
   const schedule::StageCosts times = stage_costs(chosen.setup, chosen.sol, facts, chosen.rc);
@@ -564,6 +574,7 @@ PlannedModel make_plan(const PlanOptions& o) {
                              facts.flops[i], param_bytes, facts.output_bytes[i]});
   }
   p.predicted = chosen.predicted;
+  set_cluster(p, s, out.schedule, times);
   p.device_memory = std::move(chosen.peaks);
   p.timeline = std::move(chosen.timeline);
   p.baseline_parameters = choice.baseline_parameters;
@@ -653,6 +664,7 @@ std::string summarize(const Plan& p) {
                        pr.fits ? "" : " (does not fit)");
   };
   out += line("predicted:", p.predicted);
+  if (const std::string shared = describe_sharing(p); !shared.empty()) out += "  " + shared + "\n";
   out += line("parameter-balanced:", p.baseline_parameters);
   out += line("op-count-balanced:", p.baseline_uniform);
   out += search_line(p) + "\n";

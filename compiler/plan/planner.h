@@ -71,6 +71,13 @@ struct PlanOptions {
   Precision precision = Precision::kFp32;
   std::string device_spec = "h100";      ///< Preset name or JSON file.
   std::string cluster;                   ///< JSON file; default: the device kind's.
+  /// K pipeline devices per processor (--devices-per-processor; default: the cluster's, else
+  /// 1): device d computes on processor d mod ceil(P / K), taking turns with the others there
+  /// (plan.json `cluster.devices_per_processor`, `processors`).
+  std::optional<int> devices_per_processor;
+  /// The part of a compute instruction another device of its processor may overlap, in [0, 1)
+  /// (--processor-overlap; 0: they take turns).
+  double processor_overlap = 0;
   std::vector<std::string> split_after;  ///< Manual split points (node names).
   /// Activation recomputation (training): none, all (every stage), or auto (speed: on the
   /// devices that do not fit without it, the stages that save most first; memory: every stage

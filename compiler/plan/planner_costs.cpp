@@ -60,7 +60,34 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
   return c;
 }
 
-namespace {}  // namespace
+namespace {
+
+/// --devices-per-processor (else the cluster's) and --processor-overlap into `s`, checked with
+/// the flag named.
+void set_processors(const PlanOptions& o, Setup& s) {
+  const int devices = s.shape.devices;
+  if (o.devices_per_processor) {
+    const int k = *o.devices_per_processor;
+    if (k < 1 || k > devices)
+      fail(ErrorKind::kUsage,
+           "--devices-per-processor {} must be from 1 to the pipeline's {} device{}", k, devices,
+           devices == 1 ? "" : "s");
+    s.cluster.devices_per_processor = k;
+  }
+  // A cluster file's K is what its machines have; a smaller pipeline has as many per processor.
+  s.cluster.devices_per_processor = std::min(s.cluster.devices_per_processor, devices);
+  if (s.cluster.devices_per_processor > 1 && s.shape.data_parallel > 1)
+    fail(ErrorKind::kUsage,
+         "{} devices per processor with --data-parallel {}: devices that share a processor are "
+         "planned for one pipeline only (use --data-parallel 1)",
+         s.cluster.devices_per_processor, s.shape.data_parallel);
+  if (!(o.processor_overlap >= 0 && o.processor_overlap < 1))
+    fail(ErrorKind::kUsage, "--processor-overlap {} must be in [0, 1)", o.processor_overlap);
+  s.processors.processor_of = processor_of_devices(devices, s.cluster.devices_per_processor);
+  s.processors.overlap = o.processor_overlap;
+}
+
+}  // namespace
 
 Setup make_setup(const PlanOptions& o) {
   Setup s;
@@ -145,6 +172,7 @@ Setup make_setup(const PlanOptions& o) {
   s.cluster = o.cluster.empty() ? cost::default_cluster(s.device.name)
                                 : cost::cluster_spec_from_name_or_file(o.cluster);
   s.placement = pipeline_major_placement(s.shape.data_parallel, s.shape.devices);
+  set_processors(o, s);
   return s;
 }
 
@@ -160,6 +188,11 @@ bool splits_backward(const Setup& s, int stage) {
   return std::any_of(device.begin(), device.end(), [&](const schedule::Instruction& in) {
     return in.stage == stage && in.op == schedule::Op::kBackwardInput;
   });
+}
+
+schedule::Processors sim_processors(const Setup& s) {
+  if (!shares_processors(s.processors)) return {};
+  return {s.processors.processor_of, s.processors.overlap};
 }
 
 std::string fit_suggestions(const Setup& s) {
@@ -274,8 +307,16 @@ partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::
   p.objective = s.objective;
   const int devices = s.shape.devices;
   // A stage sends activations forward and, in training, receives as many gradient bytes back;
-  // every replica over its own link, the slowest setting the pace.
+  // every replica over its own link, the slowest setting the pace. Between two devices on one
+  // processor it is a copy in the processor's memory.
   p.send_time = [s, devices, training](int k, double bytes) {
+    const int from = k % devices, to = (k + 1) % devices;
+    const std::vector<int>& processor = s.processors.processor_of;
+    if (from != to && static_cast<size_t>(devices) == processor.size() &&
+        processor[from] == processor[to]) {
+      const double t = cost::local_copy_seconds(s.cluster, s.device.memory_bandwidth, bytes);
+      return training ? 2 * t : t;
+    }
     double t = 0;
     for (int r = 0; r < s.shape.data_parallel; ++r)
       t = std::max(t, cost::transfer_seconds(s.cluster, rank_of(s, r, k % devices),
@@ -301,7 +342,7 @@ Prediction predict(const Setup& s, const schedule::Schedule& sched, const partit
                    const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
                    int64_t batch, const std::vector<Stage>& stages, const SimExtras& rc,
                    std::vector<schedule::TimelineEvent>* timeline, std::vector<DevicePeak>* peaks) {
-  auto sim = schedule::simulate(sched, s.shape, stage_costs(s, sol, f, rc));
+  auto sim = schedule::simulate(sched, s.shape, stage_costs(s, sol, f, rc), sim_processors(s));
   Prediction p;
   p.step_ms = sim.step_s * 1e3;
   p.bubble_fraction = sim.bubble_fraction;

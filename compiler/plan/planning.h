@@ -41,6 +41,9 @@ struct Setup {
   bool shard_optimizer = false;
   /// The rank (cluster slot) of replica r's pipeline device d at r x P + d (`Plan::placement`).
   std::vector<int> placement;
+  /// Which processor each pipeline device computes on (`cluster.devices_per_processor` of them
+  /// per processor) and how much co-located compute overlaps; `separate_step_ms` unset.
+  ProcessorSharing processors;
   /// Per stage: the most microbatches whose activations it holds at once under the schedule
   /// (schedule::stage_in_flight_peaks; an interleaved device's chunks differ).
   std::vector<int64_t> in_flight;
@@ -59,6 +62,9 @@ bool splits_backward(const Setup& s, int stage);
 
 /// The cluster slot of replica `replica`'s pipeline device `device` (s.placement).
 int rank_of(const Setup& s, int replica, int device);
+
+/// The simulator's view of `s.processors`: empty when every device has its own processor.
+schedule::Processors sim_processors(const Setup& s);
 
 /// What a plan that does not fit could change, as a refusal's closing words: "use more devices,
 /// --recompute auto, --precision mixed, a lighter --optimizer, or fewer --microbatches", less

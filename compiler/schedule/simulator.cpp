@@ -31,14 +31,22 @@ void check_costs(const std::vector<double>& values, const char* name,
   }
 }
 
+/// Whether `op` is compute (busy time on the device's processor).
+bool is_compute(Op op) {
+  return op == Op::kForward || op == Op::kBackward || op == Op::kBackwardInput ||
+         op == Op::kBackwardWeight || op == Op::kOptimizerStep;
+}
+
 /// One run of the simulation. The devices' lists are played in order by the dependency rules of
 /// runtime/format/readiness.h (an instruction runs once what it waits for has run); this class
 /// gives each instruction its times. Times of finished work are kept per (stage, microbatch).
 /// Every instruction's times depend only on its inputs, so the order in which devices are
-/// visited does not change the result.
+/// visited does not change the result; with shared processors, compute instructions are played
+/// in the order of the times they could start, which decides who takes the processor first.
 class Simulation {
  public:
-  Simulation(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs)
+  Simulation(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs,
+             const Processors& processors)
       : schedule_(schedule),
         shape_(shape),
         costs_(costs),
@@ -61,7 +69,16 @@ class Simulation {
         free_at_(shape.devices, 0),
         memory_(shape.devices, 0),
         now_(shape.devices),
-        events_(shape.devices) {
+        events_(shape.devices),
+        overlap_(processors.overlap) {
+    // Processors numbered densely; a simulation with one device per processor claims none.
+    std::map<int, int> index;
+    for (int p : processors.of_device) {
+      auto [it, added] = index.emplace(p, static_cast<int>(index.size()));
+      processor_of_.push_back(it->second);
+      shared_ |= !added;
+    }
+    processor_free_.assign(index.size(), 0);
     result_.device_busy_s.assign(shape.devices, 0);
     result_.device_peak_bytes.assign(shape.devices, 0);
     result_.device_peak_parts.resize(shape.devices);
@@ -81,13 +98,83 @@ class Simulation {
 
   SimResult run() {
     Readiness readiness(shape_);
+    auto on_run = [this](int device, const Instruction& in) { time(device, in); };
     std::vector<size_t> next =
-        play(schedule_, readiness, [this](int device, const Instruction& in) { time(device, in); });
+        shared_ ? play_in_time_order(readiness, on_run) : play(schedule_, readiness, on_run);
     check_finished(schedule_, next, readiness);
     return finish();
   }
 
  private:
+  /// As `play`, with the compute instructions in the order of the times they could start: every
+  /// other instruction that may run runs first (it claims no processor), then the compute
+  /// instruction that could start first (ties: the lower device). Whatever has not yet become
+  /// ready cannot start before that one, since it waits for work that starts no earlier.
+  template <typename OnRun>
+  std::vector<size_t> play_in_time_order(Readiness& readiness, OnRun on_run) {
+    std::vector<size_t> next(schedule_.size(), 0);
+    auto ready = [&](size_t device) {
+      return next[device] < schedule_[device].size() &&
+             readiness.ready(schedule_[device][next[device]]);
+    };
+    auto run = [&](size_t device) {
+      const Instruction& in = schedule_[device][next[device]];
+      on_run(static_cast<int>(device), in);
+      readiness.mark_done(in);
+      ++next[device];
+    };
+    for (;;) {
+      bool moved = false;
+      for (size_t device = 0; device < schedule_.size(); ++device)
+        while (ready(device) && !is_compute(schedule_[device][next[device]].op)) {
+          run(device);
+          moved = true;
+        }
+      if (moved) continue;
+      int first = -1;
+      double first_start = 0;
+      for (size_t device = 0; device < schedule_.size(); ++device) {
+        if (!ready(device)) continue;
+        const double start =
+            earliest_start(static_cast<int>(device), schedule_[device][next[device]]);
+        if (first < 0 || start < first_start) {
+          first = static_cast<int>(device);
+          first_start = start;
+        }
+      }
+      if (first < 0) return next;
+      run(static_cast<size_t>(first));
+    }
+  }
+
+  /// When compute instruction `in` could start on `device` if its processor were free.
+  double earliest_start(int device, const Instruction& in) const {
+    return in.op == Op::kOptimizerStep ? shared_sum_ready(in.stage, free_at_[device])
+                                       : free_at_[device];
+  }
+
+  /// When `stage`'s optimizer step, free to start at `start`, has the sum of every holder's
+  /// gradients of its shared weights.
+  double shared_sum_ready(int stage, double start) const {
+    double summed = start;
+    for (int partner : shared_partners(shape_, stage)) {
+      summed = std::max(
+          summed, shared_issued_[partner] +
+                      (costs_.shared_allreduce_s.empty() ? 0 : costs_.shared_allreduce_s[stage]));
+    }
+    return summed;
+  }
+
+  /// A compute instruction of `duration` that could start at `start` on `device`: when its
+  /// processor lets it start. Holds the processor for (1 - overlap) of the duration.
+  double claim(int device, double start, double duration) {
+    if (!shared_) return start;
+    double& free = processor_free_[processor_of_[device]];
+    start = std::max(start, free);
+    free = start + (1 - overlap_) * duration;
+    return start;
+  }
+
   /// One kNotYet per (stage, microbatch).
   std::vector<double> pair_times() const {
     return std::vector<double>(static_cast<size_t>(stages_) * microbatches_, kNotYet);
@@ -150,6 +237,7 @@ class Simulation {
         return;
       }
       case Op::kForward: {
+        start = claim(device, start, costs_.forward_s[in.stage]);
         if (activation(in.stage) > 0) ++now_[device].activations_held;
         add_memory(device, start, activation(in.stage), &PeakParts::activation_bytes);
         forward_end_[key(in.stage, in.microbatch)] =
@@ -162,6 +250,7 @@ class Simulation {
         bool full = in.op == Op::kBackward;
         double duration =
             costs_.backward_input_s[in.stage] + (full ? costs_.backward_weight_s[in.stage] : 0);
+        start = claim(device, start, duration);
         input_grad_end_[k] = compute(device, in, start, duration);
         transient(device, in.stage, start, input_grad_end_[k]);
         if (full)
@@ -171,6 +260,7 @@ class Simulation {
         return;
       }
       case Op::kBackwardWeight: {
+        start = claim(device, start, costs_.backward_weight_s[in.stage]);
         double end = compute(device, in, start, costs_.backward_weight_s[in.stage]);
         transient(device, in.stage, start, end);
         add_memory(device, end, -deferred(in.stage), &PeakParts::deferred_bytes);
@@ -187,13 +277,7 @@ class Simulation {
         return;
       case Op::kOptimizerStep: {
         // A stage holding shared weights updates them with the sum of every holder's gradient.
-        double summed = start;
-        for (int partner : shared_partners(shape_, in.stage)) {
-          summed = std::max(
-              summed,
-              shared_issued_[partner] +
-                  (costs_.shared_allreduce_s.empty() ? 0 : costs_.shared_allreduce_s[in.stage]));
-        }
+        const double summed = claim(device, shared_sum_ready(in.stage, start), costs_.optimizer_s);
         const double end = compute(device, in, summed, costs_.optimizer_s);
         // ZeRO-1: the updated shards come round the replicas' ring before the weights are read.
         // The instruction's event spans both; only the update is busy time.
@@ -314,6 +398,10 @@ class Simulation {
   std::map<std::pair<int, int>, double> link_free_;  ///< (source, destination) device.
   double last_transfer_end_ = 0;
   std::vector<std::vector<TimelineEvent>> events_;  ///< Per device.
+  double overlap_;                                  ///< Processors::overlap.
+  bool shared_ = false;                             ///< Some processor runs several devices.
+  std::vector<int> processor_of_;                   ///< Per device, its processor (dense).
+  std::vector<double> processor_free_;              ///< Per processor, when it may be claimed.
   SimResult result_;
 };
 
@@ -352,7 +440,8 @@ void check_instructions(const Schedule& schedule, const PipelineShape& shape) {
 
 double SimResult::samples_per_s(int batch) const { return step_s > 0 ? batch / step_s : 0; }
 
-SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs) {
+SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs,
+                   const Processors& processors) {
   if (shape.devices < 1 || shape.chunks < 1 || shape.microbatches < 1) {
     fail(ErrorKind::kUsage, "pipeline shape needs P, V, M >= 1, not P={} V={} M={}", shape.devices,
          shape.chunks, shape.microbatches);
@@ -382,9 +471,15 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
     fail(ErrorKind::kUsage, "stage costs: optimizer_s is {}; it must be finite and >= 0",
          costs.optimizer_s);
   }
+  if (!processors.of_device.empty() &&
+      processors.of_device.size() != static_cast<size_t>(shape.devices))
+    fail(ErrorKind::kUsage, "processors: {} entries for a pipeline of {} devices",
+         processors.of_device.size(), shape.devices);
+  if (!(processors.overlap >= 0 && processors.overlap < 1))
+    fail(ErrorKind::kUsage, "processors: overlap is {}; it must be in [0, 1)", processors.overlap);
   check_instructions(schedule, shape);
   check_shared_groups(shape, ErrorKind::kPlan);
-  return Simulation(schedule, shape, costs).run();
+  return Simulation(schedule, shape, costs, processors).run();
 }
 
 namespace {

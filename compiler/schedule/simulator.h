@@ -21,6 +21,13 @@
 ///   between two stages of the same device (interleaving on one device) are instantaneous.
 /// - Compute (forward, backward, B, W, optimizer step) is busy time; waiting and all-reduce are
 ///   not. The bubble is idle time over devices * step time.
+/// - Devices that share a processor (`Processors`: several pipeline devices on one GPU, CPU
+///   devices whose threads outnumber the cores) take turns: a compute instruction also waits
+///   until its processor is free, and holds it for (1 - overlap) of its time. Compute
+///   instructions claim their processor in the order of the times they could start (ties: the
+///   lower device), so a device is never held back by work that could only start later. A
+///   device's wait for its processor is idle time. Their transfers are what the caller's send_s
+///   says (a local copy for devices on one processor).
 /// - Memory of a device: the static bytes of its stages from the start, plus activation_bytes of
 ///   a stage from the start of each forward to the end of the full backward or of the W that
 ///   consumes it. (ZB's B frees part of the activations in reality; keeping all of them until W
@@ -74,6 +81,17 @@ struct StageCosts {
   std::vector<double> backward_bytes;
 };
 
+/// Which processor each device computes on, when some share one.
+struct Processors {
+  /// Per device, its processor (devices with equal numbers share it). Empty: every device has
+  /// its own, and the simulation is the one without this argument, to the bit.
+  std::vector<int> of_device;
+  /// In [0, 1): the part of a compute instruction's time that another device of its processor
+  /// may overlap; the processor is held for (1 - overlap) of it. 0: co-located kernels run one
+  /// at a time.
+  double overlap = 0;
+};
+
 /// What a device holds at the instant of its peak, by what holds it. The parts add up to the
 /// peak (`SimResult::device_peak_bytes`).
 struct PeakParts {
@@ -102,10 +120,12 @@ struct SimResult {
   double samples_per_s(int batch) const;
 };
 
-/// Plays `schedule` on a pipeline of `shape` with `costs`. Throws `Error(kUsage)` when the
-/// costs do not match the stages (wrong count, negative or non-finite value) and
+/// Plays `schedule` on a pipeline of `shape` with `costs`, its devices on `processors`. Throws
+/// `Error(kUsage)` when the costs do not match the stages (wrong count, negative or non-finite
+/// value) or `processors` the devices (not one per device, an overlap outside [0, 1)), and
 /// `Error(kPlan)` on a deadlock or an instruction outside the pipeline.
-SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs);
+SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs,
+                   const Processors& processors = {});
 
 /// Per stage, the most microbatches whose activations it holds at once under `schedule`, counted
 /// from each forward to the end of that microbatch's backward (its B when the backward is split:

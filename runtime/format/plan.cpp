@@ -20,6 +20,7 @@
 #include "runtime/format/bytes.h"
 #include "runtime/format/error.h"
 #include "runtime/format/json_reader.h"
+#include "runtime/format/processors.h"
 
 namespace stagecraft::plan {
 namespace {
@@ -131,7 +132,8 @@ ordered cluster_json(const ClusterSpec& cluster) {
   };
   return {{"devices_per_node", cluster.devices_per_node},
           {"intra_node", link(cluster.intra_node)},
-          {"inter_node", link(cluster.inter_node)}};
+          {"inter_node", link(cluster.inter_node)},
+          {"devices_per_processor", cluster.devices_per_processor}};
 }
 
 ordered timeline_json(const std::vector<schedule::TimelineEvent>& events) {
@@ -387,12 +389,14 @@ DeviceSpec read_device(const JsonObject& top) {
 }
 
 ClusterSpec read_cluster(const JsonObject& top) {
-  JsonObject f = top.object("cluster", {"devices_per_node", "intra_node", "inter_node"});
+  JsonObject f = top.object(
+      "cluster", {"devices_per_node", "intra_node", "inter_node", "devices_per_processor"});
   auto link = [&](std::string_view name) {
     JsonObject l = f.object(name, {"bandwidth", "latency_s"});
     return LinkSpec{l.number("bandwidth"), l.number("latency_s")};
   };
-  return {f.int32("devices_per_node"), link("intra_node"), link("inter_node")};
+  return {f.int32("devices_per_node"), link("intra_node"), link("inter_node"),
+          f.int32("devices_per_processor")};
 }
 
 TrainingConfig read_training(const JsonObject& top) {
@@ -491,6 +495,7 @@ nlohmann::ordered_json to_json(const Plan& plan) {
           {"cost_model", plan.cost_model},
           {"device", device_json(plan.device)},
           {"cluster", cluster_json(plan.cluster)},
+          {"processors", processors_json(plan.processors)},
           {"predicted", prediction_json(plan.predicted)},
           {"baseline_parameters", prediction_json(plan.baseline_parameters)},
           {"baseline_uniform", prediction_json(plan.baseline_uniform)},
@@ -531,6 +536,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
           "cost_model",
           "device",
           "cluster",
+          "processors",
           "predicted",
           "baseline_parameters",
           "baseline_uniform",
@@ -561,6 +567,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.cost_model = f.string("cost_model");
   plan.device = read_device(f);
   plan.cluster = read_cluster(f);
+  plan.processors = read_processors(f);
   plan.predicted = read_prediction(f, "predicted");
   plan.baseline_parameters = read_prediction(f, "baseline_parameters");
   plan.baseline_uniform = read_prediction(f, "baseline_uniform");

@@ -31,9 +31,10 @@ namespace stagecraft::plan {
 /// stage `allreduce_ms`, `training_config.lr_scaling` and `base_lr`). Version 8: optimizer-state
 /// sharding across the replicas (ZeRO-1): `shard_optimizer`, per stage `optimizer_shards` (the
 /// shards' boundaries in its flattened parameters) and `allgather_ms`. Version 9: `placement`,
-/// the rank (cluster slot) of every device of every replica. Older plans are refused
-/// ("re-run stagec").
-inline constexpr int kPlanFormatVersion = 10;
+/// the rank (cluster slot) of every device of every replica. Version 11: devices that share a
+/// processor (`cluster.devices_per_processor`, `processors`). Older plans are refused ("re-run
+/// stagec").
+inline constexpr int kPlanFormatVersion = 11;
 
 /// What a recorded file hash starts with: "fnv1a64:<16 hex digits>".
 inline constexpr std::string_view kHashPrefix = "fnv1a64:";
@@ -143,7 +144,43 @@ struct ClusterSpec {
   int devices_per_node = 1;
   LinkSpec intra_node;  ///< Between two devices of one node.
   LinkSpec inter_node;  ///< Between devices of different nodes (one NIC per device).
+  /// K: how many pipeline devices share one processor (several devices on one GPU, CPU devices
+  /// whose threads outnumber the cores). Device d runs on processor d mod ceil(P / K), as the
+  /// runtime places devices on GPUs (`processor_of_devices`). 1: each device has its own.
+  int devices_per_processor = 1;
 };
+
+/// Which processor each pipeline device runs on, and what sharing them costs (plan.json
+/// `processors`). Devices on one processor take turns computing: the planner's simulation runs
+/// one compute instruction of theirs at a time (compiler/schedule/simulator.h), and their
+/// transfers are local copies.
+struct ProcessorSharing {
+  /// Per pipeline device, its processor: `processor_of_devices(devices,
+  /// cluster.devices_per_processor)`.
+  std::vector<int> processor_of;
+  /// In [0, 1): the part of a compute instruction another device of its processor may overlap
+  /// (the processor is held for 1 - overlap of its time). 0: co-located kernels take turns.
+  double overlap = 0;
+  /// The predicted step of the same plan with every device on its own processor (its compute at
+  /// once with the others'): `predicted.step_ms` minus this is what sharing costs. Equals
+  /// `predicted.step_ms` when no processor is shared.
+  double separate_step_ms = 0;
+};
+
+/// Device d of `devices` on processor d mod ceil(devices / devices_per_processor): round robin,
+/// as the CUDA backend places devices on GPUs. Throws `Error(kUsage)` unless 1 <=
+/// devices_per_processor <= devices.
+std::vector<int> processor_of_devices(int devices, int devices_per_processor);
+
+/// True when some processor of `sharing` runs more than one device.
+bool shares_processors(const ProcessorSharing& sharing);
+
+struct Plan;
+
+/// One line when some of the plan's devices share a processor: which, and what it costs: "devices
+/// 0 and 2 share processor 0, 1 and 3 share processor 1 (2 per processor, overlap 0): predicted
+/// step 3.100 ms, 2.000 ms if each had its own (+55.0%)". "" when each device has its own.
+std::string describe_sharing(const Plan& plan);
 
 /// A file outside the plan directory whose bytes stage files use as ONNX external data: the
 /// model's own external-data file, referenced rather than copied (a plan of a 700 GB model is
@@ -315,6 +352,7 @@ struct Plan {
   std::string cost_model;  ///< e.g. "roofline(h100, fp32)".
   DeviceSpec device;
   ClusterSpec cluster;
+  ProcessorSharing processors;  ///< Where the pipeline devices compute (`cluster`'s K).
   std::vector<Stage> stages;
   /// The model's external-data files the stage files reference (empty when the plan directory
   /// holds every weight: an inline model, or `stagec --copy-weights`).

@@ -18,6 +18,7 @@
 #include "runtime/format/dtype.h"
 #include "runtime/format/error.h"
 #include "runtime/format/plan.h"
+#include "runtime/format/processors.h"
 #include "runtime/format/vocabulary.h"
 
 namespace stagecraft::plan {
@@ -53,6 +54,7 @@ class Validator {
     check_device_memory();
     check_search();
     check_timeline();
+    check_processors(plan_, source_);
   }
 
  private:

@@ -67,6 +67,17 @@ TEST_CASE("the timelines draw the plan's predicted timeline, not a replay") {
   CHECK(json["simulated"]["step_ms"] == doctest::Approx(15));
 }
 
+TEST_CASE("the text view says which devices share a processor and what it costs") {
+  plan::Plan plan = testing::sample_plan("1f1b", 2, 1, 4);
+  CHECK(render_text(LoadedPlan(plan).view).find("processors  ") == std::string::npos);
+  plan.cluster.devices_per_processor = 2;
+  plan.processors.processor_of = {0, 0};
+  plan.processors.separate_step_ms = 10;
+  CHECK(contains(render_text(LoadedPlan(plan).view),
+                 "\nprocessors  devices 0 and 1 share processor 0 (2 per processor, overlap 0): "
+                 "predicted step 15.000 ms, 10.000 ms if each had its own (+50.0%)\n"));
+}
+
 TEST_CASE("the ASCII timeline draws F B W with microbatches and idle dots") {
   LoadedPlan loaded(testing::sample_plan("1f1b", 2, 1, 4));
   std::string text = render_ascii_timeline(loaded.view, 30);

@@ -128,6 +128,8 @@ plan::Plan sample_plan(const std::string& schedule, int devices, int chunks, int
   p.device_memory = schedule::device_peaks(sim, p.stages, devices);
   schedule::set_peaks(p.predicted, p.device_memory);
   p.timeline = std::move(sim.events);
+  p.processors.processor_of = plan::processor_of_devices(devices, 1);
+  p.processors.separate_step_ms = step;
   p.baseline_parameters = prediction(devices, stages, step * 1.25, 0.3, 32000);
   p.baseline_uniform = prediction(devices, stages, step * 1.1, 0.25, 31000);
   p.baseline_uniform.fits = false;

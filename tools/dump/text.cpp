@@ -240,6 +240,8 @@ std::string predictions(const PlanView& view) {
       ms(ours.step_ms), with_commas(std::llround(ours.samples_per_s)),
       percent(ours.bubble_fraction), format_bytes(static_cast<double>(ours.peak_memory_bytes)),
       ours.fits ? "" : " (does NOT fit)");
+  if (const std::string shared = plan::describe_sharing(plan); !shared.empty())
+    text += "processors  " + shared + "\n";
   Table table({"split", "step ms", "bubble", "largest peak", "fits", "ours / baseline step"}, 1);
   auto row = [&](const std::string& name, const plan::Prediction& p) {
     std::string ratio = p.step_ms > 0 ? fmt::format("{:.2f}", ours.step_ms / p.step_ms) : "-";
