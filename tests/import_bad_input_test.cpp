@@ -26,7 +26,7 @@ TEST_CASE("a missing, empty, non-protobuf or truncated file is refused") {
   expect_refused(dir.file("truncated.onnx"), ErrorKind::kFormat, "truncated");
 }
 
-TEST_CASE("every truncation of a valid model is refused or imports; none crashes") {
+TEST_CASE("every truncation of a valid model is refused or imports: none crashes") {
   TempDir dir;
   std::string bytes = testing::linear_model().SerializeAsString();
   int refused = 0;

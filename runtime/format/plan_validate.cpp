@@ -149,8 +149,7 @@ class Validator {
                                  plan_.batch, plan_.data_parallel, plan_.microbatches,
                                  plan_.microbatch_size, *batch));
     }
-    // A custom schedule (stagec --schedule-csv) may hold any chunk count in training or
-    // inference: schedule.json's validation checks its order against the shape.
+    // A custom schedule (--schedule-csv): any chunks; validate_schedule checks its order.
     const bool custom = plan_.schedule == ScheduleKind::kCustom;
     if (plan_.chunks != 1 && plan_.schedule != ScheduleKind::kInterleaved && !custom) {
       fault("chunks", fmt::format("is {}, but only the interleaved schedule has more than one "

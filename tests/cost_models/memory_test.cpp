@@ -161,7 +161,7 @@ TEST_CASE("names round-trip, unknown names list the valid ones") {
   CHECK(parse_schedule("1F1B") == ScheduleKind::k1F1B);  // the command line ignores case
   CHECK_THROWS_WITH_AS(parse_schedule("1f2b"),
                        "unknown schedule '1f2b' (did you mean '1f1b'?); valid: gpipe, 1f1b, "
-                       "interleaved, zb-h1, inference",
+                       "interleaved, zb-h1, inference, custom",
                        Error);
   CHECK_THROWS_WITH_AS(parse_optimizer("lamb"),
                        "unknown optimizer 'lamb'; valid: none, sgd, momentum, nesterov, adam, "

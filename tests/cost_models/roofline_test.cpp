@@ -144,7 +144,7 @@ TEST_CASE("Gemm with a bias: the bias gradient reads the output gradient once mo
         doctest::Approx(t.forward_s + 256.0 * 1024 * 4 / kH100.memory_bandwidth));
 }
 
-TEST_CASE("an Add is memory-bound; a 16-bit plan runs it widened, 2.5x its float32 bytes") {
+TEST_CASE("an Add is memory-bound: a 16-bit plan runs it widened, 2.5x its float32 bytes") {
   GraphBuilder b;
   std::vector<int64_t> shape{1024, 1024, 16};
   auto x = b.tensor("x", shape), y = b.tensor("y", shape), z = b.tensor("z", shape);

@@ -194,7 +194,7 @@ TEST_CASE("indexing: CumSum and CumSumGrad against their definitions") {
   }
 }
 
-TEST_CASE("indexing: GatherElements against its definition; the cuda gradient equals the cpu's") {
+TEST_CASE("indexing: GatherElements against its definition: the cuda gradient equals the cpu's") {
   std::mt19937 rng(23);
   std::unique_ptr<DeviceContext> device = cpu_backend().make_device(0, 1);
   int repeated = 0;

@@ -212,7 +212,7 @@ Tensor bool_scalar(bool v) {
   return t;
 }
 
-TEST_CASE("Dropout in training mode: a seeded mask, scaled; its gradient reads that mask") {
+TEST_CASE("Dropout in training mode: a seeded mask, scaled: its gradient reads that mask") {
   const Tensor x = random_tensor({64, 50}, 0.5f, 1.5f);  // no zeros: a dropped element is 0
   const Tensor training = bool_scalar(true);
   for (float r : {0.2f, 0.5f, 0.9f}) {

@@ -105,7 +105,7 @@ TEST_CASE("allowed cuts are the only cuts, and the optimum over them is found") 
   }
 }
 
-TEST_CASE("equal positions balance evenly; communication moves the cut to a narrow point") {
+TEST_CASE("equal positions balance evenly: communication moves the cut to a narrow point") {
   Problem p;
   p.stages = 2;
   for (int i = 0; i < 8; ++i) p.positions.push_back({1.0, 0, 0});

@@ -121,7 +121,7 @@ TEST_CASE("from a split that does not fit the search moves to one that does") {
   CHECK(found.cuts[0] <= 4);
 }
 
-TEST_CASE("seeds outside the allowed cuts are skipped; with none valid the search refuses") {
+TEST_CASE("seeds outside the allowed cuts are skipped: with none valid the search refuses") {
   MadeUp made_up;
   made_up.times.assign(6, 1.0);
   made_up.memory.assign(6, 0.0);

@@ -141,7 +141,7 @@ TEST_CASE("bad --devices-per-processor and --processor-overlap values are one-li
         "planned for one pipeline only (use --data-parallel 1)");
 }
 
-TEST_CASE("a cluster file gives the devices per processor; the flag overrides it") {
+TEST_CASE("a cluster file gives the devices per processor: the flag overrides it") {
   testing::TempDir dir;
   std::ofstream(dir.file("shared.json"))
       << R"({"devices_per_node": 8, "intra_node": {"bandwidth": 1e10, "latency_s": 5e-6},

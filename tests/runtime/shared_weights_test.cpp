@@ -210,7 +210,7 @@ void write_json(const std::string& path, const nlohmann::json& json) {
   testing::write_bytes(path, json.dump(1));
 }
 
-TEST_CASE("a checkpoint holds a shared weight once; resuming restores it to every holder") {
+TEST_CASE("a checkpoint holds a shared weight once: resuming restores it to every holder") {
   testing::TempDir dir;
   plan::PlanOptions o = options_for(models().gpt, 2, "1f1b", "adam");
   std::string plan_dir = write(o, dir.file("plan"));
@@ -292,7 +292,7 @@ TEST_CASE("--export writes a weight held three stages apart once, with its train
 
 TEST_CASE(
     "the planner counts a shared weight, its gradient and optimizer state on every holder, and "
-    "the exchange in the step time; stagedump lists it") {
+    "the exchange in the step time: stagedump lists it") {
   testing::TempDir dir;
   plan::PlanOptions o = options_for(models().chain, 4, "1f1b", "adam");
   std::string plan_dir = write(o, dir.file("plan"));

@@ -299,7 +299,7 @@ TEST_CASE("stagerun refuses bad input with one line and a non-zero exit") {
 }
 
 TEST_CASE(
-    "a training plan runs and prints the loss of every step; without a loss stagec refuses it") {
+    "a training plan runs and prints the loss of every step: without a loss stagec refuses it") {
   testing::TempDir dir;
   plan::PlanOptions o = toy_training_options("sgd");
   o.loss.kind = "";
@@ -380,7 +380,7 @@ namespace stagecraft::rt {
 namespace {
 
 TEST_CASE(
-    "stagerun --checkpoint then --resume continues the loss curve bit for bit; --export writes the "
+    "stagerun --checkpoint then --resume continues the loss curve bit for bit: --export writes the "
     "model") {
   testing::TempDir dir;
   plan::PlanOptions o = toy_training_options("adam");
@@ -418,7 +418,7 @@ namespace stagecraft::rt {
 namespace {
 
 TEST_CASE(
-    "stagerun --data trains on K batches in order; a file that is not whole batches is refused") {
+    "stagerun --data trains on K batches in order: a file that is not whole batches is refused") {
   testing::TempDir dir;
   plan::PlanOptions o = toy_training_options("sgd");
   plan::PlannedModel planned = plan::make_plan(o);
@@ -469,7 +469,7 @@ TEST_CASE(
 namespace stagecraft::rt {
 namespace {
 
-TEST_CASE("--data of another sequence length says which --dim to re-plan with; a missing file names --data") {
+TEST_CASE("--data of another sequence length says which --dim to re-plan with: a missing file names --data") {
   testing::TempDir dir;
   plan::PlanOptions o;
   o.model_path = std::string(STAGECRAFT_SAMPLES) + "/gpt_tiny.onnx";

@@ -205,7 +205,7 @@ TEST_CASE(
 namespace stagecraft::rt {
 namespace {
 
-TEST_CASE("the backward runs in the arena the plan counted; a plan that counts another is refused") {
+TEST_CASE("the backward runs in the arena the plan counted: a plan that counts another is refused") {
   const Model gpt{"gpt_tiny.onnx", "cross-entropy", 1, {2}};
   testing::TempDir dir;
   plan::PlannedModel planned = plan::make_plan(training_options(gpt, 2, "1f1b"));

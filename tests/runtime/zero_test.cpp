@@ -179,7 +179,7 @@ TEST_CASE("a weight two stages share is summed whole beside the shards") {
   CHECK(d.weight < 1e-6f);
 }
 
-TEST_CASE("each replica keeps its shard of the state; the plan predicts 1/R of it") {
+TEST_CASE("each replica keeps its shard of the state: the plan predicts 1/R of it") {
   testing::TempDir dir;
   auto plain =
       load_plan(options_for(kMnist, OptimizerKind::kAdam, 4, 2, 2, false), dir.file("plain"));
@@ -220,7 +220,7 @@ TEST_CASE("each replica keeps its shard of the state; the plan predicts 1/R of i
   for (const plan::Stage& stage : p.stages) CHECK(stage.allgather_ms > 0);
 }
 
-TEST_CASE("--shard-optimizer needs training and 2 or more replicas; bad boundaries are refused") {
+TEST_CASE("--shard-optimizer needs training and 2 or more replicas: bad boundaries are refused") {
   auto refused = [](plan::PlanOptions o) {
     try {
       plan::make_plan(o);

@@ -34,7 +34,7 @@ TEST_CASE("stages hold M under GPipe and min(P - i, M) under 1F1B and ZB-H1") {
   }
 }
 
-TEST_CASE("an interleaved device holds Megatron's count together; its first chunk holds the most") {
+TEST_CASE("an interleaved device holds Megatron's count together: its first chunk holds the most") {
   int uneven = 0;
   for (int p : {2, 3, 4, 8}) {
     for (int v : {2, 3, 4}) {

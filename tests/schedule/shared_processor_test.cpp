@@ -87,7 +87,7 @@ TEST_CASE("an overlap factor puts a shared processor's step between turns and ap
   CHECK(half == doctest::Approx(5.5));
 }
 
-TEST_CASE("only the devices on one processor take turns; the others compute at once") {
+TEST_CASE("only the devices on one processor take turns: the others compute at once") {
   // 4 devices on 2 processors, round robin as the runtime places them on GPUs: 0 and 2 share,
   // 1 and 3 share. Each processor has 2 x 4 forwards of 1 ms to run: at least 8.
   PipelineShape shape{4, 1, 4, false};

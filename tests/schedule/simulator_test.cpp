@@ -119,7 +119,7 @@ TEST_CASE("ZB-H1 idles (P-1)(F+B-W) per device for unequal F, B, W") {
   }
 }
 
-TEST_CASE("ZB-H1 holds deferred bytes from each B to its W; a full backward holds none") {
+TEST_CASE("ZB-H1 holds deferred bytes from each B to its W: a full backward holds none") {
   PipelineShape shape{2, 1, 4, true};
   StageCosts costs = equal_stages(shape, 1, 1, 1);
   SimResult plain = run(ScheduleKind::kZBH1, shape, costs);
@@ -291,7 +291,7 @@ TEST_CASE("the all-reduce's buckets go on the link during the last backward") {
   CHECK(seen);
 }
 
-TEST_CASE("an all-reduce runs behind the device's other work; ALLREDUCE waits for the rest") {
+TEST_CASE("an all-reduce runs behind the device's other work: ALLREDUCE waits for the rest") {
   // Two devices, GPipe, 1 microbatch: device 1's backward ends before device 0's starts, so
   // its all-reduce (3) runs while device 0 works: device 1's ALLREDUCE waits only for the part
   // left, device 0's for all of its own.
