@@ -525,6 +525,9 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     passes::check_node_shapes(result.graph);
     // Fused after every check of the imported ops: the Attention node is ours, not the model's.
     if (options.fuse_attention) passes::FuseAttention().run(result.graph, context);
+    // After attention: a GELU never overlaps an attention block, and each fusion only shrinks
+    // what the backward keeps.
+    if (options.fuse_gelu) passes::FuseGelu().run(result.graph, context);
     result.attention_not_fused = context.not_fused;
     result.folded = context.counters;
     return result;

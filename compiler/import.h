@@ -29,6 +29,9 @@ struct ImportOptions {
   /// --fuse-attention). Off here, for what imports a model as it is (the conformance runs, the
   /// profiler); the planner's PlanOptions turn it on by default.
   bool fuse_attention = false;
+  /// Each GELU (erf or tanh form) becomes one fused Gelu node (passes/fuse_gelu.cpp; stagec
+  /// --fuse-gelu), off here for the same reason as fuse_attention.
+  bool fuse_gelu = false;
 };
 
 /// One dim of one input that had no fixed size in the model and was bound by the user.

@@ -120,6 +120,17 @@ std::string render_text(const ModelInfo& info) {
                                       ? ""
                                       : fmt::format(", {} not", info.attention_not_fused.size())));
   for (const std::string& why : info.attention_not_fused) line("", "not fused: " + why);
+  // How many GELUs became one fused node; the other form's, in a graph holding both, stay.
+  const auto count = [&](const char* key) {
+    const auto it = info.folded.find(key);
+    return it == info.folded.end() ? int64_t{0} : it->second;
+  };
+  if (const int64_t gelu = count("fuse-gelu"); gelu > 0)
+    line("gelu", fmt::format("{} fused{}", gelu,
+                             count("fuse-gelu: not fused (other form)") > 0
+                                 ? fmt::format(", {} of the other form not",
+                                               count("fuse-gelu: not fused (other form)"))
+                                 : ""));
   line("parameters", fmt::format("{} ({}){}", group_digits(info.parameters), format_bytes(info.parameter_bytes),
                                  info.external_bytes > 0
                                      ? fmt::format(", {} in external data", format_bytes(info.external_bytes))

@@ -238,6 +238,10 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
                "Attention node that keeps no [Tq, Tk] scores or probabilities for the backward "
                "(--info says which were fused and why the others were not); on by default, "
                "--no-fuse-attention keeps the exporter's ops");
+  app.add_flag("--fuse-gelu,!--no-fuse-gelu", po.fuse_gelu,
+               "each GELU (the erf form or its tanh approximation) becomes one fused Gelu node "
+               "whose backward keeps only its input (--info counts them: fuse-gelu); on by "
+               "default, --no-fuse-gelu keeps the exporter's ops");
   app.add_flag("--keep-training-mode", po.keep_training_mode,
                "without --train: keep Dropout and BatchNormalization that a training-mode export "
                "left in training mode as they are (by default an inference plan runs them in "
@@ -488,7 +492,7 @@ int run(int argc, char** argv) {
   check_flags_apply(app, po);
   check_training_flags(po);
   ImportOptions options{.batch = batch, .dims = {}, .untie_merged_weights = false,
-                        .fuse_attention = po.fuse_attention};
+                        .fuse_attention = po.fuse_attention, .fuse_gelu = po.fuse_gelu};
   for (const auto& d : dims) parse_dim_binding(d, options);
   if (json && !info && !list) {
     fail(ErrorKind::kUsage,

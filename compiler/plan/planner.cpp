@@ -438,11 +438,9 @@ void set_cluster(Plan& p, const Setup& s, const schedule::Schedule& sched,
 PlannedModel make_plan(const PlanOptions& o) {
   if (o.data_parallel_auto) return choose_data_parallel(o);
   Setup s = make_setup(o);
-  ImportOptions import;
-  if (o.batch) import.batch = s.microbatch_size;
-  import.dims = o.dims;
-  import.untie_merged_weights = o.training && !o.keep_merged;
-  import.fuse_attention = o.fuse_attention;
+  ImportOptions import{.batch = o.batch ? std::optional<int64_t>(s.microbatch_size) : std::nullopt,
+                       .dims = o.dims, .untie_merged_weights = o.training && !o.keep_merged,
+                       .fuse_attention = o.fuse_attention, .fuse_gelu = o.fuse_gelu};
   PlannedModel out{import_model(o.model_path, import), {}, {}, {}, {}};
   out.untie_summary = untie_summary(out.model.untied);
   // Training needs a loss to write a plan (write_plan says so); planning alone (--dry-run, the

@@ -64,6 +64,8 @@ struct PlanOptions {
   /// Each attention block becomes one fused Attention node (on by default; stagec
   /// --no-fuse-attention turns it off).
   bool fuse_attention = true;
+  /// Each GELU becomes one fused Gelu node (on by default; stagec --no-fuse-gelu turns it off).
+  bool fuse_gelu = true;
   OptimizerKind optimizer = OptimizerKind::kAdamW;  ///< With --train.
   passes::LossOptions loss;  ///< With --train: --loss, --labels, --loss-axis, --ignore-index.
   TrainingConfig

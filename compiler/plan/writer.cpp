@@ -10,6 +10,7 @@
 #include <random>
 
 #include "compiler/plan/attention_function.h"
+#include "compiler/plan/gelu_function.h"
 #include "compiler/plan/planner.h"
 #include "passes/autodiff.h"
 #include "compiler/plan/stage_files.h"
@@ -139,6 +140,7 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
       placed += stage.weights_bytes;
       // Fused Attention nodes come with their standard-op body, so the file stays plain ONNX.
       add_attention_function(model);
+      add_gelu_function(model);
       fs::path file = staging / stage.file;
       write_file(file, model.SerializeAsString());
       sync_path(file);
@@ -149,6 +151,7 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
         onnx::ModelProto backward = backward_stage_model(
             planned.model.graph, planned.stage_of, stage, p.training_config.loss_output);
         add_attention_function(backward);
+        add_gelu_function(backward);
         write_file(bwd, backward.SerializeAsString());
         if (p.shard_optimizer) stage.optimizer_shards = shards_of(model, backward, stage, p);
         sync_path(bwd);

@@ -6,7 +6,10 @@
 // runtime/format/grad_ops.h) and, as PyTorch's, take the negative side's slope at 0: Elu
 // dx = dy for x > 0, dy * alpha * e^x else; Selu gamma times that; Softplus dy * sigmoid(x);
 // PRelu dx = dy for x > 0, dy * slope else, and d slope = dy * x where x <= 0, summed over the
-// axes along which the slope was broadcast.
+// axes along which the slope was broadcast. Gelu (fused, domain ai.stagecraft:
+// passes/fuse_gelu.cpp) runs float32 as oneDNN's gelu_erf or gelu_tanh primitive and float64
+// through runtime/ops/gelu_element.h, which its gradient (from x alone) and the CUDA kernels
+// share.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -16,6 +19,7 @@
 #include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/grad_eltwise_common.h"
+#include "runtime/ops/gelu_element.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
@@ -71,6 +75,30 @@ void run_prelu(const KernelArgs& a) {
   });
 }
 
+/// Whether a Gelu's `approximate` is "tanh"; fails for anything but "none" and "tanh".
+bool gelu_tanh(const KernelArgs& a) {
+  const std::string approximate = a.attrs.s("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    fail(ErrorKind::kUnsupported, "{} '{}': approximate='{}' (\"none\" or \"tanh\")", a.op_type,
+         a.name, approximate);
+  return approximate == "tanh";
+}
+
+void run_gelu(const KernelArgs& a) {
+  if (gelu_tanh(a))
+    return float_unary<dnnl::algorithm::eltwise_gelu_tanh>(
+        a, [](double v) { return ops::gelu_tanh(v); });
+  float_unary<dnnl::algorithm::eltwise_gelu_erf>(a, [](double v) { return ops::gelu(v); });
+}
+
+std::string check_gelu(const OpSignature& s) {
+  const std::string approximate = s.attrs.s("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    return fmt::format("Gelu with approximate='{}' is not supported (\"none\" or \"tanh\")",
+                       approximate);
+  return check_float_unary(s);
+}
+
 std::string check_prelu(const OpSignature& s) {
   if (auto why = arity(s, 2, 2, 1); !why.empty()) return why;
   if (!is_float(s.inputs[0]))
@@ -123,6 +151,17 @@ void prelu_grad(const KernelArgs& a) {
                 [](float x, float, float, float d) { return x > 0 ? 0.0f : x * d; });
 }
 
+// The output y is not read (nor recomputed): the derivative is a function of x alone.
+void gelu_grad(const KernelArgs& a) {
+  if (gelu_tanh(a))
+    return unary_grad(
+        a, [](float) { return 0.0f; },
+        [](float x, float, float dy) { return dy * ops::gelu_tanh_derivative(x); });
+  unary_grad(
+      a, [](float) { return 0.0f; },
+      [](float x, float, float dy) { return dy * ops::gelu_derivative(x); });
+}
+
 std::string check_unary_grad(const OpSignature& s) { return check_float_grad(s, kUnaryArity); }
 std::string check_binary_grad(const OpSignature& s) { return check_float_grad(s, kBinaryArity); }
 
@@ -133,10 +172,12 @@ constexpr KernelEntry kKernels[] = {
     {"Selu", run_selu, check_float_unary},
     {"Softplus", run_softplus, check_float_unary},
     {"PRelu", run_prelu, check_prelu},
+    {"Gelu", run_gelu, check_gelu},
     {"EluGrad", elu_grad, check_unary_grad, /*writes_every_output=*/true},
     {"SeluGrad", selu_grad, check_unary_grad, /*writes_every_output=*/true},
     {"SoftplusGrad", softplus_grad, check_unary_grad, /*writes_every_output=*/true},
     {"PReluGrad", prelu_grad, check_binary_grad, /*writes_every_output=*/true},
+    {"GeluGrad", gelu_grad, check_unary_grad, /*writes_every_output=*/true},
 };
 
 }  // namespace

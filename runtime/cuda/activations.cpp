@@ -1,9 +1,11 @@
 // The CUDA backend's activations family (families.h), the ops of the CPU backend's
 // activations.cpp: Elu, Selu and Softplus (natively on bfloat16 and float16 too) and PRelu, whose
-// slope broadcasts to X, and their float32 gradients (runtime/format/grad_ops.h). This file
+// slope broadcasts to X, the fused Gelu (natively on 16-bit floats too; passes/fuse_gelu.cpp),
+// and their float32 gradients (runtime/format/grad_ops.h). This file
 // reads attributes and checks shapes; elementwise_kernels.cu and grad_eltwise_kernels.cu compute
 // each element as the CPU does.
 #include <cstdint>
+#include <string>
 
 #include "runtime/cuda/elementwise_common.h"
 #include "runtime/cuda/families.h"
@@ -32,6 +34,24 @@ void run_prelu(const KernelArgs& a) {
     fail(ErrorKind::kShape, "PRelu '{}': the slope {} does not broadcast to X {}", a.name,
          shape_string(slope.shape), shape_string(x.shape));
   run_binary<BinaryOp::kPRelu>(a);
+}
+
+// Gelu: approximate "none" or "tanh" (the CPU's check refuses any other before a run).
+bool gelu_tanh(const KernelArgs& a) {
+  const std::string approximate = a.attrs.s("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    fail(ErrorKind::kUnsupported, "{} '{}': approximate='{}' (\"none\" or \"tanh\")", a.op_type,
+         a.name, approximate);
+  return approximate == "tanh";
+}
+
+void run_gelu(const KernelArgs& a) {
+  unary(a, gelu_tanh(a) ? UnaryOp::kGeluTanh : UnaryOp::kGelu, {});
+}
+
+// From x alone: the forward output is not read.
+void gelu_grad(const KernelArgs& a) {
+  unary_grad(a, gelu_tanh(a) ? UnaryGradOp::kGeluTanh : UnaryGradOp::kGelu, {});
 }
 
 void elu_grad(const KernelArgs& a) {
@@ -65,10 +85,12 @@ constexpr KernelEntry kKernels[] = {
     {"Selu", run_selu, same_as_cpu_16bit},
     {"Softplus", run_unary<UnaryOp::kSoftplus>, same_as_cpu_16bit},
     {"PRelu", run_prelu, same_as_cpu},
+    {"Gelu", run_gelu, same_as_cpu_16bit},
     {"EluGrad", elu_grad, same_as_cpu, true},
     {"SeluGrad", selu_grad, same_as_cpu, true},
     {"SoftplusGrad", run_unary_grad<UnaryGradOp::kSoftplus>, same_as_cpu, true},
     {"PReluGrad", prelu_grad, same_as_cpu, true},
+    {"GeluGrad", gelu_grad, same_as_cpu, true},
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "runtime/cuda/elementwise_kernels.h"
 #include "runtime/cuda/update_kernels.h"
 #include "runtime/ops/dropout_mask.h"
+#include "runtime/ops/gelu_element.h"
 #include "runtime/ops/pow_element.h"
 
 namespace stagecraft::rt::cuda {
@@ -110,6 +111,10 @@ __device__ __forceinline__ T unary_one(T v, const UnaryParams& p, T lo, T hi) {
   } else if constexpr (op == UnaryOp::kSoftplus) {
     // log(1 + e^x) without overflow for a large x or rounding to 0 for a very negative one.
     return v > T(0) ? v + log1p(exp(-v)) : log1p(exp(v));
+  } else if constexpr (op == UnaryOp::kGelu) {
+    return ops::gelu<T>(v);
+  } else if constexpr (op == UnaryOp::kGeluTanh) {
+    return ops::gelu_tanh<T>(v);
   } else {  // Clip: min(max(x, lo), hi), NaN stays NaN and lo > hi gives hi, as numpy.clip
     v = v < lo ? lo : v;
     return v > hi ? hi : v;
@@ -552,6 +557,10 @@ bool launch_unary(UnaryOp op, DType dtype, const void* x, void* y, int64_t n,
       return unary_of<UnaryOp::kSelu>(dtype, x, y, n, params, stream);
     case UnaryOp::kSoftplus:
       return unary_of<UnaryOp::kSoftplus>(dtype, x, y, n, params, stream);
+    case UnaryOp::kGelu:
+      return unary_of<UnaryOp::kGelu>(dtype, x, y, n, params, stream);
+    case UnaryOp::kGeluTanh:
+      return unary_of<UnaryOp::kGeluTanh>(dtype, x, y, n, params, stream);
   }
   return false;
 }

@@ -50,6 +50,8 @@ enum class UnaryOp : int32_t {
   kElu,       // float32, float64 (as kSelu, kSoftplus); alpha
   kSelu,      // alpha, gamma
   kSoftplus,  // log(1 + e^x)
+  kGelu,      // x * Phi(x) (the fused Gelu of passes/fuse_gelu.cpp, approximate "none")
+  kGeluTanh,  // its tanh approximation (approximate "tanh")
 };
 
 /// A unary op's attributes. Clip's lower bound is `lo` when `lo_attr`, else `*lo_ptr` (a device

@@ -7,6 +7,7 @@
 #include "runtime/cuda/elementwise_device.cuh"
 #include "runtime/cuda/grad_eltwise_kernels.h"
 #include "runtime/cuda/update_kernels.h"
+#include "runtime/ops/gelu_element.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
@@ -73,6 +74,10 @@ __device__ __forceinline__ float unary_grad_one(float x, float y, float dy,
     return x > 0 ? dy : dy * p.alpha * expf(x);
   } else if constexpr (op == UnaryGradOp::kSelu) {
     return x > 0 ? p.gamma * dy : p.gamma * p.alpha * dy * expf(x);
+  } else if constexpr (op == UnaryGradOp::kGelu) {
+    return dy * ops::gelu_derivative(x);
+  } else if constexpr (op == UnaryGradOp::kGeluTanh) {
+    return dy * ops::gelu_tanh_derivative(x);
   } else {  // kSoftplus
     return dy / (1 + expf(-x));
   }
@@ -236,6 +241,10 @@ void launch_unary_grad(UnaryGradOp op, const float* x, const float* y, const flo
       return unary_grad_of<UnaryGradOp::kSelu>(x, y, dy, dx, n, params, stream);
     case UnaryGradOp::kSoftplus:
       return unary_grad_of<UnaryGradOp::kSoftplus>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kGelu:
+      return unary_grad_of<UnaryGradOp::kGelu>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kGeluTanh:
+      return unary_grad_of<UnaryGradOp::kGeluTanh>(x, y, dy, dx, n, params, stream);
   }
 }
 

@@ -32,6 +32,8 @@ enum class UnaryGradOp : int32_t {
   kElu,        // x > 0 ? dy : dy * alpha * e^x
   kSelu,       // gamma times Elu's
   kSoftplus,   // dy * sigmoid(x)
+  kGelu,       // dy * (Phi(x) + x * phi(x)), from x alone
+  kGeluTanh,   // dy times the tanh approximation's derivative, from x alone
 };
 
 /// A unary gradient's attributes. Clip's lower bound is `lo` when `lo_attr`, else `*lo_ptr`

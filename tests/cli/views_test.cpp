@@ -228,7 +228,7 @@ TEST_CASE("stagedump --dot: data flow by stage, chains collapsed, cut edges with
   const auto nodes = static_cast<size_t>(
       std::distance(std::sregex_iterator(dot.begin(), dot.end(), node), std::sregex_iterator()));
   MESSAGE(fmt::format("gpt_tiny: {} ops drawn as {} nodes", ops, nodes));
-  CHECK(ops >= 60);
+  CHECK(ops >= 50);  // 54 with attention and GELU fused
   CHECK(nodes <= 40);                              // about half the ops: readable on one screen
   CHECK(dot.find(" ops: ") != std::string::npos);  // a collapsed chain
 

@@ -292,6 +292,21 @@ TEST_CASE("grad Tanh") { unary("Tanh", random_tensor({3, 4}, -2, 2)); }
 TEST_CASE("grad Sqrt") { unary("Sqrt", random_tensor({3, 4}, 0.5f, 3)); }
 TEST_CASE("grad Erf") { unary("Erf", random_tensor({2, 3, 4}, -2, 2)); }
 
+// The fused Gelu (domain ai.stagecraft, passes/fuse_gelu.cpp), both forms, over both tails.
+TEST_CASE("grad Gelu") {
+  for (const char* approximate : {"none", "tanh"}) {
+    CAPTURE(approximate);
+    GradCase c;
+    c.op = "Gelu";
+    c.domain = std::string(grad::kGradDomain);
+    c.output_shapes = {{3, 4, 5}};
+    c.inputs = {random_tensor({3, 4, 5}, -5, 5)};
+    c.check = {true};
+    c.attrs = [=](onnx::NodeProto& n) { set_string(n, "approximate", approximate); };
+    gradcheck(c);
+  }
+}
+
 TEST_CASE("grad HardSigmoid") {
   unary("HardSigmoid", avoid(random_tensor({4, 6}, -4, 4), {-2.5f, 2.5f}));  // defaults 0.2, 0.5
   unary("HardSigmoid", avoid(random_tensor({4, 6}, -3, 3, 5), {-1.2f, 0.8f}),
