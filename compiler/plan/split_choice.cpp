@@ -101,17 +101,22 @@ std::vector<int> split_positions(const ir::Graph& g, const partition::GraphProbl
       for (ir::NodeId id : gp.order) modules.push_back(module_of(g.node(id).name, 2));
       std::vector<std::string_view> known(modules.begin(), modules.end());
       for (ir::NodeId id : gp.order) known.push_back(g.node(id).name);
-      // The nodes of a fused attention block are gone from the graph the planner cuts.
-      const bool fused = std::any_of(gp.order.begin(), gp.order.end(), [&](ir::NodeId id) {
-        return g.node(id).op_type == "Attention";
-      });
+      // The nodes of a fused attention block or GELU are gone from the graph the planner cuts.
+      auto holds = [&](std::string_view op) {
+        return std::any_of(gp.order.begin(), gp.order.end(),
+                           [&](ir::NodeId id) { return g.node(id).op_type == op; });
+      };
+      std::string fused;
+      if (holds("Attention"))
+        fused = " (attention blocks are fused into Attention nodes; --no-fuse-attention keeps "
+                "their MatMul, Softmax and mask nodes)";
+      if (holds("Gelu"))
+        fused += " (GELUs are fused into Gelu nodes; --no-fuse-gelu keeps their Erf or Tanh "
+                 "formula)";
       fail(ErrorKind::kUsage,
            "--split-after '{}' names no node or module of the model{}; stagec --list-nodes lists "
            "them{}",
-           name, did_you_mean(name, known),
-           fused ? " (attention blocks are fused into Attention nodes; --no-fuse-attention "
-                   "keeps their MatMul, Softmax and mask nodes)"
-                 : "");
+           name, did_you_mean(name, known), fused);
     }
     if (pos + 1 >= static_cast<int>(gp.order.size())) {
       fail(ErrorKind::kUsage,
