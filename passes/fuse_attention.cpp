@@ -28,6 +28,7 @@
 
 #include "compiler/ir/graph.h"
 #include "passes/attributes.h"
+#include "passes/fusion_match.h"
 #include "passes/host_tensor.h"
 #include "passes/passes.h"
 #include "runtime/format/grad_ops.h"
@@ -39,39 +40,12 @@ using ir::kNoId;
 using ir::NodeId;
 using ir::ValueId;
 
-/// The node writing `v`, or null for an input or initializer.
-const ir::Node* producer(const ir::Graph& g, ValueId v) {
-  const NodeId p = g.value(v).producer;
-  return p == kNoId ? nullptr : &g.node(p);
-}
+using fusion::producer;
+using fusion::private_value;
+using fusion::scalar_constant;
 
 bool is_op(const ir::Node* n, std::string_view op) {
   return n != nullptr && !n->dead && n->op_type == op && n->domain.empty();
-}
-
-/// Whether `v` is read only by one node and is not a graph output: a fused block may drop it.
-bool private_value(const ir::Graph& g, ValueId v) {
-  const ir::Value& value = g.value(v);
-  return value.consumers.size() == 1 && !value.is_graph_output;
-}
-
-/// The one element of a float32 or float64 constant, or nullopt.
-std::optional<double> scalar_constant(const ir::Graph& g, ValueId v) {
-  if (v == kNoId) return std::nullopt;
-  const ir::Value& value = g.value(v);
-  if (!value.is_initializer() || !value.shape_known || value.numel() != 1) return std::nullopt;
-  const auto bytes = value.initializer->bytes();
-  if (value.dtype == DType::kFloat32 && bytes.size() == sizeof(float)) {
-    float f;
-    std::memcpy(&f, bytes.data(), sizeof f);
-    return f;
-  }
-  if (value.dtype == DType::kFloat64 && bytes.size() == sizeof(double)) {
-    double d;
-    std::memcpy(&d, bytes.data(), sizeof d);
-    return d;
-  }
-  return std::nullopt;
 }
 
 /// Whether a MatMul writes `v` or a value at most `hops` producers above it.
