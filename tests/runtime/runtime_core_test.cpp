@@ -18,6 +18,7 @@
 #include "runtime/exec/transport.h"
 #include "runtime/format/error.h"
 #include "runtime/format/memory_plan.h"
+#include "tests/runtime/fake_gpus.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -354,21 +355,7 @@ TEST_CASE("a program checks the dtype and shape of what it is given") {
   CHECK(y[0].as<float>()[5] == 2.0f);
 }
 
-// A backend with `gpus` GPUs: plan device d runs on GPU d mod gpus, as the CUDA backend maps them.
-class FakeGpuBackend final : public Backend {
- public:
-  explicit FakeGpuBackend(int gpus) : gpus_(gpus) {}
-  std::string_view name() const override { return "cuda"; }
-  DeviceKind kind() const override { return DeviceKind::kGpu; }
-  std::span<const KernelEntry> table() const override { return {}; }
-  std::unique_ptr<DeviceContext> make_device(int, int) const override { return nullptr; }
-  Physical physical_device(int device) const override {
-    return {device % gpus_, int64_t{80} << 30, "GPU " + std::to_string(device % gpus_) + " (fake)"};
-  }
-
- private:
-  int gpus_;
-};
+using FakeGpuBackend = FakeGpus;
 
 TEST_CASE(
     "plan devices sharing a GPU are named in one warning, and none when each has its own GPU or "

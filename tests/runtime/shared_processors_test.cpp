@@ -6,24 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "tests/runtime/fake_gpus.h"
+
 namespace stagecraft::rt {
 namespace {
 
-/// A CUDA-like backend on `gpus` GPUs: device d on GPU d mod gpus, as the CUDA backend places.
-class FakeGpus : public Backend {
- public:
-  explicit FakeGpus(int gpus) : gpus_(gpus) {}
-  std::string_view name() const override { return "cuda"; }
-  DeviceKind kind() const override { return DeviceKind::kGpu; }
-  std::span<const KernelEntry> table() const override { return {}; }
-  std::unique_ptr<DeviceContext> make_device(int, int) const override { return nullptr; }
-  Physical physical_device(int device) const override {
-    return {device % gpus_, int64_t{80} << 30, "GPU " + std::to_string(device % gpus_) + " (fake)"};
-  }
-
- private:
-  int gpus_;
-};
 
 /// A plan of `devices` at `per_processor` per processor: step 300 ms, 200 ms apart.
 plan::Plan plan_of(int devices, int per_processor) {
