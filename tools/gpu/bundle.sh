@@ -14,7 +14,7 @@ root=$(pwd)
 build=${STAGECRAFT_GPU_BUILD:-build-gpu}
 targets="stagec stagerun stagedump stagecraft-make-samples stagecraft_cuda stagecraft-gpu-probe
   stagecraft_grad_tests stagecraft-conformance stagecraft_gpu_pipeline_tests
-  stagecraft_gpu_attention_tests"
+  stagecraft_gpu_attention_tests stagecraft_gpu_gelu_tests"
 
 echo "bundle: building (Release) in $build"
 launcher=()
@@ -30,7 +30,7 @@ mkdir -p "$b/bin" "$b/lib" "$b/data" "$b/samples"
 find_target() { find "$build" -name "$1" -type f -perm -u+x | head -1; }
 for t in stagec stagerun stagedump stagecraft-make-samples stagecraft-gpu-probe \
          stagecraft_grad_tests stagecraft-conformance stagecraft_gpu_pipeline_tests \
-         stagecraft_gpu_attention_tests; do
+         stagecraft_gpu_attention_tests stagecraft_gpu_gelu_tests; do
   f=$(find_target "$t")
   [ -n "$f" ] || { echo "bundle: $t was not built" >&2; exit 1; }
   cp "$f" "$b/bin/"

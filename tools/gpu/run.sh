@@ -145,10 +145,12 @@ if [[ $parts == *" checks "* ]]; then
   check_bg pipelines 400 stagecraft_gpu_pipeline_tests
   # The fused attention kernels (issue 32) against the CPU's, forward and gradient.
   check_bg attention 120 stagecraft_gpu_attention_tests
+  # The fused Gelu's kernels (issue 31) against a double reference, forward and gradient.
+  check_bg gelu 60 stagecraft_gpu_gelu_tests
   wait
   grep -E "^(passed|pass|[0-9]+ pass)" "$work/log-conformance.txt" | tail -1 | sed 's/^/conformance: /' >>"$summary"
   grep -E "^\[doctest\] (test cases|assertions):" "$work/log-gradients.txt" "$work/log-pipelines.txt" \
-    "$work/log-attention.txt" |
+    "$work/log-attention.txt" "$work/log-gelu.txt" |
     sed "s|^$work/log-||; s|\.txt:| |" >>"$summary"
   # GPU ranks under mpirun (ctest's gpu.mpi_train): 2 ranks against the one-process CUDA run,
   # NCCL where the ranks have a GPU each, else MPI through host memory.
