@@ -123,6 +123,15 @@ class Reader {
            source_, highest_stage_, out_.devices, stages);
     out_.chunks = stages / out_.devices;
     out_.microbatches = highest_microbatch_ + 1;
+    // Every (stage, microbatch) needs its forward: a file with fewer cannot be a schedule, and
+    // refusing it here keeps the validator's per-(stage, microbatch) tables as small as the
+    // file (a fuzzed '2811B555551' asked for 1.6 billion entries).
+    const int64_t needed = static_cast<int64_t>(stages) * out_.microbatches;
+    if (forwards_ < needed)
+      fail(ErrorKind::kFormat,
+           "{}: {} forward actions for {} stages x {} microbatches: every stage needs a forward "
+           "of every microbatch ({} in all)",
+           source_, forwards_, stages, out_.microbatches, needed);
     return std::move(out_);
   }
 
@@ -193,6 +202,7 @@ class Reader {
     const int m = static_cast<int>(*microbatch);
     highest_microbatch_ = std::max(highest_microbatch_, m);
     out_.training |= *type->compute != Op::kForward;
+    forwards_ += *type->compute == Op::kForward;
     out_.order[rank].push_back({*type->compute, s, m});
   }
 
@@ -201,6 +211,7 @@ class Reader {
   std::vector<int> stages_on_rank_;  ///< Per stage, the rank that runs it; -1 when none yet.
   int highest_stage_ = -1;
   int highest_microbatch_ = -1;
+  int64_t forwards_ = 0;
 };
 
 }  // namespace

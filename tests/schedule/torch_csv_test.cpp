@@ -109,6 +109,10 @@ TEST_CASE("torch CSV: bad files are refused in one line naming the row and the c
   CHECK(refusal("0F0,3F0\n1F0,2F0\n").find("row 1 (rank 0) runs stage 3, which stagecraft "
                                            "places on rank 1") != std::string::npos);
   CHECK(refusal("(0F0;0B0\n").find("must close") != std::string::npos);
+  // Found by the fuzzer: a lone action naming stage 2811 and microbatch 555551 made the
+  // validator size its tables for 1.6 billion (stage, microbatch) pairs.
+  CHECK(refusal("2811B555551").find("0 forward actions for 2812 stages x 555552 microbatches") !=
+        std::string::npos);
 }
 
 TEST_CASE("torch CSV: an order that cannot run, or another shape, is refused") {
