@@ -12,6 +12,7 @@
 #include "passes/host_tensor.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/format/grad_reads.h"
 
 namespace stagecraft::passes {
 namespace {
@@ -418,6 +419,25 @@ onnx::ModelProto BackwardBuilder::build(std::vector<ir::ValueId>* no_gradient) {
 bool has_gradient(std::string_view op_type) {
   const OpInfo* info = op_info(op_type);
   return info != nullptr && info->has_gradient();
+}
+
+bool backward_reads_bytes(const ir::Graph& graph, ir::ValueId v) {
+  auto reads = [](const ir::Node& node, std::size_t position) {
+    return has_gradient(node.op_type) &&
+           grad::reads_bytes(node.op_type, node.inputs.size(), position);
+  };
+  const ir::Value& value = graph.value(v);
+  if (value.producer != ir::kNoId) {
+    const ir::Node& node = graph.node(value.producer);
+    for (std::size_t j = 0; j < node.outputs.size(); ++j)
+      if (node.outputs[j] == v && reads(node, node.inputs.size() + j)) return true;
+  }
+  for (ir::NodeId c : value.consumers) {
+    const ir::Node& node = graph.node(c);
+    for (std::size_t k = 0; k < node.inputs.size(); ++k)
+      if (node.inputs[k] == v && reads(node, k)) return true;
+  }
+  return false;
 }
 
 bool differentiable_input(std::string_view op_type, std::size_t index) {

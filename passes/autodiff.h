@@ -79,6 +79,13 @@ bool differentiable_input(std::string_view op_type, std::size_t index);
 std::vector<ir::ValueId> trainable_weights(const ir::Graph& graph,
                                            const std::vector<ir::NodeId>& nodes);
 
+/// Whether a training backward reads the bytes of `v`, a node's output: the gradient of the node
+/// that writes it, or of a node that reads it, reads them by the gradient-op contract's table
+/// (runtime/format/grad_reads.h). The runtime keeps exactly such values from a microbatch's
+/// forward until its backward (the others are gone after the forward), so the planner counts
+/// only these as activations. Counted whether or not the node lies on a gradient path (a bound).
+bool backward_reads_bytes(const ir::Graph& graph, ir::ValueId v);
+
 /// The backward program of the stage described by `spec` (see the file comment). Wanted values
 /// that get no gradient are appended to `*no_gradient` when it is given.
 ///

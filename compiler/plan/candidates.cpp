@@ -192,11 +192,12 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   // kTrainingLinkCapacity more (a sender running ahead waits: runtime/format/readiness.h).
   for (const auto& t : out.inputs) comm += t.peer_stage >= 0 ? 2 * t.bytes : 0;
   plan_stage_arena(g, order, st.first, st.last, stage_of, out);
-  // The device's working arena: inference runs the forward in it; training keeps every
-  // forward value (the activations) and runs the backward in it; a recomputing stage runs its
-  // first forward there too (never at the same time as a backward).
+  // The device's working arena: inference runs the forward in it; training's forward puts
+  // there the values the backward does not read (it keeps the others: the activations), and
+  // the backward runs in it (never at the same time as a forward).
   out.backward_arena_bytes = s.shape.training ? backward_arena : 0;
-  int64_t temporary = s.shape.training ? backward_arena : out.arena_bytes;
+  int64_t temporary =
+      s.shape.training ? std::max(backward_arena, out.arena_bytes) : out.arena_bytes;
   comm += output_buffer_bytes(out, s.shape.training);
   // Shared weights: the stage holds its own copy (in params already, with its gradient and
   // optimizer state); training sums the copies' float32 gradients across the holders before

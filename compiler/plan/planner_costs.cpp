@@ -241,10 +241,11 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
     f.params.push_back(params);
     f.trainable_params.push_back(trained);
     int64_t out = 0;
-    // Every output a training forward keeps for the backward: the runtime keeps each value,
-    // whatever its type (a Dropout's bool mask is a quarter of its float output's bytes).
+    // Every output a training forward keeps for the backward: the runtime keeps each value whose
+    // bytes the backward reads, whatever its type (a Dropout's bool mask is a quarter of its
+    // float output's bytes), and no other.
     for (ir::ValueId v : node.outputs) {
-      if (v == ir::kNoId) continue;
+      if (v == ir::kNoId || !passes::backward_reads_bytes(g, v)) continue;
       DType d = g.value(v).dtype;
       if (dtype_size(d) <= 0) continue;
       bool wide = d == DType::kFloat32 || d == DType::kFloat64;

@@ -194,7 +194,8 @@ MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector
       continue;
     }
     for (ir::ValueId v : node.outputs)
-      if (v != ir::kNoId && dtype_size(graph.value(v).dtype) > 0)
+      if (v != ir::kNoId && dtype_size(graph.value(v).dtype) > 0 &&
+          passes::backward_reads_bytes(graph, v))
         out.activation_bytes[k] += graph.value(v).bytes();
   }
   for (Stage& st : stages) {
@@ -225,8 +226,10 @@ MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector
     if (training && !loss_output.empty())
       st.backward_arena_bytes =
           program_arena_bytes(backward_stage_model(graph, stage_of, st, loss_output));
-    int64_t temporary = training ? st.backward_arena_bytes : st.arena_bytes;
-    if (st.recompute) temporary = std::max(temporary, st.arena_bytes);
+    // Training's forward puts the values the backward does not read in the forward's arena,
+    // and the backward runs in its own: one arena serves both.
+    int64_t temporary = st.arena_bytes;
+    if (training) temporary = std::max(temporary, st.backward_arena_bytes);
     st.memory.temporary = temporary;
     st.memory.communication += comm_delta;
     if (st.recompute) st.memory.activations += st.in_flight * input_delta;

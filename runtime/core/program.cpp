@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "runtime/core/tensor_io.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/format/grad_reads.h"
 #include "runtime/format/lifetimes.h"
 
 namespace stagecraft::rt {
@@ -119,6 +121,12 @@ void run_widened(KernelFn kernel, KernelFn cast, bool zero_outputs, const Kernel
   std::vector<Tensor*> out(args.out.begin(), args.out.end());
   for (size_t k = 0; k < in.size(); ++k) {
     if (!in[k] || (in[k]->dtype != DType::kBFloat16 && in[k]->dtype != DType::kFloat16)) continue;
+    if (in[k]->data == nullptr && in[k]->bytes() > 0) {
+      // A bare operand (read for its shape only: Program::inputs_read) stays bare.
+      wide_in[k] = Tensor::view(DType::kFloat32, in[k]->shape, nullptr);
+      in[k] = &wide_in[k];
+      continue;
+    }
     wide_in[k] = args.device.new_tensor(DType::kFloat32, in[k]->shape, false);
     cast_into(cast, args, *in[k], wide_in[k]);
     in[k] = &wide_in[k];
@@ -327,9 +335,35 @@ std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> 
 }
 
 std::vector<Tensor> Program::run_keeping(DeviceContext& device, std::span<const Tensor> inputs,
-                                         std::map<std::string, Tensor>& kept, const NodeHook* hook,
-                                         const TrainingRun& run) const {
-  return execute(device, inputs, nullptr, &kept, hook, nullptr, run);
+                                         std::map<std::string, Tensor>& kept,
+                                         const std::set<std::string>& keep, std::byte* arena,
+                                         const NodeHook* hook, const TrainingRun& run) const {
+  return execute(device, inputs, arena, &kept, hook, nullptr, run, &keep);
+}
+
+std::vector<bool> Program::inputs_read() const {
+  std::vector<bool> read_slot(slots_.size(), false);
+  for (const Step& step : nodes_) {
+    // A gradient node of our domain reads its forward operands as the contract's table says;
+    // every other node reads all its inputs.
+    const bool gradient = step.op_type.ends_with(grad::kGradSuffix) &&
+                          step.attrs.i(grad::kForwardInputsAttr, -1) >= 0;
+    const std::string_view forward =
+        std::string_view(step.op_type).substr(0, step.op_type.size() - grad::kGradSuffix.size());
+    const auto n = static_cast<size_t>(std::max<int64_t>(
+        0, gradient ? step.attrs.i(grad::kForwardInputsAttr, -1) : int64_t{0}));
+    const size_t operands = gradient ? n + (step.inputs.size() - n) / 2 : 0;
+    for (size_t p = 0; p < step.inputs.size(); ++p) {
+      const int s = step.inputs[p];
+      if (s < 0) continue;
+      if (!gradient || p >= operands || grad::reads_bytes(forward, n, p)) read_slot[s] = true;
+    }
+  }
+  // A program output that is one of its inputs passes its bytes on.
+  for (int s : output_slots_) read_slot[s] = true;
+  std::vector<bool> out;
+  for (int s : input_slots_) out.push_back(read_slot[s]);
+  return out;
 }
 
 std::map<std::string, Tensor> Program::weights() const {
@@ -366,10 +400,14 @@ std::vector<bool> Program::weight_gradient_nodes() const {
 std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tensor> inputs,
                                      std::byte* arena, std::map<std::string, Tensor>* kept,
                                      const NodeHook* hook, const std::vector<bool>* mask,
-                                     const TrainingRun& run) const {
+                                     const TrainingRun& run,
+                                     const std::set<std::string>* keep) const {
   if (inputs.size() != input_slots_.size())
     fail(ErrorKind::kInternal, "{}: {} inputs given, the program takes {}", source_, inputs.size(),
          input_slots_.size());
+  if (keep && !arena && arena_bytes() > 0)
+    fail(ErrorKind::kInternal, "{}: a run keeping some values needs the arena for the others",
+         source_);
   std::vector<Tensor> values(slots_.size());
   for (size_t k = 0; k < inputs.size(); ++k) {
     const ValueInfo& info = inputs_[k];
@@ -394,7 +432,7 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
     if (slot.kind == Slot::kWeight) {
       values[s] = slot.weight;
     } else if (slot.kind == Slot::kIntermediate) {
-      bool own = mask ? crossing[s] : kept != nullptr;
+      bool own = mask ? crossing[s] : kept != nullptr && (!keep || keep->count(slot.info.name));
       // Kernels write their outputs (gradient kernels that need zeros get them below).
       values[s] = own ? device.new_tensor(slot.info.dtype, slot.info.shape, false)
                       : Tensor::view(slot.info.dtype, slot.info.shape,
@@ -470,7 +508,8 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
           if (s >= 0 && crossing[s]) (*kept)[slots_[s].info.name] = values[s];
   } else if (kept) {
     for (size_t s = 0; s < slots_.size(); ++s)
-      if (values[s].dtype != DType::kUndefined) (*kept)[slots_[s].info.name] = values[s];
+      if (values[s].dtype != DType::kUndefined && (!keep || keep->count(slots_[s].info.name)))
+        (*kept)[slots_[s].info.name] = values[s];
   }
   std::vector<Tensor> outputs;
   outputs.reserve(output_slots_.size());
@@ -491,7 +530,9 @@ std::vector<Tensor> run_from_host(const Program& program, DeviceContext& device,
   for (const auto& [name, w] : program.weights()) weights[name] = to_device(device, w);
   on_device.rebind_weights(weights);
   std::vector<Tensor> in;
-  for (const Tensor& t : inputs) in.push_back(to_device(device, t));
+  // A bare input (no bytes: Program::inputs_read) stays bare.
+  for (const Tensor& t : inputs)
+    in.push_back(t.data == nullptr && t.bytes() > 0 ? t : to_device(device, t));
   std::vector<Tensor> out = on_device.run(device, in, arena);
   for (Tensor& t : out) t = to_host(device, t);
   return out;

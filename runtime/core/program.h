@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -114,13 +115,21 @@ class Program {
   std::vector<Tensor> run(DeviceContext& device, std::span<const Tensor> inputs, std::byte* arena,
                           const NodeHook* hook = nullptr, const TrainingRun& run = {}) const;
 
-  /// Training's forward: as `run`, but every value (inputs, weights, intermediates, outputs)
-  /// is kept, by name, in `kept` for the backward; intermediates get their own bytes instead
-  /// of the arena. Returns the outputs like `run`.
+  /// Training's forward: as `run`, but the values named in `keep` (inputs, weights,
+  /// intermediates, outputs: what the backward reads the bytes of) are kept, by name, in `kept`
+  /// for the backward; those intermediates get their own bytes, the others live in `arena` (at
+  /// least `arena_bytes()`) and are gone after the run. Returns the outputs like `run`.
   std::vector<Tensor> run_keeping(DeviceContext& device, std::span<const Tensor> inputs,
                                   std::map<std::string, Tensor>& kept,
+                                  const std::set<std::string>& keep, std::byte* arena,
                                   const NodeHook* hook = nullptr,
                                   const TrainingRun& run = {}) const;
+
+  /// Per input (in `inputs()` order), whether some node reads its bytes: false for a forward
+  /// value that only gradient nodes read, each for its shape alone (runtime/format/
+  /// grad_reads.h). A run may give such an input as a bare tensor: its dtype and shape, no
+  /// bytes.
+  std::vector<bool> inputs_read() const;
 
   /// The weights by name (shared bytes: an optimizer updates them in place).
   std::map<std::string, Tensor> weights() const;
@@ -183,7 +192,8 @@ class Program {
   std::vector<Tensor> execute(DeviceContext& device, std::span<const Tensor> inputs,
                               std::byte* arena, std::map<std::string, Tensor>* kept,
                               const NodeHook* hook, const std::vector<bool>* mask = nullptr,
-                              const TrainingRun& run = {}) const;
+                              const TrainingRun& run = {},
+                              const std::set<std::string>* keep = nullptr) const;
 };
 
 /// Runs `program` once on `device` with host inputs and host outputs, wherever the device's

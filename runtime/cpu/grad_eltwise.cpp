@@ -293,8 +293,10 @@ void arith_grad(const KernelArgs& a) {
   ops::GradIo io(a);
   Binary b;
   if (!binary_operands(a, io, b)) return;
+  // Add and Sub read only dY (their operands come bare: grad_reads.h).
+  constexpr bool reads = op == Arith::kMul || op == Arith::kDiv;
   if (io.dx(0) != nullptr) {
-    binary_part(a, 0, *b.lhs, *b.rhs, nullptr, *b.dy, [](float, float v, float, float d) {
+    binary_part<reads>(a, 0, *b.lhs, *b.rhs, nullptr, *b.dy, [](float, float v, float, float d) {
       if constexpr (op == Arith::kMul)
         return d * v;
       else if constexpr (op == Arith::kDiv)
@@ -304,7 +306,7 @@ void arith_grad(const KernelArgs& a) {
     });
   }
   if (io.dx(1) != nullptr) {
-    binary_part(a, 1, *b.lhs, *b.rhs, nullptr, *b.dy, [](float u, float v, float, float d) {
+    binary_part<reads>(a, 1, *b.lhs, *b.rhs, nullptr, *b.dy, [](float u, float v, float, float d) {
       if constexpr (op == Arith::kAdd)
         return d;
       else if constexpr (op == Arith::kSub)

@@ -49,7 +49,8 @@ void unary_grad(const KernelArgs& a, Fwd fwd, G g) {
   float* dxs = dx->as<float>();
   const int64_t n = x.numel();
   const Tensor* y = io.y(0);
-  if (y != nullptr && y->shape == x.shape) {
+  // A bare Y (grad_reads.h: the gradient is a function of X) is recomputed from X.
+  if (y != nullptr && y->data != nullptr && y->shape == x.shape) {
     const float* ys = y->as<float>();
 #pragma omp parallel for simd if (n >= kGradParallelElements)
     for (int64_t i = 0; i < n; ++i) dxs[i] = g(xs[i], ys[i], dys[i]);
@@ -62,7 +63,9 @@ void unary_grad(const KernelArgs& a, Fwd fwd, G g) {
 /// dx_k = sum over broadcast dims of f(a, b, y, dy) evaluated at every output element, where a
 /// and b are the forward inputs read with broadcasting and y, dy have the output's shape.
 /// `y` may be null (then f gets 0 for it).
-template <class F>
+/// With `kReadsOperands` false (AddGrad, SubGrad: grad_reads.h), a and b are not read (f gets
+/// 0 for them): the runtime hands such operands over bare, with their shapes and no bytes.
+template <bool kReadsOperands = true, class F>
 void binary_part(const KernelArgs& a, size_t k, const Tensor& lhs, const Tensor& rhs,
                  const Tensor* y, const Tensor& dy, F f) {
   Tensor& dx = *a.out[k];
@@ -77,9 +80,12 @@ void binary_part(const KernelArgs& a, size_t k, const Tensor& lhs, const Tensor&
     full.resize(static_cast<size_t>(shape_numel(out_shape)));
     dst = full.data();
   }
-  const float *ls = lhs.as<float>(), *rs = rhs.as<float>(), *dys = dy.as<float>();
+  static constexpr float kZero = 0.0f;
+  const float* ls = kReadsOperands ? lhs.as<float>() : &kZero;
+  const float* rs = kReadsOperands ? rhs.as<float>() : &kZero;
+  const float* dys = dy.as<float>();
   const float* ys = y != nullptr ? y->as<float>() : nullptr;
-  const int64_t s0 = plan.step(0), s1 = plan.step(1);
+  const int64_t s0 = kReadsOperands ? plan.step(0) : 0, s1 = kReadsOperands ? plan.step(1) : 0;
   plan.for_each_run([&](int64_t o, const std::array<int64_t, 2>& in, int64_t count) {
     const float* l = ls + in[0];
     const float* r = rs + in[1];

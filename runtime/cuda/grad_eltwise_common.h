@@ -29,7 +29,9 @@ inline void unary_grad(const KernelArgs& a, UnaryGradOp op, const UnaryGradParam
   expect_shape(a, 0, x.shape);
   ops::expect_dy_shape(a, *dy, x.shape);
   const Tensor* y = io.y(0);
-  const float* ys = y != nullptr && y->shape == x.shape ? y->as<float>() : nullptr;
+  // A bare Y (grad_reads.h: the gradient is a function of X) is recomputed from X.
+  const float* ys =
+      y != nullptr && y->data != nullptr && y->shape == x.shape ? y->as<float>() : nullptr;
   launch_unary_grad(op, x.as<float>(), ys, dy->as<float>(), dx->as<float>(), x.numel(), params,
                     context(a).stream());
   check_launch(a);

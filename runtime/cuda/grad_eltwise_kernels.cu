@@ -147,7 +147,10 @@ __global__ void binary_grad_kernel(const float* lhs, const float* rhs, const flo
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     int64_t at[2];
     broadcast_offsets<2>(map, i, at);
-    out[i] = binary_grad_one<op>(lhs[at[0]], rhs[at[1]], y, i, dy[i]);
+    // Add and Sub read only dY: their operands come bare (grad_reads.h), never loaded.
+    constexpr bool kReads = op != BinaryGradOp::kPass && op != BinaryGradOp::kNegate;
+    out[i] = binary_grad_one<op>(kReads ? lhs[at[0]] : 0.0f, kReads ? rhs[at[1]] : 0.0f, y, i,
+                                 dy[i]);
   }
 }
 

@@ -61,11 +61,10 @@ void DeviceWorker::setup() {
   if (!context_->host_visible()) upload_stages();
   int64_t arena_bytes = 0, weight_bytes = 0;
   for (StageRuntime* st : own_stages()) {
-    // Training keeps every forward value for the backward: no arena reuse, except for a
-    // stage that recomputes (its first forward keeps nothing but its inputs). The backward
-    // runs in the arena (never at the same time as a forward).
-    if (!run_.training || st->stage->recompute)
-      arena_bytes = std::max(arena_bytes, st->program.arena_bytes());
+    // Training keeps the forward values whose bytes the backward reads (StageRuntime::stash);
+    // the others live in the arena, as in inference. The backward runs in the arena too (never
+    // at the same time as a forward).
+    arena_bytes = std::max(arena_bytes, st->program.arena_bytes());
     if (run_.training) arena_bytes = std::max(arena_bytes, st->backward->arena_bytes());
     weight_bytes += st->program.weight_bytes();
   }
@@ -313,7 +312,8 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
     recompute_[key] = Recompute{args, bytes_of(got), 0};
   } else if (training) {
     auto& keep = stash_[key];
-    outs = st.program.run_keeping(*context_, args, keep, &hook_, program_run(ins, true));
+    outs = st.program.run_keeping(*context_, args, keep, st.stash, arena_->base(), &hook_,
+                                  program_run(ins, true));
     // The received inputs the backward reads are in the stash now, the same buffers: counted
     // once (released first, so the peak never holds them twice).
     meter.sub(bytes_of(got));
@@ -323,20 +323,29 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
     outs = st.program.run(*context_, args, arena_->base(), &hook_);
   }
   timed(schedule::Op::kForward, ins.stage, ins.microbatch, start);
-  // The outputs (outside the arena) until they are sent or handed back; in training they are in
-  // the stash already, unless the stage recomputes. They exist before the inputs are released.
-  const bool hold_outputs = !training || st.stage->recompute;
-  int64_t held = 0;
-  for (const Tensor& t : outs) held += t.bytes();
-  if (hold_outputs) meter.add(held);
+  // The outputs (outside the arena) until they are sent or handed back, but those in the stash
+  // (counted there). They exist before the inputs are released.
+  const int64_t held = held_output_bytes(st, key, outs);
+  meter.add(held);
   if (!training) meter.sub(bytes_of(got));
   for (size_t k : st.graph_outputs)
     run_.results[st.program.outputs()[k].name][batch_index(ins.microbatch)] =
         to_host(*context_, outs[k]);
   if (!st.sends.empty())
     produced_[key] = std::move(outs);
-  else if (hold_outputs)
+  else
     meter.sub(held);  // handed back: the caller's copies are host memory, not the device's
+}
+
+// Bytes of a forward's outputs that the stash does not hold (metered while they wait to be sent).
+int64_t DeviceWorker::held_output_bytes(const StageRuntime& st, const Key& key,
+                                        const std::vector<Tensor>& outs) const {
+  const auto stash = run_.training && !st.stage->recompute ? stash_.find(key) : stash_.end();
+  int64_t held = 0;
+  for (size_t k = 0; k < outs.size(); ++k)
+    if (stash == stash_.end() || !stash->second.count(st.program.outputs()[k].name))
+      held += outs[k].bytes();
+  return held;
 }
 
 void DeviceWorker::send_act(const schedule::Instruction& ins) {
@@ -354,9 +363,7 @@ void DeviceWorker::send_act(const schedule::Instruction& ins) {
     // In the link's buffer the bytes are the receiver's (see the transport's on_delivered).
     transport().send({ins.stage, to, false}, std::move(m));
   }
-  int64_t held = 0;
-  for (const Tensor& t : outs) held += t.bytes();
-  if (!run_.training || st.stage->recompute) run_.meters[device_].sub(held);
+  run_.meters[device_].sub(held_output_bytes(st, it->first, outs));
   produced_.erase(it);
   waited(ins, start);
 }
@@ -397,7 +404,8 @@ void DeviceWorker::rebuild_stash(const schedule::Instruction& ins, StageRuntime&
   auto& keep = stash_[key];
   // The running statistics were updated by the microbatch's forward: not again; the random
   // draws (Dropout's mask) are the forward's again.
-  st.program.run_keeping(*context_, rc.args, keep, &hook_, program_run(ins, false));
+  st.program.run_keeping(*context_, rc.args, keep, st.stash, arena_->base(), &hook_,
+                         program_run(ins, false));
   // The inputs are metered already (as received).
   rc.stash_bytes = bytes_of_map(keep, st.weights);
   for (const ValueInfo& in : st.program.inputs())
@@ -429,6 +437,9 @@ std::vector<Tensor> DeviceWorker::backward_args(const schedule::Instruction& ins
                                      [&](const NamedTensor& t) { return t.name == in.name; });
                g != got.end()) {
       args.push_back(g->tensor);
+    } else if (!st.stash.count(in.name) && !in.name.ends_with("@grad")) {
+      // A forward value the backward reads for its shape alone: bare, no bytes.
+      args.push_back(Tensor::view(in.dtype, in.shape, nullptr));
     } else {
       fail(ErrorKind::kPlan,
            "backward input '{}' of stage {} is neither a forward value nor a received gradient",

@@ -83,6 +83,8 @@ class DeviceWorker {
   void take_backward_outputs(const schedule::Instruction& ins, StageRuntime& st,
                              std::vector<Tensor>& outs);
   void free_microbatch(const Key& key, const StageRuntime& st);
+  int64_t held_output_bytes(const StageRuntime& st, const Key& key,
+                            const std::vector<Tensor>& outs) const;
   /// A training forward of `ins`'s microbatch as its program sees it: the step's and
   /// microbatch's random key, and whether it updates the running statistics (the microbatch's
   /// forward does, its recomputation does not).

@@ -123,6 +123,10 @@ void Pipeline::load_programs(const Pipeline& p, StageRuntime& rt) {
     rt.weight_part = rt.backward->weight_gradient_nodes();
     for (const ValueInfo& out : rt.program.outputs())
       if (out.name == plan.training_config.loss_output) rt.loss = out.name;
+    const std::vector<bool> read = rt.backward->inputs_read();
+    for (size_t k = 0; k < read.size(); ++k)
+      if (read[k]) rt.stash.insert(rt.backward->inputs()[k].name);
+    if (!rt.loss.empty()) rt.stash.insert(rt.loss);
   }
   rt.weights = rt.program.weights();
   if (plan.training) lay_out_gradients(p, rt);

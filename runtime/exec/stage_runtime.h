@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,9 @@ struct StageRuntime {
   std::vector<bool> weight_part;          ///< Per backward node: part of W (zero-bubble).
   std::map<std::string, Tensor> weights;  ///< The forward program's weights (shared bytes).
   std::string loss;                       ///< The loss output's name when this stage computes it.
+  /// What a training forward keeps for the backward, by name: the backward's inputs whose
+  /// bytes it reads (Program::inputs_read) and the loss. The backward gets the others bare.
+  std::set<std::string> stash;
   std::map<std::string, optim::OptimizerState>
       opt_state;  ///< Per weight; only its device's worker. ZeRO-1: see `shard_lo`.
   /// Training: a trained weight's place in the stage's gradient bucket (ALLREDUCE).

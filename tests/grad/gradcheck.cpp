@@ -14,6 +14,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/core/program.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/format/grad_reads.h"
 
 namespace stagecraft::testing {
 
@@ -326,12 +327,15 @@ Gradient gradient_model(const GradCase& c, const onnx::NodeProto& node,
   fi->set_name(std::string(grad::kForwardInputsAttr));
   fi->set_type(onnx::AttributeProto::INT);
   fi->set_i(n);
-  auto add_input = [&](const std::string& name, const rt::Tensor& t) {
+  // A forward operand whose bytes the gradient does not read (runtime/format/grad_reads.h)
+  // goes in bare, as the runtime gives it: its dtype and shape, no bytes.
+  auto add_input = [&](const std::string& name, const rt::Tensor& t, bool bare = false) {
     gn->add_input(name);
     set_type(gb->add_input(), name, t.dtype, t.shape);
-    out.inputs.push_back(t);
+    out.inputs.push_back(bare ? rt::Tensor::view(t.dtype, t.shape, nullptr) : t);
     out.kernel_in.push_back(&t);
   };
+  auto bare = [&](int position) { return !grad::reads_bytes(c.op, n, position); };
   auto omit_input = [&] {
     gn->add_input("");
     out.kernel_in.push_back(nullptr);
@@ -340,9 +344,9 @@ Gradient gradient_model(const GradCase& c, const onnx::NodeProto& node,
     if (c.inputs[k].dtype == DType::kUndefined)
       omit_input();
     else
-      add_input(fmt::format("x{}", k), c.inputs[k]);
+      add_input(fmt::format("x{}", k), c.inputs[k], bare(k));
   }
-  for (int j = 0; j < c.outputs; ++j) add_input(fmt::format("y{}", j), ys[j]);
+  for (int j = 0; j < c.outputs; ++j) add_input(fmt::format("y{}", j), ys[j], bare(n + j));
   for (int j = 0; j < c.outputs; ++j) {
     if (rs[j].dtype == DType::kFloat32)
       add_input(fmt::format("dy{}", j), rs[j]);
