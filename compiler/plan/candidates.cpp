@@ -12,6 +12,7 @@
 #include "compiler/schedule/build_schedule.h"
 #include "cost_models/memory.h"
 #include "runtime/format/error.h"
+#include "runtime/format/lifetimes.h"
 #include "runtime/format/memory_plan.h"
 
 namespace stagecraft::plan::planning {
@@ -85,29 +86,44 @@ int64_t stage_temporary_bytes(const ir::Graph& g, const std::vector<ir::NodeId>&
 /// the runtime allocates that arena and places the tensors where the plan says.
 void plan_stage_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, int first, int last,
                       const std::vector<int>& stage_of, Stage& out) {
-  std::vector<int> position(g.num_nodes(), -1);
-  for (int i = first; i <= last; ++i) position[order[i]] = i;
-  std::vector<plan::Lifetime> lifetimes;
-  std::vector<std::string> names;
-  for (int i = first; i <= last; ++i) {
-    for (ir::ValueId v : g.node(order[i]).outputs) {
-      if (v == ir::kNoId) continue;
-      const ir::Value& value = g.value(v);
-      bool leaves = value.is_graph_output;
-      int end = i;
-      for (ir::NodeId u : value.consumers) {
-        if (stage_of[u] != stage_of[order[i]]) leaves = true;
-        if (position[u] >= 0) end = std::max(end, position[u]);
-      }
-      if (leaves) continue;  // a stage output: the runtime hands it on, outside the arena
-      lifetimes.push_back({value.bytes(), i - first, end - first});
-      names.push_back(value.name);
+  // The stage's program as the runtime will see it (lifetimes.h): its nodes in partition order
+  // over the values they touch; a value is the program's output when it leaves the stage (a
+  // graph output, or read by another stage): the runtime hands it on, outside the arena.
+  plan::ProgramGraph program;
+  std::vector<int> index(g.num_values(), -1);
+  std::vector<ir::ValueId> value_of;
+  auto number = [&](ir::ValueId v) {
+    if (v == ir::kNoId) return -1;
+    if (index[v] < 0) {
+      index[v] = static_cast<int>(value_of.size());
+      value_of.push_back(v);
     }
+    return index[v];
+  };
+  for (int i = first; i <= last; ++i) {
+    const ir::Node& node = g.node(order[i]);
+    plan::ProgramNode pn;
+    pn.op_type = node.op_type;
+    for (ir::ValueId v : node.inputs) pn.inputs.push_back(number(v));
+    for (ir::ValueId v : node.outputs) pn.outputs.push_back(number(v));
+    program.nodes.push_back(std::move(pn));
   }
-  plan::MemoryPlan mp = plan::plan_memory(lifetimes);
+  program.values = static_cast<int>(value_of.size());
+  std::vector<int64_t> bytes;
+  std::vector<bool> is_output;
+  for (ir::ValueId v : value_of) {
+    const ir::Value& value = g.value(v);
+    bool leaves = value.is_graph_output;
+    for (ir::NodeId u : value.consumers)
+      if (value.producer != ir::kNoId && stage_of[u] != stage_of[value.producer]) leaves = true;
+    bytes.push_back(value.shape_known ? value.bytes() : 0);
+    is_output.push_back(leaves);
+  }
+  const plan::Intermediates in = plan::intermediate_lifetimes(program, bytes, is_output);
+  const plan::MemoryPlan mp = plan::plan_memory(in.lifetimes);
   out.arena_bytes = mp.arena_bytes;
-  for (size_t t = 0; t < names.size(); ++t)
-    out.arena.push_back({names[t], mp.offsets[t], lifetimes[t].bytes});
+  for (size_t t = 0; t < in.values.size(); ++t)
+    out.arena.push_back({g.value(value_of[in.values[t]]).name, mp.offsets[t], in.lifetimes[t].bytes});
 }
 
 /// The receive buffers of what a stage sends (training: the gradients that come back).

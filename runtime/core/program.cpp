@@ -268,45 +268,56 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
       p.output_slots_.push_back(it->second);
       p.outputs_.push_back(p.slots_[it->second].info);
     }
-    // The arena: every intermediate alive from its node to its last reader (lifetimes.h).
-    p.graph_.values = static_cast<int>(p.slots_.size());
-    for (const Step& step : p.nodes_)
-      p.graph_.nodes.push_back({step.op_type, step.inputs, step.outputs, step.weight_gradients});
-    std::vector<int64_t> bytes;
-    std::vector<bool> is_output;
-    for (const Slot& slot : p.slots_) {
-      bytes.push_back(slot.info.numel_bytes());
-      is_output.push_back(slot.kind != Slot::kIntermediate);
-    }
-    const plan::Intermediates intermediates =
-        plan::intermediate_lifetimes(p.graph_, bytes, is_output);
-    const std::vector<plan::Lifetime>& lifetimes = intermediates.lifetimes;
-    for (size_t t = 0; t < intermediates.values.size(); ++t)
-      p.slots_[intermediates.values[t]].memory_index = static_cast<int>(t);
-    if (!arena) {
-      p.memory_ = plan::plan_memory(lifetimes);
-    } else {
-      // The compiler's plan: every intermediate placed, with the size the file gives it.
-      std::map<std::string, const plan::ArenaTensor*, std::less<>> placed;
-      for (const plan::ArenaTensor& t : arena->stage->arena) placed[t.name] = &t;
-      if (placed.size() != lifetimes.size())
-        fail(ErrorKind::kPlan, "{} places {} tensors but the stage file has {} intermediates",
-             arena->field, placed.size(), lifetimes.size());
-      p.memory_.arena_bytes = arena->stage->arena_bytes;
-      for (size_t t = 0; t < lifetimes.size(); ++t) {
-        const std::string& name = p.slots_[intermediates.values[t]].info.name;
-        auto it = placed.find(name);
-        if (it == placed.end())
-          fail(ErrorKind::kPlan, "{} has no place for intermediate '{}'", arena->field, name);
-        if (it->second->bytes != lifetimes[t].bytes)
-          fail(ErrorKind::kPlan, "{} gives '{}' {} bytes; the stage file's tensor has {}",
-               arena->field, name, it->second->bytes, lifetimes[t].bytes);
-        p.memory_.offsets.push_back(it->second->offset);
-      }
-    }
-    plan::check_memory_plan(lifetimes, p.memory_, arena ? arena->field : source);
+    p.place_intermediates(arena);
     return p;
   });
+}
+
+// The arena: every intermediate alive from its node to its last reader (lifetimes.h), placed by
+// the compiler's recorded plan or planned here; views share their sources' bytes.
+void Program::place_intermediates(const std::optional<RecordedArena>& arena) {
+  graph_.values = static_cast<int>(slots_.size());
+  for (const Step& step : nodes_)
+    graph_.nodes.push_back({step.op_type, step.inputs, step.outputs, step.weight_gradients});
+  std::vector<int64_t> bytes;
+  std::vector<bool> is_output;
+  for (const Slot& slot : slots_) {
+    bytes.push_back(slot.info.numel_bytes());
+    is_output.push_back(slot.kind != Slot::kIntermediate);
+  }
+  const plan::Intermediates intermediates =
+      plan::intermediate_lifetimes(graph_, bytes, is_output);
+  const std::vector<plan::Lifetime>& lifetimes = intermediates.lifetimes;
+  for (size_t t = 0; t < intermediates.values.size(); ++t) {
+    slots_[intermediates.values[t]].memory_index = static_cast<int>(t);
+    if (const int root = intermediates.alias[t]; root >= 0)
+      slots_[intermediates.values[t]].alias = intermediates.values[root];
+  }
+  for (size_t n = 0; n < nodes_.size(); ++n)
+    if (size_t source = 0; plan::is_view_node(graph_.nodes[n], &source))
+      nodes_[n].view_source = nodes_[n].inputs[source];
+  if (!arena) {
+    memory_ = plan::plan_memory(lifetimes);
+  } else {
+    // The compiler's plan: every intermediate placed, with the size the file gives it.
+    std::map<std::string, const plan::ArenaTensor*, std::less<>> placed;
+    for (const plan::ArenaTensor& t : arena->stage->arena) placed[t.name] = &t;
+    if (placed.size() != lifetimes.size())
+      fail(ErrorKind::kPlan, "{} places {} tensors but the stage file has {} intermediates",
+           arena->field, placed.size(), lifetimes.size());
+    memory_.arena_bytes = arena->stage->arena_bytes;
+    for (size_t t = 0; t < lifetimes.size(); ++t) {
+      const std::string& name = slots_[intermediates.values[t]].info.name;
+      auto it = placed.find(name);
+      if (it == placed.end())
+        fail(ErrorKind::kPlan, "{} has no place for intermediate '{}'", arena->field, name);
+      if (it->second->bytes != lifetimes[t].bytes)
+        fail(ErrorKind::kPlan, "{} gives '{}' {} bytes; the stage file's tensor has {}",
+             arena->field, name, it->second->bytes, lifetimes[t].bytes);
+      memory_.offsets.push_back(it->second->offset);
+    }
+  }
+  plan::check_memory_plan(lifetimes, memory_, arena ? arena->field : source_);
 }
 
 int64_t Program::output_bytes() const {
@@ -452,6 +463,19 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
       }
     }
   }
+  // A view's output shares its source's bytes (lifetimes.h) where the run places it in the
+  // arena and runs its node; anywhere else (kept, or a part's value from the other part) it
+  // gets bytes of its own and its node copies.
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    const Step& step = nodes_[n];
+    const int s = step.outputs.empty() ? -1 : step.outputs[0];
+    if (s < 0 || slots_[s].alias < 0 || (mask && !(*mask)[n])) continue;
+    const ValueInfo& info = slots_[s].info;
+    if (mask ? crossing[s] : kept != nullptr && (!keep || keep->count(info.name))) continue;
+    const Tensor& source = values[step.view_source];
+    values[s] = source.data != nullptr ? Tensor{info.dtype, info.shape, source.data, source.storage, {}}
+                                       : device.new_tensor(info.dtype, info.shape, false);
+  }
   std::vector<const Tensor*> in_ptrs;
   std::vector<Tensor*> out_ptrs;
   // State updates (TrainingRun::update_state): each new value copied aside right after its node
@@ -461,6 +485,14 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
   for (size_t n = 0; n < nodes_.size(); ++n) {
     const Step& step = nodes_[n];
     if (mask && !(*mask)[n]) continue;
+    // A view sharing its source's bytes: nothing to copy.
+    const bool shared = step.view_source >= 0 && !step.outputs.empty() && step.outputs[0] >= 0 &&
+                        values[step.outputs[0]].data != nullptr &&
+                        values[step.outputs[0]].data == values[step.view_source].data;
+    if (shared) {
+      if (hook && hook->before) hook->before(step.name, step.op_type);
+      continue;
+    }
     in_ptrs.clear();
     out_ptrs.clear();
     for (int s : step.inputs) in_ptrs.push_back(s < 0 ? nullptr : &values[s]);

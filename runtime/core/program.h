@@ -159,6 +159,7 @@ class Program {
     enum Kind { kInput, kWeight, kIntermediate, kOutput } kind = kIntermediate;
     Tensor weight;          // kWeight
     int memory_index = -1;  // kIntermediate: index into memory_.offsets
+    int alias = -1;  // kIntermediate, a view's output: the slot whose bytes it shares (lifetimes.h)
   };
   struct Step {
     std::string name, op_type;
@@ -175,6 +176,7 @@ class Program {
     // left it) is copied into weight slot `second`.
     std::vector<std::pair<int, int>> state_updates;
     uint64_t name_hash = 0;  // mixed into the run's random key (KernelArgs::random_key)
+    int view_source = -1;    // a view (lifetimes.h is_view_node): the slot output 0 may share
   };
 
   std::string source_;
@@ -189,6 +191,7 @@ class Program {
   int64_t external_bytes_ = 0;
   double load_seconds_ = 0;
 
+  void place_intermediates(const std::optional<RecordedArena>& arena);
   std::vector<Tensor> execute(DeviceContext& device, std::span<const Tensor> inputs,
                               std::byte* arena, std::map<std::string, Tensor>* kept,
                               const NodeHook* hook, const std::vector<bool>* mask = nullptr,

@@ -1,5 +1,7 @@
 #include "runtime/format/lifetimes.h"
 
+#include <string_view>
+
 #include "runtime/format/error.h"
 
 namespace stagecraft::plan {
@@ -17,6 +19,25 @@ std::vector<int> producers(const ProgramGraph& graph) {
 
 }  // namespace
 
+bool is_view_node(const ProgramNode& node, std::size_t* source) {
+  static constexpr std::string_view kViews[] = {"Reshape", "Flatten", "Squeeze", "Unsqueeze",
+                                                "Identity"};
+  const std::string_view op = node.op_type;
+  for (std::string_view view : kViews) {
+    if (op == view && !node.inputs.empty()) {
+      *source = 0;
+      return true;
+    }
+    // The gradient: x..., y0, dy0 (grad_ops.h); dx0 is dy0 in x0's shape.
+    if (op.size() == view.size() + 4 && op.starts_with(view) && op.ends_with("Grad") &&
+        node.inputs.size() >= 3) {
+      *source = node.inputs.size() - 1;
+      return true;
+    }
+  }
+  return false;
+}
+
 Intermediates intermediate_lifetimes(const ProgramGraph& graph, const std::vector<int64_t>& bytes,
                                      const std::vector<bool>& is_output) {
   if (bytes.size() != static_cast<size_t>(graph.values) ||
@@ -27,13 +48,28 @@ Intermediates intermediate_lifetimes(const ProgramGraph& graph, const std::vecto
   std::vector<int> index(static_cast<size_t>(graph.values), -1);  // value -> intermediate
   for (size_t n = 0; n < graph.nodes.size(); ++n) {
     const int step = static_cast<int>(n);
-    for (int v : graph.nodes[n].inputs)
-      if (v >= 0 && index[v] >= 0) out.lifetimes[index[v]].last = step;
-    for (int v : graph.nodes[n].outputs) {
+    const ProgramNode& node = graph.nodes[n];
+    for (int v : node.inputs) {
+      if (v < 0 || index[v] < 0) continue;
+      out.lifetimes[index[v]].last = step;
+      if (const int root = out.alias[index[v]]; root >= 0) out.lifetimes[root].last = step;
+    }
+    std::size_t source = 0;
+    const bool view = is_view_node(node, &source);
+    for (size_t k = 0; k < node.outputs.size(); ++k) {
+      const int v = node.outputs[k];
       if (v < 0 || is_output[v]) continue;
       index[v] = static_cast<int>(out.values.size());
       out.values.push_back(v);
-      out.lifetimes.push_back({bytes[v], step, step});
+      const int from = view && k == 0 ? node.inputs[source] : -1;
+      if (from >= 0 && index[from] >= 0 && bytes[from] == bytes[v] && bytes[v] > 0) {
+        const int entry = index[from];
+        out.alias.push_back(out.alias[entry] >= 0 ? out.alias[entry] : entry);
+        out.lifetimes.push_back({0, step, step});
+      } else {
+        out.alias.push_back(-1);
+        out.lifetimes.push_back({bytes[v], step, step});
+      }
     }
   }
   return out;

@@ -5,6 +5,7 @@
 /// memory from it when it writes the files, and the runtime places tensors and splits a
 /// backward by it when it loads them, so both always agree.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,10 +30,22 @@ struct ProgramGraph {
 
 /// The intermediates of a program and how long each lives: every node output that is not a
 /// graph output (`is_output`, per value), alive from its node to its last reader, inclusive.
+///
+/// A view (`is_view_node`: Reshape, Flatten, Squeeze, Unsqueeze, Identity and their gradients)
+/// whose source is itself an intermediate of the same bytes shares the source's bytes: its
+/// entry has 0 bytes and `alias` names the entry that holds them (the first of a chain), whose
+/// lifetime reaches the view's last reader. The runtime gives such a view the source's bytes
+/// and does not run its node (program.cpp), so the copy is never made.
 struct Intermediates {
   std::vector<int> values;          ///< Value index of each intermediate, in production order.
   std::vector<Lifetime> lifetimes;  ///< One per entry of `values`, sized by `bytes`.
+  std::vector<int> alias;           ///< Per entry: the entry whose bytes it shares, or -1.
 };
+
+/// Whether `node` is a view whose output 0 may share its source's bytes, and which input is
+/// the source (`*source`, a position in node.inputs): input 0 of a forward view, dY (the last
+/// input) of a view's gradient.
+bool is_view_node(const ProgramNode& node, std::size_t* source);
 
 /// The arena lifetimes of `graph`'s intermediates; `bytes` and `is_output` are per value.
 Intermediates intermediate_lifetimes(const ProgramGraph& graph, const std::vector<int64_t>& bytes,
