@@ -306,14 +306,18 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt
   one_step.progress = nullptr;
   for (int s = 0; s < args.steps; ++s) {
     one_step.trace_steps = s < options.trace_steps ? 1 : 0;
+    const auto start = std::chrono::steady_clock::now();
     rt::RunReport r = pipeline.run(batches[static_cast<size_t>(s) % batches.size()], one_step);
+    // The next run starts after this one (its events, if traced, are within it).
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     runs.push_back({r.bubble_fraction, std::move(r.devices), std::move(r.allreduce_s)});
     report.outputs = std::move(r.outputs);
     report.step_s.push_back(r.step_s.front());
     report.losses.insert(report.losses.end(), r.losses.begin(), r.losses.end());
     report.loss_scale.insert(report.loss_scale.end(), r.loss_scale.begin(), r.loss_scale.end());
     report.skipped.insert(report.skipped.end(), r.skipped.begin(), r.skipped.end());
-    double end = offset;  // the next run starts after every event of this one (any device)
+    double end = offset + took;
     for (auto e : r.events) {
       e.start_s += offset;
       e.end_s += offset;
