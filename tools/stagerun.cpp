@@ -1,7 +1,7 @@
 // stagerun: execute a plan directory with microbatch pipelining.
 //
 //   stagerun PLAN_DIR [--backend auto|cpu|cuda] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
-//            [--outputs DIR] [--threads-per-device T] [--trace FILE] [--json]
+//            [--outputs DIR] [--threads-per-device T] [--trace FILE [--trace-steps N]] [--json]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
 //            [--timeout SECONDS] [--bucket-mb MIB] [--no-overlap] [--transport auto|nccl|mpi]
 //            [--loss-scale S] [--loss-scale-window N]
@@ -43,7 +43,17 @@
 // to rank 0's clock at every step's start), in the format of `stagedump --trace` (a process per
 // device, "measured / device N", with a slice per step, the compute, the receives' waits and the
 // sends, and the device's metered bytes after every instruction as a counter), every step;
-// `stagedump PLAN --trace OUT --measured FILE` sets it beside the prediction.
+// `stagedump PLAN --trace OUT --measured FILE` sets it beside the prediction. Only the first
+// --trace-steps steps (default 100) are traced, and nothing is kept per instruction without
+// --trace: a long run's memory stays flat (the per-step figures are a few numbers a step).
+//
+// SIGTERM, SIGINT or SIGUSR1 (tools/stagerun_stop.h) stops a run after the step in flight:
+// every device finishes it (under mpirun every rank agrees on the step at the step barrier),
+// --checkpoint saves, the figures of the steps run are printed (--json: a record {type:
+// "stopped", signal, after_step, checkpoint} before the summary), one line says
+// `stagerun: stopped by SIGTERM after step 1234; checkpoint ckpt holds it`, and the exit status
+// is 75 (--export is not written). --resume then goes on bit for bit. A second signal stops at
+// once.
 //
 // --bucket-mb (default 25, as PyTorch DDP's bucket_cap_mb): with data parallelism, a stage's
 // gradients are summed over the replicas in buckets of at most this many MiB (whole weights),
@@ -69,7 +79,6 @@
 // halved by a skipped step, doubled after --loss-scale-window N clean steps (runtime/exec/
 // run_types.h LossScale); one process only (not under mpirun yet).
 #include <fmt/format.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -79,7 +88,6 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <span>
@@ -94,39 +102,25 @@
 #include "runtime/mpi/world.h"
 #include "tools/dump/render.h"
 #include "tools/cli_common.h"
-#include "tools/dump/view.h"
-#include "tools/json_formats.h"
 #include "tools/stagerun_inputs.h"
+#include "tools/stagerun_args.h"
 #include "tools/stagerun_notes.h"
+#include "tools/stagerun_print.h"
+#include "tools/stagerun_stop.h"
 
 namespace fs = std::filesystem;
 using namespace stagecraft;
+using tools::Args;
 using tools::cut_batches;
-using tools::file_stem;
 using tools::read_inputs;
 using tools::prediction_gap;
 using tools::report_loads;
+using tools::print_json;
+using tools::print_text;
+using tools::write_outputs;
+using tools::write_trace;
 
 namespace {
-
-/// The process's peak resident set (getrusage), in bytes.
-int64_t peak_rss_bytes() {
-  struct rusage usage {};
-  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
-}
-
-// The command line.
-struct Args {
-  std::string plan_dir, backend_name = "auto", inputs_path, outputs_dir, trace_path, inject_fault;
-  std::string data_dir, checkpoint_dir, resume_dir, export_path, inject_kill, inject_hang;
-  std::string transport = "auto";
-  int steps = 1, threads = 1, save_every = 0;
-  double timeout_s = 60, bucket_mb = 25;
-  std::optional<double> loss_scale;
-  std::optional<int64_t> loss_scale_window;
-  bool synthetic = false, json = false, quiet = false, skip_nonfinite = false, no_overlap = false;
-};
 
 // Declares every option of `args` on `app`.
 void add_options(CLI::App& app, Args& args) {
@@ -160,6 +154,10 @@ void add_options(CLI::App& app, Args& args) {
       ->check(cli::at_least<int>(1));
   app.add_option("--trace", args.trace_path,
                  "Chrome trace of what ran (format of stagedump --trace; '-': stdout)");
+  app.add_option("--trace-steps", args.trace_steps,
+                 "--trace: the run's first N steps are traced (the rest are run untraced)")
+      ->capture_default_str()
+      ->check(cli::at_least<int64_t>(1));
   app.add_flag("--json", args.json,
                "Print the figures as JSON Lines instead of text: one record per step, then a "
                "summary record (docs/schemas/stagerun.schema.json)");
@@ -280,6 +278,8 @@ void check_args(const Args& args) {
     fail(ErrorKind::kUsage, "--save-every must be at least 1 (got {})", args.save_every);
   if (args.save_every > 0 && args.checkpoint_dir.empty())
     fail(ErrorKind::kUsage, "--save-every needs --checkpoint DIR");
+  if (args.trace_path.empty() && args.trace_steps != 100)
+    fail(ErrorKind::kUsage, "--trace-steps needs --trace FILE");
   if (args.json && args.trace_path == "-")
     fail(ErrorKind::kUsage, "--json and --trace - both write to stdout; give --trace a FILE");
   if (args.loss_scale) rt::LossScale::check_scale(*args.loss_scale, "--loss-scale");
@@ -287,25 +287,37 @@ void check_args(const Args& args) {
 }
 
 // --data: batch k of K for step k mod K, one step per run; the optimizer state, the step count
-// and the lr schedule carry over between runs. One report over all the steps.
+// and the lr schedule carry over between runs. One report over all the steps (of each run only
+// its figures for the median step are kept, and the last one's outputs).
 rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt::Tensor>& data,
                           const Args& args, const rt::RunOptions& options) {
   rt::RunReport report;
   std::vector<std::map<std::string, rt::Tensor>> batches =
       cut_batches(data, pipeline, args.data_dir);
-  std::vector<rt::RunReport> runs;
+  struct Figures {  // what the report takes of the run of the median step
+    double bubble_fraction;
+    std::vector<rt::DeviceReport> devices;
+    std::vector<double> allreduce_s;
+  };
+  std::vector<Figures> runs;
   double offset = 0;
   rt::RunOptions one_step = options;  // progress is shown over all the steps, below
   one_step.steps = 1;
   one_step.progress = nullptr;
   for (int s = 0; s < args.steps; ++s) {
-    runs.push_back(pipeline.run(batches[static_cast<size_t>(s) % batches.size()], one_step));
-    rt::RunReport& r = runs.back();
+    one_step.trace_steps = s < options.trace_steps ? 1 : 0;
+    const auto start = std::chrono::steady_clock::now();
+    rt::RunReport r = pipeline.run(batches[static_cast<size_t>(s) % batches.size()], one_step);
+    // The next run starts after this one (its events, if traced, are within it).
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    runs.push_back({r.bubble_fraction, std::move(r.devices), std::move(r.allreduce_s)});
+    report.outputs = std::move(r.outputs);
     report.step_s.push_back(r.step_s.front());
     report.losses.insert(report.losses.end(), r.losses.begin(), r.losses.end());
     report.loss_scale.insert(report.loss_scale.end(), r.loss_scale.begin(), r.loss_scale.end());
     report.skipped.insert(report.skipped.end(), r.skipped.begin(), r.skipped.end());
-    double end = offset;  // the next run starts after every event of this one (any device)
+    double end = offset + took;
     for (auto e : r.events) {
       e.start_s += offset;
       e.end_s += offset;
@@ -318,47 +330,14 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt
     }
     offset = end;
     if (options.progress) options.progress(s + 1, args.steps, offset);
+    report.stop_signal = r.stop_signal;  // a stop agreed on in the run: no more runs
+    if (r.stop_signal != 0) break;
   }
   report.reported_step = rt::median_step(report.step_s);
   report.bubble_fraction = runs[report.reported_step].bubble_fraction;
   report.devices = runs[report.reported_step].devices;
   report.allreduce_s = runs[report.reported_step].allreduce_s;
-  report.outputs = runs.back().outputs;
   return report;
-}
-
-// --outputs: the last step's graph outputs as DIR/NAME.npy; the files written, for the report.
-nlohmann::ordered_json write_outputs(const rt::RunReport& report, const std::string& outputs_dir) {
-  nlohmann::ordered_json outputs = nlohmann::ordered_json::array();
-  if (outputs_dir.empty()) return outputs;
-  for (const auto& [name, tensor] : report.outputs) {
-    std::string file = (fs::path(outputs_dir) / (file_stem(name) + ".npy")).string();
-    rt::write_npy(file, tensor);
-    outputs.push_back({{"name", name},
-                       {"dtype", dtype_name(tensor.dtype)},
-                       {"shape", tensor.shape},
-                       {"file", file}});
-  }
-  return outputs;
-}
-
-// --trace: the measured run as a Chrome trace ('-': stdout): every step, split by the schedule
-// (tools/dump/measured.h), and every device's memory track, in the form of stagedump --trace.
-void write_trace(const rt::RunReport& report, const Args& args, const rt::Pipeline& pipeline) {
-  if (args.trace_path.empty()) return;
-  std::vector<dump::MeasuredStep> steps = dump::split_steps(
-      report.events, pipeline.plan(), pipeline.schedule(), args.trace_path,
-      [](size_t i) { return fmt::format("event {}", i); });
-  std::vector<dump::MeasuredMemory> memory;
-  for (const rt::MemorySample& m : report.memory) memory.push_back({m.device, m.time_s, m.bytes});
-  std::string text = dump::measured_trace(pipeline.plan(), steps, memory).dump(1) + "\n";
-  if (args.trace_path == "-") {
-    fmt::print("{}", text);
-    return;
-  }
-  std::ofstream out(args.trace_path, std::ios::binary);
-  if (out) out << text;
-  if (!out) fail(ErrorKind::kIo, "--trace {}: cannot write", args.trace_path);
 }
 
 // One line when the plan was costed for another kind of device than the backend that runs it
@@ -388,175 +367,6 @@ std::vector<std::string> run_warnings(const plan::Plan& plan, const rt::Backend&
   return warnings;
 }
 
-// The steps the reported median is over: every step after the first (the warm-up), or the one
-// step there is.
-std::vector<double> steady_steps(const rt::RunReport& report) {
-  if (report.step_s.size() < 2) return report.step_s;
-  return {report.step_s.begin() + 1, report.step_s.end()};
-}
-
-// The inputs as the report names them.
-std::string inputs_label(const Args& args, bool json) {
-  if (!args.data_dir.empty())
-    return json ? args.data_dir : "--data " + args.data_dir + " (step s: batch s mod K)";
-  if (args.inputs_path.empty()) return json ? "synthetic" : "synthetic (deterministic)";
-  return args.inputs_path;
-}
-
-// --json: JSON Lines, one record per step, then the summary (schema: file comment and
-// docs/schemas/stagerun.schema.json).
-void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const Args& args,
-                std::string_view backend, const std::string& auto_reason, int64_t first_step,
-                const nlohmann::ordered_json& outputs, const std::vector<std::string>& warnings,
-                const std::string& gap) {
-  const plan::Plan& plan = pipeline.plan();
-  double step_s = report.step_s[report.reported_step];
-  for (size_t k = 0; k < report.step_s.size(); ++k) {
-    nlohmann::ordered_json record{{"type", "step"},
-                                  {"format_version", tools::kRunJsonVersion},
-                                  {"step", first_step + static_cast<int64_t>(k) + 1},
-                                  {"step_ms", report.step_s[k] * 1e3}};
-    if (k < report.losses.size()) record["loss"] = report.losses[k];
-    if (k < report.loss_scale.size()) {
-      record["loss_scale"] = report.loss_scale[k];
-      record["skipped"] = static_cast<bool>(report.skipped[k]);
-    }
-    fmt::print("{}\n", record.dump());
-  }
-  nlohmann::ordered_json j;
-  j["type"] = "summary";
-  j["format_version"] = tools::kRunJsonVersion;
-  j["plan"] = args.plan_dir;
-  j["backend"] = std::string(backend);
-  if (!auto_reason.empty()) j["backend_auto"] = auto_reason;  // why --backend auto chose it
-  j["threads_per_device"] = args.threads;
-  j["devices"] = plan.devices * plan.data_parallel;
-  j["data_parallel"] = plan.data_parallel;
-  j["microbatches"] = plan.microbatches;
-  j["schedule"] = std::string(to_string(plan.schedule));
-  j["batch"] = plan.batch;
-  j["steps"] = args.steps;
-  j["inputs"] = inputs_label(args, true);
-  nlohmann::ordered_json ms = nlohmann::ordered_json::array();
-  for (double s : report.step_s) ms.push_back(s * 1e3);
-  j["step_ms"] = ms;
-  j["median_step_ms"] = step_s * 1e3;
-  // The median leaves the first step (the warm-up) out when there are others.
-  j["median_of_steps"] = steady_steps(report).size();
-  j["warmup_step_ms"] = report.step_s.front() * 1e3;
-  j["median_excludes_warmup"] = report.step_s.size() > 1;
-  j["samples_per_s"] = step_s > 0 ? static_cast<double>(plan.batch) / step_s : 0;
-  j["bubble"] = {{"measured", report.bubble_fraction},
-                 {"predicted", plan.predicted.bubble_fraction}};
-  j["predicted_step_ms"] = plan.predicted.step_ms;
-  j["cost_model"] = plan.cost_model;
-  j["plan_device"] = {{"name", plan.device.name}, {"kind", to_string(plan.device.kind)}};
-  j["warnings"] = warnings;
-  if (!gap.empty()) j["prediction_gap"] = gap;
-  if (!report.losses.empty()) j["final_loss"] = report.losses.back();
-  if (!report.loss_scale.empty())
-    j["loss_scale"] = {
-        {"scale", pipeline.loss_scale().scale},
-        {"skipped_steps", std::count(report.skipped.begin(), report.skipped.end(), true)}};
-  nlohmann::ordered_json devs = nlohmann::ordered_json::array();
-  for (size_t d = 0; d < report.devices.size(); ++d) {
-    const rt::DeviceReport& r = report.devices[d];
-    devs.push_back({{"device", d},
-                    {"busy_fraction", step_s > 0 ? r.busy_s / step_s : 0.0},
-                    {"send_ms", r.send_s * 1e3},
-                    {"peak_bytes", r.peak_bytes},
-                    {"predicted_peak_bytes", r.predicted_peak_bytes},
-                    {"arena_bytes", r.arena_bytes},
-                    {"weight_bytes", r.weight_bytes}});
-    if (r.device_peak_bytes >= 0) devs.back()["device_peak_bytes"] = r.device_peak_bytes;
-    if (r.device_used_bytes >= 0) devs.back()["device_used_bytes"] = r.device_used_bytes;
-    if (plan.data_parallel > 1 && d < report.allreduce_s.size())
-      devs.back()["allreduce_ms"] = report.allreduce_s[d] * 1e3;
-  }
-  j["device"] = devs;
-  j["process_peak_rss_bytes"] = peak_rss_bytes();
-  j["outputs"] = outputs;
-  fmt::print("{}\n", j.dump());
-}
-
-// The figures as text.
-void print_text(const rt::RunReport& report, const rt::Pipeline& pipeline, const Args& args,
-                std::string_view backend, int64_t first_step,
-                const nlohmann::ordered_json& outputs, const std::string& gap) {
-  const plan::Plan& plan = pipeline.plan();
-  const int threads = args.threads;
-  double step_s = report.step_s[report.reported_step];
-  double samples_per_s = step_s > 0 ? static_cast<double>(plan.batch) / step_s : 0;
-  std::vector<double> sorted = steady_steps(report);
-  std::sort(sorted.begin(), sorted.end());
-  const int devices = plan.devices * plan.data_parallel;
-  fmt::print(
-      "plan {}: {} on {} device{}{}, {} microbatches of {}{} (batch {}); backend {}, {} thread{} "
-      "per device\n",
-      args.plan_dir, to_string(plan.schedule), devices, devices == 1 ? "" : "s",
-      plan.data_parallel > 1 ? fmt::format(" ({} replicas x {})", plan.data_parallel, plan.devices)
-                             : "",
-      plan.microbatches, plan.microbatch_size, plan.data_parallel > 1 ? " per replica" : "",
-      plan.batch, backend, threads, threads == 1 ? "" : "s");
-  fmt::print("inputs: {}\n", inputs_label(args, false));
-  for (size_t k = 0; k < report.losses.size(); ++k)
-    fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms{}\n", first_step + static_cast<int64_t>(k) + 1,
-               report.losses[k], report.step_s[k] * 1e3,
-               k < report.loss_scale.size()
-                   ? fmt::format("  loss scale {:g}{}", report.loss_scale[k],
-                                 report.skipped[k] ? "  skipped (inf/NaN gradient)" : "")
-                   : "");
-  if (!report.loss_scale.empty())
-    fmt::print("dynamic loss scaling: {} of {} steps skipped, scale now {:g}\n",
-               std::count(report.skipped.begin(), report.skipped.end(), true),
-               report.skipped.size(), pipeline.loss_scale().scale);
-  if (report.step_s.size() > 1)
-    fmt::print(
-        "step {:.3f} ms (median of the {} steps after the warm-up step, which took {:.3f} ms; min "
-        "{:.3f}, max {:.3f}), {:.1f} samples/s\n",
-        step_s * 1e3, sorted.size(), report.step_s.front() * 1e3, sorted.front() * 1e3,
-        sorted.back() * 1e3, samples_per_s);
-  else
-    fmt::print(
-        "step {:.3f} ms (one step, the warm-up step, slower than a steady one: --steps 3 or more "
-        "for a median without it), {:.1f} samples/s\n",
-        step_s * 1e3, samples_per_s);
-  fmt::print("bubble {:.1f}% measured, {:.1f}% predicted (predicted step {:.3f} ms by {})\n",
-             report.bubble_fraction * 100, plan.predicted.bubble_fraction * 100,
-             plan.predicted.step_ms, plan.cost_model);
-  if (!gap.empty()) fmt::print("prediction: {}\n", gap);
-  fmt::print("{:>6}  {:>6}  {:>12}  {:>14}\n", "device", "busy", "peak memory", "predicted peak");
-  for (size_t d = 0; d < report.devices.size(); ++d) {
-    const rt::DeviceReport& r = report.devices[d];
-    fmt::print("{:>6}  {:>5.1f}%  {:>12}  {:>14}\n", d, step_s > 0 ? 100 * r.busy_s / step_s : 0.0,
-               dump::format_bytes(static_cast<double>(r.peak_bytes)),
-               dump::format_bytes(static_cast<double>(r.predicted_peak_bytes)));
-    if (r.device_peak_bytes >= 0)
-      fmt::print(
-          "        the GPU it is on: pool peak {} with the arena, {} in use (driver)\n",
-          dump::format_bytes(static_cast<double>(r.device_peak_bytes)),
-          dump::format_bytes(static_cast<double>(std::max<int64_t>(0, r.device_used_bytes))));
-  }
-  if (plan.data_parallel > 1 && plan.training && !report.allreduce_s.empty()) {
-    double sum = 0;
-    for (double s : report.allreduce_s) sum += s;
-    const double mean = sum / static_cast<double>(report.allreduce_s.size());
-    fmt::print(
-        "all-reduce over {} replicas: {:.3f} ms of the step per device waiting for it ({:.1f}%; "
-        "the sums run behind the backward; predicted {:.3f} ms on the link)\n",
-        plan.data_parallel, mean * 1e3, step_s > 0 ? 100 * mean / step_s : 0.0, [&] {
-          double predicted = 0;
-          for (const plan::Stage& st : plan.stages) predicted += st.allreduce_ms;
-          return predicted / plan.devices;
-        }());
-  }
-  // The meter counts tensors; the process also holds the program, oneDNN's scratch and
-  // buffers kept for reuse.
-  fmt::print("process peak RSS {} (all devices, with the loaded programs)\n",
-             dump::format_bytes(static_cast<double>(peak_rss_bytes())));
-  for (const auto& o : outputs) fmt::print("wrote {}\n", o["file"].get<std::string>());
-}
-
 // One line per checkpoint saved: where, at which step, its size and how long the save took.
 void say_saved(const std::string& dir, int64_t step, std::chrono::steady_clock::time_point start) {
   const double seconds =
@@ -579,6 +389,10 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   options.inject_fault = args.inject_fault;
   options.before_instruction = stop_hook(args, pipeline);
   options.skip_nonfinite = args.skip_nonfinite;
+  // Per instruction, the events and memory samples of the traced steps only (a long run's
+  // memory stays flat); a stop signal ends the run after the step in flight.
+  options.trace_steps = args.trace_path.empty() ? 0 : args.trace_steps;
+  options.stop_requested = tools::stop_requested;
   bool tty = isatty(STDERR_FILENO);
   if (!args.quiet)
     options.progress = [tty, first_step, last_shown = 0.0](int done, int total,
@@ -626,6 +440,48 @@ const rt::Backend& pick_backend(std::optional<rt::mpi::World>& world, const Args
   else
     pick();
   return *picked;
+}
+
+// Under mpirun every rank saves its part of each checkpoint: one writer per stage, the manifest
+// by rank 0.
+void rank_checkpoints(rt::RunOptions& options, rt::mpi::World& world, rt::Pipeline& pipeline,
+                      const Args& args) {
+  // --inject-hang DEVICE:STEP:save: that device's rank stops answering as the save begins.
+  const std::optional<Injection> hang = injection(args, pipeline);
+  const int64_t hang_step =
+      hang && hang->where == "save" && hang->device == world.rank() ? hang->step : -1;
+  options.checkpoint = [&w = world, &p = pipeline, dir = args.checkpoint_dir, hang_step,
+                        quiet = args.quiet](int64_t step) {
+    while (step == hang_step) std::this_thread::sleep_for(std::chrono::seconds(1));
+    const auto start = std::chrono::steady_clock::now();
+    w.save_checkpoint(p, dir);
+    if (!quiet && w.rank() == 0) say_saved(dir, step, start);
+  };
+}
+
+// --export: the original model with the trained weights.
+void export_trained(std::optional<rt::mpi::World>& world, rt::Pipeline& pipeline,
+                    const Args& args) {
+  int replaced = 0;
+  if (world) {
+    // Each rank holds its stages' weights: every rank saves its part of a checkpoint beside
+    // FILE (one writer per stage, as --checkpoint), then rank 0 loads the whole plan on the
+    // CPU, restores that checkpoint into it and exports. FILE's folder must be one the ranks
+    // share, as --checkpoint's must.
+    const std::string parts = args.export_path + ".checkpoint";
+    world->save_checkpoint(pipeline, parts);
+    if (world->rank() != 0) return;
+    auto whole = rt::Pipeline::load(pipeline.plan(), args.plan_dir, rt::cpu_backend(), 1);
+    rt::load_checkpoint(*whole, parts);
+    replaced = rt::export_model(*whole, args.export_path);
+    std::error_code ec;
+    fs::remove_all(parts, ec);
+  } else {
+    replaced = rt::export_model(pipeline, args.export_path);
+  }
+  if (!args.quiet)
+    fmt::print(stderr, "stagerun: wrote {} ({} trained initializers)\n", args.export_path,
+               replaced);
 }
 
 }  // namespace
@@ -709,52 +565,21 @@ int main(int argc, char** argv) {
                    backend.name(), chosen.empty() ? "" : fmt::format(" (auto: {})", chosen),
                    rank_gpu, transport);
     }
-    // Under mpirun every rank saves its part: one writer per stage, the manifest by rank 0.
-    if (world && options.checkpoint) {
-      // --inject-hang DEVICE:STEP:save: that device's rank stops answering as the save begins.
-      const std::optional<Injection> hang = injection(args, *pipeline);
-      const int64_t hang_step =
-          hang && hang->where == "save" && hang->device == world->rank() ? hang->step : -1;
-      options.checkpoint = [&w = *world, &p = *pipeline, dir = args.checkpoint_dir, hang_step,
-                            quiet = args.quiet](int64_t step) {
-        while (step == hang_step) std::this_thread::sleep_for(std::chrono::seconds(1));
-        const auto start = std::chrono::steady_clock::now();
-        w.save_checkpoint(p, dir);
-        if (!quiet && w.rank() == 0) say_saved(dir, step, start);
-      };
-    }
-    auto export_model = [&] {
-      int replaced = 0;
-      if (world) {
-        // Each rank holds its stages' weights: every rank saves its part of a checkpoint beside
-        // FILE (one writer per stage, as --checkpoint), then rank 0 loads the whole plan on the
-        // CPU, restores that checkpoint into it and exports. FILE's folder must be one the
-        // ranks share, as --checkpoint's must.
-        const std::string parts = args.export_path + ".checkpoint";
-        world->save_checkpoint(*pipeline, parts);
-        if (world->rank() != 0) return;
-        auto whole = rt::Pipeline::load(pipeline->plan(), args.plan_dir, rt::cpu_backend(), 1);
-        rt::load_checkpoint(*whole, parts);
-        replaced = rt::export_model(*whole, args.export_path);
-        std::error_code ec;
-        fs::remove_all(parts, ec);
-      } else {
-        replaced = rt::export_model(*pipeline, args.export_path);
-      }
-      if (!args.quiet)
-        fmt::print(stderr, "stagerun: wrote {} ({} trained initializers)\n", args.export_path,
-                   replaced);
-    };
+    if (world && options.checkpoint) rank_checkpoints(options, *world, *pipeline, args);
     if (args.steps == 0) {
-      export_model();
+      export_trained(world, *pipeline, args);
       return 0;
     }
+    tools::install_stop_handlers(world.has_value());
     rt::RunReport report = args.data_dir.empty() ? pipeline->run(inputs, options)
                                                  : run_batches(*pipeline, data, args, options);
-    if (!args.export_path.empty()) export_model();
+    // A stopped run is resumed from its checkpoint, not exported.
+    const int code = report.stop_signal != 0 ? tools::kStoppedExitCode : 0;
+    if (!args.export_path.empty() && code == 0) export_trained(world, *pipeline, args);
     if (world) {
-      world->gather(report, plan);  // rank 0 prints for all
-      if (world->rank() != 0) return 0;
+      if (code != 0) world->end_together();  // every rank stops after the same step
+      world->gather(report, plan);            // rank 0 prints for all
+      if (world->rank() != 0) return code;
     }
 
     nlohmann::ordered_json outputs = write_outputs(report, args.outputs_dir);
@@ -769,7 +594,12 @@ int main(int argc, char** argv) {
                  chosen.empty() ? std::string(backend.name())
                                 : fmt::format("{} (auto: {})", backend.name(), chosen),
                  first_step, outputs, gap);
-    return 0;
+    if (code != 0)
+      fmt::print(stderr, "stagerun: {}\n",
+                 tools::stopped_line(report.stop_signal,
+                                     first_step + static_cast<int64_t>(report.step_s.size()),
+                                     plan.training ? args.checkpoint_dir : std::string()));
+    return code;
   });
   return world ? world->finish(code) : code;
 }

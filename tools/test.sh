@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quick start, second command: set up, build, and run the whole test suite (ctest).
-# Extra arguments go to ctest, e.g. `bash tools/test.sh -L unit` or `-LE slow`.
+# Extra arguments go to ctest, e.g. `bash tools/test.sh -L unit` or `-LE slow`; the soak check
+# (label soak) runs only when they name it: `bash tools/test.sh -L soak`.
 #
 #   bash tools/test.sh --sanitize address   ASan + UBSan build (build-asan/), whole suite but GPU
 #   bash tools/test.sh --sanitize thread    TSan build (build-tsan/): the executor, transports,
@@ -38,4 +39,9 @@ fi
 
 bash tools/build.sh
 cd build
-ctest --output-on-failure -j "$jobs" "$@"
+# The soak check (label soak: 20,000 training steps, minutes) runs only when asked for by label
+# (`bash tools/test.sh -L soak`), as the GPU checks run only where there is a GPU.
+case " $* " in
+  *soak*) ctest --output-on-failure -j "$jobs" "$@" ;;
+  *) ctest --output-on-failure -j "$jobs" -LE soak "$@" ;;
+esac

@@ -45,7 +45,7 @@ void DeviceWorker::run() {
     setup();
     for (step_ = 0; step_ < run_.steps; ++step_) {
       run_step();
-      after_step();
+      if (!after_step()) break;
     }
     DeviceContext::MemoryUse use = context_->memory_use();
     run_.reports[device_].device_peak_bytes = use.peak_bytes;
@@ -177,12 +177,15 @@ void DeviceWorker::run_step() {
   }
 }
 
-void DeviceWorker::after_step() {
+bool DeviceWorker::after_step() {
   wait_for_all("waiting for every device at the step's end");
   if (run_.scales_loss) {
     finish_scaled_step();
     wait_for_all("waiting for every device's optimizer update");
   }
+  // Read once, between the step's last barrier and the next: every device of every process
+  // reads the same (RunState::stop_signal).
+  const bool stopping = run_.stop_signal.load() != 0;
   const RunOptions& options = run_.options;
   const int64_t done = run_.global_step + step_ + 1;
   if (device_ == run_.first_device) {
@@ -190,9 +193,9 @@ void DeviceWorker::after_step() {
     if (options.progress) options.progress(step_ + 1, run_.steps, run_.step_end[step_]);
   }
   bool checkpoint = run_.training && options.checkpoint &&
-                    (step_ + 1 == run_.steps ||
+                    (step_ + 1 == run_.steps || stopping ||
                      (options.checkpoint_every > 0 && done % options.checkpoint_every == 0));
-  if (!checkpoint) return;
+  if (!checkpoint) return !stopping;
   // A device of its own memory first gives the host its weights and optimizer state.
   if (!context_->host_visible()) {
     download();
@@ -209,6 +212,7 @@ void DeviceWorker::after_step() {
     }
   }
   run_.barrier.arrive_and_wait();
+  return !stopping;
 }
 
 void DeviceWorker::execute(const schedule::Instruction& ins) {
@@ -242,17 +246,19 @@ void DeviceWorker::execute(const schedule::Instruction& ins) {
 void DeviceWorker::timed(schedule::Op op, int stage, int microbatch, double start) {
   double end = run_.seconds();
   run_.busy[device_][step_] += end - start;
-  run_.events[device_].push_back({device_, op, stage, microbatch, start, end});
+  if (tracing()) run_.events[device_].push_back({device_, op, stage, microbatch, start, end});
 }
 
 void DeviceWorker::waited(const schedule::Instruction& ins, double start) {
   const double end = run_.seconds();
-  run_.events[device_].push_back({device_, ins.op, ins.stage, ins.microbatch, start, end});
+  if (tracing())
+    run_.events[device_].push_back({device_, ins.op, ins.stage, ins.microbatch, start, end});
   if (ins.op == schedule::Op::kSendAct || ins.op == schedule::Op::kSendGrad)
     run_.sends[device_][step_] += end - start;
 }
 
 void DeviceWorker::sample_memory() {
+  if (!tracing()) return;
   run_.memory[device_].push_back(
       {device_, run_.seconds(), run_.meters[device_].current.load()});
 }
@@ -274,7 +280,7 @@ void DeviceWorker::record_loss(const schedule::Instruction& ins, float loss) {
          "the loss is {} at step {}, microbatch {} (stage {}); stopping "
          "(--skip-nonfinite goes on)",
          loss, run_.global_step + step_ + 1, ins.microbatch, ins.stage);
-  run_.step_loss[step_][batch_index(ins.microbatch)] = loss;
+  run_.loss_of(step_, batch_index(ins.microbatch)) = loss;
 }
 
 void DeviceWorker::forward(const schedule::Instruction& ins) {
@@ -697,7 +703,7 @@ void DeviceWorker::allreduce(const schedule::Instruction& ins) {
   // the backward's) on the timeline, not in the busy time.
   const double end = run_.seconds();
   run_.allreduce[device_][step_] += end - start;
-  run_.events[device_].push_back({device_, ins.op, ins.stage, -1, start, end});
+  if (tracing()) run_.events[device_].push_back({device_, ins.op, ins.stage, -1, start, end});
 }
 
 }  // namespace stagecraft::rt

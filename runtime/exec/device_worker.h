@@ -75,7 +75,12 @@ class DeviceWorker {
   void wait_for_all(const char* when);
   void execute(const schedule::Instruction& ins);
   void run_step();
-  void after_step();
+  /// The step's end: every device waits for the others, the loss scale moves on, a checkpoint
+  /// is saved where one is due. Returns whether the run goes on: false once every process
+  /// agreed on a stop (RunState::stop_signal), whose checkpoint was then saved.
+  bool after_step();
+  /// Whether this step's events and memory samples are kept (RunOptions::trace_steps).
+  bool tracing() const { return step_ < run_.options.trace_steps; }
   /// The three backward kinds share this: rebuild (recompute), run, sum or keep the results.
   void run_backward(const schedule::Instruction& ins);
   void rebuild_stash(const schedule::Instruction& ins, StageRuntime& st);

@@ -75,12 +75,13 @@ RunState::RunState(const PipelineParts& pipeline_, const std::map<std::string, T
       step_scale(static_cast<size_t>(options_.steps), 0.0),
       step_skipped(static_cast<size_t>(options_.steps), false),
       global_step(pipeline_.steps_done),
-      step_loss(steps, std::vector<double>(replicas * microbatches, NAN)),
+      step_loss(static_cast<size_t>(steps) * static_cast<size_t>(replicas * microbatches), NAN),
       replica_has_loss(replicas, false),
       meters(devices),
       barrier(static_cast<int>(pipeline_.local_devices.size()),
-              options_.step_barrier ? std::function<void()>([this] { exchange_overflow(); })
-                                    : std::function<void()>()),
+              options_.step_barrier || options_.stop_requested
+                  ? std::function<void()>([this] { exchange_flags(); })
+                  : std::function<void()>()),
       reports(devices),
       busy(devices, std::vector<double>(steps, 0.0)),
       allreduce(devices, std::vector<double>(steps, 0.0)),
@@ -159,11 +160,22 @@ void RunState::stop_all(Error error) {
   barrier.abort();
 }
 
-void RunState::exchange_overflow() {
+void RunState::exchange_flags() {
   const int step = barrier_step.load();
   const bool ours = scales_loss && step >= 0 && step < steps;
-  const bool any = options.step_barrier(ours && overflow[static_cast<size_t>(step)].load());
-  if (ours && any) overflow[static_cast<size_t>(step)] = true;
+  StepFlags flags{.overflow = ours && overflow[static_cast<size_t>(step)].load(),
+                  .stop_signal = options.stop_requested ? options.stop_requested() : 0};
+  if (options.step_barrier) flags = options.step_barrier(flags);
+  if (ours && flags.overflow) overflow[static_cast<size_t>(step)] = true;
+  // A stop once agreed stays: a later barrier's exchange (a process whose flag was read
+  // earlier) never clears it.
+  if (flags.stop_signal != 0 && stop_signal.load() == 0) stop_signal.store(flags.stop_signal);
+}
+
+int RunState::steps_finished() const {
+  int finished = 0;
+  while (finished < steps && step_end[static_cast<size_t>(finished)] > 0) ++finished;
+  return finished;
 }
 
 int median_step(const std::vector<double>& step_s) {
@@ -180,10 +192,11 @@ namespace {
 // The report of a finished run: step times, the median step's busy time and memory, events,
 // losses and the last step's outputs.
 RunReport make_report(RunState& run, const plan::Plan& plan) {
-  const int steps = run.steps, devices = run.devices;
+  const int steps = run.steps_finished(), devices = run.devices;
   RunReport report;
+  report.stop_signal = run.stop_signal.load();
   for (int s = 0; s < steps; ++s) report.step_s.push_back(run.step_end[s] - run.step_start[s]);
-  report.step_start_s = run.step_start;
+  report.step_start_s.assign(run.step_start.begin(), run.step_start.begin() + steps);
   // Per replica the mean over its microbatches, then the mean over the replicas whose loss
   // stage runs here (runtime/mpi/world.cpp's gather averages the ranks' the same way).
   if (run.training)
@@ -194,15 +207,15 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
         if (!run.replica_has_loss[static_cast<size_t>(r)]) continue;
         double replica_sum = 0;
         for (int mb = 0; mb < run.microbatches; ++mb)
-          replica_sum += run.step_loss[s][static_cast<size_t>(r * run.microbatches + mb)];
+          replica_sum += run.loss_of(s, static_cast<size_t>(r * run.microbatches + mb));
         sum += replica_sum / run.microbatches;
         ++counted;
       }
       report.losses.push_back(counted > 0 ? sum / counted : NAN);
     }
   if (run.scales_loss) {
-    report.loss_scale = run.step_scale;
-    report.skipped = run.step_skipped;
+    report.loss_scale.assign(run.step_scale.begin(), run.step_scale.begin() + steps);
+    report.skipped.assign(run.step_skipped.begin(), run.step_skipped.begin() + steps);
   }
   report.reported_step = median_step(report.step_s);
   double step = report.step_s[report.reported_step], total_busy = 0;
@@ -291,16 +304,13 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
   for (int d : local_devices_) threads.emplace_back([&run, d] { DeviceWorker(d, run).run(); });
   for (std::thread& t : threads) t.join();
   if (run.first_error) {
-    if (run.training) {
-      // Steps that did not finish leave no optimizer step behind in the count (a checkpoint
-      // taken during the run recorded its own); keep the count at the last finished step.
-      int finished = 0;
-      while (finished < run.steps && run.step_end[finished] > 0) ++finished;
-      steps_done_ = run.global_step + finished;
-    }
+    // Steps that did not finish leave no optimizer step behind in the count (a checkpoint
+    // taken during the run recorded its own); keep the count at the last finished step.
+    if (run.training) steps_done_ = run.global_step + run.steps_finished();
     throw *run.first_error;
   }
-  steps_done_ = run.global_step + run.steps;
+  // A stop (RunOptions::stop_requested) ends the run after fewer steps than asked.
+  steps_done_ = run.global_step + run.steps_finished();
   return make_report(run, plan_);
 }
 

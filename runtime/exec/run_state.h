@@ -93,6 +93,10 @@ struct RunState {
   /// before it arrives): the step whose overflow flag the barrier's exchange with the other
   /// processes (RunOptions::step_barrier) carries.
   std::atomic<int> barrier_step{0};
+  /// The signal of a stop every process agreed on (RunOptions::stop_requested), 0 for none:
+  /// set only by a step barrier's exchange (`exchange_flags`), so every device of every
+  /// process reads the same value after the same barrier.
+  std::atomic<int> stop_signal{0};
   std::vector<double> step_scale;
   std::vector<bool> step_skipped;
   const int64_t global_step;  ///< Optimizer steps taken by earlier runs.
@@ -103,8 +107,14 @@ struct RunState {
   std::map<std::string, std::vector<Tensor>> results;
   std::unique_ptr<optim::Optimizer> optimizer;  ///< Training.
   optim::LrSchedule lr_schedule;                ///< Training.
-  /// Per step, per microbatch (indexed as `feeds`; NaN until known).
-  std::vector<std::vector<double>> step_loss;
+  /// Per step, per microbatch: step s's microbatch k (indexed as `feeds`) at s x R x M + k; NaN
+  /// until known. One array: no allocation per step.
+  std::vector<double> step_loss;
+  /// Step `step`'s loss of microbatch `index` (indexed as `feeds`).
+  double& loss_of(int step, size_t index) {
+    return step_loss[static_cast<size_t>(step) * static_cast<size_t>(replicas * microbatches) +
+                     index];
+  }
   /// Per replica: whether its loss stage runs in this process.
   std::vector<bool> replica_has_loss;
   std::vector<MemoryMeter> meters;
@@ -129,10 +139,12 @@ struct RunState {
   void stop_all(Error error);
   /// Whether some worker has failed (`stop_all` was called).
   bool failed();
-  /// The step barrier's wait for the other processes (RunOptions::step_barrier), run by the
-  /// last of this process's devices to arrive: this process's overflow flag of `barrier_step`
-  /// goes out, and the flag is set here where any process's is.
-  void exchange_overflow();
+  /// Run by the last of this process's devices to arrive at the step barrier: this process's
+  /// stop request (RunOptions::stop_requested) and overflow flag of `barrier_step` go out to the
+  /// other processes (RunOptions::step_barrier), and each is set here where any process's is.
+  void exchange_flags();
+  /// Steps every device finished (all of them unless a stop ended the run early).
+  int steps_finished() const;
 };
 
 }  // namespace stagecraft::rt

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -44,6 +45,16 @@ struct ModelTensor {
   Shape shape;  ///< Per microbatch.
 };
 
+/// What the devices of every process agree on at each step barrier (RunOptions::step_barrier):
+/// each gives its own, all get the same combination.
+struct StepFlags {
+  /// Dynamic loss scaling: some device found an inf or NaN gradient in the step (any sets it).
+  bool overflow = false;
+  /// A stop was asked for (RunOptions::stop_requested): the signal's number, 0 for none (the
+  /// highest number given wins, so every process names the same one).
+  int stop_signal = 0;
+};
+
 struct RunOptions {
   int steps = 1;
   /// Data parallelism: the most bytes of a stage's gradients summed over the replicas as one
@@ -74,10 +85,20 @@ struct RunOptions {
       make_transport;
   /// Called once this process's devices reach a step's start or end: waits for the other
   /// processes' (their steps start and end together, so step times mean the same on each).
-  /// Takes this process's flag, whether one of its devices found an inf or NaN gradient in the
-  /// step (dynamic loss scaling), and returns whether any process's flag is set: every rank
-  /// then skips the same steps.
-  std::function<bool(bool overflow)> step_barrier;
+  /// Takes this process's flags (whether one of its devices found an inf or NaN gradient in
+  /// the step, for dynamic loss scaling; whether a stop was asked for here) and returns every
+  /// process's combined: every rank then skips the same steps and stops after the same step.
+  std::function<StepFlags(StepFlags)> step_barrier;
+  /// Polled (by the last device of this process to reach each step barrier): the number of the
+  /// signal that asked the run to stop (stagerun's SIGTERM, SIGINT or SIGUSR1), 0 for none. Once
+  /// any process's answer is not 0 at a barrier of a step, every device finishes that step (or,
+  /// between steps, the next), a checkpoint is saved (`checkpoint`) and the run returns early,
+  /// `RunReport::stop_signal` saying why. Unset: never. Must be cheap (an atomic's load).
+  std::function<int()> stop_requested;
+  /// Steps whose timeline events and memory samples the report keeps (`RunReport::events`,
+  /// `memory`), the run's first ones: all unless told (stagerun keeps none without --trace and
+  /// --trace-steps with it), so that a long run's memory stays flat.
+  int64_t trace_steps = std::numeric_limits<int64_t>::max();
   /// Seconds a device waits for another (a message, a shared sum, another rank at a step's
   /// start or end) before the run stops with `Error(kTimeout)` naming the instruction and the
   /// peer; 0: no limit. Compute is not limited: a peer computing longer than this between two
@@ -113,15 +134,16 @@ struct MemorySample {
 };
 
 struct RunReport {
-  std::vector<double> step_s;  ///< Wall time of every step.
+  /// Wall time of every step run (fewer than RunOptions::steps after a stop: `stop_signal`).
+  std::vector<double> step_s;
   int reported_step = 0;       ///< The step the figures below describe (`median_step`).
   double bubble_fraction = 0;  ///< 1 - busy / (devices x step), of the reported step.
   std::vector<DeviceReport> devices;  ///< Every device of every replica (R x P).
-  /// Compute of every step, the all-reduces, the receives' waits and the sends, seconds from
-  /// the start.
+  /// Compute of every step (of the first RunOptions::trace_steps), the all-reduces, the
+  /// receives' waits and the sends, seconds from the start.
   std::vector<schedule::TimelineEvent> events;
   /// Every device's metered bytes at each step's start and after each of its instructions,
-  /// in time order per device.
+  /// in time order per device (the first RunOptions::trace_steps steps).
   std::vector<MemorySample> memory;
   /// When each step started, seconds from the start (the clock of `events`).
   std::vector<double> step_start_s;
@@ -135,6 +157,9 @@ struct RunReport {
   /// seeded with, and whether its update was skipped (a gradient was inf or NaN). Empty else.
   std::vector<double> loss_scale;
   std::vector<bool> skipped;
+  /// The signal whose stop request ended the run early (RunOptions::stop_requested), after
+  /// `step_s.size()` steps; 0: the run did all its steps.
+  int stop_signal = 0;
 };
 
 /// The step whose time is the median of `step_s` without the first step, the warm-up (it pays

@@ -257,13 +257,15 @@ std::string World::rank_name(int rank) const {
                      rank);
 }
 
-bool World::barrier(bool flag) const {
+StepFlags World::barrier(StepFlags flags) const {
   stop_note.phase = StopNote::kBarrier;
   const MPI_Comm comm = comms_->control;
   // Every rank sends a token to every other and waits for theirs: unlike MPI_Barrier, it
   // knows whose token is missing when one never comes.
   std::vector<int> tokens(static_cast<size_t>(size_), 0);
-  int token = flag ? 2 : 1;  // 2: this rank's flag is set
+  // 1, plus 1 for an overflow, plus twice the stop signal: never 0, which a missing token
+  // leaves.
+  int token = 1 + (flags.overflow ? 1 : 0) + 2 * flags.stop_signal;
   std::vector<MPI_Request> receives, sends;
   std::vector<int> from;
   for (int r = 0; r < size_; ++r) {
@@ -294,7 +296,12 @@ bool World::barrier(bool flag) const {
   // Every rank has posted its receives (its token came): the sends complete.
   if (!poll_until([&] { return all_done(sends); }, timeout_s_))
     fail(ErrorKind::kTimeout, "the step barrier's tokens were not taken in {:g} s", timeout_s_);
-  return flag || std::find(tokens.begin(), tokens.end(), 2) != tokens.end();
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    if (static_cast<int>(r) == rank_) continue;
+    flags.overflow |= ((tokens[r] - 1) & 1) != 0;
+    flags.stop_signal = std::max(flags.stop_signal, (tokens[r] - 1) / 2);
+  }
+  return flags;
 }
 
 World::~World() { finish(0); }
@@ -358,7 +365,7 @@ std::string World::distribute(RunOptions& options, const Pipeline& pipeline,
   for (int r = 0; r < plan.data_parallel; ++r)
     layout.replica_names.push_back(rank_name(r * P + rank_ % P));
   const std::string chosen = make_transports(options, pipeline, layout, transport);
-  options.step_barrier = [this](bool overflow) { return barrier(overflow); };
+  options.step_barrier = [this](StepFlags flags) { return barrier(flags); };
   if (rank_ != 0) options.progress = nullptr;
 
   // The texts of this rank's instructions, for the line it prints when stopped: a receive

@@ -112,6 +112,9 @@ class World {
   /// refusal made together finalise MPI and return the code; any other error ends every rank
   /// now (MPI_Abort with the code) so that none waits for this one.
   int finish(int exit_code);
+  /// Every rank ends with the same non-zero exit code, agreed on (a stop signal every rank
+  /// stopped for after the same step): `finish` then finalises MPI instead of aborting.
+  void end_together() { refused_together_ = true; }
 
  private:
   struct Comms;  ///< The communicators (MPI's types stay in world.cpp).
@@ -119,9 +122,10 @@ class World {
   /// How messages name `rank`: "rank 1 (device 1)".
   std::string rank_name(int rank) const;
   /// Waits until every rank has called it (the step barrier); past the timeout throws
-  /// `Error(kTimeout)` naming the ranks that did not arrive. Carries one flag per rank (a
-  /// gradient overflowed in the step): returns whether any rank's `flag` is set.
-  bool barrier(bool flag) const;
+  /// `Error(kTimeout)` naming the ranks that did not arrive. Carries each rank's flags (a
+  /// gradient overflowed in the step; a stop was asked for): returns every rank's combined
+  /// (any overflow; the highest stop signal).
+  StepFlags barrier(StepFlags flags) const;
   /// Stage `stage`'s optimizer state whole on the first replica (collective over the stage
   /// device's replicas: with ZeRO-1 the shards are gathered); the others get nothing.
   std::map<std::string, optim::OptimizerState> whole_state(const Pipeline& pipeline,

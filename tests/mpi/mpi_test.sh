@@ -43,6 +43,10 @@
 #     kill                   rank 1 of 4 SIGKILLed mid-step: mpirun names it and ends the
 #                            others, each of which says where it was; within --timeout
 #                            beyond a healthy run's time; none remains
+#     preempt                SIGTERM to rank 1 alone mid-run: both ranks finish the step, agree
+#                            on it, save the checkpoint and exit 75, rank 0 saying so; --resume
+#                            gives the straight run's losses bit for bit; a second SIGTERM to a
+#                            rank hung mid-step ends it at once, saying where it was
 #     gpu_train              GPU ranks (label gpu): 2 ranks train as the one-process CUDA run
 #                            (losses within 1e-4), auto and --transport mpi
 #     hang                   rank 1 of 2 stops answering mid-step (and, again, before its
@@ -527,6 +531,65 @@ case "$check" in
     sleep 1
     ! pgrep -f -- "$work/plan --steps" >/dev/null || fail "a rank is still running"
     echo "ended in $took s"
+    ;;
+  preempt)
+    "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --train --loss mse --batch 8 \
+      --microbatches 4 --optimizer adam >/dev/null
+    # The pid of rank RANK of the mpirun whose pid is $1.
+    rank_pid() {
+      local pid
+      for pid in $(pgrep -P "$1"); do
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q "^OMPI_COMM_WORLD_RANK=$2\$" &&
+          echo "$pid" && return
+      done
+    }
+    # Waits (60 s at most) for FILE to hold TEXT.
+    wait_text() {
+      local k
+      for k in $(seq 600); do grep -q -- "$2" "$1" && return 0; sleep 0.1; done
+      fail "no '$2' in $1: $(cat "$1")"
+    }
+    "${mpi[@]}" -np 2 "$stagerun" "$work/plan" --steps 100000 --json --checkpoint ck \
+      --save-every 1 >stopped.json 2>stopped.err &
+    launcher=$!
+    wait_text stopped.err " at step 3:"
+    rank1=$(rank_pid "$launcher" 1)
+    [ -n "$rank1" ] || fail "no rank 1 among mpirun's children"
+    kill -TERM "$rank1"
+    code=0
+    wait "$launcher" || code=$?
+    [ "$code" -eq 75 ] || fail "mpirun exited $code after the stop, not 75: $(cat stopped.err)"
+    after=$(sed -n 's/.*"type":"stopped".*"after_step":\([0-9]*\).*/\1/p' stopped.json)
+    [ -n "$after" ] || fail "no stopped record: $(cat stopped.json)"
+    grep -q "^stagerun: stopped by SIGTERM after step $after; checkpoint ck holds it\$" stopped.err ||
+      fail "rank 0's line is missing: $(cat stopped.err)"
+    [ "$(grep -c 'stopped by' stopped.err)" -eq 1 ] || fail "more than one line: $(cat stopped.err)"
+    [ "$(losses stopped.json | wc -l)" -eq "$after" ] || fail "not $after losses: $(cat stopped.json)"
+    "${mpi[@]}" -np 2 "$stagerun" "$work/plan" --steps 3 --json -q --resume ck >resumed.json \
+      2>resumed.err || fail "--resume failed: $(cat resumed.err)"
+    "${mpi[@]}" -np 2 "$stagerun" "$work/plan" --steps $((after + 3)) --json -q >straight.json \
+      2>straight.err || fail "the straight run failed: $(cat straight.err)"
+    cat <(losses stopped.json) <(losses resumed.json) >curve.loss
+    losses straight.json >straight.loss
+    cmp -s curve.loss straight.loss ||
+      fail "stopped + resumed is not the straight run bit for bit: $(paste curve.loss straight.loss)"
+    echo "stopped after step $after; resumed: $(tr '\n' ' ' <curve.loss)"
+    # A second signal ends a rank at once: rank 1 hangs in step 2, its stop cannot come.
+    "${mpi[@]}" -np 2 "$stagerun" "$work/plan" --steps 4 --inject-hang 1:2 --checkpoint ck2 \
+      --save-every 1 >hung.out 2>hung.err &
+    launcher=$!
+    wait_text hung.err " at step 1:"
+    rank1=$(rank_pid "$launcher" 1)
+    [ -n "$rank1" ] || fail "no rank 1 among mpirun's children"
+    sleep 1  # into step 2, where it hangs
+    kill -TERM "$rank1"
+    sleep 1
+    kill -TERM "$rank1"
+    code=0
+    wait "$launcher" || code=$?
+    [ "$code" -ne 0 ] || fail "a run whose rank was signalled twice succeeded"
+    grep -q "rank 1 (device 1): ended by SIGTERM at step 2" hung.err ||
+      fail "rank 1 did not say where it was: $(cat hung.err)"
     ;;
   train_mnist_1f1b)
     "$stagec" "$samples/mnist_cnn.onnx" -o plan --devices 2 --train --loss mse --batch 8 \

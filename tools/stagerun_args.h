@@ -1,0 +1,24 @@
+#pragma once
+/// \file
+/// stagerun's command line, shared by its files (tools/stagerun*.cpp).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace stagecraft::tools {
+
+/// stagerun's command line (tools/stagerun.cpp declares its options).
+struct Args {
+  std::string plan_dir, backend_name = "auto", inputs_path, outputs_dir, trace_path, inject_fault;
+  std::string data_dir, checkpoint_dir, resume_dir, export_path, inject_kill, inject_hang;
+  std::string transport = "auto";
+  int steps = 1, threads = 1, save_every = 0;
+  int64_t trace_steps = 100;
+  double timeout_s = 60, bucket_mb = 25;
+  std::optional<double> loss_scale;
+  std::optional<int64_t> loss_scale_window;
+  bool synthetic = false, json = false, quiet = false, skip_nonfinite = false, no_overlap = false;
+};
+
+}  // namespace stagecraft::tools
