@@ -76,8 +76,10 @@ struct RunOptions {
   /// processes' (their steps start and end together, so step times mean the same on each).
   /// Takes this process's flag, whether one of its devices found an inf or NaN gradient in the
   /// step (dynamic loss scaling), and returns whether any process's flag is set: every rank
-  /// then skips the same steps.
-  std::function<bool(bool overflow)> step_barrier;
+  /// then skips the same steps. `squares` (gradient clipping; empty otherwise) has one entry
+  /// per device of every process (R x P): this process's devices' sums of squared gradients
+  /// for the step are filled in, and the barrier fills in the other processes' (runtime/mpi).
+  std::function<bool(bool overflow, std::vector<double>& squares)> step_barrier;
   /// Seconds a device waits for another (a message, a shared sum, another rank at a step's
   /// start or end) before the run stops with `Error(kTimeout)` naming the instruction and the
   /// peer; 0: no limit. Compute is not limited: a peer computing longer than this between two
@@ -135,6 +137,9 @@ struct RunReport {
   /// seeded with, and whether its update was skipped (a gradient was inf or NaN). Empty else.
   std::vector<double> loss_scale;
   std::vector<bool> skipped;
+  /// Gradient clipping (plan.json training_config.clip_grad_norm), per step: the global L2
+  /// norm of the gradients before clipping (what clip_grad_norm_ returns). Empty else.
+  std::vector<double> grad_norm;
 };
 
 /// The step whose time is the median of `step_s` without the first step, the warm-up (it pays

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cstdio>
@@ -257,22 +258,28 @@ std::string World::rank_name(int rank) const {
                      rank);
 }
 
-bool World::barrier(bool flag) const {
+bool World::barrier(bool flag, std::vector<double>& squares) const {
   stop_note.phase = StopNote::kBarrier;
   const MPI_Comm comm = comms_->control;
   // Every rank sends a token to every other and waits for theirs: unlike MPI_Barrier, it
-  // knows whose token is missing when one never comes.
-  std::vector<int> tokens(static_cast<size_t>(size_), 0);
-  int token = flag ? 2 : 1;  // 2: this rank's flag is set
+  // knows whose token is missing when one never comes. A token is {flag, squares}: the flag
+  // 2 when this rank's is set (else 1), then its device's sum of squared gradients (clipping).
+  const bool clips = !squares.empty();
+  if (clips && squares.size() != static_cast<size_t>(size_))
+    fail(ErrorKind::kInternal, "the step barrier got {} devices' squares for {} ranks",
+         squares.size(), size_);
+  std::vector<std::array<double, 2>> tokens(static_cast<size_t>(size_), {0, 0});
+  const std::array<double, 2> token = {flag ? 2.0 : 1.0,
+                                       clips ? squares[static_cast<size_t>(rank_)] : 0.0};
   std::vector<MPI_Request> receives, sends;
   std::vector<int> from;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     MPI_Request request;
-    MPI_Irecv(&tokens[static_cast<size_t>(r)], 1, MPI_INT, r, kBarrierTag, comm, &request);
+    MPI_Irecv(tokens[static_cast<size_t>(r)].data(), 2, MPI_DOUBLE, r, kBarrierTag, comm, &request);
     receives.push_back(request);
     from.push_back(r);
-    MPI_Isend(&token, 1, MPI_INT, r, kBarrierTag, comm, &request);
+    MPI_Isend(token.data(), 2, MPI_DOUBLE, r, kBarrierTag, comm, &request);
     sends.push_back(request);
   }
   auto all_done = [](std::vector<MPI_Request>& requests) {
@@ -294,7 +301,11 @@ bool World::barrier(bool flag) const {
   // Every rank has posted its receives (its token came): the sends complete.
   if (!poll_until([&] { return all_done(sends); }, timeout_s_))
     fail(ErrorKind::kTimeout, "the step barrier's tokens were not taken in {:g} s", timeout_s_);
-  return flag || std::find(tokens.begin(), tokens.end(), 2) != tokens.end();
+  if (clips)
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) squares[static_cast<size_t>(r)] = tokens[static_cast<size_t>(r)][1];
+  return flag || std::any_of(tokens.begin(), tokens.end(),
+                             [](const std::array<double, 2>& t) { return t[0] == 2.0; });
 }
 
 World::~World() { finish(0); }
@@ -358,7 +369,9 @@ std::string World::distribute(RunOptions& options, const Pipeline& pipeline,
   for (int r = 0; r < plan.data_parallel; ++r)
     layout.replica_names.push_back(rank_name(r * P + rank_ % P));
   const std::string chosen = make_transports(options, pipeline, layout, transport);
-  options.step_barrier = [this](bool overflow) { return barrier(overflow); };
+  options.step_barrier = [this](bool overflow, std::vector<double>& squares) {
+    return barrier(overflow, squares);
+  };
   if (rank_ != 0) options.progress = nullptr;
 
   // The texts of this rank's instructions, for the line it prints when stopped: a receive

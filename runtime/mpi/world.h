@@ -120,8 +120,10 @@ class World {
   std::string rank_name(int rank) const;
   /// Waits until every rank has called it (the step barrier); past the timeout throws
   /// `Error(kTimeout)` naming the ranks that did not arrive. Carries one flag per rank (a
-  /// gradient overflowed in the step): returns whether any rank's `flag` is set.
-  bool barrier(bool flag) const;
+  /// gradient overflowed in the step): returns whether any rank's `flag` is set. With
+  /// `squares` not empty (gradient clipping, one entry per rank), this rank's entry goes to
+  /// every other rank and theirs are filled in.
+  bool barrier(bool flag, std::vector<double>& squares) const;
   /// Stage `stage`'s optimizer state whole on the first replica (collective over the stage
   /// device's replicas: with ZeRO-1 the shards are gathered); the others get nothing.
   std::map<std::string, optim::OptimizerState> whole_state(const Pipeline& pipeline,

@@ -38,7 +38,9 @@ int World::finish(int exit_code) { return exit_code; }
 // Never reached (the constructor refuses), but stagerun's calls must link.
 std::string World::rank_name(int rank) const { return fmt::format("rank {}", rank); }
 
-bool World::barrier(bool) const { fail(ErrorKind::kInternal, "no MPI in this build"); }
+bool World::barrier(bool, std::vector<double>&) const {
+  fail(ErrorKind::kInternal, "no MPI in this build");
+}
 
 std::vector<std::string> World::all_strings(const std::string&) const {
   fail(ErrorKind::kInternal, "no MPI in this build");
