@@ -202,6 +202,10 @@ class DeviceWorker {
   /// on.
   void finish_deferred_step();
   std::vector<int> deferred_;
+  /// The optimizer update's time from `start`: an OPT_STEP event, or, for an update deferred
+  /// to the step's end (`updating_deferred_`), busy time only (its OPT_STEP has its event).
+  void update_timed(int stage_index, double start);
+  bool updating_deferred_ = false;
 };
 
 }  // namespace stagecraft::rt

@@ -36,7 +36,7 @@ void DeviceWorker::sharded_step(int stage_index, float lr, int64_t update) {
     if (state.tensors.empty()) st.opt_state.erase(part.name);  // no part here
     context_->fill_zero(grads.at(part.name));
   }
-  timed(schedule::Op::kOptimizerStep, stage_index, -1, start);
+  update_timed(stage_index, start);
   // The all-gather: this replica's updated shard into the bucket, every other replica's back.
   start = run_.seconds();
   for (const StageRuntime::FlatWeight& part : st.flat)
@@ -119,11 +119,19 @@ bool DeviceWorker::scale_gradients(int stage_index, float factor) {
   return finite;
 }
 
+void DeviceWorker::update_timed(int stage_index, double start) {
+  if (!updating_deferred_) return timed(schedule::Op::kOptimizerStep, stage_index, -1, start);
+  // After the step's instructions: busy time, but no second OPT_STEP event on the timeline (a
+  // trace's events are the schedule's instructions, one each; the OPT_STEP's was recorded).
+  run_.busy[device_][step_] += run_.seconds() - start;
+}
+
 void DeviceWorker::finish_deferred_step() {
   const auto step = static_cast<size_t>(step_);
   const bool skip = run_.scales_loss && run_.overflow[step].load();
   // Clipping: every device's squares are in (the end barrier); a skipped step stays skipped.
   if (run_.clip_grad_norm > 0 && !skip) clip_gradients();
+  updating_deferred_ = true;
   for (int stage_index : deferred_) {
     if (!skip) {
       update_stage(stage_index);
@@ -133,6 +141,7 @@ void DeviceWorker::finish_deferred_step() {
     // from zero as after an update.
     for (auto& [name, g] : grad_acc_[stage_index]) context_->fill_zero(g);
   }
+  updating_deferred_ = false;
   deferred_.clear();
   if (device_ != run_.first_device) return;
   if (run_.clip_grad_norm > 0) run_.step_grad_norm[step] = run_.grad_norm(step_);
@@ -171,7 +180,7 @@ void DeviceWorker::update_stage(int stage_index) {
     meter.add(st.opt_state[name].bytes() - state_before);  // created on first use
     context_->fill_zero(g->second);
   }
-  timed(schedule::Op::kOptimizerStep, stage_index, -1, start);
+  update_timed(stage_index, start);
 }
 
 }  // namespace stagecraft::rt

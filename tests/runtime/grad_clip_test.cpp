@@ -193,7 +193,7 @@ TEST_CASE("plan.json carries the clipping bound and the runtime refuses one not 
   }
 }
 
-TEST_CASE("the planner refuses a bad bound and charges the optimizer step for the norm") {
+TEST_CASE("the planner refuses a bad clipping bound and charges the optimizer step for the norm") {
   const Layout two{"two", 2, 1, 4, true};
   CHECK_THROWS_WITH_AS(plan::make_plan(clip_options(two, -1)),
                        doctest::Contains("--clip-grad-norm -1"), Error);
