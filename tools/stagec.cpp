@@ -273,6 +273,11 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
   app.add_option("--lr", po.training_config.lr, "with --train: learning rate (default 0.001)");
   app.add_option("--weight-decay", po.training_config.weight_decay,
                  "with --train: weight decay (default 0)");
+  app.add_option("--clip-grad-norm", po.training_config.clip_grad_norm,
+                 "with --train: C, clip the gradients to a global L2 norm of at most C before "
+                 "each optimizer step (every gradient times min(1, C / (norm + 1e-6)), the norm "
+                 "over every trained weight of every stage, shared weights once), as PyTorch's "
+                 "clip_grad_norm_; stagerun --json reports the norm per step (default: none)");
   app.add_option("--momentum", po.training_config.momentum,
                  "with --optimizer momentum|nesterov (default 0.9)");
   app.add_option("--lr-schedule", po.training_config.lr_schedule,
@@ -342,9 +347,17 @@ void print_planner_notes(const stagecraft::plan::PlannedModel& planned) {
 }
 
 /// Refuses flags that would be silently ignored: the training flags without --train, --labels
-/// without --loss, --momentum with an optimizer that has none.
+/// without --loss, --momentum with an optimizer that has none; and a --clip-grad-norm C <= 0.
 void check_flags_apply(const CLI::App& app, const stagecraft::plan::PlanOptions& po) {
   using namespace stagecraft;
+  if (app.count("--clip-grad-norm") > 0) {
+    const double clip = po.training_config.clip_grad_norm;
+    if (!po.training)
+      fail(ErrorKind::kUsage, "--clip-grad-norm {}: clips a training plan's gradients; add --train",
+           clip);
+    if (!(std::isfinite(clip) && clip > 0))
+      fail(ErrorKind::kUsage, "--clip-grad-norm {}: must be a finite number > 0", clip);
+  }
   std::vector<std::string> given;
   for (const char* flag : {"--optimizer", "--loss", "--labels", "--loss-axis", "--ignore-index",
                            "--lr", "--weight-decay", "--momentum", "--lr-schedule",

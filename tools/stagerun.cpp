@@ -15,7 +15,7 @@
 //
 // --json: JSON Lines (docs/schemas/stagerun.schema.json; times in ms, memory in bytes). One
 // record per step, {type: "step", format_version, step, step_ms, [loss] (training), [loss_scale,
-// skipped] (training a precision fp16 plan)}, then one
+// skipped] (training a precision fp16 plan), [grad_norm] (a plan that clips gradients)}, then one
 //   {type: "summary", format_version, plan, backend, [backend_auto], threads_per_device, devices
 //   (every replica's), data_parallel, microbatches (per replica), schedule, batch (global), steps,
 //    inputs,
@@ -317,6 +317,7 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt
     report.losses.insert(report.losses.end(), r.losses.begin(), r.losses.end());
     report.loss_scale.insert(report.loss_scale.end(), r.loss_scale.begin(), r.loss_scale.end());
     report.skipped.insert(report.skipped.end(), r.skipped.begin(), r.skipped.end());
+    report.grad_norm.insert(report.grad_norm.end(), r.grad_norm.begin(), r.grad_norm.end());
     double end = offset + took;
     for (auto e : r.events) {
       e.start_s += offset;

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -103,6 +104,8 @@ void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const
       record["loss_scale"] = report.loss_scale[k];
       record["skipped"] = static_cast<bool>(report.skipped[k]);
     }
+    if (k < report.grad_norm.size() && std::isfinite(report.grad_norm[k]))
+      record["grad_norm"] = report.grad_norm[k];  // none on a step skipped for an inf or NaN
     fmt::print("{}\n", record.dump());
   }
   if (report.stop_signal != 0) {

@@ -14,10 +14,26 @@
 #include "runtime/format/error.h"
 
 namespace stagecraft::plan::planning {
+namespace {
+
+/// Gradient clipping's part of the optimizer step: the stage's gradients read once for their
+/// squares, and the all-reduce of one float over every device of every replica (a tree's
+/// 2 log2(N) hops over the slowest link the devices span).
+double clip_seconds(const Setup& s, double gradient_bytes) {
+  const int all = s.shape.devices * s.shape.data_parallel;
+  double allreduce = 0;
+  if (all > 1)
+    allreduce = 2 * std::ceil(std::log2(all)) *
+                cost::transfer_seconds(s.cluster, 0, all - 1, sizeof(float));
+  return gradient_bytes / s.device.memory_bandwidth + allreduce;
+}
+
+}  // namespace
+
 schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
                                  const SimExtras& rc) {
   schedule::StageCosts c;
-  double optimizer_bytes = 0;
+  double optimizer_bytes = 0, gradient_bytes = 0;
   for (const auto& st : sol.stages) {
     double fwd = 0, b = 0, w = 0, act = 0;
     for (int i = st.first; i <= st.last; ++i) {
@@ -54,9 +70,12 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     // ZeRO-1: the step streams 1/R of the stage's weights, gradients and state.
     optimizer_bytes =
         std::max(optimizer_bytes, s.shard_optimizer ? stat / s.shape.data_parallel : stat);
+    gradient_bytes = std::max(gradient_bytes, 4.0 * static_cast<double>(held.trainable) /
+                                                  (s.shard_optimizer ? s.shape.data_parallel : 1));
   }
   // The optimizer streams every weight, gradient and state once: memory-bound.
   c.optimizer_s = s.shape.training ? optimizer_bytes / s.device.memory_bandwidth : 0.0;
+  if (s.shape.training && s.clips_gradients) c.optimizer_s += clip_seconds(s, gradient_bytes);
   return c;
 }
 
@@ -107,6 +126,12 @@ Setup make_setup(const PlanOptions& o) {
          "--train and --data-parallel R with R >= 2 (got {}{})",
          o.training ? "" : "no --train, ", fmt::format("--data-parallel {}", replicas));
   s.shard_optimizer = o.shard_optimizer;
+  const double clip = o.training_config.clip_grad_norm;
+  if (clip != 0 && (!o.training || !std::isfinite(clip) || clip < 0))
+    fail(ErrorKind::kUsage, "--clip-grad-norm {}: {}", clip,
+         o.training ? "must be a finite number > 0"
+                    : "clips a training plan's gradients: add --train");
+  s.clips_gradients = o.training && clip > 0;
   s.kind = o.schedule.value_or(o.training ? ScheduleKind::k1F1B : ScheduleKind::kInference);
   if (!o.schedule_csv.empty()) {
     if (o.schedule && *o.schedule != ScheduleKind::kCustom)

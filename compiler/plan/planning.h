@@ -39,6 +39,9 @@ struct Setup {
   int64_t microbatch_size = 1;
   /// ZeRO-1: the optimizer state of each replica is 1/R of the stage's (`Plan::shard_optimizer`).
   bool shard_optimizer = false;
+  /// Gradient clipping (`TrainingConfig::clip_grad_norm` > 0): the optimizer step also reads
+  /// every gradient for the global norm and sums it over the devices (`stage_costs`).
+  bool clips_gradients = false;
   /// The rank (cluster slot) of replica r's pipeline device d at r x P + d (`Plan::placement`).
   std::vector<int> placement;
   /// Which processor each pipeline device computes on (`cluster.devices_per_processor` of them

@@ -179,8 +179,8 @@ void DeviceWorker::run_step() {
 
 bool DeviceWorker::after_step() {
   wait_for_all("waiting for every device at the step's end");
-  if (run_.scales_loss) {
-    finish_scaled_step();
+  if (run_.defers_update()) {
+    finish_deferred_step();
     wait_for_all("waiting for every device's optimizer update");
   }
   // Read once, between the step's last barrier and the next: every device of every process

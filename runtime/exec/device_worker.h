@@ -50,8 +50,8 @@ class DeviceWorker {
   void allreduce(const schedule::Instruction& ins);
   void allreduce_shared(const schedule::Instruction& ins);
   /// OPT_STEP: the shared weights' sums finished, then the stage's update; with dynamic loss
-  /// scaling the gradients are unscaled and checked here and the update waits for the step's
-  /// end (`finish_scaled_step`).
+  /// scaling the gradients are unscaled and checked here, with clipping their squares counted,
+  /// and the update waits for the step's end (`finish_deferred_step`).
   void optimizer_step(const schedule::Instruction& ins);
 
  private:
@@ -189,14 +189,30 @@ class DeviceWorker {
   void sharded_step(int stage_index, float lr, int64_t update);
   /// The stage's optimizer update from its gradients (summed, unscaled), which it zeroes.
   void update_stage(int stage_index);
-  /// Dynamic loss scaling: the stage's gradients (this replica's shard of them with ZeRO-1)
-  /// divided by the scale; false when one is inf or NaN.
-  bool unscale_gradients(int stage_index);
-  /// Dynamic loss scaling, after every device's last instruction of the step: the stages
-  /// whose OPT_STEP ran (`deferred_`) updated, or, where any stage of any replica overflowed,
-  /// their gradients dropped; the first device moves the scale on.
-  void finish_scaled_step();
+  /// The stage's gradients that its update reads (this replica's shard of them with ZeRO-1)
+  /// multiplied by `factor` (dynamic loss scaling's 1 / S, clipping's coefficient); false when
+  /// one is inf or NaN.
+  bool scale_gradients(int stage_index, float factor);
+  /// Gradient clipping, at OPT_STEP (after the replicas' and the holders' sums, and the
+  /// unscale): the sum of the squares of the stage's gradients that this device counts for
+  /// the global norm, each weight once (a shared weight at its first holder, a replicated
+  /// gradient at replica 0, ZeRO-1's shards at their owners), added to its entry of
+  /// `RunState::grad_squares` (grad_clip.cpp).
+  void count_gradient_squares(int stage_index);
+  /// Gradient clipping, at the step's end: the deferred stages' gradients multiplied by
+  /// min(1, C / (norm + 1e-6)), every device and replica with the same norm (grad_clip.cpp).
+  void clip_gradients();
+  /// After every device's last instruction of the step, when the updates wait for it
+  /// (`RunState::defers_update`): gradients clipped, the stages whose OPT_STEP ran
+  /// (`deferred_`) updated, or, where any stage of any replica overflowed (dynamic loss
+  /// scaling), their gradients dropped; the first device records the norm and moves the scale
+  /// on.
+  void finish_deferred_step();
   std::vector<int> deferred_;
+  /// The optimizer update's time from `start`: an OPT_STEP event, or, for an update deferred
+  /// to the step's end (`updating_deferred_`), busy time only (its OPT_STEP has its event).
+  void update_timed(int stage_index, double start);
+  bool updating_deferred_ = false;
 };
 
 }  // namespace stagecraft::rt

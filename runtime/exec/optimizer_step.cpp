@@ -1,6 +1,7 @@
 // The optimizer step of one device's worker (device_worker.h): OPT_STEP, the shared weights'
 // sums it finishes, ZeRO-1's sharded update and all-gather, and dynamic loss scaling's
-// unscale, check and end-of-step update or skip (run_types.h LossScale).
+// unscale, check and end-of-step update or skip (run_types.h LossScale); gradient clipping's
+// part is grad_clip.cpp.
 #include <fmt/format.h>
 
 #include <limits>
@@ -35,7 +36,7 @@ void DeviceWorker::sharded_step(int stage_index, float lr, int64_t update) {
     if (state.tensors.empty()) st.opt_state.erase(part.name);  // no part here
     context_->fill_zero(grads.at(part.name));
   }
-  timed(schedule::Op::kOptimizerStep, stage_index, -1, start);
+  update_timed(stage_index, start);
   // The all-gather: this replica's updated shard into the bucket, every other replica's back.
   start = run_.seconds();
   for (const StageRuntime::FlatWeight& part : st.flat)
@@ -82,9 +83,14 @@ void DeviceWorker::optimizer_step(const schedule::Instruction& ins) {
     transport().finish_shared_sum(w.name, ins.stage, acc, *context_);
     meter.sub(acc.bytes());
   }
-  if (run_.scales_loss) {
+  if (run_.defers_update()) {
+    // The gradients unscaled and checked (loss scaling), their squares counted (clipping); the
+    // update waits for the step's end, when every device's are.
     const double start = run_.seconds();
-    if (!unscale_gradients(ins.stage)) run_.overflow[static_cast<size_t>(step_)] = true;
+    if (run_.scales_loss &&
+        !scale_gradients(ins.stage, static_cast<float>(1.0 / run_.pipeline.loss_scale.scale)))
+      run_.overflow[static_cast<size_t>(step_)] = true;
+    if (run_.clip_grad_norm > 0) count_gradient_squares(ins.stage);
     deferred_.push_back(ins.stage);
     timed(ins.op, ins.stage, -1, start);
     return;
@@ -92,10 +98,9 @@ void DeviceWorker::optimizer_step(const schedule::Instruction& ins) {
   update_stage(ins.stage);
 }
 
-bool DeviceWorker::unscale_gradients(int stage_index) {
+bool DeviceWorker::scale_gradients(int stage_index, float factor) {
   StageRuntime& st = stage(stage_index);
   auto& grads = grad_acc_[stage_index];
-  const auto factor = static_cast<float>(1.0 / run_.pipeline.loss_scale.scale);
   bool finite = true;
   if (st.shard_bounds.empty()) {
     for (const auto& [name, weight] : st.weights)
@@ -114,9 +119,19 @@ bool DeviceWorker::unscale_gradients(int stage_index) {
   return finite;
 }
 
-void DeviceWorker::finish_scaled_step() {
+void DeviceWorker::update_timed(int stage_index, double start) {
+  if (!updating_deferred_) return timed(schedule::Op::kOptimizerStep, stage_index, -1, start);
+  // After the step's instructions: busy time, but no second OPT_STEP event on the timeline (a
+  // trace's events are the schedule's instructions, one each; the OPT_STEP's was recorded).
+  run_.busy[device_][step_] += run_.seconds() - start;
+}
+
+void DeviceWorker::finish_deferred_step() {
   const auto step = static_cast<size_t>(step_);
-  const bool skip = run_.overflow[step].load();
+  const bool skip = run_.scales_loss && run_.overflow[step].load();
+  // Clipping: every device's squares are in (the end barrier); a skipped step stays skipped.
+  if (run_.clip_grad_norm > 0 && !skip) clip_gradients();
+  updating_deferred_ = true;
   for (int stage_index : deferred_) {
     if (!skip) {
       update_stage(stage_index);
@@ -126,8 +141,11 @@ void DeviceWorker::finish_scaled_step() {
     // from zero as after an update.
     for (auto& [name, g] : grad_acc_[stage_index]) context_->fill_zero(g);
   }
+  updating_deferred_ = false;
   deferred_.clear();
   if (device_ != run_.first_device) return;
+  if (run_.clip_grad_norm > 0) run_.step_grad_norm[step] = run_.grad_norm(step_);
+  if (!run_.scales_loss) return;
   // The first device alone moves the scale on, between the two barriers of the step's end:
   // every worker read it before (the seeds) and reads it again after.
   LossScale& ls = run_.pipeline.loss_scale;
@@ -162,7 +180,7 @@ void DeviceWorker::update_stage(int stage_index) {
     meter.add(st.opt_state[name].bytes() - state_before);  // created on first use
     context_->fill_zero(g->second);
   }
-  timed(schedule::Op::kOptimizerStep, stage_index, -1, start);
+  update_timed(stage_index, start);
 }
 
 }  // namespace stagecraft::rt

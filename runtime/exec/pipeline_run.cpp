@@ -74,6 +74,10 @@ RunState::RunState(const PipelineParts& pipeline_, const std::map<std::string, T
       overflow(std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(options_.steps))),
       step_scale(static_cast<size_t>(options_.steps), 0.0),
       step_skipped(static_cast<size_t>(options_.steps), false),
+      clip_grad_norm(pipeline_.plan.training ? pipeline_.plan.training_config.clip_grad_norm : 0),
+      grad_squares(clip_grad_norm > 0 ? static_cast<size_t>(options_.steps) : 0,
+                   std::vector<double>(static_cast<size_t>(devices), 0.0)),
+      step_grad_norm(clip_grad_norm > 0 ? static_cast<size_t>(options_.steps) : 0, 0.0),
       global_step(pipeline_.steps_done),
       step_loss(static_cast<size_t>(steps) * static_cast<size_t>(replicas * microbatches), NAN),
       replica_has_loss(replicas, false),
@@ -162,14 +166,25 @@ void RunState::stop_all(Error error) {
 
 void RunState::exchange_flags() {
   const int step = barrier_step.load();
-  const bool ours = scales_loss && step >= 0 && step < steps;
+  const bool in_run = step >= 0 && step < steps;
+  const bool ours = scales_loss && in_run;
   StepFlags flags{.overflow = ours && overflow[static_cast<size_t>(step)].load(),
                   .stop_signal = options.stop_requested ? options.stop_requested() : 0};
-  if (options.step_barrier) flags = options.step_barrier(flags);
+  // Clipping: this process's devices' squares of the step go out, the others' come back (the
+  // devices run here keep their own: every worker of this process waits in the barrier).
+  std::vector<double> squares;
+  if (clip_grad_norm > 0 && in_run) squares = grad_squares[static_cast<size_t>(step)];
+  if (options.step_barrier) flags = options.step_barrier(flags, squares);
   if (ours && flags.overflow) overflow[static_cast<size_t>(step)] = true;
   // A stop once agreed stays: a later barrier's exchange (a process whose flag was read
   // earlier) never clears it.
   if (flags.stop_signal != 0 && stop_signal.load() == 0) stop_signal.store(flags.stop_signal);
+  if (squares.empty() || !options.step_barrier) return;
+  std::vector<double>& kept = grad_squares[static_cast<size_t>(step)];
+  for (size_t d = 0; d < kept.size(); ++d)
+    if (!std::binary_search(pipeline.local_devices.begin(), pipeline.local_devices.end(),
+                            static_cast<int>(d)))
+      kept[d] = squares.at(d);
 }
 
 int RunState::steps_finished() const {
@@ -217,6 +232,7 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
     report.loss_scale.assign(run.step_scale.begin(), run.step_scale.begin() + steps);
     report.skipped.assign(run.step_skipped.begin(), run.step_skipped.begin() + steps);
   }
+  if (run.clip_grad_norm > 0) report.grad_norm = run.step_grad_norm;
   report.reported_step = median_step(report.step_s);
   double step = report.step_s[report.reported_step], total_busy = 0;
   for (int d = 0; d < devices; ++d) {
@@ -285,6 +301,12 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
            "on skipped steps with the others",
            local_devices_.size(), devices());
   }
+  if (plan_.training && plan_.training_config.clip_grad_norm > 0 &&
+      static_cast<int>(local_devices_.size()) != devices() && !options.step_barrier)
+    fail(ErrorKind::kInternal,
+         "a plan that clips gradients run on {} of its {} devices without a step barrier to sum "
+         "the gradients' norm with the others",
+         local_devices_.size(), devices());
   // What the run's workers read and write of this pipeline.
   const PipelineParts parts{.plan = plan_,
                             .schedule = schedule_,

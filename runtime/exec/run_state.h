@@ -99,6 +99,17 @@ struct RunState {
   std::atomic<int> stop_signal{0};
   std::vector<double> step_scale;
   std::vector<bool> step_skipped;
+  /// Gradient clipping: C (plan.json training_config.clip_grad_norm; 0: none), and per step,
+  /// per device (R x P), the sum of the squares of the gradients the device counts for the
+  /// global norm (each weight once: runtime/exec/grad_clip.cpp), written by that device's
+  /// worker at its OPT_STEPs (another process's by the step barrier's exchange), read by
+  /// every worker after the step's end barrier; and per step the norm (the first device's).
+  const double clip_grad_norm;
+  std::vector<std::vector<double>> grad_squares;
+  std::vector<double> step_grad_norm;
+  /// Whether the optimizer updates wait for the step's end (`finish_deferred_step`): dynamic
+  /// loss scaling or gradient clipping, which need every device's gradients checked or counted.
+  bool defers_update() const { return scales_loss || clip_grad_norm > 0; }
   const int64_t global_step;  ///< Optimizer steps taken by earlier runs.
   /// Per graph input: the microbatch views of the run's inputs (no copies), replica r's
   /// microbatch m at r x M + m.
@@ -141,10 +152,14 @@ struct RunState {
   bool failed();
   /// Run by the last of this process's devices to arrive at the step barrier: this process's
   /// stop request (RunOptions::stop_requested) and overflow flag of `barrier_step` go out to the
-  /// other processes (RunOptions::step_barrier), and each is set here where any process's is.
+  /// other processes (RunOptions::step_barrier), and each is set here where any process's is;
+  /// with gradient clipping so do its devices' squares, and the other processes' come back.
   void exchange_flags();
   /// Steps every device finished (all of them unless a stop ended the run early).
   int steps_finished() const;
+  /// The global L2 norm of step `step`'s gradients (every device's squares summed in device
+  /// order, so every process and thread gets the same bits).
+  double grad_norm(int step) const;
 };
 
 }  // namespace stagecraft::rt

@@ -88,7 +88,10 @@ struct RunOptions {
   /// Takes this process's flags (whether one of its devices found an inf or NaN gradient in
   /// the step, for dynamic loss scaling; whether a stop was asked for here) and returns every
   /// process's combined: every rank then skips the same steps and stops after the same step.
-  std::function<StepFlags(StepFlags)> step_barrier;
+  /// `squares` (gradient clipping; empty otherwise) has one entry per device of every process
+  /// (R x P): this process's devices' sums of squared gradients for the step are filled in,
+  /// and the barrier fills in the other processes' (runtime/mpi).
+  std::function<StepFlags(StepFlags, std::vector<double>& squares)> step_barrier;
   /// Polled (by the last device of this process to reach each step barrier): the number of the
   /// signal that asked the run to stop (stagerun's SIGTERM, SIGINT or SIGUSR1), 0 for none. Once
   /// any process's answer is not 0 at a barrier of a step, every device finishes that step (or,
@@ -160,6 +163,9 @@ struct RunReport {
   /// The signal whose stop request ended the run early (RunOptions::stop_requested), after
   /// `step_s.size()` steps; 0: the run did all its steps.
   int stop_signal = 0;
+  /// Gradient clipping (plan.json training_config.clip_grad_norm), per step: the global L2
+  /// norm of the gradients before clipping (what clip_grad_norm_ returns). Empty else.
+  std::vector<double> grad_norm;
 };
 
 /// The step whose time is the median of `step_s` without the first step, the warm-up (it pays

@@ -89,20 +89,22 @@ ordered tensors_json(const std::vector<StageTensor>& tensors, bool is_input) {
 }
 
 ordered training_json(const TrainingConfig& c) {
-  return {{"loss", c.loss},
-          {"loss_output", c.loss_output},
-          {"labels", c.labels},
-          {"lr", c.lr},
-          {"lr_scaling", c.lr_scaling},
-          {"base_lr", c.base_lr},
-          {"weight_decay", c.weight_decay},
-          {"momentum", c.momentum},
-          {"beta1", c.beta1},
-          {"beta2", c.beta2},
-          {"epsilon", c.epsilon},
-          {"lr_schedule", c.lr_schedule},
-          {"warmup_steps", c.warmup_steps},
-          {"total_steps", c.total_steps}};
+  ordered json = {{"loss", c.loss},
+                  {"loss_output", c.loss_output},
+                  {"labels", c.labels},
+                  {"lr", c.lr},
+                  {"lr_scaling", c.lr_scaling},
+                  {"base_lr", c.base_lr},
+                  {"weight_decay", c.weight_decay},
+                  {"momentum", c.momentum},
+                  {"beta1", c.beta1},
+                  {"beta2", c.beta2},
+                  {"epsilon", c.epsilon},
+                  {"lr_schedule", c.lr_schedule},
+                  {"warmup_steps", c.warmup_steps},
+                  {"total_steps", c.total_steps}};
+  if (c.clip_grad_norm > 0) json["clip_grad_norm"] = c.clip_grad_norm;
+  return json;
 }
 
 ordered arena_json(const Stage& stage) {
@@ -400,10 +402,10 @@ ClusterSpec read_cluster(const JsonObject& top) {
 }
 
 TrainingConfig read_training(const JsonObject& top) {
-  JsonObject t =
-      top.object("training_config", {"loss", "loss_output", "labels", "lr", "lr_scaling", "base_lr",
-                                     "weight_decay", "momentum", "beta1", "beta2", "epsilon",
-                                     "lr_schedule", "warmup_steps", "total_steps"});
+  JsonObject t = top.object("training_config",
+                            {"loss", "loss_output", "labels", "lr", "lr_scaling", "base_lr",
+                             "weight_decay", "momentum", "beta1", "beta2", "epsilon", "lr_schedule",
+                             "warmup_steps", "total_steps", "clip_grad_norm"});
   TrainingConfig c;
   c.loss = t.string("loss");
   c.loss_output = t.string("loss_output");
@@ -420,6 +422,8 @@ TrainingConfig read_training(const JsonObject& top) {
   c.lr_schedule = t.string("lr_schedule");
   c.warmup_steps = t.int64("warmup_steps");
   c.total_steps = t.int64("total_steps");
+  // Optional (plans without clipping leave it out); when present, a finite C > 0.
+  if (t.has("clip_grad_norm")) c.clip_grad_norm = t.positive_number("clip_grad_norm");
   return c;
 }
 

@@ -310,6 +310,11 @@ struct TrainingConfig {
   std::string lr_schedule = "constant";               ///< "constant" | "warmup-linear" | "cosine".
   int64_t warmup_steps = 0;
   int64_t total_steps = 0;  ///< Where warmup-linear and cosine reach 0 (0: constant after warm-up).
+  /// C of gradient clipping (stagec --clip-grad-norm; 0: none): before the optimizer step every
+  /// gradient is scaled by min(1, C / (norm + 1e-6)), the norm the global L2 norm over every
+  /// trained weight (each shared weight once, the replicas' summed gradients), as PyTorch's
+  /// torch.nn.utils.clip_grad_norm_. plan.json "clip_grad_norm", written only when set.
+  double clip_grad_norm = 0;
 };
 
 struct Plan {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cstdio>
@@ -257,24 +258,30 @@ std::string World::rank_name(int rank) const {
                      rank);
 }
 
-StepFlags World::barrier(StepFlags flags) const {
+StepFlags World::barrier(StepFlags flags, std::vector<double>& squares) const {
   stop_note.phase = StopNote::kBarrier;
   const MPI_Comm comm = comms_->control;
   // Every rank sends a token to every other and waits for theirs: unlike MPI_Barrier, it
-  // knows whose token is missing when one never comes.
-  std::vector<int> tokens(static_cast<size_t>(size_), 0);
-  // 1, plus 1 for an overflow, plus twice the stop signal: never 0, which a missing token
-  // leaves.
-  int token = 1 + (flags.overflow ? 1 : 0) + 2 * flags.stop_signal;
+  // knows whose token is missing when one never comes. A token is {flags, squares}: 1, plus 1
+  // for an overflow, plus twice the stop signal (never 0, which a missing token leaves), then
+  // its device's sum of squared gradients (clipping).
+  const bool clips = !squares.empty();
+  if (clips && squares.size() != static_cast<size_t>(size_))
+    fail(ErrorKind::kInternal, "the step barrier got {} devices' squares for {} ranks",
+         squares.size(), size_);
+  std::vector<std::array<double, 2>> tokens(static_cast<size_t>(size_), {0, 0});
+  const std::array<double, 2> token = {
+      static_cast<double>(1 + (flags.overflow ? 1 : 0) + 2 * flags.stop_signal),
+      clips ? squares[static_cast<size_t>(rank_)] : 0.0};
   std::vector<MPI_Request> receives, sends;
   std::vector<int> from;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     MPI_Request request;
-    MPI_Irecv(&tokens[static_cast<size_t>(r)], 1, MPI_INT, r, kBarrierTag, comm, &request);
+    MPI_Irecv(tokens[static_cast<size_t>(r)].data(), 2, MPI_DOUBLE, r, kBarrierTag, comm, &request);
     receives.push_back(request);
     from.push_back(r);
-    MPI_Isend(&token, 1, MPI_INT, r, kBarrierTag, comm, &request);
+    MPI_Isend(token.data(), 2, MPI_DOUBLE, r, kBarrierTag, comm, &request);
     sends.push_back(request);
   }
   auto all_done = [](std::vector<MPI_Request>& requests) {
@@ -296,10 +303,12 @@ StepFlags World::barrier(StepFlags flags) const {
   // Every rank has posted its receives (its token came): the sends complete.
   if (!poll_until([&] { return all_done(sends); }, timeout_s_))
     fail(ErrorKind::kTimeout, "the step barrier's tokens were not taken in {:g} s", timeout_s_);
-  for (size_t r = 0; r < tokens.size(); ++r) {
-    if (static_cast<int>(r) == rank_) continue;
-    flags.overflow |= ((tokens[r] - 1) & 1) != 0;
-    flags.stop_signal = std::max(flags.stop_signal, (tokens[r] - 1) / 2);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const int t = static_cast<int>(tokens[static_cast<size_t>(r)][0]);
+    flags.overflow |= ((t - 1) & 1) != 0;
+    flags.stop_signal = std::max(flags.stop_signal, (t - 1) / 2);
+    if (clips) squares[static_cast<size_t>(r)] = tokens[static_cast<size_t>(r)][1];
   }
   return flags;
 }
@@ -365,7 +374,9 @@ std::string World::distribute(RunOptions& options, const Pipeline& pipeline,
   for (int r = 0; r < plan.data_parallel; ++r)
     layout.replica_names.push_back(rank_name(r * P + rank_ % P));
   const std::string chosen = make_transports(options, pipeline, layout, transport);
-  options.step_barrier = [this](StepFlags flags) { return barrier(flags); };
+  options.step_barrier = [this](StepFlags flags, std::vector<double>& squares) {
+    return barrier(flags, squares);
+  };
   if (rank_ != 0) options.progress = nullptr;
 
   // The texts of this rank's instructions, for the line it prints when stopped: a receive

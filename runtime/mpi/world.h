@@ -124,8 +124,9 @@ class World {
   /// Waits until every rank has called it (the step barrier); past the timeout throws
   /// `Error(kTimeout)` naming the ranks that did not arrive. Carries each rank's flags (a
   /// gradient overflowed in the step; a stop was asked for): returns every rank's combined
-  /// (any overflow; the highest stop signal).
-  StepFlags barrier(StepFlags flags) const;
+  /// (any overflow; the highest stop signal). With `squares` not empty (gradient clipping, one
+  /// entry per rank), this rank's entry goes to every other rank and theirs are filled in.
+  StepFlags barrier(StepFlags flags, std::vector<double>& squares) const;
   /// Stage `stage`'s optimizer state whole on the first replica (collective over the stage
   /// device's replicas: with ZeRO-1 the shards are gathered); the others get nothing.
   std::map<std::string, optim::OptimizerState> whole_state(const Pipeline& pipeline,

@@ -38,7 +38,9 @@ int World::finish(int exit_code) { return exit_code; }
 // Never reached (the constructor refuses), but stagerun's calls must link.
 std::string World::rank_name(int rank) const { return fmt::format("rank {}", rank); }
 
-StepFlags World::barrier(StepFlags) const { fail(ErrorKind::kInternal, "no MPI in this build"); }
+StepFlags World::barrier(StepFlags, std::vector<double>&) const {
+  fail(ErrorKind::kInternal, "no MPI in this build");
+}
 
 std::vector<std::string> World::all_strings(const std::string&) const {
   fail(ErrorKind::kInternal, "no MPI in this build");

@@ -246,7 +246,10 @@ TEST_CASE("the tools' JSON outputs are JSON Lines that their schemas accept") {
   };
   for (const Plan& p :
        {Plan{"zb", gpt + " --devices 3 --microbatches 4 --schedule zb-h1", true},
-        Plan{"interleaved", gpt + " --devices 2 --microbatches 4 --schedule interleaved", true},
+        // Gradient clipping's norm in every step record.
+        Plan{"interleaved",
+             gpt + " --devices 2 --microbatches 4 --schedule interleaved --clip-grad-norm 0.5",
+             true},
         Plan{"inference",
              samples + "/mnist_cnn.onnx --batch 8 --devices 2 --microbatches 4 "
                        "--device-spec cpu",
@@ -271,6 +274,7 @@ TEST_CASE("the tools' JSON outputs are JSON Lines that their schemas accept") {
       CHECK(lines[k]["type"] == "step");
       CHECK(lines[k]["step"] == k + 1);
       CHECK(lines[k].contains("loss") == p.training);
+      CHECK(lines[k].contains("grad_norm") == (p.name == "interleaved"));
       check_valid(runs, lines[k], fmt::format("stagerun --json {} step {}", p.name, k + 1));
     }
     CHECK(lines[3]["type"] == "summary");

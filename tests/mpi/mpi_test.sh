@@ -29,6 +29,9 @@
 #                            --bucket-mb refused
 #     train_fp16             --precision fp16 (dynamic loss scaling), 2 replicas x 2 devices on
 #                            4 ranks: the in-process run's losses, scales and skipped steps
+#     train_clip             --clip-grad-norm (the norm's squares carried by the step barrier),
+#                            2 replicas x 2 devices on 4 ranks, sharded and not: the
+#                            in-process run's losses and norms bit for bit, clipping binding
 #     train_zero             --shard-optimizer (ZeRO-1), 2 replicas x 2 devices on 4 ranks (adam,
 #                            momentum): the unsharded plan's losses, final weights and
 #                            optimizer state (checkpoints) bit for bit, and the
@@ -272,6 +275,32 @@ case "$check" in
     cmp -s threads.steps ranks.steps ||
       fail "4 ranks and one process differ: $(paste threads.steps ranks.steps | tr '\n' ' ')"
     echo "fp16: $(grep -c '"skipped":true' ranks.steps) of 10 steps skipped on every rank, as in one process"
+    ;;
+  train_clip)
+    # Gradient clipping on 2 replicas x 2 devices, 4 ranks: each rank's sum of squares goes
+    # round with the step barrier and every rank adds them in device order, so the norms and
+    # losses are the in-process run's bit for bit (a norm from one rank's gradients alone
+    # would clip differently and the losses would part).
+    for shard in "" --shard-optimizer; do
+      "$stagec" "$samples/gpt_tiny.onnx" --train --loss cross-entropy --batch 16 --dim seq=16 \
+        --optimizer sgd --lr 0.5 -o plan --devices 4 --data-parallel 2 --microbatches 2 \
+        --clip-grad-norm 0.5 $shard >/dev/null
+      grep -q '"clip_grad_norm": *0.5' plan/plan.json || fail "no clip_grad_norm in plan.json"
+      "$stagerun" plan --steps 4 --json -q --backend cpu >threads.json
+      if ! "${mpi[@]}" -np 4 "$stagerun" plan --steps 4 --json -q >ranks.json 2>ranks.err; then
+        cat ranks.err >&2
+        fail "mpirun -np 4 stagerun (clipping$shard) failed"
+      fi
+      steps_of() { grep '"type": *"step"' "$1" | grep -o '"\(loss\|grad_norm\)":[^,}]*'; }
+      steps_of threads.json >threads.steps
+      steps_of ranks.json >ranks.steps
+      [ "$(grep -c grad_norm ranks.steps)" -eq 4 ] || fail "expected 4 norms: $(cat ranks.steps)"
+      grep grad_norm ranks.steps | cut -d: -f2 | awk '$1 > 0.5 { bound = 1 } END { exit !bound }' ||
+        fail "clipping never bound: $(cat ranks.steps)"
+      cmp -s threads.steps ranks.steps ||
+        fail "4 ranks and one process differ$shard: $(paste threads.steps ranks.steps | tr '\n' ' ')"
+      echo "clipping$shard: 4 ranks' norms and losses are one process's: $(tr '\n' ' ' <ranks.steps)"
+    done
     ;;
   train_zero)
     for optimizer in adam momentum; do

@@ -68,8 +68,8 @@ std::string facts(const PlanView& view, const MeasuredRun* measured) {
        fmt::format("{} = {} x {}", plan.batch,
                    plural(plan.microbatches, "microbatch", "microbatches"), plan.microbatch_size));
   fact(plan.training ? "training" : "inference",
-       fmt::format("optimizer {}, precision {}", to_string(plan.optimizer),
-                   to_string(plan.precision)));
+       fmt::format("optimizer {}{}, precision {}", to_string(plan.optimizer),
+                   plan.training ? clip_words(plan) : "", to_string(plan.precision)));
   fact("objective", std::string(to_string(plan.objective)));
   fact("cost model", plan.cost_model);
   fact("device", fmt::format("{} ({}, {})", plan.device.name, to_string(plan.device.kind),

@@ -176,6 +176,7 @@ nlohmann::ordered_json render_json(const PlanView& view) {
             {"batch", plan.batch},
             {"training", plan.training},
             {"optimizer", std::string(to_string(plan.optimizer))},
+            {"clip_grad_norm", plan.training ? plan.training_config.clip_grad_norm : 0.0},
             {"precision", std::string(to_string(plan.precision))},
             {"cost_model", plan.cost_model}}},
           {"devices", devices_json(plan)},

@@ -87,8 +87,8 @@ std::string header(const PlanView& view) {
                          plural(plan.microbatches, "microbatch", "microbatches"),
                          plan.microbatch_size));
   line(plan.training ? "training" : "inference",
-       plan.training ? fmt::format("optimizer {}, precision {}{}", to_string(plan.optimizer),
-                                   to_string(plan.precision),
+       plan.training ? fmt::format("optimizer {}{}, precision {}{}", to_string(plan.optimizer),
+                                   clip_words(plan), to_string(plan.precision),
                                    plan.shard_optimizer
                                        ? fmt::format("; optimizer state sharded over {} (ZeRO-1: "
                                                      "each device keeps 1/{} of its stages')",

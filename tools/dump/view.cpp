@@ -121,4 +121,10 @@ std::string plural(int64_t count, std::string_view noun, std::string_view plural
   return fmt::format("{} {}", with_commas(count), plural_noun);
 }
 
+std::string clip_words(const plan::Plan& plan) {
+  const double clip = plan.training_config.clip_grad_norm;
+  if (!plan.training || clip <= 0) return "";
+  return fmt::format(" with gradients clipped to a global norm of at most {:g}", clip);
+}
+
 }  // namespace stagecraft::dump

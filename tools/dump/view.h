@@ -66,4 +66,8 @@ std::string_view stage_colour(int stage);
 /// adding an "s" will not do ("microbatches").
 std::string plural(int64_t count, std::string_view noun, std::string_view plural_noun = "");
 
+/// A training plan's gradient clipping where the optimizer is shown: " with gradients clipped
+/// to a global norm of at most C" ("" when it clips none).
+std::string clip_words(const plan::Plan& plan);
+
 }  // namespace stagecraft::dump
