@@ -122,9 +122,7 @@ Setup make_setup(const PlanOptions& o) {
   // A custom schedule's file says how many chunks and microbatches it runs.
   // Interleaved runs 2 unless --chunks says otherwise; zb-v always 2, the others 1.
   const int fixed = schedule::fixed_chunks(s.kind);
-  int chunks = o.chunks > 0 ? o.chunks
-               : s.custom  ? s.custom->chunks
-                           : (fixed > 0 ? fixed : 2);
+  int chunks = o.chunks > 0 ? o.chunks : s.custom ? s.custom->chunks : (fixed > 0 ? fixed : 2);
   if (o.chunks < 0) fail(ErrorKind::kUsage, "--chunks {} must be at least 1", o.chunks);
   int m = o.microbatches > 0 ? o.microbatches
           : s.custom         ? s.custom->microbatches
@@ -323,8 +321,8 @@ partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::
     }
     double t = 0;
     for (int r = 0; r < s.shape.data_parallel; ++r)
-      t = std::max(t, cost::transfer_seconds(s.cluster, rank_of(s, r, from),
-                                             rank_of(s, r, to), bytes));
+      t = std::max(
+          t, cost::transfer_seconds(s.cluster, rank_of(s, r, from), rank_of(s, r, to), bytes));
     return training ? 2 * t : t;
   };
   p.in_flight = [s](int k) { return in_flight(s, k); };

@@ -281,9 +281,9 @@ class Validator {
                                        count(plan_.devices, "device"), plan_.devices - 1));
     }
     if (stage.device != home(k)) {
-      fault(at + "device", fmt::format("is {}, but stage {} belongs on device {} ('{}' on {})",
-                                       stage.device, k, home(k), to_string(plan_.schedule),
-                                       count(plan_.devices, "device")));
+      fault(at + "device",
+            fmt::format("is {}, but stage {} belongs on device {} ('{}' on {})", stage.device, k,
+                        home(k), to_string(plan_.schedule), count(plan_.devices, "device")));
     }
     if (stage.chunk != k / plan_.devices) {
       fault(at + "chunk", fmt::format("is {}, but stage {} is chunk {} of its device (k / {})",

@@ -36,7 +36,7 @@ std::string usage_error(const std::function<void()>& body) {
 std::string compute_row(const std::vector<Instruction>& program) {
   std::string out;
   for (const Instruction& in : program) {
-    const char* type = in.op == Op::kForward         ? "F"
+    const char* type = in.op == Op::kForward          ? "F"
                        : in.op == Op::kBackwardInput  ? "I"
                        : in.op == Op::kBackwardWeight ? "W"
                                                       : nullptr;
@@ -72,7 +72,9 @@ TEST_CASE("zb-v refuses other chunk counts, inference and a round-robin shape in
   inference.training = false;
   CHECK(usage_error([&] { build_schedule(ScheduleKind::kZBV, inference); }) ==
         "schedule 'zb-v' is for training; an inference plan uses 'inference'");
-  CHECK(usage_error([&] { build_schedule(ScheduleKind::kZBV, {2, 2, 4, true}); }) ==
+  CHECK(usage_error([&] {
+          build_schedule(ScheduleKind::kZBV, {2, 2, 4, true});
+        }) ==
         "schedule 'zb-v' places its stages in a V, but the pipeline's placement is round-robin");
   CHECK(usage_error([&] { build_schedule(ScheduleKind::kInterleaved, v_shape(2, 4)); }) ==
         "schedule 'interleaved' places its stages round-robin, but the pipeline's placement is a "
@@ -163,8 +165,8 @@ TEST_CASE("zb-v idles less than zb-h1 and 1f1b on the same layers at 1f1b's peak
       const SimResult one = simulate(build_schedule(ScheduleKind::k1F1B, plain), plain, whole);
       const SimResult zb = simulate(build_schedule(ScheduleKind::kZBH1, plain), plain, whole);
       const PipelineShape shape = v_shape(p, m);
-      const SimResult v = simulate(build_schedule(ScheduleKind::kZBV, shape), shape,
-                                   equal_stages(2 * p, 1.0));
+      const SimResult v =
+          simulate(build_schedule(ScheduleKind::kZBV, shape), shape, equal_stages(2 * p, 1.0));
       MESSAGE("P=", p, " M=", m, ": bubble 1f1b ", one.bubble_fraction, ", zb-h1 ",
               zb.bubble_fraction, ", zb-v ", v.bubble_fraction, "; peak 1f1b ",
               *std::max_element(one.device_peak_bytes.begin(), one.device_peak_bytes.end()),
