@@ -79,6 +79,10 @@ int64_t microbatches_in_flight(ScheduleKind schedule, int stages, int stage_inde
     case ScheduleKind::kInterleaved:
       if (v == 1) return std::min(p - i, m);
       return std::min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1);
+    case ScheduleKind::kZBV:
+      // Both chunks of the V together (stage i holds min(2P - i, M), stage 2P-1-i min(i + 1,
+      // M)): 2P chunk-microbatches on every device once M >= 2P - 1, 1F1B's peak on its first.
+      return std::min({2 * p, 2 * m, m + i + 1});
     case ScheduleKind::kInference:
       return 1;
     case ScheduleKind::kCustom:

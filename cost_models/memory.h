@@ -37,6 +37,9 @@ double gradient_bytes_per_param(Precision precision);
 ///   the one in flight in the steady state. For stage 0 this is P * (1 + (P - 1) / (P * V))
 ///   device-microbatches, the factor of Korthikanti et al. 2022 ("Reducing Activation
 ///   Recomputation in Large Transformer Models"). V = 1 is 1F1B.
+/// - kZBV: device i's two chunks (V = 2) together in chunk-microbatches, min(2P, 2M, M + i + 1)
+///   (counted from torch's ScheduleZBVZeroBubble order): with M >= 2P - 1 every device peaks at
+///   1F1B's first device, P whole microbatches (Qi et al. 2024).
 /// - kInference: 1 (forward only, nothing kept for a backward).
 /// Throws `Error(kUsage)` unless P >= 1, 0 <= i < P, M >= 1 and V >= 1.
 int64_t microbatches_in_flight(ScheduleKind schedule, int stages, int stage_index, int microbatches,

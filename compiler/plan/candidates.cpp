@@ -153,7 +153,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   const auto& st = sol.stages[k];
   Stage out;
   out.index = static_cast<int>(k);
-  out.device = static_cast<int>(k) % s.shape.devices;
+  out.device = schedule::device_of_stage(static_cast<int>(k), s.shape);
   out.chunk = static_cast<int>(k) / s.shape.devices;
   out.file = fmt::format("stage_{}.onnx", k);
   int64_t acts = 0;
@@ -270,7 +270,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   if (s.shape.training && !out.recompute) acts += input_bytes;
   if (out.recompute) {
     temporary = std::max(temporary, out.arena_bytes);
-    // ZB-H1 runs B and W apart and re-runs the forward before each.
+    // ZB-H1 and ZB-V run B and W apart and re-run the forward before each.
     out.bwd_ms += (splits_backward(s, static_cast<int>(k)) ? 2 : 1) * out.fwd_ms;
   }
   auto anatomy = cost::stage_memory(out.params, held.trainable, acts, temporary, comm,

@@ -145,9 +145,9 @@ Setup make_setup(const PlanOptions& o) {
                             "FILE (torch.distributed.pipelining's CSV) instead");
   }
   // A custom schedule's file says how many chunks and microbatches it runs.
-  int chunks = o.chunks > 0 ? o.chunks
-               : s.custom  ? s.custom->chunks
-                           : (s.kind == ScheduleKind::kInterleaved ? 2 : 1);
+  // Interleaved runs 2 unless --chunks says otherwise; zb-v always 2, the others 1.
+  const int fixed = schedule::fixed_chunks(s.kind);
+  int chunks = o.chunks > 0 ? o.chunks : s.custom ? s.custom->chunks : (fixed > 0 ? fixed : 2);
   if (o.chunks < 0) fail(ErrorKind::kUsage, "--chunks {} must be at least 1", o.chunks);
   int m = o.microbatches > 0 ? o.microbatches
           : s.custom         ? s.custom->microbatches
@@ -155,6 +155,7 @@ Setup make_setup(const PlanOptions& o) {
   if (o.microbatches < 0)
     fail(ErrorKind::kUsage, "--microbatches {} must be at least 1", o.microbatches);
   s.shape = schedule::PipelineShape{pipeline_devices, chunks, m, o.training, replicas};
+  s.shape.placement = schedule::placement_of(s.kind);
   if (o.batch) {
     if (*o.batch < 1) fail(ErrorKind::kUsage, "--batch {} must be at least 1", *o.batch);
     // Not given, the microbatch count is the pipeline's device count: say so, and what to give.
@@ -207,7 +208,7 @@ schedule::Schedule setup_schedule(const Setup& s) {
 }
 
 bool splits_backward(const Setup& s, int stage) {
-  if (s.kind == ScheduleKind::kZBH1) return true;
+  if (s.kind == ScheduleKind::kZBH1 || s.kind == ScheduleKind::kZBV) return true;
   if (!s.custom || s.shape.devices < 1) return false;
   const auto& device = s.custom->order.at(static_cast<size_t>(stage % s.shape.devices));
   return std::any_of(device.begin(), device.end(), [&](const schedule::Instruction& in) {
@@ -336,7 +337,8 @@ partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::
   // every replica over its own link, the slowest setting the pace. Between two devices on one
   // processor it is a copy in the processor's memory.
   p.send_time = [s, devices, training](int k, double bytes) {
-    const int from = k % devices, to = (k + 1) % devices;
+    const int from = schedule::device_of_stage(k, s.shape),
+              to = schedule::device_of_stage(k + 1, s.shape);
     const std::vector<int>& processor = s.processors.processor_of;
     if (from != to && static_cast<size_t>(devices) == processor.size() &&
         processor[from] == processor[to]) {
@@ -345,8 +347,8 @@ partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::
     }
     double t = 0;
     for (int r = 0; r < s.shape.data_parallel; ++r)
-      t = std::max(t, cost::transfer_seconds(s.cluster, rank_of(s, r, k % devices),
-                                             rank_of(s, r, (k + 1) % devices), bytes));
+      t = std::max(
+          t, cost::transfer_seconds(s.cluster, rank_of(s, r, from), rank_of(s, r, to), bytes));
     return training ? 2 * t : t;
   };
   p.in_flight = [s](int k) { return in_flight(s, k); };

@@ -1,4 +1,4 @@
-// The five schedule builders. Each writes one device's program from the order of its compute
+// The six schedule builders. Each writes one device's program from the order of its compute
 // ops; `ProgramWriter` adds the receives before and the sends after each of them, so the
 // builders read like the schedules' published pseudo-code.
 #include "compiler/schedule/build_schedule.h"
@@ -57,7 +57,7 @@ class ProgramWriter {
   }
 
   /// The stage that is chunk `chunk` of this device.
-  int stage_of_chunk(int chunk) const { return chunk * shape_.devices + device_; }
+  int stage_of_chunk(int chunk) const { return schedule::stage_of_chunk(device_, chunk, shape_); }
 
   std::vector<Instruction> take() { return std::move(program_); }
 
@@ -150,6 +150,71 @@ std::vector<Instruction> interleaved(const PipelineShape& shape, int device) {
   return writer.take();
 }
 
+/// ZB-V (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"), in the order of
+/// torch.distributed.pipelining's ScheduleZBVZeroBubble. Device i holds chunk 0 (stage i) and
+/// chunk 1 (stage 2P-1-i) of the V, so the loss stage and the first stage share device 0. The
+/// order is written for N = max(M, 2P - 1) microbatches, and the microbatches from M on are
+/// left out, as torch leaves their slots idle:
+/// - warm-up: 2(P-i)-1 forwards of chunk 0; i times a forward of chunk 1 and one of chunk 0;
+///   P-i times a forward of chunk 1 followed by its B and W;
+/// - steady state: a forward of chunk 0 (while any is left), B and W of chunk 0, a forward of
+///   chunk 1, B and W of chunk 1, until both chunks have forwarded all N;
+/// - cool-down: i times B of chunk 0 and B of chunk 1; P-i times B of chunk 0 and a deferred W
+///   of chunk 0; then the deferred W of chunk 1, then those of chunk 0.
+/// Stage s holds at most min(2P - s, M) microbatches in flight (each chunk half a device's
+/// layers), 1F1B's peak on device 0 counted in chunk-microbatches.
+std::vector<Instruction> zb_v(const PipelineShape& shape, int device) {
+  ProgramWriter writer(shape, device);
+  const int devices = shape.devices, microbatches = shape.microbatches;
+  const int padded = std::max(microbatches, 2 * devices - 1);
+  const int first = writer.stage_of_chunk(0), second = writer.stage_of_chunk(1);
+  // The next forward and B of each chunk; only the microbatches that exist are written.
+  int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+  auto forward = [&](int stage, int& next) {
+    if (next < microbatches) writer.forward(stage, next);
+    ++next;
+  };
+  auto input = [&](int stage, int& next) {
+    if (next < microbatches) writer.backward_input(stage, next);
+    ++next;
+  };
+  auto weight = [&](int stage, int mb) {
+    if (mb < microbatches) writer.backward_weight(stage, mb);
+  };
+  auto input_and_weight = [&](int stage, int& next) {
+    input(stage, next);
+    weight(stage, next - 1);
+  };
+  for (int k = 0; k < 2 * (devices - device) - 1; ++k) forward(first, f0);
+  for (int k = 0; k < device; ++k) {
+    forward(second, f1);
+    forward(first, f0);
+  }
+  for (int k = 0; k < devices - device; ++k) {
+    forward(second, f1);
+    input_and_weight(second, b1);
+  }
+  while (f1 < f0 || f0 < padded) {
+    if (f0 < padded) forward(first, f0);
+    input_and_weight(first, b0);
+    forward(second, f1);
+    input_and_weight(second, b1);
+  }
+  int w0 = b0, w1 = b1;
+  for (int k = 0; k < device; ++k) {
+    input(first, b0);
+    input(second, b1);
+  }
+  for (int k = 0; k < devices - device; ++k) {
+    input(first, b0);
+    weight(first, w0++);
+  }
+  while (w1 < b1) weight(second, w1++);
+  while (w0 < b0) weight(first, w0++);
+  writer.finish_step();
+  return writer.take();
+}
+
 /// Inference: each device forwards the microbatches in order as they arrive.
 std::vector<Instruction> inference(const PipelineShape& shape, int device) {
   ProgramWriter writer(shape, device);
@@ -210,6 +275,9 @@ Schedule build_schedule(ScheduleKind kind, const PipelineShape& shape) {
         break;
       case ScheduleKind::kZBH1:
         schedule.push_back(zb_h1(shape, device));
+        break;
+      case ScheduleKind::kZBV:
+        schedule.push_back(zb_v(shape, device));
         break;
       case ScheduleKind::kInference:
         schedule.push_back(inference(shape, device));

@@ -249,6 +249,7 @@ std::unique_ptr<Pipeline> Pipeline::load(plan::Plan loaded, const std::string& p
 
   p->shape_ = {plan.devices, plan.chunks, plan.microbatches, plan.training, plan.data_parallel};
   p->shape_.shared_groups = plan::shared_weight_groups(plan);
+  p->shape_.placement = schedule::placement_of(plan.schedule);
   std::string schedule_path = plan::plan_file(plan_dir, "schedule.json");
   nlohmann::json body = read_json_file(schedule_path);
   p->schedule_ = with_context(plan_dir, ErrorKind::kFormat,

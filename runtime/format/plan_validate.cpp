@@ -151,10 +151,9 @@ class Validator {
     }
     // A custom schedule (--schedule-csv): any chunks; validate_schedule checks its order.
     const bool custom = plan_.schedule == ScheduleKind::kCustom;
-    if (plan_.chunks != 1 && plan_.schedule != ScheduleKind::kInterleaved && !custom) {
-      fault("chunks", fmt::format("is {}, but only the interleaved schedule has more than one "
-                                  "chunk per device (schedule is '{}')",
-                                  plan_.chunks, to_string(plan_.schedule)));
+    if (const int fixed = schedule::fixed_chunks(plan_.schedule); fixed && plan_.chunks != fixed) {
+      fault("chunks", fmt::format("is {}, but schedule '{}' runs {} per device", plan_.chunks,
+                                  to_string(plan_.schedule), count(fixed, "chunk")));
     }
     if (plan_.schedule == ScheduleKind::kInterleaved && plan_.microbatches % plan_.devices != 0) {
       fault("microbatches", fmt::format("is {}, but the interleaved schedule needs a multiple of "
@@ -281,10 +280,10 @@ class Validator {
       fault(at + "device", fmt::format("is {}, but the plan has {} (0..{})", stage.device,
                                        count(plan_.devices, "device"), plan_.devices - 1));
     }
-    if (stage.device != k % plan_.devices) {
-      fault(at + "device", fmt::format("is {}, but stage {} belongs on device {} (stage k on "
-                                       "device k % {})",
-                                       stage.device, k, k % plan_.devices, plan_.devices));
+    if (stage.device != home(k)) {
+      fault(at + "device",
+            fmt::format("is {}, but stage {} belongs on device {} ('{}' on {})", stage.device, k,
+                        home(k), to_string(plan_.schedule), count(plan_.devices, "device")));
     }
     if (stage.chunk != k / plan_.devices) {
       fault(at + "chunk", fmt::format("is {}, but stage {} is chunk {} of its device (k / {})",
@@ -702,7 +701,7 @@ class Validator {
         fault(at + "device", fmt::format("is {}, but the plan has {} (0..{})", e.device,
                                          count(plan_.devices, "device"), plan_.devices - 1));
       }
-      if (e.stage < 0 || e.stage >= stages || e.stage % plan_.devices != e.device) {
+      if (e.stage < 0 || e.stage >= stages || home(e.stage) != e.device) {
         fault(at + "stage", fmt::format("is {}, not a stage of device {}", e.stage, e.device));
       }
       if (e.microbatch < -1 || e.microbatch >= plan_.microbatches) {
@@ -724,6 +723,7 @@ class Validator {
 
   const Plan& plan_;
   const std::string& source_;
+  int home(int k) const { return schedule::device_of_stage(k, plan_.devices, plan_.schedule); }
   /// Node name -> (stage, position in its node list), filled by check_stage.
   std::unordered_map<std::string, std::pair<int, size_t>> node_stage_;
 };

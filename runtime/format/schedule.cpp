@@ -104,9 +104,19 @@ void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKi
     check_shared_groups(shape, error);
     return;
   }
-  if (kind != ScheduleKind::kInterleaved && shape.chunks != 1) {
+  if (kind == ScheduleKind::kZBV && shape.chunks != 2) {
+    fail(error,
+         "schedule 'zb-v' runs 2 chunks per device (device i holds stages i and 2P-1-i), not {}",
+         shape.chunks);
+  }
+  if (fixed_chunks(kind) == 1 && shape.chunks != 1) {
     fail(error, "schedule '{}' runs 1 chunk per device, not {}; use 'interleaved'", name,
          shape.chunks);
+  }
+  if (shape.placement != placement_of(kind)) {
+    fail(error, "schedule '{}' places its stages {}, but the pipeline's placement is {}", name,
+         placement_of(kind) == Placement::kV ? "in a V" : "round-robin",
+         shape.placement == Placement::kV ? "a V" : "round-robin");
   }
   if (kind == ScheduleKind::kInterleaved && shape.microbatches % shape.devices != 0) {
     fail(error,
@@ -115,9 +125,11 @@ void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKi
          shape.microbatches, shape.devices);
   }
   if (kind == ScheduleKind::kInference && shape.training) {
-    fail(error, "schedule 'inference' runs forwards only; a training plan needs {}, {}, {} or {}",
+    fail(error,
+         "schedule 'inference' runs forwards only; a training plan needs {}, {}, {}, {} or {}",
          to_string(ScheduleKind::kGPipe), to_string(ScheduleKind::k1F1B),
-         to_string(ScheduleKind::kInterleaved), to_string(ScheduleKind::kZBH1));
+         to_string(ScheduleKind::kInterleaved), to_string(ScheduleKind::kZBH1),
+         to_string(ScheduleKind::kZBV));
   }
   if (kind != ScheduleKind::kInference && !shape.training) {
     fail(error, "schedule '{}' is for training; an inference plan uses 'inference'", name);
@@ -129,7 +141,42 @@ int stage_count(const PipelineShape& shape) { return shape.devices * shape.chunk
 
 int link_capacity(const PipelineShape& shape) { return shape.training ? kTrainingLinkCapacity : 1; }
 
-int device_of_stage(int stage, const PipelineShape& shape) { return stage % shape.devices; }
+Placement placement_of(ScheduleKind kind) {
+  return kind == ScheduleKind::kZBV ? Placement::kV : Placement::kRoundRobin;
+}
+
+int fixed_chunks(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kInterleaved:
+    case ScheduleKind::kCustom:
+      return 0;
+    case ScheduleKind::kZBV:
+      return 2;
+    case ScheduleKind::kGPipe:
+    case ScheduleKind::k1F1B:
+    case ScheduleKind::kZBH1:
+    case ScheduleKind::kInference:
+      return 1;
+  }
+  return 1;
+}
+
+int device_of_stage(int stage, const PipelineShape& shape) {
+  if (shape.placement == Placement::kV && stage >= shape.devices)
+    return 2 * shape.devices - 1 - stage;
+  return stage % shape.devices;
+}
+
+int device_of_stage(int stage, int devices, ScheduleKind kind) {
+  PipelineShape shape{devices, fixed_chunks(kind), 1, true};
+  shape.placement = placement_of(kind);
+  return device_of_stage(stage, shape);
+}
+
+int stage_of_chunk(int device, int chunk, const PipelineShape& shape) {
+  if (shape.placement == Placement::kV && chunk == 1) return 2 * shape.devices - 1 - device;
+  return chunk * shape.devices + device;
+}
 
 std::string to_string(Op op) {
   for (const auto& [value, name] : kOpNames) {

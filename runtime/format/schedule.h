@@ -9,7 +9,8 @@
 ///
 /// Stages are global: with P devices and V chunks per device there are S = P*V stages, and
 /// stage s lives on device s % P (Megatron-LM's virtual stages, chunk c of device d is stage
-/// c*P + d). Every instruction names a stage of the device that runs it; sends and receives
+/// c*P + d), except under a V placement (zb-v: two chunks, device d holds stages d and
+/// 2P-1-d). Every instruction names a stage of the device that runs it; sends and receives
 /// also name the peer stage.
 
 #include <cstdint>
@@ -71,6 +72,13 @@ struct Instruction {
 /// The instructions of every device, indexed by device, each list in execution order.
 using Schedule = std::vector<std::vector<Instruction>>;
 
+/// How the stages are dealt to the devices. Chunk c of a device is stage c*P + d under
+/// both placements when c is 0; they differ in the second chunk's stage.
+enum class Placement {
+  kRoundRobin,  ///< Stage s on device s % P (every schedule but zb-v).
+  kV,  ///< Two chunks in a V: stage s on device s for s < P, else on 2P-1-s (zb-v, DualPipeV).
+};
+
 /// The shape a schedule is built for.
 struct PipelineShape {
   int devices;            ///< P, the pipeline depth in devices.
@@ -81,7 +89,17 @@ struct PipelineShape {
   /// Sets of stages (each ascending, two or more) that hold a common weight; in training every
   /// stage in one gets an ALLREDUCE_SHARED. Empty for most models.
   std::vector<std::vector<int>> shared_groups = {};
+  /// Where the stages live: placement_of(kind) of the schedule kind (check_schedule_shape
+  /// refuses another).
+  Placement placement = Placement::kRoundRobin;
 };
+
+/// The placement `kind` runs on: kV for zb-v, kRoundRobin for the others.
+Placement placement_of(ScheduleKind kind);
+
+/// The chunks per device `kind` always runs (1, or 2 for zb-v); 0 when it takes any count
+/// (interleaved, custom).
+int fixed_chunks(ScheduleKind kind);
 
 /// The messages a link of `shape` holds: kTrainingLinkCapacity in training, 1 in inference.
 int link_capacity(const PipelineShape& shape);
@@ -99,7 +117,8 @@ std::vector<int> shared_partners(const PipelineShape& shape, int stage);
 
 /// The schedule rules, checked once for the planner, the builders and the plan reader: throws
 /// `Error(error)` naming the numbers when `kind` cannot serve `shape`: P, V, M or DP below 1,
-/// V != 1 for a schedule without chunks, M not a multiple of P for the interleaved schedule, a
+/// V != 1 for a schedule without chunks (V != 2 for zb-v), a placement other than
+/// placement_of(kind), M not a multiple of P for the interleaved schedule, a
 /// training schedule for inference or the inference schedule for training, shared groups that do
 /// not fit (check_shared_groups).
 void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKind error);
@@ -107,9 +126,16 @@ void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKi
 /// Number of global stages, P * V.
 int stage_count(const PipelineShape& shape);
 
-/// The device that holds `stage`: stage % P (chunks are dealt round-robin). Needs P >= 1 and
-/// 0 <= stage < P * V.
+/// The device that holds `stage`: stage % P when chunks are dealt round-robin; under the V
+/// placement stage for stage < P, else 2P-1-stage. Needs P >= 1 and 0 <= stage < P * V.
 int device_of_stage(int stage, const PipelineShape& shape);
+
+/// device_of_stage for a plan's numbers: `devices` (P) and its schedule kind's placement.
+int device_of_stage(int stage, int devices, ScheduleKind kind);
+
+/// The stage that is chunk `chunk` (0..V-1) of `device`: chunk * P + device round-robin; under
+/// the V placement `device` for chunk 0 and 2P-1-device for chunk 1.
+int stage_of_chunk(int device, int chunk, const PipelineShape& shape);
 
 /// Checks the structure of a schedule and throws `Error(kPlan)` naming the device, the
 /// position and the instruction at the first fault: one list per device; every instruction on

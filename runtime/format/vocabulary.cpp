@@ -17,11 +17,12 @@ namespace {
 template <typename Enum, size_t N>
 using Table = std::array<std::pair<Enum, std::string_view>, N>;
 
-constexpr Table<ScheduleKind, 6> kSchedules = {{
+constexpr Table<ScheduleKind, 7> kSchedules = {{
     {ScheduleKind::kGPipe, "gpipe"},
     {ScheduleKind::k1F1B, "1f1b"},
     {ScheduleKind::kInterleaved, "interleaved"},
     {ScheduleKind::kZBH1, "zb-h1"},
+    {ScheduleKind::kZBV, "zb-v"},
     {ScheduleKind::kInference, "inference"},
     {ScheduleKind::kCustom, "custom"},
 }};

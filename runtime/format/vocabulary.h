@@ -6,8 +6,8 @@
 /// nothing else spells the names. Every `parse_*` (the command line's) ignores case (`1F1B`,
 /// `GPipe`) and throws `Error(kUsage)` naming the bad value, the closest valid name when one is
 /// close, and the valid names ("unknown schedule 'zbh1' (did you mean 'zb-h1'?); valid: gpipe,
-/// 1f1b, interleaved, zb-h1, inference"); every `find_*` (plan.json's, which we write ourselves)
-/// takes the exact lower-case name and returns nullopt otherwise.
+/// 1f1b, interleaved, zb-h1, zb-v, inference"); every `find_*` (plan.json's, which we write
+/// ourselves) takes the exact lower-case name and returns nullopt otherwise.
 
 #include <optional>
 #include <string_view>
@@ -21,6 +21,10 @@ enum class ScheduleKind {
   k1F1B,         ///< "1f1b": PipeDream-Flush / Megatron-LM one-forward-one-backward.
   kInterleaved,  ///< "interleaved": Megatron-LM interleaved 1F1B, V chunks per device.
   kZBH1,         ///< "zb-h1": ZB-H1 of "Zero Bubble Pipeline Parallelism" (Qi et al. 2023).
+  /// "zb-v": ZB-V of "Pipeline Parallelism with Controllable Memory" (Qi et al. 2024), as
+  /// torch.distributed.pipelining's ScheduleZBVZeroBubble orders it: two chunks per device in
+  /// a V (device i holds stages i and 2P-1-i), backwards split into B and W.
+  kZBV,
   kInference,    ///< "inference": forwards only, pipelined over the microbatches.
   /// "custom": an order of forwards and backwards given by the user (stagec --schedule-csv, in
   /// torch.distributed.pipelining's CSV), with any chunk count; schedule.json holds it.

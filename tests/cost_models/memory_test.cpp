@@ -113,6 +113,16 @@ TEST_CASE("interleaved: Megatron's warm-up count in chunk-microbatches") {
   CHECK(microbatches_in_flight(ScheduleKind::kInterleaved, 4, 1, 8, 1) == 3);
 }
 
+TEST_CASE("zb-v: min(2P, 2M, M + i + 1) chunk-microbatches, 2P on every device from M = 2P - 1") {
+  // The counts tests/schedule/zb_v_test.cpp finds in the built order.
+  for (int i = 0; i < 4; ++i) {
+    CHECK(microbatches_in_flight(ScheduleKind::kZBV, 4, i, 8, 2) == 8);
+    CHECK(microbatches_in_flight(ScheduleKind::kZBV, 4, i, 7, 2) == 8);
+    CHECK(microbatches_in_flight(ScheduleKind::kZBV, 4, i, 2, 2) == (i == 0 ? 3 : 4));
+  }
+  CHECK(microbatches_in_flight(ScheduleKind::kZBV, 8, 0, 8, 2) == 9);
+}
+
 TEST_CASE("bad pipeline shapes are usage errors") {
   CHECK_THROWS_AS(microbatches_in_flight(ScheduleKind::k1F1B, 0, 0, 8, 1), Error);
   CHECK_THROWS_AS(microbatches_in_flight(ScheduleKind::k1F1B, 4, 4, 8, 1), Error);
@@ -148,7 +158,7 @@ TEST_CASE("describe prints the total and the parts in one unit") {
 
 TEST_CASE("names round-trip, unknown names list the valid ones") {
   for (auto s : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
-                 ScheduleKind::kZBH1, ScheduleKind::kInference}) {
+                 ScheduleKind::kZBH1, ScheduleKind::kZBV, ScheduleKind::kInference}) {
     CHECK(parse_schedule(to_string(s)) == s);
   }
   for (auto o : {OptimizerKind::kNone, OptimizerKind::kSgd, OptimizerKind::kMomentum,
@@ -161,7 +171,7 @@ TEST_CASE("names round-trip, unknown names list the valid ones") {
   CHECK(parse_schedule("1F1B") == ScheduleKind::k1F1B);  // the command line ignores case
   CHECK_THROWS_WITH_AS(parse_schedule("1f2b"),
                        "unknown schedule '1f2b' (did you mean '1f1b'?); valid: gpipe, 1f1b, "
-                       "interleaved, zb-h1, inference, custom",
+                       "interleaved, zb-h1, zb-v, inference, custom",
                        Error);
   CHECK_THROWS_WITH_AS(parse_optimizer("lamb"),
                        "unknown optimizer 'lamb'; valid: none, sgd, momentum, nesterov, adam, "

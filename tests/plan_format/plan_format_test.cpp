@@ -121,7 +121,7 @@ TEST_CASE("plan_from_json names a missing or mistyped field") {
   };
   named("schedule", "pipedream",
         "plan.json: field 'schedule' is 'pipedream'; valid: gpipe, 1f1b, interleaved, zb-h1, "
-        "inference");
+        "zb-v, inference");
   named("objective", "fast", "field 'objective' is 'fast'; valid: speed, memory");
   named("precision", "fp8", "field 'precision' is 'fp8'; valid: fp32, mixed");
   named("optimizer", "lion", "field 'optimizer' is 'lion'; valid: none, sgd, ");
@@ -197,6 +197,18 @@ TEST_CASE("validate_plan checks the device, the cluster and each stage's B, W an
     check_refused(inference,
                   "stages[0].optimizer_ms' is 1, but an inference plan has no optimizer");
   }
+}
+
+TEST_CASE("a zb-v plan holds stages i and 2P-1-i on device i, and nothing else") {
+  Plan plan = sample_plan("zb-v", 2, 2, 4);
+  CHECK(plan.stages[2].device == 1);
+  CHECK(plan.stages[3].device == 0);
+  CHECK_NOTHROW(validate_plan(plan, "plan.json"));
+  plan.stages[3].device = 1;
+  plan.stages[2].device = 0;
+  check_refused(plan,
+                "stages[2].device' is 0, but stage 2 belongs on device 1 ('zb-v' on 2 "
+                "devices)");
 }
 
 TEST_CASE("validate_plan refuses broken cross references naming the field") {
@@ -289,7 +301,11 @@ TEST_CASE("validate_plan refuses broken cross references naming the field") {
   }
   SUBCASE("chunks without the interleaved schedule") {
     plan.chunks = 2;
-    check_refused(plan, "chunks' is 2, but only the interleaved schedule");
+    check_refused(plan, "chunks' is 2, but schedule '1f1b' runs 1 chunk per device");
+  }
+  SUBCASE("zb-v with one chunk") {
+    plan.schedule = ScheduleKind::kZBV;
+    check_refused(plan, "chunks' is 1, but schedule 'zb-v' runs 2 chunks per device");
   }
   SUBCASE("inference schedule with training") {
     plan.schedule = ScheduleKind::kInference;

@@ -69,7 +69,7 @@ plan::Plan sample_plan(const std::string& schedule, int devices, int chunks, int
   for (int k = 0; k < stages; ++k) {
     plan::Stage s;
     s.index = k;
-    s.device = k % devices;
+    s.device = schedule::device_of_stage(k, devices, parse_schedule(schedule));
     s.chunk = k / devices;
     s.file = fmt::format("stage_{}.onnx", k);
     s.nodes = {fmt::format("s{}_a", k), fmt::format("s{}_b", k)};
@@ -120,6 +120,7 @@ plan::Plan sample_plan(const std::string& schedule, int devices, int chunks, int
   // The prediction and its timeline as the planner makes them: the schedule simulated with the
   // stage times (1F1B: (M + P - 1) * 3 ms, bubble (P - 1) / (M + P - 1)).
   schedule::PipelineShape shape{devices, chunks, microbatches, p.training};
+  shape.placement = schedule::placement_of(p.schedule);
   schedule::SimResult sim = schedule::simulate(
       schedule::build_schedule(parse_schedule(schedule), shape), shape, stage_costs(p));
   double step = sim.step_s * 1e3;
@@ -162,6 +163,7 @@ plan::Plan write_plan_dir(plan::Plan plan, const std::string& dir) {
     stage.file_hash = plan::file_hash(path);
   }
   schedule::PipelineShape shape{plan.devices, plan.chunks, plan.microbatches, plan.training};
+  shape.placement = schedule::placement_of(plan.schedule);
   schedule::Schedule steps = schedule::build_schedule(plan.schedule, shape);
   const std::string schedule_text = schedule::to_json(steps).dump(1) + "\n";
   plan.schedule_hash = plan::json_hash(nlohmann::json::parse(schedule_text));

@@ -20,6 +20,7 @@ PlanView load_view(const std::string& plan_dir) {
   const plan::Plan& plan = view.plan;
   view.shape = {plan.devices, plan.chunks, plan.microbatches, plan.training, plan.data_parallel};
   view.shape.shared_groups = plan::shared_weight_groups(plan);
+  view.shape.placement = schedule::placement_of(plan.schedule);
 
   std::string path = plan::plan_file(plan_dir, "schedule.json");
   nlohmann::json body = read_json_file(path);
