@@ -123,9 +123,14 @@ TEST_CASE(
       // and the backward reads a third) only when the other device runs ahead, which a loaded
       // machine's scheduler decides: interleaved's device 1 peaks at 1.78 MB or, some runs,
       // 1.56 MB against 2.00 MB predicted (2026-11-28); GPipe's 20-22% below the bound in CI
-      // with other tests beside it. The bound itself still holds.
-      const bool timing_bound = m.file == "mnist_cnn.onnx" && (std::string(schedule) == "gpipe" ||
-                                                               std::string(schedule) == "interleaved");
+      // with other tests beside it. The bound itself still holds. Since training keeps only what
+      // the backward reads (2026-11-29), gpt_tiny's interleaved device 0 measures 14-15% below
+      // its bound on an idle machine (its chunks' received inputs and gradient queues, which the
+      // threads' interleaving fills or not, are now a larger share): once in a loaded suite run
+      // it fell past 20%.
+      const bool timing_bound =
+          std::string(schedule) == "interleaved" ||
+          (m.file == "mnist_cnn.onnx" && std::string(schedule) == "gpipe");
       check_memory_bound(report, !timing_bound);
       if (std::string(schedule) == "1f1b" && m.file == "gpt_tiny.onnx") {
         CHECK(report.devices[0].peak_bytes > report.devices[1].peak_bytes);
