@@ -4,6 +4,7 @@
 # (label soak) runs only when they name it: `bash tools/test.sh -L soak`.
 #
 #   bash tools/test.sh --sanitize address   ASan + UBSan build (build-asan/), whole suite but GPU
+#                                           and soak
 #   bash tools/test.sh --sanitize thread    TSan build (build-tsan/): the executor, transports,
 #                                           training and command-line tests
 # A sanitizer report fails the test that caused it (the runtimes abort on the first one).
@@ -16,7 +17,7 @@ if [ "${1:-}" = "--sanitize" ]; then
   kind=${2:-}
   shift 2 || true
   case "$kind" in
-    address) dir=build-asan; labels=(-LE gpu) ;;
+    address) dir=build-asan; labels=(-LE "gpu|soak") ;;
     thread) dir=build-tsan; labels=(-L "runtime|optim|grad|cli") ;;
     *) echo "test.sh: usage error: --sanitize takes address or thread, not '$kind'" >&2; exit 2 ;;
   esac
