@@ -6,6 +6,9 @@
 #     metric (gpu__time_duration.sum; --clock-control none: the card as found, and
 #     --cache-control none), grouped by kernel name by bench/kernel_table.py. ncu serialises the
 #     launches, so the sum is pure kernel time: the measured step minus it is host time and gaps.
+#   stagecraft by node: `stagerun --profile-nodes` (every node of one step between CUDA events),
+#     its table by op type with bytes moved, TFLOP/s and the share of the plan's device peak;
+#     it needs no ncu, so it is made on any GPU machine.
 #   PyTorch: bench/torch_gpu_step.py --kernels (torch.profiler over one step after the timed ones).
 # Runs on a GPU machine after bench/gpu_vs_pytorch.sh, whose plans it reuses (WORK=its folder);
 # stagec/stagerun/stagecraft-make-samples on PATH (tools/gpu/run.sh, part kernels).
@@ -62,16 +65,33 @@ for case in $cases; do
     note "SKIP kernels $case: not run (under 90 s of BUDGET_S=$budget left)"
     continue
   fi
+  if plan=$(plan_for "$model" "$precision"); then
+    rep=$work/kernels/$model-$precision
+    # The step as it runs (not serialised by ncu): the median of 4 after a warm-up step; a
+    # sixth step timed node by node (stagerun --profile-nodes, left out of the median) gives
+    # stagecraft's own table by op type, with bytes, TFLOP/s and the share of the H100 spec.
+    if stagerun "$plan" --backend cuda --steps 6 --profile-nodes --json -q >"$rep-run.jsonl" \
+        2>"$rep-run.err"; then
+      echo "$label: measured step $(grep '"type":"summary"' "$rep-run.jsonl" | "$py" -c \
+        'import json,sys; print("%.1f ms" % json.load(sys.stdin)["median_step_ms"])')" >>"$tables"
+      grep '"type":"node_profile"' "$rep-run.jsonl" | "$py" -c '
+import json, sys
+p = json.load(sys.stdin)
+print("%s: --profile-nodes, step %d, %.1f ms of kernels (%s)" % (sys.argv[1], p["step"], p["kernel_ms"], p["clock"]))
+print("  %-24s %6s %10s %6s %9s %8s %6s" % ("op type", "calls", "ms", "share", "GB/s", "TFLOP/s", "%peak"))
+for r in p["by_op"][:int(sys.argv[2])]:
+    print("  %-24s %6d %10.3f %5.1f%% %9.1f %8s %6s" % (r["op"], r["calls"], r["ms"], 100 * r["ms"] / max(p["kernel_ms"], 1e-9), r["gb_per_s"],
+          "%.2f" % r["tflop_per_s"] if "tflop_per_s" in r else "-", "%.1f%%" % (100 * r["of_peak"]) if "of_peak" in r else "-"))
+' "$label" "$top" >>"$tables" 2>&1 || note "FAIL node profile table $label"
+    else
+      note "FAIL stagerun $label: $(tail -1 "$rep-run.err")"
+    fi
+  else
+    note "FAIL plan $label"
+  fi
   if [ -n "$ncu" ]; then
     if plan=$(plan_for "$model" "$precision"); then
       rep=$work/kernels/$model-$precision
-      # The step as it runs (not serialised by ncu): the median of 4 after a warm-up step.
-      if stagerun "$plan" --backend cuda --steps 5 --json -q >"$rep-run.jsonl" 2>"$rep-run.err"; then
-        echo "$label: measured step $(tail -1 "$rep-run.jsonl" | "$py" -c \
-          'import json,sys; print("%.1f ms" % json.load(sys.stdin)["median_step_ms"])')" >>"$tables"
-      else
-        note "FAIL stagerun $label: $(tail -1 "$rep-run.err")"
-      fi
       # One step; ncu's own lines and stagerun's output to the log, the report to $rep.ncu-rep.
       # Launches capped (-c) so that a slow replay still ends with a report.
       if timeout 200 "$ncu" -c 4000 --target-processes all --metrics gpu__time_duration.sum \

@@ -106,6 +106,7 @@
 #include "tools/stagerun_args.h"
 #include "tools/stagerun_notes.h"
 #include "tools/stagerun_print.h"
+#include "tools/stagerun_profile.h"
 #include "tools/stagerun_stop.h"
 
 namespace fs = std::filesystem;
@@ -158,6 +159,11 @@ void add_options(CLI::App& app, Args& args) {
                  "--trace: the run's first N steps are traced (the rest are run untraced)")
       ->capture_default_str()
       ->check(cli::at_least<int64_t>(1));
+  app.add_flag("--profile-nodes", args.profile_nodes,
+               "Time every node of the last step on its own (CUDA: between events, one node at a "
+               "time) and print a table by op type and by node: time, share, bytes moved, GB/s, "
+               "TFLOP/s and the share of the device's peak; that step is left out of the step "
+               "times (with --json: a node_profile record). Under mpirun: rank 0's devices");
   app.add_flag("--json", args.json,
                "Print the figures as JSON Lines instead of text: one record per step, then a "
                "summary record (docs/schemas/stagerun.schema.json)");
@@ -306,6 +312,7 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt
   one_step.progress = nullptr;
   for (int s = 0; s < args.steps; ++s) {
     one_step.trace_steps = s < options.trace_steps ? 1 : 0;
+    one_step.profile_step = options.profile_step == s + 1 ? 1 : 0;
     const auto start = std::chrono::steady_clock::now();
     rt::RunReport r = pipeline.run(batches[static_cast<size_t>(s) % batches.size()], one_step);
     // The next run starts after this one (its events, if traced, are within it).
@@ -331,10 +338,14 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt
     }
     offset = end;
     if (options.progress) options.progress(s + 1, args.steps, offset);
+    if (r.profiled_step == 0) {
+      report.profiled_step = s;
+      report.node_profile = std::move(r.node_profile);
+    }
     report.stop_signal = r.stop_signal;  // a stop agreed on in the run: no more runs
     if (r.stop_signal != 0) break;
   }
-  report.reported_step = rt::median_step(report.step_s);
+  report.reported_step = rt::median_step(report.step_s, report.profiled_step);
   report.bubble_fraction = runs[report.reported_step].bubble_fraction;
   report.devices = runs[report.reported_step].devices;
   report.allreduce_s = runs[report.reported_step].allreduce_s;
@@ -394,6 +405,7 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   // memory stays flat); a stop signal ends the run after the step in flight.
   options.trace_steps = args.trace_path.empty() ? 0 : args.trace_steps;
   options.stop_requested = tools::stop_requested;
+  options.profile_step = args.profile_nodes ? args.steps : 0;
   bool tty = isatty(STDERR_FILENO);
   if (!args.quiet)
     options.progress = [tty, first_step, last_shown = 0.0](int done, int total,
@@ -595,6 +607,7 @@ int main(int argc, char** argv) {
                  chosen.empty() ? std::string(backend.name())
                                 : fmt::format("{} (auto: {})", backend.name(), chosen),
                  first_step, outputs, gap);
+    if (report.profiled_step >= 0) print_profile(report, *pipeline, args, backend, first_step);
     if (code != 0)
       fmt::print(stderr, "stagerun: {}\n",
                  tools::stopped_line(report.stop_signal,

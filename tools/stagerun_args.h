@@ -19,6 +19,7 @@ struct Args {
   std::optional<double> loss_scale;
   std::optional<int64_t> loss_scale_window;
   bool synthetic = false, json = false, quiet = false, skip_nonfinite = false, no_overlap = false;
+  bool profile_nodes = false;
 };
 
 }  // namespace stagecraft::tools

@@ -533,7 +533,8 @@ PlannedModel make_plan(const PlanOptions& o) {
   p.optimizer = s.optimizer;
   p.precision = s.precision;
   p.cost_model = costs.name();
-  p.device = {s.device.name, s.device.kind, s.device.memory_bytes};
+  p.device = {s.device.name,          s.device.kind,          s.device.memory_bytes,
+              s.device.peak_flops_fp32, s.device.peak_flops_fp16, s.device.memory_bandwidth};
   p.stages = std::move(chosen.stages);
   // The stage times the simulation of the chosen split played, B and W apart.
   const schedule::StageCosts times = stage_costs(chosen.setup, chosen.sol, facts, chosen.rc);

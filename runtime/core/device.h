@@ -80,6 +80,11 @@ class DeviceContext {
   /// Milliseconds `body` keeps the device busy: wall time where kernels run synchronously (the
   /// CPU), elapsed time between events queued around it on the device's stream (CUDA).
   virtual double time_ms(const std::function<void()>& body);
+  /// Opens and closes a named range around work queued on the device (NVTX on CUDA, so that
+  /// Nsight Systems and Nsight Compute name each kernel's node and instruction); nothing on the
+  /// CPU. Ranges nest; every push has its pop on the same thread.
+  virtual void range_push(const char* /*name*/) {}
+  virtual void range_pop() {}
   /// What the device itself says of its memory, where it keeps count (CUDA): the highest it held
   /// for tensors and arena, and what the driver reports in use now (cudaMemGetInfo), both for
   /// the physical device (shared by the plan devices on it); -1 where unknown (the CPU: the

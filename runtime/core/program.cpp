@@ -121,9 +121,9 @@ void run_widened(KernelFn kernel, KernelFn cast, bool zero_outputs, const Kernel
   std::vector<Tensor*> out(args.out.begin(), args.out.end());
   for (size_t k = 0; k < in.size(); ++k) {
     if (!in[k] || (in[k]->dtype != DType::kBFloat16 && in[k]->dtype != DType::kFloat16)) continue;
-    if (in[k]->data == nullptr && in[k]->bytes() > 0) {
+    if (in[k]->is_bare()) {
       // A bare operand (read for its shape only: Program::inputs_read) stays bare.
-      wide_in[k] = Tensor::view(DType::kFloat32, in[k]->shape, nullptr);
+      wide_in[k] = Tensor::bare(DType::kFloat32, in[k]->shape);
       in[k] = &wide_in[k];
       continue;
     }
@@ -357,12 +357,11 @@ std::vector<bool> Program::inputs_read() const {
   for (const Step& step : nodes_) {
     // A gradient node of our domain reads its forward operands as the contract's table says;
     // every other node reads all its inputs.
-    const bool gradient = step.op_type.ends_with(grad::kGradSuffix) &&
-                          step.attrs.i(grad::kForwardInputsAttr, -1) >= 0;
+    const int64_t forward_inputs = step.attrs.i(grad::kForwardInputsAttr, -1);
+    const bool gradient = step.op_type.ends_with(grad::kGradSuffix) && forward_inputs >= 0;
     const std::string_view forward =
         std::string_view(step.op_type).substr(0, step.op_type.size() - grad::kGradSuffix.size());
-    const auto n = static_cast<size_t>(std::max<int64_t>(
-        0, gradient ? step.attrs.i(grad::kForwardInputsAttr, -1) : int64_t{0}));
+    const auto n = static_cast<size_t>(gradient ? forward_inputs : int64_t{0});
     const size_t operands = gradient ? n + (step.inputs.size() - n) / 2 : 0;
     for (size_t p = 0; p < step.inputs.size(); ++p) {
       const int s = step.inputs[p];
@@ -438,14 +437,19 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
         for (int s : nodes_[n].outputs)
           if (s >= 0) mine[s] = true;
   }
+  // Whether the run hands value `s` on (a crossing value of a part, a kept value of a
+  // whole run), so that it gets bytes of its own rather than arena bytes.
+  auto handed_on = [&](size_t s) {
+    return mask ? static_cast<bool>(crossing[s])
+                : kept != nullptr && (!keep || keep->count(slots_[s].info.name) > 0);
+  };
   for (size_t s = 0; s < slots_.size(); ++s) {
     const Slot& slot = slots_[s];
     if (slot.kind == Slot::kWeight) {
       values[s] = slot.weight;
     } else if (slot.kind == Slot::kIntermediate) {
-      bool own = mask ? crossing[s] : kept != nullptr && (!keep || keep->count(slot.info.name));
       // Kernels write their outputs (gradient kernels that need zeros get them below).
-      values[s] = own ? device.new_tensor(slot.info.dtype, slot.info.shape, false)
+      values[s] = handed_on(s) ? device.new_tensor(slot.info.dtype, slot.info.shape, false)
                       : Tensor::view(slot.info.dtype, slot.info.shape,
                                      arena + memory_.offsets[slot.memory_index]);
     } else if (slot.kind == Slot::kOutput && (!mask || mine[s])) {
@@ -471,7 +475,7 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
     const int s = step.outputs.empty() ? -1 : step.outputs[0];
     if (s < 0 || slots_[s].alias < 0 || (mask && !(*mask)[n])) continue;
     const ValueInfo& info = slots_[s].info;
-    if (mask ? crossing[s] : kept != nullptr && (!keep || keep->count(info.name))) continue;
+    if (handed_on(static_cast<size_t>(s))) continue;
     const Tensor& source = values[step.view_source];
     values[s] = source.data != nullptr ? Tensor{info.dtype, info.shape, source.data, source.storage, {}}
                                        : device.new_tensor(info.dtype, info.shape, false);
@@ -510,10 +514,22 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
                       out_ptrs,
                       device,
                       run.random_key == 0 ? 0 : mix_key(run.random_key ^ step.name_hash)};
-      if (step.cast)
-        run_widened(step.kernel, step.cast, step.zero_outputs, args);
-      else
-        step.kernel(args);
+      auto kernel = [&] {
+        if (step.cast)
+          run_widened(step.kernel, step.cast, step.zero_outputs, args);
+        else
+          step.kernel(args);
+      };
+      // Named ranges (NVTX on CUDA) let a profiler map the kernels to the node.
+      device.range_push(step.name.c_str());
+      if (hook && hook->timed) {
+        const double ms = device.time_ms(kernel);
+        hook->timed(step.name, step.op_type, ms,
+                    node_work(step.op_type, step.attrs, in_ptrs, out_ptrs));
+      } else {
+        kernel();
+      }
+      device.range_pop();
       if (hook && hook->output_ready)
         for (int out_slot : step.outputs)
           if (out_slot >= 0 && slots_[out_slot].kind == Slot::kOutput)
@@ -540,7 +556,7 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
           if (s >= 0 && crossing[s]) (*kept)[slots_[s].info.name] = values[s];
   } else if (kept) {
     for (size_t s = 0; s < slots_.size(); ++s)
-      if (values[s].dtype != DType::kUndefined && (!keep || keep->count(slots_[s].info.name)))
+      if (values[s].dtype != DType::kUndefined && handed_on(s))
         (*kept)[slots_[s].info.name] = values[s];
   }
   std::vector<Tensor> outputs;
@@ -564,7 +580,7 @@ std::vector<Tensor> run_from_host(const Program& program, DeviceContext& device,
   std::vector<Tensor> in;
   // A bare input (no bytes: Program::inputs_read) stays bare.
   for (const Tensor& t : inputs)
-    in.push_back(t.data == nullptr && t.bytes() > 0 ? t : to_device(device, t));
+    in.push_back(t.is_bare() ? t : to_device(device, t));
   std::vector<Tensor> out = on_device.run(device, in, arena);
   for (Tensor& t : out) t = to_host(device, t);
   return out;

@@ -18,6 +18,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/core/external_weights.h"
 #include "runtime/core/kernel.h"
+#include "runtime/core/node_work.h"
 #include "runtime/core/tensor.h"
 #include "runtime/format/lifetimes.h"
 #include "runtime/format/memory_plan.h"
@@ -40,6 +41,13 @@ struct NodeHook {
   /// allocates: one the node computes, not an input or weight passed through), with its final
   /// value, before later nodes run. The device may still be writing it (synchronize first).
   std::function<void(size_t index, const Tensor& value)> output_ready;
+  /// The per-node profile (stagerun --profile-nodes): when set, each node's kernels run timed
+  /// (DeviceContext::time_ms: on CUDA, events around them, which waits for them to finish) and
+  /// this is called after each node with its milliseconds and its work (node_work.h). A view
+  /// that shares its source's bytes runs nothing and is not reported.
+  std::function<void(std::string_view node_name, std::string_view op_type, double ms,
+                     const NodeWork& work)>
+      timed;
 };
 
 /// What a run of a program is within training, beyond its inputs.

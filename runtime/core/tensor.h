@@ -45,6 +45,13 @@ struct Tensor {
   /// A view of `bytes` (not owned) with this dtype and shape.
   static Tensor view(DType dtype, Shape shape, std::byte* bytes);
 
+  /// A bare tensor: a dtype and a shape, no bytes. The runtime hands a kernel an operand it
+  /// reads for its shape alone this way (Program::inputs_read, runtime/format/grad_reads.h).
+  static Tensor bare(DType dtype, Shape shape) { return view(dtype, std::move(shape), nullptr); }
+
+  /// Whether this is a bare tensor of some bytes (an empty tensor has none to lack).
+  bool is_bare() const { return data == nullptr && bytes() > 0; }
+
   int64_t numel() const { return shape_numel(shape); }
   int64_t rank() const { return static_cast<int64_t>(shape.size()); }
   int64_t bytes() const { return numel() * dtype_size(dtype); }

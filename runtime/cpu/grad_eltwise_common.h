@@ -50,7 +50,7 @@ void unary_grad(const KernelArgs& a, Fwd fwd, G g) {
   const int64_t n = x.numel();
   const Tensor* y = io.y(0);
   // A bare Y (grad_reads.h: the gradient is a function of X) is recomputed from X.
-  if (y != nullptr && y->data != nullptr && y->shape == x.shape) {
+  if (y != nullptr && !y->is_bare() && y->shape == x.shape) {
     const float* ys = y->as<float>();
 #pragma omp parallel for simd if (n >= kGradParallelElements)
     for (int64_t i = 0; i < n; ++i) dxs[i] = g(xs[i], ys[i], dys[i]);

@@ -71,6 +71,8 @@ class CudaContext : public DeviceContext {
   void synchronize() override;
   Tensor adopt(const Tensor& t) override;
   double time_ms(const std::function<void()>& body) override;
+  void range_push(const char* name) override;
+  void range_pop() override;
   MemoryUse memory_use() const override;
 
   std::unique_ptr<Buffer> allocate(int64_t bytes) override;

@@ -31,7 +31,7 @@ inline void unary_grad(const KernelArgs& a, UnaryGradOp op, const UnaryGradParam
   const Tensor* y = io.y(0);
   // A bare Y (grad_reads.h: the gradient is a function of X) is recomputed from X.
   const float* ys =
-      y != nullptr && y->data != nullptr && y->shape == x.shape ? y->as<float>() : nullptr;
+      y != nullptr && !y->is_bare() && y->shape == x.shape ? y->as<float>() : nullptr;
   launch_unary_grad(op, x.as<float>(), ys, dy->as<float>(), dx->as<float>(), x.numel(), params,
                     context(a).stream());
   check_launch(a);

@@ -156,6 +156,11 @@ void DeviceWorker::run_step() {
   const std::vector<schedule::Instruction>& list =
       run_.pipeline.schedule[static_cast<size_t>(pipeline_device_)];
   const int64_t step = run_.global_step + step_ + 1;
+  hook_.timed = nullptr;
+  if (run_.options.profile_step == step_ + 1)
+    hook_.timed = [this](std::string_view node, std::string_view op_type, double ms,
+                         const NodeWork& work) { profile_node(node, op_type, ms, work); };
+  const bool ranges = !context_->host_visible();  // NVTX ranges name the instructions on CUDA
   for (size_t index = 0; index < list.size(); ++index) {
     const schedule::Instruction& ins = list[index];
     if (run_.options.before_instruction) run_.options.before_instruction(device_, step, index);
@@ -163,7 +168,9 @@ void DeviceWorker::run_step() {
     auto context = [&] { return fmt::format("step {}: {}", step, schedule::to_string(ins)); };
     try {
       index_ = index;
+      if (ranges) context_->range_push(context().c_str());
       execute(ins);
+      if (ranges) context_->range_pop();
       if (sums_in_flight_ > 0) progress_sums();  // the sums go on between instructions too
       sample_memory();
     } catch (Error& e) {
@@ -175,6 +182,23 @@ void DeviceWorker::run_step() {
       throw error_from(e, ErrorKind::kInternal).in(context()).in(where_);
     }
   }
+}
+
+void DeviceWorker::profile_node(std::string_view node, std::string_view op_type, double ms,
+                                const NodeWork& work) {
+  const schedule::Instruction& ins =
+      run_.pipeline.schedule[static_cast<size_t>(pipeline_device_)][index_];
+  std::string kind = schedule::to_string(ins.op);
+  std::vector<NodeProfile>& list = run_.node_profile[static_cast<size_t>(device_)];
+  auto key = std::make_tuple(ins.stage, kind, std::string(node));
+  auto [it, added] = profile_index_.try_emplace(key, list.size());
+  if (added)
+    list.push_back({device_, ins.stage, std::move(kind), std::string(node), std::string(op_type)});
+  NodeProfile& entry = list[it->second];
+  entry.calls += 1;
+  entry.ms += ms;
+  entry.bytes += work.bytes_read + work.bytes_written;
+  entry.flops += work.flops;
 }
 
 bool DeviceWorker::after_step() {
@@ -443,9 +467,9 @@ std::vector<Tensor> DeviceWorker::backward_args(const schedule::Instruction& ins
                                      [&](const NamedTensor& t) { return t.name == in.name; });
                g != got.end()) {
       args.push_back(g->tensor);
-    } else if (!st.stash.count(in.name) && !in.name.ends_with("@grad")) {
+    } else if (!st.stash.count(in.name) && !grad::is_grad_name(in.name)) {
       // A forward value the backward reads for its shape alone: bare, no bytes.
-      args.push_back(Tensor::view(in.dtype, in.shape, nullptr));
+      args.push_back(Tensor::bare(in.dtype, in.shape));
     } else {
       fail(ErrorKind::kPlan,
            "backward input '{}' of stage {} is neither a forward value nor a received gradient",
@@ -472,7 +496,7 @@ void DeviceWorker::run_backward(const schedule::Instruction& ins) {
   if (last && run_.options.overlap_allreduce)
     hook.output_ready = [&](size_t k, const Tensor& value) {
       const std::string& name = bwd.outputs()[k].name;
-      const std::string weight = name.substr(0, name.size() - 5);  // drop "@grad"
+      const std::string weight = grad::value_of_grad(name);
       if (value.dtype != DType::kUndefined && buckets->second.bucket_of.count(weight))
         gradient_final(ins.stage, weight, value);
     };
@@ -514,7 +538,7 @@ void DeviceWorker::take_backward_outputs(const schedule::Instruction& ins, Stage
   for (size_t k = 0; k < outs.size(); ++k) {
     const std::string& name = bwd.outputs()[k].name;
     if (outs[k].dtype == DType::kUndefined) continue;
-    std::string weight = name.substr(0, name.size() - 5);  // drop "@grad"
+    std::string weight = grad::value_of_grad(name);
     if (st.weights.count(weight)) {
       if (ins.op == schedule::Op::kBackwardInput) continue;  // W's, not B's
       if (auto b = grad_buckets_.find(ins.stage); b != grad_buckets_.end()) {

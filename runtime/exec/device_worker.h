@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -147,6 +148,11 @@ class DeviceWorker {
   std::map<int, StageBuckets> grad_buckets_;
   int sums_in_flight_ = 0;  ///< Buckets started and not yet waited for.
   size_t index_ = 0;        ///< The running instruction's index in the device's list.
+  /// The profiled step (RunOptions::profile_step): `hook_.timed` adds each node's time to its
+  /// entry of run_.node_profile[device_], found here by (stage, instruction kind, node).
+  void profile_node(std::string_view node, std::string_view op_type, double ms,
+                    const NodeWork& work);
+  std::map<std::tuple<int, std::string, std::string>, size_t, std::less<>> profile_index_;
   /// What every program run of this worker is given: the run's hook (tracing, fault
   /// injection), and the sums' progress between nodes.
   NodeHook hook_;

@@ -13,6 +13,7 @@
 
 #include "runtime/exec/stage_runtime.h"
 #include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
 #include "runtime/format/json_reader.h"
 
 namespace stagecraft::rt {
@@ -84,7 +85,7 @@ void Pipeline::check_shared_weights(const Pipeline& p, const std::string& plan_j
   for (const auto& rt : p.stages_) {
     if (!rt->backward || rt->replica != first_replica) continue;  // another process's stage
     for (const ValueInfo& out : rt->backward->outputs()) {
-      if (!out.name.ends_with("@grad")) continue;
+      if (!grad::is_grad_name(out.name)) continue;
       std::string weight = out.name.substr(0, out.name.size() - 5);
       if (!rt->weights.count(weight)) continue;
       auto [first, fresh] = trained_by.emplace(weight, rt->stage->index);
@@ -145,7 +146,7 @@ void Pipeline::lay_out_gradients(const Pipeline& p, StageRuntime& rt) {
   auto trained = [&](const std::string& name) {
     const auto& outputs = rt.backward->outputs();
     return std::any_of(outputs.begin(), outputs.end(),
-                       [&](const ValueInfo& out) { return out.name == name + "@grad"; });
+                       [&](const ValueInfo& out) { return out.name == grad::grad_name(name); });
   };
   auto shared = [&](const std::string& name) {
     return std::any_of(stage.shared_weights.begin(), stage.shared_weights.end(),
@@ -405,7 +406,7 @@ const std::map<std::string, Tensor>& Pipeline::stage_weights(int stage) const {
 bool Pipeline::trains(int stage, const std::string& weight) const {
   const StageRuntime& st = first_replica_stage(stage);
   if (!st.backward || !st.weights.count(weight)) return false;
-  const std::string grad = weight + "@grad";
+  const std::string grad = grad::grad_name(weight);
   const auto& outputs = st.backward->outputs();
   return std::any_of(outputs.begin(), outputs.end(),
                      [&](const ValueInfo& out) { return out.name == grad; });

@@ -92,6 +92,7 @@ RunState::RunState(const PipelineParts& pipeline_, const std::map<std::string, T
       sends(devices, std::vector<double>(steps, 0.0)),
       events(devices),
       memory(devices),
+      node_profile(devices),
       step_start(steps, 0),
       step_end(steps, 0) {
   const int all = replicas * microbatches;  // R x M
@@ -193,11 +194,13 @@ int RunState::steps_finished() const {
   return finished;
 }
 
-int median_step(const std::vector<double>& step_s) {
+int median_step(const std::vector<double>& step_s, int skip) {
   if (step_s.empty()) fail(ErrorKind::kInternal, "median step of a run of no steps");
   if (step_s.size() == 1) return 0;
   std::vector<int> order;
-  for (int s = 1; s < static_cast<int>(step_s.size()); ++s) order.push_back(s);
+  for (int s = 1; s < static_cast<int>(step_s.size()); ++s)
+    if (s != skip) order.push_back(s);
+  if (order.empty()) return skip;  // two steps, the second profiled: the warm-up is worse
   std::sort(order.begin(), order.end(), [&](int a, int b) { return step_s[a] < step_s[b]; });
   return order[(order.size() - 1) / 2];
 }
@@ -233,7 +236,13 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
     report.skipped.assign(run.step_skipped.begin(), run.step_skipped.begin() + steps);
   }
   if (run.clip_grad_norm > 0) report.grad_norm = run.step_grad_norm;
-  report.reported_step = median_step(report.step_s);
+  const int profiled = run.options.profile_step - 1;
+  if (profiled >= 0 && profiled < steps) {
+    report.profiled_step = profiled;
+    for (auto& list : run.node_profile)
+      report.node_profile.insert(report.node_profile.end(), list.begin(), list.end());
+  }
+  report.reported_step = median_step(report.step_s, report.profiled_step);
   double step = report.step_s[report.reported_step], total_busy = 0;
   for (int d = 0; d < devices; ++d) {
     DeviceReport& r = run.reports[d];

@@ -138,6 +138,7 @@ struct RunState {
   std::vector<std::vector<double>> sends;      ///< Per device, per step: SEND_* seconds.
   std::vector<std::vector<schedule::TimelineEvent>> events;
   std::vector<std::vector<MemorySample>> memory;  ///< Per device: its meter over the run.
+  std::vector<std::vector<NodeProfile>> node_profile;  ///< Per device: RunOptions::profile_step's.
   std::vector<double> step_start, step_end;
   NodeHook hook;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();

@@ -111,6 +111,24 @@ struct RunOptions {
   /// `step` (counted from 1 over every run of the pipeline): what the rank is doing, for a line
   /// when it is stopped (runtime/mpi/world.h), and a test's hook. Runs on the worker's thread.
   std::function<void(int device, int64_t step, size_t index)> before_instruction;
+  /// The step of this run (from 1) whose nodes are timed one by one (stagerun --profile-nodes:
+  /// NodeHook::timed; on CUDA each node waits for its kernels, so the step is slower than the
+  /// others and is left out of the median, `RunReport::profiled_step`); 0: none.
+  int profile_step = 0;
+};
+
+/// One node's kernels in the profiled step (RunOptions::profile_step), summed over its runs in
+/// that step (one per microbatch, a recomputation's too) within one kind of instruction.
+struct NodeProfile {
+  int device = 0;           ///< Of every replica's devices (R x P).
+  int stage = 0;
+  std::string instruction;  ///< The instruction kind it ran in: "FWD", "BWD", "BWD_INPUT", ...
+  std::string node;
+  std::string op_type;
+  int64_t calls = 0;
+  double ms = 0;            ///< Its kernels' time (CUDA: between events; CPU: wall time).
+  int64_t bytes = 0;        ///< Read and written (node_work.h), over the calls.
+  double flops = 0;         ///< Over the calls; 0 where not counted (node_work.h).
 };
 
 struct DeviceReport {
@@ -166,11 +184,15 @@ struct RunReport {
   /// Gradient clipping (plan.json training_config.clip_grad_norm), per step: the global L2
   /// norm of the gradients before clipping (what clip_grad_norm_ returns). Empty else.
   std::vector<double> grad_norm;
+  /// RunOptions::profile_step's nodes, by device (in device order, each in the order first run).
+  std::vector<NodeProfile> node_profile;
+  int profiled_step = -1;  ///< Its index in `step_s`; -1 when no step was profiled.
 };
 
 /// The step whose time is the median of `step_s` without the first step, the warm-up (it pays
 /// for first-touch allocations, oneDNN's primitive creation and cold caches: several times a
 /// steady step); the lower of the two middle steps for an even count. With one step, that step.
-int median_step(const std::vector<double>& step_s);
+/// Step `skip` (a profiled step, RunReport::profiled_step) is left out too while another remains.
+int median_step(const std::vector<double>& step_s, int skip = -1);
 
 }  // namespace stagecraft::rt

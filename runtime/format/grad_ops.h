@@ -43,6 +43,18 @@ inline constexpr std::string_view kForwardInputsAttr = "forward_inputs";
 inline constexpr std::string_view kWeightGradAttr = "weight_gradients";
 inline constexpr std::string_view kLossGradName = "loss@grad";
 
-inline std::string grad_name(std::string_view value) { return std::string(value) + "@grad"; }
+inline constexpr std::string_view kGradNameSuffix = "@grad";
+
+inline std::string grad_name(std::string_view value) {
+  return std::string(value) + std::string(kGradNameSuffix);
+}
+
+/// Whether `name` names a gradient (`grad_name` of some value).
+inline bool is_grad_name(std::string_view name) { return name.ends_with(kGradNameSuffix); }
+
+/// The value whose gradient `name` is: "w" for "w@grad" (`name` must be a gradient's name).
+inline std::string value_of_grad(std::string_view name) {
+  return std::string(name.substr(0, name.size() - kGradNameSuffix.size()));
+}
 
 }  // namespace stagecraft::grad

@@ -123,9 +123,15 @@ ordered shared_json(const std::vector<SharedWeight>& shared) {
 }
 
 ordered device_json(const DeviceSpec& device) {
-  return {{"name", device.name},
-          {"kind", to_string(device.kind)},
-          {"memory_bytes", device.memory_bytes}};
+  ordered j{{"name", device.name},
+            {"kind", to_string(device.kind)},
+            {"memory_bytes", device.memory_bytes}};
+  if (device.memory_bandwidth > 0) {
+    j["peak_flops_fp32"] = device.peak_flops_fp32;
+    j["peak_flops_fp16"] = device.peak_flops_fp16;
+    j["memory_bandwidth"] = device.memory_bandwidth;
+  }
+  return j;
 }
 
 ordered cluster_json(const ClusterSpec& cluster) {
@@ -385,9 +391,17 @@ schedule::TimelineEvent read_event(const JsonValue& value) {
 }
 
 DeviceSpec read_device(const JsonObject& top) {
-  JsonObject f = top.object("device", {"name", "kind", "memory_bytes"});
-  return {f.string("name"), read_name(f, "kind", find_device_kind, device_kind_names()),
-          f.int64("memory_bytes")};
+  JsonObject f = top.object("device", {"name", "kind", "memory_bytes", "peak_flops_fp32",
+                                       "peak_flops_fp16", "memory_bandwidth"});
+  DeviceSpec device{f.string("name"), read_name(f, "kind", find_device_kind, device_kind_names()),
+                    f.int64("memory_bytes")};
+  // The rates come together or not at all (plans before them have none).
+  if (f.has("memory_bandwidth") || f.has("peak_flops_fp32") || f.has("peak_flops_fp16")) {
+    device.peak_flops_fp32 = f.positive_number("peak_flops_fp32");
+    device.peak_flops_fp16 = f.positive_number("peak_flops_fp16");
+    device.memory_bandwidth = f.positive_number("memory_bandwidth");
+  }
+  return device;
 }
 
 ClusterSpec read_cluster(const JsonObject& top) {

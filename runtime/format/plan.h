@@ -130,6 +130,12 @@ struct DeviceSpec {
   std::string name;          ///< The cost model's device: "h100", "cpu", a device file's name.
   DeviceKind kind = DeviceKind::kGpu;  ///< The backend kind that runs it ("cpu", "gpu").
   int64_t memory_bytes = 0;  ///< One device's memory capacity.
+  /// The cost model's rates for the device (cost_models/device_spec.h): dense fp32 and 16-bit
+  /// tensor FLOP/s and memory bytes/s, what stagerun --profile-nodes sets achieved rates
+  /// against. Optional in plan.json (plans written before them read as 0: not known).
+  double peak_flops_fp32 = 0;
+  double peak_flops_fp16 = 0;
+  double memory_bandwidth = 0;
 };
 
 /// One point-to-point link in one direction.

@@ -25,7 +25,7 @@ void expect_float(const Tensor& t, std::string_view what) {
   if (t.dtype != DType::kFloat32) {
     fail(ErrorKind::kUnsupported, "optimizer {} must be float32, got {}", what, t.describe());
   }
-  if (t.data == nullptr && t.numel() > 0)
+  if (t.is_bare())
     fail(ErrorKind::kInternal, "optimizer {} has no data", what);
 }
 

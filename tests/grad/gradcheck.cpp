@@ -332,7 +332,7 @@ Gradient gradient_model(const GradCase& c, const onnx::NodeProto& node,
   auto add_input = [&](const std::string& name, const rt::Tensor& t, bool bare = false) {
     gn->add_input(name);
     set_type(gb->add_input(), name, t.dtype, t.shape);
-    out.inputs.push_back(bare ? rt::Tensor::view(t.dtype, t.shape, nullptr) : t);
+    out.inputs.push_back(bare ? rt::Tensor::bare(t.dtype, t.shape) : t);
     out.kernel_in.push_back(&t);
   };
   auto bare = [&](int position) { return !grad::reads_bytes(c.op, n, position); };
