@@ -405,7 +405,8 @@ TEST_CASE(
   // A plan of other cuts resumes it and exports the same model (--steps 0: the checkpoint's
   // weights).
   o.devices = 3;
-  plan::write_plan(plan::make_plan(o), dir.file("other"));
+  plan::PlannedModel other_plan = plan::make_plan(o);
+  plan::write_plan(other_plan, dir.file("other"));
   Result other = stagerun(dir, fmt::format("{} --steps 0 -q --resume {} --export {}",
                                            dir.file("other"), dir.file("ck"),
                                            dir.file("other.onnx")));
@@ -416,7 +417,8 @@ TEST_CASE(
   REQUIRE(same.code == 0);
   CHECK(testing::read_bytes(dir.file("other.onnx")) == testing::read_bytes(dir.file("same.onnx")));
   // A checkpoint of another optimizer is refused in one line.
-  plan::write_plan(plan::make_plan(toy_training_options("sgd")), dir.file("sgd"));
+  plan::PlannedModel sgd = plan::make_plan(toy_training_options("sgd"));
+  plan::write_plan(sgd, dir.file("sgd"));
   check_one_line_error(stagerun(dir, fmt::format("{} --resume {}", dir.file("sgd"), dir.file("ck"))),
                        "written for another plan: optimizer adam, this plan has sgd");
 }
