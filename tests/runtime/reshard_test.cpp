@@ -52,7 +52,7 @@ plan::PlanOptions mnist(int devices, int replicas, int microbatches, const std::
   return o;
 }
 
-/// Every node of `p`'s plan in order, and where its first stage ends.
+/// Every node of `p`'s plan, stage after stage.
 std::vector<std::string> nodes_of(const Pipeline& p) {
   std::vector<std::string> nodes;
   for (const plan::Stage& s : p.plan().stages) nodes.insert(nodes.end(), s.nodes.begin(), s.nodes.end());
