@@ -20,7 +20,6 @@
 #include "runtime/core/tensor_io.h"
 #include "runtime/format/error.h"
 #include "runtime/format/inside_folder.h"
-#include "runtime/format/json_reader.h"
 
 namespace stagecraft::rt {
 
@@ -28,9 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kFormatName = "stagecraft-checkpoint";
 constexpr uint64_t kProtobufLimit = (uint64_t{1} << 31) - 1;
-constexpr int64_t kMaxStep = int64_t{1} << 53;
 
 /// The stage whose copy of `weight` a checkpoint holds: the lowest holder of a shared weight,
 /// `stage` itself for any other.
@@ -79,78 +76,6 @@ void rename_or_fail(const std::string& from, const std::string& to) {
   if (ec) fail(ErrorKind::kIo, "{}: cannot rename to {} ({})", from, to, ec.message());
 }
 
-/// A weight and its file in a manifest (`dtype` and `shape` are checked against the file's).
-struct SavedWeight {
-  std::string name, file;
-};
-
-/// One optimizer state tensor of a weight.
-struct SavedState {
-  std::string weight, state, file;
-};
-
-struct SavedStage {
-  std::string file_hash;
-  std::vector<SavedWeight> weights;
-  std::vector<SavedState> optimizer;
-};
-
-/// What load_checkpoint needs of manifest.json.
-struct Manifest {
-  std::string model_hash, optimizer;
-  int64_t step = 0;
-  std::vector<SavedStage> stages;
-  /// Dynamic loss scaling's state ("loss_scale", version 3, fp16 plans): S and clean steps.
-  std::optional<std::pair<double, int64_t>> loss_scale;
-};
-
-/// Reads `file` (a manifest.json) strictly: every field required, unknown ones refused, each
-/// error naming the file and the field.
-Manifest read_manifest(const std::string& file) {
-  nlohmann::json json = read_json_file(file);
-  JsonObject top =
-      JsonValue(json, file)
-          .object({"format", "version", "model_hash", "plan", "step", "optimizer", "stages",
-                   "loss_scale"});
-  if (top.string("format") != kFormatName)
-    top.fail("format", fmt::format("is not '{}'", kFormatName));
-  int version = top.int32("version");
-  if (version < 1 || version > kCheckpointVersion)
-    fail(ErrorKind::kUnsupported, "{}: field 'version' is {}; this stagerun reads versions 1 to {}",
-         file, version, kCheckpointVersion);
-  top.object("plan", {"schedule", "devices", "microbatches"});
-  Manifest m;
-  m.model_hash = top.string("model_hash");
-  m.optimizer = top.string("optimizer");
-  m.step = top.int64("step");
-  if (m.step < 0) top.fail("step", fmt::format("is negative ({})", m.step));
-  // Past 2^53 the step no longer fits a double exactly (the lr schedule's arithmetic) and
-  // the workers' step + 1 would soon overflow: no run takes that many steps.
-  if (m.step > kMaxStep)
-    top.fail("step", fmt::format("is {}, more than 2^53 ({}) optimizer steps", m.step, kMaxStep));
-  if (std::optional<JsonValue> ls = top.find("loss_scale")) {
-    JsonObject o = ls->object({"scale", "clean_steps"});
-    const int64_t clean = o.int64("clean_steps");
-    if (clean < 0) o.fail("clean_steps", fmt::format("is negative ({})", clean));
-    m.loss_scale = {o.positive_number("scale"), clean};
-  }
-  m.stages = top.array("stages", [](const JsonValue& v) {
-    JsonObject f = v.object({"index", "file", "file_hash", "weights", "optimizer"});
-    SavedStage stage;
-    stage.file_hash = f.string("file_hash");
-    stage.weights = f.array("weights", [](const JsonValue& w) {
-      JsonObject o = w.object({"name", "file", "dtype", "shape"});
-      return SavedWeight{o.string("name"), o.string("file")};
-    });
-    stage.optimizer = f.array("optimizer", [](const JsonValue& w) {
-      JsonObject o = w.object({"weight", "state", "file"});
-      return SavedState{o.string("weight"), o.string("state"), o.string("file")};
-    });
-    return stage;
-  });
-  return m;
-}
-
 /// Removes `DIR.tmp-<pid>` folders left by saves that were killed: those whose process is gone
 /// (a live pid may be another run saving to the same place right now, and is left alone).
 void remove_stale_saves(const std::string& dir) {
@@ -168,37 +93,6 @@ void remove_stale_saves(const std::string& dir) {
     std::error_code ignored;
     if (entry.is_directory(ignored) && !entry.is_symlink(ignored))
       fs::remove_all(entry.path(), ignored);
-  }
-}
-
-/// Refuses a manifest that leaves out a weight the plan trains, or (after the first step) an
-/// optimizer state of one: resuming would silently start that weight from its initial value
-/// or reset its moments.
-void check_complete(const Pipeline& pipeline, const Manifest& manifest, const std::string& file) {
-  optim::OptimizerConfig config;
-  config.kind = pipeline.plan().optimizer;
-  const std::vector<std::string> state_names = optim::Optimizer::make(config)->state_names();
-  for (const plan::Stage& stage : pipeline.plan().stages) {
-    if (!pipeline.holds_stage(stage.index)) continue;  // another process's
-    const SavedStage& saved = manifest.stages[static_cast<size_t>(stage.index)];
-    for (const auto& [name, t] : pipeline.stage_weights(stage.index)) {
-      if (t.dtype != DType::kFloat32 || saving_stage(stage, name) != stage.index) continue;
-      if (std::none_of(saved.weights.begin(), saved.weights.end(),
-                       [&n = name](const SavedWeight& w) { return w.name == n; }))
-        fail(ErrorKind::kFormat, "{}: field 'stages[{}].weights' lacks weight '{}' of the plan",
-             file, stage.index, name);
-      // No optimizer step yet, or a weight the optimizer does not update: no state.
-      if (manifest.step == 0 || !pipeline.trains(stage.index, name)) continue;
-      for (const std::string& state : state_names)
-        if (std::none_of(saved.optimizer.begin(), saved.optimizer.end(),
-                         [&n = name, &state](const SavedState& o) {
-                           return o.weight == n && o.state == state;
-                         }))
-          fail(ErrorKind::kFormat,
-               "{}: field 'stages[{}].optimizer' lacks state '{}' of weight '{}' ({} keeps it; the "
-               "checkpoint is at step {})",
-               file, stage.index, state, name, to_string(pipeline.plan().optimizer), manifest.step);
-    }
   }
 }
 
@@ -265,7 +159,7 @@ void finish_save(const Pipeline& pipeline, const std::string& dir_in, const std:
   const plan::Plan& plan = pipeline.plan();
   const std::string dir = clean(dir_in), old = dir + ".old";
   nlohmann::ordered_json manifest;
-  manifest["format"] = kFormatName;
+  manifest["format"] = kCheckpointFormat;
   manifest["version"] = kCheckpointVersion;
   manifest["model_hash"] = plan.model_hash;
   manifest["plan"] = {{"schedule", std::string(to_string(plan.schedule))},
@@ -329,128 +223,6 @@ std::string checkpoint_to_load(const std::string& dir_in) {
   if (fs::exists(fs::path(dir) / "manifest.json")) return dir;
   if (!fs::exists(dir) && fs::exists(fs::path(dir + ".old") / "manifest.json")) return dir + ".old";
   fail(ErrorKind::kIo, "checkpoint {}: no such checkpoint ({}/manifest.json is missing)", dir, dir);
-}
-
-int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
-  const std::string dir = checkpoint_to_load(dir_in);
-  const std::string file = (fs::path(dir) / "manifest.json").string();
-  const plan::Plan& plan = pipeline.plan();
-  if (!plan.training)
-    fail(ErrorKind::kUsage, "checkpoint {}: the plan is not a training plan (nothing to resume)",
-         dir);
-  const Manifest manifest = read_manifest(file);
-  // The plan's identity.
-  auto other = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
-    fail(ErrorKind::kPlan, "checkpoint {} was written for another plan: {} {}, this plan has {}",
-         dir, what, theirs, ours);
-  };
-  if (manifest.model_hash != plan.model_hash)
-    other("model hash", manifest.model_hash, plan.model_hash);
-  if (manifest.optimizer != to_string(plan.optimizer))
-    other("optimizer", manifest.optimizer, std::string(to_string(plan.optimizer)));
-  const std::vector<SavedStage>& stages = manifest.stages;
-  if (stages.size() != plan.stages.size())
-    other("stage count", std::to_string(stages.size()), std::to_string(plan.stages.size()));
-  for (size_t k = 0; k < stages.size(); ++k) {
-    if (stages[k].file_hash != plan.stages[k].file_hash)
-      other(fmt::format("stage {} file hash", k), stages[k].file_hash, plan.stages[k].file_hash);
-  }
-  const int64_t step = manifest.step;
-
-  // Read everything first: a damaged checkpoint changes nothing.
-  std::vector<std::vector<std::pair<Tensor, Tensor>>> weights(stages.size());  // (target, value)
-  std::vector<std::map<std::string, optim::OptimizerState>> states(stages.size());
-  // A `file` entry stays inside the checkpoint: no absolute path, no '..', no symlink, no FIFO
-  // or device (which would block or never end), with the rule of external data.
-  auto read = [&](const std::string& saved, const std::string& at) {
-    return with_context(file + ": field '" + at + ".file' ('" + saved + "')", ErrorKind::kFormat,
-                        [&] { return read_npy(resolve_inside_folder(dir, saved)); });
-  };
-  for (size_t k = 0; k < stages.size(); ++k) {
-    if (!pipeline.holds_stage(static_cast<int>(k))) continue;  // another process restores it
-    const auto& have = pipeline.stage_weights(static_cast<int>(k));
-    std::string where = fmt::format("stages[{}]", k);
-    for (size_t i = 0; i < stages[k].weights.size(); ++i) {
-      const SavedWeight& w = stages[k].weights[i];
-      std::string at = fmt::format("{}.weights[{}]", where, i);
-      auto it = have.find(w.name);
-      if (it == have.end())
-        other(fmt::format("stage {} weight", k), "'" + w.name + "'", "no such weight");
-      Tensor value = read(w.file, at);
-      if (value.dtype != it->second.dtype || value.shape != it->second.shape)
-        fail(ErrorKind::kShape, "{}: field '{}' ('{}') is {} but the plan's weight is {}", file, at,
-             w.name, value.describe(), it->second.describe());
-      weights[k].emplace_back(it->second, value);
-    }
-    for (size_t i = 0; i < stages[k].optimizer.size(); ++i) {
-      const SavedState& o = stages[k].optimizer[i];
-      std::string at = fmt::format("{}.optimizer[{}]", where, i);
-      auto it = have.find(o.weight);
-      if (it == have.end())
-        other(fmt::format("stage {} weight", k), "'" + o.weight + "'", "no such weight");
-      Tensor value = read(o.file, at);
-      if (value.dtype != DType::kFloat32 || value.shape != it->second.shape)
-        fail(ErrorKind::kShape, "{}: field '{}' ('{}' of '{}') is {} but the weight is {}", file,
-             at, o.state, o.weight, value.describe(), it->second.describe());
-      states[k][o.weight].tensors[o.state] = value;
-    }
-  }
-  check_complete(pipeline, manifest, file);
-  // Shared weights: every holder gets the lowest holder's weight and optimizer state (a
-  // version-1 checkpoint's other copies are replaced by it).
-  // (read from the owner's entries, which may be another process's stage).
-  for (size_t k = 0; k < stages.size(); ++k) {
-    const plan::Stage& stage = plan.stages[k];
-    if (!pipeline.holds_stage(stage.index)) continue;
-    for (const plan::SharedWeight& w : stage.shared_weights) {
-      const int owner = w.stages.front();
-      if (owner == stage.index) continue;
-      const SavedStage& saved = stages[static_cast<size_t>(owner)];
-      auto entry = std::find_if(saved.weights.begin(), saved.weights.end(),
-                                [&](const SavedWeight& s) { return s.name == w.name; });
-      if (entry == saved.weights.end())
-        fail(ErrorKind::kFormat,
-             "{}: field 'stages[{}].weights' lacks shared weight '{}' (held by stages {})", file,
-             owner, w.name, fmt::join(w.stages, ", "));
-      const std::string at =
-          fmt::format("stages[{}].weights[{}]", owner, entry - saved.weights.begin());
-      Tensor target = pipeline.stage_weights(stage.index).at(w.name);
-      Tensor value = read(entry->file, at);
-      if (value.dtype != target.dtype || value.shape != target.shape)
-        fail(ErrorKind::kShape, "{}: field '{}' ('{}') is {} but the plan's weight is {}", file, at,
-             w.name, value.describe(), target.describe());
-      std::erase_if(weights[k], [&](const auto& e) { return e.first.data == target.data; });
-      weights[k].emplace_back(target, value);
-      states[k].erase(w.name);
-      for (size_t i = 0; i < saved.optimizer.size(); ++i) {
-        const SavedState& o = saved.optimizer[i];
-        if (o.weight != w.name) continue;
-        Tensor t = read(o.file, fmt::format("stages[{}].optimizer[{}]", owner, i));
-        if (t.dtype != DType::kFloat32 || t.shape != target.shape)
-          fail(ErrorKind::kShape, "{}: field 'stages[{}].optimizer[{}]' ('{}' of '{}') is {} but "
-               "the weight is {}", file, owner, i, o.state, o.weight, t.describe(),
-               target.describe());
-        states[k][w.name].tensors[o.state] = t;
-      }
-    }
-  }
-  for (size_t k = 0; k < stages.size(); ++k) {
-    if (!pipeline.holds_stage(static_cast<int>(k))) continue;
-    for (auto& [target, value] : weights[k])
-      std::memcpy(target.data, value.data, static_cast<size_t>(value.bytes()));
-    pipeline.optimizer_state(static_cast<int>(k)) = std::move(states[k]);
-  }
-  // Data parallelism: every replica starts from what the first one restored (the checkpoint
-  // holds one copy whatever the replica count, so a run may resume with another).
-  pipeline.copy_first_replica();
-  pipeline.set_steps_done(step);
-  // Dynamic loss scaling goes on from the saved scale (a checkpoint without one, of an older
-  // stagerun, leaves the scale the run was given).
-  if (manifest.loss_scale && pipeline.scales_loss()) {
-    pipeline.loss_scale().scale = manifest.loss_scale->first;
-    pipeline.loss_scale().clean_steps = manifest.loss_scale->second;
-  }
-  return step;
 }
 
 namespace {

@@ -4,7 +4,7 @@
 ///
 /// A checkpoint is a directory:
 ///
-///   DIR/manifest.json          {format: "stagecraft-checkpoint", version: 1, model_hash,
+///   DIR/manifest.json          {format: "stagecraft-checkpoint", version: 3, model_hash,
 ///                               plan {schedule, devices, microbatches}, step, optimizer,
 ///                               stages [{index, file, file_hash, weights [{name, file, dtype,
 ///                               shape}], optimizer [{weight, state, file}]}]}
@@ -13,7 +13,17 @@
 ///
 /// `step` is the number of optimizer steps done (the lr schedule resumes from it). Version 3
 /// adds, for a plan of precision fp16, `loss_scale` {scale, clean_steps}: dynamic loss
-/// scaling's state (run_types.h `LossScale`), restored with the rest.
+/// scaling's state (run_types.h `LossScale`), restored with the rest. `plan` and each stage's
+/// `file` and `file_hash` record the plan that saved it; loading does not need them.
+///
+/// Weights and optimizer state are keyed by the weight's name, a stage weight's name: the
+/// model's initializer name (a weight the exporter had merged into an equal one and the plan
+/// trains apart: the duplicate's name, as --export writes it). So a checkpoint loads into any
+/// training plan of the same model (model_hash) and optimizer: another device count, other
+/// cuts, schedule or chunk count, replica count, ZeRO-1 or not, another precision (float32
+/// master weights in every precision). Each stage of the loading plan takes each of its weights
+/// and that weight's state from whichever saved stage holds it. The manifest's top level may
+/// carry fields this reader does not know (a later stagerun's); they are ignored.
 ///
 /// A weight several stages hold (plan.json's shared_weights) is saved once, with its optimizer
 /// state, by the lowest stage that holds it; loading restores it to every holder. Version 1
@@ -36,6 +46,7 @@
 namespace stagecraft::rt {
 
 inline constexpr int kCheckpointVersion = 3;
+inline constexpr const char* kCheckpointFormat = "stagecraft-checkpoint";
 
 struct SaveOptions {
   /// Test hook: fail (as a crash would, without cleaning up) after writing this many tensor
@@ -71,13 +82,18 @@ void finish_save(const Pipeline& pipeline, const std::string& dir, const std::st
 /// save was interrupted between its renames; `Error(kIo)` when neither exists.
 std::string checkpoint_to_load(const std::string& dir);
 
-/// Restores weights, optimizer state and step count from `dir` (or `dir`.old, see above), into
-/// every data-parallel replica (a checkpoint saved with another replica count loads alike; with
-/// ZeRO-1 each replica takes its shard of the state). A pipeline loaded for some devices (a
-/// rank of mpirun) restores its own stages only.
-/// Refuses, changing nothing, a checkpoint of another plan (`Error(kPlan)`, one line naming
-/// what differs: model hash, stage count, a stage's file hash, the optimizer) or a damaged
-/// one (`Error(kFormat)` naming the file and field). Returns the step restored.
+/// Restores weights, optimizer state, step count and loss scale from `dir` (or `dir`.old, see
+/// above) into any training plan of the model (weights found by name, see above), into every
+/// data-parallel replica (with ZeRO-1 each replica takes its shard of the state). A pipeline
+/// loaded for some devices (a rank of mpirun) restores its own stages only, each weight from
+/// whichever saved stage's files hold it. A weight the plan holds but does not train (frozen)
+/// takes the saved value without optimizer state.
+/// Refuses, changing nothing, what cannot carry over (`Error(kPlan)`, one line naming it:
+/// another model hash or optimizer, a float32 weight of the plan that the checkpoint lacks, a
+/// checkpoint weight that no stage of the plan holds (checked where one process holds every
+/// stage)), a saved tensor of another dtype or shape (`Error(kShape)`), or a damaged checkpoint
+/// (`Error(kFormat)` naming the file and field; also a trained weight's missing optimizer state
+/// after the first step). Returns the step restored.
 int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir);
 
 /// Writes the plan's original model (plan.model_path, which must exist and hash to

@@ -40,7 +40,8 @@
 #     checkpoint_dp          checkpoints under mpirun: 2 replicas x 2 devices (sharded and not)
 #                            save on 4 ranks the files one process saves, byte for byte; the
 #                            sharded one resumes on 1 replica (2 ranks), 2 and 4 replicas
-#                            (4 and 8 ranks, sharded) and in one process, the losses those of
+#                            (4 and 8 ranks, sharded), on 3 stages cut elsewhere (3 ranks)
+#                            and in one process, the losses those of
 #                            a straight run within 1e-6; also with a weight two stages share;
 #                            a save that cannot be made stops every rank, saying why
 #     kill                   rank 1 of 4 SIGKILLed mid-step: mpirun names it and ends the
@@ -368,7 +369,7 @@ case "$check" in
     common=("$samples/mnist_cnn.onnx" --train --loss mse --batch 16 --optimizer adam --lr 0.001)
     "$stagec" "${common[@]}" -o zero --devices 4 --data-parallel 2 --microbatches 2 \
       --shard-optimizer >/dev/null
-    # Every plan splits where the first does (a checkpoint names its stage files' hashes).
+    # Every plan splits where the first does (so their checkpoints compare byte for byte).
     split=$(split_of zero)
     "$stagec" "${common[@]}" -o plain --devices 4 --data-parallel 2 --microbatches 2 \
       --split-after "$split" >/dev/null
@@ -413,6 +414,10 @@ case "$check" in
     resume one_process 0 one
     resume two_replicas_4_ranks 4 zero
     resume four_replicas_8_ranks 8 zero4
+    # Another plan of the model: 3 stages cut where the planner likes, each rank restoring its
+    # stage's weights from whichever saved stage holds them.
+    "$stagec" "${common[@]}" -o three --devices 3 --microbatches 4 >/dev/null
+    resume three_stages_3_ranks 3 three
     echo "straight: $(tr '\n' ' ' <straight.loss)"
     # A weight two stages share, sharded: its lowest holder saves it, and a rank whose stage
     # holds a copy restores it from that holder's files.

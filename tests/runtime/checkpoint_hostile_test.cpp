@@ -93,7 +93,7 @@ TEST_CASE("a manifest that leaves out weights or optimizer state is refused") {
   Saved s;
   nlohmann::json no_weights = s.manifest;
   no_weights["stages"][0]["weights"] = nlohmann::json::array();
-  s.refused(no_weights, "field 'stages[0].weights' lacks weight '");
+  s.refused(no_weights, "field 'stages' lacks weight '");
   nlohmann::json no_state = s.manifest;
   no_state["stages"][0]["optimizer"] = nlohmann::json::array();
   s.refused(no_state, "field 'stages[0].optimizer' lacks state 'm' of weight '");

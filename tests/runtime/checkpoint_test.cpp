@@ -1,6 +1,6 @@
 // Checkpoints: a run resumed from a checkpoint gives the losses of the uninterrupted run bit for
 // bit; a save that dies half-way leaves the last good checkpoint loadable; a checkpoint of
-// another plan is refused; --export writes the original model with the trained weights.
+// another plan of the model loads (tests/runtime/reshard_test.cpp has more); --export writes the original model with the trained weights.
 #include "runtime/exec/checkpoint.h"
 
 #include <doctest/doctest.h>
@@ -107,34 +107,38 @@ TEST_CASE("a resumed run gives the losses of the uninterrupted run, bit for bit"
   }
 }
 
-TEST_CASE("a checkpoint of another plan is refused, naming what differs") {
+TEST_CASE("a checkpoint loads into a plan of other stages: its weights found by name") {
   testing::TempDir dir;
   std::string plan_dir = make_plan(options_for("toy.onnx", "mse", 2), dir.file("plan"));
   auto p = Pipeline::load(plan_dir, cpu_backend(), 1);
   train(*p, 1);
   save_checkpoint(*p, dir.file("ckpt"));
-  // A stage file hash that differs.
+  // The stage files' hashes are a record, not a key: the weights are found by name.
   nlohmann::json manifest = read_json(dir.file("ckpt/manifest.json"));
   manifest["stages"][1]["file_hash"] = "fnv1a64:0000000000000000";
   std::ofstream(dir.file("ckpt/manifest.json")) << manifest.dump();
   auto q = Pipeline::load(plan_dir, cpu_backend(), 1);
-  try {
-    load_checkpoint(*q, dir.file("ckpt"));
-    FAIL("no error");
-  } catch (const Error& e) {
-    std::string what = e.what();
-    CAPTURE(what);
-    CHECK(std::regex_search(what, std::regex("checkpoint .*ckpt was written for another plan: stage 1 file hash "
-                                             "fnv1a64:0000000000000000, this plan has fnv1a64:[0-9a-f]{16}")));
-    CHECK(what.find('\n') == std::string::npos);
-  }
-  CHECK(q->steps_done() == 0);
-  // A plan with another stage count.
+  CHECK(load_checkpoint(*q, dir.file("ckpt")) == 1);
+  // A plan with another stage count: each weight restored from the stage that saved it.
   std::string three = make_plan(options_for("toy.onnx", "mse", 3), dir.file("plan3"));
   auto r = Pipeline::load(three, cpu_backend(), 1);
-  save_checkpoint(*p, dir.file("ckpt2"));
-  CHECK_THROWS_WITH_AS(load_checkpoint(*r, dir.file("ckpt2")),
-                       doctest::Contains("was written for another plan: stage count 2, this plan has 3"), Error);
+  REQUIRE(r->plan().stages.size() == 3);
+  CHECK(load_checkpoint(*r, dir.file("ckpt")) == 1);
+  int restored = 0;
+  for (const plan::Stage& stage : r->plan().stages)
+    for (const auto& [name, w] : r->stage_weights(stage.index)) {
+      if (w.dtype != DType::kFloat32) continue;
+      bool found = false;
+      for (const plan::Stage& saved : p->plan().stages)
+        if (auto it = p->stage_weights(saved.index).find(name);
+            it != p->stage_weights(saved.index).end()) {
+          CHECK(same_bytes(w, it->second));
+          found = true;
+        }
+      CHECK(found);
+      ++restored;
+    }
+  CHECK(restored > 0);
   CHECK_THROWS_WITH_AS(load_checkpoint(*r, dir.file("nothing")), doctest::Contains("no such checkpoint"), Error);
 }
 

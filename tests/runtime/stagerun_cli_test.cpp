@@ -402,13 +402,25 @@ TEST_CASE(
   CHECK(all == json_losses(straight.out));  // bit for bit
   CHECK(fs::file_size(dir.file("trained.onnx")) > 0);
 
-  // A checkpoint of another plan is refused in one line.
+  // A plan of other cuts resumes it and exports the same model (--steps 0: the checkpoint's
+  // weights).
   o.devices = 3;
-  plan::PlannedModel other = plan::make_plan(o);
-  plan::write_plan(other, dir.file("other"));
-  check_one_line_error(
-      stagerun(dir, fmt::format("{} --resume {}", dir.file("other"), dir.file("ck"))),
-      "written for another plan");
+  plan::PlannedModel other_plan = plan::make_plan(o);
+  plan::write_plan(other_plan, dir.file("other"));
+  Result other = stagerun(dir, fmt::format("{} --steps 0 -q --resume {} --export {}",
+                                           dir.file("other"), dir.file("ck"),
+                                           dir.file("other.onnx")));
+  CAPTURE(other.err);
+  REQUIRE(other.code == 0);
+  Result same = stagerun(dir, fmt::format("{} --steps 0 -q --resume {} --export {}", plan_dir,
+                                          dir.file("ck"), dir.file("same.onnx")));
+  REQUIRE(same.code == 0);
+  CHECK(testing::read_bytes(dir.file("other.onnx")) == testing::read_bytes(dir.file("same.onnx")));
+  // A checkpoint of another optimizer is refused in one line.
+  plan::PlannedModel sgd = plan::make_plan(toy_training_options("sgd"));
+  plan::write_plan(sgd, dir.file("sgd"));
+  check_one_line_error(stagerun(dir, fmt::format("{} --resume {}", dir.file("sgd"), dir.file("ck"))),
+                       "written for another plan: optimizer adam, this plan has sgd");
 }
 
 }  // namespace
