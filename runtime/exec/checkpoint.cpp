@@ -102,6 +102,7 @@ struct Manifest {
   std::vector<SavedStage> stages;
   /// Dynamic loss scaling's state ("loss_scale", version 3, fp16 plans): S and clean steps.
   std::optional<std::pair<double, int64_t>> loss_scale;
+  nlohmann::json data;  ///< The caller's data position ("data", SaveOptions::data), or null.
 };
 
 /// Reads `file` (a manifest.json) strictly: every field required, unknown ones refused, each
@@ -111,7 +112,7 @@ Manifest read_manifest(const std::string& file) {
   JsonObject top =
       JsonValue(json, file)
           .object({"format", "version", "model_hash", "plan", "step", "optimizer", "stages",
-                   "loss_scale"});
+                   "loss_scale", "data"});
   if (top.string("format") != kFormatName)
     top.fail("format", fmt::format("is not '{}'", kFormatName));
   int version = top.int32("version");
@@ -133,6 +134,10 @@ Manifest read_manifest(const std::string& file) {
     const int64_t clean = o.int64("clean_steps");
     if (clean < 0) o.fail("clean_steps", fmt::format("is negative ({})", clean));
     m.loss_scale = {o.positive_number("scale"), clean};
+  }
+  if (json.contains("data")) {
+    if (!json["data"].is_object()) top.fail("data", "is not an object");
+    m.data = json["data"];
   }
   m.stages = top.array("stages", [](const JsonValue& v) {
     JsonObject f = v.object({"index", "file", "file_hash", "weights", "optimizer"});
@@ -261,7 +266,7 @@ nlohmann::ordered_json save_stage(const Pipeline& pipeline, int index,
 }
 
 void finish_save(const Pipeline& pipeline, const std::string& dir_in, const std::string& tmp,
-                 nlohmann::ordered_json stages) {
+                 nlohmann::ordered_json stages, const nlohmann::json& data) {
   const plan::Plan& plan = pipeline.plan();
   const std::string dir = clean(dir_in), old = dir + ".old";
   nlohmann::ordered_json manifest;
@@ -277,6 +282,7 @@ void finish_save(const Pipeline& pipeline, const std::string& dir_in, const std:
   if (pipeline.scales_loss())
     manifest["loss_scale"] = {{"scale", pipeline.loss_scale().scale},
                               {"clean_steps", pipeline.loss_scale().clean_steps}};
+  if (!data.is_null()) manifest["data"] = data;
   std::string manifest_path = (fs::path(tmp) / "manifest.json").string();
   {
     std::ofstream out(manifest_path, std::ios::binary | std::ios::trunc);
@@ -316,7 +322,7 @@ void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in,
                                                               "(test hook)",
                                                               tmp, files_written));
                                   }));
-    finish_save(pipeline, dir, tmp, std::move(stages));
+    finish_save(pipeline, dir, tmp, std::move(stages), options.data);
   } catch (const Error&) {
     std::error_code ec;
     if (options.fail_after_files < 0 && !tmp.empty()) fs::remove_all(tmp, ec);  // a crash would leave it
@@ -331,7 +337,7 @@ std::string checkpoint_to_load(const std::string& dir_in) {
   fail(ErrorKind::kIo, "checkpoint {}: no such checkpoint ({}/manifest.json is missing)", dir, dir);
 }
 
-int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
+int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in, nlohmann::json* data) {
   const std::string dir = checkpoint_to_load(dir_in);
   const std::string file = (fs::path(dir) / "manifest.json").string();
   const plan::Plan& plan = pipeline.plan();
@@ -450,6 +456,7 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
     pipeline.loss_scale().scale = manifest.loss_scale->first;
     pipeline.loss_scale().clean_steps = manifest.loss_scale->second;
   }
+  if (data) *data = manifest.data;
   return step;
 }
 

@@ -41,6 +41,9 @@ struct SaveOptions {
   /// Test hook: fail (as a crash would, without cleaning up) after writing this many tensor
   /// files into the temporary folder; < 0: never.
   int fail_after_files = -1;
+  /// The caller's data position (stagerun's, tools/stagerun_data.h), kept opaque as the
+  /// manifest's "data" (an object; null: none) and handed back by load_checkpoint.
+  nlohmann::json data;
 };
 
 /// Saves `pipeline`'s weights, optimizer state and step count into `dir` (see above). Training
@@ -65,7 +68,7 @@ nlohmann::ordered_json save_stage(const Pipeline& pipeline, int stage,
 /// Writes the manifest (`stages`: every stage's entry, by index) into `tmp` and renames `tmp`
 /// into `dir` by the atomic rules above.
 void finish_save(const Pipeline& pipeline, const std::string& dir, const std::string& tmp,
-                 nlohmann::ordered_json stages);
+                 nlohmann::ordered_json stages, const nlohmann::json& data = nullptr);
 
 /// The directory a load of `dir` would read: `dir`, or `dir`.old when `dir` is missing and a
 /// save was interrupted between its renames; `Error(kIo)` when neither exists.
@@ -77,8 +80,10 @@ std::string checkpoint_to_load(const std::string& dir);
 /// rank of mpirun) restores its own stages only.
 /// Refuses, changing nothing, a checkpoint of another plan (`Error(kPlan)`, one line naming
 /// what differs: model hash, stage count, a stage's file hash, the optimizer) or a damaged
-/// one (`Error(kFormat)` naming the file and field). Returns the step restored.
-int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir);
+/// one (`Error(kFormat)` naming the file and field). Returns the step restored; `data` (when
+/// given) gets the manifest's "data" (SaveOptions::data), null when it has none.
+int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir,
+                        nlohmann::json* data = nullptr);
 
 /// Writes the plan's original model (plan.model_path, which must exist and hash to
 /// plan.model_hash) to `out_path` with every initializer named like a stage weight replaced by
