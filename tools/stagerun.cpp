@@ -1,6 +1,7 @@
 // stagerun: execute a plan directory with microbatch pipelining.
 //
 //   stagerun PLAN_DIR [--backend auto|cpu|cuda] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
+//            [--data DIR | --tokens FILE [--seq T] [--token-dtype uint16|uint32] [--shuffle --seed S]]
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE [--trace-steps N]] [--json]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
 //            [--timeout SECONDS] [--bucket-mb MIB] [--no-overlap] [--transport auto|nccl|mpi]
@@ -13,8 +14,15 @@
 // used. Outputs (--outputs DIR) are the last step's graph outputs, DIR/NAME.npy each, the
 // microbatches joined along the first axis.
 //
+// Training data read step by step (tools/stagerun_data.h): --data DIR (K batches per NAME.npy,
+// step s trains on batch s mod K, each read when needed) and --tokens FILE (windows of T+1
+// tokens of a language model's token stream, tools/token_stream.h), the next batch read on a
+// thread of its own while a step runs; checkpoints keep the data's position ("data"), so
+// --resume goes on with the batch after the checkpoint's.
+//
 // --json: JSON Lines (docs/schemas/stagerun.schema.json; times in ms, memory in bytes). One
-// record per step, {type: "step", format_version, step, step_ms, [loss] (training), [loss_scale,
+// record per step, {type: "step", format_version, step, step_ms, [loss] (training), [epoch]
+// (--tokens: the passes over the stream before the step's batch), [loss_scale,
 // skipped] (training a precision fp16 plan), [grad_norm] (a plan that clips gradients)}, then one
 //   {type: "summary", format_version, plan, backend, [backend_auto], threads_per_device, devices
 //   (every replica's), data_parallel, microbatches (per replica), schedule, batch (global), steps,
