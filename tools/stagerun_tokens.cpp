@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <onnx/onnx_pb.h>
@@ -66,7 +68,7 @@ class TokenBatches final : public BatchSource {
     if (args.seq && *args.seq != seq_)
       fail(ErrorKind::kUsage,
            "--seq {}: the plan's sequence length is {} (input '{}' is {}{} per microbatch); give "
-           "--seq {} or re-plan with stagec --dim for {}",
+           "--seq {}, or re-plan for rows of {} tokens (stagec --dim)",
            *args.seq, seq_, in.name, dtype_name(in.dtype), rt::shape_string(in.shape), seq_,
            *args.seq);
     const int64_t count = reader_.file().count;

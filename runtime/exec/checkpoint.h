@@ -13,7 +13,9 @@
 ///
 /// `step` is the number of optimizer steps done (the lr schedule resumes from it). Version 3
 /// adds, for a plan of precision fp16, `loss_scale` {scale, clean_steps}: dynamic loss
-/// scaling's state (run_types.h `LossScale`), restored with the rest.
+/// scaling's state (run_types.h `LossScale`), restored with the rest. `data` (optional, any
+/// version): the caller's data position (SaveOptions::data; stagerun's, tools/stagerun_data.h),
+/// an object the checkpoint keeps as given and load_checkpoint hands back.
 ///
 /// A weight several stages hold (plan.json's shared_weights) is saved once, with its optimizer
 /// state, by the lowest stage that holds it; loading restores it to every holder. Version 1

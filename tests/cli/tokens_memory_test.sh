@@ -17,7 +17,7 @@ export MALLOC_ARENA_MAX=2
 head -c 2000 /dev/zero >small.bin
 
 # The peak address space of a run on the tiny stream: VmPeak read until the process ends.
-"$stagerun" plan --tokens small.bin --steps 30 -q >/dev/null &
+"$stagerun" plan --tokens small.bin --steps 100 -q >/dev/null &
 pid=$!
 peak_kb=0
 while kill -0 "$pid" 2>/dev/null; do
