@@ -220,7 +220,7 @@ TEST_CASE("stagerun --tokens refuses bad streams and plans with one line naming 
   check_one_line_error(
       stagerun(dir, fmt::format("{} --tokens {} --seq 16", plan, dir.file("train.bin"))),
       "^stagerun: usage error: --seq 16: the plan's sequence length is 8 \\(input 'input_ids' "
-      "is int64\\[2, 8\\] per microbatch\\)");
+      "is int64\\[2, 8\\] per microbatch\\); give --seq 8, or re-plan for rows of 16 tokens");
   // Token 300 (window 3, step 1) is past gpt_tiny's 256 rows of embedding.
   tokens[3 * kSeq + 2] = 300;
   write_raw(dir.file("big_id.bin"), tokens);
@@ -254,7 +254,8 @@ TEST_CASE("stagerun --tokens refuses bad streams and plans with one line naming 
   check_one_line_error(
       stagerun(dir, fmt::format("{} --tokens {}", toy, dir.file("train.bin"))),
       "^stagerun: usage error: --tokens: cannot tell the tokens from the labels: the plan's "
-      "inputs are 'x' float32\\[.*\\], 'labels' .* and its loss's labels input is 'labels'");
+      "inputs are 'labels' float32\\[4, 5\\], 'x' float32\\[4, 10\\] and its loss's labels input is "
+      "'labels'");
 }
 
 TEST_CASE("stagecraft-lm-data --tokens-out writes a stream stagerun --tokens trains on") {
