@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(model_import tensor_file specs plan checkpoint torch_csv)
+[ ${#targets[@]} -gt 0 ] || targets=(model_import tensor_file specs plan checkpoint torch_csv token_stream)
 bash tools/setup.sh
 if ! command -v clang++ >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
   echo "fuzz.sh: installing clang and libFuzzer (Debian: clang libclang-rt-14-dev)"

@@ -1,6 +1,7 @@
 // stagerun: execute a plan directory with microbatch pipelining.
 //
 //   stagerun PLAN_DIR [--backend auto|cpu|cuda] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
+//            [--data DIR | --tokens FILE [--seq T] [--token-dtype uint16|uint32] [--shuffle --seed S]]
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE [--trace-steps N]] [--json]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
 //            [--timeout SECONDS] [--bucket-mb MIB] [--no-overlap] [--transport auto|nccl|mpi]
@@ -13,8 +14,15 @@
 // used. Outputs (--outputs DIR) are the last step's graph outputs, DIR/NAME.npy each, the
 // microbatches joined along the first axis.
 //
+// Training data read step by step (tools/stagerun_data.h): --data DIR (K batches per NAME.npy,
+// step s trains on batch s mod K, each read when needed) and --tokens FILE (windows of T+1
+// tokens of a language model's token stream, tools/token_stream.h), the next batch read on a
+// thread of its own while a step runs; checkpoints keep the data's position ("data"), so
+// --resume goes on with the batch after the checkpoint's.
+//
 // --json: JSON Lines (docs/schemas/stagerun.schema.json; times in ms, memory in bytes). One
-// record per step, {type: "step", format_version, step, step_ms, [loss] (training), [loss_scale,
+// record per step, {type: "step", format_version, step, step_ms, [loss] (training), [epoch]
+// (--tokens: the passes over the stream before the step's batch), [loss_scale,
 // skipped] (training a precision fp16 plan), [grad_norm] (a plan that clips gradients)}, then one
 //   {type: "summary", format_version, plan, backend, [backend_auto], threads_per_device, devices
 //   (every replica's), data_parallel, microbatches (per replica), schedule, batch (global), steps,
@@ -67,7 +75,9 @@
 //
 // Training: --checkpoint DIR saves weights, optimizer state and the step count every K steps
 // (--save-every) and after the last step, atomically (runtime/exec/checkpoint.h); --resume DIR
-// restores them before the run (refusing a checkpoint of another plan); --export FILE writes the
+// restores them before the run, on any training plan of the same model and optimizer (weights
+// found by name: other devices, cuts, schedule, replicas; refusing another model or optimizer,
+// runtime/exec/checkpoint.h); --export FILE writes the
 // original model with the trained weights after the run (--steps 0: export without running).
 // Under mpirun --checkpoint and --resume work too (one writer per stage, the manifest by rank 0:
 // runtime/mpi/world.h), and --export (the ranks save a checkpoint beside FILE, rank 0 exports
@@ -104,6 +114,7 @@
 #include "tools/cli_common.h"
 #include "tools/stagerun_inputs.h"
 #include "tools/stagerun_args.h"
+#include "tools/stagerun_data.h"
 #include "tools/stagerun_notes.h"
 #include "tools/stagerun_print.h"
 #include "tools/stagerun_profile.h"
@@ -112,7 +123,6 @@
 namespace fs = std::filesystem;
 using namespace stagecraft;
 using tools::Args;
-using tools::cut_batches;
 using tools::read_inputs;
 using tools::prediction_gap;
 using tools::report_loads;
@@ -145,7 +155,26 @@ void add_options(CLI::App& app, Args& args) {
   app.add_option(
       "--data", args.data_dir,
       "DIR with NAME.npy per graph input holding K whole batches along the first axis; step s "
-      "trains on batch s mod K");
+      "trains on batch s mod K, read from the files a batch at a time (the next while a step "
+      "runs); --resume goes on with the batch after the checkpoint's");
+  app.add_option("--tokens", args.tokens_path,
+                 "Training a language model: a token stream FILE (a 1-D .npy of uint16, uint32, "
+                 "int32 or int64; llm.c's .bin with its header; else raw tokens, nanoGPT's "
+                 "train.bin); each step's batch is windows of T+1 tokens, the tokens to the "
+                 "model's integer input and the same shifted by one to the loss's labels");
+  app.add_option("--seq", args.seq,
+                 "--tokens: T, the tokens of a row (must be the plan's sequence length; default "
+                 "the plan's)")
+      ->check(cli::at_least<int64_t>(1));
+  app.add_option("--token-dtype", args.token_dtype,
+                 "--tokens of a raw file: its tokens' type (default uint16); a .npy or llm.c "
+                 "file says its own")
+      ->check(CLI::IsMember({"uint16", "uint32"}));
+  app.add_flag("--shuffle", args.shuffle,
+               "--tokens: draw the windows in a seeded order each epoch (every window once per "
+               "epoch) instead of file order");
+  app.add_option("--seed", args.seed, "--shuffle: the seed of the windows' order")
+      ->capture_default_str();
   app.add_flag("--synthetic", args.synthetic,
                "Deterministic synthetic inputs (the default without --inputs)");
   app.add_option("--outputs", args.outputs_dir,
@@ -176,7 +205,9 @@ void add_options(CLI::App& app, Args& args) {
   app.add_option("--save-every", args.save_every,
                  "Training: save a checkpoint every K optimizer steps (needs --checkpoint)");
   app.add_option("--resume", args.resume_dir,
-                 "Training: restore weights, optimizer state and step count from DIR first");
+                 "Training: restore weights, optimizer state and step count from DIR first (a "
+                 "checkpoint of any training plan of the same model and optimizer: other "
+                 "devices, cuts, schedule, replicas, ZeRO-1 or precision)");
   app.add_option("--export", args.export_path,
                  "Write the original model with the trained weights to FILE.onnx after the run "
                  "(--steps 0: no run)");
@@ -277,6 +308,14 @@ std::function<void(int, int64_t, size_t)> stop_hook(const Args& args, const rt::
 void check_args(const Args& args) {
   if (args.synthetic && !args.inputs_path.empty())
     fail(ErrorKind::kUsage, "--synthetic and --inputs exclude each other");
+  if (!args.tokens_path.empty() &&
+      (!args.data_dir.empty() || !args.inputs_path.empty() || args.synthetic))
+    fail(ErrorKind::kUsage, "--tokens excludes --data, --inputs and --synthetic");
+  if (args.tokens_path.empty() && (args.seq || !args.token_dtype.empty() || args.shuffle))
+    fail(ErrorKind::kUsage, "--seq, --token-dtype and --shuffle need --tokens FILE");
+  if (!args.shuffle && args.seed != 0)
+    fail(ErrorKind::kUsage, "--seed {} needs --shuffle (the windows are in file order without it)",
+         args.seed);
   if (args.steps < 0 || (args.steps == 0 && args.export_path.empty()))
     fail(ErrorKind::kUsage, "--steps must be at least 1 (got {}; 0 only with --export)",
          args.steps);
@@ -292,14 +331,16 @@ void check_args(const Args& args) {
   if (args.loss_scale_window) rt::LossScale::check_window(*args.loss_scale_window);
 }
 
-// --data: batch k of K for step k mod K, one step per run; the optimizer state, the step count
-// and the lr schedule carry over between runs. One report over all the steps (of each run only
-// its figures for the median step are kept, and the last one's outputs).
-rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt::Tensor>& data,
-                          const Args& args, const rt::RunOptions& options) {
+// --data and --tokens: the source's batches, one step per run, the next read while a step runs;
+// the optimizer state, the step count and the lr schedule carry over between runs. One report
+// over all the steps (of each run only its figures for the median step are kept, and the last
+// one's outputs). `position` is where the data stands after the step that runs (the checkpoints
+// keep it); `epoch` the epoch of its batch (--tokens; -1 otherwise), `epochs` every step's.
+rt::RunReport run_batches(rt::Pipeline& pipeline, tools::BatchSource& source, const Args& args,
+                          const rt::RunOptions& options, nlohmann::json& position,
+                          int64_t& epoch, std::vector<int64_t>& epochs) {
   rt::RunReport report;
-  std::vector<std::map<std::string, rt::Tensor>> batches =
-      cut_batches(data, pipeline, args.data_dir);
+  tools::Prefetcher prefetch(source, args.steps);
   struct Figures {  // what the report takes of the run of the median step
     double bubble_fraction;
     std::vector<rt::DeviceReport> devices;
@@ -314,7 +355,11 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, const std::map<std::string, rt
     one_step.trace_steps = s < options.trace_steps ? 1 : 0;
     one_step.profile_step = options.profile_step == s + 1 ? 1 : 0;
     const auto start = std::chrono::steady_clock::now();
-    rt::RunReport r = pipeline.run(batches[static_cast<size_t>(s) % batches.size()], one_step);
+    tools::Batch batch = prefetch.next();
+    position = std::move(batch.position);
+    epoch = batch.epoch.value_or(-1);
+    if (batch.epoch) epochs.push_back(*batch.epoch);
+    rt::RunReport r = pipeline.run(batch.inputs, one_step);
     // The next run starts after this one (its events, if traced, are within it).
     const double took =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -392,7 +437,10 @@ void say_saved(const std::string& dir, int64_t step, std::chrono::steady_clock::
 }
 
 // The run's options: progress line, fault hook, checkpoints.
-rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t first_step) {
+// `position`: the data's position to keep in a checkpoint (null: none); `epoch`: the epoch to
+// show in the progress line (< 0: none).
+rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t first_step,
+                           const nlohmann::json& position, const int64_t& epoch) {
   rt::RunOptions options;
   options.steps = args.steps;
   options.timeout_s = args.timeout_s;
@@ -408,17 +456,22 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   options.profile_step = args.profile_nodes ? args.steps : 0;
   bool tty = isatty(STDERR_FILENO);
   if (!args.quiet)
-    options.progress = [tty, first_step, last_shown = 0.0](int done, int total,
-                                                           double elapsed) mutable {
+    options.progress = [tty, first_step, &epoch, last_shown = 0.0](int done, int total,
+                                                                   double elapsed) mutable {
       if (elapsed < 2.0 || (elapsed - last_shown < 1.0 && done < total)) return;
       last_shown = elapsed;
-      fmt::print(stderr, "{}stagerun: step {}/{}, {:.1f} s{}", tty ? "\r" : "", first_step + done,
-                 first_step + total, elapsed, tty && done < total ? "" : "\n");
+      fmt::print(stderr, "{}stagerun: step {}/{}{}, {:.1f} s{}", tty ? "\r" : "",
+                 first_step + done, first_step + total,
+                 epoch >= 0 ? fmt::format(", epoch {}", epoch) : "", elapsed,
+                 tty && done < total ? "" : "\n");
     };
   if (!args.checkpoint_dir.empty()) {
-    options.checkpoint = [&pipeline, dir = args.checkpoint_dir, quiet = args.quiet](int64_t step) {
+    options.checkpoint = [&pipeline, &position, dir = args.checkpoint_dir,
+                          quiet = args.quiet](int64_t step) {
       const auto start = std::chrono::steady_clock::now();
-      rt::save_checkpoint(pipeline, dir);
+      rt::SaveOptions save;
+      save.data = position;  // --resume goes on with the data after this step's batch
+      rt::save_checkpoint(pipeline, dir, save);
       if (!quiet) say_saved(dir, step, start);
     };
     options.checkpoint_every = args.save_every;
@@ -542,11 +595,17 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "stagerun: warning: {}\n", warning);
     if (!args.data_dir.empty() && (!args.inputs_path.empty() || args.synthetic))
       fail(ErrorKind::kUsage, "--data excludes --inputs and --synthetic");
-    std::map<std::string, rt::Tensor> inputs, data;
+    std::map<std::string, rt::Tensor> inputs;
+    std::unique_ptr<tools::BatchSource> source;  // --data, --tokens: read step by step
     if (!args.data_dir.empty()) {
       if (!fs::is_directory(args.data_dir))
         fail(ErrorKind::kIo, "--data {}: no such directory", args.data_dir);
-      data = read_inputs(args.data_dir, *pipeline, "--data");
+      source = tools::data_batches(args.data_dir, *pipeline);
+    } else if (!args.tokens_path.empty()) {
+      std::string note;
+      source = tools::token_batches(args, *pipeline, note);
+      if (!note.empty() && !args.quiet && (!world || world->rank() == 0))
+        fmt::print(stderr, "stagerun: note: {}\n", note);
     } else {
       inputs = args.inputs_path.empty() ? pipeline->synthetic_inputs()
                                         : read_inputs(args.inputs_path, *pipeline);
@@ -558,7 +617,11 @@ int main(int argc, char** argv) {
            args.plan_dir);
     // Before --resume, whose checkpoint's saved scale then wins.
     pipeline->set_loss_scale(args.loss_scale, args.loss_scale_window);
-    if (!args.resume_dir.empty()) rt::load_checkpoint(*pipeline, args.resume_dir);
+    // The data's position after the last step run (the checkpoints keep it); --resume restores
+    // the checkpoint's, so the data goes on where it stopped.
+    nlohmann::json position;
+    if (!args.resume_dir.empty()) rt::load_checkpoint(*pipeline, args.resume_dir, &position);
+    if (source) source->restore(position, args.resume_dir);
     if (!args.outputs_dir.empty()) {
       std::error_code ec;
       fs::create_directories(args.outputs_dir, ec);
@@ -569,7 +632,9 @@ int main(int argc, char** argv) {
     // Steps are counted from 1 and, after --resume, go on from the checkpoint's count, as the
     // loss lines and error messages number them.
     const int64_t first_step = pipeline->steps_done();  // > 0 after --resume
-    rt::RunOptions options = run_options(*pipeline, args, first_step);
+    int64_t epoch = -1;                // of the step that runs (--tokens)
+    std::vector<int64_t> epochs;       // of every step run (--tokens)
+    rt::RunOptions options = run_options(*pipeline, args, first_step, position, epoch);
     if (world) {
       const std::string transport = world->distribute(options, *pipeline, args.transport);
       // GPU ranks: one line each, saying which GPU and which transport.
@@ -584,8 +649,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     tools::install_stop_handlers(world.has_value());
-    rt::RunReport report = args.data_dir.empty() ? pipeline->run(inputs, options)
-                                                 : run_batches(*pipeline, data, args, options);
+    rt::RunReport report =
+        source ? run_batches(*pipeline, *source, args, options, position, epoch, epochs)
+               : pipeline->run(inputs, options);
     // A stopped run is resumed from its checkpoint, not exported.
     const int code = report.stop_signal != 0 ? tools::kStoppedExitCode : 0;
     if (!args.export_path.empty() && code == 0) export_trained(world, *pipeline, args);
@@ -601,12 +667,12 @@ int main(int argc, char** argv) {
         report, plan, backend.name(), static_cast<int>(devices.size()), args.threads, warnings);
     if (args.json)
       print_json(report, *pipeline, args, backend.name(), chosen, first_step, outputs, warnings,
-                 gap);
+                 gap, epochs);
     else if (args.trace_path != "-")
       print_text(report, *pipeline, args,
                  chosen.empty() ? std::string(backend.name())
                                 : fmt::format("{} (auto: {})", backend.name(), chosen),
-                 first_step, outputs, gap);
+                 first_step, outputs, gap, epochs);
     if (report.profiled_step >= 0) print_profile(report, *pipeline, args, backend, first_step);
     if (code != 0)
       fmt::print(stderr, "stagerun: {}\n",

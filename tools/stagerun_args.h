@@ -13,6 +13,10 @@ struct Args {
   std::string plan_dir, backend_name = "auto", inputs_path, outputs_dir, trace_path, inject_fault;
   std::string data_dir, checkpoint_dir, resume_dir, export_path, inject_kill, inject_hang;
   std::string transport = "auto";
+  std::string tokens_path, token_dtype;  ///< --tokens FILE, --token-dtype (raw files).
+  std::optional<int64_t> seq;            ///< --seq T (the plan's when not given).
+  uint64_t seed = 0;
+  bool shuffle = false;
   int steps = 1, threads = 1, save_every = 0;
   int64_t trace_steps = 100;
   double timeout_s = 60, bucket_mb = 25;

@@ -26,6 +26,21 @@ std::string file_stem(const std::string& name) {
   return out;
 }
 
+std::string input_file(const std::string& dir, const rt::ModelTensor& in,
+                       const rt::Pipeline& pipeline, std::string_view flag) {
+  for (const std::string& stem : {in.name, file_stem(in.name)})
+    for (const char* ext : {".npy", ".pb"}) {
+      fs::path file = fs::path(dir) / (stem + ext);
+      if (fs::exists(file)) return file.string();
+    }
+  // What the file must hold: the step's batch (--inputs), or K of them (--data).
+  rt::Shape batch = in.shape;
+  if (!batch.empty()) batch[0] *= pipeline.step_microbatches();
+  fail(ErrorKind::kUsage, "{} {}: no {}.npy or {}.pb for input '{}' ({}{}{})", flag, dir,
+       file_stem(in.name), file_stem(in.name), in.name, flag == "--data" ? "K batches of " : "",
+       dtype_name(in.dtype), rt::shape_string(batch));
+}
+
 std::map<std::string, rt::Tensor> read_inputs(const std::string& path, const rt::Pipeline& pipeline,
                                               std::string_view flag) {
   std::map<std::string, rt::Tensor> inputs;
@@ -42,24 +57,8 @@ std::map<std::string, rt::Tensor> read_inputs(const std::string& path, const rt:
     return inputs;
   }
   for (const rt::ModelTensor& in : wanted) {
-    bool found = false;
-    for (const std::string& stem : {in.name, file_stem(in.name)}) {
-      for (const char* ext : {".npy", ".pb"}) {
-        fs::path file = fs::path(path) / (stem + ext);
-        if (found || !fs::exists(file)) continue;
-        inputs[in.name] = std::string(ext) == ".npy" ? rt::read_npy(file.string())
-                                                     : rt::read_tensor_pb(file.string());
-        found = true;
-      }
-    }
-    if (!found) {
-      // What the file must hold: the step's batch (--inputs), or K of them (--data).
-      rt::Shape batch = in.shape;
-      if (!batch.empty()) batch[0] *= pipeline.step_microbatches();
-      fail(ErrorKind::kUsage, "{} {}: no {}.npy or {}.pb for input '{}' ({}{}{})", flag, path,
-           file_stem(in.name), file_stem(in.name), in.name, flag == "--data" ? "K batches of " : "",
-           dtype_name(in.dtype), rt::shape_string(batch));
-    }
+    const std::string file = input_file(path, in, pipeline, flag);
+    inputs[in.name] = file.ends_with(".npy") ? rt::read_npy(file) : rt::read_tensor_pb(file);
   }
   return inputs;
 }
@@ -70,7 +69,7 @@ namespace {
 /// plan's model_path names it): "; the plan fixed seq=32: re-plan for this data with stagec's
 /// --dim seq=64"; "" when the model cannot be read or names none of them.
 std::string replan_hint(const rt::Pipeline& pipeline, const rt::ModelTensor& in,
-                        const rt::Tensor& t) {
+                        const rt::Shape& shape) {
   onnx::ModelProto model;
   std::ifstream file(pipeline.plan().model_path, std::ios::binary);
   if (!file || !model.ParseFromIstream(&file)) return "";
@@ -78,10 +77,11 @@ std::string replan_hint(const rt::Pipeline& pipeline, const rt::ModelTensor& in,
   for (const onnx::ValueInfoProto& input : model.graph().input()) {
     if (input.name() != in.name) continue;
     const auto& dims = input.type().tensor_type().shape().dim();
-    for (int i = 1; i < dims.size() && i < t.rank() && i < static_cast<int>(in.shape.size()); ++i) {
-      if (dims[i].dim_param().empty() || t.shape[i] == in.shape[i]) continue;
+    const auto rank = static_cast<int>(shape.size());
+    for (int i = 1; i < dims.size() && i < rank && i < static_cast<int>(in.shape.size()); ++i) {
+      if (dims[i].dim_param().empty() || shape[i] == in.shape[i]) continue;
       fixed.push_back(fmt::format("{}={}", dims[i].dim_param(), in.shape[i]));
-      wanted.push_back(fmt::format("--dim {}={}", dims[i].dim_param(), t.shape[i]));
+      wanted.push_back(fmt::format("--dim {}={}", dims[i].dim_param(), shape[i]));
     }
   }
   if (wanted.empty()) return "";
@@ -91,30 +91,30 @@ std::string replan_hint(const rt::Pipeline& pipeline, const rt::ModelTensor& in,
 
 }  // namespace
 
-// --data: each input's file holds K batches along the first axis; cut them into K input maps.
-std::vector<std::map<std::string, rt::Tensor>> cut_batches(
-    const std::map<std::string, rt::Tensor>& data, const rt::Pipeline& pipeline,
-    const std::string& dir) {
+// --data: each input's file holds K batches along the first axis, alike.
+int64_t count_batches(const std::map<std::string, ArrayInfo>& data, const rt::Pipeline& pipeline,
+                      const std::string& dir) {
   int64_t batches = -1;
   const int64_t m = pipeline.step_microbatches();  // of every replica
   for (const rt::ModelTensor& in : pipeline.inputs()) {
-    const rt::Tensor& t = data.at(in.name);
+    const ArrayInfo& t = data.at(in.name);
+    const auto rank = static_cast<int64_t>(t.shape.size());
     int64_t rows = in.shape.empty() ? 1 : in.shape[0] * m;
     bool fits = !in.shape.empty() && t.dtype == in.dtype &&
-                t.rank() == static_cast<int64_t>(in.shape.size()) &&
+                rank == static_cast<int64_t>(in.shape.size()) &&
                 std::equal(in.shape.begin() + 1, in.shape.end(), t.shape.begin() + 1) &&
                 t.shape[0] % rows == 0 && t.shape[0] > 0;
     if (!fits)
       fail(ErrorKind::kShape,
-           "--data {}: input '{}' is {} but should be K batches of {}{} along the first axis{}",
-           dir, in.name, t.describe(), dtype_name(in.dtype),
+           "--data {}: input '{}' is {}{} but should be K batches of {}{} along the first axis{}",
+           dir, in.name, dtype_name(t.dtype), rt::shape_string(t.shape), dtype_name(in.dtype),
            rt::shape_string([&] {
              rt::Shape b = in.shape;
              if (!b.empty()) b[0] = rows;
              return b;
            }()),
-           t.dtype == in.dtype && t.rank() == static_cast<int64_t>(in.shape.size())
-               ? replan_hint(pipeline, in, t)
+           t.dtype == in.dtype && rank == static_cast<int64_t>(in.shape.size())
+               ? replan_hint(pipeline, in, t.shape)
                : "");
     int64_t k = t.shape[0] / rows;
     if (batches >= 0 && k != batches)
@@ -122,13 +122,7 @@ std::vector<std::map<std::string, rt::Tensor>> cut_batches(
            in.name, k, batches);
     batches = k;
   }
-  std::vector<std::map<std::string, rt::Tensor>> out(static_cast<size_t>(batches));
-  for (int64_t k = 0; k < batches; ++k)
-    for (const rt::ModelTensor& in : pipeline.inputs()) {
-      int64_t rows = in.shape[0] * m;
-      out[k][in.name] = rt::slice_rows(data.at(in.name), k * rows, (k + 1) * rows);
-    }
-  return out;
+  return batches;
 }
 
 }  // namespace stagecraft::tools

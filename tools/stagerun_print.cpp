@@ -85,6 +85,11 @@ std::vector<double> steady_steps(const rt::RunReport& report) {
 std::string inputs_label(const Args& args, bool json) {
   if (!args.data_dir.empty())
     return json ? args.data_dir : "--data " + args.data_dir + " (step s: batch s mod K)";
+  if (!args.tokens_path.empty())
+    return json ? args.tokens_path
+                : fmt::format("--tokens {} (windows of T+1 tokens, {})", args.tokens_path,
+                              args.shuffle ? fmt::format("shuffled each epoch, seed {}", args.seed)
+                                           : std::string("in file order"));
   if (args.inputs_path.empty()) return json ? "synthetic" : "synthetic (deterministic)";
   return args.inputs_path;
 }
@@ -96,7 +101,7 @@ std::string inputs_label(const Args& args, bool json) {
 void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const Args& args,
                 std::string_view backend, const std::string& auto_reason, int64_t first_step,
                 const nlohmann::ordered_json& outputs, const std::vector<std::string>& warnings,
-                const std::string& gap) {
+                const std::string& gap, const std::vector<int64_t>& epochs) {
   const plan::Plan& plan = pipeline.plan();
   double step_s = report.step_s[report.reported_step];
   for (size_t k = 0; k < report.step_s.size(); ++k) {
@@ -105,6 +110,7 @@ void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const
                                   {"step", first_step + static_cast<int64_t>(k) + 1},
                                   {"step_ms", report.step_s[k] * 1e3}};
     if (k < report.losses.size()) record["loss"] = report.losses[k];
+    if (k < epochs.size()) record["epoch"] = epochs[k];
     if (k < report.loss_scale.size()) {
       record["loss_scale"] = report.loss_scale[k];
       record["skipped"] = static_cast<bool>(report.skipped[k]);
@@ -182,7 +188,8 @@ void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const
 // The figures as text.
 void print_text(const rt::RunReport& report, const rt::Pipeline& pipeline, const Args& args,
                 std::string_view backend, int64_t first_step,
-                const nlohmann::ordered_json& outputs, const std::string& gap) {
+                const nlohmann::ordered_json& outputs, const std::string& gap,
+                const std::vector<int64_t>& epochs) {
   const plan::Plan& plan = pipeline.plan();
   const int threads = args.threads;
   double step_s = report.step_s[report.reported_step];
@@ -200,8 +207,9 @@ void print_text(const rt::RunReport& report, const rt::Pipeline& pipeline, const
       plan.batch, backend, threads, threads == 1 ? "" : "s");
   fmt::print("inputs: {}\n", inputs_label(args, false));
   for (size_t k = 0; k < report.losses.size(); ++k)
-    fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms{}\n", first_step + static_cast<int64_t>(k) + 1,
+    fmt::print("step {:>4}  loss {:.6g}  {:.3f} ms{}{}\n", first_step + static_cast<int64_t>(k) + 1,
                report.losses[k], report.step_s[k] * 1e3,
+               k < epochs.size() ? fmt::format("  epoch {}", epochs[k]) : "",
                k < report.loss_scale.size()
                    ? fmt::format("  loss scale {:g}{}", report.loss_scale[k],
                                  report.skipped[k] ? "  skipped (inf/NaN gradient)" : "")

@@ -23,15 +23,16 @@ void write_trace(const rt::RunReport& report, const Args& args, const rt::Pipeli
 
 /// --json: one record per step, a "stopped" record after a stop signal, then the summary.
 /// `first_step`: optimizer steps done before the run (--resume); `auto_reason`: why --backend
-/// auto chose the backend ("" otherwise); `gap`: the prediction's note ("" for none).
+/// auto chose the backend ("" otherwise); `gap`: the prediction's note ("" for none); `epochs`:
+/// each step's epoch (--tokens; empty otherwise).
 void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const Args& args,
                 std::string_view backend, const std::string& auto_reason, int64_t first_step,
                 const nlohmann::ordered_json& outputs, const std::vector<std::string>& warnings,
-                const std::string& gap);
+                const std::string& gap, const std::vector<int64_t>& epochs = {});
 
 /// The figures as text (`backend` as it is to be named, with --backend auto's reason).
 void print_text(const rt::RunReport& report, const rt::Pipeline& pipeline, const Args& args,
                 std::string_view backend, int64_t first_step, const nlohmann::ordered_json& outputs,
-                const std::string& gap);
+                const std::string& gap, const std::vector<int64_t>& epochs = {});
 
 }  // namespace stagecraft::tools

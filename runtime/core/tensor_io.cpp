@@ -10,6 +10,7 @@
 #include <optional>
 #include <string_view>
 
+#include "runtime/core/npy_header.h"
 #include "runtime/format/checked.h"
 #include "runtime/format/error.h"
 
@@ -240,7 +241,7 @@ NpyHeader parse_npy_header(std::string_view header, const std::string& path) {
 
 }  // namespace
 
-Tensor read_npy(const std::string& path) {
+NpyArray read_npy_header(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(ErrorKind::kIo, "{}: cannot open", path);
   char magic[8];
@@ -290,7 +291,14 @@ Tensor read_npy(const std::string& path) {
          path, dtype_name(type->dtype), shape_string(shape),
          need ? std::to_string(*need) : std::string("more than 2^63"),
          ec ? std::string("fewer") : std::to_string(file_size - data_start));
-  Tensor t = Tensor::uninitialized(type->dtype, shape);
+  return {type->dtype, shape, data_start};
+}
+
+Tensor read_npy(const std::string& path) {
+  const NpyArray array = read_npy_header(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in || !in.seekg(array.data_offset)) fail(ErrorKind::kIo, "{}: cannot open", path);
+  Tensor t = Tensor::uninitialized(array.dtype, array.shape);
   if (t.bytes() > 0 && !in.read(reinterpret_cast<char*>(t.data), t.bytes()))
     fail(ErrorKind::kFormat, "{}: {} needs {} bytes of data; the file is shorter", path,
          t.describe(), t.bytes());

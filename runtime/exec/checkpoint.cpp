@@ -155,7 +155,7 @@ nlohmann::ordered_json save_stage(const Pipeline& pipeline, int index,
 }
 
 void finish_save(const Pipeline& pipeline, const std::string& dir_in, const std::string& tmp,
-                 nlohmann::ordered_json stages) {
+                 nlohmann::ordered_json stages, const nlohmann::json& data) {
   const plan::Plan& plan = pipeline.plan();
   const std::string dir = clean(dir_in), old = dir + ".old";
   nlohmann::ordered_json manifest;
@@ -171,6 +171,7 @@ void finish_save(const Pipeline& pipeline, const std::string& dir_in, const std:
   if (pipeline.scales_loss())
     manifest["loss_scale"] = {{"scale", pipeline.loss_scale().scale},
                               {"clean_steps", pipeline.loss_scale().clean_steps}};
+  if (!data.is_null()) manifest["data"] = data;
   std::string manifest_path = (fs::path(tmp) / "manifest.json").string();
   {
     std::ofstream out(manifest_path, std::ios::binary | std::ios::trunc);
@@ -210,7 +211,7 @@ void save_checkpoint(const Pipeline& pipeline, const std::string& dir_in,
                                                               "(test hook)",
                                                               tmp, files_written));
                                   }));
-    finish_save(pipeline, dir, tmp, std::move(stages));
+    finish_save(pipeline, dir, tmp, std::move(stages), options.data);
   } catch (const Error&) {
     std::error_code ec;
     if (options.fail_after_files < 0 && !tmp.empty()) fs::remove_all(tmp, ec);  // a crash would leave it

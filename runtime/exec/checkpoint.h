@@ -24,6 +24,8 @@
 /// master weights in every precision). Each stage of the loading plan takes each of its weights
 /// and that weight's state from whichever saved stage holds it. The manifest's top level may
 /// carry fields this reader does not know (a later stagerun's); they are ignored.
+/// `data` (optional, any version): the caller's data position (SaveOptions::data; stagerun's,
+/// tools/stagerun_data.h), an object the checkpoint keeps as given and load_checkpoint hands back.
 ///
 /// A weight several stages hold (plan.json's shared_weights) is saved once, with its optimizer
 /// state, by the lowest stage that holds it; loading restores it to every holder. Version 1
@@ -52,6 +54,9 @@ struct SaveOptions {
   /// Test hook: fail (as a crash would, without cleaning up) after writing this many tensor
   /// files into the temporary folder; < 0: never.
   int fail_after_files = -1;
+  /// The caller's data position (stagerun's, tools/stagerun_data.h), kept opaque as the
+  /// manifest's "data" (an object; null: none) and handed back by load_checkpoint.
+  nlohmann::json data;
 };
 
 /// Saves `pipeline`'s weights, optimizer state and step count into `dir` (see above). Training
@@ -76,7 +81,7 @@ nlohmann::ordered_json save_stage(const Pipeline& pipeline, int stage,
 /// Writes the manifest (`stages`: every stage's entry, by index) into `tmp` and renames `tmp`
 /// into `dir` by the atomic rules above.
 void finish_save(const Pipeline& pipeline, const std::string& dir, const std::string& tmp,
-                 nlohmann::ordered_json stages);
+                 nlohmann::ordered_json stages, const nlohmann::json& data = nullptr);
 
 /// The directory a load of `dir` would read: `dir`, or `dir`.old when `dir` is missing and a
 /// save was interrupted between its renames; `Error(kIo)` when neither exists.
@@ -93,8 +98,10 @@ std::string checkpoint_to_load(const std::string& dir);
 /// checkpoint weight that no stage of the plan holds (checked where one process holds every
 /// stage)), a saved tensor of another dtype or shape (`Error(kShape)`), or a damaged checkpoint
 /// (`Error(kFormat)` naming the file and field; also a trained weight's missing optimizer state
-/// after the first step). Returns the step restored.
-int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir);
+/// after the first step). Returns the step restored; `data` (when given) gets the manifest's
+/// "data" (SaveOptions::data), null when it has none.
+int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir,
+                        nlohmann::json* data = nullptr);
 
 /// Writes the plan's original model (plan.model_path, which must exist and hash to
 /// plan.model_hash) to `out_path` with every initializer named like a stage weight replaced by

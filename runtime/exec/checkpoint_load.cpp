@@ -47,12 +47,13 @@ struct Manifest {
   std::vector<SavedStage> stages;
   /// Dynamic loss scaling's state ("loss_scale", version 3, fp16 plans): S and clean steps.
   std::optional<std::pair<double, int64_t>> loss_scale;
+  nlohmann::json data;  ///< The caller's data position ("data", SaveOptions::data), or null.
 };
 
 /// Reads `file` (a manifest.json): every field it needs required and checked, each error naming
 /// the file and the field. Top-level fields it does not know are left alone (a later stagerun's
-/// additions, such as a data position, which this one does not resume); inside `plan` and the
-/// stages unknown fields are refused.
+/// additions); inside `plan` and the stages unknown fields are refused. `data` (the caller's
+/// data position) must be an object.
 Manifest read_manifest(const std::string& file) {
   nlohmann::json json = read_json_file(file);
   JsonObject top = JsonValue(json, file).object();
@@ -77,6 +78,10 @@ Manifest read_manifest(const std::string& file) {
     const int64_t clean = o.int64("clean_steps");
     if (clean < 0) o.fail("clean_steps", fmt::format("is negative ({})", clean));
     m.loss_scale = {o.positive_number("scale"), clean};
+  }
+  if (json.contains("data")) {
+    if (!json["data"].is_object()) top.fail("data", "is not an object");
+    m.data = json["data"];
   }
   m.stages = top.array("stages", [](const JsonValue& v) {
     JsonObject f = v.object({"index", "file", "file_hash", "weights", "optimizer"});
@@ -211,7 +216,7 @@ void check_all_used(const Pipeline& pipeline, const Manifest& m, const std::stri
 
 }  // namespace
 
-int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
+int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in, nlohmann::json* data) {
   const std::string dir = checkpoint_to_load(dir_in);
   const std::string file = (fs::path(dir) / "manifest.json").string();
   const plan::Plan& plan = pipeline.plan();
@@ -248,6 +253,7 @@ int64_t load_checkpoint(Pipeline& pipeline, const std::string& dir_in) {
     pipeline.loss_scale().scale = manifest.loss_scale->first;
     pipeline.loss_scale().clean_steps = manifest.loss_scale->second;
   }
+  if (data) *data = manifest.data;
   return manifest.step;
 }
 

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -300,6 +301,19 @@ TEST_CASE("the tools' JSON outputs are JSON Lines that their schemas accept") {
     mistyped["devices"][0]["peak_bytes"] = "1 MiB";
     CHECK(!dump.errors(mistyped).empty());
   }
+
+  // stagerun --tokens: every step record carries its epoch (200 tokens of 0: 12 windows of 16).
+  const std::string stream = dir.file("tokens.bin");
+  std::ofstream(stream, std::ios::binary) << std::string(400, '\0');
+  std::vector<json> lines = json_lines(
+      run_command(dir, fmt::format("{} {} --steps 3 -q --json --tokens {}", stagerun,
+                                   dir.file("zb"), stream)),
+      "tokens");
+  REQUIRE(lines.size() == 4);
+  for (int k = 0; k < 4; ++k)
+    check_valid(runs, lines[k], fmt::format("stagerun --json --tokens record {}", k + 1));
+  CHECK(lines[1]["epoch"] == 0);
+  CHECK(lines[2]["epoch"] == 1);  // windows 16-23: 12 a pass
 }
 
 }  // namespace

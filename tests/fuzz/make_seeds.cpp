@@ -234,6 +234,29 @@ void tensor_seeds(const fs::path& out) {
   write(dir / "pb_numel_overflows", "1" + t.SerializeAsString());
 }
 
+// Token streams (stagerun --tokens): the first byte picks --token-dtype and the vocabulary
+// checked (tests/fuzz/token_stream.cpp); hostile headers claim more tokens than the file holds.
+void token_seeds(const fs::path& out) {
+  const fs::path dir = out / "token_stream";
+  auto llmc = [](int32_t magic, int32_t version, int32_t count, const std::string& tokens) {
+    std::string header(1024, '\0');
+    for (int i = 0; i < 4; ++i) {
+      header[i] = static_cast<char>((magic >> (8 * i)) & 0xff);
+      header[4 + i] = static_cast<char>((version >> (8 * i)) & 0xff);
+      header[8 + i] = static_cast<char>((count >> (8 * i)) & 0xff);
+    }
+    return header + tokens;
+  };
+  const std::string eight_tokens(16, '\x01');
+  write(dir / "llmc_valid", "0" + llmc(20240520, 1, 8, eight_tokens));
+  write(dir / "llmc_claims_2g_tokens", "0" + llmc(20240520, 1, 2147483647, eight_tokens));
+  write(dir / "llmc_version_2", "0" + llmc(20240520, 2, 8, eight_tokens));
+  write(dir / "npy_claims_2gib",
+        "0" + npy("{'descr': '<u2', 'fortran_order': False, 'shape': (1073741824,), }",
+                  eight_tokens));
+  write(dir / "raw_odd", "1" + std::string(7, '\x02'));
+}
+
 // JSON nested deeper than any stack: a recursive parser or destructor overflows on them. The
 // first byte picks the specs target's reader ('0' profile database, '1' device spec).
 void spec_seeds(const fs::path& out) {
@@ -330,6 +353,7 @@ int main(int argc, char** argv) {
   const fs::path out = argv[1];
   model_seeds(out);
   tensor_seeds(out);
+  token_seeds(out);
   spec_seeds(out);
   if (argc == 4) {
     plan_seeds(out, argv[2]);
