@@ -10,6 +10,7 @@
 
 #include "compiler/import.h"
 #include "compiler/model_info.h"
+#include "compiler/plan/auto_search.h"
 #include "compiler/plan/planner.h"
 #include "cost_models/profile_db.h"
 #include "runtime/format/error.h"
@@ -423,6 +424,33 @@ double write_with_progress(stagecraft::plan::PlannedModel& planned, const std::s
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+/// --auto: the searched choices the command line gave, held fixed.
+stagecraft::plan::AutoFixed auto_fixed(const CLI::App& app,
+                                       const stagecraft::plan::PlanOptions& po) {
+  return {.schedule = app.count("--schedule") > 0,
+          .microbatches = app.count("--microbatches") > 0,
+          .chunks = app.count("--chunks") > 0,
+          .recompute = app.count("--recompute") > 0,
+          .data_parallel = app.count("--data-parallel") > 0 && !po.data_parallel_auto};
+}
+
+/// --auto's progress on stderr: quiet for a search shorter than two seconds, then a line a
+/// second with the best configuration so far.
+stagecraft::plan::AutoProgress auto_progress() {
+  auto last_shown = std::make_shared<double>(0);
+  return [last_shown](int done, int total, const stagecraft::plan::AutoCandidate* best,
+                      double seconds) {
+    if (seconds < 2.0 || seconds - *last_shown < 1.0) return;
+    *last_shown = seconds;
+    fmt::print(stderr, "stagec --auto: {}/{} configurations, {:.1f} s; best so far: {}\n", done,
+               total, seconds,
+               best ? fmt::format("{} x{}, {} microbatches, {} replicas, recompute {}: {:.3f} ms",
+                                  best->schedule, best->chunks, best->microbatches,
+                                  best->data_parallel, best->recompute, best->step_ms)
+                    : "none that fits yet");
+  };
+}
+
 int run(int argc, char** argv) {
   using namespace stagecraft;
   CLI::App app{
@@ -442,6 +470,7 @@ int run(int argc, char** argv) {
       "stagec"};
   std::string model_path;
   bool info = false, list = false, json = false, dry_run = false;
+  bool auto_search = false;
   std::optional<int64_t> batch;
   std::vector<std::string> dims;
   std::string out_dir;
@@ -475,6 +504,14 @@ int run(int argc, char** argv) {
                  "manual split points: node names or PyTorch module paths (enc.layers.2: after that "
                  "module's last node), comma separated (stagec MODEL --list-nodes lists them)")
       ->delimiter(',');
+  app.add_flag(
+      "--auto", auto_search,
+      "with --batch: choose the schedule, --microbatches (the divisors of the batch up to 8 per "
+      "pipeline device), --chunks (2-4 for interleaved), --recompute (none, auto) and "
+      "--data-parallel (the divisors of --devices) by planning and simulating each "
+      "configuration, each device's memory a hard limit; keeps the shortest predicted step (with "
+      "--objective memory the smallest peak). Any of those flags given is held fixed. Prints the "
+      "choice and the next 5; plan.json's auto_search lists every configuration");
   app.add_flag("--dry-run", dry_run,
                "plan and print, writing no plan (--profile still caches what it measures)");
   plan::WeightWriting weight_writing;
@@ -557,10 +594,12 @@ int run(int argc, char** argv) {
   po.batch = batch;
   po.dims = options.dims;
   auto start = std::chrono::steady_clock::now();
-  plan::PlannedModel planned = plan::make_plan(po);
+  plan::PlannedModel planned =
+      auto_search ? plan::auto_plan(po, auto_fixed(app, po), auto_progress()) : plan::make_plan(po);
   if (!dry_run) plan::check_has_loss(planned.plan);  // before a plan summary it would not write
   double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   print_planner_notes(planned);
+  fmt::print("{}", plan::describe_auto_search(planned.plan));
   fmt::print("{}", plan::summarize(planned.plan));
   if (dry_run) {
     fmt::print("planned in {:.2f} s (dry run: nothing written)\n", plan_s);
