@@ -172,6 +172,7 @@ std::string list_nodes(const stagecraft::ImportedModel& model, const std::string
 struct ChoiceNames {
   std::string objective = "speed", schedule, optimizer = "adamw", precision = "fp32",
               recompute = "none", lr_scaling = "none", data_parallel = "1";
+  bool search = false;  ///< --auto: the choices not given are searched.
 };
 
 /// Registers the planning flags: numbers straight into `po`, the named choices into `names`.
@@ -319,6 +320,18 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
       "lowers");
 }
 
+/// --auto: the choices the command line does not give, searched (compiler/plan/auto_search.h).
+void add_auto_option(CLI::App& app, ChoiceNames& names) {
+  app.add_flag(
+      "--auto", names.search,
+      "with --batch: choose the schedule, --microbatches (the divisors of the batch up to 8 per "
+      "pipeline device), --chunks (2-4 for interleaved), --recompute (none, auto) and "
+      "--data-parallel (the divisors of --devices) by planning and simulating each "
+      "configuration, each device's memory a hard limit; keeps the shortest predicted step (with "
+      "--objective memory the smallest peak). Any of those flags given is held fixed. Prints the "
+      "choice and the next 5; plan.json's auto_search lists every configuration");
+}
+
 /// Parses the named choices into `po`; a bad name is a usage error naming the flag and listing
 /// the valid names ("--objective: unknown objective 'fast'; valid: speed, memory").
 void parse_choices(const ChoiceNames& names, stagecraft::plan::PlanOptions& po) {
@@ -451,6 +464,26 @@ stagecraft::plan::AutoProgress auto_progress() {
   };
 }
 
+/// --profile BACKEND: plan with the times measured by that backend (checked usable here first),
+/// the CPU's memory and links with --profile cpu unless --device-spec says otherwise.
+void use_profile(const CLI::App& app, stagecraft::plan::PlanOptions& po,
+                 const std::string& profile_backend, const std::string& profile_db,
+                 int profile_threads) {
+  using namespace stagecraft;
+  // Before any planning: the backend must run here (cuda: a GPU is visible).
+  std::string why = profile_backend == "cuda" ? rt::cuda_unusable() : "";
+  if (!why.empty())
+    fail(ErrorKind::kUnsupported, "--profile {}: {}; use --profile cpu", profile_backend, why);
+  // Measured CPU times: the device's memory and links are the CPU's unless told otherwise.
+  if (app.count("--device-spec") == 0 && profile_backend == "cpu") po.device_spec = "cpu";
+  std::string db_path =
+      profile_db.empty() ? default_profile_db(profile_backend, profile_threads) : profile_db;
+  po.cost_model = [db_path, profile_backend, profile_threads, training = po.training](
+                      const ir::Graph& graph, const cost::RooflineCostModel& roofline) {
+    return profiled_costs(graph, roofline, db_path, profile_backend, profile_threads, training);
+  };
+}
+
 int run(int argc, char** argv) {
   using namespace stagecraft;
   CLI::App app{
@@ -470,7 +503,6 @@ int run(int argc, char** argv) {
       "stagec"};
   std::string model_path;
   bool info = false, list = false, json = false, dry_run = false;
-  bool auto_search = false;
   std::optional<int64_t> batch;
   std::vector<std::string> dims;
   std::string out_dir;
@@ -500,18 +532,11 @@ int run(int argc, char** argv) {
                  "plan directory to write (replaced atomically if it holds a plan)");
   ChoiceNames choice_names;
   add_plan_options(app, po, choice_names);
+  add_auto_option(app, choice_names);
   app.add_option("--split-after", po.split_after,
                  "manual split points: node names or PyTorch module paths (enc.layers.2: after that "
                  "module's last node), comma separated (stagec MODEL --list-nodes lists them)")
       ->delimiter(',');
-  app.add_flag(
-      "--auto", auto_search,
-      "with --batch: choose the schedule, --microbatches (the divisors of the batch up to 8 per "
-      "pipeline device), --chunks (2-4 for interleaved), --recompute (none, auto) and "
-      "--data-parallel (the divisors of --devices) by planning and simulating each "
-      "configuration, each device's memory a hard limit; keeps the shortest predicted step (with "
-      "--objective memory the smallest peak). Any of those flags given is held fixed. Prints the "
-      "choice and the next 5; plan.json's auto_search lists every configuration");
   app.add_flag("--dry-run", dry_run,
                "plan and print, writing no plan (--profile still caches what it measures)");
   plan::WeightWriting weight_writing;
@@ -573,20 +598,8 @@ int run(int argc, char** argv) {
     fail(ErrorKind::kUsage, "--profile '{}' is not a backend; use --profile cpu or cuda",
          profile_backend);
   }
-  if (!profile_backend.empty()) {
-    // Before any planning: the backend must run here (cuda: a GPU is visible).
-    std::string why = profile_backend == "cuda" ? rt::cuda_unusable() : "";
-    if (!why.empty())
-      fail(ErrorKind::kUnsupported, "--profile {}: {}; use --profile cpu", profile_backend, why);
-    // Measured CPU times: the device's memory and links are the CPU's unless told otherwise.
-    if (app.count("--device-spec") == 0 && profile_backend == "cpu") po.device_spec = "cpu";
-    std::string db_path =
-        profile_db.empty() ? default_profile_db(profile_backend, profile_threads) : profile_db;
-    po.cost_model = [db_path, profile_backend, profile_threads, training = po.training](
-                        const ir::Graph& graph, const cost::RooflineCostModel& roofline) {
-      return profiled_costs(graph, roofline, db_path, profile_backend, profile_threads, training);
-    };
-  }
+  if (!profile_backend.empty())
+    use_profile(app, po, profile_backend, profile_db, profile_threads);
   if ((po.loss.axis || po.loss.ignore_index) && (!po.training || po.loss.kind != "cross-entropy"))
     fail(ErrorKind::kUsage, "{} only for --train --loss cross-entropy",
          po.loss.axis ? "--loss-axis is" : "--ignore-index is");
