@@ -608,8 +608,8 @@ int run(int argc, char** argv) {
   po.dims = options.dims;
   auto start = std::chrono::steady_clock::now();
   plan::PlannedModel planned = choice_names.search
-                                    ? plan::auto_plan(po, auto_fixed(app, po), auto_progress())
-                                    : plan::make_plan(po);
+                                   ? plan::auto_plan(po, auto_fixed(app, po), auto_progress())
+                                   : plan::make_plan(po);
   if (!dry_run) plan::check_has_loss(planned.plan);  // before a plan summary it would not write
   double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   print_planner_notes(planned);
