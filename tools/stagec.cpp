@@ -598,8 +598,7 @@ int run(int argc, char** argv) {
     fail(ErrorKind::kUsage, "--profile '{}' is not a backend; use --profile cpu or cuda",
          profile_backend);
   }
-  if (!profile_backend.empty())
-    use_profile(app, po, profile_backend, profile_db, profile_threads);
+  if (!profile_backend.empty()) use_profile(app, po, profile_backend, profile_db, profile_threads);
   if ((po.loss.axis || po.loss.ignore_index) && (!po.training || po.loss.kind != "cross-entropy"))
     fail(ErrorKind::kUsage, "{} only for --train --loss cross-entropy",
          po.loss.axis ? "--loss-axis is" : "--ignore-index is");

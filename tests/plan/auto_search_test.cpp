@@ -56,9 +56,8 @@ double best_explicit(const PlanOptions& o, const AutoFixed& fixed, int* planned)
     try {
       const Prediction p = make_plan(explicit_options(o, c)).plan.predicted;
       ++*planned;
-      const double key = o.objective == Objective::kMemory
-                             ? static_cast<double>(p.peak_memory_bytes)
-                             : p.step_ms;
+      const double key =
+          o.objective == Objective::kMemory ? static_cast<double>(p.peak_memory_bytes) : p.step_ms;
       best = std::min(best, key);
     } catch (const Error& e) {
       // Refused: over memory, or a shape the schedule does not take; --auto records those too.
@@ -147,7 +146,8 @@ TEST_CASE("a memory limit that excludes the fastest configuration makes --auto c
   const Plan fastest = auto_plan(o, {}).plan;
   int64_t smallest = std::numeric_limits<int64_t>::max();
   for (const AutoCandidate& c : fastest.auto_search)
-    if (c.status == "fits" || c.status == "chosen") smallest = std::min(smallest, c.peak_memory_bytes);
+    if (c.status == "fits" || c.status == "chosen")
+      smallest = std::min(smallest, c.peak_memory_bytes);
   const int64_t peak = fastest.predicted.peak_memory_bytes;
   REQUIRE(smallest < peak);  // another configuration needs less than the fastest
   o.device_spec = device_with(dir, peak - 1);
@@ -182,8 +182,8 @@ TEST_CASE("--auto's search survives plan.json and is refused when it contradicts
   CHECK(back.auto_search[1].status == p.auto_search[1].status);
   Plan bad = p;
   bad.auto_search[0].status = "fits";
-  CHECK_THROWS_WITH_AS(validate_plan(bad, "plan.json"),
-                       doctest::Contains("auto_search[0].status"), Error);
+  CHECK_THROWS_WITH_AS(validate_plan(bad, "plan.json"), doctest::Contains("auto_search[0].status"),
+                       Error);
   bad = p;
   bad.auto_search[1].microbatch_size += 1;
   CHECK_THROWS_WITH_AS(validate_plan(bad, "plan.json"),
