@@ -90,6 +90,17 @@ bool better(const AutoCandidate& a, const AutoCandidate& b, Objective objective)
   return a.step_ms != b.step_ms ? a.step_ms < b.step_ms : peak(a) < peak(b);
 }
 
+/// Whether `c` is recompute auto with the prediction of recompute none's plan of the same
+/// schedule, chunks, microbatches and replicas in `search`: auto chose no stage to recompute.
+bool same_as_none(const AutoCandidate& c, const std::vector<AutoCandidate>& search) {
+  if (c.recompute != "auto" || c.step_ms == 0) return false;
+  return std::any_of(search.begin(), search.end(), [&](const AutoCandidate& n) {
+    return n.recompute == "none" && n.schedule == c.schedule && n.chunks == c.chunks &&
+           n.microbatches == c.microbatches && n.data_parallel == c.data_parallel &&
+           n.step_ms == c.step_ms && n.peak_memory_bytes == c.peak_memory_bytes;
+  });
+}
+
 /// "1f1b, 8 microbatches of 2, 1 replica, recompute none" (chunks where the schedule has more
 /// than one).
 std::string config_name(const AutoCandidate& c) {
@@ -285,12 +296,21 @@ std::string describe_auto_search(const Plan& plan, std::size_t shown) {
   if (s.empty()) return "";
   const AutoCandidate& c = s.front();
   std::map<std::string, int> counts;
-  for (const AutoCandidate& x : s) ++counts[x.status];
+  int same = 0;
+  // The planned configurations after the chosen one, best first, less recompute auto's where
+  // it recomputes nothing (recompute none's plan, listed under that name).
+  std::vector<const AutoCandidate*> others;
+  for (const AutoCandidate& x : s) {
+    ++counts[x.status];
+    same += same_as_none(x, s) ? 1 : 0;
+    if (&x != &c && (x.status == "fits" || x.status == "over_memory") && !same_as_none(x, s))
+      others.push_back(&x);
+  }
   const bool memory = plan.objective == Objective::kMemory;
   std::string out = fmt::format("--auto: chose {} ({} that fits): predicted {}", config_name(c),
                                 memory ? "the smallest peak" : "the shortest step", figures(c));
-  if (s.size() > 1 && s[1].status == "fits") {
-    const AutoCandidate& r = s[1];
+  if (!others.empty() && others.front()->status == "fits") {
+    const AutoCandidate& r = *others.front();
     const double delta = memory ? static_cast<double>(r.peak_memory_bytes) /
                                           std::max(1.0, static_cast<double>(c.peak_memory_bytes)) -
                                       1
@@ -301,17 +321,14 @@ std::string describe_auto_search(const Plan& plan, std::size_t shown) {
     out += "; no other configuration fits";
   }
   out += fmt::format(
-      "\n--auto: {} configurations: {} planned and fit, {} over the device's memory, {} pruned "
-      "(by a lower bound), {} refused\n",
-      s.size(), counts["chosen"] + counts["fits"], counts["over_memory"], counts["pruned"],
+      "\n--auto: {} configurations: {} planned and fit ({} of them recompute auto predicting "
+      "recompute none's plan), {} over the device's memory, {} pruned (by a lower "
+      "bound), {} refused\n",
+      s.size(), counts["chosen"] + counts["fits"], same, counts["over_memory"], counts["pruned"],
       counts["refused"]);
-  std::size_t listed = 0;
-  for (std::size_t i = 1; i < s.size() && listed < shown; ++i) {
-    if (s[i].status != "fits" && s[i].status != "over_memory") break;
-    out += fmt::format("  {}. {}: {}{}\n", i + 1, config_name(s[i]), figures(s[i]),
-                       s[i].status == "fits" ? "" : " (does not fit)");
-    ++listed;
-  }
+  for (std::size_t i = 0; i < others.size() && i < shown; ++i)
+    out += fmt::format("  {}. {}: {}{}\n", i + 2, config_name(*others[i]), figures(*others[i]),
+                       others[i]->status == "fits" ? "" : " (does not fit)");
   return out;
 }
 

@@ -246,10 +246,20 @@ std::string auto_search_text(const plan::Plan& plan) {
   Table table({"#", "schedule", "chunks", "microbatches", "replicas", "recompute", "step ms",
                "bubble", "largest peak", "status"},
               2);
-  for (std::size_t i = 0; i < search.size() && i < 6; ++i) {
+  // Recompute auto predicting what recompute none does is that plan (auto recomputes no stage):
+  // left out.
+  std::size_t rank = 0;
+  for (std::size_t i = 0; i < search.size() && rank < 6; ++i) {
     const plan::AutoCandidate& c = search[i];
     if (c.status != "chosen" && c.status != "fits" && c.status != "over_memory") break;
-    table.add({std::to_string(i + 1), c.schedule, std::to_string(c.chunks),
+    if (i > 0 && c.recompute == "auto" &&
+        std::any_of(search.begin(), search.end(), [&](const plan::AutoCandidate& n) {
+          return n.recompute == "none" && n.schedule == c.schedule && n.chunks == c.chunks &&
+                 n.microbatches == c.microbatches && n.data_parallel == c.data_parallel &&
+                 n.step_ms == c.step_ms && n.peak_memory_bytes == c.peak_memory_bytes;
+        }))
+      continue;
+    table.add({std::to_string(++rank), c.schedule, std::to_string(c.chunks),
                fmt::format("{} x {}", c.microbatches, c.microbatch_size),
                std::to_string(c.data_parallel), c.recompute, ms(c.step_ms),
                percent(c.bubble_fraction), format_bytes(static_cast<double>(c.peak_memory_bytes)),
