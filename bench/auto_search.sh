@@ -31,5 +31,6 @@ if [ "$what" = 175b ] || [ "$what" = all ]; then
           --optimizer adamw --device-spec h100)
   timed "175B, training, 1f1b held, recompute auto held" $stagec "$dir/model.onnx" "${common[@]}" \
     --schedule 1f1b --recompute auto --auto
-  timed "175B, training, everything searched" $stagec "$dir/model.onnx" "${common[@]}" --auto
+  timed "175B, training, 1 replica and recompute auto held" $stagec "$dir/model.onnx" \
+    "${common[@]}" --data-parallel 1 --recompute auto --auto
 fi
