@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # stagec --auto's planning time (issue 34, item 2): on the bundled samples, and on the
-# GPT-3-175B-shaped decoder of bench/dry_run_175b.sh (64 devices, batch 64, mixed AdamW).
+# GPT-3-175B-shaped decoder of bench/dry_run_175b.sh (64 devices, batch 64, mixed precision;
+# training with AdamW, 1f1b and recompute auto held, and inference with everything searched).
 # Usage: bash bench/auto_search.sh [samples|175b|all]   (after tools/build.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,6 @@ if [ "$what" = 175b ] || [ "$what" = all ]; then
           --optimizer adamw --device-spec h100)
   timed "175B, training, 1f1b held, recompute auto held" $stagec "$dir/model.onnx" "${common[@]}" \
     --schedule 1f1b --recompute auto --auto
-  timed "175B, training, 1 replica and recompute auto held" $stagec "$dir/model.onnx" \
-    "${common[@]}" --data-parallel 1 --recompute auto --auto
+  timed "175B, inference, everything searched" $stagec "$dir/model.onnx" --dry-run --devices 64 \
+    --batch 64 --dim seq=2048 --precision mixed --device-spec h100 --auto
 fi
