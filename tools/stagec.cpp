@@ -10,6 +10,7 @@
 
 #include "compiler/import.h"
 #include "compiler/model_info.h"
+#include "compiler/plan/auto_search.h"
 #include "compiler/plan/planner.h"
 #include "cost_models/profile_db.h"
 #include "runtime/format/error.h"
@@ -171,6 +172,7 @@ std::string list_nodes(const stagecraft::ImportedModel& model, const std::string
 struct ChoiceNames {
   std::string objective = "speed", schedule, optimizer = "adamw", precision = "fp32",
               recompute = "none", lr_scaling = "none", data_parallel = "1";
+  bool search = false;  ///< --auto: the choices not given are searched.
 };
 
 /// Registers the planning flags: numbers straight into `po`, the named choices into `names`.
@@ -318,6 +320,18 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
       "lowers");
 }
 
+/// --auto: the choices the command line does not give, searched (compiler/plan/auto_search.h).
+void add_auto_option(CLI::App& app, ChoiceNames& names) {
+  app.add_flag(
+      "--auto", names.search,
+      "with --batch: choose the schedule, --microbatches (the divisors of the batch up to 8 per "
+      "pipeline device), --chunks (2-4 for interleaved), --recompute (none, auto) and "
+      "--data-parallel (the divisors of --devices) by planning and simulating each "
+      "configuration, each device's memory a hard limit; keeps the shortest predicted step (with "
+      "--objective memory the smallest peak). Any of those flags given is held fixed. Prints the "
+      "choice and the next 5; plan.json's auto_search lists every configuration");
+}
+
 /// Parses the named choices into `po`; a bad name is a usage error naming the flag and listing
 /// the valid names ("--objective: unknown objective 'fast'; valid: speed, memory").
 void parse_choices(const ChoiceNames& names, stagecraft::plan::PlanOptions& po) {
@@ -423,6 +437,53 @@ double write_with_progress(stagecraft::plan::PlannedModel& planned, const std::s
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+/// --auto: the searched choices the command line gave, held fixed.
+stagecraft::plan::AutoFixed auto_fixed(const CLI::App& app,
+                                       const stagecraft::plan::PlanOptions& po) {
+  return {.schedule = app.count("--schedule") > 0,
+          .microbatches = app.count("--microbatches") > 0,
+          .chunks = app.count("--chunks") > 0,
+          .recompute = app.count("--recompute") > 0,
+          .data_parallel = app.count("--data-parallel") > 0 && !po.data_parallel_auto};
+}
+
+/// --auto's progress on stderr: quiet for a search shorter than two seconds, then a line a
+/// second with the best configuration so far.
+stagecraft::plan::AutoProgress auto_progress() {
+  auto last_shown = std::make_shared<double>(0);
+  return [last_shown](int done, int total, const stagecraft::plan::AutoCandidate* best,
+                      double seconds) {
+    if (seconds < 2.0 || seconds - *last_shown < 1.0) return;
+    *last_shown = seconds;
+    fmt::print(stderr, "stagec --auto: {}/{} configurations, {:.1f} s; best so far: {}\n", done,
+               total, seconds,
+               best ? fmt::format("{} x{}, {} microbatches, {} replicas, recompute {}: {:.3f} ms",
+                                  best->schedule, best->chunks, best->microbatches,
+                                  best->data_parallel, best->recompute, best->step_ms)
+                    : "none that fits yet");
+  };
+}
+
+/// --profile BACKEND: plan with the times measured by that backend (checked usable here first),
+/// the CPU's memory and links with --profile cpu unless --device-spec says otherwise.
+void use_profile(const CLI::App& app, stagecraft::plan::PlanOptions& po,
+                 const std::string& profile_backend, const std::string& profile_db,
+                 int profile_threads) {
+  using namespace stagecraft;
+  // Before any planning: the backend must run here (cuda: a GPU is visible).
+  std::string why = profile_backend == "cuda" ? rt::cuda_unusable() : "";
+  if (!why.empty())
+    fail(ErrorKind::kUnsupported, "--profile {}: {}; use --profile cpu", profile_backend, why);
+  // Measured CPU times: the device's memory and links are the CPU's unless told otherwise.
+  if (app.count("--device-spec") == 0 && profile_backend == "cpu") po.device_spec = "cpu";
+  std::string db_path =
+      profile_db.empty() ? default_profile_db(profile_backend, profile_threads) : profile_db;
+  po.cost_model = [db_path, profile_backend, profile_threads, training = po.training](
+                      const ir::Graph& graph, const cost::RooflineCostModel& roofline) {
+    return profiled_costs(graph, roofline, db_path, profile_backend, profile_threads, training);
+  };
+}
+
 int run(int argc, char** argv) {
   using namespace stagecraft;
   CLI::App app{
@@ -471,6 +532,7 @@ int run(int argc, char** argv) {
                  "plan directory to write (replaced atomically if it holds a plan)");
   ChoiceNames choice_names;
   add_plan_options(app, po, choice_names);
+  add_auto_option(app, choice_names);
   app.add_option("--split-after", po.split_after,
                  "manual split points: node names or PyTorch module paths (enc.layers.2: after that "
                  "module's last node), comma separated (stagec MODEL --list-nodes lists them)")
@@ -536,20 +598,7 @@ int run(int argc, char** argv) {
     fail(ErrorKind::kUsage, "--profile '{}' is not a backend; use --profile cpu or cuda",
          profile_backend);
   }
-  if (!profile_backend.empty()) {
-    // Before any planning: the backend must run here (cuda: a GPU is visible).
-    std::string why = profile_backend == "cuda" ? rt::cuda_unusable() : "";
-    if (!why.empty())
-      fail(ErrorKind::kUnsupported, "--profile {}: {}; use --profile cpu", profile_backend, why);
-    // Measured CPU times: the device's memory and links are the CPU's unless told otherwise.
-    if (app.count("--device-spec") == 0 && profile_backend == "cpu") po.device_spec = "cpu";
-    std::string db_path =
-        profile_db.empty() ? default_profile_db(profile_backend, profile_threads) : profile_db;
-    po.cost_model = [db_path, profile_backend, profile_threads, training = po.training](
-                        const ir::Graph& graph, const cost::RooflineCostModel& roofline) {
-      return profiled_costs(graph, roofline, db_path, profile_backend, profile_threads, training);
-    };
-  }
+  if (!profile_backend.empty()) use_profile(app, po, profile_backend, profile_db, profile_threads);
   if ((po.loss.axis || po.loss.ignore_index) && (!po.training || po.loss.kind != "cross-entropy"))
     fail(ErrorKind::kUsage, "{} only for --train --loss cross-entropy",
          po.loss.axis ? "--loss-axis is" : "--ignore-index is");
@@ -557,10 +606,13 @@ int run(int argc, char** argv) {
   po.batch = batch;
   po.dims = options.dims;
   auto start = std::chrono::steady_clock::now();
-  plan::PlannedModel planned = plan::make_plan(po);
+  plan::PlannedModel planned = choice_names.search
+                                   ? plan::auto_plan(po, auto_fixed(app, po), auto_progress())
+                                   : plan::make_plan(po);
   if (!dry_run) plan::check_has_loss(planned.plan);  // before a plan summary it would not write
   double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   print_planner_notes(planned);
+  fmt::print("{}", plan::describe_auto_search(planned.plan));
   fmt::print("{}", plan::summarize(planned.plan));
   if (dry_run) {
     fmt::print("planned in {:.2f} s (dry run: nothing written)\n", plan_s);

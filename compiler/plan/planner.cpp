@@ -502,7 +502,7 @@ PlannedModel make_plan(const PlanOptions& o) {
   // The stage graphs compute in bfloat16, or float16 (passes/mixed_precision.cpp).
   if (is_16bit(s.precision))
     apply_mixed_precision(out, chosen, s, facts, order, static_cast<double>(s.device.memory_bytes));
-  if (!chosen.predicted.fits) {
+  if (!chosen.predicted.fits && !o.keep_over_memory) {
     const std::string worst = peak_line(chosen.peaks[chosen.worst_device], chosen.stages);
     const std::string capacity = format_bytes(static_cast<double>(s.device.memory_bytes));
     if (manual) fail(ErrorKind::kPlan, "{}; device has {}", worst, capacity);

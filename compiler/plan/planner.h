@@ -66,6 +66,9 @@ struct PlanOptions {
   bool fuse_attention = true;
   /// Each GELU becomes one fused Gelu node (on by default; stagec --no-fuse-gelu turns it off).
   bool fuse_gelu = true;
+  /// A split that leaves a device over its memory is returned (its `predicted.fits` false)
+  /// instead of refused: stagec --auto compares such configurations' peaks.
+  bool keep_over_memory = false;
   OptimizerKind optimizer = OptimizerKind::kAdamW;  ///< With --train.
   passes::LossOptions loss;  ///< With --train: --loss, --labels, --loss-axis, --ignore-index.
   TrainingConfig

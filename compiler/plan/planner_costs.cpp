@@ -111,6 +111,7 @@ void set_processors(const PlanOptions& o, Setup& s) {
 Setup make_setup(const PlanOptions& o) {
   Setup s;
   s.objective = o.objective;
+  s.keep_over_memory = o.keep_over_memory;
   if (o.devices < 1) fail(ErrorKind::kUsage, "--devices {} must be at least 1", o.devices);
   const int replicas = o.data_parallel;
   if (replicas < 1) fail(ErrorKind::kUsage, "--data-parallel {} must be at least 1", replicas);

@@ -53,6 +53,9 @@ struct Setup {
   /// A custom schedule's compute order (--schedule-csv; kind is kCustom), and its file.
   std::optional<schedule::TorchCsvSchedule> custom;
   std::string custom_source;
+  /// PlanOptions::keep_over_memory: even a model whose least-memory split is over a device's
+  /// memory is split and simulated (stagec --auto compares the peaks), not refused.
+  bool keep_over_memory = false;
 };
 
 /// The schedule of `s.kind` (or of its custom order) for `s.shape`: what every candidate runs.

@@ -167,7 +167,7 @@ SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFa
     partition::Problem problem = gp.problem;
     problem.capacity_bytes = [&limits](int k) { return limits[k]; };
     partition::Solution sol = partition::solve(problem);
-    if (!sol.feasible) refuse(s, sol, facts, evaluator.capacity());
+    if (!sol.feasible && !s.keep_over_memory) refuse(s, sol, facts, evaluator.capacity());
     choice.bottleneck_cuts = cuts_of(sol);
     std::vector<std::vector<int>> seeds{choice.bottleneck_cuts};
     if (!evaluate(seeds.back()).score.fits) {

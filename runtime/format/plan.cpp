@@ -491,38 +491,40 @@ nlohmann::ordered_json to_json(const Plan& plan) {
   ordered weight_files = ordered::array();
   for (const WeightFile& w : plan.weight_files)
     weight_files.push_back({{"location", w.location}, {"path", w.path}, {"bytes", w.bytes}});
-  return {{"format_version", plan.format_version},
-          {"generator", plan.generator},
-          {"model_path", plan.model_path},
-          {"model_hash", plan.model_hash},
-          {"schedule_hash", plan.schedule_hash},
-          {"objective", std::string(to_string(plan.objective))},
-          {"schedule", std::string(to_string(plan.schedule))},
-          {"devices", plan.devices},
-          {"chunks", plan.chunks},
-          {"microbatches", plan.microbatches},
-          {"data_parallel", plan.data_parallel},
-          {"placement", plan.placement},
-          {"shard_optimizer", plan.shard_optimizer},
-          {"batch", plan.batch},
-          {"microbatch_size", plan.microbatch_size},
-          {"training", plan.training},
-          {"optimizer", std::string(to_string(plan.optimizer))},
-          {"training_config", training_json(plan.training_config)},
-          {"precision", std::string(to_string(plan.precision))},
-          {"cost_model", plan.cost_model},
-          {"device", device_json(plan.device)},
-          {"cluster", cluster_json(plan.cluster)},
-          {"processors", processors_json(plan.processors)},
-          {"predicted", prediction_json(plan.predicted)},
-          {"baseline_parameters", prediction_json(plan.baseline_parameters)},
-          {"baseline_uniform", prediction_json(plan.baseline_uniform)},
-          {"search", search_json(plan.search)},
-          {"stages", std::move(stages)},
-          {"weight_files", std::move(weight_files)},
-          {"ops", std::move(ops)},
-          {"device_memory", device_memory_json(plan.device_memory)},
-          {"timeline", timeline_json(plan.timeline)}};
+  ordered out{{"format_version", plan.format_version},
+              {"generator", plan.generator},
+              {"model_path", plan.model_path},
+              {"model_hash", plan.model_hash},
+              {"schedule_hash", plan.schedule_hash},
+              {"objective", std::string(to_string(plan.objective))},
+              {"schedule", std::string(to_string(plan.schedule))},
+              {"devices", plan.devices},
+              {"chunks", plan.chunks},
+              {"microbatches", plan.microbatches},
+              {"data_parallel", plan.data_parallel},
+              {"placement", plan.placement},
+              {"shard_optimizer", plan.shard_optimizer},
+              {"batch", plan.batch},
+              {"microbatch_size", plan.microbatch_size},
+              {"training", plan.training},
+              {"optimizer", std::string(to_string(plan.optimizer))},
+              {"training_config", training_json(plan.training_config)},
+              {"precision", std::string(to_string(plan.precision))},
+              {"cost_model", plan.cost_model},
+              {"device", device_json(plan.device)},
+              {"cluster", cluster_json(plan.cluster)},
+              {"processors", processors_json(plan.processors)},
+              {"predicted", prediction_json(plan.predicted)},
+              {"baseline_parameters", prediction_json(plan.baseline_parameters)},
+              {"baseline_uniform", prediction_json(plan.baseline_uniform)},
+              {"search", search_json(plan.search)},
+              {"stages", std::move(stages)},
+              {"weight_files", std::move(weight_files)},
+              {"ops", std::move(ops)},
+              {"device_memory", device_memory_json(plan.device_memory)},
+              {"timeline", timeline_json(plan.timeline)}};
+  if (!plan.auto_search.empty()) out["auto_search"] = auto_search_json(plan.auto_search);
+  return out;
 }
 
 Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
@@ -559,6 +561,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
           "baseline_parameters",
           "baseline_uniform",
           "search",
+          "auto_search",
           "stages",
           "weight_files",
           "ops",
@@ -590,6 +593,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.baseline_parameters = read_prediction(f, "baseline_parameters");
   plan.baseline_uniform = read_prediction(f, "baseline_uniform");
   plan.search = read_search(f);
+  plan.auto_search = read_auto_search(f);
   plan.device_memory = f.array("device_memory", read_device_peak);
   plan.stages = f.array("stages", read_stage);
   plan.weight_files = f.array("weight_files", [](const JsonValue& v) {

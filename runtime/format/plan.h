@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/format/auto_search.h"
 #include "runtime/format/schedule.h"
 #include "runtime/format/vocabulary.h"
 
@@ -373,6 +374,9 @@ struct Plan {
   Prediction baseline_parameters;  ///< DeepSpeed's 'parameters' method: balance parameter counts.
   Prediction baseline_uniform;     ///< DeepSpeed's 'uniform' method: balance op counts.
   SplitSearch search;
+  /// stagec --auto: every configuration it considered, the plan's own first (plan.json
+  /// "auto_search", written only when not empty; runtime/format/auto_search.h).
+  std::vector<AutoCandidate> auto_search;
   /// Per device (index = device), the predicted peak of `predicted` with its parts.
   std::vector<DevicePeak> device_memory;
   /// What the planner's simulation of `predicted` played, every instruction of every device

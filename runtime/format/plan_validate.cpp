@@ -55,6 +55,7 @@ class Validator {
     check_search();
     check_timeline();
     check_processors(plan_, source_);
+    check_auto_search(plan_, source_);
   }
 
  private:
@@ -727,7 +728,6 @@ class Validator {
   /// Node name -> (stage, position in its node list), filled by check_stage.
   std::unordered_map<std::string, std::pair<int, size_t>> node_stage_;
 };
-
 }  // namespace
 
 void validate_plan(const Plan& plan, const std::string& source) { Validator(plan, source).run(); }

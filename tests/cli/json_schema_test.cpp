@@ -316,5 +316,25 @@ TEST_CASE("the tools' JSON outputs are JSON Lines that their schemas accept") {
   CHECK(lines[2]["epoch"] == 1);  // windows 16-23: 12 a pass
 }
 
+TEST_CASE("stagec --auto's search in plan.json and stagedump --json match their schemas") {
+  testing::TempDir dir;
+  const std::string stagec = STAGECRAFT_STAGEC, stagedump = STAGECRAFT_STAGEDUMP;
+  const std::string plan = dir.file("auto");
+  run_command(dir, fmt::format("{} {}/mnist_cnn.onnx --batch 8 --devices 2 --device-spec cpu "
+                               "--auto -o {}",
+                               stagec, STAGECRAFT_SAMPLES, plan));
+  const json written = json::parse(testing::read_bytes(plan + "/plan.json"));
+  REQUIRE(written.contains("auto_search"));
+  const SchemaValidator search(schema_file("plan-auto-search")), dump(schema_file("stagedump"));
+  check_valid(search, written["auto_search"], "plan.json auto_search");
+  std::vector<json> lines = json_lines(run_command(dir, stagedump + " " + plan + " --json"), plan);
+  REQUIRE(lines.size() == 1);
+  check_valid(dump, lines[0], "stagedump --json of an --auto plan");
+  CHECK(lines[0]["auto_search"] == written["auto_search"]);
+  json stray = written["auto_search"];
+  stray[0]["status"] = "best";
+  CHECK(!search.errors(stray).empty());
+}
+
 }  // namespace
 }  // namespace stagecraft

@@ -189,6 +189,7 @@ nlohmann::ordered_json render_json(const PlanView& view) {
            {{"parameters", baseline_json(plan.baseline_parameters, plan.predicted)},
             {"uniform", baseline_json(plan.baseline_uniform, plan.predicted)}}},
           {"search", search_json(plan)},
+          {"auto_search", plan::auto_search_json(plan.auto_search)},
           {"ops", std::move(ops)}};
 }
 

@@ -232,6 +232,42 @@ std::string search_text(const plan::Plan& plan) {
       search.bottleneck_fits ? "" : " (which does not fit)");
 }
 
+/// stagec --auto's search: how many configurations, and the chosen one with the next five.
+std::string auto_search_text(const plan::Plan& plan) {
+  const std::vector<plan::AutoCandidate>& search = plan.auto_search;
+  if (search.empty()) return "";
+  int64_t planned = 0;
+  for (const plan::AutoCandidate& c : search)
+    planned += c.status == "chosen" || c.status == "fits" || c.status == "over_memory";
+  std::string text =
+      fmt::format("\nauto search {} (stagec --auto), {} planned and simulated; the best {}:\n",
+                  plural(static_cast<int64_t>(search.size()), "configuration"), planned,
+                  plan.objective == Objective::kMemory ? "by peak" : "by step");
+  Table table({"#", "schedule", "chunks", "microbatches", "replicas", "recompute", "step ms",
+               "bubble", "largest peak", "status"},
+              2);
+  // Recompute auto predicting what recompute none does is that plan (auto recomputes no stage):
+  // left out.
+  std::size_t rank = 0;
+  for (std::size_t i = 0; i < search.size() && rank < 6; ++i) {
+    const plan::AutoCandidate& c = search[i];
+    if (c.status != "chosen" && c.status != "fits" && c.status != "over_memory") break;
+    if (i > 0 && c.recompute == "auto" &&
+        std::any_of(search.begin(), search.end(), [&](const plan::AutoCandidate& n) {
+          return n.recompute == "none" && n.schedule == c.schedule && n.chunks == c.chunks &&
+                 n.microbatches == c.microbatches && n.data_parallel == c.data_parallel &&
+                 n.step_ms == c.step_ms && n.peak_memory_bytes == c.peak_memory_bytes;
+        }))
+      continue;
+    table.add({std::to_string(++rank), c.schedule, std::to_string(c.chunks),
+               fmt::format("{} x {}", c.microbatches, c.microbatch_size),
+               std::to_string(c.data_parallel), c.recompute, ms(c.step_ms),
+               percent(c.bubble_fraction), format_bytes(static_cast<double>(c.peak_memory_bytes)),
+               c.status});
+  }
+  return text + table.render();
+}
+
 std::string predictions(const PlanView& view) {
   const plan::Plan& plan = view.plan;
   const plan::Prediction& ours = plan.predicted;
@@ -255,7 +291,7 @@ std::string predictions(const PlanView& view) {
   text +=
       "baselines   DeepSpeed's partition methods (balance parameters / op counts), same schedule\n";
   text += table.render();
-  return text + search_text(plan);
+  return text + search_text(plan) + auto_search_text(plan);
 }
 
 }  // namespace
