@@ -142,6 +142,27 @@ void run_widened(KernelFn kernel, KernelFn cast, bool zero_outputs, const Kernel
     if (wide_out[k].dtype != DType::kUndefined) cast_into(cast, args, wide_out[k], *args.out[k]);
 }
 
+// Runs one node's kernel (between casts for the 16-bit fallback) inside a range named `name`
+// (NVTX on CUDA, so a profiler maps the kernels to the node), timed for the per-node profile
+// when the hook asks (NodeHook::timed).
+void run_node(KernelFn kernel, KernelFn cast, bool zero_outputs, const KernelArgs& args,
+              const char* name, const NodeHook* hook) {
+  auto body = [&] {
+    if (cast)
+      run_widened(kernel, cast, zero_outputs, args);
+    else
+      kernel(args);
+  };
+  args.device.range_push(name);
+  if (hook && hook->timed) {
+    const double ms = args.device.time_ms(body);
+    hook->timed(args.name, args.op_type, ms, node_work(args.op_type, args.attrs, args.in, args.out));
+  } else {
+    body();
+  }
+  args.device.range_pop();
+}
+
 }  // namespace
 
 Program Program::load_file(const std::string& path, const Backend& backend,
@@ -514,22 +535,7 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
                       out_ptrs,
                       device,
                       run.random_key == 0 ? 0 : mix_key(run.random_key ^ step.name_hash)};
-      auto kernel = [&] {
-        if (step.cast)
-          run_widened(step.kernel, step.cast, step.zero_outputs, args);
-        else
-          step.kernel(args);
-      };
-      // Named ranges (NVTX on CUDA) let a profiler map the kernels to the node.
-      device.range_push(step.name.c_str());
-      if (hook && hook->timed) {
-        const double ms = device.time_ms(kernel);
-        hook->timed(step.name, step.op_type, ms,
-                    node_work(step.op_type, step.attrs, in_ptrs, out_ptrs));
-      } else {
-        kernel();
-      }
-      device.range_pop();
+      run_node(step.kernel, step.cast, step.zero_outputs, args, step.name.c_str(), hook);
       if (hook && hook->output_ready)
         for (int out_slot : step.outputs)
           if (out_slot >= 0 && slots_[out_slot].kind == Slot::kOutput)

@@ -282,13 +282,13 @@ TEST_CASE("the tools' JSON outputs are JSON Lines that their schemas accept") {
     check_valid(runs, lines[3], "stagerun --json summary " + p.name);
     check_valid(trace, json::parse(testing::read_bytes(measured)), "stagerun --trace " + p.name);
     // --profile-nodes adds its record after the summary.
-    lines = json_lines(
+    const std::vector<json> profiled = json_lines(
         run_command(dir, fmt::format("{} {} --steps 2 -q --json --profile-nodes", stagerun, plan)),
         p.name);
-    REQUIRE(lines.size() == 4);
-    CHECK(lines[3]["type"] == "node_profile");
-    CHECK(!lines[3]["nodes"].empty());
-    check_valid(runs, lines[3], "stagerun --json --profile-nodes " + p.name);
+    REQUIRE(profiled.size() == 4);
+    CHECK(profiled[3]["type"] == "node_profile");
+    CHECK(!profiled[3]["nodes"].empty());
+    check_valid(runs, profiled[3], "stagerun --json --profile-nodes " + p.name);
 
     // The schemas are strict enough to notice: a missing key, a stray one, a wrong type.
     json missing = lines[3];
