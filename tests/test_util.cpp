@@ -1,8 +1,11 @@
 #include "tests/test_util.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <random>
+#include <stdexcept>
 
 namespace stagecraft::testing {
 namespace fs = std::filesystem;
@@ -117,6 +120,14 @@ void write_bytes(const std::string& path, const std::string& bytes) {
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+CommandResult run_captured(const TempDir& dir, const std::string& command_line) {
+  const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
+  const std::string full = command_line + " >" + out + " 2>" + err;
+  const int status = std::system(full.c_str());
+  if (!WIFEXITED(status)) throw std::runtime_error("'" + command_line + "' did not exit normally");
+  return {WEXITSTATUS(status), read_bytes(out), read_bytes(err)};
 }
 
 }  // namespace stagecraft::testing

@@ -56,4 +56,14 @@ void write_bytes(const std::string& path, const std::string& bytes);
 /// The whole file at `path` ("" when it cannot be read).
 std::string read_bytes(const std::string& path);
 
+/// What a command run through the shell did: its exit code, stdout and stderr.
+struct CommandResult {
+  int code = 0;
+  std::string out, err;
+};
+
+/// Runs `command_line` (shell-quoted) with stdout and stderr captured in files of `dir`; throws
+/// std::runtime_error when it did not exit normally (a signal).
+CommandResult run_captured(const TempDir& dir, const std::string& command_line);
+
 }  // namespace stagecraft::testing

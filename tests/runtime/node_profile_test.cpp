@@ -72,17 +72,10 @@ std::vector<std::string> nodes_of(const std::string& file, const std::set<std::s
   return names;
 }
 
-struct Result {
-  int code = 0;
-  std::string out, err;
-};
+using Result = testing::CommandResult;
 
 Result stagerun(const testing::TempDir& dir, const std::string& args) {
-  const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  const int status = std::system(
-      fmt::format("{} {} >{} 2>{}", STAGECRAFT_STAGERUN, args, out, err).c_str());
-  REQUIRE(WIFEXITED(status));
-  return {WEXITSTATUS(status), testing::read_bytes(out), testing::read_bytes(err)};
+  return testing::run_captured(dir, fmt::format("{} {}", STAGECRAFT_STAGERUN, args));
 }
 
 }  // namespace

@@ -23,19 +23,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = 0;
-  std::string out, err;
-};
-
+using Result = testing::CommandResult;
 
 // Runs stagerun with `args` (a shell-quoted string); captures stdout, stderr and the exit code.
 Result stagerun(const testing::TempDir& dir, const std::string& args) {
-  std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  std::string command = fmt::format("{} {} >{} 2>{}", STAGECRAFT_STAGERUN, args, out, err);
-  int status = std::system(command.c_str());
-  REQUIRE(WIFEXITED(status));
-  return {WEXITSTATUS(status), testing::read_bytes(out), testing::read_bytes(err)};
+  return testing::run_captured(dir, fmt::format("{} {}", STAGECRAFT_STAGERUN, args));
 }
 
 // An error as the tools promise it: non-zero exit, exactly one line on stderr, matching `regex`.
@@ -361,12 +353,8 @@ TEST_CASE("stagec refuses to write a plan with an op the backend cannot run") {
   testing::add_tensor_info(g->add_output(), "c", onnx::TensorProto::INT64, {2, 2});
   testing::add_node(g, "MatMul", {"a", "b"}, {"c"}, "int_product");
   testing::write_model(model, dir.file("m.onnx"));
-  std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  int status = std::system(fmt::format("{} {} -o {} >{} 2>{}", STAGECRAFT_STAGEC,
-                                       dir.file("m.onnx"), dir.file("plan"), out, err)
-                               .c_str());
-  REQUIRE(WIFEXITED(status));
-  Result r{WEXITSTATUS(status), testing::read_bytes(out), testing::read_bytes(err)};
+  const Result r = testing::run_captured(
+      dir, fmt::format("{} {} -o {}", STAGECRAFT_STAGEC, dir.file("m.onnx"), dir.file("plan")));
   check_one_line_error(
       r,
       R"(^stagec: unsupported error: node 'int_product' \(MatMul\): MatMul on int64 .*\(cpu backend\))");

@@ -24,16 +24,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = 0;
-  std::string out, err;
-};
+using Result = testing::CommandResult;
 
 Result run(const testing::TempDir& dir, const std::string& command_line) {
-  std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  int status = std::system(fmt::format("{} >{} 2>{}", command_line, out, err).c_str());
-  REQUIRE(WIFEXITED(status));
-  return {WEXITSTATUS(status), testing::read_bytes(out), testing::read_bytes(err)};
+  return testing::run_captured(dir, command_line);
 }
 
 Result stagerun(const testing::TempDir& dir, const std::string& args) {
