@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <random>
 #include <stdexcept>
 
@@ -120,6 +121,16 @@ void write_bytes(const std::string& path, const std::string& bytes) {
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+std::string device_file(const TempDir& dir, int64_t memory_bytes, const DeviceRates& rates) {
+  const std::string path = dir.file(rates.name + "_" + std::to_string(memory_bytes) + ".json");
+  std::ofstream(path) << "{\"name\":\"" << rates.name << "\",\"peak_flops_fp32\":" << rates.flops_fp32
+                      << ",\"peak_flops_fp16\":" << rates.flops_fp16
+                      << ",\"memory_bandwidth\":" << rates.bandwidth
+                      << ",\"memory_bytes\":" << memory_bytes
+                      << ",\"launch_overhead_s\":" << rates.launch_s << ",\"efficiency\":0.5}";
+  return path;
 }
 
 CommandResult run_captured(const TempDir& dir, const std::string& command_line) {

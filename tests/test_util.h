@@ -56,6 +56,17 @@ void write_bytes(const std::string& path, const std::string& bytes);
 /// The whole file at `path` ("" when it cannot be read).
 std::string read_bytes(const std::string& path);
 
+/// The rates of a device spec file (cost_models/device_spec.h's JSON) a test writes: a small
+/// device unless told.
+struct DeviceRates {
+  std::string name = "small";
+  double flops_fp32 = 100e9, flops_fp16 = 100e9, bandwidth = 20e9, launch_s = 2e-6;
+};
+
+/// Writes a device spec with `memory_bytes` of memory and `rates` (efficiency 0.5) into `dir`
+/// (a file per name and size) and returns its path.
+std::string device_file(const TempDir& dir, int64_t memory_bytes, const DeviceRates& rates = {});
+
 /// What a command run through the shell did: its exit code, stdout and stderr.
 struct CommandResult {
   int code = 0;

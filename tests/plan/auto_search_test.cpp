@@ -4,7 +4,6 @@
 
 #include <doctest/doctest.h>
 
-#include <fstream>
 #include <limits>
 
 #include "runtime/format/error.h"
@@ -29,14 +28,6 @@ PlanOptions options(const std::string& model, int devices, int64_t batch, bool t
 }
 
 /// A device spec like the CPU's with `bytes` of memory, written into `dir`.
-std::string device_with(testing::TempDir& dir, int64_t bytes) {
-  std::string path = dir.file("device_" + std::to_string(bytes) + ".json");
-  std::ofstream(path)
-      << R"({"name":"small","peak_flops_fp32":100e9,"peak_flops_fp16":100e9,"memory_bandwidth":20e9,)"
-      << R"("memory_bytes":)" << bytes << R"(,"launch_overhead_s":2e-6,"efficiency":0.5})";
-  return path;
-}
-
 /// The options a user would give for configuration `c` of the space, explicitly.
 PlanOptions explicit_options(PlanOptions o, const AutoCandidate& c) {
   o.schedule = parse_schedule(c.schedule);
@@ -145,7 +136,7 @@ TEST_CASE("--auto holds the choices given fixed and searches the rest") {
 TEST_CASE("a memory limit that excludes the fastest configuration makes --auto choose another") {
   testing::TempDir dir;
   PlanOptions o = options("gpt_tiny.onnx", 2, 4, true);
-  o.device_spec = device_with(dir, int64_t{1} << 40);
+  o.device_spec = testing::device_file(dir, int64_t{1} << 40);
   const Plan fastest = auto_plan(o, {}).plan;
   int64_t smallest = std::numeric_limits<int64_t>::max();
   for (const AutoCandidate& c : fastest.auto_search)
@@ -153,7 +144,7 @@ TEST_CASE("a memory limit that excludes the fastest configuration makes --auto c
       smallest = std::min(smallest, c.peak_memory_bytes);
   const int64_t peak = fastest.predicted.peak_memory_bytes;
   REQUIRE(smallest < peak);  // another configuration needs less than the fastest
-  o.device_spec = device_with(dir, peak - 1);
+  o.device_spec = testing::device_file(dir, peak - 1);
   const Plan other = auto_plan(o, {}).plan;
   CHECK(other.predicted.peak_memory_bytes < peak);
   CHECK(other.predicted.step_ms >= fastest.predicted.step_ms);
@@ -163,7 +154,7 @@ TEST_CASE("a memory limit that excludes the fastest configuration makes --auto c
          a.data_parallel != b.data_parallel || a.recompute != b.recompute));
 
   // Below every configuration's peak: refused, naming the smallest peak found and the limit.
-  o.device_spec = device_with(dir, 4096);
+  o.device_spec = testing::device_file(dir, 4096);
   try {
     auto_plan(o, {});
     FAIL("a space where nothing fits was planned");

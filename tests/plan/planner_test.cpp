@@ -91,11 +91,8 @@ TEST_CASE(
 
 TEST_CASE("a model that fits on no split is refused with the stage, its anatomy and the capacity") {
   testing::TempDir dir;
-  std::ofstream(dir.file("tiny.json"))
-      << R"({"name":"tiny","peak_flops_fp32":1e12,"peak_flops_fp16":2e12,"memory_bandwidth":1e11,)"
-      << R"("memory_bytes":100000,"launch_overhead_s":1e-6,"efficiency":0.5})";
   PlanOptions o = gpt_options(2, "1f1b", true);
-  o.device_spec = dir.file("tiny.json");
+  o.device_spec = testing::device_file(dir, 100000, {"tiny", 1e12, 2e12, 1e11, 1e-6});
   try {
     make_plan(o);
     FAIL("a 100 kB device fit the model");
@@ -261,10 +258,7 @@ TEST_CASE(
   REQUIRE(std::max(t1, r0) < t0);
   int64_t capacity = (std::max(t1, r0) + t0) / 2;
   testing::TempDir dir;
-  std::ofstream(dir.file("small.json"))
-      << R"({"name":"small","peak_flops_fp32":100e9,"peak_flops_fp16":100e9,"memory_bandwidth":20e9,)"
-      << R"("memory_bytes":)" << capacity << R"(,"launch_overhead_s":2e-6,"efficiency":0.5})";
-  o.device_spec = dir.file("small.json");
+  o.device_spec = testing::device_file(dir, capacity);
   o.split_after = none.predicted.split_after;
   o.recompute = stagecraft::Recompute::kNone;
   CHECK_THROWS_AS(make_plan(o), Error);

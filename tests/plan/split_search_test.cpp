@@ -3,7 +3,6 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <fstream>
 #include <string>
 
 #include "compiler/plan/device_memory.h"
@@ -33,14 +32,6 @@ PlanOptions options(const std::string& model, int devices, const std::string& sc
 }
 
 /// A device spec like the CPU's with `bytes` of memory, written into `dir`.
-std::string device_with(testing::TempDir& dir, int64_t bytes) {
-  std::string path = dir.file("device_" + std::to_string(bytes) + ".json");
-  std::ofstream(path)
-      << R"({"name":"small","peak_flops_fp32":100e9,"peak_flops_fp16":100e9,"memory_bandwidth":20e9,)"
-      << R"("memory_bytes":)" << bytes << R"(,"launch_overhead_s":2e-6,"efficiency":0.5})";
-  return path;
-}
-
 schedule::PipelineShape shape_of(const Plan& p) {
   return {p.devices, p.chunks, p.microbatches, p.training};
 }
@@ -226,14 +217,14 @@ TEST_CASE("an interleaved device is checked with its chunks together, not each i
   CAPTURE(largest_stage);
   REQUIRE(2 * largest_stage > capacity);  // 1/V of the device would not hold that stage
   testing::TempDir dir;
-  o.device_spec = device_with(dir, capacity);
+  o.device_spec = testing::device_file(dir, capacity);
   PlannedModel tight = make_plan(o);
   CHECK(tight.plan.predicted.fits);
   for (const DeviceMemory& d :
        device_memory(tight.plan.stages, tight.schedule, shape_of(tight.plan)))
     CHECK(d.total() <= capacity);
   // Below what any split needs, the refusal names the device, its stages and the numbers.
-  o.device_spec = device_with(dir, largest_stage / 2);
+  o.device_spec = testing::device_file(dir, largest_stage / 2);
   try {
     make_plan(o);
     FAIL("a device of half the largest stage held the plan");
