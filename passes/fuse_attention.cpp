@@ -22,8 +22,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "compiler/ir/graph.h"
@@ -68,7 +72,7 @@ struct Block {
   // A Where mask to turn into an additive constant: the condition, the fill, and whether the
   // scores are kept where the condition holds.
   ValueId where_cond = kNoId;
-  std::vector<uint8_t> cond;  ///< Its values, row-major, and its shape.
+  std::shared_ptr<const std::vector<uint8_t>> cond;  ///< Its values, row-major, and its shape.
   std::vector<int64_t> cond_shape;
   double fill = 0;
   bool kept_where_true = true;
@@ -80,23 +84,87 @@ struct Block {
 std::optional<std::vector<uint8_t>> bool_constant(const ir::Graph& g, ValueId v) {
   const ir::Value& value = g.value(v);
   if (value.dtype != DType::kBool || !value.shape_known) return std::nullopt;
-  std::optional<HostTensor> host;
-  if (value.is_initializer()) {
-    host = HostTensor::from_value(value);
-  } else if (const ir::Node* n = producer(g, v); n != nullptr) {
-    std::vector<std::optional<HostTensor>> inputs;
-    for (ValueId in : n->inputs)
-      inputs.push_back(in == kNoId || !g.value(in).is_initializer()
-                           ? std::nullopt
-                           : HostTensor::from_value(g.value(in)));
-    auto outputs = evaluate_on_host(*n, inputs, {}, g.opset, value.numel());
-    if (outputs && !outputs->empty()) host = std::move(outputs->front());
+  if (value.is_initializer()) {  // bools are a byte each: no decoding
+    const auto bytes = value.initializer->bytes();
+    if (static_cast<int64_t>(bytes.size()) != value.numel()) return std::nullopt;
+    std::vector<uint8_t> out(bytes.size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bytes[i] != std::byte{0};
+    return out;
   }
-  if (!host || host->numel() != value.numel()) return std::nullopt;
-  std::vector<uint8_t> out(static_cast<size_t>(host->numel()));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = host->int_at(static_cast<int64_t>(i)) != 0;
+  const ir::Node* n = producer(g, v);
+  if (n == nullptr) return std::nullopt;
+  std::vector<std::optional<HostTensor>> inputs;
+  for (ValueId in : n->inputs)
+    inputs.push_back(in == kNoId || !g.value(in).is_initializer()
+                         ? std::nullopt
+                         : HostTensor::from_value(g.value(in)));
+  auto outputs = evaluate_on_host(*n, inputs, {}, g.opset, value.numel());
+  if (!outputs || outputs->empty() || outputs->front().numel() != value.numel())
+    return std::nullopt;
+  const HostTensor& host = outputs->front();
+  std::vector<uint8_t> out(static_cast<size_t>(host.numel()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = host.int_at(static_cast<int64_t>(i)) != 0;
   return out;
 }
+
+/// The masks of one run of the pass by what makes them. Every layer of a GPT export slices the
+/// same causal buffer with the same bounds (the 175B shape: 96 slices of a 2048 x 2048 buffer),
+/// so each distinct mask is evaluated and checked for causality once, not once per layer.
+class MaskCache {
+ public:
+  /// bool_constant(g, v), shared with every earlier mask made the same way.
+  std::shared_ptr<const std::vector<uint8_t>> values(const ir::Graph& g, ValueId v) {
+    const std::string k = key(g, v);
+    if (k.empty()) return make(g, v);  // no producer: not a constant (nullptr)
+    auto [it, added] = values_.try_emplace(k);
+    if (added) it->second = make(g, v);
+    return it->second;
+  }
+
+  /// `check()` once per mask (by the address of values() the cache holds) and query shape.
+  bool causal(const std::vector<uint8_t>* mask, int64_t tq, int64_t tk, bool keep,
+              const std::function<bool()>& check) {
+    auto [it, added] = causal_.try_emplace(std::make_tuple(mask, tq, tk, keep), false);
+    if (added) it->second = check();
+    return it->second;
+  }
+
+ private:
+  static std::shared_ptr<const std::vector<uint8_t>> make(const ir::Graph& g, ValueId v) {
+    auto values = bool_constant(g, v);
+    return values ? std::make_shared<const std::vector<uint8_t>>(std::move(*values)) : nullptr;
+  }
+
+  /// What makes `v`: the initializer itself, or the producing node's op, attributes and inputs
+  /// (small constants by their bytes, so equal bounds in separate constants match; anything
+  /// else by its id). "" when `v` has no producer.
+  static std::string key(const ir::Graph& g, ValueId v) {
+    const ir::Value& value = g.value(v);
+    if (value.is_initializer()) return fmt::format("v{}", v);
+    const ir::Node* n = producer(g, v);
+    if (n == nullptr) return "";
+    std::string k = fmt::format("{}:{}:{}:{}", n->domain, n->op_type, value.numel(), n->inputs.size());
+    for (const onnx::AttributeProto& a : n->attributes) k += "|a" + a.SerializeAsString();
+    for (ValueId in : n->inputs) {
+      if (in == kNoId) {
+        k += "|-";
+        continue;
+      }
+      const ir::Value& input = g.value(in);
+      if (input.is_initializer() && input.initializer->bytes().size() <= 64) {
+        const auto bytes = input.initializer->bytes();
+        k += fmt::format("|c{}:", static_cast<int>(input.dtype));
+        k.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      } else {
+        k += fmt::format("|v{}", in);
+      }
+    }
+    return k;
+  }
+
+  std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> values_;
+  std::map<std::tuple<const std::vector<uint8_t>*, int64_t, int64_t, bool>, bool> causal_;
+};
 
 /// Whether the bool mask `cond` of `shape`, broadcast to [..., tq, tk], keeps (== keep_value)
 /// exactly the keys j <= i of each query i: a causal mask.
@@ -115,7 +183,7 @@ bool is_causal(const std::vector<uint8_t>& cond, const std::vector<int64_t>& sha
 
 /// The reason the Softmax `softmax` and its neighbours are not one attention block, or "" with
 /// `block` filled.
-std::string match(const ir::Graph& g, NodeId softmax, Block& block) {
+std::string match(const ir::Graph& g, NodeId softmax, Block& block, MaskCache& masks) {
   const ir::Node& sm = g.node(softmax);
   const ValueId probs = sm.outputs[0];
   const ir::Value& x = g.value(sm.inputs[0]);
@@ -156,9 +224,8 @@ std::string match(const ir::Graph& g, NodeId softmax, Block& block) {
   if (is_op(n, "Where") && private_value(g, s)) {
     const ValueId cond = n->inputs[0];
     const auto fill1 = scalar_constant(g, n->inputs[1]), fill2 = scalar_constant(g, n->inputs[2]);
-    auto values = bool_constant(g, cond);
-    if (!values) return "the Where's condition is not known at compile time";
-    block.cond = std::move(*values);
+    block.cond = masks.values(g, cond);
+    if (!block.cond) return "the Where's condition is not known at compile time";
     block.cond_shape = g.value(cond).shape;
     // A Slice that cut the condition from a buffer goes with the block.
     if (!g.value(cond).is_initializer() && private_value(g, cond))
@@ -218,9 +285,12 @@ std::string match(const ir::Graph& g, NodeId softmax, Block& block) {
     return "the products' inner dims do not match";
   for (ValueId v : {block.q, block.kt, block.v, block.out})
     if (g.value(v).dtype != DType::kFloat32) return "not float32";
-  if (block.where_cond != kNoId)
-    block.causal =
-        is_causal(block.cond, block.cond_shape, qs[rank - 2], ks[rank - 1], block.kept_where_true);
+  if (block.where_cond != kNoId) {
+    const int64_t tq = qs[rank - 2], tk = ks[rank - 1];
+    block.causal = masks.causal(block.cond.get(), tq, tk, block.kept_where_true, [&] {
+      return is_causal(*block.cond, block.cond_shape, tq, tk, block.kept_where_true);
+    });
+  }
   if (block.mask != kNoId) {
     const auto& ms = g.value(block.mask).shape;
     if (g.value(block.mask).dtype != DType::kFloat32) return "the added mask is not float32";
@@ -291,9 +361,10 @@ void fuse(ir::Graph& g, const ir::Node& softmax, const Block& b) {
   const std::string prefix = softmax.name.empty() ? g.value(b.out).name : softmax.name;
   ValueId mask = b.mask;
   if (b.where_cond != kNoId && !b.causal) {
-    std::vector<float> values(b.cond.size());
-    for (size_t i = 0; i < b.cond.size(); ++i)
-      values[i] = ((b.cond[i] != 0) == b.kept_where_true) ? 0.0f : static_cast<float>(b.fill);
+    const std::vector<uint8_t>& cond = *b.cond;
+    std::vector<float> values(cond.size());
+    for (size_t i = 0; i < cond.size(); ++i)
+      values[i] = ((cond[i] != 0) == b.kept_where_true) ? 0.0f : static_cast<float>(b.fill);
     mask = add_constant(g, fresh(g, prefix + "/additive_mask"), b.cond_shape, values);
   }
   std::vector<NodeId> gone = b.nodes;
@@ -323,13 +394,14 @@ void fuse(ir::Graph& g, const ir::Node& softmax, const Block& b) {
 bool FuseAttention::run(ir::Graph& graph, PassContext& context) const {
   bool changed = false;
   const std::vector<NodeId> order = graph.topological_order();
+  MaskCache masks;
   for (NodeId id : order) {
     const ir::Node& node = graph.node(id);
     if (node.dead || node.op_type != "Softmax" || !node.domain.empty()) continue;
     // Only a Softmax fed by a product (through a scale and a mask) looks like attention.
     if (!fed_by_matmul(graph, node.inputs[0], 3)) continue;
     Block block;
-    const std::string why = match(graph, id, block);
+    const std::string why = match(graph, id, block, masks);
     if (!why.empty()) {
       context.not_fused.push_back(fmt::format("{}: {}", node.describe(graph), why));
       continue;

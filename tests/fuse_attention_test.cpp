@@ -157,6 +157,80 @@ TEST_CASE("fuse-attention: torch 2.x's SDPA export, sqrt(scale) on Q and on K^T"
   CHECK(nodes_of(m.graph, "Mul").empty());
 }
 
+/// Three attention blocks over q, k, v [1, 1, 260, 4], each masked by Where(Slice(buffer), scores,
+/// -inf) of one bool buffer [300, 300] holding j <= i (too large for folding: the slices stay
+/// nodes, as HF GPT-2's do). Blocks "a" and "b" slice rows and columns 0..260 with constants of
+/// their own (equal bytes), block "c" rows 1..261: row i keeps j <= i + 1, not causal.
+onnx::ModelProto sliced_buffer_model() {
+  onnx::ModelProto m = testing::relu_model();
+  auto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_input();
+  g->clear_output();
+  constexpr int64_t kBuffer = 300, kSeq = 260;
+  for (const char* name : {"q", "k", "v"})
+    testing::add_tensor_info(g->add_input(), name, onnx::TensorProto::FLOAT, {1, 1, kSeq, 4});
+  onnx::TensorProto* buffer = g->add_initializer();
+  buffer->set_name("causal_buffer");
+  buffer->set_data_type(onnx::TensorProto::BOOL);
+  buffer->add_dims(kBuffer);
+  buffer->add_dims(kBuffer);
+  std::string bytes;
+  for (int64_t i = 0; i < kBuffer; ++i)
+    for (int64_t j = 0; j < kBuffer; ++j) bytes.push_back(j <= i ? 1 : 0);
+  buffer->set_raw_data(bytes);
+  add_scalar(g, "two", 2.0f);
+  add_scalar(g, "fill", -INFINITY);
+  for (const auto& [block, row] : {std::pair{"a", 0}, std::pair{"b", 0}, std::pair{"c", 1}}) {
+    const std::string p = std::string("/") + block + "/";
+    testing::add_int64_initializer(g, p + "starts", {row, 0});
+    testing::add_int64_initializer(g, p + "ends", {row + kSeq, kSeq});
+    testing::add_int64_initializer(g, p + "axes", {0, 1});
+    add_node(g, "Slice", {"causal_buffer", p + "starts", p + "ends", p + "axes"}, {p + "cond"},
+             p + "Slice");
+    auto* t = add_node(g, "Transpose", {"k"}, {p + "kt"}, p + "Transpose");
+    auto* perm = t->add_attribute();
+    perm->set_name("perm");
+    perm->set_type(onnx::AttributeProto::INTS);
+    for (int64_t d : {0, 1, 3, 2}) perm->add_ints(d);
+    add_node(g, "MatMul", {"q", p + "kt"}, {p + "s"}, p + "MatMul");
+    add_node(g, "Div", {p + "s", "two"}, {p + "scaled"}, p + "Div");
+    add_node(g, "Where", {p + "cond", p + "scaled", "fill"}, {p + "masked"}, p + "Where");
+    add_node(g, "Softmax", {p + "masked"}, {p + "probs"}, p + "Softmax");
+    add_node(g, "MatMul", {p + "probs", "v"}, {std::string("o_") + block}, p + "MatMul_1");
+    testing::add_tensor_info(g->add_output(), std::string("o_") + block, onnx::TensorProto::FLOAT,
+                             {1, 1, kSeq, 4});
+  }
+  return m;
+}
+
+TEST_CASE("fuse-attention: slices of one mask buffer are told apart by their bounds") {
+  // The pass evaluates each distinct mask once (by its producer and its constants' bytes):
+  // equal bounds in separate constants share the evaluation, other bounds do not.
+  const ImportedModel m = import_built(sliced_buffer_model());
+  REQUIRE(nodes_of(m.graph, "Attention").size() == 3);
+  for (const ir::Node* n : nodes_of(m.graph, "Attention")) {
+    const std::string out = m.graph.value(n->outputs[0]).name;
+    CAPTURE(out);
+    const bool causal = out != "o_c";
+    CHECK(n->attr_int("causal", -1) == (causal ? 1 : 0));
+    REQUIRE(n->inputs.size() == (causal ? 3u : 4u));
+    if (causal) continue;
+    // Row i of block c keeps the keys j <= i + 1: 0 there, -inf elsewhere.
+    const ir::Value& mask = m.graph.value(n->inputs[3]);
+    REQUIRE(mask.is_initializer());
+    const auto raw = mask.initializer->bytes();
+    REQUIRE(raw.size() == 260u * 260u * sizeof(float));
+    const auto* values = reinterpret_cast<const float*>(raw.data());
+    int wrong = 0;
+    for (int i = 0; i < 260; ++i)
+      for (int j = 0; j < 260; ++j)
+        wrong += (values[i * 260 + j] == 0.0f) != (j <= i + 1);
+    CHECK(wrong == 0);
+  }
+  CHECK(nodes_of(m.graph, "Slice").empty());
+}
+
 TEST_CASE("fuse-attention: near-misses stay as exported, each named with its reason") {
   SUBCASE("the probabilities are a graph output") {
     const ImportedModel m = import_built(additive_mask_model("probabilities out"));

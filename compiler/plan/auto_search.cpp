@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 
 #include "cost_models/device_spec.h"
@@ -184,6 +185,8 @@ PlannedModel auto_plan(const PlanOptions& o, const AutoFixed& fixed, const AutoP
     return bubble_guess(a, o.devices) < bubble_guess(b, o.devices);
   });
   const auto start = std::chrono::steady_clock::now();
+  PlanOptions shared = o;  // the model is imported once per microbatch size, not per plan
+  if (!shared.import_cache) shared.import_cache = std::make_shared<ImportCache>();
   // Per microbatch size: one microbatch's forward and backward through every op, ms (the op
   // costs depend on the microbatch size alone).
   std::map<int64_t, double> work_ms;
@@ -230,7 +233,7 @@ PlannedModel auto_plan(const PlanOptions& o, const AutoFixed& fixed, const AutoP
       }
     }
     try {
-      PlannedModel planned = make_plan(options_of(o, c));
+      PlannedModel planned = make_plan(options_of(shared, c));
       const Prediction& p = planned.plan.predicted;
       c.status = p.fits ? "fits" : "over_memory";
       c.step_ms = p.step_ms;

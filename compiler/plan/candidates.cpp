@@ -149,7 +149,7 @@ int64_t output_buffer_bytes(const Stage& out, bool training) {
 Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, const NodeFacts& f,
                  const ir::Graph& g, const std::vector<ir::NodeId>& order,
                  const StageInterfaces& io, const std::vector<int>& stage_of, bool recompute,
-                 int64_t backward_arena = 0) {
+                 int64_t backward_arena = 0, SpanArenas* arenas = nullptr, bool named = true) {
   const auto& st = sol.stages[k];
   Stage out;
   out.index = static_cast<int>(k);
@@ -160,7 +160,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   const SpanWeights held = span_weights(f, st.first, st.last);
   out.params = held.params;
   for (int i = st.first; i <= st.last; ++i) {
-    out.nodes.push_back(g.node(order[i]).name);
+    if (named) out.nodes.push_back(g.node(order[i]).name);
     out.fwd_ms += f.time[i].forward_s * 1e3;
     out.bwd_ms += s.shape.training ? f.time[i].backward_s * 1e3 : 0.0;
     acts += s.shape.training ? f.output_bytes[i] : 0;
@@ -207,7 +207,18 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   // with the activations (below) until its backward; its link holds at most
   // kTrainingLinkCapacity more (a sender running ahead waits: runtime/format/readiness.h).
   for (const auto& t : out.inputs) comm += t.peer_stage >= 0 ? 2 * t.bytes : 0;
-  plan_stage_arena(g, order, st.first, st.last, stage_of, out);
+  if (arenas == nullptr) {
+    plan_stage_arena(g, order, st.first, st.last, stage_of, out);
+  } else {
+    auto [it, added] = arenas->try_emplace({st.first, st.last});
+    if (added) {
+      Stage planned;
+      plan_stage_arena(g, order, st.first, st.last, stage_of, planned);
+      it->second = {planned.arena_bytes, std::move(planned.arena)};
+    }
+    out.arena_bytes = it->second.bytes;
+    if (named) out.arena = it->second.tensors;
+  }
   // The device's working arena: inference runs the forward in it; training's forward puts
   // there the values the backward does not read (it keeps the others: the activations), and
   // the backward runs in it (never at the same time as a forward).
@@ -325,7 +336,7 @@ void note_stage(SimExtras& rc, const Stage& st, const BackwardFacts& b, int64_t 
 
 }  // namespace
 
-Candidate SplitEvaluator::evaluate(const std::vector<int>& cuts) {
+Candidate SplitEvaluator::evaluate(const std::vector<int>& cuts, bool scoring_only) {
   Candidate c;
   c.sol = partition::evaluate_cuts(gp_.problem, cuts);
   c.stage_of = partition::stage_of_nodes(gp_, c.sol, g_.num_nodes());
@@ -342,11 +353,11 @@ Candidate SplitEvaluator::evaluate(const std::vector<int>& cuts) {
   std::vector<bool> on(stages, s_.recompute == Recompute::kAll);
   for (std::size_t k = 0; k < stages; ++k) {
     bwd.push_back(backward(c.sol, k, io, c.stage_of));
-    plain.push_back(
-        make_stage(c.setup, c.sol, k, f_, g_, order_, io, c.stage_of, false, bwd.back().arena));
+    plain.push_back(make_stage(c.setup, c.sol, k, f_, g_, order_, io, c.stage_of, false,
+                               bwd.back().arena, &arena_cache_, !scoring_only));
     if (!may_recompute) continue;
-    with.push_back(
-        make_stage(c.setup, c.sol, k, f_, g_, order_, io, c.stage_of, true, bwd.back().arena));
+    with.push_back(make_stage(c.setup, c.sol, k, f_, g_, order_, io, c.stage_of, true,
+                              bwd.back().arena, &arena_cache_, !scoring_only));
     // Memory: every stage whose memory recomputation lowers (the extra forward is the price
     // of a smaller peak).
     if (s_.recompute == Recompute::kAuto && s_.objective == Objective::kMemory)

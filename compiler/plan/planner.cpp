@@ -435,13 +435,29 @@ void set_cluster(Plan& p, const Setup& s, const schedule::Schedule& sched,
 
 }  // namespace
 
+namespace {
+
+/// The model imported with `import`: from `o.import_cache` when set (a copy), else the file.
+ImportedModel imported(const PlanOptions& o, const ImportOptions& import) {
+  if (!o.import_cache) return import_model(o.model_path, import);
+  std::string key = fmt::format("{}|{}|{}|{}|{}", o.model_path, import.batch.value_or(-1),
+                                import.untie_merged_weights, import.fuse_attention, import.fuse_gelu);
+  for (const auto& [name, value] : import.dims) key += fmt::format("|{}={}", name, value);
+  auto it = o.import_cache->models.find(key);
+  if (it == o.import_cache->models.end())
+    it = o.import_cache->models.emplace(key, import_model(o.model_path, import)).first;
+  return it->second;
+}
+
+}  // namespace
+
 PlannedModel make_plan(const PlanOptions& o) {
   if (o.data_parallel_auto) return choose_data_parallel(o);
   Setup s = make_setup(o);
   ImportOptions import{.batch = o.batch ? std::optional<int64_t>(s.microbatch_size) : std::nullopt,
                        .dims = o.dims, .untie_merged_weights = o.training && !o.keep_merged,
                        .fuse_attention = o.fuse_attention, .fuse_gelu = o.fuse_gelu};
-  PlannedModel out{import_model(o.model_path, import), {}, {}, {}, {}};
+  PlannedModel out{imported(o, import), {}, {}, {}, {}};
   out.untie_summary = untie_summary(out.model.untied);
   // Training needs a loss to write a plan (write_plan says so); planning alone (--dry-run, the
   // memory and time of a model without one) goes ahead without.

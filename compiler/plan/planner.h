@@ -19,6 +19,13 @@
 
 namespace stagecraft::plan {
 
+/// Imported models by file and import options, for the plans of one search: stagec --auto plans
+/// every configuration whole, and those of one microbatch size import the same graph. Each plan
+/// takes a copy (planning changes its graph); an import that fails is not kept.
+struct ImportCache {
+  std::map<std::string, ImportedModel> models;
+};
+
 /// What `stagec MODEL -o PLAN_DIR ...` asks for. The choices are the plan's vocabulary, parsed
 /// once where the command line is read.
 struct PlanOptions {
@@ -94,6 +101,9 @@ struct PlanOptions {
   std::function<std::unique_ptr<cost::OpCostModel>(const ir::Graph& graph,
                                                    const cost::RooflineCostModel& roofline)>
       cost_model;
+  /// Set by a search that plans the same model many times (auto_plan): imports are done once per
+  /// set of import options and copied (ImportCache). Unset: every plan imports the file.
+  std::shared_ptr<ImportCache> import_cache;
 };
 
 /// A computed plan: the plan file's content, the schedule, and the graph the stages come from.

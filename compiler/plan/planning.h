@@ -202,6 +202,15 @@ Prediction predict(const Setup& s, const schedule::Schedule& sched, const partit
                    int64_t batch, const std::vector<Stage>& stages, const SimExtras& rc,
                    std::vector<schedule::TimelineEvent>* timeline, std::vector<DevicePeak>* peaks);
 
+/// A stage's forward arena (candidates.cpp plan_stage_arena) depends only on its span of
+/// positions: what its nodes produce and which values leave the span. SplitEvaluator keeps it
+/// per span across the candidate splits of a search, which share most of their stages.
+struct SpanArena {
+  int64_t bytes = 0;
+  std::vector<ArenaTensor> tensors;
+};
+using SpanArenas = std::map<std::pair<int, int>, SpanArena>;
+
 /// Builds and checks splits the way the plan is built, so that every split the search compares
 /// passes the plan's own memory check: the full anatomy of every stage and each device's stages
 /// together under the schedule's in-flight counts, with recomputation where it is chosen.
@@ -224,8 +233,10 @@ class SplitEvaluator {
   /// The device's memory, bytes.
   double capacity() const { return static_cast<double>(s_.device.memory_bytes); }
 
-  /// Builds the split with stages ending after `cuts` and checks it.
-  Candidate evaluate(const std::vector<int>& cuts);
+  /// Builds the split with stages ending after `cuts` and checks it. `scoring_only`: its
+  /// stages leave out their node names and arena tensors (their sizes stay), which the score,
+  /// the prediction and the device peaks do not read: the search's many candidates.
+  Candidate evaluate(const std::vector<int>& cuts, bool scoring_only = false);
 
   /// The search's key: the simulated step under the speed objective, the largest device peak
   /// under the memory objective, the other as the tie-breaker.
@@ -244,6 +255,7 @@ class SplitEvaluator {
   std::string loss_output_;
   int64_t batch_;
   std::map<std::pair<int, int>, BackwardFacts> backward_cache_;
+  SpanArenas arena_cache_;
 };
 
 /// Positions after which the named nodes end a stage (manual split points).

@@ -146,7 +146,7 @@ SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFa
   auto evaluate = [&](const std::vector<int>& cuts) -> const Evaluated& {
     auto it = seen.find(cuts);
     if (it != seen.end()) return it->second;
-    Candidate c = evaluator.evaluate(cuts);
+    Candidate c = evaluator.evaluate(cuts, true);
     Evaluated e{evaluator.score(c), c.predicted, {}};
     for (const DevicePeak& d : c.peaks) e.device_bytes.push_back(d.peak_bytes);
     return seen.emplace(cuts, std::move(e)).first->second;
