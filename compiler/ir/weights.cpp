@@ -81,4 +81,16 @@ std::span<const std::byte> WeightData::bytes() const {
   return {mapping_->data(), mapping_->size()};
 }
 
+bool WeightData::unwritten() const {
+  if (!is_external() || size_ == 0) return false;
+  const int fd = ::open(external_path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;  // bytes() will say why
+  // The first byte of data at or after the window's start; ENXIO: none to the end of the file.
+  const off_t data = ::lseek(fd, static_cast<off_t>(offset_), SEEK_DATA);
+  const int error = errno;
+  ::close(fd);
+  if (data < 0) return error == ENXIO;
+  return data >= static_cast<off_t>(offset_ + size_);
+}
+
 }  // namespace stagecraft::ir

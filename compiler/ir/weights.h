@@ -54,6 +54,10 @@ class WeightData {
   std::span<const std::byte> bytes() const;
 
   int64_t size() const { return size_; }
+  /// Whether the bytes are a hole of a sparse external file, never written (they read as zeros
+  /// without being read: the file system says so): the weight files of dry-run models
+  /// (stagecraft-make-samples --no-weight-bytes). False for owned bytes and on any doubt.
+  bool unwritten() const;
   bool is_external() const { return !external_path_.empty(); }
   /// Resolved path of the external file ("" when owned).
   const std::string& external_path() const { return external_path_; }

@@ -11,6 +11,7 @@
 #include "compiler/plan/planning.h"
 #include "compiler/schedule/build_schedule.h"
 #include "cost_models/memory.h"
+#include "passes/autodiff.h"
 #include "runtime/format/error.h"
 #include "runtime/format/lifetimes.h"
 #include "runtime/format/memory_plan.h"
@@ -342,7 +343,9 @@ Candidate SplitEvaluator::evaluate(const std::vector<int>& cuts, bool scoring_on
   c.stage_of = partition::stage_of_nodes(gp_, c.sol, g_.num_nodes());
   const auto stages = c.sol.stages.size();
   partition::validate_assignment(g_, c.stage_of, static_cast<int>(stages));
-  const StageInterfaces io = stage_interfaces(g_, c.stage_of);
+  if (!trainable_)
+    trainable_ = passes::trainable_weights(g_, g_.topological_order());  // the same for every split
+  const StageInterfaces io = stage_interfaces(g_, c.stage_of, &*trainable_);
   // Stages holding a common weight exchange its gradients before their optimizer steps.
   c.setup = s_;
   c.setup.shape.shared_groups = shared_weight_groups(io.shared_weights);

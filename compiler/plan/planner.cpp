@@ -250,7 +250,9 @@ void freeze_weights(PlannedModel& out, const PlanOptions& o) {
 /// after one step.
 std::string untrainable_reason(const ir::Graph& g, const ir::Value& v) {
   constexpr int64_t kScanElements = int64_t{1} << 20;
-  if (v.shape_known && v.numel() <= kScanElements && v.initializer != nullptr) {
+  // Bytes a sparse file never wrote are zeros: nothing to read (a dry run's weight file).
+  if (v.shape_known && v.numel() <= kScanElements && v.initializer != nullptr &&
+      !v.initializer->unwritten()) {
     const std::span<const std::byte> bytes = v.initializer->bytes();
     const auto* f = reinterpret_cast<const float*>(bytes.data());
     const int64_t n = static_cast<int64_t>(bytes.size() / sizeof(float));

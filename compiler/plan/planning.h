@@ -256,6 +256,7 @@ class SplitEvaluator {
   int64_t batch_;
   std::map<std::pair<int, int>, BackwardFacts> backward_cache_;
   SpanArenas arena_cache_;
+  std::optional<std::vector<ir::ValueId>> trainable_;  ///< The graph's trainable weights.
 };
 
 /// Positions after which the named nodes end a stage (manual split points).

@@ -17,7 +17,8 @@
 
 namespace stagecraft::plan {
 
-StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>& stage_of) {
+StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>& stage_of,
+                                 const std::vector<ir::ValueId>* trainable) {
   StageInterfaces out;
   for (const ir::Value& v : graph.values()) {
     if (v.producer == ir::kNoId || v.is_initializer()) continue;
@@ -36,16 +37,19 @@ StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>&
     for (ir::NodeId u : graph.value(in).consumers) readers.insert(stage_of[u]);
     out.input_stages.emplace_back(readers.begin(), readers.end());
   }
-  out.shared_weights = shared_weights(graph, stage_of);
+  out.shared_weights = shared_weights(graph, stage_of, trainable);
   return out;
 }
 
-std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vector<int>& stage_of) {
-  std::set<ir::ValueId> trainable;
-  for (ir::ValueId w : passes::trainable_weights(graph, graph.topological_order()))
-    trainable.insert(w);
+std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vector<int>& stage_of,
+                                         const std::vector<ir::ValueId>* trainable) {
+  const std::set<ir::ValueId> weights =
+      trainable ? std::set<ir::ValueId>(trainable->begin(), trainable->end()) : [&] {
+        const auto found = passes::trainable_weights(graph, graph.topological_order());
+        return std::set<ir::ValueId>(found.begin(), found.end());
+      }();
   std::vector<SharedWeight> out;
-  for (ir::ValueId w : trainable) {
+  for (ir::ValueId w : weights) {
     const ir::Value& v = graph.value(w);
     std::set<int> holders;
     for (ir::NodeId u : v.consumers)
