@@ -158,13 +158,9 @@ TEST_CASE("Dropout training_mode=true: an evaluation (forward only) runs it as t
   testing::TempDir dir;
   // The training-mode model evaluated, pipelined, and its eval-mode twin (the same weights)
   // trained one step: the step's forward loss is the evaluation's.
-  auto training = Pipeline::load(
-      [&] {
-        plan::write_plan(plan::make_plan(options_for(models().training, 2, "1f1b", false)),
-                         dir.file("training"));
-        return dir.file("training");
-      }(),
-      cpu_backend(), 1);
+  plan::PlannedModel planned = plan::make_plan(options_for(models().training, 2, "1f1b", false));
+  plan::write_plan(planned, dir.file("training"));
+  auto training = Pipeline::load(dir.file("training"), cpu_backend(), 1);
   RunOptions eval;
   eval.forward_only = true;
   const auto inputs = training->synthetic_inputs();

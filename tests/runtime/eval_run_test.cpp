@@ -21,6 +21,7 @@
 namespace stagecraft::rt {
 namespace {
 
+// `devices`: every replica's (R x P).
 plan::PlanOptions gpt(int devices, const std::string& schedule, int replicas = 1) {
   plan::PlanOptions o = testing::training_options(std::string(STAGECRAFT_SAMPLES) +
                                                       "/gpt_tiny.onnx",
@@ -89,8 +90,8 @@ TEST_CASE("a forward-only run gives one device's loss on every schedule and with
     int replicas;
   };
   for (const Case& c : {Case{2, "gpipe", 1}, Case{2, "1f1b", 1}, Case{2, "interleaved", 1},
-                        Case{3, "zb-h1", 1}, Case{2, "zb-v", 1}, Case{2, "1f1b", 2},
-                        Case{1, "gpipe", 2}}) {
+                        Case{3, "zb-h1", 1}, Case{2, "zb-v", 1}, Case{4, "1f1b", 2},
+                        Case{2, "gpipe", 2}}) {
     const std::string name = fmt::format("{}x{}_{}", c.replicas, c.devices, c.schedule);
     CAPTURE(name);
     auto p = testing::load_plan(gpt(c.devices, c.schedule, c.replicas), dir.file(name));
