@@ -57,9 +57,9 @@ void check_eval_args(const Args& args, bool under_mpirun) {
     fail(ErrorKind::kUsage, "{} evaluates after training steps; --steps is {}", flag, args.steps);
   if (under_mpirun)
     fail(ErrorKind::kUsage,
-         "{} is not supported under mpirun yet; evaluate the checkpoint in a run of one process "
-         "(stagerun PLAN --resume DIR {} ...)",
-         flag, flag);
+         "{} is not supported under mpirun yet: run the evaluated training in one process "
+         "(stagerun without mpirun runs every device of the plan)",
+         flag);
 }
 
 std::unique_ptr<Evaluator> Evaluator::make(const Args& args, const rt::Pipeline& pipeline) {
