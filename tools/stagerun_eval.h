@@ -22,7 +22,8 @@
 ///
 /// Printed: one line per evaluation, `eval after step 20: loss 3.456789 over 8 batches (0.42 s)`;
 /// with --json a record {type: "eval", format_version, step, loss, batches, seconds} as it happens
-/// (docs/schemas/stagerun.schema.json). A stop signal ends the run before any further evaluation.
+/// (docs/schemas/stagerun.schema.json). A stop signal ends the run after the step in flight with
+/// no evaluation after it (one during an evaluation: after the next step, as between steps).
 /// Not under mpirun yet (refused).
 
 #include <CLI/CLI.hpp>
