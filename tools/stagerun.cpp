@@ -3,6 +3,7 @@
 //   stagerun PLAN_DIR [--backend auto|cpu|cuda] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
 //            [--data DIR | --tokens FILE [--seq T] [--token-dtype uint16|uint32] [--shuffle --seed S]]
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE [--trace-steps N]] [--json]
+//            [--eval-data DIR | --eval-tokens FILE [--eval-every N] [--eval-batches K]]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
 //            [--timeout SECONDS] [--bucket-mb MIB] [--no-overlap] [--transport auto|nccl|mpi]
 //            [--loss-scale S] [--loss-scale-window N]
@@ -18,7 +19,9 @@
 // step s trains on batch s mod K, each read when needed) and --tokens FILE (windows of T+1
 // tokens of a language model's token stream, tools/token_stream.h), the next batch read on a
 // thread of its own while a step runs; checkpoints keep the data's position ("data"), so
-// --resume goes on with the batch after the checkpoint's.
+// --resume goes on with the batch after the checkpoint's. --eval-data DIR / --eval-tokens FILE
+// [--eval-every N] [--eval-batches K] evaluate the training plan's forward on held-out batches
+// between the steps, changing nothing of the training (tools/stagerun_eval.h).
 //
 // --json: JSON Lines (docs/schemas/stagerun.schema.json; times in ms, memory in bytes). One
 // record per step, {type: "step", format_version, step, step_ms, [loss] (training), [epoch]
@@ -115,6 +118,7 @@
 #include "tools/stagerun_inputs.h"
 #include "tools/stagerun_args.h"
 #include "tools/stagerun_data.h"
+#include "tools/stagerun_eval.h"
 #include "tools/stagerun_notes.h"
 #include "tools/stagerun_print.h"
 #include "tools/stagerun_profile.h"
@@ -175,6 +179,7 @@ void add_options(CLI::App& app, Args& args) {
                "epoch) instead of file order");
   app.add_option("--seed", args.seed, "--shuffle: the seed of the windows' order")
       ->capture_default_str();
+  tools::add_eval_options(app, args);
   app.add_flag("--synthetic", args.synthetic,
                "Deterministic synthetic inputs (the default without --inputs)");
   app.add_option("--outputs", args.outputs_dir,
@@ -311,7 +316,8 @@ void check_args(const Args& args) {
   if (!args.tokens_path.empty() &&
       (!args.data_dir.empty() || !args.inputs_path.empty() || args.synthetic))
     fail(ErrorKind::kUsage, "--tokens excludes --data, --inputs and --synthetic");
-  if (args.tokens_path.empty() && (args.seq || !args.token_dtype.empty() || args.shuffle))
+  if (args.tokens_path.empty() &&
+      (args.shuffle || (args.eval_tokens_path.empty() && (args.seq || !args.token_dtype.empty()))))
     fail(ErrorKind::kUsage, "--seq, --token-dtype and --shuffle need --tokens FILE");
   if (!args.shuffle && args.seed != 0)
     fail(ErrorKind::kUsage, "--seed {} needs --shuffle (the windows are in file order without it)",
@@ -329,6 +335,7 @@ void check_args(const Args& args) {
     fail(ErrorKind::kUsage, "--json and --trace - both write to stdout; give --trace a FILE");
   if (args.loss_scale) rt::LossScale::check_scale(*args.loss_scale, "--loss-scale");
   if (args.loss_scale_window) rt::LossScale::check_window(*args.loss_scale_window);
+  tools::check_eval_args(args, rt::mpi::World::launched());
 }
 
 // --data and --tokens: the source's batches, one step per run, the next read while a step runs;
@@ -336,9 +343,10 @@ void check_args(const Args& args) {
 // over all the steps (of each run only its figures for the median step are kept, and the last
 // one's outputs). `position` is where the data stands after the step that runs (the checkpoints
 // keep it); `epoch` the epoch of its batch (--tokens; -1 otherwise), `epochs` every step's.
+// `eval` (--eval-data, --eval-tokens; may be null) evaluates between the runs where due.
 rt::RunReport run_batches(rt::Pipeline& pipeline, tools::BatchSource& source, const Args& args,
                           const rt::RunOptions& options, nlohmann::json& position,
-                          int64_t& epoch, std::vector<int64_t>& epochs) {
+                          int64_t& epoch, std::vector<int64_t>& epochs, tools::Evaluator* eval) {
   rt::RunReport report;
   tools::Prefetcher prefetch(source, args.steps);
   struct Figures {  // what the report takes of the run of the median step
@@ -354,6 +362,8 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, tools::BatchSource& source, co
   for (int s = 0; s < args.steps; ++s) {
     one_step.trace_steps = s < options.trace_steps ? 1 : 0;
     one_step.profile_step = options.profile_step == s + 1 ? 1 : 0;
+    // A checkpoint every --save-every steps and after the training's last step, not each run's.
+    one_step.checkpoint_at_end = s + 1 == args.steps;
     const auto start = std::chrono::steady_clock::now();
     tools::Batch batch = prefetch.next();
     position = std::move(batch.position);
@@ -389,6 +399,8 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, tools::BatchSource& source, co
     }
     report.stop_signal = r.stop_signal;  // a stop agreed on in the run: no more runs
     if (r.stop_signal != 0) break;
+    if (eval && eval->due(pipeline.steps_done(), s + 1 == args.steps))
+      eval->run(pipeline, options.timeout_s);
   }
   report.reported_step = rt::median_step(report.step_s, report.profiled_step);
   report.bubble_fraction = runs[report.reported_step].bubble_fraction;
@@ -606,7 +618,9 @@ int main(int argc, char** argv) {
       source = tools::token_batches(args, *pipeline, note);
       if (!note.empty() && !args.quiet && (!world || world->rank() == 0))
         fmt::print(stderr, "stagerun: note: {}\n", note);
-    } else {
+    }
+    std::unique_ptr<tools::Evaluator> evaluator = tools::Evaluator::make(args, *pipeline);
+    if (!source) {
       inputs = args.inputs_path.empty() ? pipeline->synthetic_inputs()
                                         : read_inputs(args.inputs_path, *pipeline);
       pipeline->check_inputs(inputs);
@@ -650,7 +664,8 @@ int main(int argc, char** argv) {
     }
     tools::install_stop_handlers(world.has_value());
     rt::RunReport report =
-        source ? run_batches(*pipeline, *source, args, options, position, epoch, epochs)
+        source ? run_batches(*pipeline, *source, args, options, position, epoch, epochs,
+                             evaluator.get())
                : pipeline->run(inputs, options);
     // A stopped run is resumed from its checkpoint, not exported.
     const int code = report.stop_signal != 0 ? tools::kStoppedExitCode : 0;

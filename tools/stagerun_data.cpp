@@ -19,11 +19,12 @@ namespace {
 // never mmap, so a data set larger than the address space the process may have trains).
 class NpyBatches final : public BatchSource {
  public:
-  NpyBatches(const std::string& dir, const rt::Pipeline& pipeline) : dir_(dir) {
+  NpyBatches(const std::string& dir, const rt::Pipeline& pipeline, std::string_view flag)
+      : dir_(dir), flag_(flag) {
     std::map<std::string, ArrayInfo> arrays;
     for (const rt::ModelTensor& in : pipeline.inputs()) {
       Input input;
-      input.file = input_file(dir, in, pipeline, "--data");
+      input.file = input_file(dir, in, pipeline, flag);
       if (input.file.ends_with(".npy")) {
         const rt::NpyArray array = rt::read_npy_header(input.file);
         input.array = {array.dtype, array.shape};
@@ -35,7 +36,7 @@ class NpyBatches final : public BatchSource {
       arrays[in.name] = input.array;
       inputs_[in.name] = std::move(input);
     }
-    batches_ = count_batches(arrays, pipeline, dir);
+    batches_ = count_batches(arrays, pipeline, dir, flag);
     for (auto& [name, input] : inputs_) input.rows = input.array.shape[0] / batches_;
   }
 
@@ -53,7 +54,7 @@ class NpyBatches final : public BatchSource {
       const int64_t at = input.offset + first * (t.bytes() / input.rows);
       std::ifstream in(input.file, std::ios::binary);
       if (!in || !in.seekg(at) || !in.read(reinterpret_cast<char*>(t.data), t.bytes()))
-        fail(ErrorKind::kIo, "--data {}: cannot read batch {} of {} ({} bytes at byte {})",
+        fail(ErrorKind::kIo, "{} {}: cannot read batch {} of {} ({} bytes at byte {})", flag_,
              dir_, next_, input.file, t.bytes(), at);
       batch.inputs[name] = std::move(t);
     }
@@ -76,6 +77,9 @@ class NpyBatches final : public BatchSource {
     next_ = next;
   }
 
+  int64_t batches() const override { return batches_; }
+  void rewind() override { next_ = 0; }
+
  private:
   struct Input {
     std::string file;
@@ -84,7 +88,7 @@ class NpyBatches final : public BatchSource {
     rt::Tensor whole;    ///< .pb: read whole.
     int64_t rows = 0;    ///< Per batch.
   };
-  std::string dir_;
+  std::string dir_, flag_;
   std::map<std::string, Input> inputs_;
   int64_t batches_ = 0;
   int64_t next_ = 0;
@@ -92,8 +96,9 @@ class NpyBatches final : public BatchSource {
 
 }  // namespace
 
-std::unique_ptr<BatchSource> data_batches(const std::string& dir, const rt::Pipeline& pipeline) {
-  return std::make_unique<NpyBatches>(dir, pipeline);
+std::unique_ptr<BatchSource> data_batches(const std::string& dir, const rt::Pipeline& pipeline,
+                                          std::string_view flag) {
+  return std::make_unique<NpyBatches>(dir, pipeline, flag);
 }
 
 Prefetcher::Prefetcher(BatchSource& source, int64_t total, size_t ahead)

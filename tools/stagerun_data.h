@@ -45,12 +45,18 @@ class BatchSource {
   /// data (another batch or window count, seed or order) is refused with one line
   /// (`Error(kUsage)`) naming the checkpoint `dir` and what differs.
   virtual void restore(const nlohmann::json& position, const std::string& dir) = 0;
+  /// The whole batches the data holds (--data: K; --tokens: its windows over a batch's rows).
+  virtual int64_t batches() const = 0;
+  /// Back to the first batch, in file order (a held-out evaluation reads the same batches each
+  /// time: tools/stagerun_eval.h).
+  virtual void rewind() = 0;
 };
 
 /// --data DIR: NAME.npy per graph input holding K batches along the first axis (checked as
 /// before: whole batches alike); step s reads batch s mod K, just its rows. A NAME.pb input is
-/// read whole (a protobuf cannot be read in parts).
-std::unique_ptr<BatchSource> data_batches(const std::string& dir, const rt::Pipeline& pipeline);
+/// read whole (a protobuf cannot be read in parts). Errors name `flag` (--data, --eval-data).
+std::unique_ptr<BatchSource> data_batches(const std::string& dir, const rt::Pipeline& pipeline,
+                                          std::string_view flag = "--data");
 
 /// --tokens FILE (args.tokens_path, --seq, --token-dtype, --shuffle, --seed): windows of the
 /// stream for a language-model training plan (see stagerun_tokens.cpp for how its inputs are

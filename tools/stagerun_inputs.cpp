@@ -37,7 +37,7 @@ std::string input_file(const std::string& dir, const rt::ModelTensor& in,
   rt::Shape batch = in.shape;
   if (!batch.empty()) batch[0] *= pipeline.step_microbatches();
   fail(ErrorKind::kUsage, "{} {}: no {}.npy or {}.pb for input '{}' ({}{}{})", flag, dir,
-       file_stem(in.name), file_stem(in.name), in.name, flag == "--data" ? "K batches of " : "",
+       file_stem(in.name), file_stem(in.name), in.name, flag != "--inputs" ? "K batches of " : "",
        dtype_name(in.dtype), rt::shape_string(batch));
 }
 
@@ -93,7 +93,7 @@ std::string replan_hint(const rt::Pipeline& pipeline, const rt::ModelTensor& in,
 
 // --data: each input's file holds K batches along the first axis, alike.
 int64_t count_batches(const std::map<std::string, ArrayInfo>& data, const rt::Pipeline& pipeline,
-                      const std::string& dir) {
+                      const std::string& dir, std::string_view flag) {
   int64_t batches = -1;
   const int64_t m = pipeline.step_microbatches();  // of every replica
   for (const rt::ModelTensor& in : pipeline.inputs()) {
@@ -106,8 +106,8 @@ int64_t count_batches(const std::map<std::string, ArrayInfo>& data, const rt::Pi
                 t.shape[0] % rows == 0 && t.shape[0] > 0;
     if (!fits)
       fail(ErrorKind::kShape,
-           "--data {}: input '{}' is {}{} but should be K batches of {}{} along the first axis{}",
-           dir, in.name, dtype_name(t.dtype), rt::shape_string(t.shape), dtype_name(in.dtype),
+           "{} {}: input '{}' is {}{} but should be K batches of {}{} along the first axis{}",
+           flag, dir, in.name, dtype_name(t.dtype), rt::shape_string(t.shape), dtype_name(in.dtype),
            rt::shape_string([&] {
              rt::Shape b = in.shape;
              if (!b.empty()) b[0] = rows;
@@ -118,8 +118,8 @@ int64_t count_batches(const std::map<std::string, ArrayInfo>& data, const rt::Pi
                : "");
     int64_t k = t.shape[0] / rows;
     if (batches >= 0 && k != batches)
-      fail(ErrorKind::kShape, "--data {}: input '{}' holds {} batches, another input {}", dir,
-           in.name, k, batches);
+      fail(ErrorKind::kShape, "{} {}: input '{}' holds {} batches, another input {}", flag,
+           dir, in.name, k, batches);
     batches = k;
   }
   return batches;

@@ -37,6 +37,6 @@ struct ArrayInfo {
 /// returns K (`Error(kShape)` naming the input when they do not hold whole batches alike, with
 /// the stagec --dim that re-plans for them where the model leaves that dim symbolic).
 int64_t count_batches(const std::map<std::string, ArrayInfo>& data, const rt::Pipeline& pipeline,
-                      const std::string& dir);
+                      const std::string& dir, std::string_view flag = "--data");
 
 }  // namespace stagecraft::tools

@@ -133,6 +133,9 @@ class TokenBatches final : public BatchSource {
     position_ = {epoch, index};
   }
 
+  int64_t batches() const override { return order_.windows() / rows_; }
+  void rewind() override { position_ = {}; }
+
  private:
   static std::optional<TokenDtype> raw_dtype(const Args& args) {
     if (args.token_dtype.empty()) return std::nullopt;

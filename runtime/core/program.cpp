@@ -521,6 +521,9 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
     in_ptrs.clear();
     out_ptrs.clear();
     for (int s : step.inputs) in_ptrs.push_back(s < 0 ? nullptr : &values[s]);
+    // Eval mode (model.eval()): a Dropout without its training_mode input is the identity, on
+    // every backend, whatever the file's training_mode says.
+    if (run.eval_mode && step.op_type == "Dropout" && in_ptrs.size() > 2) in_ptrs[2] = nullptr;
     // An omitted optional output gets a scratch tensor-less null; kernels skip null outputs.
     for (int s : step.outputs) out_ptrs.push_back(s < 0 ? nullptr : &values[s]);
     if (step.zero_outputs)

@@ -58,6 +58,10 @@ struct TrainingRun {
   bool update_state = false;
   /// The random key of the step and microbatch (Program::random_key); 0 outside training.
   uint64_t random_key = 0;
+  /// The model in eval mode, as torch's model.eval(): every Dropout is the identity whatever
+  /// its training_mode input says (a held-out evaluation of a training plan, RunOptions::
+  /// forward_only). Running statistics are not updated either (`update_state` false).
+  bool eval_mode = false;
 };
 
 class Program {

@@ -163,6 +163,10 @@ void DeviceWorker::run_step() {
   const bool ranges = !context_->host_visible();  // NVTX ranges name the instructions on CUDA
   for (size_t index = 0; index < list.size(); ++index) {
     const schedule::Instruction& ins = list[index];
+    // An evaluation runs the forward part of the list only, in its order.
+    if (run_.options.forward_only && ins.op != schedule::Op::kRecvAct &&
+        ins.op != schedule::Op::kForward && ins.op != schedule::Op::kSendAct)
+      continue;
     if (run_.options.before_instruction) run_.options.before_instruction(device_, step, index);
     // The context (device, step, instruction) is built only when something fails.
     auto context = [&] { return fmt::format("step {}: {}", step, schedule::to_string(ins)); };
@@ -203,21 +207,22 @@ void DeviceWorker::profile_node(std::string_view node, std::string_view op_type,
 
 bool DeviceWorker::after_step() {
   wait_for_all("waiting for every device at the step's end");
-  if (run_.defers_update()) {
+  const RunOptions& options = run_.options;
+  // An evaluation (forward only) has nothing to update or save.
+  if (run_.defers_update() && !options.forward_only) {
     finish_deferred_step();
     wait_for_all("waiting for every device's optimizer update");
   }
   // Read once, between the step's last barrier and the next: every device of every process
   // reads the same (RunState::stop_signal).
   const bool stopping = run_.stop_signal.load() != 0;
-  const RunOptions& options = run_.options;
   const int64_t done = run_.global_step + step_ + 1;
   if (device_ == run_.first_device) {
     run_.step_end[step_] = run_.seconds();
     if (options.progress) options.progress(step_ + 1, run_.steps, run_.step_end[step_]);
   }
-  bool checkpoint = run_.training && options.checkpoint &&
-                    (step_ + 1 == run_.steps || stopping ||
+  bool checkpoint = run_.training && !options.forward_only && options.checkpoint &&
+                    ((options.checkpoint_at_end && step_ + 1 == run_.steps) || stopping ||
                      (options.checkpoint_every > 0 && done % options.checkpoint_every == 0));
   if (!checkpoint) return !stopping;
   // A device of its own memory first gives the host its weights and optimizer state.
@@ -301,15 +306,16 @@ void DeviceWorker::recv_act(const schedule::Instruction& ins) {
 void DeviceWorker::record_loss(const schedule::Instruction& ins, float loss) {
   if (!std::isfinite(loss) && !run_.options.skip_nonfinite)
     fail(ErrorKind::kModel,
-         "the loss is {} at step {}, microbatch {} (stage {}); stopping "
-         "(--skip-nonfinite goes on)",
-         loss, run_.global_step + step_ + 1, ins.microbatch, ins.stage);
+         "the loss is {} {} {}, microbatch {} (stage {}); stopping (--skip-nonfinite goes on)",
+         loss, run_.options.forward_only ? "in the evaluation after step" : "at step",
+         run_.global_step + (run_.options.forward_only ? 0 : step_ + 1), ins.microbatch,
+         ins.stage);
   run_.loss_of(step_, batch_index(ins.microbatch)) = loss;
 }
 
 void DeviceWorker::forward(const schedule::Instruction& ins) {
   StageRuntime& st = stage(ins.stage);
-  const bool training = run_.training;
+  const bool training = keeps_for_backward();
   MemoryMeter& meter = run_.meters[device_];
   const Key key{ins.stage, ins.microbatch};
   std::vector<NamedTensor> got = std::move(received_[key]);
@@ -331,14 +337,7 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
     // Keep the inputs only (the received ones stay metered); the backward re-runs the
     // forward from them.
     outs = st.program.run(*context_, args, arena_->base(), &hook_, program_run(ins, true));
-    if (!st.loss.empty()) {
-      const auto& names = st.program.outputs();
-      size_t at =
-          static_cast<size_t>(std::find_if(names.begin(), names.end(),
-                                           [&](const ValueInfo& v) { return v.name == st.loss; }) -
-                              names.begin());
-      record_loss(ins, read_float(*context_, outs.at(at)));
-    }
+    if (!st.loss.empty()) record_loss(ins, read_float(*context_, outs.at(loss_output(st))));
     recompute_[key] = Recompute{args, bytes_of(got), 0};
   } else if (training) {
     auto& keep = stash_[key];
@@ -349,6 +348,11 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
     meter.sub(bytes_of(got));
     meter.add(bytes_of_map(keep, st.weights));
     if (!st.loss.empty()) record_loss(ins, read_float(*context_, keep.at(st.loss)));
+  } else if (run_.options.forward_only) {
+    // An evaluation: the model in eval mode, no state update, no random draw.
+    outs = st.program.run(*context_, args, arena_->base(), &hook_,
+                          TrainingRun{.update_state = false, .random_key = 0, .eval_mode = true});
+    if (!st.loss.empty()) record_loss(ins, read_float(*context_, outs.at(loss_output(st))));
   } else {
     outs = st.program.run(*context_, args, arena_->base(), &hook_);
   }
@@ -367,10 +371,19 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
     meter.sub(held);  // handed back: the caller's copies are host memory, not the device's
 }
 
+size_t DeviceWorker::loss_output(const StageRuntime& st) {
+  const auto& names = st.program.outputs();
+  return static_cast<size_t>(
+      std::find_if(names.begin(), names.end(),
+                   [&](const ValueInfo& v) { return v.name == st.loss; }) -
+      names.begin());
+}
+
 // Bytes of a forward's outputs that the stash does not hold (metered while they wait to be sent).
 int64_t DeviceWorker::held_output_bytes(const StageRuntime& st, const Key& key,
                                         const std::vector<Tensor>& outs) const {
-  const auto stash = run_.training && !st.stage->recompute ? stash_.find(key) : stash_.end();
+  const auto stash =
+      keeps_for_backward() && !st.stage->recompute ? stash_.find(key) : stash_.end();
   int64_t held = 0;
   for (size_t k = 0; k < outs.size(); ++k)
     if (stash == stash_.end() || !stash->second.count(st.program.outputs()[k].name))

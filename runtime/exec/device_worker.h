@@ -99,6 +99,11 @@ class DeviceWorker {
                                               static_cast<int64_t>(batch_index(ins.microbatch)))};
   }
   void record_loss(const schedule::Instruction& ins, float loss);
+  /// The index of the stage's loss among its forward program's outputs.
+  static size_t loss_output(const StageRuntime& st);
+  /// Whether a forward keeps values for a backward: training, but not an evaluation
+  /// (RunOptions::forward_only).
+  bool keeps_for_backward() const { return run_.training && !run_.options.forward_only; }
   void timed(schedule::Op op, int stage, int microbatch, double start);
   /// A receive's wait, from `start` to its data in hand, or a send, from `start` to the tensors
   /// handed to the transport: on the timeline (stagerun --trace), not in the busy time.

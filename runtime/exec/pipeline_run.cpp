@@ -299,6 +299,11 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
   check_inputs(inputs);
   if (options.steps < 1)
     fail(ErrorKind::kUsage, "--steps must be at least 1 (got {})", options.steps);
+  if (options.forward_only && !plan_.training)
+    fail(ErrorKind::kUsage,
+         "an evaluation (forward only) runs a training plan's forward and loss; {} is an "
+         "inference plan",
+         plan_dir_);
   if (scales_loss()) {
     LossScale::check_scale(loss_scale_.scale, "--loss-scale");
     LossScale::check_window(loss_scale_.window);
@@ -337,11 +342,13 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
   if (run.first_error) {
     // Steps that did not finish leave no optimizer step behind in the count (a checkpoint
     // taken during the run recorded its own); keep the count at the last finished step.
-    if (run.training) steps_done_ = run.global_step + run.steps_finished();
+    if (run.training && !options.forward_only)
+      steps_done_ = run.global_step + run.steps_finished();
     throw *run.first_error;
   }
   // A stop (RunOptions::stop_requested) ends the run after fewer steps than asked.
-  steps_done_ = run.global_step + run.steps_finished();
+  // An evaluation (forward only) takes no optimizer step.
+  if (!options.forward_only) steps_done_ = run.global_step + run.steps_finished();
   return make_report(run, plan_);
 }
 

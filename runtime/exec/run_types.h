@@ -76,6 +76,17 @@ struct RunOptions {
   /// are quiet: a checkpoint may be saved). An `Error` it throws stops the run, unchanged.
   std::function<void(int64_t)> checkpoint;
   int checkpoint_every = 0;  ///< 0: only after the last step.
+  /// Whether `checkpoint` is also called after the run's last step (a stop's step and every
+  /// `checkpoint_every` are saved either way): false for one of several one-step runs that
+  /// make up a training (stagerun --data, --tokens), whose last step is not the training's.
+  bool checkpoint_at_end = true;
+  /// Training plan: run the forward only, as a held-out evaluation (stagerun --eval-data,
+  /// --eval-tokens): each device runs just the RECV_ACT, FWD and SEND_ACT instructions of its
+  /// list, in their order, with every Dropout the identity (TrainingRun::eval_mode); nothing is
+  /// kept for a backward, no gradient, all-reduce, optimizer step, state update or checkpoint
+  /// happens, and the steps done, the loss scale and the training's random keys do not move.
+  /// `RunReport::losses` has each step's loss (the mean over the microbatches, as training's).
+  bool forward_only = false;
   /// A pipeline loaded for some of the plan's devices (a rank of mpirun, runtime/mpi): the
   /// transport joining replica `replica`'s devices here to the others', made for every run
   /// from the plan's links, a link's capacity and the callback for a message's arrival (the

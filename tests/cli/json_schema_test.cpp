@@ -314,6 +314,28 @@ TEST_CASE("the tools' JSON outputs are JSON Lines that their schemas accept") {
     check_valid(runs, lines[k], fmt::format("stagerun --json --tokens record {}", k + 1));
   CHECK(lines[1]["epoch"] == 0);
   CHECK(lines[2]["epoch"] == 1);  // windows 16-23: 12 a pass
+
+  // --eval-tokens: an eval record as each evaluation happens (after steps 2 and 3), before the
+  // step records (the stream's 12 windows hold one batch of 8).
+  lines = json_lines(run_command(dir, fmt::format("{} {} --steps 3 -q --json --tokens {} "
+                                                  "--eval-tokens {} --eval-every 2",
+                                                  stagerun, dir.file("zb"), stream, stream)),
+                     "eval");
+  REQUIRE(lines.size() == 6);
+  for (int k = 0; k < 6; ++k)
+    check_valid(runs, lines[k], fmt::format("stagerun --json --eval-tokens record {}", k + 1));
+  CHECK(lines[0]["type"] == "eval");
+  CHECK(lines[0]["step"] == 2);
+  CHECK(lines[1]["type"] == "eval");
+  CHECK(lines[1]["step"] == 3);
+  CHECK(lines[1]["batches"] == 1);
+  CHECK(lines[2]["type"] == "step");
+  json stray = lines[0];
+  stray["extra"] = 1;
+  CHECK(!runs.errors(stray).empty());
+  json missing = lines[0];
+  missing.erase("loss");
+  CHECK(!runs.errors(missing).empty());
 }
 
 TEST_CASE("stagec --auto's search in plan.json and stagedump --json match their schemas") {

@@ -154,4 +154,27 @@ TEST_CASE("Dropout training_mode=true: stagec gives a Dropout without one its ma
     if (!node.dead && node.name == "/drop1/Dropout") CHECK(node.outputs.size() == 1);
 }
 
+TEST_CASE("Dropout training_mode=true: an evaluation (forward only) runs it as the identity") {
+  testing::TempDir dir;
+  // The training-mode model evaluated, pipelined, and its eval-mode twin (the same weights)
+  // trained one step: the step's forward loss is the evaluation's.
+  plan::PlannedModel planned = plan::make_plan(options_for(models().training, 2, "1f1b", false));
+  plan::write_plan(planned, dir.file("training"));
+  auto training = Pipeline::load(dir.file("training"), cpu_backend(), 1);
+  RunOptions eval;
+  eval.forward_only = true;
+  const auto inputs = training->synthetic_inputs();
+  const double evaluated = training->run(inputs, eval).losses.at(0);
+  const std::vector<double> identity =
+      train(options_for(models().eval, 1, "1f1b", false), 1, dir.file("eval"));
+  const std::vector<double> masked =
+      train(options_for(models().training, 1, "1f1b", false), 1, dir.file("masked"));
+  REQUIRE(identity.size() == 1);
+  CHECK(std::fabs(evaluated - identity[0]) <= 1e-6 * std::max(1.0, std::fabs(identity[0])));
+  CHECK(std::fabs(masked[0] - identity[0]) > 1e-4 * std::fabs(identity[0]));  // masks in effect
+  // Deterministic: evaluated again, the same bits; and no step was taken.
+  CHECK(training->run(inputs, eval).losses.at(0) == evaluated);
+  CHECK(training->steps_done() == 0);
+}
+
 }  // namespace stagecraft::rt
