@@ -1,9 +1,16 @@
 // The graph IR: linking, topological order, cycles, compaction, shape arithmetic.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fstream>
+
 #include "compiler/ir/graph.h"
+#include "compiler/ir/weights.h"
 #include "compiler/model_info.h"
 #include "runtime/format/error.h"
+#include "tests/test_util.h"
 
 namespace stagecraft {
 namespace {
@@ -93,6 +100,39 @@ TEST_CASE("errors carry their context chain on one line") {
   Error quoted(ErrorKind::kFormat, "unknown key 'a\nb\r\x01\tc'");
   quoted.in("x\ny.npy");
   CHECK(std::string(quoted.what()) == "x\\ny.npy: unknown key 'a\\nb\\r\\x01 c'");
+}
+
+TEST_CASE("weight bytes a sparse file never wrote are known unwritten, written ones are not") {
+  testing::TempDir dir;
+  const std::string path = dir.file("weights.data");
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "written bytes";  // at offset 0
+  }
+  // 64 MiB more, never written (a hole, as stagecraft-make-samples --no-weight-bytes leaves),
+  // then one written byte at the end.
+  REQUIRE(::truncate(path.c_str(), 64 * kMiB) == 0);
+  {
+    std::fstream out(path, std::ios::binary | std::ios::in | std::ios::out);
+    out.seekp(64 * kMiB - 1);
+    out.put('x');
+  }
+  CHECK_FALSE(ir::WeightData::external(path, "weights.data", 0, 13)->unwritten());
+  CHECK_FALSE(ir::WeightData::external(path, "weights.data", 0, 64 * kMiB)->unwritten());
+  CHECK_FALSE(ir::WeightData::external(path, "weights.data", 64 * kMiB - 8, 8)->unwritten());
+  // Whole blocks inside the hole (file systems keep holes in blocks of at most a few KiB), where
+  // the file system reports holes at all (one that does not reads every byte: never wrong).
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  const bool holes = ::lseek(fd, 0, SEEK_HOLE) < 64 * kMiB;
+  ::close(fd);
+  if (holes)
+    CHECK(ir::WeightData::external(path, "weights.data", kMiB, 4 * kMiB)->unwritten());
+  else
+    MESSAGE("this file system reports no holes: only the written cases are checked");
+  CHECK_FALSE(ir::WeightData::owned(std::string(16, '\0'))->unwritten());
+  CHECK_FALSE(ir::WeightData::external(dir.file("missing"), "missing", 0, 8)->unwritten());
 }
 
 }  // namespace

@@ -437,6 +437,25 @@ Candidate SplitEvaluator::evaluate(const std::vector<int>& cuts, bool scoring_on
   return c;
 }
 
+double SplitEvaluator::step_bound_ms(const std::vector<int>& cuts) const {
+  const partition::Solution sol = partition::evaluate_cuts(gp_.problem, cuts);
+  const schedule::PipelineShape& shape = s_.shape;
+  // The simulator's own per-stage times, without recomputation (which only adds).
+  const schedule::StageCosts c = stage_costs(s_, sol, f_, SimExtras{});
+  std::vector<double> busy(static_cast<std::size_t>(shape.devices), 0.0);
+  double path = 0;
+  for (std::size_t k = 0; k < c.forward_s.size(); ++k) {
+    const int stage = static_cast<int>(k);
+    const double fwd = c.forward_s[k];
+    const double b = shape.training ? c.backward_input_s[k] : 0.0;
+    const double w = shape.training ? c.backward_weight_s[k] : 0.0;
+    busy[static_cast<std::size_t>(schedule::device_of_stage(stage, shape))] +=
+        shape.microbatches * (fwd + b + w);
+    path += fwd + b + (shape.training && splits_backward(s_, stage) ? 0.0 : w);
+  }
+  return std::max(*std::max_element(busy.begin(), busy.end()), path) * 1e3;
+}
+
 partition::SplitScore SplitEvaluator::score(const Candidate& c) const {
   const auto step = c.predicted.step_ms;
   const auto peak = static_cast<double>(c.predicted.peak_memory_bytes);

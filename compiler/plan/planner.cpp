@@ -597,6 +597,7 @@ PlannedModel make_plan(const PlanOptions& o) {
   p.baseline_parameters = choice.baseline_parameters;
   p.baseline_uniform = choice.baseline_uniform;
   p.search.candidates = choice.candidates;
+  p.search.pruned = choice.pruned;
   p.search.bottleneck_step_ms = choice.bottleneck.step_ms;
   p.search.bottleneck_fits = choice.bottleneck.fits;
   p.search.bottleneck_split_after = choice.bottleneck.split_after;
@@ -615,9 +616,11 @@ std::string search_line(const Plan& p) {
       search.bottleneck_step_ms > 0 ? 1 - p.predicted.step_ms / search.bottleneck_step_ms : 0;
   std::string against = gain >= 0 ? fmt::format("{:.1f}% shorter than", 100 * gain)
                                   : fmt::format("{:.1f}% longer than", -100 * gain);
+  const std::string pruned =
+      search.pruned > 0 ? fmt::format(" ({} more ruled out by a lower bound)", search.pruned) : "";
   return fmt::format(
-      "  split search: {} candidates simulated; step {} the {}-stage optimum's {:.3f} ms{}",
-      search.candidates, against, p.objective == Objective::kMemory ? "largest" : "slowest",
+      "  split search: {} candidates simulated{}; step {} the {}-stage optimum's {:.3f} ms{}",
+      search.candidates, pruned, against, p.objective == Objective::kMemory ? "largest" : "slowest",
       search.bottleneck_step_ms, search.bottleneck_fits ? "" : " (which does not fit)");
 }
 

@@ -147,6 +147,7 @@ struct SplitChoice {
   Prediction bottleneck;             ///< Its prediction.
   Prediction baseline_parameters, baseline_uniform;
   int64_t candidates = 0;  ///< Distinct splits simulated.
+  int64_t pruned = 0;      ///< Splits not simulated: their step's lower bound was too long.
   /// When the tie-break chose another split than the fastest found (a step within 1% that sends
   /// fewer bytes across its cuts): the fastest one's cuts and prediction, the chosen one's step
   /// and the bytes per microbatch each sends across its cuts (before --precision mixed). Empty cuts otherwise.
@@ -237,6 +238,13 @@ class SplitEvaluator {
   /// stages leave out their node names and arena tensors (their sizes stay), which the score,
   /// the prediction and the device peaks do not read: the search's many candidates.
   Candidate evaluate(const std::vector<int>& cuts, bool scoring_only = false);
+
+  /// A lower bound on the step `evaluate(cuts)` predicts, ms, from the stages' compute alone:
+  /// the busiest device runs every microbatch of its stages (forward and backward), and one
+  /// microbatch goes forward through every stage and back (the weight-gradient part aside
+  /// where the schedule defers it). The simulator only adds to these (transfers, waits,
+  /// recomputation, shared processors).
+  double step_bound_ms(const std::vector<int>& cuts) const;
 
   /// The search's key: the simulated step under the speed objective, the largest device peak
   /// under the memory objective, the other as the tie-breaker.

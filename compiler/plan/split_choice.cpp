@@ -2,8 +2,11 @@
 // tighter limits when a device does not fit), the baselines, and the search by simulation
 // (planning.h choose_split).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -141,15 +144,36 @@ SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFa
     partition::SplitScore score;
     Prediction predicted;
     std::vector<int64_t> device_bytes;
+    bool pruned = false;  ///< Not simulated: `score.primary` is its step's lower bound.
   };
   std::map<std::vector<int>, Evaluated> seen;
-  auto evaluate = [&](const std::vector<int>& cuts) -> const Evaluated& {
+  // The speed objective: the best fitting step simulated so far. A split the search moves to
+  // whose lower bound (SplitEvaluator::step_bound_ms) is past it by more than the tie-break's
+  // margin can neither be chosen nor tie, so it is not simulated; it scores its bound, which
+  // is no better, and the search goes exactly as it would have.
+  double best_step = std::numeric_limits<double>::infinity();
+  auto evaluate = [&](const std::vector<int>& cuts, bool may_prune = false) -> const Evaluated& {
     auto it = seen.find(cuts);
-    if (it != seen.end()) return it->second;
+    if (it != seen.end() && (may_prune || !it->second.pruned)) return it->second;
+    if (may_prune && s.objective == Objective::kSpeed && std::isfinite(best_step)) {
+      const double bound = evaluator.step_bound_ms(cuts);
+      if (bound > best_step * (1 + kTieFraction)) {
+        Evaluated e{{true, 0, bound, std::numeric_limits<double>::infinity()}, {}, {}, true};
+        return seen.insert_or_assign(cuts, std::move(e)).first->second;
+      }
+    }
     Candidate c = evaluator.evaluate(cuts, true);
+    // Pruning is exact only while the bound holds: every simulated split checks it.
+    if (const double bound = evaluator.step_bound_ms(cuts);
+        s.objective == Objective::kSpeed && bound > c.predicted.step_ms * (1 + 1e-9) + 1e-9)
+      fail(ErrorKind::kInternal,
+           "the split search's lower bound {:.6f} ms is over the simulated step {:.6f} ms of the "
+           "split after positions {}",
+           bound, c.predicted.step_ms, fmt::join(cuts, ", "));
     Evaluated e{evaluator.score(c), c.predicted, {}};
     for (const DevicePeak& d : c.peaks) e.device_bytes.push_back(d.peak_bytes);
-    return seen.emplace(cuts, std::move(e)).first->second;
+    if (e.score.fits) best_step = std::min(best_step, e.score.primary);
+    return seen.insert_or_assign(cuts, std::move(e)).first->second;
   };
   const int stages = gp.problem.stages;
   std::vector<double> param_weight, op_weight;
@@ -215,14 +239,15 @@ SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFa
     search_limits.max_candidates = candidate_budget(stages, s.shape.microbatches, gp.order.size());
     partition::SearchResult found = partition::search_cuts(
         static_cast<int>(gp.order.size()), stages, seeds,
-        [&](const std::vector<int>& cuts) { return evaluate(cuts).score; }, search_limits);
+        [&](const std::vector<int>& cuts) { return evaluate(cuts, true).score; }, search_limits);
     choice.cuts = found.cuts;
     if (s.objective == Objective::kSpeed) {
       const std::set<int> allowed(gp.problem.allowed_cuts.begin(), gp.problem.allowed_cuts.end());
       std::vector<partition::ScoredSplit> scored;
       for (const auto& [cuts, e] : seen)
-        if (allowed.empty() || std::all_of(cuts.begin(), cuts.end(),
-                                           [&](int c) { return allowed.count(c) > 0; }))
+        if (!e.pruned && (allowed.empty() || std::all_of(cuts.begin(), cuts.end(), [&](int c) {
+                            return allowed.count(c) > 0;
+                          })))
           scored.push_back({cuts, e.score});
       const partition::ScoredSplit tied = partition::fewest_bytes_within(
           {found.cuts, found.score}, scored, gp.problem.cut_bytes, kTieFraction);
@@ -239,7 +264,7 @@ SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFa
   }
   choice.baseline_parameters = evaluate(parameter_cuts).predicted;
   choice.baseline_uniform = evaluate(uniform_cuts).predicted;
-  choice.candidates = static_cast<int64_t>(seen.size());
+  for (const auto& [cuts, e] : seen) ++(e.pruned ? choice.pruned : choice.candidates);
   return choice;
 }
 

@@ -214,6 +214,7 @@ ordered prediction_json(const Prediction& prediction) {
 
 ordered search_json(const SplitSearch& search) {
   return {{"candidates", search.candidates},
+          {"pruned", search.pruned},
           {"bottleneck_step_ms", search.bottleneck_step_ms},
           {"bottleneck_fits", search.bottleneck_fits},
           {"bottleneck_split_after", search.bottleneck_split_after}};
@@ -367,8 +368,10 @@ Prediction read_prediction(const JsonObject& top, std::string_view name) {
 SplitSearch read_search(const JsonObject& top) {
   SplitSearch search;
   JsonObject f = top.object(
-      "search", {"candidates", "bottleneck_step_ms", "bottleneck_fits", "bottleneck_split_after"});
+      "search",
+      {"candidates", "pruned", "bottleneck_step_ms", "bottleneck_fits", "bottleneck_split_after"});
   search.candidates = f.int64("candidates");
+  if (f.has("pruned")) search.pruned = f.int64("pruned");
   search.bottleneck_step_ms = f.number("bottleneck_step_ms");
   search.bottleneck_fits = f.boolean("bottleneck_fits");
   search.bottleneck_split_after = f.at("bottleneck_split_after").strings();

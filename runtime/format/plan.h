@@ -295,6 +295,10 @@ struct SplitSearch {
   /// Distinct splits built, checked for memory and simulated: the solver's optimum, its
   /// re-solves for devices over their memory, the baselines, and local moves of each cut.
   int64_t candidates = 0;
+  /// Splits the search moved to and did not simulate: their lower bound on the step (the
+  /// busiest device's compute, or one microbatch's path through every stage) was already past
+  /// the best fitting step found (optional in plan.json: 0 when absent).
+  int64_t pruned = 0;
   /// The solver's optimum's predicted step (0 for a manual split, which has none).
   double bottleneck_step_ms = 0;
   bool bottleneck_fits = true;  ///< Whether that split fits every device.

@@ -673,6 +673,7 @@ class Validator {
   void check_search() const {
     const SplitSearch& search = plan_.search;
     non_negative("search.candidates", static_cast<double>(search.candidates));
+    non_negative("search.pruned", static_cast<double>(search.pruned));
     non_negative("search.bottleneck_step_ms", search.bottleneck_step_ms);
     size_t cuts = plan_.stages.size() - 1;
     if (!search.bottleneck_split_after.empty() && search.bottleneck_split_after.size() != cuts) {

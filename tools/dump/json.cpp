@@ -111,6 +111,7 @@ ordered search_json(const plan::Plan& plan) {
   const plan::SplitSearch& search = plan.search;
   const bool compared = search.bottleneck_step_ms > 0;
   return {{"candidates", search.candidates},
+          {"pruned", search.pruned},
           {"bottleneck_step_ms", compared ? ordered(search.bottleneck_step_ms) : ordered()},
           {"bottleneck_fits", search.bottleneck_fits},
           {"bottleneck_split_after", search.bottleneck_split_after},

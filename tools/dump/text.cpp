@@ -222,6 +222,8 @@ std::string search_text(const plan::Plan& plan) {
   const plan::SplitSearch& search = plan.search;
   if (search.candidates == 0) return "";  // a plan written before the search was recorded
   std::string simulated = plural(search.candidates, "candidate split") + " simulated";
+  if (search.pruned > 0)
+    simulated += fmt::format(" ({} more ruled out by a lower bound)", search.pruned);
   if (search.bottleneck_step_ms <= 0)
     return fmt::format("search      {} (a manual split, checked and simulated)\n", simulated);
   const double gain = 1 - plan.predicted.step_ms / search.bottleneck_step_ms;
