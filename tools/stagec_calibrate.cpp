@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
@@ -15,12 +16,20 @@
 namespace stagecraft::tools {
 namespace {
 
-/// The steps after the first (the warm-up) as the fit reads them.
+/// The steps after the first (the warm-up) as the fit reads them: with 4 or more, the middle
+/// half by step time (from the first quartile to the third), so that a step another process
+/// slowed, or one that ran alone on an idle machine, does not move the fit off the typical step.
 std::vector<cost::TracedStep> steady_steps(const dump::MeasuredRun& run) {
+  std::vector<std::size_t> order;
+  for (std::size_t k = 1; k < run.steps.size(); ++k) order.push_back(k);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return run.steps[a].end_s - run.steps[a].start_s < run.steps[b].end_s - run.steps[b].start_s;
+  });
+  const std::size_t n = order.size(), drop = n >= 4 ? n / 4 : 0;
   std::vector<cost::TracedStep> steps;
-  for (std::size_t k = 1; k < run.steps.size(); ++k) {
+  for (std::size_t i = drop; i < n - drop; ++i) {
     cost::TracedStep step;
-    for (const dump::MeasuredEvent& m : run.steps[k].events) {
+    for (const dump::MeasuredEvent& m : run.steps[order[i]].events) {
       const schedule::TimelineEvent& e = m.event;
       step.push_back({e.op, e.device, e.stage, e.microbatch, e.start_s, e.end_s, m.recompute});
     }

@@ -15,12 +15,21 @@ grep -q "instruction costs (profiled" "$work/before.txt" || { cat "$work/before.
 "$stagec" "$work/before" --calibrate "$work/trace.json" --profile-db "$work/db.json"
 "$stagec" "$model" -o "$work/after" --devices 2 "$@" --profile cpu --profile-db "$work/db.json" >"$work/after.txt"
 grep "calibrated from" "$work/after.txt" || { cat "$work/after.txt"; echo "FAIL: the second plan is not calibrated"; exit 1; }
+"$(dirname "$stagec")/stagedump" "$work/after" | grep -q "calibrated from .*trace.json" ||
+  { echo "FAIL: stagedump does not show the calibration"; exit 1; }
 # A trace of another plan is refused in one line naming the file.
 "$stagec" "$model" -o "$work/other" --devices 2 "$@" --microbatches 2 --profile cpu --profile-db "$work/db.json" >/dev/null
 if "$stagec" "$work/other" --calibrate "$work/trace.json" --profile-db "$work/db.json" 2>"$work/refused.txt"; then
   echo "FAIL: a trace of another plan was accepted"; exit 1
 fi
 grep -q "trace.json" "$work/refused.txt" || { cat "$work/refused.txt"; echo "FAIL: the refusal does not name the trace"; exit 1; }
+# So is a plan costed by the roofline (no measured times to calibrate).
+"$stagec" "$model" -o "$work/roofline" --devices 2 "$@" --device-spec cpu >/dev/null
+if "$stagec" "$work/roofline" --calibrate "$work/trace.json" --profile-db "$work/db.json" 2>"$work/refused.txt"; then
+  echo "FAIL: a roofline plan was calibrated"; exit 1
+fi
+grep -q "calibration applies to plans made with --profile cpu" "$work/refused.txt" ||
+  { cat "$work/refused.txt"; echo "FAIL: the roofline refusal does not say why"; exit 1; }
 python3 - "$work/before/plan.json" "$work/after/plan.json" <<'PY'
 import json, sys
 before, after = (json.load(open(p)) for p in sys.argv[1:3])
