@@ -21,10 +21,17 @@
 ///   of the gaps (their mean), f_{s,k} the least-squares slope through the origin of the slices
 ///   against p (sum d p / sum p^2); a forward the runtime re-ran for recomputation counts in the
 ///   backward after it, as the plan's backward time includes it;
-/// - SEND_ACT and SEND_GRAD: c_k is the mean of d + g (the device hands the tensors to the link);
-/// - RECV_ACT, RECV_GRAD, ALLREDUCE, ALLREDUCE_SHARED: their slice is mostly waiting for the
-///   peer, which the simulator models itself; c_k is the mean gap plus the 10th percentile of the
-///   slices (a receive whose message was already there).
+/// - SEND_ACT, SEND_GRAD, RECV_ACT, RECV_GRAD: c_k is the mean gap plus the mean time from the
+///   moment the peer released the instruction (for a receive the start of the matching send:
+///   SEND_ACT of stage s - 1, SEND_GRAD of stage s + 1, same microbatch and step; for a send the
+///   end of the peer's receive of the message `capacity` before it, which made room on the
+///   link), or its own start if later, to its end: the hand-off (a waiting thread's wake-up,
+///   which a loaded machine delays, the push or the pop); the wait before that is the peer's
+///   work, which the simulator plays itself;
+/// - ALLREDUCE, ALLREDUCE_SHARED (and an exchange with no matching peer instruction): c_k is the
+///   mean gap plus the 10th percentile of the slices (one that did not wait);
+/// - per device, the mean delay of its first instruction after the step's first one
+///   (`device_start_ms`: the wake-up from the barrier between steps).
 
 #include <map>
 #include <optional>
@@ -46,6 +53,9 @@ struct InstructionTerms {
   std::vector<std::map<std::string, double>> stage_factors;
   /// Where they come from: "profile" (measured empty instructions) or "calibration".
   std::string source;
+  /// Calibration: per device, when it starts its first instruction of a step after the step's
+  /// first device, milliseconds (the wake-up from the step's barrier); empty: all at once.
+  std::vector<double> device_start_ms;
   std::string trace;  ///< Calibration: the trace it was fitted from.
   /// Calibration: the median measured step of that trace (steady steps), milliseconds.
   double measured_step_ms = 0;
@@ -90,11 +100,12 @@ struct StagePrediction {
 
 /// Fits `InstructionTerms` (source "calibration") to `steps` (the steady steps only: the caller
 /// leaves the first out) of a run of a plan whose stages `predicted` describes, as the file
-/// comment says. A kind with no instruction in the trace keeps `fallback`'s fixed cost; a
+/// comment says; `capacity` is the messages a link holds (schedule::link_capacity). A kind with
+/// no instruction in the trace keeps `fallback`'s fixed cost; a
 /// (stage, kind) with no instruction or a prediction of 0 gets no factor. Throws `Error(kUsage)`
 /// when `steps` is empty or an instruction names a stage outside `predicted`.
 InstructionTerms fit_calibration(const std::vector<TracedStep>& steps,
-                                 const std::vector<StagePrediction>& predicted,
+                                 const std::vector<StagePrediction>& predicted, int capacity,
                                  const InstructionTerms& fallback = {});
 
 /// The key under which a calibration is kept in the profile database, from what decides which

@@ -134,13 +134,19 @@ std::map<std::string, double> read_instruction_ms(const JsonValue& value) {
 
 InstructionTerms read_calibration(const JsonValue& value) {
   JsonObject f =
-      value.object({"trace", "measured_step_ms", "steps", "instruction_ms", "stage_factors"});
+      value.object({"trace", "measured_step_ms", "steps", "instruction_ms", "stage_factors",
+                    "device_start_ms"});
   InstructionTerms t;
   t.source = "calibration";
   t.trace = f.string("trace");
   t.measured_step_ms = f.number("measured_step_ms");
   t.steps = f.int32("steps");
   t.instruction_ms = read_instruction_ms(f.at("instruction_ms"));
+  if (auto starts = f.find("device_start_ms")) {
+    t.device_start_ms = starts->numbers();
+    for (double ms : t.device_start_ms)
+      if (!(ms >= 0) || !std::isfinite(ms)) starts->fail(fmt::format("has {}; each must be >= 0", ms));
+  }
   t.stage_factors = f.array("stage_factors", [](const JsonValue& stage) {
     std::map<std::string, double> factors = read_instruction_ms(stage);
     for (const auto& [kind, factor] : factors)
@@ -157,7 +163,8 @@ nlohmann::ordered_json calibration_json(const InstructionTerms& t) {
           {"measured_step_ms", t.measured_step_ms},
           {"steps", t.steps},
           {"instruction_ms", t.instruction_ms},
-          {"stage_factors", std::move(stages)}};
+          {"stage_factors", std::move(stages)},
+          {"device_start_ms", t.device_start_ms}};
 }
 
 }  // namespace

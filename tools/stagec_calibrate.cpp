@@ -72,7 +72,8 @@ void calibrate(const std::string& plan_dir, const std::string& trace_path,
   cost::ProfileDb db = cost::ProfileDb::load(db_path);
   cost::InstructionTerms fallback;
   fallback.instruction_ms = db.instruction_ms();
-  cost::InstructionTerms terms = cost::fit_calibration(steady_steps(run), predicted, fallback);
+  cost::InstructionTerms terms = cost::fit_calibration(
+      steady_steps(run), predicted, schedule::link_capacity(view.shape), fallback);
   terms.trace = trace_path;
   terms.measured_step_ms = run.reported_step_ms();
   const std::string key = cost::calibration_key(

@@ -430,7 +430,8 @@ void set_cluster(Plan& p, const Setup& s, const schedule::Schedule& sched,
   p.processors = s.processors;
   p.processors.separate_step_ms =
       shares_processors(s.processors)
-          ? schedule::simulate(sched, s.shape, with_terms(s.terms, times)).step_s * 1e3
+          ? schedule::simulate(sched, s.shape, with_terms(s.terms, times, s.shape.devices)).step_s *
+                1e3
           : p.predicted.step_ms;
 }
 
@@ -456,10 +457,12 @@ PlanInstructionCosts plan_instruction_costs(const Setup& s, const schedule::Sche
   out.instruction_ms = s.terms.instruction_ms;
   if (out.source != "calibration") return out;
   out.stage_factors = s.terms.stage_factors;
+  out.device_start_ms = s.terms.device_start_ms;
   out.trace = s.terms.trace;
   out.measured_step_ms = s.terms.measured_step_ms;
   out.uncalibrated_step_ms =
-      schedule::simulate(sched, s.shape, with_terms(s.profiled_terms, times), sim_processors(s))
+      schedule::simulate(sched, s.shape, with_terms(s.profiled_terms, times, s.shape.devices),
+                         sim_processors(s))
           .step_s *
       1e3;
   return out;

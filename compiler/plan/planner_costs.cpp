@@ -367,7 +367,8 @@ double accumulate_s(const Setup& s, double params) {
   return s.shape.training ? 3.0 * 4.0 * params / s.device.memory_bandwidth : 0.0;
 }
 
-schedule::StageCosts with_terms(const cost::InstructionTerms& terms, schedule::StageCosts c) {
+schedule::StageCosts with_terms(const cost::InstructionTerms& terms, schedule::StageCosts c,
+                                int devices) {
   using schedule::Op;
   if (terms.empty()) return c;
   const std::size_t stages = c.forward_s.size();
@@ -387,6 +388,12 @@ schedule::StageCosts with_terms(const cost::InstructionTerms& terms, schedule::S
     for (std::size_t k = 0; k < stages; ++k)
       c.optimizer_stage_s[k] *= terms.factor(static_cast<int>(k), Op::kOptimizerStep);
   }
+  if (!terms.device_start_ms.empty()) {
+    c.device_start_s.assign(static_cast<std::size_t>(devices), 0.0);
+    for (int d = 0; d < devices && d < static_cast<int>(terms.device_start_ms.size()); ++d)
+      c.device_start_s[static_cast<std::size_t>(d)] =
+          terms.device_start_ms[static_cast<std::size_t>(d)] * 1e-3;
+  }
   c.instruction_s.assign(schedule::kInstructionKinds, 0.0);
   for (std::size_t i = 0; i < schedule::kInstructionKinds; ++i)
     c.instruction_s[i] = terms.fixed_ms(static_cast<Op>(i)) * 1e-3;
@@ -397,7 +404,8 @@ Prediction predict(const Setup& s, const schedule::Schedule& sched, const partit
                    const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
                    int64_t batch, const std::vector<Stage>& stages, const SimExtras& rc,
                    std::vector<schedule::TimelineEvent>* timeline, std::vector<DevicePeak>* peaks) {
-  auto sim = schedule::simulate(sched, s.shape, with_terms(s.terms, stage_costs(s, sol, f, rc)),
+  auto sim = schedule::simulate(sched, s.shape,
+                                with_terms(s.terms, stage_costs(s, sol, f, rc), s.shape.devices),
                                 sim_processors(s));
   Prediction p;
   p.step_ms = sim.step_s * 1e3;

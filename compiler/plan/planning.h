@@ -198,9 +198,11 @@ double accumulate_s(const Setup& s, double params);
 schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
                                  const SimExtras& rc);
 
-/// `raw` (stage_costs) with `s.terms` applied: each stage's op times times its factors, the
-/// fixed instruction costs. What the simulation plays; plan.json's stage times are `raw`.
-schedule::StageCosts with_terms(const cost::InstructionTerms& terms, schedule::StageCosts raw);
+/// `raw` (stage_costs) with `terms` applied: each stage's op times times its factors, the fixed
+/// instruction costs, the start delay of each of `devices` pipeline devices. What the simulation
+/// plays; plan.json's stage times are `raw`.
+schedule::StageCosts with_terms(const cost::InstructionTerms& terms, schedule::StageCosts raw,
+                                int devices);
 
 /// The simulated step of `sched` for the split `sol` into `stages` (their anatomies filled in),
 /// with `rc`'s per-stage extras; its device peaks are `peaks` (schedule/device_peak.h), the

@@ -79,6 +79,8 @@ class Simulation {
       shared_ |= !added;
     }
     processor_free_.assign(index.size(), 0);
+    for (size_t device = 0; device < costs.device_start_s.size(); ++device)
+      free_at_[device] = costs.device_start_s[device];
     result_.device_busy_s.assign(shape.devices, 0);
     result_.device_peak_bytes.assign(shape.devices, 0);
     result_.device_peak_parts.resize(shape.devices);
@@ -489,6 +491,13 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
          "stage costs: instruction_s has {} entries; there are {} instruction kinds",
          costs.instruction_s.size(), kInstructionKinds);
   check_costs(costs.instruction_s, "instruction_s", {0, kInstructionKinds}, count);
+  if (!costs.device_start_s.empty() &&
+      costs.device_start_s.size() != static_cast<size_t>(shape.devices))
+    fail(ErrorKind::kUsage,
+         "stage costs: device_start_s has {} entries; the pipeline has {} devices",
+         costs.device_start_s.size(), shape.devices);
+  check_costs(costs.device_start_s, "device_start_s", {0, static_cast<size_t>(shape.devices)},
+              count);
   if (!std::isfinite(costs.optimizer_s) || costs.optimizer_s < 0) {
     fail(ErrorKind::kUsage, "stage costs: optimizer_s is {}; it must be finite and >= 0",
          costs.optimizer_s);

@@ -69,6 +69,9 @@ struct StageCosts {
   /// its device that long before the transfer is queued; a receive, an all-reduce (or its
   /// shared kind) hold it that long after what they wait for has arrived.
   std::vector<double> instruction_s;
+  /// Optional (0 each when empty): per device, when it starts its list (a calibrated plan's
+  /// wake-up from the barrier between steps).
+  std::vector<double> device_start_s;
   /// Optional: one stage's gradient all-reduce over the replicas, on the link (see below).
   std::vector<double> allreduce_s;
   /// Optional (1 each when empty): the buckets a stage's all-reduce is cut into. Bucket k of n

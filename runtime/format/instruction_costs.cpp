@@ -56,6 +56,7 @@ nlohmann::ordered_json instruction_costs_json(const PlanInstructionCosts& c) {
     nlohmann::ordered_json stages = nlohmann::ordered_json::array();
     for (const auto& factors : c.stage_factors) stages.push_back(factors);
     out["stage_factors"] = std::move(stages);
+    out["device_start_ms"] = c.device_start_ms;
     out["trace"] = c.trace;
     out["measured_step_ms"] = c.measured_step_ms;
     out["uncalibrated_step_ms"] = c.uncalibrated_step_ms;
@@ -67,14 +68,15 @@ PlanInstructionCosts read_instruction_costs(const JsonObject& top) {
   PlanInstructionCosts c;
   auto found = top.find("instruction_costs");
   if (!found) return c;
-  JsonObject f = found->object({"source", "instruction_ms", "stage_factors", "trace",
-                                "measured_step_ms", "uncalibrated_step_ms"});
+  JsonObject f = found->object({"source", "instruction_ms", "stage_factors", "device_start_ms",
+                                "trace", "measured_step_ms", "uncalibrated_step_ms"});
   c.source = f.nonempty_string("source");
   if (c.source != "profile" && c.source != "calibration")
     f.fail("source", fmt::format("is \"{}\", not \"profile\" or \"calibration\"", c.source));
   c.instruction_ms = read_kind_map(f.at("instruction_ms"));
   if (c.source == "calibration") {
     c.stage_factors = f.array("stage_factors", [](const JsonValue& v) { return read_kind_map(v); });
+    if (f.has("device_start_ms")) c.device_start_ms = f.at("device_start_ms").numbers();
     c.trace = f.string("trace");
     c.measured_step_ms = f.number("measured_step_ms");
     c.uncalibrated_step_ms = f.number("uncalibrated_step_ms");

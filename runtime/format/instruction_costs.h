@@ -24,6 +24,8 @@ struct PlanInstructionCosts {
   std::map<std::string, double> instruction_ms;
   /// Calibration: per stage, the factor on its op times by compute kind name.
   std::vector<std::map<std::string, double>> stage_factors;
+  /// Calibration: per device, its delay at a step's start, milliseconds.
+  std::vector<double> device_start_ms;
   std::string trace;            ///< Calibration: the measured run it was fitted from.
   double measured_step_ms = 0;  ///< Calibration: that run's median steady step.
   /// Calibration: the step the same split simulates without it (profiled instruction costs

@@ -73,7 +73,8 @@ struct Synthetic {
 
 TEST_CASE("calibration recovers known per-instruction costs and per-stage factors within 5%") {
   const Synthetic synthetic;
-  const InstructionTerms terms = fit_calibration(synthetic.run(9, 4, 0.05), synthetic.predicted);
+  const InstructionTerms terms =
+      fit_calibration(synthetic.run(9, 4, 0.05), synthetic.predicted, 100);
   CHECK(terms.source == "calibration");
   CHECK(terms.steps == 9);
   REQUIRE(terms.stage_factors.size() == 2);
@@ -90,7 +91,7 @@ TEST_CASE("calibration recovers known per-instruction costs and per-stage factor
   InstructionTerms fallback;
   fallback.instruction_ms = {{"BWD_INPUT", 0.5}, {"FWD", 9.0}};
   const InstructionTerms with =
-      fit_calibration(synthetic.run(3, 2, 0), synthetic.predicted, fallback);
+      fit_calibration(synthetic.run(3, 2, 0), synthetic.predicted, 100, fallback);
   CHECK(with.fixed_ms(Op::kBackwardInput) == doctest::Approx(0.5));
   CHECK(with.fixed_ms(Op::kForward) == doctest::Approx(0.05));
 }
@@ -100,16 +101,16 @@ TEST_CASE("calibration counts a recomputed forward in the backward after it") {
   TracedStep step{{Op::kForward, 0, 0, 0, 0.000, 0.001, false},
                   {Op::kForward, 0, 0, 0, 0.001, 0.002, true},
                   {Op::kBackward, 0, 0, 0, 0.002, 0.005, false}};
-  const InstructionTerms terms = fit_calibration({step}, predicted);
+  const InstructionTerms terms = fit_calibration({step}, predicted, 2);
   CHECK(terms.factor(0, Op::kBackward) == doctest::Approx(4.0 / 3.0));
   CHECK(terms.factor(0, Op::kForward) == doctest::Approx(1.0));
 }
 
 TEST_CASE("calibration refuses no steps and a stage outside the plan") {
-  CHECK_THROWS_WITH_AS(fit_calibration({}, {{1, 0, 0, 0}}),
+  CHECK_THROWS_WITH_AS(fit_calibration({}, {{1, 0, 0, 0}}, 2),
                        doctest::Contains("at least one steady step"), Error);
   TracedStep step{{Op::kForward, 0, 3, 0, 0, 0.001, false}};
-  CHECK_THROWS_WITH_AS(fit_calibration({step}, {{1, 0, 0, 0}}),
+  CHECK_THROWS_WITH_AS(fit_calibration({step}, {{1, 0, 0, 0}}, 2),
                        doctest::Contains("names stage 3; the plan has 1 stages"), Error);
 }
 

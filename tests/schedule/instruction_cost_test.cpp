@@ -34,6 +34,19 @@ TEST_CASE("fixed instruction costs add to the forward, the send and the receive 
   CHECK(result.device_busy_s[1] == doctest::Approx(1.1));
 }
 
+TEST_CASE("a device that starts late starts its list then") {
+  const PipelineShape shape{2, 1, 1, false};
+  const Schedule schedule = build_schedule(ScheduleKind::kInference, shape);
+  StageCosts costs = two_stage_inference();
+  costs.device_start_s = {0.0, 2.0};
+  // Device 1 receives from 2.0 (the message arrived at 1.5), then computes 1.
+  CHECK(simulate(schedule, shape, costs).step_s == doctest::Approx(3.0));
+  costs.device_start_s = {0.0};
+  CHECK_THROWS_WITH_AS(simulate(schedule, shape, costs),
+                       doctest::Contains("device_start_s has 1 entries; the pipeline has 2"),
+                       Error);
+}
+
 TEST_CASE("a per-stage optimizer step replaces the shared one and takes its fixed cost") {
   const PipelineShape shape{1, 1, 1, true};
   const Schedule schedule = build_schedule(ScheduleKind::k1F1B, shape);
