@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <tuple>
 
 #include "runtime/format/error.h"
@@ -173,8 +174,13 @@ InstructionTerms fit_calibration(const std::vector<TracedStep>& steps,
   terms.source = "calibration";
   terms.steps = static_cast<int>(steps.size());
   terms.instruction_ms = fallback.instruction_ms;
-  for (const auto& [op, gaps] : samples.gaps_ms) {
-    double fixed = mean(gaps);
+  std::set<Op> kinds;
+  for (const auto* traced : {&samples.gaps_ms, &samples.slices_ms, &samples.handoffs_ms})
+    for (const auto& entry : *traced) kinds.insert(entry.first);
+  for (Op op : kinds) {
+    // A kind traced only as the first event of its device's steps has no gap.
+    const auto gaps = samples.gaps_ms.find(op);
+    double fixed = gaps == samples.gaps_ms.end() ? 0.0 : mean(gaps->second);
     const auto slices = samples.slices_ms.find(op);
     const auto handoffs = samples.handoffs_ms.find(op);
     if (handoffs != samples.handoffs_ms.end())
@@ -183,10 +189,6 @@ InstructionTerms fit_calibration(const std::vector<TracedStep>& steps,
       fixed += quantile(slices->second, 0.1);
     terms.instruction_ms[schedule::to_string(op)] = fixed;
   }
-  // A kind traced only as the first event of its device's steps has no gap: its slice alone.
-  for (const auto& [op, slices] : samples.slices_ms)
-    if (!samples.gaps_ms.count(op))
-      terms.instruction_ms[schedule::to_string(op)] = quantile(slices, 0.1);
   for (const std::vector<double>& delays : start_delay_ms)
     terms.device_start_ms.push_back(mean(delays));
   terms.stage_factors.resize(predicted.size());

@@ -106,6 +106,19 @@ TEST_CASE("calibration counts a recomputed forward in the backward after it") {
   CHECK(terms.factor(0, Op::kForward) == doctest::Approx(1.0));
 }
 
+TEST_CASE("a receive's fixed cost counts from its message's send, a device's delay from the step") {
+  // Device 1 waits in RECV_ACT from 0 to 5 ms; device 0 starts 4 ms into the step and sends at
+  // 4 ms: the receive's own part is 1 ms (the wake-up), the rest was device 0's.
+  TracedStep step{{Op::kSendAct, 0, 0, 0, 0.004, 0.0041, false},
+                  {Op::kRecvAct, 1, 1, 0, 0.000, 0.005, false}};
+  const InstructionTerms terms = fit_calibration({step}, {{1, 0, 0, 0}, {1, 0, 0, 0}}, 1);
+  CHECK(terms.fixed_ms(Op::kRecvAct) == doctest::Approx(1.0));
+  CHECK(terms.fixed_ms(Op::kSendAct) == doctest::Approx(0.1));
+  REQUIRE(terms.device_start_ms.size() == 2);
+  CHECK(terms.device_start_ms[0] == doctest::Approx(4.0));
+  CHECK(terms.device_start_ms[1] == doctest::Approx(0.0));
+}
+
 TEST_CASE("calibration refuses no steps and a stage outside the plan") {
   CHECK_THROWS_WITH_AS(fit_calibration({}, {{1, 0, 0, 0}}, 2),
                        doctest::Contains("at least one steady step"), Error);
@@ -128,6 +141,7 @@ TEST_CASE("the profile database keeps instruction costs and calibrations, and re
   terms.steps = 9;
   terms.instruction_ms = {{"FWD", 0.05}, {"RECV_ACT", 0.01}};
   terms.stage_factors = {{{"FWD", 1.25}}, {{"BWD", 0.75}, {"OPT_STEP", 2.0}}};
+  terms.device_start_ms = {0.0, 0.5};
   const std::string key = calibration_key("fnv1a64:00", true, "1f1b", 2, 1, 4, 8);
   CHECK(key == "fnv1a64:00|train|1f1b|2x1 stages|4 microbatches|batch 8");
   db.put_calibration(key, terms);
@@ -141,6 +155,7 @@ TEST_CASE("the profile database keeps instruction costs and calibrations, and re
   CHECK(got.measured_step_ms == doctest::Approx(12.5));
   CHECK(got.instruction_ms == terms.instruction_ms);
   CHECK(got.stage_factors == terms.stage_factors);
+  CHECK(got.device_start_ms == terms.device_start_ms);
   CHECK(back.find_calibration("another") == nullptr);
 
   // A version-1 file and a version-2 file without the new sections are read as before.
