@@ -49,6 +49,10 @@ void calibrate(const std::string& plan_dir, const std::string& trace_path,
          "--calibrate: {} was planned with the cost model '{}'; calibration applies to plans "
          "made with --profile cpu (measured times)",
          plan_dir, plan.cost_model);
+  std::error_code exists_error;
+  if (!std::filesystem::is_regular_file(trace_path, exists_error))
+    fail(ErrorKind::kIo, "--calibrate {}: no such file (stagerun {} --trace FILE writes one)",
+         trace_path, plan_dir);
   // Refuses a run of another plan: devices, every device's instructions in schedule order.
   const dump::MeasuredRun run = dump::load_measured(trace_path, view);
   if (!run.traced)
