@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -112,6 +113,60 @@ nlohmann::ordered_json backward_json(const BackwardEntry& b) {
   return j;
 }
 
+/// Kind name -> milliseconds (>= 0), each key a schedule instruction kind.
+std::map<std::string, double> read_instruction_ms(const JsonValue& value) {
+  std::map<std::string, double> out;
+  for (const auto& [kind, ms] : value.object().entries()) {
+    try {
+      schedule::parse_op(kind);
+    } catch (const Error&) {
+      value.fail(fmt::format("has the key \"{}\", not an instruction kind (FWD, BWD, BWD_INPUT, "
+                             "BWD_WEIGHT, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD, ALLREDUCE, "
+                             "ALLREDUCE_SHARED, OPT_STEP)",
+                             kind));
+    }
+    const double v = ms.number();
+    if (!(v >= 0) || !std::isfinite(v)) ms.fail(fmt::format("is {}; it must be >= 0", v));
+    out[kind] = v;
+  }
+  return out;
+}
+
+InstructionTerms read_calibration(const JsonValue& value) {
+  JsonObject f =
+      value.object({"trace", "measured_step_ms", "steps", "instruction_ms", "stage_factors",
+                    "device_start_ms"});
+  InstructionTerms t;
+  t.source = "calibration";
+  t.trace = f.string("trace");
+  t.measured_step_ms = f.number("measured_step_ms");
+  t.steps = f.int32("steps");
+  t.instruction_ms = read_instruction_ms(f.at("instruction_ms"));
+  if (auto starts = f.find("device_start_ms")) {
+    t.device_start_ms = starts->numbers();
+    for (double ms : t.device_start_ms)
+      if (!(ms >= 0) || !std::isfinite(ms)) starts->fail(fmt::format("has {}; each must be >= 0", ms));
+  }
+  t.stage_factors = f.array("stage_factors", [](const JsonValue& stage) {
+    std::map<std::string, double> factors = read_instruction_ms(stage);
+    for (const auto& [kind, factor] : factors)
+      if (!(factor > 0)) stage.fail(fmt::format("has factor {} for {}; it must be > 0", factor, kind));
+    return factors;
+  });
+  return t;
+}
+
+nlohmann::ordered_json calibration_json(const InstructionTerms& t) {
+  nlohmann::ordered_json stages = nlohmann::ordered_json::array();
+  for (const auto& factors : t.stage_factors) stages.push_back(factors);
+  return {{"trace", t.trace},
+          {"measured_step_ms", t.measured_step_ms},
+          {"steps", t.steps},
+          {"instruction_ms", t.instruction_ms},
+          {"stage_factors", std::move(stages)},
+          {"device_start_ms", t.device_start_ms}};
+}
+
 }  // namespace
 
 ProfileDb::ProfileDb(std::string backend, int threads) : backend_(std::move(backend)), threads_(threads) {}
@@ -119,7 +174,8 @@ ProfileDb::ProfileDb(std::string backend, int threads) : backend_(std::move(back
 ProfileDb ProfileDb::load(const std::string& path) {
   nlohmann::json j = read_json_file(path);
   JsonObject top =
-      JsonValue(j, path).object({"format", "version", "backend", "threads", "entries"});
+      JsonValue(j, path).object({"format", "version", "backend", "threads", "entries",
+                                 "instruction_ms", "calibration"});
   std::string format = top.nonempty_string("format");
   if (format != kFormatName) {
     top.fail("format", fmt::format("is \"{}\", not \"{}\": not a stagecraft profile database",
@@ -142,6 +198,10 @@ ProfileDb ProfileDb::load(const std::string& path) {
   for (const auto& [key, value] : top.at("entries").object().entries()) {
     db.entries_[key] = read_entry(value, has_backward);
   }
+  if (auto ms = top.find("instruction_ms")) db.instruction_ms_ = read_instruction_ms(*ms);
+  if (auto calibration = top.find("calibration"))
+    for (const auto& [key, value] : calibration->object().entries())
+      db.calibrations_[key] = read_calibration(value);
   return db;
 }
 
@@ -183,6 +243,12 @@ void ProfileDb::save(const std::string& path) const {
     entries[key] = std::move(entry);
   }
   j["entries"] = std::move(entries);
+  if (!instruction_ms_.empty()) j["instruction_ms"] = instruction_ms_;
+  if (!calibrations_.empty()) {
+    nlohmann::ordered_json calibration = nlohmann::ordered_json::object();
+    for (const auto& [key, t] : calibrations_) calibration[key] = calibration_json(t);
+    j["calibration"] = std::move(calibration);
+  }
   std::string text = j.dump(1) + "\n";
 
   fs::path target(path);
@@ -230,6 +296,15 @@ void ProfileDb::put_backward(const std::string& key, const std::string& kinds, B
     fail(ErrorKind::kInternal, "profile database: backward of {} (inputs {}) recorded before its forward", key, kinds);
   }
   it->second.backward[kinds] = entry;
+}
+
+const InstructionTerms* ProfileDb::find_calibration(const std::string& key) const {
+  auto it = calibrations_.find(key);
+  return it == calibrations_.end() ? nullptr : &it->second;
+}
+
+void ProfileDb::put_calibration(const std::string& key, InstructionTerms terms) {
+  calibrations_[key] = std::move(terms);
 }
 
 std::string signature_key(const ir::Graph& graph, const ir::Node& node) {

@@ -22,6 +22,18 @@
 /// only) are still read; their backward entries are measured and added when a training plan
 /// is profiled, and the file is written back as version 2.
 ///
+/// Two optional sections (version 2 files without them are read as before):
+///
+///     "instruction_ms": {"FWD": 0.004, "BWD": 0.004, "SEND_ACT": 0.002, "RECV_ACT": 0.001, ...},
+///     "calibration": {KEY: {"trace": "run.json", "measured_step_ms": 12.3, "steps": 9,
+///                           "instruction_ms": {"FWD": 0.05, ...},
+///                           "stage_factors": [{"FWD": 1.12, "BWD": 1.31}, ...]}, ...}
+///
+/// `instruction_ms` is the fixed cost of an empty instruction of each kind as the runtime runs
+/// it (tools/profile/instruction_costs.h); `calibration` holds what `stagec --calibrate` fitted
+/// from a measured run (cost_models/calibration.h), keyed by `calibration_key` of the plan it
+/// ran, which a later plan of the same model and shape looks up.
+///
 /// A file that is not JSON, has another format or version, or has a malformed entry is
 /// refused with one line naming the file and the field; it is never silently replaced.
 
@@ -30,6 +42,7 @@
 #include <string>
 
 #include "compiler/ir/graph.h"
+#include "cost_models/calibration.h"
 #include "cost_models/roofline.h"
 
 namespace stagecraft::cost {
@@ -89,10 +102,21 @@ class ProfileDb {
   /// when `key` has no entry (the forward is measured first).
   void put_backward(const std::string& key, const std::string& kinds, BackwardEntry entry);
 
+  /// Fixed costs of empty instructions by kind name, milliseconds (empty until measured).
+  const std::map<std::string, double>& instruction_ms() const { return instruction_ms_; }
+  void set_instruction_ms(std::map<std::string, double> ms) { instruction_ms_ = std::move(ms); }
+  /// The calibration kept under `key` (`calibration_key`), or null.
+  const InstructionTerms* find_calibration(const std::string& key) const;
+  /// Adds or replaces the calibration under `key`.
+  void put_calibration(const std::string& key, InstructionTerms terms);
+  const std::map<std::string, InstructionTerms>& calibrations() const { return calibrations_; }
+
  private:
   std::string backend_;
   int threads_;
   std::map<std::string, ProfileEntry> entries_;
+  std::map<std::string, double> instruction_ms_;
+  std::map<std::string, InstructionTerms> calibrations_;
 };
 
 /// The signature of `node` (which belongs to `graph` and has static shapes), e.g.

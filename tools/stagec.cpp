@@ -18,7 +18,9 @@
 #include "tools/backend_check.h"
 #include "tools/cli_common.h"
 #include "tools/json_formats.h"
+#include "tools/profile/instruction_costs.h"
 #include "tools/profile/profiler.h"
+#include "tools/stagec_calibrate.h"
 
 namespace {
 
@@ -87,6 +89,25 @@ std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(
   return std::make_unique<cost::MeasuredCostModel>(
       db, roofline,
       training ? cost::BackwardTimes::kMeasured : cost::BackwardTimes::kNone);
+}
+
+/// The fixed instruction costs of --profile's database (measured first when it has none) and
+/// the calibration it keeps for `key` (stagec --calibrate), if any.
+stagecraft::cost::TermsChoice instruction_terms(const std::string& db_path,
+                                                const std::string& backend, int threads,
+                                                const std::string& key) {
+  using namespace stagecraft;
+  cost::ProfileDb db = cost::ProfileDb::open(db_path, backend, threads);
+  if (db.instruction_ms().empty()) {
+    db.set_instruction_ms(profile::measure_instruction_costs(threads, backend));
+    db.save(db_path);
+  }
+  cost::TermsChoice choice;
+  choice.profiled.source = "profile";
+  choice.profiled.instruction_ms = db.instruction_ms();
+  if (const cost::InstructionTerms* calibrated = db.find_calibration(key))
+    choice.calibrated = *calibrated;
+  return choice;
 }
 
 /// `json` (an object) with `format_version` first: the --json outputs are JSON Lines, each
@@ -482,6 +503,28 @@ void use_profile(const CLI::App& app, stagecraft::plan::PlanOptions& po,
                       const ir::Graph& graph, const cost::RooflineCostModel& roofline) {
     return profiled_costs(graph, roofline, db_path, profile_backend, profile_threads, training);
   };
+  po.instruction_terms = [db_path, profile_backend, profile_threads](const std::string& key) {
+    return instruction_terms(db_path, profile_backend, profile_threads, key);
+  };
+}
+
+/// --calibrate TRACE (stagec PLAN_DIR --calibrate TRACE): tools/stagec_calibrate.h.
+void add_calibrate_option(CLI::App& app, std::string& calibrate_trace) {
+  app.add_option("--calibrate", calibrate_trace,
+                 "stagec PLAN_DIR --calibrate TRACE [--profile-db DB]: fit per-instruction fixed "
+                 "costs and per-(stage, kind) factors to TRACE (stagerun PLAN_DIR --trace TRACE, "
+                 "2 steps or more; the first is left out) and keep them in the profile database "
+                 "the plan was made with; the next stagec --profile cpu plan of the same model "
+                 "and shape is calibrated with them (docs/stagec.md)");
+}
+
+/// With --calibrate: calibrates (MODEL is then the plan directory) and returns true.
+bool run_calibration(const std::string& trace, const std::string& plan_dir,
+                     const std::string& profile_db, int profile_threads) {
+  if (trace.empty()) return false;
+  stagecraft::tools::calibrate(
+      plan_dir, trace, profile_db.empty() ? default_profile_db("cpu", profile_threads) : profile_db);
+  return true;
 }
 
 int run(int argc, char** argv) {
@@ -507,8 +550,10 @@ int run(int argc, char** argv) {
   std::vector<std::string> dims;
   std::string out_dir;
   plan::PlanOptions po;
-  app.add_option("MODEL", model_path,
-                 "ONNX model file (.onnx); external weight files must sit in its folder")
+  app.add_option(
+         "MODEL", model_path,
+         "ONNX model file (.onnx); external weight files must sit in its folder (with --calibrate: "
+         "the plan directory)")
       ->required();
   app.add_flag(
       "--info", info,
@@ -561,9 +606,12 @@ int run(int argc, char** argv) {
                  "with --profile: CPU threads each op is measured with (default 1, as stagerun "
                  "--threads-per-device)")
       ->check(cli::at_least<int>(1));
+  std::string calibrate_trace;
+  add_calibrate_option(app, calibrate_trace);
   cli::add_version_flag(app, "stagec");
   if (std::optional<int> done = cli::parse(app, argc, argv)) return *done;
 
+  if (run_calibration(calibrate_trace, model_path, profile_db, profile_threads)) return 0;
   parse_choices(choice_names, po);
   check_flags_apply(app, po);
   check_training_flags(po);
@@ -614,6 +662,8 @@ int run(int argc, char** argv) {
   print_planner_notes(planned);
   fmt::print("{}", plan::describe_auto_search(planned.plan));
   fmt::print("{}", plan::summarize(planned.plan));
+  fmt::print("{}",
+             describe_instruction_costs(planned.instruction_costs, planned.plan.predicted.step_ms));
   if (dry_run) {
     fmt::print("planned in {:.2f} s (dry run: nothing written)\n", plan_s);
     return 0;

@@ -430,9 +430,44 @@ void set_cluster(Plan& p, const Setup& s, const schedule::Schedule& sched,
                  const schedule::StageCosts& times) {
   p.cluster = s.cluster;
   p.processors = s.processors;
-  p.processors.separate_step_ms = shares_processors(s.processors)
-                                      ? schedule::simulate(sched, s.shape, times).step_s * 1e3
-                                      : p.predicted.step_ms;
+  p.processors.separate_step_ms =
+      shares_processors(s.processors)
+          ? schedule::simulate(sched, s.shape, with_terms(s.terms, times, s.shape.devices)).step_s *
+                1e3
+          : p.predicted.step_ms;
+}
+
+/// PlanOptions::instruction_terms for the plan's shape, into `s` (its microbatch size known).
+void set_instruction_terms(Setup& s, const PlanOptions& o) {
+  if (!o.instruction_terms) return;
+  const std::string key = cost::calibration_key(
+      file_hash(o.model_path), s.shape.training, std::string(to_string(s.kind)), s.shape.devices,
+      s.shape.chunks, s.shape.microbatches,
+      static_cast<long long>(s.microbatch_size * s.shape.microbatches * s.shape.data_parallel));
+  cost::TermsChoice choice = o.instruction_terms(key);
+  s.profiled_terms = choice.profiled;
+  s.terms = choice.calibrated ? *choice.calibrated : choice.profiled;
+}
+
+/// plan.json's "instruction_costs": what `s.terms` charged; for a calibration, the step the split
+/// simulates with the profiled costs alone too.
+PlanInstructionCosts plan_instruction_costs(const Setup& s, const schedule::Schedule& sched,
+                                            const schedule::StageCosts& times) {
+  PlanInstructionCosts out;
+  if (s.terms.empty()) return out;
+  out.source = s.terms.source;
+  out.instruction_ms = s.terms.instruction_ms;
+  if (out.source != "calibration") return out;
+  out.stage_factors = s.terms.stage_factors;
+  out.device_start_ms = s.terms.device_start_ms;
+  out.trace = s.terms.trace;
+  out.measured_step_ms = s.terms.measured_step_ms;
+  out.uncalibrated_step_ms =
+      schedule::simulate(sched, s.shape, with_terms(s.profiled_terms, times, s.shape.devices),
+                         sim_processors(s))
+          .step_s *
+      1e3;
+  return out;
 }
 
 }  // namespace
@@ -501,6 +536,7 @@ PlannedModel make_plan(const PlanOptions& o) {
            o.model_path, first.name, ir::shape_string(first.shape));
     }
   }
+  set_instruction_terms(s, o);
   cost::RooflineCostModel roofline(s.device, s.precision);
   std::unique_ptr<cost::OpCostModel> custom_costs =
       o.cost_model ? o.cost_model(g, roofline) : nullptr;
@@ -533,7 +569,6 @@ PlannedModel make_plan(const PlanOptions& o) {
   s.shape.shared_groups = chosen.setup.shape.shared_groups;
   out.schedule = chosen.schedule;
   schedule::validate_schedule(out.schedule, s.shape);
-
   Plan& p = out.plan;
   p.generator = "stagec " STAGECRAFT_VERSION;  // the CMake project's version
   p.model_path = o.model_path;
@@ -591,6 +626,7 @@ PlannedModel make_plan(const PlanOptions& o) {
                              facts.flops[i], param_bytes, facts.output_bytes[i]});
   }
   p.predicted = chosen.predicted;
+  out.instruction_costs = plan_instruction_costs(s, out.schedule, times);
   set_cluster(p, s, out.schedule, times);
   p.device_memory = std::move(chosen.peaks);
   p.timeline = std::move(chosen.timeline);

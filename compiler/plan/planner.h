@@ -11,8 +11,10 @@
 
 #include "compiler/import.h"
 #include "compiler/plan/stage_weights.h"
+#include "cost_models/calibration.h"
 #include "cost_models/roofline.h"
 #include "passes/loss.h"
+#include "runtime/format/instruction_costs.h"
 #include "runtime/format/plan.h"
 #include "runtime/format/schedule.h"
 #include "runtime/format/vocabulary.h"
@@ -104,6 +106,10 @@ struct PlanOptions {
   /// Set by a search that plans the same model many times (auto_plan): imports are done once per
   /// set of import options and copied (ImportCache). Unset: every plan imports the file.
   std::shared_ptr<ImportCache> import_cache;
+  /// Fixed instruction costs and calibration (stagec --profile; cost_models/calibration.h):
+  /// called once the plan's shape is known with its `cost::calibration_key`; returns the
+  /// profiled costs and the calibration kept for that key, if any. Unset: none are charged.
+  std::function<cost::TermsChoice(const std::string& key)> instruction_terms;
 };
 
 /// A computed plan: the plan file's content, the schedule, and the graph the stages come from.
@@ -133,6 +139,9 @@ struct PlannedModel {
   /// Training: one line naming the weights the exporter had merged that now train apart; ""
   /// otherwise.
   std::string untie_summary = {};
+  /// What the prediction charged beyond the ops' times (plan.json "instruction_costs"; empty
+  /// without PlanOptions::instruction_terms).
+  PlanInstructionCosts instruction_costs = {};
 };
 
 /// Plans the model. Refuses (Error) bad options with the flag named, and a model that fits in

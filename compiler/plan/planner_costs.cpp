@@ -367,11 +367,46 @@ double accumulate_s(const Setup& s, double params) {
   return s.shape.training ? 3.0 * 4.0 * params / s.device.memory_bandwidth : 0.0;
 }
 
+schedule::StageCosts with_terms(const cost::InstructionTerms& terms, schedule::StageCosts c,
+                                int devices) {
+  using schedule::Op;
+  if (terms.empty()) return c;
+  const std::size_t stages = c.forward_s.size();
+  for (std::size_t k = 0; k < stages; ++k) {
+    const int stage = static_cast<int>(k);
+    c.forward_s[k] *= terms.factor(stage, Op::kForward);
+    // A stage runs either full backwards (BWD) or B and W apart: each has its own factor.
+    const bool split = terms.factor(stage, Op::kBackwardInput) != 1.0 ||
+                       terms.factor(stage, Op::kBackwardWeight) != 1.0;
+    if (k < c.backward_input_s.size())
+      c.backward_input_s[k] *= terms.factor(stage, split ? Op::kBackwardInput : Op::kBackward);
+    if (k < c.backward_weight_s.size())
+      c.backward_weight_s[k] *= terms.factor(stage, split ? Op::kBackwardWeight : Op::kBackward);
+  }
+  if (c.optimizer_s > 0) {
+    c.optimizer_stage_s.assign(stages, c.optimizer_s);
+    for (std::size_t k = 0; k < stages; ++k)
+      c.optimizer_stage_s[k] *= terms.factor(static_cast<int>(k), Op::kOptimizerStep);
+  }
+  if (!terms.device_start_ms.empty()) {
+    c.device_start_s.assign(static_cast<std::size_t>(devices), 0.0);
+    for (int d = 0; d < devices && d < static_cast<int>(terms.device_start_ms.size()); ++d)
+      c.device_start_s[static_cast<std::size_t>(d)] =
+          terms.device_start_ms[static_cast<std::size_t>(d)] * 1e-3;
+  }
+  c.instruction_s.assign(schedule::kInstructionKinds, 0.0);
+  for (std::size_t i = 0; i < schedule::kInstructionKinds; ++i)
+    c.instruction_s[i] = terms.fixed_ms(static_cast<Op>(i)) * 1e-3;
+  return c;
+}
+
 Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
                    const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
                    int64_t batch, const std::vector<Stage>& stages, const SimExtras& rc,
                    std::vector<schedule::TimelineEvent>* timeline, std::vector<DevicePeak>* peaks) {
-  auto sim = schedule::simulate(sched, s.shape, stage_costs(s, sol, f, rc), sim_processors(s));
+  auto sim = schedule::simulate(sched, s.shape,
+                                with_terms(s.terms, stage_costs(s, sol, f, rc), s.shape.devices),
+                                sim_processors(s));
   Prediction p;
   p.step_ms = sim.step_s * 1e3;
   p.bubble_fraction = sim.bubble_fraction;

@@ -56,6 +56,10 @@ struct Setup {
   /// PlanOptions::keep_over_memory: even a model whose least-memory split is over a device's
   /// memory is split and simulated (stagec --auto compares the peaks), not refused.
   bool keep_over_memory = false;
+  /// What the simulation charges beyond the ops' times (PlanOptions::instruction_terms):
+  /// `terms` is played (the calibration when there is one, else the profiled costs).
+  cost::InstructionTerms terms;
+  cost::InstructionTerms profiled_terms;
 };
 
 /// The schedule of `s.kind` (or of its custom order) for `s.shape`: what every candidate runs.
@@ -194,6 +198,12 @@ double accumulate_s(const Setup& s, double params);
 /// `rc`'s per-stage extras: what `predict` plays.
 schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
                                  const SimExtras& rc);
+
+/// `raw` (stage_costs) with `terms` applied: each stage's op times times its factors, the fixed
+/// instruction costs, the start delay of each of `devices` pipeline devices. What the simulation
+/// plays; plan.json's stage times are `raw`.
+schedule::StageCosts with_terms(const cost::InstructionTerms& terms, schedule::StageCosts raw,
+                                int devices);
 
 /// The simulated step of `sched` for the split `sol` into `stages` (their anatomies filled in),
 /// with `rc`'s per-stage extras; its device peaks are `peaks` (schedule/device_peak.h), the

@@ -161,7 +161,10 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
     link_weight_files(staging, p.weight_files);
     const std::string schedule_text = schedule::to_json(planned.schedule).dump(1) + "\n";
     p.schedule_hash = json_hash(nlohmann::json::parse(schedule_text));
-    const std::string text = plan_json_text(to_json(p));
+    nlohmann::ordered_json plan_json = to_json(p);
+    if (!planned.instruction_costs.empty())
+      plan_json["instruction_costs"] = instruction_costs_json(planned.instruction_costs);
+    const std::string text = plan_json_text(plan_json);
     check_readable(text, (target / "plan.json").string());
     write_file(staging / "plan.json", text);
     write_file(staging / "schedule.json", schedule_text);

@@ -79,6 +79,8 @@ class Simulation {
       shared_ |= !added;
     }
     processor_free_.assign(index.size(), 0);
+    for (size_t device = 0; device < costs.device_start_s.size(); ++device)
+      free_at_[device] = costs.device_start_s[device];
     result_.device_busy_s.assign(shape.devices, 0);
     result_.device_peak_bytes.assign(shape.devices, 0);
     result_.device_peak_parts.resize(shape.devices);
@@ -184,6 +186,16 @@ class Simulation {
     return static_cast<size_t>(stage) * microbatches_ + microbatch;
   }
 
+  /// The fixed cost of an instruction of kind `op` (StageCosts::instruction_s).
+  double fixed(Op op) const {
+    const auto i = static_cast<size_t>(op);
+    return i < costs_.instruction_s.size() ? costs_.instruction_s[i] : 0.0;
+  }
+
+  double optimizer_time(int stage) const {
+    return costs_.optimizer_stage_s.empty() ? costs_.optimizer_s : costs_.optimizer_stage_s[stage];
+  }
+
   double send_time(int from_stage) const {
     return costs_.send_s.empty() ? 0 : costs_.send_s[from_stage];
   }
@@ -211,7 +223,7 @@ class Simulation {
       case Op::kRecvGrad: {
         bool act = in.op == Op::kRecvAct;
         double arrival = (act ? act_arrival_ : grad_arrival_)[key(in.stage, in.microbatch)];
-        double end = std::max(start, arrival);
+        double end = std::max(start, arrival) + fixed(in.op);
         (act ? act_received_ : grad_received_)[key(in.stage, in.microbatch)] = end;
         (act ? act_taken_[in.stage - 1] : grad_taken_[in.stage + 1]).push_back(end);
         wait(device, in, start, end);
@@ -232,24 +244,28 @@ class Simulation {
           start = std::max(start, slot);
         }
         ++sends;
+        if (fixed(in.op) > 0) {  // handing the tensors to the link holds the device
+          start = std::max(start, produced) + fixed(in.op);
+          free_at_[device] = std::max(free_at_[device], start);
+        }
         transfer(device, in, peer, std::max(start, produced), send_time(act ? in.stage : peer),
                  (act ? act_arrival_ : grad_arrival_)[key(peer, in.microbatch)]);
         return;
       }
       case Op::kForward: {
-        start = claim(device, start, costs_.forward_s[in.stage]);
+        const double duration = costs_.forward_s[in.stage] + fixed(in.op);
+        start = claim(device, start, duration);
         if (activation(in.stage) > 0) ++now_[device].activations_held;
         add_memory(device, start, activation(in.stage), &PeakParts::activation_bytes);
-        forward_end_[key(in.stage, in.microbatch)] =
-            compute(device, in, start, costs_.forward_s[in.stage]);
+        forward_end_[key(in.stage, in.microbatch)] = compute(device, in, start, duration);
         return;
       }
       case Op::kBackward:
       case Op::kBackwardInput: {
         size_t k = key(in.stage, in.microbatch);
         bool full = in.op == Op::kBackward;
-        double duration =
-            costs_.backward_input_s[in.stage] + (full ? costs_.backward_weight_s[in.stage] : 0);
+        double duration = costs_.backward_input_s[in.stage] +
+                          (full ? costs_.backward_weight_s[in.stage] : 0) + fixed(in.op);
         start = claim(device, start, duration);
         input_grad_end_[k] = compute(device, in, start, duration);
         transient(device, in.stage, start, input_grad_end_[k]);
@@ -260,8 +276,9 @@ class Simulation {
         return;
       }
       case Op::kBackwardWeight: {
-        start = claim(device, start, costs_.backward_weight_s[in.stage]);
-        double end = compute(device, in, start, costs_.backward_weight_s[in.stage]);
+        const double duration = costs_.backward_weight_s[in.stage] + fixed(in.op);
+        start = claim(device, start, duration);
+        double end = compute(device, in, start, duration);
         transient(device, in.stage, start, end);
         add_memory(device, end, -deferred(in.stage), &PeakParts::deferred_bytes);
         weight_gradient_done(device, in.stage, start, end);
@@ -269,16 +286,17 @@ class Simulation {
       }
       case Op::kAllReduce:
         // The buckets went on the link during and after the last backward: wait for the last.
-        wait(device, in, start, std::max(start, allreduce_end_[in.stage]));
+        wait(device, in, start, std::max(start, allreduce_end_[in.stage]) + fixed(in.op));
         return;
       case Op::kAllReduceShared:
         shared_issued_[in.stage] = start;
-        wait(device, in, start, start);
+        wait(device, in, start, start + fixed(in.op));
         return;
       case Op::kOptimizerStep: {
         // A stage holding shared weights updates them with the sum of every holder's gradient.
-        const double summed = claim(device, shared_sum_ready(in.stage, start), costs_.optimizer_s);
-        const double end = compute(device, in, summed, costs_.optimizer_s);
+        const double duration = optimizer_time(in.stage) + fixed(in.op);
+        const double summed = claim(device, shared_sum_ready(in.stage, start), duration);
+        const double end = compute(device, in, summed, duration);
         // ZeRO-1: the updated shards come round the replicas' ring before the weights are read.
         // The instruction's event spans both; only the update is busy time.
         if (!costs_.allgather_s.empty() && costs_.allgather_s[in.stage] > 0) {
@@ -467,6 +485,19 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
   check_costs(costs.static_bytes, "static_bytes", {0, stages}, count);
   check_costs(costs.deferred_bytes, "deferred_bytes", {0, stages}, count);
   check_costs(costs.backward_bytes, "backward_bytes", {0, stages}, count);
+  check_costs(costs.optimizer_stage_s, "optimizer_stage_s", {0, stages}, count);
+  if (!costs.instruction_s.empty() && costs.instruction_s.size() != kInstructionKinds)
+    fail(ErrorKind::kUsage,
+         "stage costs: instruction_s has {} entries; there are {} instruction kinds",
+         costs.instruction_s.size(), kInstructionKinds);
+  check_costs(costs.instruction_s, "instruction_s", {0, kInstructionKinds}, count);
+  if (!costs.device_start_s.empty() &&
+      costs.device_start_s.size() != static_cast<size_t>(shape.devices))
+    fail(ErrorKind::kUsage,
+         "stage costs: device_start_s has {} entries; the pipeline has {} devices",
+         costs.device_start_s.size(), shape.devices);
+  check_costs(costs.device_start_s, "device_start_s", {0, static_cast<size_t>(shape.devices)},
+              count);
   if (!std::isfinite(costs.optimizer_s) || costs.optimizer_s < 0) {
     fail(ErrorKind::kUsage, "stage costs: optimizer_s is {}; it must be finite and >= 0",
          costs.optimizer_s);

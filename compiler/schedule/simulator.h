@@ -47,6 +47,9 @@
 
 namespace stagecraft::schedule {
 
+/// The instruction kinds (`Op` values 0 .. kInstructionKinds - 1).
+constexpr std::size_t kInstructionKinds = static_cast<std::size_t>(Op::kOptimizerStep) + 1;
+
 /// Times (seconds) and bytes of each global stage. Vectors marked optional may be empty
 /// (meaning zero); the others have one entry per stage (backward_input_s and
 /// backward_weight_s may be empty for inference).
@@ -58,6 +61,17 @@ struct StageCosts {
   /// same for its gradient back. S - 1 entries (an S-th is ignored).
   std::vector<double> send_s;
   double optimizer_s = 0;           ///< One stage's optimizer step.
+  /// Optional: per stage, its optimizer step (replaces optimizer_s; a calibrated plan's).
+  std::vector<double> optimizer_stage_s;
+  /// Optional (0 each when empty): a fixed cost per instruction kind, indexed by `Op`
+  /// (`kInstructionKinds` entries): what the runtime spends on an instruction beyond its ops
+  /// (cost_models/calibration.h). A compute instruction is busy that much longer; a send holds
+  /// its device that long before the transfer is queued; a receive, an all-reduce (or its
+  /// shared kind) hold it that long after what they wait for has arrived.
+  std::vector<double> instruction_s;
+  /// Optional (0 each when empty): per device, when it starts its list (a calibrated plan's
+  /// wake-up from the barrier between steps).
+  std::vector<double> device_start_s;
   /// Optional: one stage's gradient all-reduce over the replicas, on the link (see below).
   std::vector<double> allreduce_s;
   /// Optional (1 each when empty): the buckets a stage's all-reduce is cut into. Bucket k of n

@@ -5,7 +5,6 @@
 // unknown field is refused (a misspelt one would otherwise read as a default), and each error
 // names the file and the field path ("stages[2].inputs[0].shape[1]").
 #include "runtime/format/plan.h"
-#include "runtime/format/weights_hash.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -19,8 +18,10 @@
 
 #include "runtime/format/bytes.h"
 #include "runtime/format/error.h"
+#include "runtime/format/instruction_costs.h"
 #include "runtime/format/json_reader.h"
 #include "runtime/format/processors.h"
+#include "runtime/format/weights_hash.h"
 
 namespace stagecraft::plan {
 namespace {
@@ -565,6 +566,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
           "baseline_uniform",
           "search",
           "auto_search",
+          "instruction_costs",
           "stages",
           "weight_files",
           "ops",
@@ -597,6 +599,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.baseline_uniform = read_prediction(f, "baseline_uniform");
   plan.search = read_search(f);
   plan.auto_search = read_auto_search(f);
+  read_instruction_costs(f);  // checked here; the compiler writes it, stagedump shows it
   plan.device_memory = f.array("device_memory", read_device_peak);
   plan.stages = f.array("stages", read_stage);
   plan.weight_files = f.array("weight_files", [](const JsonValue& v) {

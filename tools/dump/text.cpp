@@ -280,6 +280,7 @@ std::string predictions(const PlanView& view) {
       ours.fits ? "" : " (does NOT fit)");
   if (const std::string shared = plan::describe_sharing(plan); !shared.empty())
     text += "processors  " + shared + "\n";
+  text += plan::describe_instruction_costs(view.instruction_costs, ours.step_ms);
   Table table({"split", "step ms", "bubble", "largest peak", "fits", "ours / baseline step"}, 1);
   auto row = [&](const std::string& name, const plan::Prediction& p) {
     std::string ratio = p.step_ms > 0 ? fmt::format("{:.2f}", ours.step_ms / p.step_ms) : "-";

@@ -21,6 +21,11 @@ PlanView load_view(const std::string& plan_dir) {
   view.shape = {plan.devices, plan.chunks, plan.microbatches, plan.training, plan.data_parallel};
   view.shape.shared_groups = plan::shared_weight_groups(plan);
   view.shape.placement = schedule::placement_of(plan.schedule);
+  {
+    const std::string plan_path = plan::plan_file(plan_dir, "plan.json");
+    const nlohmann::json plan_json = read_json_file(plan_path);
+    view.instruction_costs = plan::read_instruction_costs(JsonValue(plan_json, plan_path).object());
+  }
 
   std::string path = plan::plan_file(plan_dir, "schedule.json");
   nlohmann::json body = read_json_file(path);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/format/bytes.h"
+#include "runtime/format/instruction_costs.h"
 #include "runtime/format/plan.h"
 #include "runtime/format/schedule.h"
 
@@ -25,6 +26,9 @@ struct PlanView {
   schedule::Schedule schedule;    ///< As read from PLAN_DIR/schedule.json.
   /// The plan's devices, chunks, microbatches, training, shared groups.
   schedule::PipelineShape shape;
+  /// plan.json's "instruction_costs" (fixed costs per instruction, calibration); empty when
+  /// absent.
+  plan::PlanInstructionCosts instruction_costs;
 };
 
 /// Loads PLAN_DIR: `plan::load_plan` (validation, stage files and hashes), then schedule.json,

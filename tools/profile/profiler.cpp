@@ -257,3 +257,32 @@ ProfileStats profile_graph(const ir::Graph& graph, cost::ProfileDb& db, int thre
 }
 
 }  // namespace stagecraft::profile
+
+namespace stagecraft::profile {
+
+double measure_empty_program(int threads, std::string_view backend) {
+  check_threads(threads);
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  auto* opset = model.add_opset_import();
+  opset->set_domain("");
+  opset->set_version(17);
+  onnx::GraphProto* g = model.mutable_graph();
+  g->set_name("empty_instruction");
+  auto add_value = [](onnx::ValueInfoProto* v, const char* name) {
+    v->set_name(name);
+    auto* tensor = v->mutable_type()->mutable_tensor_type();
+    tensor->set_elem_type(onnx::TensorProto::FLOAT);
+    tensor->mutable_shape()->add_dim()->set_dim_value(1);
+  };
+  add_value(g->add_input(), "x");
+  add_value(g->add_output(), "y");
+  onnx::NodeProto* node = g->add_node();
+  node->set_op_type("Identity");
+  node->set_name("empty");
+  node->add_input("x");
+  node->add_output("y");
+  return time_model(model, "an empty instruction's program", threads, backend).ms;
+}
+
+}  // namespace stagecraft::profile
