@@ -121,7 +121,7 @@ TEST_CASE("plan_from_json names a missing or mistyped field") {
   };
   named("schedule", "pipedream",
         "plan.json: field 'schedule' is 'pipedream'; valid: gpipe, 1f1b, interleaved, zb-h1, "
-        "zb-v, inference");
+        "zb-v, dualpipev, inference");
   named("objective", "fast", "field 'objective' is 'fast'; valid: speed, memory");
   named("precision", "fp8", "field 'precision' is 'fp8'; valid: fp32, mixed");
   named("optimizer", "lion", "field 'optimizer' is 'lion'; valid: none, sgd, ");
