@@ -211,6 +211,23 @@ TEST_CASE("a zb-v plan holds stages i and 2P-1-i on device i, and nothing else")
                 "devices)");
 }
 
+TEST_CASE("a dualpipev plan holds zb-v's V and at least 2P microbatches") {
+  Plan plan = sample_plan("dualpipev", 2, 2, 4);
+  CHECK(plan.stages[2].device == 1);
+  CHECK(plan.stages[3].device == 0);
+  CHECK_NOTHROW(validate_plan(plan, "plan.json"));
+  Plan few = sample_plan("dualpipev", 2, 2, 4);
+  few.microbatches = 3;
+  few.batch = 6;
+  check_refused(few,
+                "microbatches' is 3, but schedule 'dualpipev' needs at least twice the 2 devices");
+  plan.stages[3].device = 1;
+  plan.stages[2].device = 0;
+  check_refused(plan,
+                "stages[2].device' is 0, but stage 2 belongs on device 1 ('dualpipev' on 2 "
+                "devices)");
+}
+
 TEST_CASE("validate_plan refuses broken cross references naming the field") {
   Plan plan = sample_plan();
   SUBCASE("input whose producer lacks that output") {
