@@ -134,13 +134,13 @@ void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKi
   if (kind != ScheduleKind::kInference && !shape.training) {
     fail(error, "schedule '{}' is for training; an inference plan uses 'inference'", name);
   }
-  if (kind == ScheduleKind::kDualPipeV && shape.microbatches < 2 * shape.devices) {
-    // DeepSeek's DualPipeV and torch's ScheduleDualPipeV both need M >= 2P: the steady state
-    // pairs a forward of one chunk with a backward of the other from the first 2P forwards on.
+  if (kind == ScheduleKind::kDualPipeV && shape.microbatches / 2 < shape.devices) {
+    // DeepSeek's DualPipeV and torch's ScheduleDualPipeV both need M >= 2P: device 0 warms up
+    // with 2P - 1 forwards before its first backward, and the order has no slots to leave idle.
     fail(error,
          "schedule 'dualpipev' needs at least twice as many microbatches as devices (M >= 2P = "
          "{}), not M={} on P={}",
-         2 * shape.devices, shape.microbatches, shape.devices);
+         2 * int64_t{shape.devices}, shape.microbatches, shape.devices);
   }
   check_shared_groups(shape, error);
 }
