@@ -83,6 +83,10 @@ int64_t microbatches_in_flight(ScheduleKind schedule, int stages, int stage_inde
       // Both chunks of the V together (stage i holds min(2P - i, M), stage 2P-1-i min(i + 1,
       // M)): 2P chunk-microbatches on every device once M >= 2P - 1, 1F1B's peak on its first.
       return std::min({2 * p, 2 * m, m + i + 1});
+    case ScheduleKind::kDualPipeV:
+      // Both chunks: stage i holds 2P - i and stage 2P-1-i holds i + 1, and the forward of each
+      // overlapped pair runs before its backward frees one: 2P + 1 on every device (M >= 2P).
+      return std::min(2 * p + 1, 2 * m);
     case ScheduleKind::kInference:
       return 1;
     case ScheduleKind::kCustom:

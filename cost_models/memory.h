@@ -40,6 +40,10 @@ double gradient_bytes_per_param(Precision precision);
 /// - kZBV: device i's two chunks (V = 2) together in chunk-microbatches, min(2P, 2M, M + i + 1)
 ///   (counted from torch's ScheduleZBVZeroBubble order): with M >= 2P - 1 every device peaks at
 ///   1F1B's first device, P whole microbatches (Qi et al. 2024).
+/// - kDualPipeV: as kZBV, both chunks together, min(2P + 1, 2M) (counted from torch's
+///   ScheduleDualPipeV order, which needs M >= 2P): stage s holds 2P - s as under zb-v, but the
+///   forward paired with a backward runs first, so every device peaks one chunk-microbatch
+///   above zb-v (DeepSeek's P + 1 microbatches for DualPipeV, in halves).
 /// - kInference: 1 (forward only, nothing kept for a backward).
 /// Throws `Error(kUsage)` unless P >= 1, 0 <= i < P, M >= 1 and V >= 1.
 int64_t microbatches_in_flight(ScheduleKind schedule, int stages, int stage_index, int microbatches,

@@ -239,7 +239,8 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
       "--schedule", names.schedule,
       "gpipe (SageMaker's 'simple') | 1f1b (SageMaker's 'interleaved') | interleaved (Megatron "
       "virtual stages) | zb-h1 | zb-v (2 chunks per device in a V, device i holding stages i "
-      "and 2P-1-i) | inference; default 1f1b with --train, else inference");
+      "and 2P-1-i) | dualpipev (DeepSeek's DualPipeV: zb-v's V, a forward paired with a "
+      "backward, M >= 2P) | inference; default 1f1b with --train, else inference");
   app.add_option("--schedule-csv", po.schedule_csv,
                  "a custom schedule in torch.distributed.pipelining's action-list CSV (one row "
                  "per rank of actions such as 0F1, 1B0, 0I2, 0W2, as torch's _dump_csv writes "

@@ -25,10 +25,11 @@ namespace {
 constexpr int kMicrobatchesPerDevice = 8;
 
 /// Whether the plan (training or not) admits schedule `kind` at all: its rules for a small
-/// shape that every admitted schedule runs (2 devices, its chunks, 2 microbatches).
+/// shape that every admitted schedule runs (2 devices, its chunks, 4 microbatches: dualpipev
+/// needs 2P).
 bool admits(ScheduleKind kind, bool training) {
   const int fixed = schedule::fixed_chunks(kind);
-  schedule::PipelineShape shape{2, fixed > 0 ? fixed : 2, 2, training, 1};
+  schedule::PipelineShape shape{2, fixed > 0 ? fixed : 2, 4, training, 1};
   shape.placement = schedule::placement_of(kind);
   try {
     check_schedule_shape(kind, shape, ErrorKind::kUsage);
@@ -63,13 +64,19 @@ PlanOptions options_of(const PlanOptions& o, const AutoCandidate& c) {
   return one;
 }
 
+/// Whether `c`'s schedule runs weight gradients apart from the input gradients (zb-h1, zb-v,
+/// dualpipev), off a microbatch's critical pass through the pipeline.
+bool defers_weights(const AutoCandidate& c) {
+  return c.schedule == "zb-h1" || c.schedule == "zb-v" || c.schedule == "dualpipev";
+}
+
 /// A closed-form guess at the bubble, to plan the likely best first (the sooner a good step is
 /// found, the more the lower bound prunes): (P - 1) / (V M + P - 1), a third of that for the
-/// zero-bubble schedules.
+/// zero-bubble schedules (dualpipev, which defers some of its weight gradients, with them).
 double bubble_guess(const AutoCandidate& c, int devices) {
   const double p = devices / c.data_parallel;
   const double fill = (p - 1) / (c.chunks * c.microbatches + p - 1);
-  return c.schedule == "zb-h1" || c.schedule == "zb-v" ? fill / 3 : fill;
+  return defers_weights(c) ? fill / 3 : fill;
 }
 
 /// Candidates ranked: fitting ones by the objective's key, then those over memory by peak, then
@@ -223,8 +230,8 @@ PlannedModel auto_plan(const PlanOptions& o, const AutoFixed& fixed, const AutoP
         w != work_ms.end() && best && o.objective == Objective::kSpeed) {
       const double pipeline = static_cast<double>(o.devices / c.data_parallel);
       // The zero-bubble schedules defer the weight gradients off that pass: their share alone.
-      const bool zero_bubble = c.schedule == "zb-h1" || c.schedule == "zb-v";
-      const double bound = w->second * std::max(zero_bubble ? 0.0 : 1.0, c.microbatches / pipeline);
+      const double bound =
+          w->second * std::max(defers_weights(c) ? 0.0 : 1.0, c.microbatches / pipeline);
       if (bound >= best->plan.predicted.step_ms) {
         c.status = "pruned";
         c.note = fmt::format("lower bound {:.3f} ms (the compute alone) >= the best step {:.3f} ms",

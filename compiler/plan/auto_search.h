@@ -25,12 +25,13 @@ using AutoProgress =
     std::function<void(int done, int total, const AutoCandidate* best, double seconds)>;
 
 /// The search's space, before any planning: every configuration of the built-in schedules the
-/// plan admits (training: gpipe, 1f1b, interleaved, zb-h1, zb-v; inference: those that run
-/// without a backward), microbatch counts M per replica dividing the global batch / R with
-/// M <= 8 x P (more shrink a bubble already under 1/8 and only cost efficiency), chunks 2..4
-/// for interleaved (zb-v's fixed 2), recomputation none and auto when training, and every R
-/// dividing the devices; less what `fixed` holds at `o`'s values. Each has no status yet.
-/// Refuses (kUsage) options the search cannot take: no --batch, --schedule-csv.
+/// plan admits (training: gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipev; inference: those
+/// that run without a backward), microbatch counts M per replica dividing the global batch / R
+/// with M <= 8 x P (more shrink a bubble already under 1/8 and only cost efficiency), chunks
+/// 2..4 for interleaved (zb-v's and dualpipev's fixed 2; dualpipev's M < 2P are refused when
+/// planned), recomputation none and auto when training, and every R dividing the devices;
+/// less what `fixed` holds at `o`'s values. Each has no status yet. Refuses (kUsage) options
+/// the search cannot take: no --batch, --schedule-csv.
 std::vector<AutoCandidate> auto_space(const PlanOptions& o, const AutoFixed& fixed);
 
 /// Plans every configuration of auto_space (the split search of each, as make_plan does) with

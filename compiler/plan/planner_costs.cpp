@@ -210,6 +210,9 @@ schedule::Schedule setup_schedule(const Setup& s) {
 
 bool splits_backward(const Setup& s, int stage) {
   if (s.kind == ScheduleKind::kZBH1 || s.kind == ScheduleKind::kZBV) return true;
+  // DualPipeV splits some backwards of every stage (its zero-bubble steps), except stage 1 of a
+  // single device, whose backwards are all full (dualpipev_test.cpp checks it).
+  if (s.kind == ScheduleKind::kDualPipeV) return !(s.shape.devices == 1 && stage == 1);
   if (!s.custom || s.shape.devices < 1) return false;
   const auto& device = s.custom->order.at(static_cast<size_t>(stage % s.shape.devices));
   return std::any_of(device.begin(), device.end(), [&](const schedule::Instruction& in) {

@@ -65,9 +65,9 @@ struct Setup {
 /// The schedule of `s.kind` (or of its custom order) for `s.shape`: what every candidate runs.
 schedule::Schedule setup_schedule(const Setup& s);
 
-/// Whether the schedule runs stage `stage`'s backward as B and a deferred W (ZB-H1, or a
-/// custom order with BWD_INPUT for it): its W holds values from B and re-runs a recomputed
-/// forward.
+/// Whether the schedule runs stage `stage`'s backward as B and a deferred W (ZB-H1, ZB-V, for
+/// some microbatches DualPipeV, or a custom order with BWD_INPUT for it): its W holds values
+/// from B and re-runs a recomputed forward.
 bool splits_backward(const Setup& s, int stage);
 
 /// The cluster slot of replica `replica`'s pipeline device `device` (s.placement).

@@ -1,79 +1,17 @@
-// The six schedule builders. Each writes one device's program from the order of its compute
-// ops; `ProgramWriter` adds the receives before and the sends after each of them, so the
-// builders read like the schedules' published pseudo-code.
+// The schedule builders (dualpipev's in dualpipev.cpp). Each writes one device's program from
+// the order of its compute ops; `ProgramWriter` (program_writer.h) adds the receives before and
+// the sends after each of them, so the builders read like the schedules' published pseudo-code.
 #include "compiler/schedule/build_schedule.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
+#include "compiler/schedule/program_writer.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::schedule {
 namespace {
-
-/// Appends one device's instructions, with the transfers around each compute op.
-class ProgramWriter {
- public:
-  ProgramWriter(const PipelineShape& shape, int device) : shape_(shape), device_(device) {}
-
-  /// Receives the activations (unless first stage), runs the forward, sends them on (unless
-  /// last stage).
-  void forward(int stage, int microbatch) {
-    if (stage > 0) program_.push_back({Op::kRecvAct, stage, microbatch, stage - 1});
-    program_.push_back({Op::kForward, stage, microbatch});
-    if (stage < last_stage()) program_.push_back({Op::kSendAct, stage, microbatch, stage + 1});
-  }
-
-  /// A full backward (input and weight gradients together).
-  void backward(int stage, int microbatch) { input_gradient(Op::kBackward, stage, microbatch); }
-
-  /// ZB's B: the input gradient, with its transfers.
-  void backward_input(int stage, int microbatch) {
-    input_gradient(Op::kBackwardInput, stage, microbatch);
-  }
-
-  /// ZB's W: the weight gradient, which needs no transfer.
-  void backward_weight(int stage, int microbatch) {
-    program_.push_back({Op::kBackwardWeight, stage, microbatch});
-  }
-
-  /// The end of a training step: all-reduce (with data parallelism), the start of the shared
-  /// weights' exchange, and optimizer step of every stage of the device. Every exchange of the
-  /// device starts before any of its optimizer steps waits for one.
-  void finish_step() {
-    if (shape_.data_parallel > 1) {
-      for (int chunk = 0; chunk < shape_.chunks; ++chunk) {
-        program_.push_back({Op::kAllReduce, stage_of_chunk(chunk), -1});
-      }
-    }
-    for (int chunk = 0; chunk < shape_.chunks; ++chunk) {
-      if (holds_shared(shape_, stage_of_chunk(chunk)))
-        program_.push_back({Op::kAllReduceShared, stage_of_chunk(chunk), -1});
-    }
-    for (int chunk = 0; chunk < shape_.chunks; ++chunk) {
-      program_.push_back({Op::kOptimizerStep, stage_of_chunk(chunk), -1});
-    }
-  }
-
-  /// The stage that is chunk `chunk` of this device.
-  int stage_of_chunk(int chunk) const { return schedule::stage_of_chunk(device_, chunk, shape_); }
-
-  std::vector<Instruction> take() { return std::move(program_); }
-
- private:
-  int last_stage() const { return stage_count(shape_) - 1; }
-
-  void input_gradient(Op op, int stage, int microbatch) {
-    if (stage < last_stage()) program_.push_back({Op::kRecvGrad, stage, microbatch, stage + 1});
-    program_.push_back({op, stage, microbatch});
-    if (stage > 0) program_.push_back({Op::kSendGrad, stage, microbatch, stage - 1});
-  }
-
-  const PipelineShape& shape_;
-  int device_;
-  std::vector<Instruction> program_;
-};
 
 /// GPipe: every forward, then every backward in reverse microbatch order (the order autograd
 /// walks a concatenated batch; any order gives the same bubble).
@@ -278,6 +216,9 @@ Schedule build_schedule(ScheduleKind kind, const PipelineShape& shape) {
         break;
       case ScheduleKind::kZBV:
         schedule.push_back(zb_v(shape, device));
+        break;
+      case ScheduleKind::kDualPipeV:
+        schedule.push_back(dual_pipe_v(shape, device));
         break;
       case ScheduleKind::kInference:
         schedule.push_back(inference(shape, device));

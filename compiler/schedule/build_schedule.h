@@ -10,8 +10,9 @@ namespace stagecraft::schedule {
 
 /// Builds the per-device instruction streams of `kind` for `shape`. Throws `Error(kUsage)` for
 /// a shape the kind cannot serve, naming the numbers: P, V or M below 1, V != 1 for a schedule
-/// without chunks, M not a multiple of P for the interleaved schedule, a training schedule
-/// asked for inference or the inference schedule asked for training.
+/// without chunks (V != 2 for zb-v and dualpipev), M not a multiple of P for the interleaved
+/// schedule, M < 2P for dualpipev, a training schedule asked for inference or the inference
+/// schedule asked for training.
 Schedule build_schedule(ScheduleKind kind, const PipelineShape& shape);
 
 /// Each device's compute instructions (FWD, BWD, BWD_INPUT, BWD_WEIGHT) in the order it runs

@@ -152,15 +152,15 @@ class Validator {
     }
     // A custom schedule (--schedule-csv): any chunks; validate_schedule checks its order.
     const bool custom = plan_.schedule == ScheduleKind::kCustom;
-    if (const int fixed = schedule::fixed_chunks(plan_.schedule); fixed && plan_.chunks != fixed) {
+    if (const int fixed = schedule::fixed_chunks(plan_.schedule); fixed && plan_.chunks != fixed)
       fault("chunks", fmt::format("is {}, but schedule '{}' runs {} per device", plan_.chunks,
                                   to_string(plan_.schedule), count(fixed, "chunk")));
-    }
-    if (plan_.schedule == ScheduleKind::kInterleaved && plan_.microbatches % plan_.devices != 0) {
+    if (plan_.schedule == ScheduleKind::kInterleaved && plan_.microbatches % plan_.devices != 0)
       fault("microbatches", fmt::format("is {}, but the interleaved schedule needs a multiple of "
-                                        "the {} devices",
-                                        plan_.microbatches, plan_.devices));
-    }
+                                        "the {} devices", plan_.microbatches, plan_.devices));
+    if (plan_.schedule == ScheduleKind::kDualPipeV && plan_.microbatches / 2 < plan_.devices)
+      fault("microbatches", fmt::format("is {}, but schedule 'dualpipev' needs at least twice the "
+                                        "{} devices", plan_.microbatches, plan_.devices));
     if (!custom && plan_.training == (plan_.schedule == ScheduleKind::kInference)) {
       fault("training", fmt::format("is {}, but the schedule is '{}'", plan_.training,
                                     to_string(plan_.schedule)));

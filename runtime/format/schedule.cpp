@@ -104,10 +104,10 @@ void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKi
     check_shared_groups(shape, error);
     return;
   }
-  if (kind == ScheduleKind::kZBV && shape.chunks != 2) {
+  if (fixed_chunks(kind) == 2 && shape.chunks != 2) {
     fail(error,
-         "schedule 'zb-v' runs 2 chunks per device (device i holds stages i and 2P-1-i), not {}",
-         shape.chunks);
+         "schedule '{}' runs 2 chunks per device (device i holds stages i and 2P-1-i), not {}",
+         name, shape.chunks);
   }
   if (fixed_chunks(kind) == 1 && shape.chunks != 1) {
     fail(error, "schedule '{}' runs 1 chunk per device, not {}; use 'interleaved'", name,
@@ -126,13 +126,21 @@ void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKi
   }
   if (kind == ScheduleKind::kInference && shape.training) {
     fail(error,
-         "schedule 'inference' runs forwards only; a training plan needs {}, {}, {}, {} or {}",
+         "schedule 'inference' runs forwards only; a training plan needs {}, {}, {}, {}, {} or {}",
          to_string(ScheduleKind::kGPipe), to_string(ScheduleKind::k1F1B),
          to_string(ScheduleKind::kInterleaved), to_string(ScheduleKind::kZBH1),
-         to_string(ScheduleKind::kZBV));
+         to_string(ScheduleKind::kZBV), to_string(ScheduleKind::kDualPipeV));
   }
   if (kind != ScheduleKind::kInference && !shape.training) {
     fail(error, "schedule '{}' is for training; an inference plan uses 'inference'", name);
+  }
+  if (kind == ScheduleKind::kDualPipeV && shape.microbatches / 2 < shape.devices) {
+    // DeepSeek's DualPipeV and torch's ScheduleDualPipeV both need M >= 2P: device 0 warms up
+    // with 2P - 1 forwards before its first backward, and the order has no slots to leave idle.
+    fail(error,
+         "schedule 'dualpipev' needs at least twice as many microbatches as devices (M >= 2P = "
+         "{}), not M={} on P={}",
+         2 * int64_t{shape.devices}, shape.microbatches, shape.devices);
   }
   check_shared_groups(shape, error);
 }
@@ -142,7 +150,8 @@ int stage_count(const PipelineShape& shape) { return shape.devices * shape.chunk
 int link_capacity(const PipelineShape& shape) { return shape.training ? kTrainingLinkCapacity : 1; }
 
 Placement placement_of(ScheduleKind kind) {
-  return kind == ScheduleKind::kZBV ? Placement::kV : Placement::kRoundRobin;
+  return kind == ScheduleKind::kZBV || kind == ScheduleKind::kDualPipeV ? Placement::kV
+                                                                        : Placement::kRoundRobin;
 }
 
 int fixed_chunks(ScheduleKind kind) {
@@ -151,6 +160,7 @@ int fixed_chunks(ScheduleKind kind) {
     case ScheduleKind::kCustom:
       return 0;
     case ScheduleKind::kZBV:
+    case ScheduleKind::kDualPipeV:
       return 2;
     case ScheduleKind::kGPipe:
     case ScheduleKind::k1F1B:

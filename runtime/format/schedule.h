@@ -9,8 +9,8 @@
 ///
 /// Stages are global: with P devices and V chunks per device there are S = P*V stages, and
 /// stage s lives on device s % P (Megatron-LM's virtual stages, chunk c of device d is stage
-/// c*P + d), except under a V placement (zb-v: two chunks, device d holds stages d and
-/// 2P-1-d). Every instruction names a stage of the device that runs it; sends and receives
+/// c*P + d), except under a V placement (zb-v and dualpipev: two chunks, device d holds stages
+/// d and 2P-1-d). Every instruction names a stage of the device that runs it; sends and receives
 /// also name the peer stage.
 
 #include <cstdint>
@@ -75,8 +75,8 @@ using Schedule = std::vector<std::vector<Instruction>>;
 /// How the stages are dealt to the devices. Chunk c of a device is stage c*P + d under
 /// both placements when c is 0; they differ in the second chunk's stage.
 enum class Placement {
-  kRoundRobin,  ///< Stage s on device s % P (every schedule but zb-v).
-  kV,  ///< Two chunks in a V: stage s on device s for s < P, else on 2P-1-s (zb-v, DualPipeV).
+  kRoundRobin,  ///< Stage s on device s % P (every schedule but zb-v and dualpipev).
+  kV,  ///< Two chunks in a V: stage s on device s for s < P, else on 2P-1-s (zb-v, dualpipev).
 };
 
 /// The shape a schedule is built for.
@@ -94,11 +94,11 @@ struct PipelineShape {
   Placement placement = Placement::kRoundRobin;
 };
 
-/// The placement `kind` runs on: kV for zb-v, kRoundRobin for the others.
+/// The placement `kind` runs on: kV for zb-v and dualpipev, kRoundRobin for the others.
 Placement placement_of(ScheduleKind kind);
 
-/// The chunks per device `kind` always runs (1, or 2 for zb-v); 0 when it takes any count
-/// (interleaved, custom).
+/// The chunks per device `kind` always runs (1, or 2 for zb-v and dualpipev); 0 when it takes
+/// any count (interleaved, custom).
 int fixed_chunks(ScheduleKind kind);
 
 /// The messages a link of `shape` holds: kTrainingLinkCapacity in training, 1 in inference.
@@ -117,8 +117,9 @@ std::vector<int> shared_partners(const PipelineShape& shape, int stage);
 
 /// The schedule rules, checked once for the planner, the builders and the plan reader: throws
 /// `Error(error)` naming the numbers when `kind` cannot serve `shape`: P, V, M or DP below 1,
-/// V != 1 for a schedule without chunks (V != 2 for zb-v), a placement other than
-/// placement_of(kind), M not a multiple of P for the interleaved schedule, a
+/// V != 1 for a schedule without chunks (V != 2 for zb-v and dualpipev), a placement other than
+/// placement_of(kind), M not a multiple of P for the interleaved schedule, M < 2P for
+/// dualpipev, a
 /// training schedule for inference or the inference schedule for training, shared groups that do
 /// not fit (check_shared_groups).
 void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKind error);

@@ -17,12 +17,13 @@ namespace {
 template <typename Enum, size_t N>
 using Table = std::array<std::pair<Enum, std::string_view>, N>;
 
-constexpr Table<ScheduleKind, 7> kSchedules = {{
+constexpr Table<ScheduleKind, 8> kSchedules = {{
     {ScheduleKind::kGPipe, "gpipe"},
     {ScheduleKind::k1F1B, "1f1b"},
     {ScheduleKind::kInterleaved, "interleaved"},
     {ScheduleKind::kZBH1, "zb-h1"},
     {ScheduleKind::kZBV, "zb-v"},
+    {ScheduleKind::kDualPipeV, "dualpipev"},
     {ScheduleKind::kInference, "inference"},
     {ScheduleKind::kCustom, "custom"},
 }};

@@ -6,8 +6,8 @@
 /// nothing else spells the names. Every `parse_*` (the command line's) ignores case (`1F1B`,
 /// `GPipe`) and throws `Error(kUsage)` naming the bad value, the closest valid name when one is
 /// close, and the valid names ("unknown schedule 'zbh1' (did you mean 'zb-h1'?); valid: gpipe,
-/// 1f1b, interleaved, zb-h1, zb-v, inference"); every `find_*` (plan.json's, which we write
-/// ourselves) takes the exact lower-case name and returns nullopt otherwise.
+/// 1f1b, interleaved, zb-h1, zb-v, dualpipev, inference"); every `find_*` (plan.json's, which we
+/// write ourselves) takes the exact lower-case name and returns nullopt otherwise.
 
 #include <optional>
 #include <string_view>
@@ -25,6 +25,11 @@ enum class ScheduleKind {
   /// torch.distributed.pipelining's ScheduleZBVZeroBubble orders it: two chunks per device in
   /// a V (device i holds stages i and 2P-1-i), backwards split into B and W.
   kZBV,
+  /// "dualpipev": DeepSeek's DualPipeV, the "cut-in-half" DualPipe (DeepSeek-V3 report,
+  /// github.com/deepseek-ai/DualPipe), as torch.distributed.pipelining's ScheduleDualPipeV
+  /// orders it: zb-v's V placement, M >= 2P, a forward of one chunk paired with the full
+  /// backward of the other in the steady state, B and W split around it.
+  kDualPipeV,
   kInference,    ///< "inference": forwards only, pipelined over the microbatches.
   /// "custom": an order of forwards and backwards given by the user (stagec --schedule-csv, in
   /// torch.distributed.pipelining's CSV), with any chunk count; schedule.json holds it.

@@ -58,7 +58,7 @@ TEST_CASE("the command line's names ignore case, plan.json's are exact") {
   CHECK(!find_objective("Speed").has_value());
   CHECK_THROWS_WITH_AS(parse_schedule("zbh1"),
                        "unknown schedule 'zbh1' (did you mean 'zb-h1'?); valid: gpipe, 1f1b, "
-                       "interleaved, zb-h1, zb-v, inference, custom",
+                       "interleaved, zb-h1, zb-v, dualpipev, inference, custom",
                        Error);
 }
 

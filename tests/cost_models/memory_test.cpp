@@ -123,6 +123,18 @@ TEST_CASE("zb-v: min(2P, 2M, M + i + 1) chunk-microbatches, 2P on every device f
   CHECK(microbatches_in_flight(ScheduleKind::kZBV, 8, 0, 8, 2) == 9);
 }
 
+TEST_CASE("dualpipev: 2P + 1 chunk-microbatches on every device, one above zb-v") {
+  // The counts tests/schedule/dualpipev_test.cpp finds in the built order (M >= 2P).
+  for (int p : {1, 2, 4, 8}) {
+    for (int i = 0; i < p; ++i) {
+      CHECK(microbatches_in_flight(ScheduleKind::kDualPipeV, p, i, 2 * p, 2) == 2 * p + 1);
+      CHECK(microbatches_in_flight(ScheduleKind::kDualPipeV, p, i, 4 * p + 3, 2) == 2 * p + 1);
+      CHECK(microbatches_in_flight(ScheduleKind::kDualPipeV, p, i, 4 * p, 2) >
+            microbatches_in_flight(ScheduleKind::kZBV, p, i, 4 * p, 2));
+    }
+  }
+}
+
 TEST_CASE("bad pipeline shapes are usage errors") {
   CHECK_THROWS_AS(microbatches_in_flight(ScheduleKind::k1F1B, 0, 0, 8, 1), Error);
   CHECK_THROWS_AS(microbatches_in_flight(ScheduleKind::k1F1B, 4, 4, 8, 1), Error);
@@ -158,7 +170,8 @@ TEST_CASE("describe prints the total and the parts in one unit") {
 
 TEST_CASE("names round-trip, unknown names list the valid ones") {
   for (auto s : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
-                 ScheduleKind::kZBH1, ScheduleKind::kZBV, ScheduleKind::kInference}) {
+                 ScheduleKind::kZBH1, ScheduleKind::kZBV, ScheduleKind::kDualPipeV,
+                 ScheduleKind::kInference}) {
     CHECK(parse_schedule(to_string(s)) == s);
   }
   for (auto o : {OptimizerKind::kNone, OptimizerKind::kSgd, OptimizerKind::kMomentum,
@@ -171,7 +184,7 @@ TEST_CASE("names round-trip, unknown names list the valid ones") {
   CHECK(parse_schedule("1F1B") == ScheduleKind::k1F1B);  // the command line ignores case
   CHECK_THROWS_WITH_AS(parse_schedule("1f2b"),
                        "unknown schedule '1f2b' (did you mean '1f1b'?); valid: gpipe, 1f1b, "
-                       "interleaved, zb-h1, zb-v, inference, custom",
+                       "interleaved, zb-h1, zb-v, dualpipev, inference, custom",
                        Error);
   CHECK_THROWS_WITH_AS(parse_optimizer("lamb"),
                        "unknown optimizer 'lamb'; valid: none, sgd, momentum, nesterov, adam, "

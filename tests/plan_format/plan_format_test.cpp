@@ -121,7 +121,7 @@ TEST_CASE("plan_from_json names a missing or mistyped field") {
   };
   named("schedule", "pipedream",
         "plan.json: field 'schedule' is 'pipedream'; valid: gpipe, 1f1b, interleaved, zb-h1, "
-        "zb-v, inference");
+        "zb-v, dualpipev, inference");
   named("objective", "fast", "field 'objective' is 'fast'; valid: speed, memory");
   named("precision", "fp8", "field 'precision' is 'fp8'; valid: fp32, mixed");
   named("optimizer", "lion", "field 'optimizer' is 'lion'; valid: none, sgd, ");
@@ -208,6 +208,23 @@ TEST_CASE("a zb-v plan holds stages i and 2P-1-i on device i, and nothing else")
   plan.stages[2].device = 0;
   check_refused(plan,
                 "stages[2].device' is 0, but stage 2 belongs on device 1 ('zb-v' on 2 "
+                "devices)");
+}
+
+TEST_CASE("a dualpipev plan holds zb-v's V and at least 2P microbatches") {
+  Plan plan = sample_plan("dualpipev", 2, 2, 4);
+  CHECK(plan.stages[2].device == 1);
+  CHECK(plan.stages[3].device == 0);
+  CHECK_NOTHROW(validate_plan(plan, "plan.json"));
+  Plan few = sample_plan("dualpipev", 2, 2, 4);
+  few.microbatches = 3;
+  few.batch = 6;
+  check_refused(few,
+                "microbatches' is 3, but schedule 'dualpipev' needs at least twice the 2 devices");
+  plan.stages[3].device = 1;
+  plan.stages[2].device = 0;
+  check_refused(plan,
+                "stages[2].device' is 0, but stage 2 belongs on device 1 ('dualpipev' on 2 "
                 "devices)");
 }
 

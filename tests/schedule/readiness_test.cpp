@@ -96,7 +96,7 @@ TEST_CASE("vocabulary: one name per value, parsed back, bad names refused with t
   for (std::string_view name : precision_names()) CHECK(to_string(parse_precision(name)) == name);
   for (std::string_view name : objective_names()) CHECK(to_string(parse_objective(name)) == name);
   for (std::string_view name : recompute_names()) CHECK(to_string(parse_recompute(name)) == name);
-  CHECK(schedule_names().size() == 7);
+  CHECK(schedule_names().size() == 8);
   CHECK(optimizer_names().size() == 8);
   CHECK(!find_schedule("1F1B").has_value());
   CHECK(find_optimizer("adagrad") == OptimizerKind::kAdagrad);

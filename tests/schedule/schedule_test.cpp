@@ -149,8 +149,8 @@ TEST_CASE("bad shapes and names are refused with the numbers") {
   e = error_from([] { parse_schedule("pipedream"); });
   CHECK(e.kind() == ErrorKind::kUsage);
   CHECK(std::string(e.what()) ==
-        "unknown schedule 'pipedream'; valid: gpipe, 1f1b, interleaved, zb-h1, zb-v, inference, "
-        "custom");
+        "unknown schedule 'pipedream'; valid: gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipev, "
+        "inference, custom");
 
   e = error_from([] { build_schedule(ScheduleKind::k1F1B, {0, 1, 4, true}); });
   CHECK(e.kind() == ErrorKind::kUsage);

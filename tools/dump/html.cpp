@@ -363,8 +363,8 @@ std::string timeline_section(const PlanView& view, const MeasuredRun* measured) 
   return fmt::format(
              "<h2>Timeline</h2>\n<p>{} as the planner predicted it: step {:.3f} ms, bubble "
              "{:.1f}%, one box per instruction. F forward, B backward (input gradient under "
-             "zb-h1 and zb-v), W weight gradient, with the microbatch; lower case for later "
-             "chunks. "
+             "zb-h1 and zb-v, and where dualpipev splits it), W weight gradient, with the "
+             "microbatch; lower case for later chunks. "
              "Receives are the wait for their data; sends run on the link, in the thin lane. "
              "Under each device's rows, its predicted memory over the step (one scale for every "
              "device; the lane's title gives the peak).{}"

@@ -333,8 +333,8 @@ std::string render_ascii_timeline(const PlanView& view, int columns) {
   text +=
       fmt::format("  {:<11}0{:>{}}\n", "", end_label, std::max<int>(columns - 1, end_label.size()));
   text +=
-      "  F forward, B backward (its input-gradient half under zb-h1 and zb-v), W weight "
-      "gradient, O optimizer\n"
+      "  F forward, B backward (its input-gradient half under zb-h1 and zb-v, and where "
+      "dualpipev splits it), W weight gradient, O optimizer\n"
       "  step, digits the microbatch, '-' its duration, '.' idle; lower case for a device's later "
       "chunks\n";
   return text;
