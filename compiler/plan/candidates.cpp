@@ -127,6 +127,21 @@ void plan_stage_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, 
     out.arena.push_back({g.value(value_of[in.values[t]]).name, mp.offsets[t], in.lifetimes[t].bytes});
 }
 
+/// plan_stage_arena through `arenas` (kept per span) when given; `named`: the tensors too, not
+/// only the arena's size.
+void span_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, int first, int last,
+                const std::vector<int>& stage_of, SpanArenas* arenas, bool named, Stage& out) {
+  if (arenas == nullptr) return plan_stage_arena(g, order, first, last, stage_of, out);
+  auto [it, added] = arenas->try_emplace({first, last});
+  if (added) {
+    Stage planned;
+    plan_stage_arena(g, order, first, last, stage_of, planned);
+    it->second = {planned.arena_bytes, std::move(planned.arena)};
+  }
+  out.arena_bytes = it->second.bytes;
+  if (named) out.arena = it->second.tensors;
+}
+
 /// The receive buffers of what a stage sends (training: the gradients that come back).
 // Every output the stage sends is a buffer; so is a graph output the stage hands back to the
 // caller (no peer stage), which the arena does not hold either. Training keeps the sent
@@ -208,18 +223,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   // with the activations (below) until its backward; its link holds at most
   // kTrainingLinkCapacity more (a sender running ahead waits: runtime/format/readiness.h).
   for (const auto& t : out.inputs) comm += t.peer_stage >= 0 ? 2 * t.bytes : 0;
-  if (arenas == nullptr) {
-    plan_stage_arena(g, order, st.first, st.last, stage_of, out);
-  } else {
-    auto [it, added] = arenas->try_emplace({st.first, st.last});
-    if (added) {
-      Stage planned;
-      plan_stage_arena(g, order, st.first, st.last, stage_of, planned);
-      it->second = {planned.arena_bytes, std::move(planned.arena)};
-    }
-    out.arena_bytes = it->second.bytes;
-    if (named) out.arena = it->second.tensors;
-  }
+  span_arena(g, order, st.first, st.last, stage_of, arenas, named, out);
   // The device's working arena: inference runs the forward in it; training's forward puts
   // there the values the backward does not read (it keeps the others: the activations), and
   // the backward runs in it (never at the same time as a forward).

@@ -470,10 +470,6 @@ PlanInstructionCosts plan_instruction_costs(const Setup& s, const schedule::Sche
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 /// The model imported with `import`: from `o.import_cache` when set (a copy), else the file.
 ImportedModel imported(const PlanOptions& o, const ImportOptions& import) {
   if (!o.import_cache) return import_model(o.model_path, import);
@@ -553,8 +549,7 @@ PlannedModel make_plan(const PlanOptions& o) {
   const SplitChoice& choice = best.choice;
   Candidate& chosen = best.chosen;
   const int stages = gp.problem.stages;
-  // The stage graphs compute in bfloat16, or float16 (passes/mixed_precision.cpp).
-  if (is_16bit(s.precision))
+  if (is_16bit(s.precision))  // the stage graphs in bfloat16 or float16 (mixed_precision.cpp)
     apply_mixed_precision(out, chosen, s, facts, order, static_cast<double>(s.device.memory_bytes));
   if (!chosen.predicted.fits && !o.keep_over_memory) {
     const std::string worst = peak_line(chosen.peaks[chosen.worst_device], chosen.stages);

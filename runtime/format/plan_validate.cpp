@@ -682,12 +682,10 @@ class Validator {
                         count(search.bottleneck_split_after.size(), "entry", "entries"),
                         count(plan_.stages.size(), "stage"), count(cuts, "cut")));
     }
-    for (size_t c = 0; c < search.bottleneck_split_after.size(); ++c) {
-      if (!node_stage_.contains(search.bottleneck_split_after[c])) {
+    for (size_t c = 0; c < search.bottleneck_split_after.size(); ++c)
+      if (!node_stage_.contains(search.bottleneck_split_after[c]))
         fault(fmt::format("search.bottleneck_split_after[{}]", c),
               fmt::format("is '{}', a node no stage lists", search.bottleneck_split_after[c]));
-      }
-    }
   }
 
   /// Every event on a device and stage of the plan, in time order within itself, and the last
