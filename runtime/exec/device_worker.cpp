@@ -160,7 +160,12 @@ void DeviceWorker::run_step() {
   if (run_.options.profile_step == step_ + 1)
     hook_.timed = [this](std::string_view node, std::string_view op_type, double ms,
                          const NodeWork& work) { profile_node(node, op_type, ms, work); };
-  const bool ranges = !context_->host_visible();  // NVTX ranges name the instructions on CUDA
+  // NVTX ranges name the instructions on CUDA: each name is formatted once per worker (the
+  // instruction as the schedule writes it), not on every run of it.
+  const bool ranges = !context_->host_visible();
+  if (ranges && range_names_.size() != list.size())
+    for (size_t i = range_names_.size(); i < list.size(); ++i)
+      range_names_.push_back(schedule::to_string(list[i]));
   for (size_t index = 0; index < list.size(); ++index) {
     const schedule::Instruction& ins = list[index];
     // An evaluation runs the forward part of the list only, in its order.
@@ -172,7 +177,7 @@ void DeviceWorker::run_step() {
     auto context = [&] { return fmt::format("step {}: {}", step, schedule::to_string(ins)); };
     try {
       index_ = index;
-      if (ranges) context_->range_push(context().c_str());
+      if (ranges) context_->range_push(range_names_[index].c_str());
       execute(ins);
       if (ranges) context_->range_pop();
       if (sums_in_flight_ > 0) progress_sums();  // the sums go on between instructions too

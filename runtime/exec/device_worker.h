@@ -153,6 +153,8 @@ class DeviceWorker {
   std::map<int, StageBuckets> grad_buckets_;
   int sums_in_flight_ = 0;  ///< Buckets started and not yet waited for.
   size_t index_ = 0;        ///< The running instruction's index in the device's list.
+  /// The NVTX range name of each instruction of the device's list (CUDA; run_step).
+  std::vector<std::string> range_names_;
   /// The profiled step (RunOptions::profile_step): `hook_.timed` adds each node's time to its
   /// entry of run_.node_profile[device_], found here by (stage, instruction kind, node).
   void profile_node(std::string_view node, std::string_view op_type, double ms,
