@@ -155,17 +155,17 @@ SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFa
   auto evaluate = [&](const std::vector<int>& cuts, bool may_prune = false) -> const Evaluated& {
     auto it = seen.find(cuts);
     if (it != seen.end() && (may_prune || !it->second.pruned)) return it->second;
-    if (may_prune && s.objective == Objective::kSpeed && std::isfinite(best_step)) {
-      const double bound = evaluator.step_bound_ms(cuts);
-      if (bound > best_step * (1 + kTieFraction)) {
-        Evaluated e{{true, 0, bound, std::numeric_limits<double>::infinity()}, {}, {}, true};
-        return seen.insert_or_assign(cuts, std::move(e)).first->second;
-      }
+    // The bound serves the speed objective only; computed once per split, it both prunes and,
+    // for a split that is simulated, is checked against the simulation.
+    const bool speed = s.objective == Objective::kSpeed;
+    const double bound = speed ? evaluator.step_bound_ms(cuts) : 0.0;
+    if (speed && may_prune && std::isfinite(best_step) && bound > best_step * (1 + kTieFraction)) {
+      Evaluated e{{true, 0, bound, std::numeric_limits<double>::infinity()}, {}, {}, true};
+      return seen.insert_or_assign(cuts, std::move(e)).first->second;
     }
     Candidate c = evaluator.evaluate(cuts, true);
     // Pruning is exact only while the bound holds: every simulated split checks it.
-    if (const double bound = evaluator.step_bound_ms(cuts);
-        s.objective == Objective::kSpeed && bound > c.predicted.step_ms * (1 + 1e-9) + 1e-9)
+    if (speed && bound > c.predicted.step_ms * (1 + 1e-9) + 1e-9)
       fail(ErrorKind::kInternal,
            "the split search's lower bound {:.6f} ms is over the simulated step {:.6f} ms of the "
            "split after positions {}",
