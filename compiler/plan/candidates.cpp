@@ -189,33 +189,39 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   for (const auto& cut : io.cut_tensors) {
     bool reads = std::find(cut.consumer_stages.begin(), cut.consumer_stages.end(),
                            static_cast<int>(k)) != cut.consumer_stages.end();
-    StageTensor t{cut.name, std::string(dtype_name(cut.dtype)), cut.shape, -1, {}, false,
-                  cut.bytes};
+    if (!reads && cut.producer_stage != static_cast<int>(k)) continue;  // another stage's
+    // Scoring reads a tensor's bytes and peers, not its name, dtype or shape.
+    StageTensor t = named ? StageTensor{cut.name, std::string(dtype_name(cut.dtype)), cut.shape,
+                                        -1, {}, false, cut.bytes}
+                          : StageTensor{{}, {}, {}, -1, {}, false, cut.bytes};
     if (reads) {
       t.peer_stage = cut.producer_stage;
       out.inputs.push_back(t);
     }
     if (cut.producer_stage == static_cast<int>(k)) {
+      t.peer_stage = -1;
       t.peer_stages = cut.consumer_stages;
-      t.graph_output = g.value(*g.find_value(cut.name)).is_graph_output;
-      out.outputs.push_back(t);
+      t.graph_output = cut.graph_output;
+      out.outputs.push_back(std::move(t));
     }
   }
+  auto tensor = [&](const ir::Value& v, bool graph_output) {
+    return named ? StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {},
+                               graph_output, v.bytes()}
+                 : StageTensor{{}, {}, {}, -1, {}, graph_output, v.bytes()};
+  };
   for (std::size_t i = 0; i < g.inputs.size(); ++i) {
     const auto& readers = io.input_stages[i];
     if (std::find(readers.begin(), readers.end(), static_cast<int>(k)) == readers.end()) continue;
-    const ir::Value& v = g.value(g.inputs[i]);
-    out.inputs.push_back(
-        StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {}, false, v.bytes()});
+    out.inputs.push_back(tensor(g.value(g.inputs[i]), false));
   }
   for (ir::ValueId o : g.outputs) {
     const ir::Value& v = g.value(o);
     bool mine = v.producer != ir::kNoId && stage_of[v.producer] == static_cast<int>(k);
-    bool listed = std::any_of(out.outputs.begin(), out.outputs.end(),
-                              [&](const StageTensor& t) { return t.name == v.name; });
-    if (mine && !listed)
-      out.outputs.push_back(
-          StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {}, true, v.bytes()});
+    // Listed already when another stage reads it too.
+    bool listed = std::any_of(io.cut_tensors.begin(), io.cut_tensors.end(),
+                              [&](const CutTensor& c) { return c.value == o; });
+    if (mine && !listed) out.outputs.push_back(tensor(v, true));
   }
   int64_t comm = 0;
   // What a stage receives is double-buffered: one microbatch computing, the next arriving
@@ -395,11 +401,15 @@ Candidate SplitEvaluator::evaluate(const std::vector<int>& cuts, bool scoring_on
     }
   }
   // The split as the plan has it, simulated: the prediction and every device's peak.
+  // Only speed's recompute-auto assembles again (below); otherwise the stages move.
+  const bool again = s_.recompute == Recompute::kAuto && s_.objective != Objective::kMemory;
   auto assemble = [&] {
     c.stages.clear();
+    c.stages.reserve(stages);
     c.rc = {};
     for (std::size_t k = 0; k < stages; ++k) {
-      c.stages.push_back(on[k] ? with[k] : plain[k]);
+      Stage& picked_stage = on[k] ? with[k] : plain[k];
+      c.stages.push_back(again ? picked_stage : std::move(picked_stage));
       const auto& span = c.sol.stages[k];
       note_stage(c.rc, c.stages[k], bwd[k], span_weights(f_, span.first, span.last).trainable);
     }
@@ -448,18 +458,63 @@ double SplitEvaluator::step_bound_ms(const std::vector<int>& cuts) const {
   // (which only adds).
   const schedule::StageCosts c =
       with_terms(s_.terms, stage_costs(s_, sol, f_, SimExtras{}), shape.devices);
+  const std::size_t stages = c.forward_s.size();
+  const double m = shape.microbatches;
+  // Per stage: f its forward, b what the stage before it waits for (the input gradient; the
+  // whole backward where the schedule does not split it), w the weight gradient it runs apart,
+  // x the transfer to the next stage (each way; none between stages of one device), opt its
+  // optimizer step (the last thing it does in a training step).
+  std::vector<double> f(stages), b(stages), w(stages), x(stages, 0.0), opt(stages, 0.0);
   std::vector<double> busy(static_cast<std::size_t>(shape.devices), 0.0);
-  double path = 0;
-  for (std::size_t k = 0; k < c.forward_s.size(); ++k) {
+  for (std::size_t k = 0; k < stages; ++k) {
     const int stage = static_cast<int>(k);
-    const double fwd = c.forward_s[k];
-    const double b = shape.training ? c.backward_input_s[k] : 0.0;
-    const double w = shape.training ? c.backward_weight_s[k] : 0.0;
+    const bool split = shape.training && splits_backward(s_, stage);
+    f[k] = c.forward_s[k];
+    b[k] = shape.training ? c.backward_input_s[k] + (split ? 0.0 : c.backward_weight_s[k]) : 0.0;
+    w[k] = split ? c.backward_weight_s[k] : 0.0;
+    if (k + 1 < stages && k < c.send_s.size() &&
+        schedule::device_of_stage(stage, shape) != schedule::device_of_stage(stage + 1, shape))
+      x[k] = c.send_s[k];
+    if (shape.training)
+      opt[k] = c.optimizer_stage_s.empty() ? c.optimizer_s : c.optimizer_stage_s[k];
     busy[static_cast<std::size_t>(schedule::device_of_stage(stage, shape))] +=
-        shape.microbatches * (fwd + b + w);
-    path += fwd + b + (shape.training && splits_backward(s_, stage) ? 0.0 : w);
+        m * (f[k] + b[k] + w[k]) + opt[k];
   }
-  return std::max(*std::max_element(busy.begin(), busy.end()), path) * 1e3;
+  double bound = *std::max_element(busy.begin(), busy.end());
+  // A microbatch goes forward through the stages in order and back in reverse, so stage j
+  // starts no earlier than microbatch 1's forward through the stages before it (up), runs its
+  // own m forwards and m backwards one at a time, and cannot run microbatch 1's backward before
+  // that microbatch has been forward and back through every stage after it (round): until then
+  // only its other m - 1 forwards can fill the stage. After its last backward, that gradient
+  // goes back through the stages before it (down), and stage 0 then steps its optimizer; after
+  // its last forward, that microbatch still goes forward and back through the stages after it.
+  // Inference: after stage j's last forward the microbatch goes through the stages after it.
+  double up = 0;
+  double down = 0;
+  double round = 0;  // training: forward and backward of the stages after j, and the transfers
+  double ahead = 0;  // inference: forward of the stages after j, and the transfers
+  for (std::size_t k = 0; k < stages; ++k) {
+    round += f[k] + b[k] + 2 * x[k];
+    ahead += f[k] + x[k];
+  }
+  for (std::size_t j = 0; j < stages; ++j) {
+    round -= f[j] + b[j];
+    ahead -= f[j];
+    if (!shape.training) {
+      bound = std::max(bound, up + m * f[j] + ahead);
+    } else {
+      const double last_backward =
+          up + std::max(m * f[j] + round + b[j], m * b[j] + std::max(f[j] + round, m * f[j]));
+      bound = std::max(bound, last_backward + down + opt[0]);
+      bound = std::max(bound, up + m * (f[j] + b[j] + w[j]) +
+                                  std::max(0.0, round - (m - 1) * f[j]) + opt[j]);
+    }
+    up += f[j] + x[j];
+    down += b[j] + x[j];
+    round -= 2 * x[j];
+    ahead -= x[j];
+  }
+  return bound * 1e3;
 }
 
 partition::SplitScore SplitEvaluator::score(const Candidate& c) const {

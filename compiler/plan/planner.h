@@ -78,6 +78,9 @@ struct PlanOptions {
   /// A split that leaves a device over its memory is returned (its `predicted.fits` false)
   /// instead of refused: stagec --auto compares such configurations' peaks.
   bool keep_over_memory = false;
+  /// The split search leaves unsimulated the splits its lower bound rules out (the same choice
+  /// either way; tests turn it off to check that).
+  bool prune_split_search = true;
   OptimizerKind optimizer = OptimizerKind::kAdamW;  ///< With --train.
   passes::LossOptions loss;  ///< With --train: --loss, --labels, --loss-axis, --ignore-index.
   TrainingConfig

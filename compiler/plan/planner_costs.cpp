@@ -112,6 +112,7 @@ Setup make_setup(const PlanOptions& o) {
   Setup s;
   s.objective = o.objective;
   s.keep_over_memory = o.keep_over_memory;
+  s.prune_split_search = o.prune_split_search;
   if (o.devices < 1) fail(ErrorKind::kUsage, "--devices {} must be at least 1", o.devices);
   const int replicas = o.data_parallel;
   if (replicas < 1) fail(ErrorKind::kUsage, "--data-parallel {} must be at least 1", replicas);
@@ -255,14 +256,17 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
   std::vector<bool> counted(g.num_values(), false);
   std::vector<bool> trainable(g.num_values(), false);
   for (ir::ValueId v : passes::trainable_weights(g, order)) trainable[v] = true;
+  std::vector<int> last_read(g.num_values(), -1);  // position of each weight's latest read
   for (ir::NodeId id : order) {
+    const int position = static_cast<int>(f.time.size());
     const ir::Node& node = g.node(id);
     f.time.push_back(costs.op_time(g, node));
     int64_t params = 0, trained = 0;
     f.weights_read.emplace_back();
     for (ir::ValueId in : node.inputs) {
       if (in == ir::kNoId || !g.value(in).is_weight) continue;
-      f.weights_read.back().push_back({in, g.value(in).numel(), trainable[in]});
+      f.weights_read.back().push_back({in, g.value(in).numel(), trainable[in], last_read[in]});
+      last_read[in] = position;
       if (counted[in]) continue;
       counted[in] = true;
       params += g.value(in).numel();
@@ -290,12 +294,10 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
 /// Parameters a stage of positions [first, last] holds: every weight its nodes read, once
 /// (a weight shared with other stages counts in each of them).
 SpanWeights span_weights(const NodeFacts& f, int first, int last) {
-  std::vector<ir::ValueId> seen;
   SpanWeights out;
   for (int i = first; i <= last; ++i)
     for (const WeightRead& w : f.weights_read[i]) {
-      if (std::find(seen.begin(), seen.end(), w.value) != seen.end()) continue;
-      seen.push_back(w.value);
+      if (w.previous >= first) continue;  // read before in the span: counted there
       out.params += w.elements;
       out.trainable += w.trainable ? w.elements : 0;
     }

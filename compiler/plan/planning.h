@@ -56,6 +56,7 @@ struct Setup {
   /// PlanOptions::keep_over_memory: even a model whose least-memory split is over a device's
   /// memory is split and simulated (stagec --auto compares the peaks), not refused.
   bool keep_over_memory = false;
+  bool prune_split_search = true;  ///< PlanOptions::prune_split_search.
   /// What the simulation charges beyond the ops' times (PlanOptions::instruction_terms):
   /// `terms` is played (the calibration when there is one, else the profiled costs).
   cost::InstructionTerms terms;
@@ -88,6 +89,10 @@ struct WeightRead {
   ir::ValueId value = ir::kNoId;
   int64_t elements = 0;
   bool trainable = false;
+  /// Position of the read of the same weight just before this one (an earlier node's, or this
+  /// node's when it reads the weight twice); -1 for its first read. A span counts the weight at
+  /// the read whose previous one lies before the span: once, with no search.
+  int previous = -1;
 };
 
 /// Per-node numbers in topological position order.

@@ -82,6 +82,35 @@ constexpr double kTieFraction = 0.01;
 /// over its memory (the chunks of an interleaved device, checked together).
 constexpr int kRepairRounds = 12;
 
+/// One split the search scored (choose_split).
+struct Evaluated {
+  partition::SplitScore score;
+  Prediction predicted;
+  std::vector<int64_t> device_bytes;
+  bool pruned = false;  ///< Not simulated: `score.primary` is its step's lower bound.
+};
+
+/// The unsimulated splits of `seen` that could still win the tie-break against `tied` (the
+/// winner among the simulated ones, for the search's best `best`): a bound within the tie's
+/// reach, and fewer bytes sent than the winner (or as many, with a bound under its step).
+std::vector<std::vector<int>> tie_contenders(const std::map<std::vector<int>, Evaluated>& seen,
+                                             const partition::SplitScore& best,
+                                             const partition::ScoredSplit& tied,
+                                             const std::vector<double>& cut_bytes) {
+  std::vector<std::vector<int>> contenders;
+  if (!best.fits) return contenders;
+  const double limit = best.primary * (1 + kTieFraction) * (1 + 1e-9);
+  const double bytes = partition::crossing_bytes(cut_bytes, tied.cuts);
+  for (const auto& [cuts, e] : seen) {
+    if (!e.pruned || e.score.primary > limit) continue;
+    const double b = partition::crossing_bytes(cut_bytes, cuts);
+    if (b < bytes * (1 - 1e-9) ||
+        (b <= bytes * (1 + 1e-9) && e.score.primary < tied.score.primary * (1 + 1e-9)))
+      contenders.push_back(cuts);
+  }
+  return contenders;
+}
+
 }  // namespace
 
 /// Positions after which the named nodes end a stage (manual split points).
@@ -140,17 +169,12 @@ std::vector<int> split_positions(const ir::Graph& g, const partition::GraphProbl
 /// candidate is built and checked by `evaluator`.
 SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFacts& facts,
                          const partition::GraphProblem& gp, const std::vector<int>& manual_cuts) {
-  struct Evaluated {
-    partition::SplitScore score;
-    Prediction predicted;
-    std::vector<int64_t> device_bytes;
-    bool pruned = false;  ///< Not simulated: `score.primary` is its step's lower bound.
-  };
   std::map<std::vector<int>, Evaluated> seen;
   // The speed objective: the best fitting step simulated so far. A split the search moves to
-  // whose lower bound (SplitEvaluator::step_bound_ms) is past it by more than the tie-break's
-  // margin can neither be chosen nor tie, so it is not simulated; it scores its bound, which
-  // is no better, and the search goes exactly as it would have.
+  // whose lower bound (SplitEvaluator::step_bound_ms) is past it cannot become the search's
+  // best, so it is not simulated: it scores its bound, which is no better, and the search goes
+  // exactly as it would have. Such a split may still tie within kTieFraction of the final best
+  // and send fewer bytes: the tie-break below simulates the ones that could.
   double best_step = std::numeric_limits<double>::infinity();
   auto evaluate = [&](const std::vector<int>& cuts, bool may_prune = false) -> const Evaluated& {
     auto it = seen.find(cuts);
@@ -159,7 +183,8 @@ SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFa
     // for a split that is simulated, is checked against the simulation.
     const bool speed = s.objective == Objective::kSpeed;
     const double bound = speed ? evaluator.step_bound_ms(cuts) : 0.0;
-    if (speed && may_prune && std::isfinite(best_step) && bound > best_step * (1 + kTieFraction)) {
+    if (speed && may_prune && s.prune_split_search && std::isfinite(best_step) &&
+        bound > best_step * (1 + 1e-9)) {
       Evaluated e{{true, 0, bound, std::numeric_limits<double>::infinity()}, {}, {}, true};
       return seen.insert_or_assign(cuts, std::move(e)).first->second;
     }
@@ -243,14 +268,26 @@ SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFa
     choice.cuts = found.cuts;
     if (s.objective == Objective::kSpeed) {
       const std::set<int> allowed(gp.problem.allowed_cuts.begin(), gp.problem.allowed_cuts.end());
-      std::vector<partition::ScoredSplit> scored;
-      for (const auto& [cuts, e] : seen)
-        if (!e.pruned && (allowed.empty() || std::all_of(cuts.begin(), cuts.end(), [&](int c) {
-                            return allowed.count(c) > 0;
-                          })))
-          scored.push_back({cuts, e.score});
-      const partition::ScoredSplit tied = partition::fewest_bytes_within(
-          {found.cuts, found.score}, scored, gp.problem.cut_bytes, kTieFraction);
+      auto scored_splits = [&] {
+        std::vector<partition::ScoredSplit> scored;
+        for (const auto& [cuts, e] : seen)
+          if (!e.pruned && (allowed.empty() || std::all_of(cuts.begin(), cuts.end(), [&](int c) {
+                              return allowed.count(c) > 0;
+                            })))
+            scored.push_back({cuts, e.score});
+        return scored;
+      };
+      partition::ScoredSplit tied = partition::fewest_bytes_within(
+          {found.cuts, found.score}, scored_splits(), gp.problem.cut_bytes, kTieFraction);
+      // A split left unsimulated could win the tie only if its bound is within the tie's reach
+      // and it sends fewer bytes than the winner so far (or as many, with a bound under the
+      // winner's step): those are simulated, and the tie-break runs again over every simulated
+      // split, as if none had been left out.
+      const auto contenders = tie_contenders(seen, found.score, tied, gp.problem.cut_bytes);
+      for (const auto& cuts : contenders) evaluate(cuts);
+      if (!contenders.empty())
+        tied = partition::fewest_bytes_within({found.cuts, found.score}, scored_splits(),
+                                              gp.problem.cut_bytes, kTieFraction);
       if (tied.cuts != found.cuts) {
         choice.cuts = tied.cuts;
         choice.fastest_cuts = found.cuts;

@@ -20,7 +20,8 @@ namespace stagecraft::plan {
 StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>& stage_of,
                                  const std::vector<ir::ValueId>* trainable) {
   StageInterfaces out;
-  for (const ir::Value& v : graph.values()) {
+  for (std::size_t id = 0; id < graph.num_values(); ++id) {
+    const ir::Value& v = graph.value(static_cast<ir::ValueId>(id));
     if (v.producer == ir::kNoId || v.is_initializer()) continue;
     int from = stage_of[v.producer];
     std::set<int> readers;
@@ -30,7 +31,7 @@ StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>&
     if (readers.empty()) continue;
     out.cut_tensors.push_back(CutTensor{v.name, v.dtype, v.shape, from,
                                         std::vector<int>(readers.begin(), readers.end()),
-                                        v.bytes()});
+                                        v.bytes(), static_cast<ir::ValueId>(id), v.is_graph_output});
   }
   for (ir::ValueId in : graph.inputs) {
     std::set<int> readers;
@@ -43,18 +44,27 @@ StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>&
 
 std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vector<int>& stage_of,
                                          const std::vector<ir::ValueId>* trainable) {
-  const std::set<ir::ValueId> weights =
-      trainable ? std::set<ir::ValueId>(trainable->begin(), trainable->end()) : [&] {
-        const auto found = passes::trainable_weights(graph, graph.topological_order());
-        return std::set<ir::ValueId>(found.begin(), found.end());
-      }();
+  // In value order, each once (a sorted copy of ids: no node per weight, as a std::set has; the
+  // split search calls this for every split it scores).
+  std::vector<ir::ValueId> weights =
+      trainable ? *trainable : passes::trainable_weights(graph, graph.topological_order());
+  std::sort(weights.begin(), weights.end());
+  weights.erase(std::unique(weights.begin(), weights.end()), weights.end());
   std::vector<SharedWeight> out;
   for (ir::ValueId w : weights) {
     const ir::Value& v = graph.value(w);
+    // Most weights have one holder: found without building the set.
+    int holder = -1;
+    bool several = false;
+    for (ir::NodeId u : v.consumers) {
+      if (graph.node(u).dead) continue;
+      if (holder < 0) holder = stage_of[u];
+      several = several || stage_of[u] != holder;
+    }
+    if (!several) continue;
     std::set<int> holders;
     for (ir::NodeId u : v.consumers)
       if (!graph.node(u).dead) holders.insert(stage_of[u]);
-    if (holders.size() < 2) continue;
     out.push_back(SharedWeight{v.name, std::string(dtype_name(v.dtype)), v.shape,
                                std::vector<int>(holders.begin(), holders.end())});
   }
@@ -62,14 +72,16 @@ std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vect
 }
 
 onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& stage_of, int stage,
-                             ir::WeightMode weights) {
+                             ir::WeightMode weights, const std::vector<ir::NodeId>* order) {
   ir::ExportOptions options;
   std::vector<ir::NodeId> nodes;
   // In the partition order (a topological order), the one the planner's arena and memory
   // figures were computed on: a node a pass added (a fused Attention, mixed precision's Casts)
   // has a higher id than its neighbours, so id order alone would move the weight-only nodes
   // around it and the arena plan would no longer fit the file.
-  for (ir::NodeId n : partition::partition_order(graph))
+  const std::vector<ir::NodeId> computed =
+      order ? std::vector<ir::NodeId>{} : partition::partition_order(graph);
+  for (ir::NodeId n : order ? *order : computed)
     if (stage_of[n] == stage) nodes.push_back(n);
   options.nodes = std::move(nodes);
   options.weights = weights;
@@ -131,9 +143,12 @@ NamedProgram named_program(const onnx::GraphProto& graph) {
 }  // namespace
 
 onnx::ModelProto backward_stage_model(const ir::Graph& graph, const std::vector<int>& stage_of,
-                                      const Stage& stage, const std::string& loss_output) {
+                                      const Stage& stage, const std::string& loss_output,
+                                      const std::vector<ir::NodeId>* order) {
   passes::BackwardSpec spec;
-  for (ir::NodeId n : graph.topological_order())
+  const std::vector<ir::NodeId> computed =
+      order ? std::vector<ir::NodeId>{} : graph.topological_order();
+  for (ir::NodeId n : order ? *order : computed)
     if (stage_of[n] == stage.index) spec.nodes.push_back(n);
   for (const StageTensor& out : stage.outputs) {
     ir::ValueId v = *graph.find_value(out.name);
@@ -202,6 +217,9 @@ MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector
           passes::backward_reads_bytes(graph, v))
         out.activation_bytes[k] += graph.value(v).bytes();
   }
+  // The graph no longer changes below: its orders serve every stage.
+  const std::vector<ir::NodeId> partition = partition::partition_order(graph);
+  const std::vector<ir::NodeId> topological = graph.topological_order();
   for (Stage& st : stages) {
     // The tensors crossing stages keep their names; their dtype is now the graph's (bfloat16
     // for activations, float32 for graph inputs and outputs).
@@ -224,12 +242,12 @@ MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector
     // The arena needs the graph and its value types, not the weights' bytes: weights go in as
     // typed inputs, so planning a model bigger than memory reads none of them here.
     auto [arena_bytes, arena] =
-        program_arena(stage_model(graph, stage_of, st.index, ir::WeightMode::kAsInputs));
+        program_arena(stage_model(graph, stage_of, st.index, ir::WeightMode::kAsInputs, &partition));
     st.arena_bytes = arena_bytes;
     st.arena = std::move(arena);
     if (training && !loss_output.empty())
       st.backward_arena_bytes =
-          program_arena_bytes(backward_stage_model(graph, stage_of, st, loss_output));
+          program_arena_bytes(backward_stage_model(graph, stage_of, st, loss_output, &topological));
     // Training's forward puts the values the backward does not read in the forward's arena,
     // and the backward runs in its own: one arena serves both.
     int64_t temporary = st.arena_bytes;

@@ -22,6 +22,8 @@ struct CutTensor {
   int producer_stage = 0;
   std::vector<int> consumer_stages;  ///< Ascending.
   int64_t bytes = 0;
+  ir::ValueId value = ir::kNoId;  ///< The graph's value.
+  bool graph_output = false;      ///< The value is also an output of the graph.
 };
 
 /// What crosses between the stages of an assignment, and which graph inputs go to which stage.
@@ -48,15 +50,20 @@ std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vect
 /// Stage `k` as an ONNX model: its nodes, the initializers they read (embedded; with
 /// `weights` kAsInputs, typed inputs without bytes, for what needs only the graph), inputs = cut
 /// tensors and graph inputs it reads, outputs = cut tensors it writes and graph outputs.
+/// `order`: partition::partition_order(graph) when the caller has it (one per stage would
+/// otherwise be computed here).
 onnx::ModelProto stage_model(const ir::Graph& graph, const std::vector<int>& stage_of, int stage,
-                             ir::WeightMode weights = ir::WeightMode::kEmbed);
+                             ir::WeightMode weights = ir::WeightMode::kEmbed,
+                             const std::vector<ir::NodeId>* order = nullptr);
 
 /// The backward program of `stage` (passes/autodiff.h): seeded by the gradients of its outputs
 /// that later stages read and, on the loss stage (the one producing `loss_output`), by the
 /// loss; producing the gradients of its float inputs from other stages and of its trainable
-/// weights. `stage` needs its inputs and outputs filled in.
+/// weights. `stage` needs its inputs and outputs filled in. `order`: graph.topological_order()
+/// when the caller has it.
 onnx::ModelProto backward_stage_model(const ir::Graph& graph, const std::vector<int>& stage_of,
-                                      const Stage& stage, const std::string& loss_output);
+                                      const Stage& stage, const std::string& loss_output,
+                                      const std::vector<ir::NodeId>* order = nullptr);
 
 /// Bytes of the arena a program's intermediates need when the runtime runs it
 /// (runtime/format/lifetimes.h `intermediate_lifetimes`, placed by plan_memory): what

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 
+#include "compiler/partition/graph_problem.h"
 #include "compiler/plan/attention_function.h"
 #include "compiler/plan/gelu_function.h"
 #include "compiler/plan/planner.h"
@@ -130,11 +131,14 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
     Plan& p = planned.plan;
     p.weight_files.clear();
     int64_t placed = 0;
+    const ir::Graph& graph = planned.model.graph;
+    const std::vector<ir::NodeId> partition = partition::partition_order(graph);
+    const std::vector<ir::NodeId> topological = graph.topological_order();
     for (auto& stage : p.stages) {
       // The weights' bytes go to external data (or stay embedded when small) one tensor at a
       // time: the stage file itself holds the graph.
-      auto model = stage_model(planned.model.graph, planned.stage_of, stage.index,
-                               ir::WeightMode::kNoData);
+      auto model = stage_model(graph, planned.stage_of, stage.index, ir::WeightMode::kNoData,
+                               &partition);
       place_stage_weights(model, planned.model.graph, staging, stage, p.weight_files, writing,
                           placed, static_cast<int>(p.stages.size()));
       placed += stage.weights_bytes;
@@ -149,7 +153,7 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
         stage.backward_file = fmt::format("stage_{}_bwd.onnx", stage.index);
         fs::path bwd = staging / stage.backward_file;
         onnx::ModelProto backward = backward_stage_model(
-            planned.model.graph, planned.stage_of, stage, p.training_config.loss_output);
+            graph, planned.stage_of, stage, p.training_config.loss_output, &topological);
         add_attention_function(backward);
         add_gelu_function(backward);
         write_file(bwd, backward.SerializeAsString());

@@ -351,6 +351,11 @@ class Simulation {
                             ? 1
                             : std::max(1, static_cast<int>(costs_.allreduce_buckets[stage]));
     double& link = replica_link_free_[device];
+    if (total == 0) {  // no all-reduce: the loop below would leave the last bucket's ready time
+      link = std::max(link, start + (end - start) * buckets / buckets);
+      allreduce_end_[stage] = end;
+      return;
+    }
     for (int k = 1; k <= buckets; ++k) {
       const double ready = start + (end - start) * k / buckets;
       link = std::max(link, ready) + total / buckets;

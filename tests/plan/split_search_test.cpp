@@ -36,6 +36,45 @@ schedule::PipelineShape shape_of(const Plan& p) {
   return {p.devices, p.chunks, p.microbatches, p.training};
 }
 
+TEST_CASE("the split search's lower-bound pruning changes no choice, only the work") {
+  // Every sample and schedule, with the bound pruning and without: the same cuts, the same
+  // prediction to the bit, and the pruned plans simulate fewer splits (all of them together).
+  int pruned = 0, simulated_with = 0, simulated_without = 0;
+  for (std::string model : {"mnist_cnn.onnx", "resnet_small.onnx", "gpt_tiny.onnx"}) {
+    for (std::string schedule : {"gpipe", "1f1b", "interleaved", "zb-h1", "inference"}) {
+      for (int devices : {2, 4}) {
+        CAPTURE(model);
+        CAPTURE(schedule);
+        CAPTURE(devices);
+        PlanOptions o = options(model, devices, schedule);
+        o.microbatches = 2;  // few microbatches: the splits' steps differ by the fill and drain
+        o.batch = 4;
+        if (schedule == "interleaved" && o.microbatches % devices != 0) continue;
+        PlannedModel with, without;
+        try {
+          with = make_plan(o);
+        } catch (const Error& e) {
+          CHECK_THROWS(make_plan([&] { o.prune_split_search = false; return o; }()));
+          continue;
+        }
+        o.prune_split_search = false;
+        without = make_plan(o);
+        CHECK(with.plan.predicted.split_after == without.plan.predicted.split_after);
+        CHECK(with.plan.predicted.step_ms == without.plan.predicted.step_ms);
+        CHECK(with.plan.predicted.peak_memory_bytes == without.plan.predicted.peak_memory_bytes);
+        CHECK(without.plan.search.pruned == 0);
+        pruned += with.plan.search.pruned;
+        simulated_with += with.plan.search.candidates;
+        simulated_without += without.plan.search.candidates;
+      }
+    }
+  }
+  MESSAGE(pruned << " splits pruned; " << simulated_with << " simulated with pruning, "
+                 << simulated_without << " without");
+  CHECK(pruned > 0);
+  CHECK(simulated_with < simulated_without);
+}
+
 TEST_CASE("the chosen split's step is never longer than a baseline's that fits, on every sample") {
   int plans = 0, shorter_than_bottleneck = 0, tie_breaks = 0;
   for (std::string model : {"toy.onnx", "mnist_cnn.onnx", "resnet_small.onnx", "gpt_tiny.onnx"}) {
