@@ -143,6 +143,19 @@ std::vector<char> rank_part(const RunReport& report, int device) {
   return w.take();
 }
 
+// Each step's loss from the replicas' (each the mean over its microbatches, from its loss rank):
+// their mean, added in replica order as one process adds them (pipeline_run.cpp make_report).
+std::vector<double> replica_mean(const std::vector<std::vector<double>>& per_replica,
+                                 size_t steps) {
+  std::vector<double> losses(steps, 0.0);
+  for (size_t s = 0; s < steps; ++s) {
+    double sum = 0;
+    for (const std::vector<double>& replica : per_replica) sum += replica.at(s);
+    losses[s] = sum / static_cast<double>(per_replica.size());
+  }
+  return losses;
+}
+
 // What rank 0 collects of the ranks' parts: per replica its losses and outputs.
 struct Collected {
   std::vector<std::vector<double>> losses;             ///< Per replica (its loss rank's).
@@ -436,16 +449,7 @@ void World::gather(RunReport& report, const plan::Plan& plan) const {
     MPI_Recv(part.data(), size, MPI_BYTE, rank, kGatherTag, comms_->control, MPI_STATUS_IGNORE);
     take_part(part, rank, rank / P, rank % P == with_loss, report, collected);
   }
-  // The step's loss: the mean of the replicas' (each the mean over its microbatches), added
-  // in replica order as one process adds them.
-  if (with_loss >= 0) {
-    report.losses.assign(report.step_s.size(), 0.0);
-    for (size_t s = 0; s < report.losses.size(); ++s) {
-      double sum = 0;
-      for (const std::vector<double>& losses : collected.losses) sum += losses.at(s);
-      report.losses[s] = sum / replicas;
-    }
-  }
+  if (with_loss >= 0) report.losses = replica_mean(collected.losses, report.step_s.size());
   // The outputs: the replicas' rows one after another, as the batch holds them.
   report.outputs.clear();
   for (auto& [name, parts] : collected.outputs) report.outputs[name] = concat_rows(parts);
@@ -456,6 +460,26 @@ void World::gather(RunReport& report, const plan::Plan& plan) const {
   for (const DeviceReport& d : report.devices) busy += d.busy_s;
   const double slots = static_cast<double>(report.devices.size()) * step;
   report.bubble_fraction = slots > 0 ? std::max(0.0, 1.0 - busy / slots) : 0.0;
+}
+
+std::vector<double> World::replica_losses(const std::vector<double>& losses,
+                                          const plan::Plan& plan) const {
+  const int with_loss = loss_device(plan), P = plan.devices;
+  if (with_loss < 0)
+    fail(ErrorKind::kInternal, "losses gathered over the replicas of a plan without a loss");
+  const int count = static_cast<int>(losses.size());
+  std::vector<double> all(rank_ == 0 ? losses.size() * static_cast<size_t>(size_) : 0);
+  MPI_Request request;
+  MPI_Igather(losses.data(), count, MPI_DOUBLE, all.data(), count, MPI_DOUBLE, 0, comms_->control,
+              &request);
+  complete(request, "gather of the evaluation's losses to rank 0", timeout_s_);
+  if (rank_ != 0) return losses;
+  std::vector<std::vector<double>> per_replica;
+  for (int r = 0; r < plan.data_parallel; ++r) {
+    const auto from = all.begin() + static_cast<long>(r * P + with_loss) * count;
+    per_replica.emplace_back(from, from + count);
+  }
+  return replica_mean(per_replica, losses.size());
 }
 
 void World::agree(const std::string& error, const std::string& what) const {
@@ -552,7 +576,8 @@ std::map<std::string, optim::OptimizerState> World::whole_state(const Pipeline& 
   return whole;
 }
 
-void World::save_checkpoint(const Pipeline& pipeline, const std::string& dir) const {
+void World::save_checkpoint(const Pipeline& pipeline, const std::string& dir,
+                            const nlohmann::json& data) const {
   const MPI_Comm comm = comms_->control;
   const std::string what = fmt::format("save of checkpoint {}", dir);
   stop_note.phase = StopNote::kSave;
@@ -614,7 +639,7 @@ void World::save_checkpoint(const Pipeline& pipeline, const std::string& dir) co
       if (stages.size() != pipeline.plan().stages.size())
         fail(ErrorKind::kInternal, "{}: {} of {} stages were written", what, stages.size(),
              pipeline.plan().stages.size());
-      finish_save(pipeline, dir, tmp, std::move(stages));
+      finish_save(pipeline, dir, tmp, std::move(stages), data);
     } catch (const Error& e) {
       error = e.what();
     }
