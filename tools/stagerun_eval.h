@@ -18,7 +18,8 @@
 /// their losses (each the mean over its microbatches and replicas, as a training step's). It
 /// changes nothing of the training: weights, optimizer state, step count, lr schedule, loss
 /// scale, the training's random draws and its data position. A BatchNormalization exported in
-/// training mode keeps using the batch's statistics (its running ones are not updated).
+/// training mode normalises with its running statistics, as torch's model.eval() (the training
+/// keeps them up to date; the evaluation does not update them).
 ///
 /// Printed: one line per evaluation, `eval after step 20: loss 3.456789 over 8 batches (0.42 s)`;
 /// with --json a record {type: "eval", format_version, step, loss, batches, seconds} as it happens
