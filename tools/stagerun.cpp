@@ -18,10 +18,11 @@
 // Training data read step by step (tools/stagerun_data.h): --data DIR (K batches per NAME.npy,
 // step s trains on batch s mod K, each read when needed) and --tokens FILE (windows of T+1
 // tokens of a language model's token stream, tools/token_stream.h), the next batch read on a
-// thread of its own while a step runs; checkpoints keep the data's position ("data"), so
-// --resume goes on with the batch after the checkpoint's. --eval-data DIR / --eval-tokens FILE
-// [--eval-every N] [--eval-batches K] evaluate the training plan's forward on held-out batches
-// between the steps, changing nothing of the training (tools/stagerun_eval.h).
+// thread of its own while a step runs; checkpoints keep the data's position ("data"; under
+// mpirun rank 0 writes it), so --resume goes on with the batch after the checkpoint's.
+// --eval-data DIR / --eval-tokens FILE [--eval-every N] [--eval-batches K] evaluate the training
+// plan's forward on held-out batches between the steps, changing nothing of the training, in one
+// process and under mpirun (tools/stagerun_eval.h).
 //
 // --json: JSON Lines (docs/schemas/stagerun.schema.json; times in ms, memory in bytes). One
 // record per step, {type: "step", format_version, step, step_ms, [loss] (training), [epoch]
@@ -335,7 +336,7 @@ void check_args(const Args& args) {
     fail(ErrorKind::kUsage, "--json and --trace - both write to stdout; give --trace a FILE");
   if (args.loss_scale) rt::LossScale::check_scale(*args.loss_scale, "--loss-scale");
   if (args.loss_scale_window) rt::LossScale::check_window(*args.loss_scale_window);
-  tools::check_eval_args(args, rt::mpi::World::launched());
+  tools::check_eval_args(args);
 }
 
 // --data and --tokens: the source's batches, one step per run, the next read while a step runs;
@@ -399,8 +400,7 @@ rt::RunReport run_batches(rt::Pipeline& pipeline, tools::BatchSource& source, co
     }
     report.stop_signal = r.stop_signal;  // a stop agreed on in the run: no more runs
     if (r.stop_signal != 0) break;
-    if (eval && eval->due(pipeline.steps_done(), s + 1 == args.steps))
-      eval->run(pipeline, options.timeout_s);
+    if (eval && eval->due(pipeline.steps_done(), s + 1 == args.steps)) eval->run(pipeline, options);
   }
   report.reported_step = rt::median_step(report.step_s, report.profiled_step);
   report.bubble_fraction = runs[report.reported_step].bubble_fraction;
@@ -521,18 +521,18 @@ const rt::Backend& pick_backend(std::optional<rt::mpi::World>& world, const Args
 }
 
 // Under mpirun every rank saves its part of each checkpoint: one writer per stage, the manifest
-// by rank 0.
+// by rank 0 with the data's `position` (every rank reads the same data, so all hold the same).
 void rank_checkpoints(rt::RunOptions& options, rt::mpi::World& world, rt::Pipeline& pipeline,
-                      const Args& args) {
+                      const Args& args, const nlohmann::json& position) {
   // --inject-hang DEVICE:STEP:save: that device's rank stops answering as the save begins.
   const std::optional<Injection> hang = injection(args, pipeline);
   const int64_t hang_step =
       hang && hang->where == "save" && hang->device == world.rank() ? hang->step : -1;
-  options.checkpoint = [&w = world, &p = pipeline, dir = args.checkpoint_dir, hang_step,
+  options.checkpoint = [&w = world, &p = pipeline, &position, dir = args.checkpoint_dir, hang_step,
                         quiet = args.quiet](int64_t step) {
     while (step == hang_step) std::this_thread::sleep_for(std::chrono::seconds(1));
     const auto start = std::chrono::steady_clock::now();
-    w.save_checkpoint(p, dir);
+    w.save_checkpoint(p, dir, position);  // --resume goes on with the data after this step's
     if (!quiet && w.rank() == 0) say_saved(dir, step, start);
   };
 }
@@ -619,7 +619,14 @@ int main(int argc, char** argv) {
       if (!note.empty() && !args.quiet && (!world || world->rank() == 0))
         fmt::print(stderr, "stagerun: note: {}\n", note);
     }
-    std::unique_ptr<tools::Evaluator> evaluator = tools::Evaluator::make(args, *pipeline);
+    std::unique_ptr<tools::Evaluator> evaluator;
+    auto make_evaluator = [&] {
+      evaluator = tools::Evaluator::make(args, *pipeline, world ? &*world : nullptr);
+    };
+    if (world)
+      world->refuse_together(make_evaluator);  // every rank reads the same files
+    else
+      make_evaluator();
     if (!source) {
       inputs = args.inputs_path.empty() ? pipeline->synthetic_inputs()
                                         : read_inputs(args.inputs_path, *pipeline);
@@ -657,7 +664,7 @@ int main(int argc, char** argv) {
                    backend.name(), chosen.empty() ? "" : fmt::format(" (auto: {})", chosen),
                    rank_gpu, transport);
     }
-    if (world && options.checkpoint) rank_checkpoints(options, *world, *pipeline, args);
+    if (world && options.checkpoint) rank_checkpoints(options, *world, *pipeline, args, position);
     if (args.steps == 0) {
       export_trained(world, *pipeline, args);
       return 0;

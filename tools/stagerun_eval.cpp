@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "runtime/format/error.h"
 #include "tools/json_formats.h"
@@ -33,7 +34,7 @@ void add_eval_options(CLI::App& app, Args& args) {
                  "50); a file of fewer is refused");
 }
 
-void check_eval_args(const Args& args, bool under_mpirun) {
+void check_eval_args(const Args& args) {
   const bool data = !args.eval_data_dir.empty(), tokens = !args.eval_tokens_path.empty();
   if (data && tokens)
     fail(ErrorKind::kUsage, "--eval-data and --eval-tokens exclude each other; give one");
@@ -55,14 +56,10 @@ void check_eval_args(const Args& args, bool under_mpirun) {
          flag);
   if (args.steps < 1)
     fail(ErrorKind::kUsage, "{} evaluates after training steps; --steps is {}", flag, args.steps);
-  if (under_mpirun)
-    fail(ErrorKind::kUsage,
-         "{} is not supported under mpirun yet: run the evaluated training in one process "
-         "(stagerun without mpirun runs every device of the plan)",
-         flag);
 }
 
-std::unique_ptr<Evaluator> Evaluator::make(const Args& args, const rt::Pipeline& pipeline) {
+std::unique_ptr<Evaluator> Evaluator::make(const Args& args, const rt::Pipeline& pipeline,
+                                           const rt::mpi::World* world) {
   const bool data = !args.eval_data_dir.empty();
   if (!data && args.eval_tokens_path.empty()) return nullptr;
   const std::string flag = data ? "--eval-data" : "--eval-tokens";
@@ -93,36 +90,46 @@ std::unique_ptr<Evaluator> Evaluator::make(const Args& args, const rt::Pipeline&
   }
   if (batches < 1)
     fail(ErrorKind::kUsage, "{} {} holds no whole batch of the plan's batch", flag, path);
-  return std::unique_ptr<Evaluator>(new Evaluator(args, std::move(source), batches));
+  return std::unique_ptr<Evaluator>(new Evaluator(args, std::move(source), batches, world));
 }
 
 bool Evaluator::due(int64_t done, bool last) const {
   return last || (every_ > 0 && done % every_ == 0);
 }
 
-EvalResult Evaluator::run(rt::Pipeline& pipeline, double timeout_s) {
+EvalResult Evaluator::run(rt::Pipeline& pipeline, const rt::RunOptions& training) {
   const auto start = std::chrono::steady_clock::now();
   rt::RunOptions options;
   options.steps = 1;
   options.forward_only = true;
-  options.timeout_s = timeout_s;
+  options.timeout_s = training.timeout_s;
   options.skip_nonfinite = skip_nonfinite_;
   options.trace_steps = 0;
+  // Under mpirun: the training's transport to the other ranks and its step barrier (no stop
+  // request is read here: one that comes now stops after the next training step).
+  options.make_transport = training.make_transport;
+  options.step_barrier = training.step_barrier;
   EvalResult result;
   result.step = pipeline.steps_done();
   result.batches = batches_;
   source_->rewind();
-  double sum = 0;
+  std::vector<double> losses;  // per batch (a rank without the loss stage: NaN)
   for (int64_t k = 0; k < batches_; ++k) {
     const Batch batch = source_->next();
     const rt::RunReport report = pipeline.run(batch.inputs, options);
     if (report.losses.size() != 1)
       fail(ErrorKind::kInternal, "an evaluation's run gave {} losses, not 1", report.losses.size());
-    sum += report.losses.front();
+    losses.push_back(report.losses.front());
   }
   if (pipeline.steps_done() != result.step)
     fail(ErrorKind::kInternal, "an evaluation moved the step count from {} to {}", result.step,
          pipeline.steps_done());
+  if (world_) {
+    losses = world_->replica_losses(losses, pipeline.plan());
+    if (world_->rank() != 0) return result;
+  }
+  double sum = 0;
+  for (double loss : losses) sum += loss;
   result.loss = sum / static_cast<double>(batches_);
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -33,6 +33,34 @@ uint64_t name_hash(std::string_view name) {
   return h;
 }
 
+// A BatchNormalization in training mode as model.eval() runs it (TrainingRun::eval_mode): a copy
+// with training_mode 0, so its kernel normalises with the running statistics, inputs 3 and 4.
+// Null for any other node.
+std::shared_ptr<const onnx::NodeProto> eval_mode_node(const onnx::NodeProto& node,
+                                                      const Attrs& attrs) {
+  if (node.op_type() != "BatchNormalization" || !node.domain().empty() ||
+      attrs.i("training_mode", 0) == 0)
+    return nullptr;
+  auto copy = std::make_shared<onnx::NodeProto>(node);
+  for (onnx::AttributeProto& attribute : *copy->mutable_attribute())
+    if (attribute.name() == "training_mode") attribute.set_i(0);
+  return copy;
+}
+
+// Eval mode (model.eval(), TrainingRun::eval_mode) of a node's kernel arguments, `step` being a
+// Program step (a template: the type is Program's own): a Dropout without its training_mode
+// input is the identity, on every backend, whatever the file's training_mode says; a
+// BatchNormalization in training mode runs as inference (its running statistics normalise) and
+// writes no statistics. Returns the attributes the kernel reads.
+template <class Step>
+const Attrs& eval_mode_args(const Step& step, std::vector<const Tensor*>& in,
+                            std::vector<Tensor*>& out) {
+  if (step.op_type == "Dropout" && in.size() > 2) in[2] = nullptr;
+  if (step.eval_node == nullptr) return step.attrs;
+  std::fill(out.begin() + 1, out.end(), nullptr);
+  return step.eval_attrs;
+}
+
 // The state updates (Program::StateUpdate) of `node`, as (output slot, weight slot): a
 // BatchNormalization in training mode writes outputs 1 and 2 into inputs 3 and 4 where those
 // are weights. `info(slot)` gives a slot's type, `is_weight(slot)` whether it is a weight.
@@ -279,6 +307,8 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
             node, step.attrs, step.inputs, step.outputs, [&](int s) { return &p.slots_[s].info; },
             [&](int s) { return p.slots_[s].kind == Slot::kWeight; });
         step.zero_outputs = node.domain() == grad::kGradDomain && !entry.writes_every_output;
+        step.eval_node = eval_mode_node(node, step.attrs);
+        if (step.eval_node) step.eval_attrs = Attrs(*step.eval_node);
         p.nodes_.push_back(std::move(step));
       });
     }
@@ -521,11 +551,9 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
     in_ptrs.clear();
     out_ptrs.clear();
     for (int s : step.inputs) in_ptrs.push_back(s < 0 ? nullptr : &values[s]);
-    // Eval mode (model.eval()): a Dropout without its training_mode input is the identity, on
-    // every backend, whatever the file's training_mode says.
-    if (run.eval_mode && step.op_type == "Dropout" && in_ptrs.size() > 2) in_ptrs[2] = nullptr;
     // An omitted optional output gets a scratch tensor-less null; kernels skip null outputs.
     for (int s : step.outputs) out_ptrs.push_back(s < 0 ? nullptr : &values[s]);
+    const Attrs& attrs = run.eval_mode ? eval_mode_args(step, in_ptrs, out_ptrs) : step.attrs;
     if (step.zero_outputs)
       for (Tensor* t : out_ptrs)
         if (t) device.fill_zero(*t);
@@ -533,7 +561,7 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
       if (hook && hook->before) hook->before(step.name, step.op_type);
       KernelArgs args{step.name,
                       step.op_type,
-                      step.attrs,
+                      attrs,
                       in_ptrs,
                       out_ptrs,
                       device,

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -59,8 +60,10 @@ struct TrainingRun {
   /// The random key of the step and microbatch (Program::random_key); 0 outside training.
   uint64_t random_key = 0;
   /// The model in eval mode, as torch's model.eval(): every Dropout is the identity whatever
-  /// its training_mode input says (a held-out evaluation of a training plan, RunOptions::
-  /// forward_only). Running statistics are not updated either (`update_state` false).
+  /// its training_mode input says, and a BatchNormalization in training mode normalises with
+  /// its running statistics (inputs 3 and 4) instead of the batch's, writing none (a held-out
+  /// evaluation of a training plan, RunOptions::forward_only). Running statistics are not
+  /// updated either (`update_state` false).
   bool eval_mode = false;
 };
 
@@ -189,6 +192,10 @@ class Program {
     std::vector<std::pair<int, int>> state_updates;
     uint64_t name_hash = 0;  // mixed into the run's random key (KernelArgs::random_key)
     int view_source = -1;    // a view (lifetimes.h is_view_node): the slot output 0 may share
+    // Eval mode (TrainingRun::eval_mode) of a BatchNormalization in training mode: the node
+    // with training_mode 0 (owned here; `eval_attrs` points into it). Null for other nodes.
+    std::shared_ptr<const onnx::NodeProto> eval_node;
+    Attrs eval_attrs;
   };
 
   std::string source_;

@@ -23,16 +23,9 @@
 #include "runtime/mpi/rebase.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/mpi/wire.h"
+#include "runtime/mpi/world_comms.h"
 
 namespace stagecraft::rt::mpi {
-
-/// Two communicators of their own, so that the transport's tags never meet the gather's.
-struct World::Comms {
-  MPI_Comm transport = MPI_COMM_NULL;
-  MPI_Comm control = MPI_COMM_NULL;   ///< Step barriers and the gather to rank 0.
-  MPI_Comm pipeline = MPI_COMM_NULL;  ///< This replica's ranks, by pipeline device.
-  MPI_Comm replicas = MPI_COMM_NULL;  ///< This pipeline device's ranks, by replica.
-};
 
 namespace {
 
@@ -150,6 +143,19 @@ std::vector<char> rank_part(const RunReport& report, int device) {
   return w.take();
 }
 
+// Each step's loss from the replicas' (each the mean over its microbatches, from its loss rank):
+// their mean, added in replica order as one process adds them (pipeline_run.cpp make_report).
+std::vector<double> replica_mean(const std::vector<std::vector<double>>& per_replica,
+                                 size_t steps) {
+  std::vector<double> losses(steps, 0.0);
+  for (size_t s = 0; s < steps; ++s) {
+    double sum = 0;
+    for (const std::vector<double>& replica : per_replica) sum += replica.at(s);
+    losses[s] = sum / static_cast<double>(per_replica.size());
+  }
+  return losses;
+}
+
 // What rank 0 collects of the ranks' parts: per replica its losses and outputs.
 struct Collected {
   std::vector<std::vector<double>> losses;             ///< Per replica (its loss rank's).
@@ -202,10 +208,8 @@ void take_part(const std::vector<char>& bytes, int rank, int replica, bool has_l
   report.memory.insert(report.memory.end(), memory.begin(), memory.end());
 }
 
-// Waits for the non-blocking collective `request` within `timeout_s` (the run's --timeout):
-// past it throws `Error(kTimeout)` saying which exchange (`what`) did not complete. A rank that
-// died ends the others through mpirun; one that stopped answering would block a blocking
-// collective for good.
+}  // namespace
+
 void complete(MPI_Request& request, const std::string& what, double timeout_s) {
   auto done = [&] {
     int flag = 0;
@@ -218,8 +222,6 @@ void complete(MPI_Request& request, const std::string& what, double timeout_s) {
          "--timeout)",
          what, timeout_s);
 }
-
-}  // namespace
 
 bool World::available() { return true; }
 
@@ -447,16 +449,7 @@ void World::gather(RunReport& report, const plan::Plan& plan) const {
     MPI_Recv(part.data(), size, MPI_BYTE, rank, kGatherTag, comms_->control, MPI_STATUS_IGNORE);
     take_part(part, rank, rank / P, rank % P == with_loss, report, collected);
   }
-  // The step's loss: the mean of the replicas' (each the mean over its microbatches), added
-  // in replica order as one process adds them.
-  if (with_loss >= 0) {
-    report.losses.assign(report.step_s.size(), 0.0);
-    for (size_t s = 0; s < report.losses.size(); ++s) {
-      double sum = 0;
-      for (const std::vector<double>& losses : collected.losses) sum += losses.at(s);
-      report.losses[s] = sum / replicas;
-    }
-  }
+  if (with_loss >= 0) report.losses = replica_mean(collected.losses, report.step_s.size());
   // The outputs: the replicas' rows one after another, as the batch holds them.
   report.outputs.clear();
   for (auto& [name, parts] : collected.outputs) report.outputs[name] = concat_rows(parts);
@@ -467,6 +460,26 @@ void World::gather(RunReport& report, const plan::Plan& plan) const {
   for (const DeviceReport& d : report.devices) busy += d.busy_s;
   const double slots = static_cast<double>(report.devices.size()) * step;
   report.bubble_fraction = slots > 0 ? std::max(0.0, 1.0 - busy / slots) : 0.0;
+}
+
+std::vector<double> World::replica_losses(const std::vector<double>& losses,
+                                          const plan::Plan& plan) const {
+  const int with_loss = loss_device(plan), P = plan.devices;
+  if (with_loss < 0)
+    fail(ErrorKind::kInternal, "losses gathered over the replicas of a plan without a loss");
+  const int count = static_cast<int>(losses.size());
+  std::vector<double> all(rank_ == 0 ? losses.size() * static_cast<size_t>(size_) : 0);
+  MPI_Request request;
+  MPI_Igather(losses.data(), count, MPI_DOUBLE, all.data(), count, MPI_DOUBLE, 0, comms_->control,
+              &request);
+  complete(request, "gather of the evaluation's losses to rank 0", timeout_s_);
+  if (rank_ != 0) return losses;
+  std::vector<std::vector<double>> per_replica;
+  for (int r = 0; r < plan.data_parallel; ++r) {
+    const auto from = all.begin() + static_cast<long>(r * P + with_loss) * count;
+    per_replica.emplace_back(from, from + count);
+  }
+  return replica_mean(per_replica, losses.size());
 }
 
 void World::agree(const std::string& error, const std::string& what) const {
@@ -563,7 +576,8 @@ std::map<std::string, optim::OptimizerState> World::whole_state(const Pipeline& 
   return whole;
 }
 
-void World::save_checkpoint(const Pipeline& pipeline, const std::string& dir) const {
+void World::save_checkpoint(const Pipeline& pipeline, const std::string& dir,
+                            const nlohmann::json& data) const {
   const MPI_Comm comm = comms_->control;
   const std::string what = fmt::format("save of checkpoint {}", dir);
   stop_note.phase = StopNote::kSave;
@@ -625,7 +639,7 @@ void World::save_checkpoint(const Pipeline& pipeline, const std::string& dir) co
       if (stages.size() != pipeline.plan().stages.size())
         fail(ErrorKind::kInternal, "{}: {} of {} stages were written", what, stages.size(),
              pipeline.plan().stages.size());
-      finish_save(pipeline, dir, tmp, std::move(stages));
+      finish_save(pipeline, dir, tmp, std::move(stages), data);
     } catch (const Error& e) {
       error = e.what();
     }
@@ -651,145 +665,6 @@ int World::finish(int exit_code) {
   MPI_Comm_free(&comms_->control);
   MPI_Finalize();
   return exit_code;
-}
-
-}  // namespace stagecraft::rt::mpi
-
-namespace stagecraft::rt::mpi {
-
-std::vector<std::string> World::all_strings(const std::string& mine) const {
-  const MPI_Comm comm = comms_->control;
-  int length = static_cast<int>(mine.size());
-  std::vector<int> lengths(static_cast<size_t>(size_)), offsets(static_cast<size_t>(size_), 0);
-  MPI_Request request;
-  MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm, &request);
-  complete(request, "exchange of the ranks' backends and GPUs", timeout_s_);
-  for (int r = 1; r < size_; ++r)
-    offsets[static_cast<size_t>(r)] =
-        offsets[static_cast<size_t>(r) - 1] + lengths[static_cast<size_t>(r) - 1];
-  std::string all(static_cast<size_t>(offsets.back() + lengths.back()), '\0');
-  MPI_Iallgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
-                  MPI_CHAR, comm, &request);
-  complete(request, "exchange of the ranks' backends and GPUs", timeout_s_);
-  std::vector<std::string> out;
-  for (int r = 0; r < size_; ++r)
-    out.push_back(all.substr(static_cast<size_t>(offsets[static_cast<size_t>(r)]),
-                             static_cast<size_t>(lengths[static_cast<size_t>(r)])));
-  return out;
-}
-
-std::shared_ptr<NcclSession> World::join_nccl(const std::vector<Link>& links,
-                                              const Pipeline& pipeline) const {
-  const plan::Plan& plan = pipeline.plan();
-  const DeviceComms& comms = *pipeline.backend().device_comms();
-  auto session = std::make_shared<NcclSession>();
-  for (const plan::Stage& stage : plan.stages) session->stage_device.push_back(stage.device);
-  session->groups = comm_groups(session->stage_device, links, plan.devices, plan.data_parallel);
-  session->rank = rank_;
-  for (int r = 0; r < size_; ++r) session->rank_names.push_back(rank_name(r));
-  // Rank 0 makes every group's id; every rank gets them all.
-  std::vector<char> ids;
-  if (rank_ == 0)
-    for (size_t k = 0; k < session->groups.size(); ++k) {
-      std::vector<char> id = comms.new_id();
-      ids.insert(ids.end(), id.begin(), id.end());
-    }
-  int length = static_cast<int>(ids.size());
-  MPI_Request request;
-  MPI_Ibcast(&length, 1, MPI_INT, 0, comms_->control, &request);
-  complete(request, "NCCL ids from rank 0", timeout_s_);
-  ids.resize(static_cast<size_t>(length));
-  MPI_Ibcast(ids.data(), length, MPI_CHAR, 0, comms_->control, &request);
-  complete(request, "NCCL ids from rank 0", timeout_s_);
-  const size_t groups = session->groups.size();
-  const size_t each = groups == 0 ? 0 : ids.size() / groups;
-  // Every rank joins its groups in the one order: none waits for a group another has not
-  // reached.
-  for (size_t k = 0; k < groups; ++k) {
-    const std::vector<int>& ranks = session->groups[k].ranks;
-    auto at = std::find(ranks.begin(), ranks.end(), rank_);
-    if (at == ranks.end()) continue;
-    const std::vector<char> id(ids.begin() + static_cast<long>(k * each),
-                               ids.begin() + static_cast<long>((k + 1) * each));
-    std::vector<std::string> names;
-    for (int r : ranks) names.push_back(rank_name(r));
-    try {
-      session->joined[static_cast<int>(k)] =
-          comms.join(id, static_cast<int>(ranks.size()), static_cast<int>(at - ranks.begin()),
-                     rank_, timeout_s_);
-      session->joined[static_cast<int>(k)]->connect(!session->groups[k].replicas);
-    } catch (const Error& e) {
-      fail(e.kind(), "joining the NCCL communicator of {}: {}", fmt::join(names, ", "),
-           e.message());
-    }
-  }
-  return session;
-}
-
-std::string World::make_transports(RunOptions& options, const Pipeline& pipeline,
-                                   const Layout& layout, const std::string& transport) {
-  const Backend& backend = pipeline.backend();
-  const double timeout = options.timeout_s;
-  const std::vector<std::string> backends = all_strings(std::string(backend.name()));
-  refuse_together([&] {
-    for (int r = 0; r < size_; ++r)
-      if (backends[static_cast<size_t>(r)] != backends[0])
-        fail(ErrorKind::kUnsupported,
-             "{} runs the {} backend and {} the {} backend: every rank must run the same "
-             "(--backend)",
-             rank_name(0), backends[0], rank_name(r), backends[static_cast<size_t>(r)]);
-  });
-  const MPI_Comm comm = comms_->pipeline, replicas = comms_->replicas;
-  if (backend.name() == "cpu") {
-    refuse_together([&] {
-      if (transport == "nccl")
-        fail(ErrorKind::kUsage,
-             "--transport nccl is for GPU ranks (--backend cuda); the cpu backend's ranks use MPI");
-    });
-    options.make_transport = [comm, replicas, layout, timeout](
-                                 int, const std::vector<Link>& links, int capacity,
-                                 InProcessTransport::OnDelivered delivered) {
-      Layout with_links = layout;
-      with_links.links = links;
-      return std::make_unique<MpiTransport>(comm, std::move(with_links), capacity,
-                                            std::move(delivered), timeout, replicas);
-    };
-    return "MPI";
-  }
-  // GPU ranks: NCCL where every rank can use it and no two share a GPU.
-  const DeviceComms* comms = backend.device_comms();
-  const std::string why = comms != nullptr ? comms->unavailable()
-                                           : fmt::format("the {} backend has no NCCL", backend.name());
-  std::string missing;
-  const std::vector<std::string> whys = all_strings(why);
-  for (int r = 0; r < size_ && missing.empty(); ++r)
-    if (!whys[static_cast<size_t>(r)].empty())
-      missing = fmt::format("{}: {}", rank_name(r), whys[static_cast<size_t>(r)]);
-  const std::vector<std::string> gpus =
-      all_strings(comms != nullptr && why.empty() ? comms->device_identity(rank_) : "");
-  std::vector<std::string> names;
-  for (int r = 0; r < size_; ++r) names.push_back(rank_name(r));
-  GpuTransportChoice choice;
-  refuse_together([&] { choice = choose_gpu_transport(transport, missing, gpus, names); });
-  const bool nccl = choice.kind == GpuTransport::kNccl;
-  auto session = std::make_shared<std::shared_ptr<NcclSession>>();
-  options.make_transport = [this, comm, replicas, layout, timeout, nccl, session, &backend,
-                            &pipeline](int replica, const std::vector<Link>& links, int capacity,
-                                       InProcessTransport::OnDelivered delivered)
-      -> std::unique_ptr<Transport> {
-    Layout with_links = layout;
-    with_links.links = links;
-    auto staged = std::make_unique<HostStagedTransport>(
-        std::make_unique<MpiTransport>(comm, std::move(with_links), capacity, delivered,
-                                       timeout, replicas),
-        backend.make_device(rank_, 1));
-    if (!nccl) return staged;
-    if (!*session) *session = join_nccl(links, pipeline);  // once, at the first run
-    return std::make_unique<NcclTransport>(*session, std::move(staged),
-                                           backend.make_device(rank_, 1), replica, capacity,
-                                           std::move(delivered), timeout);
-  };
-  return choice.why;
 }
 
 }  // namespace stagecraft::rt::mpi

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -99,14 +100,24 @@ class World {
   /// (`Error(kTimeout)`).
   void gather(RunReport& report, const plan::Plan& plan) const;
 
+  /// Every rank's `losses` (a run's RunReport::losses: one per step, NaN on a rank whose
+  /// devices compute no loss) to rank 0, which gets each step's loss over the replicas as
+  /// `gather` makes it: the mean of the replicas' (each its loss rank's), added in replica
+  /// order as one process adds them. The other ranks get theirs back unchanged. Collective: every
+  /// rank calls it with as many losses, within the timeout (stagerun's held-out evaluation).
+  std::vector<double> replica_losses(const std::vector<double>& losses,
+                                     const plan::Plan& plan) const;
+
   /// Saves a checkpoint of the run into `dir` (runtime/exec/checkpoint.h), every rank calling it
   /// at the same step: rank 0 makes the temporary folder; with ZeRO-1 each stage's optimizer
   /// state is gathered from the replicas' shards to the first replica (the checkpoint does not
   /// depend on the replica count); the first replica's rank of each stage writes its files
   /// (one writer per stage) and sends its manifest entries to rank 0, which writes the
-  /// manifest last and renames the folder into place. When a rank fails every rank throws its
-  /// error (`Error(kIo)`), the others naming it.
-  void save_checkpoint(const Pipeline& pipeline, const std::string& dir) const;
+  /// manifest last, with rank 0's `data` (SaveOptions::data: stagerun's data position, the
+  /// same on every rank), and renames the folder into place. When a rank fails every rank
+  /// throws its error (`Error(kIo)`), the others naming it.
+  void save_checkpoint(const Pipeline& pipeline, const std::string& dir,
+                       const nlohmann::json& data = nullptr) const;
 
   /// The end of stagerun with `exit_code` (after its error line, if any, is printed): 0 or a
   /// refusal made together finalise MPI and return the code; any other error ends every rank

@@ -29,7 +29,11 @@ void World::gather(RunReport&, const plan::Plan&) const {
   fail(ErrorKind::kInternal, "no MPI in this build");
 }
 
-void World::save_checkpoint(const Pipeline&, const std::string&) const {
+std::vector<double> World::replica_losses(const std::vector<double>&, const plan::Plan&) const {
+  fail(ErrorKind::kInternal, "no MPI in this build");
+}
+
+void World::save_checkpoint(const Pipeline&, const std::string&, const nlohmann::json&) const {
   fail(ErrorKind::kInternal, "no MPI in this build");
 }
 

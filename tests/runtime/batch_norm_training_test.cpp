@@ -297,4 +297,40 @@ TEST_CASE("BatchNormalization running statistics: checkpoint, resume and export 
   CHECK(found == 6);
 }
 
+TEST_CASE("BatchNormalization training_mode=1 in an evaluation: the running statistics normalise") {
+  // Untrained, the running statistics are mean 0 and variance 1, far from the input's (channel
+  // c has mean c and spread c + 1): an evaluation (forward only, model.eval()) of the
+  // training-mode net is the forward of the same net exported in eval mode, not a training
+  // step's forward, which normalises with each microbatch's statistics.
+  testing::TempDir dir;
+  plan::PlanOptions o = options_for(2, "1f1b", false);
+  plan::PlannedModel train_planned = plan::make_plan(o);
+  plan::write_plan(train_planned, dir.file("train_mode"));
+  o.model_path = dir.file("bn_eval_net.onnx");
+  write_bn_net(o.model_path, false);
+  plan::PlannedModel eval_planned = plan::make_plan(o);
+  plan::write_plan(eval_planned, dir.file("eval_mode"));
+  auto train_mode = Pipeline::load(dir.file("train_mode"), cpu_backend(), 1);
+  auto eval_mode = Pipeline::load(dir.file("eval_mode"), cpu_backend(), 1);
+  const std::map<std::string, Tensor> inputs = inputs_of(*train_mode);
+  RunOptions evaluation;
+  evaluation.forward_only = true;
+  const double evaluated = train_mode->run(inputs, evaluation).losses.at(0);
+  const double exported_eval = eval_mode->run(inputs, evaluation).losses.at(0);
+  CHECK(std::fabs(evaluated - exported_eval) <= 1e-6 * std::max(1.0, std::fabs(exported_eval)));
+  std::map<std::string, std::vector<float>> before;
+  for (const plan::Stage& stage : train_mode->plan().stages)
+    for (const auto& [name, t] : train_mode->stage_weights(stage.index))
+      if (name.find("running_") != std::string::npos) before[name] = values(t);
+  const double trained = train_mode->run(inputs, RunOptions{}).losses.at(0);
+  CHECK(std::fabs(evaluated - trained) > 1e-3 * std::max(1.0, std::fabs(trained)));
+  // The evaluation wrote no statistics (the step after it started from mean 0, variance 1).
+  REQUIRE(before.size() == 6);
+  for (const auto& [name, v] : before) {
+    CAPTURE(name);
+    const float initial = name.find("mean") != std::string::npos ? 0.0f : 1.0f;
+    CHECK(std::all_of(v.begin(), v.end(), [&](float f) { return f == initial; }));
+  }
+}
+
 }  // namespace stagecraft::rt
