@@ -218,7 +218,18 @@ Solution run_dp(const Problem& p, const Prefix& pre, bool respect_capacity) {
   SpanInputs inputs(p);
   for (int k = 1; k <= s; ++k) {
     const StageParams sp = stage_params(p, k - 1);
-    for (int i = k; i < b; ++i) {
+    // Only a prefix k - 1 stages can cover (lo..hi the first and last) precedes stage k: ends
+    // before lo + 1 are out of reach, and the starts past hi or before lo are skipped (they
+    // would be, one at a time, below; time and memory only grow as a start moves down, so a
+    // break the skipped ones would take is taken at hi too).
+    int lo = -1, hi = -1;
+    for (int j = k - 1; j < b; ++j) {
+      if (best[k - 1][j] == worst) continue;
+      if (lo < 0) lo = j;
+      hi = j;
+    }
+    if (lo < 0) break;  // no prefix: best[s][b - 1] stays out of reach
+    for (int i = std::max(k, lo + 1); i < b; ++i) {
       const int last = bounds[i] - 1;
       const double send_s = send_after(p, k - 1, last);
       if (p.recompute) inputs.reset(last);
@@ -226,7 +237,7 @@ Solution run_dp(const Problem& p, const Prefix& pre, bool respect_capacity) {
       // equal keys keeps it. A stage's time, and its memory without its inputs, only grow as it
       // starts earlier (costs are >= 0), so once either is past the best (or the memory past
       // the capacity), no earlier start can win.
-      for (int j = i - 1; j >= k - 1; --j) {
+      for (int j = std::min(i - 1, hi); j >= std::max(k - 1, lo); --j) {
         const int first = bounds[j];
         const double floor =
             span_memory_floor(p, sp, pre.static_bytes[last + 1] - pre.static_bytes[first],

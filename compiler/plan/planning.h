@@ -254,11 +254,13 @@ class SplitEvaluator {
   /// the prediction and the device peaks do not read: the search's many candidates.
   Candidate evaluate(const std::vector<int>& cuts, bool scoring_only = false);
 
-  /// A lower bound on the step `evaluate(cuts)` predicts, ms, from the stages' compute alone:
-  /// the busiest device runs every microbatch of its stages (forward and backward), and one
-  /// microbatch goes forward through every stage and back (the weight-gradient part aside
-  /// where the schedule defers it). The simulator only adds to these (transfers, waits,
-  /// recomputation, shared processors).
+  /// A lower bound on the step `evaluate(cuts)` predicts, ms, from the stage times the
+  /// simulator plays: the busiest device's compute, and per stage its fill (microbatch 1's
+  /// forward through the stages before it), its own microbatches one at a time, the round trip
+  /// microbatch 1 makes through the stages after it before the stage can run its backward, the
+  /// last gradient's way back to stage 0, the transfers between devices and the optimizer step.
+  /// The simulator only adds to these (waits, link contention, fixed costs, recomputation,
+  /// shared processors); every simulated split checks it (split_choice.cpp).
   double step_bound_ms(const std::vector<int>& cuts) const;
 
   /// The search's key: the simulated step under the speed objective, the largest device peak
