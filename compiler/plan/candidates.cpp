@@ -446,8 +446,7 @@ double SplitEvaluator::step_bound_ms(const std::vector<int>& cuts) const {
   const schedule::PipelineShape& shape = s_.shape;
   // The simulator's own per-stage times (calibrated where the plan is), without recomputation
   // (which only adds).
-  const schedule::StageCosts c =
-      with_terms(s_.terms, stage_costs(s_, sol, f_, SimExtras{}), shape.devices);
+  const schedule::StageCosts c = with_terms(s_, sol, f_, stage_costs(s_, sol, f_, SimExtras{}));
   std::vector<double> busy(static_cast<std::size_t>(shape.devices), 0.0);
   double path = 0;
   for (std::size_t k = 0; k < c.forward_s.size(); ++k) {
