@@ -32,9 +32,15 @@
 # before and after. Two devices on a 2-core machine leave nothing for anyone else, so other
 # load there slows the 2-device runs more than the 1-device ones.
 #
+# With SWEEP=cuts it sweeps cut points instead (see sweep_cuts below): predicted against
+# measured step per cut point, Kendall's tau between them, and how the planner's choice ranks.
+#
 # Usage (from the repo root, after bash tools/build.sh):
 #   bash bench/pipeline_sweep.sh
+#   SWEEP=cuts bash bench/pipeline_sweep.sh
 # Environment: BUILD=build, STEPS=7, MICROBATCHES="1 2 4 8 16", SWEEP_MODELS="resnet50 gpt",
+#   SWEEP=microbatches|cuts, CUT_MODEL=samples/models/resnet_small.onnx,
+#   CUT_ARGS="--batch 8 --microbatches 4", CUT_STRIDE=4,
 #   CACHE=${XDG_CACHE_HOME:-~/.cache}/stagecraft-bench, MODELS=$CACHE/torch-models,
 #   PROFILE_DB=(a fresh file per run; set it to reuse measured op times), PY=/usr/bin/python3.
 set -euo pipefail
@@ -59,7 +65,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 PROFILE_DB=${PROFILE_DB:-$work/profile-cpu-1threads.json}
 
-if "$stagec" --help 2>/dev/null | grep -q -- '--profile '; then
+# grep without -q reads all of --help: with -q it exits at the first match, stagec gets SIGPIPE
+# and, under pipefail, the test fails at random (the sweep then fell back to the roofline).
+if "$stagec" --help 2>/dev/null | grep -- '--profile ' >/dev/null; then
   cost=(--profile cpu --profile-threads 1 --profile-db "$PROFILE_DB")
   cost_note="--profile cpu (measured op times, 1 thread; db $PROFILE_DB)"
 else
@@ -73,6 +81,106 @@ median_after_first() {  # stagerun --json (JSON Lines) on stdin -> median of the
 f1() { printf "%.1f" "$1"; }
 f2() { printf "%.2f" "$1"; }
 pct() { printf "%.1f%%" "$(echo "$1 * 100" | bc -l)"; }
+
+# SWEEP=cuts: the ranking of cut points (issue 33). One bundled sample ($CUT_MODEL, $CUT_ARGS)
+# on 2 devices, planned once as stagec chooses and then with --split-after at every
+# $CUT_STRIDE-th node of its --list-nodes order (and the planner's own cut), each run as above
+# ($STEPS steps). Per cut point: the predicted step (plan.json's simulated step, stagerun's
+# predicted_step_ms) and the measured one, the median of the steps after the warm-up and their
+# fastest (other processes only ever add time, so on a shared machine the fastest step is the
+# steadier figure), with their ranks; then Kendall's tau-b between predicted and each measured
+# figure over all cut points (1: the same order, 0: no relation, -1: reversed), and whether the
+# planner's choice is the measured best or within 3% of it. Only grep, sed and awk read the
+# outputs (no jq, bc or python3).
+field() {  # the number after "KEY": on the summary line of a stagerun --json file
+  grep '"type":"summary"' "$2" | sed -n "s/.*\"$1\":\([-0-9.eE+]*\).*/\1/p"
+}
+fastest_after_first() {  # the least of the summary's step_ms after the first (the warm-up)
+  grep '"type":"summary"' "$1" | sed -n 's/.*"step_ms":\[\([^]]*\)\].*/\1/p' |
+    awk -F, '{ m = $2; for (i = 3; i <= NF; ++i) if ($i + 0 < m + 0) m = $i; print m }'
+}
+sweep_cuts() {
+  local model=${CUT_MODEL:-samples/models/resnet_small.onnx}
+  local args=(${CUT_ARGS:---batch 8 --microbatches 4})
+  local stride=${CUT_STRIDE:-4}
+  echo "# cut points: predicted against measured step, 2 devices"
+  echo
+  echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(nproc) cores; uptime before: $(uptime)"
+  echo "- stagecraft: git $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+local changes')"
+  echo "- model: $model ${args[*]}; plans: $cost_note; inference schedule; cuts after every ${stride}-th node of --list-nodes and the planner's"
+  echo "- measured: stagerun --steps $STEPS --threads-per-device 1: median_step_ms (the steps after the warm-up) and the fastest of those steps"
+  echo
+  "$stagec" "$model" -o "$work/chosen" --devices 2 "${args[@]}" "${cost[@]}" >/dev/null 2>"$work/stagec.err" ||
+    { cat "$work/stagec.err" >&2; exit 1; }
+  local chosen
+  chosen=$(grep -A1 '"split_after"' "$work/chosen/plan.json" | sed -n '2{s/[ ",]//g;p;}')
+  local nodes
+  nodes=$("$stagec" "$model" "${args[@]}" --list-nodes | awk -v s="$stride" -v c="$chosen" \
+    '{ n[NR] = $1 } END { for (i = 1; i < NR; ++i) if (i % s == 0 || n[i] == c) print n[i] }')
+  : > "$work/cuts.tsv"
+  local i=0 node
+  for node in $nodes; do
+    i=$((i + 1))
+    "$stagec" "$model" -o "$work/cut.$i" --devices 2 "${args[@]}" --split-after "$node" "${cost[@]}" \
+      >/dev/null 2>"$work/stagec.err" || { echo "note: --split-after $node refused: $(head -1 "$work/stagec.err")"; continue; }
+    "$stagerun" "$work/cut.$i" --steps "$STEPS" --json --threads-per-device 1 -q >"$work/cut.$i.json" \
+      2>"$work/stagerun.err" || { cat "$work/stagerun.err" >&2; exit 1; }
+    printf '%s\t%s\t%s\t%s\n' "$node" "$(field predicted_step_ms "$work/cut.$i.json")" \
+      "$(field median_step_ms "$work/cut.$i.json")" "$(fastest_after_first "$work/cut.$i.json")" \
+      >> "$work/cuts.tsv"
+  done
+  awk -F'\t' -v chosen="$chosen" '
+    { node[NR] = $1; pred[NR] = $2 + 0; meas[NR] = $3 + 0; fast[NR] = $4 + 0 }
+    function rank(v, i,   r, j) { r = 1; for (j = 1; j <= NR; ++j) if (v[j] < v[i]) ++r; return r }
+    function sign(x) { return x > 0 ? 1 : x < 0 ? -1 : 0 }
+    # Kendall tau-b of pred against v: (concordant - discordant) pairs over
+    # sqrt((pairs - ties in pred) (pairs - ties in v)).
+    function tau(v, what,   i, j, s, c, d, tp, tv, pairs) {
+      for (i = 1; i <= NR; ++i) for (j = i + 1; j <= NR; ++j) {
+        ++pairs; s = sign(pred[i] - pred[j]) * sign(v[i] - v[j])
+        if (s > 0) ++c; else if (s < 0) ++d
+        if (pred[i] == pred[j]) ++tp
+        if (v[i] == v[j]) ++tv
+      }
+      if (pairs - tp > 0 && pairs - tv > 0)
+        printf "- Kendall tau-b, predicted vs %s over %d cut points: %.3f (%d concordant, %d discordant pairs)\n",
+               what, NR, (c - d) / sqrt((pairs - tp) * (pairs - tv)), c, d
+    }
+    # How the cut the planner chose (row mine) ranks by v.
+    function choice(v, what,   i, best, gap, verdict) {
+      best = 1
+      for (i = 1; i <= NR; ++i) if (v[i] < v[best]) best = i
+      gap = (v[mine] - v[best]) / v[best] * 100
+      if (mine == best) verdict = "the planner chose the best"
+      else if (gap <= 3) verdict = sprintf("within 3%% of the best (%.1f%% slower)", gap)
+      else verdict = sprintf("NOT within 3%% of the best (%.1f%% slower)", gap)
+      printf "- by the %s: the planner cut %.2f ms, the best (after %s) %.2f ms: %s\n", what,
+             v[mine], node[best], v[best], verdict
+    }
+    END {
+      print "| cut after | predicted step ms | measured median step ms | measured fastest step ms | predicted rank | median rank | fastest rank |"
+      print "|---|---|---|---|---|---|---|"
+      for (i = 1; i <= NR; ++i) {
+        if (node[i] == chosen) mine = i
+        printf "| %s%s | %.2f | %.2f | %.2f | %d | %d | %d |\n", node[i], node[i] == chosen ? " (planner)" : "",
+               pred[i], meas[i], fast[i], rank(pred, i), rank(meas, i), rank(fast, i)
+      }
+      print ""
+      tau(meas, "measured median")
+      tau(fast, "measured fastest")
+      if (mine) {
+        printf "- the planner cuts after %s\n", chosen
+        choice(meas, "median step")
+        choice(fast, "fastest step")
+      }
+    }' "$work/cuts.tsv"
+  echo
+  echo "- uptime after: $(uptime)"
+}
+if [[ ${SWEEP:-microbatches} == cuts ]]; then
+  sweep_cuts
+  exit 0
+fi
 
 echo "# forward pipelining: 2 devices x 1 thread vs 1 device x 1 thread"
 echo

@@ -192,12 +192,20 @@ InstructionTerms fit_calibration(const std::vector<TracedStep>& steps,
   for (const std::vector<double>& delays : start_delay_ms)
     terms.device_start_ms.push_back(mean(delays));
   terms.stage_factors.resize(predicted.size());
+  std::map<std::string, std::pair<double, double>> kind_sums;  // kind -> (sum d p, sum p^2)
   for (const auto& [key, pp] : samples.sum_pp) {
     if (!(pp > 0)) continue;
-    const double factor = samples.sum_dp.at(key) / pp;
-    if (std::isfinite(factor) && factor > 0)
-      terms.stage_factors[static_cast<size_t>(key.first)][schedule::to_string(key.second)] = factor;
+    const double dp = samples.sum_dp.at(key);
+    const double factor = dp / pp;
+    if (!std::isfinite(factor) || !(factor > 0)) continue;
+    const std::string kind = schedule::to_string(key.second);
+    terms.stage_factors[static_cast<size_t>(key.first)][kind] = factor;
+    kind_sums[kind].first += dp;
+    kind_sums[kind].second += pp;
   }
+  std::map<std::string, double> kind_factors;
+  for (const auto& [kind, sums] : kind_sums) kind_factors[kind] = sums.first / sums.second;
+  terms.op_factors = fit_op_factors(terms.stage_factors, kind_factors, predicted);
   return terms;
 }
 

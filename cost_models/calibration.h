@@ -32,15 +32,72 @@
 ///   mean gap plus the 10th percentile of the slices (one that did not wait);
 /// - per device, the mean delay of its first instruction after the step's first one
 ///   (`device_start_ms`: the wake-up from the barrier between steps).
+///
+/// Factors that follow the ops (`InstructionTerms::op_factors`). A factor indexed by stage
+/// belongs to the ops that stage held: a plan with other cuts would apply it to other ops. The
+/// trace times instructions, not ops: per compute kind it gives one measured factor per stage,
+/// F_s, against the stage's ops' predicted times. When the plan lists its ops (plan.json "ops"),
+/// `fit_calibration` turns the F_s into factors keyed by what a later plan finds again:
+/// - by op type (FWD and BWD) where the stages determine them: with w_{s,g} the share of op type
+///   g in stage s's predicted ops' time, F_s = sum_g f_g w_{s,g} for every stage is solved by
+///   least squares when there are at least as many stages as op types, the stages mix the op
+///   types differently enough to tell them apart (no pivot of the normal equations below 1/100
+///   of their largest diagonal entry: else a stage factor's noise is amplified many times) and
+///   every f_g comes out positive. A pipeline of a few stages over a model of many op types
+///   is not determined; a model of few op types over more stages is;
+/// - otherwise by op (node name): each op takes the factor of the stage that held it. The same
+///   cuts get the same stage factors back, and a cut that moves takes each op's factor with it.
+///   BWD_INPUT and BWD_WEIGHT always (the plan's ops do not split B from W);
+/// - OPT_STEP, which no op's time predicts: one factor for every stage (basis "kind").
+/// Each table's `other`, what an op not in it gets (a node the calibrated plan did not have),
+/// is the kind's factor over all stages (sum d p / sum p^2). A later plan gives each stage, per
+/// kind, its ops' factors weighted by their predicted times (`StageFactorSum`); a stage's extras
+/// beyond its ops (gradient accumulation, a recomputed forward) take the same factor. A
+/// calibration kept before op factors existed (no `op_factors`) applies by stage index.
+///
+/// Factors that follow the ops (`InstructionTerms::op_factors`). A stage-indexed factor belongs
+/// to the ops the stage held; a plan with other cuts would apply it to other ops. The trace times
+/// instructions, not ops: per compute kind it gives one measured factor per stage, F_s, against
+/// the stage's ops' predicted times. When the plan lists its ops (plan.json "ops"), the fit
+/// turns the F_s into factors keyed by what a later plan can find again:
+/// - by op type (FWD and BWD), when the stages determine them: with w_{s,g} the share of op type
+///   g in stage s's predicted time (scaled to the stage's time, so a stage's extras, its
+///   gradient accumulation, go with its ops), F_s = sum_g f_g w_{s,g} for every stage, solved by
+///   least squares when there are at least as many stages as op types, the system has full
+///   rank and every f_g comes out positive (a pipeline of a few stages over a model of many op
+///   types does not: a sweep over more stages, or a model of few op types, does);
+/// - otherwise by op (node name): each op takes the factor of the stage that held it, which
+///   reproduces the stage factors for the same cuts and moves each op's factor with it when
+///   the cuts move (BWD_INPUT and BWD_WEIGHT always: the plan's ops do not split B from W);
+/// - OPT_STEP, which no op's time predicts, one factor for every stage: sum d p / sum p^2
+///   over all stages. So is `OpFactorTable::other` of every kind, what an op not in the table
+///   (a node the calibrated plan did not have) gets.
+/// A later plan gives each stage, per kind, its ops' factors weighted by their predicted times
+/// (`StageFactorSum`). Calibrations kept before (no `op_factors`) apply by stage index as before.
 
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "runtime/format/instruction_costs.h"
 #include "runtime/format/schedule.h"
 
 namespace stagecraft::cost {
+
+/// One compute kind's factors that follow the ops (the file comment says how they are fitted):
+/// plain data that plan.json carries too.
+using OpFactorTable = plan::OpFactorTable;
+
+/// One op's factors on its predicted times, by compute kind (1: none).
+struct OpFactors {
+  double forward = 1;
+  double backward = 1;         ///< A full BWD.
+  double backward_input = 1;   ///< B of a split backward.
+  double backward_weight = 1;  ///< W of a split backward.
+};
+
+class StageFactorSum;
 
 /// What the simulator charges beyond the ops' times: fixed costs by instruction kind and, after
 /// a calibration, per-(stage, kind) factors on the ops' times.
@@ -60,12 +117,42 @@ struct InstructionTerms {
   /// Calibration: the median measured step of that trace (steady steps), milliseconds.
   double measured_step_ms = 0;
   int steps = 0;  ///< Calibration: steady steps fitted.
+  /// Calibration: per compute kind name, factors that follow the ops, which a plan with other
+  /// cuts applies to each stage's own ops (`StageFactorSum`) in place of `stage_factors`; empty
+  /// in calibrations kept before them, and when the calibrated plan listed no ops.
+  std::map<std::string, OpFactorTable> op_factors;
 
   bool empty() const { return instruction_ms.empty() && stage_factors.empty(); }
   /// instruction_ms of `op`, 0 when absent.
   double fixed_ms(schedule::Op op) const;
   /// The factor of `stage` for compute kind `op`, 1 when absent.
   double factor(int stage, schedule::Op op) const;
+  /// Whether the factors follow the ops (`op_factors`) rather than the stage indices.
+  bool follows_ops() const { return !op_factors.empty(); }
+  /// The factors of the op `name` of type `op_type` (1 for a kind without a table).
+  OpFactors factors_of(const std::string& name, const std::string& op_type) const;
+  /// These terms for one split, whose stage k holds the ops `stages[k]` summed: `stage_factors`
+  /// from `op_factors` (each stage its ops' factors weighted by their times), without
+  /// `op_factors` (what the simulator reads, cheap to copy). Unchanged when !follows_ops().
+  InstructionTerms for_split(const std::vector<StageFactorSum>& stages) const;
+};
+
+/// A stage's ops' factors weighted by their predicted times, summed op by op: what a plan with
+/// other cuts than the calibrated one charges each stage (`InstructionTerms::for_split`).
+class StageFactorSum {
+ public:
+  /// Adds one op: its factors and predicted times (any unit, the same for every op).
+  void add(const OpFactors& factors, double forward, double backward_input,
+           double backward_weight);
+  /// The stage's factor by compute kind name, for each kind `terms.op_factors` has: the
+  /// weighted mean of its ops' factors, or the kind's `other` when its ops take no time of it.
+  std::map<std::string, double> factors(const InstructionTerms& terms) const;
+
+ private:
+  double forward_ = 0, forward_weighted_ = 0;
+  double backward_ = 0, backward_weighted_ = 0;
+  double input_ = 0, input_weighted_ = 0;
+  double weight_ = 0, weight_weighted_ = 0;
 };
 
 /// What a plan charges: the profiled fixed costs, and the calibration the profile database
@@ -89,6 +176,14 @@ struct TracedInstruction {
 /// One step of a traced run: every device's instructions.
 using TracedStep = std::vector<TracedInstruction>;
 
+/// One op of a stage as the plan predicted it (plan.json "ops"), milliseconds.
+struct OpPrediction {
+  std::string name;     ///< The node's name.
+  std::string op_type;  ///< "Conv", "MatMul", ...: the head of its signature key.
+  double forward_ms = 0;
+  double backward_ms = 0;  ///< B + W.
+};
+
 /// The plan's prediction of one stage's instructions, milliseconds: the ops' times the
 /// simulator plays before any calibration (plan.json's stage times).
 struct StagePrediction {
@@ -96,6 +191,9 @@ struct StagePrediction {
   double backward_input_ms = 0;   ///< B (a full BWD is B + W).
   double backward_weight_ms = 0;  ///< W.
   double optimizer_ms = 0;
+  /// The stage's ops; none: the fit keeps only stage factors (no `op_factors`).
+  std::vector<OpPrediction> ops;
+  bool recompute = false;  ///< Its backward re-runs its forward first (plan.json "recompute").
 };
 
 /// Fits `InstructionTerms` (source "calibration") to `steps` (the steady steps only: the caller
@@ -107,6 +205,15 @@ struct StagePrediction {
 InstructionTerms fit_calibration(const std::vector<TracedStep>& steps,
                                  const std::vector<StagePrediction>& predicted, int capacity,
                                  const InstructionTerms& fallback = {});
+
+/// The factors that follow the ops (the file comment says which basis each kind gets), from
+/// what `fit_calibration` measured: per stage its factor by compute kind name
+/// (`stage_factors`), per kind its factor over all stages (`kind_factors`), and the stages' ops
+/// (`predicted`). Empty when no stage lists its ops.
+std::map<std::string, OpFactorTable> fit_op_factors(
+    const std::vector<std::map<std::string, double>>& stage_factors,
+    const std::map<std::string, double>& kind_factors,
+    const std::vector<StagePrediction>& predicted);
 
 /// The key under which a calibration is kept in the profile database, from what decides which
 /// instructions a plan runs: "fnv1a64:...|train|1f1b|2x1 stages|4 microbatches|batch 8".

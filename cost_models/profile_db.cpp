@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/format/error.h"
+#include "runtime/format/instruction_costs.h"
 #include "runtime/format/json_reader.h"
 
 namespace stagecraft::cost {
@@ -135,7 +136,7 @@ std::map<std::string, double> read_instruction_ms(const JsonValue& value) {
 InstructionTerms read_calibration(const JsonValue& value) {
   JsonObject f =
       value.object({"trace", "measured_step_ms", "steps", "instruction_ms", "stage_factors",
-                    "device_start_ms"});
+                    "device_start_ms", "op_factors"});
   InstructionTerms t;
   t.source = "calibration";
   t.trace = f.string("trace");
@@ -153,18 +154,21 @@ InstructionTerms read_calibration(const JsonValue& value) {
       if (!(factor > 0)) stage.fail(fmt::format("has factor {} for {}; it must be > 0", factor, kind));
     return factors;
   });
+  if (auto ops = f.find("op_factors")) t.op_factors = plan::read_op_factors(*ops);
   return t;
 }
 
 nlohmann::ordered_json calibration_json(const InstructionTerms& t) {
   nlohmann::ordered_json stages = nlohmann::ordered_json::array();
   for (const auto& factors : t.stage_factors) stages.push_back(factors);
-  return {{"trace", t.trace},
-          {"measured_step_ms", t.measured_step_ms},
-          {"steps", t.steps},
-          {"instruction_ms", t.instruction_ms},
-          {"stage_factors", std::move(stages)},
-          {"device_start_ms", t.device_start_ms}};
+  nlohmann::ordered_json out{{"trace", t.trace},
+                             {"measured_step_ms", t.measured_step_ms},
+                             {"steps", t.steps},
+                             {"instruction_ms", t.instruction_ms},
+                             {"stage_factors", std::move(stages)},
+                             {"device_start_ms", t.device_start_ms}};
+  if (!t.op_factors.empty()) out["op_factors"] = plan::op_factors_json(t.op_factors);
+  return out;
 }
 
 }  // namespace

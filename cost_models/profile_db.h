@@ -27,12 +27,18 @@
 ///     "instruction_ms": {"FWD": 0.004, "BWD": 0.004, "SEND_ACT": 0.002, "RECV_ACT": 0.001, ...},
 ///     "calibration": {KEY: {"trace": "run.json", "measured_step_ms": 12.3, "steps": 9,
 ///                           "instruction_ms": {"FWD": 0.05, ...},
-///                           "stage_factors": [{"FWD": 1.12, "BWD": 1.31}, ...]}, ...}
+///                           "stage_factors": [{"FWD": 1.12, "BWD": 1.31}, ...],
+///                           "op_factors": {"FWD": {"basis": "op type", "other": 1.2,
+///                                                  "factors": {"Conv": 1.3, "Relu": 0.9}},
+///                                          "OPT_STEP": {"basis": "kind", "other": 2.1,
+///                                                       "factors": {}}, ...}}, ...}
 ///
 /// `instruction_ms` is the fixed cost of an empty instruction of each kind as the runtime runs
 /// it (tools/profile/instruction_costs.h); `calibration` holds what `stagec --calibrate` fitted
 /// from a measured run (cost_models/calibration.h), keyed by `calibration_key` of the plan it
-/// ran, which a later plan of the same model and shape looks up.
+/// ran, which a later plan of the same model and shape looks up. `op_factors` (optional: older
+/// calibrations lack it and apply by stage index) are factors that follow the ops, by op type,
+/// op name or for the whole kind (`OpFactorTable`).
 ///
 /// A file that is not JSON, has another format or version, or has a malformed entry is
 /// refused with one line naming the file and the field; it is never silently replaced.

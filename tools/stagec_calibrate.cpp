@@ -66,7 +66,13 @@ void calibrate(const std::string& plan_dir, const std::string& trace_path,
          trace_path, run.steps.size(), run.steps.size() == 1 ? "" : "s");
   std::vector<cost::StagePrediction> predicted;
   for (const plan::Stage& st : plan.stages)
-    predicted.push_back({st.fwd_ms, st.backward_input_ms, st.backward_weight_ms, st.optimizer_ms});
+    predicted.push_back({st.fwd_ms, st.backward_input_ms, st.backward_weight_ms, st.optimizer_ms,
+                         {}, st.recompute});
+  // The ops each stage held: what the factors are carried by to a plan with other cuts.
+  for (const plan::OpRecord& op : plan.ops)
+    if (op.stage >= 0 && op.stage < static_cast<int>(predicted.size()))
+      predicted[static_cast<std::size_t>(op.stage)].ops.push_back(
+          {op.name, op.op_type, op.fwd_ms, op.bwd_ms});
   std::error_code ec;
   if (!std::filesystem::exists(db_path, ec))
     fail(ErrorKind::kUsage,
@@ -97,6 +103,8 @@ void calibrate(const std::string& plan_dir, const std::string& trace_path,
     fmt::print("  stage {}: {}\n", k,
                factors.empty() ? "no compute traced" : fmt::format("{}", fmt::join(factors, ", ")));
   }
+  if (terms.follows_ops())
+    fmt::print("  the factors follow the ops: {}\n", plan::describe_op_factors(terms.op_factors));
   db.put_calibration(key, std::move(terms));
   db.save(db_path);
   fmt::print("kept in {} under \"{}\"; plan again with --profile cpu --profile-db {} to use it\n",

@@ -456,8 +456,7 @@ double SplitEvaluator::step_bound_ms(const std::vector<int>& cuts) const {
   const schedule::PipelineShape& shape = s_.shape;
   // The simulator's own per-stage times (calibrated where the plan is), without recomputation
   // (which only adds).
-  const schedule::StageCosts c =
-      with_terms(s_.terms, stage_costs(s_, sol, f_, SimExtras{}), shape.devices);
+  const schedule::StageCosts c = with_terms(s_, sol, f_, stage_costs(s_, sol, f_, SimExtras{}));
   const std::size_t stages = c.forward_s.size();
   const double m = shape.microbatches;
   // Per stage: f its forward, b what the stage before it waits for (the input gradient; the

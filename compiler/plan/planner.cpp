@@ -427,13 +427,13 @@ void apply_mixed_precision(PlannedModel& out, Candidate& chosen, const Setup& s,
 /// The plan's cluster and processors (`p.predicted` set): where `s` puts its devices, and what
 /// sharing them costs (the step of `sched` with `times` and each device computing on its own).
 void set_cluster(Plan& p, const Setup& s, const schedule::Schedule& sched,
+                 const partition::Solution& sol, const NodeFacts& f,
                  const schedule::StageCosts& times) {
   p.cluster = s.cluster;
   p.processors = s.processors;
   p.processors.separate_step_ms =
       shares_processors(s.processors)
-          ? schedule::simulate(sched, s.shape, with_terms(s.terms, times, s.shape.devices)).step_s *
-                1e3
+          ? schedule::simulate(sched, s.shape, with_terms(s, sol, f, times)).step_s * 1e3
           : p.predicted.step_ms;
 }
 
@@ -452,13 +452,16 @@ void set_instruction_terms(Setup& s, const PlanOptions& o) {
 /// plan.json's "instruction_costs": what `s.terms` charged; for a calibration, the step the split
 /// simulates with the profiled costs alone too.
 PlanInstructionCosts plan_instruction_costs(const Setup& s, const schedule::Schedule& sched,
+                                            const partition::Solution& sol, const NodeFacts& f,
                                             const schedule::StageCosts& times) {
   PlanInstructionCosts out;
   if (s.terms.empty()) return out;
   out.source = s.terms.source;
   out.instruction_ms = s.terms.instruction_ms;
   if (out.source != "calibration") return out;
-  out.stage_factors = s.terms.stage_factors;
+  // The factors this split's stages got: their own ops' where the factors follow the ops.
+  out.stage_factors = split_terms(s, sol, f).stage_factors;
+  out.op_factors = s.terms.op_factors;
   out.device_start_ms = s.terms.device_start_ms;
   out.trace = s.terms.trace;
   out.measured_step_ms = s.terms.measured_step_ms;
@@ -540,7 +543,7 @@ PlannedModel make_plan(const PlanOptions& o) {
     fail(ErrorKind::kInternal, "the cost model factory returned no model");
   const cost::OpCostModel& costs = custom_costs ? *custom_costs : roofline;
   auto order = partition::partition_order(g);
-  NodeFacts facts = node_facts(g, order, costs, s.precision);
+  NodeFacts facts = node_facts(g, order, costs, s.precision, s.terms);
   const bool manual = !o.split_after.empty();
   Attempt best = choose_placement(s, g, order, facts, o, out.plan.training_config.loss_output,
                                   out.placement_choice);
@@ -621,8 +624,8 @@ PlannedModel make_plan(const PlanOptions& o) {
                              facts.flops[i], param_bytes, facts.output_bytes[i]});
   }
   p.predicted = chosen.predicted;
-  out.instruction_costs = plan_instruction_costs(s, out.schedule, times);
-  set_cluster(p, s, out.schedule, times);
+  out.instruction_costs = plan_instruction_costs(s, out.schedule, chosen.sol, facts, times);
+  set_cluster(p, s, out.schedule, chosen.sol, facts, times);
   p.device_memory = std::move(chosen.peaks);
   p.timeline = std::move(chosen.timeline);
   p.baseline_parameters = choice.baseline_parameters;

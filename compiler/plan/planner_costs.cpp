@@ -249,7 +249,8 @@ int rank_of(const Setup& s, int replica, int device) {
 }
 
 NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                     const cost::OpCostModel& costs, Precision precision) {
+                     const cost::OpCostModel& costs, Precision precision,
+                     const cost::InstructionTerms& terms) {
   // Mixed precision keeps activations in 16 bits whatever dtype the exporter wrote.
   const int64_t float_bytes_divisor = is_16bit(precision) ? 2 : 1;
   NodeFacts f;
@@ -261,6 +262,7 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
     const int position = static_cast<int>(f.time.size());
     const ir::Node& node = g.node(id);
     f.time.push_back(costs.op_time(g, node));
+    if (terms.follows_ops()) f.factors.push_back(terms.factors_of(node.name, node.op_type));
     int64_t params = 0, trained = 0;
     f.weights_read.emplace_back();
     for (ir::ValueId in : node.inputs) {
@@ -405,12 +407,31 @@ schedule::StageCosts with_terms(const cost::InstructionTerms& terms, schedule::S
   return c;
 }
 
+cost::InstructionTerms split_terms(const Setup& s, const partition::Solution& sol,
+                                   const NodeFacts& f) {
+  if (!s.terms.follows_ops() || f.factors.empty()) return s.terms;
+  std::vector<cost::StageFactorSum> stages(sol.stages.size());
+  for (std::size_t k = 0; k < sol.stages.size(); ++k)
+    for (int i = sol.stages[k].first; i <= sol.stages[k].last; ++i)
+      stages[k].add(f.factors[i], f.time[i].forward_s, f.time[i].backward_input_s,
+                    f.time[i].backward_weight_s);
+  return s.terms.for_split(stages);
+}
+
+schedule::StageCosts with_terms(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
+                                schedule::StageCosts raw) {
+  // Without factors that follow the ops, no copy of the terms (the split search calls this for
+  // every split it bounds).
+  if (!s.terms.follows_ops() || f.factors.empty())
+    return with_terms(s.terms, std::move(raw), s.shape.devices);
+  return with_terms(split_terms(s, sol, f), std::move(raw), s.shape.devices);
+}
+
 Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
                    const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
                    int64_t batch, const std::vector<Stage>& stages, const SimExtras& rc,
                    std::vector<schedule::TimelineEvent>* timeline, std::vector<DevicePeak>* peaks) {
-  auto sim = schedule::simulate(sched, s.shape,
-                                with_terms(s.terms, stage_costs(s, sol, f, rc), s.shape.devices),
+  auto sim = schedule::simulate(sched, s.shape, with_terms(s, sol, f, stage_costs(s, sol, f, rc)),
                                 sim_processors(s));
   Prediction p;
   p.step_ms = sim.step_s * 1e3;

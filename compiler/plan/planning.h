@@ -105,6 +105,9 @@ struct NodeFacts {
   std::vector<std::vector<WeightRead>> weights_read;
   std::vector<int64_t> output_bytes;  ///< Outputs of every type: kept for backward.
   std::vector<double> flops;
+  /// Per node: its calibration factors where they follow the ops
+  /// (cost::InstructionTerms::follows_ops); empty otherwise.
+  std::vector<cost::OpFactors> factors;
 };
 
 /// Per stage of the plan: whether it recomputes, and the bytes of its inputs per microbatch
@@ -171,9 +174,11 @@ struct SplitChoice {
 /// cluster read, the schedule's in-flight counts.
 Setup make_setup(const PlanOptions& o);
 
-/// The cost, parameters, weights read, kept bytes and FLOPs of every node of `order`.
+/// The cost, parameters, weights read, kept bytes and FLOPs of every node of `order`, and its
+/// factors in `terms` where they follow the ops.
 NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                     const cost::OpCostModel& costs, Precision precision);
+                     const cost::OpCostModel& costs, Precision precision,
+                     const cost::InstructionTerms& terms);
 
 /// The parameters a stage of positions [first, last] holds, and the trainable ones among them:
 /// every weight its nodes read, once (a weight shared with other stages counts in each).
@@ -209,6 +214,16 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
 /// plays; plan.json's stage times are `raw`.
 schedule::StageCosts with_terms(const cost::InstructionTerms& terms, schedule::StageCosts raw,
                                 int devices);
+
+/// `s.terms` for the split `sol`: where its factors follow the ops, each stage gets its own ops'
+/// factors (`f.factors`) weighted by their times, wherever the cuts fall
+/// (cost::InstructionTerms::for_split); otherwise `s.terms` as they are.
+cost::InstructionTerms split_terms(const Setup& s, const partition::Solution& sol,
+                                   const NodeFacts& f);
+
+/// `raw` (stage_costs of the split `sol`) with `split_terms(s, sol, f)` applied.
+schedule::StageCosts with_terms(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
+                                schedule::StageCosts raw);
 
 /// The simulated step of `sched` for the split `sol` into `stages` (their anatomies filled in),
 /// with `rc`'s per-stage extras; its device peaks are `peaks` (schedule/device_peak.h), the

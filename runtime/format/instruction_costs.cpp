@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "runtime/format/error.h"
 #include "runtime/format/json_reader.h"
 #include "runtime/format/schedule.h"
 
@@ -23,7 +24,67 @@ std::map<std::string, double> read_kind_map(const JsonValue& value) {
   return out;
 }
 
+/// A factor: a finite number > 0, else a failure naming its field.
+double read_factor(const JsonValue& number) {
+  const double v = number.number();
+  if (!(v > 0) || !std::isfinite(v)) number.fail(fmt::format("is {}; a factor must be > 0", v));
+  return v;
+}
+
+/// "FWD per op type: Conv x1.300 Relu x0.900 (others x1.100)" and the like.
+std::string describe_table(const std::string& kind, const OpFactorTable& table) {
+  if (table.basis == "kind") return fmt::format("{} x{:.3f} on every stage", kind, table.other);
+  if (table.basis == "op")
+    return fmt::format("{} per op: {} op{} took their stage's factor (others x{:.3f})", kind,
+                       table.factors.size(), table.factors.size() == 1 ? "" : "s", table.other);
+  std::vector<std::string> types;
+  for (const auto& [type, f] : table.factors) types.push_back(fmt::format("{} x{:.3f}", type, f));
+  return fmt::format("{} per op type: {} (others x{:.3f})", kind, fmt::join(types, " "),
+                     table.other);
+}
+
 }  // namespace
+
+std::string describe_op_factors(const std::map<std::string, OpFactorTable>& op_factors) {
+  std::vector<std::string> kinds;
+  for (const auto& [kind, table] : op_factors) kinds.push_back(describe_table(kind, table));
+  return fmt::format("{}", fmt::join(kinds, "; "));
+}
+
+nlohmann::ordered_json op_factors_json(const std::map<std::string, OpFactorTable>& op_factors) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& [kind, table] : op_factors)
+    out[kind] = {{"basis", table.basis}, {"other", table.other}, {"factors", table.factors}};
+  return out;
+}
+
+std::map<std::string, OpFactorTable> read_op_factors(const JsonValue& value) {
+  std::map<std::string, OpFactorTable> out;
+  for (const auto& [kind, table_json] : value.object().entries()) {
+    schedule::Op op = schedule::Op::kSendAct;  // not a compute kind
+    try {
+      op = schedule::parse_op(kind);
+    } catch (const Error&) {
+    }
+    if (op != schedule::Op::kForward && op != schedule::Op::kBackward &&
+        op != schedule::Op::kBackwardInput && op != schedule::Op::kBackwardWeight &&
+        op != schedule::Op::kOptimizerStep)
+      value.fail(fmt::format(
+          "has the key \"{}\", not a compute kind (FWD, BWD, BWD_INPUT, BWD_WEIGHT, OPT_STEP)",
+          kind));
+    JsonObject t = table_json.object({"basis", "other", "factors"});
+    OpFactorTable table;
+    table.basis = t.nonempty_string("basis");
+    if (table.basis != "op type" && table.basis != "op" && table.basis != "kind")
+      t.fail("basis",
+             fmt::format("is \"{}\", not \"op type\", \"op\" or \"kind\"", table.basis));
+    table.other = read_factor(t.at("other"));
+    for (const auto& [key, number] : t.at("factors").object().entries())
+      table.factors[key] = read_factor(number);
+    out[kind] = std::move(table);
+  }
+  return out;
+}
 
 std::string describe_instruction_costs(const PlanInstructionCosts& c, double predicted_step_ms) {
   if (c.empty()) return "";
@@ -47,6 +108,8 @@ std::string describe_instruction_costs(const PlanInstructionCosts& c, double pre
       "{:.3f} ms; factors {}\n",
       c.trace, c.measured_step_ms, predicted_step_ms, c.uncalibrated_step_ms,
       fmt::join(stages, "; "));
+  if (!c.op_factors.empty())
+    out += fmt::format("  the factors follow the ops: {}\n", describe_op_factors(c.op_factors));
   return out;
 }
 
@@ -60,6 +123,7 @@ nlohmann::ordered_json instruction_costs_json(const PlanInstructionCosts& c) {
     out["trace"] = c.trace;
     out["measured_step_ms"] = c.measured_step_ms;
     out["uncalibrated_step_ms"] = c.uncalibrated_step_ms;
+    if (!c.op_factors.empty()) out["op_factors"] = op_factors_json(c.op_factors);
   }
   return out;
 }
@@ -69,7 +133,8 @@ PlanInstructionCosts read_instruction_costs(const JsonObject& top) {
   auto found = top.find("instruction_costs");
   if (!found) return c;
   JsonObject f = found->object({"source", "instruction_ms", "stage_factors", "device_start_ms",
-                                "trace", "measured_step_ms", "uncalibrated_step_ms"});
+                                "trace", "measured_step_ms", "uncalibrated_step_ms",
+                                "op_factors"});
   c.source = f.nonempty_string("source");
   if (c.source != "profile" && c.source != "calibration")
     f.fail("source", fmt::format("is \"{}\", not \"profile\" or \"calibration\"", c.source));
@@ -80,6 +145,7 @@ PlanInstructionCosts read_instruction_costs(const JsonObject& top) {
     c.trace = f.string("trace");
     c.measured_step_ms = f.number("measured_step_ms");
     c.uncalibrated_step_ms = f.number("uncalibrated_step_ms");
+    if (auto ops = f.find("op_factors")) c.op_factors = read_op_factors(*ops);
   }
   return c;
 }

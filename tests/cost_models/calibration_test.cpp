@@ -21,7 +21,8 @@ using schedule::Op;
 /// microbatches, each instruction's slice f_{s,k} x p_{s,k} and the gap before it c_k, both
 /// with +-`noise` (relative, uniform) jitter.
 struct Synthetic {
-  std::vector<StagePrediction> predicted{{2.0, 3.0, 1.0, 0.5}, {4.0, 5.0, 2.0, 0.25}};
+  std::vector<StagePrediction> predicted{{2.0, 3.0, 1.0, 0.5, {}, false},
+                                          {4.0, 5.0, 2.0, 0.25, {}, false}};
   std::map<std::pair<int, Op>, double> factor{
       {{0, Op::kForward}, 1.3}, {{0, Op::kBackward}, 1.1}, {{0, Op::kOptimizerStep}, 2.0},
       {{1, Op::kForward}, 0.8}, {{1, Op::kBackward}, 1.6}, {{1, Op::kOptimizerStep}, 3.0}};
@@ -97,7 +98,7 @@ TEST_CASE("calibration recovers known per-instruction costs and per-stage factor
 }
 
 TEST_CASE("calibration counts a recomputed forward in the backward after it") {
-  std::vector<StagePrediction> predicted{{1.0, 3.0, 0.0, 0.0}};
+  std::vector<StagePrediction> predicted{{1.0, 3.0, 0.0, 0.0, {}, false}};
   TracedStep step{{Op::kForward, 0, 0, 0, 0.000, 0.001, false},
                   {Op::kForward, 0, 0, 0, 0.001, 0.002, true},
                   {Op::kBackward, 0, 0, 0, 0.002, 0.005, false}};
@@ -111,7 +112,8 @@ TEST_CASE("a receive's fixed cost counts from its message's send, a device's del
   // 4 ms: the receive's own part is 1 ms (the wake-up), the rest was device 0's.
   TracedStep step{{Op::kSendAct, 0, 0, 0, 0.004, 0.0041, false},
                   {Op::kRecvAct, 1, 1, 0, 0.000, 0.005, false}};
-  const InstructionTerms terms = fit_calibration({step}, {{1, 0, 0, 0}, {1, 0, 0, 0}}, 1);
+  const InstructionTerms terms =
+      fit_calibration({step}, {{1, 0, 0, 0, {}, false}, {1, 0, 0, 0, {}, false}}, 1);
   CHECK(terms.fixed_ms(Op::kRecvAct) == doctest::Approx(1.0));
   CHECK(terms.fixed_ms(Op::kSendAct) == doctest::Approx(0.1));
   REQUIRE(terms.device_start_ms.size() == 2);
@@ -120,10 +122,10 @@ TEST_CASE("a receive's fixed cost counts from its message's send, a device's del
 }
 
 TEST_CASE("calibration refuses no steps and a stage outside the plan") {
-  CHECK_THROWS_WITH_AS(fit_calibration({}, {{1, 0, 0, 0}}, 2),
+  CHECK_THROWS_WITH_AS(fit_calibration({}, {{1, 0, 0, 0, {}, false}}, 2),
                        doctest::Contains("at least one steady step"), Error);
   TracedStep step{{Op::kForward, 0, 3, 0, 0, 0.001, false}};
-  CHECK_THROWS_WITH_AS(fit_calibration({step}, {{1, 0, 0, 0}}, 2),
+  CHECK_THROWS_WITH_AS(fit_calibration({step}, {{1, 0, 0, 0, {}, false}}, 2),
                        doctest::Contains("names stage 3; the plan has 1 stages"), Error);
 }
 
@@ -142,6 +144,9 @@ TEST_CASE("the profile database keeps instruction costs and calibrations, and re
   terms.instruction_ms = {{"FWD", 0.05}, {"RECV_ACT", 0.01}};
   terms.stage_factors = {{{"FWD", 1.25}}, {{"BWD", 0.75}, {"OPT_STEP", 2.0}}};
   terms.device_start_ms = {0.0, 0.5};
+  terms.op_factors = {{"FWD", {"op type", {{"Conv", 2.0}, {"Relu", 1.0}}, 1.5}},
+                      {"BWD", {"op", {{"conv0", 1.25}}, 1.1}},
+                      {"OPT_STEP", {"kind", {}, 2.0}}};
   const std::string key = calibration_key("fnv1a64:00", true, "1f1b", 2, 1, 4, 8);
   CHECK(key == "fnv1a64:00|train|1f1b|2x1 stages|4 microbatches|batch 8");
   db.put_calibration(key, terms);
@@ -156,6 +161,7 @@ TEST_CASE("the profile database keeps instruction costs and calibrations, and re
   CHECK(got.instruction_ms == terms.instruction_ms);
   CHECK(got.stage_factors == terms.stage_factors);
   CHECK(got.device_start_ms == terms.device_start_ms);
+  CHECK(got.op_factors == terms.op_factors);
   CHECK(back.find_calibration("another") == nullptr);
 
   // A version-1 file and a version-2 file without the new sections are read as before.
@@ -170,7 +176,21 @@ TEST_CASE("the profile database keeps instruction costs and calibrations, and re
     CHECK(old.instruction_ms().empty());
     CHECK(old.calibrations().empty());
   }
+  // A calibration kept before op factors existed applies by stage index.
+  std::ofstream(path) << R"({"format": "stagecraft-profile", "version": 2, "backend": "cpu",
+      "threads": 1, "entries": {}, "calibration": {"k": {"trace": "t", "measured_step_ms": 1,
+      "steps": 2, "instruction_ms": {}, "stage_factors": [{"FWD": 1.5}]}}})";
+  const ProfileDb old = ProfileDb::load(path);
+  REQUIRE(old.find_calibration("k") != nullptr);
+  CHECK_FALSE(old.find_calibration("k")->follows_ops());
+  CHECK(old.find_calibration("k")->factor(0, schedule::Op::kForward) == 1.5);
   // A malformed section is refused naming the field.
+  std::ofstream(path) << R"({"format": "stagecraft-profile", "version": 2, "backend": "cpu",
+      "threads": 1, "entries": {}, "calibration": {"k": {"trace": "t", "measured_step_ms": 1,
+      "steps": 2, "instruction_ms": {}, "stage_factors": [],
+      "op_factors": {"FWD": {"basis": "signature", "other": 1, "factors": {}}}}}})";
+  CHECK_THROWS_WITH_AS(ProfileDb::load(path),
+                       doctest::Contains("op_factors[\"FWD\"].basis' is \"signature\""), Error);
   std::ofstream(path) << R"({"format": "stagecraft-profile", "version": 2, "backend": "cpu",
       "threads": 1, "entries": {}, "instruction_ms": {"FORWARD": 0.1}})";
   CHECK_THROWS_WITH_AS(ProfileDb::load(path), doctest::Contains("not an instruction kind"), Error);

@@ -3,6 +3,8 @@
 # --trace, stagec --calibrate, stagec again. The calibrated plan must predict the median step of
 # the trace it was calibrated from within 5% (or closer than the uncalibrated prediction): a
 # function of that one trace, so a loaded machine cannot fail it by timing a second run.
+# stagedump --json must carry the plan's instruction costs, and a plan with other cuts
+# (--split-after) must give each stage its own ops' factors.
 # Usage: [ACCURACY=1] [STEPS=N] calibration_loop_test.sh STAGEC STAGERUN CHECK MODEL [STAGEC OPTIONS...]
 # (CHECK: stagecraft-calibration-check, tests/profile/calibration_check.cpp, which reads the plans.)
 # Without ACCURACY=1 the accuracy is printed, not asserted (a model whose step is a few dozen
@@ -20,6 +22,16 @@ grep -q "instruction costs (profiled" "$work/before.txt" || { cat "$work/before.
 grep "calibrated from" "$work/after.txt" || { cat "$work/after.txt"; echo "FAIL: the second plan is not calibrated"; exit 1; }
 "$(dirname "$stagec")/stagedump" "$work/after" | grep -q "calibrated from .*trace.json" ||
   { echo "FAIL: stagedump does not show the calibration"; exit 1; }
+grep -q "the factors follow the ops: " "$work/after.txt" ||
+  { cat "$work/after.txt"; echo "FAIL: the calibrated plan's factors do not follow its ops"; exit 1; }
+"$(dirname "$stagec")/stagedump" "$work/after" --json >"$work/after-dump.json"
+# The same calibration on other cuts: the first listed node the calibrated plan does not cut
+# after (plan.json lists its predicted split_after first), and not the last node.
+cut=$(grep -A1 '"split_after"' "$work/after/plan.json" | sed -n '2{s/[ ",]//g;p;}')
+moved=$("$stagec" "$model" "$@" --list-nodes | awk -v cut="$cut" '{ names[NR] = $1 }
+  END { for (i = 1; i < NR; ++i) if (names[i] != cut) { print names[i]; exit } }')
+"$stagec" "$model" -o "$work/moved" --devices 2 "$@" --split-after "$moved" --profile cpu \
+  --profile-db "$work/db.json" >"$work/moved.txt"
 # A trace of another plan is refused in one line naming the file.
 "$stagec" "$model" -o "$work/other" --devices 1 "$@" --profile cpu --profile-db "$work/db.json" >/dev/null
 if "$stagec" "$work/other" --calibrate "$work/trace.json" --profile-db "$work/db.json" 2>"$work/refused.txt"; then
@@ -33,4 +45,5 @@ if "$stagec" "$work/roofline" --calibrate "$work/trace.json" --profile-db "$work
 fi
 grep -q "calibration applies to plans made with --profile cpu" "$work/refused.txt" ||
   { cat "$work/refused.txt"; echo "FAIL: the roofline refusal does not say why"; exit 1; }
-"$check" "$work/before/plan.json" "$work/after/plan.json" "${ACCURACY:-0}"
+"$check" "$work/before/plan.json" "$work/after/plan.json" "${ACCURACY:-0}" \
+  "$work/after-dump.json" "$work/moved/plan.json"

@@ -191,6 +191,11 @@ nlohmann::ordered_json render_json(const PlanView& view) {
             {"uniform", baseline_json(plan.baseline_uniform, plan.predicted)}}},
           {"search", search_json(plan)},
           {"auto_search", plan::auto_search_json(plan.auto_search)},
+          // What the text view's "instruction costs" and "calibrated from" lines show, as
+          // plan.json has it; null for a plan that charged none.
+          {"instruction_costs", view.instruction_costs.empty()
+                                    ? ordered()
+                                    : plan::instruction_costs_json(view.instruction_costs)},
           {"ops", std::move(ops)}};
 }
 
