@@ -93,17 +93,37 @@ std::optional<std::vector<uint8_t>> bool_constant(const ir::Graph& g, ValueId v)
   }
   const ir::Node* n = producer(g, v);
   if (n == nullptr) return std::nullopt;
+  auto constant = [&](ValueId in) {
+    return in == kNoId || !g.value(in).is_initializer() ? std::nullopt
+                                                        : HostTensor::from_value(g.value(in));
+  };
+  // A slice of a mask buffer (every GPT export's): the buffer's bytes straight to the kernel.
+  if (n->op_type == "Slice" && !n->inputs.empty() && n->inputs[0] != kNoId &&
+      g.value(n->inputs[0]).is_initializer()) {
+    const ir::Value& data = g.value(n->inputs[0]);
+    std::vector<std::optional<HostTensor>> rest;
+    for (std::size_t i = 1; i < n->inputs.size(); ++i) rest.push_back(constant(n->inputs[i]));
+    const auto sliced = slice_bytes_on_host(*n, data.dtype, data.shape, data.initializer->bytes(),
+                                            rest, g.opset, value.numel());
+    if (sliced && sliced->dtype == DType::kBool &&
+        static_cast<int64_t>(sliced->bytes.size()) == value.numel()) {
+      std::vector<uint8_t> out(sliced->bytes.size());
+      for (size_t i = 0; i < out.size(); ++i) out[i] = sliced->bytes[i] != std::byte{0};
+      return out;
+    }
+  }
   std::vector<std::optional<HostTensor>> inputs;
-  for (ValueId in : n->inputs)
-    inputs.push_back(in == kNoId || !g.value(in).is_initializer()
-                         ? std::nullopt
-                         : HostTensor::from_value(g.value(in)));
+  for (ValueId in : n->inputs) inputs.push_back(constant(in));
   auto outputs = evaluate_on_host(*n, inputs, {}, g.opset, value.numel());
   if (!outputs || outputs->empty() || outputs->front().numel() != value.numel())
     return std::nullopt;
   const HostTensor& host = outputs->front();
   std::vector<uint8_t> out(static_cast<size_t>(host.numel()));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = host.int_at(static_cast<int64_t>(i)) != 0;
+  if (host.is_real()) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<int64_t>(host.reals[i]) != 0;
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = host.ints[i] != 0;
+  }
   return out;
 }
 

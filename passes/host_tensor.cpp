@@ -46,34 +46,71 @@ std::optional<HostTensor> decode(DType dtype, const std::vector<int64_t>& shape,
   int64_t n = t.numel();
   if (static_cast<int64_t>(bytes.size()) != n * dtype_size(dtype)) return std::nullopt;
   const std::byte* p = bytes.data();
-  for (int64_t i = 0; i < n; ++i) {
-    switch (dtype) {
-      case DType::kFloat32: {
+  // One loop per dtype (the mask buffers of a 2048-token model are 4 M elements).
+  auto each = [&](auto&& read) {
+    for (int64_t i = 0; i < n; ++i) read(i);
+  };
+  switch (dtype) {
+    case DType::kFloat32:
+      each([&](int64_t i) {
         float f;
         std::memcpy(&f, p + i * 4, 4);
         t.reals[i] = f;
-        break;
-      }
-      case DType::kFloat64:
-        std::memcpy(&t.reals[i], p + i * 8, 8);
-        break;
-      case DType::kInt32: {
+      });
+      break;
+    case DType::kFloat64:
+      if (n > 0) std::memcpy(t.reals.data(), p, static_cast<std::size_t>(n) * 8);
+      break;
+    case DType::kInt32:
+      each([&](int64_t i) {
         int32_t v;
         std::memcpy(&v, p + i * 4, 4);
         t.ints[i] = v;
-        break;
-      }
-      case DType::kInt64:
-        std::memcpy(&t.ints[i], p + i * 8, 8);
-        break;
-      case DType::kBool:
-        t.ints[i] = static_cast<int64_t>(p[i] != std::byte{0});
-        break;
-      default:
-        return std::nullopt;
-    }
+      });
+      break;
+    case DType::kInt64:
+      if (n > 0) std::memcpy(t.ints.data(), p, static_cast<std::size_t>(n) * 8);
+      break;
+    case DType::kBool:
+      each([&](int64_t i) { t.ints[i] = static_cast<int64_t>(p[i] != std::byte{0}); });
+      break;
+    default:
+      return std::nullopt;
   }
   return t;
+}
+
+/// Writes `t`'s elements at `p` in its dtype's layout (numel x element size bytes).
+void encode(const HostTensor& t, char* p) {
+  const int64_t n = t.numel();
+  auto each = [&](auto&& write) {
+    for (int64_t i = 0; i < n; ++i) write(i);
+  };
+  switch (t.dtype) {
+    case DType::kFloat32:
+      each([&](int64_t i) {
+        auto f = static_cast<float>(t.reals[i]);
+        std::memcpy(p + i * 4, &f, 4);
+      });
+      break;
+    case DType::kFloat64:
+      if (n > 0) std::memcpy(p, t.reals.data(), static_cast<std::size_t>(n) * 8);
+      break;
+    case DType::kInt32:
+      each([&](int64_t i) {
+        auto v = static_cast<int32_t>(t.ints[i]);
+        std::memcpy(p + i * 4, &v, 4);
+      });
+      break;
+    case DType::kInt64:
+      if (n > 0) std::memcpy(p, t.ints.data(), static_cast<std::size_t>(n) * 8);
+      break;
+    case DType::kBool:
+      each([&](int64_t i) { p[i] = static_cast<char>(t.ints[i] != 0); });
+      break;
+    default:
+      break;
+  }
 }
 
 int64_t normalize_axis(int64_t axis, int64_t rank, const ir::Node& node) {
@@ -339,9 +376,8 @@ bool small_enough(const ir::Node& node, const std::vector<int64_t>& shape, int64
 
 /// `t` as a runtime tensor, for the CPU backend's kernels and rules.
 rt::Tensor to_tensor(const HostTensor& t) {
-  std::string bytes = t.to_bytes();
   rt::Tensor tensor = rt::Tensor::owned(t.dtype, t.shape);
-  if (!bytes.empty()) std::memcpy(tensor.data, bytes.data(), bytes.size());
+  if (t.numel() > 0) encode(t, reinterpret_cast<char*>(tensor.data));
   return tensor;
 }
 
@@ -576,8 +612,10 @@ std::optional<std::pair<DType, std::vector<int64_t>>> output_type(const ir::Node
 
 /// Runs the CPU backend's kernel for `node` on `in`, its one output of `type`; nullopt when the
 /// backend's check refuses the signature. The kernel's errors are given the node's name.
-std::optional<HostTensor> run_kernel(const ir::Node& node, const Inputs& in,
-                                     const std::pair<DType, std::vector<int64_t>>& type) {
+/// `first`, when given, is input 0 as the kernel reads it (`in[0]` then gives its dtype only).
+std::optional<rt::Tensor> run_kernel_tensor(const ir::Node& node, const Inputs& in,
+                                            const std::pair<DType, std::vector<int64_t>>& type,
+                                            const rt::Tensor* first = nullptr) {
   const rt::Backend& backend = rt::cpu_backend();
   const onnx::NodeProto proto = attribute_proto(node);
   const rt::Attrs attrs(proto);
@@ -585,13 +623,14 @@ std::optional<HostTensor> run_kernel(const ir::Node& node, const Inputs& in,
   std::vector<rt::Tensor> tensors;
   tensors.reserve(in.size());
   std::vector<const rt::Tensor*> args;
-  for (const auto& t : in) {
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const auto& t = in[i];
     in_types.push_back(t ? t->dtype : DType::kUndefined);
     if (!t) {
       args.push_back(nullptr);
       continue;
     }
-    args.push_back(&tensors.emplace_back(to_tensor(*t)));
+    args.push_back(i == 0 && first ? first : &tensors.emplace_back(to_tensor(*t)));
   }
   if (!backend.check({node.op_type, in_types, out_types, attrs}).empty()) return std::nullopt;
   rt::Tensor out = rt::Tensor::owned(type.first, type.second);
@@ -601,7 +640,14 @@ std::optional<HostTensor> run_kernel(const ir::Node& node, const Inputs& in,
   } catch (Error& e) {
     throw std::move(e.in(fmt::format("node '{}' ({})", node.name, node.op_type)));
   }
-  return decode(out.dtype, out.shape, {out.data, static_cast<std::size_t>(out.bytes())});
+  return out;
+}
+
+std::optional<HostTensor> run_kernel(const ir::Node& node, const Inputs& in,
+                                     const std::pair<DType, std::vector<int64_t>>& type) {
+  const std::optional<rt::Tensor> out = run_kernel_tensor(node, in, type);
+  if (!out) return std::nullopt;
+  return decode(out->dtype, out->shape, {out->data, static_cast<std::size_t>(out->bytes())});
 }
 
 /// Shape: dims [start, end) of the input's shape.
@@ -672,34 +718,8 @@ std::optional<HostTensor> HostTensor::from_value(const ir::Value& value) {
 }
 
 std::string HostTensor::to_bytes() const {
-  int64_t n = numel();
-  std::string out(static_cast<std::size_t>(n * dtype_size(dtype)), '\0');
-  char* p = out.data();
-  for (int64_t i = 0; i < n; ++i) {
-    switch (dtype) {
-      case DType::kFloat32: {
-        auto f = static_cast<float>(reals[i]);
-        std::memcpy(p + i * 4, &f, 4);
-        break;
-      }
-      case DType::kFloat64:
-        std::memcpy(p + i * 8, &reals[i], 8);
-        break;
-      case DType::kInt32: {
-        auto v = static_cast<int32_t>(ints[i]);
-        std::memcpy(p + i * 4, &v, 4);
-        break;
-      }
-      case DType::kInt64:
-        std::memcpy(p + i * 8, &ints[i], 8);
-        break;
-      case DType::kBool:
-        p[i] = static_cast<char>(ints[i] != 0);
-        break;
-      default:
-        break;
-    }
-  }
+  std::string out(static_cast<std::size_t>(numel() * dtype_size(dtype)), '\0');
+  encode(*this, out.data());
   return out;
 }
 
@@ -709,7 +729,9 @@ std::optional<std::vector<HostTensor>> evaluate_on_host(const ir::Node& node, co
                                                         int64_t max_output_elements) {
   auto one = [](std::optional<HostTensor> t) -> std::optional<std::vector<HostTensor>> {
     if (!t) return std::nullopt;
-    return std::vector<HostTensor>{std::move(*t)};
+    std::vector<HostTensor> out;  // moved in (a braced list would copy it)
+    out.push_back(std::move(*t));
+    return out;
   };
   if (node.op_type == "Shape") return one(shape_of(node, shape_input));
   // Every other op needs its first input constant.
@@ -719,6 +741,29 @@ std::optional<std::vector<HostTensor>> evaluate_on_host(const ir::Node& node, co
   // Checked before the kernel allocates: a ConstantOfShape of [2^31] is 8 GiB of zeros.
   if (!type || !small_enough(node, type->second, max_output_elements)) return std::nullopt;
   return one(run_kernel(node, in, *type));
+}
+
+std::optional<HostBytes> slice_bytes_on_host(const ir::Node& node, DType dtype,
+                                             const std::vector<int64_t>& shape,
+                                             std::span<const std::byte> data, const Inputs& rest,
+                                             int64_t opset, int64_t max_output_elements) {
+  if (node.op_type != "Slice" || opset < 10 || !host_dtype(dtype) || rest.size() < 2) {
+    return std::nullopt;
+  }
+  if (static_cast<int64_t>(data.size()) != numel_of(shape) * dtype_size(dtype)) return std::nullopt;
+  // Slice's output type reads input 0's dtype and shape only: a HostTensor without elements
+  // stands for it, and the kernel reads the bytes themselves.
+  Inputs in;
+  in.push_back(HostTensor{dtype, shape, {}, {}});
+  for (const auto& t : rest) in.push_back(t);
+  const auto type = output_type(node, in, opset, max_output_elements);
+  if (!type || !small_enough(node, type->second, max_output_elements)) return std::nullopt;
+  rt::Tensor first = rt::Tensor::uninitialized(dtype, shape);
+  if (!data.empty()) std::memcpy(first.data, data.data(), data.size());
+  const std::optional<rt::Tensor> out = run_kernel_tensor(node, in, *type, &first);
+  if (!out) return std::nullopt;
+  return HostBytes{out->dtype, out->shape,
+                   std::vector<std::byte>(out->data, out->data + out->bytes())};
 }
 
 }  // namespace stagecraft::passes

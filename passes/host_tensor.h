@@ -8,7 +8,9 @@
 /// a Slice end survives exactly.
 
 #include <cstdint>
+#include <cstddef>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,5 +50,25 @@ std::optional<std::vector<HostTensor>> evaluate_on_host(
     const ir::Node& node, const std::vector<std::optional<HostTensor>>& inputs,
     const std::vector<int64_t>& shape_input, int64_t opset,
     int64_t max_output_elements = int64_t{1} << 16);
+
+/// A tensor as its bytes in its dtype's layout.
+struct HostBytes {
+  DType dtype = DType::kUndefined;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+};
+
+/// `evaluate_on_host` for a Slice (opset 10 on: bounds as inputs) whose data is given as its
+/// bytes (`data`, laid out as `dtype` with `shape`) rather than decoded, and whose output comes
+/// back as bytes: the same kernel, without holding the tensor as 8-byte integers (the causal
+/// mask buffer attention fusion slices is 4 M bools at 2,048 tokens). `rest`: inputs 1 on, as
+/// for `evaluate_on_host`. Nullopt where `evaluate_on_host` would give none, and for any other
+/// op.
+std::optional<HostBytes> slice_bytes_on_host(const ir::Node& node, DType dtype,
+                                             const std::vector<int64_t>& shape,
+                                             std::span<const std::byte> data,
+                                             const std::vector<std::optional<HostTensor>>& rest,
+                                             int64_t opset,
+                                             int64_t max_output_elements = int64_t{1} << 16);
 
 }  // namespace stagecraft::passes

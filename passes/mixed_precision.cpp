@@ -231,4 +231,24 @@ bool MixedPrecision::run(ir::Graph& graph, PassContext& context) const {
   return Rewriter(graph, context).run();
 }
 
+std::vector<std::vector<bool>> sixteen_bit_weight_reads(const ir::Graph& graph, DType sixteen_bit) {
+  ir::Graph copy = graph;  // values share their initializers' bytes
+  PassContext context;
+  context.sixteen_bit = sixteen_bit;
+  Rewriter(copy, context).run();
+  // The pass adds Casts after the graph's nodes and rewires inputs in place: node ids stay.
+  std::vector<std::vector<bool>> out(graph.num_nodes());
+  for (std::size_t id = 0; id < graph.num_nodes(); ++id) {
+    const ir::Node& before = graph.node(static_cast<ir::NodeId>(id));
+    const ir::Node& after = copy.node(static_cast<ir::NodeId>(id));
+    out[id].assign(before.inputs.size(), false);
+    for (std::size_t k = 0; k < before.inputs.size() && k < after.inputs.size(); ++k) {
+      const ir::ValueId in = before.inputs[k];
+      out[id][k] = in != ir::kNoId && graph.value(in).is_weight && after.inputs[k] != in &&
+                   copy.value(after.inputs[k]).dtype == sixteen_bit;
+    }
+  }
+  return out;
+}
+
 }  // namespace stagecraft::passes

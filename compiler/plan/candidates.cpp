@@ -186,14 +186,18 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   // plan records one direction.
   out.send_ms = (s.shape.training ? st.send_s / 2 : st.send_s) * 1e3;
   out.in_flight = static_cast<int64_t>(in_flight(s, static_cast<int>(k)));
+  // A tensor the stage reads or writes (scoring reads its bytes and peers, not its name).
+  auto tensor = [&](const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                    int64_t bytes, bool graph_output) {
+    return named ? StageTensor{name, std::string(dtype_name(dtype)), shape, -1, {}, graph_output,
+                               bytes}
+                 : StageTensor{{}, {}, {}, -1, {}, graph_output, bytes};
+  };
   for (const auto& cut : io.cut_tensors) {
     bool reads = std::find(cut.consumer_stages.begin(), cut.consumer_stages.end(),
                            static_cast<int>(k)) != cut.consumer_stages.end();
     if (!reads && cut.producer_stage != static_cast<int>(k)) continue;  // another stage's
-    // Scoring reads a tensor's bytes and peers, not its name, dtype or shape.
-    StageTensor t = named ? StageTensor{cut.name, std::string(dtype_name(cut.dtype)), cut.shape,
-                                        -1, {}, false, cut.bytes}
-                          : StageTensor{{}, {}, {}, -1, {}, false, cut.bytes};
+    StageTensor t = tensor(cut.name, cut.dtype, cut.shape, cut.bytes, false);
     if (reads) {
       t.peer_stage = cut.producer_stage;
       out.inputs.push_back(t);
@@ -205,15 +209,11 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
       out.outputs.push_back(std::move(t));
     }
   }
-  auto tensor = [&](const ir::Value& v, bool graph_output) {
-    return named ? StageTensor{v.name, std::string(dtype_name(v.dtype)), v.shape, -1, {},
-                               graph_output, v.bytes()}
-                 : StageTensor{{}, {}, {}, -1, {}, graph_output, v.bytes()};
-  };
   for (std::size_t i = 0; i < g.inputs.size(); ++i) {
     const auto& readers = io.input_stages[i];
     if (std::find(readers.begin(), readers.end(), static_cast<int>(k)) == readers.end()) continue;
-    out.inputs.push_back(tensor(g.value(g.inputs[i]), false));
+    const ir::Value& v = g.value(g.inputs[i]);
+    out.inputs.push_back(tensor(v.name, v.dtype, v.shape, v.bytes(), false));
   }
   for (ir::ValueId o : g.outputs) {
     const ir::Value& v = g.value(o);
@@ -221,7 +221,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
     // Listed already when another stage reads it too.
     bool listed = std::any_of(io.cut_tensors.begin(), io.cut_tensors.end(),
                               [&](const CutTensor& c) { return c.value == o; });
-    if (mine && !listed) out.outputs.push_back(tensor(v, true));
+    if (mine && !listed) out.outputs.push_back(tensor(v.name, v.dtype, v.shape, v.bytes(), true));
   }
   int64_t comm = 0;
   // What a stage receives is double-buffered: one microbatch computing, the next arriving
@@ -290,6 +290,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   // backward, which reads them: they are part of every microbatch in flight, and `comm` above
   // holds the one arriving next. (A recomputing stage counts them apart: recompute_input.)
   if (s.shape.training && !out.recompute) acts += input_bytes;
+  if (s.shape.training) acts += held.copy_bytes;  // 16-bit weight copies: moved from weights
   if (out.recompute) {
     temporary = std::max(temporary, out.arena_bytes);
     // ZB-H1 and ZB-V run B and W apart and re-run the forward before each.
@@ -298,6 +299,7 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   auto anatomy = cost::stage_memory(out.params, held.trainable, acts, temporary, comm,
                                     out.in_flight, s.optimizer, s.precision, s.shape.training,
                                     out.recompute, out.recompute ? input_bytes : 0);
+  if (s.shape.training) anatomy.weights -= std::min(held.copy_bytes, anatomy.weights);
   if (s.shard_optimizer && s.shape.training) {
     // ZeRO-1: this replica's shard of the sharded state (the largest, rounded up) and the
     // shared weights' whole.
@@ -347,14 +349,25 @@ void note_stage(SimExtras& rc, const Stage& st, const BackwardFacts& b, int64_t 
 
 }  // namespace
 
+partition::Solution SplitEvaluator::solution(const std::vector<int>& cuts) const {
+  return partition::evaluate_cuts(gp_.problem, cuts);
+}
+
 Candidate SplitEvaluator::evaluate(const std::vector<int>& cuts, bool scoring_only) {
+  return evaluate(solution(cuts), scoring_only);
+}
+
+Candidate SplitEvaluator::evaluate(partition::Solution sol, bool scoring_only) {
   Candidate c;
-  c.sol = partition::evaluate_cuts(gp_.problem, cuts);
+  c.sol = std::move(sol);
   c.stage_of = partition::stage_of_nodes(gp_, c.sol, g_.num_nodes());
   const auto stages = c.sol.stages.size();
   partition::validate_assignment(g_, c.stage_of, static_cast<int>(stages));
-  if (!trainable_)
-    trainable_ = passes::trainable_weights(g_, g_.topological_order());  // the same for every split
+  if (!trainable_) {  // the same for every split: found and sorted once
+    trainable_ = passes::trainable_weights(g_, g_.topological_order());
+    std::sort(trainable_->begin(), trainable_->end());
+    trainable_->erase(std::unique(trainable_->begin(), trainable_->end()), trainable_->end());
+  }
   const StageInterfaces io = stage_interfaces(g_, c.stage_of, &*trainable_);
   // Stages holding a common weight exchange its gradients before their optimizer steps.
   c.setup = s_;
@@ -451,12 +464,32 @@ Candidate SplitEvaluator::evaluate(const std::vector<int>& cuts, bool scoring_on
   return c;
 }
 
-double SplitEvaluator::step_bound_ms(const std::vector<int>& cuts) const {
-  const partition::Solution sol = partition::evaluate_cuts(gp_.problem, cuts);
+SimExtras SplitEvaluator::must_recompute(const partition::Solution& sol) const {
+  SimExtras out;
+  if (!s_.shape.training || s_.recompute == Recompute::kNone) return out;
+  if (s_.recompute == Recompute::kAll) {
+    out.on.assign(sol.stages.size(), true);
+    return out;
+  }
+  // --recompute auto: a stage whose weights, gradients and optimizer state with the values its
+  // microbatches in flight keep (the simulation's own figures, which leave out arenas, buffers
+  // and its device's other stages) are already past the device recomputes in any split that
+  // fits (make_stage counts at least as much). One that does not fit is no contender.
+  const schedule::StageCosts plain = stage_costs(s_, sol, f_, SimExtras{});
+  out.on.assign(sol.stages.size(), false);
+  for (std::size_t k = 0; k < sol.stages.size(); ++k)
+    out.on[k] = plain.static_bytes[k] + in_flight(s_, static_cast<int>(k)) *
+                                            plain.activation_bytes[k] >
+                capacity();
+  return out;
+}
+
+double SplitEvaluator::step_bound_ms(const partition::Solution& sol) const {
   const schedule::PipelineShape& shape = s_.shape;
-  // The simulator's own per-stage times (calibrated where the plan is), without recomputation
-  // (which only adds).
-  const schedule::StageCosts c = with_terms(s_, sol, f_, stage_costs(s_, sol, f_, SimExtras{}));
+  // The simulator's own per-stage times (calibrated where the plan is), with recomputation
+  // only where the split cannot do without it (which only adds elsewhere).
+  const schedule::StageCosts c =
+      with_terms(s_, sol, f_, stage_costs(s_, sol, f_, must_recompute(sol)));
   const std::size_t stages = c.forward_s.size();
   const double m = shape.microbatches;
   // Per stage: f its forward, b what the stage before it waits for (the input gradient; the

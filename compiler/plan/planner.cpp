@@ -400,19 +400,23 @@ void apply_mixed_precision(PlannedModel& out, Candidate& chosen, const Setup& s,
   // difference goes on each stage's last op, which is where the simulation sums a stage's
   // activations. Training keeps the weights' 16-bit copies with each microbatch's forward
   // values (its backward reads them), so they move from the weights (6 B/param counted one
-  // copy) to the activations: a stage with k microbatches in flight holds k copies.
+  // copy) to the activations: a stage with k microbatches in flight holds k copies. The search
+  // counted them so already (SpanWeights::copy_bytes, from the same pass): what the stage
+  // graphs hold beyond that is the difference.
   NodeFacts mixed_facts = facts;
   for (std::size_t k = 0; k < chosen.stages.size(); ++k) {
     const partition::StageSpan& span = chosen.sol.stages[k];
     int64_t planned = 0;
     for (int i = span.first; i <= span.last; ++i) planned += facts.output_bytes[i];
+    const int64_t planned_copies =
+        s.shape.training ? span_weights(facts, span.first, span.last).copy_bytes : 0;
     plan::Stage& st = chosen.stages[k];
     const int64_t copies = s.shape.training ? mixed.weight_copy_bytes[k] : 0;
-    const int64_t delta = mixed.activation_bytes[k] + copies - planned;
+    const int64_t delta = mixed.activation_bytes[k] + copies - planned - planned_copies;
     mixed_facts.output_bytes[span.last] += delta;
     if (s.shape.training) {
       st.memory.activations += st.recompute ? delta : st.in_flight * delta;
-      st.memory.weights -= std::min(copies, st.memory.weights);
+      st.memory.weights = std::max<int64_t>(0, st.memory.weights - (copies - planned_copies));
     }
   }
   chosen.predicted = predict(chosen.setup, chosen.schedule, chosen.sol, mixed_facts, g, order,
@@ -543,7 +547,7 @@ PlannedModel make_plan(const PlanOptions& o) {
     fail(ErrorKind::kInternal, "the cost model factory returned no model");
   const cost::OpCostModel& costs = custom_costs ? *custom_costs : roofline;
   auto order = partition::partition_order(g);
-  NodeFacts facts = node_facts(g, order, costs, s.precision, s.terms);
+  NodeFacts facts = node_facts(g, order, costs, s.precision, s.shape.training, s.terms);
   const bool manual = !o.split_after.empty();
   Attempt best = choose_placement(s, g, order, facts, o, out.plan.training_config.loss_output,
                                   out.placement_choice);

@@ -11,6 +11,7 @@
 #include "compiler/schedule/build_schedule.h"
 #include "cost_models/memory.h"
 #include "passes/autodiff.h"
+#include "passes/passes.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::plan::planning {
@@ -45,6 +46,9 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     const SpanWeights held = span_weights(f, st.first, st.last);
     const double stat = weight_state_bytes(s, static_cast<double>(held.params),
                                            static_cast<double>(held.trainable));
+    // Mixed-precision training: the 16-bit weight copies go with each microbatch's values.
+    const double copies = s.shape.training ? static_cast<double>(held.copy_bytes) : 0.0;
+    act += copies;
     w += accumulate_s(s, static_cast<double>(held.trainable));
     const std::size_t k = c.forward_s.size();
     const bool recompute = s.shape.training && rc.at(k);
@@ -60,7 +64,7 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     // microbatch's full activations (the one being recomputed) while its backward runs.
     const double inputs = k < rc.input_bytes.size() ? rc.input_bytes[k] : 0.0;
     c.activation_bytes.push_back(s.shape.training ? (recompute ? inputs : act + inputs) : 0.0);
-    c.static_bytes.push_back(stat);
+    c.static_bytes.push_back(std::max(0.0, stat - copies));
     c.backward_bytes.push_back(recompute ? act : 0.0);
     c.deferred_bytes.push_back(split && k < rc.deferred_bytes.size() ? rc.deferred_bytes[k] : 0.0);
     c.shared_allreduce_s.push_back(k < rc.shared_exchange_s.size() ? rc.shared_exchange_s[k] : 0.0);
@@ -249,15 +253,22 @@ int rank_of(const Setup& s, int replica, int device) {
 }
 
 NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                     const cost::OpCostModel& costs, Precision precision,
+                     const cost::OpCostModel& costs, Precision precision, bool training,
                      const cost::InstructionTerms& terms) {
   // Mixed precision keeps activations in 16 bits whatever dtype the exporter wrote.
   const int64_t float_bytes_divisor = is_16bit(precision) ? 2 : 1;
+  // Mixed-precision training keeps the weights' 16-bit copies with each microbatch's values.
+  const std::vector<std::vector<bool>> copies =
+      training && is_16bit(precision)
+          ? passes::sixteen_bit_weight_reads(
+                g, precision == Precision::kFp16 ? DType::kFloat16 : DType::kBFloat16)
+          : std::vector<std::vector<bool>>{};
   NodeFacts f;
   std::vector<bool> counted(g.num_values(), false);
   std::vector<bool> trainable(g.num_values(), false);
   for (ir::ValueId v : passes::trainable_weights(g, order)) trainable[v] = true;
   std::vector<int> last_read(g.num_values(), -1);  // position of each weight's latest read
+  std::vector<int> last_copy(g.num_values(), -1);  // ... and latest read through its copy
   for (ir::NodeId id : order) {
     const int position = static_cast<int>(f.time.size());
     const ir::Node& node = g.node(id);
@@ -265,10 +276,14 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
     if (terms.follows_ops()) f.factors.push_back(terms.factors_of(node.name, node.op_type));
     int64_t params = 0, trained = 0;
     f.weights_read.emplace_back();
-    for (ir::ValueId in : node.inputs) {
+    for (std::size_t k = 0; k < node.inputs.size(); ++k) {
+      const ir::ValueId in = node.inputs[k];
       if (in == ir::kNoId || !g.value(in).is_weight) continue;
-      f.weights_read.back().push_back({in, g.value(in).numel(), trainable[in], last_read[in]});
+      const bool copy = !copies.empty() && copies[id][k];
+      f.weights_read.back().push_back(
+          {in, g.value(in).numel(), trainable[in], last_read[in], copy, last_copy[in]});
       last_read[in] = position;
+      if (copy) last_copy[in] = position;
       if (counted[in]) continue;
       counted[in] = true;
       params += g.value(in).numel();
@@ -299,6 +314,8 @@ SpanWeights span_weights(const NodeFacts& f, int first, int last) {
   SpanWeights out;
   for (int i = first; i <= last; ++i)
     for (const WeightRead& w : f.weights_read[i]) {
+      // A 16-bit copy: 2 bytes an element, once per stage that reads through it (the Casts).
+      if (w.sixteen_bit_copy && w.previous_copy < first) out.copy_bytes += 2 * w.elements;
       if (w.previous >= first) continue;  // read before in the span: counted there
       out.params += w.elements;
       out.trainable += w.trainable ? w.elements : 0;
@@ -331,10 +348,18 @@ partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::
   std::vector<partition::PositionCost> costs;
   for (std::size_t i = 0; i < order.size(); ++i) {
     const auto& t = facts.time[i];
+    // Mixed-precision training: a weight's 16-bit copy moves from the weights to the values
+    // kept per microbatch (span_weights), here at its first read (a copy per stage is the
+    // candidates' count).
+    double copies = 0;
+    for (const WeightRead& w : facts.weights_read[i])
+      if (training && w.sixteen_bit_copy && w.previous_copy < 0)
+        copies += 2.0 * static_cast<double>(w.elements);
+    const double weights = weight_state_bytes(s, static_cast<double>(facts.params[i]),
+                                              static_cast<double>(facts.trainable_params[i]));
     costs.push_back({t.forward_s + (training ? t.backward_s : 0.0),
-                     weight_state_bytes(s, static_cast<double>(facts.params[i]),
-                                        static_cast<double>(facts.trainable_params[i])),
-                     training ? static_cast<double>(facts.output_bytes[i]) : 0.0});
+                     std::max(0.0, weights - copies),
+                     training ? static_cast<double>(facts.output_bytes[i]) + copies : 0.0});
   }
   auto gp = partition::make_graph_problem(g, order, std::move(costs));
   auto& p = gp.problem;

@@ -93,6 +93,11 @@ struct WeightRead {
   /// node's when it reads the weight twice); -1 for its first read. A span counts the weight at
   /// the read whose previous one lies before the span: once, with no search.
   int previous = -1;
+  /// Mixed-precision training: this read goes through the weight's 16-bit copy (a Cast the
+  /// mixed-precision pass adds, one per weight and stage), which the forward keeps per
+  /// microbatch for the backward; and the position of the previous read through it (-1: none).
+  bool sixteen_bit_copy = false;
+  int previous_copy = -1;
 };
 
 /// Per-node numbers in topological position order.
@@ -175,9 +180,11 @@ struct SplitChoice {
 Setup make_setup(const PlanOptions& o);
 
 /// The cost, parameters, weights read, kept bytes and FLOPs of every node of `order`, and its
-/// factors in `terms` where they follow the ops.
+/// factors in `terms` where they follow the ops. Mixed-precision training (`training` and a
+/// 16-bit `precision`) marks the weight reads through 16-bit copies
+/// (passes::sixteen_bit_weight_reads).
 NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                     const cost::OpCostModel& costs, Precision precision,
+                     const cost::OpCostModel& costs, Precision precision, bool training,
                      const cost::InstructionTerms& terms);
 
 /// The parameters a stage of positions [first, last] holds, and the trainable ones among them:
@@ -185,6 +192,11 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
 struct SpanWeights {
   int64_t params = 0;
   int64_t trainable = 0;
+  /// Mixed-precision training: the bytes of the 16-bit weight copies the span's forward keeps
+  /// per microbatch (WeightRead::sixteen_bit_copy). The memory model counts one copy among the
+  /// weights (6 B/param); the stage holds them with its activations instead
+  /// (`move_weight_copies`).
+  int64_t copy_bytes = 0;
 };
 SpanWeights span_weights(const NodeFacts& f, int first, int last);
 
@@ -268,6 +280,11 @@ class SplitEvaluator {
   /// stages leave out their node names and arena tensors (their sizes stay), which the score,
   /// the prediction and the device peaks do not read: the search's many candidates.
   Candidate evaluate(const std::vector<int>& cuts, bool scoring_only = false);
+  /// The same for the split `sol` (`solution(cuts)`).
+  Candidate evaluate(partition::Solution sol, bool scoring_only = false);
+
+  /// The stages, times and sends of the split with stages ending after `cuts`.
+  partition::Solution solution(const std::vector<int>& cuts) const;
 
   /// A lower bound on the step `evaluate(cuts)` predicts, ms, from the stage times the
   /// simulator plays: the busiest device's compute, and per stage its fill (microbatch 1's
@@ -276,7 +293,12 @@ class SplitEvaluator {
   /// last gradient's way back to stage 0, the transfers between devices and the optimizer step.
   /// The simulator only adds to these (waits, link contention, fixed costs, recomputation,
   /// shared processors); every simulated split checks it (split_choice.cpp).
-  double step_bound_ms(const std::vector<int>& cuts) const;
+  double step_bound_ms(const partition::Solution& sol) const;
+
+  /// The stages of `sol` that recompute in any fitting plan of it (every one with --recompute
+  /// all; with auto, those whose own memory is past the device without recomputation): what
+  /// `step_bound_ms` charges the forward re-run for.
+  SimExtras must_recompute(const partition::Solution& sol) const;
 
   /// The search's key: the simulated step under the speed objective, the largest device peak
   /// under the memory objective, the other as the tie-breaker.

@@ -45,9 +45,11 @@ std::vector<int> balanced_cuts(const std::vector<double>& weight, int stages) {
   const SpanWeights held = span_weights(f, st.first, st.last);
   int64_t acts = 0;
   for (int i = st.first; i <= st.last; ++i) acts += s.shape.training ? f.output_bytes[i] : 0;
+  if (s.shape.training) acts += held.copy_bytes;  // the 16-bit weight copies (make_stage)
   auto in = static_cast<int64_t>(in_flight(s, sol.over_stage));
   auto anatomy = cost::stage_memory(held.params, held.trainable, acts, 0, 0, in, s.optimizer,
                                     s.precision, s.shape.training, false, 0);
+  if (s.shape.training) anatomy.weights -= std::min(held.copy_bytes, anatomy.weights);
   fail(ErrorKind::kPlan,
        "no split into {} stages fits: even the split that needs least memory has stage {} needing "
        "{}; device has {} ({})",
@@ -182,15 +184,19 @@ SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFa
     // The bound serves the speed objective only; computed once per split, it both prunes and,
     // for a split that is simulated, is checked against the simulation.
     const bool speed = s.objective == Objective::kSpeed;
-    const double bound = speed ? evaluator.step_bound_ms(cuts) : 0.0;
+    partition::Solution sol = evaluator.solution(cuts);
+    const double bound = speed ? evaluator.step_bound_ms(sol) : 0.0;
     if (speed && may_prune && s.prune_split_search && std::isfinite(best_step) &&
         bound > best_step * (1 + 1e-9)) {
       Evaluated e{{true, 0, bound, std::numeric_limits<double>::infinity()}, {}, {}, true};
       return seen.insert_or_assign(cuts, std::move(e)).first->second;
     }
-    Candidate c = evaluator.evaluate(cuts, true);
-    // Pruning is exact only while the bound holds: every simulated split checks it.
-    if (speed && bound > c.predicted.step_ms * (1 + 1e-9) + 1e-9)
+    Candidate c = evaluator.evaluate(std::move(sol), true);
+    // Pruning is exact only while the bound holds: every simulated split checks it (with
+    // --recompute auto, every one that fits: the bound counts the recomputation such a split
+    // cannot do without, SplitEvaluator::must_recompute).
+    if (speed && (c.predicted.fits || s.recompute != Recompute::kAuto) &&
+        bound > c.predicted.step_ms * (1 + 1e-9) + 1e-9)
       fail(ErrorKind::kInternal,
            "the split search's lower bound {:.6f} ms is over the simulated step {:.6f} ms of the "
            "split after positions {}",

@@ -44,14 +44,16 @@ StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>&
 
 std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vector<int>& stage_of,
                                          const std::vector<ir::ValueId>* trainable) {
-  // In value order, each once (a sorted copy of ids: no node per weight, as a std::set has; the
-  // split search calls this for every split it scores).
-  std::vector<ir::ValueId> weights =
-      trainable ? *trainable : passes::trainable_weights(graph, graph.topological_order());
-  std::sort(weights.begin(), weights.end());
-  weights.erase(std::unique(weights.begin(), weights.end()), weights.end());
+  // In value order, each once (sorted ids: no node per weight, as a std::set has). The split
+  // search, which calls this for every split it scores, sorts its list once.
+  std::vector<ir::ValueId> found;
+  if (!trainable) {
+    found = passes::trainable_weights(graph, graph.topological_order());
+    std::sort(found.begin(), found.end());
+    found.erase(std::unique(found.begin(), found.end()), found.end());
+  }
   std::vector<SharedWeight> out;
-  for (ir::ValueId w : weights) {
+  for (ir::ValueId w : trainable ? *trainable : found) {
     const ir::Value& v = graph.value(w);
     // Most weights have one holder: found without building the set.
     int holder = -1;
@@ -206,9 +208,10 @@ MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector
   for (ir::NodeId n : graph.topological_order()) {
     const int k = stage_of[n];
     if (k < 0 || static_cast<std::size_t>(k) >= stages.size()) continue;
-    // A weight's 16-bit copy is counted apart (the memory model's weights hold one).
+    // A weight's 16-bit copy is counted apart (the memory model's weights hold one); a folded
+    // constant's is a value like the others.
     const ir::Node& node = graph.node(n);
-    if (node.op_type == "Cast" && graph.value(node.inputs[0]).is_initializer()) {
+    if (node.op_type == "Cast" && graph.value(node.inputs[0]).is_weight) {
       out.weight_copy_bytes[k] += graph.value(node.outputs[0]).bytes();
       continue;
     }

@@ -36,14 +36,15 @@ struct StageInterfaces {
 };
 
 /// The tensors crossing between stages under `stage_of` (node id -> stage). `trainable`: the
-/// graph's trainable weights when the caller has them (a split search, once for every split).
+/// graph's trainable weights when the caller has them, sorted by id without repeats (a split
+/// search, once for every split).
 StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>& stage_of,
                                  const std::vector<ir::ValueId>* trainable = nullptr);
 
 /// The trainable weights (passes/autodiff.h `trainable_weights` of the whole graph) that nodes
 /// of two or more stages read under `stage_of`, in graph value order, each with its holders
 /// (ascending). Every holder's stage file embeds its own copy (`stage_model`). `trainable`: those
-/// weights when the caller has them (otherwise found here).
+/// weights when the caller has them, sorted by id without repeats (otherwise found here).
 std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vector<int>& stage_of,
                                          const std::vector<ir::ValueId>* trainable = nullptr);
 
