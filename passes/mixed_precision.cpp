@@ -56,16 +56,6 @@ int onnx_type(DType dtype) {
   }
 }
 
-/// Whether `node` must compute in float32 whatever its schema allows.
-bool needs_float32(const ir::Graph& graph, const ir::Node& node) {
-  if (!node.domain.empty() && node.domain != "ai.onnx") return true;
-  if (node.op_type == "BatchNormalization") return true;
-  if (node.name.rfind("loss/", 0) == 0) return true;
-  for (ir::ValueId out : node.outputs)
-    if (out != ir::kNoId && graph.value(out).is_graph_output) return true;
-  return false;
-}
-
 /// The type constraint (or the literal type) of formal input or output `k` of `schema`.
 std::string formal_type(const std::vector<onnx::OpSchema::FormalParameter>& formals,
                         std::size_t k) {
@@ -100,7 +90,7 @@ class Rewriter {
           node.domain.empty() || node.domain == "ai.onnx"
               ? onnx::OpSchemaRegistry::Schema(node.op_type, static_cast<int>(opset), "")
               : nullptr;
-      const bool may_half = schema != nullptr && !needs_float32(graph_, node);
+      const bool may_half = schema != nullptr && !needs_float32(graph_, node);  // passes.h
       if (node.op_type == "Cast" && may_half) {
         retype_cast(id);
         continue;
@@ -231,24 +221,13 @@ bool MixedPrecision::run(ir::Graph& graph, PassContext& context) const {
   return Rewriter(graph, context).run();
 }
 
-std::vector<std::vector<bool>> sixteen_bit_weight_reads(const ir::Graph& graph, DType sixteen_bit) {
-  ir::Graph copy = graph;  // values share their initializers' bytes
-  PassContext context;
-  context.sixteen_bit = sixteen_bit;
-  Rewriter(copy, context).run();
-  // The pass adds Casts after the graph's nodes and rewires inputs in place: node ids stay.
-  std::vector<std::vector<bool>> out(graph.num_nodes());
-  for (std::size_t id = 0; id < graph.num_nodes(); ++id) {
-    const ir::Node& before = graph.node(static_cast<ir::NodeId>(id));
-    const ir::Node& after = copy.node(static_cast<ir::NodeId>(id));
-    out[id].assign(before.inputs.size(), false);
-    for (std::size_t k = 0; k < before.inputs.size() && k < after.inputs.size(); ++k) {
-      const ir::ValueId in = before.inputs[k];
-      out[id][k] = in != ir::kNoId && graph.value(in).is_weight && after.inputs[k] != in &&
-                   copy.value(after.inputs[k]).dtype == sixteen_bit;
-    }
-  }
-  return out;
+bool needs_float32(const ir::Graph& graph, const ir::Node& node) {
+  if (!node.domain.empty() && node.domain != "ai.onnx") return true;
+  if (node.op_type == "BatchNormalization") return true;
+  if (node.name.rfind("loss/", 0) == 0) return true;
+  for (ir::ValueId out : node.outputs)
+    if (out != ir::kNoId && graph.value(out).is_graph_output) return true;
+  return false;
 }
 
 }  // namespace stagecraft::passes

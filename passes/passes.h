@@ -15,11 +15,10 @@ namespace stagecraft::passes {
 #include "passes/passes.def"
 #undef STAGECRAFT_PASS
 
-/// Per node of `graph` (by id), per input: whether the `mixed-precision` pass computing in
-/// `sixteen_bit` makes the node read that input, a float32 weight, through a 16-bit Cast (the
-/// weight's 16-bit copy, which a training forward keeps with each microbatch's values). Runs the
-/// pass over a copy of the graph (weights' bytes shared, not copied). Planning reads it to count
-/// the copies before the split is chosen.
-std::vector<std::vector<bool>> sixteen_bit_weight_reads(const ir::Graph& graph, DType sixteen_bit);
+/// Whether the `mixed-precision` pass keeps `node` in float32 whatever its schema allows (Casts
+/// around it): ops of another domain (the fused Attention and Gelu among them),
+/// BatchNormalization (float32 running statistics), the loss (nodes named "loss/...") and any
+/// node writing a graph output.
+bool needs_float32(const ir::Graph& graph, const ir::Node& node);
 
 }  // namespace stagecraft::passes

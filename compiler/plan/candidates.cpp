@@ -290,7 +290,6 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   // backward, which reads them: they are part of every microbatch in flight, and `comm` above
   // holds the one arriving next. (A recomputing stage counts them apart: recompute_input.)
   if (s.shape.training && !out.recompute) acts += input_bytes;
-  if (s.shape.training) acts += held.copy_bytes;  // 16-bit weight copies: moved from weights
   if (out.recompute) {
     temporary = std::max(temporary, out.arena_bytes);
     // ZB-H1 and ZB-V run B and W apart and re-run the forward before each.
@@ -299,7 +298,6 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
   auto anatomy = cost::stage_memory(out.params, held.trainable, acts, temporary, comm,
                                     out.in_flight, s.optimizer, s.precision, s.shape.training,
                                     out.recompute, out.recompute ? input_bytes : 0);
-  if (s.shape.training) anatomy.weights -= std::min(held.copy_bytes, anatomy.weights);
   if (s.shard_optimizer && s.shape.training) {
     // ZeRO-1: this replica's shard of the sharded state (the largest, rounded up) and the
     // shared weights' whole.

@@ -384,39 +384,33 @@ void prepare_inference(PlannedModel& out, const PlanOptions& o) {
 /// `--precision mixed` on the chosen split: the stage records take the tensors, arenas and
 /// activations of the bfloat16 stage graphs (stage_files.h `make_mixed`), and the split is
 /// simulated again with them.
-void apply_mixed_precision(PlannedModel& out, Candidate& chosen, const Setup& s,
-                           const NodeFacts& facts, const std::vector<ir::NodeId>& order,
-                           double capacity) {
-  const ir::Graph& g = out.model.graph;
+void apply_mixed_precision(ir::Graph& g, const std::string& loss_output, Candidate& chosen,
+                           const Setup& s, const NodeFacts& facts,
+                           const std::vector<ir::NodeId>& order, double capacity) {
   // The stage graphs compute in bfloat16 (passes/mixed_precision.cpp): the stage records take
   // the tensors and arenas of those graphs, and the chosen split is simulated again with them.
-  const MixedStages mixed = make_mixed(
-      out.model.graph, chosen.stage_of, chosen.stages, out.plan.training_config.loss_output,
-      s.shape.training, s.precision == Precision::kFp16 ? DType::kFloat16 : DType::kBFloat16);
+  const MixedStages mixed =
+      make_mixed(g, chosen.stage_of, chosen.stages, loss_output, s.shape.training,
+                 s.precision == Precision::kFp16 ? DType::kFloat16 : DType::kBFloat16);
   for (std::size_t k = 0; k < chosen.stages.size() && k < chosen.rc.input_bytes.size(); ++k)
     chosen.rc.input_bytes[k] += static_cast<double>(mixed.input_bytes_delta[k]);
   // Activations: the planner counted the float outputs at half their float32 bytes; the
   // graph now holds their real dtypes, and the input and loss Casts' outputs besides. The
   // difference goes on each stage's last op, which is where the simulation sums a stage's
-  // activations. Training keeps the weights' 16-bit copies with each microbatch's forward
-  // values (its backward reads them), so they move from the weights (6 B/param counted one
-  // copy) to the activations: a stage with k microbatches in flight holds k copies. The search
-  // counted them so already (SpanWeights::copy_bytes, from the same pass): what the stage
-  // graphs hold beyond that is the difference.
+  // activations. Weights: the planner counted 6 B/param, the float32 master and one 16-bit
+  // copy; a stage holds the master and the copies its backward reads, one for the whole step
+  // (`MixedStages::weight_copy_bytes`), none of the weights that stay float32 (Conv's).
   NodeFacts mixed_facts = facts;
   for (std::size_t k = 0; k < chosen.stages.size(); ++k) {
     const partition::StageSpan& span = chosen.sol.stages[k];
     int64_t planned = 0;
     for (int i = span.first; i <= span.last; ++i) planned += facts.output_bytes[i];
-    const int64_t planned_copies =
-        s.shape.training ? span_weights(facts, span.first, span.last).copy_bytes : 0;
     plan::Stage& st = chosen.stages[k];
-    const int64_t copies = s.shape.training ? mixed.weight_copy_bytes[k] : 0;
-    const int64_t delta = mixed.activation_bytes[k] + copies - planned - planned_copies;
+    const int64_t delta = mixed.activation_bytes[k] - planned;
     mixed_facts.output_bytes[span.last] += delta;
     if (s.shape.training) {
       st.memory.activations += st.recompute ? delta : st.in_flight * delta;
-      st.memory.weights = std::max<int64_t>(0, st.memory.weights - (copies - planned_copies));
+      st.memory.weights = 4 * st.params + mixed.weight_copy_bytes[k];  // float32 masters
     }
   }
   chosen.predicted = predict(chosen.setup, chosen.schedule, chosen.sol, mixed_facts, g, order,
@@ -426,6 +420,49 @@ void apply_mixed_precision(PlannedModel& out, Candidate& chosen, const Setup& s,
   for (const DevicePeak& d : chosen.peaks)
     chosen.overflow_bytes += std::max(0.0, static_cast<double>(d.peak_bytes) - capacity);
   chosen.predicted.fits = chosen.overflow_bytes == 0;
+}
+
+/// The chosen split with its stage graphs in 16 bits (`apply_mixed_precision`), the graph of
+/// `out` converted. The search estimates a 16-bit stage from the float32 graph; where the
+/// converted stages then leave a device over its memory and `--recompute auto` could still
+/// recompute more, the search runs again with the devices that much smaller (at most twice),
+/// and the first plan that fits is kept (else the first one, which the caller refuses).
+Attempt with_mixed_precision(Attempt best, PlannedModel& out, const Setup& s,
+                             const std::vector<ir::NodeId>& order, const NodeFacts& facts,
+                             const PlanOptions& o) {
+  const double capacity = static_cast<double>(s.device.memory_bytes);
+  const std::string& loss = out.plan.training_config.loss_output;
+  const bool may_retry = s.shape.training && s.recompute == Recompute::kAuto &&
+                         s.objective == Objective::kSpeed;
+  ir::Graph mixed = out.model.graph;  // the weights' bytes are shared, not copied
+  apply_mixed_precision(mixed, loss, best.chosen, best.setup, facts, order, capacity);
+  double smaller = 0;
+  for (int round = 0; round < 2 && may_retry && !best.chosen.predicted.fits; ++round) {
+    double over = 0;
+    for (const DevicePeak& d : best.chosen.peaks)
+      over = std::max(over, static_cast<double>(d.peak_bytes) - capacity);
+    smaller += over + 0.005 * capacity;
+    Setup tighter = s;
+    tighter.device.memory_bytes = static_cast<int64_t>(capacity - smaller);
+    if (tighter.device.memory_bytes <= 0) break;
+    std::string placement_line;
+    Attempt retry;
+    try {
+      retry = choose_placement(tighter, out.model.graph, order, facts, o, loss, placement_line);
+    } catch (const Error&) {
+      break;  // nothing fits the smaller device: the first plan stands
+    }
+    retry.setup.device.memory_bytes = s.device.memory_bytes;
+    retry.chosen.setup.device.memory_bytes = s.device.memory_bytes;
+    ir::Graph again = out.model.graph;
+    apply_mixed_precision(again, loss, retry.chosen, retry.setup, facts, order, capacity);
+    if (!retry.chosen.predicted.fits) continue;
+    best = std::move(retry);
+    mixed = std::move(again);
+    if (!placement_line.empty()) out.placement_choice = placement_line;
+  }
+  out.model.graph = std::move(mixed);
+  return best;
 }
 
 /// The plan's cluster and processors (`p.predicted` set): where `s` puts its devices, and what
@@ -547,17 +584,17 @@ PlannedModel make_plan(const PlanOptions& o) {
     fail(ErrorKind::kInternal, "the cost model factory returned no model");
   const cost::OpCostModel& costs = custom_costs ? *custom_costs : roofline;
   auto order = partition::partition_order(g);
-  NodeFacts facts = node_facts(g, order, costs, s.precision, s.shape.training, s.terms);
+  NodeFacts facts = node_facts(g, order, costs, s.precision, s.terms);
   const bool manual = !o.split_after.empty();
   Attempt best = choose_placement(s, g, order, facts, o, out.plan.training_config.loss_output,
                                   out.placement_choice);
+  if (is_16bit(s.precision))  // the stage graphs in bfloat16 or float16 (mixed_precision.cpp)
+    best = with_mixed_precision(std::move(best), out, s, order, facts, o);
   s = best.setup;
   const partition::GraphProblem& gp = *best.gp;
   const SplitChoice& choice = best.choice;
   Candidate& chosen = best.chosen;
   const int stages = gp.problem.stages;
-  if (is_16bit(s.precision))  // the stage graphs in bfloat16 or float16 (mixed_precision.cpp)
-    apply_mixed_precision(out, chosen, s, facts, order, static_cast<double>(s.device.memory_bytes));
   if (!chosen.predicted.fits && !o.keep_over_memory) {
     const std::string worst = peak_line(chosen.peaks[chosen.worst_device], chosen.stages);
     const std::string capacity = format_bytes(static_cast<double>(s.device.memory_bytes));

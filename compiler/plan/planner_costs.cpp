@@ -46,9 +46,6 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     const SpanWeights held = span_weights(f, st.first, st.last);
     const double stat = weight_state_bytes(s, static_cast<double>(held.params),
                                            static_cast<double>(held.trainable));
-    // Mixed-precision training: the 16-bit weight copies go with each microbatch's values.
-    const double copies = s.shape.training ? static_cast<double>(held.copy_bytes) : 0.0;
-    act += copies;
     w += accumulate_s(s, static_cast<double>(held.trainable));
     const std::size_t k = c.forward_s.size();
     const bool recompute = s.shape.training && rc.at(k);
@@ -64,7 +61,7 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     // microbatch's full activations (the one being recomputed) while its backward runs.
     const double inputs = k < rc.input_bytes.size() ? rc.input_bytes[k] : 0.0;
     c.activation_bytes.push_back(s.shape.training ? (recompute ? inputs : act + inputs) : 0.0);
-    c.static_bytes.push_back(std::max(0.0, stat - copies));
+    c.static_bytes.push_back(stat);
     c.backward_bytes.push_back(recompute ? act : 0.0);
     c.deferred_bytes.push_back(split && k < rc.deferred_bytes.size() ? rc.deferred_bytes[k] : 0.0);
     c.shared_allreduce_s.push_back(k < rc.shared_exchange_s.size() ? rc.shared_exchange_s[k] : 0.0);
@@ -253,22 +250,15 @@ int rank_of(const Setup& s, int replica, int device) {
 }
 
 NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                     const cost::OpCostModel& costs, Precision precision, bool training,
+                     const cost::OpCostModel& costs, Precision precision,
                      const cost::InstructionTerms& terms) {
   // Mixed precision keeps activations in 16 bits whatever dtype the exporter wrote.
   const int64_t float_bytes_divisor = is_16bit(precision) ? 2 : 1;
-  // Mixed-precision training keeps the weights' 16-bit copies with each microbatch's values.
-  const std::vector<std::vector<bool>> copies =
-      training && is_16bit(precision)
-          ? passes::sixteen_bit_weight_reads(
-                g, precision == Precision::kFp16 ? DType::kFloat16 : DType::kBFloat16)
-          : std::vector<std::vector<bool>>{};
   NodeFacts f;
   std::vector<bool> counted(g.num_values(), false);
   std::vector<bool> trainable(g.num_values(), false);
   for (ir::ValueId v : passes::trainable_weights(g, order)) trainable[v] = true;
   std::vector<int> last_read(g.num_values(), -1);  // position of each weight's latest read
-  std::vector<int> last_copy(g.num_values(), -1);  // ... and latest read through its copy
   for (ir::NodeId id : order) {
     const int position = static_cast<int>(f.time.size());
     const ir::Node& node = g.node(id);
@@ -276,14 +266,10 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
     if (terms.follows_ops()) f.factors.push_back(terms.factors_of(node.name, node.op_type));
     int64_t params = 0, trained = 0;
     f.weights_read.emplace_back();
-    for (std::size_t k = 0; k < node.inputs.size(); ++k) {
-      const ir::ValueId in = node.inputs[k];
+    for (ir::ValueId in : node.inputs) {
       if (in == ir::kNoId || !g.value(in).is_weight) continue;
-      const bool copy = !copies.empty() && copies[id][k];
-      f.weights_read.back().push_back(
-          {in, g.value(in).numel(), trainable[in], last_read[in], copy, last_copy[in]});
+      f.weights_read.back().push_back({in, g.value(in).numel(), trainable[in], last_read[in]});
       last_read[in] = position;
-      if (copy) last_copy[in] = position;
       if (counted[in]) continue;
       counted[in] = true;
       params += g.value(in).numel();
@@ -294,13 +280,37 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
     int64_t out = 0;
     // Every output a training forward keeps for the backward: the runtime keeps each value whose
     // bytes the backward reads, whatever its type (a Dropout's bool mask is a quarter of its
-    // float output's bytes), and no other.
+    // float output's bytes), and no other. In 16 bits, but for the nodes the mixed-precision
+    // pass keeps in float32 (passes::needs_float32: the fused Attention and Gelu, the loss):
+    // their float outputs stay float32, with a 16-bit copy for 16-bit readers, and they read
+    // their 16-bit inputs through float32 copies.
+    const bool float32_node = float_bytes_divisor > 1 && passes::needs_float32(g, node);
+    auto is_float = [&](ir::ValueId v) {
+      const DType d = g.value(v).dtype;
+      return d == DType::kFloat32 || d == DType::kFloat64;
+    };
     for (ir::ValueId v : node.outputs) {
       if (v == ir::kNoId || !passes::backward_reads_bytes(g, v)) continue;
-      DType d = g.value(v).dtype;
-      if (dtype_size(d) <= 0) continue;
-      bool wide = d == DType::kFloat32 || d == DType::kFloat64;
-      out += wide ? g.value(v).bytes() / float_bytes_divisor : g.value(v).bytes();
+      if (dtype_size(g.value(v).dtype) <= 0) continue;
+      if (!is_float(v)) {
+        out += g.value(v).bytes();
+      } else if (!float32_node) {
+        out += g.value(v).bytes() / float_bytes_divisor;
+      } else {
+        out += g.value(v).bytes();
+        const auto& readers = g.value(v).consumers;
+        if (std::any_of(readers.begin(), readers.end(),
+                        [&](ir::NodeId r) { return !passes::needs_float32(g, g.node(r)); }))
+          out += g.value(v).bytes() / float_bytes_divisor;
+      }
+    }
+    for (ir::ValueId in : node.inputs) {
+      if (!float32_node || in == ir::kNoId || g.value(in).is_initializer() || !is_float(in) ||
+          g.value(in).producer == ir::kNoId ||
+          passes::needs_float32(g, g.node(g.value(in).producer)) ||
+          !passes::backward_reads_bytes(g, in))
+        continue;
+      out += g.value(in).bytes();
     }
     f.output_bytes.push_back(out);
     f.flops.push_back(cost::forward_work(g, node).flops);
@@ -314,8 +324,6 @@ SpanWeights span_weights(const NodeFacts& f, int first, int last) {
   SpanWeights out;
   for (int i = first; i <= last; ++i)
     for (const WeightRead& w : f.weights_read[i]) {
-      // A 16-bit copy: 2 bytes an element, once per stage that reads through it (the Casts).
-      if (w.sixteen_bit_copy && w.previous_copy < first) out.copy_bytes += 2 * w.elements;
       if (w.previous >= first) continue;  // read before in the span: counted there
       out.params += w.elements;
       out.trainable += w.trainable ? w.elements : 0;
@@ -348,18 +356,10 @@ partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::
   std::vector<partition::PositionCost> costs;
   for (std::size_t i = 0; i < order.size(); ++i) {
     const auto& t = facts.time[i];
-    // Mixed-precision training: a weight's 16-bit copy moves from the weights to the values
-    // kept per microbatch (span_weights), here at its first read (a copy per stage is the
-    // candidates' count).
-    double copies = 0;
-    for (const WeightRead& w : facts.weights_read[i])
-      if (training && w.sixteen_bit_copy && w.previous_copy < 0)
-        copies += 2.0 * static_cast<double>(w.elements);
-    const double weights = weight_state_bytes(s, static_cast<double>(facts.params[i]),
-                                              static_cast<double>(facts.trainable_params[i]));
     costs.push_back({t.forward_s + (training ? t.backward_s : 0.0),
-                     std::max(0.0, weights - copies),
-                     training ? static_cast<double>(facts.output_bytes[i]) + copies : 0.0});
+                     weight_state_bytes(s, static_cast<double>(facts.params[i]),
+                                        static_cast<double>(facts.trainable_params[i])),
+                     training ? static_cast<double>(facts.output_bytes[i]) : 0.0});
   }
   auto gp = partition::make_graph_problem(g, order, std::move(costs));
   auto& p = gp.problem;

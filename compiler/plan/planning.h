@@ -93,11 +93,6 @@ struct WeightRead {
   /// node's when it reads the weight twice); -1 for its first read. A span counts the weight at
   /// the read whose previous one lies before the span: once, with no search.
   int previous = -1;
-  /// Mixed-precision training: this read goes through the weight's 16-bit copy (a Cast the
-  /// mixed-precision pass adds, one per weight and stage), which the forward keeps per
-  /// microbatch for the backward; and the position of the previous read through it (-1: none).
-  bool sixteen_bit_copy = false;
-  int previous_copy = -1;
 };
 
 /// Per-node numbers in topological position order.
@@ -180,11 +175,9 @@ struct SplitChoice {
 Setup make_setup(const PlanOptions& o);
 
 /// The cost, parameters, weights read, kept bytes and FLOPs of every node of `order`, and its
-/// factors in `terms` where they follow the ops. Mixed-precision training (`training` and a
-/// 16-bit `precision`) marks the weight reads through 16-bit copies
-/// (passes::sixteen_bit_weight_reads).
+/// factors in `terms` where they follow the ops.
 NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                     const cost::OpCostModel& costs, Precision precision, bool training,
+                     const cost::OpCostModel& costs, Precision precision,
                      const cost::InstructionTerms& terms);
 
 /// The parameters a stage of positions [first, last] holds, and the trainable ones among them:
@@ -192,11 +185,6 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
 struct SpanWeights {
   int64_t params = 0;
   int64_t trainable = 0;
-  /// Mixed-precision training: the bytes of the 16-bit weight copies the span's forward keeps
-  /// per microbatch (WeightRead::sixteen_bit_copy). The memory model counts one copy among the
-  /// weights (6 B/param); the stage holds them with its activations instead
-  /// (`move_weight_copies`).
-  int64_t copy_bytes = 0;
 };
 SpanWeights span_weights(const NodeFacts& f, int first, int last);
 

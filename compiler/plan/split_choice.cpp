@@ -45,11 +45,9 @@ std::vector<int> balanced_cuts(const std::vector<double>& weight, int stages) {
   const SpanWeights held = span_weights(f, st.first, st.last);
   int64_t acts = 0;
   for (int i = st.first; i <= st.last; ++i) acts += s.shape.training ? f.output_bytes[i] : 0;
-  if (s.shape.training) acts += held.copy_bytes;  // the 16-bit weight copies (make_stage)
   auto in = static_cast<int64_t>(in_flight(s, sol.over_stage));
   auto anatomy = cost::stage_memory(held.params, held.trainable, acts, 0, 0, in, s.optimizer,
                                     s.precision, s.shape.training, false, 0);
-  if (s.shape.training) anatomy.weights -= std::min(held.copy_bytes, anatomy.weights);
   fail(ErrorKind::kPlan,
        "no split into {} stages fits: even the split that needs least memory has stage {} needing "
        "{}; device has {} ({})",

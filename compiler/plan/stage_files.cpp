@@ -208,11 +208,13 @@ MixedStages make_mixed(ir::Graph& graph, std::vector<int>& stage_of, std::vector
   for (ir::NodeId n : graph.topological_order()) {
     const int k = stage_of[n];
     if (k < 0 || static_cast<std::size_t>(k) >= stages.size()) continue;
-    // A weight's 16-bit copy is counted apart (the memory model's weights hold one); a folded
-    // constant's is a value like the others.
+    // A weight's or constant's 16-bit copy is counted apart: the runtime keeps one per stage
+    // for the whole step when the backward reads it (runtime/exec/device_worker.cpp
+    // share_step_copies); otherwise it lives in the arena.
     const ir::Node& node = graph.node(n);
-    if (node.op_type == "Cast" && graph.value(node.inputs[0]).is_weight) {
-      out.weight_copy_bytes[k] += graph.value(node.outputs[0]).bytes();
+    if (node.op_type == "Cast" && graph.value(node.inputs[0]).is_initializer()) {
+      if (training && passes::backward_reads_bytes(graph, node.outputs[0]))
+        out.weight_copy_bytes[k] += graph.value(node.outputs[0]).bytes();
       continue;
     }
     for (ir::ValueId v : node.outputs)

@@ -90,12 +90,13 @@ struct MixedStages {
   /// Per stage: the bytes of its nodes' outputs of every type (what a training forward keeps
   /// per microbatch, as planning's NodeFacts::output_bytes counts it) in the mixed graph, at
   /// their own dtypes: bfloat16 activations, the inputs' 16-bit copies, the loss's float32
-  /// values, Dropout's bool masks; the weights' 16-bit copies are left out
+  /// values, Dropout's bool masks; the initializers' 16-bit copies are left out
   /// (`weight_copy_bytes`).
   std::vector<int64_t> activation_bytes;
-  /// Per stage: the bytes of its weights' 16-bit copies (the Casts of float32 masters). The
-  /// memory model counts one copy among the weights (6 B/param with the master); a training
-  /// forward keeps the copy with each microbatch's values for its backward.
+  /// Per stage, training: the bytes of the 16-bit copies of its weights and constants (the
+  /// Casts of float32 initializers) that its backward reads. A training step keeps one of each
+  /// for all its microbatches (runtime/exec/device_worker.cpp `share_step_copies`), with the
+  /// weights; the other Casts' outputs live in the arena.
   std::vector<int64_t> weight_copy_bytes;
 };
 

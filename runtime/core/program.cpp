@@ -390,6 +390,22 @@ std::vector<Program::StateUpdate> Program::state_updates() const {
   return out;
 }
 
+std::vector<std::string> Program::weight_casts() const {
+  std::vector<bool> updated(slots_.size(), false);
+  for (const Step& step : nodes_)
+    for (const auto& [from, to] : step.state_updates) updated[static_cast<size_t>(to)] = true;
+  std::vector<std::string> out;
+  for (const Step& step : nodes_) {
+    if (step.op_type != "Cast" || step.inputs.size() != 1 || step.outputs.size() != 1) continue;
+    const int in = step.inputs[0];
+    if (in < 0 || slots_[static_cast<size_t>(in)].kind != Slot::kWeight ||
+        updated[static_cast<size_t>(in)])
+      continue;
+    out.push_back(slots_[static_cast<size_t>(step.outputs[0])].info.name);
+  }
+  return out;
+}
+
 std::vector<Tensor> Program::run(DeviceContext& device, std::span<const Tensor> inputs,
                                  std::byte* arena, const NodeHook* hook,
                                  const TrainingRun& run) const {

@@ -118,6 +118,12 @@ class Program {
   /// Every state update of the program, in node order (empty for most programs).
   std::vector<StateUpdate> state_updates() const;
 
+  /// The outputs of the Cast nodes that read a weight or constant of the file which no state
+  /// update writes: the same bytes on every run until the weights change (an optimizer step).
+  /// Mixed precision's 16-bit weight copies: a training step keeps one for all its microbatches
+  /// (runtime/exec/device_worker.cpp) rather than one per microbatch.
+  std::vector<std::string> weight_casts() const;
+
   /// The random key of step `step` (counted from 1 over the whole training) and microbatch
   /// `microbatch` (of the step's microbatches over every replica): what a node's random draws
   /// (KernelArgs::random_key, mixed with the node's name) derive from, whichever device or

@@ -191,6 +191,39 @@ void DeviceWorker::run_step() {
       throw error_from(e, ErrorKind::kInternal).in(context()).in(where_);
     }
   }
+  drop_step_copies();  // every backward of the step has run; the optimizer changes the weights
+}
+
+void DeviceWorker::share_step_copies(int stage_index, const StageRuntime& st,
+                                     std::map<std::string, Tensor>& keep) {
+  if (st.step_copies.empty()) return;
+  auto& shared = step_copies_[stage_index];
+  for (const std::string& name : st.step_copies) {
+    auto it = keep.find(name);
+    if (it == keep.end()) continue;
+    auto [copy, added] = shared.try_emplace(name, it->second);
+    if (added)
+      run_.meters[device_].add(it->second.bytes());
+    else
+      it->second = copy->second;  // this microbatch's own copy goes back to the device now
+  }
+}
+
+void DeviceWorker::drop_step_copies() {
+  for (auto& [stage_index, copies] : step_copies_) {
+    int64_t bytes = 0;
+    for (const auto& [name, t] : copies) bytes += t.bytes();
+    run_.meters[device_].sub(bytes);
+    copies.clear();
+  }
+}
+
+int64_t DeviceWorker::kept_bytes(const StageRuntime& st,
+                                 const std::map<std::string, Tensor>& values) {
+  int64_t total = 0;
+  for (const auto& [name, t] : values)
+    if (!st.weights.count(name) && !st.step_copies.count(name)) total += t.bytes();
+  return total;
 }
 
 void DeviceWorker::profile_node(std::string_view node, std::string_view op_type, double ms,
@@ -348,10 +381,11 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
     auto& keep = stash_[key];
     outs = st.program.run_keeping(*context_, args, keep, st.stash, arena_->base(), &hook_,
                                   program_run(ins, true));
+    share_step_copies(ins.stage, st, keep);
     // The received inputs the backward reads are in the stash now, the same buffers: counted
     // once (released first, so the peak never holds them twice).
     meter.sub(bytes_of(got));
-    meter.add(bytes_of_map(keep, st.weights));
+    meter.add(kept_bytes(st, keep));
     if (!st.loss.empty()) record_loss(ins, read_float(*context_, keep.at(st.loss)));
   } else if (run_.options.forward_only) {
     // An evaluation: the model in eval mode, no state update, no random draw.
@@ -454,8 +488,9 @@ void DeviceWorker::rebuild_stash(const schedule::Instruction& ins, StageRuntime&
   // draws (Dropout's mask) are the forward's again.
   st.program.run_keeping(*context_, rc.args, keep, st.stash, arena_->base(), &hook_,
                          program_run(ins, false));
+  share_step_copies(ins.stage, st, keep);
   // The inputs are metered already (as received).
-  rc.stash_bytes = bytes_of_map(keep, st.weights);
+  rc.stash_bytes = kept_bytes(st, keep);
   for (const ValueInfo& in : st.program.inputs())
     if (auto k = keep.find(in.name); k != keep.end() && !st.weights.count(in.name))
       rc.stash_bytes -= k->second.bytes();
@@ -527,7 +562,7 @@ void DeviceWorker::run_backward(const schedule::Instruction& ins) {
     if (!weight_part) mask.flip();
     outs = bwd.run_subset(*context_, args, bkeep, mask, arena_->base(), &hook);
     // B's values that W reads wait for it.
-    if (!weight_part) run_.meters[device_].add(bytes_of_map(bkeep, st.weights));
+    if (!weight_part) run_.meters[device_].add(kept_bytes(st, bkeep));
   }
   timed(ins.op, ins.stage, ins.microbatch, start);
   if (ins.op == schedule::Op::kBackwardInput && st.stage->recompute) {
@@ -584,10 +619,10 @@ void DeviceWorker::free_microbatch(const Key& key, const StageRuntime& st) {
     meter.sub(rc->second.stash_bytes + rc->second.input_bytes);
     recompute_.erase(rc);
   } else {
-    meter.sub(bytes_of_map(stash_.at(key), st.weights));
+    meter.sub(kept_bytes(st, stash_.at(key)));
   }
   stash_.erase(key);
-  meter.sub(bytes_of_map(bwd_kept_[key], st.weights));
+  meter.sub(kept_bytes(st, bwd_kept_[key]));
   bwd_kept_.erase(key);
   meter.sub(bytes_of(grads_in_[key]));  // received output gradients
   grads_in_.erase(key);

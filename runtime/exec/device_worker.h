@@ -191,6 +191,17 @@ class DeviceWorker {
   // kept for W), received output gradients, input gradients waiting to be sent, weight
   // gradients summed over the step (per stage).
   std::map<Key, std::map<std::string, Tensor>> stash_, bwd_kept_;
+  /// Per stage: mixed precision's 16-bit weight copies (StageRuntime::step_copies) as the
+  /// step's first forward kept them. Every later microbatch of the step keeps these instead of
+  /// its own (the same bytes: the weights change only at the optimizer step), so a stage holds
+  /// one copy, not one per microbatch in flight; metered once, dropped after the step's last
+  /// instruction.
+  std::map<int, std::map<std::string, Tensor>> step_copies_;
+  void share_step_copies(int stage_index, const StageRuntime& st,
+                         std::map<std::string, Tensor>& keep);
+  void drop_step_copies();
+  /// Bytes of a microbatch's kept values, less the weights and the step's shared copies.
+  static int64_t kept_bytes(const StageRuntime& st, const std::map<std::string, Tensor>& values);
   std::map<Key, Recompute> recompute_;
   std::map<Key, std::vector<NamedTensor>> grads_in_, grads_out_;
   std::map<int, std::map<std::string, Tensor>> grad_acc_;

@@ -128,6 +128,8 @@ void Pipeline::load_programs(const Pipeline& p, StageRuntime& rt) {
     for (size_t k = 0; k < read.size(); ++k)
       if (read[k]) rt.stash.insert(rt.backward->inputs()[k].name);
     if (!rt.loss.empty()) rt.stash.insert(rt.loss);
+    for (const std::string& copy : rt.program.weight_casts())
+      if (rt.stash.count(copy)) rt.step_copies.insert(copy);
   }
   rt.weights = rt.program.weights();
   if (plan.training) lay_out_gradients(p, rt);

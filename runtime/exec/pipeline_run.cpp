@@ -20,14 +20,6 @@ void MemoryMeter::add(int64_t bytes) {
   }
 }
 
-int64_t bytes_of_map(const std::map<std::string, Tensor>& values,
-                     const std::map<std::string, Tensor>& weights) {
-  int64_t total = 0;
-  for (const auto& [name, t] : values)
-    if (!weights.count(name)) total += t.bytes();
-  return total;
-}
-
 int64_t bytes_of(const std::vector<NamedTensor>& tensors) {
   int64_t total = 0;
   for (const NamedTensor& t : tensors) total += t.tensor.bytes();

@@ -60,10 +60,6 @@ struct MemoryMeter {
   void sub(int64_t bytes) { current.fetch_sub(bytes); }
 };
 
-/// Bytes of a stash, less the weights it refers to (counted once, as the device's weights).
-int64_t bytes_of_map(const std::map<std::string, Tensor>& values,
-                     const std::map<std::string, Tensor>& weights);
-
 /// Bytes of the tensors of a message.
 int64_t bytes_of(const std::vector<NamedTensor>& tensors);
 

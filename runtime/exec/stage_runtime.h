@@ -37,6 +37,9 @@ struct StageRuntime {
   /// What a training forward keeps for the backward, by name: the backward's inputs whose
   /// bytes it reads (Program::inputs_read) and the loss. The backward gets the others bare.
   std::set<std::string> stash;
+  /// Of `stash`: the forward's Casts of weights and constants (Program::weight_casts, mixed
+  /// precision's 16-bit copies), which a training step keeps once for all its microbatches.
+  std::set<std::string> step_copies;
   std::map<std::string, optim::OptimizerState>
       opt_state;  ///< Per weight; only its device's worker. ZeRO-1: see `shard_lo`.
   /// Training: a trained weight's place in the stage's gradient bucket (ALLREDUCE).
