@@ -424,16 +424,18 @@ void apply_mixed_precision(ir::Graph& g, const std::string& loss_output, Candida
 
 /// The chosen split with its stage graphs in 16 bits (`apply_mixed_precision`), the graph of
 /// `out` converted. The search estimates a 16-bit stage from the float32 graph; where the
-/// converted stages then leave a device over its memory and `--recompute auto` could still
-/// recompute more, the search runs again with the devices that much smaller (at most twice),
-/// and the first plan that fits is kept (else the first one, which the caller refuses).
+/// converted stages then leave a device over its memory that the search thought fit, and
+/// `--recompute auto` could still recompute more, the search runs again with the devices that
+/// much smaller (at most twice), and the first plan that fits is kept (else the first one,
+/// which the caller refuses).
 Attempt with_mixed_precision(Attempt best, PlannedModel& out, const Setup& s,
                              const std::vector<ir::NodeId>& order, const NodeFacts& facts,
                              const PlanOptions& o) {
   const double capacity = static_cast<double>(s.device.memory_bytes);
   const std::string& loss = out.plan.training_config.loss_output;
+  // Only a split the search thought fit: one it knew to be over is not an estimate's error.
   const bool may_retry = s.shape.training && s.recompute == Recompute::kAuto &&
-                         s.objective == Objective::kSpeed;
+                         s.objective == Objective::kSpeed && best.chosen.predicted.fits;
   ir::Graph mixed = out.model.graph;  // the weights' bytes are shared, not copied
   apply_mixed_precision(mixed, loss, best.chosen, best.setup, facts, order, capacity);
   double smaller = 0;
