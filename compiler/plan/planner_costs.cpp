@@ -234,6 +234,10 @@ std::string fit_suggestions(const Setup& s) {
   if (s.precision == Precision::kFp32) ways.push_back("--precision mixed");
   if (s.shape.training && s.optimizer != OptimizerKind::kSgd) ways.push_back("a lighter --optimizer");
   if (s.shape.microbatches > 1) ways.push_back("fewer --microbatches");
+  // GPipe keeps every microbatch's values until the backwards, interleaved more than 1F1B.
+  if (s.shape.training && s.shape.microbatches > 1 &&
+      (s.kind == ScheduleKind::kGPipe || s.kind == ScheduleKind::kInterleaved))
+    ways.push_back("--schedule 1f1b (fewer microbatches in flight)");
   std::string out = "use ";
   for (std::size_t k = 0; k < ways.size(); ++k)
     out += (k == 0 ? "" : k + 1 == ways.size() ? ", or " : ", ") + ways[k];

@@ -118,6 +118,17 @@ TEST_CASE("a model that fits on no split is refused with the stage, its anatomy 
     INFO(what);
     CHECK(what.find("(use more devices, or fewer --microbatches)") != std::string::npos);
   }
+  // GPipe holds every microbatch until the backwards: 1F1B is one more way.
+  o.schedule = stagecraft::parse_schedule("gpipe");
+  try {
+    make_plan(o);
+    FAIL("a 100 kB device fit the model");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find("(use more devices, fewer --microbatches, or --schedule 1f1b (fewer "
+                    "microbatches in flight))") != std::string::npos);
+  }
 }
 
 TEST_CASE("bad planning options are refused with the flag named") {
