@@ -58,6 +58,27 @@ RunReport run_on(const Backend& backend, const plan::PlanOptions& o, int steps) 
   return pipeline->run(pipeline->synthetic_inputs(), options);
 }
 
+// `steps` training steps, then (on the same pipeline, so on the trained weights) one forward-only
+// evaluation (RunOptions::forward_only, stagerun --eval-data): the training losses, then the
+// evaluation's.
+std::vector<double> train_then_evaluate(const Backend& backend, const plan::PlanOptions& o,
+                                        int steps) {
+  testing::TempDir dir;
+  plan::PlannedModel planned = plan::make_plan(o);
+  plan::write_plan(planned, dir.file("plan"));
+  auto pipeline = Pipeline::load(dir.file("plan"), backend, 1);
+  const auto inputs = pipeline->synthetic_inputs();
+  RunOptions options;
+  options.steps = steps;
+  std::vector<double> losses = pipeline->run(inputs, options).losses;
+  RunOptions eval;
+  eval.steps = 1;
+  eval.forward_only = true;
+  const std::vector<double> held_out = pipeline->run(inputs, eval).losses;
+  losses.insert(losses.end(), held_out.begin(), held_out.end());
+  return losses;
+}
+
 const Backend& cuda() { return *cuda_backend(); }
 
 // $STAGECRAFT_GPU_SAMPLES, a comma-separated list of sample files, narrows the tests to those
@@ -152,6 +173,29 @@ TEST_CASE("an fp16 plan (dynamic loss scaling) trains on the GPU within 3% of th
   // CUDA multiplies float16 natively (MatMul, MatMulGrad: cuBLAS CUDA_R_16F, float32
   // accumulation), the CPU widens it to float32; both start at the same loss scale.
   check_16_bit_training(Precision::kFp16);
+}
+
+// What came after the checks above was written: dualpipev (two chunks per device, the V
+// placement), gradient clipping by the global norm where it binds (the sums of squares on the
+// GPU, one scale for every device) and a forward-only evaluation after training (the Dropouts
+// the identity, nothing kept for a backward), on 2 devices, against the CPU backend's.
+TEST_CASE("dualpipev with gradient clipping, then an evaluation, on the GPU give the CPU's") {
+  for (const Sample& s : kSamples) {
+    if (!wanted(s.file) || s.file == "toy.onnx") continue;
+    CAPTURE(s.file);
+    plan::PlanOptions o = options_for(s, 2, "dualpipev", true);
+    o.training_config.clip_grad_norm = 0.05;  // under these samples' first gradient norms
+    o.training_config.epsilon = 1e-3;         // as dualpipev_training_test.cpp: no last-bit blowups
+    std::vector<double> want = train_then_evaluate(cpu_backend(), o, 8);
+    std::vector<double> got = train_then_evaluate(cuda(), o, 8);
+    REQUIRE(want.size() == 9);
+    REQUIRE(got.size() == want.size());
+    for (size_t k = 0; k < got.size(); ++k) {
+      CAPTURE(k);
+      CHECK(std::isfinite(got[k]));
+      CHECK(std::fabs(got[k] - want[k]) <= 1e-4 * std::max(1.0, std::fabs(want[k])));
+    }
+  }
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 #   bash tools/gpu/bundle.sh            # then, on the GPU machine: bash tools/gpu/run.sh
 #
 # With the device tool: carry [".gpu"] and run `bash tools/gpu/run.sh`; results land in $OUT.
-# Build folder: $STAGECRAFT_GPU_BUILD (default build-gpu). Needs what tools/setup.sh installs.
+# Build folder: $STAGECRAFT_GPU_BUILD (default build-gpu), built as $STAGECRAFT_GPU_BUILD_TYPE
+# (default Release; RelWithDebInfo reuses a developer's build folder, whose binaries are stripped
+# here all the same). Needs what tools/setup.sh installs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -16,10 +18,11 @@ targets="stagec stagerun stagedump stagecraft-make-samples stagecraft_cuda stage
   stagecraft_grad_tests stagecraft-conformance stagecraft_gpu_pipeline_tests
   stagecraft_gpu_attention_tests stagecraft_gpu_gelu_tests"
 
-echo "bundle: building (Release) in $build"
+build_type=${STAGECRAFT_GPU_BUILD_TYPE:-Release}
+echo "bundle: building ($build_type) in $build"
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >/dev/null
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" "${launcher[@]}" >/dev/null
 # shellcheck disable=SC2086
 ninja -C "$build" $targets
 
