@@ -17,7 +17,7 @@
 # Runs on a GPU machine from tools/gpu/run.sh's bundle (stagec, stagerun and
 # stagecraft-make-samples on PATH; python3 with torch and torchvision, as the device image has).
 #   BUNDLE=... WORK=/tmp/x SUMMARY=summary.txt bash bench/gpu_vs_pytorch.sh
-# Environment: STEPS=8, GPT_BATCH=8, RESNET_BATCH=64.
+# Environment: STEPS=8, GPT_BATCH=8, RESNET_BATCH=64, MODELS="gpt2 resnet50" (either or both).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 work=${WORK:-/tmp/stagecraft-gpu-vs-torch}
@@ -26,6 +26,7 @@ steps=${STEPS:-8}
 gpt_batch=${GPT_BATCH:-8}
 resnet_batch=${RESNET_BATCH:-64}
 py=${PYTHON:-python3}
+models=" ${MODELS:-gpt2 resnet50} "
 mkdir -p "$work"
 results=$work/results.jsonl
 : >"$results"
@@ -79,6 +80,7 @@ theirs() {
 
 note "gpu_vs_pytorch: $(nvidia-smi --query-gpu=name --format=csv,noheader), $(date -u +%F), $steps timed steps each"
 # GPT-2 small's shape.
+if [[ $models == *" gpt2 "* ]]; then
 stagecraft-make-samples gpt --layers 12 --width 768 --heads 12 --seq 1024 --vocab 50257 --tied \
   --external-data -o "$work/gpt2s.onnx" >/dev/null
 for precision in fp32 mixed; do
@@ -87,7 +89,9 @@ done
 for cfg in eager:bf16 compile:bf16 eager:fp32; do
   theirs gpt2 --batch "$gpt_batch" --seq 1024 --mode "${cfg%:*}" --precision "${cfg#*:}"
 done
+fi
 # ResNet-50.
+if [[ $models == *" resnet50 "* ]]; then
 "$py" bench/torch_gpu_step.py export-resnet50 "$work/resnet50.onnx" --image 224 >/dev/null 2>"$work/export.err" ||
   note "FAIL resnet50 export: $(tail -1 "$work/export.err")"
 if [ -f "$work/resnet50.onnx" ]; then
@@ -98,6 +102,7 @@ fi
 for cfg in eager:bf16 compile:bf16 eager:fp32; do
   theirs resnet50 --batch "$resnet_batch" --image 224 --mode "${cfg%:*}" --precision "${cfg#*:}"
 done
+fi
 
 # The table: per model, each row's step, throughput, MFU and the ratio of its step to stagecraft's.
 "$py" - "$results" "$gpt_batch" "$resnet_batch" <<'PY' | tee -a "$summary"
@@ -105,7 +110,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 batch = {"gpt2": int(sys.argv[2]) * 1024, "resnet50": int(sys.argv[3])}
 unit = {"gpt2": "tokens/s", "resnet50": "images/s"}
-for model in ("gpt2", "resnet50"):
+for model in [m for m in ("gpt2", "resnet50") if any(r["model"] == m for r in rows)]:
     ours = next((r for r in rows if r["model"] == model and r["mode"] == "stagecraft"
                  and r["precision"] == "fp32"), None)
     if ours is None:

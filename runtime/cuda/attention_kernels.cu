@@ -4,6 +4,7 @@
 #include <math_constants.h>
 
 #include "runtime/cuda/attention_kernels.h"
+#include "runtime/cuda/attention_tiled.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
@@ -131,7 +132,7 @@ __global__ void dkv_kernel(ops::AttentionDims s, AttentionPointers p, float* dk,
 void launch_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p, float* o,
                               float* lse, cudaStream_t stream) {
   const int64_t rows = dims.batch * dims.tq;
-  if (rows == 0) return;
+  if (rows == 0 || tiled_attention_forward(dims, p, o, lse, stream)) return;
   forward_kernel<<<blocks_for(rows), kWarpsPerBlock * 32, 0, stream>>>(dims, p, o, lse);
 }
 
@@ -145,7 +146,7 @@ void launch_attention_delta(const float* d_o, const float* o, const float* dlse,
 void launch_attention_dq(const ops::AttentionDims& dims, const AttentionPointers& p, float* dq,
                          cudaStream_t stream) {
   const int64_t rows = dims.batch * dims.tq;
-  if (rows == 0) return;
+  if (rows == 0 || tiled_attention_dq(dims, p, dq, stream)) return;
   dq_kernel<<<blocks_for(rows), kWarpsPerBlock * 32, 0, stream>>>(dims, p, dq);
 }
 
@@ -153,6 +154,7 @@ void launch_attention_dkv(const ops::AttentionDims& dims, const AttentionPointer
                           float* dv, cudaStream_t stream) {
   const int64_t keys = dims.batch * dims.tk;
   if (keys == 0 || (dk == nullptr && dv == nullptr)) return;
+  if (tiled_attention_dkv(dims, p, dk, dv, stream)) return;
   dkv_kernel<<<blocks_for(keys), kWarpsPerBlock * 32, 0, stream>>>(dims, p, dk, dv);
 }
 

@@ -5,8 +5,9 @@
 /// version: one warp per query row (the forward, D and dQ) or per key row (dK and dV), walking
 /// the keys (or queries) one at a time, each dot product summed by a fixed butterfly of warp
 /// shuffles, so a run is reproducible. The forward keeps an online softmax (running max and
-/// sum, O rescaled in place); the gradient recomputes each probability from lse. Every launch is
-/// queued on `stream`.
+/// sum, O rescaled in place); the gradient recomputes each probability from lse. The launchers
+/// run the tiled kernels instead (attention_tiled.h: heads of 32, 64 or 128) where they apply.
+/// Every launch is queued on `stream`.
 
 #include <cuda_runtime_api.h>
 

@@ -24,6 +24,7 @@ struct Case {
   int64_t tk = 0, dv = 0;
   Shape mask = {};  // empty: none
   Options options;
+  bool hide_first_row = false;  // the mask's first row all -inf: a query that sees no key
 };
 
 // Forward then gradient on `backend`: O, lse, then dQ, dK, dV with lse passed, then again
@@ -40,6 +41,8 @@ std::vector<Tensor> run_case(const rt::Backend& backend, const Case& c) {
   if (!c.mask.empty()) {
     mask = random(c.mask, 4, -2, 2);
     mask->as<float>()[0] = -INFINITY;
+    if (c.hide_first_row)
+      for (int64_t j = 0; j < c.mask.back(); ++j) mask->as<float>()[j] = -INFINITY;
   }
   const Tensor* pmask = mask ? &*mask : nullptr;
   std::vector<Tensor> r = {Tensor::owned(DType::kFloat32, o),
@@ -69,6 +72,12 @@ TEST_CASE("cuda Attention and AttentionGrad match the cpu's") {
       {{2, 2, 70, 32}, 70, 32, {2, 1, 1, 70}, {.causal = true}},
       {{2, 2, 5, 128}, 130, 128, {5, 130}, {}},
       {{3, 130, 32}, 5, 16, {}, {.causal = true}},
+      // The tiled kernels (attention_tiled.cu: heads of 32, 64, 128) over several tiles:
+      // causal across 4 query and key tiles, Tq > Tk with a mask, a query that sees no key.
+      {{1, 3, 200, 64}, 200, 64, {}, {.causal = true}},
+      {{2, 130, 128}, 70, 128, {130, 70}, {.causal = true}},
+      {{2, 2, 96, 32}, 150, 32, {96, 150}, {.scale = 0.3f}, true},
+      {{1, 2, 64, 64}, 64, 64, {64, 64}, {}, true},
   };
   const char* names[] = {"O",
                          "lse",

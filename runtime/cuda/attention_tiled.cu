@@ -1,0 +1,454 @@
+// The tiled attention kernels (attention_tiled.h): blocks of 64 queries (the forward, dQ) or 64
+// keys (dK and dV) that stage 64-row tiles of Q, K, V and dO in shared memory and compute each
+// 64 x 64 tile of scores as a product of two tiles, 16 x 16 threads each holding a 4 x 4 block
+// of it in registers. Float32 throughout, and no atomics: every sum runs in a fixed order, so a
+// run is reproducible, as the plain kernels' (attention_kernels.cu).
+//
+// Shared-memory layout: a [64][D] tile is stored with rows of D + 4 floats, so that each row
+// starts 16-byte aligned (float4 reads) and the 8 threads of a quarter-warp that read 8
+// different rows at one column land in 8 different groups of 4 banks; a [64][64] tile of
+// probabilities or dS likewise with rows of 68.
+//
+// Thread (ty, tx) = (threadIdx.x / 16, threadIdx.x % 16). In a score tile it holds rows
+// 4 ty .. 4 ty + 3 and columns tx, tx + 16, tx + 32, tx + 48 (strided, so that the 16 threads
+// of a row read 16 different rows of the other tile); in an output tile ([64][D]: O, dQ, dK,
+// dV) it holds the same rows and the D / 16 consecutive columns from tx * D / 16 (vector reads
+// of V, K, Q or dO, and vector writes).
+#include <math_constants.h>
+
+#include "runtime/cuda/attention_tiled.h"
+
+namespace stagecraft::rt::cuda {
+namespace {
+
+constexpr int kTile = 64;
+constexpr int kThreads = 256;
+constexpr int kSquareStride = kTile + 4;
+constexpr int kSquareFloats = kTile * kSquareStride;
+
+template <int D>
+struct Geometry {
+  static constexpr int kStride = D + 4;
+  static constexpr int kTileFloats = kTile * kStride;
+  static constexpr int kCols = D / 16;  // output columns per thread
+};
+
+__device__ int thread_row() { return static_cast<int>(threadIdx.x) / 16; }
+__device__ int thread_col() { return static_cast<int>(threadIdx.x) % 16; }
+
+// Rows first .. first + 63 of the entry's [rows][D] array `src` into `tile`; rows at or past
+// `limit` as zeros.
+template <int D>
+__device__ void load_tile(float* tile, const float* src, int64_t first, int64_t limit) {
+  constexpr int kVectors = D / 4;
+  for (int idx = threadIdx.x; idx < kTile * kVectors; idx += kThreads) {
+    const int r = idx / kVectors, c = idx % kVectors;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (first + r < limit) v = reinterpret_cast<const float4*>(src + (first + r) * D)[c];
+    *reinterpret_cast<float4*>(tile + r * Geometry<D>::kStride + 4 * c) = v;
+  }
+}
+
+// lse and delta of rows first .. first + 63 (-inf and 0 past `limit`) into shared memory.
+__device__ void load_rows(float* lse_s, float* delta_s, const float* lse, const float* delta,
+                          int64_t first, int64_t limit) {
+  if (threadIdx.x < kTile) {
+    const int64_t row = first + threadIdx.x;
+    lse_s[threadIdx.x] = row < limit ? lse[row] : -CUDART_INF_F;
+    delta_s[threadIdx.x] = row < limit && delta != nullptr ? delta[row] : 0.0f;
+  }
+}
+
+// acc[r][c] = sum over k of a[4 ty + r][k] * b[tx + 16 c][k]: one thread's share of A B^T for
+// two [64][D] tiles.
+template <int D>
+__device__ void product_abt(const float* a, const float* b, float (&acc)[4][4]) {
+  constexpr int S = Geometry<D>::kStride;
+  const int ty = thread_row(), tx = thread_col();
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[r][c] = 0.0f;
+#pragma unroll 4
+  for (int k = 0; k < D; k += 4) {
+    float4 av[4], bv[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) av[r] = *reinterpret_cast<const float4*>(a + (4 * ty + r) * S + k);
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      bv[c] = *reinterpret_cast<const float4*>(b + (tx + 16 * c) * S + k);
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        acc[r][c] = fmaf(av[r].x, bv[c].x, acc[r][c]);
+        acc[r][c] = fmaf(av[r].y, bv[c].y, acc[r][c]);
+        acc[r][c] = fmaf(av[r].z, bv[c].z, acc[r][c]);
+        acc[r][c] = fmaf(av[r].w, bv[c].w, acc[r][c]);
+      }
+  }
+}
+
+// N consecutive floats of shared memory at `src` (16-byte aligned where N % 4 == 0, 8 where
+// N % 2 == 0).
+template <int N>
+__device__ void read_vector(const float* src, float (&dst)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int e = 0; e < N; e += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(src + e);
+      dst[e] = v.x;
+      dst[e + 1] = v.y;
+      dst[e + 2] = v.z;
+      dst[e + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; e += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(src + e);
+      dst[e] = v.x;
+      dst[e + 1] = v.y;
+    }
+  }
+}
+
+// out[r][e] += sum over k < 64 of w[k][4 ty + r] * m[k][cols + e] (`transposed`: w is read as
+// [row][k], w[(4 ty + r)][k]), cols = tx * D / 16: one thread's share of W^T M or W M for a
+// [64][64] weight tile w (stride 68) and a [64][D] tile m.
+template <int D, bool kTransposed>
+__device__ void accumulate_product(const float* w, const float* m,
+                                   float (&out)[4][Geometry<D>::kCols]) {
+  constexpr int S = Geometry<D>::kStride, N = Geometry<D>::kCols;
+  const int ty = thread_row(), col = thread_col() * N;
+#pragma unroll 2
+  for (int k = 0; k < kTile; k += 4) {
+    float wk[4][4];  // wk[j][r]: the weight of row 4 ty + r at k + j
+    if constexpr (kTransposed) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 v = *reinterpret_cast<const float4*>(w + (k + j) * kSquareStride + 4 * ty);
+        wk[j][0] = v.x;
+        wk[j][1] = v.y;
+        wk[j][2] = v.z;
+        wk[j][3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float4 v = *reinterpret_cast<const float4*>(w + (4 * ty + r) * kSquareStride + k);
+        wk[0][r] = v.x;
+        wk[1][r] = v.y;
+        wk[2][r] = v.z;
+        wk[3][r] = v.w;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float mv[N];
+      read_vector<N>(m + (k + j) * S + col, mv);
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int e = 0; e < N; ++e) out[r][e] = fmaf(wk[j][r], mv[e], out[r][e]);
+    }
+  }
+}
+
+// Row `row` of a [rows][D] output from one thread's N values (scaled by `factor`).
+template <int N>
+__device__ void write_row(float* dst, const float (&v)[N], float factor) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int e = 0; e < N; e += 4)
+      *reinterpret_cast<float4*>(dst + e) =
+          make_float4(v[e] * factor, v[e + 1] * factor, v[e + 2] * factor, v[e + 3] * factor);
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; e += 2)
+      *reinterpret_cast<float2*>(dst + e) = make_float2(v[e] * factor, v[e + 1] * factor);
+  }
+}
+
+// Max and sum over the 16 threads of a row group (lanes that differ in their low 4 bits).
+__device__ float group_max(float x) {
+#pragma unroll
+  for (int offset = 8; offset > 0; offset >>= 1)
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+__device__ float group_sum(float x) {
+#pragma unroll
+  for (int offset = 8; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// The scaled, masked score of query i and key j from its dot product; -inf for a key the query
+// does not see (causal, or past the keys) and for a query past the last.
+__device__ float masked_score(const ops::AttentionDims& s, const float* mask, int64_t plane,
+                              int64_t i, int64_t j, float dot) {
+  if (i >= s.tq || j >= ops::attention_keys_seen(s, i)) return -CUDART_INF_F;
+  return s.scale * dot + ops::attention_mask_at(s, mask, plane, i, j);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    forward_kernel(ops::AttentionDims s, AttentionPointers p, float* o, float* lse) {
+  using G = Geometry<D>;
+  extern __shared__ float4 shared_vectors[];
+  float* qs = reinterpret_cast<float*>(shared_vectors);
+  float* ks = qs + G::kTileFloats;
+  float* vs = ks + G::kTileFloats;
+  float* ps = vs + G::kTileFloats;
+  const int64_t q_tiles = (s.tq + kTile - 1) / kTile;
+  const int64_t b = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
+  const int64_t plane = ops::attention_mask_plane(s, b);
+  const int ty = thread_row(), tx = thread_col();
+  load_tile<D>(qs, p.q + b * s.tq * D, q0, s.tq);
+  float out[4][G::kCols] = {};
+  float top[4], sum[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) top[r] = -CUDART_INF_F, sum[r] = 0.0f;
+  const int64_t last = (q0 + kTile < s.tq ? q0 + kTile : s.tq) - 1;
+  const int64_t keys = ops::attention_keys_seen(s, last);
+  for (int64_t k0 = 0; k0 < keys; k0 += kTile) {
+    __syncthreads();  // every thread is done with the last tiles of K, V and P
+    load_tile<D>(ks, p.k + b * s.tk * D, k0, s.tk);
+    load_tile<D>(vs, p.v + b * s.tk * D, k0, s.tk);
+    __syncthreads();
+    float x[4][4];
+    product_abt<D>(qs, ks, x);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t i = q0 + 4 * ty + r;
+      float m = -CUDART_INF_F;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        x[r][c] = masked_score(s, p.mask, plane, i, k0 + tx + 16 * c, x[r][c]);
+        m = fmaxf(m, x[r][c]);
+      }
+      const float next = fmaxf(top[r], group_max(m));
+      // A row with no key seen so far keeps O = 0 and sum = 0 (the plain kernel's rule).
+      const bool none = next == -CUDART_INF_F;
+      const float rescale = none ? 1.0f : expf(top[r] - next);
+      float row_sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        x[r][c] = none ? 0.0f : expf(x[r][c] - next);
+        row_sum += x[r][c];
+        ps[(4 * ty + r) * kSquareStride + tx + 16 * c] = x[r][c];
+      }
+      sum[r] = sum[r] * rescale + group_sum(row_sum);
+      top[r] = next;
+#pragma unroll
+      for (int e = 0; e < G::kCols; ++e) out[r][e] *= rescale;
+    }
+    __syncthreads();
+    accumulate_product<D, false>(ps, vs, out);
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t i = q0 + 4 * ty + r;
+    if (i >= s.tq) continue;
+    const int64_t row = b * s.tq + i;
+    write_row(o + row * D + tx * G::kCols, out[r], sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f);
+    if (lse != nullptr && tx == 0)
+      lse[row] = sum[r] > 0.0f ? top[r] + logf(sum[r]) : -CUDART_INF_F;
+  }
+}
+
+// P of query i and key j from its dot product and the query's lse (0 for a key it does not
+// see and for a query that sees none).
+__device__ float probability(const ops::AttentionDims& s, const float* mask, int64_t plane,
+                             int64_t i, int64_t j, float dot, float row_lse) {
+  const float x = masked_score(s, mask, plane, i, j, dot);
+  return x == -CUDART_INF_F || row_lse == -CUDART_INF_F ? 0.0f : expf(x - row_lse);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    dq_kernel(ops::AttentionDims s, AttentionPointers p, float* dq) {
+  using G = Geometry<D>;
+  extern __shared__ float4 shared_vectors[];
+  float* qs = reinterpret_cast<float*>(shared_vectors);
+  float* dos = qs + G::kTileFloats;
+  float* ks = dos + G::kTileFloats;
+  float* vs = ks + G::kTileFloats;
+  float* dss = vs + G::kTileFloats;
+  float* lse_s = dss + kSquareFloats;
+  float* delta_s = lse_s + kTile;
+  const int64_t q_tiles = (s.tq + kTile - 1) / kTile;
+  const int64_t b = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
+  const int64_t plane = ops::attention_mask_plane(s, b);
+  const int ty = thread_row(), tx = thread_col();
+  load_tile<D>(qs, p.q + b * s.tq * D, q0, s.tq);
+  load_tile<D>(dos, p.d_o + b * s.tq * D, q0, s.tq);
+  load_rows(lse_s, delta_s, p.lse + b * s.tq, p.delta + b * s.tq, q0, s.tq);
+  float acc[4][G::kCols] = {};
+  const int64_t last = (q0 + kTile < s.tq ? q0 + kTile : s.tq) - 1;
+  const int64_t keys = ops::attention_keys_seen(s, last);
+  for (int64_t k0 = 0; k0 < keys; k0 += kTile) {
+    __syncthreads();
+    load_tile<D>(ks, p.k + b * s.tk * D, k0, s.tk);
+    load_tile<D>(vs, p.v + b * s.tk * D, k0, s.tk);
+    __syncthreads();
+    float x[4][4], dp[4][4];
+    product_abt<D>(qs, ks, x);
+    product_abt<D>(dos, vs, dp);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int local = 4 * ty + r;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float prob =
+            probability(s, p.mask, plane, q0 + local, k0 + tx + 16 * c, x[r][c], lse_s[local]);
+        dss[local * kSquareStride + tx + 16 * c] = s.scale * prob * (dp[r][c] - delta_s[local]);
+      }
+    }
+    __syncthreads();
+    accumulate_product<D, false>(dss, ks, acc);
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t i = q0 + 4 * ty + r;
+    if (i < s.tq) write_row(dq + (b * s.tq + i) * D + tx * G::kCols, acc[r], 1.0f);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    dkv_kernel(ops::AttentionDims s, AttentionPointers p, float* dk, float* dv) {
+  using G = Geometry<D>;
+  extern __shared__ float4 shared_vectors[];
+  float* ks = reinterpret_cast<float*>(shared_vectors);
+  float* vs = ks + G::kTileFloats;
+  float* qs = vs + G::kTileFloats;
+  float* dos = qs + G::kTileFloats;
+  float* ps = dos + G::kTileFloats;
+  float* dss = ps + kSquareFloats;
+  float* lse_s = dss + kSquareFloats;
+  float* delta_s = lse_s + kTile;
+  const int64_t k_tiles = (s.tk + kTile - 1) / kTile;
+  const int64_t b = blockIdx.x / k_tiles, k0 = (blockIdx.x % k_tiles) * kTile;
+  const int64_t plane = ops::attention_mask_plane(s, b);
+  const int ty = thread_row(), tx = thread_col();
+  load_tile<D>(ks, p.k + b * s.tk * D, k0, s.tk);
+  load_tile<D>(vs, p.v + b * s.tk * D, k0, s.tk);
+  float acc_k[4][G::kCols] = {}, acc_v[4][G::kCols] = {};
+  // The first query tile with a query that sees key k0 (causal: from query k0 on).
+  const int64_t first = (ops::attention_first_query(s, k0) / kTile) * kTile;
+  for (int64_t q0 = first; q0 < s.tq; q0 += kTile) {
+    __syncthreads();
+    load_tile<D>(qs, p.q + b * s.tq * D, q0, s.tq);
+    load_tile<D>(dos, p.d_o + b * s.tq * D, q0, s.tq);
+    load_rows(lse_s, delta_s, p.lse + b * s.tq, p.delta + b * s.tq, q0, s.tq);
+    __syncthreads();
+    float x[4][4], dp[4][4];
+    product_abt<D>(qs, ks, x);
+    product_abt<D>(dos, vs, dp);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int local = 4 * ty + r;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float prob =
+            probability(s, p.mask, plane, q0 + local, k0 + tx + 16 * c, x[r][c], lse_s[local]);
+        ps[local * kSquareStride + tx + 16 * c] = prob;
+        dss[local * kSquareStride + tx + 16 * c] = s.scale * prob * (dp[r][c] - delta_s[local]);
+      }
+    }
+    __syncthreads();
+    accumulate_product<D, true>(ps, dos, acc_v);
+    accumulate_product<D, true>(dss, qs, acc_k);
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t j = k0 + 4 * ty + r;
+    if (j >= s.tk) continue;
+    const int64_t key = b * s.tk + j;
+    if (dk != nullptr) write_row(dk + key * D + tx * G::kCols, acc_k[r], 1.0f);
+    if (dv != nullptr) write_row(dv + key * D + tx * G::kCols, acc_v[r], 1.0f);
+  }
+}
+
+// Shared bytes of each kernel for head size D.
+template <int D>
+constexpr size_t forward_bytes() {
+  return sizeof(float) * (3 * Geometry<D>::kTileFloats + kSquareFloats);
+}
+template <int D>
+constexpr size_t dq_bytes() {
+  return sizeof(float) * (4 * Geometry<D>::kTileFloats + kSquareFloats + 2 * kTile);
+}
+template <int D>
+constexpr size_t dkv_bytes() {
+  return sizeof(float) * (4 * Geometry<D>::kTileFloats + 2 * kSquareFloats + 2 * kTile);
+}
+
+bool aligned(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Launches `kernel` on `blocks` blocks with `bytes` of shared memory; false (nothing launched)
+// where the device refuses that much.
+template <class Kernel, class... Args>
+bool launch(Kernel kernel, int64_t blocks, size_t bytes, cudaStream_t stream, Args... args) {
+  if (blocks <= 0 || blocks > (int64_t{1} << 31) - 1) return false;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes)) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it: the plain kernels run instead
+    return false;
+  }
+  kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(args...);
+  return true;
+}
+
+// Calls body(Tag<D>) for the head sizes the tiled kernels are built for; false for others.
+template <int D>
+struct HeadSize {
+  static constexpr int value = D;
+};
+template <class Body>
+bool with_head_size(const ops::AttentionDims& s, Body body) {
+  if (s.d != s.dv) return false;
+  switch (s.d) {
+    case 32: return body(HeadSize<32>{});
+    case 64: return body(HeadSize<64>{});
+    case 128: return body(HeadSize<128>{});
+    default: return false;
+  }
+}
+
+int64_t tiles(int64_t rows) { return (rows + kTile - 1) / kTile; }
+
+}  // namespace
+
+bool tiled_attention_forward(const ops::AttentionDims& s, const AttentionPointers& p, float* o,
+                             float* lse, cudaStream_t stream) {
+  if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(o)) return false;
+  return with_head_size(s, [&](auto h) {
+    constexpr int D = decltype(h)::value;
+    return launch(forward_kernel<D>, s.batch * tiles(s.tq), forward_bytes<D>(), stream, s, p, o,
+                  lse);
+  });
+}
+
+bool tiled_attention_dq(const ops::AttentionDims& s, const AttentionPointers& p, float* dq,
+                        cudaStream_t stream) {
+  if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(p.d_o) || !aligned(dq))
+    return false;
+  return with_head_size(s, [&](auto h) {
+    constexpr int D = decltype(h)::value;
+    return launch(dq_kernel<D>, s.batch * tiles(s.tq), dq_bytes<D>(), stream, s, p, dq);
+  });
+}
+
+bool tiled_attention_dkv(const ops::AttentionDims& s, const AttentionPointers& p, float* dk,
+                         float* dv, cudaStream_t stream) {
+  if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(p.d_o) || !aligned(dk) ||
+      !aligned(dv))
+    return false;
+  return with_head_size(s, [&](auto h) {
+    constexpr int D = decltype(h)::value;
+    return launch(dkv_kernel<D>, s.batch * tiles(s.tk), dkv_bytes<D>(), stream, s, p, dk, dv);
+  });
+}
+
+}  // namespace stagecraft::rt::cuda
