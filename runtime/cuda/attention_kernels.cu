@@ -3,6 +3,9 @@
 // leaves the same bits in every lane, so the lanes agree on every running max and sum.
 #include <math_constants.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "runtime/cuda/attention_kernels.h"
 #include "runtime/cuda/attention_tiled.h"
 
@@ -127,12 +130,41 @@ __global__ void dkv_kernel(ops::AttentionDims s, AttentionPointers p, float* dk,
   });
 }
 
+// Which kernels run where they apply: $STAGECRAFT_ATTENTION_KERNELS, "tensor-core" (the
+// default), "tiled" (the tile products on the ordinary cores) or "plain", to compare them
+// (bench/RESULTS.md); any other value is the default. Read once.
+enum class Kernels { kTensorCore, kTiled, kPlain };
+Kernels chosen_kernels() {
+  static const Kernels chosen = [] {
+    const char* e = std::getenv("STAGECRAFT_ATTENTION_KERNELS");
+    if (e != nullptr && std::strcmp(e, "tiled") == 0) return Kernels::kTiled;
+    if (e != nullptr && std::strcmp(e, "plain") == 0) return Kernels::kPlain;
+    return Kernels::kTensorCore;
+  }();
+  return chosen;
+}
+
+// Runs `tensor_core` or `tiled` (each returns whether it applied) as chosen; false: the plain
+// kernel runs.
+template <class TensorCore, class Tiled>
+bool ran_tiled(TensorCore tensor_core, Tiled tiled) {
+  switch (chosen_kernels()) {
+    case Kernels::kTensorCore: return tensor_core() || tiled();
+    case Kernels::kTiled: return tiled();
+    case Kernels::kPlain: return false;
+  }
+  return false;
+}
+
 }  // namespace
 
 void launch_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p, float* o,
                               float* lse, cudaStream_t stream) {
   const int64_t rows = dims.batch * dims.tq;
-  if (rows == 0 || tiled_attention_forward(dims, p, o, lse, stream)) return;
+  if (rows == 0 ||
+      ran_tiled([&] { return tensor_core_attention_forward(dims, p, o, lse, stream); },
+                [&] { return tiled_attention_forward(dims, p, o, lse, stream); }))
+    return;
   forward_kernel<<<blocks_for(rows), kWarpsPerBlock * 32, 0, stream>>>(dims, p, o, lse);
 }
 
@@ -146,7 +178,9 @@ void launch_attention_delta(const float* d_o, const float* o, const float* dlse,
 void launch_attention_dq(const ops::AttentionDims& dims, const AttentionPointers& p, float* dq,
                          cudaStream_t stream) {
   const int64_t rows = dims.batch * dims.tq;
-  if (rows == 0 || tiled_attention_dq(dims, p, dq, stream)) return;
+  if (rows == 0 || ran_tiled([&] { return tensor_core_attention_dq(dims, p, dq, stream); },
+                             [&] { return tiled_attention_dq(dims, p, dq, stream); }))
+    return;
   dq_kernel<<<blocks_for(rows), kWarpsPerBlock * 32, 0, stream>>>(dims, p, dq);
 }
 
@@ -154,7 +188,9 @@ void launch_attention_dkv(const ops::AttentionDims& dims, const AttentionPointer
                           float* dv, cudaStream_t stream) {
   const int64_t keys = dims.batch * dims.tk;
   if (keys == 0 || (dk == nullptr && dv == nullptr)) return;
-  if (tiled_attention_dkv(dims, p, dk, dv, stream)) return;
+  if (ran_tiled([&] { return tensor_core_attention_dkv(dims, p, dk, dv, stream); },
+                [&] { return tiled_attention_dkv(dims, p, dk, dv, stream); }))
+    return;
   dkv_kernel<<<blocks_for(keys), kWarpsPerBlock * 32, 0, stream>>>(dims, p, dk, dv);
 }
 

@@ -384,8 +384,6 @@ constexpr size_t dkv_bytes() {
   return sizeof(float) * (4 * Geometry<D>::kTileFloats + 2 * kSquareFloats + 2 * kTile);
 }
 
-bool aligned(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Launches `kernel` on `blocks` blocks with `bytes` of shared memory; false (nothing launched)
 // where the device refuses that much.
 template <class Kernel, class... Args>
@@ -422,7 +420,7 @@ int64_t tiles(int64_t rows) { return (rows + kTile - 1) / kTile; }
 
 bool tiled_attention_forward(const ops::AttentionDims& s, const AttentionPointers& p, float* o,
                              float* lse, cudaStream_t stream) {
-  if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(o)) return false;
+  if (!vector_aligned({p.q, p.k, p.v, o})) return false;
   return with_head_size(s, [&](auto h) {
     constexpr int D = decltype(h)::value;
     return launch(forward_kernel<D>, s.batch * tiles(s.tq), forward_bytes<D>(), stream, s, p, o,
@@ -432,8 +430,7 @@ bool tiled_attention_forward(const ops::AttentionDims& s, const AttentionPointer
 
 bool tiled_attention_dq(const ops::AttentionDims& s, const AttentionPointers& p, float* dq,
                         cudaStream_t stream) {
-  if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(p.d_o) || !aligned(dq))
-    return false;
+  if (!vector_aligned({p.q, p.k, p.v, p.d_o, dq})) return false;
   return with_head_size(s, [&](auto h) {
     constexpr int D = decltype(h)::value;
     return launch(dq_kernel<D>, s.batch * tiles(s.tq), dq_bytes<D>(), stream, s, p, dq);
@@ -442,9 +439,7 @@ bool tiled_attention_dq(const ops::AttentionDims& s, const AttentionPointers& p,
 
 bool tiled_attention_dkv(const ops::AttentionDims& s, const AttentionPointers& p, float* dk,
                          float* dv, cudaStream_t stream) {
-  if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(p.d_o) || !aligned(dk) ||
-      !aligned(dv))
-    return false;
+  if (!vector_aligned({p.q, p.k, p.v, p.d_o, dk, dv})) return false;
   return with_head_size(s, [&](auto h) {
     constexpr int D = decltype(h)::value;
     return launch(dkv_kernel<D>, s.batch * tiles(s.tk), dkv_bytes<D>(), stream, s, p, dk, dv);

@@ -4,8 +4,8 @@
 # $OUT/summary.txt (one line per check: PASS, FAIL or SKIP with its seconds, and the figures)
 # and $OUT/log.txt (every command's whole output); OUT defaults to ./gpu-results.
 #
-#   bash tools/gpu/run.sh [checks] [racecheck] [mpi-bench] [bench] [profiled] [torch] [kernels]
-#                         [all]
+#   bash tools/gpu/run.sh [checks] [attention] [racecheck] [mpi-bench] [bench] [profiled] [torch]
+#                         [kernels] [all]
 #   (default all)
 #
 # A lease is short (the device tool allows 10 minutes a command), so the three checks that share
@@ -19,6 +19,9 @@
 #   every schedule), compute-sanitizer memcheck and racecheck over a short pipeline run, and 2
 #   GPU ranks under mpirun against one process (mpi-gpu: NCCL, or MPI through host memory where
 #   the ranks share a GPU; only where the machine has mpirun).
+# attention: the fused attention kernels one version at a time against the CPU backend's
+#   (STAGECRAFT_ATTENTION_KERNELS: tensor-core, the default; tiled; plain), then racecheck over
+#   the default's (they share tiles through shared memory).
 # mpi-bench: GPU ranks under mpirun against one process (bench/mpi_ranks.sh, BACKEND=cuda).
 # bench: 2- and 4-stage pipelines sharing the GPU, planned from a --profile cuda database:
 #   measured step and bubble against the plan's prediction (stagerun --json).
@@ -32,7 +35,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 parts=" ${*:-all} "
-[ "$parts" = " all " ] && parts=" checks racecheck mpi-bench bench profiled torch kernels "
+[ "$parts" = " all " ] && parts=" checks attention racecheck mpi-bench bench profiled torch kernels "
 start_s=$(date +%s)
 deadline=${STAGECRAFT_GPU_DEADLINE:-570}
 left() { echo $((deadline - ($(date +%s) - start_s))); }
@@ -173,6 +176,16 @@ XX
     wait
   else
     say "SKIP memcheck, racecheck: compute-sanitizer is not on this machine"
+  fi
+fi
+
+if [[ $parts == *" attention "* ]]; then
+  for kernels in tensor-core tiled plain; do
+    STAGECRAFT_ATTENTION_KERNELS=$kernels check "attention ($kernels)" 120 stagecraft_gpu_attention_tests
+  done
+  if command -v compute-sanitizer >/dev/null; then
+    check "racecheck attention" 120 compute-sanitizer --tool racecheck --error-exitcode 1 \
+      stagecraft_gpu_attention_tests
   fi
 fi
 
