@@ -130,16 +130,17 @@ __global__ void dkv_kernel(ops::AttentionDims s, AttentionPointers p, float* dk,
   });
 }
 
-// Which kernels run where they apply: $STAGECRAFT_ATTENTION_KERNELS, "tensor-core" (the
-// default), "tiled" (the tile products on the ordinary cores) or "plain", to compare them
-// (bench/RESULTS.md); any other value is the default. Read once.
+// Which kernels run where they apply: $STAGECRAFT_ATTENTION_KERNELS, "tiled" (the default:
+// the tile products on the ordinary cores), "tensor-core" (three tf32 passes; measured slower
+// on an H200, bench/RESULTS.md) or "plain", to compare them; any other value is the default.
+// Read once.
 enum class Kernels { kTensorCore, kTiled, kPlain };
 Kernels chosen_kernels() {
   static const Kernels chosen = [] {
     const char* e = std::getenv("STAGECRAFT_ATTENTION_KERNELS");
-    if (e != nullptr && std::strcmp(e, "tiled") == 0) return Kernels::kTiled;
+    if (e != nullptr && std::strcmp(e, "tensor-core") == 0) return Kernels::kTensorCore;
     if (e != nullptr && std::strcmp(e, "plain") == 0) return Kernels::kPlain;
-    return Kernels::kTensorCore;
+    return Kernels::kTiled;
   }();
   return chosen;
 }

@@ -6,7 +6,8 @@
 /// the keys (or queries) one at a time, each dot product summed by a fixed butterfly of warp
 /// shuffles, so a run is reproducible. The forward keeps an online softmax (running max and
 /// sum, O rescaled in place); the gradient recomputes each probability from lse. The launchers
-/// run the tiled kernels instead (attention_tiled.h: heads of 32, 64 or 128) where they apply.
+/// run the tiled kernels instead (attention_tiled.h: heads of 32, 64 or 128) where they apply,
+/// 22x faster on GPT-2's shapes on an H200 (bench/RESULTS.md).
 /// Every launch is queued on `stream`.
 
 #include <cuda_runtime_api.h>

@@ -20,8 +20,8 @@
 #   GPU ranks under mpirun against one process (mpi-gpu: NCCL, or MPI through host memory where
 #   the ranks share a GPU; only where the machine has mpirun).
 # attention: the fused attention kernels one version at a time against the CPU backend's
-#   (STAGECRAFT_ATTENTION_KERNELS: tensor-core, the default; tiled; plain), then racecheck over
-#   the default's (they share tiles through shared memory).
+#   (STAGECRAFT_ATTENTION_KERNELS: tiled, the default; tensor-core; plain), then racecheck over
+#   the tiled and tensor-core ones (they share tiles through shared memory).
 # mpi-bench: GPU ranks under mpirun against one process (bench/mpi_ranks.sh, BACKEND=cuda).
 # bench: 2- and 4-stage pipelines sharing the GPU, planned from a --profile cuda database:
 #   measured step and bubble against the plan's prediction (stagerun --json).
@@ -180,12 +180,14 @@ XX
 fi
 
 if [[ $parts == *" attention "* ]]; then
-  for kernels in tensor-core tiled plain; do
+  for kernels in tiled tensor-core plain; do
     STAGECRAFT_ATTENTION_KERNELS=$kernels check "attention ($kernels)" 120 stagecraft_gpu_attention_tests
   done
   if command -v compute-sanitizer >/dev/null; then
-    check "racecheck attention" 120 compute-sanitizer --tool racecheck --error-exitcode 1 \
-      stagecraft_gpu_attention_tests
+    for kernels in tiled tensor-core; do
+      STAGECRAFT_ATTENTION_KERNELS=$kernels check "racecheck attention ($kernels)" 120 \
+        compute-sanitizer --tool racecheck --error-exitcode 1 stagecraft_gpu_attention_tests
+    done
   fi
 fi
 
