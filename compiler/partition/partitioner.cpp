@@ -283,11 +283,11 @@ void check_problem(const Problem& p) {
 
 }  // namespace
 
-Solution solve(const Problem& problem) {
+Solution solve(const Problem& problem, bool explain) {
   check_problem(problem);
   Prefix pre(problem);
   Solution sol = run_dp(problem, pre, /*respect_capacity=*/true);
-  if (sol.feasible) return sol;
+  if (sol.feasible || !explain) return sol;
   // Nothing fits: find the split that needs the least memory and report where it overflows.
   Problem least_memory = problem;
   least_memory.objective = Objective::kMemory;

@@ -91,8 +91,10 @@ struct Solution {
 
 /// Solves `problem` exactly over the partitions of the order into `problem.stages` non-empty
 /// runs cut only at allowed positions. Infeasible (memory) problems come back with
-/// `feasible = false` and the least-memory split filled in.
-Solution solve(const Problem& problem);
+/// `feasible = false` and, when `explain` (a refusal will name the constraint and the
+/// numbers), the least-memory split filled in; without it, no stages (a caller that only asks
+/// whether a split fits skips that second, unconstrained solve, the longer of the two).
+Solution solve(const Problem& problem, bool explain = true);
 
 /// The stages for cuts after the given positions (manual split points), evaluated.
 Solution evaluate_cuts(const Problem& problem, const std::vector<int>& cut_after);

@@ -250,7 +250,7 @@ SplitChoice choose_split(SplitEvaluator& evaluator, const Setup& s, const NodeFa
                 1.0 / chunks + (chunk == 0 ? tilt : -tilt / std::max(1, chunks - 1));
             limits[k] = std::clamp(share, 0.0, 1.0) * budget;
           }
-          partition::Solution tighter = partition::solve(problem);
+          partition::Solution tighter = partition::solve(problem, /*explain=*/false);
           if (!tighter.feasible) break;
           seeds.push_back(cuts_of(tighter));
           const Evaluated& e = evaluate(seeds.back());

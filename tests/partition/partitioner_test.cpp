@@ -62,6 +62,11 @@ TEST_CASE("the solver finds the brute-force optimum over all cut placements") {
     Solution got = solve(p);
     CAPTURE(trial);
     CHECK(got.feasible == any);
+    // Without the explanation (the split search's repair rounds ask only whether a split
+    // fits): the same answer, and no least-memory split where none fits.
+    const Solution unexplained = solve(p, /*explain=*/false);
+    CHECK(unexplained.feasible == any);
+    CHECK(unexplained.stages.size() == (any ? got.stages.size() : 0));
     if (any) {
       CHECK(primary(p, got) == doctest::Approx(best).epsilon(1e-12));
       ++compared;
