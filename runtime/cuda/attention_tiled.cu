@@ -17,47 +17,15 @@
 #include <math_constants.h>
 
 #include "runtime/cuda/attention_tiled.h"
+#include "runtime/cuda/attention_tiles.cuh"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
-constexpr int kTile = 64;
-constexpr int kThreads = 256;
-constexpr int kSquareStride = kTile + 4;
-constexpr int kSquareFloats = kTile * kSquareStride;
-
-template <int D>
-struct Geometry {
-  static constexpr int kStride = D + 4;
-  static constexpr int kTileFloats = kTile * kStride;
-  static constexpr int kCols = D / 16;  // output columns per thread
-};
+using namespace attention_tiles;
 
 __device__ int thread_row() { return static_cast<int>(threadIdx.x) / 16; }
 __device__ int thread_col() { return static_cast<int>(threadIdx.x) % 16; }
-
-// Rows first .. first + 63 of the entry's [rows][D] array `src` into `tile`; rows at or past
-// `limit` as zeros.
-template <int D>
-__device__ void load_tile(float* tile, const float* src, int64_t first, int64_t limit) {
-  constexpr int kVectors = D / 4;
-  for (int idx = threadIdx.x; idx < kTile * kVectors; idx += kThreads) {
-    const int r = idx / kVectors, c = idx % kVectors;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (first + r < limit) v = reinterpret_cast<const float4*>(src + (first + r) * D)[c];
-    *reinterpret_cast<float4*>(tile + r * Geometry<D>::kStride + 4 * c) = v;
-  }
-}
-
-// lse and delta of rows first .. first + 63 (-inf and 0 past `limit`) into shared memory.
-__device__ void load_rows(float* lse_s, float* delta_s, const float* lse, const float* delta,
-                          int64_t first, int64_t limit) {
-  if (threadIdx.x < kTile) {
-    const int64_t row = first + threadIdx.x;
-    lse_s[threadIdx.x] = row < limit ? lse[row] : -CUDART_INF_F;
-    delta_s[threadIdx.x] = row < limit && delta != nullptr ? delta[row] : 0.0f;
-  }
-}
 
 // acc[r][c] = sum over k of a[4 ty + r][k] * b[tx + 16 c][k]: one thread's share of A B^T for
 // two [64][D] tiles.
@@ -75,8 +43,7 @@ __device__ void product_abt(const float* a, const float* b, float (&acc)[4][4]) 
 #pragma unroll
     for (int r = 0; r < 4; ++r) av[r] = *reinterpret_cast<const float4*>(a + (4 * ty + r) * S + k);
 #pragma unroll
-    for (int c = 0; c < 4; ++c)
-      bv[c] = *reinterpret_cast<const float4*>(b + (tx + 16 * c) * S + k);
+    for (int c = 0; c < 4; ++c) bv[c] = *reinterpret_cast<const float4*>(b + (tx + 16 * c) * S + k);
 #pragma unroll
     for (int r = 0; r < 4; ++r)
 #pragma unroll
@@ -182,14 +149,6 @@ __device__ float group_sum(float x) {
   return x;
 }
 
-// The scaled, masked score of query i and key j from its dot product; -inf for a key the query
-// does not see (causal, or past the keys) and for a query past the last.
-__device__ float masked_score(const ops::AttentionDims& s, const float* mask, int64_t plane,
-                              int64_t i, int64_t j, float dot) {
-  if (i >= s.tq || j >= ops::attention_keys_seen(s, i)) return -CUDART_INF_F;
-  return s.scale * dot + ops::attention_mask_at(s, mask, plane, i, j);
-}
-
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(ops::AttentionDims s, AttentionPointers p, float* o, float* lse) {
@@ -251,17 +210,8 @@ __global__ void __launch_bounds__(kThreads)
     if (i >= s.tq) continue;
     const int64_t row = b * s.tq + i;
     write_row(o + row * D + tx * G::kCols, out[r], sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f);
-    if (lse != nullptr && tx == 0)
-      lse[row] = sum[r] > 0.0f ? top[r] + logf(sum[r]) : -CUDART_INF_F;
+    if (lse != nullptr && tx == 0) lse[row] = sum[r] > 0.0f ? top[r] + logf(sum[r]) : -CUDART_INF_F;
   }
-}
-
-// P of query i and key j from its dot product and the query's lse (0 for a key it does not
-// see and for a query that sees none).
-__device__ float probability(const ops::AttentionDims& s, const float* mask, int64_t plane,
-                             int64_t i, int64_t j, float dot, float row_lse) {
-  const float x = masked_score(s, mask, plane, i, j, dot);
-  return x == -CUDART_INF_F || row_lse == -CUDART_INF_F ? 0.0f : expf(x - row_lse);
 }
 
 template <int D>
@@ -370,80 +320,49 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Shared bytes of each kernel for head size D.
-template <int D>
-constexpr size_t forward_bytes() {
-  return sizeof(float) * (3 * Geometry<D>::kTileFloats + kSquareFloats);
-}
-template <int D>
-constexpr size_t dq_bytes() {
-  return sizeof(float) * (4 * Geometry<D>::kTileFloats + kSquareFloats + 2 * kTile);
-}
-template <int D>
-constexpr size_t dkv_bytes() {
-  return sizeof(float) * (4 * Geometry<D>::kTileFloats + 2 * kSquareFloats + 2 * kTile);
-}
-
-// Launches `kernel` on `blocks` blocks with `bytes` of shared memory; false (nothing launched)
-// where the device refuses that much.
-template <class Kernel, class... Args>
-bool launch(Kernel kernel, int64_t blocks, size_t bytes, cudaStream_t stream, Args... args) {
-  if (blocks <= 0 || blocks > (int64_t{1} << 31) - 1) return false;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(bytes)) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear it: the plain kernels run instead
-    return false;
+/// This implementation's kernels and their shared bytes, for Launches.
+struct Kernels {
+  template <int D>
+  static auto forward() {
+    return forward_kernel<D>;
   }
-  kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(args...);
-  return true;
-}
-
-// Calls body(Tag<D>) for the head sizes the tiled kernels are built for; false for others.
-template <int D>
-struct HeadSize {
-  static constexpr int value = D;
+  template <int D>
+  static auto dq() {
+    return dq_kernel<D>;
+  }
+  template <int D>
+  static auto dkv() {
+    return dkv_kernel<D>;
+  }
+  template <int D>
+  static constexpr size_t forward_bytes() {
+    return sizeof(float) * (3 * Geometry<D>::kTileFloats + kSquareFloats);
+  }
+  template <int D>
+  static constexpr size_t dq_bytes() {
+    return sizeof(float) * (4 * Geometry<D>::kTileFloats + kSquareFloats + 2 * kTile);
+  }
+  template <int D>
+  static constexpr size_t dkv_bytes() {
+    return sizeof(float) * (4 * Geometry<D>::kTileFloats + 2 * kSquareFloats + 2 * kTile);
+  }
 };
-template <class Body>
-bool with_head_size(const ops::AttentionDims& s, Body body) {
-  if (s.d != s.dv) return false;
-  switch (s.d) {
-    case 32: return body(HeadSize<32>{});
-    case 64: return body(HeadSize<64>{});
-    case 128: return body(HeadSize<128>{});
-    default: return false;
-  }
-}
-
-int64_t tiles(int64_t rows) { return (rows + kTile - 1) / kTile; }
 
 }  // namespace
 
 bool tiled_attention_forward(const ops::AttentionDims& s, const AttentionPointers& p, float* o,
                              float* lse, cudaStream_t stream) {
-  if (!vector_aligned({p.q, p.k, p.v, o})) return false;
-  return with_head_size(s, [&](auto h) {
-    constexpr int D = decltype(h)::value;
-    return launch(forward_kernel<D>, s.batch * tiles(s.tq), forward_bytes<D>(), stream, s, p, o,
-                  lse);
-  });
+  return Launches<Kernels>::forward(s, p, o, lse, stream);
 }
 
 bool tiled_attention_dq(const ops::AttentionDims& s, const AttentionPointers& p, float* dq,
                         cudaStream_t stream) {
-  if (!vector_aligned({p.q, p.k, p.v, p.d_o, dq})) return false;
-  return with_head_size(s, [&](auto h) {
-    constexpr int D = decltype(h)::value;
-    return launch(dq_kernel<D>, s.batch * tiles(s.tq), dq_bytes<D>(), stream, s, p, dq);
-  });
+  return Launches<Kernels>::dq(s, p, dq, stream);
 }
 
 bool tiled_attention_dkv(const ops::AttentionDims& s, const AttentionPointers& p, float* dk,
                          float* dv, cudaStream_t stream) {
-  if (!vector_aligned({p.q, p.k, p.v, p.d_o, dk, dv})) return false;
-  return with_head_size(s, [&](auto h) {
-    constexpr int D = decltype(h)::value;
-    return launch(dkv_kernel<D>, s.batch * tiles(s.tk), dkv_bytes<D>(), stream, s, p, dk, dv);
-  });
+  return Launches<Kernels>::dkv(s, p, dk, dv, stream);
 }
 
 }  // namespace stagecraft::rt::cuda

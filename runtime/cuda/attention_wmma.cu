@@ -18,24 +18,13 @@
 #include <cstdint>
 
 #include "runtime/cuda/attention_tiled.h"
+#include "runtime/cuda/attention_tiles.cuh"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
 using namespace nvcuda;
-
-constexpr int kTile = 64;
-constexpr int kThreads = 256;
-constexpr int kSq = kTile + 4;  // stride of a [64][64] tile
-constexpr int kSquareFloats = kTile * kSq;
-
-template <int D>
-struct Geometry {
-  static constexpr int kStride = D + 4;
-  static constexpr int kTileFloats = kTile * kStride;
-  static constexpr int kOutFrags = D / 32;  // output fragments per warp
-  static constexpr int kColFrags = D / 16;  // fragments across a [64][D] tile
-};
+using namespace attention_tiles;
 
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
 template <class Layout>
@@ -85,9 +74,9 @@ __device__ void scores(const float* x, const float* y, float* out) {
     Acc acc;
     wmma::fill_fragment(acc, 0.0f);
     // Y^T's element (k, n) is y[n][k]: column-major with leading dimension S.
-    product<wmma::row_major, wmma::col_major>(acc, x + 16 * rt * S, S, 8, y + 16 * ct * S, S, 8,
-                                              D);
-    wmma::store_matrix_sync(out + 16 * rt * kSq + 16 * ct, acc, kSq, wmma::mem_row_major);
+    product<wmma::row_major, wmma::col_major>(acc, x + 16 * rt * S, S, 8, y + 16 * ct * S, S, 8, D);
+    wmma::store_matrix_sync(out + 16 * rt * kSquareStride + 16 * ct, acc, kSquareStride,
+                            wmma::mem_row_major);
   }
 }
 
@@ -99,13 +88,13 @@ __device__ void accumulate(Acc (&acc)[Geometry<D>::kOutFrags], const float* w, c
 #pragma unroll
   for (int i = 0; i < Geometry<D>::kOutFrags; ++i) {
     const int f = warp() * Geometry<D>::kOutFrags + i;
-    const int rt = f / Geometry<D>::kColFrags, ct = f % Geometry<D>::kColFrags;
+    const int rt = f / Geometry<D>::kCols, ct = f % Geometry<D>::kCols;
     if constexpr (kTransposed)  // W^T's element (m, k) is w[k][m]: column-major
-      product<wmma::col_major, wmma::row_major>(acc[i], w + 16 * rt, kSq, 8 * kSq,
-                                                m + 16 * ct, S, 8 * S, kTile);
+      product<wmma::col_major, wmma::row_major>(acc[i], w + 16 * rt, kSquareStride,
+                                                8 * kSquareStride, m + 16 * ct, S, 8 * S, kTile);
     else
-      product<wmma::row_major, wmma::row_major>(acc[i], w + 16 * rt * kSq, kSq, 8,
-                                                m + 16 * ct, S, 8 * S, kTile);
+      product<wmma::row_major, wmma::row_major>(acc[i], w + 16 * rt * kSquareStride, kSquareStride,
+                                                8, m + 16 * ct, S, 8 * S, kTile);
   }
 }
 
@@ -116,19 +105,8 @@ __device__ void store_outputs(const Acc (&acc)[Geometry<D>::kOutFrags], float* t
 #pragma unroll
   for (int i = 0; i < Geometry<D>::kOutFrags; ++i) {
     const int f = warp() * Geometry<D>::kOutFrags + i;
-    const int rt = f / Geometry<D>::kColFrags, ct = f % Geometry<D>::kColFrags;
+    const int rt = f / Geometry<D>::kCols, ct = f % Geometry<D>::kCols;
     wmma::store_matrix_sync(tile + 16 * rt * S + 16 * ct, acc[i], S, wmma::mem_row_major);
-  }
-}
-
-template <int D>
-__device__ void load_tile(float* tile, const float* src, int64_t first, int64_t limit) {
-  constexpr int kVectors = D / 4;
-  for (int idx = threadIdx.x; idx < kTile * kVectors; idx += kThreads) {
-    const int r = idx / kVectors, c = idx % kVectors;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (first + r < limit) v = reinterpret_cast<const float4*>(src + (first + r) * D)[c];
-    *reinterpret_cast<float4*>(tile + r * Geometry<D>::kStride + 4 * c) = v;
   }
 }
 
@@ -142,27 +120,6 @@ __device__ void store_tile(float* dst, const float* tile, int64_t first, int64_t
       reinterpret_cast<float4*>(dst + (first + r) * D)[c] =
           *reinterpret_cast<const float4*>(tile + r * Geometry<D>::kStride + 4 * c);
   }
-}
-
-__device__ void load_rows(float* lse_s, float* delta_s, const float* lse, const float* delta,
-                          int64_t first, int64_t limit) {
-  if (threadIdx.x < kTile) {
-    const int64_t row = first + threadIdx.x;
-    lse_s[threadIdx.x] = row < limit ? lse[row] : -CUDART_INF_F;
-    delta_s[threadIdx.x] = row < limit ? delta[row] : 0.0f;
-  }
-}
-
-__device__ float masked_score(const ops::AttentionDims& s, const float* mask, int64_t plane,
-                              int64_t i, int64_t j, float dot) {
-  if (i >= s.tq || j >= ops::attention_keys_seen(s, i)) return -CUDART_INF_F;
-  return s.scale * dot + ops::attention_mask_at(s, mask, plane, i, j);
-}
-
-__device__ float probability(const ops::AttentionDims& s, const float* mask, int64_t plane,
-                             int64_t i, int64_t j, float dot, float row_lse) {
-  const float x = masked_score(s, mask, plane, i, j, dot);
-  return x == -CUDART_INF_F || row_lse == -CUDART_INF_F ? 0.0f : expf(x - row_lse);
 }
 
 // The SIMT share of a [64][64] tile: thread t holds row t / 4, columns 16 (t % 4) .. + 15.
@@ -207,7 +164,7 @@ __global__ void __launch_bounds__(kThreads)
     float x[16], m = -CUDART_INF_F;
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
-      x[c] = masked_score(s, p.mask, plane, i, k0 + col0 + c, ss[row * kSq + col0 + c]);
+      x[c] = masked_score(s, p.mask, plane, i, k0 + col0 + c, ss[row * kSquareStride + col0 + c]);
       m = fmaxf(m, x[c]);
     }
     const float next = fmaxf(top, quad_max(m));
@@ -218,7 +175,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < 16; ++c) {
       x[c] = none ? 0.0f : expf(x[c] - next);
       part += x[c];
-      ss[row * kSq + col0 + c] = x[c];
+      ss[row * kSquareStride + col0 + c] = x[c];
     }
     sum = sum * rescale + quad_sum(part);
     top = next;
@@ -229,8 +186,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int f = 0; f < G::kOutFrags; ++f) {
       const int fi = warp() * G::kOutFrags + f;
-      wmma::load_matrix_sync(acc[f], os + 16 * (fi / G::kColFrags) * G::kStride +
-                                         16 * (fi % G::kColFrags),
+      wmma::load_matrix_sync(acc[f], os + 16 * (fi / G::kCols) * G::kStride + 16 * (fi % G::kCols),
                              G::kStride, wmma::mem_row_major);
     }
     accumulate<D, false>(acc, ss, vs);
@@ -248,13 +204,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // dS of the [64][64] tile from the scores in `ss` and dO V^T in `dps`: P to `ps` (may be `ss`),
 // scale P (dP - D) to `dss` (may be `dps`).
-__device__ void probabilities_and_ds(const ops::AttentionDims& s, const float* mask,
-                                     int64_t plane, int64_t q0, int64_t k0, const float* lse_s,
+__device__ void probabilities_and_ds(const ops::AttentionDims& s, const float* mask, int64_t plane,
+                                     int64_t q0, int64_t k0, const float* lse_s,
                                      const float* delta_s, float* ss, float* dps) {
   const int row = simt_row(), col0 = simt_first_col();
 #pragma unroll 4
   for (int c = 0; c < 16; ++c) {
-    const int at = row * kSq + col0 + c;
+    const int at = row * kSquareStride + col0 + c;
     const float prob = probability(s, mask, plane, q0 + row, k0 + col0 + c, ss[at], lse_s[row]);
     ss[at] = prob;
     dps[at] = s.scale * prob * (dps[at] - delta_s[row]);
@@ -350,72 +306,49 @@ __global__ void __launch_bounds__(kThreads)
   if (dv != nullptr) store_tile<D>(dv + b * s.tk * D, vs, k0, s.tk);
 }
 
-template <int D>
-constexpr size_t forward_bytes() {
-  return sizeof(float) * (4 * Geometry<D>::kTileFloats + kSquareFloats);
-}
-template <int D>
-constexpr size_t backward_bytes() {
-  return sizeof(float) * (4 * Geometry<D>::kTileFloats + 2 * kSquareFloats + 2 * kTile);
-}
-
-template <class Kernel, class... Args>
-bool launch(Kernel kernel, int64_t blocks, size_t bytes, cudaStream_t stream, Args... args) {
-  if (blocks <= 0 || blocks > (int64_t{1} << 31) - 1) return false;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(bytes)) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
+/// This implementation's kernels and their shared bytes, for Launches.
+struct Kernels {
+  template <int D>
+  static auto forward() {
+    return forward_kernel<D>;
   }
-  kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(args...);
-  return true;
-}
-
-template <int D>
-struct HeadSize {
-  static constexpr int value = D;
+  template <int D>
+  static auto dq() {
+    return dq_kernel<D>;
+  }
+  template <int D>
+  static auto dkv() {
+    return dkv_kernel<D>;
+  }
+  template <int D>
+  static constexpr size_t forward_bytes() {
+    return sizeof(float) * (4 * Geometry<D>::kTileFloats + kSquareFloats);
+  }
+  template <int D>
+  static constexpr size_t dq_bytes() {
+    return sizeof(float) * (4 * Geometry<D>::kTileFloats + 2 * kSquareFloats + 2 * kTile);
+  }
+  template <int D>
+  static constexpr size_t dkv_bytes() {
+    return dq_bytes<D>();
+  }
 };
-template <class Body>
-bool with_head_size(const ops::AttentionDims& s, Body body) {
-  if (s.d != s.dv) return false;
-  switch (s.d) {
-    case 32: return body(HeadSize<32>{});
-    case 64: return body(HeadSize<64>{});
-    case 128: return body(HeadSize<128>{});
-    default: return false;
-  }
-}
-
-int64_t tiles(int64_t rows) { return (rows + kTile - 1) / kTile; }
 
 }  // namespace
 
 bool tensor_core_attention_forward(const ops::AttentionDims& s, const AttentionPointers& p,
                                    float* o, float* lse, cudaStream_t stream) {
-  if (!vector_aligned({p.q, p.k, p.v, o})) return false;
-  return with_head_size(s, [&](auto h) {
-    constexpr int D = decltype(h)::value;
-    return launch(forward_kernel<D>, s.batch * tiles(s.tq), forward_bytes<D>(), stream, s, p, o,
-                  lse);
-  });
+  return Launches<Kernels>::forward(s, p, o, lse, stream);
 }
 
 bool tensor_core_attention_dq(const ops::AttentionDims& s, const AttentionPointers& p, float* dq,
                               cudaStream_t stream) {
-  if (!vector_aligned({p.q, p.k, p.v, p.d_o, dq})) return false;
-  return with_head_size(s, [&](auto h) {
-    constexpr int D = decltype(h)::value;
-    return launch(dq_kernel<D>, s.batch * tiles(s.tq), backward_bytes<D>(), stream, s, p, dq);
-  });
+  return Launches<Kernels>::dq(s, p, dq, stream);
 }
 
-bool tensor_core_attention_dkv(const ops::AttentionDims& s, const AttentionPointers& p,
-                               float* dk, float* dv, cudaStream_t stream) {
-  if (!vector_aligned({p.q, p.k, p.v, p.d_o, dk, dv})) return false;
-  return with_head_size(s, [&](auto h) {
-    constexpr int D = decltype(h)::value;
-    return launch(dkv_kernel<D>, s.batch * tiles(s.tk), backward_bytes<D>(), stream, s, p, dk, dv);
-  });
+bool tensor_core_attention_dkv(const ops::AttentionDims& s, const AttentionPointers& p, float* dk,
+                               float* dv, cudaStream_t stream) {
+  return Launches<Kernels>::dkv(s, p, dk, dv, stream);
 }
 
 }  // namespace stagecraft::rt::cuda

@@ -1,0 +1,147 @@
+#pragma once
+/// \file
+/// What the two tiled attention implementations share (attention_tiled.cu on the ordinary
+/// cores, attention_wmma.cu on the tensor cores; attention_tiled.h): the tile geometry, the
+/// loads of Q, K, V and dO tiles and of each row's lse and D into shared memory, the two rules
+/// applied per score (the scaled, masked score; the probability from lse), the launcher and the
+/// dispatch on the head size. Included by those .cu files only.
+
+#include <cuda_runtime_api.h>
+#include <math_constants.h>
+
+#include <cstdint>
+
+#include "runtime/cuda/attention_tiled.h"
+
+namespace stagecraft::rt::cuda::attention_tiles {
+
+inline constexpr int kTile = 64;      ///< Queries or keys per tile (and per block).
+inline constexpr int kThreads = 256;  ///< Threads per block.
+/// A [64][64] tile of scores, probabilities or dS: rows of 68 floats (16-byte aligned, and the
+/// rows of 8 threads reading one column fall in 8 different groups of 4 banks).
+inline constexpr int kSquareStride = kTile + 4;
+inline constexpr int kSquareFloats = kTile * kSquareStride;
+
+/// A [64][D] tile of Q, K, V, dO or an output, likewise padded.
+template <int D>
+struct Geometry {
+  static constexpr int kStride = D + 4;
+  static constexpr int kTileFloats = kTile * kStride;
+  static constexpr int kCols = D / 16;      ///< Per thread (tiled); fragments across (wmma).
+  static constexpr int kOutFrags = D / 32;  ///< Output fragments per warp (wmma).
+};
+
+/// Rows first .. first + 63 of the entry's [rows][D] array `src` into `tile`; rows at or past
+/// `limit` as zeros.
+template <int D>
+__device__ void load_tile(float* tile, const float* src, int64_t first, int64_t limit) {
+  constexpr int kVectors = D / 4;
+  for (int idx = threadIdx.x; idx < kTile * kVectors; idx += kThreads) {
+    const int r = idx / kVectors, c = idx % kVectors;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (first + r < limit) v = reinterpret_cast<const float4*>(src + (first + r) * D)[c];
+    *reinterpret_cast<float4*>(tile + r * Geometry<D>::kStride + 4 * c) = v;
+  }
+}
+
+/// lse and D of rows first .. first + 63 (-inf and 0 past `limit`) into shared memory.
+__device__ inline void load_rows(float* lse_s, float* delta_s, const float* lse, const float* delta,
+                                 int64_t first, int64_t limit) {
+  if (threadIdx.x < kTile) {
+    const int64_t row = first + threadIdx.x;
+    lse_s[threadIdx.x] = row < limit ? lse[row] : -CUDART_INF_F;
+    delta_s[threadIdx.x] = row < limit && delta != nullptr ? delta[row] : 0.0f;
+  }
+}
+
+/// The scaled, masked score of query i and key j from its dot product; -inf for a key the
+/// query does not see (causal, or past the keys) and for a query past the last.
+__device__ inline float masked_score(const ops::AttentionDims& s, const float* mask, int64_t plane,
+                                     int64_t i, int64_t j, float dot) {
+  if (i >= s.tq || j >= ops::attention_keys_seen(s, i)) return -CUDART_INF_F;
+  return s.scale * dot + ops::attention_mask_at(s, mask, plane, i, j);
+}
+
+/// P of query i and key j from its dot product and the query's lse (0 for a key it does not
+/// see and for a query that sees none).
+__device__ inline float probability(const ops::AttentionDims& s, const float* mask, int64_t plane,
+                                    int64_t i, int64_t j, float dot, float row_lse) {
+  const float x = masked_score(s, mask, plane, i, j, dot);
+  return x == -CUDART_INF_F || row_lse == -CUDART_INF_F ? 0.0f : expf(x - row_lse);
+}
+
+/// Launches `kernel` on `blocks` blocks of kThreads with `bytes` of shared memory; false
+/// (nothing launched) where the device refuses that much, the plain kernels then running.
+template <class Kernel, class... Args>
+bool launch(Kernel kernel, int64_t blocks, size_t bytes, cudaStream_t stream, Args... args) {
+  if (blocks <= 0 || blocks > (int64_t{1} << 31) - 1) return false;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes)) != cudaSuccess) {
+    (void)cudaGetLastError();  // cleared: the plain kernels run instead
+    return false;
+  }
+  kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(args...);
+  return true;
+}
+
+template <int D>
+struct HeadSize {
+  static constexpr int value = D;
+};
+
+/// body(HeadSize<D>{}) for the head sizes the tiled kernels are built for (d = dv of 32, 64 or
+/// 128); false for any other.
+template <class Body>
+bool with_head_size(const ops::AttentionDims& s, Body body) {
+  if (s.d != s.dv) return false;
+  switch (s.d) {
+    case 32:
+      return body(HeadSize<32>{});
+    case 64:
+      return body(HeadSize<64>{});
+    case 128:
+      return body(HeadSize<128>{});
+    default:
+      return false;
+  }
+}
+
+/// Tiles of 64 over `rows`.
+inline int64_t tiles(int64_t rows) { return (rows + kTile - 1) / kTile; }
+
+/// The three launches of one implementation `K`, which gives, per head size D, its kernels
+/// (`K::forward<D>()`, `K::dq<D>()`, `K::dkv<D>()`) and their shared bytes
+/// (`K::forward_bytes<D>()`, `K::dq_bytes<D>()`, `K::dkv_bytes<D>()`): each false, launching
+/// nothing, where the node's head size or an operand's alignment does not suit the tiles.
+template <class K>
+struct Launches {
+  static bool forward(const ops::AttentionDims& s, const AttentionPointers& p, float* o, float* lse,
+                      cudaStream_t stream) {
+    if (!vector_aligned({p.q, p.k, p.v, o})) return false;
+    return with_head_size(s, [&](auto h) {
+      constexpr int D = decltype(h)::value;
+      return launch(K::template forward<D>(), s.batch * tiles(s.tq), K::template forward_bytes<D>(),
+                    stream, s, p, o, lse);
+    });
+  }
+  static bool dq(const ops::AttentionDims& s, const AttentionPointers& p, float* dq,
+                 cudaStream_t stream) {
+    if (!vector_aligned({p.q, p.k, p.v, p.d_o, dq})) return false;
+    return with_head_size(s, [&](auto h) {
+      constexpr int D = decltype(h)::value;
+      return launch(K::template dq<D>(), s.batch * tiles(s.tq), K::template dq_bytes<D>(), stream,
+                    s, p, dq);
+    });
+  }
+  static bool dkv(const ops::AttentionDims& s, const AttentionPointers& p, float* dk, float* dv,
+                  cudaStream_t stream) {
+    if (!vector_aligned({p.q, p.k, p.v, p.d_o, dk, dv})) return false;
+    return with_head_size(s, [&](auto h) {
+      constexpr int D = decltype(h)::value;
+      return launch(K::template dkv<D>(), s.batch * tiles(s.tk), K::template dkv_bytes<D>(), stream,
+                    s, p, dk, dv);
+    });
+  }
+};
+
+}  // namespace stagecraft::rt::cuda::attention_tiles
