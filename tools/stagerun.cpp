@@ -93,6 +93,7 @@
 // halved by a skipped step, doubled after --loss-scale-window N clean steps (runtime/exec/
 // run_types.h LossScale); one process only (not under mpirun yet).
 #include <fmt/format.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -102,6 +103,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <span>
@@ -564,7 +566,20 @@ void export_trained(std::optional<rt::mpi::World>& world, rt::Pipeline& pipeline
 
 }  // namespace
 
+/// Keeps freed memory in the process for the next step: under --data and --tokens every step is
+/// its own run (`run_batches`), whose arena and kept tensors glibc would otherwise hand back
+/// to the system at the run's end (mmap for blocks over 128 KiB, trimming the heap's top) and
+/// fault in again, page by page, in the next: gpt_tiny on 2 CPU devices took 35 ms a step fed
+/// from a token file against 23 ms from in-memory inputs, 0.9 s of 100 steps in 120,000 page
+/// faults (bench/RESULTS.md, bench/token_reader.sh). Blocks up to 32 MiB (glibc's largest
+/// threshold on 64-bit) now come from the heap, which is not trimmed.
+void keep_freed_memory() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+}
+
 int main(int argc, char** argv) {
+  keep_freed_memory();
   // A rank of mpirun runs its own plan device (runtime/mpi/world.h); alone, every device.
   std::optional<rt::mpi::World> world;
   int code = run_main("stagerun", [&] {
