@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
 build=${STAGECRAFT_GPU_BUILD:-build-gpu}
-targets="stagec stagerun stagedump stagecraft-make-samples stagecraft_cuda stagecraft-gpu-probe
+targets="stagec stagerun stagedump stagecraft-make-samples stagecraft-lm-data stagecraft_cuda stagecraft-gpu-probe
   stagecraft_grad_tests stagecraft-conformance stagecraft_gpu_pipeline_tests
   stagecraft_gpu_attention_tests stagecraft_gpu_gelu_tests"
 
@@ -31,7 +31,7 @@ trap 'rm -rf "$stage"' EXIT
 b=$stage/stagecraft
 mkdir -p "$b/bin" "$b/lib" "$b/data" "$b/samples"
 find_target() { find "$build" -name "$1" -type f -perm -u+x | head -1; }
-for t in stagec stagerun stagedump stagecraft-make-samples stagecraft-gpu-probe \
+for t in stagec stagerun stagedump stagecraft-make-samples stagecraft-lm-data stagecraft-gpu-probe \
          stagecraft_grad_tests stagecraft-conformance stagecraft_gpu_pipeline_tests \
          stagecraft_gpu_attention_tests stagecraft_gpu_gelu_tests; do
   f=$(find_target "$t")

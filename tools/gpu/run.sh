@@ -5,7 +5,7 @@
 # and $OUT/log.txt (every command's whole output); OUT defaults to ./gpu-results.
 #
 #   bash tools/gpu/run.sh [checks] [attention] [racecheck] [mpi-bench] [bench] [profiled] [torch]
-#                         [kernels] [all]
+#                         [tokens] [kernels] [all]
 #   (default all)
 #
 # A lease is short (the device tool allows 10 minutes a command), so the three checks that share
@@ -29,13 +29,16 @@
 #   from a --profile cuda database: measured step against the prediction.
 # torch: bench/gpu_vs_pytorch.sh: one-GPU training steps of a GPT-2-small-shaped model and of
 #   ResNet-50 by stagerun against PyTorch eager and torch.compile on the same GPU.
+# tokens: the torch part's GPT-2 mixed plan fed from a token file (--tokens, each step its own
+#   run) against --synthetic (one run): on CUDA each run uploads every weight and optimizer
+#   state and downloads them at its end (issue 35); needs the torch part first.
 # kernels: bench/kernel_profile.sh: the same models' steps per kernel (Nsight Compute for
 #   stagerun, torch.profiler for PyTorch eager), as tables in the summary and
 #   $OUT/kernels.tar.gz; reuses the torch part's plans when it ran first.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 parts=" ${*:-all} "
-[ "$parts" = " all " ] && parts=" checks attention racecheck mpi-bench bench profiled torch kernels "
+[ "$parts" = " all " ] && parts=" checks attention racecheck mpi-bench bench profiled torch tokens kernels "
 start_s=$(date +%s)
 deadline=${STAGECRAFT_GPU_DEADLINE:-570}
 left() { echo $((deadline - ($(date +%s) - start_s))); }
@@ -259,6 +262,23 @@ if [[ $parts == *" torch "* ]]; then
   # bench/gpu_vs_pytorch.sh reads the tools from PATH and writes its table to the summary.
   check torch "$(left)" env BUNDLE="$b" WORK="$work/torch" SUMMARY="$summary" \
     bash bench/gpu_vs_pytorch.sh
+fi
+if [[ $parts == *" tokens "* ]]; then
+  plan=$work/torch/gpt2-mixed-plan
+  if [ -d "$plan" ]; then
+    head -c 4000000 /dev/urandom >"$work/text.bin"  # bytes: tokens 0..255, in GPT-2's vocabulary
+    stagecraft-lm-data --tokens-out "$work/tokens.bin" --text "$work/text.bin" >>"$log" 2>&1
+    for feed in synthetic tokens; do
+      args=(--synthetic)
+      [ $feed = tokens ] && args=(--tokens "$work/tokens.bin")
+      if check "gpt2 mixed --$feed" 120 stagerun "$plan" --backend cuda --steps 9 --json -q \
+          "${args[@]}"; then
+        summarise "gpt2 mixed --$feed"
+      fi
+    done
+  else
+    say "SKIP tokens: no GPT-2 plan (run the torch part first)"
+  fi
 fi
 if [[ $parts == *" kernels "* ]]; then
   check kernels "$(left)" env WORK="$work/torch" SUMMARY="$summary" BUDGET_S="$(left)" \
