@@ -30,7 +30,10 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 b=$stage/stagecraft
 mkdir -p "$b/bin" "$b/lib" "$b/data" "$b/samples"
-find_target() { find "$build" -name "$1" -type f -perm -u+x | head -1; }
+# The build's own binary, never the install test's copy under tests/install (an older build's).
+find_target() {
+  find "$build" -path "$build/tests/install" -prune -o -name "$1" -type f -perm -u+x -print | head -1
+}
 for t in stagec stagerun stagedump stagecraft-make-samples stagecraft-lm-data stagecraft-gpu-probe \
          stagecraft_grad_tests stagecraft-conformance stagecraft_gpu_pipeline_tests \
          stagecraft_gpu_attention_tests stagecraft_gpu_gelu_tests; do
