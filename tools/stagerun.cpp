@@ -564,8 +564,6 @@ void export_trained(std::optional<rt::mpi::World>& world, rt::Pipeline& pipeline
                replaced);
 }
 
-}  // namespace
-
 /// Keeps freed memory in the process for the next step: under --data and --tokens every step is
 /// its own run (`run_batches`), whose arena and kept tensors glibc would otherwise hand back
 /// to the system at the run's end (mmap for blocks over 128 KiB, trimming the heap's top) and
@@ -577,6 +575,8 @@ void keep_freed_memory() {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   keep_freed_memory();

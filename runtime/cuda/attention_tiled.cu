@@ -158,8 +158,7 @@ __global__ void __launch_bounds__(kThreads)
   float* ks = qs + G::kTileFloats;
   float* vs = ks + G::kTileFloats;
   float* ps = vs + G::kTileFloats;
-  const int64_t q_tiles = (s.tq + kTile - 1) / kTile;
-  const int64_t b = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
+  const auto [b, q0] = block_tile(s.tq);
   const int64_t plane = ops::attention_mask_plane(s, b);
   const int ty = thread_row(), tx = thread_col();
   load_tile<D>(qs, p.q + b * s.tq * D, q0, s.tq);
@@ -226,8 +225,7 @@ __global__ void __launch_bounds__(kThreads)
   float* dss = vs + G::kTileFloats;
   float* lse_s = dss + kSquareFloats;
   float* delta_s = lse_s + kTile;
-  const int64_t q_tiles = (s.tq + kTile - 1) / kTile;
-  const int64_t b = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
+  const auto [b, q0] = block_tile(s.tq);
   const int64_t plane = ops::attention_mask_plane(s, b);
   const int ty = thread_row(), tx = thread_col();
   load_tile<D>(qs, p.q + b * s.tq * D, q0, s.tq);
@@ -277,8 +275,7 @@ __global__ void __launch_bounds__(kThreads)
   float* dss = ps + kSquareFloats;
   float* lse_s = dss + kSquareFloats;
   float* delta_s = lse_s + kTile;
-  const int64_t k_tiles = (s.tk + kTile - 1) / kTile;
-  const int64_t b = blockIdx.x / k_tiles, k0 = (blockIdx.x % k_tiles) * kTile;
+  const auto [b, k0] = block_tile(s.tk);
   const int64_t plane = ops::attention_mask_plane(s, b);
   const int ty = thread_row(), tx = thread_col();
   load_tile<D>(ks, p.k + b * s.tk * D, k0, s.tk);

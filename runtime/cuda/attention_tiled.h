@@ -10,19 +10,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstdint>
-#include <initializer_list>
-
 #include "runtime/cuda/attention_kernels.h"
 
 namespace stagecraft::rt::cuda {
-
-/// Whether every non-null pointer is 16-byte aligned (the tiled kernels read float4s).
-inline bool vector_aligned(std::initializer_list<const void*> pointers) {
-  for (const void* p : pointers)
-    if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
-  return true;
-}
 
 /// O and lse (which may be null), as launch_attention_forward.
 bool tiled_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p, float* o,
@@ -39,8 +29,8 @@ bool tiled_attention_dkv(const ops::AttentionDims& dims, const AttentionPointers
 /// The same three on the tensor cores (attention_wmma.cu).
 bool tensor_core_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p,
                                    float* o, float* lse, cudaStream_t stream);
-bool tensor_core_attention_dq(const ops::AttentionDims& dims, const AttentionPointers& p,
-                              float* dq, cudaStream_t stream);
+bool tensor_core_attention_dq(const ops::AttentionDims& dims, const AttentionPointers& p, float* dq,
+                              cudaStream_t stream);
 bool tensor_core_attention_dkv(const ops::AttentionDims& dims, const AttentionPointers& p,
                                float* dk, float* dv, cudaStream_t stream);
 

@@ -10,6 +10,7 @@
 #include <math_constants.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "runtime/cuda/attention_tiled.h"
 
@@ -107,7 +108,24 @@ bool with_head_size(const ops::AttentionDims& s, Body body) {
 }
 
 /// Tiles of 64 over `rows`.
-inline int64_t tiles(int64_t rows) { return (rows + kTile - 1) / kTile; }
+__host__ __device__ inline int64_t tiles(int64_t rows) { return (rows + kTile - 1) / kTile; }
+
+/// This block's batch entry and first row: the blocks walk each entry's tiles of 64 of its
+/// `rows` (queries, or keys for dK and dV), entry by entry.
+struct BlockTile {
+  int64_t entry, first;
+};
+__device__ inline BlockTile block_tile(int64_t rows) {
+  const int64_t per_entry = tiles(rows);
+  return {blockIdx.x / per_entry, (blockIdx.x % per_entry) * kTile};
+}
+
+/// Whether every non-null pointer is 16-byte aligned (the tiles are loaded as float4s).
+inline bool vector_aligned(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
 
 /// The three launches of one implementation `K`, which gives, per head size D, its kernels
 /// (`K::forward<D>()`, `K::dq<D>()`, `K::dkv<D>()`) and their shared bytes

@@ -144,8 +144,7 @@ __global__ void __launch_bounds__(kThreads)
   float* vs = ks + G::kTileFloats;
   float* os = vs + G::kTileFloats;
   float* ss = os + G::kTileFloats;
-  const int64_t q_tiles = (s.tq + kTile - 1) / kTile;
-  const int64_t b = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
+  const auto [b, q0] = block_tile(s.tq);
   const int64_t plane = ops::attention_mask_plane(s, b);
   load_tile<D>(qs, p.q + b * s.tq * D, q0, s.tq);
   for (int idx = threadIdx.x; idx < G::kTileFloats; idx += kThreads) os[idx] = 0.0f;
@@ -230,8 +229,7 @@ __global__ void __launch_bounds__(kThreads)
   float* dps = ss + kSquareFloats;
   float* lse_s = dps + kSquareFloats;
   float* delta_s = lse_s + kTile;
-  const int64_t q_tiles = (s.tq + kTile - 1) / kTile;
-  const int64_t b = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
+  const auto [b, q0] = block_tile(s.tq);
   const int64_t plane = ops::attention_mask_plane(s, b);
   load_tile<D>(qs, p.q + b * s.tq * D, q0, s.tq);
   load_tile<D>(dos, p.d_o + b * s.tq * D, q0, s.tq);
@@ -272,8 +270,7 @@ __global__ void __launch_bounds__(kThreads)
   float* dps = ss + kSquareFloats;
   float* lse_s = dps + kSquareFloats;
   float* delta_s = lse_s + kTile;
-  const int64_t k_tiles = (s.tk + kTile - 1) / kTile;
-  const int64_t b = blockIdx.x / k_tiles, k0 = (blockIdx.x % k_tiles) * kTile;
+  const auto [b, k0] = block_tile(s.tk);
   const int64_t plane = ops::attention_mask_plane(s, b);
   load_tile<D>(ks, p.k + b * s.tk * D, k0, s.tk);
   load_tile<D>(vs, p.v + b * s.tk * D, k0, s.tk);
