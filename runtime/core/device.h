@@ -71,6 +71,12 @@ class DeviceContext {
   /// Whether the device's tensors are host memory (the CPU backend): then host tensors are used
   /// as they are, with no copy (`to_device`, `to_host`).
   virtual bool host_visible() const { return true; }
+  /// A context outlives the run that made it (the pipeline keeps it for the next,
+  /// runtime/exec/pipeline.h): each run's worker thread calls `bind_thread` before it uses the
+  /// context (CUDA: its GPU made current) and `unbind_thread` when done with it (the CPU: what
+  /// must be freed by the thread that made it is).
+  virtual void bind_thread() {}
+  virtual void unbind_thread() {}
   /// Waits until everything the device was asked to do is done (a kernel's output may then be
   /// read by another device's worker). Nothing to wait for where kernels run synchronously.
   virtual void synchronize() {}

@@ -117,6 +117,10 @@ ConvCache& CpuContext::conv_cache() {
   return *conv_cache_;
 }
 
+void CpuContext::unbind_thread() {
+  if (conv_cache_) conv_cache_->plans.clear();
+}
+
 namespace {
 
 // The plan for `g` on `engine`, built on first use in this context.

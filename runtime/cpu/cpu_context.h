@@ -35,6 +35,11 @@ class CpuContext : public DeviceContext {
 
   /// The convolution kernels' cache (conv.cpp), made on first use.
   ConvCache& conv_cache();
+  /// The thread that used the context lets it go (a run's worker at the run's end): the
+  /// convolution plans are dropped here, to be made again by the next thread, since a oneDNN
+  /// primitive keeps its scratchpad in the thread that made it (the library's default "global"
+  /// scratchpad is thread-local and counted per thread): run or freed in another, it crashes.
+  void unbind_thread() override;
 
   std::unique_ptr<Buffer> allocate(int64_t bytes) override;
   Tensor new_tensor(DType dtype, Shape shape, bool zeroed) override;

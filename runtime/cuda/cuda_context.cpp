@@ -124,6 +124,8 @@ CudaContext::CudaContext(int device) {
   stream_ = gpu_stream(gpu_);
 }
 
+void CudaContext::bind_thread() { use_gpu(gpu_); }
+
 CudaContext::~CudaContext() {
   cudaSetDevice(gpu_);
   cudaStreamSynchronize(stream_);

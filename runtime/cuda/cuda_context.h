@@ -68,6 +68,7 @@ class CudaContext : public DeviceContext {
   int64_t pool_peak_bytes() const;
 
   bool host_visible() const override { return false; }
+  void bind_thread() override;
   void synchronize() override;
   Tensor adopt(const Tensor& t) override;
   double time_ms(const std::function<void()>& body) override;

@@ -51,14 +51,22 @@ void DeviceWorker::run() {
     run_.reports[device_].device_peak_bytes = use.peak_bytes;
     run_.reports[device_].device_used_bytes = use.used_bytes;
   });
-  guarded([&] { release_device_copies(); });
+  guarded([&] { end_run(); });
 }
 
 void DeviceWorker::setup() {
   const PipelineParts& p = run_.pipeline;
   omp_set_num_threads(p.threads_per_device);
-  context_ = p.backend.make_device(device_, p.threads_per_device);
-  if (!context_->host_visible()) upload_stages();
+  ResidentDevice& home = resident();
+  if (home.context) {  // kept from the pipeline's last run
+    context_ = std::move(home.context);
+    context_->bind_thread();
+  } else {
+    context_ = p.backend.make_device(device_, p.threads_per_device);
+  }
+  if (!context_->host_visible())
+    for (StageRuntime* st : own_stages())
+      if (!st->on_device) upload_stage(*context_, *st, run_.global_step);
   int64_t arena_bytes = 0, weight_bytes = 0;
   for (StageRuntime* st : own_stages()) {
     // Training keeps the forward values whose bytes the backward reads (StageRuntime::stash);
@@ -69,7 +77,12 @@ void DeviceWorker::setup() {
     weight_bytes += st->program.weight_bytes();
   }
   // One arena per device: its stages run one at a time, so the largest plan serves all.
-  arena_ = context_->allocate(arena_bytes);
+  if (home.arena && home.arena->size() >= arena_bytes) {
+    arena_ = std::move(home.arena);
+  } else {
+    home.arena.reset();
+    arena_ = context_->allocate(arena_bytes);
+  }
   MemoryMeter& meter = run_.meters[device_];
   run_.reports[device_].arena_bytes = arena_bytes;
   run_.reports[device_].weight_bytes = weight_bytes;
@@ -83,60 +96,37 @@ void DeviceWorker::setup() {
   if (run_.training && run_.replicas > 1) plan_buckets();
 }
 
-void DeviceWorker::upload_stages() {
-  for (StageRuntime* st : own_stages()) {
-    st->host_weights = st->weights;
-    std::map<std::string, Tensor> on_device;
-    for (const auto& [name, w] : st->weights) on_device[name] = to_device(*context_, w);
-    st->program.rebind_weights(on_device);
-    st->weights = std::move(on_device);
-    if (st->backward) {
-      st->host_backward_weights = st->backward->weights();
-      std::map<std::string, Tensor> constants;
-      for (const auto& [name, w] : st->host_backward_weights)
-        constants[name] = to_device(*context_, w);
-      st->backward->rebind_weights(constants);
-    }
-    st->host_opt_state = st->opt_state;
-    for (auto& [name, state] : st->opt_state)
-      for (auto& [key, t] : state.tensors) t = to_device(*context_, t);
-    st->on_device = true;
-  }
+void DeviceWorker::download(int64_t step) {
+  for (StageRuntime* st : own_stages()) download_stage(*context_, *st, step);
 }
 
-void DeviceWorker::download() {
-  for (StageRuntime* st : own_stages()) {
-    if (!st->on_device) continue;
-    for (const auto& [name, w] : st->weights) {
-      Tensor& host = st->host_weights.at(name);  // the program's own bytes: updated in place
-      if (w.bytes() > 0) context_->read(w, host.data, w.bytes());
-    }
-    for (const auto& [name, state] : st->opt_state)
-      for (const auto& [key, t] : state.tensors) {
-        Tensor& host = st->host_opt_state[name].tensors[key];
-        if (host.dtype != t.dtype || host.shape != t.shape)
-          host = Tensor::uninitialized(t.dtype, t.shape);  // made by the optimizer on the device
-        if (t.bytes() > 0) context_->read(t, host.data, t.bytes());
-      }
+void DeviceWorker::end_run() {
+  if (context_ == nullptr) return;
+  if (!run_.failed()) {  // the next run goes on with the device as this one leaves it
+    context_->unbind_thread();
+    ResidentDevice& home = resident();
+    home.context = std::move(context_);
+    home.arena = std::move(arena_);
+    return;
   }
-}
-
-void DeviceWorker::release_device_copies() {
-  if (context_ == nullptr || context_->host_visible()) return;
-  // The host gets the device's values unless the device is in an unknown state: an error
-  // mid-step leaves the host with the last values it had.
-  if (!run_.failed()) download();
-  for (StageRuntime* st : own_stages()) {
-    if (!st->on_device) continue;
-    st->program.rebind_weights(st->host_weights);
-    if (st->backward) st->backward->rebind_weights(st->host_backward_weights);
-    st->weights = std::move(st->host_weights);
-    st->opt_state = std::move(st->host_opt_state);
-    st->host_weights.clear();
-    st->host_opt_state.clear();
-    st->host_backward_weights.clear();
-    st->on_device = false;
+  // A failed run: the context and arena go with this worker, and the weights and optimizer
+  // state back to the host as the failure left them (as the CPU's, which are the host's: a step
+  // cut short may have updated some weights). A device that cannot be read any more loses what
+  // training changed since the host last got it, and the run's error says so.
+  if (context_->host_visible()) return;
+  try {
+    download(run_.global_step + step_);
+  } catch (const std::exception& e) {
+    int64_t since = -1;
+    for (StageRuntime* st : own_stages())
+      if (st->on_device && st->host_stale) since = since < 0 ? st->host_step : std::min(since, st->host_step);
+    if (since >= 0)
+      run_.note_failure(fmt::format(
+          "device {}'s weights and optimizer state could not be read back after the failure ({}): "
+          "the host holds them as of step {}; what training changed since is lost",
+          device_, e.what(), since));
   }
+  for (StageRuntime* st : own_stages()) release_stage(*st);
 }
 
 void DeviceWorker::wait_for_all(const char* when) {
@@ -152,6 +142,8 @@ void DeviceWorker::wait_for_all(const char* when) {
 void DeviceWorker::run_step() {
   wait_for_all("waiting for every device at the step's start");
   if (device_ == run_.first_device) run_.step_start[step_] = run_.seconds();
+  if (keeps_for_backward())  // a training step changes the weights (and running statistics)
+    for (StageRuntime* st : own_stages()) st->host_stale = st->on_device;
   sample_memory();
   const std::vector<schedule::Instruction>& list =
       run_.pipeline.schedule[static_cast<size_t>(pipeline_device_)];
@@ -265,7 +257,7 @@ bool DeviceWorker::after_step() {
   if (!checkpoint) return !stopping;
   // A device of its own memory first gives the host its weights and optimizer state.
   if (!context_->host_visible()) {
-    download();
+    download(done);
     run_.barrier.arrive_and_wait();
   }
   // Device 0 saves while the others wait at the barrier (nothing changes the weights).

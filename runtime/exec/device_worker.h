@@ -64,13 +64,19 @@ class DeviceWorker {
     int64_t input_bytes = 0, stash_bytes = 0;
   };
 
+  /// The device's context and arena (the pipeline's from its last run, else new ones), and on
+  /// a device whose memory is not the host's the stages' weights and optimizer state copied to
+  /// it where they are not yet (`upload_stage`; they stay there from run to run).
   void setup();
-  /// A device whose memory is not the host's: the stages' weights and optimizer state copied
-  /// to it (`StageRuntime::on_device`), and back (`download`), and the host's bound again
-  /// (`release_device_copies`, at the end of every run, failed or not).
-  void upload_stages();
-  void download();
-  void release_device_copies();
+  /// The device's values of its stages into the host's copies (`download_stage`), as of
+  /// optimizer step `step`: before a checkpoint, and after a failed run.
+  void download(int64_t step);
+  /// The run's end: the context and arena back to the pipeline for its next run; after a
+  /// failure dropped, with the stages' values downloaded as the failure left them and the
+  /// host's bound again.
+  void end_run();
+  /// The pipeline's kept state of this device.
+  ResidentDevice& resident() const { return *run_.pipeline.resident[static_cast<size_t>(device_)]; }
   /// Waits for every device at the step barrier; an error (another rank that never arrives)
   /// names the step and `when`.
   void wait_for_all(const char* when);

@@ -401,6 +401,7 @@ std::vector<Pipeline::StageLoad> Pipeline::loads() const {
 }
 
 const std::map<std::string, Tensor>& Pipeline::stage_weights(int stage) const {
+  sync_host();
   const StageRuntime& st = first_replica_stage(stage);
   return st.on_device ? st.host_weights : st.weights;  // the host's, also mid-run
 }
@@ -415,6 +416,7 @@ bool Pipeline::trains(int stage, const std::string& weight) const {
 }
 
 std::map<std::string, optim::OptimizerState>& Pipeline::optimizer_state(int stage) {
+  sync_host();
   StageRuntime& st = first_replica_stage(stage);
   return st.on_device ? st.host_opt_state : st.opt_state;
 }
@@ -424,6 +426,7 @@ const std::map<std::string, Tensor>& Pipeline::replica_weights(int replica, int 
   if (replica < 0 || replica >= replicas_ || stage < 0 || stage >= static_cast<int>(count) ||
       !runs_device(replica * plan_.devices + plan_.stages[static_cast<size_t>(stage)].device))
     fail(ErrorKind::kInternal, "replica {}'s stage {} is not run here", replica, stage);
+  sync_host();
   const StageRuntime& st =
       *stages_[static_cast<size_t>(replica) * count + static_cast<size_t>(stage)];
   return st.on_device ? st.host_weights : st.weights;
@@ -441,6 +444,7 @@ Tensor part_of(const Tensor& whole, int64_t lo, int64_t hi) {
 }  // namespace
 
 void Pipeline::copy_first_replica() {
+  sync_host();
   for (size_t k = 0; k < plan_.stages.size(); ++k) {
     StageRuntime& first = first_replica_stage(static_cast<int>(k));
     if (first.weights.empty()) continue;  // another process's
@@ -479,6 +483,7 @@ void Pipeline::copy_first_replica() {
 }
 
 std::map<std::string, optim::OptimizerState> Pipeline::whole_optimizer_state(int stage) const {
+  sync_host();
   const StageRuntime& first = first_replica_stage(stage);
   auto state_of = [](const StageRuntime& st) -> const std::map<std::string, optim::OptimizerState>& {
     return st.on_device ? st.host_opt_state : st.opt_state;

@@ -30,7 +30,8 @@
 
 namespace stagecraft::rt {
 
-struct StageRuntime;  // runtime/exec/stage_runtime.h
+struct StageRuntime;    // runtime/exec/stage_runtime.h
+struct ResidentDevice;  // runtime/exec/stage_runtime.h
 
 class Pipeline {
  public:
@@ -76,7 +77,22 @@ class Pipeline {
 
   /// Runs `options.steps` steps on the same inputs. The first worker error stops every worker
   /// and is rethrown (never a hang).
+  ///
+  /// Each device's context (streams, library handles, caches, buffer pool) and arena outlive
+  /// the run for the next, and on a device whose memory is not the host's (CUDA) so do the
+  /// weights and optimizer state copied to it: a training loop of one run per step (stagerun
+  /// --data, --tokens) moves no weights between host and device. The host's copies are made
+  /// current before every checkpoint and whenever an accessor below asks for them between
+  /// runs (`sync_host`). A failed run drops its devices' contexts and gives the host the
+  /// weights as the failure left them (as on the CPU, whose memory is the host's).
   RunReport run(const std::map<std::string, Tensor>& inputs, const RunOptions& options);
+
+  /// Between runs: the host's copies of every stage's weights and optimizer state made current
+  /// (a device of its own memory gives back what training changed) and the devices' copies let
+  /// go, so the host's may be read and written; the next run uploads them again. Every accessor
+  /// of the training state below calls it. Nothing to do on the CPU, nor during a run (from
+  /// `RunOptions::checkpoint`, the workers have just made the host's current).
+  void sync_host() const;
 
   // Training state (checkpoints, export: runtime/exec/checkpoint.h): the first replica's
   // stages (every replica holds the same). Not to be used while run() is running (except from
@@ -170,6 +186,11 @@ class Pipeline {
   std::vector<int> local_devices_;
   int64_t steps_done_ = 0;  ///< Optimizer steps taken by earlier runs (the lr schedule goes on).
   LossScale loss_scale_;
+  /// Per device (R x P), what it keeps between runs (run()); made for this process's devices
+  /// at their first run. `sync_host` (const: the host's view made current) lets go of stages.
+  std::vector<std::shared_ptr<ResidentDevice>> resident_;
+  /// Whether run() is running (its workers own the devices; `sync_host` leaves them be).
+  bool running_ = false;
 };
 
 }  // namespace stagecraft::rt

@@ -138,6 +138,15 @@ RunState::RunState(const PipelineParts& pipeline_, const std::map<std::string, T
     };
 }
 
+void RunState::note_failure(const std::string& note) {
+  std::lock_guard lock(error_mutex);
+  if (!first_error) return;
+  Error noted(first_error->kind(), fmt::format("{}; {}", first_error->message(), note));
+  const std::vector<std::string>& context = first_error->context();  // outermost first
+  for (auto it = context.rbegin(); it != context.rend(); ++it) noted.in(*it);
+  first_error = std::move(noted);
+}
+
 double RunState::seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -325,12 +334,19 @@ RunReport Pipeline::run(const std::map<std::string, Tensor>& inputs, const RunOp
                             .links = links_,
                             .local_devices = local_devices_,
                             .scales_loss = scales_loss(),
+                            .resident = resident_,
                             .steps_done = steps_done_,
                             .loss_scale = loss_scale_};
+  resident_.resize(static_cast<size_t>(devices()));
+  for (int d : local_devices_)
+    if (!resident_[static_cast<size_t>(d)])
+      resident_[static_cast<size_t>(d)] = std::make_shared<ResidentDevice>();
   RunState run(parts, inputs, options);
   std::vector<std::thread> threads;
+  running_ = true;
   for (int d : local_devices_) threads.emplace_back([&run, d] { DeviceWorker(d, run).run(); });
   for (std::thread& t : threads) t.join();
+  running_ = false;
   if (run.first_error) {
     // Steps that did not finish leave no optimizer step behind in the count (a checkpoint
     // taken during the run recorded its own); keep the count at the last finished step.

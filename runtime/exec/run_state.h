@@ -46,6 +46,9 @@ struct PipelineParts {
   const std::vector<Link>& links;
   const std::vector<int>& local_devices;  ///< The devices this process runs, ascending.
   bool scales_loss = false;               ///< Pipeline::scales_loss.
+  /// Per device (R x P), what it keeps between runs: those of this process's devices are made
+  /// before the run, and each is used only by its device's worker.
+  const std::vector<std::shared_ptr<ResidentDevice>>& resident;
   /// Optimizer steps done: the first device's worker sets it before a checkpoint is saved.
   int64_t& steps_done;
   /// Dynamic loss scaling's state: read by every worker, moved on by the first device's between
@@ -147,6 +150,8 @@ struct RunState {
   void stop_all(Error error);
   /// Whether some worker has failed (`stop_all` was called).
   bool failed();
+  /// Adds `note` (a consequence of the failure) to the end of the first error's message.
+  void note_failure(const std::string& note);
   /// Run by the last of this process's devices to arrive at the step barrier: this process's
   /// stop request (RunOptions::stop_requested) and overflow flag of `barrier_step` go out to the
   /// other processes (RunOptions::step_barrier), and each is set here where any process's is;

@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "runtime/core/device.h"
 #include "runtime/core/program.h"
 #include "runtime/core/tensor.h"
 #include "runtime/format/plan.h"
@@ -68,13 +70,38 @@ struct StageRuntime {
     return lo < hi ? std::pair{lo - w.offset, hi - w.offset} : std::pair<int64_t, int64_t>{0, 0};
   }
   // A device whose memory is not the host's (CUDA) runs with its own copies of the weights and
-  // optimizer state for the length of a run: `weights` and `opt_state` are then those copies,
-  // and the host tensors wait here, getting the device's values back before every checkpoint
-  // and at the end of the run (device_worker.cpp). The pipeline's accessors give the host ones.
+  // optimizer state: `weights` and `opt_state` are then those copies, and the host tensors wait
+  // here. The copies stay on the device from one run to the next (a training loop of one run
+  // per step moves no weights), and the host gets the device's values back before every
+  // checkpoint and whenever the pipeline's accessors are asked for them between runs
+  // (`Pipeline::sync_host`, which also hands the weights back to the host: they may be written
+  // then, and the next run uploads them again). The pipeline's accessors give the host ones.
   bool on_device = false;
+  /// On the device: a training step changed its copies since the host last got them, which
+  /// was after optimizer step `host_step`.
+  bool host_stale = false;
+  int64_t host_step = 0;
   std::map<std::string, Tensor> host_weights;
   std::map<std::string, optim::OptimizerState> host_opt_state;
   std::map<std::string, Tensor> host_backward_weights;
+};
+
+/// The stage's weights and optimizer state copied to `device` (`on_device`), its programs bound
+/// to the copies, the host's kept in `host_*`; `step`: the optimizer steps done.
+void upload_stage(DeviceContext& device, StageRuntime& st, int64_t step);
+/// The device's values of the stage's weights and optimizer state into the host's copies (the
+/// program's own bytes, updated in place), as of optimizer step `step`. Nothing when not on it.
+void download_stage(DeviceContext& device, StageRuntime& st, int64_t step);
+/// The programs bound to the host's copies again, the device's dropped (`on_device` cleared).
+void release_stage(StageRuntime& st);
+
+/// What a device keeps from one run to the next (Pipeline holds one per device it runs): its
+/// context (streams, library handles, caches, the CPU's buffer pool) and its arena, so a run
+/// neither makes them again nor faults fresh memory in. Taken by the run's worker for the run
+/// and given back at its end; a failed run drops them (the device's state is then unknown).
+struct ResidentDevice {
+  std::unique_ptr<DeviceContext> context;
+  std::unique_ptr<Buffer> arena;
 };
 
 }  // namespace stagecraft::rt

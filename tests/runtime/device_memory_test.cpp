@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -63,11 +64,29 @@ class RegisteredBuffer final : public Buffer {
   std::unique_ptr<Buffer> inner_;
 };
 
+// Bytes copied between the host and the test devices, all of them together.
+struct Traffic {
+  std::atomic<int64_t> written{0}, read{0};
+};
+
+Traffic& traffic() {
+  static Traffic t;
+  return t;
+}
+
 // The CPU device, but its memory counts as its own.
 class SeparateContext final : public cpu::CpuContext {
  public:
   SeparateContext() : cpu::CpuContext(1) {}
   bool host_visible() const override { return false; }
+  void write(Tensor& dst, const void* host, int64_t bytes) override {
+    traffic().written += bytes;
+    cpu::CpuContext::write(dst, host, bytes);
+  }
+  void read(const Tensor& src, void* host, int64_t bytes) override {
+    traffic().read += bytes;
+    cpu::CpuContext::read(src, host, bytes);
+  }
   std::unique_ptr<Buffer> allocate(int64_t bytes) override {
     return std::make_unique<RegisteredBuffer>(cpu::CpuContext::allocate(bytes));
   }
@@ -216,6 +235,71 @@ TEST_CASE("a device of its own memory runs plans as the host does, bit for bit")
       CHECK(got.final_weights == want.final_weights);
       if (training) CHECK(got.final_weights != snapshot_of_initial(o));
     }
+}
+
+int64_t weight_bytes(const Snapshot& s) {
+  int64_t total = 0;
+  for (const auto& stage : s)
+    for (const auto& [name, bytes] : stage) total += static_cast<int64_t>(bytes.size());
+  return total;
+}
+
+// A training loop of one run per step (stagerun --data, --tokens) on a device of its own
+// memory: the weights and optimizer state stay on the device from run to run, the host gets
+// them when it asks between runs, and what the host writes then is what the next run trains.
+TEST_CASE("a device of its own memory keeps the weights between runs") {
+  const SeparateMemoryBackend separate;
+  plan::PlanOptions o = options_for("gpt_tiny.onnx", "cross-entropy", 2, true, "1f1b");
+  testing::TempDir dir;
+  plan::PlannedModel planned = plan::make_plan(o);
+  plan::write_plan(planned, dir.file("plan"));
+  auto host = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+  auto device = Pipeline::load(dir.file("plan"), separate, 1);
+  const auto inputs = host->synthetic_inputs();
+  const int64_t weights = weight_bytes(snapshot(*host));
+  REQUIRE(weights > 100000);
+  RunOptions one;
+  one.steps = 1;
+  RunOptions eval = one;
+  eval.forward_only = true;
+
+  // Four runs of a step, an evaluation after the second: as the CPU's, bit for bit.
+  std::vector<int64_t> written, read;
+  for (int s = 0; s < 4; ++s) {
+    const int64_t w0 = traffic().written, r0 = traffic().read;
+    CHECK(device->run(inputs, one).losses == host->run(inputs, one).losses);
+    written.push_back(traffic().written - w0);
+    read.push_back(traffic().read - r0);
+    if (s == 1) CHECK(device->run(inputs, eval).losses == host->run(inputs, eval).losses);
+  }
+  // The first run uploads the weights; the later ones move only their inputs and results.
+  CHECK(written[0] > weights);
+  for (int s = 1; s < 4; ++s) {
+    CAPTURE(s);
+    CHECK(written[s] == written[1]);
+    CHECK(written[s] < weights / 10);
+    CHECK(read[s] < weights / 10);
+  }
+  // Asked between runs, the host gets the trained weights back (Adam's state too: the next
+  // steps agree only if it came back and goes up again).
+  int64_t r0 = traffic().read;
+  const Snapshot trained = snapshot(*device);
+  CHECK(traffic().read - r0 >= 2 * weights);
+  CHECK(trained == snapshot(*host));
+  CHECK(trained != snapshot_of_initial(o));
+
+  // What the host writes between runs is what the next run trains on.
+  for (Pipeline* p : {host.get(), device.get()})
+    for (const auto& [name, t] : p->stage_weights(0)) {
+      if (t.dtype != DType::kFloat32) continue;
+      float* v = reinterpret_cast<float*>(t.data);
+      for (int64_t k = 0; k < t.numel(); ++k) v[k] *= 0.5f;
+    }
+  const int64_t w0 = traffic().written;
+  const std::vector<double> halved = host->run(inputs, one).losses;
+  CHECK(device->run(inputs, one).losses == halved);
+  CHECK(traffic().written - w0 > weights);
+  CHECK(snapshot(*device) == snapshot(*host));
 }
 
 }  // namespace
