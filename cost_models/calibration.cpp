@@ -128,6 +128,22 @@ double mean(const std::vector<double>& values) {
   return values.empty() ? 0 : sum / static_cast<double>(values.size());
 }
 
+// The median over the steps of each one's measured length less its instructions' span, at
+// least 0 (a step's length and its events come from one clock; 0 without lengths).
+double step_overhead(const std::vector<TracedStep>& steps, const std::vector<double>& step_ms) {
+  std::vector<double> beyond;
+  for (size_t k = 0; k < step_ms.size(); ++k) {
+    if (steps[k].empty()) continue;
+    double first = steps[k].front().start_s, last = steps[k].front().end_s;
+    for (const TracedInstruction& e : steps[k]) {
+      first = std::min(first, e.start_s);
+      last = std::max(last, e.end_s);
+    }
+    beyond.push_back(step_ms[k] - (last - first) * 1e3);
+  }
+  return beyond.empty() ? 0.0 : std::max(0.0, quantile(beyond, 0.5));
+}
+
 }  // namespace
 
 double InstructionTerms::fixed_ms(schedule::Op op) const {
@@ -144,11 +160,15 @@ double InstructionTerms::factor(int stage, schedule::Op op) const {
 
 InstructionTerms fit_calibration(const std::vector<TracedStep>& steps,
                                  const std::vector<StagePrediction>& predicted, int capacity,
-                                 const InstructionTerms& fallback) {
+                                 const InstructionTerms& fallback,
+                                 const std::vector<double>& step_ms) {
   if (steps.empty())
     fail(ErrorKind::kUsage,
          "calibration needs at least one steady step (the first is left out): run stagerun with "
          "--steps 3 or more");
+  if (!step_ms.empty() && step_ms.size() != steps.size())
+    fail(ErrorKind::kUsage, "calibration: {} step lengths for {} traced steps", step_ms.size(),
+         steps.size());
   Samples samples;
   std::vector<std::vector<double>> start_delay_ms;  // per device, per step
   for (const TracedStep& step : steps) {
@@ -191,6 +211,7 @@ InstructionTerms fit_calibration(const std::vector<TracedStep>& steps,
   }
   for (const std::vector<double>& delays : start_delay_ms)
     terms.device_start_ms.push_back(mean(delays));
+  terms.step_overhead_ms = step_overhead(steps, step_ms);
   terms.stage_factors.resize(predicted.size());
   std::map<std::string, std::pair<double, double>> kind_sums;  // kind -> (sum d p, sum p^2)
   for (const auto& [key, pp] : samples.sum_pp) {

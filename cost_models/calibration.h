@@ -31,7 +31,11 @@
 /// - ALLREDUCE, ALLREDUCE_SHARED (and an exchange with no matching peer instruction): c_k is the
 ///   mean gap plus the 10th percentile of the slices (one that did not wait);
 /// - per device, the mean delay of its first instruction after the step's first one
-///   (`device_start_ms`: the wake-up from the barrier between steps).
+///   (`device_start_ms`: the wake-up from the barrier between steps);
+/// - per step, what it takes beyond its instructions (`step_overhead_ms`): its measured length
+///   (stagerun's step: the barriers at its start and end, the inputs handed to the devices)
+///   less the span of its traced instructions, the median over the steps. The simulator adds
+///   it to the step it plays.
 ///
 /// Factors that follow the ops (`InstructionTerms::op_factors`). A factor indexed by stage
 /// belongs to the ops that stage held: a plan with other cuts would apply it to other ops. The
@@ -54,26 +58,6 @@
 /// kind, its ops' factors weighted by their predicted times (`StageFactorSum`); a stage's extras
 /// beyond its ops (gradient accumulation, a recomputed forward) take the same factor. A
 /// calibration kept before op factors existed (no `op_factors`) applies by stage index.
-///
-/// Factors that follow the ops (`InstructionTerms::op_factors`). A stage-indexed factor belongs
-/// to the ops the stage held; a plan with other cuts would apply it to other ops. The trace times
-/// instructions, not ops: per compute kind it gives one measured factor per stage, F_s, against
-/// the stage's ops' predicted times. When the plan lists its ops (plan.json "ops"), the fit
-/// turns the F_s into factors keyed by what a later plan can find again:
-/// - by op type (FWD and BWD), when the stages determine them: with w_{s,g} the share of op type
-///   g in stage s's predicted time (scaled to the stage's time, so a stage's extras, its
-///   gradient accumulation, go with its ops), F_s = sum_g f_g w_{s,g} for every stage, solved by
-///   least squares when there are at least as many stages as op types, the system has full
-///   rank and every f_g comes out positive (a pipeline of a few stages over a model of many op
-///   types does not: a sweep over more stages, or a model of few op types, does);
-/// - otherwise by op (node name): each op takes the factor of the stage that held it, which
-///   reproduces the stage factors for the same cuts and moves each op's factor with it when
-///   the cuts move (BWD_INPUT and BWD_WEIGHT always: the plan's ops do not split B from W);
-/// - OPT_STEP, which no op's time predicts, one factor for every stage: sum d p / sum p^2
-///   over all stages. So is `OpFactorTable::other` of every kind, what an op not in the table
-///   (a node the calibrated plan did not have) gets.
-/// A later plan gives each stage, per kind, its ops' factors weighted by their predicted times
-/// (`StageFactorSum`). Calibrations kept before (no `op_factors`) apply by stage index as before.
 
 #include <map>
 #include <optional>
@@ -116,6 +100,8 @@ struct InstructionTerms {
   std::string trace;  ///< Calibration: the trace it was fitted from.
   /// Calibration: the median measured step of that trace (steady steps), milliseconds.
   double measured_step_ms = 0;
+  /// Calibration: milliseconds a step takes beyond its instructions (the file comment).
+  double step_overhead_ms = 0;
   int steps = 0;  ///< Calibration: steady steps fitted.
   /// Calibration: per compute kind name, factors that follow the ops, which a plan with other
   /// cuts applies to each stage's own ops (`StageFactorSum`) in place of `stage_factors`; empty
@@ -200,11 +186,14 @@ struct StagePrediction {
 /// leaves the first out) of a run of a plan whose stages `predicted` describes, as the file
 /// comment says; `capacity` is the messages a link holds (schedule::link_capacity). A kind with
 /// no instruction in the trace keeps `fallback`'s fixed cost; a
-/// (stage, kind) with no instruction or a prediction of 0 gets no factor. Throws `Error(kUsage)`
-/// when `steps` is empty or an instruction names a stage outside `predicted`.
+/// (stage, kind) with no instruction or a prediction of 0 gets no factor. `step_ms`: each
+/// step's measured length, milliseconds, in the order of `steps` (empty: no step overhead).
+/// Throws `Error(kUsage)` when `steps` is empty, an instruction names a stage outside
+/// `predicted`, or `step_ms` is given for another number of steps.
 InstructionTerms fit_calibration(const std::vector<TracedStep>& steps,
                                  const std::vector<StagePrediction>& predicted, int capacity,
-                                 const InstructionTerms& fallback = {});
+                                 const InstructionTerms& fallback = {},
+                                 const std::vector<double>& step_ms = {});
 
 /// The factors that follow the ops (the file comment says which basis each kind gets), from
 /// what `fit_calibration` measured: per stage its factor by compute kind name

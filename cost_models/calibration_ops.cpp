@@ -185,6 +185,7 @@ InstructionTerms InstructionTerms::for_split(const std::vector<StageFactorSum>& 
   out.device_start_ms = device_start_ms;
   out.trace = trace;
   out.measured_step_ms = measured_step_ms;
+  out.step_overhead_ms = step_overhead_ms;
   out.steps = steps;
   for (const StageFactorSum& stage : stages) out.stage_factors.push_back(stage.factors(*this));
   return out;

@@ -136,12 +136,17 @@ std::map<std::string, double> read_instruction_ms(const JsonValue& value) {
 InstructionTerms read_calibration(const JsonValue& value) {
   JsonObject f =
       value.object({"trace", "measured_step_ms", "steps", "instruction_ms", "stage_factors",
-                    "device_start_ms", "op_factors"});
+                    "device_start_ms", "op_factors", "step_overhead_ms"});
   InstructionTerms t;
   t.source = "calibration";
   t.trace = f.string("trace");
   t.measured_step_ms = f.number("measured_step_ms");
   t.steps = f.int32("steps");
+  if (f.has("step_overhead_ms")) {  // absent in calibrations kept before it: none
+    t.step_overhead_ms = f.number("step_overhead_ms");
+    if (!(t.step_overhead_ms >= 0) || !std::isfinite(t.step_overhead_ms))
+      f.fail("step_overhead_ms", fmt::format("is {}; it must be >= 0", t.step_overhead_ms));
+  }
   t.instruction_ms = read_instruction_ms(f.at("instruction_ms"));
   if (auto starts = f.find("device_start_ms")) {
     t.device_start_ms = starts->numbers();
@@ -166,7 +171,8 @@ nlohmann::ordered_json calibration_json(const InstructionTerms& t) {
                              {"steps", t.steps},
                              {"instruction_ms", t.instruction_ms},
                              {"stage_factors", std::move(stages)},
-                             {"device_start_ms", t.device_start_ms}};
+                             {"device_start_ms", t.device_start_ms},
+                             {"step_overhead_ms", t.step_overhead_ms}};
   if (!t.op_factors.empty()) out["op_factors"] = plan::op_factors_json(t.op_factors);
   return out;
 }

@@ -19,7 +19,9 @@ namespace {
 /// The steps after the first (the warm-up) as the fit reads them: with 4 or more, the middle
 /// half by step time (from the first quartile to the third), so that a step another process
 /// slowed, or one that ran alone on an idle machine, does not move the fit off the typical step.
-std::vector<cost::TracedStep> steady_steps(const dump::MeasuredRun& run) {
+/// `lengths_ms`: each one's measured length, in the same order.
+std::vector<cost::TracedStep> steady_steps(const dump::MeasuredRun& run,
+                                           std::vector<double>& lengths_ms) {
   std::vector<std::size_t> order;
   for (std::size_t k = 1; k < run.steps.size(); ++k) order.push_back(k);
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -29,6 +31,7 @@ std::vector<cost::TracedStep> steady_steps(const dump::MeasuredRun& run) {
   std::vector<cost::TracedStep> steps;
   for (std::size_t i = drop; i < n - drop; ++i) {
     cost::TracedStep step;
+    lengths_ms.push_back((run.steps[order[i]].end_s - run.steps[order[i]].start_s) * 1e3);
     for (const dump::MeasuredEvent& m : run.steps[order[i]].events) {
       const schedule::TimelineEvent& e = m.event;
       step.push_back({e.op, e.device, e.stage, e.microbatch, e.start_s, e.end_s, m.recompute});
@@ -82,8 +85,10 @@ void calibrate(const std::string& plan_dir, const std::string& trace_path,
   cost::ProfileDb db = cost::ProfileDb::load(db_path);
   cost::InstructionTerms fallback;
   fallback.instruction_ms = db.instruction_ms();
+  std::vector<double> lengths_ms;
+  const std::vector<cost::TracedStep> steps = steady_steps(run, lengths_ms);
   cost::InstructionTerms terms = cost::fit_calibration(
-      steady_steps(run), predicted, schedule::link_capacity(view.shape), fallback);
+      steps, predicted, schedule::link_capacity(view.shape), fallback, lengths_ms);
   terms.trace = trace_path;
   terms.measured_step_ms = run.reported_step_ms();
   const std::string key = cost::calibration_key(
@@ -95,7 +100,8 @@ void calibrate(const std::string& plan_dir, const std::string& trace_path,
   fmt::print(
       "calibrated {} from {}: {} steady steps, median step {:.3f} ms (plan predicted {:.3f} ms)\n",
       plan_dir, trace_path, terms.steps, terms.measured_step_ms, plan.predicted.step_ms);
-  fmt::print("  fixed cost per instruction (ms): {}\n", fmt::join(kinds, ", "));
+  fmt::print("  fixed cost per instruction (ms): {}; a step beyond its instructions {:.4f} ms\n",
+             fmt::join(kinds, ", "), terms.step_overhead_ms);
   for (std::size_t k = 0; k < terms.stage_factors.size(); ++k) {
     std::vector<std::string> factors;
     for (const auto& [kind, f] : terms.stage_factors[k])

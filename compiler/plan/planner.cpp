@@ -508,6 +508,7 @@ PlanInstructionCosts plan_instruction_costs(const Setup& s, const schedule::Sche
   out.device_start_ms = s.terms.device_start_ms;
   out.trace = s.terms.trace;
   out.measured_step_ms = s.terms.measured_step_ms;
+  out.step_overhead_ms = s.terms.step_overhead_ms;
   out.uncalibrated_step_ms =
       schedule::simulate(sched, s.shape, with_terms(s.profiled_terms, times, s.shape.devices),
                          sim_processors(s))

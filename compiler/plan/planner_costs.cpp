@@ -433,6 +433,7 @@ schedule::StageCosts with_terms(const cost::InstructionTerms& terms, schedule::S
   c.instruction_s.assign(schedule::kInstructionKinds, 0.0);
   for (std::size_t i = 0; i < schedule::kInstructionKinds; ++i)
     c.instruction_s[i] = terms.fixed_ms(static_cast<Op>(i)) * 1e-3;
+  c.step_overhead_s = terms.step_overhead_ms * 1e-3;
   return c;
 }
 

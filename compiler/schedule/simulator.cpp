@@ -69,6 +69,7 @@ class Simulation {
         free_at_(shape.devices, 0),
         memory_(shape.devices, 0),
         now_(shape.devices),
+        link_free_(static_cast<size_t>(shape.devices) * static_cast<size_t>(shape.devices), 0),
         events_(shape.devices),
         overlap_(processors.overlap) {
     // Processors numbered densely; a simulation with one device per processor claims none.
@@ -85,6 +86,12 @@ class Simulation {
     result_.device_peak_bytes.assign(shape.devices, 0);
     result_.device_peak_parts.resize(shape.devices);
     result_.memory_timeline.resize(shape.devices);
+    // Every instruction leaves an event, and a few memory samples: room for them up front (a
+    // split search simulates hundreds of schedules of thousands of instructions).
+    for (size_t device = 0; device < schedule.size() && device < events_.size(); ++device) {
+      events_[device].reserve(schedule[device].size());
+      result_.memory_timeline[device].reserve(2 * schedule[device].size() + 1);
+    }
     if (!costs.static_bytes.empty()) {
       for (int stage = 0; stage < stages_; ++stage) {
         memory_[device_of_stage(stage, shape)] += costs.static_bytes[stage];
@@ -330,7 +337,9 @@ class Simulation {
     double start = issue;
     double end = issue;
     if (peer_device != device) {
-      double& link_free = link_free_[{device, peer_device}];
+      double& link_free =
+          link_free_[static_cast<size_t>(device) * static_cast<size_t>(shape_.devices) +
+                     static_cast<size_t>(peer_device)];
       start = std::max(issue, link_free);
       end = start + duration;
       link_free = end;
@@ -386,8 +395,12 @@ class Simulation {
   SimResult finish() {
     double step = last_transfer_end_;
     for (double end : free_at_) step = std::max(step, end);
+    step += costs_.step_overhead_s;
     result_.step_s = step;
     double idle_total = 0;
+    size_t events = 0;
+    for (const auto& list : events_) events += list.size();
+    result_.events.reserve(events);
     for (int device = 0; device < shape_.devices; ++device) {
       double idle = step - result_.device_busy_s[device];
       result_.device_idle_s.push_back(idle);
@@ -418,7 +431,7 @@ class Simulation {
   std::vector<double> free_at_;                      ///< Per device.
   std::vector<double> memory_;                       ///< Per device, bytes now.
   std::vector<PeakParts> now_;                       ///< Per device, its parts now.
-  std::map<std::pair<int, int>, double> link_free_;  ///< (source, destination) device.
+  std::vector<double> link_free_;  ///< Per (source, destination) device: source x P + destination.
   double last_transfer_end_ = 0;
   std::vector<std::vector<TimelineEvent>> events_;  ///< Per device.
   double overlap_;                                  ///< Processors::overlap.
@@ -507,6 +520,9 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
     fail(ErrorKind::kUsage, "stage costs: optimizer_s is {}; it must be finite and >= 0",
          costs.optimizer_s);
   }
+  if (!std::isfinite(costs.step_overhead_s) || costs.step_overhead_s < 0)
+    fail(ErrorKind::kUsage, "stage costs: step_overhead_s is {}; it must be finite and >= 0",
+         costs.step_overhead_s);
   if (!processors.of_device.empty() &&
       processors.of_device.size() != static_cast<size_t>(shape.devices))
     fail(ErrorKind::kUsage, "processors: {} entries for a pipeline of {} devices",

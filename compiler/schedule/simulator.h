@@ -72,6 +72,10 @@ struct StageCosts {
   /// Optional (0 each when empty): per device, when it starts its list (a calibrated plan's
   /// wake-up from the barrier between steps).
   std::vector<double> device_start_s;
+  /// A calibrated plan's time a step takes beyond its instructions (the barriers at its start
+  /// and end, its inputs handed to the devices): added to the step after its last instruction,
+  /// idle time on every device.
+  double step_overhead_s = 0;
   /// Optional: one stage's gradient all-reduce over the replicas, on the link (see below).
   std::vector<double> allreduce_s;
   /// Optional (1 each when empty): the buckets a stage's all-reduce is cut into. Bucket k of n

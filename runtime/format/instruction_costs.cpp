@@ -105,8 +105,8 @@ std::string describe_instruction_costs(const PlanInstructionCosts& c, double pre
   }
   out += fmt::format(
       "  calibrated from {} (measured step {:.3f} ms): predicted {:.3f} ms, from the profile alone "
-      "{:.3f} ms; factors {}\n",
-      c.trace, c.measured_step_ms, predicted_step_ms, c.uncalibrated_step_ms,
+      "{:.3f} ms; {:.3f} ms a step beyond its instructions; factors {}\n",
+      c.trace, c.measured_step_ms, predicted_step_ms, c.uncalibrated_step_ms, c.step_overhead_ms,
       fmt::join(stages, "; "));
   if (!c.op_factors.empty())
     out += fmt::format("  the factors follow the ops: {}\n", describe_op_factors(c.op_factors));
@@ -122,6 +122,7 @@ nlohmann::ordered_json instruction_costs_json(const PlanInstructionCosts& c) {
     out["device_start_ms"] = c.device_start_ms;
     out["trace"] = c.trace;
     out["measured_step_ms"] = c.measured_step_ms;
+    out["step_overhead_ms"] = c.step_overhead_ms;
     out["uncalibrated_step_ms"] = c.uncalibrated_step_ms;
     if (!c.op_factors.empty()) out["op_factors"] = op_factors_json(c.op_factors);
   }
@@ -134,7 +135,7 @@ PlanInstructionCosts read_instruction_costs(const JsonObject& top) {
   if (!found) return c;
   JsonObject f = found->object({"source", "instruction_ms", "stage_factors", "device_start_ms",
                                 "trace", "measured_step_ms", "uncalibrated_step_ms",
-                                "op_factors"});
+                                "op_factors", "step_overhead_ms"});
   c.source = f.nonempty_string("source");
   if (c.source != "profile" && c.source != "calibration")
     f.fail("source", fmt::format("is \"{}\", not \"profile\" or \"calibration\"", c.source));
@@ -144,6 +145,7 @@ PlanInstructionCosts read_instruction_costs(const JsonObject& top) {
     if (f.has("device_start_ms")) c.device_start_ms = f.at("device_start_ms").numbers();
     c.trace = f.string("trace");
     c.measured_step_ms = f.number("measured_step_ms");
+    if (f.has("step_overhead_ms")) c.step_overhead_ms = f.number("step_overhead_ms");
     c.uncalibrated_step_ms = f.number("uncalibrated_step_ms");
     if (auto ops = f.find("op_factors")) c.op_factors = read_op_factors(*ops);
   }

@@ -48,6 +48,9 @@ struct PlanInstructionCosts {
   std::vector<double> device_start_ms;
   std::string trace;            ///< Calibration: the measured run it was fitted from.
   double measured_step_ms = 0;  ///< Calibration: that run's median steady step.
+  /// Calibration: milliseconds a step takes beyond its instructions (its barriers, its inputs
+  /// handed to the devices), added to the simulated step.
+  double step_overhead_ms = 0;
   /// Calibration: the step the same split simulates without it (profiled instruction costs
   /// only), milliseconds: what the plan would predict uncalibrated.
   double uncalibrated_step_ms = 0;

@@ -121,6 +121,26 @@ TEST_CASE("a receive's fixed cost counts from its message's send, a device's del
   CHECK(terms.device_start_ms[1] == doctest::Approx(0.0));
 }
 
+TEST_CASE("calibration fits what a step takes beyond its instructions") {
+  // Three steps whose instructions span 5 ms each (device 1 starts 1 ms after device 0); the
+  // measured steps are 5.4, 5.3 and 5.9 ms long: 0.4, 0.3 and 0.9 beyond, median 0.4.
+  std::vector<TracedStep> steps;
+  for (int s = 0; s < 3; ++s) {
+    const double t0 = 0.010 * s;
+    steps.push_back({{Op::kForward, 0, 0, 0, t0, t0 + 0.002, false},
+                     {Op::kForward, 1, 1, 0, t0 + 0.001, t0 + 0.005, false}});
+  }
+  const std::vector<StagePrediction> predicted{{2, 0, 0, 0, {}, false}, {4, 0, 0, 0, {}, false}};
+  const InstructionTerms terms = fit_calibration(steps, predicted, 1, {}, {5.4, 5.3, 5.9});
+  CHECK(terms.step_overhead_ms == doctest::Approx(0.4));
+  // Without the steps' lengths, and for steps shorter than their instructions (a clock that
+  // disagrees), nothing.
+  CHECK(fit_calibration(steps, predicted, 1).step_overhead_ms == 0);
+  CHECK(fit_calibration(steps, predicted, 1, {}, {4.0, 4.5, 4.9}).step_overhead_ms == 0);
+  CHECK_THROWS_WITH_AS(fit_calibration(steps, predicted, 1, {}, {5.0}),
+                       doctest::Contains("1 step lengths for 3 traced steps"), Error);
+}
+
 TEST_CASE("calibration refuses no steps and a stage outside the plan") {
   CHECK_THROWS_WITH_AS(fit_calibration({}, {{1, 0, 0, 0, {}, false}}, 2),
                        doctest::Contains("at least one steady step"), Error);
@@ -144,6 +164,7 @@ TEST_CASE("the profile database keeps instruction costs and calibrations, and re
   terms.instruction_ms = {{"FWD", 0.05}, {"RECV_ACT", 0.01}};
   terms.stage_factors = {{{"FWD", 1.25}}, {{"BWD", 0.75}, {"OPT_STEP", 2.0}}};
   terms.device_start_ms = {0.0, 0.5};
+  terms.step_overhead_ms = 0.07;
   terms.op_factors = {{"FWD", {"op type", {{"Conv", 2.0}, {"Relu", 1.0}}, 1.5}},
                       {"BWD", {"op", {{"conv0", 1.25}}, 1.1}},
                       {"OPT_STEP", {"kind", {}, 2.0}}};
@@ -161,6 +182,7 @@ TEST_CASE("the profile database keeps instruction costs and calibrations, and re
   CHECK(got.instruction_ms == terms.instruction_ms);
   CHECK(got.stage_factors == terms.stage_factors);
   CHECK(got.device_start_ms == terms.device_start_ms);
+  CHECK(got.step_overhead_ms == doctest::Approx(0.07));
   CHECK(got.op_factors == terms.op_factors);
   CHECK(back.find_calibration("another") == nullptr);
 

@@ -47,6 +47,20 @@ TEST_CASE("a device that starts late starts its list then") {
                        Error);
 }
 
+TEST_CASE("a step's time beyond its instructions lengthens the step, every device idle for it") {
+  const PipelineShape shape{2, 1, 1, false};
+  const Schedule schedule = build_schedule(ScheduleKind::kInference, shape);
+  StageCosts costs = two_stage_inference();
+  costs.step_overhead_s = 0.4;
+  const SimResult result = simulate(schedule, shape, costs);
+  CHECK(result.step_s == doctest::Approx(2.9));
+  CHECK(result.device_idle_s[0] == doctest::Approx(1.9));
+  CHECK(result.device_idle_s[1] == doctest::Approx(1.9));
+  costs.step_overhead_s = -0.1;
+  CHECK_THROWS_WITH_AS(simulate(schedule, shape, costs),
+                       doctest::Contains("step_overhead_s is -0.1"), Error);
+}
+
 TEST_CASE("a per-stage optimizer step replaces the shared one and takes its fixed cost") {
   const PipelineShape shape{1, 1, 1, true};
   const Schedule schedule = build_schedule(ScheduleKind::k1F1B, shape);
