@@ -31,13 +31,17 @@ std::vector<cost::TracedStep> steady_steps(const dump::MeasuredRun& run,
   std::vector<cost::TracedStep> steps;
   for (std::size_t i = drop; i < n - drop; ++i) {
     cost::TracedStep step;
-    lengths_ms.push_back((run.steps[order[i]].end_s - run.steps[order[i]].start_s) * 1e3);
+    lengths_ms.push_back(run.steps[order[i]].runtime_ms);
     for (const dump::MeasuredEvent& m : run.steps[order[i]].events) {
       const schedule::TimelineEvent& e = m.event;
       step.push_back({e.op, e.device, e.stage, e.microbatch, e.start_s, e.end_s, m.recompute});
     }
     steps.push_back(std::move(step));
   }
+  // A trace that does not hold the runtime's step lengths (written before it kept them): no
+  // step overhead.
+  if (std::any_of(lengths_ms.begin(), lengths_ms.end(), [](double ms) { return ms < 0; }))
+    lengths_ms.clear();
   return steps;
 }
 

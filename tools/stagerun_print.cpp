@@ -55,6 +55,10 @@ void write_trace(const rt::RunReport& report, const Args& args, const rt::Pipeli
   std::vector<dump::MeasuredStep> steps = dump::split_steps(
       report.events, pipeline.plan(), pipeline.schedule(), args.trace_path,
       [](size_t i) { return fmt::format("event {}", i); });
+  // The traced steps are the run's first ones (--trace-steps): each one's length as the run
+  // measured it, barriers included.
+  for (size_t k = 0; k < steps.size() && k < report.step_s.size(); ++k)
+    steps[k].runtime_ms = report.step_s[k] * 1e3;
   std::vector<dump::MeasuredMemory> memory;
   for (const rt::MemorySample& m : report.memory) memory.push_back({m.device, m.time_s, m.bytes});
   std::string text = dump::measured_trace(pipeline.plan(), steps, memory).dump(1) + "\n";

@@ -599,7 +599,8 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   plan.baseline_uniform = read_prediction(f, "baseline_uniform");
   plan.search = read_search(f);
   plan.auto_search = read_auto_search(f);
-  read_instruction_costs(f);  // checked here; the compiler writes it, stagedump shows it
+  // Checked here; the compiler writes it, stagedump shows it; the timeline check reads this.
+  plan.step_overhead_ms = read_instruction_costs(f).step_overhead_ms;
   plan.device_memory = f.array("device_memory", read_device_peak);
   plan.stages = f.array("stages", read_stage);
   plan.weight_files = f.array("weight_files", [](const JsonValue& v) {

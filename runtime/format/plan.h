@@ -375,6 +375,9 @@ struct Plan {
   std::vector<WeightFile> weight_files;
   std::vector<OpRecord> ops;
   Prediction predicted;
+  /// instruction_costs.step_overhead_ms (a calibrated plan's time a step takes beyond its
+  /// instructions: the predicted step ends that long after its timeline); 0 for any other.
+  double step_overhead_ms = 0;
   Prediction baseline_parameters;  ///< DeepSpeed's 'parameters' method: balance parameter counts.
   Prediction baseline_uniform;     ///< DeepSpeed's 'uniform' method: balance op counts.
   SplitSearch search;

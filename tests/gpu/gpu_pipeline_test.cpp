@@ -198,5 +198,37 @@ TEST_CASE("dualpipev with gradient clipping, then an evaluation, on the GPU give
   }
 }
 
+// A training loop of one run per step (stagerun --data, --tokens): the device contexts, arenas,
+// weights and optimizer state stay on the GPU between runs (each run's worker thread takes them
+// up again), and reading the weights between runs gives them back to the host and the next run
+// uploads them again. Six runs of a step, the weights read after the third, against one CPU run
+// of six steps.
+TEST_CASE("runs of one step on the GPU keep the weights there and give one run's losses") {
+  for (const Sample& s : kSamples) {
+    if (!wanted(s.file)) continue;
+    CAPTURE(s.file);
+    plan::PlanOptions o = options_for(s, 2, "1f1b", true);
+    const std::vector<double> want = run_on(cpu_backend(), o, 6).losses;
+    testing::TempDir dir;
+    plan::PlannedModel planned = plan::make_plan(o);
+    plan::write_plan(planned, dir.file("plan"));
+    auto pipeline = Pipeline::load(dir.file("plan"), cuda(), 1);
+    const auto inputs = pipeline->synthetic_inputs();
+    RunOptions one;
+    one.steps = 1;
+    std::vector<double> got;
+    for (int step = 0; step < 6; ++step) {
+      const std::vector<double> losses = pipeline->run(inputs, one).losses;
+      got.insert(got.end(), losses.begin(), losses.end());
+      if (step == 2) CHECK(!pipeline->stage_weights(0).empty());
+    }
+    REQUIRE(got.size() == want.size());
+    for (size_t k = 0; k < got.size(); ++k) {
+      CAPTURE(k);
+      CHECK(std::fabs(got[k] - want[k]) <= 1e-4 * std::max(1.0, std::fabs(want[k])));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace stagecraft::rt

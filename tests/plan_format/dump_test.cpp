@@ -278,6 +278,33 @@ TEST_CASE("a measured trace of the plan is read back, step by step, and drawn") 
   CHECK(load_measured(loaded.dir.file("both.json"), loaded.view).steps.size() == 3);
 }
 
+TEST_CASE("a trace's runtime step lengths are the measured steps, and a wrong list is refused") {
+  LoadedPlan loaded(testing::sample_plan("zb-h1", 2, 1, 4));
+  const std::string path = fake_trace(loaded.view, 3, loaded.dir.file("run.trace.json"));
+  // Without otherData.step_ms (an older trace), the events' spans.
+  const MeasuredRun spans = load_measured(path, loaded.view);
+  CHECK(spans.steps[1].runtime_ms == -1);
+  nlohmann::json doc = nlohmann::json::parse(testing::read_bytes(path));
+  doc["otherData"]["step_ms"] = {9.0, 7.5, 8.0};
+  testing::write_bytes(path, doc.dump());
+  const MeasuredRun run = load_measured(path, loaded.view);
+  CHECK(run.steps[1].runtime_ms == 7.5);
+  CHECK(run.step_ms == std::vector<double>{9.0, 7.5, 8.0});
+  CHECK(run.reported_step_ms() == 7.5);
+  // Written back (stagerun --trace), it keeps them.
+  const nlohmann::json again =
+      nlohmann::json::parse(measured_trace(loaded.view.plan, run.steps).dump());
+  CHECK(again["otherData"]["step_ms"] == doc["otherData"]["step_ms"]);
+  doc["otherData"]["step_ms"] = {9.0, 7.5};
+  testing::write_bytes(path, doc.dump());
+  CHECK(contains(error_of([&] { load_measured(path, loaded.view); }),
+                 "field 'otherData.step_ms' must list the 3 traced steps' lengths"));
+  doc["otherData"]["step_ms"] = {9.0, -1.0, 8.0};
+  testing::write_bytes(path, doc.dump());
+  CHECK(contains(error_of([&] { load_measured(path, loaded.view); }),
+                 "field 'otherData.step_ms[1]' must be a number >= 0"));
+}
+
 TEST_CASE("a measured run of another plan is refused naming the file and the field") {
   LoadedPlan zb(testing::sample_plan("zb-h1", 2, 1, 4));
   LoadedPlan onef1b(testing::sample_plan("1f1b", 2, 1, 4));

@@ -99,6 +99,13 @@ int main(int argc, char** argv) {
                   before_source.c_str());
       return 1;
     }
+    // The runtime's step starts before its first instruction and ends after its last (the
+    // barriers): what a step takes beyond them is more than nothing, and the plan charges it.
+    const double overhead = costs.value("step_overhead_ms", 0.0);
+    if (!(overhead > 0)) {
+      std::printf("FAIL: the calibration's step_overhead_ms is %g, not above 0\n", overhead);
+      return 1;
+    }
     const double measured = costs.at("measured_step_ms").get<double>();
     const double uncalibrated = costs.at("uncalibrated_step_ms").get<double>();
     const double calibrated = after.at("predicted").at("step_ms").get<double>();

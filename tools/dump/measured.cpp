@@ -361,7 +361,25 @@ MeasuredRun load_measured(const std::string& path, const PlanView& view) {
   run.steps = split_steps(events, view.plan, view.schedule, path, [&](size_t i) {
     return fmt::format("traceEvents[{}]", indexed[i].first);
   });
-  for (const MeasuredStep& s : run.steps) run.step_ms.push_back((s.end_s - s.start_s) * 1e3);
+  if (other.contains("step_ms")) {  // the runtime's step lengths (absent in older traces)
+    const nlohmann::json& lengths = other["step_ms"];
+    if (!lengths.is_array() || lengths.size() != run.steps.size())
+      throw Error(ErrorKind::kFormat,
+                  fmt::format("field 'otherData.step_ms' must list the {} traced steps' lengths",
+                              run.steps.size()))
+          .in(path);
+    for (size_t k = 0; k < lengths.size(); ++k) {
+      if (!lengths[k].is_number() || !(lengths[k].get<double>() >= 0))
+        throw Error(ErrorKind::kFormat,
+                    fmt::format("field 'otherData.step_ms[{}]' must be a number >= 0", k))
+            .in(path);
+      run.steps[k].runtime_ms = lengths[k].get<double>();
+    }
+  }
+  // A step's length: the runtime's where the trace keeps it (what stagerun reports), else the
+  // span of its events.
+  for (const MeasuredStep& s : run.steps)
+    run.step_ms.push_back(s.runtime_ms >= 0 ? s.runtime_ms : (s.end_s - s.start_s) * 1e3);
   run.reported_step = median_step(run.step_ms);
   run.memory = trace_memory(doc, path, run.devices);
   return run;

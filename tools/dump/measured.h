@@ -38,6 +38,10 @@ struct MeasuredStep {
   double start_s = 0;
   double end_s = 0;
   std::vector<MeasuredEvent> events;
+  /// The runtime's own length of the step, milliseconds: stagerun's step, from the barrier at
+  /// its start to the one at its end, so also what lies around the events (the trace's
+  /// otherData.step_ms); -1 where the trace does not say (one written before it kept them).
+  double runtime_ms = -1;
 };
 
 /// A device of a `stagerun --json` summary.
@@ -51,7 +55,8 @@ struct MeasuredRun {
   std::string path;
   bool traced = false;              ///< stagerun --trace (events), else stagerun --json (figures).
   int devices = 0;                  ///< Every replica's: R x P.
-  std::vector<double> step_ms;      ///< Every step, the warm-up first.
+  /// Every step, the warm-up first (a trace's: the runtime's length, else its events' span).
+  std::vector<double> step_ms;
   int reported_step = 0;            ///< The median step without the warm-up (stagerun's rule).
   std::vector<MeasuredStep> steps;  ///< Traced runs only.
   /// Traced runs only: every device's memory counter ("memory device N" of its measured

@@ -181,10 +181,14 @@ void add_measured(ordered& out, const plan::Plan& plan, const std::vector<Measur
   }
 }
 
-ordered document(ordered events) {
-  return {{"traceEvents", std::move(events)},
-          {"displayTimeUnit", "ms"},
-          {"otherData", {{"format_version", tools::kTraceJsonVersion}}}};
+ordered document(ordered events, const std::vector<MeasuredStep>& steps = {}) {
+  ordered other{{"format_version", tools::kTraceJsonVersion}};
+  // The runtime's step lengths, where every step has one (stagerun --trace).
+  ordered step_ms = ordered::array();
+  for (const MeasuredStep& s : steps)
+    if (s.runtime_ms >= 0) step_ms.push_back(s.runtime_ms);
+  if (!steps.empty() && step_ms.size() == steps.size()) other["step_ms"] = std::move(step_ms);
+  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", other}};
 }
 
 }  // namespace
@@ -196,7 +200,7 @@ nlohmann::ordered_json measured_trace(const plan::Plan& plan,
   for (const MeasuredStep& s : steps) step_ms.push_back((s.end_s - s.start_s) * 1e3);
   ordered out = ordered::array();
   add_measured(out, plan, steps, median_step(step_ms), memory);
-  return document(std::move(out));
+  return document(std::move(out), steps);
 }
 
 nlohmann::ordered_json render_trace(const PlanView& view, const MeasuredRun* measured) {
