@@ -1,8 +1,13 @@
 // The CUDA backend's attention family (families.h): the fused Attention forward and its
 // gradient, float32, with the operand rules, defaults and refusals of the CPU backend's
 // attention.cpp (runtime/ops/attention_shape.h). The kernels are attention_kernels.cu.
+#include <fmt/format.h>
+
+#include <mutex>
+#include <set>
 #include <string>
 
+#include "runtime/cuda/attention_choice.h"
 #include "runtime/cuda/attention_kernels.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
@@ -26,8 +31,33 @@ AttentionPointers forward_pointers(const ops::AttentionOperands& op) {
   return p;
 }
 
+// A node as long as this (queries x keys) that runs the plain kernels is worth a note: at
+// GPT-2's 1024 x 1024 they took 22x the tiled kernels' time (bench/RESULTS.md, 2026-11-29).
+constexpr int64_t kNotedScores = 256 * 256;
+
+// One line on stderr, once per node name in the process, when a long attention node runs the
+// plain kernels (untiled_reason): what would make it fast is a model change the user
+// makes, so they should hear of it rather than find it in a profile.
+void note_plain_kernels(const KernelArgs& a, const ops::AttentionDims& d) {
+  if (d.tq * d.tk < kNotedScores || plain_attention_chosen()) return;
+  const std::string why = untiled_reason(d);
+  if (why.empty()) return;
+  static std::mutex mutex;
+  static std::set<std::string, std::less<>> noted;
+  {
+    std::lock_guard lock(mutex);
+    if (!noted.emplace(a.name).second) return;
+  }
+  fmt::print(stderr,
+             "stagecraft: note: node '{}' (Attention, {} queries x {} keys) runs the plain CUDA "
+             "attention kernels, many times slower than the tiled ones at this length: {} "
+             "(docs/stagerun.md, \"Fused attention on CUDA\")\n",
+             a.name, d.tq, d.tk, why);
+}
+
 void attention(const KernelArgs& a) {
   const ops::AttentionOperands op = ops::attention_operands(a);
+  note_plain_kernels(a, op.dims);
   launch_attention_forward(op.dims, forward_pointers(op), op.o->as<float>(), data_or_null(op.lse),
                            context(a).stream());
   check_launch(a);

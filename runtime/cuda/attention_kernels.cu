@@ -159,6 +159,8 @@ bool ran_tiled(TensorCore tensor_core, Tiled tiled) {
 
 }  // namespace
 
+bool plain_attention_chosen() { return chosen_kernels() == Kernels::kPlain; }
+
 void launch_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p, float* o,
                               float* lse, cudaStream_t stream) {
   const int64_t rows = dims.batch * dims.tq;

@@ -30,6 +30,9 @@ struct AttentionPointers {
   const float* delta = nullptr;  ///< D = rowsum(dO * O) - dlse, one per query.
 };
 
+/// Whether $STAGECRAFT_ATTENTION_KERNELS=plain asked for the plain kernels on every node.
+bool plain_attention_chosen();
+
 /// O and lse (which may be null) of the node.
 void launch_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p, float* o,
                               float* lse, cudaStream_t stream);

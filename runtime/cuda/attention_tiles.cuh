@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "runtime/cuda/attention_choice.h"
 #include "runtime/cuda/attention_tiled.h"
 
 namespace stagecraft::rt::cuda::attention_tiles {
@@ -94,7 +95,7 @@ struct HeadSize {
 /// 128); false for any other.
 template <class Body>
 bool with_head_size(const ops::AttentionDims& s, Body body) {
-  if (s.d != s.dv) return false;
+  if (!tiles_take(s)) return false;  // attention_choice.h: the rule host code reads
   switch (s.d) {
     case 32:
       return body(HeadSize<32>{});

@@ -7,9 +7,37 @@
 
 #include "runtime/core/backend.h"
 #include "runtime/format/error.h"
+#ifdef STAGECRAFT_WITH_CUDA
+#include "runtime/cuda/attention_choice.h"
+#endif
 
 namespace stagecraft::rt {
 namespace {
+
+// Host code: which fused Attention nodes the tiled kernels take, and what stagecraft says of the
+// others (attention.cpp notes it once per node on a long one).
+TEST_CASE("the plain CUDA attention kernels run only where the tiles do not take the heads") {
+#ifdef STAGECRAFT_WITH_CUDA
+  ops::AttentionDims d;
+  d.batch = 96;
+  d.tq = d.tk = 1024;
+  for (int64_t head : {32, 64, 128}) {
+    d.d = d.dv = head;
+    CHECK(cuda::tiles_take(d));
+    CHECK(cuda::untiled_reason(d).empty());
+  }
+  d.d = d.dv = 80;
+  CHECK(cuda::untiled_reason(d) ==
+        "heads of 80, and the tiled kernels take heads of 32, 64 or 128");
+  d.d = d.dv = 16;  // gpt_tiny's
+  CHECK(cuda::untiled_reason(d).find("heads of 16") == 0);
+  d.d = 64;
+  d.dv = 32;
+  CHECK(cuda::untiled_reason(d) ==
+        "queries and keys of 64 but values of 32, and the tiled kernels take equal sizes (32, 64 "
+        "or 128)");
+#endif
+}
 
 TEST_CASE("the cuda backend is in the build and says when no GPU is visible") {
   const Backend* cuda = cuda_backend();
