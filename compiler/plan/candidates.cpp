@@ -361,11 +361,7 @@ Candidate SplitEvaluator::evaluate(partition::Solution sol, bool scoring_only) {
   c.stage_of = partition::stage_of_nodes(gp_, c.sol, g_.num_nodes());
   const auto stages = c.sol.stages.size();
   partition::validate_assignment(g_, c.stage_of, static_cast<int>(stages));
-  if (!trainable_) {  // the same for every split: found and sorted once
-    trainable_ = passes::trainable_weights(g_, g_.topological_order());
-    std::sort(trainable_->begin(), trainable_->end());
-    trainable_->erase(std::unique(trainable_->begin(), trainable_->end()), trainable_->end());
-  }
+  if (!trainable_) trainable_ = sorted_trainable_weights(g_);  // the same for every split
   const StageInterfaces io = stage_interfaces(g_, c.stage_of, &*trainable_);
   // Stages holding a common weight exchange its gradients before their optimizer steps.
   c.setup = s_;

@@ -11,6 +11,7 @@
 
 #include "compiler/model_info.h"
 #include "compiler/plan/planning.h"
+#include "cost_models/memory.h"
 #include "cost_models/roofline.h"
 #include "passes/autodiff.h"
 #include "passes/passes.h"
@@ -410,7 +411,10 @@ void apply_mixed_precision(ir::Graph& g, const std::string& loss_output, Candida
     mixed_facts.output_bytes[span.last] += delta;
     if (s.shape.training) {
       st.memory.activations += st.recompute ? delta : st.in_flight * delta;
-      st.memory.weights = 4 * st.params + mixed.weight_copy_bytes[k];  // float32 masters
+      // The float32 masters (fp32's bytes per parameter) and the 16-bit copies kept.
+      st.memory.weights =
+          static_cast<int64_t>(cost::weight_bytes_per_param(Precision::kFp32, true)) * st.params +
+          mixed.weight_copy_bytes[k];
     }
   }
   chosen.predicted = predict(chosen.setup, chosen.schedule, chosen.sol, mixed_facts, g, order,
@@ -529,6 +533,17 @@ ImportedModel imported(const PlanOptions& o, const ImportOptions& import) {
   return it->second;
 }
 
+/// The stage times the simulation of the chosen split played (`times`), B and W apart, and each
+/// stage's own optimizer step, into plan.json's stages.
+void record_stage_times(std::vector<Stage>& stages, const schedule::StageCosts& times) {
+  for (std::size_t k = 0; k < stages.size(); ++k) {
+    stages[k].backward_input_ms = times.backward_input_s[k] * 1e3;
+    stages[k].backward_weight_ms = times.backward_weight_s[k] * 1e3;
+    stages[k].optimizer_ms =
+        (k < times.optimizer_stage_s.size() ? times.optimizer_stage_s[k] : times.optimizer_s) * 1e3;
+  }
+}
+
 }  // namespace
 
 PlannedModel make_plan(const PlanOptions& o) {
@@ -631,13 +646,8 @@ PlannedModel make_plan(const PlanOptions& o) {
   p.device = {s.device.name,          s.device.kind,          s.device.memory_bytes,
               s.device.peak_flops_fp32, s.device.peak_flops_fp16, s.device.memory_bandwidth};
   p.stages = std::move(chosen.stages);
-  // The stage times the simulation of the chosen split played, B and W apart.
   const schedule::StageCosts times = stage_costs(chosen.setup, chosen.sol, facts, chosen.rc);
-  for (std::size_t k = 0; k < p.stages.size(); ++k) {
-    p.stages[k].backward_input_ms = times.backward_input_s[k] * 1e3;
-    p.stages[k].backward_weight_ms = times.backward_weight_s[k] * 1e3;
-    p.stages[k].optimizer_ms = times.optimizer_s * 1e3;
-  }
+  record_stage_times(p.stages, times);
   if ((p.shard_optimizer = s.shard_optimizer)) set_optimizer_shards(p, g, order, sol);
   for (std::size_t k = 0; k < p.stages.size(); ++k) {
     Stage& st = p.stages[k];

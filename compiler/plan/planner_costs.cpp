@@ -34,7 +34,6 @@ double clip_seconds(const Setup& s, double gradient_bytes) {
 schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol, const NodeFacts& f,
                                  const SimExtras& rc) {
   schedule::StageCosts c;
-  double optimizer_bytes = 0, gradient_bytes = 0;
   for (const auto& st : sol.stages) {
     double fwd = 0, b = 0, w = 0, act = 0;
     for (int i = st.first; i <= st.last; ++i) {
@@ -68,15 +67,16 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     c.allreduce_s.push_back(k < rc.allreduce_s.size() ? rc.allreduce_s[k] : 0.0);
     c.allreduce_buckets.push_back(k < rc.allreduce_buckets.size() ? rc.allreduce_buckets[k] : 1.0);
     c.allgather_s.push_back(k < rc.allgather_s.size() ? rc.allgather_s[k] : 0.0);
-    // ZeRO-1: the step streams 1/R of the stage's weights, gradients and state.
-    optimizer_bytes =
-        std::max(optimizer_bytes, s.shard_optimizer ? stat / s.shape.data_parallel : stat);
-    gradient_bytes = std::max(gradient_bytes, 4.0 * static_cast<double>(held.trainable) /
-                                                  (s.shard_optimizer ? s.shape.data_parallel : 1));
+    if (!s.shape.training) continue;
+    // Each stage's optimizer step streams its own weights, gradients and state once
+    // (memory-bound; ZeRO-1: 1/R of them), on its own device.
+    const double shards = s.shard_optimizer ? s.shape.data_parallel : 1;
+    double optimizer = stat / shards / s.device.memory_bandwidth;
+    if (s.clips_gradients)
+      optimizer += clip_seconds(s, 4.0 * static_cast<double>(held.trainable) / shards);
+    c.optimizer_stage_s.push_back(optimizer);
+    c.optimizer_s = std::max(c.optimizer_s, optimizer);  // the heaviest stage's
   }
-  // The optimizer streams every weight, gradient and state once: memory-bound.
-  c.optimizer_s = s.shape.training ? optimizer_bytes / s.device.memory_bandwidth : 0.0;
-  if (s.shape.training && s.clips_gradients) c.optimizer_s += clip_seconds(s, gradient_bytes);
   return c;
 }
 
@@ -419,9 +419,10 @@ schedule::StageCosts with_terms(const cost::InstructionTerms& terms, schedule::S
     if (k < c.backward_weight_s.size())
       c.backward_weight_s[k] *= terms.factor(stage, split ? Op::kBackwardWeight : Op::kBackward);
   }
-  if (c.optimizer_s > 0) {
+  if (c.optimizer_stage_s.empty() && c.optimizer_s > 0)
     c.optimizer_stage_s.assign(stages, c.optimizer_s);
-    for (std::size_t k = 0; k < stages; ++k)
+  if (!c.optimizer_stage_s.empty()) {
+    for (std::size_t k = 0; k < stages && k < c.optimizer_stage_s.size(); ++k)
       c.optimizer_stage_s[k] *= terms.factor(static_cast<int>(k), Op::kOptimizerStep);
   }
   if (!terms.device_start_ms.empty()) {

@@ -42,16 +42,19 @@ StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>&
   return out;
 }
 
+std::vector<ir::ValueId> sorted_trainable_weights(const ir::Graph& graph) {
+  std::vector<ir::ValueId> found = passes::trainable_weights(graph, graph.topological_order());
+  std::sort(found.begin(), found.end());
+  found.erase(std::unique(found.begin(), found.end()), found.end());
+  return found;
+}
+
 std::vector<SharedWeight> shared_weights(const ir::Graph& graph, const std::vector<int>& stage_of,
                                          const std::vector<ir::ValueId>* trainable) {
   // In value order, each once (sorted ids: no node per weight, as a std::set has). The split
   // search, which calls this for every split it scores, sorts its list once.
   std::vector<ir::ValueId> found;
-  if (!trainable) {
-    found = passes::trainable_weights(graph, graph.topological_order());
-    std::sort(found.begin(), found.end());
-    found.erase(std::unique(found.begin(), found.end()), found.end());
-  }
+  if (!trainable) found = sorted_trainable_weights(graph);
   std::vector<SharedWeight> out;
   for (ir::ValueId w : trainable ? *trainable : found) {
     const ir::Value& v = graph.value(w);

@@ -41,6 +41,11 @@ struct StageInterfaces {
 StageInterfaces stage_interfaces(const ir::Graph& graph, const std::vector<int>& stage_of,
                                  const std::vector<ir::ValueId>* trainable = nullptr);
 
+/// The graph's trainable weights (passes/autodiff.h `trainable_weights`), sorted by id without
+/// repeats: what `stage_interfaces` and `shared_weights` take as `trainable` (the split search
+/// finds them once for every split it scores).
+std::vector<ir::ValueId> sorted_trainable_weights(const ir::Graph& graph);
+
 /// The trainable weights (passes/autodiff.h `trainable_weights` of the whole graph) that nodes
 /// of two or more stages read under `stage_of`, in graph value order, each with its holders
 /// (ascending). Every holder's stage file embeds its own copy (`stage_model`). `trainable`: those

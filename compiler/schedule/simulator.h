@@ -61,7 +61,8 @@ struct StageCosts {
   /// same for its gradient back. S - 1 entries (an S-th is ignored).
   std::vector<double> send_s;
   double optimizer_s = 0;           ///< One stage's optimizer step.
-  /// Optional: per stage, its optimizer step (replaces optimizer_s; a calibrated plan's).
+  /// Optional: per stage, its optimizer step (replaces optimizer_s; the planner's: each stage
+  /// streams its own weights, gradients and state, times a calibrated plan's factor).
   std::vector<double> optimizer_stage_s;
   /// Optional (0 each when empty): a fixed cost per instruction kind, indexed by `Op`
   /// (`kInstructionKinds` entries): what the runtime spends on an instruction beyond its ops
