@@ -502,7 +502,7 @@ double SplitEvaluator::step_bound_ms(const partition::Solution& sol) const {
         schedule::device_of_stage(stage, shape) != schedule::device_of_stage(stage + 1, shape))
       x[k] = c.send_s[k];
     if (shape.training)
-      opt[k] = c.optimizer_stage_s.empty() ? c.optimizer_s : c.optimizer_stage_s[k];
+      opt[k] = c.optimizer_stage_s[k];  // stage_costs gives one per stage in training
     busy[static_cast<std::size_t>(schedule::device_of_stage(stage, shape))] +=
         m * (f[k] + b[k] + w[k]) + opt[k];
   }

@@ -539,8 +539,8 @@ void record_stage_times(std::vector<Stage>& stages, const schedule::StageCosts& 
   for (std::size_t k = 0; k < stages.size(); ++k) {
     stages[k].backward_input_ms = times.backward_input_s[k] * 1e3;
     stages[k].backward_weight_ms = times.backward_weight_s[k] * 1e3;
-    stages[k].optimizer_ms =
-        (k < times.optimizer_stage_s.size() ? times.optimizer_stage_s[k] : times.optimizer_s) * 1e3;
+    const std::vector<double>& optimizer = times.optimizer_stage_s;  // training: one per stage
+    stages[k].optimizer_ms = k < optimizer.size() ? optimizer[k] * 1e3 : 0.0;
   }
 }
 

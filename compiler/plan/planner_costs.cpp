@@ -75,7 +75,6 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
     if (s.clips_gradients)
       optimizer += clip_seconds(s, 4.0 * static_cast<double>(held.trainable) / shards);
     c.optimizer_stage_s.push_back(optimizer);
-    c.optimizer_s = std::max(c.optimizer_s, optimizer);  // the heaviest stage's
   }
   return c;
 }
@@ -419,12 +418,8 @@ schedule::StageCosts with_terms(const cost::InstructionTerms& terms, schedule::S
     if (k < c.backward_weight_s.size())
       c.backward_weight_s[k] *= terms.factor(stage, split ? Op::kBackwardWeight : Op::kBackward);
   }
-  if (c.optimizer_stage_s.empty() && c.optimizer_s > 0)
-    c.optimizer_stage_s.assign(stages, c.optimizer_s);
-  if (!c.optimizer_stage_s.empty()) {
-    for (std::size_t k = 0; k < stages && k < c.optimizer_stage_s.size(); ++k)
-      c.optimizer_stage_s[k] *= terms.factor(static_cast<int>(k), Op::kOptimizerStep);
-  }
+  for (std::size_t k = 0; k < c.optimizer_stage_s.size(); ++k)  // training: one per stage
+    c.optimizer_stage_s[k] *= terms.factor(static_cast<int>(k), Op::kOptimizerStep);
   if (!terms.device_start_ms.empty()) {
     c.device_start_s.assign(static_cast<std::size_t>(devices), 0.0);
     for (int d = 0; d < devices && d < static_cast<int>(terms.device_start_ms.size()); ++d)

@@ -39,9 +39,7 @@ constexpr int64_t kNotedScores = 256 * 256;
 // plain kernels (untiled_reason): what would make it fast is a model change the user
 // makes, so they should hear of it rather than find it in a profile.
 void note_plain_kernels(const KernelArgs& a, const ops::AttentionDims& d) {
-  if (d.tq * d.tk < kNotedScores || plain_attention_chosen()) return;
-  const std::string why = untiled_reason(d);
-  if (why.empty()) return;
+  if (d.tq * d.tk < kNotedScores || tiles_take(d) || plain_attention_chosen()) return;
   static std::mutex mutex;
   static std::set<std::string, std::less<>> noted;
   {
@@ -52,7 +50,7 @@ void note_plain_kernels(const KernelArgs& a, const ops::AttentionDims& d) {
              "stagecraft: note: node '{}' (Attention, {} queries x {} keys) runs the plain CUDA "
              "attention kernels, many times slower than the tiled ones at this length: {} "
              "(docs/stagerun.md, \"Fused attention on CUDA\")\n",
-             a.name, d.tq, d.tk, why);
+             a.name, d.tq, d.tk, untiled_reason(d));
 }
 
 void attention(const KernelArgs& a) {

@@ -119,7 +119,8 @@ void DeviceWorker::end_run() {
   } catch (const std::exception& e) {
     int64_t since = -1;
     for (StageRuntime* st : own_stages())
-      if (st->on_device && st->host_stale) since = since < 0 ? st->host_step : std::min(since, st->host_step);
+      if (st->on_device && st->host_stale)
+        since = since < 0 ? st->host_step : std::min(since, st->host_step);
     if (since >= 0)
       run_.note_failure(fmt::format(
           "device {}'s weights and optimizer state could not be read back after the failure ({}): "
