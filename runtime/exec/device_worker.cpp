@@ -432,13 +432,16 @@ void DeviceWorker::send_act(const schedule::Instruction& ins) {
   if (it == produced_.end()) return waited(ins, start);
   const auto& outs = it->second;
   context_->synchronize();  // the receivers read what the forward wrote
+  // In the link's buffer the bytes are the receiver's (the transport's on_delivered adds them
+  // there), so this device stops counting them before it hands them over: released after the
+  // send, a sender the scheduler held back between the two counted them while the receiver ran
+  // ahead and sent gradients back into its memory (a peak over the plan's by one message).
+  run_.meters[device_].sub(held_output_bytes(st, it->first, outs));
   for (const auto& [to, indices] : st.sends) {
     Message m{ins.microbatch, {}};
     for (size_t k : indices) m.tensors.push_back({st.program.outputs()[k].name, outs[k]});
-    // In the link's buffer the bytes are the receiver's (see the transport's on_delivered).
     transport().send({ins.stage, to, false}, std::move(m));
   }
-  run_.meters[device_].sub(held_output_bytes(st, it->first, outs));
   produced_.erase(it);
   waited(ins, start);
 }

@@ -156,7 +156,7 @@ TEST_CASE("a training-mode PyTorch export with Dropout stays under its predicted
   // Mixed precision runs the training-mode Dropouts widened to float32.
   for (Precision precision : {Precision::kFp32, Precision::kMixed}) {
     for (int devices : {1, 2}) {
-      for (const char* schedule : {"gpipe", "1f1b"}) {
+      for (const std::string schedule : {"gpipe", "1f1b"}) {
         CAPTURE(devices);
         CAPTURE(schedule);
         CAPTURE(static_cast<int>(precision));
