@@ -59,6 +59,10 @@ bool RooflineCostModel::runs_16_bit(const ir::Node& node) const {
     return true;
   const bool gpu = device_.kind == DeviceKind::kGpu, bf16 = precision_ == Precision::kMixed;
   if (node.op_type == "MatMul") return gpu || bf16;  // the CPU widens float16
+  // The fused Attention and Gelu read and write 16-bit activations natively on CUDA
+  // (runtime/cuda/attention.cpp, activations.cpp); the CPU widens them.
+  if (node.domain == "ai.stagecraft" && (node.op_type == "Attention" || node.op_type == "Gelu"))
+    return gpu;
   if (node.op_type == "Gemm") return !gpu && bf16;   // oneDNN bf16; CUDA's Gemm is float32
   return false;
 }

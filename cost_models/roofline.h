@@ -20,9 +20,10 @@
 ///   stay as they are.
 /// - 16-bit plans, kernel by kernel as the runtimes run them (`runs_16_bit`): the ops that move
 ///   bytes (layout, shape, Cast) and the 16-bit products (MatMul and its gradients on both
-///   backends; Gemm's in bfloat16 on the CPU; float16 products on CUDA alone) run on 16-bit
-///   tensors, the products at the 16-bit peak. Every other op runs widened: its float32 kernel
-///   between casts (runtime/core/program.cpp `run_widened`), each floating input read at 2
+///   backends; Gemm's in bfloat16 on the CPU; float16 products on CUDA alone; the fused
+///   Attention and Gelu on CUDA, at the fp32 peak) run on 16-bit tensors, the products at the
+///   16-bit peak. Every other op runs widened: its float32 kernel
+///   between casts (runtime/core/kernel.h `run_widened`), each floating input read at 2
 ///   bytes and written at 4, each output read at 4 and written at 2, on top of the float32
 ///   kernel's own traffic (2.5x its float bytes), one launch more per cast, at the fp32 peak.
 /// - Backward of MatMul/Gemm/Conv: one product per differentiable input of the forward's size,

@@ -16,7 +16,10 @@
 // - the loss (nodes named "loss/..." that passes/loss.cpp appends) and any node writing a
 //   graph output: the loss stagerun reports and the outputs a caller reads keep their float32;
 // - BatchNormalization: its running statistics are float32 weights it writes back into;
-// - ops of another domain, or without a schema.
+// - ops of another domain, or without a schema, but for our fused ops that compute on 16-bit
+//   activations (fused_sixteen_bit, passes.h): Attention reads Q, K and V and writes O in
+//   bfloat16 (its additive mask and each query's log-sum-exp stay float32; the kernels keep the
+//   softmax in float32), Gelu reads X and writes Y in bfloat16.
 // LayerNormalization and Softmax run in bfloat16 tensors; their kernels keep the statistics in
 // float32 (the runtime widens a 16-bit input to float32 for kernels without a 16-bit path,
 // runtime/core/program.cpp), and LayerNormalization's Mean and InvStdDev stay float32
@@ -35,6 +38,7 @@
 #include "passes/attributes.h"
 #include "passes/passes.h"
 #include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
 
 namespace stagecraft::passes {
 namespace {
@@ -91,6 +95,11 @@ class Rewriter {
               ? onnx::OpSchemaRegistry::Schema(node.op_type, static_cast<int>(opset), "")
               : nullptr;
       const bool may_half = schema != nullptr && !needs_float32(graph_, node);  // passes.h
+      if (const SixteenBitOperands* fused = fused_sixteen_bit(node);
+          fused && !needs_float32(graph_, node)) {
+        retype_fused(id, *fused);
+        continue;
+      }
       if (node.op_type == "Cast" && may_half) {
         retype_cast(id);
         continue;
@@ -152,6 +161,25 @@ class Rewriter {
     return context_.stage_of && static_cast<std::size_t>(id) < context_.stage_of->size()
                ? (*context_.stage_of)[id]
                : 0;
+  }
+
+  /// One of our fused ops: the operands `fused` names in 16 bits, its other float ones float32.
+  void retype_fused(ir::NodeId id, const SixteenBitOperands& fused) {
+    for (std::size_t k = 0; k < graph_.node(id).inputs.size(); ++k) {
+      const ir::ValueId in = graph_.node(id).inputs[k];
+      if (in == ir::kNoId) continue;
+      const DType dtype = graph_.value(in).dtype;
+      if (dtype != DType::kFloat32 && dtype != half_) continue;
+      const DType wanted = fused.input(k) ? half_ : DType::kFloat32;
+      if (dtype != wanted) set_input(id, k, cast_of(in, wanted, stage(id)));
+    }
+    for (std::size_t k = 0; k < graph_.node(id).outputs.size(); ++k) {
+      const ir::ValueId out = graph_.node(id).outputs[k];
+      if (out == ir::kNoId || !fused.output(k) || graph_.value(out).dtype != DType::kFloat32)
+        continue;
+      graph_.value(out).dtype = half_;
+      ++changed_;
+    }
   }
 
   /// A Cast to float32 in a node that runs in 16 bits becomes a Cast to the 16-bit type.
@@ -221,8 +249,24 @@ bool MixedPrecision::run(ir::Graph& graph, PassContext& context) const {
   return Rewriter(graph, context).run();
 }
 
+bool SixteenBitOperands::input(size_t k) const {
+  return std::find(inputs.begin(), inputs.end(), k) != inputs.end();
+}
+
+bool SixteenBitOperands::output(size_t k) const {
+  return std::find(outputs.begin(), outputs.end(), k) != outputs.end();
+}
+
+const SixteenBitOperands* fused_sixteen_bit(const ir::Node& node) {
+  static const SixteenBitOperands attention{{0, 1, 2}, {0}}, gelu{{0}, {0}};
+  if (node.domain != grad::kGradDomain) return nullptr;
+  if (node.op_type == "Attention") return &attention;
+  if (node.op_type == "Gelu") return &gelu;
+  return nullptr;
+}
+
 bool needs_float32(const ir::Graph& graph, const ir::Node& node) {
-  if (!node.domain.empty() && node.domain != "ai.onnx") return true;
+  if (!node.domain.empty() && node.domain != "ai.onnx" && !fused_sixteen_bit(node)) return true;
   if (node.op_type == "BatchNormalization") return true;
   if (node.name.rfind("loss/", 0) == 0) return true;
   for (ir::ValueId out : node.outputs)

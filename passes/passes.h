@@ -2,6 +2,9 @@
 /// \file
 /// Declarations of the pass classes listed in passes.def.
 
+#include <cstddef>
+#include <vector>
+
 #include "passes/pass.h"
 
 namespace stagecraft::passes {
@@ -16,9 +19,21 @@ namespace stagecraft::passes {
 #undef STAGECRAFT_PASS
 
 /// Whether the `mixed-precision` pass keeps `node` in float32 whatever its schema allows (Casts
-/// around it): ops of another domain (the fused Attention and Gelu among them),
-/// BatchNormalization (float32 running statistics), the loss (nodes named "loss/...") and any
-/// node writing a graph output.
+/// around it): ops of another domain but the fused ones below, BatchNormalization (float32
+/// running statistics), the loss (nodes named "loss/...") and any node writing a graph output.
 bool needs_float32(const ir::Graph& graph, const ir::Node& node);
+
+/// The operands of one of our fused ops (domain ai.stagecraft) that the `mixed-precision` pass
+/// gives the 16-bit type, by position; its other float operands stay float32.
+struct SixteenBitOperands {
+  std::vector<size_t> inputs, outputs;
+  bool input(size_t k) const;
+  bool output(size_t k) const;
+};
+
+/// For a fused op that computes on 16-bit activations (Attention: Q, K, V and O, its additive
+/// mask and per-query log-sum-exp float32; Gelu: X and Y), which operands; null for every other
+/// node (those go by their ONNX schema or stay float32).
+const SixteenBitOperands* fused_sixteen_bit(const ir::Node& node);
 
 }  // namespace stagecraft::passes

@@ -283,21 +283,26 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
     int64_t out = 0;
     // Every output a training forward keeps for the backward: the runtime keeps each value whose
     // bytes the backward reads, whatever its type (a Dropout's bool mask is a quarter of its
-    // float output's bytes), and no other. In 16 bits, but for the nodes the mixed-precision
-    // pass keeps in float32 (passes::needs_float32: the fused Attention and Gelu, the loss):
-    // their float outputs stay float32, with a 16-bit copy for 16-bit readers, and they read
-    // their 16-bit inputs through float32 copies.
-    const bool float32_node = float_bytes_divisor > 1 && passes::needs_float32(g, node);
+    // float output's bytes), and no other. In 16 bits, but for the float operands the
+    // mixed-precision pass keeps in float32: every one of a node it keeps in float32
+    // (passes::needs_float32: the loss, BatchNormalization), and those of a fused op it does not
+    // name (passes::fused_sixteen_bit: Attention's mask and log-sum-exp). Such an output stays
+    // float32, with a 16-bit copy for 16-bit readers; such an input of a 16-bit producer is read
+    // through a float32 copy.
+    const bool sixteen = float_bytes_divisor > 1;
+    const bool float32_node = sixteen && passes::needs_float32(g, node);
+    const passes::SixteenBitOperands* fused = sixteen ? passes::fused_sixteen_bit(node) : nullptr;
     auto is_float = [&](ir::ValueId v) {
       const DType d = g.value(v).dtype;
       return d == DType::kFloat32 || d == DType::kFloat64;
     };
-    for (ir::ValueId v : node.outputs) {
+    for (std::size_t k = 0; k < node.outputs.size(); ++k) {
+      const ir::ValueId v = node.outputs[k];
       if (v == ir::kNoId || !passes::backward_reads_bytes(g, v)) continue;
       if (dtype_size(g.value(v).dtype) <= 0) continue;
       if (!is_float(v)) {
         out += g.value(v).bytes();
-      } else if (!float32_node) {
+      } else if (!float32_node && (!fused || fused->output(k))) {
         out += g.value(v).bytes() / float_bytes_divisor;
       } else {
         out += g.value(v).bytes();
@@ -307,8 +312,10 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
           out += g.value(v).bytes() / float_bytes_divisor;
       }
     }
-    for (ir::ValueId in : node.inputs) {
-      if (!float32_node || in == ir::kNoId || g.value(in).is_initializer() || !is_float(in) ||
+    for (std::size_t k = 0; k < node.inputs.size(); ++k) {
+      const ir::ValueId in = node.inputs[k];
+      const bool float32_input = float32_node || (fused && !fused->input(k));
+      if (!float32_input || in == ir::kNoId || g.value(in).is_initializer() || !is_float(in) ||
           g.value(in).producer == ir::kNoId ||
           passes::needs_float32(g, g.node(g.value(in).producer)) ||
           !passes::backward_reads_bytes(g, in))

@@ -89,6 +89,14 @@ struct KernelEntry {
   bool writes_every_output = false;
 };
 
+/// The 16-bit fallback of a kernel without a path for its 16-bit floats (Backend::runs_widened):
+/// bfloat16 and float16 inputs widened to float32 copies (by `cast`, the backend's Cast
+/// kernel), the float32 `kernel` run, its results rounded to nearest even into the 16-bit
+/// outputs (each its own type); `zero_outputs`: the float32 outputs zero-filled first (a
+/// gradient kernel that adds into them). The program runs it for such nodes; a kernel with a
+/// 16-bit path for some shapes only runs it for the others.
+void run_widened(KernelFn kernel, KernelFn cast, bool zero_outputs, const KernelArgs& args);
+
 /// A check for ops whose every input and output is float32.
 std::string all_float32(const OpSignature& signature);
 

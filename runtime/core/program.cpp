@@ -136,13 +136,12 @@ void cast_into(KernelFn cast, const KernelArgs& node, const Tensor& from, Tensor
   cast(KernelArgs{node.name, "Cast", cast_attrs(to.dtype), in, out, node.device, 0});
 }
 
-/// The 16-bit fallback of a kernel without a path for its 16-bit floats (Backend::runs_widened):
-/// bfloat16 and float16 inputs widened to float32 copies, the float32 kernel run, its results
-/// rounded to nearest even into the 16-bit outputs (each its own type). The copies are the
-/// device's own tensors for the node's duration, not arena bytes: kernel workspace, as a
-/// library's scratch is. On CUDA new_tensor draws from the device's stream-ordered pool
-/// (cudaMallocAsync), which after the first step hands back the same blocks without a driver
-/// allocation, so a step allocates nothing from the driver.
+}  // namespace
+
+// kernel.h. The copies are the device's own tensors for the node's duration, not arena bytes:
+// kernel workspace, as a library's scratch is. On CUDA new_tensor draws from the device's
+// stream-ordered pool (cudaMallocAsync), which after the first step hands back the same blocks
+// without a driver allocation, so a step allocates nothing from the driver.
 void run_widened(KernelFn kernel, KernelFn cast, bool zero_outputs, const KernelArgs& args) {
   std::vector<Tensor> wide_in(args.in.size()), wide_out(args.out.size());
   std::vector<const Tensor*> in(args.in.begin(), args.in.end());
@@ -169,6 +168,8 @@ void run_widened(KernelFn kernel, KernelFn cast, bool zero_outputs, const Kernel
   for (size_t k = 0; k < out.size(); ++k)
     if (wide_out[k].dtype != DType::kUndefined) cast_into(cast, args, wide_out[k], *args.out[k]);
 }
+
+namespace {
 
 // Runs one node's kernel (between casts for the 16-bit fallback) inside a range named `name`
 // (NVTX on CUDA, so a profiler maps the kernels to the node), timed for the per-node profile

@@ -1,14 +1,25 @@
 // The CUDA backend's attention family (families.h): the fused Attention forward and its
-// gradient, float32, with the operand rules, defaults and refusals of the CPU backend's
-// attention.cpp (runtime/ops/attention_shape.h). The kernels are attention_kernels.cu.
+// gradient, with the operand rules, defaults and refusals of the CPU backend's attention.cpp
+// (runtime/ops/attention_shape.h). Float32 nodes run attention_kernels.cu's launchers (the tiled
+// kernels where they apply, the plain ones elsewhere). A node whose activations are 16-bit (a
+// mixed-precision plan's: Q, K, V, O, dO and the gradients bfloat16 or float16; the mask, lse
+// and dlse float32) runs the tiled kernels on them directly, widening each element as a tile is
+// loaded (attention_tiled.h); where the tiles do not take it (another head size, an operand
+// not 8-byte aligned, STAGECRAFT_ATTENTION_KERNELS=plain) it runs widened: the float32 kernels
+// between Casts, as the program runs any kernel without a 16-bit path.
 #include <fmt/format.h>
 
+#include <cstdint>
+#include <initializer_list>
 #include <mutex>
 #include <set>
+#include <span>
 #include <string>
 
+#include "runtime/core/backend.h"
 #include "runtime/cuda/attention_choice.h"
 #include "runtime/cuda/attention_kernels.h"
+#include "runtime/cuda/attention_tiled.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/families.h"
@@ -53,15 +64,94 @@ void note_plain_kernels(const KernelArgs& a, const ops::AttentionDims& d) {
              a.name, d.tq, d.tk, untiled_reason(d));
 }
 
-void attention(const KernelArgs& a) {
+bool is_16bit(DType d) { return d == DType::kBFloat16 || d == DType::kFloat16; }
+
+const uint16_t* bits(const Tensor* t) {
+  return t != nullptr ? reinterpret_cast<const uint16_t*>(t->data) : nullptr;
+}
+uint16_t* bits(Tensor* t) { return t != nullptr ? reinterpret_cast<uint16_t*>(t->data) : nullptr; }
+
+HalfAttentionPointers half_pointers(const ops::AttentionOperands& op) {
+  HalfAttentionPointers p;
+  p.dtype = op.q->dtype;
+  p.q = bits(op.q);
+  p.k = bits(op.k);
+  p.v = bits(op.v);
+  p.mask = data_or_null(op.mask);
+  return p;
+}
+
+// The node run widened: `float32_kernel` on float32 copies of its 16-bit operands (run_widened,
+// runtime/core/kernel.h), its results rounded into the 16-bit outputs.
+void run_float32(KernelFn float32_kernel, const KernelArgs& a) {
+  static const KernelFn cast = cuda_backend()->kernel("Cast");
+  run_widened(float32_kernel, cast, /*zero_outputs=*/false, a);
+}
+
+void attention_float32(const KernelArgs& a) {
   const ops::AttentionOperands op = ops::attention_operands(a);
-  note_plain_kernels(a, op.dims);
   launch_attention_forward(op.dims, forward_pointers(op), op.o->as<float>(), data_or_null(op.lse),
                            context(a).stream());
   check_launch(a);
 }
 
+void attention(const KernelArgs& a) {
+  const ops::AttentionOperands op = ops::attention_operands(a);
+  note_plain_kernels(a, op.dims);
+  if (!is_16bit(op.q->dtype)) return attention_float32(a);
+  if (plain_attention_chosen() ||
+      !tiled_attention_forward(op.dims, half_pointers(op), bits(op.o), data_or_null(op.lse),
+                               context(a).stream()))
+    return run_float32(attention_float32, a);
+  check_launch(a);
+}
+
+// The gradient of a 16-bit node on the tiled kernels; false where the tiles do not take it (the
+// caller then runs the node widened, which writes every output again).
+bool attention_grad_16bit(const KernelArgs& a, const ops::AttentionGradOperands& g) {
+  const ops::AttentionDims& d = g.forward.dims;
+  if (plain_attention_chosen() || !tiles_take(d)) return false;
+  CudaContext& ctx = context(a);
+  cudaStream_t stream = ctx.stream();
+  HalfAttentionPointers p = half_pointers(g.forward);
+  const DType dtype = p.dtype;
+  Tensor o_again, lse_again;
+  const uint16_t* o = bits(g.o);
+  p.lse = data_or_null(g.lse);
+  if (g.recomputes_forward()) {
+    o_again = ctx.new_tensor(dtype, {d.batch * d.tq * d.dv}, false);
+    lse_again = ctx.new_tensor(DType::kFloat32, {d.batch * d.tq}, false);
+    if (!tiled_attention_forward(d, p, bits(&o_again), lse_again.as<float>(), stream)) return false;
+    check_launch(a);
+    if (!o) o = bits(&o_again);
+    if (!p.lse) p.lse = lse_again.as<float>();
+  }
+  Tensor zeros;
+  if (!g.d_o) zeros = ctx.new_tensor(dtype, {d.batch * d.tq * d.dv}, true);
+  p.d_o = g.d_o ? bits(g.d_o) : bits(&zeros);
+  Tensor delta = ctx.new_tensor(DType::kFloat32, {d.batch * d.tq}, false);
+  if (!launch_attention_delta(dtype, p.d_o, o, data_or_null(g.dlse), delta.as<float>(),
+                              d.batch * d.tq, d.dv, stream))
+    return false;
+  check_launch(a);
+  p.delta = delta.as<float>();
+  if (g.dq && !tiled_attention_dq(d, p, bits(g.dq), stream)) return false;
+  check_launch(a);
+  if ((g.dk || g.dv) && !tiled_attention_dkv(d, p, bits(g.dk), bits(g.dv), stream)) return false;
+  check_launch(a);
+  return true;
+}
+
+void attention_grad_float32(const KernelArgs& a);
+
 void attention_grad(const KernelArgs& a) {
+  const ops::AttentionGradOperands g = ops::attention_grad_operands(a);
+  if (g.all_zero()) return ops::zero_outputs(a);
+  if (!is_16bit(g.forward.q->dtype)) return attention_grad_float32(a);
+  if (!attention_grad_16bit(a, g)) run_float32(attention_grad_float32, a);
+}
+
+void attention_grad_float32(const KernelArgs& a) {
   const ops::AttentionGradOperands g = ops::attention_grad_operands(a);
   const ops::AttentionDims& d = g.forward.dims;
   if (g.all_zero()) return ops::zero_outputs(a);
@@ -97,10 +187,51 @@ void attention_grad(const KernelArgs& a) {
   check_launch(a);
 }
 
-// The CPU backend's checks decide (float32, the operands, causal 0 or 1, no mask gradient).
+// Whether a signature's dtypes are one 16-bit type's where the kernels read and write
+// activations (`half` positions), float32 (or absent) where they read the mask, lse and dlse
+// (`float32` positions), and nothing at `absent` (the mask's gradient).
+bool sixteen_bit_operands(std::span<const DType> types, std::initializer_list<size_t> half,
+                          std::initializer_list<size_t> float32, DType sixteen) {
+  for (size_t k : half)
+    if (k < types.size() && types[k] != sixteen && types[k] != DType::kUndefined) return false;
+  for (size_t k : float32)
+    if (k < types.size() && types[k] != DType::kFloat32 && types[k] != DType::kUndefined)
+      return false;
+  return true;
+}
+
+// A 16-bit node natively (Q, K, V and O of one 16-bit type; the mask and lse float32); any other
+// as the CPU backend's checks decide (float32, or widened by the program).
+std::string check_attention(const OpSignature& s) {
+  if (std::string why = ops::attention_signature_error(s); !why.empty()) return why;
+  const DType sixteen = s.inputs[0];
+  if (is_16bit(sixteen) && sixteen_bit_operands(s.inputs, {0, 1, 2}, {3}, sixteen) &&
+      s.outputs[0] == sixteen && sixteen_bit_operands(s.outputs, {0}, {1}, sixteen))
+    return "";
+  return same_as_cpu(s);
+}
+
+// The gradient likewise: inputs Q, K, V, mask?, O, lse?, dO, dlse? (grad_io.h's layout, n
+// forward inputs and m forward outputs); outputs dQ, dK, dV (16-bit) and no mask gradient.
+std::string check_attention_grad(const OpSignature& s) {
+  if (std::string why = ops::attention_grad_signature_error(s); !why.empty()) return why;
+  const ops::GradCounts c = ops::grad_counts(s.op_type, s.attrs, s.inputs.size(), s.outputs.size(),
+                                             ops::kAttentionGradArity);
+  const DType sixteen = s.inputs[0];
+  if (c.error.empty() && c.m >= 1 && is_16bit(sixteen) &&
+      sixteen_bit_operands(s.inputs, {0, 1, 2}, {}, sixteen) &&
+      sixteen_bit_operands(s.inputs, {c.n, c.n + c.m}, {}, sixteen) &&
+      (c.m < 2 || sixteen_bit_operands(s.inputs, {}, {c.n + 1, c.n + c.m + 1}, sixteen)) &&
+      (c.n < 4 || s.inputs[3] == DType::kFloat32 || s.inputs[3] == DType::kUndefined) &&
+      sixteen_bit_operands(s.outputs, {0, 1, 2}, {}, sixteen) &&
+      (s.outputs.size() < 4 || s.outputs[3] == DType::kUndefined))
+    return "";
+  return same_as_cpu(s);
+}
+
 const KernelEntry kKernels[] = {
-    {"Attention", attention, same_as_cpu},
-    {"AttentionGrad", attention_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"Attention", attention, check_attention},
+    {"AttentionGrad", attention_grad, check_attention_grad, /*writes_every_output=*/true},
 };
 
 }  // namespace

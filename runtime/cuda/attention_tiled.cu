@@ -16,6 +16,9 @@
 // of V, K, Q or dO, and vector writes).
 #include <math_constants.h>
 
+#include <cstdint>
+#include <type_traits>
+
 #include "runtime/cuda/attention_tiled.h"
 #include "runtime/cuda/attention_tiles.cuh"
 
@@ -121,10 +124,17 @@ __device__ void accumulate_product(const float* w, const float* m,
   }
 }
 
-// Row `row` of a [rows][D] output from one thread's N values (scaled by `factor`).
-template <int N>
-__device__ void write_row(float* dst, const float (&v)[N], float factor) {
-  if constexpr (N % 4 == 0) {
+// Row `row` of a [rows][D] output from one thread's N values (scaled by `factor`): float32
+// as vectors, or rounded to a 16-bit type two elements (one 32-bit word) at a time.
+template <int N, class T>
+__device__ void write_row(T* dst, const float (&v)[N], float factor) {
+  if constexpr (!std::is_same_v<T, float>) {
+#pragma unroll
+    for (int e = 0; e < N; e += 2) {
+      const uint32_t low = narrow<T>(v[e] * factor).bits, high = narrow<T>(v[e + 1] * factor).bits;
+      *reinterpret_cast<uint32_t*>(dst + e) = low | high << 16;
+    }
+  } else if constexpr (N % 4 == 0) {
 #pragma unroll
     for (int e = 0; e < N; e += 4)
       *reinterpret_cast<float4*>(dst + e) =
@@ -149,9 +159,9 @@ __device__ float group_sum(float x) {
   return x;
 }
 
-template <int D>
+template <int D, class T>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(ops::AttentionDims s, AttentionPointers p, float* o, float* lse) {
+    forward_kernel(ops::AttentionDims s, TilePointers<T> p, T* o, float* lse) {
   using G = Geometry<D>;
   extern __shared__ float4 shared_vectors[];
   float* qs = reinterpret_cast<float*>(shared_vectors);
@@ -213,9 +223,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int D>
+template <int D, class T>
 __global__ void __launch_bounds__(kThreads)
-    dq_kernel(ops::AttentionDims s, AttentionPointers p, float* dq) {
+    dq_kernel(ops::AttentionDims s, TilePointers<T> p, T* dq) {
   using G = Geometry<D>;
   extern __shared__ float4 shared_vectors[];
   float* qs = reinterpret_cast<float*>(shared_vectors);
@@ -262,9 +272,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int D>
+template <int D, class T>
 __global__ void __launch_bounds__(kThreads)
-    dkv_kernel(ops::AttentionDims s, AttentionPointers p, float* dk, float* dv) {
+    dkv_kernel(ops::AttentionDims s, TilePointers<T> p, T* dk, T* dv) {
   using G = Geometry<D>;
   extern __shared__ float4 shared_vectors[];
   float* ks = reinterpret_cast<float*>(shared_vectors);
@@ -319,17 +329,17 @@ __global__ void __launch_bounds__(kThreads)
 
 /// This implementation's kernels and their shared bytes, for Launches.
 struct Kernels {
-  template <int D>
+  template <int D, class T>
   static auto forward() {
-    return forward_kernel<D>;
+    return forward_kernel<D, T>;
   }
-  template <int D>
+  template <int D, class T>
   static auto dq() {
-    return dq_kernel<D>;
+    return dq_kernel<D, T>;
   }
-  template <int D>
+  template <int D, class T>
   static auto dkv() {
-    return dkv_kernel<D>;
+    return dkv_kernel<D, T>;
   }
   template <int D>
   static constexpr size_t forward_bytes() {
@@ -345,21 +355,99 @@ struct Kernels {
   }
 };
 
+// D of each row from 16-bit dO and O (launch_attention_delta's rule, each product in float32):
+// one warp per row, its lanes over strided columns, summed by a fixed butterfly.
+template <class T>
+__global__ void delta_kernel(const T* d_o, const T* o, const float* dlse, float* delta,
+                             int64_t rows, int64_t cols) {
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+       row < rows; row += warps) {
+    float sum = 0.0f;
+    for (int64_t c = threadIdx.x % 32; c < cols; c += 32)
+      sum += widen(d_o[row * cols + c]) * widen(o[row * cols + c]);
+    for (int offset = 16; offset > 0; offset >>= 1)
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (threadIdx.x % 32 == 0) delta[row] = dlse != nullptr ? sum - dlse[row] : sum;
+  }
+}
+
+TilePointers<float> tile_pointers(const AttentionPointers& p) {
+  return {p.q, p.k, p.v, p.mask, p.lse, p.d_o, p.delta};
+}
+
+// body(T{}) with T the storage type of `dtype` (bfloat16 or float16); false for another.
+template <class Body>
+bool with_16bit(DType dtype, Body body) {
+  if (dtype == DType::kBFloat16) return body(eltwise::BFloat16{});
+  if (dtype == DType::kFloat16) return body(eltwise::Half{});
+  return false;
+}
+
+template <class T>
+TilePointers<T> tile_pointers(const HalfAttentionPointers& p) {
+  return {reinterpret_cast<const T*>(p.q),
+          reinterpret_cast<const T*>(p.k),
+          reinterpret_cast<const T*>(p.v),
+          p.mask,
+          p.lse,
+          reinterpret_cast<const T*>(p.d_o),
+          p.delta};
+}
+
 }  // namespace
 
 bool tiled_attention_forward(const ops::AttentionDims& s, const AttentionPointers& p, float* o,
                              float* lse, cudaStream_t stream) {
-  return Launches<Kernels>::forward(s, p, o, lse, stream);
+  return Launches<Kernels>::forward(s, tile_pointers(p), o, lse, stream);
 }
 
 bool tiled_attention_dq(const ops::AttentionDims& s, const AttentionPointers& p, float* dq,
                         cudaStream_t stream) {
-  return Launches<Kernels>::dq(s, p, dq, stream);
+  return Launches<Kernels>::dq(s, tile_pointers(p), dq, stream);
 }
 
 bool tiled_attention_dkv(const ops::AttentionDims& s, const AttentionPointers& p, float* dk,
                          float* dv, cudaStream_t stream) {
-  return Launches<Kernels>::dkv(s, p, dk, dv, stream);
+  return Launches<Kernels>::dkv(s, tile_pointers(p), dk, dv, stream);
+}
+
+bool tiled_attention_forward(const ops::AttentionDims& s, const HalfAttentionPointers& p,
+                             uint16_t* o, float* lse, cudaStream_t stream) {
+  return with_16bit(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return Launches<Kernels>::forward(s, tile_pointers<T>(p), reinterpret_cast<T*>(o), lse, stream);
+  });
+}
+
+bool tiled_attention_dq(const ops::AttentionDims& s, const HalfAttentionPointers& p, uint16_t* dq,
+                        cudaStream_t stream) {
+  return with_16bit(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return Launches<Kernels>::dq(s, tile_pointers<T>(p), reinterpret_cast<T*>(dq), stream);
+  });
+}
+
+bool tiled_attention_dkv(const ops::AttentionDims& s, const HalfAttentionPointers& p, uint16_t* dk,
+                         uint16_t* dv, cudaStream_t stream) {
+  return with_16bit(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return Launches<Kernels>::dkv(s, tile_pointers<T>(p), reinterpret_cast<T*>(dk),
+                                  reinterpret_cast<T*>(dv), stream);
+  });
+}
+
+bool launch_attention_delta(DType dtype, const uint16_t* d_o, const uint16_t* o, const float* dlse,
+                            float* delta, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return true;
+  const int64_t blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
+  const auto grid = static_cast<unsigned>(blocks < (int64_t{1} << 20) ? blocks : int64_t{1} << 20);
+  return with_16bit(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    delta_kernel<T><<<grid, kThreads, 0, stream>>>(
+        reinterpret_cast<const T*>(d_o), reinterpret_cast<const T*>(o), dlse, delta, rows, cols);
+    return true;
+  });
 }
 
 }  // namespace stagecraft::rt::cuda

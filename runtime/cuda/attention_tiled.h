@@ -10,7 +10,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "runtime/cuda/attention_kernels.h"
+#include "runtime/format/dtype.h"
 
 namespace stagecraft::rt::cuda {
 
@@ -25,6 +28,34 @@ bool tiled_attention_dq(const ops::AttentionDims& dims, const AttentionPointers&
 /// dK and dV (either may be null), as launch_attention_dkv.
 bool tiled_attention_dkv(const ops::AttentionDims& dims, const AttentionPointers& p, float* dk,
                          float* dv, cudaStream_t stream);
+
+/// A node whose activations are 16-bit floats (`dtype`: bfloat16 or float16): Q, K, V and dO as
+/// that type's bits, and so are the outputs O, dQ, dK and dV; the mask, lse and D float32. The
+/// tiled kernels widen each element to float32 as they load a tile and round each output once,
+/// so they compute as the float32 kernels on the widened operands do; 8-byte-aligned operands.
+struct HalfAttentionPointers {
+  DType dtype = DType::kBFloat16;
+  const uint16_t* q = nullptr;
+  const uint16_t* k = nullptr;
+  const uint16_t* v = nullptr;
+  const float* mask = nullptr;
+  const float* lse = nullptr;
+  const uint16_t* d_o = nullptr;
+  const float* delta = nullptr;
+};
+
+/// The three on 16-bit activations: false, launching nothing, where the tiles do not take the
+/// node (the caller then runs it widened to float32).
+bool tiled_attention_forward(const ops::AttentionDims& dims, const HalfAttentionPointers& p,
+                             uint16_t* o, float* lse, cudaStream_t stream);
+bool tiled_attention_dq(const ops::AttentionDims& dims, const HalfAttentionPointers& p,
+                        uint16_t* dq, cudaStream_t stream);
+bool tiled_attention_dkv(const ops::AttentionDims& dims, const HalfAttentionPointers& p,
+                         uint16_t* dk, uint16_t* dv, cudaStream_t stream);
+
+/// launch_attention_delta for 16-bit dO and O (`dtype`); false for another dtype.
+bool launch_attention_delta(DType dtype, const uint16_t* d_o, const uint16_t* o, const float* dlse,
+                            float* delta, int64_t rows, int64_t cols, cudaStream_t stream);
 
 /// The same three on the tensor cores (attention_wmma.cu).
 bool tensor_core_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p,

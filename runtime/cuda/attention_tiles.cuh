@@ -11,11 +11,43 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "runtime/cuda/attention_choice.h"
 #include "runtime/cuda/attention_tiled.h"
+#include "runtime/cuda/elementwise_device.cuh"
 
 namespace stagecraft::rt::cuda::attention_tiles {
+
+/// A node's operands with its activations (Q, K, V, dO) stored as T: float, or a 16-bit float
+/// (eltwise::BFloat16, eltwise::Half) that the tiles widen to float32 as they load it; the
+/// mask, lse and D are float32 in every node.
+template <class T>
+struct TilePointers {
+  const T* q = nullptr;
+  const T* k = nullptr;
+  const T* v = nullptr;
+  const float* mask = nullptr;
+  const float* lse = nullptr;
+  const T* d_o = nullptr;
+  const float* delta = nullptr;
+};
+
+/// x as a float32 (the 16-bit types exactly, as the CPU's Cast widens them).
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(eltwise::BFloat16 x) { return eltwise::to_float(x); }
+__device__ __forceinline__ float widen(eltwise::Half x) { return eltwise::to_float(x); }
+
+/// x rounded to nearest even into T (as the CPU's Cast rounds).
+template <class T>
+__device__ __forceinline__ T narrow(float x) {
+  if constexpr (std::is_same_v<T, eltwise::BFloat16>)
+    return eltwise::to_bfloat16(x);
+  else if constexpr (std::is_same_v<T, eltwise::Half>)
+    return eltwise::to_half(x);
+  else
+    return x;
+}
 
 inline constexpr int kTile = 64;      ///< Queries or keys per tile (and per block).
 inline constexpr int kThreads = 256;  ///< Threads per block.
@@ -33,15 +65,25 @@ struct Geometry {
   static constexpr int kOutFrags = D / 32;  ///< Output fragments per warp (wmma).
 };
 
-/// Rows first .. first + 63 of the entry's [rows][D] array `src` into `tile`; rows at or past
-/// `limit` as zeros.
-template <int D>
-__device__ void load_tile(float* tile, const float* src, int64_t first, int64_t limit) {
+/// Rows first .. first + 63 of the entry's [rows][D] array `src` into `tile`, as float32; rows
+/// at or past `limit` as zeros. Four elements per read: a float4, or 8 bytes of 16-bit values.
+template <int D, class T>
+__device__ void load_tile(float* tile, const T* src, int64_t first, int64_t limit) {
   constexpr int kVectors = D / 4;
   for (int idx = threadIdx.x; idx < kTile * kVectors; idx += kThreads) {
     const int r = idx / kVectors, c = idx % kVectors;
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (first + r < limit) v = reinterpret_cast<const float4*>(src + (first + r) * D)[c];
+    if (first + r < limit) {
+      if constexpr (std::is_same_v<T, float>) {
+        v = reinterpret_cast<const float4*>(src + (first + r) * D)[c];
+      } else {
+        const uint2 bits = reinterpret_cast<const uint2*>(src + (first + r) * D)[c];
+        const auto part = [](uint32_t word, int high) {
+          return widen(T{static_cast<uint16_t>(high ? word >> 16 : word & 0xffffu)});
+        };
+        v = make_float4(part(bits.x, 0), part(bits.x, 1), part(bits.y, 0), part(bits.y, 1));
+      }
+    }
     *reinterpret_cast<float4*>(tile + r * Geometry<D>::kStride + 4 * c) = v;
   }
 }
@@ -121,44 +163,48 @@ __device__ inline BlockTile block_tile(int64_t rows) {
   return {blockIdx.x / per_entry, (blockIdx.x % per_entry) * kTile};
 }
 
-/// Whether every non-null pointer is 16-byte aligned (the tiles are loaded as float4s).
-inline bool vector_aligned(std::initializer_list<const void*> pointers) {
+/// Whether every non-null pointer is `bytes`-aligned (the tiles are read four elements at a
+/// time: 16 bytes of float32, 8 of a 16-bit type).
+inline bool vector_aligned(std::initializer_list<const void*> pointers, std::uintptr_t bytes) {
   for (const void* p : pointers)
-    if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+    if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % bytes != 0) return false;
   return true;
 }
 
-/// The three launches of one implementation `K`, which gives, per head size D, its kernels
-/// (`K::forward<D>()`, `K::dq<D>()`, `K::dkv<D>()`) and their shared bytes
-/// (`K::forward_bytes<D>()`, `K::dq_bytes<D>()`, `K::dkv_bytes<D>()`): each false, launching
-/// nothing, where the node's head size or an operand's alignment does not suit the tiles.
+/// The three launches of one implementation `K`, which gives, per head size D and storage type
+/// T of the activations, its kernels (`K::forward<D, T>()`, `K::dq<D, T>()`, `K::dkv<D, T>()`)
+/// and their shared bytes (`K::forward_bytes<D>()`, `K::dq_bytes<D>()`, `K::dkv_bytes<D>()`):
+/// each false, launching nothing, where the node's head size or an operand's alignment does not
+/// suit the tiles. `P` is the kernels' operand struct (AttentionPointers for float, or
+/// TilePointers<T>).
 template <class K>
 struct Launches {
-  static bool forward(const ops::AttentionDims& s, const AttentionPointers& p, float* o, float* lse,
+  template <class P, class T>
+  static bool forward(const ops::AttentionDims& s, const P& p, T* o, float* lse,
                       cudaStream_t stream) {
-    if (!vector_aligned({p.q, p.k, p.v, o})) return false;
+    if (!vector_aligned({p.q, p.k, p.v, o}, 4 * sizeof(T))) return false;
     return with_head_size(s, [&](auto h) {
       constexpr int D = decltype(h)::value;
-      return launch(K::template forward<D>(), s.batch * tiles(s.tq), K::template forward_bytes<D>(),
-                    stream, s, p, o, lse);
+      return launch(K::template forward<D, T>(), s.batch * tiles(s.tq),
+                    K::template forward_bytes<D>(), stream, s, p, o, lse);
     });
   }
-  static bool dq(const ops::AttentionDims& s, const AttentionPointers& p, float* dq,
-                 cudaStream_t stream) {
-    if (!vector_aligned({p.q, p.k, p.v, p.d_o, dq})) return false;
+  template <class P, class T>
+  static bool dq(const ops::AttentionDims& s, const P& p, T* dq, cudaStream_t stream) {
+    if (!vector_aligned({p.q, p.k, p.v, p.d_o, dq}, 4 * sizeof(T))) return false;
     return with_head_size(s, [&](auto h) {
       constexpr int D = decltype(h)::value;
-      return launch(K::template dq<D>(), s.batch * tiles(s.tq), K::template dq_bytes<D>(), stream,
-                    s, p, dq);
+      return launch(K::template dq<D, T>(), s.batch * tiles(s.tq), K::template dq_bytes<D>(),
+                    stream, s, p, dq);
     });
   }
-  static bool dkv(const ops::AttentionDims& s, const AttentionPointers& p, float* dk, float* dv,
-                  cudaStream_t stream) {
-    if (!vector_aligned({p.q, p.k, p.v, p.d_o, dk, dv})) return false;
+  template <class P, class T>
+  static bool dkv(const ops::AttentionDims& s, const P& p, T* dk, T* dv, cudaStream_t stream) {
+    if (!vector_aligned({p.q, p.k, p.v, p.d_o, dk, dv}, 4 * sizeof(T))) return false;
     return with_head_size(s, [&](auto h) {
       constexpr int D = decltype(h)::value;
-      return launch(K::template dkv<D>(), s.batch * tiles(s.tk), K::template dkv_bytes<D>(), stream,
-                    s, p, dk, dv);
+      return launch(K::template dkv<D, T>(), s.batch * tiles(s.tk), K::template dkv_bytes<D>(),
+                    stream, s, p, dk, dv);
     });
   }
 };

@@ -16,6 +16,7 @@
 #include <mma.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "runtime/cuda/attention_tiled.h"
 #include "runtime/cuda/attention_tiles.cuh"
@@ -305,16 +306,19 @@ __global__ void __launch_bounds__(kThreads)
 
 /// This implementation's kernels and their shared bytes, for Launches.
 struct Kernels {
-  template <int D>
+  template <int D, class T>
   static auto forward() {
+    static_assert(std::is_same_v<T, float>, "the tensor-core kernels read float32 operands");
     return forward_kernel<D>;
   }
-  template <int D>
+  template <int D, class T>
   static auto dq() {
+    static_assert(std::is_same_v<T, float>, "the tensor-core kernels read float32 operands");
     return dq_kernel<D>;
   }
-  template <int D>
+  template <int D, class T>
   static auto dkv() {
+    static_assert(std::is_same_v<T, float>, "the tensor-core kernels read float32 operands");
     return dkv_kernel<D>;
   }
   template <int D>

@@ -2,8 +2,10 @@
 // one line before anything is allocated, `auto` picks the CPU and says why, and the backend
 // still answers what it could run. Where a GPU is visible these check the other side.
 #include <doctest/doctest.h>
+#include <onnx/onnx_pb.h>
 
 #include <string>
+#include <vector>
 
 #include "runtime/core/backend.h"
 #include "runtime/format/error.h"
@@ -36,6 +38,55 @@ TEST_CASE("the plain CUDA attention kernels run only where the tiles do not take
   CHECK(cuda::untiled_reason(d) ==
         "queries and keys of 64 but values of 32, and the tiled kernels take equal sizes (32, 64 "
         "or 128)");
+#endif
+}
+
+// A mixed-precision plan's fused Attention reads and writes bfloat16 activations (its mask, lse
+// and dlse float32): the CUDA backend takes such a node natively (attention_tiled.h), so the
+// program does not widen it between Casts; any other mix of types still runs, widened.
+TEST_CASE("the cuda backend runs 16-bit Attention natively and other type mixes widened") {
+#ifdef STAGECRAFT_WITH_CUDA
+  const Backend* cuda = cuda_backend();
+  REQUIRE(cuda != nullptr);
+  constexpr DType b = DType::kBFloat16, h = DType::kFloat16, f = DType::kFloat32,
+                  none = DType::kUndefined;
+  struct Case {
+    bool grad;
+    std::vector<DType> in, out;
+    bool native;
+  };
+  const Case cases[] = {
+      {false, {b, b, b}, {b, f}, true},
+      {false, {h, h, h, f}, {h, f}, true},
+      {false, {b, b, b, none}, {b}, true},
+      {false, {f, f, f, f}, {f, f}, true},   // float32: the float kernels
+      {false, {b, h, b}, {b, f}, false},     // two 16-bit types
+      {false, {b, b, b, b}, {b, f}, false},  // a 16-bit mask
+      {false, {b, b, b}, {b, b}, false},     // a 16-bit lse
+      // AttentionGrad, forward_inputs = 4: Q, K, V, mask, O, lse, dO, dlse -> dQ, dK, dV, dmask.
+      {true, {b, b, b, f, b, f, b, f}, {b, b, b, none}, true},
+      {true, {b, b, b, none, b, none, b, none}, {b, none, b, none}, true},
+      {true, {b, b, b, f, b, b, b, f}, {b, b, b, none}, false},  // a 16-bit lse
+      {true, {b, b, b, f, b, f, b, f}, {f, b, b, none}, false},  // a float32 dQ
+  };
+  for (const Case& c : cases) {
+    onnx::NodeProto node;
+    node.set_op_type(c.grad ? "AttentionGrad" : "Attention");
+    node.set_domain("ai.stagecraft");
+    if (c.grad) {
+      onnx::AttributeProto* a = node.add_attribute();
+      a->set_name("forward_inputs");
+      a->set_type(onnx::AttributeProto::INT);
+      a->set_i(4);
+    }
+    const Attrs attrs(node);
+    const OpSignature sig{node.op_type(), c.in, c.out, attrs};
+    CAPTURE(node.op_type());
+    CAPTURE(c.in.size());
+    CAPTURE(c.native);
+    CHECK(cuda->check(sig).empty());
+    CHECK(cuda->runs_widened(sig) == !c.native);
+  }
 #endif
 }
 

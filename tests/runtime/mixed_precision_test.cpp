@@ -96,6 +96,53 @@ TEST_CASE(
   CHECK_NOTHROW(passes::InferShapes().run(copy, context));
 }
 
+TEST_CASE("the mixed-precision pass runs the fused Attention and Gelu on bf16 activations") {
+  // Kept in float32 before, each read its 16-bit inputs through Casts to float32 and wrote a
+  // float32 output that a Cast made 16-bit again: four Casts around every Attention and two
+  // around every Gelu (on the GPU: 844 cast launches in GPT-2's step, bench/RESULTS.md).
+  plan::PlannedModel planned =
+      plan::make_plan(options_for({"gpt_tiny.onnx", "cross-entropy"}, 1, Precision::kMixed));
+  const ir::Graph& g = planned.model.graph;
+  int attention = 0, gelu = 0;
+  for (ir::NodeId id : g.topological_order()) {
+    const ir::Node& n = g.node(id);
+    if (n.domain != "ai.stagecraft") continue;
+    CAPTURE(n.name);
+    for (ir::ValueId in : n.inputs) {
+      if (in == ir::kNoId) continue;
+      const ir::Node* from = producer(g, g.value(in).name);
+      CHECK((from == nullptr || from->op_type != "Cast"));
+    }
+    for (ir::ValueId out : n.outputs)
+      for (ir::NodeId reader : g.value(out).consumers) CHECK(g.node(reader).op_type != "Cast");
+    if (n.op_type == "Attention") {
+      ++attention;
+      for (size_t k = 0; k < 3; ++k) CHECK(g.value(n.inputs[k]).dtype == DType::kBFloat16);
+      CHECK(g.value(n.outputs[0]).dtype == DType::kBFloat16);
+      // Each query's log-sum-exp, which the backward's probabilities are computed from.
+      REQUIRE(n.outputs.size() == 2);
+      CHECK(g.value(n.outputs[1]).dtype == DType::kFloat32);
+    } else if (n.op_type == "Gelu") {
+      ++gelu;
+      CHECK(g.value(n.inputs[0]).dtype == DType::kBFloat16);
+      CHECK(g.value(n.outputs[0]).dtype == DType::kBFloat16);
+    }
+  }
+  CHECK(attention == 2);
+  CHECK(gelu == 2);
+  // Both still run on the CPU, widened by the program's 16-bit fallback, and the stage's
+  // gradient nodes read and write bfloat16 for them.
+  testing::TempDir dir;
+  plan::write_plan(planned, dir.file("plan"));
+  auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+  RunOptions options;
+  options.steps = 2;
+  const RunReport report = pipeline->run(pipeline->synthetic_inputs(), options);
+  REQUIRE(report.losses.size() == 2);
+  CHECK(std::isfinite(report.losses[1]));
+  CHECK(report.losses[1] < report.losses[0]);
+}
+
 TEST_CASE("the mixed-precision pass keeps Conv and pooling in float32 (no bf16 in opset 17)") {
   plan::PlannedModel planned =
       plan::make_plan(options_for({"mnist_cnn.onnx", "cross-entropy"}, 1, Precision::kMixed));
