@@ -118,7 +118,7 @@ void fill_value_type(Value& v, const onnx::ValueInfoProto& info) {
 }  // namespace
 
 ExternalRef resolve_external_data(const onnx::TensorProto& tensor, const std::string& model_dir,
-                                  int64_t expected_bytes) {
+                                  int64_t expected_bytes, ExternalFiles* files) {
   std::string location;
   int64_t offset = 0;
   int64_t length = -1;
@@ -146,16 +146,28 @@ ExternalRef resolve_external_data(const onnx::TensorProto& tensor, const std::st
   if (location.empty()) throw bad("no 'location' entry");
   if (offset < 0) throw bad(fmt::format("offset {} is negative", offset));
   if (length < -1) throw bad(fmt::format("length {} is negative", length));
-  // The one rule for paths a file names inside its folder (runtime/format/inside_folder.h).
   std::string path;
-  try {
-    path = resolve_inside_folder(model_dir, location);
-  } catch (const Error& e) {
-    throw bad(e.message());
+  int64_t file_size = 0;
+  const ExternalFiles::File* known = nullptr;
+  if (files != nullptr) {
+    auto it = files->by_location.find(location);
+    if (it != files->by_location.end()) known = &it->second;
   }
-  std::error_code ec;
-  auto file_size = static_cast<int64_t>(fs::file_size(path, ec));
-  if (ec) throw bad(fmt::format("cannot read the size of {}: {}", path, ec.message()));
+  if (known != nullptr) {
+    path = known->path;
+    file_size = known->size;
+  } else {
+    // The one rule for paths a file names inside its folder (runtime/format/inside_folder.h).
+    try {
+      path = resolve_inside_folder(model_dir, location);
+    } catch (const Error& e) {
+      throw bad(e.message());
+    }
+    std::error_code ec;
+    file_size = static_cast<int64_t>(fs::file_size(path, ec));
+    if (ec) throw bad(fmt::format("cannot read the size of {}: {}", path, ec.message()));
+    if (files) files->by_location[location] = {path, file_size};
+  }
   if (length == -1) length = file_size > offset ? file_size - offset : 0;
   if (!range_within(offset, length, file_size)) {
     const std::optional<int64_t> end = try_add(offset, length);
@@ -171,10 +183,11 @@ ExternalRef resolve_external_data(const onnx::TensorProto& tensor, const std::st
 }
 
 std::shared_ptr<const WeightData> take_tensor_data(onnx::TensorProto& tensor,
-                                                   const std::string& model_dir) {
+                                                   const std::string& model_dir,
+                                                   ExternalFiles* files) {
   int64_t expected = tensor_expected_bytes(tensor);
   if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
-    auto ref = resolve_external_data(tensor, model_dir, expected);
+    auto ref = resolve_external_data(tensor, model_dir, expected, files);
     return WeightData::external(ref.path, ref.location, ref.offset, ref.length);
   }
   std::string bytes;
@@ -214,6 +227,7 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
 
   // Initializers first: they are weights even when an old exporter also lists them as inputs.
   std::unordered_set<std::string> initializer_names;
+  ExternalFiles files;
   for (auto& init : *proto->mutable_initializer()) {
     Value v;
     v.name = init.name();
@@ -227,7 +241,7 @@ Graph graph_from_model(onnx::ModelProto& model, const std::string& model_path) {
     v.shape.assign(init.dims().begin(), init.dims().end());
     checked_numel(v.shape, "initializer '" + v.name + "'");
     v.shape_known = true;
-    v.initializer = take_tensor_data(init, model_dir);
+    v.initializer = take_tensor_data(init, model_dir, &files);
     v.is_weight = is_floating(v.dtype);
     initializer_names.insert(v.name);
     g.add_value(std::move(v));

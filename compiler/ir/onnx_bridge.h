@@ -24,18 +24,31 @@ struct ExternalRef {
   int64_t length = 0;
 };
 
+/// The weight files one model's external data names, each resolved once (the folder checks
+/// and the file's size): a model of thousands of initializers in one file asks the file system
+/// once, not once per initializer. Only successful resolutions are kept.
+struct ExternalFiles {
+  struct File {
+    std::string path;
+    int64_t size = 0;
+  };
+  std::map<std::string, File> by_location;
+};
+
 /// Resolves the `external_data` entries of `tensor` against `model_dir`. Refuses absolute
 /// paths, `..` components, symlinks, paths that leave the folder, missing files and windows
 /// past the end of the file, each with an `Error(kFormat)` naming the tensor, the location and
-/// the numbers. `expected_bytes` is the size the tensor's dtype and dims call for.
+/// the numbers. `expected_bytes` is the size the tensor's dtype and dims call for. `files`
+/// (optional) remembers the files resolved for the same model.
 ExternalRef resolve_external_data(const onnx::TensorProto& tensor, const std::string& model_dir,
-                                  int64_t expected_bytes);
+                                  int64_t expected_bytes, ExternalFiles* files = nullptr);
 
 /// The bytes of an ONNX tensor in its dtype's little-endian layout. Moves `raw_data` out of the
 /// proto when present; converts the typed fields (float_data, int64_data, ...) otherwise.
-/// External tensors are resolved with `model_dir` and mapped lazily.
+/// External tensors are resolved with `model_dir` (and `files`) and mapped lazily.
 std::shared_ptr<const WeightData> take_tensor_data(onnx::TensorProto& tensor,
-                                                   const std::string& model_dir);
+                                                   const std::string& model_dir,
+                                                   ExternalFiles* files = nullptr);
 
 /// The name a node goes by: its own, or for an unnamed node "Op(first output)" (index `i` when
 /// it has no output). Import names unnamed nodes this way, and messages about the model file

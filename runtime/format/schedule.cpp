@@ -171,12 +171,6 @@ int fixed_chunks(ScheduleKind kind) {
   return 1;
 }
 
-int device_of_stage(int stage, const PipelineShape& shape) {
-  if (shape.placement == Placement::kV && stage >= shape.devices)
-    return 2 * shape.devices - 1 - stage;
-  return stage % shape.devices;
-}
-
 int device_of_stage(int stage, int devices, ScheduleKind kind) {
   PipelineShape shape{devices, fixed_chunks(kind), 1, true};
   shape.placement = placement_of(kind);

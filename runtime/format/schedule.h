@@ -128,8 +128,13 @@ void check_schedule_shape(ScheduleKind kind, const PipelineShape& shape, ErrorKi
 int stage_count(const PipelineShape& shape);
 
 /// The device that holds `stage`: stage % P when chunks are dealt round-robin; under the V
-/// placement stage for stage < P, else 2P-1-stage. Needs P >= 1 and 0 <= stage < P * V.
-int device_of_stage(int stage, const PipelineShape& shape);
+/// placement stage for stage < P, else 2P-1-stage. Needs P >= 1 and 0 <= stage < P * V. Inline:
+/// the simulator asks it in its inner loops.
+inline int device_of_stage(int stage, const PipelineShape& shape) {
+  if (shape.placement == Placement::kV && stage >= shape.devices)
+    return 2 * shape.devices - 1 - stage;
+  return stage % shape.devices;
+}
 
 /// device_of_stage for a plan's numbers: `devices` (P) and its schedule kind's placement.
 int device_of_stage(int stage, int devices, ScheduleKind kind);
