@@ -99,10 +99,13 @@ void attention(const KernelArgs& a) {
   const ops::AttentionOperands op = ops::attention_operands(a);
   note_plain_kernels(a, op.dims);
   if (!is_16bit(op.q->dtype)) return attention_float32(a);
-  if (plain_attention_chosen() ||
-      !tiled_attention_forward(op.dims, half_pointers(op), bits(op.o), data_or_null(op.lse),
-                               context(a).stream()))
-    return run_float32(attention_float32, a);
+  const HalfAttentionPointers p = half_pointers(op);
+  cudaStream_t stream = context(a).stream();
+  const bool ran = !plain_attention_chosen() &&
+                   ((mma_attention_chosen() &&
+                     mma_attention_forward(op.dims, p, bits(op.o), data_or_null(op.lse), stream)) ||
+                    tiled_attention_forward(op.dims, p, bits(op.o), data_or_null(op.lse), stream));
+  if (!ran) return run_float32(attention_float32, a);
   check_launch(a);
 }
 

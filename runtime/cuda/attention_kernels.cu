@@ -132,13 +132,15 @@ __global__ void dkv_kernel(ops::AttentionDims s, AttentionPointers p, float* dk,
 
 // Which kernels run where they apply: $STAGECRAFT_ATTENTION_KERNELS, "tiled" (the default:
 // the tile products on the ordinary cores), "tensor-core" (three tf32 passes; measured slower
-// on an H200, bench/RESULTS.md) or "plain", to compare them; any other value is the default.
-// Read once.
-enum class Kernels { kTensorCore, kTiled, kPlain };
+// on an H200, bench/RESULTS.md), "mma" (16-bit nodes' forward on the tensor cores,
+// attention_mma.cu; float32 nodes as "tiled") or "plain", to compare them; any other value is
+// the default. Read once.
+enum class Kernels { kTensorCore, kTiled, kMma, kPlain };
 Kernels chosen_kernels() {
   static const Kernels chosen = [] {
     const char* e = std::getenv("STAGECRAFT_ATTENTION_KERNELS");
     if (e != nullptr && std::strcmp(e, "tensor-core") == 0) return Kernels::kTensorCore;
+    if (e != nullptr && std::strcmp(e, "mma") == 0) return Kernels::kMma;
     if (e != nullptr && std::strcmp(e, "plain") == 0) return Kernels::kPlain;
     return Kernels::kTiled;
   }();
@@ -151,7 +153,8 @@ template <class TensorCore, class Tiled>
 bool ran_tiled(TensorCore tensor_core, Tiled tiled) {
   switch (chosen_kernels()) {
     case Kernels::kTensorCore: return tensor_core() || tiled();
-    case Kernels::kTiled: return tiled();
+    case Kernels::kTiled:
+    case Kernels::kMma: return tiled();
     case Kernels::kPlain: return false;
   }
   return false;
@@ -160,6 +163,8 @@ bool ran_tiled(TensorCore tensor_core, Tiled tiled) {
 }  // namespace
 
 bool plain_attention_chosen() { return chosen_kernels() == Kernels::kPlain; }
+
+bool mma_attention_chosen() { return chosen_kernels() == Kernels::kMma; }
 
 void launch_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p, float* o,
                               float* lse, cudaStream_t stream) {

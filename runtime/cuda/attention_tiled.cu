@@ -376,14 +376,6 @@ TilePointers<float> tile_pointers(const AttentionPointers& p) {
   return {p.q, p.k, p.v, p.mask, p.lse, p.d_o, p.delta};
 }
 
-// body(T{}) with T the storage type of `dtype` (bfloat16 or float16); false for another.
-template <class Body>
-bool with_16bit(DType dtype, Body body) {
-  if (dtype == DType::kBFloat16) return body(eltwise::BFloat16{});
-  if (dtype == DType::kFloat16) return body(eltwise::Half{});
-  return false;
-}
-
 template <class T>
 TilePointers<T> tile_pointers(const HalfAttentionPointers& p) {
   return {reinterpret_cast<const T*>(p.q),

@@ -128,6 +128,15 @@ bool launch(Kernel kernel, int64_t blocks, size_t bytes, cudaStream_t stream, Ar
   return true;
 }
 
+/// body(T{}) with T the storage type of `dtype` (eltwise::BFloat16 or eltwise::Half); false for
+/// another dtype.
+template <class Body>
+bool with_16bit(DType dtype, Body body) {
+  if (dtype == DType::kBFloat16) return body(eltwise::BFloat16{});
+  if (dtype == DType::kFloat16) return body(eltwise::Half{});
+  return false;
+}
+
 template <int D>
 struct HeadSize {
   static constexpr int value = D;

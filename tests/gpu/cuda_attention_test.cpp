@@ -128,7 +128,9 @@ Tensor widened(const Tensor& t) {
 // dlse float32. CUDA runs it natively (the tiled kernels widen each element as they load it, and
 // round each output once; attention_tiled.h) or, for heads the tiles do not take, widened
 // between Casts; the CPU's float32 kernels on the same 16-bit values, their outputs rounded
-// once, are the reference: the two differ by float32 rounding and then one 16-bit rounding.
+// once, are the reference: the two differ by float32 rounding and then one 16-bit rounding
+// (under STAGECRAFT_ATTENTION_KERNELS=mma, tools/gpu/run.sh's part `attention`, the forward
+// runs on the tensor cores and rounds the probabilities to 16 bits too).
 TEST_CASE("cuda Attention and AttentionGrad on 16-bit activations match the cpu's") {
   const rt::Backend* cuda = rt::cuda_backend();
   REQUIRE(cuda != nullptr);

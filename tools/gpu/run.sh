@@ -5,7 +5,7 @@
 # and $OUT/log.txt (every command's whole output); OUT defaults to ./gpu-results.
 #
 #   bash tools/gpu/run.sh [checks] [attention] [racecheck] [mpi-bench] [bench] [profiled] [torch]
-#                         [tokens] [kernels] [all]
+#                         [tokens] [attention-step] [kernels] [all]
 #   (default all)
 #
 # A lease is short (the device tool allows 10 minutes a command), so the three checks that share
@@ -20,8 +20,11 @@
 #   GPU ranks under mpirun against one process (mpi-gpu: NCCL, or MPI through host memory where
 #   the ranks share a GPU; only where the machine has mpirun).
 # attention: the fused attention kernels one version at a time against the CPU backend's
-#   (STAGECRAFT_ATTENTION_KERNELS: tiled, the default; tensor-core; plain), then racecheck over
-#   the tiled and tensor-core ones (they share tiles through shared memory).
+#   (STAGECRAFT_ATTENTION_KERNELS: tiled, the default; tensor-core; mma, the 16-bit forward on
+#   the tensor cores; plain), then racecheck over the tiled, mma and tensor-core ones (they
+#   share tiles through shared memory).
+# attention-step: GPT-2 mixed's step (the torch part's plan) with the 16-bit forward on the
+#   tiled kernels and on the tensor cores (STAGECRAFT_ATTENTION_KERNELS=tiled, =mma).
 # mpi-bench: GPU ranks under mpirun against one process (bench/mpi_ranks.sh, BACKEND=cuda).
 # bench: 2- and 4-stage pipelines sharing the GPU, planned from a --profile cuda database:
 #   measured step and bubble against the plan's prediction (stagerun --json).
@@ -38,7 +41,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 parts=" ${*:-all} "
-[ "$parts" = " all " ] && parts=" checks attention racecheck mpi-bench bench profiled torch tokens kernels "
+[ "$parts" = " all " ] && parts=" checks attention racecheck mpi-bench bench profiled torch tokens attention-step kernels "
 start_s=$(date +%s)
 deadline=${STAGECRAFT_GPU_DEADLINE:-570}
 left() { echo $((deadline - ($(date +%s) - start_s))); }
@@ -183,11 +186,11 @@ XX
 fi
 
 if [[ $parts == *" attention "* ]]; then
-  for kernels in tiled tensor-core plain; do
+  for kernels in tiled tensor-core mma plain; do
     STAGECRAFT_ATTENTION_KERNELS=$kernels check "attention ($kernels)" 120 stagecraft_gpu_attention_tests
   done
   if command -v compute-sanitizer >/dev/null; then
-    for kernels in tiled tensor-core; do
+    for kernels in tiled mma tensor-core; do
       STAGECRAFT_ATTENTION_KERNELS=$kernels check "racecheck attention ($kernels)" 120 \
         compute-sanitizer --tool racecheck --error-exitcode 1 stagecraft_gpu_attention_tests
     done
@@ -278,6 +281,19 @@ if [[ $parts == *" tokens "* ]]; then
     done
   else
     say "SKIP tokens: no GPT-2 plan (run the torch part first)"
+  fi
+fi
+if [[ $parts == *" attention-step "* ]]; then
+  plan=$work/torch/gpt2-mixed-plan
+  if [ -d "$plan" ]; then
+    for kernels in tiled mma; do
+      if STAGECRAFT_ATTENTION_KERNELS=$kernels check "gpt2 mixed, attention $kernels" 120 \
+        stagerun "$plan" --backend cuda --steps 9 --json -q; then
+        summarise "gpt2 mixed, attention $kernels"
+      fi
+    done
+  else
+    say "SKIP attention-step: no GPT-2 plan (run the torch part first)"
   fi
 fi
 if [[ $parts == *" kernels "* ]]; then
