@@ -77,33 +77,37 @@ __device__ __forceinline__ uint32_t word(const uint16_t* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// Rows first .. first + 63 of the entry's [rows][D] array `src` into `tile` ([64][D + pad]), 16
-// bytes at a time; rows at or past `limit` as zeros.
-template <int D, class T>
-__device__ void load_rows(uint16_t* tile, const T* src, int64_t first, int64_t limit) {
+// body(r, c, v) for every 16 bytes v (eight elements from 8 c) of rows first .. first + 63 of
+// the entry's [rows][D] array `src`, r counted from `first`; rows at or past `limit` as zeros.
+template <int D, class T, class Body>
+__device__ void for_row_vectors(const T* src, int64_t first, int64_t limit, Body body) {
   constexpr int kVectors = D / 8;
   for (int idx = threadIdx.x; idx < kTile * kVectors; idx += kBlockThreads) {
     const int r = idx / kVectors, c = idx % kVectors;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (first + r < limit) v = reinterpret_cast<const uint4*>(src + (first + r) * D)[c];
-    *reinterpret_cast<uint4*>(tile + r * MmaGeometry<D>::kRow + 8 * c) = v;
+    body(r, c, v);
   }
 }
 
-// The same rows stored transposed: row r's element e at tile[e][r] ([D][64 + pad]).
+// Those rows into `tile` ([64][D + pad]) as they are.
+template <int D, class T>
+__device__ void load_rows(uint16_t* tile, const T* src, int64_t first, int64_t limit) {
+  for_row_vectors<D>(src, first, limit, [&](int r, int c, uint4 v) {
+    *reinterpret_cast<uint4*>(tile + r * MmaGeometry<D>::kRow + 8 * c) = v;
+  });
+}
+
+// Those rows stored transposed: row r's element e at tile[e][r] ([D][64 + pad]).
 template <int D, class T>
 __device__ void load_transposed(uint16_t* tile, const T* src, int64_t first, int64_t limit) {
-  constexpr int kVectors = D / 8;
-  for (int idx = threadIdx.x; idx < kTile * kVectors; idx += kBlockThreads) {
-    const int r = idx / kVectors, c = idx % kVectors;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (first + r < limit) v = reinterpret_cast<const uint4*>(src + (first + r) * D)[c];
+  for_row_vectors<D>(src, first, limit, [&](int r, int c, uint4 v) {
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int e = 0; e < 8; ++e)
       tile[(8 * c + e) * MmaGeometry<D>::kTRow + r] =
           static_cast<uint16_t>(e % 2 == 0 ? words[e / 2] & 0xffffu : words[e / 2] >> 16);
-  }
+  });
 }
 
 // Max and sum over the 4 lanes of a quad (the lanes that hold one row's columns).

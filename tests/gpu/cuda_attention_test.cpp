@@ -30,15 +30,23 @@ struct Case {
   bool hide_first_row = false;  // the mask's first row all -inf: a query that sees no key
 };
 
+// The shapes of a case's K, V, O and lse.
+struct Shapes {
+  Shape k, v, o, lse;
+};
+Shapes shapes_of(const Case& c) {
+  Shapes s{c.q, c.q, c.q, Shape(c.q.begin(), c.q.end() - 1)};
+  s.k[s.k.size() - 2] = c.tk;
+  s.v[s.v.size() - 2] = c.tk;
+  s.v.back() = c.dv;
+  s.o.back() = c.dv;
+  return s;
+}
+
 // Forward then gradient on `backend`: O, lse, then dQ, dK, dV with lse passed, then again
 // with lse recomputed.
 std::vector<Tensor> run_case(const rt::Backend& backend, const Case& c) {
-  Shape k = c.q, v = c.q, o = c.q;
-  k[k.size() - 2] = c.tk;
-  v[v.size() - 2] = c.tk;
-  v.back() = c.dv;
-  o.back() = c.dv;
-  const Shape lse_shape(c.q.begin(), c.q.end() - 1);
+  const auto [k, v, o, lse_shape] = shapes_of(c);
   const Tensor tq = random(c.q, 1), tk = random(k, 2), tv = random(v, 3);
   std::optional<Tensor> mask;
   if (!c.mask.empty()) {
@@ -149,12 +157,7 @@ TEST_CASE("cuda Attention and AttentionGrad on 16-bit activations match the cpu'
       CAPTURE(dtype_name(dtype));
       CAPTURE(rt::shape_string(c.q));
       CAPTURE(c.tk);
-      Shape k = c.q, v = c.q, o = c.q;
-      k[k.size() - 2] = c.tk;
-      v[v.size() - 2] = c.tk;
-      v.back() = c.dv;
-      o.back() = c.dv;
-      const Shape lse_shape(c.q.begin(), c.q.end() - 1);
+      const auto [k, v, o, lse_shape] = shapes_of(c);
       const Tensor q16 = narrowed(random(c.q, 1), dtype), k16 = narrowed(random(k, 2), dtype),
                    v16 = narrowed(random(v, 3), dtype), d_o16 = narrowed(random(o, 5), dtype);
       const Tensor qf = widened(q16), kf = widened(k16), vf = widened(v16), d_of = widened(d_o16);
