@@ -4,9 +4,10 @@
 // kernels where they apply, the plain ones elsewhere). A node whose activations are 16-bit (a
 // mixed-precision plan's: Q, K, V, O, dO and the gradients bfloat16 or float16; the mask, lse
 // and dlse float32) runs the tiled kernels on them directly, widening each element as a tile is
-// loaded (attention_tiled.h); where the tiles do not take it (another head size, an operand
-// not 8-byte aligned, STAGECRAFT_ATTENTION_KERNELS=plain) it runs widened: the float32 kernels
-// between Casts, as the program runs any kernel without a 16-bit path.
+// loaded (attention_tiled.h), or with STAGECRAFT_ATTENTION_KERNELS=mma the tensor-core kernels
+// (attention_mma.cu); where the tiles do not take it (another head size, an operand not 8-byte
+// aligned, STAGECRAFT_ATTENTION_KERNELS=plain) it runs widened: the float32 kernels between
+// Casts, as the program runs any kernel without a 16-bit path.
 #include <fmt/format.h>
 
 #include <cstdint>
@@ -95,22 +96,27 @@ void attention_float32(const KernelArgs& a) {
   check_launch(a);
 }
 
+// A 16-bit node's forward on the chosen kernels: the tensor-core ones under
+// STAGECRAFT_ATTENTION_KERNELS=mma, else (or where they do not take it) the tiled ones; false
+// where neither takes it (nothing launched).
+bool forward_16bit(const ops::AttentionDims& d, const HalfAttentionPointers& p, uint16_t* o,
+                   float* lse, cudaStream_t stream) {
+  return (mma_attention_chosen() && mma_attention_forward(d, p, o, lse, stream)) ||
+         tiled_attention_forward(d, p, o, lse, stream);
+}
+
 void attention(const KernelArgs& a) {
   const ops::AttentionOperands op = ops::attention_operands(a);
   note_plain_kernels(a, op.dims);
   if (!is_16bit(op.q->dtype)) return attention_float32(a);
-  const HalfAttentionPointers p = half_pointers(op);
-  cudaStream_t stream = context(a).stream();
-  const bool ran = !plain_attention_chosen() &&
-                   ((mma_attention_chosen() &&
-                     mma_attention_forward(op.dims, p, bits(op.o), data_or_null(op.lse), stream)) ||
-                    tiled_attention_forward(op.dims, p, bits(op.o), data_or_null(op.lse), stream));
-  if (!ran) return run_float32(attention_float32, a);
+  if (plain_attention_chosen() || !forward_16bit(op.dims, half_pointers(op), bits(op.o),
+                                                 data_or_null(op.lse), context(a).stream()))
+    return run_float32(attention_float32, a);
   check_launch(a);
 }
 
-// The gradient of a 16-bit node on the tiled kernels; false where the tiles do not take it (the
-// caller then runs the node widened, which writes every output again).
+// The gradient of a 16-bit node on the chosen kernels (as forward_16bit); false where the tiles
+// do not take it (the caller then runs the node widened, which writes every output again).
 bool attention_grad_16bit(const KernelArgs& a, const ops::AttentionGradOperands& g) {
   const ops::AttentionDims& d = g.forward.dims;
   if (plain_attention_chosen() || !tiles_take(d)) return false;
@@ -124,7 +130,7 @@ bool attention_grad_16bit(const KernelArgs& a, const ops::AttentionGradOperands&
   if (g.recomputes_forward()) {
     o_again = ctx.new_tensor(dtype, {d.batch * d.tq * d.dv}, false);
     lse_again = ctx.new_tensor(DType::kFloat32, {d.batch * d.tq}, false);
-    if (!tiled_attention_forward(d, p, bits(&o_again), lse_again.as<float>(), stream)) return false;
+    if (!forward_16bit(d, p, bits(&o_again), lse_again.as<float>(), stream)) return false;
     check_launch(a);
     if (!o) o = bits(&o_again);
     if (!p.lse) p.lse = lse_again.as<float>();
@@ -138,9 +144,14 @@ bool attention_grad_16bit(const KernelArgs& a, const ops::AttentionGradOperands&
     return false;
   check_launch(a);
   p.delta = delta.as<float>();
-  if (g.dq && !tiled_attention_dq(d, p, bits(g.dq), stream)) return false;
+  const bool mma = mma_attention_chosen();
+  if (g.dq && !(mma && mma_attention_dq(d, p, bits(g.dq), stream)) &&
+      !tiled_attention_dq(d, p, bits(g.dq), stream))
+    return false;
   check_launch(a);
-  if ((g.dk || g.dv) && !tiled_attention_dkv(d, p, bits(g.dk), bits(g.dv), stream)) return false;
+  if ((g.dk || g.dv) && !(mma && mma_attention_dkv(d, p, bits(g.dk), bits(g.dv), stream)) &&
+      !tiled_attention_dkv(d, p, bits(g.dk), bits(g.dv), stream))
+    return false;
   check_launch(a);
   return true;
 }

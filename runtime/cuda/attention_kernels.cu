@@ -132,9 +132,9 @@ __global__ void dkv_kernel(ops::AttentionDims s, AttentionPointers p, float* dk,
 
 // Which kernels run where they apply: $STAGECRAFT_ATTENTION_KERNELS, "tiled" (the default:
 // the tile products on the ordinary cores), "tensor-core" (three tf32 passes; measured slower
-// on an H200, bench/RESULTS.md), "mma" (16-bit nodes' forward on the tensor cores,
-// attention_mma.cu; float32 nodes as "tiled") or "plain", to compare them; any other value is
-// the default. Read once.
+// on an H200, bench/RESULTS.md), "mma" (16-bit nodes on the tensor cores, attention_mma.cu;
+// float32 nodes as "tiled") or "plain", to compare them; any other value is the default. Read
+// once.
 enum class Kernels { kTensorCore, kTiled, kMma, kPlain };
 Kernels chosen_kernels() {
   static const Kernels chosen = [] {

@@ -33,8 +33,8 @@ struct AttentionPointers {
 /// Whether $STAGECRAFT_ATTENTION_KERNELS=plain asked for the plain kernels on every node.
 bool plain_attention_chosen();
 
-/// Whether $STAGECRAFT_ATTENTION_KERNELS=mma asked for the tensor-core forward of 16-bit nodes
-/// (attention_tiled.h's mma_attention_forward; the tiled kernels where it does not apply).
+/// Whether $STAGECRAFT_ATTENTION_KERNELS=mma asked for the tensor-core kernels of 16-bit nodes
+/// (attention_tiled.h's mma_attention_*; the tiled kernels where they do not apply).
 bool mma_attention_chosen();
 
 /// O and lse (which may be null) of the node.

@@ -1,14 +1,17 @@
-// The forward of 16-bit attention on the tensor cores (attention_tiled.h: mma_attention_forward),
-// FlashAttention-2's way: a block of 4 warps takes 64 queries, each warp 16 of them, and walks
-// the keys 64 at a time. Each warp keeps its queries as mma A fragments in registers, computes
-// its 16 x 64 scores with mma.sync m16n8k16 (bfloat16 or float16 operands, float32
-// accumulators), applies the scale, the mask and the online softmax to the accumulators where
-// they lie, rounds the probabilities to the 16-bit type in the A-fragment layout (the score
-// fragments of two adjacent 8-key tiles are one A fragment of 16 keys) and accumulates P V with
-// the same instruction. K is staged in shared memory row-major ([key][d]: B fragments of K^T are
-// 32-bit reads), V transposed ([d][key]: B fragments of V likewise). The softmax's running max
-// and sum stay float32, as in the tiled kernels; P is rounded to 16 bits before P V (what the
-// 16-bit tensor cores take), so O differs from the tiled kernels' by that rounding.
+// 16-bit attention on the tensor cores (attention_tiled.h: mma_attention_forward, _dq, _dkv),
+// FlashAttention-2's way. A block of 4 warps takes 64 rows (queries for the forward and dQ, keys
+// for dK and dV), each warp 16 of them, and walks the other side 64 at a time. Each warp keeps
+// its rows' operands as mma A fragments in registers and computes its 16 x 64 scores with
+// mma.sync m16n8k16 (bfloat16 or float16 operands, float32 accumulators), then applies the
+// scale, the mask and the softmax (online in the forward; from lse in the gradient) to the
+// accumulators where they lie. A 16 x 64 block of probabilities or dS, rounded to the 16-bit
+// type, is an A fragment as it lies (the score fragments of two adjacent 8-column tiles are one
+// A fragment of 16 columns), so P V, dS K, P^T dO and dS^T Q run on the same instruction with a
+// tile stored transposed in shared memory ([d][row]: its B fragments are 32-bit reads); S = Q K^T
+// and dP = dO V^T read row-major tiles. Running max, sums, lse and D stay float32, as in the
+// tiled kernels; P and dS are rounded to 16 bits before they multiply (what the 16-bit tensor
+// cores take), so results differ from the tiled kernels' by those roundings. dQ and dK/dV are
+// separate kernels that each recompute the scores: no atomics, reproducible runs.
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"): lane = 4 g + t; A (16 x 16,
 // row-major) register r holds two adjacent columns 2t, 2t + 1 (+ 8 for r = 2, 3) of row g (+ 8
@@ -40,7 +43,6 @@ struct MmaGeometry {
   static constexpr int kTRow = kTile + kPad;  ///< A [D][64] tile's (V transposed) row.
   static constexpr int kTileElements = kTile * kRow;
   static constexpr int kTransposedElements = D * kTRow;
-  static constexpr size_t kBytes = 2 * (2 * kTileElements + kTransposedElements);
 };
 
 // d += a b: one m16n8k16 product on the tensor cores, float32 accumulators.
@@ -120,6 +122,79 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// The warp's lane split: g (the row of a fragment, and B's column), t (its column pair).
+struct Lane {
+  int warp, g, t;
+};
+__device__ __forceinline__ Lane lane_of() {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  return {static_cast<int>(threadIdx.x) / 32, lane / 4, lane % 4};
+}
+
+// The warp's 16 rows of a [64][D] tile (rows 16 warp ..) as A fragments, one per 16 of D.
+template <int D>
+__device__ void a_fragments(const uint16_t* tile, uint32_t (&a)[D / 16][4]) {
+  constexpr int R = MmaGeometry<D>::kRow;
+  const Lane l = lane_of();
+  const uint16_t* rows = tile + 16 * l.warp * R;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    a[kk][0] = word(rows + l.g * R + 16 * kk + 2 * l.t);
+    a[kk][1] = word(rows + (l.g + 8) * R + 16 * kk + 2 * l.t);
+    a[kk][2] = word(rows + l.g * R + 16 * kk + 8 + 2 * l.t);
+    a[kk][3] = word(rows + (l.g + 8) * R + 16 * kk + 8 + 2 * l.t);
+  }
+}
+
+// x = A B^T for the warp's 16 rows `a` and the 64 rows of `tile` ([64][D], row-major): x[j]
+// holds columns 8 j + 2 t, + 1 (tile rows) of rows g (0, 1) and g + 8 (2, 3).
+template <int D, class T>
+__device__ void products_abt(const uint32_t (&a)[D / 16][4], const uint16_t* tile,
+                             float (&x)[8][4]) {
+  const Lane l = lane_of();
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
+    const uint16_t* row = tile + (8 * j + l.g) * MmaGeometry<D>::kRow;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      mma<T>(x[j], a[kk], word(row + 16 * kk + 2 * l.t), word(row + 16 * kk + 8 + 2 * l.t));
+  }
+}
+
+// acc += W M for W the warp's 16 x 64 block held as products_abt left it (rounded to T here)
+// and M the [64][D] tile stored transposed in `tile_t` ([D][64 + pad]): acc[n] holds columns
+// 8 n + 2 t, + 1 of rows g (0, 1) and g + 8 (2, 3).
+template <int D, class T>
+__device__ void accumulate_product(const float (&w)[8][4], const uint16_t* tile_t,
+                                   float (&acc)[D / 8][4]) {
+  const Lane l = lane_of();
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const uint32_t a[4] = {pack<T>(w[2 * u][0], w[2 * u][1]), pack<T>(w[2 * u][2], w[2 * u][3]),
+                           pack<T>(w[2 * u + 1][0], w[2 * u + 1][1]),
+                           pack<T>(w[2 * u + 1][2], w[2 * u + 1][3])};
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const uint16_t* column = tile_t + (8 * n + l.g) * MmaGeometry<D>::kTRow + 16 * u;
+      mma<T>(acc[n], a, word(column + 2 * l.t), word(column + 8 + 2 * l.t));
+    }
+  }
+}
+
+// Row `row` (global) of a [rows][D] output from the accumulators of fragment row h (0: g, 1:
+// g + 8), scaled by `factor` and rounded to T, two elements per 32-bit write.
+template <int D, class T>
+__device__ void write_row(T* out, int64_t row, const float (&acc)[D / 8][4], int h, float factor) {
+  const Lane l = lane_of();
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const uint32_t low = narrow<T>(acc[n][2 * h] * factor).bits,
+                   high = narrow<T>(acc[n][2 * h + 1] * factor).bits;
+    *reinterpret_cast<uint32_t*>(out + row * D + 8 * n + 2 * l.t) = low | high << 16;
+  }
+}
+
 template <int D, class T>
 __global__ void __launch_bounds__(kBlockThreads)
     forward_kernel(ops::AttentionDims s, TilePointers<T> p, T* o, float* lse) {
@@ -130,24 +205,14 @@ __global__ void __launch_bounds__(kBlockThreads)
   uint16_t* vt = ks + G::kTileElements;
   const auto [b, q0] = block_tile(s.tq);
   const int64_t plane = ops::attention_mask_plane(s, b);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, t = lane % 4;
+  const Lane l = lane_of();
   load_rows<D>(qs, p.q + b * s.tq * D, q0, s.tq);
   __syncthreads();
-  // This warp's 16 queries as A fragments, one per 16 of the head.
   uint32_t qa[D / 16][4];
-  const uint16_t* mine = qs + 16 * warp * G::kRow;
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    qa[kk][0] = word(mine + g * G::kRow + 16 * kk + 2 * t);
-    qa[kk][1] = word(mine + (g + 8) * G::kRow + 16 * kk + 2 * t);
-    qa[kk][2] = word(mine + g * G::kRow + 16 * kk + 8 + 2 * t);
-    qa[kk][3] = word(mine + (g + 8) * G::kRow + 16 * kk + 8 + 2 * t);
-  }
-  // acc[n]: O's columns 8 n + 2 t, + 1 of rows g (0, 1) and g + 8 (2, 3).
+  a_fragments<D>(qs, qa);
   float acc[D / 8][4] = {};
   float top[2] = {-CUDART_INF_F, -CUDART_INF_F}, sum[2] = {0.0f, 0.0f};
-  const int64_t rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
+  const int64_t rows[2] = {q0 + 16 * l.warp + l.g, q0 + 16 * l.warp + l.g + 8};
   const int64_t last = (q0 + kTile < s.tq ? q0 + kTile : s.tq) - 1;
   const int64_t keys = ops::attention_keys_seen(s, last);
   for (int64_t k0 = 0; k0 < keys; k0 += kTile) {
@@ -155,16 +220,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     load_rows<D>(ks, p.k + b * s.tk * D, k0, s.tk);
     load_transposed<D>(vt, p.v + b * s.tk * D, k0, s.tk);
     __syncthreads();
-    // x[j]: the scores of keys k0 + 8 j + 2 t, + 1 for rows g (0, 1) and g + 8 (2, 3).
     float x[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
-      const uint16_t* key = ks + (8 * j + g) * G::kRow;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        mma<T>(x[j], qa[kk], word(key + 16 * kk + 2 * t), word(key + 16 * kk + 8 + 2 * t));
-    }
+    products_abt<D, T>(qa, ks, x);
     float rescale[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -174,7 +231,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& v = x[j][2 * h + e];
-          v = masked_score(s, p.mask, plane, rows[h], k0 + 8 * j + 2 * t + e, v);
+          v = masked_score(s, p.mask, plane, rows[h], k0 + 8 * j + 2 * l.t + e, v);
           m = fmaxf(m, v);
         }
       const float next = fmaxf(top[h], quad_max(m));
@@ -200,64 +257,211 @@ __global__ void __launch_bounds__(kBlockThreads)
       acc[n][2] *= rescale[1];
       acc[n][3] *= rescale[1];
     }
-    // O += P V over four steps of 16 keys: P's A fragment of keys 16 u .. 16 u + 15 is the
-    // score fragments of key tiles 2 u and 2 u + 1.
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const uint32_t pa[4] = {pack<T>(x[2 * u][0], x[2 * u][1]), pack<T>(x[2 * u][2], x[2 * u][3]),
-                              pack<T>(x[2 * u + 1][0], x[2 * u + 1][1]),
-                              pack<T>(x[2 * u + 1][2], x[2 * u + 1][3])};
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const uint16_t* column = vt + (8 * n + g) * G::kTRow + 16 * u;
-        mma<T>(acc[n], pa, word(column + 2 * t), word(column + 8 + 2 * t));
-      }
-    }
+    accumulate_product<D, T>(x, vt, acc);  // O += P V
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (rows[h] >= s.tq) continue;
     const int64_t row = b * s.tq + rows[h];
-    const float inv = sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const uint32_t low = narrow<T>(acc[n][2 * h] * inv).bits,
-                     high = narrow<T>(acc[n][2 * h + 1] * inv).bits;
-      *reinterpret_cast<uint32_t*>(o + row * D + 8 * n + 2 * t) = low | high << 16;
-    }
-    if (lse != nullptr && t == 0) lse[row] = sum[h] > 0.0f ? top[h] + logf(sum[h]) : -CUDART_INF_F;
+    write_row<D>(o, row, acc, h, sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f);
+    if (lse != nullptr && l.t == 0)
+      lse[row] = sum[h] > 0.0f ? top[h] + logf(sum[h]) : -CUDART_INF_F;
   }
+}
+
+// dQ of 64 queries: per key tile S = Q K^T and dP = dO V^T, dS = scale P (dP - D) with P from
+// lse, dQ += dS K. Shared: K row-major and transposed, V row-major, each query's lse and D.
+template <int D, class T>
+__global__ void __launch_bounds__(kBlockThreads)
+    dq_kernel(ops::AttentionDims s, TilePointers<T> p, T* dq) {
+  using G = MmaGeometry<D>;
+  extern __shared__ uint4 shared_words[];
+  uint16_t* ks = reinterpret_cast<uint16_t*>(shared_words);
+  uint16_t* vs = ks + G::kTileElements;
+  uint16_t* kt = vs + G::kTileElements;
+  float* lse_s = reinterpret_cast<float*>(kt + G::kTransposedElements);
+  float* delta_s = lse_s + kTile;
+  const auto [b, q0] = block_tile(s.tq);
+  const int64_t plane = ops::attention_mask_plane(s, b);
+  const Lane l = lane_of();
+  // Q and dO staged through the K and V tiles' memory, then held as A fragments.
+  load_rows<D>(ks, p.q + b * s.tq * D, q0, s.tq);
+  load_rows<D>(vs, p.d_o + b * s.tq * D, q0, s.tq);
+  attention_tiles::load_rows(lse_s, delta_s, p.lse + b * s.tq, p.delta + b * s.tq, q0, s.tq);
+  __syncthreads();
+  uint32_t qa[D / 16][4], doa[D / 16][4];
+  a_fragments<D>(ks, qa);
+  a_fragments<D>(vs, doa);
+  const int local[2] = {16 * l.warp + l.g, 16 * l.warp + l.g + 8};
+  const float row_lse[2] = {lse_s[local[0]], lse_s[local[1]]};
+  const float row_delta[2] = {delta_s[local[0]], delta_s[local[1]]};
+  float acc[D / 8][4] = {};
+  const int64_t last = (q0 + kTile < s.tq ? q0 + kTile : s.tq) - 1;
+  const int64_t keys = ops::attention_keys_seen(s, last);
+  for (int64_t k0 = 0; k0 < keys; k0 += kTile) {
+    __syncthreads();  // every warp has its fragments, and is done with the last tiles
+    load_rows<D>(ks, p.k + b * s.tk * D, k0, s.tk);
+    load_transposed<D>(kt, p.k + b * s.tk * D, k0, s.tk);
+    load_rows<D>(vs, p.v + b * s.tk * D, k0, s.tk);
+    __syncthreads();
+    float x[8][4], dp[8][4];
+    products_abt<D, T>(qa, ks, x);
+    products_abt<D, T>(doa, vs, dp);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int h = c / 2;
+        const float prob = probability(s, p.mask, plane, q0 + local[h],
+                                       k0 + 8 * j + 2 * l.t + c % 2, x[j][c], row_lse[h]);
+        x[j][c] = s.scale * prob * (dp[j][c] - row_delta[h]);
+      }
+    accumulate_product<D, T>(x, kt, acc);  // dQ += dS K
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (q0 + local[h] < s.tq) write_row<D>(dq, b * s.tq + q0 + local[h], acc, h, 1.0f);
+}
+
+// dK and dV of 64 keys: per query tile S^T = K Q^T and dP^T = V dO^T, P^T from each query's
+// lse, dS^T = scale P^T (dP^T - D), dV += P^T dO and dK += dS^T Q. Shared: Q and dO row-major
+// and transposed, each query's lse and D.
+template <int D, class T>
+__global__ void __launch_bounds__(kBlockThreads)
+    dkv_kernel(ops::AttentionDims s, TilePointers<T> p, T* dk, T* dv) {
+  using G = MmaGeometry<D>;
+  extern __shared__ uint4 shared_words[];
+  uint16_t* qs = reinterpret_cast<uint16_t*>(shared_words);
+  uint16_t* dos = qs + G::kTileElements;
+  uint16_t* qt = dos + G::kTileElements;
+  uint16_t* dot = qt + G::kTransposedElements;
+  float* lse_s = reinterpret_cast<float*>(dot + G::kTransposedElements);
+  float* delta_s = lse_s + kTile;
+  const auto [b, k0] = block_tile(s.tk);
+  const int64_t plane = ops::attention_mask_plane(s, b);
+  const Lane l = lane_of();
+  // K and V staged through the Q and dO tiles' memory, then held as A fragments.
+  load_rows<D>(qs, p.k + b * s.tk * D, k0, s.tk);
+  load_rows<D>(dos, p.v + b * s.tk * D, k0, s.tk);
+  __syncthreads();
+  uint32_t ka[D / 16][4], va[D / 16][4];
+  a_fragments<D>(qs, ka);
+  a_fragments<D>(dos, va);
+  const int64_t key[2] = {k0 + 16 * l.warp + l.g, k0 + 16 * l.warp + l.g + 8};
+  float acc_k[D / 8][4] = {}, acc_v[D / 8][4] = {};
+  // The first query tile with a query that sees key k0 (causal: from query k0 on).
+  const int64_t first = (ops::attention_first_query(s, k0) / kTile) * kTile;
+  for (int64_t q0 = first; q0 < s.tq; q0 += kTile) {
+    __syncthreads();  // every warp has its fragments, and is done with the last tiles
+    load_rows<D>(qs, p.q + b * s.tq * D, q0, s.tq);
+    load_transposed<D>(qt, p.q + b * s.tq * D, q0, s.tq);
+    load_rows<D>(dos, p.d_o + b * s.tq * D, q0, s.tq);
+    load_transposed<D>(dot, p.d_o + b * s.tq * D, q0, s.tq);
+    attention_tiles::load_rows(lse_s, delta_s, p.lse + b * s.tq, p.delta + b * s.tq, q0, s.tq);
+    __syncthreads();
+    float x[8][4], dp[8][4];
+    products_abt<D, T>(ka, qs, x);
+    products_abt<D, T>(va, dos, dp);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int query = 8 * j + 2 * l.t + c % 2;  // in the tile
+        const float prob =
+            probability(s, p.mask, plane, q0 + query, key[c / 2], x[j][c], lse_s[query]);
+        x[j][c] = prob;
+        dp[j][c] = s.scale * prob * (dp[j][c] - delta_s[query]);
+      }
+    accumulate_product<D, T>(x, dot, acc_v);  // dV += P^T dO
+    accumulate_product<D, T>(dp, qt, acc_k);  // dK += dS^T Q
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (key[h] >= s.tk) continue;
+    if (dk != nullptr) write_row<D>(dk, b * s.tk + key[h], acc_k, h, 1.0f);
+    if (dv != nullptr) write_row<D>(dv, b * s.tk + key[h], acc_v, h, 1.0f);
+  }
+}
+
+// Shared bytes of each kernel: its 16-bit tiles, and for the gradients each row's lse and D.
+template <int D>
+constexpr size_t forward_bytes() {
+  return 2 * (2 * MmaGeometry<D>::kTileElements + MmaGeometry<D>::kTransposedElements);
+}
+template <int D>
+constexpr size_t dq_bytes() {
+  return forward_bytes<D>() + 2 * kTile * sizeof(float);
+}
+template <int D>
+constexpr size_t dkv_bytes() {
+  return 2 * (2 * MmaGeometry<D>::kTileElements + 2 * MmaGeometry<D>::kTransposedElements) +
+         2 * kTile * sizeof(float);
+}
+
+template <class T>
+TilePointers<T> tile_pointers(const HalfAttentionPointers& p) {
+  return {reinterpret_cast<const T*>(p.q),
+          reinterpret_cast<const T*>(p.k),
+          reinterpret_cast<const T*>(p.v),
+          p.mask,
+          p.lse,
+          reinterpret_cast<const T*>(p.d_o),
+          p.delta};
+}
+
+// Launches `kernel` on `blocks` blocks of kBlockThreads with `bytes` of shared memory; false
+// (nothing launched) where the device refuses that much, the caller then running the tiled
+// kernels.
+template <class Kernel, class... Args>
+bool launch_mma(Kernel kernel, int64_t blocks, size_t bytes, cudaStream_t stream, Args... args) {
+  if (blocks <= 0 || blocks > (int64_t{1} << 31) - 1) return false;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  kernel<<<static_cast<unsigned>(blocks), kBlockThreads, bytes, stream>>>(args...);
+  return true;
 }
 
 }  // namespace
 
+// Each: 16-byte reads of the 16-bit operands, 4-byte writes of the outputs.
 bool mma_attention_forward(const ops::AttentionDims& s, const HalfAttentionPointers& p, uint16_t* o,
                            float* lse, cudaStream_t stream) {
-  // 16-byte reads of Q, K and V; 4-byte writes of O.
   if (!vector_aligned({p.q, p.k, p.v, o}, 16)) return false;
-  const int64_t blocks = s.batch * tiles(s.tq);
-  if (blocks <= 0 || blocks > (int64_t{1} << 31) - 1) return false;
   return with_16bit(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    const TilePointers<T> tp{reinterpret_cast<const T*>(p.q),
-                             reinterpret_cast<const T*>(p.k),
-                             reinterpret_cast<const T*>(p.v),
-                             p.mask,
-                             p.lse,
-                             nullptr,
-                             nullptr};
     return with_head_size(s, [&](auto h) {
       constexpr int D = decltype(h)::value;
-      const auto kernel = forward_kernel<D, T>;
-      constexpr size_t bytes = MmaGeometry<D>::kBytes;
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(bytes)) != cudaSuccess) {
-        (void)cudaGetLastError();  // cleared: the caller runs the tiled kernels instead
-        return false;
-      }
-      kernel<<<static_cast<unsigned>(blocks), kBlockThreads, bytes, stream>>>(
-          s, tp, reinterpret_cast<T*>(o), lse);
-      return true;
+      return launch_mma(forward_kernel<D, T>, s.batch * tiles(s.tq), forward_bytes<D>(), stream, s,
+                        tile_pointers<T>(p), reinterpret_cast<T*>(o), lse);
+    });
+  });
+}
+
+bool mma_attention_dq(const ops::AttentionDims& s, const HalfAttentionPointers& p, uint16_t* dq,
+                      cudaStream_t stream) {
+  if (!vector_aligned({p.q, p.k, p.v, p.d_o, dq}, 16)) return false;
+  return with_16bit(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return with_head_size(s, [&](auto h) {
+      constexpr int D = decltype(h)::value;
+      return launch_mma(dq_kernel<D, T>, s.batch * tiles(s.tq), dq_bytes<D>(), stream, s,
+                        tile_pointers<T>(p), reinterpret_cast<T*>(dq));
+    });
+  });
+}
+
+bool mma_attention_dkv(const ops::AttentionDims& s, const HalfAttentionPointers& p, uint16_t* dk,
+                       uint16_t* dv, cudaStream_t stream) {
+  if (!vector_aligned({p.q, p.k, p.v, p.d_o, dk, dv}, 16)) return false;
+  return with_16bit(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return with_head_size(s, [&](auto h) {
+      constexpr int D = decltype(h)::value;
+      return launch_mma(dkv_kernel<D, T>, s.batch * tiles(s.tk), dkv_bytes<D>(), stream, s,
+                        tile_pointers<T>(p), reinterpret_cast<T*>(dk), reinterpret_cast<T*>(dv));
     });
   });
 }

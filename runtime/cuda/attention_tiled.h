@@ -53,12 +53,17 @@ bool tiled_attention_dq(const ops::AttentionDims& dims, const HalfAttentionPoint
 bool tiled_attention_dkv(const ops::AttentionDims& dims, const HalfAttentionPointers& p,
                          uint16_t* dk, uint16_t* dv, cudaStream_t stream);
 
-/// The 16-bit forward on the tensor cores (attention_mma.cu: mma.sync m16n8k16, float32
-/// accumulators and softmax, P rounded to the 16-bit type before P V); false, launching nothing,
-/// where it does not take the node (heads of 32, 64 or 128 with d = dv, operands 16-byte
-/// aligned). Chosen with $STAGECRAFT_ATTENTION_KERNELS=mma until a GPU has measured it.
+/// The three on 16-bit activations on the tensor cores (attention_mma.cu: mma.sync m16n8k16,
+/// float32 accumulators, softmax statistics, lse and D; P and dS rounded to the 16-bit type
+/// before they multiply); false, launching nothing, where they do not take the node (heads of 32,
+/// 64 or 128 with d = dv, operands 16-byte aligned). Chosen with
+/// $STAGECRAFT_ATTENTION_KERNELS=mma until a GPU has checked and measured them.
 bool mma_attention_forward(const ops::AttentionDims& dims, const HalfAttentionPointers& p,
                            uint16_t* o, float* lse, cudaStream_t stream);
+bool mma_attention_dq(const ops::AttentionDims& dims, const HalfAttentionPointers& p, uint16_t* dq,
+                      cudaStream_t stream);
+bool mma_attention_dkv(const ops::AttentionDims& dims, const HalfAttentionPointers& p, uint16_t* dk,
+                       uint16_t* dv, cudaStream_t stream);
 
 /// launch_attention_delta for 16-bit dO and O (`dtype`); false for another dtype.
 bool launch_attention_delta(DType dtype, const uint16_t* d_o, const uint16_t* o, const float* dlse,

@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "runtime/core/backend.h"
@@ -137,8 +139,8 @@ Tensor widened(const Tensor& t) {
 // round each output once; attention_tiled.h) or, for heads the tiles do not take, widened
 // between Casts; the CPU's float32 kernels on the same 16-bit values, their outputs rounded
 // once, are the reference: the two differ by float32 rounding and then one 16-bit rounding
-// (under STAGECRAFT_ATTENTION_KERNELS=mma, tools/gpu/run.sh's part `attention`, the forward
-// runs on the tensor cores and rounds the probabilities to 16 bits too).
+// (under STAGECRAFT_ATTENTION_KERNELS=mma, tools/gpu/run.sh's part `attention`, the kernels
+// run on the tensor cores and round P and dS to 16 bits too).
 TEST_CASE("cuda Attention and AttentionGrad on 16-bit activations match the cpu's") {
   const rt::Backend* cuda = rt::cuda_backend();
   REQUIRE(cuda != nullptr);
@@ -149,10 +151,14 @@ TEST_CASE("cuda Attention and AttentionGrad on 16-bit activations match the cpu'
       {{2, 2, 96, 32}, 150, 32, {96, 150}, {.scale = 0.3f}, true},
       {{2, 2, 70, 80}, 70, 48, {70, 70}, {.scale = 0.2f}},  // not tiled: run widened
   };
+  // The tensor-core kernels also round P and dS to 16 bits before they multiply: a few more
+  // of those roundings' worth (FlashAttention's own tests allow 1e-2 and more in bfloat16).
+  const char* chosen = std::getenv("STAGECRAFT_ATTENTION_KERNELS");
+  const bool mma = chosen != nullptr && std::string(chosen) == "mma";
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
     // One rounding of an output in [-scale, scale] is at most 2^-9 (bfloat16) or 2^-12 (float16)
     // of the scale; the float32 sums before it differ by far less.
-    const double rtol = dtype == DType::kBFloat16 ? 8e-3 : 1e-3;
+    const double rtol = dtype == DType::kBFloat16 ? (mma ? 2e-2 : 8e-3) : (mma ? 4e-3 : 1e-3);
     for (const Case& c : cases) {
       CAPTURE(dtype_name(dtype));
       CAPTURE(rt::shape_string(c.q));

@@ -20,10 +20,10 @@
 #   GPU ranks under mpirun against one process (mpi-gpu: NCCL, or MPI through host memory where
 #   the ranks share a GPU; only where the machine has mpirun).
 # attention: the fused attention kernels one version at a time against the CPU backend's
-#   (STAGECRAFT_ATTENTION_KERNELS: tiled, the default; tensor-core; mma, the 16-bit forward on
-#   the tensor cores; plain), then racecheck over the tiled, mma and tensor-core ones (they
+#   (STAGECRAFT_ATTENTION_KERNELS: tiled, the default; tensor-core; mma, 16-bit nodes on the
+#   tensor cores; plain), then racecheck over the tiled, mma and tensor-core ones (they
 #   share tiles through shared memory).
-# attention-step: GPT-2 mixed's step (the torch part's plan) with the 16-bit forward on the
+# attention-step: GPT-2 mixed's step (the torch part's plan) with its 16-bit attention on the
 #   tiled kernels and on the tensor cores (STAGECRAFT_ATTENTION_KERNELS=tiled, =mma).
 # mpi-bench: GPU ranks under mpirun against one process (bench/mpi_ranks.sh, BACKEND=cuda).
 # bench: 2- and 4-stage pipelines sharing the GPU, planned from a --profile cuda database:
