@@ -3,7 +3,8 @@
 // C++ checker and strict shape inference (which runs into the function's body) on every stage
 // file of fused gpt_tiny plans, and the body's values: each file is inlined by hand (the body's
 // nodes in place of the call, values renamed, attributes substituted), read back by our
-// importer and run on the CPU backend against the fused kernel, within 1e-5.
+// importer and run on the CPU backend against the fused kernel, within 1e-5 (16-bit nodes of
+// mixed and fp16 plans: within their type's rounding).
 #include "compiler/plan/attention_function.h"
 
 #include <doctest/doctest.h>
@@ -20,11 +21,13 @@
 
 #include "compiler/import.h"
 #include "compiler/ir/onnx_bridge.h"
+#include "compiler/plan/gelu_function.h"
 #include "compiler/plan/planner.h"
 #include "compiler/plan/stage_files.h"
 #include "runtime/core/backend.h"
 #include "runtime/core/program.h"
 #include "runtime/exec/pipeline.h"
+#include "runtime/format/error.h"
 #include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
@@ -131,10 +134,11 @@ std::map<std::string, Tensor> run(const rt::Program& program,
   return named;
 }
 
-/// Checks the function's values in `fused` (which calls it): the fused model on the CPU
-/// kernels against its inlined copy read back by our importer, on random inputs.
-void check_inlined_values(const onnx::ModelProto& fused) {
-  REQUIRE(fused.functions_size() == 1);
+/// Checks the functions' values in `fused` (which calls them): the fused model on the CPU
+/// kernels against its inlined copy read back by our importer, on random inputs, within
+/// `tolerance` of the largest output's magnitude.
+void check_inlined_values(const onnx::ModelProto& fused, double tolerance = 1e-5) {
+  REQUIRE(fused.functions_size() >= 1);
   const rt::Program kernel = rt::Program::from_model(fused, rt::cpu_backend(), "fused");
   testing::TempDir dir;
   testing::write_model(inlined(fused), dir.file("inlined.onnx"));
@@ -156,7 +160,7 @@ void check_inlined_values(const onnx::ModelProto& fused) {
       worst = std::max(worst, std::fabs(static_cast<double>(t.as<float>()[i]) - w.as<float>()[i]));
       largest = std::max(largest, std::fabs(static_cast<double>(w.as<float>()[i])));
     }
-    CHECK(worst <= 1e-5 * std::max(1.0, largest));
+    CHECK(worst <= tolerance * std::max(1.0, largest));
     CHECK(largest > 0);
   }
 }
@@ -278,8 +282,8 @@ TEST_CASE("fuse-attention stage function: gpt_tiny's fused stage file against it
   check_inlined_values(file);
 }
 
-/// gpt_tiny planned with fused attention: `training`, on `devices`.
-plan::PlanOptions fused_gpt(bool training, int devices) {
+/// gpt_tiny planned with fused attention: `training`, on `devices`, `mixed` (bfloat16) or not.
+plan::PlanOptions fused_gpt(bool training, int devices, bool mixed = false) {
   plan::PlanOptions o = training ? testing::training_options(sample("gpt_tiny.onnx"), devices,
                                                              "1f1b", "cross-entropy")
                                  : plan::PlanOptions{};
@@ -290,16 +294,19 @@ plan::PlanOptions fused_gpt(bool training, int devices) {
   o.dims["seq"] = 8;
   o.device_spec = "cpu";
   o.fuse_attention = true;
+  if (mixed) o.precision = Precision::kMixed;
   return o;
 }
 
 TEST_CASE("fuse-attention stage function: every stage file of fused gpt_tiny plans checks") {
+  for (bool mixed : {false, true})
   for (bool training : {false, true})
     for (int devices : {1, 2}) {
+      CAPTURE(mixed);
       CAPTURE(training);
       CAPTURE(devices);
       testing::TempDir dir;
-      plan::PlannedModel planned = plan::make_plan(fused_gpt(training, devices));
+      plan::PlannedModel planned = plan::make_plan(fused_gpt(training, devices, mixed));
       plan::write_plan(planned, dir.file("plan"));
       int fused = 0;
       for (const plan::Stage& stage : planned.plan.stages)
@@ -329,6 +336,58 @@ TEST_CASE("fuse-attention stage function: every stage file of fused gpt_tiny pla
       const rt::RunReport report = pipeline->run(pipeline->synthetic_inputs(), run);
       if (training) CHECK(std::isfinite(report.losses.at(0)));
     }
+}
+
+TEST_CASE("fuse-attention stage function: 16-bit nodes get a body that casts, and it computes "
+          "their values") {
+  // A mixed (bfloat16) or fp16 plan runs the fused Attention and Gelu on 16-bit Q, K, V, O and
+  // X, Y (passes::fused_sixteen_bit): the bodies read those through Casts to float32 and cast
+  // the outputs back, so strict inference accepts them and an inlined copy computes what the
+  // kernels do, up to where a 16-bit rounding of O or Y falls (float32 sums in another order).
+  for (Precision precision : {Precision::kMixed, Precision::kFp16}) {
+    CAPTURE(static_cast<int>(precision));
+    plan::PlanOptions o = fused_gpt(false, 1, true);
+    o.precision = precision;
+    const plan::PlannedModel planned = plan::make_plan(o);
+    onnx::ModelProto file = plan::stage_model(planned.model.graph, planned.stage_of, 0);
+    const int nodes = attention_nodes(file);
+    REQUIRE(nodes > 0);
+    const int sixteen_bit =
+        precision == Precision::kMixed ? onnx::TensorProto::BFLOAT16 : onnx::TensorProto::FLOAT16;
+    CHECK(plan::function_storage_type(file, "Attention") == sixteen_bit);
+    CHECK(plan::function_storage_type(file, "Gelu") == sixteen_bit);
+    CHECK(plan::add_attention_function(file) == nodes);
+    CHECK(plan::add_gelu_function(file) > 0);
+    REQUIRE(file.functions_size() == 2);
+    for (const onnx::FunctionProto& f : file.functions()) {
+      CAPTURE(f.name());
+      const auto casts = std::count_if(f.node().begin(), f.node().end(),
+                                       [](const onnx::NodeProto& n) { return n.op_type() == "Cast"; });
+      CHECK(casts == (f.name() == "Attention" ? 4 : 2));
+    }
+    check_plain_onnx(file);
+    check_inlined_values(file, precision == Precision::kMixed ? 2e-2 : 4e-3);
+  }
+}
+
+TEST_CASE("fuse-attention stage function: nodes of two types in one file are refused, named") {
+  AttentionCase c;
+  c.lead = {2};
+  onnx::ModelProto m = attention_model({c, c});
+  // The second node reads bfloat16: its inputs retyped as a mixed plan would have them.
+  for (onnx::ValueInfoProto& in : *m.mutable_graph()->mutable_input())
+    if (in.name().back() == '1') in.mutable_type()->mutable_tensor_type()->set_elem_type(
+                                     onnx::TensorProto::BFLOAT16);
+  try {
+    plan::add_attention_function(m);
+    FAIL("two types in one file were accepted");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kUnsupported);
+    const std::string what = e.what();
+    CHECK(what.find("/attn0/Attention") != std::string::npos);
+    CHECK(what.find("/attn1/Attention") != std::string::npos);
+    CHECK(what.find("--precision fp32") != std::string::npos);
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <initializer_list>
 #include <limits>
+#include <utility>
 #include <set>
 #include <string>
 
@@ -41,6 +42,10 @@ class Body {
     a->set_type(type);
     a->set_ref_attr_name(ref);
   }
+  /// `out` = Cast(`in`) to element type `to`.
+  void cast(const char* in, const char* out, int to) {
+    attr(node("Cast", {in}, out), "to", onnx::AttributeProto::INT).set_i(to);
+  }
   /// A Constant int64 scalar.
   void int_constant(const char* out, int64_t value) {
     onnx::TensorProto* t =
@@ -60,8 +65,9 @@ class Body {
   onnx::FunctionProto& f_;
 };
 
-/// The body for nodes of `arity` inputs (3 or 4) and Q of `rank` (0: ranks differ).
-onnx::FunctionProto attention_function(int arity, int rank, int64_t opset) {
+/// The body for nodes of `arity` inputs (3 or 4), Q of `rank` (0: ranks differ) and Q, K, V, O
+/// of element type `storage` (FLOAT, or a 16-bit type read through Casts to float32).
+onnx::FunctionProto attention_function(int arity, int rank, int storage, int64_t opset) {
   onnx::FunctionProto f;
   f.set_name(std::string(kAttention));
   f.set_domain(std::string(grad::kGradDomain));
@@ -78,16 +84,24 @@ onnx::FunctionProto attention_function(int arity, int rank, int64_t opset) {
   imp->set_domain("");
   imp->set_version(opset);
   Body b(f);
+  // A 16-bit node's Q, K and V are read in float32 (as its kernels compute), O written back.
+  const bool cast = storage != onnx::TensorProto::FLOAT;
+  const char* q = cast ? "Q_float" : "Q";
+  const char* k = cast ? "K_float" : "K";
+  const char* v = cast ? "V_float" : "V";
+  if (cast)
+    for (auto [from, to] : {std::pair{"Q", q}, {"K", k}, {"V", v}})
+      b.cast(from, to, onnx::TensorProto::FLOAT);
   // scores = MatMul(Q, K^T) * scale.
   if (rank > 0) {
     onnx::AttributeProto& perm =
-        Body::attr(b.node("Transpose", {"K"}, "Kt"), "perm", onnx::AttributeProto::INTS);
+        Body::attr(b.node("Transpose", {k}, "Kt"), "perm", onnx::AttributeProto::INTS);
     for (int d = 0; d < rank; ++d) perm.add_ints(d < rank - 2 ? d : 2 * rank - 3 - d);
   } else {
-    Body::attr(b.node("Einsum", {"K"}, "Kt"), "equation", onnx::AttributeProto::STRING)
+    Body::attr(b.node("Einsum", {k}, "Kt"), "equation", onnx::AttributeProto::STRING)
         .set_s("...kd->...dk");
   }
-  b.node("MatMul", {"Q", "Kt"}, "products");
+  b.node("MatMul", {q, "Kt"}, "products");
   b.attribute_constant("scale", "scale", onnx::AttributeProto::FLOAT);
   b.node("Mul", {"products", "scale"}, "scaled");
   // causal: key j of query i is hidden where j > i (top-left aligned, as the kernels). The
@@ -118,7 +132,8 @@ onnx::FunctionProto attention_function(int arity, int rank, int64_t opset) {
   if (arity > 3) b.node("Add", {"unmasked", "mask"}, "scores");
   // O = MatMul(Softmax(scores), V); lse = ReduceLogSumExp(scores) over the keys.
   Body::attr(b.node("Softmax", {"scores"}, "P"), "axis", onnx::AttributeProto::INT).set_i(-1);
-  b.node("MatMul", {"P", "V"}, "O");
+  b.node("MatMul", {"P", v}, cast ? "O_float" : "O");
+  if (cast) b.cast("O_float", "O", storage);
   onnx::NodeProto& lse = b.node("ReduceLogSumExp", {"scores"}, "lse");
   Body::attr(lse, "axes", onnx::AttributeProto::INTS).add_ints(-1);
   Body::attr(lse, "keepdims", onnx::AttributeProto::INT).set_i(0);
@@ -135,6 +150,16 @@ int recorded_rank(const onnx::GraphProto& g, const std::string& name) {
   for (const onnx::TensorProto& t : g.initializer())
     if (t.name() == name) return t.dims_size();
   return -1;
+}
+
+/// The element type of value `name` as the graph records it, or UNDEFINED.
+int recorded_type(const onnx::GraphProto& g, const std::string& name) {
+  for (const auto* list : {&g.value_info(), &g.input(), &g.output()})
+    for (const onnx::ValueInfoProto& vi : *list)
+      if (vi.name() == name) return vi.type().tensor_type().elem_type();
+  for (const onnx::TensorProto& t : g.initializer())
+    if (t.name() == name) return t.data_type();
+  return onnx::TensorProto::UNDEFINED;
 }
 
 /// A name no value or node of `g` has, from `base`.
@@ -192,8 +217,34 @@ int add_attention_function(onnx::ModelProto& model) {
       n.mutable_input()->RemoveLast();
   if (arities.size() > 1) add_zero_masks(g);
   const int rank = ranks.size() == 1 && *ranks.begin() >= 3 ? *ranks.begin() : 0;
-  *model.add_functions() = attention_function(*arities.rbegin(), rank, opset);
+  *model.add_functions() =
+      attention_function(*arities.rbegin(), rank, function_storage_type(model, kAttention), opset);
   return nodes;
+}
+
+int function_storage_type(const onnx::ModelProto& model, std::string_view op_type) {
+  const onnx::GraphProto& g = model.graph();
+  const onnx::NodeProto* first = nullptr;
+  int type = onnx::TensorProto::FLOAT;
+  for (const onnx::NodeProto& n : g.node()) {
+    if (n.op_type() != op_type || n.domain() != grad::kGradDomain || n.input_size() == 0) continue;
+    int t = recorded_type(g, n.input(0));
+    if (t == onnx::TensorProto::UNDEFINED) t = onnx::TensorProto::FLOAT;
+    if (t != onnx::TensorProto::FLOAT && t != onnx::TensorProto::BFLOAT16 &&
+        t != onnx::TensorProto::FLOAT16)
+      fail(ErrorKind::kInternal, "graph '{}': {} node '{}' reads {} of element type {}", g.name(),
+           op_type, n.name(), n.input(0), t);
+    if (first != nullptr && t != type)
+      fail(ErrorKind::kUnsupported,
+           "graph '{}': {} nodes of two types in one stage file ('{}' reads element type {}, '{}' "
+           "{}); ONNX 1.12 functions have no overloads, so their standard-op body cannot serve "
+           "both; plan with --precision fp32, or with another cut so the two fall on different "
+           "stages",
+           g.name(), op_type, first->name(), type, n.name(), t);
+    if (first == nullptr) first = &n;
+    type = t;
+  }
+  return type;
 }
 
 }  // namespace stagecraft::plan

@@ -17,8 +17,9 @@ namespace stagecraft::plan {
 inline constexpr std::string_view kAttentionZeroMask = "ai.stagecraft.Attention/zero_mask";
 
 /// Adds to `model` the function `ai.stagecraft.Attention` its Attention nodes call, unless it
-/// has none (then nothing changes). The body, at the model's default-domain opset, is float32
-/// as the op is:
+/// has none (then nothing changes). The body, at the model's default-domain opset, computes
+/// in float32 as the kernels do (Q, K, V read and O written through Casts where the nodes are
+/// 16-bit, function_storage_type):
 ///
 ///   scores = MatMul(Q, K^T) * scale, keys j > i of query i set to -inf where causal is 1
 ///            (top-left aligned, as the kernels), + mask where the nodes pass one;
@@ -35,5 +36,13 @@ inline constexpr std::string_view kAttentionZeroMask = "ai.stagecraft.Attention/
 /// Returns how many Attention nodes the function serves. Throws Error(kUnsupported) for a
 /// default-domain opset below 11 (no CumSum).
 int add_attention_function(onnx::ModelProto& model);
+
+/// The element type (onnx::TensorProto::DataType) that the file's fused `op_type` nodes
+/// (domain ai.stagecraft) read at input 0: FLOAT, or BFLOAT16 / FLOAT16 for the 16-bit nodes of
+/// a mixed or fp16 plan (passes::fused_sixteen_bit). A body for a 16-bit type reads those
+/// operands through Casts to float32 and casts its 16-bit outputs back, as the kernels compute
+/// in float32 on 16-bit storage. FLOAT when the file has no such node. Throws
+/// Error(kUnsupported) for a file whose nodes read two types (one body cannot serve both).
+int function_storage_type(const onnx::ModelProto& model, std::string_view op_type);
 
 }  // namespace stagecraft::plan

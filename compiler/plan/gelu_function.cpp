@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "compiler/plan/attention_function.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
 #include "runtime/ops/gelu_element.h"
@@ -24,7 +25,9 @@ std::string approximate(const onnx::NodeProto& n) {
   return "none";
 }
 
-onnx::FunctionProto gelu_function(bool tanh, int64_t opset) {
+/// The body for the `tanh` or erf form, X and Y of element type `storage` (FLOAT, or a 16-bit
+/// type read and written through Casts).
+onnx::FunctionProto gelu_function(bool tanh, int storage, int64_t opset) {
   onnx::FunctionProto f;
   f.set_name("Gelu");
   f.set_domain(std::string(grad::kGradDomain));
@@ -50,25 +53,36 @@ onnx::FunctionProto gelu_function(bool tanh, int64_t opset) {
     a->set_type(onnx::AttributeProto::FLOAT);
     a->set_f(static_cast<float>(value));
   };
+  auto cast = [&](const char* in, const char* out, int to) {
+    onnx::AttributeProto* a = node("Cast", {in}, out)->add_attribute();
+    a->set_name("to");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(to);
+  };
+  // A 16-bit node's X is read in float32 (as its kernel computes) and Y written back.
+  const bool typed = storage != onnx::TensorProto::FLOAT;
+  const char* x = typed ? "X_float" : "X";
+  if (typed) cast("X", x, onnx::TensorProto::FLOAT);
   constant("one", 1.0);
   constant("half", 0.5);
   if (tanh) {
     constant("kappa", rt::ops::kGeluKappa);
     constant("beta", rt::ops::kGeluSqrt2OverPi);
-    node("Mul", {"X", "X"}, "square");
-    node("Mul", {"square", "X"}, "cube");
+    node("Mul", {x, x}, "square");
+    node("Mul", {"square", x}, "cube");
     node("Mul", {"cube", "kappa"}, "term");
-    node("Add", {"X", "term"}, "sum");
+    node("Add", {x, "term"}, "sum");
     node("Mul", {"sum", "beta"}, "inner");
     node("Tanh", {"inner"}, "curve");
   } else {
     constant("sqrt_half", rt::ops::kGeluSqrtHalf);
-    node("Mul", {"X", "sqrt_half"}, "scaled");
+    node("Mul", {x, "sqrt_half"}, "scaled");
     node("Erf", {"scaled"}, "curve");
   }
   node("Add", {"curve", "one"}, "plus_one");
-  node("Mul", {"X", "plus_one"}, "product");
-  node("Mul", {"product", "half"}, "Y");
+  node("Mul", {x, "plus_one"}, "product");
+  node("Mul", {"product", "half"}, typed ? "Y_float" : "Y");
+  if (typed) cast("Y_float", "Y", storage);
   return f;
 }
 
@@ -94,7 +108,8 @@ int add_gelu_function(onnx::ModelProto& model) {
   int64_t opset = -1;
   for (const onnx::OperatorSetIdProto& imp : model.opset_import())
     if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = imp.version();
-  *model.add_functions() = gelu_function(*forms.begin() == "tanh", opset);
+  *model.add_functions() =
+      gelu_function(*forms.begin() == "tanh", function_storage_type(model, "Gelu"), opset);
   return nodes;
 }
 

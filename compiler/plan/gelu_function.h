@@ -10,8 +10,9 @@
 namespace stagecraft::plan {
 
 /// Adds to `model` the function `ai.stagecraft.Gelu` its Gelu nodes call, unless it has none
-/// (then nothing changes). The body, float32 as the fused op is, is the one of the nodes'
-/// `approximate`:
+/// (then nothing changes). The body computes in float32 as the kernels do (X read and Y written
+/// through Casts where the nodes are 16-bit, function_storage_type in attention_function.h);
+/// it is the one of the nodes' `approximate`:
 ///   "none": Y = X * (1 + Erf(X * (1 / sqrt 2))) * 0.5;
 ///   "tanh": Y = X * (1 + Tanh((X + X * X * X * 0.044715) * sqrt(2 / pi))) * 0.5.
 /// ONNX 1.12 has no function overloads and its opset-17 ops cannot branch on a string
