@@ -125,16 +125,10 @@ class Rewriter {
       }
       // From here on Casts are added: `node` may move, so it is looked up again each time.
       const std::size_t num_inputs = node.inputs.size(), num_outputs = node.outputs.size();
-      for (std::size_t k = 0; k < num_inputs; ++k) {
-        const ir::ValueId in = graph_.node(id).inputs[k];
-        if (in == ir::kNoId) continue;
-        const DType dtype = graph_.value(in).dtype;
-        if (dtype != DType::kFloat32 && dtype != half_) continue;
+      cast_inputs(id, [&](std::size_t k) {
         auto it = schema ? to_half.find(formal_type(schema->inputs(), k)) : to_half.end();
-        const DType wanted = it != to_half.end() && it->second ? half_ : DType::kFloat32;
-        if (dtype == wanted) continue;
-        set_input(id, k, cast_of(in, wanted, stage(id)));
-      }
+        return it != to_half.end() && it->second;
+      });
       for (std::size_t k = 0; k < num_outputs; ++k) {
         const ir::ValueId out = graph_.node(id).outputs[k];
         if (out == ir::kNoId || graph_.value(out).dtype != DType::kFloat32) continue;
@@ -165,20 +159,28 @@ class Rewriter {
 
   /// One of our fused ops: the operands `fused` names in 16 bits, its other float ones float32.
   void retype_fused(ir::NodeId id, const SixteenBitOperands& fused) {
-    for (std::size_t k = 0; k < graph_.node(id).inputs.size(); ++k) {
-      const ir::ValueId in = graph_.node(id).inputs[k];
-      if (in == ir::kNoId) continue;
-      const DType dtype = graph_.value(in).dtype;
-      if (dtype != DType::kFloat32 && dtype != half_) continue;
-      const DType wanted = fused.input(k) ? half_ : DType::kFloat32;
-      if (dtype != wanted) set_input(id, k, cast_of(in, wanted, stage(id)));
-    }
+    cast_inputs(id, [&](std::size_t k) { return fused.input(k); });
     for (std::size_t k = 0; k < graph_.node(id).outputs.size(); ++k) {
       const ir::ValueId out = graph_.node(id).outputs[k];
       if (out == ir::kNoId || !fused.output(k) || graph_.value(out).dtype != DType::kFloat32)
         continue;
       graph_.value(out).dtype = half_;
       ++changed_;
+    }
+  }
+
+  /// Reads each float32 or 16-bit input k of node `id` as the 16-bit type where `half(k)`,
+  /// else as float32, through a Cast where its type differs. Casts are added, so the node is
+  /// looked up again for each input.
+  template <typename Half>
+  void cast_inputs(ir::NodeId id, Half half) {
+    for (std::size_t k = 0; k < graph_.node(id).inputs.size(); ++k) {
+      const ir::ValueId in = graph_.node(id).inputs[k];
+      if (in == ir::kNoId) continue;
+      const DType dtype = graph_.value(in).dtype;
+      if (dtype != DType::kFloat32 && dtype != half_) continue;
+      const DType wanted = half(k) ? half_ : DType::kFloat32;
+      if (dtype != wanted) set_input(id, k, cast_of(in, wanted, stage(id)));
     }
   }
 

@@ -27,19 +27,17 @@ const KernelEntry* Backend::find(std::string_view op_type) const {
 
 namespace {
 
-bool is_half(DType d) { return d == DType::kBFloat16 || d == DType::kFloat16; }
-
 /// `types` with every 16-bit float (bfloat16, float16) made float32.
 std::vector<DType> widened(std::span<const DType> types) {
   std::vector<DType> out(types.begin(), types.end());
   for (DType& d : out)
-    if (is_half(d)) d = DType::kFloat32;
+    if (is_16bit_float(d)) d = DType::kFloat32;
   return out;
 }
 
 bool has_half(const OpSignature& s) {
-  return std::any_of(s.inputs.begin(), s.inputs.end(), is_half) ||
-         std::any_of(s.outputs.begin(), s.outputs.end(), is_half);
+  return std::any_of(s.inputs.begin(), s.inputs.end(), is_16bit_float) ||
+         std::any_of(s.outputs.begin(), s.outputs.end(), is_16bit_float);
 }
 
 }  // namespace

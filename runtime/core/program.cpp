@@ -147,7 +147,7 @@ void run_widened(KernelFn kernel, KernelFn cast, bool zero_outputs, const Kernel
   std::vector<const Tensor*> in(args.in.begin(), args.in.end());
   std::vector<Tensor*> out(args.out.begin(), args.out.end());
   for (size_t k = 0; k < in.size(); ++k) {
-    if (!in[k] || (in[k]->dtype != DType::kBFloat16 && in[k]->dtype != DType::kFloat16)) continue;
+    if (!in[k] || !is_16bit_float(in[k]->dtype)) continue;
     if (in[k]->is_bare()) {
       // A bare operand (read for its shape only: Program::inputs_read) stays bare.
       wide_in[k] = Tensor::bare(DType::kFloat32, in[k]->shape);
@@ -159,7 +159,7 @@ void run_widened(KernelFn kernel, KernelFn cast, bool zero_outputs, const Kernel
     in[k] = &wide_in[k];
   }
   for (size_t k = 0; k < out.size(); ++k) {
-    if (!out[k] || (out[k]->dtype != DType::kBFloat16 && out[k]->dtype != DType::kFloat16))
+    if (!out[k] || !is_16bit_float(out[k]->dtype))
       continue;
     wide_out[k] = args.device.new_tensor(DType::kFloat32, out[k]->shape, zero_outputs);
     out[k] = &wide_out[k];

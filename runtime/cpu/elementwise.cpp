@@ -434,7 +434,7 @@ std::string check_dropout(const OpSignature& s) {
   // A training_mode input may switch it on, and training-mode Dropout runs on float32: 16-bit
   // data then runs widened (Backend::runs_widened), its mask bool as it is.
   if (s.inputs.size() == 3 && s.inputs[2] != DType::kUndefined &&
-      (s.inputs[0] == DType::kBFloat16 || s.inputs[0] == DType::kFloat16))
+      is_16bit_float(s.inputs[0]))
     return fmt::format("Dropout with a training_mode input on {} is not supported (float32 only)",
                        dtype_name(s.inputs[0]));
   if (s.outputs.size() == 2 && s.outputs[1] != DType::kUndefined && s.outputs[1] != DType::kBool &&

@@ -65,8 +65,6 @@ void note_plain_kernels(const KernelArgs& a, const ops::AttentionDims& d) {
              a.name, d.tq, d.tk, untiled_reason(d));
 }
 
-bool is_16bit(DType d) { return d == DType::kBFloat16 || d == DType::kFloat16; }
-
 const uint16_t* bits(const Tensor* t) {
   return t != nullptr ? reinterpret_cast<const uint16_t*>(t->data) : nullptr;
 }
@@ -89,11 +87,16 @@ void run_float32(KernelFn float32_kernel, const KernelArgs& a) {
   run_widened(float32_kernel, cast, /*zero_outputs=*/false, a);
 }
 
-void attention_float32(const KernelArgs& a) {
-  const ops::AttentionOperands op = ops::attention_operands(a);
+// A float32 node's forward, on operands already parsed (the KernelFn below parses them, for the
+// widened path).
+void attention_float32_of(const KernelArgs& a, const ops::AttentionOperands& op) {
   launch_attention_forward(op.dims, forward_pointers(op), op.o->as<float>(), data_or_null(op.lse),
                            context(a).stream());
   check_launch(a);
+}
+
+void attention_float32(const KernelArgs& a) {
+  attention_float32_of(a, ops::attention_operands(a));
 }
 
 // A 16-bit node's forward on the chosen kernels: the tensor-core ones under
@@ -108,7 +111,7 @@ bool forward_16bit(const ops::AttentionDims& d, const HalfAttentionPointers& p, 
 void attention(const KernelArgs& a) {
   const ops::AttentionOperands op = ops::attention_operands(a);
   note_plain_kernels(a, op.dims);
-  if (!is_16bit(op.q->dtype)) return attention_float32(a);
+  if (!is_16bit_float(op.q->dtype)) return attention_float32_of(a, op);
   if (plain_attention_chosen() || !forward_16bit(op.dims, half_pointers(op), bits(op.o),
                                                  data_or_null(op.lse), context(a).stream()))
     return run_float32(attention_float32, a);
@@ -156,19 +159,9 @@ bool attention_grad_16bit(const KernelArgs& a, const ops::AttentionGradOperands&
   return true;
 }
 
-void attention_grad_float32(const KernelArgs& a);
-
-void attention_grad(const KernelArgs& a) {
-  const ops::AttentionGradOperands g = ops::attention_grad_operands(a);
-  if (g.all_zero()) return ops::zero_outputs(a);
-  if (!is_16bit(g.forward.q->dtype)) return attention_grad_float32(a);
-  if (!attention_grad_16bit(a, g)) run_float32(attention_grad_float32, a);
-}
-
-void attention_grad_float32(const KernelArgs& a) {
-  const ops::AttentionGradOperands g = ops::attention_grad_operands(a);
+// A float32 node's gradient, on operands already parsed (g.all_zero() handled by the caller).
+void attention_grad_float32_of(const KernelArgs& a, const ops::AttentionGradOperands& g) {
   const ops::AttentionDims& d = g.forward.dims;
-  if (g.all_zero()) return ops::zero_outputs(a);
   CudaContext& ctx = context(a);
   cudaStream_t stream = ctx.stream();
   AttentionPointers p = forward_pointers(g.forward);
@@ -201,6 +194,20 @@ void attention_grad_float32(const KernelArgs& a) {
   check_launch(a);
 }
 
+// The KernelFn of a float32 gradient: what the widened path runs for a 16-bit node.
+void attention_grad_float32(const KernelArgs& a) {
+  const ops::AttentionGradOperands g = ops::attention_grad_operands(a);
+  if (g.all_zero()) return ops::zero_outputs(a);
+  attention_grad_float32_of(a, g);
+}
+
+void attention_grad(const KernelArgs& a) {
+  const ops::AttentionGradOperands g = ops::attention_grad_operands(a);
+  if (g.all_zero()) return ops::zero_outputs(a);
+  if (!is_16bit_float(g.forward.q->dtype)) return attention_grad_float32_of(a, g);
+  if (!attention_grad_16bit(a, g)) run_float32(attention_grad_float32, a);
+}
+
 // Whether a signature's dtypes are one 16-bit type's where the kernels read and write
 // activations (`half` positions), float32 (or absent) where they read the mask, lse and dlse
 // (`float32` positions), and nothing at `absent` (the mask's gradient).
@@ -219,7 +226,7 @@ bool sixteen_bit_operands(std::span<const DType> types, std::initializer_list<si
 std::string check_attention(const OpSignature& s) {
   if (std::string why = ops::attention_signature_error(s); !why.empty()) return why;
   const DType sixteen = s.inputs[0];
-  if (is_16bit(sixteen) && sixteen_bit_operands(s.inputs, {0, 1, 2}, {3}, sixteen) &&
+  if (is_16bit_float(sixteen) && sixteen_bit_operands(s.inputs, {0, 1, 2}, {3}, sixteen) &&
       s.outputs[0] == sixteen && sixteen_bit_operands(s.outputs, {0}, {1}, sixteen))
     return "";
   return same_as_cpu(s);
@@ -232,7 +239,7 @@ std::string check_attention_grad(const OpSignature& s) {
   const ops::GradCounts c = ops::grad_counts(s.op_type, s.attrs, s.inputs.size(), s.outputs.size(),
                                              ops::kAttentionGradArity);
   const DType sixteen = s.inputs[0];
-  if (c.error.empty() && c.m >= 1 && is_16bit(sixteen) &&
+  if (c.error.empty() && c.m >= 1 && is_16bit_float(sixteen) &&
       sixteen_bit_operands(s.inputs, {0, 1, 2}, {}, sixteen) &&
       sixteen_bit_operands(s.inputs, {c.n, c.n + c.m}, {}, sixteen) &&
       (c.m < 2 || sixteen_bit_operands(s.inputs, {}, {c.n + 1, c.n + c.m + 1}, sixteen)) &&

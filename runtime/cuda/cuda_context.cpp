@@ -302,7 +302,7 @@ void CudaContext::fill_zero(Tensor& t) {
 }
 
 void CudaContext::accumulate(Tensor& sum, const Tensor& add) {
-  if (sum.dtype == add.dtype && (sum.dtype == DType::kBFloat16 || sum.dtype == DType::kFloat16)) {
+  if (sum.dtype == add.dtype && is_16bit_float(sum.dtype)) {
     expect_same_size(sum, add, "accumulate");
     Tensor here = adopt(add);
     launch_accumulate_16bit(sum.data, here.data, sum.numel(), sum.dtype == DType::kFloat16,

@@ -29,7 +29,7 @@ std::string same_as_cpu_16bit(const OpSignature& signature) {
   const auto one_half = [&](std::span<const DType> types) {
     for (DType d : types) {
       if (d == DType::kFloat32 || d == DType::kFloat64) return false;
-      if (d != DType::kBFloat16 && d != DType::kFloat16) continue;
+      if (!is_16bit_float(d)) continue;
       if (half != DType::kUndefined && d != half) return false;
       half = d;
     }

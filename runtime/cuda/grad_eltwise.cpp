@@ -144,7 +144,7 @@ void arith_grad(const KernelArgs& a) {
   Binary b;
   if (!binary_operands(a, io, b)) return;
   if constexpr (lhs_op == BinaryGradOp::kPass && rhs_op == BinaryGradOp::kPass) {
-    if (b.dy->dtype == DType::kBFloat16 || b.dy->dtype == DType::kFloat16)
+    if (is_16bit_float(b.dy->dtype))
       return add_grad_16bit(a, io, b);
   }
   if (io.dx(0) != nullptr) binary_part(a, 0, lhs_op, *b.lhs, *b.rhs, nullptr, *b.dy);

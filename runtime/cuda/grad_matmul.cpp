@@ -165,7 +165,7 @@ std::string matmul_grad_check(const OpSignature& s) {
   bool uniform = true;
   auto see = [&](DType d) {
     if (d == DType::kUndefined) return;  // an output not asked for
-    if (d != DType::kBFloat16 && d != DType::kFloat16) uniform = false;
+    if (!is_16bit_float(d)) uniform = false;
     if (half == DType::kUndefined) half = d;
     if (d != half) uniform = false;
   };

@@ -35,6 +35,12 @@ int64_t dtype_size(DType dtype);
 /// True for the floating-point element types (float16, bfloat16, float32, float64).
 bool is_floating(DType dtype);
 
+/// True for the two 16-bit float types (bfloat16, float16): the storage of mixed and fp16
+/// plans, which kernels widen to float32 where they have no 16-bit path.
+constexpr bool is_16bit_float(DType dtype) {
+  return dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+}
+
 /// Lower-case name as in ONNX ("float32", "int64", "bfloat16").
 std::string_view dtype_name(DType dtype);
 
