@@ -63,6 +63,9 @@ bool RooflineCostModel::runs_16_bit(const ir::Node& node) const {
   // (runtime/cuda/attention.cpp, activations.cpp); the CPU widens them.
   if (node.domain == "ai.stagecraft" && (node.op_type == "Attention" || node.op_type == "Gelu"))
     return gpu;
+  // cuDNN runs 16-bit convolutions natively (runtime/cuda/conv_cudnn.cpp): float16 as opset 17
+  // has it, bfloat16 as the mixed pass's Conv of our domain. The CPU widens both.
+  if (node.op_type == "Conv") return gpu;
   if (node.op_type == "Gemm") return !gpu && bf16;   // oneDNN bf16; CUDA's Gemm is float32
   return false;
 }

@@ -10,8 +10,12 @@
 //   counts; a graph input: cast on entry), its float32 outputs become bfloat16.
 // - float32 otherwise: inputs of that constraint already in bfloat16 are read through a Cast
 //   back to float32. So the ONNX schemas (and strict shape inference, passes/infer_shapes.cpp)
-//   accept every node: Conv and the pools, whose opset-17 schemas have no bfloat16, run in
-//   float32 between casts.
+//   accept every node: the pools, whose opset-17 schemas have no bfloat16, run in float32
+//   between casts.
+// - Conv, whose opset-17 schema has no bfloat16 either, becomes Conv of our domain on 16-bit
+//   X, W, B and Y (fused_sixteen_bit; cuDNN runs it on the tensor cores, the CPU widens it), and
+//   the stage file spells it as the standard Conv between Casts (compiler/plan/conv_function.h).
+//   In float16 (fp16 plans) the opset-17 Conv takes it as it is.
 // A node runs in float32 (Casts around it) when its numerics or its contract need it:
 // - the loss (nodes named "loss/..." that passes/loss.cpp appends) and any node writing a
 //   graph output: the loss stagerun reports and the outputs a caller reads keep their float32;
@@ -19,7 +23,7 @@
 // - ops of another domain, or without a schema, but for our fused ops that compute on 16-bit
 //   activations (fused_sixteen_bit, passes.h): Attention reads Q, K and V and writes O in
 //   bfloat16 (its additive mask and each query's log-sum-exp stay float32; the kernels keep the
-//   softmax in float32), Gelu reads X and writes Y in bfloat16.
+//   softmax in float32), Gelu reads X and writes Y in bfloat16, and the 16-bit Conv above.
 // LayerNormalization and Softmax run in bfloat16 tensors; their kernels keep the statistics in
 // float32 (the runtime widens a 16-bit input to float32 for kernels without a 16-bit path,
 // runtime/core/program.cpp), and LayerNormalization's Mean and InvStdDev stay float32
@@ -95,6 +99,10 @@ class Rewriter {
               ? onnx::OpSchemaRegistry::Schema(node.op_type, static_cast<int>(opset), "")
               : nullptr;
       const bool may_half = schema != nullptr && !needs_float32(graph_, node);  // passes.h
+      if (may_half && node.op_type == "Conv" && !allows(*schema, "T", half_type_)) {
+        sixteen_bit_conv(id);
+        continue;
+      }
       if (const SixteenBitOperands* fused = fused_sixteen_bit(node);
           fused && !needs_float32(graph_, node)) {
         retype_fused(id, *fused);
@@ -184,6 +192,16 @@ class Rewriter {
     }
   }
 
+  /// A Conv whose opset has no 16-bit Conv (bfloat16 before opset 22) becomes our domain's Conv
+  /// (fused_sixteen_bit), which the kernels run on 16-bit X, W, B and Y; the stage file's
+  /// function ai.stagecraft.Conv spells it as the standard Conv between Casts
+  /// (compiler/plan/conv_function.h).
+  void sixteen_bit_conv(ir::NodeId id) {
+    graph_.node(id).domain = std::string(grad::kGradDomain);
+    graph_.opset_imports[std::string(grad::kGradDomain)] = grad::kGradDomainVersion;
+    retype_fused(id, *fused_sixteen_bit(graph_.node(id)));
+  }
+
   /// A Cast to float32 in a node that runs in 16 bits becomes a Cast to the 16-bit type.
   void retype_cast(ir::NodeId id) {
     ir::Node& node = graph_.node(id);
@@ -260,10 +278,11 @@ bool SixteenBitOperands::output(size_t k) const {
 }
 
 const SixteenBitOperands* fused_sixteen_bit(const ir::Node& node) {
-  static const SixteenBitOperands attention{{0, 1, 2}, {0}}, gelu{{0}, {0}};
+  static const SixteenBitOperands attention{{0, 1, 2}, {0}}, gelu{{0}, {0}}, conv{{0, 1, 2}, {0}};
   if (node.domain != grad::kGradDomain) return nullptr;
   if (node.op_type == "Attention") return &attention;
   if (node.op_type == "Gelu") return &gelu;
+  if (node.op_type == "Conv") return &conv;
   return nullptr;
 }
 

@@ -32,8 +32,9 @@ struct SixteenBitOperands {
 };
 
 /// For a fused op that computes on 16-bit activations (Attention: Q, K, V and O, its additive
-/// mask and per-query log-sum-exp float32; Gelu: X and Y), which operands; null for every other
-/// node (those go by their ONNX schema or stay float32).
+/// mask and per-query log-sum-exp float32; Gelu: X and Y; the mixed-precision pass's 16-bit Conv
+/// of our domain: X, W, B and Y), which operands; null for every other node (those go by their
+/// ONNX schema or stay float32).
 const SixteenBitOperands* fused_sixteen_bit(const ir::Node& node);
 
 }  // namespace stagecraft::passes

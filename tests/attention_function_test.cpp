@@ -21,6 +21,7 @@
 
 #include "compiler/import.h"
 #include "compiler/ir/onnx_bridge.h"
+#include "compiler/plan/conv_function.h"
 #include "compiler/plan/gelu_function.h"
 #include "compiler/plan/planner.h"
 #include "compiler/plan/stage_files.h"
@@ -93,11 +94,18 @@ onnx::ModelProto inlined(const onnx::ModelProto& model) {
         if (a.ref_attr_name().empty()) continue;
         auto from = std::find_if(call.attribute().begin(), call.attribute().end(),
                                  [&](const auto& c) { return c.name() == a.ref_attr_name(); });
-        REQUIRE(from != call.attribute().end());
+        if (from == call.attribute().end()) {  // left out by the caller: the op's default
+          a.clear_name();
+          continue;
+        }
         const std::string name = a.name();
         a = *from;
         a.set_name(name);
       }
+      auto* attrs = n.mutable_attribute();
+      attrs->erase(std::remove_if(attrs->begin(), attrs->end(),
+                                  [](const onnx::AttributeProto& a) { return a.name().empty(); }),
+                   attrs->end());
     }
   }
   return out;
@@ -298,44 +306,73 @@ plan::PlanOptions fused_gpt(bool training, int devices, bool mixed = false) {
   return o;
 }
 
+int conv_nodes(const onnx::ModelProto& m) {
+  return static_cast<int>(
+      std::count_if(m.graph().node().begin(), m.graph().node().end(), [](const onnx::NodeProto& n) {
+        return n.op_type() == "Conv" && n.domain() == "ai.stagecraft";
+      }));
+}
+
+/// Writes `planned`, checks every stage file of it as plain ONNX (checker, strict inference into
+/// the functions) with one function per fused op it holds, runs one step of it on the CPU, and
+/// returns how many Attention and 16-bit Conv nodes its files hold.
+int check_written_plan(plan::PlannedModel planned, bool training) {
+  testing::TempDir dir;
+  plan::write_plan(planned, dir.file("plan"));
+  int fused = 0;
+  for (const plan::Stage& stage : planned.plan.stages)
+    for (const std::string& name : {stage.file, stage.backward_file}) {
+      if (name.empty()) continue;
+      const std::string path = dir.file("plan/" + name);
+      onnx::ModelProto file;
+      {
+        std::ifstream in(path, std::ios::binary);
+        REQUIRE(file.ParseFromIstream(&in));
+      }
+      const int attention = attention_nodes(file), convs = conv_nodes(file);
+      fused += attention + convs;
+      // With GELU fusion on (the planner's default), a file holding Gelu nodes also carries
+      // the ai.stagecraft.Gelu function (compiler/plan/gelu_function.h).
+      const bool gelu =
+          std::any_of(file.graph().node().begin(), file.graph().node().end(),
+                      [](const onnx::NodeProto& n) { return n.op_type() == "Gelu"; });
+      CHECK(file.functions_size() == (attention > 0) + (gelu ? 1 : 0) + (convs > 0));
+      check_plain_onnx(file, path);
+    }
+  // The runtime reads the graph alone: the plan runs as before.
+  auto pipeline = rt::Pipeline::load(dir.file("plan"), rt::cpu_backend(), 1);
+  rt::RunOptions run;
+  run.steps = 1;
+  const rt::RunReport report = pipeline->run(pipeline->synthetic_inputs(), run);
+  if (training) CHECK(std::isfinite(report.losses.at(0)));
+  return fused;
+}
+
 TEST_CASE("fuse-attention stage function: every stage file of fused gpt_tiny plans checks") {
   for (bool mixed : {false, true})
-  for (bool training : {false, true})
-    for (int devices : {1, 2}) {
-      CAPTURE(mixed);
-      CAPTURE(training);
-      CAPTURE(devices);
-      testing::TempDir dir;
-      plan::PlannedModel planned = plan::make_plan(fused_gpt(training, devices, mixed));
-      plan::write_plan(planned, dir.file("plan"));
-      int fused = 0;
-      for (const plan::Stage& stage : planned.plan.stages)
-        for (const std::string& name : {stage.file, stage.backward_file}) {
-          if (name.empty()) continue;
-          const std::string path = dir.file("plan/" + name);
-          onnx::ModelProto file;
-          {
-            std::ifstream in(path, std::ios::binary);
-            REQUIRE(file.ParseFromIstream(&in));
-          }
-          const int nodes = attention_nodes(file);
-          fused += nodes;
-          // With GELU fusion on (the planner's default), a file holding Gelu nodes also carries
-          // the ai.stagecraft.Gelu function (compiler/plan/gelu_function.h).
-          const bool gelu =
-              std::any_of(file.graph().node().begin(), file.graph().node().end(),
-                          [](const onnx::NodeProto& n) { return n.op_type() == "Gelu"; });
-          CHECK(file.functions_size() == (nodes > 0 ? 1 : 0) + (gelu ? 1 : 0));
-          check_plain_onnx(file, path);
-        }
-      CHECK(fused > 0);
-      // The runtime reads the graph alone: the plan runs as before.
-      auto pipeline = rt::Pipeline::load(dir.file("plan"), rt::cpu_backend(), 1);
-      rt::RunOptions run;
-      run.steps = 1;
-      const rt::RunReport report = pipeline->run(pipeline->synthetic_inputs(), run);
-      if (training) CHECK(std::isfinite(report.losses.at(0)));
-    }
+    for (bool training : {false, true})
+      for (int devices : {1, 2}) {
+        CAPTURE(mixed);
+        CAPTURE(training);
+        CAPTURE(devices);
+        CHECK(check_written_plan(plan::make_plan(fused_gpt(training, devices, mixed)), training) >
+              0);
+      }
+}
+
+TEST_CASE("16-bit Conv stage function: every stage file of mixed CNN training plans checks") {
+  for (const char* file : {"mnist_cnn.onnx", "resnet_small.onnx"}) {
+    CAPTURE(file);
+    plan::PlanOptions o =
+        testing::training_options(sample(file), 2, "1f1b", "cross-entropy");
+    o.model_path = sample(file);
+    o.devices = 2;
+    o.batch = 4;
+    o.microbatches = 2;
+    o.device_spec = "cpu";
+    o.precision = Precision::kMixed;
+    CHECK(check_written_plan(plan::make_plan(o), true) > 0);
+  }
 }
 
 TEST_CASE("fuse-attention stage function: 16-bit nodes get a body that casts, and it computes "
@@ -388,6 +425,87 @@ TEST_CASE("fuse-attention stage function: nodes of two types in one file are ref
     CHECK(what.find("/attn1/Attention") != std::string::npos);
     CHECK(what.find("--precision fp32") != std::string::npos);
   }
+}
+
+TEST_CASE("16-bit Conv stage function: a mixed CNN's stage file checks, and the body computes "
+          "the kernel's values") {
+  for (const char* file : {"mnist_cnn.onnx", "resnet_small.onnx"}) {
+    CAPTURE(file);
+    plan::PlanOptions o;
+    o.model_path = sample(file);
+    o.devices = 1;
+    o.batch = 2;
+    o.device_spec = "cpu";
+    o.precision = Precision::kMixed;
+    const plan::PlannedModel planned = plan::make_plan(o);
+    onnx::ModelProto stage = plan::stage_model(planned.model.graph, planned.stage_of, 0);
+    const int nodes = conv_nodes(stage);
+    REQUIRE(nodes > 0);
+    CHECK(plan::add_conv_function(stage) == nodes);
+    REQUIRE(stage.functions_size() == 1);
+    check_plain_onnx(stage);
+    // The CPU kernel widens X, W and B and rounds Y once, as the body's Casts do: the same
+    // arithmetic, up to where oneDNN sums in another order.
+    check_inlined_values(stage, 1e-2);
+  }
+}
+
+TEST_CASE("16-bit Conv stage function: both arities and attributes left out") {
+  // x (float32) -> Cast bf16 -> Conv with a bias and explicit attributes, and Conv without a
+  // bias or attributes (1x1, Conv's defaults) -> Casts back to float32.
+  onnx::ModelProto m = testing::relu_model();
+  onnx::GraphProto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_input();
+  g->clear_output();
+  onnx::OperatorSetIdProto* ours = m.add_opset_import();
+  ours->set_domain("ai.stagecraft");
+  ours->set_version(1);
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> inputs = {
+      {"x", {1, 2, 5, 5}}, {"w0", {3, 2, 3, 3}}, {"b0", {3}}, {"w1", {4, 2, 1, 1}}};
+  for (const auto& [name, shape] : inputs) {
+    testing::add_tensor_info(g->add_input(), name, onnx::TensorProto::FLOAT, shape);
+    onnx::NodeProto* cast = testing::add_node(g, "Cast", {name}, {name + "16"}, "cast_" + name);
+    onnx::AttributeProto* to = cast->add_attribute();
+    to->set_name("to");
+    to->set_type(onnx::AttributeProto::INT);
+    to->set_i(onnx::TensorProto::BFLOAT16);
+    testing::add_tensor_info(g->add_value_info(), name + "16", onnx::TensorProto::BFLOAT16, shape);
+  }
+  onnx::NodeProto* with_bias =
+      testing::add_node(g, "Conv", {"x16", "w016", "b016"}, {"y016"}, "/conv0/Conv");
+  with_bias->set_domain("ai.stagecraft");
+  for (const char* name : {"kernel_shape", "pads"}) {
+    onnx::AttributeProto* a = with_bias->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INTS);
+    for (int64_t v : std::string_view(name) == "pads" ? std::vector<int64_t>{1, 1, 1, 1}
+                                                      : std::vector<int64_t>{3, 3})
+      a->add_ints(v);
+  }
+  testing::add_node(g, "Conv", {"x16", "w116"}, {"y116"}, "/conv1/Conv")
+      ->set_domain("ai.stagecraft");
+  for (const auto& [y, channels] : {std::pair{"y0", 3}, {"y1", 4}}) {
+    const std::string y16 = std::string(y) + "16";
+    testing::add_tensor_info(g->add_value_info(), y16, onnx::TensorProto::BFLOAT16,
+                             {1, channels, 5, 5});
+    onnx::AttributeProto* to =
+        testing::add_node(g, "Cast", {y16}, {y}, std::string("cast_") + y)->add_attribute();
+    to->set_name("to");
+    to->set_type(onnx::AttributeProto::INT);
+    to->set_i(onnx::TensorProto::FLOAT);
+    testing::add_tensor_info(g->add_output(), y, onnx::TensorProto::FLOAT, {1, channels, 5, 5});
+  }
+  CHECK(plan::add_conv_function(m) == 2);
+  REQUIRE(m.functions_size() == 1);
+  CHECK(m.functions(0).input_size() == 3);
+  // The bias-less node reads a zero bias of its 4 output channels, in bfloat16.
+  const onnx::NodeProto& plain = m.graph().node(m.graph().node_size() - 3);
+  REQUIRE(plain.name() == "/conv1/Conv");
+  REQUIRE(plain.input_size() == 3);
+  CHECK(plain.input(2) == std::string(plan::kConvZeroBias) + "4");
+  check_plain_onnx(m);
+  check_inlined_values(m, 1e-2);
 }
 
 }  // namespace

@@ -400,7 +400,8 @@ void apply_mixed_precision(ir::Graph& g, const std::string& loss_output, Candida
   // difference goes on each stage's last op, which is where the simulation sums a stage's
   // activations. Weights: the planner counted 6 B/param, the float32 master and one 16-bit
   // copy; a stage holds the master and the copies its backward reads, one for the whole step
-  // (`MixedStages::weight_copy_bytes`), none of the weights that stay float32 (Conv's).
+  // (`MixedStages::weight_copy_bytes`), none of the weights that stay float32
+  // (BatchNormalization's).
   NodeFacts mixed_facts = facts;
   for (std::size_t k = 0; k < chosen.stages.size(); ++k) {
     const partition::StageSpan& span = chosen.sol.stages[k];

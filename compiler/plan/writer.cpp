@@ -11,6 +11,7 @@
 
 #include "compiler/partition/graph_problem.h"
 #include "compiler/plan/attention_function.h"
+#include "compiler/plan/conv_function.h"
 #include "compiler/plan/gelu_function.h"
 #include "compiler/plan/planner.h"
 #include "passes/autodiff.h"
@@ -142,9 +143,11 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
       place_stage_weights(model, planned.model.graph, staging, stage, p.weight_files, writing,
                           placed, static_cast<int>(p.stages.size()));
       placed += stage.weights_bytes;
-      // Fused Attention nodes come with their standard-op body, so the file stays plain ONNX.
+      // Fused Attention and Gelu nodes and 16-bit Convs come with their standard-op body, so the
+      // file stays plain ONNX.
       add_attention_function(model);
       add_gelu_function(model);
+      add_conv_function(model);
       fs::path file = staging / stage.file;
       write_file(file, model.SerializeAsString());
       sync_path(file);
@@ -156,6 +159,7 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
             graph, planned.stage_of, stage, p.training_config.loss_output, &topological);
         add_attention_function(backward);
         add_gelu_function(backward);
+        add_conv_function(backward);
         write_file(bwd, backward.SerializeAsString());
         if (p.shard_optimizer) stage.optimizer_shards = shards_of(model, backward, stage, p);
         sync_path(bwd);

@@ -85,7 +85,8 @@ struct KernelEntry {
   CheckFn check;
   /// Gradient kernels (domain ai.stagecraft) may scatter or add into their outputs, so the
   /// runtime zero-fills a gradient node's outputs before the call unless its entry says it
-  /// writes every element itself. Forward kernels always write every element.
+  /// writes every element itself. Forward kernels always write every element; those of our
+  /// domain (Attention, Gelu, the mixed plans' 16-bit Conv) say so here.
   bool writes_every_output = false;
 };
 

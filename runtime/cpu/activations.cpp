@@ -172,7 +172,7 @@ constexpr KernelEntry kKernels[] = {
     {"Selu", run_selu, check_float_unary},
     {"Softplus", run_softplus, check_float_unary},
     {"PRelu", run_prelu, check_prelu},
-    {"Gelu", run_gelu, check_gelu},
+    {"Gelu", run_gelu, check_gelu, /*writes_every_output=*/true},
     {"EluGrad", elu_grad, check_unary_grad, /*writes_every_output=*/true},
     {"SeluGrad", selu_grad, check_unary_grad, /*writes_every_output=*/true},
     {"SoftplusGrad", softplus_grad, check_unary_grad, /*writes_every_output=*/true},

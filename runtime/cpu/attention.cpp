@@ -296,7 +296,7 @@ std::string check_attention_grad(const OpSignature& s) {
 }
 
 const KernelEntry kKernels[] = {
-    {"Attention", attention, check_attention},
+    {"Attention", attention, check_attention, /*writes_every_output=*/true},
     {"AttentionGrad", attention_grad, check_attention_grad, /*writes_every_output=*/true},
 };
 

@@ -195,7 +195,7 @@ std::string check_conv(const OpSignature& sig) {
 }
 
 constexpr KernelEntry kConvKernels[] = {
-    {"Conv", conv, check_conv},
+    {"Conv", conv, check_conv, /*writes_every_output=*/true},
 };
 
 }  // namespace

@@ -85,7 +85,7 @@ constexpr KernelEntry kKernels[] = {
     {"Selu", run_selu, same_as_cpu_16bit},
     {"Softplus", run_unary<UnaryOp::kSoftplus>, same_as_cpu_16bit},
     {"PRelu", run_prelu, same_as_cpu},
-    {"Gelu", run_gelu, same_as_cpu_16bit},
+    {"Gelu", run_gelu, same_as_cpu_16bit, /*writes_every_output=*/true},
     {"EluGrad", elu_grad, same_as_cpu, true},
     {"SeluGrad", selu_grad, same_as_cpu, true},
     {"SoftplusGrad", run_unary_grad<UnaryGradOp::kSoftplus>, same_as_cpu, true},

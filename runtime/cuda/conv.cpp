@@ -37,7 +37,7 @@ void conv(const KernelArgs& a) {
 // The CPU backend's checks decide (float32, the attributes' values); Conv also runs bfloat16 or float16 throughout natively (cuDNN with
 // float32 accumulation on the tensor cores; the bias added in float32), where the CPU widens.
 const KernelEntry kKernels[] = {
-    {"Conv", conv, same_as_cpu_16bit},
+    {"Conv", conv, same_as_cpu_16bit, /*writes_every_output=*/true},
 };
 
 }  // namespace

@@ -143,20 +143,48 @@ TEST_CASE("the mixed-precision pass runs the fused Attention and Gelu on bf16 ac
   CHECK(report.losses[1] < report.losses[0]);
 }
 
-TEST_CASE("the mixed-precision pass keeps Conv and pooling in float32 (no bf16 in opset 17)") {
-  plan::PlannedModel planned =
-      plan::make_plan(options_for({"mnist_cnn.onnx", "cross-entropy"}, 1, Precision::kMixed));
-  const ir::Graph& g = planned.model.graph;
+TEST_CASE("the mixed-precision pass runs Conv in bf16 as our domain's Conv, pooling in float32") {
+  // Opset 17's Conv has no bfloat16: kept in float32 before, cuDNN ran ResNet-50's mixed
+  // convolutions on float32 kernels (bench/RESULTS.md, 2026-11-28). Now Conv is ai.stagecraft's
+  // Conv on bfloat16 X, W, B and Y; the pools, whose schemas have no bfloat16 either and
+  // no 16-bit kernel to reach, stay float32 between Casts.
+  for (const char* file : {"mnist_cnn.onnx", "resnet_small.onnx"}) {
+    CAPTURE(file);
+    plan::PlannedModel planned =
+        plan::make_plan(options_for({file, "cross-entropy"}, 1, Precision::kMixed));
+    const ir::Graph& g = planned.model.graph;
+    int convs = 0, pools = 0;
+    for (const ir::Node& n : g.nodes()) {
+      if (n.dead) continue;
+      CAPTURE(n.name);
+      if (n.op_type == "Conv") {
+        ++convs;
+        CHECK(n.domain == "ai.stagecraft");
+        for (ir::ValueId in : n.inputs)
+          if (in != ir::kNoId) CHECK(g.value(in).dtype == DType::kBFloat16);
+        CHECK(g.value(n.outputs[0]).dtype == DType::kBFloat16);
+      } else if (n.op_type.find("Pool") != std::string::npos) {
+        ++pools;
+        CHECK(g.value(n.inputs[0]).dtype == DType::kFloat32);
+      }
+    }
+    CHECK(convs > 0);
+    CHECK(pools > 0);
+    ir::Graph copy = g;
+    passes::PassContext context;
+    CHECK_NOTHROW(passes::InferShapes().run(copy, context));
+  }
+  // float16 (fp16 plans): opset 17's Conv takes it as it is.
+  plan::PlannedModel fp16 =
+      plan::make_plan(options_for({"mnist_cnn.onnx", "cross-entropy"}, 1, Precision::kFp16));
   int convs = 0;
-  for (const ir::Node& n : g.nodes()) {
+  for (const ir::Node& n : fp16.model.graph.nodes()) {
     if (n.dead || n.op_type != "Conv") continue;
     ++convs;
-    for (ir::ValueId in : n.inputs) CHECK(g.value(in).dtype == DType::kFloat32);
+    CHECK(n.domain.empty());
+    CHECK(fp16.model.graph.value(n.inputs[0]).dtype == DType::kFloat16);
   }
   CHECK(convs > 0);
-  ir::Graph copy = g;
-  passes::PassContext context;
-  CHECK_NOTHROW(passes::InferShapes().run(copy, context));
 }
 
 TEST_CASE("a mixed plan trains on the CPU within bf16's precision of the fp32 plan") {
