@@ -165,7 +165,8 @@ TEST_CASE("a mixed-precision plan trains on the GPU within bf16's precision of t
   // CPU's mixed run is itself within 1% of fp32 on these samples
   // (tests/runtime/mixed_precision_test.cpp), and 3% is the tolerance used there.
   // First passed on a GPU on 2026-11-26 (H200, bench/gpu/h200-2026-11-26/); MatMulGrad runs
-  // bfloat16 natively on CUDA since.
+  // bfloat16 natively on CUDA since, and (2026-11-30, not yet run on a GPU) the CNNs' Conv and
+  // ConvGrad too, on cuDNN (the mixed pass's ai.stagecraft Conv; the CPU widens it).
   check_16_bit_training(Precision::kMixed);
 }
 
