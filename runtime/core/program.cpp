@@ -391,6 +391,22 @@ std::vector<Program::StateUpdate> Program::state_updates() const {
   return out;
 }
 
+std::vector<std::string> Program::widened_ops() const {
+  std::vector<std::string> out;
+  for (const Step& step : nodes_) {
+    if (step.cast == nullptr) continue;
+    auto types = [&](const std::vector<int>& slots) {
+      std::string list;
+      for (int s : slots)
+        list += std::string(list.empty() ? "" : ", ") +
+                (s < 0 ? "-" : std::string(dtype_name(slots_[static_cast<size_t>(s)].info.dtype)));
+      return list;
+    };
+    out.push_back(step.op_type + "(" + types(step.inputs) + " -> " + types(step.outputs) + ")");
+  }
+  return out;
+}
+
 std::vector<std::string> Program::weight_casts() const {
   std::vector<bool> updated(slots_.size(), false);
   for (const Step& step : nodes_)

@@ -124,6 +124,12 @@ class Program {
   /// (runtime/exec/device_worker.cpp) rather than one per microbatch.
   std::vector<std::string> weight_casts() const;
 
+  /// Each node the backend runs widened (Backend::runs_widened: 16-bit inputs cast to float32
+  /// copies, the float32 kernel, its results rounded back), in the program's order, as its op
+  /// and types ("ReluGrad(bfloat16, -, bfloat16 -> bfloat16)"; "-" an absent operand): the
+  /// kernels a 16-bit plan still lacks on this backend.
+  std::vector<std::string> widened_ops() const;
+
   /// The random key of step `step` (counted from 1 over the whole training) and microbatch
   /// `microbatch` (of the step's microbatches over every replica): what a node's random draws
   /// (KernelArgs::random_key, mixed with the node's name) derive from, whichever device or

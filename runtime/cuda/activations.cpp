@@ -1,7 +1,8 @@
 // The CUDA backend's activations family (families.h), the ops of the CPU backend's
 // activations.cpp: Elu, Selu and Softplus (natively on bfloat16 and float16 too) and PRelu, whose
 // slope broadcasts to X, the fused Gelu (natively on 16-bit floats too; passes/fuse_gelu.cpp),
-// and their float32 gradients (runtime/format/grad_ops.h). This file
+// and their gradients (runtime/format/grad_ops.h; GeluGrad, EluGrad and SeluGrad natively on
+// 16-bit floats too). This file
 // reads attributes and checks shapes; elementwise_kernels.cu and grad_eltwise_kernels.cu compute
 // each element as the CPU does.
 #include <cstdint>
@@ -86,11 +87,11 @@ constexpr KernelEntry kKernels[] = {
     {"Softplus", run_unary<UnaryOp::kSoftplus>, same_as_cpu_16bit},
     {"PRelu", run_prelu, same_as_cpu},
     {"Gelu", run_gelu, same_as_cpu_16bit, /*writes_every_output=*/true},
-    {"EluGrad", elu_grad, same_as_cpu, true},
-    {"SeluGrad", selu_grad, same_as_cpu, true},
+    {"EluGrad", elu_grad, same_as_cpu_16bit, true},
+    {"SeluGrad", selu_grad, same_as_cpu_16bit, true},
     {"SoftplusGrad", run_unary_grad<UnaryGradOp::kSoftplus>, same_as_cpu, true},
     {"PReluGrad", prelu_grad, same_as_cpu, true},
-    {"GeluGrad", gelu_grad, same_as_cpu, true},
+    {"GeluGrad", gelu_grad, same_as_cpu_16bit, true},
 };
 
 }  // namespace

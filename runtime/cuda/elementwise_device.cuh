@@ -150,6 +150,14 @@ __device__ __forceinline__ void broadcast_offsets(const BroadcastMap& map, int64
   }
 }
 
+// Calls body(Tag<H>{}) for a 16-bit float dtype; false for any other.
+template <class Body>
+bool visit16(DType dtype, Body&& body) {
+  if (dtype == DType::kBFloat16) return body(Tag<BFloat16>{}), true;
+  if (dtype == DType::kFloat16) return body(Tag<Half>{}), true;
+  return false;
+}
+
 // Calls body(Tag<T>{}) with the C++ type of a numeric dtype; with kAll also of bool, float16
 // and bfloat16. False (nothing called) for any other dtype.
 template <bool kAll, class Body>

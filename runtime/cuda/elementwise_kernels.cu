@@ -138,14 +138,6 @@ __global__ void unary_kernel(const T* x, T* y, int64_t n, UnaryParams p) {
     y[i] = unary_one<op, T>(x[i], p, lo, hi);
 }
 
-// Calls body(Tag<H>{}) for a 16-bit float dtype; false for any other.
-template <class Body>
-bool visit16(DType dtype, Body&& body) {
-  if (dtype == DType::kBFloat16) return body(Tag<BFloat16>{}), true;
-  if (dtype == DType::kFloat16) return body(Tag<Half>{}), true;
-  return false;
-}
-
 // A unary op on 16-bit floats: each element widened exactly, the float32 formula, the result
 // rounded to nearest even: the widened fallback's bits (run_widened) without its two casts
 // through memory. Not Clip, whose bounds may be tensors of the input's type.

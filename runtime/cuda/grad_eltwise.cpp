@@ -91,18 +91,24 @@ void cast_grad(const KernelArgs& a) {
   const Tensor& x = io.need_x(0);
   expect_shape(a, 0, x.shape);
   expect_dy_shape(a, *dy, x.shape);
-  switch (dy->dtype) {
-    case DType::kFloat32:
-      return device_copy(ctx, dx->data, dy->data, dx->bytes());
-    case DType::kFloat64:
-    case DType::kFloat16:
-    case DType::kBFloat16:
-      launch_cast(dy->dtype, DType::kFloat32, dy->data, dx->data, x.numel(), ctx.stream());
-      return check_launch(a);
-    default:
-      fail(ErrorKind::kUnsupported, "CastGrad with a {} output gradient is not supported",
-           dtype_name(dy->dtype));
-  }
+  // dx takes x's type: float32, or a 16-bit float where a 16-bit value was cast up (a mixed
+  // plan's logits for the loss, BatchNormalization's input), one rounding of dy straight into it.
+  if (dy->dtype == dx->dtype) return device_copy(ctx, dx->data, dy->data, dx->bytes());
+  if (!is_floating(dy->dtype) ||
+      !launch_cast(dy->dtype, dx->dtype, dy->data, dx->data, x.numel(), ctx.stream()))
+    fail(ErrorKind::kUnsupported, "CastGrad with a {} output gradient is not supported",
+         dtype_name(dy->dtype));
+  check_launch(a);
+}
+
+// CastGrad: the CPU's signatures, and a 16-bit x and dx (the CPU runs those widened) from any
+// float dy.
+std::string check_cast_grad(const OpSignature& s) {
+  std::string why = same_as_cpu(s);
+  if (why.empty() || s.inputs.size() != 3 || s.outputs.size() != 1) return why;
+  if (is_16bit_float(s.inputs[0]) && s.outputs[0] == s.inputs[0] && is_floating(s.inputs[2]))
+    return "";
+  return why;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -207,18 +213,20 @@ void where_grad(const KernelArgs& a) {
 void equal_grad(const KernelArgs& a) { zero_outputs(a); }
 
 // The checks are the CPU's: every signature it accepts (float32 gradients, a float16, bfloat16
-// or float64 dy for CastGrad, an integer exponent for PowGrad) has a kernel here.
+// or float64 dy for CastGrad, an integer exponent for PowGrad) has a kernel here; besides, the
+// common activations' gradients and AddGrad run 16-bit floats natively (same_as_cpu_16bit), and
+// CastGrad writes a 16-bit dx straight from dy (check_cast_grad).
 constexpr KernelEntry kKernels[] = {
-    {"ReluGrad", run_unary_grad<UnaryGradOp::kRelu>, same_as_cpu, true},
-    {"SigmoidGrad", run_unary_grad<UnaryGradOp::kSigmoid>, same_as_cpu, true},
-    {"TanhGrad", run_unary_grad<UnaryGradOp::kTanh>, same_as_cpu, true},
+    {"ReluGrad", run_unary_grad<UnaryGradOp::kRelu>, same_as_cpu_16bit, true},
+    {"SigmoidGrad", run_unary_grad<UnaryGradOp::kSigmoid>, same_as_cpu_16bit, true},
+    {"TanhGrad", run_unary_grad<UnaryGradOp::kTanh>, same_as_cpu_16bit, true},
     {"SqrtGrad", run_unary_grad<UnaryGradOp::kSqrt>, same_as_cpu, true},
     {"ErfGrad", run_unary_grad<UnaryGradOp::kErf>, same_as_cpu, true},
-    {"HardSigmoidGrad", hard_sigmoid_grad, same_as_cpu, true},
-    {"HardSwishGrad", run_unary_grad<UnaryGradOp::kHardSwish>, same_as_cpu, true},
+    {"HardSigmoidGrad", hard_sigmoid_grad, same_as_cpu_16bit, true},
+    {"HardSwishGrad", run_unary_grad<UnaryGradOp::kHardSwish>, same_as_cpu_16bit, true},
     {"ClipGrad", clip_grad, same_as_cpu, true},
     {"DropoutGrad", dropout_grad, same_as_cpu, true},
-    {"CastGrad", cast_grad, same_as_cpu, true},
+    {"CastGrad", cast_grad, check_cast_grad, true},
     {"AddGrad", arith_grad<BinaryGradOp::kPass, BinaryGradOp::kPass>, same_as_cpu_16bit, true},
     {"SubGrad", arith_grad<BinaryGradOp::kPass, BinaryGradOp::kNegate>, same_as_cpu, true},
     {"MulGrad", arith_grad<BinaryGradOp::kMulLhs, BinaryGradOp::kMulRhs>, same_as_cpu, true},

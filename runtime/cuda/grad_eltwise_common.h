@@ -30,10 +30,17 @@ inline void unary_grad(const KernelArgs& a, UnaryGradOp op, const UnaryGradParam
   ops::expect_dy_shape(a, *dy, x.shape);
   const Tensor* y = io.y(0);
   // A bare Y (grad_reads.h: the gradient is a function of X) is recomputed from X.
-  const float* ys =
-      y != nullptr && !y->is_bare() && y->shape == x.shape ? y->as<float>() : nullptr;
-  launch_unary_grad(op, x.as<float>(), ys, dy->as<float>(), dx->as<float>(), x.numel(), params,
-                    context(a).stream());
+  const bool has_y = y != nullptr && !y->is_bare() && y->shape == x.shape;
+  // 16-bit operands (the kernel tables' same_as_cpu_16bit: one 16-bit type throughout).
+  if (is_16bit_float(dx->dtype)) {
+    if (!launch_unary_grad(op, dx->dtype, x.data, has_y ? y->data : nullptr, dy->data, dx->data,
+                           x.numel(), params, context(a).stream()))
+      fail(ErrorKind::kUnsupported, "{} '{}': no {} kernel", a.op_type, a.name,
+           dtype_name(dx->dtype));
+    return check_launch(a);
+  }
+  launch_unary_grad(op, x.as<float>(), has_y ? y->as<float>() : nullptr, dy->as<float>(),
+                    dx->as<float>(), x.numel(), params, context(a).stream());
   check_launch(a);
 }
 

@@ -109,6 +109,30 @@ void unary_grad_of(const float* x, const float* y, const float* dy, float* dx, i
   unary_grad_kernel<op><<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, y, dy, dx, n, p);
 }
 
+// A unary gradient on 16-bit floats: x, y and dy widened exactly, the float32 formula, dx
+// rounded to nearest even: the widened fallback's bits (run_widened) without its casts through
+// memory. Not Clip, whose bounds are device floats of the input's type.
+template <UnaryGradOp op, class H>
+__global__ void unary_grad16_kernel(const H* x, const H* y, const H* dy, H* dx, int64_t n,
+                                    UnaryGradParams p) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const float v = to_float(x[i]);
+    const float out = y != nullptr ? to_float(y[i]) : forward<op>(v);
+    dx[i] = convert<H>(unary_grad_one<op>(v, out, to_float(dy[i]), p, -INFINITY, INFINITY));
+  }
+}
+
+template <UnaryGradOp op>
+bool unary_grad16_of(DType dtype, const void* x, const void* y, const void* dy, void* dx,
+                     int64_t n, const UnaryGradParams& p, cudaStream_t stream) {
+  return visit16(dtype, [&](auto tag) {
+    using H = typename decltype(tag)::type;
+    unary_grad16_kernel<op, H><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const H*>(x), static_cast<const H*>(y), static_cast<const H*>(dy),
+        static_cast<H*>(dx), n, p);
+  });
+}
+
 template <BinaryGradOp op>
 __device__ __forceinline__ float binary_grad_one(float u, float v, const float* y, int64_t i,
                                                  float d) {
@@ -248,6 +272,33 @@ void launch_unary_grad(UnaryGradOp op, const float* x, const float* y, const flo
       return unary_grad_of<UnaryGradOp::kGelu>(x, y, dy, dx, n, params, stream);
     case UnaryGradOp::kGeluTanh:
       return unary_grad_of<UnaryGradOp::kGeluTanh>(x, y, dy, dx, n, params, stream);
+  }
+}
+
+bool launch_unary_grad(UnaryGradOp op, DType dtype, const void* x, const void* y, const void* dy,
+                       void* dx, int64_t n, const UnaryGradParams& params, cudaStream_t stream) {
+  if (n <= 0) return true;
+  switch (op) {
+    case UnaryGradOp::kRelu:
+      return unary_grad16_of<UnaryGradOp::kRelu>(dtype, x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kSigmoid:
+      return unary_grad16_of<UnaryGradOp::kSigmoid>(dtype, x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kTanh:
+      return unary_grad16_of<UnaryGradOp::kTanh>(dtype, x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kHardSigmoid:
+      return unary_grad16_of<UnaryGradOp::kHardSigmoid>(dtype, x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kHardSwish:
+      return unary_grad16_of<UnaryGradOp::kHardSwish>(dtype, x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kElu:
+      return unary_grad16_of<UnaryGradOp::kElu>(dtype, x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kSelu:
+      return unary_grad16_of<UnaryGradOp::kSelu>(dtype, x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kGelu:
+      return unary_grad16_of<UnaryGradOp::kGelu>(dtype, x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kGeluTanh:
+      return unary_grad16_of<UnaryGradOp::kGeluTanh>(dtype, x, y, dy, dx, n, params, stream);
+    default:
+      return false;
   }
 }
 

@@ -50,6 +50,13 @@ struct UnaryGradParams {
 void launch_unary_grad(UnaryGradOp op, const float* x, const float* y, const float* dy, float* dx,
                        int64_t n, const UnaryGradParams& params, cudaStream_t stream);
 
+/// The same on 16-bit floats: x, y (may be null) and dy of `dtype` (bfloat16 or float16), each
+/// widened exactly, the float32 formula, dx rounded to nearest even into `dtype`, as the widened
+/// fallback computes. Relu, Sigmoid, Tanh, HardSigmoid, HardSwish, Elu, Selu, Gelu and
+/// GeluTanh; false (nothing launched) for another op or dtype.
+bool launch_unary_grad(UnaryGradOp op, DType dtype, const void* x, const void* y, const void* dy,
+                       void* dx, int64_t n, const UnaryGradParams& params, cudaStream_t stream);
+
 enum class BinaryGradOp : int32_t {
   kPass,     // dy (Add's and Sub's lhs, Add's rhs)
   kNegate,   // -dy (Sub's rhs)

@@ -1,0 +1,116 @@
+// The CUDA gradients that run 16-bit floats natively (grad_eltwise_kernels.cu's 16-bit unary
+// gradients, CastGrad into a 16-bit input) against the widened fallback they replace: the
+// float32 kernel on the exactly widened operands, its result rounded to the 16-bit type. Both
+// compute the same float32 formula on the same values, so they agree to the bit, give or take
+// one unit in the last place where the compiler contracts a multiply-add differently.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "runtime/core/backend.h"
+#include "runtime/format/grad_ops.h"
+#include "tests/runtime/attention_util.h"
+
+namespace stagecraft::testing {
+namespace {
+
+onnx::NodeProto node(const std::string& op, int forward_inputs,
+                     const std::string& approximate = "") {
+  onnx::NodeProto n;
+  n.set_name(op);
+  n.set_op_type(op);
+  n.set_domain(std::string(grad::kGradDomain));
+  onnx::AttributeProto* f = n.add_attribute();
+  f->set_name(std::string(grad::kForwardInputsAttr));
+  f->set_type(onnx::AttributeProto::INT);
+  f->set_i(forward_inputs);
+  if (!approximate.empty()) {
+    onnx::AttributeProto* a = n.add_attribute();
+    a->set_name("approximate");
+    a->set_type(onnx::AttributeProto::STRING);
+    a->set_s(approximate);
+  }
+  return n;
+}
+
+/// `t` cast to `to` by the CPU backend's Cast (round to nearest even, widening exact).
+rt::Tensor cast(const rt::Tensor& t, DType to) {
+  onnx::NodeProto n;
+  n.set_name("cast");
+  n.set_op_type("Cast");
+  onnx::AttributeProto* a = n.add_attribute();
+  a->set_name("to");
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(static_cast<int64_t>(to));
+  rt::Tensor out = rt::Tensor::owned(to, t.shape);
+  attention::run(rt::cpu_backend(), n, {&t}, {&out});
+  return out;
+}
+
+/// Elements of two 16-bit tensors that differ by more than one unit in the last place.
+int64_t beyond_one_ulp(const rt::Tensor& a, const rt::Tensor& b) {
+  REQUIRE(a.numel() == b.numel());
+  int64_t bad = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    uint16_t x, y;
+    std::memcpy(&x, a.data + 2 * i, 2);
+    std::memcpy(&y, b.data + 2 * i, 2);
+    // Same sign: adjacent encodings are adjacent values; zeros of either sign are equal.
+    const bool zeros = ((x | y) & 0x7fff) == 0;
+    const int diff = (x >> 15) == (y >> 15) ? std::abs(int(x) - int(y)) : (zeros ? 0 : 2);
+    bad += diff > 1;
+  }
+  return bad;
+}
+
+TEST_CASE("cuda 16-bit activation gradients and CastGrad against the widened fallback") {
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  const rt::Shape shape = {3, 257};
+  const rt::Tensor x = attention::random(shape, 21, -6.0f, 6.0f);
+  const rt::Tensor dy = attention::random(shape, 22);
+  for (DType half : {DType::kBFloat16, DType::kFloat16}) {
+    CAPTURE(dtype_name(half));
+    const rt::Tensor x16 = cast(x, half), dy16 = cast(dy, half);
+    const rt::Tensor xw = cast(x16, DType::kFloat32), dyw = cast(dy16, DType::kFloat32);
+    const rt::Tensor* none = nullptr;
+    for (const auto& [op, approximate] :
+         {std::pair<std::string, std::string>{"ReluGrad", ""}, {"GeluGrad", "none"},
+          {"GeluGrad", "tanh"}, {"HardSwishGrad", ""}}) {
+      CAPTURE(op);
+      CAPTURE(approximate);
+      const onnx::NodeProto n = node(op, 1, approximate);
+      rt::Tensor native = rt::Tensor::owned(half, shape);
+      attention::run(*cuda, n, {&x16, none, &dy16}, {&native});
+      rt::Tensor wide = rt::Tensor::owned(DType::kFloat32, shape);
+      attention::run(*cuda, n, {&xw, none, &dyw}, {&wide});
+      CHECK(beyond_one_ulp(native, cast(wide, half)) == 0);
+    }
+    // Sigmoid's and Tanh's gradients read the forward output y.
+    for (const std::string op : {"SigmoidGrad", "TanhGrad"}) {
+      CAPTURE(op);
+      onnx::NodeProto forward;
+      forward.set_name("forward");
+      forward.set_op_type(op == "SigmoidGrad" ? "Sigmoid" : "Tanh");
+      rt::Tensor y = rt::Tensor::owned(DType::kFloat32, shape);
+      attention::run(rt::cpu_backend(), forward, {&xw}, {&y});
+      const rt::Tensor y16 = cast(y, half), yw = cast(y16, DType::kFloat32);
+      const onnx::NodeProto n = node(op, 1);
+      rt::Tensor native = rt::Tensor::owned(half, shape);
+      attention::run(*cuda, n, {&x16, &y16, &dy16}, {&native});
+      rt::Tensor wide = rt::Tensor::owned(DType::kFloat32, shape);
+      attention::run(*cuda, n, {&xw, &yw, &dyw}, {&wide});
+      CHECK(beyond_one_ulp(native, cast(wide, half)) == 0);
+    }
+    // CastGrad of a Cast from the 16-bit type up to float32: dx is dy rounded once.
+    rt::Tensor dx = rt::Tensor::owned(half, shape);
+    attention::run(*cuda, node("CastGrad", 1), {&x16, none, &dy}, {&dx});
+    CHECK(beyond_one_ulp(dx, dy16) == 0);
+    CHECK(std::memcmp(dx.data, dy16.data, static_cast<size_t>(dx.bytes())) == 0);
+  }
+}
+
+}  // namespace
+}  // namespace stagecraft::testing
