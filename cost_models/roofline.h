@@ -21,8 +21,9 @@
 /// - 16-bit plans, kernel by kernel as the runtimes run them (`runs_16_bit`): the ops that move
 ///   bytes (layout, shape, Cast) and the 16-bit products (MatMul and its gradients on both
 ///   backends; Gemm's in bfloat16 on the CPU; float16 products on CUDA alone; the fused
-///   Attention and Gelu on CUDA, at the fp32 peak) run on 16-bit tensors, the products at the
-///   16-bit peak. Every other op runs widened: its float32 kernel
+///   Attention and Gelu, Conv, the element-wise arithmetic, the activations and
+///   LayerNormalization on CUDA, at the fp32 peak but Conv's) run on 16-bit tensors, the
+///   products at the 16-bit peak. Every other op runs widened: its float32 kernel
 ///   between casts (runtime/core/kernel.h `run_widened`), each floating input read at 2
 ///   bytes and written at 4, each output read at 4 and written at 2, on top of the float32
 ///   kernel's own traffic (2.5x its float bytes), one launch more per cast, at the fp32 peak.
@@ -81,6 +82,10 @@ class RooflineCostModel final : public OpCostModel {
   const DeviceSpec& device() const { return device_; }
   Precision precision() const { return precision_; }
 
+  /// Whether `node` of a 16-bit plan runs on 16-bit tensors on this device's backend (else
+  /// widened: the header).
+  bool runs_16_bit(const ir::Node& node) const;
+
  private:
   /// max(flops / (peak * efficiency), bytes / bandwidth), without the launch overhead; the
   /// 16-bit peak where `sixteen_bit` (a tensor op's 16-bit kernel).
@@ -88,9 +93,6 @@ class RooflineCostModel final : public OpCostModel {
   /// Bytes `value` moves for a node: as this precision stores it, or, where the node runs
   /// `widened`, its float32 bytes with the casts' traffic around them (2.5x).
   double stored_bytes(const ir::Graph& graph, ir::ValueId value, bool widened) const;
-  /// Whether `node` of a 16-bit plan runs on 16-bit tensors (else widened: the header).
-  bool runs_16_bit(const ir::Node& node) const;
-
   DeviceSpec device_;
   Precision precision_;
 };

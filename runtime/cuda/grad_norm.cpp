@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <string>
 
+#include "runtime/core/backend.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/data_kernels.h"
 #include "runtime/cuda/families.h"
 #include "runtime/cuda/norm_kernels.h"
 #include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
 #include "runtime/ops/grad_io.h"
 #include "runtime/ops/norm_shape.h"
 
@@ -95,18 +97,27 @@ void layer_norm_grad(const KernelArgs& a) {
   const Tensor mean = ctx.new_tensor(DType::kFloat64, {outer}, false);
   const Tensor inv_std = ctx.new_tensor(DType::kFloat64, {outer}, false);
   cudaStream_t stream = ctx.stream();
-  launch_layer_norm_grad_rows(x.as<float>(), scale.as<float>(), data_or_null(dy),
-                              data_or_null(dmean), data_or_null(dinv), data_or_null(dx),
-                              const_cast<double*>(mean.as<double>()),
-                              const_cast<double*>(inv_std.as<double>()), outer, inner,
-                              static_cast<double>(a.attrs.f("epsilon", 1e-5f)), stream);
+  // float32, or one 16-bit type for X, Scale, B, dY and the gradients of the three
+  // (check_layer_norm_grad); dMean and dInvStdDev float32.
+  const auto raw = [](const Tensor* t) -> void* { return t != nullptr ? t->data : nullptr; };
+  const auto unsupported = [&] {
+    fail(ErrorKind::kUnsupported, "LayerNormalizationGrad '{}': no {} kernel", a.name,
+         dtype_name(x.dtype));
+  };
+  if (!launch_layer_norm_grad_rows(x.dtype, x.data, scale.data, raw(dy), data_or_null(dmean),
+                                   data_or_null(dinv), raw(dx),
+                                   const_cast<double*>(mean.as<double>()),
+                                   const_cast<double*>(inv_std.as<double>()), outer, inner,
+                                   static_cast<double>(a.attrs.f("epsilon", 1e-5f)), stream))
+    unsupported();
   check_launch(a);
   if (columns) {
     const int64_t slices = column_slices(outer, inner);
     Tensor partial = ctx.new_tensor(DType::kFloat64, {2 * slices * inner}, false);
-    launch_layer_norm_grad_columns(x.as<float>(), dy->as<float>(), mean.as<double>(),
-                                   inv_std.as<double>(), data_or_null(dscale), data_or_null(dbias),
-                                   outer, inner, partial.as<double>(), slices, stream);
+    if (!launch_layer_norm_grad_columns(x.dtype, x.data, dy->data, mean.as<double>(),
+                                        inv_std.as<double>(), raw(dscale), raw(dbias), outer,
+                                        inner, partial.as<double>(), slices, stream))
+      unsupported();
     check_launch(a);
   } else {
     // Without dY the column sums are zeros.
@@ -128,10 +139,35 @@ void softmax_grad(const KernelArgs& a) {
   check_launch(a);
 }
 
-// The CPU backend's checks decide (float32, the contract's arity, spatial and stash_type).
+// LayerNormalizationGrad: the CPU's signatures, and X, Scale, B, dY and the gradients dX,
+// dScale, dB of one 16-bit type, the forward's Mean and InvStdDev and their gradients float32
+// (or absent), which the CPU runs widened. The inputs are the forward's n inputs, its m outputs
+// and their m gradients (runtime/format/grad_ops.h).
+std::string check_layer_norm_grad(const OpSignature& s) {
+  std::string why = same_as_cpu(s);
+  if (why.empty() || s.inputs.empty() || !is_16bit_float(s.inputs[0])) return why;
+  const DType half = s.inputs[0];
+  const size_t n = static_cast<size_t>(s.attrs.i(std::string(grad::kForwardInputsAttr), 3));
+  if (n >= s.inputs.size() || (s.inputs.size() - n) % 2 != 0) return why;
+  const size_t m = (s.inputs.size() - n) / 2;  // at least 1
+  auto is = [](DType d, DType want) { return d == DType::kUndefined || d == want; };
+  for (size_t k = 0; k < s.inputs.size(); ++k) {
+    // Position within the forward's inputs, outputs or their gradients: Y (output 0) and its
+    // gradient 16-bit, Mean and InvStdDev and theirs float32.
+    const bool statistic = k >= n && (k - n) % m != 0;
+    if (!is(s.inputs[k], statistic ? DType::kFloat32 : half)) return why;
+  }
+  for (DType d : s.outputs)
+    if (!is(d, half)) return why;
+  return cpu_backend().runs_widened(s) ? "" : why;
+}
+
+// The CPU backend's checks decide (float32, the contract's arity, spatial and stash_type);
+// besides, LayerNormalizationGrad runs 16-bit floats natively.
 const KernelEntry kKernels[] = {
     {"BatchNormalizationGrad", batch_norm_grad, same_as_cpu, /*writes_every_output=*/true},
-    {"LayerNormalizationGrad", layer_norm_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"LayerNormalizationGrad", layer_norm_grad, check_layer_norm_grad,
+     /*writes_every_output=*/true},
     {"SoftmaxGrad", softmax_grad, same_as_cpu, /*writes_every_output=*/true},
 };
 

@@ -5,8 +5,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <span>
 #include <string>
 
+#include "runtime/core/backend.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/families.h"
@@ -75,11 +77,32 @@ void layer_norm(const KernelArgs& a) {
   const Tensor& x = a.input(0);
   const ops::LayerNormOperands o = ops::layer_norm_operands(a);
   if (o.outer == 0) return;
-  launch_layer_norm(x.as<float>(), o.scale->as<float>(), o.bias ? o.bias->as<float>() : nullptr,
-                    a.out[0]->as<float>(), o.mean ? o.mean->as<float>() : nullptr,
-                    o.inv_std ? o.inv_std->as<float>() : nullptr, o.outer, o.inner,
-                    a.attrs.f("epsilon", 1e-5f), context(a).stream());
+  // float32, or one 16-bit type for X, Scale, B and Y (check_layer_norm); Mean and InvStdDev
+  // float32.
+  if (!launch_layer_norm(x.dtype, x.data, o.scale->data, o.bias ? o.bias->data : nullptr,
+                         a.out[0]->data, o.mean ? o.mean->as<float>() : nullptr,
+                         o.inv_std ? o.inv_std->as<float>() : nullptr, o.outer, o.inner,
+                         a.attrs.f("epsilon", 1e-5f), context(a).stream()))
+    fail(ErrorKind::kUnsupported, "LayerNormalization '{}': no {} kernel", a.name,
+         dtype_name(x.dtype));
   check_launch(a);
+}
+
+// LayerNormalization: the CPU's signatures, and X, Scale, B and Y of one 16-bit type with
+// float32 (or absent) Mean and InvStdDev, which the CPU runs widened.
+std::string check_layer_norm(const OpSignature& s) {
+  std::string why = same_as_cpu(s);
+  if (why.empty() || s.inputs.empty() || !is_16bit_float(s.inputs[0])) return why;
+  const DType half = s.inputs[0];
+  auto is = [](std::span<const DType> types, size_t k, DType want) {
+    return k >= types.size() || types[k] == DType::kUndefined || types[k] == want;
+  };
+  for (size_t k = 0; k < s.inputs.size(); ++k)
+    if (!is(s.inputs, k, half)) return why;
+  if (s.outputs.empty() || s.outputs[0] != half || !is(s.outputs, 1, DType::kFloat32) ||
+      !is(s.outputs, 2, DType::kFloat32))
+    return why;
+  return cpu_backend().runs_widened(s) ? "" : why;
 }
 
 // Softmax along its one axis (ops::softmax_view), as the CPU's.
@@ -92,10 +115,11 @@ void softmax(const KernelArgs& a) {
   check_launch(a);
 }
 
-// The CPU backend's checks decide: the same dtypes (float32), attributes and outputs.
+// The CPU backend's checks decide: the same dtypes (float32), attributes and outputs; besides,
+// LayerNormalization runs 16-bit floats natively.
 const KernelEntry kKernels[] = {
     {"BatchNormalization", batch_norm, same_as_cpu},
-    {"LayerNormalization", layer_norm, same_as_cpu},
+    {"LayerNormalization", layer_norm, check_layer_norm},
     {"Softmax", softmax, same_as_cpu},
 };
 

@@ -1,6 +1,9 @@
 // The CUDA norm family's device kernels (norm_kernels.h): one block per row (or channel), each
 // thread over a strided share of it, block-wide reductions in a fixed tree (norm_block.cuh).
+#include <type_traits>
+
 #include "runtime/cuda/column_reduce.cuh"
+#include "runtime/cuda/elementwise_device.cuh"
 #include "runtime/cuda/norm_block.cuh"
 #include "runtime/cuda/norm_kernels.h"
 #include "runtime/cuda/update_kernels.h"
@@ -54,25 +57,43 @@ __global__ void softmax_grad_kernel(const float* y, const float* dy, float* dx, 
   }
 }
 
-__global__ void layer_norm_kernel(const float* x, const float* scale, const float* bias, float* y,
+// LayerNormalization's storage: float, or a 16-bit float read widened exactly and written
+// rounded to nearest even, as the widened fallback (run_widened) does around the float32 kernel.
+template <class T>
+__device__ __forceinline__ float load(const T* p, int64_t i) {
+  if constexpr (std::is_same_v<T, float>)
+    return p[i];
+  else
+    return eltwise::to_float(p[i]);
+}
+template <class T>
+__device__ __forceinline__ void store(T* p, int64_t i, float v) {
+  if constexpr (std::is_same_v<T, float>)
+    p[i] = v;
+  else
+    p[i] = eltwise::convert<T>(v);
+}
+
+template <class T>
+__global__ void layer_norm_kernel(const T* x, const T* scale, const T* bias, T* y,
                                   float* mean_out, float* inv_std_out, int64_t outer, int64_t inner,
                                   float epsilon) {
   for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
-    const float* row = x + r * inner;
+    const T* row = x + r * inner;
     float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) sum += row[j];
+    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) sum += load(row, j);
     const float mean = block_sum<float>(sum) / static_cast<float>(inner);
     float sq = 0.0f;
     for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
-      const float d = row[j] - mean;
+      const float d = load(row, j) - mean;
       sq += d * d;
     }
     const float var = block_sum<float>(sq) / static_cast<float>(inner);
     const float inv = 1.0f / sqrtf(var + epsilon);
-    float* out = y + r * inner;
+    T* out = y + r * inner;
     for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
-      const float v = (row[j] - mean) * inv * scale[j];
-      out[j] = bias != nullptr ? v + bias[j] : v;
+      const float v = (load(row, j) - mean) * inv * load(scale, j);
+      store(out, j, bias != nullptr ? v + load(bias, j) : v);
     }
     if (threadIdx.x == 0) {
       if (mean_out != nullptr) mean_out[r] = mean;
@@ -81,18 +102,20 @@ __global__ void layer_norm_kernel(const float* x, const float* scale, const floa
   }
 }
 
-__global__ void layer_norm_grad_rows_kernel(const float* x, const float* scale, const float* g,
-                                            const float* dmean, const float* dinv, float* dx,
+template <class T>
+__global__ void layer_norm_grad_rows_kernel(const T* x, const T* scale, const T* g,
+                                            const float* dmean, const float* dinv, T* dx,
                                             double* mean_out, double* istd_out, int64_t outer,
                                             int64_t inner, double eps) {
   const double inv_n = 1.0 / static_cast<double>(inner);
   for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
-    const float* row = x + r * inner;
+    const T* row = x + r * inner;
     double s = 0.0;
-    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) s += row[j];
+    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) s += load(row, j);
     const double mu = block_sum<double>(s) * inv_n;
     double sq = 0.0;
-    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) sq += (row[j] - mu) * (row[j] - mu);
+    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x)
+      sq += (load(row, j) - mu) * (load(row, j) - mu);
     const double is = 1.0 / sqrt(block_sum<double>(sq) * inv_n + eps);
     if (threadIdx.x == 0) {
       mean_out[r] = mu;
@@ -102,49 +125,59 @@ __global__ void layer_norm_grad_rows_kernel(const float* x, const float* scale, 
     double mg = 0.0, mgx = 0.0;  // mean(dy * scale), mean(dy * scale * xhat)
     if (g != nullptr) {
       for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
-        const double gj = static_cast<double>(g[r * inner + j]) * scale[j];
+        const double gj = static_cast<double>(load(g, r * inner + j)) * load(scale, j);
         mg += gj;
-        mgx += gj * (row[j] - mu) * is;
+        mgx += gj * (load(row, j) - mu) * is;
       }
       mg = block_sum<double>(mg) * inv_n;
       mgx = block_sum<double>(mgx) * inv_n;
     }
     const double dm = dmean != nullptr ? dmean[r] : 0.0, di = dinv != nullptr ? dinv[r] : 0.0;
-    float* out = dx + r * inner;
+    T* out = dx + r * inner;
     for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
-      const double xc = row[j] - mu;
+      const double xc = load(row, j) - mu;
       double v = dm * inv_n - di * is * is * is * xc * inv_n;
       if (g != nullptr)
-        v += is * (static_cast<double>(g[r * inner + j]) * scale[j] - mg - xc * is * mgx);
-      out[j] = static_cast<float>(v);
+        v += is * (static_cast<double>(load(g, r * inner + j)) * load(scale, j) - mg -
+                   xc * is * mgx);
+      store(out, j, static_cast<float>(v));
     }
   }
 }
 
 // LayerNorm's scale and bias gradients as column sums (column_reduce.cuh): term 0 is
 // dy * xhat, term 1 dy.
+template <class T>
 struct LayerNormColumnTerms {
   static constexpr int kTerms = 2;
-  const float* x;
-  const float* g;
+  const T* x;
+  const T* g;
   const double* mean;
   const double* istd;
   int64_t inner;
   __device__ void operator()(int64_t r, int64_t c, double (&t)[2]) const {
-    const double gj = g[r * inner + c];
-    t[0] = gj * (x[r * inner + c] - mean[r]) * istd[r];
+    const double gj = load(g, r * inner + c);
+    t[0] = gj * (load(x, r * inner + c) - mean[r]) * istd[r];
     t[1] = gj;
   }
 };
 
+template <class T>
 struct LayerNormColumnStore {
-  float* dscale;
-  float* dbias;
+  T* dscale;
+  T* dbias;
   __device__ void operator()(int k, int64_t c, double sum) const {
-    float* out = k == 0 ? dscale : dbias;
-    if (out != nullptr) out[c] = static_cast<float>(sum);
+    T* out = k == 0 ? dscale : dbias;
+    if (out != nullptr) store(out, c, static_cast<float>(sum));
   }
 };
+
+// Calls body(Tag<T>{}) for float32 and the 16-bit floats; false for any other dtype.
+template <class Body>
+bool visit_norm(DType dtype, Body&& body) {
+  if (dtype == DType::kFloat32) return body(eltwise::Tag<float>{}), true;
+  return eltwise::visit16(dtype, body);
+}
 
 __global__ void batch_norm_inference_kernel(BatchNormArgs p, float* y) {
   const int64_t n = p.n * p.c * p.s;
@@ -270,29 +303,43 @@ void launch_softmax_grad(const float* y, const float* dy, float* dx, int64_t out
                                                                                   len, inner);
 }
 
-void launch_layer_norm(const float* x, const float* scale, const float* bias, float* y, float* mean,
-                       float* inv_std, int64_t outer, int64_t inner, float epsilon,
+bool launch_layer_norm(DType dtype, const void* x, const void* scale, const void* bias, void* y,
+                       float* mean, float* inv_std, int64_t outer, int64_t inner, float epsilon,
                        cudaStream_t stream) {
-  if (outer <= 0 || inner <= 0) return;
-  layer_norm_kernel<<<blocks_for(outer), threads_for(inner), 0, stream>>>(
-      x, scale, bias, y, mean, inv_std, outer, inner, epsilon);
+  if (outer <= 0 || inner <= 0) return visit_norm(dtype, [](auto) {});
+  return visit_norm(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    layer_norm_kernel<T><<<blocks_for(outer), threads_for(inner), 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(bias),
+        static_cast<T*>(y), mean, inv_std, outer, inner, epsilon);
+  });
 }
 
-void launch_layer_norm_grad_rows(const float* x, const float* scale, const float* dy,
-                                 const float* dmean, const float* dinv, float* dx, double* mean,
+bool launch_layer_norm_grad_rows(DType dtype, const void* x, const void* scale, const void* dy,
+                                 const float* dmean, const float* dinv, void* dx, double* mean,
                                  double* inv_std, int64_t outer, int64_t inner, double epsilon,
                                  cudaStream_t stream) {
-  if (outer <= 0 || inner <= 0) return;
-  layer_norm_grad_rows_kernel<<<blocks_for(outer), threads_for(inner), 0, stream>>>(
-      x, scale, dy, dmean, dinv, dx, mean, inv_std, outer, inner, epsilon);
+  if (outer <= 0 || inner <= 0) return visit_norm(dtype, [](auto) {});
+  return visit_norm(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    layer_norm_grad_rows_kernel<T><<<blocks_for(outer), threads_for(inner), 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(dy), dmean,
+        dinv, static_cast<T*>(dx), mean, inv_std, outer, inner, epsilon);
+  });
 }
 
-void launch_layer_norm_grad_columns(const float* x, const float* dy, const double* mean,
-                                    const double* inv_std, float* dscale, float* dbias,
+bool launch_layer_norm_grad_columns(DType dtype, const void* x, const void* dy, const double* mean,
+                                    const double* inv_std, void* dscale, void* dbias,
                                     int64_t outer, int64_t inner, double* partial,
                                     int64_t slices, cudaStream_t stream) {
-  launch_column_reduce(LayerNormColumnTerms{x, dy, mean, inv_std, inner},
-                       LayerNormColumnStore{dscale, dbias}, outer, inner, partial, slices, stream);
+  return visit_norm(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_column_reduce(
+        LayerNormColumnTerms<T>{static_cast<const T*>(x), static_cast<const T*>(dy), mean,
+                                inv_std, inner},
+        LayerNormColumnStore<T>{static_cast<T*>(dscale), static_cast<T*>(dbias)}, outer, inner,
+        partial, slices, stream);
+  });
 }
 
 void launch_batch_norm_inference(const BatchNormArgs& args, float* y, cudaStream_t stream) {

@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// Device kernels of the CUDA norm family (norm_kernels.cu), float32: Softmax, LayerNormalization
+/// Device kernels of the CUDA norm family (norm_kernels.cu), float32 (LayerNormalization also
+/// 16-bit): Softmax, LayerNormalization
 /// and BatchNormalization, forward and gradient. Row-wise ops run one block per row with
 /// block-wide reductions in a fixed order, so a run is reproducible. A "row" of an axis op is
 /// seen as [outer, len, inner]: row (o, i) holds the `len` elements o * len * inner + k * inner
@@ -9,6 +10,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "runtime/format/dtype.h"
 
 namespace stagecraft::rt::cuda {
 
@@ -21,26 +24,29 @@ void launch_softmax_grad(const float* y, const float* dy, float* dx, int64_t out
                          int64_t inner, cudaStream_t stream);
 
 /// LayerNormalization of `outer` rows of `inner`: y = (x - mean) * inv_std * scale + bias
-/// (bias may be null), mean and variance in float; `mean` and `inv_std` (one per row) may be
-/// null.
-void launch_layer_norm(const float* x, const float* scale, const float* bias, float* y, float* mean,
-                       float* inv_std, int64_t outer, int64_t inner, float epsilon,
+/// (bias may be null), mean and variance in float; `mean` and `inv_std` (one per row, float32)
+/// may be null. x, scale, bias and y are of `dtype`: float32, or bfloat16 or float16 read widened
+/// exactly and y rounded to nearest even (the widened fallback's bits, without its casts); false
+/// (nothing launched) for another dtype.
+bool launch_layer_norm(DType dtype, const void* x, const void* scale, const void* bias, void* y,
+                       float* mean, float* inv_std, int64_t outer, int64_t inner, float epsilon,
                        cudaStream_t stream);
 
 /// LayerNormalizationGrad's rows, in double: the statistics of each row into `mean` and
 /// `inv_std` (device, `outer` each) and, when `dx` is not null, dX from dY, dMean and
-/// dInvStdDev (each may be null).
-void launch_layer_norm_grad_rows(const float* x, const float* scale, const float* dy,
-                                 const float* dmean, const float* dinv, float* dx, double* mean,
+/// dInvStdDev (each may be null; dMean and dInvStdDev float32). x, scale, dy and dx are of
+/// `dtype`, as launch_layer_norm's.
+bool launch_layer_norm_grad_rows(DType dtype, const void* x, const void* scale, const void* dy,
+                                 const float* dmean, const float* dinv, void* dx, double* mean,
                                  double* inv_std, int64_t outer, int64_t inner, double epsilon,
                                  cudaStream_t stream);
 
 /// LayerNormalizationGrad's column sums over the rows (double, across the device in a fixed
 /// order: column_reduce.cuh): dScale and dB (either may be null) from dY and the statistics of
 /// launch_layer_norm_grad_rows. `partial` holds 2 * slices * inner doubles, slices from
-/// column_slices(outer, inner).
-void launch_layer_norm_grad_columns(const float* x, const float* dy, const double* mean,
-                                    const double* inv_std, float* dscale, float* dbias,
+/// column_slices(outer, inner). x, dy, dscale and dbias are of `dtype`.
+bool launch_layer_norm_grad_columns(DType dtype, const void* x, const void* dy, const double* mean,
+                                    const double* inv_std, void* dscale, void* dbias,
                                     int64_t outer, int64_t inner, double* partial,
                                     int64_t slices, cudaStream_t stream);
 

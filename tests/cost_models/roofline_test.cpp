@@ -144,7 +144,7 @@ TEST_CASE("Gemm with a bias: the bias gradient reads the output gradient once mo
         doctest::Approx(t.forward_s + 256.0 * 1024 * 4 / kH100.memory_bandwidth));
 }
 
-TEST_CASE("an Add is memory-bound: a 16-bit plan runs it widened, 2.5x its float32 bytes") {
+TEST_CASE("an Add is memory-bound: a 16-bit plan runs it natively on CUDA, widened on the CPU") {
   GraphBuilder b;
   std::vector<int64_t> shape{1024, 1024, 16};
   auto x = b.tensor("x", shape), y = b.tensor("y", shape), z = b.tensor("z", shape);
@@ -160,12 +160,18 @@ TEST_CASE("an Add is memory-bound: a 16-bit plan runs it widened, 2.5x its float
   CHECK(t.backward_s > t.forward_s);
   CHECK(t.backward_s < 2 * t.forward_s);
 
-  // No bf16 Add kernel on either backend: the float32 kernel between casts (two inputs cast
-  // in, the output cast out: 3 launches more), each float32 tensor moved as 2 + 4 + 4 bytes.
+  // CUDA adds 16-bit floats natively (half the bytes, one launch); the CPU has no 16-bit Add:
+  // the float32 kernel between casts (two inputs cast in, the output cast out: 3 launches
+  // more), each float32 tensor moved as 2 + 4 + 4 bytes.
+  const DeviceSpec cpu = *device_preset("cpu");
   for (Precision p : {Precision::kMixed, Precision::kFp16}) {
     OpTime m = RooflineCostModel(kH100, p).op_time(b.graph, add);
     CHECK(m.forward_s ==
-          doctest::Approx(4 * kH100.launch_overhead_s + 2.5 * bytes / kH100.memory_bandwidth));
+          doctest::Approx(kH100.launch_overhead_s + 0.5 * bytes / kH100.memory_bandwidth));
+    OpTime c = RooflineCostModel(cpu, p).op_time(b.graph, add);
+    CHECK(c.forward_s == doctest::Approx(4 * cpu.launch_overhead_s +
+                                         std::max(2.5 * bytes / cpu.memory_bandwidth,
+                                                  1024.0 * 1024 * 16 / cpu.peak_flops_fp32)));
   }
 }
 
@@ -242,15 +248,19 @@ TEST_CASE("LayerNorm splits its backward into input and weight parts") {
   auto bias = b.weight("bias", {768});
   auto y = b.tensor("y", {8, 512, 768});
   RooflineCostModel model(kH100, Precision::kMixed);
-  OpTime t = model.op_time(b.graph, b.node("LayerNormalization", {x, scale, bias}, {y}));
+  const ir::Node ln = b.node("LayerNormalization", {x, scale, bias}, {y});
+  OpTime t = model.op_time(b.graph, ln);
   CHECK(t.backward_input_s > t.forward_s);
-  // The W part reads the output gradient once. In a mixed plan LayerNormalization runs widened
-  // (no bf16 kernel): its float32 bytes with the casts' (2.5x), and a launch per cast of its
-  // 4 floating operands.
-  CHECK(t.backward_weight_s ==
-        doctest::Approx(5 * kH100.launch_overhead_s +
-                        8.0 * 512 * 768 * 4 * 2.5 / kH100.memory_bandwidth));
+  // The W part reads the output gradient once. In a mixed plan CUDA runs LayerNormalization on
+  // bfloat16 (half its float32 bytes, one launch); the CPU widens it: its float32 bytes with the
+  // casts' (2.5x), and a launch per cast of its 4 floating operands.
+  CHECK(t.backward_weight_s == doctest::Approx(kH100.launch_overhead_s +
+                                               8.0 * 512 * 768 * 2 / kH100.memory_bandwidth));
   CHECK(t.backward_s == doctest::Approx(t.backward_input_s + t.backward_weight_s));
+  const DeviceSpec cpu = *device_preset("cpu");
+  OpTime c = RooflineCostModel(cpu, Precision::kMixed).op_time(b.graph, ln);
+  CHECK(c.backward_weight_s ==
+        doctest::Approx(5 * cpu.launch_overhead_s + 8.0 * 512 * 768 * 4 * 2.5 / cpu.memory_bandwidth));
 }
 
 TEST_CASE("ops without a floating-point result or gradient have no backward") {

@@ -1,5 +1,5 @@
-// The CUDA gradients that run 16-bit floats natively (grad_eltwise_kernels.cu's 16-bit unary
-// gradients, CastGrad into a 16-bit input) against the widened fallback they replace: the
+// The CUDA kernels that run 16-bit floats natively (grad_eltwise_kernels.cu's 16-bit unary
+// gradients, CastGrad into a 16-bit input, LayerNormalization and its gradient) against the widened fallback they replace: the
 // float32 kernel on the exactly widened operands, its result rounded to the 16-bit type. Both
 // compute the same float32 formula on the same values, so they agree to the bit, give or take
 // one unit in the last place where the compiler contracts a multiply-add differently.
@@ -109,6 +109,62 @@ TEST_CASE("cuda 16-bit activation gradients and CastGrad against the widened fal
     attention::run(*cuda, node("CastGrad", 1), {&x16, none, &dy}, {&dx});
     CHECK(beyond_one_ulp(dx, dy16) == 0);
     CHECK(std::memcmp(dx.data, dy16.data, static_cast<size_t>(dx.bytes())) == 0);
+  }
+}
+
+TEST_CASE("cuda 16-bit LayerNormalization and its gradient against the widened fallback") {
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  const rt::Shape shape = {5, 300}, row = {300}, stats = {5, 1};
+  const rt::Tensor x = attention::random(shape, 31, -3.0f, 3.0f);
+  const rt::Tensor scale = attention::random(row, 32, 0.5f, 1.5f);
+  const rt::Tensor bias = attention::random(row, 33);
+  const rt::Tensor dy = attention::random(shape, 34);
+  auto attrs = [](onnx::NodeProto& n) {
+    onnx::AttributeProto* axis = n.add_attribute();
+    axis->set_name("axis");
+    axis->set_type(onnx::AttributeProto::INT);
+    axis->set_i(-1);
+    onnx::AttributeProto* eps = n.add_attribute();
+    eps->set_name("epsilon");
+    eps->set_type(onnx::AttributeProto::FLOAT);
+    eps->set_f(1e-5f);
+  };
+  onnx::NodeProto forward;
+  forward.set_name("ln");
+  forward.set_op_type("LayerNormalization");
+  attrs(forward);
+  onnx::NodeProto backward = node("LayerNormalizationGrad", 3);
+  attrs(backward);
+  for (DType half : {DType::kBFloat16, DType::kFloat16}) {
+    CAPTURE(dtype_name(half));
+    const rt::Tensor x16 = cast(x, half), s16 = cast(scale, half), b16 = cast(bias, half),
+                     dy16 = cast(dy, half);
+    const rt::Tensor xw = cast(x16, DType::kFloat32), sw = cast(s16, DType::kFloat32),
+                     bw = cast(b16, DType::kFloat32), dyw = cast(dy16, DType::kFloat32);
+    // Forward: Y 16-bit, Mean and InvStdDev float32.
+    rt::Tensor y = rt::Tensor::owned(half, shape), mean = rt::Tensor::owned(DType::kFloat32, stats),
+               inv = rt::Tensor::owned(DType::kFloat32, stats);
+    attention::run(*cuda, forward, {&x16, &s16, &b16}, {&y, &mean, &inv});
+    rt::Tensor yw = rt::Tensor::owned(DType::kFloat32, shape),
+               mean_w = rt::Tensor::owned(DType::kFloat32, stats),
+               inv_w = rt::Tensor::owned(DType::kFloat32, stats);
+    attention::run(*cuda, forward, {&xw, &sw, &bw}, {&yw, &mean_w, &inv_w});
+    CHECK(beyond_one_ulp(y, cast(yw, half)) == 0);
+    CHECK(std::memcmp(mean.data, mean_w.data, static_cast<size_t>(mean.bytes())) == 0);
+    CHECK(std::memcmp(inv.data, inv_w.data, static_cast<size_t>(inv.bytes())) == 0);
+    // Gradient: the forward's inputs, its output Y (not read), dY.
+    const rt::Tensor* none = nullptr;
+    rt::Tensor dx = rt::Tensor::owned(half, shape), ds = rt::Tensor::owned(half, row),
+               db = rt::Tensor::owned(half, row);
+    attention::run(*cuda, backward, {&x16, &s16, &b16, none, &dy16}, {&dx, &ds, &db});
+    rt::Tensor dxw = rt::Tensor::owned(DType::kFloat32, shape),
+               dsw = rt::Tensor::owned(DType::kFloat32, row),
+               dbw = rt::Tensor::owned(DType::kFloat32, row);
+    attention::run(*cuda, backward, {&xw, &sw, &bw, none, &dyw}, {&dxw, &dsw, &dbw});
+    CHECK(beyond_one_ulp(dx, cast(dxw, half)) == 0);
+    CHECK(beyond_one_ulp(ds, cast(dsw, half)) == 0);
+    CHECK(beyond_one_ulp(db, cast(dbw, half)) == 0);
   }
 }
 
