@@ -19,7 +19,10 @@
 // A node runs in float32 (Casts around it) when its numerics or its contract need it:
 // - the loss (nodes named "loss/..." that passes/loss.cpp appends) and any node writing a
 //   graph output: the loss stagerun reports and the outputs a caller reads keep their float32;
-// - BatchNormalization: its running statistics are float32 weights it writes back into;
+// - BatchNormalization before opset 15, whose schema ties its statistics' type to X's: its
+//   running statistics are float32 weights it writes back into. From opset 15 on (X and Y one
+//   type constraint, Scale and B another, the statistics a third) X and Y are bfloat16 and the
+//   rest float32 (sixteen_bit_operands);
 // - ops of another domain, or without a schema, but for our fused ops that compute on 16-bit
 //   activations (fused_sixteen_bit, passes.h): Attention reads Q, K and V and writes O in
 //   bfloat16 (its additive mask and each query's log-sum-exp stay float32; the kernels keep the
@@ -103,7 +106,7 @@ class Rewriter {
         sixteen_bit_conv(id);
         continue;
       }
-      if (const SixteenBitOperands* fused = fused_sixteen_bit(node);
+      if (const SixteenBitOperands* fused = sixteen_bit_operands(graph_, node);
           fused && !needs_float32(graph_, node)) {
         retype_fused(id, *fused);
         continue;
@@ -286,9 +289,17 @@ const SixteenBitOperands* fused_sixteen_bit(const ir::Node& node) {
   return nullptr;
 }
 
+const SixteenBitOperands* sixteen_bit_operands(const ir::Graph& graph, const ir::Node& node) {
+  static const SixteenBitOperands batch_norm{{0}, {0}};
+  if (node.op_type == "BatchNormalization" && (node.domain.empty() || node.domain == "ai.onnx") &&
+      graph.opset >= 15)
+    return &batch_norm;
+  return fused_sixteen_bit(node);
+}
+
 bool needs_float32(const ir::Graph& graph, const ir::Node& node) {
   if (!node.domain.empty() && node.domain != "ai.onnx" && !fused_sixteen_bit(node)) return true;
-  if (node.op_type == "BatchNormalization") return true;
+  if (node.op_type == "BatchNormalization" && !sixteen_bit_operands(graph, node)) return true;
   if (node.name.rfind("loss/", 0) == 0) return true;
   for (ir::ValueId out : node.outputs)
     if (out != ir::kNoId && graph.value(out).is_graph_output) return true;

@@ -37,4 +37,9 @@ struct SixteenBitOperands {
 /// ONNX schema or stay float32).
 const SixteenBitOperands* fused_sixteen_bit(const ir::Node& node);
 
+/// fused_sixteen_bit's operands, and those of the standard ops whose schema gives their
+/// activations a type constraint of their own: BatchNormalization from opset 15 (X and Y; Scale,
+/// B and the statistics stay float32). Null for every other node.
+const SixteenBitOperands* sixteen_bit_operands(const ir::Graph& graph, const ir::Node& node);
+
 }  // namespace stagecraft::passes

@@ -285,13 +285,15 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
     // bytes the backward reads, whatever its type (a Dropout's bool mask is a quarter of its
     // float output's bytes), and no other. In 16 bits, but for the float operands the
     // mixed-precision pass keeps in float32: every one of a node it keeps in float32
-    // (passes::needs_float32: the loss, BatchNormalization), and those of a fused op it does not
-    // name (passes::fused_sixteen_bit: Attention's mask and log-sum-exp). Such an output stays
+    // (passes::needs_float32: the loss, BatchNormalization before opset 15), and those of a
+    // fused op or BatchNormalization it does not name (passes::sixteen_bit_operands: Attention's
+    // mask and log-sum-exp, BatchNormalization's running statistics). Such an output stays
     // float32, with a 16-bit copy for 16-bit readers; such an input of a 16-bit producer is read
     // through a float32 copy.
     const bool sixteen = float_bytes_divisor > 1;
     const bool float32_node = sixteen && passes::needs_float32(g, node);
-    const passes::SixteenBitOperands* fused = sixteen ? passes::fused_sixteen_bit(node) : nullptr;
+    const passes::SixteenBitOperands* fused =
+        sixteen ? passes::sixteen_bit_operands(g, node) : nullptr;
     auto is_float = [&](ir::ValueId v) {
       const DType d = g.value(v).dtype;
       return d == DType::kFloat32 || d == DType::kFloat64;

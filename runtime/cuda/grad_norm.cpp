@@ -54,7 +54,9 @@ void batch_norm_grad(const KernelArgs& a) {
            a.input(k).describe(), p.c);
   for (size_t k = 0; k < 5; ++k)
     if (io.wants(k)) expect_shape(a, k, a.input(k).shape);
-  q.dy = data_or_null(io.dy(0));
+  // X, dY and dX float32, or one 16-bit type (check_batch_norm_grad); the rest float32.
+  p.dtype = x.dtype;
+  q.dy = io.dy(0) != nullptr ? io.dy(0)->data : nullptr;
   q.drm = data_or_null(io.dy(1));
   q.drv = data_or_null(io.dy(2));
   if (io.dy(0) && io.dy(0)->shape != x.shape)
@@ -63,18 +65,20 @@ void batch_norm_grad(const KernelArgs& a) {
   q.training = a.attrs.i("training_mode", 0) != 0;
   p.epsilon = a.attrs.f("epsilon", 1e-5f);
   p.momentum = a.attrs.f("momentum", 0.9f);
-  p.x = x.as<float>();
+  p.x = x.data;
   p.scale = a.input(1).as<float>();
   p.bias = a.input(2).as<float>();
   p.mean = a.input(3).as<float>();
   p.var = a.input(4).as<float>();
-  q.dx = data_or_null(io.dx(0));
+  q.dx = io.dx(0) != nullptr ? io.dx(0)->data : nullptr;
   q.dscale = data_or_null(io.dx(1));
   q.dbias = data_or_null(io.dx(2));
   q.dmean = data_or_null(io.dx(3));
   q.dvar = data_or_null(io.dx(4));
   if (p.n * p.s == 0) return zero_outputs(a);
-  launch_batch_norm_grad(q, context(a).stream());
+  if (!launch_batch_norm_grad(q, context(a).stream()))
+    fail(ErrorKind::kUnsupported, "BatchNormalizationGrad '{}': no {} kernel", a.name,
+         dtype_name(x.dtype));
   check_launch(a);
 }
 
@@ -139,6 +143,25 @@ void softmax_grad(const KernelArgs& a) {
   check_launch(a);
 }
 
+// BatchNormalizationGrad: the CPU's signatures, and X, Y, dY and dX of one 16-bit type, every
+// other operand float32 (or absent): the forward's 5 inputs, its outputs (Y, the running
+// statistics) and their gradients, which the CPU runs widened.
+std::string check_batch_norm_grad(const OpSignature& s) {
+  std::string why = same_as_cpu(s);
+  if (why.empty() || s.inputs.size() < 7 || !is_16bit_float(s.inputs[0])) return why;
+  const DType half = s.inputs[0];
+  const size_t n = 5, m = (s.inputs.size() - n) / 2;
+  if ((s.inputs.size() - n) % 2 != 0) return why;
+  auto is = [](DType d, DType want) { return d == DType::kUndefined || d == want; };
+  for (size_t k = 1; k < s.inputs.size(); ++k) {
+    const bool activation = k >= n && (k - n) % m == 0;  // Y or dY
+    if (!is(s.inputs[k], activation ? half : DType::kFloat32)) return why;
+  }
+  for (size_t k = 0; k < s.outputs.size(); ++k)
+    if (!is(s.outputs[k], k == 0 ? half : DType::kFloat32)) return why;
+  return cpu_backend().runs_widened(s) ? "" : why;
+}
+
 // LayerNormalizationGrad: the CPU's signatures, and X, Scale, B, dY and the gradients dX,
 // dScale, dB of one 16-bit type, the forward's Mean and InvStdDev and their gradients float32
 // (or absent), which the CPU runs widened. The inputs are the forward's n inputs, its m outputs
@@ -163,9 +186,10 @@ std::string check_layer_norm_grad(const OpSignature& s) {
 }
 
 // The CPU backend's checks decide (float32, the contract's arity, spatial and stash_type);
-// besides, LayerNormalizationGrad runs 16-bit floats natively.
+// besides, BatchNormalizationGrad and LayerNormalizationGrad run 16-bit floats natively.
 const KernelEntry kKernels[] = {
-    {"BatchNormalizationGrad", batch_norm_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"BatchNormalizationGrad", batch_norm_grad, check_batch_norm_grad,
+     /*writes_every_output=*/true},
     {"LayerNormalizationGrad", layer_norm_grad, check_layer_norm_grad,
      /*writes_every_output=*/true},
     {"SoftmaxGrad", softmax_grad, same_as_cpu, /*writes_every_output=*/true},

@@ -1,6 +1,7 @@
 // The CUDA backend's norm family (families.h): BatchNormalization (inference, and
 // training_mode=1 with its running statistics), LayerNormalization (with its optional Mean and
-// InvStdDev outputs) and Softmax, float32, with the attributes, defaults and shape checks of
+// InvStdDev outputs) and Softmax, float32 (BatchNormalization's X and Y and LayerNormalization
+// also 16-bit), with the attributes, defaults and shape checks of
 // the CPU backend's norm.cpp and reduce.cpp. The kernels are norm_kernels.cu.
 #include <fmt/format.h>
 
@@ -37,7 +38,9 @@ void batch_norm(const KernelArgs& a) {
   p.n = x.shape[0];
   p.c = x.shape[1];
   p.s = x.numel() / std::max<int64_t>(p.n * p.c, 1);
-  p.x = x.as<float>();
+  // X and Y float32, or one 16-bit type (check_batch_norm); the rest float32.
+  p.dtype = x.dtype;
+  p.x = x.data;
   p.scale = channel_input(a, 1, "scale", p.c).as<float>();
   p.bias = channel_input(a, 2, "B", p.c).as<float>();
   const Tensor& mean = channel_input(a, 3, "input_mean", p.c);
@@ -54,9 +57,13 @@ void batch_norm(const KernelArgs& a) {
     return;
   }
   cudaStream_t stream = context(a).stream();
-  float* y = a.out[0]->as<float>();
+  void* y = a.out[0]->data;
+  const auto unsupported = [&] {
+    fail(ErrorKind::kUnsupported, "BatchNormalization '{}': no {} kernel", a.name,
+         dtype_name(x.dtype));
+  };
   if (!training) {
-    launch_batch_norm_inference(p, y, stream);
+    if (!launch_batch_norm_inference(p, y, stream)) unsupported();
     return check_launch(a);
   }
   auto running = [&](size_t k) -> float* {
@@ -66,7 +73,7 @@ void batch_norm(const KernelArgs& a) {
   };
   float* running_mean = running(1);
   float* running_var = running(2);
-  launch_batch_norm_training(p, y, running_mean, running_var, stream);
+  if (!launch_batch_norm_training(p, y, running_mean, running_var, stream)) unsupported();
   check_launch(a);
 }
 
@@ -86,6 +93,20 @@ void layer_norm(const KernelArgs& a) {
     fail(ErrorKind::kUnsupported, "LayerNormalization '{}': no {} kernel", a.name,
          dtype_name(x.dtype));
   check_launch(a);
+}
+
+// BatchNormalization: the CPU's signatures, and X and Y of one 16-bit type with float32 Scale, B,
+// statistics and running statistics (a mixed plan from opset 15 on), which the CPU runs widened.
+std::string check_batch_norm(const OpSignature& s) {
+  std::string why = same_as_cpu(s);
+  if (why.empty() || s.inputs.empty() || !is_16bit_float(s.inputs[0])) return why;
+  const DType half = s.inputs[0];
+  for (size_t k = 1; k < s.inputs.size(); ++k)
+    if (s.inputs[k] != DType::kFloat32 && s.inputs[k] != DType::kUndefined) return why;
+  if (s.outputs.empty() || s.outputs[0] != half) return why;
+  for (size_t k = 1; k < s.outputs.size(); ++k)
+    if (s.outputs[k] != DType::kFloat32 && s.outputs[k] != DType::kUndefined) return why;
+  return cpu_backend().runs_widened(s) ? "" : why;
 }
 
 // LayerNormalization: the CPU's signatures, and X, Scale, B and Y of one 16-bit type with
@@ -116,9 +137,9 @@ void softmax(const KernelArgs& a) {
 }
 
 // The CPU backend's checks decide: the same dtypes (float32), attributes and outputs; besides,
-// LayerNormalization runs 16-bit floats natively.
+// BatchNormalization and LayerNormalization run 16-bit floats natively.
 const KernelEntry kKernels[] = {
-    {"BatchNormalization", batch_norm, same_as_cpu},
+    {"BatchNormalization", batch_norm, check_batch_norm},
     {"LayerNormalization", layer_norm, check_layer_norm},
     {"Softmax", softmax, same_as_cpu},
 };

@@ -179,13 +179,15 @@ bool visit_norm(DType dtype, Body&& body) {
   return eltwise::visit16(dtype, body);
 }
 
-__global__ void batch_norm_inference_kernel(BatchNormArgs p, float* y) {
+template <class T>
+__global__ void batch_norm_inference_kernel(BatchNormArgs p, T* y) {
+  const T* x = static_cast<const T*>(p.x);
   const int64_t n = p.n * p.c * p.s;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{blockDim.x} * gridDim.x) {
     const int64_t c = (i / p.s) % p.c;
     const float inv = 1.0f / sqrtf(p.var[c] + p.epsilon);
-    y[i] = p.scale[c] * ((p.x[i] - p.mean[c]) * inv) + p.bias[c];
+    store(y, i, p.scale[c] * ((load(x, i) - p.mean[c]) * inv) + p.bias[c]);
   }
 }
 
@@ -195,30 +197,34 @@ __device__ __forceinline__ int64_t channel_at(const BatchNormArgs& p, int64_t c,
 }
 
 // The batch mean and biased variance of channel c (double).
+template <class T>
 __device__ void channel_stats(const BatchNormArgs& p, int64_t c, double& mu, double& var) {
+  const T* x = static_cast<const T*>(p.x);
   const int64_t count = p.n * p.s;
   double sum = 0.0;
-  for (int64_t t = threadIdx.x; t < count; t += blockDim.x) sum += p.x[channel_at(p, c, t)];
+  for (int64_t t = threadIdx.x; t < count; t += blockDim.x) sum += load(x, channel_at(p, c, t));
   mu = block_sum<double>(sum) / static_cast<double>(count);
   double sq = 0.0;
   for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
-    const double d = p.x[channel_at(p, c, t)] - mu;
+    const double d = load(x, channel_at(p, c, t)) - mu;
     sq += d * d;
   }
   var = block_sum<double>(sq) / static_cast<double>(count);
 }
 
-__global__ void batch_norm_training_kernel(BatchNormArgs p, float* y, float* running_mean,
+template <class T>
+__global__ void batch_norm_training_kernel(BatchNormArgs p, T* y, float* running_mean,
                                            float* running_var) {
+  const T* x = static_cast<const T*>(p.x);
   const int64_t count = p.n * p.s;
   for (int64_t c = blockIdx.x; c < p.c; c += gridDim.x) {
     double mu, var;
-    channel_stats(p, c, mu, var);
+    channel_stats<T>(p, c, mu, var);
     const float mean_f = static_cast<float>(mu), var_f = static_cast<float>(var);
     const float inv = 1.0f / sqrtf(var_f + p.epsilon);
     for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
       const int64_t i = channel_at(p, c, t);
-      y[i] = p.scale[c] * ((p.x[i] - mean_f) * inv) + p.bias[c];
+      store(y, i, p.scale[c] * ((load(x, i) - mean_f) * inv) + p.bias[c]);
     }
     if (threadIdx.x == 0) {
       if (running_mean != nullptr)
@@ -229,24 +235,28 @@ __global__ void batch_norm_training_kernel(BatchNormArgs p, float* y, float* run
   }
 }
 
+template <class T>
 __global__ void batch_norm_grad_kernel(BatchNormGradArgs q) {
   const BatchNormArgs& p = q.forward;
+  const T* x = static_cast<const T*>(p.x);
+  const T* dy = static_cast<const T*>(q.dy);
+  T* dx = static_cast<T*>(q.dx);
   const int64_t count = p.n * p.s;
   for (int64_t c = blockIdx.x; c < p.c; c += gridDim.x) {
     double mu, var;
     if (q.training) {
-      channel_stats(p, c, mu, var);
+      channel_stats<T>(p, c, mu, var);
     } else {
       mu = p.mean[c];
       var = p.var[c];
     }
     const double istd = 1.0 / sqrt(var + static_cast<double>(p.epsilon));
     double sum_dy = 0.0, sum_dy_xhat = 0.0;
-    if (q.dy != nullptr) {
+    if (dy != nullptr) {
       for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
         const int64_t i = channel_at(p, c, t);
-        sum_dy += q.dy[i];
-        sum_dy_xhat += q.dy[i] * (p.x[i] - mu) * istd;
+        sum_dy += load(dy, i);
+        sum_dy_xhat += load(dy, i) * (load(x, i) - mu) * istd;
       }
       sum_dy = block_sum<double>(sum_dy);
       sum_dy_xhat = block_sum<double>(sum_dy_xhat);
@@ -262,21 +272,21 @@ __global__ void batch_norm_grad_kernel(BatchNormGradArgs q) {
         if (q.dmean != nullptr) q.dmean[c] = static_cast<float>(p.momentum * rm);
         if (q.dvar != nullptr) q.dvar[c] = static_cast<float>(p.momentum * rv);
       }
-      if (q.dx != nullptr) {
+      if (dx != nullptr) {
         const double inv = 1.0 / static_cast<double>(count), keep = 1.0 - p.momentum;
         for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
           const int64_t i = channel_at(p, c, t);
-          const double xc = p.x[i] - mu;
+          const double xc = load(x, i) - mu;
           double v = keep * inv * (rm + 2.0 * rv * xc);
-          if (q.dy != nullptr) v += k * (q.dy[i] - sum_dy * inv - xc * istd * sum_dy_xhat * inv);
-          q.dx[i] = static_cast<float>(v);
+          if (dy != nullptr) v += k * (load(dy, i) - sum_dy * inv - xc * istd * sum_dy_xhat * inv);
+          store(dx, i, static_cast<float>(v));
         }
       }
     } else {
-      if (q.dx != nullptr)
+      if (dx != nullptr)
         for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
           const int64_t i = channel_at(p, c, t);
-          q.dx[i] = q.dy != nullptr ? static_cast<float>(q.dy[i] * k) : 0.0f;
+          store(dx, i, dy != nullptr ? static_cast<float>(load(dy, i) * k) : 0.0f);
         }
       if (threadIdx.x == 0) {
         if (q.dmean != nullptr) q.dmean[c] = static_cast<float>(-k * sum_dy);
@@ -342,22 +352,32 @@ bool launch_layer_norm_grad_columns(DType dtype, const void* x, const void* dy, 
   });
 }
 
-void launch_batch_norm_inference(const BatchNormArgs& args, float* y, cudaStream_t stream) {
+bool launch_batch_norm_inference(const BatchNormArgs& args, void* y, cudaStream_t stream) {
   const int64_t n = args.n * args.c * args.s;
-  if (n <= 0) return;
-  batch_norm_inference_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(args, y);
+  return visit_norm(args.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (n > 0)
+      batch_norm_inference_kernel<T>
+          <<<grid_for(n, kThreads), kThreads, 0, stream>>>(args, static_cast<T*>(y));
+  });
 }
 
-void launch_batch_norm_training(const BatchNormArgs& args, float* y, float* running_mean,
+bool launch_batch_norm_training(const BatchNormArgs& args, void* y, float* running_mean,
                                 float* running_var, cudaStream_t stream) {
-  if (args.n * args.c * args.s <= 0) return;
-  batch_norm_training_kernel<<<blocks_for(args.c), kThreads, 0, stream>>>(args, y, running_mean,
-                                                                          running_var);
+  return visit_norm(args.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (args.n * args.c * args.s > 0)
+      batch_norm_training_kernel<T><<<blocks_for(args.c), kThreads, 0, stream>>>(
+          args, static_cast<T*>(y), running_mean, running_var);
+  });
 }
 
-void launch_batch_norm_grad(const BatchNormGradArgs& args, cudaStream_t stream) {
-  if (args.forward.c <= 0) return;
-  batch_norm_grad_kernel<<<blocks_for(args.forward.c), kThreads, 0, stream>>>(args);
+bool launch_batch_norm_grad(const BatchNormGradArgs& args, cudaStream_t stream) {
+  return visit_norm(args.forward.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (args.forward.c > 0)
+      batch_norm_grad_kernel<T><<<blocks_for(args.forward.c), kThreads, 0, stream>>>(args);
+  });
 }
 
 }  // namespace stagecraft::rt::cuda

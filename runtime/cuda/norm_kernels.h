@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// Device kernels of the CUDA norm family (norm_kernels.cu), float32 (LayerNormalization also
-/// 16-bit): Softmax, LayerNormalization
+/// Device kernels of the CUDA norm family (norm_kernels.cu), float32 (LayerNormalization and
+/// BatchNormalization also 16-bit): Softmax, LayerNormalization
 /// and BatchNormalization, forward and gradient. Row-wise ops run one block per row with
 /// block-wide reductions in a fixed order, so a run is reproducible. A "row" of an axis op is
 /// seen as [outer, len, inner]: row (o, i) holds the `len` elements o * len * inner + k * inner
@@ -50,9 +50,12 @@ bool launch_layer_norm_grad_columns(DType dtype, const void* x, const void* dy, 
                                     int64_t outer, int64_t inner, double* partial,
                                     int64_t slices, cudaStream_t stream);
 
-/// The operands of BatchNormalization over X [N, C, S] (S: the spatial dims' product).
+/// The operands of BatchNormalization over X [N, C, S] (S: the spatial dims' product). X, Y,
+/// dY and dX are of `dtype`: float32, or a 16-bit float read widened exactly and written rounded
+/// to nearest even (the widened fallback's bits, without its casts); the rest float32.
 struct BatchNormArgs {
-  const float* x = nullptr;
+  DType dtype = DType::kFloat32;
+  const void* x = nullptr;
   const float* scale = nullptr;
   const float* bias = nullptr;
   const float* mean = nullptr;  ///< the input mean (inference) or running mean
@@ -62,12 +65,13 @@ struct BatchNormArgs {
 };
 
 /// Inference: y = scale * (x - mean) / sqrt(var + eps) + bias.
-void launch_batch_norm_inference(const BatchNormArgs& args, float* y, cudaStream_t stream);
+/// False (nothing launched) for a dtype without a kernel, as the other launchers below.
+bool launch_batch_norm_inference(const BatchNormArgs& args, void* y, cudaStream_t stream);
 
 /// training_mode=1: one block per channel normalises with the batch's mean and biased variance
 /// (in double) and writes the running statistics mean * momentum + batch * (1 - momentum) to
 /// `running_mean` and `running_var` (either may be null).
-void launch_batch_norm_training(const BatchNormArgs& args, float* y, float* running_mean,
+bool launch_batch_norm_training(const BatchNormArgs& args, void* y, float* running_mean,
                                 float* running_var, cudaStream_t stream);
 
 /// The gradients of BatchNormalization (the CPU's formulas, in double, one block per channel):
@@ -76,15 +80,15 @@ void launch_batch_norm_training(const BatchNormArgs& args, float* y, float* runn
 struct BatchNormGradArgs {
   BatchNormArgs forward;
   bool training = false;
-  const float* dy = nullptr;
+  const void* dy = nullptr;
   const float* drm = nullptr;
   const float* drv = nullptr;
-  float* dx = nullptr;
+  void* dx = nullptr;
   float* dscale = nullptr;
   float* dbias = nullptr;
   float* dmean = nullptr;
   float* dvar = nullptr;
 };
-void launch_batch_norm_grad(const BatchNormGradArgs& args, cudaStream_t stream);
+bool launch_batch_norm_grad(const BatchNormGradArgs& args, cudaStream_t stream);
 
 }  // namespace stagecraft::rt::cuda

@@ -1,5 +1,6 @@
 // The CUDA kernels that run 16-bit floats natively (grad_eltwise_kernels.cu's 16-bit unary
-// gradients, CastGrad into a 16-bit input, LayerNormalization and its gradient) against the widened fallback they replace: the
+// gradients, CastGrad into a 16-bit input, LayerNormalization, BatchNormalization and their
+// gradients) against the widened fallback they replace: the
 // float32 kernel on the exactly widened operands, its result rounded to the 16-bit type. Both
 // compute the same float32 formula on the same values, so they agree to the bit, give or take
 // one unit in the last place where the compiler contracts a multiply-add differently.
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "runtime/core/backend.h"
 #include "runtime/format/grad_ops.h"
@@ -165,6 +167,69 @@ TEST_CASE("cuda 16-bit LayerNormalization and its gradient against the widened f
     CHECK(beyond_one_ulp(dx, cast(dxw, half)) == 0);
     CHECK(beyond_one_ulp(ds, cast(dsw, half)) == 0);
     CHECK(beyond_one_ulp(db, cast(dbw, half)) == 0);
+  }
+}
+
+TEST_CASE("cuda 16-bit BatchNormalization and its gradient against the widened fallback") {
+  // A mixed plan's BatchNormalization (opset 15 on): X, Y, dY and dX 16-bit, Scale, B and the
+  // statistics float32. Inference and training mode (batch statistics, running ones written).
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  const rt::Shape shape = {4, 3, 5, 7}, channels = {3};
+  const rt::Tensor x = attention::random(shape, 41, -2.0f, 3.0f);
+  const rt::Tensor dy = attention::random(shape, 42);
+  const rt::Tensor scale = attention::random(channels, 43, 0.5f, 1.5f);
+  const rt::Tensor bias = attention::random(channels, 44);
+  const rt::Tensor mean = attention::random(channels, 45);
+  const rt::Tensor var = attention::random(channels, 46, 0.5f, 2.0f);
+  for (int training : {0, 1}) {
+    CAPTURE(training);
+    onnx::NodeProto forward;
+    forward.set_name("bn");
+    forward.set_op_type("BatchNormalization");
+    onnx::AttributeProto* mode = forward.add_attribute();
+    mode->set_name("training_mode");
+    mode->set_type(onnx::AttributeProto::INT);
+    mode->set_i(training);
+    onnx::NodeProto backward = node("BatchNormalizationGrad", 5);
+    *backward.add_attribute() = *mode;
+    for (DType half : {DType::kBFloat16, DType::kFloat16}) {
+      CAPTURE(dtype_name(half));
+      const rt::Tensor x16 = cast(x, half), dy16 = cast(dy, half);
+      const rt::Tensor xw = cast(x16, DType::kFloat32), dyw = cast(dy16, DType::kFloat32);
+      rt::Tensor y = rt::Tensor::owned(half, shape), yw = rt::Tensor::owned(DType::kFloat32, shape);
+      rt::Tensor rm = rt::Tensor::owned(DType::kFloat32, channels),
+                 rv = rt::Tensor::owned(DType::kFloat32, channels),
+                 rm_w = rt::Tensor::owned(DType::kFloat32, channels),
+                 rv_w = rt::Tensor::owned(DType::kFloat32, channels);
+      std::vector<rt::Tensor*> outs = {&y}, outs_w = {&yw};
+      if (training) {
+        outs = {&y, &rm, &rv};
+        outs_w = {&yw, &rm_w, &rv_w};
+      }
+      attention::run(*cuda, forward, {&x16, &scale, &bias, &mean, &var}, outs);
+      attention::run(*cuda, forward, {&xw, &scale, &bias, &mean, &var}, outs_w);
+      CHECK(beyond_one_ulp(y, cast(yw, half)) == 0);
+      if (training) {
+        CHECK(std::memcmp(rm.data, rm_w.data, static_cast<size_t>(rm.bytes())) == 0);
+        CHECK(std::memcmp(rv.data, rv_w.data, static_cast<size_t>(rv.bytes())) == 0);
+      }
+      // Gradient: the forward's 5 inputs, its output Y (not read), dY; dX 16-bit, dScale and dB
+      // float32.
+      const rt::Tensor* none = nullptr;
+      rt::Tensor dx = rt::Tensor::owned(half, shape), dxw = rt::Tensor::owned(DType::kFloat32, shape);
+      rt::Tensor ds = rt::Tensor::owned(DType::kFloat32, channels),
+                 db = rt::Tensor::owned(DType::kFloat32, channels),
+                 ds_w = rt::Tensor::owned(DType::kFloat32, channels),
+                 db_w = rt::Tensor::owned(DType::kFloat32, channels);
+      attention::run(*cuda, backward, {&x16, &scale, &bias, &mean, &var, none, &dy16},
+                     {&dx, &ds, &db});
+      attention::run(*cuda, backward, {&xw, &scale, &bias, &mean, &var, none, &dyw},
+                     {&dxw, &ds_w, &db_w});
+      CHECK(beyond_one_ulp(dx, cast(dxw, half)) == 0);
+      CHECK(std::memcmp(ds.data, ds_w.data, static_cast<size_t>(ds.bytes())) == 0);
+      CHECK(std::memcmp(db.data, db_w.data, static_cast<size_t>(db.bytes())) == 0);
+    }
   }
 }
 

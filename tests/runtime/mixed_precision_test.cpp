@@ -143,7 +143,7 @@ TEST_CASE("the mixed-precision pass runs the fused Attention and Gelu on bf16 ac
   CHECK(report.losses[1] < report.losses[0]);
 }
 
-TEST_CASE("the mixed-precision pass runs Conv in bf16 as our domain's Conv, pooling in float32") {
+TEST_CASE("the mixed-precision pass runs Conv and BatchNormalization in bf16, pooling in float32") {
   // Opset 17's Conv has no bfloat16: kept in float32 before, cuDNN ran ResNet-50's mixed
   // convolutions on float32 kernels (bench/RESULTS.md, 2026-11-28). Now Conv is ai.stagecraft's
   // Conv on bfloat16 X, W, B and Y; the pools, whose schemas have no bfloat16 either and
@@ -153,7 +153,7 @@ TEST_CASE("the mixed-precision pass runs Conv in bf16 as our domain's Conv, pool
     plan::PlannedModel planned =
         plan::make_plan(options_for({file, "cross-entropy"}, 1, Precision::kMixed));
     const ir::Graph& g = planned.model.graph;
-    int convs = 0, pools = 0;
+    int convs = 0, pools = 0, norms = 0;
     for (const ir::Node& n : g.nodes()) {
       if (n.dead) continue;
       CAPTURE(n.name);
@@ -166,10 +166,21 @@ TEST_CASE("the mixed-precision pass runs Conv in bf16 as our domain's Conv, pool
       } else if (n.op_type.find("Pool") != std::string::npos) {
         ++pools;
         CHECK(g.value(n.inputs[0]).dtype == DType::kFloat32);
+      } else if (n.op_type == "BatchNormalization") {
+        // Opset 15's schema types X and Y apart from Scale, B and the statistics: X and Y
+        // bfloat16, the rest (the running statistics it writes back) float32.
+        ++norms;
+        CHECK(g.value(n.inputs[0]).dtype == DType::kBFloat16);
+        CHECK(g.value(n.outputs[0]).dtype == DType::kBFloat16);
+        for (size_t k = 1; k < n.inputs.size(); ++k)
+          CHECK(g.value(n.inputs[k]).dtype == DType::kFloat32);
+        for (size_t k = 1; k < n.outputs.size(); ++k)
+          if (n.outputs[k] != ir::kNoId) CHECK(g.value(n.outputs[k]).dtype == DType::kFloat32);
       }
     }
     CHECK(convs > 0);
     CHECK(pools > 0);
+    if (std::string(file) == "resnet_small.onnx") CHECK(norms > 0);
     ir::Graph copy = g;
     passes::PassContext context;
     CHECK_NOTHROW(passes::InferShapes().run(copy, context));
