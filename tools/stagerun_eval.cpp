@@ -112,6 +112,12 @@ EvalResult Evaluator::run(rt::Pipeline& pipeline, const rt::RunOptions& training
   EvalResult result;
   result.step = pipeline.steps_done();
   result.batches = batches_;
+  // Every replica normalises with the first replica's running statistics, as DDP's
+  // broadcast_buffers gives every rank rank 0's (each replica wrote its own in training).
+  if (world_)
+    world_->share_running_statistics(pipeline);
+  else
+    pipeline.share_running_statistics();
   source_->rewind();
   std::vector<double> losses;  // per batch (a rank without the loss stage: NaN)
   for (int64_t k = 0; k < batches_; ++k) {

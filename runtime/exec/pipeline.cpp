@@ -443,6 +443,40 @@ Tensor part_of(const Tensor& whole, int64_t lo, int64_t hi) {
 
 }  // namespace
 
+std::vector<std::string> Pipeline::running_statistics(int stage) const {
+  std::vector<std::string> out;
+  for (const Program::StateUpdate& u : first_replica_stage(stage).program.state_updates())
+    out.push_back(u.weight);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+void Pipeline::share_running_statistics() {
+  if (replicas_ < 2) return;
+  std::vector<std::pair<int, std::vector<std::string>>> shared;
+  for (const plan::Stage& stage : plan_.stages)
+    if (holds_stage(stage.index))
+      if (std::vector<std::string> names = running_statistics(stage.index); !names.empty())
+        shared.emplace_back(stage.index, std::move(names));
+  if (shared.empty()) return;
+  sync_host();
+  for (const auto& [index, names] : shared) {
+    const StageRuntime& first = first_replica_stage(index);
+    for (const auto& rt : stages_) {
+      if (rt->stage->index != index || rt.get() == &first || rt->weights.empty()) continue;
+      for (const std::string& name : names) {
+        const Tensor& from = first.weights.at(name);
+        Tensor& to = rt->weights.at(name);
+        if (to.bytes() != from.bytes())
+          fail(ErrorKind::kInternal, "stage {}: running statistic '{}' has {} bytes in replica {} "
+               "and {} in the first", index, name, to.bytes(), rt->replica, from.bytes());
+        if (to.bytes() > 0) std::memcpy(to.data, from.data, static_cast<size_t>(to.bytes()));
+      }
+    }
+  }
+}
+
 void Pipeline::copy_first_replica() {
   sync_host();
   for (size_t k = 0; k < plan_.stages.size(); ++k) {

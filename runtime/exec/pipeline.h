@@ -135,6 +135,18 @@ class Pipeline {
   /// With ZeRO-1 (plan.json `shard_optimizer`) the first replica's state is taken as the whole
   /// state, and every replica (the first too) keeps its shard of it.
   void copy_first_replica();
+  /// Stage `stage`'s running statistics (held here): the weights its forward's state updates
+  /// write (Program::state_updates: BatchNormalization's running mean and variance in training
+  /// mode), in name order; empty for most stages.
+  std::vector<std::string> running_statistics(int stage) const;
+  /// Gives every other replica here the first replica's running statistics, as DDP's
+  /// broadcast_buffers gives every rank rank 0's before a forward. In training mode the
+  /// statistics are only written (each replica from its own microbatches), and the first
+  /// replica's are the ones checkpoints and exports keep; an evaluation (RunOptions::forward_only)
+  /// normalises with them, so stagerun's evaluation calls this first (under mpirun
+  /// mpi::World::share_running_statistics, whose replicas are other processes). Nothing to do
+  /// without data-parallel replicas or running statistics. Between runs.
+  void share_running_statistics();
   /// Stage `stage`'s optimizer state whole, as a checkpoint holds it: the first replica's, or
   /// with ZeRO-1 every replica's shard put together (each weight's state tensors of its shape).
   /// `Error(kUnsupported)` with ZeRO-1 when a replica runs in another process.

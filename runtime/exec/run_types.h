@@ -86,6 +86,9 @@ struct RunOptions {
   /// kept for a backward, no gradient, all-reduce, optimizer step, state update or checkpoint
   /// happens, and the steps done, the loss scale and the training's random keys do not move.
   /// `RunReport::losses` has each step's loss (the mean over the microbatches, as training's).
+  /// Data-parallel replicas normalise with their own running statistics unless
+  /// Pipeline::share_running_statistics gave them the first replica's (stagerun's evaluation
+  /// does, as DDP's broadcast_buffers).
   bool forward_only = false;
   /// A pipeline loaded for some of the plan's devices (a rank of mpirun, runtime/mpi): the
   /// transport joining replica `replica`'s devices here to the others', made for every run

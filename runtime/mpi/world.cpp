@@ -576,6 +576,30 @@ std::map<std::string, optim::OptimizerState> World::whole_state(const Pipeline& 
   return whole;
 }
 
+void World::share_running_statistics(Pipeline& pipeline) const {
+  if (pipeline.plan().data_parallel < 2) return;
+  // Every rank of a device's replicas holds the same stages, in the same order, with the same
+  // statistics: the broadcasts pair up without a negotiation.
+  bool synced = false;
+  for (const plan::Stage& stage : pipeline.plan().stages) {
+    if (!pipeline.holds_stage(stage.index)) continue;
+    const std::vector<std::string> names = pipeline.running_statistics(stage.index);
+    if (names.empty()) continue;
+    if (!synced) pipeline.sync_host();
+    synced = true;
+    const std::map<std::string, Tensor>& weights = pipeline.stage_weights(stage.index);
+    for (const std::string& name : names) {
+      const Tensor& t = weights.at(name);
+      MPI_Request request;
+      MPI_Ibcast(t.data, static_cast<int>(t.bytes()), MPI_BYTE, 0, comms_->replicas, &request);
+      complete(request,
+               fmt::format("broadcast of stage {}'s running statistic '{}' from replica 0",
+                           stage.index, name),
+               timeout_s_);
+    }
+  }
+}
+
 void World::save_checkpoint(const Pipeline& pipeline, const std::string& dir,
                             const nlohmann::json& data) const {
   const MPI_Comm comm = comms_->control;

@@ -108,6 +108,12 @@ class World {
   std::vector<double> replica_losses(const std::vector<double>& losses,
                                      const plan::Plan& plan) const;
 
+  /// Pipeline::share_running_statistics across processes: each device's replicas take the first
+  /// replica's running statistics (one broadcast per stage and statistic over the device's
+  /// replicas, from the rank of replica 0), as DDP's broadcast_buffers does. Collective: every
+  /// rank calls it, between runs (stagerun, before a held-out evaluation).
+  void share_running_statistics(Pipeline& pipeline) const;
+
   /// Saves a checkpoint of the run into `dir` (runtime/exec/checkpoint.h), every rank calling it
   /// at the same step: rank 0 makes the temporary folder; with ZeRO-1 each stage's optimizer
   /// state is gathered from the replicas' shards to the first replica (the checkpoint does not

@@ -33,6 +33,10 @@ std::vector<double> World::replica_losses(const std::vector<double>&, const plan
   fail(ErrorKind::kInternal, "no MPI in this build");
 }
 
+void World::share_running_statistics(Pipeline&) const {
+  fail(ErrorKind::kInternal, "no MPI in this build");
+}
+
 void World::save_checkpoint(const Pipeline&, const std::string&, const nlohmann::json&) const {
   fail(ErrorKind::kInternal, "no MPI in this build");
 }

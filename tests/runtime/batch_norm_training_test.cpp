@@ -333,4 +333,50 @@ TEST_CASE("BatchNormalization training_mode=1 in an evaluation: the running stat
   }
 }
 
+TEST_CASE("BatchNormalization with data-parallel replicas: an evaluation normalises with the "
+          "first replica's running statistics, as DDP's broadcast_buffers") {
+  // Two replicas train on different halves of each batch, so each writes its own running
+  // statistics; the first replica's are the ones a checkpoint keeps. DDP broadcasts rank 0's
+  // buffers before every forward, so its evaluation normalises every rank's share with rank 0's:
+  // here share_running_statistics (which stagerun's evaluation calls) does that, and the
+  // evaluation's loss is then that of one replica holding the checkpoint.
+  testing::TempDir dir;
+  plan::PlanOptions o = options_for(2, "1f1b", false);
+  o.devices = 2;
+  o.data_parallel = 2;  // 2 replicas of 1 device
+  plan::PlannedModel dp_planned = plan::make_plan(o);
+  plan::write_plan(dp_planned, dir.file("dp"));
+  auto dp = Pipeline::load(dir.file("dp"), cpu_backend(), 1);
+  REQUIRE(dp->plan().data_parallel == 2);
+  const std::map<std::string, Tensor> inputs = inputs_of(*dp);
+  RunOptions training;
+  training.steps = 2;
+  dp->run(inputs, training);
+  auto running = [&](int replica) {
+    std::map<std::string, std::vector<float>> out;
+    for (const plan::Stage& stage : dp->plan().stages)
+      for (const auto& [name, t] : dp->replica_weights(replica, stage.index))
+        if (name.find("running_") != std::string::npos) out[name] = values(t);
+    return out;
+  };
+  REQUIRE(running(0).size() == 6);
+  CHECK(running(0) != running(1));  // each replica's own microbatches
+  RunOptions evaluation;
+  evaluation.forward_only = true;
+  const double own = dp->run(inputs, evaluation).losses.at(0);
+  dp->share_running_statistics();
+  CHECK(running(0) == running(1));
+  const double shared = dp->run(inputs, evaluation).losses.at(0);
+  CHECK(std::fabs(own - shared) > 1e-6 * std::max(1.0, std::fabs(shared)));
+  // One replica with the first replica's weights (the checkpoint) evaluates the same batch.
+  save_checkpoint(*dp, dir.file("ckpt"));
+  plan::PlanOptions one = options_for(1, "1f1b", false);
+  plan::PlannedModel one_planned = plan::make_plan(one);
+  plan::write_plan(one_planned, dir.file("one"));
+  auto single = Pipeline::load(dir.file("one"), cpu_backend(), 1);
+  REQUIRE(load_checkpoint(*single, dir.file("ckpt")) == 2);
+  const double reference = single->run(inputs, evaluation).losses.at(0);
+  CHECK(std::fabs(shared - reference) <= 1e-6 * std::max(1.0, std::fabs(reference)));
+}
+
 }  // namespace stagecraft::rt
