@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "compiler/plan/attention_function.h"
 #include "runtime/format/error.h"
@@ -16,8 +17,8 @@ namespace {
 constexpr std::string_view kConv = "Conv";
 
 /// Conv's attributes at opset 11-17, every one optional.
-constexpr const char* kConvAttributes[] = {"auto_pad", "dilations",    "group",
-                                           "kernel_shape", "pads", "strides"};
+constexpr const char* kConvAttributes[] = {"auto_pad",     "dilations", "group",
+                                           "kernel_shape", "pads",      "strides"};
 
 bool is_conv(const onnx::NodeProto& n) {
   return n.op_type() == kConv && n.domain() == grad::kGradDomain;
@@ -97,8 +98,10 @@ void add_zero_biases(onnx::GraphProto& g, int storage) {
     if (!is_conv(n) || has_bias(n)) continue;
     const int64_t m = output_channels(g, n);
     if (m <= 0)
-      fail(ErrorKind::kInternal, "graph '{}': Conv node '{}': the file does not record weight "
-           "{}'s shape", g.name(), n.name(), n.input_size() > 1 ? n.input(1) : "");
+      fail(ErrorKind::kInternal,
+           "graph '{}': Conv node '{}': the file does not record weight "
+           "{}'s shape",
+           g.name(), n.name(), n.input_size() > 1 ? n.input(1) : "");
     auto [it, added] = zero_of.emplace(m, std::string(kConvZeroBias) + std::to_string(m));
     if (added) {
       if (taken.count(it->second))
@@ -132,8 +135,8 @@ int add_conv_function(onnx::ModelProto& model) {
     if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = imp.version();
   const int storage = function_storage_type(model, kConv);
   if (storage == onnx::TensorProto::FLOAT)
-    fail(ErrorKind::kInternal, "graph '{}': a Conv node of domain {} that reads float32",
-         g.name(), grad::kGradDomain);
+    fail(ErrorKind::kInternal, "graph '{}': a Conv node of domain {} that reads float32", g.name(),
+         grad::kGradDomain);
   for (onnx::NodeProto& n : *g.mutable_node())  // a trailing "" is no bias
     if (is_conv(n) && n.input_size() > 2 && n.input(2).empty()) n.mutable_input()->RemoveLast();
   if (biases.size() > 1) add_zero_biases(g, storage);

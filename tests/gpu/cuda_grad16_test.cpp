@@ -78,9 +78,10 @@ TEST_CASE("cuda 16-bit activation gradients and CastGrad against the widened fal
     const rt::Tensor x16 = cast(x, half), dy16 = cast(dy, half);
     const rt::Tensor xw = cast(x16, DType::kFloat32), dyw = cast(dy16, DType::kFloat32);
     const rt::Tensor* none = nullptr;
-    for (const auto& [op, approximate] :
-         {std::pair<std::string, std::string>{"ReluGrad", ""}, {"GeluGrad", "none"},
-          {"GeluGrad", "tanh"}, {"HardSwishGrad", ""}}) {
+    for (const auto& [op, approximate] : {std::pair<std::string, std::string>{"ReluGrad", ""},
+                                          {"GeluGrad", "none"},
+                                          {"GeluGrad", "tanh"},
+                                          {"HardSwishGrad", ""}}) {
       CAPTURE(op);
       CAPTURE(approximate);
       const onnx::NodeProto n = node(op, 1, approximate);
@@ -217,7 +218,8 @@ TEST_CASE("cuda 16-bit BatchNormalization and its gradient against the widened f
       // Gradient: the forward's 5 inputs, its output Y (not read), dY; dX 16-bit, dScale and dB
       // float32.
       const rt::Tensor* none = nullptr;
-      rt::Tensor dx = rt::Tensor::owned(half, shape), dxw = rt::Tensor::owned(DType::kFloat32, shape);
+      rt::Tensor dx = rt::Tensor::owned(half, shape),
+                 dxw = rt::Tensor::owned(DType::kFloat32, shape);
       rt::Tensor ds = rt::Tensor::owned(DType::kFloat32, channels),
                  db = rt::Tensor::owned(DType::kFloat32, channels),
                  ds_w = rt::Tensor::owned(DType::kFloat32, channels),

@@ -35,8 +35,7 @@ plan::PlannedModel mixed_plan(const std::string& file) {
 }
 
 /// The nodes `planned` runs widened on `backend`, forward and backward, by op type and how many.
-std::map<std::string, int> widened(const rt::Backend& backend,
-                                   const plan::PlannedModel& planned) {
+std::map<std::string, int> widened(const rt::Backend& backend, const plan::PlannedModel& planned) {
   std::map<std::string, int> out;
   const plan::Stage& stage = planned.plan.stages.at(0);
   const auto forward = rt::Program::from_model(
@@ -59,8 +58,7 @@ TEST_CASE("a mixed GPT's and CNN's training step: what CUDA still runs widened")
   // float32 between Casts), ReluGrad, GeluGrad, CastGrad into a 16-bit input, and
   // LayerNormalization and its gradient.
   const std::map<std::string, std::set<std::string>> expected = {
-      {"gpt_tiny.onnx", {"GatherGrad"}},
-      {"resnet_small.onnx", {"Gemm", "GemmGrad"}}};
+      {"gpt_tiny.onnx", {"GatherGrad"}}, {"resnet_small.onnx", {"Gemm", "GemmGrad"}}};
   for (const auto& [file, left] : expected) {
     CAPTURE(file);
     const plan::PlannedModel planned = mixed_plan(file);
