@@ -157,7 +157,7 @@ if [[ $parts == *" checks "* ]]; then
   # The fused Gelu's kernels (issue 31) against a double reference, forward and gradient.
   check_bg gelu 60 stagecraft_gpu_gelu_tests
   wait
-XX
+  grep -E "^conformance \(" "$work/log-conformance.txt" | tail -1 >>"$summary"
   grep -E "^\[doctest\] (test cases|assertions):" "$work/log-gradients.txt" "$work/log-pipelines.txt" \
     "$work/log-attention.txt" "$work/log-gelu.txt" |
     sed "s|^$work/log-||; s|\.txt:| |" >>"$summary"
