@@ -222,6 +222,50 @@ TEST_CASE("BatchNormalization training_mode=1 trains on 2 devices as on one") {
     }
 }
 
+TEST_CASE("BatchNormalization training_mode=1 in a mixed plan: X and Y bf16, the statistics "
+          "float32, within bf16's precision of fp32") {
+  // Opset 15's schema lets X and Y be bfloat16 while Scale, B and the running statistics stay
+  // float32 (passes::sixteen_bit_operands); the CPU widens the node, CUDA runs it natively.
+  const int steps = 6;
+  testing::TempDir dir;
+  plan::PlanOptions o = options_for(2, "1f1b", false);
+  const Trained fp32 = train(o, steps, dir.file("fp32"));
+  o.precision = Precision::kMixed;
+  {
+    const plan::PlannedModel planned = plan::make_plan(o);
+    int norms = 0;
+    for (const ir::Node& n : planned.model.graph.nodes()) {
+      if (n.dead || n.op_type != "BatchNormalization") continue;
+      ++norms;
+      CHECK(planned.model.graph.value(n.inputs[0]).dtype == DType::kBFloat16);
+      CHECK(planned.model.graph.value(n.inputs[3]).dtype == DType::kFloat32);
+      CHECK(planned.model.graph.value(n.outputs[1]).dtype == DType::kFloat32);
+    }
+    CHECK(norms == 3);
+  }
+  const Trained mixed = train(o, steps, dir.file("mixed"));
+  REQUIRE(mixed.losses.size() == fp32.losses.size());
+  CHECK(mixed.losses.back() < mixed.losses.front());  // it learns
+  double worst = 0;
+  for (size_t k = 0; k < fp32.losses.size(); ++k) {
+    CAPTURE(k);
+    const double d =
+        std::fabs(mixed.losses[k] - fp32.losses[k]) / std::max(1.0, std::fabs(fp32.losses[k]));
+    CHECK(d <= 0.03);
+    worst = std::max(worst, d);
+  }
+  MESSAGE("largest relative loss difference from fp32: " << worst);
+  CHECK(worst > 0);  // the arithmetic is not fp32's
+  REQUIRE(mixed.running.size() == fp32.running.size());
+  for (const auto& [name, want] : fp32.running) {
+    CAPTURE(name);
+    const std::vector<float>& have = mixed.running.at(name);
+    REQUIRE(have.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      CHECK(std::fabs(have[i] - want[i]) <= 0.03 * std::max(1.0f, std::fabs(want[i])));
+  }
+}
+
 TEST_CASE("stagec says how a trained model's BatchNormalizations train") {
   const std::string summary = plan::make_plan(options_for(2, "1f1b", false)).batch_norm_summary;
   CHECK(summary.find("3 BatchNormalization nodes in training mode") != std::string::npos);
