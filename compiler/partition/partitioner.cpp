@@ -1,5 +1,7 @@
 #include "compiler/partition/partitioner.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <limits>
 
@@ -9,6 +11,16 @@ namespace stagecraft::partition {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+/// The DP's rows are shared among threads when a solve has at least this many (end, stages)
+/// entries per thread: below it, a team costs more than it saves (a row of a 64-stage GPT-3
+/// plan is about 2,000 entries).
+constexpr double kEntriesPerThread = 50000;
+/// At most this many threads: a row's ends are few, and each thread builds its own SpanInputs.
+constexpr int kMaxThreads = 4;
+/// The limits on the slowest stage the speed objective's DP tries, as multiples of the least any
+/// split can have (least_limit), before the DP without a limit.
+constexpr double kLimitWidening[] = {1.03, 1.15, 1.5};
 
 /// Prefix sums so that a span's totals cost O(1).
 struct Prefix {
@@ -189,13 +201,10 @@ Solution finish(const Problem& p, std::vector<StageSpan> stages) {
   return sol;
 }
 
-/// Exact DP. With `respect_capacity` false it ignores memory limits (used to explain a
-/// refusal with the least-memory split).
-Solution run_dp(const Problem& p, const Prefix& pre, bool respect_capacity) {
+/// Stage boundaries: 0, one past every allowed cut, and n. The DP runs over these only, so
+/// restricting the cuts (coarsening a large graph) makes it proportionally cheaper.
+std::vector<int> stage_bounds(const Problem& p) {
   const int n = static_cast<int>(p.positions.size());
-  const int s = p.stages;
-  // Stage boundaries: 0, one past every allowed cut, and n. The DP runs over these only, so
-  // restricting the cuts (coarsening a large graph) makes it proportionally cheaper.
   std::vector<int> bounds{0};
   if (p.allowed_cuts.empty()) {
     for (int i = 1; i < n; ++i) bounds.push_back(i);
@@ -208,6 +217,107 @@ Solution run_dp(const Problem& p, const Prefix& pre, bool respect_capacity) {
     }
   }
   bounds.push_back(n);
+  return bounds;
+}
+
+/// The ends (indices into `bounds`) the DP's row k may hold: [lowest[k], highest[k]]. Built
+/// from a test `fits(k, from, to)` of stage k over the positions of bounds [from, to) that can
+/// only fail more as a span grows at either end (a memory floor, a compute time): the furthest
+/// k stages that each pass it reach from the front is the highest end any split of passing
+/// stages has after k stages, and the earliest the last s - k reach from the back its lowest.
+struct Band {
+  std::vector<int> lowest, highest;
+
+  /// Whether some split passes: every row's range is nonempty.
+  bool open() const {
+    for (std::size_t k = 0; k < lowest.size(); ++k)
+      if (lowest[k] > highest[k]) return false;
+    return true;
+  }
+
+  /// Both bands' ends: a split that passes both tests is in it.
+  Band within(const Band& other) const {
+    Band out = *this;
+    for (std::size_t k = 0; k < lowest.size(); ++k) {
+      out.lowest[k] = std::max(lowest[k], other.lowest[k]);
+      out.highest[k] = std::min(highest[k], other.highest[k]);
+    }
+    return out;
+  }
+};
+
+template <class Fits>
+Band band_of(int b, int stages, const Fits& fits) {
+  Band band;
+  band.highest.assign(stages + 1, 0);
+  band.lowest.assign(stages + 1, 0);
+  for (int k = 1; k <= stages; ++k) {
+    const int start = band.highest[k - 1];
+    int end = start;
+    while (end + 1 < b && fits(k - 1, start, end + 1)) ++end;
+    band.highest[k] = end;
+  }
+  band.lowest[stages] = b - 1;
+  for (int k = stages - 1; k >= 1; --k) {
+    const int end = band.lowest[k + 1];
+    int start = end;
+    while (start > 0 && fits(k, start - 1, end)) --start;
+    band.lowest[k] = start;
+  }
+  return band;
+}
+
+/// The band of splits whose every stage's memory floor (span_memory_floor: what it holds at
+/// least, growing with the span) is within its capacity: every split that fits is in it.
+Band memory_band(const Problem& p, const Prefix& pre, const std::vector<int>& bounds) {
+  std::vector<StageParams> params;
+  for (int k = 0; k < p.stages; ++k) params.push_back(stage_params(p, k));
+  return band_of(static_cast<int>(bounds.size()), p.stages, [&](int k, int from, int to) {
+    const StageParams& sp = params[static_cast<std::size_t>(k)];
+    return span_memory_floor(p, sp, pre.static_bytes[bounds[to]] - pre.static_bytes[bounds[from]],
+                             pre.activation_bytes[bounds[to]] -
+                                 pre.activation_bytes[bounds[from]]) <= sp.capacity;
+  });
+}
+
+/// The band of splits whose every stage computes for at most `limit` (a send only adds).
+Band time_band(const Prefix& pre, const std::vector<int>& bounds, int stages, double limit) {
+  return band_of(static_cast<int>(bounds.size()), stages, [&](int, int from, int to) {
+    return pre.time[bounds[to]] - pre.time[bounds[from]] <= limit;
+  });
+}
+
+/// The least stage-time limit under which `stages` stages can cover every position with their
+/// compute alone: no split of the problem, memory and sends counted, has a shorter slowest
+/// stage. By bisection over the greedy cover.
+double least_limit(const Prefix& pre, const std::vector<int>& bounds, int stages) {
+  const int b = static_cast<int>(bounds.size());
+  auto covers = [&](double limit) {
+    int end = 0;
+    for (int k = 0; k < stages && end < b - 1; ++k) {
+      const int start = end;
+      while (end + 1 < b && pre.time[bounds[end + 1]] - pre.time[bounds[start]] <= limit) ++end;
+      if (end == start) return false;  // one bound's positions alone are over the limit
+    }
+    return end == b - 1;
+  };
+  double lo = 0, hi = pre.time.back();
+  if (!(hi > 0)) return 0;
+  for (int step = 0; step < 60 && hi - lo > 1e-9 * hi; ++step) {
+    const double mid = 0.5 * (lo + hi);
+    (covers(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
+/// The DP over `bounds`, each row k restricted to `band` (none: every end). With
+/// `respect_capacity` false it ignores memory limits (used to explain a refusal with the
+/// least-memory split). `limit`: no stage may take longer; the result is then the exact
+/// optimum whenever that optimum's slowest stage is within the limit, and no solution
+/// otherwise. Rows are shared among at most `max_threads` threads on large problems.
+Solution run_dp(const Problem& p, const Prefix& pre, const std::vector<int>& bounds,
+                bool respect_capacity, const Band* band, double limit, int max_threads) {
+  const int s = p.stages;
   const int b = static_cast<int>(bounds.size());
   using Key = std::pair<double, double>;
   const Key worst{kInf, kInf};
@@ -215,48 +325,60 @@ Solution run_dp(const Problem& p, const Prefix& pre, bool respect_capacity) {
   std::vector<std::vector<Key>> best(s + 1, std::vector<Key>(b, worst));
   std::vector<std::vector<int>> from(s + 1, std::vector<int>(b, -1));
   best[0][0] = {0, 0};
-  SpanInputs inputs(p);
-  for (int k = 1; k <= s; ++k) {
-    const StageParams sp = stage_params(p, k - 1);
-    // Only a prefix k - 1 stages can cover (lo..hi the first and last) precedes stage k: ends
-    // before lo + 1 are out of reach, and the starts past hi or before lo are skipped (they
-    // would be, one at a time, below; time and memory only grow as a start moves down, so a
-    // break the skipped ones would take is taken at hi too).
-    int lo = -1, hi = -1;
-    for (int j = k - 1; j < b; ++j) {
-      if (best[k - 1][j] == worst) continue;
-      if (lo < 0) lo = j;
-      hi = j;
-    }
-    if (lo < 0) break;  // no prefix: best[s][b - 1] stays out of reach
-    for (int i = std::max(k, lo + 1); i < b; ++i) {
-      const int last = bounds[i] - 1;
-      const double send_s = send_after(p, k - 1, last);
-      if (p.recompute) inputs.reset(last);
-      // Longest last stage first is the old tie order; walking j down and keeping the later of
-      // equal keys keeps it. A stage's time, and its memory without its inputs, only grow as it
-      // starts earlier (costs are >= 0), so once either is past the best (or the memory past
-      // the capacity), no earlier start can win.
-      for (int j = std::min(i - 1, hi); j >= std::max(k - 1, lo); --j) {
-        const int first = bounds[j];
-        const double floor =
-            span_memory_floor(p, sp, pre.static_bytes[last + 1] - pre.static_bytes[first],
-                              pre.activation_bytes[last + 1] - pre.activation_bytes[first]);
-        if (respect_capacity && floor > sp.capacity) break;
-        const double time_s = pre.time[last + 1] - pre.time[first] + send_s;
-        if ((p.objective == Objective::kSpeed ? time_s : floor) > best[k][i].first) break;
+  // Each row k reads only row k - 1, so its ends i are independent: the threads share each row
+  // (every thread its own SpanInputs) and meet after it. Every entry is computed exactly as one
+  // thread alone would, so the solution is the same for any thread count.
+  const int threads = std::clamp(static_cast<int>(static_cast<double>(b) * s / kEntriesPerThread),
+                                 1, std::min(kMaxThreads, max_threads));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    SpanInputs inputs(p);
+    for (int k = 1; k <= s; ++k) {
+      const StageParams sp = stage_params(p, k - 1);
+      // Only a prefix k - 1 stages can cover (lo..hi the first and last) precedes stage k: ends
+      // before lo + 1 are out of reach, and the starts past hi or before lo are skipped (they
+      // would be, one at a time, below; time and memory only grow as a start moves down, so a
+      // break the skipped ones would take is taken at hi too).
+      int lo = -1, hi = -1;
+      for (int j = k - 1; j < b; ++j) {
         if (best[k - 1][j] == worst) continue;
-        if (p.recompute) inputs.extend_to(first);
-        StageSpan st = span(p, pre, sp, first, last, send_s, p.recompute ? inputs.bytes() : 0.0);
-        if (respect_capacity && st.memory_bytes > sp.capacity) continue;
-        Key here = key(p, st);
-        Key cand{std::max(best[k - 1][j].first, here.first),
-                 std::max(best[k - 1][j].second, here.second)};
-        if (!(best[k][i] < cand)) {
-          best[k][i] = cand;
-          from[k][i] = j;
-        }
+        if (lo < 0) lo = j;
+        hi = j;
       }
+      if (lo < 0) break;  // no prefix: best[s][b - 1] stays out of reach (every thread sees it)
+      const int end_from = std::max(std::max(k, lo + 1), band ? band->lowest[k] : 0);
+      const int end_to = band ? std::min(b - 1, band->highest[k]) : b - 1;
+#pragma omp for schedule(dynamic, 64)
+      for (int i = end_from; i <= end_to; ++i) {
+        const int last = bounds[i] - 1;
+        const double send_s = send_after(p, k - 1, last);
+        if (p.recompute) inputs.reset(last);
+        // Longest last stage first is the old tie order; walking j down and keeping the later
+        // of equal keys keeps it. A stage's time, and its memory without its inputs, only grow
+        // as it starts earlier (costs are >= 0), so once either is past the best (or the memory
+        // past the capacity), no earlier start can win.
+        for (int j = std::min(i - 1, hi); j >= std::max(k - 1, lo); --j) {
+          const int first = bounds[j];
+          const double floor =
+              span_memory_floor(p, sp, pre.static_bytes[last + 1] - pre.static_bytes[first],
+                                pre.activation_bytes[last + 1] - pre.activation_bytes[first]);
+          if (respect_capacity && floor > sp.capacity) break;
+          const double time_s = pre.time[last + 1] - pre.time[first] + send_s;
+          if ((p.objective == Objective::kSpeed ? time_s : floor) > best[k][i].first) break;
+          if (time_s > limit) break;
+          if (best[k - 1][j] == worst) continue;
+          if (p.recompute) inputs.extend_to(first);
+          StageSpan st = span(p, pre, sp, first, last, send_s, p.recompute ? inputs.bytes() : 0.0);
+          if (respect_capacity && st.memory_bytes > sp.capacity) continue;
+          Key here = key(p, st);
+          Key cand{std::max(best[k - 1][j].first, here.first),
+                   std::max(best[k - 1][j].second, here.second)};
+          if (!(best[k][i] < cand)) {
+            best[k][i] = cand;
+            from[k][i] = j;
+          }
+        }
+      }  // the implied barrier: row k is whole before any thread reads it
     }
   }
   if (best[s][b - 1] == worst) return Solution{};
@@ -281,17 +403,39 @@ void check_problem(const Problem& p) {
   }
 }
 
-}  // namespace
-
-Solution solve(const Problem& problem, bool explain) {
+/// solve(): with `narrow`, over the bands only; the DP's rows shared among at most
+/// `max_threads` threads.
+Solution solve_in(const Problem& problem, bool explain, bool narrow, int max_threads) {
   check_problem(problem);
   Prefix pre(problem);
-  Solution sol = run_dp(problem, pre, /*respect_capacity=*/true);
+  const std::vector<int> bounds = stage_bounds(problem);
+  // Most of the DP's entries are ends no good split has (two stages covering nearly the whole
+  // graph). Every split that fits keeps its ends in the memory floors' band; for speed, solve
+  // first within the band a limit on the slowest stage allows too, from just above the least
+  // any split can have, widening it until a split is found, then in the memory band alone.
+  Solution sol;
+  if (!narrow) {
+    sol = run_dp(problem, pre, bounds, /*respect_capacity=*/true, nullptr, kInf, max_threads);
+  } else if (const Band memory = memory_band(problem, pre, bounds); memory.open()) {
+    if (problem.objective == Objective::kSpeed && problem.stages > 1) {
+      const double least = least_limit(pre, bounds, problem.stages);
+      for (double widen : kLimitWidening) {
+        const Band band = memory.within(time_band(pre, bounds, problem.stages, least * widen));
+        if (!band.open()) continue;
+        sol = run_dp(problem, pre, bounds, /*respect_capacity=*/true, &band, least * widen,
+                     max_threads);
+        if (!sol.stages.empty()) break;
+      }
+    }
+    if (sol.stages.empty())
+      sol = run_dp(problem, pre, bounds, /*respect_capacity=*/true, &memory, kInf, max_threads);
+  }
   if (sol.feasible || !explain) return sol;
   // Nothing fits: find the split that needs the least memory and report where it overflows.
   Problem least_memory = problem;
   least_memory.objective = Objective::kMemory;
-  Solution lm = run_dp(least_memory, pre, /*respect_capacity=*/false);
+  Solution lm =
+      run_dp(least_memory, pre, bounds, /*respect_capacity=*/false, nullptr, kInf, max_threads);
   if (lm.stages.empty()) {
     fail(ErrorKind::kPlan, "no split into {} stages is possible with the allowed cut points",
          problem.stages);
@@ -299,6 +443,16 @@ Solution solve(const Problem& problem, bool explain) {
   lm.feasible = false;
   if (lm.over_stage < 0) lm.over_stage = 0;
   return lm;
+}
+
+}  // namespace
+
+Solution solve(const Problem& problem, bool explain) {
+  return solve_in(problem, explain, /*narrow=*/true, omp_get_max_threads());
+}
+
+Solution solve_every_entry(const Problem& problem, bool explain) {
+  return solve_in(problem, explain, /*narrow=*/false, 1);
 }
 
 Solution evaluate_cuts(const Problem& problem, const std::vector<int>& cut_after) {

@@ -11,6 +11,15 @@
 /// parallel branches also have convex partitions that are not runs of one order; those are not
 /// searched (tests compare against brute force over the same family).
 ///
+/// Most of the DP's (stage, prefix) entries are splits no good solution has (two stages over
+/// nearly the whole graph). The solve runs each row only over the ends the splits that could
+/// still fit or win may have: those whose every stage's memory floor fits its device (greedy
+/// reach from both ends, exact because a floor only grows with its span) and, for speed, those
+/// whose every stage computes within a limit, from just above the least any split can have,
+/// widened until a split is found. The answer is the full DP's (tests compare the two, and
+/// brute force); a 128-stage split of GPT-3 175B solves in about 8 ms instead of 25. The
+/// entries of a row are shared among threads (OpenMP) on large problems.
+///
 /// The solver knows nothing of ONNX or devices: the caller turns costs into per-position
 /// numbers, so the same solver serves speed and memory objectives and every schedule.
 
@@ -95,6 +104,10 @@ struct Solution {
 /// numbers), the least-memory split filled in; without it, no stages (a caller that only asks
 /// whether a split fits skips that second, unconstrained solve, the longer of the two).
 Solution solve(const Problem& problem, bool explain = true);
+
+/// `solve` over every (stage, prefix) entry, on one thread: the reference the tests hold the
+/// narrowed, threaded solve to (the same split, not only the same cost).
+Solution solve_every_entry(const Problem& problem, bool explain = true);
 
 /// The stages for cuts after the given positions (manual split points), evaluated.
 Solution evaluate_cuts(const Problem& problem, const std::vector<int>& cut_after);

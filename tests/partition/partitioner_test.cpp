@@ -1,10 +1,12 @@
 // The partition solver against brute force over every placement of the cuts.
+#include "compiler/partition/partitioner.h"
+
 #include <doctest/doctest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <random>
 
-#include "compiler/partition/partitioner.h"
 #include "runtime/format/error.h"
 #include "tests/partition/all_cuts.h"
 
@@ -33,6 +35,12 @@ Problem random_problem(std::mt19937& rng, int n, int stages, Objective objective
   }
   double cap = std::uniform_real_distribution<double>(150, 900)(rng);
   p.capacity_bytes = [cap](int) { return cap; };
+  if (rng() % 3 == 0) {  // per-stage limits, as the split search's repair rounds give
+    std::vector<double> caps;
+    for (int k = 0; k < stages; ++k)
+      caps.push_back(cap * std::uniform_real_distribution<double>(0.6, 1.4)(rng));
+    p.capacity_bytes = [caps](int k) { return caps[static_cast<std::size_t>(k)]; };
+  }
   return p;
 }
 
@@ -69,6 +77,12 @@ TEST_CASE("the solver finds the brute-force optimum over all cut placements") {
     CHECK(unexplained.stages.size() == (any ? got.stages.size() : 0));
     if (any) {
       CHECK(primary(p, got) == doctest::Approx(best).epsilon(1e-12));
+      // The split itself is the DP's over every entry (the secondary cost, a tie-break the DP
+      // keeps per entry, is not brute force's least: a costlier prefix can lose it later).
+      const Solution every = solve_every_entry(p);
+      REQUIRE(every.stages.size() == got.stages.size());
+      for (std::size_t k = 0; k < got.stages.size(); ++k)
+        CHECK(got.stages[k].last == every.stages[k].last);
       ++compared;
     } else {
       ++infeasible;
@@ -83,6 +97,78 @@ TEST_CASE("the solver finds the brute-force optimum over all cut placements") {
   MESSAGE(compared << " problems matched brute force, " << infeasible << " infeasible ones refused");
   CHECK(compared > 200);
   CHECK(infeasible > 0);
+}
+
+TEST_CASE("the narrowed, threaded solve gives the split of the DP over every entry") {
+  // Large problems (the bands and the threads act only there): 2,000 positions into up to 64
+  // stages, memory loose or tight, recomputation, allowed cuts; the same stages, not only the
+  // same cost, on one thread and on two.
+  std::mt19937 rng(2026);
+  int fits = 0, refused = 0, threaded = 0;
+  for (int trial = 0; trial < 16; ++trial) {
+    // Every other problem large enough for two threads (100,000 entries).
+    const int n =
+        trial % 2 ? 1700 + static_cast<int>(rng() % 600) : 300 + static_cast<int>(rng() % 1200);
+    const int stages =
+        trial % 2 ? 60 + static_cast<int>(rng() % 8) : 2 + static_cast<int>(rng() % 40);
+    Problem p = random_problem(rng, 1, 1, trial % 4 == 3 ? Objective::kMemory : Objective::kSpeed);
+    // Positions as random_problem makes them, tensors as a network has them: each read by a few
+    // positions soon after its producer (random_problem's reach every later position).
+    p.stages = stages;
+    std::uniform_real_distribution<double> time(0.1, 5.0), bytes(0, 100), cut(0, 50);
+    p.positions.clear();
+    for (int i = 0; i < n; ++i) p.positions.push_back({time(rng), bytes(rng), bytes(rng)});
+    p.cut_bytes.clear();
+    for (int i = 0; i + 1 < n; ++i) p.cut_bytes.push_back(cut(rng));
+    p.in_flight = [stages](int k) { return static_cast<double>(stages - k); };
+    p.tensors.clear();
+    p.recompute = trial % 2 == 0;
+    for (int t = 0; p.recompute && t + 1 < n; ++t) {
+      Tensor tensor{t, {t + 1}, bytes(rng) / 4};
+      for (int r = t + 2; r < n && r < t + 40; ++r)
+        if (rng() % 8 == 0) tensor.readers.push_back(r);
+      p.tensors.push_back(tensor);
+    }
+    // Room for about the average stage's memory times a factor: from tight (often nothing
+    // fits) to loose.
+    double total = 0;
+    for (const auto& pos : p.positions) total += pos.static_bytes + pos.activation_bytes;
+    const double room = total / stages * std::uniform_real_distribution<double>(0.5, 3.0)(rng) *
+                        (p.recompute ? 1.0 : static_cast<double>(stages));
+    std::vector<double> caps;
+    for (int k = 0; k < stages; ++k)
+      caps.push_back(room * std::uniform_real_distribution<double>(0.7, 1.3)(rng));
+    p.capacity_bytes = [caps](int k) { return caps[static_cast<std::size_t>(k)]; };
+    if (trial % 3 == 1)
+      for (int c = 0; c + 1 < n; c += 1 + static_cast<int>(rng() % 5)) p.allowed_cuts.push_back(c);
+    CAPTURE(trial);
+    CAPTURE(n);
+    CAPTURE(stages);
+    const Solution reference = solve_every_entry(p);
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      const Solution got = solve(p);
+      REQUIRE(got.feasible == reference.feasible);
+      REQUIRE(got.stages.size() == reference.stages.size());
+      for (std::size_t k = 0; k < got.stages.size(); ++k) {
+        CHECK(got.stages[k].first == reference.stages[k].first);
+        CHECK(got.stages[k].last == reference.stages[k].last);
+      }
+      CHECK(got.bottleneck_s == reference.bottleneck_s);
+      CHECK(got.peak_memory_bytes == reference.peak_memory_bytes);
+      CHECK(got.over_stage == reference.over_stage);
+      const Solution quiet = solve(p, /*explain=*/false);
+      CHECK(quiet.stages.size() == (reference.feasible ? reference.stages.size() : 0));
+      threaded += threads > 1 && static_cast<double>(n) * stages >= 100000;
+    }
+    ++(reference.feasible ? fits : refused);
+  }
+  omp_set_num_threads(omp_get_num_procs());
+  MESSAGE(fits << " fitting and " << refused << " refused problems solved alike, " << threaded
+               << " on two threads");
+  CHECK(fits >= 5);
+  CHECK(refused >= 3);
+  CHECK(threaded >= 6);
 }
 
 TEST_CASE("allowed cuts are the only cuts, and the optimum over them is found") {
