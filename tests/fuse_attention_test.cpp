@@ -157,10 +157,11 @@ TEST_CASE("fuse-attention: torch 2.x's SDPA export, sqrt(scale) on Q and on K^T"
   CHECK(nodes_of(m.graph, "Mul").empty());
 }
 
-/// Three attention blocks over q, k, v [1, 1, 260, 4], each masked by Where(Slice(buffer), scores,
+/// Four attention blocks over q, k, v [1, 1, 260, 4], each masked by Where(Slice(buffer), scores,
 /// -inf) of one bool buffer [300, 300] holding j <= i (too large for folding: the slices stay
 /// nodes, as HF GPT-2's do). Blocks "a" and "b" slice rows and columns 0..260 with constants of
-/// their own (equal bytes), block "c" rows 1..261: row i keeps j <= i + 1, not causal.
+/// their own (equal bytes), block "c" rows 1..261: row i keeps j <= i + 1, not causal; block "d"
+/// block a's slice with negative bounds and axes.
 onnx::ModelProto sliced_buffer_model() {
   onnx::ModelProto m = testing::relu_model();
   auto* g = m.mutable_graph();
@@ -181,13 +182,25 @@ onnx::ModelProto sliced_buffer_model() {
   buffer->set_raw_data(bytes);
   add_scalar(g, "two", 2.0f);
   add_scalar(g, "fill", -INFINITY);
-  for (const auto& [block, row] : {std::pair{"a", 0}, std::pair{"b", 0}, std::pair{"c", 1}}) {
+  for (const auto& [block, row] :
+       {std::pair{"a", 0}, std::pair{"b", 0}, std::pair{"c", 1}, std::pair{"d", 0}}) {
     const std::string p = std::string("/") + block + "/";
-    testing::add_int64_initializer(g, p + "starts", {row, 0});
-    testing::add_int64_initializer(g, p + "ends", {row + kSeq, kSeq});
-    testing::add_int64_initializer(g, p + "axes", {0, 1});
-    add_node(g, "Slice", {"causal_buffer", p + "starts", p + "ends", p + "axes"}, {p + "cond"},
-             p + "Slice");
+    if (std::string(block) == "d") {
+      // Block a's bounds as exporters also write them: counted from the end, the axes
+      // negative, the steps given.
+      testing::add_int64_initializer(g, p + "starts", {-kBuffer, -kBuffer});
+      testing::add_int64_initializer(g, p + "ends", {kSeq - kBuffer, kSeq - kBuffer});
+      testing::add_int64_initializer(g, p + "axes", {-2, -1});
+      testing::add_int64_initializer(g, p + "steps", {1, 1});
+      add_node(g, "Slice", {"causal_buffer", p + "starts", p + "ends", p + "axes", p + "steps"},
+               {p + "cond"}, p + "Slice");
+    } else {
+      testing::add_int64_initializer(g, p + "starts", {row, 0});
+      testing::add_int64_initializer(g, p + "ends", {row + kSeq, kSeq});
+      testing::add_int64_initializer(g, p + "axes", {0, 1});
+      add_node(g, "Slice", {"causal_buffer", p + "starts", p + "ends", p + "axes"}, {p + "cond"},
+               p + "Slice");
+    }
     auto* t = add_node(g, "Transpose", {"k"}, {p + "kt"}, p + "Transpose");
     auto* perm = t->add_attribute();
     perm->set_name("perm");
@@ -208,7 +221,7 @@ TEST_CASE("fuse-attention: slices of one mask buffer are told apart by their bou
   // The pass evaluates each distinct mask once (by its producer and its constants' bytes):
   // equal bounds in separate constants share the evaluation, other bounds do not.
   const ImportedModel m = import_built(sliced_buffer_model());
-  REQUIRE(nodes_of(m.graph, "Attention").size() == 3);
+  REQUIRE(nodes_of(m.graph, "Attention").size() == 4);
   for (const ir::Node* n : nodes_of(m.graph, "Attention")) {
     const std::string out = m.graph.value(n->outputs[0]).name;
     CAPTURE(out);
