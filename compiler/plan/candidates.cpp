@@ -366,7 +366,10 @@ Candidate SplitEvaluator::evaluate(partition::Solution sol, bool scoring_only) {
   // Stages holding a common weight exchange its gradients before their optimizer steps.
   c.setup = s_;
   c.setup.shape.shared_groups = shared_weight_groups(io.shared_weights);
-  c.schedule = setup_schedule(c.setup);
+  auto known = schedules_.find(c.setup.shape.shared_groups);
+  if (known == schedules_.end())
+    known = schedules_.emplace(c.setup.shape.shared_groups, setup_schedule(c.setup)).first;
+  c.schedule = known->second;
   const bool may_recompute = s_.recompute != Recompute::kNone;
   std::vector<Stage> plain, with;
   std::vector<BackwardFacts> bwd;
@@ -388,8 +391,10 @@ Candidate SplitEvaluator::evaluate(partition::Solution sol, bool scoring_only) {
   if (s_.recompute == Recompute::kAuto && s_.objective != Objective::kMemory) {
     // Speed: recompute only on the devices that do not fit without it, the stage that saves
     // the most first, until the device fits.
+    // Every device at once, then again only the device whose stages changed.
+    const std::vector<DeviceMemory> devices = device_memory(picked, c.schedule, c.setup.shape);
     for (int d = 0; d < c.setup.shape.devices; ++d) {
-      for (DeviceMemory dm = device_memory(d, picked, c.schedule, c.setup.shape);
+      for (DeviceMemory dm = devices[static_cast<std::size_t>(d)];
            static_cast<double>(dm.total()) > capacity();
            dm = device_memory(d, picked, c.schedule, c.setup.shape)) {
         int pick = -1;

@@ -73,6 +73,12 @@ std::vector<DeviceMemory> device_memory(const std::vector<Stage>& stages,
   return devices_of(pointers, schedule, shape, -1);
 }
 
+std::vector<DeviceMemory> device_memory(const std::vector<const Stage*>& stages,
+                                        const schedule::Schedule& schedule,
+                                        const schedule::PipelineShape& shape) {
+  return devices_of(stages, schedule, shape, -1);
+}
+
 DeviceMemory device_memory(int device, const std::vector<const Stage*>& stages,
                            const schedule::Schedule& schedule,
                            const schedule::PipelineShape& shape) {

@@ -47,6 +47,11 @@ std::vector<DeviceMemory> device_memory(const std::vector<Stage>& stages,
                                         const schedule::Schedule& schedule,
                                         const schedule::PipelineShape& shape);
 
+/// The same, `stages` one pointer per stage of the pipeline.
+std::vector<DeviceMemory> device_memory(const std::vector<const Stage*>& stages,
+                                        const schedule::Schedule& schedule,
+                                        const schedule::PipelineShape& shape);
+
 /// The memory of `device` alone. `stages` has one pointer per stage of the pipeline (only the
 /// device's own are read), so a caller weighing choices per stage (recomputation) copies none.
 DeviceMemory device_memory(int device, const std::vector<const Stage*>& stages,

@@ -306,6 +306,9 @@ class SplitEvaluator {
   int64_t batch_;
   std::map<std::pair<int, int>, BackwardFacts> backward_cache_;
   SpanArenas arena_cache_;
+  /// The schedule of the setup, by the split's shared-weight groups (all of the shape a split
+  /// changes): built once, not once per candidate.
+  std::map<std::vector<std::vector<int>>, schedule::Schedule> schedules_;
   std::optional<std::vector<ir::ValueId>> trainable_;  ///< The graph's trainable weights.
 };
 

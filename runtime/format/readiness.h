@@ -16,6 +16,7 @@
 /// inputs have run.
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,10 +32,35 @@ class Readiness {
   explicit Readiness(const PipelineShape& shape);
 
   /// True when every instruction `in` waits for has run.
-  bool ready(const Instruction& in) const;
+  bool ready(const Instruction& in) const { return blocker(in).what == Wait::kNothing; }
 
   /// Records that `in` has run.
-  void mark_done(const Instruction& in);
+  void mark_done(const Instruction& in) {
+    // Step-level ops (is_step_level, spelled out to stay inline) are kept at microbatch 0.
+    const bool step_level =
+        in.op == Op::kAllReduce || in.op == Op::kAllReduceShared || in.op == Op::kOptimizerStep;
+    done_[index(in.op, in.stage, step_level ? 0 : in.microbatch)] = 1;
+    switch (in.op) {
+      case Op::kBackward:
+      case Op::kBackwardWeight:
+        ++weight_gradients_[in.stage];
+        break;
+      case Op::kSendAct:
+        ++acts_sent_[in.stage];
+        break;
+      case Op::kRecvAct:
+        ++acts_taken_[in.stage - 1];
+        break;
+      case Op::kSendGrad:
+        ++grads_sent_[in.stage];
+        break;
+      case Op::kRecvGrad:
+        ++grads_taken_[in.stage + 1];
+        break;
+      default:
+        break;
+    }
+  }
 
   /// What `in` still waits for, for a deadlock message: "its RECV_ACT has not run", "3 of 4
   /// weight gradients are done", ...; "" when it is ready.
@@ -63,19 +89,66 @@ class Readiness {
   };
 
   Blocker blocker(const Instruction& in) const;
-  size_t key(int stage, int microbatch) const;
-  bool done(Op op, int stage, int microbatch) const;
+  /// The place of (op, stage, microbatch) in `done_`. Inline, with `done`, `ready`, `mark_done`
+  /// and `blocker`: the simulator asks them for every instruction of every candidate split.
+  size_t index(Op op, int stage, int microbatch) const {
+    return (static_cast<size_t>(op) * static_cast<size_t>(stages_) + static_cast<size_t>(stage)) *
+               static_cast<size_t>(shape_.microbatches) +
+           static_cast<size_t>(microbatch);
+  }
+  bool done(Op op, int stage, int microbatch) const {
+    return done_[index(op, stage, microbatch)] != 0;
+  }
 
   PipelineShape shape_;
   int stages_;
-  /// Per (op, stage, microbatch), whether it has run; step-level ops use microbatch 0.
-  std::vector<bool> done_;
+  /// Per (op, stage, microbatch), whether it has run (1); step-level ops use microbatch 0.
+  std::vector<uint8_t> done_;
   std::vector<int> weight_gradients_;  ///< Per stage, weight gradients done (of M).
   int capacity_;
   /// Per sending stage: messages sent on its link to the next stage (activations) and to the
   /// one before (gradients), and how many of them the receiver has taken.
   std::vector<int> acts_sent_, acts_taken_, grads_sent_, grads_taken_;
 };
+
+inline Readiness::Blocker Readiness::blocker(const Instruction& in) const {
+  const int s = in.stage;
+  const int mb = in.microbatch;
+  const bool gradients_done = weight_gradients_[s] >= shape_.microbatches;
+  switch (in.op) {
+    case Op::kRecvAct:
+      return done(Op::kSendAct, s - 1, mb) ? Blocker{} : Blocker{Wait::kSendAct, s - 1};
+    case Op::kRecvGrad:
+      return done(Op::kSendGrad, s + 1, mb) ? Blocker{} : Blocker{Wait::kSendGrad, s + 1};
+    case Op::kForward:
+      return s == 0 || done(Op::kRecvAct, s, mb) ? Blocker{} : Blocker{Wait::kRecvAct};
+    case Op::kSendAct:
+      if (!done(Op::kForward, s, mb)) return {Wait::kForward};
+      return acts_sent_[s] - acts_taken_[s] < capacity_ ? Blocker{}
+                                                        : Blocker{Wait::kLinkFull, s + 1};
+    case Op::kSendGrad:
+      if (!done(Op::kBackward, s, mb) && !done(Op::kBackwardInput, s, mb)) return {Wait::kBackward};
+      return grads_sent_[s] - grads_taken_[s] < capacity_ ? Blocker{}
+                                                          : Blocker{Wait::kLinkFull, s - 1};
+    case Op::kBackward:
+    case Op::kBackwardInput:
+      if (!done(Op::kForward, s, mb)) return {Wait::kForward};
+      return s == stages_ - 1 || done(Op::kRecvGrad, s, mb) ? Blocker{} : Blocker{Wait::kRecvGrad};
+    case Op::kBackwardWeight:
+      return done(Op::kBackwardInput, s, mb) || done(Op::kBackward, s, mb)
+                 ? Blocker{}
+                 : Blocker{Wait::kBackwardInput};
+    case Op::kAllReduce:
+    case Op::kAllReduceShared:
+      return gradients_done ? Blocker{} : Blocker{Wait::kWeightGradients};
+    case Op::kOptimizerStep:
+      if (!gradients_done) return {Wait::kWeightGradients};
+      for (int partner : shared_partners(shape_, s))
+        if (!done(Op::kAllReduceShared, partner, 0)) return {Wait::kSharedExchange, partner};
+      return {};
+  }
+  return {Wait::kUnknownOp};
+}
 
 /// Per device, the position of the first instruction that has not run, after playing every
 /// device's list in order as far as `readiness` lets it (times are ignored), from the start of
