@@ -40,6 +40,22 @@ std::string same_as_cpu_16bit(const OpSignature& signature) {
   return cpu_backend().runs_widened(signature) ? "" : why;
 }
 
+std::string same_as_cpu_16bit_at(const OpSignature& signature,
+                                 const std::function<bool(bool is_output, size_t k)>& half_at) {
+  std::string why = same_as_cpu(signature);
+  if (why.empty() || signature.inputs.empty() || !is_16bit_float(signature.inputs[0])) return why;
+  const DType half = signature.inputs[0];
+  const auto typed = [&](std::span<const DType> types, bool is_output) {
+    for (size_t k = 0; k < types.size(); ++k)
+      if (types[k] != DType::kUndefined &&
+          types[k] != (half_at(is_output, k) ? half : DType::kFloat32))
+        return false;
+    return true;
+  };
+  if (!typed(signature.inputs, false) || !typed(signature.outputs, true)) return why;
+  return cpu_backend().runs_widened(signature) ? "" : why;
+}
+
 std::string same_as_cpu_float32(const OpSignature& signature) {
   std::string why = same_as_cpu(signature);
   return why.empty() ? all_float32(signature) : why;

@@ -10,6 +10,7 @@
 /// (`same_as_cpu`), so a plan checked for one runs on the other. cuBLAS runs MatMul, Gemm and
 /// the recurrent nets' products, cuDNN Conv and ConvTranspose; the rest are our own kernels.
 
+#include <functional>
 #include <span>
 #include <string>
 
@@ -30,6 +31,20 @@ std::string same_as_cpu(const OpSignature& signature);
 /// widens each element in registers, runs the float32 formula and rounds to nearest even, as the
 /// program's widened fallback would, bit for bit, without its casts through memory.
 std::string same_as_cpu_16bit(const OpSignature& signature);
+
+/// The CPU's answer, and also "" for a node that mixes one 16-bit type with float32 by
+/// position where the CPU takes its float32 form (the norms and their gradients, whose
+/// statistics stay float32): every input and output `half_at(is_output, k)` names is of input
+/// 0's 16-bit type, every other float32, any absent (kUndefined).
+std::string same_as_cpu_16bit_at(const OpSignature& signature,
+                                 const std::function<bool(bool is_output, size_t k)>& half_at);
+
+/// For input `k` of a gradient node over a forward of `n` inputs and `m` outputs (the forward's
+/// inputs, then its outputs, then their gradients: runtime/format/grad_ops.h): the forward
+/// output it is, or is the gradient of; -1 for a forward input.
+inline int forward_output_at(size_t k, size_t n, size_t m) {
+  return k < n || m == 0 ? -1 : static_cast<int>((k - n) % m);
+}
 
 /// The CPU's answer, float32 only: for a kernel the CPU runs in bfloat16 natively and this
 /// backend does not (the program then runs a bfloat16 node widened to float32).

@@ -147,42 +147,24 @@ void softmax_grad(const KernelArgs& a) {
 // other operand float32 (or absent): the forward's 5 inputs, its outputs (Y, the running
 // statistics) and their gradients, which the CPU runs widened.
 std::string check_batch_norm_grad(const OpSignature& s) {
-  std::string why = same_as_cpu(s);
-  if (why.empty() || s.inputs.size() < 7 || !is_16bit_float(s.inputs[0])) return why;
-  const DType half = s.inputs[0];
-  const size_t n = 5, m = (s.inputs.size() - n) / 2;
-  if ((s.inputs.size() - n) % 2 != 0) return why;
-  auto is = [](DType d, DType want) { return d == DType::kUndefined || d == want; };
-  for (size_t k = 1; k < s.inputs.size(); ++k) {
-    const bool activation = k >= n && (k - n) % m == 0;  // Y or dY
-    if (!is(s.inputs[k], activation ? half : DType::kFloat32)) return why;
-  }
-  for (size_t k = 0; k < s.outputs.size(); ++k)
-    if (!is(s.outputs[k], k == 0 ? half : DType::kFloat32)) return why;
-  return cpu_backend().runs_widened(s) ? "" : why;
+  constexpr size_t n = 5;
+  if (s.inputs.size() < n + 2 || (s.inputs.size() - n) % 2 != 0) return same_as_cpu(s);
+  const size_t m = (s.inputs.size() - n) / 2;
+  return same_as_cpu_16bit_at(s, [m](bool is_output, size_t k) {
+    return k == 0 || (!is_output && forward_output_at(k, n, m) == 0);  // X, Y, dY; dX
+  });
 }
 
 // LayerNormalizationGrad: the CPU's signatures, and X, Scale, B, dY and the gradients dX,
 // dScale, dB of one 16-bit type, the forward's Mean and InvStdDev and their gradients float32
-// (or absent), which the CPU runs widened. The inputs are the forward's n inputs, its m outputs
-// and their m gradients (runtime/format/grad_ops.h).
+// (or absent), which the CPU runs widened.
 std::string check_layer_norm_grad(const OpSignature& s) {
-  std::string why = same_as_cpu(s);
-  if (why.empty() || s.inputs.empty() || !is_16bit_float(s.inputs[0])) return why;
-  const DType half = s.inputs[0];
-  const size_t n = static_cast<size_t>(s.attrs.i(std::string(grad::kForwardInputsAttr), 3));
-  if (n >= s.inputs.size() || (s.inputs.size() - n) % 2 != 0) return why;
-  const size_t m = (s.inputs.size() - n) / 2;  // at least 1
-  auto is = [](DType d, DType want) { return d == DType::kUndefined || d == want; };
-  for (size_t k = 0; k < s.inputs.size(); ++k) {
-    // Position within the forward's inputs, outputs or their gradients: Y (output 0) and its
-    // gradient 16-bit, Mean and InvStdDev and theirs float32.
-    const bool statistic = k >= n && (k - n) % m != 0;
-    if (!is(s.inputs[k], statistic ? DType::kFloat32 : half)) return why;
-  }
-  for (DType d : s.outputs)
-    if (!is(d, half)) return why;
-  return cpu_backend().runs_widened(s) ? "" : why;
+  const auto n = static_cast<size_t>(s.attrs.i(std::string(grad::kForwardInputsAttr), 3));
+  if (n >= s.inputs.size() || (s.inputs.size() - n) % 2 != 0) return same_as_cpu(s);
+  const size_t m = (s.inputs.size() - n) / 2;
+  return same_as_cpu_16bit_at(s, [n, m](bool is_output, size_t k) {
+    return is_output || forward_output_at(k, n, m) <= 0;  // not Mean, InvStdDev, theirs
+  });
 }
 
 // The CPU backend's checks decide (float32, the contract's arity, spatial and stash_type);

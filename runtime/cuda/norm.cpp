@@ -98,32 +98,13 @@ void layer_norm(const KernelArgs& a) {
 // BatchNormalization: the CPU's signatures, and X and Y of one 16-bit type with float32 Scale, B,
 // statistics and running statistics (a mixed plan from opset 15 on), which the CPU runs widened.
 std::string check_batch_norm(const OpSignature& s) {
-  std::string why = same_as_cpu(s);
-  if (why.empty() || s.inputs.empty() || !is_16bit_float(s.inputs[0])) return why;
-  const DType half = s.inputs[0];
-  for (size_t k = 1; k < s.inputs.size(); ++k)
-    if (s.inputs[k] != DType::kFloat32 && s.inputs[k] != DType::kUndefined) return why;
-  if (s.outputs.empty() || s.outputs[0] != half) return why;
-  for (size_t k = 1; k < s.outputs.size(); ++k)
-    if (s.outputs[k] != DType::kFloat32 && s.outputs[k] != DType::kUndefined) return why;
-  return cpu_backend().runs_widened(s) ? "" : why;
+  return same_as_cpu_16bit_at(s, [](bool, size_t k) { return k == 0; });
 }
 
 // LayerNormalization: the CPU's signatures, and X, Scale, B and Y of one 16-bit type with
 // float32 (or absent) Mean and InvStdDev, which the CPU runs widened.
 std::string check_layer_norm(const OpSignature& s) {
-  std::string why = same_as_cpu(s);
-  if (why.empty() || s.inputs.empty() || !is_16bit_float(s.inputs[0])) return why;
-  const DType half = s.inputs[0];
-  auto is = [](std::span<const DType> types, size_t k, DType want) {
-    return k >= types.size() || types[k] == DType::kUndefined || types[k] == want;
-  };
-  for (size_t k = 0; k < s.inputs.size(); ++k)
-    if (!is(s.inputs, k, half)) return why;
-  if (s.outputs.empty() || s.outputs[0] != half || !is(s.outputs, 1, DType::kFloat32) ||
-      !is(s.outputs, 2, DType::kFloat32))
-    return why;
-  return cpu_backend().runs_widened(s) ? "" : why;
+  return same_as_cpu_16bit_at(s, [](bool is_output, size_t k) { return !is_output || k == 0; });
 }
 
 // Softmax along its one axis (ops::softmax_view), as the CPU's.
