@@ -127,6 +127,10 @@ int run(int argc, char** argv) {
   resnet->add_option("--image-size", resnet_options.image_size, "Input image side")
       ->capture_default_str();
   resnet->add_option("--classes", resnet_options.classes, "Output classes")->capture_default_str();
+  resnet->add_flag("--train-bn", resnet_options.train_bn,
+                   "BatchNormalization exported in train mode (training_mode=1, the running "
+                   "statistics as outputs), as torch.onnx.export(..., "
+                   "training=TrainingMode.TRAINING) writes it: a training plan updates them");
 
   stagecraft::samples::GptOptions gpt_options;
   CLI::App* gpt = app.add_subcommand("gpt", "GPT-style decoder: input_ids[batch,seq] -> logits");

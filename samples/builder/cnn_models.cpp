@@ -50,32 +50,39 @@ std::string conv(ModelBuilder& builder, const std::string& scope, const std::str
        attr_ints("strides", {stride, stride})});
 }
 
-/// A BatchNorm2d in eval mode with PyTorch's initial values (scale 1, shift 0, running mean 0,
-/// running variance 1); the running statistics are buffers, not parameters.
+/// A BatchNorm2d with PyTorch's initial values (scale 1, shift 0, running mean 0, running
+/// variance 1); the running statistics are buffers, not parameters. In eval mode Y alone; in
+/// train mode (`training`) training_mode=1 and the updated running statistics as outputs that
+/// nothing reads, as torch.onnx.export(..., training=TrainingMode.TRAINING) writes it.
 std::string batch_norm(ModelBuilder& builder, const std::string& scope, const std::string& module,
-                       const std::string& input, int64_t channels) {
+                       const std::string& input, int64_t channels, bool training = false) {
   const std::string scale = builder.add_parameter_filled(module + ".weight", {channels}, 1.0f);
   const std::string shift = builder.add_parameter_filled(module + ".bias", {channels}, 0.0f);
   const std::string mean = builder.add_buffer_filled(module + ".running_mean", {channels}, 0.0f);
   const std::string var = builder.add_buffer_filled(module + ".running_var", {channels}, 1.0f);
-  return builder.add_op("BatchNormalization", scope + "/BatchNormalization",
-                        {input, scale, shift, mean, var},
-                        {attr_float("epsilon", 1e-5f), attr_float("momentum", 0.9f)});
+  const std::string node = scope + "/BatchNormalization";
+  if (!training)
+    return builder.add_op("BatchNormalization", node, {input, scale, shift, mean, var},
+                          {attr_float("epsilon", 1e-5f), attr_float("momentum", 0.9f)});
+  return builder.add_node("BatchNormalization", node, {input, scale, shift, mean, var},
+                          {node + "_output_0", node + "_output_1", node + "_output_2"},
+                          {attr_float("epsilon", 1e-5f), attr_float("momentum", 0.9f),
+                           attr_int("training_mode", 1)})[0];
 }
 
 /// One torchvision BasicBlock: conv-bn-relu-conv-bn, plus the (projected) input, then relu.
 std::string basic_block(ModelBuilder& builder, const std::string& stage, int64_t index,
                         const std::string& input, int64_t in_channels, int64_t out_channels,
-                        int64_t stride) {
+                        int64_t stride, bool train_bn) {
   const std::string module = stage + "." + std::to_string(index);
   const std::string scope = "/" + stage + "/" + module;
   std::string x = conv(builder, scope + "/conv1", module + ".conv1", input, in_channels,
                        out_channels, 3, stride, 1, false);
-  x = batch_norm(builder, scope + "/bn1", module + ".bn1", x, out_channels);
+  x = batch_norm(builder, scope + "/bn1", module + ".bn1", x, out_channels, train_bn);
   x = builder.add_op("Relu", scope + "/relu/Relu", {x});
   x = conv(builder, scope + "/conv2", module + ".conv2", x, out_channels, out_channels, 3, 1, 1,
            false);
-  x = batch_norm(builder, scope + "/bn2", module + ".bn2", x, out_channels);
+  x = batch_norm(builder, scope + "/bn2", module + ".bn2", x, out_channels, train_bn);
 
   std::string identity = input;
   if (stride != 1 || in_channels != out_channels) {
@@ -83,7 +90,7 @@ std::string basic_block(ModelBuilder& builder, const std::string& stage, int64_t
     identity = conv(builder, downsample + "/downsample.0", module + ".downsample.0", input,
                     in_channels, out_channels, 1, stride, 0, false);
     identity = batch_norm(builder, downsample + "/downsample.1", module + ".downsample.1", identity,
-                          out_channels);
+                          out_channels, train_bn);
   }
   x = builder.add_op("Add", scope + "/Add", {x, identity});
   return builder.add_op("Relu", scope + "/relu_1/Relu", {x});
@@ -153,7 +160,7 @@ ModelBuilder build_resnet(const ResNetOptions& options, const CommonOptions& com
   const int64_t stem_width = options.widths.front();
   std::string x =
       conv(builder, "/conv1", "conv1", "x", options.in_channels, stem_width, 3, 1, 1, false);
-  x = batch_norm(builder, "/bn1", "bn1", x, stem_width);
+  x = batch_norm(builder, "/bn1", "bn1", x, stem_width, options.train_bn);
   x = builder.add_op("Relu", "/relu/Relu", {x});
   x = builder.add_op(
       "MaxPool", "/maxpool/MaxPool", {x},
@@ -165,7 +172,8 @@ ModelBuilder build_resnet(const ResNetOptions& options, const CommonOptions& com
     const std::string name = "layer" + std::to_string(stage + 1);
     for (int64_t block = 0; block < options.blocks_per_stage; ++block) {
       const int64_t stride = (stage > 0 && block == 0) ? 2 : 1;
-      x = basic_block(builder, name, block, x, channels, options.widths[stage], stride);
+      x = basic_block(builder, name, block, x, channels, options.widths[stage], stride,
+                      options.train_bn);
       channels = options.widths[stage];
     }
   }

@@ -45,6 +45,9 @@ struct ResNetOptions {
   int64_t in_channels = 3;
   int64_t image_size = 32;
   int64_t classes = 10;
+  /// BatchNormalization as PyTorch exports a model in train mode: training_mode=1 and the
+  /// running statistics as outputs (stagerun updates them), not eval mode's Y alone.
+  bool train_bn = false;
 };
 /// Builds the ResNet.
 ModelBuilder build_resnet(const ResNetOptions& options = {}, const CommonOptions& common = {});

@@ -10,6 +10,12 @@
 #     data_resume  a checkpoint saved under mpirun keeps the data's position: 3 steps, a save
 #                  and 3 resumed steps give the 6 losses of 6 straight steps bit for bit, with
 #                  --tokens --shuffle and with --data, on 2 ranks
+#     bn_eval      BatchNormalizations that train (a ResNet exported in train mode): each rank's
+#                  replica updates its own running statistics, and an evaluation normalises every
+#                  replica's share with the first replica's (DDP's broadcast_buffers, broadcast
+#                  between the ranks): its losses are the one-process run's within 1e-6 (2
+#                  replicas on 2 ranks, pipelines of 2 devices as 2 replicas on 4 ranks)
+#   (all but bn_eval's MAKE_SAMPLES, the 8th argument, are used by every check)
 # Exit 77 (skipped) where there is no mpirun or the build has no MPI.
 set -euo pipefail
 
@@ -18,7 +24,7 @@ if [ -z "$mpirun" ] || [ "$mpirun" = "MPIEXEC_EXECUTABLE-NOTFOUND" ] || ! comman
   echo "SKIP: no mpirun (Debian's openmpi-bin; tools/setup.sh installs it)"
   exit 77
 fi
-stagerun=$3 stagec=$4 lm_data=$5 samples=$6 work=$7
+stagerun=$3 stagec=$4 lm_data=$5 samples=$6 work=$7 make_samples=${8:-}
 # CI runs as root on 2 cores; CPU ranks even where a GPU is; a waiting rank yields its core.
 mpi=("$mpirun" --oversubscribe --allow-run-as-root)
 export CUDA_VISIBLE_DEVICES= OMPI_MCA_mpi_yield_when_idle=1
@@ -126,6 +132,55 @@ case "$check" in
         fail "$source: steps 4-6 repeat steps 1-3; the check could not tell a restart"
       rm -rf ck
       echo "$source: 3 + 3 resumed on 2 ranks = 6 straight, bit for bit: $(tr '\n' ' ' <straight.loss)"
+    done
+    ;;
+  bn_eval)
+    [ -x "$make_samples" ] || fail "bn_eval needs stagecraft-make-samples (argument 8)"
+    "$make_samples" resnet -o bn.onnx --train-bn --widths 4 8 --blocks 1 --image-size 8 \
+      --classes 5 >/dev/null
+    # --data folders: images x [rows,3,8,8] and targets labels [rows,5] (the MSE loss's), each
+    # the graph output of a small model of the same shape on stagerun's synthetic inputs
+    # (a U-Net with 3 classes, the toy MLP with 5 outputs), other seeds for the held-out set.
+    # DIR ROWS SEED
+    images_and_targets() {
+      local dir=$1 rows=$2 seed=$3
+      "$make_samples" unet -o "$dir.img.onnx" --in-channels 2 --width 4 --image-size 8 \
+        --classes 3 --seed "$seed" >/dev/null
+      "$make_samples" toy -o "$dir.tgt.onnx" --seed "$((seed + 1))" >/dev/null
+      for part in img tgt; do
+        "$stagec" "$dir.$part.onnx" --batch "$rows" --device-spec cpu -o "$dir.$part.plan" >/dev/null
+        "$stagerun" "$dir.$part.plan" -q --outputs "$dir.$part.out" >/dev/null
+        [ "$(ls "$dir.$part.out" | wc -l)" -eq 1 ] ||
+          fail "expected one graph output of $dir.$part.onnx: $(ls "$dir.$part.out")"
+      done
+      mkdir -p "$dir"
+      mv "$dir".img.out/*.npy "$dir/x.npy"
+      mv "$dir".tgt.out/*.npy "$dir/labels.npy"
+    }
+    images_and_targets bn_data 32 11
+    images_and_targets bn_eval_data 16 21
+    bn=(bn.onnx --train --loss mse --batch 8 --optimizer adam --device-spec cpu)
+    "$stagec" "${bn[@]}" -o replicas --devices 2 --data-parallel 2 --microbatches 2 >/dev/null
+    "$stagec" "${bn[@]}" -o both --devices 4 --data-parallel 2 --microbatches 2 >/dev/null
+    grep -q '"data_parallel": 2' replicas/plan.json || fail "the replicas plan is not data-parallel"
+    for plan_ranks in "replicas 2" "both 4"; do
+      read -r plan n <<<"$plan_ranks"
+      run=("$plan" --steps 4 --json -q --data bn_data --eval-data bn_eval_data --eval-every 2)
+      "$stagerun" "${run[@]}" >one.json 2>one.err ||
+        fail "$plan: the one-process run failed: $(cat one.err)"
+      ranks "$n" "${run[@]}" >ranks.json
+      eval_losses one.json >one.eval
+      eval_losses ranks.json >ranks.eval
+      [ "$(wc -l <ranks.eval)" -eq 2 ] ||
+        fail "$plan: expected 2 eval records: $(grep '"type":"eval"' ranks.json)"
+      paste one.eval ranks.eval | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 || $2 != $2 + 0) bad = 1 }
+        END { exit bad }' || fail "$plan: eval losses on $n ranks differ from one process's by" \
+        "more than 1e-6 (each replica normalised with its own statistics?): $(paste one.eval ranks.eval)"
+      step_losses one.json >one.loss
+      step_losses ranks.json >ranks.loss
+      paste one.loss ranks.loss | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6) bad = 1 }
+        END { exit bad }' || fail "$plan: step losses differ: $(paste one.loss ranks.loss)"
+      echo "$plan on $n ranks: eval losses $(tr '\n' ' ' <ranks.eval)(one process's within 1e-6)"
     done
     ;;
   *)
