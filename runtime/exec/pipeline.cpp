@@ -452,13 +452,18 @@ std::vector<std::string> Pipeline::running_statistics(int stage) const {
   return out;
 }
 
-void Pipeline::share_running_statistics() {
-  if (replicas_ < 2) return;
-  std::vector<std::pair<int, std::vector<std::string>>> shared;
+std::vector<std::pair<int, std::vector<std::string>>> Pipeline::held_running_statistics() const {
+  std::vector<std::pair<int, std::vector<std::string>>> held;
   for (const plan::Stage& stage : plan_.stages)
     if (holds_stage(stage.index))
       if (std::vector<std::string> names = running_statistics(stage.index); !names.empty())
-        shared.emplace_back(stage.index, std::move(names));
+        held.emplace_back(stage.index, std::move(names));
+  return held;
+}
+
+void Pipeline::share_running_statistics() {
+  if (replicas_ < 2) return;
+  const auto shared = held_running_statistics();
   if (shared.empty()) return;
   sync_host();
   for (const auto& [index, names] : shared) {

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/backend.h"
@@ -139,6 +140,9 @@ class Pipeline {
   /// write (Program::state_updates: BatchNormalization's running mean and variance in training
   /// mode), in name order; empty for most stages.
   std::vector<std::string> running_statistics(int stage) const;
+  /// Each stage held here that has running statistics, with their names (running_statistics),
+  /// in stage order: what share_running_statistics and mpi::World's share.
+  std::vector<std::pair<int, std::vector<std::string>>> held_running_statistics() const;
   /// Gives every other replica here the first replica's running statistics, as DDP's
   /// broadcast_buffers gives every rank rank 0's before a forward. In training mode the
   /// statistics are only written (each replica from its own microbatches), and the first

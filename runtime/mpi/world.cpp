@@ -580,22 +580,19 @@ void World::share_running_statistics(Pipeline& pipeline) const {
   if (pipeline.plan().data_parallel < 2) return;
   // Every rank of a device's replicas holds the same stages, in the same order, with the same
   // statistics: the broadcasts pair up without a negotiation.
-  bool synced = false;
-  for (const plan::Stage& stage : pipeline.plan().stages) {
-    if (!pipeline.holds_stage(stage.index)) continue;
-    const std::vector<std::string> names = pipeline.running_statistics(stage.index);
-    if (names.empty()) continue;
-    if (!synced) pipeline.sync_host();
-    synced = true;
-    const std::map<std::string, Tensor>& weights = pipeline.stage_weights(stage.index);
+  const auto shared = pipeline.held_running_statistics();
+  if (shared.empty()) return;
+  pipeline.sync_host();
+  for (const auto& [index, names] : shared) {
+    const std::map<std::string, Tensor>& weights = pipeline.stage_weights(index);
     for (const std::string& name : names) {
       const Tensor& t = weights.at(name);
       MPI_Request request;
       MPI_Ibcast(t.data, static_cast<int>(t.bytes()), MPI_BYTE, 0, comms_->replicas, &request);
-      complete(request,
-               fmt::format("broadcast of stage {}'s running statistic '{}' from replica 0",
-                           stage.index, name),
-               timeout_s_);
+      complete(
+          request,
+          fmt::format("broadcast of stage {}'s running statistic '{}' from replica 0", index, name),
+          timeout_s_);
     }
   }
 }
