@@ -1,14 +1,13 @@
 // Issue 35 item 4, the soak check (label "soak", not in the default run: tools/test.sh and
 // .ci/run leave it out; `ctest -L soak` runs it, a few minutes on a busy 2-core machine): the
 // toy training plan trains 20,000 steps in this process, untraced as stagerun without --trace
-// runs. The resident set grows by under 1% after the first 100 steps, and the step time drifts
-// by under 5% over the run (nothing per step piles up): the line through each 1,000 steps' fast
-// steps, which a loaded machine does not move.
+// runs. The resident set grows by under 1% after the first 100 steps, and the step time grows by
+// under 5% over the run (nothing per step piles up): the line through each 1,000 steps' fast
+// steps, which a steadily loaded machine does not move.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <vector>
 
@@ -51,7 +50,9 @@ TEST_CASE("20,000 steps keep resident memory and the step time flat") {
       "1,000; fast steps {:.4f} ms on average, drifting {:+.2f}% over the run; "
       "resident growth {:.3f}%",
       median(first) * 1e3, median(last) * 1e3, mean * 1e3, 100 * drift / mean, run.growth * 100));
-  CHECK(std::abs(drift) <= 0.05 * mean);
+  // One-sided: piling up only lifts the line; a machine whose load eases during the run lowers
+  // it (-6.9% once beside a CI run), which is no fault of the run's.
+  CHECK(drift <= 0.05 * mean);
 }
 
 }  // namespace
