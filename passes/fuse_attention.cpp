@@ -78,76 +78,6 @@ struct Block {
   bool kept_where_true = true;
 };
 
-/// A Slice with unit steps of the bool initializer `data` to `value` (of known shape), read
-/// straight from the initializer's bytes into the mask in one pass: the mask buffers exporters
-/// slice are large (2048 x 2048 for a GPT-3), and a copy per step costs more than the check of
-/// the mask. Nothing when the Slice is not such (steps other than 1, operands not constant, a
-/// shape other than the value's): the general path takes it.
-std::optional<std::vector<uint8_t>> unit_slice(const ir::Graph& g, const ir::Node& n,
-                                               const ir::Value& data, const ir::Value& value) {
-  if (g.opset < 10 || n.inputs.size() < 3 || data.dtype != DType::kBool) return std::nullopt;
-  const auto rank = static_cast<int64_t>(data.shape.size());
-  if (rank == 0 || static_cast<int64_t>(value.shape.size()) != rank) return std::nullopt;
-  auto ints = [&](std::size_t input) -> std::optional<std::vector<int64_t>> {
-    if (input >= n.inputs.size() || n.inputs[input] == kNoId) return std::nullopt;
-    const auto t = HostTensor::from_value(g.value(n.inputs[input]));
-    if (!t || t->is_real()) return std::nullopt;
-    return t->ints;
-  };
-  const auto starts = ints(1), ends = ints(2);
-  if (!starts || !ends || starts->size() != ends->size()) return std::nullopt;
-  std::vector<int64_t> axes(starts->size());
-  if (n.inputs.size() > 3 && n.inputs[3] != kNoId) {
-    const auto given = ints(3);
-    if (!given || given->size() != starts->size()) return std::nullopt;
-    axes = *given;
-  } else {
-    for (std::size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int64_t>(i);
-  }
-  if (n.inputs.size() > 4 && n.inputs[4] != kNoId) {
-    const auto steps = ints(4);
-    if (!steps || steps->size() != starts->size() ||
-        std::any_of(steps->begin(), steps->end(), [](int64_t step) { return step != 1; }))
-      return std::nullopt;
-  }
-  std::vector<int64_t> first(static_cast<std::size_t>(rank), 0), shape = data.shape;
-  std::vector<bool> seen(static_cast<std::size_t>(rank), false);
-  for (std::size_t i = 0; i < axes.size(); ++i) {
-    const int64_t axis = axes[i] < 0 ? axes[i] + rank : axes[i];
-    if (axis < 0 || axis >= rank || seen[static_cast<std::size_t>(axis)]) return std::nullopt;
-    seen[static_cast<std::size_t>(axis)] = true;
-    const int64_t dim = data.shape[static_cast<std::size_t>(axis)];
-    auto clamp = [dim](int64_t at) { return std::clamp(at < 0 ? at + dim : at, int64_t{0}, dim); };
-    const int64_t from = clamp((*starts)[i]), to = clamp((*ends)[i]);
-    first[static_cast<std::size_t>(axis)] = from;
-    shape[static_cast<std::size_t>(axis)] = std::max(int64_t{0}, to - from);
-  }
-  if (shape != value.shape) return std::nullopt;
-  const auto bytes = data.initializer->bytes();
-  if (static_cast<int64_t>(bytes.size()) != data.numel()) return std::nullopt;
-  std::vector<uint8_t> out(static_cast<std::size_t>(value.numel()));
-  if (out.empty()) return out;
-  // Row by row (the last axis is contiguous in both): `at` counts the output's outer index.
-  const int64_t row = shape.back();
-  std::vector<int64_t> at(static_cast<std::size_t>(rank - 1), 0);
-  for (std::size_t written = 0; written < out.size(); written += static_cast<std::size_t>(row)) {
-    int64_t offset = 0;
-    for (int64_t d = 0; d < rank; ++d) {
-      const auto axis = static_cast<std::size_t>(d);
-      offset = offset * data.shape[axis] + first[axis] + (d + 1 < rank ? at[axis] : 0);
-    }
-    for (int64_t j = 0; j < row; ++j)
-      out[written + static_cast<std::size_t>(j)] =
-          bytes[static_cast<std::size_t>(offset + j)] != std::byte{0};
-    for (int64_t d = rank - 2; d >= 0; --d) {
-      const auto axis = static_cast<std::size_t>(d);
-      if (++at[axis] < shape[axis]) break;
-      at[axis] = 0;
-    }
-  }
-  return out;
-}
-
 /// The values of a bool tensor known at compile time: a constant, or a node that folding left
 /// only because its output is large (HF GPT-2's causal buffer sliced to the sequence: 1024 x 1024
 /// at GPT-2's length), evaluated here by folding's own host evaluator without that limit.
@@ -167,21 +97,14 @@ std::optional<std::vector<uint8_t>> bool_constant(const ir::Graph& g, ValueId v)
     return in == kNoId || !g.value(in).is_initializer() ? std::nullopt
                                                         : HostTensor::from_value(g.value(in));
   };
-  // A slice of a mask buffer (every GPT export's): the buffer's bytes straight to the kernel.
+  // A slice of a mask buffer (every GPT export's): the buffer's bytes straight to the mask.
   if (n->op_type == "Slice" && !n->inputs.empty() && n->inputs[0] != kNoId &&
       g.value(n->inputs[0]).is_initializer()) {
     const ir::Value& data = g.value(n->inputs[0]);
-    if (auto direct = unit_slice(g, *n, data, value)) return direct;
     std::vector<std::optional<HostTensor>> rest;
     for (std::size_t i = 1; i < n->inputs.size(); ++i) rest.push_back(constant(n->inputs[i]));
-    const auto sliced = slice_bytes_on_host(*n, data.dtype, data.shape, data.initializer->bytes(),
-                                            rest, g.opset, value.numel());
-    if (sliced && sliced->dtype == DType::kBool &&
-        static_cast<int64_t>(sliced->bytes.size()) == value.numel()) {
-      std::vector<uint8_t> out(sliced->bytes.size());
-      for (size_t i = 0; i < out.size(); ++i) out[i] = sliced->bytes[i] != std::byte{0};
-      return out;
-    }
+    auto sliced = bool_slice_on_host(*n, data.shape, data.initializer->bytes(), rest, g.opset);
+    if (sliced && static_cast<int64_t>(sliced->size()) == value.numel()) return sliced;
   }
   std::vector<std::optional<HostTensor>> inputs;
   for (ValueId in : n->inputs) inputs.push_back(constant(in));

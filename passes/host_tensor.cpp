@@ -13,6 +13,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/format/checked.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/layout.h"
 #include "runtime/ops/reduce_shape.h"
 
 namespace stagecraft::passes {
@@ -743,27 +744,52 @@ std::optional<std::vector<HostTensor>> evaluate_on_host(const ir::Node& node, co
   return one(run_kernel(node, in, *type));
 }
 
-std::optional<HostBytes> slice_bytes_on_host(const ir::Node& node, DType dtype,
-                                             const std::vector<int64_t>& shape,
-                                             std::span<const std::byte> data, const Inputs& rest,
-                                             int64_t opset, int64_t max_output_elements) {
-  if (node.op_type != "Slice" || opset < 10 || !host_dtype(dtype) || rest.size() < 2) {
-    return std::nullopt;
+std::optional<std::vector<uint8_t>> bool_slice_on_host(const ir::Node& node,
+                                                       const std::vector<int64_t>& shape,
+                                                       std::span<const std::byte> data,
+                                                       const Inputs& rest, int64_t opset) {
+  if (node.op_type != "Slice" || opset < 10 || rest.size() < 2) return std::nullopt;
+  if (static_cast<int64_t>(data.size()) != numel_of(shape)) return std::nullopt;
+  std::vector<rt::Tensor> operands;
+  operands.reserve(rest.size());
+  std::vector<const rt::Tensor*> args{nullptr};  // input 0 is read from `data` below
+  const std::size_t operands_named = node.inputs.empty() ? 0 : node.inputs.size() - 1;
+  for (std::size_t k = 0; k < std::max(rest.size(), operands_named); ++k) {
+    const bool named = k + 1 < node.inputs.size() && node.inputs[k + 1] != ir::kNoId;
+    const bool given = k < rest.size() && rest[k];
+    if (named && !given) return std::nullopt;
+    if (given && rest[k]->is_real()) return std::nullopt;
+    args.push_back(given ? &operands.emplace_back(to_tensor(*rest[k])) : nullptr);
   }
-  if (static_cast<int64_t>(data.size()) != numel_of(shape) * dtype_size(dtype)) return std::nullopt;
-  // Slice's output type reads input 0's dtype and shape only: a HostTensor without elements
-  // stands for it, and the kernel reads the bytes themselves.
-  Inputs in;
-  in.push_back(HostTensor{dtype, shape, {}, {}});
-  for (const auto& t : rest) in.push_back(t);
-  const auto type = output_type(node, in, opset, max_output_elements);
-  if (!type || !small_enough(node, type->second, max_output_elements)) return std::nullopt;
-  rt::Tensor first = rt::Tensor::uninitialized(dtype, shape);
-  if (!data.empty()) std::memcpy(first.data, data.data(), data.size());
-  const std::optional<rt::Tensor> out = run_kernel_tensor(node, in, *type, &first);
-  if (!out) return std::nullopt;
-  return HostBytes{out->dtype, out->shape,
-                   std::vector<std::byte>(out->data, out->data + out->bytes())};
+  const onnx::NodeProto proto = attribute_proto(node);
+  const rt::Attrs attrs(proto);
+  const rt::KernelArgs a{node.name, node.op_type, attrs, args, {}, host_device()};
+  rt::ops::SliceView view;
+  try {
+    view = rt::ops::slice_view(a, shape, args.size(),
+                               [&](std::size_t k) { return k < args.size() ? args[k] : nullptr; });
+  } catch (const Error&) {
+    return std::nullopt;  // the general path names what is wrong
+  }
+  std::vector<uint8_t> out(static_cast<std::size_t>(numel_of(view.shape)));
+  if (out.empty()) return out;
+  // Row by row of the merged walk (the kernels' strided copy), each byte made 0 or 1.
+  const rt::ops::StridedWalk walk = rt::ops::merge_strided_dims(view.shape, view.strides);
+  const auto rank = static_cast<int64_t>(walk.dims.size());
+  const int64_t inner = walk.dims.back(), step = walk.steps.back();
+  const int64_t rows = static_cast<int64_t>(out.size()) / inner;
+  const std::byte* src = data.data() + view.base;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t offset = 0, left = r;
+    for (int64_t d = rank - 2; d >= 0; --d) {
+      offset += (left % walk.dims[d]) * walk.steps[d];
+      left /= walk.dims[d];
+    }
+    const std::byte* from = src + offset;
+    uint8_t* to = out.data() + r * inner;
+    for (int64_t i = 0; i < inner; ++i) to[i] = from[i * step] != std::byte{0};
+  }
+  return out;
 }
 
 }  // namespace stagecraft::passes

@@ -51,24 +51,14 @@ std::optional<std::vector<HostTensor>> evaluate_on_host(
     const std::vector<int64_t>& shape_input, int64_t opset,
     int64_t max_output_elements = int64_t{1} << 16);
 
-/// A tensor as its bytes in its dtype's layout.
-struct HostBytes {
-  DType dtype = DType::kUndefined;
-  std::vector<int64_t> shape;
-  std::vector<std::byte> bytes;
-};
-
-/// `evaluate_on_host` for a Slice (opset 10 on: bounds as inputs) whose data is given as its
-/// bytes (`data`, laid out as `dtype` with `shape`) rather than decoded, and whose output comes
-/// back as bytes: the same kernel, without holding the tensor as 8-byte integers (the causal
-/// mask buffer attention fusion slices is 4 M bools at 2,048 tokens). `rest`: inputs 1 on, as
-/// for `evaluate_on_host`. Nullopt where `evaluate_on_host` would give none, and for any other
-/// op.
-std::optional<HostBytes> slice_bytes_on_host(const ir::Node& node, DType dtype,
-                                             const std::vector<int64_t>& shape,
-                                             std::span<const std::byte> data,
-                                             const std::vector<std::optional<HostTensor>>& rest,
-                                             int64_t opset,
-                                             int64_t max_output_elements = int64_t{1} << 16);
+/// `evaluate_on_host` for a Slice (opset 10 on: bounds as inputs, `rest` holding inputs 1 on as
+/// for `evaluate_on_host`) of a bool tensor given as its bytes (`data`, shape `shape`), in one
+/// pass from those bytes to the 0/1 bytes of the result: the causal mask buffer attention fusion
+/// slices is 4 M bools at 2,048 tokens, one per layer. The bounds are read by the kernels' own
+/// rule (ops::slice_view). Nullopt for any other op, an operand the node names but `rest` lacks
+/// (not constant), bounds that make no sense, or bytes that are not `shape`'s count.
+std::optional<std::vector<uint8_t>> bool_slice_on_host(
+    const ir::Node& node, const std::vector<int64_t>& shape, std::span<const std::byte> data,
+    const std::vector<std::optional<HostTensor>>& rest, int64_t opset);
 
 }  // namespace stagecraft::passes

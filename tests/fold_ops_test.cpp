@@ -144,9 +144,9 @@ TEST_CASE("folded integer Mod by zero is refused, naming the node") {
 namespace stagecraft {
 namespace {
 
-TEST_CASE("a Slice of bytes folds as the decoded Slice does: random bounds, axes and steps") {
-  // slice_bytes_on_host (attention fusion's masks) against evaluate_on_host, on bool and int32
-  // data of rank 3, bounds past either end, negative, and negative steps.
+TEST_CASE("a Slice of bool bytes folds as the decoded Slice does: random bounds, axes and steps") {
+  // bool_slice_on_host (attention fusion's masks) against evaluate_on_host on rank-3 data:
+  // bounds past either end, negative, negative steps, steps near 2^63, bytes other than 0 and 1.
   std::mt19937 rng(7);
   auto pick = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
@@ -157,19 +157,12 @@ TEST_CASE("a Slice of bytes folds as the decoded Slice does: random bounds, axes
   slice.name = "/attn/Slice";
   int folded = 0;
   for (int round = 0; round < 300; ++round) {
-    const DType dtype = round % 2 ? DType::kBool : DType::kInt32;
-    HostTensor data = ints(shape, {}, dtype);
+    HostTensor data = ints(shape, {}, DType::kBool);
     std::vector<std::byte> bytes;
     for (int64_t i = 0; i < 60; ++i) {
-      const int64_t v = dtype == DType::kBool ? pick(0, 1) : pick(-1000, 1000);
-      data.ints.push_back(v);
-      if (dtype == DType::kBool) {
-        bytes.push_back(static_cast<std::byte>(v));
-      } else {
-        const auto v32 = static_cast<int32_t>(v);
-        const auto* p = reinterpret_cast<const std::byte*>(&v32);
-        bytes.insert(bytes.end(), p, p + 4);
-      }
+      const int64_t v = pick(0, 2);  // a byte of 2 reads as true
+      data.ints.push_back(v != 0);
+      bytes.push_back(static_cast<std::byte>(v));
     }
     const int64_t k = pick(1, 3);
     std::vector<int64_t> starts, ends, axes, steps;
@@ -179,7 +172,9 @@ TEST_CASE("a Slice of bytes folds as the decoded Slice does: random bounds, axes
       starts.push_back(pick(-7, 7));
       ends.push_back(pick(0, 3) == 0 ? std::numeric_limits<int64_t>::max() : pick(-7, 7));
       axes.push_back(pick(0, 1) ? all[a] : all[a] - 3);
-      steps.push_back(pick(0, 1) ? pick(1, 3) : -pick(1, 3));
+      const int64_t huge =
+          pick(0, 1) ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::min();
+      steps.push_back(pick(0, 9) == 0 ? huge : pick(0, 1) ? pick(1, 3) : -pick(1, 3));
     }
     std::vector<std::optional<HostTensor>> rest{ints({k}, starts), ints({k}, ends),
                                                 ints({k}, axes), ints({k}, steps)};
@@ -187,33 +182,29 @@ TEST_CASE("a Slice of bytes folds as the decoded Slice does: random bounds, axes
     all_in.insert(all_in.end(), rest.begin(), rest.end());
     CAPTURE(round);
     const auto want = passes::evaluate_on_host(slice, all_in, {}, 17);
-    const auto got = passes::slice_bytes_on_host(slice, dtype, shape, bytes, rest, 17);
+    const auto got = passes::bool_slice_on_host(slice, shape, bytes, rest, 17);
     REQUIRE(want.has_value() == got.has_value());
     if (!want) continue;
     const HostTensor& w = want->front();
-    CHECK(got->dtype == w.dtype);
-    CHECK(got->shape == w.shape);
-    std::vector<int64_t> values;
-    for (int64_t i = 0; i < w.numel(); ++i) {
-      if (dtype == DType::kBool) {
-        values.push_back(static_cast<int64_t>(got->bytes.at(static_cast<std::size_t>(i))));
-      } else {
-        int32_t v = 0;
-        std::memcpy(&v, got->bytes.data() + i * 4, 4);
-        values.push_back(v);
-      }
-    }
-    CHECK(values == w.ints);
+    REQUIRE(static_cast<int64_t>(got->size()) == w.numel());
+    CHECK(std::vector<int64_t>(got->begin(), got->end()) == w.ints);
     ++folded;
   }
   CHECK(folded > 250);
-  // Another op, or opset 9's attribute bounds, is not this path's.
+  // Another op, opset 9's attribute bounds, or an operand the node names that is not constant
+  // is not this path's.
   ir::Node gather = slice;
   gather.op_type = "Gather";
-  CHECK_FALSE(passes::slice_bytes_on_host(gather, DType::kBool, {2}, std::vector<std::byte>(2),
-                                          {ints({1}, {0})}, 17));
-  CHECK_FALSE(passes::slice_bytes_on_host(slice, DType::kBool, {2}, std::vector<std::byte>(2),
-                                          {ints({1}, {0}), ints({1}, {1})}, 9));
+  const std::vector<std::byte> two(2);
+  CHECK_FALSE(passes::bool_slice_on_host(gather, {2}, two, {ints({1}, {0}), ints({1}, {1})}, 17));
+  CHECK_FALSE(passes::bool_slice_on_host(slice, {2}, two, {ints({1}, {0}), ints({1}, {1})}, 9));
+  ir::Node named = slice;
+  named.inputs = {0, 1, 2};
+  CHECK(passes::bool_slice_on_host(named, {2}, two, {ints({1}, {0}), ints({1}, {1})}, 17));
+  named.inputs.push_back(3);  // axes (input 3) named, but not a constant
+  CHECK_FALSE(passes::bool_slice_on_host(named, {2}, two, {ints({1}, {0}), ints({1}, {1})}, 17));
+  CHECK_FALSE(passes::bool_slice_on_host(named, {2}, two,
+                                         {ints({1}, {0}), ints({1}, {1}), std::nullopt}, 17));
 }
 
 }  // namespace

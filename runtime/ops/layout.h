@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <string_view>
 #include <utility>
@@ -251,15 +252,20 @@ inline SliceView slice_view(const KernelArgs& a, const Shape& x_shape, size_t fo
     if (step > 0) {
       start = std::clamp<int64_t>(start, 0, dim);
       end = std::clamp<int64_t>(end, 0, dim);
-      count = end > start ? (end - start + step - 1) / step : 0;
+      count = end > start ? (end - start - 1) / step + 1 : 0;
     } else {
       start = std::clamp<int64_t>(start, 0, dim - 1);
       end = std::clamp<int64_t>(end, -1, dim - 1);
-      count = start > end ? (start - end - step - 1) / -step : 0;
+      count =
+          start > end
+              ? (step == std::numeric_limits<int64_t>::min() ? 1 : (start - end - 1) / -step + 1)
+              : 0;
     }
+    // ceil(span / |step|) as (span - 1) / |step| + 1, and a stride only where a second element
+    // is taken: a step near 2^63 must not wrap.
     view.shape[d] = count;
     if (count > 0) view.base += start * x_strides[d];
-    view.strides[d] = step * x_strides[d];
+    view.strides[d] = count > 1 ? step * x_strides[d] : x_strides[d];
   }
   return view;
 }
