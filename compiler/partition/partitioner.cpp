@@ -246,17 +246,25 @@ struct Band {
   }
 };
 
+/// The furthest ends (indices into b bounds) the first k stages reach from the front, each
+/// stage as long as `fits` allows: entry k for k = 0..stages.
+template <class Fits>
+std::vector<int> front_reach(int b, int stages, const Fits& fits) {
+  std::vector<int> highest(static_cast<std::size_t>(stages) + 1, 0);
+  for (int k = 1; k <= stages; ++k) {
+    const int start = highest[k - 1];
+    int end = start;
+    while (end + 1 < b && fits(k - 1, start, end + 1)) ++end;
+    highest[k] = end;
+  }
+  return highest;
+}
+
 template <class Fits>
 Band band_of(int b, int stages, const Fits& fits) {
   Band band;
-  band.highest.assign(stages + 1, 0);
+  band.highest = front_reach(b, stages, fits);
   band.lowest.assign(stages + 1, 0);
-  for (int k = 1; k <= stages; ++k) {
-    const int start = band.highest[k - 1];
-    int end = start;
-    while (end + 1 < b && fits(k - 1, start, end + 1)) ++end;
-    band.highest[k] = end;
-  }
   band.lowest[stages] = b - 1;
   for (int k = stages - 1; k >= 1; --k) {
     const int end = band.lowest[k + 1];
@@ -280,26 +288,25 @@ Band memory_band(const Problem& p, const Prefix& pre, const std::vector<int>& bo
   });
 }
 
-/// The band of splits whose every stage computes for at most `limit` (a send only adds).
-Band time_band(const Prefix& pre, const std::vector<int>& bounds, int stages, double limit) {
-  return band_of(static_cast<int>(bounds.size()), stages, [&](int, int from, int to) {
+/// Whether stage positions of bounds [from, to) compute for at most `limit` (a send only adds).
+auto within_time(const Prefix& pre, const std::vector<int>& bounds, double limit) {
+  return [&pre, &bounds, limit](int, int from, int to) {
     return pre.time[bounds[to]] - pre.time[bounds[from]] <= limit;
-  });
+  };
+}
+
+/// The band of splits whose every stage computes for at most `limit`.
+Band time_band(const Prefix& pre, const std::vector<int>& bounds, int stages, double limit) {
+  return band_of(static_cast<int>(bounds.size()), stages, within_time(pre, bounds, limit));
 }
 
 /// The least stage-time limit under which `stages` stages can cover every position with their
 /// compute alone: no split of the problem, memory and sends counted, has a shorter slowest
-/// stage. By bisection over the greedy cover.
+/// stage. By bisection over the greedy cover from the front.
 double least_limit(const Prefix& pre, const std::vector<int>& bounds, int stages) {
   const int b = static_cast<int>(bounds.size());
   auto covers = [&](double limit) {
-    int end = 0;
-    for (int k = 0; k < stages && end < b - 1; ++k) {
-      const int start = end;
-      while (end + 1 < b && pre.time[bounds[end + 1]] - pre.time[bounds[start]] <= limit) ++end;
-      if (end == start) return false;  // one bound's positions alone are over the limit
-    }
-    return end == b - 1;
+    return front_reach(b, stages, within_time(pre, bounds, limit)).back() == b - 1;
   };
   double lo = 0, hi = pre.time.back();
   if (!(hi > 0)) return 0;
