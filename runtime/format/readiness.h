@@ -36,10 +36,8 @@ class Readiness {
 
   /// Records that `in` has run.
   void mark_done(const Instruction& in) {
-    // Step-level ops (is_step_level, spelled out to stay inline) are kept at microbatch 0.
-    const bool step_level =
-        in.op == Op::kAllReduce || in.op == Op::kAllReduceShared || in.op == Op::kOptimizerStep;
-    done_[index(in.op, in.stage, step_level ? 0 : in.microbatch)] = 1;
+    // Step-level ops are kept at microbatch 0.
+    done_[index(in.op, in.stage, is_step_level(in.op) ? 0 : in.microbatch)] = 1;
     switch (in.op) {
       case Op::kBackward:
       case Op::kBackwardWeight:

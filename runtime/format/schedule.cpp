@@ -54,14 +54,6 @@ Op op_named(const std::string& name, const std::string& field) {
 
 }  // namespace
 
-bool is_transfer(Op op) {
-  return op == Op::kRecvAct || op == Op::kSendAct || op == Op::kRecvGrad || op == Op::kSendGrad;
-}
-
-bool is_step_level(Op op) {
-  return op == Op::kAllReduce || op == Op::kAllReduceShared || op == Op::kOptimizerStep;
-}
-
 bool holds_shared(const PipelineShape& shape, int stage) {
   for (const std::vector<int>& group : shape.shared_groups)
     if (std::find(group.begin(), group.end(), stage) != group.end()) return true;

@@ -157,11 +157,15 @@ void validate_schedule(const Schedule& schedule, const PipelineShape& shape);
 
 /// True for the ops that move data between stages (RECV_ACT, SEND_ACT, RECV_GRAD, SEND_GRAD),
 /// the only ones that name a peer stage.
-bool is_transfer(Op op);
+constexpr bool is_transfer(Op op) {
+  return op == Op::kRecvAct || op == Op::kSendAct || op == Op::kRecvGrad || op == Op::kSendGrad;
+}
 
 /// True for the ops that run once per stage and step (ALLREDUCE, ALLREDUCE_SHARED, OPT_STEP),
-/// not per microbatch.
-bool is_step_level(Op op);
+/// not per microbatch. Inline: the simulator asks it for every instruction of every candidate.
+constexpr bool is_step_level(Op op) {
+  return op == Op::kAllReduce || op == Op::kAllReduceShared || op == Op::kOptimizerStep;
+}
 
 /// The plan-file name of an op: "RECV_ACT", "FWD", "SEND_ACT", "RECV_GRAD", "BWD",
 /// "BWD_INPUT", "BWD_WEIGHT", "SEND_GRAD", "ALLREDUCE", "ALLREDUCE_SHARED", "OPT_STEP".
