@@ -426,7 +426,7 @@ Candidate SplitEvaluator::evaluate(partition::Solution sol, bool scoring_only) {
       note_stage(c.rc, c.stages[k], bwd[k], span_weights(f_, span.first, span.last).trainable);
     }
     c.predicted = predict(c.setup, c.schedule, c.sol, f_, g_, order_, batch_, c.stages, c.rc,
-                          &c.timeline, &c.peaks);
+                          scoring_only ? nullptr : &c.timeline, &c.peaks);
   };
   assemble();
   if (s_.recompute == Recompute::kAuto && s_.objective != Objective::kMemory) {

@@ -481,7 +481,10 @@ void set_cluster(Plan& p, const Setup& s, const schedule::Schedule& sched,
   p.processors = s.processors;
   p.processors.separate_step_ms =
       shares_processors(s.processors)
-          ? schedule::simulate(sched, s.shape, with_terms(s, sol, f, times)).step_s * 1e3
+          ? schedule::simulate(sched, s.shape, with_terms(s, sol, f, times), {},
+                               schedule::SimDetail::kPeaks)
+                    .step_s *
+                1e3
           : p.predicted.step_ms;
 }
 
@@ -516,7 +519,7 @@ PlanInstructionCosts plan_instruction_costs(const Setup& s, const schedule::Sche
   out.step_overhead_ms = s.terms.step_overhead_ms;
   out.uncalibrated_step_ms =
       schedule::simulate(sched, s.shape, with_terms(s.profiled_terms, times, s.shape.devices),
-                         sim_processors(s))
+                         sim_processors(s), schedule::SimDetail::kPeaks)
           .step_s *
       1e3;
   return out;

@@ -466,8 +466,9 @@ Prediction predict(const Setup& s, const schedule::Schedule& sched, const partit
                    const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
                    int64_t batch, const std::vector<Stage>& stages, const SimExtras& rc,
                    std::vector<schedule::TimelineEvent>* timeline, std::vector<DevicePeak>* peaks) {
-  auto sim = schedule::simulate(sched, s.shape, with_terms(s, sol, f, stage_costs(s, sol, f, rc)),
-                                sim_processors(s));
+  auto sim = schedule::simulate(
+      sched, s.shape, with_terms(s, sol, f, stage_costs(s, sol, f, rc)), sim_processors(s),
+      timeline ? schedule::SimDetail::kFull : schedule::SimDetail::kPeaks);
   Prediction p;
   p.step_ms = sim.step_s * 1e3;
   p.bubble_fraction = sim.bubble_fraction;

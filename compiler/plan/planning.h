@@ -227,7 +227,8 @@ schedule::StageCosts with_terms(const Setup& s, const partition::Solution& sol, 
 
 /// The simulated step of `sched` for the split `sol` into `stages` (their anatomies filled in),
 /// with `rc`'s per-stage extras; its device peaks are `peaks` (schedule/device_peak.h), the
-/// events it played `timeline`.
+/// events it played `timeline`. Without a `timeline` the peaks come without their memory over
+/// time (SimDetail::kPeaks: a search's candidates).
 Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
                    const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
                    int64_t batch, const std::vector<Stage>& stages, const SimExtras& rc,

@@ -46,8 +46,9 @@ bool is_compute(Op op) {
 class Simulation {
  public:
   Simulation(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs,
-             const Processors& processors)
-      : schedule_(schedule),
+             const Processors& processors, SimDetail detail)
+      : full_(detail == SimDetail::kFull),
+        schedule_(schedule),
         shape_(shape),
         costs_(costs),
         stages_(stage_count(shape)),
@@ -88,7 +89,8 @@ class Simulation {
     result_.memory_timeline.resize(shape.devices);
     // Every instruction leaves an event, and a few memory samples: room for them up front (a
     // split search simulates hundreds of schedules of thousands of instructions).
-    for (size_t device = 0; device < schedule.size() && device < events_.size(); ++device) {
+    for (size_t device = 0; full_ && device < schedule.size() && device < events_.size();
+         ++device) {
       events_[device].reserve(schedule[device].size());
       result_.memory_timeline[device].reserve(2 * schedule[device].size() + 1);
     }
@@ -308,7 +310,7 @@ class Simulation {
         // The instruction's event spans both; only the update is busy time.
         if (!costs_.allgather_s.empty() && costs_.allgather_s[in.stage] > 0) {
           free_at_[device] = end + costs_.allgather_s[in.stage];
-          events_[device].back().end_s = free_at_[device];
+          if (full_) events_[device].back().end_s = free_at_[device];
         }
         return;
       }
@@ -320,14 +322,19 @@ class Simulation {
     double end = start + duration;
     free_at_[device] = end;
     result_.device_busy_s[device] += duration;
-    events_[device].push_back({device, in.op, in.stage, in.microbatch, start, end});
+    event(device, in, start, end);
     return end;
   }
 
   /// Time the device spends not computing (a receive, an all-reduce).
   void wait(int device, const Instruction& in, double start, double end) {
     free_at_[device] = end;
-    events_[device].push_back({device, in.op, in.stage, in.microbatch, start, end});
+    event(device, in, start, end);
+  }
+
+  /// The event of `in` on `device`, kept with SimDetail::kFull.
+  void event(int device, const Instruction& in, double start, double end) {
+    if (full_) events_[device].push_back({device, in.op, in.stage, in.microbatch, start, end});
   }
 
   /// Queues a transfer issued at `issue` on the link to the peer's device; sets `arrival`.
@@ -346,7 +353,7 @@ class Simulation {
     }
     arrival = end;
     last_transfer_end_ = std::max(last_transfer_end_, end);
-    events_[device].push_back({device, in.op, in.stage, in.microbatch, start, end});
+    event(device, in, start, end);
   }
 
   /// The weight gradients of one microbatch of `stage`, computed from `start` to `end`: after
@@ -384,7 +391,7 @@ class Simulation {
   /// end, and the next instruction starts after it), so the first maximum is the first instant
   /// of the peak.
   void record_memory(int device, double time) {
-    result_.memory_timeline[device].emplace_back(time, memory_[device]);
+    if (full_) result_.memory_timeline[device].emplace_back(time, memory_[device]);
     if (memory_[device] > result_.device_peak_bytes[device]) {
       result_.device_peak_bytes[device] = memory_[device];
       result_.device_peak_parts[device] = now_[device];
@@ -411,6 +418,7 @@ class Simulation {
     return std::move(result_);
   }
 
+  bool full_;  ///< SimDetail::kFull: events and memory timelines kept.
   const Schedule& schedule_;
   const PipelineShape& shape_;
   const StageCosts& costs_;
@@ -477,7 +485,7 @@ void check_instructions(const Schedule& schedule, const PipelineShape& shape) {
 double SimResult::samples_per_s(int batch) const { return step_s > 0 ? batch / step_s : 0; }
 
 SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs,
-                   const Processors& processors) {
+                   const Processors& processors, SimDetail detail) {
   if (shape.devices < 1 || shape.chunks < 1 || shape.microbatches < 1) {
     fail(ErrorKind::kUsage, "pipeline shape needs P, V, M >= 1, not P={} V={} M={}", shape.devices,
          shape.chunks, shape.microbatches);
@@ -531,7 +539,7 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
     fail(ErrorKind::kUsage, "processors: overlap is {}; it must be in [0, 1)", processors.overlap);
   check_instructions(schedule, shape);
   check_shared_groups(shape, ErrorKind::kPlan);
-  return Simulation(schedule, shape, costs, processors).run();
+  return Simulation(schedule, shape, costs, processors, detail).run();
 }
 
 namespace {

@@ -139,12 +139,19 @@ struct SimResult {
   double samples_per_s(int batch) const;
 };
 
+/// How much of a simulation `simulate` keeps.
+enum class SimDetail {
+  kFull,   ///< Everything: every instruction's event and every device's memory over time.
+  kPeaks,  ///< The step, busy and idle times and the peaks (their parts and instants); `events`
+           ///< and each device's `memory_timeline` empty: the split search's candidates.
+};
+
 /// Plays `schedule` on a pipeline of `shape` with `costs`, its devices on `processors`. Throws
 /// `Error(kUsage)` when the costs do not match the stages (wrong count, negative or non-finite
 /// value) or `processors` the devices (not one per device, an overlap outside [0, 1)), and
 /// `Error(kPlan)` on a deadlock or an instruction outside the pipeline.
 SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs,
-                   const Processors& processors = {});
+                   const Processors& processors = {}, SimDetail detail = SimDetail::kFull);
 
 /// Per stage, the most microbatches whose activations it holds at once under `schedule`, counted
 /// from each forward to the end of that microbatch's backward (its B when the backward is split:

@@ -226,6 +226,48 @@ TEST_CASE("memory timeline is in time order and peaks where the schedule says") 
   }
 }
 
+TEST_CASE("a simulation that keeps only the peaks gives the full one's step, times and peaks") {
+  // SimDetail::kPeaks (the split search's candidates): no events, no memory over time, every
+  // figure the search reads the same to the bit, on every schedule with every kind of cost.
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
+                            ScheduleKind::kZBH1, ScheduleKind::kZBV, ScheduleKind::kDualPipeV}) {
+    const bool two = kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZBV ||
+                     kind == ScheduleKind::kDualPipeV;
+    PipelineShape shape{3, two ? 2 : 1, 6, true};
+    shape.placement = placement_of(kind);
+    StageCosts costs = equal_stages(shape, 1, 1.5, 0.75, 0.25);
+    const int stages = stage_count(shape);
+    for (int k = 0; k < stages; ++k) costs.forward_s[k] += 0.1 * k;
+    costs.static_bytes.assign(stages, 1000);
+    costs.deferred_bytes.assign(stages, 30);
+    costs.backward_bytes.assign(stages, 7);
+    costs.allgather_s.assign(stages, 0.5);  // the OPT_STEP's event is stretched only when kept
+    costs.allreduce_s.assign(stages, 0.3);
+    const Schedule schedule = build_schedule(kind, shape);
+    const SimResult full = simulate(schedule, shape, costs);
+    const SimResult lean = simulate(schedule, shape, costs, {}, SimDetail::kPeaks);
+    INFO(to_string(kind));
+    CHECK(lean.step_s == full.step_s);
+    CHECK(lean.bubble_fraction == full.bubble_fraction);
+    CHECK(lean.device_busy_s == full.device_busy_s);
+    CHECK(lean.device_idle_s == full.device_idle_s);
+    CHECK(lean.device_peak_bytes == full.device_peak_bytes);
+    REQUIRE(lean.device_peak_parts.size() == full.device_peak_parts.size());
+    for (std::size_t d = 0; d < full.device_peak_parts.size(); ++d) {
+      const PeakParts &a = lean.device_peak_parts[d], &b = full.device_peak_parts[d];
+      CHECK(a.time_s == b.time_s);
+      CHECK(a.activation_bytes == b.activation_bytes);
+      CHECK(a.deferred_bytes == b.deferred_bytes);
+      CHECK(a.backward_bytes == b.backward_bytes);
+      CHECK(a.activations_held == b.activations_held);
+    }
+    CHECK(lean.events.empty());
+    CHECK_FALSE(full.events.empty());
+    REQUIRE(lean.memory_timeline.size() == 3);
+    for (const auto& timeline : lean.memory_timeline) CHECK(timeline.empty());
+  }
+}
+
 TEST_CASE("transfers take send_s on their link, one at a time, and overlap compute") {
   // GPipe, P=2, M=2, forward 1, backward 2, sends of 2: device 0's second send waits for the
   // link, so device 1's second forward starts at 5, not 4.
