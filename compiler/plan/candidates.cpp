@@ -367,9 +367,16 @@ Candidate SplitEvaluator::evaluate(partition::Solution sol, bool scoring_only) {
   c.setup = s_;
   c.setup.shape.shared_groups = shared_weight_groups(io.shared_weights);
   auto known = schedules_.find(c.setup.shape.shared_groups);
-  if (known == schedules_.end())
-    known = schedules_.emplace(c.setup.shape.shared_groups, setup_schedule(c.setup)).first;
-  c.schedule = known->second;
+  if (known == schedules_.end()) {
+    schedule::Schedule built = setup_schedule(c.setup);
+    schedule::ActivationMoments moments = schedule::activation_moments(built, c.setup.shape);
+    known = schedules_
+                .emplace(c.setup.shape.shared_groups,
+                         KnownSchedule{std::move(built), std::move(moments)})
+                .first;
+  }
+  c.schedule = known->second.schedule;
+  const schedule::ActivationMoments& moments = known->second.moments;
   const bool may_recompute = s_.recompute != Recompute::kNone;
   std::vector<Stage> plain, with;
   std::vector<BackwardFacts> bwd;
@@ -392,11 +399,10 @@ Candidate SplitEvaluator::evaluate(partition::Solution sol, bool scoring_only) {
     // Speed: recompute only on the devices that do not fit without it, the stage that saves
     // the most first, until the device fits.
     // Every device at once, then again only the device whose stages changed.
-    const std::vector<DeviceMemory> devices = device_memory(picked, c.schedule, c.setup.shape);
+    const std::vector<DeviceMemory> devices = device_memory(picked, moments);
     for (int d = 0; d < c.setup.shape.devices; ++d) {
       for (DeviceMemory dm = devices[static_cast<std::size_t>(d)];
-           static_cast<double>(dm.total()) > capacity();
-           dm = device_memory(d, picked, c.schedule, c.setup.shape)) {
+           static_cast<double>(dm.total()) > capacity(); dm = device_memory(d, picked, moments)) {
         int pick = -1;
         int64_t most = 0;
         for (int k : dm.stages) {

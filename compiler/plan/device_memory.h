@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/schedule/simulator.h"
 #include "runtime/format/plan.h"
 #include "runtime/format/schedule.h"
 
@@ -57,5 +58,12 @@ std::vector<DeviceMemory> device_memory(const std::vector<const Stage*>& stages,
 DeviceMemory device_memory(int device, const std::vector<const Stage*>& stages,
                            const schedule::Schedule& schedule,
                            const schedule::PipelineShape& shape);
+
+/// The same two from `moments` (schedule::activation_moments of the schedule and shape, built
+/// once): the same figures without walking the lists, for the split search's candidates.
+std::vector<DeviceMemory> device_memory(const std::vector<const Stage*>& stages,
+                                        const schedule::ActivationMoments& moments);
+DeviceMemory device_memory(int device, const std::vector<const Stage*>& stages,
+                           const schedule::ActivationMoments& moments);
 
 }  // namespace stagecraft::plan

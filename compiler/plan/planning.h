@@ -309,7 +309,12 @@ class SplitEvaluator {
   SpanArenas arena_cache_;
   /// The schedule of the setup, by the split's shared-weight groups (all of the shape a split
   /// changes): built once, not once per candidate.
-  std::map<std::vector<std::vector<int>>, schedule::Schedule> schedules_;
+  /// With it, its activation moments (device_memory's peaks without walking the lists).
+  struct KnownSchedule {
+    schedule::Schedule schedule;
+    schedule::ActivationMoments moments;
+  };
+  std::map<std::vector<std::vector<int>>, KnownSchedule> schedules_;
   std::optional<std::vector<ir::ValueId>> trainable_;  ///< The graph's trainable weights.
 };
 

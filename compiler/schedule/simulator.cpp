@@ -588,9 +588,12 @@ std::vector<int64_t> stage_in_flight_peaks(const Schedule& schedule, const Pipel
   return peak;
 }
 
-std::vector<double> activation_peaks(const Schedule& schedule, const PipelineShape& shape,
-                                     const std::vector<double>& kept_bytes,
-                                     const std::vector<double>& backward_bytes, int only_device) {
+namespace {
+
+/// Checks activation_peaks' arguments.
+void check_peak_costs(const std::vector<double>& kept_bytes,
+                      const std::vector<double>& backward_bytes, const PipelineShape& shape,
+                      int only_device) {
   const auto stages = static_cast<size_t>(stage_count(shape));
   check_costs(kept_bytes, "kept_bytes", {0, stages}, static_cast<int>(stages));
   check_costs(backward_bytes, "backward_bytes", {0, stages}, static_cast<int>(stages));
@@ -598,18 +601,119 @@ std::vector<double> activation_peaks(const Schedule& schedule, const PipelineSha
     fail(ErrorKind::kUsage, "activation peaks: device {} of a pipeline of {}", only_device,
          shape.devices);
   }
-  auto at = [](const std::vector<double>& v, int stage) { return v.empty() ? 0.0 : v[stage]; };
-  std::vector<double> now(shape.devices, 0), peak(shape.devices, 0);
+}
+
+/// The activations a device holds at a point of its list: `held[i]` microbatches of its stage
+/// `stages[i]`, plus the backward_bytes of `stages[running]` when running >= 0. One formula,
+/// summed in one order, for the walk and the moments, so the two agree to the bit.
+double held_bytes(const std::vector<int>& stages, const std::vector<int64_t>& held, int running,
+                  const std::vector<double>& kept_bytes,
+                  const std::vector<double>& backward_bytes) {
+  double bytes = 0;
+  if (!kept_bytes.empty())
+    for (size_t i = 0; i < stages.size(); ++i)
+      bytes += static_cast<double>(held[i]) * kept_bytes[stages[i]];
+  if (running >= 0 && !backward_bytes.empty()) bytes += backward_bytes[stages[running]];
+  return bytes;
+}
+
+/// Per device, its stages ascending; per stage, its index there.
+void device_stages(const PipelineShape& shape, std::vector<std::vector<int>>& stages,
+                   std::vector<int>& local) {
+  const int count = stage_count(shape);
+  stages.assign(shape.devices, {});
+  local.assign(count, 0);
+  for (int stage = 0; stage < count; ++stage) {
+    std::vector<int>& mine = stages[device_of_stage(stage, shape)];
+    local[stage] = static_cast<int>(mine.size());
+    mine.push_back(stage);
+  }
+}
+
+/// Calls `at(device, held, running)` at every point of the devices' lists [first, last) where
+/// activations may peak: after each forward, and while each backward, B or W runs.
+template <typename At>
+void activation_points(const Schedule& schedule, const PipelineShape& shape,
+                       const std::vector<std::vector<int>>& stages, const std::vector<int>& local,
+                       int first, int last, At at) {
+  std::vector<std::vector<int64_t>> held(shape.devices);
+  for (int device = 0; device < shape.devices; ++device)
+    held[device].assign(stages[device].size(), 0);
   walk_activations(
-      schedule, shape, only_device < 0 ? 0 : only_device,
-      only_device < 0 ? shape.devices : only_device + 1,
+      schedule, shape, first, last,
       [&](int device, int stage, int delta) {
-        now[device] += delta * at(kept_bytes, stage);
-        peak[device] = std::max(peak[device], now[device]);
+        held[device][local[stage]] += delta;
+        if (delta > 0) at(device, held[device], -1);
       },
-      [&](int device, int stage) {
-        peak[device] = std::max(peak[device], now[device] + at(backward_bytes, stage));
-      });
+      [&](int device, int stage) { at(device, held[device], local[stage]); });
+}
+
+}  // namespace
+
+std::vector<double> activation_peaks(const Schedule& schedule, const PipelineShape& shape,
+                                     const std::vector<double>& kept_bytes,
+                                     const std::vector<double>& backward_bytes, int only_device) {
+  check_peak_costs(kept_bytes, backward_bytes, shape, only_device);
+  std::vector<std::vector<int>> stages;
+  std::vector<int> local;
+  device_stages(shape, stages, local);
+  std::vector<double> peak(shape.devices, 0);
+  activation_points(schedule, shape, stages, local, only_device < 0 ? 0 : only_device,
+                    only_device < 0 ? shape.devices : only_device + 1,
+                    [&](int device, const std::vector<int64_t>& held, int running) {
+                      peak[device] = std::max(
+                          peak[device],
+                          held_bytes(stages[device], held, running, kept_bytes, backward_bytes));
+                    });
+  return peak;
+}
+
+ActivationMoments activation_moments(const Schedule& schedule, const PipelineShape& shape) {
+  ActivationMoments out;
+  out.shape = shape;
+  std::vector<int> local;
+  device_stages(shape, out.stages, local);
+  out.moments.assign(shape.devices, {});
+  std::vector<std::vector<std::pair<std::vector<int64_t>, int>>> seen(shape.devices);
+  activation_points(schedule, shape, out.stages, local, 0, shape.devices,
+                    [&](int device, const std::vector<int64_t>& held, int running) {
+                      seen[device].emplace_back(held, running);
+                    });
+  // Moment a is covered by b when b holds at least as much of every stage and runs the same
+  // backward, or a runs none (bytes are never negative).
+  auto covers = [](const std::pair<std::vector<int64_t>, int>& b,
+                   const std::pair<std::vector<int64_t>, int>& a) {
+    if (a.second >= 0 && a.second != b.second) return false;
+    for (size_t i = 0; i < a.first.size(); ++i)
+      if (b.first[i] < a.first[i]) return false;
+    return true;
+  };
+  for (int device = 0; device < shape.devices; ++device) {
+    auto& points = seen[device];
+    std::sort(points.begin(), points.end());
+    points.erase(std::unique(points.begin(), points.end()), points.end());
+    for (size_t i = 0; i < points.size(); ++i) {
+      bool dominated = false;
+      for (size_t j = 0; j < points.size() && !dominated; ++j)
+        dominated = j != i && covers(points[j], points[i]);  // distinct: a strict cover
+      if (!dominated) out.moments[device].push_back({points[i].first, points[i].second});
+    }
+  }
+  return out;
+}
+
+std::vector<double> activation_peaks(const ActivationMoments& moments,
+                                     const std::vector<double>& kept_bytes,
+                                     const std::vector<double>& backward_bytes, int only_device) {
+  const PipelineShape& shape = moments.shape;
+  check_peak_costs(kept_bytes, backward_bytes, shape, only_device);
+  std::vector<double> peak(shape.devices, 0);
+  const int first = only_device < 0 ? 0 : only_device;
+  const int last = only_device < 0 ? shape.devices : only_device + 1;
+  for (int device = first; device < last; ++device)
+    for (const ActivationMoment& m : moments.moments[device])
+      peak[device] = std::max(peak[device], held_bytes(moments.stages[device], m.held, m.running,
+                                                       kept_bytes, backward_bytes));
   return peak;
 }
 

@@ -173,4 +173,31 @@ std::vector<double> activation_peaks(const Schedule& schedule, const PipelineSha
                                      const std::vector<double>& backward_bytes,
                                      int only_device = -1);
 
+/// A point of a device's list at which its activations may peak: how many microbatches each of
+/// its stages holds then, and which of them runs a backward (full, B or W) that rebuilds its
+/// backward_bytes.
+struct ActivationMoment {
+  std::vector<int64_t> held;  ///< Per stage of the device (ActivationMoments::stages' order).
+  int running = -1;           ///< The index of that stage there, or -1 for none.
+};
+
+/// The points of every device's list at which its activations may peak, whatever the bytes: the
+/// points activation_peaks looks at, less those another dominates (it holds at least as many
+/// microbatches of every stage, and runs the same backward or the other runs none). Built once
+/// per schedule, it makes activation_peaks over many byte vectors (the split search weighs each
+/// candidate's stages' recomputation with it) a few sums a device rather than a walk of its list.
+struct ActivationMoments {
+  PipelineShape shape;
+  std::vector<std::vector<int>> stages;                ///< Per device, its stages ascending.
+  std::vector<std::vector<ActivationMoment>> moments;  ///< Per device.
+};
+
+ActivationMoments activation_moments(const Schedule& schedule, const PipelineShape& shape);
+
+/// activation_peaks of the schedule `moments` was built from: the same figures, to the bit.
+std::vector<double> activation_peaks(const ActivationMoments& moments,
+                                     const std::vector<double>& kept_bytes,
+                                     const std::vector<double>& backward_bytes,
+                                     int only_device = -1);
+
 }  // namespace stagecraft::schedule
