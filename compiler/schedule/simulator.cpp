@@ -453,12 +453,14 @@ class Simulation {
 /// another device, a microbatch out of range, a send past either end.
 void check_instructions(const Schedule& schedule, const PipelineShape& shape) {
   int stages = stage_count(shape);
+  // Each stage's device once (a split search checks every candidate's list of thousands).
+  std::vector<int> device_of(static_cast<size_t>(stages));
+  for (int stage = 0; stage < stages; ++stage) device_of[stage] = device_of_stage(stage, shape);
   for (int device = 0; device < shape.devices; ++device) {
     for (size_t position = 0; position < schedule[device].size(); ++position) {
       const Instruction& in = schedule[device][position];
       bool step_level = is_step_level(in.op);
-      bool fits = in.stage >= 0 && in.stage < stages &&
-                  device_of_stage(in.stage, shape) == device &&
+      bool fits = in.stage >= 0 && in.stage < stages && device_of[in.stage] == device &&
                   (step_level ? in.microbatch == -1
                               : in.microbatch >= 0 && in.microbatch < shape.microbatches) &&
                   !((in.op == Op::kSendAct || in.op == Op::kRecvGrad) && in.stage == stages - 1) &&
