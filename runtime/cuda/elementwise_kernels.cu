@@ -5,7 +5,9 @@
 // conversions, 16-bit floats rounded to nearest even through the same bit arithmetic).
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "runtime/cuda/elementwise_device.cuh"
 #include "runtime/cuda/elementwise_kernels.h"
@@ -235,9 +237,12 @@ __global__ void binary_kernel(const A* x, const B* y, Out* z, int64_t n, Broadca
   }
 }
 
-// A binary op over operands of the output's shape (a transformer's residual Adds): 16 bytes of
-// each operand a thread (8 16-bit floats, 4 float32) rather than one element, x, y and z 16-byte
-// aligned. The same functor as binary_kernel, element for element.
+// A binary op whose operands are each read straight along the output or repeat one row of it
+// (a transformer's residual Adds; its bias Adds, the bias repeated over every row): 16 bytes of
+// each operand a thread (8 16-bit floats, 4 float32) rather than one element, x, y and z
+// 16-byte aligned and a repeated row a whole number of groups. `x_row`, `y_row`: 0 for an
+// operand read straight, else the groups of the row it repeats. The same functor as
+// binary_kernel, element for element.
 template <class T>
 struct alignas(16) Bytes16 {
   static constexpr int kLanes = 16 / static_cast<int>(sizeof(T));
@@ -245,38 +250,58 @@ struct alignas(16) Bytes16 {
 };
 
 template <class T, class F>
-__global__ void same_shape_kernel(const T* x, const T* y, T* z, int64_t n, F f) {
+__global__ void vector_binary_kernel(const T* x, const T* y, T* z, int64_t n, int64_t x_row,
+                                     int64_t y_row, F f) {
   using Group = Bytes16<T>;
-  const int64_t groups = n / Group::kLanes;
+  constexpr int kLanes = Group::kLanes;
+  const int64_t groups = n / kLanes;
   const auto* xs = reinterpret_cast<const Group*>(x);
   const auto* ys = reinterpret_cast<const Group*>(y);
   auto* zs = reinterpret_cast<Group*>(z);
   for (int64_t g = first_index(); g < groups; g += grid_stride()) {
-    const Group a = xs[g], b = ys[g];
+    const Group a = xs[x_row ? g % x_row : g], b = ys[y_row ? g % y_row : g];
     Group c;
 #pragma unroll
-    for (int k = 0; k < Group::kLanes; ++k) c.v[k] = f(a.v[k], b.v[k]);
+    for (int k = 0; k < kLanes; ++k) c.v[k] = f(a.v[k], b.v[k]);
     zs[g] = c;
   }
-  for (int64_t i = groups * Group::kLanes + first_index(); i < n; i += grid_stride())
-    z[i] = f(x[i], y[i]);
+  // The last partial group (operands read straight: a repeated row is whole groups, so n is).
+  for (int64_t i = groups * kLanes + first_index(); i < n; i += grid_stride()) z[i] = f(x[i], y[i]);
 }
 
-// True where both operands are read straight along the output (no broadcast) and every
-// pointer allows 16-byte accesses: the map broadcast_map makes for equal shapes.
-bool same_shape(const BroadcastMap& map, const void* x, const void* y, const void* z) {
-  return map.rank == 1 && map.strides[0][0] == 1 && map.strides[1][0] == 1 && aligned16(x) &&
-         aligned16(y) && aligned16(z);
+// How vector_binary_kernel reads the operands of `map` with `lanes` elements a group: each
+// straight (0) or repeating a row (its groups); nothing where the map is neither (a broadcast
+// inside a row, over a middle dim, a scalar) or a pointer is not 16-byte aligned.
+std::optional<std::pair<int64_t, int64_t>> vector_rows(const BroadcastMap& map, int lanes,
+                                                       const void* x, const void* y,
+                                                       const void* z) {
+  if (!aligned16(x) || !aligned16(y) || !aligned16(z)) return std::nullopt;
+  if (map.rank == 1) {
+    if (map.strides[0][0] == 1 && map.strides[1][0] == 1) return std::pair<int64_t, int64_t>{0, 0};
+    return std::nullopt;
+  }
+  if (map.rank != 2 || map.dims[1] % lanes != 0) return std::nullopt;
+  const int64_t row = map.dims[1];
+  auto read = [&](int k) -> std::optional<int64_t> {
+    if (map.strides[k][1] != 1) return std::nullopt;
+    if (map.strides[k][0] == row) return int64_t{0};
+    if (map.strides[k][0] == 0) return row / lanes;
+    return std::nullopt;
+  };
+  const auto a = read(0), b = read(1);
+  if (!a || !b) return std::nullopt;
+  return std::pair<int64_t, int64_t>{*a, *b};
 }
 
 template <class A, class B, class Out, class F>
 void launch_binary_of(const void* x, const void* y, void* z, int64_t n, const BroadcastMap& map,
                       F f, cudaStream_t stream) {
   if constexpr (std::is_same_v<A, B> && std::is_same_v<A, Out> && sizeof(A) <= 4) {
-    if (same_shape(map, x, y, z)) {
+    if (const auto rows = vector_rows(map, Bytes16<A>::kLanes, x, y, z)) {
       const int64_t groups = (n + Bytes16<A>::kLanes - 1) / Bytes16<A>::kLanes;
-      same_shape_kernel<A, F><<<grid_for(groups, kThreads), kThreads, 0, stream>>>(
-          static_cast<const A*>(x), static_cast<const A*>(y), static_cast<A*>(z), n, f);
+      vector_binary_kernel<A, F><<<grid_for(groups, kThreads), kThreads, 0, stream>>>(
+          static_cast<const A*>(x), static_cast<const A*>(y), static_cast<A*>(z), n, rows->first,
+          rows->second, f);
       return;
     }
   }

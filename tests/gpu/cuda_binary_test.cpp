@@ -1,0 +1,99 @@
+// The CUDA binary ops' 16-byte path (elementwise_kernels.cu vector_binary_kernel: operands of
+// the output's shape, such as a transformer's residual Adds, or one repeating a row, such as its
+// bias Adds) against the CPU backend, bit for bit, beside shapes that take the general path (a
+// broadcast over a middle dim or a column): float32, both 16-bit floats (against the CPU's
+// widened run: the float32 op on the exact operands, rounded to nearest even) and int32.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/core/backend.h"
+#include "tests/runtime/attention_util.h"
+
+namespace stagecraft::testing {
+namespace {
+
+/// `t` cast to `to` by the CPU backend's Cast.
+rt::Tensor cast_to(const rt::Tensor& t, DType to) {
+  onnx::NodeProto n;
+  n.set_name("cast");
+  n.set_op_type("Cast");
+  onnx::AttributeProto* a = n.add_attribute();
+  a->set_name("to");
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(static_cast<int64_t>(to));
+  rt::Tensor out = rt::Tensor::owned(to, t.shape);
+  attention::run(rt::cpu_backend(), n, {&t}, {&out});
+  return out;
+}
+
+/// The numpy broadcast of two shapes (they broadcast).
+rt::Shape broadcast(const rt::Shape& a, const rt::Shape& b) {
+  rt::Shape out(std::max(a.size(), b.size()), 1);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t x = i + a.size() >= out.size() ? a[i + a.size() - out.size()] : 1;
+    const int64_t y = i + b.size() >= out.size() ? b[i + b.size() - out.size()] : 1;
+    out[i] = std::max(x, y);
+  }
+  return out;
+}
+
+TEST_CASE("cuda binary ops on same-shape and row-repeated operands match the CPU bit for bit") {
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  const std::vector<std::pair<rt::Shape, rt::Shape>> shapes = {
+      {{3, 1001}, {3, 1001}},      // same shape, a partial last group
+      {{64, 256}, {256}},          // a bias row
+      {{256}, {64, 256}},          // the row first
+      {{2, 3, 4, 8}, {4, 8}},      // a row of 32 over 6 rows
+      {{4, 8}, {4, 8}},            // smaller than a block
+      {{8, 1, 256}, {8, 5, 256}},  // general path: a middle dim
+      {{64, 256}, {64, 1}},        // general path: a column
+      {{64, 12}, {12}},            // general path for 16-bit (12 is not 8 lanes), float32's path
+  };
+  int cases = 0;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kInt32}) {
+    for (const std::string op : {"Add", "Sub", "Mul", "Div", "Max"}) {
+      for (const auto& [xs, ys] : shapes) {
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(op);
+        CAPTURE(rt::shape_string(xs));
+        CAPTURE(rt::shape_string(ys));
+        rt::Tensor x = attention::random(xs, 31 + cases, -50.0f, 50.0f);
+        rt::Tensor y = attention::random(ys, 57 + cases, 1.0f, 9.0f);  // no zero divisor
+        if (dtype == DType::kInt32) {
+          // Whole values: the cast truncates, and a divisor of at least 1 stays non-zero.
+          x = cast_to(x, DType::kInt32);
+          y = cast_to(y, DType::kInt32);
+        } else if (dtype != DType::kFloat32) {
+          x = cast_to(x, dtype);
+          y = cast_to(y, dtype);
+        }
+        onnx::NodeProto n;
+        n.set_name(op);
+        n.set_op_type(op);
+        const rt::Shape out_shape = broadcast(xs, ys);
+        rt::Tensor on_cuda = rt::Tensor::owned(dtype, out_shape);
+        // The CPU runs 16-bit floats widened: the float32 op on the exactly widened operands,
+        // rounded to nearest even, which is the CUDA kernel's formula.
+        const bool half = dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+        const rt::Tensor xc = half ? cast_to(x, DType::kFloat32) : x;
+        const rt::Tensor yc = half ? cast_to(y, DType::kFloat32) : y;
+        rt::Tensor wide = rt::Tensor::owned(xc.dtype, out_shape);
+        attention::run(rt::cpu_backend(), n, {&xc, &yc}, {&wide});
+        const rt::Tensor on_cpu = half ? cast_to(wide, dtype) : wide;
+        attention::run(*cuda, n, {&x, &y}, {&on_cuda});
+        CHECK(std::memcmp(on_cpu.data, on_cuda.data, static_cast<size_t>(on_cpu.bytes())) == 0);
+        ++cases;
+      }
+    }
+  }
+  CHECK(cases == 160);
+}
+
+}  // namespace
+}  // namespace stagecraft::testing
