@@ -1,8 +1,10 @@
 // The CUDA data family's device kernels (data_kernels.h): grid-stride loops with int64 indices;
 // elements moved as opaque units of their size; reductions one block per output where the
 // reduced extent is long, one thread per output where it is short, both in a fixed order.
-#include "runtime/cuda/data_kernels.h"
+#include <cstdint>
+
 #include "runtime/cuda/column_reduce.cuh"
+#include "runtime/cuda/data_kernels.h"
 #include "runtime/cuda/norm_block.cuh"
 #include "runtime/cuda/update_kernels.h"
 
@@ -169,9 +171,37 @@ void by_unit(int64_t size, Body&& body) {
 
 }  // namespace
 
+namespace {
+
+// The same move in 16-byte units where it allows them: the walk's innermost dim contiguous
+// and a whole number of units long, every other stride a whole number of units, both pointers
+// 16-byte aligned (a transpose that keeps the last dim, as attention's head transposes do, or
+// a slice of whole rows). Each thread then moves 16 bytes, with one offset computation, rather
+// than one element. Changes `map`, `n` and `element_bytes` in place; false leaves them.
+bool in_units_of_16(const void* dst, const void* src, int64_t& element_bytes, int64_t& n,
+                    IndexMap& map) {
+  if (element_bytes >= 16 || 16 % element_bytes != 0 || map.rank < 1) return false;
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+    return false;
+  const int64_t per = 16 / element_bytes;
+  const int last = map.rank - 1;
+  if (map.strides[last] != 1 || map.dims[last] % per != 0) return false;
+  for (int d = 0; d < last; ++d)
+    if (map.strides[d] % per != 0) return false;
+  for (int d = 0; d < last; ++d) map.strides[d] /= per;
+  map.dims[last] /= per;
+  n /= per;
+  element_bytes = 16;
+  return true;
+}
+
+}  // namespace
+
 void launch_strided_gather(void* dst, const void* src, int64_t element_bytes, int64_t n,
-                           const IndexMap& map, cudaStream_t stream) {
+                           const IndexMap& given, cudaStream_t stream) {
   if (n <= 0) return;
+  IndexMap map = given;
+  in_units_of_16(dst, src, element_bytes, n, map);
   by_unit(element_bytes, [&](auto unit) {
     using T = decltype(unit);
     strided_gather_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
@@ -180,8 +210,10 @@ void launch_strided_gather(void* dst, const void* src, int64_t element_bytes, in
 }
 
 void launch_strided_scatter(void* dst, const void* src, int64_t element_bytes, int64_t n,
-                            const IndexMap& map, cudaStream_t stream) {
+                            const IndexMap& given, cudaStream_t stream) {
   if (n <= 0) return;
+  IndexMap map = given;
+  in_units_of_16(dst, src, element_bytes, n, map);
   by_unit(element_bytes, [&](auto unit) {
     using T = decltype(unit);
     strided_scatter_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(

@@ -1,8 +1,9 @@
-// The CUDA binary ops' 16-byte path (elementwise_kernels.cu vector_binary_kernel: operands of
-// the output's shape, such as a transformer's residual Adds, or one repeating a row, such as its
-// bias Adds) against the CPU backend, bit for bit, beside shapes that take the general path (a
-// broadcast over a middle dim or a column): float32, both 16-bit floats (against the CPU's
-// widened run: the float32 op on the exact operands, rounded to nearest even) and int32.
+// The CUDA kernels' 16-byte paths against the CPU backend, bit for bit, beside shapes that take
+// the element-by-element path: binary ops on operands of the output's shape (a transformer's
+// residual Adds) or repeating a row (its bias Adds) (elementwise_kernels.cu), in float32, both
+// 16-bit floats (against the CPU's widened run: the float32 op on the exact operands, rounded to
+// nearest even) and int32; and strided moves that keep a whole number of units innermost
+// (attention's head transposes; data_kernels.cu) in every width.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -93,6 +94,49 @@ TEST_CASE("cuda binary ops on same-shape and row-repeated operands match the CPU
     }
   }
   CHECK(cases == 160);
+}
+
+TEST_CASE("cuda transposes in 16-byte units and element by element match the CPU bit for bit") {
+  // data_kernels.cu's strided moves take 16 bytes a thread where the innermost dim is kept and
+  // whole units long (attention's head transposes); the other perms and shapes go element by
+  // element. Copies: every dtype width, the CPU's bytes exactly.
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  const std::vector<std::pair<rt::Shape, std::vector<int64_t>>> cases = {
+      {{2, 16, 4, 64}, {0, 2, 1, 3}},  // [B, S, H, D] -> [B, H, S, D]
+      {{2, 4, 16, 64}, {0, 2, 1, 3}},  // and back
+      {{3, 5, 8}, {1, 0, 2}},          // 8 floats: two units
+      {{3, 5, 6}, {1, 0, 2}},          // 6: not whole units for 16-bit and float32
+      {{4, 6, 10}, {0, 2, 1}},         // the last dim moves: element by element
+  };
+  int runs = 0;
+  for (DType dtype :
+       {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kInt32, DType::kInt64}) {
+    for (const auto& [shape, perm] : cases) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(rt::shape_string(shape));
+      rt::Tensor x = attention::random(shape, 91 + runs, -100.0f, 100.0f);
+      if (dtype != DType::kFloat32) x = cast_to(x, dtype);
+      onnx::NodeProto n;
+      n.set_name("transpose");
+      n.set_op_type("Transpose");
+      onnx::AttributeProto* a = n.add_attribute();
+      a->set_name("perm");
+      a->set_type(onnx::AttributeProto::INTS);
+      rt::Shape out_shape;
+      for (int64_t d : perm) {
+        a->add_ints(d);
+        out_shape.push_back(shape[static_cast<size_t>(d)]);
+      }
+      rt::Tensor on_cpu = rt::Tensor::owned(dtype, out_shape);
+      rt::Tensor on_cuda = rt::Tensor::owned(dtype, out_shape);
+      attention::run(rt::cpu_backend(), n, {&x}, {&on_cpu});
+      attention::run(*cuda, n, {&x}, {&on_cuda});
+      CHECK(std::memcmp(on_cpu.data, on_cuda.data, static_cast<size_t>(on_cpu.bytes())) == 0);
+      ++runs;
+    }
+  }
+  CHECK(runs == 25);
 }
 
 }  // namespace
