@@ -39,19 +39,7 @@ onnx::NodeProto node(const std::string& op, int forward_inputs,
   return n;
 }
 
-/// `t` cast to `to` by the CPU backend's Cast (round to nearest even, widening exact).
-rt::Tensor cast(const rt::Tensor& t, DType to) {
-  onnx::NodeProto n;
-  n.set_name("cast");
-  n.set_op_type("Cast");
-  onnx::AttributeProto* a = n.add_attribute();
-  a->set_name("to");
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(static_cast<int64_t>(to));
-  rt::Tensor out = rt::Tensor::owned(to, t.shape);
-  attention::run(rt::cpu_backend(), n, {&t}, {&out});
-  return out;
-}
+using attention::cast;
 
 /// Elements of two 16-bit tensors that differ by more than one unit in the last place.
 int64_t beyond_one_ulp(const rt::Tensor& a, const rt::Tensor& b) {

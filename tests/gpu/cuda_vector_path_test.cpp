@@ -18,20 +18,6 @@
 namespace stagecraft::testing {
 namespace {
 
-/// `t` cast to `to` by the CPU backend's Cast.
-rt::Tensor cast_to(const rt::Tensor& t, DType to) {
-  onnx::NodeProto n;
-  n.set_name("cast");
-  n.set_op_type("Cast");
-  onnx::AttributeProto* a = n.add_attribute();
-  a->set_name("to");
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(static_cast<int64_t>(to));
-  rt::Tensor out = rt::Tensor::owned(to, t.shape);
-  attention::run(rt::cpu_backend(), n, {&t}, {&out});
-  return out;
-}
-
 /// The numpy broadcast of two shapes (they broadcast).
 rt::Shape broadcast(const rt::Shape& a, const rt::Shape& b) {
   rt::Shape out(std::max(a.size(), b.size()), 1);
@@ -68,11 +54,11 @@ TEST_CASE("cuda binary ops on same-shape and row-repeated operands match the CPU
         rt::Tensor y = attention::random(ys, 57 + cases, 1.0f, 9.0f);  // no zero divisor
         if (dtype == DType::kInt32) {
           // Whole values: the cast truncates, and a divisor of at least 1 stays non-zero.
-          x = cast_to(x, DType::kInt32);
-          y = cast_to(y, DType::kInt32);
+          x = attention::cast(x, DType::kInt32);
+          y = attention::cast(y, DType::kInt32);
         } else if (dtype != DType::kFloat32) {
-          x = cast_to(x, dtype);
-          y = cast_to(y, dtype);
+          x = attention::cast(x, dtype);
+          y = attention::cast(y, dtype);
         }
         onnx::NodeProto n;
         n.set_name(op);
@@ -82,11 +68,11 @@ TEST_CASE("cuda binary ops on same-shape and row-repeated operands match the CPU
         // The CPU runs 16-bit floats widened: the float32 op on the exactly widened operands,
         // rounded to nearest even, which is the CUDA kernel's formula.
         const bool half = dtype == DType::kBFloat16 || dtype == DType::kFloat16;
-        const rt::Tensor xc = half ? cast_to(x, DType::kFloat32) : x;
-        const rt::Tensor yc = half ? cast_to(y, DType::kFloat32) : y;
+        const rt::Tensor xc = half ? attention::cast(x, DType::kFloat32) : x;
+        const rt::Tensor yc = half ? attention::cast(y, DType::kFloat32) : y;
         rt::Tensor wide = rt::Tensor::owned(xc.dtype, out_shape);
         attention::run(rt::cpu_backend(), n, {&xc, &yc}, {&wide});
-        const rt::Tensor on_cpu = half ? cast_to(wide, dtype) : wide;
+        const rt::Tensor on_cpu = half ? attention::cast(wide, dtype) : wide;
         attention::run(*cuda, n, {&x, &y}, {&on_cuda});
         CHECK(std::memcmp(on_cpu.data, on_cuda.data, static_cast<size_t>(on_cpu.bytes())) == 0);
         ++cases;
@@ -116,7 +102,7 @@ TEST_CASE("cuda transposes in 16-byte units and element by element match the CPU
       CAPTURE(dtype_name(dtype));
       CAPTURE(rt::shape_string(shape));
       rt::Tensor x = attention::random(shape, 91 + runs, -100.0f, 100.0f);
-      if (dtype != DType::kFloat32) x = cast_to(x, dtype);
+      if (dtype != DType::kFloat32) x = attention::cast(x, dtype);
       onnx::NodeProto n;
       n.set_name("transpose");
       n.set_op_type("Transpose");

@@ -73,6 +73,20 @@ inline void run(const rt::Backend& backend, const onnx::NodeProto& node,
       device->read(*dout[k], out[k]->data, out[k]->bytes());
 }
 
+/// `t` cast to `to` by the CPU backend's Cast (round to nearest even, widening exact).
+inline rt::Tensor cast(const rt::Tensor& t, DType to) {
+  onnx::NodeProto n;
+  n.set_name("cast");
+  n.set_op_type("Cast");
+  onnx::AttributeProto* a = n.add_attribute();
+  a->set_name("to");
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(static_cast<int64_t>(to));
+  rt::Tensor out = rt::Tensor::owned(to, t.shape);
+  run(rt::cpu_backend(), n, {&t}, {&out});
+  return out;
+}
+
 /// A float32 tensor uniform in [lo, hi) from `seed`.
 inline rt::Tensor random(const rt::Shape& shape, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
   rt::Tensor t = rt::Tensor::owned(DType::kFloat32, shape);
