@@ -787,7 +787,11 @@ std::optional<std::vector<uint8_t>> bool_slice_on_host(const ir::Node& node,
     }
     const std::byte* from = src + offset;
     uint8_t* to = out.data() + r * inner;
-    for (int64_t i = 0; i < inner; ++i) to[i] = from[i * step] != std::byte{0};
+    if (step == 1) {  // a contiguous row, which the compiler vectorizes
+      for (int64_t i = 0; i < inner; ++i) to[i] = from[i] != std::byte{0};
+    } else {
+      for (int64_t i = 0; i < inner; ++i) to[i] = from[i * step] != std::byte{0};
+    }
   }
   return out;
 }
