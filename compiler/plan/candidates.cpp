@@ -438,21 +438,31 @@ Candidate SplitEvaluator::evaluate(partition::Solution sol, bool scoring_only) {
   if (s_.recompute == Recompute::kAuto && s_.objective != Objective::kMemory) {
     // The simulated peak is the device's figure; where it leaves a device over that the
     // estimate above let through (zb-h1 holds activations until W, and what B leaves for W),
-    // recompute more of its stages, the one that saves the most first.
+    // recompute more of its stages, the one that saves the most first. A device's peak depends
+    // on its own stages alone (their bytes, in its own list's order), so every device over its
+    // memory takes its next stage in the same round: the stages that end up recomputing are
+    // those of one stage at a time, with a simulation a round rather than one a stage (20 a
+    // candidate for the 175B zb-h1 plan).
+    const auto devices = static_cast<std::size_t>(c.setup.shape.devices);
     for (;;) {
-      int pick = -1;
-      int64_t most = 0;
+      std::vector<int> pick(devices, -1);
+      std::vector<int64_t> most(devices, 0);
       for (std::size_t k = 0; k < stages; ++k) {
-        const int device = c.stages[k].device;
+        const auto device = static_cast<std::size_t>(c.stages[k].device);
         int64_t saves = plain[k].memory.total() - with[k].memory.total();
-        if (!on[k] && saves > most &&
+        if (!on[k] && saves > most[device] &&
             static_cast<double>(c.peaks[device].peak_bytes) > capacity()) {
-          most = saves;
-          pick = static_cast<int>(k);
+          most[device] = saves;
+          pick[device] = static_cast<int>(k);
         }
       }
-      if (pick < 0) break;
-      on[pick] = true;
+      bool picked = false;
+      for (int k : pick) {
+        if (k < 0) continue;
+        on[static_cast<std::size_t>(k)] = true;
+        picked = true;
+      }
+      if (!picked) break;
       assemble();
     }
   }
