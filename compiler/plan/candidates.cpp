@@ -372,10 +372,12 @@ Candidate SplitEvaluator::evaluate(partition::Solution sol, bool scoring_only) {
     schedule::ActivationMoments moments = schedule::activation_moments(built, c.setup.shape);
     known = schedules_
                 .emplace(c.setup.shape.shared_groups,
-                         KnownSchedule{std::move(built), std::move(moments)})
+                         KnownSchedule{schedule::prepare_schedule(std::move(built), c.setup.shape),
+                                       std::move(moments)})
                 .first;
   }
-  c.schedule = known->second.schedule;
+  const schedule::PreparedSchedule& prepared = known->second.prepared;
+  c.schedule = prepared.schedule;
   const schedule::ActivationMoments& moments = known->second.moments;
   const bool may_recompute = s_.recompute != Recompute::kNone;
   std::vector<Stage> plain, with;
@@ -432,7 +434,7 @@ Candidate SplitEvaluator::evaluate(partition::Solution sol, bool scoring_only) {
       note_stage(c.rc, c.stages[k], bwd[k], span_weights(f_, span.first, span.last).trainable);
     }
     c.predicted = predict(c.setup, c.schedule, c.sol, f_, g_, order_, batch_, c.stages, c.rc,
-                          scoring_only ? nullptr : &c.timeline, &c.peaks);
+                          scoring_only ? nullptr : &c.timeline, &c.peaks, &prepared);
   };
   assemble();
   if (s_.recompute == Recompute::kAuto && s_.objective != Objective::kMemory) {

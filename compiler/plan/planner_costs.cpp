@@ -465,10 +465,13 @@ schedule::StageCosts with_terms(const Setup& s, const partition::Solution& sol, 
 Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
                    const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
                    int64_t batch, const std::vector<Stage>& stages, const SimExtras& rc,
-                   std::vector<schedule::TimelineEvent>* timeline, std::vector<DevicePeak>* peaks) {
-  auto sim = schedule::simulate(
-      sched, s.shape, with_terms(s, sol, f, stage_costs(s, sol, f, rc)), sim_processors(s),
-      timeline ? schedule::SimDetail::kFull : schedule::SimDetail::kPeaks);
+                   std::vector<schedule::TimelineEvent>* timeline, std::vector<DevicePeak>* peaks,
+                   const schedule::PreparedSchedule* prepared) {
+  const schedule::StageCosts costs = with_terms(s, sol, f, stage_costs(s, sol, f, rc));
+  const schedule::SimDetail detail =
+      timeline ? schedule::SimDetail::kFull : schedule::SimDetail::kPeaks;
+  auto sim = prepared ? schedule::simulate(*prepared, costs, sim_processors(s), detail)
+                      : schedule::simulate(sched, s.shape, costs, sim_processors(s), detail);
   Prediction p;
   p.step_ms = sim.step_s * 1e3;
   p.bubble_fraction = sim.bubble_fraction;

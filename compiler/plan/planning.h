@@ -229,10 +229,13 @@ schedule::StageCosts with_terms(const Setup& s, const partition::Solution& sol, 
 /// with `rc`'s per-stage extras; its device peaks are `peaks` (schedule/device_peak.h), the
 /// events it played `timeline`. Without a `timeline` the peaks come without their memory over
 /// time (SimDetail::kPeaks: a search's candidates).
+/// `prepared`: `sched` prepared for `s.shape` (schedule::prepare_schedule), to play without
+/// asking its rules again.
 Prediction predict(const Setup& s, const schedule::Schedule& sched, const partition::Solution& sol,
                    const NodeFacts& f, const ir::Graph& g, const std::vector<ir::NodeId>& order,
                    int64_t batch, const std::vector<Stage>& stages, const SimExtras& rc,
-                   std::vector<schedule::TimelineEvent>* timeline, std::vector<DevicePeak>* peaks);
+                   std::vector<schedule::TimelineEvent>* timeline, std::vector<DevicePeak>* peaks,
+                   const schedule::PreparedSchedule* prepared = nullptr);
 
 /// A stage's forward arena (candidates.cpp plan_stage_arena) depends only on its span of
 /// positions: what its nodes produce and which values leave the span. SplitEvaluator keeps it
@@ -311,7 +314,7 @@ class SplitEvaluator {
   /// changes): built once, not once per candidate.
   /// With it, its activation moments (device_memory's peaks without walking the lists).
   struct KnownSchedule {
-    schedule::Schedule schedule;
+    schedule::PreparedSchedule prepared;  ///< The schedule, checked and its order of play kept.
     schedule::ActivationMoments moments;
   };
   std::map<std::vector<std::vector<int>>, KnownSchedule> schedules_;

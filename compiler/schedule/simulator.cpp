@@ -116,6 +116,17 @@ class Simulation {
     return finish();
   }
 
+  /// Whether some processor runs several devices (the order of play then follows the times).
+  bool shared() const { return shared_; }
+
+  /// Plays `order`, recorded by `play` on this schedule: every instruction after what it waits
+  /// for, each device's in its list's order. The times depend only on that, so they are run()'s.
+  SimResult run_in(const std::vector<PlayStep>& order) {
+    for (const PlayStep& step : order)
+      time(step.device, schedule_[static_cast<size_t>(step.device)][step.position]);
+    return finish();
+  }
+
  private:
   /// As `play`, with the compute instructions in the order of the times they could start: every
   /// other instruction that may run runs first (it claims no processor), then the compute
@@ -486,8 +497,11 @@ void check_instructions(const Schedule& schedule, const PipelineShape& shape) {
 
 double SimResult::samples_per_s(int batch) const { return step_s > 0 ? batch / step_s : 0; }
 
-SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs,
-                   const Processors& processors, SimDetail detail) {
+namespace {
+
+/// The checks of `schedule` itself on `shape` that simulate makes: the shape, one list per
+/// device, every instruction within the pipeline, the shared-weight groups.
+void check_schedule_for(const Schedule& schedule, const PipelineShape& shape) {
   if (shape.devices < 1 || shape.chunks < 1 || shape.microbatches < 1) {
     fail(ErrorKind::kUsage, "pipeline shape needs P, V, M >= 1, not P={} V={} M={}", shape.devices,
          shape.chunks, shape.microbatches);
@@ -496,6 +510,13 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
     fail(ErrorKind::kPlan, "schedule has {} device lists; the pipeline has {} devices",
          schedule.size(), shape.devices);
   }
+  check_instructions(schedule, shape);
+  check_shared_groups(shape, ErrorKind::kPlan);
+}
+
+/// The checks of `costs` and `processors` against `shape` that simulate makes.
+void check_costs_for(const PipelineShape& shape, const StageCosts& costs,
+                     const Processors& processors) {
   size_t stages = stage_count(shape);
   int count = static_cast<int>(stages);
   check_costs(costs.forward_s, "forward_s", {stages}, count);
@@ -539,9 +560,37 @@ SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const S
          processors.of_device.size(), shape.devices);
   if (!(processors.overlap >= 0 && processors.overlap < 1))
     fail(ErrorKind::kUsage, "processors: overlap is {}; it must be in [0, 1)", processors.overlap);
-  check_instructions(schedule, shape);
-  check_shared_groups(shape, ErrorKind::kPlan);
+}
+
+}  // namespace
+
+SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs,
+                   const Processors& processors, SimDetail detail) {
+  check_schedule_for(schedule, shape);
+  check_costs_for(shape, costs, processors);
   return Simulation(schedule, shape, costs, processors, detail).run();
+}
+
+PreparedSchedule prepare_schedule(Schedule schedule, const PipelineShape& shape) {
+  check_schedule_for(schedule, shape);
+  PreparedSchedule out;
+  out.shape = shape;
+  Readiness readiness(shape);
+  std::vector<size_t> at(schedule.size(), 0);  // per device, the position of its next instruction
+  const std::vector<size_t> next = play(schedule, readiness, [&](int device, const Instruction&) {
+    out.order.push_back({device, at[static_cast<size_t>(device)]++});
+  });
+  check_finished(schedule, next, readiness);
+  out.schedule = std::move(schedule);
+  return out;
+}
+
+SimResult simulate(const PreparedSchedule& prepared, const StageCosts& costs,
+                   const Processors& processors, SimDetail detail) {
+  check_costs_for(prepared.shape, costs, processors);
+  Simulation simulation(prepared.schedule, prepared.shape, costs, processors, detail);
+  // Devices that share a processor take turns by the times: the order of play follows them.
+  return simulation.shared() ? simulation.run() : simulation.run_in(prepared.order);
 }
 
 namespace {

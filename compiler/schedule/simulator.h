@@ -39,6 +39,7 @@
 /// `validate_schedule` for the structure. A list that cannot run to the end is a deadlock and
 /// throws `Error(kPlan)` naming each stuck device and instruction.
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -151,6 +152,33 @@ enum class SimDetail {
 /// value) or `processors` the devices (not one per device, an overlap outside [0, 1)), and
 /// `Error(kPlan)` on a deadlock or an instruction outside the pipeline.
 SimResult simulate(const Schedule& schedule, const PipelineShape& shape, const StageCosts& costs,
+                   const Processors& processors = {}, SimDetail detail = SimDetail::kFull);
+
+/// One instruction of a recorded order of play: instruction `position` of `device`'s list.
+struct PlayStep {
+  int device = 0;
+  size_t position = 0;
+};
+
+/// A schedule checked once and its order of play (readiness.h's rules) recorded, for simulating
+/// it with many costs: the split search's candidates share one schedule and differ in their
+/// stages' costs only. Where no processor is shared the times depend only on each instruction's
+/// inputs, so playing the recorded order gives `simulate`'s result to the bit without asking the
+/// rules again.
+struct PreparedSchedule {
+  Schedule schedule;
+  PipelineShape shape;
+  std::vector<PlayStep> order;  ///< Every instruction once, each after what it waits for.
+};
+
+/// Checks `schedule` on `shape` as `simulate` does (throwing the same errors, a deadlock
+/// included) and records its order of play.
+PreparedSchedule prepare_schedule(Schedule schedule, const PipelineShape& shape);
+
+/// `simulate(prepared.schedule, prepared.shape, costs, processors, detail)`, the schedule's
+/// checks and rules not asked again (with processors shared, the rules decide by the times, and
+/// are asked as simulate asks them).
+SimResult simulate(const PreparedSchedule& prepared, const StageCosts& costs,
                    const Processors& processors = {}, SimDetail detail = SimDetail::kFull);
 
 /// Per stage, the most microbatches whose activations it holds at once under `schedule`, counted

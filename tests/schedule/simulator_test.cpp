@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <random>
 #include <string>
 
 #include "compiler/schedule/build_schedule.h"
@@ -266,6 +267,87 @@ TEST_CASE("a simulation that keeps only the peaks gives the full one's step, tim
     REQUIRE(lean.memory_timeline.size() == 3);
     for (const auto& timeline : lean.memory_timeline) CHECK(timeline.empty());
   }
+}
+
+TEST_CASE("a prepared schedule plays its recorded order to the same result, bit for bit") {
+  // prepare_schedule checks a schedule once and records its order of play; simulating it with
+  // other costs (the split search's candidates) gives simulate's result exactly: every schedule
+  // kind, uneven random costs with slow links (sends wait for slots), instruction costs, data
+  // parallelism, and shared processors (where the rules are asked by the times).
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(0.1, 2.0);
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZBH1,
+        ScheduleKind::kZBV, ScheduleKind::kDualPipeV, ScheduleKind::kInference}) {
+    const bool two = kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZBV ||
+                     kind == ScheduleKind::kDualPipeV;
+    PipelineShape shape{4, two ? 2 : 1, 8, kind != ScheduleKind::kInference};
+    shape.placement = placement_of(kind);
+    if (kind == ScheduleKind::k1F1B) shape.data_parallel = 2;
+    const Schedule schedule = build_schedule(kind, shape);
+    const PreparedSchedule prepared = prepare_schedule(schedule, shape);
+    CHECK(prepared.schedule == schedule);
+    size_t instructions = 0;
+    for (const auto& list : schedule) instructions += list.size();
+    CHECK(prepared.order.size() == instructions);
+    const int stages = stage_count(shape);
+    for (int round = 0; round < 4; ++round) {
+      StageCosts costs = equal_stages(shape, 1, 1, 1);
+      for (int k = 0; k < stages; ++k) {
+        costs.forward_s[k] = u(rng);
+        costs.backward_input_s[k] = shape.training ? u(rng) : 0;
+        costs.backward_weight_s[k] = shape.training ? u(rng) : 0;
+        if (k + 1 < stages) costs.send_s[k] = round == 0 ? 0 : 3 * u(rng);
+      }
+      if (!shape.training) {
+        costs.backward_input_s.clear();
+        costs.backward_weight_s.clear();
+      }
+      costs.static_bytes.assign(stages, 100);
+      costs.deferred_bytes.assign(stages, 3);
+      costs.backward_bytes.assign(stages, 5);
+      if (round == 2) costs.instruction_s.assign(kInstructionKinds, 0.05);
+      if (kind == ScheduleKind::k1F1B) costs.allreduce_s.assign(stages, u(rng));
+      Processors processors;
+      if (round == 3) processors = {{0, 0, 1, 1}, 0.25};
+      CAPTURE(to_string(kind));
+      CAPTURE(round);
+      for (SimDetail detail : {SimDetail::kFull, SimDetail::kPeaks}) {
+        const SimResult want = simulate(schedule, shape, costs, processors, detail);
+        const SimResult got = simulate(prepared, costs, processors, detail);
+        CHECK(got.step_s == want.step_s);
+        CHECK(got.bubble_fraction == want.bubble_fraction);
+        CHECK(got.device_busy_s == want.device_busy_s);
+        CHECK(got.device_peak_bytes == want.device_peak_bytes);
+        CHECK(got.memory_timeline == want.memory_timeline);
+        REQUIRE(got.events.size() == want.events.size());
+        for (size_t i = 0; i < got.events.size(); ++i) {
+          CHECK(got.events[i].start_s == want.events[i].start_s);
+          CHECK(got.events[i].end_s == want.events[i].end_s);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("preparing a deadlocked schedule fails as simulating it does") {
+  PipelineShape shape{2, 1, 1, true};
+  Schedule schedule = build_schedule(ScheduleKind::k1F1B, shape);
+  std::rotate(schedule[0].begin(), schedule[0].begin() + 2, schedule[0].begin() + 3);
+  std::string simulated, prepared;
+  try {
+    simulate(schedule, shape, equal_stages(shape, 1, 1, 1));
+  } catch (const Error& e) {
+    simulated = e.what();
+  }
+  try {
+    prepare_schedule(schedule, shape);
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kPlan);
+    prepared = e.what();
+  }
+  CHECK_FALSE(simulated.empty());
+  CHECK(prepared == simulated);
 }
 
 TEST_CASE("transfers take send_s on their link, one at a time, and overlap compute") {
