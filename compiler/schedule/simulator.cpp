@@ -724,21 +724,20 @@ ActivationMoments activation_moments(const Schedule& schedule, const PipelineSha
   out.shape = shape;
   std::vector<int> local;
   device_stages(shape, out.stages, local);
-  out.moments.assign(shape.devices, {});
-  std::vector<std::vector<std::pair<std::vector<int64_t>, int>>> seen(shape.devices);
+  std::vector<std::vector<ActivationMoment>> seen(shape.devices);
   activation_points(schedule, shape, out.stages, local, 0, shape.devices,
                     [&](int device, const std::vector<int64_t>& held, int running) {
-                      seen[device].emplace_back(held, running);
+                      seen[device].push_back({held, running});
                     });
   // Moment a is covered by b when b holds at least as much of every stage and runs the same
   // backward, or a runs none (bytes are never negative).
-  auto covers = [](const std::pair<std::vector<int64_t>, int>& b,
-                   const std::pair<std::vector<int64_t>, int>& a) {
-    if (a.second >= 0 && a.second != b.second) return false;
-    for (size_t i = 0; i < a.first.size(); ++i)
-      if (b.first[i] < a.first[i]) return false;
+  auto covers = [](const ActivationMoment& b, const ActivationMoment& a) {
+    if (a.running >= 0 && a.running != b.running) return false;
+    for (size_t i = 0; i < a.held.size(); ++i)
+      if (b.held[i] < a.held[i]) return false;
     return true;
   };
+  out.moments.assign(shape.devices, {});
   for (int device = 0; device < shape.devices; ++device) {
     auto& points = seen[device];
     std::sort(points.begin(), points.end());
@@ -747,7 +746,7 @@ ActivationMoments activation_moments(const Schedule& schedule, const PipelineSha
       bool dominated = false;
       for (size_t j = 0; j < points.size() && !dominated; ++j)
         dominated = j != i && covers(points[j], points[i]);  // distinct: a strict cover
-      if (!dominated) out.moments[device].push_back({points[i].first, points[i].second});
+      if (!dominated) out.moments[device].push_back(points[i]);
     }
   }
   return out;

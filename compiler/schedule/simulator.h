@@ -39,6 +39,7 @@
 /// `validate_schedule` for the structure. A list that cannot run to the end is a deadlock and
 /// throws `Error(kPlan)` naming each stuck device and instruction.
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -207,6 +208,8 @@ std::vector<double> activation_peaks(const Schedule& schedule, const PipelineSha
 struct ActivationMoment {
   std::vector<int64_t> held;  ///< Per stage of the device (ActivationMoments::stages' order).
   int running = -1;           ///< The index of that stage there, or -1 for none.
+
+  friend auto operator<=>(const ActivationMoment&, const ActivationMoment&) = default;
 };
 
 /// The points of every device's list at which its activations may peak, whatever the bytes: the

@@ -43,6 +43,25 @@ double idle_over_step(const SimResult& result, int devices) {
   return total(result.device_idle_s) / (devices * result.step_s);
 }
 
+/// Checks that two simulations of one schedule agree to the bit on what every SimDetail keeps:
+/// the step, bubble, busy and idle times, each device's peak and its parts at that instant.
+void check_same_figures(const SimResult& got, const SimResult& want) {
+  CHECK(got.step_s == want.step_s);
+  CHECK(got.bubble_fraction == want.bubble_fraction);
+  CHECK(got.device_busy_s == want.device_busy_s);
+  CHECK(got.device_idle_s == want.device_idle_s);
+  CHECK(got.device_peak_bytes == want.device_peak_bytes);
+  REQUIRE(got.device_peak_parts.size() == want.device_peak_parts.size());
+  for (std::size_t d = 0; d < want.device_peak_parts.size(); ++d) {
+    const PeakParts &a = got.device_peak_parts[d], &b = want.device_peak_parts[d];
+    CHECK(a.time_s == b.time_s);
+    CHECK(a.activation_bytes == b.activation_bytes);
+    CHECK(a.deferred_bytes == b.deferred_bytes);
+    CHECK(a.backward_bytes == b.backward_bytes);
+    CHECK(a.activations_held == b.activations_held);
+  }
+}
+
 TEST_CASE("GPipe and 1F1B bubbles are (P-1)/(M+P-1) with forward 1, backward 2") {
   for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
     for (int devices : {1, 2, 3, 4, 8}) {
@@ -248,20 +267,7 @@ TEST_CASE("a simulation that keeps only the peaks gives the full one's step, tim
     const SimResult full = simulate(schedule, shape, costs);
     const SimResult lean = simulate(schedule, shape, costs, {}, SimDetail::kPeaks);
     INFO(to_string(kind));
-    CHECK(lean.step_s == full.step_s);
-    CHECK(lean.bubble_fraction == full.bubble_fraction);
-    CHECK(lean.device_busy_s == full.device_busy_s);
-    CHECK(lean.device_idle_s == full.device_idle_s);
-    CHECK(lean.device_peak_bytes == full.device_peak_bytes);
-    REQUIRE(lean.device_peak_parts.size() == full.device_peak_parts.size());
-    for (std::size_t d = 0; d < full.device_peak_parts.size(); ++d) {
-      const PeakParts &a = lean.device_peak_parts[d], &b = full.device_peak_parts[d];
-      CHECK(a.time_s == b.time_s);
-      CHECK(a.activation_bytes == b.activation_bytes);
-      CHECK(a.deferred_bytes == b.deferred_bytes);
-      CHECK(a.backward_bytes == b.backward_bytes);
-      CHECK(a.activations_held == b.activations_held);
-    }
+    check_same_figures(lean, full);
     CHECK(lean.events.empty());
     CHECK_FALSE(full.events.empty());
     REQUIRE(lean.memory_timeline.size() == 3);
@@ -315,10 +321,7 @@ TEST_CASE("a prepared schedule plays its recorded order to the same result, bit 
       for (SimDetail detail : {SimDetail::kFull, SimDetail::kPeaks}) {
         const SimResult want = simulate(schedule, shape, costs, processors, detail);
         const SimResult got = simulate(prepared, costs, processors, detail);
-        CHECK(got.step_s == want.step_s);
-        CHECK(got.bubble_fraction == want.bubble_fraction);
-        CHECK(got.device_busy_s == want.device_busy_s);
-        CHECK(got.device_peak_bytes == want.device_peak_bytes);
+        check_same_figures(got, want);
         CHECK(got.memory_timeline == want.memory_timeline);
         REQUIRE(got.events.size() == want.events.size());
         for (size_t i = 0; i < got.events.size(); ++i) {
