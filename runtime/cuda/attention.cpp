@@ -3,11 +3,11 @@
 // (runtime/ops/attention_shape.h). Float32 nodes run attention_kernels.cu's launchers (the tiled
 // kernels where they apply, the plain ones elsewhere). A node whose activations are 16-bit (a
 // mixed-precision plan's: Q, K, V, O, dO and the gradients bfloat16 or float16; the mask, lse
-// and dlse float32) runs the tiled kernels on them directly, widening each element as a tile is
-// loaded (attention_tiled.h), or with STAGECRAFT_ATTENTION_KERNELS=mma the tensor-core kernels
-// (attention_mma.cu); where the tiles do not take it (another head size, an operand not 8-byte
-// aligned, STAGECRAFT_ATTENTION_KERNELS=plain) it runs widened: the float32 kernels between
-// Casts, as the program runs any kernel without a 16-bit path.
+// and dlse float32) runs the tensor-core kernels on them (attention_mma.cu), or, where those do
+// not take it or under STAGECRAFT_ATTENTION_KERNELS=tiled, the tiled kernels, widening each
+// element as a tile is loaded (attention_tiled.h); where the tiles do not take it (another head
+// size, an operand not 8-byte aligned, STAGECRAFT_ATTENTION_KERNELS=plain) it runs widened: the
+// float32 kernels between Casts, as the program runs any kernel without a 16-bit path.
 #include <fmt/format.h>
 
 #include <cstdint>
@@ -99,8 +99,8 @@ void attention_float32(const KernelArgs& a) {
   attention_float32_of(a, ops::attention_operands(a));
 }
 
-// A 16-bit node's forward on the chosen kernels: the tensor-core ones under
-// STAGECRAFT_ATTENTION_KERNELS=mma, else (or where they do not take it) the tiled ones; false
+// A 16-bit node's forward on the chosen kernels: the tensor-core ones (the default), else (under
+// STAGECRAFT_ATTENTION_KERNELS=tiled, or where they do not take it) the tiled ones; false
 // where neither takes it (nothing launched).
 bool forward_16bit(const ops::AttentionDims& d, const HalfAttentionPointers& p, uint16_t* o,
                    float* lse, cudaStream_t stream) {

@@ -130,19 +130,19 @@ __global__ void dkv_kernel(ops::AttentionDims s, AttentionPointers p, float* dk,
   });
 }
 
-// Which kernels run where they apply: $STAGECRAFT_ATTENTION_KERNELS, "tiled" (the default:
-// the tile products on the ordinary cores), "tensor-core" (three tf32 passes; measured slower
-// on an H200, bench/RESULTS.md), "mma" (16-bit nodes on the tensor cores, attention_mma.cu;
-// float32 nodes as "tiled") or "plain", to compare them; any other value is the default. Read
-// once.
+// Which kernels run where they apply: $STAGECRAFT_ATTENTION_KERNELS, "mma" (the default: 16-bit
+// nodes on the tensor cores, attention_mma.cu, GPT-2 mixed's step 79 -> 64 ms on an H200;
+// float32 nodes as "tiled"), "tiled" (the tile products on the ordinary cores for 16-bit nodes
+// too), "tensor-core" (float32 nodes' products in three tf32 passes; measured slower on an H200,
+// bench/RESULTS.md) or "plain", to compare them; any other value is the default. Read once.
 enum class Kernels { kTensorCore, kTiled, kMma, kPlain };
 Kernels chosen_kernels() {
   static const Kernels chosen = [] {
     const char* e = std::getenv("STAGECRAFT_ATTENTION_KERNELS");
     if (e != nullptr && std::strcmp(e, "tensor-core") == 0) return Kernels::kTensorCore;
-    if (e != nullptr && std::strcmp(e, "mma") == 0) return Kernels::kMma;
+    if (e != nullptr && std::strcmp(e, "tiled") == 0) return Kernels::kTiled;
     if (e != nullptr && std::strcmp(e, "plain") == 0) return Kernels::kPlain;
-    return Kernels::kTiled;
+    return Kernels::kMma;
   }();
   return chosen;
 }

@@ -33,8 +33,9 @@ struct AttentionPointers {
 /// Whether $STAGECRAFT_ATTENTION_KERNELS=plain asked for the plain kernels on every node.
 bool plain_attention_chosen();
 
-/// Whether $STAGECRAFT_ATTENTION_KERNELS=mma asked for the tensor-core kernels of 16-bit nodes
-/// (attention_tiled.h's mma_attention_*; the tiled kernels where they do not apply).
+/// Whether 16-bit nodes run the tensor-core kernels (attention_tiled.h's mma_attention_*; the
+/// tiled kernels where they do not apply): the default, unless $STAGECRAFT_ATTENTION_KERNELS
+/// names another choice (tiled, tensor-core, plain).
 bool mma_attention_chosen();
 
 /// O and lse (which may be null) of the node.

@@ -56,8 +56,9 @@ bool tiled_attention_dkv(const ops::AttentionDims& dims, const HalfAttentionPoin
 /// The three on 16-bit activations on the tensor cores (attention_mma.cu: mma.sync m16n8k16,
 /// float32 accumulators, softmax statistics, lse and D; P and dS rounded to the 16-bit type
 /// before they multiply); false, launching nothing, where they do not take the node (heads of 32,
-/// 64 or 128 with d = dv, operands 16-byte aligned). Chosen with
-/// $STAGECRAFT_ATTENTION_KERNELS=mma until a GPU has checked and measured them.
+/// 64 or 128 with d = dv, operands 16-byte aligned). The default for 16-bit nodes since an H200
+/// checked them against the CPU and under racecheck and measured them (bench/RESULTS.md);
+/// $STAGECRAFT_ATTENTION_KERNELS=tiled runs the tiled ones instead.
 bool mma_attention_forward(const ops::AttentionDims& dims, const HalfAttentionPointers& p,
                            uint16_t* o, float* lse, cudaStream_t stream);
 bool mma_attention_dq(const ops::AttentionDims& dims, const HalfAttentionPointers& p, uint16_t* dq,

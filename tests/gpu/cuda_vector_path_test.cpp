@@ -45,6 +45,10 @@ TEST_CASE("cuda binary ops on same-shape and row-repeated operands match the CPU
   int cases = 0;
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kInt32}) {
     for (const std::string op : {"Add", "Sub", "Mul", "Div", "Max"}) {
+      // Max is defined on float32, float64 and integers only (the CPU's check and the CUDA
+      // table's refuse 16-bit floats): the 16-bit vector path serves the four arithmetic ops.
+      const bool half_type = dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+      if (half_type && op == "Max") continue;
       for (const auto& [xs, ys] : shapes) {
         CAPTURE(dtype_name(dtype));
         CAPTURE(op);
@@ -79,7 +83,7 @@ TEST_CASE("cuda binary ops on same-shape and row-repeated operands match the CPU
       }
     }
   }
-  CHECK(cases == 160);
+  CHECK(cases == 144);  // 5 ops x 8 shapes x 2 dtypes, 4 x 8 x 2 for 16-bit
 }
 
 TEST_CASE("cuda transposes in 16-byte units and element by element match the CPU bit for bit") {

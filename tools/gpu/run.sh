@@ -20,8 +20,8 @@
 #   GPU ranks under mpirun against one process (mpi-gpu: NCCL, or MPI through host memory where
 #   the ranks share a GPU; only where the machine has mpirun).
 # attention: the fused attention kernels one version at a time against the CPU backend's
-#   (STAGECRAFT_ATTENTION_KERNELS: tiled, the default; tensor-core; mma, 16-bit nodes on the
-#   tensor cores; plain), then racecheck over the tiled, mma and tensor-core ones (they
+#   (STAGECRAFT_ATTENTION_KERNELS: mma, the default, 16-bit nodes on the tensor cores; tiled;
+#   tensor-core, float32 nodes in tf32; plain), then racecheck over the tiled, mma and tensor-core ones (they
 #   share tiles through shared memory).
 # attention-step: GPT-2 mixed's step (the torch part's plan) with its 16-bit attention on the
 #   tiled kernels and on the tensor cores (STAGECRAFT_ATTENTION_KERNELS=tiled, =mma).
