@@ -134,13 +134,16 @@ __global__ void dkv_kernel(ops::AttentionDims s, AttentionPointers p, float* dk,
 // nodes on the tensor cores, attention_mma.cu, GPT-2 mixed's step 79 -> 64 ms on an H200;
 // float32 nodes as "tiled"), "tiled" (the tile products on the ordinary cores for 16-bit nodes
 // too), "tensor-core" (float32 nodes' products in three tf32 passes; measured slower on an H200,
-// bench/RESULTS.md) or "plain", to compare them; any other value is the default. Read once.
-enum class Kernels { kTensorCore, kTiled, kMma, kPlain };
+// bench/RESULTS.md), "mma-ldmatrix" (the tensor-core kernels with their B fragments read by
+// ldmatrix.trans, not yet checked on a GPU) or "plain", to compare them; any other value is the
+// default. Read once.
+enum class Kernels { kTensorCore, kTiled, kMma, kMmaLdmatrix, kPlain };
 Kernels chosen_kernels() {
   static const Kernels chosen = [] {
     const char* e = std::getenv("STAGECRAFT_ATTENTION_KERNELS");
     if (e != nullptr && std::strcmp(e, "tensor-core") == 0) return Kernels::kTensorCore;
     if (e != nullptr && std::strcmp(e, "tiled") == 0) return Kernels::kTiled;
+    if (e != nullptr && std::strcmp(e, "mma-ldmatrix") == 0) return Kernels::kMmaLdmatrix;
     if (e != nullptr && std::strcmp(e, "plain") == 0) return Kernels::kPlain;
     return Kernels::kMma;
   }();
@@ -154,7 +157,9 @@ bool ran_tiled(TensorCore tensor_core, Tiled tiled) {
   switch (chosen_kernels()) {
     case Kernels::kTensorCore: return tensor_core() || tiled();
     case Kernels::kTiled:
-    case Kernels::kMma: return tiled();
+    case Kernels::kMma:
+    case Kernels::kMmaLdmatrix:
+      return tiled();
     case Kernels::kPlain: return false;
   }
   return false;
@@ -164,7 +169,11 @@ bool ran_tiled(TensorCore tensor_core, Tiled tiled) {
 
 bool plain_attention_chosen() { return chosen_kernels() == Kernels::kPlain; }
 
-bool mma_attention_chosen() { return chosen_kernels() == Kernels::kMma; }
+bool mma_attention_chosen() {
+  return chosen_kernels() == Kernels::kMma || chosen_kernels() == Kernels::kMmaLdmatrix;
+}
+
+bool ldmatrix_attention_chosen() { return chosen_kernels() == Kernels::kMmaLdmatrix; }
 
 void launch_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p, float* o,
                               float* lse, cudaStream_t stream) {

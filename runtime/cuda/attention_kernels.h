@@ -38,6 +38,10 @@ bool plain_attention_chosen();
 /// names another choice (tiled, tensor-core, plain).
 bool mma_attention_chosen();
 
+/// Whether $STAGECRAFT_ATTENTION_KERNELS=mma-ldmatrix asked for the tensor-core kernels that read
+/// their B fragments by ldmatrix.trans (mma_attention_chosen() is then true too).
+bool ldmatrix_attention_chosen();
+
 /// O and lse (which may be null) of the node.
 void launch_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p, float* o,
                               float* lse, cudaStream_t stream);

@@ -13,6 +13,13 @@
 // cores take), so results differ from the tiled kernels' by those roundings. dQ and dK/dV are
 // separate kernels that each recompute the scores: no atomics, reproducible runs.
 //
+// Two ways to the B fragments of those four products (kLdmatrix): a copy of the tile stored
+// transposed, read a 32-bit word at a time (the first version, checked on an H200 on
+// 2026-11-30), or the row-major tile itself read by ldmatrix.trans, which hands each lane the
+// two elements of a column it needs: no transposed copy (fewer bytes loaded and stored; the
+// transposing stores were 16-bit and 8-way bank-conflicted) and one instruction per four
+// fragments. Chosen by $STAGECRAFT_ATTENTION_KERNELS=mma-ldmatrix until a GPU has checked it.
+//
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"): lane = 4 g + t; A (16 x 16,
 // row-major) register r holds two adjacent columns 2t, 2t + 1 (+ 8 for r = 2, 3) of row g (+ 8
 // for r = 1, 3); B (16 x 8) register r holds rows 2t, 2t + 1 (+ 8 for r = 1) of column g; C
@@ -72,6 +79,16 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
   }
+}
+
+// ldmatrix.trans of four 8 x 8 tiles of 16-bit elements: lane 8 i + r gives the shared address
+// of tile i's row r (16 bytes, 16-byte aligned); b[i] is then, in lane 4 g + t, tile i's
+// elements (2 t, g) and (2 t + 1, g) (row, column), the lower row in the low half: an mma B
+// fragment register of the tile's rows as k and its columns as n.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&b)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(address));
 }
 
 // The 32-bit word (two 16-bit elements) at `p` in shared memory.
@@ -182,6 +199,45 @@ __device__ void accumulate_product(const float (&w)[8][4], const uint16_t* tile_
   }
 }
 
+// accumulate_product with M read from its row-major tile `tile` ([64][D + pad]) by
+// ldmatrix.trans: for the 16 rows u of M (the product's k) and columns 16 p .. 16 p + 15, the
+// lane's address is row 16 u + 8 (i % 2) + r, column 16 p + 8 (i / 2) for its tile i and row r,
+// so b[0], b[1] are the B fragment of columns 16 p .. + 7 (k 0-7, 8-15) and b[2], b[3] that of
+// columns 16 p + 8 .. + 15.
+template <int D, class T>
+__device__ void accumulate_product_rows(const float (&w)[8][4], const uint16_t* tile,
+                                        float (&acc)[D / 8][4]) {
+  constexpr int R = MmaGeometry<D>::kRow;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int i = lane / 8, r = lane % 8;
+  const uint32_t base =
+      static_cast<uint32_t>(__cvta_generic_to_shared(tile + (8 * (i % 2) + r) * R + 8 * (i / 2)));
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const uint32_t a[4] = {pack<T>(w[2 * u][0], w[2 * u][1]), pack<T>(w[2 * u][2], w[2 * u][3]),
+                           pack<T>(w[2 * u + 1][0], w[2 * u + 1][1]),
+                           pack<T>(w[2 * u + 1][2], w[2 * u + 1][3])};
+#pragma unroll
+    for (int q = 0; q < D / 16; ++q) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, base + 2 * (16 * u * R + 16 * q));  // bytes: 2 per element
+      mma<T>(acc[2 * q], a, b[0], b[1]);
+      mma<T>(acc[2 * q + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc += W M for M the [64][D] tile `rows` (row-major), or its transposed copy `transposed`
+// where the kernel keeps one (kLdmatrix false).
+template <bool kLdmatrix, int D, class T>
+__device__ __forceinline__ void accumulate(const float (&w)[8][4], const uint16_t* rows,
+                                           const uint16_t* transposed, float (&acc)[D / 8][4]) {
+  if constexpr (kLdmatrix)
+    accumulate_product_rows<D, T>(w, rows, acc);
+  else
+    accumulate_product<D, T>(w, transposed, acc);
+}
+
 // Row `row` (global) of a [rows][D] output from the accumulators of fragment row h (0: g, 1:
 // g + 8), scaled by `factor` and rounded to T, two elements per 32-bit write.
 template <int D, class T>
@@ -195,14 +251,14 @@ __device__ void write_row(T* out, int64_t row, const float (&acc)[D / 8][4], int
   }
 }
 
-template <int D, class T>
+template <int D, class T, bool kLdmatrix>
 __global__ void __launch_bounds__(kBlockThreads)
     forward_kernel(ops::AttentionDims s, TilePointers<T> p, T* o, float* lse) {
   using G = MmaGeometry<D>;
   extern __shared__ uint4 shared_words[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(shared_words);
   uint16_t* ks = qs + G::kTileElements;
-  uint16_t* vt = ks + G::kTileElements;
+  uint16_t* vt = ks + G::kTileElements;  // V: row-major (kLdmatrix) or transposed
   const auto [b, q0] = block_tile(s.tq);
   const int64_t plane = ops::attention_mask_plane(s, b);
   const Lane l = lane_of();
@@ -218,7 +274,10 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t k0 = 0; k0 < keys; k0 += kTile) {
     __syncthreads();  // every warp is done with the last tiles of K and V
     load_rows<D>(ks, p.k + b * s.tk * D, k0, s.tk);
-    load_transposed<D>(vt, p.v + b * s.tk * D, k0, s.tk);
+    if constexpr (kLdmatrix)
+      load_rows<D>(vt, p.v + b * s.tk * D, k0, s.tk);
+    else
+      load_transposed<D>(vt, p.v + b * s.tk * D, k0, s.tk);
     __syncthreads();
     float x[8][4];
     products_abt<D, T>(qa, ks, x);
@@ -257,7 +316,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       acc[n][2] *= rescale[1];
       acc[n][3] *= rescale[1];
     }
-    accumulate_product<D, T>(x, vt, acc);  // O += P V
+    accumulate<kLdmatrix, D, T>(x, vt, vt, acc);  // O += P V
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -271,15 +330,15 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // dQ of 64 queries: per key tile S = Q K^T and dP = dO V^T, dS = scale P (dP - D) with P from
 // lse, dQ += dS K. Shared: K row-major and transposed, V row-major, each query's lse and D.
-template <int D, class T>
+template <int D, class T, bool kLdmatrix>
 __global__ void __launch_bounds__(kBlockThreads)
     dq_kernel(ops::AttentionDims s, TilePointers<T> p, T* dq) {
   using G = MmaGeometry<D>;
   extern __shared__ uint4 shared_words[];
   uint16_t* ks = reinterpret_cast<uint16_t*>(shared_words);
   uint16_t* vs = ks + G::kTileElements;
-  uint16_t* kt = vs + G::kTileElements;
-  float* lse_s = reinterpret_cast<float*>(kt + G::kTransposedElements);
+  uint16_t* kt = vs + G::kTileElements;  // K transposed (not kept with kLdmatrix)
+  float* lse_s = reinterpret_cast<float*>(kt + (kLdmatrix ? 0 : G::kTransposedElements));
   float* delta_s = lse_s + kTile;
   const auto [b, q0] = block_tile(s.tq);
   const int64_t plane = ops::attention_mask_plane(s, b);
@@ -301,7 +360,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t k0 = 0; k0 < keys; k0 += kTile) {
     __syncthreads();  // every warp has its fragments, and is done with the last tiles
     load_rows<D>(ks, p.k + b * s.tk * D, k0, s.tk);
-    load_transposed<D>(kt, p.k + b * s.tk * D, k0, s.tk);
+    if constexpr (!kLdmatrix) load_transposed<D>(kt, p.k + b * s.tk * D, k0, s.tk);
     load_rows<D>(vs, p.v + b * s.tk * D, k0, s.tk);
     __syncthreads();
     float x[8][4], dp[8][4];
@@ -316,7 +375,7 @@ __global__ void __launch_bounds__(kBlockThreads)
                                        k0 + 8 * j + 2 * l.t + c % 2, x[j][c], row_lse[h]);
         x[j][c] = s.scale * prob * (dp[j][c] - row_delta[h]);
       }
-    accumulate_product<D, T>(x, kt, acc);  // dQ += dS K
+    accumulate<kLdmatrix, D, T>(x, ks, kt, acc);  // dQ += dS K
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -326,16 +385,17 @@ __global__ void __launch_bounds__(kBlockThreads)
 // dK and dV of 64 keys: per query tile S^T = K Q^T and dP^T = V dO^T, P^T from each query's
 // lse, dS^T = scale P^T (dP^T - D), dV += P^T dO and dK += dS^T Q. Shared: Q and dO row-major
 // and transposed, each query's lse and D.
-template <int D, class T>
+template <int D, class T, bool kLdmatrix>
 __global__ void __launch_bounds__(kBlockThreads)
     dkv_kernel(ops::AttentionDims s, TilePointers<T> p, T* dk, T* dv) {
   using G = MmaGeometry<D>;
   extern __shared__ uint4 shared_words[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(shared_words);
   uint16_t* dos = qs + G::kTileElements;
+  // Q and dO transposed (not kept with kLdmatrix).
   uint16_t* qt = dos + G::kTileElements;
-  uint16_t* dot = qt + G::kTransposedElements;
-  float* lse_s = reinterpret_cast<float*>(dot + G::kTransposedElements);
+  uint16_t* dot = qt + (kLdmatrix ? 0 : G::kTransposedElements);
+  float* lse_s = reinterpret_cast<float*>(dot + (kLdmatrix ? 0 : G::kTransposedElements));
   float* delta_s = lse_s + kTile;
   const auto [b, k0] = block_tile(s.tk);
   const int64_t plane = ops::attention_mask_plane(s, b);
@@ -354,9 +414,11 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t q0 = first; q0 < s.tq; q0 += kTile) {
     __syncthreads();  // every warp has its fragments, and is done with the last tiles
     load_rows<D>(qs, p.q + b * s.tq * D, q0, s.tq);
-    load_transposed<D>(qt, p.q + b * s.tq * D, q0, s.tq);
     load_rows<D>(dos, p.d_o + b * s.tq * D, q0, s.tq);
-    load_transposed<D>(dot, p.d_o + b * s.tq * D, q0, s.tq);
+    if constexpr (!kLdmatrix) {
+      load_transposed<D>(qt, p.q + b * s.tq * D, q0, s.tq);
+      load_transposed<D>(dot, p.d_o + b * s.tq * D, q0, s.tq);
+    }
     attention_tiles::load_rows(lse_s, delta_s, p.lse + b * s.tq, p.delta + b * s.tq, q0, s.tq);
     __syncthreads();
     float x[8][4], dp[8][4];
@@ -372,8 +434,8 @@ __global__ void __launch_bounds__(kBlockThreads)
         x[j][c] = prob;
         dp[j][c] = s.scale * prob * (dp[j][c] - delta_s[query]);
       }
-    accumulate_product<D, T>(x, dot, acc_v);  // dV += P^T dO
-    accumulate_product<D, T>(dp, qt, acc_k);  // dK += dS^T Q
+    accumulate<kLdmatrix, D, T>(x, dos, dot, acc_v);  // dV += P^T dO
+    accumulate<kLdmatrix, D, T>(dp, qs, qt, acc_k);   // dK += dS^T Q
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -384,17 +446,21 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 // Shared bytes of each kernel: its 16-bit tiles, and for the gradients each row's lse and D.
-template <int D>
+template <int D, bool kLdmatrix>
 constexpr size_t forward_bytes() {
-  return 2 * (2 * MmaGeometry<D>::kTileElements + MmaGeometry<D>::kTransposedElements);
+  return 2 * (2 * MmaGeometry<D>::kTileElements +
+              (kLdmatrix ? MmaGeometry<D>::kTileElements : MmaGeometry<D>::kTransposedElements));
 }
-template <int D>
+template <int D, bool kLdmatrix>
 constexpr size_t dq_bytes() {
-  return forward_bytes<D>() + 2 * kTile * sizeof(float);
+  return 2 * (2 * MmaGeometry<D>::kTileElements +
+              (kLdmatrix ? 0 : MmaGeometry<D>::kTransposedElements)) +
+         2 * kTile * sizeof(float);
 }
-template <int D>
+template <int D, bool kLdmatrix>
 constexpr size_t dkv_bytes() {
-  return 2 * (2 * MmaGeometry<D>::kTileElements + 2 * MmaGeometry<D>::kTransposedElements) +
+  return 2 * (2 * MmaGeometry<D>::kTileElements +
+              (kLdmatrix ? 0 : 2 * MmaGeometry<D>::kTransposedElements)) +
          2 * kTile * sizeof(float);
 }
 
@@ -428,40 +494,51 @@ bool launch_mma(Kernel kernel, int64_t blocks, size_t bytes, cudaStream_t stream
 
 // Each: 16-byte reads of the 16-bit operands, 4-byte writes of the outputs.
 bool mma_attention_forward(const ops::AttentionDims& s, const HalfAttentionPointers& p, uint16_t* o,
-                           float* lse, cudaStream_t stream) {
+                           float* lse, bool ldmatrix, cudaStream_t stream) {
   if (!vector_aligned({p.q, p.k, p.v, o}, 16)) return false;
   return with_16bit(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     return with_head_size(s, [&](auto h) {
       constexpr int D = decltype(h)::value;
-      return launch_mma(forward_kernel<D, T>, s.batch * tiles(s.tq), forward_bytes<D>(), stream, s,
-                        tile_pointers<T>(p), reinterpret_cast<T*>(o), lse);
+      const int64_t blocks = s.batch * tiles(s.tq);
+      return ldmatrix ? launch_mma(forward_kernel<D, T, true>, blocks, forward_bytes<D, true>(),
+                                   stream, s, tile_pointers<T>(p), reinterpret_cast<T*>(o), lse)
+                      : launch_mma(forward_kernel<D, T, false>, blocks, forward_bytes<D, false>(),
+                                   stream, s, tile_pointers<T>(p), reinterpret_cast<T*>(o), lse);
     });
   });
 }
 
 bool mma_attention_dq(const ops::AttentionDims& s, const HalfAttentionPointers& p, uint16_t* dq,
-                      cudaStream_t stream) {
+                      bool ldmatrix, cudaStream_t stream) {
   if (!vector_aligned({p.q, p.k, p.v, p.d_o, dq}, 16)) return false;
   return with_16bit(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     return with_head_size(s, [&](auto h) {
       constexpr int D = decltype(h)::value;
-      return launch_mma(dq_kernel<D, T>, s.batch * tiles(s.tq), dq_bytes<D>(), stream, s,
-                        tile_pointers<T>(p), reinterpret_cast<T*>(dq));
+      const int64_t blocks = s.batch * tiles(s.tq);
+      return ldmatrix ? launch_mma(dq_kernel<D, T, true>, blocks, dq_bytes<D, true>(), stream, s,
+                                   tile_pointers<T>(p), reinterpret_cast<T*>(dq))
+                      : launch_mma(dq_kernel<D, T, false>, blocks, dq_bytes<D, false>(), stream, s,
+                                   tile_pointers<T>(p), reinterpret_cast<T*>(dq));
     });
   });
 }
 
 bool mma_attention_dkv(const ops::AttentionDims& s, const HalfAttentionPointers& p, uint16_t* dk,
-                       uint16_t* dv, cudaStream_t stream) {
+                       uint16_t* dv, bool ldmatrix, cudaStream_t stream) {
   if (!vector_aligned({p.q, p.k, p.v, p.d_o, dk, dv}, 16)) return false;
   return with_16bit(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     return with_head_size(s, [&](auto h) {
       constexpr int D = decltype(h)::value;
-      return launch_mma(dkv_kernel<D, T>, s.batch * tiles(s.tk), dkv_bytes<D>(), stream, s,
-                        tile_pointers<T>(p), reinterpret_cast<T*>(dk), reinterpret_cast<T*>(dv));
+      const int64_t blocks = s.batch * tiles(s.tk);
+      T* k = reinterpret_cast<T*>(dk);
+      T* v = reinterpret_cast<T*>(dv);
+      return ldmatrix ? launch_mma(dkv_kernel<D, T, true>, blocks, dkv_bytes<D, true>(), stream, s,
+                                   tile_pointers<T>(p), k, v)
+                      : launch_mma(dkv_kernel<D, T, false>, blocks, dkv_bytes<D, false>(), stream,
+                                   s, tile_pointers<T>(p), k, v);
     });
   });
 }

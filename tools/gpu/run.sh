@@ -20,11 +20,13 @@
 #   GPU ranks under mpirun against one process (mpi-gpu: NCCL, or MPI through host memory where
 #   the ranks share a GPU; only where the machine has mpirun).
 # attention: the fused attention kernels one version at a time against the CPU backend's
-#   (STAGECRAFT_ATTENTION_KERNELS: mma, the default, 16-bit nodes on the tensor cores; tiled;
-#   tensor-core, float32 nodes in tf32; plain), then racecheck over the tiled, mma and tensor-core ones (they
-#   share tiles through shared memory).
+#   (STAGECRAFT_ATTENTION_KERNELS: mma-ldmatrix, the tensor-core kernels reading B fragments by
+#   ldmatrix.trans, not yet checked; mma, the default, 16-bit nodes on the tensor cores; tiled;
+#   tensor-core, float32 nodes in tf32; plain), then racecheck over all but plain (they share
+#   tiles through shared memory), the newest first.
 # attention-step: GPT-2 mixed's step (the torch part's plan) with its 16-bit attention on the
-#   tiled kernels and on the tensor cores (STAGECRAFT_ATTENTION_KERNELS=tiled, =mma).
+#   tiled kernels and on the tensor cores (STAGECRAFT_ATTENTION_KERNELS=tiled, =mma,
+#   =mma-ldmatrix).
 # mpi-bench: GPU ranks under mpirun against one process (bench/mpi_ranks.sh, BACKEND=cuda).
 # bench: 2- and 4-stage pipelines sharing the GPU, planned from a --profile cuda database:
 #   measured step and bubble against the plan's prediction (stagerun --json).
@@ -186,11 +188,11 @@ if [[ $parts == *" checks "* ]]; then
 fi
 
 if [[ $parts == *" attention "* ]]; then
-  for kernels in tiled tensor-core mma plain; do
+  for kernels in mma-ldmatrix mma tiled tensor-core plain; do
     STAGECRAFT_ATTENTION_KERNELS=$kernels check "attention ($kernels)" 120 stagecraft_gpu_attention_tests
   done
   if command -v compute-sanitizer >/dev/null; then
-    for kernels in tiled mma tensor-core; do
+    for kernels in mma-ldmatrix mma tiled tensor-core; do
       STAGECRAFT_ATTENTION_KERNELS=$kernels check "racecheck attention ($kernels)" 120 \
         compute-sanitizer --tool racecheck --error-exitcode 1 stagecraft_gpu_attention_tests
     done
@@ -286,7 +288,7 @@ fi
 if [[ $parts == *" attention-step "* ]]; then
   plan=$work/torch/gpt2-mixed-plan
   if [ -d "$plan" ]; then
-    for kernels in tiled mma; do
+    for kernels in tiled mma mma-ldmatrix; do
       if STAGECRAFT_ATTENTION_KERNELS=$kernels check "gpt2 mixed, attention $kernels" 120 \
         stagerun "$plan" --backend cuda --steps 9 --json -q; then
         summarise "gpt2 mixed, attention $kernels"
