@@ -4,6 +4,10 @@
 // pads, and Conv's bias. Grid-stride loops with int64 indices; the gradients gather in a fixed
 // order (no atomics).
 
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
 #include "runtime/cuda/conv_kernels.h"
 #include "runtime/cuda/elementwise_device.cuh"
 #include "runtime/cuda/norm_block.cuh"
@@ -94,39 +98,105 @@ __global__ void crop_kernel(const T* padded, T* x, PadShape s) {
   }
 }
 
-// One thread per element over y as [n, channels, size]. (Rows of blocks over the [n, channels]
-// planes, the channel found once per plane, measured slower on ResNet-50 on an H200: 4.62
-// against 3.79 ms a step, most planes being 7x7 or 14x14 and most threads idle.)
-template <class T>
-__global__ void add_channel_bias_kernel(T* y, const T* bias, int64_t n, int64_t channels,
-                                        int64_t size) {
-  for (int64_t e = first_index(); e < n; e += grid_stride())
-    y[e] = eltwise::convert<T>(eltwise::convert<float>(y[e]) +
-                                 eltwise::convert<float>(bias[(e / size) % channels]));
+// V elements of T read or written as one (V * sizeof(T) bytes, at most 16, so aligned).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// One thread per V elements (V dividing size: one channel's) over y as [n, channels, size],
+// index arithmetic in I (uint32_t where the vectors' count fits, else int64_t): ResNet-50's
+// planes are 56x56 .. 7x7, so a thread per plane row or a block per plane leaves most threads
+// idle (measured slower on an H200: 4.62 against 3.79 ms a step), and a 64-bit division per
+// element was most of the kernel's time (2026-11-30's lease: 3.66 ms a ResNet-50 mixed step
+// for about 1 ms of reads and writes).
+template <class T, int V, class I>
+__global__ void add_channel_bias_kernel(T* y, const T* bias, I vectors, I plane_vectors,
+                                        I channels) {
+  const I stride = static_cast<I>(blockDim.x) * gridDim.x;
+  for (I e = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; e < vectors; e += stride) {
+    const float b = eltwise::convert<float>(bias[(e / plane_vectors) % channels]);
+    Pack<T, V> pack = reinterpret_cast<const Pack<T, V>*>(y)[e];
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      pack.v[k] = eltwise::convert<T>(eltwise::convert<float>(pack.v[k]) + b);
+    reinterpret_cast<Pack<T, V>*>(y)[e] = pack;
+  }
 }
 
-// One block per channel (grid-stride over channels); each thread walks (batch, position) pairs
-// a block apart, carrying the position and dividing only when it passes a plane's end.
-template <class T>
-__global__ void channel_sum_kernel(const T* dy, T* db, int64_t batch, int64_t channels,
-                                   int64_t size) {
-  for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
-    double sum = 0;
-    if (size > 0) {
-      int64_t b = threadIdx.x / size, i = threadIdx.x % size;
-      while (b < batch) {
-        sum += eltwise::convert<float>(dy[(b * channels + c) * size + i]);
-        i += blockDim.x;
-        if (i >= size) {
-          b += i / size;
-          i %= size;
-        }
+// Channel c's sum over images [per_slice y, per_slice (y + 1)) of its planes, for c =
+// blockIdx.x and slice y = blockIdx.y: each thread walks the slice's V-element vectors a block
+// apart, carrying (image, vector) and dividing only when it passes a plane's end, each vector's
+// elements added in order, in double; then a fixed tree over the block. To partial[y * channels
+// + c], or straight to db[c] (rounded once) where there is one slice (partial null).
+template <class T, int V>
+__global__ void channel_partials_kernel(const T* dy, T* db, double* partial, int64_t batch,
+                                        int64_t channels, int64_t size, int64_t per_slice) {
+  const int64_t c = blockIdx.x;
+  const int64_t b1 = min(batch, (blockIdx.y + 1) * per_slice);
+  const int64_t plane_vectors = size / V;
+  double sum = 0;
+  if (plane_vectors > 0) {
+    int64_t b = blockIdx.y * per_slice + threadIdx.x / plane_vectors,
+            i = threadIdx.x % plane_vectors;
+    while (b < b1) {
+      const Pack<T, V> pack =
+          reinterpret_cast<const Pack<T, V>*>(dy + (b * channels + c) * size)[i];
+#pragma unroll
+      for (int k = 0; k < V; ++k) sum += eltwise::convert<float>(pack.v[k]);
+      i += blockDim.x;
+      if (i >= plane_vectors) {
+        b += i / plane_vectors;
+        i %= plane_vectors;
       }
     }
-    sum = block_sum(sum);
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x != 0) return;
+  if (partial != nullptr)
+    partial[blockIdx.y * channels + c] = sum;
+  else
     // float32: rounded to nearest; 16-bit: through float32 rounded to odd, so the result is
     // the direct rounding of the sum (eltwise::convert).
-    if (threadIdx.x == 0) db[c] = eltwise::convert<T>(sum);
+    db[c] = eltwise::convert<T>(sum);
+}
+
+// db[c] = the sum of channel c's slices' partials in slice order, rounded once.
+template <class T>
+__global__ void channel_finish_kernel(const double* partial, T* db, int64_t channels,
+                                      int64_t slices) {
+  for (int64_t c = first_index(); c < channels; c += grid_stride()) {
+    double sum = 0;
+    for (int64_t y = 0; y < slices; ++y) sum += partial[y * channels + c];
+    db[c] = eltwise::convert<T>(sum);
+  }
+}
+
+// The widest vector of T (at most 16 bytes) that divides `size` and whose alignment every
+// pointer in `pointers` has: 1 where none does.
+template <class T>
+int vector_width(int64_t size, std::initializer_list<const void*> pointers) {
+  for (int v = static_cast<int>(16 / sizeof(T)); v > 1; v /= 2) {
+    bool fits = size % v == 0;
+    for (const void* p : pointers)
+      fits = fits && reinterpret_cast<uintptr_t>(p) % (sizeof(T) * v) == 0;
+    if (fits) return v;
+  }
+  return 1;
+}
+
+// `launch(std::integral_constant<int, V>)` for V = v (1, 2, 4 or 8).
+template <class F>
+void with_width(int v, F launch) {
+  switch (v) {
+    case 8:
+      return launch(std::integral_constant<int, 8>{});
+    case 4:
+      return launch(std::integral_constant<int, 4>{});
+    case 2:
+      return launch(std::integral_constant<int, 2>{});
+    default:
+      return launch(std::integral_constant<int, 1>{});
   }
 }
 
@@ -225,20 +295,51 @@ void launch_crop(DType dtype, const void* padded, void* x, const PadShape& shape
 void launch_add_channel_bias(DType dtype, void* y, const void* bias, int64_t n, int64_t channels,
                              int64_t size, cudaStream_t stream) {
   const int64_t total = n * channels * size;
+  if (total == 0) return;
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    add_channel_bias_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
-        static_cast<T*>(y), static_cast<const T*>(bias), total, channels, size);
+    with_width(vector_width<T>(size, {y}), [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      const int64_t vectors = total / V;
+      const unsigned blocks = grid_for(vectors, kThreads);
+      if (vectors < (int64_t{1} << 32) - 2 * int64_t{kThreads} * blocks)
+        add_channel_bias_kernel<T, V, uint32_t><<<blocks, kThreads, 0, stream>>>(
+            static_cast<T*>(y), static_cast<const T*>(bias), static_cast<uint32_t>(vectors),
+            static_cast<uint32_t>(size / V), static_cast<uint32_t>(channels));
+      else
+        add_channel_bias_kernel<T, V, int64_t><<<blocks, kThreads, 0, stream>>>(
+            static_cast<T*>(y), static_cast<const T*>(bias), vectors, size / V, channels);
+    });
   });
 }
 
+int64_t channel_sum_slices(int64_t n, int64_t channels) {
+  if (channels <= 0 || n <= 1) return 1;
+  int64_t slices = 1024 / channels;
+  if (slices > n) slices = n;
+  if (slices > 65535) slices = 65535;
+  return slices < 1 ? 1 : slices;
+}
+
 void launch_channel_sum(DType dtype, const void* dy, void* db, int64_t n, int64_t channels,
-                        int64_t size, cudaStream_t stream) {
+                        int64_t size, double* partial, int64_t slices, cudaStream_t stream) {
   if (channels == 0) return;
+  if (partial == nullptr || slices < 1) slices = 1;
+  if (slices > n) slices = n < 1 ? 1 : n;
+  const int64_t per_slice = slices > 0 && n > 0 ? (n + slices - 1) / slices : 1;
+  // Slices of whole images; the last may be short (or, rounding up, empty: a zero partial).
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    channel_sum_kernel<<<row_blocks(channels), kThreads, 0, stream>>>(
-        static_cast<const T*>(dy), static_cast<T*>(db), n, channels, size);
+    with_width(vector_width<T>(size, {dy}), [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      const dim3 grid(static_cast<unsigned>(channels), static_cast<unsigned>(slices));
+      channel_partials_kernel<T, V><<<grid, kThreads, 0, stream>>>(
+          static_cast<const T*>(dy), static_cast<T*>(db), slices > 1 ? partial : nullptr, n,
+          channels, size, per_slice);
+    });
+    if (slices > 1)
+      channel_finish_kernel<T><<<grid_for(channels, kThreads), kThreads, 0, stream>>>(
+          partial, static_cast<T*>(db), channels, slices);
   });
 }
 

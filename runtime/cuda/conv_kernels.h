@@ -79,10 +79,20 @@ inline void launch_add_channel_bias(float* y, const float* bias, int64_t n, int6
   launch_add_channel_bias(DType::kFloat32, y, bias, n, channels, size, stream);
 }
 
-/// db[m] = the sum of dy[n, m, s] over n and s, in double (ConvGrad's bias gradient; one block
-/// per channel, a fixed reduction tree), dy and db of `dtype` (db rounded once).
+/// Slices of the batch for launch_channel_sum: about 1024 blocks in all, each at least one
+/// image; from the shape alone, so the sum's order is.
+int64_t channel_sum_slices(int64_t n, int64_t channels);
+
+/// db[m] = the sum of dy[n, m, s] over n and s, in double (ConvGrad's bias gradient), dy and db
+/// of `dtype` (db rounded once): a block per channel and slice of images (a fixed reduction
+/// tree, up to 16 bytes a read), then the slices' sums added in slice order from `partial`
+/// (slices * channels doubles of scratch; null, or one slice: a block per channel, no scratch).
 void launch_channel_sum(DType dtype, const void* dy, void* db, int64_t n, int64_t channels,
-                        int64_t size, cudaStream_t stream);
+                        int64_t size, double* partial, int64_t slices, cudaStream_t stream);
+inline void launch_channel_sum(DType dtype, const void* dy, void* db, int64_t n, int64_t channels,
+                               int64_t size, cudaStream_t stream) {
+  launch_channel_sum(dtype, dy, db, n, channels, size, nullptr, 1, stream);
+}
 inline void launch_channel_sum(const float* dy, float* db, int64_t n, int64_t channels,
                                int64_t size, cudaStream_t stream) {
   launch_channel_sum(DType::kFloat32, dy, db, n, channels, size, stream);

@@ -66,7 +66,11 @@ void conv_grad(const KernelArgs& a) {
   }
   if (io.wants(2)) {
     const int64_t n = dy.shape[0], m = dy.shape[1];
+    const int64_t slices = channel_sum_slices(n, m);
+    Tensor partial;
+    if (slices > 1) partial = ctx.new_tensor(DType::kFloat64, {slices * m}, false);
     launch_channel_sum(dy.dtype, dy.data, io.dx(2)->data, n, m, dy.numel() / (n * m),
+                       slices > 1 ? const_cast<double*>(partial.as<double>()) : nullptr, slices,
                        ctx.stream());
     check_launch(a);
   }

@@ -3,16 +3,21 @@
 // residual Adds) or repeating a row (its bias Adds) (elementwise_kernels.cu), in float32, both
 // 16-bit floats (against the CPU's widened run: the float32 op on the exact operands, rounded to
 // nearest even) and int32; and strided moves that keep a whole number of units innermost
-// (attention's head transposes; data_kernels.cu) in every width.
+// (attention's head transposes; data_kernels.cu) in every width; Conv's bias and ConvGrad's bias
+// gradient (conv_kernels.cu: up to 16 bytes a thread where a plane's size allows, the gradient
+// over slices of images) against the same sums made here.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "runtime/core/backend.h"
+#include "runtime/format/grad_ops.h"
 #include "tests/runtime/attention_util.h"
 
 namespace stagecraft::testing {
@@ -127,6 +132,93 @@ TEST_CASE("cuda transposes in 16-byte units and element by element match the CPU
     }
   }
   CHECK(runs == 25);
+}
+
+// `d` rounded to float32 toward zero, its last bit set where that was inexact (round to odd):
+// rounding this to a 16-bit float gives the direct rounding of `d` (float32 keeps more than
+// twice a 16-bit float's bits and two more), which is the CUDA kernel's rule.
+float round_to_odd(double d) {
+  float t = static_cast<float>(d);
+  if (static_cast<double>(t) == d) return t;
+  if (std::fabs(static_cast<double>(t)) > std::fabs(d)) t = std::nextafter(t, 0.0f);
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(t) | 1u);
+}
+
+onnx::NodeProto conv_node(bool grad) {
+  onnx::NodeProto n;
+  n.set_name(grad ? "conv_grad" : "conv");
+  n.set_op_type(grad ? "ConvGrad" : "Conv");
+  onnx::AttributeProto* k = n.add_attribute();
+  k->set_name("kernel_shape");
+  k->set_type(onnx::AttributeProto::INTS);
+  k->add_ints(1);
+  k->add_ints(1);
+  if (grad) {
+    n.set_domain(std::string(grad::kGradDomain));
+    onnx::AttributeProto* f = n.add_attribute();
+    f->set_name(std::string(grad::kForwardInputsAttr));
+    f->set_type(onnx::AttributeProto::INT);
+    f->set_i(3);
+  }
+  return n;
+}
+
+TEST_CASE("cuda Conv's bias and ConvGrad's bias gradient match sums made here") {
+  // Planes of 64 (16 bytes a thread in 16-bit, a slice of one image each), 196 (8 bytes), 49
+  // and 9 (element by element); the weight a 1x1 identity, so cuDNN's Y is X exactly (float32
+  // on FMA, 16-bit on the tensor cores multiply by 1 exactly) and only the bias is rounded.
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  const std::vector<rt::Shape> shapes = {
+      {64, 16, 8, 8}, {8, 32, 14, 14}, {4, 24, 7, 7}, {3, 5, 3, 3}};
+  int runs = 0;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    for (const rt::Shape& shape : shapes) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(rt::shape_string(shape));
+      const int64_t n = shape[0], c = shape[1], size = shape[2] * shape[3];
+      const auto as_dtype = [&](const rt::Tensor& t) {
+        return dtype == DType::kFloat32 ? t : attention::cast(t, dtype);
+      };
+      const auto widened = [&](const rt::Tensor& t) {
+        return dtype == DType::kFloat32 ? t : attention::cast(t, DType::kFloat32);
+      };
+      const rt::Tensor x = as_dtype(attention::random(shape, 7 + runs, -4.0f, 4.0f));
+      const rt::Tensor bias = as_dtype(attention::random({c}, 11 + runs, -2.0f, 2.0f));
+      rt::Tensor w32 = rt::Tensor::owned(DType::kFloat32, {c, c, 1, 1});
+      std::fill_n(w32.as<float>(), w32.numel(), 0.0f);
+      for (int64_t i = 0; i < c; ++i) w32.as<float>()[i * c + i] = 1.0f;
+      const rt::Tensor w = as_dtype(w32);
+
+      // Conv: X + bias, added in float32 and rounded once.
+      rt::Tensor y = rt::Tensor::owned(dtype, shape);
+      attention::run(*cuda, conv_node(false), {&x, &w, &bias}, {&y});
+      const rt::Tensor xw = widened(x), bw = widened(bias);
+      rt::Tensor want_y = rt::Tensor::owned(DType::kFloat32, shape);
+      for (int64_t e = 0; e < want_y.numel(); ++e)
+        want_y.as<float>()[e] = xw.as<float>()[e] + bw.as<float>()[(e / size) % c];
+      const rt::Tensor want_y_t = as_dtype(want_y);
+      CHECK(std::memcmp(y.data, want_y_t.data, static_cast<size_t>(y.bytes())) == 0);
+
+      // ConvGrad's dB: the sum in double over images and positions, rounded once.
+      const rt::Tensor dy = as_dtype(attention::random(shape, 13 + runs, -1.0f, 1.0f));
+      rt::Tensor db = rt::Tensor::owned(dtype, {c});
+      attention::run(*cuda, conv_node(true), {&x, &w, &bias, &y, &dy}, {nullptr, nullptr, &db});
+      const rt::Tensor dyw = widened(dy);
+      rt::Tensor want_db = rt::Tensor::owned(DType::kFloat32, {c});
+      for (int64_t ch = 0; ch < c; ++ch) {
+        double sum = 0;
+        for (int64_t b = 0; b < n; ++b)
+          for (int64_t i = 0; i < size; ++i) sum += dyw.as<float>()[(b * c + ch) * size + i];
+        want_db.as<float>()[ch] =
+            dtype == DType::kFloat32 ? static_cast<float>(sum) : round_to_odd(sum);
+      }
+      const rt::Tensor want_db_t = as_dtype(want_db);
+      CHECK(std::memcmp(db.data, want_db_t.data, static_cast<size_t>(db.bytes())) == 0);
+      ++runs;
+    }
+  }
+  CHECK(runs == 12);
 }
 
 }  // namespace
