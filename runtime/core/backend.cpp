@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <span>
 
 #include "runtime/format/error.h"
 
@@ -215,6 +216,14 @@ Tensor clone_on(DeviceContext& device, const Tensor& t) {
   Tensor copy = device.new_tensor(t.dtype, t.shape, false);
   device.copy(t, copy);
   return copy;
+}
+
+void DeviceContext::adam_many(const AdamTensors* items, size_t count, const AdamUpdate& u,
+                              bool zero_grads) {
+  for (const AdamTensors& t : std::span(items, count)) {
+    adam(*t.w, *t.g, *t.m, *t.v, u);
+    if (zero_grads) fill_zero(*t.g);
+  }
 }
 
 double DeviceContext::time_ms(const std::function<void()>& body) {

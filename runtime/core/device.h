@@ -54,6 +54,15 @@ struct AdamUpdate {
   float post_scale = 1;  ///< and by this after it (ONNX's norm_coefficient_post).
 };
 
+/// One weight's tensors for `DeviceContext::adam_many`: the weight, its gradient and Adam's two
+/// moments, float32 of one shape.
+struct AdamTensors {
+  Tensor* w = nullptr;
+  Tensor* g = nullptr;
+  Tensor* m = nullptr;
+  Tensor* v = nullptr;
+};
+
 /// h += g'^2;  w -= lr * g' / (sqrt(h) + eps).
 struct AdagradUpdate {
   float lr = 0;
@@ -138,6 +147,13 @@ class DeviceContext {
   virtual void momentum(Tensor& w, const Tensor& g, Tensor& v, const MomentumUpdate& u) = 0;
   virtual void adam(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& u) = 0;
   virtual void adagrad(Tensor& w, const Tensor& g, Tensor& h, const AdagradUpdate& u) = 0;
+
+  /// `adam` on every item with one `u` (a stage's weights at one step), then, with
+  /// `zero_grads`, each gradient zeroed: the same bytes as the calls one by one, which is what
+  /// this does; the CUDA backend runs the lot in a few launches rather than two per weight.
+  /// (A pointer and a count: this header is also compiled as C++17 by nvcc.)
+  virtual void adam_many(const AdamTensors* items, size_t count, const AdamUpdate& u,
+                         bool zero_grads);
 };
 
 /// A copy of `t` the device owns.

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <span>
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/update_kernels.h"
@@ -348,6 +349,23 @@ void CudaContext::adam(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const A
   expect_same_size(w, m, "adam");
   expect_same_size(w, v, "adam");
   launch_adam(w.as<float>(), g.as<float>(), m.as<float>(), v.as<float>(), w.numel(), u, stream_);
+  check(cudaGetLastError(), "adam kernel launch");
+}
+
+void CudaContext::adam_many(const AdamTensors* items, size_t count, const AdamUpdate& u,
+                            bool zero_grads) {
+  std::vector<AdamArrays> arrays;
+  arrays.reserve(count);
+  for (const AdamTensors& t : std::span(items, count)) {
+    expect_float32(*t.w, "the weight", "adam");
+    expect_same_size(*t.w, *t.g, "adam");
+    expect_same_size(*t.w, *t.m, "adam");
+    expect_same_size(*t.w, *t.v, "adam");
+    expect_float32(*t.g, "the gradient", "adam");
+    arrays.push_back(
+        {t.w->as<float>(), t.g->as<float>(), t.m->as<float>(), t.v->as<float>(), t.w->numel()});
+  }
+  launch_adam_many(arrays.data(), arrays.size(), u, zero_grads, stream_);
   check(cudaGetLastError(), "adam kernel launch");
 }
 

@@ -88,6 +88,8 @@ class CudaContext : public DeviceContext {
   void momentum(Tensor& w, const Tensor& g, Tensor& v, const MomentumUpdate& u) override;
   void adam(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& u) override;
   void adagrad(Tensor& w, const Tensor& g, Tensor& h, const AdagradUpdate& u) override;
+  void adam_many(const AdamTensors* items, size_t count, const AdamUpdate& u,
+                 bool zero_grads) override;
 
  private:
   int gpu_ = 0;

@@ -24,18 +24,40 @@ unsigned blocks_for(int64_t positions) {
   return static_cast<unsigned>(positions < 1 ? 1 : (positions < most ? positions : most));
 }
 
-// log(sum(exp(x))) over the C values x[k * D] of one position, as the CPU computes it: the
-// maximum subtracted in float, the exponentials summed in double. Every thread of the block
+// log(sum(exp(x))) over the C values x[k * D] of one position, in one read of them (GPT-2's
+// 50257 logits a row are 1.65 GB a step: a read for the maximum and another for the sum took
+// 2.0 ms of the forward and 3.5 of the gradient on an H200): each thread keeps its running
+// maximum m and the sum of exp(x - m) in double, rescaled when m grows; the block then takes the
+// maximum M and adds each thread's sum times exp(m - M), in a fixed order. The CPU subtracts its
+// maximum first and sums once: the two agree to double rounding before the final float. A row
+// with an infinity or only -inf (where x - M is not a number) is summed again the CPU's way,
+// for its result to be the CPU's; a NaN makes the sum NaN, as there. Every thread of the block
 // calls it and gets the result.
 __device__ float log_normalizer(const float* x, int64_t c, int64_t stride) {
-  float mx = -INFINITY;
-  for (int64_t k = threadIdx.x; k < c; k += blockDim.x) mx = fmaxf(mx, x[k * stride]);
-  mx = block_max(mx);
+  float m = -INFINITY;
   double s = 0;
+  for (int64_t k = threadIdx.x; k < c; k += blockDim.x) {
+    const float v = x[k * stride];
+    if (v > m) {
+      s = s * exp(static_cast<double>(m) - static_cast<double>(v)) + 1.0;  // exp(-inf) = 0
+      m = v;
+    } else if (v > -INFINITY) {
+      s += exp(static_cast<double>(v) - static_cast<double>(m));
+    } else if (isnan(v)) {
+      s = NAN;  // as the CPU's sum, which a NaN term makes NaN
+    }
+  }
+  const float mx = block_max(m);
+  if (isfinite(mx)) {
+    const double part =
+        m > -INFINITY ? s * exp(static_cast<double>(m) - static_cast<double>(mx)) : 0.0;
+    return mx + static_cast<float>(log(block_sum<double>(part)));
+  }
+  double again = 0;
   for (int64_t k = threadIdx.x; k < c; k += blockDim.x)
-    s += exp(static_cast<double>(x[k * stride] - mx));
-  s = block_sum<double>(s);
-  return mx + static_cast<float>(log(s));
+    again += exp(static_cast<double>(x[k * stride] - mx));
+  again = block_sum<double>(again);
+  return mx + static_cast<float>(log(again));
 }
 
 // Each position's loss -w * log_prob[n, t, d] (0 where w is 0) into values[i], and log_prob.

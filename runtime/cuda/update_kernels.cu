@@ -55,16 +55,57 @@ __global__ void momentum_kernel(float* w, const float* g, float* v, int64_t n, M
   }
 }
 
+// Element i of one Adam update (both kernels below: the same bytes).
+__device__ __forceinline__ void adam_element(float* w, const float* g, float* m, float* v,
+                                             int64_t i, const AdamUpdate& p) {
+  const float gr = g[i] + p.l2 * w[i];
+  const float mi = p.beta1 * m[i] + (1.0f - p.beta1) * gr;
+  const float vi = p.beta2 * v[i] + (1.0f - p.beta2) * (gr * gr);
+  m[i] = mi;
+  v[i] = vi;
+  w[i] = p.post_scale *
+         (p.pre_scale * w[i] - p.step_size * (mi / (sqrtf(vi) * p.denom_scale + p.eps)));
+}
+
 __global__ void adam_kernel(float* w, const float* g, float* m, float* v, int64_t n, AdamUpdate p) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
-    const float gr = g[i] + p.l2 * w[i];
-    const float mi = p.beta1 * m[i] + (1.0f - p.beta1) * gr;
-    const float vi = p.beta2 * v[i] + (1.0f - p.beta2) * (gr * gr);
-    m[i] = mi;
-    v[i] = vi;
-    w[i] = p.post_scale *
-           (p.pre_scale * w[i] - p.step_size * (mi / (sqrtf(vi) * p.denom_scale + p.eps)));
+       i += int64_t{blockDim.x} * gridDim.x)
+    adam_element(w, g, m, v, i, p);
+}
+
+// Up to kAdamSlots weights in one launch: weight k takes blocks [first_block[k],
+// first_block[k + 1]), each block kAdamChunk elements of it; a block finds its weight by binary
+// search over the launch's parameters. With `zero`, each gradient element is zeroed once read.
+constexpr int kAdamSlots = 64;
+constexpr int64_t kAdamChunk = 4096;
+struct AdamSlots {
+  float* w[kAdamSlots];
+  float* g[kAdamSlots];
+  float* m[kAdamSlots];
+  float* v[kAdamSlots];
+  int64_t n[kAdamSlots];
+  int64_t first_block[kAdamSlots + 1];
+  int count;
+};
+static_assert(sizeof(AdamSlots) + sizeof(AdamUpdate) + 8 <= 4096,
+              "kernel parameters are limited to 4 KiB");
+
+__global__ void adam_many_kernel(AdamSlots s, AdamUpdate p, bool zero) {
+  const int64_t block = blockIdx.x;
+  int lo = 0, hi = s.count - 1;  // the last k with first_block[k] <= block
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (s.first_block[mid] <= block)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int k = lo;
+  const int64_t start = (block - s.first_block[k]) * kAdamChunk;
+  const int64_t end = start + kAdamChunk < s.n[k] ? start + kAdamChunk : s.n[k];
+  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
+    adam_element(s.w[k], s.g[k], s.m[k], s.v[k], i, p);
+    if (zero) s.g[k][i] = 0.0f;
   }
 }
 
@@ -112,6 +153,39 @@ void launch_momentum(float* w, const float* g, float* v, int64_t n, const Moment
 void launch_adam(float* w, const float* g, float* m, float* v, int64_t n, const AdamUpdate& u,
                  cudaStream_t stream) {
   if (n > 0) adam_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(w, g, m, v, n, u);
+}
+
+void launch_adam_many(const AdamArrays* items, size_t count, const AdamUpdate& u, bool zero_grads,
+                      cudaStream_t stream) {
+  size_t next = 0;
+  while (next < count) {
+    AdamSlots s{};
+    int64_t blocks = 0;
+    while (next < count && s.count < kAdamSlots) {
+      const AdamArrays& a = items[next++];
+      if (a.n <= 0) continue;
+      s.w[s.count] = a.w;
+      s.g[s.count] = a.g;
+      s.m[s.count] = a.m;
+      s.v[s.count] = a.v;
+      s.n[s.count] = a.n;
+      s.first_block[s.count] = blocks;
+      blocks += (a.n + kAdamChunk - 1) / kAdamChunk;
+      ++s.count;
+    }
+    s.first_block[s.count] = blocks;
+    if (s.count == 0) continue;
+    // Blocks fit an unsigned grid: 64 weights of at most 2^31 chunks each would not, so
+    // split where they would.
+    if (blocks > (int64_t{1} << 31) - 1) {
+      for (int k = 0; k < s.count; ++k) {
+        launch_adam(s.w[k], s.g[k], s.m[k], s.v[k], s.n[k], u, stream);
+        if (zero_grads) cudaMemsetAsync(s.g[k], 0, static_cast<size_t>(s.n[k]) * 4, stream);
+      }
+      continue;
+    }
+    adam_many_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(s, u, zero_grads);
+  }
 }
 
 void launch_adagrad(float* w, const float* g, float* h, int64_t n, const AdagradUpdate& u,

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "runtime/core/device.h"
@@ -25,6 +26,19 @@ void launch_momentum(float* w, const float* g, float* v, int64_t n, const Moment
                      cudaStream_t stream);
 void launch_adam(float* w, const float* g, float* m, float* v, int64_t n, const AdamUpdate& u,
                  cudaStream_t stream);
+/// One weight of launch_adam_many: n float32 elements of each.
+struct AdamArrays {
+  float* w = nullptr;
+  float* g = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  int64_t n = 0;
+};
+/// launch_adam on every item with one `u`, and with `zero_grads` each g zeroed after it is
+/// read: up to 64 weights a launch (each weight's elements in 4096-element blocks) rather than
+/// a launch per weight and a memset per gradient. The same bytes as the launches one by one.
+void launch_adam_many(const AdamArrays* items, size_t count, const AdamUpdate& u, bool zero_grads,
+                      cudaStream_t stream);
 void launch_adagrad(float* w, const float* g, float* h, int64_t n, const AdagradUpdate& u,
                     cudaStream_t stream);
 

@@ -172,14 +172,21 @@ void DeviceWorker::update_stage(int stage_index) {
     return;
   }
   double start = run_.seconds();
+  // Every weight with a gradient at once (one launch for many on CUDA), each gradient zeroed
+  // for the next step.
+  std::vector<optim::Optimizer::WeightStep> steps;
+  int64_t state_before = 0;
   for (auto& [name, weight] : st.weights) {
     auto g = grads.find(name);
     if (g == grads.end()) continue;  // not trainable or no gradient
-    int64_t state_before = st.opt_state[name].bytes();
-    run_.optimizer->step(*context_, weight, g->second, st.opt_state[name], lr, update);
-    meter.add(st.opt_state[name].bytes() - state_before);  // created on first use
-    context_->fill_zero(g->second);
+    optim::OptimizerState& state = st.opt_state[name];
+    state_before += state.bytes();
+    steps.push_back({&weight, &g->second, &state});
   }
+  run_.optimizer->step_many(*context_, steps, lr, update);
+  int64_t state_after = 0;
+  for (const optim::Optimizer::WeightStep& s : steps) state_after += s.state->bytes();
+  meter.add(state_after - state_before);  // created on first use
   update_timed(stage_index, start);
 }
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "runtime/format/error.h"
 #include "runtime/format/vocabulary.h"
@@ -91,6 +92,14 @@ void Optimizer::check_step(const Tensor& weight, const Tensor& grad, int64_t ste
   if (step < 1) fail(ErrorKind::kInternal, "optimizer step {} (steps count from 1)", step);
 }
 
+void Optimizer::step_many(DeviceContext& device, std::span<const WeightStep> weights, float lr,
+                          int64_t step) const {
+  for (const WeightStep& w : weights) {
+    this->step(device, *w.weight, *w.grad, *w.state, lr, step);
+    device.fill_zero(*w.grad);
+  }
+}
+
 namespace {
 
 class Sgd final : public Optimizer {
@@ -136,6 +145,25 @@ class Adam final : public Optimizer {
     check_step(weight, grad, step);
     Tensor& m = state_tensor(device, state, "m", weight);
     Tensor& v = state_tensor(device, state, "v", weight);
+    device.adam(weight, grad, m, v, update(lr, step));
+  }
+
+  void step_many(DeviceContext& device, std::span<const WeightStep> weights, float lr,
+                 int64_t step) const override {
+    std::vector<AdamTensors> items;
+    items.reserve(weights.size());
+    for (const WeightStep& w : weights) {
+      check_step(*w.weight, *w.grad, step);
+      Tensor& m = state_tensor(device, *w.state, "m", *w.weight);
+      Tensor& v = state_tensor(device, *w.state, "v", *w.weight);
+      items.push_back({w.weight, w.grad, &m, &v});
+    }
+    device.adam_many(items.data(), items.size(), update(lr, step), /*zero_grads=*/true);
+  }
+
+ private:
+  // The scalars of one update (the same for every weight at a step).
+  AdamUpdate update(float lr, int64_t step) const {
     const double t = static_cast<double>(step);
     const double bc1 = 1.0 - std::pow(static_cast<double>(config_.beta1), t);
     const double bc2 = 1.0 - std::pow(static_cast<double>(config_.beta2), t);
@@ -150,10 +178,9 @@ class Adam final : public Optimizer {
     } else {
       p.l2 = config_.weight_decay;
     }
-    device.adam(weight, grad, m, v, p);
+    return p;
   }
 
- private:
   bool decoupled_;
 };
 

@@ -56,6 +56,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -127,6 +128,18 @@ class Optimizer {
   /// present ones must match the weight's shape.
   virtual void step(DeviceContext& device, Tensor& weight, const Tensor& grad,
                     OptimizerState& state, float lr, int64_t step) const = 0;
+
+  /// One weight of `step_many`.
+  struct WeightStep {
+    Tensor* weight = nullptr;
+    Tensor* grad = nullptr;
+    OptimizerState* state = nullptr;
+  };
+  /// `step` on each of `weights` (a stage's, at one update), then each gradient zeroed: the
+  /// same bytes as the calls one by one. Adam and AdamW hand the lot to the device at once
+  /// (`DeviceContext::adam_many`); the others call `step` and `fill_zero` per weight.
+  virtual void step_many(DeviceContext& device, std::span<const WeightStep> weights, float lr,
+                         int64_t step) const;
 
  protected:
   explicit Optimizer(OptimizerConfig config) : config_(std::move(config)) {}

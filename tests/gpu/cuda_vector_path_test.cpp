@@ -5,7 +5,8 @@
 // nearest even) and int32; and strided moves that keep a whole number of units innermost
 // (attention's head transposes; data_kernels.cu) in every width; Conv's bias and ConvGrad's bias
 // gradient (conv_kernels.cu: up to 16 bytes a thread where a plane's size allows, the gradient
-// over slices of images) against the same sums made here.
+// over slices of images) against the same sums made here; Adam over many weights in one launch
+// (update_kernels.cu) against a launch per weight.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include "runtime/core/backend.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/optim/optimizer.h"
 #include "tests/runtime/attention_util.h"
 
 namespace stagecraft::testing {
@@ -219,6 +221,55 @@ TEST_CASE("cuda Conv's bias and ConvGrad's bias gradient match sums made here") 
     }
   }
   CHECK(runs == 12);
+}
+
+TEST_CASE("cuda Adam over many weights at once leaves the bytes of a launch per weight") {
+  // 70 weights (two launches of up to 64), one empty, one of several 4096-element blocks;
+  // AdamW with decay; three updates. step_many zeroes the gradients as it goes.
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  auto device = cuda->make_device(0, 1);
+  rt::optim::OptimizerConfig c;
+  c.kind = parse_optimizer("adamw");
+  c.lr = 0.01f;
+  c.weight_decay = 0.1f;
+  auto opt = rt::optim::Optimizer::make(c);
+  std::vector<int64_t> sizes;
+  for (int k = 0; k < 70; ++k) sizes.push_back(k == 3 ? 0 : k == 5 ? 9000 : 1 + 37 * k);
+  std::vector<rt::Tensor> one_w, many_w, many_g;
+  std::vector<rt::optim::OptimizerState> one_state(sizes.size()), many_state(sizes.size());
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const rt::Tensor w = attention::random({sizes[k]}, 200 + static_cast<unsigned>(k));
+    one_w.push_back(rt::to_device(*device, w));
+    many_w.push_back(rt::to_device(*device, w));
+  }
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<rt::optim::Optimizer::WeightStep> steps;
+    many_g.clear();
+    many_g.reserve(sizes.size());
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const rt::Tensor g =
+          attention::random({sizes[k]}, 300 + static_cast<unsigned>(k * 7 + step), -2.0f, 2.0f);
+      opt->step(*device, one_w[k], rt::to_device(*device, g), one_state[k], c.lr, step);
+      many_g.push_back(rt::to_device(*device, g));
+    }
+    for (size_t k = 0; k < sizes.size(); ++k)
+      steps.push_back({&many_w[k], &many_g[k], &many_state[k]});
+    opt->step_many(*device, steps, c.lr, step);
+    device->synchronize();
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      CAPTURE(k);
+      const rt::Tensor a = rt::to_host(*device, one_w[k]), b = rt::to_host(*device, many_w[k]);
+      CHECK(std::memcmp(a.data, b.data, static_cast<size_t>(a.bytes())) == 0);
+      const rt::Tensor g = rt::to_host(*device, many_g[k]);
+      CHECK(std::all_of(g.as<float>(), g.as<float>() + g.numel(), [](float x) { return x == 0; }));
+      for (const std::string name : {"m", "v"}) {
+        const rt::Tensor sa = rt::to_host(*device, one_state[k].at(name)),
+                         sb = rt::to_host(*device, many_state[k].at(name));
+        CHECK(std::memcmp(sa.data, sb.data, static_cast<size_t>(sa.bytes())) == 0);
+      }
+    }
+  }
 }
 
 }  // namespace

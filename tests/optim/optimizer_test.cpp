@@ -167,6 +167,47 @@ TEST_CASE("adamw: decoupled decay w *= 1 - lr*wd, then the Adam step on g") {
   check_values(state.at("m"), {0.026, 0.182});
 }
 
+TEST_CASE("step_many: each weight's step and a zeroed gradient, for every rule") {
+  // A stage's weights updated at once (Adam and AdamW through DeviceContext::adam_many) must
+  // leave the bytes the per-weight calls leave: weights, state (made on first use) and the
+  // gradients zeroed for the next step. Three weights of different sizes, three updates, with
+  // weight decay so every term of each rule moves.
+  for (const std::string kind : {"sgd", "momentum", "nesterov", "adam", "adamw", "adagrad"}) {
+    CAPTURE(kind);
+    const OptimizerConfig c = config(kind, 0.05f, 0.01f);
+    auto opt = Optimizer::make(c);
+    const std::vector<int64_t> sizes = {2, 37, 1000};
+    std::vector<Tensor> one_w, many_w, many_g;
+    std::vector<OptimizerState> one_state(sizes.size()), many_state(sizes.size());
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      std::vector<float> w(static_cast<size_t>(sizes[k]));
+      for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(static_cast<float>(3 * i + k)) * 2;
+      one_w.push_back(floats(w));
+      many_w.push_back(floats(w));
+      many_g.push_back(floats(std::vector<float>(w.size())));
+    }
+    for (int64_t step = 1; step <= 3; ++step) {
+      std::vector<Optimizer::WeightStep> steps;
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        std::vector<float> g(static_cast<size_t>(sizes[k]));
+        for (size_t i = 0; i < g.size(); ++i)
+          g[i] = std::cos(static_cast<float>(i * step + k)) - 0.25f;
+        opt->step(dev(), one_w[k], floats(g), one_state[k], c.lr, step);
+        many_g[k] = floats(g);
+        steps.push_back({&many_w[k], &many_g[k], &many_state[k]});
+      }
+      opt->step_many(dev(), steps, c.lr, step);
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        CAPTURE(k);
+        CHECK(values(many_w[k]) == values(one_w[k]));
+        CHECK(values(many_g[k]) == std::vector<float>(static_cast<size_t>(sizes[k]), 0.0f));
+        for (const std::string& name : opt->state_names())
+          CHECK(values(many_state[k].at(name)) == values(one_state[k].at(name)));
+      }
+    }
+  }
+}
+
 TEST_CASE("adagrad: PyTorch Adagrad (lr_decay 0, initial accumulator 0)") {
   // lr 0.1, eps 1e-10. Step 1: s = g^2, w -= 0.1*sign(g): [0.9, -1.9].
   // Step 2: s = [1.25, 0.3125]: w = [0.9 - 0.05/1.118034, -1.9 - 0.025/0.5590170].
