@@ -134,6 +134,26 @@ __device__ __forceinline__ int64_t first_index() {
 }
 __device__ __forceinline__ int64_t grid_stride() { return int64_t{blockDim.x} * gridDim.x; }
 
+/// 16 bytes of T (8 16-bit floats, 4 float32): one load or store of a vector path.
+template <class T>
+struct alignas(16) Bytes16 {
+  static constexpr int kLanes = 16 / static_cast<int>(sizeof(T));
+  T v[kLanes];
+};
+
+/// Whether `p` is 16-byte aligned (a vector path's condition).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+/// body(i) for i in [0, n) where each thread takes 16 bytes at a time: vector(g) for each whole
+/// group g of Bytes16<T>::kLanes elements (grid-stride), then one(i) for the tail's elements.
+template <class T, class Vector, class One>
+__device__ __forceinline__ void for_vectors(int64_t n, Vector vector, One one) {
+  constexpr int L = Bytes16<T>::kLanes;
+  const int64_t groups = n / L;
+  for (int64_t g = first_index(); g < groups; g += grid_stride()) vector(g);
+  for (int64_t i = groups * L + first_index(); i < n; i += grid_stride()) one(i);
+}
+
 // The offsets of output element i in the first N inputs of `map`.
 template <int N>
 __device__ __forceinline__ void broadcast_offsets(const BroadcastMap& map, int64_t i,

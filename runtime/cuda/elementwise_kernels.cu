@@ -150,14 +150,38 @@ __global__ void unary16_kernel(const H* x, H* y, int64_t n, UnaryParams p) {
     y[i] = convert<H>(unary_one<op, float>(to_float(x[i]), p, lo, hi));
 }
 
+// unary16_kernel 16 bytes (8 elements) a thread, x and y 16-byte aligned: the same bits. (One
+// element a thread moved GPT-2's Gelu at 0.9 TB/s and ResNet-50's ReLU at 1.0 on an H200.)
+template <UnaryOp op, class H>
+__global__ void unary16_vector_kernel(const H* x, H* y, int64_t n, UnaryParams p) {
+  const float lo = Limits<float>::lowest(), hi = Limits<float>::max();
+  using V = Bytes16<H>;
+  for_vectors<H>(
+      n,
+      [&](int64_t g) {
+        const V a = reinterpret_cast<const V*>(x)[g];
+        V b;
+#pragma unroll
+        for (int k = 0; k < V::kLanes; ++k)
+          b.v[k] = convert<H>(unary_one<op, float>(to_float(a.v[k]), p, lo, hi));
+        reinterpret_cast<V*>(y)[g] = b;
+      },
+      [&](int64_t i) { y[i] = convert<H>(unary_one<op, float>(to_float(x[i]), p, lo, hi)); });
+}
+
 template <UnaryOp op>
 bool unary_of(DType dtype, const void* x, void* y, int64_t n, const UnaryParams& p,
               cudaStream_t stream) {
   if constexpr (op != UnaryOp::kClip && kUnarySupported<op, float>) {
     const bool half = visit16(dtype, [&](auto tag) {
       using H = typename decltype(tag)::type;
-      unary16_kernel<op, H><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-          static_cast<const H*>(x), static_cast<H*>(y), n, p);
+      if (aligned16(x) && aligned16(y))
+        unary16_vector_kernel<op, H>
+            <<<grid_for((n + Bytes16<H>::kLanes - 1) / Bytes16<H>::kLanes, kThreads), kThreads, 0,
+               stream>>>(static_cast<const H*>(x), static_cast<H*>(y), n, p);
+      else
+        unary16_kernel<op, H><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+            static_cast<const H*>(x), static_cast<H*>(y), n, p);
     });
     if (half) return true;
   }
@@ -182,8 +206,6 @@ __global__ void cast_kernel(const From* x, To* y, int64_t n) {
 // around every node without a 16-bit kernel), 8 elements a thread through 16-byte accesses:
 // x and y 16-byte aligned. The same conversion as cast_kernel, element for element.
 constexpr int kCastVector = 8;
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <class T>
 struct alignas(16) CastGroup {
@@ -243,12 +265,6 @@ __global__ void binary_kernel(const A* x, const B* y, Out* z, int64_t n, Broadca
 // 16-byte aligned and a repeated row a whole number of groups. `x_row`, `y_row`: 0 for an
 // operand read straight, else the groups of the row it repeats. The same functor as
 // binary_kernel, element for element.
-template <class T>
-struct alignas(16) Bytes16 {
-  static constexpr int kLanes = 16 / static_cast<int>(sizeof(T));
-  T v[kLanes];
-};
-
 template <class T, class F>
 __global__ void vector_binary_kernel(const T* x, const T* y, T* z, int64_t n, int64_t x_row,
                                      int64_t y_row, F f) {

@@ -122,14 +122,50 @@ __global__ void unary_grad16_kernel(const H* x, const H* y, const H* dy, H* dx, 
   }
 }
 
+// unary_grad16_kernel 16 bytes (8 elements) of each operand a thread, every pointer given
+// 16-byte aligned (y may be null): the same bits.
+template <UnaryGradOp op, class H>
+__global__ void unary_grad16_vector_kernel(const H* x, const H* y, const H* dy, H* dx, int64_t n,
+                                           UnaryGradParams p) {
+  using V = Bytes16<H>;
+  for_vectors<H>(
+      n,
+      [&](int64_t g) {
+        const V xv = reinterpret_cast<const V*>(x)[g];
+        const V dv = reinterpret_cast<const V*>(dy)[g];
+        V yv;
+        if (y != nullptr) yv = reinterpret_cast<const V*>(y)[g];
+        V out;
+#pragma unroll
+        for (int k = 0; k < V::kLanes; ++k) {
+          const float v = to_float(xv.v[k]);
+          const float fwd = y != nullptr ? to_float(yv.v[k]) : forward<op>(v);
+          out.v[k] =
+              convert<H>(unary_grad_one<op>(v, fwd, to_float(dv.v[k]), p, -INFINITY, INFINITY));
+        }
+        reinterpret_cast<V*>(dx)[g] = out;
+      },
+      [&](int64_t i) {
+        const float v = to_float(x[i]);
+        const float fwd = y != nullptr ? to_float(y[i]) : forward<op>(v);
+        dx[i] = convert<H>(unary_grad_one<op>(v, fwd, to_float(dy[i]), p, -INFINITY, INFINITY));
+      });
+}
+
 template <UnaryGradOp op>
 bool unary_grad16_of(DType dtype, const void* x, const void* y, const void* dy, void* dx,
                      int64_t n, const UnaryGradParams& p, cudaStream_t stream) {
   return visit16(dtype, [&](auto tag) {
     using H = typename decltype(tag)::type;
-    unary_grad16_kernel<op, H><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-        static_cast<const H*>(x), static_cast<const H*>(y), static_cast<const H*>(dy),
-        static_cast<H*>(dx), n, p);
+    if (aligned16(x) && (y == nullptr || aligned16(y)) && aligned16(dy) && aligned16(dx))
+      unary_grad16_vector_kernel<op, H>
+          <<<grid_for((n + Bytes16<H>::kLanes - 1) / Bytes16<H>::kLanes, kThreads), kThreads, 0,
+             stream>>>(static_cast<const H*>(x), static_cast<const H*>(y),
+                       static_cast<const H*>(dy), static_cast<H*>(dx), n, p);
+    else
+      unary_grad16_kernel<op, H><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+          static_cast<const H*>(x), static_cast<const H*>(y), static_cast<const H*>(dy),
+          static_cast<H*>(dx), n, p);
   });
 }
 
