@@ -59,8 +59,10 @@ class Simulation {
         act_received_(pair_times()),
         grad_arrival_(pair_times()),
         grad_received_(pair_times()),
-        act_taken_(stages_),
-        grad_taken_(stages_),
+        act_taken_(pair_times()),
+        grad_taken_(pair_times()),
+        act_taken_count_(stages_, 0),
+        grad_taken_count_(stages_, 0),
         act_sends_(stages_, 0),
         grad_sends_(stages_, 0),
         shared_issued_(stages_, kNotYet),
@@ -245,7 +247,12 @@ class Simulation {
         double arrival = (act ? act_arrival_ : grad_arrival_)[key(in.stage, in.microbatch)];
         double end = std::max(start, arrival) + fixed(in.op);
         (act ? act_received_ : grad_received_)[key(in.stage, in.microbatch)] = end;
-        (act ? act_taken_[in.stage - 1] : grad_taken_[in.stage + 1]).push_back(end);
+        const int link = act ? in.stage - 1 : in.stage + 1;
+        int& taken = (act ? act_taken_count_ : grad_taken_count_)[link];
+        if (taken >= microbatches_)
+          fail(ErrorKind::kInternal, "stage {} received more than {} messages from stage {}",
+               in.stage, microbatches_, link);
+        (act ? act_taken_ : grad_taken_)[key(link, taken++)] = end;
         wait(device, in, start, end);
         return;
       }
@@ -256,10 +263,10 @@ class Simulation {
         int peer = act ? in.stage + 1 : in.stage - 1;
         // A full link: the device waits until the receiver takes the message that frees a slot.
         int& sends = (act ? act_sends_ : grad_sends_)[in.stage];
-        const std::vector<double>& taken = (act ? act_taken_ : grad_taken_)[in.stage];
+        const std::vector<double>& taken = act ? act_taken_ : grad_taken_;
         const int capacity = link_capacity(shape_);
         if (sends >= capacity) {
-          const double slot = taken[static_cast<size_t>(sends - capacity)];
+          const double slot = taken[key(in.stage, sends - capacity)];
           if (slot > free_at_[device]) free_at_[device] = slot;
           start = std::max(start, slot);
         }
@@ -439,9 +446,11 @@ class Simulation {
   std::vector<double> forward_end_, input_grad_end_;
   std::vector<double> act_arrival_, act_received_, grad_arrival_, grad_received_;
   /// Per sending stage, when the receiver took each message of its activation link and of its
-  /// gradient link (in order), and how many it has sent on each: a send waits for a slot
-  /// (readiness.h's bounded links).
-  std::vector<std::vector<double>> act_taken_, grad_taken_;
+  /// gradient link (in order: at key(stage, k) the k-th; one a microbatch, so one array of the
+  /// (stage, microbatch) pairs' size rather than a growing list per stage), how many were taken,
+  /// and how many it has sent on each: a send waits for a slot (readiness.h's bounded links).
+  std::vector<double> act_taken_, grad_taken_;
+  std::vector<int> act_taken_count_, grad_taken_count_;
   std::vector<int> act_sends_, grad_sends_;
   std::vector<double> shared_issued_;                ///< Per stage, its ALLREDUCE_SHARED.
   std::vector<int> weight_gradients_;  ///< Per stage, microbatches whose weight gradients ran.
