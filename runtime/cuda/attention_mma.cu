@@ -179,6 +179,17 @@ __device__ void products_abt(const uint32_t (&a)[D / 16][4], const uint16_t* til
   }
 }
 
+// Columns 16 u .. 16 u + 15 of the warp's 16 x 64 block `w` (as products_abt leaves it: the
+// score fragments of two adjacent 8-column tiles are one 16-column A fragment), rounded to T.
+struct A16 {
+  uint32_t r[4];
+};
+template <class T>
+__device__ __forceinline__ A16 a_fragment(const float (&w)[8][4], int u) {
+  return {{pack<T>(w[2 * u][0], w[2 * u][1]), pack<T>(w[2 * u][2], w[2 * u][3]),
+           pack<T>(w[2 * u + 1][0], w[2 * u + 1][1]), pack<T>(w[2 * u + 1][2], w[2 * u + 1][3])}};
+}
+
 // acc += W M for W the warp's 16 x 64 block held as products_abt left it (rounded to T here)
 // and M the [64][D] tile stored transposed in `tile_t` ([D][64 + pad]): acc[n] holds columns
 // 8 n + 2 t, + 1 of rows g (0, 1) and g + 8 (2, 3).
@@ -188,22 +199,20 @@ __device__ void accumulate_product(const float (&w)[8][4], const uint16_t* tile_
   const Lane l = lane_of();
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    const uint32_t a[4] = {pack<T>(w[2 * u][0], w[2 * u][1]), pack<T>(w[2 * u][2], w[2 * u][3]),
-                           pack<T>(w[2 * u + 1][0], w[2 * u + 1][1]),
-                           pack<T>(w[2 * u + 1][2], w[2 * u + 1][3])};
+    const A16 a = a_fragment<T>(w, u);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       const uint16_t* column = tile_t + (8 * n + l.g) * MmaGeometry<D>::kTRow + 16 * u;
-      mma<T>(acc[n], a, word(column + 2 * l.t), word(column + 8 + 2 * l.t));
+      mma<T>(acc[n], a.r, word(column + 2 * l.t), word(column + 8 + 2 * l.t));
     }
   }
 }
 
 // accumulate_product with M read from its row-major tile `tile` ([64][D + pad]) by
-// ldmatrix.trans: for the 16 rows u of M (the product's k) and columns 16 p .. 16 p + 15, the
-// lane's address is row 16 u + 8 (i % 2) + r, column 16 p + 8 (i / 2) for its tile i and row r,
-// so b[0], b[1] are the B fragment of columns 16 p .. + 7 (k 0-7, 8-15) and b[2], b[3] that of
-// columns 16 p + 8 .. + 15.
+// ldmatrix.trans: for rows 16 u .. 16 u + 15 of M (the product's k) and columns 16 q .. 16 q +
+// 15, the lane's address is row 16 u + 8 (i % 2) + r, column 16 q + 8 (i / 2) for its tile i and
+// row r, so b[0], b[1] are the B fragment of columns 16 q .. + 7 (k 0-7, 8-15) and b[2], b[3]
+// that of columns 16 q + 8 .. + 15.
 template <int D, class T>
 __device__ void accumulate_product_rows(const float (&w)[8][4], const uint16_t* tile,
                                         float (&acc)[D / 8][4]) {
@@ -214,15 +223,13 @@ __device__ void accumulate_product_rows(const float (&w)[8][4], const uint16_t* 
       static_cast<uint32_t>(__cvta_generic_to_shared(tile + (8 * (i % 2) + r) * R + 8 * (i / 2)));
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    const uint32_t a[4] = {pack<T>(w[2 * u][0], w[2 * u][1]), pack<T>(w[2 * u][2], w[2 * u][3]),
-                           pack<T>(w[2 * u + 1][0], w[2 * u + 1][1]),
-                           pack<T>(w[2 * u + 1][2], w[2 * u + 1][3])};
+    const A16 a = a_fragment<T>(w, u);
 #pragma unroll
     for (int q = 0; q < D / 16; ++q) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, base + 2 * (16 * u * R + 16 * q));  // bytes: 2 per element
-      mma<T>(acc[2 * q], a, b[0], b[1]);
-      mma<T>(acc[2 * q + 1], a, b[2], b[3]);
+      mma<T>(acc[2 * q], a.r, b[0], b[1]);
+      mma<T>(acc[2 * q + 1], a.r, b[2], b[3]);
     }
   }
 }
