@@ -62,6 +62,8 @@ print(json.dumps({"model":n,"mode":"stagecraft","precision":p,"median_step_ms":j
  "step_ms":j["step_ms"],"predicted_step_ms":j.get("predicted_step_ms"),"final_loss":j.get("final_loss"),
  "peak_bytes":[d.get("device_peak_bytes",d["peak_bytes"]) for d in j["device"]],
  "predicted_peak_bytes":[d["predicted_peak_bytes"] for d in j["device"]],
+ "host_waits":[d.get("host_waits") for d in j["device"]],
+ "host_wait_ms":[d.get("host_wait_ms") for d in j["device"]],
  "forward_flops":float(f[0].replace(",",""))*u[f[1].split("/")[0]]}))' "$name" "$flops" \
     "$precision" >>"$results"
   echo "stagecraft $tag: $(tail -1 "$results")" >&2
@@ -138,6 +140,11 @@ for model in [m for m in ("gpt2", "resnet50") if any(r["model"] == m for r in ro
             print(f"  stagecraft ({r['precision']}) predicted step {r['predicted_step_ms']:.1f} ms "
                   f"(h100 roofline), predicted peak {max(r['predicted_peak_bytes']) / 2**30:.2f} GiB, "
                   f"final loss {r.get('final_loss')}")
+            waits = [w for w in r.get("host_waits") or [] if w is not None]
+            if waits:
+                blocked = sum(w for w in r.get("host_wait_ms") or [] if w is not None)
+                print(f"  stagecraft ({r['precision']}) host waits in the step: {sum(waits)} "
+                      f"synchronisations, {blocked:.1f} ms blocked")
 PY
 cp "$results" "${OUT:-$work}/gpu_vs_pytorch.jsonl" 2>/dev/null || true
 for f in "$work"/*-run.jsonl; do cp "$f" "${OUT:-$work}/" 2>/dev/null || true; done

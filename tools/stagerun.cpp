@@ -1,7 +1,8 @@
 // stagerun: execute a plan directory with microbatch pipelining.
 //
 //   stagerun PLAN_DIR [--backend auto|cpu|cuda] [--steps N] [--inputs FILE.npy|DIR] [--synthetic]
-//            [--data DIR | --tokens FILE [--seq T] [--token-dtype uint16|uint32] [--shuffle --seed S]]
+//            [--data DIR | --tokens FILE [--seq T] [--token-dtype uint16|uint32] [--shuffle --seed
+//            S]]
 //            [--outputs DIR] [--threads-per-device T] [--trace FILE [--trace-steps N]] [--json]
 //            [--eval-data DIR | --eval-tokens FILE [--eval-every N] [--eval-batches K]]
 //            [--checkpoint DIR [--save-every K]] [--resume DIR] [--export FILE.onnx]
@@ -41,6 +42,8 @@
 //    device [{device, busy_fraction, send_ms (the step's sends), peak_bytes,
 //             predicted_peak_bytes, arena_bytes, weight_bytes,
 //             [device_peak_bytes, device_used_bytes] (CUDA: the GPU's pool peak and in use),
+//             [host_waits, host_wait_ms] (CUDA: the step's stream synchronisations, and the
+//             time the host was blocked in them),
 //             [allreduce_ms] (data parallelism: the step's time waiting in ALLREDUCE)}],
 //    process_peak_rss_bytes,
 //    outputs [{name, dtype, shape, file}]}

@@ -180,6 +180,10 @@ void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const
                     {"weight_bytes", r.weight_bytes}});
     if (r.device_peak_bytes >= 0) devs.back()["device_peak_bytes"] = r.device_peak_bytes;
     if (r.device_used_bytes >= 0) devs.back()["device_used_bytes"] = r.device_used_bytes;
+    if (r.host_waits >= 0) {
+      devs.back()["host_waits"] = r.host_waits;
+      devs.back()["host_wait_ms"] = r.host_wait_s * 1e3;
+    }
     if (plan.data_parallel > 1 && d < report.allreduce_s.size())
       devs.back()["allreduce_ms"] = report.allreduce_s[d] * 1e3;
   }

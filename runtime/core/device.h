@@ -110,6 +110,16 @@ class DeviceContext {
   };
   virtual MemoryUse memory_use() const { return {}; }
 
+  /// How often the host waited for the device since the context was made (a synchronize, or a
+  /// copy to or from host memory that waits for the queue), and the seconds it spent blocked
+  /// so: a device that runs behind a queue idles after each wait until the host queues more
+  /// work. count -1 where the device keeps no count (the CPU backend runs on the host).
+  struct HostWaits {
+    int64_t count = -1;
+    double seconds = 0;
+  };
+  virtual HostWaits host_waits() const { return {}; }
+
   // Memory.
 
   /// A buffer of at least `bytes` bytes (an arena). Throws `Error(kIo)` naming the size when

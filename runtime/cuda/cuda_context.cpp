@@ -8,6 +8,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -190,7 +191,19 @@ DeviceContext::MemoryUse CudaContext::memory_use() const {
   return use;
 }
 
-void CudaContext::synchronize() { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+void CudaContext::synchronize() {
+  const auto start = std::chrono::steady_clock::now();
+  const cudaError_t status = cudaStreamSynchronize(stream_);
+  wait_ns_ +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  ++waits_;
+  check(status, "cudaStreamSynchronize");
+}
+
+DeviceContext::HostWaits CudaContext::host_waits() const {
+  return {waits_.load(), static_cast<double>(wait_ns_.load()) * 1e-9};
+}
 
 Tensor CudaContext::adopt(const Tensor& t) {
   if (t.data == nullptr || t.bytes() == 0) return t;

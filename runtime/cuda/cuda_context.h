@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -75,6 +76,7 @@ class CudaContext : public DeviceContext {
   void range_push(const char* name) override;
   void range_pop() override;
   MemoryUse memory_use() const override;
+  HostWaits host_waits() const override;
 
   std::unique_ptr<Buffer> allocate(int64_t bytes) override;
   Tensor new_tensor(DType dtype, Shape shape, bool zeroed) override;
@@ -101,6 +103,8 @@ class CudaContext : public DeviceContext {
   void* workspace_ = nullptr;
   int64_t workspace_bytes_ = 0;
   int64_t arena_bytes_ = 0;
+  std::atomic<int64_t> waits_{0};    // synchronize() calls
+  std::atomic<int64_t> wait_ns_{0};  // and the nanoseconds spent in them
 };
 
 /// The GPUs' compute stream (one per GPU for the process, made on first use, never destroyed).

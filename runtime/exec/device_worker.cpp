@@ -44,8 +44,14 @@ void DeviceWorker::run() {
   guarded([&] {
     setup();
     for (step_ = 0; step_ < run_.steps; ++step_) {
+      const DeviceContext::HostWaits before = context_->host_waits();
       run_step();
-      if (!after_step()) break;
+      const bool go_on = after_step();
+      const DeviceContext::HostWaits after = context_->host_waits();
+      if (after.count >= 0)
+        run_.host_waits[device_][step_] = {after.count - before.count,
+                                           after.seconds - before.seconds};
+      if (!go_on) break;
     }
     DeviceContext::MemoryUse use = context_->memory_use();
     run_.reports[device_].device_peak_bytes = use.peak_bytes;

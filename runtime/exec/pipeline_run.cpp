@@ -82,6 +82,7 @@ RunState::RunState(const PipelineParts& pipeline_, const std::map<std::string, T
       busy(devices, std::vector<double>(steps, 0.0)),
       allreduce(devices, std::vector<double>(steps, 0.0)),
       sends(devices, std::vector<double>(steps, 0.0)),
+      host_waits(devices, std::vector<DeviceContext::HostWaits>(steps)),
       events(devices),
       memory(devices),
       node_profile(devices),
@@ -249,6 +250,8 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
     DeviceReport& r = run.reports[d];
     r.busy_s = run.busy[d][report.reported_step];
     r.send_s = run.sends[d][report.reported_step];
+    r.host_waits = run.host_waits[d][report.reported_step].count;
+    r.host_wait_s = run.host_waits[d][report.reported_step].seconds;
     report.allreduce_s.push_back(run.allreduce[d][report.reported_step]);
     r.peak_bytes = run.meters[d].peak.load();
     const int pipeline_device = d % plan.devices;  // every replica's is predicted alike

@@ -135,6 +135,8 @@ struct RunState {
   std::vector<std::vector<double>> busy;       ///< Per device, per step: compute seconds.
   std::vector<std::vector<double>> allreduce;  ///< Per device, per step: ALLREDUCE seconds.
   std::vector<std::vector<double>> sends;      ///< Per device, per step: SEND_* seconds.
+  /// Per device, per step: its device's host waits (DeviceContext::host_waits) in the step.
+  std::vector<std::vector<DeviceContext::HostWaits>> host_waits;
   std::vector<std::vector<schedule::TimelineEvent>> events;
   std::vector<std::vector<MemorySample>> memory;  ///< Per device: its meter over the run.
   std::vector<std::vector<NodeProfile>> node_profile;  ///< Per device: RunOptions::profile_step's.

@@ -158,6 +158,11 @@ struct DeviceReport {
   /// pool's high-water mark with the arena, and the driver's bytes in use at the end); -1 else.
   int64_t device_peak_bytes = -1;
   int64_t device_used_bytes = -1;
+  /// The host's waits for the device in the reported step, from the step's start to the end of
+  /// its updates (DeviceContext::host_waits: CUDA's stream synchronisations), and the seconds
+  /// blocked in them; -1 where the device keeps no count (the CPU backend).
+  int64_t host_waits = -1;
+  double host_wait_s = 0;
 };
 
 /// A device's metered bytes (`DeviceReport::peak_bytes`' count: weights, arena, tensors held)

@@ -124,7 +124,7 @@ check_bg() {
 # line (--json is JSON Lines; the summary record is the last line of type "summary").
 summarise() {
   grep '"type":"summary"' "$log" | tail -1 |
-    grep -oE '"(median_step_ms|predicted_step_ms|bubble)":(\{[^}]*\}|[^,]*)' |
+    grep -oE '"(median_step_ms|predicted_step_ms|bubble|host_waits|host_wait_ms)":(\{[^}]*\}|[^,]*)' |
     tr '\n' ' ' | sed "s/^/  $1: /" >>"$summary"
   echo >>"$summary"
 }
