@@ -326,7 +326,7 @@ void launch_channel_sum(DType dtype, const void* dy, void* db, int64_t n, int64_
   if (channels == 0) return;
   if (partial == nullptr || slices < 1) slices = 1;
   if (slices > n) slices = n < 1 ? 1 : n;
-  const int64_t per_slice = slices > 0 && n > 0 ? (n + slices - 1) / slices : 1;
+  const int64_t per_slice = n > 0 ? (n + slices - 1) / slices : 1;
   // Slices of whole images; the last may be short (or, rounding up, empty: a zero partial).
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

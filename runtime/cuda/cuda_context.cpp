@@ -356,11 +356,20 @@ void CudaContext::momentum(Tensor& w, const Tensor& g, Tensor& v, const Momentum
   check(cudaGetLastError(), "momentum kernel launch");
 }
 
-void CudaContext::adam(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& u) {
+namespace {
+
+// Adam's operands: a float32 weight, and a gradient and two moments of its size and type.
+void expect_adam_operands(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v) {
   expect_float32(w, "the weight", "adam");
   expect_same_size(w, g, "adam");
   expect_same_size(w, m, "adam");
   expect_same_size(w, v, "adam");
+}
+
+}  // namespace
+
+void CudaContext::adam(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& u) {
+  expect_adam_operands(w, g, m, v);
   launch_adam(w.as<float>(), g.as<float>(), m.as<float>(), v.as<float>(), w.numel(), u, stream_);
   check(cudaGetLastError(), "adam kernel launch");
 }
@@ -370,11 +379,7 @@ void CudaContext::adam_many(const AdamTensors* items, size_t count, const AdamUp
   std::vector<AdamArrays> arrays;
   arrays.reserve(count);
   for (const AdamTensors& t : std::span(items, count)) {
-    expect_float32(*t.w, "the weight", "adam");
-    expect_same_size(*t.w, *t.g, "adam");
-    expect_same_size(*t.w, *t.m, "adam");
-    expect_same_size(*t.w, *t.v, "adam");
-    expect_float32(*t.g, "the gradient", "adam");
+    expect_adam_operands(*t.w, *t.g, *t.m, *t.v);
     arrays.push_back(
         {t.w->as<float>(), t.g->as<float>(), t.m->as<float>(), t.v->as<float>(), t.w->numel()});
   }

@@ -144,17 +144,20 @@ __global__ void unary_kernel(const T* x, T* y, int64_t n, UnaryParams p) {
 // rounded to nearest even: the widened fallback's bits (run_widened) without its two casts
 // through memory. Not Clip, whose bounds may be tensors of the input's type.
 template <UnaryOp op, class H>
+__device__ __forceinline__ H unary16_one(H x, const UnaryParams& p) {
+  return convert<H>(
+      unary_one<op, float>(to_float(x), p, Limits<float>::lowest(), Limits<float>::max()));
+}
+
+template <UnaryOp op, class H>
 __global__ void unary16_kernel(const H* x, H* y, int64_t n, UnaryParams p) {
-  const float lo = Limits<float>::lowest(), hi = Limits<float>::max();
-  for (int64_t i = first_index(); i < n; i += grid_stride())
-    y[i] = convert<H>(unary_one<op, float>(to_float(x[i]), p, lo, hi));
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = unary16_one<op>(x[i], p);
 }
 
 // unary16_kernel 16 bytes (8 elements) a thread, x and y 16-byte aligned: the same bits. (One
 // element a thread moved GPT-2's Gelu at 0.9 TB/s and ResNet-50's ReLU at 1.0 on an H200.)
 template <UnaryOp op, class H>
 __global__ void unary16_vector_kernel(const H* x, H* y, int64_t n, UnaryParams p) {
-  const float lo = Limits<float>::lowest(), hi = Limits<float>::max();
   using V = Bytes16<H>;
   for_vectors<H>(
       n,
@@ -162,11 +165,10 @@ __global__ void unary16_vector_kernel(const H* x, H* y, int64_t n, UnaryParams p
         const V a = reinterpret_cast<const V*>(x)[g];
         V b;
 #pragma unroll
-        for (int k = 0; k < V::kLanes; ++k)
-          b.v[k] = convert<H>(unary_one<op, float>(to_float(a.v[k]), p, lo, hi));
+        for (int k = 0; k < V::kLanes; ++k) b.v[k] = unary16_one<op>(a.v[k], p);
         reinterpret_cast<V*>(y)[g] = b;
       },
-      [&](int64_t i) { y[i] = convert<H>(unary_one<op, float>(to_float(x[i]), p, lo, hi)); });
+      [&](int64_t i) { y[i] = unary16_one<op>(x[i], p); });
 }
 
 template <UnaryOp op>

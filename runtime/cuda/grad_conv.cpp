@@ -70,8 +70,7 @@ void conv_grad(const KernelArgs& a) {
     Tensor partial;
     if (slices > 1) partial = ctx.new_tensor(DType::kFloat64, {slices * m}, false);
     launch_channel_sum(dy.dtype, dy.data, io.dx(2)->data, n, m, dy.numel() / (n * m),
-                       slices > 1 ? const_cast<double*>(partial.as<double>()) : nullptr, slices,
-                       ctx.stream());
+                       slices > 1 ? partial.as<double>() : nullptr, slices, ctx.stream());
     check_launch(a);
   }
 }

@@ -112,14 +112,20 @@ void unary_grad_of(const float* x, const float* y, const float* dy, float* dx, i
 // A unary gradient on 16-bit floats: x, y and dy widened exactly, the float32 formula, dx
 // rounded to nearest even: the widened fallback's bits (run_widened) without its casts through
 // memory. Not Clip, whose bounds are device floats of the input's type.
+// One element's dx: y where the node gives it (has_y), else recomputed from x.
+template <UnaryGradOp op, class H>
+__device__ __forceinline__ H unary_grad16_one(H x, bool has_y, H y, H dy,
+                                              const UnaryGradParams& p) {
+  const float v = to_float(x);
+  const float out = has_y ? to_float(y) : forward<op>(v);
+  return convert<H>(unary_grad_one<op>(v, out, to_float(dy), p, -INFINITY, INFINITY));
+}
+
 template <UnaryGradOp op, class H>
 __global__ void unary_grad16_kernel(const H* x, const H* y, const H* dy, H* dx, int64_t n,
                                     UnaryGradParams p) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const float v = to_float(x[i]);
-    const float out = y != nullptr ? to_float(y[i]) : forward<op>(v);
-    dx[i] = convert<H>(unary_grad_one<op>(v, out, to_float(dy[i]), p, -INFINITY, INFINITY));
-  }
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    dx[i] = unary_grad16_one<op>(x[i], y != nullptr, y != nullptr ? y[i] : x[i], dy[i], p);
 }
 
 // unary_grad16_kernel 16 bytes (8 elements) of each operand a thread, every pointer given
@@ -137,18 +143,13 @@ __global__ void unary_grad16_vector_kernel(const H* x, const H* y, const H* dy, 
         if (y != nullptr) yv = reinterpret_cast<const V*>(y)[g];
         V out;
 #pragma unroll
-        for (int k = 0; k < V::kLanes; ++k) {
-          const float v = to_float(xv.v[k]);
-          const float fwd = y != nullptr ? to_float(yv.v[k]) : forward<op>(v);
-          out.v[k] =
-              convert<H>(unary_grad_one<op>(v, fwd, to_float(dv.v[k]), p, -INFINITY, INFINITY));
-        }
+        for (int k = 0; k < V::kLanes; ++k)
+          out.v[k] = unary_grad16_one<op>(xv.v[k], y != nullptr, y != nullptr ? yv.v[k] : xv.v[k],
+                                          dv.v[k], p);
         reinterpret_cast<V*>(dx)[g] = out;
       },
       [&](int64_t i) {
-        const float v = to_float(x[i]);
-        const float fwd = y != nullptr ? to_float(y[i]) : forward<op>(v);
-        dx[i] = convert<H>(unary_grad_one<op>(v, fwd, to_float(dy[i]), p, -INFINITY, INFINITY));
+        dx[i] = unary_grad16_one<op>(x[i], y != nullptr, y != nullptr ? y[i] : x[i], dy[i], p);
       });
 }
 

@@ -73,9 +73,10 @@ __global__ void adam_kernel(float* w, const float* g, float* m, float* v, int64_
     adam_element(w, g, m, v, i, p);
 }
 
-// Up to kAdamSlots weights in one launch: weight k takes blocks [first_block[k],
-// first_block[k + 1]), each block kAdamChunk elements of it; a block finds its weight by binary
-// search over the launch's parameters. With `zero`, each gradient element is zeroed once read.
+// Up to kAdamSlots weights in one launch: weight k takes chunks [first_block[k],
+// first_block[k + 1]), each kAdamChunk elements of it, the blocks striding over the chunks; a
+// block finds a chunk's weight by binary search over the launch's parameters. With `zero`, each
+// gradient element is zeroed once read.
 constexpr int kAdamSlots = 64;
 constexpr int64_t kAdamChunk = 4096;
 struct AdamSlots {
@@ -91,21 +92,22 @@ static_assert(sizeof(AdamSlots) + sizeof(AdamUpdate) + 8 <= 4096,
               "kernel parameters are limited to 4 KiB");
 
 __global__ void adam_many_kernel(AdamSlots s, AdamUpdate p, bool zero) {
-  const int64_t block = blockIdx.x;
-  int lo = 0, hi = s.count - 1;  // the last k with first_block[k] <= block
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (s.first_block[mid] <= block)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const int k = lo;
-  const int64_t start = (block - s.first_block[k]) * kAdamChunk;
-  const int64_t end = start + kAdamChunk < s.n[k] ? start + kAdamChunk : s.n[k];
-  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
-    adam_element(s.w[k], s.g[k], s.m[k], s.v[k], i, p);
-    if (zero) s.g[k][i] = 0.0f;
+  for (int64_t chunk = blockIdx.x; chunk < s.first_block[s.count]; chunk += gridDim.x) {
+    int lo = 0, hi = s.count - 1;  // the last k with first_block[k] <= chunk
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (s.first_block[mid] <= chunk)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int k = lo;
+    const int64_t start = (chunk - s.first_block[k]) * kAdamChunk;
+    const int64_t end = start + kAdamChunk < s.n[k] ? start + kAdamChunk : s.n[k];
+    for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
+      adam_element(s.w[k], s.g[k], s.m[k], s.v[k], i, p);
+      if (zero) s.g[k][i] = 0.0f;
+    }
   }
 }
 
@@ -175,16 +177,9 @@ void launch_adam_many(const AdamArrays* items, size_t count, const AdamUpdate& u
     }
     s.first_block[s.count] = blocks;
     if (s.count == 0) continue;
-    // Blocks fit an unsigned grid: 64 weights of at most 2^31 chunks each would not, so
-    // split where they would.
-    if (blocks > (int64_t{1} << 31) - 1) {
-      for (int k = 0; k < s.count; ++k) {
-        launch_adam(s.w[k], s.g[k], s.m[k], s.v[k], s.n[k], u, stream);
-        if (zero_grads) cudaMemsetAsync(s.g[k], 0, static_cast<size_t>(s.n[k]) * 4, stream);
-      }
-      continue;
-    }
-    adam_many_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(s, u, zero_grads);
+    // The chunks grid-stride over at most 2^31 - 1 blocks (a grid's limit).
+    const int64_t grid = blocks < (int64_t{1} << 31) - 1 ? blocks : (int64_t{1} << 31) - 1;
+    adam_many_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(s, u, zero_grads);
   }
 }
 
