@@ -204,6 +204,10 @@ void add_options(CLI::App& app, Args& args) {
                "time) and print a table by op type and by node: time, share, bytes moved, GB/s, "
                "TFLOP/s and the share of the device's peak; that step is left out of the step "
                "times (with --json: a node_profile record). Under mpirun: rank 0's devices");
+  app.add_flag("--deterministic", args.deterministic,
+               "The same bytes run after run, at some speed: CUDA convolutions use only cuDNN's "
+               "deterministic algorithms (off, as in PyTorch: its fastest, some of which sum "
+               "with atomics in a varying order; the CPU backend is deterministic either way)");
   app.add_flag("--json", args.json,
                "Print the figures as JSON Lines instead of text: one record per step, then a "
                "summary record (docs/schemas/stagerun.schema.json)");
@@ -471,6 +475,7 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   options.trace_steps = args.trace_path.empty() ? 0 : args.trace_steps;
   options.stop_requested = tools::stop_requested;
   options.profile_step = args.profile_nodes ? args.steps : 0;
+  options.deterministic = args.deterministic;
   bool tty = isatty(STDERR_FILENO);
   if (!args.quiet)
     options.progress = [tty, first_step, &epoch, last_shown = 0.0](int done, int total,

@@ -24,6 +24,7 @@ struct Args {
   std::optional<int64_t> loss_scale_window;
   bool synthetic = false, json = false, quiet = false, skip_nonfinite = false, no_overlap = false;
   bool profile_nodes = false;
+  bool deterministic = false;
   /// Held-out evaluation (tools/stagerun_eval.h): --eval-data DIR or --eval-tokens FILE,
   /// --eval-every N, --eval-batches K.
   std::string eval_data_dir, eval_tokens_path;

@@ -111,6 +111,7 @@ void print_node_profile(const rt::RunReport& report, const plan::Plan& plan,
     fmt::print("  {:>3} {:>5} {:<11} {:<34} {:<27} {:>5} {:>9.3f} {:>5.1f}% {}\n", n.device,
                n.stage, n.instruction, name, n.op_type, n.calls, n.ms,
                total > 0 ? 100 * n.ms / total : 0.0, rate_cells(r, spec, plan));
+    if (!n.note.empty()) fmt::print("        {}\n", n.note);  // e.g. cuDNN's algorithm
   }
 }
 
@@ -150,6 +151,7 @@ nlohmann::ordered_json node_profile_json(const rt::RunReport& report, const plan
                              {"instruction", n.instruction}, {"node", n.node},
                              {"op", n.op_type}};
     fields(o, Row{n.node, n.calls, n.ms, n.bytes, n.flops});
+    if (!n.note.empty()) o["note"] = n.note;
     nodes.push_back(o);
   }
   j["nodes"] = nodes;

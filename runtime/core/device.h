@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "runtime/core/tensor.h"
 
@@ -76,6 +77,16 @@ class DeviceContext {
  public:
   virtual ~DeviceContext() = default;
   int threads = 1;  ///< CPU threads its kernels use.
+  /// Whether kernels must give the same bytes run after run (stagerun --deterministic): on
+  /// CUDA, cuDNN's convolutions then use only its deterministic algorithms; off (the default,
+  /// as PyTorch's), its fastest, some of which sum with atomics in a varying order. The CPU's
+  /// kernels are deterministic either way.
+  bool deterministic = false;
+  /// While true (stagerun --profile-nodes' step, one node at a time), kernels that choose
+  /// between implementations append their choice to `notes` ("forward IMPLICIT_PRECOMP_GEMM");
+  /// the caller reads and clears it after each node.
+  bool collect_notes = false;
+  std::string notes;
 
   /// Whether the device's tensors are host memory (the CPU backend): then host tensors are used
   /// as they are, with no copy (`to_device`, `to_host`).

@@ -184,8 +184,19 @@ void run_node(KernelFn kernel, KernelFn cast, bool zero_outputs, const KernelArg
   };
   args.device.range_push(name);
   if (hook && hook->timed) {
-    const double ms = args.device.time_ms(body);
-    hook->timed(args.name, args.op_type, ms, node_work(args.op_type, args.attrs, args.in, args.out));
+    DeviceContext& device = args.device;
+    device.notes.clear();
+    device.collect_notes = true;
+    double ms = 0;
+    try {
+      ms = device.time_ms(body);
+    } catch (...) {
+      device.collect_notes = false;
+      throw;
+    }
+    device.collect_notes = false;
+    hook->timed(args.name, args.op_type, ms, node_work(args.op_type, args.attrs, args.in, args.out),
+                device.notes);
   } else {
     body();
   }

@@ -44,10 +44,11 @@ struct NodeHook {
   std::function<void(size_t index, const Tensor& value)> output_ready;
   /// The per-node profile (stagerun --profile-nodes): when set, each node's kernels run timed
   /// (DeviceContext::time_ms: on CUDA, events around them, which waits for them to finish) and
-  /// this is called after each node with its milliseconds and its work (node_work.h). A view
+  /// this is called after each node with its milliseconds, its work (node_work.h) and what its
+  /// kernels said of their choice (DeviceContext::notes; "" where nothing was chosen). A view
   /// that shares its source's bytes runs nothing and is not reported.
   std::function<void(std::string_view node_name, std::string_view op_type, double ms,
-                     const NodeWork& work)>
+                     const NodeWork& work, std::string_view note)>
       timed;
 };
 

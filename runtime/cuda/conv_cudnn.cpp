@@ -10,9 +10,13 @@
 // and accumulate in float32, as cuBLAS's 16-bit products do here.
 //
 // Algorithms come from cuDNN's heuristics (the *_v7 queries, fastest first, no benchmarking
-// runs) filtered to the deterministic, non-FFT, non-Winograd ones: a run is then reproducible
-// and its rounding is that of a direct sum (float32 ones also without tensor-op math). Only
-// when none of those is offered does the first one cuDNN supports run. The workspace is the context's (grown as needed).
+// runs): the first supported one without FFT or Winograd (its rounding is then that of a direct
+// sum; float32 ones also without tensor-op math), and with `DeviceContext::deterministic`
+// (stagerun --deterministic) the first such deterministic one, so a rerun gives the same bytes.
+// Without it some backward algorithms add partial sums with atomics, as PyTorch's default
+// allows. Only when none is offered does the first one cuDNN supports run. The workspace is the
+// context's (grown as needed). During --profile-nodes' step each call says its choice in the
+// context's notes.
 //
 // Descriptors, algorithms and workspace sizes are made once per convolution signature (the
 // dims, pads, strides, dilations and groups) and direction, and kept in the context's
@@ -146,7 +150,8 @@ using conv_cudnn_impl::ConvPlan;
 
 // The cached plan of convolution `c` on the node's context, made on the signature's first call.
 ConvPlan& plan_of(CudaContext& ctx, const CudnnConv& c) {
-  std::vector<int> key{static_cast<int>(c.x.size()), c.group, static_cast<int>(c.dtype)};
+  std::vector<int> key{static_cast<int>(c.x.size()), c.group, static_cast<int>(c.dtype),
+                       ctx.deterministic ? 1 : 0};
   for (const std::vector<int>* part : {&c.x, &c.w, &c.y, &c.pad, &c.stride, &c.dilation})
     key.insert(key.end(), part->begin(), part->end());
   std::unique_ptr<ConvPlan>& plan = ctx.conv_cache().plans[key];
@@ -166,11 +171,13 @@ template <class Perf, class Algo>
 Algo choose(const KernelArgs& a, const CudnnConv& c, const Perf* perf, int count,
             bool (*direct)(Algo), const char* pass) {
   const bool float32 = c.dtype == DType::kFloat32;
+  const bool deterministic = a.device.deterministic;
   auto allowed = [&](const Perf& p) {
     return p.status == CUDNN_STATUS_SUCCESS && !(float32 && tensor_op(p.mathType));
   };
   for (int k = 0; k < count; ++k)
-    if (allowed(perf[k]) && perf[k].determinism == CUDNN_DETERMINISTIC && direct(perf[k].algo))
+    if (allowed(perf[k]) && direct(perf[k].algo) &&
+        (!deterministic || perf[k].determinism == CUDNN_DETERMINISTIC))
       return perf[k].algo;
   for (int k = 0; k < count; ++k)
     if (allowed(perf[k])) return perf[k].algo;
@@ -198,6 +205,78 @@ bool direct_filter(cudnnConvolutionBwdFilterAlgo_t algo) {
          algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
+// cuDNN's algorithm names without their common prefix, for --profile-nodes' notes.
+const char* algo_name(cudnnConvolutionFwdAlgo_t algo) {
+  switch (algo) {
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM:
+      return "IMPLICIT_GEMM";
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM:
+      return "IMPLICIT_PRECOMP_GEMM";
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM:
+      return "GEMM";
+    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT:
+      return "DIRECT";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT:
+      return "FFT";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING:
+      return "FFT_TILING";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD:
+      return "WINOGRAD";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED:
+      return "WINOGRAD_NONFUSED";
+    default:
+      return "other";
+  }
+}
+
+const char* algo_name(cudnnConvolutionBwdDataAlgo_t algo) {
+  switch (algo) {
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0:
+      return "ALGO_0 (atomics)";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1:
+      return "ALGO_1";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT:
+      return "FFT";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING:
+      return "FFT_TILING";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD:
+      return "WINOGRAD";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED:
+      return "WINOGRAD_NONFUSED";
+    default:
+      return "other";
+  }
+}
+
+const char* algo_name(cudnnConvolutionBwdFilterAlgo_t algo) {
+  switch (algo) {
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0:
+      return "ALGO_0 (atomics)";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1:
+      return "ALGO_1";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT:
+      return "FFT";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3:
+      return "ALGO_3 (atomics)";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED:
+      return "WINOGRAD_NONFUSED";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING:
+      return "FFT_TILING";
+    default:
+      return "other";
+  }
+}
+
+// During --profile-nodes' step: "<pass> <algorithm> (<workspace> MiB workspace)" added to the
+// context's notes.
+template <class Algo>
+void note_choice(CudaContext& ctx, const char* pass, Algo algo, size_t bytes) {
+  if (!ctx.collect_notes) return;
+  if (!ctx.notes.empty()) ctx.notes += "; ";
+  ctx.notes += fmt::format("{} {} ({:.1f} MiB workspace)", pass, algo_name(algo),
+                           static_cast<double>(bytes) / (1 << 20));
+}
+
 // `value` as cuDNN's int, or Error(kUnsupported) naming the node and `what`.
 int to_int(const KernelArgs& a, int64_t value, const char* what) {
   if (value < 0 || value > INT_MAX)
@@ -218,9 +297,15 @@ std::vector<int> int_dims(const KernelArgs& a, const std::vector<int64_t>& dims,
   return out;
 }
 
-// What a failed call says: the node and the cuDNN function.
-std::string call(const KernelArgs& a, const char* function) {
-  return fmt::format("{} '{}': {}", a.op_type, a.name, function);
+// Throws for a failed call, naming the node and the function (formatted only then: these run
+// on every call).
+void check_call(cudnnStatus_t status, const KernelArgs& a, const char* function) {
+  if (status != CUDNN_STATUS_SUCCESS)
+    check(status, fmt::format("{} '{}': {}", a.op_type, a.name, function));
+}
+
+void check_call(cudaError_t status, const KernelArgs& a, const char* function) {
+  if (status != cudaSuccess) check(status, fmt::format("{} '{}': {}", a.op_type, a.name, function));
 }
 
 }  // namespace
@@ -268,7 +353,7 @@ Tensor convolution_input(const KernelArgs& a, const CudnnConv& c, const Tensor& 
   if (!c.explicit_pad) return x;
   Tensor padded = new_padded_input(a, c);
   launch_pad(c.dtype, x.data, padded.data, c.pad_shape, context(a).stream());
-  check(cudaGetLastError(), call(a, "padding kernel launch"));
+  check_call(cudaGetLastError(), a, "padding kernel launch");
   return padded;
 }
 
@@ -287,21 +372,23 @@ void cudnn_conv_forward(const KernelArgs& a, const CudnnConv& c, const void* x, 
   if (!p.forward.made) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int count = 0;
-    check(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.get(), d.w.get(), d.conv.get(),
-                                                 d.y.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                 &count, perf),
-          call(a, "cudnnGetConvolutionForwardAlgorithm_v7"));
+    check_call(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.get(), d.w.get(), d.conv.get(),
+                                                      d.y.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                      &count, perf),
+               a, "cudnnGetConvolutionForwardAlgorithm_v7");
     p.forward.algo = choose(a, c, perf, count, direct_forward, "forward pass");
-    check(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.get(), d.w.get(), d.conv.get(),
-                                                  d.y.get(), p.forward.algo, &p.forward.bytes),
-          call(a, "cudnnGetConvolutionForwardWorkspaceSize"));
+    check_call(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.get(), d.w.get(), d.conv.get(),
+                                                       d.y.get(), p.forward.algo, &p.forward.bytes),
+               a, "cudnnGetConvolutionForwardWorkspaceSize");
     p.forward.made = true;
   }
+  note_choice(ctx, "forward", p.forward.algo, p.forward.bytes);
   void* workspace = ctx.workspace(static_cast<int64_t>(p.forward.bytes));
   const float one = 1.0f, zero = 0.0f;
-  check(cudnnConvolutionForward(handle, &one, d.x.get(), x, d.w.get(), w, d.conv.get(),
-                                p.forward.algo, workspace, p.forward.bytes, &zero, d.y.get(), y),
-        call(a, "cudnnConvolutionForward"));
+  check_call(
+      cudnnConvolutionForward(handle, &one, d.x.get(), x, d.w.get(), w, d.conv.get(),
+                              p.forward.algo, workspace, p.forward.bytes, &zero, d.y.get(), y),
+      a, "cudnnConvolutionForward");
 }
 
 void cudnn_conv_backward_data(const KernelArgs& a, const CudnnConv& c, const void* w,
@@ -313,21 +400,24 @@ void cudnn_conv_backward_data(const KernelArgs& a, const CudnnConv& c, const voi
   if (!p.data.made) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int count = 0;
-    check(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-              handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
-              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
-          call(a, "cudnnGetConvolutionBackwardDataAlgorithm_v7"));
+    check_call(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                   handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
+                   CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
+               a, "cudnnGetConvolutionBackwardDataAlgorithm_v7");
     p.data.algo = choose(a, c, perf, count, direct_data, "input gradient");
-    check(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w.get(), d.y.get(), d.conv.get(),
-                                                       d.x.get(), p.data.algo, &p.data.bytes),
-          call(a, "cudnnGetConvolutionBackwardDataWorkspaceSize"));
+    check_call(
+        cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w.get(), d.y.get(), d.conv.get(),
+                                                     d.x.get(), p.data.algo, &p.data.bytes),
+        a, "cudnnGetConvolutionBackwardDataWorkspaceSize");
     p.data.made = true;
   }
+  note_choice(ctx, "input gradient", p.data.algo, p.data.bytes);
   void* workspace = ctx.workspace(static_cast<int64_t>(p.data.bytes));
   const float one = 1.0f, zero = 0.0f;
-  check(cudnnConvolutionBackwardData(handle, &one, d.w.get(), w, d.y.get(), dy, d.conv.get(),
-                                     p.data.algo, workspace, p.data.bytes, &zero, d.x.get(), dx),
-        call(a, "cudnnConvolutionBackwardData"));
+  check_call(
+      cudnnConvolutionBackwardData(handle, &one, d.w.get(), w, d.y.get(), dy, d.conv.get(),
+                                   p.data.algo, workspace, p.data.bytes, &zero, d.x.get(), dx),
+      a, "cudnnConvolutionBackwardData");
 }
 
 void cudnn_conv_backward_filter(const KernelArgs& a, const CudnnConv& c, const void* x,
@@ -339,23 +429,24 @@ void cudnn_conv_backward_filter(const KernelArgs& a, const CudnnConv& c, const v
   if (!p.filter.made) {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int count = 0;
-    check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-              handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
-              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf),
-          call(a, "cudnnGetConvolutionBackwardFilterAlgorithm_v7"));
+    check_call(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                   handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
+                   CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf),
+               a, "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
     p.filter.algo = choose(a, c, perf, count, direct_filter, "weight gradient");
-    check(cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, d.x.get(), d.y.get(),
-                                                         d.conv.get(), d.w.get(), p.filter.algo,
-                                                         &p.filter.bytes),
-          call(a, "cudnnGetConvolutionBackwardFilterWorkspaceSize"));
+    check_call(
+        cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, d.x.get(), d.y.get(), d.conv.get(),
+                                                       d.w.get(), p.filter.algo, &p.filter.bytes),
+        a, "cudnnGetConvolutionBackwardFilterWorkspaceSize");
     p.filter.made = true;
   }
+  note_choice(ctx, "weight gradient", p.filter.algo, p.filter.bytes);
   void* workspace = ctx.workspace(static_cast<int64_t>(p.filter.bytes));
   const float one = 1.0f, zero = 0.0f;
-  check(cudnnConvolutionBackwardFilter(handle, &one, d.x.get(), x, d.y.get(), dy, d.conv.get(),
-                                       p.filter.algo, workspace, p.filter.bytes, &zero, d.w.get(),
-                                       dw),
-        call(a, "cudnnConvolutionBackwardFilter"));
+  check_call(cudnnConvolutionBackwardFilter(handle, &one, d.x.get(), x, d.y.get(), dy, d.conv.get(),
+                                            p.filter.algo, workspace, p.filter.bytes, &zero,
+                                            d.w.get(), dw),
+             a, "cudnnConvolutionBackwardFilter");
 }
 
 }  // namespace stagecraft::rt::cuda

@@ -264,8 +264,11 @@ Tensor CudaContext::new_tensor(DType dtype, Shape shape, bool zeroed) {
   t.shape = std::move(shape);
   int64_t bytes = std::max<int64_t>(t.bytes(), 1);
   void* p = nullptr;
-  check(cudaMallocAsync(&p, static_cast<size_t>(bytes), stream_),
-        fmt::format("cudaMallocAsync({} bytes for {} on GPU {})", bytes, t.describe(), gpu_));
+  // The message is formatted only on failure: this runs for every tensor a step makes.
+  if (const cudaError_t status = cudaMallocAsync(&p, static_cast<size_t>(bytes), stream_);
+      status != cudaSuccess)
+    check(status,
+          fmt::format("cudaMallocAsync({} bytes for {} on GPU {})", bytes, t.describe(), gpu_));
   const int gpu = gpu_;
   cudaStream_t stream = stream_;
   // Freed in the GPU's one stream order, after everything queued so far has read it.

@@ -70,6 +70,7 @@ void DeviceWorker::setup() {
   } else {
     context_ = p.backend.make_device(device_, p.threads_per_device);
   }
+  context_->deterministic = run_.options.deterministic;
   if (!context_->host_visible())
     for (StageRuntime* st : own_stages())
       if (!st->on_device) upload_stage(*context_, *st, run_.global_step);
@@ -158,7 +159,8 @@ void DeviceWorker::run_step() {
   hook_.timed = nullptr;
   if (run_.options.profile_step == step_ + 1)
     hook_.timed = [this](std::string_view node, std::string_view op_type, double ms,
-                         const NodeWork& work) { profile_node(node, op_type, ms, work); };
+                         const NodeWork& work,
+                         std::string_view note) { profile_node(node, op_type, ms, work, note); };
   // NVTX ranges name the instructions on CUDA: each name is formatted once per worker (the
   // instruction as the schedule writes it), not on every run of it.
   const bool ranges = !context_->host_visible();
@@ -226,20 +228,28 @@ int64_t DeviceWorker::kept_bytes(const StageRuntime& st,
 }
 
 void DeviceWorker::profile_node(std::string_view node, std::string_view op_type, double ms,
-                                const NodeWork& work) {
+                                const NodeWork& work, std::string_view note) {
   const schedule::Instruction& ins =
       run_.pipeline.schedule[static_cast<size_t>(pipeline_device_)][index_];
   std::string kind = schedule::to_string(ins.op);
   std::vector<NodeProfile>& list = run_.node_profile[static_cast<size_t>(device_)];
   auto key = std::make_tuple(ins.stage, kind, std::string(node));
   auto [it, added] = profile_index_.try_emplace(key, list.size());
-  if (added)
-    list.push_back({device_, ins.stage, std::move(kind), std::string(node), std::string(op_type)});
+  if (added) {
+    NodeProfile entry;
+    entry.device = device_;
+    entry.stage = ins.stage;
+    entry.instruction = std::move(kind);
+    entry.node = std::string(node);
+    entry.op_type = std::string(op_type);
+    list.push_back(std::move(entry));
+  }
   NodeProfile& entry = list[it->second];
   entry.calls += 1;
   entry.ms += ms;
   entry.bytes += work.bytes_read + work.bytes_written;
   entry.flops += work.flops;
+  if (entry.note.empty()) entry.note = note;
 }
 
 bool DeviceWorker::after_step() {

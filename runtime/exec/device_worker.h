@@ -164,7 +164,7 @@ class DeviceWorker {
   /// The profiled step (RunOptions::profile_step): `hook_.timed` adds each node's time to its
   /// entry of run_.node_profile[device_], found here by (stage, instruction kind, node).
   void profile_node(std::string_view node, std::string_view op_type, double ms,
-                    const NodeWork& work);
+                    const NodeWork& work, std::string_view note);
   std::map<std::tuple<int, std::string, std::string>, size_t, std::less<>> profile_index_;
   /// What every program run of this worker is given: the run's hook (tracing, fault
   /// injection), and the sums' progress between nodes.

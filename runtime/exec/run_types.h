@@ -129,6 +129,9 @@ struct RunOptions {
   /// NodeHook::timed; on CUDA each node waits for its kernels, so the step is slower than the
   /// others and is left out of the median, `RunReport::profiled_step`); 0: none.
   int profile_step = 0;
+  /// Kernels that give the same bytes run after run (DeviceContext::deterministic; stagerun
+  /// --deterministic).
+  bool deterministic = false;
 };
 
 /// One node's kernels in the profiled step (RunOptions::profile_step), summed over its runs in
@@ -143,6 +146,9 @@ struct NodeProfile {
   double ms = 0;            ///< Its kernels' time (CUDA: between events; CPU: wall time).
   int64_t bytes = 0;        ///< Read and written (node_work.h), over the calls.
   double flops = 0;         ///< Over the calls; 0 where not counted (node_work.h).
+  /// What its kernels chose where they choose (CUDA: cuDNN's algorithm per pass and its
+  /// workspace), from its first call; "" elsewhere (DeviceContext::notes).
+  std::string note;
 };
 
 struct DeviceReport {

@@ -5,8 +5,10 @@
 // nearest even) and int32; and strided moves that keep a whole number of units innermost
 // (attention's head transposes; data_kernels.cu) in every width; Conv's bias and ConvGrad's bias
 // gradient (conv_kernels.cu: up to 16 bytes a thread where a plane's size allows, the gradient
-// over slices of images) against the same sums made here; Adam over many weights in one launch
-// (update_kernels.cu) against a launch per weight.
+// over slices of images) against the same sums made here; cuDNN's algorithm choice with and
+// without DeviceContext::deterministic (conv_cudnn.cpp): the choice said in the notes, the
+// deterministic one bit-identical when rerun, the two within float rounding of each other; Adam
+// over many weights in one launch (update_kernels.cu) against a launch per weight.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/format/grad_ops.h"
 #include "runtime/optim/optimizer.h"
+#include "tests/gpu/table_util.h"
 #include "tests/runtime/attention_util.h"
 
 namespace stagecraft::testing {
@@ -221,6 +224,98 @@ TEST_CASE("cuda Conv's bias and ConvGrad's bias gradient match sums made here") 
     }
   }
   CHECK(runs == 12);
+}
+
+// Runs `node` on a fresh CUDA device (deterministic or not, collecting the kernels' notes)
+// and returns its outputs on the host and the notes.
+std::pair<std::vector<rt::Tensor>, std::string> run_noted(const rt::Backend& cuda,
+                                                          const onnx::NodeProto& node,
+                                                          const std::vector<const rt::Tensor*>& in,
+                                                          const std::vector<rt::Shape>& out_shapes,
+                                                          DType dtype, bool deterministic) {
+  const rt::Attrs attrs(node);
+  auto device = cuda.make_device(0, 1);
+  device->deterministic = deterministic;
+  std::vector<rt::Tensor> din_store, dout_store;
+  din_store.reserve(in.size());
+  dout_store.reserve(out_shapes.size());
+  std::vector<const rt::Tensor*> din;
+  std::vector<rt::Tensor*> dout;
+  for (const rt::Tensor* t : in) din.push_back(&din_store.emplace_back(rt::to_device(*device, *t)));
+  for (const rt::Shape& shape : out_shapes)
+    dout.push_back(&dout_store.emplace_back(device->new_tensor(dtype, shape, true)));
+  device->collect_notes = true;
+  cuda.kernel(node.op_type())({node.name(), node.op_type(), attrs, din, dout, *device});
+  device->collect_notes = false;
+  device->synchronize();
+  std::vector<rt::Tensor> host;
+  for (rt::Tensor* t : dout) host.push_back(rt::to_host(*device, *t));
+  return {host, device->notes};
+}
+
+TEST_CASE("cuda convolutions: cuDNN's choice is noted, deterministic reruns are bit-identical") {
+  // ResNet-like 3x3 convolutions (stride 1 pad 1, and stride 2), float32 and bfloat16.
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  int compared = 0;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (int stride : {1, 2}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(stride);
+      const rt::Shape x_shape{16, 32, 14, 14}, w_shape{64, 32, 3, 3};
+      const int64_t out = (14 + 2 - 3) / stride + 1;
+      const rt::Shape y_shape{16, 64, out, out};
+      const auto as_dtype = [&](const rt::Tensor& t) {
+        return dtype == DType::kFloat32 ? t : attention::cast(t, dtype);
+      };
+      const auto widened = [&](const rt::Tensor& t) {
+        return dtype == DType::kFloat32 ? t : attention::cast(t, DType::kFloat32);
+      };
+      const rt::Tensor x = as_dtype(attention::random(x_shape, 31 + stride));
+      const rt::Tensor w = as_dtype(attention::random(w_shape, 37 + stride, -0.2f, 0.2f));
+      const rt::Tensor dy = as_dtype(attention::random(y_shape, 41 + stride));
+      onnx::NodeProto fwd;
+      fwd.set_name("conv");
+      fwd.set_op_type("Conv");
+      rt::gpu_test::set_ints(fwd, "kernel_shape", {3, 3});
+      rt::gpu_test::set_ints(fwd, "pads", {1, 1, 1, 1});
+      rt::gpu_test::set_ints(fwd, "strides", {stride, stride});
+      onnx::NodeProto bwd = fwd;
+      bwd.set_name("conv_grad");
+      bwd.set_op_type("ConvGrad");
+      bwd.set_domain(std::string(grad::kGradDomain));
+      rt::gpu_test::set_int(bwd, std::string(grad::kForwardInputsAttr), 2);
+      const rt::Tensor y_unused = rt::Tensor::owned(dtype, y_shape);
+      std::vector<std::vector<rt::Tensor>> results;
+      for (int run = 0; run < 3; ++run) {  // deterministic twice, then cuDNN's fastest
+        const bool deterministic = run < 2;
+        auto [y, fwd_note] = run_noted(*cuda, fwd, {&x, &w}, {y_shape}, dtype, deterministic);
+        auto [grads, bwd_note] = run_noted(*cuda, bwd, {&x, &w, &y_unused, &dy}, {x_shape, w_shape},
+                                           dtype, deterministic);
+        CAPTURE(fwd_note);
+        CAPTURE(bwd_note);
+        CHECK(fwd_note.find("forward ") == 0);
+        CHECK(fwd_note.find("MiB workspace") != std::string::npos);
+        CHECK(bwd_note.find("input gradient ") != std::string::npos);
+        CHECK(bwd_note.find("weight gradient ") != std::string::npos);
+        if (deterministic) CHECK(bwd_note.find("atomics") == std::string::npos);
+        results.push_back({y[0], grads[0], grads[1]});
+      }
+      for (size_t k = 0; k < 3; ++k) {
+        CAPTURE(k);
+        // Deterministic: the same bytes again.
+        CHECK(std::memcmp(results[0][k].data, results[1][k].data,
+                          static_cast<size_t>(results[0][k].bytes())) == 0);
+        // The fastest algorithm: the same sums in another order.
+        const rt::Tensor want = widened(results[0][k]);
+        std::vector<double> reference(want.as<float>(), want.as<float>() + want.numel());
+        attention::check_close(widened(results[2][k]), reference,
+                               dtype == DType::kFloat32 ? 1e-4 : 2e-2, "fastest vs deterministic");
+        ++compared;
+      }
+    }
+  }
+  CHECK(compared == 12);
 }
 
 TEST_CASE("cuda Adam over many weights at once leaves the bytes of a launch per weight") {
