@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "compiler/ir/ops.h"
 #include "passes/attributes.h"
@@ -290,6 +291,26 @@ void BackwardBuilder::emit_gradient(ir::NodeId n) {
     (act_[node.inputs[k]] ? act_inputs : weight_inputs).push_back(k);
   }
   if (act_inputs.empty() && weight_inputs.empty()) return;
+  // An Add input of the output's shape and type has dy itself as its gradient: dy is that
+  // input's partial, with no node (AddGrad would copy it; a residual Add's two copies and a
+  // bias Add's activation side per layer). A wanted value keeps its node: its gradient is a
+  // program output under its own name.
+  if (node.op_type == "Add" && (node.domain.empty() || node.domain == "ai.onnx") &&
+      node.outputs.size() == 1 && !dy[0].empty()) {
+    const ir::Value& y = graph_.value(node.outputs[0]);
+    auto passes_dy = [&](std::size_t k) {
+      const ir::ValueId v = node.inputs[k];
+      const ir::Value& x = graph_.value(v);
+      if (wanted_[v] || !x.shape_known || !y.shape_known || x.shape != y.shape ||
+          x.dtype != y.dtype)
+        return false;
+      partials_[v].push_back(dy[0]);
+      return true;
+    };
+    std::erase_if(act_inputs, passes_dy);
+    std::erase_if(weight_inputs, passes_dy);
+    if (act_inputs.empty() && weight_inputs.empty()) return;
+  }
   if (!known_op(node) || !has_gradient(node.op_type))
     fail(ErrorKind::kUnsupported,
          "autodiff: {} lies on a gradient path (between a wanted value and the loss or a stage "

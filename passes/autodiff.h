@@ -29,7 +29,9 @@
 ///   that sum W results (plus, for a stage output also read inside the stage, its incoming
 ///   "V@grad" input), so the W part can run later (zero-bubble schedules).
 ///   Inputs of the forward node that need no gradient get "" outputs; outputs that receive no
-///   gradient get "" dy inputs.
+///   gradient get "" dy inputs. One exception: an `Add` input of the output's shape and dtype
+///   that is not wanted takes the Add's dy itself as its partial (its gradient is dy), with no
+///   node for it (a residual Add then has no AddGrad at all).
 /// - Every tensor (inputs, intermediates, outputs) has a typed entry with its static shape; a
 ///   gradient has its value's dtype and shape.
 ///

@@ -203,6 +203,53 @@ TEST_CASE("accumulation: a value read several times gets its partial gradients s
   CHECK(position.at("x@grad") == m.graph().node_size() - 1);
 }
 
+TEST_CASE("an Add input of the output's shape takes dy itself: no AddGrad copies it") {
+  // A residual block with a bias Add: h = x @ W + b (b broadcast), r = Relu(h), y = h + r.
+  onnx::ModelProto model = empty_model();
+  auto* gp = model.mutable_graph();
+  testing::add_tensor_info(gp->add_input(), "x", kFloat, {2, 4});
+  testing::add_float_initializer(gp, "W", {4, 4});
+  testing::add_float_initializer(gp, "b", {4});
+  add_node(gp, "MatMul", {"x", "W"}, {"m"}, "mm");
+  add_node(gp, "Add", {"m", "b"}, {"h"}, "bias");
+  add_node(gp, "Relu", {"h"}, {"r"}, "relu");
+  add_node(gp, "Add", {"h", "r"}, {"y"}, "residual");
+  testing::add_tensor_info(gp->add_output(), "y", kFloat, {2, 4});
+  ir::Graph g = import_proto(model);
+  BackwardSpec spec = whole_graph_spec(g);
+  spec.wanted.push_back(value(g, "x"));
+  spec.output_grads = {value(g, "y")};
+  std::vector<ir::ValueId> missing;
+  onnx::ModelProto m = build_backward(g, spec, &missing);
+  check_structure(g, spec, m, missing);
+  // The residual Add: both inputs take y@grad; no node.
+  CHECK(find_node(m, "residual@grad") == nullptr);
+  CHECK(find_node(m, "residual@grad_w") == nullptr);
+  const auto* relu = find_node(m, "relu@grad");
+  REQUIRE(relu);
+  CHECK(std::find(relu->input().begin(), relu->input().end(), "y@grad") != relu->input().end());
+  // h's gradient: y@grad (the residual's) plus Relu's, summed into h@grad.
+  const onnx::NodeProto* sum = nullptr;
+  for (const auto* n : nodes_of(m, "Add"))
+    if (n->output(0) == "h@grad") sum = n;
+  REQUIRE(sum);
+  std::vector<std::string> parts = names(sum->input());
+  std::sort(parts.begin(), parts.end());
+  CHECK(parts == std::vector<std::string>{"h@grad.1", "y@grad"});
+  // The bias Add: the activation side passes h@grad on (MatMul's gradient reads it); the bias
+  // side is broadcast, so it keeps its node, which sums over the rows into b@grad.
+  CHECK(find_node(m, "bias@grad") == nullptr);
+  const auto* bias_w = find_node(m, "bias@grad_w");
+  REQUIRE(bias_w);
+  CHECK(names(bias_w->output()) == std::vector<std::string>{"", "b@grad"});
+  const auto* mm = find_node(m, "mm@grad");
+  REQUIRE(mm);
+  CHECK(std::find(mm->input().begin(), mm->input().end(), "h@grad") != mm->input().end());
+  // x is wanted: its gradient is mm@grad's own output, named x@grad.
+  CHECK(names(mm->output())[0] == "x@grad");
+  CHECK(nodes_of(m, "AddGrad").size() == 1);
+}
+
 TEST_CASE("a loss stage: loss@grad seeds SoftmaxCrossEntropyLoss - labels get no gradient") {
   ir::Graph g = import_proto(loss_stage_model());
   BackwardSpec spec = whole_graph_spec(g);
