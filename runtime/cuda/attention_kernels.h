@@ -42,6 +42,12 @@ bool mma_attention_chosen();
 /// their B fragments by ldmatrix.trans (mma_attention_chosen() is then true too).
 bool ldmatrix_attention_chosen();
 
+/// Whether $STAGECRAFT_ATTENTION_KERNELS=mma-expf asked for the tensor-core kernels with the
+/// mask rules and an accurate expf on every score (their first version, kept to compare): by
+/// default they skip the rules on tiles where no score is masked
+/// (ops::attention_tile_unmasked) and take exp2f of scores scaled by log2(e) (attention_mma.cu).
+bool every_element_attention_chosen();
+
 /// O and lse (which may be null) of the node.
 void launch_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p, float* o,
                               float* lse, cudaStream_t stream);

@@ -20,6 +20,16 @@
 // transposing stores were 16-bit and 8-way bank-conflicted) and one instruction per four
 // fragments. Chosen by $STAGECRAFT_ATTENTION_KERNELS=mma-ldmatrix until a GPU has checked it.
 //
+// The scores' element work (kFast, the default): on a tile where no score is masked
+// (ops::attention_tile_unmasked: no mask tensor, every row and key in range, and under causal
+// every query of the tile sees every key of it: all tiles of a causal attention below its
+// diagonal), each score is its product times scale * log2(e), with no mask rule per element, and
+// the softmax runs on exp2f in that base-2 domain (FlashAttention's way): the running max and
+// sums are of base-2 exponents, the lse written is converted back to the natural log, and the
+// gradients' P = exp2(s log2(e) - lse log2(e)). Tiles with a masked score apply the rules per
+// element as before, their scores then scaled by log2(e) too. Without kFast
+// ($STAGECRAFT_ATTENTION_KERNELS=mma-expf, to compare), every element takes the rules and expf.
+//
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"): lane = 4 g + t; A (16 x 16,
 // row-major) register r holds two adjacent columns 2t, 2t + 1 (+ 8 for r = 2, 3) of row g (+ 8
 // for r = 1, 3); B (16 x 8) register r holds rows 2t, 2t + 1 (+ 8 for r = 1) of column g; C
@@ -32,6 +42,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "runtime/cuda/attention_kernels.h"
 #include "runtime/cuda/attention_tiled.h"
 #include "runtime/cuda/attention_tiles.cuh"
 
@@ -43,6 +54,8 @@ using namespace attention_tiles;
 constexpr int kWarps = 4;
 constexpr int kBlockThreads = 32 * kWarps;  // 64 queries a block, 16 a warp
 constexpr int kPad = 8;                     // 16-bit elements of padding per shared row
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 template <int D>
 struct MmaGeometry {
@@ -258,7 +271,7 @@ __device__ void write_row(T* out, int64_t row, const float (&acc)[D / 8][4], int
   }
 }
 
-template <int D, class T, bool kLdmatrix>
+template <int D, class T, bool kLdmatrix, bool kFast>
 __global__ void __launch_bounds__(kBlockThreads)
     forward_kernel(ops::AttentionDims s, TilePointers<T> p, T* o, float* lse) {
   using G = MmaGeometry<D>;
@@ -278,6 +291,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t rows[2] = {q0 + 16 * l.warp + l.g, q0 + 16 * l.warp + l.g + 8};
   const int64_t last = (q0 + kTile < s.tq ? q0 + kTile : s.tq) - 1;
   const int64_t keys = ops::attention_keys_seen(s, last);
+  const float scale_log2 = s.scale * kLog2e;
   for (int64_t k0 = 0; k0 < keys; k0 += kTile) {
     __syncthreads();  // every warp is done with the last tiles of K and V
     load_rows<D>(ks, p.k + b * s.tk * D, k0, s.tk);
@@ -288,6 +302,9 @@ __global__ void __launch_bounds__(kBlockThreads)
     __syncthreads();
     float x[8][4];
     products_abt<D, T>(qa, ks, x);
+    // kFast: scores in base 2 (times log2(e)); the per-element rules only on a tile that
+    // masks some score (one answer for the whole block).
+    const bool unmasked = kFast && ops::attention_tile_unmasked(s, q0, kTile, k0, kTile);
     float rescale[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -297,20 +314,25 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& v = x[j][2 * h + e];
-          v = masked_score(s, p.mask, plane, rows[h], k0 + 8 * j + 2 * l.t + e, v);
+          if (unmasked)
+            v *= scale_log2;
+          else if (kFast)
+            v = masked_score(s, p.mask, plane, rows[h], k0 + 8 * j + 2 * l.t + e, v) * kLog2e;
+          else
+            v = masked_score(s, p.mask, plane, rows[h], k0 + 8 * j + 2 * l.t + e, v);
           m = fmaxf(m, v);
         }
       const float next = fmaxf(top[h], quad_max(m));
       // A row with no key seen so far keeps O = 0 and sum = 0 (the other kernels' rule).
       const bool none = next == -CUDART_INF_F;
-      rescale[h] = none ? 1.0f : expf(top[h] - next);
+      rescale[h] = none ? 1.0f : kFast ? exp2f(top[h] - next) : expf(top[h] - next);
       float row_sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& v = x[j][2 * h + e];
-          v = none ? 0.0f : expf(v - next);
+          v = none ? 0.0f : kFast ? exp2f(v - next) : expf(v - next);
           row_sum += v;
         }
       sum[h] = sum[h] * rescale[h] + quad_sum(row_sum);
@@ -330,14 +352,15 @@ __global__ void __launch_bounds__(kBlockThreads)
     if (rows[h] >= s.tq) continue;
     const int64_t row = b * s.tq + rows[h];
     write_row<D>(o, row, acc, h, sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f);
+    // kFast: top is a base-2 exponent; lse is the natural log: top ln 2 + ln(sum).
     if (lse != nullptr && l.t == 0)
-      lse[row] = sum[h] > 0.0f ? top[h] + logf(sum[h]) : -CUDART_INF_F;
+      lse[row] = sum[h] > 0.0f ? (kFast ? top[h] * kLn2 : top[h]) + logf(sum[h]) : -CUDART_INF_F;
   }
 }
 
 // dQ of 64 queries: per key tile S = Q K^T and dP = dO V^T, dS = scale P (dP - D) with P from
 // lse, dQ += dS K. Shared: K row-major and transposed, V row-major, each query's lse and D.
-template <int D, class T, bool kLdmatrix>
+template <int D, class T, bool kLdmatrix, bool kFast>
 __global__ void __launch_bounds__(kBlockThreads)
     dq_kernel(ops::AttentionDims s, TilePointers<T> p, T* dq) {
   using G = MmaGeometry<D>;
@@ -361,6 +384,10 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int local[2] = {16 * l.warp + l.g, 16 * l.warp + l.g + 8};
   const float row_lse[2] = {lse_s[local[0]], lse_s[local[1]]};
   const float row_delta[2] = {delta_s[local[0]], delta_s[local[1]]};
+  // kFast on an unmasked tile: P = exp2(s log2(e) - lse log2(e)) (every row there sees a key,
+  // so its lse is finite).
+  const float scale_log2 = s.scale * kLog2e;
+  const float row_lse2[2] = {row_lse[0] * kLog2e, row_lse[1] * kLog2e};
   float acc[D / 8][4] = {};
   const int64_t last = (q0 + kTile < s.tq ? q0 + kTile : s.tq) - 1;
   const int64_t keys = ops::attention_keys_seen(s, last);
@@ -373,13 +400,16 @@ __global__ void __launch_bounds__(kBlockThreads)
     float x[8][4], dp[8][4];
     products_abt<D, T>(qa, ks, x);
     products_abt<D, T>(doa, vs, dp);
+    const bool unmasked = kFast && ops::attention_tile_unmasked(s, q0, kTile, k0, kTile);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int h = c / 2;
-        const float prob = probability(s, p.mask, plane, q0 + local[h],
-                                       k0 + 8 * j + 2 * l.t + c % 2, x[j][c], row_lse[h]);
+        const float prob = unmasked
+                               ? exp2f(fmaf(x[j][c], scale_log2, -row_lse2[h]))
+                               : probability(s, p.mask, plane, q0 + local[h],
+                                             k0 + 8 * j + 2 * l.t + c % 2, x[j][c], row_lse[h]);
         x[j][c] = s.scale * prob * (dp[j][c] - row_delta[h]);
       }
     accumulate<kLdmatrix, D, T>(x, ks, kt, acc);  // dQ += dS K
@@ -392,7 +422,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 // dK and dV of 64 keys: per query tile S^T = K Q^T and dP^T = V dO^T, P^T from each query's
 // lse, dS^T = scale P^T (dP^T - D), dV += P^T dO and dK += dS^T Q. Shared: Q and dO row-major
 // and transposed, each query's lse and D.
-template <int D, class T, bool kLdmatrix>
+template <int D, class T, bool kLdmatrix, bool kFast>
 __global__ void __launch_bounds__(kBlockThreads)
     dkv_kernel(ops::AttentionDims s, TilePointers<T> p, T* dk, T* dv) {
   using G = MmaGeometry<D>;
@@ -418,6 +448,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   float acc_k[D / 8][4] = {}, acc_v[D / 8][4] = {};
   // The first query tile with a query that sees key k0 (causal: from query k0 on).
   const int64_t first = (ops::attention_first_query(s, k0) / kTile) * kTile;
+  const float scale_log2 = s.scale * kLog2e;
   for (int64_t q0 = first; q0 < s.tq; q0 += kTile) {
     __syncthreads();  // every warp has its fragments, and is done with the last tiles
     load_rows<D>(qs, p.q + b * s.tq * D, q0, s.tq);
@@ -431,13 +462,16 @@ __global__ void __launch_bounds__(kBlockThreads)
     float x[8][4], dp[8][4];
     products_abt<D, T>(ka, qs, x);
     products_abt<D, T>(va, dos, dp);
+    // kFast on an unmasked tile (as dq_kernel): P = exp2(s log2(e) - lse log2(e)).
+    const bool unmasked = kFast && ops::attention_tile_unmasked(s, q0, kTile, k0, kTile);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int query = 8 * j + 2 * l.t + c % 2;  // in the tile
         const float prob =
-            probability(s, p.mask, plane, q0 + query, key[c / 2], x[j][c], lse_s[query]);
+            unmasked ? exp2f(fmaf(x[j][c], scale_log2, -lse_s[query] * kLog2e))
+                     : probability(s, p.mask, plane, q0 + query, key[c / 2], x[j][c], lse_s[query]);
         x[j][c] = prob;
         dp[j][c] = s.scale * prob * (dp[j][c] - delta_s[query]);
       }
@@ -497,6 +531,18 @@ bool launch_mma(Kernel kernel, int64_t blocks, size_t bytes, cudaStream_t stream
   return true;
 }
 
+// body(kLdmatrix, kFast) as std::bool_constants: `ldmatrix`, and kFast unless
+// $STAGECRAFT_ATTENTION_KERNELS=mma-expf.
+template <class Body>
+bool with_variant(bool ldmatrix, Body body) {
+  const bool fast = !every_element_attention_chosen();
+  if (ldmatrix)
+    return fast ? body(std::true_type{}, std::true_type{})
+                : body(std::true_type{}, std::false_type{});
+  return fast ? body(std::false_type{}, std::true_type{})
+              : body(std::false_type{}, std::false_type{});
+}
+
 }  // namespace
 
 // Each: 16-byte reads of the 16-bit operands, 4-byte writes of the outputs.
@@ -508,10 +554,11 @@ bool mma_attention_forward(const ops::AttentionDims& s, const HalfAttentionPoint
     return with_head_size(s, [&](auto h) {
       constexpr int D = decltype(h)::value;
       const int64_t blocks = s.batch * tiles(s.tq);
-      return ldmatrix ? launch_mma(forward_kernel<D, T, true>, blocks, forward_bytes<D, true>(),
-                                   stream, s, tile_pointers<T>(p), reinterpret_cast<T*>(o), lse)
-                      : launch_mma(forward_kernel<D, T, false>, blocks, forward_bytes<D, false>(),
-                                   stream, s, tile_pointers<T>(p), reinterpret_cast<T*>(o), lse);
+      return with_variant(ldmatrix, [&](auto ld, auto fast) {
+        return launch_mma(forward_kernel<D, T, ld.value, fast.value>, blocks,
+                          forward_bytes<D, ld.value>(), stream, s, tile_pointers<T>(p),
+                          reinterpret_cast<T*>(o), lse);
+      });
     });
   });
 }
@@ -524,10 +571,10 @@ bool mma_attention_dq(const ops::AttentionDims& s, const HalfAttentionPointers& 
     return with_head_size(s, [&](auto h) {
       constexpr int D = decltype(h)::value;
       const int64_t blocks = s.batch * tiles(s.tq);
-      return ldmatrix ? launch_mma(dq_kernel<D, T, true>, blocks, dq_bytes<D, true>(), stream, s,
-                                   tile_pointers<T>(p), reinterpret_cast<T*>(dq))
-                      : launch_mma(dq_kernel<D, T, false>, blocks, dq_bytes<D, false>(), stream, s,
-                                   tile_pointers<T>(p), reinterpret_cast<T*>(dq));
+      return with_variant(ldmatrix, [&](auto ld, auto fast) {
+        return launch_mma(dq_kernel<D, T, ld.value, fast.value>, blocks, dq_bytes<D, ld.value>(),
+                          stream, s, tile_pointers<T>(p), reinterpret_cast<T*>(dq));
+      });
     });
   });
 }
@@ -542,10 +589,10 @@ bool mma_attention_dkv(const ops::AttentionDims& s, const HalfAttentionPointers&
       const int64_t blocks = s.batch * tiles(s.tk);
       T* k = reinterpret_cast<T*>(dk);
       T* v = reinterpret_cast<T*>(dv);
-      return ldmatrix ? launch_mma(dkv_kernel<D, T, true>, blocks, dkv_bytes<D, true>(), stream, s,
-                                   tile_pointers<T>(p), k, v)
-                      : launch_mma(dkv_kernel<D, T, false>, blocks, dkv_bytes<D, false>(), stream,
-                                   s, tile_pointers<T>(p), k, v);
+      return with_variant(ldmatrix, [&](auto ld, auto fast) {
+        return launch_mma(dkv_kernel<D, T, ld.value, fast.value>, blocks, dkv_bytes<D, ld.value>(),
+                          stream, s, tile_pointers<T>(p), k, v);
+      });
     });
   });
 }

@@ -54,6 +54,17 @@ STAGECRAFT_HOST_DEVICE inline int64_t attention_keys_seen(const AttentionDims& s
   return s.causal && i + 1 < s.tk ? i + 1 : s.tk;
 }
 
+/// Whether every score of the tile of queries [q0, q0 + rows) and keys [k0, k0 + cols) is the
+/// plain scaled product: no mask tensor, every query and key within range, and (under `causal`)
+/// the tile's first query, so every query of it, sees every key of it. A kernel may then skip
+/// the per-element rules on that tile (the CUDA tensor-core kernels do: the tiles below the
+/// diagonal of a causal attention, all of an unmasked one's but the ragged edges).
+STAGECRAFT_HOST_DEVICE inline bool attention_tile_unmasked(const AttentionDims& s, int64_t q0,
+                                                           int64_t rows, int64_t k0, int64_t cols) {
+  return !s.has_mask && q0 + rows <= s.tq && k0 + cols <= s.tk &&
+         attention_keys_seen(s, q0) >= k0 + cols;
+}
+
 /// The first query that sees key `j`: 0, or j under `causal`.
 STAGECRAFT_HOST_DEVICE inline int64_t attention_first_query(const AttentionDims& s, int64_t j) {
   return s.causal ? j : 0;

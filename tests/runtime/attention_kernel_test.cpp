@@ -2,7 +2,8 @@
 // reference in double that materialises every score: the forward and its lse unmasked, causal
 // and masked (masks broadcast from [Tq, Tk] and [B, 1, 1, Tk]) across query and key blocks;
 // the gradient's dQ, dK and dV, with lse passed or recomputed; a query that sees no key; and
-// the refusals, one line each naming the node and the shapes.
+// the refusals, one line each naming the node and the shapes; and the rule by which the CUDA
+// tensor-core kernels skip the per-element mask rules on a tile (ops::attention_tile_unmasked).
 #include <doctest/doctest.h>
 #include <onnx/onnx_pb.h>
 
@@ -15,6 +16,7 @@
 
 #include "runtime/core/backend.h"
 #include "runtime/format/error.h"
+#include "runtime/ops/attention_element.h"
 #include "tests/error_of.h"
 #include "tests/runtime/attention_util.h"
 
@@ -142,6 +144,52 @@ void check_forward(const Operands& x, const Options& opt) {
   const Reference ref = reference(x, opt, nullptr, nullptr);
   check_close(o, ref.o, 1e-5, "O");
   check_close(lse, ref.lse, 1e-5, "lse");
+}
+
+TEST_CASE("a tile is unmasked only where no score of it is masked, and every such tile is") {
+  // Every 64 x 64 tile (and 16 x 16: the rule takes any size) of queries and keys, against the
+  // per-element rules: in range, a key the query sees, no mask tensor.
+  int unmasked_tiles = 0, tiles = 0;
+  for (bool causal : {false, true})
+    for (bool has_mask : {false, true})
+      for (int64_t tq : {1, 63, 64, 100, 256})
+        for (int64_t tk : {1, 64, 130, 256})
+          for (int64_t size : {16, 64}) {
+            rt::ops::AttentionDims s;
+            s.batch = 1;
+            s.tq = tq;
+            s.tk = tk;
+            s.causal = causal;
+            s.has_mask = has_mask;
+            for (int64_t q0 = 0; q0 < tq; q0 += size)
+              for (int64_t k0 = 0; k0 < tk; k0 += size) {
+                bool every_plain = !has_mask;
+                for (int64_t i = q0; i < q0 + size; ++i)
+                  for (int64_t j = k0; j < k0 + size; ++j)
+                    every_plain &= i < tq && j < rt::ops::attention_keys_seen(s, i);
+                CAPTURE(causal);
+                CAPTURE(has_mask);
+                CAPTURE(tq);
+                CAPTURE(tk);
+                CAPTURE(q0);
+                CAPTURE(k0);
+                CHECK(rt::ops::attention_tile_unmasked(s, q0, size, k0, size) == every_plain);
+                unmasked_tiles += every_plain;
+                ++tiles;
+              }
+          }
+  CHECK(unmasked_tiles > 0);
+  CHECK(unmasked_tiles < tiles);
+  // GPT-2's causal 1024 x 1024 in 64 x 64 tiles: the 120 below the diagonal skip the rules.
+  rt::ops::AttentionDims gpt2;
+  gpt2.batch = 96;
+  gpt2.tq = gpt2.tk = 1024;
+  gpt2.causal = true;
+  int below = 0;
+  for (int64_t q0 = 0; q0 < 1024; q0 += 64)
+    for (int64_t k0 = 0; k0 <= q0; k0 += 64)
+      below += rt::ops::attention_tile_unmasked(gpt2, q0, 64, k0, 64);
+  CHECK(below == 120);
 }
 
 TEST_CASE("Attention forward against a double reference, unmasked, causal and masked") {
