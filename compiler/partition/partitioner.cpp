@@ -1,7 +1,5 @@
 #include "compiler/partition/partitioner.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <limits>
 
@@ -12,12 +10,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-/// The DP's rows are shared among threads when a solve has at least this many (end, stages)
-/// entries per thread: below it, a team costs more than it saves (a row of a 64-stage GPT-3
-/// plan is about 2,000 entries).
-constexpr double kEntriesPerThread = 50000;
-/// At most this many threads: a row's ends are few, and each thread builds its own SpanInputs.
-constexpr int kMaxThreads = 4;
 /// The limits on the slowest stage the speed objective's DP tries, as multiples of the least any
 /// split can have (least_limit), before the DP without a limit.
 constexpr double kLimitWidening[] = {1.03, 1.15, 1.5};
@@ -321,9 +313,12 @@ double least_limit(const Prefix& pre, const std::vector<int>& bounds, int stages
 /// `respect_capacity` false it ignores memory limits (used to explain a refusal with the
 /// least-memory split). `limit`: no stage may take longer; the result is then the exact
 /// optimum whenever that optimum's slowest stage is within the limit, and no solution
-/// otherwise. Rows are shared among at most `max_threads` threads on large problems.
+/// otherwise. One thread: the rows were once shared among threads, which met after each row;
+/// on GPT-3 175B's 64- and 128-stage plans that saved nothing measurable, and on a machine whose
+/// cores were busy every meeting waited for a descheduled thread, the 128-stage interleaved
+/// plan taking 7.8 s instead of 0.31 (bench/RESULTS.md, 2026-11-30).
 Solution run_dp(const Problem& p, const Prefix& pre, const std::vector<int>& bounds,
-                bool respect_capacity, const Band* band, double limit, int max_threads) {
+                bool respect_capacity, const Band* band, double limit) {
   const int s = p.stages;
   const int b = static_cast<int>(bounds.size());
   using Key = std::pair<double, double>;
@@ -332,12 +327,6 @@ Solution run_dp(const Problem& p, const Prefix& pre, const std::vector<int>& bou
   std::vector<std::vector<Key>> best(s + 1, std::vector<Key>(b, worst));
   std::vector<std::vector<int>> from(s + 1, std::vector<int>(b, -1));
   best[0][0] = {0, 0};
-  // Each row k reads only row k - 1, so its ends i are independent: the threads share each row
-  // (every thread its own SpanInputs) and meet after it. Every entry is computed exactly as one
-  // thread alone would, so the solution is the same for any thread count.
-  const int threads = std::clamp(static_cast<int>(static_cast<double>(b) * s / kEntriesPerThread),
-                                 1, std::min(kMaxThreads, max_threads));
-#pragma omp parallel num_threads(threads) if (threads > 1)
   {
     SpanInputs inputs(p);
     for (int k = 1; k <= s; ++k) {
@@ -352,10 +341,9 @@ Solution run_dp(const Problem& p, const Prefix& pre, const std::vector<int>& bou
         if (lo < 0) lo = j;
         hi = j;
       }
-      if (lo < 0) break;  // no prefix: best[s][b - 1] stays out of reach (every thread sees it)
+      if (lo < 0) break;  // no prefix: best[s][b - 1] stays out of reach
       const int end_from = std::max(std::max(k, lo + 1), band ? band->lowest[k] : 0);
       const int end_to = band ? std::min(b - 1, band->highest[k]) : b - 1;
-#pragma omp for schedule(dynamic, 64)
       for (int i = end_from; i <= end_to; ++i) {
         const int last = bounds[i] - 1;
         const double send_s = send_after(p, k - 1, last);
@@ -385,7 +373,7 @@ Solution run_dp(const Problem& p, const Prefix& pre, const std::vector<int>& bou
             from[k][i] = j;
           }
         }
-      }  // the implied barrier: row k is whole before any thread reads it
+      }
     }
   }
   if (best[s][b - 1] == worst) return Solution{};
@@ -410,9 +398,8 @@ void check_problem(const Problem& p) {
   }
 }
 
-/// solve(): with `narrow`, over the bands only; the DP's rows shared among at most
-/// `max_threads` threads.
-Solution solve_in(const Problem& problem, bool explain, bool narrow, int max_threads) {
+/// solve(): with `narrow`, over the bands only.
+Solution solve_in(const Problem& problem, bool explain, bool narrow) {
   check_problem(problem);
   Prefix pre(problem);
   const std::vector<int> bounds = stage_bounds(problem);
@@ -422,27 +409,25 @@ Solution solve_in(const Problem& problem, bool explain, bool narrow, int max_thr
   // any split can have, widening it until a split is found, then in the memory band alone.
   Solution sol;
   if (!narrow) {
-    sol = run_dp(problem, pre, bounds, /*respect_capacity=*/true, nullptr, kInf, max_threads);
+    sol = run_dp(problem, pre, bounds, /*respect_capacity=*/true, nullptr, kInf);
   } else if (const Band memory = memory_band(problem, pre, bounds); memory.open()) {
     if (problem.objective == Objective::kSpeed && problem.stages > 1) {
       const double least = least_limit(pre, bounds, problem.stages);
       for (double widen : kLimitWidening) {
         const Band band = memory.within(time_band(pre, bounds, problem.stages, least * widen));
         if (!band.open()) continue;
-        sol = run_dp(problem, pre, bounds, /*respect_capacity=*/true, &band, least * widen,
-                     max_threads);
+        sol = run_dp(problem, pre, bounds, /*respect_capacity=*/true, &band, least * widen);
         if (!sol.stages.empty()) break;
       }
     }
     if (sol.stages.empty())
-      sol = run_dp(problem, pre, bounds, /*respect_capacity=*/true, &memory, kInf, max_threads);
+      sol = run_dp(problem, pre, bounds, /*respect_capacity=*/true, &memory, kInf);
   }
   if (sol.feasible || !explain) return sol;
   // Nothing fits: find the split that needs the least memory and report where it overflows.
   Problem least_memory = problem;
   least_memory.objective = Objective::kMemory;
-  Solution lm =
-      run_dp(least_memory, pre, bounds, /*respect_capacity=*/false, nullptr, kInf, max_threads);
+  Solution lm = run_dp(least_memory, pre, bounds, /*respect_capacity=*/false, nullptr, kInf);
   if (lm.stages.empty()) {
     fail(ErrorKind::kPlan, "no split into {} stages is possible with the allowed cut points",
          problem.stages);
@@ -455,11 +440,11 @@ Solution solve_in(const Problem& problem, bool explain, bool narrow, int max_thr
 }  // namespace
 
 Solution solve(const Problem& problem, bool explain) {
-  return solve_in(problem, explain, /*narrow=*/true, omp_get_max_threads());
+  return solve_in(problem, explain, /*narrow=*/true);
 }
 
 Solution solve_every_entry(const Problem& problem, bool explain) {
-  return solve_in(problem, explain, /*narrow=*/false, 1);
+  return solve_in(problem, explain, /*narrow=*/false);
 }
 
 Solution evaluate_cuts(const Problem& problem, const std::vector<int>& cut_after) {

@@ -17,8 +17,8 @@
 /// reach from both ends, exact because a floor only grows with its span) and, for speed, those
 /// whose every stage computes within a limit, from just above the least any split can have,
 /// widened until a split is found. The answer is the full DP's (tests compare the two, and
-/// brute force); a 128-stage split of GPT-3 175B solves in about 8 ms instead of 25. The
-/// entries of a row are shared among threads (OpenMP) on large problems.
+/// brute force); a 128-stage split of GPT-3 175B solves in about 8 ms instead of 25, on one
+/// thread.
 ///
 /// The solver knows nothing of ONNX or devices: the caller turns costs into per-position
 /// numbers, so the same solver serves speed and memory objectives and every schedule.
@@ -105,8 +105,8 @@ struct Solution {
 /// whether a split fits skips that second, unconstrained solve, the longer of the two).
 Solution solve(const Problem& problem, bool explain = true);
 
-/// `solve` over every (stage, prefix) entry, on one thread: the reference the tests hold the
-/// narrowed, threaded solve to (the same split, not only the same cost).
+/// `solve` over every (stage, prefix) entry: the reference the tests hold the narrowed solve to
+/// (the same split, not only the same cost).
 Solution solve_every_entry(const Problem& problem, bool explain = true);
 
 /// The stages for cuts after the given positions (manual split points), evaluated.

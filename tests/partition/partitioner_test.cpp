@@ -2,7 +2,6 @@
 #include "compiler/partition/partitioner.h"
 
 #include <doctest/doctest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <random>
@@ -99,14 +98,13 @@ TEST_CASE("the solver finds the brute-force optimum over all cut placements") {
   CHECK(infeasible > 0);
 }
 
-TEST_CASE("the narrowed, threaded solve gives the split of the DP over every entry") {
-  // Large problems (the bands and the threads act only there): 2,000 positions into up to 64
-  // stages, memory loose or tight, recomputation, allowed cuts; the same stages, not only the
-  // same cost, on one thread and on two.
+TEST_CASE("the narrowed solve gives the split of the DP over every entry") {
+  // Large problems (the bands act only there): 2,000 positions into up to 64 stages, memory
+  // loose or tight, recomputation, allowed cuts; the same stages, not only the same cost.
   std::mt19937 rng(2026);
-  int fits = 0, refused = 0, threaded = 0;
+  int fits = 0, refused = 0, large = 0;
   for (int trial = 0; trial < 16; ++trial) {
-    // Every other problem large enough for two threads (100,000 entries).
+    // Every other problem of 100,000 entries or more.
     const int n =
         trial % 2 ? 1700 + static_cast<int>(rng() % 600) : 300 + static_cast<int>(rng() % 1200);
     const int stages =
@@ -145,30 +143,26 @@ TEST_CASE("the narrowed, threaded solve gives the split of the DP over every ent
     CAPTURE(n);
     CAPTURE(stages);
     const Solution reference = solve_every_entry(p);
-    for (int threads : {1, 2}) {
-      omp_set_num_threads(threads);
-      const Solution got = solve(p);
-      REQUIRE(got.feasible == reference.feasible);
-      REQUIRE(got.stages.size() == reference.stages.size());
-      for (std::size_t k = 0; k < got.stages.size(); ++k) {
-        CHECK(got.stages[k].first == reference.stages[k].first);
-        CHECK(got.stages[k].last == reference.stages[k].last);
-      }
-      CHECK(got.bottleneck_s == reference.bottleneck_s);
-      CHECK(got.peak_memory_bytes == reference.peak_memory_bytes);
-      CHECK(got.over_stage == reference.over_stage);
-      const Solution quiet = solve(p, /*explain=*/false);
-      CHECK(quiet.stages.size() == (reference.feasible ? reference.stages.size() : 0));
-      threaded += threads > 1 && static_cast<double>(n) * stages >= 100000;
+    const Solution got = solve(p);
+    REQUIRE(got.feasible == reference.feasible);
+    REQUIRE(got.stages.size() == reference.stages.size());
+    for (std::size_t k = 0; k < got.stages.size(); ++k) {
+      CHECK(got.stages[k].first == reference.stages[k].first);
+      CHECK(got.stages[k].last == reference.stages[k].last);
     }
+    CHECK(got.bottleneck_s == reference.bottleneck_s);
+    CHECK(got.peak_memory_bytes == reference.peak_memory_bytes);
+    CHECK(got.over_stage == reference.over_stage);
+    const Solution quiet = solve(p, /*explain=*/false);
+    CHECK(quiet.stages.size() == (reference.feasible ? reference.stages.size() : 0));
+    large += static_cast<double>(n) * stages >= 100000;
     ++(reference.feasible ? fits : refused);
   }
-  omp_set_num_threads(omp_get_num_procs());
-  MESSAGE(fits << " fitting and " << refused << " refused problems solved alike, " << threaded
-               << " on two threads");
+  MESSAGE(fits << " fitting and " << refused << " refused problems solved alike, " << large
+               << " of 100,000 entries or more");
   CHECK(fits >= 5);
   CHECK(refused >= 3);
-  CHECK(threaded >= 6);
+  CHECK(large >= 6);
 }
 
 TEST_CASE("allowed cuts are the only cuts, and the optimum over them is found") {
