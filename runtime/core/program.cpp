@@ -502,6 +502,34 @@ std::vector<bool> Program::weight_gradient_nodes() const {
   return plan::weight_gradient_nodes(graph_);
 }
 
+// A view the run hands on whose chain of sources starts at an intermediate of this run: that
+// intermediate gets bytes of its own rather than arena bytes, and the view shares them (its
+// storage keeps them alive) rather than copying them (the head of a MatMul kept for its weight
+// gradient, after a Reshape). The same bytes are held either way.
+Program::ViewSharing Program::view_sharing(const std::vector<bool>* mask,
+                                           const std::function<bool(size_t)>& handed_on) const {
+  std::vector<int> producer(slots_.size(), -1);
+  for (size_t n = 0; n < nodes_.size(); ++n)
+    for (int s : nodes_[n].outputs)
+      if (s >= 0) producer[s] = static_cast<int>(n);
+  const auto runs = [&](int n) { return n >= 0 && (!mask || (*mask)[n]); };
+  ViewSharing out{std::vector<char>(slots_.size(), 0), std::vector<char>(slots_.size(), 0)};
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    const Step& step = nodes_[n];
+    const int s = step.outputs.empty() ? -1 : step.outputs[0];
+    if (s < 0 || slots_[s].alias < 0 || !runs(static_cast<int>(n)) || !handed_on(s)) continue;
+    int root = step.view_source;
+    // Up through the views placed on their sources' bytes (not handed on, or sharing too).
+    while (root >= 0 && slots_[root].alias >= 0 && (!handed_on(root) || out.shares[root]) &&
+           runs(producer[root]))
+      root = nodes_[producer[root]].view_source;
+    if (root < 0 || slots_[root].kind != Slot::kIntermediate || !runs(producer[root])) continue;
+    out.own_bytes[root] = 1;
+    out.shares[s] = 1;
+  }
+  return out;
+}
+
 std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tensor> inputs,
                                      std::byte* arena, std::map<std::string, Tensor>* kept,
                                      const NodeHook* hook, const std::vector<bool>* mask,
@@ -532,19 +560,21 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
         for (int s : nodes_[n].outputs)
           if (s >= 0) mine[s] = true;
   }
-  // Whether the run hands value `s` on (a crossing value of a part, a kept value of a
-  // whole run), so that it gets bytes of its own rather than arena bytes.
+  // Whether the run hands value `s` on (a part's crossing value, a whole run's kept value).
   auto handed_on = [&](size_t s) {
     return mask ? static_cast<bool>(crossing[s])
                 : kept != nullptr && (!keep || keep->count(slots_[s].info.name) > 0);
   };
+  const ViewSharing sharing = view_sharing(mask, handed_on);
   for (size_t s = 0; s < slots_.size(); ++s) {
     const Slot& slot = slots_[s];
     if (slot.kind == Slot::kWeight) {
       values[s] = slot.weight;
     } else if (slot.kind == Slot::kIntermediate) {
       // Kernels write their outputs (gradient kernels that need zeros get them below).
-      values[s] = handed_on(s) ? device.new_tensor(slot.info.dtype, slot.info.shape, false)
+      if (sharing.shares[s]) continue;  // its source's bytes, below
+      values[s] = handed_on(s) || sharing.own_bytes[s]
+                      ? device.new_tensor(slot.info.dtype, slot.info.shape, false)
                       : Tensor::view(slot.info.dtype, slot.info.shape,
                                      arena + memory_.offsets[slot.memory_index]);
     } else if (slot.kind == Slot::kOutput && (!mask || mine[s])) {
@@ -563,14 +593,14 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
     }
   }
   // A view's output shares its source's bytes (lifetimes.h) where the run places it in the
-  // arena and runs its node; anywhere else (kept, or a part's value from the other part) it
-  // gets bytes of its own and its node copies.
+  // arena and runs its node, or when kept its source's own bytes (view_sharing); anywhere else
+  // (kept, or a part's value from the other part) it gets bytes of its own and its node copies.
   for (size_t n = 0; n < nodes_.size(); ++n) {
     const Step& step = nodes_[n];
     const int s = step.outputs.empty() ? -1 : step.outputs[0];
     if (s < 0 || slots_[s].alias < 0 || (mask && !(*mask)[n])) continue;
     const ValueInfo& info = slots_[s].info;
-    if (handed_on(static_cast<size_t>(s))) continue;
+    if ((handed_on(static_cast<size_t>(s)) && !sharing.shares[s]) || sharing.own_bytes[s]) continue;
     const Tensor& source = values[step.view_source];
     values[s] = source.data != nullptr ? Tensor{info.dtype, info.shape, source.data, source.storage, {}}
                                        : device.new_tensor(info.dtype, info.shape, false);

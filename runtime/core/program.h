@@ -229,6 +229,15 @@ class Program {
                               const NodeHook* hook, const std::vector<bool>* mask = nullptr,
                               const TrainingRun& run = {},
                               const std::set<std::string>* keep = nullptr) const;
+  /// For `execute`: the views the run hands on (`handed_on(slot)`) that share bytes of their
+  /// own source chain's first intermediate rather than copying (`shares`), and those
+  /// intermediates, which then get bytes of their own rather than arena bytes (`own_bytes`);
+  /// per slot. `mask`: the nodes the run runs (null: all).
+  struct ViewSharing {
+    std::vector<char> shares, own_bytes;
+  };
+  ViewSharing view_sharing(const std::vector<bool>* mask,
+                           const std::function<bool(size_t)>& handed_on) const;
 };
 
 /// Runs `program` once on `device` with host inputs and host outputs, wherever the device's
