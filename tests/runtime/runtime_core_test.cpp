@@ -6,6 +6,7 @@
 #include <chrono>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -23,6 +24,47 @@
 
 namespace stagecraft::rt {
 namespace {
+
+TEST_CASE("a kept view shares its source's own bytes: no copy, and the arena may be reused") {
+  // x [2, 6] -> Relu -> r -> Reshape [3, 4] -> v -> Relu -> y; the backward would keep v.
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(17);
+  auto* g = model.mutable_graph();
+  testing::add_tensor_info(g->add_input(), "x", onnx::TensorProto::FLOAT, {2, 6});
+  testing::add_tensor_info(g->add_value_info(), "r", onnx::TensorProto::FLOAT, {2, 6});
+  testing::add_tensor_info(g->add_value_info(), "v", onnx::TensorProto::FLOAT, {3, 4});
+  testing::add_tensor_info(g->add_output(), "y", onnx::TensorProto::FLOAT, {3, 4});
+  testing::add_int64_initializer(g, "shape", {3, 4});
+  testing::add_node(g, "Relu", {"x"}, {"r"}, "relu");
+  testing::add_node(g, "Reshape", {"r", "shape"}, {"v"}, "reshape");
+  testing::add_node(g, "Relu", {"v"}, {"y"}, "relu2");
+  Program program = Program::from_model(model, cpu_backend(), "view.onnx");
+  auto device = cpu_backend().make_device(0, 1);
+  std::vector<std::string> ran;
+  NodeHook hook;
+  hook.timed = [&](std::string_view, std::string_view op, double, const NodeWork&,
+                   std::string_view) { ran.emplace_back(op); };
+  std::vector<std::byte> arena(program.arena_bytes() + 64);
+  auto input = [](float sign) {
+    Tensor x = Tensor::owned(DType::kFloat32, {2, 6});
+    for (int i = 0; i < 12; ++i) x.as<float>()[i] = sign * (static_cast<float>(i) - 3.5f);
+    return x;
+  };
+  std::map<std::string, Tensor> kept;
+  const Tensor x1 = input(1.0f);
+  program.run_keeping(*device, {&x1, 1}, kept, {"v"}, arena.data(), &hook);
+  CHECK(ran == std::vector<std::string>{"Relu", "Relu"});  // the Reshape copied nothing
+  REQUIRE(kept.count("v") == 1);
+  const Tensor v = kept.at("v");
+  CHECK(v.shape == Shape{3, 4});
+  CHECK(v.storage != nullptr);
+  // Another run over the same arena leaves the kept bytes as they were: they are not arena's.
+  const Tensor x2 = input(-1.0f);
+  std::map<std::string, Tensor> other;
+  program.run_keeping(*device, {&x2, 1}, other, {}, arena.data());
+  for (int i = 0; i < 12; ++i) CHECK(v.as<float>()[i] == std::max(0.0f, static_cast<float>(i) - 3.5f));
+}
 
 TEST_CASE("memory the machine cannot give is a one-line memory error, not an internal one") {
   // Issue 17, finding 8: a bad_alloc was reported as "internal error: std::bad_alloc".
