@@ -1,5 +1,6 @@
 // The CUDA norm family's device kernels (norm_kernels.h): one block per row (or channel), each
-// thread over a strided share of it, block-wide reductions in a fixed tree (norm_block.cuh).
+// thread over a strided share of it, block-wide reductions in a fixed tree (norm_block.cuh);
+// LayerNormalization's rows of up to kWarpRowMax elements a warp each.
 #include <type_traits>
 
 #include "runtime/cuda/column_reduce.cuh"
@@ -23,6 +24,9 @@ int threads_for(int64_t len) {
 unsigned blocks_for(int64_t rows) {
   return static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
 }
+
+// Blocks of kThreads for `rows` rows a warp each.
+unsigned warp_row_blocks(int64_t rows) { return blocks_for((rows + kThreads / 32 - 1) / (kThreads / 32)); }
 
 __global__ void softmax_kernel(const float* x, float* y, int64_t outer, int64_t len,
                                int64_t inner) {
@@ -74,67 +78,100 @@ __device__ __forceinline__ void store(T* p, int64_t i, float v) {
     p[i] = eltwise::convert<T>(v);
 }
 
-template <class T>
+// Who reduces a LayerNormalization row: a whole block (one row a block: rows of more than
+// kWarpRowMax elements), or one warp (a row a warp, kThreads / 32 rows a block: GPT-2's rows of
+// 768 left most of a block's threads idle between its four barriers, 65 us a 8192-row gradient
+// on an H200 for 38 MB moved). Either way a fixed tree of shuffles (and, for a block, one warp
+// over the warps' partials): the result depends only on the launch shape.
+struct BlockRows {
+  __device__ static int64_t first() { return blockIdx.x; }
+  __device__ static int64_t stride() { return gridDim.x; }
+  __device__ static int lane() { return static_cast<int>(threadIdx.x); }
+  __device__ static int width() { return static_cast<int>(blockDim.x); }
+  template <class V>
+  __device__ static V sum(V v) {
+    return block_sum<V>(v);
+  }
+};
+struct WarpRows {
+  __device__ static int64_t first() {
+    return int64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32;
+  }
+  __device__ static int64_t stride() { return int64_t{gridDim.x} * (blockDim.x / 32); }
+  __device__ static int lane() { return static_cast<int>(threadIdx.x % 32); }
+  __device__ static int width() { return 32; }
+  template <class V>
+  __device__ static V sum(V v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+  }
+};
+
+// Rows of at most this many elements are reduced by a warp each.
+constexpr int64_t kWarpRowMax = 4096;
+
+template <class T, class Rows>
 __global__ void layer_norm_kernel(const T* x, const T* scale, const T* bias, T* y,
                                   float* mean_out, float* inv_std_out, int64_t outer, int64_t inner,
                                   float epsilon) {
-  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+  const int lane = Rows::lane(), width = Rows::width();
+  for (int64_t r = Rows::first(); r < outer; r += Rows::stride()) {
     const T* row = x + r * inner;
     float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) sum += load(row, j);
-    const float mean = block_sum<float>(sum) / static_cast<float>(inner);
+    for (int64_t j = lane; j < inner; j += width) sum += load(row, j);
+    const float mean = Rows::sum(sum) / static_cast<float>(inner);
     float sq = 0.0f;
-    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
+    for (int64_t j = lane; j < inner; j += width) {
       const float d = load(row, j) - mean;
       sq += d * d;
     }
-    const float var = block_sum<float>(sq) / static_cast<float>(inner);
+    const float var = Rows::sum(sq) / static_cast<float>(inner);
     const float inv = 1.0f / sqrtf(var + epsilon);
     T* out = y + r * inner;
-    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
+    for (int64_t j = lane; j < inner; j += width) {
       const float v = (load(row, j) - mean) * inv * load(scale, j);
       store(out, j, bias != nullptr ? v + load(bias, j) : v);
     }
-    if (threadIdx.x == 0) {
+    if (lane == 0) {
       if (mean_out != nullptr) mean_out[r] = mean;
       if (inv_std_out != nullptr) inv_std_out[r] = inv;
     }
   }
 }
 
-template <class T>
+template <class T, class Rows>
 __global__ void layer_norm_grad_rows_kernel(const T* x, const T* scale, const T* g,
                                             const float* dmean, const float* dinv, T* dx,
                                             double* mean_out, double* istd_out, int64_t outer,
                                             int64_t inner, double eps) {
   const double inv_n = 1.0 / static_cast<double>(inner);
-  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+  const int lane = Rows::lane(), width = Rows::width();
+  for (int64_t r = Rows::first(); r < outer; r += Rows::stride()) {
     const T* row = x + r * inner;
     double s = 0.0;
-    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) s += load(row, j);
-    const double mu = block_sum<double>(s) * inv_n;
+    for (int64_t j = lane; j < inner; j += width) s += load(row, j);
+    const double mu = Rows::sum(s) * inv_n;
     double sq = 0.0;
-    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x)
-      sq += (load(row, j) - mu) * (load(row, j) - mu);
-    const double is = 1.0 / sqrt(block_sum<double>(sq) * inv_n + eps);
-    if (threadIdx.x == 0) {
+    for (int64_t j = lane; j < inner; j += width) sq += (load(row, j) - mu) * (load(row, j) - mu);
+    const double is = 1.0 / sqrt(Rows::sum(sq) * inv_n + eps);
+    if (lane == 0) {
       mean_out[r] = mu;
       istd_out[r] = is;
     }
     if (dx == nullptr) continue;
     double mg = 0.0, mgx = 0.0;  // mean(dy * scale), mean(dy * scale * xhat)
     if (g != nullptr) {
-      for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
+      for (int64_t j = lane; j < inner; j += width) {
         const double gj = static_cast<double>(load(g, r * inner + j)) * load(scale, j);
         mg += gj;
         mgx += gj * (load(row, j) - mu) * is;
       }
-      mg = block_sum<double>(mg) * inv_n;
-      mgx = block_sum<double>(mgx) * inv_n;
+      mg = Rows::sum(mg) * inv_n;
+      mgx = Rows::sum(mgx) * inv_n;
     }
     const double dm = dmean != nullptr ? dmean[r] : 0.0, di = dinv != nullptr ? dinv[r] : 0.0;
     T* out = dx + r * inner;
-    for (int64_t j = threadIdx.x; j < inner; j += blockDim.x) {
+    for (int64_t j = lane; j < inner; j += width) {
       const double xc = load(row, j) - mu;
       double v = dm * inv_n - di * is * is * is * xc * inv_n;
       if (g != nullptr)
@@ -319,9 +356,14 @@ bool launch_layer_norm(DType dtype, const void* x, const void* scale, const void
   if (outer <= 0 || inner <= 0) return visit_norm(dtype, [](auto) {});
   return visit_norm(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    layer_norm_kernel<T><<<blocks_for(outer), threads_for(inner), 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(bias),
-        static_cast<T*>(y), mean, inv_std, outer, inner, epsilon);
+    if (inner <= kWarpRowMax)
+      layer_norm_kernel<T, WarpRows><<<warp_row_blocks(outer), kThreads, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(bias),
+          static_cast<T*>(y), mean, inv_std, outer, inner, epsilon);
+    else
+      layer_norm_kernel<T, BlockRows><<<blocks_for(outer), threads_for(inner), 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(bias),
+          static_cast<T*>(y), mean, inv_std, outer, inner, epsilon);
   });
 }
 
@@ -332,9 +374,15 @@ bool launch_layer_norm_grad_rows(DType dtype, const void* x, const void* scale, 
   if (outer <= 0 || inner <= 0) return visit_norm(dtype, [](auto) {});
   return visit_norm(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    layer_norm_grad_rows_kernel<T><<<blocks_for(outer), threads_for(inner), 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(dy), dmean,
-        dinv, static_cast<T*>(dx), mean, inv_std, outer, inner, epsilon);
+    if (inner <= kWarpRowMax)
+      layer_norm_grad_rows_kernel<T, WarpRows><<<warp_row_blocks(outer), kThreads, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(dy), dmean,
+          dinv, static_cast<T*>(dx), mean, inv_std, outer, inner, epsilon);
+    else
+      layer_norm_grad_rows_kernel<T, BlockRows>
+          <<<blocks_for(outer), threads_for(inner), 0, stream>>>(
+              static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(dy),
+              dmean, dinv, static_cast<T*>(dx), mean, inv_std, outer, inner, epsilon);
   });
 }
 

@@ -1,9 +1,10 @@
 // The CUDA kernels that run 16-bit floats natively (grad_eltwise_kernels.cu's 16-bit unary
 // gradients, CastGrad into a 16-bit input, LayerNormalization, BatchNormalization and their
-// gradients) against the widened fallback they replace: the
-// float32 kernel on the exactly widened operands, its result rounded to the 16-bit type. Both
-// compute the same float32 formula on the same values, so they agree to the bit, give or take
-// one unit in the last place where the compiler contracts a multiply-add differently.
+// gradients) against the widened fallback they replace: the float32 kernel on the exactly
+// widened operands, its result rounded to the 16-bit type. Both compute the same float32 formula
+// on the same values, so they agree to the bit, give or take one unit in the last place where
+// the compiler contracts a multiply-add differently. And LayerNormalization in float32 against
+// the CPU backend, with rows reduced a warp each and a block each (norm_kernels.cu).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -116,6 +117,48 @@ TEST_CASE("cuda 16-bit activation gradients and CastGrad against the widened fal
     CHECK(beyond_one_ulp(dx, dy16) == 0);
     CHECK(std::memcmp(dx.data, dy16.data, static_cast<size_t>(dx.bytes())) == 0);
   }
+}
+
+TEST_CASE("cuda LayerNormalization and its gradient against the cpu: rows a warp and a block") {
+  // Rows of 768 (a warp each: GPT-2's) and 5000 (a block each), float32, against the CPU
+  // backend's kernels at rtol 1e-4 of each tensor's scale.
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  int compared = 0;
+  for (int64_t inner : {768, 5000}) {
+    CAPTURE(inner);
+    const rt::Shape shape = {37, inner}, row = {inner}, stats = {37, 1};
+    const rt::Tensor x = attention::random(shape, 41, -3.0f, 3.0f);
+    const rt::Tensor scale = attention::random(row, 42, 0.5f, 1.5f);
+    const rt::Tensor bias = attention::random(row, 43);
+    const rt::Tensor dy = attention::random(shape, 44);
+    onnx::NodeProto forward;
+    forward.set_name("ln");
+    forward.set_op_type("LayerNormalization");
+    onnx::NodeProto backward = node("LayerNormalizationGrad", 3);
+    const rt::Tensor* none = nullptr;
+    std::vector<std::vector<rt::Tensor>> results;
+    for (const rt::Backend* backend : {cuda, &rt::cpu_backend()}) {
+      rt::Tensor y = rt::Tensor::owned(DType::kFloat32, shape),
+                 mean = rt::Tensor::owned(DType::kFloat32, stats),
+                 inv = rt::Tensor::owned(DType::kFloat32, stats);
+      attention::run(*backend, forward, {&x, &scale, &bias}, {&y, &mean, &inv});
+      rt::Tensor dx = rt::Tensor::owned(DType::kFloat32, shape),
+                 ds = rt::Tensor::owned(DType::kFloat32, row),
+                 db = rt::Tensor::owned(DType::kFloat32, row);
+      attention::run(*backend, backward, {&x, &scale, &bias, none, &dy}, {&dx, &ds, &db});
+      results.push_back({y, mean, inv, dx, ds, db});
+    }
+    const char* names[] = {"Y", "Mean", "InvStdDev", "dX", "dScale", "dBias"};
+    for (size_t k = 0; k < results[0].size(); ++k) {
+      const rt::Tensor& want = results[1][k];
+      attention::check_close(results[0][k],
+                             std::vector<double>(want.as<float>(), want.as<float>() + want.numel()),
+                             1e-4, names[k]);
+      ++compared;
+    }
+  }
+  CHECK(compared == 12);
 }
 
 TEST_CASE("cuda 16-bit LayerNormalization and its gradient against the widened fallback") {
