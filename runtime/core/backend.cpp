@@ -234,10 +234,15 @@ double DeviceContext::time_ms(const std::function<void()>& body) {
       .count();
 }
 
-Tensor to_device(DeviceContext& device, const Tensor& host) {
+namespace {
+
+Tensor to_device_by(DeviceContext& device, const Tensor& host, bool pending) {
   if (device.host_visible() || host.dtype == DType::kUndefined) return host;
   Tensor t = device.new_tensor(host.dtype, host.shape, false);
-  if (host.bytes() > 0) device.write(t, host.data, host.bytes());
+  if (host.bytes() > 0 && pending)
+    device.write_pending(t, host.data, host.bytes());
+  else if (host.bytes() > 0)
+    device.write(t, host.data, host.bytes());
   // Small integer operands keep a host mirror (Tensor::host_mirror): kernels that read shapes
   // and axes then never synchronise the device for them.
   constexpr int64_t kMirrorElements = 64;
@@ -248,6 +253,16 @@ Tensor to_device(DeviceContext& device, const Tensor& host) {
     t.host_mirror = std::move(mirror);
   }
   return t;
+}
+
+}  // namespace
+
+Tensor to_device(DeviceContext& device, const Tensor& host) {
+  return to_device_by(device, host, false);
+}
+
+Tensor to_device_pending(DeviceContext& device, const Tensor& host) {
+  return to_device_by(device, host, true);
 }
 
 Tensor to_host(DeviceContext& device, const Tensor& t) {

@@ -144,6 +144,18 @@ class DeviceContext {
 
   /// Host bytes into the device tensor `dst`.
   virtual void write(Tensor& dst, const void* host, int64_t bytes) = 0;
+  /// `write` of host bytes that stay as they are, and allocated, until the device's next
+  /// `synchronize` (a run's inputs, which live for the run): the device may still be reading
+  /// them when this returns (CUDA: queued behind the work before it, with no wait for that
+  /// work; asynchronous from pinned memory, `pin_host`). The CPU backend copies at once.
+  virtual void write_pending(Tensor& dst, const void* host, int64_t bytes) {
+    write(dst, host, bytes);
+  }
+  /// Page-locks `bytes` of host memory from `host` for copies to the device (CUDA:
+  /// cudaHostRegister, which then copies it without staging) until `unpin_host(host)`; false
+  /// where it is not done (nothing to undo then: another pin overlapping it, or no need).
+  virtual bool pin_host(const void* /*host*/, int64_t /*bytes*/) { return false; }
+  virtual void unpin_host(const void* /*host*/) {}
   /// The device tensor `src` into host bytes.
   virtual void read(const Tensor& src, void* host, int64_t bytes) = 0;
   /// dst = src, both on this device (or a peer it can read).
@@ -182,6 +194,10 @@ Tensor clone_on(DeviceContext& device, const Tensor& t);
 
 /// The host tensor `host` on the device: `host` itself on a host-visible device, else a copy.
 Tensor to_device(DeviceContext& device, const Tensor& host);
+
+/// `to_device` through `DeviceContext::write_pending`: `host` must stay as it is until the
+/// device's next synchronize.
+Tensor to_device_pending(DeviceContext& device, const Tensor& host);
 
 /// The device tensor `t` in host memory: `t` itself on a host-visible device, else a copy.
 Tensor to_host(DeviceContext& device, const Tensor& t);

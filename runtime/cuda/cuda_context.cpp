@@ -294,6 +294,32 @@ void CudaContext::write(Tensor& dst, const void* host, int64_t bytes) {
   synchronize();  // the host bytes may go as soon as this returns
 }
 
+void CudaContext::write_pending(Tensor& dst, const void* host, int64_t bytes) {
+  if (bytes != dst.bytes())
+    fail(ErrorKind::kInternal, "writing {} bytes into {}", bytes, dst.describe());
+  if (bytes == 0) return;
+  // No wait for the queue: the caller keeps the bytes until the next synchronize. From pinned
+  // memory the copy engine reads them in stream order; from pageable memory the driver stages
+  // them first (and may wait for the stream to do so).
+  check(
+      cudaMemcpyAsync(dst.data, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
+      "cudaMemcpyAsync (host to device, pending)");
+}
+
+bool CudaContext::pin_host(const void* host, int64_t bytes) {
+  if (host == nullptr || bytes <= 0) return false;
+  // Portable: every GPU's context may copy from it (the devices of one process share inputs).
+  if (cudaHostRegister(const_cast<void*>(host), static_cast<size_t>(bytes),
+                       cudaHostRegisterPortable) == cudaSuccess)
+    return true;
+  (void)cudaGetLastError();  // already registered (overlapping another pin), or refused: unpinned
+  return false;
+}
+
+void CudaContext::unpin_host(const void* host) {
+  if (cudaHostUnregister(const_cast<void*>(host)) != cudaSuccess) (void)cudaGetLastError();
+}
+
 void CudaContext::read(const Tensor& src, void* host, int64_t bytes) {
   if (bytes != src.bytes())
     fail(ErrorKind::kInternal, "reading {} bytes from {}", bytes, src.describe());

@@ -81,6 +81,9 @@ class CudaContext : public DeviceContext {
   std::unique_ptr<Buffer> allocate(int64_t bytes) override;
   Tensor new_tensor(DType dtype, Shape shape, bool zeroed) override;
   void write(Tensor& dst, const void* host, int64_t bytes) override;
+  void write_pending(Tensor& dst, const void* host, int64_t bytes) override;
+  bool pin_host(const void* host, int64_t bytes) override;
+  void unpin_host(const void* host) override;
   void read(const Tensor& src, void* host, int64_t bytes) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void fill_zero(Tensor& t) override;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
@@ -101,6 +102,39 @@ void DeviceWorker::setup() {
     if (sums_in_flight_ > 0) progress_sums();
   };
   if (run_.training && run_.replicas > 1) plan_buckets();
+  pin_feeds();
+}
+
+void DeviceWorker::pin_feeds() {
+  // A run of one step (stagerun's data files run a step a run) would page-lock its inputs for
+  // one copy each, which costs about what it saves.
+  if (context_->host_visible() || run_.steps < 2) return;
+  std::set<std::string> named;
+  for (StageRuntime* st : own_stages())
+    for (const ValueInfo& in : st->program.inputs()) {
+      auto f = run_.feeds.find(in.name);
+      if (f == run_.feeds.end() || !named.insert(in.name).second) continue;
+      // This replica's microbatches: rows of one input, one range (or one tensor for all).
+      const std::byte* lo = nullptr;
+      const std::byte* hi = nullptr;
+      for (int mb = 0; mb < run_.microbatches; ++mb) {
+        const Tensor& t = f->second[batch_index(mb)];
+        if (t.data == nullptr || t.bytes() == 0) continue;
+        if (lo == nullptr || t.data < lo) lo = t.data;
+        if (hi == nullptr || t.data + t.bytes() > hi) hi = t.data + t.bytes();
+      }
+      if (lo != nullptr && context_->pin_host(lo, hi - lo)) pinned_.push_back(lo);
+    }
+}
+
+void DeviceWorker::unpin_feeds() {
+  if (pinned_.empty()) return;
+  try {
+    context_->synchronize();         // no copy still reads them
+  } catch (const std::exception&) {  // a failed device: the run's error says why
+  }
+  for (const void* p : pinned_) context_->unpin_host(p);
+  pinned_.clear();
 }
 
 void DeviceWorker::download(int64_t step) {
@@ -109,6 +143,7 @@ void DeviceWorker::download(int64_t step) {
 
 void DeviceWorker::end_run() {
   if (context_ == nullptr) return;
+  unpin_feeds();
   if (!run_.failed()) {  // the next run goes on with the device as this one leaves it
     context_->unbind_thread();
     ResidentDevice& home = resident();
@@ -374,7 +409,7 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
     if (it != got.end())
       args.push_back(it->tensor);
     else if (auto f = run_.feeds.find(in.name); f != run_.feeds.end())
-      args.push_back(to_device(*context_, f->second[batch_index(ins.microbatch)]));
+      args.push_back(to_device_pending(*context_, f->second[batch_index(ins.microbatch)]));
     else
       fail(ErrorKind::kPlan, "input '{}' of stage {} was never received", in.name, ins.stage);
   }

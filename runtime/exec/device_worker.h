@@ -174,6 +174,12 @@ class DeviceWorker {
   size_t batch_index(int mb) const {
     return static_cast<size_t>(replica_ * run_.microbatches + mb);
   }
+  /// The run's inputs this worker's stages read, its microbatches' rows of each, page-locked
+  /// for the run (DeviceContext::pin_host; each feed then copies with no wait for the device,
+  /// `forward`), and let go at its end, once the device is done with them.
+  void pin_feeds();
+  void unpin_feeds();
+  std::vector<const void*> pinned_;
 
   const int device_;           ///< Of all R x P.
   const int replica_;          ///< device_ / P.
