@@ -218,6 +218,12 @@ Tensor clone_on(DeviceContext& device, const Tensor& t) {
   return copy;
 }
 
+bool DeviceContext::unscale_many(Tensor* const* grads, size_t count, float factor) {
+  bool finite = true;
+  for (size_t k = 0; k < count; ++k) finite &= unscale(*grads[k], factor);
+  return finite;
+}
+
 void DeviceContext::adam_many(const AdamTensors* items, size_t count, const AdamUpdate& u,
                               bool zero_grads) {
   for (const AdamTensors& t : std::span(items, count)) {

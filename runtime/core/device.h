@@ -172,6 +172,10 @@ class DeviceContext {
   /// g *= factor on float32 elements in place (dynamic loss scaling: the gradients divided by
   /// the scale); returns whether every element of the result is finite (no inf, no NaN).
   virtual bool unscale(Tensor& g, float factor) = 0;
+  /// `unscale` on each of `count` tensors; whether every element of all of them is finite: the
+  /// same bytes as the calls one by one, which is what this does; the CUDA backend reads one
+  /// flag for all of them rather than one a tensor (each a wait for the device).
+  virtual bool unscale_many(Tensor* const* grads, size_t count, float factor);
 
   // Optimizer updates of float32 tensors of one shape, in place (runtime/optim derives the
   // scalars per rule; optimizer.h gives the formulas).

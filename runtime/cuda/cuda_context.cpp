@@ -370,6 +370,20 @@ bool CudaContext::unscale(Tensor& g, float factor) {
   return nonfinite == 0;
 }
 
+bool CudaContext::unscale_many(Tensor* const* grads, size_t count, float factor) {
+  // One flag for every tensor's kernel (each sets it to 1 on a non-finite element), read once.
+  Tensor flag = new_tensor(DType::kInt32, {1}, true);
+  for (size_t k = 0; k < count; ++k) {
+    Tensor& g = *grads[k];
+    expect_float32(g, "the gradient", "unscale");
+    launch_unscale(g.as<float>(), g.numel(), factor, flag.as<int>(), stream_);
+    check(cudaGetLastError(), "unscale kernel launch");
+  }
+  int nonfinite = 0;
+  read(flag, &nonfinite, sizeof nonfinite);
+  return nonfinite == 0;
+}
+
 void CudaContext::sgd(Tensor& w, const Tensor& g, const SgdUpdate& u) {
   expect_float32(w, "the weight", "sgd");
   expect_same_size(w, g, "sgd");

@@ -89,6 +89,7 @@ class CudaContext : public DeviceContext {
   void fill_zero(Tensor& t) override;
   void accumulate(Tensor& sum, const Tensor& add) override;
   bool unscale(Tensor& g, float factor) override;
+  bool unscale_many(Tensor* const* grads, size_t count, float factor) override;
   void sgd(Tensor& w, const Tensor& g, const SgdUpdate& u) override;
   void momentum(Tensor& w, const Tensor& g, Tensor& v, const MomentumUpdate& u) override;
   void adam(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& u) override;

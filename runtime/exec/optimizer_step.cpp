@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <vector>
 
 #include "runtime/exec/device_worker.h"
 #include "runtime/format/error.h"
@@ -101,22 +102,23 @@ void DeviceWorker::optimizer_step(const schedule::Instruction& ins) {
 bool DeviceWorker::scale_gradients(int stage_index, float factor) {
   StageRuntime& st = stage(stage_index);
   auto& grads = grad_acc_[stage_index];
-  bool finite = true;
+  // Every gradient at once: one read of the device's finiteness flag, not one a weight.
+  std::vector<Tensor*> all;
   if (st.shard_bounds.empty()) {
     for (const auto& [name, weight] : st.weights)
-      if (auto g = grads.find(name); g != grads.end())
-        finite &= context_->unscale(g->second, factor);
-    return finite;
+      if (auto g = grads.find(name); g != grads.end()) all.push_back(&g->second);
+    return context_->unscale_many(all.data(), all.size(), factor);
   }
   // ZeRO-1: the shared weights' gradients are summed whole, the sharded ones are this replica's
   // shard of the flat bucket (what sharded_step reads); the other replicas check theirs.
   for (const StageRuntime::FlatWeight& part : st.flat)
-    if (!st.is_sharded(part)) finite &= context_->unscale(grads.at(part.name), factor);
+    if (!st.is_sharded(part)) all.push_back(&grads.at(part.name));
+  Tensor shard;
   if (st.shard_hi > st.shard_lo) {
-    Tensor shard = slice_rows(buckets_.at(stage_index), st.shard_lo, st.shard_hi);
-    finite &= context_->unscale(shard, factor);
+    shard = slice_rows(buckets_.at(stage_index), st.shard_lo, st.shard_hi);
+    all.push_back(&shard);
   }
-  return finite;
+  return context_->unscale_many(all.data(), all.size(), factor);
 }
 
 void DeviceWorker::update_timed(int stage_index, double start) {

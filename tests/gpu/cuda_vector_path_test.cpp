@@ -7,7 +7,8 @@
 // gradient (conv_kernels.cu: up to 16 bytes a thread where a plane's size allows, the gradient
 // over slices of images) against the same sums made here; cuDNN's algorithm choice with and
 // without DeviceContext::deterministic (conv_cudnn.cpp): the choice said in the notes, the
-// deterministic one bit-identical when rerun, the two within float rounding of each other; Adam
+// deterministic one bit-identical when rerun, the two within float rounding of each other;
+// loss scaling's unscale over many gradients against one call per gradient; Adam
 // over many weights in one launch (update_kernels.cu) against a launch per weight.
 #include <doctest/doctest.h>
 
@@ -15,6 +16,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -316,6 +318,34 @@ TEST_CASE("cuda convolutions: cuDNN's choice is noted, deterministic reruns are 
     }
   }
   CHECK(compared == 12);
+}
+
+TEST_CASE("cuda unscale over many gradients: one flag read, the bytes of one call per tensor") {
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  auto device = cuda->make_device(0, 1);
+  for (bool with_inf : {false, true}) {
+    CAPTURE(with_inf);
+    std::vector<rt::Tensor> host;
+    for (int64_t n : {1, 1000, 70000}) host.push_back(attention::random({n}, 50 + n, -1e3f, 1e3f));
+    if (with_inf) host[1].as<float>()[17] = std::numeric_limits<float>::infinity();
+    std::vector<rt::Tensor> one, many;
+    for (const rt::Tensor& t : host) {
+      one.push_back(rt::to_device(*device, t));
+      many.push_back(rt::to_device(*device, t));
+    }
+    bool finite_one = true;
+    for (rt::Tensor& t : one) finite_one &= device->unscale(t, 1.0f / 1024);
+    std::vector<rt::Tensor*> pointers;
+    for (rt::Tensor& t : many) pointers.push_back(&t);
+    const bool finite_many = device->unscale_many(pointers.data(), pointers.size(), 1.0f / 1024);
+    CHECK(finite_one == !with_inf);
+    CHECK(finite_many == finite_one);
+    for (size_t k = 0; k < host.size(); ++k) {
+      const rt::Tensor a = rt::to_host(*device, one[k]), b = rt::to_host(*device, many[k]);
+      CHECK(std::memcmp(a.data, b.data, static_cast<size_t>(a.bytes())) == 0);
+    }
+  }
 }
 
 TEST_CASE("cuda Adam over many weights at once leaves the bytes of a launch per weight") {
