@@ -285,13 +285,8 @@ Tensor CudaContext::new_tensor(DType dtype, Shape shape, bool zeroed) {
 }
 
 void CudaContext::write(Tensor& dst, const void* host, int64_t bytes) {
-  if (bytes != dst.bytes())
-    fail(ErrorKind::kInternal, "writing {} bytes into {}", bytes, dst.describe());
-  if (bytes == 0) return;
-  check(
-      cudaMemcpyAsync(dst.data, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
-      "cudaMemcpyAsync (host to device)");
-  synchronize();  // the host bytes may go as soon as this returns
+  write_pending(dst, host, bytes);
+  if (bytes > 0) synchronize();  // the host bytes may go as soon as this returns
 }
 
 void CudaContext::write_pending(Tensor& dst, const void* host, int64_t bytes) {
@@ -303,7 +298,7 @@ void CudaContext::write_pending(Tensor& dst, const void* host, int64_t bytes) {
   // them first (and may wait for the stream to do so).
   check(
       cudaMemcpyAsync(dst.data, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
-      "cudaMemcpyAsync (host to device, pending)");
+      "cudaMemcpyAsync (host to device)");
 }
 
 bool CudaContext::pin_host(const void* host, int64_t bytes) {
