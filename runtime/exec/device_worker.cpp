@@ -151,7 +151,7 @@ void DeviceWorker::wait_for_all(const char* when) {
 
 void DeviceWorker::run_step() {
   wait_for_all("waiting for every device at the step's start");
-  if (device_ == run_.first_device) run_.step_start[step_] = run_.seconds();
+  run_.device_step_start[device_][step_] = run_.seconds();  // the step's start: the earliest
   if (keeps_for_backward())  // a training step changes the weights (and running statistics)
     for (StageRuntime* st : own_stages()) st->host_stale = st->on_device;
   sample_memory();

@@ -87,7 +87,8 @@ RunState::RunState(const PipelineParts& pipeline_, const std::map<std::string, T
       memory(devices),
       node_profile(devices),
       step_start(steps, 0),
-      step_end(steps, 0) {
+      step_end(steps, 0),
+      device_step_start(devices, std::vector<double>(steps, -1)) {
   const int all = replicas * microbatches;  // R x M
   // Microbatch views of the inputs (no copies): replica r's microbatch m is rows of the
   // whole batch's microbatch r x M + m.
@@ -215,7 +216,15 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
   const int steps = run.steps_finished(), devices = run.devices;
   RunReport report;
   report.stop_signal = run.stop_signal.load();
-  for (int s = 0; s < steps; ++s) report.step_s.push_back(run.step_end[s] - run.step_start[s]);
+  for (int s = 0; s < steps; ++s) {
+    bool any = false;
+    for (const std::vector<double>& starts : run.device_step_start)  // this process's devices
+      if (starts[s] >= 0) {
+        run.step_start[s] = any ? std::min(run.step_start[s], starts[s]) : starts[s];
+        any = true;
+      }
+    report.step_s.push_back(run.step_end[s] - run.step_start[s]);
+  }
   report.step_start_s.assign(run.step_start.begin(), run.step_start.begin() + steps);
   // Per replica the mean over its microbatches, then the mean over the replicas whose loss
   // stage runs here (runtime/mpi/world.cpp's gather averages the ranks' the same way).

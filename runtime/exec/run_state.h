@@ -140,7 +140,13 @@ struct RunState {
   std::vector<std::vector<schedule::TimelineEvent>> events;
   std::vector<std::vector<MemorySample>> memory;  ///< Per device: its meter over the run.
   std::vector<std::vector<NodeProfile>> node_profile;  ///< Per device: RunOptions::profile_step's.
+  /// step_end: by the first device after the end barrier; step_start: the earliest of
+  /// device_step_start, taken when the run's report is made.
   std::vector<double> step_start, step_end;
+  /// Per device, per step: when it left the step's start barrier (the step starts at the
+  /// earliest of them: a device may start its first instruction before the first device reads
+  /// the clock, and a step that starts later than its instructions measures less than them).
+  std::vector<std::vector<double>> device_step_start;
   NodeHook hook;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   std::mutex error_mutex;
