@@ -327,51 +327,49 @@ Solution run_dp(const Problem& p, const Prefix& pre, const std::vector<int>& bou
   std::vector<std::vector<Key>> best(s + 1, std::vector<Key>(b, worst));
   std::vector<std::vector<int>> from(s + 1, std::vector<int>(b, -1));
   best[0][0] = {0, 0};
-  {
-    SpanInputs inputs(p);
-    for (int k = 1; k <= s; ++k) {
-      const StageParams sp = stage_params(p, k - 1);
-      // Only a prefix k - 1 stages can cover (lo..hi the first and last) precedes stage k: ends
-      // before lo + 1 are out of reach, and the starts past hi or before lo are skipped (they
-      // would be, one at a time, below; time and memory only grow as a start moves down, so a
-      // break the skipped ones would take is taken at hi too).
-      int lo = -1, hi = -1;
-      for (int j = k - 1; j < b; ++j) {
+  SpanInputs inputs(p);
+  for (int k = 1; k <= s; ++k) {
+    const StageParams sp = stage_params(p, k - 1);
+    // Only a prefix k - 1 stages can cover (lo..hi the first and last) precedes stage k: ends
+    // before lo + 1 are out of reach, and the starts past hi or before lo are skipped (they
+    // would be, one at a time, below; time and memory only grow as a start moves down, so a
+    // break the skipped ones would take is taken at hi too).
+    int lo = -1, hi = -1;
+    for (int j = k - 1; j < b; ++j) {
+      if (best[k - 1][j] == worst) continue;
+      if (lo < 0) lo = j;
+      hi = j;
+    }
+    if (lo < 0) break;  // no prefix: best[s][b - 1] stays out of reach
+    const int end_from = std::max(std::max(k, lo + 1), band ? band->lowest[k] : 0);
+    const int end_to = band ? std::min(b - 1, band->highest[k]) : b - 1;
+    for (int i = end_from; i <= end_to; ++i) {
+      const int last = bounds[i] - 1;
+      const double send_s = send_after(p, k - 1, last);
+      if (p.recompute) inputs.reset(last);
+      // Longest last stage first is the old tie order; walking j down and keeping the later
+      // of equal keys keeps it. A stage's time, and its memory without its inputs, only grow
+      // as it starts earlier (costs are >= 0), so once either is past the best (or the memory
+      // past the capacity), no earlier start can win.
+      for (int j = std::min(i - 1, hi); j >= std::max(k - 1, lo); --j) {
+        const int first = bounds[j];
+        const double floor =
+            span_memory_floor(p, sp, pre.static_bytes[last + 1] - pre.static_bytes[first],
+                              pre.activation_bytes[last + 1] - pre.activation_bytes[first]);
+        if (respect_capacity && floor > sp.capacity) break;
+        const double time_s = pre.time[last + 1] - pre.time[first] + send_s;
+        if ((p.objective == Objective::kSpeed ? time_s : floor) > best[k][i].first) break;
+        if (time_s > limit) break;
         if (best[k - 1][j] == worst) continue;
-        if (lo < 0) lo = j;
-        hi = j;
-      }
-      if (lo < 0) break;  // no prefix: best[s][b - 1] stays out of reach
-      const int end_from = std::max(std::max(k, lo + 1), band ? band->lowest[k] : 0);
-      const int end_to = band ? std::min(b - 1, band->highest[k]) : b - 1;
-      for (int i = end_from; i <= end_to; ++i) {
-        const int last = bounds[i] - 1;
-        const double send_s = send_after(p, k - 1, last);
-        if (p.recompute) inputs.reset(last);
-        // Longest last stage first is the old tie order; walking j down and keeping the later
-        // of equal keys keeps it. A stage's time, and its memory without its inputs, only grow
-        // as it starts earlier (costs are >= 0), so once either is past the best (or the memory
-        // past the capacity), no earlier start can win.
-        for (int j = std::min(i - 1, hi); j >= std::max(k - 1, lo); --j) {
-          const int first = bounds[j];
-          const double floor =
-              span_memory_floor(p, sp, pre.static_bytes[last + 1] - pre.static_bytes[first],
-                                pre.activation_bytes[last + 1] - pre.activation_bytes[first]);
-          if (respect_capacity && floor > sp.capacity) break;
-          const double time_s = pre.time[last + 1] - pre.time[first] + send_s;
-          if ((p.objective == Objective::kSpeed ? time_s : floor) > best[k][i].first) break;
-          if (time_s > limit) break;
-          if (best[k - 1][j] == worst) continue;
-          if (p.recompute) inputs.extend_to(first);
-          StageSpan st = span(p, pre, sp, first, last, send_s, p.recompute ? inputs.bytes() : 0.0);
-          if (respect_capacity && st.memory_bytes > sp.capacity) continue;
-          Key here = key(p, st);
-          Key cand{std::max(best[k - 1][j].first, here.first),
-                   std::max(best[k - 1][j].second, here.second)};
-          if (!(best[k][i] < cand)) {
-            best[k][i] = cand;
-            from[k][i] = j;
-          }
+        if (p.recompute) inputs.extend_to(first);
+        StageSpan st = span(p, pre, sp, first, last, send_s, p.recompute ? inputs.bytes() : 0.0);
+        if (respect_capacity && st.memory_bytes > sp.capacity) continue;
+        Key here = key(p, st);
+        Key cand{std::max(best[k - 1][j].first, here.first),
+                 std::max(best[k - 1][j].second, here.second)};
+        if (!(best[k][i] < cand)) {
+          best[k][i] = cand;
+          from[k][i] = j;
         }
       }
     }

@@ -600,7 +600,7 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
     const int s = step.outputs.empty() ? -1 : step.outputs[0];
     if (s < 0 || slots_[s].alias < 0 || (mask && !(*mask)[n])) continue;
     const ValueInfo& info = slots_[s].info;
-    if ((handed_on(static_cast<size_t>(s)) && !sharing.shares[s]) || sharing.own_bytes[s]) continue;
+    if (handed_on(static_cast<size_t>(s)) && !sharing.shares[s]) continue;
     const Tensor& source = values[step.view_source];
     values[s] = source.data != nullptr ? Tensor{info.dtype, info.shape, source.data, source.storage, {}}
                                        : device.new_tensor(info.dtype, info.shape, false);

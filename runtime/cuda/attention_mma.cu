@@ -314,12 +314,9 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& v = x[j][2 * h + e];
-          if (unmasked)
-            v *= scale_log2;
-          else if (kFast)
-            v = masked_score(s, p.mask, plane, rows[h], k0 + 8 * j + 2 * l.t + e, v) * kLog2e;
-          else
-            v = masked_score(s, p.mask, plane, rows[h], k0 + 8 * j + 2 * l.t + e, v);
+          v = unmasked ? v * scale_log2
+                       : masked_score(s, p.mask, plane, rows[h], k0 + 8 * j + 2 * l.t + e, v) *
+                             (kFast ? kLog2e : 1.0f);  // times 1: exact
           m = fmaxf(m, v);
         }
       const float next = fmaxf(top[h], quad_max(m));

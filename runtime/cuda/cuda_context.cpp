@@ -356,13 +356,8 @@ void CudaContext::accumulate(Tensor& sum, const Tensor& add) {
 }
 
 bool CudaContext::unscale(Tensor& g, float factor) {
-  expect_float32(g, "the gradient", "unscale");
-  Tensor flag = new_tensor(DType::kInt32, {1}, true);
-  launch_unscale(g.as<float>(), g.numel(), factor, flag.as<int>(), stream_);
-  check(cudaGetLastError(), "unscale kernel launch");
-  int nonfinite = 0;
-  read(flag, &nonfinite, sizeof nonfinite);
-  return nonfinite == 0;
+  Tensor* one = &g;
+  return unscale_many(&one, 1, factor);
 }
 
 bool CudaContext::unscale_many(Tensor* const* grads, size_t count, float factor) {

@@ -356,14 +356,15 @@ bool launch_layer_norm(DType dtype, const void* x, const void* scale, const void
   if (outer <= 0 || inner <= 0) return visit_norm(dtype, [](auto) {});
   return visit_norm(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    auto launch = [&](auto kernel, unsigned blocks, int threads) {
+      kernel<<<blocks, threads, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(bias),
+          static_cast<T*>(y), mean, inv_std, outer, inner, epsilon);
+    };
     if (inner <= kWarpRowMax)
-      layer_norm_kernel<T, WarpRows><<<warp_row_blocks(outer), kThreads, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(bias),
-          static_cast<T*>(y), mean, inv_std, outer, inner, epsilon);
+      launch(layer_norm_kernel<T, WarpRows>, warp_row_blocks(outer), kThreads);
     else
-      layer_norm_kernel<T, BlockRows><<<blocks_for(outer), threads_for(inner), 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(bias),
-          static_cast<T*>(y), mean, inv_std, outer, inner, epsilon);
+      launch(layer_norm_kernel<T, BlockRows>, blocks_for(outer), threads_for(inner));
   });
 }
 
@@ -374,15 +375,15 @@ bool launch_layer_norm_grad_rows(DType dtype, const void* x, const void* scale, 
   if (outer <= 0 || inner <= 0) return visit_norm(dtype, [](auto) {});
   return visit_norm(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (inner <= kWarpRowMax)
-      layer_norm_grad_rows_kernel<T, WarpRows><<<warp_row_blocks(outer), kThreads, 0, stream>>>(
+    auto launch = [&](auto kernel, unsigned blocks, int threads) {
+      kernel<<<blocks, threads, 0, stream>>>(
           static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(dy), dmean,
           dinv, static_cast<T*>(dx), mean, inv_std, outer, inner, epsilon);
+    };
+    if (inner <= kWarpRowMax)
+      launch(layer_norm_grad_rows_kernel<T, WarpRows>, warp_row_blocks(outer), kThreads);
     else
-      layer_norm_grad_rows_kernel<T, BlockRows>
-          <<<blocks_for(outer), threads_for(inner), 0, stream>>>(
-              static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(dy),
-              dmean, dinv, static_cast<T*>(dx), mean, inv_std, outer, inner, epsilon);
+      launch(layer_norm_grad_rows_kernel<T, BlockRows>, blocks_for(outer), threads_for(inner));
   });
 }
 
