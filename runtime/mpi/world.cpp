@@ -234,6 +234,12 @@ World::World() : comms_(std::make_unique<Comms>()) {
   // The copy through shared memory instead is what Open MPI advises there; a user's own
   // setting of the variable wins (overwrite = 0).
   setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
+  // hwloc's GL component, which Open MPI's topology discovery loads, opens X displays :0 to :5;
+  // each attempt looks a name up, and where the machine has no /etc/hosts and its DNS drops
+  // the query (a fresh Debian root, CI) every lookup waits 5 s: MPI_Init of 4 ranks took
+  // 10.4 s there against 0.35 s without the component. Displays say nothing about a rank's
+  // cores or memory; a user's own setting wins.
+  setenv("HWLOC_COMPONENTS", "-gl", 0);
   // Serialized: the main thread and the one worker of this rank's device take turns.
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
   if (provided < MPI_THREAD_SERIALIZED)

@@ -27,6 +27,12 @@ fi
 stagerun=$3 stagec=$4 lm_data=$5 samples=$6 work=$7 make_samples=${8:-}
 # CI runs as root on 2 cores; CPU ranks even where a GPU is; a waiting rank yields its core.
 mpi=("$mpirun" --oversubscribe --allow-run-as-root)
+# hwloc's GL component (loaded by mpirun's and every rank's topology discovery) probes X
+# displays, each probe a name lookup; without /etc/hosts (CI's fresh Debian root) the lookups
+# went to a DNS server that dropped them, 5 s each: mpirun -np 4 of MPI_Init alone took 10.4 s
+# there, 0.35 s with this, and the MPI tests ran 10-30x slower than here (stagerun sets it for
+# its own ranks, not for mpirun).
+export HWLOC_COMPONENTS=${HWLOC_COMPONENTS:--gl}
 export CUDA_VISIBLE_DEVICES= OMPI_MCA_mpi_yield_when_idle=1
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 

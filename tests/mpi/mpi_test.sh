@@ -67,6 +67,12 @@ if [ -z "$mpirun" ] || [ "$mpirun" = "MPIEXEC_EXECUTABLE-NOTFOUND" ] || ! comman
 fi
 # CI runs as root on 2 cores.
 mpi=("$mpirun" --oversubscribe --allow-run-as-root)
+# hwloc's GL component (loaded by mpirun's and every rank's topology discovery) probes X
+# displays, each probe a name lookup; without /etc/hosts (CI's fresh Debian root) the lookups
+# went to a DNS server that dropped them, 5 s each: mpirun -np 4 of MPI_Init alone took 10.4 s
+# there, 0.35 s with this, and the MPI tests ran 10-30x slower than here (stagerun sets it for
+# its own ranks, not for mpirun).
+export HWLOC_COMPONENTS=${HWLOC_COMPONENTS:--gl}
 # The CPU checks run CPU ranks on a machine with a GPU too (--backend auto would take the GPU).
 [ "$check" = gpu_train ] || export CUDA_VISIBLE_DEVICES=
 
