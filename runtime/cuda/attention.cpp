@@ -105,7 +105,7 @@ void attention_float32(const KernelArgs& a) {
 bool forward_16bit(const ops::AttentionDims& d, const HalfAttentionPointers& p, uint16_t* o,
                    float* lse, cudaStream_t stream) {
   return (mma_attention_chosen() &&
-          mma_attention_forward(d, p, o, lse, ldmatrix_attention_chosen(), stream)) ||
+          mma_attention_forward(d, p, o, lse, mma_tiles_chosen(), stream)) ||
          tiled_attention_forward(d, p, o, lse, stream);
 }
 
@@ -148,13 +148,13 @@ bool attention_grad_16bit(const KernelArgs& a, const ops::AttentionGradOperands&
     return false;
   check_launch(a);
   p.delta = delta.as<float>();
-  const bool mma = mma_attention_chosen(), ldmatrix = ldmatrix_attention_chosen();
-  if (g.dq && !(mma && mma_attention_dq(d, p, bits(g.dq), ldmatrix, stream)) &&
+  const bool mma = mma_attention_chosen();
+  const MmaTiles tiles = mma_tiles_chosen();
+  if (g.dq && !(mma && mma_attention_dq(d, p, bits(g.dq), tiles, stream)) &&
       !tiled_attention_dq(d, p, bits(g.dq), stream))
     return false;
   check_launch(a);
-  if ((g.dk || g.dv) &&
-      !(mma && mma_attention_dkv(d, p, bits(g.dk), bits(g.dv), ldmatrix, stream)) &&
+  if ((g.dk || g.dv) && !(mma && mma_attention_dkv(d, p, bits(g.dk), bits(g.dv), tiles, stream)) &&
       !tiled_attention_dkv(d, p, bits(g.dk), bits(g.dv), stream))
     return false;
   check_launch(a);

@@ -135,16 +135,19 @@ __global__ void dkv_kernel(ops::AttentionDims s, AttentionPointers p, float* dk,
 // float32 nodes as "tiled"), "tiled" (the tile products on the ordinary cores for 16-bit nodes
 // too), "tensor-core" (float32 nodes' products in three tf32 passes; measured slower on an H200,
 // bench/RESULTS.md), "mma-ldmatrix" (the tensor-core kernels with their B fragments read by
-// ldmatrix.trans, not yet checked on a GPU), "mma-expf" (the tensor-core kernels applying the
-// mask rules and an accurate expf to every score, as before they skipped the rules on unmasked
-// tiles) or "plain", to compare them; any other value is the default. Read once.
-enum class Kernels { kTensorCore, kTiled, kMma, kMmaLdmatrix, kMmaExpf, kPlain };
+// ldmatrix.trans, not yet checked on a GPU), "mma-async" (those with the next tile of keys or
+// queries copied by cp.async while the current one is computed on, not yet checked), "mma-expf"
+// (the tensor-core kernels applying the mask rules and an accurate expf to every score, as before
+// they skipped the rules on unmasked tiles) or "plain", to compare them; any other value is the
+// default. Read once.
+enum class Kernels { kTensorCore, kTiled, kMma, kMmaLdmatrix, kMmaAsync, kMmaExpf, kPlain };
 Kernels chosen_kernels() {
   static const Kernels chosen = [] {
     const char* e = std::getenv("STAGECRAFT_ATTENTION_KERNELS");
     if (e != nullptr && std::strcmp(e, "tensor-core") == 0) return Kernels::kTensorCore;
     if (e != nullptr && std::strcmp(e, "tiled") == 0) return Kernels::kTiled;
     if (e != nullptr && std::strcmp(e, "mma-ldmatrix") == 0) return Kernels::kMmaLdmatrix;
+    if (e != nullptr && std::strcmp(e, "mma-async") == 0) return Kernels::kMmaAsync;
     if (e != nullptr && std::strcmp(e, "mma-expf") == 0) return Kernels::kMmaExpf;
     if (e != nullptr && std::strcmp(e, "plain") == 0) return Kernels::kPlain;
     return Kernels::kMma;
@@ -161,6 +164,7 @@ bool ran_tiled(TensorCore tensor_core, Tiled tiled) {
     case Kernels::kTiled:
     case Kernels::kMma:
     case Kernels::kMmaLdmatrix:
+    case Kernels::kMmaAsync:
     case Kernels::kMmaExpf:
       return tiled();
     case Kernels::kPlain: return false;
@@ -173,13 +177,23 @@ bool ran_tiled(TensorCore tensor_core, Tiled tiled) {
 bool plain_attention_chosen() { return chosen_kernels() == Kernels::kPlain; }
 
 bool mma_attention_chosen() {
-  return chosen_kernels() == Kernels::kMma || chosen_kernels() == Kernels::kMmaLdmatrix ||
-         chosen_kernels() == Kernels::kMmaExpf;
+  const Kernels k = chosen_kernels();
+  return k == Kernels::kMma || k == Kernels::kMmaLdmatrix || k == Kernels::kMmaAsync ||
+         k == Kernels::kMmaExpf;
 }
 
 bool every_element_attention_chosen() { return chosen_kernels() == Kernels::kMmaExpf; }
 
-bool ldmatrix_attention_chosen() { return chosen_kernels() == Kernels::kMmaLdmatrix; }
+MmaTiles mma_tiles_chosen() {
+  switch (chosen_kernels()) {
+    case Kernels::kMmaLdmatrix:
+      return MmaTiles::kLdmatrix;
+    case Kernels::kMmaAsync:
+      return MmaTiles::kAsync;
+    default:
+      return MmaTiles::kTransposed;
+  }
+}
 
 void launch_attention_forward(const ops::AttentionDims& dims, const AttentionPointers& p, float* o,
                               float* lse, cudaStream_t stream) {

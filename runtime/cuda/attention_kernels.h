@@ -38,9 +38,23 @@ bool plain_attention_chosen();
 /// names another choice (tiled, tensor-core, plain).
 bool mma_attention_chosen();
 
-/// Whether $STAGECRAFT_ATTENTION_KERNELS=mma-ldmatrix asked for the tensor-core kernels that read
-/// their B fragments by ldmatrix.trans (mma_attention_chosen() is then true too).
-bool ldmatrix_attention_chosen();
+/// How the tensor-core kernels (attention_mma.cu) bring their streamed tiles in and read the
+/// products' B fragments.
+enum class MmaTiles {
+  /// Loaded through registers, with a copy stored transposed for the B fragments (checked on an
+  /// H200, 2026-11-30): the default.
+  kTransposed,
+  /// Loaded through registers, row-major only; B fragments by ldmatrix.trans
+  /// ($STAGECRAFT_ATTENTION_KERNELS=mma-ldmatrix, not yet checked on a GPU).
+  kLdmatrix,
+  /// As kLdmatrix, the next tile copied by cp.async into a second buffer while the warps compute
+  /// on the current one ($STAGECRAFT_ATTENTION_KERNELS=mma-async, not yet checked on a GPU).
+  kAsync,
+};
+
+/// The MmaTiles $STAGECRAFT_ATTENTION_KERNELS asks for (kTransposed unless mma-ldmatrix or
+/// mma-async).
+MmaTiles mma_tiles_chosen();
 
 /// Whether $STAGECRAFT_ATTENTION_KERNELS=mma-expf asked for the tensor-core kernels with the
 /// mask rules and an accurate expf on every score (their first version, kept to compare): by

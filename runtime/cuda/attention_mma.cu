@@ -20,6 +20,14 @@
 // transposing stores were 16-bit and 8-way bank-conflicted) and one instruction per four
 // fragments. Chosen by $STAGECRAFT_ATTENTION_KERNELS=mma-ldmatrix until a GPU has checked it.
 //
+// The streamed tiles (K and V for the forward and dQ, Q, dO and their lse and D for dK/dV) come
+// in through registers, every warp waiting for each tile's loads before it computes (the first
+// two ways), or, with kAsync ($STAGECRAFT_ATTENTION_KERNELS=mma-async; the ldmatrix way, since
+// cp.async copies 16 bytes as they lie), by cp.async into one of two buffers: the copy of tile
+// i + 1 is issued before the warps compute on tile i, so the loads overlap the products
+// (FlashAttention-2's pipelining; one __syncthreads more per tile, the rows' lse and D still
+// loaded by plain reads into their buffer). Rows past the end are zero-filled (src-size 0).
+//
 // The scores' element work (kFast, the default): on a tile where no score is masked
 // (ops::attention_tile_unmasked: no mask tensor, every row and key in range, and under causal
 // every query of the tile sees every key of it: all tiles of a causal attention below its
@@ -140,6 +148,35 @@ __device__ void load_transposed(uint16_t* tile, const T* src, int64_t first, int
       tile[(8 * c + e) * MmaGeometry<D>::kTRow + r] =
           static_cast<uint16_t>(e % 2 == 0 ? words[e / 2] & 0xffffu : words[e / 2] >> 16);
   });
+}
+
+// cp.async of the 16 bytes at `src` (global) to `dst` (shared), or 16 zero bytes where !valid
+// (src-size 0: nothing is read; `src` must still be a mapped address).
+__device__ __forceinline__ void copy_async(void* dst, const void* src, bool valid) {
+  const uint32_t to = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void commit_async() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits for every group this thread committed but the newest.
+__device__ __forceinline__ void wait_async_but_newest() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+// load_rows by cp.async (no wait): rows first .. first + 63 of `src` into `tile`, rows at or
+// past `limit` as zeros.
+template <int D, class T>
+__device__ void copy_rows_async(uint16_t* tile, const T* src, int64_t first, int64_t limit) {
+  constexpr int kVectors = D / 8;
+  for (int idx = threadIdx.x; idx < kTile * kVectors; idx += kBlockThreads) {
+    const int r = idx / kVectors, c = idx % kVectors;
+    const bool valid = first + r < limit;
+    copy_async(tile + r * MmaGeometry<D>::kRow + 8 * c, valid ? src + (first + r) * D + 8 * c : src,
+               valid);
+  }
 }
 
 // Max and sum over the 4 lanes of a quad (the lanes that hold one row's columns).
@@ -271,17 +308,28 @@ __device__ void write_row(T* out, int64_t row, const float (&acc)[D / 8][4], int
   }
 }
 
-template <int D, class T, bool kLdmatrix, bool kFast>
+// kAsync (with kLdmatrix): shared K and V twice, [K0][V0][K1][V1] after Q.
+template <int D, class T, bool kLdmatrix, bool kFast, bool kAsync>
 __global__ void __launch_bounds__(kBlockThreads)
     forward_kernel(ops::AttentionDims s, TilePointers<T> p, T* o, float* lse) {
+  static_assert(!kAsync || kLdmatrix, "cp.async copies row-major tiles only");
   using G = MmaGeometry<D>;
   extern __shared__ uint4 shared_words[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(shared_words);
-  uint16_t* ks = qs + G::kTileElements;
-  uint16_t* vt = ks + G::kTileElements;  // V: row-major (kLdmatrix) or transposed
   const auto [b, q0] = block_tile(s.tq);
   const int64_t plane = ops::attention_mask_plane(s, b);
   const Lane l = lane_of();
+  const T* k_rows = p.k + b * s.tk * D;
+  const T* v_rows = p.v + b * s.tk * D;
+  const int64_t last = (q0 + kTile < s.tq ? q0 + kTile : s.tq) - 1;
+  const int64_t keys = ops::attention_keys_seen(s, last);
+  if constexpr (kAsync) {  // the first tiles of K and V on their way while Q loads
+    if (keys > 0) {
+      copy_rows_async<D>(qs + G::kTileElements, k_rows, 0, s.tk);
+      copy_rows_async<D>(qs + 2 * G::kTileElements, v_rows, 0, s.tk);
+    }
+    commit_async();
+  }
   load_rows<D>(qs, p.q + b * s.tq * D, q0, s.tq);
   __syncthreads();
   uint32_t qa[D / 16][4];
@@ -289,17 +337,29 @@ __global__ void __launch_bounds__(kBlockThreads)
   float acc[D / 8][4] = {};
   float top[2] = {-CUDART_INF_F, -CUDART_INF_F}, sum[2] = {0.0f, 0.0f};
   const int64_t rows[2] = {q0 + 16 * l.warp + l.g, q0 + 16 * l.warp + l.g + 8};
-  const int64_t last = (q0 + kTile < s.tq ? q0 + kTile : s.tq) - 1;
-  const int64_t keys = ops::attention_keys_seen(s, last);
   const float scale_log2 = s.scale * kLog2e;
-  for (int64_t k0 = 0; k0 < keys; k0 += kTile) {
-    __syncthreads();  // every warp is done with the last tiles of K and V
-    load_rows<D>(ks, p.k + b * s.tk * D, k0, s.tk);
-    if constexpr (kLdmatrix)
-      load_rows<D>(vt, p.v + b * s.tk * D, k0, s.tk);
-    else
-      load_transposed<D>(vt, p.v + b * s.tk * D, k0, s.tk);
-    __syncthreads();
+  for (int64_t k0 = 0, tile = 0; k0 < keys; k0 += kTile, ++tile) {
+    // This tile's K and V (V row-major with kLdmatrix, else transposed).
+    uint16_t* ks = qs + G::kTileElements * (1 + (kAsync ? 2 * (tile % 2) : 0));
+    uint16_t* vt = ks + G::kTileElements;
+    if constexpr (kAsync) {
+      if (k0 + kTile < keys) {  // the next tiles into the other buffer
+        uint16_t* next = qs + G::kTileElements * (1 + 2 * ((tile + 1) % 2));
+        copy_rows_async<D>(next, k_rows, k0 + kTile, s.tk);
+        copy_rows_async<D>(next + G::kTileElements, v_rows, k0 + kTile, s.tk);
+      }
+      commit_async();
+      wait_async_but_newest();  // this thread's copies of this tile are done
+      __syncthreads();          // and every thread's
+    } else {
+      __syncthreads();  // every warp is done with the last tiles of K and V
+      load_rows<D>(ks, k_rows, k0, s.tk);
+      if constexpr (kLdmatrix)
+        load_rows<D>(vt, v_rows, k0, s.tk);
+      else
+        load_transposed<D>(vt, v_rows, k0, s.tk);
+      __syncthreads();
+    }
     float x[8][4];
     products_abt<D, T>(qa, ks, x);
     // kFast: scores in base 2 (times log2(e)); the per-element rules only on a tile that
@@ -343,6 +403,8 @@ __global__ void __launch_bounds__(kBlockThreads)
       acc[n][3] *= rescale[1];
     }
     accumulate<kLdmatrix, D, T>(x, vt, vt, acc);  // O += P V
+    // kAsync: every warp is done with this buffer before the next tile's copies refill it.
+    if constexpr (kAsync) __syncthreads();
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -357,27 +419,42 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // dQ of 64 queries: per key tile S = Q K^T and dP = dO V^T, dS = scale P (dP - D) with P from
 // lse, dQ += dS K. Shared: K row-major and transposed, V row-major, each query's lse and D.
-template <int D, class T, bool kLdmatrix, bool kFast>
+// kAsync (with kLdmatrix): shared [K0][V0][K1][V1], then lse and D.
+template <int D, class T, bool kLdmatrix, bool kFast, bool kAsync>
 __global__ void __launch_bounds__(kBlockThreads)
     dq_kernel(ops::AttentionDims s, TilePointers<T> p, T* dq) {
+  static_assert(!kAsync || kLdmatrix, "cp.async copies row-major tiles only");
   using G = MmaGeometry<D>;
   extern __shared__ uint4 shared_words[];
-  uint16_t* ks = reinterpret_cast<uint16_t*>(shared_words);
-  uint16_t* vs = ks + G::kTileElements;
-  uint16_t* kt = vs + G::kTileElements;  // K transposed (not kept with kLdmatrix)
+  uint16_t* tiles_s = reinterpret_cast<uint16_t*>(shared_words);
+  uint16_t* kt = tiles_s + G::kTileElements * (kAsync ? 4 : 2);  // K transposed (!kLdmatrix)
   float* lse_s = reinterpret_cast<float*>(kt + (kLdmatrix ? 0 : G::kTransposedElements));
   float* delta_s = lse_s + kTile;
   const auto [b, q0] = block_tile(s.tq);
   const int64_t plane = ops::attention_mask_plane(s, b);
   const Lane l = lane_of();
-  // Q and dO staged through the K and V tiles' memory, then held as A fragments.
-  load_rows<D>(ks, p.q + b * s.tq * D, q0, s.tq);
-  load_rows<D>(vs, p.d_o + b * s.tq * D, q0, s.tq);
+  const T* k_rows = p.k + b * s.tk * D;
+  const T* v_rows = p.v + b * s.tk * D;
+  const int64_t last = (q0 + kTile < s.tq ? q0 + kTile : s.tq) - 1;
+  const int64_t keys = ops::attention_keys_seen(s, last);
+  if constexpr (kAsync) {  // the first tiles of K and V on their way into buffer 0
+    if (keys > 0) {
+      copy_rows_async<D>(tiles_s, k_rows, 0, s.tk);
+      copy_rows_async<D>(tiles_s + G::kTileElements, v_rows, 0, s.tk);
+    }
+    commit_async();
+  }
+  // Q and dO staged through a buffer of the K and V tiles (kAsync: the second), then held as A
+  // fragments.
+  uint16_t* stage = tiles_s + (kAsync ? 2 * G::kTileElements : 0);
+  load_rows<D>(stage, p.q + b * s.tq * D, q0, s.tq);
+  load_rows<D>(stage + G::kTileElements, p.d_o + b * s.tq * D, q0, s.tq);
   attention_tiles::load_rows(lse_s, delta_s, p.lse + b * s.tq, p.delta + b * s.tq, q0, s.tq);
   __syncthreads();
   uint32_t qa[D / 16][4], doa[D / 16][4];
-  a_fragments<D>(ks, qa);
-  a_fragments<D>(vs, doa);
+  a_fragments<D>(stage, qa);
+  a_fragments<D>(stage + G::kTileElements, doa);
+  if constexpr (kAsync) __syncthreads();  // every warp has its fragments: the buffer is free
   const int local[2] = {16 * l.warp + l.g, 16 * l.warp + l.g + 8};
   const float row_lse[2] = {lse_s[local[0]], lse_s[local[1]]};
   const float row_delta[2] = {delta_s[local[0]], delta_s[local[1]]};
@@ -386,14 +463,25 @@ __global__ void __launch_bounds__(kBlockThreads)
   const float scale_log2 = s.scale * kLog2e;
   const float row_lse2[2] = {row_lse[0] * kLog2e, row_lse[1] * kLog2e};
   float acc[D / 8][4] = {};
-  const int64_t last = (q0 + kTile < s.tq ? q0 + kTile : s.tq) - 1;
-  const int64_t keys = ops::attention_keys_seen(s, last);
-  for (int64_t k0 = 0; k0 < keys; k0 += kTile) {
-    __syncthreads();  // every warp has its fragments, and is done with the last tiles
-    load_rows<D>(ks, p.k + b * s.tk * D, k0, s.tk);
-    if constexpr (!kLdmatrix) load_transposed<D>(kt, p.k + b * s.tk * D, k0, s.tk);
-    load_rows<D>(vs, p.v + b * s.tk * D, k0, s.tk);
-    __syncthreads();
+  for (int64_t k0 = 0, tile = 0; k0 < keys; k0 += kTile, ++tile) {
+    uint16_t* ks = tiles_s + (kAsync ? 2 * G::kTileElements * (tile % 2) : 0);
+    uint16_t* vs = ks + G::kTileElements;
+    if constexpr (kAsync) {
+      if (k0 + kTile < keys) {  // the next tiles into the other buffer
+        uint16_t* next = tiles_s + 2 * G::kTileElements * ((tile + 1) % 2);
+        copy_rows_async<D>(next, k_rows, k0 + kTile, s.tk);
+        copy_rows_async<D>(next + G::kTileElements, v_rows, k0 + kTile, s.tk);
+      }
+      commit_async();
+      wait_async_but_newest();
+      __syncthreads();
+    } else {
+      __syncthreads();  // every warp has its fragments, and is done with the last tiles
+      load_rows<D>(ks, k_rows, k0, s.tk);
+      if constexpr (!kLdmatrix) load_transposed<D>(kt, k_rows, k0, s.tk);
+      load_rows<D>(vs, v_rows, k0, s.tk);
+      __syncthreads();
+    }
     float x[8][4], dp[8][4];
     products_abt<D, T>(qa, ks, x);
     products_abt<D, T>(doa, vs, dp);
@@ -410,6 +498,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         x[j][c] = s.scale * prob * (dp[j][c] - row_delta[h]);
       }
     accumulate<kLdmatrix, D, T>(x, ks, kt, acc);  // dQ += dS K
+    if constexpr (kAsync) __syncthreads();        // this buffer is free for the tile after next
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -419,43 +508,76 @@ __global__ void __launch_bounds__(kBlockThreads)
 // dK and dV of 64 keys: per query tile S^T = K Q^T and dP^T = V dO^T, P^T from each query's
 // lse, dS^T = scale P^T (dP^T - D), dV += P^T dO and dK += dS^T Q. Shared: Q and dO row-major
 // and transposed, each query's lse and D.
-template <int D, class T, bool kLdmatrix, bool kFast>
+// kAsync (with kLdmatrix): shared [Q0][dO0][Q1][dO1], then lse and D twice ([lse0][D0][lse1][D1]).
+template <int D, class T, bool kLdmatrix, bool kFast, bool kAsync>
 __global__ void __launch_bounds__(kBlockThreads)
     dkv_kernel(ops::AttentionDims s, TilePointers<T> p, T* dk, T* dv) {
+  static_assert(!kAsync || kLdmatrix, "cp.async copies row-major tiles only");
   using G = MmaGeometry<D>;
   extern __shared__ uint4 shared_words[];
-  uint16_t* qs = reinterpret_cast<uint16_t*>(shared_words);
-  uint16_t* dos = qs + G::kTileElements;
+  uint16_t* tiles_s = reinterpret_cast<uint16_t*>(shared_words);
   // Q and dO transposed (not kept with kLdmatrix).
-  uint16_t* qt = dos + G::kTileElements;
+  uint16_t* qt = tiles_s + G::kTileElements * (kAsync ? 4 : 2);
   uint16_t* dot = qt + (kLdmatrix ? 0 : G::kTransposedElements);
-  float* lse_s = reinterpret_cast<float*>(dot + (kLdmatrix ? 0 : G::kTransposedElements));
-  float* delta_s = lse_s + kTile;
+  float* rows_s = reinterpret_cast<float*>(dot + (kLdmatrix ? 0 : G::kTransposedElements));
   const auto [b, k0] = block_tile(s.tk);
   const int64_t plane = ops::attention_mask_plane(s, b);
   const Lane l = lane_of();
-  // K and V staged through the Q and dO tiles' memory, then held as A fragments.
-  load_rows<D>(qs, p.k + b * s.tk * D, k0, s.tk);
-  load_rows<D>(dos, p.v + b * s.tk * D, k0, s.tk);
-  __syncthreads();
-  uint32_t ka[D / 16][4], va[D / 16][4];
-  a_fragments<D>(qs, ka);
-  a_fragments<D>(dos, va);
-  const int64_t key[2] = {k0 + 16 * l.warp + l.g, k0 + 16 * l.warp + l.g + 8};
-  float acc_k[D / 8][4] = {}, acc_v[D / 8][4] = {};
+  const T* q_rows = p.q + b * s.tq * D;
+  const T* do_rows = p.d_o + b * s.tq * D;
   // The first query tile with a query that sees key k0 (causal: from query k0 on).
   const int64_t first = (ops::attention_first_query(s, k0) / kTile) * kTile;
-  const float scale_log2 = s.scale * kLog2e;
-  for (int64_t q0 = first; q0 < s.tq; q0 += kTile) {
-    __syncthreads();  // every warp has its fragments, and is done with the last tiles
-    load_rows<D>(qs, p.q + b * s.tq * D, q0, s.tq);
-    load_rows<D>(dos, p.d_o + b * s.tq * D, q0, s.tq);
-    if constexpr (!kLdmatrix) {
-      load_transposed<D>(qt, p.q + b * s.tq * D, q0, s.tq);
-      load_transposed<D>(dot, p.d_o + b * s.tq * D, q0, s.tq);
+  if constexpr (kAsync) {  // the first tiles of Q and dO (and their rows' lse, D) into buffer 0
+    if (first < s.tq) {
+      copy_rows_async<D>(tiles_s, q_rows, first, s.tq);
+      copy_rows_async<D>(tiles_s + G::kTileElements, do_rows, first, s.tq);
+      attention_tiles::load_rows(rows_s, rows_s + kTile, p.lse + b * s.tq, p.delta + b * s.tq,
+                                 first, s.tq);
     }
-    attention_tiles::load_rows(lse_s, delta_s, p.lse + b * s.tq, p.delta + b * s.tq, q0, s.tq);
-    __syncthreads();
+    commit_async();
+  }
+  // K and V staged through a buffer of the Q and dO tiles (kAsync: the second), then held as A
+  // fragments.
+  uint16_t* stage = tiles_s + (kAsync ? 2 * G::kTileElements : 0);
+  load_rows<D>(stage, p.k + b * s.tk * D, k0, s.tk);
+  load_rows<D>(stage + G::kTileElements, p.v + b * s.tk * D, k0, s.tk);
+  __syncthreads();
+  uint32_t ka[D / 16][4], va[D / 16][4];
+  a_fragments<D>(stage, ka);
+  a_fragments<D>(stage + G::kTileElements, va);
+  if constexpr (kAsync) __syncthreads();  // every warp has its fragments: the buffer is free
+  const int64_t key[2] = {k0 + 16 * l.warp + l.g, k0 + 16 * l.warp + l.g + 8};
+  float acc_k[D / 8][4] = {}, acc_v[D / 8][4] = {};
+  const float scale_log2 = s.scale * kLog2e;
+  for (int64_t q0 = first, tile = 0; q0 < s.tq; q0 += kTile, ++tile) {
+    const int buffer = kAsync ? static_cast<int>(tile % 2) : 0;
+    uint16_t* qs = tiles_s + 2 * G::kTileElements * buffer;
+    uint16_t* dos = qs + G::kTileElements;
+    float* lse_s = rows_s + 2 * kTile * buffer;
+    float* delta_s = lse_s + kTile;
+    if constexpr (kAsync) {
+      if (q0 + kTile < s.tq) {  // the next tiles into the other buffer
+        uint16_t* next = tiles_s + 2 * G::kTileElements * (1 - buffer);
+        copy_rows_async<D>(next, q_rows, q0 + kTile, s.tq);
+        copy_rows_async<D>(next + G::kTileElements, do_rows, q0 + kTile, s.tq);
+        float* next_rows = rows_s + 2 * kTile * (1 - buffer);
+        attention_tiles::load_rows(next_rows, next_rows + kTile, p.lse + b * s.tq,
+                                   p.delta + b * s.tq, q0 + kTile, s.tq);
+      }
+      commit_async();
+      wait_async_but_newest();
+      __syncthreads();
+    } else {
+      __syncthreads();  // every warp has its fragments, and is done with the last tiles
+      load_rows<D>(qs, q_rows, q0, s.tq);
+      load_rows<D>(dos, do_rows, q0, s.tq);
+      if constexpr (!kLdmatrix) {
+        load_transposed<D>(qt, q_rows, q0, s.tq);
+        load_transposed<D>(dot, do_rows, q0, s.tq);
+      }
+      attention_tiles::load_rows(lse_s, delta_s, p.lse + b * s.tq, p.delta + b * s.tq, q0, s.tq);
+      __syncthreads();
+    }
     float x[8][4], dp[8][4];
     products_abt<D, T>(ka, qs, x);
     products_abt<D, T>(va, dos, dp);
@@ -474,6 +596,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       }
     accumulate<kLdmatrix, D, T>(x, dos, dot, acc_v);  // dV += P^T dO
     accumulate<kLdmatrix, D, T>(dp, qs, qt, acc_k);   // dK += dS^T Q
+    if constexpr (kAsync) __syncthreads();            // this buffer is free for the tile after next
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -484,22 +607,24 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 // Shared bytes of each kernel: its 16-bit tiles, and for the gradients each row's lse and D.
-template <int D, bool kLdmatrix>
+// kAsync: the streamed tiles (and dK/dV's lse and D) twice.
+template <int D, bool kLdmatrix, bool kAsync>
 constexpr size_t forward_bytes() {
-  return 2 * (2 * MmaGeometry<D>::kTileElements +
-              (kLdmatrix ? MmaGeometry<D>::kTileElements : MmaGeometry<D>::kTransposedElements));
+  return 2 * ((kAsync ? 3 : 2) * MmaGeometry<D>::kTileElements +
+              (kLdmatrix ? MmaGeometry<D>::kTileElements : MmaGeometry<D>::kTransposedElements) *
+                  (kAsync ? 2 : 1));
 }
-template <int D, bool kLdmatrix>
+template <int D, bool kLdmatrix, bool kAsync>
 constexpr size_t dq_bytes() {
-  return 2 * (2 * MmaGeometry<D>::kTileElements +
+  return 2 * ((kAsync ? 4 : 2) * MmaGeometry<D>::kTileElements +
               (kLdmatrix ? 0 : MmaGeometry<D>::kTransposedElements)) +
          2 * kTile * sizeof(float);
 }
-template <int D, bool kLdmatrix>
+template <int D, bool kLdmatrix, bool kAsync>
 constexpr size_t dkv_bytes() {
-  return 2 * (2 * MmaGeometry<D>::kTileElements +
+  return 2 * ((kAsync ? 4 : 2) * MmaGeometry<D>::kTileElements +
               (kLdmatrix ? 0 : 2 * MmaGeometry<D>::kTransposedElements)) +
-         2 * kTile * sizeof(float);
+         (kAsync ? 4 : 2) * kTile * sizeof(float);
 }
 
 template <class T>
@@ -528,32 +653,32 @@ bool launch_mma(Kernel kernel, int64_t blocks, size_t bytes, cudaStream_t stream
   return true;
 }
 
-// body(kLdmatrix, kFast) as std::bool_constants: `ldmatrix`, and kFast unless
-// $STAGECRAFT_ATTENTION_KERNELS=mma-expf.
+// body(kLdmatrix, kFast, kAsync) as std::bool_constants for `tiles`, kFast unless
+// $STAGECRAFT_ATTENTION_KERNELS=mma-expf (which asks for kTransposed: mma-async is kFast only).
 template <class Body>
-bool with_variant(bool ldmatrix, Body body) {
+bool with_variant(MmaTiles tiling, Body body) {
+  using T = std::true_type;
+  using F = std::false_type;
+  if (tiling == MmaTiles::kAsync) return body(T{}, T{}, T{});
   const bool fast = !every_element_attention_chosen();
-  if (ldmatrix)
-    return fast ? body(std::true_type{}, std::true_type{})
-                : body(std::true_type{}, std::false_type{});
-  return fast ? body(std::false_type{}, std::true_type{})
-              : body(std::false_type{}, std::false_type{});
+  if (tiling == MmaTiles::kLdmatrix) return fast ? body(T{}, T{}, F{}) : body(T{}, F{}, F{});
+  return fast ? body(F{}, T{}, F{}) : body(F{}, F{}, F{});
 }
 
 }  // namespace
 
 // Each: 16-byte reads of the 16-bit operands, 4-byte writes of the outputs.
 bool mma_attention_forward(const ops::AttentionDims& s, const HalfAttentionPointers& p, uint16_t* o,
-                           float* lse, bool ldmatrix, cudaStream_t stream) {
+                           float* lse, MmaTiles tiling, cudaStream_t stream) {
   if (!vector_aligned({p.q, p.k, p.v, o}, 16)) return false;
   return with_16bit(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     return with_head_size(s, [&](auto h) {
       constexpr int D = decltype(h)::value;
       const int64_t blocks = s.batch * tiles(s.tq);
-      return with_variant(ldmatrix, [&](auto ld, auto fast) {
-        return launch_mma(forward_kernel<D, T, ld.value, fast.value>, blocks,
-                          forward_bytes<D, ld.value>(), stream, s, tile_pointers<T>(p),
+      return with_variant(tiling, [&](auto ld, auto fast, auto async) {
+        return launch_mma(forward_kernel<D, T, ld.value, fast.value, async.value>, blocks,
+                          forward_bytes<D, ld.value, async.value>(), stream, s, tile_pointers<T>(p),
                           reinterpret_cast<T*>(o), lse);
       });
     });
@@ -561,23 +686,24 @@ bool mma_attention_forward(const ops::AttentionDims& s, const HalfAttentionPoint
 }
 
 bool mma_attention_dq(const ops::AttentionDims& s, const HalfAttentionPointers& p, uint16_t* dq,
-                      bool ldmatrix, cudaStream_t stream) {
+                      MmaTiles tiling, cudaStream_t stream) {
   if (!vector_aligned({p.q, p.k, p.v, p.d_o, dq}, 16)) return false;
   return with_16bit(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     return with_head_size(s, [&](auto h) {
       constexpr int D = decltype(h)::value;
       const int64_t blocks = s.batch * tiles(s.tq);
-      return with_variant(ldmatrix, [&](auto ld, auto fast) {
-        return launch_mma(dq_kernel<D, T, ld.value, fast.value>, blocks, dq_bytes<D, ld.value>(),
-                          stream, s, tile_pointers<T>(p), reinterpret_cast<T*>(dq));
+      return with_variant(tiling, [&](auto ld, auto fast, auto async) {
+        return launch_mma(dq_kernel<D, T, ld.value, fast.value, async.value>, blocks,
+                          dq_bytes<D, ld.value, async.value>(), stream, s, tile_pointers<T>(p),
+                          reinterpret_cast<T*>(dq));
       });
     });
   });
 }
 
 bool mma_attention_dkv(const ops::AttentionDims& s, const HalfAttentionPointers& p, uint16_t* dk,
-                       uint16_t* dv, bool ldmatrix, cudaStream_t stream) {
+                       uint16_t* dv, MmaTiles tiling, cudaStream_t stream) {
   if (!vector_aligned({p.q, p.k, p.v, p.d_o, dk, dv}, 16)) return false;
   return with_16bit(p.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -586,9 +712,10 @@ bool mma_attention_dkv(const ops::AttentionDims& s, const HalfAttentionPointers&
       const int64_t blocks = s.batch * tiles(s.tk);
       T* k = reinterpret_cast<T*>(dk);
       T* v = reinterpret_cast<T*>(dv);
-      return with_variant(ldmatrix, [&](auto ld, auto fast) {
-        return launch_mma(dkv_kernel<D, T, ld.value, fast.value>, blocks, dkv_bytes<D, ld.value>(),
-                          stream, s, tile_pointers<T>(p), k, v);
+      return with_variant(tiling, [&](auto ld, auto fast, auto async) {
+        return launch_mma(dkv_kernel<D, T, ld.value, fast.value, async.value>, blocks,
+                          dkv_bytes<D, ld.value, async.value>(), stream, s, tile_pointers<T>(p), k,
+                          v);
       });
     });
   });

@@ -58,15 +58,14 @@ bool tiled_attention_dkv(const ops::AttentionDims& dims, const HalfAttentionPoin
 /// before they multiply); false, launching nothing, where they do not take the node (heads of 32,
 /// 64 or 128 with d = dv, operands 16-byte aligned). The default for 16-bit nodes since an H200
 /// checked them against the CPU and under racecheck and measured them (bench/RESULTS.md);
-/// $STAGECRAFT_ATTENTION_KERNELS=tiled runs the tiled ones instead. `ldmatrix`: the products'
-/// B fragments read from the row-major tiles by ldmatrix.trans rather than from transposed
-/// copies (attention_mma.cu; =mma-ldmatrix, until a GPU has checked it).
+/// $STAGECRAFT_ATTENTION_KERNELS=tiled runs the tiled ones instead. `tiling`: how the streamed
+/// tiles reach shared memory and the products' B fragments (MmaTiles).
 bool mma_attention_forward(const ops::AttentionDims& dims, const HalfAttentionPointers& p,
-                           uint16_t* o, float* lse, bool ldmatrix, cudaStream_t stream);
+                           uint16_t* o, float* lse, MmaTiles tiling, cudaStream_t stream);
 bool mma_attention_dq(const ops::AttentionDims& dims, const HalfAttentionPointers& p, uint16_t* dq,
-                      bool ldmatrix, cudaStream_t stream);
+                      MmaTiles tiling, cudaStream_t stream);
 bool mma_attention_dkv(const ops::AttentionDims& dims, const HalfAttentionPointers& p, uint16_t* dk,
-                       uint16_t* dv, bool ldmatrix, cudaStream_t stream);
+                       uint16_t* dv, MmaTiles tiling, cudaStream_t stream);
 
 /// launch_attention_delta for 16-bit dO and O (`dtype`); false for another dtype.
 bool launch_attention_delta(DType dtype, const uint16_t* d_o, const uint16_t* o, const float* dlse,

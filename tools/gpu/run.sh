@@ -22,13 +22,14 @@
 # attention: the fused attention kernels one version at a time against the CPU backend's
 #   (STAGECRAFT_ATTENTION_KERNELS: mma, the default, 16-bit nodes on the tensor cores, skipping
 #   the mask rules on unmasked tiles and taking exp2f, not yet checked; mma-ldmatrix, the same
-#   reading B fragments by ldmatrix.trans, not yet checked; mma-expf, the tensor-core kernels
+#   reading B fragments by ldmatrix.trans, not yet checked; mma-async, those with the next tile
+#   copied by cp.async while the current one is computed on, not yet checked; mma-expf, the tensor-core kernels
 #   as checked on 2026-11-30 (the rules and expf on every score); tiled; tensor-core, float32
 #   nodes in tf32; plain), then racecheck over all but plain (they share tiles through shared
 #   memory), the newest first.
 # attention-step: GPT-2 mixed's step (the torch part's plan) with its 16-bit attention on the
 #   tiled kernels and on the tensor cores (STAGECRAFT_ATTENTION_KERNELS=tiled, =mma-expf, =mma,
-#   =mma-ldmatrix).
+#   =mma-ldmatrix, =mma-async).
 # mpi-bench: GPU ranks under mpirun against one process (bench/mpi_ranks.sh, BACKEND=cuda).
 # bench: 2- and 4-stage pipelines sharing the GPU, planned from a --profile cuda database:
 #   measured step and bubble against the plan's prediction (stagerun --json).
@@ -190,11 +191,11 @@ if [[ $parts == *" checks "* ]]; then
 fi
 
 if [[ $parts == *" attention "* ]]; then
-  for kernels in mma mma-ldmatrix mma-expf tiled tensor-core plain; do
+  for kernels in mma mma-ldmatrix mma-async mma-expf tiled tensor-core plain; do
     STAGECRAFT_ATTENTION_KERNELS=$kernels check "attention ($kernels)" 120 stagecraft_gpu_attention_tests
   done
   if command -v compute-sanitizer >/dev/null; then
-    for kernels in mma mma-ldmatrix mma-expf tiled tensor-core; do
+    for kernels in mma mma-ldmatrix mma-async mma-expf tiled tensor-core; do
       STAGECRAFT_ATTENTION_KERNELS=$kernels check "racecheck attention ($kernels)" 120 \
         compute-sanitizer --tool racecheck --error-exitcode 1 stagecraft_gpu_attention_tests
     done
@@ -290,7 +291,7 @@ fi
 if [[ $parts == *" attention-step "* ]]; then
   plan=$work/torch/gpt2-mixed-plan
   if [ -d "$plan" ]; then
-    for kernels in tiled mma-expf mma mma-ldmatrix; do
+    for kernels in tiled mma-expf mma mma-ldmatrix mma-async; do
       if STAGECRAFT_ATTENTION_KERNELS=$kernels check "gpt2 mixed, attention $kernels" 120 \
         stagerun "$plan" --backend cuda --steps 9 --json -q; then
         summarise "gpt2 mixed, attention $kernels"
