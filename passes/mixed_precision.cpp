@@ -18,7 +18,15 @@
 //   In float16 (fp16 plans) the opset-17 Conv takes it as it is.
 // A node runs in float32 (Casts around it) when its numerics or its contract need it:
 // - the loss (nodes named "loss/..." that passes/loss.cpp appends) and any node writing a
-//   graph output: the loss stagerun reports and the outputs a caller reads keep their float32;
+//   graph output: the loss stagerun reports and the outputs a caller reads keep their float32.
+//   A SoftmaxCrossEntropyLoss whose scores arrive in 16 bits (a language model's head, through
+//   the loss pass's Reshape or Transpose into the op's layout, which then moves them in 16
+//   bits) becomes our domain's SoftmaxCrossEntropyLoss (fused_sixteen_bit) reading them as they
+//   are: its loss and log-probabilities stay float32 and the kernels compute in float32 from
+//   the exact widening of each score, as the Cast before it did, so the loss is the same to the
+//   bit; but the backward keeps the 16-bit scores, not a float32 copy (GPT-2's 8192 x 50257
+//   logits: 0.8 GB against 1.6 GB), and the gradient is written in 16 bits with no CastGrad.
+//   The stage file spells it as the standard op after a Cast (compiler/plan/loss_function.h);
 // - BatchNormalization before opset 15, whose schema ties its statistics' type to X's: its
 //   running statistics are float32 weights it writes back into. From opset 15 on (X and Y one
 //   type constraint, Scale and B another, the statistics a third) X and Y are bfloat16 and the
@@ -101,6 +109,10 @@ class Rewriter {
           node.domain.empty() || node.domain == "ai.onnx"
               ? onnx::OpSchemaRegistry::Schema(node.op_type, static_cast<int>(opset), "")
               : nullptr;
+      if (reads_sixteen_bit_scores(graph_, node) && graph_.value(node.inputs[0]).dtype == half_) {
+        sixteen_bit_loss(id);
+        continue;
+      }
       const bool may_half = schema != nullptr && !needs_float32(graph_, node);  // passes.h
       if (may_half && node.op_type == "Conv" && !allows(*schema, "T", half_type_)) {
         sixteen_bit_conv(id);
@@ -205,6 +217,14 @@ class Rewriter {
     retype_fused(id, *fused_sixteen_bit(graph_.node(id)));
   }
 
+  /// A loss on 16-bit scores becomes our domain's SoftmaxCrossEntropyLoss, which reads them in
+  /// 16 bits; its other float operands (class weights, loss, log-probabilities) stay float32.
+  void sixteen_bit_loss(ir::NodeId id) {
+    graph_.node(id).domain = std::string(grad::kGradDomain);
+    graph_.opset_imports[std::string(grad::kGradDomain)] = grad::kGradDomainVersion;
+    retype_fused(id, *fused_sixteen_bit(graph_.node(id)));
+  }
+
   /// A Cast to float32 in a node that runs in 16 bits becomes a Cast to the 16-bit type.
   void retype_cast(ir::NodeId id) {
     ir::Node& node = graph_.node(id);
@@ -281,12 +301,25 @@ bool SixteenBitOperands::output(size_t k) const {
 }
 
 const SixteenBitOperands* fused_sixteen_bit(const ir::Node& node) {
-  static const SixteenBitOperands attention{{0, 1, 2}, {0}}, gelu{{0}, {0}}, conv{{0, 1, 2}, {0}};
+  static const SixteenBitOperands attention{{0, 1, 2}, {0}}, gelu{{0}, {0}}, conv{{0, 1, 2}, {0}},
+      loss{{0}, {}};
   if (node.domain != grad::kGradDomain) return nullptr;
   if (node.op_type == "Attention") return &attention;
   if (node.op_type == "Gelu") return &gelu;
   if (node.op_type == "Conv") return &conv;
+  if (node.op_type == "SoftmaxCrossEntropyLoss") return &loss;
   return nullptr;
+}
+
+bool reads_sixteen_bit_scores(const ir::Graph& graph, const ir::Node& node) {
+  if (node.op_type != "SoftmaxCrossEntropyLoss" || node.inputs.empty() ||
+      node.inputs[0] == ir::kNoId)
+    return false;
+  if (node.domain == grad::kGradDomain) return true;
+  if ((!node.domain.empty() && node.domain != "ai.onnx") || graph.opset < 13) return false;
+  const ir::ValueId scores = node.inputs[0];
+  const ir::NodeId producer = graph.value(scores).producer;
+  return producer != ir::kNoId && !needs_float32(graph, graph.node(producer));
 }
 
 const SixteenBitOperands* sixteen_bit_operands(const ir::Graph& graph, const ir::Node& node) {
@@ -297,10 +330,29 @@ const SixteenBitOperands* sixteen_bit_operands(const ir::Graph& graph, const ir:
   return fused_sixteen_bit(node);
 }
 
+namespace {
+
+/// The loss pass's Reshape or Transpose of the scores into SoftmaxCrossEntropyLoss's layout
+/// (passes/loss.cpp), read by losses only: it moves 16-bit scores as they are.
+bool loss_scores_view(const ir::Graph& graph, const ir::Node& node) {
+  if ((node.op_type != "Reshape" && node.op_type != "Transpose") || node.outputs.empty() ||
+      node.outputs[0] == ir::kNoId)
+    return false;
+  const ir::Value& out = graph.value(node.outputs[0]);
+  if (out.is_graph_output || out.consumers.empty()) return false;
+  return std::all_of(out.consumers.begin(), out.consumers.end(), [&](ir::NodeId r) {
+    const ir::Node& reader = graph.node(r);
+    return reader.op_type == "SoftmaxCrossEntropyLoss" && !reader.inputs.empty() &&
+           reader.inputs[0] == node.outputs[0];
+  });
+}
+
+}  // namespace
+
 bool needs_float32(const ir::Graph& graph, const ir::Node& node) {
   if (!node.domain.empty() && node.domain != "ai.onnx" && !fused_sixteen_bit(node)) return true;
   if (node.op_type == "BatchNormalization" && !sixteen_bit_operands(graph, node)) return true;
-  if (node.name.rfind("loss/", 0) == 0) return true;
+  if (node.name.rfind("loss/", 0) == 0 && !loss_scores_view(graph, node)) return true;
   for (ir::ValueId out : node.outputs)
     if (out != ir::kNoId && graph.value(out).is_graph_output) return true;
   return false;

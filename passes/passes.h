@@ -33,9 +33,18 @@ struct SixteenBitOperands {
 
 /// For a fused op that computes on 16-bit activations (Attention: Q, K, V and O, its additive
 /// mask and per-query log-sum-exp float32; Gelu: X and Y; the mixed-precision pass's 16-bit Conv
-/// of our domain: X, W, B and Y), which operands; null for every other node (those go by their
+/// of our domain: X, W, B and Y; its SoftmaxCrossEntropyLoss of our domain: the scores), which
+/// operands; null for every other node (those go by their
 /// ONNX schema or stay float32).
 const SixteenBitOperands* fused_sixteen_bit(const ir::Node& node);
+
+/// Whether `node` is (or the mixed-precision pass makes it) a SoftmaxCrossEntropyLoss that reads
+/// its scores in 16 bits: our domain's, or the standard op (opset 13 on) whose scores a node
+/// running in 16 bits makes (not needs_float32: a language model's head). The pass turns such a
+/// standard node into ours (fused_sixteen_bit: scores 16-bit; class weights, loss and
+/// log-probabilities float32) when the scores are 16-bit by then; the planner's memory model
+/// keeps its scores in 16 bits for the backward, as the runtime does.
+bool reads_sixteen_bit_scores(const ir::Graph& graph, const ir::Node& node);
 
 /// fused_sixteen_bit's operands, and those of the standard ops whose schema gives their
 /// activations a type constraint of their own: BatchNormalization from opset 15 (X and Y; Scale,

@@ -289,7 +289,7 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
     // fused op or BatchNormalization it does not name (passes::sixteen_bit_operands: Attention's
     // mask and log-sum-exp, BatchNormalization's running statistics). Such an output stays
     // float32, with a 16-bit copy for 16-bit readers; such an input of a 16-bit producer is read
-    // through a float32 copy.
+    // through a float32 copy (but a loss's 16-bit scores).
     const bool sixteen = float_bytes_divisor > 1;
     const bool float32_node = sixteen && passes::needs_float32(g, node);
     const passes::SixteenBitOperands* fused =
@@ -314,9 +314,13 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
           out += g.value(v).bytes() / float_bytes_divisor;
       }
     }
+    // A loss on 16-bit scores reads them as they are (passes::reads_sixteen_bit_scores): the
+    // backward keeps the producer's 16-bit output, counted with it, and no float32 copy.
+    const bool sixteen_bit_scores = sixteen && passes::reads_sixteen_bit_scores(g, node);
     for (std::size_t k = 0; k < node.inputs.size(); ++k) {
       const ir::ValueId in = node.inputs[k];
-      const bool float32_input = float32_node || (fused && !fused->input(k));
+      const bool float32_input =
+          (float32_node || (fused && !fused->input(k))) && !(k == 0 && sixteen_bit_scores);
       if (!float32_input || in == ir::kNoId || g.value(in).is_initializer() || !is_float(in) ||
           g.value(in).producer == ir::kNoId ||
           passes::needs_float32(g, g.node(g.value(in).producer)) ||

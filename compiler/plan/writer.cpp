@@ -1,10 +1,10 @@
 // Writes a plan directory: stage files, plan.json and schedule.json, replaced atomically.
 #include <fcntl.h>
 #include <signal.h>
-#include <cerrno>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -13,10 +13,11 @@
 #include "compiler/plan/attention_function.h"
 #include "compiler/plan/conv_function.h"
 #include "compiler/plan/gelu_function.h"
+#include "compiler/plan/loss_function.h"
 #include "compiler/plan/planner.h"
-#include "passes/autodiff.h"
 #include "compiler/plan/stage_files.h"
 #include "compiler/plan/stage_weights.h"
+#include "passes/autodiff.h"
 #include "runtime/format/error.h"
 
 namespace stagecraft::plan {
@@ -143,11 +144,12 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
       place_stage_weights(model, planned.model.graph, staging, stage, p.weight_files, writing,
                           placed, static_cast<int>(p.stages.size()));
       placed += stage.weights_bytes;
-      // Fused Attention and Gelu nodes and 16-bit Convs come with their standard-op body, so the
-      // file stays plain ONNX.
+      // Fused Attention and Gelu nodes, 16-bit Convs and a loss on 16-bit scores come with their
+      // standard-op body, so the file stays plain ONNX.
       add_attention_function(model);
       add_gelu_function(model);
       add_conv_function(model);
+      add_loss_function(model);
       fs::path file = staging / stage.file;
       write_file(file, model.SerializeAsString());
       sync_path(file);
@@ -160,6 +162,7 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
         add_attention_function(backward);
         add_gelu_function(backward);
         add_conv_function(backward);
+        add_loss_function(backward);
         write_file(bwd, backward.SerializeAsString());
         if (p.shard_optimizer) stage.optimizer_shards = shards_of(model, backward, stage, p);
         sync_path(bwd);

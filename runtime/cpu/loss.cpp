@@ -1,5 +1,9 @@
 // Losses: SoftmaxCrossEntropyLoss (opset 13 semantics) and its gradient
 // SoftmaxCrossEntropyLossGrad (contract: runtime/format/grad_ops.h), in plain C++ on float32.
+// The scores may be 16-bit (a mixed plan's loss, passes::reads_sixteen_bit_scores): each is
+// widened exactly as it is read, the loss and log-probabilities stay float32, and the scores'
+// gradient is computed in float32 and rounded once to their type: what a Cast to float32
+// before the op and its gradient after give, to the bit.
 //
 // Scores [N, C, D1, ...] are read as [N, C, D] (D = D1 * ...), labels [N, D1, ...] as [N, D].
 // Each position (n, d) has the log-softmax over C, a label t and a weight w: weights[t] (1
@@ -11,9 +15,11 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/cpu/cpu_context.h"
+#include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/families.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
@@ -25,6 +31,11 @@ namespace {
 
 using ops::LossReduction;
 
+using eltwise::BFloat16;
+using eltwise::Half;
+using eltwise::to_bfloat16;
+using eltwise::to_float;
+using eltwise::to_half;
 using ops::SceProblem;
 
 // Reads the node's scores, labels and optional weights (inputs 0, 1, 2 of `in`).
@@ -40,13 +51,38 @@ SceProblem sce_problem(const KernelArgs& a, const Tensor& scores, const Tensor& 
   return p;
 }
 
+// A score as float32: float32 as it is, 16-bit floats widened exactly.
+inline float value(float v) { return v; }
+inline float value(BFloat16 v) { return to_float(v); }
+inline float value(Half v) { return to_float(v); }
+
+// float32 rounded to the scores' type.
+template <class S>
+inline S stored(float v) {
+  if constexpr (std::is_same_v<S, BFloat16>)
+    return to_bfloat16(v);
+  else if constexpr (std::is_same_v<S, Half>)
+    return to_half(v);
+  else
+    return v;
+}
+
 // log(sum(exp(x))) over the C values x[k * stride], computed as max + log(sum(exp(x - max))).
-inline float log_normalizer(const float* x, int64_t c, int64_t stride) {
-  float mx = x[0];
-  for (int64_t k = 1; k < c; ++k) mx = std::max(mx, x[k * stride]);
+template <class S>
+inline float log_normalizer(const S* x, int64_t c, int64_t stride) {
+  float mx = value(x[0]);
+  for (int64_t k = 1; k < c; ++k) mx = std::max(mx, value(x[k * stride]));
   double s = 0;
-  for (int64_t k = 0; k < c; ++k) s += std::exp(static_cast<double>(x[k * stride] - mx));
+  for (int64_t k = 0; k < c; ++k) s += std::exp(static_cast<double>(value(x[k * stride]) - mx));
   return mx + static_cast<float>(std::log(s));
+}
+
+// Calls body(S{}) with the scores' element type (float, BFloat16 or Half).
+template <class Body>
+void with_scores(DType dtype, Body body) {
+  if (dtype == DType::kBFloat16) return body(BFloat16{});
+  if (dtype == DType::kFloat16) return body(Half{});
+  return body(float{});
 }
 
 void sce(const KernelArgs& a) {
@@ -57,25 +93,28 @@ void sce(const KernelArgs& a) {
   expect_shape(a, 0, ops::sce_loss_shape(p, labels));
   Tensor* log_prob = a.out.size() > 1 ? a.out[1] : nullptr;
   if (log_prob) expect_shape(a, 1, scores.shape);
-  const float* x = scores.as<float>();
   float* loss = a.out[0]->as<float>();
   float* lp = log_prob ? log_prob->as<float>() : nullptr;
   const int64_t positions = p.n * p.d, C = p.c, D = p.d;
   if (C == 0 && positions > 0)
     fail(ErrorKind::kShape, "{}: scores {} have no classes", a.op_type, scores.describe());
   double total = 0;
+  with_scores(scores.dtype, [&](auto tag) {
+    using S = decltype(tag);
+    const S* x = static_cast<const S*>(static_cast<const void*>(scores.data));
 #pragma omp parallel for reduction(+ : total) if (positions * C > 32768)
-  for (int64_t i = 0; i < positions; ++i) {
-    const int64_t n = i / D, d = i % D;
-    const float* xi = x + n * C * D + d;
-    const float norm = log_normalizer(xi, C, D);
-    if (lp)
-      for (int64_t k = 0; k < C; ++k) lp[n * C * D + k * D + d] = xi[k * D] - norm;
-    float l = 0.0f;
-    if (p.weights[i] != 0.0f) l = -p.weights[i] * (xi[p.labels[i] * D] - norm);
-    if (p.reduction == LossReduction::kNone) loss[i] = l;
-    total += l;
-  }
+    for (int64_t i = 0; i < positions; ++i) {
+      const int64_t n = i / D, d = i % D;
+      const S* xi = x + n * C * D + d;
+      const float norm = log_normalizer(xi, C, D);
+      if (lp)
+        for (int64_t k = 0; k < C; ++k) lp[n * C * D + k * D + d] = value(xi[k * D]) - norm;
+      float l = 0.0f;
+      if (p.weights[i] != 0.0f) l = -p.weights[i] * (value(xi[p.labels[i] * D]) - norm);
+      if (p.reduction == LossReduction::kNone) loss[i] = l;
+      total += l;
+    }
+  });
   if (p.reduction == LossReduction::kSum) loss[0] = static_cast<float>(total);
   if (p.reduction == LossReduction::kMean)
     loss[0] = p.weight_sum != 0 ? static_cast<float>(total / p.weight_sum) : 0.0f;
@@ -103,37 +142,55 @@ void sce_grad(const KernelArgs& a) {
   if (dlog_prob && dlog_prob->shape != scores.shape)
     fail(ErrorKind::kShape, "{}: the log_prob gradient {} should be {}", a.op_type,
          dlog_prob->describe(), shape_string(scores.shape));
-  const float* x = scores.as<float>();
   const float* dl = dloss ? dloss->as<float>() : nullptr;
   const float* dlp = dlog_prob ? dlog_prob->as<float>() : nullptr;
-  float* dx = io.dx(0)->as<float>();
   const int64_t positions = p.n * p.d, C = p.c, D = p.d;
   float scale = 0.0f;  // g for sum and mean
   if (dl && p.reduction == LossReduction::kSum) scale = dl[0];
   if (dl && p.reduction == LossReduction::kMean && p.weight_sum != 0)
     scale = static_cast<float>(dl[0] / p.weight_sum);
+  // dscores in the scores' type, each element rounded once from float32.
+  with_scores(scores.dtype, [&](auto tag) {
+    using S = decltype(tag);
+    const S* x = static_cast<const S*>(static_cast<const void*>(scores.data));
+    S* dx = static_cast<S*>(static_cast<void*>(io.dx(0)->data));
 #pragma omp parallel for if (positions * C > 32768)
-  for (int64_t i = 0; i < positions; ++i) {
-    const int64_t n = i / D, d = i % D, base = n * C * D + d;
-    const float* xi = x + base;
-    float* dxi = dx + base;
-    const float g =
-        (dl ? (p.reduction == LossReduction::kNone ? dl[i] : scale) : 0.0f) * p.weights[i];
-    if (g == 0.0f && !dlp) {
-      for (int64_t k = 0; k < C; ++k) dxi[k * D] = 0.0f;
-      continue;
+    for (int64_t i = 0; i < positions; ++i) {
+      const int64_t n = i / D, d = i % D, base = n * C * D + d;
+      const S* xi = x + base;
+      S* dxi = dx + base;
+      const float g =
+          (dl ? (p.reduction == LossReduction::kNone ? dl[i] : scale) : 0.0f) * p.weights[i];
+      if (g == 0.0f && !dlp) {
+        for (int64_t k = 0; k < C; ++k) dxi[k * D] = stored<S>(0.0f);
+        continue;
+      }
+      const float norm = log_normalizer(xi, C, D);
+      double dlp_sum = 0;
+      if (dlp)
+        for (int64_t k = 0; k < C; ++k) dlp_sum += dlp[base + k * D];
+      const float coef = g - static_cast<float>(dlp_sum);
+      // float32 scores: straight into dx; 16-bit: through the thread's float32 row, rounded
+      // once as a whole.
+      thread_local std::vector<float> row_buffer;
+      float* row = nullptr;
+      int64_t step = D;
+      if constexpr (std::is_same_v<S, float>) {
+        row = dxi;
+      } else {
+        row_buffer.resize(static_cast<size_t>(C));
+        row = row_buffer.data();
+        step = 1;
+      }
+      for (int64_t k = 0; k < C; ++k) {
+        const float prob = std::exp(value(xi[k * D]) - norm);
+        row[k * step] = coef * prob + (dlp ? dlp[base + k * D] : 0.0f);
+      }
+      if (g != 0.0f) row[p.labels[i] * step] -= g;
+      if constexpr (!std::is_same_v<S, float>)
+        for (int64_t k = 0; k < C; ++k) dxi[k * D] = stored<S>(row[k]);
     }
-    const float norm = log_normalizer(xi, C, D);
-    double dlp_sum = 0;
-    if (dlp)
-      for (int64_t k = 0; k < C; ++k) dlp_sum += dlp[base + k * D];
-    const float coef = g - static_cast<float>(dlp_sum);
-    for (int64_t k = 0; k < C; ++k) {
-      const float prob = std::exp(xi[k * D] - norm);
-      dxi[k * D] = coef * prob + (dlp ? dlp[base + k * D] : 0.0f);
-    }
-    if (g != 0.0f) dxi[p.labels[i] * D] -= g;
-  }
+  });
 }
 
 std::string check_sce(const OpSignature& s) {
@@ -141,8 +198,10 @@ std::string check_sce(const OpSignature& s) {
   if (grad)
     if (std::string why = ops::grad_arity_error(s, ops::kSceGradArity); !why.empty()) return why;
   if (s.inputs.size() < 2) return fmt::format("{} needs scores and labels", s.op_type);
-  if (s.inputs[0] != DType::kFloat32)
-    return fmt::format("{} on {} scores is not supported (float32 only)", s.op_type,
+  // 16-bit scores with a float32 loss (and log_prob): a mixed plan's loss; the standard op on
+  // 16-bit scores, whose outputs are 16-bit too, runs widened (the output check below).
+  if (s.inputs[0] != DType::kFloat32 && !is_16bit_float(s.inputs[0]))
+    return fmt::format("{} on {} scores is not supported (float32, bfloat16 or float16)", s.op_type,
                        dtype_name(s.inputs[0]));
   if (s.inputs[1] != DType::kInt64 && s.inputs[1] != DType::kInt32)
     return fmt::format("{} with {} labels is not supported (int32 and int64 only)", s.op_type,
@@ -151,10 +210,13 @@ std::string check_sce(const OpSignature& s) {
     if (s.inputs[k] != DType::kUndefined && s.inputs[k] != DType::kFloat32)
       return fmt::format("{} input {} of {} is not supported (float32 only)", s.op_type, k,
                          dtype_name(s.inputs[k]));
-  for (size_t k = 0; k < s.outputs.size(); ++k)
-    if (s.outputs[k] != DType::kUndefined && s.outputs[k] != DType::kFloat32)
-      return fmt::format("{} output {} of {} is not supported (float32 only)", s.op_type, k,
-                         dtype_name(s.outputs[k]));
+  // The gradient's dscores (output 0) in the scores' type; every other output float32.
+  for (size_t k = 0; k < s.outputs.size(); ++k) {
+    const DType wanted = grad && k == 0 ? s.inputs[0] : DType::kFloat32;
+    if (s.outputs[k] != DType::kUndefined && s.outputs[k] != wanted)
+      return fmt::format("{} output {} of {} is not supported ({} only)", s.op_type, k,
+                         dtype_name(s.outputs[k]), dtype_name(wanted));
+  }
   if (grad && s.outputs.size() > 1 && s.outputs[1] != DType::kUndefined)
     return "labels have no gradient";
   if (grad && s.outputs.size() > 2 && s.outputs[2] != DType::kUndefined)

@@ -1,8 +1,9 @@
 // The CUDA backend's loss family (families.h): SoftmaxCrossEntropyLoss (opset 13 semantics) and
-// its gradient SoftmaxCrossEntropyLossGrad (contract: runtime/format/grad_ops.h), float32, as
-// the CPU backend's runtime/cpu/loss.cpp computes them. The labels (and the class weights) are
-// read to the host, checked as the CPU checks them, and turned into per-position weights there,
-// so the mean's divisor is the CPU's exact double sum; loss_kernels.cu computes the rest.
+// its gradient SoftmaxCrossEntropyLossGrad (contract: runtime/format/grad_ops.h), float32 or on
+// 16-bit scores, as the CPU backend's runtime/cpu/loss.cpp computes them. The labels (and the
+// class weights) are read to the host, checked as the CPU checks them, and turned into
+// per-position weights there, so the mean's divisor is the CPU's exact double sum;
+// loss_kernels.cu computes the rest.
 #include <fmt/format.h>
 
 #include <string>
@@ -54,7 +55,8 @@ SceProblem sce_problem(const KernelArgs& a, const Tensor& scores, const Tensor& 
   ctx.write(p.labels, q.labels.data(), p.labels.bytes());
   p.weights = ctx.new_tensor(DType::kFloat32, {positions}, false);
   ctx.write(p.weights, q.weights.data(), p.weights.bytes());
-  s.scores = scores.as<float>();
+  s.scores = scores.data;
+  s.scores_dtype = scores.dtype;
   s.labels = p.labels.as<int64_t>();
   s.weights = p.weights.as<float>();
   return p;
@@ -105,12 +107,13 @@ void sce_grad(const KernelArgs& a) {
     fail(ErrorKind::kShape, "{}: the log_prob gradient {} should be {}", a.op_type,
          dlog_prob->describe(), shape_string(scores.shape));
   launch_sce_grad(s, dloss ? dloss->as<float>() : nullptr,
-                  dlog_prob ? dlog_prob->as<float>() : nullptr, io.dx(0)->as<float>(),
+                  dlog_prob ? dlog_prob->as<float>() : nullptr, io.dx(0)->data,
                   context(a).stream());
   check_launch(a);
 }
 
-// The checks are the CPU's: float32 scores, int32 or int64 labels, float32 weights, as here.
+// The checks are the CPU's: float32 or 16-bit scores (a mixed plan's loss: float32 loss and
+// log_prob, the gradient in the scores' type), int32 or int64 labels, float32 weights, as here.
 const KernelEntry kKernels[] = {
     {"SoftmaxCrossEntropyLoss", sce, same_as_cpu},
     {"SoftmaxCrossEntropyLossGrad", sce_grad, same_as_cpu, /*writes_every_output=*/true},

@@ -1,15 +1,37 @@
 // The CUDA loss family's device kernels (loss_kernels.h): one block per position (n, d) of
 // SoftmaxCrossEntropyLoss, the block's threads sharing the C classes (read D apart), with
 // block-wide maximum and sums (norm_block.cuh: fixed trees, so a result depends only on the
-// launch shape); the loss's sum over positions is one more block, in double.
+// launch shape); the loss's sum over positions is one more block, in double. 16-bit scores
+// (loss_kernels.h) are widened as they are read and the gradient rounded once as it is written.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include "runtime/cuda/elementwise_device.cuh"
 #include "runtime/cuda/loss_kernels.h"
 #include "runtime/cuda/norm_block.cuh"
 
 namespace stagecraft::rt::cuda {
 namespace {
+
+using eltwise::BFloat16;
+using eltwise::Half;
+
+// A score as float32 (16-bit floats widened exactly, as the CPU's Cast and loss do).
+__device__ __forceinline__ float score(float x) { return x; }
+__device__ __forceinline__ float score(BFloat16 x) { return eltwise::to_float(x); }
+__device__ __forceinline__ float score(Half x) { return eltwise::to_float(x); }
+
+// float32 rounded to nearest even into S.
+template <class S>
+__device__ __forceinline__ S stored(float x) {
+  if constexpr (std::is_same_v<S, BFloat16>)
+    return eltwise::to_bfloat16(x);
+  else if constexpr (std::is_same_v<S, Half>)
+    return eltwise::to_half(x);
+  else
+    return x;
+}
 
 // Threads per position's block: a warp for a few classes, more for many (a function of C only,
 // so the reduction order is fixed for a given problem).
@@ -33,11 +55,12 @@ unsigned blocks_for(int64_t positions) {
 // with an infinity or only -inf (where x - M is not a number) is summed again the CPU's way,
 // for its result to be the CPU's; a NaN makes the sum NaN, as there. Every thread of the block
 // calls it and gets the result.
-__device__ float log_normalizer(const float* x, int64_t c, int64_t stride) {
+template <class S>
+__device__ float log_normalizer(const S* x, int64_t c, int64_t stride) {
   float m = -INFINITY;
   double s = 0;
   for (int64_t k = threadIdx.x; k < c; k += blockDim.x) {
-    const float v = x[k * stride];
+    const float v = score(x[k * stride]);
     if (v > m) {
       s = s * exp(static_cast<double>(m) - static_cast<double>(v)) + 1.0;  // exp(-inf) = 0
       m = v;
@@ -55,24 +78,25 @@ __device__ float log_normalizer(const float* x, int64_t c, int64_t stride) {
   }
   double again = 0;
   for (int64_t k = threadIdx.x; k < c; k += blockDim.x)
-    again += exp(static_cast<double>(x[k * stride] - mx));
+    again += exp(static_cast<double>(score(x[k * stride]) - mx));
   again = block_sum<double>(again);
   return mx + static_cast<float>(log(again));
 }
 
 // Each position's loss -w * log_prob[n, t, d] (0 where w is 0) into values[i], and log_prob.
+template <class S>
 __global__ void sce_kernel(SceArgs p, float* values, float* log_prob) {
   const int64_t positions = p.n * p.d, C = p.c, D = p.d;
   for (int64_t i = blockIdx.x; i < positions; i += gridDim.x) {
     const int64_t n = i / D, d = i % D, base = n * C * D + d;
-    const float* xi = p.scores + base;
+    const S* xi = static_cast<const S*>(p.scores) + base;
     const float norm = log_normalizer(xi, C, D);
     if (log_prob != nullptr)
       for (int64_t k = threadIdx.x; k < C; k += blockDim.x)
-        log_prob[base + k * D] = xi[k * D] - norm;
+        log_prob[base + k * D] = score(xi[k * D]) - norm;
     if (threadIdx.x == 0) {
       const float w = p.weights[i];
-      values[i] = w != 0.0f ? -w * (xi[p.labels[i] * D] - norm) : 0.0f;
+      values[i] = w != 0.0f ? -w * (score(xi[p.labels[i] * D]) - norm) : 0.0f;
     }
   }
 }
@@ -91,7 +115,8 @@ __global__ void sce_total_kernel(const float* values, int64_t count, ops::LossRe
   }
 }
 
-__global__ void sce_grad_kernel(SceArgs p, const float* dl, const float* dlp, float* dx) {
+template <class S>
+__global__ void sce_grad_kernel(SceArgs p, const float* dl, const float* dlp, S* dx) {
   const int64_t positions = p.n * p.d, C = p.c, D = p.d;
   float scale = 0.0f;  // g for sum and mean
   if (dl != nullptr && p.reduction == ops::LossReduction::kSum) scale = dl[0];
@@ -99,12 +124,12 @@ __global__ void sce_grad_kernel(SceArgs p, const float* dl, const float* dlp, fl
     scale = static_cast<float>(dl[0] / p.weight_sum);
   for (int64_t i = blockIdx.x; i < positions; i += gridDim.x) {
     const int64_t n = i / D, d = i % D, base = n * C * D + d;
-    const float* xi = p.scores + base;
-    float* dxi = dx + base;
+    const S* xi = static_cast<const S*>(p.scores) + base;
+    S* dxi = dx + base;
     const float g = (dl != nullptr ? (p.reduction == ops::LossReduction::kNone ? dl[i] : scale) : 0.0f) *
                     p.weights[i];
     if (g == 0.0f && dlp == nullptr) {  // the same for the whole block
-      for (int64_t k = threadIdx.x; k < C; k += blockDim.x) dxi[k * D] = 0.0f;
+      for (int64_t k = threadIdx.x; k < C; k += blockDim.x) dxi[k * D] = stored<S>(0.0f);
       continue;
     }
     const float norm = log_normalizer(xi, C, D);
@@ -116,12 +141,20 @@ __global__ void sce_grad_kernel(SceArgs p, const float* dl, const float* dlp, fl
     const float coef = g - static_cast<float>(dlp_sum);
     const int64_t t = g != 0.0f ? p.labels[i] : -1;
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
-      const float prob = expf(xi[k * D] - norm);
+      const float prob = expf(score(xi[k * D]) - norm);
       float v = coef * prob + (dlp != nullptr ? dlp[base + k * D] : 0.0f);
       if (k == t) v -= g;
-      dxi[k * D] = v;
+      dxi[k * D] = stored<S>(v);
     }
   }
+}
+
+// Calls body(S{}) with the scores' element type.
+template <class Body>
+void with_scores(DType dtype, Body body) {
+  if (dtype == DType::kBFloat16) return body(BFloat16{});
+  if (dtype == DType::kFloat16) return body(Half{});
+  return body(float{});
 }
 
 }  // namespace
@@ -131,18 +164,24 @@ void launch_sce(const SceArgs& args, float* loss, float* log_prob, float* scratc
   const int64_t positions = args.n * args.d;
   float* values = args.reduction == ops::LossReduction::kNone ? loss : scratch;
   if (positions > 0)
-    sce_kernel<<<blocks_for(positions), threads_for(args.c), 0, stream>>>(args, values, log_prob);
+    with_scores(args.scores_dtype, [&](auto tag) {
+      sce_kernel<decltype(tag)>
+          <<<blocks_for(positions), threads_for(args.c), 0, stream>>>(args, values, log_prob);
+    });
   if (args.reduction != ops::LossReduction::kNone)
     sce_total_kernel<<<1, 1024, 0, stream>>>(values, positions, args.reduction, args.weight_sum,
                                              loss);
 }
 
-void launch_sce_grad(const SceArgs& args, const float* dloss, const float* dlog_prob, float* dx,
+void launch_sce_grad(const SceArgs& args, const float* dloss, const float* dlog_prob, void* dx,
                      cudaStream_t stream) {
   const int64_t positions = args.n * args.d;
   if (positions <= 0 || args.c <= 0) return;
-  sce_grad_kernel<<<blocks_for(positions), threads_for(args.c), 0, stream>>>(args, dloss, dlog_prob,
-                                                                             dx);
+  with_scores(args.scores_dtype, [&](auto tag) {
+    using S = decltype(tag);
+    sce_grad_kernel<S><<<blocks_for(positions), threads_for(args.c), 0, stream>>>(
+        args, dloss, dlog_prob, static_cast<S*>(dx));
+  });
 }
 
 }  // namespace stagecraft::rt::cuda

@@ -10,16 +10,20 @@
 
 #include <cstdint>
 
+#include "runtime/format/dtype.h"
 #include "runtime/ops/reductions.h"
 
 namespace stagecraft::rt::cuda {
 
 /// One SoftmaxCrossEntropyLoss node resolved: sizes, the device scores, labels and per-position
-/// weights (0 where a position is ignored), and the mean's divisor (the weights' sum).
+/// weights (0 where a position is ignored), and the mean's divisor (the weights' sum). The
+/// scores are float32, or 16-bit (a mixed plan's loss): each widened exactly as it is read, the
+/// loss and log-probabilities float32, and the gradient rounded once to the scores' type.
 struct SceArgs {
   int64_t n = 0, c = 0, d = 0;
   ops::LossReduction reduction = ops::LossReduction::kMean;
-  const float* scores = nullptr;    // [N, C, D]
+  const void* scores = nullptr;  // [N, C, D] of `scores_dtype`
+  DType scores_dtype = DType::kFloat32;
   const int64_t* labels = nullptr;  // [N * D]
   const float* weights = nullptr;   // [N * D]
   double weight_sum = 0;
@@ -33,8 +37,8 @@ void launch_sce(const SceArgs& args, float* loss, float* log_prob, float* scratc
 /// The scores' gradient, every element written: with p = softmax(scores),
 ///   dx[n, c, d] = g * (p - [c == t]) + dlp - p * sum_c dlp
 /// where g is w[n, d] times dloss[0] (sum), dloss[0] / weight_sum (mean) or dloss[n * D + d]
-/// (none). `dloss` and `dlog_prob` ([N, C, D]) may be null.
-void launch_sce_grad(const SceArgs& args, const float* dloss, const float* dlog_prob, float* dx,
+/// (none). `dloss` and `dlog_prob` ([N, C, D]) may be null; `dx` is of the scores' type.
+void launch_sce_grad(const SceArgs& args, const float* dloss, const float* dlog_prob, void* dx,
                      cudaStream_t stream);
 
 }  // namespace stagecraft::rt::cuda

@@ -74,13 +74,21 @@ TEST_CASE(
     for (ir::NodeId reader : v.consumers) CHECK(g.node(reader).op_type == "Cast");
   }
   CHECK(weight_casts > 0);
-  // The loss is computed in float32 from float32 inputs.
+  // The loss is float32, computed by our domain's loss straight from the head's bf16 scores
+  // (passes::reads_sixteen_bit_scores): no Cast of the logits to float32 on the way.
   const std::string loss = planned.plan.training_config.loss_output;
   CHECK(g.value(*g.find_value(loss)).dtype == DType::kFloat32);
   const ir::Node* sce = producer(g, loss);
   REQUIRE(sce != nullptr);
   CHECK(sce->op_type == "SoftmaxCrossEntropyLoss");
-  CHECK(g.value(sce->inputs[0]).dtype == DType::kFloat32);
+  CHECK(sce->domain == "ai.stagecraft");
+  CHECK(g.value(sce->inputs[0]).dtype == DType::kBFloat16);
+  for (const ir::Node* n = producer(g, g.value(sce->inputs[0]).name); n != nullptr;
+       n = n->op_type == "MatMul" ? nullptr : producer(g, g.value(n->inputs[0]).name)) {
+    CAPTURE(n->name);
+    CHECK(n->op_type != "Cast");
+    CHECK(g.value(n->outputs[0]).dtype == DType::kBFloat16);
+  }
   // The tensors crossing stages are bfloat16 in plan.json, half their float32 bytes.
   bool crossing = false;
   for (const plan::Stage& st : planned.plan.stages)
@@ -361,6 +369,86 @@ TEST_CASE("a kernel without a bf16 path runs widened: fp32 kernel, outputs round
             doctest::Approx(expected).epsilon(1.0 / 256));
     }
   }
+}
+
+// loss = SoftmaxCrossEntropyLoss(scores, labels) (mean) and dscores = its gradient for dloss,
+// scores [6, 7] of `type` (float32, or bfloat16 for our domain's loss, as a mixed plan's),
+// labels int64 [6] (the last one ignored), loss float32, dscores of the scores' type.
+onnx::ModelProto loss_model(int type) {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(17);
+  auto* ours = model.add_opset_import();
+  ours->set_domain("ai.stagecraft");
+  ours->set_version(1);
+  auto* g = model.mutable_graph();
+  testing::add_tensor_info(g->add_input(), "scores", type, {6, 7});
+  testing::add_tensor_info(g->add_input(), "labels", onnx::TensorProto::INT64, {6});
+  testing::add_tensor_info(g->add_input(), "dloss", onnx::TensorProto::FLOAT, {});
+  testing::add_tensor_info(g->add_output(), "loss", onnx::TensorProto::FLOAT, {});
+  testing::add_tensor_info(g->add_output(), "dscores", type, {6, 7});
+  for (auto* n : {testing::add_node(g, "SoftmaxCrossEntropyLoss", {"scores", "labels"}, {"loss"},
+                                    "loss/SoftmaxCrossEntropyLoss"),
+                  testing::add_node(g, "SoftmaxCrossEntropyLossGrad",
+                                    {"scores", "labels", "", "loss", "dloss"}, {"dscores", "", ""},
+                                    "loss/SoftmaxCrossEntropyLoss@grad")}) {
+    if (type != onnx::TensorProto::FLOAT || n->op_type().ends_with("Grad"))
+      n->set_domain("ai.stagecraft");
+    onnx::AttributeProto* ignore = n->add_attribute();
+    ignore->set_name("ignore_index");
+    ignore->set_type(onnx::AttributeProto::INT);
+    ignore->set_i(-100);
+    if (!n->op_type().ends_with("Grad")) continue;
+    onnx::AttributeProto* forward = n->add_attribute();  // scores, labels, weights
+    forward->set_name("forward_inputs");
+    forward->set_type(onnx::AttributeProto::INT);
+    forward->set_i(3);
+  }
+  return model;
+}
+
+TEST_CASE("a mixed plan's loss on bf16 scores is the float32 loss of their widened values") {
+  // passes::reads_sixteen_bit_scores: the loss reads the head's bf16 scores with no Cast, and
+  // must give what the Cast and the float32 op gave: the same loss to the bit, and the float32
+  // gradient rounded once to bf16 (what CastGrad did).
+  float values[42];
+  for (int i = 0; i < 42; ++i) values[i] = from_bf16(bf16_bits(std::sin(1.7f * i) * 4.0f));
+  const int64_t labels[6] = {3, 0, 6, 1, 2, -100};
+  const float dloss = 1.0f;
+  auto run = [&](int type) {
+    Program program = Program::from_model(loss_model(type), cpu_backend(), "loss.onnx");
+    auto device = cpu_backend().make_device(0, 1);
+    const bool half = type == onnx::TensorProto::BFLOAT16;
+    Tensor x = Tensor::owned(half ? DType::kBFloat16 : DType::kFloat32, {6, 7});
+    for (int i = 0; i < 42; ++i) {
+      if (half)
+        x.as<uint16_t>()[i] = bf16_bits(values[i]);
+      else
+        x.as<float>()[i] = values[i];
+    }
+    Tensor t = Tensor::owned(DType::kInt64, {6});
+    std::memcpy(t.data, labels, sizeof labels);
+    Tensor g = Tensor::owned(DType::kFloat32, {});
+    std::memcpy(g.data, &dloss, sizeof dloss);
+    const Tensor inputs[] = {x, t, g};
+    std::vector<std::byte> arena(program.arena_bytes() + 64);
+    return program.run(*device, inputs, arena.data());
+  };
+  const std::vector<Tensor> wide = run(onnx::TensorProto::FLOAT),
+                            half = run(onnx::TensorProto::BFLOAT16);
+  REQUIRE(wide.size() == 2);
+  REQUIRE(half.size() == 2);
+  REQUIRE(half[0].dtype == DType::kFloat32);
+  REQUIRE(half[1].dtype == DType::kBFloat16);
+  CHECK(half[0].as<float>()[0] == wide[0].as<float>()[0]);
+  CHECK(std::isfinite(wide[0].as<float>()[0]));
+  int nonzero = 0;
+  for (int i = 0; i < 42; ++i) {
+    CAPTURE(i);
+    CHECK(half[1].as<uint16_t>()[i] == bf16_bits(wide[1].as<float>()[i]));
+    nonzero += wide[1].as<float>()[i] != 0.0f;
+  }
+  CHECK(nonzero == 35);  // the ignored position's row is zeros
 }
 
 // y = Gemm(a, b, c) with transB, every tensor bfloat16: a [2, 3], b [4, 3], c [4].
