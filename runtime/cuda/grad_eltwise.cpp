@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "runtime/cuda/elementwise_common.h"
 #include "runtime/cuda/families.h"
@@ -216,8 +217,22 @@ void equal_grad(const KernelArgs& a) { zero_outputs(a); }
 // or float64 dy for CastGrad, an integer exponent for PowGrad) has a kernel here; besides, the
 // common activations' gradients and AddGrad run 16-bit floats natively (same_as_cpu_16bit), and
 // CastGrad writes a 16-bit dx straight from dy (check_cast_grad).
+// dX = dY where X > 0, which is where Y > 0 (grad_reads.cpp: Relu's gradient reads Y, X comes
+// bare): the kernel's mask operand is Y where the runtime hands it over, X where it does not.
+void relu_grad(const KernelArgs& a) {
+  const ops::GradIo io(a);
+  const Tensor* x = io.x(0);
+  const Tensor* y = io.y(0);
+  if (x == nullptr || y == nullptr || y->is_bare() || y->shape != x->shape)
+    return unary_grad(a, UnaryGradOp::kRelu, {});
+  std::vector<const Tensor*> in(a.in.begin(), a.in.end());
+  in[0] = y;
+  unary_grad(KernelArgs{a.name, a.op_type, a.attrs, in, a.out, a.device, a.random_key},
+             UnaryGradOp::kRelu, {});
+}
+
 constexpr KernelEntry kKernels[] = {
-    {"ReluGrad", run_unary_grad<UnaryGradOp::kRelu>, same_as_cpu_16bit, true},
+    {"ReluGrad", relu_grad, same_as_cpu_16bit, true},
     {"SigmoidGrad", run_unary_grad<UnaryGradOp::kSigmoid>, same_as_cpu_16bit, true},
     {"TanhGrad", run_unary_grad<UnaryGradOp::kTanh>, same_as_cpu_16bit, true},
     {"SqrtGrad", run_unary_grad<UnaryGradOp::kSqrt>, same_as_cpu, true},

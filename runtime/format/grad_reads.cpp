@@ -61,7 +61,10 @@ constexpr ReadRule kRules[] = {
     {"SoftmaxCrossEntropyLoss", kAll, true, kNone},
     // Functions of X alone (the kernels recompute what they need of Y).
     {"Gelu", bit(0), false, kNone},
-    {"Relu", bit(0), false, kNone},
+    // dX = dY where Y > 0, which is where X > 0: Y is read, not X, so a network's
+    // Conv -> BatchNormalization -> Relu keeps Relu's output (which the next Conv's gradient
+    // reads anyway) and not the normalization's (ResNet: a third of its activations).
+    {"Relu", kNone, false, bit(0)},
 };
 
 const ReadRule* find_rule(std::string_view op) {

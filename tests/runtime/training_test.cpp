@@ -5,9 +5,12 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <set>
 
 #include "compiler/plan/planner.h"
+#include "compiler/plan/stage_files.h"
 #include "runtime/core/backend.h"
+#include "runtime/core/program.h"
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/error.h"
 #include "tests/runtime/training_options.h"
@@ -314,6 +317,42 @@ TEST_CASE(
   CHECK(sum(all.plan, &plan::MemoryBytes::weights) ==
         sum(planned.plan, &plan::MemoryBytes::weights));
   check_memory_bound(run_two_steps(planned));
+}
+
+}  // namespace
+}  // namespace stagecraft::rt
+
+namespace stagecraft::rt {
+namespace {
+
+TEST_CASE("a Relu's gradient keeps its output, so a BatchNormalization before it keeps nothing") {
+  // grad_reads.cpp: ReluGrad reads Y (Y > 0 exactly where X > 0), X comes bare. In resnet_small
+  // every BatchNormalization feeding only a Relu then has an output no backward reads; the
+  // Relu's output is read (its own gradient and the next Conv's).
+  const Model resnet{"resnet_small.onnx", "cross-entropy", 1, {1}};
+  plan::PlannedModel planned = plan::make_plan(training_options(resnet, 1, "1f1b"));
+  const ir::Graph& g = planned.model.graph;
+  const plan::Stage& stage = planned.plan.stages.at(0);
+  const Program backward =
+      Program::from_model(plan::backward_stage_model(g, planned.stage_of, stage,
+                                                     planned.plan.training_config.loss_output),
+                          cpu_backend(), "backward");
+  std::set<std::string> read;
+  const std::vector<bool> reads = backward.inputs_read();
+  for (size_t k = 0; k < reads.size(); ++k)
+    if (reads[k]) read.insert(backward.inputs()[k].name);
+  int normalized = 0;
+  for (ir::NodeId id : g.topological_order()) {
+    const ir::Node& n = g.node(id);
+    if (n.op_type != "BatchNormalization") continue;
+    const ir::Value& y = g.value(n.outputs[0]);
+    if (y.consumers.size() != 1 || g.node(y.consumers[0]).op_type != "Relu") continue;
+    ++normalized;
+    CAPTURE(y.name);
+    CHECK(read.count(y.name) == 0);
+    CHECK(read.count(g.value(g.node(y.consumers[0]).outputs[0]).name) == 1);
+  }
+  CHECK(normalized > 0);
 }
 
 }  // namespace
