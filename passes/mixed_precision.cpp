@@ -10,11 +10,12 @@
 //   counts; a graph input: cast on entry), its float32 outputs become bfloat16.
 // - float32 otherwise: inputs of that constraint already in bfloat16 are read through a Cast
 //   back to float32. So the ONNX schemas (and strict shape inference, passes/infer_shapes.cpp)
-//   accept every node: the pools, whose opset-17 schemas have no bfloat16, run in float32
-//   between casts.
-// - Conv, whose opset-17 schema has no bfloat16 either, becomes Conv of our domain on 16-bit
+//   accept every node (Resize's scales, Dropout's ratio, ops whose schema has no bfloat16).
+// - Conv, whose opset-17 schema has no bfloat16, becomes Conv of our domain on 16-bit
 //   X, W, B and Y (fused_sixteen_bit; cuDNN runs it on the tensor cores, the CPU widens it), and
-//   the stage file spells it as the standard Conv between Casts (compiler/plan/conv_function.h).
+//   the stage file spells it as the standard Conv between Casts (compiler/plan/conv_function.h);
+//   MaxPool, AveragePool and GlobalAveragePool the same on 16-bit X and Y (the kernels widen
+//   them: the same values as the float32 op between Casts; compiler/plan/pool_function.h).
 //   In float16 (fp16 plans) the opset-17 Conv takes it as it is.
 // A node runs in float32 (Casts around it) when its numerics or its contract need it:
 // - the loss (nodes named "loss/..." that passes/loss.cpp appends) and any node writing a
@@ -93,6 +94,12 @@ bool allows(const onnx::OpSchema& schema, const std::string& type, const std::st
   return false;
 }
 
+/// The ops whose 16-bit form is our domain's where their schema has no 16-bit type (bfloat16
+/// before opset 22): Conv and the pools.
+bool own_sixteen_bit(const std::string& op) {
+  return op == "Conv" || op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool";
+}
+
 class Rewriter {
  public:
   Rewriter(ir::Graph& graph, PassContext& context)
@@ -114,8 +121,8 @@ class Rewriter {
         continue;
       }
       const bool may_half = schema != nullptr && !needs_float32(graph_, node);  // passes.h
-      if (may_half && node.op_type == "Conv" && !allows(*schema, "T", half_type_)) {
-        sixteen_bit_conv(id);
+      if (may_half && own_sixteen_bit(node.op_type) && !allows(*schema, "T", half_type_)) {
+        sixteen_bit_own(id);
         continue;
       }
       if (const SixteenBitOperands* fused = sixteen_bit_operands(graph_, node);
@@ -210,8 +217,10 @@ class Rewriter {
   /// A Conv whose opset has no 16-bit Conv (bfloat16 before opset 22) becomes our domain's Conv
   /// (fused_sixteen_bit), which the kernels run on 16-bit X, W, B and Y; the stage file's
   /// function ai.stagecraft.Conv spells it as the standard Conv between Casts
-  /// (compiler/plan/conv_function.h).
-  void sixteen_bit_conv(ir::NodeId id) {
+  /// (compiler/plan/conv_function.h). So do the pools (own_sixteen_bit: X and Y 16-bit, the
+  /// kernels widen them; compiler/plan/pool_function.h), whose float32 copies of X and Y the
+  /// backward kept before (a ResNet's stem: 0.8 GiB at batch 64 x 224).
+  void sixteen_bit_own(ir::NodeId id) {
     graph_.node(id).domain = std::string(grad::kGradDomain);
     graph_.opset_imports[std::string(grad::kGradDomain)] = grad::kGradDomainVersion;
     retype_fused(id, *fused_sixteen_bit(graph_.node(id)));
@@ -302,12 +311,15 @@ bool SixteenBitOperands::output(size_t k) const {
 
 const SixteenBitOperands* fused_sixteen_bit(const ir::Node& node) {
   static const SixteenBitOperands attention{{0, 1, 2}, {0}}, gelu{{0}, {0}}, conv{{0, 1, 2}, {0}},
-      loss{{0}, {}};
+      loss{{0}, {}}, pool{{0}, {0}};
   if (node.domain != grad::kGradDomain) return nullptr;
   if (node.op_type == "Attention") return &attention;
   if (node.op_type == "Gelu") return &gelu;
   if (node.op_type == "Conv") return &conv;
   if (node.op_type == "SoftmaxCrossEntropyLoss") return &loss;
+  if (node.op_type == "MaxPool" || node.op_type == "AveragePool" ||
+      node.op_type == "GlobalAveragePool")
+    return &pool;  // Y; MaxPool's Indices are int64
   return nullptr;
 }
 

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "compiler/plan/conv_function.h"
 #include "compiler/plan/gelu_function.h"
 #include "compiler/plan/planner.h"
+#include "compiler/plan/pool_function.h"
 #include "compiler/plan/stage_files.h"
 #include "runtime/core/backend.h"
 #include "runtime/core/program.h"
@@ -342,7 +344,13 @@ int check_written_plan(plan::PlannedModel planned, bool training) {
           std::any_of(file.graph().node().begin(), file.graph().node().end(), [](const auto& n) {
             return n.op_type() == "SoftmaxCrossEntropyLoss" && n.domain() == "ai.stagecraft";
           });
-      CHECK(file.functions_size() == (attention > 0) + (gelu ? 1 : 0) + (convs > 0) + loss);
+      std::set<std::string> pool_ops;  // 16-bit pools: a function per op
+      for (const onnx::NodeProto& n : file.graph().node())
+        if (n.domain() == "ai.stagecraft" && n.op_type().find("Pool") != std::string::npos &&
+            !n.op_type().ends_with("Grad"))
+          pool_ops.insert(n.op_type());
+      CHECK(file.functions_size() == (attention > 0) + (gelu ? 1 : 0) + (convs > 0) + loss +
+                                         static_cast<int>(pool_ops.size()));
       check_plain_onnx(file, path);
     }
   // The runtime reads the graph alone: the plan runs as before.
@@ -448,7 +456,14 @@ TEST_CASE("16-bit Conv stage function: a mixed CNN's stage file checks, and the 
     const int nodes = conv_nodes(stage);
     REQUIRE(nodes > 0);
     CHECK(plan::add_conv_function(stage) == nodes);
-    REQUIRE(stage.functions_size() == 1);
+    // And the 16-bit pools' functions (compiler/plan/pool_function.h), one per op.
+    std::set<std::string> pool_ops;
+    for (const onnx::NodeProto& n : stage.graph().node())
+      if (n.domain() == "ai.stagecraft" && n.op_type().find("Pool") != std::string::npos)
+        pool_ops.insert(n.op_type());
+    CHECK(!pool_ops.empty());
+    CHECK(plan::add_pool_functions(stage) > 0);
+    REQUIRE(stage.functions_size() == 1 + static_cast<int>(pool_ops.size()));
     check_plain_onnx(stage);
     // The CPU kernel widens X, W and B and rounds Y once, as the body's Casts do: the same
     // arithmetic, up to where oneDNN sums in another order.

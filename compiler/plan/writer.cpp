@@ -15,6 +15,7 @@
 #include "compiler/plan/gelu_function.h"
 #include "compiler/plan/loss_function.h"
 #include "compiler/plan/planner.h"
+#include "compiler/plan/pool_function.h"
 #include "compiler/plan/stage_files.h"
 #include "compiler/plan/stage_weights.h"
 #include "passes/autodiff.h"
@@ -144,12 +145,13 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
       place_stage_weights(model, planned.model.graph, staging, stage, p.weight_files, writing,
                           placed, static_cast<int>(p.stages.size()));
       placed += stage.weights_bytes;
-      // Fused Attention and Gelu nodes, 16-bit Convs and a loss on 16-bit scores come with their
-      // standard-op body, so the file stays plain ONNX.
+      // Fused Attention and Gelu nodes, 16-bit Convs and pools and a loss on 16-bit scores come
+      // with their standard-op body, so the file stays plain ONNX.
       add_attention_function(model);
       add_gelu_function(model);
       add_conv_function(model);
       add_loss_function(model);
+      add_pool_functions(model);
       fs::path file = staging / stage.file;
       write_file(file, model.SerializeAsString());
       sync_path(file);
@@ -163,6 +165,7 @@ void write_plan(PlannedModel& planned, const std::string& plan_dir, const Weight
         add_gelu_function(backward);
         add_conv_function(backward);
         add_loss_function(backward);
+        add_pool_functions(backward);
         write_file(bwd, backward.SerializeAsString());
         if (p.shard_optimizer) stage.optimizer_shards = shards_of(model, backward, stage, p);
         sync_path(bwd);
