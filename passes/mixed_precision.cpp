@@ -345,11 +345,14 @@ const SixteenBitOperands* sixteen_bit_operands(const ir::Graph& graph, const ir:
 namespace {
 
 /// The loss pass's Reshape or Transpose of the scores into SoftmaxCrossEntropyLoss's layout
-/// (passes/loss.cpp), read by losses only: it moves 16-bit scores as they are.
+/// (passes/loss.cpp), read by losses only, of scores a node running in 16 bits makes: it moves
+/// them in 16 bits as they are. (Scores kept in float32, a graph output's, stay float32.)
 bool loss_scores_view(const ir::Graph& graph, const ir::Node& node) {
   if ((node.op_type != "Reshape" && node.op_type != "Transpose") || node.outputs.empty() ||
-      node.outputs[0] == ir::kNoId)
+      node.outputs[0] == ir::kNoId || node.inputs.empty() || node.inputs[0] == ir::kNoId)
     return false;
+  const ir::NodeId source = graph.value(node.inputs[0]).producer;
+  if (source == ir::kNoId || needs_float32(graph, graph.node(source))) return false;
   const ir::Value& out = graph.value(node.outputs[0]);
   if (out.is_graph_output || out.consumers.empty()) return false;
   return std::all_of(out.consumers.begin(), out.consumers.end(), [&](ir::NodeId r) {
