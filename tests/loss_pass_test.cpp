@@ -4,11 +4,13 @@
 #include <doctest/doctest.h>
 #include <onnx/checker.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "compiler/import.h"
 #include "compiler/ir/onnx_bridge.h"
 #include "passes/loss.h"
+#include "passes/passes.h"
 #include "runtime/format/error.h"
 #include "tests/test_util.h"
 
@@ -184,6 +186,33 @@ TEST_CASE("cross-entropy's flags are refused for another loss") {
   o.ignore_index = -100;
   CHECK(error_of([&] { passes::append_loss(model.graph, o); }) ==
         "usage error: --ignore-index is only for --loss cross-entropy (--loss mse given)");
+}
+
+TEST_CASE("mixed precision: the loss reads 16-bit scores through the loss pass's view") {
+  // passes::reads_sixteen_bit_scores: a language model's [B, T, V] scores, reshaped by the loss
+  // pass to [B * T, V], reach our domain's loss in bfloat16 (no Cast to float32); scores a
+  // float32 node makes (here: the Relu's output kept as a graph output) stay float32 on the way.
+  for (bool kept : {false, true}) {
+    CAPTURE(kept);
+    testing::TempDir dir;
+    ImportedModel lm = scores_model(dir, {2, 3, 4}, std::nullopt);
+    passes::append_loss(lm.graph, cross_entropy());
+    if (kept) lm.graph.value(*lm.graph.find_value("y")).is_graph_output = true;
+    passes::PassContext context;
+    passes::MixedPrecision().run(lm.graph, context);
+    const ir::Node& loss = node_of(lm.graph, "SoftmaxCrossEntropyLoss");
+    const ir::Node& view = lm.graph.node(lm.graph.value(loss.inputs[0]).producer);
+    CHECK(view.op_type == "Reshape");
+    CHECK(view.name.rfind("loss/", 0) == 0);
+    const DType scores = kept ? DType::kFloat32 : DType::kBFloat16;
+    CHECK(lm.graph.value(loss.inputs[0]).dtype == scores);
+    CHECK(lm.graph.value(view.outputs[0]).dtype == scores);
+    CHECK(loss.domain == (kept ? "" : "ai.stagecraft"));
+    CHECK(lm.graph.value(loss.outputs[0]).dtype == DType::kFloat32);
+    const std::vector<std::string> order = ops(lm.graph);
+    // x cast to bf16 on entry, or nothing cast at all.
+    CHECK(std::count(order.begin(), order.end(), "Cast") == (kept ? 0 : 1));
+  }
 }
 
 }  // namespace
