@@ -166,6 +166,15 @@ __device__ __forceinline__ void wait_async_but_newest() {
   asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 
+// Commits the copies this thread issued since the last call (the next tile's: possibly none)
+// and waits until every thread's copies of the current tile, committed one call before, are in
+// shared memory.
+__device__ __forceinline__ void await_tile() {
+  commit_async();
+  wait_async_but_newest();
+  __syncthreads();
+}
+
 // load_rows by cp.async (no wait): rows first .. first + 63 of `src` into `tile`, rows at or
 // past `limit` as zeros.
 template <int D, class T>
@@ -348,9 +357,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         copy_rows_async<D>(next, k_rows, k0 + kTile, s.tk);
         copy_rows_async<D>(next + G::kTileElements, v_rows, k0 + kTile, s.tk);
       }
-      commit_async();
-      wait_async_but_newest();  // this thread's copies of this tile are done
-      __syncthreads();          // and every thread's
+      await_tile();
     } else {
       __syncthreads();  // every warp is done with the last tiles of K and V
       load_rows<D>(ks, k_rows, k0, s.tk);
@@ -472,9 +479,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         copy_rows_async<D>(next, k_rows, k0 + kTile, s.tk);
         copy_rows_async<D>(next + G::kTileElements, v_rows, k0 + kTile, s.tk);
       }
-      commit_async();
-      wait_async_but_newest();
-      __syncthreads();
+      await_tile();
     } else {
       __syncthreads();  // every warp has its fragments, and is done with the last tiles
       load_rows<D>(ks, k_rows, k0, s.tk);
@@ -564,9 +569,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         attention_tiles::load_rows(next_rows, next_rows + kTile, p.lse + b * s.tq,
                                    p.delta + b * s.tq, q0 + kTile, s.tq);
       }
-      commit_async();
-      wait_async_but_newest();
-      __syncthreads();
+      await_tile();
     } else {
       __syncthreads();  // every warp has its fragments, and is done with the last tiles
       load_rows<D>(qs, q_rows, q0, s.tq);
