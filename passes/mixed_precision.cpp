@@ -116,8 +116,10 @@ class Rewriter {
           node.domain.empty() || node.domain == "ai.onnx"
               ? onnx::OpSchemaRegistry::Schema(node.op_type, static_cast<int>(opset), "")
               : nullptr;
+      // A loss on 16-bit scores: our domain's, reading them in 16 bits (its class weights, loss
+      // and log-probabilities stay float32: fused_sixteen_bit).
       if (reads_sixteen_bit_scores(graph_, node) && graph_.value(node.inputs[0]).dtype == half_) {
-        sixteen_bit_loss(id);
+        sixteen_bit_own(id);
         continue;
       }
       const bool may_half = schema != nullptr && !needs_float32(graph_, node);  // passes.h
@@ -219,16 +221,9 @@ class Rewriter {
   /// function ai.stagecraft.Conv spells it as the standard Conv between Casts
   /// (compiler/plan/conv_function.h). So do the pools (own_sixteen_bit: X and Y 16-bit, the
   /// kernels widen them; compiler/plan/pool_function.h), whose float32 copies of X and Y the
-  /// backward kept before (a ResNet's stem: 0.8 GiB at batch 64 x 224).
+  /// backward kept before (a ResNet's stem: 0.8 GiB at batch 64 x 224); and a loss on 16-bit
+  /// scores (reads_sixteen_bit_scores).
   void sixteen_bit_own(ir::NodeId id) {
-    graph_.node(id).domain = std::string(grad::kGradDomain);
-    graph_.opset_imports[std::string(grad::kGradDomain)] = grad::kGradDomainVersion;
-    retype_fused(id, *fused_sixteen_bit(graph_.node(id)));
-  }
-
-  /// A loss on 16-bit scores becomes our domain's SoftmaxCrossEntropyLoss, which reads them in
-  /// 16 bits; its other float operands (class weights, loss, log-probabilities) stay float32.
-  void sixteen_bit_loss(ir::NodeId id) {
     graph_.node(id).domain = std::string(grad::kGradDomain);
     graph_.opset_imports[std::string(grad::kGradDomain)] = grad::kGradDomainVersion;
     retype_fused(id, *fused_sixteen_bit(graph_.node(id)));
