@@ -282,5 +282,71 @@ TEST_CASE("cuda 16-bit BatchNormalization and its gradient against the widened f
   }
 }
 
+TEST_CASE("cuda ReluGrad from Y (grad_reads: Relu's gradient reads Y) as from X") {
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  const rt::Shape shape = {5, 129};
+  const rt::Tensor x = attention::random(shape, 51, -2.0f, 2.0f);
+  const rt::Tensor dy = attention::random(shape, 52);
+  for (DType type : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    CAPTURE(dtype_name(type));
+    const rt::Tensor xt = cast(x, type), dyt = cast(dy, type);
+    // Y = Relu(X) by the CPU in float32 (exact: max(x, 0) of a widened value), in X's type.
+    onnx::NodeProto relu;
+    relu.set_name("relu");
+    relu.set_op_type("Relu");
+    const rt::Tensor xw = cast(xt, DType::kFloat32);
+    rt::Tensor yw = rt::Tensor::owned(DType::kFloat32, shape);
+    attention::run(rt::cpu_backend(), relu, {&xw}, {&yw});
+    const rt::Tensor y = cast(yw, type);
+    const rt::Tensor* none = nullptr;
+    rt::Tensor from_x = rt::Tensor::owned(type, shape), from_y = rt::Tensor::owned(type, shape);
+    attention::run(*cuda, node("ReluGrad", 1), {&xt, none, &dyt}, {&from_x});
+    attention::run(*cuda, node("ReluGrad", 1), {&xt, &y, &dyt}, {&from_y});
+    CHECK(std::memcmp(from_x.data, from_y.data, static_cast<size_t>(from_x.bytes())) == 0);
+  }
+}
+
+TEST_CASE("cuda SoftmaxCrossEntropyLoss on 16-bit scores against the float32 kernels") {
+  // A mixed plan's loss reads the head's 16-bit scores (passes::reads_sixteen_bit_scores): the
+  // kernels widen each score as they read it and round the gradient once, so the loss is the
+  // float32 kernel's on the widened scores to the bit and the gradient its rounding.
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  const rt::Shape shape = {6, 301};
+  const rt::Tensor scores = attention::random(shape, 61, -8.0f, 8.0f);
+  rt::Tensor labels = rt::Tensor::owned(DType::kInt64, {6});
+  const int64_t classes[6] = {3, 300, 0, -100, 17, 150};
+  std::memcpy(labels.data, classes, sizeof classes);
+  rt::Tensor dloss = rt::Tensor::owned(DType::kFloat32, {});
+  dloss.as<float>()[0] = 1.0f;
+  onnx::NodeProto forward;
+  forward.set_name("loss");
+  forward.set_op_type("SoftmaxCrossEntropyLoss");
+  forward.set_domain(std::string(grad::kGradDomain));
+  onnx::AttributeProto* ignore = forward.add_attribute();
+  ignore->set_name("ignore_index");
+  ignore->set_type(onnx::AttributeProto::INT);
+  ignore->set_i(-100);
+  onnx::NodeProto backward = node("SoftmaxCrossEntropyLossGrad", 3);
+  *backward.add_attribute() = *ignore;
+  for (DType half : {DType::kBFloat16, DType::kFloat16}) {
+    CAPTURE(dtype_name(half));
+    const rt::Tensor s16 = cast(scores, half), sw = cast(s16, DType::kFloat32);
+    rt::Tensor loss = rt::Tensor::owned(DType::kFloat32, {}),
+               loss_w = rt::Tensor::owned(DType::kFloat32, {});
+    attention::run(*cuda, forward, {&s16, &labels}, {&loss});
+    attention::run(*cuda, forward, {&sw, &labels}, {&loss_w});
+    CHECK(loss.as<float>()[0] == loss_w.as<float>()[0]);
+    CHECK(std::isfinite(loss.as<float>()[0]));
+    const rt::Tensor* none = nullptr;
+    rt::Tensor dx = rt::Tensor::owned(half, shape), dxw = rt::Tensor::owned(DType::kFloat32, shape);
+    attention::run(*cuda, backward, {&s16, &labels, none, &loss, &dloss}, {&dx, nullptr, nullptr});
+    attention::run(*cuda, backward, {&sw, &labels, none, &loss_w, &dloss},
+                   {&dxw, nullptr, nullptr});
+    CHECK(beyond_one_ulp(dx, cast(dxw, half)) == 0);
+  }
+}
+
 }  // namespace
 }  // namespace stagecraft::testing
