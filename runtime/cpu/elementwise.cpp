@@ -34,55 +34,7 @@ namespace stagecraft::rt::cpu {
 
 namespace {
 
-using namespace eltwise;
-
-// ---------------------------------------------------------------------------------------------
-// Element types
-
-// double to float rounding to odd (truncate, then set the last bit when inexact): a later
-// round-to-nearest to a 16-bit float then gives the same result as rounding the double directly.
-float to_float_odd(double d) {
-  float f = static_cast<float>(d);
-  if (std::isnan(d) || std::isinf(f) || static_cast<double>(f) == d) return f;
-  uint32_t bits = std::bit_cast<uint32_t>(f);
-  if (std::fabs(static_cast<double>(f)) > std::fabs(d))
-    --bits;  // rounded away from zero: step back
-  return std::bit_cast<float>(bits | 1u);
-}
-
-template <class T>
-constexpr bool kIs16BitFloat = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
-
-// Converts one element as Cast does: to bool is "nonzero", floating to integer truncates and
-// saturates (NaN gives 0), 16-bit floats round to nearest even, everything else is C++'s
-// conversion (integers wrap).
-template <class To, class From>
-To convert(From v) {
-  if constexpr (std::is_same_v<From, BoolByte>) {
-    return convert<To>(static_cast<uint8_t>(v.value != 0));
-  } else if constexpr (kIs16BitFloat<From>) {
-    return convert<To>(to_float(v));
-  } else if constexpr (std::is_same_v<To, BoolByte>) {
-    return BoolByte{static_cast<uint8_t>(v != From(0))};
-  } else if constexpr (kIs16BitFloat<To>) {
-    // Through float32, exactly (float32 and small integers) or rounded to odd (the rest).
-    float f =
-        std::is_same_v<From, float> ? static_cast<float>(v) : to_float_odd(static_cast<double>(v));
-    if constexpr (std::is_same_v<To, Half>)
-      return to_half(f);
-    else
-      return to_bfloat16(f);
-  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
-    if (std::isnan(v)) return 0;
-    if (v <= static_cast<From>(std::numeric_limits<To>::lowest()))
-      return std::numeric_limits<To>::lowest();
-    if (v >= static_cast<From>(std::numeric_limits<To>::max()))
-      return std::numeric_limits<To>::max();
-    return static_cast<To>(v);
-  } else {
-    return static_cast<To>(v);
-  }
-}
+using namespace eltwise;  // convert: one element as Cast converts it (eltwise_common.h)
 
 // ---------------------------------------------------------------------------------------------
 // Unary ops

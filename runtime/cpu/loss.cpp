@@ -32,10 +32,8 @@ namespace {
 using ops::LossReduction;
 
 using eltwise::BFloat16;
+using eltwise::convert;
 using eltwise::Half;
-using eltwise::to_bfloat16;
-using eltwise::to_float;
-using eltwise::to_half;
 using ops::SceProblem;
 
 // Reads the node's scores, labels and optional weights (inputs 0, 1, 2 of `in`).
@@ -51,29 +49,15 @@ SceProblem sce_problem(const KernelArgs& a, const Tensor& scores, const Tensor& 
   return p;
 }
 
-// A score as float32: float32 as it is, 16-bit floats widened exactly.
-inline float value(float v) { return v; }
-inline float value(BFloat16 v) { return to_float(v); }
-inline float value(Half v) { return to_float(v); }
-
-// float32 rounded to the scores' type.
-template <class S>
-inline S stored(float v) {
-  if constexpr (std::is_same_v<S, BFloat16>)
-    return to_bfloat16(v);
-  else if constexpr (std::is_same_v<S, Half>)
-    return to_half(v);
-  else
-    return v;
-}
-
-// log(sum(exp(x))) over the C values x[k * stride], computed as max + log(sum(exp(x - max))).
+// log(sum(exp(x))) over the C values x[k * stride], computed as max + log(sum(exp(x - max))),
+// each score widened as Cast widens it (convert: 16-bit floats exactly).
 template <class S>
 inline float log_normalizer(const S* x, int64_t c, int64_t stride) {
-  float mx = value(x[0]);
-  for (int64_t k = 1; k < c; ++k) mx = std::max(mx, value(x[k * stride]));
+  float mx = convert<float>(x[0]);
+  for (int64_t k = 1; k < c; ++k) mx = std::max(mx, convert<float>(x[k * stride]));
   double s = 0;
-  for (int64_t k = 0; k < c; ++k) s += std::exp(static_cast<double>(value(x[k * stride]) - mx));
+  for (int64_t k = 0; k < c; ++k)
+    s += std::exp(static_cast<double>(convert<float>(x[k * stride]) - mx));
   return mx + static_cast<float>(std::log(s));
 }
 
@@ -108,9 +92,10 @@ void sce(const KernelArgs& a) {
       const S* xi = x + n * C * D + d;
       const float norm = log_normalizer(xi, C, D);
       if (lp)
-        for (int64_t k = 0; k < C; ++k) lp[n * C * D + k * D + d] = value(xi[k * D]) - norm;
+        for (int64_t k = 0; k < C; ++k)
+          lp[n * C * D + k * D + d] = convert<float>(xi[k * D]) - norm;
       float l = 0.0f;
-      if (p.weights[i] != 0.0f) l = -p.weights[i] * (value(xi[p.labels[i] * D]) - norm);
+      if (p.weights[i] != 0.0f) l = -p.weights[i] * (convert<float>(xi[p.labels[i] * D]) - norm);
       if (p.reduction == LossReduction::kNone) loss[i] = l;
       total += l;
     }
@@ -162,7 +147,7 @@ void sce_grad(const KernelArgs& a) {
       const float g =
           (dl ? (p.reduction == LossReduction::kNone ? dl[i] : scale) : 0.0f) * p.weights[i];
       if (g == 0.0f && !dlp) {
-        for (int64_t k = 0; k < C; ++k) dxi[k * D] = stored<S>(0.0f);
+        for (int64_t k = 0; k < C; ++k) dxi[k * D] = convert<S>(0.0f);
         continue;
       }
       const float norm = log_normalizer(xi, C, D);
@@ -183,12 +168,12 @@ void sce_grad(const KernelArgs& a) {
         step = 1;
       }
       for (int64_t k = 0; k < C; ++k) {
-        const float prob = std::exp(value(xi[k * D]) - norm);
+        const float prob = std::exp(convert<float>(xi[k * D]) - norm);
         row[k * step] = coef * prob + (dlp ? dlp[base + k * D] : 0.0f);
       }
       if (g != 0.0f) row[p.labels[i] * step] -= g;
       if constexpr (!std::is_same_v<S, float>)
-        for (int64_t k = 0; k < C; ++k) dxi[k * D] = stored<S>(row[k]);
+        for (int64_t k = 0; k < C; ++k) dxi[k * D] = convert<S>(row[k]);
     }
   });
 }

@@ -5,7 +5,6 @@
 // (loss_kernels.h) are widened as they are read and the gradient rounded once as it is written.
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "runtime/cuda/elementwise_device.cuh"
 #include "runtime/cuda/loss_kernels.h"
@@ -15,23 +14,8 @@ namespace stagecraft::rt::cuda {
 namespace {
 
 using eltwise::BFloat16;
+using eltwise::convert;  // Cast's conversion: 16-bit scores widened exactly, as on the CPU
 using eltwise::Half;
-
-// A score as float32 (16-bit floats widened exactly, as the CPU's Cast and loss do).
-__device__ __forceinline__ float score(float x) { return x; }
-__device__ __forceinline__ float score(BFloat16 x) { return eltwise::to_float(x); }
-__device__ __forceinline__ float score(Half x) { return eltwise::to_float(x); }
-
-// float32 rounded to nearest even into S.
-template <class S>
-__device__ __forceinline__ S stored(float x) {
-  if constexpr (std::is_same_v<S, BFloat16>)
-    return eltwise::to_bfloat16(x);
-  else if constexpr (std::is_same_v<S, Half>)
-    return eltwise::to_half(x);
-  else
-    return x;
-}
 
 // Threads per position's block: a warp for a few classes, more for many (a function of C only,
 // so the reduction order is fixed for a given problem).
@@ -60,7 +44,7 @@ __device__ float log_normalizer(const S* x, int64_t c, int64_t stride) {
   float m = -INFINITY;
   double s = 0;
   for (int64_t k = threadIdx.x; k < c; k += blockDim.x) {
-    const float v = score(x[k * stride]);
+    const float v = convert<float>(x[k * stride]);
     if (v > m) {
       s = s * exp(static_cast<double>(m) - static_cast<double>(v)) + 1.0;  // exp(-inf) = 0
       m = v;
@@ -78,7 +62,7 @@ __device__ float log_normalizer(const S* x, int64_t c, int64_t stride) {
   }
   double again = 0;
   for (int64_t k = threadIdx.x; k < c; k += blockDim.x)
-    again += exp(static_cast<double>(score(x[k * stride]) - mx));
+    again += exp(static_cast<double>(convert<float>(x[k * stride]) - mx));
   again = block_sum<double>(again);
   return mx + static_cast<float>(log(again));
 }
@@ -93,10 +77,10 @@ __global__ void sce_kernel(SceArgs p, float* values, float* log_prob) {
     const float norm = log_normalizer(xi, C, D);
     if (log_prob != nullptr)
       for (int64_t k = threadIdx.x; k < C; k += blockDim.x)
-        log_prob[base + k * D] = score(xi[k * D]) - norm;
+        log_prob[base + k * D] = convert<float>(xi[k * D]) - norm;
     if (threadIdx.x == 0) {
       const float w = p.weights[i];
-      values[i] = w != 0.0f ? -w * (score(xi[p.labels[i] * D]) - norm) : 0.0f;
+      values[i] = w != 0.0f ? -w * (convert<float>(xi[p.labels[i] * D]) - norm) : 0.0f;
     }
   }
 }
@@ -129,7 +113,7 @@ __global__ void sce_grad_kernel(SceArgs p, const float* dl, const float* dlp, S*
     const float g = (dl != nullptr ? (p.reduction == ops::LossReduction::kNone ? dl[i] : scale) : 0.0f) *
                     p.weights[i];
     if (g == 0.0f && dlp == nullptr) {  // the same for the whole block
-      for (int64_t k = threadIdx.x; k < C; k += blockDim.x) dxi[k * D] = stored<S>(0.0f);
+      for (int64_t k = threadIdx.x; k < C; k += blockDim.x) dxi[k * D] = convert<S>(0.0f);
       continue;
     }
     const float norm = log_normalizer(xi, C, D);
@@ -141,10 +125,10 @@ __global__ void sce_grad_kernel(SceArgs p, const float* dl, const float* dlp, S*
     const float coef = g - static_cast<float>(dlp_sum);
     const int64_t t = g != 0.0f ? p.labels[i] : -1;
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
-      const float prob = expf(score(xi[k * D]) - norm);
+      const float prob = expf(convert<float>(xi[k * D]) - norm);
       float v = coef * prob + (dlp != nullptr ? dlp[base + k * D] : 0.0f);
       if (k == t) v -= g;
-      dxi[k * D] = stored<S>(v);
+      dxi[k * D] = convert<S>(v);
     }
   }
 }
