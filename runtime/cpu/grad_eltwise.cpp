@@ -123,22 +123,12 @@ using namespace eltwise;
 // ---------------------------------------------------------------------------------------------
 // Unary ops
 
-// dX = dY where X > 0. Y > 0 exactly there (grad_reads.cpp: Relu's gradient reads Y, X comes
-// bare), so Y takes X's place where the runtime hands it over; X where it does (a node whose Y
-// is left out).
+// dX = dY where X > 0, computed from Y where the runtime hands it over (ops::relu_mask_in_x).
 void relu_grad(const KernelArgs& a) {
-  auto run = [](const KernelArgs& args) {
-    unary_grad(
-        args, [](float x) { return x > 0 ? x : 0.0f; },
-        [](float x, float, float dy) { return x > 0 ? dy : 0.0f; });
-  };
-  const ops::GradIo io(a);
-  const Tensor* x = io.x(0);
-  const Tensor* y = io.y(0);
-  if (x == nullptr || y == nullptr || y->is_bare() || y->shape != x->shape) return run(a);
-  std::vector<const Tensor*> in(a.in.begin(), a.in.end());
-  in[0] = y;
-  run(KernelArgs{a.name, a.op_type, a.attrs, in, a.out, a.device, a.random_key});
+  std::vector<const Tensor*> in;
+  unary_grad(
+      ops::relu_mask_in_x(a, in), [](float x) { return x > 0 ? x : 0.0f; },
+      [](float x, float, float dy) { return x > 0 ? dy : 0.0f; });
 }
 
 void sigmoid_grad(const KernelArgs& a) {

@@ -217,18 +217,10 @@ void equal_grad(const KernelArgs& a) { zero_outputs(a); }
 // or float64 dy for CastGrad, an integer exponent for PowGrad) has a kernel here; besides, the
 // common activations' gradients and AddGrad run 16-bit floats natively (same_as_cpu_16bit), and
 // CastGrad writes a 16-bit dx straight from dy (check_cast_grad).
-// dX = dY where X > 0, which is where Y > 0 (grad_reads.cpp: Relu's gradient reads Y, X comes
-// bare): the kernel's mask operand is Y where the runtime hands it over, X where it does not.
+// dX = dY where X > 0, computed from Y where the runtime hands it over (ops::relu_mask_in_x).
 void relu_grad(const KernelArgs& a) {
-  const ops::GradIo io(a);
-  const Tensor* x = io.x(0);
-  const Tensor* y = io.y(0);
-  if (x == nullptr || y == nullptr || y->is_bare() || y->shape != x->shape)
-    return unary_grad(a, UnaryGradOp::kRelu, {});
-  std::vector<const Tensor*> in(a.in.begin(), a.in.end());
-  in[0] = y;
-  unary_grad(KernelArgs{a.name, a.op_type, a.attrs, in, a.out, a.device, a.random_key},
-             UnaryGradOp::kRelu, {});
+  std::vector<const Tensor*> in;
+  unary_grad(ops::relu_mask_in_x(a, in), UnaryGradOp::kRelu, {});
 }
 
 constexpr KernelEntry kKernels[] = {

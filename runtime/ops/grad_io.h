@@ -11,6 +11,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
@@ -157,6 +158,20 @@ inline bool binary_operands(const KernelArgs& a, const GradIo& io, BinaryGradOpe
   expect_dy_shape(a, *b.dy, out);
   if (b.y != nullptr && b.y->shape != out) b.y = nullptr;
   return true;
+}
+
+/// ReluGrad's arguments with its mask operand in X's place, for a kernel that computes dY where
+/// X > 0: Y where the runtime hands it over (grad_reads.cpp: Relu's gradient reads Y and X comes
+/// bare; Y > 0 exactly where X > 0), else `a` as it is (a node whose Y is left out). `storage`
+/// holds the returned arguments' inputs.
+inline KernelArgs relu_mask_in_x(const KernelArgs& a, std::vector<const Tensor*>& storage) {
+  const GradIo io(a);
+  const Tensor* x = io.x(0);
+  const Tensor* y = io.y(0);
+  if (x == nullptr || y == nullptr || y->is_bare() || y->shape != x->shape) return a;
+  storage.assign(a.in.begin(), a.in.end());
+  storage[0] = y;
+  return KernelArgs{a.name, a.op_type, a.attrs, storage, a.out, a.device, a.random_key};
 }
 
 }  // namespace stagecraft::rt::ops
