@@ -203,9 +203,7 @@ int add_attention_function(onnx::ModelProto& model) {
     ranks.insert(recorded_rank(g, n.input(0)));
   }
   if (nodes == 0) return 0;
-  int64_t opset = -1;
-  for (const onnx::OperatorSetIdProto& imp : model.opset_import())
-    if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = imp.version();
+  const int64_t opset = default_opset(model);
   if (opset < 11)
     fail(ErrorKind::kUnsupported,
          "graph '{}': fused Attention nodes at opset {}: their stage file's standard-op function "
@@ -245,6 +243,60 @@ int function_storage_type(const onnx::ModelProto& model, std::string_view op_typ
     type = t;
   }
   return type;
+}
+
+int64_t default_opset(const onnx::ModelProto& model) {
+  int64_t opset = -1;
+  for (const onnx::OperatorSetIdProto& imp : model.opset_import())
+    if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = imp.version();
+  return opset;
+}
+
+onnx::FunctionProto op_between_casts(
+    const std::string& op, const std::string& doc, const std::vector<CastOperand>& inputs,
+    const std::vector<CastOperand>& outputs,
+    const std::vector<std::pair<const char*, onnx::AttributeProto::AttributeType>>& attributes,
+    int storage, int64_t opset) {
+  onnx::FunctionProto f;
+  f.set_name(op);
+  f.set_domain(std::string(grad::kGradDomain));
+  f.set_doc_string(doc);
+  for (const CastOperand& in : inputs) f.add_input(in.name);
+  for (const CastOperand& out : outputs) f.add_output(out.name);
+  for (const auto& [name, type] : attributes) f.add_attribute(name);
+  onnx::OperatorSetIdProto* imp = f.add_opset_import();
+  imp->set_domain("");
+  imp->set_version(opset);
+  auto node = [&](const std::string& type, const std::string& out) {
+    onnx::NodeProto* n = f.add_node();
+    n->set_op_type(type);
+    n->set_name(op + "/" + out);
+    return n;
+  };
+  auto cast = [&](const std::string& in, const std::string& out, int to) {
+    onnx::NodeProto* n = node("Cast", out);
+    n->add_input(in);
+    n->add_output(out);
+    onnx::AttributeProto* a = n->add_attribute();
+    a->set_name("to");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(to);
+  };
+  auto value = [](const CastOperand& o) { return o.cast ? o.name + "_float" : o.name; };
+  for (const CastOperand& in : inputs)
+    if (in.cast) cast(in.name, value(in), onnx::TensorProto::FLOAT);
+  onnx::NodeProto* body = node(op, outputs.empty() ? op : value(outputs.front()));
+  for (const CastOperand& in : inputs) body->add_input(value(in));
+  for (const CastOperand& out : outputs) body->add_output(value(out));
+  for (const auto& [name, type] : attributes) {
+    onnx::AttributeProto* a = body->add_attribute();
+    a->set_name(name);
+    a->set_ref_attr_name(name);
+    a->set_type(type);
+  }
+  for (const CastOperand& out : outputs)
+    if (out.cast) cast(value(out), out.name, storage);
+  return f;
 }
 
 }  // namespace stagecraft::plan

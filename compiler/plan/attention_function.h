@@ -8,7 +8,10 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace stagecraft::plan {
 
@@ -44,5 +47,30 @@ int add_attention_function(onnx::ModelProto& model);
 /// in float32 on 16-bit storage. FLOAT when the file has no such node. Throws
 /// Error(kUnsupported) for a file whose nodes read two types (one body cannot serve both).
 int function_storage_type(const onnx::ModelProto& model, std::string_view op_type);
+
+/// The model's default-domain opset (-1 where it imports none): the opset of its functions'
+/// bodies.
+int64_t default_opset(const onnx::ModelProto& model);
+
+/// An operand of a function whose body is one standard op between Casts (op_between_casts): its
+/// name, and whether the body reads it through a Cast to float32 (an input) or writes it through
+/// a Cast from float32 to the nodes' 16-bit type (an output).
+struct CastOperand {
+  std::string name;
+  bool cast = false;
+};
+
+/// The model-local function `op` of domain ai.stagecraft whose body, at `opset`, is the
+/// standard `op` on `inputs` giving `outputs` (each cast as it says; a cast operand's float32
+/// value is named name + "_float"), with the op's `attributes` read from the calling node
+/// (ref_attr_name; one the node leaves out takes the op's default): how a 16-bit node of ours
+/// whose opset has no 16-bit form of the op (Conv, the pools, the loss on 16-bit scores) is
+/// spelled in plain ONNX, computing in float32 as the kernels do. Body nodes are named op + "/"
+/// + their output.
+onnx::FunctionProto op_between_casts(
+    const std::string& op, const std::string& doc, const std::vector<CastOperand>& inputs,
+    const std::vector<CastOperand>& outputs,
+    const std::vector<std::pair<const char*, onnx::AttributeProto::AttributeType>>& attributes,
+    int storage, int64_t opset);
 
 }  // namespace stagecraft::plan

@@ -27,51 +27,20 @@ bool is_conv(const onnx::NodeProto& n) {
 bool has_bias(const onnx::NodeProto& n) { return n.input_size() > 2 && !n.input(2).empty(); }
 
 onnx::FunctionProto conv_function(bool bias, int storage, int64_t opset) {
-  onnx::FunctionProto f;
-  f.set_name(std::string(kConv));
-  f.set_domain(std::string(grad::kGradDomain));
-  f.set_doc_string(
-      "stagecraft's 16-bit Conv (opset 17's Conv has no bfloat16) as the standard Conv in float32 "
-      "between Casts, as the kernels compute");
-  for (const char* in : {"X", "W", "B"})
-    if (bias || std::string_view(in) != "B") f.add_input(in);
-  f.add_output("Y");
-  for (const char* a : kConvAttributes) f.add_attribute(a);
-  onnx::OperatorSetIdProto* imp = f.add_opset_import();
-  imp->set_domain("");
-  imp->set_version(opset);
-  auto node = [&](const char* op, std::vector<std::string> in, const char* out) {
-    onnx::NodeProto* n = f.add_node();
-    n->set_op_type(op);
-    n->set_name(std::string("Conv/") + out);
-    for (const std::string& name : in) n->add_input(name);
-    n->add_output(out);
-    return n;
-  };
-  auto cast = [&](const char* in, const char* out, int to) {
-    onnx::AttributeProto* a = node("Cast", {in}, out)->add_attribute();
-    a->set_name("to");
-    a->set_type(onnx::AttributeProto::INT);
-    a->set_i(to);
-  };
-  std::vector<std::string> operands;
-  for (const std::string& in : f.input()) {
-    const std::string widened = in + "_float";
-    cast(in.c_str(), widened.c_str(), onnx::TensorProto::FLOAT);
-    operands.push_back(widened);
-  }
-  onnx::NodeProto* conv = node("Conv", operands, "Y_float");
+  std::vector<CastOperand> inputs = {{"X", true}, {"W", true}};
+  if (bias) inputs.push_back({"B", true});
+  std::vector<std::pair<const char*, onnx::AttributeProto::AttributeType>> attributes;
   for (const char* name : kConvAttributes) {
-    onnx::AttributeProto* a = conv->add_attribute();
-    a->set_name(name);
-    a->set_ref_attr_name(name);
     const std::string_view n = name;
-    a->set_type(n == "auto_pad" ? onnx::AttributeProto::STRING
-                : n == "group"  ? onnx::AttributeProto::INT
-                                : onnx::AttributeProto::INTS);
+    attributes.emplace_back(name, n == "auto_pad" ? onnx::AttributeProto::STRING
+                                  : n == "group"  ? onnx::AttributeProto::INT
+                                                  : onnx::AttributeProto::INTS);
   }
-  cast("Y_float", "Y", storage);
-  return f;
+  return op_between_casts(
+      std::string(kConv),
+      "stagecraft's 16-bit Conv (opset 17's Conv has no bfloat16) as the standard Conv in float32 "
+      "between Casts, as the kernels compute",
+      inputs, {{"Y", true}}, attributes, storage, opset);
 }
 
 /// The output channels (W's first dimension) of Conv node `n`, from its weight as the file
@@ -130,9 +99,7 @@ int add_conv_function(onnx::ModelProto& model) {
     biases.insert(has_bias(n));
   }
   if (nodes == 0) return 0;
-  int64_t opset = -1;
-  for (const onnx::OperatorSetIdProto& imp : model.opset_import())
-    if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = imp.version();
+  const int64_t opset = default_opset(model);
   const int storage = function_storage_type(model, kConv);
   if (storage == onnx::TensorProto::FLOAT)
     fail(ErrorKind::kInternal, "graph '{}': a Conv node of domain {} that reads float32", g.name(),

@@ -105,11 +105,8 @@ int add_gelu_function(onnx::ModelProto& model) {
     fail(ErrorKind::kInternal,
          "graph '{}': Gelu nodes of both forms in one file; its Gelu function has one body",
          model.graph().name());
-  int64_t opset = -1;
-  for (const onnx::OperatorSetIdProto& imp : model.opset_import())
-    if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = imp.version();
-  *model.add_functions() =
-      gelu_function(*forms.begin() == "tanh", function_storage_type(model, "Gelu"), opset);
+  *model.add_functions() = gelu_function(
+      *forms.begin() == "tanh", function_storage_type(model, "Gelu"), default_opset(model));
   return nodes;
 }
 

@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "compiler/plan/attention_function.h"
 #include "runtime/format/error.h"
@@ -27,46 +28,20 @@ std::pair<int, int> arity(const onnx::NodeProto& n) {
   return {in, out};
 }
 
-onnx::FunctionProto loss_function(int inputs, int outputs, int64_t opset) {
-  onnx::FunctionProto f;
-  f.set_name(std::string(kLoss));
-  f.set_domain(std::string(grad::kGradDomain));
-  f.set_doc_string(
-      "stagecraft's SoftmaxCrossEntropyLoss on 16-bit scores with a float32 loss (ONNX's op gives "
-      "its outputs the scores' type) as the standard op after a Cast of the scores to float32, "
-      "as the kernels compute");
+onnx::FunctionProto loss_function(int inputs, int outputs, int storage, int64_t opset) {
   const char* const in_names[] = {"scores", "labels", "weights"};
   const char* const out_names[] = {"loss", "log_prob"};
-  for (int k = 0; k < inputs; ++k) f.add_input(in_names[k]);
-  for (int k = 0; k < outputs; ++k) f.add_output(out_names[k]);
-  f.add_attribute("ignore_index");
-  f.add_attribute("reduction");
-  onnx::OperatorSetIdProto* imp = f.add_opset_import();
-  imp->set_domain("");
-  imp->set_version(opset);
-  onnx::NodeProto* cast = f.add_node();
-  cast->set_op_type("Cast");
-  cast->set_name("SoftmaxCrossEntropyLoss/scores_float");
-  cast->add_input("scores");
-  cast->add_output("scores_float");
-  onnx::AttributeProto* to = cast->add_attribute();
-  to->set_name("to");
-  to->set_type(onnx::AttributeProto::INT);
-  to->set_i(onnx::TensorProto::FLOAT);
-  onnx::NodeProto* loss = f.add_node();
-  loss->set_op_type(std::string(kLoss));
-  loss->set_name("SoftmaxCrossEntropyLoss/loss");
-  loss->add_input("scores_float");
-  for (int k = 1; k < inputs; ++k) loss->add_input(in_names[k]);
-  for (int k = 0; k < outputs; ++k) loss->add_output(out_names[k]);
-  for (const auto& [name, type] : {std::pair{"ignore_index", onnx::AttributeProto::INT},
-                                   std::pair{"reduction", onnx::AttributeProto::STRING}}) {
-    onnx::AttributeProto* a = loss->add_attribute();
-    a->set_name(name);
-    a->set_ref_attr_name(name);
-    a->set_type(type);
-  }
-  return f;
+  std::vector<CastOperand> in, out;
+  for (int k = 0; k < inputs; ++k) in.push_back({in_names[k], k == 0});
+  for (int k = 0; k < outputs; ++k) out.push_back({out_names[k], false});
+  return op_between_casts(
+      std::string(kLoss),
+      "stagecraft's SoftmaxCrossEntropyLoss on 16-bit scores with a float32 loss (ONNX's op gives "
+      "its outputs the scores' type) as the standard op after a Cast of the scores to float32, "
+      "as the kernels compute",
+      in, out,
+      {{"ignore_index", onnx::AttributeProto::INT}, {"reduction", onnx::AttributeProto::STRING}},
+      storage, opset);
 }
 
 }  // namespace
@@ -86,21 +61,18 @@ int add_loss_function(onnx::ModelProto& model) {
          "graph '{}': {} SoftmaxCrossEntropyLoss nodes of domain {} with different inputs or "
          "outputs; one function body cannot serve them",
          g.name(), nodes, grad::kGradDomain);
-  if (function_storage_type(model, kLoss) == onnx::TensorProto::FLOAT)
+  const int storage = function_storage_type(model, kLoss);
+  if (storage == onnx::TensorProto::FLOAT)
     fail(ErrorKind::kInternal,
-         "graph '{}': a SoftmaxCrossEntropyLoss node of domain {} that reads "
-         "float32 scores",
+         "graph '{}': a SoftmaxCrossEntropyLoss node of domain {} that reads float32 scores",
          g.name(), grad::kGradDomain);
-  int64_t opset = -1;
-  for (const onnx::OperatorSetIdProto& imp : model.opset_import())
-    if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = imp.version();
   const auto [inputs, outputs] = *arities.begin();
   for (onnx::NodeProto& n : *model.mutable_graph()->mutable_node()) {  // trailing "" dropped
     if (!is_loss(n)) continue;
     while (n.input_size() > inputs) n.mutable_input()->RemoveLast();
     while (n.output_size() > outputs) n.mutable_output()->RemoveLast();
   }
-  *model.add_functions() = loss_function(inputs, outputs, opset);
+  *model.add_functions() = loss_function(inputs, outputs, storage, default_opset(model));
   return nodes;
 }
 

@@ -51,46 +51,13 @@ int outputs_of(const onnx::NodeProto& n) {
 }
 
 onnx::FunctionProto pool_function(const std::string& op, int outputs, int storage, int64_t opset) {
-  onnx::FunctionProto f;
-  f.set_name(op);
-  f.set_domain(std::string(grad::kGradDomain));
-  f.set_doc_string("stagecraft's 16-bit " + op + " (opset 17's " + op +
-                   " has no bfloat16) as the standard op in float32 between Casts, as the "
-                   "kernels compute");
-  f.add_input("X");
-  f.add_output("Y");
-  if (outputs > 1) f.add_output("Indices");
-  const std::vector<Attribute> attributes = attributes_of(op, opset);
-  for (const auto& [name, type] : attributes) f.add_attribute(name);
-  onnx::OperatorSetIdProto* imp = f.add_opset_import();
-  imp->set_domain("");
-  imp->set_version(opset);
-  auto cast = [&](const char* in, const char* out, int to) {
-    onnx::NodeProto* n = f.add_node();
-    n->set_op_type("Cast");
-    n->set_name(op + "/" + out);
-    n->add_input(in);
-    n->add_output(out);
-    onnx::AttributeProto* a = n->add_attribute();
-    a->set_name("to");
-    a->set_type(onnx::AttributeProto::INT);
-    a->set_i(to);
-  };
-  cast("X", "X_float", onnx::TensorProto::FLOAT);
-  onnx::NodeProto* pool = f.add_node();
-  pool->set_op_type(op);
-  pool->set_name(op + "/Y_float");
-  pool->add_input("X_float");
-  pool->add_output("Y_float");
-  if (outputs > 1) pool->add_output("Indices");
-  for (const auto& [name, type] : attributes) {
-    onnx::AttributeProto* a = pool->add_attribute();
-    a->set_name(name);
-    a->set_ref_attr_name(name);
-    a->set_type(type);
-  }
-  cast("Y_float", "Y", storage);
-  return f;
+  std::vector<CastOperand> out = {{"Y", true}};
+  if (outputs > 1) out.push_back({"Indices", false});
+  return op_between_casts(op,
+                          "stagecraft's 16-bit " + op + " (opset 17's " + op +
+                              " has no bfloat16) as the standard op in float32 between Casts, "
+                              "as the kernels compute",
+                          {{"X", true}}, out, attributes_of(op, opset), storage, opset);
 }
 
 }  // namespace
@@ -105,9 +72,7 @@ int add_pool_functions(onnx::ModelProto& model) {
     arities[n.op_type()].insert(outputs_of(n));
   }
   if (nodes == 0) return 0;
-  int64_t opset = -1;
-  for (const onnx::OperatorSetIdProto& imp : model.opset_import())
-    if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = imp.version();
+  const int64_t opset = default_opset(model);
   for (const auto& [op, outputs] : arities) {
     if (outputs.size() > 1)
       fail(ErrorKind::kUnsupported,
