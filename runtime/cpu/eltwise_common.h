@@ -205,7 +205,7 @@ using ops::Wrap;  // integer arithmetic that wraps (runtime/ops/pow_element.h)
 /// y[i] = f(x[i]) for n elements.
 template <class In, class Out, class F>
 void map(const In* x, Out* y, int64_t n, F f) {
-#pragma omp parallel for simd if (n >= kParallelElements)
+#pragma omp parallel for simd if (parallel : n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
 }
 

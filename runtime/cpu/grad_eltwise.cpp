@@ -265,7 +265,7 @@ void cast_grad(const KernelArgs& a) {
       return;
     case DType::kFloat64: {
       const double* in = dy->as<double>();
-#pragma omp parallel for simd if (n >= kGradParallelElements)
+#pragma omp parallel for simd if (parallel : n >= kGradParallelElements)
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]);
       return;
     }
@@ -277,7 +277,7 @@ void cast_grad(const KernelArgs& a) {
     }
     case DType::kBFloat16: {
       const uint16_t* in = dy->as<uint16_t>();
-#pragma omp parallel for simd if (n >= kGradParallelElements)
+#pragma omp parallel for simd if (parallel : n >= kGradParallelElements)
       for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{in[i]} << 16);
       return;
     }

@@ -52,7 +52,7 @@ void unary_grad(const KernelArgs& a, Fwd fwd, G g) {
   // A bare Y (grad_reads.h: the gradient is a function of X) is recomputed from X.
   if (y != nullptr && !y->is_bare() && y->shape == x.shape) {
     const float* ys = y->as<float>();
-#pragma omp parallel for simd if (n >= kGradParallelElements)
+#pragma omp parallel for simd if (parallel : n >= kGradParallelElements)
     for (int64_t i = 0; i < n; ++i) dxs[i] = g(xs[i], ys[i], dys[i]);
   } else {
 #pragma omp parallel for if (n >= kGradParallelElements)

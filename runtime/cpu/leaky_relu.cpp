@@ -22,7 +22,7 @@ void leaky_relu_of(const Tensor& x, Tensor& y, T alpha) {
   const T* in = x.as<T>();
   T* out = y.as<T>();
   const int64_t n = x.numel();
-#pragma omp parallel for simd if (n >= kParallelElements)
+#pragma omp parallel for simd if (parallel : n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) out[i] = in[i] < T(0) ? alpha * in[i] : in[i];
 }
 
@@ -46,7 +46,7 @@ void leaky_relu_grad(const KernelArgs& a) {
   const float* dys = dy->as<float>();
   float* dxs = dx->as<float>();
   const int64_t n = x->numel();
-#pragma omp parallel for simd if (n >= kParallelElements)
+#pragma omp parallel for simd if (parallel : n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) dxs[i] = xs[i] < 0.0f ? alpha * dys[i] : dys[i];
 }
 

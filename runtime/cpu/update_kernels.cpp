@@ -50,7 +50,7 @@ void for_blocks(int64_t n, Body body) {
 
 void sgd_loop(float* __restrict w, const float* __restrict g, int64_t n, const SgdUpdate& u) {
   const float lr = u.lr, l2 = u.l2;
-#pragma omp parallel for simd if (n >= kParallelElements)
+#pragma omp parallel for simd if (parallel : n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + l2 * w[i]);
 }
 
@@ -58,7 +58,7 @@ void momentum_loop(float* __restrict w, const float* __restrict g, float* __rest
                    const MomentumUpdate& p) {
   const float lr = p.lr, l2 = p.l2, alpha = p.alpha, beta = p.beta;
   if (p.nesterov) {
-#pragma omp parallel for simd if (n >= kParallelElements)
+#pragma omp parallel for simd if (parallel : n >= kParallelElements)
     for (int64_t i = 0; i < n; ++i) {
       const float gr = g[i] + l2 * w[i];
       const float vi = alpha * v[i] + beta * gr;
@@ -66,7 +66,7 @@ void momentum_loop(float* __restrict w, const float* __restrict g, float* __rest
       w[i] -= lr * (gr + alpha * vi);
     }
   } else {
-#pragma omp parallel for simd if (n >= kParallelElements)
+#pragma omp parallel for simd if (parallel : n >= kParallelElements)
     for (int64_t i = 0; i < n; ++i) {
       const float vi = alpha * v[i] + beta * (g[i] + l2 * w[i]);
       v[i] = vi;
