@@ -29,7 +29,8 @@
 // record per step, {type: "step", format_version, step, step_ms, [loss] (training), [epoch]
 // (--tokens: the passes over the stream before the step's batch), [loss_scale,
 // skipped] (training a precision fp16 plan), [grad_norm] (a plan that clips gradients)}, then one
-//   {type: "summary", format_version, plan, backend, [backend_auto], threads_per_device, devices
+//   {type: "summary", format_version, plan, backend, [backend_auto], threads_per_device,
+//   [deterministic], spin_us, devices
 //   (every replica's), data_parallel, microbatches (per replica), schedule, batch (global), steps,
 //    inputs,
 //    step_ms [every step], median_step_ms, median_of_steps, warmup_step_ms,
@@ -75,6 +76,10 @@
 // each started as soon as the stage's last backward of the step has computed its gradients, so
 // the sums run while the backward goes on; ALLREDUCE waits for them, and the all-reduce time
 // reported is that wait. --no-overlap starts them all at ALLREDUCE instead (for comparison).
+//
+// --spin-us N (default 0): how long a waiting device's worker watches for a message or the step
+// barrier before it sleeps (runtime/exec/spin_condition.h); for workers with a core each. A
+// waiter that finds its core shared (a yield that ran another thread) sleeps at once.
 //
 // --timeout (default 60 s; 0: none): how long a device waits for another (a message, a shared
 // sum, under mpirun another rank at a step barrier) before the run stops with one line naming
@@ -208,6 +213,13 @@ void add_options(CLI::App& app, Args& args) {
                "The same bytes run after run, at some speed: CUDA convolutions use only cuDNN's "
                "deterministic algorithms (off, as in PyTorch: its fastest, some of which sum "
                "with atomics in a varying order; the CPU backend is deterministic either way)");
+  app.add_option("--spin-us", args.spin_us,
+                 "Microseconds a device waiting for another (a message, the step's end) watches "
+                 "before it sleeps: a sleeping thread takes 50-200 us to wake, paid on every "
+                 "hand-off; for workers with a core each (devices x --threads-per-device at "
+                 "most the cores); 0: sleep at once")
+      ->capture_default_str()
+      ->check(cli::at_least<int>(0));
   app.add_flag("--json", args.json,
                "Print the figures as JSON Lines instead of text: one record per step, then a "
                "summary record (docs/schemas/stagerun.schema.json)");
@@ -476,6 +488,7 @@ rt::RunOptions run_options(rt::Pipeline& pipeline, const Args& args, int64_t fir
   options.stop_requested = tools::stop_requested;
   options.profile_step = args.profile_nodes ? args.steps : 0;
   options.deterministic = args.deterministic;
+  options.spin_us = args.spin_us;
   bool tty = isatty(STDERR_FILENO);
   if (!args.quiet)
     options.progress = [tty, first_step, &epoch, last_shown = 0.0](int done, int total,

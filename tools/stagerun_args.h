@@ -25,6 +25,7 @@ struct Args {
   bool synthetic = false, json = false, quiet = false, skip_nonfinite = false, no_overlap = false;
   bool profile_nodes = false;
   bool deterministic = false;
+  int spin_us = 0;  ///< --spin-us
   /// Held-out evaluation (tools/stagerun_eval.h): --eval-data DIR or --eval-tokens FILE,
   /// --eval-every N, --eval-batches K.
   std::string eval_data_dir, eval_tokens_path;

@@ -141,6 +141,7 @@ void print_json(const rt::RunReport& report, const rt::Pipeline& pipeline, const
   if (!auto_reason.empty()) j["backend_auto"] = auto_reason;  // why --backend auto chose it
   j["threads_per_device"] = args.threads;
   if (args.deterministic) j["deterministic"] = true;
+  j["spin_us"] = report.spin_us;
   j["devices"] = plan.devices * plan.data_parallel;
   j["data_parallel"] = plan.data_parallel;
   j["microbatches"] = plan.microbatches;

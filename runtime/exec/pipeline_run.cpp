@@ -133,6 +133,12 @@ RunState::RunState(const PipelineParts& pipeline_, const std::map<std::string, T
             : std::make_unique<InProcessTransport>(pipeline.links, capacity, delivered,
                                                    options.timeout_s, sums, r);
   }
+  // A waiting worker watches for a message, a sum or the barrier before it sleeps, if asked.
+  spin_us = std::max(options.spin_us, 0);
+  barrier.set_spin(std::chrono::microseconds(spin_us));
+  for (auto& transport : transports)
+    if (auto* in_process = dynamic_cast<InProcessTransport*>(transport.get()))
+      in_process->set_spin(std::chrono::microseconds(spin_us));
   if (!options.inject_fault.empty())
     hook.before = [this](std::string_view node, std::string_view) {
       if (node == options.inject_fault)
@@ -253,6 +259,7 @@ RunReport make_report(RunState& run, const plan::Plan& plan) {
     for (auto& list : run.node_profile)
       report.node_profile.insert(report.node_profile.end(), list.begin(), list.end());
   }
+  report.spin_us = run.spin_us;
   report.reported_step = median_step(report.step_s, report.profiled_step);
   double step = report.step_s[report.reported_step], total_busy = 0;
   for (int d = 0; d < devices; ++d) {

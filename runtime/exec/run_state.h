@@ -131,6 +131,7 @@ struct RunState {
   /// Per replica: its transport (null for a replica this process does not run).
   std::vector<std::unique_ptr<Transport>> transports;
   StepBarrier barrier;
+  int spin_us = 0;  ///< RunOptions::spin_us resolved (also the transports' and the barrier's).
   std::vector<DeviceReport> reports;
   std::vector<std::vector<double>> busy;       ///< Per device, per step: compute seconds.
   std::vector<std::vector<double>> allreduce;  ///< Per device, per step: ALLREDUCE seconds.

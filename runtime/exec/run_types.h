@@ -132,6 +132,13 @@ struct RunOptions {
   /// Kernels that give the same bytes run after run (DeviceContext::deterministic; stagerun
   /// --deterministic).
   bool deterministic = false;
+  /// Microseconds a device's worker waiting for a message, a sum or the step barrier of this
+  /// process watches for it before it sleeps (SpinCondition: a sleeping thread takes 50-200 us
+  /// to wake on an idle core, paid on every hand-off); 0: it sleeps at once (stagerun
+  /// --spin-us). Worth it only when every worker thread has a core of its own; measured on a
+  /// 2-core virtual machine it helped some plans and not others (bench/RESULTS.md), so it is off
+  /// unless asked for.
+  int spin_us = 0;
 };
 
 /// One node's kernels in the profiled step (RunOptions::profile_step), summed over its runs in
@@ -212,6 +219,7 @@ struct RunReport {
   /// RunOptions::profile_step's nodes, by device (in device order, each in the order first run).
   std::vector<NodeProfile> node_profile;
   int profiled_step = -1;  ///< Its index in `step_s`; -1 when no step was profiled.
+  int spin_us = 0;         ///< RunOptions::spin_us as the run resolved it.
 };
 
 /// The step whose time is the median of `step_s` without the first step, the warm-up (it pays

@@ -19,6 +19,11 @@ InProcessTransport::InProcessTransport(const std::vector<Link>& links, int capac
   for (const Link& link : links) channels_[link];
 }
 
+void InProcessTransport::set_spin(std::chrono::microseconds spin) {
+  changed_.set_spin(spin);
+  if (replicas_) replicas_->set_spin(spin);
+}
+
 template <typename Ready, typename What>
 void InProcessTransport::wait(std::unique_lock<std::mutex>& lock, Ready ready, What what) {
   if (timeout_s_ <= 0) {

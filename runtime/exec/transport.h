@@ -5,7 +5,7 @@
 /// threads of one process with bounded channels, and the MPI and NCCL transports of the
 /// multi-process runtime implement the same interface.
 
-#include <condition_variable>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -17,6 +17,7 @@
 
 #include "runtime/core/device.h"
 #include "runtime/core/tensor.h"
+#include "runtime/exec/spin_condition.h"
 
 namespace stagecraft::rt {
 
@@ -133,6 +134,8 @@ class ReplicaSums {
   /// `replicas` (R >= 2) replicas; waits longer than `timeout_s` (> 0; 0: none) throw
   /// `Error(kTimeout)`.
   ReplicaSums(int replicas, double timeout_s) : replicas_(replicas), timeout_s_(timeout_s) {}
+  /// How long a waiting worker watches before it sleeps (SpinCondition; set before the run).
+  void set_spin(std::chrono::microseconds spin) { changed_.set_spin(spin); }
   /// `Transport::start_replica_sum`, `progress_replicas` and `finish_replica_sum` of replica
   /// `replica`.
   void start(int replica, const BucketKey& key, ReplicaOp op, const Tensor& bucket,
@@ -171,7 +174,7 @@ class ReplicaSums {
             const char* what);
 
   std::mutex mutex_;
-  std::condition_variable changed_;
+  SpinCondition changed_;
   std::map<BucketKey, Sum> sums_;          ///< Per bucket being summed.
   std::map<int, Shards> gathers_;          ///< Per stage being all-gathered.
   int replicas_;
@@ -194,6 +197,9 @@ class InProcessTransport final : public Transport {
   InProcessTransport(const std::vector<Link>& links, int capacity, OnDelivered on_delivered = {},
                      double timeout_s = 0, std::shared_ptr<ReplicaSums> replicas = nullptr,
                      int replica = 0);
+  /// How long a waiting worker watches before it sleeps (SpinCondition; set before the run),
+  /// for this transport's links and sums and the replicas' shared sums.
+  void set_spin(std::chrono::microseconds spin);
   void send(const Link& link, Message message) override;
   Message recv(const Link& link, int microbatch) override;
   void start_shared_sum(const std::string& weight, const std::vector<int>& holders, int stage,
@@ -227,7 +233,7 @@ class InProcessTransport final : public Transport {
   void wait(std::unique_lock<std::mutex>& lock, Ready ready, What what);
 
   std::mutex mutex_;
-  std::condition_variable changed_;
+  SpinCondition changed_;
   std::map<Link, Channel> channels_;
   std::map<std::string, SharedSum> sums_;
   size_t capacity_;
@@ -247,10 +253,12 @@ class StepBarrier {
       : on_all_arrived_(std::move(on_all_arrived)), parties_(parties) {}
   void arrive_and_wait();
   void abort();
+  /// How long a waiting worker watches before it sleeps (SpinCondition; set before the run).
+  void set_spin(std::chrono::microseconds spin) { changed_.set_spin(spin); }
 
  private:
   std::mutex mutex_;
-  std::condition_variable changed_;
+  SpinCondition changed_;
   std::function<void()> on_all_arrived_;
   int parties_, waiting_ = 0;
   long generation_ = 0;

@@ -280,12 +280,15 @@ TEST_CASE("the tools' JSON outputs are JSON Lines that their schemas accept") {
     }
     CHECK(lines[3]["type"] == "summary");
     check_valid(runs, lines[3], "stagerun --json summary " + p.name);
+    CHECK(lines[3]["spin_us"] == 0);  // waiting workers sleep unless told (--spin-us)
     check_valid(trace, json::parse(testing::read_bytes(measured)), "stagerun --trace " + p.name);
     // --profile-nodes adds its record after the summary.
     const std::vector<json> profiled = json_lines(
-        run_command(dir, fmt::format("{} {} --steps 2 -q --json --profile-nodes", stagerun, plan)),
+        run_command(dir, fmt::format("{} {} --steps 2 -q --json --profile-nodes --spin-us 50",
+                                     stagerun, plan)),
         p.name);
     REQUIRE(profiled.size() == 4);
+    CHECK(profiled[2]["spin_us"] == 50);
     CHECK(profiled[3]["type"] == "node_profile");
     CHECK(!profiled[3]["nodes"].empty());
     check_valid(runs, profiled[3], "stagerun --json --profile-nodes " + p.name);

@@ -332,6 +332,60 @@ TEST_CASE("channels deliver in order, bound the sender, and abort wakes every wa
   CHECK(woken == 2);
 }
 
+TEST_CASE("waiters that spin before they sleep: order, wake-ups, timeouts and aborts hold") {
+  using std::chrono::microseconds;
+  using std::chrono::milliseconds;
+  const Link there{0, 1, false}, back{1, 0, true};
+  for (int spin_us : {1, 100'000}) {  // the sleep path after a short spin, and all spinning
+    CAPTURE(spin_us);
+    InProcessTransport transport({there, back}, 1);
+    transport.set_spin(microseconds(spin_us));
+    StepBarrier barrier(2);
+    barrier.set_spin(microseconds(spin_us));
+    constexpr int kRounds = 300;
+    std::vector<int> echoed;
+    std::thread echo([&] {
+      for (int i = 0; i < kRounds; ++i) {
+        Message m = transport.recv(there, i);
+        echoed.push_back(m.microbatch);
+        transport.send(back, std::move(m));
+        if (i % 50 == 0) barrier.arrive_and_wait();
+      }
+    });
+    for (int i = 0; i < kRounds; ++i) {
+      if (i % 100 == 1) std::this_thread::sleep_for(milliseconds(5));  // the other side waits
+      transport.send(there, {i, {}});
+      CHECK(transport.recv(back, i).microbatch == i);
+      if (i % 50 == 0) barrier.arrive_and_wait();
+    }
+    echo.join();
+    CHECK(echoed.size() == kRounds);
+    CHECK(std::is_sorted(echoed.begin(), echoed.end()));
+  }
+  // A spin longer than the timeout ends at the timeout, and abort wakes a spinning waiter.
+  InProcessTransport slow({back}, 1, {}, 0.05);
+  slow.set_spin(microseconds(10'000'000));
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(slow.recv(back, 0), doctest::Contains("for 0.05 s"), Error);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK(waited >= milliseconds(50));
+  CHECK(waited < milliseconds(5000));
+  InProcessTransport idle({there}, 1);
+  idle.set_spin(microseconds(10'000'000));
+  std::atomic<bool> aborted{false};
+  std::thread waiter([&] {
+    try {
+      idle.recv(there, 0);
+    } catch (const Aborted&) {
+      aborted = true;
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(20));
+  idle.abort();
+  waiter.join();
+  CHECK(aborted);
+}
+
 TEST_CASE("a wait past the transport's timeout names the link and the seconds") {
   Link link{1, 0, true};
   InProcessTransport transport({link}, 1, {}, 0.05);

@@ -146,8 +146,11 @@ TEST_CASE("stagerun --json and --trace describe the run") {
 
 TEST_CASE("a plan costed for another kind of device is run with one warning naming the fix") {
   testing::TempDir dir;
-  // stagec's default device spec: an H100.
-  plan::PlannedModel planned = plan::make_plan(toy_options(2));
+  // stagec's default device spec: an H100. A model with some compute, so that this CPU's step
+  // is far from an H100's (the toy's is within 1.5x of its launch overheads on a fast core).
+  plan::PlanOptions o = toy_options(2);
+  o.model_path = std::string(STAGECRAFT_SAMPLES) + "/mnist_cnn.onnx";
+  plan::PlannedModel planned = plan::make_plan(o);
   plan::write_plan(planned, dir.file("h100"));
   Result r = stagerun(dir, dir.file("h100") + " --backend cpu --steps 2 -q");
   CAPTURE(r.err);
