@@ -41,9 +41,10 @@ class OmpThreads {
   int saved_;
 };
 
-/// Deterministic inputs: floats uniform in [-1, 1), everything else zero (integers 0, bools false).
-std::vector<rt::Tensor> make_inputs(const rt::Program& program) {
-  std::mt19937 rng(20261121);
+/// Deterministic inputs: floats uniform in [-1, 1) drawn from `seed`, everything else zero
+/// (integers 0, bools false).
+std::vector<rt::Tensor> make_inputs(const rt::Program& program, uint32_t seed) {
+  std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   std::vector<rt::Tensor> inputs;
   for (const rt::ValueInfo& info : program.inputs()) {
@@ -57,6 +58,24 @@ std::vector<rt::Tensor> make_inputs(const rt::Program& program) {
     inputs.push_back(std::move(t));
   }
   return inputs;
+}
+
+/// The input sets the timed runs take in turn: `kInputSets` of them when the inputs are at most
+/// `kRotatedBytes`, else one. A kernel that branches on its data (a pooling gradient's argmax)
+/// runs one input's branches again and again in a profile, and a branch predictor learns them
+/// while a run feeds it new values every microbatch: MaxPoolGrad of [2,32,26,26] measured 42 us
+/// a call on one repeated input and 160-179 us in a training run (bench/RESULTS.md). Larger
+/// inputs hold more branches than a predictor keeps, and four copies would cost memory.
+constexpr int kInputSets = 4;
+constexpr int64_t kRotatedBytes = int64_t{16} << 20;
+
+std::vector<std::vector<rt::Tensor>> make_input_sets(const rt::Program& program) {
+  int64_t bytes = 0;
+  for (const rt::ValueInfo& info : program.inputs()) bytes += info.numel_bytes();
+  const int sets = bytes <= kRotatedBytes ? kInputSets : 1;
+  std::vector<std::vector<rt::Tensor>> out;
+  for (int k = 0; k < sets; ++k) out.push_back(make_inputs(program, 20261121u + k));
+  return out;
 }
 
 /// The median time of one run of a model and the runs it is over.
@@ -84,10 +103,11 @@ Timing time_model(onnx::ModelProto model, const std::string& what, int threads,
                                         backend.name(), e.message()));
     }
   }();
-  std::vector<rt::Tensor> inputs = make_inputs(program);
+  std::vector<std::vector<rt::Tensor>> input_sets = make_input_sets(program);
   auto context = backend.make_device(0, threads);
   if (!context->host_visible()) {  // a GPU: inputs and weights on it
-    for (rt::Tensor& t : inputs) t = rt::to_device(*context, t);
+    for (auto& inputs : input_sets)
+      for (rt::Tensor& t : inputs) t = rt::to_device(*context, t);
     std::map<std::string, rt::Tensor> weights;
     for (const auto& [name, w] : program.weights()) weights[name] = rt::to_device(*context, w);
     program.rebind_weights(weights);
@@ -96,15 +116,17 @@ Timing time_model(onnx::ModelProto model, const std::string& what, int threads,
   auto arena = with_context(what + ": profiling", ErrorKind::kIo,
                             [&] { return context->allocate(program.arena_bytes()); });
 
+  size_t runs = 0;
   auto run_once = [&] {
     try {
-      program.run(*context, inputs, arena->base());
+      program.run(*context, input_sets[runs++ % input_sets.size()], arena->base());
     } catch (const Error& e) {
       throw Error(e.kind(), fmt::format("{} cannot be profiled on the {} backend: {}", what,
                                         backend.name(), e.message()));
     }
   };
-  run_once();  // warm-up: first-touch of the arena, oneDNN primitive creation, caches
+  // Warm-up, once per input set: first touch of the arena, oneDNN primitive creation, caches.
+  for (size_t k = 0; k < input_sets.size(); ++k) run_once();
   std::vector<double> samples;
   double total = 0;
   while (static_cast<int>(samples.size()) < kMinRuns ||
