@@ -372,6 +372,17 @@ std::string input_kinds(const ir::Graph& graph, const ir::Node& node) {
   return kinds;
 }
 
+bool reads_only_graph_inputs(const ir::Graph& graph, const ir::Node& node) {
+  const std::string kinds = input_kinds(graph, node);
+  bool any = false;
+  for (size_t k = 0; k < node.inputs.size() && k < kinds.size(); ++k) {
+    if (kinds[k] != 'a') continue;
+    if (!graph.value(node.inputs[k]).is_graph_input) return false;
+    any = true;
+  }
+  return any;
+}
+
 bool may_have_backward(const ir::Graph& graph, const ir::Node& node) {
   bool float_output = false;
   for (ir::ValueId out : node.outputs) {
@@ -401,7 +412,9 @@ OpTime MeasuredCostModel::op_time(const ir::Graph& graph, const ir::Node& node) 
     if (!may_have_backward(graph, node)) return t;
     auto b = it->second.backward.find(input_kinds(graph, node));
     if (b != it->second.backward.end()) {
-      t.backward_input_s = b->second.input_ms * 1e-3;
+      // The entry's input part is measured wherever the signature stands; a node whose
+      // activations are all graph inputs (the first layer) has none in a run.
+      t.backward_input_s = reads_only_graph_inputs(graph, node) ? 0 : b->second.input_ms * 1e-3;
       t.backward_weight_s = b->second.weight_ms * 1e-3;
       t.backward_s = t.backward_input_s + t.backward_weight_s;
       return t;

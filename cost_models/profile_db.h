@@ -139,9 +139,13 @@ std::string signature_key(const ir::Graph& graph, const ir::Node& node);
 /// is wanted), 'w' a trainable weight (a float32 initializer marked `is_weight`), '-' anything
 /// else (an omitted input, an integer or bool value, a constant). With the signature it fixes
 /// the gradient ops autodiff writes, so it keys the backward entries. Graph inputs count as
-/// activations, as in the roofline: the same signature is one entry wherever it stands, which
-/// overstates only the first layer's B.
+/// activations here: the same signature is one entry wherever it stands, and the cost model
+/// charges no input part to a node whose activations are all graph inputs
+/// (`reads_only_graph_inputs`: autodiff writes no gradient of the model's data).
 std::string input_kinds(const ir::Graph& graph, const ir::Node& node);
+
+/// Whether every input of kind 'a' of `node` (at least one) is a graph input.
+bool reads_only_graph_inputs(const ir::Graph& graph, const ir::Node& node);
 
 /// Whether `node` can have a backward at all: a floating-point output and an input of kind 'a'
 /// or 'w'. Other nodes (shape arithmetic, comparisons, integer ops) cost 0 backward and are not

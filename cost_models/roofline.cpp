@@ -22,6 +22,9 @@ InputRole input_role(const ir::Graph& graph, ir::ValueId id) {
   if (!is_floating(value.dtype)) return InputRole::kNone;
   if (value.is_weight) return InputRole::kWeight;
   if (value.is_initializer()) return InputRole::kNone;  // A constant: no gradient.
+  // A graph input (the model's data): autodiff writes no gradient of it (the first layer's
+  // backward is its weight gradient only).
+  if (value.is_graph_input) return InputRole::kNone;
   return InputRole::kActivation;
 }
 

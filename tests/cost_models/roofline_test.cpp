@@ -120,6 +120,22 @@ TEST_CASE("LSTM counts X W^T and H R^T of every step and direction, plus the gat
   CHECK(t.backward_weight_s >= t.forward_s);
 }
 
+TEST_CASE("the first layer's backward is its weight gradient: a graph input gets none") {
+  GraphBuilder b;
+  auto x = b.tensor("x", {256, 1024});
+  b.graph.value(x).is_graph_input = true;
+  auto w = b.weight("w", {1024, 1024});
+  auto y = b.tensor("y", {256, 1024});
+  RooflineCostModel model(kH100, Precision::kFp32);
+  OpTime t = model.op_time(b.graph, b.node("MatMul", {x, w}, {y}));
+  CHECK(t.backward_input_s == 0);
+  CHECK(t.backward_weight_s == doctest::Approx(t.forward_s));
+  // The same product on an activation another node wrote: both parts.
+  b.graph.value(x).is_graph_input = false;
+  t = model.op_time(b.graph, b.graph.node(0));
+  CHECK(t.backward_input_s == doctest::Approx(t.forward_s));
+}
+
 TEST_CASE("a product of two activations has only input gradients") {
   GraphBuilder b;
   auto q = b.tensor("q", {8, 12, 128, 64});
