@@ -183,9 +183,8 @@ ProfileDb::ProfileDb(std::string backend, int threads) : backend_(std::move(back
 
 ProfileDb ProfileDb::load(const std::string& path) {
   nlohmann::json j = read_json_file(path);
-  JsonObject top =
-      JsonValue(j, path).object({"format", "version", "backend", "threads", "entries",
-                                 "instruction_ms", "calibration"});
+  JsonObject top = JsonValue(j, path).object({"format", "version", "backend", "threads", "kernels",
+                                              "entries", "instruction_ms", "calibration"});
   std::string format = top.nonempty_string("format");
   if (format != kFormatName) {
     top.fail("format", fmt::format("is \"{}\", not \"{}\": not a stagecraft profile database",
@@ -205,6 +204,7 @@ ProfileDb ProfileDb::load(const std::string& path) {
     top.fail("threads", fmt::format("is {}, more than any machine has", threads));
   }
   ProfileDb db(backend, static_cast<int>(threads));
+  if (top.find("kernels")) db.kernels_ = top.string("kernels");  // absent in older files: ""
   for (const auto& [key, value] : top.at("entries").object().entries()) {
     db.entries_[key] = read_entry(value, has_backward);
   }
@@ -242,6 +242,7 @@ void ProfileDb::save(const std::string& path) const {
   j["version"] = kVersion;
   j["backend"] = backend_;
   j["threads"] = threads_;
+  if (!kernels_.empty()) j["kernels"] = kernels_;
   nlohmann::ordered_json entries = nlohmann::ordered_json::object();
   for (const auto& [key, e] : entries_) {
     nlohmann::ordered_json entry = {{"op", e.op}, {"fwd_ms", e.fwd_ms}, {"runs", e.runs}};
@@ -306,6 +307,12 @@ void ProfileDb::put_backward(const std::string& key, const std::string& kinds, B
     fail(ErrorKind::kInternal, "profile database: backward of {} (inputs {}) recorded before its forward", key, kinds);
   }
   it->second.backward[kinds] = entry;
+}
+
+void ProfileDb::clear_measurements() {
+  entries_.clear();
+  instruction_ms_.clear();
+  calibrations_.clear();
 }
 
 const InstructionTerms* ProfileDb::find_calibration(const std::string& key) const {

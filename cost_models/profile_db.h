@@ -11,7 +11,7 @@
 /// File format (JSON, written atomically: a temporary file beside it, then a rename):
 ///
 ///     {"format": "stagecraft-profile", "version": 2, "backend": "cpu", "threads": 1,
-///      "entries": {KEY: {"op": "MatMul", "fwd_ms": 0.0123, "runs": 100,
+///      "kernels": "3f2a9c...", "entries": {KEY: {"op": "MatMul", "fwd_ms": 0.0123, "runs": 100,
 ///                        "backward": {"aw": {"input_ms": 0.0131, "input_runs": 100,
 ///                                            "weight_ms": 0.0142, "weight_runs": 100}}}, ...}}
 ///
@@ -95,6 +95,13 @@ class ProfileDb {
 
   const std::string& backend() const { return backend_; }
   int threads() const { return threads_; }
+  /// Which kernels measured it ("kernels": the profiler's stamp of the backend's kernel sources,
+  /// tools/profile/profiler.h; "" in files written before it was kept).
+  const std::string& kernels() const { return kernels_; }
+  void set_kernels(std::string stamp) { kernels_ = std::move(stamp); }
+  /// Forgets every measurement (entries, instruction costs, calibrations): they were taken with
+  /// other kernels.
+  void clear_measurements();
   const std::map<std::string, ProfileEntry>& entries() const { return entries_; }
   std::size_t size() const { return entries_.size(); }
 
@@ -119,6 +126,7 @@ class ProfileDb {
 
  private:
   std::string backend_;
+  std::string kernels_;
   int threads_;
   std::map<std::string, ProfileEntry> entries_;
   std::map<std::string, double> instruction_ms_;

@@ -51,6 +51,8 @@ std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(
   std::error_code ec;
   const bool existed = std::filesystem::exists(db_path, ec);
   cost::ProfileDb db = cost::ProfileDb::open(db_path, backend, threads);
+  const std::string stale = profile::refresh_kernels(db, db_path);
+  if (!stale.empty()) fmt::print(stderr, "stagec: note: {}\n", stale);
   const std::size_t before = db.size();
   const auto start = Clock::now();
   double last_shown = 0;
@@ -74,7 +76,8 @@ std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(
     throw;
   }
   // A version-1 file is written back as the current version once anything is added to it.
-  if (stats.measured > 0 || stats.backward_measured > 0 || !existed) db.save(db_path);
+  if (stats.measured > 0 || stats.backward_measured > 0 || !existed || !stale.empty())
+    db.save(db_path);
   std::string backward;
   if (training) {
     backward =
@@ -98,7 +101,9 @@ stagecraft::cost::TermsChoice instruction_terms(const std::string& db_path,
                                                 const std::string& key) {
   using namespace stagecraft;
   cost::ProfileDb db = cost::ProfileDb::open(db_path, backend, threads);
-  if (db.instruction_ms().empty()) {
+  const std::string stale = profile::refresh_kernels(db, db_path);
+  if (!stale.empty()) fmt::print(stderr, "stagec: note: {}\n", stale);
+  if (!stale.empty() || db.instruction_ms().empty()) {
     db.set_instruction_ms(profile::measure_instruction_costs(threads, backend));
     db.save(db_path);
   }

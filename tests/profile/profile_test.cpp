@@ -134,6 +134,44 @@ TEST_CASE("a profile database survives a save and a load, written atomically") {
   CHECK(fresh.threads() == 4);
 }
 
+TEST_CASE("a database measured with other kernels is measured again, and says so") {
+  testing::TempDir dir;
+  const std::string path = dir.file("db.json");
+  const std::string stamp = profile::kernels_stamp("cpu");
+  CHECK(stamp.size() == 16);
+  CHECK(stamp != profile::kernels_stamp("cuda"));  // each backend's own kernel sources
+  // Written before stamps were kept: no "kernels" field, read as "".
+  cost::ProfileDb old("cpu", 1);
+  old.put("Relu(float32[4,8])->(float32[4,8])#1", {"Relu", 0.5, 10, {}});
+  old.set_instruction_ms({{"FWD", 0.001}});
+  old.save(path);
+  CHECK(!nlohmann::json::parse(std::ifstream(path)).contains("kernels"));
+  cost::ProfileDb db = cost::ProfileDb::load(path);
+  CHECK(db.kernels().empty());
+  CHECK(profile::refresh_kernels(db, path) ==
+        path + ": measured with other cpu kernels (no kernels stamp; these are " + stamp +
+            "): its 1 signatures and calibrations are measured again");
+  CHECK(db.size() == 0);
+  CHECK(db.instruction_ms().empty());
+  CHECK(db.kernels() == stamp);
+  // This build's: kept, and the stamp survives a save and a load.
+  db.put("Relu(float32[4,8])->(float32[4,8])#1", {"Relu", 0.25, 10, {}});
+  db.save(path);
+  cost::ProfileDb again = cost::ProfileDb::load(path);
+  CHECK(again.kernels() == stamp);
+  CHECK(profile::refresh_kernels(again, path).empty());
+  CHECK(again.size() == 1);
+  // Another build's stamp: measured again.
+  again.set_kernels("0123456789abcdef");
+  CHECK(profile::refresh_kernels(again, path)
+            .find("(kernels 0123456789abcdef; these are " + stamp + ")") != std::string::npos);
+  CHECK(again.size() == 0);
+  // An empty database just takes the stamp.
+  cost::ProfileDb empty("cpu", 1);
+  CHECK(profile::refresh_kernels(empty, path).empty());
+  CHECK(empty.kernels() == stamp);
+}
+
 TEST_CASE("a corrupt or foreign profile database is refused with the file and the field named") {
   testing::TempDir dir;
   std::string path = dir.file("db.json");

@@ -149,6 +149,26 @@ void check_threads(int threads) {
 
 }  // namespace
 
+std::string kernels_stamp(std::string_view backend) {
+  return backend == "cuda" ? STAGECRAFT_CUDA_KERNELS : STAGECRAFT_CPU_KERNELS;
+}
+
+std::string refresh_kernels(cost::ProfileDb& db, const std::string& path) {
+  const std::string stamp = kernels_stamp(db.backend());
+  std::string note;
+  const bool measured = db.size() > 0 || !db.instruction_ms().empty() || !db.calibrations().empty();
+  if (measured && db.kernels() != stamp) {
+    note = fmt::format(
+        "{}: measured with other {} kernels ({}; these are {}): its {} signatures and "
+        "calibrations are measured again",
+        path, db.backend(), db.kernels().empty() ? "no kernels stamp" : "kernels " + db.kernels(),
+        stamp, db.size());
+    db.clear_measurements();
+  }
+  db.set_kernels(stamp);
+  return note;
+}
+
 cost::ProfileEntry measure_node(const ir::Graph& graph, ir::NodeId id, int threads,
                                 std::string_view backend) {
   check_threads(threads);

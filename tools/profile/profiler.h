@@ -72,6 +72,18 @@ cost::ProfileEntry measure_node(const ir::Graph& graph, ir::NodeId node, int thr
 cost::BackwardEntry measure_backward(const ir::Graph& graph, ir::NodeId node, int threads,
                                      std::string_view backend = "cpu");
 
+/// The stamp of the kernels this build profiles with on `backend` ("cpu", "cuda"): a hash of the
+/// backend's kernel sources, the shared ops and the runtime core, made when the build was
+/// configured (tools/CMakeLists.txt). A database stamped otherwise was measured with other
+/// kernels (`refresh_kernels`).
+std::string kernels_stamp(std::string_view backend);
+
+/// Makes `db` this build's on its backend: a database measured with other kernels (another
+/// stamp, or none: written before stamps were kept) loses its measurements, which would plan
+/// with times the kernels no longer take, and returns one line saying so ("" when nothing was
+/// dropped; `path` names the file in it); then `db` carries this build's stamp.
+std::string refresh_kernels(cost::ProfileDb& db, const std::string& path);
+
 /// Measures every live node of `graph` whose signature is not in `db` yet (nodes with the same
 /// signature once) and adds the results to `db`; with `Direction::kForwardAndBackward` also the
 /// backward of every node that may have one and whose (signature, input kinds) has no backward
