@@ -177,7 +177,12 @@ void CpuContext::accumulate(Tensor& sum, const Tensor& add) {
   expect_float_like(sum, add, "accumulate");
   float* out = sum.as<float>();
   const float* in = add.as<float>();
-  for (int64_t i = 0, n = sum.numel(); i < n; ++i) out[i] += in[i];
+  // simd: at -O2 GCC vectorises no loop that needs a run-time check that two pointers do not
+  // overlap, and this one ran a scalar add per element (the gradient sums over microbatches:
+  // 9-10% of a small CNN's CPU training step). Elementwise, so the same sums either way.
+  const int64_t n = sum.numel();
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] += in[i];
 }
 
 bool CpuContext::unscale(Tensor& g, float factor) {
