@@ -379,8 +379,8 @@ std::string input_kinds(const ir::Graph& graph, const ir::Node& node) {
   return kinds;
 }
 
-bool reads_only_graph_inputs(const ir::Graph& graph, const ir::Node& node) {
-  const std::string kinds = input_kinds(graph, node);
+bool reads_only_graph_inputs(const ir::Graph& graph, const ir::Node& node,
+                             const std::string& kinds) {
   bool any = false;
   for (size_t k = 0; k < node.inputs.size() && k < kinds.size(); ++k) {
     if (kinds[k] != 'a') continue;
@@ -417,11 +417,13 @@ OpTime MeasuredCostModel::op_time(const ir::Graph& graph, const ir::Node& node) 
   if (backward_ == BackwardTimes::kNone) return t;
   if (backward_ == BackwardTimes::kMeasured) {
     if (!may_have_backward(graph, node)) return t;
-    auto b = it->second.backward.find(input_kinds(graph, node));
+    const std::string kinds = input_kinds(graph, node);
+    auto b = it->second.backward.find(kinds);
     if (b != it->second.backward.end()) {
       // The entry's input part is measured wherever the signature stands; a node whose
       // activations are all graph inputs (the first layer) has none in a run.
-      t.backward_input_s = reads_only_graph_inputs(graph, node) ? 0 : b->second.input_ms * 1e-3;
+      t.backward_input_s =
+          reads_only_graph_inputs(graph, node, kinds) ? 0 : b->second.input_ms * 1e-3;
       t.backward_weight_s = b->second.weight_ms * 1e-3;
       t.backward_s = t.backward_input_s + t.backward_weight_s;
       return t;

@@ -152,8 +152,10 @@ std::string signature_key(const ir::Graph& graph, const ir::Node& node);
 /// (`reads_only_graph_inputs`: autodiff writes no gradient of the model's data).
 std::string input_kinds(const ir::Graph& graph, const ir::Node& node);
 
-/// Whether every input of kind 'a' of `node` (at least one) is a graph input.
-bool reads_only_graph_inputs(const ir::Graph& graph, const ir::Node& node);
+/// Whether every input of kind 'a' of `node` (at least one) is a graph input; `kinds` is
+/// `input_kinds(graph, node)`.
+bool reads_only_graph_inputs(const ir::Graph& graph, const ir::Node& node,
+                             const std::string& kinds);
 
 /// Whether `node` can have a backward at all: a floating-point output and an input of kind 'a'
 /// or 'w'. Other nodes (shape arithmetic, comparisons, integer ops) cost 0 backward and are not

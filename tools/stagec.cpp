@@ -40,6 +40,19 @@ std::string default_profile_db(const std::string& backend, int threads) {
       .string();
 }
 
+/// The profile database at `db_path` (an empty one when there is none), made this build's: one
+/// measured with other kernels loses its measurements, with a line on stderr saying so, and
+/// `*refreshed` (when given) says whether it did (profile::refresh_kernels).
+stagecraft::cost::ProfileDb open_profile_db(const std::string& db_path, const std::string& backend,
+                                            int threads, bool* refreshed = nullptr) {
+  using namespace stagecraft;
+  cost::ProfileDb db = cost::ProfileDb::open(db_path, backend, threads);
+  const std::string stale = profile::refresh_kernels(db, db_path);
+  if (!stale.empty()) fmt::print(stderr, "stagec: note: {}\n", stale);
+  if (refreshed) *refreshed = !stale.empty();
+  return db;
+}
+
 /// The measured cost model of --profile cpu: profiles the signatures of the planner's graph that
 /// the database at `db_path` lacks (with `training`, their gradient ops too), saves it, prints a
 /// summary line (and one line per backward left to the roofline ratio), and reads times from it.
@@ -50,9 +63,8 @@ std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(
   using Clock = std::chrono::steady_clock;
   std::error_code ec;
   const bool existed = std::filesystem::exists(db_path, ec);
-  cost::ProfileDb db = cost::ProfileDb::open(db_path, backend, threads);
-  const std::string stale = profile::refresh_kernels(db, db_path);
-  if (!stale.empty()) fmt::print(stderr, "stagec: note: {}\n", stale);
+  bool refreshed = false;
+  cost::ProfileDb db = open_profile_db(db_path, backend, threads, &refreshed);
   const std::size_t before = db.size();
   const auto start = Clock::now();
   double last_shown = 0;
@@ -76,7 +88,7 @@ std::unique_ptr<stagecraft::cost::OpCostModel> profiled_costs(
     throw;
   }
   // A version-1 file is written back as the current version once anything is added to it.
-  if (stats.measured > 0 || stats.backward_measured > 0 || !existed || !stale.empty())
+  if (stats.measured > 0 || stats.backward_measured > 0 || !existed || refreshed)
     db.save(db_path);
   std::string backward;
   if (training) {
@@ -100,10 +112,9 @@ stagecraft::cost::TermsChoice instruction_terms(const std::string& db_path,
                                                 const std::string& backend, int threads,
                                                 const std::string& key) {
   using namespace stagecraft;
-  cost::ProfileDb db = cost::ProfileDb::open(db_path, backend, threads);
-  const std::string stale = profile::refresh_kernels(db, db_path);
-  if (!stale.empty()) fmt::print(stderr, "stagec: note: {}\n", stale);
-  if (!stale.empty() || db.instruction_ms().empty()) {
+  // A refreshed database has no instruction costs left either: measured below.
+  cost::ProfileDb db = open_profile_db(db_path, backend, threads);
+  if (db.instruction_ms().empty()) {
     db.set_instruction_ms(profile::measure_instruction_costs(threads, backend));
     db.save(db_path);
   }
