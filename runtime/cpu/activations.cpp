@@ -151,8 +151,40 @@ void prelu_grad(const KernelArgs& a) {
                 [](float x, float, float, float d) { return x > 0 ? 0.0f : x * d; });
 }
 
+// dx = dy * gelu'(x) by oneDNN's eltwise backward primitive (its own vectorised erf or tanh,
+// as the forward's): glibc's erff and expf, a call each per element, made the plain loop below
+// 12x the forward (GPT-style training, [8, 128, 1024] a call: 5.9 ms against 0.5). False where
+// the node's operands are not the plain case (dX and dY of X's shape), which the loop takes.
+bool gelu_grad_dnnl(const KernelArgs& a, bool tanh) {
+  const ops::GradIo io(a);
+  Tensor* dx = io.dx(0);
+  const Tensor* dy = io.dy(0);
+  if (io.n != 1 || dx == nullptr || dy == nullptr) return false;
+  const Tensor& x = io.need_x(0);
+  if (x.dtype != DType::kFloat32 || dy->dtype != DType::kFloat32 || dx->shape != x.shape ||
+      dy->shape != x.shape || x.numel() == 0)
+    return false;
+  CpuContext& ctx = context(a);
+  const dnnl::algorithm algorithm =
+      tanh ? dnnl::algorithm::eltwise_gelu_tanh : dnnl::algorithm::eltwise_gelu_erf;
+  const dnnl::memory::desc md = plain_desc({x.numel()});
+  const dnnl::eltwise_forward::primitive_desc hint(
+      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, algorithm, md), ctx.engine);
+  const dnnl::eltwise_backward::primitive_desc pd(dnnl::eltwise_backward::desc(algorithm, md, md),
+                                                  ctx.engine, hint);
+  dnnl::memory src(md, ctx.engine, const_cast<std::byte*>(x.data));
+  dnnl::memory diff_dst(md, ctx.engine, const_cast<std::byte*>(dy->data));
+  dnnl::memory diff_src(md, ctx.engine, dx->data);
+  dnnl::eltwise_backward(pd).execute(
+      ctx.stream,
+      {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_SRC, diff_src}});
+  ctx.stream.wait();
+  return true;
+}
+
 // The output y is not read (nor recomputed): the derivative is a function of x alone.
 void gelu_grad(const KernelArgs& a) {
+  if (gelu_grad_dnnl(a, gelu_tanh(a))) return;
   if (gelu_tanh(a))
     return unary_grad(
         a, [](float) { return 0.0f; },

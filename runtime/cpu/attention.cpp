@@ -7,7 +7,8 @@
 // gives dQ, one over key blocks dK and dV, so every output row has one writer and no atomics
 // are needed. Blocks are OpenMP tasks with a fixed order of work inside each, so a run gives
 // the same bits whatever thread takes a block. The block products are oneDNN's sgemm
-// (row-major; single-threaded inside the parallel region).
+// (row-major; single-threaded inside the parallel region); the exponentials are vectorise.h's,
+// in loops the compiler vectorises for the processor's vector units (STAGECRAFT_CPU_CLONES).
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/vectorise.h"
 #include "runtime/format/error.h"
 #include "runtime/ops/attention_shape.h"
 #include "runtime/ops/grad_io.h"
@@ -59,7 +61,7 @@ struct Tile {
 
 // S = scale * Q K^T + mask over tile `t` into `s` (nq rows of stride kKeyBlock), -inf where
 // `causal` hides the key from the query. False when sgemm fails.
-bool scores(const Problem& p, const Tile& t, float* s) {
+STAGECRAFT_CPU_CLONES bool scores(const Problem& p, const Tile& t, float* s) {
   const ops::AttentionDims& d = p.s;
   if (!gemm(false, true, t.nq, t.nk, d.d, d.scale, p.q + (t.b * d.tq + t.q0) * d.d, d.d,
             p.k + (t.b * d.tk + t.k0) * d.d, d.d, 0.0f, s, kKeyBlock))
@@ -67,9 +69,17 @@ bool scores(const Problem& p, const Tile& t, float* s) {
   const int64_t plane = ops::attention_mask_plane(d, t.b);
   for (int64_t r = 0; r < t.nq; ++r) {
     float* row = s + r * kKeyBlock;
-    if (p.mask != nullptr)
-      for (int64_t j = 0; j < t.nk; ++j)
-        row[j] += ops::attention_mask_at(d, p.mask, plane, t.q0 + r, t.k0 + j);
+    if (p.mask != nullptr) {
+      const float* mask_row = p.mask + plane + (t.q0 + r) * d.mask_row_stride;
+      const int64_t col = d.mask_col_stride;
+      if (col == 1) {
+        const float* m = mask_row + t.k0;
+#pragma omp simd
+        for (int64_t j = 0; j < t.nk; ++j) row[j] += m[j];
+      } else {
+        for (int64_t j = 0; j < t.nk; ++j) row[j] += mask_row[(t.k0 + j) * col];
+      }
+    }
     const int64_t seen = ops::attention_keys_seen(d, t.q0 + r) - t.k0;
     for (int64_t j = std::max<int64_t>(seen, 0); j < t.nk; ++j) row[j] = kMinusInf;
   }
@@ -83,8 +93,8 @@ int64_t keys_end(const ops::AttentionDims& d, int64_t q0, int64_t nq) {
 
 // The forward over one block of queries: O's rows (the accumulator, rescaled as the running
 // max grows) and lse's. `s` holds kQueryBlock * kKeyBlock floats, `m` and `l` kQueryBlock.
-bool forward_block(const Problem& p, int64_t b, int64_t q0, float* o, float* lse, float* s,
-                   float* m, float* l) {
+STAGECRAFT_CPU_CLONES bool forward_block(const Problem& p, int64_t b, int64_t q0, float* o,
+                                         float* lse, float* s, float* m, float* l) {
   const ops::AttentionDims& d = p.s;
   const int64_t nq = std::min(kQueryBlock, d.tq - q0);
   float* out = o + (b * d.tq + q0) * d.dv;
@@ -97,18 +107,27 @@ bool forward_block(const Problem& p, int64_t b, int64_t q0, float* o, float* lse
     if (!scores(p, t, s)) return false;
     for (int64_t r = 0; r < nq; ++r) {
       float* row = s + r * kKeyBlock;
-      const float top = std::max(m[r], *std::max_element(row, row + t.nk));
+      float top = m[r];
+#pragma omp simd reduction(max : top)
+      for (int64_t j = 0; j < t.nk; ++j) top = row[j] > top ? row[j] : top;
       if (top == kMinusInf) {  // no key seen yet: nothing to add
         std::fill(row, row + t.nk, 0.0f);
         continue;
       }
-      const float rescale = std::exp(m[r] - top);
+      const float rescale = exp_simd(m[r] - top);
       float sum = 0.0f;
-      for (int64_t j = 0; j < t.nk; ++j) sum += row[j] = std::exp(row[j] - top);
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < t.nk; ++j) {
+        row[j] = exp_simd(row[j] - top);
+        sum += row[j];
+      }
       l[r] = l[r] * rescale + sum;
       m[r] = top;
-      if (rescale != 1.0f)
-        for (int64_t c = 0; c < d.dv; ++c) out[r * d.dv + c] *= rescale;
+      if (rescale != 1.0f) {
+        float* o_row = out + r * d.dv;
+#pragma omp simd
+        for (int64_t c = 0; c < d.dv; ++c) o_row[c] *= rescale;
+      }
     }
     if (!gemm(false, false, nq, d.dv, t.nk, 1.0f, s, kKeyBlock, p.v + (b * d.tk + k0) * d.dv, d.dv,
               1.0f, out, d.dv))
@@ -175,12 +194,18 @@ struct Backward {
 
 // Turns tile `t`'s scores in `s` into probabilities P = exp(S - lse) (0 for a query that sees
 // no key) and, when `ds` is not null, dS = P * (dO V^T - D) into `ds`. False when sgemm fails.
-bool probabilities(const Problem& p, const Backward& w, const Tile& t, float* s, float* ds) {
+STAGECRAFT_CPU_CLONES bool probabilities(const Problem& p, const Backward& w, const Tile& t,
+                                         float* s, float* ds) {
   const ops::AttentionDims& d = p.s;
   for (int64_t r = 0; r < t.nq; ++r) {
     const float lse = w.lse[t.b * d.tq + t.q0 + r];
     float* row = s + r * kKeyBlock;
-    for (int64_t j = 0; j < t.nk; ++j) row[j] = lse == kMinusInf ? 0.0f : std::exp(row[j] - lse);
+    if (lse == kMinusInf) {
+      std::fill(row, row + t.nk, 0.0f);
+      continue;
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < t.nk; ++j) row[j] = exp_simd(row[j] - lse);
   }
   if (ds == nullptr) return true;
   if (!gemm(false, true, t.nq, t.nk, d.dv, 1.0f, w.d_o + (t.b * d.tq + t.q0) * d.dv, d.dv,
@@ -188,8 +213,10 @@ bool probabilities(const Problem& p, const Backward& w, const Tile& t, float* s,
     return false;
   for (int64_t r = 0; r < t.nq; ++r) {
     const float delta = w.delta[t.b * d.tq + t.q0 + r];
-    for (int64_t j = 0; j < t.nk; ++j)
-      ds[r * kKeyBlock + j] = s[r * kKeyBlock + j] * (ds[r * kKeyBlock + j] - delta);
+    const float* p_row = s + r * kKeyBlock;
+    float* ds_row = ds + r * kKeyBlock;
+#pragma omp simd
+    for (int64_t j = 0; j < t.nk; ++j) ds_row[j] = p_row[j] * (ds_row[j] - delta);
   }
   return true;
 }
@@ -265,6 +292,7 @@ void attention_grad(const KernelArgs& a) {
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < d.batch * d.tq; ++row) {
     float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
     for (int64_t c = 0; c < d.dv; ++c) sum += d_o[row * d.dv + c] * o[row * d.dv + c];
     dl[row] = dlse ? sum - dlse[row] : sum;
   }
