@@ -21,6 +21,7 @@
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/vectorise.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
 #include "runtime/ops/grad_io.h"
@@ -61,6 +62,33 @@ inline float log_normalizer(const S* x, int64_t c, int64_t stride) {
   return mx + static_cast<float>(std::log(s));
 }
 
+// The same for float32 scores of consecutive classes (D = 1, a language model's loss), in
+// loops vectorised per vector unit: the exponentials by exp_simd (within an ulp of e^x), the
+// sum still in double. glibc's exp, a call per class, was most of a step's loss (GPT-style
+// training, 1024 positions of 1024 classes: 3.6 ms forward, 5.6 ms gradient).
+STAGECRAFT_CPU_CLONES float log_normalizer_row(const float* x, int64_t c) {
+  float mx = x[0];
+#pragma omp simd reduction(max : mx)
+  for (int64_t k = 1; k < c; ++k) mx = x[k] > mx ? x[k] : mx;
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t k = 0; k < c; ++k) s += static_cast<double>(exp_simd(x[k] - mx));
+  return mx + static_cast<float>(std::log(s));
+}
+
+// row[k] = coef * e^(x[k] - norm) + (dlp ? dlp[k] : 0) over the C classes of one position
+// (float32 scores, D = 1): the gradient's softmax term.
+STAGECRAFT_CPU_CLONES void softmax_term_row(const float* x, int64_t c, float norm, float coef,
+                                            const float* dlp, float* row) {
+  if (dlp) {
+#pragma omp simd
+    for (int64_t k = 0; k < c; ++k) row[k] = coef * exp_simd(x[k] - norm) + dlp[k];
+  } else {
+#pragma omp simd
+    for (int64_t k = 0; k < c; ++k) row[k] = coef * exp_simd(x[k] - norm);
+  }
+}
+
 // Calls body(S{}) with the scores' element type (float, BFloat16 or Half).
 template <class Body>
 void with_scores(DType dtype, Body body) {
@@ -90,7 +118,11 @@ void sce(const KernelArgs& a) {
     for (int64_t i = 0; i < positions; ++i) {
       const int64_t n = i / D, d = i % D;
       const S* xi = x + n * C * D + d;
-      const float norm = log_normalizer(xi, C, D);
+      float norm;
+      if constexpr (std::is_same_v<S, float>)
+        norm = D == 1 ? log_normalizer_row(xi, C) : log_normalizer(xi, C, D);
+      else
+        norm = log_normalizer(xi, C, D);
       if (lp)
         for (int64_t k = 0; k < C; ++k)
           lp[n * C * D + k * D + d] = convert<float>(xi[k * D]) - norm;
@@ -150,7 +182,10 @@ void sce_grad(const KernelArgs& a) {
         for (int64_t k = 0; k < C; ++k) dxi[k * D] = convert<S>(0.0f);
         continue;
       }
-      const float norm = log_normalizer(xi, C, D);
+      constexpr bool kFloat = std::is_same_v<S, float>;
+      const float norm = kFloat && D == 1
+                             ? log_normalizer_row(reinterpret_cast<const float*>(xi), C)
+                             : log_normalizer(xi, C, D);
       double dlp_sum = 0;
       if (dlp)
         for (int64_t k = 0; k < C; ++k) dlp_sum += dlp[base + k * D];
@@ -167,9 +202,14 @@ void sce_grad(const KernelArgs& a) {
         row = row_buffer.data();
         step = 1;
       }
-      for (int64_t k = 0; k < C; ++k) {
-        const float prob = std::exp(convert<float>(xi[k * D]) - norm);
-        row[k * step] = coef * prob + (dlp ? dlp[base + k * D] : 0.0f);
+      if (kFloat && D == 1) {
+        softmax_term_row(reinterpret_cast<const float*>(xi), C, norm, coef,
+                         dlp ? dlp + base : nullptr, row);
+      } else {
+        for (int64_t k = 0; k < C; ++k) {
+          const float prob = std::exp(convert<float>(xi[k * D]) - norm);
+          row[k * step] = coef * prob + (dlp ? dlp[base + k * D] : 0.0f);
+        }
       }
       if (g != 0.0f) row[p.labels[i] * step] -= g;
       if constexpr (!std::is_same_v<S, float>)
