@@ -3,12 +3,15 @@
 // ever held for a whole batch entry. The forward walks each block of queries over blocks of
 // keys with an online softmax (a running max m and sum l per query; O rescaled as m grows), so
 // a thread holds one block of scores at a time. The gradient (FlashAttention-2) recomputes each
-// block's probabilities P = exp(S - lse) from the forward's lse: one pass over query blocks
-// gives dQ, one over key blocks dK and dV, so every output row has one writer and no atomics
-// are needed. Blocks are OpenMP tasks with a fixed order of work inside each, so a run gives
-// the same bits whatever thread takes a block. The block products are oneDNN's sgemm
-// (row-major; single-threaded inside the parallel region); the exponentials are vectorise.h's,
-// in loops the compiler vectorises for the processor's vector units (STAGECRAFT_CPU_CLONES).
+// block's probabilities P = exp(S - lse) from the forward's lse. Where there are batch entries
+// enough for every thread, a thread takes a whole entry and one pass over its tiles gives dQ,
+// dK and dV; else one pass over query blocks gives dQ and one over key blocks dK and dV. Either
+// way every output row has one writer and no atomics are needed. Blocks are OpenMP tasks with a
+// fixed order of work inside each, so a run gives the same bits whatever thread takes a block. The
+// block products are oneDNN's sgemm (row-major; single-threaded inside the parallel region); the
+// exponentials are vectorise.h's, in loops the compiler vectorises for the processor's vector units
+// (STAGECRAFT_CPU_CLONES).
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
@@ -28,7 +31,7 @@ namespace stagecraft::rt::cpu {
 namespace {
 
 constexpr int64_t kQueryBlock = 64;
-constexpr int64_t kKeyBlock = 64;
+constexpr int64_t kKeyBlock = 128;
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
 // C = alpha * op(A) op(B) + beta * C, row-major; false when sgemm fails. An empty inner
@@ -264,6 +267,38 @@ bool dkv_block(const Problem& p, const Backward& w, int64_t b, int64_t k0, float
   return true;
 }
 
+// dQ, dK and dV of batch entry `b` in one pass over its tiles: key blocks outer, the queries
+// that see them inner, dQ's rows summed over the key blocks in order. 5 block products a tile,
+// where the two passes above take 7 (each recomputes the scores and dP); one thread owns the
+// entry, so every output row still has one writer.
+bool entry_grad(const Problem& p, const Backward& w, int64_t b, float* scratch) {
+  const ops::AttentionDims& d = p.s;
+  float* s = scratch;
+  float* ds = w.dq || w.dk ? scratch + kQueryBlock * kKeyBlock : nullptr;
+  if (w.dq) std::fill(w.dq + b * d.tq * d.d, w.dq + (b + 1) * d.tq * d.d, 0.0f);
+  if (w.dk) std::fill(w.dk + b * d.tk * d.d, w.dk + (b + 1) * d.tk * d.d, 0.0f);
+  if (w.dv) std::fill(w.dv + b * d.tk * d.dv, w.dv + (b + 1) * d.tk * d.dv, 0.0f);
+  for (int64_t k0 = 0; k0 < d.tk; k0 += kKeyBlock) {
+    const int64_t nk = std::min(kKeyBlock, d.tk - k0);
+    float* dk = w.dk ? w.dk + (b * d.tk + k0) * d.d : nullptr;
+    float* dv = w.dv ? w.dv + (b * d.tk + k0) * d.dv : nullptr;
+    for (int64_t q0 = ops::attention_first_query(d, k0); q0 < d.tq; q0 += kQueryBlock) {
+      const Tile t{b, q0, std::min(kQueryBlock, d.tq - q0), k0, nk};
+      if (!scores(p, t, s) || !probabilities(p, w, t, s, ds)) return false;
+      if (dv && !gemm(true, false, nk, d.dv, t.nq, 1.0f, s, kKeyBlock,
+                      w.d_o + (b * d.tq + q0) * d.dv, d.dv, 1.0f, dv, d.dv))
+        return false;
+      if (dk && !gemm(true, false, nk, d.d, t.nq, d.scale, ds, kKeyBlock,
+                      p.q + (b * d.tq + q0) * d.d, d.d, 1.0f, dk, d.d))
+        return false;
+      if (w.dq && !gemm(false, false, t.nq, d.d, nk, d.scale, ds, kKeyBlock,
+                        p.k + (b * d.tk + k0) * d.d, d.d, 1.0f, w.dq + (b * d.tq + q0) * d.d, d.d))
+        return false;
+    }
+  }
+  return true;
+}
+
 void attention_grad(const KernelArgs& a) {
   const ops::AttentionGradOperands g = ops::attention_grad_operands(a);
   const ops::AttentionDims& d = g.forward.dims;
@@ -299,6 +334,12 @@ void attention_grad(const KernelArgs& a) {
   auto data = [](Tensor* t) { return t ? t->as<float>() : nullptr; };
   const Backward w{lse, d_o, dl, data(g.dq), data(g.dk), data(g.dv)};
   const int64_t scratch = 2 * kQueryBlock * kKeyBlock;
+  // One pass per batch entry where the entries keep every thread busy (a transformer's batch x
+  // heads); else the two passes, whose tasks are blocks of one entry.
+  if (d.batch >= 4 * static_cast<int64_t>(omp_get_max_threads())) {
+    for_blocks(a, d.batch, scratch, [&](int64_t b, float* s) { return entry_grad(p, w, b, s); });
+    return;
+  }
   if (w.dq) {
     const int64_t per_entry = blocks_of(d.tq, kQueryBlock);
     for_blocks(a, d.batch * per_entry, scratch, [&](int64_t task, float* s) {

@@ -5,6 +5,7 @@
 // the refusals, one line each naming the node and the shapes; and the rule by which the CUDA
 // tensor-core kernels skip the per-element mask rules on a tile (ops::attention_tile_unmasked).
 #include <doctest/doctest.h>
+#include <omp.h>
 #include <onnx/onnx_pb.h>
 
 #include <cmath>
@@ -374,6 +375,33 @@ TEST_CASE("AttentionGrad against a double reference, lse passed or recomputed") 
     check_gradient(wide, {}, true, true);
     check_gradient(wide, {.causal = true}, false, true);  // dlse alone
     check_gradient(operands({3, 130, d}, 7, 16, 90), {.causal = true}, true, false);
+  }
+}
+
+// The gradient takes one pass per batch entry when there are at least 4 entries a thread, else
+// a pass over query blocks and one over key blocks: with one thread, 6 entries take the first
+// and 3 the second; with 2 threads, the 6 take the second. Each against the reference, and the
+// two schedules against each other.
+TEST_CASE("AttentionGrad's one-pass and two-pass schedules both give the reference's gradients") {
+  struct Threads {
+    int before = omp_get_max_threads();
+    ~Threads() { omp_set_num_threads(before); }
+  } restore;
+  for (int64_t d : {32, 64}) {
+    CAPTURE(d);
+    Operands six = operands({2, 3, 150, d}, 150, d, 110 + static_cast<unsigned>(d));
+    Operands three = operands({3, 150, d}, 140, d, 120 + static_cast<unsigned>(d));
+    omp_set_num_threads(1);
+    check_gradient(six, {.causal = true}, true, false);
+    check_gradient(six, {}, true, true);
+    check_gradient(three, {.causal = true}, true, true);
+    const auto [o, lse] = forward(six, {.causal = true});
+    const Tensor d_o = random(o.shape, 130);
+    const std::vector<Tensor> one_pass = gradient(six, {.causal = true}, o, &lse, &d_o, nullptr);
+    omp_set_num_threads(2);
+    const std::vector<Tensor> two_passes = gradient(six, {.causal = true}, o, &lse, &d_o, nullptr);
+    for (size_t k = 0; k < 3; ++k)
+      check_close(one_pass[k], attention::values(two_passes[k]), 1e-5, "one against two");
   }
 }
 
