@@ -99,10 +99,10 @@ MemoryBytes stage_memory(int64_t params, int64_t trainable_params,
                          int64_t activation_bytes_per_microbatch, int64_t temporary_peak_bytes,
                          int64_t comm_buffer_bytes, int64_t in_flight, OptimizerKind optimizer,
                          Precision precision, bool training, bool recompute,
-                         int64_t stage_input_bytes_per_microbatch) {
+                         int64_t stage_input_bytes_per_microbatch, int64_t constant_bytes) {
   if (params < 0 || trainable_params < 0 || trainable_params > params ||
       activation_bytes_per_microbatch < 0 || temporary_peak_bytes < 0 || comm_buffer_bytes < 0 ||
-      in_flight < 0 || stage_input_bytes_per_microbatch < 0) {
+      in_flight < 0 || stage_input_bytes_per_microbatch < 0 || constant_bytes < 0) {
     fail(ErrorKind::kInternal,
          "stage_memory: negative argument or more trainable parameters than parameters (params "
          "{}, trainable {}, activations {}, temporary {}, communication {}, in flight {}, stage "
@@ -111,7 +111,8 @@ MemoryBytes stage_memory(int64_t params, int64_t trainable_params,
          comm_buffer_bytes, in_flight, stage_input_bytes_per_microbatch);
   }
   MemoryBytes anatomy;
-  anatomy.weights = bytes_for(params, weight_bytes_per_param(precision, training));
+  anatomy.weights =
+      checked_add(bytes_for(params, weight_bytes_per_param(precision, training)), constant_bytes);
   if (training) {
     anatomy.gradients = bytes_for(trainable_params, gradient_bytes_per_param(precision));
     anatomy.optimizer =

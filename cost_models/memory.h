@@ -57,7 +57,9 @@ using plan::MemoryBytes;
 /// - Weights, gradients and optimizer states follow the per-parameter functions above: weights
 ///   for all `params`, gradients and states for the `trainable_params` among them (frozen
 ///   weights and buffers such as running statistics have neither); gradients and states are 0
-///   when not `training` (and states with `OptimizerKind::kNone`).
+///   when not `training` (and states with `OptimizerKind::kNone`). The stage's constants (the
+///   initializers that are not weights: masks kept as buffers, index and shape operands) add
+///   `constant_bytes` to the weights, which the runtime loads them with.
 /// - Activations: `in_flight` * `activation_bytes_per_microbatch`. With `recompute` (training
 ///   only) each microbatch in flight keeps only its stage input, and one microbatch at a time
 ///   is re-run to its full activations before its backward:
@@ -69,7 +71,7 @@ MemoryBytes stage_memory(int64_t params, int64_t trainable_params,
                          int64_t activation_bytes_per_microbatch, int64_t temporary_peak_bytes,
                          int64_t comm_buffer_bytes, int64_t in_flight, OptimizerKind optimizer,
                          Precision precision, bool training, bool recompute,
-                         int64_t stage_input_bytes_per_microbatch);
+                         int64_t stage_input_bytes_per_microbatch, int64_t constant_bytes = 0);
 
 /// One line for plans and memory errors, in the unit of the total and with the parts that are
 /// not zero: "41.2 GiB: weights 12.0, gradients 6.0, optimizer 24.0, activations 5.2 for 4

@@ -295,9 +295,9 @@ Stage make_stage(const Setup& s, const partition::Solution& sol, std::size_t k, 
     // ZB-H1 and ZB-V run B and W apart and re-run the forward before each.
     out.bwd_ms += (splits_backward(s, static_cast<int>(k)) ? 2 : 1) * out.fwd_ms;
   }
-  auto anatomy = cost::stage_memory(out.params, held.trainable, acts, temporary, comm,
-                                    out.in_flight, s.optimizer, s.precision, s.shape.training,
-                                    out.recompute, out.recompute ? input_bytes : 0);
+  auto anatomy = cost::stage_memory(
+      out.params, held.trainable, acts, temporary, comm, out.in_flight, s.optimizer, s.precision,
+      s.shape.training, out.recompute, out.recompute ? input_bytes : 0, held.constant_bytes);
   if (s.shard_optimizer && s.shape.training) {
     // ZeRO-1: this replica's shard of the sharded state (the largest, rounded up) and the
     // shared weights' whole.

@@ -415,7 +415,7 @@ void apply_mixed_precision(ir::Graph& g, const std::string& loss_output, Candida
       // The float32 masters (fp32's bytes per parameter) and the 16-bit copies kept.
       st.memory.weights =
           static_cast<int64_t>(cost::weight_bytes_per_param(Precision::kFp32, true)) * st.params +
-          mixed.weight_copy_bytes[k];
+          mixed.weight_copy_bytes[k] + span_weights(facts, span.first, span.last).constant_bytes;
     }
   }
   chosen.predicted = predict(chosen.setup, chosen.schedule, chosen.sol, mixed_facts, g, order,
@@ -675,7 +675,8 @@ PlannedModel make_plan(const PlanOptions& o) {
   for (std::size_t i = 0; i < order.size(); ++i) {
     const ir::Node& node = g.node(order[i]);
     const auto param_bytes = static_cast<int64_t>(weight_state_bytes(
-        s, static_cast<double>(facts.params[i]), static_cast<double>(facts.trainable_params[i])));
+        s, static_cast<double>(facts.params[i]), static_cast<double>(facts.trainable_params[i]),
+        static_cast<double>(facts.constant_bytes[i])));
     p.ops.push_back(OpRecord{node.name, node.op_type, out.stage_of[order[i]],
                              facts.time[i].forward_s * 1e3,
                              s.shape.training ? facts.time[i].backward_s * 1e3 : 0.0,

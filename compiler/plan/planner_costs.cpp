@@ -43,8 +43,9 @@ schedule::StageCosts stage_costs(const Setup& s, const partition::Solution& sol,
       act += static_cast<double>(f.output_bytes[i]);
     }
     const SpanWeights held = span_weights(f, st.first, st.last);
-    const double stat = weight_state_bytes(s, static_cast<double>(held.params),
-                                           static_cast<double>(held.trainable));
+    const double stat =
+        weight_state_bytes(s, static_cast<double>(held.params), static_cast<double>(held.trainable),
+                           static_cast<double>(held.constant_bytes));
     w += accumulate_s(s, static_cast<double>(held.trainable));
     const std::size_t k = c.forward_s.size();
     const bool recompute = s.shape.training && rc.at(k);
@@ -267,19 +268,24 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
     const ir::Node& node = g.node(id);
     f.time.push_back(costs.op_time(g, node));
     if (terms.follows_ops()) f.factors.push_back(terms.factors_of(node.name, node.op_type));
-    int64_t params = 0, trained = 0;
+    int64_t params = 0, trained = 0, constants = 0;
     f.weights_read.emplace_back();
     for (ir::ValueId in : node.inputs) {
-      if (in == ir::kNoId || !g.value(in).is_weight) continue;
-      f.weights_read.back().push_back({in, g.value(in).numel(), trainable[in], last_read[in]});
+      if (in == ir::kNoId || !g.value(in).is_initializer()) continue;
+      const ir::Value& v = g.value(in);
+      const int64_t constant_bytes = v.is_weight ? 0 : v.bytes();
+      f.weights_read.back().push_back(
+          {in, v.is_weight ? v.numel() : 0, trainable[in], constant_bytes, last_read[in]});
       last_read[in] = position;
       if (counted[in]) continue;
       counted[in] = true;
-      params += g.value(in).numel();
-      trained += trainable[in] ? g.value(in).numel() : 0;
+      params += v.is_weight ? v.numel() : 0;
+      trained += trainable[in] ? v.numel() : 0;
+      constants += constant_bytes;
     }
     f.params.push_back(params);
     f.trainable_params.push_back(trained);
+    f.constant_bytes.push_back(constants);
     int64_t out = 0;
     // Every output a training forward keeps for the backward: the runtime keeps each value whose
     // bytes the backward reads, whatever its type (a Dropout's bool mask is a quarter of its
@@ -343,11 +349,12 @@ SpanWeights span_weights(const NodeFacts& f, int first, int last) {
       if (w.previous >= first) continue;  // read before in the span: counted there
       out.params += w.elements;
       out.trainable += w.trainable ? w.elements : 0;
+      out.constant_bytes += w.constant_bytes;
     }
   return out;
 }
 
-double weight_state_bytes(const Setup& s, double params, double trainable) {
+double weight_state_bytes(const Setup& s, double params, double trainable, double constant_bytes) {
   const bool training = s.shape.training;
   // ZeRO-1: a replica keeps 1/R of the optimizer state.
   const double optimizer_share = s.shard_optimizer ? 1.0 / s.shape.data_parallel : 1.0;
@@ -356,7 +363,8 @@ double weight_state_bytes(const Setup& s, double params, double trainable) {
           ? cost::gradient_bytes_per_param(s.precision) +
                 cost::optimizer_state_bytes_per_param(s.optimizer, s.precision) * optimizer_share
           : 0.0;
-  return params * cost::weight_bytes_per_param(s.precision, training) + trainable * state;
+  return params * cost::weight_bytes_per_param(s.precision, training) + trainable * state +
+         constant_bytes;
 }
 
 /// Microbatches whose activations global stage `k` keeps at once (1 for inference, which keeps
@@ -374,7 +382,8 @@ partition::GraphProblem build_problem(const ir::Graph& g, const std::vector<ir::
     const auto& t = facts.time[i];
     costs.push_back({t.forward_s + (training ? t.backward_s : 0.0),
                      weight_state_bytes(s, static_cast<double>(facts.params[i]),
-                                        static_cast<double>(facts.trainable_params[i])),
+                                        static_cast<double>(facts.trainable_params[i]),
+                                        static_cast<double>(facts.constant_bytes[i])),
                      training ? static_cast<double>(facts.output_bytes[i]) : 0.0});
   }
   auto gp = partition::make_graph_problem(g, order, std::move(costs));

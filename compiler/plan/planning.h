@@ -84,11 +84,14 @@ std::string fit_suggestions(const Setup& s);
 
 /// A weight a node reads: its elements, and whether training updates it (a gradient and
 /// optimizer state: passes::trainable_weights; not a frozen weight or a buffer such as
-/// BatchNormalization's running statistics).
+/// BatchNormalization's running statistics). Or a constant it reads (any other initializer: a
+/// causal mask kept as a bool buffer, a folded float mask, index and shape operands): no
+/// elements, its bytes in `constant_bytes`; the runtime loads it with the stage's weights.
 struct WeightRead {
   ir::ValueId value = ir::kNoId;
   int64_t elements = 0;
   bool trainable = false;
+  int64_t constant_bytes = 0;
   /// Position of the read of the same weight just before this one (an earlier node's, or this
   /// node's when it reads the weight twice); -1 for its first read. A span counts the weight at
   /// the read whose previous one lies before the span: once, with no search.
@@ -100,6 +103,7 @@ struct NodeFacts {
   std::vector<cost::OpTime> time;
   std::vector<int64_t> params;            ///< Weights first read by this node.
   std::vector<int64_t> trainable_params;  ///< The trainable ones among them.
+  std::vector<int64_t> constant_bytes;    ///< Constants first read by this node (WeightRead).
   /// Every weight this node reads: a stage holds each weight its nodes read, so a weight read
   /// in several stages counts in each (span_weights).
   std::vector<std::vector<WeightRead>> weights_read;
@@ -181,16 +185,18 @@ NodeFacts node_facts(const ir::Graph& g, const std::vector<ir::NodeId>& order,
                      const cost::InstructionTerms& terms);
 
 /// The parameters a stage of positions [first, last] holds, and the trainable ones among them:
-/// every weight its nodes read, once (a weight shared with other stages counts in each).
+/// every weight its nodes read, once (a weight shared with other stages counts in each); and
+/// the bytes of the constants they read, once each.
 struct SpanWeights {
   int64_t params = 0;
   int64_t trainable = 0;
+  int64_t constant_bytes = 0;
 };
 SpanWeights span_weights(const NodeFacts& f, int first, int last);
 
 /// The bytes `params` weights take, `trainable` of them with a gradient and optimizer state
-/// (training).
-double weight_state_bytes(const Setup& s, double params, double trainable);
+/// (training), and `constant_bytes` of constants beside them.
+double weight_state_bytes(const Setup& s, double params, double trainable, double constant_bytes);
 
 /// Microbatches whose activations global stage `k` keeps at once (1 for inference, which keeps
 /// none for a backward).

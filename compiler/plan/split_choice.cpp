@@ -47,7 +47,7 @@ std::vector<int> balanced_cuts(const std::vector<double>& weight, int stages) {
   for (int i = st.first; i <= st.last; ++i) acts += s.shape.training ? f.output_bytes[i] : 0;
   auto in = static_cast<int64_t>(in_flight(s, sol.over_stage));
   auto anatomy = cost::stage_memory(held.params, held.trainable, acts, 0, 0, in, s.optimizer,
-                                    s.precision, s.shape.training, false, 0);
+                                    s.precision, s.shape.training, false, 0, held.constant_bytes);
   fail(ErrorKind::kPlan,
        "no split into {} stages fits: even the split that needs least memory has stage {} needing "
        "{}; device has {} ({})",

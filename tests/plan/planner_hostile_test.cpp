@@ -77,9 +77,10 @@ TEST_CASE("a stage's graph outputs count in its memory: a 32 TiB output does not
   testing::write_model(m, dir.file("m.onnx"));
   PlanOptions o = options_for(dir.file("m.onnx"));
   o.batch = 2;
+  // The weights are the Expand's shape operand, which the stage holds.
   expect_refused(o, ErrorKind::kPlan,
-                 "device 0 (stage 0) peaks at 32.0 TiB, 0.000 ms into the step: communication "
-                 "32.0 TiB; device has");
+                 "device 0 (stage 0) peaks at 32.0 TiB, 0.000 ms into the step: weights 16 B, "
+                 "communication 32.0 TiB; device has");
   // A small output still plans, and its bytes are in the stage's communication.
   g->mutable_initializer(0)->set_int64_data(1, 1024);
   testing::write_model(m, dir.file("small.onnx"));

@@ -78,7 +78,7 @@ TEST_CASE("dualpipev trains to the 1-device losses on 1, 2 and 4 devices") {
           CAPTURE(d.peak_bytes);
           CAPTURE(d.predicted_peak_bytes);
           // As attention_pipeline_test.cpp: the predicted peak is a bound on 1 and 2 devices
-          // (4 KiB: the stage's non-float constants, which the plan leaves out); on 4 it is not
+          // (4 KiB: what the runtime counts at a moment the simulation does not); on 4 it is not
           // yet one for any schedule (issue 33), so it is only reported there.
           if (devices <= 2) {
             CHECK(d.peak_bytes <= d.predicted_peak_bytes + 4096);
