@@ -30,6 +30,101 @@ constexpr ops::GradArity kLayerNormArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_
 // ---------------------------------------------------------------------------------------------
 // BatchNormalizationGrad: X [N, C, ...] read as [N, C, S].
 
+// A BatchNormalizationGrad's operands, X read as [N, C, S]; null where not given or not wanted.
+struct BatchNormGrad {
+  int64_t N, C, S;
+  bool training;
+  float eps, momentum;
+  const float *x, *scale, *in_mean, *in_var, *dy, *drm, *drv;
+  float *dx, *dscale, *dbias, *dmean, *dvar;
+};
+
+// Channel c's gradients. Sums in double, over each image's contiguous plane of S elements in
+// loops vectorised per vector unit (plain C++ loops over doubles ran a scalar operation per
+// element).
+STAGECRAFT_CPU_CLONES void batch_norm_grad_channel(const BatchNormGrad& p, int64_t c) {
+  const int64_t N = p.N, S = p.S, count = N * S;
+  auto plane = [&](int64_t b) { return (b * p.C + c) * S; };
+  double mu, var;
+  if (p.training) {
+    double sum = 0;
+    for (int64_t b = 0; b < N; ++b) {
+      const float* xs = p.x + plane(b);
+#pragma omp simd reduction(+ : sum)
+      for (int64_t s = 0; s < S; ++s) sum += xs[s];
+    }
+    mu = sum / static_cast<double>(count);
+    double sq = 0;
+    for (int64_t b = 0; b < N; ++b) {
+      const float* xs = p.x + plane(b);
+#pragma omp simd reduction(+ : sq)
+      for (int64_t s = 0; s < S; ++s) {
+        const double d = xs[s] - mu;
+        sq += d * d;
+      }
+    }
+    var = sq / static_cast<double>(count);
+  } else {
+    mu = p.in_mean[c];
+    var = p.in_var[c];
+  }
+  const double istd = 1.0 / std::sqrt(var + static_cast<double>(p.eps));
+  double sum_dy = 0, sum_dy_xhat = 0;
+  if (p.dy)
+    for (int64_t b = 0; b < N; ++b) {
+      const float* xs = p.x + plane(b);
+      const float* gs = p.dy + plane(b);
+#pragma omp simd reduction(+ : sum_dy, sum_dy_xhat)
+      for (int64_t s = 0; s < S; ++s) {
+        sum_dy += gs[s];
+        sum_dy_xhat += gs[s] * (xs[s] - mu) * istd;
+      }
+    }
+  if (p.dbias) p.dbias[c] = static_cast<float>(sum_dy);
+  if (p.dscale) p.dscale[c] = static_cast<float>(sum_dy_xhat);
+  const double k = p.scale[c] * istd;
+  if (p.training) {
+    // Running statistics: input * momentum + batch * (1 - momentum).
+    const double rm = p.drm ? p.drm[c] : 0.0, rv = p.drv ? p.drv[c] : 0.0;
+    if (p.dmean) p.dmean[c] = static_cast<float>(p.momentum * rm);
+    if (p.dvar) p.dvar[c] = static_cast<float>(p.momentum * rv);
+    if (!p.dx) return;
+    const double inv = 1.0 / static_cast<double>(count), keep = 1.0 - p.momentum;
+    const double mean_dy = sum_dy * inv, slope = istd * sum_dy_xhat * inv;
+    for (int64_t b = 0; b < N; ++b) {
+      const float* xs = p.x + plane(b);
+      float* out = p.dx + plane(b);
+      if (p.dy) {
+        const float* gs = p.dy + plane(b);
+#pragma omp simd
+        for (int64_t s = 0; s < S; ++s) {
+          const double xc = xs[s] - mu;
+          out[s] = static_cast<float>(keep * inv * (rm + 2.0 * rv * xc) +
+                                      k * (gs[s] - mean_dy - xc * slope));
+        }
+      } else {
+#pragma omp simd
+        for (int64_t s = 0; s < S; ++s)
+          out[s] = static_cast<float>(keep * inv * (rm + 2.0 * rv * (xs[s] - mu)));
+      }
+    }
+  } else {
+    if (p.dx)
+      for (int64_t b = 0; b < N; ++b) {
+        float* out = p.dx + plane(b);
+        if (!p.dy) {
+          std::fill(out, out + S, 0.0f);
+          continue;
+        }
+        const float* gs = p.dy + plane(b);
+#pragma omp simd
+        for (int64_t s = 0; s < S; ++s) out[s] = static_cast<float>(gs[s] * k);
+      }
+    if (p.dmean) p.dmean[c] = static_cast<float>(-k * sum_dy);
+    if (p.dvar) p.dvar[c] = static_cast<float>(-0.5 * p.scale[c] * istd * istd * sum_dy_xhat);
+  }
+}
+
 // Writes every element of the outputs it is given: one value per channel for the [C] gradients
 // and, per channel, every element of dX (zeros in inference without dY).
 void batch_norm_grad(const KernelArgs& a) {
@@ -64,63 +159,26 @@ void batch_norm_grad(const KernelArgs& a) {
   float* dvar = io.wants(4) ? io.dx(4)->as<float>() : nullptr;
   const int64_t count = N * S;
   if (count == 0) return ops::zero_outputs(a);
+  const BatchNormGrad p{N,
+                        C,
+                        S,
+                        training,
+                        eps,
+                        momentum,
+                        xp,
+                        scale,
+                        in_mean,
+                        in_var,
+                        g,
+                        drm ? drm->as<float>() : nullptr,
+                        drv ? drv->as<float>() : nullptr,
+                        dx,
+                        dscale,
+                        dbias,
+                        dmean,
+                        dvar};
 #pragma omp parallel for if (x.numel() > 32768)
-  for (int64_t c = 0; c < C; ++c) {
-    auto at = [&](int64_t b, int64_t s) { return (b * C + c) * S + s; };
-    double mu, var;
-    if (training) {
-      double sum = 0;
-      for (int64_t b = 0; b < N; ++b)
-        for (int64_t s = 0; s < S; ++s) sum += xp[at(b, s)];
-      mu = sum / static_cast<double>(count);
-      double sq = 0;
-      for (int64_t b = 0; b < N; ++b)
-        for (int64_t s = 0; s < S; ++s) {
-          const double d = xp[at(b, s)] - mu;
-          sq += d * d;
-        }
-      var = sq / static_cast<double>(count);
-    } else {
-      mu = in_mean[c];
-      var = in_var[c];
-    }
-    const double istd = 1.0 / std::sqrt(var + static_cast<double>(eps));
-    double sum_dy = 0, sum_dy_xhat = 0;
-    if (g)
-      for (int64_t b = 0; b < N; ++b)
-        for (int64_t s = 0; s < S; ++s) {
-          const int64_t i = at(b, s);
-          sum_dy += g[i];
-          sum_dy_xhat += g[i] * (xp[i] - mu) * istd;
-        }
-    if (dbias) dbias[c] = static_cast<float>(sum_dy);
-    if (dscale) dscale[c] = static_cast<float>(sum_dy_xhat);
-    const double k = scale[c] * istd;
-    if (training) {
-      // Running statistics: input * momentum + batch * (1 - momentum).
-      const double rm = drm ? drm->as<float>()[c] : 0.0, rv = drv ? drv->as<float>()[c] : 0.0;
-      if (dmean) dmean[c] = static_cast<float>(momentum * rm);
-      if (dvar) dvar[c] = static_cast<float>(momentum * rv);
-      if (dx) {
-        const double inv = 1.0 / static_cast<double>(count), keep = 1.0 - momentum;
-        for (int64_t b = 0; b < N; ++b)
-          for (int64_t s = 0; s < S; ++s) {
-            const int64_t i = at(b, s);
-            const double xc = xp[i] - mu;
-            double v = keep * inv * (rm + 2.0 * rv * xc);
-            if (g) v += k * (g[i] - sum_dy * inv - xc * istd * sum_dy_xhat * inv);
-            dx[i] = static_cast<float>(v);
-          }
-      }
-    } else {
-      if (dx)
-        for (int64_t b = 0; b < N; ++b)
-          for (int64_t s = 0; s < S; ++s)
-            dx[at(b, s)] = g ? static_cast<float>(g[at(b, s)] * k) : 0.0f;
-      if (dmean) dmean[c] = static_cast<float>(-k * sum_dy);
-      if (dvar) dvar[c] = static_cast<float>(-0.5 * scale[c] * istd * istd * sum_dy_xhat);
-    }
-  }
+  for (int64_t c = 0; c < C; ++c) batch_norm_grad_channel(p, c);
 }
 
 std::string check_batch_norm_grad(const OpSignature& s) {
