@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/vectorise.h"
 #include "runtime/format/error.h"
 #include "runtime/ops/grad_io.h"
 #include "runtime/ops/instance_norm_shape.h"
@@ -21,17 +22,52 @@ namespace stagecraft::rt::cpu {
 
 namespace {
 
+// The loops over a plane are built per vector unit (STAGECRAFT_CPU_CLONES): plain C++ loops
+// over doubles ran a scalar operation per element.
+
 // A plane's mean and biased variance, in double.
-void plane_stats(const float* x, int64_t size, double& mean, double& var) {
+STAGECRAFT_CPU_CLONES void plane_stats(const float* x, int64_t size, double& mean, double& var) {
   double sum = 0;
+#pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < size; ++i) sum += x[i];
   mean = sum / static_cast<double>(size);
   double sq = 0;
+#pragma omp simd reduction(+ : sq)
   for (int64_t i = 0; i < size; ++i) {
     const double d = x[i] - mean;
     sq += d * d;
   }
   var = sq / static_cast<double>(size);
+}
+
+// out = k * ((in - mean) * inv) + b over a plane.
+STAGECRAFT_CPU_CLONES void normalise_plane(const float* in, float* out, int64_t size, float mean,
+                                           float inv, float k, float b) {
+#pragma omp simd
+  for (int64_t i = 0; i < size; ++i) out[i] = k * ((in[i] - mean) * inv) + b;
+}
+
+// A plane's sums of dY and dY * xhat, and its dX (when `out` is not null).
+STAGECRAFT_CPU_CLONES void instance_norm_grad_plane(const float* in, const float* g, int64_t size,
+                                                    double epsilon, double scale, float* out,
+                                                    double& sum_dy, double& sum_dy_xhat) {
+  double mean, var;
+  plane_stats(in, size, mean, var);
+  const double istd = 1.0 / std::sqrt(var + epsilon);
+  double sdy = 0, sdyx = 0;
+#pragma omp simd reduction(+ : sdy, sdyx)
+  for (int64_t i = 0; i < size; ++i) {
+    sdy += g[i];
+    sdyx += g[i] * (in[i] - mean) * istd;
+  }
+  sum_dy = sdy;
+  sum_dy_xhat = sdyx;
+  if (out == nullptr) return;
+  const double k = scale * istd, inv_size = 1.0 / static_cast<double>(size);
+  const double mean_dy = sdy * inv_size, slope = istd * sdyx * inv_size;
+#pragma omp simd
+  for (int64_t i = 0; i < size; ++i)
+    out[i] = static_cast<float>(k * (g[i] - mean_dy - (in[i] - mean) * slope));
 }
 
 void instance_norm(const KernelArgs& a) {
@@ -52,8 +88,7 @@ void instance_norm(const KernelArgs& a) {
     plane_stats(in, s.size, mean, var);
     const float mean_f = static_cast<float>(mean), var_f = static_cast<float>(var);
     const float inv = 1.0f / std::sqrt(var_f + epsilon);
-    const float k = scale[p % s.c], b = bias[p % s.c];
-    for (int64_t i = 0; i < s.size; ++i) out[i] = k * ((in[i] - mean_f) * inv) + b;
+    normalise_plane(in, out, s.size, mean_f, inv, scale[p % s.c], bias[p % s.c]);
   }
 }
 
@@ -76,28 +111,11 @@ void instance_norm_grad(const KernelArgs& a) {
   float* dx = io.wants(0) ? io.dx(0)->as<float>() : nullptr;
   // Per plane: the sums of dY and of dY * xhat.
   std::vector<double> sum_dy(static_cast<size_t>(s.planes())), sum_dy_xhat(sum_dy.size());
-  const double inv_size = 1.0 / static_cast<double>(s.size);
 #pragma omp parallel for if (x.numel() > 32768)
-  for (int64_t p = 0; p < s.planes(); ++p) {
-    const float* in = xp + p * s.size;
-    const float* g = dyp + p * s.size;
-    double mean, var;
-    plane_stats(in, s.size, mean, var);
-    const double istd = 1.0 / std::sqrt(var + epsilon);
-    double sdy = 0, sdyx = 0;
-    for (int64_t i = 0; i < s.size; ++i) {
-      sdy += g[i];
-      sdyx += g[i] * (in[i] - mean) * istd;
-    }
-    sum_dy[p] = sdy;
-    sum_dy_xhat[p] = sdyx;
-    if (dx == nullptr) continue;
-    const double k = scale[p % s.c] * istd;
-    float* out = dx + p * s.size;
-    for (int64_t i = 0; i < s.size; ++i)
-      out[i] = static_cast<float>(
-          k * (g[i] - sdy * inv_size - (in[i] - mean) * istd * sdyx * inv_size));
-  }
+  for (int64_t p = 0; p < s.planes(); ++p)
+    instance_norm_grad_plane(xp + p * s.size, dyp + p * s.size, s.size, epsilon, scale[p % s.c],
+                             dx ? dx + p * s.size : nullptr, sum_dy[static_cast<size_t>(p)],
+                             sum_dy_xhat[static_cast<size_t>(p)]);
   for (size_t k : {size_t{1}, size_t{2}}) {
     if (!io.wants(k)) continue;
     const std::vector<double>& sums = k == 1 ? sum_dy_xhat : sum_dy;
