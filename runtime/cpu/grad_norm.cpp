@@ -312,6 +312,18 @@ std::string check_layer_norm_grad(const OpSignature& s) {
 // ---------------------------------------------------------------------------------------------
 // SoftmaxGrad (opset 13, one axis): dx = y * (dy - sum(dy * y, axis)).
 
+// One row of consecutive elements: dx = y * (dy - sum(dy * y)), the sum in double, in loops
+// vectorised per vector unit.
+STAGECRAFT_CPU_CLONES void softmax_grad_row(const float* y, const float* g, int64_t len,
+                                            float* dx) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t k = 0; k < len; ++k) s += static_cast<double>(g[k]) * y[k];
+  const float sf = static_cast<float>(s);
+#pragma omp simd
+  for (int64_t k = 0; k < len; ++k) dx[k] = y[k] * (g[k] - sf);
+}
+
 // Writes every element of dX.
 void softmax_grad(const KernelArgs& a) {
   const ops::GradIo io(a, ops::kSoftmaxGradArity);
@@ -324,6 +336,12 @@ void softmax_grad(const KernelArgs& a) {
   const float* yp = y.as<float>();
   const float* g = dy->as<float>();
   float* dx = io.dx(0)->as<float>();
+  if (inner == 1) {  // the last axis (attention's scores): rows of consecutive elements
+#pragma omp parallel for if (x.numel() > 32768)
+    for (int64_t o = 0; o < outer; ++o)
+      softmax_grad_row(yp + o * len, g + o * len, len, dx + o * len);
+    return;
+  }
 #pragma omp parallel for if (x.numel() > 32768)
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < inner; ++i) {
