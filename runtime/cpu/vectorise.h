@@ -9,7 +9,8 @@
 /// processor has (GCC's target_clones, an ifunc). oneDNN's and BLAS's kernels choose at run
 /// time already; this is for ours. A clone with FMA may round a multiply-add once where the
 /// plain one rounds twice: runs on one machine give the same bits, machines of different
-/// vector units may differ in the last place.
+/// vector units may differ in the last place. Under ThreadSanitizer (tools/test.sh --sanitize
+/// thread) the functions are built once, plain.
 ///
 /// select_bits: c ? a : b by bit operations: GCC at -O2 turns a chain of float `?:` into
 /// branches, which keeps a loop from vectorising.
@@ -26,7 +27,9 @@
 #include <bit>
 #include <cstdint>
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// Not under ThreadSanitizer: the loader runs a clone's resolver before TSan's runtime is up,
+// and the instrumented resolver crashes (checked with GCC 12: a segmentation fault at start).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define STAGECRAFT_CPU_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
