@@ -88,15 +88,7 @@ for m in resnet50 gpt; do
 done
 
 # OpenBLAS for the eager+openblas rows.
-if [[ ! -e $OPENBLAS_DIR/libblas.so.3 && $FETCH_OPENBLAS == 1 ]]; then
-  mkdir -p "$CACHE/openblas"
-  (cd "$CACHE/openblas" && apt-get download libopenblas0-openmp >/dev/null 2>&1 &&
-    dpkg -x libopenblas0-openmp_*.deb root &&
-    ln -sfn "$PWD/root/usr/lib/x86_64-linux-gnu/openblas-openmp" lib) ||
-    echo "note: could not fetch OpenBLAS; eager+openblas rows skipped"
-fi
-have_openblas=0
-[[ -e $OPENBLAS_DIR/libblas.so.3 ]] && have_openblas=1
+source bench/openblas.sh
 
 median_after_first() {  # stagerun --json (JSON Lines) on stdin -> median of the summary's step_ms[1:]
   jq 'select(.type == "summary") | [.step_ms[1:][]] | sort | if length % 2 == 1 then .[length/2|floor] else (.[length/2-1] + .[length/2]) / 2 end'

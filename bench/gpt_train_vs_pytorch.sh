@@ -40,15 +40,7 @@ done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-if [[ ! -e $OPENBLAS_DIR/libblas.so.3 && $FETCH_OPENBLAS == 1 ]]; then
-  mkdir -p "$CACHE/openblas"
-  (cd "$CACHE/openblas" && apt-get download libopenblas0-openmp >/dev/null 2>&1 &&
-    dpkg -x libopenblas0-openmp_*.deb root &&
-    ln -sfn "$PWD/root/usr/lib/x86_64-linux-gnu/openblas-openmp" lib) ||
-    echo "note: could not fetch OpenBLAS; eager+openblas rows skipped"
-fi
-have_openblas=0
-[[ -e $OPENBLAS_DIR/libblas.so.3 ]] && have_openblas=1
+source bench/openblas.sh
 
 "$PY" samples/scripts/export_torch_models.py "$work" gpt 2>&1 | grep -v -i warn >&2 || true
 "$BUILD/tools/stagec" "$work/gpt.onnx" -o "$work/plan" --devices 1 --microbatches 1 --batch 8 \
