@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/cpu/conv_backward.h"
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
 #include "runtime/format/error.h"
@@ -56,6 +57,64 @@ bool prefers_blocked(const ops::ConvGeometry& g) {
   int64_t positions = g.dst[0];
   for (size_t i = 0; i < spatial; ++i) positions *= g.dst[2 + i];
   return !pointwise && positions >= 256;
+}
+
+// What one geometry's gradient runs (conv_backward.h): the backward-data and backward-weights
+// primitives and, for each operand whose chosen layout is not plain, the reorder to or from it.
+struct ConvBackwardPlan {
+  dnnl::engine engine;
+  memory::desc src_plain, weights_plain, dst_plain;
+  dnnl::convolution_backward_data::primitive_desc data_pd;
+  dnnl::convolution_backward_data data;
+  dnnl::convolution_backward_weights::primitive_desc weights_pd;
+  dnnl::convolution_backward_weights weights;
+  std::optional<dnnl::reorder> data_diff_dst_in, data_weights_in, diff_src_out;
+  std::optional<dnnl::reorder> weights_diff_dst_in, weights_src_in, diff_weights_out;
+};
+
+// conv_backward.h says when: an ungrouped spatial kernel with at least 8 channels in and out.
+bool prefers_blocked_backward(const ops::ConvGeometry& g) {
+  if (g.weights.size() != g.src.size()) return false;  // grouped: [group, M/g, C/g, k...]
+  const size_t spatial = g.src.size() - 2;
+  bool pointwise = true;
+  for (size_t i = 0; i < spatial; ++i) pointwise &= g.weights[2 + i] == 1;
+  return !pointwise && g.src[1] >= 8 && g.dst[1] >= 8;
+}
+
+ConvBackwardPlan make_backward_plan(const ops::ConvGeometry& g, const dnnl::engine& engine) {
+  const auto f32 = memory::data_type::f32;
+  const auto any = memory::format_tag::any;
+  ConvBackwardPlan p;
+  p.engine = engine;
+  p.src_plain = plain_desc(g.src);
+  p.weights_plain = plain_desc(g.weights);
+  p.dst_plain = plain_desc(g.dst);
+  const bool blocked = prefers_blocked_backward(g);
+  const memory::desc src = blocked ? memory::desc(g.src, f32, any) : p.src_plain;
+  const memory::desc weights = blocked ? memory::desc(g.weights, f32, any) : p.weights_plain;
+  const memory::desc dst = blocked ? memory::desc(g.dst, f32, any) : p.dst_plain;
+  const dnnl::convolution_forward::primitive_desc hint(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                      dnnl::algorithm::convolution_direct, src, weights, dst,
+                                      g.strides, g.dilates, g.pad_l, g.pad_r),
+      engine);
+  p.data_pd = dnnl::convolution_backward_data::primitive_desc(
+      dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src, weights, dst,
+                                            g.strides, g.dilates, g.pad_l, g.pad_r),
+      engine, hint);
+  p.data = dnnl::convolution_backward_data(p.data_pd);
+  p.weights_pd = dnnl::convolution_backward_weights::primitive_desc(
+      dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src, weights,
+                                               dst, g.strides, g.dilates, g.pad_l, g.pad_r),
+      engine, hint);
+  p.weights = dnnl::convolution_backward_weights(p.weights_pd);
+  p.data_diff_dst_in = reorder_between(p.dst_plain, p.data_pd.diff_dst_desc(), engine);
+  p.data_weights_in = reorder_between(p.weights_plain, p.data_pd.weights_desc(), engine);
+  p.diff_src_out = reorder_between(p.data_pd.diff_src_desc(), p.src_plain, engine);
+  p.weights_diff_dst_in = reorder_between(p.dst_plain, p.weights_pd.diff_dst_desc(), engine);
+  p.weights_src_in = reorder_between(p.src_plain, p.weights_pd.src_desc(), engine);
+  p.diff_weights_out = reorder_between(p.weights_pd.diff_weights_desc(), p.weights_plain, engine);
+  return p;
 }
 
 ConvPlan make_plan(const ops::ConvGeometry& g, const dnnl::engine& engine) {
@@ -104,10 +163,13 @@ class Scratch {
 
 }  // namespace
 
-// One device context's convolution plans by geometry and its scratch buffers.
+// One device context's convolution plans by geometry and its scratch buffers (the gradient's
+// blocked operands use the forward's three and two more: kernels of a context run one at a
+// time).
 struct ConvCache {
   std::map<std::vector<int64_t>, ConvPlan> plans;
-  Scratch src_scratch, weights_scratch, dst_scratch;
+  std::map<std::vector<int64_t>, ConvBackwardPlan> backward_plans;
+  Scratch src_scratch, weights_scratch, dst_scratch, diff_dst_scratch, diff_weights_scratch;
 };
 
 void delete_conv_cache(ConvCache* cache) { delete cache; }
@@ -118,24 +180,38 @@ ConvCache& CpuContext::conv_cache() {
 }
 
 void CpuContext::unbind_thread() {
-  if (conv_cache_) conv_cache_->plans.clear();
+  if (conv_cache_) {
+    conv_cache_->plans.clear();
+    conv_cache_->backward_plans.clear();
+  }
 }
 
 namespace {
 
-// The plan for `g` on `engine`, built on first use in this context.
-const ConvPlan& plan_for(const ops::ConvGeometry& g, const dnnl::engine& engine, ConvCache& cache) {
-  auto& plans = cache.plans;
+// A geometry on an engine, as the plan caches key it.
+std::vector<int64_t> plan_key(const ops::ConvGeometry& g, const dnnl::engine& engine) {
   std::vector<int64_t> key{reinterpret_cast<int64_t>(engine.get()), g.bias};
   for (const memory::dims* dims :
        {&g.src, &g.weights, &g.dst, &g.strides, &g.dilates, &g.pad_l, &g.pad_r}) {
     key.push_back(static_cast<int64_t>(dims->size()));
     key.insert(key.end(), dims->begin(), dims->end());
   }
+  return key;
+}
+
+// The plan for `g` in `plans`, built by `make` on first use in this context.
+template <class Plan, class Make>
+const Plan& cached_plan(std::map<std::vector<int64_t>, Plan>& plans, const ops::ConvGeometry& g,
+                        const dnnl::engine& engine, Make make) {
+  std::vector<int64_t> key = plan_key(g, engine);
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
   if (plans.size() >= 512) plans.clear();  // bounds the cache when many models pass through
-  return plans.emplace(std::move(key), make_plan(g, engine)).first->second;
+  return plans.emplace(std::move(key), make(g, engine)).first->second;
+}
+
+const ConvPlan& plan_for(const ops::ConvGeometry& g, const dnnl::engine& engine, ConvCache& cache) {
+  return cached_plan(cache.plans, g, engine, make_plan);
 }
 
 // The operand in the layout the convolution wants: the user's memory itself, or its reordered
@@ -178,6 +254,50 @@ void conv(const KernelArgs& a) {
          shape_string(a.input(0).shape), e.what());
   }
 }
+
+}  // namespace
+
+void conv_backward(CpuContext& ctx, const ops::ConvGeometry& g, const Tensor& x, const Tensor& w,
+                   const Tensor& dy, Tensor* dx, Tensor* dw) {
+  if (dx == nullptr && dw == nullptr) return;
+  ConvCache& cache = ctx.conv_cache();
+  const ConvBackwardPlan& p = cached_plan(cache.backward_plans, g, ctx.engine, make_backward_plan);
+  memory dy_user(p.dst_plain, ctx.engine, dy.data);
+  if (dx != nullptr) {
+    memory diff_dst =
+        operand(p.data_diff_dst_in, dy_user, p.data_pd.diff_dst_desc(), cache.dst_scratch, ctx);
+    memory weights = operand(p.data_weights_in, memory(p.weights_plain, ctx.engine, w.data),
+                             p.data_pd.weights_desc(), cache.weights_scratch, ctx);
+    memory dx_user(p.src_plain, ctx.engine, dx->data);
+    memory diff_src = p.diff_src_out
+                          ? memory(p.data_pd.diff_src_desc(), ctx.engine,
+                                   cache.src_scratch.get(p.data_pd.diff_src_desc().get_size()))
+                          : dx_user;
+    p.data.execute(ctx.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
+                                {DNNL_ARG_WEIGHTS, weights},
+                                {DNNL_ARG_DIFF_SRC, diff_src}});
+    if (p.diff_src_out) p.diff_src_out->execute(ctx.stream, diff_src, dx_user);
+  }
+  if (dw != nullptr) {
+    memory diff_dst = operand(p.weights_diff_dst_in, dy_user, p.weights_pd.diff_dst_desc(),
+                              cache.diff_dst_scratch, ctx);
+    memory src = operand(p.weights_src_in, memory(p.src_plain, ctx.engine, x.data),
+                         p.weights_pd.src_desc(), cache.src_scratch, ctx);
+    memory dw_user(p.weights_plain, ctx.engine, dw->data);
+    memory diff_weights =
+        p.diff_weights_out
+            ? memory(p.weights_pd.diff_weights_desc(), ctx.engine,
+                     cache.diff_weights_scratch.get(p.weights_pd.diff_weights_desc().get_size()))
+            : dw_user;
+    p.weights.execute(ctx.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
+                                   {DNNL_ARG_SRC, src},
+                                   {DNNL_ARG_DIFF_WEIGHTS, diff_weights}});
+    if (p.diff_weights_out) p.diff_weights_out->execute(ctx.stream, diff_weights, dw_user);
+  }
+  ctx.stream.wait();
+}
+
+namespace {
 
 std::string check_conv(const OpSignature& sig) {
   if (std::string why = all_float32(sig); !why.empty()) return why;

@@ -1,9 +1,8 @@
 // Gradients of Conv and pooling. The contract every gradient kernel follows is
 // runtime/format/grad_ops.h: inputs x0..x{n-1}, y0..y{m-1}, dy0..dy{m-1}; outputs dx0..dx{n-1}.
 //
-// ConvGrad: dX through oneDNN's convolution_backward_data, dW through
-// convolution_backward_weights (both on the dense row-major tensors, with a forward-training
-// primitive descriptor as their hint), dB as the sum of dY over the batch and spatial dims.
+// ConvGrad: dX and dW by oneDNN's backward primitives (conv_backward.h: on its blocked layouts
+// where they run faster), dB as the sum of dY over the batch and spatial dims.
 // Pooling gradients are plain loop nests with the forward kernels' (pool.cpp) geometry: MaxPool
 // routes each dy to the first maximum of its window (recomputed from X), AveragePool spreads dy
 // over its window divided by the forward divisor, GlobalAveragePool spreads dy / size.
@@ -15,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cpu/conv_backward.h"
 #include "runtime/cpu/cpu_context.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/vectorise.h"
@@ -73,37 +73,9 @@ void conv_grad(const KernelArgs& a) {
   const ops::ConvGeometry g = ops::conv_grad_geometry(a, x, w, dy);
   ops::check_conv_grad_outputs(a, x, w, io.x(2), io.wants(0), io.wants(1), io.wants(2));
   if (dy.numel() == 0 || x.numel() == 0) return ops::zero_outputs(a);
-  CpuContext& ctx = context(a);
-  const memory::desc src_d = plain_desc(g.src), w_d = plain_desc(g.weights),
-                     dst_d = plain_desc(g.dst);
   try {
-    if (io.wants(0) || io.wants(1)) {
-      dnnl::convolution_forward::desc fwd(dnnl::prop_kind::forward_training,
-                                          dnnl::algorithm::convolution_direct, src_d, w_d, dst_d,
-                                          g.strides, g.dilates, g.pad_l, g.pad_r);
-      dnnl::convolution_forward::primitive_desc hint(fwd, ctx.engine);
-      memory diff_dst(dst_d, ctx.engine, dy.data);
-      if (io.wants(0)) {
-        dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, src_d, w_d,
-                                                   dst_d, g.strides, g.dilates, g.pad_l, g.pad_r);
-        dnnl::convolution_backward_data::primitive_desc pd(desc, ctx.engine, hint);
-        dnnl::convolution_backward_data(pd).execute(
-            ctx.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
-                         {DNNL_ARG_WEIGHTS, memory(w_d, ctx.engine, w.data)},
-                         {DNNL_ARG_DIFF_SRC, memory(src_d, ctx.engine, io.dx(0)->data)}});
-      }
-      if (io.wants(1)) {
-        dnnl::convolution_backward_weights::desc desc(dnnl::algorithm::convolution_direct, src_d,
-                                                      w_d, dst_d, g.strides, g.dilates, g.pad_l,
-                                                      g.pad_r);
-        dnnl::convolution_backward_weights::primitive_desc pd(desc, ctx.engine, hint);
-        dnnl::convolution_backward_weights(pd).execute(
-            ctx.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
-                         {DNNL_ARG_SRC, memory(src_d, ctx.engine, x.data)},
-                         {DNNL_ARG_DIFF_WEIGHTS, memory(w_d, ctx.engine, io.dx(1)->data)}});
-      }
-      ctx.stream.wait();
-    }
+    conv_backward(context(a), g, x, w, dy, io.wants(0) ? io.dx(0) : nullptr,
+                  io.wants(1) ? io.dx(1) : nullptr);
   } catch (const dnnl::error& e) {
     fail(ErrorKind::kUnsupported, "oneDNN cannot run this ConvGrad ({}): {}", shape_string(x.shape),
          e.what());

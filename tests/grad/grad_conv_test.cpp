@@ -57,6 +57,17 @@ TEST_CASE("grad Conv 2-D") {
   conv({1, 3, 5, 5}, {4, 3, 1, 1}, {.strides = {2, 2}});  // inputs that no window reads
 }
 
+// At least 8 channels in and out with a spatial kernel: the gradient runs on oneDNN's blocked
+// layouts, with reorders in and out (conv_backward.h); a pointwise one stays on the plain ones.
+TEST_CASE("grad Conv on oneDNN's blocked layouts") {
+  conv({2, 8, 6, 6}, {16, 8, 3, 3}, {.pads = {1, 1, 1, 1}});
+  conv({1, 16, 7, 7}, {8, 16, 3, 3}, {.strides = {2, 2}, .pads = {1, 0, 0, 1}, .dilations = {2, 1}},
+       false);
+  conv({2, 16, 9}, {8, 16, 3}, {.strides = {2}, .pads = {1, 1}});
+  conv({1, 8, 4, 4, 4}, {8, 8, 3, 3, 3}, {.pads = {1, 1, 1, 1, 1, 1}});
+  conv({2, 8, 5, 5}, {16, 8, 1, 1}, {});
+}
+
 TEST_CASE("grad Conv groups") {
   conv({2, 4, 5, 5}, {6, 2, 3, 3}, {.pads = {1, 1, 1, 1}, .group = 2});
   conv({1, 4, 6, 6}, {4, 1, 3, 3},
