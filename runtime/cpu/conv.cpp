@@ -29,13 +29,29 @@ using dnnl::memory;
 // The shared geometry's dims are handed to oneDNN as they are.
 static_assert(std::is_same_v<ops::ConvGeometry::Dims, memory::dims>);
 
+// A geometry's operands as the kernels hold them (plain) and as its primitives are asked to take
+// them: the plain layouts, or oneDNN's choice ("any") where the plan runs blocked.
+struct Layouts {
+  dnnl::engine engine;  // held so that the engine, whose address keys the plan, outlives it
+  memory::desc src_plain, weights_plain, dst_plain;
+  memory::desc src, weights, dst;
+};
+
+Layouts layouts(const ops::ConvGeometry& g, const dnnl::engine& engine, bool blocked) {
+  const auto f32 = memory::data_type::f32;
+  const auto any = memory::format_tag::any;
+  Layouts l{engine, plain_desc(g.src), plain_desc(g.weights), plain_desc(g.dst), {}, {}, {}};
+  l.src = blocked ? memory::desc(g.src, f32, any) : l.src_plain;
+  l.weights = blocked ? memory::desc(g.weights, f32, any) : l.weights_plain;
+  l.dst = blocked ? memory::desc(g.dst, f32, any) : l.dst_plain;
+  return l;
+}
+
 // What one geometry runs: the convolution and, for each operand whose chosen layout is not
 // plain, the reorder to or from it.
-struct ConvPlan {
-  dnnl::engine engine;  // held so that the engine, whose address keys the plan, outlives it
+struct ConvPlan : Layouts {
   dnnl::convolution_forward::primitive_desc pd;
   dnnl::convolution_forward conv;
-  memory::desc src_plain, weights_plain, dst_plain;
   std::optional<dnnl::reorder> src_in, weights_in, dst_out;
 };
 
@@ -61,13 +77,11 @@ bool prefers_blocked(const ops::ConvGeometry& g) {
 
 // What one geometry's gradient runs (conv_backward.h): the backward-data and backward-weights
 // primitives and, for each operand whose chosen layout is not plain, the reorder to or from it.
-struct ConvBackwardPlan {
-  dnnl::engine engine;
-  memory::desc src_plain, weights_plain, dst_plain;
+struct ConvBackwardPlan : Layouts {
   dnnl::convolution_backward_data::primitive_desc data_pd;
-  dnnl::convolution_backward_data data;
+  dnnl::convolution_backward_data data_grad;
   dnnl::convolution_backward_weights::primitive_desc weights_pd;
-  dnnl::convolution_backward_weights weights;
+  dnnl::convolution_backward_weights weights_grad;
   std::optional<dnnl::reorder> data_diff_dst_in, data_weights_in, diff_src_out;
   std::optional<dnnl::reorder> weights_diff_dst_in, weights_src_in, diff_weights_out;
 };
@@ -82,32 +96,24 @@ bool prefers_blocked_backward(const ops::ConvGeometry& g) {
 }
 
 ConvBackwardPlan make_backward_plan(const ops::ConvGeometry& g, const dnnl::engine& engine) {
-  const auto f32 = memory::data_type::f32;
-  const auto any = memory::format_tag::any;
   ConvBackwardPlan p;
-  p.engine = engine;
-  p.src_plain = plain_desc(g.src);
-  p.weights_plain = plain_desc(g.weights);
-  p.dst_plain = plain_desc(g.dst);
-  const bool blocked = prefers_blocked_backward(g);
-  const memory::desc src = blocked ? memory::desc(g.src, f32, any) : p.src_plain;
-  const memory::desc weights = blocked ? memory::desc(g.weights, f32, any) : p.weights_plain;
-  const memory::desc dst = blocked ? memory::desc(g.dst, f32, any) : p.dst_plain;
+  static_cast<Layouts&>(p) = layouts(g, engine, prefers_blocked_backward(g));
   const dnnl::convolution_forward::primitive_desc hint(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                      dnnl::algorithm::convolution_direct, src, weights, dst,
+                                      dnnl::algorithm::convolution_direct, p.src, p.weights, p.dst,
                                       g.strides, g.dilates, g.pad_l, g.pad_r),
       engine);
   p.data_pd = dnnl::convolution_backward_data::primitive_desc(
-      dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src, weights, dst,
-                                            g.strides, g.dilates, g.pad_l, g.pad_r),
+      dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, p.src, p.weights,
+                                            p.dst, g.strides, g.dilates, g.pad_l, g.pad_r),
       engine, hint);
-  p.data = dnnl::convolution_backward_data(p.data_pd);
+  p.data_grad = dnnl::convolution_backward_data(p.data_pd);
   p.weights_pd = dnnl::convolution_backward_weights::primitive_desc(
-      dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src, weights,
-                                               dst, g.strides, g.dilates, g.pad_l, g.pad_r),
+      dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, p.src,
+                                               p.weights, p.dst, g.strides, g.dilates, g.pad_l,
+                                               g.pad_r),
       engine, hint);
-  p.weights = dnnl::convolution_backward_weights(p.weights_pd);
+  p.weights_grad = dnnl::convolution_backward_weights(p.weights_pd);
   p.data_diff_dst_in = reorder_between(p.dst_plain, p.data_pd.diff_dst_desc(), engine);
   p.data_weights_in = reorder_between(p.weights_plain, p.data_pd.weights_desc(), engine);
   p.diff_src_out = reorder_between(p.data_pd.diff_src_desc(), p.src_plain, engine);
@@ -118,21 +124,12 @@ ConvBackwardPlan make_backward_plan(const ops::ConvGeometry& g, const dnnl::engi
 }
 
 ConvPlan make_plan(const ops::ConvGeometry& g, const dnnl::engine& engine) {
-  const auto f32 = memory::data_type::f32;
-  const auto any = memory::format_tag::any;
   ConvPlan p;
-  p.engine = engine;
-  p.src_plain = plain_desc(g.src);
-  p.weights_plain = plain_desc(g.weights);
-  p.dst_plain = plain_desc(g.dst);
+  static_cast<Layouts&>(p) = layouts(g, engine, prefers_blocked(g));
   const memory::desc bias = g.bias > 0 ? plain_desc({g.bias}) : memory::desc();
-  const bool blocked = prefers_blocked(g);
-  dnnl::convolution_forward::desc desc(
-      dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-      blocked ? memory::desc(g.src, f32, any) : p.src_plain,
-      blocked ? memory::desc(g.weights, f32, any) : p.weights_plain, bias,
-      blocked ? memory::desc(g.dst, f32, any) : p.dst_plain, g.strides, g.dilates, g.pad_l,
-      g.pad_r);
+  dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference,
+                                       dnnl::algorithm::convolution_direct, p.src, p.weights, bias,
+                                       p.dst, g.strides, g.dilates, g.pad_l, g.pad_r);
   p.pd = dnnl::convolution_forward::primitive_desc(desc, engine);
   p.conv = dnnl::convolution_forward(p.pd);
   p.src_in = reorder_between(p.src_plain, p.pd.src_desc(), engine);
@@ -273,9 +270,9 @@ void conv_backward(CpuContext& ctx, const ops::ConvGeometry& g, const Tensor& x,
                           ? memory(p.data_pd.diff_src_desc(), ctx.engine,
                                    cache.src_scratch.get(p.data_pd.diff_src_desc().get_size()))
                           : dx_user;
-    p.data.execute(ctx.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
-                                {DNNL_ARG_WEIGHTS, weights},
-                                {DNNL_ARG_DIFF_SRC, diff_src}});
+    p.data_grad.execute(ctx.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
+                                     {DNNL_ARG_WEIGHTS, weights},
+                                     {DNNL_ARG_DIFF_SRC, diff_src}});
     if (p.diff_src_out) p.diff_src_out->execute(ctx.stream, diff_src, dx_user);
   }
   if (dw != nullptr) {
@@ -289,9 +286,9 @@ void conv_backward(CpuContext& ctx, const ops::ConvGeometry& g, const Tensor& x,
             ? memory(p.weights_pd.diff_weights_desc(), ctx.engine,
                      cache.diff_weights_scratch.get(p.weights_pd.diff_weights_desc().get_size()))
             : dw_user;
-    p.weights.execute(ctx.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
-                                   {DNNL_ARG_SRC, src},
-                                   {DNNL_ARG_DIFF_WEIGHTS, diff_weights}});
+    p.weights_grad.execute(ctx.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
+                                        {DNNL_ARG_SRC, src},
+                                        {DNNL_ARG_DIFF_WEIGHTS, diff_weights}});
     if (p.diff_weights_out) p.diff_weights_out->execute(ctx.stream, diff_weights, dw_user);
   }
   ctx.stream.wait();
