@@ -311,7 +311,15 @@ void run_equal(const KernelArgs& a) {
 }
 
 // Where: out = condition ? x : y, broadcasting all three; elements are copied as opaque
-// words of the element's size, so every fixed-size dtype works.
+// words of the element's size, so every fixed-size dtype works. The choice is a bit select
+// (both words loaded): with `?:` GCC loads only the chosen one, a branch that keeps the loop
+// from vectorising.
+template <class W>
+inline W pick(uint8_t c, W x, W y) {
+  const W m = W(0) - W(c != 0);
+  return (x & m) | (y & ~m);
+}
+
 template <class W>
 void where_loop(const Broadcast<3>& plan, const uint8_t* c, const W* x, const W* y, W* z) {
   const int64_t sc = plan.step(0), sx = plan.step(1), sy = plan.step(2);
@@ -322,7 +330,15 @@ void where_loop(const Broadcast<3>& plan, const uint8_t* c, const W* x, const W*
     W* zs = z + o;
     if (sc && sx && sy) {
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) zs[i] = cs[i] ? xs[i] : ys[i];
+      for (int64_t i = 0; i < n; ++i) zs[i] = pick(cs[i], xs[i], ys[i]);
+    } else if (sc && !sx && sy) {  // masked_fill's: Where(mask, fill, scores)
+      const W xv = *xs;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) zs[i] = pick(cs[i], xv, ys[i]);
+    } else if (sc && sx && !sy) {  // Where(mask, scores, fill)
+      const W yv = *ys;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) zs[i] = pick(cs[i], xs[i], yv);
     } else {
       for (int64_t i = 0; i < n; ++i) zs[i] = cs[i * sc] ? xs[i * sx] : ys[i * sy];
     }

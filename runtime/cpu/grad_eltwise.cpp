@@ -408,8 +408,18 @@ void where_grad(const KernelArgs& a) {
     const bool take_true = k == 1;
     plan.for_each_run([&](int64_t o, const std::array<int64_t, 1>& in, int64_t count) {
       const uint8_t* cs = c + in[0];
-      for (int64_t i = 0; i < count; ++i)
-        dst[o + i] = (cs[i * sc] != 0) == take_true ? d[o + i] : 0.0f;
+      float* out = dst + o;
+      const float* ds = d + o;
+      if (sc == 1) {  // a condition along the row (an attention mask's): a vectorised bit select
+        const uint32_t flip = take_true ? 0u : ~0u;
+#pragma omp simd
+        for (int64_t i = 0; i < count; ++i) {
+          const uint32_t keep = (0u - static_cast<uint32_t>(cs[i] != 0)) ^ flip;
+          out[i] = std::bit_cast<float>(std::bit_cast<uint32_t>(ds[i]) & keep);
+        }
+      } else {
+        for (int64_t i = 0; i < count; ++i) out[i] = (cs[i * sc] != 0) == take_true ? ds[i] : 0.0f;
+      }
     });
     if (!direct) sum_to_shape(full.data(), out, dx->as<float>(), shape);
   }

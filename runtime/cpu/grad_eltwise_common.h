@@ -89,8 +89,31 @@ void binary_part(const KernelArgs& a, size_t k, const Tensor& lhs, const Tensor&
   plan.for_each_run([&](int64_t o, const std::array<int64_t, 2>& in, int64_t count) {
     const float* l = ls + in[0];
     const float* r = rs + in[1];
+    float* out = dst + o;
+    const float* d = dys + o;
+    if (ys == nullptr && s0 <= 1 && s1 <= 1) {
+      // Each operand along the row or repeated (a scale, a bias): loops the compiler vectorises
+      // (with the strides unknown it vectorised none).
+      if (s0 == 1 && s1 == 1) {
+#pragma omp simd
+        for (int64_t i = 0; i < count; ++i) out[i] = f(l[i], r[i], 0.0f, d[i]);
+      } else if (s0 == 1) {
+        const float rv = *r;
+#pragma omp simd
+        for (int64_t i = 0; i < count; ++i) out[i] = f(l[i], rv, 0.0f, d[i]);
+      } else if (s1 == 1) {
+        const float lv = *l;
+#pragma omp simd
+        for (int64_t i = 0; i < count; ++i) out[i] = f(lv, r[i], 0.0f, d[i]);
+      } else {
+        const float lv = *l, rv = *r;
+#pragma omp simd
+        for (int64_t i = 0; i < count; ++i) out[i] = f(lv, rv, 0.0f, d[i]);
+      }
+      return;
+    }
     for (int64_t i = 0; i < count; ++i)
-      dst[o + i] = f(l[i * s0], r[i * s1], ys != nullptr ? ys[o + i] : 0.0f, dys[o + i]);
+      out[i] = f(l[i * s0], r[i * s1], ys != nullptr ? ys[o + i] : 0.0f, d[i]);
   });
   if (!direct) sum_to_shape(full.data(), out_shape, dx.as<float>(), xk.shape);
 }
