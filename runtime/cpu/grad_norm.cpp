@@ -332,7 +332,10 @@ void softmax_grad(const KernelArgs& a) {
   const Tensor* dy = io.dy(0);
   if (!io.wants(0)) return;
   if (dy == nullptr) return ops::zero(*io.dx(0));
-  const auto [outer, len, inner] = ops::softmax_grad_view(a, x, y, *dy);
+  // Named values, not a structured binding: clang 14 (the fuzzing build) takes none into the
+  // OpenMP regions below.
+  const ops::SoftmaxView view = ops::softmax_grad_view(a, x, y, *dy);
+  const int64_t outer = view.outer, len = view.len, inner = view.inner;
   const float* yp = y.as<float>();
   const float* g = dy->as<float>();
   float* dx = io.dx(0)->as<float>();
