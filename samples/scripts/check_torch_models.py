@@ -148,6 +148,76 @@ class WordLM(nn.Module):
         return self.dec(h)
 
 
+class RMSNorm(nn.Module):
+    """Llama's normalisation as its code writes it: x * rsqrt(mean(x^2) + eps) * weight."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class LlamaBlock(nn.Module):
+    """A Llama-style block: RMSNorm, attention with rotary embeddings (cos and sin kept as
+    buffers, rotate_half by slices and a Concat) and a bool causal mask buffer through
+    masked_fill, then RMSNorm and a SwiGLU MLP; no biases."""
+
+    def __init__(self, d, heads, ctx, hidden):
+        super().__init__()
+        self.heads, self.hd = heads, d // heads
+        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.gate, self.up = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+        inv = 1.0 / (10000 ** (torch.arange(0, self.hd, 2).float() / self.hd))
+        freqs = torch.outer(torch.arange(ctx).float(), inv)
+        emb = torch.cat((freqs, freqs), -1)
+        self.register_buffer("cos", emb.cos())
+        self.register_buffer("sin", emb.sin())
+        self.register_buffer("mask", torch.tril(torch.ones(ctx, ctx, dtype=torch.bool)))
+
+    @staticmethod
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    def attention(self, x):
+        b, t, d = x.shape
+        q, k, v = (f(x).view(b, t, self.heads, self.hd).transpose(1, 2)
+                   for f in (self.q, self.k, self.v))
+        cos, sin = self.cos[:t], self.sin[:t]
+        q = q * cos + self.rotate_half(q) * sin
+        k = k * cos + self.rotate_half(k) * sin
+        att = (q @ k.transpose(-2, -1)) / (self.hd ** 0.5)
+        att = att.masked_fill(~self.mask[:t, :t], float("-inf")).softmax(-1)
+        return self.o((att @ v).transpose(1, 2).reshape(b, t, d))
+
+    def forward(self, x):
+        x = x + self.attention(self.n1(x))
+        h = self.n2(x)
+        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class LlamaLM(nn.Module):
+    """A Llama-style decoder: token embedding, LlamaBlocks, RMSNorm, an LM head."""
+
+    def __init__(self, vocab=500, d=64, heads=4, layers=2, ctx=32, hidden=172):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(LlamaBlock(d, heads, ctx, hidden) for _ in range(layers))
+        self.norm = RMSNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
 def image(hw):
     return ("image", (3, hw, hw))
 
@@ -275,6 +345,9 @@ MODELS = OrderedDict([
                  "vocab 500, 2 layers of 64, 16 tokens")),
     ("gru_lm", ("recurrent LM", lambda: WordLM("GRU"), tokens(500, 16), "lm",
                 "vocab 500, 2 layers of 64, 16 tokens")),
+    ("llama_lm", ("decoder LM", lambda: LlamaLM(), tokens(500, 16), "lm",
+                  "Llama-style: RMSNorm, rotary embeddings, masked_fill causal mask, SwiGLU; "
+                  "vocab 500, 2 layers of 64, 4 heads, 16 tokens")),
 ])
 
 # Full detection models: data-dependent shapes (NonZero, TopK), which a static plan refuses.
