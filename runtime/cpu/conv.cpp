@@ -221,6 +221,18 @@ memory operand(const std::optional<dnnl::reorder>& reorder, memory user, const m
   return blocked;
 }
 
+// Where a primitive writes a result the convolution's layout holds: the user's memory itself,
+// or a copy in `scratch` that `finish` reorders into the user's memory.
+memory result(const std::optional<dnnl::reorder>& reorder, const memory& user,
+              const memory::desc& chosen, Scratch& scratch, CpuContext& ctx) {
+  return reorder ? memory(chosen, ctx.engine, scratch.get(chosen.get_size())) : user;
+}
+
+void finish(const std::optional<dnnl::reorder>& reorder, memory& written, memory& user,
+            CpuContext& ctx) {
+  if (reorder) reorder->execute(ctx.stream, written, user);
+}
+
 void conv(const KernelArgs& a) {
   const ops::ConvGeometry g = ops::conv_forward_geometry(a);
   Tensor& y = *a.out[0];
@@ -236,15 +248,13 @@ void conv(const KernelArgs& a) {
     memory weights = operand(p.weights_in, memory(p.weights_plain, ctx.engine, a.input(1).data),
                              p.pd.weights_desc(), weights_scratch, ctx);
     memory dst_user(p.dst_plain, ctx.engine, y.data);
-    memory dst =
-        p.dst_out ? memory(p.pd.dst_desc(), ctx.engine, dst_scratch.get(p.pd.dst_desc().get_size()))
-                  : dst_user;
+    memory dst = result(p.dst_out, dst_user, p.pd.dst_desc(), dst_scratch, ctx);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}};
     if (g.bias > 0)
       args.emplace(DNNL_ARG_BIAS, memory(plain_desc({g.bias}), ctx.engine, a.input(2).data));
     p.conv.execute(ctx.stream, args);
-    if (p.dst_out) p.dst_out->execute(ctx.stream, dst, dst_user);
+    finish(p.dst_out, dst, dst_user, ctx);
     ctx.stream.wait();
   } catch (const dnnl::error& e) {
     fail(ErrorKind::kUnsupported, "oneDNN cannot run this Conv ({}): {}",
@@ -266,14 +276,12 @@ void conv_backward(CpuContext& ctx, const ops::ConvGeometry& g, const Tensor& x,
     memory weights = operand(p.data_weights_in, memory(p.weights_plain, ctx.engine, w.data),
                              p.data_pd.weights_desc(), cache.weights_scratch, ctx);
     memory dx_user(p.src_plain, ctx.engine, dx->data);
-    memory diff_src = p.diff_src_out
-                          ? memory(p.data_pd.diff_src_desc(), ctx.engine,
-                                   cache.src_scratch.get(p.data_pd.diff_src_desc().get_size()))
-                          : dx_user;
+    memory diff_src =
+        result(p.diff_src_out, dx_user, p.data_pd.diff_src_desc(), cache.src_scratch, ctx);
     p.data_grad.execute(ctx.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
                                      {DNNL_ARG_WEIGHTS, weights},
                                      {DNNL_ARG_DIFF_SRC, diff_src}});
-    if (p.diff_src_out) p.diff_src_out->execute(ctx.stream, diff_src, dx_user);
+    finish(p.diff_src_out, diff_src, dx_user, ctx);
   }
   if (dw != nullptr) {
     memory diff_dst = operand(p.weights_diff_dst_in, dy_user, p.weights_pd.diff_dst_desc(),
@@ -281,15 +289,12 @@ void conv_backward(CpuContext& ctx, const ops::ConvGeometry& g, const Tensor& x,
     memory src = operand(p.weights_src_in, memory(p.src_plain, ctx.engine, x.data),
                          p.weights_pd.src_desc(), cache.src_scratch, ctx);
     memory dw_user(p.weights_plain, ctx.engine, dw->data);
-    memory diff_weights =
-        p.diff_weights_out
-            ? memory(p.weights_pd.diff_weights_desc(), ctx.engine,
-                     cache.diff_weights_scratch.get(p.weights_pd.diff_weights_desc().get_size()))
-            : dw_user;
+    memory diff_weights = result(p.diff_weights_out, dw_user, p.weights_pd.diff_weights_desc(),
+                                 cache.diff_weights_scratch, ctx);
     p.weights_grad.execute(ctx.stream, {{DNNL_ARG_DIFF_DST, diff_dst},
                                         {DNNL_ARG_SRC, src},
                                         {DNNL_ARG_DIFF_WEIGHTS, diff_weights}});
-    if (p.diff_weights_out) p.diff_weights_out->execute(ctx.stream, diff_weights, dw_user);
+    finish(p.diff_weights_out, diff_weights, dw_user, ctx);
   }
   ctx.stream.wait();
 }

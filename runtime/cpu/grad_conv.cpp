@@ -107,9 +107,6 @@ std::string check_conv_grad(const OpSignature& s) {
 // ---------------------------------------------------------------------------------------------
 // Pooling gradients (geometry: window.h, as the forward)
 
-// MaxPool and AveragePool add into dX, so each zeroes one plane of dX just before it adds into
-// it (while the plane is in cache) instead of the runtime zeroing all of dX first: the kernels
-// write every element.
 // One kernel position of every window of an output row: window ow takes x[base + ow * stride]
 // where it is its first element or larger than its best so far. Bit selects, not a branch (the
 // compiler turned `?:` back into one), in a loop vectorised per vector unit.
@@ -128,6 +125,9 @@ STAGECRAFT_CPU_CLONES void window_step(const float* x, int64_t base, int64_t str
   }
 }
 
+// MaxPool and AveragePool add into dX, so each zeroes one plane of dX just before it adds into
+// it (while the plane is in cache) instead of the runtime zeroing all of dX first: the kernels
+// write every element.
 void max_pool_grad(const KernelArgs& a) {
   const ops::PoolGradOperands p = ops::pool_grad_operands(a, ops::kMaxPoolGradArity);
   if (p.dx == nullptr) return;
@@ -143,7 +143,7 @@ void max_pool_grad(const KernelArgs& a) {
   // position, the row's windows that reach the input take one more element each. The windows'
   // choices do not wait on one another (a window's own elements are still met in order, so the
   // first largest wins as before), and the scatter into dX keeps the output order, so the sums
-  // are the same bytes. A window chooses with bit selects, not a branch: on a ReLU's output
+  // are the same bytes. A window chooses without a branch (window_step): on a ReLU's output
   // (ties of zeros, signs that change every microbatch) a branch mispredicted about every other
   // element (in-run MaxPoolGrad of [2,32,26,26] took 160-179 us a call; now 78-112 us).
   const int64_t OW = g.out[2], KW = g.kernel[2], SW = g.stride[2], DW = g.dilation[2];

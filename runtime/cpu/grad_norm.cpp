@@ -198,15 +198,10 @@ std::string check_batch_norm_grad(const OpSignature& s) {
 STAGECRAFT_CPU_CLONES void layer_norm_grad_row(const float* row, const float* g, const float* sc,
                                                int64_t inner, double eps, double dm, double di,
                                                float* out, double& mean, double& istd) {
-  double s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < inner; ++j) s += row[j];
-  const double mu = s / static_cast<double>(inner);
-  double sq = 0;
-#pragma omp simd reduction(+ : sq)
-  for (int64_t j = 0; j < inner; ++j) sq += (row[j] - mu) * (row[j] - mu);
+  double mu, var;
+  mean_and_variance(row, inner, mu, var);
   mean = mu;
-  const double is = 1.0 / std::sqrt(sq / static_cast<double>(inner) + eps);
+  const double is = 1.0 / std::sqrt(var + eps);
   istd = is;
   if (!out) return;
   const double inv = 1.0 / static_cast<double>(inner);

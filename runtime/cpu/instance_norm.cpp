@@ -20,13 +20,11 @@
 
 namespace stagecraft::rt::cpu {
 
-namespace {
-
 // The loops over a plane are built per vector unit (STAGECRAFT_CPU_CLONES): plain C++ loops
 // over doubles ran a scalar operation per element.
 
-// A plane's mean and biased variance, in double.
-STAGECRAFT_CPU_CLONES void plane_stats(const float* x, int64_t size, double& mean, double& var) {
+STAGECRAFT_CPU_CLONES void mean_and_variance(const float* x, int64_t size, double& mean,
+                                             double& var) {
   double sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < size; ++i) sum += x[i];
@@ -40,6 +38,8 @@ STAGECRAFT_CPU_CLONES void plane_stats(const float* x, int64_t size, double& mea
   var = sq / static_cast<double>(size);
 }
 
+namespace {
+
 // out = k * ((in - mean) * inv) + b over a plane.
 STAGECRAFT_CPU_CLONES void normalise_plane(const float* in, float* out, int64_t size, float mean,
                                            float inv, float k, float b) {
@@ -52,7 +52,7 @@ STAGECRAFT_CPU_CLONES void instance_norm_grad_plane(const float* in, const float
                                                     double epsilon, double scale, float* out,
                                                     double& sum_dy, double& sum_dy_xhat) {
   double mean, var;
-  plane_stats(in, size, mean, var);
+  mean_and_variance(in, size, mean, var);
   const double istd = 1.0 / std::sqrt(var + epsilon);
   double sdy = 0, sdyx = 0;
 #pragma omp simd reduction(+ : sdy, sdyx)
@@ -85,7 +85,7 @@ void instance_norm(const KernelArgs& a) {
     const float* in = xp + p * s.size;
     float* out = y + p * s.size;
     double mean, var;
-    plane_stats(in, s.size, mean, var);
+    mean_and_variance(in, s.size, mean, var);
     const float mean_f = static_cast<float>(mean), var_f = static_cast<float>(var);
     const float inv = 1.0f / std::sqrt(var_f + epsilon);
     normalise_plane(in, out, s.size, mean_f, inv, scale[p % s.c], bias[p % s.c]);

@@ -75,4 +75,9 @@ inline float exp_simd(float x) {
   return select_bits(low, 0.0f, select_bits(high, __builtin_inff(), y));
 }
 
+/// The mean and biased variance of x[0, n), in double: two passes, each sum in a loop built per
+/// vector unit (instance_norm.cpp; InstanceNormalization's planes and LayerNormalizationGrad's
+/// rows).
+void mean_and_variance(const float* x, int64_t n, double& mean, double& var);
+
 }  // namespace stagecraft::rt::cpu
