@@ -56,9 +56,7 @@ class BackwardBuilder {
   /// Input k of `node` lies on a gradient path: a float value at a differentiable position. An
   /// unknown op counts every float input so that a path through it is reported, not dropped.
   bool path_input(const ir::Node& node, std::size_t k) const {
-    ir::ValueId v = node.inputs[k];
-    if (v == ir::kNoId || !is_floating(graph_.value(v).dtype)) return false;
-    return known_op(node) ? differentiable_input(node.op_type, k) : true;
+    return on_gradient_path(graph_, node, k);
   }
   bool float_value(ir::ValueId v) const {
     return v != ir::kNoId && is_floating(graph_.value(v).dtype);
@@ -458,6 +456,36 @@ bool backward_reads_bytes(const ir::Graph& graph, ir::ValueId v) {
     for (std::size_t k = 0; k < node.inputs.size(); ++k)
       if (node.inputs[k] == v && reads(node, k)) return true;
   }
+  return false;
+}
+
+bool on_gradient_path(const ir::Graph& graph, const ir::Node& node, std::size_t k) {
+  ir::ValueId v = node.inputs[k];
+  if (v == ir::kNoId || !is_floating(graph.value(v).dtype)) return false;
+  return known_op(node) ? differentiable_input(node.op_type, k) : true;
+}
+
+std::vector<char> reaches_loss(const ir::Graph& graph, ir::ValueId loss) {
+  std::vector<char> reaches(graph.num_values(), 0);
+  reaches[loss] = 1;
+  const std::vector<ir::NodeId> order = graph.topological_order();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const ir::Node& node = graph.node(*it);
+    bool any = false;
+    for (ir::ValueId out : node.outputs)
+      any |= out != ir::kNoId && is_floating(graph.value(out).dtype) && reaches[out];
+    if (!any) continue;
+    for (std::size_t k = 0; k < node.inputs.size(); ++k)
+      if (on_gradient_path(graph, node, k)) reaches[node.inputs[k]] = 1;
+  }
+  return reaches;
+}
+
+bool passes_gradient(const ir::Graph& graph, const ir::Node& node, std::size_t k,
+                     const std::vector<char>& reaches) {
+  if (!on_gradient_path(graph, node, k)) return false;
+  for (ir::ValueId out : node.outputs)
+    if (out != ir::kNoId && is_floating(graph.value(out).dtype) && reaches[out]) return true;
   return false;
 }
 

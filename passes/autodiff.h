@@ -75,6 +75,22 @@ bool has_gradient(std::string_view op_type);
 /// op without a gradient.
 bool differentiable_input(std::string_view op_type, std::size_t index);
 
+/// Input `k` of `node` lies on a gradient path: a floating-point value at a differentiable
+/// position (`differentiable_input`); every float input of an op stagecraft does not know, so
+/// that a path through it is reported rather than dropped.
+bool on_gradient_path(const ir::Graph& graph, const ir::Node& node, std::size_t k);
+
+/// Per value of `graph`: whether a gradient path (`on_gradient_path`, through nodes whose
+/// outputs carry one) leads from it to `loss`, over the whole graph.
+std::vector<char> reaches_loss(const ir::Graph& graph, ir::ValueId loss);
+
+/// Whether `node`'s backward gives input `k` a gradient towards the loss: input k lies on a
+/// gradient path and one of the node's float outputs reaches the loss (`reaches`, from
+/// `reaches_loss`). A stage output gets a gradient back from a later stage exactly when one of
+/// that stage's nodes passes it one; the attention mask an Attention node reads, say, does not.
+bool passes_gradient(const ir::Graph& graph, const ir::Node& node, std::size_t k,
+                     const std::vector<char>& reaches);
+
 /// The stage's trainable weights: the float32 initializers marked `is_weight` that a node of
 /// `nodes` (default domain, with a gradient) reads at a differentiable position, in first-read
 /// order, each once.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "compiler/ir/onnx_bridge.h"
@@ -155,11 +156,27 @@ onnx::ModelProto backward_stage_model(const ir::Graph& graph, const std::vector<
       order ? std::vector<ir::NodeId>{} : graph.topological_order();
   for (ir::NodeId n : order ? *order : computed)
     if (stage_of[n] == stage.index) spec.nodes.push_back(n);
+  // A stage output's gradient comes back only when a node of a reading stage passes it one:
+  // not a mask that only an Attention node reads, nor a value read only as a condition or shape
+  // there. Waiting for one that never comes would stop the backward (the runtime refuses it).
+  const std::optional<ir::ValueId> loss = graph.find_value(loss_output);
+  const std::vector<char> reaches =
+      loss ? passes::reaches_loss(graph, *loss) : std::vector<char>(graph.num_values(), 0);
+  auto comes_back = [&](ir::ValueId v) {
+    const ir::Value& value = graph.value(v);
+    for (ir::NodeId c : value.consumers) {
+      if (stage_of[c] == stage.index || stage_of[c] < 0) continue;
+      const ir::Node& node = graph.node(c);
+      for (std::size_t k = 0; k < node.inputs.size(); ++k)
+        if (node.inputs[k] == v && passes::passes_gradient(graph, node, k, reaches)) return true;
+    }
+    return false;
+  };
   for (const StageTensor& out : stage.outputs) {
     ir::ValueId v = *graph.find_value(out.name);
     if (out.name == loss_output)
       spec.loss = v;
-    else if (!out.peer_stages.empty() && is_floating(graph.value(v).dtype))
+    else if (!out.peer_stages.empty() && is_floating(graph.value(v).dtype) && comes_back(v))
       spec.output_grads.push_back(v);
   }
   for (const StageTensor& in : stage.inputs) {

@@ -38,6 +38,9 @@ struct Decoder {
   std::string mask_axes;
   /// bool [seq,seq] (symbolic seq) or float [seq,seq] of 0 / kAdditiveMask (fixed seq).
   std::string causal_mask;
+  /// float [batch,1,1,seq] added after the causal mask (GptOptions::padding_mask), or "".
+  std::string padding_mask;
+  bool causal = true;  ///< GptOptions::causal.
 };
 
 std::string int64_scalar_constant(ModelBuilder& builder, const std::string& node, int64_t value) {
@@ -123,7 +126,9 @@ std::string attention(ModelBuilder& builder, const Decoder& decoder, const std::
                                                   std::sqrt(static_cast<float>(decoder.head_dim)));
   std::string scaled = builder.add_op("Div", scope + "/Div", {scores, scale});
 
-  if (decoder.symbolic_seq) {
+  if (!decoder.causal) {
+    // No causal mask.
+  } else if (decoder.symbolic_seq) {
     const std::string mask_ends = builder.add_op("Concat", scope + "/Concat_2",
                                                  {seq_piece, seq_piece}, {attr_int("axis", 0)});
     const std::string mask =
@@ -134,6 +139,8 @@ std::string attention(ModelBuilder& builder, const Decoder& decoder, const std::
   } else {
     scaled = builder.add_op("Add", scope + "/Add", {scaled, decoder.causal_mask});
   }
+  if (!decoder.padding_mask.empty())
+    scaled = builder.add_op("Add", scope + "/Add_mask", {scaled, decoder.padding_mask});
   const std::string probs =
       builder.add_op("Softmax", scope + "/Softmax", {scaled}, {attr_int("axis", -1)});
   const std::string context = builder.add_op("MatMul", scope + "/MatMul_1", {probs, heads[2]});
@@ -208,6 +215,7 @@ Decoder shared_tensors(ModelBuilder& builder, const GptOptions& options, const D
   decoder.head_dim = options.width / options.heads;
   decoder.ffn = options.ffn == 0 ? 4 * options.width : options.ffn;
   decoder.symbolic_seq = !options.fixed_seq;
+  decoder.causal = options.causal;
   decoder.dynamic_shapes = batch.is_symbolic() || decoder.symbolic_seq;
 
   const int64_t seq = options.seq;
@@ -220,7 +228,9 @@ Decoder shared_tensors(ModelBuilder& builder, const GptOptions& options, const D
     decoder.merge_heads_shape = builder.add_int64_buffer("onnx::Reshape_merge_heads", {3},
                                                          {batch.size(), seq, options.width});
   }
-  if (decoder.symbolic_seq) {
+  if (!options.causal) {
+    // No mask buffer.
+  } else if (decoder.symbolic_seq) {
     // Hugging Face's "bias" buffer: true on and below the diagonal, sliced to the actual seq.
     std::vector<uint8_t> allowed(static_cast<size_t>(seq * seq));
     for (int64_t row = 0; row < seq; ++row) {
@@ -251,7 +261,24 @@ ModelBuilder build_gpt(const GptOptions& options, const CommonOptions& common) {
 
   ModelBuilder builder("gpt", common.seed);
   builder.add_input("input_ids", kInt64, {batch, seq});
-  const Decoder decoder = shared_tensors(builder, options, batch);
+  Decoder decoder = shared_tensors(builder, options, batch);
+  if (options.padding_mask) {
+    // GPT2Model's extended attention mask, computed once and read by every layer.
+    const std::string zero = int64_scalar_constant(builder, "/transformer/Constant_pad", 0);
+    const std::string padding = builder.add_op("Equal", "/transformer/Equal", {"input_ids", zero});
+    const std::string keep = builder.add_op("Not", "/transformer/Not", {padding});
+    const std::string keep_float =
+        builder.add_op("Cast", "/transformer/Cast", {keep}, {attr_int("to", kFloat)});
+    const std::string one = float_scalar_constant(builder, "/transformer/Constant_one", 1.0f);
+    const std::string dropped = builder.add_op("Sub", "/transformer/Sub", {one, keep_float});
+    const std::string lowest =
+        float_scalar_constant(builder, "/transformer/Constant_min", kMaskedScore);
+    const std::string additive = builder.add_op("Mul", "/transformer/Mul", {dropped, lowest});
+    const std::string axes =
+        builder.add_constant("/transformer/Constant_axes", make_int64_tensor({2}, {1, 2}));
+    decoder.padding_mask =
+        builder.add_op("Unsqueeze", "/transformer/Unsqueeze_mask", {additive, axes});
+  }
 
   const std::string token_table = builder.add_parameter(
       "transformer.wte.weight", {options.vocab, options.width}, options.width);

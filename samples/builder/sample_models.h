@@ -73,6 +73,12 @@ struct GptOptions {
   /// Tie the output head to the token embedding, as GPT-2 does: logits = hidden x wte^T
   /// (a Transpose of transformer.wte.weight), with no lm_head.weight of its own.
   bool tied = false;
+  /// Mask padding keys as Hugging Face's GPT2Model does with an attention_mask: here the tokens
+  /// with id 0 are padding; (1 - (input_ids != 0)) * finfo.min, [batch, 1, 1, seq], is added to
+  /// every layer's scores after the causal mask.
+  bool padding_mask = false;
+  /// False: no causal mask (every query sees every key, as an encoder's).
+  bool causal = true;
 };
 /// Builds the GPT decoder.
 ModelBuilder build_gpt(const GptOptions& options = {}, const CommonOptions& common = {});
