@@ -517,6 +517,7 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     result.graph = ir::graph_from_model(model, path);
     passes::PassContext context;
     context.untie_merged_weights = options.untie_merged_weights;
+    context.training = options.training;
     passes::run_import_pipeline(result.graph, context);
     result.untied = context.untied;
     check_ops(result.graph);

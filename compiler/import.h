@@ -25,6 +25,8 @@ struct ImportOptions {
   /// Training: weights the exporter merged into equal ones (an Identity copying an initializer
   /// under the duplicate's name) get their own copies (PassContext::untie_merged_weights).
   bool untie_merged_weights = false;
+  /// Training: a fusion that would drop a weight's gradient is refused (PassContext::training).
+  bool training = false;
   /// Each attention block becomes one fused Attention node (passes/fuse_attention.cpp; stagec
   /// --fuse-attention). Off here, for what imports a model as it is (the conformance runs, the
   /// profiler); the planner's PlanOptions turn it on by default.

@@ -7,12 +7,14 @@
 //   then optionally Div or Mul by a scalar constant;
 //   then optionally a mask: Where(C, scores, fill) or Where(C, fill, scores) with C a constant
 //   bool tensor and fill a scalar constant (HF GPT-2, nanoGPT's masked_fill), or Add(scores, M)
-//   with M any tensor broadcastable to the scores;
+//   or Add(M, scores) with M any tensor broadcastable to the scores (not both a Where and an
+//   Add; in a training import, not an M a trainable weight's gradient flows through);
 //   Softmax over the last axis; optionally a Dropout that does nothing (no ratio, ratio 0 or
 //   not in training mode); MatMul(probabilities, V).
 // A constant mask that keeps exactly the keys j <= i of query i becomes causal = 1 (no mask
 // tensor); any other Where mask becomes an additive float32 constant (0 where the score is kept,
-// the fill elsewhere: the same softmax); an Add mask stays an input. K comes from K^T by
+// the fill elsewhere: the same softmax, while C leaves every query a key); an Add mask stays an
+// input. K comes from K^T by
 // swapping the last two dims of the Transpose that made it (or a new Transpose). A Softmax over
 // the last axis fed by a MatMul that is not fused is reported with the reason
 // (PassContext::not_fused).
@@ -28,10 +30,12 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_set>
 #include <vector>
 
 #include "compiler/ir/graph.h"
 #include "passes/attributes.h"
+#include "passes/autodiff.h"
 #include "passes/fusion_match.h"
 #include "passes/host_tensor.h"
 #include "passes/passes.h"
@@ -135,9 +139,10 @@ class MaskCache {
     return it->second;
   }
 
-  /// `check()` once per mask (by the address of values() the cache holds) and query shape.
-  bool causal(const std::vector<uint8_t>* mask, int64_t tq, int64_t tk, bool keep,
-              const std::function<bool()>& check) {
+  /// `check()` once per mask (by the address of values() the cache holds), scores' shape and
+  /// kept value; `tq` -1 for a check that does not depend on the shape.
+  bool memo(const std::vector<uint8_t>* mask, int64_t tq, int64_t tk, bool keep,
+            const std::function<bool()>& check) {
     auto [it, added] = causal_.try_emplace(std::make_tuple(mask, tq, tk, keep), false);
     if (added) it->second = check();
     return it->second;
@@ -195,9 +200,62 @@ bool is_causal(const std::vector<uint8_t>& cond, const std::vector<int64_t>& sha
   return true;
 }
 
+/// Whether `v` is attention scores: a MatMul's product, through at most a Where (its data
+/// operands) and a scale (Div or Mul by a scalar constant). An additive mask is not: Hugging
+/// Face's (1 - attention_mask) * min is a Mul by a scalar of a Sub.
+bool scores_like(const ir::Graph& g, ValueId v, int hops = 2) {
+  const ir::Node* n = v == kNoId ? nullptr : producer(g, v);
+  if (n == nullptr) return false;
+  if (is_op(n, "MatMul")) return true;
+  if (hops == 0) return false;
+  if ((is_op(n, "Div") || is_op(n, "Mul")) && scalar_constant(g, n->inputs[1]))
+    return scores_like(g, n->inputs[0], hops - 1);
+  if (is_op(n, "Where"))
+    return scores_like(g, n->inputs[1], hops - 1) || scores_like(g, n->inputs[2], hops - 1);
+  return false;
+}
+
+/// A trainable weight (a float32 initializer marked as a weight, not frozen) whose gradient
+/// flows through `v`: reached upstream along gradient paths (passes/autodiff.h), or kNoId.
+ValueId weight_behind(const ir::Graph& g, ValueId v) {
+  std::vector<ValueId> stack{v};
+  std::unordered_set<ValueId> seen;
+  while (!stack.empty()) {
+    const ValueId at = stack.back();
+    stack.pop_back();
+    if (!seen.insert(at).second) continue;
+    const ir::Value& value = g.value(at);
+    if (value.is_initializer()) {
+      if (value.is_weight && !value.frozen && value.dtype == DType::kFloat32) return at;
+      continue;
+    }
+    const ir::Node* n = producer(g, at);
+    if (n == nullptr) continue;
+    for (std::size_t k = 0; k < n->inputs.size(); ++k)
+      if (on_gradient_path(g, *n, k)) stack.push_back(n->inputs[k]);
+  }
+  return kNoId;
+}
+
+/// Whether the bool mask `cond` of `shape` keeps (== keep_value) at least one key (last dim) of
+/// every row: so does every row it broadcasts to.
+bool every_row_keeps(const std::vector<uint8_t>& cond, const std::vector<int64_t>& shape,
+                     bool keep_value) {
+  const int64_t keys = shape.empty() ? 1 : shape.back();
+  if (keys <= 0) return false;
+  for (size_t row = 0; row < cond.size(); row += static_cast<size_t>(keys)) {
+    bool kept = false;
+    for (int64_t j = 0; j < keys && !kept; ++j)
+      kept = (cond[row + static_cast<size_t>(j)] != 0) == keep_value;
+    if (!kept) return false;
+  }
+  return true;
+}
+
 /// The reason the Softmax `softmax` and its neighbours are not one attention block, or "" with
-/// `block` filled.
-std::string match(const ir::Graph& g, NodeId softmax, Block& block, MaskCache& masks) {
+/// `block` filled. `training`: the graph is imported to be trained.
+std::string match(const ir::Graph& g, NodeId softmax, Block& block, MaskCache& masks,
+                  bool training) {
   const ir::Node& sm = g.node(softmax);
   const ValueId probs = sm.outputs[0];
   const ir::Value& x = g.value(sm.inputs[0]);
@@ -232,35 +290,53 @@ std::string match(const ir::Graph& g, NodeId softmax, Block& block, MaskCache& m
   block.nodes.push_back(g.value(p).consumers[0]);
   block.v = next->inputs[1];
   block.out = next->outputs[0];
-  // Backward from the Softmax: [mask] [scale] MatMul(Q, K^T).
+  // Backward from the Softmax: [masks] [scale] MatMul(Q, K^T). The masks: a Where with a
+  // constant condition, an Add, or both in either order (HF GPT-2 given an attention_mask:
+  // Add(Where(causal, scores, fill), mask)).
   ValueId s = sm.inputs[0];
   const ir::Node* n = producer(g, s);
-  if (is_op(n, "Where") && private_value(g, s)) {
-    const ValueId cond = n->inputs[0];
-    const auto fill1 = scalar_constant(g, n->inputs[1]), fill2 = scalar_constant(g, n->inputs[2]);
-    block.cond = masks.values(g, cond);
-    if (!block.cond) return "the Where's condition is not known at compile time";
-    block.cond_shape = g.value(cond).shape;
-    // A Slice that cut the condition from a buffer goes with the block.
-    if (!g.value(cond).is_initializer() && private_value(g, cond))
-      block.nodes.push_back(g.value(cond).producer);
-    if (!fill1 && !fill2) return "the Where picks between two tensors, not a score and a fill";
-    block.where_cond = cond;
-    block.kept_where_true = !fill2.has_value() ? false : true;
-    block.fill = fill2 ? *fill2 : *fill1;
-    if (!(block.fill <= -1e30)) return fmt::format("the Where's fill {} is not -inf or the float minimum", block.fill);
-    block.nodes.push_back(g.value(s).producer);
-    s = n->inputs[block.kept_where_true ? 1 : 2];
-    n = producer(g, s);
-  } else if (is_op(n, "Add") && private_value(g, s)) {
-    // The scores are the operand a scale or the product wrote; the other is the mask.
-    const ir::Node* a = producer(g, n->inputs[0]);
-    const bool first = is_op(a, "MatMul") || is_op(a, "Div") || is_op(a, "Mul");
-    block.mask = n->inputs[first ? 1 : 0];
-    block.nodes.push_back(g.value(s).producer);
-    s = n->inputs[first ? 0 : 1];
-    n = producer(g, s);
+  bool where_seen = false, add_seen = false;
+  for (;;) {
+    if (!where_seen && is_op(n, "Where") && private_value(g, s)) {
+      where_seen = true;
+      const ValueId cond = n->inputs[0];
+      const auto fill1 = scalar_constant(g, n->inputs[1]), fill2 = scalar_constant(g, n->inputs[2]);
+      block.cond = masks.values(g, cond);
+      if (!block.cond) return "the Where's condition is not known at compile time";
+      block.cond_shape = g.value(cond).shape;
+      // A Slice that cut the condition from a buffer goes with the block.
+      if (!g.value(cond).is_initializer() && private_value(g, cond))
+        block.nodes.push_back(g.value(cond).producer);
+      if (!fill1 && !fill2) return "the Where picks between two tensors, not a score and a fill";
+      block.where_cond = cond;
+      block.kept_where_true = !fill2.has_value() ? false : true;
+      block.fill = fill2 ? *fill2 : *fill1;
+      if (!(block.fill <= -1e30))
+        return fmt::format("the Where's fill {} is not -inf or the float minimum", block.fill);
+      block.nodes.push_back(g.value(s).producer);
+      s = n->inputs[block.kept_where_true ? 1 : 2];
+      n = producer(g, s);
+    } else if (!add_seen && is_op(n, "Add") && private_value(g, s)) {
+      add_seen = true;
+      // The scores are the operand that leads to the product; the other is the mask.
+      const bool first = scores_like(g, n->inputs[0]), second = scores_like(g, n->inputs[1]);
+      if (first == second)
+        return first ? "both operands of the mask's Add are products of the scores' form"
+                     : "neither operand of the mask's Add is the scores";
+      block.mask = n->inputs[first ? 1 : 0];
+      block.nodes.push_back(g.value(s).producer);
+      s = n->inputs[first ? 0 : 1];
+      n = producer(g, s);
+    } else {
+      break;
+    }
   }
+  // Both: the Where cuts the gradient of the scores it removes, the Add does not, and an added
+  // mask made at run time (padding) can leave a query only keys the Where removed (a left-padded
+  // row): one additive mask (or causal = 1) would train such rows otherwise than the graph.
+  if (where_seen && add_seen)
+    return "a Where mask and an added mask together (the fused op has one additive mask: a "
+           "query left with no key would get other gradients)";
   if ((is_op(n, "Div") || is_op(n, "Mul")) && private_value(g, s)) {
     const auto c = scalar_constant(g, n->inputs[1]);
     if (!c || *c == 0) return fmt::format("the scores are scaled by a tensor, not a constant");
@@ -301,14 +377,29 @@ std::string match(const ir::Graph& g, NodeId softmax, Block& block, MaskCache& m
     if (g.value(v).dtype != DType::kFloat32) return "not float32";
   if (block.where_cond != kNoId) {
     const int64_t tq = qs[rank - 2], tk = ks[rank - 1];
-    block.causal = masks.causal(block.cond.get(), tq, tk, block.kept_where_true, [&] {
+    block.causal = masks.memo(block.cond.get(), tq, tk, block.kept_where_true, [&] {
       return is_causal(*block.cond, block.cond_shape, tq, tk, block.kept_where_true);
     });
+    // As an additive constant the fill is added to the score rather than put in its place: the
+    // same softmax while a row keeps a key (the fill's exp is 0), but a row the mask removes
+    // whole would pass gradients to the scores the Where cut off.
+    if (!block.causal && !masks.memo(block.cond.get(), -1, -1, block.kept_where_true, [&] {
+          return every_row_keeps(*block.cond, block.cond_shape, block.kept_where_true);
+        }))
+      return "the Where's condition removes every key of some query";
   }
   if (block.mask != kNoId) {
     const auto& ms = g.value(block.mask).shape;
     if (g.value(block.mask).dtype != DType::kFloat32) return "the added mask is not float32";
     if (ms.size() > static_cast<size_t>(rank)) return "the added mask has a higher rank";
+    // The Attention op gives its mask no gradient: a mask a weight's gradient flows through
+    // (Swin's and T5's learned relative position bias) would leave that weight untrained.
+    if (training)
+      if (const ValueId w = weight_behind(g, block.mask); w != kNoId)
+        return fmt::format(
+            "the added mask depends on the trainable weight '{}' (the fused op gives its mask no "
+            "gradient)",
+            g.value(w).name);
   }
   return "";
 }
@@ -370,17 +461,29 @@ ValueId untranspose(ir::Graph& g, ValueId kt, const std::string& prefix) {
   return id;
 }
 
-/// Replaces the matched block by one Attention node.
-void fuse(ir::Graph& g, const ir::Node& softmax, const Block& b) {
-  const std::string prefix = softmax.name.empty() ? g.value(b.out).name : softmax.name;
-  ValueId mask = b.mask;
-  if (b.where_cond != kNoId && !b.causal) {
+/// The additive constants the blocks of one run share: every layer of a model reads the same
+/// Where mask, so its additive form is made once, not once per layer.
+using SharedMasks = std::map<std::tuple<const std::vector<uint8_t>*, bool, double>, ValueId>;
+
+/// The mask the Attention node reads: the added one, or the Where's as an additive constant (0
+/// where the score is kept, the fill elsewhere: the same softmax).
+ValueId block_mask(ir::Graph& g, const Block& b, const std::string& prefix, SharedMasks& shared) {
+  if (b.where_cond == kNoId || b.causal) return b.mask;
+  auto [at, added] = shared.try_emplace({b.cond.get(), b.kept_where_true, b.fill}, kNoId);
+  if (added) {
     const std::vector<uint8_t>& cond = *b.cond;
     std::vector<float> values(cond.size());
     for (size_t i = 0; i < cond.size(); ++i)
       values[i] = ((cond[i] != 0) == b.kept_where_true) ? 0.0f : static_cast<float>(b.fill);
-    mask = add_constant(g, fresh(g, prefix + "/additive_mask"), b.cond_shape, values);
+    at->second = add_constant(g, fresh(g, prefix + "/additive_mask"), b.cond_shape, values);
   }
+  return at->second;
+}
+
+/// Replaces the matched block by one Attention node.
+void fuse(ir::Graph& g, const ir::Node& softmax, const Block& b, SharedMasks& shared) {
+  const std::string prefix = softmax.name.empty() ? g.value(b.out).name : softmax.name;
+  const ValueId mask = block_mask(g, b, prefix, shared);
   std::vector<NodeId> gone = b.nodes;
   for (NodeId id : gone) g.remove_node(id);
   const ValueId k = untranspose(g, b.kt, prefix);
@@ -409,18 +512,19 @@ bool FuseAttention::run(ir::Graph& graph, PassContext& context) const {
   bool changed = false;
   const std::vector<NodeId> order = graph.topological_order();
   MaskCache masks;
+  SharedMasks shared;
   for (NodeId id : order) {
     const ir::Node& node = graph.node(id);
     if (node.dead || node.op_type != "Softmax" || !node.domain.empty()) continue;
     // Only a Softmax fed by a product (through a scale and a mask) looks like attention.
     if (!fed_by_matmul(graph, node.inputs[0], 3)) continue;
     Block block;
-    const std::string why = match(graph, id, block, masks);
+    const std::string why = match(graph, id, block, masks, context.training);
     if (!why.empty()) {
       context.not_fused.push_back(fmt::format("{}: {}", node.describe(graph), why));
       continue;
     }
-    fuse(graph, node, block);
+    fuse(graph, node, block, shared);
     graph.opset_imports[std::string(grad::kGradDomain)] = grad::kGradDomainVersion;
     ++context.counters[std::string(name())];
     changed = true;

@@ -41,6 +41,10 @@ struct PassContext {
   /// --keep-merged). Each one untied is listed in `untied` as "name (= kept)".
   bool untie_merged_weights = false;
   std::vector<std::string> untied;
+  /// The graph is imported to be trained: a fusion whose fused op would give no gradient to a
+  /// value a trainable weight's gradient flows through (an attention mask made from a learned
+  /// position-bias table) is refused.
+  bool training = false;
   /// fuse-attention: each Softmax that looked like attention and was not fused, with the reason
   /// ("node 'x' (Softmax): the probabilities are read by more than one node").
   std::vector<std::string> not_fused;

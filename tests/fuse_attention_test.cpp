@@ -53,7 +53,48 @@ onnx::ModelProto additive_mask_model(const std::string& extra = "") {
   for (int64_t p : {0, 1, 3, 2}) perm->add_ints(p);
   add_node(g, "MatMul", {"q", "kt"}, {"s"}, "/attn/MatMul");
   add_node(g, "Mul", {"s", "half"}, {"scaled"}, "/attn/Mul");
-  add_node(g, "Add", {"scaled", "mask"}, {"masked"}, "/attn/Add");
+  std::string mask = "mask", scores = "scaled";
+  if (extra == "mask made by a Mul, first") {
+    // Hugging Face's (1 - attention_mask) * min, the left operand of the Add.
+    add_scalar(g, "one", 1.0f);
+    add_scalar(g, "lowest", -3.4028234663852886e38f);
+    add_node(g, "Sub", {"one", "mask"}, {"dropped"}, "/Sub");
+    add_node(g, "Mul", {"dropped", "lowest"}, {"extended"}, "/Mul");
+    mask = "extended";
+  }
+  if (extra == "mask from a weight") {
+    // A learned relative position bias: a table gathered by constant indices (Swin, T5).
+    testing::add_float_initializer(g, "bias_table", {9});
+    std::vector<int64_t> index;
+    for (int64_t i = 0; i < 5; ++i)
+      for (int64_t j = 0; j < 5; ++j) index.push_back(i - j + 4);
+    testing::add_int64_initializer(g, "bias_index", index)->add_dims(5);
+    g->mutable_initializer(g->initializer_size() - 1)->set_dims(0, 5);
+    add_node(g, "Gather", {"bias_table", "bias_index"}, {"bias"}, "/Gather");
+    mask = "bias";
+  }
+  if (extra == "where and add" || extra == "where removes a row") {
+    // A Where with a constant condition: causal, or (second) one whose query 2 keeps no key.
+    onnx::TensorProto* cond = g->add_initializer();
+    cond->set_name("cond");
+    cond->set_data_type(onnx::TensorProto::BOOL);
+    cond->add_dims(5);
+    cond->add_dims(5);
+    std::string bytes;
+    for (int i = 0; i < 5; ++i)
+      for (int j = 0; j < 5; ++j)
+        bytes.push_back(extra == "where and add" ? j <= i : (i != 2 && j != 4));
+    cond->set_raw_data(bytes);
+    add_scalar(g, "fill", -INFINITY);
+    add_node(g, "Where", {"cond", "scaled", "fill"}, {"cut"}, "/attn/Where");
+    scores = "cut";
+  }
+  if (extra == "where removes a row")
+    add_node(g, "Identity", {"cut"}, {"masked"}, "/attn/Identity");
+  else if (mask == "extended")
+    add_node(g, "Add", {mask, scores}, {"masked"}, "/attn/Add");
+  else
+    add_node(g, "Add", {scores, mask}, {"masked"}, "/attn/Add");
   add_node(g, "Softmax", {"masked"}, {"p"}, "/attn/Softmax");
   add_node(g, "MatMul", {"p", "v"}, {"o"}, "/attn/MatMul_1");
   if (extra == "probabilities out")
@@ -70,11 +111,12 @@ onnx::ModelProto additive_mask_model(const std::string& extra = "") {
   return m;
 }
 
-ImportedModel import_built(const onnx::ModelProto& m, bool fuse = true) {
+ImportedModel import_built(const onnx::ModelProto& m, bool fuse = true, bool training = false) {
   testing::TempDir dir;
   testing::write_model(m, dir.file("m.onnx"));
   ImportOptions options;
   options.fuse_attention = fuse;
+  options.training = training;
   return import_model(dir.file("m.onnx"), options);
 }
 
@@ -129,6 +171,17 @@ TEST_CASE("fuse-attention: an added mask input stays an input, the scale is read
   CHECK(nodes_of(m.graph, "Transpose").empty());
   CHECK(nodes_of(m.graph, "MatMul").empty());
   CHECK(m.graph.live_nodes() == 1);
+}
+
+TEST_CASE("fuse-attention: the mask is the Add's operand that is not the scores, either side") {
+  // (1 - mask) * min + scores: a Mul by a scalar on the left is the mask, not a scale.
+  const ImportedModel m = import_built(additive_mask_model("mask made by a Mul, first"));
+  const auto fused = nodes_of(m.graph, "Attention");
+  REQUIRE(fused.size() == 1);
+  REQUIRE(fused[0]->inputs.size() == 4);
+  CHECK(m.graph.value(fused[0]->inputs[3]).name == "extended");
+  CHECK(fused[0]->attr_float("scale", 0) == doctest::Approx(0.5));
+  CHECK(m.attention_not_fused.empty());
 }
 
 TEST_CASE("fuse-attention: torch 2.x's SDPA export, sqrt(scale) on Q and on K^T") {
@@ -259,6 +312,35 @@ TEST_CASE("fuse-attention: near-misses stay as exported, each named with its rea
     REQUIRE(m.attention_not_fused.size() == 1);
     CHECK(m.attention_not_fused[0].find("dropout on the probabilities in training mode") !=
           std::string::npos);
+  }
+  SUBCASE("a Where mask and an added mask together") {
+    // Hugging Face's GPT-2 given an attention_mask: Add(Where(causal, scores, fill), mask). A
+    // left-padded row's queries keep only keys the Where removed: the exported graph passes no
+    // gradient to those scores, one additive mask would.
+    const ImportedModel m = import_built(additive_mask_model("where and add"));
+    CHECK(nodes_of(m.graph, "Attention").empty());
+    REQUIRE(m.attention_not_fused.size() == 1);
+    CHECK(m.attention_not_fused[0].find("a Where mask and an added mask together") !=
+          std::string::npos);
+  }
+  SUBCASE("a Where mask that leaves a query no key") {
+    const ImportedModel m = import_built(additive_mask_model("where removes a row"));
+    CHECK(nodes_of(m.graph, "Attention").empty());
+    REQUIRE(m.attention_not_fused.size() == 1);
+    CHECK(m.attention_not_fused[0].find("removes every key of some query") != std::string::npos);
+  }
+  SUBCASE("an added mask made from a trainable weight, imported for training") {
+    // The fused op gives its mask no gradient: the bias table would never train.
+    const ImportedModel trained =
+        import_built(additive_mask_model("mask from a weight"), true, true);
+    CHECK(nodes_of(trained.graph, "Attention").empty());
+    REQUIRE(trained.attention_not_fused.size() == 1);
+    CHECK(trained.attention_not_fused[0].find("the trainable weight 'bias_table'") !=
+          std::string::npos);
+    // For inference the table is a constant input of the mask: fused.
+    const ImportedModel served = import_built(additive_mask_model("mask from a weight"));
+    CHECK(nodes_of(served.graph, "Attention").size() == 1);
+    CHECK(served.attention_not_fused.empty());
   }
   SUBCASE("without --fuse-attention") {
     const ImportedModel m = import_built(additive_mask_model(), false);

@@ -632,8 +632,12 @@ int run(int argc, char** argv) {
   parse_choices(choice_names, po);
   check_flags_apply(app, po);
   check_training_flags(po);
-  ImportOptions options{.batch = batch, .dims = {}, .untie_merged_weights = false,
-                        .fuse_attention = po.fuse_attention, .fuse_gelu = po.fuse_gelu};
+  ImportOptions options{.batch = batch,
+                        .dims = {},
+                        .untie_merged_weights = false,
+                        .training = po.training,
+                        .fuse_attention = po.fuse_attention,
+                        .fuse_gelu = po.fuse_gelu};
   for (const auto& d : dims) parse_dim_binding(d, options);
   if (json && !info && !list) {
     fail(ErrorKind::kUsage,

@@ -528,8 +528,9 @@ PlanInstructionCosts plan_instruction_costs(const Setup& s, const schedule::Sche
 /// The model imported with `import`: from `o.import_cache` when set (a copy), else the file.
 ImportedModel imported(const PlanOptions& o, const ImportOptions& import) {
   if (!o.import_cache) return import_model(o.model_path, import);
-  std::string key = fmt::format("{}|{}|{}|{}|{}", o.model_path, import.batch.value_or(-1),
-                                import.untie_merged_weights, import.fuse_attention, import.fuse_gelu);
+  std::string key = fmt::format("{}|{}|{}|{}|{}|{}", o.model_path, import.batch.value_or(-1),
+                                import.untie_merged_weights, import.training, import.fuse_attention,
+                                import.fuse_gelu);
   for (const auto& [name, value] : import.dims) key += fmt::format("|{}={}", name, value);
   auto it = o.import_cache->models.find(key);
   if (it == o.import_cache->models.end())
@@ -554,8 +555,11 @@ PlannedModel make_plan(const PlanOptions& o) {
   if (o.data_parallel_auto) return choose_data_parallel(o);
   Setup s = make_setup(o);
   ImportOptions import{.batch = o.batch ? std::optional<int64_t>(s.microbatch_size) : std::nullopt,
-                       .dims = o.dims, .untie_merged_weights = o.training && !o.keep_merged,
-                       .fuse_attention = o.fuse_attention, .fuse_gelu = o.fuse_gelu};
+                       .dims = o.dims,
+                       .untie_merged_weights = o.training && !o.keep_merged,
+                       .training = o.training,
+                       .fuse_attention = o.fuse_attention,
+                       .fuse_gelu = o.fuse_gelu};
   PlannedModel out{imported(o, import), {}, {}, {}, {}};
   out.untie_summary = untie_summary(out.model.untied);
   // Training needs a loss to write a plan (write_plan says so); planning alone (--dry-run, the

@@ -218,12 +218,98 @@ class LlamaLM(nn.Module):
         return self.head(self.norm(x))
 
 
+class BertLike(nn.Module):
+    """A BERT-style classifier: token and learned position embeddings, nn.TransformerEncoder
+    (batch_first, GELU), the padding mask computed from the tokens (id 0 is padding) as
+    key_padding_mask, a linear head on the first token. norm_first: pre-LayerNorm layers."""
+
+    def __init__(self, vocab=500, d=64, heads=4, layers=2, ctx=16, classes=10, norm_first=False):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(1, ctx, d) * 0.02)
+        layer = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.1, activation="gelu",
+                                           batch_first=True, norm_first=norm_first)
+        self.encoder = nn.TransformerEncoder(layer, layers)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, ids):
+        h = self.encoder(self.emb(ids) + self.pos[:, :ids.shape[1]], src_key_padding_mask=ids == 0)
+        return self.head(h[:, 0])
+
+
+class Gpt2Block(nn.Module):
+    """A GPT-2 block as Hugging Face's GPT2Attention computes it: a bool causal buffer applied
+    with torch.where and finfo.min, then the extended attention mask added, Softmax, c_proj;
+    GELU (tanh form) MLP."""
+
+    def __init__(self, d, heads, ctx):
+        super().__init__()
+        self.heads, self.hd = heads, d // heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.register_buffer("bias", torch.tril(torch.ones(ctx, ctx, dtype=torch.bool)))
+
+    def forward(self, x, mask):
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, self.hd).transpose(1, 2)
+                   for z in self.c_attn(self.ln_1(x)).split(d, dim=2))
+        w = q @ k.transpose(-1, -2) / (self.hd ** 0.5)
+        w = torch.where(self.bias[:t, :t], w, torch.tensor(torch.finfo(w.dtype).min))
+        w = (w + mask).softmax(-1)
+        x = x + self.c_proj((w @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.proj(nn.functional.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+
+class Gpt2Padded(nn.Module):
+    """A GPT-2-style LM given padded batches, as Hugging Face's GPT2Model builds the mask: the
+    attention mask (1 for a token, 0 for padding: here the tokens that are 0) extended to
+    [B, 1, 1, T] as (1 - mask) * finfo.min and added to every layer's scores after its causal
+    mask. The batches are left-padded (generation's padding side), so the first queries of a
+    padded row attend to padding alone."""
+
+    def __init__(self, vocab=500, d=64, heads=4, layers=2, ctx=16):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.h = nn.ModuleList(Gpt2Block(d, heads, ctx) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        ids = ids.flip(1)  # the padding to the left
+        keep = (ids != 0).to(torch.float32)[:, None, None, :]
+        mask = (1.0 - keep) * torch.finfo(torch.float32).min
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+        for block in self.h:
+            x = block(x, mask)
+        return self.head(self.ln_f(x))
+
+
+class Seq2Seq(nn.Module):
+    """nn.Transformer as its tutorial uses it: source and target embeddings, 2 encoder and 2
+    decoder layers, the target's causal mask from generate_square_subsequent_mask (a float -inf
+    mask kept as a buffer), cross-attention over the encoder's output, a linear decoder. The one
+    input is both the source (reversed) and the target."""
+
+    def __init__(self, vocab=500, d=64, heads=4, layers=2, ctx=16):
+        super().__init__()
+        self.src_emb, self.tgt_emb = nn.Embedding(vocab, d), nn.Embedding(vocab, d)
+        self.core = nn.Transformer(d, heads, layers, layers, 2 * d, dropout=0.1, batch_first=True)
+        self.register_buffer("tgt_mask", nn.Transformer.generate_square_subsequent_mask(ctx))
+        self.dec = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        h = self.core(self.src_emb(ids.flip(1)), self.tgt_emb(ids), tgt_mask=self.tgt_mask[:t, :t])
+        return self.dec(h)
+
+
 def image(hw):
     return ("image", (3, hw, hw))
 
 
-def tokens(vocab, seq):
-    return ("tokens", (seq,), vocab)
+def tokens(vocab, seq, padded=False):
+    return ("tokens", (seq,), vocab) + (("padded",) if padded else ())
 
 
 def small_vit():
@@ -348,6 +434,18 @@ MODELS = OrderedDict([
     ("llama_lm", ("decoder LM", lambda: LlamaLM(), tokens(500, 16), "lm",
                   "Llama-style: RMSNorm, rotary embeddings, masked_fill causal mask, SwiGLU; "
                   "vocab 500, 2 layers of 64, 4 heads, 16 tokens")),
+    ("bert_encoder", ("encoder", lambda: BertLike(), tokens(500, 16, True), "classes",
+                      "nn.TransformerEncoder, GELU, key_padding_mask from the tokens; vocab 500, "
+                      "2 layers of 64, 4 heads, 16 tokens")),
+    ("bert_encoder_prenorm", ("encoder", lambda: BertLike(norm_first=True), tokens(500, 16, True),
+                              "classes", "the same with norm_first (pre-LayerNorm)")),
+    ("gpt2_padded", ("decoder LM", lambda: Gpt2Padded(), tokens(500, 16, True), "lm",
+                     "GPT-2 as Hugging Face writes its attention: causal torch.where with "
+                     "finfo.min, then the extended attention mask of left-padded batches "
+                     "added; vocab 500, 2 layers of 64, 4 heads, 16 tokens")),
+    ("transformer_seq2seq", ("encoder-decoder", lambda: Seq2Seq(), tokens(500, 16), "lm",
+                             "nn.Transformer, 2+2 layers of 64, 4 heads, causal target mask "
+                             "buffer, cross-attention; vocab 500, 16 tokens")),
 ])
 
 # Full detection models: data-dependent shapes (NonZero, TopK), which a static plan refuses.
@@ -369,8 +467,8 @@ def prepare(model):
     for m in model.modules():
         if isinstance(m, nn.Dropout) or type(m).__name__ == "StochasticDepth":
             m.p = 0.0
-        if isinstance(m, (nn.LSTM, nn.GRU)):
-            m.dropout = 0.0
+        if isinstance(m, (nn.LSTM, nn.GRU, nn.MultiheadAttention)):
+            m.dropout = 0.0  # a float, not a Dropout module
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             with torch.no_grad():
                 if m.running_mean is not None:
@@ -389,7 +487,12 @@ def prepare(model):
 def make_input(spec, batch, g):
     if spec[0] == "image":
         return torch.randn((batch,) + spec[1], generator=g)
-    return torch.randint(0, spec[2], (batch,) + spec[1], generator=g)
+    padded = len(spec) > 3 and spec[3] == "padded"
+    ids = torch.randint(1 if padded else 0, spec[2], (batch,) + spec[1], generator=g)
+    if padded:  # row i ends in 3i padding tokens (id 0)
+        for i in range(batch):
+            ids[i, ids.shape[1] - 3 * i:] = 0
+    return ids
 
 
 def run(cmd, log, timeout):
@@ -562,7 +665,8 @@ def train_check(name, mode, build, kind, x, labels, work, log, opts):
     save(os.path.join(work, "train_in"), data)
 
     # PyTorch's steps on freshly built weights (a training export runs the model once).
-    ref = torch_losses(make, kind, x, labels, torch.float32, training)
+    trained = {}
+    ref = torch_losses(make, kind, x, labels, torch.float32, training, trained)
     ref64 = torch_losses(make, kind, x, labels, torch.float64, training) if opts.fp64 else None
     with open(log, "a") as f:
         f.write(f"{mode}: pytorch losses: {ref}\n{mode}: pytorch float64 losses: {ref64}\n")
@@ -581,10 +685,22 @@ def train_check(name, mode, build, kind, x, labels, work, log, opts):
         if err:
             res.update({"status": f"FAIL@{d} (plan)", "error": err})
             return res
+        exported = os.path.join(work, f"trained_{mode}_{d}.onnx")
         out, err, _ = run([stagerun, plan, "--steps", str(STEPS), "--inputs",
-                           os.path.join(work, "train_in"), "--json", "-q"], log, opts.timeout)
+                           os.path.join(work, "train_in"), "--json", "-q", "--export", exported],
+                          log, opts.timeout)
         if err:
             res.update({"status": f"FAIL@{d}", "error": err})
+            return res
+        # Losses can agree to 1e-7 while a weight that matters little in 3 steps never trains
+        # (a position-bias table whose gradient a fusion dropped): each weight PyTorch moved
+        # must move here too.
+        frozen, found = untrained_weights(exported, trained)
+        res["weights_checked"] = found
+        if frozen:
+            res.update({"status": f"UNTRAINED@{d}",
+                        "error": f"{len(frozen)} of {found} weights never moved: "
+                                 + ", ".join(frozen[:3]) + (" ..." if len(frozen) > 3 else "")})
             return res
         losses = [r["loss"] for r in map(json.loads, out.splitlines()) if r.get("type") == "step"]
         worst = max(worst, rel_err(losses, ref))
@@ -633,10 +749,12 @@ def rel_err(got, ref):
     return max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(got, ref))
 
 
-def torch_losses(make, kind, x, labels, dtype, training=True):
+def torch_losses(make, kind, x, labels, dtype, training=True, trained=None):
     """PyTorch's own STEPS SGD steps, each over TRAIN_MICROBATCHES microbatches (loss / M), in
-    train mode (BatchNorm on the microbatch's statistics) or eval mode (on running statistics)."""
+    train mode (BatchNorm on the microbatch's statistics) or eval mode (on running statistics).
+    With a dict `trained`: each parameter's name -> its values before and after the steps."""
     model = make().to(dtype)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
     train_model = FeatureLoss(model) if kind == "features" else model
     train_model.train(training)
     x = x.to(dtype) if x.is_floating_point() else x
@@ -663,7 +781,32 @@ def torch_losses(make, kind, x, labels, dtype, training=True):
             total += loss.item() / TRAIN_MICROBATCHES
         opt.step()
         losses.append(total)
+    if trained is not None:
+        for n, p in model.named_parameters():
+            trained[n] = (before[n].numpy(), p.detach().numpy().copy())
     return losses
+
+
+def untrained_weights(exported, trained):
+    """The parameters PyTorch's steps moved that stagecraft's left exactly as they were (a
+    weight whose gradient was dropped), by name, from the model `stagerun --export` wrote; and
+    how many of PyTorch's parameters the file holds under their own name."""
+    import onnx
+    from onnx import numpy_helper
+    inits = {t.name: t for t in onnx.load(exported).graph.initializer}
+    frozen, found = [], 0
+    for n, (before, after) in trained.items():
+        t = inits.get(n)
+        if t is None:
+            continue
+        got = numpy_helper.to_array(t)
+        if got.shape != before.shape:
+            continue
+        found += 1
+        moved = np.abs(after - before).max()
+        if moved > 1e-7 * max(np.abs(before).max(), 1e-3) and np.array_equal(got, before):
+            frozen.append(n)
+    return frozen, found
 
 
 def check_refused(name, opts):
