@@ -1,9 +1,13 @@
 // Reverse-mode autodiff for one stage: the backward program as gradient ops (grad_ops.h).
 #include "passes/autodiff.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -487,6 +491,32 @@ bool passes_gradient(const ir::Graph& graph, const ir::Node& node, std::size_t k
   for (ir::ValueId out : node.outputs)
     if (out != ir::kNoId && is_floating(graph.value(out).dtype) && reaches[out]) return true;
   return false;
+}
+
+std::string untrainable_reason(const ir::Graph& g, const ir::Value& v) {
+  constexpr int64_t kScanElements = int64_t{1} << 20;
+  // Bytes a sparse file never wrote are zeros: nothing to read (a dry run's weight file).
+  if (v.shape_known && v.numel() <= kScanElements && v.initializer != nullptr &&
+      !v.initializer->unwritten()) {
+    const std::span<const std::byte> bytes = v.initializer->bytes();
+    const auto* f = reinterpret_cast<const float*>(bytes.data());
+    const int64_t n = static_cast<int64_t>(bytes.size() / sizeof(float));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += std::isfinite(f[i]) ? 0 : 1;
+    if (bad > 0)
+      return fmt::format("{} non-finite entr{} (-inf or NaN, as a mask holds)", bad,
+                         bad == 1 ? "y" : "ies");
+  }
+  if (v.consumers.empty()) return "";
+  for (ir::NodeId reader : v.consumers) {
+    const ir::Node& add = g.node(reader);
+    if (add.op_type != "Add" || !add.domain.empty() || add.outputs.empty()) return "";
+    const ir::Value& sum = g.value(add.outputs[0]);
+    if (sum.consumers.empty()) return "";
+    for (ir::NodeId next : sum.consumers)
+      if (g.node(next).op_type != "Softmax") return "";
+  }
+  return "an additive attention mask (read only by Adds that feed a Softmax)";
 }
 
 bool differentiable_input(std::string_view op_type, std::size_t index) {

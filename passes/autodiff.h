@@ -91,6 +91,14 @@ std::vector<char> reaches_loss(const ir::Graph& graph, ir::ValueId loss);
 bool passes_gradient(const ir::Graph& graph, const ir::Node& node, std::size_t k,
                      const std::vector<char>& reaches);
 
+/// Why PyTorch would not train the float32 initializer `v` ("" when it would): non-finite
+/// values (checked for initializers of at most 2^20 elements: masks, not the big weights whose
+/// bytes planning leaves unread), or a mask's use, read only as an operand of Adds whose sums
+/// feed a Softmax. Such tensors are buffers or exporter constants in PyTorch (a causal mask
+/// registered with register_buffer), never trained there; trained here, a -inf entry becomes NaN
+/// after one step. The planner freezes them (stagec --train-also trains them).
+std::string untrainable_reason(const ir::Graph& graph, const ir::Value& v);
+
 /// The stage's trainable weights: the float32 initializers marked `is_weight` that a node of
 /// `nodes` (default domain, with a gradient) reads at a differentiable position, in first-read
 /// order, each once.

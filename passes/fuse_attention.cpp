@@ -215,8 +215,8 @@ bool scores_like(const ir::Graph& g, ValueId v, int hops = 2) {
   return false;
 }
 
-/// A trainable weight (a float32 initializer marked as a weight, not frozen) whose gradient
-/// flows through `v`: reached upstream along gradient paths (passes/autodiff.h), or kNoId.
+/// A trainable weight (a float32 initializer marked as a weight, not frozen, one PyTorch would
+/// train: passes::untrainable_reason) whose gradient flows through `v`: reached upstream along gradient paths (passes/autodiff.h), or kNoId.
 ValueId weight_behind(const ir::Graph& g, ValueId v) {
   std::vector<ValueId> stack{v};
   std::unordered_set<ValueId> seen;
@@ -226,7 +226,10 @@ ValueId weight_behind(const ir::Graph& g, ValueId v) {
     if (!seen.insert(at).second) continue;
     const ir::Value& value = g.value(at);
     if (value.is_initializer()) {
-      if (value.is_weight && !value.frozen && value.dtype == DType::kFloat32) return at;
+      // A mask buffer (-inf entries, or read only by Adds into a Softmax) the planner freezes.
+      if (value.is_weight && !value.frozen && value.dtype == DType::kFloat32 &&
+          untrainable_reason(g, value).empty())
+        return at;
       continue;
     }
     const ir::Node* n = producer(g, at);

@@ -544,6 +544,19 @@ bool run_calibration(const std::string& trace, const std::string& plan_dir,
   return true;
 }
 
+/// How --info and --list-nodes import the model: as a plan with these flags would.
+stagecraft::ImportOptions info_import(const stagecraft::plan::PlanOptions& po,
+                                      std::optional<int64_t> batch,
+                                      const std::vector<std::string>& dims) {
+  stagecraft::ImportOptions options;
+  options.batch = batch;
+  options.training = po.training;
+  options.fuse_attention = po.fuse_attention;
+  options.fuse_gelu = po.fuse_gelu;
+  for (const auto& d : dims) stagecraft::parse_dim_binding(d, options);
+  return options;
+}
+
 int run(int argc, char** argv) {
   using namespace stagecraft;
   CLI::App app{
@@ -632,13 +645,7 @@ int run(int argc, char** argv) {
   parse_choices(choice_names, po);
   check_flags_apply(app, po);
   check_training_flags(po);
-  ImportOptions options{.batch = batch,
-                        .dims = {},
-                        .untie_merged_weights = false,
-                        .training = po.training,
-                        .fuse_attention = po.fuse_attention,
-                        .fuse_gelu = po.fuse_gelu};
-  for (const auto& d : dims) parse_dim_binding(d, options);
+  const ImportOptions options = info_import(po, batch, dims);
   if (json && !info && !list) {
     fail(ErrorKind::kUsage,
          "--json needs --info or --list-nodes (stagedump PLAN_DIR --json shows a plan)");

@@ -243,38 +243,6 @@ void freeze_weights(PlannedModel& out, const PlanOptions& o) {
       count, count == 1 ? "" : "s", params);
 }
 
-/// Why PyTorch would not train the float32 initializer `v` ("" when it would): non-finite
-/// values (checked for initializers of at most 2^20 elements: masks, not the big weights whose
-/// bytes planning leaves unread), or a mask's use, read only as an operand of Adds whose sums
-/// feed a Softmax. Such tensors are buffers or exporter constants in PyTorch (a causal mask
-/// registered with register_buffer), never trained there; trained here, a -inf entry becomes NaN
-/// after one step.
-std::string untrainable_reason(const ir::Graph& g, const ir::Value& v) {
-  constexpr int64_t kScanElements = int64_t{1} << 20;
-  // Bytes a sparse file never wrote are zeros: nothing to read (a dry run's weight file).
-  if (v.shape_known && v.numel() <= kScanElements && v.initializer != nullptr &&
-      !v.initializer->unwritten()) {
-    const std::span<const std::byte> bytes = v.initializer->bytes();
-    const auto* f = reinterpret_cast<const float*>(bytes.data());
-    const int64_t n = static_cast<int64_t>(bytes.size() / sizeof(float));
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; ++i) bad += std::isfinite(f[i]) ? 0 : 1;
-    if (bad > 0)
-      return fmt::format("{} non-finite entr{} (-inf or NaN, as a mask holds)", bad,
-                         bad == 1 ? "y" : "ies");
-  }
-  if (v.consumers.empty()) return "";
-  for (ir::NodeId reader : v.consumers) {
-    const ir::Node& add = g.node(reader);
-    if (add.op_type != "Add" || !add.domain.empty() || add.outputs.empty()) return "";
-    const ir::Value& sum = g.value(add.outputs[0]);
-    if (sum.consumers.empty()) return "";
-    for (ir::NodeId next : sum.consumers)
-      if (g.node(next).op_type != "Softmax") return "";
-  }
-  return "an additive attention mask (read only by Adds that feed a Softmax)";
-}
-
 /// "a, b, c and 4 more": the first three of `items` for a one-line summary.
 std::string first_three(const std::vector<std::string>& items) {
   const std::size_t shown = std::min<std::size_t>(items.size(), 3);
@@ -292,7 +260,7 @@ void freeze_untrainable(PlannedModel& out, const PlanOptions& o) {
   for (std::size_t i = 0; i < g.num_values(); ++i) {
     ir::Value& v = g.value(static_cast<ir::ValueId>(i));
     if (!v.is_initializer() || !v.is_weight || v.dtype != DType::kFloat32 || v.frozen) continue;
-    const std::string why = untrainable_reason(g, v);
+    const std::string why = passes::untrainable_reason(g, v);
     if (why.empty()) continue;
     if (std::any_of(o.train_also.begin(), o.train_also.end(), [&](const std::string& pattern) {
           return fnmatch(pattern.c_str(), v.name.c_str(), 0) == 0;

@@ -615,7 +615,8 @@ def check(name, opts):
         res = train_check(name, mode, build, kind, x, labels, work, log, opts)
         key = "train" if mode == "batch" else "train_eval"
         row.update({key: res["status"], key + "_err": res["err"], key + "_err64": res["err64"],
-                    key + "_floor": res["floor"], key + "_ulp": res.get("ulp_spread")})
+                    key + "_floor": res["floor"], key + "_ulp": res.get("ulp_spread"),
+                    key + "_weights": res.get("weights_checked")})
         if res["error"] and not row["error"]:
             row["error"] = res["error"]
     if not has_bn:
