@@ -455,7 +455,7 @@ ValueId untranspose(ir::Graph& g, ValueId kt, const std::string& prefix) {
   k.shape_known = true;
   const ValueId id = g.add_value(std::move(k));
   ir::Node n;
-  n.name = g.value(id).name;
+  n.name = g.fresh_node_name(g.value(id).name);
   n.op_type = "Transpose";
   n.inputs = {source};
   n.outputs = {id};
@@ -498,7 +498,7 @@ void fuse(ir::Graph& g, const ir::Node& softmax, const Block& b, SharedMasks& sh
   lse.shape_known = true;
   const ValueId lse_id = g.add_value(std::move(lse));
   ir::Node n;
-  n.name = fresh(g, prefix + "/Attention");
+  n.name = g.fresh_node_name(prefix + "/Attention");
   n.op_type = "Attention";
   n.domain = std::string(grad::kGradDomain);
   n.inputs = {b.q, k, b.v};

@@ -199,11 +199,9 @@ void fuse(ir::Graph& g, const Gelu& m) {
   const size_t slash = last_name.rfind('/');
   const std::string base =
       (slash == std::string::npos ? last_name + "/" : last_name.substr(0, slash + 1)) + "Gelu";
-  std::string name = base;
-  for (int k = 1; g.find_value(name); ++k) name = fmt::format("{}_{}", base, k);
   for (NodeId id : m.nodes) g.remove_node(id);
   ir::Node n;
-  n.name = name;
+  n.name = g.fresh_node_name(base);
   n.op_type = "Gelu";
   n.domain = std::string(grad::kGradDomain);
   n.inputs = {m.x};

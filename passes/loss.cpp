@@ -26,7 +26,7 @@ ir::ValueId new_value(ir::Graph& g, const std::string& name, DType dtype,
 ir::ValueId add(ir::Graph& g, const std::string& op, std::vector<ir::ValueId> inputs,
                 ir::ValueId output, std::vector<onnx::AttributeProto> attrs = {}) {
   ir::Node n;
-  n.name = "loss/" + op;
+  n.name = g.fresh_node_name("loss/" + op);
   n.op_type = op;
   n.inputs = std::move(inputs);
   n.outputs = {output};
@@ -77,7 +77,7 @@ ir::ValueId reshape(ir::Graph& g, ir::ValueId input, const std::string& name,
       std::string(reinterpret_cast<const char*>(shape.data()), shape.size() * sizeof(int64_t)));
   ir::ValueId out = new_value(g, name, g.value(input).dtype, shape);
   ir::Node n;
-  n.name = "loss/Reshape(" + name + ")";
+  n.name = g.fresh_node_name("loss/Reshape(" + name + ")");
   n.op_type = "Reshape";
   n.inputs = {input, dims};
   n.outputs = {out};

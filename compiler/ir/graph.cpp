@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <queue>
+#include <string_view>
+#include <unordered_set>
 
 #include "runtime/format/error.h"
 
@@ -113,6 +115,15 @@ std::optional<ValueId> Graph::find_value(std::string_view value_name) const {
   auto it = by_name_.find(std::string(value_name));
   if (it == by_name_.end()) return std::nullopt;
   return it->second;
+}
+
+std::string Graph::fresh_node_name(const std::string& base) const {
+  std::unordered_set<std::string_view> taken;
+  for (const Node& n : nodes_)
+    if (!n.dead) taken.insert(n.name);
+  std::string name = base;
+  for (int k = 2; taken.count(name); ++k) name = base + "#" + std::to_string(k);
+  return name;
 }
 
 void Graph::remove_node(NodeId id) {

@@ -105,6 +105,9 @@ class Graph {
 
   /// The id of the value called `name`, or nullopt.
   std::optional<ValueId> find_value(std::string_view name) const;
+  /// `base` when no live node is called so, else base#2, base#3, ... (as import makes repeated
+  /// names unique): plans name nodes, so a pass that adds one names it with this.
+  std::string fresh_node_name(const std::string& base) const;
 
   /// Marks a node dead and unlinks it from its inputs' consumer lists; its outputs keep their
   /// ids until `compact()`.

@@ -31,6 +31,7 @@ Choices that keep the comparison exact:
 Plans are costed by the roofline of --device-spec cpu (no profiling: correctness only).
 """
 import argparse
+import math
 import warnings
 import copy
 import json
@@ -285,6 +286,109 @@ class Gpt2Padded(nn.Module):
         return self.head(self.ln_f(x))
 
 
+def t5_bucket(rel, num_buckets=32, max_distance=128):
+    """T5's bidirectional relative position bucket, as transformers' T5Attention computes it."""
+    num_buckets //= 2
+    ret = (rel > 0).long() * num_buckets
+    n = rel.abs()
+    max_exact = num_buckets // 2
+    large = max_exact + (torch.log(n.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).long()
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return ret + torch.where(n < max_exact, n, large)
+
+
+class T5Encoder(nn.Module):
+    """A T5-style encoder: RMS LayerNorm without a mean (T5LayerNorm), unscaled scores plus a
+    learned relative position bias (an nn.Embedding over log buckets computed from positions,
+    made once and added in every layer), no biases, ReLU feed-forward, a linear head on the
+    mean of the tokens."""
+
+    def __init__(self, vocab=500, d=64, heads=4, layers=2, classes=10):
+        super().__init__()
+        self.heads, self.hd = heads, d // heads
+        self.emb = nn.Embedding(vocab, d)
+        self.rel = nn.Embedding(32, heads)
+        self.norms = nn.ModuleList(RMSNorm(d) for _ in range(2 * layers + 1))
+        self.qkvo = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(4 * layers))
+        self.ff = nn.ModuleList(nn.Linear(*io, bias=False) for _ in range(layers)
+                                for io in ((d, 2 * d), (2 * d, d)))
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, ids):
+        b, t = ids.shape
+        pos = torch.arange(t)
+        bias = self.rel(t5_bucket(pos[None, :] - pos[:, None])).permute(2, 0, 1)[None]
+        x = self.emb(ids)
+        for layer in range(len(self.ff) // 2):
+            q, k, v, o = self.qkvo[4 * layer:4 * layer + 4]
+            h = self.norms[2 * layer](x)
+            q, k, v = (f(h).view(b, t, self.heads, self.hd).transpose(1, 2) for f in (q, k, v))
+            w = (q @ k.transpose(-1, -2) + bias).softmax(-1)
+            x = x + o((w @ v).transpose(1, 2).reshape(b, t, -1))
+            h = self.norms[2 * layer + 1](x)
+            x = x + self.ff[2 * layer + 1](torch.relu(self.ff[2 * layer](h)))
+        return self.head(self.norms[-1](x).mean(1))
+
+
+class AudioEncoder(nn.Module):
+    """A wav2vec 2.0-style classifier: a Conv1d feature extractor on the raw signal (GroupNorm
+    after the first conv, GELU), LayerNorm and a projection, one nn.TransformerEncoderLayer, a
+    linear head on the mean over time."""
+
+    def __init__(self, width=32, d=64, classes=10):
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv1d(1, width, 10, 5, bias=False), nn.GroupNorm(width, width),
+                                  nn.GELU(), nn.Conv1d(width, width, 3, 2, bias=False), nn.GELU(),
+                                  nn.Conv1d(width, width, 2, 2, bias=False), nn.GELU())
+        self.norm = nn.LayerNorm(width)
+        self.proj = nn.Linear(width, d)
+        self.layer = nn.TransformerEncoderLayer(d, 4, 2 * d, dropout=0.0, activation="gelu",
+                                                batch_first=True)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        h = self.proj(self.norm(self.conv(x).transpose(1, 2)))
+        return self.head(self.layer(h).mean(1))
+
+
+class Mixer(nn.Module):
+    """MLP-Mixer: 8x8 patches by a strided Conv, then blocks of token mixing (LayerNorm, an MLP
+    across the patches of each channel: transposes around nn.Linear) and channel mixing, GELU."""
+
+    def __init__(self, hw=64, patch=8, d=64, layers=2, classes=10):
+        super().__init__()
+        n = (hw // patch) ** 2
+        self.stem = nn.Conv2d(3, d, patch, patch)
+        self.blocks = nn.ModuleList(nn.ModuleList([nn.LayerNorm(d), nn.Linear(n, 2 * n),
+                                                   nn.Linear(2 * n, n), nn.LayerNorm(d),
+                                                   nn.Linear(d, 2 * d), nn.Linear(2 * d, d)])
+                                    for _ in range(layers))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        x = self.stem(x).flatten(2).transpose(1, 2)
+        for n1, t1, t2, n2, c1, c2 in self.blocks:
+            x = x + t2(nn.functional.gelu(t1(n1(x).transpose(1, 2)))).transpose(1, 2)
+            x = x + c2(nn.functional.gelu(c1(n2(x))))
+        return self.head(self.norm(x).mean(1))
+
+
+class SuperResolution(nn.Module):
+    """ESPCN-style 2x super-resolution: convolutions, then PixelShuffle (DepthToSpace) to twice
+    the size; one output map, trained by its squared error (a tuple, as the features kind)."""
+
+    def __init__(self, width=16):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, width, 5, padding=2), nn.Tanh(),
+                                  nn.Conv2d(width, width, 3, padding=1), nn.Tanh(),
+                                  nn.Conv2d(width, 3 * 4, 3, padding=1), nn.PixelShuffle(2))
+
+    def forward(self, x):
+        return (self.body(x),)
+
+
 class Seq2Seq(nn.Module):
     """nn.Transformer as its tutorial uses it: source and target embeddings, 2 encoder and 2
     decoder layers, the target's causal mask from generate_square_subsequent_mask (a float -inf
@@ -443,6 +547,16 @@ MODELS = OrderedDict([
                      "GPT-2 as Hugging Face writes its attention: causal torch.where with "
                      "finfo.min, then the extended attention mask of left-padded batches "
                      "added; vocab 500, 2 layers of 64, 4 heads, 16 tokens")),
+    ("t5_encoder", ("encoder", lambda: T5Encoder(), tokens(500, 16), "classes",
+                    "T5-style: RMS norm, unscaled scores plus a learned relative position bias "
+                    "from log buckets; vocab 500, 2 layers of 64, 4 heads, 16 tokens")),
+    ("audio_encoder", ("audio", lambda: AudioEncoder(), ("image", (1, 800)), "classes",
+                       "wav2vec 2.0-style: Conv1d feature extractor with GroupNorm and GELU, "
+                       "a TransformerEncoderLayer; 800 samples")),
+    ("mlp_mixer", ("classification", lambda: Mixer(), image(64), "classes",
+                   "MLP-Mixer: 8x8 patches, 2 blocks of width 64")),
+    ("super_resolution", ("super-resolution", lambda: SuperResolution(), image(32), "features",
+                          "ESPCN-style: 3 convs and PixelShuffle(2), 32x32 to 64x64")),
     ("transformer_seq2seq", ("encoder-decoder", lambda: Seq2Seq(), tokens(500, 16), "lm",
                              "nn.Transformer, 2+2 layers of 64, 4 heads, causal target mask "
                              "buffer, cross-attention; vocab 500, 16 tokens")),

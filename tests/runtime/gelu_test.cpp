@@ -107,6 +107,40 @@ TEST_CASE(
   }
 }
 
+// Plans name nodes, so a fused node takes a name no node has: functional GELUs in a loop (an
+// MLP-Mixer's) all fused to "/Gelu", and stagec wrote a plan that did not read back ("names node
+// '/Gelu', which is already in stage 0").
+TEST_CASE("fuse-gelu: the fused node's name is not one the graph already has") {
+  onnx::ModelProto m;
+  REQUIRE(m.ParseFromString(testing::read_bytes(kData + "mlp_erf.onnx")));
+  std::string gelu_scope;
+  for (const onnx::NodeProto& n : m.graph().node())
+    if (n.op_type() == "Erf") gelu_scope = n.name().substr(0, n.name().rfind('/') + 1);
+  REQUIRE(!gelu_scope.empty());
+  // The last node (not part of the GELU) takes the name the fused node would.
+  onnx::NodeProto* last = m.mutable_graph()->mutable_node(m.graph().node_size() - 1);
+  REQUIRE(last->op_type() != "Mul");
+  last->set_name(gelu_scope + "Gelu");
+  testing::TempDir dir;
+  testing::write_model(m, dir.file("m.onnx"));
+  const ImportedModel got = import_with(dir.file("m.onnx"), true);
+  REQUIRE(count_ops(got.graph, "Gelu") == 1);
+  std::vector<std::string> names;
+  for (const ir::Node& n : got.graph.nodes())
+    if (!n.dead) names.push_back(n.name);
+  std::sort(names.begin(), names.end());
+  CHECK(std::adjacent_find(names.begin(), names.end()) == names.end());
+  CHECK(std::count(names.begin(), names.end(), gelu_scope + "Gelu") == 1);
+  CHECK(std::count(names.begin(), names.end(), gelu_scope + "Gelu#2") == 1);
+  plan::PlanOptions o;
+  o.model_path = dir.file("m.onnx");
+  o.devices = 1;
+  o.microbatches = 1;
+  o.device_spec = "cpu";
+  plan::PlannedModel planned = plan::make_plan(o);
+  CHECK_NOTHROW(plan::write_plan(planned, dir.file("plan")));
+}
+
 TEST_CASE("Gelu and GeluGrad kernels on the cpu against a double-precision reference") {
   testing::gelu::check_kernels(rt::cpu_backend());
   // Only "none" and "tanh" are GELUs.
