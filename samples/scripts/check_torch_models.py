@@ -869,8 +869,9 @@ def torch_losses(make, kind, x, labels, dtype, training=True, trained=None):
     train mode (BatchNorm on the microbatch's statistics) or eval mode (on running statistics).
     With a dict `trained`: each parameter's name -> its values before and after the steps."""
     model = make().to(dtype)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
     train_model = FeatureLoss(model) if kind == "features" else model
+    # By the exported module's names (FeatureLoss's "m." prefix included).
+    before = {n: p.detach().clone() for n, p in train_model.named_parameters()}
     train_model.train(training)
     x = x.to(dtype) if x.is_floating_point() else x
     if kind == "features":
@@ -897,7 +898,7 @@ def torch_losses(make, kind, x, labels, dtype, training=True, trained=None):
         opt.step()
         losses.append(total)
     if trained is not None:
-        for n, p in model.named_parameters():
+        for n, p in train_model.named_parameters():
             trained[n] = (before[n].numpy(), p.detach().numpy().copy())
     return losses
 
