@@ -448,7 +448,8 @@ std::optional<std::pair<DType, std::vector<int64_t>>> arithmetic_type(const ir::
   };
   const HostTensor& x = *input(0);
   using Type = std::pair<DType, std::vector<int64_t>>;
-  if (op == "Greater" || op == "Less" || op == "And" || op == "Or" || op == "Mod") {
+  if (op == "Greater" || op == "Less" || op == "GreaterOrEqual" || op == "LessOrEqual" ||
+      op == "And" || op == "Or" || op == "Mod") {
     if (!input(1) || input(1)->dtype != x.dtype) return std::nullopt;
     std::vector<int64_t> shape = broadcast_shape({x.shape, input(1)->shape}, node);
     if (!small_enough(node, shape, max_elements)) return std::nullopt;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <limits>
@@ -94,6 +95,21 @@ TEST_CASE("host evaluation: ReduceMin, ReduceMax and Reciprocal as detection tra
   CHECK_THROWS_WITH_AS(passes::evaluate_on_host(bad, {ints({2}, {1, 2})}, {}, 17),
                        doctest::Contains("node '/transform/ReduceMin' (ReduceMin)"), Error);
   CHECK_FALSE(passes::evaluate_on_host(node_of("Reciprocal"), {ints({1}, {3})}, {}, 17));
+}
+
+// torchvision's Faster R-CNN keeps boxes by `>=` (its RPN's GreaterOrEqual); each comparison is
+// its own IEEE one, false against NaN, not the negation of the strict other.
+TEST_CASE("host evaluation: GreaterOrEqual and LessOrEqual, false against NaN") {
+  const HostTensor idx = ints({6}, {0, 1, 2, 3, 4, 5});
+  const HostTensor ge = fold(node_of("GreaterOrEqual"), {idx, ints({}, {3})});
+  CHECK(ge.dtype == DType::kBool);
+  CHECK(ge.ints == std::vector<int64_t>{0, 0, 0, 1, 1, 1});
+  CHECK(fold(node_of("LessOrEqual"), {idx, ints({2, 1}, {0, 4})}).ints ==
+        std::vector<int64_t>{1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0});
+  const HostTensor x = reals({3}, {1.0, std::nan(""), -2.0});
+  CHECK(fold(node_of("GreaterOrEqual"), {x, reals({}, {1.0})}).ints ==
+        std::vector<int64_t>{1, 0, 0});
+  CHECK(fold(node_of("LessOrEqual"), {x, reals({}, {1.0})}).ints == std::vector<int64_t>{1, 0, 1});
 }
 
 TEST_CASE(

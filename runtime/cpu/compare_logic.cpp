@@ -1,5 +1,6 @@
-// Comparisons, logic, Min, Max and Mod (see families.h), all with numpy broadcasting: Greater
-// and Less (numeric inputs of one type, a bool output), Not, And and Or (bools), Min and Max
+// Comparisons, logic, Min, Max and Mod (see families.h), all with numpy broadcasting: Greater,
+// Less, GreaterOrEqual and LessOrEqual (numeric inputs of one type, a bool output; false on
+// NaN, runtime/ops/compare_element.h), Not, And and Or (bools), Min and Max
 // (one or more numeric inputs; NaN propagates, as numpy's minimum and maximum), Mod (numeric:
 // fmod=0 takes the divisor's sign, as Python's %, fmod=1 the dividend's, as C's fmod; floats
 // must set fmod=1, as ONNX says; an integer zero divisor is refused, the lowest value mod -1 is
@@ -22,23 +23,26 @@
 #include "runtime/cpu/eltwise_common.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/grad_eltwise_common.h"
+#include "runtime/ops/compare_element.h"
 
 namespace stagecraft::rt::cpu {
 namespace {
 
 using namespace eltwise;
+using ops::compare;
+using ops::Comparison;
 
 // ---------------------------------------------------------------------------------------------
 // Comparisons and logic
 
-template <bool kGreater>
+template <Comparison kWhich>
 void run_compare(const KernelArgs& a) {
   Broadcast<2> plan = broadcast_output<2>(a);
   const Tensor &x = a.input(0), &y = a.input(1);
   uint8_t* z = a.out[0]->as<uint8_t>();
   visit(x.dtype, [&]<class T>(Type<T>) {
     binary_loop(plan, x.as<T>(), y.as<T>(), z,
-                [](T u, T v) { return static_cast<uint8_t>(kGreater ? u > v : u < v); });
+                [](T u, T v) { return static_cast<uint8_t>(compare<kWhich>(u, v)); });
   });
 }
 
@@ -267,8 +271,10 @@ std::string check_mod_grad(const OpSignature& s) {
 // The gradients write every element of the outputs they are given (summed back where an input
 // was broadcast), or zero them when dy is omitted.
 constexpr KernelEntry kKernels[] = {
-    {"Greater", run_compare<true>, check_compare},
-    {"Less", run_compare<false>, check_compare},
+    {"Greater", run_compare<Comparison::kGreater>, check_compare},
+    {"Less", run_compare<Comparison::kLess>, check_compare},
+    {"GreaterOrEqual", run_compare<Comparison::kGreaterOrEqual>, check_compare},
+    {"LessOrEqual", run_compare<Comparison::kLessOrEqual>, check_compare},
     {"Not", run_not, check_not},
     {"And", run_logic<true>, check_logic},
     {"Or", run_logic<false>, check_logic},

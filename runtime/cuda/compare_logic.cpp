@@ -1,6 +1,6 @@
 // The CUDA backend's comparison and logic family (families.h), the ops of the CPU backend's
-// compare_logic.cpp: Greater, Less, Not, And, Or, the variadic Min and Max, Mod (integer or
-// fmod), with numpy broadcasting, and the gradients of Min, Max and Mod.
+// compare_logic.cpp: Greater, Less, GreaterOrEqual, LessOrEqual, Not, And, Or, the variadic Min
+// and Max, Mod (integer or fmod), with numpy broadcasting, and the gradients of Min, Max and Mod.
 #include <cstdint>
 
 #include "runtime/cuda/elementwise_common.h"
@@ -114,6 +114,8 @@ void min_max_grad(const KernelArgs& a) {
 constexpr KernelEntry kKernels[] = {
     {"Greater", run_binary<BinaryOp::kGreater>, same_as_cpu},
     {"Less", run_binary<BinaryOp::kLess>, same_as_cpu},
+    {"GreaterOrEqual", run_binary<BinaryOp::kGreaterOrEqual>, same_as_cpu},
+    {"LessOrEqual", run_binary<BinaryOp::kLessOrEqual>, same_as_cpu},
     {"Not", run_not, same_as_cpu},
     {"And", run_binary<BinaryOp::kAnd>, same_as_cpu},
     {"Or", run_binary<BinaryOp::kOr>, same_as_cpu},

@@ -12,6 +12,7 @@
 #include "runtime/cuda/elementwise_device.cuh"
 #include "runtime/cuda/elementwise_kernels.h"
 #include "runtime/cuda/update_kernels.h"
+#include "runtime/ops/compare_element.h"
 #include "runtime/ops/dropout_mask.h"
 #include "runtime/ops/gelu_element.h"
 #include "runtime/ops/pow_element.h"
@@ -421,10 +422,10 @@ struct MinMax {
   }
 };
 
-template <bool kGreater, class T>
+template <ops::Comparison kWhich, class T>
 struct Compare {
   __device__ uint8_t operator()(T u, T v) const {
-    return static_cast<uint8_t>(kGreater ? u > v : u < v);
+    return static_cast<uint8_t>(ops::compare<kWhich>(u, v));
   }
 };
 
@@ -466,12 +467,12 @@ bool same_type_of(DType dtype, const void* x, const void* y, void* z, int64_t n,
   });
 }
 
-template <bool kGreater>
+template <ops::Comparison kWhich>
 bool compare_of(DType dtype, const void* x, const void* y, void* z, int64_t n,
                 const BroadcastMap& map, cudaStream_t stream) {
   return visit<false>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_binary_of<T, T, uint8_t>(x, y, z, n, map, Compare<kGreater, T>{}, stream);
+    launch_binary_of<T, T, uint8_t>(x, y, z, n, map, Compare<kWhich, T>{}, stream);
   });
 }
 
@@ -679,9 +680,13 @@ bool launch_binary(BinaryOp op, DType x_dtype, DType y_dtype, const void* x, con
     case BinaryOp::kPRelu:
       return prelu_of(x_dtype, x, y, z, n, map, stream);
     case BinaryOp::kGreater:
-      return compare_of<true>(x_dtype, x, y, z, n, map, stream);
+      return compare_of<ops::Comparison::kGreater>(x_dtype, x, y, z, n, map, stream);
     case BinaryOp::kLess:
-      return compare_of<false>(x_dtype, x, y, z, n, map, stream);
+      return compare_of<ops::Comparison::kLess>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kGreaterOrEqual:
+      return compare_of<ops::Comparison::kGreaterOrEqual>(x_dtype, x, y, z, n, map, stream);
+    case BinaryOp::kLessOrEqual:
+      return compare_of<ops::Comparison::kLessOrEqual>(x_dtype, x, y, z, n, map, stream);
     case BinaryOp::kAnd:
       return logic_of<true>(x_dtype, x, y, z, n, map, stream);
     case BinaryOp::kOr:

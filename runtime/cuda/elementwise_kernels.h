@@ -81,8 +81,10 @@ enum class BinaryOp : int32_t {
   kPow,      // base float32, float64, int32 or int64; exponent any numeric type; output the base's
   kEqual,    // numeric or bool inputs of one type; a bool (one byte) output
   kPRelu,    // x > 0 ? x : slope * x, float32 and float64 (the slope is input 1)
-  kGreater,  // numeric inputs of one type; a bool output (as kLess)
+  kGreater,  // numeric inputs of one type; a bool output (as kLess and the two below)
   kLess,
+  kGreaterOrEqual,
+  kLessOrEqual,
   kAnd,  // bool inputs and output (as kOr)
   kOr,
   kMin,  // numeric, both inputs and the output of one type; NaN propagates (as kMax)

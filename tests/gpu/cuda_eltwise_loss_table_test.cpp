@@ -52,26 +52,30 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
   const DType f64_pair[] = {DType::kFloat64, DType::kFloat64};
   const DType f64[] = {DType::kFloat64};
   const DType u16[] = {DType::kUInt16};
-  const OpSignature accepted[] = {
-      {"Add", i16_pair, i16, none},   {"Neg", i8, i8, none},
-      {"Abs", u16, u16, none},        {"PRelu", f64_pair, f64, none},
-      {"Max", i16_triple, i16, none}, {"Greater", i16_pair, b, none},
-      {"And", bools, b, none},        {"Mod", i16_pair, i16, none},
-      {"Div", i16_pair, i16, none},   {"Pow", pow_in, i32, none},
-      {"Equal", bools, b, none},      {"Where", where_in, i64, none},
-      {"Clip", u8, u8, none},         {"SoftmaxCrossEntropyLoss", sce_in, f32, none}};
+  const OpSignature accepted[] = {{"Add", i16_pair, i16, none},
+                                  {"Neg", i8, i8, none},
+                                  {"Abs", u16, u16, none},
+                                  {"PRelu", f64_pair, f64, none},
+                                  {"Max", i16_triple, i16, none},
+                                  {"Greater", i16_pair, b, none},
+                                  {"And", bools, b, none},
+                                  {"Mod", i16_pair, i16, none},
+                                  {"Div", i16_pair, i16, none},
+                                  {"Pow", pow_in, i32, none},
+                                  {"Equal", bools, b, none},
+                                  {"Where", where_in, i64, none},
+                                  {"Clip", u8, u8, none},
+                                  {"SoftmaxCrossEntropyLoss", sce_in, f32, none},
+                                  {"GreaterOrEqual", i16_pair, b, none},
+                                  {"LessOrEqual", f64_pair, b, none}};
   check_accepted_alike(*cuda, accepted);
-  const OpSignature refused[] = {{"Relu", u8, u8, none},
-                                 {"Neg", u8, u8, none},
-                                 {"Exp", i32, i32, none},
-                                 {"PRelu", pow_in, i32, none},
-                                 {"Selu", i16, i16, none},
-                                 {"Not", i16, i16, none},
-                                 {"Greater", bools, b, none},
-                                 {"Mod", f64_pair, f64, none},
-                                 {"Sigmoid", i16, i16, none},
-                                 {"Add", bools, b, none},
-                                 {"SoftmaxCrossEntropyLoss", i16_pair, f32, none}};
+  const OpSignature refused[] = {
+      {"Relu", u8, u8, none},       {"Neg", u8, u8, none},
+      {"Exp", i32, i32, none},      {"PRelu", pow_in, i32, none},
+      {"Selu", i16, i16, none},     {"Not", i16, i16, none},
+      {"Greater", bools, b, none},  {"LessOrEqual", bools, b, none},
+      {"Mod", f64_pair, f64, none}, {"Sigmoid", i16, i16, none},
+      {"Add", bools, b, none},      {"SoftmaxCrossEntropyLoss", i16_pair, f32, none}};
   check_refused_alike(*cuda, refused);
 #else
   CHECK(cuda_backend() == nullptr);

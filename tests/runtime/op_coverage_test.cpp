@@ -609,7 +609,7 @@ TEST_CASE(
   if (cuda == nullptr) return;
   const DType bools[] = {DType::kBool, DType::kBool}, one_bool[] = {DType::kBool};
   const Attrs none;
-  for (const char* op : {"Greater", "Less"})
+  for (const char* op : {"Greater", "Less", "GreaterOrEqual", "LessOrEqual"})
     CHECK(cuda->check({op, f32_pair, one_bool, none}).empty());
   for (const char* op : {"And", "Or"}) CHECK(cuda->check({op, bools, one_bool, none}).empty());
   CHECK(cuda->check({"Not", one_bool, one_bool, none}).empty());
