@@ -69,6 +69,30 @@ int64_t default_opset(const onnx::ModelProto& model) {
   return 0;
 }
 
+/// Before opset 14 a training-mode BatchNormalization is told by its outputs (mean, var,
+/// saved_mean, saved_var besides Y: torch.onnx's TrainingMode.TRAINING export at opset 9 to 13);
+/// stagecraft trains the opset 14 form (training_mode=1, running mean and var), so it says so
+/// here rather than later, as a shape it cannot infer.
+void check_old_training_batch_norm(const onnx::ModelProto& model) {
+  const int64_t opset = default_opset(model);
+  if (opset >= 14) return;
+  const auto& graph = model.graph();
+  for (int k = 0; k < graph.node_size(); ++k) {
+    const onnx::NodeProto& n = graph.node(k);
+    if (n.op_type() != "BatchNormalization" || !(n.domain().empty() || n.domain() == "ai.onnx"))
+      continue;
+    int present = 0;
+    for (int o = 1; o < n.output_size(); ++o) present += n.output(o).empty() ? 0 : 1;
+    if (present == 0) continue;
+    fail(ErrorKind::kUnsupported,
+         "node '{}' (BatchNormalization) is in training mode as opset {} writes it ({} outputs "
+         "besides Y: running mean and var, saved mean and variance); stagecraft trains the opset "
+         "14 form: export with opset_version=14 or newer (torch.onnx's default in 1.13), or in "
+         "eval mode for inference",
+         ir::node_name_or_default(n, k), opset, present);
+  }
+}
+
 void check_versions(const onnx::ModelProto& model) {
   int64_t opset = default_opset(model);
   if (opset > kMaxOpset) {
@@ -483,6 +507,7 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     check_versions(model);
     check_domains(model);
     check_structure(model);
+    check_old_training_batch_norm(model);
     std::string model_dir = fs::path(path).parent_path().string();
     check_initializers(model, model_dir.empty() ? "." : model_dir);
 

@@ -124,6 +124,33 @@ TEST_CASE("an unsupported op names the op, the node, the domain and the opset") 
   expect_refused(dir.file("custom.onnx"), ErrorKind::kUnsupported, "domain 'com.microsoft', opset 1");
 }
 
+// torch.onnx's TrainingMode.TRAINING export at opsets 9 to 13 (11 and 12 are pinned in many
+// scripts): the training outputs of BatchNormalization before training_mode existed. It failed
+// later, as a shape stagecraft could not infer ("depends on the values of '/conv1/Conv...'").
+TEST_CASE(
+    "a training-mode BatchNormalization before opset 14 is refused, naming the opset to use") {
+  TempDir dir;
+  auto m = testing::relu_model(13);
+  auto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_input();
+  g->clear_output();
+  testing::add_tensor_info(g->add_input(), "x", onnx::TensorProto::FLOAT, {2, 3, 4, 4});
+  testing::add_tensor_info(g->add_output(), "y", onnx::TensorProto::FLOAT, {2, 3, 4, 4});
+  for (const char* name : {"scale", "bias", "mean", "var"})
+    testing::add_float_initializer(g, name, {3});
+  testing::add_node(g, "BatchNormalization", {"x", "scale", "bias", "mean", "var"},
+                    {"y", "running_mean", "running_var", "saved_mean", "saved_var"}, "/bn1/BN");
+  testing::write_model(m, dir.file("bn13.onnx"));
+  expect_refused(dir.file("bn13.onnx"), ErrorKind::kUnsupported,
+                 "node '/bn1/BN' (BatchNormalization) is in training mode as opset 13 writes it (4 "
+                 "outputs besides Y");
+  // Y alone, an eval-mode export at any opset, imports.
+  g->mutable_node(0)->mutable_output()->DeleteSubrange(1, 4);
+  testing::write_model(m, dir.file("bn13_eval.onnx"));
+  CHECK_NOTHROW(import_model(dir.file("bn13_eval.onnx"), ImportOptions{}));
+}
+
 TEST_CASE("PRelu at opset 6 with a slope per channel is refused, naming the node and shape") {
   // Before opset 7 the slope applied per channel (axis 1), not by numpy broadcasting.
   expect_refused(
