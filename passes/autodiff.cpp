@@ -66,6 +66,20 @@ class BackwardBuilder {
     return v != ir::kNoId && is_floating(graph_.value(v).dtype);
   }
 
+  /// For a Gather along axis 0 of a table with padding rows (ir::Value::padding_rows, found
+  /// through a Cast a 16-bit plan puts between), those rows; else null.
+  const std::vector<int64_t>* padding_rows(const ir::Node& node) const {
+    if (node.op_type != "Gather" || node.inputs.empty() || node.attr_int("axis", 0) != 0)
+      return nullptr;
+    ir::ValueId table = node.inputs[0];
+    if (const ir::Node* cast = graph_.value(table).producer == ir::kNoId
+                                   ? nullptr
+                                   : &graph_.node(graph_.value(table).producer);
+        cast != nullptr && cast->op_type == "Cast" && !cast->inputs.empty())
+      table = cast->inputs[0];
+    const std::vector<int64_t>& rows = graph_.value(table).padding_rows;
+    return rows.empty() ? nullptr : &rows;
+  }
   void check_spec();
   void reachability();
   void count_contributions();
@@ -342,6 +356,8 @@ void BackwardBuilder::emit_gradient(ir::NodeId n) {
     }
     for (const std::string& d : dx) g->add_output(d);
     for (const auto& a : node.attributes) *g->add_attribute() = a;
+    if (const std::vector<int64_t>* rows = padding_rows(node); rows != nullptr)
+      *g->add_attribute() = ints_attribute(grad::kPaddingRowsAttr, *rows);
     *g->add_attribute() =
         int_attribute(grad::kForwardInputsAttr, static_cast<int64_t>(node.inputs.size()));
     if (weight_side) *g->add_attribute() = int_attribute(grad::kWeightGradAttr, 1);

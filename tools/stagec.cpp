@@ -243,8 +243,9 @@ void add_plan_options(CLI::App& app, stagecraft::plan::PlanOptions& po, ChoiceNa
   app.add_option("--train-also", po.train_also,
                  "with --train: train the float32 initializers matching PATTERN although they "
                  "look like PyTorch buffers (by default an initializer holding -inf or NaN, or "
-                 "an additive attention mask feeding a Softmax, is left untrained and listed; "
-                 "repeatable)")
+                 "an additive attention mask feeding a Softmax, is left untrained and listed, "
+                 "and an embedding table's lone row of zeros, nn.Embedding's padding_idx, gets "
+                 "no gradient from its lookups; repeatable)")
       ->type_name("PATTERN");
   app.add_option("--lr-scaling", names.lr_scaling,
                  "with --train: none | linear | sqrt: the learning rate times R, sqrt(R) or 1 for "

@@ -48,6 +48,10 @@ struct Value {
   bool is_weight = false;
   /// A weight training leaves as it is (stagec --freeze): no gradient, no optimizer state.
   bool frozen = false;
+  /// Rows (along axis 0) of an embedding table that nn.Embedding's padding_idx keeps: the
+  /// Gathers that read this table pass them no gradient (GatherGrad's kPaddingRowsAttr), so
+  /// they stay as they are unless another use of the weight (a tied output head) trains them.
+  std::vector<int64_t> padding_rows;
   bool is_graph_input = false;
   bool is_graph_output = false;
 

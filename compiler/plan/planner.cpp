@@ -11,6 +11,7 @@
 
 #include "compiler/model_info.h"
 #include "compiler/plan/planning.h"
+#include "compiler/plan/trained_weights.h"
 #include "cost_models/memory.h"
 #include "cost_models/roofline.h"
 #include "passes/autodiff.h"
@@ -213,80 +214,6 @@ std::string batch_norm_summary(const ir::Graph& g, const Setup& s) {
   return out;
 }
 
-/// --freeze: marks the float32 initializers matching any pattern as frozen (ir::Value::frozen);
-/// a pattern that matches none is refused (a typo would otherwise train what was meant frozen).
-void freeze_weights(PlannedModel& out, const PlanOptions& o) {
-  if (o.freeze.empty()) return;
-  ir::Graph& g = out.model.graph;
-  int64_t count = 0, params = 0;
-  for (const std::string& pattern : o.freeze) {
-    int matched = 0;
-    for (std::size_t i = 0; i < g.num_values(); ++i) {
-      ir::Value& v = g.value(static_cast<ir::ValueId>(i));
-      if (!v.is_initializer() || !v.is_weight || v.dtype != DType::kFloat32) continue;
-      if (fnmatch(pattern.c_str(), v.name.c_str(), 0) != 0) continue;
-      ++matched;
-      if (v.frozen) continue;
-      v.frozen = true;
-      ++count;
-      params += v.numel();
-    }
-    if (matched == 0)
-      fail(ErrorKind::kUsage,
-           "--freeze '{}' matches no float32 initializer of {} (patterns are globs: '*' any "
-           "characters, '?' one; stagec --info lists the model's sizes, --list-nodes its nodes)",
-           pattern, o.model_path);
-  }
-  out.freeze_summary = fmt::format(
-      "--freeze: {} float32 initializer{} ({} parameters) left untrained: no gradient, no "
-      "optimizer state\n",
-      count, count == 1 ? "" : "s", params);
-}
-
-/// "a, b, c and 4 more": the first three of `items` for a one-line summary.
-std::string first_three(const std::vector<std::string>& items) {
-  const std::size_t shown = std::min<std::size_t>(items.size(), 3);
-  std::string list;
-  for (std::size_t k = 0; k < shown; ++k) list += (k ? ", " : "") + items[k];
-  if (items.size() > shown) list += fmt::format(" and {} more", items.size() - shown);
-  return list;
-}
-
-/// Training: float32 initializers PyTorch would not train (untrainable_reason) are frozen unless
-/// a --train-also pattern names them; one line lists them.
-void freeze_untrainable(PlannedModel& out, const PlanOptions& o) {
-  ir::Graph& g = out.model.graph;
-  std::vector<std::string> frozen;
-  for (std::size_t i = 0; i < g.num_values(); ++i) {
-    ir::Value& v = g.value(static_cast<ir::ValueId>(i));
-    if (!v.is_initializer() || !v.is_weight || v.dtype != DType::kFloat32 || v.frozen) continue;
-    const std::string why = passes::untrainable_reason(g, v);
-    if (why.empty()) continue;
-    if (std::any_of(o.train_also.begin(), o.train_also.end(), [&](const std::string& pattern) {
-          return fnmatch(pattern.c_str(), v.name.c_str(), 0) == 0;
-        }))
-      continue;
-    v.frozen = true;
-    frozen.push_back(fmt::format("{} ({})", v.name, why));
-  }
-  if (frozen.empty()) return;
-  const std::string list = first_three(frozen);
-  out.freeze_summary += fmt::format(
-      "{} initializer{} left untrained, as PyTorch leaves buffers: {}; --train-also PATTERN "
-      "trains {}\n",
-      frozen.size(), frozen.size() == 1 ? "" : "s", list, frozen.size() == 1 ? "it" : "them");
-}
-
-/// Training: the line saying which weights the exporter had merged now train apart ("" when none).
-std::string untie_summary(const std::vector<std::string>& untied) {
-  if (untied.empty()) return "";
-  const std::string list = first_three(untied);
-  return fmt::format(
-      "{} weight{} the exporter merged into an equal one (an Identity under the duplicate's name) "
-      "train{} apart, as PyTorch trains them: {}; --keep-merged keeps the exporter's sharing\n",
-      untied.size(), untied.size() == 1 ? "" : "s", untied.size() == 1 ? "s" : "", list);
-}
-
 /// Training: refuses a model with nothing to train, says how its BatchNormalizations train and
 /// gives its training-mode Dropouts their masks (a Dropout's gradient reads the mask its
 /// forward drew).
@@ -294,6 +221,7 @@ void prepare_training(PlannedModel& out, const Setup& s, const PlanOptions& o) {
   const std::string& model_path = o.model_path;
   freeze_weights(out, o);
   freeze_untrainable(out, o);
+  keep_padding_rows(out, o);
   std::vector<ir::NodeId> all = out.model.graph.topological_order();
   if (passes::trainable_weights(out.model.graph, all).empty())
     fail(ErrorKind::kModel,

@@ -201,8 +201,9 @@ void gather_grad(const KernelArgs& a) {
   for (int64_t d = axis + 1; d < data.rank(); ++d) inner *= data.shape[d];
   const int64_t count = static_cast<int64_t>(indices.size());
   if (outer * count * inner == 0) return;
+  const std::vector<uint8_t> padding = ops::padding_row_mask(a, dim);
   // Jobs own disjoint parts of dx: one outer row and one block of columns each, so repeated
-  // indices add up without races.
+  // indices add up without races. Padding rows keep the zeros.
   constexpr int64_t kBlock = 256;
   const int64_t blocks = (inner + kBlock - 1) / kBlock;
   const float* src = dy->as<float>();
@@ -212,6 +213,7 @@ void gather_grad(const KernelArgs& a) {
     const int64_t o = job / blocks, begin = (job % blocks) * kBlock,
                   end = std::min(inner, begin + kBlock);
     for (int64_t i = 0; i < count; ++i) {
+      if (!padding.empty() && padding[static_cast<size_t>(indices[i])]) continue;
       const float* from = src + (o * count + i) * inner;
       float* to = dst + (o * dim + indices[i]) * inner;
 #pragma omp simd

@@ -141,12 +141,21 @@ void gather_grad(const KernelArgs& a) {
   const int64_t count = static_cast<int64_t>(indices.size());
   if (count == 0 || outer * inner == 0) return ctx.fill_zero(*dx);
   // Positions grouped by index (a counting sort, ascending within each index): dx row d sums
-  // dy rows positions[offsets[d] .. offsets[d + 1]) in the order the CPU adds them.
-  std::vector<int64_t> offsets(static_cast<size_t>(dim) + 1, 0), positions(indices.size());
-  for (int64_t index : indices) ++offsets[index + 1];
+  // dy rows positions[offsets[d] .. offsets[d + 1]) in the order the CPU adds them. A padding
+  // row takes no position: its dx row is zeros.
+  const std::vector<uint8_t> padding = ops::padding_row_mask(a, dim);
+  auto counted = [&](int64_t index) {
+    return padding.empty() || !padding[static_cast<size_t>(index)];
+  };
+  std::vector<int64_t> offsets(static_cast<size_t>(dim) + 1, 0);
+  for (int64_t index : indices)
+    if (counted(index)) ++offsets[index + 1];
   for (int64_t d = 0; d < dim; ++d) offsets[d + 1] += offsets[d];
+  if (offsets[dim] == 0) return ctx.fill_zero(*dx);  // every position a padding row
+  std::vector<int64_t> positions(static_cast<size_t>(offsets[dim]));
   std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
-  for (int64_t i = 0; i < count; ++i) positions[next[indices[i]]++] = i;
+  for (int64_t i = 0; i < count; ++i)
+    if (counted(indices[i])) positions[next[indices[i]]++] = i;
   const Tensor device_offsets = upload_ints(ctx, offsets);
   const Tensor device_positions = upload_ints(ctx, positions);
   launch_gather_grad(dx->as<float>(), dy->as<float>(), device_offsets.as<int64_t>(),

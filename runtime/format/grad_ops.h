@@ -30,6 +30,10 @@
 ///   gradient the mean of the microbatch means, as PyTorch's accumulation of `loss / M` does.
 ///
 /// The gradient of the value named V is named `grad_name(V)` = "V@grad".
+///
+/// One attribute only a gradient op has: GatherGrad's kPaddingRowsAttr (ints), entries of the
+/// gathered axis whose gradient is zero whatever dy says, as PyTorch's nn.Embedding gives its
+/// padding_idx row none (an export keeps no trace of padding_idx: the planner finds the row).
 
 #include <string>
 #include <string_view>
@@ -42,6 +46,7 @@ inline constexpr std::string_view kGradSuffix = "Grad";
 inline constexpr std::string_view kForwardInputsAttr = "forward_inputs";
 inline constexpr std::string_view kWeightGradAttr = "weight_gradients";
 inline constexpr std::string_view kLossGradName = "loss@grad";
+inline constexpr std::string_view kPaddingRowsAttr = "padding_rows";
 
 inline constexpr std::string_view kGradNameSuffix = "@grad";
 

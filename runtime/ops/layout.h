@@ -13,6 +13,7 @@
 
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
+#include "runtime/format/grad_ops.h"
 
 namespace stagecraft::rt::ops {
 
@@ -73,6 +74,22 @@ inline std::vector<int64_t> gather_indices_in_range(std::vector<int64_t> indices
     if (index < 0) index += dim;
   }
   return indices;
+}
+
+/// GatherGrad's padding rows (grad::kPaddingRowsAttr: entries of the gathered axis that get no
+/// gradient, nn.Embedding's padding_idx) as a mask over the axis's `dim` entries, 1 for each;
+/// empty when the node has none. A row outside [0, dim) is refused, naming the node.
+inline std::vector<uint8_t> padding_row_mask(const KernelArgs& a, int64_t dim) {
+  const std::vector<int64_t> rows = a.attrs.ints(grad::kPaddingRowsAttr);
+  if (rows.empty()) return {};
+  std::vector<uint8_t> mask(static_cast<size_t>(dim), 0);
+  for (int64_t row : rows) {
+    if (row < 0 || row >= dim)
+      fail(ErrorKind::kModel, "{} '{}': padding row {} is outside the table's {} rows", a.op_type,
+           a.name, row, dim);
+    mask[static_cast<size_t>(row)] = 1;
+  }
+  return mask;
 }
 
 /// True when Dropout's scalar input `what` (ratio or training_mode: float32, float64 or bool) is

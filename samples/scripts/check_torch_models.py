@@ -392,6 +392,30 @@ class SuperResolution(nn.Module):
         return (self.body(x),)
 
 
+class TiedLM(nn.Module):
+    """A decoder LM whose output head shares the token embedding's weight (head.weight =
+    emb.weight, as GPT-2 and most LMs tie them: one parameter, two uses), pre-norm
+    TransformerEncoderLayers with a causal float mask, the embedding's padding_idx 0 (PyTorch
+    never updates that row)."""
+
+    def __init__(self, vocab=500, d=64, heads=4, layers=2, ctx=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d, padding_idx=0)
+        self.pos = nn.Parameter(torch.randn(1, ctx, d) * 0.02)
+        layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(ctx))
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        h = self.blocks(self.emb(ids) + self.pos[:, :t], mask=self.mask[:t, :t])
+        return self.head(self.norm(h))
+
+
 class Seq2Seq(nn.Module):
     """nn.Transformer as its tutorial uses it: source and target embeddings, 2 encoder and 2
     decoder layers, the target's causal mask from generate_square_subsequent_mask (a float -inf
@@ -560,6 +584,9 @@ MODELS = OrderedDict([
                    "MLP-Mixer: 8x8 patches, 2 blocks of width 64")),
     ("super_resolution", ("super-resolution", lambda: SuperResolution(), image(32), "features",
                           "ESPCN-style: 3 convs and PixelShuffle(2), 32x32 to 64x64")),
+    ("tied_lm", ("decoder LM", lambda: TiedLM(), tokens(500, 16, True), "lm",
+                 "output head tied to the token embedding, padding_idx 0, pre-norm "
+                 "TransformerEncoder with a causal mask; vocab 500, 2 layers of 64, 16 tokens")),
     ("transformer_seq2seq", ("encoder-decoder", lambda: Seq2Seq(), tokens(500, 16), "lm",
                              "nn.Transformer, 2+2 layers of 64, 4 heads, causal target mask "
                              "buffer, cross-attention; vocab 500, 16 tokens")),

@@ -5,8 +5,6 @@
 // each merged weight its own copy and leaves the mask untrained, saying both, and its SGD losses
 // are PyTorch's on 1 and 2 devices; with --keep-merged the layers train as one (other losses).
 #include <doctest/doctest.h>
-
-#include <nlohmann/json.hpp>
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -22,6 +21,7 @@
 #include "runtime/core/tensor_io.h"
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/pipeline.h"
+#include "samples/builder/model_builder.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -186,6 +186,56 @@ TEST_CASE("a training-mode PyTorch export with Dropout stays under its predicted
                 0.2 * static_cast<double>(d.predicted_peak_bytes));
         }
       }
+    }
+  }
+}
+
+// nn.Embedding(padding_idx=0) zeroes row 0 and never gives it a gradient; the export is a
+// plain Gather. The lookup table here has row 0 of zeros (the synthetic ids are 0s and 1s: row
+// 0 is read by half the tokens) and an untied head; the training plan keeps row 0 at zero, as
+// PyTorch does, and trains row 1; --train-also names the table to train row 0 too.
+TEST_CASE("an embedding's row of zeros is its padding_idx: no gradient from the lookup") {
+  testing::TempDir dir;
+  samples::ModelBuilder b("embedding_lm");
+  b.add_input("ids", onnx::TensorProto::INT64, {"batch", 6});
+  std::vector<float> table(10 * 4);
+  for (size_t k = 4; k < table.size(); ++k) table[k] = 0.1f * static_cast<float>(k % 7) - 0.3f;
+  const std::string emb = b.add_float_buffer("emb.weight", {10, 4}, table);
+  const std::string h = b.add_op("Gather", "/emb/Gather", {emb, "ids"});
+  const std::string w = b.add_parameter("head.weight", {4, 5}, 4);
+  b.add_node("MatMul", "/head/MatMul", {h, w}, {"logits"});
+  b.add_output("logits", onnx::TensorProto::FLOAT, {"batch", 6, 5});
+  b.write(dir.file("lm.onnx"));
+  for (const bool train_also : {false, true}) {
+    for (int devices : {1, 2}) {
+      CAPTURE(train_also);
+      CAPTURE(devices);
+      plan::PlanOptions o;
+      o.model_path = dir.file("lm.onnx");
+      o.devices = devices;
+      o.batch = 8;
+      o.microbatches = 2;
+      o.device_spec = "cpu";
+      o.training = true;
+      o.optimizer = OptimizerKind::kAdam;
+      o.training_config.lr = 0.01;
+      o.loss.kind = "cross-entropy";
+      if (train_also) o.train_also = {"emb.*"};
+      if (devices == 2) o.split_after = {"/emb/Gather"};
+      plan::PlannedModel planned = plan::make_plan(o);
+      const bool kept = planned.freeze_summary.find(
+                            "1 embedding row of zeros kept as nn.Embedding's padding_idx keeps it "
+                            "(no gradient from the lookup): emb.weight row 0") != std::string::npos;
+      CHECK(kept == !train_also);
+      plan::write_plan(planned, dir.file("plan"));
+      auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+      RunOptions run;
+      run.steps = 3;
+      pipeline->run(pipeline->synthetic_inputs(), run);
+      const Tensor& trained = pipeline->stage_weights(0).at("emb.weight");
+      const float* t = trained.as<float>();
+      CHECK(std::all_of(t, t + 4, [](float x) { return x == 0.0f; }) == !train_also);
+      CHECK_FALSE(std::equal(t + 4, t + 8, table.begin() + 4));  // row 1 trains
     }
   }
 }
