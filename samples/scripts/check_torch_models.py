@@ -56,6 +56,9 @@ LOSS_TOL = 1e-4
 # torch.onnx.export's opset (CHECK_OPSET): 17, the newest torch 1.13 writes; its default is 14,
 # and older exports are 11 to 13 (other forms: Squeeze's axes as an attribute, Split's sizes).
 OPSET = int(os.environ.get("CHECK_OPSET", "17"))
+# The training plans' schedule (CHECK_SCHEDULE: a stagec --schedule name; interleaved plans 2
+# chunks a device); unset: stagec's default.
+SCHEDULE = os.environ.get("CHECK_SCHEDULE", "")
 ULP_RUNS = 12
 
 
@@ -416,6 +419,29 @@ class TiedLM(nn.Module):
         return self.head(self.norm(h))
 
 
+class PlainNorms(nn.Module):
+    """Normalisations without learned parameters, which the exporter gives constant scale and
+    shift initializers PyTorch has no parameter for: InstanceNorm2d (affine=False, its default,
+    as style-transfer and CycleGAN nets use it), GroupNorm(affine=False) and BatchNorm2d
+    (affine=False). (torch 1.13 exports LayerNorm(elementwise_affine=False) at opset 17 with an
+    empty scale input, which its own ONNX checker refuses.)"""
+
+    def __init__(self, width=8, classes=10):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, width, 3, 2, 1), nn.Conv2d(width, width, 3, 2, 1)
+        self.c3 = nn.Conv2d(width, width, 3, 2, 1)
+        self.n1 = nn.InstanceNorm2d(width)
+        self.n2 = nn.GroupNorm(2, width, affine=False)
+        self.n3 = nn.BatchNorm2d(width, affine=False)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):
+        x = torch.relu(self.n1(self.c1(x)))
+        x = torch.relu(self.n2(self.c2(x)))
+        x = torch.relu(self.n3(self.c3(x)))
+        return self.head(x.mean((2, 3)))
+
+
 class Seq2Seq(nn.Module):
     """nn.Transformer as its tutorial uses it: source and target embeddings, 2 encoder and 2
     decoder layers, the target's causal mask from generate_square_subsequent_mask (a float -inf
@@ -587,6 +613,8 @@ MODELS = OrderedDict([
     ("tied_lm", ("decoder LM", lambda: TiedLM(), tokens(500, 16, True), "lm",
                  "output head tied to the token embedding, padding_idx 0, pre-norm "
                  "TransformerEncoder with a causal mask; vocab 500, 2 layers of 64, 16 tokens")),
+    ("plain_norms", ("classification", lambda: PlainNorms(), image(32), "classes",
+                     "InstanceNorm2d, GroupNorm and BatchNorm2d without affine parameters")),
     ("transformer_seq2seq", ("encoder-decoder", lambda: Seq2Seq(), tokens(500, 16), "lm",
                              "nn.Transformer, 2+2 layers of 64, 4 heads, causal target mask "
                              "buffer, cross-attention; vocab 500, 16 tokens")),
@@ -825,6 +853,8 @@ def train_check(name, mode, build, kind, x, labels, work, log, opts):
         _, err, _ = run([stagec, train_path, "-o", plan, "--devices", str(d), "--batch", str(BATCH),
                          "--microbatches", str(TRAIN_MICROBATCHES), "--train", "--optimizer", "sgd",
                          "--lr", str(LR), "--device-spec", "cpu"] + loss_flags +
+                        (["--schedule", SCHEDULE] if SCHEDULE else []) +
+                        (["--chunks", "2"] if SCHEDULE == "interleaved" else []) +
                         [f for p in FREEZE.get(name, []) for f in ("--freeze", p)], log,
                         opts.timeout)
         if err:
