@@ -101,10 +101,23 @@ void keep_padding_rows(PlannedModel& out, const PlanOptions& o) {
     if (static_cast<int64_t>(bytes.size()) != v.bytes()) continue;
     const auto* f = reinterpret_cast<const float*>(bytes.data());
     const int64_t rows = v.shape[0], cols = v.shape[1];
-    std::vector<int64_t> zero;
-    for (int64_t r = 0; r < rows && zero.size() < 2; ++r) {
+    auto zero_row = [&](int64_t r) {
       const float* row = f + r * cols;
-      if (std::all_of(row, row + cols, [](float x) { return x == 0.0f; })) zero.push_back(r);
+      return std::all_of(row, row + cols, [](float x) { return x == 0.0f; });
+    };
+    // Every row of a table up to 2^26 elements (256 MiB; a row's first element ends the look
+    // at almost every row). A larger one is a mapped file that planning reads little of: the
+    // rows padding_idx takes in practice (0, 1, 2 and the last: BERT's, RoBERTa's and BART's
+    // pad ids) and 64 rows spread over the rest, which must not be zeros.
+    std::vector<int64_t> zero;
+    if (v.numel() <= (int64_t{1} << 26) || rows < 128) {
+      for (int64_t r = 0; r < rows && zero.size() < 2; ++r)
+        if (zero_row(r)) zero.push_back(r);
+    } else {
+      for (int64_t r : {int64_t{0}, int64_t{1}, int64_t{2}, rows - 1})
+        if (zero_row(r)) zero.push_back(r);
+      for (int64_t k = 1; k <= 64 && zero.size() == 1; ++k)
+        if (const int64_t r = 3 + (rows - 4) * k / 65; zero_row(r)) zero.push_back(r);
     }
     // One zero row, as padding_idx makes; a table of zeros (zero-initialised) or with several
     // is not taken for one.
