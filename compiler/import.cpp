@@ -69,30 +69,6 @@ int64_t default_opset(const onnx::ModelProto& model) {
   return 0;
 }
 
-/// Before opset 14 a training-mode BatchNormalization is told by its outputs (mean, var,
-/// saved_mean, saved_var besides Y: torch.onnx's TrainingMode.TRAINING export at opset 9 to 13);
-/// stagecraft trains the opset 14 form (training_mode=1, running mean and var), so it says so
-/// here rather than later, as a shape it cannot infer.
-void check_old_training_batch_norm(const onnx::ModelProto& model) {
-  const int64_t opset = default_opset(model);
-  if (opset >= 14) return;
-  const auto& graph = model.graph();
-  for (int k = 0; k < graph.node_size(); ++k) {
-    const onnx::NodeProto& n = graph.node(k);
-    if (n.op_type() != "BatchNormalization" || !(n.domain().empty() || n.domain() == "ai.onnx"))
-      continue;
-    int present = 0;
-    for (int o = 1; o < n.output_size(); ++o) present += n.output(o).empty() ? 0 : 1;
-    if (present == 0) continue;
-    fail(ErrorKind::kUnsupported,
-         "node '{}' (BatchNormalization) is in training mode as opset {} writes it ({} outputs "
-         "besides Y: running mean and var, saved mean and variance); stagecraft trains the opset "
-         "14 form: export with opset_version=14 or newer (torch.onnx's default in 1.13), or in "
-         "eval mode for inference",
-         ir::node_name_or_default(n, k), opset, present);
-  }
-}
-
 void check_versions(const onnx::ModelProto& model) {
   int64_t opset = default_opset(model);
   if (opset > kMaxOpset) {
@@ -472,6 +448,51 @@ std::vector<BoundDim> bind_dims(onnx::ModelProto& model, const ImportOptions& op
   return bound;
 }
 
+/// Before opset 14 a training-mode BatchNormalization is told by its outputs (running mean and
+/// var, saved mean and saved inverse std besides Y: torch.onnx's TrainingMode.TRAINING export
+/// at opsets 9 to 13), with no training_mode attribute and no shapes for those outputs from
+/// ONNX's inference. Each becomes the opset 14 form stagecraft trains: training_mode=1 here (the
+/// stage files written at the model's opset leave the attribute out again, and the runtime
+/// reads the outputs as saying it: ir::write, Program::from_model), outputs 1 and 2 of the
+/// scale's shape and type, and the saved statistics dropped (read by a node, they are refused).
+void read_old_training_batch_norms(ir::Graph& g) {
+  if (g.opset >= 14) return;
+  for (std::size_t i = 0; i < g.num_nodes(); ++i) {
+    ir::Node& node = g.node(static_cast<ir::NodeId>(i));
+    if (node.dead || node.op_type != "BatchNormalization" || !node.domain.empty() ||
+        node.outputs.size() < 2 || node.inputs.size() < 2)
+      continue;
+    bool training = false;
+    for (std::size_t k = 1; k < node.outputs.size(); ++k) training |= node.outputs[k] != ir::kNoId;
+    if (!training) continue;
+    for (std::size_t k = 3; k < node.outputs.size(); ++k) {
+      const ir::ValueId out = node.outputs[k];
+      if (out == ir::kNoId) continue;
+      const ir::Value& saved = g.value(out);
+      if (!saved.consumers.empty() || saved.is_graph_output)
+        fail(ErrorKind::kUnsupported,
+             "node '{}' (BatchNormalization, opset {}): its saved {} ('{}') is read; stagecraft "
+             "trains the opset 14 form, which has none: export with opset_version=14 or newer",
+             node.name, g.opset, k == 3 ? "mean" : "inverse standard deviation", saved.name);
+      g.value(out).producer = ir::kNoId;
+    }
+    node.outputs.resize(std::min<std::size_t>(node.outputs.size(), 3));
+    const ir::Value& scale = g.value(node.inputs[1]);
+    for (std::size_t k = 1; k < node.outputs.size(); ++k) {
+      if (node.outputs[k] == ir::kNoId) continue;
+      ir::Value& stat = g.value(node.outputs[k]);
+      stat.dtype = scale.dtype;
+      stat.shape = scale.shape;
+      stat.shape_known = scale.shape_known;
+    }
+    onnx::AttributeProto mode;
+    mode.set_name("training_mode");
+    mode.set_type(onnx::AttributeProto::INT);
+    mode.set_i(1);
+    node.attributes.push_back(mode);
+  }
+}
+
 }  // namespace
 
 void parse_dim_binding(const std::string& text, ImportOptions& options) {
@@ -507,7 +528,6 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     check_versions(model);
     check_domains(model);
     check_structure(model);
-    check_old_training_batch_norm(model);
     std::string model_dir = fs::path(path).parent_path().string();
     check_initializers(model, model_dir.empty() ? "." : model_dir);
 
@@ -540,6 +560,7 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     }
     ir::infer_onnx_shapes(model);
     result.graph = ir::graph_from_model(model, path);
+    read_old_training_batch_norms(result.graph);
     passes::PassContext context;
     context.untie_merged_weights = options.untie_merged_weights;
     context.training = options.training;

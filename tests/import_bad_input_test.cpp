@@ -125,10 +125,10 @@ TEST_CASE("an unsupported op names the op, the node, the domain and the opset") 
 }
 
 // torch.onnx's TrainingMode.TRAINING export at opsets 9 to 13 (11 and 12 are pinned in many
-// scripts): the training outputs of BatchNormalization before training_mode existed. It failed
-// later, as a shape stagecraft could not infer ("depends on the values of '/conv1/Conv...'").
-TEST_CASE(
-    "a training-mode BatchNormalization before opset 14 is refused, naming the opset to use") {
+// scripts): the training outputs of BatchNormalization before training_mode existed, with no
+// shapes from ONNX's inference. Import stopped at them ("has no static shape ... depends on the
+// values of '/conv1/Conv_output_0'"); it now reads the opset 14 form.
+TEST_CASE("a training-mode BatchNormalization before opset 14 imports as training_mode=1") {
   TempDir dir;
   auto m = testing::relu_model(13);
   auto* g = m.mutable_graph();
@@ -142,13 +142,23 @@ TEST_CASE(
   testing::add_node(g, "BatchNormalization", {"x", "scale", "bias", "mean", "var"},
                     {"y", "running_mean", "running_var", "saved_mean", "saved_var"}, "/bn1/BN");
   testing::write_model(m, dir.file("bn13.onnx"));
-  expect_refused(dir.file("bn13.onnx"), ErrorKind::kUnsupported,
-                 "node '/bn1/BN' (BatchNormalization) is in training mode as opset 13 writes it (4 "
-                 "outputs besides Y");
-  // Y alone, an eval-mode export at any opset, imports.
+  const ImportedModel got = import_model(dir.file("bn13.onnx"), ImportOptions{});
+  const ir::Node* bn = nullptr;
+  for (const ir::Node& n : got.graph.nodes())
+    if (!n.dead && n.op_type == "BatchNormalization") bn = &n;
+  REQUIRE(bn != nullptr);
+  CHECK(bn->attr_int("training_mode", 0) == 1);
+  REQUIRE(bn->outputs.size() == 3);
+  for (size_t k = 1; k < 3; ++k) {
+    CHECK(got.graph.value(bn->outputs[k]).shape == std::vector<int64_t>{3});
+    CHECK(got.graph.value(bn->outputs[k]).shape_known);
+  }
+  // Y alone, an eval-mode export at any opset, stays in inference mode.
   g->mutable_node(0)->mutable_output()->DeleteSubrange(1, 4);
   testing::write_model(m, dir.file("bn13_eval.onnx"));
-  CHECK_NOTHROW(import_model(dir.file("bn13_eval.onnx"), ImportOptions{}));
+  const ImportedModel eval = import_model(dir.file("bn13_eval.onnx"), ImportOptions{});
+  for (const ir::Node& n : eval.graph.nodes())
+    if (!n.dead && n.op_type == "BatchNormalization") CHECK(n.attr_int("training_mode", 0) == 0);
 }
 
 TEST_CASE("PRelu at opset 6 with a slope per channel is refused, naming the node and shape") {

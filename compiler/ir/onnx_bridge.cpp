@@ -503,7 +503,22 @@ onnx::ModelProto model_from_graph(const Graph& graph, const ExportOptions& optio
     np->set_domain(node.domain);
     for (ValueId in : node.inputs) np->add_input(in == kNoId ? "" : graph.value(in).name);
     for (ValueId out : node.outputs) np->add_output(out == kNoId ? "" : graph.value(out).name);
-    for (const auto& a : node.attributes) *np->add_attribute() = a;
+    // Before opset 14 BatchNormalization has no training_mode: its outputs say it, all five
+    // (Y, running mean and var, saved mean and inverse std; compiler/import.cpp
+    // read_old_training_batch_norms). The saved two, which nothing reads, get names of their own
+    // again; Program::from_model reads the node back as the opset 14 form.
+    const bool old_batch_norm =
+        node.op_type == "BatchNormalization" && node.domain.empty() && graph.opset < 14;
+    if (old_batch_norm && node.attr_int("training_mode", 0) != 0) {
+      while (np->output_size() < 3) np->add_output("");
+      for (const char* saved : {"saved_mean", "saved_inv_std"}) {
+        std::string name = node.name + "/" + saved;
+        while (graph.find_value(name)) name += "_";
+        np->add_output(name);
+      }
+    }
+    for (const auto& a : node.attributes)
+      if (!(old_batch_norm && a.name() == "training_mode")) *np->add_attribute() = a;
     if (!options.value_info) continue;
     for (ValueId out : node.outputs) {
       if (out == kNoId || written_outputs.count(out)) continue;

@@ -61,6 +61,39 @@ const Attrs& eval_mode_args(const Step& step, std::vector<const Tensor*>& in,
   return step.eval_attrs;
 }
 
+// Before opset 14 a BatchNormalization in training mode is one with outputs beyond Y (running
+// mean and var, saved mean and inverse std) and no training_mode attribute, as stagec writes a
+// model of those opsets (compiler/ir/onnx_bridge.cpp): read as the opset 14 form the kernels
+// run, training_mode=1 and no saved statistics (refused where a node reads them).
+void read_old_training_batch_norms(onnx::ModelProto& model) {
+  int64_t opset = 0;
+  for (const auto& imp : model.opset_import())
+    if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = imp.version();
+  if (opset == 0 || opset >= 14) return;
+  for (onnx::NodeProto& node : *model.mutable_graph()->mutable_node()) {
+    if (node.op_type() != "BatchNormalization" || !node.domain().empty()) continue;
+    bool training = false;
+    for (int k = 1; k < node.output_size(); ++k) training |= !node.output(k).empty();
+    const bool has_mode = std::any_of(node.attribute().begin(), node.attribute().end(),
+                                      [](const auto& a) { return a.name() == "training_mode"; });
+    if (!training || has_mode) continue;
+    for (int k = 3; k < node.output_size(); ++k)
+      for (const onnx::NodeProto& reader : model.graph().node())
+        if (std::find(reader.input().begin(), reader.input().end(), node.output(k)) !=
+                reader.input().end() &&
+            !node.output(k).empty())
+          fail(ErrorKind::kModel,
+               "node '{}' reads '{}', the saved statistics of BatchNormalization '{}' (opset {}), "
+               "which stagecraft does not compute",
+               reader.name(), node.output(k), node.name(), opset);
+    while (node.output_size() > 3) node.mutable_output()->RemoveLast();
+    auto* mode = node.add_attribute();
+    mode->set_name("training_mode");
+    mode->set_type(onnx::AttributeProto::INT);
+    mode->set_i(1);
+  }
+}
+
 // The state updates (Program::StateUpdate) of `node`, as (output slot, weight slot): a
 // BatchNormalization in training mode writes outputs 1 and 2 into inputs 3 and 4 where those
 // are weights. `info(slot)` gives a slot's type, `is_weight(slot)` whether it is a weight.
@@ -227,6 +260,7 @@ Program Program::from_model(const onnx::ModelProto& model_in, const Backend& bac
     Program p;
     p.source_ = source;
     p.model_ = std::make_shared<onnx::ModelProto>(model_in);
+    read_old_training_batch_norms(*p.model_);
     const onnx::GraphProto& graph = p.model_->graph();
     std::map<std::string, int, std::less<>> slot_of;
     auto add_slot = [&](Slot slot) {

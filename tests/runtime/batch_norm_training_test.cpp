@@ -7,6 +7,7 @@
 // of one device's run, under every schedule and with recomputation (whose second forward must
 // not update them again).
 #include <doctest/doctest.h>
+#include <onnx/checker.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,6 +21,7 @@
 #include "runtime/core/tensor_io.h"
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/pipeline.h"
+#include "runtime/format/error.h"
 #include "samples/builder/model_builder.h"
 #include "tests/test_util.h"
 
@@ -187,6 +189,60 @@ TEST_CASE("BatchNormalization training_mode=1: running statistics as ONNX update
     const float initial = name.find("mean") != std::string::npos ? 0.0f : 1.0f;
     CHECK(std::any_of(v.begin(), v.end(), [&](float f) { return std::fabs(f - initial) > 1e-3; }));
   }
+}
+
+// torch.onnx's TrainingMode.TRAINING export at opsets 9 to 13 writes BatchNormalization with
+// no training_mode and five outputs (Y, running mean and var, saved mean and inverse std). The
+// same net in that form trains as the opset 14 form does, to the last bit, on 1 and 2 devices;
+// its stage files stay valid ONNX at its opset; a node reading the saved statistics is refused.
+TEST_CASE("BatchNormalization in its pre-opset-14 training form trains as training_mode=1") {
+  testing::TempDir dir;
+  onnx::ModelProto m;
+  REQUIRE(m.ParseFromString(testing::read_bytes(model())));
+  for (auto& imp : *m.mutable_opset_import())
+    if (imp.domain().empty()) imp.set_version(13);
+  for (onnx::NodeProto& n : *m.mutable_graph()->mutable_node()) {
+    if (n.op_type() != "BatchNormalization") continue;
+    auto* attrs = n.mutable_attribute();
+    attrs->erase(std::remove_if(attrs->begin(), attrs->end(),
+                                [](const auto& a) { return a.name() == "training_mode"; }),
+                 attrs->end());
+    n.add_output(n.name() + "_saved_mean");
+    n.add_output(n.name() + "_saved_var");
+  }
+  testing::write_model(m, dir.file("opset13.onnx"));
+  for (int devices : {1, 2}) {
+    CAPTURE(devices);
+    plan::PlanOptions o = options_for(devices, "1f1b", false);
+    const Trained want = train(o, 3, dir.file("plan14"));
+    o.model_path = dir.file("opset13.onnx");
+    const Trained got = train(o, 3, dir.file("plan13"));
+    CHECK(got.losses == want.losses);
+    CHECK(got.running == want.running);
+    plan::PlannedModel planned = plan::make_plan(o);
+    for (const plan::Stage& stage : planned.plan.stages) {
+      onnx::ModelProto file;
+      REQUIRE(file.ParseFromString(testing::read_bytes(dir.file("plan13") + "/" + stage.file)));
+      CHECK(file.opset_import(0).version() == 13);
+      for (const onnx::NodeProto& n : file.graph().node())
+        if (n.op_type() == "BatchNormalization") {
+          CHECK(n.output_size() == 5);
+          for (const auto& a : n.attribute()) CHECK(a.name() != "training_mode");
+        }
+      CHECK_NOTHROW(onnx::checker::check_model(dir.file("plan13") + "/" + stage.file));
+    }
+  }
+  // A node that reads the saved mean: refused at import, naming it.
+  onnx::NodeProto* reader = m.mutable_graph()->add_node();
+  reader->set_op_type("Identity");
+  reader->set_name("/reads_saved");
+  reader->add_input(m.graph().node(0).output(3));
+  reader->add_output("saved_copy");
+  testing::add_tensor_info(m.mutable_graph()->add_output(), "saved_copy", kFloat, {kChannels});
+  testing::write_model(m, dir.file("reads_saved.onnx"));
+  plan::PlanOptions o = options_for(1, "1f1b", false);
+  o.model_path = dir.file("reads_saved.onnx");
+  CHECK_THROWS_WITH_AS(plan::make_plan(o), doctest::Contains("its saved mean"), Error);
 }
 
 TEST_CASE("BatchNormalization training_mode=1 trains on 2 devices as on one") {
