@@ -200,16 +200,17 @@ void check_ops(const ir::Graph& graph) {
            node.name, graph.opset, ir::shape_string(graph.value(node.inputs[1]).shape));
     // Before opset 13, Softmax normalises over all dims from `axis` (default 1) flattened
     // together; backends run the opset-13 meaning (one axis). The two agree on the last axis.
-    if (node.op_type == "Softmax" && graph.opset < 13 && !node.inputs.empty()) {
+    if ((node.op_type == "Softmax" || node.op_type == "LogSoftmax") && graph.opset < 13 &&
+        !node.inputs.empty()) {
       auto rank = static_cast<int64_t>(graph.value(node.inputs[0]).shape.size());
       int64_t axis = node.attr_int("axis", 1);
       if (axis < 0) axis += rank;
       if (axis != rank - 1)
         fail(ErrorKind::kUnsupported,
-             "node '{}': Softmax at opset {} normalises dims {}..{} of its rank-{} input together; "
-             "stagecraft runs "
-             "Softmax over one axis (opset 13); re-export the model at opset 13 or later",
-             node.name, graph.opset, axis, rank - 1, rank);
+             "node '{}': {} at opset {} normalises dims {}..{} of its rank-{} input together; "
+             "stagecraft runs it over one axis (opset 13); re-export the model at opset 13 or "
+             "later",
+             node.name, node.op_type, graph.opset, axis, rank - 1, rank);
     }
   }
 }

@@ -355,6 +355,33 @@ void softmax_grad(const KernelArgs& a) {
     }
 }
 
+// LogSoftmaxGrad: dX = dY - exp(Y) sum(dY) along the axis, the sum in double. Writes every
+// element of dX.
+void log_softmax_grad(const KernelArgs& a) {
+  const ops::GradIo io(a, ops::kSoftmaxGradArity);
+  const Tensor& x = io.need_x(0);
+  const Tensor& y = io.need_y(0);
+  const Tensor* dy = io.dy(0);
+  if (!io.wants(0)) return;
+  if (dy == nullptr) return ops::zero(*io.dx(0));
+  const ops::SoftmaxView view = ops::softmax_grad_view(a, x, y, *dy);
+  const int64_t outer = view.outer, len = view.len, inner = view.inner;
+  const float* yp = y.as<float>();
+  const float* g = dy->as<float>();
+  float* dx = io.dx(0)->as<float>();
+#pragma omp parallel for if (x.numel() > 32768)
+  for (int64_t r = 0; r < outer * inner; ++r) {
+    const int64_t base = (r / inner) * len * inner + r % inner;
+    double s = 0;
+    for (int64_t k = 0; k < len; ++k) s += g[base + k * inner];
+    const float sf = static_cast<float>(s);
+    for (int64_t k = 0; k < len; ++k) {
+      const int64_t e = base + k * inner;
+      dx[e] = g[e] - std::exp(yp[e]) * sf;
+    }
+  }
+}
+
 std::string check_softmax_grad(const OpSignature& s) {
   if (std::string why = ops::grad_arity_error(s, ops::kSoftmaxGradArity); !why.empty()) return why;
   return all_float32(s);
@@ -366,6 +393,7 @@ const KernelEntry kKernels[] = {
     {"LayerNormalizationGrad", layer_norm_grad, check_layer_norm_grad,
      /*writes_every_output=*/true},
     {"SoftmaxGrad", softmax_grad, check_softmax_grad, /*writes_every_output=*/true},
+    {"LogSoftmaxGrad", log_softmax_grad, check_softmax_grad, /*writes_every_output=*/true},
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 // float32 through oneDNN's normalisation primitives, and Softmax through oneDNN's softmax.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -199,10 +200,31 @@ void softmax(const KernelArgs& a) {
   stream.wait();
 }
 
+// LogSoftmax: y = x - max - log(sum(exp(x - max))) along the axis, the sum in double.
+void log_softmax(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  const ops::SoftmaxView v = ops::softmax_view(a, x);
+  const int64_t outer = v.outer, len = v.len, inner = v.inner;
+  const float* xp = x.as<float>();
+  float* yp = a.out[0]->as<float>();
+#pragma omp parallel for if (x.numel() > 32768)
+  for (int64_t r = 0; r < outer * inner; ++r) {
+    const int64_t base = (r / inner) * len * inner + r % inner;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t k = 0; k < len; ++k) top = std::max(top, xp[base + k * inner]);
+    double sum = 0;
+    for (int64_t k = 0; k < len; ++k)
+      sum += std::exp(static_cast<double>(xp[base + k * inner]) - top);
+    const float shift = top + static_cast<float>(std::log(sum));
+    for (int64_t k = 0; k < len; ++k) yp[base + k * inner] = xp[base + k * inner] - shift;
+  }
+}
+
 const KernelEntry kKernels[] = {
     {"BatchNormalization", batch_norm, check_batch_norm},
     {"LayerNormalization", layer_norm, check_layer_norm},
     {"Softmax", softmax, all_float32},
+    {"LogSoftmax", log_softmax, all_float32},
 };
 
 }  // namespace

@@ -143,6 +143,19 @@ void softmax_grad(const KernelArgs& a) {
   check_launch(a);
 }
 
+void log_softmax_grad(const KernelArgs& a) {
+  const GradIo io(a, ops::kSoftmaxGradArity);
+  const Tensor& x = io.need_x(0);
+  const Tensor& y = io.need_y(0);
+  const Tensor* dy = io.dy(0);
+  if (!io.wants(0)) return;
+  if (dy == nullptr) return a.device.fill_zero(*io.dx(0));
+  const ops::SoftmaxView v = ops::softmax_grad_view(a, x, y, *dy);
+  launch_log_softmax_grad(y.as<float>(), dy->as<float>(), io.dx(0)->as<float>(), v.outer, v.len,
+                          v.inner, context(a).stream());
+  check_launch(a);
+}
+
 // BatchNormalizationGrad: the CPU's signatures, and X, Y, dY and dX of one 16-bit type, every
 // other operand float32 (or absent): the forward's 5 inputs, its outputs (Y, the running
 // statistics) and their gradients, which the CPU runs widened.
@@ -175,6 +188,7 @@ const KernelEntry kKernels[] = {
     {"LayerNormalizationGrad", layer_norm_grad, check_layer_norm_grad,
      /*writes_every_output=*/true},
     {"SoftmaxGrad", softmax_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"LogSoftmaxGrad", log_softmax_grad, same_as_cpu, /*writes_every_output=*/true},
 };
 
 }  // namespace

@@ -117,12 +117,22 @@ void softmax(const KernelArgs& a) {
   check_launch(a);
 }
 
+void log_softmax(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  const ops::SoftmaxView v = ops::softmax_view(a, x);
+  if (x.numel() == 0) return;
+  launch_log_softmax(x.as<float>(), a.out[0]->as<float>(), v.outer, v.len, v.inner,
+                     context(a).stream());
+  check_launch(a);
+}
+
 // The CPU backend's checks decide: the same dtypes (float32), attributes and outputs; besides,
 // BatchNormalization and LayerNormalization run 16-bit floats natively.
 const KernelEntry kKernels[] = {
     {"BatchNormalization", batch_norm, check_batch_norm},
     {"LayerNormalization", layer_norm, check_layer_norm},
     {"Softmax", softmax, same_as_cpu},
+    {"LogSoftmax", log_softmax, same_as_cpu},
 };
 
 }  // namespace

@@ -44,6 +44,38 @@ __global__ void softmax_kernel(const float* x, float* y, int64_t outer, int64_t 
   }
 }
 
+// LogSoftmax: y = x - max - log(sum(exp(x - max))), as softmax_kernel's sums.
+__global__ void log_softmax_kernel(const float* x, float* y, int64_t outer, int64_t len,
+                                   int64_t inner) {
+  for (int64_t r = blockIdx.x; r < outer * inner; r += gridDim.x) {
+    const int64_t base = (r / inner) * len * inner + r % inner;
+    float top = -INFINITY;
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x) top = fmaxf(top, x[base + k * inner]);
+    top = block_max(top);
+    double sum = 0.0;
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x)
+      sum += exp(static_cast<double>(x[base + k * inner]) - top);
+    const float shift = top + static_cast<float>(log(block_sum<double>(sum)));
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x)
+      y[base + k * inner] = x[base + k * inner] - shift;
+  }
+}
+
+// LogSoftmaxGrad: dx = dy - exp(y) sum(dy).
+__global__ void log_softmax_grad_kernel(const float* y, const float* dy, float* dx, int64_t outer,
+                                        int64_t len, int64_t inner) {
+  for (int64_t r = blockIdx.x; r < outer * inner; r += gridDim.x) {
+    const int64_t base = (r / inner) * len * inner + r % inner;
+    double s = 0.0;
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x) s += dy[base + k * inner];
+    const float sf = static_cast<float>(block_sum<double>(s));
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x) {
+      const int64_t e = base + k * inner;
+      dx[e] = dy[e] - expf(y[e]) * sf;
+    }
+  }
+}
+
 __global__ void softmax_grad_kernel(const float* y, const float* dy, float* dx, int64_t outer,
                                     int64_t len, int64_t inner) {
   for (int64_t r = blockIdx.x; r < outer * inner; r += gridDim.x) {
@@ -348,6 +380,20 @@ void launch_softmax_grad(const float* y, const float* dy, float* dx, int64_t out
   if (outer * len * inner <= 0) return;
   softmax_grad_kernel<<<blocks_for(outer * inner), threads_for(len), 0, stream>>>(y, dy, dx, outer,
                                                                                   len, inner);
+}
+
+void launch_log_softmax(const float* x, float* y, int64_t outer, int64_t len, int64_t inner,
+                        cudaStream_t stream) {
+  if (outer * len * inner <= 0) return;
+  log_softmax_kernel<<<blocks_for(outer * inner), threads_for(len), 0, stream>>>(x, y, outer, len,
+                                                                                 inner);
+}
+
+void launch_log_softmax_grad(const float* y, const float* dy, float* dx, int64_t outer, int64_t len,
+                             int64_t inner, cudaStream_t stream) {
+  if (outer * len * inner <= 0) return;
+  log_softmax_grad_kernel<<<blocks_for(outer * inner), threads_for(len), 0, stream>>>(
+      y, dy, dx, outer, len, inner);
 }
 
 bool launch_layer_norm(DType dtype, const void* x, const void* scale, const void* bias, void* y,

@@ -23,6 +23,15 @@ void launch_softmax(const float* x, float* y, int64_t outer, int64_t len, int64_
 void launch_softmax_grad(const float* y, const float* dy, float* dx, int64_t outer, int64_t len,
                          int64_t inner, cudaStream_t stream);
 
+/// y = log(softmax(x)) = x - max - log(sum(exp(x - max))) along the middle dim (the sum in
+/// double, as the CPU's).
+void launch_log_softmax(const float* x, float* y, int64_t outer, int64_t len, int64_t inner,
+                        cudaStream_t stream);
+
+/// dx = dy - exp(y) * sum(dy) along the middle dim (the sum in double, as the CPU's).
+void launch_log_softmax_grad(const float* y, const float* dy, float* dx, int64_t outer, int64_t len,
+                             int64_t inner, cudaStream_t stream);
+
 /// LayerNormalization of `outer` rows of `inner`: y = (x - mean) * inv_std * scale + bias
 /// (bias may be null), mean and variance in float; `mean` and `inv_std` (one per row, float32)
 /// may be null. x, scale, bias and y are of `dtype`: float32, or bfloat16 or float16 read widened

@@ -55,6 +55,8 @@ constexpr ReadRule kRules[] = {
     {"Dropout", kAllButData, true, bit(1)},
     // dX = Y (dY - sum(dY Y)).
     {"Softmax", kNone, false, bit(0)},
+    // dX = dY - exp(Y) sum(dY).
+    {"LogSoftmax", kNone, false, bit(0)},
     // The statistics are recomputed from X: neither Y nor Mean nor InvStdDev is read.
     {"LayerNormalization", kAll, true, kNone},
     {"BatchNormalization", kAll, true, kNone},

@@ -27,7 +27,7 @@ TEST_CASE("the cuda backend covers the cpu's data, shape and norm ops and gradie
   const int ops = check_covers(
       *cuda, {cpu::data_kernels(), cpu::shape_ops_kernels(), cpu::norm_kernels(),
               cpu::grad_data_kernels(), cpu::grad_norm_kernels()});
-  CHECK(ops == 33);  // 11 data, 4 shape, 3 norm (Softmax too), 12 + 3 gradients
+  CHECK(ops == 35);  // 11 data, 4 shape, 4 norm (Softmax, LogSoftmax too), 12 + 4 gradients
 
   // The CPU's answers: a signature it takes, and ones it refuses.
   const Attrs none;

@@ -127,6 +127,27 @@ TEST_CASE("grad BatchNormalization training large") { batch_norm({9, 8, 16, 32},
 
 TEST_CASE("grad BatchNormalization inference large") { batch_norm({9, 8, 16, 32}, false, 1, 8); }
 
+TEST_CASE("grad LogSoftmax") {
+  for (int64_t axis : {-1, 0, 1}) {
+    CAPTURE(axis);
+    GradCase g;
+    g.op = "LogSoftmax";
+    g.inputs = {random_tensor({3, 4, 5}, -2, 2, 3)};
+    g.check = {true};
+    g.attrs = [=](onnx::NodeProto& n) { set_int(n, "axis", axis); };
+    gradcheck(g);
+  }
+}
+
+TEST_CASE("grad LogSoftmax large") {
+  GradCase g;
+  g.op = "LogSoftmax";
+  g.inputs = {random_tensor({64, 40, 16}, -2, 2, 4)};
+  g.check = {true};
+  g.attrs = [](onnx::NodeProto& n) { set_int(n, "axis", 1); };
+  gradcheck(g);
+}
+
 TEST_CASE("grad Softmax large") {
   GradCase g;
   g.op = "Softmax";
