@@ -147,6 +147,49 @@ void topk(const KernelArgs& a) {
   }
 }
 
+// ---- ArgMax, ArgMin --------------------------------------------------------------------------
+
+void arg_extreme(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  const ops::TopKShape s = ops::arg_shape(a, x.shape);
+  expect_shape(a, 0, ops::arg_output_shape(a, x.shape, s));
+  const bool last = a.attrs.i("select_last_index", 0) != 0;
+  int64_t* out = a.out[0]->as<int64_t>();
+  const int64_t lines = s.lines();
+  if (s.length == 0) return;
+  auto run = [&]<class T>(const T* xs) {
+#pragma omp parallel for if (lines * s.length >= kParallelElements)
+    for (int64_t line = 0; line < lines; ++line) out[line] = ops::arg_of_line(xs, s, line, last);
+  };
+  switch (x.dtype) {
+    case DType::kFloat32:
+      return run(x.as<float>());
+    case DType::kFloat64:
+      return run(x.as<double>());
+    case DType::kInt32:
+      return run(x.as<int32_t>());
+    case DType::kInt64:
+      return run(x.as<int64_t>());
+    default:
+      fail(ErrorKind::kUnsupported, "{} '{}' on {} is not supported", a.op_type, a.name,
+           dtype_name(x.dtype));
+  }
+}
+
+std::string check_arg_extreme(const OpSignature& s) {
+  if (s.inputs.size() != 1 || s.outputs.size() != 1)
+    return fmt::format("{} with {} inputs and {} outputs is not a valid signature (X; indices)",
+                       s.op_type, s.inputs.size(), s.outputs.size());
+  const DType d = s.inputs[0];
+  if (d != DType::kFloat32 && d != DType::kFloat64 && d != DType::kInt32 && d != DType::kInt64)
+    return fmt::format("{} on {} is not supported (float32, float64, int32, int64)", s.op_type,
+                       dtype_name(d));
+  if (s.outputs[0] != DType::kInt64)
+    return fmt::format("{} to {} is not a valid signature (int64 indices)", s.op_type,
+                       dtype_name(s.outputs[0]));
+  return "";
+}
+
 // dX = 0 but dX[Indices[r]] = dValues[r] along each line (the indices of a line are distinct).
 void topk_grad(const KernelArgs& a) {
   const ops::GradIo io(a, {.n_min = 1, .n_max = 2, .m_min = 2, .m_max = 2});
@@ -221,6 +264,8 @@ constexpr KernelEntry kKernels[] = {
     {"DepthToSpace", space_depth, check_space_depth},
     {"SpaceToDepth", space_depth, check_space_depth},
     {"TopK", topk, check_topk},
+    {"ArgMax", arg_extreme, check_arg_extreme},
+    {"ArgMin", arg_extreme, check_arg_extreme},
     {"DepthToSpaceGrad", space_depth_grad, check_space_depth_grad, /*writes_every_output=*/true},
     {"SpaceToDepthGrad", space_depth_grad, check_space_depth_grad, /*writes_every_output=*/true},
     {"TopKGrad", topk_grad, check_topk_grad, /*writes_every_output=*/true},

@@ -82,6 +82,15 @@ void topk(const KernelArgs& a) {
   check_launch(a);
 }
 
+void arg_extreme(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  const ops::TopKShape s = ops::arg_shape(a, x.shape);
+  expect_shape(a, 0, ops::arg_output_shape(a, x.shape, s));
+  launch_arg_extreme(a.out[0]->as<int64_t>(), x.data, topk_number_type(a, x.dtype), s,
+                     a.attrs.i("select_last_index", 0) != 0, context(a).stream());
+  check_launch(a);
+}
+
 void topk_grad(const KernelArgs& a) {
   const GradIo io(a, {.n_min = 1, .n_max = 2, .m_min = 2, .m_max = 2});
   Tensor* dx = nullptr;
@@ -108,6 +117,8 @@ constexpr KernelEntry kKernels[] = {
     {"DepthToSpace", space_depth, same_as_cpu},
     {"SpaceToDepth", space_depth, same_as_cpu},
     {"TopK", topk, same_as_cpu},
+    {"ArgMax", arg_extreme, same_as_cpu},
+    {"ArgMin", arg_extreme, same_as_cpu},
     {"DepthToSpaceGrad", space_depth_grad, same_as_cpu, /*writes_every_output=*/true},
     {"SpaceToDepthGrad", space_depth_grad, same_as_cpu, /*writes_every_output=*/true},
     {"TopKGrad", topk_grad, same_as_cpu, /*writes_every_output=*/true},

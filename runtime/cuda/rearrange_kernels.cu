@@ -50,6 +50,13 @@ __global__ void topk_kernel(T* values, int64_t* indices, const T* x, ops::TopKSh
   }
 }
 
+template <class T>
+__global__ void arg_extreme_kernel(int64_t* out, const T* x, ops::TopKShape shape, bool last) {
+  const int64_t lines = shape.lines();
+  for (int64_t line = first_index(); line < lines; line += grid_stride())
+    out[line] = ops::arg_of_line(x, shape, line, last);
+}
+
 __global__ void topk_grad_kernel(float* dx, const float* d_values, const int64_t* indices,
                                  ops::TopKShape shape) {
   const int64_t n = shape.lines() * shape.k;
@@ -93,6 +100,27 @@ void launch_topk(void* values, int64_t* indices, const void* x, NumberType type,
     using T = decltype(tag);
     topk_kernel<T><<<grid_for(lines, kThreads), kThreads, 0, stream>>>(
         static_cast<T*>(values), indices, static_cast<const T*>(x), shape);
+  };
+  switch (type) {
+    case NumberType::kFloat32:
+      return run(float{});
+    case NumberType::kFloat64:
+      return run(double{});
+    case NumberType::kInt32:
+      return run(int32_t{});
+    case NumberType::kInt64:
+      return run(int64_t{});
+  }
+}
+
+void launch_arg_extreme(int64_t* out, const void* x, NumberType type, const ops::TopKShape& shape,
+                        bool last, cudaStream_t stream) {
+  const int64_t lines = shape.lines();
+  if (lines <= 0 || shape.length <= 0) return;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    arg_extreme_kernel<T><<<grid_for(lines, kThreads), kThreads, 0, stream>>>(
+        out, static_cast<const T*>(x), shape, last);
   };
   switch (type) {
     case NumberType::kFloat32:

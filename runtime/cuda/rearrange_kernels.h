@@ -26,6 +26,11 @@ void launch_space_depth(void* dst, const void* src, int64_t element_bytes,
 void launch_topk(void* values, int64_t* indices, const void* x, NumberType type,
                  const ops::TopKShape& shape, cudaStream_t stream);
 
+/// out[line] = arg_of_line(x, shape, line, last) for every line: ArgMax (shape.largest) or
+/// ArgMin, one thread a line.
+void launch_arg_extreme(int64_t* out, const void* x, NumberType type, const ops::TopKShape& shape,
+                        bool last, cudaStream_t stream);
+
 /// dX[topk_offset(line, indices[o])] = dValues[o] for every output o; dX zeroed before.
 void launch_topk_grad(float* dx, const float* d_values, const int64_t* indices,
                       const ops::TopKShape& shape, cudaStream_t stream);

@@ -69,6 +69,25 @@ STAGECRAFT_HOST_DEVICE inline int64_t topk_offset(const TopKShape& p, int64_t li
   return (o * p.length + e) * p.inner + in;
 }
 
+/// ArgMax (`p.largest`) or ArgMin of line `line` of X: TopK's first index (the lower index
+/// among equal values, NaN larger than every number), or with `last` (select_last_index) the
+/// higher one among equal values. Line `line` is also the output's offset.
+template <class T>
+STAGECRAFT_HOST_DEVICE inline int64_t arg_of_line(const T* x, const TopKShape& p, int64_t line,
+                                                  bool last) {
+  int64_t best = 0;
+  T best_value = x[topk_offset(p, line, 0)];
+  for (int64_t e = 1; e < p.length; ++e) {
+    const T v = x[topk_offset(p, line, e)];
+    // Negated indices turn TopK's "lower index first" into "higher index first".
+    if (topk_before(v, last ? -e : e, best_value, last ? -best : best, p.largest)) {
+      best = e;
+      best_value = v;
+    }
+  }
+  return best;
+}
+
 /// The offset in Values and Indices of rank `r` (0 .. k-1) of line `line`.
 STAGECRAFT_HOST_DEVICE inline int64_t topk_out_offset(const TopKShape& p, int64_t line, int64_t r) {
   const int64_t o = line / p.inner, in = line % p.inner;

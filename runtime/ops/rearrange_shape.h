@@ -95,6 +95,38 @@ inline TopKShape topk_shape(const KernelArgs& a, const Shape& x_shape, const Ten
   return s;
 }
 
+/// ArgMax or ArgMin of X as a TopK of one element per line (attribute axis, default 0); an
+/// empty axis is refused (no index to give).
+inline TopKShape arg_shape(const KernelArgs& a, const Shape& x_shape) {
+  const auto rank = static_cast<int64_t>(x_shape.size());
+  if (rank == 0) fail(ErrorKind::kModel, "{} '{}' of a scalar: X needs a dim", a.op_type, a.name);
+  const int64_t axis = a.attrs.i("axis", 0);
+  if (axis < -rank || axis >= rank)
+    fail(ErrorKind::kModel, "{} '{}': axis {} is out of range for rank {}", a.op_type, a.name, axis,
+         rank);
+  TopKShape s;
+  s.axis = axis < 0 ? axis + rank : axis;
+  for (int64_t i = 0; i < s.axis; ++i) s.outer *= x_shape[i];
+  s.length = x_shape[s.axis];
+  for (int64_t i = s.axis + 1; i < rank; ++i) s.inner *= x_shape[i];
+  if (s.length == 0 && s.outer * s.inner > 0)
+    fail(ErrorKind::kModel, "{} '{}' over an empty axis {} of {}", a.op_type, a.name, s.axis,
+         shape_string(x_shape));
+  s.k = 1;
+  s.largest = a.op_type == "ArgMax";
+  return s;
+}
+
+/// ArgMax's and ArgMin's output shape: X's with the axis 1 (keepdims, the default) or dropped.
+inline Shape arg_output_shape(const KernelArgs& a, const Shape& x_shape, const TopKShape& s) {
+  Shape y = x_shape;
+  if (a.attrs.i("keepdims", 1) != 0)
+    y[static_cast<size_t>(s.axis)] = 1;
+  else
+    y.erase(y.begin() + s.axis);
+  return y;
+}
+
 /// TopK's outputs' shape: X's with K along the axis.
 inline Shape topk_output_shape(const Shape& x_shape, const TopKShape& s) {
   Shape y = x_shape;

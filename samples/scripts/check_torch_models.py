@@ -442,6 +442,27 @@ class PlainNorms(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
+class ClipText(nn.Module):
+    """CLIP's text encoder: pre-norm TransformerEncoder with a causal float mask buffer, the
+    features taken at each row's end-of-text token, the largest id (x[arange(B),
+    ids.argmax(-1)]: ArgMax, then advanced indexing), projected."""
+
+    def __init__(self, vocab=500, d=64, ctx=16, classes=10):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(ctx, d) * 0.01)
+        layer = nn.TransformerEncoderLayer(d, 4, 2 * d, dropout=0.0, batch_first=True,
+                                           norm_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.register_buffer("mask", torch.full((ctx, ctx), float("-inf")).triu(1))
+        self.ln = nn.LayerNorm(d)
+        self.proj = nn.Linear(d, classes, bias=False)
+
+    def forward(self, ids):
+        x = self.ln(self.enc(self.emb(ids) + self.pos, mask=self.mask))
+        return self.proj(x[torch.arange(x.shape[0]), ids.argmax(dim=-1)])
+
+
 class Seq2Seq(nn.Module):
     """nn.Transformer as its tutorial uses it: source and target embeddings, 2 encoder and 2
     decoder layers, the target's causal mask from generate_square_subsequent_mask (a float -inf
@@ -615,6 +636,9 @@ MODELS = OrderedDict([
                  "TransformerEncoder with a causal mask; vocab 500, 2 layers of 64, 16 tokens")),
     ("plain_norms", ("classification", lambda: PlainNorms(), image(32), "classes",
                      "InstanceNorm2d, GroupNorm and BatchNorm2d without affine parameters")),
+    ("clip_text", ("encoder", lambda: ClipText(), tokens(500, 16), "classes",
+                   "CLIP's text encoder: causal pre-norm layers, pooled at each row's argmax "
+                   "token; vocab 500, 2 layers of 64, 16 tokens")),
     ("transformer_seq2seq", ("encoder-decoder", lambda: Seq2Seq(), tokens(500, 16), "lm",
                              "nn.Transformer, 2+2 layers of 64, 4 heads, causal target mask "
                              "buffer, cross-attention; vocab 500, 16 tokens")),

@@ -21,11 +21,13 @@ using gpu_test::check_covers;
 using gpu_test::check_refused_alike;
 using gpu_test::set_int;
 
-TEST_CASE("the cuda backend covers the cpu's DepthToSpace, SpaceToDepth, TopK and gradients") {
+TEST_CASE(
+    "the cuda backend covers the cpu's DepthToSpace, SpaceToDepth, TopK, ArgMax, ArgMin, "
+    "gradients") {
 #ifdef STAGECRAFT_WITH_CUDA
   const Backend* cuda = cuda_backend();
   REQUIRE(cuda != nullptr);
-  CHECK(check_covers(*cuda, {cpu::rearrange_kernels()}) == 6);
+  CHECK(check_covers(*cuda, {cpu::rearrange_kernels()}) == 8);
 
   onnx::NodeProto plain_node;
   set_int(plain_node, "blocksize", 2);
