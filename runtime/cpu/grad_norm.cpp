@@ -322,25 +322,22 @@ STAGECRAFT_CPU_CLONES void softmax_grad_row(const float* y, const float* g, int6
 // Writes every element of dX.
 void softmax_grad(const KernelArgs& a) {
   const ops::GradIo io(a, ops::kSoftmaxGradArity);
-  const Tensor& x = io.need_x(0);
-  const Tensor& y = io.need_y(0);
-  const Tensor* dy = io.dy(0);
-  if (!io.wants(0)) return;
-  if (dy == nullptr) return ops::zero(*io.dx(0));
+  const auto operands = ops::softmax_grad_operands(a, io, [](Tensor& t) { ops::zero(t); });
+  if (!operands) return;
   // Named values, not a structured binding: clang 14 (the fuzzing build) takes none into the
   // OpenMP regions below.
-  const ops::SoftmaxView view = ops::softmax_grad_view(a, x, y, *dy);
-  const int64_t outer = view.outer, len = view.len, inner = view.inner;
-  const float* yp = y.as<float>();
-  const float* g = dy->as<float>();
-  float* dx = io.dx(0)->as<float>();
+  const int64_t outer = operands->view.outer, len = operands->view.len,
+                inner = operands->view.inner, numel = operands->y->numel();
+  const float* yp = operands->y->as<float>();
+  const float* g = operands->dy->as<float>();
+  float* dx = operands->dx->as<float>();
   if (inner == 1) {  // the last axis (attention's scores): rows of consecutive elements
-#pragma omp parallel for if (x.numel() > 32768)
+#pragma omp parallel for if (numel > 32768)
     for (int64_t o = 0; o < outer; ++o)
       softmax_grad_row(yp + o * len, g + o * len, len, dx + o * len);
     return;
   }
-#pragma omp parallel for if (x.numel() > 32768)
+#pragma omp parallel for if (numel > 32768)
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < inner; ++i) {
       const int64_t base = o * len * inner + i;
@@ -359,17 +356,14 @@ void softmax_grad(const KernelArgs& a) {
 // element of dX.
 void log_softmax_grad(const KernelArgs& a) {
   const ops::GradIo io(a, ops::kSoftmaxGradArity);
-  const Tensor& x = io.need_x(0);
-  const Tensor& y = io.need_y(0);
-  const Tensor* dy = io.dy(0);
-  if (!io.wants(0)) return;
-  if (dy == nullptr) return ops::zero(*io.dx(0));
-  const ops::SoftmaxView view = ops::softmax_grad_view(a, x, y, *dy);
-  const int64_t outer = view.outer, len = view.len, inner = view.inner;
-  const float* yp = y.as<float>();
-  const float* g = dy->as<float>();
-  float* dx = io.dx(0)->as<float>();
-#pragma omp parallel for if (x.numel() > 32768)
+  const auto operands = ops::softmax_grad_operands(a, io, [](Tensor& t) { ops::zero(t); });
+  if (!operands) return;
+  const int64_t outer = operands->view.outer, len = operands->view.len,
+                inner = operands->view.inner, numel = operands->y->numel();
+  const float* yp = operands->y->as<float>();
+  const float* g = operands->dy->as<float>();
+  float* dx = operands->dx->as<float>();
+#pragma omp parallel for if (numel > 32768)
   for (int64_t r = 0; r < outer * inner; ++r) {
     const int64_t base = (r / inner) * len * inner + r % inner;
     double s = 0;

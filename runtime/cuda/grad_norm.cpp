@@ -132,27 +132,19 @@ void layer_norm_grad(const KernelArgs& a) {
 
 void softmax_grad(const KernelArgs& a) {
   const GradIo io(a, ops::kSoftmaxGradArity);
-  const Tensor& x = io.need_x(0);
-  const Tensor& y = io.need_y(0);
-  const Tensor* dy = io.dy(0);
-  if (!io.wants(0)) return;
-  if (dy == nullptr) return a.device.fill_zero(*io.dx(0));
-  const ops::SoftmaxView v = ops::softmax_grad_view(a, x, y, *dy);
-  launch_softmax_grad(y.as<float>(), dy->as<float>(), io.dx(0)->as<float>(), v.outer, v.len,
-                      v.inner, context(a).stream());
+  const auto o = ops::softmax_grad_operands(a, io, [&](Tensor& t) { a.device.fill_zero(t); });
+  if (!o) return;
+  launch_softmax_grad(o->y->as<float>(), o->dy->as<float>(), o->dx->as<float>(), o->view.outer,
+                      o->view.len, o->view.inner, context(a).stream());
   check_launch(a);
 }
 
 void log_softmax_grad(const KernelArgs& a) {
   const GradIo io(a, ops::kSoftmaxGradArity);
-  const Tensor& x = io.need_x(0);
-  const Tensor& y = io.need_y(0);
-  const Tensor* dy = io.dy(0);
-  if (!io.wants(0)) return;
-  if (dy == nullptr) return a.device.fill_zero(*io.dx(0));
-  const ops::SoftmaxView v = ops::softmax_grad_view(a, x, y, *dy);
-  launch_log_softmax_grad(y.as<float>(), dy->as<float>(), io.dx(0)->as<float>(), v.outer, v.len,
-                          v.inner, context(a).stream());
+  const auto o = ops::softmax_grad_operands(a, io, [&](Tensor& t) { a.device.fill_zero(t); });
+  if (!o) return;
+  launch_log_softmax_grad(o->y->as<float>(), o->dy->as<float>(), o->dx->as<float>(), o->view.outer,
+                          o->view.len, o->view.inner, context(a).stream());
   check_launch(a);
 }
 

@@ -67,6 +67,21 @@ __global__ void topk_grad_kernel(float* dx, const float* d_values, const int64_t
   }
 }
 
+// run(T{}) for the C++ type of `type`.
+template <class Run>
+void by_number_type(NumberType type, Run run) {
+  switch (type) {
+    case NumberType::kFloat32:
+      return run(float{});
+    case NumberType::kFloat64:
+      return run(double{});
+    case NumberType::kInt32:
+      return run(int32_t{});
+    case NumberType::kInt64:
+      return run(int64_t{});
+  }
+}
+
 }  // namespace
 
 void launch_space_depth(void* dst, const void* src, int64_t element_bytes,
@@ -96,42 +111,22 @@ void launch_topk(void* values, int64_t* indices, const void* x, NumberType type,
                  const ops::TopKShape& shape, cudaStream_t stream) {
   const int64_t lines = shape.lines();
   if (lines <= 0 || shape.k <= 0) return;
-  auto run = [&](auto tag) {
+  by_number_type(type, [&](auto tag) {
     using T = decltype(tag);
     topk_kernel<T><<<grid_for(lines, kThreads), kThreads, 0, stream>>>(
         static_cast<T*>(values), indices, static_cast<const T*>(x), shape);
-  };
-  switch (type) {
-    case NumberType::kFloat32:
-      return run(float{});
-    case NumberType::kFloat64:
-      return run(double{});
-    case NumberType::kInt32:
-      return run(int32_t{});
-    case NumberType::kInt64:
-      return run(int64_t{});
-  }
+  });
 }
 
 void launch_arg_extreme(int64_t* out, const void* x, NumberType type, const ops::TopKShape& shape,
                         bool last, cudaStream_t stream) {
   const int64_t lines = shape.lines();
   if (lines <= 0 || shape.length <= 0) return;
-  auto run = [&](auto tag) {
+  by_number_type(type, [&](auto tag) {
     using T = decltype(tag);
     arg_extreme_kernel<T><<<grid_for(lines, kThreads), kThreads, 0, stream>>>(
         out, static_cast<const T*>(x), shape, last);
-  };
-  switch (type) {
-    case NumberType::kFloat32:
-      return run(float{});
-    case NumberType::kFloat64:
-      return run(double{});
-    case NumberType::kInt32:
-      return run(int32_t{});
-    case NumberType::kInt64:
-      return run(int64_t{});
-  }
+  });
 }
 
 void launch_topk_grad(float* dx, const float* d_values, const int64_t* indices,

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 #include <string_view>
 
 #include "runtime/core/kernel.h"
@@ -148,6 +149,30 @@ inline SoftmaxView softmax_grad_view(const KernelArgs& a, const Tensor& x, const
     fail(ErrorKind::kShape, "SoftmaxGrad: Y {} and dY {} should be {}", y.describe(),
          dy.describe(), shape_string(x.shape));
   return v;
+}
+
+/// SoftmaxGrad's and LogSoftmaxGrad's operands, read and checked: Y, dY, dX and the view.
+struct SoftmaxGradOperands {
+  SoftmaxView view;
+  const Tensor* y = nullptr;
+  const Tensor* dy = nullptr;
+  Tensor* dx = nullptr;
+};
+
+/// The operands, or nullopt when there is nothing left to compute: dX not wanted, or no dY
+/// (then `zero` has cleared dX, the backend's way).
+template <class Zero>
+std::optional<SoftmaxGradOperands> softmax_grad_operands(const KernelArgs& a, const GradIo& io,
+                                                         Zero zero) {
+  const Tensor& x = io.need_x(0);
+  const Tensor& y = io.need_y(0);
+  const Tensor* dy = io.dy(0);
+  if (!io.wants(0)) return std::nullopt;
+  if (dy == nullptr) {
+    zero(*io.dx(0));
+    return std::nullopt;
+  }
+  return SoftmaxGradOperands{softmax_grad_view(a, x, y, *dy), &y, dy, io.dx(0)};
 }
 
 }  // namespace stagecraft::rt::ops

@@ -13,7 +13,7 @@
 #include "compiler/plan/planner.h"
 #include "runtime/core/backend.h"
 #include "runtime/exec/pipeline.h"
-#include "samples/builder/model_builder.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -102,27 +102,11 @@ const Sample kSamples[] = {{"toy.onnx", "mse", 20},
 // ids are that row, so a backend that trained it would part from the CPU's losses.
 TEST_CASE("an embedding's padding row stays untrained on the GPU as on the CPU") {
   testing::TempDir dir;
-  samples::ModelBuilder b("embedding_lm");
-  b.add_input("ids", onnx::TensorProto::INT64, {"batch", 6});
-  std::vector<float> table(10 * 4);
-  for (size_t k = 4; k < table.size(); ++k) table[k] = 0.1f * static_cast<float>(k % 7) - 0.3f;
-  const std::string h =
-      b.add_op("Gather", "/emb/Gather", {b.add_float_buffer("emb.weight", {10, 4}, table), "ids"});
-  b.add_node("MatMul", "/head/MatMul", {h, b.add_parameter("head.weight", {4, 5}, 4)}, {"logits"});
-  b.add_output("logits", onnx::TensorProto::FLOAT, {"batch", 6, 5});
-  b.write(dir.file("lm.onnx"));
+  testing::write_padded_embedding_lm(dir.file("lm.onnx"));
   for (int devices : {1, 2}) {
     CAPTURE(devices);
-    plan::PlanOptions o;
-    o.model_path = dir.file("lm.onnx");
-    o.devices = devices;
-    o.batch = 8;
-    o.microbatches = 2;
-    o.device_spec = "cpu";
-    o.training = true;
-    o.optimizer = stagecraft::OptimizerKind::kAdam;
-    o.training_config.lr = 0.05;
-    o.loss.kind = "cross-entropy";
+    const plan::PlanOptions o =
+        testing::padded_embedding_options(dir.file("lm.onnx"), devices, 0.05);
     const std::vector<double> want = run_on(cpu_backend(), o, 5).losses;
     const std::vector<double> got = run_on(cuda(), o, 5).losses;
     REQUIRE(got.size() == want.size());

@@ -98,6 +98,21 @@ Run train(const std::string& model, int devices, const std::string& schedule, bo
   return out;
 }
 
+// The same plan with the exporter's ops and fused (two blocks): 4 steps, the loss falling, each
+// step's loss within 1e-5 of the other's.
+void check_fused_as_plain(const Run& plain, const Run& fused) {
+  CHECK(plain.attention_nodes == 0);
+  CHECK(fused.attention_nodes == 2);
+  REQUIRE(plain.losses.size() == 4);
+  REQUIRE(fused.losses.size() == 4);
+  CHECK(plain.losses.back() < plain.losses.front());
+  for (size_t k = 0; k < plain.losses.size(); ++k) {
+    CAPTURE(k);
+    CHECK(std::fabs(fused.losses[k] - plain.losses[k]) <=
+          1e-5 * std::max(1.0, std::fabs(plain.losses[k])));
+  }
+}
+
 // A model's constants count in its plan: the sample GPT keeps its causal mask as a bool buffer
 // of its whole context ([512, 512]: 256 KiB, read by every layer through a Slice), as Hugging
 // Face's GPT-2 export does. At 272 tokens the Slice's output is past what import folds (2^16
@@ -147,16 +162,7 @@ TEST_CASE("fused attention trains to the exporter's ops' losses on 1, 2 and 4 de
         CAPTURE(schedule);
         const Run plain = train(model, devices, schedule, false);
         const Run fused = train(model, devices, schedule, true);
-        CHECK(plain.attention_nodes == 0);
-        CHECK(fused.attention_nodes == 2);  // both samples have two blocks, each fused
-        REQUIRE(plain.losses.size() == 4);
-        REQUIRE(fused.losses.size() == 4);
-        CHECK(plain.losses.back() < plain.losses.front());
-        for (size_t k = 0; k < plain.losses.size(); ++k) {
-          CAPTURE(k);
-          CHECK(std::fabs(fused.losses[k] - plain.losses[k]) <=
-                1e-5 * std::max(1.0, std::fabs(plain.losses[k])));
-        }
+        check_fused_as_plain(plain, fused);  // both samples have two blocks, each fused
         MESSAGE(fmt::format("{} devices, {}: peak {} B (predicted {}) with the exporter's ops, {} "
                             "B (predicted {}) fused",
                             devices, schedule, plain.peak, plain.predicted_peak, fused.peak,
@@ -176,18 +182,8 @@ TEST_CASE("a padding mask from the tokens, shared by every layer, trains fused a
       if (devices == 1 && schedule != "gpipe") continue;
       CAPTURE(devices);
       CAPTURE(schedule);
-      const Run plain = train(padded_gpt(), devices, schedule, false);
-      const Run fused = train(padded_gpt(), devices, schedule, true);
-      CHECK(plain.attention_nodes == 0);
-      CHECK(fused.attention_nodes == 2);
-      REQUIRE(plain.losses.size() == 4);
-      REQUIRE(fused.losses.size() == 4);
-      CHECK(plain.losses.back() < plain.losses.front());
-      for (size_t k = 0; k < plain.losses.size(); ++k) {
-        CAPTURE(k);
-        CHECK(std::fabs(fused.losses[k] - plain.losses[k]) <=
-              1e-5 * std::max(1.0, std::fabs(plain.losses[k])));
-      }
+      check_fused_as_plain(train(padded_gpt(), devices, schedule, false),
+                           train(padded_gpt(), devices, schedule, true));
     }
   }
 }

@@ -21,7 +21,7 @@
 #include "runtime/core/tensor_io.h"
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/pipeline.h"
-#include "samples/builder/model_builder.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -196,30 +196,12 @@ TEST_CASE("a training-mode PyTorch export with Dropout stays under its predicted
 // PyTorch does, and trains row 1; --train-also names the table to train row 0 too.
 TEST_CASE("an embedding's row of zeros is its padding_idx: no gradient from the lookup") {
   testing::TempDir dir;
-  samples::ModelBuilder b("embedding_lm");
-  b.add_input("ids", onnx::TensorProto::INT64, {"batch", 6});
-  std::vector<float> table(10 * 4);
-  for (size_t k = 4; k < table.size(); ++k) table[k] = 0.1f * static_cast<float>(k % 7) - 0.3f;
-  const std::string emb = b.add_float_buffer("emb.weight", {10, 4}, table);
-  const std::string h = b.add_op("Gather", "/emb/Gather", {emb, "ids"});
-  const std::string w = b.add_parameter("head.weight", {4, 5}, 4);
-  b.add_node("MatMul", "/head/MatMul", {h, w}, {"logits"});
-  b.add_output("logits", onnx::TensorProto::FLOAT, {"batch", 6, 5});
-  b.write(dir.file("lm.onnx"));
+  const std::vector<float> table = testing::write_padded_embedding_lm(dir.file("lm.onnx"));
   for (const bool train_also : {false, true}) {
     for (int devices : {1, 2}) {
       CAPTURE(train_also);
       CAPTURE(devices);
-      plan::PlanOptions o;
-      o.model_path = dir.file("lm.onnx");
-      o.devices = devices;
-      o.batch = 8;
-      o.microbatches = 2;
-      o.device_spec = "cpu";
-      o.training = true;
-      o.optimizer = OptimizerKind::kAdam;
-      o.training_config.lr = 0.01;
-      o.loss.kind = "cross-entropy";
+      plan::PlanOptions o = testing::padded_embedding_options(dir.file("lm.onnx"), devices, 0.01);
       if (train_also) o.train_also = {"emb.*"};
       if (devices == 2) o.split_after = {"/emb/Gather"};
       plan::PlannedModel planned = plan::make_plan(o);

@@ -33,6 +33,37 @@ inline plan::PlanOptions training_options(const std::string& model, int devices,
   return o;
 }
 
+/// An embedding LM whose table has a row of zeros, as nn.Embedding(padding_idx=0) leaves it:
+/// ids int64 [batch, 6] -> Gather(emb.weight [10, 4], row 0 zeros) -> MatMul(head.weight [4, 5])
+/// -> logits [batch, 6, 5], written to `path`. Returns the table's values.
+inline std::vector<float> write_padded_embedding_lm(const std::string& path) {
+  samples::ModelBuilder b("embedding_lm");
+  b.add_input("ids", onnx::TensorProto::INT64, {"batch", 6});
+  std::vector<float> table(10 * 4);
+  for (size_t k = 4; k < table.size(); ++k) table[k] = 0.1f * static_cast<float>(k % 7) - 0.3f;
+  const std::string emb = b.add_float_buffer("emb.weight", {10, 4}, table);
+  const std::string h = b.add_op("Gather", "/emb/Gather", {emb, "ids"});
+  b.add_node("MatMul", "/head/MatMul", {h, b.add_parameter("head.weight", {4, 5}, 4)}, {"logits"});
+  b.add_output("logits", onnx::TensorProto::FLOAT, {"batch", 6, 5});
+  b.write(path);
+  return table;
+}
+
+/// Its training plan: batch 8 in 2 microbatches, Adam at `lr`, cross-entropy, the cpu spec.
+inline plan::PlanOptions padded_embedding_options(const std::string& path, int devices, double lr) {
+  plan::PlanOptions o;
+  o.model_path = path;
+  o.devices = devices;
+  o.batch = 8;
+  o.microbatches = 2;
+  o.device_spec = "cpu";
+  o.training = true;
+  o.optimizer = OptimizerKind::kAdam;
+  o.training_config.lr = lr;
+  o.loss.kind = "cross-entropy";
+  return o;
+}
+
 /// The small GPT whose output head is tied to its token embedding (a Transpose of
 /// transformer.wte.weight) that the shared-weight and fused-attention tests train.
 inline samples::GptOptions tied_gpt_options() {
