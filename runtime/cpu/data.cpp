@@ -233,6 +233,23 @@ void split(const KernelArgs& a) {
 
 // Slice: starts/ends/axes/steps from inputs 1-4 (opset 10 on) or the attributes of opset 1;
 // ends clamp to the dim, negative values count from the end, steps may be negative.
+// Trilu: X's elements outside the triangle zeroed, any element type (bytes moved as they are).
+void trilu(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  const ops::TriluShape s = ops::trilu_shape(a, x.shape, a.has_input(1) ? &a.input(1) : nullptr);
+  expect_shape(a, 0, x.shape);
+  const int64_t n = x.numel(), size = dtype_size(x.dtype);
+  const auto* from = static_cast<const std::byte*>(x.data);
+  auto* to = static_cast<std::byte*>(a.out[0]->data);
+#pragma omp parallel for if (n * size >= kParallelBytes)
+  for (int64_t e = 0; e < n; ++e) {
+    if (ops::trilu_keeps(s, e))
+      std::memcpy(to + e * size, from + e * size, static_cast<size_t>(size));
+    else
+      std::memset(to + e * size, 0, static_cast<size_t>(size));
+  }
+}
+
 void slice(const KernelArgs& a) {
   const Tensor& in = a.input(0);
   const ops::SliceView view = ops::slice_view(
@@ -331,6 +348,7 @@ std::string check_concat(const OpSignature& s) { return check_moves(s, -1); }
 
 constexpr KernelEntry kKernels[] = {
     {"Identity", identity, check_single},
+    {"Trilu", trilu, check_with_int64},
     {"Reshape", reshape, check_with_int64},
     {"Flatten", flatten, check_single},
     {"Squeeze", squeeze, check_with_int64},

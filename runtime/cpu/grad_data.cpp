@@ -74,6 +74,25 @@ void copy_grad(const KernelArgs& a) {
   if (dx->data != dy->data) std::memmove(dx->data, dy->data, static_cast<size_t>(dx->bytes()));
 }
 
+// --- Trilu: dX is dY inside the triangle, zero outside (k gets none) ---------------------------
+
+void trilu_grad(const KernelArgs& a) {
+  ops::GradIo io(a, {.n_min = 1, .n_max = 2, .m_min = 1, .m_max = 1});
+  if (io.n > 1 && io.dx(1) != nullptr) ops::zero(*io.dx(1));
+  Tensor* dx;
+  const Tensor *dy, *x;
+  if (!io.input0(dx, dy, x)) return;
+  const ops::TriluShape s = ops::trilu_shape(a, x->shape, io.x(1));
+  if (dy->shape != x->shape)
+    fail(ErrorKind::kShape, "TriluGrad '{}': dY {} should be {}", a.name, dy->describe(),
+         shape_string(x->shape));
+  const float* g = dy->as<float>();
+  float* d = dx->as<float>();
+  const int64_t n = x->numel();
+#pragma omp parallel for if (n >= kParallelElements)
+  for (int64_t e = 0; e < n; ++e) d[e] = ops::trilu_keeps(s, e) ? g[e] : 0.0f;
+}
+
 // --- Transpose: the inverse permutation ---------------------------------------------------------
 
 void transpose_grad(const KernelArgs& a) {
@@ -293,6 +312,7 @@ std::string check_data_grad(const OpSignature& s) {
 // they scatter or add into it, and every kernel gives zeros where dy is omitted.
 constexpr KernelEntry kKernels[] = {
     {"IdentityGrad", copy_grad, check_data_grad, /*writes_every_output=*/true},
+    {"TriluGrad", trilu_grad, check_data_grad, /*writes_every_output=*/true},
     {"ReshapeGrad", copy_grad, check_data_grad, /*writes_every_output=*/true},
     {"FlattenGrad", copy_grad, check_data_grad, /*writes_every_output=*/true},
     {"SqueezeGrad", copy_grad, check_data_grad, /*writes_every_output=*/true},

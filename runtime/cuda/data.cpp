@@ -222,13 +222,24 @@ void expand(const KernelArgs& a) {
 }
 
 // Every op takes what the CPU backend's takes (every fixed-size dtype for the moves).
+// Trilu: the triangle kept, the rest zeroed (any element type); k read to the host.
+void trilu(const KernelArgs& a) {
+  const Tensor& x = a.input(0);
+  CudaContext& ctx = context(a);
+  const Tensor k = host_ints(ctx, a.has_input(1) ? &a.input(1) : nullptr);
+  const ops::TriluShape s = ops::trilu_shape(a, x.shape, a.has_input(1) ? &k : nullptr);
+  expect_shape(a, 0, x.shape);
+  launch_trilu(a.out[0]->data, x.data, dtype_size(x.dtype), x.numel(), s, ctx.stream());
+  check_launch(a);
+}
+
 constexpr KernelEntry kKernels[] = {
     {"Identity", identity, same_as_cpu},   {"Reshape", reshape, same_as_cpu},
-    {"Flatten", flatten, same_as_cpu},     {"Squeeze", squeeze, same_as_cpu},
-    {"Unsqueeze", unsqueeze, same_as_cpu}, {"Transpose", transpose, same_as_cpu},
-    {"Concat", concat, same_as_cpu},       {"Split", split, same_as_cpu},
-    {"Slice", slice, same_as_cpu},         {"Gather", gather, same_as_cpu},
-    {"Expand", expand, same_as_cpu},
+    {"Trilu", trilu, same_as_cpu},         {"Flatten", flatten, same_as_cpu},
+    {"Squeeze", squeeze, same_as_cpu},     {"Unsqueeze", unsqueeze, same_as_cpu},
+    {"Transpose", transpose, same_as_cpu}, {"Concat", concat, same_as_cpu},
+    {"Split", split, same_as_cpu},         {"Slice", slice, same_as_cpu},
+    {"Gather", gather, same_as_cpu},       {"Expand", expand, same_as_cpu},
 };
 
 }  // namespace

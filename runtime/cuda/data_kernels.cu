@@ -7,6 +7,7 @@
 #include "runtime/cuda/data_kernels.h"
 #include "runtime/cuda/norm_block.cuh"
 #include "runtime/cuda/update_kernels.h"
+#include "runtime/ops/trilu_element.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
@@ -145,6 +146,13 @@ void launch_reduce(T* out, const T* in, int64_t n_out, const ReduceMap& map, cud
   }
 }
 
+// Trilu (and its gradient on float32): src's elements inside the triangle, zero outside.
+template <class T>
+__global__ void trilu_kernel(T* dst, const T* src, int64_t n, ops::TriluShape shape) {
+  for (int64_t e = first_index(); e < n; e += grid_stride())
+    dst[e] = ops::trilu_keeps(shape, e) ? src[e] : T{};
+}
+
 __global__ void broadcast_scale_kernel(float* dst, const float* src, int64_t n, IndexMap map,
                                        float scale) {
   for (int64_t i = first_index(); i < n; i += grid_stride())
@@ -224,6 +232,16 @@ void launch_strided_scatter(void* dst, const void* src, int64_t element_bytes, i
     using T = decltype(unit);
     strided_scatter_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
         static_cast<T*>(dst), static_cast<const T*>(src), n, map);
+  });
+}
+
+void launch_trilu(void* dst, const void* src, int64_t element_bytes, int64_t n,
+                  const ops::TriluShape& shape, cudaStream_t stream) {
+  if (n <= 0) return;
+  by_unit(element_bytes, [&](auto unit) {
+    using T = decltype(unit);
+    trilu_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(dst), static_cast<const T*>(src), n, shape);
   });
 }
 

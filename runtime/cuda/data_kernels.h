@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "runtime/ops/trilu_element.h"
+
 namespace stagecraft::rt::cuda {
 
 /// The highest rank an index map handles (after merging contiguous dims).
@@ -31,6 +33,11 @@ void launch_strided_gather(void* dst, const void* src, int64_t element_bytes, in
 /// dst[map(i)] = src[i] for i in [0, n); the mapped positions must be distinct.
 void launch_strided_scatter(void* dst, const void* src, int64_t element_bytes, int64_t n,
                             const IndexMap& map, cudaStream_t stream);
+
+/// dst[e] = trilu_keeps(shape, e) ? src[e] : 0 for e in [0, n), elements of `element_bytes`
+/// (1, 2, 4, 8 or 16) bytes: Trilu, and its gradient on float32.
+void launch_trilu(void* dst, const void* src, int64_t element_bytes, int64_t n,
+                  const ops::TriluShape& shape, cudaStream_t stream);
 
 /// Gather along an axis seen as [outer, dim, inner] -> [outer, count, inner], in units of
 /// `unit_bytes` (1, 2, 4, 8 or 16): out[o, i, j] = data[o, indices[i], j]. `indices` (device,

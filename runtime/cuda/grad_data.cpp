@@ -216,8 +216,24 @@ void reduce_mean_grad(const KernelArgs& a) {
 
 // The CPU backend's checks decide (float32 gradients, the contract's arity). Every kernel
 // writes every element of the outputs it is given, as the CPU's do.
+// TriluGrad: dX is dY inside the triangle, zero outside; k gets no gradient.
+void trilu_grad(const KernelArgs& a) {
+  const GradIo io(a, {.n_min = 1, .n_max = 2, .m_min = 1, .m_max = 1});
+  CudaContext& ctx = context(a);
+  if (io.n > 1 && io.dx(1) != nullptr) ctx.fill_zero(*io.dx(1));
+  Tensor* dx = nullptr;
+  const Tensor *dy = nullptr, *x = nullptr;
+  if (!io.input0(dx, dy, x)) return;
+  const Tensor k = host_ints(ctx, io.x(1));
+  const ops::TriluShape s = ops::trilu_shape(a, x->shape, io.x(1) != nullptr ? &k : nullptr);
+  expect_dy_shape(a, *dy, x->shape);
+  launch_trilu(dx->data, dy->data, 4, x->numel(), s, ctx.stream());
+  check_launch(a);
+}
+
 constexpr KernelEntry kKernels[] = {
     {"IdentityGrad", copy_grad, same_as_cpu_16bit, /*writes_every_output=*/true},
+    {"TriluGrad", trilu_grad, same_as_cpu, /*writes_every_output=*/true},
     {"ReshapeGrad", copy_grad, same_as_cpu_16bit, /*writes_every_output=*/true},
     {"FlattenGrad", copy_grad, same_as_cpu_16bit, /*writes_every_output=*/true},
     {"SqueezeGrad", copy_grad, same_as_cpu_16bit, /*writes_every_output=*/true},

@@ -43,6 +43,7 @@ constexpr ReadRule kRules[] = {
     {"Transpose", kNone, false, kNone},
     {"Expand", kAllButData, true, kNone},
     {"Slice", kAllButData, true, kNone},
+    {"Trilu", kAllButData, true, kNone},
     {"Split", kAllButData, true, kNone},
     {"Concat", kNone, false, kNone},
     {"Cast", kNone, false, kNone},

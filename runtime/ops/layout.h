@@ -14,6 +14,7 @@
 #include "runtime/core/kernel.h"
 #include "runtime/format/error.h"
 #include "runtime/format/grad_ops.h"
+#include "runtime/ops/trilu_element.h"
 
 namespace stagecraft::rt::ops {
 
@@ -285,6 +286,26 @@ inline SliceView slice_view(const KernelArgs& a, const Shape& x_shape, size_t fo
     view.strides[d] = count > 1 ? step * x_strides[d] : x_strides[d];
   }
   return view;
+}
+
+/// Trilu's (and TriluGrad's) reading of X's shape, the attribute upper and the optional k
+/// operand (`k`: null when absent; an int64 scalar). X needs two dims.
+inline TriluShape trilu_shape(const KernelArgs& a, const Shape& x, const Tensor* k) {
+  if (x.size() < 2)
+    fail(ErrorKind::kShape, "{} '{}': X {} needs at least two dims", a.op_type, a.name,
+         shape_string(x));
+  TriluShape s;
+  s.rows = x[x.size() - 2];
+  s.cols = x.back();
+  s.upper = a.attrs.i("upper", 1) != 0;
+  if (k != nullptr) {
+    const std::vector<int64_t> values = read_ints(a, *k, 1);
+    if (values.size() != 1)
+      fail(ErrorKind::kModel, "{} '{}': k has {} values, expected one", a.op_type, a.name,
+           values.size());
+    s.k = values[0];
+  }
+  return s;
 }
 
 }  // namespace stagecraft::rt::ops

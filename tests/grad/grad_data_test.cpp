@@ -216,6 +216,21 @@ TEST_CASE("grad Expand") {
       make_case("Expand", {random_tensor({2, 3}), int64_tensor({2}, {2, 3})}, {true, false}));
 }
 
+// Trilu on activations (torch.tril / torch.triu): dX is dY inside the triangle; k takes none.
+TEST_CASE("grad Trilu") {
+  for (int64_t upper : {0, 1}) {
+    CAPTURE(upper);
+    gradcheck(make_case("Trilu", {random_tensor({2, 3, 4})}, {true},
+                        [=](onnx::NodeProto& n) { set_int(n, "upper", upper); }));
+    for (int64_t k : {-1, 2}) {
+      CAPTURE(k);
+      gradcheck_const(make_case("Trilu", {random_tensor({3, 5}), int64_tensor({}, {k})},
+                                {true, false},
+                                [=](onnx::NodeProto& n) { set_int(n, "upper", upper); }));
+    }
+  }
+}
+
 TEST_CASE("grad ReduceMean") {
   gradcheck(make_case("ReduceMean", {random_tensor({2, 3, 4})}, {true}));
   gradcheck(make_case("ReduceMean", {random_tensor({2, 3, 4})}, {true},
