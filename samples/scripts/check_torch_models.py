@@ -463,6 +463,69 @@ class ClipText(nn.Module):
         return self.proj(x[torch.arange(x.shape[0]), ids.argmax(dim=-1)])
 
 
+class FunctionalOps(nn.Module):
+    """The functional ops models reach for, in one small CNN: activations (hardswish, mish, elu,
+    silu, prelu, softplus, hardsigmoid, relu6, leaky_relu, gelu), glu, reflect and replicate
+    pads, grouped and dilated convs, ceil-mode and padded pools, nearest and bilinear resizes,
+    pixel (un)shuffle, roll, F.normalize, cumsum, clamp, masked_fill, amax, std and var,
+    log_softmax, torch.tril, topk, argmax and an einsum attention."""
+
+    def __init__(self, width=8, classes=10):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, width, 3, padding=1)
+        self.c2 = nn.Conv2d(width, width, 3, padding=1)
+        self.prelu = nn.PReLU(width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):
+        F = nn.functional
+        h = self.c1(x)
+        h = (F.hardswish(h) + F.mish(h) + F.elu(h) + F.silu(h) + self.prelu(h) + F.softplus(h)
+             + F.hardsigmoid(h) + F.relu6(h) + F.leaky_relu(h, 0.1) + F.gelu(h)) * 0.1
+        h = F.glu(torch.cat([h, h * 0.5], 1), dim=1)
+        h = (F.pad(h, (1, 1, 1, 1), mode="reflect")[:, :, 1:-1, 1:-1]
+             + F.pad(h, (2, 0, 0, 2), mode="replicate")[:, :, 2:, :-2])
+        h = F.conv2d(h, self.c2.weight[:, :4], groups=2, padding=1) + F.conv2d(
+            h, self.c2.weight, padding=2, dilation=2)
+        h = (F.interpolate(F.max_pool2d(h, 3, 2, ceil_mode=True), size=h.shape[2:])
+             + F.interpolate(F.avg_pool2d(h, 3, 2, padding=1, count_include_pad=False),
+                             size=h.shape[2:], mode="bilinear", align_corners=False))
+        h = F.pixel_shuffle(F.pixel_unshuffle(h, 2), 2) + torch.roll(h, 1, dims=3)
+        h = F.normalize(h, dim=1) * 3 + torch.cumsum(h, dim=3) * 0.1
+        h = torch.clamp(h, -0.5, 0.7) + h.masked_fill(h < -1, 0.0)
+        h = h - h.amax(dim=(2, 3), keepdim=True) + h.std(dim=1, keepdim=True) + h.var(dim=3,
+                                                                                     keepdim=True)
+        h = F.log_softmax(h, dim=1) + torch.tril(h)
+        v, _ = torch.topk(h.flatten(2), 4, dim=2)
+        h = h + v.mean(2, keepdim=True).unsqueeze(-1) + h.argmax(1, keepdim=True).float() * 0.01
+        b, c, hh, ww = h.shape
+        t = h.flatten(2)
+        a = torch.einsum("bci,bcj->bij", t, t).softmax(-1)
+        h = torch.einsum("bij,bcj->bci", a, t).reshape(b, c, hh, ww)
+        return self.head(h.mean((2, 3)))
+
+
+class DetrDecoder(nn.Module):
+    """DETR's head: a strided-conv backbone's map as memory (learned positions added), learned
+    object queries through nn.TransformerDecoder (self- and cross-attention, Tq != Tk), class
+    logits and sigmoid boxes (two outputs, trained by their squared errors)."""
+
+    def __init__(self, d=32, queries=6, classes=10):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, d, 4, 4), nn.ReLU(), nn.Conv2d(d, d, 2, 2))
+        self.pos = nn.Parameter(torch.randn(1, 16, d) * 0.1)
+        self.query = nn.Parameter(torch.randn(queries, d) * 0.1)
+        self.dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(
+            d, 4, 2 * d, dropout=0.0, batch_first=True), 2)
+        self.cls = nn.Linear(d, classes)
+        self.box = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, 4))
+
+    def forward(self, x):
+        m = self.backbone(x).flatten(2).transpose(1, 2) + self.pos
+        h = self.dec(self.query.unsqueeze(0).expand(x.shape[0], -1, -1), m)
+        return (self.cls(h), self.box(h).sigmoid())
+
+
 class Seq2Seq(nn.Module):
     """nn.Transformer as its tutorial uses it: source and target embeddings, 2 encoder and 2
     decoder layers, the target's causal mask from generate_square_subsequent_mask (a float -inf
@@ -639,6 +702,13 @@ MODELS = OrderedDict([
     ("clip_text", ("encoder", lambda: ClipText(), tokens(500, 16), "classes",
                    "CLIP's text encoder: causal pre-norm layers, pooled at each row's argmax "
                    "token; vocab 500, 2 layers of 64, 16 tokens")),
+    ("functional_ops", ("classification", lambda: FunctionalOps(), image(16), "classes",
+                        "a CNN through 30-odd functional ops (activations, pads, pools, resizes, "
+                        "pixel shuffle, normalize, cumsum, log_softmax, tril, topk, argmax, "
+                        "einsum)")),
+    ("detr_decoder", ("detection", lambda: DetrDecoder(), image(32), "features",
+                      "DETR's head: object queries through nn.TransformerDecoder over a conv "
+                      "map; class logits and boxes")),
     ("transformer_seq2seq", ("encoder-decoder", lambda: Seq2Seq(), tokens(500, 16), "lm",
                              "nn.Transformer, 2+2 layers of 64, 4 heads, causal target mask "
                              "buffer, cross-attention; vocab 500, 16 tokens")),
