@@ -485,10 +485,10 @@ bool on_gradient_path(const ir::Graph& graph, const ir::Node& node, std::size_t 
   return known_op(node) ? differentiable_input(node.op_type, k) : true;
 }
 
-std::vector<char> reaches_loss(const ir::Graph& graph, ir::ValueId loss) {
+std::vector<char> reaches_loss(const ir::Graph& graph, ir::ValueId loss,
+                               const std::vector<ir::NodeId>& order) {
   std::vector<char> reaches(graph.num_values(), 0);
   reaches[loss] = 1;
-  const std::vector<ir::NodeId> order = graph.topological_order();
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const ir::Node& node = graph.node(*it);
     bool any = false;

@@ -81,8 +81,10 @@ bool differentiable_input(std::string_view op_type, std::size_t index);
 bool on_gradient_path(const ir::Graph& graph, const ir::Node& node, std::size_t k);
 
 /// Per value of `graph`: whether a gradient path (`on_gradient_path`, through nodes whose
-/// outputs carry one) leads from it to `loss`, over the whole graph.
-std::vector<char> reaches_loss(const ir::Graph& graph, ir::ValueId loss);
+/// outputs carry one) leads from it to `loss`, over the whole graph (`order`: its live nodes in
+/// a topological order).
+std::vector<char> reaches_loss(const ir::Graph& graph, ir::ValueId loss,
+                               const std::vector<ir::NodeId>& order);
 
 /// Whether `node`'s backward gives input `k` a gradient towards the loss: input k lies on a
 /// gradient path and one of the node's float outputs reaches the loss (`reaches`, from

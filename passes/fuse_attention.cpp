@@ -14,10 +14,9 @@
 // A constant mask that keeps exactly the keys j <= i of query i becomes causal = 1 (no mask
 // tensor); any other Where mask becomes an additive float32 constant (0 where the score is kept,
 // the fill elsewhere: the same softmax, while C leaves every query a key); an Add mask stays an
-// input. K comes from K^T by
-// swapping the last two dims of the Transpose that made it (or a new Transpose). A Softmax over
-// the last axis fed by a MatMul that is not fused is reported with the reason
-// (PassContext::not_fused).
+// input. K comes from K^T by swapping the last two dims of the Transpose that made it (or a new
+// Transpose). A Softmax over the last axis fed by a MatMul that is not fused is reported with
+// the reason (PassContext::not_fused).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -48,8 +47,8 @@ using ir::kNoId;
 using ir::NodeId;
 using ir::ValueId;
 
-using fusion::producer;
 using fusion::private_value;
+using fusion::producer;
 using fusion::scalar_constant;
 
 bool is_op(const ir::Node* n, std::string_view op) {
@@ -162,7 +161,8 @@ class MaskCache {
     if (value.is_initializer()) return fmt::format("v{}", v);
     const ir::Node* n = producer(g, v);
     if (n == nullptr) return "";
-    std::string k = fmt::format("{}:{}:{}:{}", n->domain, n->op_type, value.numel(), n->inputs.size());
+    std::string k =
+        fmt::format("{}:{}:{}:{}", n->domain, n->op_type, value.numel(), n->inputs.size());
     for (const onnx::AttributeProto& a : n->attributes) k += "|a" + a.SerializeAsString();
     for (ValueId in : n->inputs) {
       if (in == kNoId) {
@@ -216,7 +216,8 @@ bool scores_like(const ir::Graph& g, ValueId v, int hops = 2) {
 }
 
 /// A trainable weight (a float32 initializer marked as a weight, not frozen, one PyTorch would
-/// train: passes::untrainable_reason) whose gradient flows through `v`: reached upstream along gradient paths (passes/autodiff.h), or kNoId.
+/// train: passes::untrainable_reason) whose gradient flows through `v`, reached upstream along
+/// gradient paths (passes/autodiff.h); kNoId when there is none.
 ValueId weight_behind(const ir::Graph& g, ValueId v) {
   std::vector<ValueId> stack{v};
   std::unordered_set<ValueId> seen;
@@ -267,7 +268,8 @@ std::string match(const ir::Graph& g, NodeId softmax, Block& block, MaskCache& m
   if (rank < 3 || (axis != -1 && axis != rank - 1)) return "the Softmax is not over the last axis";
   block.nodes.push_back(softmax);
   // Forward: [Dropout that does nothing] then MatMul(probabilities, V).
-  if (!private_value(g, probs)) return "the probabilities are read elsewhere (another node or a graph output)";
+  if (!private_value(g, probs))
+    return "the probabilities are read elsewhere (another node or a graph output)";
   ValueId p = probs;
   const ir::Node* next = &g.node(g.value(p).consumers[0]);
   if (is_op(next, "Dropout")) {
@@ -285,7 +287,8 @@ std::string match(const ir::Graph& g, NodeId softmax, Block& block, MaskCache& m
       return "the Dropout's mask is read";
     block.nodes.push_back(g.value(p).consumers[0]);
     p = next->outputs[0];
-    if (!private_value(g, p)) return "the probabilities are read elsewhere (another node or a graph output)";
+    if (!private_value(g, p))
+      return "the probabilities are read elsewhere (another node or a graph output)";
     next = &g.node(g.value(p).consumers[0]);
   }
   if (!is_op(next, "MatMul") || next->inputs[0] != p)
@@ -293,51 +296,45 @@ std::string match(const ir::Graph& g, NodeId softmax, Block& block, MaskCache& m
   block.nodes.push_back(g.value(p).consumers[0]);
   block.v = next->inputs[1];
   block.out = next->outputs[0];
-  // Backward from the Softmax: [masks] [scale] MatMul(Q, K^T). The masks: a Where with a
-  // constant condition, an Add, or both in either order (HF GPT-2 given an attention_mask:
-  // Add(Where(causal, scores, fill), mask)).
+  // Backward from the Softmax: [mask] [scale] MatMul(Q, K^T). The mask: a Where with a
+  // constant condition or an Add.
   ValueId s = sm.inputs[0];
   const ir::Node* n = producer(g, s);
-  bool where_seen = false, add_seen = false;
-  for (;;) {
-    if (!where_seen && is_op(n, "Where") && private_value(g, s)) {
-      where_seen = true;
-      const ValueId cond = n->inputs[0];
-      const auto fill1 = scalar_constant(g, n->inputs[1]), fill2 = scalar_constant(g, n->inputs[2]);
-      block.cond = masks.values(g, cond);
-      if (!block.cond) return "the Where's condition is not known at compile time";
-      block.cond_shape = g.value(cond).shape;
-      // A Slice that cut the condition from a buffer goes with the block.
-      if (!g.value(cond).is_initializer() && private_value(g, cond))
-        block.nodes.push_back(g.value(cond).producer);
-      if (!fill1 && !fill2) return "the Where picks between two tensors, not a score and a fill";
-      block.where_cond = cond;
-      block.kept_where_true = !fill2.has_value() ? false : true;
-      block.fill = fill2 ? *fill2 : *fill1;
-      if (!(block.fill <= -1e30))
-        return fmt::format("the Where's fill {} is not -inf or the float minimum", block.fill);
-      block.nodes.push_back(g.value(s).producer);
-      s = n->inputs[block.kept_where_true ? 1 : 2];
-      n = producer(g, s);
-    } else if (!add_seen && is_op(n, "Add") && private_value(g, s)) {
-      add_seen = true;
-      // The scores are the operand that leads to the product; the other is the mask.
-      const bool first = scores_like(g, n->inputs[0]), second = scores_like(g, n->inputs[1]);
-      if (first == second)
-        return first ? "both operands of the mask's Add are products of the scores' form"
-                     : "neither operand of the mask's Add is the scores";
-      block.mask = n->inputs[first ? 1 : 0];
-      block.nodes.push_back(g.value(s).producer);
-      s = n->inputs[first ? 0 : 1];
-      n = producer(g, s);
-    } else {
-      break;
-    }
+  if (is_op(n, "Where") && private_value(g, s)) {
+    const ValueId cond = n->inputs[0];
+    const auto fill1 = scalar_constant(g, n->inputs[1]), fill2 = scalar_constant(g, n->inputs[2]);
+    block.cond = masks.values(g, cond);
+    if (!block.cond) return "the Where's condition is not known at compile time";
+    block.cond_shape = g.value(cond).shape;
+    // A Slice that cut the condition from a buffer goes with the block.
+    if (!g.value(cond).is_initializer() && private_value(g, cond))
+      block.nodes.push_back(g.value(cond).producer);
+    if (!fill1 && !fill2) return "the Where picks between two tensors, not a score and a fill";
+    block.where_cond = cond;
+    block.kept_where_true = !fill2.has_value() ? false : true;
+    block.fill = fill2 ? *fill2 : *fill1;
+    if (!(block.fill <= -1e30))
+      return fmt::format("the Where's fill {} is not -inf or the float minimum", block.fill);
+    block.nodes.push_back(g.value(s).producer);
+    s = n->inputs[block.kept_where_true ? 1 : 2];
+    n = producer(g, s);
+  } else if (is_op(n, "Add") && private_value(g, s)) {
+    // The scores are the operand that leads to the product; the other is the mask.
+    const bool first = scores_like(g, n->inputs[0]), second = scores_like(g, n->inputs[1]);
+    if (first == second)
+      return first ? "both operands of the mask's Add are products of the scores' form"
+                   : "neither operand of the mask's Add is the scores";
+    block.mask = n->inputs[first ? 1 : 0];
+    block.nodes.push_back(g.value(s).producer);
+    s = n->inputs[first ? 0 : 1];
+    n = producer(g, s);
   }
-  // Both: the Where cuts the gradient of the scores it removes, the Add does not, and an added
+  // Both, in either order (HF GPT-2 given an attention_mask: Add(Where(causal, scores, fill),
+  // mask)): the Where cuts the gradient of the scores it removes, the Add does not, and an added
   // mask made at run time (padding) can leave a query only keys the Where removed (a left-padded
   // row): one additive mask (or causal = 1) would train such rows otherwise than the graph.
-  if (where_seen && add_seen)
+  if ((block.where_cond != kNoId || block.mask != kNoId) &&
+      is_op(n, block.where_cond != kNoId ? "Add" : "Where") && private_value(g, s))
     return "a Where mask and an added mask together (the fused op has one additive mask: a "
            "query left with no key would get other gradients)";
   if ((is_op(n, "Div") || is_op(n, "Mul")) && private_value(g, s)) {

@@ -665,26 +665,14 @@ HostTensor shape_of(const ir::Node& node, const std::vector<int64_t>& shape_inpu
   return t;
 }
 
-/// Trilu (no CPU kernel): the upper or lower triangle of the last two dims, from diagonal k.
+/// Trilu: the CPU kernel, as the other folds run, but whatever the mask's size (evaluate_on_host
+/// calls it before the size check: a causal mask of a model's whole context folds).
 std::optional<HostTensor> trilu(const ir::Node& node, const Inputs& in) {
   const HostTensor& x = *in[0];
   if (x.shape.size() < 2) return std::nullopt;
-  const HostTensor* k_in = in.size() > 1 && in[1] ? &*in[1] : nullptr;
-  if (node.inputs.size() > 1 && node.inputs[1] != ir::kNoId && !k_in) return std::nullopt;
-  int64_t k = k_in ? k_in->int_at(0) : 0;
-  bool upper = node.attr_int("upper", 1) != 0;
-  int64_t rows = x.shape[x.shape.size() - 2], cols = x.shape.back();
-  HostTensor t = x;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    int64_t c = i % cols, r = (i / cols) % rows;
-    if (upper ? c - r >= k : c - r <= k) continue;
-    if (t.is_real()) {
-      t.reals[i] = 0;
-    } else {
-      t.ints[i] = 0;
-    }
-  }
-  return t;
+  const bool k_named = node.inputs.size() > 1 && node.inputs[1] != ir::kNoId;
+  if (k_named && !(in.size() > 1 && in[1])) return std::nullopt;
+  return run_kernel(node, in, {x.dtype, x.shape});
 }
 
 }  // namespace

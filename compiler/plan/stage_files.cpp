@@ -154,14 +154,15 @@ onnx::ModelProto backward_stage_model(const ir::Graph& graph, const std::vector<
   passes::BackwardSpec spec;
   const std::vector<ir::NodeId> computed =
       order ? std::vector<ir::NodeId>{} : graph.topological_order();
-  for (ir::NodeId n : order ? *order : computed)
+  const std::vector<ir::NodeId>& nodes = order ? *order : computed;
+  for (ir::NodeId n : nodes)
     if (stage_of[n] == stage.index) spec.nodes.push_back(n);
   // A stage output's gradient comes back only when a node of a reading stage passes it one:
   // not a mask that only an Attention node reads, nor a value read only as a condition or shape
   // there. Waiting for one that never comes would stop the backward (the runtime refuses it).
   const std::optional<ir::ValueId> loss = graph.find_value(loss_output);
   const std::vector<char> reaches =
-      loss ? passes::reaches_loss(graph, *loss) : std::vector<char>(graph.num_values(), 0);
+      loss ? passes::reaches_loss(graph, *loss, nodes) : std::vector<char>(graph.num_values(), 0);
   auto comes_back = [&](ir::ValueId v) {
     const ir::Value& value = graph.value(v);
     for (ir::NodeId c : value.consumers) {

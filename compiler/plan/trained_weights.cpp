@@ -22,6 +22,13 @@ std::string first_three(const std::vector<std::string>& items) {
   return list;
 }
 
+// Whether a --train-also pattern names the initializer `name`.
+bool trained_also(const PlanOptions& o, const std::string& name) {
+  return std::any_of(o.train_also.begin(), o.train_also.end(), [&](const std::string& pattern) {
+    return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+  });
+}
+
 }  // namespace
 
 void freeze_weights(PlannedModel& out, const PlanOptions& o) {
@@ -57,13 +64,11 @@ void freeze_untrainable(PlannedModel& out, const PlanOptions& o) {
   std::vector<std::string> frozen;
   for (std::size_t i = 0; i < g.num_values(); ++i) {
     ir::Value& v = g.value(static_cast<ir::ValueId>(i));
-    if (!v.is_initializer() || !v.is_weight || v.dtype != DType::kFloat32 || v.frozen) continue;
+    if (!v.is_initializer() || !v.is_weight || v.dtype != DType::kFloat32 || v.frozen ||
+        trained_also(o, v.name))
+      continue;
     const std::string why = passes::untrainable_reason(g, v);
     if (why.empty()) continue;
-    if (std::any_of(o.train_also.begin(), o.train_also.end(), [&](const std::string& pattern) {
-          return fnmatch(pattern.c_str(), v.name.c_str(), 0) == 0;
-        }))
-      continue;
     v.frozen = true;
     frozen.push_back(fmt::format("{} ({})", v.name, why));
   }
@@ -96,7 +101,7 @@ void keep_padding_rows(PlannedModel& out, const PlanOptions& o) {
              (n.attr_int("axis", 0) == 0 || n.attr_int("axis", 0) == -2) &&
              !g.value(n.inputs[1]).is_initializer();
     });
-    if (!looked_up) continue;
+    if (!looked_up || trained_also(o, v.name)) continue;
     const std::span<const std::byte> bytes = v.initializer->bytes();
     if (static_cast<int64_t>(bytes.size()) != v.bytes()) continue;
     const auto* f = reinterpret_cast<const float*>(bytes.data());
@@ -122,10 +127,6 @@ void keep_padding_rows(PlannedModel& out, const PlanOptions& o) {
     // One zero row, as padding_idx makes; a table of zeros (zero-initialised) or with several
     // is not taken for one.
     if (zero.size() != 1 || rows < 2) continue;
-    if (std::any_of(o.train_also.begin(), o.train_also.end(), [&](const std::string& pattern) {
-          return fnmatch(pattern.c_str(), v.name.c_str(), 0) == 0;
-        }))
-      continue;
     v.padding_rows = zero;
     kept.push_back(fmt::format("{} row {}", v.name, zero[0]));
   }

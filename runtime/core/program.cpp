@@ -77,15 +77,16 @@ void read_old_training_batch_norms(onnx::ModelProto& model) {
     const bool has_mode = std::any_of(node.attribute().begin(), node.attribute().end(),
                                       [](const auto& a) { return a.name() == "training_mode"; });
     if (!training || has_mode) continue;
-    for (int k = 3; k < node.output_size(); ++k)
+    for (int k = 3; k < node.output_size(); ++k) {
+      const std::string& saved = node.output(k);
+      if (saved.empty()) continue;
       for (const onnx::NodeProto& reader : model.graph().node())
-        if (std::find(reader.input().begin(), reader.input().end(), node.output(k)) !=
-                reader.input().end() &&
-            !node.output(k).empty())
+        if (std::find(reader.input().begin(), reader.input().end(), saved) != reader.input().end())
           fail(ErrorKind::kModel,
                "node '{}' reads '{}', the saved statistics of BatchNormalization '{}' (opset {}), "
                "which stagecraft does not compute",
-               reader.name(), node.output(k), node.name(), opset);
+               reader.name(), saved, node.name(), opset);
+    }
     while (node.output_size() > 3) node.mutable_output()->RemoveLast();
     auto* mode = node.add_attribute();
     mode->set_name("training_mode");

@@ -231,8 +231,6 @@ void split(const KernelArgs& a) {
   }
 }
 
-// Slice: starts/ends/axes/steps from inputs 1-4 (opset 10 on) or the attributes of opset 1;
-// ends clamp to the dim, negative values count from the end, steps may be negative.
 // Trilu: X's elements outside the triangle zeroed, any element type (bytes moved as they are).
 void trilu(const KernelArgs& a) {
   const Tensor& x = a.input(0);
@@ -250,6 +248,8 @@ void trilu(const KernelArgs& a) {
   }
 }
 
+// Slice: starts/ends/axes/steps from inputs 1-4 (opset 10 on) or the attributes of opset 1;
+// ends clamp to the dim, negative values count from the end, steps may be negative.
 void slice(const KernelArgs& a) {
   const Tensor& in = a.input(0);
   const ops::SliceView view = ops::slice_view(

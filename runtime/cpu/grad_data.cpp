@@ -83,9 +83,7 @@ void trilu_grad(const KernelArgs& a) {
   const Tensor *dy, *x;
   if (!io.input0(dx, dy, x)) return;
   const ops::TriluShape s = ops::trilu_shape(a, x->shape, io.x(1));
-  if (dy->shape != x->shape)
-    fail(ErrorKind::kShape, "TriluGrad '{}': dY {} should be {}", a.name, dy->describe(),
-         shape_string(x->shape));
+  ops::expect_dy_shape(a, *dy, x->shape);
   const float* g = dy->as<float>();
   float* d = dx->as<float>();
   const int64_t n = x->numel();

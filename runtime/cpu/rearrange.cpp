@@ -103,6 +103,25 @@ std::string check_space_depth_grad(const OpSignature& s) {
 
 const Tensor* k_operand(const KernelArgs& a) { return a.has_input(1) ? &a.input(1) : nullptr; }
 
+// run(x's data as T*) for the numbers TopK, ArgMax and ArgMin select on: float32, float64,
+// int32 and int64; another dtype is refused naming the node.
+template <class Run>
+void by_number_type(const KernelArgs& a, const Tensor& x, Run run) {
+  switch (x.dtype) {
+    case DType::kFloat32:
+      return run(x.as<float>());
+    case DType::kFloat64:
+      return run(x.as<double>());
+    case DType::kInt32:
+      return run(x.as<int32_t>());
+    case DType::kInt64:
+      return run(x.as<int64_t>());
+    default:
+      fail(ErrorKind::kUnsupported, "{} '{}' on {} is not supported", a.op_type, a.name,
+           dtype_name(x.dtype));
+  }
+}
+
 template <class T>
 void topk_of(const ops::TopKShape& s, const T* x, T* values, int64_t* indices) {
   const int64_t lines = s.lines();
@@ -132,19 +151,7 @@ void topk(const KernelArgs& a) {
   Tensor& values = *a.out[0];
   int64_t* indices = a.out[1]->as<int64_t>();
   if (s.k == 0 || values.numel() == 0) return;
-  switch (x.dtype) {
-    case DType::kFloat32:
-      return topk_of(s, x.as<float>(), values.as<float>(), indices);
-    case DType::kFloat64:
-      return topk_of(s, x.as<double>(), values.as<double>(), indices);
-    case DType::kInt32:
-      return topk_of(s, x.as<int32_t>(), values.as<int32_t>(), indices);
-    case DType::kInt64:
-      return topk_of(s, x.as<int64_t>(), values.as<int64_t>(), indices);
-    default:
-      fail(ErrorKind::kUnsupported, "TopK '{}' on {} is not supported", a.name,
-           dtype_name(x.dtype));
-  }
+  by_number_type(a, x, [&]<class T>(const T* xs) { topk_of(s, xs, values.as<T>(), indices); });
 }
 
 // ---- ArgMax, ArgMin --------------------------------------------------------------------------
@@ -157,23 +164,10 @@ void arg_extreme(const KernelArgs& a) {
   int64_t* out = a.out[0]->as<int64_t>();
   const int64_t lines = s.lines();
   if (s.length == 0) return;
-  auto run = [&]<class T>(const T* xs) {
+  by_number_type(a, x, [&]<class T>(const T* xs) {
 #pragma omp parallel for if (lines * s.length >= kParallelElements)
     for (int64_t line = 0; line < lines; ++line) out[line] = ops::arg_of_line(xs, s, line, last);
-  };
-  switch (x.dtype) {
-    case DType::kFloat32:
-      return run(x.as<float>());
-    case DType::kFloat64:
-      return run(x.as<double>());
-    case DType::kInt32:
-      return run(x.as<int32_t>());
-    case DType::kInt64:
-      return run(x.as<int64_t>());
-    default:
-      fail(ErrorKind::kUnsupported, "{} '{}' on {} is not supported", a.op_type, a.name,
-           dtype_name(x.dtype));
-  }
+  });
 }
 
 std::string check_arg_extreme(const OpSignature& s) {
