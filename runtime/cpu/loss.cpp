@@ -1,5 +1,5 @@
-// Losses: SoftmaxCrossEntropyLoss (opset 13 semantics) and its gradient
-// SoftmaxCrossEntropyLossGrad (contract: runtime/format/grad_ops.h), in plain C++ on float32.
+// Losses: SoftmaxCrossEntropyLoss (opset 13 semantics) and NegativeLogLikelihoodLoss, with their
+// gradients (contract: runtime/format/grad_ops.h), in plain C++ on float32.
 // The scores may be 16-bit (a mixed plan's loss, passes::reads_sixteen_bit_scores): each is
 // widened exactly as it is read, the loss and log-probabilities stay float32, and the scores'
 // gradient is computed in float32 and rounded once to their type: what a Cast to float32
@@ -11,6 +11,8 @@
 // returns these, "sum" their sum, "mean" their sum divided by the sum of the weights (the
 // number of positions without weights and without ignore_index). A mean over no weight at all
 // (every position ignored) is 0 here, with a zero gradient, rather than ONNX's 0/0.
+// NegativeLogLikelihoodLoss is the same with its input taken as the log-probabilities
+// (F.nll_loss after F.log_softmax): loss -w * input[n, t, d], the same reductions and weights.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -218,6 +220,59 @@ void sce_grad(const KernelArgs& a) {
   });
 }
 
+// NegativeLogLikelihoodLoss: each position's -w * input[n, t, d], reduced as the cross-entropy.
+void nll(const KernelArgs& a) {
+  const Tensor& input = a.input(0);
+  const Tensor& labels = a.input(1);
+  const SceProblem p = sce_problem(a, input, labels, a.has_input(2) ? &a.input(2) : nullptr);
+  expect_shape(a, 0, ops::sce_loss_shape(p, labels));
+  const float* x = input.as<float>();
+  float* loss = a.out[0]->as<float>();
+  const int64_t positions = p.n * p.d, C = p.c, D = p.d;
+  double total = 0;
+  for (int64_t i = 0; i < positions; ++i) {
+    const int64_t n = i / D, d = i % D;
+    const float l = p.weights[i] != 0.0f ? -p.weights[i] * x[(n * C + p.labels[i]) * D + d] : 0.0f;
+    if (p.reduction == LossReduction::kNone) loss[i] = l;
+    total += l;
+  }
+  if (p.reduction == LossReduction::kSum) loss[0] = static_cast<float>(total);
+  if (p.reduction == LossReduction::kMean)
+    loss[0] = p.weight_sum != 0 ? static_cast<float>(total / p.weight_sum) : 0.0f;
+}
+
+// Gradient: inputs input, labels, weights ("" when omitted), loss, dloss; output dinput, zero
+// but at each position's label: dinput[n, t, d] = -g * w[n, d], g as the cross-entropy's. Reads
+// the labels and weights, and the input's shape only.
+void nll_grad(const KernelArgs& a) {
+  const ops::GradIo io(a, ops::kNllGradArity);
+  if (!ops::sce_grad_wanted(a, io)) return;
+  const Tensor& input = io.need_x(0);
+  const Tensor& labels = io.need_x(1);
+  const SceProblem p = sce_problem(a, input, labels, io.x(2));
+  expect_shape(a, 0, input.shape);
+  Tensor& dx = *io.dx(0);
+  ops::zero(dx);
+  const Tensor* dloss = io.dy(0);
+  if (!dloss) return;
+  const Shape ls = ops::sce_loss_shape(p, labels);
+  if (shape_numel(dloss->shape) != shape_numel(ls))
+    fail(ErrorKind::kShape, "{}: the loss gradient {} should be {}", a.op_type, dloss->describe(),
+         shape_string(ls));
+  const float* dl = dloss->as<float>();
+  float scale = 0.0f;  // g for sum and mean
+  if (p.reduction == LossReduction::kSum) scale = dl[0];
+  if (p.reduction == LossReduction::kMean && p.weight_sum != 0)
+    scale = static_cast<float>(dl[0] / p.weight_sum);
+  float* d = dx.as<float>();
+  const int64_t positions = p.n * p.d, C = p.c, D = p.d;
+  for (int64_t i = 0; i < positions; ++i) {
+    if (p.weights[i] == 0.0f) continue;
+    const float g = p.reduction == LossReduction::kNone ? dl[i] : scale;
+    d[(i / D * C + p.labels[i]) * D + i % D] = -g * p.weights[i];
+  }
+}
+
 std::string check_sce(const OpSignature& s) {
   const bool grad = s.op_type.ends_with(grad::kGradSuffix);
   if (grad)
@@ -255,6 +310,8 @@ std::string check_sce(const OpSignature& s) {
 const KernelEntry kKernels[] = {
     {"SoftmaxCrossEntropyLoss", sce, check_sce},
     {"SoftmaxCrossEntropyLossGrad", sce_grad, check_sce, /*writes_every_output=*/true},
+    {"NegativeLogLikelihoodLoss", nll, ops::check_nll},
+    {"NegativeLogLikelihoodLossGrad", nll_grad, ops::check_nll, /*writes_every_output=*/true},
 };
 
 }  // namespace

@@ -1,6 +1,6 @@
-// The CUDA backend's loss family (families.h): SoftmaxCrossEntropyLoss (opset 13 semantics) and
-// its gradient SoftmaxCrossEntropyLossGrad (contract: runtime/format/grad_ops.h), float32 or on
-// 16-bit scores, as the CPU backend's runtime/cpu/loss.cpp computes them. The labels (and the
+// The CUDA backend's loss family (families.h): SoftmaxCrossEntropyLoss (opset 13 semantics),
+// NegativeLogLikelihoodLoss and their gradients (contract: runtime/format/grad_ops.h), float32 or
+// on 16-bit scores, as the CPU backend's runtime/cpu/loss.cpp computes them. The labels (and the
 // class weights) are read to the host, checked as the CPU checks them, and turned into
 // per-position weights there, so the mean's divisor is the CPU's exact double sum;
 // loss_kernels.cu computes the rest.
@@ -112,11 +112,44 @@ void sce_grad(const KernelArgs& a) {
   check_launch(a);
 }
 
+// NegativeLogLikelihoodLoss over float32 log-probabilities, resolved as the cross-entropy.
+void nll(const KernelArgs& a) {
+  const Tensor& labels = a.input(1);
+  const SceProblem p = sce_problem(a, a.input(0), labels, a.has_input(2) ? &a.input(2) : nullptr);
+  expect_shape(a, 0, loss_shape(p.args, labels));
+  Tensor scratch;
+  if (p.args.reduction != ops::LossReduction::kNone)
+    scratch = context(a).new_tensor(DType::kFloat32, {p.args.n * p.args.d}, false);
+  launch_nll(p.args, a.out[0]->as<float>(), scratch.as<float>(), context(a).stream());
+  check_launch(a);
+}
+
+// Gradient: inputs input, labels, weights, loss, dloss; output dinput, every element written.
+void nll_grad(const KernelArgs& a) {
+  const GradIo io(a, ops::kNllGradArity);
+  if (!ops::sce_grad_wanted(a, io)) return;
+  const Tensor& input = io.need_x(0);
+  const Tensor& labels = io.need_x(1);
+  const SceProblem p = sce_problem(a, input, labels, io.x(2));
+  expect_shape(a, 0, input.shape);
+  const Tensor* dloss = io.dy(0);
+  const Shape ls = loss_shape(p.args, labels);
+  if (dloss && shape_numel(dloss->shape) != shape_numel(ls))
+    fail(ErrorKind::kShape, "{}: the loss gradient {} should be {}", a.op_type, dloss->describe(),
+         shape_string(ls));
+  context(a).fill_zero(*io.dx(0));
+  launch_nll_grad(p.args, dloss ? dloss->as<float>() : nullptr, io.dx(0)->as<float>(),
+                  context(a).stream());
+  check_launch(a);
+}
+
 // The checks are the CPU's: float32 or 16-bit scores (a mixed plan's loss: float32 loss and
 // log_prob, the gradient in the scores' type), int32 or int64 labels, float32 weights, as here.
 const KernelEntry kKernels[] = {
     {"SoftmaxCrossEntropyLoss", sce, same_as_cpu},
     {"SoftmaxCrossEntropyLossGrad", sce_grad, same_as_cpu, /*writes_every_output=*/true},
+    {"NegativeLogLikelihoodLoss", nll, same_as_cpu},
+    {"NegativeLogLikelihoodLossGrad", nll_grad, same_as_cpu, /*writes_every_output=*/true},
 };
 
 }  // namespace

@@ -133,6 +133,38 @@ __global__ void sce_grad_kernel(SceArgs p, const float* dl, const float* dlp, S*
   }
 }
 
+// NegativeLogLikelihoodLoss: each position's -w * input[n, t, d] (0 where w is 0), a thread each.
+__global__ void nll_kernel(SceArgs p, float* values) {
+  const int64_t positions = p.n * p.d, C = p.c, D = p.d;
+  const auto* x = static_cast<const float*>(p.scores);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < positions;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float w = p.weights[i];
+    values[i] = w != 0.0f ? -w * x[(i / D * C + p.labels[i]) * D + i % D] : 0.0f;
+  }
+}
+
+// Its gradient at each position's label (dx zeroed before): -g * w, g as the cross-entropy's.
+__global__ void nll_grad_kernel(SceArgs p, const float* dl, float* dx) {
+  const int64_t positions = p.n * p.d, C = p.c, D = p.d;
+  float scale = 0.0f;
+  if (p.reduction == ops::LossReduction::kSum) scale = dl[0];
+  if (p.reduction == ops::LossReduction::kMean && p.weight_sum != 0)
+    scale = static_cast<float>(dl[0] / p.weight_sum);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < positions;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float w = p.weights[i];
+    if (w == 0.0f) continue;
+    const float g = p.reduction == ops::LossReduction::kNone ? dl[i] : scale;
+    dx[(i / D * C + p.labels[i]) * D + i % D] = -g * w;
+  }
+}
+
+unsigned thread_blocks_for(int64_t positions) {
+  const int64_t blocks = (positions + 255) / 256;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks < 65535 ? blocks : 65535));
+}
+
 // Calls body(S{}) with the scores' element type.
 template <class Body>
 void with_scores(DType dtype, Body body) {
@@ -166,6 +198,21 @@ void launch_sce_grad(const SceArgs& args, const float* dloss, const float* dlog_
     sce_grad_kernel<S><<<blocks_for(positions), threads_for(args.c), 0, stream>>>(
         args, dloss, dlog_prob, static_cast<S*>(dx));
   });
+}
+
+void launch_nll(const SceArgs& args, float* loss, float* scratch, cudaStream_t stream) {
+  const int64_t positions = args.n * args.d;
+  float* values = args.reduction == ops::LossReduction::kNone ? loss : scratch;
+  if (positions > 0) nll_kernel<<<thread_blocks_for(positions), 256, 0, stream>>>(args, values);
+  if (args.reduction != ops::LossReduction::kNone)
+    sce_total_kernel<<<1, 1024, 0, stream>>>(values, positions, args.reduction, args.weight_sum,
+                                             loss);
+}
+
+void launch_nll_grad(const SceArgs& args, const float* dloss, float* dx, cudaStream_t stream) {
+  const int64_t positions = args.n * args.d;
+  if (positions > 0 && dloss != nullptr)
+    nll_grad_kernel<<<thread_blocks_for(positions), 256, 0, stream>>>(args, dloss, dx);
 }
 
 }  // namespace stagecraft::rt::cuda

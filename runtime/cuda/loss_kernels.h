@@ -41,4 +41,12 @@ void launch_sce(const SceArgs& args, float* loss, float* log_prob, float* scratc
 void launch_sce_grad(const SceArgs& args, const float* dloss, const float* dlog_prob, void* dx,
                      cudaStream_t stream);
 
+/// NegativeLogLikelihoodLoss over float32 log-probabilities `args.scores` ([N, C, D]): the loss
+/// as launch_sce's, each position's term -w * input[n, t, d].
+void launch_nll(const SceArgs& args, float* loss, float* scratch, cudaStream_t stream);
+
+/// Its gradient into `dx` ([N, C, D], zeroed by the caller): -g * w at each position's label (g
+/// as launch_sce_grad's); nothing with a null `dloss`.
+void launch_nll_grad(const SceArgs& args, const float* dloss, float* dx, cudaStream_t stream);
+
 }  // namespace stagecraft::rt::cuda

@@ -62,6 +62,8 @@ constexpr ReadRule kRules[] = {
     {"LayerNormalization", kAll, true, kNone},
     {"BatchNormalization", kAll, true, kNone},
     {"SoftmaxCrossEntropyLoss", kAll, true, kNone},
+    // -w at each label: the labels and the class weights, the input's shape only.
+    {"NegativeLogLikelihoodLoss", bit(1) | bit(2), false, kNone},
     // Functions of X alone (the kernels recompute what they need of Y).
     {"Gelu", bit(0), false, kNone},
     // dX = dY where Y > 0, which is where X > 0: Y is read, not X, so a network's

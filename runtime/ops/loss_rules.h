@@ -91,6 +91,41 @@ inline Shape sce_loss_shape(const SceProblem& p, const Tensor& labels) {
 /// SoftmaxCrossEntropyLossGrad's operand counts: scores, labels, [weights]; loss, [log_prob].
 inline constexpr GradArity kSceGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 2};
 
+/// NegativeLogLikelihoodLossGrad's operand counts: input, labels, [weights]; loss.
+inline constexpr GradArity kNllGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
+
+/// Both backends' check of NegativeLogLikelihoodLoss and its gradient: float32 log-probabilities
+/// (16-bit ones run widened), int32 or int64 labels, float32 class weights and outputs, no
+/// gradient of the labels or the weights, a known reduction.
+inline std::string check_nll(const OpSignature& s) {
+  const bool grad = s.op_type.ends_with(grad::kGradSuffix);
+  if (grad)
+    if (std::string why = grad_arity_error(s, kNllGradArity); !why.empty()) return why;
+  if (s.inputs.size() < 2) return fmt::format("{} needs an input and labels", s.op_type);
+  if (s.inputs[0] != DType::kFloat32)
+    return fmt::format("{} on {} input is not supported (float32)", s.op_type,
+                       dtype_name(s.inputs[0]));
+  if (s.inputs[1] != DType::kInt64 && s.inputs[1] != DType::kInt32)
+    return fmt::format("{} with {} labels is not supported (int32 and int64 only)", s.op_type,
+                       dtype_name(s.inputs[1]));
+  for (size_t k = 2; k < s.inputs.size(); ++k)
+    if (s.inputs[k] != DType::kUndefined && s.inputs[k] != DType::kFloat32)
+      return fmt::format("{} input {} of {} is not supported (float32 only)", s.op_type, k,
+                         dtype_name(s.inputs[k]));
+  if (grad && s.outputs.size() > 1 && s.outputs[1] != DType::kUndefined)
+    return "labels have no gradient";
+  if (grad && s.outputs.size() > 2 && s.outputs[2] != DType::kUndefined)
+    return fmt::format("the gradient of {}'s class weights is not supported", s.op_type);
+  for (size_t k = 0; k < s.outputs.size(); ++k)
+    if (s.outputs[k] != DType::kUndefined && s.outputs[k] != DType::kFloat32)
+      return fmt::format("{} output {} of {} is not supported (float32 only)", s.op_type, k,
+                         dtype_name(s.outputs[k]));
+  const std::string r = s.attrs.s("reduction", "mean");
+  if (r != "mean" && r != "sum" && r != "none")
+    return fmt::format("{} reduction '{}' is not one of mean, sum, none", s.op_type, r);
+  return "";
+}
+
 /// Whether the gradient node wants dscores; a wanted gradient of the labels or of the class
 /// weights is refused (neither has one here).
 inline bool sce_grad_wanted(const KernelArgs& a, const GradIo& io) {

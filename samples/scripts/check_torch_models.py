@@ -101,6 +101,43 @@ class FeatureLoss(nn.Module):
         return sum(((f - t) ** 2).mean() for f, t in zip(feats, targets))  # no aten::mse_loss export
 
 
+class NllLoss(nn.Module):
+    """Training a classifier whose forward returns probabilities (a Keras-style port): the
+    model's own loss, F.nll_loss over their clamped logarithm with class weights (a buffer) and
+    the default ignore_index -100 (label -100 marks a sample out of the loss). On log_softmax's
+    output instead, the exporter merges the two into SoftmaxCrossEntropyLoss; here it writes
+    NegativeLogLikelihoodLoss."""
+
+    def __init__(self, m, classes=10):
+        super().__init__()
+        self.m = m
+        self.register_buffer("class_weight", torch.linspace(0.5, 1.5, classes))
+
+    def forward(self, x, labels):
+        log_probs = torch.log(self.m(x).clamp_min(1e-7))
+        return nn.functional.nll_loss(log_probs, labels, weight=self.class_weight)
+
+
+class MnistNet(nn.Module):
+    """PyTorch's examples/mnist network (two convs, max-pool, dropout, two linears), ending in
+    softmax probabilities rather than log_softmax (trained with NllLoss)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, 1)
+        self.conv2 = nn.Conv2d(8, 16, 3, 1)
+        self.dropout = nn.Dropout(0.25)
+        self.fc1 = nn.Linear(16 * 12 * 12, 32)
+        self.fc2 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = nn.functional.relu(self.conv1(x))
+        x = nn.functional.max_pool2d(nn.functional.relu(self.conv2(x)), 2)
+        x = self.dropout(torch.flatten(x, 1))
+        x = self.fc2(nn.functional.relu(self.fc1(x)))
+        return nn.functional.softmax(x, dim=1)
+
+
 class UNet(nn.Module):
     """A small U-Net: two down levels (Conv-BN-ReLU x2, MaxPool), a bottleneck, two up levels
     (ConvTranspose 2x2 stride 2, concat with the skip, Conv-BN-ReLU x2), a 1x1 head. `norm`
@@ -605,7 +642,8 @@ def ssdlite_backbone():
 
 # name: (family, builder, input, kind, note). kind: classes (cross-entropy over axis 1),
 # segment (cross-entropy over axis 1 of [N,C,H,W]), lm (cross-entropy over the last axis),
-# dense (mse against a target), features (a tuple of maps: the model's own loss).
+# dense (mse against a target), features (a tuple of maps: the model's own loss), nll (10
+# probabilities: the model's own loss, NllLoss).
 MODELS = OrderedDict([
     ("resnet18", ("classification", lambda: tvm.resnet18(num_classes=10), image(64), "classes", "")),
     ("resnet50", ("classification", lambda: tvm.resnet50(num_classes=10), image(64), "classes", "")),
@@ -709,6 +747,9 @@ MODELS = OrderedDict([
     ("detr_decoder", ("detection", lambda: DetrDecoder(), image(32), "features",
                       "DETR's head: object queries through nn.TransformerDecoder over a conv "
                       "map; class logits and boxes")),
+    ("mnist_nll", ("classification", lambda: MnistNet(), ("image", (1, 28, 28)), "nll",
+                   "PyTorch's MNIST example ending in softmax probabilities, trained by its own "
+                   "F.nll_loss of their log, with class weights and an ignored label (-100)")),
     ("transformer_seq2seq", ("encoder-decoder", lambda: Seq2Seq(), tokens(500, 16), "lm",
                              "nn.Transformer, 2+2 layers of 64, 4 heads, causal target mask "
                              "buffer, cross-attention; vocab 500, 16 tokens")),
@@ -870,6 +911,9 @@ def check(name, opts):
         hw = spec[1][1:]
     if kind == "classes":
         labels = torch.randint(0, 10, (BATCH,), generator=g)
+    elif kind == "nll":
+        labels = torch.randint(0, 10, (BATCH,), generator=g)
+        labels[1] = -100  # ignore_index: one sample of the first microbatch out of the loss
     elif kind == "segment":
         labels = torch.randint(0, 4, (BATCH,) + tuple(hw), generator=g)
     elif kind == "lm":
@@ -915,7 +959,7 @@ def train_check(name, mode, build, kind, x, labels, work, log, opts):
     except Exception as e:  # a model torch.fx cannot trace
         res.update({"status": "no fx trace"})
         return res
-    train_model = FeatureLoss(model) if kind == "features" else model
+    train_model = own_loss(model, kind)
     train_path = os.path.join(work, f"{name}_train_{mode}.onnx")
     training = mode == "batch"
     if kind == "features":
@@ -924,6 +968,11 @@ def train_check(name, mode, build, kind, x, labels, work, log, opts):
                fold=False)
         data = {"input": x.numpy()}
         data.update({n: t.numpy() for n, t in zip(tnames, labels)})
+        loss_flags = []
+    elif kind == "nll":
+        export(train_model, (x, labels), train_path, ["input", "labels"], ["loss"], training,
+               fold=False)
+        data = {"input": x.numpy(), "labels": labels.numpy().astype(np.int64)}
         loss_flags = []
     else:
         export(train_model, (x,), train_path, ["input"], ["output"], training, fold=False)
@@ -1018,12 +1067,19 @@ def rel_err(got, ref):
     return max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(got, ref))
 
 
+def own_loss(model, kind):
+    """The module trained: `model` wrapped in its own loss (features, nll), or `model` alone."""
+    if kind == "features":
+        return FeatureLoss(model)
+    return NllLoss(model) if kind == "nll" else model
+
+
 def torch_losses(make, kind, x, labels, dtype, training=True, trained=None):
     """PyTorch's own STEPS SGD steps, each over TRAIN_MICROBATCHES microbatches (loss / M), in
     train mode (BatchNorm on the microbatch's statistics) or eval mode (on running statistics).
     With a dict `trained`: each parameter's name -> its values before and after the steps."""
     model = make().to(dtype)
-    train_model = FeatureLoss(model) if kind == "features" else model
+    train_model = own_loss(model, kind).to(dtype)
     # By the exported module's names (FeatureLoss's "m." prefix included).
     before = {n: p.detach().clone() for n, p in train_model.named_parameters()}
     train_model.train(training)
@@ -1040,6 +1096,8 @@ def torch_losses(make, kind, x, labels, dtype, training=True, trained=None):
             s = slice(m * mb, (m + 1) * mb)
             if kind == "features":
                 loss = train_model(x[s], *[t[s] for t in labels])
+            elif kind == "nll":
+                loss = train_model(x[s], labels[s])
             else:
                 y = train_model(x[s])
                 if kind == "lm":

@@ -30,8 +30,8 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
       *cuda, {cpu::elementwise_kernels(), cpu::leaky_relu_kernels(), cpu::unary_math_kernels(),
               cpu::activations_kernels(), cpu::compare_logic_kernels(), cpu::loss_kernels(),
               cpu::grad_eltwise_kernels()});
-  CHECK(ops >= 69);  // 17 elementwise, 2 leaky_relu, 12 unary maths, 8 activations,
-                     // 11 comparisons/logic/Min/Max/Mod, 2 loss, 17 gradients
+  CHECK(ops >= 71);  // 17 elementwise, 2 leaky_relu, 12 unary maths, 8 activations,
+                     // 11 comparisons/logic/Min/Max/Mod, 4 loss, 17 gradients
 
   // Signatures the CPU takes (integer arithmetic, mixed Pow, Cast through 16-bit floats), and
   // ones it refuses, answered alike.
@@ -66,16 +66,23 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
                                   {"Where", where_in, i64, none},
                                   {"Clip", u8, u8, none},
                                   {"SoftmaxCrossEntropyLoss", sce_in, f32, none},
+                                  {"NegativeLogLikelihoodLoss", sce_in, f32, none},
                                   {"GreaterOrEqual", i16_pair, b, none},
                                   {"LessOrEqual", f64_pair, b, none}};
   check_accepted_alike(*cuda, accepted);
-  const OpSignature refused[] = {
-      {"Relu", u8, u8, none},       {"Neg", u8, u8, none},
-      {"Exp", i32, i32, none},      {"PRelu", pow_in, i32, none},
-      {"Selu", i16, i16, none},     {"Not", i16, i16, none},
-      {"Greater", bools, b, none},  {"LessOrEqual", bools, b, none},
-      {"Mod", f64_pair, f64, none}, {"Sigmoid", i16, i16, none},
-      {"Add", bools, b, none},      {"SoftmaxCrossEntropyLoss", i16_pair, f32, none}};
+  const OpSignature refused[] = {{"Relu", u8, u8, none},
+                                 {"Neg", u8, u8, none},
+                                 {"Exp", i32, i32, none},
+                                 {"PRelu", pow_in, i32, none},
+                                 {"Selu", i16, i16, none},
+                                 {"Not", i16, i16, none},
+                                 {"Greater", bools, b, none},
+                                 {"LessOrEqual", bools, b, none},
+                                 {"Mod", f64_pair, f64, none},
+                                 {"Sigmoid", i16, i16, none},
+                                 {"Add", bools, b, none},
+                                 {"SoftmaxCrossEntropyLoss", i16_pair, f32, none},
+                                 {"NegativeLogLikelihoodLoss", f64_pair, f32, none}};
   check_refused_alike(*cuda, refused);
 #else
   CHECK(cuda_backend() == nullptr);

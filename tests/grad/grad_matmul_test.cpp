@@ -1,5 +1,5 @@
 // Finite-difference checks of the matmul family's gradient kernels (runtime/cpu/grad_matmul.cpp)
-// and of SoftmaxCrossEntropyLoss's (runtime/cpu/loss.cpp).
+// and of the losses' (SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss: runtime/cpu/loss.cpp).
 #include <doctest/doctest.h>
 
 #include <string>
@@ -88,13 +88,15 @@ TEST_CASE("grad Gemm alpha beta and C broadcast") {
 
 namespace {
 
-void sce(const Shape& scores, const std::vector<int64_t>& labels, bool weights,
-         const std::string& reduction, int outputs, bool ignore = false, int64_t ignore_index = 0) {
+void loss(const std::string& op, const Shape& scores, const std::vector<int64_t>& labels,
+          bool weights, const std::string& reduction, int outputs, bool ignore = false,
+          int64_t ignore_index = 0) {
+  CAPTURE(op);
   CAPTURE(reduction);
   CAPTURE(outputs);
   CAPTURE(rt::shape_string(scores));
   GradCase c;
-  c.op = "SoftmaxCrossEntropyLoss";
+  c.op = op;
   c.opset = 13;
   Shape label_shape{scores[0]};
   label_shape.insert(label_shape.end(), scores.begin() + 2, scores.end());
@@ -109,7 +111,25 @@ void sce(const Shape& scores, const std::vector<int64_t>& labels, bool weights,
   gradcheck(c);
 }
 
+void sce(const Shape& scores, const std::vector<int64_t>& labels, bool weights,
+         const std::string& reduction, int outputs, bool ignore = false, int64_t ignore_index = 0) {
+  loss("SoftmaxCrossEntropyLoss", scores, labels, weights, reduction, outputs, ignore,
+       ignore_index);
+}
+
 }  // namespace
+
+TEST_CASE("grad NegativeLogLikelihoodLoss") {
+  for (const char* r : {"mean", "sum", "none"}) {
+    const std::string nll = "NegativeLogLikelihoodLoss";
+    loss(nll, {4, 5}, {0, 3, 4, 1}, false, r, 1);
+    loss(nll, {4, 5}, {0, 3, 4, 1}, true, r, 1);
+    loss(nll, {2, 3, 4}, {0, 1, 2, 2, 1, 0, 0, 2}, true, r, 1);
+    loss(nll, {2, 3, 2, 2}, {0, 1, 2, 2, 1, 0, 0, 2}, false, r, 1);
+    loss(nll, {4, 5}, {0, -1, 4, 1}, true, r, 1, true, -1);
+    loss(nll, {2, 3, 4}, {0, 1, 7, 2, 7, 0, 0, 2}, false, r, 1, true, 7);
+  }
+}
 
 TEST_CASE("grad SoftmaxCrossEntropyLoss") {
   for (const char* r : {"mean", "sum", "none"}) {
