@@ -76,11 +76,34 @@ bool RooflineCostModel::runs_16_bit(const ir::Node& node) const {
   // BatchNormalization from opset 15, whose X and Y alone are 16-bit)
   // read and write 16-bit floats natively (runtime/cuda: same_as_cpu_16bit and the 16-bit
   // checks; tests/gpu/cuda_widened_test.cpp holds this list to the backend's); the CPU widens.
-  static constexpr std::string_view kCuda16Bit[] = {
-      "Add",  "Sub",         "Mul",       "Div",      "Relu",      "Sigmoid",  "Tanh",
-      "Sqrt", "Erf",         "HardSigmoid", "HardSwish", "Elu",     "Selu",     "Softplus",
-      "LeakyRelu", "Exp",    "Log",       "Reciprocal", "Neg",     "Abs",      "Ceil",
-      "Floor", "LayerNormalization", "BatchNormalization"};
+  static constexpr std::string_view kCuda16Bit[] = {"Add",
+                                                    "Sub",
+                                                    "Mul",
+                                                    "Div",
+                                                    "Relu",
+                                                    "Sigmoid",
+                                                    "Tanh",
+                                                    "Sqrt",
+                                                    "Erf",
+                                                    "HardSigmoid",
+                                                    "HardSwish",
+                                                    "Elu",
+                                                    "Selu",
+                                                    "Softplus",
+                                                    "LeakyRelu",
+                                                    "Exp",
+                                                    "Log",
+                                                    "Reciprocal",
+                                                    "Neg",
+                                                    "Abs",
+                                                    "Ceil",
+                                                    "Floor",
+                                                    "Sin",
+                                                    "Cos",
+                                                    "Sign",
+                                                    "Round",
+                                                    "LayerNormalization",
+                                                    "BatchNormalization"};
   if (gpu && node.domain.empty())
     return std::find(std::begin(kCuda16Bit), std::end(kCuda16Bit), node.op_type) !=
            std::end(kCuda16Bit);

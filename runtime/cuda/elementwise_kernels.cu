@@ -118,6 +118,20 @@ __device__ __forceinline__ T unary_one(T v, const UnaryParams& p, T lo, T hi) {
     return ops::gelu<T>(v);
   } else if constexpr (op == UnaryOp::kGeluTanh) {
     return ops::gelu_tanh<T>(v);
+  } else if constexpr (op == UnaryOp::kSin) {
+    if constexpr (f32)
+      return sinf(v);
+    else
+      return sin(v);
+  } else if constexpr (op == UnaryOp::kCos) {
+    if constexpr (f32)
+      return cosf(v);
+    else
+      return cos(v);
+  } else if constexpr (op == UnaryOp::kSign) {
+    return v > T(0) ? T(1) : (v < T(0) ? T(-1) : v * T(0));
+  } else if constexpr (op == UnaryOp::kRound) {
+    return rint(v);
   } else {  // Clip: min(max(x, lo), hi), NaN stays NaN and lo > hi gives hi, as numpy.clip
     v = v < lo ? lo : v;
     return v > hi ? hi : v;
@@ -639,6 +653,14 @@ bool launch_unary(UnaryOp op, DType dtype, const void* x, void* y, int64_t n,
       return unary_of<UnaryOp::kGelu>(dtype, x, y, n, params, stream);
     case UnaryOp::kGeluTanh:
       return unary_of<UnaryOp::kGeluTanh>(dtype, x, y, n, params, stream);
+    case UnaryOp::kSin:
+      return unary_of<UnaryOp::kSin>(dtype, x, y, n, params, stream);
+    case UnaryOp::kCos:
+      return unary_of<UnaryOp::kCos>(dtype, x, y, n, params, stream);
+    case UnaryOp::kSign:
+      return unary_of<UnaryOp::kSign>(dtype, x, y, n, params, stream);
+    case UnaryOp::kRound:
+      return unary_of<UnaryOp::kRound>(dtype, x, y, n, params, stream);
   }
   return false;
 }

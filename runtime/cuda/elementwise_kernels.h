@@ -47,11 +47,15 @@ enum class UnaryOp : int32_t {
   kCeil,
   kFloor,
   kReciprocal,  // float32, float64
-  kElu,       // float32, float64 (as kSelu, kSoftplus); alpha
-  kSelu,      // alpha, gamma
-  kSoftplus,  // log(1 + e^x)
-  kGelu,      // x * Phi(x) (the fused Gelu of passes/fuse_gelu.cpp, approximate "none")
-  kGeluTanh,  // its tanh approximation (approximate "tanh")
+  kElu,         // float32, float64 (as kSelu, kSoftplus); alpha
+  kSelu,        // alpha, gamma
+  kSoftplus,    // log(1 + e^x)
+  kGelu,        // x * Phi(x) (the fused Gelu of passes/fuse_gelu.cpp, approximate "none")
+  kGeluTanh,    // its tanh approximation (approximate "tanh")
+  kSin,         // float32, float64 (as kCos, kSign, kRound)
+  kCos,
+  kSign,   // -1, 0 or 1; NaN stays NaN
+  kRound,  // to the nearest integer, halves to even
 };
 
 /// A unary op's attributes. Clip's lower bound is `lo` when `lo_attr`, else `*lo_ptr` (a device

@@ -21,19 +21,21 @@ enum class UnaryGradOp : int32_t {
   kErf,
   kHardSigmoid,  // alpha, beta
   kHardSwish,
-  kClip,       // passes where lo < x < hi
-  kLeakyRelu,  // alpha
-  kExp,        // dy * y (y recomputed from x when null)
-  kLog,        // dy / x
+  kClip,        // passes where lo < x < hi
+  kLeakyRelu,   // alpha
+  kExp,         // dy * y (y recomputed from x when null)
+  kLog,         // dy / x
   kReciprocal,  // -dy * y * y (y recomputed from x when null)
-  kNeg,        // -dy
-  kAbs,        // dy * sign(x), 0 at 0
-  kZero,       // 0 (Ceil, Floor)
-  kElu,        // x > 0 ? dy : dy * alpha * e^x
-  kSelu,       // gamma times Elu's
-  kSoftplus,   // dy * sigmoid(x)
-  kGelu,       // dy * (Phi(x) + x * phi(x)), from x alone
-  kGeluTanh,   // dy times the tanh approximation's derivative, from x alone
+  kNeg,         // -dy
+  kAbs,         // dy * sign(x), 0 at 0
+  kZero,        // 0 (Ceil, Floor, Sign, Round)
+  kElu,         // x > 0 ? dy : dy * alpha * e^x
+  kSelu,        // gamma times Elu's
+  kSoftplus,    // dy * sigmoid(x)
+  kGelu,        // dy * (Phi(x) + x * phi(x)), from x alone
+  kGeluTanh,    // dy times the tanh approximation's derivative, from x alone
+  kSin,         // dy * cos(x)
+  kCos,         // -dy * sin(x)
 };
 
 /// A unary gradient's attributes. Clip's lower bound is `lo` when `lo_attr`, else `*lo_ptr`

@@ -228,19 +228,19 @@ class LlamaBlock(nn.Module):
         half = x.shape[-1] // 2
         return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
-    def attention(self, x):
+    def attention(self, x, rope=None):
         b, t, d = x.shape
         q, k, v = (f(x).view(b, t, self.heads, self.hd).transpose(1, 2)
                    for f in (self.q, self.k, self.v))
-        cos, sin = self.cos[:t], self.sin[:t]
+        cos, sin = rope if rope is not None else (self.cos[:t], self.sin[:t])
         q = q * cos + self.rotate_half(q) * sin
         k = k * cos + self.rotate_half(k) * sin
         att = (q @ k.transpose(-2, -1)) / (self.hd ** 0.5)
         att = att.masked_fill(~self.mask[:t, :t], float("-inf")).softmax(-1)
         return self.o((att @ v).transpose(1, 2).reshape(b, t, d))
 
-    def forward(self, x):
-        x = x + self.attention(self.n1(x))
+    def forward(self, x, rope=None):
+        x = x + self.attention(self.n1(x), rope)
         h = self.n2(x)
         return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
 
@@ -259,6 +259,28 @@ class LlamaLM(nn.Module):
         x = self.emb(ids)
         for block in self.blocks:
             x = block(x)
+        return self.head(self.norm(x))
+
+
+class LlamaPositionsLM(LlamaLM):
+    """LlamaLM with its rotary embeddings computed in forward, as Hugging Face's current Llama
+    does: position ids from the padding (a running count of the tokens that are not id 0), their
+    angles against the inverse frequencies, then cos and sin of [B, T, head dim] per call, so
+    the export holds Sin and Cos of values that depend on the input."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        hd = self.blocks[0].hd
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd)))
+
+    def forward(self, ids):
+        positions = ((ids != 0).long().cumsum(-1) - 1).clamp(min=0)
+        freqs = positions.unsqueeze(-1).float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), -1)
+        rope = (emb.cos().unsqueeze(1), emb.sin().unsqueeze(1))
+        x = self.emb(ids)
+        for block in self.blocks:
+            x = block(x, rope)
         return self.head(self.norm(x))
 
 
@@ -747,6 +769,9 @@ MODELS = OrderedDict([
     ("detr_decoder", ("detection", lambda: DetrDecoder(), image(32), "features",
                       "DETR's head: object queries through nn.TransformerDecoder over a conv "
                       "map; class logits and boxes")),
+    ("llama_positions", ("decoder LM", lambda: LlamaPositionsLM(), tokens(500, 16, padded=True),
+                         "lm", "llama_lm with its rotary cos and sin computed in forward from "
+                         "position ids counted past the padding (Sin, Cos, CumSum on the input)")),
     ("mnist_nll", ("classification", lambda: MnistNet(), ("image", (1, 28, 28)), "nll",
                    "PyTorch's MNIST example ending in softmax probabilities, trained by its own "
                    "F.nll_loss of their log, with class weights and an ignored label (-100)")),

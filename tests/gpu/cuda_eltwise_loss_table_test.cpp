@@ -30,7 +30,7 @@ TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their 
       *cuda, {cpu::elementwise_kernels(), cpu::leaky_relu_kernels(), cpu::unary_math_kernels(),
               cpu::activations_kernels(), cpu::compare_logic_kernels(), cpu::loss_kernels(),
               cpu::grad_eltwise_kernels()});
-  CHECK(ops >= 71);  // 17 elementwise, 2 leaky_relu, 12 unary maths, 8 activations,
+  CHECK(ops >= 79);  // 17 elementwise, 2 leaky_relu, 20 unary maths, 8 activations,
                      // 11 comparisons/logic/Min/Max/Mod, 4 loss, 17 gradients
 
   // Signatures the CPU takes (integer arithmetic, mixed Pow, Cast through 16-bit floats), and

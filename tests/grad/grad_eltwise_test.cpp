@@ -464,6 +464,20 @@ TEST_CASE("grad Ceil and Floor: zero away from the integers") {
   CHECK(all_zero(dx));
 }
 
+TEST_CASE("grad Sin and Cos") {
+  unary("Sin", random_tensor({3, 4}, -4, 4));
+  unary("Cos", random_tensor({3, 4}, -4, 4, 3));
+}
+
+TEST_CASE("grad Sign and Round: zero away from their steps") {
+  unary("Sign", avoid(random_tensor({4, 5}, -2, 2), {0}));
+  unary("Round", avoid(random_tensor({4, 5}, -2.4f, 2.4f), {-1.5f, -0.5f, 0.5f, 1.5f}));
+  const Tensor x = avoid(random_tensor({4, 5}, -2, 2), {0});
+  Tensor dx = filled({4, 5}, NAN), dy = filled({4, 5}, 1);
+  call_grad("SignGrad", 1, {&x, &x, &dy}, {&dx});
+  CHECK(all_zero(dx));
+}
+
 // Issue 15's activations (runtime/cpu/activations.cpp).
 TEST_CASE("grad Elu") {
   unary("Elu", avoid(random_tensor({3, 5}, -3, 2), {0}));
