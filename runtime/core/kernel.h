@@ -51,10 +51,11 @@ struct KernelArgs {
   std::span<Tensor* const> out;       ///< One per node output; allocated, shape and dtype set;
                                       ///< null for an omitted optional output.
   DeviceContext& device;
-  /// Where a kernel that draws random numbers (Dropout in training mode) takes them from: the
-  /// run's key (a training step and microbatch, TrainingRun) mixed with the node's name, so a
-  /// node draws the same numbers for the same step and microbatch on any device, in any stage
-  /// split, and again when its forward is recomputed. 0 outside a training step.
+  /// Where a kernel that draws random numbers (Dropout in training mode, the random ops) takes
+  /// them from: the run's key (a training or inference step and microbatch, TrainingRun; 0 for
+  /// an evaluation) mixed with the node's name, so a node draws the same numbers for the same
+  /// step and microbatch on any device, in any stage split, and again when its forward is
+  /// recomputed, and two nodes draw different ones.
   uint64_t random_key = 0;
 
   /// Input k; throws `Error(kModel)` when it is omitted or out of range.

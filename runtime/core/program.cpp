@@ -674,7 +674,7 @@ std::vector<Tensor> Program::execute(DeviceContext& device, std::span<const Tens
                       in_ptrs,
                       out_ptrs,
                       device,
-                      run.random_key == 0 ? 0 : mix_key(run.random_key ^ step.name_hash)};
+                      mix_key(run.random_key ^ step.name_hash)};
       run_node(step.kernel, step.cast, step.zero_outputs, args, step.name.c_str(), hook);
       if (hook && hook->output_ready)
         for (int out_slot : step.outputs)

@@ -58,7 +58,9 @@ struct TrainingRun {
   /// training step's forward of a microbatch does; a recomputation of that forward
   /// (rebuilding its values for the backward), a backward or an inference run does not.
   bool update_state = false;
-  /// The random key of the step and microbatch (Program::random_key); 0 outside training.
+  /// The random key of the step and microbatch (Program::random_key): a training step's, or an
+  /// inference run's (its random ops draw anew each step); 0 for a held-out evaluation and
+  /// a bare run, whose draws are the same each time.
   uint64_t random_key = 0;
   /// The model in eval mode, as torch's model.eval(): every Dropout is the identity whatever
   /// its training_mode input says, and a BatchNormalization in training mode normalises with

@@ -404,7 +404,7 @@ void DeviceWorker::forward(const schedule::Instruction& ins) {
                           TrainingRun{.update_state = false, .random_key = 0, .eval_mode = true});
     if (!st.loss.empty()) record_loss(ins, read_float(*context_, outs.at(loss_output(st))));
   } else {
-    outs = st.program.run(*context_, args, arena_->base(), &hook_);
+    outs = st.program.run(*context_, args, arena_->base(), &hook_, program_run(ins, false));
   }
   timed(schedule::Op::kForward, ins.stage, ins.microbatch, start);
   // The outputs (outside the arena) until they are sent or handed back, but those in the stash

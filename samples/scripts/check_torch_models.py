@@ -101,6 +101,30 @@ class FeatureLoss(nn.Module):
         return sum(((f - t) ** 2).mean() for f, t in zip(feats, targets))  # no aten::mse_loss export
 
 
+class ConvVae(nn.Module):
+    """PyTorch's examples/vae, convolutional: an encoder to mu and logvar, z = mu + eps * std
+    with eps = torch.randn_like(std) (RandomNormalLike), a transposed-conv decoder; returns the
+    reconstruction, mu and logvar. `noise` scales eps: prepare() sets it to 0 as it does
+    Dropout's p (stagecraft's draws are not PyTorch's), the node staying in the export."""
+
+    def __init__(self, latent=8):
+        super().__init__()
+        self.noise = 1.0
+        self.enc = nn.Sequential(nn.Conv2d(1, 8, 4, 2, 1), nn.ReLU(), nn.Conv2d(8, 16, 4, 2, 1),
+                                 nn.ReLU(), nn.Flatten())
+        self.mu, self.logvar = nn.Linear(16 * 7 * 7, latent), nn.Linear(16 * 7 * 7, latent)
+        self.up = nn.Linear(latent, 16 * 7 * 7)
+        self.dec = nn.Sequential(nn.ConvTranspose2d(16, 8, 4, 2, 1), nn.ReLU(),
+                                 nn.ConvTranspose2d(8, 1, 4, 2, 1), nn.Sigmoid())
+
+    def forward(self, x):
+        h = self.enc(x)
+        mu, logvar = self.mu(h), self.logvar(h)
+        std = torch.exp(0.5 * logvar)
+        z = mu + torch.randn_like(std) * self.noise * std
+        return self.dec(self.up(z).view(-1, 16, 7, 7)), mu, logvar
+
+
 class NllLoss(nn.Module):
     """Training a classifier whose forward returns probabilities (a Keras-style port): the
     model's own loss, F.nll_loss over their clamped logarithm with class weights (a buffer) and
@@ -772,6 +796,10 @@ MODELS = OrderedDict([
     ("llama_positions", ("decoder LM", lambda: LlamaPositionsLM(), tokens(500, 16, padded=True),
                          "lm", "llama_lm with its rotary cos and sin computed in forward from "
                          "position ids counted past the padding (Sin, Cos, CumSum on the input)")),
+    ("conv_vae", ("generative", lambda: ConvVae(), ("image", (1, 28, 28)), "features",
+                  "PyTorch's VAE example, convolutional: torch.randn_like in the "
+                  "reparameterisation (RandomNormalLike; its scale 0 here), outputs the "
+                  "reconstruction, mu and logvar")),
     ("mnist_nll", ("classification", lambda: MnistNet(), ("image", (1, 28, 28)), "nll",
                    "PyTorch's MNIST example ending in softmax probabilities, trained by its own "
                    "F.nll_loss of their log, with class weights and an ignored label (-100)")),
@@ -799,6 +827,8 @@ def prepare(model):
     for m in model.modules():
         if isinstance(m, nn.Dropout) or type(m).__name__ == "StochasticDepth":
             m.p = 0.0
+        if isinstance(m, ConvVae):
+            m.noise = 0.0
         if isinstance(m, (nn.LSTM, nn.GRU, nn.MultiheadAttention)):
             m.dropout = 0.0  # a float, not a Dropout module
         if isinstance(m, nn.modules.batchnorm._BatchNorm):

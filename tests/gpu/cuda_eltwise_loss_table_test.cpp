@@ -22,16 +22,16 @@ using gpu_test::check_accepted_alike;
 using gpu_test::check_covers;
 using gpu_test::check_refused_alike;
 
-TEST_CASE("the cuda backend covers the cpu's elementwise and loss ops and their gradients") {
+TEST_CASE("the cuda backend covers the cpu's elementwise, loss and random ops and gradients") {
 #ifdef STAGECRAFT_WITH_CUDA
   const Backend* cuda = cuda_backend();
   REQUIRE(cuda != nullptr);
   const int ops = check_covers(
       *cuda, {cpu::elementwise_kernels(), cpu::leaky_relu_kernels(), cpu::unary_math_kernels(),
               cpu::activations_kernels(), cpu::compare_logic_kernels(), cpu::loss_kernels(),
-              cpu::grad_eltwise_kernels()});
-  CHECK(ops >= 79);  // 17 elementwise, 2 leaky_relu, 20 unary maths, 8 activations,
-                     // 11 comparisons/logic/Min/Max/Mod, 4 loss, 17 gradients
+              cpu::grad_eltwise_kernels(), cpu::random_kernels()});
+  CHECK(ops >= 83);  // 17 elementwise, 2 leaky_relu, 20 unary maths, 8 activations,
+                     // 11 comparisons/logic/Min/Max/Mod, 4 loss, 17 gradients, 4 random
 
   // Signatures the CPU takes (integer arithmetic, mixed Pow, Cast through 16-bit floats), and
   // ones it refuses, answered alike.

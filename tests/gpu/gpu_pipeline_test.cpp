@@ -117,6 +117,33 @@ TEST_CASE("an embedding's padding row stays untrained on the GPU as on the CPU")
   }
 }
 
+// A VAE's RandomNormalLike draws the CPU's numbers on CUDA (runtime/ops/random_element.h in
+// double on both): its training losses and an inference run's outputs are the CPU's.
+TEST_CASE("a VAE's random noise on the GPU is the CPU's: losses and inference outputs") {
+  testing::TempDir dir;
+  testing::write_vae(dir.file("vae.onnx"), 1.0f);
+  for (int devices : {1, 2}) {
+    CAPTURE(devices);
+    const plan::PlanOptions o =
+        testing::training_options(dir.file("vae.onnx"), devices, "1f1b", "mse");
+    const std::vector<double> want = run_on(cpu_backend(), o, 5).losses;
+    const std::vector<double> got = run_on(cuda(), o, 5).losses;
+    REQUIRE(got.size() == want.size());
+    for (size_t k = 0; k < got.size(); ++k) {
+      CAPTURE(k);
+      CHECK(std::fabs(got[k] - want[k]) <= 1e-5 * std::max(1.0, std::fabs(want[k])));
+    }
+    plan::PlanOptions inference = o;
+    inference.training = false;
+    inference.schedule = stagecraft::parse_schedule("inference");
+    const Tensor y_cpu = run_on(cpu_backend(), inference, 2).outputs.at("y");
+    const Tensor y_gpu = run_on(cuda(), inference, 2).outputs.at("y");
+    REQUIRE(y_gpu.numel() == y_cpu.numel());
+    for (int64_t i = 0; i < y_cpu.numel(); ++i)
+      CHECK(std::fabs(y_gpu.as<float>()[i] - y_cpu.as<float>()[i]) <= 1e-4);
+  }
+}
+
 TEST_CASE("inference on the GPU gives the CPU backend's outputs") {
   for (const Sample& s : kSamples)
     for (int devices : {1, 2, 4}) {

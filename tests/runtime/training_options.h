@@ -11,6 +11,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/exec/pipeline.h"
 #include "runtime/format/vocabulary.h"
+#include "samples/builder/model_builder.h"
 #include "samples/builder/sample_models.h"
 
 namespace stagecraft::testing {
@@ -75,6 +76,37 @@ inline samples::GptOptions tied_gpt_options() {
   o.vocab = 64;
   o.tied = true;
   return o;
+}
+
+/// x [batch, 16] -> fc_mu, fc_logvar [batch, 8]; std = Exp(0.5 logvar); eps =
+/// RandomNormalLike(std) (scale `noise`); z = mu + eps * std -> fc_dec -> y [batch, 4]: a VAE's
+/// reparameterisation as torch.onnx writes torch.randn_like.
+inline void write_vae(const std::string& path, float noise) {
+  samples::ModelBuilder b("vae");
+  b.add_input("x", onnx::TensorProto::FLOAT, {"batch", 16});
+  auto linear = [&](const std::string& name, const std::string& x, int64_t in, int64_t out) {
+    const std::string w = b.add_parameter(name + ".weight", {out, in}, in);
+    const std::string bias = b.add_parameter(name + ".bias", {out}, in);
+    return b.add_op("Gemm", "/" + name + "/Gemm", {x, w, bias},
+                    {samples::attr_float("alpha", 1.0f), samples::attr_float("beta", 1.0f),
+                     samples::attr_int("transB", 1)});
+  };
+  const std::string mu = linear("fc_mu", "x", 16, 8);
+  const std::string logvar = linear("fc_logvar", "x", 16, 8);
+  const std::string half = b.add_constant("/half", samples::make_float_tensor({}, {0.5f}));
+  const std::string sd = b.add_op("Exp", "/Exp", {b.add_op("Mul", "/Mul", {logvar, half})});
+  const std::string eps =
+      b.add_op("RandomNormalLike", "/RandomNormalLike", {sd},
+               {samples::attr_float("mean", 0.0f), samples::attr_float("scale", noise)});
+  const std::string z = b.add_op("Add", "/Add", {mu, b.add_op("Mul", "/Mul_1", {eps, sd})});
+  const std::string h = b.add_op("Relu", "/Relu", {linear("fc_h", z, 8, 16)});
+  const std::string w = b.add_parameter("fc_out.weight", {4, 16}, 16);
+  const std::string bias = b.add_parameter("fc_out.bias", {4}, 16);
+  b.add_node("Gemm", "/fc_out/Gemm", {h, w, bias}, {"y"},
+             {samples::attr_float("alpha", 1.0f), samples::attr_float("beta", 1.0f),
+              samples::attr_int("transB", 1)});
+  b.add_output("y", onnx::TensorProto::FLOAT, {"batch", 4});
+  b.write(path);
 }
 
 /// Plans `o` into `plan_dir` and loads the plan on the cpu backend.
