@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "compiler/import_opset.h"
 #include "compiler/ir/onnx_bridge.h"
 #include "compiler/ir/ops.h"
 #include "passes/passes.h"
@@ -73,9 +74,9 @@ void check_versions(const onnx::ModelProto& model) {
   int64_t opset = default_opset(model);
   if (opset > kMaxOpset) {
     fail(ErrorKind::kUnsupported,
-         "opset_import: default-domain opset {} is newer than {}, the newest stagecraft supports "
-         "(ONNX 1.12); export with opset_version={}",
-         opset, kMaxOpset, kMaxOpset);
+         "opset_import: default-domain opset {} is newer than {}, the newest stagecraft reads "
+         "(opsets 18 to {} as {}, ONNX 1.12's); export with opset_version={} or older",
+         opset, kNewestReadOpset, kNewestReadOpset, kMaxOpset, kNewestReadOpset);
   }
   if (model.ir_version() > onnx::IR_VERSION) {
     fail(ErrorKind::kUnsupported, "ir_version {} is newer than {}, the newest stagecraft reads",
@@ -526,6 +527,8 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
       fail(ErrorKind::kUsage, "--batch {} must be a positive integer", *options.batch);
     }
     onnx::ModelProto model = read_model(path);
+    const int64_t file_opset = default_opset(model);
+    const int64_t lowered = lower_to_opset17(model);
     check_versions(model);
     check_domains(model);
     check_structure(model);
@@ -578,6 +581,9 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     if (options.fuse_gelu) passes::FuseGelu().run(result.graph, context);
     result.attention_not_fused = context.not_fused;
     result.folded = context.counters;
+    if (file_opset > kMaxOpset)
+      result.folded[fmt::format("opset {} read as {}: nodes rewritten", file_opset, kMaxOpset)] =
+          lowered;
     return result;
   });
 }

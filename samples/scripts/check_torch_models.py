@@ -56,6 +56,8 @@ LOSS_TOL = 1e-4
 # torch.onnx.export's opset (CHECK_OPSET): 17, the newest torch 1.13 writes; its default is 14,
 # and older exports are 11 to 13 (other forms: Squeeze's axes as an attribute, Split's sizes).
 OPSET = int(os.environ.get("CHECK_OPSET", "17"))
+# 18 to 22: torch 1.13 writes 17 at most, so the export is at 17 and then rewritten into the
+# form newer exporters write (upgrade_opset): what stagec reads as opset 17 again.
 # The training plans' schedule (CHECK_SCHEDULE: a stagec --schedule name; interleaved plans 2
 # chunks a device); unset: stagec's default.
 SCHEDULE = os.environ.get("CHECK_SCHEDULE", "")
@@ -880,9 +882,36 @@ def export(model, args, path, names_in, names_out, training, fold=True):
     dyn = {n: {0: "batch"} for n in names_in + names_out if n != "loss"}
     mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
     model.train(training)
-    torch.onnx.export(model, args, path, opset_version=OPSET, input_names=names_in,
+    torch.onnx.export(model, args, path, opset_version=min(OPSET, 17), input_names=names_in,
                       output_names=names_out, dynamic_axes=dyn, training=mode,
                       do_constant_folding=fold)
+    if OPSET > 17:
+        upgrade_opset(path, OPSET)
+
+
+def upgrade_opset(path, opset):
+    """Rewrites the opset-17 model at `path` into opset `opset`'s form, as torch 2.x's exporters
+    write it: every Reduce op but ReduceSum takes its axes as an int64 initializer input, Split
+    with as many equal parts as outputs says num_outputs, ir_version 10."""
+    import onnx
+    from onnx import helper, numpy_helper
+    m = onnx.load(path)
+    for imp in m.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            imp.version = opset
+    m.ir_version = 10
+    for k, n in enumerate(m.graph.node):
+        if n.op_type.startswith("Reduce") and n.op_type != "ReduceSum":
+            axes = [a for a in n.attribute if a.name == "axes"]
+            if axes:
+                name = f"{n.name or n.op_type}_axes_{k}"
+                m.graph.initializer.append(
+                    numpy_helper.from_array(np.array(list(axes[0].ints), dtype=np.int64), name))
+                n.attribute.remove(axes[0])
+                n.input.append(name)
+        if n.op_type == "Split" and len(n.input) == 1:
+            n.attribute.append(helper.make_attribute("num_outputs", len(n.output)))
+    onnx.save(m, path)
 
 
 def save(dirname, arrays):
