@@ -495,6 +495,34 @@ void read_old_training_batch_norms(ir::Graph& g) {
   }
 }
 
+/// CastLike (opset 15; torch 2.x's exporter writes one for each constant it brings to an
+/// activation's type) as the Cast it is once shape inference knows its target's type: the
+/// backends then run one op for both, and the target is no longer read.
+void lower_cast_like(ir::Graph& g) {
+  for (std::size_t i = 0; i < g.num_nodes(); ++i) {
+    const auto id = static_cast<ir::NodeId>(i);
+    ir::Node& node = g.node(id);
+    if (node.dead || node.op_type != "CastLike" || !node.domain.empty() || node.inputs.size() != 2)
+      continue;
+    ir::Value& target = g.value(node.inputs[1]);
+    if (target.dtype == DType::kUndefined)
+      fail(ErrorKind::kShape, "node '{}' (CastLike): the type of its target '{}' is unknown",
+           node.name, target.name);
+    auto& readers = target.consumers;
+    if (auto it = std::find(readers.begin(), readers.end(), id); it != readers.end())
+      readers.erase(it);
+    node.inputs.resize(1);
+    node.op_type = "Cast";
+    std::erase_if(node.attributes,
+                  [](const onnx::AttributeProto& a) { return a.name() == "saturate"; });
+    onnx::AttributeProto to;
+    to.set_name("to");
+    to.set_type(onnx::AttributeProto::INT);
+    to.set_i(static_cast<int64_t>(target.dtype));
+    node.attributes.push_back(to);
+  }
+}
+
 }  // namespace
 
 void parse_dim_binding(const std::string& text, ImportOptions& options) {
@@ -565,6 +593,7 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     ir::infer_onnx_shapes(model);
     result.graph = ir::graph_from_model(model, path);
     read_old_training_batch_norms(result.graph);
+    lower_cast_like(result.graph);
     passes::PassContext context;
     context.untie_merged_weights = options.untie_merged_weights;
     context.training = options.training;

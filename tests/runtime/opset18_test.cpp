@@ -247,6 +247,42 @@ TEST_CASE("opset 18-22: Gelu and Mish become the formulas torch 1.13 writes, the
   }
 }
 
+// x [batch, 8] -> Mul by a float64 constant brought to x's type by CastLike (`like`) or by
+// Cast -> Linear -> y: how torch 2.x's exporter writes a Python scalar times a tensor.
+void write_scaled(const std::string& path, bool like, int64_t opset) {
+  ModelBuilder b("scaled");
+  b.add_input("x", kFloat, {"batch", 8});
+  onnx::TensorProto half;
+  half.set_data_type(onnx::TensorProto::DOUBLE);
+  half.add_double_data(0.5);
+  const std::string c = b.add_constant("/c", half);
+  const std::string cast =
+      like ? b.add_op("CastLike", "/cast", {c, "x"})
+           : b.add_op("Cast", "/cast", {c}, {attr_int("to", onnx::TensorProto::FLOAT)});
+  const std::string h = b.add_op("Mul", "/mul", {"x", cast});
+  b.add_node("MatMul", "/fc", {h, b.add_parameter("fc.weight", {8, 4}, 8)}, {"y"});
+  b.add_output("y", kFloat, {"batch", 4});
+  onnx::ModelProto m = b.to_model();
+  if (opset != 17) m = upgrade(m, opset);
+  write_model(m, path);
+}
+
+TEST_CASE("CastLike runs as the Cast to its target's type, at opset 17 and 19") {
+  TempDir dir;
+  write_scaled(dir.file("cast.onnx"), false, 17);
+  const auto want = run_plan(dir.file("cast.onnx"), 1);
+  for (int64_t opset : {17, 19}) {
+    CAPTURE(opset);
+    write_scaled(dir.file("like.onnx"), true, opset);
+    ImportOptions o;
+    o.batch = 2;
+    const ImportedModel m = import_model(dir.file("like.onnx"), o);
+    CHECK(count(m, "CastLike") == 0);
+    CHECK(same_outputs(run_plan(dir.file("like.onnx"), 1), want));
+  }
+  CHECK(train(dir.file("like.onnx"), 2) == train(dir.file("cast.onnx"), 2));
+}
+
 TEST_CASE("opset 18-22: what opset 17 cannot say is refused naming the node") {
   TempDir dir;
   // A Reduce op whose axes are computed.
