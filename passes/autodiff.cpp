@@ -523,10 +523,22 @@ std::string untrainable_reason(const ir::Graph& g, const ir::Value& v) {
       return fmt::format("{} non-finite entr{} (-inf or NaN, as a mask holds)", bad,
                          bad == 1 ? "y" : "ies");
   }
-  if (v.consumers.empty()) return "";
+  // A vector added before a Softmax is a Linear's bias (a router's, a gate's, an attention
+  // pooling's scores): PyTorch trains it. A mask spans queries and keys (rank 2 or more).
+  if (v.consumers.empty() || !v.shape_known || v.shape.size() < 2) return "";
   for (ir::NodeId reader : v.consumers) {
     const ir::Node& add = g.node(reader);
     if (add.op_type != "Add" || !add.domain.empty() || add.outputs.empty()) return "";
+    // Added to a product with a trained weight (x W + b): a Linear's bias, whatever its rank.
+    for (ir::ValueId operand : add.inputs) {
+      if (operand == ir::kNoId || &g.value(operand) == &v) continue;
+      const ir::NodeId producer = g.value(operand).producer;
+      if (producer == ir::kNoId) continue;
+      const ir::Node& p = g.node(producer);
+      if ((p.op_type == "MatMul" || p.op_type == "Gemm") && p.inputs.size() > 1 &&
+          p.inputs[1] != ir::kNoId && g.value(p.inputs[1]).is_weight)
+        return "";
+    }
     const ir::Value& sum = g.value(add.outputs[0]);
     if (sum.consumers.empty()) return "";
     for (ir::NodeId next : sum.consumers)

@@ -88,6 +88,10 @@ bool close_to(const std::vector<double>& got, const std::vector<double>& want, d
   return true;
 }
 
+std::vector<float> to_vector(const Tensor& t) {
+  return std::vector<float>(t.as<float>(), t.as<float>() + t.numel());
+}
+
 }  // namespace
 
 TEST_CASE("a PyTorch encoder LM export trains as PyTorch: merged weights apart, the mask frozen") {
@@ -220,6 +224,59 @@ TEST_CASE("an embedding's row of zeros is its padding_idx: no gradient from the 
       CHECK_FALSE(std::equal(t + 4, t + 8, table.begin() + 4));  // row 1 trains
     }
   }
+}
+
+// x [batch, 8] -> router: x W + router.bias [4] -> Softmax (a top-1 router's scores) -> a
+// Linear; and attention scores Q K^T (both activations) + a finite causal mask buffer [4, 4]
+// (-1e9 above the diagonal, as torch.finfo.min fills write it) -> Softmax -> times V. Both added
+// initializers feed a Softmax: the bias is a Linear's, trained; the mask is a buffer, frozen.
+void write_router_and_mask(const std::string& path) {
+  samples::ModelBuilder b("router");
+  b.add_input("x", onnx::TensorProto::FLOAT, {"batch", 4, 8});
+  const std::string w = b.add_parameter("router.weight", {8, 4}, 8);
+  const std::string bias = b.add_parameter("router.bias", {4}, 8);
+  const std::string scores = b.add_op(
+      "Softmax", "/router/Softmax",
+      {b.add_op("Add", "/router/Add", {b.add_op("MatMul", "/router/MatMul", {"x", w}), bias})},
+      {samples::attr_int("axis", -1)});
+  std::vector<float> causal(16, 0.0f);
+  for (int q = 0; q < 4; ++q)
+    for (int k = q + 1; k < 4; ++k) causal[q * 4 + k] = -1e9f;
+  const std::string mask = b.add_float_buffer("attn.mask", {4, 4}, causal);
+  const std::string q = b.add_op("MatMul", "/q", {"x", b.add_parameter("q.weight", {8, 8}, 8)});
+  const std::string kt = b.add_op(
+      "Transpose", "/kt", {b.add_op("MatMul", "/k", {"x", b.add_parameter("k.weight", {8, 8}, 8)})},
+      {samples::attr_ints("perm", {0, 2, 1})});
+  const std::string probs =
+      b.add_op("Softmax", "/attn/Softmax",
+               {b.add_op("Add", "/attn/Add", {b.add_op("MatMul", "/attn/MatMul", {q, kt}), mask})},
+               {samples::attr_int("axis", -1)});
+  const std::string mixed = b.add_op("MatMul", "/attn/MatMul_1", {probs, "x"});
+  const std::string both =
+      b.add_op("Concat", "/cat", {mixed, scores}, {samples::attr_int("axis", -1)});
+  b.add_node("MatMul", "/head", {both, b.add_parameter("head.weight", {12, 3}, 12)}, {"y"});
+  b.add_output("y", onnx::TensorProto::FLOAT, {"batch", 4, 3});
+  b.write(path);
+}
+
+TEST_CASE("a Linear's bias before a Softmax trains, a finite mask buffer there does not") {
+  testing::TempDir dir;
+  write_router_and_mask(dir.file("router.onnx"));
+  plan::PlanOptions o = testing::training_options(dir.file("router.onnx"), 1, "1f1b", "mse");
+  o.fuse_attention = false;
+  plan::PlannedModel planned = plan::make_plan(o);
+  CAPTURE(planned.freeze_summary);
+  // router.bias was frozen as "an additive attention mask" before: silently untrained.
+  CHECK(planned.freeze_summary.find("router.bias") == std::string::npos);
+  CHECK(planned.freeze_summary.find("attn.mask (an additive attention mask") != std::string::npos);
+  plan::write_plan(planned, dir.file("plan"));
+  auto pipeline = Pipeline::load(dir.file("plan"), cpu_backend(), 1);
+  const std::vector<float> before = to_vector(pipeline->stage_weights(0).at("router.bias"));
+  RunOptions run;
+  run.steps = 2;
+  pipeline->run(pipeline->synthetic_inputs(), run);
+  CHECK(to_vector(pipeline->stage_weights(0).at("router.bias")) != before);
+  CHECK(to_vector(pipeline->stage_weights(0).at("attn.mask"))[1] == -1e9f);
 }
 
 }  // namespace
