@@ -727,6 +727,7 @@ std::optional<std::vector<HostTensor>> evaluate_on_host(const ir::Node& node, co
   // Every other op needs its first input constant.
   if (in.empty() || !in[0]) return std::nullopt;
   if (node.op_type == "Trilu") return one(trilu(node, in));
+  if (node.op_type == "Split") return split_on_host(node, in, opset, max_output_elements);
   auto type = output_type(node, in, opset, max_output_elements);
   // Checked before the kernel allocates: a ConstantOfShape of [2^31] is 8 GiB of zeros.
   if (!type || !small_enough(node, type->second, max_output_elements)) return std::nullopt;

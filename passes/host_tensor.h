@@ -51,6 +51,14 @@ std::optional<std::vector<HostTensor>> evaluate_on_host(
     const std::vector<int64_t>& shape_input, int64_t opset,
     int64_t max_output_elements = int64_t{1} << 16);
 
+/// Split of the constant `in[0]` (evaluate_on_host's, for torch's repeat_interleave and
+/// tensor_split arithmetic): the sizes from input 1 (opset 13 on) or the `split` attribute,
+/// else equal parts, one per output; nullopt for sizes that do not add up to the dim, an input
+/// it needs that is not constant, or an input of more than `max_output_elements`.
+std::optional<std::vector<HostTensor>> split_on_host(
+    const ir::Node& node, const std::vector<std::optional<HostTensor>>& in, int64_t opset,
+    int64_t max_output_elements);
+
 /// `evaluate_on_host` for a Slice (opset 10 on: bounds as inputs, `rest` holding inputs 1 on as
 /// for `evaluate_on_host`) of a bool tensor given as its bytes (`data`, shape `shape`), in one
 /// pass from those bytes to the 0/1 bytes of the result: the causal mask buffer attention fusion

@@ -35,7 +35,7 @@ struct Equation {
 bool is_ellipsis_dim(char c) { return static_cast<unsigned char>(c) < 32; }
 
 [[noreturn]] void refuse(const ir::Graph& g, const ir::Node& node, const std::string& why) {
-  fail(ErrorKind::kUnsupported, "{}: {}: {}", g.source_path, node.describe(g), why);
+  fail(ErrorKind::kUnsupported, "{}: {}", node.describe(g), why);
 }
 
 /// Parses `equation` for operands of `ranks`: spaces dropped, each "..." replaced by the dims it

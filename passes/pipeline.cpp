@@ -117,6 +117,7 @@ void run_import_pipeline(ir::Graph& graph, PassContext& context) {
   const FoldConstants fold_constants;
   const InferShapes infer_shapes;
   const LowerEinsum lower_einsum;
+  const LowerIndexing lower_indexing;
   const DeadCode dead_code;
 
   // Constant nodes are weights in disguise: as initializers, folding can see through them.
@@ -128,8 +129,10 @@ void run_import_pipeline(ir::Graph& graph, PassContext& context) {
   // 2-3 rounds, but a chain of blocks whose every reshape reads the shape of the one before
   // (ShuffleNet's channel shuffles) needs a round per block. A round that changes anything
   // folds a node away or learns a value's type or shape, so nodes + values bound the rounds.
-  // Einsum becomes Transpose, Reshape and MatMul once its operands' shapes are known.
-  run_until_fixed_point(graph, context, {&fold_constants, &infer_shapes, &lower_einsum},
+  // Einsum becomes Transpose, Reshape and MatMul once its operands' shapes are known;
+  // ScatterElements a ScatterND and OneHot an Equal and a Where likewise.
+  run_until_fixed_point(graph, context,
+                        {&fold_constants, &infer_shapes, &lower_einsum, &lower_indexing},
                         static_cast<int>(graph.live_nodes() + graph.num_values()) + 1);
   // Shape subgraphs whose results were folded are now unread.
   dead_code.run(graph, context);

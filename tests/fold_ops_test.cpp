@@ -60,6 +60,45 @@ TEST_CASE("host evaluation: Neg, Abs, Ceil and Floor") {
   CHECK_FALSE(passes::evaluate_on_host(node_of("Ceil"), {ints({1}, {3})}, {}, 17));
 }
 
+TEST_CASE("host evaluation: Split by sizes, by attribute and into equal parts") {
+  // torch's repeat_interleave writes its shape arithmetic through a Split of a constant.
+  ir::Node split = node_of("Split");
+  split.inputs = {0, 1};
+  split.outputs = {2, 3};
+  onnx::AttributeProto axis;
+  axis.set_name("axis");
+  axis.set_type(onnx::AttributeProto::INT);
+  axis.set_i(1);
+  split.attributes.push_back(axis);
+  const HostTensor x = ints({2, 3}, {1, 2, 3, 4, 5, 6});
+  auto r = passes::evaluate_on_host(split, {x, ints({2}, {1, 2})}, {}, 17);
+  REQUIRE(r);
+  REQUIRE(r->size() == 2);
+  CHECK((*r)[0].shape == std::vector<int64_t>{2, 1});
+  CHECK((*r)[0].ints == std::vector<int64_t>{1, 4});
+  CHECK((*r)[1].ints == std::vector<int64_t>{2, 3, 5, 6});
+  // Sizes that do not add up to the dim: left to run time, which names them.
+  CHECK_FALSE(passes::evaluate_on_host(split, {x, ints({2}, {1, 1})}, {}, 17));
+  // Opset 11: the sizes as an attribute; no sizes: equal parts (axis 0 of reals).
+  ir::Node old = split;
+  old.inputs = {0};
+  onnx::AttributeProto sizes;
+  sizes.set_name("split");
+  sizes.set_type(onnx::AttributeProto::INTS);
+  sizes.add_ints(2);
+  sizes.add_ints(1);
+  old.attributes.push_back(sizes);
+  r = passes::evaluate_on_host(old, {x}, {}, 11);
+  REQUIRE(r);
+  CHECK((*r)[0].ints == std::vector<int64_t>{1, 2, 4, 5});
+  ir::Node halves = node_of("Split");
+  halves.inputs = {0};
+  halves.outputs = {2, 3};
+  r = passes::evaluate_on_host(halves, {reals({2, 2}, {1, 2, 3, 4})}, {}, 17);
+  REQUIRE(r);
+  CHECK((*r)[1].reals == std::vector<double>{3, 4});
+}
+
 TEST_CASE("folded Neg and Abs of the lowest integer are refused, naming the node") {
   CHECK_THROWS_WITH_AS(
       passes::evaluate_on_host(node_of("Neg", "/mask/Neg"), {ints({2}, {1, kMin})}, {}, 17),

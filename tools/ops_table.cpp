@@ -116,7 +116,10 @@ std::vector<std::string> table() {
   lines.emplace_back(
       "Rewritten at import into the ops above: Einsum of one or two operands, into ReduceSum, "
       "Transpose, Reshape and MatMul (passes/lower_einsum.cpp; a letter repeated in one operand, "
-      "three operands or broadcasting between operands are refused).");
+      "three operands or broadcasting between operands are refused); ScatterElements into "
+      "ScatterND over index tuples from coordinate grids, and OneHot (a constant depth) into "
+      "Equal and Where (passes/lower_indexing.cpp); CastLike into the Cast to its target's type; "
+      "at opsets 18 to 22, Gelu and Mish into their formulas (compiler/import_opset.cpp).");
   return lines;
 }
 

@@ -1,6 +1,7 @@
 // Comparisons, logic, Min, Max and Mod (see families.h), all with numpy broadcasting: Greater,
 // Less, GreaterOrEqual and LessOrEqual (numeric inputs of one type, a bool output; false on
-// NaN, runtime/ops/compare_element.h), Not, And and Or (bools), Min and Max
+// NaN, runtime/ops/compare_element.h), Not, And and Or (bools), IsNaN and IsInf (float32 or
+// float64 to bools; IsInf's detect_positive and detect_negative), Min and Max
 // (one or more numeric inputs; NaN propagates, as numpy's minimum and maximum), Mod (numeric:
 // fmod=0 takes the divisor's sign, as Python's %, fmod=1 the dividend's, as C's fmod; floats
 // must set fmod=1, as ONNX says; an integer zero divisor is refused, the lowest value mod -1 is
@@ -50,6 +51,21 @@ void run_not(const KernelArgs& a) {
   const Tensor& x = unary_input(a);
   map(x.as<uint8_t>(), a.out[0]->as<uint8_t>(), x.numel(),
       [](uint8_t v) { return static_cast<uint8_t>(v == 0); });
+}
+
+// IsNaN; IsInf with detect_positive and detect_negative (default 1 each). Float32 and float64.
+template <bool kNan>
+void run_is_special(const KernelArgs& a) {
+  const Tensor& x = unary_input(a);
+  const bool pos = a.attrs.i("detect_positive", 1) != 0, neg = a.attrs.i("detect_negative", 1) != 0;
+  visit(x.dtype, [&]<class T>(Type<T>) {
+    if constexpr (std::is_floating_point_v<T>)
+      map(x.as<T>(), a.out[0]->as<uint8_t>(), x.numel(), [=](T v) {
+        if (kNan) return static_cast<uint8_t>(v != v);
+        return static_cast<uint8_t>((pos && std::isinf(v) && v > 0) ||
+                                    (neg && std::isinf(v) && v < 0));
+      });
+  });
 }
 
 template <bool kAnd>
@@ -169,6 +185,14 @@ std::string check_not(const OpSignature& s) {
   return "";
 }
 
+std::string check_is_special(const OpSignature& s) {
+  if (auto why = arity(s, 1, 1, 1); !why.empty()) return why;
+  if (!is_float(s.inputs[0]) || s.outputs[0] != DType::kBool)
+    return fmt::format("{} of {} giving {} is not supported (float32 or float64 to bool)",
+                       s.op_type, dtype_name(s.inputs[0]), dtype_name(s.outputs[0]));
+  return "";
+}
+
 std::string check_min_max(const OpSignature& s) {
   if (s.inputs.empty() || s.outputs.size() != 1)
     return fmt::format("{} with {} inputs and {} outputs is not a valid signature", s.op_type,
@@ -276,6 +300,8 @@ constexpr KernelEntry kKernels[] = {
     {"GreaterOrEqual", run_compare<Comparison::kGreaterOrEqual>, check_compare},
     {"LessOrEqual", run_compare<Comparison::kLessOrEqual>, check_compare},
     {"Not", run_not, check_not},
+    {"IsNaN", run_is_special<true>, check_is_special},
+    {"IsInf", run_is_special<false>, check_is_special},
     {"And", run_logic<true>, check_logic},
     {"Or", run_logic<false>, check_logic},
     {"Min", run_min_max<false>, check_min_max},

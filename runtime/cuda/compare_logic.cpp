@@ -1,6 +1,7 @@
 // The CUDA backend's comparison and logic family (families.h), the ops of the CPU backend's
-// compare_logic.cpp: Greater, Less, GreaterOrEqual, LessOrEqual, Not, And, Or, the variadic Min
-// and Max, Mod (integer or fmod), with numpy broadcasting, and the gradients of Min, Max and Mod.
+// compare_logic.cpp: Greater, Less, GreaterOrEqual, LessOrEqual, Not, IsNaN, IsInf, And, Or, the
+// variadic Min and Max, Mod (integer or fmod), with numpy broadcasting, and the gradients of Min,
+// Max and Mod.
 #include <cstdint>
 
 #include "runtime/cuda/elementwise_common.h"
@@ -24,6 +25,17 @@ void run_mod(const KernelArgs& a) {
 void run_not(const KernelArgs& a) {
   const Tensor& x = unary_input(a);
   launch_not(x.as<uint8_t>(), a.out[0]->as<uint8_t>(), x.numel(), context(a).stream());
+  check_launch(a);
+}
+
+// IsNaN, and IsInf with detect_positive and detect_negative (default 1 each).
+template <bool kNan>
+void run_is_special(const KernelArgs& a) {
+  const Tensor& x = unary_input(a);
+  const bool ok = launch_is_special(x.dtype, x.data, a.out[0]->as<uint8_t>(), x.numel(), kNan,
+                                    a.attrs.i("detect_positive", 1) != 0,
+                                    a.attrs.i("detect_negative", 1) != 0, context(a).stream());
+  if (!ok) fail(ErrorKind::kUnsupported, "{} on {} has no CUDA kernel", a.op_type, x.describe());
   check_launch(a);
 }
 
@@ -117,6 +129,8 @@ constexpr KernelEntry kKernels[] = {
     {"GreaterOrEqual", run_binary<BinaryOp::kGreaterOrEqual>, same_as_cpu},
     {"LessOrEqual", run_binary<BinaryOp::kLessOrEqual>, same_as_cpu},
     {"Not", run_not, same_as_cpu},
+    {"IsNaN", run_is_special<true>, same_as_cpu},
+    {"IsInf", run_is_special<false>, same_as_cpu},
     {"And", run_binary<BinaryOp::kAnd>, same_as_cpu},
     {"Or", run_binary<BinaryOp::kOr>, same_as_cpu},
     {"Min", run_min_max<BinaryOp::kMin>, same_as_cpu},

@@ -511,6 +511,16 @@ __global__ void not_kernel(const uint8_t* x, uint8_t* y, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = x[i] == 0 ? 1 : 0;
 }
 
+// IsNaN (`nan`) or IsInf (`pos`, `neg`: which infinities count) of each element.
+template <class T>
+__global__ void special_kernel(const T* x, uint8_t* y, int64_t n, bool nan, bool pos, bool neg) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const T v = x[i];
+    y[i] = nan ? (v != v ? 1 : 0)
+               : ((pos && isinf(v) && v > T(0)) || (neg && isinf(v) && v < T(0)) ? 1 : 0);
+  }
+}
+
 template <class T>
 struct PRelu {
   __device__ T operator()(T x, T slope) const { return x > T(0) ? x : slope * x; }
@@ -728,6 +738,20 @@ bool launch_binary(BinaryOp op, DType x_dtype, DType y_dtype, const void* x, con
 bool launch_not(const uint8_t* x, uint8_t* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return true;
   not_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  return true;
+}
+
+bool launch_is_special(DType dtype, const void* x, uint8_t* y, int64_t n, bool nan, bool pos,
+                       bool neg, cudaStream_t stream) {
+  if (n <= 0) return true;
+  if (dtype == DType::kFloat32)
+    special_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<const float*>(x), y,
+                                                                   n, nan, pos, neg);
+  else if (dtype == DType::kFloat64)
+    special_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<const double*>(x), y,
+                                                                   n, nan, pos, neg);
+  else
+    return false;
   return true;
 }
 

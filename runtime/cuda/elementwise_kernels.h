@@ -105,6 +105,11 @@ bool launch_binary(BinaryOp op, DType x_dtype, DType y_dtype, const void* x, con
 /// y[i] = !x[i] for n bools.
 bool launch_not(const uint8_t* x, uint8_t* y, int64_t n, cudaStream_t stream);
 
+/// y[i] = whether x[i] (float32 or float64) is NaN (`nan`), else +inf (`pos`) or -inf (`neg`):
+/// IsNaN and IsInf. False for another dtype.
+bool launch_is_special(DType dtype, const void* x, uint8_t* y, int64_t n, bool nan, bool pos,
+                       bool neg, cudaStream_t stream);
+
 /// z = condition ? x : y over n output elements of `element_bytes` (1, 2, 4 or 8) bytes, the
 /// condition (bools) read as input 0 of `map`, x as input 1 and y as input 2.
 bool launch_where(int64_t element_bytes, const uint8_t* condition, const void* x, const void* y,

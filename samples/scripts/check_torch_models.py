@@ -127,6 +127,56 @@ class ConvVae(nn.Module):
         return self.dec(self.up(z).view(-1, 16, 7, 7)), mu, logvar
 
 
+class RoutedTokens(nn.Module):
+    """Scatter and one-hot as token models write them: a top-1 router whose gate keeps only the
+    chosen expert's score (zeros_like(...).scatter(-1, top, scores.gather(-1, top)):
+    ScatterElements), per-row expert loads by scatter_add (reduction add), the tokens one-hot
+    (F.one_hot: OneHot) into a bag-of-words feature; a linear head per token."""
+
+    def __init__(self, vocab=50, d=32, experts=4):
+        super().__init__()
+        self.vocab = vocab
+        self.emb = nn.Embedding(vocab, d)
+        self.router = nn.Linear(d, experts)
+        self.experts = nn.Linear(d, d * experts)
+        self.bow = nn.Linear(vocab, d)
+        self.head = nn.Linear(d + experts, vocab)
+        self.d, self.e = d, experts
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        scores = self.router(x).softmax(-1)
+        top = scores.argmax(-1, keepdim=True)
+        gate = torch.zeros_like(scores).scatter(-1, top, scores.gather(-1, top))
+        out = self.experts(x).view(*x.shape[:2], self.e, self.d)
+        x = x + (out * gate.unsqueeze(-1)).sum(-2)
+        load = torch.zeros(ids.shape[0], self.e, dtype=scores.dtype).scatter_add(
+            1, top.squeeze(-1), scores.max(-1).values)
+        bow = nn.functional.one_hot(ids, self.vocab).to(x.dtype).mean(1)
+        x = x + self.bow(bow).unsqueeze(1)
+        return self.head(torch.cat([x, load.unsqueeze(1).expand(-1, x.shape[1], -1)], -1))
+
+
+class IndexingOps(nn.Module):
+    """Indexing and clean-up ops as written by hand: torch.nan_to_num of a log that goes NaN
+    (IsNaN, IsInf, Where), index_select and x[:, idx] (Gather), roll, flip,
+    repeat_interleave (a Split of a constant folded at import), masked_fill."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(3 * 8 * 8, 20)
+        self.fc2 = nn.Linear(4 + 4 + 20 + 20 + 10 + 20, 10)
+        self.register_buffer("idx", torch.tensor([0, 5, 7, 19]))
+
+    def forward(self, x):
+        h = self.fc1(x.flatten(1))
+        h = torch.nan_to_num(torch.log(h), nan=0.0) + torch.isnan(h).float()
+        parts = [h.index_select(1, self.idx), h[:, self.idx], torch.roll(h, 2, 1),
+                 torch.flip(h, [1]), torch.repeat_interleave(h[:, :5], 2, dim=1),
+                 h.masked_fill(h < 0, 0.5)]
+        return self.fc2(torch.cat(parts, 1))
+
+
 class NllLoss(nn.Module):
     """Training a classifier whose forward returns probabilities (a Keras-style port): the
     model's own loss, F.nll_loss over their clamped logarithm with class weights (a buffer) and
@@ -802,6 +852,13 @@ MODELS = OrderedDict([
                   "PyTorch's VAE example, convolutional: torch.randn_like in the "
                   "reparameterisation (RandomNormalLike; its scale 0 here), outputs the "
                   "reconstruction, mu and logvar")),
+    ("routed_tokens", ("decoder LM", lambda: RoutedTokens(), tokens(50, 12), "lm",
+                       "a top-1 routed token model: the gate by scatter of the chosen score "
+                       "(ScatterElements), expert loads by scatter_add, F.one_hot bag of words "
+                       "(OneHot)")),
+    ("indexing_ops", ("classification", lambda: IndexingOps(), image(8), "classes",
+                      "nan_to_num of a log that goes NaN (IsNaN, IsInf), index_select, x[:, idx], "
+                      "roll, flip, repeat_interleave, masked_fill")),
     ("mnist_nll", ("classification", lambda: MnistNet(), ("image", (1, 28, 28)), "nll",
                    "PyTorch's MNIST example ending in softmax probabilities, trained by its own "
                    "F.nll_loss of their log, with class weights and an ignored label (-100)")),
