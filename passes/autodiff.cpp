@@ -517,11 +517,17 @@ std::string untrainable_reason(const ir::Graph& g, const ir::Value& v) {
     const std::span<const std::byte> bytes = v.initializer->bytes();
     const auto* f = reinterpret_cast<const float*>(bytes.data());
     const int64_t n = static_cast<int64_t>(bytes.size() / sizeof(float));
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; ++i) bad += std::isfinite(f[i]) ? 0 : 1;
+    int64_t bad = 0, negative = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      bad += std::isfinite(f[i]) ? 0 : 1;
+      negative += f[i] < 0.0f ? 1 : 0;
+    }
     if (bad > 0)
       return fmt::format("{} non-finite entr{} (-inf or NaN, as a mask holds)", bad,
                          bad == 1 ? "y" : "ies");
+    // A mask takes from the scores; one with nothing below zero (a learned attention bias
+    // initialised to zeros) masks nothing: trained.
+    if (negative == 0) return "";
   }
   // A vector added before a Softmax is a Linear's bias (a router's, a gate's, an attention
   // pooling's scores): PyTorch trains it. A mask spans queries and keys (rank 2 or more).

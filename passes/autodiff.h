@@ -95,7 +95,8 @@ bool passes_gradient(const ir::Graph& graph, const ir::Node& node, std::size_t k
 
 /// Why PyTorch would not train the float32 initializer `v` ("" when it would): non-finite
 /// values (checked for initializers of at most 2^20 elements: masks, not the big weights whose
-/// bytes planning leaves unread), or a mask's use: of rank 2 or more, read only as an operand of
+/// bytes planning leaves unread), or a mask's use: with a negative entry (where scanned), of
+/// rank 2 or more, read only as an operand of
 /// Adds whose sums feed a Softmax and whose other operand is not a product with a weight (a
 /// vector, or a tensor added to x W, is a Linear's bias: a router's, trained). Such tensors are
 /// buffers or exporter constants in PyTorch (a causal mask registered with register_buffer), never

@@ -230,7 +230,7 @@ TEST_CASE("an embedding's row of zeros is its padding_idx: no gradient from the 
 // Linear; and attention scores Q K^T (both activations) + a finite causal mask buffer [4, 4]
 // (-1e9 above the diagonal, as torch.finfo.min fills write it) -> Softmax -> times V. Both added
 // initializers feed a Softmax: the bias is a Linear's, trained; the mask is a buffer, frozen.
-void write_router_and_mask(const std::string& path) {
+void write_router_and_mask(const std::string& path, bool zero_mask = false) {
   samples::ModelBuilder b("router");
   b.add_input("x", onnx::TensorProto::FLOAT, {"batch", 4, 8});
   const std::string w = b.add_parameter("router.weight", {8, 4}, 8);
@@ -242,6 +242,7 @@ void write_router_and_mask(const std::string& path) {
   std::vector<float> causal(16, 0.0f);
   for (int q = 0; q < 4; ++q)
     for (int k = q + 1; k < 4; ++k) causal[q * 4 + k] = -1e9f;
+  if (zero_mask) causal.assign(16, 0.0f);
   const std::string mask = b.add_float_buffer("attn.mask", {4, 4}, causal);
   const std::string q = b.add_op("MatMul", "/q", {"x", b.add_parameter("q.weight", {8, 8}, 8)});
   const std::string kt = b.add_op(
@@ -277,6 +278,18 @@ TEST_CASE("a Linear's bias before a Softmax trains, a finite mask buffer there d
   pipeline->run(pipeline->synthetic_inputs(), run);
   CHECK(to_vector(pipeline->stage_weights(0).at("router.bias")) != before);
   CHECK(to_vector(pipeline->stage_weights(0).at("attn.mask"))[1] == -1e9f);
+}
+
+TEST_CASE("a learned attention bias initialised to zeros trains") {
+  // The mask's place with nothing below zero: nn.Parameter(torch.zeros(T, T)) added to the
+  // scores, which PyTorch trains; a mask would take from them.
+  testing::TempDir dir;
+  write_router_and_mask(dir.file("router.onnx"), /*zero_mask=*/true);
+  plan::PlanOptions o = testing::training_options(dir.file("router.onnx"), 1, "1f1b", "mse");
+  o.fuse_attention = false;
+  plan::PlannedModel planned = plan::make_plan(o);
+  CAPTURE(planned.freeze_summary);
+  CHECK(planned.freeze_summary.find("attn.mask") == std::string::npos);
 }
 
 }  // namespace
