@@ -97,7 +97,7 @@ void check_domains(const onnx::ModelProto& model) {
 }
 
 /// Refuses a Resize that the backends do not run (resize_shape.h's rules: opset 10's form,
-/// cubic, tf_crop_and_resize) or whose output size is computed at run time: a static plan
+/// tf_crop_and_resize) or whose output size is computed at run time: a static plan
 /// needs scales or sizes that folding made constants.
 void check_resize(const ir::Graph& graph, const ir::Node& node) {
   if (graph.opset < 11)

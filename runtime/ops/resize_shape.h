@@ -4,14 +4,15 @@
 /// (runtime/cuda/resize.cpp) and the importer's check (compiler/import.cpp): the attributes
 /// stagecraft runs, the output shape from scales or sizes, and per dim which input indices each
 /// output index reads with which weights (ONNX's reference, onnx/backend/test/case/node/
-/// resize.py, for modes nearest and linear). Everything reads a Resize node through these, so
-/// both backends and the compiler accept, refuse and interpolate alike.
+/// resize.py, for modes nearest, linear and cubic). Everything reads a Resize node through these,
+/// so both backends and the compiler accept, refuse and interpolate alike.
 ///
 /// Opsets 11 and 13 (inputs X, roi, scales, sizes; an empty tensor counts as omitted); opset
 /// 10's two-input form is refused. Coordinate modes half_pixel, pytorch_half_pixel,
-/// align_corners, asymmetric and tf_half_pixel_for_nn; tf_crop_and_resize (which reads roi) and
-/// mode cubic are refused. exclude_outside changes nothing for nearest and linear (their taps
-/// outside the input are the edge element, which is what renormalising gives).
+/// align_corners, asymmetric and tf_half_pixel_for_nn; tf_crop_and_resize (which reads roi) is
+/// refused. exclude_outside changes nothing for nearest and linear (their taps outside the input
+/// are the edge element, which is what renormalising gives); for cubic it zeroes the taps outside
+/// and renormalises the rest, as the reference does.
 
 #include <fmt/format.h>
 
@@ -26,7 +27,7 @@
 
 namespace stagecraft::rt::ops {
 
-enum class ResizeMode { kNearest, kLinear };
+enum class ResizeMode { kNearest, kLinear, kCubic };
 enum class ResizeCoordinates {
   kHalfPixel,
   kPytorchHalfPixel,
@@ -41,6 +42,8 @@ struct ResizeAttributes {
   ResizeMode mode = ResizeMode::kNearest;
   ResizeCoordinates coordinates = ResizeCoordinates::kHalfPixel;
   NearestRounding rounding = NearestRounding::kRoundPreferFloor;
+  double cubic_a = -0.75;        ///< cubic_coeff_a (torch's bicubic: -0.75, ONNX's default)
+  bool exclude_outside = false;  ///< cubic: taps outside the input weigh 0, the rest renormalised
 };
 
 /// The attributes of a Resize node, or (`error` not empty) one line saying which value of which
@@ -58,10 +61,9 @@ inline ResizeAttributesOr read_resize_attributes(const Attrs& attrs) {
   } else if (mode == "linear") {
     r.attributes.mode = ResizeMode::kLinear;
   } else if (mode == "cubic") {
-    r.error =
-        "Resize mode 'cubic' is not supported (nearest and linear are; torch writes cubic "
-        "for mode='bicubic')";
-    return r;
+    r.attributes.mode = ResizeMode::kCubic;
+    r.attributes.cubic_a = attrs.f("cubic_coeff_a", -0.75f);
+    r.attributes.exclude_outside = attrs.i("exclude_outside", 0) != 0;
   } else {
     r.error = fmt::format("Resize mode '{}' is not an ONNX mode (nearest, linear, cubic)", mode);
     return r;
@@ -199,10 +201,40 @@ struct ResizeGeometry {
   std::vector<SeparableDim> taps;  ///< Offsets in input indices along the dim.
 };
 
+/// Cubic's four taps at the coordinate's floor i and fraction r (ONNX's reference: r taken as 1,
+/// at the index below, where the coordinate is an integer, so the weights are 0, 0, 1, 0): input
+/// indices i - 1 .. i + 2 with Keys' weights for coefficient a; with `exclude_outside`, those
+/// outside [0, length) weigh 0 and the rest are renormalised; indices clamped (the edge element).
+inline void cubic_taps(SeparableDim& dim, const ResizeAttributes& at, int64_t length, int64_t i,
+                       double r) {
+  if (r == 0.0) {
+    i -= 1;
+    r = 1.0;
+  }
+  const double a = at.cubic_a;
+  auto far = [a](double t) { return ((a * t - 5 * a) * t + 8 * a) * t - 4 * a; };  // 1 < t < 2
+  auto near = [a](double t) { return ((a + 2) * t - (a + 3)) * t * t + 1; };       // t <= 1
+  double w[4] = {far(r + 1), near(r), near(1 - r), far(2 - r)};
+  if (at.exclude_outside) {
+    double sum = 0;
+    for (int k = 0; k < 4; ++k) {
+      const int64_t index = i - 1 + k;
+      if (index < 0 || index >= length) w[k] = 0;
+      sum += w[k];
+    }
+    for (double& v : w) v = sum != 0 ? v / sum : 0;
+  }
+  for (int k = 0; k < 4; ++k) {
+    if (w[k] == 0.0) continue;
+    const int64_t index = i - 1 + k;
+    dim.add(index < 0 ? 0 : (index >= length ? length - 1 : index), static_cast<float>(w[k]));
+  }
+}
+
 /// The taps of one dim: nearest reads the input index its rounding picks; linear reads the two
 /// indices around the coordinate, weights 1 - r and r, or only the first where r is 0 for every
-/// output index of the dim (a dim left at its size). Indices past either end are clamped (the
-/// reference pads with the edge element).
+/// output index of the dim (a dim left at its size); cubic reads four (`cubic_taps`). Indices
+/// past either end are clamped (the reference pads with the edge element).
 inline SeparableDim resize_dim_taps(const ResizeAttributes& at, int64_t length, int64_t out,
                                     double numerator, double denominator, double resized) {
   SeparableDim dim;
@@ -239,6 +271,8 @@ inline SeparableDim resize_dim_taps(const ResizeAttributes& at, int64_t length, 
         }
       }
       dim.add(clamp(low[o] + (up ? 1 : 0)), 1.0f);
+    } else if (at.mode == ResizeMode::kCubic) {
+      cubic_taps(dim, at, length, low[o], r);
     } else {
       dim.add(clamp(low[o]), static_cast<float>(1.0 - r));
       if (two) dim.add(clamp(low[o] + 1), static_cast<float>(r));

@@ -177,6 +177,24 @@ class IndexingOps(nn.Module):
         return self.fc2(torch.cat(parts, 1))
 
 
+class Bicubic(nn.Module):
+    """Bicubic resampling as super-resolution and position-embedding code writes it:
+    F.interpolate(mode='bicubic') up by 2 (align_corners False) and to a size (align_corners
+    True) between convolutions (Resize mode cubic, coefficient -0.75)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 20 * 20, 10)
+
+    def forward(self, x):
+        h = nn.functional.interpolate(torch.relu(self.c1(x)), scale_factor=2, mode="bicubic",
+                                      align_corners=False)
+        h = nn.functional.interpolate(torch.relu(self.c2(h)), size=(20, 20), mode="bicubic",
+                                      align_corners=True)
+        return self.head(h.flatten(1))
+
+
 class NllLoss(nn.Module):
     """Training a classifier whose forward returns probabilities (a Keras-style port): the
     model's own loss, F.nll_loss over their clamped logarithm with class weights (a buffer) and
@@ -859,6 +877,9 @@ MODELS = OrderedDict([
     ("indexing_ops", ("classification", lambda: IndexingOps(), image(8), "classes",
                       "nan_to_num of a log that goes NaN (IsNaN, IsInf), index_select, x[:, idx], "
                       "roll, flip, repeat_interleave, masked_fill")),
+    ("bicubic", ("super-resolution", lambda: Bicubic(), image(8), "classes",
+                 "F.interpolate(mode='bicubic') up by 2 and to a size with align_corners (Resize "
+                 "mode cubic) between convolutions; 8x8 images")),
     ("mnist_nll", ("classification", lambda: MnistNet(), ("image", (1, 28, 28)), "nll",
                    "PyTorch's MNIST example ending in softmax probabilities, trained by its own "
                    "F.nll_loss of their log, with class weights and an ignored label (-100)")),

@@ -330,12 +330,7 @@ TEST_CASE("resize: the backends' checks accept what torch writes and refuse the 
        "Resize",
        "Resize from float64 to float64 is not supported (float32 only)"},
       {{f32, absent, i64}, {f32}, &none, "Resize", "Resize's scales are int64, expected float32"},
-      {{f32, absent, f32},
-       {f32},
-       &cubic_attrs,
-       "Resize",
-       "Resize mode 'cubic' is not supported (nearest and linear are; torch writes cubic for "
-       "mode='bicubic')"},
+      {{f32, absent, f32}, {f32}, &cubic_attrs, "Resize", ""},
       {{f32, absent, f32},
        {f32},
        &crop_attrs,

@@ -99,6 +99,23 @@ TEST_CASE("grad Resize linear") {
   }
 }
 
+TEST_CASE("grad Resize cubic") {
+  const Tensor x = random_tensor({2, 3, 4, 5});
+  SUBCASE("bicubic, pytorch_half_pixel (F.interpolate(mode='bicubic'))") {
+    gradcheck(by_scales(x, {1, 1, 2, 2}, resize_attrs("cubic", "pytorch_half_pixel")));
+    gradcheck(by_sizes(x, {2, 3, 3, 7}, resize_attrs("cubic", "pytorch_half_pixel")));
+  }
+  SUBCASE("align_corners, a = -0.5, exclude_outside") {
+    gradcheck(by_sizes(x, {2, 3, 7, 9}, resize_attrs("cubic", "align_corners")));
+    auto attrs = [](onnx::NodeProto& n) {
+      resize_attrs("cubic", "half_pixel")(n);
+      set_float(n, "cubic_coeff_a", -0.5f);
+      set_int(n, "exclude_outside", 1);
+    };
+    gradcheck(by_scales(x, {1, 1, 1.5f, 0.8f}, attrs));
+  }
+}
+
 TEST_CASE("grad Tile") {
   auto tile = [](const Tensor& x, const std::vector<int64_t>& repeats) {
     GradCase c;

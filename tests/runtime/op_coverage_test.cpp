@@ -491,7 +491,7 @@ TEST_CASE("Resize as torch exports it (nearest, bilinear): 2 devices as one") {
 }
 
 // A Resize the backends do not run is refused at import, naming the node and the value.
-TEST_CASE("Resize refusals at import: cubic, tf_crop_and_resize, data-dependent sizes") {
+TEST_CASE("Resize refusals at import: tf_crop_and_resize, data-dependent sizes") {
   testing::TempDir dir;
   // `how`: "scales" (a constant), "input" (sizes a graph input) or "cast" (sizes computed from
   // a graph input's values).
@@ -518,8 +518,7 @@ TEST_CASE("Resize refusals at import: cubic, tf_crop_and_resize, data-dependent 
     return import_message(b, out, {1, 2, 8, 8}, dir.file(mode + coordinates + how + ".onnx"));
   };
   CHECK(refusal("nearest", "asymmetric", "scales") == "imported");
-  const std::string cubic = refusal("cubic", "half_pixel", "scales");
-  CHECK(cubic.find("node '/up/Resize': Resize mode 'cubic' is not supported") != std::string::npos);
+  CHECK(refusal("cubic", "pytorch_half_pixel", "scales") == "imported");  // torch's bicubic
   const std::string crop = refusal("linear", "tf_crop_and_resize", "scales");
   CHECK(crop.find("node '/up/Resize': Resize coordinate_transformation_mode "
                   "'tf_crop_and_resize' is not supported") != std::string::npos);
