@@ -1,15 +1,15 @@
-// Activations of issue 15 and their gradients (see families.h): Elu, Selu, Softplus and PRelu,
-// on float32 and float64. Float32 Elu and Softplus run as oneDNN eltwise primitives (elu,
+// Activations of issue 15 and their gradients (see families.h): Elu, Selu, Celu, Softplus and
+// PRelu, on float32 and float64. Float32 Elu and Softplus run as oneDNN eltwise primitives (elu,
 // soft_relu); Selu, float64 and PRelu are plain C++ loops (PRelu's slope broadcasts to X any
 // way numpy allows, which the broadcasting loop of eltwise_common.h walks as fast as oneDNN's
 // binary primitive on these memory-bound ops). Gradients are float32 (contract:
 // runtime/format/grad_ops.h) and, as PyTorch's, take the negative side's slope at 0: Elu
-// dx = dy for x > 0, dy * alpha * e^x else; Selu gamma times that; Softplus dy * sigmoid(x);
-// PRelu dx = dy for x > 0, dy * slope else, and d slope = dy * x where x <= 0, summed over the
-// axes along which the slope was broadcast. Gelu (fused, domain ai.stagecraft:
-// passes/fuse_gelu.cpp) runs float32 as oneDNN's gelu_erf or gelu_tanh primitive and float64
-// through runtime/ops/gelu_element.h, which its gradient (from x alone) and the CUDA kernels
-// share.
+// dx = dy for x > 0, dy * alpha * e^x else; Selu gamma times that; Celu dy * e^(x / alpha) else;
+// Softplus dy * sigmoid(x); PRelu dx = dy for x > 0, dy * slope else, and d slope = dy * x where x
+// <= 0, summed over the axes along which the slope was broadcast. Gelu (fused, domain
+// ai.stagecraft: passes/fuse_gelu.cpp) runs float32 as oneDNN's gelu_erf or gelu_tanh primitive and
+// float64 through runtime/ops/gelu_element.h, which its gradient (from x alone) and the CUDA
+// kernels share.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -37,6 +37,18 @@ void run_elu(const KernelArgs& a) {
   const double alpha = a.attrs.f("alpha", 1.0f);
   float_unary<dnnl::algorithm::eltwise_elu>(
       a, [=](double v) { return v > 0 ? v : alpha * std::expm1(v); }, static_cast<float>(alpha));
+}
+
+// Celu: max(0, x) + min(0, alpha (e^(x / alpha) - 1)) (alpha default 1), nn.CELU.
+void run_celu(const KernelArgs& a) {
+  const double alpha = a.attrs.f("alpha", 1.0f);
+  const Tensor& x = unary_input(a);
+  if (x.dtype == DType::kFloat32)
+    return map(x.as<float>(), a.out[0]->as<float>(), x.numel(), [=](float v) {
+      return v > 0 ? v : static_cast<float>(alpha * std::expm1(static_cast<double>(v) / alpha));
+    });
+  map(x.as<double>(), a.out[0]->as<double>(), x.numel(),
+      [=](double v) { return v > 0 ? v : alpha * std::expm1(v / alpha); });
 }
 
 template <class T>
@@ -118,6 +130,13 @@ void elu_grad(const KernelArgs& a) {
   unary_grad(
       a, [](float x) { return x; },
       [=](float x, float, float dy) { return x > 0 ? dy : dy * alpha * std::exp(x); });
+}
+
+void celu_grad(const KernelArgs& a) {
+  const float alpha = a.attrs.f("alpha", 1.0f);
+  unary_grad(
+      a, [](float x) { return x; },
+      [=](float x, float, float dy) { return x > 0 ? dy : dy * std::exp(x / alpha); });
 }
 
 void selu_grad(const KernelArgs& a) {
@@ -202,11 +221,13 @@ std::string check_binary_grad(const OpSignature& s) { return check_float_grad(s,
 constexpr KernelEntry kKernels[] = {
     {"Elu", run_elu, check_float_unary},
     {"Selu", run_selu, check_float_unary},
+    {"Celu", run_celu, check_float_unary},
     {"Softplus", run_softplus, check_float_unary},
     {"PRelu", run_prelu, check_prelu},
     {"Gelu", run_gelu, check_gelu, /*writes_every_output=*/true},
     {"EluGrad", elu_grad, check_unary_grad, /*writes_every_output=*/true},
     {"SeluGrad", selu_grad, check_unary_grad, /*writes_every_output=*/true},
+    {"CeluGrad", celu_grad, check_unary_grad, /*writes_every_output=*/true},
     {"SoftplusGrad", softplus_grad, check_unary_grad, /*writes_every_output=*/true},
     {"PReluGrad", prelu_grad, check_binary_grad, /*writes_every_output=*/true},
     {"GeluGrad", gelu_grad, check_unary_grad, /*writes_every_output=*/true},

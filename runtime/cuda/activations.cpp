@@ -21,6 +21,14 @@ using ops::GradIo;
 
 void run_elu(const KernelArgs& a) { unary(a, UnaryOp::kElu, {.alpha = a.attrs.f("alpha", 1.0f)}); }
 
+void run_celu(const KernelArgs& a) {
+  unary(a, UnaryOp::kCelu, {.alpha = a.attrs.f("alpha", 1.0f)});
+}
+
+void celu_grad(const KernelArgs& a) {
+  unary_grad(a, UnaryGradOp::kCelu, {.alpha = a.attrs.f("alpha", 1.0f)});
+}
+
 // Selu's defaults are ONNX's (float32 roundings of the constants of Klambauer et al. 2017).
 void run_selu(const KernelArgs& a) {
   unary(a, UnaryOp::kSelu,
@@ -83,11 +91,13 @@ void prelu_grad(const KernelArgs& a) {
 // every element of its outputs.
 constexpr KernelEntry kKernels[] = {
     {"Elu", run_elu, same_as_cpu_16bit},
+    {"Celu", run_celu, same_as_cpu},
     {"Selu", run_selu, same_as_cpu_16bit},
     {"Softplus", run_unary<UnaryOp::kSoftplus>, same_as_cpu_16bit},
     {"PRelu", run_prelu, same_as_cpu},
     {"Gelu", run_gelu, same_as_cpu_16bit, /*writes_every_output=*/true},
     {"EluGrad", elu_grad, same_as_cpu_16bit, true},
+    {"CeluGrad", celu_grad, same_as_cpu, true},
     {"SeluGrad", selu_grad, same_as_cpu_16bit, true},
     {"SoftplusGrad", run_unary_grad<UnaryGradOp::kSoftplus>, same_as_cpu, true},
     {"PReluGrad", prelu_grad, same_as_cpu, true},

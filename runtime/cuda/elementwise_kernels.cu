@@ -118,6 +118,8 @@ __device__ __forceinline__ T unary_one(T v, const UnaryParams& p, T lo, T hi) {
     return ops::gelu<T>(v);
   } else if constexpr (op == UnaryOp::kGeluTanh) {
     return ops::gelu_tanh<T>(v);
+  } else if constexpr (op == UnaryOp::kCelu) {
+    return v > T(0) ? v : static_cast<T>(p.alpha) * expm1(v / static_cast<T>(p.alpha));
   } else if constexpr (op == UnaryOp::kSin) {
     if constexpr (f32)
       return sinf(v);
@@ -663,6 +665,8 @@ bool launch_unary(UnaryOp op, DType dtype, const void* x, void* y, int64_t n,
       return unary_of<UnaryOp::kGelu>(dtype, x, y, n, params, stream);
     case UnaryOp::kGeluTanh:
       return unary_of<UnaryOp::kGeluTanh>(dtype, x, y, n, params, stream);
+    case UnaryOp::kCelu:
+      return unary_of<UnaryOp::kCelu>(dtype, x, y, n, params, stream);
     case UnaryOp::kSin:
       return unary_of<UnaryOp::kSin>(dtype, x, y, n, params, stream);
     case UnaryOp::kCos:

@@ -52,6 +52,7 @@ enum class UnaryOp : int32_t {
   kSoftplus,    // log(1 + e^x)
   kGelu,        // x * Phi(x) (the fused Gelu of passes/fuse_gelu.cpp, approximate "none")
   kGeluTanh,    // its tanh approximation (approximate "tanh")
+  kCelu,        // float32, float64: x > 0 ? x : alpha (e^(x / alpha) - 1)
   kSin,         // float32, float64 (as kCos, kSign, kRound)
   kCos,
   kSign,   // -1, 0 or 1; NaN stays NaN

@@ -78,6 +78,8 @@ __device__ __forceinline__ float unary_grad_one(float x, float y, float dy,
     return dy * ops::gelu_derivative(x);
   } else if constexpr (op == UnaryGradOp::kGeluTanh) {
     return dy * ops::gelu_tanh_derivative(x);
+  } else if constexpr (op == UnaryGradOp::kCelu) {
+    return x > 0 ? dy : dy * expf(x / p.alpha);
   } else if constexpr (op == UnaryGradOp::kSin) {
     return dy * cosf(x);
   } else if constexpr (op == UnaryGradOp::kCos) {
@@ -313,6 +315,8 @@ void launch_unary_grad(UnaryGradOp op, const float* x, const float* y, const flo
       return unary_grad_of<UnaryGradOp::kGelu>(x, y, dy, dx, n, params, stream);
     case UnaryGradOp::kGeluTanh:
       return unary_grad_of<UnaryGradOp::kGeluTanh>(x, y, dy, dx, n, params, stream);
+    case UnaryGradOp::kCelu:
+      return unary_grad_of<UnaryGradOp::kCelu>(x, y, dy, dx, n, params, stream);
     case UnaryGradOp::kSin:
       return unary_grad_of<UnaryGradOp::kSin>(x, y, dy, dx, n, params, stream);
     case UnaryGradOp::kCos:

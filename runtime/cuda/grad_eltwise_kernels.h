@@ -34,6 +34,7 @@ enum class UnaryGradOp : int32_t {
   kSoftplus,    // dy * sigmoid(x)
   kGelu,        // dy * (Phi(x) + x * phi(x)), from x alone
   kGeluTanh,    // dy times the tanh approximation's derivative, from x alone
+  kCelu,        // x > 0 ? dy : dy * e^(x / alpha)
   kSin,         // dy * cos(x)
   kCos,         // -dy * sin(x)
 };

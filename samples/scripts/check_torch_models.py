@@ -195,6 +195,30 @@ class Bicubic(nn.Module):
         return self.head(h.flatten(1))
 
 
+class AllActivations(nn.Module):
+    """Every activation module of torch.nn that exports (nn.Threshold with a nonzero threshold
+    does not; nn.RReLU draws random slopes in training, as Dropout its masks), each on its own
+    copy of a Linear's output, then a Linear head: Celu, Elu, Selu,
+    PRelu, the hard and soft shrinks, LogSigmoid, Mish, GLU, Softmin, Softmax2d and the rest."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3 * 8 * 8, 8)
+        self.acts = nn.ModuleList([
+            nn.ELU(), nn.Hardshrink(), nn.Hardsigmoid(), nn.Hardtanh(), nn.Hardswish(),
+            nn.LeakyReLU(), nn.LogSigmoid(), nn.PReLU(), nn.ReLU(), nn.ReLU6(),
+            nn.SELU(), nn.CELU(0.7), nn.GELU(), nn.Sigmoid(), nn.SiLU(), nn.Mish(), nn.Softplus(),
+            nn.Softshrink(), nn.Softsign(), nn.Tanh(), nn.Tanhshrink(), nn.GLU(), nn.Softmin(1),
+            nn.Softmax2d(), nn.LogSoftmax(1)])
+        self.head = nn.Linear(8 * 24 + 4, 10)
+
+    def forward(self, x):
+        h = self.fc(x.flatten(1))
+        outs = [a(h.view(-1, 8, 1, 1)).flatten(1) if isinstance(a, nn.Softmax2d) else a(h)
+                for a in self.acts]
+        return self.head(torch.cat(outs, 1))
+
+
 class NllLoss(nn.Module):
     """Training a classifier whose forward returns probabilities (a Keras-style port): the
     model's own loss, F.nll_loss over their clamped logarithm with class weights (a buffer) and
@@ -880,6 +904,9 @@ MODELS = OrderedDict([
     ("bicubic", ("super-resolution", lambda: Bicubic(), image(8), "classes",
                  "F.interpolate(mode='bicubic') up by 2 and to a size with align_corners (Resize "
                  "mode cubic) between convolutions; 8x8 images")),
+    ("all_activations", ("classification", lambda: AllActivations(), image(8), "classes",
+                         "every exportable torch.nn activation module on a Linear's output "
+                         "(Celu, the shrinks, LogSigmoid, Mish, GLU, Softmin, ...)")),
     ("mnist_nll", ("classification", lambda: MnistNet(), ("image", (1, 28, 28)), "nll",
                    "PyTorch's MNIST example ending in softmax probabilities, trained by its own "
                    "F.nll_loss of their log, with class weights and an ignored label (-100)")),

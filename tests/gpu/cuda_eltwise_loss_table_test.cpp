@@ -30,7 +30,7 @@ TEST_CASE("the cuda backend covers the cpu's elementwise, loss and random ops an
       *cuda, {cpu::elementwise_kernels(), cpu::leaky_relu_kernels(), cpu::unary_math_kernels(),
               cpu::activations_kernels(), cpu::compare_logic_kernels(), cpu::loss_kernels(),
               cpu::grad_eltwise_kernels(), cpu::random_kernels()});
-  CHECK(ops >= 85);  // 17 elementwise, 2 leaky_relu, 20 unary maths, 8 activations,
+  CHECK(ops >= 87);  // 17 elementwise, 2 leaky_relu, 20 unary maths, 10 activations,
                      // 13 comparisons/logic/IsNaN/IsInf/Min/Max/Mod, 4 loss, 17 gradients,
                      // 4 random
 

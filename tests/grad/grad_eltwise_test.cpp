@@ -485,6 +485,12 @@ TEST_CASE("grad Elu") {
         [](onnx::NodeProto& n) { set_float(n, "alpha", 0.5f); });
 }
 
+TEST_CASE("grad Celu") {
+  unary("Celu", avoid(random_tensor({3, 5}, -3, 2), {0}));
+  unary("Celu", avoid(random_tensor({3, 5}, -3, 2, 4), {0}),
+        [](onnx::NodeProto& n) { set_float(n, "alpha", 0.5f); });
+}
+
 TEST_CASE("grad Selu") {
   unary("Selu", avoid(random_tensor({3, 5}, -3, 2), {0}));
   unary("Selu", avoid(random_tensor({3, 5}, -3, 2, 4), {0}), [](onnx::NodeProto& n) {
