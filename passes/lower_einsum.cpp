@@ -16,6 +16,7 @@
 
 #include "compiler/ir/graph.h"
 #include "passes/attributes.h"
+#include "passes/graph_builder.h"
 #include "passes/passes.h"
 #include "runtime/format/error.h"
 
@@ -127,7 +128,9 @@ bool has(const Term& term, char c) { return term.find(c) != std::string::npos; }
 class Lowering {
  public:
   Lowering(ir::Graph& g, const ir::Node& node, ir::ValueId output)
-      : g_(g), output_(output), prefix_(node.name.empty() ? g.value(output).name : node.name) {}
+      : g_(g),
+        output_(output),
+        b_(g, node.name.empty() ? g.value(output).name : node.name, "einsum") {}
 
   /// `input` (letters `from`) brought to the letters `to` (a permutation of `from`).
   ir::ValueId transpose(ir::ValueId input, const Term& from, const Term& to, bool last) {
@@ -170,55 +173,20 @@ class Lowering {
 
  private:
   ir::ValueId constant(const std::vector<int64_t>& values) {
-    ir::Value v;
-    v.name = fresh("const");
-    v.dtype = DType::kInt64;
-    v.shape = {static_cast<int64_t>(values.size())};
-    v.shape_known = true;
-    v.initializer = ir::WeightData::owned(std::string(
-        reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int64_t)));
-    return g_.add_value(std::move(v));
+    return b_.int64_constant(values, {static_cast<int64_t>(values.size())});
   }
 
   ir::ValueId add(const std::string& op, std::vector<ir::ValueId> inputs,
                   const std::vector<int64_t>& shape, std::vector<onnx::AttributeProto> attrs,
                   bool last) {
-    ir::ValueId out = output_;
-    if (last) {
-      ir::Value& v = g_.value(out);
-      v.dtype = g_.value(inputs[0]).dtype;
-      v.shape = shape;
-      v.shape_known = true;
-    } else {
-      ir::Value v;
-      v.name = fresh(op);
-      v.dtype = g_.value(inputs[0]).dtype;
-      v.shape = shape;
-      v.shape_known = true;
-      out = g_.add_value(std::move(v));
-    }
-    ir::Node n;
-    n.name = fmt::format("{}/{}_{}", prefix_, op, count_);
-    n.op_type = op;
-    n.inputs = std::move(inputs);
-    n.outputs = {out};
-    n.attributes = std::move(attrs);
-    g_.add_node(std::move(n));
-    return out;
-  }
-
-  /// A value name no tensor of the graph has yet.
-  std::string fresh(const std::string& what) {
-    for (;;) {
-      std::string name = fmt::format("{}/einsum_{}_{}", prefix_, what, ++count_);
-      if (!g_.find_value(name)) return name;
-    }
+    const DType dtype = g_.value(inputs[0]).dtype;
+    return b_.add(op, std::move(inputs), dtype, shape, std::move(attrs),
+                  last ? output_ : ir::kNoId);
   }
 
   ir::Graph& g_;
   ir::ValueId output_;
-  std::string prefix_;
-  int count_ = 0;
+  GraphBuilder b_;
 };
 
 /// Rewrites the Einsum `id`; false when its shapes are not static yet (a later round will).

@@ -19,6 +19,7 @@
 
 #include "compiler/ir/graph.h"
 #include "passes/attributes.h"
+#include "passes/graph_builder.h"
 #include "passes/host_tensor.h"
 #include "passes/passes.h"
 #include "runtime/format/error.h"
@@ -32,47 +33,14 @@ constexpr int64_t kMaxGridElements = int64_t{1} << 24;
   fail(ErrorKind::kUnsupported, "{}: {}", node.describe(g), why);
 }
 
-/// Adds the nodes and constants of one rewrite, named after the node it replaces.
-class Builder {
+/// A GraphBuilder with the two steps both rewrites take.
+class Builder : public GraphBuilder {
  public:
-  Builder(ir::Graph& g, std::string prefix) : g_(g), prefix_(std::move(prefix)) {}
-
-  ir::ValueId int64_constant(const std::vector<int64_t>& values, std::vector<int64_t> shape) {
-    ir::Value v;
-    v.name = fresh("const");
-    v.dtype = DType::kInt64;
-    v.shape = std::move(shape);
-    v.shape_known = true;
-    v.initializer = ir::WeightData::owned(
-        std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int64_t)));
-    return g_.add_value(std::move(v));
-  }
-
-  /// op(inputs) with `attrs` into `out` (a new value of `dtype` and `shape` when kNoId).
-  ir::ValueId add(const std::string& op, std::vector<ir::ValueId> inputs, DType dtype,
-                  std::vector<int64_t> shape, std::vector<onnx::AttributeProto> attrs = {},
-                  ir::ValueId out = ir::kNoId) {
-    if (out == ir::kNoId) {
-      ir::Value v;
-      v.name = fresh(op);
-      v.dtype = dtype;
-      v.shape = std::move(shape);
-      v.shape_known = true;
-      out = g_.add_value(std::move(v));
-    }
-    ir::Node n;
-    n.name = g_.fresh_node_name(fmt::format("{}/{}", prefix_, op));
-    n.op_type = op;
-    n.inputs = std::move(inputs);
-    n.outputs = {out};
-    n.attributes = std::move(attrs);
-    g_.add_node(std::move(n));
-    return out;
-  }
+  Builder(ir::Graph& g, const std::string& prefix) : GraphBuilder(g, prefix, "lowered") {}
 
   /// `x` as int64 (a Cast where it is not).
   ir::ValueId as_int64(ir::ValueId x) {
-    const ir::Value& v = g_.value(x);
+    const ir::Value& v = graph().value(x);
     if (v.dtype == DType::kInt64) return x;
     return add("Cast", {x}, DType::kInt64, v.shape,
                {int_attribute("to", static_cast<int64_t>(DType::kInt64))});
@@ -80,25 +48,14 @@ class Builder {
 
   /// Unsqueeze of `x` at `axis` (of the result's rank), as the graph's opset writes it.
   ir::ValueId unsqueeze(ir::ValueId x, int64_t axis) {
-    const ir::Value& v = g_.value(x);
+    const ir::Value& v = graph().value(x);
     std::vector<int64_t> shape = v.shape;
     shape.insert(shape.begin() + axis, 1);
     const DType dtype = v.dtype;
-    if (g_.opset < 13) return add("Unsqueeze", {x}, dtype, shape, {ints_attribute("axes", {axis})});
+    if (graph().opset < 13)
+      return add("Unsqueeze", {x}, dtype, shape, {ints_attribute("axes", {axis})});
     return add("Unsqueeze", {x, int64_constant({axis}, {1})}, dtype, shape);
   }
-
- private:
-  std::string fresh(const std::string& what) {
-    for (;;) {
-      std::string name = fmt::format("{}/lowered_{}_{}", prefix_, what, ++count_);
-      if (!g_.find_value(name)) return name;
-    }
-  }
-
-  ir::Graph& g_;
-  std::string prefix_;
-  int count_ = 0;
 };
 
 /// Whether every operand `node` reads has a static shape.

@@ -152,22 +152,13 @@ void sce_grad(const KernelArgs& a) {
   const Tensor* weights = io.x(2);
   const SceProblem p = sce_problem(a, scores, labels, weights);
   expect_shape(a, 0, scores.shape);
-  const Tensor* dloss = io.dy(0);
+  const float* dl = ops::loss_gradient(a, p, labels, io.dy(0));
   const Tensor* dlog_prob = io.dy(1);
-  const Shape ls = ops::sce_loss_shape(p, labels);
-  if (dloss && shape_numel(dloss->shape) != shape_numel(ls))
-    fail(ErrorKind::kShape, "{}: the loss gradient {} should be {}", a.op_type, dloss->describe(),
-         shape_string(ls));
   if (dlog_prob && dlog_prob->shape != scores.shape)
     fail(ErrorKind::kShape, "{}: the log_prob gradient {} should be {}", a.op_type,
          dlog_prob->describe(), shape_string(scores.shape));
-  const float* dl = dloss ? dloss->as<float>() : nullptr;
   const float* dlp = dlog_prob ? dlog_prob->as<float>() : nullptr;
   const int64_t positions = p.n * p.d, C = p.c, D = p.d;
-  float scale = 0.0f;  // g for sum and mean
-  if (dl && p.reduction == LossReduction::kSum) scale = dl[0];
-  if (dl && p.reduction == LossReduction::kMean && p.weight_sum != 0)
-    scale = static_cast<float>(dl[0] / p.weight_sum);
   // dscores in the scores' type, each element rounded once from float32.
   with_scores(scores.dtype, [&](auto tag) {
     using S = decltype(tag);
@@ -178,8 +169,7 @@ void sce_grad(const KernelArgs& a) {
       const int64_t n = i / D, d = i % D, base = n * C * D + d;
       const S* xi = x + base;
       S* dxi = dx + base;
-      const float g =
-          (dl ? (p.reduction == LossReduction::kNone ? dl[i] : scale) : 0.0f) * p.weights[i];
+      const float g = ops::loss_gradient_factor(p, dl, i) * p.weights[i];
       if (g == 0.0f && !dlp) {
         for (int64_t k = 0; k < C; ++k) dxi[k * D] = convert<S>(0.0f);
         continue;
@@ -253,59 +243,19 @@ void nll_grad(const KernelArgs& a) {
   expect_shape(a, 0, input.shape);
   Tensor& dx = *io.dx(0);
   ops::zero(dx);
-  const Tensor* dloss = io.dy(0);
-  if (!dloss) return;
-  const Shape ls = ops::sce_loss_shape(p, labels);
-  if (shape_numel(dloss->shape) != shape_numel(ls))
-    fail(ErrorKind::kShape, "{}: the loss gradient {} should be {}", a.op_type, dloss->describe(),
-         shape_string(ls));
-  const float* dl = dloss->as<float>();
-  float scale = 0.0f;  // g for sum and mean
-  if (p.reduction == LossReduction::kSum) scale = dl[0];
-  if (p.reduction == LossReduction::kMean && p.weight_sum != 0)
-    scale = static_cast<float>(dl[0] / p.weight_sum);
+  const float* dl = ops::loss_gradient(a, p, labels, io.dy(0));
+  if (dl == nullptr) return;
   float* d = dx.as<float>();
   const int64_t positions = p.n * p.d, C = p.c, D = p.d;
   for (int64_t i = 0; i < positions; ++i) {
     if (p.weights[i] == 0.0f) continue;
-    const float g = p.reduction == LossReduction::kNone ? dl[i] : scale;
-    d[(i / D * C + p.labels[i]) * D + i % D] = -g * p.weights[i];
+    d[(i / D * C + p.labels[i]) * D + i % D] = -ops::loss_gradient_factor(p, dl, i) * p.weights[i];
   }
 }
 
-std::string check_sce(const OpSignature& s) {
-  const bool grad = s.op_type.ends_with(grad::kGradSuffix);
-  if (grad)
-    if (std::string why = ops::grad_arity_error(s, ops::kSceGradArity); !why.empty()) return why;
-  if (s.inputs.size() < 2) return fmt::format("{} needs scores and labels", s.op_type);
-  // 16-bit scores with a float32 loss (and log_prob): a mixed plan's loss; the standard op on
-  // 16-bit scores, whose outputs are 16-bit too, runs widened (the output check below).
-  if (s.inputs[0] != DType::kFloat32 && !is_16bit_float(s.inputs[0]))
-    return fmt::format("{} on {} scores is not supported (float32, bfloat16 or float16)", s.op_type,
-                       dtype_name(s.inputs[0]));
-  if (s.inputs[1] != DType::kInt64 && s.inputs[1] != DType::kInt32)
-    return fmt::format("{} with {} labels is not supported (int32 and int64 only)", s.op_type,
-                       dtype_name(s.inputs[1]));
-  for (size_t k = 2; k < s.inputs.size(); ++k)
-    if (s.inputs[k] != DType::kUndefined && s.inputs[k] != DType::kFloat32)
-      return fmt::format("{} input {} of {} is not supported (float32 only)", s.op_type, k,
-                         dtype_name(s.inputs[k]));
-  // The gradient's dscores (output 0) in the scores' type; every other output float32.
-  for (size_t k = 0; k < s.outputs.size(); ++k) {
-    const DType wanted = grad && k == 0 ? s.inputs[0] : DType::kFloat32;
-    if (s.outputs[k] != DType::kUndefined && s.outputs[k] != wanted)
-      return fmt::format("{} output {} of {} is not supported ({} only)", s.op_type, k,
-                         dtype_name(s.outputs[k]), dtype_name(wanted));
-  }
-  if (grad && s.outputs.size() > 1 && s.outputs[1] != DType::kUndefined)
-    return "labels have no gradient";
-  if (grad && s.outputs.size() > 2 && s.outputs[2] != DType::kUndefined)
-    return "the gradient of SoftmaxCrossEntropyLoss's class weights is not supported";
-  const std::string r = s.attrs.s("reduction", "mean");
-  if (r != "mean" && r != "sum" && r != "none")
-    return fmt::format("{} reduction '{}' is not one of mean, sum, none", s.op_type, r);
-  return "";
-}
+// 16-bit scores with a float32 loss (and log_prob): a mixed plan's loss; the standard op on
+// 16-bit scores, whose outputs are 16-bit too, runs widened (check_loss's output check).
+std::string check_sce(const OpSignature& s) { return ops::check_loss(s, ops::kSceGradArity, true); }
 
 const KernelEntry kKernels[] = {
     {"SoftmaxCrossEntropyLoss", sce, check_sce},

@@ -88,23 +88,48 @@ inline Shape sce_loss_shape(const SceProblem& p, const Tensor& labels) {
   return p.reduction == LossReduction::kNone ? labels.shape : Shape{};
 }
 
+/// A loss gradient's dloss (null when omitted: no gradient) checked against the loss of `p` and
+/// `labels`; its values, or null.
+inline const float* loss_gradient(const KernelArgs& a, const SceProblem& p, const Tensor& labels,
+                                  const Tensor* dloss) {
+  if (dloss == nullptr) return nullptr;
+  const Shape ls = sce_loss_shape(p, labels);
+  if (shape_numel(dloss->shape) != shape_numel(ls))
+    fail(ErrorKind::kShape, "{}: the loss gradient {} should be {}", a.op_type, dloss->describe(),
+         shape_string(ls));
+  return dloss->as<float>();
+}
+
+/// Position i's factor g of a loss gradient (`dl`, null: none): dl[i] for reduction none, dl[0]
+/// for sum, dl[0] / the weights' sum for mean (0 when that is 0).
+inline float loss_gradient_factor(const SceProblem& p, const float* dl, int64_t i) {
+  if (dl == nullptr) return 0.0f;
+  if (p.reduction == LossReduction::kNone) return dl[i];
+  if (p.reduction == LossReduction::kSum) return dl[0];
+  return p.weight_sum != 0 ? static_cast<float>(dl[0] / p.weight_sum) : 0.0f;
+}
+
 /// SoftmaxCrossEntropyLossGrad's operand counts: scores, labels, [weights]; loss, [log_prob].
 inline constexpr GradArity kSceGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 2};
 
 /// NegativeLogLikelihoodLossGrad's operand counts: input, labels, [weights]; loss.
 inline constexpr GradArity kNllGradArity{.n_min = 2, .n_max = 3, .m_min = 1, .m_max = 1};
 
-/// Both backends' check of NegativeLogLikelihoodLoss and its gradient: float32 log-probabilities
-/// (16-bit ones run widened), int32 or int64 labels, float32 class weights and outputs, no
-/// gradient of the labels or the weights, a known reduction.
-inline std::string check_nll(const OpSignature& s) {
+/// Both backends' check of the losses and their gradients (`arity`: the gradient's operand
+/// counts): scores of float32, or of bfloat16 and float16 where `sixteen_bit_scores`
+/// (SoftmaxCrossEntropyLoss's, a mixed plan's loss; NegativeLogLikelihoodLoss runs 16-bit inputs
+/// widened), int32 or int64 labels, float32 class weights and other inputs, float32 outputs but
+/// a gradient's dscores (of the scores' type), no gradient of the labels or the weights, a known
+/// reduction.
+inline std::string check_loss(const OpSignature& s, const GradArity& arity,
+                              bool sixteen_bit_scores) {
   const bool grad = s.op_type.ends_with(grad::kGradSuffix);
   if (grad)
-    if (std::string why = grad_arity_error(s, kNllGradArity); !why.empty()) return why;
-  if (s.inputs.size() < 2) return fmt::format("{} needs an input and labels", s.op_type);
-  if (s.inputs[0] != DType::kFloat32)
-    return fmt::format("{} on {} input is not supported (float32)", s.op_type,
-                       dtype_name(s.inputs[0]));
+    if (std::string why = grad_arity_error(s, arity); !why.empty()) return why;
+  if (s.inputs.size() < 2) return fmt::format("{} needs scores and labels", s.op_type);
+  if (s.inputs[0] != DType::kFloat32 && !(sixteen_bit_scores && is_16bit_float(s.inputs[0])))
+    return fmt::format("{} on {} scores is not supported ({})", s.op_type, dtype_name(s.inputs[0]),
+                       sixteen_bit_scores ? "float32, bfloat16 or float16" : "float32");
   if (s.inputs[1] != DType::kInt64 && s.inputs[1] != DType::kInt32)
     return fmt::format("{} with {} labels is not supported (int32 and int64 only)", s.op_type,
                        dtype_name(s.inputs[1]));
@@ -116,15 +141,19 @@ inline std::string check_nll(const OpSignature& s) {
     return "labels have no gradient";
   if (grad && s.outputs.size() > 2 && s.outputs[2] != DType::kUndefined)
     return fmt::format("the gradient of {}'s class weights is not supported", s.op_type);
-  for (size_t k = 0; k < s.outputs.size(); ++k)
-    if (s.outputs[k] != DType::kUndefined && s.outputs[k] != DType::kFloat32)
-      return fmt::format("{} output {} of {} is not supported (float32 only)", s.op_type, k,
-                         dtype_name(s.outputs[k]));
+  for (size_t k = 0; k < s.outputs.size(); ++k) {
+    const DType wanted = grad && k == 0 ? s.inputs[0] : DType::kFloat32;
+    if (s.outputs[k] != DType::kUndefined && s.outputs[k] != wanted)
+      return fmt::format("{} output {} of {} is not supported ({} only)", s.op_type, k,
+                         dtype_name(s.outputs[k]), dtype_name(wanted));
+  }
   const std::string r = s.attrs.s("reduction", "mean");
   if (r != "mean" && r != "sum" && r != "none")
     return fmt::format("{} reduction '{}' is not one of mean, sum, none", s.op_type, r);
   return "";
 }
+
+inline std::string check_nll(const OpSignature& s) { return check_loss(s, kNllGradArity, false); }
 
 /// Whether the gradient node wants dscores; a wanted gradient of the labels or of the class
 /// weights is refused (neither has one here).

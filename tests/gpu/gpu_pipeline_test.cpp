@@ -109,11 +109,9 @@ TEST_CASE("an embedding's padding row stays untrained on the GPU as on the CPU")
         testing::padded_embedding_options(dir.file("lm.onnx"), devices, 0.05);
     const std::vector<double> want = run_on(cpu_backend(), o, 5).losses;
     const std::vector<double> got = run_on(cuda(), o, 5).losses;
-    REQUIRE(got.size() == want.size());
-    for (size_t k = 0; k < got.size(); ++k) {
-      CAPTURE(k);
-      CHECK(std::fabs(got[k] - want[k]) <= 1e-5 * std::max(1.0, std::fabs(want[k])));
-    }
+    CAPTURE(got);
+    CAPTURE(want);
+    CHECK(testing::losses_close(got, want));
   }
 }
 
@@ -128,11 +126,9 @@ TEST_CASE("a VAE's random noise on the GPU is the CPU's: losses and inference ou
         testing::training_options(dir.file("vae.onnx"), devices, "1f1b", "mse");
     const std::vector<double> want = run_on(cpu_backend(), o, 5).losses;
     const std::vector<double> got = run_on(cuda(), o, 5).losses;
-    REQUIRE(got.size() == want.size());
-    for (size_t k = 0; k < got.size(); ++k) {
-      CAPTURE(k);
-      CHECK(std::fabs(got[k] - want[k]) <= 1e-5 * std::max(1.0, std::fabs(want[k])));
-    }
+    CAPTURE(got);
+    CAPTURE(want);
+    CHECK(testing::losses_close(got, want));
     plan::PlanOptions inference = o;
     inference.training = false;
     inference.schedule = stagecraft::parse_schedule("inference");

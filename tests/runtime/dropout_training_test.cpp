@@ -101,10 +101,7 @@ std::vector<double> train(const plan::PlanOptions& o, int steps, const std::stri
 }
 
 bool close(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t k = 0; k < a.size(); ++k)
-    if (std::fabs(a[k] - b[k]) > 1e-5 * std::max(1.0, std::fabs(b[k]))) return false;
-  return true;
+  return testing::losses_close(a, b);
 }
 
 }  // namespace

@@ -35,14 +35,8 @@ using rt::ValueInfo;
 namespace {
 
 plan::PlanOptions options_for(const std::string& model, int devices, bool training) {
-  if (training) return training_options(model, devices, "1f1b", "mse");
-  plan::PlanOptions o;
-  o.model_path = model;
-  o.devices = devices;
-  o.batch = 8;
-  o.microbatches = 4;
-  o.device_spec = "cpu";
-  return o;
+  return training ? training_options(model, devices, "1f1b", "mse")
+                  : inference_options(model, devices);
 }
 
 double max_difference(const Tensor& a, const Tensor& b) {

@@ -168,13 +168,7 @@ void write_activations(const std::string& path, int64_t opset, bool tanh) {
 // once on its synthetic inputs.
 std::map<std::string, rt::Tensor> run_plan(const std::string& model, int devices) {
   TempDir dir;
-  plan::PlanOptions o;
-  o.model_path = model;
-  o.devices = devices;
-  o.batch = 8;
-  o.microbatches = 4;
-  o.device_spec = "cpu";
-  plan::PlannedModel planned = plan::make_plan(o);
+  plan::PlannedModel planned = plan::make_plan(inference_options(model, devices));
   plan::write_plan(planned, dir.file("plan"));
   auto p = rt::Pipeline::load(dir.file("plan"), rt::cpu_backend(), 1);
   return p->run(p->synthetic_inputs(), rt::RunOptions{}).outputs;

@@ -84,22 +84,6 @@ bool same(const Tensor& a, const Tensor& b) {
   return true;
 }
 
-std::vector<double> train(const plan::PlanOptions& o, int steps, const std::string& plan_dir) {
-  plan::PlannedModel planned = plan::make_plan(o);
-  plan::write_plan(planned, plan_dir);
-  auto p = Pipeline::load(plan_dir, cpu_backend(), 1);
-  RunOptions options;
-  options.steps = steps;
-  return p->run(p->synthetic_inputs(), options).losses;
-}
-
-bool close(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t k = 0; k < a.size(); ++k)
-    if (std::fabs(a[k] - b[k]) > 1e-5 * std::max(1.0, std::fabs(b[k]))) return false;
-  return true;
-}
-
 }  // namespace
 
 TEST_CASE("random ops: the distributions their attributes say, from the run's key and seed") {
@@ -147,8 +131,8 @@ TEST_CASE("random ops: a VAE trains pipelined on the noise of one device's run")
   testing::write_vae(vae, 1.0f);
   testing::write_vae(quiet, 0.0f);
   const int steps = 6;
-  const std::vector<double> one =
-      train(testing::training_options(vae, 1, "1f1b", "mse"), steps, dir.file("one"));
+  const std::vector<double> one = testing::train_losses(
+      testing::training_options(vae, 1, "1f1b", "mse"), steps, dir.file("one"));
   REQUIRE(one.size() == static_cast<size_t>(steps));
   for (const char* schedule : {"gpipe", "1f1b", "zb-h1"})
     for (bool recompute : {false, true}) {
@@ -156,13 +140,14 @@ TEST_CASE("random ops: a VAE trains pipelined on the noise of one device's run")
       CAPTURE(recompute);
       plan::PlanOptions o = testing::training_options(vae, 2, schedule, "mse");
       if (recompute) o.recompute = stagecraft::Recompute::kAll;
-      CHECK(
-          close(train(o, steps, dir.file(std::string("two_") + schedule + (recompute ? "rc" : ""))),
-                one));
+      CHECK(testing::losses_close(
+          testing::train_losses(o, steps,
+                                dir.file(std::string("two_") + schedule + (recompute ? "rc" : ""))),
+          one));
     }
   // The noise is in effect: the model with scale 0 has other losses.
-  const std::vector<double> noiseless =
-      train(testing::training_options(quiet, 1, "1f1b", "mse"), steps, dir.file("quiet"));
+  const std::vector<double> noiseless = testing::train_losses(
+      testing::training_options(quiet, 1, "1f1b", "mse"), steps, dir.file("quiet"));
   CHECK(std::fabs(noiseless[0] - one[0]) > 1e-4 * std::fabs(one[0]));
 }
 
@@ -170,12 +155,8 @@ TEST_CASE("random ops: an inference run draws new noise each step, the same when
   testing::TempDir dir;
   const std::string vae = dir.file("vae.onnx");
   testing::write_vae(vae, 1.0f);
-  plan::PlanOptions o;
-  o.model_path = vae;
-  o.devices = 2;
-  o.batch = 8;
+  plan::PlanOptions o = testing::inference_options(vae, 2);
   o.microbatches = 2;
-  o.device_spec = "cpu";
   plan::PlannedModel planned = plan::make_plan(o);
   plan::write_plan(planned, dir.file("plan"));
   auto outputs = [&](int steps) {

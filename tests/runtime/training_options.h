@@ -3,6 +3,8 @@
 /// What the pipelined training tests start from: their plan options, and a plan trained on
 /// synthetic inputs.
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +17,27 @@
 #include "samples/builder/sample_models.h"
 
 namespace stagecraft::testing {
+
+/// Plans `model` (a path) for inference on `devices` with the cpu device spec: batch 8 in 4
+/// microbatches.
+inline plan::PlanOptions inference_options(const std::string& model, int devices) {
+  plan::PlanOptions o;
+  o.model_path = model;
+  o.devices = devices;
+  o.batch = 8;
+  o.microbatches = 4;
+  o.device_spec = "cpu";
+  return o;
+}
+
+/// Whether two runs' losses agree step by step within `rtol` (relative to max(1, |b|)).
+inline bool losses_close(const std::vector<double>& a, const std::vector<double>& b,
+                         double rtol = 1e-5) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k)
+    if (!(std::fabs(a[k] - b[k]) <= rtol * std::max(1.0, std::fabs(b[k])))) return false;
+  return true;
+}
 
 /// Trains `model` (a path) on `devices` with the cpu device spec: batch 8 in 4 microbatches,
 /// `schedule` (a --schedule name), Adam at lr 0.01, the `loss` loss (a --loss name).
