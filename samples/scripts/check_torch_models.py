@@ -219,6 +219,29 @@ class AllActivations(nn.Module):
         return self.head(torch.cat(outs, 1))
 
 
+class HfBert(nn.Module):
+    """A classifier as Hugging Face's BERT is called: input_ids, attention_mask (1 keeps a
+    token) and token_type_ids as three graph inputs; word, position and segment embeddings,
+    LayerNorm, nn.TransformerEncoder with the padding mask from attention_mask, the first
+    token's state through a tanh pooler to the logits."""
+
+    def __init__(self, vocab=500, d=64, ctx=16, classes=10):
+        super().__init__()
+        self.words, self.segments = nn.Embedding(vocab, d), nn.Embedding(2, d)
+        self.positions = nn.Embedding(ctx, d)
+        self.norm = nn.LayerNorm(d)
+        layer = nn.TransformerEncoderLayer(d, 4, 2 * d, dropout=0.1, activation="gelu",
+                                           batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2)
+        self.pool, self.head = nn.Linear(d, d), nn.Linear(d, classes)
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        pos = torch.arange(input_ids.shape[1]).unsqueeze(0)
+        h = self.words(input_ids) + self.positions(pos) + self.segments(token_type_ids)
+        h = self.enc(self.norm(h), src_key_padding_mask=attention_mask == 0)
+        return self.head(torch.tanh(self.pool(h[:, 0])))
+
+
 class NllLoss(nn.Module):
     """Training a classifier whose forward returns probabilities (a Keras-style port): the
     model's own loss, F.nll_loss over their clamped logarithm with class weights (a buffer) and
@@ -907,6 +930,9 @@ MODELS = OrderedDict([
     ("all_activations", ("classification", lambda: AllActivations(), image(8), "classes",
                          "every exportable torch.nn activation module on a Linear's output "
                          "(Celu, the shrinks, LogSigmoid, Mish, GLU, Softmin, ...)")),
+    ("hf_bert", ("encoder", lambda: HfBert(), ("tokens_mask", (16,), 500), "classes",
+                 "BERT called as Hugging Face calls it: input_ids, attention_mask and "
+                 "token_type_ids as three graph inputs; vocab 500, 2 layers of 64, 16 tokens")),
     ("mnist_nll", ("classification", lambda: MnistNet(), ("image", (1, 28, 28)), "nll",
                    "PyTorch's MNIST example ending in softmax probabilities, trained by its own "
                    "F.nll_loss of their log, with class weights and an ignored label (-100)")),
@@ -954,14 +980,28 @@ def prepare(model):
 
 
 def make_input(spec, batch, g):
+    """The model's inputs: a tuple, and their names (INPUT_NAMES)."""
     if spec[0] == "image":
-        return torch.randn((batch,) + spec[1], generator=g)
+        return (torch.randn((batch,) + spec[1], generator=g),)
     padded = len(spec) > 3 and spec[3] == "padded"
     ids = torch.randint(1 if padded else 0, spec[2], (batch,) + spec[1], generator=g)
+    if spec[0] == "tokens_mask":
+        # Hugging Face's three inputs: ids, attention_mask (row i right-padded by 2i), and
+        # token_type_ids (the second half of each row segment 1).
+        mask = torch.ones_like(ids)
+        types = torch.zeros_like(ids)
+        types[:, ids.shape[1] // 2:] = 1
+        for i in range(batch):
+            mask[i, ids.shape[1] - 2 * i:] = 0
+        return (ids, mask, types)
     if padded:  # row i ends in 3i padding tokens (id 0)
         for i in range(batch):
             ids[i, ids.shape[1] - 3 * i:] = 0
-    return ids
+    return (ids,)
+
+
+def input_names(spec):
+    return ["input_ids", "attention_mask", "token_type_ids"] if spec[0] == "tokens_mask" else ["input"]
 
 
 def run(cmd, log, timeout):
@@ -1045,16 +1085,17 @@ def check(name, opts):
     model = prepare(build())
     g = torch.Generator().manual_seed(2)
     x = make_input(spec, BATCH, g)
+    names = input_names(spec)
 
     # Inference: eval-mode export, outputs against PyTorch's on the whole batch.
     model.eval()
     with torch.no_grad():
-        ref = model(x)
+        ref = model(*x)
     refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
     out_names = ["output"] if len(refs) == 1 else [f"output{i}" for i in range(len(refs))]
     onnx_path = os.path.join(work, name + ".onnx")
-    export(model, (x,), onnx_path, ["input"], out_names, training=False)
-    save(os.path.join(work, "in"), {"input": x.numpy()})
+    export(model, x, onnx_path, names, out_names, training=False)
+    save(os.path.join(work, "in"), {n: t.numpy() for n, t in zip(names, x)})
 
     out, err, _ = run([stagec, onnx_path, "--info", "--batch", str(BATCH)], log, opts.timeout)
     if err:
@@ -1130,6 +1171,7 @@ def train_check(name, mode, build, kind, x, labels, work, log, opts):
     with PyTorch's in float32 (and float64: the noise floor)."""
     stagec = os.path.join(opts.build, "tools", "stagec")
     stagerun = os.path.join(opts.build, "tools", "stagerun")
+    names = input_names(MODELS[name][2])
     res = {"status": "-", "err": None, "err64": None, "floor": None, "error": ""}
 
     def make():
@@ -1153,19 +1195,21 @@ def train_check(name, mode, build, kind, x, labels, work, log, opts):
     training = mode == "batch"
     if kind == "features":
         tnames = [f"target{i}" for i in range(len(labels))]
-        export(train_model, (x, *labels), train_path, ["input"] + tnames, ["loss"], training,
+        export(train_model, (*x, *labels), train_path, names + tnames, ["loss"], training,
                fold=False)
-        data = {"input": x.numpy()}
+        data = {n: t.numpy() for n, t in zip(names, x)}
         data.update({n: t.numpy() for n, t in zip(tnames, labels)})
         loss_flags = []
     elif kind == "nll":
-        export(train_model, (x, labels), train_path, ["input", "labels"], ["loss"], training,
+        export(train_model, (*x, labels), train_path, names + ["labels"], ["loss"], training,
                fold=False)
-        data = {"input": x.numpy(), "labels": labels.numpy().astype(np.int64)}
+        data = {n: t.numpy() for n, t in zip(names, x)}
+        data["labels"] = labels.numpy().astype(np.int64)
         loss_flags = []
     else:
-        export(train_model, (x,), train_path, ["input"], ["output"], training, fold=False)
-        data = {"input": x.numpy(), "labels": labels.numpy().astype(np.int64)}
+        export(train_model, x, train_path, names, ["output"], training, fold=False)
+        data = {n: t.numpy() for n, t in zip(names, x)}
+        data["labels"] = labels.numpy().astype(np.int64)
         loss_flags = ["--loss", "cross-entropy"] + (["--loss-axis", "1"] if kind != "lm" else [])
     save(os.path.join(work, "train_in"), data)
 
@@ -1272,7 +1316,7 @@ def torch_losses(make, kind, x, labels, dtype, training=True, trained=None):
     # By the exported module's names (FeatureLoss's "m." prefix included).
     before = {n: p.detach().clone() for n, p in train_model.named_parameters()}
     train_model.train(training)
-    x = x.to(dtype) if x.is_floating_point() else x
+    x = tuple(t.to(dtype) if t.is_floating_point() else t for t in x)
     if kind == "features":
         labels = [t.to(dtype) for t in labels]
     opt = torch.optim.SGD(train_model.parameters(), lr=LR)
@@ -1284,11 +1328,11 @@ def torch_losses(make, kind, x, labels, dtype, training=True, trained=None):
         for m in range(TRAIN_MICROBATCHES):
             s = slice(m * mb, (m + 1) * mb)
             if kind == "features":
-                loss = train_model(x[s], *[t[s] for t in labels])
+                loss = train_model(*[t[s] for t in x], *[t[s] for t in labels])
             elif kind == "nll":
-                loss = train_model(x[s], labels[s])
+                loss = train_model(*[t[s] for t in x], labels[s])
             else:
-                y = train_model(x[s])
+                y = train_model(*[t[s] for t in x])
                 if kind == "lm":
                     loss = nn.functional.cross_entropy(y.reshape(-1, y.shape[-1]),
                                                        labels[s].reshape(-1))
