@@ -76,6 +76,11 @@ class Lowering {
         ++rewritten;
         continue;
       }
+      if (op == "GroupNormalization") {
+        group_norm(n, out);
+        ++rewritten;
+        continue;
+      }
       if (onnx::OpSchemaRegistry::Schema(op, kMaxOpset, "") == nullptr)
         check_supported_op(op, n.domain(), label_, opset_);  // throws: not an op opset 17 has
       if (lower_node(n)) ++rewritten;
@@ -198,12 +203,35 @@ class Lowering {
     return t.name();
   }
 
-  /// Appends op(inputs) -> output (a fresh name, or `output` when given) to `out`.
+  /// A float32 initializer of `values`, 1-D.
+  std::string floats(const std::string& base, const std::vector<float>& values) {
+    onnx::TensorProto t;
+    t.set_name(base + "/lowered_" + std::to_string(fresh_++));
+    t.set_data_type(onnx::TensorProto::FLOAT);
+    t.add_dims(static_cast<int64_t>(values.size()));
+    for (float v : values) t.add_float_data(v);
+    extra_.push_back(t);
+    return t.name();
+  }
+
+  /// An int64 initializer of `values`, 1-D.
+  std::string ints(const std::string& base, const std::vector<int64_t>& values) {
+    onnx::TensorProto t;
+    t.set_name(base + "/lowered_" + std::to_string(fresh_++));
+    t.set_data_type(onnx::TensorProto::INT64);
+    t.add_dims(static_cast<int64_t>(values.size()));
+    for (int64_t v : values) t.add_int64_data(v);
+    extra_.push_back(t);
+    return t.name();
+  }
+
+  /// Appends op(inputs) -> output (a fresh name, or `output` when given) to `out`, with `attrs`.
   std::string emit(google::protobuf::RepeatedPtrField<onnx::NodeProto>& out,
                    const std::string& base, const std::string& op, std::vector<std::string> inputs,
-                   std::string output = "") {
+                   std::string output = "", std::vector<onnx::AttributeProto> attrs = {}) {
     onnx::NodeProto* n = out.Add();
     n->set_op_type(op);
+    for (auto& a : attrs) *n->add_attribute() = std::move(a);
     n->set_name(base + "/" + op + "_" + std::to_string(fresh_++));
     for (auto& i : inputs) n->add_input(i);
     if (output.empty()) output = n->name() + "_output";
@@ -243,6 +271,46 @@ class Lowering {
     const std::string& x = n.input(0);
     const std::string t = emit(out, base, "Tanh", {emit(out, base, "Softplus", {x})});
     emit(out, base, "Mul", {x, t}, n.output(0));
+  }
+
+  /// GroupNormalization (18; 21 changed scale and bias from per group to per channel) as torch
+  /// writes nn.GroupNorm at opset 17: X reshaped to [N, G, -1], InstanceNormalization (scale 1,
+  /// bias 0, the node's epsilon), then the affine: per group on the grouped tensor (18), or per
+  /// channel on X reshaped to [N, C, -1] (21); reshaped back to X's shape.
+  void group_norm(const onnx::NodeProto& n,
+                  google::protobuf::RepeatedPtrField<onnx::NodeProto>& out) {
+    const std::string base = n.name().empty() ? label_ : n.name();
+    const auto* groups_attr = find_attr(n, "num_groups");
+    if (groups_attr == nullptr || groups_attr->i() < 1 || n.input_size() < 3)
+      refuse("GroupNormalization", "it needs num_groups >= 1 and scale and bias inputs");
+    const int64_t groups = groups_attr->i();
+    const auto* eps_attr = find_attr(n, "epsilon");
+    onnx::AttributeProto epsilon;
+    epsilon.set_name("epsilon");
+    epsilon.set_type(onnx::AttributeProto::FLOAT);
+    epsilon.set_f(eps_attr ? eps_attr->f() : 1e-5f);
+    const std::string& x = n.input(0);
+    const std::string shape = emit(out, base, "Shape", {x});
+    const std::string grouped = emit(out, base, "Reshape", {x, ints(base, {0, groups, -1})});
+    const std::string normed =
+        emit(out, base, "InstanceNormalization",
+             {grouped, floats(base, std::vector<float>(static_cast<size_t>(groups), 1.0f)),
+              floats(base, std::vector<float>(static_cast<size_t>(groups), 0.0f))},
+             "", {epsilon});
+    auto affine = [&](const std::string& t) {
+      const std::string axis = ints(base, {1});
+      const std::string scale = emit(out, base, "Unsqueeze", {n.input(1), axis});
+      const std::string bias = emit(out, base, "Unsqueeze", {n.input(2), axis});
+      return emit(out, base, "Add", {emit(out, base, "Mul", {t, scale}), bias});
+    };
+    if (opset_ < 21) {
+      emit(out, base, "Reshape", {affine(normed), shape}, n.output(0));
+      return;
+    }
+    const std::string channels =
+        emit(out, base, "Reshape",
+             {emit(out, base, "Reshape", {normed, shape}), ints(base, {0, 0, -1})});
+    emit(out, base, "Reshape", {affine(channels), shape}, n.output(0));
   }
 
   onnx::ModelProto& model_;

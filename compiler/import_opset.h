@@ -16,9 +16,11 @@
 ///   `dilations` (19): dropped where they say what opset 17 does, refused with the node's name
 ///   otherwise; Cast's and CastLike's `saturate` (19, float8 only) is dropped;
 /// - Gelu (20) and Mish (18) become their formulas in opset-17 ops (Erf or Tanh; Softplus and
-///   Tanh), which the import's GELU fusion makes one fused node again;
-/// - any other op opset 17 does not have (GroupNormalization, Col2Im, the Bitwise ops, ...) is
-///   refused naming it, the node and the file's opset;
+///   Tanh), which the import's GELU fusion makes one fused node again; GroupNormalization (18,
+///   21) becomes torch's opset-17 form (Reshape, InstanceNormalization, the affine per group at
+///   18 and per channel at 21, Reshape back);
+/// - any other op opset 17 does not have (Col2Im, the Bitwise ops, ...) is refused naming it,
+///   the node and the file's opset;
 /// - every other change (new element types) leaves the node as it is.
 /// The ir_version becomes at most ONNX 1.12's (8): the fields and types of later ones (float8,
 /// 4-bit) are refused where a tensor uses them, as any unknown element type is.
