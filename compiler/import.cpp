@@ -556,6 +556,7 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
     }
     onnx::ModelProto model = read_model(path);
     const int64_t file_opset = default_opset(model);
+    const int64_t file_ir_version = model.ir_version();
     const int64_t lowered = lower_to_opset17(model);
     check_versions(model);
     check_domains(model);
@@ -565,6 +566,8 @@ ImportedModel import_model(const std::string& path, const ImportOptions& options
 
     ImportedModel result;
     result.nodes_in_file = model.graph().node_size();
+    result.file_opset = file_opset;
+    result.file_ir_version = file_ir_version;
     result.bound_dims = bind_dims(model, options);
     try {
       // The checker resolves external data against the model's folder only when given the

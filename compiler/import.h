@@ -50,6 +50,9 @@ struct ImportedModel {
   ir::Graph graph;
   std::vector<BoundDim> bound_dims;
   int64_t nodes_in_file = 0;               ///< Node count before folding.
+  /// The file's default-domain opset and IR version (the graph's are 17 and 8 for a file of
+  /// opset 18 to 22, read as opset 17: compiler/import_opset.h).
+  int64_t file_opset = 0, file_ir_version = 0;
   std::map<std::string, int64_t> folded;   ///< Nodes removed or rewritten, by pass name.
   std::vector<std::string> untied;  ///< With untie_merged_weights: "name (= kept)" per weight.
   /// Softmaxes that looked like attention and were not fused, each with the reason.

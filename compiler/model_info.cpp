@@ -36,8 +36,10 @@ ModelInfo describe_model(const ImportedModel& model) {
   ModelInfo info;
   info.path = g.source_path;
   info.producer = g.producer_name;
-  info.opset = g.opset;
-  info.ir_version = g.ir_version;
+  // The file's: a model of opset 18 to 22 imports as opset 17 (the graph's), said in the text.
+  info.opset = model.file_opset > 0 ? model.file_opset : g.opset;
+  info.ir_version = model.file_ir_version > 0 ? model.file_ir_version : g.ir_version;
+  info.read_as_opset = g.opset;
   for (ir::ValueId v : g.inputs) {
     info.inputs.push_back({g.value(v).name, std::string(dtype_name(g.value(v).dtype)), g.value(v).shape});
   }
@@ -82,8 +84,11 @@ std::string render_text(const ModelInfo& info) {
   auto line = [&](std::string_view label, const std::string& text) {
     out += fmt::format("{:<12}{}\n", label, text);
   };
-  line("model", fmt::format("{} (opset {}, ir {}, producer {})", info.path, info.opset, info.ir_version,
-                            info.producer.empty() ? "unknown" : info.producer));
+  line("model", fmt::format("{} (opset {}{}, ir {}, producer {})", info.path, info.opset,
+                            info.read_as_opset != info.opset
+                                ? fmt::format(", read as {}", info.read_as_opset)
+                                : std::string(),
+                            info.ir_version, info.producer.empty() ? "unknown" : info.producer));
   if (info.bound_dims.empty()) {
     line("bound dims", "none (every input dim is fixed in the model)");
   } else {

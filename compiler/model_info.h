@@ -22,7 +22,8 @@ struct ModelInfo {
   };
   std::string path;
   std::string producer;
-  int64_t opset = 0;
+  int64_t opset = 0;          ///< The file's default-domain opset.
+  int64_t read_as_opset = 0;  ///< The opset it imports as (17 for 18 to 22; else `opset`).
   int64_t ir_version = 0;
   std::vector<Tensor> inputs;
   std::vector<Tensor> outputs;

@@ -4,6 +4,7 @@
 // Mish as ops, a newer ir_version), and must import, plan, run and train to exactly what its
 // opset-17 twin gives; what opset 17 cannot say is refused naming the node.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <map>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "compiler/import.h"
+#include "compiler/model_info.h"
 #include "compiler/plan/planner.h"
 #include "runtime/core/backend.h"
 #include "runtime/exec/pipeline.h"
@@ -216,6 +218,9 @@ TEST_CASE("opset 18-22: the Reduce ops' axes inputs, Split's num_outputs, Cast's
       const ImportedModel imported = import_model(path, o);
       CHECK(imported.folded.at("opset " + std::to_string(opset) + " read as 17: nodes rewritten") ==
             6);  // four Reduce ops, Split, Cast
+      // stagec --info names the file's opset and IR version, and what it read them as.
+      CHECK(render_text(describe_model(imported))
+                .find(fmt::format("(opset {}, read as 17, ir 10,", opset)) != std::string::npos);
       CHECK(same_outputs(run_plan(path, 2), want));
     }
   // Trained on 2 devices: the opset-17 twin's losses, to the bit.
