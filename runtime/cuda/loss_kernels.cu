@@ -9,12 +9,15 @@
 #include "runtime/cuda/elementwise_device.cuh"
 #include "runtime/cuda/loss_kernels.h"
 #include "runtime/cuda/norm_block.cuh"
+#include "runtime/cuda/update_kernels.h"
 
 namespace stagecraft::rt::cuda {
 namespace {
 
 using eltwise::BFloat16;
 using eltwise::convert;  // Cast's conversion: 16-bit scores widened exactly, as on the CPU
+using eltwise::first_index;
+using eltwise::grid_stride;
 using eltwise::Half;
 
 // Threads per position's block: a warp for a few classes, more for many (a function of C only,
@@ -137,8 +140,7 @@ __global__ void sce_grad_kernel(SceArgs p, const float* dl, const float* dlp, S*
 __global__ void nll_kernel(SceArgs p, float* values) {
   const int64_t positions = p.n * p.d, C = p.c, D = p.d;
   const auto* x = static_cast<const float*>(p.scores);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < positions;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = first_index(); i < positions; i += grid_stride()) {
     const float w = p.weights[i];
     values[i] = w != 0.0f ? -w * x[(i / D * C + p.labels[i]) * D + i % D] : 0.0f;
   }
@@ -151,8 +153,7 @@ __global__ void nll_grad_kernel(SceArgs p, const float* dl, float* dx) {
   if (p.reduction == ops::LossReduction::kSum) scale = dl[0];
   if (p.reduction == ops::LossReduction::kMean && p.weight_sum != 0)
     scale = static_cast<float>(dl[0] / p.weight_sum);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < positions;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = first_index(); i < positions; i += grid_stride()) {
     const float w = p.weights[i];
     if (w == 0.0f) continue;
     const float g = p.reduction == ops::LossReduction::kNone ? dl[i] : scale;
@@ -160,10 +161,6 @@ __global__ void nll_grad_kernel(SceArgs p, const float* dl, float* dx) {
   }
 }
 
-unsigned thread_blocks_for(int64_t positions) {
-  const int64_t blocks = (positions + 255) / 256;
-  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks < 65535 ? blocks : 65535));
-}
 
 // Calls body(S{}) with the scores' element type.
 template <class Body>
@@ -203,7 +200,7 @@ void launch_sce_grad(const SceArgs& args, const float* dloss, const float* dlog_
 void launch_nll(const SceArgs& args, float* loss, float* scratch, cudaStream_t stream) {
   const int64_t positions = args.n * args.d;
   float* values = args.reduction == ops::LossReduction::kNone ? loss : scratch;
-  if (positions > 0) nll_kernel<<<thread_blocks_for(positions), 256, 0, stream>>>(args, values);
+  if (positions > 0) nll_kernel<<<grid_for(positions), 256, 0, stream>>>(args, values);
   if (args.reduction != ops::LossReduction::kNone)
     sce_total_kernel<<<1, 1024, 0, stream>>>(values, positions, args.reduction, args.weight_sum,
                                              loss);
@@ -212,7 +209,7 @@ void launch_nll(const SceArgs& args, float* loss, float* scratch, cudaStream_t s
 void launch_nll_grad(const SceArgs& args, const float* dloss, float* dx, cudaStream_t stream) {
   const int64_t positions = args.n * args.d;
   if (positions > 0 && dloss != nullptr)
-    nll_grad_kernel<<<thread_blocks_for(positions), 256, 0, stream>>>(args, dloss, dx);
+    nll_grad_kernel<<<grid_for(positions), 256, 0, stream>>>(args, dloss, dx);
 }
 
 }  // namespace stagecraft::rt::cuda
