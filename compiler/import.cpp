@@ -504,21 +504,19 @@ void lower_cast_like(ir::Graph& g) {
     ir::Node& node = g.node(id);
     if (node.dead || node.op_type != "CastLike" || !node.domain.empty() || node.inputs.size() != 2)
       continue;
-    ir::Value& target = g.value(node.inputs[1]);
+    const ir::Value& target = g.value(node.inputs[1]);
     if (target.dtype == DType::kUndefined)
       fail(ErrorKind::kShape, "node '{}' (CastLike): the type of its target '{}' is unknown",
            node.name, target.name);
-    auto& readers = target.consumers;
-    if (auto it = std::find(readers.begin(), readers.end(), id); it != readers.end())
-      readers.erase(it);
-    node.inputs.resize(1);
+    const DType to_type = target.dtype;
+    g.drop_input(id, 1);
     node.op_type = "Cast";
     std::erase_if(node.attributes,
                   [](const onnx::AttributeProto& a) { return a.name() == "saturate"; });
     onnx::AttributeProto to;
     to.set_name("to");
     to.set_type(onnx::AttributeProto::INT);
-    to.set_i(static_cast<int64_t>(target.dtype));
+    to.set_i(static_cast<int64_t>(to_type));
     node.attributes.push_back(to);
   }
 }

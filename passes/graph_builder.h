@@ -12,8 +12,16 @@
 #include <vector>
 
 #include "compiler/ir/graph.h"
+#include "runtime/format/error.h"
 
 namespace stagecraft::passes {
+
+/// `Error(kUnsupported)` for a node a rewrite cannot take: "node 'name' (Op): why" (the import
+/// puts the model's path first).
+[[noreturn]] inline void refuse_rewrite(const ir::Graph& g, const ir::Node& node,
+                                        const std::string& why) {
+  fail(ErrorKind::kUnsupported, "{}: {}", node.describe(g), why);
+}
 
 class GraphBuilder {
  public:

@@ -35,17 +35,6 @@ bool output_read(const ir::Graph& graph, const ir::Node& node, std::size_t k) {
   return !v.consumers.empty() || v.is_graph_output;
 }
 
-/// Removes `node`'s read of input k (the consumer entry goes, the slot becomes kNoId).
-void drop_input(ir::Graph& graph, ir::NodeId id, std::size_t k) {
-  ir::Node& node = graph.node(id);
-  const ir::ValueId v = node.inputs[k];
-  node.inputs[k] = ir::kNoId;
-  std::vector<ir::NodeId>& readers = graph.value(v).consumers;
-  if (auto it = std::find(readers.begin(), readers.end(), id); it != readers.end())
-    readers.erase(it);
-  while (!node.inputs.empty() && node.inputs.back() == ir::kNoId) node.inputs.pop_back();
-}
-
 }  // namespace
 
 bool InferenceMode::run(ir::Graph& graph, PassContext& context) const {
@@ -56,7 +45,7 @@ bool InferenceMode::run(ir::Graph& graph, PassContext& context) const {
     if (node.dead || !node.domain.empty()) continue;
     if (node.op_type == "Dropout" && node.inputs.size() > 2 &&
         constant_true(graph, node.inputs[2])) {
-      drop_input(graph, id, 2);
+      graph.drop_input(id, 2);
       ++context.counters["inference-mode: Dropout"];
       changed = true;
     } else if (node.op_type == "BatchNormalization" && node.attr_int("training_mode", 0) != 0) {

@@ -35,10 +35,6 @@ struct Equation {
 /// Whether `c` stands for a dim of an ellipsis (parse gives them the codes 1, 2, ...).
 bool is_ellipsis_dim(char c) { return static_cast<unsigned char>(c) < 32; }
 
-[[noreturn]] void refuse(const ir::Graph& g, const ir::Node& node, const std::string& why) {
-  fail(ErrorKind::kUnsupported, "{}: {}", node.describe(g), why);
-}
-
 /// Parses `equation` for operands of `ranks`: spaces dropped, each "..." replaced by the dims it
 /// covers (the same count in every operand that has one), the implicit output (no "->") made
 /// explicit as numpy does: the ellipsis dims, then the letters seen once, in alphabetical order.
@@ -55,26 +51,30 @@ Equation parse(const ir::Graph& g, const ir::Node& node, std::string equation,
     start = comma + 1;
   }
   if (eq.inputs.size() != ranks.size())
-    refuse(g, node, fmt::format("the equation '{}' has {} operands but the node has {} inputs",
-                                equation, eq.inputs.size(), ranks.size()));
+    refuse_rewrite(g, node,
+                   fmt::format("the equation '{}' has {} operands but the node has {} inputs",
+                               equation, eq.inputs.size(), ranks.size()));
   int64_t ellipsis_dims = -1;
   auto expand = [&](Term& term, int64_t rank, const std::string& what) {
     const size_t dots = term.find("...");
     if (dots == std::string::npos) {
       if (static_cast<int64_t>(term.size()) != rank)
-        refuse(g, node, fmt::format("{} '{}' names {} axes but its tensor has rank {}", what, term,
-                                    term.size(), rank));
+        refuse_rewrite(g, node,
+                       fmt::format("{} '{}' names {} axes but its tensor has rank {}", what, term,
+                                   term.size(), rank));
       return;
     }
     const int64_t named = static_cast<int64_t>(term.size()) - 3;
     const int64_t covered = rank - named;
     if (covered < 0)
-      refuse(g, node, fmt::format("{} '{}' names {} axes but its tensor has rank {}", what, term,
-                                  named, rank));
+      refuse_rewrite(
+          g, node,
+          fmt::format("{} '{}' names {} axes but its tensor has rank {}", what, term, named, rank));
     if (ellipsis_dims >= 0 && covered != ellipsis_dims)
-      refuse(g, node, fmt::format("the ellipsis stands for {} dims in one operand and {} in "
-                                  "another; broadcasting between them is not supported",
-                                  ellipsis_dims, covered));
+      refuse_rewrite(g, node,
+                     fmt::format("the ellipsis stands for {} dims in one operand and {} in "
+                                 "another; broadcasting between them is not supported",
+                                 ellipsis_dims, covered));
     ellipsis_dims = covered;
     std::string dims;
     for (int64_t d = 0; d < covered; ++d) dims.push_back(static_cast<char>(1 + d));
@@ -85,8 +85,9 @@ Equation parse(const ir::Graph& g, const ir::Node& node, std::string equation,
   for (const Term& term : eq.inputs)
     for (char c : term)
       if (!is_ellipsis_dim(c) && !std::isalpha(static_cast<unsigned char>(c)))
-        refuse(g, node, fmt::format("the equation '{}' holds '{}', which is not a letter",
-                                    equation, c));
+        refuse_rewrite(
+            g, node,
+            fmt::format("the equation '{}' holds '{}', which is not a letter", equation, c));
   if (arrow != std::string::npos) {
     eq.output = equation.substr(arrow + 2);
     if (eq.output.find("...") != std::string::npos) {
@@ -195,7 +196,7 @@ bool lower(ir::Graph& g, ir::NodeId id) {
   std::vector<const ir::Value*> ins;
   std::vector<int64_t> ranks;
   for (ir::ValueId in : node.inputs) {
-    if (in == ir::kNoId) refuse(g, node, "an omitted input");
+    if (in == ir::kNoId) refuse_rewrite(g, node, "an omitted input");
     const ir::Value& v = g.value(in);
     if (!v.shape_known || v.dtype == DType::kUndefined) return false;
     ins.push_back(&v);
@@ -203,10 +204,12 @@ bool lower(ir::Graph& g, ir::NodeId id) {
   }
   if (node.outputs.size() != 1 || node.outputs[0] == ir::kNoId) return false;
   if (ins.empty() || ins.size() > 2)
-    refuse(g, node, fmt::format("{} operands; one or two are supported (split a longer einsum "
-                                "into pairs)", ins.size()));
+    refuse_rewrite(g, node,
+                   fmt::format("{} operands; one or two are supported (split a longer einsum "
+                               "into pairs)",
+                               ins.size()));
   const std::string text = node.attr_string("equation", "");
-  if (text.empty()) refuse(g, node, "no equation attribute");
+  if (text.empty()) refuse_rewrite(g, node, "no equation attribute");
   const Equation eq = parse(g, node, text, ranks);
 
   // Sizes: one per letter, the same in every operand; no letter twice in one term.
@@ -216,22 +219,24 @@ bool lower(ir::Graph& g, ir::NodeId id) {
     for (size_t d = 0; d < term.size(); ++d) {
       const auto c = static_cast<unsigned char>(term[d]);
       if (std::count(term.begin(), term.end(), term[d]) > 1)
-        refuse(g, node, fmt::format("operand {} repeats '{}' (a diagonal); not supported", k,
-                                    term[d]));
+        refuse_rewrite(
+            g, node,
+            fmt::format("operand {} repeats '{}' (a diagonal); not supported", k, term[d]));
       const int64_t dim = ins[k]->shape[d];
       if (size[c] >= 0 && size[c] != dim)
-        refuse(g, node, fmt::format("'{}' is {} in one operand and {} in operand {} (broadcasting "
-                                    "between operands is not supported)",
-                                    is_ellipsis_dim(term[d]) ? "..." : std::string(1, term[d]), size[c], dim,
-                                    k));
+        refuse_rewrite(g, node,
+                       fmt::format("'{}' is {} in one operand and {} in operand {} (broadcasting "
+                                   "between operands is not supported)",
+                                   is_ellipsis_dim(term[d]) ? "..." : std::string(1, term[d]),
+                                   size[c], dim, k));
       size[c] = dim;
     }
   }
   for (char c : eq.output) {
     if (std::count(eq.output.begin(), eq.output.end(), c) > 1)
-      refuse(g, node, fmt::format("the output repeats '{}'", c));
+      refuse_rewrite(g, node, fmt::format("the output repeats '{}'", c));
     if (size[static_cast<unsigned char>(c)] < 0)
-      refuse(g, node, fmt::format("the output's '{}' is in no operand", c));
+      refuse_rewrite(g, node, fmt::format("the output's '{}' is in no operand", c));
   }
   auto dims = [&](const Term& term) {
     std::vector<int64_t> shape;

@@ -29,10 +29,6 @@ namespace {
 
 constexpr int64_t kMaxGridElements = int64_t{1} << 24;
 
-[[noreturn]] void refuse(const ir::Graph& g, const ir::Node& node, const std::string& why) {
-  fail(ErrorKind::kUnsupported, "{}: {}", node.describe(g), why);
-}
-
 /// A GraphBuilder with the two steps both rewrites take.
 class Builder : public GraphBuilder {
  public:
@@ -72,13 +68,14 @@ bool lower_scatter_elements(ir::Graph& g, ir::NodeId id) {
   const auto rank = static_cast<int64_t>(indices.shape.size());
   int64_t axis = node.attr_int("axis", 0);
   if (axis < -rank || axis >= rank || rank == 0)
-    refuse(g, node, fmt::format("axis {} is out of range for rank {}", axis, rank));
+    refuse_rewrite(g, node, fmt::format("axis {} is out of range for rank {}", axis, rank));
   if (axis < 0) axis += rank;
   const int64_t n = ir::checked_numel(indices.shape, node.name);
   if (n * (rank - 1) > kMaxGridElements)
-    refuse(g, node,
-           fmt::format("indices {} of rank {} would need {} int64 coordinates (at most {})",
-                       ir::shape_string(indices.shape), rank, n * (rank - 1), kMaxGridElements));
+    refuse_rewrite(
+        g, node,
+        fmt::format("indices {} of rank {} would need {} int64 coordinates (at most {})",
+                    ir::shape_string(indices.shape), rank, n * (rank - 1), kMaxGridElements));
   const std::vector<int64_t> shape = indices.shape;
   std::vector<int64_t> column = shape;
   column.push_back(1);
@@ -118,24 +115,27 @@ bool lower_one_hot(ir::Graph& g, ir::NodeId id) {
   auto depth_tensor = HostTensor::from_value(depth_value);
   if (!depth_tensor) {
     if (depth_value.is_graph_input)
-      refuse(g, node,
-             fmt::format("its depth '{}' is a graph input: the output's size would follow its "
-                         "value (a data-dependent shape, which a static plan cannot size)",
-                         depth_value.name));
+      refuse_rewrite(
+          g, node,
+          fmt::format("its depth '{}' is a graph input: the output's size would follow its "
+                      "value (a data-dependent shape, which a static plan cannot size)",
+                      depth_value.name));
     return false;  // computed: it may fold in a later round
   }
-  if (depth_tensor->numel() != 1) refuse(g, node, "its depth is not one value");
+  if (depth_tensor->numel() != 1) refuse_rewrite(g, node, "its depth is not one value");
   const auto depth = static_cast<int64_t>(depth_tensor->is_real() ? depth_tensor->real_at(0)
                                                                   : depth_tensor->int_at(0));
-  if (depth < 1) refuse(g, node, fmt::format("depth {} is not positive", depth));
+  if (depth < 1) refuse_rewrite(g, node, fmt::format("depth {} is not positive", depth));
   const ir::Value& indices = g.value(node.inputs[0]);
   const ir::Value& values = g.value(node.inputs[2]);
   if (values.shape.size() != 1 || values.shape[0] != 2)
-    refuse(g, node, fmt::format("values {} are not [off, on]", ir::shape_string(values.shape)));
+    refuse_rewrite(g, node,
+                   fmt::format("values {} are not [off, on]", ir::shape_string(values.shape)));
   const auto rank = static_cast<int64_t>(indices.shape.size()) + 1;
   int64_t axis = node.attr_int("axis", -1);
   if (axis < -rank || axis >= rank)
-    refuse(g, node, fmt::format("axis {} is out of range for the output's rank {}", axis, rank));
+    refuse_rewrite(g, node,
+                   fmt::format("axis {} is out of range for the output's rank {}", axis, rank));
   if (axis < 0) axis += rank;
   const std::vector<int64_t> index_shape = indices.shape;
   std::vector<int64_t> out_shape = index_shape;

@@ -141,6 +141,17 @@ void Graph::remove_node(NodeId id) {
   }
 }
 
+void Graph::drop_input(NodeId id, std::size_t k) {
+  Node& n = node(id);
+  const ValueId v = n.inputs.at(k);
+  n.inputs[k] = kNoId;
+  if (v != kNoId) {
+    auto& c = value(v).consumers;
+    if (auto it = std::find(c.begin(), c.end(), id); it != c.end()) c.erase(it);
+  }
+  while (!n.inputs.empty() && n.inputs.back() == kNoId) n.inputs.pop_back();
+}
+
 void Graph::replace_all_uses(ValueId from, ValueId to) {
   if (from == to) return;
   for (NodeId user : value(from).consumers) {

@@ -116,6 +116,9 @@ class Graph {
   /// Marks a node dead and unlinks it from its inputs' consumer lists; its outputs keep their
   /// ids until `compact()`.
   void remove_node(NodeId id);
+  /// Removes node `id`'s read of its input k (the consumer entry goes, the slot becomes kNoId;
+  /// omitted inputs at the end are dropped).
+  void drop_input(NodeId id, std::size_t k);
   /// Makes every reader of `from` (nodes and graph outputs) read `to` instead.
   void replace_all_uses(ValueId from, ValueId to);
   /// Drops dead nodes and values nothing refers to; renumbers ids densely.
