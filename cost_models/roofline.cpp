@@ -163,6 +163,14 @@ OpTime RooflineCostModel::op_time(const ir::Graph& graph, const ir::Node& node) 
       if (time.backward_weight_s == 0) time.backward_weight_s = launch;
       time.backward_weight_s += written / device_.memory_bandwidth;
     }
+    // A fused Attention whose mask takes a gradient (mask_gradient: a learned position bias)
+    // computes each tile's scores and dP once more for it: about one forward.
+    if (node.op_type == "Attention" && node.attr_int("mask_gradient", 0) != 0 &&
+        node.inputs.size() > 3) {
+      const InputRole mask = input_role(graph, node.inputs[3]);
+      if (mask == InputRole::kActivation) time.backward_input_s += time.forward_s;
+      if (mask == InputRole::kWeight) time.backward_weight_s += time.forward_s;
+    }
   } else {
     bool has_activation = false, has_weight = false;
     for (ir::ValueId in : node.inputs) {

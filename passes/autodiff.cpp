@@ -482,7 +482,7 @@ bool backward_reads_bytes(const ir::Graph& graph, ir::ValueId v) {
 bool on_gradient_path(const ir::Graph& graph, const ir::Node& node, std::size_t k) {
   ir::ValueId v = node.inputs[k];
   if (v == ir::kNoId || !is_floating(graph.value(v).dtype)) return false;
-  return known_op(node) ? differentiable_input(node.op_type, k) : true;
+  return known_op(node) ? differentiable_at(node, k) : true;
 }
 
 std::vector<char> reaches_loss(const ir::Graph& graph, ir::ValueId loss,
@@ -558,6 +558,12 @@ bool differentiable_input(std::string_view op_type, std::size_t index) {
   return info != nullptr && info->differentiable_input(index);
 }
 
+bool differentiable_at(const ir::Node& node, std::size_t index) {
+  if (index == 3 && node.op_type == "Attention" && node.domain == grad::kGradDomain)
+    return node.attr_int("mask_gradient", 0) != 0;
+  return differentiable_input(node.op_type, index);
+}
+
 std::vector<ir::ValueId> trainable_weights(const ir::Graph& graph,
                                            const std::vector<ir::NodeId>& nodes) {
   std::vector<ir::ValueId> out;
@@ -571,7 +577,7 @@ std::vector<ir::ValueId> trainable_weights(const ir::Graph& graph,
       const ir::Value& val = graph.value(v);
       if (!val.is_initializer() || !val.is_weight || val.frozen || val.dtype != DType::kFloat32)
         continue;
-      if (!differentiable_input(node.op_type, k)) continue;
+      if (!differentiable_at(node, k)) continue;
       if (seen.insert(v).second) out.push_back(v);
     }
   }

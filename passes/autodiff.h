@@ -75,8 +75,13 @@ bool has_gradient(std::string_view op_type);
 /// op without a gradient.
 bool differentiable_input(std::string_view op_type, std::size_t index);
 
+/// `differentiable_input` for input `index` of `node`, where one node's attribute decides: a
+/// fused Attention's mask (input 3) is differentiable where the node has mask_gradient = 1
+/// (passes/fuse_attention.cpp: a learned position bias), else not.
+bool differentiable_at(const ir::Node& node, std::size_t index);
+
 /// Input `k` of `node` lies on a gradient path: a floating-point value at a differentiable
-/// position (`differentiable_input`); every float input of an op stagecraft does not know, so
+/// position (`differentiable_at`); every float input of an op stagecraft does not know, so
 /// that a path through it is reported rather than dropped.
 bool on_gradient_path(const ir::Graph& graph, const ir::Node& node, std::size_t k);
 

@@ -8,7 +8,8 @@
 //   then optionally a mask: Where(C, scores, fill) or Where(C, fill, scores) with C a constant
 //   bool tensor and fill a scalar constant (HF GPT-2, nanoGPT's masked_fill), or Add(scores, M)
 //   or Add(M, scores) with M any tensor broadcastable to the scores (not both a Where and an
-//   Add; in a training import, not an M a trainable weight's gradient flows through);
+//   Add; in a training import, an M a trainable weight's gradient flows through (a learned
+//   position bias) makes the node's mask_gradient = 1: its backward gives M a gradient);
 //   Softmax over the last axis; optionally a Dropout that does nothing (no ratio, ratio 0 or
 //   not in training mode); MatMul(probabilities, V).
 // A constant mask that keeps exactly the keys j <= i of query i becomes causal = 1 (no mask
@@ -71,6 +72,9 @@ struct Block {
   ValueId q = kNoId, kt = kNoId, v = kNoId, mask = kNoId, out = kNoId;
   double scale = 1.0;
   bool causal = false;
+  /// The added mask is one a trainable weight's gradient flows through (a learned position
+  /// bias): the node gets mask_gradient = 1, so the backward gives the mask its gradient.
+  bool mask_gradient = false;
   std::vector<NodeId> nodes;
   // A Where mask to turn into an additive constant: the condition, the fill, and whether the
   // scores are kept where the condition holds.
@@ -392,14 +396,10 @@ std::string match(const ir::Graph& g, NodeId softmax, Block& block, MaskCache& m
     const auto& ms = g.value(block.mask).shape;
     if (g.value(block.mask).dtype != DType::kFloat32) return "the added mask is not float32";
     if (ms.size() > static_cast<size_t>(rank)) return "the added mask has a higher rank";
-    // The Attention op gives its mask no gradient: a mask a weight's gradient flows through
-    // (Swin's and T5's learned relative position bias) would leave that weight untrained.
-    if (training)
-      if (const ValueId w = weight_behind(g, block.mask); w != kNoId)
-        return fmt::format(
-            "the added mask depends on the trainable weight '{}' (the fused op gives its mask no "
-            "gradient)",
-            g.value(w).name);
+    // A mask a weight's gradient flows through (Swin's and T5's learned relative position
+    // bias) takes its gradient from the fused node (mask_gradient); a constant or frozen one
+    // takes none, so its producers wait for nothing.
+    block.mask_gradient = training && weight_behind(g, block.mask) != kNoId;
   }
   return "";
 }
@@ -503,6 +503,7 @@ void fuse(ir::Graph& g, const ir::Node& softmax, const Block& b, SharedMasks& sh
   n.outputs = {b.out, lse_id};
   n.attributes = {float_attribute("scale", static_cast<float>(b.scale)),
                   int_attribute("causal", b.causal ? 1 : 0)};
+  if (b.mask_gradient) n.attributes.push_back(int_attribute("mask_gradient", 1));
   g.add_node(std::move(n));
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "compiler/import.h"
+#include "passes/autodiff.h"
 #include "runtime/format/grad_ops.h"
 #include "tests/test_util.h"
 
@@ -329,25 +330,35 @@ TEST_CASE("fuse-attention: near-misses stay as exported, each named with its rea
     REQUIRE(m.attention_not_fused.size() == 1);
     CHECK(m.attention_not_fused[0].find("removes every key of some query") != std::string::npos);
   }
-  SUBCASE("an added mask made from a trainable weight, imported for training") {
-    // The fused op gives its mask no gradient: the bias table would never train.
-    const ImportedModel trained =
-        import_built(additive_mask_model("mask from a weight"), true, true);
-    CHECK(nodes_of(trained.graph, "Attention").empty());
-    REQUIRE(trained.attention_not_fused.size() == 1);
-    CHECK(trained.attention_not_fused[0].find("the trainable weight 'bias_table'") !=
-          std::string::npos);
-    // For inference the table is a constant input of the mask: fused.
-    const ImportedModel served = import_built(additive_mask_model("mask from a weight"));
-    CHECK(nodes_of(served.graph, "Attention").size() == 1);
-    CHECK(served.attention_not_fused.empty());
-  }
   SUBCASE("without --fuse-attention") {
     const ImportedModel m = import_built(additive_mask_model(), false);
     CHECK(nodes_of(m.graph, "Attention").empty());
     CHECK(m.attention_not_fused.empty());
     CHECK(m.folded.count("fuse-attention") == 0);
   }
+}
+
+// A learned relative position bias (Swin, T5) fuses in a training import too: the node's
+// mask_gradient = 1 makes its mask an input the backward differentiates (passes::
+// differentiable_at), so the bias table trains through it; a mask no weight's gradient flows
+// through (a graph input, as a padding mask) gets none, nor does any mask in an inference import.
+TEST_CASE("fuse-attention: a mask made from a trainable weight fuses and takes a gradient") {
+  const ImportedModel trained = import_built(additive_mask_model("mask from a weight"), true, true);
+  auto fused = nodes_of(trained.graph, "Attention");
+  REQUIRE(fused.size() == 1);
+  CHECK(trained.attention_not_fused.empty());
+  CHECK(fused[0]->attr_int("mask_gradient", 0) == 1);
+  CHECK(passes::differentiable_at(*fused[0], 3));
+  CHECK(passes::differentiable_at(*fused[0], 0));
+  const ImportedModel served = import_built(additive_mask_model("mask from a weight"));
+  fused = nodes_of(served.graph, "Attention");
+  REQUIRE(fused.size() == 1);
+  CHECK(fused[0]->attr_int("mask_gradient", 0) == 0);
+  CHECK_FALSE(passes::differentiable_at(*fused[0], 3));
+  const ImportedModel input_mask = import_built(additive_mask_model(), true, true);
+  fused = nodes_of(input_mask.graph, "Attention");
+  REQUIRE(fused.size() == 1);
+  CHECK_FALSE(passes::differentiable_at(*fused[0], 3));
 }
 
 }  // namespace

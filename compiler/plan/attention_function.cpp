@@ -80,6 +80,9 @@ onnx::FunctionProto attention_function(int arity, int rank, int storage, int64_t
   f.add_output("lse");
   f.add_attribute("scale");
   f.add_attribute("causal");
+  // Whether the backward gives the mask a gradient (a learned position bias): the forward's
+  // value does not depend on it.
+  f.add_attribute("mask_gradient");
   onnx::OperatorSetIdProto* imp = f.add_opset_import();
   imp->set_domain("");
   imp->set_version(opset);

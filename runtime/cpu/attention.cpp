@@ -6,18 +6,21 @@
 // block's probabilities P = exp(S - lse) from the forward's lse. Where there are batch entries
 // enough for every thread, a thread takes a whole entry and one pass over its tiles gives dQ,
 // dK and dV; else one pass over query blocks gives dQ and one over key blocks dK and dV. Either
-// way every output row has one writer and no atomics are needed. Blocks are OpenMP tasks with a
-// fixed order of work inside each, so a run gives the same bits whatever thread takes a block. The
-// block products are oneDNN's sgemm (row-major; single-threaded inside the parallel region); the
-// exponentials are vectorise.h's, in loops the compiler vectorises for the processor's vector units
-// (STAGECRAFT_CPU_CLONES).
+// way every output row has one writer and no atomics are needed. A learned mask's gradient (a
+// position bias) is one more pass, over the entries that share each plane of it. Blocks are OpenMP
+// tasks with a fixed order of work inside each, so a run gives the same bits whatever thread takes
+// a block. The block products are oneDNN's sgemm (row-major; single-threaded inside the parallel
+// region); the exponentials are vectorise.h's, in loops the compiler vectorises for the processor's
+// vector units (STAGECRAFT_CPU_CLONES).
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/cpu/cpu_context.h"
@@ -193,6 +196,7 @@ struct Backward {
   float* dq;
   float* dk;
   float* dv;
+  float* dmask = nullptr;  // entry_grad adds each tile's dS here (mask_plane_grad's layout)
 };
 
 // Turns tile `t`'s scores in `s` into probabilities P = exp(S - lse) (0 for a query that sees
@@ -271,10 +275,29 @@ bool dkv_block(const Problem& p, const Backward& w, int64_t b, int64_t k0, float
 // that see them inner, dQ's rows summed over the key blocks in order. 5 block products a tile,
 // where the two passes above take 7 (each recomputes the scores and dP); one thread owns the
 // entry, so every output row still has one writer.
+// Adds tile `t`'s dS (`ds`, rows of stride kKeyBlock) to dmask at its elements.
+void add_to_mask(const ops::AttentionDims& d, const Tile& t, const float* ds, float* dmask) {
+  const int64_t col = d.mask_col_stride;
+  for (int64_t r = 0; r < t.nq; ++r) {
+    const float* from = ds + r * kKeyBlock;
+    float* to =
+        dmask + ops::attention_mask_plane(d, t.b) + (t.q0 + r) * d.mask_row_stride + t.k0 * col;
+    if (col == 1) {
+      for (int64_t j = 0; j < t.nk; ++j) to[j] += from[j];
+    } else if (col == 0) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < t.nk; ++j) sum += from[j];
+      to[0] += sum;
+    } else {
+      for (int64_t j = 0; j < t.nk; ++j) to[j * col] += from[j];
+    }
+  }
+}
+
 bool entry_grad(const Problem& p, const Backward& w, int64_t b, float* scratch) {
   const ops::AttentionDims& d = p.s;
   float* s = scratch;
-  float* ds = w.dq || w.dk ? scratch + kQueryBlock * kKeyBlock : nullptr;
+  float* ds = w.dq || w.dk || w.dmask ? scratch + kQueryBlock * kKeyBlock : nullptr;
   if (w.dq) std::fill(w.dq + b * d.tq * d.d, w.dq + (b + 1) * d.tq * d.d, 0.0f);
   if (w.dk) std::fill(w.dk + b * d.tk * d.d, w.dk + (b + 1) * d.tk * d.d, 0.0f);
   if (w.dv) std::fill(w.dv + b * d.tk * d.dv, w.dv + (b + 1) * d.tk * d.dv, 0.0f);
@@ -285,6 +308,7 @@ bool entry_grad(const Problem& p, const Backward& w, int64_t b, float* scratch) 
     for (int64_t q0 = ops::attention_first_query(d, k0); q0 < d.tq; q0 += kQueryBlock) {
       const Tile t{b, q0, std::min(kQueryBlock, d.tq - q0), k0, nk};
       if (!scores(p, t, s) || !probabilities(p, w, t, s, ds)) return false;
+      if (w.dmask) add_to_mask(d, t, ds, w.dmask);
       if (dv && !gemm(true, false, nk, d.dv, t.nq, 1.0f, s, kKeyBlock,
                       w.d_o + (b * d.tq + q0) * d.dv, d.dv, 1.0f, dv, d.dv))
         return false;
@@ -297,6 +321,48 @@ bool entry_grad(const Problem& p, const Backward& w, int64_t b, float* scratch) 
     }
   }
   return true;
+}
+
+// The batch entries that share each plane of the mask (ops::attention_mask_plane), in order:
+// each group's entries ascending.
+std::vector<std::vector<int64_t>> mask_groups(const ops::AttentionDims& d) {
+  std::map<int64_t, std::vector<int64_t>> by_plane;
+  for (int64_t b = 0; b < d.batch; ++b) by_plane[ops::attention_mask_plane(d, b)].push_back(b);
+  std::vector<std::vector<int64_t>> groups;
+  for (auto& [plane, entries] : by_plane) groups.push_back(std::move(entries));
+  return groups;
+}
+
+// dmask (zeroed by the caller, the mask's layout): dS summed over the dims the mask broadcasts
+// along, in a pass of its own. A task takes one group of entries (mask_groups) and, where the
+// mask has a row per query, one block of queries (else all of them), so each element of dmask
+// has one writer, which sums in a fixed order (entries ascending, then query and key blocks).
+// Each tile's scores and dS are computed again (two block products); where entry_grad runs by
+// group it adds them as it goes instead.
+void mask_gradient(const KernelArgs& a, const Problem& p, const Backward& w, float* dmask) {
+  const ops::AttentionDims& d = p.s;
+  const std::vector<std::vector<int64_t>> groups = mask_groups(d);
+  const bool per_row = d.mask_row_stride != 0;
+  const int64_t row_tasks = per_row ? blocks_of(d.tq, kQueryBlock) : 1;
+  const auto tasks = static_cast<int64_t>(groups.size()) * row_tasks;
+  for_blocks(a, tasks, 2 * kQueryBlock * kKeyBlock, [&](int64_t task, float* scratch) {
+    const std::vector<int64_t>& entries = groups[static_cast<size_t>(task / row_tasks)];
+    const int64_t q_begin = per_row ? (task % row_tasks) * kQueryBlock : 0;
+    const int64_t q_end = per_row ? std::min(d.tq, q_begin + kQueryBlock) : d.tq;
+    float* s = scratch;
+    float* ds = scratch + kQueryBlock * kKeyBlock;
+    for (int64_t b : entries)
+      for (int64_t q0 = q_begin; q0 < q_end; q0 += kQueryBlock) {
+        const int64_t nq = std::min(kQueryBlock, q_end - q0);
+        const int64_t end = keys_end(d, q0, nq);
+        for (int64_t k0 = 0; k0 < end; k0 += kKeyBlock) {
+          const Tile t{b, q0, nq, k0, std::min(kKeyBlock, end - k0)};
+          if (!scores(p, t, s) || !probabilities(p, w, t, s, ds)) return false;
+          add_to_mask(d, t, ds, dmask);
+        }
+      }
+    return true;
+  });
 }
 
 void attention_grad(const KernelArgs& a) {
@@ -334,12 +400,35 @@ void attention_grad(const KernelArgs& a) {
   auto data = [](Tensor* t) { return t ? t->as<float>() : nullptr; };
   const Backward w{lse, d_o, dl, data(g.dq), data(g.dk), data(g.dv)};
   const int64_t scratch = 2 * kQueryBlock * kKeyBlock;
+  const auto threads = static_cast<int64_t>(omp_get_max_threads());
+  float* dmask = data(g.dmask);
+  if (dmask) std::fill(dmask, dmask + g.dmask->numel(), 0.0f);
   // One pass per batch entry where the entries keep every thread busy (a transformer's batch x
   // heads); else the two passes, whose tasks are blocks of one entry.
-  if (d.batch >= 4 * static_cast<int64_t>(omp_get_max_threads())) {
-    for_blocks(a, d.batch, scratch, [&](int64_t b, float* s) { return entry_grad(p, w, b, s); });
+  if (d.batch >= 4 * threads) {
+    // A learned mask with a score of its own per query and key (T5's, Swin's bias: [1, H, T,
+    // T]) whose planes keep every thread busy: each task takes the entries of one plane and
+    // adds their dS to it as it goes, with no pass of its own. An element gets one term per
+    // entry, in the order mask_gradient adds them: the same bits.
+    if (dmask && d.mask_row_stride != 0 && d.mask_col_stride != 0) {
+      const std::vector<std::vector<int64_t>> groups = mask_groups(d);
+      if (static_cast<int64_t>(groups.size()) >= threads) {
+        Backward with_mask = w;
+        with_mask.dmask = dmask;
+        for_blocks(a, static_cast<int64_t>(groups.size()), scratch, [&](int64_t task, float* s) {
+          for (int64_t b : groups[static_cast<size_t>(task)])
+            if (!entry_grad(p, with_mask, b, s)) return false;
+          return true;
+        });
+        return;
+      }
+    }
+    if (dmask) mask_gradient(a, p, w, dmask);
+    if (w.dq || w.dk || w.dv)
+      for_blocks(a, d.batch, scratch, [&](int64_t b, float* s) { return entry_grad(p, w, b, s); });
     return;
   }
+  if (dmask) mask_gradient(a, p, w, dmask);
   if (w.dq) {
     const int64_t per_entry = blocks_of(d.tq, kQueryBlock);
     for_blocks(a, d.batch * per_entry, scratch, [&](int64_t task, float* s) {

@@ -123,7 +123,8 @@ void attention(const KernelArgs& a) {
 // do not take it (the caller then runs the node widened, which writes every output again).
 bool attention_grad_16bit(const KernelArgs& a, const ops::AttentionGradOperands& g) {
   const ops::AttentionDims& d = g.forward.dims;
-  if (plain_attention_chosen() || !tiles_take(d)) return false;
+  // The mask's gradient has a float32 kernel only: such a node runs widened.
+  if (g.dmask != nullptr || plain_attention_chosen() || !tiles_take(d)) return false;
   CudaContext& ctx = context(a);
   cudaStream_t stream = ctx.stream();
   HalfAttentionPointers p = half_pointers(g.forward);
@@ -194,6 +195,10 @@ void attention_grad_float32_of(const KernelArgs& a, const ops::AttentionGradOper
   }
   launch_attention_dkv(d, p, data_or_null(g.dk), data_or_null(g.dv), stream);
   check_launch(a);
+  if (g.dmask) {
+    launch_attention_dmask(d, p, g.dmask->as<float>(), g.dmask->numel(), stream);
+    check_launch(a);
+  }
 }
 
 // The KernelFn of a float32 gradient: what the widened path runs for a 16-bit node.
@@ -235,7 +240,8 @@ std::string check_attention(const OpSignature& s) {
 }
 
 // The gradient likewise: inputs Q, K, V, mask?, O, lse?, dO, dlse? (grad_io.h's layout, n
-// forward inputs and m forward outputs); outputs dQ, dK, dV (16-bit) and no mask gradient.
+// forward inputs and m forward outputs); outputs dQ, dK, dV (16-bit) and no mask gradient (a
+// node that asks for one runs widened: its kernel is float32).
 std::string check_attention_grad(const OpSignature& s) {
   if (std::string why = ops::attention_grad_signature_error(s); !why.empty()) return why;
   const ops::GradCounts c = ops::grad_counts(s.op_type, s.attrs, s.inputs.size(), s.outputs.size(),

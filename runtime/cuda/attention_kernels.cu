@@ -130,6 +130,37 @@ __global__ void dkv_kernel(ops::AttentionDims s, AttentionPointers p, float* dk,
   });
 }
 
+// dmask: one warp per element e of the mask, summing dS = P * (dO V^T - D) over every (entry,
+// query, key) the mask broadcasts e to, in a fixed order: the entries whose plane is e's, then
+// the queries and keys e covers (one of each where the mask has a dim for it, all where it
+// broadcasts along it). The element's query and key come from the mask's strides (dense, right-
+// aligned to [lead..., Tq, Tk]; attention_shape.h), its plane from what is left.
+__global__ void dmask_kernel(ops::AttentionDims s, AttentionPointers p, float* dmask,
+                             int64_t numel) {
+  const int64_t rows = s.mask_row_stride, cols = s.mask_col_stride;
+  for (int64_t e = warp_index(); e < numel; e += warp_count()) {
+    const int64_t i_at = rows != 0 ? (e / rows) % s.tq : 0;
+    const int64_t j_at = cols != 0 ? (e / cols) % s.tk : 0;
+    const int64_t plane = e - i_at * rows - j_at * cols;
+    const int64_t i_end = rows != 0 ? i_at + 1 : s.tq;
+    const int64_t j_end = cols != 0 ? j_at + 1 : s.tk;
+    float sum = 0.0f;
+    for (int64_t b = 0; b < s.batch; ++b) {
+      if (ops::attention_mask_plane(s, b) != plane) continue;
+      for (int64_t i = rows != 0 ? i_at : 0; i < i_end; ++i) {
+        const int64_t row = b * s.tq + i;
+        const int64_t seen = ops::attention_keys_seen(s, i);
+        for (int64_t j = cols != 0 ? j_at : 0; j < j_end && j < seen; ++j) {
+          const float prob = probability(score(s, p, b, plane, i, j), p.lse[row]);
+          const float dp = warp_dot(p.d_o + row * s.dv, p.v + (b * s.tk + j) * s.dv, s.dv);
+          sum += prob * (dp - p.delta[row]);
+        }
+      }
+    }
+    if (threadIdx.x % 32 == 0) dmask[e] = sum;
+  }
+}
+
 // Which kernels run where they apply: $STAGECRAFT_ATTENTION_KERNELS, "mma" (the default: 16-bit
 // nodes on the tensor cores, attention_mma.cu, GPT-2 mixed's step 79 -> 64 ms on an H200;
 // float32 nodes as "tiled"), "tiled" (the tile products on the ordinary cores for 16-bit nodes
@@ -229,6 +260,12 @@ void launch_attention_dkv(const ops::AttentionDims& dims, const AttentionPointer
                 [&] { return tiled_attention_dkv(dims, p, dk, dv, stream); }))
     return;
   dkv_kernel<<<blocks_for(keys), kWarpsPerBlock * 32, 0, stream>>>(dims, p, dk, dv);
+}
+
+void launch_attention_dmask(const ops::AttentionDims& dims, const AttentionPointers& p,
+                            float* dmask, int64_t numel, cudaStream_t stream) {
+  if (numel == 0) return;
+  dmask_kernel<<<blocks_for(numel), kWarpsPerBlock * 32, 0, stream>>>(dims, p, dmask, numel);
 }
 
 }  // namespace stagecraft::rt::cuda

@@ -79,4 +79,10 @@ void launch_attention_dq(const ops::AttentionDims& dims, const AttentionPointers
 void launch_attention_dkv(const ops::AttentionDims& dims, const AttentionPointers& p, float* dk,
                           float* dv, cudaStream_t stream);
 
+/// dmask (`numel` floats, the mask's layout): dS = P * (dO V^T - D) summed over the dims the
+/// mask broadcasts along. One warp per element of the mask, plain (no tiles): it runs only for a
+/// learned mask (a position bias: mask_gradient = 1), whose planes are few.
+void launch_attention_dmask(const ops::AttentionDims& dims, const AttentionPointers& p,
+                            float* dmask, int64_t numel, cudaStream_t stream);
+
 }  // namespace stagecraft::rt::cuda

@@ -13,8 +13,9 @@
 ///
 /// AttentionGrad follows runtime/format/grad_ops.h: inputs Q, K, V, mask, O, lse, dO, dlse;
 /// outputs dQ, dK, dV, dmask. An absent lse (or O) is recomputed, an absent dO or dlse is
-/// zeros; the mask takes no gradient (dmask wanted is refused). A refusal is one line naming
-/// the op, the node and the shapes.
+/// zeros. dmask, where asked for (a learned position bias: the forward node's mask_gradient =
+/// 1, passes/fuse_attention.cpp), is dS = P * (dP - D) summed over the dims the mask broadcasts
+/// along, in the mask's shape. A refusal is one line naming the op, the node and the shapes.
 
 #include <fmt/format.h>
 
@@ -52,12 +53,9 @@ inline std::string attention_signature_error(const OpSignature& s) {
   return attention_attribute_error(s.op_type, s.attrs);
 }
 
-/// "" when an AttentionGrad signature keeps the contract with Attention's operands and asks no
-/// gradient of the mask.
+/// "" when an AttentionGrad signature keeps the contract with Attention's operands.
 inline std::string attention_grad_signature_error(const OpSignature& s) {
   if (std::string why = grad_arity_error(s, kAttentionGradArity); !why.empty()) return why;
-  if (s.outputs.size() > 3 && s.outputs[3] != DType::kUndefined)
-    return fmt::format("{}: the mask's gradient (output 3) is not supported", s.op_type);
   return attention_attribute_error(s.op_type, s.attrs);
 }
 
@@ -172,20 +170,20 @@ struct AttentionGradOperands {
   Tensor* dq = nullptr;          ///< The gradients asked for; null where not.
   Tensor* dk = nullptr;
   Tensor* dv = nullptr;
+  Tensor* dmask = nullptr;  ///< The mask's shape.
 
   /// Whether there is nothing to compute: no gradient asked for, or every one zeros (no dO and
   /// no dlse, or no score at all). The kernel then zero-fills its outputs and is done.
   bool all_zero() const {
     const AttentionDims& s = forward.dims;
-    return (dq == nullptr && dk == nullptr && dv == nullptr) ||
+    return (dq == nullptr && dk == nullptr && dv == nullptr && dmask == nullptr) ||
            (d_o == nullptr && dlse == nullptr) || s.batch * s.tq * s.tk == 0;
   }
   /// Whether the forward must run again for O or lse, which the node does not pass.
   bool recomputes_forward() const { return o == nullptr || lse == nullptr; }
 };
 
-/// The operands of AttentionGrad node `a`, read through ops::GradIo with Attention's arity;
-/// throws `Error(kUnsupported)` where the mask's gradient is asked for.
+/// The operands of AttentionGrad node `a`, read through ops::GradIo with Attention's arity.
 inline AttentionGradOperands attention_grad_operands(const KernelArgs& a) {
   const GradIo io(a, kAttentionGradArity);
   AttentionGradOperands g;
@@ -195,10 +193,6 @@ inline AttentionGradOperands attention_grad_operands(const KernelArgs& a) {
   f.v = &io.need_x(2);
   f.mask = io.x(3);
   f.dims = attention_dims(a, *f.q, *f.k, *f.v, f.mask);
-  if (io.wants(3))
-    fail(ErrorKind::kUnsupported,
-         "{} '{}': the mask's gradient is not supported (the mask must need none)", a.op_type,
-         a.name);
   const Shape o_shape = attention_output_shape(*f.q, *f.v);
   const Shape lse_shape = attention_lse_shape(*f.q);
   auto operand = [&](const Tensor* t, const Shape& shape, const char* what) {
@@ -214,7 +208,11 @@ inline AttentionGradOperands attention_grad_operands(const KernelArgs& a) {
   g.dq = io.dx(0);
   g.dk = io.dx(1);
   g.dv = io.dx(2);
-  for (size_t k = 0; k < 3; ++k)
+  g.dmask = io.dx(3);
+  if (g.dmask != nullptr && f.mask == nullptr)
+    fail(ErrorKind::kModel, "{} '{}': the mask's gradient (output 3) is asked for without a mask",
+         a.op_type, a.name);
+  for (size_t k = 0; k < 4; ++k)
     if (io.wants(k)) expect_shape(a, k, a.in[k]->shape);
   return g;
 }

@@ -40,6 +40,8 @@ struct Decoder {
   std::string causal_mask;
   /// float [batch,1,1,seq] added after the causal mask (GptOptions::padding_mask), or "".
   std::string padding_mask;
+  /// float [1,heads,seq,seq] added to the scores (GptOptions::position_bias), or "".
+  std::string position_bias;
   bool causal = true;  ///< GptOptions::causal.
 };
 
@@ -141,6 +143,8 @@ std::string attention(ModelBuilder& builder, const Decoder& decoder, const std::
   }
   if (!decoder.padding_mask.empty())
     scaled = builder.add_op("Add", scope + "/Add_mask", {scaled, decoder.padding_mask});
+  if (!decoder.position_bias.empty())
+    scaled = builder.add_op("Add", scope + "/Add_bias", {scaled, decoder.position_bias});
   const std::string probs =
       builder.add_op("Softmax", scope + "/Softmax", {scaled}, {attr_int("axis", -1)});
   const std::string context = builder.add_op("MatMul", scope + "/MatMul_1", {probs, heads[2]});
@@ -184,6 +188,8 @@ void validate(const GptOptions& options) {
     throw std::invalid_argument("gpt width " + std::to_string(options.width) +
                                 " is not divisible by heads " + std::to_string(options.heads));
   }
+  if (options.position_bias && (!options.fixed_seq || options.causal))
+    throw std::invalid_argument("gpt position_bias needs fixed_seq and no causal mask");
 }
 
 /// Builds the position-embedding term: [seq, width], broadcast over the batch.
@@ -278,6 +284,27 @@ ModelBuilder build_gpt(const GptOptions& options, const CommonOptions& common) {
         builder.add_constant("/transformer/Constant_axes", make_int64_tensor({2}, {1, 2}));
     decoder.padding_mask =
         builder.add_op("Unsqueeze", "/transformer/Unsqueeze_mask", {additive, axes});
+  }
+
+  if (options.position_bias) {
+    // T5's relative_attention_bias: the table's row for each (query, key)'s distance j - i.
+    const int64_t seq = options.seq;
+    std::vector<int64_t> distance(static_cast<size_t>(seq * seq));
+    for (int64_t i = 0; i < seq; ++i)
+      for (int64_t j = 0; j < seq; ++j)
+        distance[static_cast<size_t>(i * seq + j)] = j - i + seq - 1;
+    const std::string table = builder.add_parameter("transformer.relative_attention_bias.weight",
+                                                    {2 * seq - 1, options.heads}, options.heads);
+    const std::string index =
+        builder.add_int64_buffer("transformer.relative_position", {seq, seq}, distance);
+    const std::string looked_up = builder.add_op("Gather", "/transformer/relative_attention_bias",
+                                                 {table, index}, {attr_int("axis", 0)});
+    const std::string per_head = builder.add_op("Transpose", "/transformer/Transpose_bias",
+                                                {looked_up}, {attr_ints("perm", {2, 0, 1})});
+    const std::string axes =
+        builder.add_constant("/transformer/Constant_bias_axes", make_int64_tensor({1}, {0}));
+    decoder.position_bias =
+        builder.add_op("Unsqueeze", "/transformer/Unsqueeze_bias", {per_head, axes});
   }
 
   const std::string token_table = builder.add_parameter(

@@ -79,6 +79,11 @@ struct GptOptions {
   bool padding_mask = false;
   /// False: no causal mask (every query sees every key, as an encoder's).
   bool causal = true;
+  /// A learned relative position bias, as T5 adds one: a table [2 seq - 1, heads]
+  /// (`transformer.relative_attention_bias.weight`) looked up by each (query, key)'s distance
+  /// (a constant [seq, seq] index), made [1, heads, seq, seq] once and added to every layer's
+  /// scores. Needs fixed_seq and no causal mask (one added term per layer).
+  bool position_bias = false;
 };
 /// Builds the GPT decoder.
 ModelBuilder build_gpt(const GptOptions& options = {}, const CommonOptions& common = {});

@@ -73,6 +73,31 @@ TEST_CASE("a big MatMul is compute-bound, backward is twice the forward") {
   CHECK(mixed.name() == "roofline(h100, mixed)");
 }
 
+TEST_CASE("a fused Attention's backward: Q and K's products, and the mask's pass when it learns") {
+  // Q, K, V [2, 4, 256, 64] and a learned bias [1, 4, 256, 256] (T5's, after its Unsqueeze).
+  GraphBuilder b;
+  auto q = b.tensor("q", {2, 4, 256, 64}), k = b.tensor("k", {2, 4, 256, 64}),
+       v = b.tensor("v", {2, 4, 256, 64}), bias = b.tensor("bias", {1, 4, 256, 256});
+  auto o = b.tensor("o", {2, 4, 256, 64}), lse = b.tensor("lse", {2, 4, 256});
+  const ir::Node& plain = b.node("Attention", {q, k, v, bias}, {o, lse});
+  RooflineCostModel fp32(kH100, Precision::kFp32);
+  const OpTime t = fp32.op_time(b.graph, plain);
+  CHECK(t.backward_s == doctest::Approx(2 * t.forward_s));
+  ir::Node learns = plain;
+  learns.name = "learns";
+  learns.outputs = {b.tensor("o2", {2, 4, 256, 64}), b.tensor("lse2", {2, 4, 256})};
+  onnx::AttributeProto flag;
+  flag.set_name("mask_gradient");
+  flag.set_type(onnx::AttributeProto::INT);
+  flag.set_i(1);
+  learns.attributes.push_back(flag);
+  const ir::Node& learning = b.graph.node(b.graph.add_node(std::move(learns)));
+  const OpTime l = fp32.op_time(b.graph, learning);
+  CHECK(l.forward_s == doctest::Approx(t.forward_s));
+  CHECK(l.backward_input_s == doctest::Approx(3 * t.forward_s));
+  CHECK(l.backward_weight_s == 0);
+}
+
 TEST_CASE("ConvTranspose counts each input element times its window, as its Conv would") {
   // U-Net's up-sampling: X [8,64,16,16], W [64,32,2,2] (C_in, C_out / group, kernel), stride 2,
   // bias: Y [8,32,32,32]. Each input element meets 32 * 2 * 2 weights.

@@ -1,8 +1,8 @@
 // The CUDA attention kernels (runtime/cuda/attention.cpp) against the CPU backend's on the same
 // random float32 operands: O, lse, and dQ, dK, dV (with lse passed and recomputed, dO and dlse
-// given), unmasked, causal and masked, Tq = Tk and not; and on 16-bit activations (a mixed
-// plan's) against the CPU's float32 kernels on the same 16-bit values. Label "gpu": without a
-// usable GPU the binary exits 77 (gpu_main.cpp) and ctest reports it skipped.
+// given), unmasked, causal and masked, Tq = Tk and not; a learned mask's gradient; and on 16-bit
+// activations (a mixed plan's) against the CPU's float32 kernels on the same 16-bit values. Label
+// "gpu": without a usable GPU the binary exits 77 (gpu_main.cpp) and ctest reports it skipped.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -110,6 +110,49 @@ TEST_CASE("cuda Attention and AttentionGrad match the cpu's") {
     REQUIRE(got.size() == want.size());
     for (size_t k = 0; k < got.size(); ++k)
       attention::check_close(got[k], attention::values(want[k]), 1e-4, names[k]);
+  }
+}
+
+// A learned mask (a position bias, mask_gradient = 1): dmask, dS summed where the mask
+// broadcasts (one warp per mask element on CUDA, attention_kernels.cu), and dQ beside it, against
+// the CPU's.
+TEST_CASE("cuda AttentionGrad gives a learned mask the cpu's gradient") {
+  const rt::Backend* cuda = rt::cuda_backend();
+  REQUIRE(cuda != nullptr);
+  struct MaskCase {
+    Shape q;
+    int64_t tk;
+    Shape mask;
+    Options options;
+  };
+  const MaskCase cases[] = {
+      {{2, 3, 70, 64}, 70, {1, 3, 70, 70}, {}},
+      {{2, 3, 70, 64}, 70, {1, 3, 70, 70}, {.causal = true}},
+      {{2, 2, 40, 32}, 90, {40, 1}, {}},
+      {{2, 2, 9, 32}, 140, {2, 1, 1, 140}, {.scale = 0.3f}},
+  };
+  for (const MaskCase& c : cases) {
+    CAPTURE(rt::shape_string(c.q));
+    CAPTURE(rt::shape_string(c.mask));
+    CAPTURE(c.options.causal);
+    const auto [k, v, o, lse_shape] = shapes_of({c.q, c.tk, c.q.back(), {}, {}, false});
+    const Tensor tq = random(c.q, 11), tk = random(k, 12), tv = random(v, 13),
+                 mask = random(c.mask, 14), d_o = random(o, 15), dlse = random(lse_shape, 16);
+    auto run_on = [&](const rt::Backend& backend) {
+      Tensor out = Tensor::owned(DType::kFloat32, o),
+             lse = Tensor::owned(DType::kFloat32, lse_shape);
+      attention::run(backend, attention::node(c.options), {&tq, &tk, &tv, &mask}, {&out, &lse});
+      std::vector<Tensor> r = {Tensor::owned(DType::kFloat32, c.q),
+                               Tensor::owned(DType::kFloat32, c.mask)};
+      attention::run(backend, attention::node(c.options, true),
+                     {&tq, &tk, &tv, &mask, &out, &lse, &d_o, &dlse},
+                     {&r[0], nullptr, nullptr, &r[1]});
+      return r;
+    };
+    const std::vector<Tensor> want = run_on(rt::cpu_backend());
+    const std::vector<Tensor> got = run_on(*cuda);
+    attention::check_close(got[0], attention::values(want[0]), 1e-4, "dQ");
+    attention::check_close(got[1], attention::values(want[1]), 1e-4, "dmask");
   }
 }
 

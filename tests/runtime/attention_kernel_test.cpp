@@ -1,7 +1,8 @@
 // The fused Attention kernels of the CPU backend (runtime/cpu/attention.cpp) against a plain
 // reference in double that materialises every score: the forward and its lse unmasked, causal
 // and masked (masks broadcast from [Tq, Tk] and [B, 1, 1, Tk]) across query and key blocks;
-// the gradient's dQ, dK and dV, with lse passed or recomputed; a query that sees no key; and
+// the gradient's dQ, dK and dV, with lse passed or recomputed, and a learned mask's gradient; a
+// query that sees no key; and
 // the refusals, one line each naming the node and the shapes; and the rule by which the CUDA
 // tensor-core kernels skip the per-element mask rules on a tile (ops::attention_tile_unmasked).
 #include <doctest/doctest.h>
@@ -46,8 +47,9 @@ Operands operands(const Shape& q, int64_t tk, int64_t dv, unsigned seed) {
   return {random(q, seed), random(k, seed + 1), random(v, seed + 2), std::nullopt};
 }
 
-// The mask's value at flat index `e` of the scores [lead..., Tq, Tk], by numpy's broadcasting.
-double mask_at(const Tensor& mask, const Shape& scores, int64_t e) {
+// Where in the mask flat index `e` of the scores [lead..., Tq, Tk] reads, by numpy's
+// broadcasting.
+int64_t mask_offset(const Tensor& mask, const Shape& scores, int64_t e) {
   int64_t offset = 0, stride = 1;
   for (size_t from_end = 0; from_end < scores.size(); ++from_end) {
     const int64_t index = e % scores[scores.size() - 1 - from_end];
@@ -57,12 +59,17 @@ double mask_at(const Tensor& mask, const Shape& scores, int64_t e) {
     if (dim != 1) offset += index * stride;
     stride *= dim;
   }
-  return mask.as<float>()[offset];
+  return offset;
+}
+
+double mask_at(const Tensor& mask, const Shape& scores, int64_t e) {
+  return mask.as<float>()[mask_offset(mask, scores, e)];
 }
 
 // Everything the reference computes, in double.
 struct Reference {
   std::vector<double> o, lse, dq, dk, dv;
+  std::vector<double> dmask;  ///< The mask's layout: dS summed where the mask broadcasts.
 };
 
 // O, lse and, where `d_o` or `dlse` is given (each may be null), the gradients.
@@ -76,9 +83,10 @@ Reference reference(const Operands& x, const Options& opt, const Tensor* d_o, co
   scores.push_back(tq);
   scores.push_back(tk);
   const float *q = x.q.as<float>(), *k = x.k.as<float>(), *v = x.v.as<float>();
-  Reference ref{std::vector<double>(batch * tq * dv), std::vector<double>(batch * tq),
-                std::vector<double>(x.q.numel()), std::vector<double>(x.k.numel()),
-                std::vector<double>(x.v.numel())};
+  Reference ref{
+      std::vector<double>(batch * tq * dv), std::vector<double>(batch * tq),
+      std::vector<double>(x.q.numel()),     std::vector<double>(x.k.numel()),
+      std::vector<double>(x.v.numel()),     std::vector<double>(x.mask ? x.mask->numel() : 0)};
   std::vector<double> s(tk), p(tk), dp(tk);
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t i = 0; i < tq; ++i) {
@@ -109,6 +117,7 @@ Reference reference(const Operands& x, const Options& opt, const Tensor* d_o, co
       const double g = dlse ? dlse->as<float>()[row] : 0.0;
       for (int64_t j = 0; j < tk; ++j) {
         const double ds = p[j] * (dp[j] - delta + g);
+        if (x.mask) ref.dmask[mask_offset(*x.mask, scores, row * tk + j)] += ds;
         for (int64_t c = 0; c < d; ++c) {
           ref.dq[row * d + c] += scale * ds * k[(b * tk + j) * d + c];
           ref.dk[(b * tk + j) * d + c] += scale * ds * q[row * d + c];
@@ -292,7 +301,7 @@ TEST_CASE("Attention refuses operands that do not fit, naming the node and the s
   CHECK(why.find("causal=2") != std::string::npos);
 }
 
-TEST_CASE("Attention's checks: float32 only, and no gradient for the mask") {
+TEST_CASE("Attention's checks: float32 only, and a mask's gradient only with a mask") {
   const onnx::NodeProto fwd = attention::node({}), grad = attention::node({}, true);
   const rt::Attrs fa(fwd), ga(grad);
   const DType f = DType::kFloat32, none = DType::kUndefined, h = DType::kBFloat16;
@@ -309,28 +318,31 @@ TEST_CASE("Attention's checks: float32 only, and no gradient for the mask") {
   const DType grad_in[] = {f, f, f, f, f, f, f, none};
   const DType no_dmask[] = {f, f, f, none}, dmask[] = {f, f, f, f};
   CHECK(cpu.check({"AttentionGrad", grad_in, no_dmask, ga}).empty());
-  CHECK(cpu.check({"AttentionGrad", grad_in, dmask, ga}).find("mask") != std::string::npos);
+  CHECK(cpu.check({"AttentionGrad", grad_in, dmask, ga}).empty());
   Operands x = operands({1, 3, 4}, 3, 4, 50);
-  x.mask = random({3, 3}, 51);
   const auto [y, lse] = forward(x, {});
   Tensor dq = Tensor::owned(DType::kFloat32, x.q.shape),
          dm = Tensor::owned(DType::kFloat32, {3, 3});
-  const std::string why = error_of(ErrorKind::kUnsupported, [&] {
-    attention::run(cpu, grad, {&x.q, &x.k, &x.v, &*x.mask, &y, &lse, &y, nullptr},
+  const std::string why = error_of(ErrorKind::kModel, [&] {
+    attention::run(cpu, grad, {&x.q, &x.k, &x.v, nullptr, &y, &lse, &y, nullptr},
                    {&dq, nullptr, nullptr, &dm});
   });
-  CHECK(why.find("AttentionGrad 'attn_grad'") != std::string::npos);
+  CHECK(why ==
+        "AttentionGrad 'attn_grad': the mask's gradient (output 3) is asked for without a "
+        "mask");
 }
 
-// The CPU gradient's dQ, dK and dV (lse passed when `with_lse`).
+// The CPU gradient's dQ, dK and dV, and the mask's as a fourth where `with_dmask`.
 std::vector<Tensor> gradient(const Operands& x, const Options& opt, const Tensor& o,
-                             const Tensor* lse, const Tensor* d_o, const Tensor* dlse) {
+                             const Tensor* lse, const Tensor* d_o, const Tensor* dlse,
+                             bool with_dmask = false) {
   std::vector<Tensor> d = {Tensor::owned(DType::kFloat32, x.q.shape),
                            Tensor::owned(DType::kFloat32, x.k.shape),
                            Tensor::owned(DType::kFloat32, x.v.shape)};
+  if (with_dmask) d.push_back(Tensor::owned(DType::kFloat32, x.mask->shape));
   attention::run(rt::cpu_backend(), attention::node(opt, true),
                  {&x.q, &x.k, &x.v, x.mask ? &*x.mask : nullptr, &o, lse, d_o, dlse},
-                 {&d[0], &d[1], &d[2], nullptr});
+                 {&d[0], &d[1], &d[2], with_dmask ? &d[3] : nullptr});
   return d;
 }
 
@@ -402,6 +414,60 @@ TEST_CASE("AttentionGrad's one-pass and two-pass schedules both give the referen
     const std::vector<Tensor> two_passes = gradient(six, {.causal = true}, o, &lse, &d_o, nullptr);
     for (size_t k = 0; k < 3; ++k)
       check_close(one_pass[k], attention::values(two_passes[k]), 1e-5, "one against two");
+  }
+}
+
+// A learned mask (a position bias, mask_gradient = 1) gets dS summed over the dims it broadcasts
+// along: T5's [1, H, Tq, Tk] over the batch, a [Tq, Tk] one over batch and heads across query
+// and key blocks, a per-query [Tq, 1] and a per-key [B, 1, 1, Tk] (no row or no column of its
+// own), under causal too, and with every thread count the same bits: T5's 6 entries take the
+// one pass by plane on 1 thread (its dS added as it goes) and the mask's own pass on 2, the 8
+// entries of the third case the one pass by plane on both.
+TEST_CASE("AttentionGrad gives a learned mask its gradient, summed where it broadcasts") {
+  struct Threads {
+    int before = omp_get_max_threads();
+    ~Threads() { omp_set_num_threads(before); }
+  } restore;
+  struct Case {
+    Shape q;
+    int64_t tk;
+    Shape mask;
+    Options opt;
+  };
+  const Case cases[] = {
+      {{2, 3, 20, 16}, 20, {1, 3, 20, 20}, {}},
+      {{2, 3, 20, 16}, 20, {1, 3, 20, 20}, {.causal = true}},
+      {{2, 4, 70, 16}, 150, {1, 4, 70, 150}, {}},
+      {{2, 2, 70, 32}, 130, {70, 130}, {.scale = 0.3f}},
+      {{2, 2, 70, 32}, 130, {70, 1}, {.causal = true}},
+      {{2, 2, 9, 8}, 140, {2, 1, 1, 140}, {}},
+      {{3, 5, 8}, 6, {1}, {}},
+  };
+  unsigned seed = 140;
+  for (const Case& c : cases) {
+    Operands x = operands(c.q, c.tk, c.q.back(), seed);
+    x.mask = random(c.mask, seed + 3, -1, 1);
+    seed += 10;
+    CAPTURE(rt::shape_string(x.q.shape));
+    CAPTURE(rt::shape_string(x.mask->shape));
+    CAPTURE(c.opt.causal);
+    const auto [o, lse] = forward(x, c.opt);
+    const Tensor d_o = random(o.shape, seed), dlse = random(lse.shape, seed + 1);
+    const Reference ref = reference(x, c.opt, &d_o, &dlse);
+    omp_set_num_threads(1);
+    const std::vector<Tensor> one = gradient(x, c.opt, o, &lse, &d_o, &dlse, true);
+    check_close(one[3], ref.dmask, 1e-4, "dmask");
+    check_close(one[0], ref.dq, 1e-4, "dQ");
+    check_close(one[1], ref.dk, 1e-4, "dK");
+    omp_set_num_threads(2);
+    const std::vector<Tensor> two = gradient(x, c.opt, o, &lse, &d_o, &dlse, true);
+    CHECK(same_bits(one[3], two[3]));
+    // dmask alone: nothing else asked for.
+    Tensor alone = Tensor::owned(DType::kFloat32, x.mask->shape);
+    attention::run(rt::cpu_backend(), attention::node(c.opt, true),
+                   {&x.q, &x.k, &x.v, &*x.mask, &o, &lse, &d_o, &dlse},
+                   {nullptr, nullptr, nullptr, &alone});
+    CHECK(same_bits(one[3], alone));
   }
 }
 

@@ -199,8 +199,7 @@ cost::BackwardEntry measure_backward(const ir::Graph& graph, ir::NodeId id, int 
     ir::ValueId v = node.inputs[k];
     if (v == ir::kNoId) continue;
     const ir::Value& value = graph.value(v);
-    if (value.is_initializer() || !is_floating(value.dtype) ||
-        !passes::differentiable_input(node.op_type, k))
+    if (value.is_initializer() || !is_floating(value.dtype) || !passes::differentiable_at(node, k))
       continue;
     if (std::find(activations.begin(), activations.end(), v) == activations.end())
       activations.push_back(v);
