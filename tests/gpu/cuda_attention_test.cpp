@@ -119,19 +119,13 @@ TEST_CASE("cuda Attention and AttentionGrad match the cpu's") {
 TEST_CASE("cuda AttentionGrad gives a learned mask the cpu's gradient") {
   const rt::Backend* cuda = rt::cuda_backend();
   REQUIRE(cuda != nullptr);
-  struct MaskCase {
-    Shape q;
-    int64_t tk;
-    Shape mask;
-    Options options;
-  };
-  const MaskCase cases[] = {
+  const attention::LearnedMaskCase cases[] = {
       {{2, 3, 70, 64}, 70, {1, 3, 70, 70}, {}},
       {{2, 3, 70, 64}, 70, {1, 3, 70, 70}, {.causal = true}},
       {{2, 2, 40, 32}, 90, {40, 1}, {}},
       {{2, 2, 9, 32}, 140, {2, 1, 1, 140}, {.scale = 0.3f}},
   };
-  for (const MaskCase& c : cases) {
+  for (const attention::LearnedMaskCase& c : cases) {
     CAPTURE(rt::shape_string(c.q));
     CAPTURE(rt::shape_string(c.mask));
     CAPTURE(c.options.causal);

@@ -428,13 +428,7 @@ TEST_CASE("AttentionGrad gives a learned mask its gradient, summed where it broa
     int before = omp_get_max_threads();
     ~Threads() { omp_set_num_threads(before); }
   } restore;
-  struct Case {
-    Shape q;
-    int64_t tk;
-    Shape mask;
-    Options opt;
-  };
-  const Case cases[] = {
+  const attention::LearnedMaskCase cases[] = {
       {{2, 3, 20, 16}, 20, {1, 3, 20, 20}, {}},
       {{2, 3, 20, 16}, 20, {1, 3, 20, 20}, {.causal = true}},
       {{2, 4, 70, 16}, 150, {1, 4, 70, 150}, {}},
@@ -444,27 +438,27 @@ TEST_CASE("AttentionGrad gives a learned mask its gradient, summed where it broa
       {{3, 5, 8}, 6, {1}, {}},
   };
   unsigned seed = 140;
-  for (const Case& c : cases) {
+  for (const attention::LearnedMaskCase& c : cases) {
     Operands x = operands(c.q, c.tk, c.q.back(), seed);
     x.mask = random(c.mask, seed + 3, -1, 1);
     seed += 10;
     CAPTURE(rt::shape_string(x.q.shape));
     CAPTURE(rt::shape_string(x.mask->shape));
-    CAPTURE(c.opt.causal);
-    const auto [o, lse] = forward(x, c.opt);
+    CAPTURE(c.options.causal);
+    const auto [o, lse] = forward(x, c.options);
     const Tensor d_o = random(o.shape, seed), dlse = random(lse.shape, seed + 1);
-    const Reference ref = reference(x, c.opt, &d_o, &dlse);
+    const Reference ref = reference(x, c.options, &d_o, &dlse);
     omp_set_num_threads(1);
-    const std::vector<Tensor> one = gradient(x, c.opt, o, &lse, &d_o, &dlse, true);
+    const std::vector<Tensor> one = gradient(x, c.options, o, &lse, &d_o, &dlse, true);
     check_close(one[3], ref.dmask, 1e-4, "dmask");
     check_close(one[0], ref.dq, 1e-4, "dQ");
     check_close(one[1], ref.dk, 1e-4, "dK");
     omp_set_num_threads(2);
-    const std::vector<Tensor> two = gradient(x, c.opt, o, &lse, &d_o, &dlse, true);
+    const std::vector<Tensor> two = gradient(x, c.options, o, &lse, &d_o, &dlse, true);
     CHECK(same_bits(one[3], two[3]));
     // dmask alone: nothing else asked for.
     Tensor alone = Tensor::owned(DType::kFloat32, x.mask->shape);
-    attention::run(rt::cpu_backend(), attention::node(c.opt, true),
+    attention::run(rt::cpu_backend(), attention::node(c.options, true),
                    {&x.q, &x.k, &x.v, &*x.mask, &o, &lse, &d_o, &dlse},
                    {nullptr, nullptr, nullptr, &alone});
     CHECK(same_bits(one[3], alone));

@@ -28,6 +28,15 @@ struct Options {
   bool causal = false;
 };
 
+/// A learned mask's case: Q's shape, the key count, the mask's shape and the attributes (V has
+/// Q's head size).
+struct LearnedMaskCase {
+  rt::Shape q;
+  int64_t tk = 0;
+  rt::Shape mask;
+  Options options;
+};
+
 /// An Attention node, or its gradient node (forward_inputs = 4) when `grad`.
 inline onnx::NodeProto node(const Options& o, bool grad = false) {
   onnx::NodeProto n;

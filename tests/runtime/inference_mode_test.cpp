@@ -16,6 +16,7 @@
 #include "runtime/core/backend.h"
 #include "runtime/core/tensor_io.h"
 #include "runtime/exec/pipeline.h"
+#include "tests/runtime/training_options.h"
 #include "tests/test_util.h"
 
 namespace stagecraft::rt {
@@ -98,12 +99,9 @@ TEST_CASE("inference plan of a training-mode export fuses the attention its Drop
   for (int devices : {1, 2}) {
     CAPTURE(devices);
     auto logits = [&](bool fused, int* attention) {
-      plan::PlanOptions o;
-      o.model_path = model;
-      o.devices = devices;
+      plan::PlanOptions o = testing::inference_options(model, devices);
       o.microbatches = 2;
       o.batch = 4;
-      o.device_spec = "cpu";
       o.fuse_attention = fused;
       plan::PlannedModel planned = plan::make_plan(o);
       *attention = static_cast<int>(

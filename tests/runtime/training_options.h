@@ -75,12 +75,8 @@ inline std::vector<float> write_padded_embedding_lm(const std::string& path) {
 
 /// Its training plan: batch 8 in 2 microbatches, Adam at `lr`, cross-entropy, the cpu spec.
 inline plan::PlanOptions padded_embedding_options(const std::string& path, int devices, double lr) {
-  plan::PlanOptions o;
-  o.model_path = path;
-  o.devices = devices;
-  o.batch = 8;
+  plan::PlanOptions o = inference_options(path, devices);
   o.microbatches = 2;
-  o.device_spec = "cpu";
   o.training = true;
   o.optimizer = OptimizerKind::kAdam;
   o.training_config.lr = lr;
