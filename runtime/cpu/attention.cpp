@@ -278,10 +278,10 @@ bool dkv_block(const Problem& p, const Backward& w, int64_t b, int64_t k0, float
 // Adds tile `t`'s dS (`ds`, rows of stride kKeyBlock) to dmask at its elements.
 void add_to_mask(const ops::AttentionDims& d, const Tile& t, const float* ds, float* dmask) {
   const int64_t col = d.mask_col_stride;
+  float* tile = dmask + ops::attention_mask_plane(d, t.b) + t.k0 * col;
   for (int64_t r = 0; r < t.nq; ++r) {
     const float* from = ds + r * kKeyBlock;
-    float* to =
-        dmask + ops::attention_mask_plane(d, t.b) + (t.q0 + r) * d.mask_row_stride + t.k0 * col;
+    float* to = tile + (t.q0 + r) * d.mask_row_stride;
     if (col == 1) {
       for (int64_t j = 0; j < t.nk; ++j) to[j] += from[j];
     } else if (col == 0) {
@@ -339,9 +339,9 @@ std::vector<std::vector<int64_t>> mask_groups(const ops::AttentionDims& d) {
 // has one writer, which sums in a fixed order (entries ascending, then query and key blocks).
 // Each tile's scores and dS are computed again (two block products); where entry_grad runs by
 // group it adds them as it goes instead.
-void mask_gradient(const KernelArgs& a, const Problem& p, const Backward& w, float* dmask) {
+void mask_gradient(const KernelArgs& a, const Problem& p, const Backward& w, float* dmask,
+                   const std::vector<std::vector<int64_t>>& groups) {
   const ops::AttentionDims& d = p.s;
-  const std::vector<std::vector<int64_t>> groups = mask_groups(d);
   const bool per_row = d.mask_row_stride != 0;
   const int64_t row_tasks = per_row ? blocks_of(d.tq, kQueryBlock) : 1;
   const auto tasks = static_cast<int64_t>(groups.size()) * row_tasks;
@@ -403,6 +403,9 @@ void attention_grad(const KernelArgs& a) {
   const auto threads = static_cast<int64_t>(omp_get_max_threads());
   float* dmask = data(g.dmask);
   if (dmask) std::fill(dmask, dmask + g.dmask->numel(), 0.0f);
+  // The entries that share each plane of the mask, for the mask's gradient either way below.
+  const std::vector<std::vector<int64_t>> groups =
+      dmask ? mask_groups(d) : std::vector<std::vector<int64_t>>{};
   // One pass per batch entry where the entries keep every thread busy (a transformer's batch x
   // heads); else the two passes, whose tasks are blocks of one entry.
   if (d.batch >= 4 * threads) {
@@ -410,25 +413,23 @@ void attention_grad(const KernelArgs& a) {
     // T]) whose planes keep every thread busy: each task takes the entries of one plane and
     // adds their dS to it as it goes, with no pass of its own. An element gets one term per
     // entry, in the order mask_gradient adds them: the same bits.
-    if (dmask && d.mask_row_stride != 0 && d.mask_col_stride != 0) {
-      const std::vector<std::vector<int64_t>> groups = mask_groups(d);
-      if (static_cast<int64_t>(groups.size()) >= threads) {
-        Backward with_mask = w;
-        with_mask.dmask = dmask;
-        for_blocks(a, static_cast<int64_t>(groups.size()), scratch, [&](int64_t task, float* s) {
-          for (int64_t b : groups[static_cast<size_t>(task)])
-            if (!entry_grad(p, with_mask, b, s)) return false;
-          return true;
-        });
-        return;
-      }
+    if (dmask && d.mask_row_stride != 0 && d.mask_col_stride != 0 &&
+        static_cast<int64_t>(groups.size()) >= threads) {
+      Backward with_mask = w;
+      with_mask.dmask = dmask;
+      for_blocks(a, static_cast<int64_t>(groups.size()), scratch, [&](int64_t task, float* s) {
+        for (int64_t b : groups[static_cast<size_t>(task)])
+          if (!entry_grad(p, with_mask, b, s)) return false;
+        return true;
+      });
+      return;
     }
-    if (dmask) mask_gradient(a, p, w, dmask);
+    if (dmask) mask_gradient(a, p, w, dmask, groups);
     if (w.dq || w.dk || w.dv)
       for_blocks(a, d.batch, scratch, [&](int64_t b, float* s) { return entry_grad(p, w, b, s); });
     return;
   }
-  if (dmask) mask_gradient(a, p, w, dmask);
+  if (dmask) mask_gradient(a, p, w, dmask, groups);
   if (w.dq) {
     const int64_t per_entry = blocks_of(d.tq, kQueryBlock);
     for_blocks(a, d.batch * per_entry, scratch, [&](int64_t task, float* s) {

@@ -20,18 +20,19 @@
 namespace stagecraft::rt {
 namespace {
 
-/// The tied GPT, written once into a folder that lives as long as the tests.
-struct TiedGpt {
+/// A sample GPT of `options`, written once into a folder that lives as long as the tests.
+struct WrittenGpt {
   testing::TempDir dir;
   std::string path;
-  TiedGpt() {
-    path = dir.file("gpt_tied.onnx");
-    samples::build_gpt(testing::tied_gpt_options()).write(path);
+  explicit WrittenGpt(const samples::GptOptions& options) {
+    path = dir.file("gpt.onnx");
+    samples::build_gpt(options).write(path);
   }
 };
 
+/// The tied GPT.
 const std::string& tied_gpt() {
-  static const TiedGpt instance;
+  static const WrittenGpt instance(testing::tied_gpt_options());
   return instance.path;
 }
 
@@ -39,41 +40,27 @@ const std::string& tied_gpt() {
 /// Face's models and nn.TransformerEncoder's key_padding_mask export it, an additive
 /// [batch, 1, 1, seq] made from the tokens (token 0 is padding; the synthetic inputs are 0s and
 /// 1s, so about half the keys of every row are masked, and now and then all of them).
-struct PaddedGpt {
-  testing::TempDir dir;
-  std::string path;
-  PaddedGpt() {
-    path = dir.file("gpt_padded.onnx");
+const std::string& padded_gpt() {
+  static const WrittenGpt instance([] {
     samples::GptOptions gpt;
     gpt.padding_mask = true;
     gpt.causal = false;
-    samples::build_gpt(gpt).write(path);
-  }
-};
-
-const std::string& padded_gpt() {
-  static const PaddedGpt instance;
+    return gpt;
+  }());
   return instance.path;
 }
 
 /// The GPT as a T5-style encoder: a learned relative position bias (a [2 seq - 1, heads] table
 /// looked up by distance) added to every layer's scores, no causal mask, 8 tokens.
-struct BiasedGpt {
-  testing::TempDir dir;
-  std::string path;
-  BiasedGpt() {
-    path = dir.file("gpt_biased.onnx");
+const std::string& biased_gpt() {
+  static const WrittenGpt instance([] {
     samples::GptOptions gpt;
     gpt.position_bias = true;
     gpt.causal = false;
     gpt.fixed_seq = true;
     gpt.seq = 8;
-    samples::build_gpt(gpt).write(path);
-  }
-};
-
-const std::string& biased_gpt() {
-  static const BiasedGpt instance;
+    return gpt;
+  }());
   return instance.path;
 }
 
